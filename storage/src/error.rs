@@ -1,0 +1,69 @@
+//! The errors of the storage layer. Business outcomes of a transition (a version conflict, a
+//! fenced writer, a duplicate command) are not errors: they are `Outcome`s (`transition.rs`).
+
+use std::path::PathBuf;
+
+use crate::ids::ExecutionId;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// sled reported an error. Kept as text so the error stays `Clone` for every waiter of a
+    /// failed group.
+    #[error("storage engine error: {0}")]
+    Sled(String),
+    #[error("i/o error on {path}: {message}")]
+    Io { path: PathBuf, message: String },
+    /// Another process (or another handle in this one) holds the store.
+    #[error("the store at {path} is already open in another process or handle")]
+    Locked { path: PathBuf },
+    /// A record failed its checksum or could not be decoded (S-4).
+    #[error("corrupted record in {tree} at key {key}")]
+    Corrupted { tree: &'static str, key: String },
+    /// The execution has a corrupted record and takes no more reads or writes (S-4).
+    #[error("execution {execution_id} is quarantined: {reason}")]
+    Quarantined { execution_id: ExecutionId, reason: String },
+    /// A payload exceeds a configured limit (S-5).
+    #[error("{what} of {len} bytes exceeds the limit of {max} bytes")]
+    PayloadTooLarge { what: &'static str, len: usize, max: usize },
+    /// A transition names an execution that does not exist and does not create it.
+    #[error("execution {0} does not exist")]
+    UnknownExecution(ExecutionId),
+    /// A transition is malformed: a programming error of the caller, refused before commit.
+    #[error("invalid transition: {0}")]
+    InvalidTransition(String),
+    /// The store's schema is newer than this build knows.
+    #[error("store schema version {found} is newer than the supported version {supported}")]
+    UnsupportedSchema { found: u32, supported: u32 },
+    /// A flush or fsync failed earlier; the store acknowledges nothing more until reopened.
+    #[error("the store stopped accepting writes after a failed write: {0}")]
+    FailStop(String),
+    /// The store was closed.
+    #[error("the store is closed")]
+    Closed,
+}
+
+impl Error {
+    /// A stable, machine-readable code for transports (`{"code": ..}`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::Sled(_) | Error::Io { .. } => "storage_io",
+            Error::Locked { .. } => "store_locked",
+            Error::Corrupted { .. } => "corrupted",
+            Error::Quarantined { .. } => "quarantined",
+            Error::PayloadTooLarge { .. } => "payload_too_large",
+            Error::UnknownExecution(_) => "not_found",
+            Error::InvalidTransition(_) => "invalid_transition",
+            Error::UnsupportedSchema { .. } => "unsupported_schema",
+            Error::FailStop(_) => "fail_stop",
+            Error::Closed => "closed",
+        }
+    }
+}
+
+impl From<sled::Error> for Error {
+    fn from(error: sled::Error) -> Self {
+        Error::Sled(error.to_string())
+    }
+}

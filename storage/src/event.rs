@@ -1,0 +1,115 @@
+//! The canonical event of an execution and its envelope.
+//!
+//! Events are facts, appended and never rewritten. This module owns their shape only: who may
+//! append them, and in which order, is decided by the committer (`log.rs`) and the actors.
+//!
+//! Encoding: bincode stores enum variants by index. Append new variants at the end, never
+//! reorder, rename or change the fields of an existing one; a change of shape needs a new
+//! record format version and a migration (`migrate.rs`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{
+    AttemptId, CommandId, EffectId, ExecutionId, MessageId, OwnerId, ProcessId, RevisionId, RunId,
+    SessionId, TurnId, WaitId,
+};
+use crate::records::{ExecutionKind, ExecutionState, ReceiptStatus, RestartIntent, WaitStatus};
+
+/// An event as stored: the fact plus where and when it was committed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventEnvelope {
+    pub execution_id: ExecutionId,
+    /// 1-based, gap-free per execution; assigned by the committer.
+    pub seq: u64,
+    /// 1-based, gap-free over the whole store: the cursor of the global log.
+    pub position: u64,
+    /// Wall-clock time of the commit, for people. Never used for leases or ordering.
+    pub at_ms: u64,
+    /// Fencing epoch of the attempt that wrote it; 0 for writes made by no attempt
+    /// (admission, accepted commands).
+    pub writer_epoch: u64,
+    pub event: Event,
+}
+
+/// A durable fact about one execution. JSON-shaped payloads (tool arguments, model
+/// decisions) are carried as JSON text: bincode cannot encode self-describing values.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Event {
+    /// The execution exists: its identity and immutable input.
+    Admitted {
+        kind: ExecutionKind,
+        session_id: SessionId,
+        run_id: RunId,
+        parent_execution_id: Option<ExecutionId>,
+        revision_id: RevisionId,
+        turn_id: TurnId,
+        user_message_id: MessageId,
+        reply_message_id: MessageId,
+        parent_message_id: Option<MessageId>,
+        /// The admission input as JSON text.
+        input: String,
+    },
+    /// A new attempt owns the execution with a higher fencing epoch.
+    AttemptStarted {
+        attempt_id: AttemptId,
+        owner_id: OwnerId,
+        epoch: u64,
+    },
+    /// The execution's state changed.
+    StateChanged {
+        state: ExecutionState,
+        reason: String,
+    },
+    /// A command was saved before its owner applies it (K-1).
+    CommandAccepted { command_id: CommandId, kind: String },
+    /// The owner applied the command.
+    CommandApplied { command_id: CommandId },
+    /// The owner refused the command.
+    CommandRejected { command_id: CommandId, reason: String },
+    /// A model request was started.
+    ModelRequested { effect_id: EffectId },
+    /// The model decided; `decision` is JSON text.
+    ModelDecided { effect_id: EffectId, decision: String },
+    /// A tool call was dispatched (recorded before an `External` tool runs).
+    ToolDispatched {
+        effect_id: EffectId,
+        tool: String,
+        args: String,
+    },
+    /// A tool call has an outcome; its receipt is stored in the same transition.
+    ToolFinished {
+        effect_id: EffectId,
+        status: ReceiptStatus,
+        output: String,
+    },
+    /// The next action was published as the execution's checkpoint (E-3).
+    CheckpointPublished { checkpoint_seq: u64 },
+    /// A restart intent was recorded.
+    RestartIntentRecorded { intent: RestartIntent },
+    /// A wait was opened or changed status.
+    WaitChanged { wait_id: WaitId, status: WaitStatus },
+    /// A managed process was started or changed state.
+    ProcessChanged { process_id: ProcessId, state: String },
+}
+
+impl Event {
+    /// A short stable name, for logs, metrics and the `type` field of the HTTP contract.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Event::Admitted { .. } => "admitted",
+            Event::AttemptStarted { .. } => "attempt_started",
+            Event::StateChanged { .. } => "state_changed",
+            Event::CommandAccepted { .. } => "command_accepted",
+            Event::CommandApplied { .. } => "command_applied",
+            Event::CommandRejected { .. } => "command_rejected",
+            Event::ModelRequested { .. } => "model_requested",
+            Event::ModelDecided { .. } => "model_decided",
+            Event::ToolDispatched { .. } => "tool_dispatched",
+            Event::ToolFinished { .. } => "tool_finished",
+            Event::CheckpointPublished { .. } => "checkpoint_published",
+            Event::RestartIntentRecorded { .. } => "restart_intent_recorded",
+            Event::WaitChanged { .. } => "wait_changed",
+            Event::ProcessChanged { .. } => "process_changed",
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! Typed identifiers of SPEC §3: newtypes over `uuid::Uuid`, never bare strings.
+//!
+//! Each id prints with a fixed prefix (`ex_0190…`) so a log line or a URL says what it names.
+//! Parsing accepts the prefixed form and, for ids that clients generate themselves (a
+//! `command_id` is a client UUID in the HTTP contract), the bare UUID form.
+//! Encoding: in binary formats (bincode) an id is its 16 UUID bytes; in human-readable
+//! formats (JSON) it is its prefixed string. This module does not know how ids are keyed on
+//! disk (see `keys.rs`).
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+use uuid::Uuid;
+
+/// Why a string is not an id of the expected kind.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{input}` is not a valid {kind} (expected `{prefix}_` followed by a UUID)")]
+pub struct ParseIdError {
+    pub kind: &'static str,
+    pub prefix: &'static str,
+    pub input: String,
+}
+
+macro_rules! define_id {
+    ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(Uuid);
+
+        impl $name {
+            /// The prefix of this id's printed form, without the underscore.
+            pub const PREFIX: &'static str = $prefix;
+
+            /// A fresh id. UUID v7: ids made later sort later, which keeps keys that start
+            /// with them close together on disk.
+            pub fn new() -> Self {
+                Self(Uuid::now_v7())
+            }
+
+            pub const fn from_uuid(uuid: Uuid) -> Self {
+                Self(uuid)
+            }
+
+            pub const fn from_bytes(bytes: [u8; 16]) -> Self {
+                Self(Uuid::from_bytes(bytes))
+            }
+
+            pub const fn as_uuid(&self) -> &Uuid {
+                &self.0
+            }
+
+            pub const fn as_bytes(&self) -> &[u8; 16] {
+                self.0.as_bytes()
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}_{}", $prefix, self.0.simple())
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(self, f)
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = ParseIdError;
+
+            fn from_str(input: &str) -> Result<Self, Self::Err> {
+                let raw = input
+                    .strip_prefix(concat!($prefix, "_"))
+                    .unwrap_or(input);
+                Uuid::parse_str(raw).map(Self).map_err(|_| ParseIdError {
+                    kind: stringify!($name),
+                    prefix: $prefix,
+                    input: input.chars().take(80).collect(),
+                })
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                if serializer.is_human_readable() {
+                    serializer.collect_str(self)
+                } else {
+                    self.0.as_bytes().serialize(serializer)
+                }
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                if deserializer.is_human_readable() {
+                    let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+                    text.parse().map_err(de::Error::custom)
+                } else {
+                    <[u8; 16]>::deserialize(deserializer).map(Self::from_bytes)
+                }
+            }
+        }
+    };
+}
+
+define_id!(
+    /// A conversation: the scope of authorization. Never a control target.
+    SessionId, "ses"
+);
+define_id!(
+    /// Groups an original execution with its forks and retries.
+    RunId, "run"
+);
+define_id!(
+    /// Names one execution for its whole life, across restarts and attempts; the exact
+    /// target of a control. For Jobs, the job id is the execution id.
+    ExecutionId, "ex"
+);
+define_id!(
+    /// One activation of an execution by an owner.
+    AttemptId, "att"
+);
+define_id!(
+    /// An immutable version of the program and its contract (provider, tools, function code).
+    RevisionId, "rev"
+);
+define_id!(
+    /// De-duplicates commands: the same id with the same payload returns the stored outcome.
+    CommandId, "cmd"
+);
+define_id!(
+    /// The user message an execution answers; stable across resume.
+    TurnId, "turn"
+);
+define_id!(
+    /// A message of the conversation graph (the user message or the assistant reply).
+    MessageId, "msg"
+);
+define_id!(
+    /// An approval, question, form or permission request.
+    WaitId, "wait"
+);
+define_id!(
+    /// One model request or tool call; the key of its receipt.
+    EffectId, "eff"
+);
+define_id!(
+    /// A managed process. Never the OS pid.
+    ProcessId, "proc"
+);
+define_id!(
+    /// One runtime incarnation: a new one at every start of the process.
+    OwnerId, "own"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_has_prefix_and_round_trips() {
+        let id = ExecutionId::new();
+        let text = id.to_string();
+        assert!(text.starts_with("ex_"), "{text}");
+        assert_eq!(text.parse::<ExecutionId>(), Ok(id));
+    }
+
+    #[test]
+    fn bare_uuid_parses_and_wrong_prefix_does_not() {
+        let uuid = Uuid::new_v4();
+        assert_eq!(uuid.to_string().parse::<CommandId>(), Ok(CommandId::from_uuid(uuid)));
+        let err = format!("run_{}", uuid.simple()).parse::<ExecutionId>().unwrap_err();
+        assert_eq!(err.kind, "ExecutionId");
+        assert!("ex_not-a-uuid".parse::<ExecutionId>().is_err());
+    }
+
+    #[test]
+    fn binary_encoding_is_sixteen_bytes() {
+        let id = SessionId::new();
+        let bytes = bincode::serialize(&id).expect("ids always serialize");
+        assert_eq!(bytes.len(), 16);
+        assert_eq!(bincode::deserialize::<SessionId>(&bytes).ok(), Some(id));
+    }
+}

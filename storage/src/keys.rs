@@ -1,0 +1,160 @@
+//! The key layout of the store. Everything lives in one sled tree, so that one `Batch` is
+//! one atomic write; the first byte of a key says what the record is.
+//!
+//! Invariant: these layouts never change once written. Integers are big-endian so that key
+//! order is numeric order; ids are their 16 UUID bytes.
+//!
+//! | prefix | key                                   | value                       |
+//! |--------|---------------------------------------|-----------------------------|
+//! | 0x01   | meta name (ASCII)                     | codec(u32 / u64)            |
+//! | 0x02   | position u64 (first in the record)    | log record (`codec.rs`)     |
+//! | 0x03   | execution id                          | codec(ExecutionHead)        |
+//! | 0x04   | execution id, first seq u64           | codec(Vec<EventEnvelope>)   |
+//! | 0x05   | command id                            | codec(CommandRecord)        |
+//! | 0x06   | effect id                             | codec(ReceiptRecord)        |
+//! | 0x07   | wait id                               | codec(WaitRecord)           |
+//! | 0x08   | process id                            | codec(ProcessRecord)        |
+//! | 0x09   | blob hash (32 bytes)                  | raw bytes (content-checked) |
+//! | 0x0A   | state code u8, execution id           | empty: non-terminal index   |
+//! | 0x0B   | incarnation number u64                | codec(Incarnation)          |
+
+use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, WaitId};
+use crate::records::{BlobHash, ExecutionState};
+
+pub const META: u8 = 0x01;
+pub const LOG: u8 = 0x02;
+pub const HEAD: u8 = 0x03;
+pub const EVENTS: u8 = 0x04;
+pub const COMMAND: u8 = 0x05;
+pub const RECEIPT: u8 = 0x06;
+pub const WAIT: u8 = 0x07;
+pub const PROCESS: u8 = 0x08;
+pub const BLOB: u8 = 0x09;
+pub const BY_STATE: u8 = 0x0A;
+pub const INCARNATION: u8 = 0x0B;
+
+pub const META_SCHEMA_VERSION: &str = "schema_version";
+/// Position of the last event whose head, events and records are written to their own keys.
+/// Log records after it are replayed at open.
+pub const META_MATERIALIZED_THROUGH: &str = "materialized_through";
+
+pub fn meta(name: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(1 + name.len());
+    key.push(META);
+    key.extend_from_slice(name.as_bytes());
+    key
+}
+
+pub fn log(first_position: u64) -> [u8; 9] {
+    prefixed_u64(LOG, first_position)
+}
+
+pub fn head(execution_id: ExecutionId) -> [u8; 17] {
+    prefixed_id(HEAD, execution_id.as_bytes())
+}
+
+pub fn events_prefix(execution_id: ExecutionId) -> [u8; 17] {
+    prefixed_id(EVENTS, execution_id.as_bytes())
+}
+
+pub fn events(execution_id: ExecutionId, first_seq: u64) -> [u8; 25] {
+    let mut key = [0u8; 25];
+    key[..17].copy_from_slice(&events_prefix(execution_id));
+    key[17..].copy_from_slice(&first_seq.to_be_bytes());
+    key
+}
+
+pub fn command(command_id: CommandId) -> [u8; 17] {
+    prefixed_id(COMMAND, command_id.as_bytes())
+}
+
+pub fn receipt(effect_id: EffectId) -> [u8; 17] {
+    prefixed_id(RECEIPT, effect_id.as_bytes())
+}
+
+pub fn wait(wait_id: WaitId) -> [u8; 17] {
+    prefixed_id(WAIT, wait_id.as_bytes())
+}
+
+pub fn process(process_id: ProcessId) -> [u8; 17] {
+    prefixed_id(PROCESS, process_id.as_bytes())
+}
+
+pub fn blob(hash: BlobHash) -> [u8; 33] {
+    let mut key = [0u8; 33];
+    key[0] = BLOB;
+    key[1..].copy_from_slice(&hash.0);
+    key
+}
+
+pub fn by_state_prefix(state: ExecutionState) -> [u8; 2] {
+    [BY_STATE, state.code()]
+}
+
+pub fn by_state(state: ExecutionState, execution_id: ExecutionId) -> [u8; 18] {
+    let mut key = [0u8; 18];
+    key[..2].copy_from_slice(&by_state_prefix(state));
+    key[2..].copy_from_slice(execution_id.as_bytes());
+    key
+}
+
+pub fn incarnation(number: u64) -> [u8; 9] {
+    prefixed_u64(INCARNATION, number)
+}
+
+/// The execution id in bytes 1..17 (head, events) or 2..18 (by-state index) of a key.
+pub fn execution_at(key: &[u8], offset: usize) -> Option<ExecutionId> {
+    let bytes: [u8; 16] = key.get(offset..offset + 16)?.try_into().ok()?;
+    Some(ExecutionId::from_bytes(bytes))
+}
+
+/// The name of the logical tree a key belongs to, for error messages.
+pub fn tree_name(key: &[u8]) -> &'static str {
+    match key.first() {
+        Some(&META) => "meta",
+        Some(&LOG) => "log",
+        Some(&HEAD) => "heads",
+        Some(&EVENTS) => "events",
+        Some(&COMMAND) => "commands",
+        Some(&RECEIPT) => "receipts",
+        Some(&WAIT) => "waits",
+        Some(&PROCESS) => "processes",
+        Some(&BLOB) => "blobs",
+        Some(&BY_STATE) => "by_state",
+        Some(&INCARNATION) => "incarnations",
+        _ => "unknown",
+    }
+}
+
+/// A key as lowercase hex, for error messages.
+pub fn display(key: &[u8]) -> String {
+    key.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn prefixed_u64(prefix: u8, value: u64) -> [u8; 9] {
+    let mut key = [0u8; 9];
+    key[0] = prefix;
+    key[1..].copy_from_slice(&value.to_be_bytes());
+    key
+}
+
+fn prefixed_id(prefix: u8, id: &[u8; 16]) -> [u8; 17] {
+    let mut key = [0u8; 17];
+    key[0] = prefix;
+    key[1..].copy_from_slice(id);
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integer_keys_sort_numerically() {
+        assert!(log(255) < log(256));
+        let ex = ExecutionId::new();
+        assert!(events(ex, 9) < events(ex, 10));
+        assert_eq!(execution_at(&events(ex, 1), 1), Some(ex));
+        assert_eq!(execution_at(&by_state(ExecutionState::Paused, ex), 2), Some(ex));
+    }
+}

@@ -1,0 +1,34 @@
+//! The sled-backed event log of the OpenProgram runtime: the persisted schema and the one
+//! write path every state change goes through.
+//!
+//! - `ids` — typed identifiers (SPEC §3).
+//! - `event`, `records` — what is stored: canonical events, execution heads, commands,
+//!   receipts, waits, processes, blobs.
+//! - `keys`, `codec` — how it is stored: key layout and checksummed record formats.
+//! - `transition` — what callers submit and get back (S-2).
+//! - `log` — the committer thread: group commit, fencing, fsync (S-3).
+//! - `overlay` — committed state not yet written to its own keys.
+//! - `store` — open, replay, reads, and the `EventStore` trait.
+//! - `migrate` — schema versions (S-1).
+//!
+//! Architecture invariant: this crate knows nothing of actix, of actors or of HTTP, and its
+//! public API names no sled type.
+
+pub mod codec;
+pub mod error;
+pub mod event;
+pub mod ids;
+pub mod keys;
+mod log;
+pub mod migrate;
+mod overlay;
+pub mod records;
+pub mod store;
+pub mod transition;
+
+pub use error::{Error, Result};
+pub use event::{Event, EventEnvelope};
+pub use ids::*;
+pub use records::*;
+pub use store::{EventStore, Incarnation, Limits, MetricsSnapshot, Store};
+pub use transition::{Committed, Outcome, Transition, Upsert};

@@ -1,0 +1,51 @@
+//! Schema versions and migrations (S-1). Explicit and run once: each step runs inside the
+//! open, before the committer starts, and the new version is written with the step's
+//! changes in one batch, so a crash during a migration leaves the old version and reruns it.
+//!
+//! Changelog:
+//! - 1: the initial layout (`keys.rs`, record format 1, log format 1).
+
+use crate::codec;
+use crate::error::{Error, Result};
+use crate::keys;
+
+/// The schema version this build writes and reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// One migration: from `from` to `from + 1`, adding its changes to the batch.
+type Step = fn(&sled::Db, &mut sled::Batch) -> Result<()>;
+
+/// Steps by the version they start from. Version 0 is an empty store.
+const STEPS: &[(u32, Step)] = &[(0, initialize)];
+
+fn initialize(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
+    Ok(())
+}
+
+/// Brings the store to `SCHEMA_VERSION`. Returns the version found before migrating.
+/// Each step is durable (flushed; fsynced by the caller's `sync`) before the next runs.
+pub(crate) fn run(db: &sled::Db, sync: &mut dyn FnMut() -> Result<()>) -> Result<u32> {
+    let key = keys::meta(keys::META_SCHEMA_VERSION);
+    let found = match db.get(&key)? {
+        Some(bytes) => codec::decode::<u32>(&key, &bytes)?,
+        None => 0,
+    };
+    if found > SCHEMA_VERSION {
+        return Err(Error::UnsupportedSchema { found, supported: SCHEMA_VERSION });
+    }
+    let mut version = found;
+    while version < SCHEMA_VERSION {
+        let Some((_, step)) = STEPS.iter().find(|(from, _)| *from == version) else {
+            return Err(Error::UnsupportedSchema { found: version, supported: SCHEMA_VERSION });
+        };
+        let mut batch = sled::Batch::default();
+        step(db, &mut batch)?;
+        batch.insert(key.clone(), codec::encode(&(version + 1)));
+        db.apply_batch(batch)?;
+        db.flush()?;
+        sync()?;
+        tracing::info!(from = version, to = version + 1, "migrated the store schema");
+        version += 1;
+    }
+    Ok(found)
+}

@@ -1,0 +1,348 @@
+//! The records the log maintains beside its events: the execution head and the records that
+//! are looked up by id (commands, receipts, waits, processes) or by content (blobs).
+//!
+//! Encoding: like events, these are bincode-encoded by field order. Never reorder or remove a
+//! field or variant; a change of shape needs a new format version and a migration.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{
+    AttemptId, CommandId, EffectId, ExecutionId, MessageId, OwnerId, ProcessId, RevisionId, RunId,
+    SessionId, TurnId, WaitId,
+};
+
+/// E-1: what kind of work an execution is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ExecutionKind {
+    AgentTurn,
+    Job,
+    Function,
+}
+
+/// The state of an execution (the `state` field of the HTTP contract).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ExecutionState {
+    Queued,
+    Running,
+    Paused,
+    Waiting,
+    Cancelling,
+    Cancelled,
+    Completed,
+    Failed,
+    ReconciliationRequired,
+    Expired,
+}
+
+impl ExecutionState {
+    pub const ALL: [ExecutionState; 10] = [
+        ExecutionState::Queued,
+        ExecutionState::Running,
+        ExecutionState::Paused,
+        ExecutionState::Waiting,
+        ExecutionState::Cancelling,
+        ExecutionState::Cancelled,
+        ExecutionState::Completed,
+        ExecutionState::Failed,
+        ExecutionState::ReconciliationRequired,
+        ExecutionState::Expired,
+    ];
+
+    /// Terminal states never change again and are not kept in the by-state index.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            ExecutionState::Cancelled | ExecutionState::Completed | ExecutionState::Failed
+        )
+    }
+
+    /// The byte that names this state in the by-state index key. Fixed forever.
+    pub fn code(self) -> u8 {
+        match self {
+            ExecutionState::Queued => 1,
+            ExecutionState::Running => 2,
+            ExecutionState::Paused => 3,
+            ExecutionState::Waiting => 4,
+            ExecutionState::Cancelling => 5,
+            ExecutionState::Cancelled => 6,
+            ExecutionState::Completed => 7,
+            ExecutionState::Failed => 8,
+            ExecutionState::ReconciliationRequired => 9,
+            ExecutionState::Expired => 10,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecutionState::Queued => "queued",
+            ExecutionState::Running => "running",
+            ExecutionState::Paused => "paused",
+            ExecutionState::Waiting => "waiting",
+            ExecutionState::Cancelling => "cancelling",
+            ExecutionState::Cancelled => "cancelled",
+            ExecutionState::Completed => "completed",
+            ExecutionState::Failed => "failed",
+            ExecutionState::ReconciliationRequired => "reconciliation_required",
+            ExecutionState::Expired => "expired",
+        }
+    }
+}
+
+impl fmt::Display for ExecutionState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The attempt that currently owns an execution.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptLease {
+    pub attempt_id: AttemptId,
+    pub owner_id: OwnerId,
+    pub epoch: u64,
+}
+
+/// The next action, published after every provider decision and tool result (E-3).
+/// `next_action` is JSON text owned by the execution state machine; large content belongs
+/// in a blob referenced from it, because the head is rewritten on every transition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The seq of the event that published it.
+    pub seq: u64,
+    pub next_action: String,
+}
+
+/// Why and until when an interrupted execution may be continued automatically.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestartIntent {
+    /// `None`: no time limit (restart window `-1`).
+    pub deadline_ms: Option<u64>,
+    pub recorded_at_ms: u64,
+    pub reason: String,
+}
+
+/// The current summary of one execution: everything needed to validate the next
+/// transition and to classify it at startup without reading its events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecutionHead {
+    pub execution_id: ExecutionId,
+    pub session_id: SessionId,
+    pub run_id: RunId,
+    pub parent_execution_id: Option<ExecutionId>,
+    pub kind: ExecutionKind,
+    pub revision_id: RevisionId,
+    pub turn_id: TurnId,
+    pub user_message_id: MessageId,
+    pub reply_message_id: MessageId,
+    pub state: ExecutionState,
+    pub pause_reason: Option<String>,
+    /// Number of committed transitions. Set by the committer; the value a caller puts here
+    /// is ignored.
+    pub version: u64,
+    /// Seq of the newest event. Set by the committer.
+    pub last_seq: u64,
+    /// The highest writer epoch ever accepted. Set by the committer: writes with a lower
+    /// epoch are fenced.
+    pub fencing_epoch: u64,
+    pub attempt: Option<AttemptLease>,
+    pub checkpoint: Option<Checkpoint>,
+    pub restart_intent: Option<RestartIntent>,
+    /// Wall-clock time of the last commit. Set by the committer.
+    pub last_activity_ms: u64,
+}
+
+impl ExecutionHead {
+    /// A head for a new execution, before its first commit.
+    pub fn new(
+        execution_id: ExecutionId,
+        session_id: SessionId,
+        run_id: RunId,
+        kind: ExecutionKind,
+    ) -> Self {
+        Self {
+            execution_id,
+            session_id,
+            run_id,
+            parent_execution_id: None,
+            kind,
+            revision_id: RevisionId::new(),
+            turn_id: TurnId::new(),
+            user_message_id: MessageId::new(),
+            reply_message_id: MessageId::new(),
+            state: ExecutionState::Queued,
+            pause_reason: None,
+            version: 0,
+            last_seq: 0,
+            fencing_epoch: 0,
+            attempt: None,
+            checkpoint: None,
+            restart_intent: None,
+            last_activity_ms: 0,
+        }
+    }
+}
+
+/// K-1: where a command is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandStatus {
+    Accepted,
+    Applied,
+    Rejected,
+}
+
+/// A command saved by the command service, found again by its id (K-4).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandRecord {
+    pub command_id: CommandId,
+    pub execution_id: ExecutionId,
+    pub kind: String,
+    /// BLAKE3 of the canonical payload: the same id with another payload is rejected.
+    pub payload_hash: [u8; 32],
+    pub status: CommandStatus,
+    pub reason: Option<String>,
+    /// The execution version the outcome was committed at.
+    pub result_version: Option<u64>,
+    /// The child of a Fork or Retry.
+    pub child_execution_id: Option<ExecutionId>,
+    pub accepted_at_ms: u64,
+}
+
+/// E-4: what is known about one effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ReceiptStatus {
+    /// Dispatched, outcome not yet recorded. After a crash it reads as `Unknown`.
+    Dispatched,
+    Confirmed,
+    Failed,
+    NotStarted,
+    Unknown,
+    NotApplied,
+}
+
+/// The receipt of one effect (a model request or a tool call).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReceiptRecord {
+    pub effect_id: EffectId,
+    pub execution_id: ExecutionId,
+    pub attempt_id: Option<AttemptId>,
+    pub epoch: u64,
+    pub tool: String,
+    pub status: ReceiptStatus,
+    /// The result or error as JSON text.
+    pub output: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WaitKind {
+    Approval,
+    Question,
+    Form,
+    Permission,
+    Live,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WaitStatus {
+    Open,
+    Submitted,
+    Answered,
+    Declined,
+    Expired,
+    Invalidated,
+}
+
+/// A durable wait (W-1) or a live question (W-4).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitRecord {
+    pub wait_id: WaitId,
+    pub execution_id: ExecutionId,
+    pub kind: WaitKind,
+    pub prompt: String,
+    pub status: WaitStatus,
+    /// The checkpoint the wait was opened at: recovery honours its outcome only while this
+    /// is still the execution's current checkpoint (W-3).
+    pub checkpoint_seq: u64,
+    pub attempt_id: Option<AttemptId>,
+    pub answer: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ProcessState {
+    Running,
+    Exited,
+    Stopped,
+    Lost,
+}
+
+/// A managed process (P-1). The OS pid is a hint, never permission to signal (P-3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessRecord {
+    pub process_id: ProcessId,
+    pub execution_id: ExecutionId,
+    pub attempt_id: AttemptId,
+    pub owner_id: OwnerId,
+    pub program: String,
+    pub args: Vec<String>,
+    pub os_pid: Option<u32>,
+    /// Start time of the pid from `/proc/<pid>/stat`, to tell a reused pid apart.
+    pub os_start_time: Option<u64>,
+    pub state: ProcessState,
+    pub exit_code: Option<i32>,
+    pub output_bytes: u64,
+    /// Persisted output chunks, oldest first.
+    pub output_chunks: Vec<BlobHash>,
+}
+
+/// The address of a blob: BLAKE3 of its bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct BlobHash(pub [u8; 32]);
+
+impl BlobHash {
+    pub fn of(bytes: &[u8]) -> Self {
+        Self(*blake3::hash(bytes).as_bytes())
+    }
+}
+
+impl fmt::Display for BlobHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for byte in self.0 {
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for BlobHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "blob_{self}")
+    }
+}
+
+/// Content stored once by its hash (S-5). The hash is computed here, so it always matches.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Blob {
+    hash: BlobHash,
+    bytes: Vec<u8>,
+}
+
+impl Blob {
+    pub fn new(bytes: Vec<u8>) -> Self {
+        Self { hash: BlobHash::of(&bytes), bytes }
+    }
+
+    pub fn hash(&self) -> BlobHash {
+        self.hash
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl fmt::Debug for Blob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Blob({:?}, {} bytes)", self.hash, self.bytes.len())
+    }
+}

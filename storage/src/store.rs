@@ -1,0 +1,674 @@
+//! The store: opening (lock, migrations, log replay, incarnation), the read API, and the
+//! handle that submits transitions to the committer (`log.rs`).
+//!
+//! The public API names no sled type: callers see `Store`, the `EventStore` trait and owned
+//! records, so another backend (PostgreSQL for several runtime nodes) can stand beside this
+//! one without touching `actors/`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::thread::JoinHandle;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::codec::{self, DecodedFrame, RecordValue};
+use crate::error::{Error, Result};
+use crate::event::EventEnvelope;
+use crate::ids::{CommandId, EffectId, ExecutionId, OwnerId, ProcessId, WaitId};
+use crate::keys;
+use crate::log::{self, now_ms, Request};
+use crate::migrate;
+use crate::overlay::{index_state, Overlay};
+use crate::records::{
+    BlobHash, CommandRecord, ExecutionHead, ExecutionState, ProcessRecord, ReceiptRecord,
+    WaitRecord,
+};
+use crate::transition::{Outcome, Transition, Upsert};
+
+/// Bounds of the store. Every queue and batch has one.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Transitions waiting for the committer; a full queue makes `submit` wait
+    /// (backpressure) rather than grow memory.
+    pub queue_len_max: usize,
+    /// Transitions the committer takes into one group commit.
+    pub batch_len_max: usize,
+    /// Encoded size of one transition (head, events and records).
+    pub transition_bytes_max: usize,
+    /// Size of one blob (S-5).
+    pub blob_bytes_max: usize,
+    /// Dirty executions and records kept before they are written to their own keys; also
+    /// bounds the log tail replayed at open.
+    pub overlay_len_max: usize,
+    /// Longest time between two materializations while transitions arrive.
+    pub materialize_interval_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            queue_len_max: 16 * 1024,
+            batch_len_max: 4 * 1024,
+            transition_bytes_max: 1024 * 1024,
+            blob_bytes_max: 8 * 1024 * 1024,
+            overlay_len_max: 64 * 1024,
+            materialize_interval_ms: 250,
+        }
+    }
+}
+
+/// Counters of the write path, for `/metrics` and benchmarks.
+#[derive(Debug, Default)]
+pub(crate) struct Metrics {
+    pub groups: AtomicU64,
+    pub transitions: AtomicU64,
+    pub fsyncs: AtomicU64,
+    pub fsync_micros_total: AtomicU64,
+    pub materializations: AtomicU64,
+    pub replayed_frames: AtomicU64,
+}
+
+/// A copy of the write-path counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct MetricsSnapshot {
+    pub groups: u64,
+    pub transitions: u64,
+    pub fsyncs: u64,
+    pub fsync_micros_total: u64,
+    pub materializations: u64,
+    /// Log frames replayed when the store was opened: the unmaterialized tail (S-6).
+    pub replayed_frames: u64,
+}
+
+/// One start of a runtime on this store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Incarnation {
+    pub number: u64,
+    pub owner_id: OwnerId,
+    pub started_at_ms: u64,
+}
+
+/// State shared by the committer thread and readers.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub db: sled::Db,
+    pub path: PathBuf,
+    pub limits: Limits,
+    overlay: RwLock<Overlay>,
+    /// Bumped, under the overlay's write lock, by every materialization.
+    pub generation: AtomicU64,
+    /// The position of the newest event on disk (fsynced).
+    pub durable_position: AtomicU64,
+    quarantine: Mutex<BTreeMap<ExecutionId, String>>,
+    failure: Mutex<Option<String>>,
+    pub metrics: Metrics,
+}
+
+impl Shared {
+    // A panic while holding these locks cannot leave the data half-updated (each update is
+    // one assignment or a completed merge), so a poisoned lock is still usable.
+    pub fn overlay_read(&self) -> RwLockReadGuard<'_, Overlay> {
+        self.overlay.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn overlay_write(&self) -> RwLockWriteGuard<'_, Overlay> {
+        self.overlay.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    pub fn fail(&self, reason: String) {
+        tracing::error!(%reason, "store entered fail-stop: no more writes are acknowledged");
+        self.failure.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(reason);
+    }
+
+    pub fn check_quarantine(&self, execution_id: ExecutionId) -> Result<()> {
+        let quarantine = self.quarantine.lock().unwrap_or_else(PoisonError::into_inner);
+        match quarantine.get(&execution_id) {
+            Some(reason) => Err(Error::Quarantined { execution_id, reason: reason.clone() }),
+            None => Ok(()),
+        }
+    }
+
+    pub fn quarantine(&self, execution_id: ExecutionId, reason: String) {
+        tracing::error!(%execution_id, %reason, "execution quarantined");
+        self.quarantine
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(execution_id)
+            .or_insert(reason);
+    }
+
+    /// Quarantines the execution when `result` is a corruption of one of its records.
+    fn quarantine_on_corruption<T>(&self, execution_id: ExecutionId, result: Result<T>) -> Result<T> {
+        if let Err(error @ Error::Corrupted { .. }) = &result {
+            self.quarantine(execution_id, error.to_string());
+        }
+        result
+    }
+
+    pub fn head_on_disk(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>> {
+        let key = keys::head(execution_id);
+        let result = match self.db.get(key)? {
+            Some(bytes) => codec::decode(&key, &bytes).map(Some),
+            None => Ok(None),
+        };
+        self.quarantine_on_corruption(execution_id, result)
+    }
+
+    pub fn record_on_disk<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &[u8],
+    ) -> Result<Option<T>>
+    where
+        RecordValue: TryInto<T>,
+    {
+        match self.db.get(key)? {
+            Some(bytes) => {
+                let record: RecordValue = codec::decode(key, &bytes)?;
+                record.try_into().map(Some).map_err(|_| Error::Corrupted {
+                    tree: keys::tree_name(key),
+                    key: keys::display(key),
+                })
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+macro_rules! record_conversion {
+    ($variant:ident, $record:ty) => {
+        impl TryFrom<RecordValue> for $record {
+            type Error = ();
+            fn try_from(value: RecordValue) -> std::result::Result<Self, ()> {
+                match value {
+                    RecordValue::$variant(record) => Ok(record),
+                    _ => Err(()),
+                }
+            }
+        }
+    };
+}
+record_conversion!(Command, CommandRecord);
+record_conversion!(Receipt, ReceiptRecord);
+record_conversion!(Wait, WaitRecord);
+record_conversion!(Process, ProcessRecord);
+
+/// Reads and writes of the event log, independent of the engine underneath.
+pub trait EventStore: Send + Sync + 'static {
+    /// Queues a transition for the next group commit. The future resolves once the group is
+    /// fsynced (or rejected); it waits while the queue is full.
+    fn submit(&self, transition: Transition) -> BoxFuture<'static, Result<Outcome>>;
+    fn head(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>>;
+    /// Events of one execution with `seq > after_seq`, oldest first, at most `limit`.
+    fn events_after(&self, execution_id: ExecutionId, after_seq: u64, limit: usize) -> Result<Vec<EventEnvelope>>;
+    /// Events of the whole store with `position > after_position`, at most `limit`.
+    fn log_after(&self, after_position: u64, limit: usize) -> Result<Vec<EventEnvelope>>;
+    fn command(&self, command_id: CommandId) -> Result<Option<CommandRecord>>;
+    fn receipt(&self, effect_id: EffectId) -> Result<Option<ReceiptRecord>>;
+    fn wait(&self, wait_id: WaitId) -> Result<Option<WaitRecord>>;
+    fn process(&self, process_id: ProcessId) -> Result<Option<ProcessRecord>>;
+    fn blob(&self, hash: BlobHash) -> Result<Option<Vec<u8>>>;
+    /// Executions currently in a non-terminal `state`, from the by-state index (S-6).
+    /// Terminal states are not indexed: asking for one returns an empty list.
+    fn executions_in_state(&self, state: ExecutionState) -> Result<Vec<ExecutionId>>;
+    /// Executions refused for corrupted records, with the reason (S-4).
+    fn quarantined(&self) -> Vec<(ExecutionId, String)>;
+    /// The incarnation this handle opened the store as.
+    fn incarnation(&self) -> &Incarnation;
+}
+
+/// A handle on an open store. Cheap to clone; the store closes when the last handle drops,
+/// after the committer has written everything queued.
+#[derive(Debug, Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shared: Arc<Shared>,
+    sender: Option<mpsc::Sender<Request>>,
+    committer: Option<JoinHandle<()>>,
+    incarnation: Incarnation,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the queue ends the committer's loop after it has answered everything queued.
+        self.sender.take();
+        if let Some(committer) = self.committer.take() {
+            if committer.join().is_err() {
+                tracing::error!("the committer thread panicked");
+            }
+        }
+    }
+}
+
+/// sled's segment size. Values or nodes above a quarter of it go to separate files. A store
+/// must always be opened with the same value (sled refuses another).
+pub const SEGMENT_BYTES: usize = 8 * 1024 * 1024;
+/// Bound on optimistic read attempts before a read holds the overlay lock instead.
+const READ_ATTEMPTS_MAX: usize = 3;
+
+/// How long `open` waits for the file lock. sled's background IO threads can hold the
+/// database a few milliseconds after the last handle dropped, so a reopen in the same process
+/// may briefly see it locked; a real second opener is refused after this wait.
+const LOCK_WAIT_MS: u64 = 2_000;
+const LOCK_RETRY_MS: u64 = 10;
+
+fn open_sled(path: &Path) -> Result<sled::Db> {
+    let mut waited_ms = 0;
+    loop {
+        let opened = sled::Config::new()
+            .path(path)
+            .segment_size(SEGMENT_BYTES)
+            .flush_every_ms(None)
+            .open();
+        match opened {
+            Ok(db) => return Ok(db),
+            Err(sled::Error::Io(io)) if io.to_string().contains("could not acquire lock") => {
+                if waited_ms >= LOCK_WAIT_MS {
+                    return Err(Error::Locked { path: path.to_path_buf() });
+                }
+                std::thread::sleep(std::time::Duration::from_millis(LOCK_RETRY_MS));
+                waited_ms += LOCK_RETRY_MS;
+            }
+            Err(other) => return Err(Error::from(other)),
+        }
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the store in `path` with default limits.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(path, Limits::default())
+    }
+
+    /// Opens (or creates) the store: takes the lock, runs migrations, replays the log tail
+    /// and records a new incarnation. Never scans the whole history (S-6).
+    pub fn open_with(path: impl AsRef<Path>, limits: Limits) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let io_error = |error: std::io::Error| Error::Io { path: path.clone(), message: error.to_string() };
+        std::fs::create_dir_all(&path).map_err(io_error)?;
+        let db = open_sled(&path)?;
+        let data_file = File::open(path.join("db")).map_err(io_error)?;
+        let mut sync = || {
+            data_file.sync_data().map_err(|error| Error::Io {
+                path: path.join("db"),
+                message: error.to_string(),
+            })
+        };
+        // The directory entries of sled's files must survive a power loss too.
+        File::open(&path).and_then(|dir| dir.sync_all()).map_err(io_error)?;
+        migrate::run(&db, &mut sync)?;
+
+        let shared = Arc::new(Shared {
+            db,
+            path: path.clone(),
+            limits: limits.clone(),
+            overlay: RwLock::new(Overlay::default()),
+            generation: AtomicU64::new(0),
+            durable_position: AtomicU64::new(0),
+            quarantine: Mutex::new(BTreeMap::new()),
+            failure: Mutex::new(None),
+            metrics: Metrics::default(),
+        });
+        replay(&shared)?;
+        let incarnation = record_incarnation(&shared.db)?;
+        shared.db.flush()?;
+        sync()?;
+
+        let (sender, queue) = mpsc::channel(limits.queue_len_max.max(1));
+        let committer_shared = Arc::clone(&shared);
+        let committer = std::thread::Builder::new()
+            .name("openprogram-committer".into())
+            .spawn(move || log::run(committer_shared, queue, data_file))
+            .map_err(io_error)?;
+        tracing::info!(path = %path.display(), owner = %incarnation.owner_id, number = incarnation.number, "store opened");
+        Ok(Self {
+            inner: Arc::new(Inner { shared, sender: Some(sender), committer: Some(committer), incarnation }),
+        })
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+
+    /// The position of the newest durable event.
+    pub fn durable_position(&self) -> u64 {
+        self.shared().durable_position.load(Ordering::Acquire)
+    }
+
+    pub fn metrics(&self) -> MetricsSnapshot {
+        let metrics = &self.shared().metrics;
+        MetricsSnapshot {
+            groups: metrics.groups.load(Ordering::Relaxed),
+            transitions: metrics.transitions.load(Ordering::Relaxed),
+            fsyncs: metrics.fsyncs.load(Ordering::Relaxed),
+            fsync_micros_total: metrics.fsync_micros_total.load(Ordering::Relaxed),
+            materializations: metrics.materializations.load(Ordering::Relaxed),
+            replayed_frames: metrics.replayed_frames.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Every incarnation recorded in this store, oldest first.
+    pub fn incarnations(&self) -> Result<Vec<Incarnation>> {
+        let start = keys::incarnation(0);
+        let end = keys::incarnation(u64::MAX);
+        self.shared()
+            .db
+            .range(start..=end)
+            .map(|item| {
+                let (key, value) = item?;
+                codec::decode(&key, &value)
+            })
+            .collect()
+    }
+
+    /// Why the store stopped acknowledging writes, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.shared().failure()
+    }
+
+    /// Reads the overlay, then disk, and retries if a materialization ran in between (see
+    /// `overlay.rs`); after `READ_ATTEMPTS_MAX` tries it reads holding the overlay lock.
+    fn read_consistent<A, T>(
+        &self,
+        from_overlay: impl Fn(&Overlay) -> A,
+        from_disk: impl Fn(A) -> Result<T>,
+    ) -> Result<T> {
+        let shared = self.shared();
+        for _ in 0..READ_ATTEMPTS_MAX {
+            let (generation, seen) = {
+                let overlay = shared.overlay_read();
+                (shared.generation.load(Ordering::Acquire), from_overlay(&overlay))
+            };
+            let result = from_disk(seen)?;
+            if shared.generation.load(Ordering::Acquire) == generation {
+                return Ok(result);
+            }
+        }
+        let overlay = shared.overlay_read();
+        from_disk(from_overlay(&overlay))
+    }
+
+    fn record<T>(&self, key: [u8; 17]) -> Result<Option<T>>
+    where
+        T: serde::de::DeserializeOwned,
+        RecordValue: TryInto<T>,
+    {
+        self.read_consistent(
+            |overlay| overlay.records.get(&key).cloned(),
+            |cached| match cached {
+                Some(record) => record.try_into().map(Some).map_err(|_| Error::Corrupted {
+                    tree: keys::tree_name(&key),
+                    key: keys::display(&key),
+                }),
+                None => self.shared().record_on_disk(&key),
+            },
+        )
+    }
+
+    fn events_on_disk(&self, execution_id: ExecutionId, after_seq: u64, limit: usize) -> Result<Vec<EventEnvelope>> {
+        let db = &self.shared().db;
+        let first = keys::events(execution_id, 0);
+        let last = keys::events(execution_id, u64::MAX);
+        // The chunk holding `after_seq + 1` starts at or before it.
+        let start = match db.range(first..=keys::events(execution_id, after_seq.saturating_add(1))).next_back() {
+            Some(item) => item?.0,
+            None => sled::IVec::from(&first[..]),
+        };
+        let mut events = Vec::new();
+        for item in db.range(start..=sled::IVec::from(&last[..])) {
+            let (key, value) = item?;
+            let chunk: Vec<EventEnvelope> = codec::decode(&key, &value)?;
+            events.extend(chunk.into_iter().filter(|event| event.seq > after_seq));
+            if events.len() >= limit {
+                break;
+            }
+        }
+        Ok(events)
+    }
+}
+
+impl EventStore for Store {
+    fn submit(&self, transition: Transition) -> BoxFuture<'static, Result<Outcome>> {
+        let sender = self.inner.sender.clone();
+        let blob_bytes_max = self.shared().limits.blob_bytes_max;
+        let failure = self.shared().failure();
+        async move {
+            if let Some(reason) = failure {
+                return Err(Error::FailStop(reason));
+            }
+            for upsert in &transition.upserts {
+                if let Upsert::Blob(blob) = upsert {
+                    if blob.bytes().len() > blob_bytes_max {
+                        return Err(Error::PayloadTooLarge {
+                            what: "blob",
+                            len: blob.bytes().len(),
+                            max: blob_bytes_max,
+                        });
+                    }
+                }
+            }
+            let sender = sender.ok_or(Error::Closed)?;
+            let (reply, answer) = oneshot::channel();
+            sender.send(Request { transition, reply }).await.map_err(|_| Error::Closed)?;
+            answer.await.map_err(|_| Error::Closed)?
+        }
+        .boxed()
+    }
+
+    fn head(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>> {
+        self.shared().check_quarantine(execution_id)?;
+        self.read_consistent(
+            |overlay| overlay.execs.get(&execution_id).map(|dirty| dirty.head.clone()),
+            |cached| match cached {
+                Some(head) => Ok(Some(head)),
+                None => self.shared().head_on_disk(execution_id),
+            },
+        )
+    }
+
+    fn events_after(&self, execution_id: ExecutionId, after_seq: u64, limit: usize) -> Result<Vec<EventEnvelope>> {
+        self.shared().check_quarantine(execution_id)?;
+        let result = self.read_consistent(
+            |overlay| {
+                overlay.execs.get(&execution_id).map_or_else(Vec::new, |dirty| {
+                    dirty.events.iter().filter(|event| event.seq > after_seq).cloned().collect()
+                })
+            },
+            |pending| {
+                let mut events = self.events_on_disk(execution_id, after_seq, limit)?;
+                let newest_on_disk = events.last().map_or(after_seq, |event| event.seq);
+                events.extend(pending.into_iter().filter(|event| event.seq > newest_on_disk));
+                events.truncate(limit);
+                Ok(events)
+            },
+        );
+        self.shared().quarantine_on_corruption(execution_id, result)
+    }
+
+    fn log_after(&self, after_position: u64, limit: usize) -> Result<Vec<EventEnvelope>> {
+        let shared = self.shared();
+        let durable = self.durable_position();
+        if after_position >= durable || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let db = &shared.db;
+        let start = match db.range(keys::log(0)..=keys::log(after_position + 1)).next_back() {
+            Some(item) => item?.0,
+            None => sled::IVec::from(&keys::log(0)[..]),
+        };
+        let mut events = Vec::new();
+        for item in db.range(start..=sled::IVec::from(&keys::log(durable)[..])) {
+            let (key, value) = item?;
+            for frame in codec::decode_log_record(&key, &value)?.frames {
+                match frame {
+                    DecodedFrame::Ok(frame) => events.extend(
+                        frame
+                            .events
+                            .into_iter()
+                            .filter(|event| event.position > after_position && event.position <= durable),
+                    ),
+                    DecodedFrame::Corrupt { claimed } => shared.quarantine(
+                        claimed,
+                        format!("a frame of the log record at {} is corrupted", keys::display(&key)),
+                    ),
+                }
+            }
+            if events.len() >= limit {
+                break;
+            }
+        }
+        events.truncate(limit);
+        Ok(events)
+    }
+
+    fn command(&self, command_id: CommandId) -> Result<Option<CommandRecord>> {
+        self.record(keys::command(command_id))
+    }
+
+    fn receipt(&self, effect_id: EffectId) -> Result<Option<ReceiptRecord>> {
+        self.record(keys::receipt(effect_id))
+    }
+
+    fn wait(&self, wait_id: WaitId) -> Result<Option<WaitRecord>> {
+        self.record(keys::wait(wait_id))
+    }
+
+    fn process(&self, process_id: ProcessId) -> Result<Option<ProcessRecord>> {
+        self.record(keys::process(process_id))
+    }
+
+    fn blob(&self, hash: BlobHash) -> Result<Option<Vec<u8>>> {
+        let key = keys::blob(hash);
+        match self.shared().db.get(key)? {
+            Some(bytes) if BlobHash::of(&bytes) == hash => Ok(Some(bytes.to_vec())),
+            Some(_) => Err(Error::Corrupted { tree: "blobs", key: keys::display(&key) }),
+            None => Ok(None),
+        }
+    }
+
+    fn executions_in_state(&self, state: ExecutionState) -> Result<Vec<ExecutionId>> {
+        if state.is_terminal() {
+            return Ok(Vec::new());
+        }
+        self.read_consistent(
+            |overlay| {
+                let mut added = Vec::new();
+                let mut removed = Vec::new();
+                for (execution_id, dirty) in &overlay.execs {
+                    if dirty.head.state == state {
+                        added.push(*execution_id);
+                    } else if dirty.indexed_state == Some(state) {
+                        removed.push(*execution_id);
+                    }
+                }
+                (added, removed)
+            },
+            |(added, removed)| {
+                let mut found = BTreeSet::new();
+                for item in self.shared().db.scan_prefix(keys::by_state_prefix(state)) {
+                    let (key, _) = item?;
+                    let execution_id = keys::execution_at(&key, 2).ok_or_else(|| Error::Corrupted {
+                        tree: "by_state",
+                        key: keys::display(&key),
+                    })?;
+                    found.insert(execution_id);
+                }
+                for execution_id in removed {
+                    found.remove(&execution_id);
+                }
+                found.extend(added);
+                Ok(found.into_iter().collect())
+            },
+        )
+    }
+
+    fn quarantined(&self) -> Vec<(ExecutionId, String)> {
+        let quarantine = self.shared().quarantine.lock().unwrap_or_else(PoisonError::into_inner);
+        quarantine.iter().map(|(id, reason)| (*id, reason.clone())).collect()
+    }
+
+    fn incarnation(&self) -> &Incarnation {
+        &self.inner.incarnation
+    }
+}
+
+/// Rebuilds the overlay from the log records after the materialization mark. The tail is
+/// bounded by `Limits::overlay_len_max` and the materialization interval of the last run.
+fn replay(shared: &Shared) -> Result<()> {
+    let db = &shared.db;
+    let mark_key = keys::meta(keys::META_MATERIALIZED_THROUGH);
+    let materialized_through = match db.get(&mark_key)? {
+        Some(bytes) => codec::decode::<u64>(&mark_key, &bytes)?,
+        None => 0,
+    };
+    let mut durable = materialized_through;
+    let mut overlay = Overlay::default();
+    let mut n_frames = 0usize;
+    for item in db.range(keys::log(materialized_through.saturating_add(1))..=keys::log(u64::MAX)) {
+        let (key, value) = item?;
+        // A record whose framing is broken cannot be attributed to any execution: refuse to
+        // open rather than silently drop what it acknowledged.
+        let record = codec::decode_log_record(&key, &value)?;
+        durable = durable.max(record.last_position);
+        for frame in record.frames {
+            let frame = match frame {
+                DecodedFrame::Ok(frame) => frame,
+                DecodedFrame::Corrupt { claimed } => {
+                    shared.quarantine(
+                        claimed,
+                        format!("a frame of the log record at {} is corrupted", keys::display(&key)),
+                    );
+                    continue;
+                }
+            };
+            let execution_id = frame.head.execution_id;
+            if shared.check_quarantine(execution_id).is_err() {
+                continue;
+            }
+            let indexed_state = if overlay.execs.contains_key(&execution_id) {
+                None // ignored by `merge` for an execution already dirty
+            } else {
+                match shared.head_on_disk(execution_id) {
+                    Ok(head) => head.as_ref().and_then(index_state),
+                    Err(Error::Corrupted { .. }) => continue,
+                    Err(error) => return Err(error),
+                }
+            };
+            overlay.merge(*frame, indexed_state);
+            n_frames += 1;
+        }
+    }
+    tracing::info!(materialized_through, durable, n_frames, "replayed the log tail");
+    *shared.overlay_write() = overlay;
+    shared.metrics.replayed_frames.store(n_frames as u64, Ordering::Relaxed);
+    shared.durable_position.store(durable, Ordering::Release);
+    Ok(())
+}
+
+/// Records a new incarnation of the runtime on this store. Written before the committer
+/// starts; the caller flushes and fsyncs.
+fn record_incarnation(db: &sled::Db) -> Result<Incarnation> {
+    let number = match db.range(keys::incarnation(0)..=keys::incarnation(u64::MAX)).next_back() {
+        Some(item) => {
+            let (key, value) = item?;
+            codec::decode::<Incarnation>(&key, &value)?.number + 1
+        }
+        None => 1,
+    };
+    let incarnation = Incarnation { number, owner_id: OwnerId::new(), started_at_ms: now_ms() };
+    db.insert(keys::incarnation(number), codec::encode(&incarnation))?;
+    Ok(incarnation)
+}

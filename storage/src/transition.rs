@@ -1,0 +1,142 @@
+//! What a caller asks the log to commit, and what it gets back (S-2).
+//!
+//! A transition is all or nothing: the version check, the fencing check, the events, the
+//! head and every record upsert commit together in one group write, or none of them does.
+
+use std::ops::RangeInclusive;
+
+use crate::codec::RecordValue;
+use crate::event::Event;
+use crate::ids::ExecutionId;
+use crate::records::{
+    Blob, CommandRecord, ExecutionHead, ProcessRecord, ReceiptRecord, WaitRecord,
+};
+
+/// One atomic state change of one execution.
+#[derive(Debug, Clone)]
+pub struct Transition {
+    pub execution_id: ExecutionId,
+    /// Compare-and-swap on the execution's version: `Some(0)` creates the execution (it must
+    /// not exist yet); `None` skips the check (a command being accepted, which changes
+    /// nothing the writer read).
+    pub expected_version: Option<u64>,
+    /// The fencing epoch of the writing attempt; `None` for writes made by no attempt.
+    /// A write whose epoch is lower than the highest epoch accepted so far is `Fenced`; a
+    /// higher one raises it (a new attempt claims the execution).
+    pub writer_epoch: Option<u64>,
+    /// The new head; `None` keeps the current one. Required when creating. The committer
+    /// sets its `version`, `last_seq`, `fencing_epoch` and `last_activity_ms`.
+    pub head: Option<ExecutionHead>,
+    /// At least one: every state change is a canonical event.
+    pub events: Vec<Event>,
+    pub upserts: Vec<Upsert>,
+}
+
+impl Transition {
+    /// A transition of `execution_id` with the given events and nothing else.
+    pub fn new(execution_id: ExecutionId, events: Vec<Event>) -> Self {
+        Self {
+            execution_id,
+            expected_version: None,
+            writer_epoch: None,
+            head: None,
+            events,
+            upserts: Vec::new(),
+        }
+    }
+
+    /// Creates the execution described by `head`.
+    pub fn create(head: ExecutionHead, events: Vec<Event>) -> Self {
+        Self {
+            execution_id: head.execution_id,
+            expected_version: Some(0),
+            writer_epoch: None,
+            head: Some(head),
+            events,
+            upserts: Vec::new(),
+        }
+    }
+
+    pub fn expect_version(mut self, version: u64) -> Self {
+        self.expected_version = Some(version);
+        self
+    }
+
+    pub fn by_epoch(mut self, epoch: u64) -> Self {
+        self.writer_epoch = Some(epoch);
+        self
+    }
+
+    pub fn with_head(mut self, head: ExecutionHead) -> Self {
+        self.head = Some(head);
+        self
+    }
+
+    pub fn with(mut self, upsert: Upsert) -> Self {
+        self.upserts.push(upsert);
+        self
+    }
+}
+
+/// A record written with a transition.
+#[derive(Debug, Clone)]
+pub enum Upsert {
+    /// A new command (`Accepted`, or decided at once) or its outcome. A command id that
+    /// exists already makes the transition a `DuplicateCommand` (same payload hash, new
+    /// submission) or a `CommandConflict` (another payload hash).
+    Command(CommandRecord),
+    Receipt(ReceiptRecord),
+    Wait(WaitRecord),
+    Process(ProcessRecord),
+    /// Stored once by content; written in the same group as the transition.
+    Blob(Blob),
+}
+
+impl Upsert {
+    pub(crate) fn into_record(self) -> Option<RecordValue> {
+        match self {
+            Upsert::Command(record) => Some(RecordValue::Command(record)),
+            Upsert::Receipt(record) => Some(RecordValue::Receipt(record)),
+            Upsert::Wait(record) => Some(RecordValue::Wait(record)),
+            Upsert::Process(record) => Some(RecordValue::Process(record)),
+            Upsert::Blob(_) => None,
+        }
+    }
+}
+
+/// The answer to a submitted transition. Only `Committed` changed anything.
+#[must_use]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Durable on disk (flushed and fsynced) before this was sent.
+    Committed(Committed),
+    /// `expected_version` did not match; nothing was written.
+    VersionConflict { current: u64 },
+    /// The writer's epoch is older than the execution's; nothing was written.
+    Fenced { current_epoch: u64 },
+    /// The command id exists with the same payload: its stored record (K-4).
+    DuplicateCommand { stored: CommandRecord },
+    /// The command id exists with another payload; nothing was written (K-4).
+    CommandConflict { stored: CommandRecord },
+}
+
+impl Outcome {
+    /// The commit, if there was one.
+    pub fn committed(self) -> Option<Committed> {
+        match self {
+            Outcome::Committed(committed) => Some(committed),
+            _ => None,
+        }
+    }
+}
+
+/// Where a committed transition landed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    /// The execution's version after this transition.
+    pub version: u64,
+    /// The seqs of the transition's events.
+    pub seqs: RangeInclusive<u64>,
+    /// The global positions of the transition's events.
+    pub positions: RangeInclusive<u64>,
+}

@@ -1,0 +1,13 @@
+//! Integration tests of the storage crate, named after SPEC ids. One binary, one module per
+//! area; `support` holds the shared helpers.
+
+mod support;
+
+mod k4_commands;
+mod r07_locking;
+mod s1_log;
+mod s2_transitions;
+mod s3_crash;
+mod s4_corruption;
+mod s5_blobs;
+mod s6_startup;

@@ -1,0 +1,159 @@
+//! S-3 with real processes: a child commits from 100 concurrent writers and prints each
+//! acknowledgement; the parent SIGKILLs it at random moments, reopens the store and checks
+//! that every acknowledged transition is there, seqs and positions are gap-free, and nothing
+//! unacknowledged is half-applied. `OP_CRASH_SEED` replays a run, `OP_CRASH_CYCLES` makes
+//! it longer (soak).
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use openprogram_storage::{Event, EventStore, ExecutionId, Store};
+use rand::{Rng, SeedableRng};
+
+const WRITERS: u64 = 100;
+const CYCLES_DEFAULT: u64 = 20;
+/// How long a child may take to open the store and say it is ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn execution_of(writer: u64) -> ExecutionId {
+    ExecutionId::from_uuid(uuid::Uuid::from_u128(u128::from(writer) + 1))
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|value| value.parse().ok())
+}
+
+struct Killed {
+    acks: Vec<(u64, u64)>,
+}
+
+/// Runs one child until `kill_after` past its ready line, SIGKILLs it and returns what it
+/// acknowledged.
+fn run_and_kill(dir: &std::path::Path, kill_after: Duration) -> Killed {
+    let mut child: Child = Command::new(env!("CARGO_BIN_EXE_storage-crash-writer"))
+        .arg(dir)
+        .arg(WRITERS.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the crash writer");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (lines_tx, lines_rx) = mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let ready = lines_rx.recv_timeout(READY_TIMEOUT);
+    if !matches!(&ready, Ok(line) if line.starts_with("ready")) {
+        let _ = child.kill();
+        let output = child.wait_with_output().expect("child output");
+        panic!("child not ready ({ready:?}): {}", String::from_utf8_lossy(&output.stderr));
+    }
+    std::thread::sleep(kill_after);
+    // The child only stops when killed; if it already exited, it failed.
+    if let Some(status) = child.try_wait().expect("try_wait") {
+        let output = child.wait_with_output().expect("child output");
+        panic!("child exited early with {status}: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    child.kill().expect("SIGKILL the child");
+    child.wait().expect("reap the child");
+    reader.join().expect("reader thread");
+    let acks = lines_rx
+        .try_iter()
+        .filter_map(|line| {
+            let mut parts = line.split(' ');
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some("ack"), Some(writer), Some(version)) => Some((writer.parse().ok()?, version.parse().ok()?)),
+                _ => None, // a line cut by the kill
+            }
+        })
+        .collect();
+    Killed { acks }
+}
+
+/// Every acknowledged version is present; each execution's events are exactly one per
+/// version, gap-free, with the content its writer wrote; the global log is gap-free and
+/// holds exactly the executions' events.
+fn verify(store: &Store, acked: &HashMap<u64, u64>, seed: u64, cycle: u64) {
+    let mut n_events = 0usize;
+    for writer in 0..WRITERS {
+        let execution_id = execution_of(writer);
+        let acked_version = acked.get(&writer).copied().unwrap_or(0);
+        let head = store.head(execution_id).expect("head");
+        let version = head.as_ref().map_or(0, |head| head.version);
+        assert!(
+            version >= acked_version,
+            "seed {seed} cycle {cycle}: writer {writer} acknowledged {acked_version}, store has {version}"
+        );
+        let events = store.events_after(execution_id, 0, usize::MAX).expect("events");
+        assert_eq!(events.len() as u64, version, "seed {seed} cycle {cycle}: writer {writer} half-applied");
+        if let Some(head) = &head {
+            assert_eq!(head.last_seq, version, "seed {seed} cycle {cycle}: writer {writer}");
+        }
+        for (index, envelope) in events.iter().enumerate() {
+            let seq = index as u64 + 1;
+            assert_eq!(envelope.seq, seq, "seed {seed} cycle {cycle}: writer {writer} seq gap");
+            let Event::ModelDecided { decision, .. } = &envelope.event else {
+                panic!("seed {seed}: unexpected event {envelope:?}");
+            };
+            assert!(decision.starts_with(&format!("{writer}:{seq}:")), "seed {seed}: {decision}");
+        }
+        n_events += events.len();
+    }
+    let log = store.log_after(0, usize::MAX).expect("log");
+    assert_eq!(log.len(), n_events, "seed {seed} cycle {cycle}: global log and executions disagree");
+    for (index, envelope) in log.iter().enumerate() {
+        assert_eq!(envelope.position, index as u64 + 1, "seed {seed} cycle {cycle}: position gap");
+    }
+    assert_eq!(store.durable_position(), n_events as u64);
+    assert!(store.quarantined().is_empty());
+}
+
+#[test]
+fn s3_acknowledged_transitions_survive_kill_9() {
+    let seed = env_u64("OP_CRASH_SEED").unwrap_or_else(rand::random);
+    let cycles = env_u64("OP_CRASH_CYCLES").unwrap_or(CYCLES_DEFAULT);
+    eprintln!("s3 crash test: seed {seed}, {cycles} cycles (replay with OP_CRASH_SEED={seed})");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut acked: HashMap<u64, u64> = HashMap::new();
+    let mut total_acks = 0usize;
+    let started = Instant::now();
+    for cycle in 0..cycles {
+        let kill_after = Duration::from_millis(rng.gen_range(20..400));
+        let killed = run_and_kill(dir.path(), kill_after);
+        total_acks += killed.acks.len();
+        for (writer, version) in killed.acks {
+            let entry = acked.entry(writer).or_insert(0);
+            *entry = (*entry).max(version);
+        }
+        let store = Store::open(dir.path()).expect("reopen after kill");
+        verify(&store, &acked, seed, cycle);
+    }
+    assert!(total_acks > 0, "seed {seed}: the children acknowledged nothing");
+    eprintln!(
+        "s3 crash test: seed {seed}: {cycles} kills, {total_acks} acknowledgements verified in {:.1?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn r07_second_process_is_refused_while_the_store_is_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _store = Store::open(dir.path()).expect("open");
+    let output = Command::new(env!("CARGO_BIN_EXE_storage-crash-writer"))
+        .arg(dir.path())
+        .arg("1")
+        .output()
+        .expect("run the crash writer");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("already open"), "{stderr}");
+}

@@ -1,0 +1,87 @@
+//! Helpers shared by the storage tests: building executions and transitions, and reading a
+//! whole history back.
+
+use openprogram_storage::{
+    Committed, EffectId, Event, EventEnvelope, EventStore, ExecutionHead, ExecutionId,
+    ExecutionKind, ExecutionState, Outcome, RunId, SessionId, Store, Transition,
+};
+
+pub fn head(execution_id: ExecutionId) -> ExecutionHead {
+    ExecutionHead::new(execution_id, SessionId::new(), RunId::new(), ExecutionKind::AgentTurn)
+}
+
+pub fn decided(text: &str) -> Event {
+    Event::ModelDecided { effect_id: EffectId::new(), decision: text.to_owned() }
+}
+
+pub fn state_changed(state: ExecutionState) -> Event {
+    Event::StateChanged { state, reason: String::from("test") }
+}
+
+pub fn committed(outcome: Outcome) -> Committed {
+    match outcome {
+        Outcome::Committed(committed) => committed,
+        other => panic!("expected a commit, got {other:?}"),
+    }
+}
+
+/// Creates an execution and returns its id.
+pub async fn create(store: &Store) -> ExecutionId {
+    let execution_id = ExecutionId::new();
+    let outcome = store
+        .submit(Transition::create(head(execution_id), vec![decided("admitted")]))
+        .await
+        .expect("create");
+    assert_eq!(committed(outcome).version, 1);
+    execution_id
+}
+
+/// Appends one event at the expected version and returns the commit.
+pub async fn append(store: &Store, execution_id: ExecutionId, version: u64, text: &str) -> Committed {
+    let transition = Transition::new(execution_id, vec![decided(text)]).expect_version(version);
+    committed(store.submit(transition).await.expect("append"))
+}
+
+/// Moves an execution to `state` at the expected version.
+pub async fn set_state(store: &Store, execution_id: ExecutionId, version: u64, state: ExecutionState) -> Committed {
+    let mut next = store.head(execution_id).expect("head").expect("exists");
+    next.state = state;
+    let transition = Transition::new(execution_id, vec![state_changed(state)])
+        .expect_version(version)
+        .with_head(next);
+    committed(store.submit(transition).await.expect("set state"))
+}
+
+pub fn all_events(store: &Store, execution_id: ExecutionId) -> Vec<EventEnvelope> {
+    store.events_after(execution_id, 0, usize::MAX).expect("events")
+}
+
+pub fn whole_log(store: &Store) -> Vec<EventEnvelope> {
+    store.log_after(0, usize::MAX).expect("log")
+}
+
+/// Limits that materialize after every group, so tests cross the overlay/disk boundary
+/// constantly.
+pub fn eager_limits() -> openprogram_storage::Limits {
+    openprogram_storage::Limits { materialize_interval_ms: 0, ..Default::default() }
+}
+
+/// Opens the store's sled database directly, to plant damage while the store is closed.
+/// Retries the lock like `Store::open` does: sled's IO threads may hold it a few
+/// milliseconds after the store closed.
+pub fn raw_open(dir: &std::path::Path) -> sled::Db {
+    for _ in 0..200 {
+        let opened = sled::Config::new()
+            .path(dir)
+            .segment_size(openprogram_storage::store::SEGMENT_BYTES)
+            .open();
+        match opened {
+            Ok(db) => return db,
+            Err(sled::Error::Io(error)) if error.to_string().contains("could not acquire lock") => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(error) => panic!("raw open: {error}"),
+        }
+    }
+    panic!("raw open: the store stayed locked");
+}
