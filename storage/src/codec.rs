@@ -148,7 +148,9 @@ pub(crate) enum DecodedFrame {
     Ok(Box<Frame>),
     /// The frame's checksum or decode failed. The execution id is the one its header
     /// claims: the best attribution there is, and it is quarantined.
-    Corrupt { claimed: ExecutionId },
+    Corrupt {
+        claimed: ExecutionId,
+    },
 }
 
 /// A log record read back: the position of its last event and its frames.
@@ -158,9 +160,30 @@ pub(crate) struct DecodedLogRecord {
     pub frames: Vec<DecodedFrame>,
 }
 
+/// Where one transition's events live: the event index of an execution is a list of these,
+/// so events are stored once, in the log, and an execution's history is read by decoding
+/// only its own frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrameRef {
+    pub first_seq: u64,
+    pub last_seq: u64,
+    /// The key (first position) of the log record holding the frame.
+    pub record: u64,
+}
+
 /// Splits a log record into frames. A broken framing (a length running past the end, an
 /// unknown version) cannot be attributed to any execution and is an error for the record.
 pub(crate) fn decode_log_record(key: &[u8], bytes: &[u8]) -> Result<DecodedLogRecord> {
+    decode_frames(key, bytes, None)
+}
+
+/// Like `decode_log_record`, but decodes only the frames whose header names `only`; the
+/// others are skipped by their length without being decoded.
+pub(crate) fn decode_frames(
+    key: &[u8],
+    bytes: &[u8],
+    only: Option<ExecutionId>,
+) -> Result<DecodedLogRecord> {
     use bincode::Options;
     let corrupted = || Error::Corrupted {
         tree: keys::tree_name(key),
@@ -180,13 +203,19 @@ pub(crate) fn decode_log_record(key: &[u8], bytes: &[u8]) -> Result<DecodedLogRe
         }
         let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
         let crc = u32::from_be_bytes([rest[4], rest[5], rest[6], rest[7]]);
-        let end = FRAME_HEADER_LEN.checked_add(len).filter(|end| *end <= rest.len());
+        let end = FRAME_HEADER_LEN
+            .checked_add(len)
+            .filter(|end| *end <= rest.len());
         let Some(end) = end else {
             return Err(corrupted());
         };
         let mut id = [0u8; 16];
         id.copy_from_slice(&rest[8..24]);
         let claimed = ExecutionId::from_bytes(id);
+        if only.is_some_and(|only| only != claimed) {
+            rest = &rest[end..];
+            continue;
+        }
         let payload = &rest[FRAME_HEADER_LEN..end];
         let decoded = if crc32fast::hash(&rest[8..end]) == crc {
             bincode_options()
@@ -203,7 +232,10 @@ pub(crate) fn decode_log_record(key: &[u8], bytes: &[u8]) -> Result<DecodedLogRe
         });
         rest = &rest[end..];
     }
-    Ok(DecodedLogRecord { last_position, frames })
+    Ok(DecodedLogRecord {
+        last_position,
+        frames,
+    })
 }
 
 #[cfg(test)]
@@ -221,7 +253,9 @@ mod tests {
             let mut flipped = bytes.clone();
             flipped[index] ^= 0x40;
             match decode::<(u64, String)>(b"\x05k", &flipped) {
-                Err(Error::Corrupted { tree: "commands", .. }) => {}
+                Err(Error::Corrupted {
+                    tree: "commands", ..
+                }) => {}
                 other => panic!("flip at {index} decoded as {other:?}"),
             }
         }
@@ -255,10 +289,15 @@ mod tests {
         let record = decode_log_record(&keys::log(1), &bytes).expect("framing intact");
         assert_eq!(record.last_position, 7);
         let frames = record.frames;
-        assert!(matches!(&frames[0], DecodedFrame::Corrupt { claimed } if *claimed == first.head.execution_id));
+        assert!(
+            matches!(&frames[0], DecodedFrame::Corrupt { claimed } if *claimed == first.head.execution_id)
+        );
         assert!(matches!(&frames[1], DecodedFrame::Ok(frame) if **frame == second));
         // A length running past the end is a broken record.
         bytes[LOG_HEADER_LEN] = 0xff;
-        assert!(matches!(decode_log_record(&keys::log(1), &bytes), Err(Error::Corrupted { tree: "log", .. })));
+        assert!(matches!(
+            decode_log_record(&keys::log(1), &bytes),
+            Err(Error::Corrupted { tree: "log", .. })
+        ));
     }
 }

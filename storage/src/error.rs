@@ -23,10 +23,17 @@ pub enum Error {
     Corrupted { tree: &'static str, key: String },
     /// The execution has a corrupted record and takes no more reads or writes (S-4).
     #[error("execution {execution_id} is quarantined: {reason}")]
-    Quarantined { execution_id: ExecutionId, reason: String },
+    Quarantined {
+        execution_id: ExecutionId,
+        reason: String,
+    },
     /// A payload exceeds a configured limit (S-5).
     #[error("{what} of {len} bytes exceeds the limit of {max} bytes")]
-    PayloadTooLarge { what: &'static str, len: usize, max: usize },
+    PayloadTooLarge {
+        what: &'static str,
+        len: usize,
+        max: usize,
+    },
     /// A transition names an execution that does not exist and does not create it.
     #[error("execution {0} does not exist")]
     UnknownExecution(ExecutionId),

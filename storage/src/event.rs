@@ -65,11 +65,17 @@ pub enum Event {
     /// The owner applied the command.
     CommandApplied { command_id: CommandId },
     /// The owner refused the command.
-    CommandRejected { command_id: CommandId, reason: String },
+    CommandRejected {
+        command_id: CommandId,
+        reason: String,
+    },
     /// A model request was started.
     ModelRequested { effect_id: EffectId },
     /// The model decided; `decision` is JSON text.
-    ModelDecided { effect_id: EffectId, decision: String },
+    ModelDecided {
+        effect_id: EffectId,
+        decision: String,
+    },
     /// A tool call was dispatched (recorded before an `External` tool runs).
     ToolDispatched {
         effect_id: EffectId,
@@ -89,7 +95,10 @@ pub enum Event {
     /// A wait was opened or changed status.
     WaitChanged { wait_id: WaitId, status: WaitStatus },
     /// A managed process was started or changed state.
-    ProcessChanged { process_id: ProcessId, state: String },
+    ProcessChanged {
+        process_id: ProcessId,
+        state: String,
+    },
 }
 
 impl Event {

@@ -176,8 +176,13 @@ mod tests {
     #[test]
     fn bare_uuid_parses_and_wrong_prefix_does_not() {
         let uuid = Uuid::new_v4();
-        assert_eq!(uuid.to_string().parse::<CommandId>(), Ok(CommandId::from_uuid(uuid)));
-        let err = format!("run_{}", uuid.simple()).parse::<ExecutionId>().unwrap_err();
+        assert_eq!(
+            uuid.to_string().parse::<CommandId>(),
+            Ok(CommandId::from_uuid(uuid))
+        );
+        let err = format!("run_{}", uuid.simple())
+            .parse::<ExecutionId>()
+            .unwrap_err();
         assert_eq!(err.kind, "ExecutionId");
         assert!("ex_not-a-uuid".parse::<ExecutionId>().is_err());
     }

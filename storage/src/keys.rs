@@ -9,7 +9,7 @@
 //! | 0x01   | meta name (ASCII)                     | codec(u32 / u64)            |
 //! | 0x02   | position u64 (first in the record)    | log record (`codec.rs`)     |
 //! | 0x03   | execution id                          | codec(ExecutionHead)        |
-//! | 0x04   | execution id, first seq u64           | codec(Vec<EventEnvelope>)   |
+//! | 0x04   | execution id, first seq u64           | codec(Vec<FrameRef>): index |
 //! | 0x05   | command id                            | codec(CommandRecord)        |
 //! | 0x06   | effect id                             | codec(ReceiptRecord)        |
 //! | 0x07   | wait id                               | codec(WaitRecord)           |
@@ -47,6 +47,14 @@ pub fn meta(name: &str) -> Vec<u8> {
 
 pub fn log(first_position: u64) -> [u8; 9] {
     prefixed_u64(LOG, first_position)
+}
+
+/// The first position a log record key names.
+pub fn log_position(key: &[u8]) -> Option<u64> {
+    match key {
+        [LOG, rest @ ..] => Some(u64::from_be_bytes(rest.try_into().ok()?)),
+        _ => None,
+    }
 }
 
 pub fn head(execution_id: ExecutionId) -> [u8; 17] {
@@ -155,6 +163,9 @@ mod tests {
         let ex = ExecutionId::new();
         assert!(events(ex, 9) < events(ex, 10));
         assert_eq!(execution_at(&events(ex, 1), 1), Some(ex));
-        assert_eq!(execution_at(&by_state(ExecutionState::Paused, ex), 2), Some(ex));
+        assert_eq!(
+            execution_at(&by_state(ExecutionState::Paused, ex), 2),
+            Some(ex)
+        );
     }
 }

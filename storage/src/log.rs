@@ -28,12 +28,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::codec::{self, encode_frame, Frame, LogRecordWriter, RecordValue};
+use crate::codec::{encode_frame, Frame, LogRecordWriter, RecordValue};
 use crate::error::{Error, Result};
 use crate::event::EventEnvelope;
 use crate::ids::{CommandId, ExecutionId};
 use crate::keys;
-use crate::overlay::{index_state, record_key, Overlay};
+use crate::overlay::{index_state, Overlay, Slice};
 use crate::records::{CommandRecord, CommandStatus, ExecutionHead, ExecutionState};
 use crate::store::Shared;
 use crate::transition::{Committed, Outcome, Transition, Upsert};
@@ -75,7 +75,7 @@ pub(crate) fn run(shared: Arc<Shared>, mut queue: mpsc::Receiver<Request>, data_
         committer.commit_group(requests);
     }
     if committer.shared.failure().is_none() {
-        if let Err(error) = committer.write_durably(sled::Batch::default(), true) {
+        if let Err(error) = committer.materialize_all() {
             tracing::error!(%error, "final materialization failed; the log will be replayed at next open");
         }
     }
@@ -94,7 +94,8 @@ struct Committer {
 struct Group {
     heads: HashMap<ExecutionId, GroupHead>,
     commands: HashMap<CommandId, CommandRecord>,
-    frames: Vec<(Frame, Option<ExecutionState>)>,
+    /// Committed frames with the key of their log record and the index state on disk.
+    frames: Vec<(Frame, u64, Option<ExecutionState>)>,
     log_records: Vec<(u64, Vec<u8>)>,
     writer: Option<(u64, LogRecordWriter)>,
     next_position: u64,
@@ -125,33 +126,34 @@ impl Committer {
             answers.push((reply, answer));
         }
         if let Some((first_position, writer)) = group.writer.take() {
-            group.log_records.push((first_position, writer.finish(group.next_position - 1)));
+            group
+                .log_records
+                .push((first_position, writer.finish(group.next_position - 1)));
         }
         for (first_position, bytes) in group.log_records.drain(..) {
             batch.insert(&keys::log(first_position), bytes);
         }
-        let due = self.materialization_due();
-        let materialized = match self.write_durably(batch, due) {
-            Ok(materialized) => materialized,
-            Err(error) => {
-                let reason = error.to_string();
-                self.shared.fail(reason.clone());
-                for (reply, _) in answers {
-                    let _ = reply.send(Err(Error::FailStop(reason.clone())));
-                }
-                return;
+        let slice = self.next_slice();
+        if !slice.is_empty() {
+            self.shared.overlay_read().write_slice(&slice, &mut batch);
+        }
+        if let Err(error) = self.write_durably(batch) {
+            let reason = error.to_string();
+            self.shared.fail(reason.clone());
+            for (reply, _) in answers {
+                let _ = reply.send(Err(Error::FailStop(reason.clone())));
             }
-        };
+            return;
+        }
         {
             let mut overlay = self.shared.overlay_write();
-            for (frame, indexed_state) in group.frames {
-                // What the index on disk says now: if this execution was just materialized,
-                // the index lists it under its materialized state.
-                let indexed_state = match materialized.execs.get(&frame.head.execution_id) {
-                    Some(dirty) => index_state(&dirty.head),
-                    None => indexed_state,
-                };
-                overlay.merge(frame, indexed_state);
+            for (frame, record, indexed_state) in group.frames {
+                overlay.merge(frame, record, indexed_state);
+            }
+            if !slice.is_empty() {
+                // After the merge, so the merged entries learn the index state just written.
+                overlay.finish_slice(slice);
+                self.shared.generation.fetch_add(1, Ordering::AcqRel);
             }
             self.shared
                 .durable_position
@@ -176,14 +178,23 @@ impl Committer {
         transition: Transition,
         at_ms: u64,
     ) -> Result<Outcome> {
-        let Transition { execution_id, expected_version, writer_epoch, head, events, upserts } =
-            transition;
+        let Transition {
+            execution_id,
+            expected_version,
+            writer_epoch,
+            head,
+            events,
+            upserts,
+        } = transition;
         if events.is_empty() {
             return Err(Error::InvalidTransition(
                 "a transition carries at least one event".into(),
             ));
         }
-        if head.as_ref().is_some_and(|head| head.execution_id != execution_id) {
+        if head
+            .as_ref()
+            .is_some_and(|head| head.execution_id != execution_id)
+        {
             return Err(Error::InvalidTransition(
                 "the head names another execution".into(),
             ));
@@ -213,7 +224,11 @@ impl Committer {
         let current = self.head(group, execution_id)?;
         let (current_version, current_epoch, current_last_seq) =
             current.as_ref().map_or((0, 0, 0), |current| {
-                (current.head.version, current.head.fencing_epoch, current.head.last_seq)
+                (
+                    current.head.version,
+                    current.head.fencing_epoch,
+                    current.head.last_seq,
+                )
             });
         if let Some(epoch) = writer_epoch {
             if epoch < current_epoch {
@@ -222,7 +237,9 @@ impl Committer {
         }
         if let Some(expected) = expected_version {
             if expected != current_version {
-                return Ok(Outcome::VersionConflict { current: current_version });
+                return Ok(Outcome::VersionConflict {
+                    current: current_version,
+                });
             }
         }
         let (mut next, indexed_state) = match (current, head) {
@@ -266,11 +283,19 @@ impl Committer {
                 records.push(record);
             }
         }
-        let frame = Frame { head: next, events: envelopes, records };
+        let frame = Frame {
+            head: next,
+            events: envelopes,
+            records,
+        };
         let encoded = encode_frame(&frame);
         let limit = self.shared.limits.transition_bytes_max;
         if encoded.len() > limit {
-            return Err(Error::PayloadTooLarge { what: "transition", len: encoded.len(), max: limit });
+            return Err(Error::PayloadTooLarge {
+                what: "transition",
+                len: encoded.len(),
+                max: limit,
+            });
         }
 
         // Committed: from here on the group owns the change.
@@ -283,13 +308,20 @@ impl Committer {
             }
         }
         group.next_position += n_events;
-        let writer = match &mut group.writer {
-            Some((_, writer)) if writer.len() + encoded.len() <= LOG_RECORD_BYTES_MAX => writer,
+        let (record, writer) = match &mut group.writer {
+            Some((record, writer)) if writer.len() + encoded.len() <= LOG_RECORD_BYTES_MAX => {
+                (*record, writer)
+            }
             slot => {
                 if let Some((position, full)) = slot.take() {
-                    group.log_records.push((position, full.finish(first_position - 1)));
+                    group
+                        .log_records
+                        .push((position, full.finish(first_position - 1)));
                 }
-                &mut slot.insert((first_position, LogRecordWriter::new())).1
+                (
+                    first_position,
+                    &mut slot.insert((first_position, LogRecordWriter::new())).1,
+                )
             }
         };
         writer.push(&encoded);
@@ -300,9 +332,12 @@ impl Committer {
         };
         group.heads.insert(
             execution_id,
-            GroupHead { head: frame.head.clone(), indexed_state },
+            GroupHead {
+                head: frame.head.clone(),
+                indexed_state,
+            },
         );
-        group.frames.push((frame, indexed_state));
+        group.frames.push((frame, record, indexed_state));
         Ok(Outcome::Committed(committed))
     }
 
@@ -315,14 +350,17 @@ impl Committer {
                 indexed_state: current.indexed_state,
             }));
         }
-        if let Some(dirty) = self.shared.overlay_read().execs.get(&execution_id) {
+        if let Some((head, indexed_state)) = self.shared.overlay_read().current(execution_id) {
             return Ok(Some(GroupHead {
-                head: dirty.head.clone(),
-                indexed_state: dirty.indexed_state,
+                head: head.clone(),
+                indexed_state,
             }));
         }
         let head = self.shared.head_on_disk(execution_id)?;
-        Ok(head.map(|head| GroupHead { indexed_state: index_state(&head), head }))
+        Ok(head.map(|head| GroupHead {
+            indexed_state: index_state(&head),
+            head,
+        }))
     }
 
     fn command(&self, group: &Group, command_id: CommandId) -> Result<Option<CommandRecord>> {
@@ -330,29 +368,46 @@ impl Committer {
             return Ok(Some(command.clone()));
         }
         let key = keys::command(command_id);
-        if let Some(RecordValue::Command(command)) = self.shared.overlay_read().records.get(&key) {
+        if let Some(RecordValue::Command(command)) = self.shared.overlay_read().record(&key) {
             return Ok(Some(command.clone()));
         }
         self.shared.record_on_disk(&key)
     }
 
-    fn materialization_due(&self) -> bool {
+    /// Starts a materialization when one is due, and picks the part of it this group
+    /// writes: `materialize_slice_len` entries, or all of it when new commits have filled
+    /// `active` to `overlay_len_max` meanwhile (the bound on the overlay's memory wins over
+    /// a smooth latency).
+    fn next_slice(&mut self) -> Slice {
+        let limits = &self.shared.limits;
+        let due = {
+            let overlay = self.shared.overlay_read();
+            !overlay.is_materializing()
+                && overlay.active_len() > 0
+                && (overlay.active_len() >= limits.overlay_len_max
+                    || self.last_materialization.elapsed()
+                        >= Duration::from_millis(limits.materialize_interval_ms))
+        };
+        if due {
+            let through = self.shared.durable_position.load(Ordering::Acquire);
+            self.shared.overlay_write().freeze(through);
+            self.shared
+                .metrics
+                .materializations
+                .fetch_add(1, Ordering::Relaxed);
+            self.last_materialization = Instant::now();
+        }
         let overlay = self.shared.overlay_read();
-        !overlay.is_empty()
-            && (overlay.len() >= self.shared.limits.overlay_len_max
-                || self.last_materialization.elapsed()
-                    >= Duration::from_millis(self.shared.limits.materialize_interval_ms))
+        let len_max = if overlay.active_len() >= limits.overlay_len_max {
+            usize::MAX
+        } else {
+            limits.materialize_slice_len
+        };
+        overlay.slice(len_max)
     }
 
-    /// Writes `batch` (plus, if `materialize`, the whole overlay and the new
-    /// materialization mark) atomically, flushes and fsyncs. On success with `materialize`,
-    /// empties the overlay and returns what it held.
-    fn write_durably(&mut self, mut batch: sled::Batch, materialize: bool) -> Result<Overlay> {
-        let materialized_through = self.shared.durable_position.load(Ordering::Acquire);
-        if materialize {
-            let overlay = self.shared.overlay_read();
-            add_materialization(&mut batch, &overlay, materialized_through);
-        }
+    /// Writes `batch` atomically, flushes and fsyncs.
+    fn write_durably(&mut self, batch: sled::Batch) -> Result<()> {
         let db = &self.shared.db;
         db.apply_batch(batch)?;
         db.flush()?;
@@ -367,17 +422,19 @@ impl Committer {
         metrics
             .fsync_micros_total
             .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
-        if !materialize {
-            return Ok(Overlay::default());
-        }
-        let materialized = {
-            let mut overlay = self.shared.overlay_write();
-            self.shared.generation.fetch_add(1, Ordering::AcqRel);
-            std::mem::take(&mut *overlay)
-        };
-        metrics.materializations.fetch_add(1, Ordering::Relaxed);
-        self.last_materialization = Instant::now();
-        Ok(materialized)
+        Ok(())
+    }
+
+    /// Writes everything the overlay holds (when the store closes), so the next open
+    /// replays nothing.
+    fn materialize_all(&mut self) -> Result<()> {
+        let mut batch = sled::Batch::default();
+        let through = self.shared.durable_position.load(Ordering::Acquire);
+        self.shared.overlay_read().write_all(&mut batch, through);
+        self.write_durably(batch)?;
+        *self.shared.overlay_write() = Overlay::default();
+        self.shared.generation.fetch_add(1, Ordering::AcqRel);
+        Ok(())
     }
 
     /// sled writes a value or node larger than a quarter segment to its own file under
@@ -418,31 +475,4 @@ impl Committer {
         }
         Ok(())
     }
-}
-
-/// Writes every dirty head, event chunk, record and by-state index change, and the mark
-/// that says the log is materialized through `materialized_through`.
-fn add_materialization(batch: &mut sled::Batch, overlay: &Overlay, materialized_through: u64) {
-    for (execution_id, dirty) in &overlay.execs {
-        batch.insert(&keys::head(*execution_id), codec::encode(&dirty.head));
-        if let Some(first) = dirty.events.first() {
-            batch.insert(&keys::events(*execution_id, first.seq), codec::encode(&dirty.events));
-        }
-        let now_indexed = index_state(&dirty.head);
-        if dirty.indexed_state != now_indexed {
-            if let Some(old) = dirty.indexed_state {
-                batch.remove(&keys::by_state(old, *execution_id));
-            }
-            if let Some(new) = now_indexed {
-                batch.insert(&keys::by_state(new, *execution_id), &[]);
-            }
-        }
-    }
-    for record in overlay.records.values() {
-        batch.insert(&record_key(record), codec::encode(record));
-    }
-    batch.insert(
-        keys::meta(keys::META_MATERIALIZED_THROUGH),
-        codec::encode(&materialized_through),
-    );
 }

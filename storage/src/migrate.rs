@@ -31,12 +31,18 @@ pub(crate) fn run(db: &sled::Db, sync: &mut dyn FnMut() -> Result<()>) -> Result
         None => 0,
     };
     if found > SCHEMA_VERSION {
-        return Err(Error::UnsupportedSchema { found, supported: SCHEMA_VERSION });
+        return Err(Error::UnsupportedSchema {
+            found,
+            supported: SCHEMA_VERSION,
+        });
     }
     let mut version = found;
     while version < SCHEMA_VERSION {
         let Some((_, step)) = STEPS.iter().find(|(from, _)| *from == version) else {
-            return Err(Error::UnsupportedSchema { found: version, supported: SCHEMA_VERSION });
+            return Err(Error::UnsupportedSchema {
+                found: version,
+                supported: SCHEMA_VERSION,
+            });
         };
         let mut batch = sled::Batch::default();
         step(db, &mut batch)?;
@@ -44,7 +50,11 @@ pub(crate) fn run(db: &sled::Db, sync: &mut dyn FnMut() -> Result<()>) -> Result
         db.apply_batch(batch)?;
         db.flush()?;
         sync()?;
-        tracing::info!(from = version, to = version + 1, "migrated the store schema");
+        tracing::info!(
+            from = version,
+            to = version + 1,
+            "migrated the store schema"
+        );
         version += 1;
     }
     Ok(found)

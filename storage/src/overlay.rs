@@ -1,71 +1,274 @@
 //! The committed state that is not yet written to its own keys.
 //!
 //! The hot path writes each group of transitions as log records only (one sled insert per
-//! ~64 KiB of frames). Heads, event chunks and records are kept here and written to their
-//! own keys every so often by a *materialization*, which coalesces many transitions of one
-//! execution into one head write and one event-chunk write.
+//! ~64 KiB of frames). Heads, event-index chunks and records are kept here and written to
+//! their own keys later by a *materialization*, which coalesces many transitions of one
+//! execution into one head write and one index write.
+//!
+//! Two layers: new commits go to `active`. A materialization *freezes* `active` (it becomes
+//! `frozen`, with the log position it covers) and then writes `frozen` to disk a slice per
+//! group commit, so no single group pays for the whole overlay. When the last slice is
+//! written, the same batch moves the materialization mark to the frozen position.
 //!
 //! Invariant: only the committer thread mutates the overlay, and only after the group that
-//! produced the change is durable. Invariant: a materialization writes to sled first and
-//! clears the overlay after, bumping `generation` under the write lock, so a reader that
+//! produced the change is durable. Invariant: a slice is written to sled before it leaves
+//! `frozen`, and it leaves under the write lock with `generation` bumped, so a reader that
 //! reads the overlay, then sled, and sees the same generation before and after, saw a
-//! consistent state (`Store::read_consistent`).
+//! consistent state (`Store::read_consistent`). Invariant: a partly written materialization
+//! is harmless: the mark has not moved, the replay rebuilds the same heads, index chunks
+//! (keyed by the same first seq) and records, and writes them again.
 
 use std::collections::HashMap;
 
-use crate::codec::{Frame, RecordValue};
+use crate::codec::{self, Frame, FrameRef, RecordValue};
 use crate::event::EventEnvelope;
 use crate::ids::ExecutionId;
 use crate::keys;
 use crate::records::{ExecutionHead, ExecutionState};
 
-/// An execution changed since the last materialization.
+/// An execution changed since it was last written to its own keys.
 #[derive(Debug, Clone)]
 pub(crate) struct Dirty {
     pub head: ExecutionHead,
     /// The state under which the by-state index on disk lists this execution, if any.
     pub indexed_state: Option<ExecutionState>,
-    /// Events committed since the last materialization, in seq order.
+    /// Events committed since, in seq order.
     pub events: Vec<EventEnvelope>,
+    /// Where those events are in the log: what the event index gets.
+    pub frame_refs: Vec<FrameRef>,
 }
 
 pub(crate) type RecordKey = [u8; 17];
 
 #[derive(Debug, Default)]
-pub(crate) struct Overlay {
-    pub execs: HashMap<ExecutionId, Dirty>,
-    pub records: HashMap<RecordKey, RecordValue>,
+struct Layer {
+    execs: HashMap<ExecutionId, Dirty>,
+    records: HashMap<RecordKey, RecordValue>,
 }
 
-impl Overlay {
-    pub fn len(&self) -> usize {
+impl Layer {
+    fn len(&self) -> usize {
         self.execs.len() + self.records.len()
     }
+}
 
+#[derive(Debug, Default)]
+pub(crate) struct Overlay {
+    active: Layer,
+    frozen: Layer,
+    /// The log position `frozen` covers: the mark written with its last slice.
+    frozen_through: u64,
+}
+
+/// The part of `frozen` one group commit writes.
+#[derive(Debug, Default)]
+pub(crate) struct Slice {
+    execs: Vec<ExecutionId>,
+    records: Vec<RecordKey>,
+}
+
+impl Slice {
     pub fn is_empty(&self) -> bool {
         self.execs.is_empty() && self.records.is_empty()
     }
+}
 
-    /// Adds a committed frame. `indexed_state` is asked only when the execution is not yet
-    /// dirty: it is what the by-state index on disk says about it.
-    pub fn merge(&mut self, frame: Frame, indexed_state: Option<ExecutionState>) {
-        for record in frame.records {
-            self.records.insert(record_key(&record), record);
+impl Overlay {
+    pub fn active_len(&self) -> usize {
+        self.active.len()
+    }
+
+    pub fn is_materializing(&self) -> bool {
+        self.frozen.len() > 0
+    }
+
+    /// The newest head of an execution held here, and what the by-state index on disk says
+    /// about it.
+    pub fn current(
+        &self,
+        execution_id: ExecutionId,
+    ) -> Option<(&ExecutionHead, Option<ExecutionState>)> {
+        let frozen = self.frozen.execs.get(&execution_id);
+        let newest = self.active.execs.get(&execution_id).or(frozen)?;
+        let indexed_state = frozen.map_or(newest.indexed_state, |dirty| dirty.indexed_state);
+        Some((&newest.head, indexed_state))
+    }
+
+    pub fn record(&self, key: &RecordKey) -> Option<&RecordValue> {
+        self.active
+            .records
+            .get(key)
+            .or_else(|| self.frozen.records.get(key))
+    }
+
+    /// Events held here with `seq > after_seq`, oldest first.
+    pub fn events_after(&self, execution_id: ExecutionId, after_seq: u64) -> Vec<EventEnvelope> {
+        [&self.frozen, &self.active]
+            .into_iter()
+            .filter_map(|layer| layer.execs.get(&execution_id))
+            .flat_map(|dirty| dirty.events.iter())
+            .filter(|event| event.seq > after_seq)
+            .cloned()
+            .collect()
+    }
+
+    /// Executions that are in `state` now but not listed so on disk, and those listed so on
+    /// disk but no longer in it.
+    pub fn state_changes(&self, state: ExecutionState) -> (Vec<ExecutionId>, Vec<ExecutionId>) {
+        let mut added = Vec::new();
+        let mut removed = Vec::new();
+        let ids = self.frozen.execs.keys().chain(
+            self.active
+                .execs
+                .keys()
+                .filter(|id| !self.frozen.execs.contains_key(id)),
+        );
+        for execution_id in ids {
+            let Some((head, indexed_state)) = self.current(*execution_id) else {
+                continue;
+            };
+            if head.state == state {
+                added.push(*execution_id);
+            } else if indexed_state == Some(state) {
+                removed.push(*execution_id);
+            }
         }
-        let execution_id = frame.head.execution_id;
-        match self.execs.get_mut(&execution_id) {
-            Some(dirty) => {
-                dirty.head = frame.head;
-                dirty.events.extend(frame.events);
+        (added, removed)
+    }
+
+    /// Adds a committed frame, stored in the log record keyed `record`. `indexed_state` is
+    /// used only when the execution is not yet in `active`: it is what the by-state index on
+    /// disk says about it.
+    pub fn merge(&mut self, frame: Frame, record: u64, indexed_state: Option<ExecutionState>) {
+        for record in frame.records {
+            self.active.records.insert(record_key(&record), record);
+        }
+        let frame_ref = FrameRef {
+            first_seq: frame.events.first().map_or(0, |event| event.seq),
+            last_seq: frame.head.last_seq,
+            record,
+        };
+        let dirty = self
+            .active
+            .execs
+            .entry(frame.head.execution_id)
+            .or_insert_with(|| Dirty {
+                head: frame.head.clone(),
+                indexed_state,
+                events: Vec::new(),
+                frame_refs: Vec::new(),
+            });
+        dirty.head = frame.head;
+        dirty.events.extend(frame.events);
+        dirty.frame_refs.push(frame_ref);
+    }
+
+    /// Starts a materialization of everything in `active`, covering the log through
+    /// `through`. Invariant: the previous one is finished.
+    pub fn freeze(&mut self, through: u64) {
+        assert!(
+            !self.is_materializing(),
+            "a materialization is already running"
+        );
+        self.frozen = std::mem::take(&mut self.active);
+        self.frozen_through = through;
+    }
+
+    /// Picks up to `len_max` entries of `frozen` to write next.
+    pub fn slice(&self, len_max: usize) -> Slice {
+        let execs: Vec<ExecutionId> = self.frozen.execs.keys().take(len_max).copied().collect();
+        let budget = len_max.saturating_sub(execs.len());
+        let records = self.frozen.records.keys().take(budget).copied().collect();
+        Slice { execs, records }
+    }
+
+    /// Adds the slice's writes to `batch`, and the mark if the slice finishes `frozen`.
+    pub fn write_slice(&self, slice: &Slice, batch: &mut sled::Batch) {
+        for execution_id in &slice.execs {
+            if let Some(dirty) = self.frozen.execs.get(execution_id) {
+                write_dirty(batch, *execution_id, dirty, dirty.indexed_state);
             }
-            None => {
-                self.execs.insert(
-                    execution_id,
-                    Dirty { head: frame.head, indexed_state, events: frame.events },
-                );
+        }
+        for key in &slice.records {
+            if let Some(record) = self.frozen.records.get(key) {
+                batch.insert(&key[..], codec::encode(record));
             }
+        }
+        if slice.execs.len() + slice.records.len() == self.frozen.len() {
+            write_mark(batch, self.frozen_through);
         }
     }
+
+    /// The slice is on disk: drop it from `frozen`, and tell `active` entries of the same
+    /// executions what the by-state index on disk says now.
+    pub fn finish_slice(&mut self, slice: Slice) {
+        for execution_id in slice.execs {
+            if let Some(written) = self.frozen.execs.remove(&execution_id) {
+                if let Some(newer) = self.active.execs.get_mut(&execution_id) {
+                    newer.indexed_state = index_state(&written.head);
+                }
+            }
+        }
+        for key in slice.records {
+            self.frozen.records.remove(&key);
+        }
+    }
+
+    /// Adds everything held here to `batch`, with the mark at `through` (the last
+    /// materialization, when the store closes).
+    pub fn write_all(&self, batch: &mut sled::Batch, through: u64) {
+        for (execution_id, dirty) in &self.frozen.execs {
+            write_dirty(batch, *execution_id, dirty, dirty.indexed_state);
+        }
+        for (key, record) in &self.frozen.records {
+            batch.insert(&key[..], codec::encode(record));
+        }
+        for (execution_id, dirty) in &self.active.execs {
+            // Later writes of the same key in one batch win: the active head replaces the
+            // frozen one, and the index moves on from where the frozen write left it.
+            let indexed_state = match self.frozen.execs.get(execution_id) {
+                Some(frozen) => index_state(&frozen.head),
+                None => dirty.indexed_state,
+            };
+            write_dirty(batch, *execution_id, dirty, indexed_state);
+        }
+        for (key, record) in &self.active.records {
+            batch.insert(&key[..], codec::encode(record));
+        }
+        write_mark(batch, through);
+    }
+}
+
+/// Writes one execution's head, its event-index chunk and its by-state index change.
+fn write_dirty(
+    batch: &mut sled::Batch,
+    execution_id: ExecutionId,
+    dirty: &Dirty,
+    indexed_on_disk: Option<ExecutionState>,
+) {
+    batch.insert(&keys::head(execution_id)[..], codec::encode(&dirty.head));
+    if let Some(first) = dirty.frame_refs.first() {
+        batch.insert(
+            &keys::events(execution_id, first.first_seq)[..],
+            codec::encode(&dirty.frame_refs),
+        );
+    }
+    let now_indexed = index_state(&dirty.head);
+    if indexed_on_disk != now_indexed {
+        if let Some(old) = indexed_on_disk {
+            batch.remove(&keys::by_state(old, execution_id)[..]);
+        }
+        if let Some(new) = now_indexed {
+            batch.insert(&keys::by_state(new, execution_id)[..], &[]);
+        }
+    }
+}
+
+fn write_mark(batch: &mut sled::Batch, through: u64) {
+    batch.insert(
+        keys::meta(keys::META_MATERIALIZED_THROUGH),
+        codec::encode(&through),
+    );
 }
 
 /// The sled key of a record.

@@ -329,7 +329,10 @@ pub struct Blob {
 
 impl Blob {
     pub fn new(bytes: Vec<u8>) -> Self {
-        Self { hash: BlobHash::of(&bytes), bytes }
+        Self {
+            hash: BlobHash::of(&bytes),
+            bytes,
+        }
     }
 
     pub fn hash(&self) -> BlobHash {

@@ -17,7 +17,7 @@ use futures::FutureExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::codec::{self, DecodedFrame, RecordValue};
+use crate::codec::{self, DecodedFrame, FrameRef, RecordValue};
 use crate::error::{Error, Result};
 use crate::event::EventEnvelope;
 use crate::ids::{CommandId, EffectId, ExecutionId, OwnerId, ProcessId, WaitId};
@@ -48,6 +48,9 @@ pub struct Limits {
     pub overlay_len_max: usize,
     /// Longest time between two materializations while transitions arrive.
     pub materialize_interval_ms: u64,
+    /// Entries of a running materialization written with each group commit (at least; see
+    /// `log.rs`), so that no single commit waits for a whole materialization.
+    pub materialize_slice_len: usize,
 }
 
 impl Default for Limits {
@@ -59,6 +62,7 @@ impl Default for Limits {
             blob_bytes_max: 8 * 1024 * 1024,
             overlay_len_max: 64 * 1024,
             materialize_interval_ms: 250,
+            materialize_slice_len: 256,
         }
     }
 }
@@ -122,18 +126,30 @@ impl Shared {
     }
 
     pub fn failure(&self) -> Option<String> {
-        self.failure.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub fn fail(&self, reason: String) {
         tracing::error!(%reason, "store entered fail-stop: no more writes are acknowledged");
-        self.failure.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(reason);
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert(reason);
     }
 
     pub fn check_quarantine(&self, execution_id: ExecutionId) -> Result<()> {
-        let quarantine = self.quarantine.lock().unwrap_or_else(PoisonError::into_inner);
+        let quarantine = self
+            .quarantine
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         match quarantine.get(&execution_id) {
-            Some(reason) => Err(Error::Quarantined { execution_id, reason: reason.clone() }),
+            Some(reason) => Err(Error::Quarantined {
+                execution_id,
+                reason: reason.clone(),
+            }),
             None => Ok(()),
         }
     }
@@ -148,7 +164,11 @@ impl Shared {
     }
 
     /// Quarantines the execution when `result` is a corruption of one of its records.
-    fn quarantine_on_corruption<T>(&self, execution_id: ExecutionId, result: Result<T>) -> Result<T> {
+    fn quarantine_on_corruption<T>(
+        &self,
+        execution_id: ExecutionId,
+        result: Result<T>,
+    ) -> Result<T> {
         if let Err(error @ Error::Corrupted { .. }) = &result {
             self.quarantine(execution_id, error.to_string());
         }
@@ -164,10 +184,7 @@ impl Shared {
         self.quarantine_on_corruption(execution_id, result)
     }
 
-    pub fn record_on_disk<T: serde::de::DeserializeOwned>(
-        &self,
-        key: &[u8],
-    ) -> Result<Option<T>>
+    pub fn record_on_disk<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>>
     where
         RecordValue: TryInto<T>,
     {
@@ -209,7 +226,12 @@ pub trait EventStore: Send + Sync + 'static {
     fn submit(&self, transition: Transition) -> BoxFuture<'static, Result<Outcome>>;
     fn head(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>>;
     /// Events of one execution with `seq > after_seq`, oldest first, at most `limit`.
-    fn events_after(&self, execution_id: ExecutionId, after_seq: u64, limit: usize) -> Result<Vec<EventEnvelope>>;
+    fn events_after(
+        &self,
+        execution_id: ExecutionId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<EventEnvelope>>;
     /// Events of the whole store with `position > after_position`, at most `limit`.
     fn log_after(&self, after_position: u64, limit: usize) -> Result<Vec<EventEnvelope>>;
     fn command(&self, command_id: CommandId) -> Result<Option<CommandRecord>>;
@@ -277,7 +299,9 @@ fn open_sled(path: &Path) -> Result<sled::Db> {
             Ok(db) => return Ok(db),
             Err(sled::Error::Io(io)) if io.to_string().contains("could not acquire lock") => {
                 if waited_ms >= LOCK_WAIT_MS {
-                    return Err(Error::Locked { path: path.to_path_buf() });
+                    return Err(Error::Locked {
+                        path: path.to_path_buf(),
+                    });
                 }
                 std::thread::sleep(std::time::Duration::from_millis(LOCK_RETRY_MS));
                 waited_ms += LOCK_RETRY_MS;
@@ -297,7 +321,10 @@ impl Store {
     /// and records a new incarnation. Never scans the whole history (S-6).
     pub fn open_with(path: impl AsRef<Path>, limits: Limits) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let io_error = |error: std::io::Error| Error::Io { path: path.clone(), message: error.to_string() };
+        let io_error = |error: std::io::Error| Error::Io {
+            path: path.clone(),
+            message: error.to_string(),
+        };
         std::fs::create_dir_all(&path).map_err(io_error)?;
         let db = open_sled(&path)?;
         let data_file = File::open(path.join("db")).map_err(io_error)?;
@@ -308,7 +335,9 @@ impl Store {
             })
         };
         // The directory entries of sled's files must survive a power loss too.
-        File::open(&path).and_then(|dir| dir.sync_all()).map_err(io_error)?;
+        File::open(&path)
+            .and_then(|dir| dir.sync_all())
+            .map_err(io_error)?;
         migrate::run(&db, &mut sync)?;
 
         let shared = Arc::new(Shared {
@@ -335,7 +364,12 @@ impl Store {
             .map_err(io_error)?;
         tracing::info!(path = %path.display(), owner = %incarnation.owner_id, number = incarnation.number, "store opened");
         Ok(Self {
-            inner: Arc::new(Inner { shared, sender: Some(sender), committer: Some(committer), incarnation }),
+            inner: Arc::new(Inner {
+                shared,
+                sender: Some(sender),
+                committer: Some(committer),
+                incarnation,
+            }),
         })
     }
 
@@ -390,7 +424,10 @@ impl Store {
         for _ in 0..READ_ATTEMPTS_MAX {
             let (generation, seen) = {
                 let overlay = shared.overlay_read();
-                (shared.generation.load(Ordering::Acquire), from_overlay(&overlay))
+                (
+                    shared.generation.load(Ordering::Acquire),
+                    from_overlay(&overlay),
+                )
             };
             let result = from_disk(seen)?;
             if shared.generation.load(Ordering::Acquire) == generation {
@@ -407,7 +444,7 @@ impl Store {
         RecordValue: TryInto<T>,
     {
         self.read_consistent(
-            |overlay| overlay.records.get(&key).cloned(),
+            |overlay| overlay.record(&key).cloned(),
             |cached| match cached {
                 Some(record) => record.try_into().map(Some).map_err(|_| Error::Corrupted {
                     tree: keys::tree_name(&key),
@@ -418,22 +455,59 @@ impl Store {
         )
     }
 
-    fn events_on_disk(&self, execution_id: ExecutionId, after_seq: u64, limit: usize) -> Result<Vec<EventEnvelope>> {
+    /// Events of one execution from its event index on disk: the index says which log
+    /// records hold its frames; only those frames are decoded.
+    fn events_on_disk(
+        &self,
+        execution_id: ExecutionId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<EventEnvelope>> {
         let db = &self.shared().db;
         let first = keys::events(execution_id, 0);
         let last = keys::events(execution_id, u64::MAX);
-        // The chunk holding `after_seq + 1` starts at or before it.
-        let start = match db.range(first..=keys::events(execution_id, after_seq.saturating_add(1))).next_back() {
+        // The index chunk covering `after_seq + 1` starts at or before it.
+        let start = match db
+            .range(first..=keys::events(execution_id, after_seq.saturating_add(1)))
+            .next_back()
+        {
             Some(item) => item?.0,
             None => sled::IVec::from(&first[..]),
         };
         let mut events = Vec::new();
+        let mut records_read = BTreeSet::new();
         for item in db.range(start..=sled::IVec::from(&last[..])) {
             let (key, value) = item?;
-            let chunk: Vec<EventEnvelope> = codec::decode(&key, &value)?;
-            events.extend(chunk.into_iter().filter(|event| event.seq > after_seq));
-            if events.len() >= limit {
-                break;
+            let frame_refs: Vec<FrameRef> = codec::decode(&key, &value)?;
+            for frame_ref in frame_refs
+                .iter()
+                .filter(|frame_ref| frame_ref.last_seq > after_seq)
+            {
+                if !records_read.insert(frame_ref.record) {
+                    continue; // that record's frames of this execution are read already
+                }
+                let record_key = keys::log(frame_ref.record);
+                let corrupted = || Error::Corrupted {
+                    tree: "log",
+                    key: keys::display(&record_key),
+                };
+                let bytes = db.get(record_key)?.ok_or_else(corrupted)?;
+                for frame in codec::decode_frames(&record_key, &bytes, Some(execution_id))?.frames {
+                    match frame {
+                        DecodedFrame::Ok(frame) => {
+                            events.extend(
+                                frame
+                                    .events
+                                    .into_iter()
+                                    .filter(|event| event.seq > after_seq),
+                            );
+                        }
+                        DecodedFrame::Corrupt { .. } => return Err(corrupted()),
+                    }
+                }
+                if events.len() >= limit {
+                    return Ok(events);
+                }
             }
         }
         Ok(events)
@@ -462,7 +536,10 @@ impl EventStore for Store {
             }
             let sender = sender.ok_or(Error::Closed)?;
             let (reply, answer) = oneshot::channel();
-            sender.send(Request { transition, reply }).await.map_err(|_| Error::Closed)?;
+            sender
+                .send(Request { transition, reply })
+                .await
+                .map_err(|_| Error::Closed)?;
             answer.await.map_err(|_| Error::Closed)?
         }
         .boxed()
@@ -471,7 +548,7 @@ impl EventStore for Store {
     fn head(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>> {
         self.shared().check_quarantine(execution_id)?;
         self.read_consistent(
-            |overlay| overlay.execs.get(&execution_id).map(|dirty| dirty.head.clone()),
+            |overlay| overlay.current(execution_id).map(|(head, _)| head.clone()),
             |cached| match cached {
                 Some(head) => Ok(Some(head)),
                 None => self.shared().head_on_disk(execution_id),
@@ -479,18 +556,23 @@ impl EventStore for Store {
         )
     }
 
-    fn events_after(&self, execution_id: ExecutionId, after_seq: u64, limit: usize) -> Result<Vec<EventEnvelope>> {
+    fn events_after(
+        &self,
+        execution_id: ExecutionId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<EventEnvelope>> {
         self.shared().check_quarantine(execution_id)?;
         let result = self.read_consistent(
-            |overlay| {
-                overlay.execs.get(&execution_id).map_or_else(Vec::new, |dirty| {
-                    dirty.events.iter().filter(|event| event.seq > after_seq).cloned().collect()
-                })
-            },
+            |overlay| overlay.events_after(execution_id, after_seq),
             |pending| {
                 let mut events = self.events_on_disk(execution_id, after_seq, limit)?;
                 let newest_on_disk = events.last().map_or(after_seq, |event| event.seq);
-                events.extend(pending.into_iter().filter(|event| event.seq > newest_on_disk));
+                events.extend(
+                    pending
+                        .into_iter()
+                        .filter(|event| event.seq > newest_on_disk),
+                );
                 events.truncate(limit);
                 Ok(events)
             },
@@ -505,7 +587,10 @@ impl EventStore for Store {
             return Ok(Vec::new());
         }
         let db = &shared.db;
-        let start = match db.range(keys::log(0)..=keys::log(after_position + 1)).next_back() {
+        let start = match db
+            .range(keys::log(0)..=keys::log(after_position + 1))
+            .next_back()
+        {
             Some(item) => item?.0,
             None => sled::IVec::from(&keys::log(0)[..]),
         };
@@ -514,15 +599,17 @@ impl EventStore for Store {
             let (key, value) = item?;
             for frame in codec::decode_log_record(&key, &value)?.frames {
                 match frame {
-                    DecodedFrame::Ok(frame) => events.extend(
-                        frame
-                            .events
-                            .into_iter()
-                            .filter(|event| event.position > after_position && event.position <= durable),
-                    ),
+                    DecodedFrame::Ok(frame) => {
+                        events.extend(frame.events.into_iter().filter(|event| {
+                            event.position > after_position && event.position <= durable
+                        }))
+                    }
                     DecodedFrame::Corrupt { claimed } => shared.quarantine(
                         claimed,
-                        format!("a frame of the log record at {} is corrupted", keys::display(&key)),
+                        format!(
+                            "a frame of the log record at {} is corrupted",
+                            keys::display(&key)
+                        ),
                     ),
                 }
             }
@@ -554,7 +641,10 @@ impl EventStore for Store {
         let key = keys::blob(hash);
         match self.shared().db.get(key)? {
             Some(bytes) if BlobHash::of(&bytes) == hash => Ok(Some(bytes.to_vec())),
-            Some(_) => Err(Error::Corrupted { tree: "blobs", key: keys::display(&key) }),
+            Some(_) => Err(Error::Corrupted {
+                tree: "blobs",
+                key: keys::display(&key),
+            }),
             None => Ok(None),
         }
     }
@@ -564,26 +654,16 @@ impl EventStore for Store {
             return Ok(Vec::new());
         }
         self.read_consistent(
-            |overlay| {
-                let mut added = Vec::new();
-                let mut removed = Vec::new();
-                for (execution_id, dirty) in &overlay.execs {
-                    if dirty.head.state == state {
-                        added.push(*execution_id);
-                    } else if dirty.indexed_state == Some(state) {
-                        removed.push(*execution_id);
-                    }
-                }
-                (added, removed)
-            },
+            |overlay| overlay.state_changes(state),
             |(added, removed)| {
                 let mut found = BTreeSet::new();
                 for item in self.shared().db.scan_prefix(keys::by_state_prefix(state)) {
                     let (key, _) = item?;
-                    let execution_id = keys::execution_at(&key, 2).ok_or_else(|| Error::Corrupted {
-                        tree: "by_state",
-                        key: keys::display(&key),
-                    })?;
+                    let execution_id =
+                        keys::execution_at(&key, 2).ok_or_else(|| Error::Corrupted {
+                            tree: "by_state",
+                            key: keys::display(&key),
+                        })?;
                     found.insert(execution_id);
                 }
                 for execution_id in removed {
@@ -596,8 +676,15 @@ impl EventStore for Store {
     }
 
     fn quarantined(&self) -> Vec<(ExecutionId, String)> {
-        let quarantine = self.shared().quarantine.lock().unwrap_or_else(PoisonError::into_inner);
-        quarantine.iter().map(|(id, reason)| (*id, reason.clone())).collect()
+        let quarantine = self
+            .shared()
+            .quarantine
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        quarantine
+            .iter()
+            .map(|(id, reason)| (*id, reason.clone()))
+            .collect()
     }
 
     fn incarnation(&self) -> &Incarnation {
@@ -622,6 +709,10 @@ fn replay(shared: &Shared) -> Result<()> {
         // A record whose framing is broken cannot be attributed to any execution: refuse to
         // open rather than silently drop what it acknowledged.
         let record = codec::decode_log_record(&key, &value)?;
+        let record_position = keys::log_position(&key).ok_or_else(|| Error::Corrupted {
+            tree: "log",
+            key: keys::display(&key),
+        })?;
         durable = durable.max(record.last_position);
         for frame in record.frames {
             let frame = match frame {
@@ -629,7 +720,10 @@ fn replay(shared: &Shared) -> Result<()> {
                 DecodedFrame::Corrupt { claimed } => {
                     shared.quarantine(
                         claimed,
-                        format!("a frame of the log record at {} is corrupted", keys::display(&key)),
+                        format!(
+                            "a frame of the log record at {} is corrupted",
+                            keys::display(&key)
+                        ),
                     );
                     continue;
                 }
@@ -638,8 +732,8 @@ fn replay(shared: &Shared) -> Result<()> {
             if shared.check_quarantine(execution_id).is_err() {
                 continue;
             }
-            let indexed_state = if overlay.execs.contains_key(&execution_id) {
-                None // ignored by `merge` for an execution already dirty
+            let indexed_state = if overlay.current(execution_id).is_some() {
+                None // ignored by `merge` for an execution already in the overlay
             } else {
                 match shared.head_on_disk(execution_id) {
                     Ok(head) => head.as_ref().and_then(index_state),
@@ -647,13 +741,21 @@ fn replay(shared: &Shared) -> Result<()> {
                     Err(error) => return Err(error),
                 }
             };
-            overlay.merge(*frame, indexed_state);
+            overlay.merge(*frame, record_position, indexed_state);
             n_frames += 1;
         }
     }
-    tracing::info!(materialized_through, durable, n_frames, "replayed the log tail");
+    tracing::info!(
+        materialized_through,
+        durable,
+        n_frames,
+        "replayed the log tail"
+    );
     *shared.overlay_write() = overlay;
-    shared.metrics.replayed_frames.store(n_frames as u64, Ordering::Relaxed);
+    shared
+        .metrics
+        .replayed_frames
+        .store(n_frames as u64, Ordering::Relaxed);
     shared.durable_position.store(durable, Ordering::Release);
     Ok(())
 }
@@ -661,14 +763,21 @@ fn replay(shared: &Shared) -> Result<()> {
 /// Records a new incarnation of the runtime on this store. Written before the committer
 /// starts; the caller flushes and fsyncs.
 fn record_incarnation(db: &sled::Db) -> Result<Incarnation> {
-    let number = match db.range(keys::incarnation(0)..=keys::incarnation(u64::MAX)).next_back() {
+    let number = match db
+        .range(keys::incarnation(0)..=keys::incarnation(u64::MAX))
+        .next_back()
+    {
         Some(item) => {
             let (key, value) = item?;
             codec::decode::<Incarnation>(&key, &value)?.number + 1
         }
         None => 1,
     };
-    let incarnation = Incarnation { number, owner_id: OwnerId::new(), started_at_ms: now_ms() };
+    let incarnation = Incarnation {
+        number,
+        owner_id: OwnerId::new(),
+        started_at_ms: now_ms(),
+    };
     db.insert(keys::incarnation(number), codec::encode(&incarnation))?;
     Ok(incarnation)
 }

@@ -20,7 +20,8 @@ pub fn execution_of(writer: u64) -> ExecutionId {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let (Some(dir), Some(writers)) = (args.get(1), args.get(2).and_then(|n| n.parse::<u64>().ok())) else {
+    let (Some(dir), Some(writers)) = (args.get(1), args.get(2).and_then(|n| n.parse::<u64>().ok()))
+    else {
         eprintln!("usage: storage-crash-writer DIR WRITERS");
         return ExitCode::from(2);
     };
@@ -31,7 +32,11 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("runtime failed: {error}");
@@ -70,7 +75,12 @@ async fn write_forever(store: Store, writer: u64, epoch: u64) -> String {
             decision: format!("{writer}:{next}:{}", "x".repeat(160)),
         };
         let transition = if version == 0 {
-            let head = ExecutionHead::new(execution_id, SessionId::new(), RunId::new(), ExecutionKind::Job);
+            let head = ExecutionHead::new(
+                execution_id,
+                SessionId::new(),
+                RunId::new(),
+                ExecutionKind::Job,
+            );
             Transition::create(head, vec![event])
         } else {
             Transition::new(execution_id, vec![event]).expect_version(version)
@@ -78,7 +88,10 @@ async fn write_forever(store: Store, writer: u64, epoch: u64) -> String {
         match store.submit(transition.by_epoch(epoch)).await {
             Ok(Outcome::Committed(committed)) if committed.version == next => {
                 let mut stdout = std::io::stdout().lock();
-                if writeln!(stdout, "ack {writer} {next}").and_then(|()| stdout.flush()).is_err() {
+                if writeln!(stdout, "ack {writer} {next}")
+                    .and_then(|()| stdout.flush())
+                    .is_err()
+                {
                     return String::from("stdout closed");
                 }
                 version = next;

@@ -35,26 +35,51 @@ async fn k4_duplicate_command_id_returns_the_stored_outcome() {
     {
         let store = Store::open(dir.path()).expect("open");
         a = create(&store).await;
-        committed(store.submit(accept(accepted(command_id, a, 1))).await.expect("accept"));
-        let retry = store.submit(accept(accepted(command_id, a, 1))).await.expect("retry");
-        assert_eq!(retry, Outcome::DuplicateCommand { stored: accepted(command_id, a, 1) });
+        committed(
+            store
+                .submit(accept(accepted(command_id, a, 1)))
+                .await
+                .expect("accept"),
+        );
+        let retry = store
+            .submit(accept(accepted(command_id, a, 1)))
+            .await
+            .expect("retry");
+        assert_eq!(
+            retry,
+            Outcome::DuplicateCommand {
+                stored: accepted(command_id, a, 1)
+            }
+        );
         let applied = CommandRecord {
             status: CommandStatus::Applied,
             result_version: Some(3),
             ..accepted(command_id, a, 1)
         };
         committed(store.submit(accept(applied)).await.expect("apply"));
-        assert_eq!(all_events(&store, a).len(), 3, "the duplicate appended nothing");
+        assert_eq!(
+            all_events(&store, a).len(),
+            3,
+            "the duplicate appended nothing"
+        );
     }
     let store = Store::open(dir.path()).expect("reopen");
-    match store.submit(accept(accepted(command_id, a, 1))).await.expect("retry") {
+    match store
+        .submit(accept(accepted(command_id, a, 1)))
+        .await
+        .expect("retry")
+    {
         Outcome::DuplicateCommand { stored } => {
             assert_eq!(stored.status, CommandStatus::Applied);
             assert_eq!(stored.result_version, Some(3));
         }
         other => panic!("expected the stored outcome, got {other:?}"),
     }
-    match store.submit(accept(accepted(command_id, a, 2))).await.expect("other payload") {
+    match store
+        .submit(accept(accepted(command_id, a, 2)))
+        .await
+        .expect("other payload")
+    {
         Outcome::CommandConflict { stored } => assert_eq!(stored.payload_hash, [1; 32]),
         other => panic!("expected a conflict, got {other:?}"),
     }
@@ -73,7 +98,10 @@ async fn r08_concurrent_duplicates_apply_once() {
         .into_iter()
         .map(|outcome| outcome.expect("submit"))
         .collect();
-    let commits = outcomes.iter().filter(|o| matches!(o, Outcome::Committed(_))).count();
+    let commits = outcomes
+        .iter()
+        .filter(|o| matches!(o, Outcome::Committed(_)))
+        .count();
     assert_eq!(commits, 1, "{outcomes:?}");
     assert!(outcomes
         .iter()

@@ -15,7 +15,10 @@ async fn s1_seqs_are_gap_free_per_execution_and_positions_global() {
         append(&store, b, version, "b").await;
     }
     for execution_id in [a, b] {
-        let seqs: Vec<u64> = all_events(&store, execution_id).iter().map(|e| e.seq).collect();
+        let seqs: Vec<u64> = all_events(&store, execution_id)
+            .iter()
+            .map(|e| e.seq)
+            .collect();
         assert_eq!(seqs, (1..=6).collect::<Vec<_>>());
     }
     let positions: Vec<u64> = whole_log(&store).iter().map(|e| e.position).collect();
@@ -25,7 +28,10 @@ async fn s1_seqs_are_gap_free_per_execution_and_positions_global() {
     let rest = store.log_after(7, usize::MAX).expect("log");
     assert_eq!(rest.first().map(|e| e.position), Some(8));
     assert_eq!(store.log_after(7, 2).expect("log").len(), 2);
-    assert_eq!(store.events_after(a, 4, usize::MAX).expect("events").len(), 2);
+    assert_eq!(
+        store.events_after(a, 4, usize::MAX).expect("events").len(),
+        2
+    );
 }
 
 #[tokio::test]
@@ -61,7 +67,8 @@ async fn s1_schema_version_is_stored_and_a_newer_one_refused() {
         let stored = db.get(&key).expect("get").expect("schema version stored");
         let version: u32 = openprogram_storage::codec::decode(&key, &stored).expect("decode");
         assert_eq!(version, openprogram_storage::migrate::SCHEMA_VERSION);
-        db.insert(&key, openprogram_storage::codec::encode(&99u32)).expect("insert");
+        db.insert(&key, openprogram_storage::codec::encode(&99u32))
+            .expect("insert");
         db.flush().expect("flush");
     }
     match Store::open(dir.path()) {
@@ -78,5 +85,8 @@ async fn s1_each_open_is_a_new_incarnation() {
     let second = store.incarnation().clone();
     assert_eq!(second.number, first.number + 1);
     assert_ne!(second.owner_id, first.owner_id);
-    assert_eq!(store.incarnations().expect("incarnations"), vec![first, second]);
+    assert_eq!(
+        store.incarnations().expect("incarnations"),
+        vec![first, second]
+    );
 }

@@ -14,12 +14,18 @@ async fn s2_cas_conflict_returns_current_version_and_writes_nothing() {
     let a = create(&store).await;
     append(&store, a, 1, "first").await;
     let stale = Transition::new(a, vec![decided("stale")]).expect_version(1);
-    assert_eq!(store.submit(stale).await.expect("submit"), Outcome::VersionConflict { current: 2 });
+    assert_eq!(
+        store.submit(stale).await.expect("submit"),
+        Outcome::VersionConflict { current: 2 }
+    );
     assert_eq!(all_events(&store, a).len(), 2);
     assert_eq!(store.head(a).expect("head").map(|h| h.version), Some(2));
     // Creating an existing execution is a conflict too.
     let again = Transition::create(head(a), vec![decided("again")]);
-    assert_eq!(store.submit(again).await.expect("submit"), Outcome::VersionConflict { current: 2 });
+    assert_eq!(
+        store.submit(again).await.expect("submit"),
+        Outcome::VersionConflict { current: 2 }
+    );
 }
 
 #[tokio::test]
@@ -27,23 +33,38 @@ async fn s2_fenced_writer_is_rejected_and_newer_epoch_claims() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path()).expect("open");
     let a = create(&store).await;
-    let claim = Transition::new(a, vec![decided("attempt 2")]).expect_version(1).by_epoch(2);
+    let claim = Transition::new(a, vec![decided("attempt 2")])
+        .expect_version(1)
+        .by_epoch(2);
     committed(store.submit(claim).await.expect("claim"));
     // The stale attempt is fenced even with the right version.
-    let stale = Transition::new(a, vec![decided("attempt 1")]).expect_version(2).by_epoch(1);
-    assert_eq!(store.submit(stale).await.expect("submit"), Outcome::Fenced { current_epoch: 2 });
-    let current = Transition::new(a, vec![decided("attempt 2 again")]).expect_version(2).by_epoch(2);
+    let stale = Transition::new(a, vec![decided("attempt 1")])
+        .expect_version(2)
+        .by_epoch(1);
+    assert_eq!(
+        store.submit(stale).await.expect("submit"),
+        Outcome::Fenced { current_epoch: 2 }
+    );
+    let current = Transition::new(a, vec![decided("attempt 2 again")])
+        .expect_version(2)
+        .by_epoch(2);
     committed(store.submit(current).await.expect("current"));
     let head = store.head(a).expect("head").expect("exists");
     assert_eq!((head.version, head.fencing_epoch), (3, 2));
-    let texts: Vec<u64> = all_events(&store, a).iter().map(|e| e.writer_epoch).collect();
+    let texts: Vec<u64> = all_events(&store, a)
+        .iter()
+        .map(|e| e.writer_epoch)
+        .collect();
     assert_eq!(texts, vec![0, 2, 2]);
 }
 
 #[tokio::test]
 async fn s2_rejected_transition_leaves_no_partial_state() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let limits = Limits { transition_bytes_max: 4096, ..Default::default() };
+    let limits = Limits {
+        transition_bytes_max: 4096,
+        ..Default::default()
+    };
     let store = Store::open_with(dir.path(), limits).expect("open");
     let a = create(&store).await;
     let blob = Blob::new(b"attached".to_vec());
@@ -51,7 +72,9 @@ async fn s2_rejected_transition_leaves_no_partial_state() {
         .expect_version(1)
         .with(Upsert::Blob(blob.clone()));
     match store.submit(too_big).await {
-        Err(openprogram_storage::Error::PayloadTooLarge { what: "transition", .. }) => {}
+        Err(openprogram_storage::Error::PayloadTooLarge {
+            what: "transition", ..
+        }) => {}
         other => panic!("expected PayloadTooLarge, got {other:?}"),
     }
     assert_eq!(store.blob(blob.hash()).expect("blob"), None);
@@ -66,7 +89,10 @@ async fn s2_rejected_transition_leaves_no_partial_state() {
         .into_iter()
         .map(|e| format!("{:?}", e.event))
         .collect();
-    assert!(texts.iter().all(|text| !text.contains("\"bad\"")), "{texts:?}");
+    assert!(
+        texts.iter().all(|text| !text.contains("\"bad\"")),
+        "{texts:?}"
+    );
 }
 
 #[tokio::test]
@@ -96,7 +122,9 @@ async fn r09_concurrent_writers_with_same_expected_version_have_one_winner() {
             let store = store.clone();
             tokio::spawn(async move {
                 let text = format!("round {round} writer {writer}");
-                store.submit(Transition::new(a, vec![decided(&text)]).expect_version(round)).await
+                store
+                    .submit(Transition::new(a, vec![decided(&text)]).expect_version(round))
+                    .await
             })
         });
         let outcomes: Vec<Outcome> = futures::future::join_all(attempts)
@@ -104,7 +132,10 @@ async fn r09_concurrent_writers_with_same_expected_version_have_one_winner() {
             .into_iter()
             .map(|joined| joined.expect("task").expect("submit"))
             .collect();
-        let winners = outcomes.iter().filter(|o| matches!(o, Outcome::Committed(_))).count();
+        let winners = outcomes
+            .iter()
+            .filter(|o| matches!(o, Outcome::Committed(_)))
+            .count();
         assert_eq!(winners, 1, "round {round}: {outcomes:?}");
         for outcome in &outcomes {
             if !matches!(outcome, Outcome::Committed(_)) {
@@ -130,7 +161,11 @@ async fn s2_records_commit_with_the_transition() {
         child_execution_id: None,
         accepted_at_ms: 0,
     };
-    let transition = Transition::new(a, vec![decided("with command")]).with(Upsert::Command(command.clone()));
+    let transition =
+        Transition::new(a, vec![decided("with command")]).with(Upsert::Command(command.clone()));
     committed(store.submit(transition).await.expect("submit"));
-    assert_eq!(store.command(command.command_id).expect("command"), Some(command));
+    assert_eq!(
+        store.command(command.command_id).expect("command"),
+        Some(command)
+    );
 }

@@ -23,7 +23,9 @@ fn execution_of(writer: u64) -> ExecutionId {
 }
 
 fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|value| value.parse().ok())
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
 }
 
 struct Killed {
@@ -54,13 +56,19 @@ fn run_and_kill(dir: &std::path::Path, kill_after: Duration) -> Killed {
     if !matches!(&ready, Ok(line) if line.starts_with("ready")) {
         let _ = child.kill();
         let output = child.wait_with_output().expect("child output");
-        panic!("child not ready ({ready:?}): {}", String::from_utf8_lossy(&output.stderr));
+        panic!(
+            "child not ready ({ready:?}): {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
     std::thread::sleep(kill_after);
     // The child only stops when killed; if it already exited, it failed.
     if let Some(status) = child.try_wait().expect("try_wait") {
         let output = child.wait_with_output().expect("child output");
-        panic!("child exited early with {status}: {}", String::from_utf8_lossy(&output.stderr));
+        panic!(
+            "child exited early with {status}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
     child.kill().expect("SIGKILL the child");
     child.wait().expect("reap the child");
@@ -70,7 +78,9 @@ fn run_and_kill(dir: &std::path::Path, kill_after: Duration) -> Killed {
         .filter_map(|line| {
             let mut parts = line.split(' ');
             match (parts.next(), parts.next(), parts.next()) {
-                (Some("ack"), Some(writer), Some(version)) => Some((writer.parse().ok()?, version.parse().ok()?)),
+                (Some("ack"), Some(writer), Some(version)) => {
+                    Some((writer.parse().ok()?, version.parse().ok()?))
+                }
                 _ => None, // a line cut by the kill
             }
         })
@@ -92,25 +102,48 @@ fn verify(store: &Store, acked: &HashMap<u64, u64>, seed: u64, cycle: u64) {
             version >= acked_version,
             "seed {seed} cycle {cycle}: writer {writer} acknowledged {acked_version}, store has {version}"
         );
-        let events = store.events_after(execution_id, 0, usize::MAX).expect("events");
-        assert_eq!(events.len() as u64, version, "seed {seed} cycle {cycle}: writer {writer} half-applied");
+        let events = store
+            .events_after(execution_id, 0, usize::MAX)
+            .expect("events");
+        assert_eq!(
+            events.len() as u64,
+            version,
+            "seed {seed} cycle {cycle}: writer {writer} half-applied"
+        );
         if let Some(head) = &head {
-            assert_eq!(head.last_seq, version, "seed {seed} cycle {cycle}: writer {writer}");
+            assert_eq!(
+                head.last_seq, version,
+                "seed {seed} cycle {cycle}: writer {writer}"
+            );
         }
         for (index, envelope) in events.iter().enumerate() {
             let seq = index as u64 + 1;
-            assert_eq!(envelope.seq, seq, "seed {seed} cycle {cycle}: writer {writer} seq gap");
+            assert_eq!(
+                envelope.seq, seq,
+                "seed {seed} cycle {cycle}: writer {writer} seq gap"
+            );
             let Event::ModelDecided { decision, .. } = &envelope.event else {
                 panic!("seed {seed}: unexpected event {envelope:?}");
             };
-            assert!(decision.starts_with(&format!("{writer}:{seq}:")), "seed {seed}: {decision}");
+            assert!(
+                decision.starts_with(&format!("{writer}:{seq}:")),
+                "seed {seed}: {decision}"
+            );
         }
         n_events += events.len();
     }
     let log = store.log_after(0, usize::MAX).expect("log");
-    assert_eq!(log.len(), n_events, "seed {seed} cycle {cycle}: global log and executions disagree");
+    assert_eq!(
+        log.len(),
+        n_events,
+        "seed {seed} cycle {cycle}: global log and executions disagree"
+    );
     for (index, envelope) in log.iter().enumerate() {
-        assert_eq!(envelope.position, index as u64 + 1, "seed {seed} cycle {cycle}: position gap");
+        assert_eq!(
+            envelope.position,
+            index as u64 + 1,
+            "seed {seed} cycle {cycle}: position gap"
+        );
     }
     assert_eq!(store.durable_position(), n_events as u64);
     assert!(store.quarantined().is_empty());
@@ -137,7 +170,10 @@ fn s3_acknowledged_transitions_survive_kill_9() {
         let store = Store::open(dir.path()).expect("reopen after kill");
         verify(&store, &acked, seed, cycle);
     }
-    assert!(total_acks > 0, "seed {seed}: the children acknowledged nothing");
+    assert!(
+        total_acks > 0,
+        "seed {seed}: the children acknowledged nothing"
+    );
     eprintln!(
         "s3 crash test: seed {seed}: {cycles} kills, {total_acks} acknowledgements verified in {:.1?}",
         started.elapsed()

@@ -27,10 +27,24 @@ fn flip_byte(dir: &std::path::Path, key: &[u8], at: impl Fn(usize) -> usize) {
 }
 
 async fn assert_only_a_is_quarantined(store: &Store, a: ExecutionId, b: ExecutionId) {
-    assert_eq!(store.quarantined().iter().map(|(id, _)| *id).collect::<Vec<_>>(), vec![a]);
-    assert!(matches!(store.head(a), Err(Error::Quarantined { execution_id, .. }) if execution_id == a));
-    let refused = store.submit(Transition::new(a, vec![decided("refused")]).expect_version(4)).await;
-    assert!(matches!(refused, Err(Error::Quarantined { .. })), "{refused:?}");
+    assert_eq!(
+        store
+            .quarantined()
+            .iter()
+            .map(|(id, _)| *id)
+            .collect::<Vec<_>>(),
+        vec![a]
+    );
+    assert!(
+        matches!(store.head(a), Err(Error::Quarantined { execution_id, .. }) if execution_id == a)
+    );
+    let refused = store
+        .submit(Transition::new(a, vec![decided("refused")]).expect_version(4))
+        .await;
+    assert!(
+        matches!(refused, Err(Error::Quarantined { .. })),
+        "{refused:?}"
+    );
     assert_eq!(all_events(store, b).len(), 4);
     append(store, b, 4, "b keeps working").await;
     assert_eq!(store.head(b).expect("head").map(|h| h.version), Some(5));
@@ -43,7 +57,9 @@ async fn s4_byte_flipped_head_quarantines_only_its_execution() {
     flip_byte(dir.path(), &keys::head(a), |len| len / 2);
     let store = Store::open(dir.path()).expect("reopen");
     match store.head(a) {
-        Err(Error::Corrupted { tree: "heads", key }) => assert_eq!(key, keys::display(&keys::head(a))),
+        Err(Error::Corrupted { tree: "heads", key }) => {
+            assert_eq!(key, keys::display(&keys::head(a)))
+        }
         other => panic!("expected Corrupted, got {other:?}"),
     }
     assert_only_a_is_quarantined(&store, a, b).await;
@@ -55,7 +71,10 @@ async fn s4_byte_flipped_event_chunk_quarantines_only_its_execution() {
     let (a, b) = two_executions(dir.path()).await;
     flip_byte(dir.path(), &keys::events(a, 1), |len| len - 1);
     let store = Store::open(dir.path()).expect("reopen");
-    assert!(matches!(store.events_after(a, 0, 10), Err(Error::Corrupted { tree: "events", .. })));
+    assert!(matches!(
+        store.events_after(a, 0, 10),
+        Err(Error::Corrupted { tree: "events", .. })
+    ));
     assert_only_a_is_quarantined(&store, a, b).await;
 }
 
@@ -66,14 +85,20 @@ async fn s4_corrupt_log_frame_in_the_replayed_tail_quarantines_only_its_executio
     {
         // Make the whole log the unmaterialized tail, then damage one of a's frames.
         let db = raw_open(dir.path());
-        db.insert(keys::meta("materialized_through"), openprogram_storage::codec::encode(&0u64))
-            .expect("reset the mark");
+        db.insert(
+            keys::meta("materialized_through"),
+            openprogram_storage::codec::encode(&0u64),
+        )
+        .expect("reset the mark");
         let (key, value) = db
             .scan_prefix([keys::LOG])
             .map(|item| item.expect("log record"))
             .find(|(_, value)| value.windows(16).any(|window| window == a.as_bytes()))
             .expect("a log record with a frame of a");
-        let at = value.windows(16).position(|window| window == a.as_bytes()).expect("frame");
+        let at = value
+            .windows(16)
+            .position(|window| window == a.as_bytes())
+            .expect("frame");
         let mut value = value.to_vec();
         value[at + 16 + 10] ^= 0x5a;
         db.insert(key, value).expect("insert");
@@ -90,9 +115,16 @@ async fn s4_broken_log_framing_refuses_to_open_instead_of_dropping_acknowledged_
     two_executions(dir.path()).await;
     {
         let db = raw_open(dir.path());
-        db.insert(keys::meta("materialized_through"), openprogram_storage::codec::encode(&0u64))
-            .expect("reset the mark");
-        let (key, value) = db.scan_prefix([keys::LOG]).next().expect("a log record").expect("read");
+        db.insert(
+            keys::meta("materialized_through"),
+            openprogram_storage::codec::encode(&0u64),
+        )
+        .expect("reset the mark");
+        let (key, value) = db
+            .scan_prefix([keys::LOG])
+            .next()
+            .expect("a log record")
+            .expect("read");
         db.insert(key, &value[..value.len() - 3]).expect("truncate");
         db.flush().expect("flush");
     }

@@ -8,7 +8,10 @@ use crate::support::*;
 #[tokio::test]
 async fn s5_blob_is_stored_by_content_and_size_limited() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let limits = Limits { blob_bytes_max: 1024, ..Default::default() };
+    let limits = Limits {
+        blob_bytes_max: 1024,
+        ..Default::default()
+    };
     let blob = Blob::new(b"process output chunk".to_vec());
     {
         let store = Store::open_with(dir.path(), limits.clone()).expect("open");
@@ -19,11 +22,20 @@ async fn s5_blob_is_stored_by_content_and_size_limited() {
                 .with(Upsert::Blob(blob.clone()));
             committed(store.submit(transition).await.expect("submit"));
         }
-        assert_eq!(store.blob(blob.hash()).expect("blob").as_deref(), Some(blob.bytes()));
+        assert_eq!(
+            store.blob(blob.hash()).expect("blob").as_deref(),
+            Some(blob.bytes())
+        );
         let big = Blob::new(vec![0u8; 1025]);
         let transition = Transition::new(a, vec![decided("big")]).with(Upsert::Blob(big.clone()));
         match store.submit(transition).await {
-            Err(error @ Error::PayloadTooLarge { what: "blob", len: 1025, max: 1024 }) => {
+            Err(
+                error @ Error::PayloadTooLarge {
+                    what: "blob",
+                    len: 1025,
+                    max: 1024,
+                },
+            ) => {
                 assert_eq!(error.code(), "payload_too_large");
             }
             other => panic!("expected PayloadTooLarge, got {other:?}"),
@@ -33,9 +45,16 @@ async fn s5_blob_is_stored_by_content_and_size_limited() {
     }
     {
         let db = raw_open(dir.path());
-        db.insert(openprogram_storage::keys::blob(blob.hash()), &b"tampered"[..]).expect("insert");
+        db.insert(
+            openprogram_storage::keys::blob(blob.hash()),
+            &b"tampered"[..],
+        )
+        .expect("insert");
         db.flush().expect("flush");
     }
     let store = Store::open_with(dir.path(), limits).expect("reopen");
-    assert!(matches!(store.blob(blob.hash()), Err(Error::Corrupted { tree: "blobs", .. })));
+    assert!(matches!(
+        store.blob(blob.hash()),
+        Err(Error::Corrupted { tree: "blobs", .. })
+    ));
 }

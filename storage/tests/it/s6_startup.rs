@@ -8,7 +8,11 @@ use openprogram_storage::{EventStore, ExecutionId, ExecutionState, Limits, Store
 use crate::support::*;
 
 fn in_state(store: &Store, state: ExecutionState) -> BTreeSet<ExecutionId> {
-    store.executions_in_state(state).expect("by state").into_iter().collect()
+    store
+        .executions_in_state(state)
+        .expect("by state")
+        .into_iter()
+        .collect()
 }
 
 #[tokio::test]
@@ -26,16 +30,34 @@ async fn s6_by_state_index_tracks_non_terminal_executions() {
             set_state(&store, paused, 2, ExecutionState::Paused).await;
             set_state(&store, done, 2, ExecutionState::Paused).await;
             set_state(&store, done, 3, ExecutionState::Completed).await;
-            assert_eq!(in_state(&store, ExecutionState::Running), BTreeSet::from([running]));
-            assert_eq!(in_state(&store, ExecutionState::Paused), BTreeSet::from([paused]));
-            assert!(in_state(&store, ExecutionState::Completed).is_empty(), "terminal states are not indexed");
+            assert_eq!(
+                in_state(&store, ExecutionState::Running),
+                BTreeSet::from([running])
+            );
+            assert_eq!(
+                in_state(&store, ExecutionState::Paused),
+                BTreeSet::from([paused])
+            );
+            assert!(
+                in_state(&store, ExecutionState::Completed).is_empty(),
+                "terminal states are not indexed"
+            );
             (running, paused, done)
         };
         let store = Store::open_with(dir.path(), limits).expect("reopen");
-        assert_eq!(in_state(&store, ExecutionState::Running), BTreeSet::from([running]));
-        assert_eq!(in_state(&store, ExecutionState::Paused), BTreeSet::from([paused]));
+        assert_eq!(
+            in_state(&store, ExecutionState::Running),
+            BTreeSet::from([running])
+        );
+        assert_eq!(
+            in_state(&store, ExecutionState::Paused),
+            BTreeSet::from([paused])
+        );
         assert!(in_state(&store, ExecutionState::Queued).is_empty());
-        assert_eq!(store.head(done).expect("head").map(|h| h.state), Some(ExecutionState::Completed));
+        assert_eq!(
+            store.head(done).expect("head").map(|h| h.state),
+            Some(ExecutionState::Completed)
+        );
     }
 }
 
@@ -73,11 +95,17 @@ async fn s6_reads_stay_consistent_while_materializations_run() {
         assert!(head.version >= last_version, "head went backwards");
         last_version = head.version;
         let events = all_events(&store, a);
-        assert!(events.len() as u64 >= head.version, "events behind the head read before them");
+        assert!(
+            events.len() as u64 >= head.version,
+            "events behind the head read before them"
+        );
         for (index, event) in events.iter().enumerate() {
             assert_eq!(event.seq, index as u64 + 1, "gap or duplicate");
         }
-        assert_eq!(in_state(&store, ExecutionState::Queued), BTreeSet::from([a]));
+        assert_eq!(
+            in_state(&store, ExecutionState::Queued),
+            BTreeSet::from([a])
+        );
         tokio::task::yield_now().await;
     }
     writer.await.expect("writer");

@@ -7,15 +7,26 @@ use openprogram_storage::{
 };
 
 pub fn head(execution_id: ExecutionId) -> ExecutionHead {
-    ExecutionHead::new(execution_id, SessionId::new(), RunId::new(), ExecutionKind::AgentTurn)
+    ExecutionHead::new(
+        execution_id,
+        SessionId::new(),
+        RunId::new(),
+        ExecutionKind::AgentTurn,
+    )
 }
 
 pub fn decided(text: &str) -> Event {
-    Event::ModelDecided { effect_id: EffectId::new(), decision: text.to_owned() }
+    Event::ModelDecided {
+        effect_id: EffectId::new(),
+        decision: text.to_owned(),
+    }
 }
 
 pub fn state_changed(state: ExecutionState) -> Event {
-    Event::StateChanged { state, reason: String::from("test") }
+    Event::StateChanged {
+        state,
+        reason: String::from("test"),
+    }
 }
 
 pub fn committed(outcome: Outcome) -> Committed {
@@ -29,7 +40,10 @@ pub fn committed(outcome: Outcome) -> Committed {
 pub async fn create(store: &Store) -> ExecutionId {
     let execution_id = ExecutionId::new();
     let outcome = store
-        .submit(Transition::create(head(execution_id), vec![decided("admitted")]))
+        .submit(Transition::create(
+            head(execution_id),
+            vec![decided("admitted")],
+        ))
         .await
         .expect("create");
     assert_eq!(committed(outcome).version, 1);
@@ -37,13 +51,23 @@ pub async fn create(store: &Store) -> ExecutionId {
 }
 
 /// Appends one event at the expected version and returns the commit.
-pub async fn append(store: &Store, execution_id: ExecutionId, version: u64, text: &str) -> Committed {
+pub async fn append(
+    store: &Store,
+    execution_id: ExecutionId,
+    version: u64,
+    text: &str,
+) -> Committed {
     let transition = Transition::new(execution_id, vec![decided(text)]).expect_version(version);
     committed(store.submit(transition).await.expect("append"))
 }
 
 /// Moves an execution to `state` at the expected version.
-pub async fn set_state(store: &Store, execution_id: ExecutionId, version: u64, state: ExecutionState) -> Committed {
+pub async fn set_state(
+    store: &Store,
+    execution_id: ExecutionId,
+    version: u64,
+    state: ExecutionState,
+) -> Committed {
     let mut next = store.head(execution_id).expect("head").expect("exists");
     next.state = state;
     let transition = Transition::new(execution_id, vec![state_changed(state)])
@@ -53,7 +77,9 @@ pub async fn set_state(store: &Store, execution_id: ExecutionId, version: u64, s
 }
 
 pub fn all_events(store: &Store, execution_id: ExecutionId) -> Vec<EventEnvelope> {
-    store.events_after(execution_id, 0, usize::MAX).expect("events")
+    store
+        .events_after(execution_id, 0, usize::MAX)
+        .expect("events")
 }
 
 pub fn whole_log(store: &Store) -> Vec<EventEnvelope> {
@@ -63,7 +89,10 @@ pub fn whole_log(store: &Store) -> Vec<EventEnvelope> {
 /// Limits that materialize after every group, so tests cross the overlay/disk boundary
 /// constantly.
 pub fn eager_limits() -> openprogram_storage::Limits {
-    openprogram_storage::Limits { materialize_interval_ms: 0, ..Default::default() }
+    openprogram_storage::Limits {
+        materialize_interval_ms: 0,
+        ..Default::default()
+    }
 }
 
 /// Opens the store's sled database directly, to plant damage while the store is closed.
