@@ -12,7 +12,8 @@
 //! its key holds the first event position, its header the last, so positions are known even
 //! when a frame is unreadable):
 //! ```text
-//! | version: 1 byte | last position: u64 BE | frame | frame | ...
+//! | version: 1 byte | last position: u64 BE | crc32 of the 9 bytes before: u32 BE |
+//! | frame | frame | ...
 //! frame := | len: u32 BE | crc32 of the next 16 + len bytes: u32 BE |
 //!          | execution id: 16 bytes | bincode(Frame): len bytes |
 //! ```
@@ -34,7 +35,7 @@ pub const LOG_FORMAT_VERSION: u8 = 1;
 
 const CRC_LEN: usize = 4;
 const FRAME_HEADER_LEN: usize = 4 + 4 + 16;
-const LOG_HEADER_LEN: usize = 1 + 8;
+const LOG_HEADER_LEN: usize = 1 + 8 + 4;
 
 fn bincode_options() -> impl bincode::Options {
     use bincode::Options;
@@ -106,7 +107,7 @@ impl LogRecordWriter {
     pub fn new() -> Self {
         let mut bytes = Vec::with_capacity(LOG_HEADER_LEN + 4096);
         bytes.push(LOG_FORMAT_VERSION);
-        bytes.extend_from_slice(&[0u8; 8]);
+        bytes.extend_from_slice(&[0u8; LOG_HEADER_LEN - 1]);
         Self { bytes }
     }
 
@@ -121,9 +122,18 @@ impl LogRecordWriter {
 
     /// The record, stamped with the position of its last event.
     pub fn finish(mut self, last_position: u64) -> Vec<u8> {
-        self.bytes[1..LOG_HEADER_LEN].copy_from_slice(&last_position.to_be_bytes());
+        self.bytes[1..9].copy_from_slice(&last_position.to_be_bytes());
+        let crc = crc32fast::hash(&self.bytes[..9]);
+        self.bytes[9..LOG_HEADER_LEN].copy_from_slice(&crc.to_be_bytes());
         self.bytes
     }
+}
+
+/// The encoded size of a value, without encoding it: checked when a transition is
+/// submitted, so an oversized one never reaches the queue.
+pub(crate) fn encoded_size<T: Serialize>(value: &T) -> u64 {
+    use bincode::Options;
+    bincode_options().serialized_size(value).unwrap_or(u64::MAX)
 }
 
 /// Encodes a frame with its header.
@@ -134,8 +144,9 @@ pub(crate) fn encode_frame(frame: &Frame) -> Vec<u8> {
     bincode_options()
         .serialize_into(&mut bytes, frame)
         .expect("invariant: frames serialize into memory");
-    let len = u32::try_from(bytes.len() - FRAME_HEADER_LEN)
-        .expect("invariant: a frame is smaller than the transition size limit");
+    // A frame over 4 GiB gets a wrong length here, and the size limit (at most 4 GiB,
+    // `log.rs`) refuses it before it is written.
+    let len = u32::try_from(bytes.len() - FRAME_HEADER_LEN).unwrap_or(u32::MAX);
     let crc = crc32fast::hash(&bytes[8..]);
     bytes[0..4].copy_from_slice(&len.to_be_bytes());
     bytes[4..8].copy_from_slice(&crc.to_be_bytes());
@@ -193,8 +204,14 @@ pub(crate) fn decode_frames(
         return Err(corrupted());
     }
     let mut last = [0u8; 8];
-    last.copy_from_slice(&bytes[1..LOG_HEADER_LEN]);
+    last.copy_from_slice(&bytes[1..9]);
     let last_position = u64::from_be_bytes(last);
+    let mut crc = [0u8; 4];
+    crc.copy_from_slice(&bytes[9..LOG_HEADER_LEN]);
+    let first_position = keys::log_position(key).ok_or_else(corrupted)?;
+    if crc32fast::hash(&bytes[..9]) != u32::from_be_bytes(crc) || last_position < first_position {
+        return Err(corrupted());
+    }
     let mut frames = Vec::new();
     let mut rest = &bytes[LOG_HEADER_LEN..];
     while !rest.is_empty() {
@@ -222,7 +239,13 @@ pub(crate) fn decode_frames(
                 .with_limit(len as u64)
                 .deserialize::<Frame>(payload)
                 .ok()
-                .filter(|frame| frame.head.execution_id == claimed)
+                .filter(|frame| {
+                    frame.head.execution_id == claimed
+                        && frame
+                            .events
+                            .iter()
+                            .all(|event| (first_position..=last_position).contains(&event.position))
+                })
         } else {
             None
         };
@@ -284,6 +307,12 @@ mod tests {
         let first_len = writer.len();
         writer.push(&encode_frame(&second));
         let mut bytes = writer.finish(7);
+        let header_flipped = {
+            let mut bytes = bytes.clone();
+            bytes[8] ^= 0x01;
+            bytes
+        };
+        assert!(decode_log_record(&keys::log(1), &header_flipped).is_err());
         // Flip a byte in the first frame's payload: only that frame is corrupt.
         bytes[first_len - 3] ^= 0xff;
         let record = decode_log_record(&keys::log(1), &bytes).expect("framing intact");

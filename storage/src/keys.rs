@@ -17,6 +17,7 @@
 //! | 0x09   | blob hash (32 bytes)                  | raw bytes (content-checked) |
 //! | 0x0A   | state code u8, execution id           | empty: non-terminal index   |
 //! | 0x0B   | incarnation number u64                | codec(Incarnation)          |
+//! | 0x0C   | execution id                          | codec(String): quarantined  |
 
 use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, WaitId};
 use crate::records::{BlobHash, ExecutionState};
@@ -32,6 +33,7 @@ pub const PROCESS: u8 = 0x08;
 pub const BLOB: u8 = 0x09;
 pub const BY_STATE: u8 = 0x0A;
 pub const INCARNATION: u8 = 0x0B;
+pub const QUARANTINE: u8 = 0x0C;
 
 pub const META_SCHEMA_VERSION: &str = "schema_version";
 /// Position of the last event whose head, events and records are written to their own keys.
@@ -106,6 +108,10 @@ pub fn by_state(state: ExecutionState, execution_id: ExecutionId) -> [u8; 18] {
     key
 }
 
+pub fn quarantine(execution_id: ExecutionId) -> [u8; 17] {
+    prefixed_id(QUARANTINE, execution_id.as_bytes())
+}
+
 pub fn incarnation(number: u64) -> [u8; 9] {
     prefixed_u64(INCARNATION, number)
 }
@@ -130,6 +136,7 @@ pub fn tree_name(key: &[u8]) -> &'static str {
         Some(&BLOB) => "blobs",
         Some(&BY_STATE) => "by_state",
         Some(&INCARNATION) => "incarnations",
+        Some(&QUARANTINE) => "quarantine",
         _ => "unknown",
     }
 }

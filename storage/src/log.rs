@@ -116,7 +116,11 @@ impl Committer {
         }
         let at_ms = now_ms();
         let mut group = Group {
-            next_position: self.shared.durable_position.load(Ordering::Acquire) + 1,
+            next_position: self
+                .shared
+                .durable_position
+                .load(Ordering::Acquire)
+                .saturating_add(1),
             ..Group::default()
         };
         let mut batch = sled::Batch::default();
@@ -145,6 +149,7 @@ impl Committer {
             }
             return;
         }
+        self.shared.in_flight_blobs_clear();
         {
             let mut overlay = self.shared.overlay_write();
             for (frame, record, indexed_state) in group.frames {
@@ -211,10 +216,17 @@ impl Committer {
                     ));
                 }
                 if let Some(stored) = self.command(group, command.command_id)? {
-                    if stored.payload_hash != command.payload_hash {
+                    if stored.payload_hash != command.payload_hash
+                        || stored.execution_id != command.execution_id
+                    {
                         return Ok(Outcome::CommandConflict { stored });
                     }
-                    if command.status == CommandStatus::Accepted {
+                    // A new submission, or an outcome for a command already decided: the
+                    // stored record stands and nothing is written. Only an accepted command
+                    // can move on to applied or rejected.
+                    if command.status == CommandStatus::Accepted
+                        || stored.status != CommandStatus::Accepted
+                    {
                         return Ok(Outcome::DuplicateCommand { stored });
                     }
                 }
@@ -250,6 +262,11 @@ impl Committer {
                 ))
             }
             (None, Some(head)) => (head, None),
+            (Some(_), Some(_)) if writer_epoch.is_none() => {
+                return Err(Error::InvalidTransition(
+                    "only an attempt (a writer epoch) may replace an existing head".into(),
+                ))
+            }
             (Some(current), Some(head)) => (head, current.indexed_state),
             (Some(current), None) => (current.head, current.indexed_state),
         };
@@ -289,7 +306,11 @@ impl Committer {
             records,
         };
         let encoded = encode_frame(&frame);
-        let limit = self.shared.limits.transition_bytes_max;
+        let limit = self
+            .shared
+            .limits
+            .transition_bytes_max
+            .min(u32::MAX as usize);
         if encoded.len() > limit {
             return Err(Error::PayloadTooLarge {
                 what: "transition",
@@ -300,7 +321,11 @@ impl Committer {
 
         // Committed: from here on the group owns the change.
         for blob in blobs {
-            batch.insert(&keys::blob(blob.hash())[..], blob.bytes());
+            let key = keys::blob(blob.hash());
+            if !self.shared.db.contains_key(key)? {
+                self.shared.in_flight_blobs_insert(blob.hash());
+                batch.insert(&key[..], blob.bytes());
+            }
         }
         for record in &frame.records {
             if let RecordValue::Command(command) = record {
@@ -452,9 +477,11 @@ impl Committer {
             Err(error) => return Err(io_error(&dir, error)),
         };
         let mut synced_any = false;
+        let mut present = HashSet::new();
         for entry in entries {
             let entry = entry.map_err(|error| io_error(&dir, error))?;
             let name = entry.file_name();
+            present.insert(name.clone());
             if self.synced_sled_blobs.contains(&name) {
                 continue;
             }
@@ -468,6 +495,8 @@ impl Committer {
             self.synced_sled_blobs.insert(name);
             synced_any = true;
         }
+        // Forget files sled has garbage-collected.
+        self.synced_sled_blobs.retain(|name| present.contains(name));
         if synced_any {
             File::open(&dir)
                 .and_then(|dir_file| dir_file.sync_all())

@@ -101,15 +101,28 @@ impl Overlay {
             .or_else(|| self.frozen.records.get(key))
     }
 
-    /// Events held here with `seq > after_seq`, oldest first.
-    pub fn events_after(&self, execution_id: ExecutionId, after_seq: u64) -> Vec<EventEnvelope> {
+    /// Events held here with `seq > after_seq`, oldest first, at most `limit`.
+    pub fn events_after(
+        &self,
+        execution_id: ExecutionId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Vec<EventEnvelope> {
         [&self.frozen, &self.active]
             .into_iter()
             .filter_map(|layer| layer.execs.get(&execution_id))
             .flat_map(|dirty| dirty.events.iter())
             .filter(|event| event.seq > after_seq)
+            .take(limit)
             .cloned()
             .collect()
+    }
+
+    /// Drops everything held about a quarantined execution, so that no materialization
+    /// writes a partial state of it.
+    pub fn forget(&mut self, execution_id: ExecutionId) {
+        self.active.execs.remove(&execution_id);
+        self.frozen.execs.remove(&execution_id);
     }
 
     /// Executions that are in `state` now but not listed so on disk, and those listed so on

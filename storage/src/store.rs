@@ -5,7 +5,7 @@
 //! records, so another backend (PostgreSQL for several runtime nodes) can stand beside this
 //! one without touching `actors/`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -111,6 +111,8 @@ pub(crate) struct Shared {
     pub durable_position: AtomicU64,
     quarantine: Mutex<BTreeMap<ExecutionId, String>>,
     failure: Mutex<Option<String>>,
+    /// Blobs written by the group being committed: on sled, not yet durable, not readable.
+    pub in_flight_blobs: Mutex<HashSet<BlobHash>>,
     pub metrics: Metrics,
 }
 
@@ -138,6 +140,21 @@ impl Shared {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get_or_insert(reason);
+    }
+
+    pub fn in_flight_blobs_insert(&self, hash: BlobHash) {
+        self.in_flight_blobs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(hash);
+    }
+
+    /// The group is durable: its blobs become readable.
+    pub fn in_flight_blobs_clear(&self) {
+        self.in_flight_blobs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
     }
 
     pub fn check_quarantine(&self, execution_id: ExecutionId) -> Result<()> {
@@ -340,6 +357,7 @@ impl Store {
             .map_err(io_error)?;
         migrate::run(&db, &mut sync)?;
 
+        let quarantine = load_quarantine(&db)?;
         let shared = Arc::new(Shared {
             db,
             path: path.clone(),
@@ -347,8 +365,9 @@ impl Store {
             overlay: RwLock::new(Overlay::default()),
             generation: AtomicU64::new(0),
             durable_position: AtomicU64::new(0),
-            quarantine: Mutex::new(BTreeMap::new()),
+            quarantine: Mutex::new(quarantine),
             failure: Mutex::new(None),
+            in_flight_blobs: Mutex::new(HashSet::new()),
             metrics: Metrics::default(),
         });
         replay(&shared)?;
@@ -518,22 +537,13 @@ impl EventStore for Store {
     fn submit(&self, transition: Transition) -> BoxFuture<'static, Result<Outcome>> {
         let sender = self.inner.sender.clone();
         let blob_bytes_max = self.shared().limits.blob_bytes_max;
+        let transition_bytes_max = self.shared().limits.transition_bytes_max;
         let failure = self.shared().failure();
         async move {
             if let Some(reason) = failure {
                 return Err(Error::FailStop(reason));
             }
-            for upsert in &transition.upserts {
-                if let Upsert::Blob(blob) = upsert {
-                    if blob.bytes().len() > blob_bytes_max {
-                        return Err(Error::PayloadTooLarge {
-                            what: "blob",
-                            len: blob.bytes().len(),
-                            max: blob_bytes_max,
-                        });
-                    }
-                }
-            }
+            check_sizes(&transition, blob_bytes_max, transition_bytes_max)?;
             let sender = sender.ok_or(Error::Closed)?;
             let (reply, answer) = oneshot::channel();
             sender
@@ -564,7 +574,7 @@ impl EventStore for Store {
     ) -> Result<Vec<EventEnvelope>> {
         self.shared().check_quarantine(execution_id)?;
         let result = self.read_consistent(
-            |overlay| overlay.events_after(execution_id, after_seq),
+            |overlay| overlay.events_after(execution_id, after_seq, limit),
             |pending| {
                 let mut events = self.events_on_disk(execution_id, after_seq, limit)?;
                 let newest_on_disk = events.last().map_or(after_seq, |event| event.seq);
@@ -638,6 +648,15 @@ impl EventStore for Store {
     }
 
     fn blob(&self, hash: BlobHash) -> Result<Option<Vec<u8>>> {
+        let in_flight = self
+            .shared()
+            .in_flight_blobs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&hash);
+        if in_flight {
+            return Ok(None);
+        }
         let key = keys::blob(hash);
         match self.shared().db.get(key)? {
             Some(bytes) if BlobHash::of(&bytes) == hash => Ok(Some(bytes.to_vec())),
@@ -745,6 +764,18 @@ fn replay(shared: &Shared) -> Result<()> {
             n_frames += 1;
         }
     }
+    // A quarantined execution's replayed state is partial: never write it anywhere. Its
+    // frames stay in the log, and the quarantine is persisted so that moving the mark past
+    // them does not make the execution look healthy at the next open.
+    let quarantined = shared
+        .quarantine
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    for (execution_id, reason) in quarantined {
+        overlay.forget(execution_id);
+        db.insert(keys::quarantine(execution_id), codec::encode(&reason))?;
+    }
     tracing::info!(
         materialized_through,
         durable,
@@ -757,6 +788,64 @@ fn replay(shared: &Shared) -> Result<()> {
         .replayed_frames
         .store(n_frames as u64, Ordering::Relaxed);
     shared.durable_position.store(durable, Ordering::Release);
+    Ok(())
+}
+
+/// Executions quarantined by an earlier open (S-4).
+fn load_quarantine(db: &sled::Db) -> Result<BTreeMap<ExecutionId, String>> {
+    let mut quarantine = BTreeMap::new();
+    for item in db.scan_prefix([keys::QUARANTINE]) {
+        let (key, value) = item?;
+        let execution_id = keys::execution_at(&key, 1).ok_or_else(|| Error::Corrupted {
+            tree: "quarantine",
+            key: keys::display(&key),
+        })?;
+        let reason = codec::decode::<String>(&key, &value)
+            .unwrap_or_else(|_| String::from("quarantined (reason unreadable)"));
+        quarantine.insert(execution_id, reason);
+    }
+    Ok(quarantine)
+}
+
+/// Refuses, before it is queued, a transition whose frame or blobs exceed the limits
+/// (S-5). The frame limit is at most 4 GiB: frames carry a u32 length.
+fn check_sizes(
+    transition: &Transition,
+    blob_bytes_max: usize,
+    transition_bytes_max: usize,
+) -> Result<()> {
+    let mut blob_bytes = 0usize;
+    for upsert in &transition.upserts {
+        if let Upsert::Blob(blob) = upsert {
+            blob_bytes = blob_bytes.saturating_add(blob.bytes().len());
+        }
+    }
+    if blob_bytes > blob_bytes_max {
+        return Err(Error::PayloadTooLarge {
+            what: "blob",
+            len: blob_bytes,
+            max: blob_bytes_max,
+        });
+    }
+    let max = transition_bytes_max.min(u32::MAX as usize);
+    let mut len = codec::encoded_size(&(&transition.head, &transition.events));
+    for upsert in &transition.upserts {
+        len = len.saturating_add(match upsert {
+            Upsert::Command(record) => codec::encoded_size(record),
+            Upsert::Receipt(record) => codec::encoded_size(record),
+            Upsert::Wait(record) => codec::encoded_size(record),
+            Upsert::Process(record) => codec::encoded_size(record),
+            Upsert::Blob(_) => 0,
+        });
+    }
+    let len = usize::try_from(len).unwrap_or(usize::MAX);
+    if len > max {
+        return Err(Error::PayloadTooLarge {
+            what: "transition",
+            len,
+            max,
+        });
+    }
     Ok(())
 }
 

@@ -20,9 +20,11 @@ pub struct Transition {
     /// not exist yet); `None` skips the check (a command being accepted, which changes
     /// nothing the writer read).
     pub expected_version: Option<u64>,
-    /// The fencing epoch of the writing attempt; `None` for writes made by no attempt.
+    /// The fencing epoch of the writing attempt; `None` for writes made by no attempt
+    /// (which may create an execution or append events, never replace an existing head).
     /// A write whose epoch is lower than the highest epoch accepted so far is `Fenced`; a
-    /// higher one raises it (a new attempt claims the execution).
+    /// higher one raises it (a new attempt claims the execution, with a CAS on the version so
+    /// that two claimers of the same epoch cannot both win).
     pub writer_epoch: Option<u64>,
     /// The new head; `None` keeps the current one. Required when creating. The committer
     /// sets its `version`, `last_seq`, `fencing_epoch` and `last_activity_ms`.
@@ -82,8 +84,9 @@ impl Transition {
 #[derive(Debug, Clone)]
 pub enum Upsert {
     /// A new command (`Accepted`, or decided at once) or its outcome. A command id that
-    /// exists already makes the transition a `DuplicateCommand` (same payload hash, new
-    /// submission) or a `CommandConflict` (another payload hash).
+    /// exists already makes the transition a `CommandConflict` (another payload hash or
+    /// execution) or a `DuplicateCommand` (a new submission, or an outcome for a command
+    /// already decided: the stored record stands). Only `Accepted` moves on.
     Command(CommandRecord),
     Receipt(ReceiptRecord),
     Wait(WaitRecord),

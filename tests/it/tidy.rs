@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for entry in entries.flatten() {
         let path = entry.path();
         if path.is_dir() {
@@ -35,7 +37,10 @@ fn tidy_every_file_opens_with_a_module_doc() {
             !text.starts_with("//!")
         })
         .collect();
-    assert!(missing.is_empty(), "files without a leading //! line: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "files without a leading //! line: {missing:?}"
+    );
 }
 
 #[test]
@@ -52,9 +57,18 @@ fn tidy_no_placeholders_or_ignored_tests() {
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         for (number, line) in text.lines().enumerate() {
             if forbidden.iter().any(|pattern| line.contains(pattern)) {
-                hits.push(format!("{}:{}: {}", path.display(), number + 1, line.trim()));
+                hits.push(format!(
+                    "{}:{}: {}",
+                    path.display(),
+                    number + 1,
+                    line.trim()
+                ));
             }
         }
     }
-    assert!(hits.is_empty(), "placeholders left in the code:\n{}", hits.join("\n"));
+    assert!(
+        hits.is_empty(),
+        "placeholders left in the code:\n{}",
+        hits.join("\n")
+    );
 }

@@ -1,7 +1,10 @@
 //! Test helper for the S-3 crash test (`tests/it/s3_crash.rs`): opens the store given on the
 //! command line and lets `WRITERS` concurrent writers commit transitions until the parent
 //! kills the process. Each writer owns one execution and prints `ack WRITER VERSION` only
-//! after its transition is `Committed`, so every printed line is an acknowledgement.
+//! after its transition is `Committed`, so every printed line is an acknowledgement. Each
+//! transition also moves the execution between Running (odd versions) and Paused (even), so
+//! the by-state index changes all the time. Optional arguments set the materialization
+//! slice and interval, to keep partial materializations in flight when the kill lands.
 //!
 //! Not a tool for users: it exists so the crash test can kill a real process.
 
@@ -9,8 +12,8 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use openprogram_storage::{
-    EffectId, Event, EventStore, ExecutionHead, ExecutionId, ExecutionKind, Outcome, RunId,
-    SessionId, Store, Transition,
+    EffectId, Event, EventStore, ExecutionHead, ExecutionId, ExecutionKind, ExecutionState, Limits,
+    Outcome, RunId, SessionId, Store, Transition,
 };
 
 /// The execution a writer owns: the same in every run, so runs continue each other's work.
@@ -22,10 +25,17 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let (Some(dir), Some(writers)) = (args.get(1), args.get(2).and_then(|n| n.parse::<u64>().ok()))
     else {
-        eprintln!("usage: storage-crash-writer DIR WRITERS");
+        eprintln!("usage: storage-crash-writer DIR WRITERS [SLICE_LEN INTERVAL_MS]");
         return ExitCode::from(2);
     };
-    let store = match Store::open(dir) {
+    let mut limits = Limits::default();
+    if let Some(slice_len) = args.get(3).and_then(|n| n.parse().ok()) {
+        limits.materialize_slice_len = slice_len;
+    }
+    if let Some(interval_ms) = args.get(4).and_then(|n| n.parse().ok()) {
+        limits.materialize_interval_ms = interval_ms;
+    }
+    let store = match Store::open_with(dir, limits) {
         Ok(store) => store,
         Err(error) => {
             eprintln!("open failed: {error}");
@@ -61,29 +71,47 @@ fn main() -> ExitCode {
     ExitCode::from(3)
 }
 
+/// The state a writer's execution has at `version`: Queued when created, then Running at
+/// odd versions and Paused at even ones.
+pub fn state_at(version: u64) -> ExecutionState {
+    match version {
+        0 | 1 => ExecutionState::Queued,
+        odd if odd % 2 == 1 => ExecutionState::Running,
+        _ => ExecutionState::Paused,
+    }
+}
+
 /// Commits one transition after another; returns only on an unexpected answer.
 async fn write_forever(store: Store, writer: u64, epoch: u64) -> String {
     let execution_id = execution_of(writer);
-    let mut version = match store.head(execution_id) {
-        Ok(head) => head.map_or(0, |head| head.version),
+    let mut head = match store.head(execution_id) {
+        Ok(head) => head,
         Err(error) => return format!("head of writer {writer}: {error}"),
     };
     loop {
+        let version = head.as_ref().map_or(0, |head| head.version);
         let next = version + 1;
         let event = Event::ModelDecided {
             effect_id: EffectId::new(),
             decision: format!("{writer}:{next}:{}", "x".repeat(160)),
         };
-        let transition = if version == 0 {
-            let head = ExecutionHead::new(
-                execution_id,
-                SessionId::new(),
-                RunId::new(),
-                ExecutionKind::Job,
-            );
-            Transition::create(head, vec![event])
-        } else {
-            Transition::new(execution_id, vec![event]).expect_version(version)
+        let transition = match &head {
+            None => {
+                let head = ExecutionHead::new(
+                    execution_id,
+                    SessionId::new(),
+                    RunId::new(),
+                    ExecutionKind::Job,
+                );
+                Transition::create(head, vec![event])
+            }
+            Some(current) => {
+                let mut moved = current.clone();
+                moved.state = state_at(next);
+                Transition::new(execution_id, vec![event])
+                    .expect_version(version)
+                    .with_head(moved)
+            }
         };
         match store.submit(transition.by_epoch(epoch)).await {
             Ok(Outcome::Committed(committed)) if committed.version == next => {
@@ -94,7 +122,10 @@ async fn write_forever(store: Store, writer: u64, epoch: u64) -> String {
                 {
                     return String::from("stdout closed");
                 }
-                version = next;
+                head = match store.head(execution_id) {
+                    Ok(head) => head,
+                    Err(error) => return format!("head of writer {writer}: {error}"),
+                };
             }
             other => return format!("writer {writer} at version {version}: unexpected {other:?}"),
         }

@@ -108,3 +108,51 @@ async fn r08_concurrent_duplicates_apply_once() {
         .all(|o| matches!(o, Outcome::Committed(_) | Outcome::DuplicateCommand { .. })));
     assert_eq!(all_events(&store, a).len(), 2);
 }
+
+#[tokio::test]
+async fn k4_a_command_decided_at_once_is_never_decided_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let a = create(&store).await;
+    let command_id = CommandId::new();
+    let rejected = CommandRecord {
+        status: CommandStatus::Rejected,
+        reason: Some("not allowed now".into()),
+        ..accepted(command_id, a, 4)
+    };
+    committed(
+        store
+            .submit(accept(rejected.clone()))
+            .await
+            .expect("reject at once"),
+    );
+    // The same outcome again, and then a different outcome: both return the stored record.
+    for retry in [
+        rejected.clone(),
+        CommandRecord {
+            status: CommandStatus::Applied,
+            reason: None,
+            ..rejected.clone()
+        },
+    ] {
+        let outcome = store.submit(accept(retry)).await.expect("retry");
+        assert_eq!(
+            outcome,
+            Outcome::DuplicateCommand {
+                stored: rejected.clone()
+            }
+        );
+    }
+    assert_eq!(store.command(command_id).expect("command"), Some(rejected));
+    assert_eq!(all_events(&store, a).len(), 2, "retries appended nothing");
+    // The same id on another execution is a conflict, not a duplicate.
+    let b = create(&store).await;
+    match store
+        .submit(accept(accepted(command_id, b, 4)))
+        .await
+        .expect("other execution")
+    {
+        Outcome::CommandConflict { stored } => assert_eq!(stored.execution_id, a),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+}

@@ -79,7 +79,8 @@ async fn s2_rejected_transition_leaves_no_partial_state() {
     }
     assert_eq!(store.blob(blob.hash()).expect("blob"), None);
     assert_eq!(all_events(&store, a).len(), 1);
-    // A version conflict in the same group as a good transition does not take it down.
+    // A version conflict racing a good transition (in its group or the next) does not take
+    // it down.
     let good = store.submit(Transition::new(a, vec![decided("good")]).expect_version(1));
     let bad = store.submit(Transition::new(a, vec![decided("bad")]).expect_version(1));
     let (good, bad) = futures::join!(good, bad);
@@ -110,6 +111,24 @@ async fn s2_transition_must_carry_an_event_and_name_known_execution() {
         Err(openprogram_storage::Error::UnknownExecution(id)) if id == unknown
     ));
     assert_eq!(store.head(unknown).expect("head"), None);
+}
+
+#[tokio::test]
+async fn s2_a_write_by_no_attempt_cannot_replace_an_existing_head() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let a = create(&store).await;
+    let mut next = store.head(a).expect("head").expect("exists");
+    next.state = openprogram_storage::ExecutionState::Completed;
+    let transition = Transition::new(a, vec![decided("no attempt")]).with_head(next);
+    assert!(matches!(
+        store.submit(transition).await,
+        Err(openprogram_storage::Error::InvalidTransition(_))
+    ));
+    assert_eq!(
+        store.head(a).expect("head").map(|h| h.state),
+        Some(openprogram_storage::ExecutionState::Queued)
+    );
 }
 
 #[tokio::test]

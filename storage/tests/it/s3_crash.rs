@@ -1,8 +1,11 @@
 //! S-3 with real processes: a child commits from 100 concurrent writers and prints each
 //! acknowledgement; the parent SIGKILLs it at random moments, reopens the store and checks
-//! that every acknowledged transition is there, seqs and positions are gap-free, and nothing
-//! unacknowledged is half-applied. `OP_CRASH_SEED` replays a run, `OP_CRASH_CYCLES` makes
-//! it longer (soak).
+//! that every acknowledged transition is there, seqs and positions are gap-free, nothing
+//! unacknowledged is half-applied, and the by-state index agrees with every head. Children
+//! materialize in small slices so kills land in partial materializations; a third of the
+//! kills land early, during open and replay; the parent verifies (which cleanly closes the
+//! store) only every other cycle, so most children start from a crashed store.
+//! `OP_CRASH_SEED` replays a run, `OP_CRASH_CYCLES` makes it longer (soak).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -10,16 +13,28 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use openprogram_storage::{Event, EventStore, ExecutionId, Store};
+use openprogram_storage::{Event, EventStore, ExecutionId, ExecutionState, Store};
 use rand::{Rng, SeedableRng};
 
 const WRITERS: u64 = 100;
 const CYCLES_DEFAULT: u64 = 20;
+/// Materialization slice and interval of the children: a materialization spans many groups.
+const CHILD_SLICE_LEN: &str = "16";
+const CHILD_INTERVAL_MS: &str = "20";
 /// How long a child may take to open the store and say it is ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn execution_of(writer: u64) -> ExecutionId {
     ExecutionId::from_uuid(uuid::Uuid::from_u128(u128::from(writer) + 1))
+}
+
+/// The state the crash writer gives its execution at `version` (see `crash_writer`).
+fn state_at(version: u64) -> ExecutionState {
+    match version {
+        0 | 1 => ExecutionState::Queued,
+        odd if odd % 2 == 1 => ExecutionState::Running,
+        _ => ExecutionState::Paused,
+    }
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -28,16 +43,14 @@ fn env_u64(name: &str) -> Option<u64> {
         .and_then(|value| value.parse().ok())
 }
 
-struct Killed {
-    acks: Vec<(u64, u64)>,
-}
-
-/// Runs one child until `kill_after` past its ready line, SIGKILLs it and returns what it
-/// acknowledged.
-fn run_and_kill(dir: &std::path::Path, kill_after: Duration) -> Killed {
+/// Runs one child, SIGKILLs it `kill_after` past its ready line (or, if `early`, past its
+/// start, ready or not) and returns the `(writer, version)` pairs it acknowledged.
+fn run_and_kill(dir: &std::path::Path, kill_after: Duration, early: bool) -> Vec<(u64, u64)> {
     let mut child: Child = Command::new(env!("CARGO_BIN_EXE_storage-crash-writer"))
         .arg(dir)
         .arg(WRITERS.to_string())
+        .arg(CHILD_SLICE_LEN)
+        .arg(CHILD_INTERVAL_MS)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -52,14 +65,16 @@ fn run_and_kill(dir: &std::path::Path, kill_after: Duration) -> Killed {
             }
         }
     });
-    let ready = lines_rx.recv_timeout(READY_TIMEOUT);
-    if !matches!(&ready, Ok(line) if line.starts_with("ready")) {
-        let _ = child.kill();
-        let output = child.wait_with_output().expect("child output");
-        panic!(
-            "child not ready ({ready:?}): {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+    if !early {
+        let ready = lines_rx.recv_timeout(READY_TIMEOUT);
+        if !matches!(&ready, Ok(line) if line.starts_with("ready")) {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("child output");
+            panic!(
+                "child not ready ({ready:?}): {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
     }
     std::thread::sleep(kill_after);
     // The child only stops when killed; if it already exited, it failed.
@@ -73,7 +88,7 @@ fn run_and_kill(dir: &std::path::Path, kill_after: Duration) -> Killed {
     child.kill().expect("SIGKILL the child");
     child.wait().expect("reap the child");
     reader.join().expect("reader thread");
-    let acks = lines_rx
+    lines_rx
         .try_iter()
         .filter_map(|line| {
             let mut parts = line.split(' ');
@@ -81,18 +96,20 @@ fn run_and_kill(dir: &std::path::Path, kill_after: Duration) -> Killed {
                 (Some("ack"), Some(writer), Some(version)) => {
                     Some((writer.parse().ok()?, version.parse().ok()?))
                 }
-                _ => None, // a line cut by the kill
+                _ => None, // the ready line, or a line cut by the kill
             }
         })
-        .collect();
-    Killed { acks }
+        .collect()
 }
 
 /// Every acknowledged version is present; each execution's events are exactly one per
-/// version, gap-free, with the content its writer wrote; the global log is gap-free and
-/// holds exactly the executions' events.
+/// version, gap-free, with the content its writer wrote; its state matches its version and
+/// the by-state index lists it there; the global log is gap-free and holds exactly the
+/// executions' events.
 fn verify(store: &Store, acked: &HashMap<u64, u64>, seed: u64, cycle: u64) {
+    let context = format!("seed {seed} cycle {cycle}");
     let mut n_events = 0usize;
+    let mut expected_by_state: HashMap<ExecutionState, Vec<ExecutionId>> = HashMap::new();
     for writer in 0..WRITERS {
         let execution_id = execution_of(writer);
         let acked_version = acked.get(&writer).copied().unwrap_or(0);
@@ -100,7 +117,7 @@ fn verify(store: &Store, acked: &HashMap<u64, u64>, seed: u64, cycle: u64) {
         let version = head.as_ref().map_or(0, |head| head.version);
         assert!(
             version >= acked_version,
-            "seed {seed} cycle {cycle}: writer {writer} acknowledged {acked_version}, store has {version}"
+            "{context}: writer {writer} acknowledged {acked_version}, store has {version}"
         );
         let events = store
             .events_after(execution_id, 0, usize::MAX)
@@ -108,26 +125,25 @@ fn verify(store: &Store, acked: &HashMap<u64, u64>, seed: u64, cycle: u64) {
         assert_eq!(
             events.len() as u64,
             version,
-            "seed {seed} cycle {cycle}: writer {writer} half-applied"
+            "{context}: writer {writer} half-applied"
         );
         if let Some(head) = &head {
-            assert_eq!(
-                head.last_seq, version,
-                "seed {seed} cycle {cycle}: writer {writer}"
-            );
+            assert_eq!(head.last_seq, version, "{context}: writer {writer}");
+            assert_eq!(head.state, state_at(version), "{context}: writer {writer}");
+            expected_by_state
+                .entry(head.state)
+                .or_default()
+                .push(execution_id);
         }
         for (index, envelope) in events.iter().enumerate() {
             let seq = index as u64 + 1;
-            assert_eq!(
-                envelope.seq, seq,
-                "seed {seed} cycle {cycle}: writer {writer} seq gap"
-            );
+            assert_eq!(envelope.seq, seq, "{context}: writer {writer} seq gap");
             let Event::ModelDecided { decision, .. } = &envelope.event else {
-                panic!("seed {seed}: unexpected event {envelope:?}");
+                panic!("{context}: unexpected event {envelope:?}");
             };
             assert!(
                 decision.starts_with(&format!("{writer}:{seq}:")),
-                "seed {seed}: {decision}"
+                "{context}: {decision}"
             );
         }
         n_events += events.len();
@@ -136,17 +152,31 @@ fn verify(store: &Store, acked: &HashMap<u64, u64>, seed: u64, cycle: u64) {
     assert_eq!(
         log.len(),
         n_events,
-        "seed {seed} cycle {cycle}: global log and executions disagree"
+        "{context}: global log and executions disagree"
     );
     for (index, envelope) in log.iter().enumerate() {
         assert_eq!(
             envelope.position,
             index as u64 + 1,
-            "seed {seed} cycle {cycle}: position gap"
+            "{context}: position gap"
         );
     }
-    assert_eq!(store.durable_position(), n_events as u64);
-    assert!(store.quarantined().is_empty());
+    assert_eq!(store.durable_position(), n_events as u64, "{context}");
+    assert!(
+        store.quarantined().is_empty(),
+        "{context}: {:?}",
+        store.quarantined()
+    );
+    for state in [
+        ExecutionState::Queued,
+        ExecutionState::Running,
+        ExecutionState::Paused,
+    ] {
+        let mut expected = expected_by_state.remove(&state).unwrap_or_default();
+        expected.sort();
+        let listed = store.executions_in_state(state).expect("by state");
+        assert_eq!(listed, expected, "{context}: by-state index of {state}");
+    }
 }
 
 #[test]
@@ -160,15 +190,22 @@ fn s3_acknowledged_transitions_survive_kill_9() {
     let mut total_acks = 0usize;
     let started = Instant::now();
     for cycle in 0..cycles {
-        let kill_after = Duration::from_millis(rng.gen_range(20..400));
-        let killed = run_and_kill(dir.path(), kill_after);
-        total_acks += killed.acks.len();
-        for (writer, version) in killed.acks {
+        let early = rng.gen_range(0..3) == 0;
+        let kill_after = if early {
+            Duration::from_millis(rng.gen_range(0..60))
+        } else {
+            Duration::from_millis(rng.gen_range(20..400))
+        };
+        let acks = run_and_kill(dir.path(), kill_after, early);
+        total_acks += acks.len();
+        for (writer, version) in acks {
             let entry = acked.entry(writer).or_insert(0);
             *entry = (*entry).max(version);
         }
-        let store = Store::open(dir.path()).expect("reopen after kill");
-        verify(&store, &acked, seed, cycle);
+        if cycle % 2 == 1 || cycle + 1 == cycles {
+            let store = Store::open(dir.path()).expect("reopen after kill");
+            verify(&store, &acked, seed, cycle);
+        }
     }
     assert!(
         total_acks > 0,

@@ -79,35 +79,70 @@ async fn s6_reopen_after_a_clean_close_replays_nothing() {
 #[tokio::test]
 async fn s6_reads_stay_consistent_while_materializations_run() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::open_with(dir.path(), eager_limits()).expect("open");
-    let a = create(&store).await;
-    let writer = {
-        let store = store.clone();
+    // Slices of 2 over 6 executions: frozen and active layers coexist for several groups.
+    let limits = Limits {
+        materialize_interval_ms: 0,
+        materialize_slice_len: 2,
+        ..Default::default()
+    };
+    let store = Store::open_with(dir.path(), limits).expect("open");
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        ids.push(create(&store).await);
+    }
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // A reader racing the commits and materializations: heads never go backwards, events
+    // are never behind the head read before them and never have gaps.
+    let reader = {
+        let (store, ids, done) = (store.clone(), ids.clone(), done.clone());
         tokio::spawn(async move {
-            for version in 1..=300 {
-                append(&store, a, version, "step").await;
+            let mut last_versions = vec![0; ids.len()];
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                for (index, id) in ids.iter().enumerate() {
+                    let head = store.head(*id).expect("head").expect("exists");
+                    assert!(head.version >= last_versions[index], "head went backwards");
+                    last_versions[index] = head.version;
+                    let events = all_events(&store, *id);
+                    assert!(
+                        events.len() as u64 >= head.version,
+                        "events behind the head"
+                    );
+                    for (seq, event) in events.iter().enumerate() {
+                        assert_eq!(event.seq, seq as u64 + 1, "gap or duplicate");
+                    }
+                }
+                tokio::task::yield_now().await;
             }
         })
     };
-    let mut last_version = 0;
-    while !writer.is_finished() {
-        let head = store.head(a).expect("head").expect("exists");
-        assert!(head.version >= last_version, "head went backwards");
-        last_version = head.version;
-        let events = all_events(&store, a);
-        assert!(
-            events.len() as u64 >= head.version,
-            "events behind the head read before them"
-        );
-        for (index, event) in events.iter().enumerate() {
-            assert_eq!(event.seq, index as u64 + 1, "gap or duplicate");
-        }
+    for version in 1..=40u64 {
+        let state = if version % 2 == 1 {
+            ExecutionState::Running
+        } else {
+            ExecutionState::Paused
+        };
+        let round = ids.iter().map(|&id| set_state(&store, id, version, state));
+        futures::future::join_all(round).await;
+        // Quiescent: the by-state index must list every execution exactly under its state.
         assert_eq!(
-            in_state(&store, ExecutionState::Queued),
-            BTreeSet::from([a])
+            in_state(&store, state),
+            ids.iter().copied().collect(),
+            "round {version}"
         );
-        tokio::task::yield_now().await;
+        for other in [
+            ExecutionState::Queued,
+            ExecutionState::Running,
+            ExecutionState::Paused,
+        ] {
+            if other != state {
+                assert!(
+                    in_state(&store, other).is_empty(),
+                    "round {version}: stale {other}"
+                );
+            }
+        }
     }
-    writer.await.expect("writer");
-    assert_eq!(all_events(&store, a).len(), 301);
+    done.store(true, std::sync::atomic::Ordering::Release);
+    reader.await.expect("reader");
+    assert!(store.metrics().materializations > 1);
 }

@@ -70,8 +70,10 @@ pub async fn set_state(
 ) -> Committed {
     let mut next = store.head(execution_id).expect("head").expect("exists");
     next.state = state;
+    let epoch = next.fencing_epoch;
     let transition = Transition::new(execution_id, vec![state_changed(state)])
         .expect_version(version)
+        .by_epoch(epoch)
         .with_head(next);
     committed(store.submit(transition).await.expect("set state"))
 }
