@@ -3,7 +3,8 @@
 //! same run the raw limit of the engine underneath: sled batches of 256 inserts + flush +
 //! fsync of the data file. Prints a table, then one JSON line (the last line of stdout).
 //!
-//! `BENCH_SECONDS` sets how long each writer scenario runs (default 3).
+//! The raw row's latencies are per durable batch of 256. `BENCH_SECONDS` sets how long each
+//! writer scenario runs (default 3); `BENCH_WORKERS` the tokio worker threads (default 2).
 
 use std::fs::File;
 use std::time::{Duration, Instant};
@@ -17,7 +18,6 @@ use serde_json::json;
 
 const PAYLOAD_BYTES: usize = 200;
 const RAW_BATCH_LEN: usize = 256;
-const RAW_RECORDS: usize = RAW_BATCH_LEN * 400;
 
 struct Figures {
     per_s: f64,
@@ -34,11 +34,17 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(
+            std::env::var("BENCH_WORKERS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(2),
+        )
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let raw_per_s = raw_baseline();
+    let raw = raw_baseline(Duration::from_secs(seconds));
+    let raw_per_s = raw.per_s;
     let mut rows = Vec::new();
     for writers in [1usize, 100, 1000] {
         let figures = runtime.block_on(writers_scenario(writers, Duration::from_secs(seconds)));
@@ -50,14 +56,14 @@ fn main() {
         "scenario", "per_s", "p50_ms", "p99_ms", "max_ms", "transitions", "fsyncs", "vs_raw"
     );
     println!(
-        "{:<14} {:>12.0} {:>9} {:>9} {:>9} {:>12} {:>10} {:>8}",
+        "{:<14} {:>12.0} {:>9.3} {:>9.3} {:>9.3} {:>12} {:>10} {:>8}",
         "raw sled",
-        raw_per_s,
-        "-",
-        "-",
-        "-",
-        RAW_RECORDS,
-        RAW_RECORDS / RAW_BATCH_LEN,
+        raw.per_s,
+        raw.p50_ms,
+        raw.p99_ms,
+        raw.max_ms,
+        raw.transitions,
+        raw.fsyncs,
         "1.00"
     );
     for (writers, f) in &rows {
@@ -81,11 +87,17 @@ fn main() {
         );
     }
     summary.insert("raw_per_s".into(), json!(raw_per_s.round()));
+    summary.insert(
+        "raw_batch".into(),
+        json!({"p50_ms": raw.p50_ms, "p99_ms": raw.p99_ms, "max_ms": raw.max_ms}),
+    );
     println!("{}", serde_json::Value::Object(summary));
 }
 
-/// The storage limit: what sled does with the same durable writes and no runtime around it.
-fn raw_baseline() -> f64 {
+/// The storage limit: what sled does with the same durable writes and no runtime around it,
+/// for as long as a writer scenario runs. Latencies are per durable batch of 256 (apply +
+/// flush + fsync); `transitions` counts records.
+fn raw_baseline(duration: Duration) -> Figures {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = sled::Config::new()
         .path(dir.path())
@@ -95,18 +107,33 @@ fn raw_baseline() -> f64 {
         .expect("open sled");
     let data_file = File::open(dir.path().join("db")).expect("sled data file");
     let value = vec![0x61u8; PAYLOAD_BYTES];
+    let mut latencies = Histogram::<u64>::new(3).expect("histogram");
     let started = Instant::now();
-    for batch_index in 0..RAW_RECORDS / RAW_BATCH_LEN {
+    let mut records = 0u64;
+    let mut batches = 0u64;
+    while started.elapsed() < duration {
+        let batch_started = Instant::now();
         let mut batch = sled::Batch::default();
-        for index in 0..RAW_BATCH_LEN {
-            let key = ((batch_index * RAW_BATCH_LEN + index) as u64).to_be_bytes();
-            batch.insert(&key[..], &value[..]);
+        for _ in 0..RAW_BATCH_LEN {
+            batch.insert(&records.to_be_bytes()[..], &value[..]);
+            records += 1;
         }
         db.apply_batch(batch).expect("apply batch");
         db.flush().expect("flush");
         data_file.sync_data().expect("fsync");
+        latencies
+            .record(batch_started.elapsed().as_micros() as u64)
+            .expect("in range");
+        batches += 1;
     }
-    RAW_RECORDS as f64 / started.elapsed().as_secs_f64()
+    Figures {
+        per_s: records as f64 / started.elapsed().as_secs_f64(),
+        p50_ms: latencies.value_at_quantile(0.50) as f64 / 1000.0,
+        p99_ms: latencies.value_at_quantile(0.99) as f64 / 1000.0,
+        max_ms: latencies.max() as f64 / 1000.0,
+        transitions: records,
+        fsyncs: batches,
+    }
 }
 
 async fn writers_scenario(writers: usize, duration: Duration) -> Figures {
