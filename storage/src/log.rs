@@ -46,8 +46,9 @@ pub(crate) struct Request {
 }
 
 /// Log records are cut at this size: sled writes a node bigger than a quarter segment
-/// (2 MiB with our 8 MiB segments) to a separate file, and a leaf holds up to 17 values.
-pub(crate) const LOG_RECORD_BYTES_MAX: usize = 64 * 1024;
+/// (512 KiB with our 2 MiB segments) to a separate file, and a leaf holds up to 17 values.
+/// Measured: 64 KiB records in 8 MiB segments gave a worse p99 for the same throughput.
+pub(crate) const LOG_RECORD_BYTES_MAX: usize = 16 * 1024;
 
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()

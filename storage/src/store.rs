@@ -62,7 +62,7 @@ impl Default for Limits {
             blob_bytes_max: 8 * 1024 * 1024,
             overlay_len_max: 64 * 1024,
             materialize_interval_ms: 250,
-            materialize_slice_len: 256,
+            materialize_slice_len: 32,
         }
     }
 }
@@ -292,9 +292,10 @@ impl Drop for Inner {
     }
 }
 
-/// sled's segment size. Values or nodes above a quarter of it go to separate files. A store
-/// must always be opened with the same value (sled refuses another).
-pub const SEGMENT_BYTES: usize = 8 * 1024 * 1024;
+/// sled's segment size. Values or nodes above a quarter of it (512 KiB) go to separate files,
+/// so log records stay at 16 KiB (a leaf holds up to 17). Part of the on-disk format: sled
+/// refuses to open a store with another value.
+pub const SEGMENT_BYTES: usize = 2 * 1024 * 1024;
 /// Bound on optimistic read attempts before a read holds the overlay lock instead.
 const READ_ATTEMPTS_MAX: usize = 3;
 
