@@ -55,6 +55,9 @@ fn main() -> ExitCode {
     };
     let epoch = store.incarnation().number;
     println!("ready {epoch}");
+    if std::env::var_os("OP_FILL_UNTIL_ERROR").is_some() {
+        return runtime.block_on(fill_until_error(store, epoch));
+    }
     let failure = runtime.block_on(async move {
         let tasks: Vec<_> = (0..writers)
             .map(|writer| tokio::spawn(write_forever(store.clone(), writer, epoch)))
@@ -128,6 +131,37 @@ async fn write_forever(store: Store, writer: u64, epoch: u64) -> String {
                 };
             }
             other => return format!("writer {writer} at version {version}: unexpected {other:?}"),
+        }
+    }
+}
+
+/// R13 helper: one writer with 4 KiB payloads until a write fails (the parent runs this
+/// process under a file size limit). Prints each acknowledgement, the first error, and the
+/// answer to one more submission, which must be refused by the fail-stop.
+async fn fill_until_error(store: Store, epoch: u64) -> ExitCode {
+    let execution_id = execution_of(0);
+    let head = ExecutionHead::new(execution_id, SessionId::new(), RunId::new(), ExecutionKind::Job);
+    let event = || Event::ModelDecided { effect_id: EffectId::new(), decision: "f".repeat(4096) };
+    let mut transition = Transition::create(head, vec![event()]);
+    loop {
+        match store.submit(transition.by_epoch(epoch)).await {
+            Ok(Outcome::Committed(committed)) => {
+                println!("ack 0 {}", committed.version);
+                transition = Transition::new(execution_id, vec![event()]).expect_version(committed.version);
+            }
+            Ok(other) => {
+                eprintln!("unexpected {other:?}");
+                return ExitCode::from(3);
+            }
+            Err(error) => {
+                println!("error {}", error.code());
+                let again = Transition::new(execution_id, vec![event()]);
+                match store.submit(again).await {
+                    Err(error) => println!("then {}", error.code()),
+                    Ok(outcome) => println!("then accepted {outcome:?}"),
+                }
+                return ExitCode::SUCCESS;
+            }
         }
     }
 }

@@ -5,6 +5,7 @@ mod support;
 
 mod k4_commands;
 mod r07_locking;
+mod r13_fail_stop;
 mod s1_log;
 mod s2_transitions;
 mod s3_crash;
