@@ -140,14 +140,23 @@ async fn write_forever(store: Store, writer: u64, epoch: u64) -> String {
 /// answer to one more submission, which must be refused by the fail-stop.
 async fn fill_until_error(store: Store, epoch: u64) -> ExitCode {
     let execution_id = execution_of(0);
-    let head = ExecutionHead::new(execution_id, SessionId::new(), RunId::new(), ExecutionKind::Job);
-    let event = || Event::ModelDecided { effect_id: EffectId::new(), decision: "f".repeat(4096) };
+    let head = ExecutionHead::new(
+        execution_id,
+        SessionId::new(),
+        RunId::new(),
+        ExecutionKind::Job,
+    );
+    let event = || Event::ModelDecided {
+        effect_id: EffectId::new(),
+        decision: "f".repeat(4096),
+    };
     let mut transition = Transition::create(head, vec![event()]);
     loop {
         match store.submit(transition.by_epoch(epoch)).await {
             Ok(Outcome::Committed(committed)) => {
                 println!("ack 0 {}", committed.version);
-                transition = Transition::new(execution_id, vec![event()]).expect_version(committed.version);
+                transition =
+                    Transition::new(execution_id, vec![event()]).expect_version(committed.version);
             }
             Ok(other) => {
                 eprintln!("unexpected {other:?}");

@@ -28,17 +28,31 @@ async fn r13_failed_write_stops_acknowledging_and_loses_nothing_acknowledged() {
         .output()
         .expect("run the crash writer");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let lines: Vec<&str> = stdout.lines().collect();
     let acked = lines.iter().filter(|line| line.starts_with("ack ")).count() as u64;
-    assert!(acked > 10, "the child should commit for a while first: {stdout}");
+    assert!(
+        acked > 10,
+        "the child should commit for a while first: {stdout}"
+    );
     assert!(lines.contains(&"error fail_stop"), "{stdout}");
     assert!(lines.contains(&"then fail_stop"), "{stdout}");
 
     let store = Store::open(dir.path()).expect("reopen with room");
     let execution_id = ExecutionId::from_uuid(uuid::Uuid::from_u128(1));
-    let head = store.head(execution_id).expect("head").expect("created before the failure");
-    assert!(head.version >= acked, "acknowledged {acked}, found {}", head.version);
+    let head = store
+        .head(execution_id)
+        .expect("head")
+        .expect("created before the failure");
+    assert!(
+        head.version >= acked,
+        "acknowledged {acked}, found {}",
+        head.version
+    );
     assert_eq!(all_events(&store, execution_id).len() as u64, head.version);
     let next = append(&store, execution_id, head.version, "after space returned").await;
     assert_eq!(next.version, head.version + 1);

@@ -26,6 +26,15 @@ fn flip_byte(dir: &std::path::Path, key: &[u8], at: impl Fn(usize) -> usize) {
     db.flush().expect("flush");
 }
 
+/// Moves the materialization mark back to 0, so the next open replays the whole log.
+fn replay_everything(db: &sled::Db) {
+    db.insert(
+        keys::meta("materialized_through"),
+        openprogram_storage::codec::encode(&0u64),
+    )
+    .expect("reset the mark");
+}
+
 async fn assert_only_a_is_quarantined(store: &Store, a: ExecutionId, b: ExecutionId) {
     assert_eq!(
         store
@@ -85,11 +94,7 @@ async fn s4_corrupt_log_frame_in_the_replayed_tail_quarantines_only_its_executio
     {
         // Make the whole log the unmaterialized tail, then damage one of a's frames.
         let db = raw_open(dir.path());
-        db.insert(
-            keys::meta("materialized_through"),
-            openprogram_storage::codec::encode(&0u64),
-        )
-        .expect("reset the mark");
+        replay_everything(&db);
         let (key, value) = db
             .scan_prefix([keys::LOG])
             .map(|item| item.expect("log record"))
@@ -124,11 +129,7 @@ async fn s4_broken_log_framing_refuses_to_open_instead_of_dropping_acknowledged_
     two_executions(dir.path()).await;
     {
         let db = raw_open(dir.path());
-        db.insert(
-            keys::meta("materialized_through"),
-            openprogram_storage::codec::encode(&0u64),
-        )
-        .expect("reset the mark");
+        replay_everything(&db);
         let (key, value) = db
             .scan_prefix([keys::LOG])
             .next()
