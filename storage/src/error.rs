@@ -40,6 +40,9 @@ pub enum Error {
     /// A transition is malformed: a programming error of the caller, refused before commit.
     #[error("invalid transition: {0}")]
     InvalidTransition(String),
+    /// A `Limits` value the store cannot work with (a bound of zero).
+    #[error("invalid store limits: {0}")]
+    InvalidLimits(String),
     /// The store's schema is newer than this build knows.
     #[error("store schema version {found} is newer than the supported version {supported}")]
     UnsupportedSchema { found: u32, supported: u32 },
@@ -62,6 +65,7 @@ impl Error {
             Error::PayloadTooLarge { .. } => "payload_too_large",
             Error::UnknownExecution(_) => "not_found",
             Error::InvalidTransition(_) => "invalid_transition",
+            Error::InvalidLimits(_) => "invalid_limits",
             Error::UnsupportedSchema { .. } => "unsupported_schema",
             Error::FailStop(_) => "fail_stop",
             Error::Closed => "closed",

@@ -8,7 +8,9 @@
 //! - `transition` — what callers submit and get back (S-2).
 //! - `log` — the committer thread: group commit, fencing, fsync (S-3).
 //! - `overlay` — committed state not yet written to its own keys.
-//! - `store` — open, replay, reads, and the `EventStore` trait.
+//! - `shared` — what the committer and readers share; `Limits`.
+//! - `open` — lock, log replay, quarantine, incarnation.
+//! - `store` — the `Store` handle, reads, and the `EventStore` trait.
 //! - `migrate` — schema versions (S-1).
 //!
 //! Architecture invariant: this crate knows nothing of actix, of actors or of HTTP, and its
@@ -21,8 +23,10 @@ pub mod ids;
 pub mod keys;
 mod log;
 pub mod migrate;
+mod open;
 mod overlay;
 pub mod records;
+mod shared;
 pub mod store;
 pub mod transition;
 

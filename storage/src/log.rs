@@ -35,7 +35,7 @@ use crate::ids::{CommandId, ExecutionId};
 use crate::keys;
 use crate::overlay::{index_state, Overlay, Slice};
 use crate::records::{CommandRecord, CommandStatus, ExecutionHead, ExecutionState};
-use crate::store::Shared;
+use crate::shared::Shared;
 use crate::transition::{Committed, Outcome, Transition, Upsert};
 
 /// A transition waiting in the queue, with where to send its answer.

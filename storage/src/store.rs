@@ -5,236 +5,35 @@
 //! records, so another backend (PostgreSQL for several runtime nodes) can stand beside this
 //! one without touching `actors/`.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::codec::{self, DecodedFrame, FrameRef, RecordValue};
 use crate::error::{Error, Result};
 use crate::event::EventEnvelope;
-use crate::ids::{CommandId, EffectId, ExecutionId, OwnerId, ProcessId, WaitId};
+use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, WaitId};
 use crate::keys;
-use crate::log::{self, now_ms, Request};
+use crate::log::{self, Request};
 use crate::migrate;
-use crate::overlay::{index_state, Overlay};
+use crate::open::{load_quarantine, open_sled, record_incarnation, replay};
+use crate::overlay::Overlay;
 use crate::records::{
     BlobHash, CommandRecord, ExecutionHead, ExecutionState, ProcessRecord, ReceiptRecord,
     WaitRecord,
 };
+use crate::shared::{Metrics, Shared};
 use crate::transition::{Outcome, Transition, Upsert};
 
-/// Bounds of the store. Every queue and batch has one.
-#[derive(Debug, Clone)]
-pub struct Limits {
-    /// Transitions waiting for the committer; a full queue makes `submit` wait
-    /// (backpressure) rather than grow memory.
-    pub queue_len_max: usize,
-    /// Transitions the committer takes into one group commit.
-    pub batch_len_max: usize,
-    /// Encoded size of one transition (head, events and records).
-    pub transition_bytes_max: usize,
-    /// Size of one blob (S-5).
-    pub blob_bytes_max: usize,
-    /// Dirty executions and records kept before they are written to their own keys; also
-    /// bounds the log tail replayed at open.
-    pub overlay_len_max: usize,
-    /// Longest time between two materializations while transitions arrive.
-    pub materialize_interval_ms: u64,
-    /// Entries of a running materialization written with each group commit (at least; see
-    /// `log.rs`), so that no single commit waits for a whole materialization.
-    pub materialize_slice_len: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            queue_len_max: 16 * 1024,
-            batch_len_max: 4 * 1024,
-            transition_bytes_max: 1024 * 1024,
-            blob_bytes_max: 8 * 1024 * 1024,
-            overlay_len_max: 64 * 1024,
-            materialize_interval_ms: 250,
-            materialize_slice_len: 32,
-        }
-    }
-}
-
-/// Counters of the write path, for `/metrics` and benchmarks.
-#[derive(Debug, Default)]
-pub(crate) struct Metrics {
-    pub groups: AtomicU64,
-    pub transitions: AtomicU64,
-    pub fsyncs: AtomicU64,
-    pub fsync_micros_total: AtomicU64,
-    pub materializations: AtomicU64,
-    pub replayed_frames: AtomicU64,
-}
-
-/// A copy of the write-path counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct MetricsSnapshot {
-    pub groups: u64,
-    pub transitions: u64,
-    pub fsyncs: u64,
-    pub fsync_micros_total: u64,
-    pub materializations: u64,
-    /// Log frames replayed when the store was opened: the unmaterialized tail (S-6).
-    pub replayed_frames: u64,
-}
-
-/// One start of a runtime on this store.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Incarnation {
-    pub number: u64,
-    pub owner_id: OwnerId,
-    pub started_at_ms: u64,
-}
-
-/// State shared by the committer thread and readers.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub db: sled::Db,
-    pub path: PathBuf,
-    pub limits: Limits,
-    overlay: RwLock<Overlay>,
-    /// Bumped, under the overlay's write lock, by every materialization.
-    pub generation: AtomicU64,
-    /// The position of the newest event on disk (fsynced).
-    pub durable_position: AtomicU64,
-    quarantine: Mutex<BTreeMap<ExecutionId, String>>,
-    failure: Mutex<Option<String>>,
-    /// Blobs written by the group being committed: on sled, not yet durable, not readable.
-    pub in_flight_blobs: Mutex<HashSet<BlobHash>>,
-    pub metrics: Metrics,
-}
-
-impl Shared {
-    // A panic while holding these locks cannot leave the data half-updated (each update is
-    // one assignment or a completed merge), so a poisoned lock is still usable.
-    pub fn overlay_read(&self) -> RwLockReadGuard<'_, Overlay> {
-        self.overlay.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub fn overlay_write(&self) -> RwLockWriteGuard<'_, Overlay> {
-        self.overlay.write().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub fn failure(&self) -> Option<String> {
-        self.failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    pub fn fail(&self, reason: String) {
-        tracing::error!(%reason, "store entered fail-stop: no more writes are acknowledged");
-        self.failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get_or_insert(reason);
-    }
-
-    pub fn in_flight_blobs_insert(&self, hash: BlobHash) {
-        self.in_flight_blobs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(hash);
-    }
-
-    /// The group is durable: its blobs become readable.
-    pub fn in_flight_blobs_clear(&self) {
-        self.in_flight_blobs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
-    }
-
-    pub fn check_quarantine(&self, execution_id: ExecutionId) -> Result<()> {
-        let quarantine = self
-            .quarantine
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match quarantine.get(&execution_id) {
-            Some(reason) => Err(Error::Quarantined {
-                execution_id,
-                reason: reason.clone(),
-            }),
-            None => Ok(()),
-        }
-    }
-
-    pub fn quarantine(&self, execution_id: ExecutionId, reason: String) {
-        tracing::error!(%execution_id, %reason, "execution quarantined");
-        self.quarantine
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(execution_id)
-            .or_insert(reason);
-    }
-
-    /// Quarantines the execution when `result` is a corruption of one of its records.
-    fn quarantine_on_corruption<T>(
-        &self,
-        execution_id: ExecutionId,
-        result: Result<T>,
-    ) -> Result<T> {
-        if let Err(error @ Error::Corrupted { .. }) = &result {
-            self.quarantine(execution_id, error.to_string());
-        }
-        result
-    }
-
-    pub fn head_on_disk(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>> {
-        let key = keys::head(execution_id);
-        let result = match self.db.get(key)? {
-            Some(bytes) => codec::decode(&key, &bytes).map(Some),
-            None => Ok(None),
-        };
-        self.quarantine_on_corruption(execution_id, result)
-    }
-
-    pub fn record_on_disk<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>>
-    where
-        RecordValue: TryInto<T>,
-    {
-        match self.db.get(key)? {
-            Some(bytes) => {
-                let record: RecordValue = codec::decode(key, &bytes)?;
-                record.try_into().map(Some).map_err(|_| Error::Corrupted {
-                    tree: keys::tree_name(key),
-                    key: keys::display(key),
-                })
-            }
-            None => Ok(None),
-        }
-    }
-}
-
-macro_rules! record_conversion {
-    ($variant:ident, $record:ty) => {
-        impl TryFrom<RecordValue> for $record {
-            type Error = ();
-            fn try_from(value: RecordValue) -> std::result::Result<Self, ()> {
-                match value {
-                    RecordValue::$variant(record) => Ok(record),
-                    _ => Err(()),
-                }
-            }
-        }
-    };
-}
-record_conversion!(Command, CommandRecord);
-record_conversion!(Receipt, ReceiptRecord);
-record_conversion!(Wait, WaitRecord);
-record_conversion!(Process, ProcessRecord);
+pub use crate::open::{Incarnation, SEGMENT_BYTES};
+pub use crate::shared::{Limits, MetricsSnapshot};
 
 /// Reads and writes of the event log, independent of the engine underneath.
 pub trait EventStore: Send + Sync + 'static {
@@ -292,42 +91,8 @@ impl Drop for Inner {
     }
 }
 
-/// sled's segment size. Values or nodes above a quarter of it (512 KiB) go to separate files,
-/// so log records stay at 16 KiB (a leaf holds up to 17). Part of the on-disk format: sled
-/// refuses to open a store with another value.
-pub const SEGMENT_BYTES: usize = 2 * 1024 * 1024;
 /// Bound on optimistic read attempts before a read holds the overlay lock instead.
 const READ_ATTEMPTS_MAX: usize = 3;
-
-/// How long `open` waits for the file lock. sled's background IO threads can hold the
-/// database a few milliseconds after the last handle dropped, so a reopen in the same process
-/// may briefly see it locked; a real second opener is refused after this wait.
-const LOCK_WAIT_MS: u64 = 2_000;
-const LOCK_RETRY_MS: u64 = 10;
-
-fn open_sled(path: &Path) -> Result<sled::Db> {
-    let mut waited_ms = 0;
-    loop {
-        let opened = sled::Config::new()
-            .path(path)
-            .segment_size(SEGMENT_BYTES)
-            .flush_every_ms(None)
-            .open();
-        match opened {
-            Ok(db) => return Ok(db),
-            Err(sled::Error::Io(io)) if io.to_string().contains("could not acquire lock") => {
-                if waited_ms >= LOCK_WAIT_MS {
-                    return Err(Error::Locked {
-                        path: path.to_path_buf(),
-                    });
-                }
-                std::thread::sleep(std::time::Duration::from_millis(LOCK_RETRY_MS));
-                waited_ms += LOCK_RETRY_MS;
-            }
-            Err(other) => return Err(Error::from(other)),
-        }
-    }
-}
 
 impl Store {
     /// Opens (or creates) the store in `path` with default limits.
@@ -339,6 +104,7 @@ impl Store {
     /// and records a new incarnation. Never scans the whole history (S-6).
     pub fn open_with(path: impl AsRef<Path>, limits: Limits) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
+        limits.validate()?;
         let io_error = |error: std::io::Error| Error::Io {
             path: path.clone(),
             message: error.to_string(),
@@ -712,102 +478,6 @@ impl EventStore for Store {
     }
 }
 
-/// Rebuilds the overlay from the log records after the materialization mark. The tail is
-/// bounded by `Limits::overlay_len_max` and the materialization interval of the last run.
-fn replay(shared: &Shared) -> Result<()> {
-    let db = &shared.db;
-    let mark_key = keys::meta(keys::META_MATERIALIZED_THROUGH);
-    let materialized_through = match db.get(&mark_key)? {
-        Some(bytes) => codec::decode::<u64>(&mark_key, &bytes)?,
-        None => 0,
-    };
-    let mut durable = materialized_through;
-    let mut overlay = Overlay::default();
-    let mut n_frames = 0usize;
-    for item in db.range(keys::log(materialized_through.saturating_add(1))..=keys::log(u64::MAX)) {
-        let (key, value) = item?;
-        // A record whose framing is broken cannot be attributed to any execution: refuse to
-        // open rather than silently drop what it acknowledged.
-        let record = codec::decode_log_record(&key, &value)?;
-        let record_position = keys::log_position(&key).ok_or_else(|| Error::Corrupted {
-            tree: "log",
-            key: keys::display(&key),
-        })?;
-        durable = durable.max(record.last_position);
-        for frame in record.frames {
-            let frame = match frame {
-                DecodedFrame::Ok(frame) => frame,
-                DecodedFrame::Corrupt { claimed } => {
-                    shared.quarantine(
-                        claimed,
-                        format!(
-                            "a frame of the log record at {} is corrupted",
-                            keys::display(&key)
-                        ),
-                    );
-                    continue;
-                }
-            };
-            let execution_id = frame.head.execution_id;
-            if shared.check_quarantine(execution_id).is_err() {
-                continue;
-            }
-            let indexed_state = if overlay.current(execution_id).is_some() {
-                None // ignored by `merge` for an execution already in the overlay
-            } else {
-                match shared.head_on_disk(execution_id) {
-                    Ok(head) => head.as_ref().and_then(index_state),
-                    Err(Error::Corrupted { .. }) => continue,
-                    Err(error) => return Err(error),
-                }
-            };
-            overlay.merge(*frame, record_position, indexed_state);
-            n_frames += 1;
-        }
-    }
-    // A quarantined execution's replayed state is partial: never write it anywhere. Its
-    // frames stay in the log, and the quarantine is persisted so that moving the mark past
-    // them does not make the execution look healthy at the next open.
-    let quarantined = shared
-        .quarantine
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
-    for (execution_id, reason) in quarantined {
-        overlay.forget(execution_id);
-        db.insert(keys::quarantine(execution_id), codec::encode(&reason))?;
-    }
-    tracing::info!(
-        materialized_through,
-        durable,
-        n_frames,
-        "replayed the log tail"
-    );
-    *shared.overlay_write() = overlay;
-    shared
-        .metrics
-        .replayed_frames
-        .store(n_frames as u64, Ordering::Relaxed);
-    shared.durable_position.store(durable, Ordering::Release);
-    Ok(())
-}
-
-/// Executions quarantined by an earlier open (S-4).
-fn load_quarantine(db: &sled::Db) -> Result<BTreeMap<ExecutionId, String>> {
-    let mut quarantine = BTreeMap::new();
-    for item in db.scan_prefix([keys::QUARANTINE]) {
-        let (key, value) = item?;
-        let execution_id = keys::execution_at(&key, 1).ok_or_else(|| Error::Corrupted {
-            tree: "quarantine",
-            key: keys::display(&key),
-        })?;
-        let reason = codec::decode::<String>(&key, &value)
-            .unwrap_or_else(|_| String::from("quarantined (reason unreadable)"));
-        quarantine.insert(execution_id, reason);
-    }
-    Ok(quarantine)
-}
-
 /// Refuses, before it is queued, a transition whose frame or blobs exceed the limits
 /// (S-5). The frame limit is at most 4 GiB: frames carry a u32 length.
 fn check_sizes(
@@ -848,26 +518,4 @@ fn check_sizes(
         });
     }
     Ok(())
-}
-
-/// Records a new incarnation of the runtime on this store. Written before the committer
-/// starts; the caller flushes and fsyncs.
-fn record_incarnation(db: &sled::Db) -> Result<Incarnation> {
-    let number = match db
-        .range(keys::incarnation(0)..=keys::incarnation(u64::MAX))
-        .next_back()
-    {
-        Some(item) => {
-            let (key, value) = item?;
-            codec::decode::<Incarnation>(&key, &value)?.number + 1
-        }
-        None => 1,
-    };
-    let incarnation = Incarnation {
-        number,
-        owner_id: OwnerId::new(),
-        started_at_ms: now_ms(),
-    };
-    db.insert(keys::incarnation(number), codec::encode(&incarnation))?;
-    Ok(incarnation)
 }

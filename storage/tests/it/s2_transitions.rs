@@ -188,3 +188,19 @@ async fn s2_records_commit_with_the_transition() {
         Some(command)
     );
 }
+
+#[test]
+fn s2_zero_bounds_are_refused_at_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let limits = Limits {
+        batch_len_max: 0,
+        ..Default::default()
+    };
+    match Store::open_with(dir.path(), limits) {
+        Err(error @ openprogram_storage::Error::InvalidLimits(_)) => {
+            assert_eq!(error.code(), "invalid_limits");
+            assert!(error.to_string().contains("batch_len_max"), "{error}");
+        }
+        other => panic!("expected InvalidLimits, got {other:?}"),
+    }
+}

@@ -1,0 +1,178 @@
+//! What happens when a store opens: taking sled's lock, replaying the log tail after the
+//! materialization mark into the overlay (S-6: bounded, never the whole history), loading
+//! and persisting quarantines (S-4), and recording the new incarnation.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::PoisonError;
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::{self, DecodedFrame};
+use crate::error::{Error, Result};
+use crate::ids::{ExecutionId, OwnerId};
+use crate::keys;
+use crate::log::now_ms;
+use crate::overlay::{index_state, Overlay};
+use crate::shared::Shared;
+
+/// One start of a runtime on this store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Incarnation {
+    pub number: u64,
+    pub owner_id: OwnerId,
+    pub started_at_ms: u64,
+}
+
+/// sled's segment size. Values or nodes above a quarter of it (512 KiB) go to separate files,
+/// so log records stay at 16 KiB (a leaf holds up to 17). Part of the on-disk format: sled
+/// refuses to open a store with another value.
+pub const SEGMENT_BYTES: usize = 2 * 1024 * 1024;
+/// How long `open` waits for the file lock. sled's background IO threads can hold the
+/// database a few milliseconds after the last handle dropped, so a reopen in the same process
+/// may briefly see it locked; a real second opener is refused after this wait.
+const LOCK_WAIT_MS: u64 = 2_000;
+const LOCK_RETRY_MS: u64 = 10;
+
+pub(crate) fn open_sled(path: &Path) -> Result<sled::Db> {
+    let mut waited_ms = 0;
+    loop {
+        let opened = sled::Config::new()
+            .path(path)
+            .segment_size(SEGMENT_BYTES)
+            .flush_every_ms(None)
+            .open();
+        match opened {
+            Ok(db) => return Ok(db),
+            Err(sled::Error::Io(io)) if io.to_string().contains("could not acquire lock") => {
+                if waited_ms >= LOCK_WAIT_MS {
+                    return Err(Error::Locked {
+                        path: path.to_path_buf(),
+                    });
+                }
+                std::thread::sleep(std::time::Duration::from_millis(LOCK_RETRY_MS));
+                waited_ms += LOCK_RETRY_MS;
+            }
+            Err(other) => return Err(Error::from(other)),
+        }
+    }
+}
+
+/// Rebuilds the overlay from the log records after the materialization mark. The tail is
+/// bounded by `Limits::overlay_len_max` and the materialization interval of the last run.
+pub(crate) fn replay(shared: &Shared) -> Result<()> {
+    let db = &shared.db;
+    let mark_key = keys::meta(keys::META_MATERIALIZED_THROUGH);
+    let materialized_through = match db.get(&mark_key)? {
+        Some(bytes) => codec::decode::<u64>(&mark_key, &bytes)?,
+        None => 0,
+    };
+    let mut durable = materialized_through;
+    let mut overlay = Overlay::default();
+    let mut n_frames = 0usize;
+    for item in db.range(keys::log(materialized_through.saturating_add(1))..=keys::log(u64::MAX)) {
+        let (key, value) = item?;
+        // A record whose framing is broken cannot be attributed to any execution: refuse to
+        // open rather than silently drop what it acknowledged.
+        let record = codec::decode_log_record(&key, &value)?;
+        let record_position = keys::log_position(&key).ok_or_else(|| Error::Corrupted {
+            tree: "log",
+            key: keys::display(&key),
+        })?;
+        durable = durable.max(record.last_position);
+        for frame in record.frames {
+            let frame = match frame {
+                DecodedFrame::Ok(frame) => frame,
+                DecodedFrame::Corrupt { claimed } => {
+                    shared.quarantine(
+                        claimed,
+                        format!(
+                            "a frame of the log record at {} is corrupted",
+                            keys::display(&key)
+                        ),
+                    );
+                    continue;
+                }
+            };
+            let execution_id = frame.head.execution_id;
+            if shared.check_quarantine(execution_id).is_err() {
+                continue;
+            }
+            let indexed_state = if overlay.current(execution_id).is_some() {
+                None // ignored by `merge` for an execution already in the overlay
+            } else {
+                match shared.head_on_disk(execution_id) {
+                    Ok(head) => head.as_ref().and_then(index_state),
+                    Err(Error::Corrupted { .. }) => continue,
+                    Err(error) => return Err(error),
+                }
+            };
+            overlay.merge(*frame, record_position, indexed_state);
+            n_frames += 1;
+        }
+    }
+    // A quarantined execution's replayed state is partial: never write it anywhere. Its
+    // frames stay in the log, and the quarantine is persisted so that moving the mark past
+    // them does not make the execution look healthy at the next open.
+    let quarantined = shared
+        .quarantine
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    for (execution_id, reason) in quarantined {
+        overlay.forget(execution_id);
+        db.insert(keys::quarantine(execution_id), codec::encode(&reason))?;
+    }
+    tracing::info!(
+        materialized_through,
+        durable,
+        n_frames,
+        "replayed the log tail"
+    );
+    *shared.overlay_write() = overlay;
+    shared
+        .metrics
+        .replayed_frames
+        .store(n_frames as u64, Ordering::Relaxed);
+    shared.durable_position.store(durable, Ordering::Release);
+    Ok(())
+}
+
+/// Executions quarantined by an earlier open (S-4).
+pub(crate) fn load_quarantine(db: &sled::Db) -> Result<BTreeMap<ExecutionId, String>> {
+    let mut quarantine = BTreeMap::new();
+    for item in db.scan_prefix([keys::QUARANTINE]) {
+        let (key, value) = item?;
+        let execution_id = keys::execution_at(&key, 1).ok_or_else(|| Error::Corrupted {
+            tree: "quarantine",
+            key: keys::display(&key),
+        })?;
+        let reason = codec::decode::<String>(&key, &value)
+            .unwrap_or_else(|_| String::from("quarantined (reason unreadable)"));
+        quarantine.insert(execution_id, reason);
+    }
+    Ok(quarantine)
+}
+
+/// Records a new incarnation of the runtime on this store. Written before the committer
+/// starts; the caller flushes and fsyncs.
+pub(crate) fn record_incarnation(db: &sled::Db) -> Result<Incarnation> {
+    let number = match db
+        .range(keys::incarnation(0)..=keys::incarnation(u64::MAX))
+        .next_back()
+    {
+        Some(item) => {
+            let (key, value) = item?;
+            codec::decode::<Incarnation>(&key, &value)?.number + 1
+        }
+        None => 1,
+    };
+    let incarnation = Incarnation {
+        number,
+        owner_id: OwnerId::new(),
+        started_at_ms: now_ms(),
+    };
+    db.insert(keys::incarnation(number), codec::encode(&incarnation))?;
+    Ok(incarnation)
+}

@@ -1,0 +1,234 @@
+//! State shared by the committer thread and the readers of one open store: the sled
+//! handle, the overlay, counters, quarantine and fail-stop flags, and the store's limits.
+//! It does not decide anything: the committer (`log.rs`) writes, `store.rs` reads.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use serde::Serialize;
+
+use crate::codec::{self, RecordValue};
+use crate::error::{Error, Result};
+use crate::ids::ExecutionId;
+use crate::keys;
+use crate::overlay::Overlay;
+use crate::records::{
+    BlobHash, CommandRecord, ExecutionHead, ProcessRecord, ReceiptRecord, WaitRecord,
+};
+
+/// Bounds of the store. Every queue and batch has one.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Transitions waiting for the committer; a full queue makes `submit` wait
+    /// (backpressure) rather than grow memory.
+    pub queue_len_max: usize,
+    /// Transitions the committer takes into one group commit.
+    pub batch_len_max: usize,
+    /// Encoded size of one transition (head, events and records).
+    pub transition_bytes_max: usize,
+    /// Size of one blob (S-5).
+    pub blob_bytes_max: usize,
+    /// Dirty executions and records kept before they are written to their own keys; also
+    /// bounds the log tail replayed at open.
+    pub overlay_len_max: usize,
+    /// Longest time between two materializations while transitions arrive.
+    pub materialize_interval_ms: u64,
+    /// Entries of a running materialization written with each group commit (at least; see
+    /// `log.rs`), so that no single commit waits for a whole materialization.
+    pub materialize_slice_len: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            queue_len_max: 16 * 1024,
+            batch_len_max: 4 * 1024,
+            transition_bytes_max: 1024 * 1024,
+            blob_bytes_max: 8 * 1024 * 1024,
+            overlay_len_max: 64 * 1024,
+            materialize_interval_ms: 250,
+            materialize_slice_len: 32,
+        }
+    }
+}
+
+impl Limits {
+    /// Every bound must let work through: a zero would stall the queue, the groups or the
+    /// materialization.
+    pub fn validate(&self) -> Result<()> {
+        let bounds = [
+            ("queue_len_max", self.queue_len_max),
+            ("batch_len_max", self.batch_len_max),
+            ("transition_bytes_max", self.transition_bytes_max),
+            ("overlay_len_max", self.overlay_len_max),
+            ("materialize_slice_len", self.materialize_slice_len),
+        ];
+        match bounds.iter().find(|(_, value)| *value == 0) {
+            Some((name, _)) => Err(Error::InvalidLimits(format!("{name} must be at least 1"))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Counters of the write path, for `/metrics` and benchmarks.
+#[derive(Debug, Default)]
+pub(crate) struct Metrics {
+    pub groups: AtomicU64,
+    pub transitions: AtomicU64,
+    pub fsyncs: AtomicU64,
+    pub fsync_micros_total: AtomicU64,
+    pub materializations: AtomicU64,
+    pub replayed_frames: AtomicU64,
+}
+
+/// A copy of the write-path counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct MetricsSnapshot {
+    pub groups: u64,
+    pub transitions: u64,
+    pub fsyncs: u64,
+    pub fsync_micros_total: u64,
+    pub materializations: u64,
+    /// Log frames replayed when the store was opened: the unmaterialized tail (S-6).
+    pub replayed_frames: u64,
+}
+
+/// State shared by the committer thread and readers.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub db: sled::Db,
+    pub path: PathBuf,
+    pub limits: Limits,
+    pub(crate) overlay: RwLock<Overlay>,
+    /// Bumped, under the overlay's write lock, by every materialization.
+    pub generation: AtomicU64,
+    /// The position of the newest event on disk (fsynced).
+    pub durable_position: AtomicU64,
+    pub(crate) quarantine: Mutex<BTreeMap<ExecutionId, String>>,
+    pub(crate) failure: Mutex<Option<String>>,
+    /// Blobs written by the group being committed: on sled, not yet durable, not readable.
+    pub in_flight_blobs: Mutex<HashSet<BlobHash>>,
+    pub metrics: Metrics,
+}
+
+impl Shared {
+    // A panic while holding these locks cannot leave the data half-updated (each update is
+    // one assignment or a completed merge), so a poisoned lock is still usable.
+    pub fn overlay_read(&self) -> RwLockReadGuard<'_, Overlay> {
+        self.overlay.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn overlay_write(&self) -> RwLockWriteGuard<'_, Overlay> {
+        self.overlay.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub fn fail(&self, reason: String) {
+        tracing::error!(%reason, "store entered fail-stop: no more writes are acknowledged");
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert(reason);
+    }
+
+    pub fn in_flight_blobs_insert(&self, hash: BlobHash) {
+        self.in_flight_blobs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(hash);
+    }
+
+    /// The group is durable: its blobs become readable.
+    pub fn in_flight_blobs_clear(&self) {
+        self.in_flight_blobs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    pub fn check_quarantine(&self, execution_id: ExecutionId) -> Result<()> {
+        let quarantine = self
+            .quarantine
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match quarantine.get(&execution_id) {
+            Some(reason) => Err(Error::Quarantined {
+                execution_id,
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    pub fn quarantine(&self, execution_id: ExecutionId, reason: String) {
+        tracing::error!(%execution_id, %reason, "execution quarantined");
+        self.quarantine
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(execution_id)
+            .or_insert(reason);
+    }
+
+    /// Quarantines the execution when `result` is a corruption of one of its records.
+    pub fn quarantine_on_corruption<T>(
+        &self,
+        execution_id: ExecutionId,
+        result: Result<T>,
+    ) -> Result<T> {
+        if let Err(error @ Error::Corrupted { .. }) = &result {
+            self.quarantine(execution_id, error.to_string());
+        }
+        result
+    }
+
+    pub fn head_on_disk(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>> {
+        let key = keys::head(execution_id);
+        let result = match self.db.get(key)? {
+            Some(bytes) => codec::decode(&key, &bytes).map(Some),
+            None => Ok(None),
+        };
+        self.quarantine_on_corruption(execution_id, result)
+    }
+
+    pub fn record_on_disk<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>>
+    where
+        RecordValue: TryInto<T>,
+    {
+        match self.db.get(key)? {
+            Some(bytes) => {
+                let record: RecordValue = codec::decode(key, &bytes)?;
+                record.try_into().map(Some).map_err(|_| Error::Corrupted {
+                    tree: keys::tree_name(key),
+                    key: keys::display(key),
+                })
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+macro_rules! record_conversion {
+    ($variant:ident, $record:ty) => {
+        impl TryFrom<RecordValue> for $record {
+            type Error = ();
+            fn try_from(value: RecordValue) -> std::result::Result<Self, ()> {
+                match value {
+                    RecordValue::$variant(record) => Ok(record),
+                    _ => Err(()),
+                }
+            }
+        }
+    };
+}
+record_conversion!(Command, CommandRecord);
+record_conversion!(Receipt, ReceiptRecord);
+record_conversion!(Wait, WaitRecord);
+record_conversion!(Process, ProcessRecord);
