@@ -3,6 +3,8 @@
 //! disk except through a storage `Transition`.
 //!
 //! Architecture invariant: actors depend on `openprogram-storage`, never the reverse, and
-//! the execution state machine stays pure (no actix, sled or clock inside it).
+//! the execution state machine (`execution::machine`) stays pure (no actix, sled or clock).
+
+pub mod execution;
 
 pub use openprogram_storage as storage;

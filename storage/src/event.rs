@@ -13,7 +13,9 @@ use crate::ids::{
     AttemptId, CommandId, EffectId, ExecutionId, MessageId, OwnerId, ProcessId, RevisionId, RunId,
     SessionId, TurnId, WaitId,
 };
-use crate::records::{ExecutionKind, ExecutionState, ReceiptStatus, RestartIntent, WaitStatus};
+use crate::records::{
+    Control, ExecutionKind, ExecutionState, ReceiptStatus, RestartIntent, WaitStatus,
+};
 
 /// An event as stored: the fact plus where and when it was committed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,6 +101,15 @@ pub enum Event {
         process_id: ProcessId,
         state: String,
     },
+    /// A known model error or abort: the response record of a failed model request (E-6).
+    ModelFailed { effect_id: EffectId, error: String },
+    /// A control command took effect (K-2); applied in mailbox order by the execution.
+    ControlApplied {
+        command_id: CommandId,
+        control: Control,
+    },
+    /// The assistant reply of the execution, as delivered.
+    Replied { text: String },
 }
 
 impl Event {
@@ -119,6 +130,9 @@ impl Event {
             Event::RestartIntentRecorded { .. } => "restart_intent_recorded",
             Event::WaitChanged { .. } => "wait_changed",
             Event::ProcessChanged { .. } => "process_changed",
+            Event::ModelFailed { .. } => "model_failed",
+            Event::ControlApplied { .. } => "control_applied",
+            Event::Replied { .. } => "replied",
         }
     }
 }

@@ -184,6 +184,29 @@ impl ExecutionHead {
     }
 }
 
+/// A control of K-2 as it is recorded once applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Control {
+    Pause,
+    Continue,
+    Step,
+    Steer { text: String },
+    Cancel,
+}
+
+impl Control {
+    /// The command kind of the HTTP contract (`"pause"`, `"steer"`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Control::Pause => "pause",
+            Control::Continue => "continue",
+            Control::Step => "step",
+            Control::Steer { .. } => "steer",
+            Control::Cancel => "cancel",
+        }
+    }
+}
+
 /// K-1: where a command is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CommandStatus {

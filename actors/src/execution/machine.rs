@@ -1,0 +1,493 @@
+//! The execution state machine of an agent turn: pure — no actix, no sled, no clock, no
+//! randomness. Ids it needs are handed in.
+//!
+//! Two functions carry all the logic:
+//! - `decide` turns an input (a control command, a model decision, a tool result) into the
+//!   events to persist, or a rejection;
+//! - `apply` folds one committed event into the state and returns the actions the shell
+//!   must perform (call the model, run a tool, abort the running effect, ...).
+//!
+//! `next` says what a running, idle execution does next. The actor shell persists what
+//! `decide`/`next` return, and only after `Committed` runs `apply` and the actions.
+//! Recovery replays the stored events through the same `apply` and drops the actions.
+
+use std::collections::BTreeMap;
+
+use openprogram_storage::{Control, EffectId, Event, ExecutionState as Status, ReceiptStatus};
+use serde::{Deserialize, Serialize};
+
+/// How a tool behaves when a crash leaves its outcome unknown (E-2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// Safe to run again when no receipt exists.
+    Idempotent,
+    /// Recorded as dispatched before it runs; a crash after that leaves it `Unknown`.
+    External,
+}
+
+/// The admission input of an agent turn: the user's message and, for the built-in
+/// scripted provider, its script.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentInput {
+    pub message: String,
+    #[serde(default)]
+    pub script: Vec<serde_json::Value>,
+    #[serde(default = "default_max_iterations")]
+    pub max_iterations: u32,
+}
+
+fn default_max_iterations() -> u32 {
+    50
+}
+
+/// A provider decision (E-3): call a tool, or reply and finish.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    Tool {
+        tool: String,
+        args: serde_json::Value,
+    },
+    Reply {
+        text: String,
+    },
+}
+
+/// One entry of the committed context a provider decides from.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum Turn {
+    Decided(Decision),
+    ToolResult {
+        tool: String,
+        status: ReceiptStatus,
+        output: String,
+    },
+}
+
+/// A tool call decided by the model and not yet finished.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingTool {
+    pub effect_id: EffectId,
+    pub tool: String,
+    pub args: serde_json::Value,
+    /// A `ToolDispatched` event was committed for it.
+    pub dispatched: bool,
+}
+
+/// What the shell must do after an event is applied.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// The execution may take its next step (`next`).
+    Advance,
+    /// Stop the effect in flight (a Cancel was applied).
+    AbortEffect,
+    /// The execution reached a terminal state: release its actor.
+    Finished,
+}
+
+/// A command the execution refuses, with the controls it offers now (K-3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub reason: String,
+    pub capabilities: Vec<&'static str>,
+}
+
+/// What a running, idle execution does next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    /// Persist these events first.
+    Persist(Vec<Event>),
+    /// Ask the provider for a decision under this effect id.
+    CallModel { effect_id: EffectId },
+    /// Run the pending tool.
+    RunTool(PendingTool),
+    /// Nothing to do (not running, or waiting for an effect).
+    Idle,
+}
+
+/// An input for `decide`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    Control {
+        command_id: openprogram_storage::CommandId,
+        control: Control,
+    },
+    ModelDecided {
+        effect_id: EffectId,
+        decision: Decision,
+    },
+    ModelFailed {
+        effect_id: EffectId,
+        error: String,
+    },
+    ToolFinished {
+        effect_id: EffectId,
+        status: ReceiptStatus,
+        output: String,
+    },
+}
+
+/// The state of one agent turn, rebuilt from its events.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Machine {
+    pub status: Option<Status>,
+    pub pause_reason: Option<String>,
+    pub input: AgentInput,
+    /// Model decisions made so far (E-5 counts them against `max_iterations`).
+    pub iterations: u32,
+    pub context: Vec<Turn>,
+    pub pending_tool: Option<PendingTool>,
+    /// Steer texts for work not yet run, in order (K-2).
+    pub steers: Vec<String>,
+    pub pause_requested: bool,
+    /// Steps left before pausing, while a Step runs.
+    pub steps_left: Option<u32>,
+    pub cancel_requested: bool,
+    /// The reply, or the reason of a failure.
+    pub text: String,
+    pub receipts: BTreeMap<EffectId, (String, ReceiptStatus)>,
+    /// The seq of the latest published checkpoint.
+    pub checkpoint_seq: u64,
+}
+
+impl Machine {
+    pub fn status(&self) -> Status {
+        self.status.unwrap_or(Status::Queued)
+    }
+
+    /// The controls this execution offers now (K-3). `busy`: an effect is in flight.
+    pub fn capabilities(&self) -> Vec<&'static str> {
+        if self.cancel_requested {
+            return Vec::new();
+        }
+        match self.status() {
+            Status::Queued => vec!["pause", "steer", "cancel"],
+            Status::Running if self.pause_requested => vec!["continue", "steer", "cancel"],
+            Status::Running => vec!["pause", "steer", "cancel"],
+            Status::Paused => vec!["continue", "step", "steer", "cancel"],
+            Status::Waiting | Status::ReconciliationRequired | Status::Expired => vec!["cancel"],
+            Status::Cancelling | Status::Cancelled | Status::Completed | Status::Failed => {
+                Vec::new()
+            }
+        }
+    }
+
+    fn reject(&self, reason: impl Into<String>) -> Rejection {
+        Rejection {
+            reason: reason.into(),
+            capabilities: self.capabilities(),
+        }
+    }
+
+    /// The events an input leads to, or why it is refused. `busy`: an effect is in flight.
+    pub fn decide(&self, input: Input, busy: bool) -> Result<Vec<Event>, Rejection> {
+        match input {
+            Input::Control {
+                command_id,
+                control,
+            } => self.decide_control(command_id, control, busy),
+            Input::ModelDecided {
+                effect_id,
+                decision,
+            } => Ok(self.decide_model(effect_id, decision)),
+            Input::ModelFailed { effect_id, error } => Ok(vec![
+                Event::ModelFailed {
+                    effect_id,
+                    error: error.clone(),
+                },
+                Event::StateChanged {
+                    state: Status::Failed,
+                    reason: format!("model error: {error}"),
+                },
+            ]),
+            Input::ToolFinished {
+                effect_id,
+                status,
+                output,
+            } => {
+                let mut events = vec![
+                    Event::ToolFinished {
+                        effect_id,
+                        status,
+                        output,
+                    },
+                    Event::CheckpointPublished { checkpoint_seq: 0 },
+                ];
+                if self.cancel_requested {
+                    // A late result is recorded, not acted on (K-5).
+                    events.push(cancelled());
+                }
+                Ok(events)
+            }
+        }
+    }
+
+    fn decide_control(
+        &self,
+        command_id: openprogram_storage::CommandId,
+        control: Control,
+        busy: bool,
+    ) -> Result<Vec<Event>, Rejection> {
+        let kind = control.kind();
+        if self.cancel_requested {
+            return match control {
+                Control::Cancel => Err(self.reject("the execution is already being cancelled")),
+                _ => Err(self.reject(format!("{kind} is refused: cancellation takes precedence"))),
+            };
+        }
+        if !self.capabilities().contains(&kind) {
+            return Err(self.reject(format!(
+                "{kind} is not available while the execution is {}",
+                self.status()
+            )));
+        }
+        let applied = Event::ControlApplied {
+            command_id,
+            control: control.clone(),
+        };
+        let mut events = vec![applied];
+        match control {
+            Control::Pause if !busy || self.status() == Status::Queued => {
+                events.push(Event::StateChanged {
+                    state: Status::Paused,
+                    reason: "pause".into(),
+                });
+            }
+            Control::Pause | Control::Steer { .. } => {}
+            Control::Continue if self.status() == Status::Running => {}
+            Control::Continue | Control::Step => {
+                events.push(Event::StateChanged {
+                    state: Status::Running,
+                    reason: kind.into(),
+                });
+            }
+            Control::Cancel if busy => {
+                events.push(Event::StateChanged {
+                    state: Status::Cancelling,
+                    reason: "cancel".into(),
+                });
+            }
+            Control::Cancel => events.push(cancelled()),
+        }
+        Ok(events)
+    }
+
+    fn decide_model(&self, effect_id: EffectId, decision: Decision) -> Vec<Event> {
+        let text = serde_json::to_string(&decision).unwrap_or_default();
+        let mut events = vec![Event::ModelDecided {
+            effect_id,
+            decision: text,
+        }];
+        if let Decision::Reply { text } = &decision {
+            let mut reply = text.clone();
+            for steer in &self.steers {
+                reply.push_str("\n[steer] ");
+                reply.push_str(steer);
+            }
+            events.push(Event::Replied { text: reply });
+            events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
+            events.push(Event::StateChanged {
+                state: Status::Completed,
+                reason: "replied".into(),
+            });
+        } else {
+            events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
+            if self.cancel_requested {
+                events.push(cancelled());
+            }
+        }
+        events
+    }
+
+    /// What a running execution does when no effect is in flight. `fresh` is the effect id
+    /// to use if it calls the model; `recovery` tells how a tool recovers.
+    pub fn next(&self, fresh: EffectId, recovery: impl Fn(&str) -> Recovery) -> Next {
+        if self.status() != Status::Running && self.status() != Status::Cancelling {
+            return Next::Idle;
+        }
+        if self.cancel_requested {
+            return Next::Persist(vec![cancelled()]);
+        }
+        if self.pause_requested {
+            return Next::Persist(vec![Event::StateChanged {
+                state: Status::Paused,
+                reason: "pause".into(),
+            }]);
+        }
+        if self.steps_left == Some(0) {
+            return Next::Persist(vec![Event::StateChanged {
+                state: Status::Paused,
+                reason: "step".into(),
+            }]);
+        }
+        if let Some(pending) = &self.pending_tool {
+            if recovery(&pending.tool) == Recovery::External && !pending.dispatched {
+                return Next::Persist(vec![Event::ToolDispatched {
+                    effect_id: pending.effect_id,
+                    tool: pending.tool.clone(),
+                    args: pending.args.to_string(),
+                }]);
+            }
+            return Next::RunTool(pending.clone());
+        }
+        if self.iterations >= self.input.max_iterations {
+            return Next::Persist(vec![Event::StateChanged {
+                state: Status::Failed,
+                reason: format!("iteration limit of {} reached", self.input.max_iterations),
+            }]);
+        }
+        Next::CallModel { effect_id: fresh }
+    }
+
+    /// Folds one committed event into the state. `seq` is the event's seq.
+    pub fn apply(&mut self, event: &Event, seq: u64, actions: &mut Vec<Action>) {
+        match event {
+            Event::Admitted { input, .. } => {
+                self.input = serde_json::from_str(input).unwrap_or_else(|_| AgentInput {
+                    message: input.clone(),
+                    ..AgentInput::default()
+                });
+                if self.input.max_iterations == 0 {
+                    self.input.max_iterations = default_max_iterations();
+                }
+                self.status = Some(Status::Queued);
+            }
+            Event::AttemptStarted { .. } => {
+                if matches!(self.status(), Status::Queued | Status::Running) {
+                    self.status = Some(Status::Running);
+                    actions.push(Action::Advance);
+                }
+            }
+            Event::StateChanged { state, reason } => {
+                self.status = Some(*state);
+                match state {
+                    Status::Paused => {
+                        self.pause_requested = false;
+                        self.steps_left = None;
+                        self.pause_reason = Some(reason.clone());
+                    }
+                    Status::Running => {
+                        self.pause_reason = None;
+                        actions.push(Action::Advance);
+                    }
+                    Status::Failed => {
+                        if self.text.is_empty() {
+                            self.text = reason.clone();
+                        }
+                        actions.push(Action::Finished);
+                    }
+                    Status::Cancelled | Status::Completed => actions.push(Action::Finished),
+                    _ => {}
+                }
+            }
+            Event::ControlApplied { control, .. } => match control {
+                Control::Pause => self.pause_requested = true,
+                Control::Continue => {
+                    self.pause_requested = false;
+                    self.steps_left = None;
+                }
+                Control::Step => {
+                    self.pause_requested = false;
+                    self.steps_left = Some(1);
+                }
+                Control::Steer { text } => self.steers.push(text.clone()),
+                Control::Cancel => {
+                    self.cancel_requested = true;
+                    actions.push(Action::AbortEffect);
+                }
+            },
+            Event::ModelDecided {
+                effect_id,
+                decision,
+            } => {
+                self.iterations += 1;
+                self.receipts
+                    .insert(*effect_id, ("model".into(), ReceiptStatus::Confirmed));
+                if let Ok(decision) = serde_json::from_str::<Decision>(decision) {
+                    if let Decision::Tool { tool, args } = &decision {
+                        self.pending_tool = Some(PendingTool {
+                            effect_id: tool_effect(*effect_id),
+                            tool: tool.clone(),
+                            args: args.clone(),
+                            dispatched: false,
+                        });
+                    }
+                    self.context.push(Turn::Decided(decision));
+                }
+                self.step_taken(actions);
+            }
+            Event::ModelFailed { effect_id, error } => {
+                self.receipts
+                    .insert(*effect_id, ("model".into(), ReceiptStatus::Failed));
+                self.text = error.clone();
+            }
+            Event::ToolDispatched {
+                effect_id, tool, ..
+            } => {
+                self.receipts
+                    .insert(*effect_id, (tool.clone(), ReceiptStatus::Dispatched));
+                if let Some(pending) = &mut self.pending_tool {
+                    pending.dispatched = true;
+                }
+                actions.push(Action::Advance);
+            }
+            Event::ToolFinished {
+                effect_id,
+                status,
+                output,
+            } => {
+                let tool = self
+                    .pending_tool
+                    .take()
+                    .map(|pending| pending.tool)
+                    .unwrap_or_default();
+                self.receipts.insert(*effect_id, (tool.clone(), *status));
+                self.context.push(Turn::ToolResult {
+                    tool,
+                    status: *status,
+                    output: output.clone(),
+                });
+                self.step_taken(actions);
+            }
+            Event::Replied { text } => self.text = text.clone(),
+            Event::CheckpointPublished { .. } => self.checkpoint_seq = seq,
+            _ => {}
+        }
+    }
+
+    /// One declared step finished: count it against a Step, and go on if still running.
+    fn step_taken(&mut self, actions: &mut Vec<Action>) {
+        if let Some(left) = &mut self.steps_left {
+            *left = left.saturating_sub(1);
+        }
+        if self.status() == Status::Running {
+            actions.push(Action::Advance);
+        }
+    }
+
+    /// The checkpoint's next action, as JSON text for the execution head (E-3).
+    pub fn next_action(&self) -> String {
+        let next = match (&self.pending_tool, self.status()) {
+            (_, status) if status.is_terminal() => serde_json::json!({"next": "none"}),
+            (Some(pending), _) => serde_json::json!({
+                "next": "tool", "effect_id": pending.effect_id.to_string(),
+                "tool": pending.tool, "args": pending.args,
+            }),
+            (None, _) => serde_json::json!({"next": "model", "iterations": self.iterations}),
+        };
+        next.to_string()
+    }
+}
+
+fn cancelled() -> Event {
+    Event::StateChanged {
+        state: Status::Cancelled,
+        reason: "cancel".into(),
+    }
+}
+
+/// The effect id of the tool call a model decision made: derived, so a replay finds the same
+/// id (UUID v5 of the decision's id).
+pub fn tool_effect(decision: EffectId) -> EffectId {
+    EffectId::from_uuid(uuid::Uuid::new_v5(decision.as_uuid(), b"tool"))
+}

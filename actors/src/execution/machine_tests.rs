@@ -1,0 +1,418 @@
+//! Table-driven tests of the pure state machine: every control in every state, cancel
+//! precedence (K-5), Step = exactly one step, Steer touching only unrun work, the iteration
+//! limit (E-5), External tools dispatched before they run (E-4), and replay.
+
+use openprogram_storage::{
+    AttemptId, CommandId, Control, EffectId, Event, ExecutionKind, ExecutionState as Status,
+    MessageId, OwnerId, ReceiptStatus, RevisionId, RunId, SessionId, TurnId,
+};
+
+use super::machine::*;
+
+fn admitted(max_iterations: u32) -> Event {
+    let input =
+        serde_json::json!({"message": "hi", "script": [], "max_iterations": max_iterations});
+    Event::Admitted {
+        kind: ExecutionKind::AgentTurn,
+        session_id: SessionId::new(),
+        run_id: RunId::new(),
+        parent_execution_id: None,
+        revision_id: RevisionId::new(),
+        turn_id: TurnId::new(),
+        user_message_id: MessageId::new(),
+        reply_message_id: MessageId::new(),
+        parent_message_id: None,
+        input: input.to_string(),
+    }
+}
+
+fn attempt() -> Event {
+    Event::AttemptStarted {
+        attempt_id: AttemptId::new(),
+        owner_id: OwnerId::new(),
+        epoch: 1,
+    }
+}
+
+/// Applies events as the shell does after a commit; returns the actions.
+fn commit(machine: &mut Machine, events: &[Event]) -> Vec<Action> {
+    let mut actions = Vec::new();
+    for event in events {
+        let seq = machine.checkpoint_seq + 1;
+        machine.apply(event, seq, &mut actions);
+    }
+    actions
+}
+
+fn running(max_iterations: u32) -> Machine {
+    let mut machine = Machine::default();
+    commit(&mut machine, &[admitted(max_iterations), attempt()]);
+    assert_eq!(machine.status(), Status::Running);
+    machine
+}
+
+fn control(machine: &Machine, control: Control, busy: bool) -> Result<Vec<Event>, Rejection> {
+    machine.decide(
+        Input::Control {
+            command_id: CommandId::new(),
+            control,
+        },
+        busy,
+    )
+}
+
+/// Decides a control and commits it, as the shell does.
+fn ctl(machine: &mut Machine, c: Control, busy: bool) -> Vec<Action> {
+    let events = control(machine, c, busy).expect("control accepted");
+    commit(machine, &events)
+}
+
+/// Decides an input and commits it, as the shell does.
+fn run(machine: &mut Machine, input: Input, busy: bool) -> Vec<Action> {
+    let events = machine.decide(input, busy).expect("input accepted");
+    commit(machine, &events)
+}
+
+fn idempotent(_: &str) -> Recovery {
+    Recovery::Idempotent
+}
+
+fn tool_decision(tool: &str) -> Decision {
+    Decision::Tool {
+        tool: tool.into(),
+        args: serde_json::json!({"text": "x"}),
+    }
+}
+
+/// The machine in a given situation, for the control table.
+fn in_situation(situation: &str) -> (Machine, bool) {
+    let mut machine = running(50);
+    let busy = match situation {
+        "queued" => {
+            machine = Machine::default();
+            commit(&mut machine, &[admitted(50)]);
+            false
+        }
+        "running idle" => false,
+        "running busy" => true,
+        "paused" => {
+            let events = control(&machine, Control::Pause, false).expect("pause");
+            commit(&mut machine, &events);
+            false
+        }
+        "cancelling" => {
+            let events = control(&machine, Control::Cancel, true).expect("cancel");
+            commit(&mut machine, &events);
+            true
+        }
+        "completed" | "failed" | "cancelled" => {
+            let state = match situation {
+                "completed" => Status::Completed,
+                "failed" => Status::Failed,
+                _ => Status::Cancelled,
+            };
+            commit(
+                &mut machine,
+                &[Event::StateChanged {
+                    state,
+                    reason: "test".into(),
+                }],
+            );
+            false
+        }
+        other => panic!("unknown situation {other}"),
+    };
+    (machine, busy)
+}
+
+fn steer() -> Control {
+    Control::Steer {
+        text: "be brief".into(),
+    }
+}
+
+#[test]
+fn k2_k3_every_control_in_every_state() {
+    use Status::*;
+    // (situation, control, expected status after the commit, or None for a rejection)
+    let table: Vec<(&str, Control, Option<Status>)> = vec![
+        ("queued", Control::Pause, Some(Paused)),
+        ("queued", Control::Continue, None),
+        ("queued", Control::Step, None),
+        ("queued", steer(), Some(Queued)),
+        ("queued", Control::Cancel, Some(Cancelled)),
+        ("running idle", Control::Pause, Some(Paused)),
+        ("running idle", Control::Continue, None),
+        ("running idle", Control::Step, None),
+        ("running idle", steer(), Some(Running)),
+        ("running idle", Control::Cancel, Some(Cancelled)),
+        // Pause during an effect: the effect may finish; the pause lands at the next safe point.
+        ("running busy", Control::Pause, Some(Running)),
+        ("running busy", Control::Continue, None),
+        ("running busy", Control::Step, None),
+        ("running busy", steer(), Some(Running)),
+        ("running busy", Control::Cancel, Some(Cancelling)),
+        ("paused", Control::Pause, None),
+        ("paused", Control::Continue, Some(Running)),
+        ("paused", Control::Step, Some(Running)),
+        ("paused", steer(), Some(Paused)),
+        ("paused", Control::Cancel, Some(Cancelled)),
+        ("cancelling", Control::Pause, None),
+        ("cancelling", Control::Continue, None),
+        ("cancelling", Control::Step, None),
+        ("cancelling", steer(), None),
+        ("cancelling", Control::Cancel, None),
+    ];
+    let mut rows = table;
+    for terminal in ["completed", "failed", "cancelled"] {
+        for c in [
+            Control::Pause,
+            Control::Continue,
+            Control::Step,
+            steer(),
+            Control::Cancel,
+        ] {
+            rows.push((terminal, c, None));
+        }
+    }
+    for (situation, c, expected) in rows {
+        let (mut machine, busy) = in_situation(situation);
+        let kind = c.kind();
+        match (control(&machine, c, busy), expected) {
+            (Ok(events), Some(status)) => {
+                assert!(
+                    matches!(events[0], Event::ControlApplied { .. }),
+                    "{situation}/{kind}"
+                );
+                commit(&mut machine, &events);
+                assert_eq!(machine.status(), status, "{situation}/{kind}");
+            }
+            (Err(rejection), None) => {
+                assert!(
+                    !rejection.capabilities.contains(&kind),
+                    "{situation}/{kind}: {rejection:?}"
+                );
+            }
+            (other, expected) => panic!("{situation}/{kind}: got {other:?}, expected {expected:?}"),
+        }
+    }
+}
+
+#[test]
+fn k5_cancel_takes_precedence_and_late_results_are_recorded_not_acted_on() {
+    let mut machine = running(50);
+    let decision = EffectId::new();
+    let events = machine
+        .decide(
+            Input::ModelDecided {
+                effect_id: decision,
+                decision: tool_decision("sleep"),
+            },
+            true,
+        )
+        .expect("decided");
+    commit(&mut machine, &events);
+    let events = control(&machine, Control::Cancel, true).expect("cancel");
+    let actions = commit(&mut machine, &events);
+    assert!(actions.contains(&Action::AbortEffect));
+    assert_eq!(machine.status(), Status::Cancelling);
+    for c in [Control::Pause, Control::Continue, Control::Step, steer()] {
+        let rejection = control(&machine, c, true).expect_err("refused while cancelling");
+        assert!(
+            rejection.reason.contains("cancellation takes precedence"),
+            "{rejection:?}"
+        );
+    }
+    let tool = tool_effect(decision);
+    let late = machine
+        .decide(
+            Input::ToolFinished {
+                effect_id: tool,
+                status: ReceiptStatus::Confirmed,
+                output: "done".into(),
+            },
+            false,
+        )
+        .expect("late result");
+    commit(&mut machine, &late);
+    assert_eq!(machine.status(), Status::Cancelled);
+    assert_eq!(
+        machine.receipts.get(&tool).map(|r| r.1),
+        Some(ReceiptStatus::Confirmed)
+    );
+}
+
+#[test]
+fn k2_step_runs_exactly_one_step_then_pauses() {
+    let mut machine = running(50);
+    ctl(&mut machine, Control::Pause, false);
+    ctl(&mut machine, Control::Step, false);
+    assert_eq!(machine.status(), Status::Running);
+    let fresh = EffectId::new();
+    assert_eq!(
+        machine.next(fresh, idempotent),
+        Next::CallModel { effect_id: fresh }
+    );
+    let decided = machine
+        .decide(
+            Input::ModelDecided {
+                effect_id: fresh,
+                decision: tool_decision("echo"),
+            },
+            true,
+        )
+        .expect("decided");
+    commit(&mut machine, &decided);
+    // One step (the decision) is done: the next thing is to pause, not to run the tool.
+    match machine.next(EffectId::new(), idempotent) {
+        Next::Persist(events) => {
+            commit(&mut machine, &events);
+        }
+        other => panic!("expected the pause, got {other:?}"),
+    }
+    assert_eq!(machine.status(), Status::Paused);
+    assert_eq!(machine.pause_reason.as_deref(), Some("step"));
+    // A second Step runs the tool and nothing more.
+    ctl(&mut machine, Control::Step, false);
+    let Next::RunTool(pending) = machine.next(EffectId::new(), idempotent) else {
+        panic!("tool expected")
+    };
+    let finished = machine
+        .decide(
+            Input::ToolFinished {
+                effect_id: pending.effect_id,
+                status: ReceiptStatus::Confirmed,
+                output: "x".into(),
+            },
+            true,
+        )
+        .expect("finished");
+    commit(&mut machine, &finished);
+    assert!(matches!(
+        machine.next(EffectId::new(), idempotent),
+        Next::Persist(_)
+    ));
+}
+
+#[test]
+fn k2_steer_reaches_only_the_reply_not_yet_written() {
+    let mut machine = running(50);
+    ctl(&mut machine, steer(), true);
+    let reply = machine
+        .decide(
+            Input::ModelDecided {
+                effect_id: EffectId::new(),
+                decision: Decision::Reply {
+                    text: "done".into(),
+                },
+            },
+            true,
+        )
+        .expect("reply");
+    commit(&mut machine, &reply);
+    assert_eq!(machine.status(), Status::Completed);
+    assert_eq!(machine.text, "done\n[steer] be brief");
+    assert!(
+        control(&machine, steer(), false).is_err(),
+        "no steering after the reply"
+    );
+}
+
+#[test]
+fn e5_iteration_limit_fails_with_text_and_history_kept() {
+    let mut machine = running(2);
+    for _ in 0..2 {
+        let fresh = EffectId::new();
+        assert_eq!(
+            machine.next(fresh, idempotent),
+            Next::CallModel { effect_id: fresh }
+        );
+        run(
+            &mut machine,
+            Input::ModelDecided {
+                effect_id: fresh,
+                decision: tool_decision("echo"),
+            },
+            true,
+        );
+        let Next::RunTool(pending) = machine.next(EffectId::new(), idempotent) else {
+            panic!("tool expected")
+        };
+        run(
+            &mut machine,
+            Input::ToolFinished {
+                effect_id: pending.effect_id,
+                status: ReceiptStatus::Confirmed,
+                output: "x".into(),
+            },
+            true,
+        );
+    }
+    let Next::Persist(events) = machine.next(EffectId::new(), idempotent) else {
+        panic!("limit expected")
+    };
+    commit(&mut machine, &events);
+    assert_eq!(machine.status(), Status::Failed);
+    assert!(
+        machine.text.contains("iteration limit of 2"),
+        "{}",
+        machine.text
+    );
+    assert_eq!(
+        machine.context.len(),
+        4,
+        "decisions and tool results are kept"
+    );
+}
+
+#[test]
+fn e4_external_tool_is_dispatched_before_it_runs() {
+    let mut machine = running(50);
+    let fresh = EffectId::new();
+    run(
+        &mut machine,
+        Input::ModelDecided {
+            effect_id: fresh,
+            decision: tool_decision("append"),
+        },
+        true,
+    );
+    let external = |_: &str| Recovery::External;
+    let Next::Persist(events) = machine.next(EffectId::new(), external) else {
+        panic!("dispatch first")
+    };
+    assert!(matches!(events[0], Event::ToolDispatched { .. }));
+    commit(&mut machine, &events);
+    assert_eq!(
+        machine.receipts.get(&tool_effect(fresh)).map(|r| r.1),
+        Some(ReceiptStatus::Dispatched)
+    );
+    assert!(matches!(
+        machine.next(EffectId::new(), external),
+        Next::RunTool(_)
+    ));
+}
+
+#[test]
+fn replay_without_actions_rebuilds_the_same_state() {
+    let mut live = running(50);
+    let mut log = vec![admitted(50), attempt()];
+    let fresh = EffectId::new();
+    let decided = live
+        .decide(
+            Input::ModelDecided {
+                effect_id: fresh,
+                decision: tool_decision("echo"),
+            },
+            true,
+        )
+        .expect("decided");
+    commit(&mut live, &decided);
+    log.extend(decided);
+    let steered = control(&live, steer(), false).expect("steer");
+    commit(&mut live, &steered);
+    log.extend(steered);
+    let mut replayed = Machine::default();
+    commit(&mut replayed, &log);
+    assert_eq!(replayed, live);
+}
