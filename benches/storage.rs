@@ -106,7 +106,7 @@ fn raw_baseline(duration: Duration) -> Figures {
         .open()
         .expect("open sled");
     let data_file = File::open(dir.path().join("db")).expect("sled data file");
-    let value = vec![0x61u8; PAYLOAD_BYTES];
+    let value = [0x61u8; PAYLOAD_BYTES];
     let mut latencies = Histogram::<u64>::new(3).expect("histogram");
     let started = Instant::now();
     let mut records = 0u64;

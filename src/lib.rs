@@ -1,10 +1,191 @@
 //! OpenProgram: an embeddable, actor-based durable-execution runtime.
 //!
-//! This crate is the facade: the `Runtime` builder and handle, and later the HTTP API, the
-//! CLI and the load generator. Today it re-exports the storage layer, which is the part that
-//! exists (see `ARCHITECTURE.md` for the plan and the code map).
+//! ```no_run
+//! # async fn example() -> Result<(), openprogram::Error> {
+//! use openprogram::{Runtime, StartRequest};
+//! let runtime = Runtime::builder().data_dir("./openprogram-data").open()?;
+//! let session = openprogram::storage::SessionId::new();
+//! let started = runtime
+//!     .start_execution(session, StartRequest { message: "hi".into(), ..Default::default() })
+//!     .await?;
+//! let snapshot = runtime.snapshot(session, started.execution_id).await?;
+//! runtime.shutdown();
+//! # Ok(()) }
+//! ```
 //!
+//! This crate is the facade (I-1): the `Runtime` builder and handle. The work happens in
+//! `openprogram-actors` (executions, commands) on top of `openprogram-storage` (the log).
 //! Architecture invariant: dependencies flow `openprogram → openprogram-actors →
-//! openprogram-storage`, never back.
+//! openprogram-storage`, never back; no global state, so two runtimes can share a process.
 
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use openprogram_actors::agent::{Provider, Scripted, Tool, ToolRegistry};
+use openprogram_actors::env::{Directory, Env};
+use openprogram_actors::service::Service;
+use openprogram_actors::system::ActorSystem;
+use openprogram_storage::{
+    CommandId, EventEnvelope, EventStore, ExecutionId, Limits, SessionId, Store,
+};
+
+pub use openprogram_actors as actors;
+pub use openprogram_actors::agent;
+pub use openprogram_actors::service::{CommandReply, CommandRequest, StartReply, StartRequest};
+pub use openprogram_actors::snapshot::Snapshot;
+pub use openprogram_actors::{Error, Result};
 pub use openprogram_storage as storage;
+
+/// Configures and opens a `Runtime`.
+#[derive(Default)]
+pub struct RuntimeBuilder {
+    data_dir: Option<PathBuf>,
+    provider: Option<Arc<dyn Provider>>,
+    tools: Option<ToolRegistry>,
+    limits: Limits,
+}
+
+impl std::fmt::Debug for RuntimeBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeBuilder")
+            .field("data_dir", &self.data_dir)
+            .finish()
+    }
+}
+
+impl RuntimeBuilder {
+    /// Where the embedded sled store lives. Required.
+    pub fn data_dir(mut self, path: impl Into<PathBuf>) -> Self {
+        self.data_dir = Some(path.into());
+        self
+    }
+
+    /// The model provider; the built-in `scripted` provider if none is given.
+    pub fn provider(mut self, provider: Arc<dyn Provider>) -> Self {
+        self.provider = Some(provider);
+        self
+    }
+
+    /// Adds a tool to the built-in ones (replacing one of the same name).
+    pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
+        self.tools
+            .get_or_insert_with(ToolRegistry::builtin)
+            .register(tool);
+        self
+    }
+
+    /// The store's bounds (queue, batch, payload sizes).
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Opens the store and starts the actor system.
+    pub fn open(self) -> Result<Runtime> {
+        let data_dir = self
+            .data_dir
+            .ok_or_else(|| Error::InvalidRequest("the runtime needs a data_dir".into()))?;
+        let store = Store::open_with(&data_dir, self.limits)?;
+        let owner = store.incarnation().owner_id;
+        let system = ActorSystem::start("openprogram")?;
+        let env = Arc::new(Env {
+            store: Arc::new(store),
+            provider: self.provider.unwrap_or_else(|| Arc::new(Scripted)),
+            tools: self.tools.unwrap_or_else(ToolRegistry::builtin),
+            owner,
+            directory: Directory::new(system.arbiters()),
+        });
+        Ok(Runtime {
+            inner: Arc::new(Inner {
+                service: Service::new(env),
+                system: Mutex::new(Some(system)),
+            }),
+        })
+    }
+}
+
+/// A running runtime: `Send + Sync + Clone`, usable from any tokio runtime.
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    service: Service,
+    system: Mutex<Option<ActorSystem>>,
+}
+
+impl Runtime {
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
+    }
+
+    /// Admits a new agent turn in `session` and starts it.
+    pub async fn start_execution(
+        &self,
+        session: SessionId,
+        request: StartRequest,
+    ) -> Result<StartReply> {
+        self.inner.service.start_execution(session, request).await
+    }
+
+    /// Sends a control command (K-1..K-5).
+    pub async fn command(
+        &self,
+        session: SessionId,
+        execution: ExecutionId,
+        request: CommandRequest,
+    ) -> Result<CommandReply> {
+        self.inner
+            .service
+            .command(session, execution, request)
+            .await
+    }
+
+    /// The stored outcome of a command.
+    pub fn command_status(&self, session: SessionId, command: CommandId) -> Result<CommandReply> {
+        self.inner.service.command_status(session, command)
+    }
+
+    pub async fn snapshot(&self, session: SessionId, execution: ExecutionId) -> Result<Snapshot> {
+        self.inner.service.snapshot(session, execution).await
+    }
+
+    /// Events of an execution with `seq > after`.
+    pub fn events(
+        &self,
+        session: SessionId,
+        execution: ExecutionId,
+        after: u64,
+    ) -> Result<Vec<EventEnvelope>> {
+        self.inner
+            .service
+            .events(session, execution, after, usize::MAX)
+    }
+
+    /// Execution actors alive now (the rest are parked in storage).
+    pub fn live_executions(&self) -> usize {
+        self.inner.service.env().directory.live_len()
+    }
+
+    /// The store underneath, for inspection.
+    pub fn store(&self) -> &Arc<dyn EventStore> {
+        &self.inner.service.env().store
+    }
+
+    /// Stops the actor system. The store closes when the last handle is dropped, after
+    /// writing everything queued. Orderly pauses before shutdown arrive with the supervisor
+    /// (issue 5).
+    pub fn shutdown(&self) {
+        let system = self
+            .inner
+            .system
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(mut system) = system {
+            system.stop();
+        }
+    }
+}

@@ -1,10 +1,24 @@
-//! The actix actors of the runtime: execution, attempt lease, managed process, supervisor
-//! and command service. Built on the storage crate's `EventStore`; nothing here writes to
-//! disk except through a storage `Transition`.
+//! The actix actors of the runtime and the operations built on them.
+//!
+//! - `execution::machine` — the pure state machine of an agent turn;
+//! - `execution::actor` — the actor shell around it;
+//! - `agent` — the `Provider` and `Tool` traits and the built-ins of SPEC §6;
+//! - `env` — what a runtime's actors share, and the directory of live executions;
+//! - `service` — the command service and the reads (K-1);
+//! - `system` — the actix system thread and its arbiters;
+//! - `snapshot`, `error`.
 //!
 //! Architecture invariant: actors depend on `openprogram-storage`, never the reverse, and
-//! the execution state machine (`execution::machine`) stays pure (no actix, sled or clock).
+//! the execution state machine stays pure (no actix, sled or clock). Nothing here writes to
+//! disk except through a storage `Transition`.
 
+pub mod agent;
+pub mod env;
+pub mod error;
 pub mod execution;
+pub mod service;
+pub mod snapshot;
+pub mod system;
 
+pub use error::{Error, Result};
 pub use openprogram_storage as storage;

@@ -1,4 +1,8 @@
-//! Integration tests of the `openprogram` package. Today: `tidy`, which keeps the
-//! conventions of GUIDE.md honest across the workspace.
+//! Integration tests of the `openprogram` package, through the library facade (I-1), named
+//! after SPEC ids; `tidy` keeps the conventions of GUIDE.md honest across the workspace.
 
+mod support;
+
+mod agent_loop;
+mod controls;
 mod tidy;

@@ -11,7 +11,7 @@
 //! `decide`/`next` return, and only after `Committed` runs `apply` and the actions.
 //! Recovery replays the stored events through the same `apply` and drops the actions.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use openprogram_storage::{Control, EffectId, Event, ExecutionState as Status, ReceiptStatus};
 use serde::{Deserialize, Serialize};
@@ -83,6 +83,8 @@ pub enum Action {
     AbortEffect,
     /// The execution reached a terminal state: release its actor.
     Finished,
+    /// The execution paused: its actor may be released once nothing is in flight.
+    Park,
 }
 
 /// A command the execution refuses, with the controls it offers now (K-3).
@@ -148,6 +150,8 @@ pub struct Machine {
     pub receipts: BTreeMap<EffectId, (String, ReceiptStatus)>,
     /// The seq of the latest published checkpoint.
     pub checkpoint_seq: u64,
+    /// Commands applied or rejected, so a redelivered command is never decided twice (K-4).
+    pub decided_commands: BTreeSet<openprogram_storage::CommandId>,
 }
 
 impl Machine {
@@ -365,6 +369,7 @@ impl Machine {
                         self.pause_requested = false;
                         self.steps_left = None;
                         self.pause_reason = Some(reason.clone());
+                        actions.push(Action::Park);
                     }
                     Status::Running => {
                         self.pause_reason = None;
@@ -380,22 +385,16 @@ impl Machine {
                     _ => {}
                 }
             }
-            Event::ControlApplied { control, .. } => match control {
-                Control::Pause => self.pause_requested = true,
-                Control::Continue => {
-                    self.pause_requested = false;
-                    self.steps_left = None;
-                }
-                Control::Step => {
-                    self.pause_requested = false;
-                    self.steps_left = Some(1);
-                }
-                Control::Steer { text } => self.steers.push(text.clone()),
-                Control::Cancel => {
-                    self.cancel_requested = true;
-                    actions.push(Action::AbortEffect);
-                }
-            },
+            Event::CommandRejected { command_id, .. } => {
+                self.decided_commands.insert(*command_id);
+            }
+            Event::ControlApplied {
+                command_id,
+                control,
+            } => {
+                self.decided_commands.insert(*command_id);
+                self.apply_control(control, actions);
+            }
             Event::ModelDecided {
                 effect_id,
                 decision,
@@ -452,6 +451,25 @@ impl Machine {
             Event::Replied { text } => self.text = text.clone(),
             Event::CheckpointPublished { .. } => self.checkpoint_seq = seq,
             _ => {}
+        }
+    }
+
+    fn apply_control(&mut self, control: &Control, actions: &mut Vec<Action>) {
+        match control {
+            Control::Pause => self.pause_requested = true,
+            Control::Continue => {
+                self.pause_requested = false;
+                self.steps_left = None;
+            }
+            Control::Step => {
+                self.pause_requested = false;
+                self.steps_left = Some(1);
+            }
+            Control::Steer { text } => self.steers.push(text.clone()),
+            Control::Cancel => {
+                self.cancel_requested = true;
+                actions.push(Action::AbortEffect);
+            }
         }
     }
 

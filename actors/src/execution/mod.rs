@@ -1,6 +1,7 @@
 //! One execution: the pure state machine (`machine.rs`) and, around it, the actor shell
-//! that persists transitions and performs actions.
+//! that persists transitions and performs actions (`actor.rs`).
 
+pub mod actor;
 pub mod machine;
 
 #[cfg(test)]

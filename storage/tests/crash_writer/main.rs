@@ -62,13 +62,14 @@ fn main() -> ExitCode {
         let tasks: Vec<_> = (0..writers)
             .map(|writer| tokio::spawn(write_forever(store.clone(), writer, epoch)))
             .collect();
-        for task in tasks {
-            match task.await {
-                Ok(message) => return message,
-                Err(error) => return format!("writer panicked: {error}"),
-            }
+        if tasks.is_empty() {
+            return String::from("no writers");
         }
-        String::from("no writers")
+        // Writers only return on an unexpected answer: report the first.
+        match futures::future::select_all(tasks).await.0 {
+            Ok(message) => message,
+            Err(error) => format!("writer panicked: {error}"),
+        }
     });
     eprintln!("{failure}");
     ExitCode::from(3)

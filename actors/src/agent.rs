@@ -1,0 +1,237 @@
+//! What the embedder plugs in (E-2): a `Provider` that makes model decisions and `Tool`s,
+//! each declaring how it recovers. Also the built-ins of SPEC §6: the `scripted` provider
+//! and the `echo`, `sleep`, `append` and `fail` tools.
+//!
+//! Nothing here touches storage: a provider or tool returns a result, and the execution
+//! actor records it.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use openprogram_storage::{EffectId, ExecutionId};
+
+use crate::execution::machine::{AgentInput, Decision, Recovery, Turn};
+
+/// What a provider decides from: the immutable input and the committed context.
+#[derive(Debug, Clone)]
+pub struct ModelRequest {
+    pub execution_id: ExecutionId,
+    pub effect_id: EffectId,
+    pub input: AgentInput,
+    /// Decisions and tool results committed so far, oldest first.
+    pub context: Vec<Turn>,
+    /// Model decisions made so far.
+    pub iterations: u32,
+}
+
+/// Makes model decisions. An `Err` is a known model error: it gets a response record and
+/// fails the execution (E-6).
+pub trait Provider: Send + Sync + 'static {
+    fn decide(&self, request: ModelRequest) -> BoxFuture<'static, Result<Decision, String>>;
+}
+
+/// One tool call.
+#[derive(Debug, Clone)]
+pub struct ToolCall {
+    pub execution_id: ExecutionId,
+    pub effect_id: EffectId,
+    pub args: serde_json::Value,
+}
+
+/// A tool. `Err` is a tool error (a `Failed` receipt), not a runtime failure.
+pub trait Tool: Send + Sync + 'static {
+    fn name(&self) -> &str;
+    fn recovery(&self) -> Recovery;
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>>;
+}
+
+/// The tools an execution may call, by name.
+#[derive(Clone, Default)]
+pub struct ToolRegistry {
+    tools: HashMap<String, Arc<dyn Tool>>,
+}
+
+impl std::fmt::Debug for ToolRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.tools.keys()).finish()
+    }
+}
+
+impl ToolRegistry {
+    /// The built-in tools of SPEC §6.
+    pub fn builtin() -> Self {
+        let mut registry = Self::default();
+        registry.register(Arc::new(Echo));
+        registry.register(Arc::new(Sleep));
+        registry.register(Arc::new(Append));
+        registry.register(Arc::new(Fail));
+        registry
+    }
+
+    /// Adds a tool, replacing one of the same name.
+    pub fn register(&mut self, tool: Arc<dyn Tool>) {
+        self.tools.insert(tool.name().to_owned(), tool);
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        self.tools.get(name).cloned()
+    }
+
+    /// How a tool recovers; an unknown tool is treated as `External` (never re-run blindly).
+    pub fn recovery(&self, name: &str) -> Recovery {
+        self.tools
+            .get(name)
+            .map_or(Recovery::External, |tool| tool.recovery())
+    }
+}
+
+/// The built-in provider: each decision takes the next element of the execution's script:
+/// `{"tool": NAME, "args": {...}}` or `{"reply": "text"}`. Decisions are a function of the
+/// committed context only (the count of decisions so far), so a regenerated request after a
+/// crash decides the same thing.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Scripted;
+
+impl Provider for Scripted {
+    fn decide(&self, request: ModelRequest) -> BoxFuture<'static, Result<Decision, String>> {
+        let index = request.iterations as usize;
+        let decision = match request.input.script.get(index) {
+            None => Err(format!("the script has no element {index}")),
+            Some(element) => scripted_decision(element),
+        };
+        futures::future::ready(decision).boxed()
+    }
+}
+
+fn scripted_decision(element: &serde_json::Value) -> Result<Decision, String> {
+    if let Some(tool) = element.get("tool").and_then(|tool| tool.as_str()) {
+        let args = element
+            .get("args")
+            .cloned()
+            .unwrap_or(serde_json::json!({}));
+        return Ok(Decision::Tool {
+            tool: tool.to_owned(),
+            args,
+        });
+    }
+    if let Some(text) = element.get("reply").and_then(|text| text.as_str()) {
+        return Ok(Decision::Reply {
+            text: text.to_owned(),
+        });
+    }
+    if element.get("ask").is_some() {
+        return Err("`ask` needs durable waits, which this build does not have yet".into());
+    }
+    Err(format!("unrecognized script element {element}"))
+}
+
+fn string_arg(args: &serde_json::Value, name: &str) -> Result<String, String> {
+    args.get(name)
+        .and_then(|value| value.as_str())
+        .map(str::to_owned)
+        .ok_or_else(|| format!("missing string argument `{name}`"))
+}
+
+/// `echo {text}` → the text. Idempotent.
+#[derive(Debug)]
+pub struct Echo;
+
+impl Tool for Echo {
+    fn name(&self) -> &str {
+        "echo"
+    }
+    fn recovery(&self) -> Recovery {
+        Recovery::Idempotent
+    }
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+        futures::future::ready(string_arg(&call.args, "text")).boxed()
+    }
+}
+
+/// `sleep {ms}` → waits; cancellable (the actor aborts it). Idempotent.
+#[derive(Debug)]
+pub struct Sleep;
+
+/// The longest sleep the tool accepts.
+const SLEEP_MS_MAX: u64 = 24 * 60 * 60 * 1000;
+
+impl Tool for Sleep {
+    fn name(&self) -> &str {
+        "sleep"
+    }
+    fn recovery(&self) -> Recovery {
+        Recovery::Idempotent
+    }
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+        let ms = call.args.get("ms").and_then(|ms| ms.as_u64());
+        async move {
+            let ms = ms.ok_or("missing integer argument `ms`")?;
+            if ms > SLEEP_MS_MAX {
+                return Err(format!("ms must be at most {SLEEP_MS_MAX}"));
+            }
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok(format!("slept {ms} ms"))
+        }
+        .boxed()
+    }
+}
+
+/// `append {path, line}` → appends `LINE<TAB>EFFECT_ID\n` to the file and fsyncs. External:
+/// its effect is outside the runtime, so a crash after dispatch leaves it `Unknown`.
+#[derive(Debug)]
+pub struct Append;
+
+impl Tool for Append {
+    fn name(&self) -> &str {
+        "append"
+    }
+    fn recovery(&self) -> Recovery {
+        Recovery::External
+    }
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+        let parsed = string_arg(&call.args, "path")
+            .and_then(|path| Ok((path, string_arg(&call.args, "line")?)));
+        let effect_id = call.effect_id;
+        async move {
+            let (path, line) = parsed?;
+            if line.contains('\n') || line.contains('\t') {
+                return Err("line must not contain a newline or a tab".into());
+            }
+            let record = format!("{line}\t{effect_id}\n");
+            tokio::task::spawn_blocking(move || {
+                let mut file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)?;
+                file.write_all(record.as_bytes())?;
+                file.sync_data()
+            })
+            .await
+            .map_err(|error| format!("append task failed: {error}"))?
+            .map_err(|error| format!("append failed: {error}"))?;
+            Ok(String::from("appended"))
+        }
+        .boxed()
+    }
+}
+
+/// `fail {message}` → a tool error.
+#[derive(Debug)]
+pub struct Fail;
+
+impl Tool for Fail {
+    fn name(&self) -> &str {
+        "fail"
+    }
+    fn recovery(&self) -> Recovery {
+        Recovery::Idempotent
+    }
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+        let message = string_arg(&call.args, "message").unwrap_or_else(|error| error);
+        futures::future::ready(Err(message)).boxed()
+    }
+}

@@ -1,0 +1,44 @@
+//! The errors of the actor layer, each with a stable code for transports.
+
+use openprogram_storage::CommandRecord;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// Unknown id, or an id of another session (X-1: indistinguishable).
+    #[error("not found")]
+    NotFound,
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// The command id was used before with another payload or execution (K-4).
+    #[error("command id {} was used with another payload", stored.command_id)]
+    CommandConflict { stored: Box<CommandRecord> },
+    /// The attempt was fenced by a newer one.
+    #[error("the attempt was fenced by epoch {current_epoch}")]
+    Fenced { current_epoch: u64 },
+    #[error("the execution moved on to version {current}")]
+    VersionConflict { current: u64 },
+    #[error(transparent)]
+    Storage(#[from] openprogram_storage::Error),
+    /// The actor system is stopping or stopped.
+    #[error("the runtime is not running: {0}")]
+    Unavailable(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::NotFound => "not_found",
+            Error::InvalidRequest(_) => "invalid_request",
+            Error::CommandConflict { .. } => "command_conflict",
+            Error::Fenced { .. } => "fenced",
+            Error::VersionConflict { .. } => "version_conflict",
+            Error::Storage(error) => error.code(),
+            Error::Unavailable(_) => "unavailable",
+            Error::Internal(_) => "internal",
+        }
+    }
+}

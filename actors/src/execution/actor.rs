@@ -1,0 +1,569 @@
+//! The execution actor: a thin shell around the pure `Machine`. It applies its messages in
+//! mailbox order (every handler that commits is an `AtomicResponse`, so the next message
+//! waits for the commit), submits each decision as one `Transition`, and only after
+//! `Committed` applies the events to the machine and performs the actions: call the
+//! provider, run a tool, abort the effect in flight, release itself.
+//!
+//! Invariant: the actor never changes its machine or head except by applying events that
+//! storage acknowledged. A `Fenced` or `VersionConflict` answer means another attempt owns
+//! the execution: the actor stops without touching anything.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use futures::future::{AbortHandle, Abortable};
+use openprogram_storage::{
+    AttemptId, AttemptLease, Checkpoint, CommandRecord, CommandStatus, Control, EffectId, Event,
+    ExecutionHead, ExecutionId, ExecutionState as Status, Outcome, ReceiptRecord, ReceiptStatus,
+    Transition, Upsert,
+};
+
+use crate::agent::{ModelRequest, ToolCall};
+use crate::env::Env;
+use crate::error::Error;
+use crate::execution::machine::{Action, Input, Machine, Next, PendingTool, Recovery};
+use crate::snapshot::Snapshot;
+
+/// The effect the actor is waiting for.
+#[derive(Debug)]
+struct InFlight {
+    abort: AbortHandle,
+}
+
+pub struct ExecutionActor {
+    env: Arc<Env>,
+    execution_id: ExecutionId,
+    /// The head as last committed.
+    head: ExecutionHead,
+    machine: Machine,
+    /// The epoch this actor writes with, once its attempt has started.
+    epoch: Option<u64>,
+    in_flight: Option<InFlight>,
+    /// Messages handled, for the debug endpoint.
+    handled: u64,
+}
+
+impl std::fmt::Debug for ExecutionActor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecutionActor")
+            .field("execution_id", &self.execution_id)
+            .field("version", &self.head.version)
+            .field("status", &self.machine.status())
+            .finish()
+    }
+}
+
+impl Actor for ExecutionActor {
+    type Context = Context<Self>;
+}
+
+impl ExecutionActor {
+    pub fn new(env: Arc<Env>, head: ExecutionHead, machine: Machine) -> Self {
+        Self {
+            env,
+            execution_id: head.execution_id,
+            head,
+            machine,
+            epoch: None,
+            in_flight: None,
+            handled: 0,
+        }
+    }
+
+    /// Builds the transition for `events`, with the head and receipts they lead to.
+    fn prepare(
+        &self,
+        mut events: Vec<Event>,
+        mut upserts: Vec<Upsert>,
+    ) -> (Transition, ExecutionHead) {
+        let mut preview = self.machine.clone();
+        let mut ignored = Vec::new();
+        let mut head = self.head.clone();
+        for (index, event) in events.iter_mut().enumerate() {
+            let seq = self.head.last_seq + index as u64 + 1;
+            if let Event::CheckpointPublished { checkpoint_seq } = event {
+                *checkpoint_seq = seq;
+            }
+            preview.apply(event, seq, &mut ignored);
+            if let Event::CheckpointPublished { .. } = event {
+                head.checkpoint = Some(Checkpoint {
+                    seq,
+                    next_action: preview.next_action(),
+                });
+            }
+            if let Some(receipt) = self.receipt_of(event) {
+                upserts.push(Upsert::Receipt(receipt));
+            }
+            if let Event::AttemptStarted {
+                attempt_id,
+                owner_id,
+                epoch,
+            } = event
+            {
+                head.attempt = Some(AttemptLease {
+                    attempt_id: *attempt_id,
+                    owner_id: *owner_id,
+                    epoch: *epoch,
+                });
+            }
+        }
+        head.state = preview.status();
+        head.pause_reason = preview.pause_reason.clone();
+        let mut transition =
+            Transition::new(self.execution_id, events).expect_version(self.head.version);
+        transition.upserts = upserts;
+        if let Some(epoch) = self.epoch {
+            transition = transition.by_epoch(epoch).with_head(head.clone());
+        }
+        (transition, head)
+    }
+
+    fn receipt_of(&self, event: &Event) -> Option<ReceiptRecord> {
+        let (effect_id, tool, status, output) = match event {
+            Event::ModelDecided {
+                effect_id,
+                decision,
+            } => (
+                *effect_id,
+                "model".to_owned(),
+                ReceiptStatus::Confirmed,
+                Some(decision.clone()),
+            ),
+            Event::ModelFailed { effect_id, error } => (
+                *effect_id,
+                "model".to_owned(),
+                ReceiptStatus::Failed,
+                Some(error.clone()),
+            ),
+            Event::ToolDispatched {
+                effect_id, tool, ..
+            } => (*effect_id, tool.clone(), ReceiptStatus::Dispatched, None),
+            Event::ToolFinished {
+                effect_id,
+                status,
+                output,
+            } => {
+                let tool = self
+                    .machine
+                    .pending_tool
+                    .as_ref()
+                    .map(|pending| pending.tool.clone())
+                    .unwrap_or_default();
+                (*effect_id, tool, *status, Some(output.clone()))
+            }
+            _ => return None,
+        };
+        Some(ReceiptRecord {
+            effect_id,
+            execution_id: self.execution_id,
+            attempt_id: self.head.attempt.as_ref().map(|lease| lease.attempt_id),
+            epoch: self.epoch.unwrap_or(0),
+            tool,
+            status,
+            output,
+        })
+    }
+
+    /// Submits `events` and, once committed, applies them and performs the actions.
+    /// Resolves to the storage outcome: `Committed`, or a command duplicate or conflict
+    /// (nothing applied). A fenced or conflicting write stops the actor.
+    fn submit(
+        &mut self,
+        events: Vec<Event>,
+        upserts: Vec<Upsert>,
+    ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
+        let (transition, head) = self.prepare(events.clone(), upserts);
+        let submitted = self.env.store.submit(transition);
+        Box::pin(fut::wrap_future::<_, Self>(submitted).map(move |outcome, act, ctx| match outcome {
+            Ok(Outcome::Committed(committed)) => {
+                act.head = head;
+                act.head.version = committed.version;
+                act.head.last_seq = *committed.seqs.end();
+                if let Some(epoch) = act.epoch {
+                    act.head.fencing_epoch = epoch;
+                }
+                let mut actions = Vec::new();
+                for (event, seq) in events.iter().zip(committed.seqs.clone()) {
+                    act.machine.apply(event, seq, &mut actions);
+                }
+                act.perform(actions, ctx);
+                Ok(Outcome::Committed(committed))
+            }
+            Ok(Outcome::Fenced { current_epoch }) => {
+                tracing::warn!(execution_id = %act.execution_id, current_epoch, "attempt fenced; stopping");
+                act.release(ctx);
+                Err(Error::Fenced { current_epoch })
+            }
+            Ok(Outcome::VersionConflict { current }) => {
+                tracing::warn!(execution_id = %act.execution_id, current, "another writer moved the execution; stopping");
+                act.release(ctx);
+                Err(Error::VersionConflict { current })
+            }
+            Ok(other) => Ok(other),
+            Err(error) => Err(Error::Storage(error)),
+        }))
+    }
+
+    /// `submit` for transitions that carry no command: anything but a commit is an error.
+    fn commit(
+        &mut self,
+        events: Vec<Event>,
+        upserts: Vec<Upsert>,
+    ) -> ResponseActFuture<Self, Result<u64, Error>> {
+        Box::pin(
+            self.submit(events, upserts)
+                .map(|outcome, _, _| match outcome? {
+                    Outcome::Committed(committed) => Ok(committed.version),
+                    other => Err(Error::Internal(format!("unexpected outcome {other:?}"))),
+                }),
+        )
+    }
+
+    /// Decides an accepted command and records `applied` or `rejected` with its effect.
+    fn decide_command(
+        &mut self,
+        accepted: CommandRecord,
+        control: Control,
+    ) -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
+        let command_id = accepted.command_id;
+        let busy = self.in_flight.is_some();
+        let (events, mut record) = match self.machine.decide(
+            Input::Control {
+                command_id,
+                control,
+            },
+            busy,
+        ) {
+            Ok(events) => (
+                events,
+                CommandRecord {
+                    status: CommandStatus::Applied,
+                    ..accepted
+                },
+            ),
+            Err(rejection) => {
+                let reason = format!(
+                    "{}; available: [{}]",
+                    rejection.reason,
+                    rejection.capabilities.join(", ")
+                );
+                let events = vec![Event::CommandRejected {
+                    command_id,
+                    reason: reason.clone(),
+                }];
+                (
+                    events,
+                    CommandRecord {
+                        status: CommandStatus::Rejected,
+                        reason: Some(reason),
+                        ..accepted
+                    },
+                )
+            }
+        };
+        record.result_version = Some(self.head.version + 1);
+        let upsert = Upsert::Command(record.clone());
+        Box::pin(
+            self.commit(events, vec![upsert])
+                .map(move |committed, _, _| committed.map(|_| record)),
+        )
+    }
+
+    fn perform(&mut self, actions: Vec<Action>, ctx: &mut Context<Self>) {
+        for action in actions {
+            match action {
+                Action::Advance => ctx.notify(Advance),
+                Action::AbortEffect => {
+                    if let Some(in_flight) = &self.in_flight {
+                        in_flight.abort.abort();
+                    }
+                }
+                Action::Finished | Action::Park => self.park_if_idle(ctx),
+            }
+        }
+    }
+
+    /// A finished or paused execution with nothing in flight releases its actor: its state
+    /// is in storage, and a command or read reactivates it.
+    fn park_if_idle(&mut self, ctx: &mut Context<Self>) {
+        let status = self.machine.status();
+        if self.in_flight.is_none() && (status.is_terminal() || status == Status::Paused) {
+            self.release(ctx);
+        }
+    }
+
+    fn release(&mut self, ctx: &mut Context<Self>) {
+        self.env.directory.forget(self.execution_id, &ctx.address());
+        ctx.stop();
+    }
+
+    fn start_model(&mut self, effect_id: EffectId, ctx: &mut Context<Self>) {
+        let request = ModelRequest {
+            execution_id: self.execution_id,
+            effect_id,
+            input: self.machine.input.clone(),
+            context: self.machine.context.clone(),
+            iterations: self.machine.iterations,
+        };
+        let (abort, registration) = AbortHandle::new_pair();
+        let decided = Abortable::new(self.env.provider.decide(request), registration);
+        self.in_flight = Some(InFlight { abort });
+        ctx.spawn(
+            fut::wrap_future::<_, Self>(decided).map(move |result, act, ctx| match result {
+                Ok(Ok(decision)) => ctx.notify(EffectDone(Input::ModelDecided {
+                    effect_id,
+                    decision,
+                })),
+                Ok(Err(error)) => ctx.notify(EffectDone(Input::ModelFailed { effect_id, error })),
+                Err(_aborted) => {
+                    // A cancelled model request leaves nothing to record: it is regenerated from
+                    // committed context if the execution ever runs again.
+                    act.in_flight = None;
+                    ctx.notify(Advance);
+                }
+            }),
+        );
+    }
+
+    fn start_tool(&mut self, pending: PendingTool, ctx: &mut Context<Self>) {
+        let effect_id = pending.effect_id;
+        let Some(tool) = self.env.tools.get(&pending.tool) else {
+            let output = format!("unknown tool `{}`", pending.tool);
+            ctx.notify(EffectDone(Input::ToolFinished {
+                effect_id,
+                status: ReceiptStatus::Failed,
+                output,
+            }));
+            return;
+        };
+        let recovery = tool.recovery();
+        let call = ToolCall {
+            execution_id: self.execution_id,
+            effect_id,
+            args: pending.args,
+        };
+        let (abort, registration) = AbortHandle::new_pair();
+        let ran = Abortable::new(tool.call(call), registration);
+        self.in_flight = Some(InFlight { abort });
+        ctx.spawn(
+            fut::wrap_future::<_, Self>(ran).map(move |result, _act, ctx| {
+                let (status, output) = match result {
+                    Ok(Ok(output)) => (ReceiptStatus::Confirmed, output),
+                    Ok(Err(error)) => (ReceiptStatus::Failed, error),
+                    // An aborted external call may or may not have taken effect.
+                    Err(_aborted) if recovery == Recovery::External => {
+                        (ReceiptStatus::Unknown, "aborted by cancel".to_owned())
+                    }
+                    Err(_aborted) => (ReceiptStatus::Failed, "aborted by cancel".to_owned()),
+                };
+                ctx.notify(EffectDone(Input::ToolFinished {
+                    effect_id,
+                    status,
+                    output,
+                }));
+            }),
+        );
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        Snapshot::of(&self.head, &self.machine)
+    }
+}
+
+/// Start a new attempt and run. Sent once when the actor is activated.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<u64, Error>")]
+pub struct Activate;
+
+impl Handler<Activate> for ExecutionActor {
+    type Result = AtomicResponse<Self, Result<u64, Error>>;
+
+    fn handle(&mut self, _: Activate, _ctx: &mut Context<Self>) -> Self::Result {
+        self.handled += 1;
+        if self.machine.status().is_terminal() {
+            // Activated for a read or a command only: no attempt, nothing to run.
+            return AtomicResponse::new(Box::pin(fut::ready(Ok(self.head.version))));
+        }
+        let epoch = self.head.fencing_epoch + 1;
+        self.epoch = Some(epoch);
+        let started = Event::AttemptStarted {
+            attempt_id: AttemptId::new(),
+            owner_id: self.env.owner,
+            epoch,
+        };
+        AtomicResponse::new(self.commit(vec![started], Vec::new()))
+    }
+}
+
+/// A control command from the command service (K-1): the execution saves it as accepted,
+/// then decides it and records `applied` or `rejected` with its effect — two transitions,
+/// in mailbox order, so no other write of this execution comes between them.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<CommandRecord, Error>")]
+pub struct ApplyControl {
+    pub accepted: CommandRecord,
+    pub control: Control,
+    /// The version the client saw (K-4); a stale one is refused and nothing is stored.
+    pub expected_version: Option<u64>,
+}
+
+impl Handler<ApplyControl> for ExecutionActor {
+    type Result = AtomicResponse<Self, Result<CommandRecord, Error>>;
+
+    fn handle(&mut self, message: ApplyControl, _ctx: &mut Context<Self>) -> Self::Result {
+        self.handled += 1;
+        let ApplyControl {
+            accepted,
+            control,
+            expected_version,
+        } = message;
+        let command_id = accepted.command_id;
+        if self.machine.decided_commands.contains(&command_id) {
+            // A redelivery: the stored outcome stands, or a conflict if the payload differs.
+            let stored = self
+                .env
+                .store
+                .command(command_id)
+                .map_err(Error::Storage)
+                .and_then(|stored| {
+                    let stored = stored.ok_or_else(|| {
+                        Error::Internal(format!("decided command {command_id} has no record"))
+                    })?;
+                    if stored.payload_hash == accepted.payload_hash {
+                        Ok(stored)
+                    } else {
+                        Err(Error::CommandConflict {
+                            stored: Box::new(stored),
+                        })
+                    }
+                });
+            return AtomicResponse::new(Box::pin(fut::ready(stored)));
+        }
+        if let Some(expected) = expected_version.filter(|expected| *expected != self.head.version) {
+            let reason = format!(
+                "stale expected_version {expected}: the current version is {}",
+                self.head.version
+            );
+            let rejected = CommandRecord {
+                status: CommandStatus::Rejected,
+                reason: Some(reason),
+                result_version: Some(self.head.version),
+                ..accepted
+            };
+            return AtomicResponse::new(Box::pin(fut::ready(Ok(rejected))));
+        }
+        let event = Event::CommandAccepted {
+            command_id,
+            kind: accepted.kind.clone(),
+        };
+        let saved = self.submit(vec![event], vec![Upsert::Command(accepted.clone())]);
+        AtomicResponse::new(Box::pin(saved.then(
+            move |outcome, act, _ctx| -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
+                match outcome {
+                    Ok(Outcome::Committed(_)) => Box::pin(
+                        act.decide_command(accepted, control)
+                            .map(|decided, act, ctx| {
+                                // Activated only for this command (paused or finished): release again.
+                                act.park_if_idle(ctx);
+                                decided
+                            }),
+                    ),
+                    Ok(Outcome::DuplicateCommand { stored })
+                        if stored.status != CommandStatus::Accepted =>
+                    {
+                        Box::pin(fut::ready(Ok(stored)))
+                    }
+                    // Accepted before (a crash came between) and never decided: decide now.
+                    Ok(Outcome::DuplicateCommand { .. }) => act.decide_command(accepted, control),
+                    Ok(Outcome::CommandConflict { stored }) => {
+                        Box::pin(fut::ready(Err(Error::CommandConflict {
+                            stored: Box::new(stored),
+                        })))
+                    }
+                    Ok(other) => Box::pin(fut::ready(Err(Error::Internal(format!(
+                        "unexpected outcome {other:?}"
+                    ))))),
+                    Err(error) => Box::pin(fut::ready(Err(error))),
+                }
+            },
+        )))
+    }
+}
+
+/// A provider or tool finished.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct EffectDone(Input);
+
+impl Handler<EffectDone> for ExecutionActor {
+    type Result = AtomicResponse<Self, ()>;
+
+    fn handle(&mut self, EffectDone(input): EffectDone, _ctx: &mut Context<Self>) -> Self::Result {
+        self.handled += 1;
+        self.in_flight = None;
+        match self.machine.decide(input, false) {
+            Ok(events) => {
+                AtomicResponse::new(Box::pin(self.commit(events, Vec::new()).map(log_failure)))
+            }
+            Err(rejection) => {
+                tracing::error!(execution_id = %self.execution_id, ?rejection, "an effect result was refused");
+                AtomicResponse::new(Box::pin(fut::ready(())))
+            }
+        }
+    }
+}
+
+/// Take the next step, if the execution is running and idle.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct Advance;
+
+impl Handler<Advance> for ExecutionActor {
+    type Result = AtomicResponse<Self, ()>;
+
+    fn handle(&mut self, _: Advance, ctx: &mut Context<Self>) -> Self::Result {
+        self.handled += 1;
+        if self.in_flight.is_some() || self.epoch.is_none() {
+            return AtomicResponse::new(Box::pin(fut::ready(())));
+        }
+        let tools = self.env.tools.clone();
+        match self
+            .machine
+            .next(EffectId::new(), |name| tools.recovery(name))
+        {
+            Next::Persist(events) => {
+                return AtomicResponse::new(Box::pin(
+                    self.commit(events, Vec::new()).map(log_failure),
+                ))
+            }
+            Next::CallModel { effect_id } => self.start_model(effect_id, ctx),
+            Next::RunTool(pending) => self.start_tool(pending, ctx),
+            Next::Idle => {}
+        }
+        AtomicResponse::new(Box::pin(fut::ready(())))
+    }
+}
+
+fn log_failure(
+    result: Result<u64, Error>,
+    act: &mut ExecutionActor,
+    _ctx: &mut Context<ExecutionActor>,
+) {
+    if let Err(error) = result {
+        tracing::error!(execution_id = %act.execution_id, %error, "a transition failed");
+    }
+}
+
+/// The execution's current snapshot.
+#[derive(Debug, Message)]
+#[rtype(result = "Snapshot")]
+pub struct GetSnapshot;
+
+impl Handler<GetSnapshot> for ExecutionActor {
+    type Result = MessageResult<GetSnapshot>;
+
+    fn handle(&mut self, _: GetSnapshot, _ctx: &mut Context<Self>) -> Self::Result {
+        self.handled += 1;
+        MessageResult(self.snapshot())
+    }
+}

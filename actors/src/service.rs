@@ -1,0 +1,282 @@
+//! The command service and the reads (K-1, I-1): one entry point for every transport.
+//!
+//! A command goes to its execution's mailbox, which saves it as `accepted` (with its payload
+//! hash, K-4) and then records `applied` or `rejected` in the same transition as its effect;
+//! the execution is the only writer of its version while it is live, so a command never
+//! moves the version under a running step. Reads and commands check the session first: another
+//! session's execution answers as not found.
+
+use std::sync::Arc;
+
+use openprogram_storage::{
+    CommandId, CommandRecord, CommandStatus, Control, Event, EventEnvelope, ExecutionHead,
+    ExecutionId, ExecutionKind, MessageId, Outcome, RunId, SessionId, Transition,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::env::{load, Env};
+use crate::error::{Error, Result};
+use crate::execution::actor::{ApplyControl, GetSnapshot};
+use crate::execution::machine::AgentInput;
+use crate::snapshot::Snapshot;
+
+/// A new agent turn.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StartRequest {
+    pub message: String,
+    #[serde(default)]
+    pub parent_message_id: Option<MessageId>,
+    #[serde(default)]
+    pub script: Vec<serde_json::Value>,
+    #[serde(default)]
+    pub max_iterations: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StartReply {
+    pub execution_id: ExecutionId,
+    pub run_id: RunId,
+    pub turn_id: openprogram_storage::TurnId,
+    pub user_message_id: MessageId,
+    pub reply_message_id: MessageId,
+    pub version: u64,
+}
+
+/// A control command (SPEC §6 body).
+#[derive(Debug, Clone, Deserialize)]
+pub struct CommandRequest {
+    pub command_id: CommandId,
+    pub kind: String,
+    #[serde(default)]
+    pub expected_version: Option<u64>,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CommandReply {
+    pub command_id: CommandId,
+    /// `accepted`, `applied` or `rejected`.
+    pub status: &'static str,
+    pub reason: Option<String>,
+    pub version: u64,
+    pub execution_id: Option<ExecutionId>,
+}
+
+impl CommandReply {
+    fn of(record: &CommandRecord) -> Self {
+        Self {
+            command_id: record.command_id,
+            status: match record.status {
+                CommandStatus::Accepted => "accepted",
+                CommandStatus::Applied => "applied",
+                CommandStatus::Rejected => "rejected",
+            },
+            reason: record.reason.clone(),
+            version: record.result_version.unwrap_or(0),
+            execution_id: record.child_execution_id,
+        }
+    }
+}
+
+/// The longest steer text accepted.
+const STEER_BYTES_MAX: usize = 16 * 1024;
+
+fn control_of(request: &CommandRequest) -> Result<Control> {
+    match request.kind.as_str() {
+        "pause" => Ok(Control::Pause),
+        "continue" => Ok(Control::Continue),
+        "step" => Ok(Control::Step),
+        "cancel" => Ok(Control::Cancel),
+        "steer" => match &request.text {
+            Some(text) if !text.is_empty() && text.len() <= STEER_BYTES_MAX => {
+                Ok(Control::Steer { text: text.clone() })
+            }
+            Some(text) if text.len() > STEER_BYTES_MAX => Err(Error::InvalidRequest(format!(
+                "steer text is longer than {STEER_BYTES_MAX} bytes"
+            ))),
+            _ => Err(Error::InvalidRequest(
+                "steer needs a non-empty `text`".into(),
+            )),
+        },
+        "fork" | "retry" | "answer" | "decline" | "reconcile" | "stop_process" | "set_policy" => {
+            Err(Error::InvalidRequest(format!(
+                "`{}` is not supported by this build yet",
+                request.kind
+            )))
+        }
+        other => Err(Error::InvalidRequest(format!(
+            "unknown command kind `{other}`"
+        ))),
+    }
+}
+
+/// The canonical payload of a command, hashed for K-4.
+fn payload_hash(request: &CommandRequest) -> [u8; 32] {
+    let canonical = serde_json::json!({
+        "kind": request.kind,
+        "text": request.text,
+        "expected_version": request.expected_version,
+    });
+    *blake3::hash(canonical.to_string().as_bytes()).as_bytes()
+}
+
+/// The runtime's operations, shared by every transport.
+#[derive(Debug, Clone)]
+pub struct Service {
+    env: Arc<Env>,
+}
+
+impl Service {
+    pub fn new(env: Arc<Env>) -> Self {
+        Self { env }
+    }
+
+    pub fn env(&self) -> &Arc<Env> {
+        &self.env
+    }
+
+    /// The head of an execution of this session.
+    fn head_in(&self, session_id: SessionId, execution_id: ExecutionId) -> Result<ExecutionHead> {
+        match self.env.store.head(execution_id)? {
+            Some(head) if head.session_id == session_id => Ok(head),
+            _ => Err(Error::NotFound),
+        }
+    }
+
+    /// Admits a new agent turn and starts it.
+    pub async fn start_execution(
+        &self,
+        session_id: SessionId,
+        request: StartRequest,
+    ) -> Result<StartReply> {
+        let execution_id = ExecutionId::new();
+        let head = ExecutionHead::new(
+            execution_id,
+            session_id,
+            RunId::new(),
+            ExecutionKind::AgentTurn,
+        );
+        let input = AgentInput {
+            message: request.message,
+            script: request.script,
+            max_iterations: request.max_iterations.unwrap_or(50),
+        };
+        if input.max_iterations == 0 {
+            return Err(Error::InvalidRequest(
+                "max_iterations must be at least 1".into(),
+            ));
+        }
+        let input = serde_json::to_string(&input)
+            .map_err(|error| Error::InvalidRequest(error.to_string()))?;
+        let admitted = Event::Admitted {
+            kind: head.kind,
+            session_id,
+            run_id: head.run_id,
+            parent_execution_id: None,
+            revision_id: head.revision_id,
+            turn_id: head.turn_id,
+            user_message_id: head.user_message_id,
+            reply_message_id: head.reply_message_id,
+            parent_message_id: request.parent_message_id,
+            input,
+        };
+        let reply = StartReply {
+            execution_id,
+            run_id: head.run_id,
+            turn_id: head.turn_id,
+            user_message_id: head.user_message_id,
+            reply_message_id: head.reply_message_id,
+            version: 1,
+        };
+        match self
+            .env
+            .store
+            .submit(Transition::create(head, vec![admitted]))
+            .await?
+        {
+            Outcome::Committed(_) => {}
+            other => return Err(Error::Internal(format!("creating an execution: {other:?}"))),
+        }
+        self.env.activate(execution_id)?;
+        Ok(reply)
+    }
+
+    /// K-1: saves the command as accepted, routes it to the execution, returns its outcome.
+    pub async fn command(
+        &self,
+        session_id: SessionId,
+        execution_id: ExecutionId,
+        request: CommandRequest,
+    ) -> Result<CommandReply> {
+        self.head_in(session_id, execution_id)?;
+        let control = control_of(&request)?;
+        let accepted = CommandRecord {
+            command_id: request.command_id,
+            execution_id,
+            kind: request.kind.clone(),
+            payload_hash: payload_hash(&request),
+            status: CommandStatus::Accepted,
+            reason: None,
+            result_version: None,
+            child_execution_id: None,
+            accepted_at_ms: 0,
+        };
+        // The actor may release itself between activation and delivery: one retry.
+        for _ in 0..2 {
+            let addr = self.env.activate(execution_id)?;
+            let message = ApplyControl {
+                accepted: accepted.clone(),
+                control: control.clone(),
+                expected_version: request.expected_version,
+            };
+            match addr.send(message).await {
+                Ok(decided) => return decided.map(|record| CommandReply::of(&record)),
+                Err(actix::MailboxError::Closed) => continue,
+                Err(error) => return Err(Error::Unavailable(error.to_string())),
+            }
+        }
+        Err(Error::Unavailable(
+            "the execution's actor stopped twice while taking a command".into(),
+        ))
+    }
+
+    /// The current status of a command of this session.
+    pub fn command_status(
+        &self,
+        session_id: SessionId,
+        command_id: CommandId,
+    ) -> Result<CommandReply> {
+        let record = self.env.store.command(command_id)?.ok_or(Error::NotFound)?;
+        self.head_in(session_id, record.execution_id)?;
+        Ok(CommandReply::of(&record))
+    }
+
+    /// The snapshot of an execution: from its live actor, or rebuilt from storage.
+    pub async fn snapshot(
+        &self,
+        session_id: SessionId,
+        execution_id: ExecutionId,
+    ) -> Result<Snapshot> {
+        self.head_in(session_id, execution_id)?;
+        if let Some(addr) = self.env.directory.live(execution_id) {
+            if let Ok(snapshot) = addr.send(GetSnapshot).await {
+                return Ok(snapshot);
+            }
+        }
+        let (head, machine) = load(self.env.store.as_ref(), execution_id)?;
+        Ok(Snapshot::of(&head, &machine))
+    }
+
+    /// Events of an execution with `seq > after`, at most `limit`.
+    pub fn events(
+        &self,
+        session_id: SessionId,
+        execution_id: ExecutionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<EventEnvelope>> {
+        self.head_in(session_id, execution_id)?;
+        Ok(self.env.store.events_after(execution_id, after, limit)?)
+    }
+}

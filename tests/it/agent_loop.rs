@@ -1,0 +1,173 @@
+//! The agent loop through the library (E-3, E-4, E-5, I-1, X-1, passivation).
+
+use openprogram::storage::{Event, ExecutionId};
+
+use crate::support::*;
+
+#[tokio::test]
+async fn e3_twenty_step_turn_completes_with_twenty_confirmed_tool_receipts() {
+    let harness = Harness::new();
+    let mut script: Vec<_> = (0..20).map(|step| echo(&format!("step {step}"))).collect();
+    script.push(reply("all done"));
+    let execution = harness.start(script, None).await;
+    let snapshot = harness.wait_for_state(execution, "completed").await;
+    assert_eq!(snapshot.text, "all done");
+    let tools = snapshot
+        .receipts
+        .iter()
+        .filter(|receipt| receipt.tool == "echo")
+        .count();
+    let confirmed = snapshot
+        .receipts
+        .iter()
+        .filter(|r| r.tool == "echo" && r.status == "confirmed")
+        .count();
+    assert_eq!((tools, confirmed), (20, 20), "{:?}", snapshot.receipts);
+    let events = harness.events(execution);
+    // Every decision and every tool result published a checkpoint in its own transition.
+    assert_eq!(
+        count(&events, |e| matches!(e, Event::CheckpointPublished { .. })),
+        41
+    );
+    assert_eq!(
+        count(&events, |e| matches!(e, Event::ToolFinished { .. })),
+        20
+    );
+    assert!(
+        snapshot.capabilities.is_empty(),
+        "a completed turn offers no control"
+    );
+}
+
+#[tokio::test]
+async fn e5_iteration_limit_fails_keeping_text_and_history() {
+    let harness = Harness::new();
+    let script = vec![echo("a"), echo("b"), echo("c"), echo("d"), reply("never")];
+    let execution = harness.start(script, Some(3)).await;
+    let snapshot = harness.wait_for_state(execution, "failed").await;
+    assert!(
+        snapshot.text.contains("iteration limit of 3"),
+        "{}",
+        snapshot.text
+    );
+    let events = harness.events(execution);
+    assert_eq!(
+        count(&events, |e| matches!(e, Event::ModelDecided { .. })),
+        3
+    );
+    assert_eq!(
+        count(&events, |e| matches!(e, Event::ToolFinished { .. })),
+        3
+    );
+}
+
+#[tokio::test]
+async fn e6_model_error_gets_a_response_record_and_fails() {
+    let harness = Harness::new();
+    // The scripted provider fails when the script runs out.
+    let execution = harness.start(vec![echo("only")], None).await;
+    let snapshot = harness.wait_for_state(execution, "failed").await;
+    let events = harness.events(execution);
+    assert_eq!(
+        count(&events, |e| matches!(e, Event::ModelFailed { .. })),
+        1
+    );
+    assert!(snapshot
+        .receipts
+        .iter()
+        .any(|r| r.tool == "model" && r.status == "failed"));
+}
+
+#[tokio::test]
+async fn e4_tool_error_is_a_failed_receipt_and_the_turn_goes_on() {
+    let harness = Harness::new();
+    let script = vec![
+        serde_json::json!({"tool": "fail", "args": {"message": "boom"}}),
+        reply("recovered"),
+    ];
+    let execution = harness.start(script, None).await;
+    let snapshot = harness.wait_for_state(execution, "completed").await;
+    assert!(snapshot
+        .receipts
+        .iter()
+        .any(|r| r.tool == "fail" && r.status == "failed"));
+    assert_eq!(snapshot.text, "recovered");
+}
+
+#[tokio::test]
+async fn e4_external_tool_is_recorded_as_dispatched_before_it_runs() {
+    let harness = Harness::new();
+    let sink = tempfile::NamedTempFile::new().expect("sink");
+    let path = sink.path().to_string_lossy().into_owned();
+    let script = vec![
+        serde_json::json!({"tool": "append", "args": {"path": path, "line": "hello"}}),
+        reply("ok"),
+    ];
+    let execution = harness.start(script, None).await;
+    harness.wait_for_state(execution, "completed").await;
+    let events = harness.events(execution);
+    let dispatched = events
+        .iter()
+        .position(|e| matches!(e.event, Event::ToolDispatched { .. }));
+    let finished = events
+        .iter()
+        .position(|e| matches!(e.event, Event::ToolFinished { .. }));
+    assert!(dispatched.is_some() && dispatched < finished, "{events:#?}");
+    let written = std::fs::read_to_string(sink.path()).expect("sink");
+    let Some(Event::ToolDispatched { effect_id, .. }) =
+        dispatched.map(|index| &events[index].event)
+    else {
+        panic!("no dispatch");
+    };
+    assert_eq!(written, format!("hello\t{effect_id}\n"));
+}
+
+#[tokio::test]
+async fn x1_another_sessions_execution_is_not_found() {
+    let harness = Harness::new();
+    let execution = harness.start(vec![reply("hi")], None).await;
+    let stranger = openprogram::storage::SessionId::new();
+    let error = harness
+        .runtime
+        .snapshot(stranger, execution)
+        .await
+        .expect_err("hidden");
+    assert_eq!(error.code(), "not_found");
+    let unknown = harness
+        .runtime
+        .snapshot(harness.session, ExecutionId::new())
+        .await
+        .expect_err("unknown");
+    assert_eq!(unknown.code(), "not_found");
+    assert_eq!(
+        harness
+            .runtime
+            .events(stranger, execution, 0)
+            .expect_err("hidden")
+            .code(),
+        "not_found"
+    );
+}
+
+#[tokio::test]
+async fn finished_executions_release_their_actors() {
+    let harness = Harness::new();
+    let mut executions = Vec::new();
+    for _ in 0..20 {
+        executions.push(harness.start(vec![echo("x"), reply("done")], None).await);
+    }
+    for execution in &executions {
+        harness.wait_for_state(*execution, "completed").await;
+    }
+    let started = std::time::Instant::now();
+    while harness.runtime.live_executions() > 0 {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "{} actors still live",
+            harness.runtime.live_executions()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // A read of a parked execution rebuilds it from storage.
+    assert_eq!(harness.snapshot(executions[0]).await.text, "done");
+}

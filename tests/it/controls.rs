@@ -1,0 +1,238 @@
+//! The controls through the library (K-1..K-5).
+
+use openprogram::storage::{CommandId, Event};
+
+use crate::support::*;
+
+#[tokio::test]
+async fn k2_pause_during_a_tool_lets_it_finish_and_continue_does_not_repeat_it() {
+    let harness = Harness::new();
+    let execution = harness
+        .start(vec![sleep(300), echo("after"), reply("done")], None)
+        .await;
+    harness
+        .wait_for_event(
+            execution,
+            "the sleep decision",
+            is_sleep_dispatch_or_decision,
+        )
+        .await;
+    let paused = harness.command(execution, "pause", None).await;
+    assert_eq!(paused.status, "applied", "{paused:?}");
+    let snapshot = harness.wait_for_state(execution, "paused").await;
+    let events = harness.events(execution);
+    // The sleep finished; nothing started after it.
+    assert_eq!(
+        count(&events, |e| matches!(e, Event::ToolFinished { .. })),
+        1
+    );
+    assert_eq!(
+        count(&events, |e| matches!(e, Event::ModelDecided { .. })),
+        1
+    );
+    assert!(
+        snapshot.capabilities.contains(&"continue"),
+        "{:?}",
+        snapshot.capabilities
+    );
+    let continued = harness.command(execution, "continue", None).await;
+    assert_eq!(continued.status, "applied", "{continued:?}");
+    let snapshot = harness.wait_for_state(execution, "completed").await;
+    let events = harness.events(execution);
+    assert_eq!(
+        count(
+            &events,
+            |e| matches!(e, Event::ToolFinished { output, .. } if output.starts_with("slept"))
+        ),
+        1
+    );
+    assert_eq!(snapshot.text, "done");
+}
+
+#[tokio::test]
+async fn k2_step_runs_exactly_one_step_per_command() {
+    let harness = Harness::new();
+    let execution = harness
+        .start(vec![sleep(300), echo("a"), echo("b"), reply("done")], None)
+        .await;
+    harness
+        .wait_for_event(
+            execution,
+            "the sleep decision",
+            is_sleep_dispatch_or_decision,
+        )
+        .await;
+    harness.command(execution, "pause", None).await;
+    harness.wait_for_state(execution, "paused").await;
+    let steps = |events: &[openprogram::storage::EventEnvelope]| {
+        count(events, |e| {
+            matches!(e, Event::ModelDecided { .. } | Event::ToolFinished { .. })
+        })
+    };
+    let mut taken = steps(&harness.events(execution));
+    assert_eq!(taken, 2, "the sleep's decision and result");
+    for _ in 0..3 {
+        let stepped = harness.command(execution, "step", None).await;
+        assert_eq!(stepped.status, "applied", "{stepped:?}");
+        harness
+            .wait_for(execution, "paused after one step", |s| {
+                s.state == "paused" && s.version > stepped.version
+            })
+            .await;
+        let now = steps(&harness.events(execution));
+        assert_eq!(now, taken + 1, "one step per Step");
+        taken = now;
+    }
+    harness.command(execution, "continue", None).await;
+    assert_eq!(
+        harness.wait_for_state(execution, "completed").await.text,
+        "done"
+    );
+}
+
+#[tokio::test]
+async fn k2_steer_text_appears_in_the_reply() {
+    let harness = Harness::new();
+    let execution = harness.start(vec![sleep(200), reply("done")], None).await;
+    harness
+        .wait_for_event(
+            execution,
+            "the sleep decision",
+            is_sleep_dispatch_or_decision,
+        )
+        .await;
+    let steered = harness.command(execution, "steer", Some("be brief")).await;
+    assert_eq!(steered.status, "applied", "{steered:?}");
+    let snapshot = harness.wait_for_state(execution, "completed").await;
+    assert_eq!(snapshot.text, "done\n[steer] be brief");
+}
+
+#[tokio::test]
+async fn k5_cancel_during_sleep_ends_it_and_wins_over_later_controls() {
+    let harness = Harness::new();
+    let execution = harness
+        .start(vec![sleep(600_000), reply("never")], None)
+        .await;
+    harness
+        .wait_for_event(
+            execution,
+            "the sleep decision",
+            is_sleep_dispatch_or_decision,
+        )
+        .await;
+    let cancelled = harness.command(execution, "cancel", None).await;
+    assert_eq!(cancelled.status, "applied", "{cancelled:?}");
+    let snapshot = harness.wait_for_state(execution, "cancelled").await;
+    assert!(snapshot
+        .receipts
+        .iter()
+        .any(|r| r.tool == "sleep" && r.status == "failed"));
+    let late = harness.command(execution, "continue", None).await;
+    assert_eq!(late.status, "rejected", "{late:?}");
+}
+
+#[tokio::test]
+async fn k4_duplicate_command_id_applies_once_and_other_payload_conflicts() {
+    let harness = Harness::new();
+    let execution = harness.start(vec![sleep(300), reply("done")], None).await;
+    harness
+        .wait_for_event(
+            execution,
+            "the sleep decision",
+            is_sleep_dispatch_or_decision,
+        )
+        .await;
+    let command_id = CommandId::new();
+    let first = harness
+        .command_with(execution, command_id, "steer", Some("once"), None)
+        .await;
+    let again = harness
+        .command_with(execution, command_id, "steer", Some("once"), None)
+        .await;
+    assert_eq!(first, again);
+    let request = openprogram::CommandRequest {
+        command_id,
+        kind: "steer".into(),
+        expected_version: None,
+        text: Some("other".into()),
+    };
+    let conflict = harness
+        .runtime
+        .command(harness.session, execution, request)
+        .await
+        .expect_err("conflict");
+    assert_eq!(conflict.code(), "command_conflict");
+    let snapshot = harness.wait_for_state(execution, "completed").await;
+    assert_eq!(snapshot.text, "done\n[steer] once");
+    let applied = count(&harness.events(execution), |e| {
+        matches!(e, Event::ControlApplied { .. })
+    });
+    assert_eq!(applied, 1);
+    assert_eq!(
+        harness
+            .runtime
+            .command_status(harness.session, command_id)
+            .expect("status"),
+        first
+    );
+}
+
+#[tokio::test]
+async fn k4_stale_expected_version_is_rejected_with_the_current_version() {
+    let harness = Harness::new();
+    let execution = harness.start(vec![sleep(300), reply("done")], None).await;
+    harness
+        .wait_for_event(
+            execution,
+            "the sleep decision",
+            is_sleep_dispatch_or_decision,
+        )
+        .await;
+    let current = harness.snapshot(execution).await.version;
+    let stale = harness
+        .command_with(
+            execution,
+            CommandId::new(),
+            "pause",
+            None,
+            Some(current - 1),
+        )
+        .await;
+    assert_eq!(stale.status, "rejected");
+    assert!(
+        stale
+            .reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("stale expected_version"),
+        "{stale:?}"
+    );
+    assert!(stale.version >= current);
+    assert_eq!(
+        count(&harness.events(execution), |e| matches!(
+            e,
+            Event::ControlApplied { .. }
+        )),
+        0
+    );
+}
+
+#[tokio::test]
+async fn k3_a_control_outside_the_capabilities_is_rejected_with_the_list() {
+    let harness = Harness::new();
+    let execution = harness.start(vec![sleep(300), reply("done")], None).await;
+    harness
+        .wait_for_event(
+            execution,
+            "the sleep decision",
+            is_sleep_dispatch_or_decision,
+        )
+        .await;
+    let rejected = harness.command(execution, "continue", None).await;
+    assert_eq!(rejected.status, "rejected");
+    let reason = rejected.reason.unwrap_or_default();
+    assert!(
+        reason.contains("available: [pause, steer, cancel]"),
+        "{reason}"
+    );
+}

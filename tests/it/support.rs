@@ -1,0 +1,165 @@
+//! Helpers for the runtime tests: a runtime on a fresh store, scripts, and waiting for a
+//! condition with a deadline (a liveness bound, never a timing assertion).
+
+use std::time::{Duration, Instant};
+
+use openprogram::storage::{CommandId, Event, EventEnvelope, ExecutionId, SessionId};
+use openprogram::{CommandReply, CommandRequest, Runtime, Snapshot, StartRequest};
+use serde_json::{json, Value};
+
+/// How long a condition may take before the test fails: far above what it needs.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+pub struct Harness {
+    pub runtime: Runtime,
+    pub session: SessionId,
+    _dir: tempfile::TempDir,
+}
+
+impl Harness {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let runtime = Runtime::builder()
+            .data_dir(dir.path())
+            .open()
+            .expect("open runtime");
+        Self {
+            runtime,
+            session: SessionId::new(),
+            _dir: dir,
+        }
+    }
+
+    pub async fn start(&self, script: Vec<Value>, max_iterations: Option<u32>) -> ExecutionId {
+        let request = StartRequest {
+            message: "test".into(),
+            script,
+            max_iterations,
+            ..Default::default()
+        };
+        self.runtime
+            .start_execution(self.session, request)
+            .await
+            .expect("start")
+            .execution_id
+    }
+
+    pub async fn snapshot(&self, execution: ExecutionId) -> Snapshot {
+        self.runtime
+            .snapshot(self.session, execution)
+            .await
+            .expect("snapshot")
+    }
+
+    pub fn events(&self, execution: ExecutionId) -> Vec<EventEnvelope> {
+        self.runtime
+            .events(self.session, execution, 0)
+            .expect("events")
+    }
+
+    pub async fn command(
+        &self,
+        execution: ExecutionId,
+        kind: &str,
+        text: Option<&str>,
+    ) -> CommandReply {
+        self.command_with(execution, CommandId::new(), kind, text, None)
+            .await
+    }
+
+    pub async fn command_with(
+        &self,
+        execution: ExecutionId,
+        command_id: CommandId,
+        kind: &str,
+        text: Option<&str>,
+        expected_version: Option<u64>,
+    ) -> CommandReply {
+        let request = CommandRequest {
+            command_id,
+            kind: kind.into(),
+            expected_version,
+            text: text.map(str::to_owned),
+        };
+        self.runtime
+            .command(self.session, execution, request)
+            .await
+            .expect("command")
+    }
+
+    /// Waits until the snapshot satisfies `done`; fails with the last one after `DEADLINE`.
+    pub async fn wait_for(
+        &self,
+        execution: ExecutionId,
+        what: &str,
+        done: impl Fn(&Snapshot) -> bool,
+    ) -> Snapshot {
+        let started = Instant::now();
+        loop {
+            let snapshot = self.snapshot(execution).await;
+            if done(&snapshot) {
+                return snapshot;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "waited {DEADLINE:?} for {what}; last: {snapshot:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    pub async fn wait_for_state(&self, execution: ExecutionId, state: &str) -> Snapshot {
+        self.wait_for(execution, state, |snapshot| snapshot.state == state)
+            .await
+    }
+
+    /// Waits until an event matching `found` is committed.
+    pub async fn wait_for_event(
+        &self,
+        execution: ExecutionId,
+        what: &str,
+        found: impl Fn(&Event) -> bool,
+    ) {
+        let started = Instant::now();
+        while !self
+            .events(execution)
+            .iter()
+            .any(|envelope| found(&envelope.event))
+        {
+            assert!(
+                started.elapsed() < DEADLINE,
+                "waited {DEADLINE:?} for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.runtime.shutdown();
+    }
+}
+
+pub fn echo(text: &str) -> Value {
+    json!({"tool": "echo", "args": {"text": text}})
+}
+
+pub fn sleep(ms: u64) -> Value {
+    json!({"tool": "sleep", "args": {"ms": ms}})
+}
+
+pub fn reply(text: &str) -> Value {
+    json!({"reply": text})
+}
+
+pub fn count(events: &[EventEnvelope], found: impl Fn(&Event) -> bool) -> usize {
+    events
+        .iter()
+        .filter(|envelope| found(&envelope.event))
+        .count()
+}
+
+pub fn is_sleep_dispatch_or_decision(event: &Event) -> bool {
+    matches!(event, Event::ModelDecided { decision, .. } if decision.contains("sleep"))
+}
