@@ -20,6 +20,7 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use openprogram_actors::agent::{Provider, Scripted, Tool, ToolRegistry};
 use openprogram_actors::env::{Directory, Env};
@@ -43,7 +44,11 @@ pub struct RuntimeBuilder {
     provider: Option<Arc<dyn Provider>>,
     tools: Option<ToolRegistry>,
     limits: Limits,
+    lease_ttl: Option<Duration>,
 }
+
+/// How long an attempt keeps its lease without a heartbeat, unless configured.
+pub const LEASE_TTL_DEFAULT: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for RuntimeBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -80,6 +85,12 @@ impl RuntimeBuilder {
         self
     }
 
+    /// How long an attempt keeps its lease without a heartbeat. Default 10 s.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = Some(ttl);
+        self
+    }
+
     /// Opens the store and starts the actor system.
     pub fn open(self) -> Result<Runtime> {
         let data_dir = self
@@ -94,6 +105,7 @@ impl RuntimeBuilder {
             tools: self.tools.unwrap_or_else(ToolRegistry::builtin),
             owner,
             directory: Directory::new(system.arbiters()),
+            lease_ttl: self.lease_ttl.unwrap_or(LEASE_TTL_DEFAULT),
         });
         Ok(Runtime {
             inner: Arc::new(Inner {
@@ -162,6 +174,13 @@ impl Runtime {
         self.inner
             .service
             .events(session, execution, after, usize::MAX)
+    }
+
+    /// Replaces running attempts whose lease lapsed by new attempts with a higher epoch; the
+    /// old attempts are fenced at their next write (A-1, R05). The supervisor (issue 5) will
+    /// call this on a timer; returns the executions taken over.
+    pub async fn reclaim_lapsed_attempts(&self) -> Result<Vec<ExecutionId>> {
+        self.inner.service.env().reclaim_lapsed().await
     }
 
     /// Execution actors alive now (the rest are parked in storage).

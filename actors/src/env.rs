@@ -7,11 +7,16 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use actix::prelude::*;
-use openprogram_storage::{EventStore, ExecutionHead, ExecutionId, OwnerId};
+use openprogram_storage::{
+    AttemptLease, Event, EventStore, ExecutionHead, ExecutionId, ExecutionState, Outcome, OwnerId,
+    Transition,
+};
 
 use crate::agent::{Provider, ToolRegistry};
+use crate::attempt_lease::LeaseState;
 use crate::error::{Error, Result};
 use crate::execution::actor::{Activate, ExecutionActor};
 use crate::execution::machine::Machine;
@@ -22,6 +27,8 @@ pub struct Env {
     pub tools: ToolRegistry,
     pub owner: OwnerId,
     pub directory: Directory,
+    /// How long an attempt keeps its lease without a heartbeat.
+    pub lease_ttl: Duration,
 }
 
 impl std::fmt::Debug for Env {
@@ -33,11 +40,17 @@ impl std::fmt::Debug for Env {
     }
 }
 
-/// Live execution actors by id, and the arbiters they run on.
+/// Live execution actors by id, with their attempt's lease, and the arbiters they run on.
 #[derive(Debug)]
 pub struct Directory {
     arbiters: Vec<ArbiterHandle>,
-    live: Mutex<HashMap<ExecutionId, Addr<ExecutionActor>>>,
+    live: Mutex<HashMap<ExecutionId, Live>>,
+}
+
+#[derive(Debug, Clone)]
+struct Live {
+    addr: Addr<ExecutionActor>,
+    lease: Arc<LeaseState>,
 }
 
 impl Directory {
@@ -52,6 +65,7 @@ impl Directory {
     pub fn live(&self, execution_id: ExecutionId) -> Option<Addr<ExecutionActor>> {
         let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         live.get(&execution_id)
+            .map(|entry| &entry.addr)
             .filter(|addr| addr.connected())
             .cloned()
     }
@@ -66,7 +80,7 @@ impl Directory {
     /// Forgets an actor that released itself, unless a newer one took its place.
     pub fn forget(&self, execution_id: ExecutionId, addr: &Addr<ExecutionActor>) {
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
-        if live.get(&execution_id) == Some(addr) {
+        if live.get(&execution_id).map(|live| &live.addr) == Some(addr) {
             live.remove(&execution_id);
         }
     }
@@ -102,17 +116,103 @@ impl Env {
             .live
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(addr) = live.get(&execution_id).filter(|addr| addr.connected()) {
-            return Ok(addr.clone());
+        if let Some(entry) = live
+            .get(&execution_id)
+            .filter(|entry| entry.addr.connected())
+        {
+            return Ok(entry.addr.clone());
         }
         let (head, machine) = load(self.store.as_ref(), execution_id)?;
-        let env = Arc::clone(self);
-        let arbiter = self.directory.arbiter_of(execution_id);
-        let addr = ExecutionActor::start_in_arbiter(arbiter, move |_| {
-            ExecutionActor::new(env, head, machine)
-        });
+        let lease = LeaseState::new(
+            execution_id,
+            self.owner,
+            head.fencing_epoch + 1,
+            self.lease_ttl,
+        );
+        let addr = self.start_actor(head, machine, Arc::clone(&lease), false);
         addr.do_send(Activate);
-        live.insert(execution_id, addr.clone());
+        live.insert(
+            execution_id,
+            Live {
+                addr: addr.clone(),
+                lease,
+            },
+        );
         Ok(addr)
+    }
+
+    fn start_actor(
+        self: &Arc<Self>,
+        head: ExecutionHead,
+        machine: Machine,
+        lease: Arc<LeaseState>,
+        claimed: bool,
+    ) -> Addr<ExecutionActor> {
+        let env = Arc::clone(self);
+        let arbiter = self.directory.arbiter_of(head.execution_id);
+        ExecutionActor::start_in_arbiter(arbiter, move |_| {
+            ExecutionActor::new(env, head, machine, lease, claimed)
+        })
+    }
+
+    /// Replaces every running attempt whose lease lapsed with a new attempt: the claim
+    /// (a higher epoch) is committed first, so the old attempt's next write is fenced and its
+    /// actor stops. Returns the executions taken over.
+    pub async fn reclaim_lapsed(self: &Arc<Self>) -> Result<Vec<ExecutionId>> {
+        let lapsed: Vec<(ExecutionId, Live)> = {
+            let live = self
+                .directory
+                .live
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            live.iter()
+                .filter(|(_, entry)| entry.lease.lapsed())
+                .map(|(id, entry)| (*id, entry.clone()))
+                .collect()
+        };
+        let mut reclaimed = Vec::new();
+        for (execution_id, old) in lapsed {
+            let Some(mut head) = self.store.head(execution_id)? else {
+                continue;
+            };
+            if head.state.is_terminal()
+                || head.state == ExecutionState::Paused
+                || head.fencing_epoch > old.lease.epoch
+            {
+                continue; // nothing running, or already taken over
+            }
+            let epoch = head.fencing_epoch + 1;
+            let lease = LeaseState::new(execution_id, self.owner, epoch, self.lease_ttl);
+            let claim = Event::AttemptStarted {
+                attempt_id: lease.attempt_id,
+                owner_id: self.owner,
+                epoch,
+            };
+            head.attempt = Some(AttemptLease {
+                attempt_id: lease.attempt_id,
+                owner_id: self.owner,
+                epoch,
+            });
+            let transition = Transition::new(execution_id, vec![claim])
+                .expect_version(head.version)
+                .by_epoch(epoch)
+                .with_head(head);
+            match self.store.submit(transition).await? {
+                Outcome::Committed(_) => {}
+                // The old attempt moved on, or another claim won: not lapsed after all.
+                _ => continue,
+            }
+            tracing::warn!(%execution_id, epoch, "lapsed attempt replaced by a new one");
+            let (head, machine) = load(self.store.as_ref(), execution_id)?;
+            let addr = self.start_actor(head, machine, Arc::clone(&lease), true);
+            let mut live = self
+                .directory
+                .live
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            live.insert(execution_id, Live { addr, lease });
+            reclaimed.push(execution_id);
+        }
+        Ok(reclaimed)
     }
 }

@@ -3,6 +3,7 @@
 //! - `execution::machine` — the pure state machine of an agent turn;
 //! - `execution::actor` — the actor shell around it;
 //! - `agent` — the `Provider` and `Tool` traits and the built-ins of SPEC §6;
+//! - `attempt_lease` — the lease actor of each running attempt;
 //! - `env` — what a runtime's actors share, and the directory of live executions;
 //! - `service` — the command service and the reads (K-1);
 //! - `system` — the actix system thread and its arbiters;
@@ -13,6 +14,7 @@
 //! disk except through a storage `Transition`.
 
 pub mod agent;
+pub mod attempt_lease;
 pub mod env;
 pub mod error;
 pub mod execution;

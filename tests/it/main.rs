@@ -4,5 +4,6 @@
 mod support;
 
 mod agent_loop;
+mod attempts;
 mod controls;
 mod tidy;

@@ -13,12 +13,13 @@ use std::sync::Arc;
 use actix::prelude::*;
 use futures::future::{AbortHandle, Abortable};
 use openprogram_storage::{
-    AttemptId, AttemptLease, Checkpoint, CommandRecord, CommandStatus, Control, EffectId, Event,
+    AttemptLease, Checkpoint, CommandRecord, CommandStatus, Control, EffectId, Event,
     ExecutionHead, ExecutionId, ExecutionState as Status, Outcome, ReceiptRecord, ReceiptStatus,
     Transition, Upsert,
 };
 
 use crate::agent::{ModelRequest, ToolCall};
+use crate::attempt_lease::{AttemptLeaseActor, LeaseState, Release, Renew};
 use crate::env::Env;
 use crate::error::Error;
 use crate::execution::machine::{Action, Input, Machine, Next, PendingTool, Recovery};
@@ -39,6 +40,9 @@ pub struct ExecutionActor {
     /// The epoch this actor writes with, once its attempt has started.
     epoch: Option<u64>,
     in_flight: Option<InFlight>,
+    /// The lease of this actor's attempt, and the actor holding it once the attempt started.
+    lease: Arc<LeaseState>,
+    lease_actor: Option<Addr<AttemptLeaseActor>>,
     /// Messages handled, for the debug endpoint.
     handled: u64,
 }
@@ -55,19 +59,54 @@ impl std::fmt::Debug for ExecutionActor {
 
 impl Actor for ExecutionActor {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        if self.epoch.is_some() {
+            // Started for an attempt claimed already (a takeover): run.
+            self.hold_lease(ctx);
+            ctx.notify(Advance);
+        }
+    }
+
+    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        if let Some(lease_actor) = self.lease_actor.take() {
+            lease_actor.do_send(Release);
+        }
+    }
 }
 
 impl ExecutionActor {
-    pub fn new(env: Arc<Env>, head: ExecutionHead, machine: Machine) -> Self {
+    /// `claimed`: the lease's attempt is committed already; otherwise `Activate` claims it.
+    pub fn new(
+        env: Arc<Env>,
+        head: ExecutionHead,
+        machine: Machine,
+        lease: Arc<LeaseState>,
+        claimed: bool,
+    ) -> Self {
         Self {
             env,
             execution_id: head.execution_id,
             head,
             machine,
-            epoch: None,
+            epoch: claimed.then_some(lease.epoch),
             in_flight: None,
+            lease,
+            lease_actor: None,
             handled: 0,
         }
+    }
+
+    /// Starts the lease actor of this attempt and renews it every third of its ttl while
+    /// this actor's thread makes progress.
+    fn hold_lease(&mut self, ctx: &mut Context<Self>) {
+        self.lease.renew();
+        self.lease_actor = Some(AttemptLeaseActor::new(Arc::clone(&self.lease)).start());
+        ctx.run_interval(self.lease.ttl / 3, |act, _ctx| {
+            if let Some(lease_actor) = &act.lease_actor {
+                lease_actor.do_send(Renew);
+            }
+        });
     }
 
     /// Builds the transition for `events`, with the head and receipts they lead to.
@@ -384,14 +423,20 @@ impl Handler<Activate> for ExecutionActor {
             // Activated for a read or a command only: no attempt, nothing to run.
             return AtomicResponse::new(Box::pin(fut::ready(Ok(self.head.version))));
         }
-        let epoch = self.head.fencing_epoch + 1;
+        let epoch = self.lease.epoch;
         self.epoch = Some(epoch);
         let started = Event::AttemptStarted {
-            attempt_id: AttemptId::new(),
+            attempt_id: self.lease.attempt_id,
             owner_id: self.env.owner,
             epoch,
         };
-        AtomicResponse::new(self.commit(vec![started], Vec::new()))
+        let committed = self.commit(vec![started], Vec::new());
+        AtomicResponse::new(Box::pin(committed.map(|committed, act, ctx| {
+            if committed.is_ok() {
+                act.hold_lease(ctx);
+            }
+            committed
+        })))
     }
 }
 

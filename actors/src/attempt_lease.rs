@@ -1,0 +1,112 @@
+//! Attempt leases: one actor per active attempt holds its owner, fencing epoch and
+//! expiry on the monotonic clock. The execution actor renews it on a heartbeat; an attempt
+//! whose worker stops making progress (a paused process, a frozen thread) lets it lapse, and
+//! a lapsed attempt may be replaced by a new one with a higher epoch (`Env::reclaim_lapsed`).
+//!
+//! A lease is never permission to write: storage fences every write by epoch. The lease only
+//! says when taking the execution over is allowed.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use openprogram_storage::{AttemptId, ExecutionId, OwnerId};
+
+/// The lease of one attempt, readable without messaging its actor (whose thread may be the
+/// one that is stuck).
+#[derive(Debug)]
+pub struct LeaseState {
+    pub execution_id: ExecutionId,
+    pub attempt_id: AttemptId,
+    pub owner_id: OwnerId,
+    pub epoch: u64,
+    pub ttl: Duration,
+    expires_at: Mutex<Instant>,
+}
+
+impl LeaseState {
+    pub fn new(
+        execution_id: ExecutionId,
+        owner_id: OwnerId,
+        epoch: u64,
+        ttl: Duration,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            execution_id,
+            attempt_id: AttemptId::new(),
+            owner_id,
+            epoch,
+            ttl,
+            expires_at: Mutex::new(Instant::now() + ttl),
+        })
+    }
+
+    pub fn renew(&self) {
+        *self
+            .expires_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Instant::now() + self.ttl;
+    }
+
+    pub fn lapsed(&self) -> bool {
+        Instant::now()
+            >= *self
+                .expires_at
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Time left on the lease, zero once lapsed.
+    pub fn remaining(&self) -> Duration {
+        let expires_at = *self
+            .expires_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        expires_at.saturating_duration_since(Instant::now())
+    }
+}
+
+/// The actor that owns a lease for the life of its attempt.
+#[derive(Debug)]
+pub struct AttemptLeaseActor {
+    state: Arc<LeaseState>,
+    handled: u64,
+}
+
+impl AttemptLeaseActor {
+    pub fn new(state: Arc<LeaseState>) -> Self {
+        Self { state, handled: 0 }
+    }
+}
+
+impl Actor for AttemptLeaseActor {
+    type Context = Context<Self>;
+}
+
+/// Extend the lease: the attempt is alive.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Renew;
+
+impl Handler<Renew> for AttemptLeaseActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Renew, _ctx: &mut Context<Self>) {
+        self.handled += 1;
+        self.state.renew();
+    }
+}
+
+/// The attempt ended: stop holding the lease.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Release;
+
+impl Handler<Release> for AttemptLeaseActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Release, ctx: &mut Context<Self>) {
+        self.handled += 1;
+        ctx.stop();
+    }
+}
