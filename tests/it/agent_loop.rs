@@ -171,3 +171,28 @@ async fn finished_executions_release_their_actors() {
     // A read of a parked execution rebuilds it from storage.
     assert_eq!(harness.snapshot(executions[0]).await.text, "done");
 }
+
+#[tokio::test]
+async fn i1_two_runtimes_live_in_one_process() {
+    let (first, second) = (Harness::new(), Harness::new());
+    let a = first.start(vec![echo("a"), reply("first")], None).await;
+    let b = second.start(vec![echo("b"), reply("second")], None).await;
+    assert_eq!(first.wait_for_state(a, "completed").await.text, "first");
+    assert_eq!(second.wait_for_state(b, "completed").await.text, "second");
+    // Each runtime sees only its own store.
+    assert_eq!(
+        second
+            .runtime
+            .snapshot(first.session, a)
+            .await
+            .expect_err("other store")
+            .code(),
+        "not_found"
+    );
+}
+
+#[test]
+fn i1_the_handle_is_send_sync_clone() {
+    fn assert_handle<T: Send + Sync + Clone + 'static>() {}
+    assert_handle::<openprogram::Runtime>();
+}

@@ -45,6 +45,8 @@ pub struct ExecutionActor {
     lease_actor: Option<Addr<AttemptLeaseActor>>,
     /// Messages handled, for the debug endpoint.
     handled: u64,
+    /// Every log line of this actor carries the execution and attempt (I-5).
+    span: tracing::Span,
 }
 
 impl std::fmt::Debug for ExecutionActor {
@@ -84,9 +86,16 @@ impl ExecutionActor {
         lease: Arc<LeaseState>,
         claimed: bool,
     ) -> Self {
+        let span = tracing::info_span!(
+            "execution",
+            execution_id = %head.execution_id,
+            attempt_id = %lease.attempt_id,
+            epoch = lease.epoch,
+        );
         Self {
             env,
             execution_id: head.execution_id,
+            span,
             head,
             machine,
             epoch: claimed.then_some(lease.epoch),
@@ -418,6 +427,7 @@ impl Handler<Activate> for ExecutionActor {
     type Result = AtomicResponse<Self, Result<u64, Error>>;
 
     fn handle(&mut self, _: Activate, _ctx: &mut Context<Self>) -> Self::Result {
+        let _span = self.span.clone().entered();
         self.handled += 1;
         if self.machine.status().is_terminal() {
             // Activated for a read or a command only: no attempt, nothing to run.
@@ -456,6 +466,7 @@ impl Handler<ApplyControl> for ExecutionActor {
     type Result = AtomicResponse<Self, Result<CommandRecord, Error>>;
 
     fn handle(&mut self, message: ApplyControl, _ctx: &mut Context<Self>) -> Self::Result {
+        let _span = self.span.clone().entered();
         self.handled += 1;
         let ApplyControl {
             accepted,
@@ -544,6 +555,7 @@ impl Handler<EffectDone> for ExecutionActor {
     type Result = AtomicResponse<Self, ()>;
 
     fn handle(&mut self, EffectDone(input): EffectDone, _ctx: &mut Context<Self>) -> Self::Result {
+        let _span = self.span.clone().entered();
         self.handled += 1;
         self.in_flight = None;
         match self.machine.decide(input, false) {
@@ -567,6 +579,7 @@ impl Handler<Advance> for ExecutionActor {
     type Result = AtomicResponse<Self, ()>;
 
     fn handle(&mut self, _: Advance, ctx: &mut Context<Self>) -> Self::Result {
+        let _span = self.span.clone().entered();
         self.handled += 1;
         if self.in_flight.is_some() || self.epoch.is_none() {
             return AtomicResponse::new(Box::pin(fut::ready(())));
