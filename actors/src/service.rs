@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use openprogram_storage::{
     CommandId, CommandRecord, CommandStatus, Control, Event, EventEnvelope, ExecutionHead,
-    ExecutionId, ExecutionKind, MessageId, Outcome, RunId, SessionId, Transition,
+    ExecutionId, ExecutionKind, ExecutionState, MessageId, Outcome, RunId, SessionId, Transition,
 };
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +30,9 @@ pub struct StartRequest {
     pub script: Vec<serde_json::Value>,
     #[serde(default)]
     pub max_iterations: Option<u32>,
+    /// Admit the turn paused: it waits for Continue or Step (as Agent forks do, K-2).
+    #[serde(default)]
+    pub start_paused: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -144,14 +147,14 @@ impl Service {
         }
     }
 
-    /// Admits a new agent turn and starts it.
+    /// Admits a new agent turn and starts it (or leaves it paused, parked in storage).
     pub async fn start_execution(
         &self,
         session_id: SessionId,
         request: StartRequest,
     ) -> Result<StartReply> {
         let execution_id = ExecutionId::new();
-        let head = ExecutionHead::new(
+        let mut head = ExecutionHead::new(
             execution_id,
             session_id,
             RunId::new(),
@@ -181,7 +184,14 @@ impl Service {
             parent_message_id: request.parent_message_id,
             input,
         };
-        let reply = StartReply {
+        let mut events = vec![admitted];
+        if request.start_paused {
+            let reason = String::from("start_paused");
+            head.state = ExecutionState::Paused;
+            head.pause_reason = Some(reason.clone());
+            events.push(Event::StateChanged { state: ExecutionState::Paused, reason });
+        }
+        let mut reply = StartReply {
             execution_id,
             run_id: head.run_id,
             turn_id: head.turn_id,
@@ -192,13 +202,15 @@ impl Service {
         match self
             .env
             .store
-            .submit(Transition::create(head, vec![admitted]))
+            .submit(Transition::create(head, events))
             .await?
         {
-            Outcome::Committed(_) => {}
+            Outcome::Committed(committed) => reply.version = committed.version,
             other => return Err(Error::Internal(format!("creating an execution: {other:?}"))),
         }
-        self.env.activate(execution_id)?;
+        if !request.start_paused {
+            self.env.activate(execution_id)?;
+        }
         Ok(reply)
     }
 

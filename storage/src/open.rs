@@ -35,12 +35,13 @@ pub const SEGMENT_BYTES: usize = 2 * 1024 * 1024;
 const LOCK_WAIT_MS: u64 = 2_000;
 const LOCK_RETRY_MS: u64 = 10;
 
-pub(crate) fn open_sled(path: &Path) -> Result<sled::Db> {
+pub(crate) fn open_sled(path: &Path, cache_bytes: u64) -> Result<sled::Db> {
     let mut waited_ms = 0;
     loop {
         let opened = sled::Config::new()
             .path(path)
             .segment_size(SEGMENT_BYTES)
+            .cache_capacity(cache_bytes)
             .flush_every_ms(None)
             .open();
         match opened {

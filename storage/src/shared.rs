@@ -38,6 +38,9 @@ pub struct Limits {
     /// Entries of a running materialization written with each group commit (at least; see
     /// `log.rs`), so that no single commit waits for a whole materialization.
     pub materialize_slice_len: usize,
+    /// sled's page cache. Without a bound it keeps everything written in memory, so parked
+    /// executions would cost memory, not just disk.
+    pub cache_bytes: u64,
 }
 
 impl Default for Limits {
@@ -50,6 +53,7 @@ impl Default for Limits {
             overlay_len_max: 64 * 1024,
             materialize_interval_ms: 250,
             materialize_slice_len: 32,
+            cache_bytes: 64 * 1024 * 1024,
         }
     }
 }

@@ -110,7 +110,7 @@ impl Store {
             message: error.to_string(),
         };
         std::fs::create_dir_all(&path).map_err(io_error)?;
-        let db = open_sled(&path)?;
+        let db = open_sled(&path, limits.cache_bytes)?;
         let data_file = File::open(path.join("db")).map_err(io_error)?;
         let mut sync = || {
             data_file.sync_data().map_err(|error| Error::Io {

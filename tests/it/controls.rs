@@ -236,3 +236,26 @@ async fn k3_a_control_outside_the_capabilities_is_rejected_with_the_list() {
         "{reason}"
     );
 }
+
+#[tokio::test]
+async fn k2_a_turn_admitted_paused_waits_for_step_or_continue() {
+    let harness = Harness::new();
+    let request = openprogram::StartRequest {
+        message: "test".into(),
+        script: vec![echo("a"), reply("done")],
+        start_paused: true,
+        ..Default::default()
+    };
+    let execution = harness.runtime.start_execution(harness.session, request).await.expect("start").execution_id;
+    let snapshot = harness.snapshot(execution).await;
+    assert_eq!((snapshot.state, snapshot.pause_reason.as_deref()), ("paused", Some("start_paused")));
+    assert_eq!(snapshot.capabilities, vec!["continue", "step", "steer", "cancel"]);
+    assert_eq!(harness.runtime.live_executions(), 0, "a paused admission costs no actor");
+    let stepped = harness.command(execution, "step", None).await;
+    assert_eq!(stepped.status, "applied");
+    let snapshot = harness.wait_for(execution, "paused after one step", |s| s.state == "paused" && s.version > stepped.version).await;
+    assert_eq!(snapshot.pause_reason.as_deref(), Some("step"));
+    assert_eq!(count(&harness.events(execution), |e| matches!(e, Event::ModelDecided { .. })), 1);
+    harness.command(execution, "continue", None).await;
+    assert_eq!(harness.wait_for_state(execution, "completed").await.text, "done");
+}
