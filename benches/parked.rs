@@ -13,7 +13,10 @@ use openprogram::{CommandRequest, Runtime, StartRequest};
 use serde_json::json;
 
 fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Resident memory of this process, in KiB.
@@ -35,7 +38,10 @@ fn main() {
         .build()
         .expect("tokio runtime");
     let dir = tempfile::tempdir().expect("tempdir");
-    let runtime = Runtime::builder().data_dir(dir.path()).open().expect("open runtime");
+    let runtime = Runtime::builder()
+        .data_dir(dir.path())
+        .open()
+        .expect("open runtime");
     let session = SessionId::new();
     let rss_before_kib = rss_kib();
     let started = Instant::now();
@@ -55,12 +61,16 @@ fn main() {
     });
     let elapsed = started.elapsed();
     let rss_after_kib = rss_kib();
-    let per_execution_bytes = (rss_after_kib.saturating_sub(rss_before_kib) * 1024) as f64 / n as f64;
+    let per_execution_bytes =
+        (rss_after_kib.saturating_sub(rss_before_kib) * 1024) as f64 / n as f64;
     println!("{:<28} {:>14}", "parked executions", n);
     println!("{:<28} {:>14.1}", "seconds to park", elapsed.as_secs_f64());
     println!("{:<28} {:>14}", "rss before (KiB)", rss_before_kib);
     println!("{:<28} {:>14}", "rss after (KiB)", rss_after_kib);
-    println!("{:<28} {:>14.0}", "rss per parked (bytes)", per_execution_bytes);
+    println!(
+        "{:<28} {:>14.0}",
+        "rss per parked (bytes)", per_execution_bytes
+    );
     println!(
         "{}",
         json!({
@@ -79,12 +89,26 @@ fn main() {
 async fn park_one(runtime: &Runtime, session: SessionId) {
     let request = StartRequest {
         message: "park".into(),
-        script: vec![json!({"tool": "echo", "args": {"text": "x"}}), json!({"reply": "done"})],
+        script: vec![
+            json!({"tool": "echo", "args": {"text": "x"}}),
+            json!({"reply": "done"}),
+        ],
         start_paused: true,
         ..Default::default()
     };
-    let started = runtime.start_execution(session, request).await.expect("start");
-    let step = CommandRequest { command_id: CommandId::new(), kind: "step".into(), expected_version: None, text: None };
-    let reply = runtime.command(session, started.execution_id, step).await.expect("step");
+    let started = runtime
+        .start_execution(session, request)
+        .await
+        .expect("start");
+    let step = CommandRequest {
+        command_id: CommandId::new(),
+        kind: "step".into(),
+        expected_version: None,
+        text: None,
+    };
+    let reply = runtime
+        .command(session, started.execution_id, step)
+        .await
+        .expect("step");
     assert_eq!(reply.status, "applied", "{reply:?}");
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use openprogram_storage::{EffectId, ExecutionId};
+use openprogram_storage::{AttemptId, EffectId, ExecutionId, OwnerId};
 
 use crate::execution::machine::{AgentInput, Decision, Recovery, Turn};
 
@@ -26,6 +26,8 @@ pub struct ModelRequest {
     pub context: Vec<Turn>,
     /// Model decisions made so far.
     pub iterations: u32,
+    /// Steer texts received so far, oldest first (K-2: they shape work not yet run).
+    pub steers: Vec<String>,
 }
 
 /// Makes model decisions. An `Err` is a known model error: it gets a response record and
@@ -34,11 +36,14 @@ pub trait Provider: Send + Sync + 'static {
     fn decide(&self, request: ModelRequest) -> BoxFuture<'static, Result<Decision, String>>;
 }
 
-/// One tool call.
+/// One tool call. A tool that hands out capabilities (a page token, a session) binds them
+/// to `attempt_id`/`owner_id` and refuses them from another attempt (E-7).
 #[derive(Debug, Clone)]
 pub struct ToolCall {
     pub execution_id: ExecutionId,
     pub effect_id: EffectId,
+    pub attempt_id: AttemptId,
+    pub owner_id: OwnerId,
     pub args: serde_json::Value,
 }
 

@@ -111,6 +111,12 @@ impl Env {
     /// The live actor of an execution, activating it if needed. A new actor first starts
     /// an attempt (`Activate`), before any message sent after this returns.
     pub fn activate(self: &Arc<Self>, execution_id: ExecutionId) -> Result<Addr<ExecutionActor>> {
+        if let Some(addr) = self.directory.live(execution_id) {
+            return Ok(addr);
+        }
+        // Replay outside the directory's lock; the lock is taken again to insert, and a
+        // concurrent activation that won meanwhile is used instead.
+        let (head, machine) = load(self.store.as_ref(), execution_id)?;
         let mut live = self
             .directory
             .live
@@ -122,7 +128,6 @@ impl Env {
         {
             return Ok(entry.addr.clone());
         }
-        let (head, machine) = load(self.store.as_ref(), execution_id)?;
         let lease = LeaseState::new(
             execution_id,
             self.owner,

@@ -82,6 +82,9 @@ impl CommandReply {
     }
 }
 
+/// Deliveries of one command to an execution whose actor stops meanwhile (it parked).
+const DELIVERY_ATTEMPTS_MAX: usize = 4;
+
 /// The longest steer text accepted.
 const STEER_BYTES_MAX: usize = 16 * 1024;
 
@@ -189,7 +192,10 @@ impl Service {
             let reason = String::from("start_paused");
             head.state = ExecutionState::Paused;
             head.pause_reason = Some(reason.clone());
-            events.push(Event::StateChanged { state: ExecutionState::Paused, reason });
+            events.push(Event::StateChanged {
+                state: ExecutionState::Paused,
+                reason,
+            });
         }
         let mut reply = StartReply {
             execution_id,
@@ -234,8 +240,8 @@ impl Service {
             child_execution_id: None,
             accepted_at_ms: 0,
         };
-        // The actor may release itself between activation and delivery: one retry.
-        for _ in 0..2 {
+        // The actor may release itself between activation and delivery; a few retries.
+        for _ in 0..DELIVERY_ATTEMPTS_MAX {
             let addr = self.env.activate(execution_id)?;
             let message = ApplyControl {
                 accepted: accepted.clone(),

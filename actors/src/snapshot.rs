@@ -38,9 +38,9 @@ pub struct ReceiptView {
 
 pub fn receipt_status(status: ReceiptStatus) -> &'static str {
     match status {
-        // A dispatched effect without an outcome is what a reader must treat as unknown
-        // until the execution records one.
-        ReceiptStatus::Dispatched => "dispatched",
+        // Dispatched and not yet confirmed: to a reader its outcome is unknown (the HTTP
+        // contract has no "dispatched").
+        ReceiptStatus::Dispatched => "unknown",
         ReceiptStatus::Confirmed => "confirmed",
         ReceiptStatus::Failed => "failed",
         ReceiptStatus::NotStarted => "not_started",

@@ -108,7 +108,7 @@ async fn k2_steer_text_appears_in_the_reply() {
 }
 
 #[tokio::test]
-async fn k5_cancel_during_sleep_ends_it_and_wins_over_later_controls() {
+async fn k5_cancel_during_sleep_ends_it_promptly_and_nothing_runs_after() {
     let harness = Harness::new();
     let execution = harness
         .start(vec![sleep(600_000), reply("never")], None)
@@ -127,8 +127,16 @@ async fn k5_cancel_during_sleep_ends_it_and_wins_over_later_controls() {
         .receipts
         .iter()
         .any(|r| r.tool == "sleep" && r.status == "failed"));
+    // Nothing restarts a cancelled execution; cancel precedence over controls that race it
+    // is covered at the state machine (`k5_cancel_takes_precedence…`).
     let late = harness.command(execution, "continue", None).await;
     assert_eq!(late.status, "rejected", "{late:?}");
+    let events = harness.events(execution);
+    assert_eq!(
+        count(&events, |e| matches!(e, Event::ModelDecided { .. })),
+        1,
+        "the reply never ran"
+    );
 }
 
 #[tokio::test]
@@ -246,16 +254,91 @@ async fn k2_a_turn_admitted_paused_waits_for_step_or_continue() {
         start_paused: true,
         ..Default::default()
     };
-    let execution = harness.runtime.start_execution(harness.session, request).await.expect("start").execution_id;
+    let execution = harness
+        .runtime
+        .start_execution(harness.session, request)
+        .await
+        .expect("start")
+        .execution_id;
     let snapshot = harness.snapshot(execution).await;
-    assert_eq!((snapshot.state, snapshot.pause_reason.as_deref()), ("paused", Some("start_paused")));
-    assert_eq!(snapshot.capabilities, vec!["continue", "step", "steer", "cancel"]);
-    assert_eq!(harness.runtime.live_executions(), 0, "a paused admission costs no actor");
+    assert_eq!(
+        (snapshot.state, snapshot.pause_reason.as_deref()),
+        ("paused", Some("start_paused"))
+    );
+    assert_eq!(
+        snapshot.capabilities,
+        vec!["continue", "step", "steer", "cancel"]
+    );
+    assert_eq!(
+        harness.runtime.live_executions(),
+        0,
+        "a paused admission costs no actor"
+    );
     let stepped = harness.command(execution, "step", None).await;
     assert_eq!(stepped.status, "applied");
-    let snapshot = harness.wait_for(execution, "paused after one step", |s| s.state == "paused" && s.version > stepped.version).await;
+    let snapshot = harness
+        .wait_for(execution, "paused after one step", |s| {
+            s.state == "paused" && s.version > stepped.version
+        })
+        .await;
     assert_eq!(snapshot.pause_reason.as_deref(), Some("step"));
-    assert_eq!(count(&harness.events(execution), |e| matches!(e, Event::ModelDecided { .. })), 1);
+    assert_eq!(
+        count(&harness.events(execution), |e| matches!(
+            e,
+            Event::ModelDecided { .. }
+        )),
+        1
+    );
     harness.command(execution, "continue", None).await;
-    assert_eq!(harness.wait_for_state(execution, "completed").await.text, "done");
+    assert_eq!(
+        harness.wait_for_state(execution, "completed").await.text,
+        "done"
+    );
+}
+
+#[tokio::test]
+async fn k4_expected_version_works_on_a_parked_execution_and_stale_rejections_are_stored() {
+    let harness = Harness::new();
+    let execution = harness.start(vec![sleep(200), reply("done")], None).await;
+    harness
+        .wait_for_event(
+            execution,
+            "the sleep decision",
+            is_sleep_dispatch_or_decision,
+        )
+        .await;
+    harness.command(execution, "pause", None).await;
+    let paused = harness.wait_for_state(execution, "paused").await;
+    // The actor is released; a command with the version the client saw still applies.
+    let stale_id = CommandId::new();
+    let stale = harness
+        .command_with(
+            execution,
+            stale_id,
+            "continue",
+            None,
+            Some(paused.version - 1),
+        )
+        .await;
+    assert_eq!(stale.status, "rejected", "{stale:?}");
+    assert_eq!(
+        harness
+            .runtime
+            .command_status(harness.session, stale_id)
+            .expect("stored"),
+        stale
+    );
+    let current = harness.snapshot(execution).await.version;
+    assert_eq!(
+        stale.version, current,
+        "the rejection reports the version to use next"
+    );
+    let continued = harness
+        .command_with(execution, CommandId::new(), "continue", None, Some(current))
+        .await;
+    assert_eq!(continued.status, "applied", "{continued:?}");
+    assert_eq!(
+        harness.wait_for_state(execution, "completed").await.text,
+        "done"
+    );
 }

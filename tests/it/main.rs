@@ -6,4 +6,5 @@ mod support;
 mod agent_loop;
 mod attempts;
 mod controls;
+mod recovery;
 mod tidy;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use futures::future::{AbortHandle, Abortable};
+use futures::FutureExt as _;
 use openprogram_storage::{
     AttemptLease, Checkpoint, CommandRecord, CommandStatus, Control, EffectId, Event,
     ExecutionHead, ExecutionId, ExecutionState as Status, Outcome, ReceiptRecord, ReceiptStatus,
@@ -309,11 +310,69 @@ impl ExecutionActor {
                 )
             }
         };
+        // A control that changes the state of an execution with no running attempt (paused,
+        // parked) starts one in the same transition: only an attempt may move the head.
+        let mut events = events;
+        let claims = self.epoch.is_none()
+            && events
+                .iter()
+                .any(|event| matches!(event, Event::StateChanged { .. }));
+        if claims {
+            self.epoch = Some(self.lease.epoch);
+            let started = Event::AttemptStarted {
+                attempt_id: self.lease.attempt_id,
+                owner_id: self.env.owner,
+                epoch: self.lease.epoch,
+            };
+            events.insert(0, started);
+        }
         record.result_version = Some(self.head.version + 1);
         let upsert = Upsert::Command(record.clone());
         Box::pin(
             self.commit(events, vec![upsert])
-                .map(move |committed, _, _| committed.map(|_| record)),
+                .map(move |committed, act, ctx| {
+                    match &committed {
+                        Ok(_) if claims => act.hold_lease(ctx),
+                        Err(_) if claims => act.epoch = None,
+                        _ => {}
+                    }
+                    committed.map(|_| record)
+                }),
+        )
+    }
+
+    /// Records a command refused before it was accepted (a stale `expected_version`), so
+    /// its status can be read back and a retry gets the same answer (K-1, K-4).
+    fn refuse_command(
+        &mut self,
+        accepted: CommandRecord,
+        reason: String,
+    ) -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
+        let command_id = accepted.command_id;
+        let mut record = CommandRecord {
+            status: CommandStatus::Rejected,
+            reason: Some(reason.clone()),
+            ..accepted
+        };
+        record.result_version = Some(self.head.version + 1);
+        let events = vec![
+            Event::CommandAccepted {
+                command_id,
+                kind: record.kind.clone(),
+            },
+            Event::CommandRejected { command_id, reason },
+        ];
+        let upsert = Upsert::Command(record.clone());
+        Box::pin(
+            self.submit(events, vec![upsert])
+                .map(move |outcome, _, _| match outcome? {
+                    Outcome::Committed(_) => Ok(record),
+                    Outcome::DuplicateCommand { stored } => Ok(stored),
+                    Outcome::CommandConflict { stored } => Err(Error::CommandConflict {
+                        stored: Box::new(stored),
+                    }),
+                    other => Err(Error::Internal(format!("unexpected outcome {other:?}"))),
+                }),
         )
     }
 
@@ -327,6 +386,13 @@ impl ExecutionActor {
                     }
                 }
                 Action::Finished | Action::Park => self.park_if_idle(ctx),
+                Action::RunDispatched => {
+                    if let Some(pending) = self.machine.pending_tool.clone() {
+                        if self.in_flight.is_none() {
+                            self.start_tool(pending, ctx);
+                        }
+                    }
+                }
             }
         }
     }
@@ -352,6 +418,7 @@ impl ExecutionActor {
             input: self.machine.input.clone(),
             context: self.machine.context.clone(),
             iterations: self.machine.iterations,
+            steers: self.machine.steers.clone(),
         };
         let (abort, registration) = AbortHandle::new_pair();
         let decided = Abortable::new(self.env.provider.decide(request), registration);
@@ -375,29 +442,33 @@ impl ExecutionActor {
 
     fn start_tool(&mut self, pending: PendingTool, ctx: &mut Context<Self>) {
         let effect_id = pending.effect_id;
-        let Some(tool) = self.env.tools.get(&pending.tool) else {
-            let output = format!("unknown tool `{}`", pending.tool);
-            ctx.notify(EffectDone(Input::ToolFinished {
-                effect_id,
-                status: ReceiptStatus::Failed,
-                output,
-            }));
-            return;
-        };
-        let recovery = tool.recovery();
-        let call = ToolCall {
-            execution_id: self.execution_id,
-            effect_id,
-            args: pending.args,
+        let (recovery, call) = match self.env.tools.get(&pending.tool) {
+            Some(tool) => {
+                let call = ToolCall {
+                    execution_id: self.execution_id,
+                    effect_id,
+                    attempt_id: self.lease.attempt_id,
+                    owner_id: self.env.owner,
+                    args: pending.args,
+                };
+                (tool.recovery(), tool.call(call))
+            }
+            None => {
+                let unknown = Err(format!("unknown tool `{}`", pending.tool));
+                (
+                    Recovery::Idempotent,
+                    futures::future::ready(unknown).boxed(),
+                )
+            }
         };
         let (abort, registration) = AbortHandle::new_pair();
-        let ran = Abortable::new(tool.call(call), registration);
+        let ran = Abortable::new(call, registration);
         self.in_flight = Some(InFlight { abort });
         ctx.spawn(
             fut::wrap_future::<_, Self>(ran).map(move |result, _act, ctx| {
                 let (status, output) = match result {
-                    Ok(Ok(output)) => (ReceiptStatus::Confirmed, output),
-                    Ok(Err(error)) => (ReceiptStatus::Failed, error),
+                    Ok(Ok(output)) => (ReceiptStatus::Confirmed, bounded(output)),
+                    Ok(Err(error)) => (ReceiptStatus::Failed, bounded(error)),
                     // An aborted external call may or may not have taken effect.
                     Err(_aborted) if recovery == Recovery::External => {
                         (ReceiptStatus::Unknown, "aborted by cancel".to_owned())
@@ -429,8 +500,11 @@ impl Handler<Activate> for ExecutionActor {
     fn handle(&mut self, _: Activate, _ctx: &mut Context<Self>) -> Self::Result {
         let _span = self.span.clone().entered();
         self.handled += 1;
-        if self.machine.status().is_terminal() {
-            // Activated for a read or a command only: no attempt, nothing to run.
+        if !matches!(
+            self.machine.status(),
+            Status::Queued | Status::Running | Status::Cancelling
+        ) {
+            // Nothing to run (paused, waiting, finished): no attempt until a control needs one.
             return AtomicResponse::new(Box::pin(fut::ready(Ok(self.head.version))));
         }
         let epoch = self.lease.epoch;
@@ -493,20 +567,19 @@ impl Handler<ApplyControl> for ExecutionActor {
                         })
                     }
                 });
-            return AtomicResponse::new(Box::pin(fut::ready(stored)));
+            return AtomicResponse::new(Box::pin(ActorFutureExt::map(
+                fut::ready(stored),
+                parked_after,
+            )));
         }
         if let Some(expected) = expected_version.filter(|expected| *expected != self.head.version) {
             let reason = format!(
                 "stale expected_version {expected}: the current version is {}",
                 self.head.version
             );
-            let rejected = CommandRecord {
-                status: CommandStatus::Rejected,
-                reason: Some(reason),
-                result_version: Some(self.head.version),
-                ..accepted
-            };
-            return AtomicResponse::new(Box::pin(fut::ready(Ok(rejected))));
+            return AtomicResponse::new(Box::pin(
+                self.refuse_command(accepted, reason).map(parked_after),
+            ));
         }
         let event = Event::CommandAccepted {
             command_id,
@@ -516,21 +589,18 @@ impl Handler<ApplyControl> for ExecutionActor {
         AtomicResponse::new(Box::pin(saved.then(
             move |outcome, act, _ctx| -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
                 match outcome {
-                    Ok(Outcome::Committed(_)) => Box::pin(
-                        act.decide_command(accepted, control)
-                            .map(|decided, act, ctx| {
-                                // Activated only for this command (paused or finished): release again.
-                                act.park_if_idle(ctx);
-                                decided
-                            }),
-                    ),
+                    Ok(Outcome::Committed(_)) => {
+                        Box::pin(act.decide_command(accepted, control).map(parked_after))
+                    }
                     Ok(Outcome::DuplicateCommand { stored })
                         if stored.status != CommandStatus::Accepted =>
                     {
-                        Box::pin(fut::ready(Ok(stored)))
+                        Box::pin(ActorFutureExt::map(fut::ready(Ok(stored)), parked_after))
                     }
                     // Accepted before (a crash came between) and never decided: decide now.
-                    Ok(Outcome::DuplicateCommand { .. }) => act.decide_command(accepted, control),
+                    Ok(Outcome::DuplicateCommand { .. }) => {
+                        Box::pin(act.decide_command(accepted, control).map(parked_after))
+                    }
                     Ok(Outcome::CommandConflict { stored }) => {
                         Box::pin(fut::ready(Err(Error::CommandConflict {
                             stored: Box::new(stored),
@@ -554,8 +624,13 @@ struct EffectDone(Input);
 impl Handler<EffectDone> for ExecutionActor {
     type Result = AtomicResponse<Self, ()>;
 
-    fn handle(&mut self, EffectDone(input): EffectDone, _ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, EffectDone(input): EffectDone, ctx: &mut Context<Self>) -> Self::Result {
         let _span = self.span.clone().entered();
+        if ctx.waiting() {
+            // As for `Advance`: never decide while another commit is pending.
+            ctx.notify(EffectDone(input));
+            return AtomicResponse::new(Box::pin(fut::ready(())));
+        }
         self.handled += 1;
         self.in_flight = None;
         match self.machine.decide(input, false) {
@@ -580,6 +655,12 @@ impl Handler<Advance> for ExecutionActor {
 
     fn handle(&mut self, _: Advance, ctx: &mut Context<Self>) -> Self::Result {
         let _span = self.span.clone().entered();
+        if ctx.waiting() {
+            // actix may run a notified item right after a mailbox message started an atomic
+            // commit (before that wait is merged): take the step after the commit instead.
+            ctx.notify(Advance);
+            return AtomicResponse::new(Box::pin(fut::ready(())));
+        }
         self.handled += 1;
         if self.in_flight.is_some() || self.epoch.is_none() {
             return AtomicResponse::new(Box::pin(fut::ready(())));
@@ -602,14 +683,41 @@ impl Handler<Advance> for ExecutionActor {
     }
 }
 
+/// After a command: an execution activated only for it (paused, finished) releases its
+/// actor again.
+fn parked_after<T>(result: T, act: &mut ExecutionActor, ctx: &mut Context<ExecutionActor>) -> T {
+    act.park_if_idle(ctx);
+    result
+}
+
+/// A transition of the execution's own progress failed: the actor cannot tell what is on
+/// disk any more, so it releases itself; the next activation starts from storage with a
+/// new attempt (where a dispatched External effect reads as unknown, never re-run).
 fn log_failure(
     result: Result<u64, Error>,
     act: &mut ExecutionActor,
-    _ctx: &mut Context<ExecutionActor>,
+    ctx: &mut Context<ExecutionActor>,
 ) {
     if let Err(error) = result {
-        tracing::error!(execution_id = %act.execution_id, %error, "a transition failed");
+        tracing::error!(execution_id = %act.execution_id, %error, "a transition failed; releasing the actor");
+        act.release(ctx);
     }
+}
+
+/// Tool outputs above this are cut, so a chatty tool cannot make its own result too large
+/// to record (the transition size limit is 1 MiB by default).
+const TOOL_OUTPUT_BYTES_MAX: usize = 64 * 1024;
+
+fn bounded(mut output: String) -> String {
+    if output.len() > TOOL_OUTPUT_BYTES_MAX {
+        let mut cut = TOOL_OUTPUT_BYTES_MAX;
+        while !output.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        output.truncate(cut);
+        output.push_str("…[truncated]");
+    }
+    output
 }
 
 /// The execution's current snapshot.

@@ -72,6 +72,9 @@ pub struct PendingTool {
     pub args: serde_json::Value,
     /// A `ToolDispatched` event was committed for it.
     pub dispatched: bool,
+    /// It was dispatched by an earlier attempt and has no outcome: it may or may not have
+    /// taken effect, so it is never run again (E-4).
+    pub uncertain: bool,
 }
 
 /// What the shell must do after an event is applied.
@@ -85,6 +88,9 @@ pub enum Action {
     Finished,
     /// The execution paused: its actor may be released once nothing is in flight.
     Park,
+    /// An External tool's dispatch is committed: run it now, before anything else is taken
+    /// from the mailbox, so a dispatched effect is always a started one.
+    RunDispatched,
 }
 
 /// A command the execution refuses, with the controls it offers now (K-3).
@@ -194,21 +200,25 @@ impl Machine {
                 effect_id,
                 decision,
             } => Ok(self.decide_model(effect_id, decision)),
-            Input::ModelFailed { effect_id, error } => Ok(vec![
-                Event::ModelFailed {
-                    effect_id,
-                    error: error.clone(),
-                },
-                Event::StateChanged {
-                    state: Status::Failed,
-                    reason: format!("model error: {error}"),
-                },
-            ]),
+            Input::ModelFailed { effect_id, error } => {
+                let ended = if self.cancel_requested {
+                    cancelled()
+                } else {
+                    Event::StateChanged {
+                        state: Status::Failed,
+                        reason: format!("model error: {error}"),
+                    }
+                };
+                Ok(vec![Event::ModelFailed { effect_id, error }, ended])
+            }
             Input::ToolFinished {
                 effect_id,
                 status,
                 output,
             } => {
+                if self.pending_tool.as_ref().map(|pending| pending.effect_id) != Some(effect_id) {
+                    return Err(self.reject(format!("no tool call {effect_id} is pending")));
+                }
                 let mut events = vec![
                     Event::ToolFinished {
                         effect_id,
@@ -282,7 +292,11 @@ impl Machine {
             effect_id,
             decision: text,
         }];
-        if let Decision::Reply { text } = &decision {
+        if self.cancel_requested {
+            // A late decision is recorded, not acted on (K-5).
+            events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
+            events.push(cancelled());
+        } else if let Decision::Reply { text } = &decision {
             let mut reply = text.clone();
             for steer in &self.steers {
                 reply.push_str("\n[steer] ");
@@ -296,9 +310,6 @@ impl Machine {
             });
         } else {
             events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
-            if self.cancel_requested {
-                events.push(cancelled());
-            }
         }
         events
     }
@@ -308,6 +319,30 @@ impl Machine {
     pub fn next(&self, fresh: EffectId, recovery: impl Fn(&str) -> Recovery) -> Next {
         if self.status() != Status::Running && self.status() != Status::Cancelling {
             return Next::Idle;
+        }
+        if let Some(pending) = self
+            .pending_tool
+            .as_ref()
+            .filter(|pending| pending.uncertain)
+        {
+            // Never repeated, never guessed: record it unknown and stop for reconciliation.
+            let state = if self.cancel_requested {
+                Status::Cancelled
+            } else {
+                Status::ReconciliationRequired
+            };
+            return Next::Persist(vec![
+                Event::ToolFinished {
+                    effect_id: pending.effect_id,
+                    status: ReceiptStatus::Unknown,
+                    output: "dispatched by an earlier attempt; its outcome is unknown".into(),
+                },
+                Event::CheckpointPublished { checkpoint_seq: 0 },
+                Event::StateChanged {
+                    state,
+                    reason: "unknown external effect".into(),
+                },
+            ]);
         }
         if self.cancel_requested {
             return Next::Persist(vec![cancelled()]);
@@ -357,9 +392,20 @@ impl Machine {
                 self.status = Some(Status::Queued);
             }
             Event::AttemptStarted { .. } => {
-                if matches!(self.status(), Status::Queued | Status::Running) {
-                    self.status = Some(Status::Running);
-                    actions.push(Action::Advance);
+                if let Some(pending) = self
+                    .pending_tool
+                    .as_mut()
+                    .filter(|pending| pending.dispatched)
+                {
+                    pending.uncertain = true;
+                }
+                match self.status() {
+                    Status::Queued | Status::Running => {
+                        self.status = Some(Status::Running);
+                        actions.push(Action::Advance);
+                    }
+                    Status::Cancelling => actions.push(Action::Advance),
+                    _ => {}
                 }
             }
             Event::StateChanged { state, reason } => {
@@ -409,6 +455,7 @@ impl Machine {
                             tool: tool.clone(),
                             args: args.clone(),
                             dispatched: false,
+                            uncertain: false,
                         });
                     }
                     self.context.push(Turn::Decided(decision));
@@ -428,7 +475,7 @@ impl Machine {
                 if let Some(pending) = &mut self.pending_tool {
                     pending.dispatched = true;
                 }
-                actions.push(Action::Advance);
+                actions.push(Action::RunDispatched);
             }
             Event::ToolFinished {
                 effect_id,

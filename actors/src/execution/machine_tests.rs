@@ -288,10 +288,13 @@ fn k2_step_runs_exactly_one_step_then_pauses() {
         )
         .expect("finished");
     commit(&mut machine, &finished);
-    assert!(matches!(
-        machine.next(EffectId::new(), idempotent),
-        Next::Persist(_)
-    ));
+    match machine.next(EffectId::new(), idempotent) {
+        Next::Persist(events) => assert!(matches!(
+            events.as_slice(),
+            [Event::StateChanged { state: Status::Paused, reason }] if reason == "step"
+        )),
+        other => panic!("expected the pause after the second step, got {other:?}"),
+    }
 }
 
 #[test]
@@ -415,4 +418,123 @@ fn replay_without_actions_rebuilds_the_same_state() {
     let mut replayed = Machine::default();
     commit(&mut replayed, &log);
     assert_eq!(replayed, live);
+}
+
+#[test]
+fn e4_a_dispatched_external_tool_is_never_rerun_by_a_later_attempt() {
+    let mut machine = running(50);
+    let external = |_: &str| Recovery::External;
+    let decision = EffectId::new();
+    run(
+        &mut machine,
+        Input::ModelDecided {
+            effect_id: decision,
+            decision: tool_decision("append"),
+        },
+        true,
+    );
+    let Next::Persist(dispatch) = machine.next(EffectId::new(), external) else {
+        panic!("dispatch")
+    };
+    let actions = commit(&mut machine, &dispatch);
+    assert!(
+        actions.contains(&Action::RunDispatched),
+        "run at once, in the same turn: {actions:?}"
+    );
+    // The worker dies before the result is recorded; a new attempt starts.
+    let actions = commit(&mut machine, &[attempt()]);
+    assert!(actions.contains(&Action::Advance));
+    match machine.next(EffectId::new(), external) {
+        Next::Persist(events) => {
+            assert!(
+                matches!(
+                    events[0],
+                    Event::ToolFinished {
+                        status: ReceiptStatus::Unknown,
+                        ..
+                    }
+                ),
+                "{events:?}"
+            );
+            commit(&mut machine, &events);
+        }
+        other => panic!("expected the unknown receipt, got {other:?}"),
+    }
+    assert_eq!(machine.status(), Status::ReconciliationRequired);
+    assert_eq!(
+        machine.receipts.get(&tool_effect(decision)).map(|r| r.1),
+        Some(ReceiptStatus::Unknown)
+    );
+    assert_eq!(
+        machine.next(EffectId::new(), external),
+        Next::Idle,
+        "nothing runs again"
+    );
+}
+
+#[test]
+fn k5_a_reply_arriving_after_cancel_does_not_complete() {
+    let mut machine = running(50);
+    ctl(&mut machine, Control::Cancel, true);
+    let reply = Decision::Reply {
+        text: "late".into(),
+    };
+    run(
+        &mut machine,
+        Input::ModelDecided {
+            effect_id: EffectId::new(),
+            decision: reply,
+        },
+        false,
+    );
+    assert_eq!(machine.status(), Status::Cancelled);
+    assert!(
+        machine.text.is_empty(),
+        "no reply was delivered: {}",
+        machine.text
+    );
+    let mut failed = running(50);
+    ctl(&mut failed, Control::Cancel, true);
+    run(
+        &mut failed,
+        Input::ModelFailed {
+            effect_id: EffectId::new(),
+            error: "late".into(),
+        },
+        false,
+    );
+    assert_eq!(failed.status(), Status::Cancelled);
+}
+
+#[test]
+fn k5_a_cancelling_execution_finishes_cancelling_in_its_next_attempt() {
+    let mut machine = running(50);
+    ctl(&mut machine, Control::Cancel, true);
+    assert_eq!(machine.status(), Status::Cancelling);
+    let actions = commit(&mut machine, &[attempt()]);
+    assert!(actions.contains(&Action::Advance));
+    let Next::Persist(events) = machine.next(EffectId::new(), idempotent) else {
+        panic!("cancel expected")
+    };
+    commit(&mut machine, &events);
+    assert_eq!(machine.status(), Status::Cancelled);
+}
+
+#[test]
+fn a_tool_result_for_another_effect_is_refused() {
+    let mut machine = running(50);
+    run(
+        &mut machine,
+        Input::ModelDecided {
+            effect_id: EffectId::new(),
+            decision: tool_decision("echo"),
+        },
+        true,
+    );
+    let stray = Input::ToolFinished {
+        effect_id: EffectId::new(),
+        status: ReceiptStatus::Confirmed,
+        output: "x".into(),
+    };
+    assert!(machine.decide(stray, false).is_err());
 }
