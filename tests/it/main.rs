@@ -5,6 +5,7 @@ mod support;
 
 mod agent_loop;
 mod attempts;
+mod capabilities;
 mod controls;
 mod recovery;
 mod tidy;

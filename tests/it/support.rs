@@ -23,6 +23,11 @@ impl Harness {
             .data_dir(dir.path())
             .open()
             .expect("open runtime");
+        Self::with_runtime(runtime, dir)
+    }
+
+    /// A harness around a runtime configured by the test, on `dir`.
+    pub fn with_runtime(runtime: Runtime, dir: tempfile::TempDir) -> Self {
         Self {
             runtime,
             session: SessionId::new(),
