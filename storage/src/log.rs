@@ -38,12 +38,21 @@ use crate::records::{CommandRecord, CommandStatus, ExecutionHead, ExecutionState
 use crate::shared::Shared;
 use crate::transition::{Committed, Outcome, Transition, Upsert};
 
-/// A transition waiting in the queue, with where to send its answer.
+/// What waits in the committer's queue.
 #[derive(Debug)]
-pub(crate) struct Request {
-    pub transition: Transition,
-    pub reply: oneshot::Sender<Result<Outcome>>,
+pub(crate) enum Request {
+    /// A transition, with where to send its answer.
+    Transition {
+        transition: Transition,
+        reply: oneshot::Sender<Result<Outcome>>,
+    },
+    /// Time passed: lets an idle store finish (or start) a materialization, so the overlay
+    /// drains without waiting for the next commit. Sent by the ticker thread.
+    Tick,
 }
+
+/// A materialization is written in at most this many slices (see `Committer::next_slice`).
+const MATERIALIZE_SLICES_TARGET: usize = 16;
 
 /// Log records are cut at this size: sled writes a node bigger than a quarter segment
 /// (512 KiB with our 2 MiB segments) to a separate file, and a leaf holds up to 17 values.
@@ -111,7 +120,9 @@ impl Committer {
     fn commit_group(&mut self, requests: Vec<Request>) {
         if let Some(reason) = self.shared.failure() {
             for request in requests {
-                let _ = request.reply.send(Err(Error::FailStop(reason.clone())));
+                if let Request::Transition { reply, .. } = request {
+                    let _ = reply.send(Err(Error::FailStop(reason.clone())));
+                }
             }
             return;
         }
@@ -126,9 +137,11 @@ impl Committer {
         };
         let mut batch = sled::Batch::default();
         let mut answers = Vec::with_capacity(requests.len());
-        for Request { transition, reply } in requests {
-            let answer = self.apply(&mut group, &mut batch, transition, at_ms);
-            answers.push((reply, answer));
+        for request in requests {
+            if let Request::Transition { transition, reply } = request {
+                let answer = self.apply(&mut group, &mut batch, transition, at_ms);
+                answers.push((reply, answer));
+            }
         }
         if let Some((first_position, writer)) = group.writer.take() {
             group
@@ -139,9 +152,18 @@ impl Committer {
             batch.insert(&keys::log(first_position), bytes);
         }
         let slice = self.next_slice();
-        if !slice.is_empty() {
-            self.shared.overlay_read().write_slice(&slice, &mut batch);
+        if answers.is_empty() && slice.is_empty() {
+            return; // only ticks, and nothing to materialize
         }
+        // While a slice goes to disk, readers cannot combine the overlay with disk: the
+        // generation is odd and the slice lock is held until the overlay has caught up.
+        let shared = Arc::clone(&self.shared);
+        let _slice_guard = (!slice.is_empty()).then(|| {
+            shared.overlay_read().write_slice(&slice, &mut batch);
+            let guard = shared.slice_lock_write();
+            shared.generation.fetch_add(1, Ordering::AcqRel);
+            guard
+        });
         if let Err(error) = self.write_durably(batch) {
             let reason = error.to_string();
             self.shared.fail(reason.clone());
@@ -401,9 +423,10 @@ impl Committer {
     }
 
     /// Starts a materialization when one is due, and picks the part of it this group
-    /// writes: `materialize_slice_len` entries, or all of it when new commits have filled
-    /// `active` to `overlay_len_max` meanwhile (the bound on the overlay's memory wins over
-    /// a smooth latency).
+    /// writes: `materialize_slice_len` entries or a sixteenth of the materialization,
+    /// whichever is more, or all of it when new commits have filled `active` to
+    /// `overlay_len_max` meanwhile (the bound on the overlay's memory wins over a smooth
+    /// latency).
     fn next_slice(&mut self) -> Slice {
         let limits = &self.shared.limits;
         let due = {
@@ -427,7 +450,11 @@ impl Committer {
         let len_max = if overlay.active_len() >= limits.overlay_len_max {
             usize::MAX
         } else {
-            limits.materialize_slice_len
+            // Fast enough that a materialization ends within a few groups even when many
+            // executions are dirty; small enough that no single group pays for all of it.
+            limits
+                .materialize_slice_len
+                .max(overlay.frozen_len_at_freeze() / MATERIALIZE_SLICES_TARGET)
         };
         overlay.slice(len_max)
     }
@@ -457,6 +484,9 @@ impl Committer {
         let mut batch = sled::Batch::default();
         let through = self.shared.durable_position.load(Ordering::Acquire);
         self.shared.overlay_read().write_all(&mut batch, through);
+        let shared = Arc::clone(&self.shared);
+        let _slice_guard = shared.slice_lock_write();
+        shared.generation.fetch_add(1, Ordering::AcqRel);
         self.write_durably(batch)?;
         *self.shared.overlay_write() = Overlay::default();
         self.shared.generation.fetch_add(1, Ordering::AcqRel);

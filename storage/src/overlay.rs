@@ -21,7 +21,6 @@
 use std::collections::HashMap;
 
 use crate::codec::{self, Frame, FrameRef, RecordValue};
-use crate::event::EventEnvelope;
 use crate::ids::ExecutionId;
 use crate::keys;
 use crate::records::{ExecutionHead, ExecutionState};
@@ -32,9 +31,8 @@ pub(crate) struct Dirty {
     pub head: ExecutionHead,
     /// The state under which the by-state index on disk lists this execution, if any.
     pub indexed_state: Option<ExecutionState>,
-    /// Events committed since, in seq order.
-    pub events: Vec<EventEnvelope>,
-    /// Where those events are in the log: what the event index gets.
+    /// Where the events committed since are in the log, in seq order: what the event index
+    /// gets. The events themselves are read from the log, never kept here twice.
     pub frame_refs: Vec<FrameRef>,
 }
 
@@ -58,6 +56,8 @@ pub(crate) struct Overlay {
     frozen: Layer,
     /// The log position `frozen` covers: the mark written with its last slice.
     frozen_through: u64,
+    /// How many entries `frozen` held when it was frozen.
+    frozen_len_at_freeze: usize,
 }
 
 /// The part of `frozen` one group commit writes.
@@ -74,6 +74,10 @@ impl Slice {
 }
 
 impl Overlay {
+    pub fn frozen_len_at_freeze(&self) -> usize {
+        self.frozen_len_at_freeze
+    }
+
     pub fn active_len(&self) -> usize {
         self.active.len()
     }
@@ -101,20 +105,14 @@ impl Overlay {
             .or_else(|| self.frozen.records.get(key))
     }
 
-    /// Events held here with `seq > after_seq`, oldest first, at most `limit`.
-    pub fn events_after(
-        &self,
-        execution_id: ExecutionId,
-        after_seq: u64,
-        limit: usize,
-    ) -> Vec<EventEnvelope> {
+    /// Where the events held here with `seq > after_seq` are, oldest first.
+    pub fn frame_refs_after(&self, execution_id: ExecutionId, after_seq: u64) -> Vec<FrameRef> {
         [&self.frozen, &self.active]
             .into_iter()
             .filter_map(|layer| layer.execs.get(&execution_id))
-            .flat_map(|dirty| dirty.events.iter())
-            .filter(|event| event.seq > after_seq)
-            .take(limit)
-            .cloned()
+            .flat_map(|dirty| dirty.frame_refs.iter())
+            .filter(|frame_ref| frame_ref.last_seq > after_seq)
+            .copied()
             .collect()
     }
 
@@ -168,11 +166,9 @@ impl Overlay {
             .or_insert_with(|| Dirty {
                 head: frame.head.clone(),
                 indexed_state,
-                events: Vec::new(),
                 frame_refs: Vec::new(),
             });
         dirty.head = frame.head;
-        dirty.events.extend(frame.events);
         dirty.frame_refs.push(frame_ref);
     }
 
@@ -185,6 +181,7 @@ impl Overlay {
         );
         self.frozen = std::mem::take(&mut self.active);
         self.frozen_through = through;
+        self.frozen_len_at_freeze = self.frozen.len();
     }
 
     /// Picks up to `len_max` entries of `frozen` to write next.

@@ -106,8 +106,13 @@ pub(crate) struct Shared {
     pub path: PathBuf,
     pub limits: Limits,
     pub(crate) overlay: RwLock<Overlay>,
-    /// Bumped, under the overlay's write lock, by every materialization.
+    /// Odd while a materialization slice is being written to disk and the overlay has not
+    /// caught up; bumped before and after. Readers that see the same even value before and
+    /// after reading the overlay and then disk saw a consistent state.
     pub generation: AtomicU64,
+    /// Held (write) by the committer from writing a slice to disk until the overlay has
+    /// caught up; readers that keep missing a stable generation take it (read) instead.
+    pub(crate) slice_lock: RwLock<()>,
     /// The position of the newest event on disk (fsynced).
     pub durable_position: AtomicU64,
     pub(crate) quarantine: Mutex<BTreeMap<ExecutionId, String>>,
@@ -122,6 +127,18 @@ impl Shared {
     // one assignment or a completed merge), so a poisoned lock is still usable.
     pub fn overlay_read(&self) -> RwLockReadGuard<'_, Overlay> {
         self.overlay.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn slice_lock_write(&self) -> RwLockWriteGuard<'_, ()> {
+        self.slice_lock
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn slice_lock_read(&self) -> RwLockReadGuard<'_, ()> {
+        self.slice_lock
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     pub fn overlay_write(&self) -> RwLockWriteGuard<'_, Overlay> {

@@ -131,6 +131,7 @@ impl Store {
             limits: limits.clone(),
             overlay: RwLock::new(Overlay::default()),
             generation: AtomicU64::new(0),
+            slice_lock: RwLock::new(()),
             durable_position: AtomicU64::new(0),
             quarantine: Mutex::new(quarantine),
             failure: Mutex::new(None),
@@ -148,6 +149,7 @@ impl Store {
             .name("openprogram-committer".into())
             .spawn(move || log::run(committer_shared, queue, data_file))
             .map_err(io_error)?;
+        spawn_ticker(&sender, &limits).map_err(io_error)?;
         tracing::info!(path = %path.display(), owner = %incarnation.owner_id, number = incarnation.number, "store opened");
         Ok(Self {
             inner: Arc::new(Inner {
@@ -199,8 +201,9 @@ impl Store {
         self.shared().failure()
     }
 
-    /// Reads the overlay, then disk, and retries if a materialization ran in between (see
-    /// `overlay.rs`); after `READ_ATTEMPTS_MAX` tries it reads holding the overlay lock.
+    /// Reads the overlay, then disk, and retries if a materialization slice was written in
+    /// between (see `overlay.rs`); after `READ_ATTEMPTS_MAX` tries it reads holding the slice
+    /// lock, which no slice write can overlap.
     fn read_consistent<A, T>(
         &self,
         from_overlay: impl Fn(&Overlay) -> A,
@@ -208,20 +211,21 @@ impl Store {
     ) -> Result<T> {
         let shared = self.shared();
         for _ in 0..READ_ATTEMPTS_MAX {
-            let (generation, seen) = {
-                let overlay = shared.overlay_read();
-                (
-                    shared.generation.load(Ordering::Acquire),
-                    from_overlay(&overlay),
-                )
-            };
+            let generation = shared.generation.load(Ordering::Acquire);
+            if generation % 2 == 1 {
+                std::thread::yield_now();
+                continue; // a slice is being written
+            }
+            let seen = from_overlay(&shared.overlay_read());
             let result = from_disk(seen)?;
             if shared.generation.load(Ordering::Acquire) == generation {
                 return Ok(result);
             }
         }
-        let overlay = shared.overlay_read();
-        from_disk(from_overlay(&overlay))
+        // No slice can be in flight while this is held.
+        let _no_slice = shared.slice_lock_read();
+        let seen = from_overlay(&shared.overlay_read());
+        from_disk(seen)
     }
 
     fn record<T>(&self, key: [u8; 17]) -> Result<Option<T>>
@@ -241,14 +245,13 @@ impl Store {
         )
     }
 
-    /// Events of one execution from its event index on disk: the index says which log
-    /// records hold its frames; only those frames are decoded.
-    fn events_on_disk(
+    /// Where the events of one execution with `seq > after_seq` are, from its event index
+    /// on disk.
+    fn frame_refs_on_disk(
         &self,
         execution_id: ExecutionId,
         after_seq: u64,
-        limit: usize,
-    ) -> Result<Vec<EventEnvelope>> {
+    ) -> Result<Vec<FrameRef>> {
         let db = &self.shared().db;
         let first = keys::events(execution_id, 0);
         let last = keys::events(execution_id, u64::MAX);
@@ -260,42 +263,58 @@ impl Store {
             Some(item) => item?.0,
             None => sled::IVec::from(&first[..]),
         };
-        let mut events = Vec::new();
-        let mut records_read = BTreeSet::new();
+        let mut refs = Vec::new();
         for item in db.range(start..=sled::IVec::from(&last[..])) {
             let (key, value) = item?;
-            let frame_refs: Vec<FrameRef> = codec::decode(&key, &value)?;
-            for frame_ref in frame_refs
-                .iter()
-                .filter(|frame_ref| frame_ref.last_seq > after_seq)
-            {
-                if !records_read.insert(frame_ref.record) {
-                    continue; // that record's frames of this execution are read already
-                }
-                let record_key = keys::log(frame_ref.record);
-                let corrupted = || Error::Corrupted {
-                    tree: "log",
-                    key: keys::display(&record_key),
+            let chunk: Vec<FrameRef> = codec::decode(&key, &value)?;
+            refs.extend(
+                chunk
+                    .into_iter()
+                    .filter(|frame_ref| frame_ref.last_seq > after_seq),
+            );
+        }
+        Ok(refs)
+    }
+
+    /// Reads the events the frame refs point at, decoding only this execution's frames of
+    /// each log record; `seq > after_seq`, in order, each once, at most `limit`.
+    fn events_at(
+        &self,
+        execution_id: ExecutionId,
+        mut refs: Vec<FrameRef>,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<EventEnvelope>> {
+        let db = &self.shared().db;
+        refs.sort_by_key(|frame_ref| frame_ref.first_seq);
+        let mut events: Vec<EventEnvelope> = Vec::new();
+        let mut records_read = BTreeSet::new();
+        for frame_ref in refs {
+            if events.len() >= limit {
+                break;
+            }
+            if !records_read.insert(frame_ref.record) {
+                continue; // that record's frames of this execution are read already
+            }
+            let record_key = keys::log(frame_ref.record);
+            let corrupted = || Error::Corrupted {
+                tree: "log",
+                key: keys::display(&record_key),
+            };
+            let bytes = db.get(record_key)?.ok_or_else(corrupted)?;
+            for frame in codec::decode_frames(&record_key, &bytes, Some(execution_id))?.frames {
+                let DecodedFrame::Ok(frame) = frame else {
+                    return Err(corrupted());
                 };
-                let bytes = db.get(record_key)?.ok_or_else(corrupted)?;
-                for frame in codec::decode_frames(&record_key, &bytes, Some(execution_id))?.frames {
-                    match frame {
-                        DecodedFrame::Ok(frame) => {
-                            events.extend(
-                                frame
-                                    .events
-                                    .into_iter()
-                                    .filter(|event| event.seq > after_seq),
-                            );
-                        }
-                        DecodedFrame::Corrupt { .. } => return Err(corrupted()),
+                for event in frame.events {
+                    let newest = events.last().map_or(after_seq, |last| last.seq);
+                    if event.seq > newest {
+                        events.push(event);
                     }
-                }
-                if events.len() >= limit {
-                    return Ok(events);
                 }
             }
         }
+        events.truncate(limit);
         Ok(events)
     }
 }
@@ -314,7 +333,7 @@ impl EventStore for Store {
             let sender = sender.ok_or(Error::Closed)?;
             let (reply, answer) = oneshot::channel();
             sender
-                .send(Request { transition, reply })
+                .send(Request::Transition { transition, reply })
                 .await
                 .map_err(|_| Error::Closed)?;
             answer.await.map_err(|_| Error::Closed)?
@@ -341,17 +360,11 @@ impl EventStore for Store {
     ) -> Result<Vec<EventEnvelope>> {
         self.shared().check_quarantine(execution_id)?;
         let result = self.read_consistent(
-            |overlay| overlay.events_after(execution_id, after_seq, limit),
+            |overlay| overlay.frame_refs_after(execution_id, after_seq),
             |pending| {
-                let mut events = self.events_on_disk(execution_id, after_seq, limit)?;
-                let newest_on_disk = events.last().map_or(after_seq, |event| event.seq);
-                events.extend(
-                    pending
-                        .into_iter()
-                        .filter(|event| event.seq > newest_on_disk),
-                );
-                events.truncate(limit);
-                Ok(events)
+                let mut refs = self.frame_refs_on_disk(execution_id, after_seq)?;
+                refs.extend(pending);
+                self.events_at(execution_id, refs, after_seq, limit)
             },
         );
         self.shared().quarantine_on_corruption(execution_id, result)
@@ -476,6 +489,24 @@ impl EventStore for Store {
     fn incarnation(&self) -> &Incarnation {
         &self.inner.incarnation
     }
+}
+
+/// Starts the thread that sends `Request::Tick` to the committer every eighth of the
+/// materialization interval. It holds only a weak sender, so it never keeps the queue open:
+/// once the store closes, its next tick finds the queue gone and it ends.
+fn spawn_ticker(sender: &mpsc::Sender<Request>, limits: &Limits) -> std::io::Result<()> {
+    let weak = sender.downgrade();
+    let tick = std::time::Duration::from_millis((limits.materialize_interval_ms / 8).max(5));
+    std::thread::Builder::new()
+        .name("openprogram-ticker".into())
+        .spawn(move || loop {
+            std::thread::sleep(tick);
+            let Some(sender) = weak.upgrade() else { return };
+            if let Err(mpsc::error::TrySendError::Closed(_)) = sender.try_send(Request::Tick) {
+                return;
+            }
+        })?;
+    Ok(())
 }
 
 /// Refuses, before it is queued, a transition whose frame or blobs exceed the limits
