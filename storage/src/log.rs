@@ -52,7 +52,7 @@ pub(crate) enum Request {
 }
 
 /// A materialization is written in at most this many slices (see `Committer::next_slice`).
-const MATERIALIZE_SLICES_TARGET: usize = 16;
+const MATERIALIZE_SLICES_TARGET: usize = 32;
 
 /// Log records are cut at this size: sled writes a node bigger than a quarter segment
 /// (512 KiB with our 2 MiB segments) to a separate file, and a leaf holds up to 17 values.
@@ -423,7 +423,7 @@ impl Committer {
     }
 
     /// Starts a materialization when one is due, and picks the part of it this group
-    /// writes: `materialize_slice_len` entries or a sixteenth of the materialization,
+    /// writes: `materialize_slice_len` entries or a 32nd of the materialization,
     /// whichever is more, or all of it when new commits have filled `active` to
     /// `overlay_len_max` meanwhile (the bound on the overlay's memory wins over a smooth
     /// latency).
