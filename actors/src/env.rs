@@ -87,11 +87,14 @@ impl Directory {
 
     /// The arbiter an execution runs on: by the random bits of its id, so executions
     /// spread evenly and an execution's steps stay on one thread.
-    fn arbiter_of(&self, execution_id: ExecutionId) -> &ArbiterHandle {
+    /// `shift` moves a takeover to the next arbiter: the lapsed attempt's thread may be the
+    /// one that is stuck.
+    fn arbiter_of(&self, execution_id: ExecutionId, shift: usize) -> &ArbiterHandle {
         let bytes = execution_id.as_bytes();
         let mut tail = [0u8; 8];
         tail.copy_from_slice(&bytes[8..]);
-        &self.arbiters[(u64::from_be_bytes(tail) % self.arbiters.len() as u64) as usize]
+        let shard = (u64::from_be_bytes(tail) % self.arbiters.len() as u64) as usize;
+        &self.arbiters[(shard + shift) % self.arbiters.len()]
     }
 }
 
@@ -154,7 +157,9 @@ impl Env {
         claimed: bool,
     ) -> Addr<ExecutionActor> {
         let env = Arc::clone(self);
-        let arbiter = self.directory.arbiter_of(head.execution_id);
+        let arbiter = self
+            .directory
+            .arbiter_of(head.execution_id, usize::from(claimed));
         ExecutionActor::start_in_arbiter(arbiter, move |_| {
             ExecutionActor::new(env, head, machine, lease, claimed)
         })

@@ -249,7 +249,23 @@ impl Service {
                 expected_version: request.expected_version,
             };
             match addr.send(message).await {
-                Ok(decided) => return decided.map(|record| CommandReply::of(&record)),
+                Ok(Ok(record)) => return Ok(CommandReply::of(&record)),
+                // K-6: the attempt reached lost a race to a newer one. The command stands only
+                // if it was already applied to this execution (its stored receipt is kept);
+                // undecided, it goes to the current owner; anything else propagates.
+                Ok(Err(error @ (Error::Fenced { .. } | Error::VersionConflict { .. }))) => {
+                    match self.env.store.command(request.command_id)? {
+                        Some(stored) if stored.execution_id != execution_id => return Err(error),
+                        Some(stored) if stored.status == CommandStatus::Applied => {
+                            return Ok(CommandReply::of(&stored))
+                        }
+                        Some(stored) if stored.status == CommandStatus::Rejected => {
+                            return Err(error)
+                        }
+                        _ => continue,
+                    }
+                }
+                Ok(Err(error)) => return Err(error),
                 Err(actix::MailboxError::Closed) => continue,
                 Err(error) => return Err(Error::Unavailable(error.to_string())),
             }

@@ -12,6 +12,7 @@ use futures::FutureExt;
 use openprogram::actors::execution::machine::Decision;
 use openprogram::agent::{ModelRequest, Provider, Scripted};
 use openprogram::storage::{Event, SessionId};
+
 use openprogram::{Runtime, StartRequest};
 
 use crate::support::*;
@@ -20,11 +21,14 @@ use crate::support::*;
 struct FreezeFirstCall {
     frozen: AtomicBool,
     freeze: Duration,
+    /// Set once the first call has frozen its thread.
+    entered: Arc<AtomicBool>,
 }
 
 impl Provider for FreezeFirstCall {
     fn decide(&self, request: ModelRequest) -> BoxFuture<'static, Result<Decision, String>> {
         if !self.frozen.swap(true, Ordering::SeqCst) {
+            self.entered.store(true, Ordering::SeqCst);
             std::thread::sleep(self.freeze);
         }
         Scripted.decide(request).boxed()
@@ -38,6 +42,7 @@ async fn r05_a_stale_attempt_is_fenced_and_stops() {
     let provider = Arc::new(FreezeFirstCall {
         frozen: AtomicBool::new(false),
         freeze: ttl * 8,
+        entered: Arc::new(AtomicBool::new(false)),
     });
     let runtime = Runtime::builder()
         .data_dir(dir.path())
@@ -115,5 +120,127 @@ async fn r05_a_stale_attempt_is_fenced_and_stops() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    runtime.shutdown();
+}
+
+/// A long-running tool whose first call freezes the calling thread before it starts.
+struct FreezeOnFirstCall {
+    frozen: AtomicBool,
+    freeze: Duration,
+    entered: Arc<AtomicBool>,
+}
+
+impl openprogram::agent::Tool for FreezeOnFirstCall {
+    fn name(&self) -> &str {
+        "freeze"
+    }
+    fn recovery(&self) -> openprogram::actors::execution::machine::Recovery {
+        openprogram::actors::execution::machine::Recovery::Idempotent
+    }
+    fn call(
+        &self,
+        _call: openprogram::agent::ToolCall,
+    ) -> BoxFuture<'static, Result<String, String>> {
+        if !self.frozen.swap(true, Ordering::SeqCst) {
+            self.entered.store(true, Ordering::SeqCst);
+            std::thread::sleep(self.freeze);
+        }
+        futures::future::pending().boxed()
+    }
+}
+
+/// K-6: a cancel reaches a frozen attempt (its thread stuck starting a tool) and, as a retry,
+/// its replacement. The replacement applies it; when the frozen attempt wakes and takes the
+/// queued cancel, the first delivery resolves to the stored, already applied outcome — not
+/// to an error, and without applying anything twice. Here storage answers the stale
+/// attempt's write with the stored command (K-4 is checked before fencing); the service's
+/// K-6 branch for a decision fenced after its acceptance is not reached by this test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k6_a_stale_attempts_delivery_returns_the_applied_commands_stored_outcome() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let entered = Arc::new(AtomicBool::new(false));
+    let tool = Arc::new(FreezeOnFirstCall {
+        frozen: AtomicBool::new(false),
+        freeze: Duration::from_millis(2_000),
+        entered: Arc::clone(&entered),
+    });
+    let runtime = Runtime::builder()
+        .data_dir(dir.path())
+        .tool(tool)
+        .lease_ttl(Duration::from_millis(150))
+        .open()
+        .expect("open");
+    let session = SessionId::new();
+    let request = StartRequest {
+        message: "test".into(),
+        script: vec![
+            serde_json::json!({"tool": "freeze", "args": {}}),
+            reply("never"),
+        ],
+        ..Default::default()
+    };
+    let execution = runtime
+        .start_execution(session, request)
+        .await
+        .expect("start")
+        .execution_id;
+    let command = |kind: &str, command_id| openprogram::CommandRequest {
+        command_id,
+        kind: kind.into(),
+        expected_version: None,
+        text: None,
+    };
+    let started = Instant::now();
+    while !entered.load(Ordering::SeqCst) {
+        assert!(started.elapsed() < DEADLINE, "the tool was never called");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // The first delivery waits in the frozen attempt's mailbox.
+    let cancel_id = openprogram::storage::CommandId::new();
+    let first_cancel = {
+        let (runtime, request) = (runtime.clone(), command("cancel", cancel_id));
+        tokio::spawn(async move { runtime.command(session, execution, request).await })
+    };
+    while runtime
+        .reclaim_lapsed_attempts()
+        .await
+        .expect("reclaim")
+        .is_empty()
+    {
+        assert!(started.elapsed() < DEADLINE, "the lease never lapsed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The new attempt, on another arbiter, runs the tool again (it is idempotent).
+    loop {
+        let snapshot = runtime
+            .snapshot(session, execution)
+            .await
+            .expect("snapshot");
+        if snapshot.attempt == 2 && snapshot.capabilities.contains(&"cancel") {
+            break;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the new attempt never ran: {snapshot:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let retried = runtime
+        .command(session, execution, command("cancel", cancel_id))
+        .await
+        .expect("retry");
+    assert_eq!(retried.status, "applied", "{retried:?}");
+    assert!(
+        !first_cancel.is_finished(),
+        "the frozen attempt must still hold the first delivery"
+    );
+    let first = first_cancel.await.expect("task").expect("first cancel");
+    assert_eq!(first, retried);
+    let events = runtime.events(session, execution, 0).expect("events");
+    assert_eq!(
+        count(&events, |e| matches!(e, Event::ControlApplied { .. })),
+        1,
+        "the cancel applied once"
+    );
     runtime.shutdown();
 }
