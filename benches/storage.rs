@@ -6,7 +6,6 @@
 //! The raw row's latencies are per durable batch of 256. `BENCH_SECONDS` sets how long each
 //! writer scenario runs (default 3); `BENCH_WORKERS` the tokio worker threads (default 2).
 
-use std::fs::File;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -17,7 +16,6 @@ use openprogram::storage::{
 use serde_json::json;
 
 const PAYLOAD_BYTES: usize = 200;
-const RAW_BATCH_LEN: usize = 256;
 
 struct Figures {
     per_s: f64,
@@ -95,44 +93,23 @@ fn main() {
 }
 
 /// The storage limit: what sled does with the same durable writes and no runtime around it,
-/// for as long as a writer scenario runs. Latencies are per durable batch of 256 (apply +
-/// flush + fsync); `transitions` counts records.
+/// for as long as a writer scenario runs. Latencies are per durable batch of 256.
 fn raw_baseline(duration: Duration) -> Figures {
     let dir = tempfile::tempdir().expect("tempdir");
-    let db = sled::Config::new()
-        .path(dir.path())
-        .segment_size(openprogram::storage::store::SEGMENT_BYTES)
-        .flush_every_ms(None)
-        .open()
-        .expect("open sled");
-    let data_file = File::open(dir.path().join("db")).expect("sled data file");
-    let value = [0x61u8; PAYLOAD_BYTES];
+    let raw =
+        openprogram::storage::baseline::raw_sled_baseline(dir.path(), duration, PAYLOAD_BYTES)
+            .expect("raw baseline");
     let mut latencies = Histogram::<u64>::new(3).expect("histogram");
-    let started = Instant::now();
-    let mut records = 0u64;
-    let mut batches = 0u64;
-    while started.elapsed() < duration {
-        let batch_started = Instant::now();
-        let mut batch = sled::Batch::default();
-        for _ in 0..RAW_BATCH_LEN {
-            batch.insert(&records.to_be_bytes()[..], &value[..]);
-            records += 1;
-        }
-        db.apply_batch(batch).expect("apply batch");
-        db.flush().expect("flush");
-        data_file.sync_data().expect("fsync");
-        latencies
-            .record(batch_started.elapsed().as_micros() as u64)
-            .expect("in range");
-        batches += 1;
+    for micros in &raw.batch_latencies_us {
+        latencies.record(*micros).expect("in range");
     }
     Figures {
-        per_s: records as f64 / started.elapsed().as_secs_f64(),
+        per_s: raw.per_s(),
         p50_ms: latencies.value_at_quantile(0.50) as f64 / 1000.0,
         p99_ms: latencies.value_at_quantile(0.99) as f64 / 1000.0,
         max_ms: latencies.max() as f64 / 1000.0,
-        transitions: records,
-        fsyncs: batches,
+        transitions: raw.records,
+        fsyncs: raw.batches,
     }
 }
 

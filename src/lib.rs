@@ -30,6 +30,8 @@ use openprogram_storage::{
     CommandId, EventEnvelope, EventStore, ExecutionId, Limits, SessionId, Store,
 };
 
+pub mod load;
+
 pub use openprogram_actors as actors;
 pub use openprogram_actors::agent;
 pub use openprogram_actors::service::{CommandReply, CommandRequest, StartReply, StartRequest};
@@ -106,6 +108,7 @@ impl RuntimeBuilder {
             owner,
             directory: Directory::new(system.arbiters()),
             lease_ttl: self.lease_ttl.unwrap_or(LEASE_TTL_DEFAULT),
+            finished_waiters: Mutex::new(Default::default()),
         });
         Ok(Runtime {
             inner: Arc::new(Inner {
@@ -162,6 +165,12 @@ impl Runtime {
 
     pub async fn snapshot(&self, session: SessionId, execution: ExecutionId) -> Result<Snapshot> {
         self.inner.service.snapshot(session, execution).await
+    }
+
+    /// Resolves once the execution has ended (completed, failed or cancelled).
+    pub async fn wait_finished(&self, session: SessionId, execution: ExecutionId) -> Result<()> {
+        self.inner.service.check_session(session, execution)?;
+        self.inner.service.env().wait_finished(execution).await
     }
 
     /// Events of an execution with `seq > after`.

@@ -1,22 +1,122 @@
-//! The `openprogram` command line. Subcommands arrive with their issues (`serve`, `load`,
-//! `ctl`, `inspect`: SPEC §6); until then it says so instead of pretending.
+//! The `openprogram` command line (SPEC §6). `load` runs here; `serve`, `ctl` and `inspect`
+//! arrive with issue 8 and say so. Exit codes: 0 ok, 1 the operation failed, 2 usage error;
+//! errors are one line on stderr.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use openprogram::load::{self, LoadOptions};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "openprogram",
+    version,
+    about = "An actor-based durable-execution runtime"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Drive concurrent agent turns against an embedded store and report throughput and
+    /// latency percentiles.
+    Load {
+        /// The store to use (default: a fresh temporary one).
+        #[arg(long)]
+        data: Option<PathBuf>,
+        #[arg(long, default_value_t = 1000)]
+        executions: usize,
+        /// Tool steps per execution.
+        #[arg(long, default_value_t = 50)]
+        steps: usize,
+        #[arg(long, default_value_t = 1000)]
+        concurrency: usize,
+        #[arg(long, default_value_t = 200)]
+        payload_bytes: usize,
+        /// Also measure raw sled (batches of 256 + flush + fsync) for this many seconds.
+        #[arg(long, num_args = 0..=1, default_missing_value = "3")]
+        baseline: Option<u64>,
+        /// One JSON line on stdout instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the runtime with its HTTP API and debug page (not in this build yet).
+    Serve,
+    /// Send a control to an execution over HTTP (not in this build yet).
+    Ctl,
+    /// Read sessions, executions and events over HTTP (not in this build yet).
+    Inspect,
+}
 
 fn main() -> ExitCode {
-    let subcommand = std::env::args().nth(1);
-    match subcommand.as_deref() {
-        Some("--version" | "-V") => {
-            println!("openprogram {}", env!("CARGO_PKG_VERSION"));
-            ExitCode::SUCCESS
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let code = if error.use_stderr() { 2 } else { 0 };
+            let _ = error.print();
+            return ExitCode::from(code);
         }
-        Some(other) => {
-            eprintln!("openprogram: `{other}` is not available in this build yet (see README.md)");
-            ExitCode::from(2)
+    };
+    match cli.command {
+        Command::Load {
+            data,
+            executions,
+            steps,
+            concurrency,
+            payload_bytes,
+            baseline,
+            json,
+        } => {
+            let options = LoadOptions {
+                data,
+                executions,
+                steps,
+                concurrency,
+                payload_bytes,
+                baseline: baseline.map(Duration::from_secs),
+                progress: !json,
+            };
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => return fail(&format!("cannot start tokio: {error}")),
+            };
+            match runtime.block_on(load::run(options)) {
+                Ok(report) if json => match serde_json::to_string(&report) {
+                    Ok(line) => {
+                        println!("{line}");
+                        ExitCode::SUCCESS
+                    }
+                    Err(error) => fail(&error.to_string()),
+                },
+                Ok(report) => {
+                    print!("{}", report.table());
+                    ExitCode::SUCCESS
+                }
+                Err(openprogram::Error::InvalidRequest(message)) => {
+                    eprintln!("openprogram: {message}");
+                    ExitCode::from(2)
+                }
+                Err(error) => fail(&error.to_string()),
+            }
         }
-        None => {
-            eprintln!("usage: openprogram <serve|load|ctl|inspect> … (see README.md)");
+        Command::Serve | Command::Ctl | Command::Inspect => {
+            eprintln!(
+                "openprogram: this subcommand is not available in this build yet (see README.md)"
+            );
             ExitCode::from(2)
         }
     }
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("openprogram: {message}");
+    ExitCode::from(1)
 }

@@ -21,9 +21,9 @@ use crate::execution::machine::{AgentInput, Decision, Recovery, Turn};
 pub struct ModelRequest {
     pub execution_id: ExecutionId,
     pub effect_id: EffectId,
-    pub input: AgentInput,
+    pub input: std::sync::Arc<AgentInput>,
     /// Decisions and tool results committed so far, oldest first.
-    pub context: Vec<Turn>,
+    pub context: std::sync::Arc<Vec<Turn>>,
     /// Model decisions made so far.
     pub iterations: u32,
     /// Steer texts received so far, oldest first (K-2: they shape work not yet run).

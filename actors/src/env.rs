@@ -29,6 +29,8 @@ pub struct Env {
     pub directory: Directory,
     /// How long an attempt keeps its lease without a heartbeat.
     pub lease_ttl: Duration,
+    /// Callers waiting for executions to end (`Env::wait_finished`).
+    pub finished_waiters: Mutex<HashMap<ExecutionId, Vec<tokio::sync::oneshot::Sender<()>>>>,
 }
 
 impl std::fmt::Debug for Env {
@@ -111,6 +113,37 @@ pub fn load(store: &dyn EventStore, execution_id: ExecutionId) -> Result<(Execut
 }
 
 impl Env {
+    /// Resolves once the execution is in a terminal state (completed, failed, cancelled).
+    /// Registers before it looks, so an execution ending in between is not missed.
+    pub async fn wait_finished(&self, execution_id: ExecutionId) -> Result<()> {
+        let (sender, receiver) = tokio::sync::oneshot::channel();
+        self.finished_waiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(execution_id)
+            .or_default()
+            .push(sender);
+        let head = self.store.head(execution_id)?.ok_or(Error::NotFound)?;
+        if head.state.is_terminal() {
+            return Ok(());
+        }
+        receiver
+            .await
+            .map_err(|_| Error::Unavailable("the runtime stopped".into()))
+    }
+
+    /// Called by an execution actor once its terminal state is committed.
+    pub fn notify_finished(&self, execution_id: ExecutionId) {
+        let waiters = self
+            .finished_waiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&execution_id);
+        for waiter in waiters.into_iter().flatten() {
+            let _ = waiter.send(());
+        }
+    }
+
     /// The live actor of an execution, activating it if needed. A new actor first starts
     /// an attempt (`Activate`), before any message sent after this returns.
     pub fn activate(self: &Arc<Self>, execution_id: ExecutionId) -> Result<Addr<ExecutionActor>> {

@@ -142,6 +142,11 @@ impl Service {
         &self.env
     }
 
+    /// Whether the execution belongs to the session: `NotFound` otherwise.
+    pub fn check_session(&self, session_id: SessionId, execution_id: ExecutionId) -> Result<()> {
+        self.head_in(session_id, execution_id).map(|_| ())
+    }
+
     /// The head of an execution of this session.
     fn head_in(&self, session_id: SessionId, execution_id: ExecutionId) -> Result<ExecutionHead> {
         match self.env.store.head(execution_id)? {

@@ -12,10 +12,12 @@
 //! - `open` — lock, log replay, quarantine, incarnation.
 //! - `store` — the `Store` handle, reads, and the `EventStore` trait.
 //! - `migrate` — schema versions (S-1).
+//! - `baseline` — the raw sled limit that figures are a ratio of.
 //!
 //! Architecture invariant: this crate knows nothing of actix, of actors or of HTTP, and its
 //! public API names no sled type.
 
+pub mod baseline;
 pub mod codec;
 pub mod error;
 pub mod event;

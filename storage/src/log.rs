@@ -39,6 +39,9 @@ use crate::shared::Shared;
 use crate::transition::{Committed, Outcome, Transition, Upsert};
 
 /// What waits in the committer's queue.
+// Nearly every request is a transition; boxing it would cost an allocation per transition
+// to make the rare `Tick` smaller.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum Request {
     /// A transition, with where to send its answer.

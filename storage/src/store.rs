@@ -62,6 +62,8 @@ pub trait EventStore: Send + Sync + 'static {
     fn quarantined(&self) -> Vec<(ExecutionId, String)>;
     /// The incarnation this handle opened the store as.
     fn incarnation(&self) -> &Incarnation;
+    /// Counters of the write path (groups, transitions, fsyncs...).
+    fn metrics(&self) -> MetricsSnapshot;
 }
 
 /// A handle on an open store. Cheap to clone; the store closes when the last handle drops,
@@ -170,7 +172,7 @@ impl Store {
         self.shared().durable_position.load(Ordering::Acquire)
     }
 
-    pub fn metrics(&self) -> MetricsSnapshot {
+    fn metrics_snapshot(&self) -> MetricsSnapshot {
         let metrics = &self.shared().metrics;
         MetricsSnapshot {
             groups: metrics.groups.load(Ordering::Relaxed),
@@ -488,6 +490,10 @@ impl EventStore for Store {
 
     fn incarnation(&self) -> &Incarnation {
         &self.inner.incarnation
+    }
+
+    fn metrics(&self) -> MetricsSnapshot {
+        self.metrics_snapshot()
     }
 }
 

@@ -6,6 +6,7 @@ mod support;
 mod agent_loop;
 mod attempts;
 mod capabilities;
+mod cli;
 mod controls;
 mod recovery;
 mod tidy;

@@ -125,7 +125,7 @@ impl ExecutionActor {
         mut events: Vec<Event>,
         mut upserts: Vec<Upsert>,
     ) -> (Transition, ExecutionHead) {
-        let mut preview = self.machine.clone();
+        let mut preview = self.machine.preview();
         let mut ignored = Vec::new();
         let mut head = self.head.clone();
         for (index, event) in events.iter_mut().enumerate() {
@@ -167,23 +167,12 @@ impl ExecutionActor {
         (transition, head)
     }
 
+    /// The receipt record an event updates. Every receipt is in the log already (the
+    /// decision or result event of the same transition, E-3); a record is also kept by effect
+    /// id for External tools only, whose receipts recovery and reconciliation look up. Doing
+    /// it for every step would cost a random-key sled insert per step at materialization.
     fn receipt_of(&self, event: &Event) -> Option<ReceiptRecord> {
         let (effect_id, tool, status, output) = match event {
-            Event::ModelDecided {
-                effect_id,
-                decision,
-            } => (
-                *effect_id,
-                "model".to_owned(),
-                ReceiptStatus::Confirmed,
-                Some(decision.clone()),
-            ),
-            Event::ModelFailed { effect_id, error } => (
-                *effect_id,
-                "model".to_owned(),
-                ReceiptStatus::Failed,
-                Some(error.clone()),
-            ),
             Event::ToolDispatched {
                 effect_id, tool, ..
             } => (*effect_id, tool.clone(), ReceiptStatus::Dispatched, None),
@@ -196,12 +185,14 @@ impl ExecutionActor {
                     .machine
                     .pending_tool
                     .as_ref()
-                    .map(|pending| pending.tool.clone())
-                    .unwrap_or_default();
+                    .map(|pending| pending.tool.clone())?;
                 (*effect_id, tool, *status, Some(output.clone()))
             }
             _ => return None,
         };
+        if self.env.tools.recovery(&tool) != Recovery::External {
+            return None;
+        }
         Some(ReceiptRecord {
             effect_id,
             execution_id: self.execution_id,
@@ -385,7 +376,11 @@ impl ExecutionActor {
                         in_flight.abort.abort();
                     }
                 }
-                Action::Finished | Action::Park => self.park_if_idle(ctx),
+                Action::Finished => {
+                    self.env.notify_finished(self.execution_id);
+                    self.park_if_idle(ctx);
+                }
+                Action::Park => self.park_if_idle(ctx),
                 Action::RunDispatched => {
                     if let Some(pending) = self.machine.pending_tool.clone() {
                         if self.in_flight.is_none() {
@@ -665,10 +660,10 @@ impl Handler<Advance> for ExecutionActor {
         if self.in_flight.is_some() || self.epoch.is_none() {
             return AtomicResponse::new(Box::pin(fut::ready(())));
         }
-        let tools = self.env.tools.clone();
+        let env = Arc::clone(&self.env);
         match self
             .machine
-            .next(EffectId::new(), |name| tools.recovery(name))
+            .next(EffectId::new(), |name| env.tools.recovery(name))
         {
             Next::Persist(events) => {
                 return AtomicResponse::new(Box::pin(

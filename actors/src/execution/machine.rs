@@ -140,10 +140,13 @@ pub enum Input {
 pub struct Machine {
     pub status: Option<Status>,
     pub pause_reason: Option<String>,
-    pub input: AgentInput,
+    /// Immutable after admission; shared with every model request.
+    pub input: std::sync::Arc<AgentInput>,
     /// Model decisions made so far (E-5 counts them against `max_iterations`).
     pub iterations: u32,
-    pub context: Vec<Turn>,
+    /// Shared with the model request in flight; a push copies only if a request still holds
+    /// it (`Arc::make_mut`), so a step costs O(1) here, not O(history).
+    pub context: std::sync::Arc<Vec<Turn>>,
     pub pending_tool: Option<PendingTool>,
     /// Steer texts for work not yet run, in order (K-2).
     pub steers: Vec<String>,
@@ -161,6 +164,28 @@ pub struct Machine {
 }
 
 impl Machine {
+    /// A copy without the history (context, receipts, decided commands): enough to fold a
+    /// transition's events and read the head and checkpoint they lead to, at a cost that does
+    /// not grow with the execution's length.
+    pub fn preview(&self) -> Self {
+        Self {
+            status: self.status,
+            pause_reason: self.pause_reason.clone(),
+            input: std::sync::Arc::clone(&self.input),
+            iterations: self.iterations,
+            context: std::sync::Arc::default(),
+            pending_tool: self.pending_tool.clone(),
+            steers: Vec::new(),
+            pause_requested: self.pause_requested,
+            steps_left: self.steps_left,
+            cancel_requested: self.cancel_requested,
+            text: String::new(),
+            receipts: BTreeMap::new(),
+            checkpoint_seq: self.checkpoint_seq,
+            decided_commands: BTreeSet::new(),
+        }
+    }
+
     pub fn status(&self) -> Status {
         self.status.unwrap_or(Status::Queued)
     }
@@ -382,13 +407,15 @@ impl Machine {
     pub fn apply(&mut self, event: &Event, seq: u64, actions: &mut Vec<Action>) {
         match event {
             Event::Admitted { input, .. } => {
-                self.input = serde_json::from_str(input).unwrap_or_else(|_| AgentInput {
-                    message: input.clone(),
-                    ..AgentInput::default()
-                });
-                if self.input.max_iterations == 0 {
-                    self.input.max_iterations = default_max_iterations();
+                let mut parsed: AgentInput =
+                    serde_json::from_str(input).unwrap_or_else(|_| AgentInput {
+                        message: input.clone(),
+                        ..AgentInput::default()
+                    });
+                if parsed.max_iterations == 0 {
+                    parsed.max_iterations = default_max_iterations();
                 }
+                self.input = std::sync::Arc::new(parsed);
                 self.status = Some(Status::Queued);
             }
             Event::AttemptStarted { .. } => {
@@ -458,7 +485,7 @@ impl Machine {
                             uncertain: false,
                         });
                     }
-                    self.context.push(Turn::Decided(decision));
+                    std::sync::Arc::make_mut(&mut self.context).push(Turn::Decided(decision));
                 }
                 self.step_taken(actions);
             }
@@ -488,7 +515,7 @@ impl Machine {
                     .map(|pending| pending.tool)
                     .unwrap_or_default();
                 self.receipts.insert(*effect_id, (tool.clone(), *status));
-                self.context.push(Turn::ToolResult {
+                std::sync::Arc::make_mut(&mut self.context).push(Turn::ToolResult {
                     tool,
                     status: *status,
                     output: output.clone(),

@@ -1,0 +1,343 @@
+//! `openprogram load`: drives concurrent agent turns against an embedded store and reports
+//! durable steps per second and latency percentiles, optionally against the raw
+//! storage limit measured in the same run.
+//!
+//! Each execution is the scripted provider issuing `steps` `echo` calls of `payload_bytes`,
+//! then a reply. A *step* is a provider decision and a tool result, each durably
+//! checkpointed; it is timed as the interval between consecutive tool calls of one
+//! execution (and, for the first, from admission). An execution is timed from admission to
+//! its terminal state. Nothing here asserts a figure: it measures and reports.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use hdrhistogram::Histogram;
+use openprogram_actors::agent::{Tool, ToolCall};
+use openprogram_actors::execution::machine::Recovery;
+use openprogram_storage::{ExecutionId, SessionId};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::{Error, Result, Runtime, StartRequest};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// The store to use; a fresh temporary one when `None`.
+    pub data: Option<PathBuf>,
+    pub executions: usize,
+    /// Tool steps per execution.
+    pub steps: usize,
+    pub concurrency: usize,
+    pub payload_bytes: usize,
+    /// Also measure raw sled (batches of 256 + flush + fsync) for this long.
+    pub baseline: Option<Duration>,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+}
+
+/// What was measured (the `--json` line).
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadReport {
+    pub executions: usize,
+    pub steps: usize,
+    pub total_steps: u64,
+    pub concurrency: usize,
+    pub payload_bytes: usize,
+    pub completed: usize,
+    pub failed: usize,
+    pub wall_s: f64,
+    pub steps_per_s: f64,
+    pub executions_per_s: f64,
+    pub step_p50_ms: f64,
+    pub step_p99_ms: f64,
+    pub step_p999_ms: f64,
+    pub step_max_ms: f64,
+    pub execution_p50_ms: f64,
+    pub execution_p99_ms: f64,
+    pub fsyncs: u64,
+    pub peak_rss_mib: f64,
+    /// Raw sled records per second in the same run, with `--baseline`.
+    pub raw_per_s: Option<f64>,
+    /// Durable transitions per second (two per step) over `raw_per_s`.
+    pub ratio_to_raw: Option<f64>,
+}
+
+/// `echo`, timing each call against the previous call of the same execution.
+struct TimedEcho {
+    clock: Arc<StepClock>,
+}
+
+#[derive(Default)]
+struct StepClock {
+    last_call: Mutex<HashMap<ExecutionId, Instant>>,
+    steps_us: Mutex<Option<Histogram<u64>>>,
+}
+
+impl StepClock {
+    fn mark(&self, execution_id: ExecutionId) {
+        let now = Instant::now();
+        let previous = self
+            .last_call
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(execution_id, now);
+        if let Some(previous) = previous {
+            record(&self.steps_us, now - previous);
+        }
+    }
+}
+
+fn record(histogram: &Mutex<Option<Histogram<u64>>>, elapsed: Duration) {
+    let mut histogram = histogram.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(histogram) = histogram.as_mut() {
+        histogram.saturating_record(elapsed.as_micros() as u64);
+    }
+}
+
+impl Tool for TimedEcho {
+    fn name(&self) -> &str {
+        "echo"
+    }
+    fn recovery(&self) -> Recovery {
+        Recovery::Idempotent
+    }
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+        self.clock.mark(call.execution_id);
+        let text = call
+            .args
+            .get("text")
+            .and_then(|text| text.as_str())
+            .map(str::to_owned);
+        futures::future::ready(text.ok_or_else(|| "missing `text`".to_owned())).boxed()
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    // Three significant digits up to an hour in microseconds: `new_with_bounds` cannot fail
+    // for these constants.
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("invariant: valid histogram bounds")
+}
+
+fn ms(histogram: &Histogram<u64>, quantile: f64) -> f64 {
+    histogram.value_at_quantile(quantile) as f64 / 1000.0
+}
+
+/// The peak resident memory of this process, from `/proc/self/status` (0 where unknown).
+pub fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+/// Runs the load and returns what it measured.
+pub async fn run(options: LoadOptions) -> Result<LoadReport> {
+    if options.executions == 0 || options.concurrency == 0 {
+        return Err(Error::InvalidRequest(
+            "executions and concurrency must be at least 1".into(),
+        ));
+    }
+    let temporary = match &options.data {
+        Some(_) => None,
+        None => Some(tempfile::tempdir().map_err(|error| Error::Unavailable(error.to_string()))?),
+    };
+    let data_dir = match (&options.data, &temporary) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(dir)) => dir.path().to_path_buf(),
+        (None, None) => return Err(Error::Internal("no data directory".into())),
+    };
+    let clock = Arc::new(StepClock {
+        steps_us: Mutex::new(Some(histogram())),
+        ..StepClock::default()
+    });
+    let runtime = Runtime::builder()
+        .data_dir(&data_dir)
+        .tool(Arc::new(TimedEcho {
+            clock: Arc::clone(&clock),
+        }))
+        .open()?;
+    let progress = if options.progress {
+        indicatif::ProgressBar::new(options.executions as u64)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let payload = "x".repeat(options.payload_bytes);
+    let mut script: Vec<_> = (0..options.steps)
+        .map(|_| json!({"tool": "echo", "args": {"text": payload}}))
+        .collect();
+    script.push(json!({"reply": "done"}));
+    let executions_us = Arc::new(Mutex::new(Some(histogram())));
+    let next = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(AtomicUsize::new(0));
+    let session = SessionId::new();
+    let fsyncs_before = runtime.store().metrics().fsyncs;
+    let started = Instant::now();
+    let workers: Vec<_> = (0..options.concurrency.min(options.executions))
+        .map(|_| {
+            let (runtime, script, next, failed) = (
+                runtime.clone(),
+                script.clone(),
+                next.clone(),
+                failed.clone(),
+            );
+            let (clock, executions_us, progress) =
+                (clock.clone(), executions_us.clone(), progress.clone());
+            let (total, max_iterations) = (options.executions, options.steps as u32 + 1);
+            tokio::spawn(async move {
+                while next.fetch_add(1, Ordering::Relaxed) < total {
+                    let admitted = Instant::now();
+                    let request = StartRequest {
+                        message: "load".into(),
+                        script: script.clone(),
+                        max_iterations: Some(max_iterations),
+                        ..StartRequest::default()
+                    };
+                    let execution_id = runtime
+                        .start_execution(session, request)
+                        .await?
+                        .execution_id;
+                    clock
+                        .last_call
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(execution_id, admitted);
+                    runtime.wait_finished(session, execution_id).await?;
+                    record(&executions_us, admitted.elapsed());
+                    clock
+                        .last_call
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .remove(&execution_id);
+                    let head = runtime.store().head(execution_id)?;
+                    if head.map(|head| head.state)
+                        != Some(openprogram_storage::ExecutionState::Completed)
+                    {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    progress.inc(1);
+                }
+                Ok::<(), Error>(())
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker
+            .await
+            .map_err(|error| Error::Internal(format!("a load worker panicked: {error}")))??;
+    }
+    let wall = started.elapsed();
+    progress.finish_and_clear();
+    let fsyncs = runtime.store().metrics().fsyncs - fsyncs_before;
+    // Before the baseline, whose own sled cache would count otherwise.
+    let peak_rss_mib = peak_rss_mib();
+    runtime.shutdown();
+    drop(runtime);
+    let take = |histogram: &Mutex<Option<Histogram<u64>>>| {
+        histogram
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .unwrap_or_else(histogram_empty)
+    };
+    let steps_us = take(&clock.steps_us);
+    let executions_us = take(&executions_us);
+    let total_steps = (options.executions * options.steps) as u64;
+    let steps_per_s = total_steps as f64 / wall.as_secs_f64();
+    let raw_per_s = match options.baseline {
+        Some(duration) => {
+            let dir = tempfile::tempdir().map_err(|error| Error::Unavailable(error.to_string()))?;
+            let raw = openprogram_storage::baseline::raw_sled_baseline(
+                dir.path(),
+                duration,
+                options.payload_bytes.max(1),
+            )?;
+            Some(raw.per_s())
+        }
+        None => None,
+    };
+    let failed = failed.load(Ordering::Relaxed);
+    Ok(LoadReport {
+        executions: options.executions,
+        steps: options.steps,
+        total_steps,
+        concurrency: options.concurrency,
+        payload_bytes: options.payload_bytes,
+        completed: options.executions - failed,
+        failed,
+        wall_s: wall.as_secs_f64(),
+        steps_per_s,
+        executions_per_s: options.executions as f64 / wall.as_secs_f64(),
+        step_p50_ms: ms(&steps_us, 0.50),
+        step_p99_ms: ms(&steps_us, 0.99),
+        step_p999_ms: ms(&steps_us, 0.999),
+        step_max_ms: steps_us.max() as f64 / 1000.0,
+        execution_p50_ms: ms(&executions_us, 0.50),
+        execution_p99_ms: ms(&executions_us, 0.99),
+        fsyncs,
+        peak_rss_mib,
+        ratio_to_raw: raw_per_s.map(|raw| 2.0 * steps_per_s / raw),
+        raw_per_s,
+    })
+}
+
+fn histogram_empty() -> Histogram<u64> {
+    histogram()
+}
+
+impl LoadReport {
+    /// The readable summary table.
+    pub fn table(&self) -> String {
+        let mut rows = vec![
+            (
+                "executions",
+                format!(
+                    "{} ({} completed, {} failed)",
+                    self.executions, self.completed, self.failed
+                ),
+            ),
+            ("steps per execution", self.steps.to_string()),
+            ("concurrency", self.concurrency.to_string()),
+            ("payload bytes", self.payload_bytes.to_string()),
+            ("wall", format!("{:.2} s", self.wall_s)),
+            ("durable steps/s", format!("{:.0}", self.steps_per_s)),
+            ("executions/s", format!("{:.0}", self.executions_per_s)),
+            (
+                "step p50 / p99 / p999 / max",
+                format!(
+                    "{:.3} / {:.3} / {:.3} / {:.3} ms",
+                    self.step_p50_ms, self.step_p99_ms, self.step_p999_ms, self.step_max_ms
+                ),
+            ),
+            (
+                "execution p50 / p99",
+                format!(
+                    "{:.1} / {:.1} ms",
+                    self.execution_p50_ms, self.execution_p99_ms
+                ),
+            ),
+            ("fsyncs", self.fsyncs.to_string()),
+            ("peak RSS", format!("{:.1} MiB", self.peak_rss_mib)),
+        ];
+        if let (Some(raw), Some(ratio)) = (self.raw_per_s, self.ratio_to_raw) {
+            rows.push(("raw sled records/s", format!("{raw:.0}")));
+            rows.push(("transitions / raw", format!("{ratio:.2}")));
+        }
+        rows.iter()
+            .map(|(name, value)| format!("{name:<30} {value}\n"))
+            .collect()
+    }
+}

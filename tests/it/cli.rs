@@ -1,0 +1,71 @@
+//! The `openprogram` binary (SPEC §6 CLI): `load` with `--json`, usage errors, and the
+//! subcommands not in this build yet. Exit codes: 0 ok, 1 failed, 2 usage.
+
+use std::process::Command;
+
+fn openprogram(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_openprogram"))
+        .args(args)
+        .output()
+        .expect("run openprogram")
+}
+
+#[test]
+fn i4_load_json_reports_every_execution_and_step() {
+    let output = openprogram(&[
+        "load",
+        "--executions",
+        "30",
+        "--steps",
+        "4",
+        "--concurrency",
+        "8",
+        "--payload-bytes",
+        "64",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout.lines().last().expect("one JSON line");
+    let report: serde_json::Value = serde_json::from_str(line).expect("JSON");
+    assert_eq!(report["executions"], 30);
+    assert_eq!(report["steps"], 4);
+    assert_eq!(report["total_steps"], 120);
+    assert_eq!(report["completed"], 30, "{report}");
+    assert_eq!(report["failed"], 0);
+    for field in [
+        "concurrency",
+        "wall_s",
+        "steps_per_s",
+        "executions_per_s",
+        "step_p50_ms",
+        "step_p99_ms",
+        "execution_p50_ms",
+        "execution_p99_ms",
+        "fsyncs",
+        "peak_rss_mib",
+    ] {
+        assert!(report[field].is_number(), "{field} missing in {report}");
+    }
+    // Every step is two durable transitions, so there was at least one fsync.
+    assert!(report["fsyncs"].as_u64().unwrap_or(0) > 0, "{report}");
+}
+
+#[test]
+fn i4_usage_errors_exit_2_with_one_line() {
+    let output = openprogram(&["load", "--executions", "lots"]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("invalid value 'lots'"), "{stderr}");
+    let zero = openprogram(&["load", "--executions", "0", "--json"]);
+    assert_eq!(zero.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&zero.stderr).lines().count(), 1);
+}
+
+#[test]
+fn i4_subcommands_not_built_yet_say_so() {
+    let output = openprogram(&["serve"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("not available in this build yet"));
+}
