@@ -206,6 +206,7 @@ impl Runtime {
     /// writing everything queued. Orderly pauses before shutdown arrive with the supervisor
     /// (issue 5).
     pub fn shutdown(&self) {
+        self.inner.service.env().drop_waiters();
         let system = self
             .inner
             .system

@@ -5,8 +5,8 @@
 //! Each execution is the scripted provider issuing `steps` `echo` calls of `payload_bytes`,
 //! then a reply. A *step* is a provider decision and a tool result, each durably
 //! checkpointed; it is timed as the interval between consecutive tool calls of one
-//! execution (and, for the first, from admission). An execution is timed from admission to
-//! its terminal state. Nothing here asserts a figure: it measures and reports.
+//! execution (so an execution of K steps gives K-1 samples). An execution is timed from
+//! admission to its terminal state. Nothing here asserts a figure: it measures and reports.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -77,10 +77,13 @@ struct TimedEcho {
 struct StepClock {
     last_call: Mutex<HashMap<ExecutionId, Instant>>,
     steps_us: Mutex<Option<Histogram<u64>>>,
+    /// Tool calls made: the steps actually run.
+    calls: std::sync::atomic::AtomicU64,
 }
 
 impl StepClock {
     fn mark(&self, execution_id: ExecutionId) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         let previous = self
             .last_call
@@ -146,6 +149,11 @@ pub fn peak_rss_mib() -> f64 {
 
 /// Runs the load and returns what it measured.
 pub async fn run(options: LoadOptions) -> Result<LoadReport> {
+    if options.baseline.is_some_and(|duration| duration.is_zero()) {
+        return Err(Error::InvalidRequest(
+            "--baseline needs at least 1 second".into(),
+        ));
+    }
     if options.executions == 0 || options.concurrency == 0 {
         return Err(Error::InvalidRequest(
             "executions and concurrency must be at least 1".into(),
@@ -210,11 +218,6 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
                         .start_execution(session, request)
                         .await?
                         .execution_id;
-                    clock
-                        .last_call
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .insert(execution_id, admitted);
                     runtime.wait_finished(session, execution_id).await?;
                     record(&executions_us, admitted.elapsed());
                     clock
@@ -255,7 +258,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     };
     let steps_us = take(&clock.steps_us);
     let executions_us = take(&executions_us);
-    let total_steps = (options.executions * options.steps) as u64;
+    let total_steps = clock.calls.load(Ordering::Relaxed);
     let steps_per_s = total_steps as f64 / wall.as_secs_f64();
     let raw_per_s = match options.baseline {
         Some(duration) => {

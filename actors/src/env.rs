@@ -21,6 +21,9 @@ use crate::error::{Error, Result};
 use crate::execution::actor::{Activate, ExecutionActor};
 use crate::execution::machine::Machine;
 
+/// Told once an execution ends (`Ok`), or stops without ending (`Err`).
+pub type FinishedWaiter = tokio::sync::oneshot::Sender<Result<()>>;
+
 pub struct Env {
     pub store: Arc<dyn EventStore>,
     pub provider: Arc<dyn Provider>,
@@ -30,7 +33,7 @@ pub struct Env {
     /// How long an attempt keeps its lease without a heartbeat.
     pub lease_ttl: Duration,
     /// Callers waiting for executions to end (`Env::wait_finished`).
-    pub finished_waiters: Mutex<HashMap<ExecutionId, Vec<tokio::sync::oneshot::Sender<()>>>>,
+    pub finished_waiters: Mutex<HashMap<ExecutionId, Vec<FinishedWaiter>>>,
 }
 
 impl std::fmt::Debug for Env {
@@ -114,34 +117,77 @@ pub fn load(store: &dyn EventStore, execution_id: ExecutionId) -> Result<(Execut
 
 impl Env {
     /// Resolves once the execution is in a terminal state (completed, failed, cancelled).
-    /// Registers before it looks, so an execution ending in between is not missed.
+    /// Registers before it looks, so an execution ending in between is not missed. Fails if
+    /// the execution's actor stopped after a failed write, or the runtime stops.
     pub async fn wait_finished(&self, execution_id: ExecutionId) -> Result<()> {
         let (sender, receiver) = tokio::sync::oneshot::channel();
-        self.finished_waiters
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(execution_id)
-            .or_default()
-            .push(sender);
-        let head = self.store.head(execution_id)?.ok_or(Error::NotFound)?;
-        if head.state.is_terminal() {
-            return Ok(());
+        self.waiters_for(execution_id, |waiters| waiters.push(sender));
+        let ended = match self.store.head(execution_id) {
+            Ok(Some(head)) if head.state.is_terminal() => Some(Ok(())),
+            Ok(Some(_)) => None,
+            Ok(None) => Some(Err(Error::NotFound)),
+            Err(error) => Some(Err(error.into())),
+        };
+        if let Some(ended) = ended {
+            drop(receiver);
+            self.waiters_for(execution_id, |_| {});
+            return ended;
         }
         receiver
             .await
-            .map_err(|_| Error::Unavailable("the runtime stopped".into()))
+            .map_err(|_| Error::Unavailable("the runtime stopped".into()))?
+    }
+
+    /// Runs `change` on the waiters of an execution, dropping those nobody waits on any more.
+    fn waiters_for(
+        &self,
+        execution_id: ExecutionId,
+        change: impl FnOnce(&mut Vec<FinishedWaiter>),
+    ) {
+        let mut all = self
+            .finished_waiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let waiters = all.entry(execution_id).or_default();
+        change(waiters);
+        waiters.retain(|waiter| !waiter.is_closed());
+        if waiters.is_empty() {
+            all.remove(&execution_id);
+        }
     }
 
     /// Called by an execution actor once its terminal state is committed.
     pub fn notify_finished(&self, execution_id: ExecutionId) {
+        self.notify_waiters(execution_id, || Ok(()));
+    }
+
+    /// Called by an execution actor that stopped after a failed write: it will not end by
+    /// itself.
+    pub fn notify_stopped(&self, execution_id: ExecutionId) {
+        self.notify_waiters(execution_id, || {
+            Err(Error::Unavailable(
+                "the execution stopped after a failed write".into(),
+            ))
+        });
+    }
+
+    fn notify_waiters(&self, execution_id: ExecutionId, outcome: impl Fn() -> Result<()>) {
         let waiters = self
             .finished_waiters
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&execution_id);
         for waiter in waiters.into_iter().flatten() {
-            let _ = waiter.send(());
+            let _ = waiter.send(outcome());
         }
+    }
+
+    /// Fails every waiter: the runtime is stopping.
+    pub fn drop_waiters(&self) {
+        self.finished_waiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
     }
 
     /// The live actor of an execution, activating it if needed. A new actor first starts
@@ -218,11 +264,12 @@ impl Env {
             let Some(mut head) = self.store.head(execution_id)? else {
                 continue;
             };
-            if head.state.is_terminal()
-                || head.state == ExecutionState::Paused
-                || head.fencing_epoch > old.lease.epoch
-            {
-                continue; // nothing running, or already taken over
+            let runs = matches!(
+                head.state,
+                ExecutionState::Queued | ExecutionState::Running | ExecutionState::Cancelling
+            );
+            if !runs || head.fencing_epoch != old.lease.epoch {
+                continue; // nothing running, the lapsed attempt never claimed, or taken over
             }
             let epoch = head.fencing_epoch + 1;
             let lease = LeaseState::new(execution_id, self.owner, epoch, self.lease_ttl);

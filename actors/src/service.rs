@@ -118,7 +118,7 @@ fn control_of(request: &CommandRequest) -> Result<Control> {
 }
 
 /// The canonical payload of a command, hashed for K-4.
-fn payload_hash(request: &CommandRequest) -> [u8; 32] {
+pub fn payload_hash(request: &CommandRequest) -> [u8; 32] {
     let canonical = serde_json::json!({
         "kind": request.kind,
         "text": request.text,

@@ -129,3 +129,91 @@ async fn e4_an_external_effect_left_in_flight_becomes_unknown_and_never_runs_aga
     assert_eq!(epochs, vec![1, 2]);
     runtime.shutdown();
 }
+
+/// K-1/K-4: a command saved `accepted` whose worker died before deciding it is decided when
+/// delivered again — checked against the version its client saw when it was accepted, not
+/// against the version its own acceptance moved the execution to.
+#[tokio::test]
+async fn k4_a_command_accepted_before_a_crash_is_decided_on_redelivery() {
+    use openprogram::storage::{
+        CommandId, CommandRecord, CommandStatus, Event, Transition, Upsert,
+    };
+    let harness = Harness::new();
+    let request = StartRequest {
+        message: "test".into(),
+        script: vec![reply("done")],
+        start_paused: true,
+        ..Default::default()
+    };
+    let execution = harness
+        .runtime
+        .start_execution(harness.session, request)
+        .await
+        .expect("start")
+        .execution_id;
+    let seen = harness.snapshot(execution).await.version;
+    let continue_request = CommandRequest {
+        command_id: CommandId::new(),
+        kind: "continue".into(),
+        expected_version: Some(seen),
+        text: None,
+    };
+    // What the execution wrote before its worker died: the command, accepted.
+    let accepted = CommandRecord {
+        command_id: continue_request.command_id,
+        execution_id: execution,
+        kind: "continue".into(),
+        payload_hash: openprogram::actors::service::payload_hash(&continue_request),
+        status: CommandStatus::Accepted,
+        reason: None,
+        result_version: None,
+        child_execution_id: None,
+        accepted_at_ms: 0,
+    };
+    let event = Event::CommandAccepted {
+        command_id: accepted.command_id,
+        kind: "continue".into(),
+    };
+    let saved = harness
+        .runtime
+        .store()
+        .submit(Transition::new(execution, vec![event]).with(Upsert::Command(accepted)))
+        .await
+        .expect("accept");
+    assert!(saved.committed().is_some());
+    // The client retries with the same command and the version it saw.
+    let reply = harness
+        .runtime
+        .command(harness.session, execution, continue_request)
+        .await
+        .expect("retry");
+    assert_eq!(reply.status, "applied", "{reply:?}");
+    assert_eq!(
+        harness.wait_for_state(execution, "completed").await.text,
+        "done"
+    );
+}
+
+#[tokio::test]
+async fn i1_wait_finished_returns_for_ended_and_refuses_unknown_executions() {
+    let harness = Harness::new();
+    let execution = harness.start(vec![reply("done")], None).await;
+    harness
+        .runtime
+        .wait_finished(harness.session, execution)
+        .await
+        .expect("ends");
+    // Already ended: returns at once, and leaves no waiter behind.
+    harness
+        .runtime
+        .wait_finished(harness.session, execution)
+        .await
+        .expect("ended");
+    let unknown = openprogram::storage::ExecutionId::new();
+    let error = harness
+        .runtime
+        .wait_finished(harness.session, unknown)
+        .await
+        .expect_err("unknown");
+    assert_eq!(error.code(), "not_found");
+}

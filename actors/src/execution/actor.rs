@@ -48,6 +48,8 @@ pub struct ExecutionActor {
     handled: u64,
     /// Every log line of this actor carries the execution and attempt (I-5).
     span: tracing::Span,
+    /// A progress write failed: waiters for this execution's end are told it stopped.
+    failed_write: bool,
 }
 
 impl std::fmt::Debug for ExecutionActor {
@@ -97,6 +99,7 @@ impl ExecutionActor {
             env,
             execution_id: head.execution_id,
             span,
+            failed_write: false,
             head,
             machine,
             epoch: claimed.then_some(lease.epoch),
@@ -320,14 +323,26 @@ impl ExecutionActor {
         record.result_version = Some(self.head.version + 1);
         let upsert = Upsert::Command(record.clone());
         Box::pin(
-            self.commit(events, vec![upsert])
-                .map(move |committed, act, ctx| {
-                    match &committed {
-                        Ok(_) if claims => act.hold_lease(ctx),
+            self.submit(events, vec![upsert])
+                .map(move |outcome, act, ctx| {
+                    let decided = match outcome {
+                        Ok(Outcome::Committed(_)) => Ok(record),
+                        // Decided meanwhile by a newer attempt (K-6): its stored outcome stands.
+                        Ok(Outcome::DuplicateCommand { stored }) => Ok(stored),
+                        Ok(Outcome::CommandConflict { stored }) => Err(Error::CommandConflict {
+                            stored: Box::new(stored),
+                        }),
+                        Ok(other) => Err(Error::Internal(format!("unexpected outcome {other:?}"))),
+                        Err(error) => Err(error),
+                    };
+                    match &decided {
+                        Ok(_) if claims && act.epoch.is_some() && act.lease_actor.is_none() => {
+                            act.hold_lease(ctx)
+                        }
                         Err(_) if claims => act.epoch = None,
                         _ => {}
                     }
-                    committed.map(|_| record)
+                    decided
                 }),
         )
     }
@@ -395,13 +410,19 @@ impl ExecutionActor {
     /// A finished or paused execution with nothing in flight releases its actor: its state
     /// is in storage, and a command or read reactivates it.
     fn park_if_idle(&mut self, ctx: &mut Context<Self>) {
-        let status = self.machine.status();
-        if self.in_flight.is_none() && (status.is_terminal() || status == Status::Paused) {
+        let runs = matches!(
+            self.machine.status(),
+            Status::Queued | Status::Running | Status::Cancelling
+        );
+        if self.in_flight.is_none() && !runs {
             self.release(ctx);
         }
     }
 
     fn release(&mut self, ctx: &mut Context<Self>) {
+        if self.failed_write {
+            self.env.notify_stopped(self.execution_id);
+        }
         self.env.directory.forget(self.execution_id, &ctx.address());
         ctx.stop();
     }
@@ -567,6 +588,19 @@ impl Handler<ApplyControl> for ExecutionActor {
                 parked_after,
             )));
         }
+        // A command accepted before (then the worker died, or a takeover came between) was
+        // checked against the version its client saw when it was accepted: decide it now.
+        let accepted_before = matches!(
+            self.env.store.command(command_id),
+            Ok(Some(stored)) if stored.status == CommandStatus::Accepted
+                && stored.payload_hash == accepted.payload_hash
+                && stored.execution_id == accepted.execution_id
+        );
+        if accepted_before {
+            return AtomicResponse::new(Box::pin(
+                self.decide_command(accepted, control).map(parked_after),
+            ));
+        }
         if let Some(expected) = expected_version.filter(|expected| *expected != self.head.version) {
             let reason = format!(
                 "stale expected_version {expected}: the current version is {}",
@@ -695,6 +729,7 @@ fn log_failure(
 ) {
     if let Err(error) = result {
         tracing::error!(execution_id = %act.execution_id, %error, "a transition failed; releasing the actor");
+        act.failed_write = true;
         act.release(ctx);
     }
 }
