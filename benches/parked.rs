@@ -1,15 +1,17 @@
-//! `cargo bench --bench parked`: memory per parked execution. Admits N agent turns
-//! paused, steps each once (activating its actor, which runs one model decision, pauses and
-//! releases itself), and reports the growth of the process's resident memory per parked
-//! execution once no actor is live. Prints a table, then one JSON line.
+//! `cargo bench --bench parked`: memory per parked execution. Parks N agent turns
+//! (admitted paused, stepped once: the actor runs one model decision, pauses and releases
+//! itself) with `openprogram::load::park`, and reports the growth of resident memory per
+//! parked execution once no actor is live. Prints a table, then one JSON line.
+//! (`openprogram load --park N` measures the same after a load.)
 //!
 //! `PARKED_N` sets N (default 100,000); `PARKED_CONCURRENCY` the admissions in flight
 //! (default 256).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use openprogram::storage::{CommandId, SessionId};
-use openprogram::{CommandRequest, Runtime, StartRequest};
+use openprogram::load::{park, rss_kib};
+use openprogram::storage::SessionId;
+use openprogram::Runtime;
 use serde_json::json;
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -19,20 +21,10 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// Resident memory of this process, in KiB.
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 fn main() {
     let n = env_usize("PARKED_N", 100_000);
     let concurrency = env_usize("PARKED_CONCURRENCY", 256).max(1);
-    let runtime_threads = tokio::runtime::Builder::new_multi_thread()
+    let threads = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
@@ -42,23 +34,11 @@ fn main() {
         .data_dir(dir.path())
         .open()
         .expect("open runtime");
-    let session = SessionId::new();
     let rss_before_kib = rss_kib();
     let started = Instant::now();
-    runtime_threads.block_on(async {
-        let mut admitted = 0;
-        while admitted < n {
-            let batch = concurrency.min(n - admitted);
-            let parks = (0..batch).map(|_| park_one(&runtime, session));
-            futures::future::join_all(parks).await;
-            admitted += batch;
-            eprint!("\rparked {admitted}/{n}");
-        }
-        eprintln!();
-        while runtime.live_executions() > 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    });
+    threads
+        .block_on(park(&runtime, SessionId::new(), n, concurrency))
+        .expect("park");
     let elapsed = started.elapsed();
     let rss_after_kib = rss_kib();
     let per_execution_bytes =
@@ -83,32 +63,4 @@ fn main() {
         })
     );
     runtime.shutdown();
-}
-
-/// Admits one turn paused and steps it once; the step's actor parks itself afterwards.
-async fn park_one(runtime: &Runtime, session: SessionId) {
-    let request = StartRequest {
-        message: "park".into(),
-        script: vec![
-            json!({"tool": "echo", "args": {"text": "x"}}),
-            json!({"reply": "done"}),
-        ],
-        start_paused: true,
-        ..Default::default()
-    };
-    let started = runtime
-        .start_execution(session, request)
-        .await
-        .expect("start");
-    let step = CommandRequest {
-        command_id: CommandId::new(),
-        kind: "step".into(),
-        expected_version: None,
-        text: None,
-    };
-    let reply = runtime
-        .command(session, started.execution_id, step)
-        .await
-        .expect("step");
-    assert_eq!(reply.status, "applied", "{reply:?}");
 }

@@ -39,6 +39,12 @@ pub struct LoadOptions {
     pub baseline: Option<Duration>,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// While the load runs, send this many Pause/Continue pairs per second to random running
+    /// executions and time each command from the call to its `applied` answer.
+    pub commands_per_s: Option<f64>,
+    /// After the load, park this many executions (admitted paused, one Step, actor
+    /// released) and report resident memory per parked execution.
+    pub park: Option<usize>,
 }
 
 /// What was measured (the `--json` line).
@@ -66,6 +72,174 @@ pub struct LoadReport {
     pub raw_per_s: Option<f64>,
     /// Durable transitions per second (two per step) over `raw_per_s`.
     pub ratio_to_raw: Option<f64>,
+    /// With `--commands-per-s`: commands sent, rejected, and their latency.
+    pub commands: Option<u64>,
+    pub commands_rejected: Option<u64>,
+    pub command_p50_ms: Option<f64>,
+    pub command_p99_ms: Option<f64>,
+    /// With `--park`: executions parked and resident memory per parked execution.
+    pub parked: Option<usize>,
+    pub rss_per_parked_bytes: Option<f64>,
+}
+
+/// Resident memory of this process now, in KiB (0 where unknown).
+pub fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Parks `n` executions in `session`: each is admitted paused and stepped once (its actor
+/// runs one model decision, pauses and releases itself). Returns once no actor is live.
+pub async fn park(
+    runtime: &Runtime,
+    session: SessionId,
+    n: usize,
+    concurrency: usize,
+) -> Result<()> {
+    let script = vec![
+        json!({"tool": "echo", "args": {"text": "x"}}),
+        json!({"reply": "done"}),
+    ];
+    let mut admitted = 0;
+    while admitted < n {
+        let batch = concurrency.max(1).min(n - admitted);
+        let parks = (0..batch).map(|_| async {
+            let request = StartRequest {
+                message: "park".into(),
+                script: script.clone(),
+                start_paused: true,
+                ..StartRequest::default()
+            };
+            let started = runtime.start_execution(session, request).await?;
+            let step = crate::CommandRequest {
+                command_id: openprogram_storage::CommandId::new(),
+                kind: "step".into(),
+                expected_version: None,
+                text: None,
+            };
+            runtime.command(session, started.execution_id, step).await
+        });
+        for parked in futures::future::join_all(parks).await {
+            parked?;
+        }
+        admitted += batch;
+    }
+    while runtime.live_executions() > 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Sends Pause/Continue pairs to random running executions until `done`, each pair in its
+/// own task so slow commands do not lower the rate; returns the latencies (µs) of every
+/// command, how many were sent and how many were rejected.
+async fn send_commands(
+    runtime: Runtime,
+    session: SessionId,
+    running: Arc<Mutex<Vec<ExecutionId>>>,
+    per_s: f64,
+    done: Arc<std::sync::atomic::AtomicBool>,
+) -> Result<(Histogram<u64>, u64, u64)> {
+    let interval = Duration::from_secs_f64(1.0 / per_s.max(0.001));
+    // xorshift64 picks the targets; which ones does not change what is measured.
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut pairs = Vec::new();
+    // One pair at a time per execution: overlapping pairs could leave it paused.
+    let commanded: Arc<Mutex<std::collections::HashSet<ExecutionId>>> = Arc::default();
+    while !done.load(Ordering::Acquire) {
+        tokio::time::sleep(interval).await;
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let target = {
+            let running = running.lock().unwrap_or_else(PoisonError::into_inner);
+            match running.len() {
+                0 => continue,
+                len => running[(state % len as u64) as usize],
+            }
+        };
+        if !commanded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(target)
+        {
+            continue;
+        }
+        let (runtime, commanded) = (runtime.clone(), commanded.clone());
+        pairs.push(tokio::spawn(async move {
+            let pair = pause_then_continue(runtime, session, target).await;
+            commanded
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&target);
+            pair
+        }));
+    }
+    let mut latencies = histogram();
+    let (mut sent, mut rejected) = (0u64, 0u64);
+    for pair in pairs {
+        let pair = pair
+            .await
+            .map_err(|error| Error::Internal(format!("a command task panicked: {error}")))??;
+        for (micros, applied) in pair {
+            latencies.saturating_record(micros);
+            sent += 1;
+            rejected += u64::from(!applied);
+        }
+    }
+    Ok((latencies, sent, rejected))
+}
+
+/// How many times a Continue is retried while its execution is still paused.
+const CONTINUE_ATTEMPTS_MAX: usize = 5;
+
+/// Pauses an execution and continues it again (a paused execution would never finish);
+/// returns each command's latency (µs) and whether it was applied.
+async fn pause_then_continue(
+    runtime: Runtime,
+    session: SessionId,
+    target: ExecutionId,
+) -> Result<Vec<(u64, bool)>> {
+    let command = |kind: &str| crate::CommandRequest {
+        command_id: openprogram_storage::CommandId::new(),
+        kind: kind.into(),
+        expected_version: None,
+        text: None,
+    };
+    let mut timings = Vec::new();
+    let sent_at = Instant::now();
+    let paused = runtime.command(session, target, command("pause")).await?;
+    timings.push((
+        sent_at.elapsed().as_micros() as u64,
+        paused.status == "applied",
+    ));
+    if paused.status != "applied" {
+        return Ok(timings);
+    }
+    for _ in 0..CONTINUE_ATTEMPTS_MAX {
+        let sent_at = Instant::now();
+        let continued = runtime
+            .command(session, target, command("continue"))
+            .await?;
+        timings.push((
+            sent_at.elapsed().as_micros() as u64,
+            continued.status == "applied",
+        ));
+        if continued.status == "applied"
+            || runtime
+                .store()
+                .head(target)?
+                .map(|head| head.state.is_terminal())
+                .unwrap_or(true)
+        {
+            break;
+        }
+    }
+    Ok(timings)
 }
 
 /// `echo`, timing each call against the previous call of the same execution.
@@ -192,6 +366,17 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     let next = Arc::new(AtomicUsize::new(0));
     let failed = Arc::new(AtomicUsize::new(0));
     let session = SessionId::new();
+    let running: Arc<Mutex<Vec<ExecutionId>>> = Arc::default();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let commander = options.commands_per_s.map(|per_s| {
+        tokio::spawn(send_commands(
+            runtime.clone(),
+            session,
+            running.clone(),
+            per_s,
+            done.clone(),
+        ))
+    });
     let fsyncs_before = runtime.store().metrics().fsyncs;
     let started = Instant::now();
     let workers: Vec<_> = (0..options.concurrency.min(options.executions))
@@ -202,8 +387,12 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
                 next.clone(),
                 failed.clone(),
             );
-            let (clock, executions_us, progress) =
-                (clock.clone(), executions_us.clone(), progress.clone());
+            let (clock, executions_us, progress, running) = (
+                clock.clone(),
+                executions_us.clone(),
+                progress.clone(),
+                running.clone(),
+            );
             let (total, max_iterations) = (options.executions, options.steps as u32 + 1);
             tokio::spawn(async move {
                 while next.fetch_add(1, Ordering::Relaxed) < total {
@@ -218,7 +407,18 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
                         .start_execution(session, request)
                         .await?
                         .execution_id;
-                    runtime.wait_finished(session, execution_id).await?;
+                    running
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(execution_id);
+                    let finished = runtime.wait_finished(session, execution_id).await;
+                    {
+                        let mut running = running.lock().unwrap_or_else(PoisonError::into_inner);
+                        if let Some(index) = running.iter().position(|id| *id == execution_id) {
+                            running.swap_remove(index);
+                        }
+                    }
+                    finished?;
                     record(&executions_us, admitted.elapsed());
                     clock
                         .last_call
@@ -244,6 +444,23 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     }
     let wall = started.elapsed();
     progress.finish_and_clear();
+    done.store(true, Ordering::Release);
+    let commands =
+        match commander {
+            Some(commander) => Some(commander.await.map_err(|error| {
+                Error::Internal(format!("the command sender panicked: {error}"))
+            })??),
+            None => None,
+        };
+    let parked = match options.park {
+        Some(n) => {
+            let before_kib = rss_kib();
+            park(&runtime, SessionId::new(), n, options.concurrency).await?;
+            let grown = rss_kib().saturating_sub(before_kib) * 1024;
+            Some((n, grown as f64 / n.max(1) as f64))
+        }
+        None => None,
+    };
     let fsyncs = runtime.store().metrics().fsyncs - fsyncs_before;
     // Before the baseline, whose own sled cache would count otherwise.
     let peak_rss_mib = peak_rss_mib();
@@ -294,6 +511,16 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         peak_rss_mib,
         ratio_to_raw: raw_per_s.map(|raw| 2.0 * steps_per_s / raw),
         raw_per_s,
+        commands: commands.as_ref().map(|(_, sent, _)| *sent),
+        commands_rejected: commands.as_ref().map(|(_, _, rejected)| *rejected),
+        command_p50_ms: commands
+            .as_ref()
+            .map(|(latencies, _, _)| ms(latencies, 0.50)),
+        command_p99_ms: commands
+            .as_ref()
+            .map(|(latencies, _, _)| ms(latencies, 0.99)),
+        parked: parked.map(|(n, _)| n),
+        rss_per_parked_bytes: parked.map(|(_, bytes)| bytes.round()),
     })
 }
 
@@ -335,6 +562,17 @@ impl LoadReport {
             ("fsyncs", self.fsyncs.to_string()),
             ("peak RSS", format!("{:.1} MiB", self.peak_rss_mib)),
         ];
+        if let (Some(sent), Some(p50), Some(p99)) =
+            (self.commands, self.command_p50_ms, self.command_p99_ms)
+        {
+            let rejected = self.commands_rejected.unwrap_or(0);
+            rows.push(("commands (rejected)", format!("{sent} ({rejected})")));
+            rows.push(("command p50 / p99", format!("{p50:.3} / {p99:.3} ms")));
+        }
+        if let (Some(parked), Some(bytes)) = (self.parked, self.rss_per_parked_bytes) {
+            rows.push(("parked executions", parked.to_string()));
+            rows.push(("RSS per parked execution", format!("{bytes:.0} bytes")));
+        }
         if let (Some(raw), Some(ratio)) = (self.raw_per_s, self.ratio_to_raw) {
             rows.push(("raw sled records/s", format!("{raw:.0}")));
             rows.push(("transitions / raw", format!("{ratio:.2}")));

@@ -40,6 +40,13 @@ enum Command {
         /// Also measure raw sled (batches of 256 + flush + fsync) for this many seconds.
         #[arg(long, num_args = 0..=1, default_missing_value = "3")]
         baseline: Option<u64>,
+        /// Send this many Pause/Continue pairs per second to random running executions and
+        /// report command latency.
+        #[arg(long)]
+        commands_per_s: Option<f64>,
+        /// After the load, park this many executions and report memory per parked one.
+        #[arg(long)]
+        park: Option<usize>,
         /// One JSON line on stdout instead of the table.
         #[arg(long)]
         json: bool,
@@ -69,6 +76,8 @@ fn main() -> ExitCode {
             concurrency,
             payload_bytes,
             baseline,
+            commands_per_s,
+            park,
             json,
         } => {
             let options = LoadOptions {
@@ -79,6 +88,8 @@ fn main() -> ExitCode {
                 payload_bytes,
                 baseline: baseline.map(Duration::from_secs),
                 progress: !json,
+                commands_per_s,
+                park,
             };
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

@@ -69,3 +69,36 @@ fn i4_subcommands_not_built_yet_say_so() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("not available in this build yet"));
 }
+
+#[test]
+fn i4_load_reports_command_latency_and_parked_memory_when_asked() {
+    let output = openprogram(&[
+        "load",
+        "--executions",
+        "40",
+        "--steps",
+        "20",
+        "--concurrency",
+        "10",
+        "--commands-per-s",
+        "20",
+        "--park",
+        "50",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("line")).expect("JSON");
+    assert_eq!(
+        report["completed"], 40,
+        "paused executions were all continued: {report}"
+    );
+    assert_eq!(report["parked"], 50);
+    assert!(report["rss_per_parked_bytes"].is_number(), "{report}");
+    let commands = report["commands"].as_u64().expect("commands counted");
+    if commands > 0 {
+        assert!(report["command_p99_ms"].is_number(), "{report}");
+    }
+}
