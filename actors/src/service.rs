@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::env::{load, Env};
 use crate::error::{Error, Result};
-use crate::execution::actor::{ApplyControl, GetSnapshot};
+use crate::execution::actor::GetSnapshot;
+use crate::execution::commands::ApplyControl;
 use crate::execution::machine::AgentInput;
 use crate::snapshot::Snapshot;
 

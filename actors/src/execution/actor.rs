@@ -14,9 +14,8 @@ use actix::prelude::*;
 use futures::future::{AbortHandle, Abortable};
 use futures::FutureExt as _;
 use openprogram_storage::{
-    AttemptLease, Checkpoint, CommandRecord, CommandStatus, Control, EffectId, Event,
-    ExecutionHead, ExecutionId, ExecutionState as Status, Outcome, ReceiptRecord, ReceiptStatus,
-    Transition, Upsert,
+    AttemptLease, Checkpoint, EffectId, Event, ExecutionHead, ExecutionId,
+    ExecutionState as Status, Outcome, ReceiptRecord, ReceiptStatus, Transition, Upsert,
 };
 
 use crate::agent::{ModelRequest, ToolCall};
@@ -28,28 +27,28 @@ use crate::snapshot::Snapshot;
 
 /// The effect the actor is waiting for.
 #[derive(Debug)]
-struct InFlight {
+pub(super) struct InFlight {
     abort: AbortHandle,
 }
 
 pub struct ExecutionActor {
-    env: Arc<Env>,
-    execution_id: ExecutionId,
+    pub(super) env: Arc<Env>,
+    pub(super) execution_id: ExecutionId,
     /// The head as last committed.
-    head: ExecutionHead,
-    machine: Machine,
+    pub(super) head: ExecutionHead,
+    pub(super) machine: Machine,
     /// The epoch this actor writes with, once its attempt has started.
-    epoch: Option<u64>,
-    in_flight: Option<InFlight>,
+    pub(super) epoch: Option<u64>,
+    pub(super) in_flight: Option<InFlight>,
     /// The lease of this actor's attempt, and the actor holding it once the attempt started.
-    lease: Arc<LeaseState>,
-    lease_actor: Option<Addr<AttemptLeaseActor>>,
+    pub(super) lease: Arc<LeaseState>,
+    pub(super) lease_actor: Option<Addr<AttemptLeaseActor>>,
     /// Messages handled, for the debug endpoint.
-    handled: u64,
+    pub(super) handled: u64,
     /// Every log line of this actor carries the execution and attempt (I-5).
-    span: tracing::Span,
+    pub(super) span: tracing::Span,
     /// A progress write failed: waiters for this execution's end are told it stopped.
-    failed_write: bool,
+    pub(super) failed_write: bool,
 }
 
 impl std::fmt::Debug for ExecutionActor {
@@ -112,7 +111,7 @@ impl ExecutionActor {
 
     /// Starts the lease actor of this attempt and renews it every third of its ttl while
     /// this actor's thread makes progress.
-    fn hold_lease(&mut self, ctx: &mut Context<Self>) {
+    pub(super) fn hold_lease(&mut self, ctx: &mut Context<Self>) {
         self.lease.renew();
         self.lease_actor = Some(AttemptLeaseActor::new(Arc::clone(&self.lease)).start());
         ctx.run_interval(self.lease.ttl / 3, |act, _ctx| {
@@ -210,7 +209,7 @@ impl ExecutionActor {
     /// Submits `events` and, once committed, applies them and performs the actions.
     /// Resolves to the storage outcome: `Committed`, or a command duplicate or conflict
     /// (nothing applied). A fenced or conflicting write stops the actor.
-    fn submit(
+    pub(super) fn submit(
         &mut self,
         events: Vec<Event>,
         upserts: Vec<Upsert>,
@@ -248,7 +247,7 @@ impl ExecutionActor {
     }
 
     /// `submit` for transitions that carry no command: anything but a commit is an error.
-    fn commit(
+    pub(super) fn commit(
         &mut self,
         events: Vec<Event>,
         upserts: Vec<Upsert>,
@@ -257,126 +256,6 @@ impl ExecutionActor {
             self.submit(events, upserts)
                 .map(|outcome, _, _| match outcome? {
                     Outcome::Committed(committed) => Ok(committed.version),
-                    other => Err(Error::Internal(format!("unexpected outcome {other:?}"))),
-                }),
-        )
-    }
-
-    /// Decides an accepted command and records `applied` or `rejected` with its effect.
-    fn decide_command(
-        &mut self,
-        accepted: CommandRecord,
-        control: Control,
-    ) -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
-        let command_id = accepted.command_id;
-        let busy = self.in_flight.is_some();
-        let (events, mut record) = match self.machine.decide(
-            Input::Control {
-                command_id,
-                control,
-            },
-            busy,
-        ) {
-            Ok(events) => (
-                events,
-                CommandRecord {
-                    status: CommandStatus::Applied,
-                    ..accepted
-                },
-            ),
-            Err(rejection) => {
-                let reason = format!(
-                    "{}; available: [{}]",
-                    rejection.reason,
-                    rejection.capabilities.join(", ")
-                );
-                let events = vec![Event::CommandRejected {
-                    command_id,
-                    reason: reason.clone(),
-                }];
-                (
-                    events,
-                    CommandRecord {
-                        status: CommandStatus::Rejected,
-                        reason: Some(reason),
-                        ..accepted
-                    },
-                )
-            }
-        };
-        // A control that changes the state of an execution with no running attempt (paused,
-        // parked) starts one in the same transition: only an attempt may move the head.
-        let mut events = events;
-        let claims = self.epoch.is_none()
-            && events
-                .iter()
-                .any(|event| matches!(event, Event::StateChanged { .. }));
-        if claims {
-            self.epoch = Some(self.lease.epoch);
-            let started = Event::AttemptStarted {
-                attempt_id: self.lease.attempt_id,
-                owner_id: self.env.owner,
-                epoch: self.lease.epoch,
-            };
-            events.insert(0, started);
-        }
-        record.result_version = Some(self.head.version + 1);
-        let upsert = Upsert::Command(record.clone());
-        Box::pin(
-            self.submit(events, vec![upsert])
-                .map(move |outcome, act, ctx| {
-                    let decided = match outcome {
-                        Ok(Outcome::Committed(_)) => Ok(record),
-                        // Decided meanwhile by a newer attempt (K-6): its stored outcome stands.
-                        Ok(Outcome::DuplicateCommand { stored }) => Ok(stored),
-                        Ok(Outcome::CommandConflict { stored }) => Err(Error::CommandConflict {
-                            stored: Box::new(stored),
-                        }),
-                        Ok(other) => Err(Error::Internal(format!("unexpected outcome {other:?}"))),
-                        Err(error) => Err(error),
-                    };
-                    match &decided {
-                        Ok(_) if claims && act.epoch.is_some() && act.lease_actor.is_none() => {
-                            act.hold_lease(ctx)
-                        }
-                        Err(_) if claims => act.epoch = None,
-                        _ => {}
-                    }
-                    decided
-                }),
-        )
-    }
-
-    /// Records a command refused before it was accepted (a stale `expected_version`), so
-    /// its status can be read back and a retry gets the same answer (K-1, K-4).
-    fn refuse_command(
-        &mut self,
-        accepted: CommandRecord,
-        reason: String,
-    ) -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
-        let command_id = accepted.command_id;
-        let mut record = CommandRecord {
-            status: CommandStatus::Rejected,
-            reason: Some(reason.clone()),
-            ..accepted
-        };
-        record.result_version = Some(self.head.version + 1);
-        let events = vec![
-            Event::CommandAccepted {
-                command_id,
-                kind: record.kind.clone(),
-            },
-            Event::CommandRejected { command_id, reason },
-        ];
-        let upsert = Upsert::Command(record.clone());
-        Box::pin(
-            self.submit(events, vec![upsert])
-                .map(move |outcome, _, _| match outcome? {
-                    Outcome::Committed(_) => Ok(record),
-                    Outcome::DuplicateCommand { stored } => Ok(stored),
-                    Outcome::CommandConflict { stored } => Err(Error::CommandConflict {
-                        stored: Box::new(stored),
-                    }),
                     other => Err(Error::Internal(format!("unexpected outcome {other:?}"))),
                 }),
         )
@@ -409,7 +288,7 @@ impl ExecutionActor {
 
     /// A finished or paused execution with nothing in flight releases its actor: its state
     /// is in storage, and a command or read reactivates it.
-    fn park_if_idle(&mut self, ctx: &mut Context<Self>) {
+    pub(super) fn park_if_idle(&mut self, ctx: &mut Context<Self>) {
         let runs = matches!(
             self.machine.status(),
             Status::Queued | Status::Running | Status::Cancelling
@@ -419,7 +298,7 @@ impl ExecutionActor {
         }
     }
 
-    fn release(&mut self, ctx: &mut Context<Self>) {
+    pub(super) fn release(&mut self, ctx: &mut Context<Self>) {
         if self.failed_write {
             self.env.notify_stopped(self.execution_id);
         }
@@ -540,111 +419,6 @@ impl Handler<Activate> for ExecutionActor {
     }
 }
 
-/// A control command from the command service (K-1): the execution saves it as accepted,
-/// then decides it and records `applied` or `rejected` with its effect — two transitions,
-/// in mailbox order, so no other write of this execution comes between them.
-#[derive(Debug, Message)]
-#[rtype(result = "Result<CommandRecord, Error>")]
-pub struct ApplyControl {
-    pub accepted: CommandRecord,
-    pub control: Control,
-    /// The version the client saw (K-4); a stale one is refused and nothing is stored.
-    pub expected_version: Option<u64>,
-}
-
-impl Handler<ApplyControl> for ExecutionActor {
-    type Result = AtomicResponse<Self, Result<CommandRecord, Error>>;
-
-    fn handle(&mut self, message: ApplyControl, _ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        self.handled += 1;
-        let ApplyControl {
-            accepted,
-            control,
-            expected_version,
-        } = message;
-        let command_id = accepted.command_id;
-        if self.machine.decided_commands.contains(&command_id) {
-            // A redelivery: the stored outcome stands, or a conflict if the payload differs.
-            let stored = self
-                .env
-                .store
-                .command(command_id)
-                .map_err(Error::Storage)
-                .and_then(|stored| {
-                    let stored = stored.ok_or_else(|| {
-                        Error::Internal(format!("decided command {command_id} has no record"))
-                    })?;
-                    if stored.payload_hash == accepted.payload_hash {
-                        Ok(stored)
-                    } else {
-                        Err(Error::CommandConflict {
-                            stored: Box::new(stored),
-                        })
-                    }
-                });
-            return AtomicResponse::new(Box::pin(ActorFutureExt::map(
-                fut::ready(stored),
-                parked_after,
-            )));
-        }
-        // A command accepted before (then the worker died, or a takeover came between) was
-        // checked against the version its client saw when it was accepted: decide it now.
-        let accepted_before = matches!(
-            self.env.store.command(command_id),
-            Ok(Some(stored)) if stored.status == CommandStatus::Accepted
-                && stored.payload_hash == accepted.payload_hash
-                && stored.execution_id == accepted.execution_id
-        );
-        if accepted_before {
-            return AtomicResponse::new(Box::pin(
-                self.decide_command(accepted, control).map(parked_after),
-            ));
-        }
-        if let Some(expected) = expected_version.filter(|expected| *expected != self.head.version) {
-            let reason = format!(
-                "stale expected_version {expected}: the current version is {}",
-                self.head.version
-            );
-            return AtomicResponse::new(Box::pin(
-                self.refuse_command(accepted, reason).map(parked_after),
-            ));
-        }
-        let event = Event::CommandAccepted {
-            command_id,
-            kind: accepted.kind.clone(),
-        };
-        let saved = self.submit(vec![event], vec![Upsert::Command(accepted.clone())]);
-        AtomicResponse::new(Box::pin(saved.then(
-            move |outcome, act, _ctx| -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
-                match outcome {
-                    Ok(Outcome::Committed(_)) => {
-                        Box::pin(act.decide_command(accepted, control).map(parked_after))
-                    }
-                    Ok(Outcome::DuplicateCommand { stored })
-                        if stored.status != CommandStatus::Accepted =>
-                    {
-                        Box::pin(ActorFutureExt::map(fut::ready(Ok(stored)), parked_after))
-                    }
-                    // Accepted before (a crash came between) and never decided: decide now.
-                    Ok(Outcome::DuplicateCommand { .. }) => {
-                        Box::pin(act.decide_command(accepted, control).map(parked_after))
-                    }
-                    Ok(Outcome::CommandConflict { stored }) => {
-                        Box::pin(fut::ready(Err(Error::CommandConflict {
-                            stored: Box::new(stored),
-                        })))
-                    }
-                    Ok(other) => Box::pin(fut::ready(Err(Error::Internal(format!(
-                        "unexpected outcome {other:?}"
-                    ))))),
-                    Err(error) => Box::pin(fut::ready(Err(error))),
-                }
-            },
-        )))
-    }
-}
-
 /// A provider or tool finished.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
@@ -710,13 +484,6 @@ impl Handler<Advance> for ExecutionActor {
         }
         AtomicResponse::new(Box::pin(fut::ready(())))
     }
-}
-
-/// After a command: an execution activated only for it (paused, finished) releases its
-/// actor again.
-fn parked_after<T>(result: T, act: &mut ExecutionActor, ctx: &mut Context<ExecutionActor>) -> T {
-    act.park_if_idle(ctx);
-    result
 }
 
 /// A transition of the execution's own progress failed: the actor cannot tell what is on

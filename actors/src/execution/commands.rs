@@ -1,0 +1,244 @@
+//! Commands at the execution (K-1..K-6): the `ApplyControl` message, and how the actor
+//! accepts, decides and records a control command. Split from `actor.rs`, whose shell it
+//! extends; the decisions themselves are the pure machine's (`machine.rs`).
+
+use actix::prelude::*;
+use openprogram_storage::{CommandRecord, CommandStatus, Control, Event, Outcome, Upsert};
+
+use crate::error::Error;
+use crate::execution::actor::ExecutionActor;
+use crate::execution::machine::Input;
+
+impl ExecutionActor {
+    /// Decides an accepted command and records `applied` or `rejected` with its effect.
+    fn decide_command(
+        &mut self,
+        accepted: CommandRecord,
+        control: Control,
+    ) -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
+        let command_id = accepted.command_id;
+        let busy = self.in_flight.is_some();
+        let (events, mut record) = match self.machine.decide(
+            Input::Control {
+                command_id,
+                control,
+            },
+            busy,
+        ) {
+            Ok(events) => (
+                events,
+                CommandRecord {
+                    status: CommandStatus::Applied,
+                    ..accepted
+                },
+            ),
+            Err(rejection) => {
+                let reason = format!(
+                    "{}; available: [{}]",
+                    rejection.reason,
+                    rejection.capabilities.join(", ")
+                );
+                let events = vec![Event::CommandRejected {
+                    command_id,
+                    reason: reason.clone(),
+                }];
+                (
+                    events,
+                    CommandRecord {
+                        status: CommandStatus::Rejected,
+                        reason: Some(reason),
+                        ..accepted
+                    },
+                )
+            }
+        };
+        // A control that changes the state of an execution with no running attempt (paused,
+        // parked) starts one in the same transition: only an attempt may move the head.
+        let mut events = events;
+        let claims = self.epoch.is_none()
+            && events
+                .iter()
+                .any(|event| matches!(event, Event::StateChanged { .. }));
+        if claims {
+            self.epoch = Some(self.lease.epoch);
+            let started = Event::AttemptStarted {
+                attempt_id: self.lease.attempt_id,
+                owner_id: self.env.owner,
+                epoch: self.lease.epoch,
+            };
+            events.insert(0, started);
+        }
+        record.result_version = Some(self.head.version + 1);
+        let upsert = Upsert::Command(record.clone());
+        Box::pin(
+            self.submit(events, vec![upsert])
+                .map(move |outcome, act, ctx| {
+                    let decided = match outcome {
+                        Ok(Outcome::Committed(_)) => Ok(record),
+                        // Decided meanwhile by a newer attempt (K-6): its stored outcome stands.
+                        Ok(Outcome::DuplicateCommand { stored }) => Ok(stored),
+                        Ok(Outcome::CommandConflict { stored }) => Err(Error::CommandConflict {
+                            stored: Box::new(stored),
+                        }),
+                        Ok(other) => Err(Error::Internal(format!("unexpected outcome {other:?}"))),
+                        Err(error) => Err(error),
+                    };
+                    match &decided {
+                        Ok(_) if claims && act.epoch.is_some() && act.lease_actor.is_none() => {
+                            act.hold_lease(ctx)
+                        }
+                        Err(_) if claims => act.epoch = None,
+                        _ => {}
+                    }
+                    decided
+                }),
+        )
+    }
+
+    /// Records a command refused before it was accepted (a stale `expected_version`), so
+    /// its status can be read back and a retry gets the same answer (K-1, K-4).
+    fn refuse_command(
+        &mut self,
+        accepted: CommandRecord,
+        reason: String,
+    ) -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
+        let command_id = accepted.command_id;
+        let mut record = CommandRecord {
+            status: CommandStatus::Rejected,
+            reason: Some(reason.clone()),
+            ..accepted
+        };
+        record.result_version = Some(self.head.version + 1);
+        let events = vec![
+            Event::CommandAccepted {
+                command_id,
+                kind: record.kind.clone(),
+            },
+            Event::CommandRejected { command_id, reason },
+        ];
+        let upsert = Upsert::Command(record.clone());
+        Box::pin(
+            self.submit(events, vec![upsert])
+                .map(move |outcome, _, _| match outcome? {
+                    Outcome::Committed(_) => Ok(record),
+                    Outcome::DuplicateCommand { stored } => Ok(stored),
+                    Outcome::CommandConflict { stored } => Err(Error::CommandConflict {
+                        stored: Box::new(stored),
+                    }),
+                    other => Err(Error::Internal(format!("unexpected outcome {other:?}"))),
+                }),
+        )
+    }
+}
+
+/// A control command from the command service (K-1): the execution saves it as accepted,
+/// then decides it and records `applied` or `rejected` with its effect — two transitions,
+/// in mailbox order, so no other write of this execution comes between them.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<CommandRecord, Error>")]
+pub struct ApplyControl {
+    pub accepted: CommandRecord,
+    pub control: Control,
+    /// The version the client saw (K-4); a stale one is refused and nothing is stored.
+    pub expected_version: Option<u64>,
+}
+
+impl Handler<ApplyControl> for ExecutionActor {
+    type Result = AtomicResponse<Self, Result<CommandRecord, Error>>;
+
+    fn handle(&mut self, message: ApplyControl, _ctx: &mut Context<Self>) -> Self::Result {
+        let _span = self.span.clone().entered();
+        self.handled += 1;
+        let ApplyControl {
+            accepted,
+            control,
+            expected_version,
+        } = message;
+        let command_id = accepted.command_id;
+        if self.machine.decided_commands.contains(&command_id) {
+            // A redelivery: the stored outcome stands, or a conflict if the payload differs.
+            let stored = self
+                .env
+                .store
+                .command(command_id)
+                .map_err(Error::Storage)
+                .and_then(|stored| {
+                    let stored = stored.ok_or_else(|| {
+                        Error::Internal(format!("decided command {command_id} has no record"))
+                    })?;
+                    if stored.payload_hash == accepted.payload_hash {
+                        Ok(stored)
+                    } else {
+                        Err(Error::CommandConflict {
+                            stored: Box::new(stored),
+                        })
+                    }
+                });
+            return AtomicResponse::new(Box::pin(ActorFutureExt::map(
+                fut::ready(stored),
+                parked_after,
+            )));
+        }
+        // A command accepted before (then the worker died, or a takeover came between) was
+        // checked against the version its client saw when it was accepted: decide it now.
+        let accepted_before = matches!(
+            self.env.store.command(command_id),
+            Ok(Some(stored)) if stored.status == CommandStatus::Accepted
+                && stored.payload_hash == accepted.payload_hash
+                && stored.execution_id == accepted.execution_id
+        );
+        if accepted_before {
+            return AtomicResponse::new(Box::pin(
+                self.decide_command(accepted, control).map(parked_after),
+            ));
+        }
+        if let Some(expected) = expected_version.filter(|expected| *expected != self.head.version) {
+            let reason = format!(
+                "stale expected_version {expected}: the current version is {}",
+                self.head.version
+            );
+            return AtomicResponse::new(Box::pin(
+                self.refuse_command(accepted, reason).map(parked_after),
+            ));
+        }
+        let event = Event::CommandAccepted {
+            command_id,
+            kind: accepted.kind.clone(),
+        };
+        let saved = self.submit(vec![event], vec![Upsert::Command(accepted.clone())]);
+        AtomicResponse::new(Box::pin(saved.then(
+            move |outcome, act, _ctx| -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
+                match outcome {
+                    Ok(Outcome::Committed(_)) => {
+                        Box::pin(act.decide_command(accepted, control).map(parked_after))
+                    }
+                    Ok(Outcome::DuplicateCommand { stored })
+                        if stored.status != CommandStatus::Accepted =>
+                    {
+                        Box::pin(ActorFutureExt::map(fut::ready(Ok(stored)), parked_after))
+                    }
+                    // Accepted before (a crash came between) and never decided: decide now.
+                    Ok(Outcome::DuplicateCommand { .. }) => {
+                        Box::pin(act.decide_command(accepted, control).map(parked_after))
+                    }
+                    Ok(Outcome::CommandConflict { stored }) => {
+                        Box::pin(fut::ready(Err(Error::CommandConflict {
+                            stored: Box::new(stored),
+                        })))
+                    }
+                    Ok(other) => Box::pin(fut::ready(Err(Error::Internal(format!(
+                        "unexpected outcome {other:?}"
+                    ))))),
+                    Err(error) => Box::pin(fut::ready(Err(error))),
+                }
+            },
+        )))
+    }
+}
+
+/// After a command: an execution activated only for it (paused, finished) releases its
+/// actor again.
+fn parked_after<T>(result: T, act: &mut ExecutionActor, ctx: &mut Context<ExecutionActor>) -> T {
+    act.park_if_idle(ctx);
+    result
+}
