@@ -249,10 +249,13 @@ impl Store {
 
     /// Where the events of one execution with `seq > after_seq` are, from its event index
     /// on disk.
+    /// Stops once the refs cover `limit` events, so paging through a long history costs
+    /// what a page holds.
     fn frame_refs_on_disk(
         &self,
         execution_id: ExecutionId,
         after_seq: u64,
+        limit: usize,
     ) -> Result<Vec<FrameRef>> {
         let db = &self.shared().db;
         let first = keys::events(execution_id, 0);
@@ -274,6 +277,12 @@ impl Store {
                     .into_iter()
                     .filter(|frame_ref| frame_ref.last_seq > after_seq),
             );
+            let covered = refs
+                .last()
+                .map_or(0, |newest| newest.last_seq.saturating_sub(after_seq));
+            if covered >= limit as u64 {
+                break;
+            }
         }
         Ok(refs)
     }
@@ -364,7 +373,7 @@ impl EventStore for Store {
         let result = self.read_consistent(
             |overlay| overlay.frame_refs_after(execution_id, after_seq),
             |pending| {
-                let mut refs = self.frame_refs_on_disk(execution_id, after_seq)?;
+                let mut refs = self.frame_refs_on_disk(execution_id, after_seq, limit)?;
                 refs.extend(pending);
                 self.events_at(execution_id, refs, after_seq, limit)
             },

@@ -51,6 +51,14 @@ async fn s1_reopen_keeps_seqs_and_positions() {
         let store = Store::open_with(dir.path(), limits).expect("reopen");
         assert_eq!(whole_log(&store), before_log);
         assert_eq!(all_events(&store, a), before_a);
+        // A page of the history: exactly the next two events.
+        let page: Vec<u64> = store
+            .events_after(a, 1, 2)
+            .expect("page")
+            .iter()
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(page, vec![2, 3]);
         let next = append(&store, a, 4, "after reopen").await;
         assert_eq!(next.seqs, 5..=5);
         assert_eq!(next.positions, 9..=9);
