@@ -277,7 +277,7 @@ impl Service {
             }
         }
         Err(Error::Unavailable(
-            "the execution's actor stopped twice while taking a command".into(),
+            "the execution's actor kept stopping while taking a command".into(),
         ))
     }
 
