@@ -79,13 +79,7 @@ async fn e7_capability_of_the_first_attempt_is_refused_after_resume_and_a_fresh_
         reply("done"),
     ];
     let execution = harness.start(script, None).await;
-    harness
-        .wait_for_event(
-            execution,
-            "the sleep decision",
-            is_sleep_dispatch_or_decision,
-        )
-        .await;
+    harness.wait_for_sleep(execution).await;
     harness.command(execution, "pause", None).await;
     harness.wait_for_state(execution, "paused").await;
     // Continue resumes the same execution in a new attempt.

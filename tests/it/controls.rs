@@ -10,13 +10,7 @@ async fn k2_pause_during_a_tool_lets_it_finish_and_continue_does_not_repeat_it()
     let execution = harness
         .start(vec![sleep(300), echo("after"), reply("done")], None)
         .await;
-    harness
-        .wait_for_event(
-            execution,
-            "the sleep decision",
-            is_sleep_dispatch_or_decision,
-        )
-        .await;
+    harness.wait_for_sleep(execution).await;
     let paused = harness.command(execution, "pause", None).await;
     assert_eq!(paused.status, "applied", "{paused:?}");
     let snapshot = harness.wait_for_state(execution, "paused").await;
@@ -55,13 +49,7 @@ async fn k2_step_runs_exactly_one_step_per_command() {
     let execution = harness
         .start(vec![sleep(300), echo("a"), echo("b"), reply("done")], None)
         .await;
-    harness
-        .wait_for_event(
-            execution,
-            "the sleep decision",
-            is_sleep_dispatch_or_decision,
-        )
-        .await;
+    harness.wait_for_sleep(execution).await;
     harness.command(execution, "pause", None).await;
     harness.wait_for_state(execution, "paused").await;
     let steps = |events: &[openprogram::storage::EventEnvelope]| {
@@ -94,13 +82,7 @@ async fn k2_step_runs_exactly_one_step_per_command() {
 async fn k2_steer_text_appears_in_the_reply() {
     let harness = Harness::new();
     let execution = harness.start(vec![sleep(200), reply("done")], None).await;
-    harness
-        .wait_for_event(
-            execution,
-            "the sleep decision",
-            is_sleep_dispatch_or_decision,
-        )
-        .await;
+    harness.wait_for_sleep(execution).await;
     let steered = harness.command(execution, "steer", Some("be brief")).await;
     assert_eq!(steered.status, "applied", "{steered:?}");
     let snapshot = harness.wait_for_state(execution, "completed").await;
@@ -113,13 +95,7 @@ async fn k5_cancel_during_sleep_ends_it_promptly_and_nothing_runs_after() {
     let execution = harness
         .start(vec![sleep(600_000), reply("never")], None)
         .await;
-    harness
-        .wait_for_event(
-            execution,
-            "the sleep decision",
-            is_sleep_dispatch_or_decision,
-        )
-        .await;
+    harness.wait_for_sleep(execution).await;
     let cancelled = harness.command(execution, "cancel", None).await;
     assert_eq!(cancelled.status, "applied", "{cancelled:?}");
     let snapshot = harness.wait_for_state(execution, "cancelled").await;
@@ -143,13 +119,7 @@ async fn k5_cancel_during_sleep_ends_it_promptly_and_nothing_runs_after() {
 async fn k4_duplicate_command_id_applies_once_and_other_payload_conflicts() {
     let harness = Harness::new();
     let execution = harness.start(vec![sleep(300), reply("done")], None).await;
-    harness
-        .wait_for_event(
-            execution,
-            "the sleep decision",
-            is_sleep_dispatch_or_decision,
-        )
-        .await;
+    harness.wait_for_sleep(execution).await;
     let command_id = CommandId::new();
     let first = harness
         .command_with(execution, command_id, "steer", Some("once"), None)
@@ -189,13 +159,7 @@ async fn k4_duplicate_command_id_applies_once_and_other_payload_conflicts() {
 async fn k4_stale_expected_version_is_rejected_with_the_current_version() {
     let harness = Harness::new();
     let execution = harness.start(vec![sleep(300), reply("done")], None).await;
-    harness
-        .wait_for_event(
-            execution,
-            "the sleep decision",
-            is_sleep_dispatch_or_decision,
-        )
-        .await;
+    harness.wait_for_sleep(execution).await;
     let current = harness.snapshot(execution).await.version;
     let stale = harness
         .command_with(
@@ -229,13 +193,7 @@ async fn k4_stale_expected_version_is_rejected_with_the_current_version() {
 async fn k3_a_control_outside_the_capabilities_is_rejected_with_the_list() {
     let harness = Harness::new();
     let execution = harness.start(vec![sleep(300), reply("done")], None).await;
-    harness
-        .wait_for_event(
-            execution,
-            "the sleep decision",
-            is_sleep_dispatch_or_decision,
-        )
-        .await;
+    harness.wait_for_sleep(execution).await;
     let rejected = harness.command(execution, "continue", None).await;
     assert_eq!(rejected.status, "rejected");
     let reason = rejected.reason.unwrap_or_default();
@@ -300,13 +258,7 @@ async fn k2_a_turn_admitted_paused_waits_for_step_or_continue() {
 async fn k4_expected_version_works_on_a_parked_execution_and_stale_rejections_are_stored() {
     let harness = Harness::new();
     let execution = harness.start(vec![sleep(200), reply("done")], None).await;
-    harness
-        .wait_for_event(
-            execution,
-            "the sleep decision",
-            is_sleep_dispatch_or_decision,
-        )
-        .await;
+    harness.wait_for_sleep(execution).await;
     harness.command(execution, "pause", None).await;
     let paused = harness.wait_for_state(execution, "paused").await;
     // The actor is released; a command with the version the client saw still applies.

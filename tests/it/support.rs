@@ -118,6 +118,16 @@ impl Harness {
             .await
     }
 
+    /// Waits until the model has decided to call `sleep` (so a control lands mid-step).
+    pub async fn wait_for_sleep(&self, execution: ExecutionId) {
+        self.wait_for_event(
+            execution,
+            "the sleep decision",
+            is_sleep_dispatch_or_decision,
+        )
+        .await;
+    }
+
     /// Waits until an event matching `found` is committed.
     pub async fn wait_for_event(
         &self,
