@@ -7,4 +7,6 @@ pub mod commands;
 pub mod machine;
 
 #[cfg(test)]
+mod machine_sim;
+#[cfg(test)]
 mod machine_tests;

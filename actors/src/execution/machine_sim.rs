@@ -1,0 +1,352 @@
+//! A seeded simulation of the pure state machine (RELIABILITY R10, a small R22): random
+//! controls, model decisions, tool results, late results and attempt restarts, driven the
+//! way the actor drives it, with the invariants checked after every commit:
+//! - replaying the committed events rebuilds exactly the live state (recovery = apply);
+//! - once a Cancel is applied, the execution can only end Cancelled (K-5);
+//! - a terminal state is final: no later transition changes it;
+//! - no effect gets two results, and an External effect dispatched by an earlier attempt is
+//!   never run again (E-4);
+//! - a Step lets at most one step event commit before the execution pauses (K-2).
+//! `OP_SIM_SEED` replays a run; each run prints its seed.
+
+use openprogram_storage::{
+    AttemptId, CommandId, Control, EffectId, Event, ExecutionKind, ExecutionState as Status,
+    MessageId, OwnerId, ReceiptStatus, RevisionId, RunId, SessionId, TurnId,
+};
+
+use super::machine::*;
+
+/// Runs per test and inputs per run.
+const RUNS: u64 = 300;
+const INPUTS_PER_RUN: usize = 60;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// What is in flight, as the actor would have it.
+#[derive(Clone, Copy, PartialEq)]
+enum InFlight {
+    Model(EffectId),
+    Tool(EffectId),
+}
+
+struct Sim {
+    machine: Machine,
+    log: Vec<Event>,
+    in_flight: Option<InFlight>,
+    /// Tools the script uses: `append` is External.
+    epoch: u64,
+    cancel_applied: bool,
+    terminal: Option<Status>,
+    results: std::collections::HashMap<EffectId, usize>,
+    /// Step events committed since the last applied Step, while it runs.
+    steps_since_step: Option<usize>,
+    /// A result that was already on its way when its effect was aborted.
+    late: Option<InFlight>,
+    /// The attempt (epoch) that dispatched each External effect.
+    dispatched_at: std::collections::HashMap<EffectId, u64>,
+}
+
+fn recovery(tool: &str) -> Recovery {
+    if tool == "append" {
+        Recovery::External
+    } else {
+        Recovery::Idempotent
+    }
+}
+
+impl Sim {
+    fn new() -> Self {
+        let input = serde_json::json!({"message": "sim", "script": [], "max_iterations": 8});
+        let admitted = Event::Admitted {
+            kind: ExecutionKind::AgentTurn,
+            session_id: SessionId::new(),
+            run_id: RunId::new(),
+            parent_execution_id: None,
+            revision_id: RevisionId::new(),
+            turn_id: TurnId::new(),
+            user_message_id: MessageId::new(),
+            reply_message_id: MessageId::new(),
+            parent_message_id: None,
+            input: input.to_string(),
+        };
+        let mut sim = Sim {
+            machine: Machine::default(),
+            log: Vec::new(),
+            in_flight: None,
+            epoch: 0,
+            cancel_applied: false,
+            terminal: None,
+            results: Default::default(),
+            steps_since_step: None,
+            late: None,
+            dispatched_at: Default::default(),
+        };
+        sim.commit(vec![admitted], "admission");
+        sim.restart("first attempt");
+        sim
+    }
+
+    fn restart(&mut self, context: &str) {
+        // The old attempt's results are fenced: they never reach this machine.
+        self.in_flight = None;
+        self.late = None;
+        self.epoch += 1;
+        let started = Event::AttemptStarted {
+            attempt_id: AttemptId::new(),
+            owner_id: OwnerId::new(),
+            epoch: self.epoch,
+        };
+        if !self.machine.status().is_terminal() {
+            self.commit(vec![started], context);
+        }
+    }
+
+    /// Commits events as the actor does, then checks every invariant.
+    fn commit(&mut self, events: Vec<Event>, context: &str) {
+        let before = self.machine.status();
+        let mut actions = Vec::new();
+        for event in &events {
+            let seq = self.log.len() as u64 + 1;
+            self.machine.apply(event, seq, &mut actions);
+            self.log.push(event.clone());
+            match event {
+                Event::ControlApplied {
+                    control: Control::Cancel,
+                    ..
+                } => self.cancel_applied = true,
+                Event::ControlApplied {
+                    control: Control::Step,
+                    ..
+                } => self.steps_since_step = Some(0),
+                Event::ModelDecided { .. } | Event::ToolFinished { .. } => {
+                    if let Some(steps) = &mut self.steps_since_step {
+                        *steps += 1;
+                    }
+                }
+                Event::ControlApplied {
+                    control: Control::Continue,
+                    ..
+                }
+                | Event::StateChanged {
+                    state: Status::Paused,
+                    ..
+                } => self.steps_since_step = None,
+                _ => {}
+            }
+            if let Event::ToolDispatched { effect_id, .. } = event {
+                self.dispatched_at.insert(*effect_id, self.epoch);
+            }
+            if let Event::ToolFinished { effect_id, .. } = event {
+                *self.results.entry(*effect_id).or_default() += 1;
+                assert_eq!(
+                    self.results[effect_id], 1,
+                    "{context}: two results for {effect_id}"
+                );
+            }
+        }
+        if let Some(terminal) = self.terminal {
+            assert_eq!(
+                self.machine.status(),
+                terminal,
+                "{context}: left terminal {terminal} from {before}"
+            );
+        }
+        if self.machine.status().is_terminal() {
+            self.terminal = Some(self.machine.status());
+            if self.cancel_applied {
+                assert_eq!(
+                    self.machine.status(),
+                    Status::Cancelled,
+                    "{context}: cancel did not win"
+                );
+            }
+        }
+        if let Some(steps) = self.steps_since_step {
+            assert!(steps <= 1, "{context}: a Step ran {steps} steps");
+        }
+        let mut replayed = Machine::default();
+        let mut ignored = Vec::new();
+        for (index, event) in self.log.iter().enumerate() {
+            replayed.apply(event, index as u64 + 1, &mut ignored);
+        }
+        assert_eq!(replayed, self.machine, "{context}: replay diverged");
+        if actions.contains(&Action::AbortEffect) {
+            // The actor aborts it; a result already on its way still arrives.
+            self.late = self.late.or(self.in_flight.take());
+        }
+        if actions.contains(&Action::RunDispatched) {
+            if let Some(pending) = &self.machine.pending_tool {
+                self.in_flight = Some(InFlight::Tool(pending.effect_id));
+            }
+        }
+    }
+
+    fn decide(&mut self, input: Input, context: &str) {
+        let busy = self.in_flight.is_some();
+        if let Ok(events) = self.machine.decide(input, busy) {
+            self.commit(events, context);
+        }
+    }
+
+    fn advance(&mut self, rng: &mut Rng) {
+        if self.in_flight.is_some() {
+            return;
+        }
+        match self.machine.next(EffectId::new(), recovery) {
+            Next::Persist(events) => self.commit(events, "advance"),
+            Next::CallModel { effect_id } => self.in_flight = Some(InFlight::Model(effect_id)),
+            Next::RunTool(pending) => {
+                if let Some(epoch) = self.dispatched_at.get(&pending.effect_id) {
+                    assert_eq!(
+                        *epoch, self.epoch,
+                        "an External effect dispatched by attempt {epoch} was run again"
+                    );
+                }
+                let _ = rng;
+                self.in_flight = Some(InFlight::Tool(pending.effect_id));
+            }
+            Next::Idle => {}
+        }
+    }
+
+    fn finish_effect(&mut self, rng: &mut Rng) {
+        let effect = if self.late.is_some() && rng.below(2) == 0 {
+            self.late.take()
+        } else {
+            self.in_flight.take()
+        };
+        let Some(effect) = effect else {
+            return;
+        };
+        match effect {
+            InFlight::Model(effect_id) => {
+                let input = match rng.below(6) {
+                    0 => Input::ModelFailed {
+                        effect_id,
+                        error: "model error".into(),
+                    },
+                    1 => Input::ModelDecided {
+                        effect_id,
+                        decision: Decision::Reply {
+                            text: "done".into(),
+                        },
+                    },
+                    2 | 3 => Input::ModelDecided {
+                        effect_id,
+                        decision: Decision::Tool {
+                            tool: "append".into(),
+                            args: serde_json::json!({}),
+                        },
+                    },
+                    _ => Input::ModelDecided {
+                        effect_id,
+                        decision: Decision::Tool {
+                            tool: "echo".into(),
+                            args: serde_json::json!({}),
+                        },
+                    },
+                };
+                self.decide(input, "model result");
+            }
+            InFlight::Tool(effect_id) => {
+                let status = if rng.below(5) == 0 {
+                    ReceiptStatus::Failed
+                } else {
+                    ReceiptStatus::Confirmed
+                };
+                self.decide(
+                    Input::ToolFinished {
+                        effect_id,
+                        status,
+                        output: "out".into(),
+                    },
+                    "tool result",
+                );
+            }
+        }
+    }
+
+    fn control(&mut self, rng: &mut Rng) {
+        let control = match rng.below(5) {
+            0 => Control::Pause,
+            1 => Control::Continue,
+            2 => Control::Step,
+            3 => Control::Steer {
+                text: "steer".into(),
+            },
+            _ => Control::Cancel,
+        };
+        let kind = control.kind();
+        // Controls that move a parked execution claim an attempt in the same transition, as
+        // the actor does; the machine sees AttemptStarted first.
+        let busy = self.in_flight.is_some();
+        if let Ok(mut events) = self.machine.decide(
+            Input::Control {
+                command_id: CommandId::new(),
+                control,
+            },
+            busy,
+        ) {
+            if self.machine.status() == Status::Paused
+                && events
+                    .iter()
+                    .any(|e| matches!(e, Event::StateChanged { .. }))
+            {
+                self.epoch += 1;
+                events.insert(
+                    0,
+                    Event::AttemptStarted {
+                        attempt_id: AttemptId::new(),
+                        owner_id: OwnerId::new(),
+                        epoch: self.epoch,
+                    },
+                );
+            }
+            self.commit(events, kind);
+        }
+    }
+}
+
+#[test]
+fn r10_seeded_interleavings_keep_the_machine_invariants() {
+    let seed = std::env::var("OP_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |elapsed| elapsed.as_nanos() as u64)
+                | 1
+        });
+    eprintln!("machine simulation: seed {seed} (replay with OP_SIM_SEED={seed})");
+    let mut rng = Rng(seed);
+    let mut ended = 0;
+    for _ in 0..RUNS {
+        let mut sim = Sim::new();
+        for _ in 0..INPUTS_PER_RUN {
+            match rng.below(10) {
+                0..=3 => sim.advance(&mut rng),
+                4..=6 => sim.finish_effect(&mut rng),
+                7 | 8 => sim.control(&mut rng),
+                _ => sim.restart("restart"),
+            }
+        }
+        ended += usize::from(sim.terminal.is_some());
+    }
+    assert!(
+        ended > 0,
+        "seed {seed}: no run reached a terminal state; the simulation is too weak"
+    );
+}
