@@ -7,6 +7,7 @@
 //! - no effect gets two results, and an External effect dispatched by an earlier attempt is
 //!   never run again (E-4);
 //! - a Step lets at most one step event commit before the execution pauses (K-2).
+//!
 //! `OP_SIM_SEED` replays a run; each run prints its seed.
 
 use openprogram_storage::{
