@@ -84,10 +84,15 @@ pub struct LoadReport {
 
 /// Resident memory of this process now, in KiB (0 where unknown).
 pub fn rss_kib() -> u64 {
+    proc_status_kib("VmRSS:")
+}
+
+/// A `kB` field of `/proc/self/status` (0 where unknown).
+fn proc_status_kib(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .find_map(|line| line.strip_prefix(field))
         .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }
@@ -307,18 +312,7 @@ fn ms(histogram: &Histogram<u64>, quantile: f64) -> f64 {
 
 /// The peak resident memory of this process, from `/proc/self/status` (0 where unknown).
 pub fn peak_rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .map_or(0.0, |kib| kib / 1024.0)
+    proc_status_kib("VmHWM:") as f64 / 1024.0
 }
 
 /// Runs the load and returns what it measured.

@@ -11,8 +11,8 @@
 //! `OP_SIM_SEED` replays a run; each run prints its seed.
 
 use openprogram_storage::{
-    AttemptId, CommandId, Control, EffectId, Event, ExecutionKind, ExecutionState as Status,
-    MessageId, OwnerId, ReceiptStatus, RevisionId, RunId, SessionId, TurnId,
+    AttemptId, CommandId, Control, EffectId, Event, ExecutionState as Status, OwnerId,
+    ReceiptStatus,
 };
 
 use super::machine::*;
@@ -69,19 +69,7 @@ fn recovery(tool: &str) -> Recovery {
 
 impl Sim {
     fn new() -> Self {
-        let input = serde_json::json!({"message": "sim", "script": [], "max_iterations": 8});
-        let admitted = Event::Admitted {
-            kind: ExecutionKind::AgentTurn,
-            session_id: SessionId::new(),
-            run_id: RunId::new(),
-            parent_execution_id: None,
-            revision_id: RevisionId::new(),
-            turn_id: TurnId::new(),
-            user_message_id: MessageId::new(),
-            reply_message_id: MessageId::new(),
-            parent_message_id: None,
-            input: input.to_string(),
-        };
+        let admitted = super::machine_tests::admitted(8);
         let mut sim = Sim {
             machine: Machine::default(),
             log: Vec::new(),

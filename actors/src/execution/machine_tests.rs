@@ -9,7 +9,8 @@ use openprogram_storage::{
 
 use super::machine::*;
 
-fn admitted(max_iterations: u32) -> Event {
+/// An admission with an empty script; shared with the simulation (`machine_sim.rs`).
+pub(super) fn admitted(max_iterations: u32) -> Event {
     let input =
         serde_json::json!({"message": "hi", "script": [], "max_iterations": max_iterations});
     Event::Admitted {
