@@ -62,5 +62,5 @@ fn main() {
             "live_actors": runtime.live_executions(),
         })
     );
-    runtime.shutdown();
+    runtime.halt();
 }

@@ -78,6 +78,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             envelope.event.type_name()
         );
     }
-    runtime.shutdown();
+    runtime.shutdown().await;
     Ok(())
 }

@@ -9,7 +9,7 @@
 //!     .start_execution(session, StartRequest { message: "hi".into(), ..Default::default() })
 //!     .await?;
 //! let snapshot = runtime.snapshot(session, started.execution_id).await?;
-//! runtime.shutdown();
+//! runtime.shutdown().await;
 //! # Ok(()) }
 //! ```
 //!
@@ -20,22 +20,30 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::FutureExt as _;
 use std::time::Duration;
 
+use actix::Actor as _;
 use openprogram_actors::agent::{Provider, Scripted, Tool, ToolRegistry};
 use openprogram_actors::env::{Directory, Env};
+use openprogram_actors::recovery::{Clock, SystemClock};
 use openprogram_actors::service::Service;
+use openprogram_actors::supervisor::{Recover, Shutdown, Supervisor};
 use openprogram_actors::system::ActorSystem;
 use openprogram_storage::{
     CommandId, EventEnvelope, EventStore, ExecutionId, Limits, SessionId, Store,
 };
 
 pub mod load;
+pub mod serve;
 
 pub use openprogram_actors as actors;
 pub use openprogram_actors::agent;
+pub use openprogram_actors::recovery::{ManualClock, RestartWindow};
 pub use openprogram_actors::service::{CommandReply, CommandRequest, StartReply, StartRequest};
 pub use openprogram_actors::snapshot::Snapshot;
+pub use openprogram_actors::supervisor::{RecoveryReport, ShutdownReport};
 pub use openprogram_actors::{Error, Result};
 pub use openprogram_storage as storage;
 
@@ -47,10 +55,17 @@ pub struct RuntimeBuilder {
     tools: Option<ToolRegistry>,
     limits: Limits,
     lease_ttl: Option<Duration>,
+    restart_window: RestartWindow,
+    clock: Option<Arc<dyn Clock>>,
+    shutdown_timeout: Option<Duration>,
 }
 
 /// How long an attempt keeps its lease without a heartbeat, unless configured.
 pub const LEASE_TTL_DEFAULT: Duration = Duration::from_secs(10);
+
+/// How long an orderly shutdown waits for running effects to reach a safe point, unless
+/// configured.
+pub const SHUTDOWN_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for RuntimeBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -93,7 +108,27 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Opens the store and starts the actor system.
+    /// R-2: how long after an interruption executions continue by themselves. Default
+    /// `RestartWindow::Unlimited` (`-1`).
+    pub fn restart_window(mut self, window: RestartWindow) -> Self {
+        self.restart_window = window;
+        self
+    }
+
+    /// The wall clock restart deadlines are measured with (tests inject a `ManualClock`).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// How long `Runtime::shutdown` waits for running effects to finish. Default 10 s.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = Some(timeout);
+        self
+    }
+
+    /// Opens the store, starts the actor system and the supervisor, and begins startup
+    /// recovery in the background (`Runtime::recovery` waits for its report).
     pub fn open(self) -> Result<Runtime> {
         let data_dir = self
             .data_dir
@@ -101,19 +136,38 @@ impl RuntimeBuilder {
         let store = Store::open_with(&data_dir, self.limits)?;
         let owner = store.incarnation().owner_id;
         let system = ActorSystem::start("openprogram")?;
-        let env = Arc::new(Env {
-            store: Arc::new(store),
-            provider: self.provider.unwrap_or_else(|| Arc::new(Scripted)),
-            tools: self.tools.unwrap_or_else(ToolRegistry::builtin),
+        let env = Arc::new(Env::new(
+            Arc::new(store),
+            self.provider.unwrap_or_else(|| Arc::new(Scripted)),
+            self.tools.unwrap_or_else(ToolRegistry::builtin),
             owner,
-            directory: Directory::new(system.arbiters()),
-            lease_ttl: self.lease_ttl.unwrap_or(LEASE_TTL_DEFAULT),
-            finished_waiters: Mutex::new(Default::default()),
+            Directory::new(system.arbiters()),
+            self.lease_ttl.unwrap_or(LEASE_TTL_DEFAULT),
+            self.clock.unwrap_or_else(|| Arc::new(SystemClock)),
+            self.restart_window,
+        ));
+        let supervisor_env = Arc::clone(&env);
+        let supervisor = Supervisor::start_in_arbiter(&system.arbiters()[0], move |_| {
+            Supervisor::new(supervisor_env)
         });
+        let recovery = supervisor.send(Recover);
+        let recovered = async move {
+            match recovery.await {
+                Ok(report) => report,
+                Err(error) => Err(Error::Unavailable(error.to_string())),
+            }
+        }
+        .boxed()
+        .shared();
+        // Recovery runs even if nobody asks for its report.
+        system.arbiters()[0].spawn(recovered.clone().map(|_| ()));
         Ok(Runtime {
             inner: Arc::new(Inner {
                 service: Service::new(env),
                 system: Mutex::new(Some(system)),
+                supervisor,
+                recovered,
+                shutdown_timeout: self.shutdown_timeout.unwrap_or(SHUTDOWN_TIMEOUT_DEFAULT),
             }),
         })
     }
@@ -125,10 +179,20 @@ pub struct Runtime {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
     service: Service,
     system: Mutex<Option<ActorSystem>>,
+    supervisor: actix::Addr<Supervisor>,
+    recovered: futures::future::Shared<futures::future::BoxFuture<'static, Result<RecoveryReport>>>,
+    shutdown_timeout: Duration,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("service", &self.service)
+            .finish()
+    }
 }
 
 impl Runtime {
@@ -185,9 +249,14 @@ impl Runtime {
             .events(session, execution, after, usize::MAX)
     }
 
+    /// The report of startup recovery (R-3, R-4), once it is done.
+    pub async fn recovery(&self) -> Result<RecoveryReport> {
+        self.inner.recovered.clone().await
+    }
+
     /// Replaces running attempts whose lease lapsed by new attempts with a higher epoch; the
-    /// old attempts are fenced at their next write (A-1, R05). The supervisor (issue 5) will
-    /// call this on a timer; returns the executions taken over.
+    /// old attempts are fenced at their next write (A-1, R05). The supervisor does this every
+    /// half lease; returns the executions taken over.
     pub async fn reclaim_lapsed_attempts(&self) -> Result<Vec<ExecutionId>> {
         self.inner.service.env().reclaim_lapsed().await
     }
@@ -202,10 +271,27 @@ impl Runtime {
         &self.inner.service.env().store
     }
 
-    /// Stops the actor system. The store closes when the last handle is dropped, after
-    /// writing everything queued. Orderly pauses before shutdown arrive with the supervisor
-    /// (issue 5).
-    pub fn shutdown(&self) {
+    /// Orderly shutdown (R-7): stops new work and recovery, asks every running execution for
+    /// a pause owned by restart recovery (recording its restart intent, R-3) at its next safe
+    /// point, waits up to the shutdown timeout, then stops the actors. The next start resumes
+    /// the paused executions within the restart window. The store closes when the last
+    /// handle is dropped, after writing everything queued.
+    pub async fn shutdown(&self) -> ShutdownReport {
+        let timeout = self.inner.shutdown_timeout;
+        let report = self
+            .inner
+            .supervisor
+            .send(Shutdown { timeout })
+            .await
+            .unwrap_or_default();
+        self.halt();
+        report
+    }
+
+    /// Stops the actors at once, without pausing anything: what a crash leaves behind,
+    /// minus the lost process. Running executions stay running in storage and the next
+    /// start treats them as abandoned.
+    pub fn halt(&self) {
         self.inner.service.env().drop_waiters();
         let system = self
             .inner

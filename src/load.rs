@@ -125,6 +125,7 @@ pub async fn park(
                 kind: "step".into(),
                 expected_version: None,
                 text: None,
+                outcome: None,
             };
             runtime.command(session, started.execution_id, step).await
         });
@@ -214,6 +215,7 @@ async fn pause_then_continue(
         kind: kind.into(),
         expected_version: None,
         text: None,
+        outcome: None,
     };
     let mut timings = Vec::new();
     let sent_at = Instant::now();
@@ -458,7 +460,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     let fsyncs = runtime.store().metrics().fsyncs - fsyncs_before;
     // Before the baseline, whose own sled cache would count otherwise.
     let peak_rss_mib = peak_rss_mib();
-    runtime.shutdown();
+    runtime.shutdown().await;
     drop(runtime);
     let take = |histogram: &Mutex<Option<Histogram<u64>>>| {
         histogram

@@ -1,5 +1,5 @@
-//! The `openprogram` command line (SPEC §6). `load` runs here; `serve`, `ctl` and `inspect`
-//! arrive with issue 8 and say so. Exit codes: 0 ok, 1 the operation failed, 2 usage error;
+//! The `openprogram` command line (SPEC §6). `load` and `serve` (without its HTTP API yet)
+//! run here; `ctl`, `inspect` and serve's HTTP options arrive with issue 8 and say so. Exit codes: 0 ok, 1 the operation failed, 2 usage error;
 //! errors are one line on stderr.
 
 use std::path::PathBuf;
@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use openprogram::load::{self, LoadOptions};
+use openprogram::serve::{self, ServeOptions};
+use openprogram::RestartWindow;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -51,8 +53,21 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run the runtime with its HTTP API and debug page (not in this build yet).
-    Serve,
+    /// Run the runtime on its store until SIGTERM/SIGINT (orderly shutdown). The HTTP API,
+    /// debug page and --demo are not in this build yet.
+    Serve {
+        #[arg(long, default_value = "./openprogram-data")]
+        data: PathBuf,
+        /// -1 (no limit), 0 (no automatic restart) or a duration such as 90s, 15m, 2h.
+        #[arg(long, default_value = "-1", allow_hyphen_values = true)]
+        restart_window: RestartWindow,
+        #[arg(long)]
+        listen: Option<String>,
+        #[arg(long)]
+        token: Option<String>,
+        #[arg(long)]
+        demo: bool,
+    },
     /// Send a control to an execution over HTTP (not in this build yet).
     Ctl,
     /// Read sessions, executions and events over HTTP (not in this build yet).
@@ -118,7 +133,35 @@ fn main() -> ExitCode {
                 Err(error) => fail(&error.to_string()),
             }
         }
-        Command::Serve | Command::Ctl | Command::Inspect => {
+        Command::Serve {
+            listen: None,
+            token: None,
+            demo: false,
+            data,
+            restart_window,
+        } => {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => return fail(&format!("cannot start tokio: {error}")),
+            };
+            let options = ServeOptions {
+                data,
+                restart_window,
+            };
+            match runtime.block_on(serve::run(options)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => fail(&error.to_string()),
+            }
+        }
+        Command::Serve { .. } => {
+            eprintln!("openprogram: serve's --listen, --token and --demo need the HTTP API, which is not in this build yet (see README.md)");
+            ExitCode::from(2)
+        }
+        Command::Ctl | Command::Inspect => {
             eprintln!(
                 "openprogram: this subcommand is not available in this build yet (see README.md)"
             );

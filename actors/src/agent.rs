@@ -47,11 +47,29 @@ pub struct ToolCall {
     pub args: serde_json::Value,
 }
 
+/// What a tool's reconcile protocol learned about an effect whose outcome was unknown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reconciliation {
+    /// It took effect; the output stands as its result.
+    Confirmed(String),
+    /// It never took effect; it may run again.
+    NotApplied,
+    /// The protocol cannot tell (or the tool has none): an operator's `reconcile` decides.
+    Unknown,
+}
+
 /// A tool. `Err` is a tool error (a `Failed` receipt), not a runtime failure.
 pub trait Tool: Send + Sync + 'static {
     fn name(&self) -> &str;
     fn recovery(&self) -> Recovery;
     fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>>;
+
+    /// asks the external system whether the call with `call.effect_id` took effect.
+    /// Called only once the attempt that dispatched it is gone. Default: no protocol.
+    fn reconcile(&self, call: ToolCall) -> BoxFuture<'static, Reconciliation> {
+        let _ = call;
+        futures::future::ready(Reconciliation::Unknown).boxed()
+    }
 }
 
 /// The tools an execution may call, by name.
@@ -84,6 +102,17 @@ impl ToolRegistry {
 
     pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
         self.tools.get(name).cloned()
+    }
+
+    /// Every tool's name and recovery, in name order: the runtime's contract revision.
+    pub fn contract(&self) -> Vec<(String, Recovery)> {
+        let mut contract: Vec<_> = self
+            .tools
+            .iter()
+            .map(|(name, tool)| (name.clone(), tool.recovery()))
+            .collect();
+        contract.sort_by(|a, b| a.0.cmp(&b.0));
+        contract
     }
 
     /// How a tool recovers; an unknown tool is treated as `External` (never re-run blindly).
@@ -222,6 +251,36 @@ impl Tool for Append {
         }
         .boxed()
     }
+
+    /// The effect took place if and only if its line, which ends with the effect id, is in
+    /// the file. Sound once the dispatching attempt is gone: its single `write` either
+    /// happened or never will.
+    fn reconcile(&self, call: ToolCall) -> BoxFuture<'static, Reconciliation> {
+        let Ok(path) = string_arg(&call.args, "path") else {
+            return futures::future::ready(Reconciliation::Unknown).boxed();
+        };
+        let needle = format!("\t{}\n", call.effect_id);
+        async move {
+            let read = tokio::task::spawn_blocking(move || std::fs::read(&path)).await;
+            match read {
+                Ok(Ok(bytes)) if contains(&bytes, needle.as_bytes()) => {
+                    Reconciliation::Confirmed("appended".into())
+                }
+                Ok(Ok(_)) => Reconciliation::NotApplied,
+                Ok(Err(error)) if error.kind() == std::io::ErrorKind::NotFound => {
+                    Reconciliation::NotApplied
+                }
+                _ => Reconciliation::Unknown,
+            }
+        }
+        .boxed()
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|window| window == needle)
 }
 
 /// `fail {message}` → a tool error.

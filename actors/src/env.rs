@@ -6,20 +6,22 @@
 //! forgets it when the actor releases itself (passivation).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use actix::prelude::*;
 use openprogram_storage::{
     AttemptLease, Event, EventStore, ExecutionHead, ExecutionId, ExecutionState, Outcome, OwnerId,
-    Transition,
+    RestartIntent, RevisionId, Transition,
 };
 
 use crate::agent::{Provider, ToolRegistry};
 use crate::attempt_lease::LeaseState;
 use crate::error::{Error, Result};
 use crate::execution::actor::{Activate, ExecutionActor};
-use crate::execution::machine::Machine;
+use crate::execution::machine::{Machine, Recovery};
+use crate::recovery::{Clock, RestartWindow};
 
 /// Told once an execution ends (`Ok`), or stops without ending (`Err`).
 pub type FinishedWaiter = tokio::sync::oneshot::Sender<Result<()>>;
@@ -34,6 +36,16 @@ pub struct Env {
     pub lease_ttl: Duration,
     /// Callers waiting for executions to end (`Env::wait_finished`).
     pub finished_waiters: Mutex<HashMap<ExecutionId, Vec<FinishedWaiter>>>,
+    /// Wall clock for restart deadlines (injectable for tests, R12).
+    pub clock: Arc<dyn Clock>,
+    pub restart_window: RestartWindow,
+    /// This runtime's contract (tools and their recovery); executions admitted under another
+    /// one are not continued automatically.
+    pub revision: RevisionId,
+    /// Orderly shutdown began: no new activation or dispatch; the intent running
+    /// executions record as they pause.
+    pub stopping: Mutex<Option<RestartIntent>>,
+    stopping_flag: AtomicBool,
 }
 
 impl std::fmt::Debug for Env {
@@ -50,6 +62,8 @@ impl std::fmt::Debug for Env {
 pub struct Directory {
     arbiters: Vec<ArbiterHandle>,
     live: Mutex<HashMap<ExecutionId, Live>>,
+    /// Notified whenever an actor leaves the directory (orderly shutdown waits on it).
+    released: tokio::sync::Notify,
 }
 
 #[derive(Debug, Clone)]
@@ -64,6 +78,7 @@ impl Directory {
         Self {
             arbiters,
             live: Mutex::new(HashMap::new()),
+            released: tokio::sync::Notify::new(),
         }
     }
 
@@ -87,6 +102,28 @@ impl Directory {
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         if live.get(&execution_id).map(|live| &live.addr) == Some(addr) {
             live.remove(&execution_id);
+        }
+        drop(live);
+        self.released.notify_waiters();
+    }
+
+    /// Every live actor now.
+    pub fn all(&self) -> Vec<Addr<ExecutionActor>> {
+        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        live.values().map(|entry| entry.addr.clone()).collect()
+    }
+
+    /// Resolves once no actor is live, or at `deadline`; returns how many are still live.
+    pub async fn drained(&self, deadline: tokio::time::Instant) -> usize {
+        loop {
+            let released = self.released.notified();
+            let live = self.live_len();
+            if live == 0 || tokio::time::Instant::now() >= deadline {
+                return live;
+            }
+            // A release between the count and here is not missed: `notified()` was created
+            // first, and `notify_waiters` wakes every future created before it.
+            let _ = tokio::time::timeout_at(deadline, released).await;
         }
     }
 
@@ -116,6 +153,57 @@ pub fn load(store: &dyn EventStore, execution_id: ExecutionId) -> Result<(Execut
 }
 
 impl Env {
+    /// A runtime's shared state. `revision` is derived from the tools (`contract_revision`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        store: Arc<dyn EventStore>,
+        provider: Arc<dyn Provider>,
+        tools: ToolRegistry,
+        owner: OwnerId,
+        directory: Directory,
+        lease_ttl: Duration,
+        clock: Arc<dyn Clock>,
+        restart_window: RestartWindow,
+    ) -> Self {
+        let revision = contract_revision(&tools);
+        Self {
+            store,
+            provider,
+            tools,
+            owner,
+            directory,
+            lease_ttl,
+            finished_waiters: Mutex::new(HashMap::new()),
+            clock,
+            restart_window,
+            revision,
+            stopping: Mutex::new(None),
+            stopping_flag: AtomicBool::new(false),
+        }
+    }
+
+    /// Orderly shutdown began: no new activation, and running executions pause under
+    /// `intent` at their next safe point.
+    pub fn begin_stopping(&self, intent: RestartIntent) {
+        *self.stopping.lock().unwrap_or_else(PoisonError::into_inner) = Some(intent);
+        self.stopping_flag.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping_flag.load(Ordering::SeqCst)
+    }
+
+    /// The restart intent of an orderly shutdown in progress.
+    pub fn stopping_intent(&self) -> Option<RestartIntent> {
+        if !self.is_stopping() {
+            return None;
+        }
+        self.stopping
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// Resolves once the execution is in a terminal state (completed, failed, cancelled).
     /// Registers before it looks, so an execution ending in between is not missed. Fails if
     /// the execution's actor stopped after a failed write, or the runtime stops.
@@ -195,6 +283,9 @@ impl Env {
     pub fn activate(self: &Arc<Self>, execution_id: ExecutionId) -> Result<Addr<ExecutionActor>> {
         if let Some(addr) = self.directory.live(execution_id) {
             return Ok(addr);
+        }
+        if self.is_stopping() {
+            return Err(Error::Unavailable("the runtime is shutting down".into()));
         }
         // Replay outside the directory's lock; the lock is taken again to insert, and a
         // concurrent activation that won meanwhile is used instead.
@@ -294,15 +385,51 @@ impl Env {
             }
             tracing::warn!(%execution_id, epoch, "lapsed attempt replaced by a new one");
             let (head, machine) = load(self.store.as_ref(), execution_id)?;
-            let addr = self.start_actor(head, machine, Arc::clone(&lease), true);
-            let mut live = self
-                .directory
-                .live
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            live.insert(execution_id, Live { addr, lease });
+            self.start_claimed(head, machine, lease);
             reclaimed.push(execution_id);
         }
         Ok(reclaimed)
     }
+
+    /// Starts the actor of an attempt whose claim is committed (a takeover or a restart
+    /// recovery): it runs at once. Replaces any actor of an older attempt in the directory.
+    pub fn start_claimed(
+        self: &Arc<Self>,
+        head: ExecutionHead,
+        machine: Machine,
+        lease: Arc<LeaseState>,
+    ) -> Addr<ExecutionActor> {
+        let execution_id = head.execution_id;
+        let addr = self.start_actor(head, machine, Arc::clone(&lease), true);
+        let mut live = self
+            .directory
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        live.insert(
+            execution_id,
+            Live {
+                addr: addr.clone(),
+                lease,
+            },
+        );
+        addr
+    }
+}
+
+/// The revision of a runtime contract (R-4, E-7): a name-based UUID over its tools and how
+/// each recovers, in name order. The same tools give the same revision on every start.
+pub fn contract_revision(tools: &ToolRegistry) -> RevisionId {
+    let mut contract = String::from("openprogram-contract-v1");
+    for (name, recovery) in tools.contract() {
+        let recovery = match recovery {
+            Recovery::Idempotent => "idempotent",
+            Recovery::External => "external",
+        };
+        contract.push_str(&format!("\n{name}:{recovery}"));
+    }
+    RevisionId::from_uuid(uuid::Uuid::new_v5(
+        &uuid::Uuid::NAMESPACE_OID,
+        contract.as_bytes(),
+    ))
 }

@@ -5,6 +5,8 @@
 //! - `agent` — the `Provider` and `Tool` traits and the built-ins of SPEC §6;
 //! - `attempt_lease` — the lease actor of each running attempt;
 //! - `env` — what a runtime's actors share, and the directory of live executions;
+//! - `recovery` — the restart window, the clock and startup classification, pure;
+//! - `supervisor` — the supervisor actor: startup recovery, lapsed leases, orderly shutdown;
 //! - `service` — the command service and the reads (K-1);
 //! - `system` — the actix system thread and its arbiters;
 //! - `snapshot`, `error`.
@@ -18,8 +20,10 @@ pub mod attempt_lease;
 pub mod env;
 pub mod error;
 pub mod execution;
+pub mod recovery;
 pub mod service;
 pub mod snapshot;
+pub mod supervisor;
 pub mod system;
 
 pub use error::{Error, Result};

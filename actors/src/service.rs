@@ -9,15 +9,16 @@
 use std::sync::Arc;
 
 use openprogram_storage::{
-    CommandId, CommandRecord, CommandStatus, Control, Event, EventEnvelope, ExecutionHead,
-    ExecutionId, ExecutionKind, ExecutionState, MessageId, Outcome, RunId, SessionId, Transition,
+    CommandId, CommandRecord, CommandStatus, Control, EffectId, Event, EventEnvelope,
+    ExecutionHead, ExecutionId, ExecutionKind, ExecutionState, MessageId, Outcome, ReceiptStatus,
+    RunId, SessionId, Transition,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::env::{load, Env};
 use crate::error::{Error, Result};
 use crate::execution::actor::GetSnapshot;
-use crate::execution::commands::ApplyControl;
+use crate::execution::commands::{payload_hash_of, ApplyControl};
 use crate::execution::machine::AgentInput;
 use crate::snapshot::Snapshot;
 
@@ -55,6 +56,9 @@ pub struct CommandRequest {
     pub expected_version: Option<u64>,
     #[serde(default)]
     pub text: Option<String>,
+    /// `reconcile`: `confirmed` or `not_applied`.
+    #[serde(default)]
+    pub outcome: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -106,7 +110,30 @@ fn control_of(request: &CommandRequest) -> Result<Control> {
                 "steer needs a non-empty `text`".into(),
             )),
         },
-        "fork" | "retry" | "answer" | "decline" | "reconcile" | "stop_process" | "set_policy" => {
+        "reconcile" => {
+            let status = match request.outcome.as_deref() {
+                Some("confirmed") => ReceiptStatus::Confirmed,
+                Some("not_applied") => ReceiptStatus::NotApplied,
+                _ => {
+                    return Err(Error::InvalidRequest(
+                        "reconcile needs `outcome`: `confirmed` or `not_applied`".into(),
+                    ))
+                }
+            };
+            let output = request.text.clone().unwrap_or_default();
+            if output.len() > STEER_BYTES_MAX {
+                return Err(Error::InvalidRequest(format!(
+                    "reconcile text is longer than {STEER_BYTES_MAX} bytes"
+                )));
+            }
+            Ok(Control::Reconcile {
+                // The unresolved effect of the execution, filled in by its actor.
+                effect_id: EffectId::from_uuid(uuid::Uuid::nil()),
+                status,
+                output,
+            })
+        }
+        "fork" | "retry" | "answer" | "decline" | "stop_process" | "set_policy" => {
             Err(Error::InvalidRequest(format!(
                 "`{}` is not supported by this build yet",
                 request.kind
@@ -120,12 +147,12 @@ fn control_of(request: &CommandRequest) -> Result<Control> {
 
 /// The canonical payload of a command, hashed for K-4.
 pub fn payload_hash(request: &CommandRequest) -> [u8; 32] {
-    let canonical = serde_json::json!({
-        "kind": request.kind,
-        "text": request.text,
-        "expected_version": request.expected_version,
-    });
-    *blake3::hash(canonical.to_string().as_bytes()).as_bytes()
+    payload_hash_of(
+        &request.kind,
+        request.text.as_deref(),
+        request.expected_version,
+        request.outcome.as_deref(),
+    )
 }
 
 /// The runtime's operations, shared by every transport.
@@ -163,12 +190,16 @@ impl Service {
         request: StartRequest,
     ) -> Result<StartReply> {
         let execution_id = ExecutionId::new();
+        if self.env.is_stopping() {
+            return Err(Error::Unavailable("the runtime is shutting down".into()));
+        }
         let mut head = ExecutionHead::new(
             execution_id,
             session_id,
             RunId::new(),
             ExecutionKind::AgentTurn,
         );
+        head.revision_id = self.env.revision;
         let input = AgentInput {
             message: request.message,
             script: request.script,

@@ -110,6 +110,15 @@ pub enum Event {
     },
     /// The assistant reply of the execution, as delivered.
     Replied { text: String },
+    /// Restart recovery claimed an abandoned execution: under the fixed command
+    /// `command_id` (one claim per abandoned attempt), resuming from the exact checkpoint it
+    /// inherits. Followed in the same transition by the new `AttemptStarted`.
+    Resumed {
+        command_id: CommandId,
+        /// The fencing epoch of the attempt that was abandoned (0: never activated).
+        abandoned_epoch: u64,
+        inherited_checkpoint_seq: Option<u64>,
+    },
 }
 
 impl Event {
@@ -133,6 +142,7 @@ impl Event {
             Event::ModelFailed { .. } => "model_failed",
             Event::ControlApplied { .. } => "control_applied",
             Event::Replied { .. } => "replied",
+            Event::Resumed { .. } => "resumed",
         }
     }
 }

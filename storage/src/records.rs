@@ -190,8 +190,17 @@ pub enum Control {
     Pause,
     Continue,
     Step,
-    Steer { text: String },
+    Steer {
+        text: String,
+    },
     Cancel,
+    /// resolves the execution's `Unknown` effect as `Confirmed` (with its output) or
+    /// `NotApplied` (it may run again). Only reconciliation produces these.
+    Reconcile {
+        effect_id: EffectId,
+        status: ReceiptStatus,
+        output: String,
+    },
 }
 
 impl Control {
@@ -203,6 +212,7 @@ impl Control {
             Control::Step => "step",
             Control::Steer { .. } => "steer",
             Control::Cancel => "cancel",
+            Control::Reconcile { .. } => "reconcile",
         }
     }
 }

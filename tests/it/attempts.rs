@@ -120,7 +120,7 @@ async fn r05_a_stale_attempt_is_fenced_and_stops() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    runtime.shutdown();
+    runtime.halt();
 }
 
 /// A long-running tool whose first call freezes the calling thread before it starts.
@@ -189,6 +189,7 @@ async fn k6_a_stale_attempts_delivery_returns_the_applied_commands_stored_outcom
         kind: kind.into(),
         expected_version: None,
         text: None,
+        outcome: None,
     };
     let started = Instant::now();
     while !entered.load(Ordering::SeqCst) {
@@ -242,5 +243,5 @@ async fn k6_a_stale_attempts_delivery_returns_the_applied_commands_stored_outcom
         1,
         "the cancel applied once"
     );
-    runtime.shutdown();
+    runtime.halt();
 }

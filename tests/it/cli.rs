@@ -65,9 +65,19 @@ fn i4_usage_errors_exit_2_with_one_line() {
 
 #[test]
 fn i4_subcommands_not_built_yet_say_so() {
-    let output = openprogram(&["serve"]);
+    let output = openprogram(&["inspect"]);
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("not available in this build yet"));
+    let output = openprogram(&["serve", "--listen", "127.0.0.1:7878"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("not in this build yet"));
+}
+
+#[test]
+fn r2_serve_refuses_a_malformed_restart_window() {
+    let output = openprogram(&["serve", "--restart-window", "soon"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("invalid restart window"));
 }
 
 #[test]

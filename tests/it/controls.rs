@@ -133,6 +133,7 @@ async fn k4_duplicate_command_id_applies_once_and_other_payload_conflicts() {
         kind: "steer".into(),
         expected_version: None,
         text: Some("other".into()),
+        outcome: None,
     };
     let conflict = harness
         .runtime

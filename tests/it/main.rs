@@ -9,4 +9,5 @@ mod capabilities;
 mod cli;
 mod controls;
 mod recovery;
+mod restart_window;
 mod tidy;

@@ -61,7 +61,7 @@ async fn e4_an_external_effect_left_in_flight_becomes_unknown_and_never_runs_aga
             assert!(started.elapsed() < DEADLINE, "the tool never started");
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
-        runtime.shutdown();
+        runtime.halt();
         execution
     };
     // A new runtime: the execution is still `running` in storage, its effect dispatched.
@@ -83,6 +83,7 @@ async fn e4_an_external_effect_left_in_flight_becomes_unknown_and_never_runs_aga
         kind: "steer".into(),
         expected_version: None,
         text: Some("hello".into()),
+        outcome: None,
     };
     if let Err(error) = runtime.command(session, execution, steer).await {
         for e in runtime.events(session, execution, 0).expect("events") {
@@ -127,7 +128,7 @@ async fn e4_an_external_effect_left_in_flight_becomes_unknown_and_never_runs_aga
         })
         .collect();
     assert_eq!(epochs, vec![1, 2]);
-    runtime.shutdown();
+    runtime.halt();
 }
 
 /// K-1/K-4: a command saved `accepted` whose worker died before deciding it is decided when
@@ -157,6 +158,7 @@ async fn k4_a_command_accepted_before_a_crash_is_decided_on_redelivery() {
         kind: "continue".into(),
         expected_version: Some(seen),
         text: None,
+        outcome: None,
     };
     // What the execution wrote before its worker died: the command, accepted.
     let accepted = CommandRecord {

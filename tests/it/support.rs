@@ -85,6 +85,7 @@ impl Harness {
             kind: kind.into(),
             expected_version,
             text: text.map(str::to_owned),
+            outcome: None,
         };
         self.runtime
             .command(self.session, execution, request)
@@ -152,7 +153,7 @@ impl Harness {
 
 impl Drop for Harness {
     fn drop(&mut self) {
-        self.runtime.shutdown();
+        self.runtime.halt();
     }
 }
 
@@ -177,4 +178,121 @@ pub fn count(events: &[EventEnvelope], found: impl Fn(&Event) -> bool) -> usize 
 
 pub fn is_sleep_dispatch_or_decision(event: &Event) -> bool {
     matches!(event, Event::ModelDecided { decision, .. } if decision.contains("sleep"))
+}
+
+/// A provider that never answers: the worker "dies" while a model request is in flight.
+/// After `decisions` answers (the built-in script's), it freezes.
+pub struct FreezeAfter(pub u32);
+
+impl openprogram::agent::Provider for FreezeAfter {
+    fn decide(
+        &self,
+        request: openprogram::agent::ModelRequest,
+    ) -> futures::future::BoxFuture<
+        'static,
+        Result<openprogram::actors::execution::machine::Decision, String>,
+    > {
+        use futures::FutureExt;
+        if request.iterations >= self.0 {
+            return futures::future::pending().boxed();
+        }
+        openprogram::agent::Scripted.decide(request)
+    }
+}
+
+/// One data dir opened by runtime after runtime, as restarts do, with a wall clock the test
+/// moves (R12).
+pub struct Restarts {
+    pub dir: tempfile::TempDir,
+    pub session: SessionId,
+    pub clock: std::sync::Arc<openprogram::ManualClock>,
+}
+
+impl Restarts {
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("tempdir"),
+            session: SessionId::new(),
+            clock: std::sync::Arc::new(openprogram::ManualClock::new()),
+        }
+    }
+
+    /// A runtime on the dir whose provider freezes after `decisions` answers.
+    pub fn open_freezing(&self, decisions: u32, window: openprogram::RestartWindow) -> Runtime {
+        self.open_with(|builder| {
+            builder
+                .provider(std::sync::Arc::new(FreezeAfter(decisions)))
+                .restart_window(window)
+        })
+    }
+
+    /// A runtime on the dir with the built-in provider.
+    pub fn open(&self, window: openprogram::RestartWindow) -> Runtime {
+        self.open_with(|builder| builder.restart_window(window))
+    }
+
+    pub fn open_with(
+        &self,
+        configure: impl FnOnce(openprogram::RuntimeBuilder) -> openprogram::RuntimeBuilder,
+    ) -> Runtime {
+        configure(
+            Runtime::builder()
+                .data_dir(self.dir.path())
+                .clock(self.clock.clone()),
+        )
+        .open()
+        .expect("open runtime")
+    }
+
+    pub async fn start(&self, runtime: &Runtime, script: Vec<Value>) -> openprogram::StartReply {
+        let request = StartRequest {
+            message: "test".into(),
+            script,
+            ..Default::default()
+        };
+        runtime
+            .start_execution(self.session, request)
+            .await
+            .expect("start")
+    }
+
+    /// Waits until `count` events of the execution match `found`.
+    pub async fn wait_events(
+        &self,
+        runtime: &Runtime,
+        execution: ExecutionId,
+        what: &str,
+        at_least: usize,
+        found: impl Fn(&Event) -> bool,
+    ) {
+        let started = Instant::now();
+        loop {
+            let events = runtime.events(self.session, execution, 0).expect("events");
+            if count(&events, &found) >= at_least {
+                return;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "waited {DEADLINE:?} for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    pub async fn snapshot(&self, runtime: &Runtime, execution: ExecutionId) -> Snapshot {
+        runtime
+            .snapshot(self.session, execution)
+            .await
+            .expect("snapshot")
+    }
+
+    pub fn events(&self, runtime: &Runtime, execution: ExecutionId) -> Vec<EventEnvelope> {
+        runtime.events(self.session, execution, 0).expect("events")
+    }
+}
+
+/// What a crash leaves: the actors stop without pausing anything, the store is closed.
+pub fn crash(runtime: Runtime) {
+    runtime.halt();
+    drop(runtime);
 }

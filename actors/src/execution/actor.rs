@@ -49,6 +49,8 @@ pub struct ExecutionActor {
     pub(super) span: tracing::Span,
     /// A progress write failed: waiters for this execution's end are told it stopped.
     pub(super) failed_write: bool,
+    /// A tool's reconcile protocol is being asked about the unknown effect.
+    pub(super) reconciling: bool,
 }
 
 impl std::fmt::Debug for ExecutionActor {
@@ -99,6 +101,7 @@ impl ExecutionActor {
             execution_id: head.execution_id,
             span,
             failed_write: false,
+            reconciling: false,
             head,
             machine,
             epoch: claimed.then_some(lease.epoch),
@@ -145,6 +148,16 @@ impl ExecutionActor {
             if let Some(receipt) = self.receipt_of(event) {
                 upserts.push(Upsert::Receipt(receipt));
             }
+            match event {
+                Event::RestartIntentRecorded { intent } => {
+                    head.restart_intent = Some(intent.clone());
+                }
+                // A new effect ends the interruption the intent was about.
+                Event::ModelDecided { .. } | Event::ToolFinished { .. } => {
+                    head.restart_intent = None;
+                }
+                _ => {}
+            }
             if let Event::AttemptStarted {
                 attempt_id,
                 owner_id,
@@ -188,6 +201,22 @@ impl ExecutionActor {
                     .pending_tool
                     .as_ref()
                     .map(|pending| pending.tool.clone())?;
+                (*effect_id, tool, *status, Some(output.clone()))
+            }
+            Event::ControlApplied {
+                control:
+                    openprogram_storage::Control::Reconcile {
+                        effect_id,
+                        status,
+                        output,
+                    },
+                ..
+            } => {
+                let tool = self
+                    .machine
+                    .unresolved
+                    .as_ref()
+                    .map(|unresolved| unresolved.tool.clone())?;
                 (*effect_id, tool, *status, Some(output.clone()))
             }
             _ => return None,
@@ -275,6 +304,7 @@ impl ExecutionActor {
                     self.park_if_idle(ctx);
                 }
                 Action::Park => self.park_if_idle(ctx),
+                Action::Reconcile => self.start_reconcile(ctx),
                 Action::RunDispatched => {
                     if let Some(pending) = self.machine.pending_tool.clone() {
                         if self.in_flight.is_none() {
@@ -293,7 +323,7 @@ impl ExecutionActor {
             self.machine.status(),
             Status::Queued | Status::Running | Status::Cancelling
         );
-        if self.in_flight.is_none() && !runs {
+        if self.in_flight.is_none() && !self.reconciling && !runs {
             self.release(ctx);
         }
     }
@@ -392,9 +422,13 @@ pub struct Activate;
 impl Handler<Activate> for ExecutionActor {
     type Result = AtomicResponse<Self, Result<u64, Error>>;
 
-    fn handle(&mut self, _: Activate, _ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: Activate, ctx: &mut Context<Self>) -> Self::Result {
         let _span = self.span.clone().entered();
         self.handled += 1;
+        if self.machine.status() == Status::ReconciliationRequired {
+            // The attempt that dispatched the effect is gone: ask its tool.
+            self.start_reconcile(ctx);
+        }
         if !matches!(
             self.machine.status(),
             Status::Queued | Status::Running | Status::Cancelling
@@ -467,6 +501,10 @@ impl Handler<Advance> for ExecutionActor {
         self.handled += 1;
         if self.in_flight.is_some() || self.epoch.is_none() {
             return AtomicResponse::new(Box::pin(fut::ready(())));
+        }
+        if let Some(paused) = self.restart_pause() {
+            // Orderly shutdown: no new dispatch; pause here under the restart intent.
+            return AtomicResponse::new(Box::pin(paused));
         }
         let env = Arc::clone(&self.env);
         match self

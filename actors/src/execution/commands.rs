@@ -4,6 +4,7 @@
 
 use actix::prelude::*;
 use openprogram_storage::{CommandRecord, CommandStatus, Control, Event, Outcome, Upsert};
+use serde_json::json;
 
 use crate::error::Error;
 use crate::execution::actor::ExecutionActor;
@@ -131,6 +132,25 @@ impl ExecutionActor {
     }
 }
 
+/// The canonical payload of a command, hashed for K-4: the same id with another payload is
+/// a conflict. Every field of the command body that changes its meaning is in it.
+pub fn payload_hash_of(
+    kind: &str,
+    text: Option<&str>,
+    expected_version: Option<u64>,
+    outcome: Option<&str>,
+) -> [u8; 32] {
+    let mut canonical = json!({
+        "kind": kind,
+        "text": text,
+        "expected_version": expected_version,
+    });
+    if let Some(outcome) = outcome {
+        canonical["outcome"] = json!(outcome);
+    }
+    *blake3::hash(canonical.to_string().as_bytes()).as_bytes()
+}
+
 /// A control command from the command service (K-1): the execution saves it as accepted,
 /// then decides it and records `applied` or `rejected` with its effect — two transitions,
 /// in mailbox order, so no other write of this execution comes between them.
@@ -151,9 +171,17 @@ impl Handler<ApplyControl> for ExecutionActor {
         self.handled += 1;
         let ApplyControl {
             accepted,
-            control,
+            mut control,
             expected_version,
         } = message;
+        if let Control::Reconcile { effect_id, .. } = &mut control {
+            // An operator's reconcile names no effect: it resolves the one awaiting it.
+            if effect_id.as_uuid().is_nil() {
+                if let Some(unresolved) = &self.machine.unresolved {
+                    *effect_id = unresolved.effect_id;
+                }
+            }
+        }
         let command_id = accepted.command_id;
         if self.machine.decided_commands.contains(&command_id) {
             // A redelivery: the stored outcome stands, or a conflict if the payload differs.

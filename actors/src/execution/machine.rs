@@ -13,7 +13,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use openprogram_storage::{Control, EffectId, Event, ExecutionState as Status, ReceiptStatus};
+use openprogram_storage::{
+    Control, EffectId, Event, ExecutionState as Status, ReceiptStatus, RestartIntent,
+};
 use serde::{Deserialize, Serialize};
 
 /// How a tool behaves when a crash leaves its outcome unknown (E-2).
@@ -86,6 +88,8 @@ pub enum Action {
     AbortEffect,
     /// The execution reached a terminal state: release its actor.
     Finished,
+    /// An effect's outcome is unknown: ask the tool's reconcile protocol, if it has one.
+    Reconcile,
     /// The execution paused: its actor may be released once nothing is in flight.
     Park,
     /// An External tool's dispatch is committed: run it now, before anything else is taken
@@ -148,6 +152,9 @@ pub struct Machine {
     /// it (`Arc::make_mut`), so a step costs O(1) here, not O(history).
     pub context: std::sync::Arc<Vec<Turn>>,
     pub pending_tool: Option<PendingTool>,
+    /// A tool call recorded `Unknown`: the execution is `reconciliation_required` until a
+    /// reconciliation resolves it.
+    pub unresolved: Option<PendingTool>,
     /// Steer texts for work not yet run, in order (K-2).
     pub steers: Vec<String>,
     pub pause_requested: bool,
@@ -175,6 +182,7 @@ impl Machine {
             iterations: self.iterations,
             context: std::sync::Arc::default(),
             pending_tool: self.pending_tool.clone(),
+            unresolved: self.unresolved.clone(),
             steers: Vec::new(),
             pause_requested: self.pause_requested,
             steps_left: self.steps_left,
@@ -199,8 +207,10 @@ impl Machine {
             Status::Queued => vec!["pause", "steer", "cancel"],
             Status::Running if self.pause_requested => vec!["continue", "steer", "cancel"],
             Status::Running => vec!["pause", "steer", "cancel"],
-            Status::Paused => vec!["continue", "step", "steer", "cancel"],
-            Status::Waiting | Status::ReconciliationRequired | Status::Expired => vec!["cancel"],
+            // Expiry keeps everything for a manual Continue.
+            Status::Paused | Status::Expired => vec!["continue", "step", "steer", "cancel"],
+            Status::ReconciliationRequired => vec!["reconcile", "cancel"],
+            Status::Waiting => vec!["cancel"],
             Status::Cancelling | Status::Cancelled | Status::Completed | Status::Failed => {
                 Vec::new()
             }
@@ -307,8 +317,46 @@ impl Machine {
                 });
             }
             Control::Cancel => events.push(cancelled()),
+            Control::Reconcile {
+                effect_id, status, ..
+            } => {
+                if self
+                    .unresolved
+                    .as_ref()
+                    .map(|unresolved| unresolved.effect_id)
+                    != Some(effect_id)
+                {
+                    return Err(
+                        self.reject(format!("effect {effect_id} is not awaiting reconciliation"))
+                    );
+                }
+                if !matches!(status, ReceiptStatus::Confirmed | ReceiptStatus::NotApplied) {
+                    return Err(
+                        self.reject("reconcile resolves an effect as confirmed or not_applied")
+                    );
+                }
+                events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
+                events.push(Event::StateChanged {
+                    state: Status::Running,
+                    reason: "reconciled".into(),
+                });
+            }
         }
         Ok(events)
+    }
+
+    /// the cooperative pause owned by restart recovery, for a running execution with
+    /// nothing in flight. It records the restart intent in the same transition.
+    pub fn restart_pause(&self, intent: RestartIntent) -> Option<Vec<Event>> {
+        (self.status() == Status::Running && !self.cancel_requested).then(|| {
+            vec![
+                Event::RestartIntentRecorded { intent },
+                Event::StateChanged {
+                    state: Status::Paused,
+                    reason: RESTART_PAUSE_REASON.into(),
+                },
+            ]
+        })
     }
 
     fn decide_model(&self, effect_id: EffectId, decision: Decision) -> Vec<Event> {
@@ -455,6 +503,7 @@ impl Machine {
                         actions.push(Action::Finished);
                     }
                     Status::Cancelled | Status::Completed => actions.push(Action::Finished),
+                    Status::ReconciliationRequired => actions.push(Action::Reconcile),
                     _ => {}
                 }
             }
@@ -509,11 +558,17 @@ impl Machine {
                 status,
                 output,
             } => {
-                let tool = self
-                    .pending_tool
-                    .take()
-                    .map(|pending| pending.tool)
-                    .unwrap_or_default();
+                let pending = self.pending_tool.take();
+                if *status == ReceiptStatus::Unknown {
+                    // Not a result: nothing enters the context until reconciliation.
+                    if let Some(pending) = &pending {
+                        self.receipts
+                            .insert(*effect_id, (pending.tool.clone(), *status));
+                    }
+                    self.unresolved = pending;
+                    return;
+                }
+                let tool = pending.map(|pending| pending.tool).unwrap_or_default();
                 self.receipts.insert(*effect_id, (tool.clone(), *status));
                 std::sync::Arc::make_mut(&mut self.context).push(Turn::ToolResult {
                     tool,
@@ -544,6 +599,34 @@ impl Machine {
                 self.cancel_requested = true;
                 actions.push(Action::AbortEffect);
             }
+            Control::Reconcile {
+                effect_id,
+                status,
+                output,
+            } => {
+                let Some(unresolved) = self
+                    .unresolved
+                    .take_if(|unresolved| unresolved.effect_id == *effect_id)
+                else {
+                    return;
+                };
+                self.receipts
+                    .insert(*effect_id, (unresolved.tool.clone(), *status));
+                if *status == ReceiptStatus::NotApplied {
+                    // Proven never to have taken effect: it may run again, same effect id.
+                    self.pending_tool = Some(PendingTool {
+                        dispatched: false,
+                        uncertain: false,
+                        ..unresolved
+                    });
+                } else {
+                    std::sync::Arc::make_mut(&mut self.context).push(Turn::ToolResult {
+                        tool: unresolved.tool,
+                        status: *status,
+                        output: output.clone(),
+                    });
+                }
+            }
         }
     }
 
@@ -570,6 +653,10 @@ impl Machine {
         next.to_string()
     }
 }
+
+/// The pause reason of the cooperative pause owned by restart recovery: only a
+/// pause with this reason and a recorded restart intent resumes automatically.
+pub const RESTART_PAUSE_REASON: &str = "restart_recovery";
 
 fn cancelled() -> Event {
     Event::StateChanged {

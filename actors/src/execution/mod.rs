@@ -1,10 +1,11 @@
 //! One execution: the pure state machine (`machine.rs`) and, around it, the actor shell
 //! that persists transitions and performs actions (`actor.rs`), and how it takes commands
-//! (`commands.rs`).
+//! (`commands.rs`), and its part in restart recovery (`restart.rs`).
 
 pub mod actor;
 pub mod commands;
 pub mod machine;
+pub mod restart;
 
 #[cfg(test)]
 mod machine_sim;

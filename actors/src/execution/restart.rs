@@ -1,0 +1,129 @@
+//! The execution actor's part in restart recovery: the cooperative pause of an orderly
+//! shutdown and asking a tool's reconcile protocol about an unknown effect.
+//! Split from `actor.rs`, whose shell it extends; the decisions are the pure machine's.
+
+use actix::prelude::*;
+use openprogram_storage::{CommandId, CommandRecord, CommandStatus, Control, ReceiptStatus};
+
+use crate::agent::{Reconciliation, ToolCall};
+use crate::execution::actor::ExecutionActor;
+use crate::execution::commands::{payload_hash_of, ApplyControl};
+
+impl ExecutionActor {
+    /// While the runtime stops: the restart-recovery pause of a running execution with
+    /// nothing in flight, committed. `None` if the runtime is not stopping or nothing runs.
+    pub(super) fn restart_pause(&mut self) -> Option<ResponseActFuture<Self, ()>> {
+        if self.in_flight.is_some() || self.epoch.is_none() {
+            return None;
+        }
+        let intent = self.env.stopping_intent()?;
+        let events = self.machine.restart_pause(intent)?;
+        Some(Box::pin(self.commit(events, Vec::new()).map(
+            |committed, act, ctx| {
+                if let Err(error) = committed {
+                    tracing::warn!(execution_id = %act.execution_id, %error, "restart pause failed; releasing");
+                    act.release(ctx);
+                }
+            },
+        )))
+    }
+
+    /// Asks the unresolved effect's tool whether it took effect; a definite answer becomes a
+    /// `reconcile` command with a fixed identity (one per effect), applied like any other.
+    pub(super) fn start_reconcile(&mut self, ctx: &mut Context<Self>) {
+        if self.reconciling {
+            return;
+        }
+        let Some(unresolved) = self.machine.unresolved.clone() else {
+            return;
+        };
+        let Some(tool) = self.env.tools.get(&unresolved.tool) else {
+            return;
+        };
+        let call = ToolCall {
+            execution_id: self.execution_id,
+            effect_id: unresolved.effect_id,
+            attempt_id: self.lease.attempt_id,
+            owner_id: self.env.owner,
+            args: unresolved.args,
+        };
+        self.reconciling = true;
+        let effect_id = unresolved.effect_id;
+        ctx.spawn(
+            fut::wrap_future::<_, Self>(tool.reconcile(call)).map(move |answer, act, ctx| {
+                act.reconciling = false;
+                let (status, output) = match answer {
+                    Reconciliation::Confirmed(output) => (ReceiptStatus::Confirmed, output),
+                    Reconciliation::NotApplied => (ReceiptStatus::NotApplied, String::new()),
+                    Reconciliation::Unknown => {
+                        tracing::info!(execution_id = %act.execution_id, %effect_id, "the reconcile protocol cannot tell; an operator's reconcile decides");
+                        act.park_if_idle(ctx);
+                        return;
+                    }
+                };
+                tracing::info!(execution_id = %act.execution_id, %effect_id, ?status, "reconciled by the tool's protocol");
+                ctx.notify(reconcile_command(act, effect_id, status, output));
+            }),
+        );
+    }
+}
+
+/// The command a reconcile protocol's answer becomes: the same path an operator's
+/// `reconcile` takes (K-1), under a fixed id per effect so it is decided once.
+fn reconcile_command(
+    act: &ExecutionActor,
+    effect_id: openprogram_storage::EffectId,
+    status: ReceiptStatus,
+    output: String,
+) -> ApplyControl {
+    let command_id = CommandId::from_uuid(uuid::Uuid::new_v5(effect_id.as_uuid(), b"reconcile"));
+    let outcome = crate::snapshot::receipt_status(status);
+    let accepted = CommandRecord {
+        command_id,
+        execution_id: act.execution_id,
+        kind: "reconcile".into(),
+        payload_hash: payload_hash_of("reconcile", Some(&output), None, Some(outcome)),
+        status: CommandStatus::Accepted,
+        reason: None,
+        result_version: None,
+        child_execution_id: None,
+        accepted_at_ms: 0,
+    };
+    ApplyControl {
+        accepted,
+        control: Control::Reconcile {
+            effect_id,
+            status,
+            output,
+        },
+        expected_version: None,
+    }
+}
+
+/// Orderly shutdown asks a running execution to pause at its next safe point. With an
+/// effect in flight, the pause comes once the effect's result is committed.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct RestartPause;
+
+impl Handler<RestartPause> for ExecutionActor {
+    type Result = AtomicResponse<Self, ()>;
+
+    fn handle(&mut self, _: RestartPause, ctx: &mut Context<Self>) -> Self::Result {
+        let _span = self.span.clone().entered();
+        if ctx.waiting() {
+            // As for `Advance`: never decide while another commit is pending.
+            ctx.notify(RestartPause);
+            return AtomicResponse::new(Box::pin(fut::ready(())));
+        }
+        self.handled += 1;
+        match self.restart_pause() {
+            Some(paused) => AtomicResponse::new(paused),
+            None => {
+                // Not running (paused, waiting, finished): nothing to pause; let it go.
+                self.park_if_idle(ctx);
+                AtomicResponse::new(Box::pin(fut::ready(())))
+            }
+        }
+    }
+}

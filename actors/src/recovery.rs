@@ -1,0 +1,225 @@
+//! Restart recovery's policy, pure: the restart window, the clock it is measured
+//! with, and how startup classifies an execution left behind by an earlier incarnation.
+//! No actix, no sled: the supervisor (`supervisor.rs`) reads heads, asks `classify`, and
+//! performs the plan.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use openprogram_storage::{ExecutionHead, ExecutionState, OwnerId, RestartIntent, RevisionId};
+
+use crate::execution::machine::RESTART_PAUSE_REASON;
+
+/// Wall-clock time in milliseconds since the Unix epoch. Restart deadlines are wall-clock
+/// facts that outlive the process; leases never use this (they use `Instant`, R21).
+pub trait Clock: Send + Sync + fmt::Debug + 'static {
+    fn now_ms(&self) -> u64;
+}
+
+/// The system's wall clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis() as u64)
+    }
+}
+
+/// A clock the caller moves (tests of the restart window, R12). Starts at the system time.
+#[derive(Debug)]
+pub struct ManualClock {
+    now_ms: AtomicU64,
+}
+
+impl ManualClock {
+    pub fn new() -> Self {
+        Self {
+            now_ms: AtomicU64::new(SystemClock.now_ms()),
+        }
+    }
+
+    pub fn advance(&self, by: Duration) {
+        self.now_ms
+            .fetch_add(by.as_millis() as u64, Ordering::SeqCst);
+    }
+}
+
+impl Default for ManualClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.now_ms.load(Ordering::SeqCst)
+    }
+}
+
+/// how long after an interruption an execution may still continue by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RestartWindow {
+    /// `-1`, the default: no time limit (a null deadline).
+    #[default]
+    Unlimited,
+    /// `0`: no automatic restart.
+    Disabled,
+    /// A deadline this long after the shutdown intent or the last durable activity.
+    Within(Duration),
+}
+
+impl RestartWindow {
+    /// The deadline of an interruption at `since_ms` (the shutdown intent, or the abandoned
+    /// attempt's last durable activity — never the next startup).
+    pub fn deadline_from(self, since_ms: u64) -> Option<u64> {
+        match self {
+            RestartWindow::Unlimited => None,
+            RestartWindow::Disabled => Some(since_ms),
+            RestartWindow::Within(window) => {
+                Some(since_ms.saturating_add(window.as_millis() as u64))
+            }
+        }
+    }
+}
+
+/// Parses `-1`, `0`, or a duration: `90s`, `15m`, `2h`, `1d`, `500ms`, or plain seconds.
+impl FromStr for RestartWindow {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        match text {
+            "-1" => return Ok(RestartWindow::Unlimited),
+            "0" => return Ok(RestartWindow::Disabled),
+            _ => {}
+        }
+        let split = text
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len());
+        let (number, unit) = text.split_at(split);
+        let invalid =
+            || format!("invalid restart window `{text}`: use -1, 0 or a duration like 90s, 2h");
+        let number: u64 = number.parse().map_err(|_| invalid())?;
+        let millis = match unit {
+            "ms" => Some(number),
+            "" | "s" => number.checked_mul(1_000),
+            "m" => number.checked_mul(60_000),
+            "h" => number.checked_mul(3_600_000),
+            "d" => number.checked_mul(86_400_000),
+            _ => None,
+        }
+        .ok_or_else(invalid)?;
+        Ok(match millis {
+            0 => RestartWindow::Disabled,
+            millis => RestartWindow::Within(Duration::from_millis(millis)),
+        })
+    }
+}
+
+impl fmt::Display for RestartWindow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RestartWindow::Unlimited => f.write_str("-1"),
+            RestartWindow::Disabled => f.write_str("0"),
+            RestartWindow::Within(window) => write!(f, "{}ms", window.as_millis()),
+        }
+    }
+}
+
+/// Why an execution stays where it is until someone acts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Its revision (the runtime contract: tools and their recovery) differs from this
+    /// runtime's. It is paused for an explicit Continue.
+    IncompatibleRevision,
+    /// Its head's checkpoint is not the one its log leads to. Paused for an explicit Continue.
+    StaleCheckpoint,
+}
+
+impl Hold {
+    /// The pause reason recorded for it.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Hold::IncompatibleRevision => "incompatible_revision",
+            Hold::StaleCheckpoint => "stale_checkpoint",
+        }
+    }
+}
+
+/// What startup does with one execution in the non-terminal index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// Claim it with a new attempt and continue it with its original ids, under this intent
+    /// (kept if one was recorded, so restarts never extend a deadline). Also finishes an
+    /// accepted cancellation (`cancelling`): that records the outcome, it runs no more work.
+    Resume { intent: RestartIntent },
+    /// The restart window closed: mark it `expired`, keeping everything for a manual
+    /// Continue.
+    Expire { intent: RestartIntent },
+    /// Pause it as an explicit recovery state.
+    Hold(Hold),
+    /// Ask the tool's reconcile protocol about its unknown effect.
+    Reconcile,
+    /// Nothing to do: owned by this incarnation, or an explicit state already (user pause,
+    /// waiting for an answer, expired, a legacy pause without a restart intent).
+    Stay,
+}
+
+/// classifies one execution found at startup. `owner` is this incarnation: an attempt
+/// of any other owner is abandoned by definition. `revision` is this runtime's contract.
+pub fn classify(
+    head: &ExecutionHead,
+    owner: OwnerId,
+    revision: RevisionId,
+    window: RestartWindow,
+    now_ms: u64,
+) -> Plan {
+    let owned_here = head
+        .attempt
+        .as_ref()
+        .is_some_and(|attempt| attempt.owner_id == owner);
+    if owned_here {
+        return Plan::Stay;
+    }
+    let restart_paused = head.state == ExecutionState::Paused
+        && head.pause_reason.as_deref() == Some(RESTART_PAUSE_REASON)
+        && head.restart_intent.is_some();
+    match head.state {
+        ExecutionState::ReconciliationRequired => return Plan::Reconcile,
+        ExecutionState::Queued | ExecutionState::Running | ExecutionState::Cancelling => {}
+        _ if restart_paused => {}
+        _ => return Plan::Stay,
+    }
+    // An intent recorded at shutdown (or by an earlier recovery) keeps its deadline; a crash
+    // left none, so the window runs from the last durable activity.
+    let intent = head
+        .restart_intent
+        .clone()
+        .unwrap_or_else(|| RestartIntent {
+            deadline_ms: window.deadline_from(head.last_activity_ms),
+            recorded_at_ms: now_ms,
+            reason: "abandoned by an earlier owner".into(),
+        });
+    if head.state == ExecutionState::Cancelling {
+        return Plan::Resume { intent };
+    }
+    if head.revision_id != revision {
+        return Plan::Hold(Hold::IncompatibleRevision);
+    }
+    // A disabled window stops even an unlimited intent: the operator said no automatic
+    // restarts. Otherwise the recorded deadline rules.
+    let expired = window == RestartWindow::Disabled
+        || intent
+            .deadline_ms
+            .is_some_and(|deadline| now_ms >= deadline);
+    if expired {
+        Plan::Expire { intent }
+    } else {
+        Plan::Resume { intent }
+    }
+}

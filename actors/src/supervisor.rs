@@ -1,0 +1,389 @@
+//! The supervisor actor (R-1..R-8, A-1..A-3): reconciles what earlier incarnations left
+//! behind when the runtime starts, takes over attempts whose lease lapsed, and runs the
+//! orderly shutdown.
+//!
+//! Startup reads the non-terminal index (never the whole log, S-6), classifies every
+//! execution with the pure `recovery::classify`, then acts on each with one transition under
+//! a fixed command identity (the execution and the version it was found at), so a second
+//! startup — or one after a crash in the middle of this one — claims nothing twice. The
+//! resumed attempt is an ordinary execution actor: recovery has no second scheduler, store or
+//! permission path.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use futures::StreamExt;
+use openprogram_storage::{
+    AttemptLease, CommandId, CommandRecord, CommandStatus, Event, ExecutionHead, ExecutionId,
+    ExecutionState, Outcome, RestartIntent, Transition, Upsert,
+};
+
+use crate::attempt_lease::LeaseState;
+use crate::env::{load, Env};
+use crate::error::{Error, Result};
+use crate::execution::machine::{Machine, RESTART_PAUSE_REASON};
+use crate::execution::restart::RestartPause;
+use crate::recovery::{classify, Hold, Plan};
+
+/// Claims in flight at once during startup: enough to fill the committer's groups.
+const CLAIMS_IN_FLIGHT: usize = 512;
+
+/// Rounds of restart-pause requests during an orderly shutdown (R-7: a racing version is
+/// retried at most 3 times).
+const PAUSE_ROUNDS: usize = 3;
+
+/// What startup recovery found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Executions read from the non-terminal index.
+    pub classified: usize,
+    pub resumed: Vec<ExecutionId>,
+    pub expired: Vec<ExecutionId>,
+    pub held: Vec<(ExecutionId, &'static str)>,
+    /// Executions whose unknown effect was handed to its tool's reconcile protocol.
+    pub reconciling: Vec<ExecutionId>,
+    /// Claimed meanwhile by someone else (a command's activation): nothing to do.
+    pub skipped: usize,
+    pub elapsed: Duration,
+}
+
+/// What an orderly shutdown did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Live executions when it began.
+    pub live: usize,
+    /// Still live at the deadline (an effect that did not finish): left running in storage,
+    /// so the next start treats them as abandoned.
+    pub left_running: usize,
+    pub elapsed: Duration,
+}
+
+/// The supervisor actor. One per runtime.
+#[derive(Debug)]
+pub struct Supervisor {
+    env: Arc<Env>,
+    handled: u64,
+}
+
+impl Supervisor {
+    pub fn new(env: Arc<Env>) -> Self {
+        Self { env, handled: 0 }
+    }
+}
+
+impl Actor for Supervisor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // Attempts whose worker stopped making progress are taken over.
+        let every = (self.env.lease_ttl / 2).max(Duration::from_millis(10));
+        ctx.run_interval(every, |act, ctx| {
+            if act.env.is_stopping() {
+                return;
+            }
+            let env = Arc::clone(&act.env);
+            ctx.spawn(fut::wrap_future(async move {
+                if let Err(error) = env.reclaim_lapsed().await {
+                    tracing::error!(%error, "reclaiming lapsed attempts failed");
+                }
+            }));
+        });
+    }
+}
+
+/// Run startup recovery once.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<RecoveryReport>")]
+pub struct Recover;
+
+impl Handler<Recover> for Supervisor {
+    type Result = AtomicResponse<Self, Result<RecoveryReport>>;
+
+    fn handle(&mut self, _: Recover, _ctx: &mut Context<Self>) -> Self::Result {
+        self.handled += 1;
+        let env = Arc::clone(&self.env);
+        AtomicResponse::new(Box::pin(fut::wrap_future(recover(env))))
+    }
+}
+
+/// Orderly shutdown: stop dispatch and recovery, pause every running execution under
+/// a restart intent, wait for them until `timeout`.
+#[derive(Debug, Message)]
+#[rtype(result = "ShutdownReport")]
+pub struct Shutdown {
+    pub timeout: Duration,
+}
+
+impl Handler<Shutdown> for Supervisor {
+    type Result = AtomicResponse<Self, ShutdownReport>;
+
+    fn handle(&mut self, message: Shutdown, _ctx: &mut Context<Self>) -> Self::Result {
+        self.handled += 1;
+        let env = Arc::clone(&self.env);
+        AtomicResponse::new(Box::pin(fut::wrap_future(shutdown(env, message.timeout))))
+    }
+}
+
+/// The fixed identity of recovery's write for an execution found at `version`.
+pub fn recovery_command_id(execution_id: ExecutionId, version: u64) -> CommandId {
+    let mut name = b"restart-claim:".to_vec();
+    name.extend_from_slice(&version.to_be_bytes());
+    CommandId::from_uuid(uuid::Uuid::new_v5(execution_id.as_uuid(), &name))
+}
+
+/// classify every non-terminal execution, then act on each.
+pub async fn recover(env: Arc<Env>) -> Result<RecoveryReport> {
+    let started = Instant::now();
+    let mut report = RecoveryReport::default();
+    let now_ms = env.clock.now_ms();
+    let mut plans = Vec::new();
+    for state in ExecutionState::ALL
+        .into_iter()
+        .filter(|state| !state.is_terminal())
+    {
+        for execution_id in env.store.executions_in_state(state)? {
+            let Some(head) = env.store.head(execution_id)? else {
+                continue;
+            };
+            report.classified += 1;
+            let plan = classify(&head, env.owner, env.revision, env.restart_window, now_ms);
+            plans.push((head, plan));
+        }
+    }
+    let mut acting = futures::stream::iter(plans.into_iter().map(|(head, plan)| {
+        let env = Arc::clone(&env);
+        async move {
+            let execution_id = head.execution_id;
+            (execution_id, act_on(&env, head, plan).await)
+        }
+    }))
+    .buffer_unordered(CLAIMS_IN_FLIGHT);
+    while let Some((execution_id, done)) = acting.next().await {
+        match done {
+            Ok(Done::Resumed) => report.resumed.push(execution_id),
+            Ok(Done::Expired) => report.expired.push(execution_id),
+            Ok(Done::Held(reason)) => report.held.push((execution_id, reason)),
+            Ok(Done::Reconciling) => report.reconciling.push(execution_id),
+            Ok(Done::Nothing) => {}
+            Ok(Done::Skipped) => report.skipped += 1,
+            Err(error) => {
+                // One execution's failure (a quarantined record) never stops the others.
+                tracing::error!(%execution_id, %error, "restart recovery failed for an execution");
+            }
+        }
+    }
+    report.elapsed = started.elapsed();
+    tracing::info!(
+        classified = report.classified,
+        resumed = report.resumed.len(),
+        expired = report.expired.len(),
+        held = report.held.len(),
+        elapsed_ms = report.elapsed.as_millis() as u64,
+        "startup recovery done"
+    );
+    Ok(report)
+}
+
+enum Done {
+    Resumed,
+    Expired,
+    Held(&'static str),
+    Reconciling,
+    Nothing,
+    Skipped,
+}
+
+async fn act_on(env: &Arc<Env>, head: ExecutionHead, plan: Plan) -> Result<Done> {
+    if env.is_stopping() {
+        return Ok(Done::Skipped);
+    }
+    match plan {
+        Plan::Stay => Ok(Done::Nothing),
+        Plan::Reconcile => {
+            env.activate(head.execution_id)?;
+            Ok(Done::Reconciling)
+        }
+        Plan::Hold(hold) => {
+            let events = vec![Event::StateChanged {
+                state: ExecutionState::Paused,
+                reason: hold.reason().into(),
+            }];
+            let claimed = claim(env, &head, events, None).await?;
+            Ok(claimed.map_or(Done::Skipped, |_| Done::Held(hold.reason())))
+        }
+        Plan::Expire { intent } => {
+            let mut events = Vec::new();
+            if head.restart_intent.is_none() {
+                events.push(Event::RestartIntentRecorded { intent });
+            }
+            events.push(Event::StateChanged {
+                state: ExecutionState::Expired,
+                reason: "restart window expired".into(),
+            });
+            let claimed = claim(env, &head, events, None).await?;
+            Ok(claimed.map_or(Done::Skipped, |_| Done::Expired))
+        }
+        Plan::Resume { intent } => resume(env, head, intent).await,
+    }
+}
+
+/// Claims the execution for a new attempt and starts its actor with the original ids.
+async fn resume(env: &Arc<Env>, head: ExecutionHead, intent: RestartIntent) -> Result<Done> {
+    let execution_id = head.execution_id;
+    let (_, machine) = load(env.store.as_ref(), execution_id)?;
+    let found_checkpoint = head
+        .checkpoint
+        .as_ref()
+        .map_or(0, |checkpoint| checkpoint.seq);
+    if found_checkpoint != machine.checkpoint_seq {
+        // The head and the log disagree about where to continue from: never guess.
+        let hold = Hold::StaleCheckpoint;
+        let events = vec![Event::StateChanged {
+            state: ExecutionState::Paused,
+            reason: hold.reason().into(),
+        }];
+        let claimed = claim(env, &head, events, None).await?;
+        return Ok(claimed.map_or(Done::Skipped, |_| Done::Held(hold.reason())));
+    }
+    let lease = LeaseState::new(
+        execution_id,
+        env.owner,
+        head.fencing_epoch + 1,
+        env.lease_ttl,
+    );
+    let mut events = vec![Event::Resumed {
+        command_id: recovery_command_id(execution_id, head.version),
+        abandoned_epoch: head.fencing_epoch,
+        // exactly the checkpoint it continues from; a second interruption before a new
+        // effect finds the same one.
+        inherited_checkpoint_seq: head.checkpoint.as_ref().map(|checkpoint| checkpoint.seq),
+    }];
+    if head.restart_intent.is_none() {
+        events.push(Event::RestartIntentRecorded { intent });
+    }
+    if head.state == ExecutionState::Paused {
+        events.push(Event::StateChanged {
+            state: ExecutionState::Running,
+            reason: RESTART_PAUSE_REASON.into(),
+        });
+    }
+    events.push(Event::AttemptStarted {
+        attempt_id: lease.attempt_id,
+        owner_id: env.owner,
+        epoch: lease.epoch,
+    });
+    let Some((head, machine)) = claim(env, &head, events, Some((&lease, machine))).await? else {
+        return Ok(Done::Skipped);
+    };
+    env.start_claimed(head, machine, lease);
+    Ok(Done::Resumed)
+}
+
+/// Commits recovery's transition for an execution as found in `head`: version-checked,
+/// fenced with a higher epoch, under the fixed command identity. `resumed`: the new attempt
+/// and the machine to fold the events into. `None` if someone else moved the execution
+/// first, or this very claim was made already.
+async fn claim(
+    env: &Env,
+    head: &ExecutionHead,
+    events: Vec<Event>,
+    resumed: Option<(&LeaseState, Machine)>,
+) -> Result<Option<(ExecutionHead, Machine)>> {
+    let epoch = head.fencing_epoch + 1;
+    let command_id = recovery_command_id(head.execution_id, head.version);
+    let mut next = head.clone();
+    let mut machine = resumed.as_ref().map(|(_, machine)| machine.clone());
+    next.attempt = resumed.as_ref().map(|(lease, _)| AttemptLease {
+        attempt_id: lease.attempt_id,
+        owner_id: env.owner,
+        epoch,
+    });
+    let mut ignored = Vec::new();
+    for (index, event) in events.iter().enumerate() {
+        match event {
+            Event::RestartIntentRecorded { intent } => next.restart_intent = Some(intent.clone()),
+            Event::StateChanged { state, reason } => {
+                next.state = *state;
+                next.pause_reason = (*state == ExecutionState::Paused).then(|| reason.clone());
+            }
+            _ => {}
+        }
+        if let Some(machine) = &mut machine {
+            machine.apply(event, head.last_seq + index as u64 + 1, &mut ignored);
+        }
+    }
+    if let Some(machine) = &machine {
+        next.state = machine.status();
+        next.pause_reason = machine.pause_reason.clone();
+    }
+    let record = CommandRecord {
+        command_id,
+        execution_id: head.execution_id,
+        kind: "restart".into(),
+        payload_hash: *blake3::hash(&head.version.to_be_bytes()).as_bytes(),
+        status: CommandStatus::Applied,
+        reason: None,
+        result_version: Some(head.version + 1),
+        child_execution_id: None,
+        accepted_at_ms: 0,
+    };
+    let transition = Transition::new(head.execution_id, events)
+        .expect_version(head.version)
+        .by_epoch(epoch)
+        .with_head(next.clone())
+        .with(Upsert::Command(record));
+    match env.store.submit(transition).await? {
+        Outcome::Committed(committed) => {
+            next.version = committed.version;
+            next.last_seq = *committed.seqs.end();
+            next.fencing_epoch = epoch;
+            Ok(Some((next, machine.unwrap_or_default())))
+        }
+        Outcome::VersionConflict { .. }
+        | Outcome::Fenced { .. }
+        | Outcome::DuplicateCommand { .. } => Ok(None),
+        other => Err(Error::Internal(format!("recovery claim: {other:?}"))),
+    }
+}
+
+/// no new activation, then a restart-recovery pause for every running execution at
+/// its next safe point, in up to `PAUSE_ROUNDS` rounds within `timeout`.
+pub async fn shutdown(env: Arc<Env>, timeout: Duration) -> ShutdownReport {
+    let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let now_ms = env.clock.now_ms();
+    env.begin_stopping(RestartIntent {
+        deadline_ms: env.restart_window.deadline_from(now_ms),
+        recorded_at_ms: now_ms,
+        reason: "orderly shutdown".into(),
+    });
+    let live = env.directory.live_len();
+    let mut left = live;
+    for round in 0..PAUSE_ROUNDS {
+        for addr in env.directory.all() {
+            addr.do_send(RestartPause);
+        }
+        let round_deadline = tokio::time::Instant::now()
+            + deadline.saturating_duration_since(tokio::time::Instant::now())
+                / (PAUSE_ROUNDS - round) as u32;
+        left = env.directory.drained(round_deadline).await;
+        if left == 0 {
+            break;
+        }
+    }
+    if left > 0 {
+        left = env.directory.drained(deadline).await;
+    }
+    if left > 0 {
+        tracing::warn!(
+            left,
+            "orderly shutdown: executions still busy at the deadline stay running in storage"
+        );
+    }
+    ShutdownReport {
+        live,
+        left_running: left,
+        elapsed: started.elapsed(),
+    }
+}
