@@ -10,4 +10,5 @@ mod cli;
 mod controls;
 mod recovery;
 mod restart_window;
+mod resume;
 mod tidy;

@@ -57,7 +57,10 @@ impl ExecutionActor {
                     Reconciliation::NotApplied => (ReceiptStatus::NotApplied, String::new()),
                     Reconciliation::Unknown => {
                         tracing::info!(execution_id = %act.execution_id, %effect_id, "the reconcile protocol cannot tell; an operator's reconcile decides");
-                        act.park_if_idle(ctx);
+                        if !ctx.waiting() {
+                            // A command in progress parks the actor itself when done.
+                            act.park_if_idle(ctx);
+                        }
                         return;
                     }
                 };

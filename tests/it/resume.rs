@@ -1,0 +1,505 @@
+//! How a resumed execution continues, how unknown effects are resolved,
+//! orderly shutdown and client views. Crashes here are `halt` plus reopening
+//! the same store; the kill -9 harness (`kill9.rs`) does it with real processes.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use openprogram::actors::execution::machine::Recovery;
+use openprogram::agent::{Tool, ToolCall};
+use openprogram::storage::{
+    CommandId, Event, EventStore, ExecutionHead, ExecutionKind, ExecutionState, RunId, Store,
+    Transition,
+};
+use openprogram::{CommandRequest, RestartWindow};
+use serde_json::json;
+
+use crate::support::*;
+
+/// A tool counting its calls. `hang`: it never returns (its worker "dies" in it).
+/// `append_first`: before hanging, it does what the built-in `append` does.
+struct Probe {
+    name: &'static str,
+    recovery: Recovery,
+    calls: AtomicUsize,
+    hang: bool,
+    append_first: bool,
+}
+
+impl Probe {
+    fn new(name: &'static str, recovery: Recovery, hang: bool) -> Arc<Self> {
+        Arc::new(Self {
+            name,
+            recovery,
+            calls: AtomicUsize::new(0),
+            hang,
+            append_first: false,
+        })
+    }
+}
+
+impl Tool for Probe {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn recovery(&self) -> Recovery {
+        self.recovery
+    }
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let appended = self
+            .append_first
+            .then(|| openprogram::agent::Append.call(call));
+        let hang = self.hang;
+        async move {
+            if let Some(appended) = appended {
+                appended.await?;
+            }
+            if hang {
+                futures::future::pending::<()>().await;
+            }
+            Ok("ran".into())
+        }
+        .boxed()
+    }
+}
+
+fn command(kind: &str, text: Option<&str>, outcome: Option<&str>) -> CommandRequest {
+    CommandRequest {
+        command_id: CommandId::new(),
+        kind: kind.into(),
+        expected_version: None,
+        text: text.map(str::to_owned),
+        outcome: outcome.map(str::to_owned),
+    }
+}
+
+fn is_decision(event: &Event) -> bool {
+    matches!(event, Event::ModelDecided { .. })
+}
+
+fn is_dispatch(event: &Event) -> bool {
+    matches!(event, Event::ToolDispatched { .. })
+}
+
+#[tokio::test]
+async fn r5_an_interrupted_model_request_is_regenerated_and_committed_tools_are_skipped() {
+    let restarts = Restarts::new();
+    let counter = Probe::new("count", Recovery::Idempotent, false);
+    let script = vec![
+        json!({"tool": "count", "args": {}}),
+        json!({"tool": "count", "args": {}}),
+        reply("done"),
+    ];
+    let runtime = restarts.open_with(|builder| {
+        builder
+            .provider(Arc::new(FreezeAfter(2)))
+            .tool(counter.clone())
+    });
+    let execution = restarts.start(&runtime, script).await.execution_id;
+    restarts
+        .wait_events(&runtime, execution, "both tool results", 2, |e| {
+            matches!(e, Event::ToolFinished { .. })
+        })
+        .await;
+    crash(runtime);
+    assert_eq!(counter.calls.load(Ordering::SeqCst), 2);
+    let runtime = restarts.open_with(|builder| builder.tool(counter.clone()));
+    runtime.recovery().await.expect("recovery");
+    runtime
+        .wait_finished(restarts.session, execution)
+        .await
+        .expect("finished");
+    assert_eq!(restarts.snapshot(&runtime, execution).await.text, "done");
+    assert_eq!(
+        counter.calls.load(Ordering::SeqCst),
+        2,
+        "committed tools are skipped"
+    );
+    let events = restarts.events(&runtime, execution);
+    assert_eq!(
+        count(&events, is_decision),
+        3,
+        "only the interrupted decision is made again"
+    );
+    runtime.halt();
+}
+
+/// The remaining iteration budget is the original one minus what was spent (never reset).
+#[tokio::test]
+async fn r5_resume_keeps_the_remaining_iteration_budget() {
+    let restarts = Restarts::new();
+    let runtime = restarts.open_freezing(1, RestartWindow::Unlimited);
+    let request = openprogram::StartRequest {
+        message: "test".into(),
+        script: vec![echo("a"), echo("b"), reply("done")],
+        max_iterations: Some(2),
+        ..Default::default()
+    };
+    let execution = runtime
+        .start_execution(restarts.session, request)
+        .await
+        .expect("start")
+        .execution_id;
+    restarts
+        .wait_events(&runtime, execution, "the first decision", 1, is_decision)
+        .await;
+    crash(runtime);
+    let runtime = restarts.open(RestartWindow::Unlimited);
+    runtime.recovery().await.expect("recovery");
+    runtime
+        .wait_finished(restarts.session, execution)
+        .await
+        .expect("finished");
+    let snapshot = restarts.snapshot(&runtime, execution).await;
+    assert_eq!(snapshot.state, "failed", "{snapshot:?}");
+    assert!(
+        snapshot.text.contains("iteration limit of 2"),
+        "{}",
+        snapshot.text
+    );
+    runtime.halt();
+}
+
+/// An admission whose worker died before it was ever activated continues from its input.
+#[tokio::test]
+async fn r5_an_admission_never_activated_continues_from_its_input() {
+    let restarts = Restarts::new();
+    let session = restarts.session;
+    let execution = openprogram::storage::ExecutionId::new();
+    {
+        let store = Store::open(restarts.dir.path()).expect("store");
+        let mut head =
+            ExecutionHead::new(execution, session, RunId::new(), ExecutionKind::AgentTurn);
+        head.revision_id = openprogram::actors::env::contract_revision(
+            &openprogram::agent::ToolRegistry::builtin(),
+        );
+        let admitted = Event::Admitted {
+            kind: head.kind,
+            session_id: session,
+            run_id: head.run_id,
+            parent_execution_id: None,
+            revision_id: head.revision_id,
+            turn_id: head.turn_id,
+            user_message_id: head.user_message_id,
+            reply_message_id: head.reply_message_id,
+            parent_message_id: None,
+            input: json!({"message": "hi", "script": [reply("from the input")]}).to_string(),
+        };
+        let outcome = store
+            .submit(Transition::create(head, vec![admitted]))
+            .await
+            .expect("admit");
+        assert!(matches!(
+            outcome,
+            openprogram::storage::Outcome::Committed(_)
+        ));
+    }
+    let runtime = restarts.open(RestartWindow::Unlimited);
+    let report = runtime.recovery().await.expect("recovery");
+    assert_eq!(report.resumed, vec![execution], "{report:?}");
+    runtime
+        .wait_finished(session, execution)
+        .await
+        .expect("finished");
+    assert_eq!(
+        restarts.snapshot(&runtime, execution).await.text,
+        "from the input"
+    );
+    runtime.halt();
+}
+
+/// a second interruption before any new effect resumes from the very checkpoint the
+/// first resume inherited.
+#[tokio::test]
+async fn a3_a_second_interruption_keeps_the_inherited_checkpoint() {
+    let restarts = Restarts::new();
+    let runtime = restarts.open_freezing(1, RestartWindow::Unlimited);
+    let execution = restarts
+        .start(&runtime, vec![echo("a"), reply("done")])
+        .await
+        .execution_id;
+    restarts
+        .wait_events(&runtime, execution, "the tool result", 1, |e| {
+            matches!(e, Event::ToolFinished { .. })
+        })
+        .await;
+    crash(runtime);
+    for _ in 0..2 {
+        let runtime = restarts.open_freezing(1, RestartWindow::Unlimited);
+        assert_eq!(
+            runtime.recovery().await.expect("recovery").resumed,
+            vec![execution]
+        );
+        crash(runtime);
+    }
+    let runtime = restarts.open(RestartWindow::Unlimited);
+    runtime.recovery().await.expect("recovery");
+    runtime
+        .wait_finished(restarts.session, execution)
+        .await
+        .expect("finished");
+    let events = restarts.events(&runtime, execution);
+    let first_resume = events
+        .iter()
+        .find(|e| matches!(e.event, Event::Resumed { .. }))
+        .map(|e| e.seq)
+        .expect("resumed");
+    let checkpoint_before = events
+        .iter()
+        .filter(|e| e.seq < first_resume && matches!(e.event, Event::CheckpointPublished { .. }))
+        .map(|e| e.seq)
+        .last();
+    assert!(checkpoint_before.is_some());
+    let inherited: Vec<Option<u64>> = events
+        .iter()
+        .filter_map(|e| match e.event {
+            Event::Resumed {
+                inherited_checkpoint_seq,
+                ..
+            } => Some(inherited_checkpoint_seq),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(inherited.len(), 3);
+    assert!(
+        inherited.iter().all(|seq| *seq == checkpoint_before),
+        "{inherited:?} vs {checkpoint_before:?}"
+    );
+    runtime.halt();
+}
+
+/// R-8, the tool's protocol: the built-in `append` finds its effect id in the file, so an
+/// append that landed before the crash is confirmed and never written twice.
+#[tokio::test]
+async fn r8_the_append_protocol_confirms_an_effect_that_landed() {
+    let (sink, lines) = reconcile_append(true).await;
+    assert_eq!(lines, 1, "{sink}");
+}
+
+/// R-8, the tool's protocol: an append that never landed is `not_applied` and runs again,
+/// once, under the same effect id.
+#[tokio::test]
+async fn r8_the_append_protocol_runs_an_effect_that_never_landed_again() {
+    let (sink, lines) = reconcile_append(false).await;
+    assert_eq!(lines, 1, "{sink}");
+}
+
+/// Runs an `append` whose worker dies after dispatch (having written or not), then lets the
+/// next runtime reconcile it. Returns the sink and its number of lines.
+async fn reconcile_append(landed: bool) -> (String, usize) {
+    let restarts = Restarts::new();
+    let sink_dir = tempfile::tempdir().expect("sink dir");
+    let sink = sink_dir.path().join("sink");
+    let dying = Arc::new(Probe {
+        name: "append",
+        recovery: Recovery::External,
+        calls: AtomicUsize::new(0),
+        hang: true,
+        append_first: landed,
+    });
+    let runtime = restarts.open_with(|builder| builder.tool(dying.clone()));
+    let script = vec![
+        json!({"tool": "append", "args": {"path": sink, "line": "once"}}),
+        reply("done"),
+    ];
+    let execution = restarts.start(&runtime, script).await.execution_id;
+    restarts
+        .wait_events(&runtime, execution, "the dispatch", 1, is_dispatch)
+        .await;
+    let started = std::time::Instant::now();
+    while dying.calls.load(Ordering::SeqCst) == 0 || (landed && !sink.exists()) {
+        assert!(started.elapsed() < DEADLINE, "the append never ran");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    crash(runtime);
+    let runtime = restarts.open(RestartWindow::Unlimited);
+    runtime.recovery().await.expect("recovery");
+    runtime
+        .wait_finished(restarts.session, execution)
+        .await
+        .expect("finished");
+    let snapshot = restarts.snapshot(&runtime, execution).await;
+    assert_eq!(snapshot.text, "done");
+    assert!(
+        snapshot
+            .receipts
+            .iter()
+            .any(|r| r.tool == "append" && r.status == "confirmed"),
+        "{:?}",
+        snapshot.receipts
+    );
+    let events = restarts.events(&runtime, execution);
+    let reconciled = events.iter().find_map(|e| match &e.event {
+        Event::ControlApplied {
+            control: openprogram::storage::Control::Reconcile { status, .. },
+            ..
+        } => Some(*status),
+        _ => None,
+    });
+    let expected = if landed { "confirmed" } else { "not_applied" };
+    assert_eq!(
+        reconciled.map(openprogram::actors::snapshot::receipt_status),
+        Some(expected)
+    );
+    assert_eq!(count(&events, is_dispatch), if landed { 1 } else { 2 });
+    runtime.halt();
+    let text = std::fs::read_to_string(&sink).expect("sink");
+    let lines = text.lines().count();
+    (text, lines)
+}
+
+/// R-8, the operator: a tool without a protocol stays `reconciliation_required` — Continue
+/// does not resolve it — until a `reconcile` command says what happened.
+#[tokio::test]
+async fn r8_an_operator_reconcile_resolves_an_effect_without_a_protocol() {
+    for (outcome, runs_again) in [("confirmed", 0), ("not_applied", 1)] {
+        let restarts = Restarts::new();
+        let dying = Probe::new("ext", Recovery::External, true);
+        let runtime = restarts.open_with(|builder| builder.tool(dying.clone()));
+        let script = vec![json!({"tool": "ext", "args": {}}), reply("done")];
+        let execution = restarts.start(&runtime, script).await.execution_id;
+        restarts
+            .wait_events(&runtime, execution, "the dispatch", 1, is_dispatch)
+            .await;
+        crash(runtime);
+        let healthy = Probe::new("ext", Recovery::External, false);
+        let runtime = restarts.open_with(|builder| builder.tool(healthy.clone()));
+        runtime.recovery().await.expect("recovery");
+        let harness_wait = || async {
+            let started = std::time::Instant::now();
+            loop {
+                let snapshot = restarts.snapshot(&runtime, execution).await;
+                if snapshot.state == "reconciliation_required" {
+                    return snapshot;
+                }
+                assert!(started.elapsed() < DEADLINE, "{snapshot:?}");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        let snapshot = harness_wait().await;
+        assert_eq!(snapshot.capabilities, vec!["reconcile", "cancel"]);
+        let refused = runtime
+            .command(restarts.session, execution, command("continue", None, None))
+            .await
+            .expect("continue");
+        assert_eq!(refused.status, "rejected", "nothing else resolves it");
+        let bad = runtime
+            .command(
+                restarts.session,
+                execution,
+                command("reconcile", None, Some("maybe")),
+            )
+            .await;
+        assert!(
+            matches!(bad, Err(openprogram::Error::InvalidRequest(_))),
+            "{bad:?}"
+        );
+        let applied = runtime
+            .command(
+                restarts.session,
+                execution,
+                command("reconcile", Some("checked by hand"), Some(outcome)),
+            )
+            .await
+            .expect("reconcile");
+        assert_eq!(applied.status, "applied", "{applied:?}");
+        runtime
+            .wait_finished(restarts.session, execution)
+            .await
+            .expect("finished");
+        assert_eq!(restarts.snapshot(&runtime, execution).await.text, "done");
+        assert_eq!(
+            healthy.calls.load(Ordering::SeqCst),
+            runs_again,
+            "{outcome}"
+        );
+        runtime.halt();
+    }
+}
+
+/// R-7 in process: `shutdown` pauses running executions under a restart intent; the next
+/// start resumes them with their ids.
+#[tokio::test]
+async fn r7_orderly_shutdown_pauses_running_executions_and_the_next_start_resumes_them() {
+    let restarts = Restarts::new();
+    let runtime = restarts.open(RestartWindow::Unlimited);
+    let mut started = Vec::new();
+    for _ in 0..3 {
+        let reply_ = restarts
+            .start(&runtime, vec![sleep(200), sleep(200), reply("done")])
+            .await;
+        started.push(reply_);
+    }
+    for execution in &started {
+        restarts
+            .wait_events(
+                &runtime,
+                execution.execution_id,
+                "the sleep",
+                1,
+                is_sleep_dispatch_or_decision,
+            )
+            .await;
+    }
+    let report = runtime.shutdown().await;
+    assert_eq!((report.live, report.left_running), (3, 0), "{report:?}");
+    drop(runtime);
+    {
+        let store = Store::open(restarts.dir.path()).expect("store");
+        for execution in &started {
+            let head = store
+                .head(execution.execution_id)
+                .expect("head")
+                .expect("exists");
+            assert_eq!(head.state, ExecutionState::Paused);
+            assert_eq!(head.pause_reason.as_deref(), Some("restart_recovery"));
+            assert!(head.restart_intent.is_some());
+        }
+    }
+    let runtime = restarts.open(RestartWindow::Unlimited);
+    assert_eq!(runtime.recovery().await.expect("recovery").resumed.len(), 3);
+    for execution in &started {
+        runtime
+            .wait_finished(restarts.session, execution.execution_id)
+            .await
+            .expect("finished");
+        let snapshot = restarts.snapshot(&runtime, execution.execution_id).await;
+        assert_eq!(
+            (snapshot.state, snapshot.text.as_str()),
+            ("completed", "done")
+        );
+        assert_eq!(snapshot.reply_message_id, execution.reply_message_id);
+    }
+    runtime.halt();
+}
+
+/// dropping every client handle and subscription leaves the execution running.
+#[tokio::test]
+async fn r1_dropping_client_views_never_stops_an_execution() {
+    let restarts = Restarts::new();
+    let runtime = restarts.open(RestartWindow::Unlimited);
+    let execution = restarts
+        .start(&runtime, vec![sleep(100), reply("done")])
+        .await
+        .execution_id;
+    {
+        let view = runtime.clone();
+        let subscription = view.wait_finished(restarts.session, execution);
+        // The subscription is dropped unfinished, then its handle.
+        let _ = tokio::time::timeout(Duration::from_millis(10), subscription).await;
+        let _ = view.snapshot(restarts.session, execution).await;
+    }
+    runtime
+        .wait_finished(restarts.session, execution)
+        .await
+        .expect("finished");
+    assert_eq!(
+        restarts.snapshot(&runtime, execution).await.state,
+        "completed"
+    );
+    runtime.halt();
+}
