@@ -8,6 +8,7 @@ mod attempts;
 mod capabilities;
 mod cli;
 mod controls;
+mod kill9;
 mod recovery;
 mod restart_window;
 mod resume;

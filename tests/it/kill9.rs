@@ -1,0 +1,288 @@
+//! Restart recovery with real processes (R02, R11, R-7): `openprogram serve` runs the
+//! executions on the store and is killed with SIGKILL at random moments, or stopped with
+//! SIGTERM. The oracle is a sink file outside the data dir, written by the built-in `append`
+//! (one fsynced `LINE<TAB>EFFECT_ID` per delivery).
+//!
+//! `OP_KILL_SEED` replays a run; `OP_KILL_CYCLES` sets the number of kills (20 by default;
+//! the soak runs 1,000, see README).
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use openprogram::storage::{Event, EventStore, ExecutionState, Store};
+use openprogram::{RestartWindow, StartReply};
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+use crate::support::*;
+
+fn serve(data: &Path, stderr: Stdio) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_openprogram"))
+        .args(["serve", "--data"])
+        .arg(data)
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn openprogram serve")
+}
+
+fn kill9(mut child: Child) {
+    child.kill().expect("SIGKILL"); // by pid: the child this test started
+    child.wait().expect("reap");
+}
+
+fn sigterm(child: &Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(status.success());
+}
+
+/// Sink lines as (line, effect id).
+fn sink_lines(sink: &Path) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(sink).unwrap_or_default();
+    text.lines()
+        .map(|line| {
+            let (what, effect) = line.split_once('\t').expect("LINE<TAB>EFFECT_ID");
+            (what.to_owned(), effect.to_owned())
+        })
+        .collect()
+}
+
+/// I1: no effect delivered twice; no line written twice.
+fn assert_no_duplicate(sink: &Path, when: &str) {
+    let lines = sink_lines(sink);
+    let mut effects = HashSet::new();
+    let mut whats = HashSet::new();
+    for (what, effect) in &lines {
+        assert!(
+            effects.insert(effect),
+            "{when}: effect {effect} delivered twice"
+        );
+        assert!(whats.insert(what), "{when}: {what} delivered twice");
+    }
+}
+
+/// Admits `executions` turns of `steps` appends each, on a runtime whose provider never
+/// answers, and crashes it: every execution is abandoned with a model request in flight.
+async fn abandoned_appends(
+    restarts: &Restarts,
+    sink: &Path,
+    executions: usize,
+    steps: usize,
+    mut pause: impl FnMut() -> Option<serde_json::Value>,
+    extra: impl Fn(usize) -> Vec<serde_json::Value>,
+) -> Vec<StartReply> {
+    let runtime = restarts.open_freezing(0, RestartWindow::Unlimited);
+    let mut started = Vec::new();
+    for execution in 0..executions {
+        let mut script = Vec::new();
+        for step in 0..steps {
+            script.push(json!({"tool": "append", "args": {"path": sink, "line": format!("e{execution}-s{step}")}}));
+            script.extend(pause());
+        }
+        script.extend(extra(execution));
+        script.push(reply(&format!("done {execution}")));
+        started.push(restarts.start(&runtime, script).await);
+    }
+    crash(runtime);
+    started
+}
+
+/// After quiescence: every execution completed with its original ids (I7, L1), every step
+/// delivered exactly once (I1, I8), at most one dispatch per effect and epoch (I4).
+async fn assert_all_completed_exactly_once(
+    restarts: &Restarts,
+    sink: &Path,
+    started: &[StartReply],
+    steps: usize,
+) -> usize {
+    let runtime = restarts.open(RestartWindow::Unlimited);
+    runtime.recovery().await.expect("recovery");
+    let mut reconciled = 0;
+    for (index, execution) in started.iter().enumerate() {
+        let id = execution.execution_id;
+        let finished =
+            tokio::time::timeout(DEADLINE, runtime.wait_finished(restarts.session, id)).await;
+        let snapshot = restarts.snapshot(&runtime, id).await;
+        assert!(
+            matches!(finished, Ok(Ok(()))),
+            "not finished: {snapshot:#?}"
+        );
+        assert_eq!(snapshot.state, "completed", "{snapshot:#?}");
+        assert_eq!(snapshot.text, format!("done {index}"));
+        assert_eq!(snapshot.turn_id, execution.turn_id);
+        assert_eq!(snapshot.reply_message_id, execution.reply_message_id);
+        assert_eq!(snapshot.user_message_id, execution.user_message_id);
+        let events = restarts.events(&runtime, id);
+        let mut dispatches = HashMap::new();
+        for envelope in &events {
+            if let Event::ToolDispatched { effect_id, .. } = envelope.event {
+                *dispatches
+                    .entry((effect_id, envelope.writer_epoch))
+                    .or_insert(0) += 1;
+            }
+        }
+        assert!(dispatches.values().all(|n| *n == 1), "I4: {dispatches:?}");
+        reconciled += count(&events, |e| {
+            matches!(
+                e,
+                Event::ControlApplied {
+                    control: openprogram::storage::Control::Reconcile { .. },
+                    ..
+                }
+            )
+        });
+    }
+    runtime.halt();
+    drop(runtime);
+    assert_no_duplicate(sink, "after quiescence");
+    let lines = sink_lines(sink);
+    assert_eq!(
+        lines.len(),
+        started.len() * steps,
+        "every step delivered once"
+    );
+    reconciled
+}
+
+/// R02: 50 executions appending to the sink; `openprogram serve` is killed with SIGKILL at
+/// random moments (50–500 ms) and started again; then it runs to quiescence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r02_kill9_loop_delivers_every_effect_exactly_once_with_the_original_ids() {
+    const EXECUTIONS: usize = 50;
+    const STEPS: usize = 8;
+    let seed = std::env::var("OP_KILL_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    let cycles: usize = std::env::var("OP_KILL_CYCLES")
+        .ok()
+        .and_then(|cycles| cycles.parse().ok())
+        .unwrap_or(20);
+    eprintln!("r02: OP_KILL_SEED={seed} OP_KILL_CYCLES={cycles}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let restarts = Restarts::new();
+    let sink_dir = tempfile::tempdir().expect("sink dir");
+    let sink = sink_dir.path().join("sink");
+    // Sleeps between the appends spread each execution over several kill cycles.
+    let started = abandoned_appends(
+        &restarts,
+        &sink,
+        EXECUTIONS,
+        STEPS,
+        || Some(sleep(rng.gen_range(20..=250))),
+        |_| Vec::new(),
+    )
+    .await;
+    let mut delivered_at_kill = Vec::new();
+    for _ in 0..cycles {
+        let child = serve(restarts.dir.path(), Stdio::null());
+        std::thread::sleep(Duration::from_millis(rng.gen_range(50..=500)));
+        kill9(child);
+        assert_no_duplicate(&sink, "after a kill");
+        delivered_at_kill.push(sink_lines(&sink).len());
+    }
+    let reconciled = assert_all_completed_exactly_once(&restarts, &sink, &started, STEPS).await;
+    eprintln!(
+        "r02: seed {seed}, {cycles} kills, deliveries at each kill {delivered_at_kill:?}, \
+         {reconciled} effects reconciled, 0 duplicates, 0 lost"
+    );
+}
+
+/// R11 (R-3): startups crash in the middle of their recovery (killed just after the store
+/// is open and the supervisor has begun claiming), twice; the third runs to the end. No
+/// effect is dispatched twice and every execution completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r11_repeated_startup_with_crashes_during_recovery_dispatches_nothing_twice() {
+    const EXECUTIONS: usize = 200;
+    let restarts = Restarts::new();
+    let sink_dir = tempfile::tempdir().expect("sink dir");
+    let sink = sink_dir.path().join("sink");
+    let started = abandoned_appends(&restarts, &sink, EXECUTIONS, 1, || None, |_| Vec::new()).await;
+    let mut claims_before = Vec::new();
+    for delay_ms in [10, 40] {
+        let mut child = serve(restarts.dir.path(), Stdio::piped());
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        // The first line comes once the runtime is open, recovery running behind it.
+        let first = lines.next().expect("a line").expect("utf-8");
+        assert!(first.contains("runtime on"), "{first}");
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        kill9(child);
+        assert_no_duplicate(&sink, "after a crash during recovery");
+        let store = Store::open(restarts.dir.path()).expect("store");
+        let resumed = started
+            .iter()
+            .filter(|s| {
+                store
+                    .events_after(s.execution_id, 0, usize::MAX)
+                    .expect("events")
+                    .iter()
+                    .any(|e| matches!(e.event, Event::Resumed { .. }))
+            })
+            .count();
+        claims_before.push(resumed);
+    }
+    let reconciled = assert_all_completed_exactly_once(&restarts, &sink, &started, 1).await;
+    eprintln!("r11: executions claimed by the crashed startups {claims_before:?} of {EXECUTIONS}, {reconciled} reconciled");
+}
+
+/// R-7: SIGTERM with executions in flight pauses them under a restart intent; the next start
+/// resumes them with their ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r7_sigterm_with_executions_in_flight_resumes_them_on_the_next_start() {
+    const EXECUTIONS: usize = 5;
+    let restarts = Restarts::new();
+    let sink_dir = tempfile::tempdir().expect("sink dir");
+    let sink = sink_dir.path().join("sink");
+    let started = abandoned_appends(
+        &restarts,
+        &sink,
+        EXECUTIONS,
+        1,
+        || None,
+        |_| vec![sleep(300), sleep(300), sleep(300)],
+    )
+    .await;
+    let mut child = serve(restarts.dir.path(), Stdio::piped());
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let line = lines.next().expect("a line").expect("utf-8");
+        if line.contains("startup recovery") {
+            assert!(line.contains(&format!("{EXECUTIONS} resumed")), "{line}");
+            break;
+        }
+        assert!(Instant::now() < deadline);
+    }
+    // The appends land, then the executions sleep: stop them mid-sleep.
+    while sink_lines(&sink).len() < EXECUTIONS {
+        assert!(Instant::now() < deadline, "the appends never landed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    sigterm(&child);
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status:?}: {rest:?}");
+    assert!(
+        rest.iter().any(|line| line.contains("0 left running")),
+        "{rest:?}"
+    );
+    {
+        let store = Store::open(restarts.dir.path()).expect("store");
+        for execution in &started {
+            let head = store
+                .head(execution.execution_id)
+                .expect("head")
+                .expect("exists");
+            assert_eq!(head.state, ExecutionState::Paused, "{head:?}");
+            assert_eq!(head.pause_reason.as_deref(), Some("restart_recovery"));
+            assert!(head.restart_intent.is_some());
+        }
+    }
+    assert_all_completed_exactly_once(&restarts, &sink, &started, 1).await;
+}
