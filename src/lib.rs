@@ -151,10 +151,15 @@ impl RuntimeBuilder {
             Supervisor::new(supervisor_env)
         });
         let recovery = supervisor.send(Recover);
+        let recovery_env = Arc::clone(&env);
         let recovered = async move {
             match recovery.await {
                 Ok(report) => report,
-                Err(error) => Err(Error::Unavailable(error.to_string())),
+                Err(error) => {
+                    // The supervisor never ran it: commands must not wait for it forever.
+                    recovery_env.mark_recovered();
+                    Err(Error::Unavailable(error.to_string()))
+                }
             }
         }
         .boxed()

@@ -44,8 +44,11 @@ pub struct Env {
     pub revision: RevisionId,
     /// Orderly shutdown began: no new activation or dispatch; the intent running
     /// executions record as they pause.
-    pub stopping: Mutex<Option<RestartIntent>>,
+    stopping: Mutex<Option<RestartIntent>>,
     stopping_flag: AtomicBool,
+    /// Startup recovery finished (`true`); commands wait for it, so they never race its
+    /// claims with an activation of their own.
+    recovered: tokio::sync::watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for Env {
@@ -179,7 +182,20 @@ impl Env {
             revision,
             stopping: Mutex::new(None),
             stopping_flag: AtomicBool::new(false),
+            recovered: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// Called by the supervisor once startup recovery is over (done or failed).
+    pub fn mark_recovered(&self) {
+        self.recovered.send_replace(true);
+    }
+
+    /// Resolves once startup recovery is over.
+    pub async fn until_recovered(&self) {
+        let mut recovered = self.recovered.subscribe();
+        // Fails only if the sender is gone, which it never is while `self` lives.
+        let _ = recovered.wait_for(|done| *done).await;
     }
 
     /// Orderly shutdown began: no new activation, and running executions pause under

@@ -266,6 +266,8 @@ impl Service {
     ) -> Result<CommandReply> {
         self.head_in(session_id, execution_id)?;
         let control = control_of(&request)?;
+        // Startup recovery may be claiming this very execution: let it finish first.
+        self.env.until_recovered().await;
         let accepted = CommandRecord {
             command_id: request.command_id,
             execution_id,

@@ -15,15 +15,15 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use futures::StreamExt;
 use openprogram_storage::{
-    AttemptLease, CommandId, CommandRecord, CommandStatus, Event, ExecutionHead, ExecutionId,
-    ExecutionState, Outcome, RestartIntent, Transition, Upsert,
+    AttemptLease, CommandId, Event, ExecutionHead, ExecutionId, ExecutionState, Outcome,
+    RestartIntent, Transition,
 };
 
 use crate::attempt_lease::LeaseState;
 use crate::env::{load, Env};
 use crate::error::{Error, Result};
 use crate::execution::machine::{Machine, RESTART_PAUSE_REASON};
-use crate::execution::restart::RestartPause;
+use crate::execution::restart::{ReconcileUnknown, RestartPause};
 use crate::recovery::{classify, Hold, Plan};
 
 /// Claims in flight at once during startup: enough to fill the committer's groups.
@@ -132,8 +132,15 @@ pub fn recovery_command_id(execution_id: ExecutionId, version: u64) -> CommandId
     CommandId::from_uuid(uuid::Uuid::new_v5(execution_id.as_uuid(), &name))
 }
 
-/// classify every non-terminal execution, then act on each.
+/// classify every non-terminal execution, then act on each. Commands wait until
+/// this is over (`Env::until_recovered`).
 pub async fn recover(env: Arc<Env>) -> Result<RecoveryReport> {
+    let recovered = recover_all(&env).await;
+    env.mark_recovered();
+    recovered
+}
+
+async fn recover_all(env: &Arc<Env>) -> Result<RecoveryReport> {
     let started = Instant::now();
     let mut report = RecoveryReport::default();
     let now_ms = env.clock.now_ms();
@@ -152,16 +159,20 @@ pub async fn recover(env: Arc<Env>) -> Result<RecoveryReport> {
         }
     }
     let mut acting = futures::stream::iter(plans.into_iter().map(|(head, plan)| {
-        let env = Arc::clone(&env);
+        let env = Arc::clone(env);
         async move {
             let execution_id = head.execution_id;
             (execution_id, act_on(&env, head, plan).await)
         }
     }))
     .buffer_unordered(CLAIMS_IN_FLIGHT);
+    let mut claimed = Vec::new();
     while let Some((execution_id, done)) = acting.next().await {
         match done {
-            Ok(Done::Resumed) => report.resumed.push(execution_id),
+            Ok(Done::Resumed(resumed)) => {
+                report.resumed.push(execution_id);
+                claimed.push(resumed);
+            }
             Ok(Done::Expired) => report.expired.push(execution_id),
             Ok(Done::Held(reason)) => report.held.push((execution_id, reason)),
             Ok(Done::Reconciling) => report.reconciling.push(execution_id),
@@ -172,6 +183,14 @@ pub async fn recover(env: Arc<Env>) -> Result<RecoveryReport> {
                 tracing::error!(%execution_id, %error, "restart recovery failed for an execution");
             }
         }
+    }
+    drop(acting);
+    // Every claim is durable before any resumed execution takes a step: the claims have the
+    // committer to themselves, and a crash in between leaves only claimed executions, which
+    // the next start resumes again.
+    for resumed in claimed {
+        let (head, machine, lease) = *resumed;
+        env.start_claimed(head, machine, lease);
     }
     report.elapsed = started.elapsed();
     tracing::info!(
@@ -186,7 +205,7 @@ pub async fn recover(env: Arc<Env>) -> Result<RecoveryReport> {
 }
 
 enum Done {
-    Resumed,
+    Resumed(Box<(ExecutionHead, Machine, Arc<LeaseState>)>),
     Expired,
     Held(&'static str),
     Reconciling,
@@ -201,7 +220,7 @@ async fn act_on(env: &Arc<Env>, head: ExecutionHead, plan: Plan) -> Result<Done>
     match plan {
         Plan::Stay => Ok(Done::Nothing),
         Plan::Reconcile => {
-            env.activate(head.execution_id)?;
+            env.activate(head.execution_id)?.do_send(ReconcileUnknown);
             Ok(Done::Reconciling)
         }
         Plan::Hold(hold) => {
@@ -276,8 +295,7 @@ async fn resume(env: &Arc<Env>, head: ExecutionHead, intent: RestartIntent) -> R
     let Some((head, machine)) = claim(env, &head, events, Some((&lease, machine))).await? else {
         return Ok(Done::Skipped);
     };
-    env.start_claimed(head, machine, lease);
-    Ok(Done::Resumed)
+    Ok(Done::Resumed(Box::new((head, machine, lease))))
 }
 
 /// Commits recovery's transition for an execution as found in `head`: version-checked,
@@ -291,7 +309,6 @@ async fn claim(
     resumed: Option<(&LeaseState, Machine)>,
 ) -> Result<Option<(ExecutionHead, Machine)>> {
     let epoch = head.fencing_epoch + 1;
-    let command_id = recovery_command_id(head.execution_id, head.version);
     let mut next = head.clone();
     let mut machine = resumed.as_ref().map(|(_, machine)| machine.clone());
     next.attempt = resumed.as_ref().map(|(lease, _)| AttemptLease {
@@ -317,22 +334,10 @@ async fn claim(
         next.state = machine.status();
         next.pause_reason = machine.pause_reason.clone();
     }
-    let record = CommandRecord {
-        command_id,
-        execution_id: head.execution_id,
-        kind: "restart".into(),
-        payload_hash: *blake3::hash(&head.version.to_be_bytes()).as_bytes(),
-        status: CommandStatus::Applied,
-        reason: None,
-        result_version: Some(head.version + 1),
-        child_execution_id: None,
-        accepted_at_ms: 0,
-    };
     let transition = Transition::new(head.execution_id, events)
         .expect_version(head.version)
         .by_epoch(epoch)
-        .with_head(next.clone())
-        .with(Upsert::Command(record));
+        .with_head(next.clone());
     match env.store.submit(transition).await? {
         Outcome::Committed(committed) => {
             next.version = committed.version;

@@ -64,33 +64,15 @@ async fn e4_an_external_effect_left_in_flight_becomes_unknown_and_never_runs_aga
         runtime.halt();
         execution
     };
-    // A new runtime: the execution is still `running` in storage, its effect dispatched.
+    // A new runtime: startup recovery finds the execution `running` under a dead owner, its
+    // effect dispatched, and resumes it with a new attempt.
     let runtime = Runtime::builder()
         .data_dir(dir.path())
         .tool(hang.clone())
         .open()
         .expect("reopen");
-    assert_eq!(
-        runtime
-            .snapshot(session, execution)
-            .await
-            .expect("snapshot")
-            .state,
-        "running"
-    );
-    let steer = CommandRequest {
-        command_id: openprogram::storage::CommandId::new(),
-        kind: "steer".into(),
-        expected_version: None,
-        text: Some("hello".into()),
-        outcome: None,
-    };
-    if let Err(error) = runtime.command(session, execution, steer).await {
-        for e in runtime.events(session, execution, 0).expect("events") {
-            eprintln!("{} {:?}", e.seq, e.event);
-        }
-        panic!("steer: {error:?}");
-    }
+    let report = runtime.recovery().await.expect("recovery");
+    assert_eq!(report.resumed, vec![execution], "{report:?}");
     let started = std::time::Instant::now();
     let snapshot = loop {
         let snapshot = runtime

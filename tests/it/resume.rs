@@ -250,9 +250,10 @@ async fn a3_a_second_interruption_keeps_the_inherited_checkpoint() {
         .expect("resumed");
     let checkpoint_before = events
         .iter()
+        .rev()
         .filter(|e| e.seq < first_resume && matches!(e.event, Event::CheckpointPublished { .. }))
         .map(|e| e.seq)
-        .last();
+        .next();
     assert!(checkpoint_before.is_some());
     let inherited: Vec<Option<u64>> = events
         .iter()
@@ -350,6 +351,64 @@ async fn reconcile_append(landed: bool) -> (String, usize) {
     let text = std::fs::read_to_string(&sink).expect("sink");
     let lines = text.lines().count();
     (text, lines)
+}
+
+/// R-8 at startup: an execution already `reconciliation_required` when the runtime starts
+/// (its tool had no protocol in the previous runtime) is handed to the protocol of the tool
+/// it has now.
+#[tokio::test]
+async fn r8_startup_hands_a_reconciliation_required_execution_to_the_protocol() {
+    let restarts = Restarts::new();
+    let sink_dir = tempfile::tempdir().expect("sink dir");
+    let sink = sink_dir.path().join("sink");
+    let dying = || {
+        Arc::new(Probe {
+            name: "append",
+            recovery: Recovery::External,
+            calls: AtomicUsize::new(0),
+            hang: true,
+            append_first: true,
+        })
+    };
+    let first = dying();
+    let runtime = restarts.open_with(|builder| builder.tool(first.clone()));
+    let script = vec![
+        json!({"tool": "append", "args": {"path": sink, "line": "once"}}),
+        reply("done"),
+    ];
+    let execution = restarts.start(&runtime, script).await.execution_id;
+    let started = std::time::Instant::now();
+    while !sink.exists() {
+        assert!(started.elapsed() < DEADLINE, "the append never ran");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    crash(runtime);
+    // A runtime whose `append` has no protocol: the effect is recorded unknown and stays so.
+    let runtime = restarts.open_with(|builder| builder.tool(dying()));
+    runtime.recovery().await.expect("recovery");
+    restarts
+        .wait_events(&runtime, execution, "the unknown receipt", 1, |e| {
+            matches!(
+                e,
+                Event::StateChanged {
+                    state: ExecutionState::ReconciliationRequired,
+                    ..
+                }
+            )
+        })
+        .await;
+    crash(runtime);
+    let runtime = restarts.open(RestartWindow::Unlimited);
+    let report = runtime.recovery().await.expect("recovery");
+    assert_eq!(report.reconciling, vec![execution], "{report:?}");
+    runtime
+        .wait_finished(restarts.session, execution)
+        .await
+        .expect("finished");
+    assert_eq!(restarts.snapshot(&runtime, execution).await.text, "done");
+    runtime.halt();
+    let text = std::fs::read_to_string(&sink).expect("sink");
+    assert_eq!(text.lines().count(), 1, "{text}");
 }
 
 /// R-8, the operator: a tool without a protocol stays `reconciliation_required` — Continue

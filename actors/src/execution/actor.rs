@@ -422,13 +422,9 @@ pub struct Activate;
 impl Handler<Activate> for ExecutionActor {
     type Result = AtomicResponse<Self, Result<u64, Error>>;
 
-    fn handle(&mut self, _: Activate, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: Activate, _ctx: &mut Context<Self>) -> Self::Result {
         let _span = self.span.clone().entered();
         self.handled += 1;
-        if self.machine.status() == Status::ReconciliationRequired {
-            // The attempt that dispatched the effect is gone: ask its tool.
-            self.start_reconcile(ctx);
-        }
         if !matches!(
             self.machine.status(),
             Status::Queued | Status::Running | Status::Cancelling

@@ -155,6 +155,9 @@ pub struct Machine {
     /// A tool call recorded `Unknown`: the execution is `reconciliation_required` until a
     /// reconciliation resolves it.
     pub unresolved: Option<PendingTool>,
+    /// The seq of the `Unknown` receipt of `unresolved`: one reconciliation round each (an
+    /// effect found `not_applied` runs again and may become unknown again).
+    pub unresolved_seq: u64,
     /// Steer texts for work not yet run, in order (K-2).
     pub steers: Vec<String>,
     pub pause_requested: bool,
@@ -183,6 +186,7 @@ impl Machine {
             context: std::sync::Arc::default(),
             pending_tool: self.pending_tool.clone(),
             unresolved: self.unresolved.clone(),
+            unresolved_seq: self.unresolved_seq,
             steers: Vec::new(),
             pause_requested: self.pause_requested,
             steps_left: self.steps_left,
@@ -566,6 +570,7 @@ impl Machine {
                             .insert(*effect_id, (pending.tool.clone(), *status));
                     }
                     self.unresolved = pending;
+                    self.unresolved_seq = seq;
                     return;
                 }
                 let tool = pending.map(|pending| pending.tool).unwrap_or_default();

@@ -49,6 +49,7 @@ impl ExecutionActor {
         };
         self.reconciling = true;
         let effect_id = unresolved.effect_id;
+        let round = self.machine.unresolved_seq;
         ctx.spawn(
             fut::wrap_future::<_, Self>(tool.reconcile(call)).map(move |answer, act, ctx| {
                 act.reconciling = false;
@@ -65,21 +66,25 @@ impl ExecutionActor {
                     }
                 };
                 tracing::info!(execution_id = %act.execution_id, %effect_id, ?status, "reconciled by the tool's protocol");
-                ctx.notify(reconcile_command(act, effect_id, status, output));
+                ctx.notify(reconcile_command(act, effect_id, round, status, output));
             }),
         );
     }
 }
 
 /// The command a reconcile protocol's answer becomes: the same path an operator's
-/// `reconcile` takes (K-1), under a fixed id per effect so it is decided once.
+/// `reconcile` takes (K-1), under a fixed id per effect and round (the seq of its `Unknown`
+/// receipt), so each round is decided once however often the protocol is asked.
 fn reconcile_command(
     act: &ExecutionActor,
     effect_id: openprogram_storage::EffectId,
+    round: u64,
     status: ReceiptStatus,
     output: String,
 ) -> ApplyControl {
-    let command_id = CommandId::from_uuid(uuid::Uuid::new_v5(effect_id.as_uuid(), b"reconcile"));
+    let mut name = b"reconcile:".to_vec();
+    name.extend_from_slice(&round.to_be_bytes());
+    let command_id = CommandId::from_uuid(uuid::Uuid::new_v5(effect_id.as_uuid(), &name));
     let outcome = crate::snapshot::receipt_status(status);
     let accepted = CommandRecord {
         command_id,
@@ -100,6 +105,23 @@ fn reconcile_command(
             output,
         },
         expected_version: None,
+    }
+}
+
+/// Ask the tool's reconcile protocol about the unknown effect, if any. Sent by
+/// startup recovery to executions found `reconciliation_required`: the attempt that
+/// dispatched the effect is gone.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct ReconcileUnknown;
+
+impl Handler<ReconcileUnknown> for ExecutionActor {
+    type Result = ();
+
+    fn handle(&mut self, _: ReconcileUnknown, ctx: &mut Context<Self>) {
+        self.handled += 1;
+        self.start_reconcile(ctx);
+        self.park_if_idle(ctx);
     }
 }
 
