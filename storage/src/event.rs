@@ -119,6 +119,13 @@ pub enum Event {
         abandoned_epoch: u64,
         inherited_checkpoint_seq: Option<u64>,
     },
+    /// A control command was saved before its owner decides it (K-1), with its payload, so
+    /// an attempt that resumes after a crash decides it first. Replaces
+    /// `CommandAccepted` for controls.
+    ControlAccepted {
+        command_id: CommandId,
+        control: Control,
+    },
 }
 
 impl Event {
@@ -143,6 +150,7 @@ impl Event {
             Event::ControlApplied { .. } => "control_applied",
             Event::Replied { .. } => "replied",
             Event::Resumed { .. } => "resumed",
+            Event::ControlAccepted { .. } => "command_accepted",
         }
     }
 }

@@ -562,3 +562,68 @@ async fn r1_dropping_client_views_never_stops_an_execution() {
     );
     runtime.halt();
 }
+
+/// pending commands stay authoritative. A Pause accepted just before the worker died
+/// (saved `accepted`, never decided) is decided by the resumed attempt before it takes a
+/// step, so the execution pauses instead of running on.
+#[tokio::test]
+async fn r5_a_command_accepted_before_the_crash_is_decided_first_by_the_resumed_attempt() {
+    use openprogram::storage::{CommandRecord, CommandStatus, Control, Upsert};
+    let restarts = Restarts::new();
+    let runtime = restarts.open_freezing(0, RestartWindow::Unlimited);
+    let execution = restarts
+        .start(&runtime, vec![reply("done")])
+        .await
+        .execution_id;
+    restarts
+        .wait_events(&runtime, execution, "the attempt", 1, |e| {
+            matches!(e, Event::AttemptStarted { .. })
+        })
+        .await;
+    // What the execution's actor writes when it accepts a Pause; the crash comes before the
+    // decision.
+    let pause = command("pause", None, None);
+    let accepted = CommandRecord {
+        command_id: pause.command_id,
+        execution_id: execution,
+        kind: "pause".into(),
+        payload_hash: openprogram::actors::service::payload_hash(&pause),
+        status: CommandStatus::Accepted,
+        reason: None,
+        result_version: None,
+        child_execution_id: None,
+        accepted_at_ms: 0,
+    };
+    let event = Event::ControlAccepted {
+        command_id: pause.command_id,
+        control: Control::Pause,
+    };
+    let saved = runtime
+        .store()
+        .submit(Transition::new(execution, vec![event]).with(Upsert::Command(accepted)))
+        .await
+        .expect("accept");
+    assert!(matches!(saved, openprogram::storage::Outcome::Committed(_)));
+    crash(runtime);
+    let runtime = restarts.open(RestartWindow::Unlimited);
+    assert_eq!(
+        runtime.recovery().await.expect("recovery").resumed,
+        vec![execution]
+    );
+    let started = std::time::Instant::now();
+    loop {
+        let snapshot = restarts.snapshot(&runtime, execution).await;
+        if snapshot.state == "paused" {
+            break;
+        }
+        assert!(started.elapsed() < DEADLINE, "{snapshot:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let status = runtime
+        .command_status(restarts.session, pause.command_id)
+        .expect("status");
+    assert_eq!(status.status, "applied", "{status:?}");
+    let events = restarts.events(&runtime, execution);
+    assert_eq!(count(&events, is_decision), 0, "no step before the pause");
+    runtime.halt();
+}

@@ -51,6 +51,10 @@ pub struct ExecutionActor {
     pub(super) failed_write: bool,
     /// A tool's reconcile protocol is being asked about the unknown effect.
     pub(super) reconciling: bool,
+    /// Commands an earlier attempt accepted and never decided, as found when this actor was
+    /// loaded; decided before the next step. Commands this actor accepts itself are
+    /// decided in the same mailbox turn and never appear here.
+    pub(super) inherited_pending: Vec<openprogram_storage::CommandId>,
 }
 
 impl std::fmt::Debug for ExecutionActor {
@@ -102,6 +106,11 @@ impl ExecutionActor {
             span,
             failed_write: false,
             reconciling: false,
+            inherited_pending: machine
+                .pending_commands
+                .iter()
+                .map(|(command_id, _)| *command_id)
+                .collect(),
             head,
             machine,
             epoch: claimed.then_some(lease.epoch),
@@ -481,7 +490,7 @@ impl Handler<EffectDone> for ExecutionActor {
 /// Take the next step, if the execution is running and idle.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-struct Advance;
+pub(super) struct Advance;
 
 impl Handler<Advance> for ExecutionActor {
     type Result = AtomicResponse<Self, ()>;
@@ -497,6 +506,10 @@ impl Handler<Advance> for ExecutionActor {
         self.handled += 1;
         if self.in_flight.is_some() || self.epoch.is_none() {
             return AtomicResponse::new(Box::pin(fut::ready(())));
+        }
+        if let Some(deciding) = self.decide_pending() {
+            // A command accepted before a crash is decided before anything else.
+            return AtomicResponse::new(deciding);
         }
         if let Some(paused) = self.restart_pause() {
             // Orderly shutdown: no new dispatch; pause here under the restart intent.

@@ -12,7 +12,7 @@ use crate::execution::machine::Input;
 
 impl ExecutionActor {
     /// Decides an accepted command and records `applied` or `rejected` with its effect.
-    fn decide_command(
+    pub(super) fn decide_command(
         &mut self,
         accepted: CommandRecord,
         control: Control,
@@ -229,9 +229,9 @@ impl Handler<ApplyControl> for ExecutionActor {
                 self.refuse_command(accepted, reason).map(parked_after),
             ));
         }
-        let event = Event::CommandAccepted {
+        let event = Event::ControlAccepted {
             command_id,
-            kind: accepted.kind.clone(),
+            control: control.clone(),
         };
         let saved = self.submit(vec![event], vec![Upsert::Command(accepted.clone())]);
         AtomicResponse::new(Box::pin(saved.then(

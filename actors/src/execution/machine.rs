@@ -171,6 +171,9 @@ pub struct Machine {
     pub checkpoint_seq: u64,
     /// Commands applied or rejected, so a redelivered command is never decided twice (K-4).
     pub decided_commands: BTreeSet<openprogram_storage::CommandId>,
+    /// Commands accepted and not yet decided, oldest first: only a crash between the two
+    /// leaves any, and the resumed attempt decides them before its next step.
+    pub pending_commands: Vec<(openprogram_storage::CommandId, Control)>,
 }
 
 impl Machine {
@@ -195,6 +198,7 @@ impl Machine {
             receipts: BTreeMap::new(),
             checkpoint_seq: self.checkpoint_seq,
             decided_commands: BTreeSet::new(),
+            pending_commands: Vec::new(),
         }
     }
 
@@ -511,14 +515,36 @@ impl Machine {
                     _ => {}
                 }
             }
+            Event::ControlAccepted {
+                command_id,
+                control,
+            } => self.pending_commands.push((*command_id, control.clone())),
+            // Written before `ControlAccepted` existed: the payload-free controls can still
+            // be decided from their kind.
+            Event::CommandAccepted { command_id, kind } => {
+                let control = match kind.as_str() {
+                    "pause" => Some(Control::Pause),
+                    "continue" => Some(Control::Continue),
+                    "step" => Some(Control::Step),
+                    "cancel" => Some(Control::Cancel),
+                    _ => None,
+                };
+                if let Some(control) = control {
+                    self.pending_commands.push((*command_id, control));
+                }
+            }
             Event::CommandRejected { command_id, .. } => {
                 self.decided_commands.insert(*command_id);
+                self.pending_commands
+                    .retain(|(pending, _)| pending != command_id);
             }
             Event::ControlApplied {
                 command_id,
                 control,
             } => {
                 self.decided_commands.insert(*command_id);
+                self.pending_commands
+                    .retain(|(pending, _)| pending != command_id);
                 self.apply_control(control, actions);
             }
             Event::ModelDecided {

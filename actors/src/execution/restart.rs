@@ -6,7 +6,7 @@ use actix::prelude::*;
 use openprogram_storage::{CommandId, CommandRecord, CommandStatus, Control, ReceiptStatus};
 
 use crate::agent::{Reconciliation, ToolCall};
-use crate::execution::actor::ExecutionActor;
+use crate::execution::actor::{Advance, ExecutionActor};
 use crate::execution::commands::{payload_hash_of, ApplyControl};
 
 impl ExecutionActor {
@@ -22,6 +22,36 @@ impl ExecutionActor {
             |committed, act, ctx| {
                 if let Err(error) = committed {
                     tracing::warn!(execution_id = %act.execution_id, %error, "restart pause failed; releasing");
+                    act.release(ctx);
+                }
+            },
+        )))
+    }
+
+    /// The first command accepted before a crash and still undecided, decided now; then the
+    /// execution goes on. `None` if there is none.
+    pub(super) fn decide_pending(&mut self) -> Option<ResponseActFuture<Self, ()>> {
+        let (accepted, control) = loop {
+            let command_id = *self.inherited_pending.first()?;
+            self.inherited_pending.remove(0);
+            let control = self
+                .machine
+                .pending_commands
+                .iter()
+                .find(|(pending, _)| *pending == command_id)
+                .map(|(_, control)| control.clone());
+            match (control, self.env.store.command(command_id)) {
+                (Some(control), Ok(Some(record))) if record.status == CommandStatus::Accepted => {
+                    break (record, control)
+                }
+                _ => continue, // decided meanwhile, or unreadable: nothing to decide here
+            }
+        };
+        Some(Box::pin(self.decide_command(accepted, control).map(
+            |decided, act, ctx| match decided {
+                Ok(_) => ctx.notify(Advance),
+                Err(error) => {
+                    tracing::warn!(execution_id = %act.execution_id, %error, "deciding a pending command failed; releasing");
                     act.release(ctx);
                 }
             },
