@@ -223,3 +223,143 @@ pub fn classify(
         Plan::Resume { intent }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! the classification table, one row per case.
+
+    use openprogram_storage::{
+        AttemptId, AttemptLease, ExecutionId, ExecutionKind, RunId, SessionId,
+    };
+
+    use super::*;
+
+    const HOUR_MS: u64 = 3_600_000;
+    const NOW: u64 = 100 * HOUR_MS;
+
+    fn head(state: ExecutionState, owner: OwnerId, revision: RevisionId) -> ExecutionHead {
+        let mut head = ExecutionHead::new(
+            ExecutionId::new(),
+            SessionId::new(),
+            RunId::new(),
+            ExecutionKind::AgentTurn,
+        );
+        head.state = state;
+        head.revision_id = revision;
+        head.attempt = Some(AttemptLease {
+            attempt_id: AttemptId::new(),
+            owner_id: owner,
+            epoch: 1,
+        });
+        head.last_activity_ms = NOW - HOUR_MS;
+        head
+    }
+
+    fn intent(deadline_ms: Option<u64>) -> RestartIntent {
+        RestartIntent {
+            deadline_ms,
+            recorded_at_ms: NOW - HOUR_MS,
+            reason: "orderly shutdown".into(),
+        }
+    }
+
+    #[test]
+    fn r4_classification_table() {
+        let me = OwnerId::new();
+        let dead = OwnerId::new();
+        let revision = RevisionId::new();
+        let two_hours = RestartWindow::Within(Duration::from_millis(2 * HOUR_MS));
+        let half_hour = RestartWindow::Within(Duration::from_millis(HOUR_MS / 2));
+        let resumes = |plan: Plan| matches!(plan, Plan::Resume { .. });
+        let expires = |plan: Plan| matches!(plan, Plan::Expire { .. });
+        let classify_in = |head: &ExecutionHead, window| classify(head, me, revision, window, NOW);
+
+        let running = head(ExecutionState::Running, dead, revision);
+        assert!(
+            resumes(classify_in(&running, two_hours)),
+            "abandoned running, inside"
+        );
+        assert!(
+            expires(classify_in(&running, half_hour)),
+            "abandoned running, beyond"
+        );
+        assert!(resumes(classify_in(&running, RestartWindow::Unlimited)));
+        assert!(
+            expires(classify_in(&running, RestartWindow::Disabled)),
+            "0 disables"
+        );
+        let queued = head(ExecutionState::Queued, dead, revision);
+        assert!(resumes(classify_in(&queued, two_hours)), "never activated");
+        let mine = head(ExecutionState::Running, me, revision);
+        assert_eq!(
+            classify_in(&mine, two_hours),
+            Plan::Stay,
+            "owned by this incarnation"
+        );
+        let other = head(ExecutionState::Running, dead, RevisionId::new());
+        assert_eq!(
+            classify_in(&other, two_hours),
+            Plan::Hold(Hold::IncompatibleRevision)
+        );
+        let cancelling = head(ExecutionState::Cancelling, dead, RevisionId::new());
+        assert!(
+            resumes(classify_in(&cancelling, RestartWindow::Disabled)),
+            "an accepted cancel is finished whatever the window or revision"
+        );
+        for state in [
+            ExecutionState::Paused,
+            ExecutionState::Waiting,
+            ExecutionState::Expired,
+        ] {
+            let explicit = head(state, dead, revision);
+            assert_eq!(classify_in(&explicit, two_hours), Plan::Stay, "{state}");
+        }
+        let unknown = head(ExecutionState::ReconciliationRequired, dead, revision);
+        assert_eq!(classify_in(&unknown, two_hours), Plan::Reconcile);
+
+        let mut restart_paused = head(ExecutionState::Paused, dead, revision);
+        restart_paused.pause_reason = Some(RESTART_PAUSE_REASON.into());
+        assert_eq!(
+            classify_in(&restart_paused, two_hours),
+            Plan::Stay,
+            "legacy: no intent"
+        );
+        restart_paused.restart_intent = Some(intent(Some(NOW + HOUR_MS)));
+        assert!(
+            resumes(classify_in(&restart_paused, half_hour)),
+            "the recorded deadline rules"
+        );
+        restart_paused.restart_intent = Some(intent(Some(NOW - 1)));
+        assert!(
+            expires(classify_in(&restart_paused, RestartWindow::Unlimited)),
+            "finite stays finite"
+        );
+    }
+
+    #[test]
+    fn r2_the_deadline_runs_from_the_last_durable_activity_never_from_startup() {
+        let dead = OwnerId::new();
+        let revision = RevisionId::new();
+        let running = head(ExecutionState::Running, dead, revision);
+        let window = RestartWindow::Within(Duration::from_millis(2 * HOUR_MS));
+        match classify(&running, OwnerId::new(), revision, window, NOW) {
+            Plan::Resume { intent } => {
+                assert_eq!(
+                    intent.deadline_ms,
+                    Some(running.last_activity_ms + 2 * HOUR_MS)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        match classify(
+            &running,
+            OwnerId::new(),
+            revision,
+            RestartWindow::Unlimited,
+            NOW,
+        ) {
+            Plan::Resume { intent } => assert_eq!(intent.deadline_ms, None, "a null deadline"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -27,7 +27,7 @@ pub(super) fn admitted(max_iterations: u32) -> Event {
     }
 }
 
-fn attempt() -> Event {
+pub(super) fn attempt() -> Event {
     Event::AttemptStarted {
         attempt_id: AttemptId::new(),
         owner_id: OwnerId::new(),
@@ -36,7 +36,7 @@ fn attempt() -> Event {
 }
 
 /// Applies events as the shell does after a commit; returns the actions.
-fn commit(machine: &mut Machine, events: &[Event]) -> Vec<Action> {
+pub(super) fn commit(machine: &mut Machine, events: &[Event]) -> Vec<Action> {
     let mut actions = Vec::new();
     for event in events {
         let seq = machine.checkpoint_seq + 1;
@@ -45,14 +45,18 @@ fn commit(machine: &mut Machine, events: &[Event]) -> Vec<Action> {
     actions
 }
 
-fn running(max_iterations: u32) -> Machine {
+pub(super) fn running(max_iterations: u32) -> Machine {
     let mut machine = Machine::default();
     commit(&mut machine, &[admitted(max_iterations), attempt()]);
     assert_eq!(machine.status(), Status::Running);
     machine
 }
 
-fn control(machine: &Machine, control: Control, busy: bool) -> Result<Vec<Event>, Rejection> {
+pub(super) fn control(
+    machine: &Machine,
+    control: Control,
+    busy: bool,
+) -> Result<Vec<Event>, Rejection> {
     machine.decide(
         Input::Control {
             command_id: CommandId::new(),
@@ -63,13 +67,13 @@ fn control(machine: &Machine, control: Control, busy: bool) -> Result<Vec<Event>
 }
 
 /// Decides a control and commits it, as the shell does.
-fn ctl(machine: &mut Machine, c: Control, busy: bool) -> Vec<Action> {
+pub(super) fn ctl(machine: &mut Machine, c: Control, busy: bool) -> Vec<Action> {
     let events = control(machine, c, busy).expect("control accepted");
     commit(machine, &events)
 }
 
 /// Decides an input and commits it, as the shell does.
-fn run(machine: &mut Machine, input: Input, busy: bool) -> Vec<Action> {
+pub(super) fn run(machine: &mut Machine, input: Input, busy: bool) -> Vec<Action> {
     let events = machine.decide(input, busy).expect("input accepted");
     commit(machine, &events)
 }
@@ -78,7 +82,7 @@ fn idempotent(_: &str) -> Recovery {
     Recovery::Idempotent
 }
 
-fn tool_decision(tool: &str) -> Decision {
+pub(super) fn tool_decision(tool: &str) -> Decision {
     Decision::Tool {
         tool: tool.into(),
         args: serde_json::json!({"text": "x"}),
@@ -126,7 +130,7 @@ fn in_situation(situation: &str) -> (Machine, bool) {
     (machine, busy)
 }
 
-fn steer() -> Control {
+pub(super) fn steer() -> Control {
     Control::Steer {
         text: "be brief".into(),
     }

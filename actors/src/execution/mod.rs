@@ -8,6 +8,8 @@ pub mod machine;
 pub mod restart;
 
 #[cfg(test)]
+mod machine_restart_tests;
+#[cfg(test)]
 mod machine_sim;
 #[cfg(test)]
 mod machine_tests;
