@@ -29,7 +29,7 @@ use openprogram_actors::agent::{Provider, Scripted, Tool, ToolRegistry};
 use openprogram_actors::env::{Directory, Env};
 use openprogram_actors::recovery::{Clock, SystemClock};
 use openprogram_actors::service::Service;
-use openprogram_actors::supervisor::{Recover, Shutdown, Supervisor};
+use openprogram_actors::supervisor::{begin_shutdown, Recover, Shutdown, Supervisor};
 use openprogram_actors::system::ActorSystem;
 use openprogram_storage::{
     CommandId, EventEnvelope, EventStore, ExecutionId, Limits, SessionId, Store,
@@ -283,6 +283,9 @@ impl Runtime {
     /// handle is dropped, after writing everything queued.
     pub async fn shutdown(&self) -> ShutdownReport {
         let timeout = self.inner.shutdown_timeout;
+        // Stop new work now; the supervisor may still be busy with startup recovery, which
+        // sees the flag and claims nothing more.
+        begin_shutdown(self.inner.service.env());
         let report = self
             .inner
             .supervisor

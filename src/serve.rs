@@ -15,6 +15,9 @@ pub struct ServeOptions {
 
 /// Runs until SIGTERM or SIGINT, then shuts down in order. Progress lines go to stderr.
 pub async fn run(options: ServeOptions) -> Result<()> {
+    // Listening before the runtime opens: a SIGTERM during startup recovery is an orderly
+    // shutdown too.
+    let stop = stop_signal()?;
     let runtime = Runtime::builder()
         .data_dir(&options.data)
         .restart_window(options.restart_window)
@@ -24,7 +27,16 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         options.data.display(),
         options.restart_window
     );
-    let report = runtime.recovery().await?;
+    tokio::pin!(stop);
+    let report = tokio::select! {
+        report = runtime.recovery() => report?,
+        () = &mut stop => {
+            eprintln!("openprogram: stopping during startup recovery");
+            let stopped = runtime.shutdown().await;
+            eprintln!("openprogram: stopped: {} live, {} left running", stopped.live, stopped.left_running);
+            return Ok(());
+        }
+    };
     eprintln!(
         "openprogram: startup recovery: {} classified, {} resumed, {} expired, {} held, {} reconciling, in {} ms",
         report.classified,
@@ -34,7 +46,7 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         report.reconciling.len(),
         report.elapsed.as_millis()
     );
-    stop_signal().await?;
+    stop.await;
     eprintln!("openprogram: stopping: pausing running executions for restart recovery");
     let stopped = runtime.shutdown().await;
     eprintln!(
@@ -46,14 +58,16 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     Ok(())
 }
 
-async fn stop_signal() -> Result<()> {
+/// Registers for SIGTERM and SIGINT now; the future resolves at the first of them.
+fn stop_signal() -> Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
     let unavailable = |error: std::io::Error| Error::Unavailable(format!("signals: {error}"));
     let mut terminate = signal(SignalKind::terminate()).map_err(unavailable)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(unavailable)?;
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = interrupt.recv() => {}
-    }
-    Ok(())
+    Ok(async move {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+    })
 }

@@ -267,9 +267,7 @@ impl Tool for Append {
                     Reconciliation::Confirmed("appended".into())
                 }
                 Ok(Ok(_)) => Reconciliation::NotApplied,
-                Ok(Err(error)) if error.kind() == std::io::ErrorKind::NotFound => {
-                    Reconciliation::NotApplied
-                }
+                // A missing file proves nothing (a relative path, a moved file): ask a person.
                 _ => Reconciliation::Unknown,
             }
         }

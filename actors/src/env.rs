@@ -375,8 +375,10 @@ impl Env {
                 head.state,
                 ExecutionState::Queued | ExecutionState::Running | ExecutionState::Cancelling
             );
-            if !runs || head.fencing_epoch != old.lease.epoch {
-                continue; // nothing running, the lapsed attempt never claimed, or taken over
+            if !runs || head.fencing_epoch != old.lease.epoch || !old.lease.lapsed() {
+                // Nothing running, the lapsed attempt never claimed, taken over already, or
+                // it renewed its lease since the list was made.
+                continue;
             }
             let epoch = head.fencing_epoch + 1;
             let lease = LeaseState::new(execution_id, self.owner, epoch, self.lease_ttl);
@@ -416,6 +418,8 @@ impl Env {
         lease: Arc<LeaseState>,
     ) -> Addr<ExecutionActor> {
         let execution_id = head.execution_id;
+        // The lease runs from now, not from its claim (recovery claims everything first).
+        lease.renew();
         let addr = self.start_actor(head, machine, Arc::clone(&lease), true);
         let mut live = self
             .directory

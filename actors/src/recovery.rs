@@ -189,8 +189,20 @@ pub fn classify(
     let restart_paused = head.state == ExecutionState::Paused
         && head.pause_reason.as_deref() == Some(RESTART_PAUSE_REASON)
         && head.restart_intent.is_some();
+    let expired_intent = head
+        .restart_intent
+        .as_ref()
+        .and_then(|intent| intent.deadline_ms)
+        .is_some_and(|deadline| now_ms >= deadline);
     match head.state {
-        ExecutionState::ReconciliationRequired => return Plan::Reconcile,
+        // Resolving the effect continues the execution: only where a restart may continue it.
+        ExecutionState::ReconciliationRequired
+            if head.revision_id == revision
+                && window != RestartWindow::Disabled
+                && !expired_intent =>
+        {
+            return Plan::Reconcile
+        }
         ExecutionState::Queued | ExecutionState::Running | ExecutionState::Cancelling => {}
         _ if restart_paused => {}
         _ => return Plan::Stay,

@@ -193,6 +193,9 @@ impl Service {
         if self.env.is_stopping() {
             return Err(Error::Unavailable("the runtime is shutting down".into()));
         }
+        // Startup recovery treats every execution without a live attempt as abandoned:
+        // admit new ones once it has read what it recovers.
+        self.env.until_recovered().await;
         let mut head = ExecutionHead::new(
             execution_id,
             session_id,

@@ -16,7 +16,7 @@ use actix::prelude::*;
 use futures::StreamExt;
 use openprogram_storage::{
     AttemptLease, CommandId, Event, ExecutionHead, ExecutionId, ExecutionState, Outcome,
-    RestartIntent, Transition,
+    ReceiptStatus, RestartIntent, Transition,
 };
 
 use crate::attempt_lease::LeaseState;
@@ -224,6 +224,9 @@ async fn act_on(env: &Arc<Env>, head: ExecutionHead, plan: Plan) -> Result<Done>
             Ok(Done::Reconciling)
         }
         Plan::Hold(hold) => {
+            if let Some(done) = unknown_instead(env, &head).await? {
+                return Ok(done);
+            }
             let events = vec![Event::StateChanged {
                 state: ExecutionState::Paused,
                 reason: hold.reason().into(),
@@ -232,6 +235,9 @@ async fn act_on(env: &Arc<Env>, head: ExecutionHead, plan: Plan) -> Result<Done>
             Ok(claimed.map_or(Done::Skipped, |_| Done::Held(hold.reason())))
         }
         Plan::Expire { intent } => {
+            if let Some(done) = unknown_instead(env, &head).await? {
+                return Ok(done);
+            }
             let mut events = Vec::new();
             if head.restart_intent.is_none() {
                 events.push(Event::RestartIntentRecorded { intent });
@@ -247,6 +253,31 @@ async fn act_on(env: &Arc<Env>, head: ExecutionHead, plan: Plan) -> Result<Done>
     }
 }
 
+/// An execution that will not run again by itself (held or expired) but left an effect
+/// dispatched without an outcome says so: `unknown`, `reconciliation_required` (I2), never
+/// a plain pause. `None` if it has no such effect.
+async fn unknown_instead(env: &Env, head: &ExecutionHead) -> Result<Option<Done>> {
+    let (_, machine) = load(env.store.as_ref(), head.execution_id)?;
+    let Some(pending) = machine.pending_tool.filter(|pending| pending.dispatched) else {
+        return Ok(None);
+    };
+    let events = vec![
+        Event::ToolFinished {
+            effect_id: pending.effect_id,
+            status: ReceiptStatus::Unknown,
+            output: "dispatched by an earlier attempt; its outcome is unknown".into(),
+        },
+        Event::StateChanged {
+            state: ExecutionState::ReconciliationRequired,
+            reason: "unknown external effect".into(),
+        },
+    ];
+    let claimed = claim(env, head, events, None).await?;
+    Ok(Some(claimed.map_or(Done::Skipped, |_| {
+        Done::Held("reconciliation_required")
+    })))
+}
+
 /// Claims the execution for a new attempt and starts its actor with the original ids.
 async fn resume(env: &Arc<Env>, head: ExecutionHead, intent: RestartIntent) -> Result<Done> {
     let execution_id = head.execution_id;
@@ -255,7 +286,8 @@ async fn resume(env: &Arc<Env>, head: ExecutionHead, intent: RestartIntent) -> R
         .checkpoint
         .as_ref()
         .map_or(0, |checkpoint| checkpoint.seq);
-    if found_checkpoint != machine.checkpoint_seq {
+    // A cancel is finished whatever its checkpoint says: finishing runs no work.
+    if found_checkpoint != machine.checkpoint_seq && head.state != ExecutionState::Cancelling {
         // The head and the log disagree about where to continue from: never guess.
         let hold = Hold::StaleCheckpoint;
         let events = vec![Event::StateChanged {
@@ -352,17 +384,27 @@ async fn claim(
     }
 }
 
-/// no new activation, then a restart-recovery pause for every running execution at
-/// its next safe point, in up to `PAUSE_ROUNDS` rounds within `timeout`.
-pub async fn shutdown(env: Arc<Env>, timeout: Duration) -> ShutdownReport {
-    let started = Instant::now();
-    let deadline = tokio::time::Instant::now() + timeout;
+/// R-7's first step, at once (not behind a startup recovery in the supervisor's mailbox):
+/// no new activation, admission or recovery claim; running executions pause under the
+/// intent at their next safe point. Idempotent: the first intent stands.
+pub fn begin_shutdown(env: &Env) {
+    if env.is_stopping() {
+        return;
+    }
     let now_ms = env.clock.now_ms();
     env.begin_stopping(RestartIntent {
         deadline_ms: env.restart_window.deadline_from(now_ms),
         recorded_at_ms: now_ms,
         reason: "orderly shutdown".into(),
     });
+}
+
+/// no new activation, then a restart-recovery pause for every running execution at
+/// its next safe point, in up to `PAUSE_ROUNDS` rounds within `timeout`.
+pub async fn shutdown(env: Arc<Env>, timeout: Duration) -> ShutdownReport {
+    let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + timeout;
+    begin_shutdown(&env);
     let live = env.directory.live_len();
     let mut left = live;
     for round in 0..PAUSE_ROUNDS {

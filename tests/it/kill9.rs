@@ -77,6 +77,8 @@ async fn abandoned_appends(
     mut pause: impl FnMut() -> Option<serde_json::Value>,
     extra: impl Fn(usize) -> Vec<serde_json::Value>,
 ) -> Vec<StartReply> {
+    // The append protocol reads the file; a missing one proves nothing, so it exists.
+    std::fs::write(sink, "").expect("sink");
     let runtime = restarts.open_freezing(0, RestartWindow::Unlimited);
     let mut started = Vec::new();
     for execution in 0..executions {
@@ -194,9 +196,11 @@ async fn r02_kill9_loop_delivers_every_effect_exactly_once_with_the_original_ids
     );
 }
 
-/// R11: startups crash in the middle of their recovery (killed just after the store
-/// is open and the supervisor has begun claiming), twice; the third runs to the end. No
-/// effect is dispatched twice and every execution completes.
+/// R11: startups crash in the middle of their recovery (killed a few ms after the store
+/// is open, the supervisor claiming behind it; the delay grows until a kill lands inside a
+/// recovery, twice); then a startup runs to the end. A crashed recovery dispatched nothing
+/// (the sink is unchanged: claims come before any step), no effect is delivered twice, and
+/// every execution completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r11_repeated_startup_with_crashes_during_recovery_dispatches_nothing_twice() {
     const EXECUTIONS: usize = 200;
@@ -204,8 +208,26 @@ async fn r11_repeated_startup_with_crashes_during_recovery_dispatches_nothing_tw
     let sink_dir = tempfile::tempdir().expect("sink dir");
     let sink = sink_dir.path().join("sink");
     let started = abandoned_appends(&restarts, &sink, EXECUTIONS, 1, || None, |_| Vec::new()).await;
-    let mut claims_before = Vec::new();
-    for delay_ms in [10, 40] {
+    // (executions left to recover, claimed by the crashed startup, delay)
+    let mut crashes = Vec::new();
+    let mut delay_ms = 2;
+    let mut claims_so_far = 0;
+    while crashes
+        .iter()
+        .filter(|c: &&(usize, usize, u64)| c.1 > 0 && c.1 < c.0)
+        .count()
+        < 2
+    {
+        assert!(
+            delay_ms <= 2_000,
+            "no kill landed inside a recovery: {crashes:?}"
+        );
+        let (left, claims_before) = {
+            let store = Store::open(restarts.dir.path()).expect("store");
+            claims(&store, &started)
+        };
+        assert_eq!(claims_before, claims_so_far);
+        let delivered_before = sink_lines(&sink);
         let mut child = serve(restarts.dir.path(), Stdio::piped());
         let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
         // The first line comes once the runtime is open, recovery running behind it.
@@ -215,20 +237,41 @@ async fn r11_repeated_startup_with_crashes_during_recovery_dispatches_nothing_tw
         kill9(child);
         assert_no_duplicate(&sink, "after a crash during recovery");
         let store = Store::open(restarts.dir.path()).expect("store");
-        let resumed = started
-            .iter()
-            .filter(|s| {
-                store
-                    .events_after(s.execution_id, 0, usize::MAX)
-                    .expect("events")
-                    .iter()
-                    .any(|e| matches!(e.event, Event::Resumed { .. }))
-            })
-            .count();
-        claims_before.push(resumed);
+        let (_, claims_after) = claims(&store, &started);
+        let claimed = claims_after - claims_so_far;
+        claims_so_far = claims_after;
+        if claimed > 0 && claimed < left {
+            assert_eq!(
+                sink_lines(&sink),
+                delivered_before,
+                "a recovery that did not finish dispatched something"
+            );
+        }
+        crashes.push((left, claimed, delay_ms));
+        delay_ms *= 2;
     }
     let reconciled = assert_all_completed_exactly_once(&restarts, &sink, &started, 1).await;
-    eprintln!("r11: executions claimed by the crashed startups {claims_before:?} of {EXECUTIONS}, {reconciled} reconciled");
+    eprintln!("r11: crashed startups (left to recover, claimed, kill after ms) {crashes:?}, {reconciled} reconciled");
+}
+
+/// (executions not yet ended, recovery claims recorded so far) of `started`.
+fn claims(store: &Store, started: &[StartReply]) -> (usize, usize) {
+    let mut left = 0;
+    let mut claims = 0;
+    for execution in started {
+        let head = store
+            .head(execution.execution_id)
+            .expect("head")
+            .expect("exists");
+        left += usize::from(!head.state.is_terminal());
+        claims += store
+            .events_after(execution.execution_id, 0, usize::MAX)
+            .expect("events")
+            .iter()
+            .filter(|e| matches!(e.event, Event::Resumed { .. }))
+            .count();
+    }
+    (left, claims)
 }
 
 /// SIGTERM with executions in flight pauses them under a restart intent; the next start

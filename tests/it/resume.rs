@@ -295,6 +295,8 @@ async fn reconcile_append(landed: bool) -> (String, usize) {
     let restarts = Restarts::new();
     let sink_dir = tempfile::tempdir().expect("sink dir");
     let sink = sink_dir.path().join("sink");
+    // The protocol reads the file: a missing one proves nothing.
+    std::fs::write(&sink, "").expect("sink");
     let dying = Arc::new(Probe {
         name: "append",
         recovery: Recovery::External,
@@ -312,7 +314,9 @@ async fn reconcile_append(landed: bool) -> (String, usize) {
         .wait_events(&runtime, execution, "the dispatch", 1, is_dispatch)
         .await;
     let started = std::time::Instant::now();
-    while dying.calls.load(Ordering::SeqCst) == 0 || (landed && !sink.exists()) {
+    while dying.calls.load(Ordering::SeqCst) == 0
+        || (landed && std::fs::metadata(&sink).map_or(0, |m| m.len()) == 0)
+    {
         assert!(started.elapsed() < DEADLINE, "the append never ran");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

@@ -161,8 +161,15 @@ impl ExecutionActor {
                 Event::RestartIntentRecorded { intent } => {
                     head.restart_intent = Some(intent.clone());
                 }
-                // A new effect ends the interruption the intent was about.
-                Event::ModelDecided { .. } | Event::ToolFinished { .. } => {
+                // A new effect, or a person continuing it, ends the interruption the intent
+                // was about.
+                Event::ModelDecided { .. }
+                | Event::ToolFinished { .. }
+                | Event::ControlApplied {
+                    control:
+                        openprogram_storage::Control::Continue | openprogram_storage::Control::Step,
+                    ..
+                } => {
                     head.restart_intent = None;
                 }
                 _ => {}

@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use openprogram_storage::{
-    Control, EffectId, Event, ExecutionState as Status, ReceiptStatus, RestartIntent,
+    Control, EffectId, Event, ExecutionState as Status, OwnerId, ReceiptStatus, RestartIntent,
 };
 use serde::{Deserialize, Serialize};
 
@@ -77,6 +77,10 @@ pub struct PendingTool {
     /// It was dispatched by an earlier attempt and has no outcome: it may or may not have
     /// taken effect, so it is never run again (E-4).
     pub uncertain: bool,
+    /// The owner (runtime incarnation) of the attempt that dispatched it. A reconcile
+    /// protocol may ask about it only once that owner is gone: an attempt of this very
+    /// incarnation that was taken over may still be running it.
+    pub dispatched_by: Option<OwnerId>,
 }
 
 /// What the shell must do after an event is applied.
@@ -171,6 +175,8 @@ pub struct Machine {
     pub checkpoint_seq: u64,
     /// Commands applied or rejected, so a redelivered command is never decided twice (K-4).
     pub decided_commands: BTreeSet<openprogram_storage::CommandId>,
+    /// The owner of the newest attempt.
+    pub attempt_owner: Option<OwnerId>,
     /// Commands accepted and not yet decided, oldest first: only a crash between the two
     /// leaves any, and the resumed attempt decides them before its next step.
     pub pending_commands: Vec<(openprogram_storage::CommandId, Control)>,
@@ -198,6 +204,7 @@ impl Machine {
             receipts: BTreeMap::new(),
             checkpoint_seq: self.checkpoint_seq,
             decided_commands: BTreeSet::new(),
+            attempt_owner: self.attempt_owner,
             pending_commands: Vec::new(),
         }
     }
@@ -354,17 +361,32 @@ impl Machine {
     }
 
     /// the cooperative pause owned by restart recovery, for a running execution with
-    /// nothing in flight. It records the restart intent in the same transition.
+    /// nothing in flight. It records the restart intent in the same transition. A
+    /// user's Pause or Step in progress wins: that pause is the user's, and stays explicit.
     pub fn restart_pause(&self, intent: RestartIntent) -> Option<Vec<Event>> {
-        (self.status() == Status::Running && !self.cancel_requested).then(|| {
-            vec![
-                Event::RestartIntentRecorded { intent },
-                Event::StateChanged {
-                    state: Status::Paused,
-                    reason: RESTART_PAUSE_REASON.into(),
-                },
-            ]
-        })
+        if self.status() != Status::Running || self.cancel_requested {
+            return None;
+        }
+        let users = if self.pause_requested {
+            Some("pause")
+        } else if self.steps_left.is_some() {
+            Some("step")
+        } else {
+            None
+        };
+        if let Some(reason) = users {
+            return Some(vec![Event::StateChanged {
+                state: Status::Paused,
+                reason: reason.into(),
+            }]);
+        }
+        Some(vec![
+            Event::RestartIntentRecorded { intent },
+            Event::StateChanged {
+                state: Status::Paused,
+                reason: RESTART_PAUSE_REASON.into(),
+            },
+        ])
     }
 
     fn decide_model(&self, effect_id: EffectId, decision: Decision) -> Vec<Event> {
@@ -474,7 +496,8 @@ impl Machine {
                 self.input = std::sync::Arc::new(parsed);
                 self.status = Some(Status::Queued);
             }
-            Event::AttemptStarted { .. } => {
+            Event::AttemptStarted { owner_id, .. } => {
+                self.attempt_owner = Some(*owner_id);
                 if let Some(pending) = self
                     .pending_tool
                     .as_mut()
@@ -562,6 +585,7 @@ impl Machine {
                             args: args.clone(),
                             dispatched: false,
                             uncertain: false,
+                            dispatched_by: None,
                         });
                     }
                     std::sync::Arc::make_mut(&mut self.context).push(Turn::Decided(decision));
@@ -580,6 +604,7 @@ impl Machine {
                     .insert(*effect_id, (tool.clone(), ReceiptStatus::Dispatched));
                 if let Some(pending) = &mut self.pending_tool {
                     pending.dispatched = true;
+                    pending.dispatched_by = self.attempt_owner;
                 }
                 actions.push(Action::RunDispatched);
             }
@@ -648,6 +673,7 @@ impl Machine {
                     self.pending_tool = Some(PendingTool {
                         dispatched: false,
                         uncertain: false,
+                        dispatched_by: None,
                         ..unresolved
                     });
                 } else {

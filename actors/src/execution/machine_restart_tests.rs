@@ -125,6 +125,35 @@ fn r7_the_restart_pause_records_its_intent_and_applies_only_to_running_work() {
         machine.restart_pause(intent.clone()).is_none(),
         "paused already"
     );
+    // A user's Pause applied while an effect ran wins over the restart pause: it stays the
+    // user's (explicit after a restart), with no restart intent.
+    let mut user_paused = running(50);
+    ctl(&mut user_paused, Control::Pause, true);
+    let events = user_paused.restart_pause(intent.clone()).expect("pauses");
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, Event::RestartIntentRecorded { .. })),
+        "{events:?}"
+    );
+    commit(&mut user_paused, &events);
+    assert_eq!(user_paused.pause_reason.as_deref(), Some("pause"));
+    let mut stepping = running(50);
+    commit(
+        &mut stepping,
+        &[Event::StateChanged {
+            state: Status::Paused,
+            reason: "pause".into(),
+        }],
+    );
+    ctl(&mut stepping, Control::Step, false);
+    let events = stepping.restart_pause(intent.clone()).expect("pauses");
+    commit(&mut stepping, &events);
+    assert_eq!(
+        stepping.pause_reason.as_deref(),
+        Some("step"),
+        "a Step never becomes a free run"
+    );
     let mut cancelling = running(50);
     ctl(&mut cancelling, Control::Cancel, true);
     assert!(

@@ -403,8 +403,9 @@ fn e4_external_tool_is_dispatched_before_it_runs() {
 
 #[test]
 fn replay_without_actions_rebuilds_the_same_state() {
-    let mut live = running(50);
     let mut log = vec![admitted(50), attempt()];
+    let mut live = Machine::default();
+    commit(&mut live, &log);
     let fresh = EffectId::new();
     let decided = live
         .decide(

@@ -67,6 +67,12 @@ impl ExecutionActor {
         let Some(unresolved) = self.machine.unresolved.clone() else {
             return;
         };
+        if unresolved.dispatched_by == Some(self.env.owner) {
+            // Dispatched by an attempt of this incarnation that was taken over: it may still
+            // be running, so the external system's answer is not final. An operator decides.
+            tracing::warn!(execution_id = %self.execution_id, effect_id = %unresolved.effect_id, "unknown effect of a taken-over attempt; awaiting an operator's reconcile");
+            return;
+        }
         let Some(tool) = self.env.tools.get(&unresolved.tool) else {
             return;
         };
@@ -96,7 +102,9 @@ impl ExecutionActor {
                     }
                 };
                 tracing::info!(execution_id = %act.execution_id, %effect_id, ?status, "reconciled by the tool's protocol");
-                ctx.notify(reconcile_command(act, effect_id, round, status, output));
+                // Through the mailbox, like any command: never beside one in progress.
+                ctx.address()
+                    .do_send(reconcile_command(act, effect_id, round, status, output));
             }),
         );
     }
