@@ -255,3 +255,95 @@ async fn taken_over(
             )
         })
 }
+
+/// An External tool whose first call freezes its thread (the dispatching worker stops, its
+/// lease lapses) and whose reconcile protocol would say "not applied".
+struct FreezeInEffect {
+    frozen: AtomicBool,
+    freeze: Duration,
+    reconcile_asked: std::sync::atomic::AtomicUsize,
+}
+
+impl openprogram::agent::Tool for FreezeInEffect {
+    fn name(&self) -> &str {
+        "ext"
+    }
+    fn recovery(&self) -> openprogram::actors::execution::machine::Recovery {
+        openprogram::actors::execution::machine::Recovery::External
+    }
+    fn call(
+        &self,
+        _call: openprogram::agent::ToolCall,
+    ) -> BoxFuture<'static, Result<String, String>> {
+        if !self.frozen.swap(true, Ordering::SeqCst) {
+            std::thread::sleep(self.freeze);
+        }
+        futures::future::ready(Ok("done".to_owned())).boxed()
+    }
+    fn reconcile(
+        &self,
+        _call: openprogram::agent::ToolCall,
+    ) -> BoxFuture<'static, openprogram::agent::Reconciliation> {
+        self.reconcile_asked.fetch_add(1, Ordering::SeqCst);
+        futures::future::ready(openprogram::agent::Reconciliation::NotApplied).boxed()
+    }
+}
+
+/// R-8 with A-1: an effect dispatched by an attempt of this very runtime that was taken over
+/// may still be running; the external system's answer is not final, so the protocol is not
+/// asked and the execution waits for an operator (a "not applied" here would run it twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r8_an_effect_of_a_taken_over_attempt_waits_for_an_operator() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ttl = Duration::from_millis(150);
+    let tool = Arc::new(FreezeInEffect {
+        frozen: AtomicBool::new(false),
+        freeze: ttl * 8,
+        reconcile_asked: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let runtime = Runtime::builder()
+        .data_dir(dir.path())
+        .tool(tool.clone())
+        .lease_ttl(ttl)
+        .open()
+        .expect("open");
+    let session = SessionId::new();
+    let request = StartRequest {
+        message: "test".into(),
+        script: vec![
+            serde_json::json!({"tool": "ext", "args": {}}),
+            reply("done"),
+        ],
+        ..Default::default()
+    };
+    let execution = runtime
+        .start_execution(session, request)
+        .await
+        .expect("start")
+        .execution_id;
+    let started = Instant::now();
+    while !taken_over(&runtime, session, execution).await {
+        assert!(started.elapsed() < DEADLINE, "the lease never lapsed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    loop {
+        let snapshot = runtime
+            .snapshot(session, execution)
+            .await
+            .expect("snapshot");
+        if snapshot.state == "reconciliation_required" {
+            break;
+        }
+        assert!(started.elapsed() < DEADLINE, "{snapshot:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Past the frozen call's end: the old attempt's result is fenced, nothing else moved.
+    tokio::time::sleep(ttl * 10).await;
+    let snapshot = runtime
+        .snapshot(session, execution)
+        .await
+        .expect("snapshot");
+    assert_eq!(snapshot.state, "reconciliation_required", "{snapshot:?}");
+    assert_eq!(tool.reconcile_asked.load(Ordering::SeqCst), 0);
+    runtime.halt();
+}
