@@ -4,13 +4,43 @@ use openprogram::storage::{CommandId, Event};
 
 use crate::support::*;
 
+/// `sleep`, telling the test when it has started: a Pause sent then lands during the tool.
+struct StartedSleep(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl openprogram::agent::Tool for StartedSleep {
+    fn name(&self) -> &str {
+        "sleep"
+    }
+    fn recovery(&self) -> openprogram::actors::execution::machine::Recovery {
+        openprogram::actors::execution::machine::Recovery::Idempotent
+    }
+    fn call(
+        &self,
+        call: openprogram::agent::ToolCall,
+    ) -> futures::future::BoxFuture<'static, Result<String, String>> {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        openprogram::agent::Sleep.call(call)
+    }
+}
+
 #[tokio::test]
 async fn k2_pause_during_a_tool_lets_it_finish_and_continue_does_not_repeat_it() {
-    let harness = Harness::new();
+    let started = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = openprogram::Runtime::builder()
+        .data_dir(dir.path())
+        .tool(std::sync::Arc::new(StartedSleep(started.clone())))
+        .open()
+        .expect("open");
+    let harness = Harness::with_runtime(runtime, dir);
     let execution = harness
         .start(vec![sleep(300), echo("after"), reply("done")], None)
         .await;
-    harness.wait_for_sleep(execution).await;
+    let waiting = std::time::Instant::now();
+    while !started.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(waiting.elapsed() < DEADLINE, "the tool never started");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
     let paused = harness.command(execution, "pause", None).await;
     assert_eq!(paused.status, "applied", "{paused:?}");
     let snapshot = harness.wait_for_state(execution, "paused").await;

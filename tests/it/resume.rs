@@ -631,3 +631,66 @@ async fn r5_a_command_accepted_before_the_crash_is_decided_first_by_the_resumed_
     assert_eq!(count(&events, is_decision), 0, "no step before the pause");
     runtime.halt();
 }
+
+/// R-5, K-5: a Cancel accepted for a paused execution whose worker died before deciding it
+/// is decided when the execution is next activated — before the command that activated it.
+#[tokio::test]
+async fn r5_a_cancel_accepted_for_a_parked_execution_is_decided_at_its_next_activation() {
+    use openprogram::storage::{CommandRecord, CommandStatus, Control, Upsert};
+    let restarts = Restarts::new();
+    let runtime = restarts.open(RestartWindow::Unlimited);
+    let request = openprogram::StartRequest {
+        message: "test".into(),
+        script: vec![reply("done")],
+        start_paused: true,
+        ..Default::default()
+    };
+    let execution = runtime
+        .start_execution(restarts.session, request)
+        .await
+        .expect("start")
+        .execution_id;
+    let cancel = command("cancel", None, None);
+    let accepted = CommandRecord {
+        command_id: cancel.command_id,
+        execution_id: execution,
+        kind: "cancel".into(),
+        payload_hash: openprogram::actors::service::payload_hash(&cancel),
+        status: CommandStatus::Accepted,
+        reason: None,
+        result_version: None,
+        child_execution_id: None,
+        accepted_at_ms: 0,
+    };
+    let event = Event::ControlAccepted {
+        command_id: cancel.command_id,
+        control: Control::Cancel,
+    };
+    let saved = runtime
+        .store()
+        .submit(Transition::new(execution, vec![event]).with(Upsert::Command(accepted)))
+        .await
+        .expect("accept");
+    assert!(matches!(saved, openprogram::storage::Outcome::Committed(_)));
+    crash(runtime);
+    let runtime = restarts.open(RestartWindow::Unlimited);
+    runtime.recovery().await.expect("recovery");
+    assert_eq!(restarts.snapshot(&runtime, execution).await.state, "paused");
+    let later = runtime
+        .command(restarts.session, execution, command("continue", None, None))
+        .await
+        .expect("continue");
+    assert_eq!(
+        later.status, "rejected",
+        "cancellation came first: {later:?}"
+    );
+    let status = runtime
+        .command_status(restarts.session, cancel.command_id)
+        .expect("status");
+    assert_eq!(status.status, "applied", "{status:?}");
+    assert_eq!(
+        restarts.snapshot(&runtime, execution).await.state,
+        "cancelled"
+    );
+    runtime.halt();
+}

@@ -339,7 +339,9 @@ impl ExecutionActor {
             self.machine.status(),
             Status::Queued | Status::Running | Status::Cancelling
         );
-        if self.in_flight.is_none() && !self.reconciling && !runs {
+        // Commands inherited from a dead attempt are decided first (`DecideInherited`).
+        let inherited = !self.inherited_pending.is_empty();
+        if self.in_flight.is_none() && !self.reconciling && !inherited && !runs {
             self.release(ctx);
         }
     }
@@ -438,9 +440,13 @@ pub struct Activate;
 impl Handler<Activate> for ExecutionActor {
     type Result = AtomicResponse<Self, Result<u64, Error>>;
 
-    fn handle(&mut self, _: Activate, _ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: Activate, ctx: &mut Context<Self>) -> Self::Result {
         let _span = self.span.clone().entered();
         self.handled += 1;
+        if !self.inherited_pending.is_empty() {
+            // After this, before any command sent after the activation.
+            ctx.notify(super::restart::DecideInherited);
+        }
         if !matches!(
             self.machine.status(),
             Status::Queued | Status::Running | Status::Cancelling

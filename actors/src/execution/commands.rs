@@ -169,6 +169,27 @@ impl Handler<ApplyControl> for ExecutionActor {
     fn handle(&mut self, message: ApplyControl, _ctx: &mut Context<Self>) -> Self::Result {
         let _span = self.span.clone().entered();
         self.handled += 1;
+        AtomicResponse::new(self.after_inherited(message))
+    }
+}
+
+impl ExecutionActor {
+    /// Commands an earlier attempt accepted and never decided come first (R-5, K-5: an
+    /// inherited Cancel is not overtaken by a later Continue); then this one.
+    fn after_inherited(
+        &mut self,
+        message: ApplyControl,
+    ) -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
+        match self.decide_pending() {
+            Some(first) => Box::pin(first.then(move |(), act, _ctx| act.after_inherited(message))),
+            None => self.apply_control(message),
+        }
+    }
+
+    fn apply_control(
+        &mut self,
+        message: ApplyControl,
+    ) -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
         let ApplyControl {
             accepted,
             mut control,
@@ -202,10 +223,7 @@ impl Handler<ApplyControl> for ExecutionActor {
                         })
                     }
                 });
-            return AtomicResponse::new(Box::pin(ActorFutureExt::map(
-                fut::ready(stored),
-                parked_after,
-            )));
+            return Box::pin(ActorFutureExt::map(fut::ready(stored), parked_after));
         }
         // A command accepted before (then the worker died, or a takeover came between) was
         // checked against the version its client saw when it was accepted: decide it now.
@@ -216,25 +234,21 @@ impl Handler<ApplyControl> for ExecutionActor {
                 && stored.execution_id == accepted.execution_id
         );
         if accepted_before {
-            return AtomicResponse::new(Box::pin(
-                self.decide_command(accepted, control).map(parked_after),
-            ));
+            return Box::pin(self.decide_command(accepted, control).map(parked_after));
         }
         if let Some(expected) = expected_version.filter(|expected| *expected != self.head.version) {
             let reason = format!(
                 "stale expected_version {expected}: the current version is {}",
                 self.head.version
             );
-            return AtomicResponse::new(Box::pin(
-                self.refuse_command(accepted, reason).map(parked_after),
-            ));
+            return Box::pin(self.refuse_command(accepted, reason).map(parked_after));
         }
         let event = Event::ControlAccepted {
             command_id,
             control: control.clone(),
         };
         let saved = self.submit(vec![event], vec![Upsert::Command(accepted.clone())]);
-        AtomicResponse::new(Box::pin(saved.then(
+        Box::pin(saved.then(
             move |outcome, act, _ctx| -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
                 match outcome {
                     Ok(Outcome::Committed(_)) => {
@@ -260,7 +274,7 @@ impl Handler<ApplyControl> for ExecutionActor {
                     Err(error) => Box::pin(fut::ready(Err(error))),
                 }
             },
-        )))
+        ))
     }
 }
 

@@ -49,7 +49,10 @@ impl ExecutionActor {
         };
         Some(Box::pin(self.decide_command(accepted, control).map(
             |decided, act, ctx| match decided {
-                Ok(_) => ctx.notify(Advance),
+                Ok(_) => {
+                    ctx.notify(DecideInherited);
+                    ctx.notify(Advance);
+                }
                 Err(error) => {
                     tracing::warn!(execution_id = %act.execution_id, %error, "deciding a pending command failed; releasing");
                     act.release(ctx);
@@ -143,6 +146,32 @@ fn reconcile_command(
             output,
         },
         expected_version: None,
+    }
+}
+
+/// Decide the next command an earlier attempt accepted and never decided, or let the
+/// actor go if there is none and nothing runs. Sent when an actor is activated.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(super) struct DecideInherited;
+
+impl Handler<DecideInherited> for ExecutionActor {
+    type Result = AtomicResponse<Self, ()>;
+
+    fn handle(&mut self, _: DecideInherited, ctx: &mut Context<Self>) -> Self::Result {
+        if ctx.waiting() {
+            // As for `Advance`: never decide while another commit is pending.
+            ctx.notify(DecideInherited);
+            return AtomicResponse::new(Box::pin(fut::ready(())));
+        }
+        self.handled += 1;
+        match self.decide_pending() {
+            Some(deciding) => AtomicResponse::new(deciding),
+            None => {
+                self.park_if_idle(ctx);
+                AtomicResponse::new(Box::pin(fut::ready(())))
+            }
+        }
     }
 }
 
