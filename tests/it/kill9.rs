@@ -157,7 +157,6 @@ async fn assert_all_completed_exactly_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r02_kill9_loop_delivers_every_effect_exactly_once_with_the_original_ids() {
     const EXECUTIONS: usize = 50;
-    const STEPS: usize = 8;
     let seed = std::env::var("OP_KILL_SEED")
         .ok()
         .and_then(|seed| seed.parse().ok())
@@ -166,7 +165,9 @@ async fn r02_kill9_loop_delivers_every_effect_exactly_once_with_the_original_ids
         .ok()
         .and_then(|cycles| cycles.parse().ok())
         .unwrap_or(20);
-    eprintln!("r02: OP_KILL_SEED={seed} OP_KILL_CYCLES={cycles}");
+    // Work grows with the cycles, so a soak's kills keep landing on work in progress.
+    let steps = (8 * cycles / 20).max(8);
+    eprintln!("r02: OP_KILL_SEED={seed} OP_KILL_CYCLES={cycles} ({EXECUTIONS} executions x {steps} appends)");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let restarts = Restarts::new();
     let sink_dir = tempfile::tempdir().expect("sink dir");
@@ -176,7 +177,7 @@ async fn r02_kill9_loop_delivers_every_effect_exactly_once_with_the_original_ids
         &restarts,
         &sink,
         EXECUTIONS,
-        STEPS,
+        steps,
         || Some(sleep(rng.gen_range(20..=250))),
         |_| Vec::new(),
     )
@@ -189,7 +190,7 @@ async fn r02_kill9_loop_delivers_every_effect_exactly_once_with_the_original_ids
         assert_no_duplicate(&sink, "after a kill");
         delivered_at_kill.push(sink_lines(&sink).len());
     }
-    let reconciled = assert_all_completed_exactly_once(&restarts, &sink, &started, STEPS).await;
+    let reconciled = assert_all_completed_exactly_once(&restarts, &sink, &started, steps).await;
     eprintln!(
         "r02: seed {seed}, {cycles} kills, deliveries at each kill {delivered_at_kill:?}, \
          {reconciled} effects reconciled, 0 duplicates, 0 lost"
