@@ -37,6 +37,7 @@ const LOCK_RETRY_MS: u64 = 10;
 
 pub(crate) fn open_sled(path: &Path, cache_bytes: u64) -> Result<sled::Db> {
     let mut waited_ms = 0;
+    let mut cleared_snapshots = false;
     loop {
         let opened = sled::Config::new()
             .path(path)
@@ -55,9 +56,41 @@ pub(crate) fn open_sled(path: &Path, cache_bytes: u64) -> Result<sled::Db> {
                 std::thread::sleep(std::time::Duration::from_millis(LOCK_RETRY_MS));
                 waited_ms += LOCK_RETRY_MS;
             }
+            // sled 0.34.7 writes a snapshot to `snap.<lsn>.generating`, fsyncs it and renames
+            // it, but its reader also picks `.generating` files: a crash while one is being
+            // written leaves a store that refuses to open (sled issue #1527). Such a file is
+            // incomplete by construction (a finished one is renamed), so it is removed and
+            // the open retried once; sled rebuilds from the previous snapshot and its log.
+            // The failed open held sled's lock, so no live process is writing that file.
+            Err(sled::Error::Corruption { .. }) if !cleared_snapshots => {
+                cleared_snapshots = true;
+                if remove_unfinished_sled_snapshots(path)? == 0 {
+                    return opened.map_err(Error::from);
+                }
+            }
             Err(other) => return Err(Error::from(other)),
         }
     }
+}
+
+/// Removes sled's `snap.*.generating` files in `path`; returns how many.
+fn remove_unfinished_sled_snapshots(path: &Path) -> Result<usize> {
+    let io_error = |error: std::io::Error| Error::Io {
+        path: path.to_path_buf(),
+        message: error.to_string(),
+    };
+    let mut removed = 0;
+    for entry in std::fs::read_dir(path).map_err(io_error)? {
+        let entry = entry.map_err(io_error)?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            tracing::warn!(file = %name, "removing sled's unfinished snapshot left by a crash");
+            std::fs::remove_file(entry.path()).map_err(io_error)?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }
 
 /// Rebuilds the overlay from the log records after the materialization mark. The tail is
