@@ -300,6 +300,9 @@ impl Runtime {
     /// minus the lost process. Running executions stay running in storage and the next
     /// start treats them as abandoned.
     pub fn halt(&self) {
+        // Nothing may wait for a recovery that will not finish. (No restart pause: a halt
+        // leaves storage as a crash does.)
+        self.inner.service.env().mark_recovered();
         self.inner.service.env().drop_waiters();
         let system = self
             .inner

@@ -189,11 +189,12 @@ pub fn classify(
     let restart_paused = head.state == ExecutionState::Paused
         && head.pause_reason.as_deref() == Some(RESTART_PAUSE_REASON)
         && head.restart_intent.is_some();
-    let expired_intent = head
-        .restart_intent
-        .as_ref()
-        .and_then(|intent| intent.deadline_ms)
-        .is_some_and(|deadline| now_ms >= deadline);
+    // The interruption's deadline: recorded, or running from the last durable activity.
+    let deadline_ms = match &head.restart_intent {
+        Some(intent) => intent.deadline_ms,
+        None => window.deadline_from(head.last_activity_ms),
+    };
+    let expired_intent = deadline_ms.is_some_and(|deadline| now_ms >= deadline);
     match head.state {
         // Resolving the effect continues the execution: only where a restart may continue it.
         ExecutionState::ReconciliationRequired

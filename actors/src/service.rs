@@ -196,6 +196,9 @@ impl Service {
         // Startup recovery treats every execution without a live attempt as abandoned:
         // admit new ones once it has read what it recovers.
         self.env.until_recovered().await;
+        if self.env.is_stopping() {
+            return Err(Error::Unavailable("the runtime is shutting down".into()));
+        }
         let mut head = ExecutionHead::new(
             execution_id,
             session_id,
@@ -255,7 +258,13 @@ impl Service {
             other => return Err(Error::Internal(format!("creating an execution: {other:?}"))),
         }
         if !request.start_paused {
-            self.env.activate(execution_id)?;
+            match self.env.activate(execution_id) {
+                Ok(_) => {}
+                // Admitted, and shutdown began meanwhile: the next start runs it (a failure
+                // here would make a client retry admit it twice).
+                Err(Error::Unavailable(_)) if self.env.is_stopping() => {}
+                Err(error) => return Err(error),
+            }
         }
         Ok(reply)
     }

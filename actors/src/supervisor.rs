@@ -224,7 +224,7 @@ async fn act_on(env: &Arc<Env>, head: ExecutionHead, plan: Plan) -> Result<Done>
             Ok(Done::Reconciling)
         }
         Plan::Hold(hold) => {
-            if let Some(done) = unknown_instead(env, &head).await? {
+            if let Some(done) = unknown_instead(env, &head, None).await? {
                 return Ok(done);
             }
             let events = vec![Event::StateChanged {
@@ -235,7 +235,7 @@ async fn act_on(env: &Arc<Env>, head: ExecutionHead, plan: Plan) -> Result<Done>
             Ok(claimed.map_or(Done::Skipped, |_| Done::Held(hold.reason())))
         }
         Plan::Expire { intent } => {
-            if let Some(done) = unknown_instead(env, &head).await? {
+            if let Some(done) = unknown_instead(env, &head, Some(intent.clone())).await? {
                 return Ok(done);
             }
             let mut events = Vec::new();
@@ -255,23 +255,30 @@ async fn act_on(env: &Arc<Env>, head: ExecutionHead, plan: Plan) -> Result<Done>
 
 /// An execution that will not run again by itself (held or expired) but left an effect
 /// dispatched without an outcome says so: `unknown`, `reconciliation_required` (I2), never
-/// a plain pause. `None` if it has no such effect.
-async fn unknown_instead(env: &Env, head: &ExecutionHead) -> Result<Option<Done>> {
+/// a plain pause. `None` if it has no such effect. `intent`: the expired restart intent, kept
+/// so the window stays closed for it.
+async fn unknown_instead(
+    env: &Env,
+    head: &ExecutionHead,
+    intent: Option<RestartIntent>,
+) -> Result<Option<Done>> {
     let (_, machine) = load(env.store.as_ref(), head.execution_id)?;
     let Some(pending) = machine.pending_tool.filter(|pending| pending.dispatched) else {
         return Ok(None);
     };
-    let events = vec![
-        Event::ToolFinished {
-            effect_id: pending.effect_id,
-            status: ReceiptStatus::Unknown,
-            output: "dispatched by an earlier attempt; its outcome is unknown".into(),
-        },
-        Event::StateChanged {
-            state: ExecutionState::ReconciliationRequired,
-            reason: "unknown external effect".into(),
-        },
-    ];
+    let mut events = Vec::new();
+    if let Some(intent) = intent.filter(|_| head.restart_intent.is_none()) {
+        events.push(Event::RestartIntentRecorded { intent });
+    }
+    events.push(Event::ToolFinished {
+        effect_id: pending.effect_id,
+        status: ReceiptStatus::Unknown,
+        output: "dispatched by an earlier attempt; its outcome is unknown".into(),
+    });
+    events.push(Event::StateChanged {
+        state: ExecutionState::ReconciliationRequired,
+        reason: "unknown external effect".into(),
+    });
     let claimed = claim(env, head, events, None).await?;
     Ok(Some(claimed.map_or(Done::Skipped, |_| {
         Done::Held("reconciliation_required")

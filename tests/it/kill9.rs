@@ -89,7 +89,17 @@ async fn abandoned_appends(
         }
         script.extend(extra(execution));
         script.push(reply(&format!("done {execution}")));
-        started.push(restarts.start(&runtime, script).await);
+        let request = openprogram::StartRequest {
+            message: "test".into(),
+            max_iterations: Some(script.len() as u32),
+            script,
+            ..Default::default()
+        };
+        let admitted = runtime
+            .start_execution(restarts.session, request)
+            .await
+            .expect("start");
+        started.push(admitted);
     }
     crash(runtime);
     started

@@ -164,7 +164,14 @@ impl ExecutionActor {
                 // A new effect, or a person continuing it, ends the interruption the intent
                 // was about.
                 Event::ModelDecided { .. }
-                | Event::ToolFinished { .. }
+                | Event::ToolFinished {
+                    status:
+                        ReceiptStatus::Confirmed
+                        | ReceiptStatus::Failed
+                        | ReceiptStatus::NotStarted
+                        | ReceiptStatus::NotApplied,
+                    ..
+                }
                 | Event::ControlApplied {
                     control:
                         openprogram_storage::Control::Continue | openprogram_storage::Control::Step,

@@ -176,7 +176,7 @@ impl Handler<ApplyControl> for ExecutionActor {
 impl ExecutionActor {
     /// Commands an earlier attempt accepted and never decided come first (R-5, K-5: an
     /// inherited Cancel is not overtaken by a later Continue); then this one.
-    fn after_inherited(
+    pub(super) fn after_inherited(
         &mut self,
         message: ApplyControl,
     ) -> ResponseActFuture<Self, Result<CommandRecord, Error>> {

@@ -13,10 +13,13 @@ impl ExecutionActor {
     /// While the runtime stops: the restart-recovery pause of a running execution with
     /// nothing in flight, committed. `None` if the runtime is not stopping or nothing runs.
     pub(super) fn restart_pause(&mut self) -> Option<ResponseActFuture<Self, ()>> {
-        if self.in_flight.is_some() || self.epoch.is_none() {
+        // Commands the dead attempt accepted come first: an inherited Pause stays the user's.
+        if self.in_flight.is_some() || self.epoch.is_none() || !self.inherited_pending.is_empty() {
             return None;
         }
-        let intent = self.env.stopping_intent()?;
+        let stopping = self.env.stopping_intent()?;
+        // An interruption not yet over keeps its deadline: restarts never extend it.
+        let intent = self.head.restart_intent.clone().unwrap_or(stopping);
         let events = self.machine.restart_pause(intent)?;
         Some(Box::pin(self.commit(events, Vec::new()).map(
             |committed, act, ctx| {
@@ -74,9 +77,11 @@ impl ExecutionActor {
             // Dispatched by an attempt of this incarnation that was taken over: it may still
             // be running, so the external system's answer is not final. An operator decides.
             tracing::warn!(execution_id = %self.execution_id, effect_id = %unresolved.effect_id, "unknown effect of a taken-over attempt; awaiting an operator's reconcile");
+            self.park_if_idle(ctx);
             return;
         }
         let Some(tool) = self.env.tools.get(&unresolved.tool) else {
+            self.park_if_idle(ctx);
             return;
         };
         let call = ToolCall {
@@ -91,11 +96,11 @@ impl ExecutionActor {
         let round = self.machine.unresolved_seq;
         ctx.spawn(
             fut::wrap_future::<_, Self>(tool.reconcile(call)).map(move |answer, act, ctx| {
-                act.reconciling = false;
                 let (status, output) = match answer {
                     Reconciliation::Confirmed(output) => (ReceiptStatus::Confirmed, output),
                     Reconciliation::NotApplied => (ReceiptStatus::NotApplied, String::new()),
                     Reconciliation::Unknown => {
+                        act.reconciling = false;
                         tracing::info!(execution_id = %act.execution_id, %effect_id, "the reconcile protocol cannot tell; an operator's reconcile decides");
                         if !ctx.waiting() {
                             // A command in progress parks the actor itself when done.
@@ -105,9 +110,11 @@ impl ExecutionActor {
                     }
                 };
                 tracing::info!(execution_id = %act.execution_id, %effect_id, ?status, "reconciled by the tool's protocol");
-                // Through the mailbox, like any command: never beside one in progress.
-                ctx.address()
-                    .do_send(reconcile_command(act, effect_id, round, status, output));
+                // Through the mailbox, like any command: never beside one in progress. The
+                // actor stays (`reconciling`) until the answer is applied.
+                ctx.address().do_send(ReconcileAnswer(reconcile_command(
+                    act, effect_id, round, status, output,
+                )));
             }),
         );
     }
@@ -189,6 +196,32 @@ impl Handler<ReconcileUnknown> for ExecutionActor {
         self.handled += 1;
         self.start_reconcile(ctx);
         self.park_if_idle(ctx);
+    }
+}
+
+/// A reconcile protocol's definite answer, as the command it becomes.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct ReconcileAnswer(ApplyControl);
+
+impl Handler<ReconcileAnswer> for ExecutionActor {
+    type Result = AtomicResponse<Self, ()>;
+
+    fn handle(
+        &mut self,
+        ReconcileAnswer(command): ReconcileAnswer,
+        _ctx: &mut Context<Self>,
+    ) -> Self::Result {
+        self.handled += 1;
+        self.reconciling = false;
+        AtomicResponse::new(Box::pin(self.after_inherited(command).map(
+            |decided, act, ctx| {
+                if let Err(error) = decided {
+                    tracing::warn!(execution_id = %act.execution_id, %error, "the reconcile protocol's answer was not applied");
+                }
+                act.park_if_idle(ctx);
+            },
+        )))
     }
 }
 
