@@ -106,13 +106,9 @@ fn main() -> ExitCode {
                 commands_per_s,
                 park,
             };
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-            {
+            let runtime = match tokio_runtime() {
                 Ok(runtime) => runtime,
-                Err(error) => return fail(&format!("cannot start tokio: {error}")),
+                Err(code) => return code,
             };
             match runtime.block_on(load::run(options)) {
                 Ok(report) if json => match serde_json::to_string(&report) {
@@ -140,13 +136,9 @@ fn main() -> ExitCode {
             data,
             restart_window,
         } => {
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-            {
+            let runtime = match tokio_runtime() {
                 Ok(runtime) => runtime,
-                Err(error) => return fail(&format!("cannot start tokio: {error}")),
+                Err(code) => return code,
             };
             let options = ServeOptions {
                 data,
@@ -168,6 +160,15 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The tokio runtime the subcommands run on: two workers, one per core of the target machine.
+fn tokio_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|error| fail(&format!("cannot start tokio: {error}")))
 }
 
 fn fail(message: &str) -> ExitCode {

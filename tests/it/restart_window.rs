@@ -191,17 +191,7 @@ async fn r2_the_restart_window_parses_the_contract_values() {
 async fn r4_a_user_pause_stays_paused() {
     let restarts = Restarts::new();
     let runtime = restarts.open(RestartWindow::Unlimited);
-    let request = openprogram::StartRequest {
-        message: "test".into(),
-        script: vec![reply("done")],
-        start_paused: true,
-        ..Default::default()
-    };
-    let execution = runtime
-        .start_execution(restarts.session, request)
-        .await
-        .expect("start")
-        .execution_id;
+    let execution = restarts.start_paused(&runtime, vec![reply("done")]).await;
     crash(runtime);
     let runtime = restarts.open(RestartWindow::Unlimited);
     let report = runtime.recovery().await.expect("recovery");

@@ -572,7 +572,7 @@ async fn r1_dropping_client_views_never_stops_an_execution() {
 /// step, so the execution pauses instead of running on.
 #[tokio::test]
 async fn r5_a_command_accepted_before_the_crash_is_decided_first_by_the_resumed_attempt() {
-    use openprogram::storage::{CommandRecord, CommandStatus, Control, Upsert};
+    use openprogram::storage::Control;
     let restarts = Restarts::new();
     let runtime = restarts.open_freezing(0, RestartWindow::Unlimited);
     let execution = restarts
@@ -584,30 +584,7 @@ async fn r5_a_command_accepted_before_the_crash_is_decided_first_by_the_resumed_
             matches!(e, Event::AttemptStarted { .. })
         })
         .await;
-    // What the execution's actor writes when it accepts a Pause; the crash comes before the
-    // decision.
-    let pause = command("pause", None, None);
-    let accepted = CommandRecord {
-        command_id: pause.command_id,
-        execution_id: execution,
-        kind: "pause".into(),
-        payload_hash: openprogram::actors::service::payload_hash(&pause),
-        status: CommandStatus::Accepted,
-        reason: None,
-        result_version: None,
-        child_execution_id: None,
-        accepted_at_ms: 0,
-    };
-    let event = Event::ControlAccepted {
-        command_id: pause.command_id,
-        control: Control::Pause,
-    };
-    let saved = runtime
-        .store()
-        .submit(Transition::new(execution, vec![event]).with(Upsert::Command(accepted)))
-        .await
-        .expect("accept");
-    assert!(matches!(saved, openprogram::storage::Outcome::Committed(_)));
+    let pause = accept_undecided(&runtime, execution, "pause", Control::Pause).await;
     crash(runtime);
     let runtime = restarts.open(RestartWindow::Unlimited);
     assert_eq!(
@@ -636,42 +613,11 @@ async fn r5_a_command_accepted_before_the_crash_is_decided_first_by_the_resumed_
 /// is decided when the execution is next activated — before the command that activated it.
 #[tokio::test]
 async fn r5_a_cancel_accepted_for_a_parked_execution_is_decided_at_its_next_activation() {
-    use openprogram::storage::{CommandRecord, CommandStatus, Control, Upsert};
+    use openprogram::storage::Control;
     let restarts = Restarts::new();
     let runtime = restarts.open(RestartWindow::Unlimited);
-    let request = openprogram::StartRequest {
-        message: "test".into(),
-        script: vec![reply("done")],
-        start_paused: true,
-        ..Default::default()
-    };
-    let execution = runtime
-        .start_execution(restarts.session, request)
-        .await
-        .expect("start")
-        .execution_id;
-    let cancel = command("cancel", None, None);
-    let accepted = CommandRecord {
-        command_id: cancel.command_id,
-        execution_id: execution,
-        kind: "cancel".into(),
-        payload_hash: openprogram::actors::service::payload_hash(&cancel),
-        status: CommandStatus::Accepted,
-        reason: None,
-        result_version: None,
-        child_execution_id: None,
-        accepted_at_ms: 0,
-    };
-    let event = Event::ControlAccepted {
-        command_id: cancel.command_id,
-        control: Control::Cancel,
-    };
-    let saved = runtime
-        .store()
-        .submit(Transition::new(execution, vec![event]).with(Upsert::Command(accepted)))
-        .await
-        .expect("accept");
-    assert!(matches!(saved, openprogram::storage::Outcome::Committed(_)));
+    let execution = restarts.start_paused(&runtime, vec![reply("done")]).await;
+    let cancel = accept_undecided(&runtime, execution, "cancel", Control::Cancel).await;
     crash(runtime);
     let runtime = restarts.open(RestartWindow::Unlimited);
     runtime.recovery().await.expect("recovery");
@@ -693,4 +639,38 @@ async fn r5_a_cancel_accepted_for_a_parked_execution_is_decided_at_its_next_acti
         "cancelled"
     );
     runtime.halt();
+}
+
+/// Writes what an execution's actor writes when it accepts a control, and nothing more: the
+/// worker died before deciding it.
+async fn accept_undecided(
+    runtime: &openprogram::Runtime,
+    execution: openprogram::storage::ExecutionId,
+    kind: &str,
+    control: openprogram::storage::Control,
+) -> CommandRequest {
+    use openprogram::storage::{CommandRecord, CommandStatus, Upsert};
+    let request = command(kind, None, None);
+    let accepted = CommandRecord {
+        command_id: request.command_id,
+        execution_id: execution,
+        kind: kind.into(),
+        payload_hash: openprogram::actors::service::payload_hash(&request),
+        status: CommandStatus::Accepted,
+        reason: None,
+        result_version: None,
+        child_execution_id: None,
+        accepted_at_ms: 0,
+    };
+    let event = Event::ControlAccepted {
+        command_id: request.command_id,
+        control,
+    };
+    let saved = runtime
+        .store()
+        .submit(Transition::new(execution, vec![event]).with(Upsert::Command(accepted)))
+        .await
+        .expect("accept");
+    assert!(matches!(saved, openprogram::storage::Outcome::Committed(_)));
+    request
 }

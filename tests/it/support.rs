@@ -256,6 +256,21 @@ impl Restarts {
             .expect("start")
     }
 
+    /// Admits a turn paused (as a user's pause leaves it): it waits for Continue or Step.
+    pub async fn start_paused(&self, runtime: &Runtime, script: Vec<Value>) -> ExecutionId {
+        let request = StartRequest {
+            message: "test".into(),
+            script,
+            start_paused: true,
+            ..Default::default()
+        };
+        runtime
+            .start_execution(self.session, request)
+            .await
+            .expect("start")
+            .execution_id
+    }
+
     /// Waits until `count` events of the execution match `found`.
     pub async fn wait_events(
         &self,
