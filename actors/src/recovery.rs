@@ -126,7 +126,21 @@ impl fmt::Display for RestartWindow {
         match self {
             RestartWindow::Unlimited => f.write_str("-1"),
             RestartWindow::Disabled => f.write_str("0"),
-            RestartWindow::Within(window) => write!(f, "{}ms", window.as_millis()),
+            RestartWindow::Within(window) => {
+                let ms = window.as_millis();
+                match [
+                    (86_400_000, "d"),
+                    (3_600_000, "h"),
+                    (60_000, "m"),
+                    (1_000, "s"),
+                ]
+                .into_iter()
+                .find(|(unit, _)| ms % unit == 0)
+                {
+                    Some((unit, name)) => write!(f, "{}{name}", ms / unit),
+                    None => write!(f, "{ms}ms"),
+                }
+            }
         }
     }
 }

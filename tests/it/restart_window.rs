@@ -182,6 +182,10 @@ async fn r2_the_restart_window_parses_the_contract_values() {
         "90".parse(),
         Ok(RestartWindow::Within(Duration::from_secs(90)))
     );
+    for window in ["-1", "0", "90s", "15m", "2h", "1d", "1500ms"] {
+        let parsed: RestartWindow = window.parse().expect("parses");
+        assert_eq!(parsed.to_string(), window, "prints as it is written");
+    }
     for bad in ["", "-2", "2x", "h", "99999999999999999999d"] {
         assert!(bad.parse::<RestartWindow>().is_err(), "{bad:?}");
     }
