@@ -115,11 +115,15 @@ async fn assert_all_completed_exactly_once(
 ) -> usize {
     let runtime = restarts.open(RestartWindow::Unlimited);
     runtime.recovery().await.expect("recovery");
+    // What is left of a soak's work may take longer than a test's usual deadline: each step
+    // sleeps up to 250 ms.
+    let deadline =
+        tokio::time::Instant::now() + DEADLINE.max(Duration::from_millis(300) * steps as u32);
     let mut reconciled = 0;
     for (index, execution) in started.iter().enumerate() {
         let id = execution.execution_id;
         let finished =
-            tokio::time::timeout(DEADLINE, runtime.wait_finished(restarts.session, id)).await;
+            tokio::time::timeout_at(deadline, runtime.wait_finished(restarts.session, id)).await;
         let snapshot = restarts.snapshot(&runtime, id).await;
         assert!(
             matches!(finished, Ok(Ok(()))),
