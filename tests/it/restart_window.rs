@@ -418,3 +418,36 @@ impl openprogram::agent::Tool for Extra {
         futures::future::ready(Ok(String::new())).boxed()
     }
 }
+
+/// R21 and SPEC §5: a wall-clock jump of a day, with a one-second restart window, neither
+/// lapses the running attempt's lease (leases use the monotonic clock) nor stops running
+/// work (the window bounds only automatic continuation after an interruption).
+#[tokio::test]
+async fn r21_a_wall_clock_jump_neither_lapses_a_lease_nor_stops_running_work() {
+    let restarts = Restarts::new();
+    let runtime = restarts.open(RestartWindow::Within(Duration::from_secs(1)));
+    let execution = restarts
+        .start(&runtime, vec![sleep(200), echo("a"), reply("done")])
+        .await
+        .execution_id;
+    restarts
+        .wait_events(&runtime, execution, "the sleep decision", 1, is_decision)
+        .await;
+    restarts.clock.advance(Duration::from_secs(24 * 3600));
+    assert!(runtime
+        .reclaim_lapsed_attempts()
+        .await
+        .expect("reclaim")
+        .is_empty());
+    runtime
+        .wait_finished(restarts.session, execution)
+        .await
+        .expect("finished");
+    let snapshot = restarts.snapshot(&runtime, execution).await;
+    assert_eq!(
+        (snapshot.state, snapshot.text.as_str()),
+        ("completed", "done")
+    );
+    assert_eq!(count(&restarts.events(&runtime, execution), is_attempt), 1);
+    runtime.halt();
+}
