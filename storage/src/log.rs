@@ -70,13 +70,35 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 /// The committer's loop. Returns when every sender is gone, after a last materialization.
-pub(crate) fn run(shared: Arc<Shared>, mut queue: mpsc::Receiver<Request>, data_file: File) {
+///
+/// It first writes the log tail the open replayed to its own keys and moves the mark, then
+/// tells `ready`: a run killed before its first materialization must not leave the next open
+/// a longer tail to replay (S-6), or repeated crashes would grow it without bound.
+pub(crate) fn run(
+    shared: Arc<Shared>,
+    mut queue: mpsc::Receiver<Request>,
+    data_file: File,
+    ready: std::sync::mpsc::Sender<Result<()>>,
+) {
     let mut committer = Committer {
         shared,
         data_file,
         synced_sled_blobs: HashSet::new(),
         last_materialization: Instant::now(),
     };
+    let replayed = {
+        let overlay = committer.shared.overlay_read();
+        overlay.active_len() > 0 || overlay.is_materializing()
+    };
+    let materialized = if replayed {
+        committer.materialize_all()
+    } else {
+        Ok(())
+    };
+    let failed = materialized.is_err();
+    if ready.send(materialized).is_err() || failed {
+        return;
+    }
     while let Some(first) = queue.blocking_recv() {
         let mut requests = vec![first];
         while requests.len() < committer.shared.limits.batch_len_max {

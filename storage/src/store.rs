@@ -147,10 +147,16 @@ impl Store {
 
         let (sender, queue) = mpsc::channel(limits.queue_len_max.max(1));
         let committer_shared = Arc::clone(&shared);
+        let (ready, is_ready) = std::sync::mpsc::channel();
         let committer = std::thread::Builder::new()
             .name("openprogram-committer".into())
-            .spawn(move || log::run(committer_shared, queue, data_file))
+            .spawn(move || log::run(committer_shared, queue, data_file, ready))
             .map_err(io_error)?;
+        // The replayed tail is materialized before the store takes work (S-6).
+        is_ready.recv().map_err(|_| Error::Io {
+            path: path.to_path_buf(),
+            message: "the committer thread stopped while opening".into(),
+        })??;
         spawn_ticker(&sender, &limits).map_err(io_error)?;
         tracing::info!(path = %path.display(), owner = %incarnation.owner_id, number = incarnation.number, "store opened");
         Ok(Self {
