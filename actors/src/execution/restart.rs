@@ -1,6 +1,7 @@
 //! The execution actor's part in restart recovery: the cooperative pause of an orderly
-//! shutdown and asking a tool's reconcile protocol about an unknown effect.
-//! Split from `actor.rs`, whose shell it extends; the decisions are the pure machine's.
+//! shutdown, deciding commands a dead attempt accepted, and asking a tool's
+//! reconcile protocol about an unknown effect. Split from `actor.rs`, whose shell it
+//! extends; the decisions are the pure machine's.
 
 use actix::prelude::*;
 use openprogram_storage::{CommandId, CommandRecord, CommandStatus, Control, ReceiptStatus};
