@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use openprogram_storage::{
-    Control, EffectId, Event, ExecutionState as Status, OwnerId, ReceiptStatus, RestartIntent,
+    Control, EffectId, Event, ExecutionState as Status, OwnerId, ReceiptStatus,
 };
 use serde::{Deserialize, Serialize};
 
@@ -232,7 +232,7 @@ impl Machine {
         }
     }
 
-    fn reject(&self, reason: impl Into<String>) -> Rejection {
+    pub(super) fn reject(&self, reason: impl Into<String>) -> Rejection {
         Rejection {
             reason: reason.into(),
             capabilities: self.capabilities(),
@@ -334,59 +334,9 @@ impl Machine {
             Control::Cancel => events.push(cancelled()),
             Control::Reconcile {
                 effect_id, status, ..
-            } => {
-                if self
-                    .unresolved
-                    .as_ref()
-                    .map(|unresolved| unresolved.effect_id)
-                    != Some(effect_id)
-                {
-                    return Err(
-                        self.reject(format!("effect {effect_id} is not awaiting reconciliation"))
-                    );
-                }
-                if !matches!(status, ReceiptStatus::Confirmed | ReceiptStatus::NotApplied) {
-                    return Err(
-                        self.reject("reconcile resolves an effect as confirmed or not_applied")
-                    );
-                }
-                events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
-                events.push(Event::StateChanged {
-                    state: Status::Running,
-                    reason: "reconciled".into(),
-                });
-            }
+            } => events.extend(self.decide_reconcile(effect_id, status)?),
         }
         Ok(events)
-    }
-
-    /// the cooperative pause owned by restart recovery, for a running execution with
-    /// nothing in flight. It records the restart intent in the same transition. A
-    /// user's Pause or Step in progress wins: that pause is the user's, and stays explicit.
-    pub fn restart_pause(&self, intent: RestartIntent) -> Option<Vec<Event>> {
-        if self.status() != Status::Running || self.cancel_requested {
-            return None;
-        }
-        let users = if self.pause_requested {
-            Some("pause")
-        } else if self.steps_left.is_some() {
-            Some("step")
-        } else {
-            None
-        };
-        if let Some(reason) = users {
-            return Some(vec![Event::StateChanged {
-                state: Status::Paused,
-                reason: reason.into(),
-            }]);
-        }
-        Some(vec![
-            Event::RestartIntentRecorded { intent },
-            Event::StateChanged {
-                state: Status::Paused,
-                reason: RESTART_PAUSE_REASON.into(),
-            },
-        ])
     }
 
     fn decide_model(&self, effect_id: EffectId, decision: Decision) -> Vec<Event> {
@@ -659,31 +609,7 @@ impl Machine {
                 effect_id,
                 status,
                 output,
-            } => {
-                let Some(unresolved) = self
-                    .unresolved
-                    .take_if(|unresolved| unresolved.effect_id == *effect_id)
-                else {
-                    return;
-                };
-                self.receipts
-                    .insert(*effect_id, (unresolved.tool.clone(), *status));
-                if *status == ReceiptStatus::NotApplied {
-                    // Proven never to have taken effect: it may run again, same effect id.
-                    self.pending_tool = Some(PendingTool {
-                        dispatched: false,
-                        uncertain: false,
-                        dispatched_by: None,
-                        ..unresolved
-                    });
-                } else {
-                    std::sync::Arc::make_mut(&mut self.context).push(Turn::ToolResult {
-                        tool: unresolved.tool,
-                        status: *status,
-                        output: output.clone(),
-                    });
-                }
-            }
+            } => self.apply_reconcile(*effect_id, *status, output),
         }
     }
 

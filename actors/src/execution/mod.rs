@@ -1,10 +1,12 @@
-//! One execution: the pure state machine (`machine.rs`) and, around it, the actor shell
+//! One execution: the pure state machine (`machine.rs`, its restart-recovery rules in
+//! `machine_restart.rs`) and, around it, the actor shell
 //! that persists transitions and performs actions (`actor.rs`), and how it takes commands
 //! (`commands.rs`), and its part in restart recovery (`restart.rs`).
 
 pub mod actor;
 pub mod commands;
 pub mod machine;
+mod machine_restart;
 pub mod restart;
 
 #[cfg(test)]

@@ -1,0 +1,100 @@
+//! The pure machine's rules for restart recovery, split from `machine.rs`: resolving an
+//! `unknown` effect by reconciliation and the cooperative pause of an orderly shutdown
+//! . Like the rest of the machine: no actix, no sled, no clock.
+
+use openprogram_storage::{
+    EffectId, Event, ExecutionState as Status, ReceiptStatus, RestartIntent,
+};
+
+use crate::execution::machine::{Machine, PendingTool, Rejection, Turn, RESTART_PAUSE_REASON};
+
+impl Machine {
+    /// The events after a `reconcile` control's `ControlApplied`: it must name the effect
+    /// awaiting reconciliation and resolve it `confirmed` or `not_applied`.
+    pub(super) fn decide_reconcile(
+        &self,
+        effect_id: EffectId,
+        status: ReceiptStatus,
+    ) -> Result<Vec<Event>, Rejection> {
+        if self
+            .unresolved
+            .as_ref()
+            .map(|unresolved| unresolved.effect_id)
+            != Some(effect_id)
+        {
+            return Err(self.reject(format!("effect {effect_id} is not awaiting reconciliation")));
+        }
+        if !matches!(status, ReceiptStatus::Confirmed | ReceiptStatus::NotApplied) {
+            return Err(self.reject("reconcile resolves an effect as confirmed or not_applied"));
+        }
+        Ok(vec![
+            Event::CheckpointPublished { checkpoint_seq: 0 },
+            Event::StateChanged {
+                state: Status::Running,
+                reason: "reconciled".into(),
+            },
+        ])
+    }
+
+    /// Folds an applied `reconcile`: `confirmed` puts its output in the context;
+    /// `not_applied` makes the effect pending again, under the same effect id.
+    pub(super) fn apply_reconcile(
+        &mut self,
+        effect_id: EffectId,
+        status: ReceiptStatus,
+        output: &str,
+    ) {
+        let Some(unresolved) = self
+            .unresolved
+            .take_if(|unresolved| unresolved.effect_id == effect_id)
+        else {
+            return;
+        };
+        self.receipts
+            .insert(effect_id, (unresolved.tool.clone(), status));
+        if status == ReceiptStatus::NotApplied {
+            // Proven never to have taken effect: it may run again, same effect id.
+            self.pending_tool = Some(PendingTool {
+                dispatched: false,
+                uncertain: false,
+                dispatched_by: None,
+                ..unresolved
+            });
+        } else {
+            std::sync::Arc::make_mut(&mut self.context).push(Turn::ToolResult {
+                tool: unresolved.tool,
+                status,
+                output: output.to_owned(),
+            });
+        }
+    }
+
+    /// the cooperative pause owned by restart recovery, for a running execution with
+    /// nothing in flight. It records the restart intent in the same transition. A
+    /// user's Pause or Step in progress wins: that pause is the user's, and stays explicit.
+    pub fn restart_pause(&self, intent: RestartIntent) -> Option<Vec<Event>> {
+        if self.status() != Status::Running || self.cancel_requested {
+            return None;
+        }
+        let users = if self.pause_requested {
+            Some("pause")
+        } else if self.steps_left.is_some() {
+            Some("step")
+        } else {
+            None
+        };
+        if let Some(reason) = users {
+            return Some(vec![Event::StateChanged {
+                state: Status::Paused,
+                reason: reason.into(),
+            }]);
+        }
+        Some(vec![
+            Event::RestartIntentRecorded { intent },
+            Event::StateChanged {
+                state: Status::Paused,
+                reason: RESTART_PAUSE_REASON.into(),
+            },
+        ])
+    }
+}
