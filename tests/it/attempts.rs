@@ -326,17 +326,7 @@ async fn r8_an_effect_of_a_taken_over_attempt_waits_for_an_operator() {
         assert!(started.elapsed() < DEADLINE, "the lease never lapsed");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    loop {
-        let snapshot = runtime
-            .snapshot(session, execution)
-            .await
-            .expect("snapshot");
-        if snapshot.state == "reconciliation_required" {
-            break;
-        }
-        assert!(started.elapsed() < DEADLINE, "{snapshot:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_state(&runtime, session, execution, "reconciliation_required").await;
     // The new attempt would have asked in the turn that recorded `reconciliation_required`.
     assert_eq!(tool.reconcile_asked.load(Ordering::SeqCst), 0);
     runtime.halt();

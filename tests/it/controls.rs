@@ -1,6 +1,6 @@
 //! The controls through the library (K-1..K-5).
 
-use openprogram::storage::{CommandId, Event};
+use openprogram::storage::{CommandId, Event, ExecutionId};
 
 use crate::support::*;
 
@@ -23,8 +23,9 @@ impl openprogram::agent::Tool for StartedSleep {
     }
 }
 
-#[tokio::test]
-async fn k2_pause_during_a_tool_lets_it_finish_and_continue_does_not_repeat_it() {
+/// Starts `script` (which begins with a `sleep`) and returns once the sleep has started: a
+/// control sent then lands while the tool runs, not before it starts.
+async fn started_in_sleep(script: Vec<serde_json::Value>) -> (Harness, ExecutionId) {
     let started = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let dir = tempfile::tempdir().expect("tempdir");
     let runtime = openprogram::Runtime::builder()
@@ -33,14 +34,19 @@ async fn k2_pause_during_a_tool_lets_it_finish_and_continue_does_not_repeat_it()
         .open()
         .expect("open");
     let harness = Harness::with_runtime(runtime, dir);
-    let execution = harness
-        .start(vec![sleep(300), echo("after"), reply("done")], None)
-        .await;
+    let execution = harness.start(script, None).await;
     let waiting = std::time::Instant::now();
     while !started.load(std::sync::atomic::Ordering::SeqCst) {
         assert!(waiting.elapsed() < DEADLINE, "the tool never started");
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
+    (harness, execution)
+}
+
+#[tokio::test]
+async fn k2_pause_during_a_tool_lets_it_finish_and_continue_does_not_repeat_it() {
+    let (harness, execution) =
+        started_in_sleep(vec![sleep(300), echo("after"), reply("done")]).await;
     let paused = harness.command(execution, "pause", None).await;
     assert_eq!(paused.status, "applied", "{paused:?}");
     let snapshot = harness.wait_for_state(execution, "paused").await;
@@ -75,11 +81,8 @@ async fn k2_pause_during_a_tool_lets_it_finish_and_continue_does_not_repeat_it()
 
 #[tokio::test]
 async fn k2_step_runs_exactly_one_step_per_command() {
-    let harness = Harness::new();
-    let execution = harness
-        .start(vec![sleep(300), echo("a"), echo("b"), reply("done")], None)
-        .await;
-    harness.wait_for_sleep(execution).await;
+    let (harness, execution) =
+        started_in_sleep(vec![sleep(300), echo("a"), echo("b"), reply("done")]).await;
     harness.command(execution, "pause", None).await;
     harness.wait_for_state(execution, "paused").await;
     let steps = |events: &[openprogram::storage::EventEnvelope]| {
@@ -121,11 +124,7 @@ async fn k2_steer_text_appears_in_the_reply() {
 
 #[tokio::test]
 async fn k5_cancel_during_sleep_ends_it_promptly_and_nothing_runs_after() {
-    let harness = Harness::new();
-    let execution = harness
-        .start(vec![sleep(600_000), reply("never")], None)
-        .await;
-    harness.wait_for_sleep(execution).await;
+    let (harness, execution) = started_in_sleep(vec![sleep(600_000), reply("never")]).await;
     let cancelled = harness.command(execution, "cancel", None).await;
     assert_eq!(cancelled.status, "applied", "{cancelled:?}");
     let snapshot = harness.wait_for_state(execution, "cancelled").await;

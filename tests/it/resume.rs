@@ -432,18 +432,9 @@ async fn r8_an_operator_reconcile_resolves_an_effect_without_a_protocol() {
         let healthy = Probe::new("ext", Recovery::External, false);
         let runtime = restarts.open_with(|builder| builder.tool(healthy.clone()));
         runtime.recovery().await.expect("recovery");
-        let harness_wait = || async {
-            let started = std::time::Instant::now();
-            loop {
-                let snapshot = restarts.snapshot(&runtime, execution).await;
-                if snapshot.state == "reconciliation_required" {
-                    return snapshot;
-                }
-                assert!(started.elapsed() < DEADLINE, "{snapshot:?}");
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        };
-        let snapshot = harness_wait().await;
+        let snapshot = restarts
+            .wait_state(&runtime, execution, "reconciliation_required")
+            .await;
         assert_eq!(snapshot.capabilities, vec!["reconcile", "cancel"]);
         let refused = runtime
             .command(restarts.session, execution, command("continue", None, None))
@@ -591,15 +582,7 @@ async fn r5_a_command_accepted_before_the_crash_is_decided_first_by_the_resumed_
         runtime.recovery().await.expect("recovery").resumed,
         vec![execution]
     );
-    let started = std::time::Instant::now();
-    loop {
-        let snapshot = restarts.snapshot(&runtime, execution).await;
-        if snapshot.state == "paused" {
-            break;
-        }
-        assert!(started.elapsed() < DEADLINE, "{snapshot:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    restarts.wait_state(&runtime, execution, "paused").await;
     let status = runtime
         .command_status(restarts.session, pause.command_id)
         .expect("status");

@@ -301,8 +301,43 @@ impl Restarts {
             .expect("snapshot")
     }
 
+    /// Waits until the execution is in `state`; fails with the last snapshot after
+    /// `DEADLINE`.
+    pub async fn wait_state(
+        &self,
+        runtime: &Runtime,
+        execution: ExecutionId,
+        state: &str,
+    ) -> Snapshot {
+        wait_state(runtime, self.session, execution, state).await
+    }
+
     pub fn events(&self, runtime: &Runtime, execution: ExecutionId) -> Vec<EventEnvelope> {
         runtime.events(self.session, execution, 0).expect("events")
+    }
+}
+
+/// Waits until an execution is in `state`; fails with the last snapshot after `DEADLINE`.
+pub async fn wait_state(
+    runtime: &Runtime,
+    session: SessionId,
+    execution: ExecutionId,
+    state: &str,
+) -> Snapshot {
+    let started = Instant::now();
+    loop {
+        let snapshot = runtime
+            .snapshot(session, execution)
+            .await
+            .expect("snapshot");
+        if snapshot.state == state {
+            return snapshot;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "waited for {state}: {snapshot:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
