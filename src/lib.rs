@@ -32,7 +32,7 @@ use openprogram_actors::service::Service;
 use openprogram_actors::supervisor::{begin_shutdown, Recover, Shutdown, Supervisor};
 use openprogram_actors::system::ActorSystem;
 use openprogram_storage::{
-    CommandId, EventEnvelope, EventStore, ExecutionId, Limits, SessionId, Store,
+    CommandId, EventEnvelope, EventStore, ExecutionId, Limits, MessageId, SessionId, Store,
 };
 
 pub mod load;
@@ -58,6 +58,7 @@ pub struct RuntimeBuilder {
     restart_window: RestartWindow,
     clock: Option<Arc<dyn Clock>>,
     shutdown_timeout: Option<Duration>,
+    process_stop_grace: Option<Duration>,
 }
 
 /// How long an attempt keeps its lease without a heartbeat, unless configured.
@@ -127,6 +128,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Time between SIGTERM and SIGKILL when `stop_process` stops a managed process.
+    /// Default 5 s.
+    pub fn process_stop_grace(mut self, grace: Duration) -> Self {
+        self.process_stop_grace = Some(grace);
+        self
+    }
+
     /// Opens the store, starts the actor system and the supervisor, and begins startup
     /// recovery in the background (`Runtime::recovery` waits for its report).
     pub fn open(self) -> Result<Runtime> {
@@ -136,7 +144,7 @@ impl RuntimeBuilder {
         let store = Store::open_with(&data_dir, self.limits)?;
         let owner = store.incarnation().owner_id;
         let system = ActorSystem::start("openprogram")?;
-        let env = Arc::new(Env::new(
+        let mut env = Env::new(
             Arc::new(store),
             self.provider.unwrap_or_else(|| Arc::new(Scripted)),
             self.tools.unwrap_or_else(ToolRegistry::builtin),
@@ -145,7 +153,11 @@ impl RuntimeBuilder {
             self.lease_ttl.unwrap_or(LEASE_TTL_DEFAULT),
             self.clock.unwrap_or_else(|| Arc::new(SystemClock)),
             self.restart_window,
-        ));
+        );
+        if let Some(grace) = self.process_stop_grace {
+            env.process_stop_grace = grace;
+        }
+        let env = Arc::new(env);
         let supervisor_env = Arc::clone(&env);
         let supervisor = Supervisor::start_in_arbiter(&system.arbiters()[0], move |_| {
             Supervisor::new(supervisor_env)
@@ -234,6 +246,15 @@ impl Runtime {
 
     pub async fn snapshot(&self, session: SessionId, execution: ExecutionId) -> Result<Snapshot> {
         self.inner.service.snapshot(session, execution).await
+    }
+
+    /// W-5: the pending waits to show with one assistant message of a session.
+    pub fn pending_waits(
+        &self,
+        session: SessionId,
+        message: MessageId,
+    ) -> Result<Vec<openprogram_actors::snapshot::WaitView>> {
+        self.inner.service.pending_waits(session, message)
     }
 
     /// Resolves once the execution has ended (completed, failed or cancelled).

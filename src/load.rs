@@ -126,6 +126,7 @@ pub async fn park(
                 expected_version: None,
                 text: None,
                 outcome: None,
+                ..Default::default()
             };
             runtime.command(session, started.execution_id, step).await
         });
@@ -216,6 +217,7 @@ async fn pause_then_continue(
         expected_version: None,
         text: None,
         outcome: None,
+        ..Default::default()
     };
     let mut timings = Vec::new();
     let sent_at = Instant::now();

@@ -1,6 +1,6 @@
 //! What the embedder plugs in (E-2): a `Provider` that makes model decisions and `Tool`s,
 //! each declaring how it recovers. Also the built-ins of SPEC §6: the `scripted` provider
-//! and the `echo`, `sleep`, `append` and `fail` tools.
+//! and the `echo`, `sleep`, `append`, `shell` and `fail` tools.
 //!
 //! Nothing here touches storage: a provider or tool returns a result, and the execution
 //! actor records it.
@@ -14,6 +14,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use openprogram_storage::{AttemptId, EffectId, ExecutionId, OwnerId};
 
+use crate::execution::live::CallHandle;
 use crate::execution::machine::{AgentInput, Decision, Recovery, Turn};
 
 /// What a provider decides from: the immutable input and the committed context.
@@ -45,6 +46,8 @@ pub struct ToolCall {
     pub attempt_id: AttemptId,
     pub owner_id: OwnerId,
     pub args: serde_json::Value,
+    /// What the call can ask of its execution while it runs: a live question (W-4).
+    pub handle: CallHandle,
 }
 
 /// What a tool's reconcile protocol learned about an effect whose outcome was unknown.
@@ -92,6 +95,7 @@ impl ToolRegistry {
         registry.register(Arc::new(Sleep));
         registry.register(Arc::new(Append));
         registry.register(Arc::new(Fail));
+        registry.register(Arc::new(Shell));
         registry
     }
 
@@ -124,15 +128,26 @@ impl ToolRegistry {
 }
 
 /// The built-in provider: each decision takes the next element of the execution's script:
-/// `{"tool": NAME, "args": {...}}` or `{"reply": "text"}`. Decisions are a function of the
-/// committed context only (the count of decisions so far), so a regenerated request after a
-/// crash decides the same thing.
+/// `{"tool": NAME, "args": {...}}`, `{"ask": "question"}` or `{"reply": "text"}`. An `ask`
+/// is an approval that guards the next element: approved, it runs; declined (or answered
+/// with a discussion reply, which approves nothing), it is skipped. Decisions are a
+/// function of the committed context only, so a regenerated request after a crash decides
+/// the same thing.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Scripted;
 
 impl Provider for Scripted {
     fn decide(&self, request: ModelRequest) -> BoxFuture<'static, Result<Decision, String>> {
-        let index = request.iterations as usize;
+        // Every decision takes one element; every guarded element not approved is skipped.
+        let skipped = request
+            .context
+            .iter()
+            .filter(|turn| {
+                matches!(turn, Turn::WaitResolved { status, discussion, .. }
+                    if *status != openprogram_storage::WaitStatus::Answered || *discussion)
+            })
+            .count();
+        let index = request.iterations as usize + skipped;
         let decision = match request.input.script.get(index) {
             None => Err(format!("the script has no element {index}")),
             Some(element) => scripted_decision(element),
@@ -157,8 +172,10 @@ fn scripted_decision(element: &serde_json::Value) -> Result<Decision, String> {
             text: text.to_owned(),
         });
     }
-    if element.get("ask").is_some() {
-        return Err("`ask` needs durable waits, which this build does not have yet".into());
+    if let Some(prompt) = element.get("ask").and_then(|prompt| prompt.as_str()) {
+        return Ok(Decision::Ask {
+            prompt: prompt.to_owned(),
+        });
     }
     Err(format!("unrecognized script element {element}"))
 }
@@ -279,6 +296,58 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack
         .windows(needle.len())
         .any(|window| window == needle)
+}
+
+/// `shell {program, args, background?}` → a managed process (P-1). Waits for its exit and
+/// returns the exit code and output tail, or with `background: true` returns its process
+/// id at once. External: a crash after dispatch never starts it twice.
+#[derive(Debug)]
+pub struct Shell;
+
+impl Tool for Shell {
+    fn name(&self) -> &str {
+        "shell"
+    }
+    fn recovery(&self) -> Recovery {
+        Recovery::External
+    }
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+        let program = string_arg(&call.args, "program");
+        let args = match call.args.get("args") {
+            None => Ok(Vec::new()),
+            Some(serde_json::Value::Array(args)) => args
+                .iter()
+                .map(|arg| arg.as_str().map(str::to_owned))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| String::from("`args` must be an array of strings")),
+            Some(_) => Err(String::from("`args` must be an array of strings")),
+        };
+        let background = call
+            .args
+            .get("background")
+            .and_then(|value| value.as_bool());
+        let handle = call.handle;
+        async move {
+            let started = handle.start_process(program?, args?).await?;
+            let process_id = started.process_id.to_string();
+            if background == Some(true) {
+                return Ok(serde_json::json!({"process_id": process_id}).to_string());
+            }
+            let exit = started
+                .exit
+                .await
+                .map_err(|_| String::from("the process actor stopped before the process ended"))?;
+            Ok(serde_json::json!({
+                "process_id": process_id,
+                "state": exit.state.as_str(),
+                "exit_code": exit.exit_code,
+                "output_bytes": exit.output_bytes,
+                "output_tail": exit.output_tail,
+            })
+            .to_string())
+        }
+        .boxed()
+    }
 }
 
 /// `fail {message}` → a tool error.

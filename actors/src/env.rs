@@ -49,6 +49,10 @@ pub struct Env {
     /// Startup recovery finished (`true`); commands wait for it, so they never race its
     /// claims with an activation of their own.
     recovered: tokio::sync::watch::Sender<bool>,
+    /// Live managed processes (P-1).
+    pub processes: crate::process::Processes,
+    /// Time between SIGTERM and SIGKILL when a process is stopped.
+    pub process_stop_grace: Duration,
 }
 
 impl std::fmt::Debug for Env {
@@ -183,6 +187,8 @@ impl Env {
             stopping: Mutex::new(None),
             stopping_flag: AtomicBool::new(false),
             recovered: tokio::sync::watch::Sender::new(false),
+            processes: crate::process::Processes::default(),
+            process_stop_grace: crate::process::STOP_GRACE_DEFAULT,
         }
     }
 

@@ -4,6 +4,7 @@
 //! - `execution::actor` — the actor shell around it;
 //! - `agent` — the `Provider` and `Tool` traits and the built-ins of SPEC §6;
 //! - `attempt_lease` — the lease actor of each running attempt;
+//! - `process` — managed processes: the process actor and its OS side (P-1..P-3);
 //! - `env` — what a runtime's actors share, and the directory of live executions;
 //! - `recovery` — the restart window, the clock and startup classification, pure;
 //! - `supervisor` — the supervisor actor: startup recovery, lapsed leases, orderly shutdown;
@@ -20,6 +21,7 @@ pub mod attempt_lease;
 pub mod env;
 pub mod error;
 pub mod execution;
+pub mod process;
 pub mod recovery;
 pub mod service;
 pub mod snapshot;

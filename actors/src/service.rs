@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use openprogram_storage::{AnswerScope, ProcessId, WaitId};
 use openprogram_storage::{
     CommandId, CommandRecord, CommandStatus, Control, EffectId, Event, EventEnvelope,
     ExecutionHead, ExecutionId, ExecutionKind, ExecutionState, MessageId, Outcome, ReceiptStatus,
@@ -59,6 +60,36 @@ pub struct CommandRequest {
     /// `reconcile`: `confirmed` or `not_applied`.
     #[serde(default)]
     pub outcome: Option<String>,
+    /// `answer`, `decline`: the wait (default: the execution's pending durable wait).
+    #[serde(default)]
+    pub wait_id: Option<WaitId>,
+    /// `answer`: the answer (for an approval, optional).
+    #[serde(default)]
+    pub answer: Option<String>,
+    /// `answer`: `operation` (default: approves this one operation) or `discussion` (a
+    /// reply that decides nothing). No wider scope exists: scopes never widen implicitly.
+    #[serde(default)]
+    pub scope: Option<String>,
+    /// `stop_process`: the process.
+    #[serde(default)]
+    pub process_id: Option<ProcessId>,
+}
+
+/// A command with a fresh id and no fields: fill in `kind` and what it needs.
+impl Default for CommandRequest {
+    fn default() -> Self {
+        Self {
+            command_id: CommandId::new(),
+            kind: String::new(),
+            expected_version: None,
+            text: None,
+            outcome: None,
+            wait_id: None,
+            answer: None,
+            scope: None,
+            process_id: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -133,17 +164,49 @@ fn control_of(request: &CommandRequest) -> Result<Control> {
                 output,
             })
         }
-        "fork" | "retry" | "answer" | "decline" | "stop_process" | "set_policy" => {
-            Err(Error::InvalidRequest(format!(
-                "`{}` is not supported by this build yet",
-                request.kind
-            )))
+        "answer" => {
+            let answer = request.answer.clone().unwrap_or_default();
+            if answer.len() > STEER_BYTES_MAX {
+                return Err(Error::InvalidRequest(format!(
+                    "answer is longer than {STEER_BYTES_MAX} bytes"
+                )));
+            }
+            let scope = match request.scope.as_deref() {
+                None | Some("operation") => AnswerScope::Operation,
+                Some("discussion") => AnswerScope::Discussion,
+                Some(other) => {
+                    return Err(Error::InvalidRequest(format!(
+                        "unknown scope `{other}`: an answer approves this one `operation` or is a `discussion` reply"
+                    )))
+                }
+            };
+            Ok(Control::Answer {
+                wait_id: request.wait_id.unwrap_or(NO_WAIT),
+                answer,
+                scope,
+            })
         }
+        "decline" => Ok(Control::Decline {
+            wait_id: request.wait_id.unwrap_or(NO_WAIT),
+        }),
+        "stop_process" => match request.process_id {
+            Some(process_id) => Ok(Control::StopProcess { process_id }),
+            None => Err(Error::InvalidRequest(
+                "stop_process needs `process_id`".into(),
+            )),
+        },
+        "fork" | "retry" | "set_policy" => Err(Error::InvalidRequest(format!(
+            "`{}` is not supported by this build yet",
+            request.kind
+        ))),
         other => Err(Error::InvalidRequest(format!(
             "unknown command kind `{other}`"
         ))),
     }
 }
+
+/// `answer`/`decline` without a `wait_id`: the execution's pending wait, chosen by its actor.
+const NO_WAIT: WaitId = WaitId::from_uuid(uuid::Uuid::nil());
 
 /// The canonical payload of a command, hashed for K-4.
 pub fn payload_hash(request: &CommandRequest) -> [u8; 32] {
@@ -151,7 +214,13 @@ pub fn payload_hash(request: &CommandRequest) -> [u8; 32] {
         &request.kind,
         request.text.as_deref(),
         request.expected_version,
-        request.outcome.as_deref(),
+        &[
+            ("outcome", request.outcome.clone()),
+            ("wait_id", request.wait_id.map(|id| id.to_string())),
+            ("answer", request.answer.clone()),
+            ("scope", request.scope.clone()),
+            ("process_id", request.process_id.map(|id| id.to_string())),
+        ],
     )
 }
 
@@ -344,13 +413,45 @@ impl Service {
         execution_id: ExecutionId,
     ) -> Result<Snapshot> {
         self.head_in(session_id, execution_id)?;
+        let store = self.env.store.as_ref();
         if let Some(addr) = self.env.directory.live(execution_id) {
             if let Ok(snapshot) = addr.send(GetSnapshot).await {
-                return Ok(snapshot);
+                return Ok(snapshot.with_process_records(store));
             }
         }
-        let (head, machine) = load(self.env.store.as_ref(), execution_id)?;
-        Ok(Snapshot::of(&head, &machine))
+        let (head, machine) = load(store, execution_id)?;
+        Ok(Snapshot::of(&head, &machine).with_process_records(store))
+    }
+
+    /// W-5: the pending waits to show with the assistant message `message_id` of this
+    /// session. Only an execution whose own record names that message as its reply, in
+    /// this session, contributes; nothing is attached on weaker evidence.
+    pub fn pending_waits(
+        &self,
+        session_id: SessionId,
+        message_id: MessageId,
+    ) -> Result<Vec<crate::snapshot::WaitView>> {
+        let mut found = Vec::new();
+        for execution_id in self
+            .env
+            .store
+            .executions_in_state(ExecutionState::Waiting)?
+        {
+            match self.env.store.head(execution_id)? {
+                Some(head)
+                    if head.session_id == session_id && head.reply_message_id == message_id => {}
+                _ => continue,
+            }
+            let (head, machine) = load(self.env.store.as_ref(), execution_id)?;
+            let snapshot = Snapshot::of(&head, &machine);
+            found.extend(
+                snapshot
+                    .waits
+                    .into_iter()
+                    .filter(|wait| matches!(wait.status, "open" | "submitted")),
+            );
+        }
+        Ok(found)
     }
 
     /// Events of an execution with `seq > after`, at most `limit`.

@@ -1,6 +1,6 @@
 //! What a reader sees of one execution (the snapshot of the HTTP contract, SPEC §6).
 
-use openprogram_storage::{ExecutionHead, ExecutionKind, ReceiptStatus};
+use openprogram_storage::{EventStore, ExecutionHead, ExecutionKind, ReceiptStatus};
 use serde::Serialize;
 
 use crate::execution::machine::Machine;
@@ -23,9 +23,8 @@ pub struct Snapshot {
     pub capabilities: Vec<&'static str>,
     pub text: String,
     pub receipts: Vec<ReceiptView>,
-    /// Waits and processes arrive with issue 6; always empty today.
-    pub waits: Vec<serde_json::Value>,
-    pub processes: Vec<serde_json::Value>,
+    pub waits: Vec<WaitView>,
+    pub processes: Vec<ProcessView>,
     pub restart_deadline_ms: Option<u64>,
 }
 
@@ -34,6 +33,33 @@ pub struct ReceiptView {
     pub effect_id: openprogram_storage::EffectId,
     pub tool: String,
     pub status: &'static str,
+}
+
+/// A wait or live question (W-1..W-5).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WaitView {
+    pub wait_id: openprogram_storage::WaitId,
+    pub kind: &'static str,
+    pub prompt: String,
+    /// `open`, `submitted` (an answer accepted, not yet applied), `answered`, `declined`,
+    /// `expired` or `invalidated`.
+    pub status: &'static str,
+    pub answer: Option<String>,
+    /// The assistant message it belongs to: the execution's own `reply_message_id`, from
+    /// its own record, never guessed (W-5).
+    pub message_id: openprogram_storage::MessageId,
+}
+
+/// A managed process (P-1).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProcessView {
+    pub process_id: openprogram_storage::ProcessId,
+    /// `running`, `exited`, `stopped` or `lost`.
+    pub state: &'static str,
+    pub exit_code: Option<i32>,
+    pub output_bytes: u64,
+    /// The persisted tail of its output (lossy UTF-8).
+    pub output_tail: String,
 }
 
 pub fn receipt_status(status: ReceiptStatus) -> &'static str {
@@ -79,12 +105,52 @@ impl Snapshot {
                     status: receipt_status(*status),
                 })
                 .collect(),
-            waits: Vec::new(),
-            processes: Vec::new(),
+            waits: machine
+                .waits
+                .iter()
+                .map(|wait| WaitView {
+                    wait_id: wait.wait_id,
+                    kind: wait.kind.as_str(),
+                    prompt: wait.prompt.clone(),
+                    status: wait.status.as_str(),
+                    answer: wait.answer.clone(),
+                    message_id: head.reply_message_id,
+                })
+                .collect(),
+            processes: machine
+                .processes
+                .iter()
+                .map(|process| ProcessView {
+                    process_id: process.process_id,
+                    state: process.state.as_str(),
+                    exit_code: None,
+                    output_bytes: process.output_bytes,
+                    output_tail: String::new(),
+                })
+                .collect(),
             restart_deadline_ms: head
                 .restart_intent
                 .as_ref()
                 .and_then(|intent| intent.deadline_ms),
         }
+    }
+}
+
+impl Snapshot {
+    /// Adds what only the process records hold: exit codes and output tails. A record or
+    /// tail that cannot be read leaves its fields empty; the state stands.
+    pub fn with_process_records(mut self, store: &dyn EventStore) -> Self {
+        for view in &mut self.processes {
+            let Ok(Some(record)) = store.process(view.process_id) else {
+                continue;
+            };
+            view.exit_code = record.exit_code;
+            view.output_bytes = view.output_bytes.max(record.output_bytes);
+            if let Some(Ok(Some(tail))) = record.output_chunks.last().map(|hash| store.blob(*hash))
+            {
+                view.output_tail = String::from_utf8_lossy(&tail).into_owned();
+            }
+        }
+        self
     }
 }

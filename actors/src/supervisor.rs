@@ -18,6 +18,7 @@ use openprogram_storage::{
     AttemptLease, CommandId, Event, ExecutionHead, ExecutionId, ExecutionState, Outcome,
     ReceiptStatus, RestartIntent, Transition,
 };
+use openprogram_storage::{ProcessId, ProcessState, Upsert};
 
 use crate::attempt_lease::LeaseState;
 use crate::env::{load, Env};
@@ -45,6 +46,9 @@ pub struct RecoveryReport {
     pub reconciling: Vec<ExecutionId>,
     /// Claimed meanwhile by someone else (a command's activation): nothing to do.
     pub skipped: usize,
+    /// Processes a dead incarnation left running, now recorded `lost` (P-3). Never
+    /// signalled: a saved pid is not proof of identity.
+    pub lost_processes: Vec<ProcessId>,
     pub elapsed: Duration,
 }
 
@@ -142,7 +146,10 @@ pub async fn recover(env: Arc<Env>) -> Result<RecoveryReport> {
 
 async fn recover_all(env: &Arc<Env>) -> Result<RecoveryReport> {
     let started = Instant::now();
-    let mut report = RecoveryReport::default();
+    let mut report = RecoveryReport {
+        lost_processes: mark_lost_processes(env).await?,
+        ..RecoveryReport::default()
+    };
     let now_ms = env.clock.now_ms();
     let mut plans = Vec::new();
     for state in ExecutionState::ALL
@@ -202,6 +209,41 @@ async fn recover_all(env: &Arc<Env>) -> Result<RecoveryReport> {
         "startup recovery done"
     );
     Ok(report)
+}
+
+/// P-3: every process record still `running` under another incarnation is marked `lost`,
+/// in a transition of its execution (before any claim, so no actor writes meanwhile).
+async fn mark_lost_processes(env: &Arc<Env>) -> Result<Vec<ProcessId>> {
+    let mut lost = Vec::new();
+    for mut record in env.store.processes()? {
+        if record.state != ProcessState::Running || record.owner_id == env.owner {
+            continue;
+        }
+        let Some(head) = env.store.head(record.execution_id)? else {
+            continue;
+        };
+        let process_id = record.process_id;
+        record.state = ProcessState::Lost;
+        let transition = Transition::new(
+            record.execution_id,
+            vec![Event::ProcessChanged {
+                process_id,
+                state: ProcessState::Lost.as_str().into(),
+            }],
+        )
+        .expect_version(head.version)
+        .with(Upsert::Process(record));
+        match env.store.submit(transition).await? {
+            Outcome::Committed(_) => {
+                tracing::warn!(%process_id, execution_id = %head.execution_id, "a process of a dead incarnation is recorded lost; it is never signalled");
+                lost.push(process_id);
+            }
+            other => {
+                tracing::error!(%process_id, ?other, "recording a lost process failed");
+            }
+        }
+    }
+    Ok(lost)
 }
 
 enum Done {

@@ -14,7 +14,8 @@ use crate::ids::{
     SessionId, TurnId, WaitId,
 };
 use crate::records::{
-    Control, ExecutionKind, ExecutionState, ReceiptStatus, RestartIntent, WaitStatus,
+    Control, ExecutionKind, ExecutionState, LiveBinding, ReceiptStatus, RestartIntent, WaitKind,
+    WaitStatus,
 };
 
 /// An event as stored: the fact plus where and when it was committed.
@@ -126,6 +127,20 @@ pub enum Event {
         command_id: CommandId,
         control: Control,
     },
+    /// A wait was opened (W-1) at the checkpoint published just before it in the same
+    /// transition, or a live question was asked (W-4, `live` set, no checkpoint).
+    WaitOpened {
+        wait_id: WaitId,
+        kind: WaitKind,
+        prompt: String,
+        live: Option<LiveBinding>,
+    },
+    /// A managed process produced output (P-1): the total so far; its tail is in the
+    /// process record.
+    ProcessOutput {
+        process_id: ProcessId,
+        output_bytes: u64,
+    },
 }
 
 impl Event {
@@ -151,6 +166,8 @@ impl Event {
             Event::Replied { .. } => "replied",
             Event::Resumed { .. } => "resumed",
             Event::ControlAccepted { .. } => "command_accepted",
+            Event::WaitOpened { .. } => "wait_opened",
+            Event::ProcessOutput { .. } => "process_output",
         }
     }
 }

@@ -98,6 +98,19 @@ impl Overlay {
         Some((&newest.head, indexed_state))
     }
 
+    /// Every process record held here, the newest version of each.
+    pub fn processes(&self) -> HashMap<RecordKey, crate::records::ProcessRecord> {
+        let mut found = HashMap::new();
+        for layer in [&self.frozen, &self.active] {
+            for (key, value) in &layer.records {
+                if let RecordValue::Process(process) = value {
+                    found.insert(*key, process.clone());
+                }
+            }
+        }
+        found
+    }
+
     pub fn record(&self, key: &RecordKey) -> Option<&RecordValue> {
         self.active
             .records

@@ -201,6 +201,29 @@ pub enum Control {
         status: ReceiptStatus,
         output: String,
     },
+    /// W-2: answers an open wait. For an approval, `scope` says what it grants.
+    Answer {
+        wait_id: WaitId,
+        answer: String,
+        scope: AnswerScope,
+    },
+    /// W-2: declines an open wait; the operation it guards never runs.
+    Decline {
+        wait_id: WaitId,
+    },
+    /// P-2: stops a managed process of this execution (its own control, not Cancel's).
+    StopProcess {
+        process_id: ProcessId,
+    },
+}
+
+/// W-2: what an answer grants. Scopes never widen implicitly: there is no "always".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AnswerScope {
+    /// Approves (or answers) this one operation only.
+    Operation,
+    /// A discussion reply instead of a decision: nothing is approved.
+    Discussion,
 }
 
 impl Control {
@@ -213,6 +236,9 @@ impl Control {
             Control::Steer { .. } => "steer",
             Control::Cancel => "cancel",
             Control::Reconcile { .. } => "reconcile",
+            Control::Answer { .. } => "answer",
+            Control::Decline { .. } => "decline",
+            Control::StopProcess { .. } => "stop_process",
         }
     }
 }
@@ -267,7 +293,7 @@ pub struct ReceiptRecord {
     pub output: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum WaitKind {
     Approval,
     Question,
@@ -276,7 +302,7 @@ pub enum WaitKind {
     Live,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum WaitStatus {
     Open,
     Submitted,
@@ -284,6 +310,47 @@ pub enum WaitStatus {
     Declined,
     Expired,
     Invalidated,
+}
+
+impl WaitKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitKind::Approval => "approval",
+            WaitKind::Question => "question",
+            WaitKind::Form => "form",
+            WaitKind::Permission => "permission",
+            WaitKind::Live => "live",
+        }
+    }
+}
+
+impl WaitStatus {
+    /// The `status` of the HTTP contract.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitStatus::Open => "open",
+            WaitStatus::Submitted => "submitted",
+            WaitStatus::Answered => "answered",
+            WaitStatus::Declined => "declined",
+            WaitStatus::Expired => "expired",
+            WaitStatus::Invalidated => "invalidated",
+        }
+    }
+
+    /// Still waiting for a decision (an accepted answer may still be rejected).
+    pub fn is_pending(self) -> bool {
+        matches!(self, WaitStatus::Open | WaitStatus::Submitted)
+    }
+}
+
+/// W-4: what a live question is bound to — the exact attempt and the call that asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveBinding {
+    pub attempt_id: AttemptId,
+    /// The fencing epoch of that attempt (its generation).
+    pub epoch: u64,
+    /// The tool call that asked.
+    pub effect_id: EffectId,
 }
 
 /// A durable wait (W-1) or a live question (W-4).
@@ -307,6 +374,18 @@ pub enum ProcessState {
     Exited,
     Stopped,
     Lost,
+}
+
+impl ProcessState {
+    /// The `state` of the HTTP contract.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProcessState::Running => "running",
+            ProcessState::Exited => "exited",
+            ProcessState::Stopped => "stopped",
+            ProcessState::Lost => "lost",
+        }
+    }
 }
 
 /// A managed process (P-1). The OS pid is a hint, never permission to signal (P-3).

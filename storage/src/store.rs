@@ -54,6 +54,9 @@ pub trait EventStore: Send + Sync + 'static {
     fn receipt(&self, effect_id: EffectId) -> Result<Option<ReceiptRecord>>;
     fn wait(&self, wait_id: WaitId) -> Result<Option<WaitRecord>>;
     fn process(&self, process_id: ProcessId) -> Result<Option<ProcessRecord>>;
+    /// Every process record (P-3: startup marks those of a dead owner lost). Process
+    /// records are few (one per started process), so this reads them all.
+    fn processes(&self) -> Result<Vec<ProcessRecord>>;
     fn blob(&self, hash: BlobHash) -> Result<Option<Vec<u8>>>;
     /// Executions currently in a non-terminal `state`, from the by-state index (S-6).
     /// Terminal states are not indexed: asking for one returns an empty list.
@@ -442,6 +445,35 @@ impl EventStore for Store {
 
     fn process(&self, process_id: ProcessId) -> Result<Option<ProcessRecord>> {
         self.record(keys::process(process_id))
+    }
+
+    fn processes(&self) -> Result<Vec<ProcessRecord>> {
+        self.read_consistent(
+            |overlay| overlay.processes(),
+            |mut found| {
+                for item in self.shared().db.scan_prefix([keys::PROCESS]) {
+                    let (key, bytes) = item?;
+                    let Ok(key) = <[u8; 17]>::try_from(key.as_ref()) else {
+                        return Err(Error::Corrupted {
+                            tree: "processes",
+                            key: keys::display(&key),
+                        });
+                    };
+                    if found.contains_key(&key) {
+                        continue; // newer in the overlay
+                    }
+                    let record: RecordValue = codec::decode(&key, &bytes)?;
+                    let RecordValue::Process(process) = record else {
+                        return Err(Error::Corrupted {
+                            tree: "processes",
+                            key: keys::display(&key),
+                        });
+                    };
+                    found.insert(key, process);
+                }
+                Ok(found.into_values().collect())
+            },
+        )
     }
 
     fn blob(&self, hash: BlobHash) -> Result<Option<Vec<u8>>> {

@@ -185,6 +185,7 @@ async fn k6_a_stale_attempts_delivery_returns_the_applied_commands_stored_outcom
         expected_version: None,
         text: None,
         outcome: None,
+        ..Default::default()
     };
     let started = Instant::now();
     while !entered.load(Ordering::SeqCst) {

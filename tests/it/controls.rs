@@ -163,6 +163,7 @@ async fn k4_duplicate_command_id_applies_once_and_other_payload_conflicts() {
         expected_version: None,
         text: Some("other".into()),
         outcome: None,
+        ..Default::default()
     };
     let conflict = harness
         .runtime

@@ -141,6 +141,7 @@ async fn k4_a_command_accepted_before_a_crash_is_decided_on_redelivery() {
         expected_version: Some(seen),
         text: None,
         outcome: None,
+        ..Default::default()
     };
     // What the execution wrote before its worker died: the command, accepted.
     let accepted = CommandRecord {

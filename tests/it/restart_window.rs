@@ -110,6 +110,7 @@ async fn r2_a_restart_beyond_the_window_expires_and_r6_keeps_everything_for_a_ma
         expected_version: None,
         text: None,
         outcome: None,
+        ..Default::default()
     };
     let reply = runtime
         .command(restarts.session, execution, request)
@@ -230,6 +231,7 @@ async fn r4_completed_and_cancelled_executions_are_left_alone() {
         expected_version: None,
         text: None,
         outcome: None,
+        ..Default::default()
     };
     runtime
         .command(restarts.session, cancelled, request)

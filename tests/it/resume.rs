@@ -74,6 +74,7 @@ fn command(kind: &str, text: Option<&str>, outcome: Option<&str>) -> CommandRequ
         expected_version: None,
         text: text.map(str::to_owned),
         outcome: outcome.map(str::to_owned),
+        ..Default::default()
     }
 }
 

@@ -86,6 +86,7 @@ impl Harness {
             expected_version,
             text: text.map(str::to_owned),
             outcome: None,
+            ..Default::default()
         };
         self.runtime
             .command(self.session, execution, request)

@@ -8,21 +8,25 @@
 //! storage acknowledged. A `Fenced` or `VersionConflict` answer means another attempt owns
 //! the execution: the actor stops without touching anything.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
+use futures::channel::oneshot;
 use futures::future::{AbortHandle, Abortable};
 use futures::FutureExt as _;
 use openprogram_storage::{
     AttemptLease, Checkpoint, EffectId, Event, ExecutionHead, ExecutionId,
-    ExecutionState as Status, Outcome, ReceiptRecord, ReceiptStatus, Transition, Upsert,
+    ExecutionState as Status, Outcome, ReceiptRecord, ReceiptStatus, Transition, Upsert, WaitId,
+    WaitRecord,
 };
 
 use crate::agent::{ModelRequest, ToolCall};
 use crate::attempt_lease::{AttemptLeaseActor, LeaseState, Release, Renew};
 use crate::env::Env;
 use crate::error::Error;
-use crate::execution::machine::{Action, Input, Machine, Next, PendingTool, Recovery};
+use crate::execution::live::CallHandle;
+use crate::execution::machine::{Action, Input, LiveOutcome, Machine, Next, PendingTool, Recovery};
 use crate::snapshot::Snapshot;
 
 /// The effect the actor is waiting for.
@@ -55,6 +59,8 @@ pub struct ExecutionActor {
     /// loaded; decided before the next step. Commands this actor accepts itself are
     /// decided in the same mailbox turn and never appear here.
     pub(super) inherited_pending: Vec<openprogram_storage::CommandId>,
+    /// Calls waiting for the outcome of their live question (W-4), by wait id.
+    pub(super) live_askers: HashMap<WaitId, oneshot::Sender<LiveOutcome>>,
 }
 
 impl std::fmt::Debug for ExecutionActor {
@@ -118,6 +124,7 @@ impl ExecutionActor {
             lease,
             lease_actor: None,
             handled: 0,
+            live_askers: HashMap::new(),
         }
     }
 
@@ -194,6 +201,7 @@ impl ExecutionActor {
                 });
             }
         }
+        upserts.extend(self.changed_waits(&preview).map(Upsert::Wait));
         head.state = preview.status();
         head.pause_reason = preview.pause_reason.clone();
         let mut transition =
@@ -203,6 +211,32 @@ impl ExecutionActor {
             transition = transition.by_epoch(epoch).with_head(head.clone());
         }
         (transition, head)
+    }
+
+    /// The wait records a transition changes: waits opened or moved on in `preview`.
+    fn changed_waits<'a>(&'a self, preview: &'a Machine) -> impl Iterator<Item = WaitRecord> + 'a {
+        preview.waits.iter().filter_map(move |wait| {
+            let before = self
+                .machine
+                .waits
+                .iter()
+                .find(|before| before.wait_id == wait.wait_id);
+            if before
+                .is_some_and(|before| before.status == wait.status && before.answer == wait.answer)
+            {
+                return None;
+            }
+            Some(WaitRecord {
+                wait_id: wait.wait_id,
+                execution_id: self.execution_id,
+                kind: wait.kind,
+                prompt: wait.prompt.clone(),
+                status: wait.status,
+                checkpoint_seq: wait.checkpoint_seq,
+                attempt_id: wait.live.map(|live| live.attempt_id),
+                answer: wait.answer.clone(),
+            })
+        })
     }
 
     /// The receipt record an event updates. Every receipt is in the log already (the
@@ -328,6 +362,8 @@ impl ExecutionActor {
                 }
                 Action::Park => self.park_if_idle(ctx),
                 Action::Reconcile => self.start_reconcile(ctx),
+                Action::LiveResolved { wait_id, outcome } => self.live_resolved(wait_id, outcome),
+                Action::StopProcess { process_id } => self.stop_process(process_id),
                 Action::RunDispatched => {
                     if let Some(pending) = self.machine.pending_tool.clone() {
                         if self.in_flight.is_none() {
@@ -400,6 +436,7 @@ impl ExecutionActor {
                     attempt_id: self.lease.attempt_id,
                     owner_id: self.env.owner,
                     args: pending.args,
+                    handle: CallHandle::new(effect_id, ctx.address()),
                 };
                 (tool.recovery(), tool.call(call))
             }

@@ -134,19 +134,23 @@ impl ExecutionActor {
 
 /// The canonical payload of a command, hashed for K-4: the same id with another payload is
 /// a conflict. Every field of the command body that changes its meaning is in it.
+/// `fields`: the kind's own fields (`outcome`, `wait_id`, `answer`, ...), in the hash only
+/// when present, so adding one never changes the hash of a command without it.
 pub fn payload_hash_of(
     kind: &str,
     text: Option<&str>,
     expected_version: Option<u64>,
-    outcome: Option<&str>,
+    fields: &[(&str, Option<String>)],
 ) -> [u8; 32] {
     let mut canonical = json!({
         "kind": kind,
         "text": text,
         "expected_version": expected_version,
     });
-    if let Some(outcome) = outcome {
-        canonical["outcome"] = json!(outcome);
+    for (name, value) in fields {
+        if let Some(value) = value {
+            canonical[*name] = json!(value);
+        }
     }
     *blake3::hash(canonical.to_string().as_bytes()).as_bytes()
 }
@@ -200,6 +204,14 @@ impl ExecutionActor {
             if effect_id.as_uuid().is_nil() {
                 if let Some(unresolved) = &self.machine.unresolved {
                     *effect_id = unresolved.effect_id;
+                }
+            }
+        }
+        if let Control::Answer { wait_id, .. } | Control::Decline { wait_id } = &mut control {
+            // No wait named: the execution's pending durable wait, if it has one.
+            if wait_id.as_uuid().is_nil() {
+                if let Some(pending) = self.machine.pending_wait() {
+                    *wait_id = pending.wait_id;
                 }
             }
         }

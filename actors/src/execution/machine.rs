@@ -14,134 +14,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use openprogram_storage::{
-    Control, EffectId, Event, ExecutionState as Status, OwnerId, ReceiptStatus,
+    AttemptId, Control, EffectId, Event, ExecutionState as Status, OwnerId, ReceiptStatus,
 };
-use serde::{Deserialize, Serialize};
 
-/// How a tool behaves when a crash leaves its outcome unknown (E-2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Recovery {
-    /// Safe to run again when no receipt exists.
-    Idempotent,
-    /// Recorded as dispatched before it runs; a crash after that leaves it `Unknown`.
-    External,
-}
-
-/// The admission input of an agent turn: the user's message and, for the built-in
-/// scripted provider, its script.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct AgentInput {
-    pub message: String,
-    #[serde(default)]
-    pub script: Vec<serde_json::Value>,
-    #[serde(default = "default_max_iterations")]
-    pub max_iterations: u32,
-}
-
-fn default_max_iterations() -> u32 {
-    50
-}
-
-/// A provider decision (E-3): call a tool, or reply and finish.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Decision {
-    Tool {
-        tool: String,
-        args: serde_json::Value,
-    },
-    Reply {
-        text: String,
-    },
-}
-
-/// One entry of the committed context a provider decides from.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub enum Turn {
-    Decided(Decision),
-    ToolResult {
-        tool: String,
-        status: ReceiptStatus,
-        output: String,
-    },
-}
-
-/// A tool call decided by the model and not yet finished.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PendingTool {
-    pub effect_id: EffectId,
-    pub tool: String,
-    pub args: serde_json::Value,
-    /// A `ToolDispatched` event was committed for it.
-    pub dispatched: bool,
-    /// It was dispatched by an earlier attempt and has no outcome: it may or may not have
-    /// taken effect, so it is never run again (E-4).
-    pub uncertain: bool,
-    /// The owner (runtime incarnation) of the attempt that dispatched it. A reconcile
-    /// protocol may ask about it only once that owner is gone: an attempt of this very
-    /// incarnation that was taken over may still be running it.
-    pub dispatched_by: Option<OwnerId>,
-}
-
-/// What the shell must do after an event is applied.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Action {
-    /// The execution may take its next step (`next`).
-    Advance,
-    /// Stop the effect in flight (a Cancel was applied).
-    AbortEffect,
-    /// The execution reached a terminal state: release its actor.
-    Finished,
-    /// An effect's outcome is unknown: ask the tool's reconcile protocol, if it has one.
-    Reconcile,
-    /// The execution paused: its actor may be released once nothing is in flight.
-    Park,
-    /// An External tool's dispatch is committed: run it now, before anything else is taken
-    /// from the mailbox, so a dispatched effect is always a started one.
-    RunDispatched,
-}
-
-/// A command the execution refuses, with the controls it offers now (K-3).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rejection {
-    pub reason: String,
-    pub capabilities: Vec<&'static str>,
-}
-
-/// What a running, idle execution does next.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Next {
-    /// Persist these events first.
-    Persist(Vec<Event>),
-    /// Ask the provider for a decision under this effect id.
-    CallModel { effect_id: EffectId },
-    /// Run the pending tool.
-    RunTool(PendingTool),
-    /// Nothing to do (not running, or waiting for an effect).
-    Idle,
-}
-
-/// An input for `decide`.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Input {
-    Control {
-        command_id: openprogram_storage::CommandId,
-        control: Control,
-    },
-    ModelDecided {
-        effect_id: EffectId,
-        decision: Decision,
-    },
-    ModelFailed {
-        effect_id: EffectId,
-        error: String,
-    },
-    ToolFinished {
-        effect_id: EffectId,
-        status: ReceiptStatus,
-        output: String,
-    },
-}
+use super::machine_types::default_max_iterations;
+pub use super::machine_types::*;
+pub use super::machine_waits::{LiveOutcome, ManagedProcess, WaitState};
+use openprogram_storage::ProcessState as ProcState;
 
 /// The state of one agent turn, rebuilt from its events.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -180,6 +59,12 @@ pub struct Machine {
     /// Commands accepted and not yet decided, oldest first: only a crash between the two
     /// leaves any, and the resumed attempt decides them before its next step.
     pub pending_commands: Vec<(openprogram_storage::CommandId, Control)>,
+    /// The newest attempt: live questions are bound to it (W-4).
+    pub attempt_id: Option<AttemptId>,
+    /// Waits and live questions, oldest first (W-1..W-4).
+    pub waits: Vec<WaitState>,
+    /// Managed processes this execution started, oldest first (P-1).
+    pub processes: Vec<ManagedProcess>,
 }
 
 impl Machine {
@@ -206,6 +91,20 @@ impl Machine {
             decided_commands: BTreeSet::new(),
             attempt_owner: self.attempt_owner,
             pending_commands: Vec::new(),
+            attempt_id: self.attempt_id,
+            // The pending ones: a transition can only change those (or open new ones).
+            waits: self
+                .waits
+                .iter()
+                .filter(|wait| wait.status.is_pending())
+                .cloned()
+                .collect(),
+            processes: self
+                .processes
+                .iter()
+                .filter(|process| process.state == ProcState::Running)
+                .cloned()
+                .collect(),
         }
     }
 
@@ -215,6 +114,26 @@ impl Machine {
 
     /// The controls this execution offers now (K-3). `busy`: an effect is in flight.
     pub fn capabilities(&self) -> Vec<&'static str> {
+        let mut capabilities = self.control_capabilities();
+        if self
+            .waits
+            .iter()
+            .any(|wait| wait.live.is_some() && wait.status.is_pending())
+        {
+            capabilities.extend(["answer", "decline"]);
+        }
+        // A process has its own control, whatever the execution's state (P-2).
+        if self
+            .processes
+            .iter()
+            .any(|process| process.state == ProcState::Running)
+        {
+            capabilities.push("stop_process");
+        }
+        capabilities
+    }
+
+    fn control_capabilities(&self) -> Vec<&'static str> {
         if self.cancel_requested {
             return Vec::new();
         }
@@ -225,7 +144,7 @@ impl Machine {
             // Expiry keeps everything for a manual Continue.
             Status::Paused | Status::Expired => vec!["continue", "step", "steer", "cancel"],
             Status::ReconciliationRequired => vec!["reconcile", "cancel"],
-            Status::Waiting => vec!["cancel"],
+            Status::Waiting => vec!["answer", "decline", "steer", "cancel"],
             Status::Cancelling | Status::Cancelled | Status::Completed | Status::Failed => {
                 Vec::new()
             }
@@ -261,6 +180,11 @@ impl Machine {
                 };
                 Ok(vec![Event::ModelFailed { effect_id, error }, ended])
             }
+            Input::AskLive {
+                wait_id,
+                prompt,
+                binding,
+            } => self.decide_live_question(wait_id, prompt, binding),
             Input::ToolFinished {
                 effect_id,
                 status,
@@ -269,14 +193,18 @@ impl Machine {
                 if self.pending_tool.as_ref().map(|pending| pending.effect_id) != Some(effect_id) {
                     return Err(self.reject(format!("no tool call {effect_id} is pending")));
                 }
-                let mut events = vec![
+                // The call that asked has ended: its open questions can never be answered.
+                let mut events = self.invalidate_waits(|wait| {
+                    wait.live.map(|live| live.effect_id) == Some(effect_id)
+                });
+                events.extend([
                     Event::ToolFinished {
                         effect_id,
                         status,
                         output,
                     },
                     Event::CheckpointPublished { checkpoint_seq: 0 },
-                ];
+                ]);
                 if self.cancel_requested {
                     // A late result is recorded, not acted on (K-5).
                     events.push(cancelled());
@@ -293,6 +221,15 @@ impl Machine {
         busy: bool,
     ) -> Result<Vec<Event>, Rejection> {
         let kind = control.kind();
+        match control {
+            Control::Answer { .. } | Control::Decline { .. } => {
+                return self.decide_wait_control(command_id, control)
+            }
+            Control::StopProcess { process_id } => {
+                return self.decide_stop_process(command_id, process_id)
+            }
+            _ => {}
+        }
         if self.cancel_requested {
             return match control {
                 Control::Cancel => Err(self.reject("the execution is already being cancelled")),
@@ -326,15 +263,20 @@ impl Machine {
                 });
             }
             Control::Cancel if busy => {
+                events.extend(self.invalidate_waits(|_| true));
                 events.push(Event::StateChanged {
                     state: Status::Cancelling,
                     reason: "cancel".into(),
                 });
             }
-            Control::Cancel => events.push(cancelled()),
+            Control::Cancel => {
+                events.extend(self.invalidate_waits(|_| true));
+                events.push(cancelled());
+            }
             Control::Reconcile {
                 effect_id, status, ..
             } => events.extend(self.decide_reconcile(effect_id, status)?),
+            Control::Answer { .. } | Control::Decline { .. } | Control::StopProcess { .. } => {}
         }
         Ok(events)
     }
@@ -349,6 +291,8 @@ impl Machine {
             // A late decision is recorded, not acted on (K-5).
             events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
             events.push(cancelled());
+        } else if let Decision::Ask { prompt } = &decision {
+            events.extend(self.open_approval(effect_id, prompt));
         } else if let Decision::Reply { text } = &decision {
             let mut reply = text.clone();
             for steer in &self.steers {
@@ -446,8 +390,15 @@ impl Machine {
                 self.input = std::sync::Arc::new(parsed);
                 self.status = Some(Status::Queued);
             }
-            Event::AttemptStarted { owner_id, .. } => {
+            Event::AttemptStarted {
+                owner_id,
+                attempt_id,
+                ..
+            } => {
                 self.attempt_owner = Some(*owner_id);
+                self.attempt_id = Some(*attempt_id);
+                // Live questions are never replayed: a new attempt ends the old ones (W-4).
+                self.invalidate_live_of_other_attempts(*attempt_id);
                 if let Some(pending) = self
                     .pending_tool
                     .as_mut()
@@ -485,13 +436,17 @@ impl Machine {
                     }
                     Status::Cancelled | Status::Completed => actions.push(Action::Finished),
                     Status::ReconciliationRequired => actions.push(Action::Reconcile),
+                    Status::Waiting => actions.push(Action::Park),
                     _ => {}
                 }
             }
             Event::ControlAccepted {
                 command_id,
                 control,
-            } => self.pending_commands.push((*command_id, control.clone())),
+            } => {
+                self.answer_submitted(control);
+                self.pending_commands.push((*command_id, control.clone()));
+            }
             // Written before `ControlAccepted` existed: the payload-free controls can still
             // be decided from their kind.
             Event::CommandAccepted { command_id, kind } => {
@@ -508,6 +463,7 @@ impl Machine {
             }
             Event::CommandRejected { command_id, .. } => {
                 self.decided_commands.insert(*command_id);
+                self.answer_rejected(*command_id);
                 self.pending_commands
                     .retain(|(pending, _)| pending != command_id);
             }
@@ -584,6 +540,22 @@ impl Machine {
                 self.step_taken(actions);
             }
             Event::Replied { text } => self.text = text.clone(),
+            Event::WaitOpened {
+                wait_id,
+                kind,
+                prompt,
+                live,
+            } => self.apply_wait_opened(*wait_id, *kind, prompt, *live),
+            Event::WaitChanged { wait_id, status } => {
+                self.apply_wait_changed(*wait_id, *status, actions)
+            }
+            Event::ProcessChanged { process_id, state } => {
+                self.apply_process_changed(*process_id, state)
+            }
+            Event::ProcessOutput {
+                process_id,
+                output_bytes,
+            } => self.apply_process_output(*process_id, *output_bytes),
             Event::CheckpointPublished { .. } => self.checkpoint_seq = seq,
             _ => {}
         }
@@ -610,6 +582,10 @@ impl Machine {
                 status,
                 output,
             } => self.apply_reconcile(*effect_id, *status, output),
+            Control::Answer { .. } | Control::Decline { .. } => self.apply_wait_control(control),
+            Control::StopProcess { process_id } => actions.push(Action::StopProcess {
+                process_id: *process_id,
+            }),
         }
     }
 
@@ -627,6 +603,12 @@ impl Machine {
     pub fn next_action(&self) -> String {
         let next = match (&self.pending_tool, self.status()) {
             (_, status) if status.is_terminal() => serde_json::json!({"next": "none"}),
+            (_, Status::Waiting) => match self.waits.iter().find(|wait| wait.status.is_pending()) {
+                Some(wait) => {
+                    serde_json::json!({"next": "wait", "wait_id": wait.wait_id.to_string()})
+                }
+                None => serde_json::json!({"next": "wait"}),
+            },
             (Some(pending), _) => serde_json::json!({
                 "next": "tool", "effect_id": pending.effect_id.to_string(),
                 "tool": pending.tool, "args": pending.args,

@@ -1,12 +1,16 @@
 //! One execution: the pure state machine (`machine.rs`, its restart-recovery rules in
-//! `machine_restart.rs`) and, around it, the actor shell
+//! `machine_restart.rs`, its waits, questions and processes in `machine_waits.rs`) and, around it, the actor shell
 //! that persists transitions and performs actions (`actor.rs`), and how it takes commands
 //! (`commands.rs`), and its part in restart recovery (`restart.rs`).
 
 pub mod actor;
 pub mod commands;
+pub mod live;
 pub mod machine;
 mod machine_restart;
+mod machine_types;
+mod machine_waits;
+pub mod processes;
 pub mod restart;
 
 #[cfg(test)]
@@ -15,3 +19,5 @@ mod machine_restart_tests;
 mod machine_sim;
 #[cfg(test)]
 mod machine_tests;
+#[cfg(test)]
+mod machine_waits_tests;

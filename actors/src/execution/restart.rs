@@ -9,6 +9,7 @@ use openprogram_storage::{CommandId, CommandRecord, CommandStatus, Control, Rece
 use crate::agent::{Reconciliation, ToolCall};
 use crate::execution::actor::{Advance, ExecutionActor};
 use crate::execution::commands::{payload_hash_of, ApplyControl};
+use crate::execution::live::CallHandle;
 
 impl ExecutionActor {
     /// While the runtime stops: the restart-recovery pause of a running execution with
@@ -91,6 +92,7 @@ impl ExecutionActor {
             attempt_id: self.lease.attempt_id,
             owner_id: self.env.owner,
             args: unresolved.args,
+            handle: CallHandle::detached(unresolved.effect_id),
         };
         self.reconciling = true;
         let effect_id = unresolved.effect_id;
@@ -139,7 +141,12 @@ fn reconcile_command(
         command_id,
         execution_id: act.execution_id,
         kind: "reconcile".into(),
-        payload_hash: payload_hash_of("reconcile", Some(&output), None, Some(outcome)),
+        payload_hash: payload_hash_of(
+            "reconcile",
+            Some(&output),
+            None,
+            &[("outcome", Some(outcome.to_owned()))],
+        ),
         status: CommandStatus::Accepted,
         reason: None,
         result_version: None,

@@ -1,0 +1,161 @@
+//! The vocabulary of the execution state machine, split from `machine.rs`: what goes in
+//! (`Input`, provider `Decision`s), what comes out (`Action`, `Next`, `Rejection`), and the
+//! data it keeps about an agent turn (`AgentInput`, `Turn`, `PendingTool`). Pure data.
+
+use openprogram_storage::{Control, EffectId, Event, OwnerId, ReceiptStatus, WaitStatus};
+use serde::{Deserialize, Serialize};
+
+use super::machine_waits::LiveOutcome;
+
+/// How a tool behaves when a crash leaves its outcome unknown (E-2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// Safe to run again when no receipt exists.
+    Idempotent,
+    /// Recorded as dispatched before it runs; a crash after that leaves it `Unknown`.
+    External,
+}
+
+/// The admission input of an agent turn: the user's message and, for the built-in
+/// scripted provider, its script.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentInput {
+    pub message: String,
+    #[serde(default)]
+    pub script: Vec<serde_json::Value>,
+    #[serde(default = "default_max_iterations")]
+    pub max_iterations: u32,
+}
+
+pub(super) fn default_max_iterations() -> u32 {
+    50
+}
+
+/// A provider decision (E-3): call a tool, or reply and finish.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    Tool {
+        tool: String,
+        args: serde_json::Value,
+    },
+    Reply {
+        text: String,
+    },
+    /// Ask the user for approval before the next operation (W-1): a durable wait at a
+    /// checkpoint. Approved, the provider goes on; declined, it gets the decline instead.
+    Ask {
+        prompt: String,
+    },
+}
+
+/// One entry of the committed context a provider decides from.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum Turn {
+    Decided(Decision),
+    ToolResult {
+        tool: String,
+        status: ReceiptStatus,
+        output: String,
+    },
+    /// A durable wait was resolved (W-2): `answered` (with the answer), `declined`, or a
+    /// discussion reply that decides nothing.
+    WaitResolved {
+        prompt: String,
+        status: WaitStatus,
+        answer: Option<String>,
+        discussion: bool,
+    },
+}
+
+/// A tool call decided by the model and not yet finished.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingTool {
+    pub effect_id: EffectId,
+    pub tool: String,
+    pub args: serde_json::Value,
+    /// A `ToolDispatched` event was committed for it.
+    pub dispatched: bool,
+    /// It was dispatched by an earlier attempt and has no outcome: it may or may not have
+    /// taken effect, so it is never run again (E-4).
+    pub uncertain: bool,
+    /// The owner (runtime incarnation) of the attempt that dispatched it. A reconcile
+    /// protocol may ask about it only once that owner is gone: an attempt of this very
+    /// incarnation that was taken over may still be running it.
+    pub dispatched_by: Option<OwnerId>,
+}
+
+/// What the shell must do after an event is applied.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// The execution may take its next step (`next`).
+    Advance,
+    /// Stop the effect in flight (a Cancel was applied).
+    AbortEffect,
+    /// The execution reached a terminal state: release its actor.
+    Finished,
+    /// An effect's outcome is unknown: ask the tool's reconcile protocol, if it has one.
+    Reconcile,
+    /// The execution paused: its actor may be released once nothing is in flight.
+    Park,
+    /// An External tool's dispatch is committed: run it now, before anything else is taken
+    /// from the mailbox, so a dispatched effect is always a started one.
+    RunDispatched,
+    /// A live question was resolved: hand the outcome to the call that asked (W-4).
+    LiveResolved {
+        wait_id: openprogram_storage::WaitId,
+        outcome: LiveOutcome,
+    },
+    /// A managed process must be stopped (P-1, `stop_process`).
+    StopProcess {
+        process_id: openprogram_storage::ProcessId,
+    },
+}
+
+/// A command the execution refuses, with the controls it offers now (K-3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub reason: String,
+    pub capabilities: Vec<&'static str>,
+}
+
+/// What a running, idle execution does next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    /// Persist these events first.
+    Persist(Vec<Event>),
+    /// Ask the provider for a decision under this effect id.
+    CallModel { effect_id: EffectId },
+    /// Run the pending tool.
+    RunTool(PendingTool),
+    /// Nothing to do (not running, or waiting for an effect).
+    Idle,
+}
+
+/// An input for `decide`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    Control {
+        command_id: openprogram_storage::CommandId,
+        control: Control,
+    },
+    ModelDecided {
+        effect_id: EffectId,
+        decision: Decision,
+    },
+    ModelFailed {
+        effect_id: EffectId,
+        error: String,
+    },
+    ToolFinished {
+        effect_id: EffectId,
+        status: ReceiptStatus,
+        output: String,
+    },
+    /// A running tool asks a live question (W-4).
+    AskLive {
+        wait_id: openprogram_storage::WaitId,
+        prompt: String,
+        binding: openprogram_storage::LiveBinding,
+    },
+}

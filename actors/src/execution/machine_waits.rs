@@ -1,0 +1,398 @@
+//! The pure machine's rules for waits, live questions and managed processes, split from
+//! `machine.rs`. Like the rest of the machine: no actix, no sled, no clock.
+//!
+//! - A durable wait (W-1) is opened by a provider's `Ask` decision, right after the
+//!   checkpoint it belongs to; the execution is `waiting` until an `answer` or `decline`
+//!   (W-2) of that very wait, while its checkpoint is still the current one (W-3).
+//! - A live question (W-4) is asked by a running tool call: no checkpoint, no state change;
+//!   it is bound to the attempt and the call, and ends with them.
+//! - A managed process (P-1) is tracked by its id and state; `stop_process` is its own
+//!   control, offered whatever the execution's state (P-2).
+
+use openprogram_storage::{
+    AnswerScope, AttemptId, CommandId, Control, EffectId, Event, ExecutionState as Status,
+    LiveBinding, ProcessId, ProcessState as ProcState, WaitId, WaitKind, WaitStatus,
+};
+
+use crate::execution::machine::{Action, Machine, Rejection, Turn};
+
+/// The longest prompt a wait or question may carry.
+pub const PROMPT_BYTES_MAX: usize = 16 * 1024;
+
+/// One wait or live question, as the machine knows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WaitState {
+    pub wait_id: WaitId,
+    pub kind: WaitKind,
+    pub prompt: String,
+    pub status: WaitStatus,
+    /// The checkpoint it was opened at (0 for a live question, which has none).
+    pub checkpoint_seq: u64,
+    /// The submitted or accepted answer.
+    pub answer: Option<String>,
+    pub live: Option<LiveBinding>,
+}
+
+/// What the call that asked a live question gets back (W-4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LiveOutcome {
+    Answered(String),
+    Declined,
+    /// Cancelled, ended, or its owner lost: it will never be answered.
+    Invalidated,
+}
+
+/// A managed process this execution started (P-1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ManagedProcess {
+    pub process_id: ProcessId,
+    pub state: ProcState,
+    pub output_bytes: u64,
+}
+
+/// The wait id of the approval a model decision asks for: derived, so a replay or a
+/// regenerated decision finds the same id (UUID v5 of the decision's id).
+pub fn wait_of(decision: EffectId) -> WaitId {
+    WaitId::from_uuid(uuid::Uuid::new_v5(decision.as_uuid(), b"wait"))
+}
+
+impl Machine {
+    /// The events after an `Ask` decision's `ModelDecided`: the pre-wait checkpoint, the
+    /// wait, and the `waiting` state (W-1).
+    pub(super) fn open_approval(&self, decision: EffectId, prompt: &str) -> Vec<Event> {
+        let mut prompt = prompt.to_owned();
+        truncate(&mut prompt, PROMPT_BYTES_MAX);
+        vec![
+            Event::CheckpointPublished { checkpoint_seq: 0 },
+            Event::WaitOpened {
+                wait_id: wait_of(decision),
+                kind: WaitKind::Approval,
+                prompt,
+                live: None,
+            },
+            Event::StateChanged {
+                state: Status::Waiting,
+                reason: "approval".into(),
+            },
+        ]
+    }
+
+    /// W-4: only the live attempt's running call may ask.
+    pub(super) fn decide_live_question(
+        &self,
+        wait_id: WaitId,
+        prompt: String,
+        binding: LiveBinding,
+    ) -> Result<Vec<Event>, Rejection> {
+        if self.cancel_requested || self.status() != Status::Running {
+            return Err(self.reject(format!(
+                "a question cannot be asked while the execution is {}",
+                self.status()
+            )));
+        }
+        if self.attempt_id != Some(binding.attempt_id)
+            || self.pending_tool.as_ref().map(|pending| pending.effect_id)
+                != Some(binding.effect_id)
+        {
+            return Err(self.reject("only the running call of the live attempt may ask"));
+        }
+        if prompt.len() > PROMPT_BYTES_MAX {
+            return Err(self.reject(format!(
+                "a question is longer than {PROMPT_BYTES_MAX} bytes"
+            )));
+        }
+        if self.waits.iter().any(|wait| wait.wait_id == wait_id) {
+            return Err(self.reject(format!("wait {wait_id} exists already")));
+        }
+        Ok(vec![Event::WaitOpened {
+            wait_id,
+            kind: WaitKind::Live,
+            prompt,
+            live: Some(binding),
+        }])
+    }
+
+    /// `answer` and `decline` (W-2..W-4): they name their wait, and only a pending one.
+    pub(super) fn decide_wait_control(
+        &self,
+        command_id: CommandId,
+        control: Control,
+    ) -> Result<Vec<Event>, Rejection> {
+        let (wait_id, resolved) = match &control {
+            Control::Answer { wait_id, .. } => (*wait_id, WaitStatus::Answered),
+            Control::Decline { wait_id } => (*wait_id, WaitStatus::Declined),
+            _ => return Err(self.reject("not a wait control")),
+        };
+        let Some(wait) = self.waits.iter().find(|wait| wait.wait_id == wait_id) else {
+            return Err(self.reject(format!("this execution has no wait {wait_id}")));
+        };
+        if self.cancel_requested {
+            return Err(self.reject("the execution is being cancelled"));
+        }
+        let applied = Event::ControlApplied {
+            command_id,
+            control: control.clone(),
+        };
+        if wait.live.is_some() {
+            if let (WaitStatus::Answered, Control::Answer { answer, .. }) = (wait.status, &control)
+            {
+                // The same answer again: it stands, nothing happens (W-4).
+                if wait.answer.as_deref() == Some(answer.as_str()) {
+                    return Ok(vec![applied]);
+                }
+                return Err(self.reject(format!(
+                    "question {wait_id} is answered already, with another answer"
+                )));
+            }
+        }
+        if !wait.status.is_pending() {
+            // Resolved, expired or invalidated: nothing is approved by a late answer (W-2).
+            return Err(self.reject(format!("wait {wait_id} is {}", wait.status.as_str())));
+        }
+        if let Some(live) = wait.live {
+            if self.attempt_id != Some(live.attempt_id) {
+                return Err(self.reject(format!("question {wait_id} belongs to an ended attempt")));
+            }
+            return Ok(vec![
+                applied,
+                Event::WaitChanged {
+                    wait_id,
+                    status: resolved,
+                },
+            ]);
+        }
+        // W-3: only the wait of the current checkpoint can move the execution.
+        if self.status() != Status::Waiting || wait.checkpoint_seq != self.checkpoint_seq {
+            return Err(self.reject(format!(
+                "wait {wait_id} belongs to an earlier checkpoint than the current one"
+            )));
+        }
+        Ok(vec![
+            applied,
+            Event::WaitChanged {
+                wait_id,
+                status: resolved,
+            },
+            Event::CheckpointPublished { checkpoint_seq: 0 },
+            Event::StateChanged {
+                state: Status::Running,
+                reason: resolved.as_str().into(),
+            },
+        ])
+    }
+
+    /// P-2: a running process of this execution can be stopped in any execution state.
+    pub(super) fn decide_stop_process(
+        &self,
+        command_id: CommandId,
+        process_id: ProcessId,
+    ) -> Result<Vec<Event>, Rejection> {
+        match self
+            .processes
+            .iter()
+            .find(|process| process.process_id == process_id)
+        {
+            Some(process) if process.state == ProcState::Running => {
+                Ok(vec![Event::ControlApplied {
+                    command_id,
+                    control: Control::StopProcess { process_id },
+                }])
+            }
+            Some(process) => Err(self.reject(format!(
+                "process {process_id} is {}",
+                process.state.as_str()
+            ))),
+            None => Err(self.reject(format!("this execution has no process {process_id}"))),
+        }
+    }
+
+    /// `invalidated` for every pending wait that `which` selects.
+    pub(super) fn invalidate_waits(&self, which: impl Fn(&WaitState) -> bool) -> Vec<Event> {
+        self.waits
+            .iter()
+            .filter(|wait| wait.status.is_pending() && which(wait))
+            .map(|wait| Event::WaitChanged {
+                wait_id: wait.wait_id,
+                status: WaitStatus::Invalidated,
+            })
+            .collect()
+    }
+
+    /// A new attempt: live questions of earlier attempts will never be answered (W-4).
+    pub(super) fn invalidate_live_of_other_attempts(&mut self, attempt_id: AttemptId) {
+        for wait in &mut self.waits {
+            if wait.status.is_pending()
+                && wait.live.is_some_and(|live| live.attempt_id != attempt_id)
+            {
+                wait.status = WaitStatus::Invalidated;
+            }
+        }
+    }
+
+    /// An accepted answer reads `submitted`, with the answer, until it is decided (W-2).
+    pub(super) fn answer_submitted(&mut self, control: &Control) {
+        if let Control::Answer {
+            wait_id, answer, ..
+        } = control
+        {
+            if let Some(wait) = self.wait_mut(*wait_id) {
+                if wait.status == WaitStatus::Open {
+                    wait.status = WaitStatus::Submitted;
+                    wait.answer = Some(answer.clone());
+                }
+            }
+        }
+    }
+
+    /// A rejected answer leaves its wait open again.
+    pub(super) fn answer_rejected(&mut self, command_id: CommandId) {
+        let rejected = self
+            .pending_commands
+            .iter()
+            .find(|(pending, _)| *pending == command_id)
+            .and_then(|(_, control)| match control {
+                Control::Answer { wait_id, .. } => Some(*wait_id),
+                _ => None,
+            });
+        if let Some(wait) = rejected.and_then(|wait_id| self.wait_mut(wait_id)) {
+            if wait.status == WaitStatus::Submitted {
+                wait.status = WaitStatus::Open;
+                wait.answer = None;
+            }
+        }
+    }
+
+    pub(super) fn apply_wait_opened(
+        &mut self,
+        wait_id: WaitId,
+        kind: WaitKind,
+        prompt: &str,
+        live: Option<LiveBinding>,
+    ) {
+        self.waits.push(WaitState {
+            wait_id,
+            kind,
+            prompt: prompt.to_owned(),
+            status: WaitStatus::Open,
+            // The checkpoint published just before it, in the same transition.
+            checkpoint_seq: if live.is_some() {
+                0
+            } else {
+                self.checkpoint_seq
+            },
+            answer: None,
+            live,
+        });
+    }
+
+    pub(super) fn apply_wait_changed(
+        &mut self,
+        wait_id: WaitId,
+        status: WaitStatus,
+        actions: &mut Vec<Action>,
+    ) {
+        let Some(wait) = self.wait_mut(wait_id) else {
+            return;
+        };
+        wait.status = status;
+        if wait.live.is_some() {
+            let outcome = match status {
+                WaitStatus::Answered => {
+                    LiveOutcome::Answered(wait.answer.clone().unwrap_or_default())
+                }
+                WaitStatus::Declined => LiveOutcome::Declined,
+                WaitStatus::Open | WaitStatus::Submitted => return,
+                WaitStatus::Expired | WaitStatus::Invalidated => LiveOutcome::Invalidated,
+            };
+            actions.push(Action::LiveResolved { wait_id, outcome });
+        }
+    }
+
+    /// An applied `answer` or `decline`: a durable wait's outcome enters the context the
+    /// provider decides from (the `WaitChanged` after it sets the status).
+    pub(super) fn apply_wait_control(&mut self, control: &Control) {
+        let (wait_id, status, answer, discussion) = match control {
+            Control::Answer {
+                wait_id,
+                answer,
+                scope,
+            } => (
+                *wait_id,
+                WaitStatus::Answered,
+                Some(answer.clone()),
+                *scope == AnswerScope::Discussion,
+            ),
+            Control::Decline { wait_id } => (*wait_id, WaitStatus::Declined, None, false),
+            _ => return,
+        };
+        let Some(wait) = self.wait_mut(wait_id) else {
+            return;
+        };
+        if !wait.status.is_pending() {
+            return;
+        }
+        wait.answer.clone_from(&answer);
+        if wait.live.is_some() {
+            return;
+        }
+        let prompt = wait.prompt.clone();
+        std::sync::Arc::make_mut(&mut self.context).push(Turn::WaitResolved {
+            prompt,
+            status,
+            answer,
+            discussion,
+        });
+    }
+
+    pub(super) fn apply_process_changed(&mut self, process_id: ProcessId, state: &str) {
+        let state = match state {
+            "running" => ProcState::Running,
+            "exited" => ProcState::Exited,
+            "stopped" => ProcState::Stopped,
+            _ => ProcState::Lost,
+        };
+        match self
+            .processes
+            .iter_mut()
+            .find(|process| process.process_id == process_id)
+        {
+            Some(process) => process.state = state,
+            None => self.processes.push(ManagedProcess {
+                process_id,
+                state,
+                output_bytes: 0,
+            }),
+        }
+    }
+
+    pub(super) fn apply_process_output(&mut self, process_id: ProcessId, output_bytes: u64) {
+        if let Some(process) = self
+            .processes
+            .iter_mut()
+            .find(|process| process.process_id == process_id)
+        {
+            process.output_bytes = output_bytes;
+        }
+    }
+
+    fn wait_mut(&mut self, wait_id: WaitId) -> Option<&mut WaitState> {
+        self.waits.iter_mut().find(|wait| wait.wait_id == wait_id)
+    }
+
+    /// The pending durable wait, if the execution is waiting for one.
+    pub fn pending_wait(&self) -> Option<&WaitState> {
+        self.waits
+            .iter()
+            .find(|wait| wait.live.is_none() && wait.status.is_pending())
+    }
+}
+
+fn truncate(text: &mut String, max: usize) {
+    if text.len() > max {
+        let mut cut = max;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+}

@@ -1,0 +1,337 @@
+//! Table tests of waits, live questions and processes in the pure machine (W-1..W-4, P-2).
+
+use openprogram_storage::{
+    AnswerScope, AttemptId, CommandId, Control, EffectId, Event, ExecutionState as Status,
+    LiveBinding, OwnerId, ProcessId, WaitId, WaitKind, WaitStatus,
+};
+
+use super::machine::*;
+use super::machine_tests::{commit, control, ctl, run, running, tool_decision};
+use super::machine_waits::wait_of;
+
+/// A running machine that asked for approval: `waiting`, with one open wait.
+fn asking(prompt: &str) -> (Machine, WaitId) {
+    let mut machine = running(50);
+    let effect_id = EffectId::new();
+    run(
+        &mut machine,
+        Input::ModelDecided {
+            effect_id,
+            decision: Decision::Ask {
+                prompt: prompt.into(),
+            },
+        },
+        false,
+    );
+    (machine, wait_of(effect_id))
+}
+
+fn answer(wait_id: WaitId, text: &str) -> Control {
+    Control::Answer {
+        wait_id,
+        answer: text.into(),
+        scope: AnswerScope::Operation,
+    }
+}
+
+fn wait(machine: &Machine, wait_id: WaitId) -> &WaitState {
+    machine
+        .waits
+        .iter()
+        .find(|wait| wait.wait_id == wait_id)
+        .expect("the wait")
+}
+
+#[test]
+fn w1_an_ask_opens_a_wait_at_the_checkpoint_published_with_it() {
+    let (machine, wait_id) = asking("deploy?");
+    assert_eq!(machine.status(), Status::Waiting);
+    let opened = wait(&machine, wait_id);
+    assert_eq!(opened.kind, WaitKind::Approval);
+    assert_eq!(opened.status, WaitStatus::Open);
+    assert_eq!(opened.checkpoint_seq, machine.checkpoint_seq);
+    assert_eq!(
+        machine.capabilities(),
+        vec!["answer", "decline", "steer", "cancel"]
+    );
+    assert!(machine.next_action().contains("\"wait\""));
+}
+
+#[test]
+fn w2_answer_and_decline_resolve_the_wait_and_resume_with_the_outcome_in_context() {
+    for (control, status) in [
+        (answer(WaitId::new(), "yes"), WaitStatus::Answered),
+        (
+            Control::Decline {
+                wait_id: WaitId::new(),
+            },
+            WaitStatus::Declined,
+        ),
+    ] {
+        let (mut machine, wait_id) = asking("deploy?");
+        let control = match control {
+            Control::Answer { answer, scope, .. } => Control::Answer {
+                wait_id,
+                answer,
+                scope,
+            },
+            _ => Control::Decline { wait_id },
+        };
+        let actions = ctl(&mut machine, control, false);
+        assert_eq!(machine.status(), Status::Running);
+        assert!(actions.contains(&Action::Advance));
+        assert_eq!(wait(&machine, wait_id).status, status);
+        assert!(matches!(
+            machine.context.last(),
+            Some(Turn::WaitResolved { status: found, .. }) if *found == status
+        ));
+        // Resolved: a late answer or decline is refused and approves nothing.
+        assert!(control_refused(&machine, answer(wait_id, "yes")));
+        assert!(control_refused(&machine, Control::Decline { wait_id }));
+    }
+}
+
+fn control_refused(machine: &Machine, c: Control) -> bool {
+    control(machine, c, false).is_err()
+}
+
+#[test]
+fn w2_an_accepted_answer_reads_submitted_until_decided_and_open_again_if_rejected() {
+    let (mut machine, wait_id) = asking("deploy?");
+    let command_id = CommandId::new();
+    let accepted = Event::ControlAccepted {
+        command_id,
+        control: answer(wait_id, "yes"),
+    };
+    commit(&mut machine, &[accepted]);
+    assert_eq!(wait(&machine, wait_id).status, WaitStatus::Submitted);
+    assert_eq!(wait(&machine, wait_id).answer.as_deref(), Some("yes"));
+    commit(
+        &mut machine,
+        &[Event::CommandRejected {
+            command_id,
+            reason: "test".into(),
+        }],
+    );
+    assert_eq!(wait(&machine, wait_id).status, WaitStatus::Open);
+    assert_eq!(wait(&machine, wait_id).answer, None);
+}
+
+#[test]
+fn w2_a_discussion_reply_approves_nothing_and_an_unknown_wait_is_refused() {
+    let (mut machine, wait_id) = asking("deploy?");
+    assert!(control_refused(&machine, answer(WaitId::new(), "yes")));
+    let discussion = Control::Answer {
+        wait_id,
+        answer: "why?".into(),
+        scope: AnswerScope::Discussion,
+    };
+    ctl(&mut machine, discussion, false);
+    assert!(matches!(
+        machine.context.last(),
+        Some(Turn::WaitResolved {
+            discussion: true,
+            ..
+        })
+    ));
+}
+
+/// W-3 regression: an answered first wait followed by an open second wait, then an answered
+/// second wait. The first wait's outcome never moves the second.
+#[test]
+fn w3_an_earlier_waits_outcome_never_moves_a_newer_wait() {
+    let (mut machine, first) = asking("first?");
+    ctl(&mut machine, answer(first, "yes"), false);
+    let second_decision = EffectId::new();
+    run(
+        &mut machine,
+        Input::ModelDecided {
+            effect_id: second_decision,
+            decision: Decision::Ask {
+                prompt: "second?".into(),
+            },
+        },
+        false,
+    );
+    let second = wait_of(second_decision);
+    assert_eq!(machine.status(), Status::Waiting);
+    // A redelivered or inherited answer to the first wait: refused, the second stays open.
+    assert!(control_refused(&machine, answer(first, "yes")));
+    assert!(control_refused(
+        &machine,
+        Control::Decline { wait_id: first }
+    ));
+    assert_eq!(wait(&machine, second).status, WaitStatus::Open);
+    // Replaying everything gives the same answer (recovery is idempotent).
+    ctl(&mut machine, answer(second, "yes too"), false);
+    assert!(control_refused(&machine, answer(first, "yes")));
+    assert_eq!(machine.status(), Status::Running);
+}
+
+#[test]
+fn w1_cancel_while_waiting_invalidates_the_wait() {
+    let (mut machine, wait_id) = asking("deploy?");
+    ctl(&mut machine, Control::Cancel, false);
+    assert_eq!(machine.status(), Status::Cancelled);
+    assert_eq!(wait(&machine, wait_id).status, WaitStatus::Invalidated);
+}
+
+/// A running machine with a tool call in flight, and the binding of a question it asks.
+fn calling() -> (Machine, LiveBinding) {
+    let mut machine = running(50);
+    let decision = EffectId::new();
+    run(
+        &mut machine,
+        Input::ModelDecided {
+            effect_id: decision,
+            decision: tool_decision("echo"),
+        },
+        false,
+    );
+    let binding = LiveBinding {
+        attempt_id: machine.attempt_id.expect("an attempt"),
+        epoch: 1,
+        effect_id: tool_effect(decision),
+    };
+    (machine, binding)
+}
+
+fn ask_live(machine: &mut Machine, binding: LiveBinding) -> WaitId {
+    let wait_id = WaitId::new();
+    let input = Input::AskLive {
+        wait_id,
+        prompt: "which branch?".into(),
+        binding,
+    };
+    run(machine, input, true);
+    wait_id
+}
+
+#[test]
+fn w4_a_live_question_returns_its_answer_and_a_different_second_answer_is_refused() {
+    let (mut machine, binding) = calling();
+    let wait_id = ask_live(&mut machine, binding);
+    assert_eq!(machine.status(), Status::Running);
+    assert!(machine.capabilities().contains(&"answer"));
+    let actions = ctl(&mut machine, answer(wait_id, "main"), true);
+    assert_eq!(
+        actions,
+        vec![Action::LiveResolved {
+            wait_id,
+            outcome: LiveOutcome::Answered("main".into()),
+        }]
+    );
+    // The same answer again stands and changes nothing; another one is refused.
+    let again = control(&machine, answer(wait_id, "main"), true).expect("same answer");
+    assert_eq!(again.len(), 1, "only the ControlApplied: {again:?}");
+    assert!(commit(&mut machine, &again).is_empty());
+    assert!(control(&machine, answer(wait_id, "dev"), true).is_err());
+}
+
+#[test]
+fn w4_only_the_running_call_of_the_live_attempt_may_ask() {
+    let (machine, binding) = calling();
+    for stranger in [
+        LiveBinding {
+            effect_id: EffectId::new(),
+            ..binding
+        },
+        LiveBinding {
+            attempt_id: AttemptId::new(),
+            ..binding
+        },
+    ] {
+        let input = Input::AskLive {
+            wait_id: WaitId::new(),
+            prompt: "?".into(),
+            binding: stranger,
+        };
+        assert!(machine.decide(input, true).is_err());
+    }
+}
+
+#[test]
+fn w4_cancel_the_call_ending_and_a_new_attempt_invalidate_live_questions() {
+    // Cancel.
+    let (mut machine, binding) = calling();
+    let wait_id = ask_live(&mut machine, binding);
+    let actions = ctl(&mut machine, Control::Cancel, true);
+    assert!(actions.contains(&Action::LiveResolved {
+        wait_id,
+        outcome: LiveOutcome::Invalidated
+    }));
+    // The asking call ends.
+    let (mut machine, binding) = calling();
+    let wait_id = ask_live(&mut machine, binding);
+    let finished = Input::ToolFinished {
+        effect_id: binding.effect_id,
+        status: openprogram_storage::ReceiptStatus::Confirmed,
+        output: "done".into(),
+    };
+    run(&mut machine, finished, false);
+    assert_eq!(wait(&machine, wait_id).status, WaitStatus::Invalidated);
+    // Owner loss: a new attempt; a late answer is refused.
+    let (mut machine, binding) = calling();
+    let wait_id = ask_live(&mut machine, binding);
+    let next_attempt = Event::AttemptStarted {
+        attempt_id: AttemptId::new(),
+        owner_id: OwnerId::new(),
+        epoch: 2,
+    };
+    commit(&mut machine, &[next_attempt]);
+    assert_eq!(wait(&machine, wait_id).status, WaitStatus::Invalidated);
+    assert!(control(&machine, answer(wait_id, "main"), true).is_err());
+}
+
+#[test]
+fn p2_stop_process_is_its_own_control_in_any_state_and_cancel_leaves_processes_alone() {
+    let mut machine = running(50);
+    let process_id = ProcessId::new();
+    commit(
+        &mut machine,
+        &[
+            Event::ProcessChanged {
+                process_id,
+                state: "running".into(),
+            },
+            Event::StateChanged {
+                state: Status::Completed,
+                reason: "replied".into(),
+            },
+        ],
+    );
+    assert_eq!(machine.capabilities(), vec!["stop_process"]);
+    let actions = ctl(&mut machine, Control::StopProcess { process_id }, false);
+    assert_eq!(actions, vec![Action::StopProcess { process_id }]);
+    // A process of another execution, or one that ended, is refused.
+    let other = Control::StopProcess {
+        process_id: ProcessId::new(),
+    };
+    assert!(control(&machine, other, false).is_err());
+    commit(
+        &mut machine,
+        &[Event::ProcessChanged {
+            process_id,
+            state: "stopped".into(),
+        }],
+    );
+    assert!(control(&machine, Control::StopProcess { process_id }, false).is_err());
+    assert!(machine.capabilities().is_empty());
+
+    // Cancel ends the execution, never the process (P-2).
+    let mut machine = running(50);
+    commit(
+        &mut machine,
+        &[Event::ProcessChanged {
+            process_id,
+            state: "running".into(),
+        }],
+    );
+    ctl(&mut machine, Control::Cancel, false);
+    assert_eq!(machine.status(), Status::Cancelled);
+    assert_eq!(
+        machine.processes[0].state,
+        openprogram_storage::ProcessState::Running
+    );
+    assert_eq!(machine.capabilities(), vec!["stop_process"]);
+}

@@ -1,0 +1,145 @@
+//! The execution's side of its managed processes (P-1, P-2): starting one for a running
+//! call, committing what its process actor reports, and forwarding `stop_process`.
+//! The execution actor is the only writer of its version, so every process record change
+//! is one of its transitions.
+
+use actix::prelude::*;
+use futures::channel::oneshot;
+use openprogram_storage::{Blob, EffectId, Event, ProcessId, ProcessRecord, ProcessState, Upsert};
+
+use crate::error::Error;
+use crate::execution::actor::ExecutionActor;
+use crate::process::{os, ProcessActor, ProcessExit, Stop};
+
+/// A process the call started, and where its end will be told.
+#[derive(Debug)]
+pub struct StartedProcess {
+    pub process_id: ProcessId,
+    pub exit: oneshot::Receiver<ProcessExit>,
+}
+
+/// A running call starts an OS command as a managed process.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<StartedProcess, String>")]
+pub struct StartProcess {
+    pub effect_id: EffectId,
+    pub program: String,
+    pub args: Vec<String>,
+}
+
+impl Handler<StartProcess> for ExecutionActor {
+    type Result = AtomicResponse<Self, Result<StartedProcess, String>>;
+
+    fn handle(&mut self, message: StartProcess, _ctx: &mut Context<Self>) -> Self::Result {
+        let _span = self.span.clone().entered();
+        self.handled += 1;
+        let running_call = self
+            .machine
+            .pending_tool
+            .as_ref()
+            .is_some_and(|pending| pending.effect_id == message.effect_id);
+        if self.epoch.is_none() || !running_call || self.env.is_stopping() {
+            let refused = Err("only a running call of a live attempt may start a process".into());
+            return AtomicResponse::new(Box::pin(fut::ready(refused)));
+        }
+        let spawned = match os::spawn(&message.program, &message.args) {
+            Ok(spawned) => spawned,
+            Err(error) => {
+                let failed = Err(format!("cannot start `{}`: {error}", message.program));
+                return AtomicResponse::new(Box::pin(fut::ready(failed)));
+            }
+        };
+        let identity = spawned.signaller.identity();
+        let process_id = ProcessId::new();
+        let record = ProcessRecord {
+            process_id,
+            execution_id: self.execution_id,
+            attempt_id: self.lease.attempt_id,
+            owner_id: self.env.owner,
+            program: message.program,
+            args: message.args,
+            os_pid: Some(identity.pid),
+            os_start_time: Some(identity.start_time),
+            state: ProcessState::Running,
+            exit_code: None,
+            output_bytes: 0,
+            output_chunks: Vec::new(),
+        };
+        let events = vec![Event::ProcessChanged {
+            process_id,
+            state: ProcessState::Running.as_str().into(),
+        }];
+        let committed = self.commit(events, vec![Upsert::Process(record.clone())]);
+        AtomicResponse::new(Box::pin(committed.map(move |committed, act, _ctx| {
+            if let Err(error) = committed {
+                // Unrecorded, it could never be stopped or listed: end it now.
+                let _ = spawned.signaller.send(os::StopSignal::Kill);
+                return Err(format!("recording the process failed: {error}"));
+            }
+            let (sender, exit) = oneshot::channel();
+            let env = std::sync::Arc::clone(&act.env);
+            let addr = ProcessActor::new(env, record, spawned, sender).start();
+            act.env.processes.insert(process_id, addr);
+            Ok(StartedProcess { process_id, exit })
+        })))
+    }
+}
+
+/// A process actor's report: its output so far, or its end (`state_changed`).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<(), Error>")]
+pub struct ProcessProgress {
+    pub record: ProcessRecord,
+    pub blob: Blob,
+    pub state_changed: bool,
+    pub previous_bytes: u64,
+}
+
+impl Handler<ProcessProgress> for ExecutionActor {
+    type Result = AtomicResponse<Self, Result<(), Error>>;
+
+    fn handle(&mut self, progress: ProcessProgress, _ctx: &mut Context<Self>) -> Self::Result {
+        let _span = self.span.clone().entered();
+        self.handled += 1;
+        let process_id = progress.record.process_id;
+        let mut events = Vec::new();
+        if progress.record.output_bytes != progress.previous_bytes {
+            events.push(Event::ProcessOutput {
+                process_id,
+                output_bytes: progress.record.output_bytes,
+            });
+        }
+        if progress.state_changed {
+            events.push(Event::ProcessChanged {
+                process_id,
+                state: progress.record.state.as_str().into(),
+            });
+        }
+        if events.is_empty() {
+            return AtomicResponse::new(Box::pin(fut::ready(Ok(()))));
+        }
+        let upserts = vec![
+            Upsert::Blob(progress.blob),
+            Upsert::Process(progress.record),
+        ];
+        AtomicResponse::new(Box::pin(self.commit(events, upserts).map(
+            |committed, act, ctx| {
+                // An execution activated only for this (parked, finished) releases again.
+                act.park_if_idle(ctx);
+                committed.map(|_| ())
+            },
+        )))
+    }
+}
+
+impl ExecutionActor {
+    /// An applied `stop_process`: the process actor stops it (SIGTERM, then SIGKILL).
+    pub(super) fn stop_process(&mut self, process_id: ProcessId) {
+        match self.env.processes.get(process_id) {
+            Some(addr) => addr.do_send(Stop),
+            None => {
+                tracing::warn!(execution_id = %self.execution_id, %process_id, "no live actor for this process; it has exited or is recorded lost")
+            }
+        }
+    }
+}

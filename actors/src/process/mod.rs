@@ -1,0 +1,342 @@
+//! Managed processes as actors (P-1..P-3). A tool call (the built-in `shell`) asks its
+//! execution to start an OS command; the execution records it (identity, owner execution
+//! and attempt, pid and its start time) and starts a `ProcessActor` that owns it:
+//!
+//! - output goes into a bounded ring (the tail) with a count of every byte; the tail is
+//!   persisted as a blob with the process record about once a second and at the end;
+//! - `Stop` (the `stop_process` command of the owning execution) sends SIGTERM to the
+//!   process group, then SIGKILL after the grace period — only through a pidfd or a
+//!   verified identity, never to a bare pid (`os.rs`, P-3);
+//! - at exit it records `exited` (or `stopped`) with the exit code, tells the call that
+//!   started it, and stops.
+//!
+//! Every record change goes through the owning execution's actor (`ProcessProgress`), the
+//! only writer of its version. Cancel of the execution does not stop a process (P-2).
+
+pub mod os;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use actix::prelude::*;
+use futures::channel::oneshot;
+use openprogram_storage::{Blob, ProcessId, ProcessRecord, ProcessState};
+
+use crate::env::Env;
+use crate::execution::processes::ProcessProgress;
+
+/// The output tail kept in memory and persisted (P-1: bounded, whatever the process prints).
+pub const OUTPUT_TAIL_BYTES: usize = 64 * 1024;
+
+/// How often a running process's output count and tail are persisted.
+const PERSIST_EVERY: Duration = Duration::from_secs(1);
+
+/// After the process exits, how long its output pipes may stay open (held by a child it
+/// left behind) before the tail is taken as final.
+const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
+
+/// Default time between SIGTERM and SIGKILL for `stop_process`.
+pub const STOP_GRACE_DEFAULT: Duration = Duration::from_secs(5);
+
+/// How a managed process ended, for the call that started it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessExit {
+    pub process_id: ProcessId,
+    pub state: ProcessState,
+    pub exit_code: Option<i32>,
+    pub output_bytes: u64,
+    pub output_tail: String,
+}
+
+/// The live process actors of a runtime, by process id.
+#[derive(Debug, Default)]
+pub struct Processes {
+    live: Mutex<HashMap<ProcessId, Addr<ProcessActor>>>,
+}
+
+impl Processes {
+    pub fn get(&self, process_id: ProcessId) -> Option<Addr<ProcessActor>> {
+        self.lock().get(&process_id).cloned()
+    }
+
+    pub fn all(&self) -> Vec<(ProcessId, Addr<ProcessActor>)> {
+        self.lock()
+            .iter()
+            .map(|(id, addr)| (*id, addr.clone()))
+            .collect()
+    }
+
+    pub(crate) fn insert(&self, process_id: ProcessId, addr: Addr<ProcessActor>) {
+        self.lock().insert(process_id, addr);
+    }
+
+    fn remove(&self, process_id: ProcessId) {
+        self.lock().remove(&process_id);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ProcessId, Addr<ProcessActor>>> {
+        self.live.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The actor owning one running OS process.
+pub struct ProcessActor {
+    env: Arc<Env>,
+    /// The record as last sent for persistence.
+    record: ProcessRecord,
+    signaller: os::Signaller,
+    child: Option<tokio::process::Child>,
+    /// Filled by the output reader, read here: shared so no chunk waits in a mailbox.
+    ring: Arc<Mutex<os::OutputRing>>,
+    exit_code: Option<i32>,
+    output_closed: bool,
+    stop_requested: bool,
+    /// A persist is in flight; the next tick skips.
+    persisting: bool,
+    finishing: bool,
+    exit_watcher: Option<oneshot::Sender<ProcessExit>>,
+    handled: u64,
+}
+
+impl std::fmt::Debug for ProcessActor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessActor")
+            .field("process_id", &self.record.process_id)
+            .field("state", &self.record.state)
+            .finish()
+    }
+}
+
+impl ProcessActor {
+    pub(crate) fn new(
+        env: Arc<Env>,
+        record: ProcessRecord,
+        spawned: os::Spawned,
+        exit_watcher: oneshot::Sender<ProcessExit>,
+    ) -> Self {
+        Self {
+            env,
+            record,
+            signaller: spawned.signaller,
+            child: Some(spawned.child),
+            ring: Arc::new(Mutex::new(os::OutputRing::new(OUTPUT_TAIL_BYTES))),
+            exit_code: None,
+            output_closed: false,
+            stop_requested: false,
+            persisting: false,
+            finishing: false,
+            exit_watcher: Some(exit_watcher),
+            handled: 0,
+        }
+    }
+
+    fn totals(&self) -> (u64, Vec<u8>) {
+        let ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        (ring.total(), ring.tail())
+    }
+
+    /// The record now, with the tail as a blob.
+    fn current(&self, state: ProcessState) -> (ProcessRecord, Blob) {
+        let (total, tail) = self.totals();
+        let blob = Blob::new(tail);
+        let mut record = self.record.clone();
+        record.state = state;
+        record.exit_code = self.exit_code;
+        record.output_bytes = total;
+        record.output_chunks = vec![blob.hash()];
+        (record, blob)
+    }
+
+    /// Sends the record to the owning execution to commit, if anything changed.
+    fn persist(&mut self, ctx: &mut Context<Self>) {
+        if self.persisting || self.finishing {
+            return;
+        }
+        let (record, blob) = self.current(ProcessState::Running);
+        if record.output_bytes == self.record.output_bytes {
+            return;
+        }
+        self.persisting = true;
+        let sent = self.send_progress(record.clone(), blob, false);
+        ctx.spawn(
+            fut::wrap_future::<_, Self>(sent).map(move |result, act, _ctx| {
+                act.persisting = false;
+                match result {
+                    Ok(()) => act.record = record,
+                    Err(error) => {
+                        tracing::warn!(process_id = %act.record.process_id, %error, "persisting process output failed")
+                    }
+                }
+            }),
+        );
+    }
+
+    fn send_progress(
+        &self,
+        record: ProcessRecord,
+        blob: Blob,
+        state_changed: bool,
+    ) -> impl std::future::Future<Output = crate::Result<()>> + 'static {
+        let env = Arc::clone(&self.env);
+        let previous_bytes = self.record.output_bytes;
+        async move {
+            let progress = ProcessProgress {
+                record,
+                blob,
+                state_changed,
+                previous_bytes,
+            };
+            // A parked execution is activated for it; one that parks meanwhile, again.
+            for _ in 0..4 {
+                let addr = env.activate(progress.record.execution_id)?;
+                match addr.send(progress.clone()).await {
+                    Ok(result) => return result,
+                    Err(actix::MailboxError::Closed) => continue,
+                    Err(error) => return Err(crate::Error::Unavailable(error.to_string())),
+                }
+            }
+            Err(crate::Error::Unavailable(
+                "the owning execution kept stopping".into(),
+            ))
+        }
+    }
+
+    /// Once the process exited and its output ended: record the end, tell the call, stop.
+    fn finish_if_done(&mut self, ctx: &mut Context<Self>) {
+        if self.finishing || self.exit_code.is_none() || !self.output_closed {
+            return;
+        }
+        self.finishing = true;
+        let state = if self.stop_requested {
+            ProcessState::Stopped
+        } else {
+            ProcessState::Exited
+        };
+        let (record, blob) = self.current(state);
+        let exit = ProcessExit {
+            process_id: record.process_id,
+            state,
+            exit_code: record.exit_code,
+            output_bytes: record.output_bytes,
+            output_tail: String::from_utf8_lossy(blob.bytes()).into_owned(),
+        };
+        let sent = self.send_progress(record, blob, true);
+        ctx.wait(fut::wrap_future::<_, Self>(sent).map(move |result, act, ctx| {
+            if let Err(error) = result {
+                // The next start marks it lost: its end is not on record.
+                tracing::error!(process_id = %act.record.process_id, %error, "recording the end of a process failed");
+            }
+            if let Some(watcher) = act.exit_watcher.take() {
+                let _ = watcher.send(exit);
+            }
+            act.env.processes.remove(act.record.process_id);
+            ctx.stop();
+        }));
+    }
+
+    fn signal(&self, signal: os::StopSignal) {
+        match self.signaller.send(signal) {
+            Ok(()) | Err(os::SignalError::Gone) => {}
+            Err(error) => {
+                tracing::error!(process_id = %self.record.process_id, %error, "not signalled")
+            }
+        }
+    }
+}
+
+impl Actor for ProcessActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        let ring = Arc::clone(&self.ring);
+        let reading = os::read_output(stdout, stderr, move |chunk| {
+            ring.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(chunk)
+        });
+        ctx.spawn(
+            fut::wrap_future::<_, Self>(reading).map(|result, act, ctx| {
+                if let Err(error) = result {
+                    tracing::warn!(process_id = %act.record.process_id, %error, "reading process output failed");
+                }
+                act.output_closed = true;
+                act.finish_if_done(ctx);
+            }),
+        );
+        ctx.spawn(
+            fut::wrap_future::<_, Self>(async move { child.wait().await }).map(
+                |status, act, ctx| {
+                    act.exit_code = Some(match status {
+                        Ok(status) => os::exit_code(status),
+                        Err(_) => -1,
+                    });
+                    if !act.output_closed {
+                        ctx.run_later(OUTPUT_DRAIN, |act, ctx| {
+                            act.output_closed = true;
+                            act.finish_if_done(ctx);
+                        });
+                    }
+                    act.finish_if_done(ctx);
+                },
+            ),
+        );
+        ctx.run_interval(PERSIST_EVERY, |act, ctx| act.persist(ctx));
+    }
+}
+
+/// `stop_process` (P-1): SIGTERM now, SIGKILL after the grace period if still running.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Stop;
+
+impl Handler<Stop> for ProcessActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
+        self.handled += 1;
+        if self.exit_code.is_some() {
+            return;
+        }
+        self.stop_requested = true;
+        self.signal(os::StopSignal::Terminate);
+        ctx.run_later(self.env.process_stop_grace, |act, _ctx| {
+            if act.exit_code.is_none() {
+                act.signal(os::StopSignal::Kill);
+            }
+        });
+    }
+}
+
+/// What the debug endpoint shows of a process actor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessSummary {
+    pub process_id: ProcessId,
+    pub pid: u32,
+    pub output_bytes: u64,
+    pub stop_requested: bool,
+    pub handled: u64,
+}
+
+#[derive(Debug, Message)]
+#[rtype(result = "ProcessSummary")]
+pub struct Summarize;
+
+impl Handler<Summarize> for ProcessActor {
+    type Result = MessageResult<Summarize>;
+
+    fn handle(&mut self, _: Summarize, _ctx: &mut Context<Self>) -> Self::Result {
+        self.handled += 1;
+        MessageResult(ProcessSummary {
+            process_id: self.record.process_id,
+            pid: self.signaller.identity().pid,
+            output_bytes: self.totals().0,
+            stop_requested: self.stop_requested,
+            handled: self.handled,
+        })
+    }
+}
