@@ -23,7 +23,7 @@ use openprogram_storage::{ProcessId, ProcessState, Upsert};
 use crate::attempt_lease::LeaseState;
 use crate::env::{load, Env};
 use crate::error::{Error, Result};
-use crate::execution::machine::{Machine, RESTART_PAUSE_REASON};
+use crate::execution::machine::{changed_wait_records, Machine, RESTART_PAUSE_REASON};
 use crate::execution::restart::{ReconcileUnknown, RestartPause};
 use crate::recovery::{classify, Hold, Plan};
 
@@ -397,6 +397,10 @@ async fn claim(
         owner_id: env.owner,
         epoch,
     });
+    // Previews (pending waits only) to tell which wait records the claim changes: cheap,
+    // whatever the execution's length.
+    let before = machine.as_ref().map(Machine::preview);
+    let mut after = before.clone();
     let mut ignored = Vec::new();
     for (index, event) in events.iter().enumerate() {
         match event {
@@ -407,18 +411,27 @@ async fn claim(
             }
             _ => {}
         }
-        if let Some(machine) = &mut machine {
-            machine.apply(event, head.last_seq + index as u64 + 1, &mut ignored);
+        let seq = head.last_seq + index as u64 + 1;
+        for machine in [&mut machine, &mut after].into_iter().flatten() {
+            machine.apply(event, seq, &mut ignored);
         }
     }
     if let Some(machine) = &machine {
         next.state = machine.status();
         next.pause_reason = machine.pause_reason.clone();
     }
-    let transition = Transition::new(head.execution_id, events)
+    let mut transition = Transition::new(head.execution_id, events)
         .expect_version(head.version)
         .by_epoch(epoch)
         .with_head(next.clone());
+    if let (Some(before), Some(after)) = (&before, &after) {
+        // Live questions of the abandoned attempt end with it (W-4).
+        transition.upserts.extend(
+            changed_wait_records(before, after, head.execution_id)
+                .into_iter()
+                .map(Upsert::Wait),
+        );
+    }
     match env.store.submit(transition).await? {
         Outcome::Committed(committed) => {
             next.version = committed.version;

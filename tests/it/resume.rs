@@ -576,7 +576,13 @@ async fn r5_a_command_accepted_before_the_crash_is_decided_first_by_the_resumed_
             matches!(e, Event::AttemptStarted { .. })
         })
         .await;
-    let pause = accept_undecided(&runtime, execution, "pause", Control::Pause).await;
+    let pause = accept_undecided(
+        &runtime,
+        execution,
+        command("pause", None, None),
+        Control::Pause,
+    )
+    .await;
     crash(runtime);
     let runtime = restarts.open(RestartWindow::Unlimited);
     assert_eq!(
@@ -601,7 +607,13 @@ async fn r5_a_cancel_accepted_for_a_parked_execution_is_decided_at_its_next_acti
     let restarts = Restarts::new();
     let runtime = restarts.open(RestartWindow::Unlimited);
     let execution = restarts.start_paused(&runtime, vec![reply("done")]).await;
-    let cancel = accept_undecided(&runtime, execution, "cancel", Control::Cancel).await;
+    let cancel = accept_undecided(
+        &runtime,
+        execution,
+        command("cancel", None, None),
+        Control::Cancel,
+    )
+    .await;
     crash(runtime);
     let runtime = restarts.open(RestartWindow::Unlimited);
     runtime.recovery().await.expect("recovery");
@@ -623,38 +635,4 @@ async fn r5_a_cancel_accepted_for_a_parked_execution_is_decided_at_its_next_acti
         "cancelled"
     );
     runtime.halt();
-}
-
-/// Writes what an execution's actor writes when it accepts a control, and nothing more: the
-/// worker died before deciding it.
-async fn accept_undecided(
-    runtime: &openprogram::Runtime,
-    execution: openprogram::storage::ExecutionId,
-    kind: &str,
-    control: openprogram::storage::Control,
-) -> CommandRequest {
-    use openprogram::storage::{CommandRecord, CommandStatus, Upsert};
-    let request = command(kind, None, None);
-    let accepted = CommandRecord {
-        command_id: request.command_id,
-        execution_id: execution,
-        kind: kind.into(),
-        payload_hash: openprogram::actors::service::payload_hash(&request),
-        status: CommandStatus::Accepted,
-        reason: None,
-        result_version: None,
-        child_execution_id: None,
-        accepted_at_ms: 0,
-    };
-    let event = Event::ControlAccepted {
-        command_id: request.command_id,
-        control,
-    };
-    let saved = runtime
-        .store()
-        .submit(Transition::new(execution, vec![event]).with(Upsert::Command(accepted)))
-        .await
-        .expect("accept");
-    assert!(matches!(saved, openprogram::storage::Outcome::Committed(_)));
-    request
 }

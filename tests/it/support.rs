@@ -347,3 +347,36 @@ pub fn crash(runtime: Runtime) {
     runtime.halt();
     drop(runtime);
 }
+
+/// Writes what an execution's actor writes when it accepts a control, and nothing more: the
+/// worker died before deciding it.
+pub async fn accept_undecided(
+    runtime: &Runtime,
+    execution: ExecutionId,
+    request: CommandRequest,
+    control: openprogram::storage::Control,
+) -> CommandRequest {
+    use openprogram::storage::{CommandRecord, CommandStatus, Outcome, Transition, Upsert};
+    let accepted = CommandRecord {
+        command_id: request.command_id,
+        execution_id: execution,
+        kind: request.kind.clone(),
+        payload_hash: openprogram::actors::service::payload_hash(&request),
+        status: CommandStatus::Accepted,
+        reason: None,
+        result_version: None,
+        child_execution_id: None,
+        accepted_at_ms: 0,
+    };
+    let event = Event::ControlAccepted {
+        command_id: request.command_id,
+        control,
+    };
+    let saved = runtime
+        .store()
+        .submit(Transition::new(execution, vec![event]).with(Upsert::Command(accepted)))
+        .await
+        .expect("accept");
+    assert!(matches!(saved, Outcome::Committed(_)), "{saved:?}");
+    request
+}

@@ -18,7 +18,6 @@ use futures::FutureExt as _;
 use openprogram_storage::{
     AttemptLease, Checkpoint, EffectId, Event, ExecutionHead, ExecutionId,
     ExecutionState as Status, Outcome, ReceiptRecord, ReceiptStatus, Transition, Upsert, WaitId,
-    WaitRecord,
 };
 
 use crate::agent::{ModelRequest, ToolCall};
@@ -26,6 +25,7 @@ use crate::attempt_lease::{AttemptLeaseActor, LeaseState, Release, Renew};
 use crate::env::Env;
 use crate::error::Error;
 use crate::execution::live::CallHandle;
+use crate::execution::machine::changed_wait_records;
 use crate::execution::machine::{Action, Input, LiveOutcome, Machine, Next, PendingTool, Recovery};
 use crate::snapshot::Snapshot;
 
@@ -201,7 +201,11 @@ impl ExecutionActor {
                 });
             }
         }
-        upserts.extend(self.changed_waits(&preview).map(Upsert::Wait));
+        upserts.extend(
+            changed_wait_records(&self.machine, &preview, self.execution_id)
+                .into_iter()
+                .map(Upsert::Wait),
+        );
         head.state = preview.status();
         head.pause_reason = preview.pause_reason.clone();
         let mut transition =
@@ -211,32 +215,6 @@ impl ExecutionActor {
             transition = transition.by_epoch(epoch).with_head(head.clone());
         }
         (transition, head)
-    }
-
-    /// The wait records a transition changes: waits opened or moved on in `preview`.
-    fn changed_waits<'a>(&'a self, preview: &'a Machine) -> impl Iterator<Item = WaitRecord> + 'a {
-        preview.waits.iter().filter_map(move |wait| {
-            let before = self
-                .machine
-                .waits
-                .iter()
-                .find(|before| before.wait_id == wait.wait_id);
-            if before
-                .is_some_and(|before| before.status == wait.status && before.answer == wait.answer)
-            {
-                return None;
-            }
-            Some(WaitRecord {
-                wait_id: wait.wait_id,
-                execution_id: self.execution_id,
-                kind: wait.kind,
-                prompt: wait.prompt.clone(),
-                status: wait.status,
-                checkpoint_seq: wait.checkpoint_seq,
-                attempt_id: wait.live.map(|live| live.attempt_id),
-                answer: wait.answer.clone(),
-            })
-        })
     }
 
     /// The receipt record an event updates. Every receipt is in the log already (the

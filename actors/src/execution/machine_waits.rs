@@ -10,8 +10,9 @@
 //!   control, offered whatever the execution's state (P-2).
 
 use openprogram_storage::{
-    AnswerScope, AttemptId, CommandId, Control, EffectId, Event, ExecutionState as Status,
-    LiveBinding, ProcessId, ProcessState as ProcState, WaitId, WaitKind, WaitStatus,
+    AnswerScope, AttemptId, CommandId, Control, EffectId, Event, ExecutionId,
+    ExecutionState as Status, LiveBinding, ProcessId, ProcessState as ProcState, WaitId, WaitKind,
+    WaitRecord, WaitStatus,
 };
 
 use crate::execution::machine::{Action, Machine, Rejection, Turn};
@@ -385,6 +386,37 @@ impl Machine {
             .iter()
             .find(|wait| wait.live.is_none() && wait.status.is_pending())
     }
+}
+
+/// The wait records to write when `before` becomes `after`: waits opened, or moved on
+/// (status or answer). `after` may be a preview, which holds only the pending waits of
+/// `before` and what the transition did to them.
+pub fn changed_wait_records(
+    before: &Machine,
+    after: &Machine,
+    execution_id: ExecutionId,
+) -> Vec<WaitRecord> {
+    after
+        .waits
+        .iter()
+        .filter(|wait| {
+            !before.waits.iter().any(|old| {
+                old.wait_id == wait.wait_id
+                    && old.status == wait.status
+                    && old.answer == wait.answer
+            })
+        })
+        .map(|wait| WaitRecord {
+            wait_id: wait.wait_id,
+            execution_id,
+            kind: wait.kind,
+            prompt: wait.prompt.clone(),
+            status: wait.status,
+            checkpoint_seq: wait.checkpoint_seq,
+            attempt_id: wait.live.map(|live| live.attempt_id),
+            answer: wait.answer.clone(),
+        })
+        .collect()
 }
 
 fn truncate(text: &mut String, max: usize) {

@@ -1,0 +1,261 @@
+//! Managed processes through the library (P-1..P-3, R20): the built-in `shell` tool starts
+//! an OS command under a process actor; `stop_process` is its own control; Cancel leaves it
+//! running; a restart marks the processes of a dead incarnation lost and never signals them.
+//! Every OS process a test starts is ended by the test, by pid.
+
+use std::time::Duration;
+
+use openprogram::actors::process::os::{self, OsIdentity, StopSignal};
+use openprogram::storage::{
+    Event, ExecutionId, OwnerId, ProcessId, ProcessRecord, ProcessState, Transition, Upsert,
+};
+use openprogram::{CommandRequest, RestartWindow, Runtime, Snapshot};
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+fn shell(program: &str, args: &[&str], background: bool) -> Value {
+    json!({"tool": "shell", "args": {"program": program, "args": args, "background": background}})
+}
+
+fn harness_with_grace(grace: Duration) -> Harness {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = Runtime::builder()
+        .data_dir(dir.path())
+        .process_stop_grace(grace)
+        .open()
+        .expect("open");
+    Harness::with_runtime(runtime, dir)
+}
+
+fn stop_request(process_id: ProcessId) -> CommandRequest {
+    CommandRequest {
+        kind: "stop_process".into(),
+        process_id: Some(process_id),
+        ..Default::default()
+    }
+}
+
+async fn wait_process(harness: &Harness, execution: ExecutionId, state: &str) -> Snapshot {
+    harness
+        .wait_for(execution, state, |snapshot| {
+            snapshot
+                .processes
+                .first()
+                .is_some_and(|process| process.state == state)
+        })
+        .await
+}
+
+/// The OS identity the runtime recorded for a process.
+fn recorded_identity(runtime: &Runtime, process_id: ProcessId) -> OsIdentity {
+    let record = runtime
+        .store()
+        .process(process_id)
+        .expect("read")
+        .expect("record");
+    OsIdentity {
+        pid: record.os_pid.expect("pid"),
+        start_time: record.os_start_time.expect("start time"),
+    }
+}
+
+fn alive(identity: OsIdentity) -> bool {
+    os::identity_of(identity.pid).is_ok_and(|now| now.start_time == identity.start_time)
+}
+
+#[tokio::test]
+async fn p1_twenty_megabytes_of_output_keep_a_bounded_tail_and_every_byte_counted() {
+    let harness = Harness::new();
+    let script = vec![
+        shell("sh", &["-c", "yes 0123456789 | head -c 20000000"], false),
+        reply("done"),
+    ];
+    let execution = harness.start(script, None).await;
+    let done = harness.wait_for_state(execution, "completed").await;
+    let process = &done.processes[0];
+    assert_eq!(process.state, "exited", "{process:?}");
+    assert_eq!(process.exit_code, Some(0));
+    assert_eq!(process.output_bytes, 20_000_000);
+    assert_eq!(
+        process.output_tail.len(),
+        openprogram::actors::process::OUTPUT_TAIL_BYTES
+    );
+    // 20,000,000 bytes = 1,818,181 lines of 11 bytes and 9 bytes of the next.
+    assert!(
+        process.output_tail.ends_with("0123456789\n012345678"),
+        "{:?}",
+        &process.output_tail[65_000..]
+    );
+    let shell_receipt = done.receipts.iter().find(|receipt| receipt.tool == "shell");
+    assert_eq!(
+        shell_receipt.map(|receipt| receipt.status),
+        Some("confirmed")
+    );
+}
+
+#[tokio::test]
+async fn p1_stop_ends_a_process_that_ignores_sigterm_after_the_grace_period() {
+    let harness = harness_with_grace(Duration::from_millis(200));
+    let stubborn = "trap '' TERM; echo ready; while :; do sleep 0.05; done";
+    let script = vec![shell("sh", &["-c", stubborn], true), reply("started")];
+    let execution = harness.start(script, None).await;
+    let running = harness.wait_for_state(execution, "completed").await;
+    let process_id = running.processes[0].process_id;
+    // The trap is set before `ready` is printed: wait for the output to be persisted.
+    harness
+        .wait_for(execution, "its output", |snapshot| {
+            snapshot.processes[0].output_bytes > 0
+        })
+        .await;
+    let stop = harness
+        .runtime
+        .command(harness.session, execution, stop_request(process_id))
+        .await
+        .expect("stop");
+    assert_eq!(stop.status, "applied", "{stop:?}");
+    let stopped = wait_process(&harness, execution, "stopped").await;
+    assert_eq!(
+        stopped.processes[0].exit_code,
+        Some(128 + 9),
+        "SIGTERM was ignored"
+    );
+    assert!(!stopped.capabilities.contains(&"stop_process"));
+}
+
+/// P-2: Cancel ends the execution and its call, not its process: the process stays running
+/// and listed, and `stop_process` ends it.
+#[tokio::test]
+async fn p2_cancel_leaves_the_process_running_and_stop_process_ends_it() {
+    let harness = harness_with_grace(Duration::from_secs(5));
+    let script = vec![shell("sleep", &["30"], false), reply("never")];
+    let execution = harness.start(script, None).await;
+    let running = wait_process(&harness, execution, "running").await;
+    let process_id = running.processes[0].process_id;
+    let cancel = harness.command(execution, "cancel", None).await;
+    assert_eq!(cancel.status, "applied");
+    let cancelled = harness.wait_for_state(execution, "cancelled").await;
+    assert_eq!(cancelled.processes[0].state, "running");
+    assert_eq!(cancelled.capabilities, vec!["stop_process"]);
+    let identity = recorded_identity(&harness.runtime, process_id);
+    assert!(alive(identity), "Cancel stopped the process");
+    let stop = harness
+        .runtime
+        .command(harness.session, execution, stop_request(process_id))
+        .await
+        .expect("stop");
+    assert_eq!(stop.status, "applied", "{stop:?}");
+    let stopped = wait_process(&harness, execution, "stopped").await;
+    assert_eq!(stopped.processes[0].exit_code, Some(128 + 15));
+}
+
+/// P-2: an execution whose reply is done while its process runs still has work in
+/// progress: the process is listed running, with its own control.
+#[tokio::test]
+async fn p2_a_finished_reply_with_a_background_process_is_still_in_progress() {
+    let harness = Harness::new();
+    let script = vec![shell("sleep", &["30"], true), reply("started it")];
+    let execution = harness.start(script, None).await;
+    let done = harness.wait_for_state(execution, "completed").await;
+    assert_eq!(done.text, "started it");
+    assert_eq!(done.processes[0].state, "running");
+    assert_eq!(done.capabilities, vec!["stop_process"]);
+    let process_id = done.processes[0].process_id;
+    harness
+        .runtime
+        .command(harness.session, execution, stop_request(process_id))
+        .await
+        .expect("stop");
+    wait_process(&harness, execution, "stopped").await;
+}
+
+/// P-3, R20: after a crash, the processes of the dead incarnation are recorded lost and
+/// never signalled — neither the real one it left behind, nor a forged record pointing at
+/// a live process of someone else with a start time that does not match.
+#[tokio::test]
+async fn p3_r20_processes_of_a_dead_incarnation_are_lost_and_never_signalled() {
+    let restarts = Restarts::new();
+    let runtime = restarts.open(RestartWindow::Unlimited);
+    let script = vec![shell("sleep", &["30"], true), reply("started")];
+    let execution = restarts.start(&runtime, script).await.execution_id;
+    let done = restarts.wait_state(&runtime, execution, "completed").await;
+    let left = done.processes[0].process_id;
+    let left_identity = recorded_identity(&runtime, left);
+
+    // Someone else's process, and a forged record claiming its pid with another start time.
+    let mut stranger = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .expect("spawn sleep");
+    let stranger_identity = os::identity_of(stranger.id()).expect("identity");
+    let forged = forge_record(&runtime, execution, stranger_identity).await;
+    crash(runtime);
+
+    let runtime = restarts.open(RestartWindow::Unlimited);
+    let report = runtime.recovery().await.expect("recovery");
+    let mut lost = report.lost_processes.clone();
+    lost.sort();
+    let mut expected = vec![left, forged];
+    expected.sort();
+    assert_eq!(lost, expected);
+    let snapshot = restarts.snapshot(&runtime, execution).await;
+    assert!(
+        snapshot
+            .processes
+            .iter()
+            .all(|process| process.state == "lost"),
+        "{snapshot:?}"
+    );
+    let stop = runtime
+        .command(restarts.session, execution, stop_request(left))
+        .await
+        .expect("stop");
+    assert_eq!(
+        stop.status, "rejected",
+        "a lost process has no stop: {stop:?}"
+    );
+    assert!(
+        alive(left_identity),
+        "the left-behind process was signalled"
+    );
+    assert_eq!(
+        stranger.try_wait().expect("try_wait"),
+        None,
+        "the stranger was signalled"
+    );
+    runtime.halt();
+
+    // The test ends what it started, by pid, verified.
+    os::signal_verified(left_identity, StopSignal::Kill).expect("kill the left-behind sleep");
+    stranger.kill().expect("kill the stranger");
+    stranger.wait().expect("reap the stranger");
+}
+
+async fn forge_record(runtime: &Runtime, execution: ExecutionId, of: OsIdentity) -> ProcessId {
+    let process_id = ProcessId::new();
+    let record = ProcessRecord {
+        process_id,
+        execution_id: execution,
+        attempt_id: openprogram::storage::AttemptId::new(),
+        owner_id: OwnerId::new(),
+        program: "sleep".into(),
+        args: vec!["30".into()],
+        os_pid: Some(of.pid),
+        os_start_time: Some(of.start_time + 1),
+        state: ProcessState::Running,
+        exit_code: None,
+        output_bytes: 0,
+        output_chunks: Vec::new(),
+    };
+    let event = Event::ProcessChanged {
+        process_id,
+        state: "running".into(),
+    };
+    let saved = runtime
+        .store()
+        .submit(Transition::new(execution, vec![event]).with(Upsert::Process(record)))
+        .await
+        .expect("forge");
+    assert!(matches!(saved, openprogram::storage::Outcome::Committed(_)));
+    process_id
+}
