@@ -45,6 +45,9 @@ pub struct WaitView {
     /// `expired` or `invalidated`.
     pub status: &'static str,
     pub answer: Option<String>,
+    /// What an answer granted: `operation` (this one operation, never more) or
+    /// `discussion` (a reply that approves nothing). Scopes never widen implicitly.
+    pub scope: Option<&'static str>,
     /// The assistant message it belongs to: the execution's own `reply_message_id`, from
     /// its own record, never guessed (W-5).
     pub message_id: openprogram_storage::MessageId,
@@ -114,6 +117,10 @@ impl Snapshot {
                     prompt: wait.prompt.clone(),
                     status: wait.status.as_str(),
                     answer: wait.answer.clone(),
+                    scope: wait.scope.map(|scope| match scope {
+                        openprogram_storage::AnswerScope::Operation => "operation",
+                        openprogram_storage::AnswerScope::Discussion => "discussion",
+                    }),
                     message_id: head.reply_message_id,
                 })
                 .collect(),

@@ -259,3 +259,48 @@ async fn forge_record(runtime: &Runtime, execution: ExecutionId, of: OsIdentity)
     assert!(matches!(saved, openprogram::storage::Outcome::Committed(_)));
     process_id
 }
+
+/// P-3 with a real crash: `openprogram serve` runs the execution that starts a background
+/// `sleep`, and is killed with SIGKILL. The next start records the orphan lost, and never
+/// signals it; the test ends it, by its verified identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p3_a_process_left_by_a_killed_serve_is_lost_and_never_signalled() {
+    use std::process::{Command, Stdio};
+    let restarts = Restarts::new();
+    let sink_dir = tempfile::tempdir().expect("sink dir");
+    let sink = sink_dir.path().join("sink");
+    // The provider of this first runtime never decides: the execution is left for serve.
+    let runtime = restarts.open_freezing(0, RestartWindow::Unlimited);
+    let script = vec![
+        shell("sleep", &["31"], true),
+        json!({"tool": "append", "args": {"path": sink, "line": "after the shell"}}),
+        reply("done"),
+    ];
+    let execution = restarts.start(&runtime, script).await.execution_id;
+    crash(runtime);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_openprogram"))
+        .args(["serve", "--data"])
+        .arg(restarts.dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn openprogram serve");
+    // The append runs only after the shell's result, which comes after the process record.
+    let started = std::time::Instant::now();
+    while !sink.exists() {
+        assert!(started.elapsed() < DEADLINE, "serve never ran the script");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    child.kill().expect("SIGKILL"); // by pid: the child this test started
+    child.wait().expect("reap");
+
+    let runtime = restarts.open(RestartWindow::Unlimited);
+    let report = runtime.recovery().await.expect("recovery");
+    assert_eq!(report.lost_processes.len(), 1, "{report:?}");
+    let identity = recorded_identity(&runtime, report.lost_processes[0]);
+    assert!(alive(identity), "the orphan was signalled");
+    let done = restarts.wait_state(&runtime, execution, "completed").await;
+    assert_eq!(done.processes[0].state, "lost");
+    runtime.halt();
+    os::signal_verified(identity, StopSignal::Kill).expect("end the orphan");
+}

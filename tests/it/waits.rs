@@ -117,6 +117,7 @@ async fn w2_an_answer_retried_with_the_same_command_id_runs_the_operation_once()
     let done = harness.snapshot(execution).await;
     assert_eq!(done.waits[0].status, "answered");
     assert_eq!(done.waits[0].answer.as_deref(), Some("yes"));
+    assert_eq!(done.waits[0].scope, Some("operation"), "the default scope");
     assert_eq!(lines_of(&sink), 1, "the approved operation ran once");
     let record = runtime
         .store()
@@ -124,6 +125,40 @@ async fn w2_an_answer_retried_with_the_same_command_id_runs_the_operation_once()
         .expect("read")
         .expect("record");
     assert_eq!(record.status, WaitStatus::Answered);
+}
+
+/// W-2: a discussion reply answers the wait without deciding: the guarded operation is not
+/// approved, and never runs.
+#[tokio::test]
+async fn w2_a_discussion_reply_approves_nothing() {
+    let harness = Harness::new();
+    let sink_dir = tempfile::tempdir().expect("sink dir");
+    let sink = sink_dir.path().join("sink");
+    let script = vec![ask("append?"), append(&sink, "guarded"), reply("done")];
+    let execution = harness.start(script, None).await;
+    harness.wait_for_state(execution, "waiting").await;
+    let request = CommandRequest {
+        scope: Some("discussion".into()),
+        ..answer_request(CommandId::new(), None, "why do you need it?")
+    };
+    let (runtime, session) = (&harness.runtime, harness.session);
+    assert_eq!(
+        send(runtime, session, execution, request).await.status,
+        "applied"
+    );
+    let done = harness.wait_for_state(execution, "completed").await;
+    assert_eq!(done.waits[0].scope, Some("discussion"));
+    assert!(!sink.exists(), "a discussion reply approved the operation");
+    // A scope wider than one operation does not exist.
+    let wider = CommandRequest {
+        scope: Some("always".into()),
+        ..answer_request(CommandId::new(), None, "yes")
+    };
+    let refused = runtime.command(session, execution, wider).await;
+    assert!(
+        matches!(refused, Err(openprogram::Error::InvalidRequest(_))),
+        "{refused:?}"
+    );
 }
 
 /// W-3 regression across a restart: the first wait is answered, the second is open; an

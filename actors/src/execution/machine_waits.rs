@@ -31,6 +31,8 @@ pub struct WaitState {
     pub checkpoint_seq: u64,
     /// The submitted or accepted answer.
     pub answer: Option<String>,
+    /// What an applied answer granted (W-2): this one operation, or nothing (discussion).
+    pub scope: Option<AnswerScope>,
     pub live: Option<LiveBinding>,
 }
 
@@ -282,6 +284,7 @@ impl Machine {
                 self.checkpoint_seq
             },
             answer: None,
+            scope: None,
             live,
         });
     }
@@ -333,6 +336,9 @@ impl Machine {
             return;
         }
         wait.answer.clone_from(&answer);
+        if let Control::Answer { scope, .. } = control {
+            wait.scope = Some(*scope);
+        }
         if wait.live.is_some() {
             return;
         }
