@@ -248,6 +248,12 @@ impl Runtime {
         self.inner.service.snapshot(session, execution).await
     }
 
+    /// B-2..B-5: the session's conversation branches, in Needs attention, In progress and
+    /// History.
+    pub fn activity(&self, session: SessionId) -> Result<openprogram_actors::activity::Activity> {
+        self.inner.service.activity(session)
+    }
+
     /// W-5: the pending waits to show with one assistant message of a session.
     pub fn pending_waits(
         &self,

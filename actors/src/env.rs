@@ -19,8 +19,8 @@ use openprogram_storage::{
 use crate::agent::{Provider, ToolRegistry};
 use crate::attempt_lease::LeaseState;
 use crate::error::{Error, Result};
-use crate::execution::actor::{Activate, ExecutionActor};
-use crate::execution::machine::{Machine, Recovery};
+use crate::execution::actor::{Activate, ExecutionActor, Superseded};
+use crate::execution::machine::{changed_wait_records, Machine, Recovery};
 use crate::recovery::{Clock, RestartWindow};
 
 /// Told once an execution ends (`Ok`), or stops without ending (`Err`).
@@ -398,16 +398,28 @@ impl Env {
                 owner_id: self.owner,
                 epoch,
             });
-            let transition = Transition::new(execution_id, vec![claim])
+            // Live questions of the old attempt end with the claim (W-4): their records too.
+            let (_, before) = load(self.store.as_ref(), execution_id)?;
+            let (before, mut after) = (before.preview(), before.preview());
+            after.apply(&claim, head.last_seq + 1, &mut Vec::new());
+            let mut transition = Transition::new(execution_id, vec![claim])
                 .expect_version(head.version)
                 .by_epoch(epoch)
                 .with_head(head);
+            transition.upserts.extend(
+                changed_wait_records(&before, &after, execution_id)
+                    .into_iter()
+                    .map(openprogram_storage::Upsert::Wait),
+            );
             match self.store.submit(transition).await? {
                 Outcome::Committed(_) => {}
                 // The old attempt moved on, or another claim won: not lapsed after all.
                 _ => continue,
             }
             tracing::warn!(%execution_id, epoch, "lapsed attempt replaced by a new one");
+            // Once its thread runs again, the old actor stops: its calls waiting for an
+            // answer are told, instead of waiting for a write that would be fenced.
+            old.addr.do_send(Superseded);
             let (head, machine) = load(self.store.as_ref(), execution_id)?;
             self.start_claimed(head, machine, lease);
             reclaimed.push(execution_id);

@@ -3,6 +3,8 @@
 //! - `execution::machine` — the pure state machine of an agent turn;
 //! - `execution::actor` — the actor shell around it;
 //! - `agent` — the `Provider` and `Tool` traits and the built-ins of SPEC §6;
+//! - `activity` — the Activity projection of a session's branches, pure (B-1..B-5);
+//! - `branches` — Activity, Fork, Retry and Cancel of descendants in the command service;
 //! - `attempt_lease` — the lease actor of each running attempt;
 //! - `process` — managed processes: the process actor and its OS side (P-1..P-3);
 //! - `env` — what a runtime's actors share, and the directory of live executions;
@@ -16,8 +18,10 @@
 //! the execution state machine stays pure (no actix, sled or clock). Nothing here writes to
 //! disk except through a storage `Transition`.
 
+pub mod activity;
 pub mod agent;
 pub mod attempt_lease;
+pub mod branches;
 pub mod env;
 pub mod error;
 pub mod execution;

@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::execution::actor::GetSnapshot;
 use crate::execution::commands::{payload_hash_of, ApplyControl};
 use crate::execution::machine::AgentInput;
+use crate::process::Summarize;
 use crate::snapshot::Snapshot;
 
 /// A new agent turn.
@@ -73,6 +74,9 @@ pub struct CommandRequest {
     /// `stop_process`: the process.
     #[serde(default)]
     pub process_id: Option<ProcessId>,
+    /// `fork`: the checkpoint seq to fork from (default: the latest saved point).
+    #[serde(default)]
+    pub checkpoint: Option<u64>,
 }
 
 /// A command with a fresh id and no fields: fill in `kind` and what it needs.
@@ -88,6 +92,7 @@ impl Default for CommandRequest {
             answer: None,
             scope: None,
             process_id: None,
+            checkpoint: None,
         }
     }
 }
@@ -103,7 +108,7 @@ pub struct CommandReply {
 }
 
 impl CommandReply {
-    fn of(record: &CommandRecord) -> Self {
+    pub(crate) fn of(record: &CommandRecord) -> Self {
         Self {
             command_id: record.command_id,
             status: match record.status {
@@ -164,6 +169,13 @@ fn control_of(request: &CommandRequest) -> Result<Control> {
                 output,
             })
         }
+        "answer" | "decline" if request.wait_id.is_none() && request.expected_version.is_none() => {
+            // Without either, an answer meant for one wait could land on a newer one (W-3).
+            Err(Error::InvalidRequest(format!(
+                "{} needs `wait_id`, or `expected_version` to pin the execution's pending wait",
+                request.kind
+            )))
+        }
         "answer" => {
             let answer = request.answer.clone().unwrap_or_default();
             if answer.len() > STEER_BYTES_MAX {
@@ -195,7 +207,7 @@ fn control_of(request: &CommandRequest) -> Result<Control> {
                 "stop_process needs `process_id`".into(),
             )),
         },
-        "fork" | "retry" | "set_policy" => Err(Error::InvalidRequest(format!(
+        "set_policy" => Err(Error::InvalidRequest(format!(
             "`{}` is not supported by this build yet",
             request.kind
         ))),
@@ -220,6 +232,7 @@ pub fn payload_hash(request: &CommandRequest) -> [u8; 32] {
             ("answer", request.answer.clone()),
             ("scope", request.scope.clone()),
             ("process_id", request.process_id.map(|id| id.to_string())),
+            ("checkpoint", request.checkpoint.map(|seq| seq.to_string())),
         ],
     )
 }
@@ -245,7 +258,11 @@ impl Service {
     }
 
     /// The head of an execution of this session.
-    fn head_in(&self, session_id: SessionId, execution_id: ExecutionId) -> Result<ExecutionHead> {
+    pub(crate) fn head_in(
+        &self,
+        session_id: SessionId,
+        execution_id: ExecutionId,
+    ) -> Result<ExecutionHead> {
         match self.env.store.head(execution_id)? {
             Some(head) if head.session_id == session_id => Ok(head),
             _ => Err(Error::NotFound),
@@ -345,6 +362,27 @@ impl Service {
         execution_id: ExecutionId,
         request: CommandRequest,
     ) -> Result<CommandReply> {
+        match request.kind.as_str() {
+            "fork" => return self.fork(session_id, execution_id, request, false).await,
+            "retry" => return self.fork(session_id, execution_id, request, true).await,
+            _ => {}
+        }
+        let cancel = (request.kind == "cancel").then_some(request.command_id);
+        let reply = self.control(session_id, execution_id, request).await?;
+        if let Some(command_id) = cancel.filter(|_| reply.status == "applied") {
+            self.cancel_descendants(session_id, execution_id, command_id)
+                .await?;
+        }
+        Ok(reply)
+    }
+
+    /// A control command, through the execution's mailbox (K-1, K-6).
+    async fn control(
+        &self,
+        session_id: SessionId,
+        execution_id: ExecutionId,
+        request: CommandRequest,
+    ) -> Result<CommandReply> {
         self.head_in(session_id, execution_id)?;
         let control = control_of(&request)?;
         // Startup recovery may be claiming this very execution: let it finish first.
@@ -414,13 +452,29 @@ impl Service {
     ) -> Result<Snapshot> {
         self.head_in(session_id, execution_id)?;
         let store = self.env.store.as_ref();
-        if let Some(addr) = self.env.directory.live(execution_id) {
-            if let Ok(snapshot) = addr.send(GetSnapshot).await {
-                return Ok(snapshot.with_process_records(store));
+        let live = match self.env.directory.live(execution_id) {
+            Some(addr) => addr.send(GetSnapshot).await.ok(),
+            None => None,
+        };
+        let snapshot = match live {
+            Some(snapshot) => snapshot,
+            None => {
+                let (head, machine) = load(store, execution_id)?;
+                Snapshot::of(&head, &machine)
+            }
+        };
+        let mut snapshot = snapshot.with_process_records(store);
+        // A running process's output is persisted now and then; its actor knows it now.
+        for view in &mut snapshot.processes {
+            let Some(addr) = self.env.processes.get(view.process_id) else {
+                continue;
+            };
+            if let Ok(now) = addr.send(Summarize).await {
+                view.output_bytes = now.output_bytes;
+                view.output_tail = now.output_tail;
             }
         }
-        let (head, machine) = load(store, execution_id)?;
-        Ok(Snapshot::of(&head, &machine).with_process_records(store))
+        Ok(snapshot)
     }
 
     /// W-5: the pending waits to show with the assistant message `message_id` of this

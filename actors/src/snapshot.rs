@@ -117,10 +117,7 @@ impl Snapshot {
                     prompt: wait.prompt.clone(),
                     status: wait.status.as_str(),
                     answer: wait.answer.clone(),
-                    scope: wait.scope.map(|scope| match scope {
-                        openprogram_storage::AnswerScope::Operation => "operation",
-                        openprogram_storage::AnswerScope::Discussion => "discussion",
-                    }),
+                    scope: wait.scope.map(openprogram_storage::AnswerScope::as_str),
                     message_id: head.reply_message_id,
                 })
                 .collect(),

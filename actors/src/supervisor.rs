@@ -147,7 +147,7 @@ pub async fn recover(env: Arc<Env>) -> Result<RecoveryReport> {
 async fn recover_all(env: &Arc<Env>) -> Result<RecoveryReport> {
     let started = Instant::now();
     let mut report = RecoveryReport {
-        lost_processes: mark_lost_processes(env).await?,
+        lost_processes: mark_lost_processes(env).await,
         ..RecoveryReport::default()
     };
     let now_ms = env.clock.now_ms();
@@ -199,6 +199,14 @@ async fn recover_all(env: &Arc<Env>) -> Result<RecoveryReport> {
         let (head, machine, lease) = *resumed;
         env.start_claimed(head, machine, lease);
     }
+    for execution_id in &report.reconciling {
+        match env.activate(*execution_id) {
+            Ok(addr) => addr.do_send(ReconcileUnknown),
+            Err(error) => {
+                tracing::error!(%execution_id, %error, "asking the reconcile protocol failed")
+            }
+        }
+    }
     report.elapsed = started.elapsed();
     tracing::info!(
         classified = report.classified,
@@ -212,15 +220,28 @@ async fn recover_all(env: &Arc<Env>) -> Result<RecoveryReport> {
 }
 
 /// P-3: every process record still `running` under another incarnation is marked `lost`,
-/// in a transition of its execution (before any claim, so no actor writes meanwhile).
-async fn mark_lost_processes(env: &Arc<Env>) -> Result<Vec<ProcessId>> {
+/// in a transition of its execution (before any claim, so no actor writes meanwhile). One
+/// record's failure (a quarantined execution) never stops the others, or the recovery.
+async fn mark_lost_processes(env: &Arc<Env>) -> Vec<ProcessId> {
     let mut lost = Vec::new();
-    for mut record in env.store.processes()? {
+    let records = match env.store.processes() {
+        Ok(records) => records,
+        Err(error) => {
+            tracing::error!(%error, "reading process records failed; none marked lost");
+            return lost;
+        }
+    };
+    for mut record in records {
         if record.state != ProcessState::Running || record.owner_id == env.owner {
             continue;
         }
-        let Some(head) = env.store.head(record.execution_id)? else {
-            continue;
+        let head = match env.store.head(record.execution_id) {
+            Ok(Some(head)) => head,
+            Ok(None) => continue,
+            Err(error) => {
+                tracing::error!(process_id = %record.process_id, %error, "not marked lost: its execution cannot be read");
+                continue;
+            }
         };
         let process_id = record.process_id;
         record.state = ProcessState::Lost;
@@ -233,8 +254,8 @@ async fn mark_lost_processes(env: &Arc<Env>) -> Result<Vec<ProcessId>> {
         )
         .expect_version(head.version)
         .with(Upsert::Process(record));
-        match env.store.submit(transition).await? {
-            Outcome::Committed(_) => {
+        match env.store.submit(transition).await {
+            Ok(Outcome::Committed(_)) => {
                 tracing::warn!(%process_id, execution_id = %head.execution_id, "a process of a dead incarnation is recorded lost; it is never signalled");
                 lost.push(process_id);
             }
@@ -243,7 +264,7 @@ async fn mark_lost_processes(env: &Arc<Env>) -> Result<Vec<ProcessId>> {
             }
         }
     }
-    Ok(lost)
+    lost
 }
 
 enum Done {
@@ -261,10 +282,9 @@ async fn act_on(env: &Arc<Env>, head: ExecutionHead, plan: Plan) -> Result<Done>
     }
     match plan {
         Plan::Stay => Ok(Done::Nothing),
-        Plan::Reconcile => {
-            env.activate(head.execution_id)?.do_send(ReconcileUnknown);
-            Ok(Done::Reconciling)
-        }
+        // Asked once every claim is durable: a protocol's `not_applied` runs the effect again,
+        // and nothing runs before the claims.
+        Plan::Reconcile => Ok(Done::Reconciling),
         Plan::Hold(hold) => {
             if let Some(done) = unknown_instead(env, &head, None).await? {
                 return Ok(done);

@@ -141,6 +141,15 @@ pub enum Event {
         process_id: ProcessId,
         output_bytes: u64,
     },
+    /// K-2 Fork: this execution continues another's history from one of its checkpoints.
+    /// `state` is the JSON the machine resumes from (context, iterations, the next tool
+    /// call under a fresh effect id): a copy, so the original's events never change and
+    /// nothing here depends on them staying readable.
+    Forked {
+        from_execution_id: ExecutionId,
+        checkpoint_seq: u64,
+        state: String,
+    },
 }
 
 impl Event {
@@ -168,6 +177,7 @@ impl Event {
             Event::ControlAccepted { .. } => "command_accepted",
             Event::WaitOpened { .. } => "wait_opened",
             Event::ProcessOutput { .. } => "process_output",
+            Event::Forked { .. } => "forked",
         }
     }
 }

@@ -18,8 +18,9 @@
 //! | 0x0A   | state code u8, execution id           | empty: non-terminal index   |
 //! | 0x0B   | incarnation number u64                | codec(Incarnation)          |
 //! | 0x0C   | execution id                          | codec(String): quarantined  |
+//! | 0x0D   | session id, execution id              | empty: executions by session|
 
-use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, WaitId};
+use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, SessionId, WaitId};
 use crate::records::{BlobHash, ExecutionState};
 
 pub const META: u8 = 0x01;
@@ -34,6 +35,7 @@ pub const BLOB: u8 = 0x09;
 pub const BY_STATE: u8 = 0x0A;
 pub const INCARNATION: u8 = 0x0B;
 pub const QUARANTINE: u8 = 0x0C;
+pub const BY_SESSION: u8 = 0x0D;
 
 pub const META_SCHEMA_VERSION: &str = "schema_version";
 /// Position of the last event whose head, events and records are written to their own keys.
@@ -108,6 +110,17 @@ pub fn by_state(state: ExecutionState, execution_id: ExecutionId) -> [u8; 18] {
     key
 }
 
+pub fn by_session_prefix(session_id: SessionId) -> [u8; 17] {
+    prefixed_id(BY_SESSION, session_id.as_bytes())
+}
+
+pub fn by_session(session_id: SessionId, execution_id: ExecutionId) -> [u8; 33] {
+    let mut key = [0u8; 33];
+    key[..17].copy_from_slice(&by_session_prefix(session_id));
+    key[17..].copy_from_slice(execution_id.as_bytes());
+    key
+}
+
 pub fn quarantine(execution_id: ExecutionId) -> [u8; 17] {
     prefixed_id(QUARANTINE, execution_id.as_bytes())
 }
@@ -137,6 +150,7 @@ pub fn tree_name(key: &[u8]) -> &'static str {
         Some(&BY_STATE) => "by_state",
         Some(&INCARNATION) => "incarnations",
         Some(&QUARANTINE) => "quarantine",
+        Some(&BY_SESSION) => "by_session",
         _ => "unknown",
     }
 }

@@ -4,21 +4,41 @@
 //!
 //! Changelog:
 //! - 1: the initial layout (`keys.rs`, record format 1, log format 1).
+//! - 2: the executions-by-session index (`0x0D`), backfilled from the heads on disk;
+//!   executions created in the unmaterialized log tail get theirs when it is replayed.
 
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::keys;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// One migration: from `from` to `from + 1`, adding its changes to the batch.
 type Step = fn(&sled::Db, &mut sled::Batch) -> Result<()>;
 
 /// Steps by the version they start from. Version 0 is an empty store.
-const STEPS: &[(u32, Step)] = &[(0, initialize)];
+const STEPS: &[(u32, Step)] = &[(0, initialize), (1, index_by_session)];
 
 fn initialize(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
+    Ok(())
+}
+
+/// 1 → 2: one empty key per execution under its session. A head that does not decode is
+/// left out (its execution is quarantined at its first read, as before).
+fn index_by_session(db: &sled::Db, batch: &mut sled::Batch) -> Result<()> {
+    for item in db.scan_prefix([keys::HEAD]) {
+        let (key, bytes) = item?;
+        let Some(execution_id) = keys::execution_at(&key, 1) else {
+            continue;
+        };
+        match codec::decode::<crate::records::ExecutionHead>(&key, &bytes) {
+            Ok(head) => batch.insert(&keys::by_session(head.session_id, execution_id)[..], &[]),
+            Err(error) => {
+                tracing::warn!(%execution_id, %error, "not indexed by session: its head does not decode")
+            }
+        }
+    }
     Ok(())
 }
 

@@ -98,6 +98,16 @@ impl Overlay {
         Some((&newest.head, indexed_state))
     }
 
+    /// The executions of a session held here (new ones are not on disk yet).
+    pub fn in_session(&self, session_id: crate::ids::SessionId) -> Vec<ExecutionId> {
+        [&self.frozen, &self.active]
+            .into_iter()
+            .flat_map(|layer| layer.execs.iter())
+            .filter(|(_, dirty)| dirty.head.session_id == session_id)
+            .map(|(execution_id, _)| *execution_id)
+            .collect()
+    }
+
     /// Every process record held here, the newest version of each.
     pub fn processes(&self) -> HashMap<RecordKey, crate::records::ProcessRecord> {
         let mut found = HashMap::new();
@@ -275,6 +285,11 @@ fn write_dirty(
             &keys::events(execution_id, first.first_seq)[..],
             codec::encode(&dirty.frame_refs),
         );
+        if first.first_seq == 1 {
+            // The chunk that created the execution: list it under its session, once.
+            let key = keys::by_session(dirty.head.session_id, execution_id);
+            batch.insert(&key[..], &[]);
+        }
     }
     let now_indexed = index_state(&dirty.head);
     if indexed_on_disk != now_indexed {

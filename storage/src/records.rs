@@ -226,6 +226,16 @@ pub enum AnswerScope {
     Discussion,
 }
 
+impl AnswerScope {
+    /// The `scope` of the HTTP contract.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AnswerScope::Operation => "operation",
+            AnswerScope::Discussion => "discussion",
+        }
+    }
+}
+
 impl Control {
     /// The command kind of the HTTP contract (`"pause"`, `"steer"`, ...).
     pub fn kind(&self) -> &'static str {

@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::codec::{self, DecodedFrame, FrameRef, RecordValue};
 use crate::error::{Error, Result};
 use crate::event::EventEnvelope;
-use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, WaitId};
+use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, SessionId, WaitId};
 use crate::keys;
 use crate::log::{self, Request};
 use crate::migrate;
@@ -54,6 +54,8 @@ pub trait EventStore: Send + Sync + 'static {
     fn receipt(&self, effect_id: EffectId) -> Result<Option<ReceiptRecord>>;
     fn wait(&self, wait_id: WaitId) -> Result<Option<WaitRecord>>;
     fn process(&self, process_id: ProcessId) -> Result<Option<ProcessRecord>>;
+    /// The executions of a session, in id order (ids are time-ordered: admission order).
+    fn executions_in_session(&self, session_id: SessionId) -> Result<Vec<ExecutionId>>;
     /// Every process record (P-3: startup marks those of a dead owner lost). Process
     /// records are few (one per started process), so this reads them all.
     fn processes(&self) -> Result<Vec<ProcessRecord>>;
@@ -445,6 +447,29 @@ impl EventStore for Store {
 
     fn process(&self, process_id: ProcessId) -> Result<Option<ProcessRecord>> {
         self.record(keys::process(process_id))
+    }
+
+    fn executions_in_session(&self, session_id: SessionId) -> Result<Vec<ExecutionId>> {
+        self.read_consistent(
+            |overlay| overlay.in_session(session_id),
+            |held| {
+                let mut found: BTreeSet<ExecutionId> = held.into_iter().collect();
+                for item in self
+                    .shared()
+                    .db
+                    .scan_prefix(keys::by_session_prefix(session_id))
+                {
+                    let (key, _) = item?;
+                    let execution_id =
+                        keys::execution_at(&key, 17).ok_or_else(|| Error::Corrupted {
+                            tree: "by_session",
+                            key: keys::display(&key),
+                        })?;
+                    found.insert(execution_id);
+                }
+                Ok(found.into_iter().collect())
+            },
+        )
     }
 
     fn processes(&self) -> Result<Vec<ProcessRecord>> {

@@ -33,9 +33,10 @@ async fn e3_twenty_step_turn_completes_with_twenty_confirmed_tool_receipts() {
         count(&events, |e| matches!(e, Event::ToolFinished { .. })),
         20
     );
-    assert!(
-        snapshot.capabilities.is_empty(),
-        "a completed turn offers no control"
+    assert_eq!(
+        snapshot.capabilities,
+        vec!["fork", "retry"],
+        "a completed turn offers only new child executions"
     );
 }
 

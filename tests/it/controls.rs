@@ -229,7 +229,7 @@ async fn k3_a_control_outside_the_capabilities_is_rejected_with_the_list() {
     assert_eq!(rejected.status, "rejected");
     let reason = rejected.reason.unwrap_or_default();
     assert!(
-        reason.contains("available: [pause, steer, cancel]"),
+        reason.contains("available: [pause, steer, cancel, fork]"),
         "{reason}"
     );
 }

@@ -269,7 +269,8 @@ async fn r11_repeated_startup_with_crashes_during_recovery_dispatches_nothing_tw
     eprintln!("r11: crashed startups (left to recover, claimed, kill after ms) {crashes:?}, {reconciled} reconciled");
 }
 
-/// (executions not yet ended, recovery claims recorded so far) of `started`.
+/// (executions a startup resumes, recovery claims recorded so far) of `started`. An
+/// execution awaiting reconciliation is not resumed: recovery hands it to its protocol.
 fn claims(store: &Store, started: &[StartReply]) -> (usize, usize) {
     let mut left = 0;
     let mut claims = 0;
@@ -278,7 +279,9 @@ fn claims(store: &Store, started: &[StartReply]) -> (usize, usize) {
             .head(execution.execution_id)
             .expect("head")
             .expect("exists");
-        left += usize::from(!head.state.is_terminal());
+        left += usize::from(
+            !head.state.is_terminal() && head.state != ExecutionState::ReconciliationRequired,
+        );
         claims += store
             .events_after(execution.execution_id, 0, usize::MAX)
             .expect("events")

@@ -60,6 +60,19 @@ fn recorded_identity(runtime: &Runtime, process_id: ProcessId) -> OsIdentity {
     }
 }
 
+/// Kills a process the test started (through the runtime) if the test ends before the
+/// runtime stops it: a failing test leaves nothing running.
+struct EndOnDrop(Option<OsIdentity>);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        if let Some(identity) = self.0 {
+            // Verified: never a reused pid. Gone already is the usual case.
+            let _ = os::signal_verified(identity, StopSignal::Kill);
+        }
+    }
+}
+
 fn alive(identity: OsIdentity) -> bool {
     os::identity_of(identity.pid).is_ok_and(|now| now.start_time == identity.start_time)
 }
@@ -102,7 +115,8 @@ async fn p1_stop_ends_a_process_that_ignores_sigterm_after_the_grace_period() {
     let execution = harness.start(script, None).await;
     let running = harness.wait_for_state(execution, "completed").await;
     let process_id = running.processes[0].process_id;
-    // The trap is set before `ready` is printed: wait for the output to be persisted.
+    let _end = EndOnDrop(Some(recorded_identity(&harness.runtime, process_id)));
+    // The trap is set before `ready` is printed: wait for its output.
     harness
         .wait_for(execution, "its output", |snapshot| {
             snapshot.processes[0].output_bytes > 0
@@ -132,11 +146,15 @@ async fn p2_cancel_leaves_the_process_running_and_stop_process_ends_it() {
     let execution = harness.start(script, None).await;
     let running = wait_process(&harness, execution, "running").await;
     let process_id = running.processes[0].process_id;
+    let _end = EndOnDrop(Some(recorded_identity(&harness.runtime, process_id)));
     let cancel = harness.command(execution, "cancel", None).await;
     assert_eq!(cancel.status, "applied");
     let cancelled = harness.wait_for_state(execution, "cancelled").await;
     assert_eq!(cancelled.processes[0].state, "running");
-    assert_eq!(cancelled.capabilities, vec!["stop_process"]);
+    assert_eq!(
+        cancelled.capabilities,
+        vec!["stop_process", "fork", "retry"]
+    );
     let identity = recorded_identity(&harness.runtime, process_id);
     assert!(alive(identity), "Cancel stopped the process");
     let stop = harness
@@ -159,8 +177,9 @@ async fn p2_a_finished_reply_with_a_background_process_is_still_in_progress() {
     let done = harness.wait_for_state(execution, "completed").await;
     assert_eq!(done.text, "started it");
     assert_eq!(done.processes[0].state, "running");
-    assert_eq!(done.capabilities, vec!["stop_process"]);
+    assert_eq!(done.capabilities, vec!["stop_process", "fork", "retry"]);
     let process_id = done.processes[0].process_id;
+    let _end = EndOnDrop(Some(recorded_identity(&harness.runtime, process_id)));
     harness
         .runtime
         .command(harness.session, execution, stop_request(process_id))

@@ -436,7 +436,7 @@ async fn r8_an_operator_reconcile_resolves_an_effect_without_a_protocol() {
         let snapshot = restarts
             .wait_state(&runtime, execution, "reconciliation_required")
             .await;
-        assert_eq!(snapshot.capabilities, vec!["reconcile", "cancel"]);
+        assert_eq!(snapshot.capabilities, vec!["reconcile", "cancel", "fork"]);
         let refused = runtime
             .command(restarts.session, execution, command("continue", None, None))
             .await

@@ -66,8 +66,23 @@ async fn w2_decline_never_runs_the_guarded_operation() {
     assert_eq!(waiting.waits[0].status, "open");
     assert_eq!(waiting.waits[0].kind, "approval");
     assert_eq!(waiting.waits[0].message_id, waiting.reply_message_id);
-    // No wait named: it declines the pending one.
-    let declined = harness.command(execution, "decline", None).await;
+    // No wait named: `expected_version` pins the pending one; with neither, it is refused.
+    let (runtime, session) = (&harness.runtime, harness.session);
+    let unpinned = CommandRequest {
+        kind: "decline".into(),
+        ..Default::default()
+    };
+    let refused = runtime.command(session, execution, unpinned).await;
+    assert!(
+        matches!(refused, Err(openprogram::Error::InvalidRequest(_))),
+        "{refused:?}"
+    );
+    let pinned = CommandRequest {
+        kind: "decline".into(),
+        expected_version: Some(waiting.version),
+        ..Default::default()
+    };
+    let declined = send(runtime, session, execution, pinned).await;
     assert_eq!(declined.status, "applied", "{declined:?}");
     let done = harness.wait_for_state(execution, "completed").await;
     assert_eq!(done.text, "done");
@@ -136,10 +151,10 @@ async fn w2_a_discussion_reply_approves_nothing() {
     let sink = sink_dir.path().join("sink");
     let script = vec![ask("append?"), append(&sink, "guarded"), reply("done")];
     let execution = harness.start(script, None).await;
-    harness.wait_for_state(execution, "waiting").await;
+    let wait_id = harness.wait_for_state(execution, "waiting").await.waits[0].wait_id;
     let request = CommandRequest {
         scope: Some("discussion".into()),
-        ..answer_request(CommandId::new(), None, "why do you need it?")
+        ..answer_request(CommandId::new(), Some(wait_id), "why do you need it?")
     };
     let (runtime, session) = (&harness.runtime, harness.session);
     assert_eq!(
@@ -152,7 +167,7 @@ async fn w2_a_discussion_reply_approves_nothing() {
     // A scope wider than one operation does not exist.
     let wider = CommandRequest {
         scope: Some("always".into()),
-        ..answer_request(CommandId::new(), None, "yes")
+        ..answer_request(CommandId::new(), Some(wait_id), "yes")
     };
     let refused = runtime.command(session, execution, wider).await;
     assert!(
@@ -264,14 +279,24 @@ async fn w1_a_wait_survives_kill9_and_an_answer_after_restart_completes_the_turn
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn openprogram serve");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let line = lines
-        .find(|line| {
-            line.as_ref()
-                .is_ok_and(|line| line.contains("startup recovery"))
-        })
-        .expect("serve reports its recovery")
-        .expect("utf-8");
+    // Read on a thread, so a serve that never reports fails the test at the deadline.
+    let stderr = child.stderr.take().expect("stderr");
+    let (lines, reported) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let line = loop {
+        let line = reported
+            .recv_timeout(DEADLINE)
+            .expect("serve reports its recovery");
+        if line.contains("startup recovery") {
+            break line;
+        }
+    };
     assert!(
         line.contains("0 resumed"),
         "a waiting execution is not resumed: {line}"
@@ -284,11 +309,12 @@ async fn w1_a_wait_survives_kill9_and_an_answer_after_restart_completes_the_turn
     let waiting = restarts.snapshot(&runtime, execution).await;
     assert_eq!(waiting.state, "waiting");
     assert_eq!(waiting.waits[0].status, "open");
+    let wait_id = Some(waiting.waits[0].wait_id);
     let answered = send(
         &runtime,
         restarts.session,
         execution,
-        answer_request(CommandId::new(), None, "yes"),
+        answer_request(CommandId::new(), wait_id, "yes"),
     )
     .await;
     assert_eq!(answered.status, "applied", "{answered:?}");
@@ -492,7 +518,7 @@ async fn w4_concurrent_askers_receive_only_their_own_answers() {
             assert_eq!(reply.status, "applied");
         }
     }
-    // A question of one execution cannot be answered through another.
+    // Each call got exactly the answers to its own questions, in its own order.
     for (execution, expected) in [
         (one, r#"["answered:to a?","answered:to b?"]"#),
         (two, r#"["answered:to c?"]"#),

@@ -201,6 +201,15 @@ impl ExecutionActor {
                 });
             }
         }
+        // The checkpoint names what comes next once the whole transition is applied: after an
+        // `Ask`, the wait opened after the checkpoint event in the same transition.
+        if let Some(checkpoint) = head
+            .checkpoint
+            .as_mut()
+            .filter(|c| c.seq > self.head.last_seq)
+        {
+            checkpoint.next_action = preview.next_action();
+        }
         upserts.extend(
             changed_wait_records(&self.machine, &preview, self.execution_id)
                 .into_iter()
@@ -341,7 +350,7 @@ impl ExecutionActor {
                 Action::Park => self.park_if_idle(ctx),
                 Action::Reconcile => self.start_reconcile(ctx),
                 Action::LiveResolved { wait_id, outcome } => self.live_resolved(wait_id, outcome),
-                Action::StopProcess { process_id } => self.stop_process(process_id),
+                Action::StopProcess { process_id } => self.stop_process(process_id, ctx),
                 Action::RunDispatched => {
                     if let Some(pending) = self.machine.pending_tool.clone() {
                         if self.in_flight.is_none() {
@@ -597,6 +606,26 @@ fn bounded(mut output: String) -> String {
         output.push_str("…[truncated]");
     }
     output
+}
+
+/// A newer attempt took over this one (its lease lapsed): stop, ending what waits on it.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Superseded;
+
+impl Handler<Superseded> for ExecutionActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Superseded, ctx: &mut Context<Self>) {
+        self.handled += 1;
+        if let Some(in_flight) = self.in_flight.take() {
+            in_flight.abort.abort();
+        }
+        for (_, asker) in std::mem::take(&mut self.live_askers) {
+            let _ = asker.send(LiveOutcome::Invalidated);
+        }
+        self.release(ctx);
+    }
 }
 
 /// The execution's current snapshot.

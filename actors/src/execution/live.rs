@@ -129,6 +129,12 @@ impl Handler<AskLive> for ExecutionActor {
     fn handle(&mut self, message: AskLive, _ctx: &mut Context<Self>) -> Self::Result {
         let _span = self.span.clone().entered();
         self.handled += 1;
+        if self.machine.cancel_requested {
+            // Cancellation invalidates questions, including one asked while it lands (W-4).
+            let (sender, receiver) = oneshot::channel();
+            let _ = sender.send(LiveOutcome::Invalidated);
+            return AtomicResponse::new(Box::pin(fut::ready(Ok(receiver))));
+        }
         let Some(epoch) = self.epoch else {
             let refused = Err(AskError::Refused(
                 "the execution has no live attempt".into(),

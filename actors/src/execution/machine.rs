@@ -65,6 +65,8 @@ pub struct Machine {
     pub waits: Vec<WaitState>,
     /// Managed processes this execution started, oldest first (P-1).
     pub processes: Vec<ManagedProcess>,
+    /// The message the user message answers (B-1), from the admission.
+    pub parent_message_id: Option<openprogram_storage::MessageId>,
 }
 
 impl Machine {
@@ -92,6 +94,7 @@ impl Machine {
             attempt_owner: self.attempt_owner,
             pending_commands: Vec::new(),
             attempt_id: self.attempt_id,
+            parent_message_id: self.parent_message_id,
             // The pending ones: a transition can only change those (or open new ones).
             waits: self
                 .waits
@@ -129,6 +132,13 @@ impl Machine {
             .any(|process| process.state == ProcState::Running)
         {
             capabilities.push("stop_process");
+        }
+        // K-2: new child executions; the original is untouched. Fork needs a saved point.
+        if self.checkpoint_seq > 0 {
+            capabilities.push("fork");
+        }
+        if self.status().is_terminal() {
+            capabilities.push("retry");
         }
         capabilities
     }
@@ -378,7 +388,12 @@ impl Machine {
     /// Folds one committed event into the state. `seq` is the event's seq.
     pub fn apply(&mut self, event: &Event, seq: u64, actions: &mut Vec<Action>) {
         match event {
-            Event::Admitted { input, .. } => {
+            Event::Admitted {
+                input,
+                parent_message_id,
+                ..
+            } => {
+                self.parent_message_id = *parent_message_id;
                 let mut parsed: AgentInput =
                     serde_json::from_str(input).unwrap_or_else(|_| AgentInput {
                         message: input.clone(),
@@ -556,6 +571,7 @@ impl Machine {
                 process_id,
                 output_bytes,
             } => self.apply_process_output(*process_id, *output_bytes),
+            Event::Forked { state, .. } => self.apply_forked(state),
             Event::CheckpointPublished { .. } => self.checkpoint_seq = seq,
             _ => {}
         }

@@ -48,7 +48,7 @@ fn reconcile(effect_id: EffectId, status: ReceiptStatus) -> Control {
 #[test]
 fn r8_only_reconcile_or_cancel_moves_an_unknown_effect() {
     let (machine, effect) = unknown_effect();
-    assert_eq!(machine.capabilities(), vec!["reconcile", "cancel"]);
+    assert_eq!(machine.capabilities(), vec!["reconcile", "cancel", "fork"]);
     for c in [Control::Pause, Control::Continue, Control::Step, steer()] {
         assert!(control(&machine, c, false).is_err());
     }

@@ -50,7 +50,7 @@ pub enum Decision {
 }
 
 /// One entry of the committed context a provider decides from.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Turn {
     Decided(Decision),
     ToolResult {

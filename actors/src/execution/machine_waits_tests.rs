@@ -52,7 +52,7 @@ fn w1_an_ask_opens_a_wait_at_the_checkpoint_published_with_it() {
     assert_eq!(opened.checkpoint_seq, machine.checkpoint_seq);
     assert_eq!(
         machine.capabilities(),
-        vec!["answer", "decline", "steer", "cancel"]
+        vec!["answer", "decline", "steer", "cancel", "fork"]
     );
     assert!(machine.next_action().contains("\"wait\""));
 }
@@ -300,7 +300,7 @@ fn p2_stop_process_is_its_own_control_in_any_state_and_cancel_leaves_processes_a
             },
         ],
     );
-    assert_eq!(machine.capabilities(), vec!["stop_process"]);
+    assert_eq!(machine.capabilities(), vec!["stop_process", "retry"]);
     let actions = ctl(&mut machine, Control::StopProcess { process_id }, false);
     assert_eq!(actions, vec![Action::StopProcess { process_id }]);
     // A process of another execution, or one that ended, is refused.
@@ -316,7 +316,7 @@ fn p2_stop_process_is_its_own_control_in_any_state_and_cancel_leaves_processes_a
         }],
     );
     assert!(control(&machine, Control::StopProcess { process_id }, false).is_err());
-    assert!(machine.capabilities().is_empty());
+    assert_eq!(machine.capabilities(), vec!["retry"]);
 
     // Cancel ends the execution, never the process (P-2).
     let mut machine = running(50);
@@ -333,5 +333,5 @@ fn p2_stop_process_is_its_own_control_in_any_state_and_cancel_leaves_processes_a
         machine.processes[0].state,
         openprogram_storage::ProcessState::Running
     );
-    assert_eq!(machine.capabilities(), vec!["stop_process"]);
+    assert_eq!(machine.capabilities(), vec!["stop_process", "retry"]);
 }

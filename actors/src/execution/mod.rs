@@ -5,6 +5,7 @@
 
 pub mod actor;
 pub mod commands;
+pub mod fork;
 pub mod live;
 pub mod machine;
 mod machine_restart;

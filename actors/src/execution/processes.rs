@@ -38,7 +38,8 @@ impl Handler<StartProcess> for ExecutionActor {
             .pending_tool
             .as_ref()
             .is_some_and(|pending| pending.effect_id == message.effect_id);
-        if self.epoch.is_none() || !running_call || self.env.is_stopping() {
+        let live = self.epoch.is_some() && !self.machine.cancel_requested;
+        if !live || !running_call || self.env.is_stopping() {
             let refused = Err("only a running call of a live attempt may start a process".into());
             return AtomicResponse::new(Box::pin(fut::ready(refused)));
         }
@@ -102,6 +103,13 @@ impl Handler<ProcessProgress> for ExecutionActor {
         let _span = self.span.clone().entered();
         self.handled += 1;
         let process_id = progress.record.process_id;
+        let running = self.machine.processes.iter().any(|process| {
+            process.process_id == process_id && process.state == ProcessState::Running
+        });
+        if !running {
+            // Its end is recorded already: a late report of its output changes nothing.
+            return AtomicResponse::new(Box::pin(fut::ready(Ok(()))));
+        }
         let mut events = Vec::new();
         if progress.record.output_bytes != progress.previous_bytes {
             events.push(Event::ProcessOutput {
@@ -133,13 +141,50 @@ impl Handler<ProcessProgress> for ExecutionActor {
 }
 
 impl ExecutionActor {
-    /// An applied `stop_process`: the process actor stops it (SIGTERM, then SIGKILL).
-    pub(super) fn stop_process(&mut self, process_id: ProcessId) {
+    /// An applied `stop_process`: the process actor stops it (SIGTERM, then SIGKILL). With
+    /// no actor (its end could not be recorded), it is recorded `lost`: nothing is
+    /// signalled that this runtime does not hold.
+    pub(super) fn stop_process(&mut self, process_id: ProcessId, ctx: &mut Context<Self>) {
         match self.env.processes.get(process_id) {
             Some(addr) => addr.do_send(Stop),
-            None => {
-                tracing::warn!(execution_id = %self.execution_id, %process_id, "no live actor for this process; it has exited or is recorded lost")
-            }
+            None => ctx.notify(RecordLost(process_id)),
         }
+    }
+}
+
+/// A process of this execution has no actor any more: record it `lost`.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct RecordLost(ProcessId);
+
+impl Handler<RecordLost> for ExecutionActor {
+    type Result = AtomicResponse<Self, ()>;
+
+    fn handle(
+        &mut self,
+        RecordLost(process_id): RecordLost,
+        _ctx: &mut Context<Self>,
+    ) -> Self::Result {
+        let record = match self.env.store.process(process_id) {
+            Ok(Some(record)) if record.state == ProcessState::Running => record,
+            _ => return AtomicResponse::new(Box::pin(fut::ready(()))),
+        };
+        tracing::warn!(execution_id = %self.execution_id, %process_id, "a running process has no actor; recorded lost");
+        let events = vec![Event::ProcessChanged {
+            process_id,
+            state: ProcessState::Lost.as_str().into(),
+        }];
+        let upsert = Upsert::Process(ProcessRecord {
+            state: ProcessState::Lost,
+            ..record
+        });
+        AtomicResponse::new(Box::pin(self.commit(events, vec![upsert]).map(
+            |committed, act, ctx| {
+                if let Err(error) = committed {
+                    tracing::error!(execution_id = %act.execution_id, %error, "recording a lost process failed");
+                }
+                act.park_if_idle(ctx);
+            },
+        )))
     }
 }

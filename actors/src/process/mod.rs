@@ -29,8 +29,14 @@ use crate::execution::processes::ProcessProgress;
 /// The output tail kept in memory and persisted (P-1: bounded, whatever the process prints).
 pub const OUTPUT_TAIL_BYTES: usize = 64 * 1024;
 
-/// How often a running process's output count and tail are persisted.
-const PERSIST_EVERY: Duration = Duration::from_secs(1);
+/// How often a running process's output count and tail are persisted. Each persist is a
+/// transition of the owning execution (a parked one is activated for it), so it is rare;
+/// readers of a live process get its current count and tail from this actor.
+const PERSIST_EVERY: Duration = Duration::from_secs(10);
+
+/// Tries to record a process's end before giving up (it is then recorded `lost` at the
+/// next start), with a doubling pause from 50 ms.
+const FINISH_ATTEMPTS_MAX: u32 = 10;
 
 /// After the process exits, how long its output pipes may stay open (held by a child it
 /// left behind) before the tail is taken as final.
@@ -221,11 +227,35 @@ impl ProcessActor {
             output_bytes: record.output_bytes,
             output_tail: String::from_utf8_lossy(blob.bytes()).into_owned(),
         };
-        let sent = self.send_progress(record, blob, true);
+        self.record_end(record, blob, exit, 1, ctx);
+    }
+
+    /// Commits the end, retrying while the owning execution's actor is busy elsewhere
+    /// (parked meanwhile, taken over, stopping); then tells the call and stops.
+    fn record_end(
+        &mut self,
+        record: ProcessRecord,
+        blob: Blob,
+        exit: ProcessExit,
+        attempt: u32,
+        ctx: &mut Context<Self>,
+    ) {
+        let sent = self.send_progress(record.clone(), blob.clone(), true);
         ctx.wait(fut::wrap_future::<_, Self>(sent).map(move |result, act, ctx| {
-            if let Err(error) = result {
-                // The next start marks it lost: its end is not on record.
-                tracing::error!(process_id = %act.record.process_id, %error, "recording the end of a process failed");
+            match result {
+                Ok(()) => {}
+                Err(error) if attempt < FINISH_ATTEMPTS_MAX => {
+                    tracing::warn!(process_id = %act.record.process_id, %error, attempt, "recording the end of a process failed; retrying");
+                    let pause = Duration::from_millis(50 << attempt.min(6));
+                    ctx.run_later(pause, move |act, ctx| {
+                        act.record_end(record, blob, exit, attempt + 1, ctx)
+                    });
+                    return;
+                }
+                Err(error) => {
+                    // The next start records it lost: its end is not on record.
+                    tracing::error!(process_id = %act.record.process_id, %error, "recording the end of a process failed");
+                }
             }
             if let Some(watcher) = act.exit_watcher.take() {
                 let _ = watcher.send(exit);
@@ -312,12 +342,14 @@ impl Handler<Stop> for ProcessActor {
     }
 }
 
-/// What the debug endpoint shows of a process actor.
+/// What a live process actor knows now: for snapshots and the debug endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessSummary {
     pub process_id: ProcessId,
     pub pid: u32,
     pub output_bytes: u64,
+    /// The live tail (lossy UTF-8), newer than the persisted one.
+    pub output_tail: String,
     pub stop_requested: bool,
     pub handled: u64,
 }
@@ -331,10 +363,12 @@ impl Handler<Summarize> for ProcessActor {
 
     fn handle(&mut self, _: Summarize, _ctx: &mut Context<Self>) -> Self::Result {
         self.handled += 1;
+        let (output_bytes, tail) = self.totals();
         MessageResult(ProcessSummary {
             process_id: self.record.process_id,
             pid: self.signaller.identity().pid,
-            output_bytes: self.totals().0,
+            output_bytes,
+            output_tail: String::from_utf8_lossy(&tail).into_owned(),
             stop_requested: self.stop_requested,
             handled: self.handled,
         })

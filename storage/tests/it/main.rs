@@ -3,6 +3,7 @@
 
 mod support;
 
+mod b1_sessions;
 mod k4_commands;
 mod r07_locking;
 mod r13_fail_stop;

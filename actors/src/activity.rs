@@ -1,0 +1,309 @@
+//! The Activity projection (B-1..B-5), pure: from what is recorded about a session's
+//! executions to rows per conversation branch, in three sections.
+//!
+//! The conversation graph has a node per message: each execution's user message (whose
+//! parent is the admission's `parent_message_id`) and its reply (whose parent is the user
+//! message; a fork or retry adds another reply to the same user message). A branch is a
+//! path from a root to a leaf: Activity counts leaves, never executions. A parent that was
+//! never recorded stays a node of its own with no parent: missing records never guess a
+//! branch (B-1).
+//!
+//! A branch's id is stable as it grows and forks: from its leaf, go up while the node is
+//! its parent's oldest child; the node where that stops (or the root) names the branch.
+
+use std::collections::{BTreeMap, HashMap};
+
+use openprogram_storage::{ExecutionId, ExecutionState, MessageId};
+use serde::Serialize;
+
+/// What the projection needs to know about one execution.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecutionFacts {
+    pub execution_id: ExecutionId,
+    pub parent_execution_id: Option<ExecutionId>,
+    pub user_message_id: MessageId,
+    pub reply_message_id: MessageId,
+    pub parent_message_id: Option<MessageId>,
+    /// The user's request: shown in the execution's own row only (B-5).
+    pub request: String,
+    pub state: ExecutionState,
+    pub capabilities: Vec<&'static str>,
+    /// An approval or question waits for a person (a real wait).
+    pub pending_wait: bool,
+    /// Its newest wait was declined.
+    pub declined_wait: bool,
+    pub running_processes: usize,
+    /// B-4: its owner ended and only the model's response record is missing (nothing
+    /// else is pending).
+    pub response_record_incomplete: bool,
+    /// A command other than Cancel was accepted and is not decided yet.
+    pub pending_non_cancel_command: bool,
+}
+
+/// One execution in a branch's details.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ExecutionRow {
+    pub execution_id: ExecutionId,
+    pub request: String,
+    pub state: &'static str,
+    pub label: String,
+}
+
+/// One conversation branch (the `activity` rows of SPEC §6, with its details).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BranchRow {
+    pub branch_id: MessageId,
+    /// Short, and never the request (B-5).
+    pub heading: String,
+    /// How many executions the branch holds.
+    pub executions: usize,
+    /// The newest execution's state; `ended` for an incomplete response record, which never
+    /// claims `completed` (B-4).
+    pub status: &'static str,
+    pub label: String,
+    /// The controls the row offers (the newest execution's, except B-4: Cancel only while a
+    /// child task is active).
+    pub controls: Vec<&'static str>,
+    /// Oldest first.
+    pub details: Vec<ExecutionRow>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Activity {
+    pub needs_attention: Vec<BranchRow>,
+    pub in_progress: Vec<BranchRow>,
+    pub history: Vec<BranchRow>,
+}
+
+/// B-1..B-5: `executions` in admission order.
+pub fn project(executions: &[ExecutionFacts]) -> Activity {
+    let graph = Graph::of(executions);
+    let mut activity = Activity::default();
+    for (index, leaf) in graph.leaves().into_iter().enumerate() {
+        let path = graph.executions_to(leaf);
+        let Some(&newest) = path.last() else {
+            continue;
+        };
+        let on_branch: Vec<&ExecutionFacts> = path.iter().map(|&at| &executions[at]).collect();
+        let newest = &executions[newest];
+        let active_children = executions.iter().any(|child| {
+            child
+                .parent_execution_id
+                .is_some_and(|parent| on_branch.iter().any(|member| member.execution_id == parent))
+                && !on_branch
+                    .iter()
+                    .any(|member| member.execution_id == child.execution_id)
+                && runs(child.state)
+        });
+        let waiting = on_branch.iter().any(|member| member.pending_wait);
+        let processes = on_branch.iter().any(|member| member.running_processes > 0);
+        let incomplete =
+            newest.response_record_incomplete && !newest.pending_non_cancel_command && !waiting;
+        let (section, status, label, controls) = if waiting {
+            let label = "Waiting for your response".to_owned();
+            (
+                Section::Attention,
+                newest.state.as_str(),
+                label,
+                newest.capabilities.clone(),
+            )
+        } else if incomplete {
+            let controls = if active_children {
+                vec!["cancel"]
+            } else {
+                Vec::new()
+            };
+            let label = "Ended · response record incomplete".to_owned();
+            (Section::History, "ended", label, controls)
+        } else {
+            let section = if needs_attention(newest.state) {
+                Section::Attention
+            } else if runs(newest.state) || processes || active_children {
+                Section::Progress
+            } else {
+                Section::History
+            };
+            let label = if processes && !runs(newest.state) && section == Section::Progress {
+                "Process running".to_owned()
+            } else {
+                state_label(newest.state).to_owned()
+            };
+            (
+                section,
+                newest.state.as_str(),
+                label,
+                newest.capabilities.clone(),
+            )
+        };
+        let row = BranchRow {
+            branch_id: graph.branch_id(leaf),
+            heading: format!("Branch {}", index + 1),
+            executions: on_branch.len(),
+            status,
+            label,
+            controls,
+            details: on_branch
+                .iter()
+                .map(|member| execution_row(member))
+                .collect(),
+        };
+        match section {
+            Section::Attention => activity.needs_attention.push(row),
+            Section::Progress => activity.in_progress.push(row),
+            Section::History => activity.history.push(row),
+        }
+    }
+    activity
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Section {
+    Attention,
+    Progress,
+    History,
+}
+
+/// A pause, an unresolved tool result or an expired continuation needs a person (B-3).
+fn needs_attention(state: ExecutionState) -> bool {
+    matches!(
+        state,
+        ExecutionState::Paused
+            | ExecutionState::Waiting
+            | ExecutionState::ReconciliationRequired
+            | ExecutionState::Expired
+    )
+}
+
+fn runs(state: ExecutionState) -> bool {
+    matches!(
+        state,
+        ExecutionState::Queued | ExecutionState::Running | ExecutionState::Cancelling
+    )
+}
+
+fn state_label(state: ExecutionState) -> &'static str {
+    match state {
+        ExecutionState::Queued => "Queued",
+        ExecutionState::Running => "Running",
+        ExecutionState::Paused => "Paused",
+        ExecutionState::Waiting => "Waiting for your response",
+        ExecutionState::Cancelling => "Cancelling",
+        ExecutionState::Cancelled => "Cancelled",
+        ExecutionState::Completed => "Completed",
+        ExecutionState::Failed => "Failed",
+        ExecutionState::ReconciliationRequired => "Unresolved tool result",
+        ExecutionState::Expired => "Expired · Continue to resume",
+    }
+}
+
+fn execution_row(facts: &ExecutionFacts) -> ExecutionRow {
+    let label = if facts.pending_wait {
+        "Waiting for your response"
+    } else if facts.declined_wait {
+        "Declined"
+    } else if facts.response_record_incomplete {
+        "Ended · response record incomplete"
+    } else {
+        state_label(facts.state)
+    };
+    ExecutionRow {
+        execution_id: facts.execution_id,
+        request: facts.request.clone(),
+        state: facts.state.as_str(),
+        label: label.to_owned(),
+    }
+}
+
+/// The message graph of a session.
+struct Graph {
+    /// Each message's parent, if recorded.
+    parent: HashMap<MessageId, MessageId>,
+    /// Each message's children, oldest first.
+    children: HashMap<MessageId, Vec<MessageId>>,
+    /// Every message, in the order first seen.
+    order: Vec<MessageId>,
+    /// The execution (index) whose reply a message is.
+    reply_of: HashMap<MessageId, usize>,
+}
+
+impl Graph {
+    fn of(executions: &[ExecutionFacts]) -> Self {
+        let mut graph = Graph {
+            parent: HashMap::new(),
+            children: HashMap::new(),
+            order: Vec::new(),
+            reply_of: HashMap::new(),
+        };
+        for (index, facts) in executions.iter().enumerate() {
+            if let Some(parent) = facts.parent_message_id {
+                graph.link(parent, facts.user_message_id);
+            } else {
+                graph.node(facts.user_message_id);
+            }
+            graph.link(facts.user_message_id, facts.reply_message_id);
+            graph.reply_of.insert(facts.reply_message_id, index);
+        }
+        graph
+    }
+
+    fn node(&mut self, message: MessageId) {
+        if let std::collections::hash_map::Entry::Vacant(entry) = self.children.entry(message) {
+            entry.insert(Vec::new());
+            self.order.push(message);
+        }
+    }
+
+    fn link(&mut self, parent: MessageId, child: MessageId) {
+        self.node(parent);
+        self.node(child);
+        if self.parent.insert(child, parent).is_none() {
+            if let Some(children) = self.children.get_mut(&parent) {
+                children.push(child);
+            }
+        }
+    }
+
+    /// Messages without children, in the order first seen: one branch each.
+    fn leaves(&self) -> Vec<MessageId> {
+        self.order
+            .iter()
+            .copied()
+            .filter(|message| self.children.get(message).map_or(true, Vec::is_empty))
+            .collect()
+    }
+
+    /// The executions whose replies lie on the path from the root to `leaf`, oldest first.
+    fn executions_to(&self, leaf: MessageId) -> Vec<usize> {
+        let mut path = Vec::new();
+        let mut at = Some(leaf);
+        let mut seen = BTreeMap::new();
+        while let Some(message) = at {
+            if seen.insert(message, ()).is_some() {
+                break; // a cycle can only come from corrupt records: stop, never loop
+            }
+            if let Some(&execution) = self.reply_of.get(&message) {
+                path.push(execution);
+            }
+            at = self.parent.get(&message).copied();
+        }
+        path.reverse();
+        path
+    }
+
+    fn branch_id(&self, leaf: MessageId) -> MessageId {
+        let mut at = leaf;
+        let mut steps = 0;
+        while let Some(parent) = self.parent.get(&at) {
+            let oldest = self
+                .children
+                .get(parent)
+                .and_then(|children| children.first());
+            if oldest != Some(&at) || steps > self.order.len() {
+                return at;
+            }
+            at = *parent;
+            steps += 1;
+        }
+        at
+    }
+}

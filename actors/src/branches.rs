@@ -1,0 +1,255 @@
+//! Branches, Fork and Retry through the command service (B-1..B-5, K-2): the session's
+//! Activity, new child executions that keep the original history, and Cancel reaching an
+//! execution's descendants.
+
+use openprogram_storage::{
+    CommandId, CommandRecord, CommandStatus, Control, EffectId, Event, EventEnvelope,
+    ExecutionHead, ExecutionId, ExecutionKind, ExecutionState, MessageId, Outcome, SessionId,
+    Transition, TurnId, Upsert,
+};
+
+use crate::activity::{self, Activity, ExecutionFacts};
+use crate::env::load;
+use crate::error::{Error, Result};
+use crate::execution::fork::{fork_point, fork_state};
+use crate::execution::machine::Machine;
+use crate::service::{payload_hash, CommandReply, CommandRequest, Service};
+
+impl Service {
+    /// B-2..B-5: the session's branches in three sections.
+    pub fn activity(&self, session_id: SessionId) -> Result<Activity> {
+        let store = self.env().store.as_ref();
+        let mut facts = Vec::new();
+        for execution_id in store.executions_in_session(session_id)? {
+            match load(store, execution_id) {
+                Ok((head, machine)) if head.session_id == session_id => {
+                    facts.push(facts_of(&head, &machine));
+                }
+                Ok(_) => {}
+                // A quarantined execution is left out, never guessed into a branch (B-1).
+                Err(error) => {
+                    tracing::warn!(%execution_id, %error, "left out of the activity");
+                }
+            }
+        }
+        Ok(activity::project(&facts))
+    }
+
+    /// K-2 Fork (`retry: false`, from `request.checkpoint` or the latest saved point) or
+    /// Retry (from the admission input): a new paused child in the same run. Nothing of the
+    /// original changes. A retried command id returns the stored outcome (K-4).
+    pub(crate) async fn fork(
+        &self,
+        session_id: SessionId,
+        parent_id: ExecutionId,
+        request: CommandRequest,
+        retry: bool,
+    ) -> Result<CommandReply> {
+        let store = self.env().store.as_ref();
+        let parent = self.head_in(session_id, parent_id)?;
+        self.env().until_recovered().await;
+        let hash = payload_hash(&request);
+        if let Some(stored) = store.command(request.command_id)? {
+            if stored.execution_id != parent_id || stored.payload_hash != hash {
+                return Err(Error::CommandConflict {
+                    stored: Box::new(stored),
+                });
+            }
+            return Ok(CommandReply::of(&stored));
+        }
+        let refused = |reason: String| CommandReply {
+            command_id: request.command_id,
+            status: "rejected",
+            reason: Some(reason),
+            version: parent.version,
+            execution_id: None,
+        };
+        if let Some(expected) = request.expected_version.filter(|v| *v != parent.version) {
+            let reason = format!(
+                "stale expected_version {expected}: the current version is {}",
+                parent.version
+            );
+            return Ok(refused(reason));
+        }
+        if parent.kind != ExecutionKind::AgentTurn {
+            return Ok(refused("only agent turns can be forked or retried".into()));
+        }
+        if parent.revision_id != self.env().revision {
+            let reason = "the program's contract changed since this execution ran: a child \
+                          would not run the same tools"
+                .to_owned();
+            return Ok(refused(reason));
+        }
+        let events = store.events_after(parent_id, 0, usize::MAX)?;
+        let Some((input, parent_message_id)) = admission(&events) else {
+            return Err(Error::Internal(format!("{parent_id} has no admission")));
+        };
+        let mut child_events = Vec::new();
+        if retry {
+            if !parent.state.is_terminal() {
+                return Ok(refused(format!(
+                    "retry needs an ended execution; this one is {}",
+                    parent.state
+                )));
+            }
+        } else {
+            let checkpoint_seq = match fork_point(&events, request.checkpoint) {
+                Ok(seq) => seq,
+                Err(reason) => return Ok(refused(reason)),
+            };
+            let state = fork_state(&events, checkpoint_seq, EffectId::new());
+            let state = serde_json::to_string(&state)
+                .map_err(|error| Error::Internal(format!("encoding a fork: {error}")))?;
+            child_events.push(Event::Forked {
+                from_execution_id: parent_id,
+                checkpoint_seq,
+                state,
+            });
+        }
+        let child_id = ExecutionId::new();
+        let mut head = ExecutionHead::new(child_id, session_id, parent.run_id, parent.kind);
+        head.parent_execution_id = Some(parent_id);
+        head.revision_id = parent.revision_id;
+        head.turn_id = TurnId::new();
+        head.user_message_id = parent.user_message_id;
+        head.reply_message_id = MessageId::new();
+        let reason = if retry { "retry" } else { "fork" };
+        head.state = ExecutionState::Paused;
+        head.pause_reason = Some(reason.into());
+        let admitted = Event::Admitted {
+            kind: head.kind,
+            session_id,
+            run_id: head.run_id,
+            parent_execution_id: Some(parent_id),
+            revision_id: head.revision_id,
+            turn_id: head.turn_id,
+            user_message_id: head.user_message_id,
+            reply_message_id: head.reply_message_id,
+            parent_message_id,
+            input,
+        };
+        child_events.insert(0, admitted);
+        // Agent children start paused and need Continue (K-2).
+        child_events.push(Event::StateChanged {
+            state: ExecutionState::Paused,
+            reason: reason.into(),
+        });
+        let record = CommandRecord {
+            command_id: request.command_id,
+            execution_id: parent_id,
+            kind: request.kind.clone(),
+            payload_hash: hash,
+            status: CommandStatus::Applied,
+            reason: None,
+            result_version: Some(parent.version),
+            child_execution_id: Some(child_id),
+            accepted_at_ms: 0,
+        };
+        let transition = Transition::create(head, child_events).with(Upsert::Command(record));
+        match store.submit(transition).await? {
+            Outcome::Committed(_) => Ok(CommandReply {
+                command_id: request.command_id,
+                status: "applied",
+                reason: None,
+                version: parent.version,
+                execution_id: Some(child_id),
+            }),
+            Outcome::DuplicateCommand { stored } => Ok(CommandReply::of(&stored)),
+            Outcome::CommandConflict { stored } => Err(Error::CommandConflict {
+                stored: Box::new(stored),
+            }),
+            other => Err(Error::Internal(format!("creating a child: {other:?}"))),
+        }
+    }
+
+    /// K-2: Cancel ends the execution's descendants too (fork and retry children, theirs in
+    /// turn) that have not ended, each under a command id derived from the original one, so
+    /// a retried Cancel cancels nothing twice.
+    pub(crate) async fn cancel_descendants(
+        &self,
+        session_id: SessionId,
+        execution_id: ExecutionId,
+        command_id: CommandId,
+    ) -> Result<()> {
+        let store = self.env().store.as_ref();
+        let mut parents = vec![execution_id];
+        let all = store.executions_in_session(session_id)?;
+        while let Some(parent) = parents.pop() {
+            for candidate in &all {
+                let Some(head) = store.head(*candidate)? else {
+                    continue;
+                };
+                if head.parent_execution_id != Some(parent) {
+                    continue;
+                }
+                parents.push(*candidate);
+                if head.state.is_terminal() {
+                    continue;
+                }
+                let derived = CommandId::from_uuid(uuid::Uuid::new_v5(
+                    command_id.as_uuid(),
+                    candidate.as_uuid().as_bytes(),
+                ));
+                let cancel = CommandRequest {
+                    command_id: derived,
+                    kind: "cancel".into(),
+                    ..CommandRequest::default()
+                };
+                let reply = Box::pin(self.command(session_id, *candidate, cancel)).await?;
+                tracing::info!(parent = %execution_id, child = %candidate, status = reply.status, "cancel reached a descendant");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The admission input (JSON text) and parent message of an execution's events.
+fn admission(events: &[EventEnvelope]) -> Option<(String, Option<MessageId>)> {
+    events.iter().find_map(|envelope| match &envelope.event {
+        Event::Admitted {
+            input,
+            parent_message_id,
+            ..
+        } => Some((input.clone(), *parent_message_id)),
+        _ => None,
+    })
+}
+
+fn facts_of(head: &ExecutionHead, machine: &Machine) -> ExecutionFacts {
+    let pending_wait = machine.pending_wait().is_some();
+    let declined_wait = machine
+        .waits
+        .iter()
+        .rev()
+        .find(|wait| wait.live.is_none())
+        .is_some_and(|wait| wait.status == openprogram_storage::WaitStatus::Declined);
+    let pending_non_cancel_command = machine
+        .pending_commands
+        .iter()
+        .any(|(_, control)| *control != Control::Cancel);
+    // B-4: the owner ended (the execution is not running and will not by itself) and all
+    // that is missing is the model's response: no tool call, effect, wait or reply pending.
+    let response_record_incomplete = head.state == ExecutionState::Expired
+        && machine.pending_tool.is_none()
+        && machine.unresolved.is_none()
+        && !pending_wait;
+    ExecutionFacts {
+        execution_id: head.execution_id,
+        parent_execution_id: head.parent_execution_id,
+        user_message_id: head.user_message_id,
+        reply_message_id: head.reply_message_id,
+        parent_message_id: machine.parent_message_id,
+        request: machine.input.message.clone(),
+        state: head.state,
+        capabilities: machine.capabilities(),
+        pending_wait,
+        declined_wait,
+        running_processes: machine
+            .processes
+            .iter()
+            .filter(|process| process.state == openprogram_storage::ProcessState::Running)
+            .count(),
+        response_record_incomplete,
+        pending_non_cancel_command,
+    }
+}
