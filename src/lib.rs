@@ -254,6 +254,19 @@ impl Runtime {
         self.inner.service.activity(session)
     }
 
+    /// B-6: the session's events after a global log position, each terminal outcome followed
+    /// by a `session_reload` entry (only once it is committed).
+    pub fn session_feed(
+        &self,
+        session: SessionId,
+        after_position: u64,
+        limit: usize,
+    ) -> Result<Vec<openprogram_actors::branches::SessionEntry>> {
+        self.inner
+            .service
+            .session_feed(session, after_position, limit)
+    }
+
     /// W-5: the pending waits to show with one assistant message of a session.
     pub fn pending_waits(
         &self,

@@ -48,9 +48,16 @@ impl Service {
         let store = self.env().store.as_ref();
         let parent = self.head_in(session_id, parent_id)?;
         self.env().until_recovered().await;
-        let hash = payload_hash(&request);
+        // The record lives with the child it created (a transition writes only its own
+        // execution's commands), so the parent is part of what the id stands for.
+        let hash = {
+            let mut hasher = blake3::Hasher::new();
+            hasher.update(&payload_hash(&request));
+            hasher.update(parent_id.as_bytes());
+            *hasher.finalize().as_bytes()
+        };
         if let Some(stored) = store.command(request.command_id)? {
-            if stored.execution_id != parent_id || stored.payload_hash != hash {
+            if stored.payload_hash != hash {
                 return Err(Error::CommandConflict {
                     stored: Box::new(stored),
                 });
@@ -136,7 +143,7 @@ impl Service {
         });
         let record = CommandRecord {
             command_id: request.command_id,
-            execution_id: parent_id,
+            execution_id: child_id,
             kind: request.kind.clone(),
             payload_hash: hash,
             status: CommandStatus::Applied,
@@ -200,6 +207,77 @@ impl Service {
             }
         }
         Ok(())
+    }
+}
+
+/// One entry of a session's stream (B-6): an event of one of its executions, or, right after
+/// an event that ended an execution, a `session_reload` marker at the same position.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SessionEntry {
+    /// The global log position: the stream's resumable cursor.
+    pub position: u64,
+    pub execution_id: ExecutionId,
+    pub seq: u64,
+    /// The event's type, or `session_reload`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+}
+
+impl Service {
+    /// B-6: the session's entries after `after_position` (the global log, read in pages of
+    /// `page` events), at most `limit`. A terminal outcome is followed by `session_reload`
+    /// only once it is committed: the log holds nothing else.
+    pub fn session_feed(
+        &self,
+        session_id: SessionId,
+        after_position: u64,
+        limit: usize,
+    ) -> Result<Vec<SessionEntry>> {
+        const PAGE: usize = 1024;
+        let store = self.env().store.as_ref();
+        let mut sessions: std::collections::HashMap<ExecutionId, bool> =
+            std::collections::HashMap::new();
+        let mut entries = Vec::new();
+        let mut after = after_position;
+        while entries.len() < limit {
+            let page = store.log_after(after, PAGE)?;
+            let Some(last) = page.last() else {
+                break;
+            };
+            after = last.position;
+            for envelope in page {
+                let mine = match sessions.get(&envelope.execution_id) {
+                    Some(mine) => *mine,
+                    None => {
+                        let mine = store
+                            .head(envelope.execution_id)?
+                            .is_some_and(|head| head.session_id == session_id);
+                        sessions.insert(envelope.execution_id, mine);
+                        mine
+                    }
+                };
+                if !mine {
+                    continue;
+                }
+                let ended = matches!(&envelope.event, Event::StateChanged { state, .. } if state.is_terminal());
+                entries.push(SessionEntry {
+                    position: envelope.position,
+                    execution_id: envelope.execution_id,
+                    seq: envelope.seq,
+                    kind: envelope.event.type_name(),
+                });
+                if ended {
+                    entries.push(SessionEntry {
+                        position: envelope.position,
+                        execution_id: envelope.execution_id,
+                        seq: envelope.seq,
+                        kind: "session_reload",
+                    });
+                }
+            }
+        }
+        entries.truncate(limit);
+        Ok(entries)
     }
 }
 

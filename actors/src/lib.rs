@@ -19,6 +19,8 @@
 //! disk except through a storage `Transition`.
 
 pub mod activity;
+#[cfg(test)]
+mod activity_tests;
 pub mod agent;
 pub mod attempt_lease;
 pub mod branches;

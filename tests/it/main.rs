@@ -5,6 +5,7 @@ mod support;
 
 mod agent_loop;
 mod attempts;
+mod branches;
 mod capabilities;
 mod cli;
 mod controls;
