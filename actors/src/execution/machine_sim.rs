@@ -6,7 +6,9 @@
 //! - a terminal state is final: no later transition changes it;
 //! - no effect gets two results, and an External effect dispatched by an earlier attempt is
 //!   never run again (E-4);
-//! - a Step lets at most one step event commit before the execution pauses (K-2).
+//! - a Step lets at most one step event commit before the execution pauses (K-2);
+//! - a wait is answered or declined only while it is the pending wait of the current
+//!   checkpoint, and a resolved wait never changes again (W-2, W-3).
 //!
 //! `OP_SIM_SEED` replays a run; each run prints its seed.
 
@@ -57,6 +59,9 @@ struct Sim {
     late: Option<InFlight>,
     /// The attempt (epoch) that dispatched each External effect.
     dispatched_at: std::collections::HashMap<EffectId, u64>,
+    /// Waits once resolved, with their outcome: it never changes again.
+    resolved:
+        std::collections::HashMap<openprogram_storage::WaitId, openprogram_storage::WaitStatus>,
 }
 
 fn recovery(tool: &str) -> Recovery {
@@ -81,6 +86,7 @@ impl Sim {
             steps_since_step: None,
             late: None,
             dispatched_at: Default::default(),
+            resolved: Default::default(),
         };
         sim.commit(vec![admitted], "admission");
         sim.restart("first attempt");
@@ -165,6 +171,13 @@ impl Sim {
         if let Some(steps) = self.steps_since_step {
             assert!(steps <= 1, "{context}: a Step ran {steps} steps");
         }
+        for wait in &self.machine.waits {
+            if let Some(was) = self.resolved.get(&wait.wait_id) {
+                assert_eq!(*was, wait.status, "{context}: a resolved wait changed");
+            } else if !wait.status.is_pending() {
+                self.resolved.insert(wait.wait_id, wait.status);
+            }
+        }
         let mut replayed = Machine::default();
         let mut ignored = Vec::new();
         for (index, event) in self.log.iter().enumerate() {
@@ -221,7 +234,13 @@ impl Sim {
         };
         match effect {
             InFlight::Model(effect_id) => {
-                let input = match rng.below(6) {
+                let input = match rng.below(7) {
+                    6 => Input::ModelDecided {
+                        effect_id,
+                        decision: Decision::Ask {
+                            prompt: "go?".into(),
+                        },
+                    },
                     0 => Input::ModelFailed {
                         effect_id,
                         error: "model error".into(),
@@ -268,7 +287,23 @@ impl Sim {
     }
 
     fn control(&mut self, rng: &mut Rng) {
-        let control = match rng.below(5) {
+        // An answer names the pending wait or, as a stale client would, any earlier one.
+        let target = match rng.below(2) {
+            0 => self.machine.pending_wait().map(|wait| wait.wait_id),
+            _ => None,
+        }
+        .or_else(|| {
+            let waits = &self.machine.waits;
+            (!waits.is_empty()).then(|| waits[rng.below(waits.len() as u64) as usize].wait_id)
+        })
+        .unwrap_or_else(openprogram_storage::WaitId::new);
+        let control = match rng.below(7) {
+            5 => Control::Answer {
+                wait_id: target,
+                answer: "yes".into(),
+                scope: openprogram_storage::AnswerScope::Operation,
+            },
+            6 => Control::Decline { wait_id: target },
             0 => Control::Pause,
             1 => Control::Continue,
             2 => Control::Step,
@@ -288,7 +323,26 @@ impl Sim {
             },
             busy,
         ) {
-            if self.machine.status() == Status::Paused
+            if matches!(
+                events.first(),
+                Some(Event::ControlApplied {
+                    control: Control::Answer { .. } | Control::Decline { .. },
+                    ..
+                })
+            ) {
+                let pending = self.machine.pending_wait();
+                assert_eq!(
+                    pending.map(|wait| wait.wait_id),
+                    Some(target),
+                    "{kind} applied to a wait that is not pending"
+                );
+                assert_eq!(
+                    pending.map(|wait| wait.checkpoint_seq),
+                    Some(self.machine.checkpoint_seq),
+                    "{kind} applied to a wait of an earlier checkpoint"
+                );
+            }
+            if matches!(self.machine.status(), Status::Paused | Status::Waiting)
                 && events
                     .iter()
                     .any(|e| matches!(e, Event::StateChanged { .. }))
