@@ -8,6 +8,7 @@ mod attempts;
 mod capabilities;
 mod cli;
 mod controls;
+mod http;
 mod kill9;
 mod processes;
 mod recovery;
