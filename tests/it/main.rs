@@ -9,6 +9,7 @@ mod capabilities;
 mod cli;
 mod controls;
 mod http;
+mod http_cli;
 mod http_debug;
 mod kill9;
 mod processes;
