@@ -35,6 +35,7 @@ use openprogram_storage::{
     CommandId, EventEnvelope, EventStore, ExecutionId, Limits, MessageId, SessionId, Store,
 };
 
+pub mod http;
 pub mod load;
 pub mod serve;
 
@@ -353,5 +354,36 @@ impl Runtime {
         if let Some(mut system) = system {
             system.stop();
         }
+    }
+
+    // ---- For the HTTP API and debug endpoint (issue 8, `src/http/`) ----
+
+    /// Events of an execution of `session` with `seq > after`, at most `limit`.
+    pub fn events_page(
+        &self,
+        session: SessionId,
+        execution: ExecutionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<EventEnvelope>> {
+        self.inner.service.events(session, execution, after, limit)
+    }
+
+    /// The seq of the newest event of an execution of `session` (0: none yet).
+    pub fn last_seq(&self, session: SessionId, execution: ExecutionId) -> Result<u64> {
+        self.inner.service.check_session(session, execution)?;
+        let head = self.store().head(execution)?.ok_or(Error::NotFound)?;
+        Ok(head.last_seq)
+    }
+
+    /// What the runtime's actors share: the directory of live executions and the live
+    /// process actors, for the debug endpoint.
+    pub fn env(&self) -> &Arc<Env> {
+        self.inner.service.env()
+    }
+
+    /// Whether the supervisor actor is still running.
+    pub fn supervisor_running(&self) -> bool {
+        self.inner.supervisor.connected()
     }
 }

@@ -1,12 +1,13 @@
-//! The `openprogram` command line (SPEC §6). `load` and `serve` (without its HTTP API yet)
-//! run here; `ctl`, `inspect` and serve's HTTP options arrive with issue 8 and say so. Exit codes: 0 ok, 1 the operation failed, 2 usage error;
-//! errors are one line on stderr.
+//! The `openprogram` command line (SPEC §6): `load` (embedded), `serve` (the runtime with
+//! its HTTP API), and the HTTP clients `ctl` (controls) and `inspect` (reads). Exit codes:
+//! 0 ok, 1 the operation failed, 2 usage error; errors are one line on stderr.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use openprogram::http::client::{self, Failure, Target};
 use openprogram::load::{self, LoadOptions};
 use openprogram::serve::{self, ServeOptions};
 use openprogram::RestartWindow;
@@ -53,25 +54,100 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run the runtime on its store until SIGTERM/SIGINT (orderly shutdown). The HTTP API,
-    /// debug page and --demo are not in this build yet.
+    /// Run the runtime with its HTTP API, debug endpoint and page until SIGTERM/SIGINT
+    /// (orderly shutdown). Prints the listen URL.
     Serve {
         #[arg(long, default_value = "./openprogram-data")]
         data: PathBuf,
         /// -1 (no limit), 0 (no automatic restart) or a duration such as 90s, 15m, 2h.
         #[arg(long, default_value = "-1", allow_hyphen_values = true)]
         restart_window: RestartWindow,
-        #[arg(long)]
-        listen: Option<String>,
+        #[arg(long, default_value = serve::LISTEN_DEFAULT)]
+        listen: String,
+        /// The admin token (else OPENPROGRAM_TOKEN, else DIR/admin.token, generated once).
         #[arg(long)]
         token: Option<String>,
+        /// Seed sample sessions into an empty store (once).
         #[arg(long)]
         demo: bool,
     },
-    /// Send a control to an execution over HTTP (not in this build yet).
-    Ctl,
-    /// Read sessions, executions and events over HTTP (not in this build yet).
-    Inspect,
+    /// Send a control to an execution over HTTP.
+    Ctl {
+        #[command(flatten)]
+        target: TargetArgs,
+        kind: CtlKind,
+        session: String,
+        execution: String,
+        /// steer: the instructions; reconcile: the confirmed output.
+        #[arg(long)]
+        text: Option<String>,
+        /// answer, decline: the wait (default: the pending one).
+        #[arg(long)]
+        wait: Option<String>,
+        /// A UUID; the same id again returns the stored outcome (K-4). Default: a new one.
+        #[arg(long)]
+        command_id: Option<String>,
+        #[arg(long)]
+        expected_version: Option<u64>,
+        /// answer: the answer text.
+        #[arg(long)]
+        answer: Option<String>,
+        /// answer: `operation` (default) or `discussion`.
+        #[arg(long)]
+        scope: Option<String>,
+        /// stop-process: the process id.
+        #[arg(long)]
+        process: Option<String>,
+        /// reconcile: `confirmed` or `not_applied`.
+        #[arg(long)]
+        outcome: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read sessions, executions, events and actors over HTTP.
+    Inspect {
+        #[command(flatten)]
+        target: TargetArgs,
+        what: InspectWhat,
+        /// execution, events: SESSION EXECUTION; executions: [SESSION]; actors: [ID].
+        ids: Vec<String>,
+        /// events: only those after this seq.
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct TargetArgs {
+    #[arg(long, default_value = "http://127.0.0.1:7878")]
+    url: String,
+    /// The token (else OPENPROGRAM_TOKEN).
+    #[arg(long)]
+    token: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum CtlKind {
+    Pause,
+    Continue,
+    Step,
+    Steer,
+    Cancel,
+    Answer,
+    Decline,
+    Reconcile,
+    StopProcess,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum InspectWhat {
+    Sessions,
+    Executions,
+    Execution,
+    Events,
+    Actors,
 }
 
 fn main() -> ExitCode {
@@ -130,11 +206,11 @@ fn main() -> ExitCode {
             }
         }
         Command::Serve {
-            listen: None,
-            token: None,
-            demo: false,
             data,
             restart_window,
+            listen,
+            token,
+            demo,
         } => {
             let runtime = match tokio_runtime() {
                 Ok(runtime) => runtime,
@@ -143,22 +219,108 @@ fn main() -> ExitCode {
             let options = ServeOptions {
                 data,
                 restart_window,
+                listen,
+                token: token.or_else(|| std::env::var("OPENPROGRAM_TOKEN").ok()),
+                demo,
             };
             match runtime.block_on(serve::run(options)) {
                 Ok(()) => ExitCode::SUCCESS,
+                Err(openprogram::Error::InvalidRequest(message)) => {
+                    eprintln!("openprogram: {message}");
+                    ExitCode::from(2)
+                }
                 Err(error) => fail(&error.to_string()),
             }
         }
-        Command::Serve { .. } => {
-            eprintln!("openprogram: serve's --listen, --token and --demo need the HTTP API, which is not in this build yet (see README.md)");
+        Command::Ctl {
+            target,
+            kind,
+            session,
+            execution,
+            text,
+            wait,
+            command_id,
+            expected_version,
+            answer,
+            scope,
+            process,
+            outcome,
+            json,
+        } => {
+            let control = client::Control {
+                kind: ctl_kind(kind).into(),
+                session,
+                execution,
+                text,
+                wait,
+                command_id,
+                expected_version,
+                answer,
+                scope,
+                process,
+                outcome,
+            };
+            finish(target_of(target).and_then(|target| client::ctl(&target, &control, json)))
+        }
+        Command::Inspect {
+            target,
+            what,
+            ids,
+            after,
+            json,
+        } => {
+            let what = match what {
+                InspectWhat::Sessions => "sessions",
+                InspectWhat::Executions => "executions",
+                InspectWhat::Execution => "execution",
+                InspectWhat::Events => "events",
+                InspectWhat::Actors => "actors",
+            };
+            finish(
+                target_of(target)
+                    .and_then(|target| client::inspect(&target, what, &ids, after, json)),
+            )
+        }
+    }
+}
+
+fn ctl_kind(kind: CtlKind) -> &'static str {
+    match kind {
+        CtlKind::Pause => "pause",
+        CtlKind::Continue => "continue",
+        CtlKind::Step => "step",
+        CtlKind::Steer => "steer",
+        CtlKind::Cancel => "cancel",
+        CtlKind::Answer => "answer",
+        CtlKind::Decline => "decline",
+        CtlKind::Reconcile => "reconcile",
+        CtlKind::StopProcess => "stop_process",
+    }
+}
+
+fn target_of(args: TargetArgs) -> Result<Target, Failure> {
+    let token = args
+        .token
+        .or_else(|| std::env::var("OPENPROGRAM_TOKEN").ok())
+        .ok_or_else(|| Failure::Usage("a token is needed: --token or OPENPROGRAM_TOKEN".into()))?;
+    Ok(Target {
+        url: args.url,
+        token,
+    })
+}
+
+/// Prints what a client command produced, or its one error line; its exit code.
+fn finish(result: Result<String, Failure>) -> ExitCode {
+    match result {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(Failure::Usage(message)) => {
+            eprintln!("openprogram: {message}");
             ExitCode::from(2)
         }
-        Command::Ctl | Command::Inspect => {
-            eprintln!(
-                "openprogram: this subcommand is not available in this build yet (see README.md)"
-            );
-            ExitCode::from(2)
-        }
+        Err(Failure::Failed(message)) => fail(&message),
     }
 }
 

@@ -1,53 +1,128 @@
-//! `openprogram serve`: the runtime as a long-running process on its embedded store. Startup
-//! recovery runs first; SIGTERM or SIGINT starts the orderly shutdown.
-//! The HTTP API, debug endpoint and page mount here with issue 8.
+//! `openprogram serve`: the runtime as a long-running process on its embedded store, with
+//! the HTTP API, debug endpoint and page (`http/`). Startup recovery runs first;
+//! SIGTERM or SIGINT stops the HTTP server, then shuts the runtime down in order.
+//!
+//! Tokens: the admin token is `--token`, else `OPENPROGRAM_TOKEN`, else the one in
+//! `DIR/admin.token` (generated with mode 0600 on first start). A non-loopback `--listen`
+//! needs a token the operator chose.
 
 use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 
+use crate::http::{self, auth, Api, Tokens};
 use crate::{Error, RestartWindow, Result, Runtime};
+
+/// The address `serve` listens on unless told.
+pub const LISTEN_DEFAULT: &str = "127.0.0.1:7878";
 
 /// What `serve` needs.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
     pub data: PathBuf,
     pub restart_window: RestartWindow,
+    pub listen: String,
+    /// The admin token chosen by the operator (`--token` or `OPENPROGRAM_TOKEN`).
+    pub token: Option<String>,
+    /// Seed sample sessions into an empty store (once).
+    pub demo: bool,
 }
 
-/// Runs until SIGTERM or SIGINT, then shuts down in order. Progress lines go to stderr.
+/// Runs until SIGTERM or SIGINT, then shuts down in order. The listen URL goes to stdout;
+/// progress lines go to stderr. `InvalidRequest` means a usage error (exit 2).
 pub async fn run(options: ServeOptions) -> Result<()> {
     // Listening before the runtime opens: a SIGTERM during startup recovery is an orderly
     // shutdown too.
     let stop = stop_signal()?;
+    if options.token.is_none() && !http::is_loopback(&options.listen) {
+        return Err(Error::InvalidRequest(format!(
+            "refusing to listen on {} without a token: pass --token or set OPENPROGRAM_TOKEN (X-2)",
+            options.listen
+        )));
+    }
     let runtime = Runtime::builder()
         .data_dir(&options.data)
         .restart_window(options.restart_window)
         .open()?;
+    let io = |what: &str, error: std::io::Error| Error::Unavailable(format!("{what}: {error}"));
+    let (admin_token, token_source) = auth::admin_token(&options.data, options.token.clone())
+        .map_err(|e| io("admin token", e))?;
+    let session_key =
+        auth::load_or_create_session_key(&options.data).map_err(|e| io("session key", e))?;
+    let tokens = Tokens::new(&admin_token, session_key);
+    let demo = Arc::new(OnceLock::new());
+    let mut api = Api::new(runtime.clone(), tokens.clone());
+    api.demo = Some(Arc::clone(&demo));
+    let (server, addrs) = match http::start(api, &options.listen) {
+        Ok(started) => started,
+        Err(error) => {
+            runtime.shutdown().await;
+            return Err(Error::Unavailable(format!(
+                "cannot listen on {}: {error}",
+                options.listen
+            )));
+        }
+    };
+    let handle = server.handle();
+    let server_task = tokio::spawn(server);
+    for addr in &addrs {
+        println!("http://{addr}");
+    }
     eprintln!(
-        "openprogram: runtime on {} (restart window {}); SIGTERM or SIGINT stops it in order",
+        "openprogram: runtime on {} (restart window {}); admin token: {}; SIGTERM or SIGINT stops it in order",
         options.data.display(),
-        options.restart_window
+        options.restart_window,
+        if token_source == "given" { "as given".to_string() } else { format!("in {token_source}") }
     );
     tokio::pin!(stop);
     let report = tokio::select! {
-        report = runtime.recovery() => report?,
+        report = runtime.recovery() => report,
         () = &mut stop => {
             eprintln!("openprogram: stopping during startup recovery");
-            let stopped = runtime.shutdown().await;
-            eprintln!("openprogram: stopped: {} live, {} left running", stopped.live, stopped.left_running);
-            return Ok(());
+            return stop_all(&runtime, handle, server_task).await;
         }
     };
-    eprintln!(
-        "openprogram: startup recovery: {} classified, {} resumed, {} expired, {} held, {} reconciling, in {} ms",
-        report.classified,
-        report.resumed.len(),
-        report.expired.len(),
-        report.held.len(),
-        report.reconciling.len(),
-        report.elapsed.as_millis()
-    );
+    match report {
+        Ok(report) => eprintln!(
+            "openprogram: startup recovery: {} classified, {} resumed, {} expired, {} held, {} reconciling, in {} ms",
+            report.classified,
+            report.resumed.len(),
+            report.expired.len(),
+            report.held.len(),
+            report.reconciling.len(),
+            report.elapsed.as_millis()
+        ),
+        Err(error) => {
+            stop_all(&runtime, handle, server_task).await?;
+            return Err(error);
+        }
+    }
+    if options.demo {
+        tokio::select! {
+            seeded = http::demo::seed_once(&runtime, &tokens, &options.data) => match seeded {
+                Ok(Some(seeded)) => {
+                    let _ = demo.set(seeded);
+                }
+                Ok(None) => eprintln!("openprogram: --demo: the store is not empty and was not seeded by --demo; nothing seeded"),
+                Err(error) => eprintln!("openprogram: --demo: seeding failed: {error}"),
+            },
+            () = &mut stop => return stop_all(&runtime, handle, server_task).await,
+        }
+    }
     stop.await;
-    eprintln!("openprogram: stopping: pausing running executions for restart recovery");
+    stop_all(&runtime, handle, server_task).await
+}
+
+/// Stops the HTTP server (no new requests; streams close), then the runtime in order.
+async fn stop_all(
+    runtime: &Runtime,
+    handle: actix_web::dev::ServerHandle,
+    server_task: tokio::task::JoinHandle<std::io::Result<()>>,
+) -> Result<()> {
+    eprintln!(
+        "openprogram: stopping: HTTP first, then pausing running executions for restart recovery"
+    );
+    handle.stop(true).await;
+    let _ = server_task.await;
     let stopped = runtime.shutdown().await;
     eprintln!(
         "openprogram: stopped: {} live, {} left running, in {} ms",

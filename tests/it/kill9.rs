@@ -21,7 +21,7 @@ use crate::support::*;
 
 fn serve(data: &Path, stderr: Stdio) -> Child {
     Command::new(env!("CARGO_BIN_EXE_openprogram"))
-        .args(["serve", "--data"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
         .arg(data)
         .stdout(Stdio::null())
         .stderr(stderr)

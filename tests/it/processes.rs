@@ -298,7 +298,7 @@ async fn p3_a_process_left_by_a_killed_serve_is_lost_and_never_signalled() {
     let execution = restarts.start(&runtime, script).await.execution_id;
     crash(runtime);
     let mut child = Command::new(env!("CARGO_BIN_EXE_openprogram"))
-        .args(["serve", "--data"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
         .arg(restarts.dir.path())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

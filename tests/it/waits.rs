@@ -273,7 +273,7 @@ async fn w1_a_wait_survives_kill9_and_an_answer_after_restart_completes_the_turn
     crash(runtime);
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_openprogram"))
-        .args(["serve", "--data"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
         .arg(restarts.dir.path())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -1,0 +1,198 @@
+//! The session-scoped API under `/v1` (SPEC §6, I-2): sessions, executions, snapshots,
+//! commands, command status and events. Every handler checks the token against the
+//! session in its path first; the library then answers another session's ids as
+//! not found. `GET /v1/sessions/{sid}/executions` (a list) is not here: the store has no
+//! per-session index, and scanning every execution to build one is not a read we offer.
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use openprogram_storage::{CommandId, EventEnvelope, ExecutionId, MessageId, SessionId};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::Api;
+use crate::{CommandRequest, StartRequest};
+
+/// The most events one `GET …/events` returns; a client pages on with `after`.
+pub const EVENTS_PAGE_LEN_MAX: usize = 1000;
+
+/// `POST /v1/sessions` (admin): a new session and its own token.
+pub async fn create_session(
+    api: web::Data<Api>,
+    request: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    api.tokens.authorize_admin(&request)?;
+    let session_id = SessionId::new();
+    Ok(HttpResponse::Created().json(json!({
+        "session_id": session_id,
+        "token": api.tokens.session_token(session_id),
+    })))
+}
+
+/// The body of `POST /v1/sessions/{sid}/executions`.
+#[derive(Debug, Deserialize)]
+pub struct StartBody {
+    #[serde(default)]
+    pub kind: Option<String>,
+    pub message: String,
+    #[serde(default)]
+    pub parent_message_id: Option<MessageId>,
+    #[serde(default)]
+    pub script: Vec<Value>,
+    #[serde(default)]
+    pub max_iterations: Option<u32>,
+    #[serde(default)]
+    pub start_paused: bool,
+}
+
+pub async fn start_execution(
+    api: web::Data<Api>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    body: web::Json<StartBody>,
+) -> Result<HttpResponse, ApiError> {
+    let session = api.session(&request, &path)?;
+    let body = body.into_inner();
+    match body.kind.as_deref() {
+        None | Some("agent") => {}
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "unknown execution kind `{other}`: this build starts `agent` executions"
+            )))
+        }
+    }
+    let start = StartRequest {
+        message: body.message,
+        parent_message_id: body.parent_message_id,
+        script: body.script,
+        max_iterations: body.max_iterations,
+        start_paused: body.start_paused,
+    };
+    let reply = api.runtime.start_execution(session, start).await?;
+    Ok(HttpResponse::Created().json(reply))
+}
+
+pub async fn snapshot(
+    api: web::Data<Api>,
+    request: HttpRequest,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (session, execution) = api.execution(&request, &path)?;
+    let snapshot = api.runtime.snapshot(session, execution).await?;
+    Ok(HttpResponse::Ok().json(snapshot))
+}
+
+/// `POST …/commands`: 202 with the reply when the command was taken (`accepted` or
+/// `applied`); 409 with the same reply fields when it was refused (a stale
+/// `expected_version`, or a control the execution does not offer now), so that a retry of
+/// the same `command_id` gets the same answer either way (K-4).
+pub async fn command(
+    api: web::Data<Api>,
+    request: HttpRequest,
+    path: web::Path<(String, String)>,
+    body: web::Json<CommandRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let (session, execution) = api.execution(&request, &path)?;
+    let reply = api
+        .runtime
+        .command(session, execution, body.into_inner())
+        .await?;
+    if reply.status == "rejected" {
+        let reason = reply.reason.clone().unwrap_or_default();
+        // The library records a stale version with this reason (actors' `refuse_command`).
+        let code = if reason.starts_with("stale expected_version") {
+            "version_conflict"
+        } else {
+            "command_rejected"
+        };
+        let fields = serde_json::to_value(&reply).unwrap_or(Value::Null);
+        return Err(ApiError::new(StatusCode::CONFLICT, code, reason).with(fields));
+    }
+    Ok(HttpResponse::Accepted().json(reply))
+}
+
+pub async fn command_status(
+    api: web::Data<Api>,
+    request: HttpRequest,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let session = api.session(&request, &path.0)?;
+    let command: CommandId = path.1.parse().map_err(|_| ApiError::not_found())?;
+    let reply = api.runtime.command_status(session, command)?;
+    Ok(HttpResponse::Ok().json(reply))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct EventsQuery {
+    #[serde(default)]
+    pub after: u64,
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+pub async fn events(
+    api: web::Data<Api>,
+    request: HttpRequest,
+    path: web::Path<(String, String)>,
+    query: web::Query<EventsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let (session, execution) = api.execution(&request, &path)?;
+    let limit = query
+        .limit
+        .unwrap_or(EVENTS_PAGE_LEN_MAX)
+        .clamp(1, EVENTS_PAGE_LEN_MAX);
+    let events = api
+        .runtime
+        .events_page(session, execution, query.after, limit)?;
+    let body: Vec<Value> = events.iter().map(event_json).collect();
+    Ok(HttpResponse::Ok().json(body))
+}
+
+/// An event as the API shows it: `seq`, `position`, `at_ms`, `type`, the writer's epoch,
+/// and the event's own fields beside them.
+pub fn event_json(envelope: &EventEnvelope) -> Value {
+    let mut body = serde_json::Map::new();
+    if let Ok(Value::Object(outer)) = serde_json::to_value(&envelope.event) {
+        // Externally tagged: `{"Variant": {fields}}`.
+        for (_, inner) in outer {
+            if let Value::Object(fields) = inner {
+                body.extend(fields);
+            }
+        }
+    }
+    body.insert("execution_id".into(), json!(envelope.execution_id));
+    body.insert("seq".into(), json!(envelope.seq));
+    body.insert("position".into(), json!(envelope.position));
+    body.insert("at_ms".into(), json!(envelope.at_ms));
+    body.insert("writer_epoch".into(), json!(envelope.writer_epoch));
+    body.insert("type".into(), json!(envelope.event.type_name()));
+    Value::Object(body)
+}
+
+impl Api {
+    /// The session of the path, if the request's token reaches it (else 401).
+    pub fn session(&self, request: &HttpRequest, raw: &str) -> Result<SessionId, ApiError> {
+        if super::auth::bearer(request).is_none() {
+            return Err(ApiError::unauthorized());
+        }
+        // A malformed id matches no session token: only the admin learns it is unknown.
+        let Ok(session) = raw.parse::<SessionId>() else {
+            self.tokens.authorize_admin(request)?;
+            return Err(ApiError::not_found());
+        };
+        self.tokens.authorize_session(request, session)?;
+        Ok(session)
+    }
+
+    /// The session and execution of the path (`/v1/sessions/{sid}/executions/{eid}/…`).
+    pub fn execution(
+        &self,
+        request: &HttpRequest,
+        path: &(String, String),
+    ) -> Result<(SessionId, ExecutionId), ApiError> {
+        let session = self.session(request, &path.0)?;
+        let execution = path.1.parse().map_err(|_| ApiError::not_found())?;
+        Ok((session, execution))
+    }
+}

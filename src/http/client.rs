@@ -1,0 +1,330 @@
+//! The client side of `openprogram ctl` and `inspect` (I-4): blocking HTTP calls with
+//! `ureq`, readable tables by default, `--json` for machines. Every failure is one line
+//! for stderr; `Failure::Usage` maps to exit code 2, everything else to 1.
+
+use serde_json::{json, Value};
+
+/// Why a command did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The command line was wrong (exit 2).
+    Usage(String),
+    /// The operation failed: the server refused it or could not be reached (exit 1).
+    Failed(String),
+}
+
+/// How to reach the server.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub url: String,
+    pub token: String,
+}
+
+impl Target {
+    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, Failure> {
+        let url = format!("{}{}", self.url.trim_end_matches('/'), path);
+        let request = ureq::request(method, &url)
+            .set("Authorization", &format!("Bearer {}", self.token))
+            .timeout(std::time::Duration::from_secs(60));
+        let response = match body {
+            Some(body) => request
+                .set("Content-Type", "application/json")
+                .send_string(&body.to_string()),
+            None => request.call(),
+        };
+        match response {
+            Ok(response) => {
+                let text = response
+                    .into_string()
+                    .map_err(|error| Failure::Failed(format!("reading the answer: {error}")))?;
+                serde_json::from_str(&text)
+                    .map_err(|error| Failure::Failed(format!("the answer is not JSON: {error}")))
+            }
+            Err(ureq::Error::Status(status, response)) => {
+                let text = response.into_string().unwrap_or_default();
+                let message = match serde_json::from_str::<Value>(&text) {
+                    Ok(body) => format!(
+                        "{} ({status}): {}",
+                        body["code"].as_str().unwrap_or("error"),
+                        body["message"].as_str().unwrap_or("")
+                    ),
+                    Err(_) => format!("HTTP {status}"),
+                };
+                Err(Failure::Failed(message))
+            }
+            Err(error) => Err(Failure::Failed(format!("cannot reach {url}: {error}"))),
+        }
+    }
+}
+
+/// A control for `ctl`, with the fields SPEC §6 gives it.
+#[derive(Debug, Clone, Default)]
+pub struct Control {
+    /// The command kind as the API spells it (`stop_process`).
+    pub kind: String,
+    pub session: String,
+    pub execution: String,
+    pub text: Option<String>,
+    pub wait: Option<String>,
+    pub command_id: Option<String>,
+    pub expected_version: Option<u64>,
+    pub answer: Option<String>,
+    pub scope: Option<String>,
+    pub process: Option<String>,
+    pub outcome: Option<String>,
+}
+
+/// `openprogram ctl`: sends the command, prints its reply. A refused command fails.
+pub fn ctl(target: &Target, control: &Control, as_json: bool) -> Result<String, Failure> {
+    if control.kind == "stop_process" && control.process.is_none() {
+        return Err(Failure::Usage("stop-process needs --process".into()));
+    }
+    if control.kind == "reconcile" && control.outcome.is_none() {
+        return Err(Failure::Usage(
+            "reconcile needs --outcome confirmed|not_applied".into(),
+        ));
+    }
+    if control.kind == "steer" && control.text.is_none() {
+        return Err(Failure::Usage("steer needs --text".into()));
+    }
+    let command_id = control
+        .command_id
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let mut body = json!({"command_id": command_id, "kind": control.kind});
+    let fields = [
+        ("text", control.text.clone().map(Value::from)),
+        ("wait_id", control.wait.clone().map(Value::from)),
+        (
+            "expected_version",
+            control.expected_version.map(Value::from),
+        ),
+        ("answer", control.answer.clone().map(Value::from)),
+        ("scope", control.scope.clone().map(Value::from)),
+        ("process_id", control.process.clone().map(Value::from)),
+        ("outcome", control.outcome.clone().map(Value::from)),
+    ];
+    for (name, value) in fields {
+        if let Some(value) = value {
+            body[name] = value;
+        }
+    }
+    let path = format!(
+        "/v1/sessions/{}/executions/{}/commands",
+        control.session, control.execution
+    );
+    let reply = target.call("POST", &path, Some(&body))?;
+    if as_json {
+        return Ok(format!("{reply}\n"));
+    }
+    Ok(format!(
+        "{} {} (command {}, version {})\n",
+        control.kind,
+        reply["status"].as_str().unwrap_or("?"),
+        reply["command_id"].as_str().unwrap_or("?"),
+        reply["version"]
+    ))
+}
+
+/// `openprogram inspect WHAT [IDS]`.
+pub fn inspect(
+    target: &Target,
+    what: &str,
+    ids: &[String],
+    after: u64,
+    as_json: bool,
+) -> Result<String, Failure> {
+    let need = |count: usize, usage: &str| {
+        if ids.len() < count {
+            Err(Failure::Usage(format!("inspect {what} needs {usage}")))
+        } else {
+            Ok(())
+        }
+    };
+    match what {
+        "sessions" => {
+            let body = target.call("GET", "/debug/executions", None)?;
+            let mut sessions: Vec<(String, usize)> = Vec::new();
+            for row in body["executions"].as_array().into_iter().flatten() {
+                let session = row["session_id"].as_str().unwrap_or("?").to_string();
+                match sessions.iter_mut().find(|(id, _)| *id == session) {
+                    Some((_, count)) => *count += 1,
+                    None => sessions.push((session, 1)),
+                }
+            }
+            if as_json {
+                let rows: Vec<Value> = sessions
+                    .iter()
+                    .map(|(id, count)| json!({"session_id": id, "active_executions": count}))
+                    .collect();
+                return Ok(format!("{}\n", Value::Array(rows)));
+            }
+            let rows = sessions
+                .iter()
+                .map(|(id, count)| vec![id.clone(), count.to_string()])
+                .collect();
+            Ok(format!(
+                "{}(sessions with executions in a non-terminal state; ended ones are not indexed)\n",
+                table(&["SESSION", "ACTIVE EXECUTIONS"], rows)
+            ))
+        }
+        "executions" => {
+            let body = target.call("GET", "/debug/executions", None)?;
+            let rows: Vec<Value> = body["executions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|row| ids.is_empty() || row["session_id"].as_str() == Some(&ids[0]))
+                .cloned()
+                .collect();
+            if as_json {
+                return Ok(format!("{}\n", Value::Array(rows)));
+            }
+            let cells = rows
+                .iter()
+                .map(|row| cells(row, &["execution_id", "session_id", "state", "version"]))
+                .collect();
+            Ok(format!(
+                "{}(non-terminal executions, from the by-state index)\n",
+                table(&["EXECUTION", "SESSION", "STATE", "VERSION"], cells)
+            ))
+        }
+        "execution" => {
+            need(2, "SESSION EXECUTION")?;
+            let path = format!("/v1/sessions/{}/executions/{}", ids[0], ids[1]);
+            let snapshot = target.call("GET", &path, None)?;
+            if as_json {
+                return Ok(format!("{snapshot}\n"));
+            }
+            Ok(describe(&snapshot))
+        }
+        "events" => {
+            need(2, "SESSION EXECUTION")?;
+            let path = format!(
+                "/v1/sessions/{}/executions/{}/events?after={after}",
+                ids[0], ids[1]
+            );
+            let events = target.call("GET", &path, None)?;
+            if as_json {
+                return Ok(format!("{events}\n"));
+            }
+            let rows = events
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|event| cells(event, &["seq", "position", "at_ms", "type"]))
+                .collect();
+            Ok(table(&["SEQ", "POSITION", "AT_MS", "TYPE"], rows))
+        }
+        "actors" => {
+            let path = match ids.first() {
+                Some(id) => format!("/debug/actors/{id}"),
+                None => "/debug/actors".into(),
+            };
+            let body = target.call("GET", &path, None)?;
+            if as_json {
+                return Ok(format!("{body}\n"));
+            }
+            let actors = match body {
+                Value::Array(actors) => actors,
+                one => vec![one],
+            };
+            let rows = actors
+                .iter()
+                .map(|actor| cells(actor, &["kind", "id", "handled", "state"]))
+                .collect();
+            Ok(table(&["KIND", "ID", "HANDLED", "STATE"], rows))
+        }
+        other => Err(Failure::Usage(format!(
+            "unknown inspect target `{other}`: sessions, executions, execution, events or actors"
+        ))),
+    }
+}
+
+/// A snapshot in a few readable lines.
+fn describe(snapshot: &Value) -> String {
+    let mut text = String::new();
+    for field in [
+        "execution_id",
+        "session_id",
+        "state",
+        "pause_reason",
+        "version",
+        "attempt",
+    ] {
+        text.push_str(&format!("{field:<14} {}\n", plain(&snapshot[field])));
+    }
+    let capabilities: Vec<String> = snapshot["capabilities"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(plain)
+        .collect();
+    text.push_str(&format!(
+        "{:<14} {}\n",
+        "capabilities",
+        capabilities.join(", ")
+    ));
+    text.push_str(&format!("{:<14} {}\n", "text", plain(&snapshot["text"])));
+    for (title, key, columns) in [
+        ("receipts", "receipts", &["effect_id", "tool", "status"][..]),
+        (
+            "waits",
+            "waits",
+            &["wait_id", "kind", "status", "prompt"][..],
+        ),
+        (
+            "processes",
+            "processes",
+            &["process_id", "state", "exit_code", "output_bytes"][..],
+        ),
+    ] {
+        let rows: Vec<Vec<String>> = snapshot[key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|row| cells(row, columns))
+            .collect();
+        if !rows.is_empty() {
+            let headers: Vec<String> = columns.iter().map(|c| c.to_uppercase()).collect();
+            let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+            text.push_str(&format!("\n{title}:\n{}", table(&headers, rows)));
+        }
+    }
+    text
+}
+
+fn plain(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+fn cells(row: &Value, columns: &[&str]) -> Vec<String> {
+    columns.iter().map(|column| plain(&row[*column])).collect()
+}
+
+/// Columns padded to their widest cell.
+fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|header| header.len()).collect();
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        format!("{}\n", padded.join("  ").trim_end())
+    };
+    let mut text = line(headers.iter().map(|header| header.to_string()).collect());
+    for row in rows {
+        text.push_str(&line(row));
+    }
+    text
+}

@@ -1,0 +1,312 @@
+//! The debug endpoint (I-3), admin token only: live actors, the global log, executions
+//! from the by-state index, Prometheus metrics; and `/health`, which needs no token.
+//!
+//! It shows what the runtime can enumerate and nothing it would have to guess: actix does
+//! not expose an actor's mailbox depth, and the execution actors and the supervisor do not
+//! expose their handled-message counters or arbiter, so those fields are `null` and the
+//! `state` text says so. Process actors answer `Summarize` with their counter.
+
+use std::time::Duration;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use openprogram_actors::execution::actor::GetSnapshot;
+use openprogram_actors::process::Summarize;
+use openprogram_storage::ExecutionState;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::error::ApiError;
+use super::Api;
+
+/// How long one actor may take to describe itself before it is listed as busy.
+const ACTOR_ANSWER_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The most log events one `GET /debug/log` returns.
+const LOG_PAGE_LEN_MAX: usize = 1000;
+
+/// One live actor (SPEC §6 `/debug/actors`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ActorView {
+    pub kind: &'static str,
+    pub id: String,
+    pub arbiter: Option<String>,
+    pub mailbox_len: Option<u64>,
+    pub handled: Option<u64>,
+    pub state: String,
+}
+
+pub async fn health(api: web::Data<Api>) -> HttpResponse {
+    let counters = api.runtime.store().metrics();
+    HttpResponse::Ok().json(json!({
+        "status": if api.runtime.supervisor_running() { "ok" } else { "stopping" },
+        "owner_id": api.runtime.store().incarnation().owner_id,
+        "transitions": counters.transitions,
+    }))
+}
+
+pub async fn actors(api: web::Data<Api>, request: HttpRequest) -> Result<HttpResponse, ApiError> {
+    api.tokens.authorize_admin(&request)?;
+    Ok(HttpResponse::Ok().json(list_actors(&api).await))
+}
+
+pub async fn actor(
+    api: web::Data<Api>,
+    request: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    api.tokens.authorize_admin(&request)?;
+    let wanted = path.into_inner();
+    let found = list_actors(&api)
+        .await
+        .into_iter()
+        .find(|actor| actor.id == wanted)
+        .ok_or_else(ApiError::not_found)?;
+    Ok(HttpResponse::Ok().json(found))
+}
+
+async fn list_actors(api: &Api) -> Vec<ActorView> {
+    let env = api.runtime.env();
+    let mut actors = vec![ActorView {
+        kind: "supervisor",
+        id: "supervisor".into(),
+        // Started on the first arbiter (`RuntimeBuilder::open`).
+        arbiter: Some("0".into()),
+        mailbox_len: None,
+        handled: None,
+        state: if api.runtime.supervisor_running() {
+            "running (startup recovery, lapsed-lease takeover, shutdown); handled count not exposed"
+        } else {
+            "stopped"
+        }
+        .into(),
+    }];
+    for addr in env.directory.all() {
+        let state = match addr.send(GetSnapshot).timeout(ACTOR_ANSWER_TIMEOUT).await {
+            Ok(snapshot) => ActorView {
+                kind: "execution",
+                id: snapshot.execution_id.to_string(),
+                arbiter: None,
+                mailbox_len: None,
+                handled: None,
+                state: format!(
+                    "{} (version {}, attempt {}); arbiter and handled count not exposed",
+                    snapshot.state, snapshot.version, snapshot.attempt
+                ),
+            },
+            Err(error) => ActorView {
+                kind: "execution",
+                id: "unknown".into(),
+                arbiter: None,
+                mailbox_len: None,
+                handled: None,
+                state: format!("did not answer: {error}"),
+            },
+        };
+        actors.push(state);
+    }
+    for (process_id, addr) in env.processes.all() {
+        let view = match addr.send(Summarize).timeout(ACTOR_ANSWER_TIMEOUT).await {
+            Ok(summary) => ActorView {
+                kind: "process",
+                id: process_id.to_string(),
+                arbiter: None,
+                mailbox_len: None,
+                handled: Some(summary.handled),
+                state: format!(
+                    "running pid {}, {} output bytes{}",
+                    summary.pid,
+                    summary.output_bytes,
+                    if summary.stop_requested {
+                        ", stop requested"
+                    } else {
+                        ""
+                    }
+                ),
+            },
+            Err(error) => ActorView {
+                kind: "process",
+                id: process_id.to_string(),
+                arbiter: None,
+                mailbox_len: None,
+                handled: None,
+                state: format!("did not answer: {error}"),
+            },
+        };
+        actors.push(view);
+    }
+    actors
+}
+
+#[derive(Debug, Deserialize)]
+pub struct LogQuery {
+    #[serde(default)]
+    pub after: u64,
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// `GET /debug/log?after=POSITION`: the global log, oldest first.
+pub async fn log(
+    api: web::Data<Api>,
+    request: HttpRequest,
+    query: web::Query<LogQuery>,
+) -> Result<HttpResponse, ApiError> {
+    api.tokens.authorize_admin(&request)?;
+    let limit = query
+        .limit
+        .unwrap_or(LOG_PAGE_LEN_MAX)
+        .clamp(1, LOG_PAGE_LEN_MAX);
+    let events = api
+        .runtime
+        .store()
+        .log_after(query.after, limit)
+        .map_err(crate::Error::from)?;
+    let body: Vec<serde_json::Value> = events.iter().map(super::api::event_json).collect();
+    Ok(HttpResponse::Ok().json(body))
+}
+
+/// `GET /debug/executions`: executions in a non-terminal state, from the by-state index
+/// (S-6), with their session; and quarantined ones (S-4). Ended executions are not indexed
+/// and not listed.
+pub async fn executions(
+    api: web::Data<Api>,
+    request: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    api.tokens.authorize_admin(&request)?;
+    let store = api.runtime.store();
+    let mut rows = Vec::new();
+    for state in ExecutionState::ALL
+        .into_iter()
+        .filter(|state| !state.is_terminal())
+    {
+        for execution_id in store
+            .executions_in_state(state)
+            .map_err(crate::Error::from)?
+        {
+            if let Ok(Some(head)) = store.head(execution_id) {
+                rows.push(json!({
+                    "execution_id": execution_id,
+                    "session_id": head.session_id,
+                    "state": head.state.as_str(),
+                    "version": head.version,
+                }));
+            }
+        }
+    }
+    let quarantined: Vec<_> = store
+        .quarantined()
+        .into_iter()
+        .map(|(execution_id, reason)| json!({"execution_id": execution_id, "reason": reason}))
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({"executions": rows, "quarantined": quarantined})))
+}
+
+/// `GET /debug/demo`: what `serve --demo` seeded (sessions, their tokens, executions).
+pub async fn demo(api: web::Data<Api>, request: HttpRequest) -> Result<HttpResponse, ApiError> {
+    api.tokens.authorize_admin(&request)?;
+    let seeded = api
+        .demo
+        .as_ref()
+        .and_then(|demo| demo.get().cloned())
+        .ok_or_else(ApiError::not_found)?;
+    Ok(HttpResponse::Ok().json(seeded))
+}
+
+/// `GET /metrics`: Prometheus text format, names `openprogram_*`.
+pub async fn metrics(api: web::Data<Api>, request: HttpRequest) -> Result<HttpResponse, ApiError> {
+    api.tokens.authorize_admin(&request)?;
+    let store = api.runtime.store();
+    let counters = store.metrics();
+    let env = api.runtime.env();
+    let mut text = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
+        text.push_str(&format!(
+            "# HELP openprogram_{name} {help}\n# TYPE openprogram_{name} {kind}\n"
+        ));
+        for (labels, value) in samples {
+            text.push_str(&format!("openprogram_{name}{labels} {value}\n"));
+        }
+    };
+    let one = |value: u64| vec![(String::new(), value as f64)];
+    metric(
+        "commits_total",
+        "counter",
+        "Transitions committed (acknowledged after fsync).",
+        &one(counters.transitions),
+    );
+    metric(
+        "group_commits_total",
+        "counter",
+        "Group commits written.",
+        &one(counters.groups),
+    );
+    metric(
+        "fsyncs_total",
+        "counter",
+        "fsyncs of the store's data file.",
+        &one(counters.fsyncs),
+    );
+    metric(
+        "fsync_seconds_total",
+        "counter",
+        "Time spent in fsync.",
+        &[(String::new(), counters.fsync_micros_total as f64 / 1e6)],
+    );
+    metric(
+        "materializations_total",
+        "counter",
+        "Materialization slices written.",
+        &one(counters.materializations),
+    );
+    metric(
+        "replayed_frames",
+        "gauge",
+        "Log frames replayed when the store was opened.",
+        &one(counters.replayed_frames),
+    );
+    metric(
+        "live_actors",
+        "gauge",
+        "Live actors by kind.",
+        &[
+            (
+                "{kind=\"execution\"}".into(),
+                env.directory.live_len() as f64,
+            ),
+            (
+                "{kind=\"process\"}".into(),
+                env.processes.all().len() as f64,
+            ),
+            (
+                "{kind=\"supervisor\"}".into(),
+                f64::from(u8::from(api.runtime.supervisor_running())),
+            ),
+        ],
+    );
+    let mut by_state = Vec::new();
+    for state in ExecutionState::ALL
+        .into_iter()
+        .filter(|state| !state.is_terminal())
+    {
+        let count = store
+            .executions_in_state(state)
+            .map_err(crate::Error::from)?
+            .len();
+        by_state.push((format!("{{state=\"{}\"}}", state.as_str()), count as f64));
+    }
+    metric(
+        "executions",
+        "gauge",
+        "Executions by non-terminal state (ended executions are not indexed).",
+        &by_state,
+    );
+    metric(
+        "quarantined_executions",
+        "gauge",
+        "Executions refused for corrupted records (S-4).",
+        &one(store.quarantined().len() as u64),
+    );
+    Ok(HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(text))
+}

@@ -1,0 +1,117 @@
+//! What `serve --demo` seeds, through the library only, so the page has something to show:
+//! a completed turn, a turn waiting for approval (the scripted `ask`), and a turn that left
+//! a managed process running (`sleep 3600`, in the background).
+//!
+//! Seeding happens once: into an empty store, recorded in `DIR/demo.json` (mode 0600: it
+//! holds the demo sessions' tokens). A later start with `--demo` reads that file instead of
+//! seeding again; a store with other content is never seeded.
+//!
+//! The demo process keeps running until someone stops it: the Stop button of the page, or
+//! `openprogram ctl … stop-process SESSION EXECUTION --process PROCESS_ID`. If `serve` stops
+//! first, the process outlives it, the next start records it `lost` and never signals it
+//! (P-3); end it with `kill` and the pid `/debug/actors` showed.
+
+use std::path::Path;
+
+use openprogram_storage::SessionId;
+use serde_json::{json, Value};
+
+use super::auth::{self, Tokens};
+use crate::{Error, Result, Runtime, StartRequest};
+
+/// Seeds the demo unless it was seeded before (then returns what was) or the store holds
+/// other work (then `None`).
+pub async fn seed_once(runtime: &Runtime, tokens: &Tokens, dir: &Path) -> Result<Option<Value>> {
+    let marker = dir.join("demo.json");
+    match std::fs::read_to_string(&marker) {
+        Ok(text) => {
+            return serde_json::from_str(&text).map(Some).map_err(|error| {
+                Error::InvalidRequest(format!("{} is not JSON: {error}", marker.display()))
+            })
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(Error::Unavailable(format!("{}: {error}", marker.display()))),
+    }
+    if !runtime.store().log_after(0, 1)?.is_empty() {
+        return Ok(None);
+    }
+    let approved_file = dir.join("demo-approved.txt");
+    let first = SessionId::new();
+    let completed = start(
+        runtime,
+        first,
+        "Say hello",
+        json!([
+            {"tool": "echo", "args": {"text": "hello"}},
+            {"reply": "Hello from the demo: one echo call, then this reply."}
+        ]),
+    )
+    .await?;
+    runtime.wait_finished(first, completed).await?;
+    let waiting = start(
+        runtime,
+        first,
+        "Append a line to a file, with approval",
+        json!([
+            {"ask": "May I append a line to demo-approved.txt?"},
+            {"tool": "append", "args": {"path": approved_file.display().to_string(), "line": "approved in the demo"}},
+            {"reply": "Appended the line."}
+        ]),
+    )
+    .await?;
+    let second = SessionId::new();
+    let process = start(
+        runtime,
+        second,
+        "Run a long background job",
+        json!([
+            {"tool": "shell", "args": {"program": "sleep", "args": ["3600"], "background": true}},
+            {"reply": "Started `sleep 3600` in the background; stop it with its Stop control."}
+        ]),
+    )
+    .await?;
+    let seeded = json!({
+        "sessions": [
+            {
+                "session_id": first,
+                "token": tokens.session_token(first),
+                "label": "demo: a completed turn and a turn waiting for approval",
+                "executions": [completed, waiting],
+            },
+            {
+                "session_id": second,
+                "token": tokens.session_token(second),
+                "label": "demo: a turn that left a managed process running",
+                "executions": [process],
+            }
+        ]
+    });
+    auth::write_secret(&marker, &seeded.to_string())
+        .map_err(|error| Error::Unavailable(format!("{}: {error}", marker.display())))?;
+    eprintln!(
+        "openprogram: --demo seeded sessions {first} and {second} (tokens in {})",
+        marker.display()
+    );
+    Ok(Some(seeded))
+}
+
+async fn start(
+    runtime: &Runtime,
+    session: SessionId,
+    message: &str,
+    script: Value,
+) -> Result<openprogram_storage::ExecutionId> {
+    let script = match script {
+        Value::Array(steps) => steps,
+        other => vec![other],
+    };
+    let request = StartRequest {
+        message: message.into(),
+        script,
+        ..Default::default()
+    };
+    Ok(runtime
+        .start_execution(session, request)
+        .await?
+        .execution_id)
+}

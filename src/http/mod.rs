@@ -1,0 +1,156 @@
+//! The HTTP API, the debug endpoint and the page (SPEC §6, I-2, I-3, X-1, X-2), on
+//! actix-web. `serve` mounts it; tests mount `routes` in actix-web's test service.
+//!
+//! - `auth` — the admin token and the stateless session tokens;
+//! - `api` — `/v1`: sessions, executions, snapshots, commands, events;
+//! - `stream` — `/v1/…/events/stream`: Server-Sent Events with a resumable cursor;
+//! - `debug` — `/debug/*`, `/metrics`, `/health`;
+//! - `error` — JSON errors `{"code", "message"}` and their statuses;
+//! - `client` — the HTTP client side of `openprogram ctl` and `inspect`;
+//! - `demo` — what `serve --demo` seeds.
+//!
+//! Architecture invariant: the HTTP layer only calls the `Runtime` facade (and reads the
+//! actors' directory for the debug endpoint); it never writes to the store itself, and UI
+//! or client state never authorizes anything: every request carries its token.
+
+pub mod api;
+pub mod auth;
+pub mod client;
+pub mod debug;
+pub mod demo;
+pub mod error;
+pub mod stream;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use actix_web::{web, App, HttpResponse, HttpServer};
+
+use crate::Runtime;
+pub use auth::Tokens;
+
+/// The largest request body accepted, unless configured. Script payloads above it
+/// answer 413.
+pub const BODY_BYTES_MAX_DEFAULT: usize = 256 * 1024;
+
+/// What every handler shares.
+#[derive(Debug, Clone)]
+pub struct Api {
+    pub runtime: Runtime,
+    pub tokens: Tokens,
+    pub body_bytes_max: usize,
+    /// How often an idle event stream reads the store.
+    pub poll: Duration,
+    /// How long an event stream stays silent before a keep-alive comment.
+    pub keepalive: Duration,
+    /// What `--demo` seeded, for `/debug/demo` (set once seeding is done).
+    pub demo: Option<std::sync::Arc<std::sync::OnceLock<serde_json::Value>>>,
+}
+
+impl Api {
+    pub fn new(runtime: Runtime, tokens: Tokens) -> Self {
+        Self {
+            runtime,
+            tokens,
+            body_bytes_max: BODY_BYTES_MAX_DEFAULT,
+            poll: stream::POLL_DEFAULT,
+            keepalive: stream::KEEPALIVE_DEFAULT,
+            demo: None,
+        }
+    }
+}
+
+/// The routes, for `App::configure`.
+pub fn routes(api: Api) -> impl FnOnce(&mut web::ServiceConfig) {
+    move |config| {
+        let limit = api.body_bytes_max;
+        config
+            .app_data(web::Data::new(api))
+            .app_data(
+                web::JsonConfig::default()
+                    .limit(limit)
+                    .content_type_required(false)
+                    .error_handler(error::json_error(limit)),
+            )
+            .app_data(web::QueryConfig::default().error_handler(error::query_error))
+            .app_data(web::PathConfig::default().error_handler(error::path_error))
+            .route("/v1/sessions", web::post().to(api::create_session))
+            .route(
+                "/v1/sessions/{sid}/executions",
+                web::post().to(api::start_execution),
+            )
+            .route(
+                "/v1/sessions/{sid}/executions/{eid}",
+                web::get().to(api::snapshot),
+            )
+            .route(
+                "/v1/sessions/{sid}/executions/{eid}/commands",
+                web::post().to(api::command),
+            )
+            .route(
+                "/v1/sessions/{sid}/executions/{eid}/events",
+                web::get().to(api::events),
+            )
+            .route(
+                "/v1/sessions/{sid}/executions/{eid}/events/stream",
+                web::get().to(stream::events_stream),
+            )
+            .route(
+                "/v1/sessions/{sid}/commands/{cid}",
+                web::get().to(api::command_status),
+            )
+            .route("/debug/actors", web::get().to(debug::actors))
+            .route("/debug/actors/{id}", web::get().to(debug::actor))
+            .route("/debug/log", web::get().to(debug::log))
+            .route("/debug/executions", web::get().to(debug::executions))
+            .route("/debug/demo", web::get().to(debug::demo))
+            .route("/metrics", web::get().to(debug::metrics))
+            .route("/health", web::get().to(debug::health))
+            .route("/openapi.json", web::get().to(openapi))
+            .route("/", web::get().to(page))
+            .default_service(web::to(error::no_route));
+    }
+}
+
+/// The OpenAPI 3 document of this API, written by hand (`openapi.json` beside this file).
+pub const OPENAPI_JSON: &str = include_str!("openapi.json");
+
+async fn openapi() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(OPENAPI_JSON)
+}
+
+/// The page for people (`page.html` beside this file): no data in it, it reads the API with
+/// the token its user enters.
+async fn page() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .body(include_str!("page.html"))
+}
+
+/// Binds `listen` and starts the server (two workers, signals left to `serve`). Returns
+/// the server to await and the addresses it listens on.
+pub fn start(api: Api, listen: &str) -> std::io::Result<(actix_web::dev::Server, Vec<SocketAddr>)> {
+    let server = HttpServer::new(move || App::new().configure(routes(api.clone())))
+        .workers(2)
+        .disable_signals()
+        // Event streams never end by themselves: a stop closes them after this.
+        .shutdown_timeout(1)
+        .bind(listen)?;
+    let addrs = server.addrs();
+    Ok((server.run(), addrs))
+}
+
+/// Whether `listen` names only loopback addresses (X-2: anything else needs a token the
+/// operator chose).
+pub fn is_loopback(listen: &str) -> bool {
+    use std::net::ToSocketAddrs as _;
+    match listen.to_socket_addrs() {
+        Ok(addrs) => {
+            let addrs: Vec<_> = addrs.collect();
+            !addrs.is_empty() && addrs.iter().all(|addr| addr.ip().is_loopback())
+        }
+        Err(_) => false,
+    }
+}

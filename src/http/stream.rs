@@ -1,0 +1,141 @@
+//! `GET …/events/stream?after=SEQ`: an execution's events as Server-Sent Events, resumable
+//! (I-2, B-6). Each event carries `id: SEQ`; a reconnecting client sends `Last-Event-ID`
+//! (which wins over `after`) and continues where it stopped. A cursor past the newest
+//! event (a store that was reset, a client that kept a cursor too long) is not an error:
+//! the stream sends one `resync` event with the newest seq and continues from there, and
+//! the client reloads the snapshot. A comment line keeps idle connections alive.
+//!
+//! The stream polls the store (the library has no push channel for events yet): one read
+//! per `poll` while nothing is new, bounded pages while catching up.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use actix_web::http::header;
+use actix_web::web::Bytes;
+use actix_web::{web, HttpRequest, HttpResponse};
+use openprogram_storage::{ExecutionId, SessionId};
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::api::{event_json, EventsQuery};
+use super::error::ApiError;
+use super::Api;
+
+/// Events read per store read while catching up.
+const STREAM_PAGE_LEN_MAX: usize = 256;
+
+pub async fn events_stream(
+    api: web::Data<Api>,
+    request: HttpRequest,
+    path: web::Path<(String, String)>,
+    query: web::Query<EventsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let (session, execution) = api.execution(&request, &path)?;
+    let from_header = request
+        .headers()
+        .get("Last-Event-ID")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<u64>().ok());
+    let after = from_header.unwrap_or(query.after);
+    // Unknown or another session's execution: 404 now, not an empty stream.
+    let last_seq = api.runtime.last_seq(session, execution)?;
+    let mut stream = Stream {
+        api: api.into_inner(),
+        session,
+        execution,
+        cursor: after,
+        queued: VecDeque::new(),
+        keepalive_at: Instant::now(),
+    };
+    stream
+        .queued
+        .push_back(Bytes::from_static(b"retry: 1000\n\n"));
+    if after > last_seq {
+        stream.queued.push_back(frame(
+            Some(last_seq),
+            Some("resync"),
+            &json!({"after": after, "last_seq": last_seq, "reason": "cursor past the newest event"}),
+        ));
+        stream.cursor = last_seq;
+    }
+    let body = futures::stream::unfold(stream, |mut stream| async move {
+        let bytes = stream.next().await?;
+        Some((Ok::<_, actix_web::Error>(bytes), stream))
+    });
+    Ok(HttpResponse::Ok()
+        .insert_header((header::CONTENT_TYPE, "text/event-stream"))
+        .insert_header((header::CACHE_CONTROL, "no-cache"))
+        .insert_header(("X-Accel-Buffering", "no"))
+        .streaming(body))
+}
+
+struct Stream {
+    api: std::sync::Arc<Api>,
+    session: SessionId,
+    execution: ExecutionId,
+    /// The seq of the last event sent.
+    cursor: u64,
+    queued: VecDeque<Bytes>,
+    keepalive_at: Instant,
+}
+
+impl Stream {
+    /// The next chunk to send; `None` ends the stream (the execution is gone).
+    async fn next(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(bytes) = self.queued.pop_front() {
+                self.keepalive_at = Instant::now() + self.api.keepalive;
+                return Some(bytes);
+            }
+            match self.api.runtime.events_page(
+                self.session,
+                self.execution,
+                self.cursor,
+                STREAM_PAGE_LEN_MAX,
+            ) {
+                Ok(events) if !events.is_empty() => {
+                    for envelope in &events {
+                        self.cursor = envelope.seq;
+                        self.queued.push_back(frame(
+                            Some(envelope.seq),
+                            None,
+                            &event_json(envelope),
+                        ));
+                    }
+                    continue;
+                }
+                Ok(_) => {}
+                Err(crate::Error::NotFound) => return None,
+                // A failed read is retried at the next poll; the client keeps its data (B-6).
+                Err(error) => tracing::warn!(%error, "event stream read failed"),
+            }
+            let now = Instant::now();
+            if now >= self.keepalive_at {
+                self.queued
+                    .push_back(Bytes::from_static(b": keep-alive\n\n"));
+                continue;
+            }
+            tokio::time::sleep(self.api.poll.min(self.keepalive_at - now)).await;
+        }
+    }
+}
+
+/// One SSE frame. `data` is one line of JSON (JSON never contains a raw newline).
+fn frame(id: Option<u64>, event: Option<&str>, data: &serde_json::Value) -> Bytes {
+    let mut text = String::new();
+    if let Some(id) = id {
+        text.push_str(&format!("id: {id}\n"));
+    }
+    if let Some(event) = event {
+        text.push_str(&format!("event: {event}\n"));
+    }
+    text.push_str(&format!("data: {data}\n\n"));
+    Bytes::from(text)
+}
+
+/// How often an idle stream reads the store, unless configured.
+pub const POLL_DEFAULT: Duration = Duration::from_millis(200);
+
+/// How long a stream stays silent before a keep-alive comment, unless configured.
+pub const KEEPALIVE_DEFAULT: Duration = Duration::from_secs(15);

@@ -1,0 +1,367 @@
+//! The real binary (I-4, X-2, R-7): `openprogram serve` on a free port prints its URL,
+//! keeps its tokens in files of mode 0600, refuses a non-loopback address without a token,
+//! seeds `--demo` once and stops in order on SIGTERM (by pid); `ctl` and `inspect` against
+//! it, with their exit codes (0 ok, 1 failed, 2 usage).
+
+use std::io::{BufRead as _, BufReader};
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::http::call_raw;
+use crate::support::DEADLINE;
+
+/// A running `openprogram serve`; SIGTERM by pid and reaped on drop.
+struct Serve {
+    child: Child,
+    url: String,
+}
+
+impl Serve {
+    fn start(data: &Path, extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_openprogram"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(data)
+            .args(extra)
+            .env_remove("OPENPROGRAM_TOKEN")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn openprogram serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("the listen URL");
+        let url = line.trim().to_string();
+        assert!(url.starts_with("http://127.0.0.1:"), "{url:?}");
+        Self { child, url }
+    }
+
+    /// SIGTERM (by pid: the child this test started), then its exit status.
+    fn stop(mut self) -> std::process::ExitStatus {
+        sigterm(&self.child);
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "serve did not stop after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            sigterm(&self.child);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn sigterm(child: &Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+}
+
+fn openprogram(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_openprogram"))
+        .args(args)
+        .env_remove("OPENPROGRAM_TOKEN")
+        .output()
+        .expect("run openprogram")
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path)
+        .expect("metadata")
+        .permissions()
+        .mode()
+        & 0o777
+}
+
+/// Polls `read` until `done`, with a deadline.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !done() {
+        assert!(Instant::now() < deadline, "never {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn x2_serve_generates_its_admin_token_and_session_key_with_mode_0600_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let serve = Serve::start(dir.path(), &[]);
+    let token_file = dir.path().join("admin.token");
+    assert_eq!(mode(&token_file), 0o600);
+    assert_eq!(mode(&dir.path().join("session.key")), 0o600);
+    let admin = std::fs::read_to_string(&token_file).expect("token");
+    let admin = admin.trim();
+    assert_eq!(call_raw(&serve.url, "GET", "/health", None, None).0, 200);
+    let (status, session) = call_raw(&serve.url, "POST", "/v1/sessions", Some(admin), None);
+    assert_eq!(status, 201);
+    let status = serve.stop();
+    assert!(status.success(), "{status:?}");
+
+    // The same admin token and session tokens after a restart (stateless and durable).
+    let serve = Serve::start(dir.path(), &[]);
+    let path = format!(
+        "/v1/sessions/{}/executions",
+        session["session_id"].as_str().expect("id")
+    );
+    let token = session["token"].as_str().expect("token");
+    let (status, _) = call_raw(
+        &serve.url,
+        "POST",
+        &path,
+        Some(token),
+        Some(json!({"message": "x", "script": [{"reply": "ok"}]}).to_string()),
+    );
+    assert_eq!(status, 201);
+    assert_eq!(
+        call_raw(&serve.url, "POST", "/v1/sessions", Some(admin), None).0,
+        201
+    );
+    assert!(serve.stop().success());
+}
+
+#[test]
+fn x2_serve_refuses_a_non_loopback_address_without_a_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let output = openprogram(&[
+        "serve",
+        "--listen",
+        "0.0.0.0:0",
+        "--data",
+        dir.path().to_str().expect("utf-8"),
+    ]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("without a token"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+#[test]
+fn i4_ctl_and_inspect_against_serve() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let serve = Serve::start(dir.path(), &["--token", "cli-admin"]);
+    assert!(
+        !dir.path().join("admin.token").exists(),
+        "a given token is not written"
+    );
+    let (_, session) = call_raw(&serve.url, "POST", "/v1/sessions", Some("cli-admin"), None);
+    let sid = session["session_id"].as_str().expect("id").to_string();
+    let token = session["token"].as_str().expect("token").to_string();
+    let body = json!({"message": "x", "start_paused": true, "script": [{"tool": "echo", "args": {"text": "a"}}, {"reply": "ok"}]});
+    let (_, started) = call_raw(
+        &serve.url,
+        "POST",
+        &format!("/v1/sessions/{sid}/executions"),
+        Some(&token),
+        Some(body.to_string()),
+    );
+    let eid = started["execution_id"].as_str().expect("id").to_string();
+    let url = serve.url.as_str();
+    let ctl = |args: &[&str]| {
+        let mut all = vec!["ctl", "--url", url, "--token", token.as_str()];
+        all.extend_from_slice(args);
+        openprogram(&all)
+    };
+
+    let steer = ctl(&[
+        "steer",
+        &sid,
+        &eid,
+        "--text",
+        "be brief",
+        "--command-id",
+        "0190a3e4-0000-7000-8000-000000000001",
+        "--json",
+    ]);
+    assert!(
+        steer.status.success(),
+        "{}",
+        String::from_utf8_lossy(&steer.stderr)
+    );
+    let reply: Value = serde_json::from_slice(&steer.stdout).expect("JSON");
+    assert_eq!(reply["status"], "applied");
+    // The same command id again: the same reply (K-4).
+    let again = ctl(&[
+        "steer",
+        &sid,
+        &eid,
+        "--text",
+        "be brief",
+        "--command-id",
+        "0190a3e4-0000-7000-8000-000000000001",
+        "--json",
+    ]);
+    assert_eq!(
+        serde_json::from_slice::<Value>(&again.stdout).expect("JSON"),
+        reply
+    );
+    let stale = ctl(&["continue", &sid, &eid, "--expected-version", "999"]);
+    assert_eq!(stale.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&stale.stderr);
+    assert!(
+        stderr.contains("version_conflict") && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+    let resumed = ctl(&["continue", &sid, &eid]);
+    assert!(resumed.status.success());
+    assert!(String::from_utf8_lossy(&resumed.stdout).contains("continue applied"));
+
+    let inspect = |args: &[&str], token: &str| {
+        let mut all = vec!["inspect", "--url", url, "--token", token];
+        all.extend_from_slice(args);
+        openprogram(&all)
+    };
+    wait_until("completed", || {
+        let out = inspect(&["execution", &sid, &eid, "--json"], &token);
+        serde_json::from_slice::<Value>(&out.stdout)
+            .is_ok_and(|snapshot| snapshot["state"] == "completed")
+    });
+    let table = inspect(&["execution", &sid, &eid], &token);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.contains("state          completed") && text.contains("[steer] be brief"),
+        "{text}"
+    );
+    let events = inspect(&["events", &sid, &eid], &token);
+    assert!(String::from_utf8_lossy(&events.stdout).contains("admitted"));
+    let events_json = inspect(&["events", &sid, &eid, "--after", "1", "--json"], &token);
+    let events_json: Value = serde_json::from_slice(&events_json.stdout).expect("JSON");
+    assert_eq!(events_json[0]["seq"], 2);
+    let actors = inspect(&["actors", "--json"], "cli-admin");
+    let actors: Value = serde_json::from_slice(&actors.stdout).expect("JSON");
+    assert!(actors
+        .as_array()
+        .expect("list")
+        .iter()
+        .any(|actor| actor["kind"] == "supervisor"));
+    assert!(inspect(&["sessions"], "cli-admin").status.success());
+    assert!(inspect(&["executions"], "cli-admin").status.success());
+
+    // Failures: 1 for a refused operation, 2 for a wrong command line; one line each.
+    let wrong_token = inspect(&["execution", &sid, &eid], "nope");
+    assert_eq!(wrong_token.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&wrong_token.stderr).contains("unauthorized"));
+    assert_eq!(
+        inspect(&["actors"], &token).status.code(),
+        Some(1),
+        "a session token is not admin"
+    );
+    assert_eq!(inspect(&["execution", &sid], &token).status.code(), Some(2));
+    assert_eq!(ctl(&["stop-process", &sid, &eid]).status.code(), Some(2));
+    assert_eq!(ctl(&["explode", &sid, &eid]).status.code(), Some(2));
+    assert_eq!(
+        openprogram(&["ctl", "pause", &sid, &eid]).status.code(),
+        Some(2),
+        "no token"
+    );
+    let unreachable = openprogram(&[
+        "inspect",
+        "--url",
+        "http://127.0.0.1:1",
+        "--token",
+        "x",
+        "actors",
+    ]);
+    assert_eq!(unreachable.status.code(), Some(1));
+    assert!(serve.stop().success());
+}
+
+#[test]
+fn i4_serve_demo_seeds_once_and_its_process_stops_through_ctl() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let serve = Serve::start(dir.path(), &["--demo", "--token", "demo-admin"]);
+    let mut demo = Value::Null;
+    wait_until("demo seeded", || {
+        let (status, body) = call_raw(&serve.url, "GET", "/debug/demo", Some("demo-admin"), None);
+        demo = body;
+        status == 200
+    });
+    assert_eq!(mode(&dir.path().join("demo.json")), 0o600);
+    let sessions = demo["sessions"].as_array().expect("sessions").clone();
+    assert_eq!(sessions.len(), 2);
+    let snapshot = |session: &Value, execution: &Value| {
+        let path = format!(
+            "/v1/sessions/{}/executions/{}",
+            session["session_id"].as_str().expect("sid"),
+            execution.as_str().expect("eid")
+        );
+        call_raw(&serve.url, "GET", &path, session["token"].as_str(), None).1
+    };
+    assert_eq!(
+        snapshot(&sessions[0], &sessions[0]["executions"][0])["state"],
+        "completed"
+    );
+    assert_eq!(
+        snapshot(&sessions[0], &sessions[0]["executions"][1])["state"],
+        "waiting"
+    );
+    let process_session = &sessions[1];
+    let process_execution = &process_session["executions"][0];
+    let mut running = Value::Null;
+    wait_until("the demo process runs", || {
+        running = snapshot(process_session, process_execution);
+        running["processes"][0]["state"] == "running"
+    });
+    // Stop it (the demo leaves it running otherwise).
+    let stop = openprogram(&[
+        "ctl",
+        "--url",
+        &serve.url,
+        "--token",
+        process_session["token"].as_str().expect("token"),
+        "stop-process",
+        process_session["session_id"].as_str().expect("sid"),
+        process_execution.as_str().expect("eid"),
+        "--process",
+        running["processes"][0]["process_id"].as_str().expect("pid"),
+    ]);
+    assert!(
+        stop.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stop.stderr)
+    );
+    wait_until("the demo process stopped", || {
+        snapshot(process_session, process_execution)["processes"][0]["state"] == "stopped"
+    });
+    assert!(serve.stop().success());
+
+    // A second start with --demo seeds nothing new: the same sessions.
+    let serve = Serve::start(dir.path(), &["--demo", "--token", "demo-admin"]);
+    let mut again = Value::Null;
+    wait_until("demo read back", || {
+        let (status, body) = call_raw(&serve.url, "GET", "/debug/demo", Some("demo-admin"), None);
+        again = body;
+        status == 200
+    });
+    assert_eq!(again, demo);
+    let (_, log) = call_raw(
+        &serve.url,
+        "GET",
+        "/debug/log?after=0",
+        Some("demo-admin"),
+        None,
+    );
+    let admitted = log
+        .as_array()
+        .expect("log")
+        .iter()
+        .filter(|event| event["type"] == "admitted")
+        .count();
+    assert_eq!(admitted, 3, "no duplicate demo content");
+    assert!(serve.stop().success());
+}

@@ -1,0 +1,272 @@
+//! The event stream (I-2, B-6: SSE resume from a cursor, `Last-Event-ID`, resync on a
+//! stale cursor) and the debug endpoint (I-3): actors, the global log, executions, metrics,
+//! health, the OpenAPI document and the page.
+
+use std::io::{BufRead as _, BufReader};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::http::{TestServer, ADMIN};
+
+/// Reads SSE frames until `count` events with an `id:` arrived; returns every frame
+/// as `(id, event, data)`.
+fn read_frames(
+    server: &TestServer,
+    path: &str,
+    token: &str,
+    last_event_id: Option<&str>,
+    count: usize,
+) -> Vec<(Option<u64>, Option<String>, Value)> {
+    let mut request = ureq::get(&format!("{}{path}", server.url))
+        .set("Authorization", &format!("Bearer {token}"))
+        .timeout(Duration::from_secs(20));
+    if let Some(id) = last_event_id {
+        request = request.set("Last-Event-ID", id);
+    }
+    let response = request.call().expect("stream");
+    assert_eq!(response.content_type(), "text/event-stream");
+    let mut reader = BufReader::new(response.into_reader());
+    let mut frames: Vec<(Option<u64>, Option<String>, Value)> = Vec::new();
+    let (mut id, mut event, mut data): (Option<u64>, Option<String>, Option<Value>) =
+        (None, None, None);
+    while frames.iter().filter(|(id, _, _)| id.is_some()).count() < count {
+        let mut line = String::new();
+        assert!(
+            reader.read_line(&mut line).expect("read") > 0,
+            "stream ended"
+        );
+        let line = line.trim_end_matches('\n');
+        if let Some(value) = line.strip_prefix("id: ") {
+            id = value.parse().ok();
+        } else if let Some(value) = line.strip_prefix("event: ") {
+            event = Some(value.to_string());
+        } else if let Some(value) = line.strip_prefix("data: ") {
+            data = Some(serde_json::from_str(value).expect("data is JSON"));
+        } else if line.is_empty() {
+            if let Some(data) = data.take() {
+                frames.push((id.take(), event.take(), data));
+            }
+            id = None;
+            event = None;
+        }
+    }
+    frames
+}
+
+#[test]
+fn b6_event_stream_resumes_from_its_cursor_and_resyncs_a_stale_one() {
+    let server = TestServer::new();
+    let session = server.session();
+    let started = server.start(
+        &session,
+        json!({"message": "x", "script": [{"tool": "echo", "args": {"text": "a"}}, {"reply": "ok"}]}),
+    );
+    let execution = started["execution_id"].as_str().expect("id");
+    server.wait_state(&session, execution, "completed");
+    let base = format!("/v1/sessions/{}/executions/{execution}", session.0);
+    let (_, all) = server.call("GET", &format!("{base}/events"), Some(&session.1), None);
+    let all = all.as_array().expect("events").clone();
+    let last = all.len() as u64;
+    assert!(last >= 4, "{all:?}");
+
+    // From a cursor: exactly the events after it, in order, `id` = seq.
+    let frames = read_frames(
+        &server,
+        &format!("{base}/events/stream?after=2"),
+        &session.1,
+        None,
+        2,
+    );
+    assert_eq!(frames[0].0, Some(3));
+    assert_eq!(frames[1].0, Some(4));
+    assert_eq!(frames[0].2, all[2], "the same event as GET …/events");
+
+    // Last-Event-ID (a reconnect) wins over `after`.
+    let frames = read_frames(
+        &server,
+        &format!("{base}/events/stream?after=1"),
+        &session.1,
+        Some("3"),
+        1,
+    );
+    assert_eq!(frames[0].0, Some(4));
+
+    // A cursor past the end: one resync event, not an error; then new events stream on.
+    let path = format!("{base}/events/stream?after={}", last + 100);
+    let mut request = ureq::get(&format!("{}{path}", server.url))
+        .set("Authorization", &format!("Bearer {}", session.1))
+        .timeout(Duration::from_secs(20));
+    request = request.set("Accept", "text/event-stream");
+    let response = request.call().expect("a stale cursor is not an error");
+    let mut reader = BufReader::new(response.into_reader());
+    let mut text = String::new();
+    while !text.contains("event: resync") {
+        assert!(reader.read_line(&mut text).expect("read") > 0);
+    }
+    let mut data = String::new();
+    reader.read_line(&mut data).expect("data");
+    let data: Value = serde_json::from_str(data.trim_start_matches("data: ").trim()).expect("JSON");
+    assert_eq!(data["last_seq"], last);
+}
+
+#[test]
+fn b6_event_stream_delivers_events_committed_after_it_opened() {
+    let server = TestServer::new();
+    let session = server.session();
+    let started = server.start(
+        &session,
+        json!({"message": "x", "start_paused": true, "script": [{"reply": "later"}]}),
+    );
+    let execution = started["execution_id"].as_str().expect("id").to_string();
+    let base = format!("/v1/sessions/{}/executions/{execution}", session.0);
+    let (_, before) = server.call("GET", &format!("{base}/events"), Some(&session.1), None);
+    let after = before.as_array().expect("events").len();
+    let (url, token) = (server.url.clone(), session.1.clone());
+    let path = format!("{base}/commands");
+    let continuing = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        let body = json!({"command_id": uuid::Uuid::new_v4().to_string(), "kind": "continue"});
+        crate::http::call_raw(&url, "POST", &path, Some(&token), Some(body.to_string()))
+    });
+    let frames = read_frames(
+        &server,
+        &format!("{base}/events/stream?after={after}"),
+        &session.1,
+        None,
+        1,
+    );
+    assert_eq!(frames[0].0, Some(after as u64 + 1));
+    assert_eq!(continuing.join().expect("thread").0, 202);
+}
+
+#[test]
+fn i3_debug_actors_log_executions_and_metrics() {
+    let server = TestServer::new();
+    let session = server.session();
+    let sleeping = server.start(&session, json!({"message": "x", "script": [{"tool": "sleep", "args": {"ms": 60000}}, {"reply": "never"}]}));
+    let execution = sleeping["execution_id"].as_str().expect("id");
+    server.wait_for(&session, execution, "sleeping", |snapshot| {
+        snapshot["state"] == "running" && snapshot["version"].as_u64() > Some(2)
+    });
+
+    let (status, actors) = server.call("GET", "/debug/actors", Some(ADMIN), None);
+    assert_eq!(status, 200);
+    let actors = actors.as_array().expect("list").clone();
+    for actor in &actors {
+        for field in ["kind", "id", "arbiter", "mailbox_len", "handled", "state"] {
+            assert!(actor.get(field).is_some(), "{field} missing in {actor}");
+        }
+    }
+    assert!(actors.iter().any(|actor| actor["kind"] == "supervisor"));
+    let live = actors
+        .iter()
+        .find(|actor| actor["id"] == execution)
+        .expect("the running execution is live");
+    assert_eq!(live["kind"], "execution");
+    assert!(live["state"]
+        .as_str()
+        .expect("state")
+        .starts_with("running"));
+    let (status, one) = server.call(
+        "GET",
+        &format!("/debug/actors/{execution}"),
+        Some(ADMIN),
+        None,
+    );
+    assert_eq!(status, 200);
+    assert_eq!(one["id"], execution);
+    assert_eq!(
+        server
+            .call("GET", "/debug/actors/nobody", Some(ADMIN), None)
+            .0,
+        404
+    );
+
+    let (status, log) = server.call("GET", "/debug/log?after=0", Some(ADMIN), None);
+    assert_eq!(status, 200);
+    let positions: Vec<u64> = log
+        .as_array()
+        .expect("log")
+        .iter()
+        .map(|event| event["position"].as_u64().expect("position"))
+        .collect();
+    assert!(
+        positions.windows(2).all(|pair| pair[0] < pair[1]),
+        "{positions:?}"
+    );
+    let (_, later) = server.call(
+        "GET",
+        &format!("/debug/log?after={}", positions[1]),
+        Some(ADMIN),
+        None,
+    );
+    assert_eq!(later[0]["position"], positions[2]);
+    assert_eq!(
+        server
+            .call("GET", "/debug/log?after=x", Some(ADMIN), None)
+            .0,
+        400
+    );
+
+    let (_, executions) = server.call("GET", "/debug/executions", Some(ADMIN), None);
+    let row = executions["executions"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .find(|row| row["execution_id"] == execution)
+        .cloned()
+        .expect("listed");
+    assert_eq!(row["session_id"], session.0.as_str());
+
+    let (status, metrics) = server.call("GET", "/metrics", Some(ADMIN), None);
+    assert_eq!(status, 200);
+    let metrics = metrics.as_str().expect("text").to_string();
+    for name in [
+        "openprogram_commits_total ",
+        "openprogram_fsyncs_total ",
+        "openprogram_live_actors{kind=\"execution\"} 1",
+        "openprogram_executions{state=\"running\"} 1",
+        "# TYPE openprogram_commits_total counter",
+    ] {
+        assert!(metrics.contains(name), "{name} missing in\n{metrics}");
+    }
+    let (_, reply) = server.command(
+        &session,
+        execution,
+        json!({"command_id": uuid::Uuid::new_v4().to_string(), "kind": "cancel"}),
+    );
+    assert_eq!(reply["status"], "applied");
+}
+
+#[test]
+fn i3_health_openapi_and_page_need_no_token() {
+    let server = TestServer::new();
+    let (status, health) = server.call("GET", "/health", None, None);
+    assert_eq!(status, 200);
+    assert_eq!(health["status"], "ok");
+    let (status, openapi) = server.call("GET", "/openapi.json", None, None);
+    assert_eq!(status, 200);
+    assert_eq!(openapi["openapi"], "3.0.3");
+    let paths = openapi["paths"].as_object().expect("paths");
+    for path in [
+        "/v1/sessions",
+        "/v1/sessions/{sid}/executions",
+        "/v1/sessions/{sid}/executions/{eid}",
+        "/v1/sessions/{sid}/executions/{eid}/commands",
+        "/v1/sessions/{sid}/commands/{cid}",
+        "/v1/sessions/{sid}/executions/{eid}/events",
+        "/v1/sessions/{sid}/executions/{eid}/events/stream",
+        "/debug/actors",
+        "/debug/actors/{id}",
+        "/debug/log",
+        "/debug/executions",
+        "/metrics",
+        "/health",
+    ] {
+        assert!(paths.contains_key(path), "{path} not documented");
+    }
+    let (status, page) = server.call("GET", "/", None, None);
+    assert_eq!(status, 200);
+    assert!(page.as_str().expect("html").contains("events/stream"));
+}
