@@ -249,6 +249,11 @@ impl Runtime {
         self.inner.service.snapshot(session, execution).await
     }
 
+    /// The snapshots of a session's executions, oldest first.
+    pub async fn executions(&self, session: SessionId) -> Result<Vec<Snapshot>> {
+        self.inner.service.executions(session).await
+    }
+
     /// B-2..B-5: the session's conversation branches, in Needs attention, In progress and
     /// History.
     pub fn activity(&self, session: SessionId) -> Result<openprogram_actors::activity::Activity> {

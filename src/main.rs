@@ -101,6 +101,9 @@ enum Command {
         /// reconcile: `confirmed` or `not_applied`.
         #[arg(long)]
         outcome: Option<String>,
+        /// fork: the checkpoint seq to fork from (default: the latest saved point).
+        #[arg(long)]
+        checkpoint: Option<u64>,
         #[arg(long)]
         json: bool,
     },
@@ -109,7 +112,8 @@ enum Command {
         #[command(flatten)]
         target: TargetArgs,
         what: InspectWhat,
-        /// execution, events: SESSION EXECUTION; executions: [SESSION]; actors: [ID].
+        /// execution, events: SESSION EXECUTION; executions: [SESSION]; activity: SESSION;
+        /// actors: [ID].
         ids: Vec<String>,
         /// events: only those after this seq.
         #[arg(long, default_value_t = 0)]
@@ -139,6 +143,8 @@ enum CtlKind {
     Decline,
     Reconcile,
     StopProcess,
+    Fork,
+    Retry,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -148,6 +154,7 @@ enum InspectWhat {
     Execution,
     Events,
     Actors,
+    Activity,
 }
 
 fn main() -> ExitCode {
@@ -245,9 +252,11 @@ fn main() -> ExitCode {
             scope,
             process,
             outcome,
+            checkpoint,
             json,
         } => {
             let control = client::Control {
+                checkpoint,
                 kind: ctl_kind(kind).into(),
                 session,
                 execution,
@@ -275,6 +284,7 @@ fn main() -> ExitCode {
                 InspectWhat::Execution => "execution",
                 InspectWhat::Events => "events",
                 InspectWhat::Actors => "actors",
+                InspectWhat::Activity => "activity",
             };
             finish(
                 target_of(target)
@@ -295,6 +305,8 @@ fn ctl_kind(kind: CtlKind) -> &'static str {
         CtlKind::Decline => "decline",
         CtlKind::Reconcile => "reconcile",
         CtlKind::StopProcess => "stop_process",
+        CtlKind::Fork => "fork",
+        CtlKind::Retry => "retry",
     }
 }
 

@@ -508,6 +508,19 @@ impl Service {
         Ok(found)
     }
 
+    /// The snapshots of a session's executions, oldest first.
+    pub async fn executions(&self, session_id: SessionId) -> Result<Vec<Snapshot>> {
+        let mut snapshots = Vec::new();
+        for execution_id in self.env.store.executions_in_session(session_id)? {
+            match self.snapshot(session_id, execution_id).await {
+                Ok(snapshot) => snapshots.push(snapshot),
+                Err(Error::NotFound) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(snapshots)
+    }
+
     /// Events of an execution with `seq > after`, at most `limit`.
     pub fn events(
         &self,

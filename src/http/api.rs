@@ -1,8 +1,7 @@
 //! The session-scoped API under `/v1` (SPEC §6, I-2): sessions, executions, snapshots,
 //! commands, command status and events. Every handler checks the token against the
 //! session in its path first; the library then answers another session's ids as
-//! not found. `GET /v1/sessions/{sid}/executions` (a list) is not here: the store has no
-//! per-session index, and scanning every execution to build one is not a read we offer.
+//! not found.
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -71,6 +70,28 @@ pub async fn start_execution(
     };
     let reply = api.runtime.start_execution(session, start).await?;
     Ok(HttpResponse::Created().json(reply))
+}
+
+/// `GET /v1/sessions/{sid}/executions`: the snapshots of the session's executions.
+pub async fn list_executions(
+    api: web::Data<Api>,
+    request: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let session = api.session(&request, &path)?;
+    let snapshots = api.runtime.executions(session).await?;
+    Ok(HttpResponse::Ok().json(snapshots))
+}
+
+/// `GET /v1/sessions/{sid}/activity` (B-2..B-5): branches in three sections.
+pub async fn activity(
+    api: web::Data<Api>,
+    request: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let session = api.session(&request, &path)?;
+    let activity = api.runtime.activity(session)?;
+    Ok(HttpResponse::Ok().json(activity))
 }
 
 pub async fn snapshot(

@@ -72,6 +72,7 @@ pub struct Control {
     pub scope: Option<String>,
     pub process: Option<String>,
     pub outcome: Option<String>,
+    pub checkpoint: Option<u64>,
 }
 
 /// `openprogram ctl`: sends the command, prints its reply. A refused command fails.
@@ -103,6 +104,7 @@ pub fn ctl(target: &Target, control: &Control, as_json: bool) -> Result<String, 
         ("scope", control.scope.clone().map(Value::from)),
         ("process_id", control.process.clone().map(Value::from)),
         ("outcome", control.outcome.clone().map(Value::from)),
+        ("checkpoint", control.checkpoint.map(Value::from)),
     ];
     for (name, value) in fields {
         if let Some(value) = value {
@@ -117,8 +119,12 @@ pub fn ctl(target: &Target, control: &Control, as_json: bool) -> Result<String, 
     if as_json {
         return Ok(format!("{reply}\n"));
     }
+    let child = match reply["execution_id"].as_str() {
+        Some(child) => format!(", child execution {child}"),
+        None => String::new(),
+    };
     Ok(format!(
-        "{} {} (command {}, version {})\n",
+        "{} {} (command {}, version {}{child})\n",
         control.kind,
         reply["status"].as_str().unwrap_or("?"),
         reply["command_id"].as_str().unwrap_or("?"),
@@ -167,6 +173,37 @@ pub fn inspect(
                 "{}(sessions with executions in a non-terminal state; ended ones are not indexed)\n",
                 table(&["SESSION", "ACTIVE EXECUTIONS"], rows)
             ))
+        }
+        "executions" if !ids.is_empty() => {
+            let path = format!("/v1/sessions/{}/executions", ids[0]);
+            let snapshots = target.call("GET", &path, None)?;
+            if as_json {
+                return Ok(format!("{snapshots}\n"));
+            }
+            let rows = snapshots
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|row| cells(row, &["execution_id", "state", "version", "text"]))
+                .collect();
+            Ok(table(&["EXECUTION", "STATE", "VERSION", "TEXT"], rows))
+        }
+        "activity" => {
+            need(1, "SESSION")?;
+            let path = format!("/v1/sessions/{}/activity", ids[0]);
+            let activity = target.call("GET", &path, None)?;
+            if as_json {
+                return Ok(format!("{activity}\n"));
+            }
+            let mut rows = Vec::new();
+            for section in ["needs_attention", "in_progress", "history"] {
+                for row in activity[section].as_array().into_iter().flatten() {
+                    let mut line = vec![section.to_owned()];
+                    line.extend(cells(row, &["heading", "executions", "status", "label"]));
+                    rows.push(line);
+                }
+            }
+            Ok(table(&["SECTION", "BRANCH", "EXECUTIONS", "STATUS", "LABEL"], rows))
         }
         "executions" => {
             let body = target.call("GET", "/debug/executions", None)?;
@@ -236,7 +273,7 @@ pub fn inspect(
             Ok(table(&["KIND", "ID", "HANDLED", "STATE"], rows))
         }
         other => Err(Failure::Usage(format!(
-            "unknown inspect target `{other}`: sessions, executions, execution, events or actors"
+            "unknown inspect target `{other}`: sessions, executions, execution, events, activity or actors"
         ))),
     }
 }

@@ -80,6 +80,15 @@ pub fn routes(api: Api) -> impl FnOnce(&mut web::ServiceConfig) {
                 web::post().to(api::start_execution),
             )
             .route(
+                "/v1/sessions/{sid}/executions",
+                web::get().to(api::list_executions),
+            )
+            .route("/v1/sessions/{sid}/activity", web::get().to(api::activity))
+            .route(
+                "/v1/sessions/{sid}/stream",
+                web::get().to(stream::session_stream),
+            )
+            .route(
                 "/v1/sessions/{sid}/executions/{eid}",
                 web::get().to(api::snapshot),
             )

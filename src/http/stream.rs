@@ -139,3 +139,87 @@ pub const POLL_DEFAULT: Duration = Duration::from_millis(200);
 
 /// How long a stream stays silent before a keep-alive comment, unless configured.
 pub const KEEPALIVE_DEFAULT: Duration = Duration::from_secs(15);
+
+#[derive(Debug, serde::Deserialize)]
+pub struct SessionQuery {
+    /// A global log position: the cursor of the session stream.
+    #[serde(default)]
+    pub after: u64,
+}
+
+/// `GET /v1/sessions/{sid}/stream?after=POSITION` (B-6): the session's events as SSE, `id:`
+/// the global position (`Last-Event-ID` wins over `after`), with an `event:
+/// session_reload` frame right after each committed terminal outcome.
+pub async fn session_stream(
+    api: web::Data<Api>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    query: web::Query<SessionQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let session = api.session(&request, &path)?;
+    let from_header = request
+        .headers()
+        .get("Last-Event-ID")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<u64>().ok());
+    let state = SessionStream {
+        api: api.into_inner(),
+        session,
+        cursor: from_header.unwrap_or(query.after),
+        queued: VecDeque::from([Bytes::from_static(b"retry: 1000\n\n")]),
+        keepalive_at: Instant::now(),
+    };
+    let body = futures::stream::unfold(state, |mut stream| async move {
+        let bytes = stream.next().await;
+        Some((Ok::<_, actix_web::Error>(bytes), stream))
+    });
+    Ok(HttpResponse::Ok()
+        .insert_header((header::CONTENT_TYPE, "text/event-stream"))
+        .insert_header((header::CACHE_CONTROL, "no-cache"))
+        .insert_header(("X-Accel-Buffering", "no"))
+        .streaming(body))
+}
+
+struct SessionStream {
+    api: std::sync::Arc<Api>,
+    session: SessionId,
+    /// The position of the last entry sent.
+    cursor: u64,
+    queued: VecDeque<Bytes>,
+    keepalive_at: Instant,
+}
+
+impl SessionStream {
+    async fn next(&mut self) -> Bytes {
+        loop {
+            if let Some(bytes) = self.queued.pop_front() {
+                self.keepalive_at = Instant::now() + self.api.keepalive;
+                return bytes;
+            }
+            match self
+                .api
+                .runtime
+                .session_feed(self.session, self.cursor, STREAM_PAGE_LEN_MAX)
+            {
+                Ok(entries) if !entries.is_empty() => {
+                    for entry in &entries {
+                        self.cursor = entry.position;
+                        let kind = (entry.kind == "session_reload").then_some("session_reload");
+                        let data = serde_json::to_value(entry).unwrap_or_default();
+                        self.queued.push_back(frame(Some(entry.position), kind, &data));
+                    }
+                    continue;
+                }
+                Ok(_) => {}
+                // A failed read is retried at the next poll; the client keeps its data (B-6).
+                Err(error) => tracing::warn!(%error, "session stream read failed"),
+            }
+            let now = Instant::now();
+            if now >= self.keepalive_at {
+                self.queued.push_back(Bytes::from_static(b": keep-alive\n\n"));
+                continue;
+            }
+            tokio::time::sleep(self.api.poll.min(self.keepalive_at - now)).await;
+        }
+    }
+}
