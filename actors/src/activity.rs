@@ -10,8 +10,13 @@
 //!
 //! A branch's id is stable as it grows and forks: from its leaf, go up while the node is
 //! its parent's oldest child; the node where that stops (or the root) names the branch.
+//!
+//! Fork and Retry children are independent executions on branches of their own. "Child
+//! tasks" (executions an execution starts to do part of its work) keep a parent's branch In
+//! progress, and are what Cancel on an incomplete-response row may still reach (B-4). This
+//! runtime starts no child tasks yet: that part is exercised by table tests only.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 
 use openprogram_storage::{ExecutionId, ExecutionState, MessageId};
 use serde::Serialize;
@@ -21,6 +26,8 @@ use serde::Serialize;
 pub struct ExecutionFacts {
     pub execution_id: ExecutionId,
     pub parent_execution_id: Option<ExecutionId>,
+    /// Started by its parent as a child task (not a fork or retry, which are independent).
+    pub child_task: bool,
     pub user_message_id: MessageId,
     pub reply_message_id: MessageId,
     pub parent_message_id: Option<MessageId>,
@@ -36,8 +43,8 @@ pub struct ExecutionFacts {
     /// B-4: its owner ended and only the model's response record is missing (nothing
     /// else is pending).
     pub response_record_incomplete: bool,
-    /// A command other than Cancel was accepted and is not decided yet.
-    pub pending_non_cancel_command: bool,
+    /// Controls accepted and not decided yet, by kind (`cancel`, `continue`, ...).
+    pub pending_controls: Vec<&'static str>,
 }
 
 /// One execution in a branch's details.
@@ -78,34 +85,46 @@ pub struct Activity {
 /// B-1..B-5: `executions` in admission order.
 pub fn project(executions: &[ExecutionFacts]) -> Activity {
     let graph = Graph::of(executions);
+    let leaves = graph.leaves();
+    // Headings number branches in the order their naming nodes were first recorded, so a
+    // branch keeps its number as others grow.
+    let mut branch_ids: Vec<MessageId> = leaves.iter().map(|leaf| graph.branch_id(*leaf)).collect();
+    branch_ids.sort_by_key(|id| graph.order.iter().position(|seen| seen == id));
     let mut activity = Activity::default();
-    for (index, leaf) in graph.leaves().into_iter().enumerate() {
+    for leaf in leaves {
         let path = graph.executions_to(leaf);
         let Some(&newest) = path.last() else {
             continue;
         };
         let on_branch: Vec<&ExecutionFacts> = path.iter().map(|&at| &executions[at]).collect();
         let newest = &executions[newest];
+        let on = |id: ExecutionId| on_branch.iter().any(|member| member.execution_id == id);
         let active_children = executions.iter().any(|child| {
-            child
-                .parent_execution_id
-                .is_some_and(|parent| on_branch.iter().any(|member| member.execution_id == parent))
-                && !on_branch
-                    .iter()
-                    .any(|member| member.execution_id == child.execution_id)
-                && runs(child.state)
+            child.child_task && child.parent_execution_id.is_some_and(on) && runs(child.state)
         });
         let waiting = on_branch.iter().any(|member| member.pending_wait);
+        // An unknown effect anywhere on the branch needs a person, however new the rest.
+        let unresolved = on_branch
+            .iter()
+            .any(|member| member.state == ExecutionState::ReconciliationRequired);
         let processes = on_branch.iter().any(|member| member.running_processes > 0);
-        let incomplete =
-            newest.response_record_incomplete && !newest.pending_non_cancel_command && !waiting;
+        // An old Cancel does not make it actionable; any other pending control does.
+        let incomplete = newest.response_record_incomplete
+            && newest.pending_controls.iter().all(|kind| *kind == "cancel")
+            && !waiting
+            && !unresolved
+            && !processes;
+        let status = newest.state.as_str();
+        let capabilities = newest.capabilities.clone();
         let (section, status, label, controls) = if waiting {
-            let label = "Waiting for your response".to_owned();
+            let label = "Waiting for your response";
+            (Section::Attention, status, label, capabilities)
+        } else if unresolved && !needs_attention(newest.state) {
             (
                 Section::Attention,
-                newest.state.as_str(),
-                label,
-                newest.capabilities.clone(),
+                status,
+                "Unresolved tool result",
+                capabilities,
             )
         } else if incomplete {
             let controls = if active_children {
@@ -113,34 +132,44 @@ pub fn project(executions: &[ExecutionFacts]) -> Activity {
             } else {
                 Vec::new()
             };
-            let label = "Ended · response record incomplete".to_owned();
+            let label = "Ended · response record incomplete";
             (Section::History, "ended", label, controls)
-        } else {
-            let section = if needs_attention(newest.state) {
-                Section::Attention
-            } else if runs(newest.state) || processes || active_children {
-                Section::Progress
-            } else {
-                Section::History
-            };
-            let label = if processes && !runs(newest.state) && section == Section::Progress {
-                "Process running".to_owned()
-            } else {
-                state_label(newest.state).to_owned()
-            };
+        } else if needs_attention(newest.state) {
             (
-                section,
-                newest.state.as_str(),
-                label,
-                newest.capabilities.clone(),
+                Section::Attention,
+                status,
+                state_label(newest.state),
+                capabilities,
+            )
+        } else if runs(newest.state) || active_children {
+            (
+                Section::Progress,
+                status,
+                state_label(newest.state),
+                capabilities,
+            )
+        } else if processes {
+            (Section::Progress, status, "Process running", capabilities)
+        } else {
+            (
+                Section::History,
+                status,
+                state_label(newest.state),
+                capabilities,
             )
         };
+        let branch_id = graph.branch_id(leaf);
+        let number = branch_ids
+            .iter()
+            .position(|id| *id == branch_id)
+            .unwrap_or(0)
+            + 1;
         let row = BranchRow {
-            branch_id: graph.branch_id(leaf),
-            heading: format!("Branch {}", index + 1),
+            branch_id,
+            heading: format!("Branch {number}"),
             executions: on_branch.len(),
             status,
-            label,
+            label: label.to_owned(),
             controls,
             details: on_branch
                 .iter()
@@ -276,9 +305,9 @@ impl Graph {
     fn executions_to(&self, leaf: MessageId) -> Vec<usize> {
         let mut path = Vec::new();
         let mut at = Some(leaf);
-        let mut seen = BTreeMap::new();
+        let mut seen = BTreeSet::new();
         while let Some(message) = at {
-            if seen.insert(message, ()).is_some() {
+            if !seen.insert(message) {
                 break; // a cycle can only come from corrupt records: stop, never loop
             }
             if let Some(&execution) = self.reply_of.get(&message) {

@@ -10,6 +10,7 @@ fn turn(parent: Option<MessageId>, state: ExecutionState) -> ExecutionFacts {
     ExecutionFacts {
         execution_id: ExecutionId::new(),
         parent_execution_id: None,
+        child_task: false,
         user_message_id: MessageId::new(),
         reply_message_id: MessageId::new(),
         parent_message_id: parent,
@@ -20,7 +21,7 @@ fn turn(parent: Option<MessageId>, state: ExecutionState) -> ExecutionFacts {
         declined_wait: false,
         running_processes: 0,
         response_record_incomplete: false,
-        pending_non_cancel_command: false,
+        pending_controls: Vec::new(),
     }
 }
 
@@ -141,41 +142,89 @@ fn b3_a_real_approval_stays_visible_and_a_new_message_does_not_dismiss_it() {
 }
 
 /// "An ended model request alone does not request confirmation" (B-4): History, never
-/// `completed`; an old Cancel request does not make it actionable; Cancel only while a
-/// child task is active.
+/// `completed`; an old Cancel request does not make it actionable, another pending control
+/// does; Cancel is offered only while a child task is active.
 #[test]
 fn b4_an_ended_model_request_alone_asks_for_nothing() {
     let mut ended = turn(None, Expired);
     ended.response_record_incomplete = true;
     ended.capabilities = vec!["continue", "step", "steer", "cancel"];
-    let activity = project(&[ended.clone()]);
+    let activity = project(std::slice::from_ref(&ended));
     let row = only(&activity.history);
     assert_eq!(row.label, "Ended · response record incomplete");
     assert_eq!(row.status, "ended");
     assert!(row.controls.is_empty(), "{:?}", row.controls);
-    // A pending Cancel is not "a pending non-cancel control": still History.
-    assert_eq!(counts(&project(&[ended.clone()])), (0, 0, 1));
-    // A pending Continue is: the row needs attention again.
+    // An old Cancel request, accepted and never decided: still History.
+    let mut old_cancel = ended.clone();
+    old_cancel.pending_controls = vec!["cancel"];
+    assert_eq!(counts(&project(&[old_cancel])), (0, 0, 1));
+    // A pending Continue is actionable: the row needs attention again.
     let mut continuing = ended.clone();
-    continuing.pending_non_cancel_command = true;
+    continuing.pending_controls = vec!["cancel", "continue"];
     assert_eq!(counts(&project(&[continuing])), (1, 0, 0));
-    // An active child task: In progress is its own row, and the ended row offers Cancel.
-    let child = ExecutionFacts {
-        parent_execution_id: Some(ended.execution_id),
-        ..turn(Some(ended.reply_message_id), Running)
-    };
-    let activity = project(&[ended, child]);
-    assert_eq!(counts(&activity), (0, 1, 0), "{activity:#?}");
 }
 
 #[test]
-fn b4_an_incomplete_record_with_an_active_child_on_another_branch_offers_cancel() {
+fn b4_cancel_is_offered_only_while_a_child_task_is_active_and_a_fork_is_not_one() {
     let mut ended = turn(None, Expired);
     ended.response_record_incomplete = true;
-    let child = fork(&ended, Running);
-    let activity = project(&[ended, child]);
+    // A fork is independent: its own branch, nothing offered on the original's row.
+    let fork_child = fork(&ended, Running);
+    let activity = project(&[ended.clone(), fork_child]);
     assert_eq!(counts(&activity), (0, 1, 1), "{activity:#?}");
-    assert_eq!(activity.history[0].controls, vec!["cancel"]);
+    assert!(activity.history[0].controls.is_empty());
+    // A running child task: the ended row offers Cancel, and stays in History.
+    let task = ExecutionFacts {
+        parent_execution_id: Some(ended.execution_id),
+        child_task: true,
+        ..turn(None, Running)
+    };
+    let activity = project(&[ended, task]);
+    let ended_row = activity
+        .history
+        .iter()
+        .find(|row| row.label == "Ended · response record incomplete")
+        .expect("the ended row");
+    assert_eq!(ended_row.controls, vec!["cancel"]);
+}
+
+/// B-3/B-4: an unknown effect on an older execution of the branch keeps it actionable, and
+/// an owned process keeps an incomplete-response branch out of History (P-2).
+#[test]
+fn b3_an_older_unresolved_effect_needs_attention_and_a_process_outranks_b4() {
+    let unknown = turn(None, ExecutionState::ReconciliationRequired);
+    let newer = turn(Some(unknown.reply_message_id), Completed);
+    let activity = project(&[unknown, newer]);
+    assert_eq!(counts(&activity), (1, 0, 0));
+    assert_eq!(activity.needs_attention[0].label, "Unresolved tool result");
+    // With a process still running, the branch has not ended: never History. Expired, it
+    // needs a person (Continue) before anything else.
+    let mut ended = turn(None, Expired);
+    ended.response_record_incomplete = true;
+    ended.running_processes = 1;
+    let activity = project(&[ended]);
+    assert!(activity.history.is_empty(), "{activity:#?}");
+    assert_eq!(counts(&activity), (1, 0, 0));
+}
+
+/// Headings keep their numbers as another branch grows.
+#[test]
+fn b5_a_branch_keeps_its_heading_as_another_grows() {
+    let root = turn(None, Completed);
+    let child = fork(&root, Completed);
+    let before = project(&[root.clone(), child.clone()]);
+    let heading_of = |activity: &Activity, id: MessageId| {
+        activity
+            .history
+            .iter()
+            .find(|row| row.branch_id == id)
+            .map(|row| row.heading.clone())
+    };
+    let (first, second) = (before.history[0].branch_id, before.history[1].branch_id);
+    let grown = turn(Some(root.reply_message_id), Completed);
+    let after = project(&[root, child, grown]);
+    assert_eq!(heading_of(&before, first), heading_of(&after, first));
+    assert_eq!(heading_of(&before, second), heading_of(&after, second));
 }
 
 /// "An Agent finishing its reply does not mean its background process has stopped."

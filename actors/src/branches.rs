@@ -3,9 +3,8 @@
 //! execution's descendants.
 
 use openprogram_storage::{
-    CommandId, CommandRecord, CommandStatus, Control, EffectId, Event, EventEnvelope,
-    ExecutionHead, ExecutionId, ExecutionKind, ExecutionState, MessageId, Outcome, SessionId,
-    Transition, TurnId, Upsert,
+    CommandRecord, CommandStatus, EffectId, Event, EventEnvelope, ExecutionHead, ExecutionId,
+    ExecutionKind, ExecutionState, MessageId, Outcome, SessionId, Transition, TurnId, Upsert,
 };
 
 use crate::activity::{self, Activity, ExecutionFacts};
@@ -87,7 +86,9 @@ impl Service {
                 .to_owned();
             return Ok(refused(reason));
         }
-        let events = store.events_after(parent_id, 0, usize::MAX)?;
+        // Only what the version the checks ran on holds: a live parent may have moved on.
+        let mut events = store.events_after(parent_id, 0, usize::MAX)?;
+        events.retain(|envelope| envelope.seq <= parent.last_seq);
         let Some((input, parent_message_id)) = admission(&events) else {
             return Err(Error::Internal(format!("{parent_id} has no admission")));
         };
@@ -100,10 +101,12 @@ impl Service {
                 )));
             }
         } else {
-            let checkpoint_seq = match fork_point(&events, request.checkpoint) {
-                Ok(seq) => seq,
-                Err(reason) => return Ok(refused(reason)),
-            };
+            let tools = &self.env().tools;
+            let checkpoint_seq =
+                match fork_point(&events, request.checkpoint, |name| tools.recovery(name)) {
+                    Ok(seq) => seq,
+                    Err(reason) => return Ok(refused(reason)),
+                };
             let state = fork_state(&events, checkpoint_seq, EffectId::new());
             let state = serde_json::to_string(&state)
                 .map_err(|error| Error::Internal(format!("encoding a fork: {error}")))?;
@@ -162,51 +165,15 @@ impl Service {
                 execution_id: Some(child_id),
             }),
             Outcome::DuplicateCommand { stored } => Ok(CommandReply::of(&stored)),
+            // The same fork, committed by a concurrent delivery of this command id first.
+            Outcome::CommandConflict { stored } if stored.payload_hash == hash => {
+                Ok(CommandReply::of(&stored))
+            }
             Outcome::CommandConflict { stored } => Err(Error::CommandConflict {
                 stored: Box::new(stored),
             }),
             other => Err(Error::Internal(format!("creating a child: {other:?}"))),
         }
-    }
-
-    /// K-2: Cancel ends the execution's descendants too (fork and retry children, theirs in
-    /// turn) that have not ended, each under a command id derived from the original one, so
-    /// a retried Cancel cancels nothing twice.
-    pub(crate) async fn cancel_descendants(
-        &self,
-        session_id: SessionId,
-        execution_id: ExecutionId,
-        command_id: CommandId,
-    ) -> Result<()> {
-        let store = self.env().store.as_ref();
-        let mut parents = vec![execution_id];
-        let all = store.executions_in_session(session_id)?;
-        while let Some(parent) = parents.pop() {
-            for candidate in &all {
-                let Some(head) = store.head(*candidate)? else {
-                    continue;
-                };
-                if head.parent_execution_id != Some(parent) {
-                    continue;
-                }
-                parents.push(*candidate);
-                if head.state.is_terminal() {
-                    continue;
-                }
-                let derived = CommandId::from_uuid(uuid::Uuid::new_v5(
-                    command_id.as_uuid(),
-                    candidate.as_uuid().as_bytes(),
-                ));
-                let cancel = CommandRequest {
-                    command_id: derived,
-                    kind: "cancel".into(),
-                    ..CommandRequest::default()
-                };
-                let reply = Box::pin(self.command(session_id, *candidate, cancel)).await?;
-                tracing::info!(parent = %execution_id, child = %candidate, status = reply.status, "cancel reached a descendant");
-            }
-        }
-        Ok(())
     }
 }
 
@@ -224,9 +191,11 @@ pub struct SessionEntry {
 }
 
 impl Service {
-    /// B-6: the session's entries after `after_position` (the global log, read in pages of
-    /// `page` events), at most `limit`. A terminal outcome is followed by `session_reload`
-    /// only once it is committed: the log holds nothing else.
+    /// B-6: the session's entries after `after_position`, `limit` of them or one more: an
+    /// event and its `session_reload` are never split, so a cursor never skips a reload. A
+    /// terminal outcome is followed by `session_reload` only once it is committed: the log
+    /// holds nothing else. It reads the global log from the cursor (every session's events)
+    /// in pages, so a long-idle cursor costs a scan of what others wrote since.
     pub fn session_feed(
         &self,
         session_id: SessionId,
@@ -246,6 +215,9 @@ impl Service {
             };
             after = last.position;
             for envelope in page {
+                if entries.len() >= limit {
+                    break;
+                }
                 let mine = match sessions.get(&envelope.execution_id) {
                     Some(mine) => *mine,
                     None => {
@@ -276,7 +248,6 @@ impl Service {
                 }
             }
         }
-        entries.truncate(limit);
         Ok(entries)
     }
 }
@@ -301,10 +272,11 @@ fn facts_of(head: &ExecutionHead, machine: &Machine) -> ExecutionFacts {
         .rev()
         .find(|wait| wait.live.is_none())
         .is_some_and(|wait| wait.status == openprogram_storage::WaitStatus::Declined);
-    let pending_non_cancel_command = machine
+    let pending_controls = machine
         .pending_commands
         .iter()
-        .any(|(_, control)| *control != Control::Cancel);
+        .map(|(_, control)| control.kind())
+        .collect();
     // B-4: the owner ended (the execution is not running and will not by itself) and all
     // that is missing is the model's response: no tool call, effect, wait or reply pending.
     let response_record_incomplete = head.state == ExecutionState::Expired
@@ -314,6 +286,8 @@ fn facts_of(head: &ExecutionHead, machine: &Machine) -> ExecutionFacts {
     ExecutionFacts {
         execution_id: head.execution_id,
         parent_execution_id: head.parent_execution_id,
+        // Fork and Retry children are independent; this runtime starts no child tasks yet.
+        child_task: false,
         user_message_id: head.user_message_id,
         reply_message_id: head.reply_message_id,
         parent_message_id: machine.parent_message_id,
@@ -328,6 +302,6 @@ fn facts_of(head: &ExecutionHead, machine: &Machine) -> ExecutionFacts {
             .filter(|process| process.state == openprogram_storage::ProcessState::Running)
             .count(),
         response_record_incomplete,
-        pending_non_cancel_command,
+        pending_controls,
     }
 }

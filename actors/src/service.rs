@@ -367,13 +367,7 @@ impl Service {
             "retry" => return self.fork(session_id, execution_id, request, true).await,
             _ => {}
         }
-        let cancel = (request.kind == "cancel").then_some(request.command_id);
-        let reply = self.control(session_id, execution_id, request).await?;
-        if let Some(command_id) = cancel.filter(|_| reply.status == "applied") {
-            self.cancel_descendants(session_id, execution_id, command_id)
-                .await?;
-        }
-        Ok(reply)
+        self.control(session_id, execution_id, request).await
     }
 
     /// A control command, through the execution's mailbox (K-1, K-6).

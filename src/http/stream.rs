@@ -206,7 +206,8 @@ impl SessionStream {
                         self.cursor = entry.position;
                         let kind = (entry.kind == "session_reload").then_some("session_reload");
                         let data = serde_json::to_value(entry).unwrap_or_default();
-                        self.queued.push_back(frame(Some(entry.position), kind, &data));
+                        self.queued
+                            .push_back(frame(Some(entry.position), kind, &data));
                     }
                     continue;
                 }
@@ -216,7 +217,8 @@ impl SessionStream {
             }
             let now = Instant::now();
             if now >= self.keepalive_at {
-                self.queued.push_back(Bytes::from_static(b": keep-alive\n\n"));
+                self.queued
+                    .push_back(Bytes::from_static(b": keep-alive\n\n"));
                 continue;
             }
             tokio::time::sleep(self.api.poll.min(self.keepalive_at - now)).await;

@@ -199,9 +199,9 @@ async fn k2_retry_is_a_new_execution_in_the_same_run_from_the_request() {
     harness.command(running, "cancel", None).await;
 }
 
-/// K-2: Cancel ends the execution and its descendants.
+/// K-2: a fork is an independent execution: cancelling the original leaves it running.
 #[tokio::test]
-async fn k2_cancel_ends_the_execution_and_its_descendants() {
+async fn k2_a_fork_is_independent_of_its_original() {
     let harness = Harness::new();
     let original = harness.start(vec![sleep(5_000), reply("x")], None).await;
     harness.wait_for_sleep(original).await;
@@ -217,11 +217,77 @@ async fn k2_cancel_ends_the_execution_and_its_descendants() {
         "applied"
     );
     harness.wait_for_state(original, "cancelled").await;
-    harness.wait_for_state(child, "cancelled").await;
+    assert_eq!(harness.snapshot(child).await.state, "running");
+    harness.command(child, "cancel", None).await;
+}
+
+/// K-2: a fork never runs an External effect the original dispatched, and never inherits an
+/// approval: the point between an approval and its operation is not a saved point to fork.
+#[tokio::test]
+async fn k2_a_fork_never_repeats_an_external_effect_or_an_approval() {
+    let harness = Harness::new();
+    let sink_dir = tempfile::tempdir().expect("sink dir");
+    let sink = sink_dir.path().join("sink");
+    let append = serde_json::json!({"tool": "append", "args": {"path": sink, "line": "once"}});
+    let original = harness.start(vec![append, reply("done")], None).await;
+    harness.wait_for_state(original, "completed").await;
+    let before_append = checkpoints(&harness, original)[0];
+    let refused = send(
+        &harness,
+        original,
+        fork_request(CommandId::new(), Some(before_append)),
+    )
+    .await;
+    assert_eq!(refused.status, "rejected", "{refused:?}");
+    // The default point is after the append's result: the child reuses it.
+    let child = send(&harness, original, fork_request(CommandId::new(), None))
+        .await
+        .execution_id
+        .expect("child");
+    harness.command(child, "continue", None).await;
+    harness.wait_for_state(child, "completed").await;
+    let lines = std::fs::read_to_string(&sink).expect("sink");
+    assert_eq!(lines.lines().count(), 1, "the fork appended again");
+
+    let asking = harness
+        .start(
+            vec![
+                serde_json::json!({"ask": "go?"}),
+                echo("guarded"),
+                reply("done"),
+            ],
+            None,
+        )
+        .await;
+    let wait = harness.wait_for_state(asking, "waiting").await.waits[0].wait_id;
+    let answer = CommandRequest {
+        kind: "answer".into(),
+        wait_id: Some(wait),
+        ..Default::default()
+    };
+    send(&harness, asking, answer).await;
+    harness.wait_for_state(asking, "completed").await;
+    let answered_at = harness
+        .events(asking)
+        .iter()
+        .find(|e| matches!(e.event, Event::ControlApplied { .. }))
+        .map(|e| e.seq)
+        .expect("the answer");
+    let after_answer = checkpoints(&harness, asking)
+        .into_iter()
+        .find(|seq| *seq > answered_at)
+        .expect("the answer's checkpoint");
+    let refused = send(
+        &harness,
+        asking,
+        fork_request(CommandId::new(), Some(after_answer)),
+    )
+    .await;
+    assert_eq!(refused.status, "rejected", "{refused:?}");
 }
 
 /// B-2 through the runtime: a conversation continued on its branch is one History row; a
-/// fork adds a row, which needs attention while the child waits for Continue.
+/// retry adds a row, which needs attention while the child waits for Continue.
 #[tokio::test]
 async fn b2_activity_counts_branches_of_a_real_conversation() {
     let harness = Harness::new();
@@ -360,6 +426,21 @@ async fn b6_session_reload_follows_a_committed_terminal_outcome_and_a_cursor_res
         "nothing of the turn comes after its reload"
     );
     assert_eq!(count_reloads(&feed), 1);
+    // Read one entry at a time: the same entries, an event never parted from its reload.
+    let mut paged = Vec::new();
+    let mut cursor = 0;
+    loop {
+        let page = harness
+            .runtime
+            .session_feed(harness.session, cursor, 1)
+            .expect("feed");
+        let Some(last) = page.last() else {
+            break;
+        };
+        cursor = last.position;
+        paged.extend(page);
+    }
+    assert_eq!(paged, feed);
     // Resuming from the middle gives exactly the rest.
     let middle = feed[feed.len() / 2].position;
     let rest = harness

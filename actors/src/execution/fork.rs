@@ -5,7 +5,7 @@
 use openprogram_storage::{EffectId, Event, EventEnvelope};
 use serde::{Deserialize, Serialize};
 
-use crate::execution::machine::{Decision, Machine, PendingTool, Turn};
+use crate::execution::machine::{Decision, Machine, PendingTool, Recovery, Turn};
 
 /// What a forked child resumes from: the context up to the saved point and the tool call
 /// that came next, if any, under a fresh effect id (the child's call is its own effect).
@@ -26,19 +26,39 @@ pub struct ForkedTool {
 
 /// A saved point a fork may start from: a checkpoint after which the work left needs no
 /// decision of a person and no outcome is in doubt — not after the final reply, not at an
-/// approval the original is (or was) waiting for, not with an effect awaiting
-/// reconciliation.
+/// approval the original is (or was) waiting for, not between an approval and the
+/// operation it granted (its scope is that one operation, of the original), not with an
+/// effect awaiting reconciliation.
 fn allowed(machine: &Machine) -> bool {
     let after_a_decision_for_people = matches!(
         machine.context.last(),
-        Some(Turn::Decided(Decision::Reply { .. } | Decision::Ask { .. }))
+        Some(
+            Turn::Decided(Decision::Reply { .. } | Decision::Ask { .. })
+                | Turn::WaitResolved { .. }
+        )
     );
     !after_a_decision_for_people && machine.unresolved.is_none() && machine.pending_wait().is_none()
 }
 
 /// The checkpoint seq to fork from: `requested` if it is an allowed saved point of these
 /// events, else the latest allowed one when none is requested. `Err` says why not.
-pub fn fork_point(events: &[EventEnvelope], requested: Option<u64>) -> Result<u64, String> {
+///
+/// A point whose next step is an External tool call the original dispatched (or may have:
+/// it has any receipt) is never allowed: the child would run that effect a second time.
+pub fn fork_point(
+    events: &[EventEnvelope],
+    requested: Option<u64>,
+    recovery: impl Fn(&str) -> Recovery,
+) -> Result<u64, String> {
+    let dispatched: std::collections::HashSet<EffectId> = events
+        .iter()
+        .filter_map(|envelope| match &envelope.event {
+            Event::ToolDispatched { effect_id, .. } | Event::ToolFinished { effect_id, .. } => {
+                Some(*effect_id)
+            }
+            _ => None,
+        })
+        .collect();
     let mut machine = Machine::default();
     let mut ignored = Vec::new();
     let mut latest = None;
@@ -48,7 +68,10 @@ pub fn fork_point(events: &[EventEnvelope], requested: Option<u64>) -> Result<u6
         if !matches!(envelope.event, Event::CheckpointPublished { .. }) {
             continue;
         }
-        let ok = allowed(&machine);
+        let repeats_an_effect = machine.pending_tool.as_ref().is_some_and(|next| {
+            recovery(&next.tool) == Recovery::External && dispatched.contains(&next.effect_id)
+        });
+        let ok = allowed(&machine) && !repeats_an_effect;
         if requested == Some(envelope.seq) {
             return if ok {
                 Ok(envelope.seq)
