@@ -391,4 +391,13 @@ impl Runtime {
     pub fn supervisor_running(&self) -> bool {
         self.inner.supervisor.connected()
     }
+
+    /// The supervisor's own account of itself (debug endpoint).
+    pub async fn describe_supervisor(&self) -> Result<openprogram_actors::describe::ActorSummary> {
+        self.inner
+            .supervisor
+            .send(openprogram_actors::describe::Describe)
+            .await
+            .map_err(|error| Error::Unavailable(error.to_string()))
+    }
 }

@@ -97,6 +97,31 @@ impl Handler<Renew> for AttemptLeaseActor {
     }
 }
 
+impl Handler<crate::describe::Describe> for AttemptLeaseActor {
+    type Result = MessageResult<crate::describe::Describe>;
+
+    fn handle(&mut self, _: crate::describe::Describe, _ctx: &mut Context<Self>) -> Self::Result {
+        self.handled += 1;
+        let remaining = self.state.remaining();
+        MessageResult(crate::describe::ActorSummary {
+            kind: "attempt_lease",
+            id: self.state.attempt_id.to_string(),
+            arbiter: crate::describe::arbiter_name(),
+            handled: self.handled,
+            state: format!(
+                "execution {}, epoch {}, {}",
+                self.state.execution_id,
+                self.state.epoch,
+                if self.state.lapsed() {
+                    "lapsed".to_owned()
+                } else {
+                    format!("expires in {} ms", remaining.as_millis())
+                }
+            ),
+        })
+    }
+}
+
 /// The attempt ended: stop holding the lease.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]

@@ -12,6 +12,7 @@
 //! - `supervisor` — the supervisor actor: startup recovery, lapsed leases, orderly shutdown;
 //! - `service` — the command service and the reads (K-1);
 //! - `system` — the actix system thread and its arbiters;
+//! - `describe` — what an actor says about itself for the debug endpoint;
 //! - `snapshot`, `error`.
 //!
 //! Architecture invariant: actors depend on `openprogram-storage`, never the reverse, and
@@ -24,6 +25,7 @@ mod activity_tests;
 pub mod agent;
 pub mod attempt_lease;
 pub mod branches;
+pub mod describe;
 pub mod env;
 pub mod error;
 pub mod execution;

@@ -96,6 +96,26 @@ impl Actor for Supervisor {
     }
 }
 
+impl Handler<crate::describe::Describe> for Supervisor {
+    type Result = MessageResult<crate::describe::Describe>;
+
+    fn handle(&mut self, _: crate::describe::Describe, _ctx: &mut Context<Self>) -> Self::Result {
+        self.handled += 1;
+        let state = if self.env.is_stopping() {
+            "stopping: no recovery claims or takeovers"
+        } else {
+            "running: startup recovery, lapsed-lease takeover every half ttl, orderly shutdown"
+        };
+        MessageResult(crate::describe::ActorSummary {
+            kind: "supervisor",
+            id: "supervisor".into(),
+            arbiter: crate::describe::arbiter_name(),
+            handled: self.handled,
+            state: state.into(),
+        })
+    }
+}
+
 /// Run startup recovery once.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<RecoveryReport>")]

@@ -1,16 +1,16 @@
 //! The debug endpoint (I-3), admin token only: live actors, the global log, executions
 //! from the by-state index, Prometheus metrics; and `/health`, which needs no token.
 //!
-//! It shows what the runtime can enumerate and nothing it would have to guess: actix does
-//! not expose an actor's mailbox depth, and the execution actors and the supervisor do not
-//! expose their handled-message counters or arbiter, so those fields are `null` and the
-//! `state` text says so. Process actors answer `Summarize` with their counter.
+//! Every live actor describes itself (`Describe`): the supervisor, each execution, the
+//! attempt lease it holds, each managed process — kind, id, the arbiter thread it runs on,
+//! messages handled, a state summary. It shows nothing it would have to guess: actix does
+//! not expose a mailbox's depth, so `mailbox_len` is `null`.
 
 use std::time::Duration;
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use openprogram_actors::execution::actor::GetSnapshot;
-use openprogram_actors::process::Summarize;
+use openprogram_actors::describe::{ActorSummary, Describe};
+use openprogram_actors::execution::actor::DescribeExecution;
 use openprogram_storage::ExecutionState;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -66,75 +66,71 @@ pub async fn actor(
 
 async fn list_actors(api: &Api) -> Vec<ActorView> {
     let env = api.runtime.env();
-    let mut actors = vec![ActorView {
-        kind: "supervisor",
-        id: "supervisor".into(),
-        // Started on the first arbiter (`RuntimeBuilder::open`).
-        arbiter: Some("0".into()),
+    let mut actors = Vec::new();
+    let unanswered = |kind: &'static str, id: String, error: String| ActorView {
+        kind,
+        id,
+        arbiter: None,
         mailbox_len: None,
         handled: None,
-        state: if api.runtime.supervisor_running() {
-            "running (startup recovery, lapsed-lease takeover, shutdown); handled count not exposed"
-        } else {
-            "stopped"
-        }
-        .into(),
-    }];
+        state: format!("did not answer: {error}"),
+    };
+    match api.runtime.describe_supervisor().await {
+        Ok(summary) => actors.push(view(summary)),
+        Err(error) => actors.push(unanswered(
+            "supervisor",
+            "supervisor".into(),
+            error.to_string(),
+        )),
+    }
     for addr in env.directory.all() {
-        let state = match addr.send(GetSnapshot).timeout(ACTOR_ANSWER_TIMEOUT).await {
-            Ok(snapshot) => ActorView {
-                kind: "execution",
-                id: snapshot.execution_id.to_string(),
-                arbiter: None,
-                mailbox_len: None,
-                handled: None,
-                state: format!(
-                    "{} (version {}, attempt {}); arbiter and handled count not exposed",
-                    snapshot.state, snapshot.version, snapshot.attempt
-                ),
-            },
-            Err(error) => ActorView {
-                kind: "execution",
-                id: "unknown".into(),
-                arbiter: None,
-                mailbox_len: None,
-                handled: None,
-                state: format!("did not answer: {error}"),
-            },
-        };
-        actors.push(state);
+        match addr
+            .send(DescribeExecution)
+            .timeout(ACTOR_ANSWER_TIMEOUT)
+            .await
+        {
+            Ok((summary, lease)) => {
+                let execution = summary.id.clone();
+                actors.push(view(summary));
+                if let Some(lease) = lease {
+                    match lease.send(Describe).timeout(ACTOR_ANSWER_TIMEOUT).await {
+                        Ok(summary) => actors.push(view(summary)),
+                        Err(error) => actors.push(unanswered(
+                            "attempt_lease",
+                            format!("lease of {execution}"),
+                            error.to_string(),
+                        )),
+                    }
+                }
+            }
+            // Busy past the timeout, or stopped meanwhile (parked).
+            Err(error) => actors.push(unanswered("execution", "unknown".into(), error.to_string())),
+        }
     }
     for (process_id, addr) in env.processes.all() {
-        let view = match addr.send(Summarize).timeout(ACTOR_ANSWER_TIMEOUT).await {
-            Ok(summary) => ActorView {
-                kind: "process",
-                id: process_id.to_string(),
-                arbiter: None,
-                mailbox_len: None,
-                handled: Some(summary.handled),
-                state: format!(
-                    "running pid {}, {} output bytes{}",
-                    summary.pid,
-                    summary.output_bytes,
-                    if summary.stop_requested {
-                        ", stop requested"
-                    } else {
-                        ""
-                    }
-                ),
-            },
-            Err(error) => ActorView {
-                kind: "process",
-                id: process_id.to_string(),
-                arbiter: None,
-                mailbox_len: None,
-                handled: None,
-                state: format!("did not answer: {error}"),
-            },
-        };
-        actors.push(view);
+        match addr.send(Describe).timeout(ACTOR_ANSWER_TIMEOUT).await {
+            Ok(summary) => actors.push(view(summary)),
+            Err(error) => actors.push(unanswered(
+                "process",
+                process_id.to_string(),
+                error.to_string(),
+            )),
+        }
     }
     actors
+}
+
+/// An actor's own account, as the endpoint shows it. actix does not expose a mailbox's
+/// depth, so `mailbox_len` stays `null` rather than a guess.
+fn view(summary: ActorSummary) -> ActorView {
+    ActorView {
+        kind: summary.kind,
+        id: summary.id,
+        arbiter: Some(summary.arbiter),
+        mailbox_len: None,
+        handled: Some(summary.handled),
+        state: summary.state,
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,6 +1,7 @@
 //! What `serve --demo` seeds, through the library only, so the page has something to show:
-//! a completed turn, a turn waiting for approval (the scripted `ask`), and a turn that left
-//! a managed process running (`sleep 3600`, in the background).
+//! a completed turn and a fork of it (a second branch, paused until Continue), a turn
+//! waiting for approval (the scripted `ask`), and a turn that left a managed process running
+//! (`sleep 3600`, in the background).
 //!
 //! Seeding happens once: into an empty store, recorded in `DIR/demo.json` (mode 0600: it
 //! holds the demo sessions' tokens). A later start with `--demo` reads that file instead of
@@ -48,6 +49,15 @@ pub async fn seed_once(runtime: &Runtime, tokens: &Tokens, dir: &Path) -> Result
     )
     .await?;
     runtime.wait_finished(first, completed).await?;
+    // An alternative reply from the saved point before the reply: a second branch.
+    let fork = crate::CommandRequest {
+        kind: "fork".into(),
+        ..Default::default()
+    };
+    let forked = runtime.command(first, completed, fork).await?;
+    let forked = forked.execution_id.ok_or_else(|| {
+        Error::Internal(format!("the demo's fork was not made: {:?}", forked.reason))
+    })?;
     let waiting = start(
         runtime,
         first,
@@ -75,8 +85,8 @@ pub async fn seed_once(runtime: &Runtime, tokens: &Tokens, dir: &Path) -> Result
             {
                 "session_id": first,
                 "token": tokens.session_token(first),
-                "label": "demo: a completed turn and a turn waiting for approval",
-                "executions": [completed, waiting],
+                "label": "demo: a completed turn, a fork of it, and a turn waiting for approval",
+                "executions": [completed, forked, waiting],
             },
             {
                 "session_id": second,

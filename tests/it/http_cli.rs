@@ -306,10 +306,12 @@ fn i4_serve_demo_seeds_once_and_its_process_stops_through_ctl() {
         snapshot(&sessions[0], &sessions[0]["executions"][0])["state"],
         "completed"
     );
-    assert_eq!(
-        snapshot(&sessions[0], &sessions[0]["executions"][1])["state"],
-        "waiting"
-    );
+    let fork = snapshot(&sessions[0], &sessions[0]["executions"][1]);
+    assert_eq!(fork["state"], "paused", "the demo's fork waits for Continue: {fork}");
+    assert_eq!(fork["pause_reason"], "fork");
+    wait_until("the demo's approval is pending", || {
+        snapshot(&sessions[0], &sessions[0]["executions"][2])["state"] == "waiting"
+    });
     let process_session = &sessions[1];
     let process_execution = &process_session["executions"][0];
     let mut running = Value::Null;
@@ -362,6 +364,6 @@ fn i4_serve_demo_seeds_once_and_its_process_stops_through_ctl() {
         .iter()
         .filter(|event| event["type"] == "admitted")
         .count();
-    assert_eq!(admitted, 3, "no duplicate demo content");
+    assert_eq!(admitted, 4, "no duplicate demo content (three turns and a fork)");
     assert!(serve.stop().success());
 }

@@ -11,7 +11,7 @@ use crate::http::{TestServer, ADMIN};
 
 /// Reads SSE frames until `count` events with an `id:` arrived; returns every frame
 /// as `(id, event, data)`.
-fn read_frames(
+pub fn read_frames(
     server: &TestServer,
     path: &str,
     token: &str,
@@ -164,6 +164,22 @@ fn i3_debug_actors_log_executions_and_metrics() {
         .find(|actor| actor["id"] == execution)
         .expect("the running execution is live");
     assert_eq!(live["kind"], "execution");
+    assert!(live["handled"].as_u64() > Some(0), "{live}");
+    assert!(live["arbiter"].is_string(), "{live}");
+    // Its running attempt holds a lease actor, which describes itself too.
+    let lease = actors
+        .iter()
+        .find(|actor| actor["kind"] == "attempt_lease")
+        .expect("the attempt lease actor is listed");
+    assert!(
+        lease["state"].as_str().expect("state").contains(execution),
+        "{lease}"
+    );
+    let supervisor = actors
+        .iter()
+        .find(|actor| actor["kind"] == "supervisor")
+        .expect("supervisor");
+    assert!(supervisor["handled"].as_u64() >= Some(1), "{supervisor}");
     assert!(live["state"]
         .as_str()
         .expect("state")

@@ -10,6 +10,7 @@ mod capabilities;
 mod cli;
 mod controls;
 mod http;
+mod http_branches;
 mod http_cli;
 mod http_debug;
 mod kill9;

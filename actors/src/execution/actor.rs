@@ -608,6 +608,40 @@ fn bounded(mut output: String) -> String {
     output
 }
 
+/// What the execution actor says about itself, with its attempt-lease actor (if it holds a
+/// running attempt) for the debug endpoint to ask in turn.
+#[derive(Debug, Message)]
+#[rtype(result = "(crate::describe::ActorSummary, Option<Addr<AttemptLeaseActor>>)")]
+pub struct DescribeExecution;
+
+impl Handler<DescribeExecution> for ExecutionActor {
+    type Result = MessageResult<DescribeExecution>;
+
+    fn handle(&mut self, _: DescribeExecution, _ctx: &mut Context<Self>) -> Self::Result {
+        self.handled += 1;
+        let summary = crate::describe::ActorSummary {
+            kind: "execution",
+            id: self.execution_id.to_string(),
+            arbiter: crate::describe::arbiter_name(),
+            handled: self.handled,
+            state: format!(
+                "{} (version {}, epoch {}, {}{} live questions)",
+                self.machine.status(),
+                self.head.version,
+                self.epoch
+                    .map_or("no attempt".to_owned(), |epoch| epoch.to_string()),
+                if self.in_flight.is_some() {
+                    "an effect in flight, "
+                } else {
+                    ""
+                },
+                self.live_askers.len(),
+            ),
+        };
+        MessageResult((summary, self.lease_actor.clone()))
+    }
+}
+
 /// A newer attempt took over this one (its lease lapsed): stop, ending what waits on it.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]

@@ -342,6 +342,31 @@ impl Handler<Stop> for ProcessActor {
     }
 }
 
+impl Handler<crate::describe::Describe> for ProcessActor {
+    type Result = MessageResult<crate::describe::Describe>;
+
+    fn handle(&mut self, _: crate::describe::Describe, _ctx: &mut Context<Self>) -> Self::Result {
+        self.handled += 1;
+        MessageResult(crate::describe::ActorSummary {
+            kind: "process",
+            id: self.record.process_id.to_string(),
+            arbiter: crate::describe::arbiter_name(),
+            handled: self.handled,
+            state: format!(
+                "pid {} of execution {}, {} output bytes{}",
+                self.signaller.identity().pid,
+                self.record.execution_id,
+                self.totals().0,
+                if self.stop_requested {
+                    ", stop requested"
+                } else {
+                    ""
+                }
+            ),
+        })
+    }
+}
+
 /// What a live process actor knows now: for snapshots and the debug endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessSummary {
