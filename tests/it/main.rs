@@ -6,6 +6,7 @@ mod support;
 mod agent_loop;
 mod attempts;
 mod branches;
+mod browser;
 mod capabilities;
 mod cli;
 mod controls;

@@ -1,0 +1,247 @@
+//! The page in a real browser (B-3, B-6, W-1; issue 8): headless Chromium, driven by
+//! `tests/browser/approve.mjs` (npm `playwright-core`), opens the page of a real
+//! `openprogram serve`, enters a session's token and id, approves the execution waiting for
+//! approval under Needs attention, sees the wait read `submitted` at once, the execution
+//! complete and the History count go from 1 to 2, with no error shown on the way.
+//!
+//! Needs Node.js, Chromium (`/usr/bin/chromium`, or `CHROMIUM`) and
+//! `npm ci --prefix tests/browser`; `.ci/run` installs them. Without them this test fails
+//! and says how to install them: it never skips.
+
+use std::fs::File;
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::http::call_raw;
+use crate::support::DEADLINE;
+
+const ADMIN: &str = "browser-test-admin-token";
+
+/// How long the whole browser script may take (its own steps are bounded by Playwright's
+/// timeouts, 20 s each).
+const BROWSER_DEADLINE: Duration = Duration::from_secs(180);
+
+/// A running `openprogram serve`; SIGTERM by pid and reaped on drop, also when the test
+/// fails.
+struct Serve {
+    child: Child,
+    url: String,
+}
+
+impl Serve {
+    fn start(data: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_openprogram"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--token",
+                ADMIN,
+                "--data",
+            ])
+            .arg(data)
+            .env_remove("OPENPROGRAM_TOKEN")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn openprogram serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        let read = BufReader::new(stdout).read_line(&mut line);
+        let serve = Self {
+            child,
+            url: line.trim().to_string(),
+        };
+        read.expect("the listen URL");
+        assert!(
+            serve.url.starts_with("http://127.0.0.1:"),
+            "{:?}",
+            serve.url
+        );
+        serve
+    }
+
+    /// SIGTERM, then the exit status (R-7: an orderly stop).
+    fn stop(mut self) -> std::process::ExitStatus {
+        sigterm(&self.child);
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "serve did not stop after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn call(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> (u16, Value) {
+        call_raw(
+            &self.url,
+            method,
+            path,
+            Some(token),
+            body.map(|body| body.to_string()),
+        )
+    }
+
+    fn start_execution(&self, session: &str, token: &str, message: &str, script: Value) -> String {
+        let body = json!({"kind": "agent", "message": message, "parent_message_id": null,
+            "script": script, "max_iterations": 50});
+        let path = format!("/v1/sessions/{session}/executions");
+        let (status, started) = self.call("POST", &path, token, Some(body));
+        assert_eq!(status, 201, "{started}");
+        started["execution_id"].as_str().expect("id").to_string()
+    }
+
+    /// Polls the snapshot until its state is `state`.
+    fn wait_for_state(&self, session: &str, token: &str, execution: &str, state: &str) -> Value {
+        let path = format!("/v1/sessions/{session}/executions/{execution}");
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let (status, snapshot) = self.call("GET", &path, token, None);
+            assert_eq!(status, 200, "{snapshot}");
+            if snapshot["state"] == state {
+                return snapshot;
+            }
+            assert!(Instant::now() < deadline, "never {state}: {snapshot}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            sigterm(&self.child);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// SIGTERM by pid: the child this test started.
+fn sigterm(child: &Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+}
+
+fn browser_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
+}
+
+/// Chromium's path, once Node.js, Chromium and playwright-core are all there; otherwise a
+/// failure that says how to install what is missing.
+fn prerequisites() -> PathBuf {
+    const HOW: &str = "`.ci/run` installs it; see README, Set-up";
+    let node = Command::new("node").arg("--version").output();
+    assert!(
+        node.is_ok_and(|output| output.status.success()),
+        "Node.js is missing: install it (Debian: `apt-get install -y nodejs npm`); {HOW}"
+    );
+    let chromium = std::env::var_os("CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+    assert!(
+        chromium.exists(),
+        "Chromium is missing at {}: install it (Debian: `apt-get install -y chromium`) or set \
+         CHROMIUM to its path; {HOW}",
+        chromium.display()
+    );
+    assert!(
+        browser_dir().join("node_modules/playwright-core").is_dir(),
+        "npm playwright-core is missing: run `npm ci --prefix tests/browser`; {HOW}"
+    );
+    chromium
+}
+
+/// Runs `approve.mjs` to its end (bounded); its exit status, stdout and stderr.
+fn approve_in_browser(
+    chromium: &Path,
+    out: &Path,
+    args: [&str; 3],
+) -> (std::process::ExitStatus, String) {
+    let stdout = out.join("approve.stdout");
+    let stderr = out.join("approve.stderr");
+    let mut node = Command::new("node")
+        .arg(browser_dir().join("approve.mjs"))
+        .args(args)
+        .env("CHROMIUM", chromium)
+        .stdout(File::create(&stdout).expect("stdout file"))
+        .stderr(File::create(&stderr).expect("stderr file"))
+        .spawn()
+        .expect("spawn node");
+    let deadline = Instant::now() + BROWSER_DEADLINE;
+    let status = loop {
+        if let Some(status) = node.try_wait().expect("wait for node") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            // By pid: the node process this test started (Chromium ends with its pipe).
+            let _ = node.kill();
+            let _ = node.wait();
+            panic!("approve.mjs did not finish within {BROWSER_DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let read = |path: &Path| std::fs::read_to_string(path).unwrap_or_default();
+    (status, format!("{}{}", read(&stdout), read(&stderr)))
+}
+
+#[test]
+fn b6_a_person_approves_a_waiting_execution_in_the_page_and_history_counts_it() {
+    let chromium = prerequisites();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let serve = Serve::start(&data);
+    let (status, session) = serve.call("POST", "/v1/sessions", ADMIN, None);
+    assert_eq!(status, 201, "{session}");
+    let sid = session["session_id"].as_str().expect("session id");
+    let token = session["token"].as_str().expect("session token");
+
+    // History starts at 1: a completed turn on its own branch.
+    let done = serve.start_execution(sid, token, "say hello", json!([{"reply": "hello"}]));
+    serve.wait_for_state(sid, token, &done, "completed");
+    let script = json!([{"ask": "deploy?"}, {"tool": "echo", "args": {"text": "deployed"}},
+        {"reply": "done"}]);
+    let waiting = serve.start_execution(sid, token, "deploy the site", script);
+    serve.wait_for_state(sid, token, &waiting, "waiting");
+
+    let (status, output) = approve_in_browser(&chromium, dir.path(), [&serve.url, sid, token]);
+    println!("{}", output.trim());
+    assert!(
+        status.success(),
+        "the browser test failed ({status}): {}",
+        output.trim()
+    );
+    assert!(
+        output.contains(&waiting),
+        "approved another execution: {output}"
+    );
+
+    // The server agrees with what the page showed.
+    let snapshot = serve.wait_for_state(sid, token, &waiting, "completed");
+    assert_eq!(snapshot["waits"][0]["status"], "answered", "{snapshot}");
+    let echoed = snapshot["receipts"].as_array().into_iter().flatten();
+    let echoed: Vec<&Value> = echoed.filter(|receipt| receipt["tool"] == "echo").collect();
+    assert_eq!(echoed.len(), 1, "{snapshot}");
+    assert_eq!(echoed[0]["status"], "confirmed", "{snapshot}");
+    let path = format!("/v1/sessions/{sid}/activity");
+    let (status, activity) = serve.call("GET", &path, token, None);
+    assert_eq!(status, 200, "{activity}");
+    assert_eq!(activity["needs_attention"], json!([]), "{activity}");
+    assert_eq!(
+        activity["history"].as_array().map(Vec::len),
+        Some(2),
+        "{activity}"
+    );
+
+    let status = serve.stop();
+    assert!(status.success(), "serve after SIGTERM: {status:?}");
+}
