@@ -267,7 +267,7 @@ impl Runtime {
         session: SessionId,
         after_position: u64,
         limit: usize,
-    ) -> Result<Vec<openprogram_actors::branches::SessionEntry>> {
+    ) -> Result<openprogram_actors::branches::SessionFeed> {
         self.inner
             .service
             .session_feed(session, after_position, limit)

@@ -81,7 +81,8 @@ enum Command {
         /// steer: the instructions; reconcile: the confirmed output.
         #[arg(long)]
         text: Option<String>,
-        /// answer, decline: the wait (default: the pending one).
+        /// answer, decline: the wait (required unless --expected-version pins the pending
+        /// one).
         #[arg(long)]
         wait: Option<String>,
         /// A UUID; the same id again returns the stored outcome (K-4). Default: a new one.
@@ -160,10 +161,19 @@ enum InspectWhat {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(error) => {
-            let code = if error.use_stderr() { 2 } else { 0 };
+        // `--help` and `--version` print in full; a usage error is one line (I-4).
+        Err(error) if !error.use_stderr() => {
             let _ = error.print();
-            return ExitCode::from(code);
+            return ExitCode::SUCCESS;
+        }
+        Err(error) => {
+            let rendered = error.render().to_string();
+            let first = rendered.lines().next().unwrap_or("usage error");
+            eprintln!(
+                "openprogram: {} (see --help)",
+                first.trim_start_matches("error: ")
+            );
+            return ExitCode::from(2);
         }
     };
     match cli.command {

@@ -27,12 +27,23 @@ pub struct ServeOptions {
     pub demo: bool,
 }
 
+/// The shortest admin token `serve` accepts from its operator.
+pub const TOKEN_CHARS_MIN: usize = 8;
+
 /// Runs until SIGTERM or SIGINT, then shuts down in order. The listen URL goes to stdout;
 /// progress lines go to stderr. `InvalidRequest` means a usage error (exit 2).
 pub async fn run(options: ServeOptions) -> Result<()> {
     // Listening before the runtime opens: a SIGTERM during startup recovery is an orderly
     // shutdown too.
     let stop = stop_signal()?;
+    if let Some(token) = &options.token {
+        // An empty `--token ""` or `OPENPROGRAM_TOKEN=` is a mistake, never "no token".
+        if token.trim().len() < TOKEN_CHARS_MIN {
+            return Err(Error::InvalidRequest(format!(
+                "a token must have at least {TOKEN_CHARS_MIN} characters"
+            )));
+        }
+    }
     if options.token.is_none() && !http::is_loopback(&options.listen) {
         return Err(Error::InvalidRequest(format!(
             "refusing to listen on {} without a token: pass --token or set OPENPROGRAM_TOKEN (X-2)",

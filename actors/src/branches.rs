@@ -190,6 +190,15 @@ pub struct SessionEntry {
     pub kind: &'static str,
 }
 
+/// A page of a session's stream, and how far the global log was read for it: a reader
+/// resumes from `scanned_through`, so a quiet session's cursor still moves past what other
+/// sessions wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionFeed {
+    pub entries: Vec<SessionEntry>,
+    pub scanned_through: u64,
+}
+
 impl Service {
     /// B-6: the session's entries after `after_position`, `limit` of them or one more: an
     /// event and its `session_reload` are never split, so a cursor never skips a reload. A
@@ -201,7 +210,7 @@ impl Service {
         session_id: SessionId,
         after_position: u64,
         limit: usize,
-    ) -> Result<Vec<SessionEntry>> {
+    ) -> Result<SessionFeed> {
         const PAGE: usize = 1024;
         let store = self.env().store.as_ref();
         let mut sessions: std::collections::HashMap<ExecutionId, bool> =
@@ -210,14 +219,14 @@ impl Service {
         let mut after = after_position;
         while entries.len() < limit {
             let page = store.log_after(after, PAGE)?;
-            let Some(last) = page.last() else {
+            if page.is_empty() {
                 break;
-            };
-            after = last.position;
+            }
             for envelope in page {
                 if entries.len() >= limit {
                     break;
                 }
+                after = envelope.position;
                 let mine = match sessions.get(&envelope.execution_id) {
                     Some(mine) => *mine,
                     None => {
@@ -248,7 +257,10 @@ impl Service {
                 }
             }
         }
-        Ok(entries)
+        Ok(SessionFeed {
+            entries,
+            scanned_through: after,
+        })
     }
 }
 

@@ -135,6 +135,12 @@ async fn openapi() -> HttpResponse {
 async fn page() -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/html; charset=utf-8")
+        // Never framed by another site (clickjacking of Stop/Cancel); no third-party code.
+        .insert_header((
+            "Content-Security-Policy",
+            "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; frame-ancestors 'none'",
+        ))
+        .insert_header(("X-Frame-Options", "DENY"))
         .body(include_str!("page.html"))
 }
 

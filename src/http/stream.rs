@@ -201,17 +201,26 @@ impl SessionStream {
                 .runtime
                 .session_feed(self.session, self.cursor, STREAM_PAGE_LEN_MAX)
             {
-                Ok(entries) if !entries.is_empty() => {
-                    for entry in &entries {
-                        self.cursor = entry.position;
+                Ok(feed) => {
+                    // Past what other sessions wrote, too: the next read starts there.
+                    let moved = feed.scanned_through > self.cursor;
+                    self.cursor = self.cursor.max(feed.scanned_through);
+                    let entries = feed.entries;
+                    for (index, entry) in entries.iter().enumerate() {
                         let kind = (entry.kind == "session_reload").then_some("session_reload");
+                        // A terminal event and its reload share a position: only the reload
+                        // carries the id, so a reconnect between them never skips it.
+                        let reload_follows = entries
+                            .get(index + 1)
+                            .is_some_and(|next| next.kind == "session_reload");
+                        let id = (!reload_follows).then_some(entry.position);
                         let data = serde_json::to_value(entry).unwrap_or_default();
-                        self.queued
-                            .push_back(frame(Some(entry.position), kind, &data));
+                        self.queued.push_back(frame(id, kind, &data));
                     }
-                    continue;
+                    if !entries.is_empty() || moved {
+                        continue;
+                    }
                 }
-                Ok(_) => {}
                 // A failed read is retried at the next poll; the client keeps its data (B-6).
                 Err(error) => tracing::warn!(%error, "session stream read failed"),
             }

@@ -410,7 +410,8 @@ async fn b6_session_reload_follows_a_committed_terminal_outcome_and_a_cursor_res
     let feed = harness
         .runtime
         .session_feed(harness.session, 0, usize::MAX)
-        .expect("feed");
+        .expect("feed")
+        .entries;
     assert!(
         feed.iter().all(|entry| entry.execution_id == execution),
         "{feed:#?}"
@@ -434,19 +435,34 @@ async fn b6_session_reload_follows_a_committed_terminal_outcome_and_a_cursor_res
             .runtime
             .session_feed(harness.session, cursor, 1)
             .expect("feed");
-        let Some(last) = page.last() else {
+        if page.entries.is_empty() {
             break;
-        };
-        cursor = last.position;
-        paged.extend(page);
+        }
+        cursor = page.scanned_through;
+        paged.extend(page.entries);
     }
     assert_eq!(paged, feed);
+    // A session with nothing of its own still moves its cursor past the others' events.
+    let quiet = harness
+        .runtime
+        .session_feed(openprogram::storage::SessionId::new(), 0, 10)
+        .expect("feed");
+    assert!(quiet.entries.is_empty());
+    let newest = harness
+        .runtime
+        .store()
+        .log_after(0, usize::MAX)
+        .expect("log")
+        .last()
+        .map(|envelope| envelope.position);
+    assert_eq!(Some(quiet.scanned_through), newest);
     // Resuming from the middle gives exactly the rest.
     let middle = feed[feed.len() / 2].position;
     let rest = harness
         .runtime
         .session_feed(harness.session, middle, usize::MAX)
-        .expect("feed");
+        .expect("feed")
+        .entries;
     let expected: Vec<_> = feed
         .iter()
         .filter(|entry| entry.position > middle)

@@ -138,6 +138,7 @@ impl TestServer {
 
 impl Drop for TestServer {
     fn drop(&mut self) {
+        crate::support::end_processes(&self.runtime);
         self.tokio.block_on(self.handle.stop(false));
         self.runtime.halt();
     }

@@ -84,26 +84,30 @@ fn b6_the_session_stream_emits_session_reload_after_the_terminal_event() {
     let feed = server
         .runtime
         .session_feed(session.0.parse().expect("session"), 0, usize::MAX)
-        .expect("feed");
-    let frames = read_frames(&server, &path, &session.1, None, feed.len());
+        .expect("feed")
+        .entries;
+    // Every entry is a frame; the terminal event's frame carries no id (its reload does).
+    let frames = read_frames(&server, &path, &session.1, None, feed.len() - 1);
     let reload = frames
         .iter()
         .position(|(_, event, _)| event.as_deref() == Some("session_reload"))
         .expect("a session_reload frame");
     assert_eq!(frames[reload - 1].2["type"], "state_changed", "{frames:?}");
+    assert_eq!(frames[reload - 1].0, None, "only the reload carries the id");
     assert_eq!(
         frames[reload].0,
-        frames[reload - 1].0,
-        "the reload shares the event's position"
+        frames[reload - 1].2["position"].as_u64(),
+        "the reload carries the terminal event's position"
     );
-    // Resuming from the event before the reload gives the terminal event and its reload.
+    // Resuming from the event before gives the terminal event and its reload: a reconnect
+    // between the two never skips the reload.
     let before = frames[reload - 2].0.expect("id").to_string();
     let resumed = read_frames(
         &server,
         &format!("/v1/sessions/{}/stream", session.0),
         &session.1,
         Some(&before),
-        2,
+        1,
     );
     assert_eq!(resumed[0].2["type"], "state_changed");
     assert_eq!(resumed[1].1.as_deref(), Some("session_reload"));

@@ -62,7 +62,16 @@ impl Drop for Serve {
     fn drop(&mut self) {
         if self.child.try_wait().ok().flatten().is_none() {
             sigterm(&self.child);
-            let _ = self.child.wait();
+            let deadline = Instant::now() + DEADLINE;
+            while self.child.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    // By pid: the child this test started, which ignored SIGTERM.
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
     }
 }
@@ -149,6 +158,28 @@ fn x2_serve_refuses_a_non_loopback_address_without_a_token() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("without a token"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+/// an empty or too short token (an unset `OPENPROGRAM_TOKEN=` in a compose file) is a
+/// usage error, never "no token": the server does not start, on any address.
+#[test]
+fn x2_serve_refuses_an_empty_or_short_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for token in ["", "  ", "short"] {
+        let output = openprogram(&[
+            "serve",
+            "--listen",
+            "0.0.0.0:0",
+            "--token",
+            token,
+            "--data",
+            dir.path().to_str().expect("utf-8"),
+        ]);
+        assert_eq!(output.status.code(), Some(2), "token {token:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("at least"), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    }
 }
 
 #[test]
@@ -307,7 +338,10 @@ fn i4_serve_demo_seeds_once_and_its_process_stops_through_ctl() {
         "completed"
     );
     let fork = snapshot(&sessions[0], &sessions[0]["executions"][1]);
-    assert_eq!(fork["state"], "paused", "the demo's fork waits for Continue: {fork}");
+    assert_eq!(
+        fork["state"], "paused",
+        "the demo's fork waits for Continue: {fork}"
+    );
     assert_eq!(fork["pause_reason"], "fork");
     wait_until("the demo's approval is pending", || {
         snapshot(&sessions[0], &sessions[0]["executions"][2])["state"] == "waiting"
@@ -319,6 +353,24 @@ fn i4_serve_demo_seeds_once_and_its_process_stops_through_ctl() {
         running = snapshot(process_session, process_execution);
         running["processes"][0]["state"] == "running"
     });
+    // If the test fails before stopping it, the demo's `sleep 3600` is ended anyway.
+    let (_, actors) = call_raw(&serve.url, "GET", "/debug/actors", Some("demo-admin"), None);
+    let pid = actors
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|actor| actor["kind"] == "process")
+        .find_map(|actor| {
+            let state = actor["state"].as_str()?;
+            state
+                .strip_prefix("pid ")?
+                .split(' ')
+                .next()?
+                .parse::<u32>()
+                .ok()
+        })
+        .expect("the demo process and its pid in /debug/actors");
+    let _end = DemoSleep(pid);
     // Stop it (the demo leaves it running otherwise).
     let stop = openprogram(&[
         "ctl",
@@ -364,6 +416,23 @@ fn i4_serve_demo_seeds_once_and_its_process_stops_through_ctl() {
         .iter()
         .filter(|event| event["type"] == "admitted")
         .count();
-    assert_eq!(admitted, 4, "no duplicate demo content (three turns and a fork)");
+    assert_eq!(
+        admitted, 4,
+        "no duplicate demo content (three turns and a fork)"
+    );
     assert!(serve.stop().success());
+}
+
+/// Kills the demo's `sleep 3600` by pid when dropped, if that pid is still that command.
+struct DemoSleep(u32);
+
+impl Drop for DemoSleep {
+    fn drop(&mut self) {
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", self.0)).unwrap_or_default();
+        if cmdline == b"sleep\x003600\x00" {
+            let _ = Command::new("kill")
+                .args(["-KILL", &self.0.to_string()])
+                .status();
+        }
+    }
 }

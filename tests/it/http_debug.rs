@@ -18,6 +18,19 @@ pub fn read_frames(
     last_event_id: Option<&str>,
     count: usize,
 ) -> Vec<(Option<u64>, Option<String>, Value)> {
+    read_frames_after(server, path, token, last_event_id, count, || {})
+}
+
+/// `read_frames`, calling `opened` once the stream answered (its first line read).
+pub fn read_frames_after(
+    server: &TestServer,
+    path: &str,
+    token: &str,
+    last_event_id: Option<&str>,
+    count: usize,
+    opened: impl FnOnce(),
+) -> Vec<(Option<u64>, Option<String>, Value)> {
+    let mut opened = Some(opened);
     let mut request = ureq::get(&format!("{}{path}", server.url))
         .set("Authorization", &format!("Bearer {token}"))
         .timeout(Duration::from_secs(20));
@@ -37,6 +50,9 @@ pub fn read_frames(
             "stream ended"
         );
         let line = line.trim_end_matches('\n');
+        if let Some(opened) = opened.take() {
+            opened();
+        }
         if let Some(value) = line.strip_prefix("id: ") {
             id = value.parse().ok();
         } else if let Some(value) = line.strip_prefix("event: ") {
@@ -122,22 +138,23 @@ fn b6_event_stream_delivers_events_committed_after_it_opened() {
     let base = format!("/v1/sessions/{}/executions/{execution}", session.0);
     let (_, before) = server.call("GET", &format!("{base}/events"), Some(&session.1), None);
     let after = before.as_array().expect("events").len();
-    let (url, token) = (server.url.clone(), session.1.clone());
     let path = format!("{base}/commands");
-    let continuing = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(100));
-        let body = json!({"command_id": uuid::Uuid::new_v4().to_string(), "kind": "continue"});
-        crate::http::call_raw(&url, "POST", &path, Some(&token), Some(body.to_string()))
-    });
-    let frames = read_frames(
+    let mut continued = None;
+    // Continue only once the stream is open and has sent its first line: the event it
+    // waits for is committed after, never caught up from before.
+    let frames = read_frames_after(
         &server,
         &format!("{base}/events/stream?after={after}"),
         &session.1,
         None,
         1,
+        || {
+            let body = json!({"command_id": uuid::Uuid::new_v4().to_string(), "kind": "continue"});
+            continued = Some(server.call("POST", &path, Some(&session.1), Some(&body)).0);
+        },
     );
     assert_eq!(frames[0].0, Some(after as u64 + 1));
-    assert_eq!(continuing.join().expect("thread").0, 202);
+    assert_eq!(continued, Some(202));
 }
 
 #[test]

@@ -154,7 +154,24 @@ impl Harness {
 
 impl Drop for Harness {
     fn drop(&mut self) {
+        end_processes(&self.runtime);
         self.runtime.halt();
+    }
+}
+
+/// Ends the OS processes this runtime started and still records running, by their
+/// verified identity: a failing test leaves nothing behind (processes outlive `halt`).
+pub fn end_processes(runtime: &Runtime) {
+    use openprogram::actors::process::os;
+    let owner = runtime.store().incarnation().owner_id;
+    for record in runtime.store().processes().unwrap_or_default() {
+        if record.owner_id != owner || record.state != openprogram::storage::ProcessState::Running {
+            continue;
+        }
+        if let (Some(pid), Some(start_time)) = (record.os_pid, record.os_start_time) {
+            let identity = os::OsIdentity { pid, start_time };
+            let _ = os::signal_verified(identity, os::StopSignal::Kill);
+        }
     }
 }
 
