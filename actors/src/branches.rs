@@ -10,6 +10,7 @@ use openprogram_storage::{
 use crate::activity::{self, Activity, ExecutionFacts};
 use crate::env::load;
 use crate::error::{Error, Result};
+use crate::execution::commands::RecordRefusal;
 use crate::execution::fork::{fork_point, fork_state};
 use crate::execution::machine::Machine;
 use crate::service::{payload_hash, CommandReply, CommandRequest, Service};
@@ -63,59 +64,10 @@ impl Service {
             }
             return Ok(CommandReply::of(&stored));
         }
-        let refused = |reason: String| CommandReply {
-            command_id: request.command_id,
-            status: "rejected",
-            reason: Some(reason),
-            version: parent.version,
-            execution_id: None,
+        let child_events = match self.child_events(&parent, &request, retry)? {
+            Ok(events) => events,
+            Err(reason) => return self.refuse_fork(parent_id, &request, hash, reason).await,
         };
-        if let Some(expected) = request.expected_version.filter(|v| *v != parent.version) {
-            let reason = format!(
-                "stale expected_version {expected}: the current version is {}",
-                parent.version
-            );
-            return Ok(refused(reason));
-        }
-        if parent.kind != ExecutionKind::AgentTurn {
-            return Ok(refused("only agent turns can be forked or retried".into()));
-        }
-        if parent.revision_id != self.env().revision {
-            let reason = "the program's contract changed since this execution ran: a child \
-                          would not run the same tools"
-                .to_owned();
-            return Ok(refused(reason));
-        }
-        // Only what the version the checks ran on holds: a live parent may have moved on.
-        let mut events = store.events_after(parent_id, 0, usize::MAX)?;
-        events.retain(|envelope| envelope.seq <= parent.last_seq);
-        let Some((input, parent_message_id)) = admission(&events) else {
-            return Err(Error::Internal(format!("{parent_id} has no admission")));
-        };
-        let mut child_events = Vec::new();
-        if retry {
-            if !parent.state.is_terminal() {
-                return Ok(refused(format!(
-                    "retry needs an ended execution; this one is {}",
-                    parent.state
-                )));
-            }
-        } else {
-            let tools = &self.env().tools;
-            let checkpoint_seq =
-                match fork_point(&events, request.checkpoint, |name| tools.recovery(name)) {
-                    Ok(seq) => seq,
-                    Err(reason) => return Ok(refused(reason)),
-                };
-            let state = fork_state(&events, checkpoint_seq, EffectId::new());
-            let state = serde_json::to_string(&state)
-                .map_err(|error| Error::Internal(format!("encoding a fork: {error}")))?;
-            child_events.push(Event::Forked {
-                from_execution_id: parent_id,
-                checkpoint_seq,
-                state,
-            });
-        }
         let child_id = ExecutionId::new();
         let mut head = ExecutionHead::new(child_id, session_id, parent.run_id, parent.kind);
         head.parent_execution_id = Some(parent_id);
@@ -126,6 +78,11 @@ impl Service {
         let reason = if retry { "retry" } else { "fork" };
         head.state = ExecutionState::Paused;
         head.pause_reason = Some(reason.into());
+        let ChildStart {
+            input,
+            parent_message_id,
+            forked,
+        } = child_events;
         let admitted = Event::Admitted {
             kind: head.kind,
             session_id,
@@ -138,7 +95,8 @@ impl Service {
             parent_message_id,
             input,
         };
-        child_events.insert(0, admitted);
+        let mut child_events = vec![admitted];
+        child_events.extend(forked);
         // Agent children start paused and need Continue (K-2).
         child_events.push(Event::StateChanged {
             state: ExecutionState::Paused,
@@ -174,6 +132,104 @@ impl Service {
             }),
             other => Err(Error::Internal(format!("creating a child: {other:?}"))),
         }
+    }
+
+    /// The child's first events after its admission (a fork's copied state), or why the
+    /// command is refused.
+    fn child_events(
+        &self,
+        parent: &ExecutionHead,
+        request: &CommandRequest,
+        retry: bool,
+    ) -> Result<std::result::Result<ChildStart, String>> {
+        let store = self.env().store.as_ref();
+        if let Some(expected) = request.expected_version.filter(|v| *v != parent.version) {
+            return Ok(Err(format!(
+                "stale expected_version {expected}: the current version is {}",
+                parent.version
+            )));
+        }
+        if parent.kind != ExecutionKind::AgentTurn {
+            return Ok(Err("only agent turns can be forked or retried".into()));
+        }
+        if parent.revision_id != self.env().revision {
+            return Ok(Err(
+                "the program's contract changed since this execution ran: a \
+                           child would not run the same tools"
+                    .into(),
+            ));
+        }
+        // Only what the version the checks ran on holds: a live parent may have moved on.
+        let parent_id = parent.execution_id;
+        let mut events = store.events_after(parent_id, 0, usize::MAX)?;
+        events.retain(|envelope| envelope.seq <= parent.last_seq);
+        let Some((input, parent_message_id)) = admission(&events) else {
+            return Err(Error::Internal(format!("{parent_id} has no admission")));
+        };
+        let mut forked = Vec::new();
+        if retry {
+            if !parent.state.is_terminal() {
+                return Ok(Err(format!(
+                    "retry needs an ended execution; this one is {}",
+                    parent.state
+                )));
+            }
+        } else {
+            let tools = &self.env().tools;
+            let checkpoint_seq =
+                match fork_point(&events, request.checkpoint, |name| tools.recovery(name)) {
+                    Ok(seq) => seq,
+                    Err(reason) => return Ok(Err(reason)),
+                };
+            let state = fork_state(&events, checkpoint_seq, EffectId::new());
+            let state = serde_json::to_string(&state)
+                .map_err(|error| Error::Internal(format!("encoding a fork: {error}")))?;
+            forked.push(Event::Forked {
+                from_execution_id: parent_id,
+                checkpoint_seq,
+                state,
+            });
+        }
+        Ok(Ok(ChildStart {
+            input,
+            parent_message_id,
+            forked,
+        }))
+    }
+
+    /// A refused Fork or Retry is recorded on the original, through its actor (the only
+    /// writer of its version), so its status reads back and a retry of the same command id
+    /// gets the same answer (K-1, K-4). Appending the refusal changes none of its events.
+    async fn refuse_fork(
+        &self,
+        parent_id: ExecutionId,
+        request: &CommandRequest,
+        hash: [u8; 32],
+        reason: String,
+    ) -> Result<CommandReply> {
+        let record = CommandRecord {
+            command_id: request.command_id,
+            execution_id: parent_id,
+            kind: request.kind.clone(),
+            payload_hash: hash,
+            status: CommandStatus::Rejected,
+            reason: Some(reason),
+            result_version: None,
+            child_execution_id: None,
+            accepted_at_ms: 0,
+        };
+        for _ in 0..4 {
+            let addr = self.env().activate(parent_id)?;
+            match addr.send(RecordRefusal(record.clone())).await {
+                Ok(stored) => return stored.map(|stored| CommandReply::of(&stored)),
+                // It parked between activation and delivery: once more.
+                Err(actix::MailboxError::Closed) => continue,
+                Err(error) => return Err(Error::Unavailable(error.to_string())),
+            }
+        }
+        Err(Error::Unavailable(
+            "the execution's actor kept stopping while recording a refusal".into(),
+        ))
     }
 }
 
@@ -262,6 +318,14 @@ impl Service {
             scanned_through: after,
         })
     }
+}
+
+/// What a child starts from: the original's input and parent message, and for a fork its
+/// `Forked` event.
+struct ChildStart {
+    input: String,
+    parent_message_id: Option<MessageId>,
+    forked: Vec<Event>,
 }
 
 /// The admission input (JSON text) and parent message of an execution's events.

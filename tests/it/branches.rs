@@ -125,16 +125,33 @@ async fn k2_fork_refuses_a_point_that_is_not_an_allowed_saved_point() {
     let original = harness.start(vec![echo("a"), reply("done")], None).await;
     harness.wait_for_state(original, "completed").await;
     let last = *checkpoints(&harness, original).last().expect("checkpoints");
+    let before = harness.events(original);
     for checkpoint in [last, 9_999] {
+        let command_id = CommandId::new();
         let refused = send(
             &harness,
             original,
-            fork_request(CommandId::new(), Some(checkpoint)),
+            fork_request(command_id, Some(checkpoint)),
         )
         .await;
         assert_eq!(refused.status, "rejected", "{refused:?}");
         assert_eq!(refused.execution_id, None);
+        // Recorded (K-1): its status reads back, and a retry gets the same answer (K-4).
+        let status = harness
+            .runtime
+            .command_status(harness.session, command_id)
+            .expect("status");
+        assert_eq!(status.status, "rejected");
+        let again = send(
+            &harness,
+            original,
+            fork_request(command_id, Some(checkpoint)),
+        )
+        .await;
+        assert_eq!(again, refused);
     }
+    // The refusals were appended; the original's earlier events are exactly as they were.
+    assert_eq!(harness.events(original)[..before.len()], before[..]);
 }
 
 #[tokio::test]

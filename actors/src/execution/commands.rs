@@ -290,6 +290,29 @@ impl ExecutionActor {
     }
 }
 
+/// A command refused outside the actor (a Fork or Retry that cannot be made): recorded on
+/// this execution as accepted and rejected, like a stale `expected_version` (K-1, K-4).
+#[derive(Debug, Message)]
+#[rtype(result = "Result<CommandRecord, Error>")]
+pub struct RecordRefusal(pub CommandRecord);
+
+impl Handler<RecordRefusal> for ExecutionActor {
+    type Result = AtomicResponse<Self, Result<CommandRecord, Error>>;
+
+    fn handle(
+        &mut self,
+        RecordRefusal(record): RecordRefusal,
+        _ctx: &mut Context<Self>,
+    ) -> Self::Result {
+        let _span = self.span.clone().entered();
+        self.handled += 1;
+        let reason = record.reason.clone().unwrap_or_default();
+        AtomicResponse::new(Box::pin(
+            self.refuse_command(record, reason).map(parked_after),
+        ))
+    }
+}
+
 /// After a command: an execution activated only for it (paused, finished) releases its
 /// actor again.
 fn parked_after<T>(result: T, act: &mut ExecutionActor, ctx: &mut Context<ExecutionActor>) -> T {
