@@ -75,6 +75,20 @@ async fn list_actors(api: &Api) -> Vec<ActorView> {
         handled: None,
         state: format!("did not answer: {error}"),
     };
+    // The committer is a thread with a bounded queue, not an actor: its queue is the one
+    // mailbox whose depth can be read.
+    let counters = api.runtime.store().metrics();
+    actors.push(ActorView {
+        kind: "committer",
+        id: "committer".into(),
+        arbiter: Some("openprogram-committer".into()),
+        mailbox_len: Some(counters.queued),
+        handled: Some(counters.transitions),
+        state: format!(
+            "{} groups, {} fsyncs, {} materializations",
+            counters.groups, counters.fsyncs, counters.materializations
+        ),
+    });
     match api.runtime.describe_supervisor().await {
         Ok(summary) => actors.push(view(summary)),
         Err(error) => actors.push(unanswered(

@@ -97,6 +97,8 @@ pub struct MetricsSnapshot {
     pub materializations: u64,
     /// Log frames replayed when the store was opened: the unmaterialized tail (S-6).
     pub replayed_frames: u64,
+    /// Requests waiting in the committer's queue now (its mailbox depth).
+    pub queued: u64,
 }
 
 /// State shared by the committer thread and readers.

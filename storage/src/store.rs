@@ -192,6 +192,9 @@ impl Store {
             fsync_micros_total: metrics.fsync_micros_total.load(Ordering::Relaxed),
             materializations: metrics.materializations.load(Ordering::Relaxed),
             replayed_frames: metrics.replayed_frames.load(Ordering::Relaxed),
+            queued: self.inner.sender.as_ref().map_or(0, |sender| {
+                (sender.max_capacity() - sender.capacity()) as u64
+            }),
         }
     }
 

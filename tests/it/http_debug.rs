@@ -197,6 +197,12 @@ fn i3_debug_actors_log_executions_and_metrics() {
         .find(|actor| actor["kind"] == "supervisor")
         .expect("supervisor");
     assert!(supervisor["handled"].as_u64() >= Some(1), "{supervisor}");
+    let committer = actors
+        .iter()
+        .find(|actor| actor["kind"] == "committer")
+        .expect("the committer");
+    assert!(committer["mailbox_len"].is_u64(), "{committer}");
+    assert!(committer["handled"].as_u64() > Some(0), "{committer}");
     assert!(live["state"]
         .as_str()
         .expect("state")
