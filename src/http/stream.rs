@@ -32,11 +32,7 @@ pub async fn events_stream(
     query: web::Query<EventsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let (session, execution) = api.execution(&request, &path)?;
-    let from_header = request
-        .headers()
-        .get("Last-Event-ID")
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.trim().parse::<u64>().ok());
+    let from_header = last_event_id(&request);
     let after = from_header.unwrap_or(query.after);
     // Unknown or another session's execution: 404 now, not an empty stream.
     let last_seq = api.runtime.last_seq(session, execution)?;
@@ -63,11 +59,7 @@ pub async fn events_stream(
         let bytes = stream.next().await?;
         Some((Ok::<_, actix_web::Error>(bytes), stream))
     });
-    Ok(HttpResponse::Ok()
-        .insert_header((header::CONTENT_TYPE, "text/event-stream"))
-        .insert_header((header::CACHE_CONTROL, "no-cache"))
-        .insert_header(("X-Accel-Buffering", "no"))
-        .streaming(body))
+    Ok(event_stream(body))
 }
 
 struct Stream {
@@ -121,6 +113,26 @@ impl Stream {
     }
 }
 
+/// The cursor a reconnecting client sends (it wins over `after`).
+fn last_event_id(request: &HttpRequest) -> Option<u64> {
+    request
+        .headers()
+        .get("Last-Event-ID")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<u64>().ok())
+}
+
+/// A response streaming `body` as Server-Sent Events, never buffered by a proxy.
+fn event_stream(
+    body: impl futures::Stream<Item = Result<Bytes, actix_web::Error>> + 'static,
+) -> HttpResponse {
+    HttpResponse::Ok()
+        .insert_header((header::CONTENT_TYPE, "text/event-stream"))
+        .insert_header((header::CACHE_CONTROL, "no-cache"))
+        .insert_header(("X-Accel-Buffering", "no"))
+        .streaming(body)
+}
+
 /// One SSE frame. `data` is one line of JSON (JSON never contains a raw newline).
 fn frame(id: Option<u64>, event: Option<&str>, data: &serde_json::Value) -> Bytes {
     let mut text = String::new();
@@ -157,11 +169,7 @@ pub async fn session_stream(
     query: web::Query<SessionQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let session = api.session(&request, &path)?;
-    let from_header = request
-        .headers()
-        .get("Last-Event-ID")
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.trim().parse::<u64>().ok());
+    let from_header = last_event_id(&request);
     let state = SessionStream {
         api: api.into_inner(),
         session,
@@ -173,11 +181,7 @@ pub async fn session_stream(
         let bytes = stream.next().await;
         Some((Ok::<_, actix_web::Error>(bytes), stream))
     });
-    Ok(HttpResponse::Ok()
-        .insert_header((header::CONTENT_TYPE, "text/event-stream"))
-        .insert_header((header::CACHE_CONTROL, "no-cache"))
-        .insert_header(("X-Accel-Buffering", "no"))
-        .streaming(body))
+    Ok(event_stream(body))
 }
 
 struct SessionStream {
