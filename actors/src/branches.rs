@@ -64,8 +64,8 @@ impl Service {
             }
             return Ok(CommandReply::of(&stored));
         }
-        let child_events = match self.child_events(&parent, &request, retry)? {
-            Ok(events) => events,
+        let start = match self.child_start(&parent, &request, retry)? {
+            Ok(start) => start,
             Err(reason) => return self.refuse_fork(parent_id, &request, hash, reason).await,
         };
         let child_id = ExecutionId::new();
@@ -82,7 +82,7 @@ impl Service {
             input,
             parent_message_id,
             forked,
-        } = child_events;
+        } = start;
         let admitted = Event::Admitted {
             kind: head.kind,
             session_id,
@@ -134,9 +134,9 @@ impl Service {
         }
     }
 
-    /// The child's first events after its admission (a fork's copied state), or why the
-    /// command is refused.
-    fn child_events(
+    /// What the child starts from (for a fork, its copied state), or why the command is
+    /// refused.
+    fn child_start(
         &self,
         parent: &ExecutionHead,
         request: &CommandRequest,

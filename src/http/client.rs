@@ -150,29 +150,15 @@ pub fn inspect(
     match what {
         "sessions" => {
             let body = target.call("GET", "/debug/executions", None)?;
-            let mut sessions: Vec<(String, usize)> = Vec::new();
-            for row in body["executions"].as_array().into_iter().flatten() {
-                let session = row["session_id"].as_str().unwrap_or("?").to_string();
-                match sessions.iter_mut().find(|(id, _)| *id == session) {
-                    Some((_, count)) => *count += 1,
-                    None => sessions.push((session, 1)),
-                }
-            }
+            let sessions = body["sessions"].as_array().cloned().unwrap_or_default();
             if as_json {
-                let rows: Vec<Value> = sessions
-                    .iter()
-                    .map(|(id, count)| json!({"session_id": id, "active_executions": count}))
-                    .collect();
-                return Ok(format!("{}\n", Value::Array(rows)));
+                return Ok(format!("{}\n", Value::Array(sessions)));
             }
             let rows = sessions
                 .iter()
-                .map(|(id, count)| vec![id.clone(), count.to_string()])
+                .map(|row| cells(row, &["session_id", "executions"]))
                 .collect();
-            Ok(format!(
-                "{}(sessions with executions in a non-terminal state; ended ones are not indexed)\n",
-                table(&["SESSION", "ACTIVE EXECUTIONS"], rows)
-            ))
+            Ok(table(&["SESSION", "EXECUTIONS"], rows))
         }
         "executions" if !ids.is_empty() => {
             let path = format!("/v1/sessions/{}/executions", ids[0]);

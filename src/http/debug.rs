@@ -203,12 +203,22 @@ pub async fn executions(
             }
         }
     }
+    let sessions: Vec<_> = store
+        .sessions()
+        .map_err(crate::Error::from)?
+        .into_iter()
+        .map(|(session_id, executions)| json!({"session_id": session_id, "executions": executions}))
+        .collect();
     let quarantined: Vec<_> = store
         .quarantined()
         .into_iter()
         .map(|(execution_id, reason)| json!({"execution_id": execution_id, "reason": reason}))
         .collect();
-    Ok(HttpResponse::Ok().json(json!({"executions": rows, "quarantined": quarantined})))
+    Ok(HttpResponse::Ok().json(json!({
+        "executions": rows,
+        "sessions": sessions,
+        "quarantined": quarantined,
+    })))
 }
 
 /// `GET /debug/demo`: what `serve --demo` seeded (sessions, their tokens, executions).

@@ -135,6 +135,12 @@ pub fn execution_at(key: &[u8], offset: usize) -> Option<ExecutionId> {
     Some(ExecutionId::from_bytes(bytes))
 }
 
+/// The session id in bytes `offset..offset + 16` of a key (the by-session index).
+pub fn session_at(key: &[u8], offset: usize) -> Option<SessionId> {
+    let bytes: [u8; 16] = key.get(offset..offset + 16)?.try_into().ok()?;
+    Some(SessionId::from_bytes(bytes))
+}
+
 /// The name of the logical tree a key belongs to, for error messages.
 pub fn tree_name(key: &[u8]) -> &'static str {
     match key.first() {

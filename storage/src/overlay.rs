@@ -108,6 +108,15 @@ impl Overlay {
             .collect()
     }
 
+    /// Every (session, execution) held here.
+    pub fn sessions(&self) -> Vec<(crate::ids::SessionId, ExecutionId)> {
+        [&self.frozen, &self.active]
+            .into_iter()
+            .flat_map(|layer| layer.execs.iter())
+            .map(|(execution_id, dirty)| (dirty.head.session_id, *execution_id))
+            .collect()
+    }
+
     /// Every process record held here, the newest version of each.
     pub fn processes(&self) -> HashMap<RecordKey, crate::records::ProcessRecord> {
         let mut found = HashMap::new();

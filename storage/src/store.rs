@@ -56,6 +56,9 @@ pub trait EventStore: Send + Sync + 'static {
     fn process(&self, process_id: ProcessId) -> Result<Option<ProcessRecord>>;
     /// The executions of a session, in id order (ids are time-ordered: admission order).
     fn executions_in_session(&self, session_id: SessionId) -> Result<Vec<ExecutionId>>;
+    /// Every session with at least one execution, with how many it has, in id order. Reads
+    /// the whole by-session index: one small key per execution (an admin read).
+    fn sessions(&self) -> Result<Vec<(SessionId, usize)>>;
     /// Every process record (P-3: startup marks those of a dead owner lost). Process
     /// records are few (one per started process), so this reads them all.
     fn processes(&self) -> Result<Vec<ProcessRecord>>;
@@ -471,6 +474,30 @@ impl EventStore for Store {
                     found.insert(execution_id);
                 }
                 Ok(found.into_iter().collect())
+            },
+        )
+    }
+
+    fn sessions(&self) -> Result<Vec<(SessionId, usize)>> {
+        self.read_consistent(
+            |overlay| overlay.sessions(),
+            |held| {
+                let mut found: std::collections::BTreeMap<SessionId, BTreeSet<ExecutionId>> =
+                    std::collections::BTreeMap::new();
+                for (session_id, execution_id) in held {
+                    found.entry(session_id).or_default().insert(execution_id);
+                }
+                for item in self.shared().db.scan_prefix([keys::BY_SESSION]) {
+                    let (key, _) = item?;
+                    let corrupted = || Error::Corrupted {
+                        tree: "by_session",
+                        key: keys::display(&key),
+                    };
+                    let session_id = keys::session_at(&key, 1).ok_or_else(corrupted)?;
+                    let execution_id = keys::execution_at(&key, 17).ok_or_else(corrupted)?;
+                    found.entry(session_id).or_default().insert(execution_id);
+                }
+                Ok(found.into_iter().map(|(id, all)| (id, all.len())).collect())
             },
         )
     }

@@ -280,7 +280,17 @@ fn i4_ctl_and_inspect_against_serve() {
         .expect("list")
         .iter()
         .any(|actor| actor["kind"] == "supervisor"));
-    assert!(inspect(&["sessions"], "cli-admin").status.success());
+    // Every session with executions, ended ones included, from the by-session index.
+    let listed = inspect(&["sessions", "--json"], "cli-admin");
+    let listed: Value = serde_json::from_slice(&listed.stdout).expect("JSON");
+    assert!(
+        listed
+            .as_array()
+            .expect("list")
+            .iter()
+            .any(|row| row["session_id"] == sid.as_str() && row["executions"].as_u64() >= Some(1)),
+        "{listed}"
+    );
     assert!(inspect(&["executions"], "cli-admin").status.success());
 
     // Failures: 1 for a refused operation, 2 for a wrong command line; one line each.

@@ -35,6 +35,8 @@ async fn b1_executions_are_listed_by_session_before_and_after_materialization_an
                 expected.push(create_in(&store, mine).await);
             }
             create_in(&store, theirs).await;
+            // Fresh in the overlay (default limits) or on disk already (eager ones).
+            assert_eq!(store.sessions().expect("sessions").len(), 2);
             assert_eq!(
                 sorted(store.executions_in_session(mine).expect("list")),
                 sorted(expected.clone())
@@ -50,6 +52,9 @@ async fn b1_executions_are_listed_by_session_before_and_after_materialization_an
             .executions_in_session(SessionId::new())
             .expect("list")
             .is_empty());
+        let mut expected_sessions = vec![(mine, 3), (theirs, 1)];
+        expected_sessions.sort();
+        assert_eq!(store.sessions().expect("sessions"), expected_sessions);
     }
 }
 
