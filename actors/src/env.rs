@@ -53,6 +53,8 @@ pub struct Env {
     pub processes: crate::process::Processes,
     /// Time between SIGTERM and SIGKILL when a process is stopped.
     pub process_stop_grace: Duration,
+    /// Steps committed by this runtime's executions: model decisions and tool results.
+    pub steps: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Env {
@@ -189,6 +191,7 @@ impl Env {
             recovered: tokio::sync::watch::Sender::new(false),
             processes: crate::process::Processes::default(),
             process_stop_grace: crate::process::STOP_GRACE_DEFAULT,
+            steps: std::sync::atomic::AtomicU64::new(0),
         }
     }
 

@@ -255,6 +255,18 @@ pub async fn metrics(api: web::Data<Api>, request: HttpRequest) -> Result<HttpRe
         &one(counters.transitions),
     );
     metric(
+        "steps_total",
+        "counter",
+        "Steps committed: model decisions and tool results, each with its checkpoint.",
+        &one(env.steps.load(std::sync::atomic::Ordering::Relaxed)),
+    );
+    metric(
+        "committer_queue_depth",
+        "gauge",
+        "Transitions waiting for the committer: its mailbox depth.",
+        &one(counters.queued),
+    );
+    metric(
         "group_commits_total",
         "counter",
         "Group commits written.",

@@ -298,9 +298,12 @@ impl ExecutionActor {
                     act.head.fencing_epoch = epoch;
                 }
                 let mut actions = Vec::new();
+                let mut steps = 0;
                 for (event, seq) in events.iter().zip(committed.seqs.clone()) {
+                    steps += u64::from(matches!(event, Event::ModelDecided { .. } | Event::ToolFinished { .. }));
                     act.machine.apply(event, seq, &mut actions);
                 }
+                act.env.steps.fetch_add(steps, std::sync::atomic::Ordering::Relaxed);
                 act.perform(actions, ctx);
                 Ok(Outcome::Committed(committed))
             }
