@@ -147,14 +147,58 @@ async fn page() -> HttpResponse {
 /// Binds `listen` and starts the server (two workers, signals left to `serve`). Returns
 /// the server to await and the addresses it listens on.
 pub fn start(api: Api, listen: &str) -> std::io::Result<(actix_web::dev::Server, Vec<SocketAddr>)> {
-    let server = HttpServer::new(move || App::new().configure(routes(api.clone())))
-        .workers(2)
-        .disable_signals()
-        // Event streams never end by themselves: a stop closes them after this.
-        .shutdown_timeout(1)
-        .bind(listen)?;
+    let server = HttpServer::new(move || {
+        App::new()
+            .wrap(actix_web::middleware::from_fn(token_first))
+            .configure(routes(api.clone()))
+    })
+    .workers(2)
+    .disable_signals()
+    // Event streams never end by themselves: a stop closes them after this.
+    .shutdown_timeout(1)
+    .bind(listen)?;
     let addrs = server.addrs();
     Ok((server.run(), addrs))
+}
+
+/// Checks the token before anything reads the body: a request without a valid token gets
+/// 401, never a 400 or 413 that would tell an anonymous client how its body was judged.
+/// Handlers check again (the session's own rules, X-1); this only turns away early.
+async fn token_first(
+    request: actix_web::dev::ServiceRequest,
+    next: actix_web::middleware::Next<impl actix_web::body::MessageBody + 'static>,
+) -> Result<actix_web::dev::ServiceResponse<actix_web::body::BoxBody>, actix_web::Error> {
+    use actix_web::ResponseError as _;
+    let path = request.path().to_owned();
+    let public = matches!(path.as_str(), "/" | "/health" | "/openapi.json");
+    let allowed = match request.app_data::<web::Data<Api>>() {
+        _ if public => true,
+        None => true,
+        Some(api) => {
+            let token = auth::bearer(request.request());
+            match (token, path.strip_prefix("/v1/sessions/")) {
+                (None, _) => false,
+                // A session's routes: its token or the admin's; a malformed id is left to
+                // the handler (which answers the admin 404 and anyone else 401).
+                (Some(token), Some(rest)) => match rest.split('/').next().map(str::parse) {
+                    Some(Ok(session)) => api.tokens.allows_session(token, session),
+                    _ => true,
+                },
+                (Some(token), None) => {
+                    // Everything else that is a route needs the admin token; an unknown
+                    // path is answered 404 by the handler.
+                    let admin_only =
+                        path == "/v1/sessions" || path == "/metrics" || path.starts_with("/debug/");
+                    !admin_only || api.tokens.is_admin(token)
+                }
+            }
+        }
+    };
+    if allowed {
+        return Ok(next.call(request).await?.map_into_boxed_body());
+    }
+    let response = error::ApiError::unauthorized().error_response();
+    Ok(request.into_response(response))
 }
 
 /// Whether `listen` names only loopback addresses (X-2: anything else needs a token the

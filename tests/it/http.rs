@@ -622,3 +622,33 @@ fn p2_stop_process_over_http() {
         snapshot["processes"][0]["state"] == "stopped"
     });
 }
+
+/// the token is checked before the body is read: an anonymous client gets 401 for a
+/// malformed or oversized body, never a 400 or 413 that judges it.
+#[test]
+fn x2_a_body_without_a_valid_token_is_401_before_it_is_read() {
+    let server = TestServer::new();
+    let session = server.session();
+    let path = format!("/v1/sessions/{}/executions", session.0);
+    let huge = format!("{{\"message\": \"{}\"}}", "x".repeat(300 * 1024));
+    for (token, body) in [
+        (None, "{not json".to_owned()),
+        (Some("wrong"), "{not json".to_owned()),
+        (Some("wrong"), huge.clone()),
+    ] {
+        let (status, reply) = call_raw(&server.url, "POST", &path, token, Some(body));
+        assert_eq!(status, 401, "{reply}");
+        assert_eq!(reply["code"], "unauthorized", "{reply}");
+    }
+    // With the session's token, the same bodies are judged: 400 and 413.
+    let malformed = call_raw(
+        &server.url,
+        "POST",
+        &path,
+        Some(&session.1),
+        Some("{not json".into()),
+    );
+    assert_eq!(malformed.0, 400, "{}", malformed.1);
+    let oversized = call_raw(&server.url, "POST", &path, Some(&session.1), Some(huge));
+    assert_eq!(oversized.0, 413, "{}", oversized.1);
+}
