@@ -274,12 +274,12 @@ impl Runtime {
     }
 
     /// W-5: the pending waits to show with one assistant message of a session.
-    pub fn pending_waits(
+    pub async fn pending_waits(
         &self,
         session: SessionId,
         message: MessageId,
     ) -> Result<Vec<openprogram_actors::snapshot::WaitView>> {
-        self.inner.service.pending_waits(session, message)
+        self.inner.service.pending_waits(session, message).await
     }
 
     /// Resolves once the execution has ended (completed, failed or cancelled).

@@ -471,35 +471,29 @@ impl Service {
         Ok(snapshot)
     }
 
-    /// W-5: the pending waits to show with the assistant message `message_id` of this
-    /// session. Only an execution whose own record names that message as its reply, in
-    /// this session, contributes; nothing is attached on weaker evidence.
-    pub fn pending_waits(
+    /// W-5: the pending waits (durable waits and live questions) to show with the assistant
+    /// message `message_id` of this session. Only the execution whose own record names that
+    /// message as its reply, in this session, contributes; nothing is attached on weaker
+    /// evidence. Reads the session's heads (its executions, by the session index).
+    pub async fn pending_waits(
         &self,
         session_id: SessionId,
         message_id: MessageId,
     ) -> Result<Vec<crate::snapshot::WaitView>> {
-        let mut found = Vec::new();
-        for execution_id in self
-            .env
-            .store
-            .executions_in_state(ExecutionState::Waiting)?
-        {
+        for execution_id in self.env.store.executions_in_session(session_id)? {
             match self.env.store.head(execution_id)? {
                 Some(head)
                     if head.session_id == session_id && head.reply_message_id == message_id => {}
                 _ => continue,
             }
-            let (head, machine) = load(self.env.store.as_ref(), execution_id)?;
-            let snapshot = Snapshot::of(&head, &machine);
-            found.extend(
-                snapshot
-                    .waits
-                    .into_iter()
-                    .filter(|wait| matches!(wait.status, "open" | "submitted")),
-            );
+            let snapshot = self.snapshot(session_id, execution_id).await?;
+            return Ok(snapshot
+                .waits
+                .into_iter()
+                .filter(|wait| matches!(wait.status, "open" | "submitted"))
+                .collect());
         }
-        Ok(found)
+        Ok(Vec::new())
     }
 
     /// The snapshots of a session's executions, oldest first.

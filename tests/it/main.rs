@@ -16,6 +16,7 @@ mod http_cli;
 mod http_debug;
 mod kill9;
 mod processes;
+mod questions;
 mod recovery;
 mod restart_window;
 mod resume;
