@@ -178,6 +178,11 @@ async fn p2_a_finished_reply_with_a_background_process_is_still_in_progress() {
     assert_eq!(done.text, "started it");
     assert_eq!(done.processes[0].state, "running");
     assert_eq!(done.capabilities, vec!["stop_process", "fork", "retry"]);
+    // Its branch is In progress, not History, while the process runs (B-3).
+    let activity = harness.runtime.activity(harness.session).expect("activity");
+    assert!(activity.history.is_empty(), "{activity:#?}");
+    assert_eq!(activity.in_progress.len(), 1);
+    assert_eq!(activity.in_progress[0].label, "Process running");
     let process_id = done.processes[0].process_id;
     let _end = EndOnDrop(Some(recorded_identity(&harness.runtime, process_id)));
     harness
@@ -186,6 +191,12 @@ async fn p2_a_finished_reply_with_a_background_process_is_still_in_progress() {
         .await
         .expect("stop");
     wait_process(&harness, execution, "stopped").await;
+    let activity = harness.runtime.activity(harness.session).expect("activity");
+    assert_eq!(
+        activity.history.len(),
+        1,
+        "once it stopped, the branch has ended"
+    );
 }
 
 /// P-3, R20: after a crash, the processes of the dead incarnation are recorded lost and
