@@ -1,6 +1,7 @@
-//! Branches, Fork and Retry through the command service (B-1..B-5, K-2): the session's
-//! Activity, new child executions that keep the original history, and Cancel reaching an
-//! execution's descendants.
+//! Branches, Fork and Retry through the command service (B-1..B-6, K-2): the session's
+//! Activity, new child executions that keep the original history (independent of it, as
+//! the product document says: Cancel of the original does not reach them), refused forks
+//! recorded on the original, and the session feed with `session_reload`.
 
 use openprogram_storage::{
     CommandRecord, CommandStatus, EffectId, Event, EventEnvelope, ExecutionHead, ExecutionId,
@@ -46,8 +47,10 @@ impl Service {
         retry: bool,
     ) -> Result<CommandReply> {
         let store = self.env().store.as_ref();
-        let parent = self.head_in(session_id, parent_id)?;
+        self.head_in(session_id, parent_id)?;
         self.env().until_recovered().await;
+        // Read after recovery: its claims may have moved the original.
+        let parent = self.head_in(session_id, parent_id)?;
         // The record lives with the child it created (a transition writes only its own
         // execution's commands), so the parent is part of what the id stands for.
         let hash = {
@@ -221,9 +224,17 @@ impl Service {
         for _ in 0..4 {
             let addr = self.env().activate(parent_id)?;
             match addr.send(RecordRefusal(record.clone())).await {
-                Ok(stored) => return stored.map(|stored| CommandReply::of(&stored)),
-                // It parked between activation and delivery: once more.
-                Err(actix::MailboxError::Closed) => continue,
+                Ok(Ok(stored)) => return Ok(CommandReply::of(&stored)),
+                // A concurrent delivery of the same command made the child first (its record
+                // lives with the child): that outcome stands (K-4).
+                Ok(Err(Error::CommandConflict { stored })) if stored.payload_hash == hash => {
+                    return Ok(CommandReply::of(&stored))
+                }
+                // It parked between activation and delivery, or a newer attempt took it
+                // over: once more, through whoever owns it now.
+                Ok(Err(Error::Fenced { .. } | Error::VersionConflict { .. }))
+                | Err(actix::MailboxError::Closed) => continue,
+                Ok(Err(error)) => return Err(error),
                 Err(error) => return Err(Error::Unavailable(error.to_string())),
             }
         }
@@ -259,8 +270,8 @@ impl Service {
     /// B-6: the session's entries after `after_position`, `limit` of them or one more: an
     /// event and its `session_reload` are never split, so a cursor never skips a reload. A
     /// terminal outcome is followed by `session_reload` only once it is committed: the log
-    /// holds nothing else. It reads the global log from the cursor (every session's events)
-    /// in pages, so a long-idle cursor costs a scan of what others wrote since.
+    /// holds nothing else. It reads the global log from the cursor (every session's events),
+    /// at most `PAGES_MAX` pages a call: the caller goes on from `scanned_through`.
     pub fn session_feed(
         &self,
         session_id: SessionId,
@@ -268,12 +279,17 @@ impl Service {
         limit: usize,
     ) -> Result<SessionFeed> {
         const PAGE: usize = 1024;
+        // One call reads at most this many pages of the global log: a quiet session's
+        // reader goes on from `scanned_through` at its next call.
+        const PAGES_MAX: usize = 8;
         let store = self.env().store.as_ref();
         let mut sessions: std::collections::HashMap<ExecutionId, bool> =
             std::collections::HashMap::new();
         let mut entries = Vec::new();
         let mut after = after_position;
-        while entries.len() < limit {
+        let mut pages = 0;
+        while entries.len() < limit && pages < PAGES_MAX {
+            pages += 1;
             let page = store.log_after(after, PAGE)?;
             if page.is_empty() {
                 break;
@@ -286,9 +302,14 @@ impl Service {
                 let mine = match sessions.get(&envelope.execution_id) {
                     Some(mine) => *mine,
                     None => {
-                        let mine = store
-                            .head(envelope.execution_id)?
-                            .is_some_and(|head| head.session_id == session_id);
+                        // A quarantined execution is nobody's: it must not stop the stream.
+                        let mine = match store.head(envelope.execution_id) {
+                            Ok(head) => head.is_some_and(|head| head.session_id == session_id),
+                            Err(error) => {
+                                tracing::warn!(execution_id = %envelope.execution_id, %error, "left out of the session feed");
+                                false
+                            }
+                        };
                         sessions.insert(envelope.execution_id, mine);
                         mine
                     }

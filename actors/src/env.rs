@@ -420,11 +420,12 @@ impl Env {
                 _ => continue,
             }
             tracing::warn!(%execution_id, epoch, "lapsed attempt replaced by a new one");
-            // Once its thread runs again, the old actor stops: its calls waiting for an
-            // answer are told, instead of waiting for a write that would be fenced.
-            old.addr.do_send(Superseded);
             let (head, machine) = load(self.store.as_ref(), execution_id)?;
             self.start_claimed(head, machine, lease);
+            // Once its thread runs again, the old actor stops: its calls waiting for an
+            // answer are told, instead of waiting for a write that would be fenced. After
+            // the new actor is in the directory, so the old one's release removes nothing.
+            old.addr.do_send(Superseded);
             reclaimed.push(execution_id);
         }
         Ok(reclaimed)

@@ -4,7 +4,7 @@
 //! - `execution::actor` — the actor shell around it;
 //! - `agent` — the `Provider` and `Tool` traits and the built-ins of SPEC §6;
 //! - `activity` — the Activity projection of a session's branches, pure (B-1..B-5);
-//! - `branches` — Activity, Fork, Retry and Cancel of descendants in the command service;
+//! - `branches` — Activity, Fork, Retry and the session feed in the command service;
 //! - `attempt_lease` — the lease actor of each running attempt;
 //! - `process` — managed processes: the process actor and its OS side (P-1..P-3);
 //! - `env` — what a runtime's actors share, and the directory of live executions;

@@ -89,7 +89,15 @@ async fn list_actors(api: &Api) -> Vec<ActorView> {
             counters.groups, counters.fsyncs, counters.materializations
         ),
     });
-    match api.runtime.describe_supervisor().await {
+    // Its mailbox is busy for the whole of a startup recovery or a shutdown: bounded.
+    let supervisor = tokio::time::timeout(ACTOR_ANSWER_TIMEOUT, api.runtime.describe_supervisor())
+        .await
+        .unwrap_or_else(|_| {
+            Err(crate::Error::Unavailable(
+                "busy (recovery or shutdown)".into(),
+            ))
+        });
+    match supervisor {
         Ok(summary) => actors.push(view(summary)),
         Err(error) => actors.push(unanswered(
             "supervisor",
@@ -97,24 +105,32 @@ async fn list_actors(api: &Api) -> Vec<ActorView> {
             error.to_string(),
         )),
     }
-    for addr in env.directory.all() {
-        match addr
+    // Asked all at once: N busy actors cost one timeout, not N.
+    let asked = futures::future::join_all(env.directory.all().into_iter().map(|addr| async move {
+        let described = addr
             .send(DescribeExecution)
             .timeout(ACTOR_ANSWER_TIMEOUT)
-            .await
-        {
-            Ok((summary, lease)) => {
+            .await;
+        let lease = match &described {
+            Ok((_, Some(lease))) => Some(lease.send(Describe).timeout(ACTOR_ANSWER_TIMEOUT).await),
+            _ => None,
+        };
+        (described, lease)
+    }))
+    .await;
+    for (described, lease) in asked {
+        match described {
+            Ok((summary, _)) => {
                 let execution = summary.id.clone();
                 actors.push(view(summary));
-                if let Some(lease) = lease {
-                    match lease.send(Describe).timeout(ACTOR_ANSWER_TIMEOUT).await {
-                        Ok(summary) => actors.push(view(summary)),
-                        Err(error) => actors.push(unanswered(
-                            "attempt_lease",
-                            format!("lease of {execution}"),
-                            error.to_string(),
-                        )),
-                    }
+                match lease {
+                    Some(Ok(summary)) => actors.push(view(summary)),
+                    Some(Err(error)) => actors.push(unanswered(
+                        "attempt_lease",
+                        format!("lease of {execution}"),
+                        error.to_string(),
+                    )),
+                    None => {}
                 }
             }
             // Busy past the timeout, or stopped meanwhile (parked).

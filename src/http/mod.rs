@@ -178,11 +178,12 @@ async fn token_first(
             let token = auth::bearer(request.request());
             match (token, path.strip_prefix("/v1/sessions/")) {
                 (None, _) => false,
-                // A session's routes: its token or the admin's; a malformed id is left to
-                // the handler (which answers the admin 404 and anyone else 401).
+                // A session's routes: its token or the admin's. A segment that is not a
+                // session id as written (malformed, percent-encoded, `..`) reaches only the
+                // admin (whose handler then answers 404).
                 (Some(token), Some(rest)) => match rest.split('/').next().map(str::parse) {
                     Some(Ok(session)) => api.tokens.allows_session(token, session),
-                    _ => true,
+                    _ => api.tokens.is_admin(token),
                 },
                 (Some(token), None) => {
                     // Everything else that is a route needs the admin token; an unknown

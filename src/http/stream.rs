@@ -221,6 +221,13 @@ impl SessionStream {
                         let data = serde_json::to_value(entry).unwrap_or_default();
                         self.queued.push_back(frame(id, kind, &data));
                     }
+                    if entries.is_empty() && moved {
+                        // Nothing of this session, but the log was read further: tell the
+                        // client, so a reconnect does not read those events again.
+                        let data = json!({"position": self.cursor});
+                        self.queued
+                            .push_back(frame(Some(self.cursor), Some("cursor"), &data));
+                    }
                     if !entries.is_empty() || moved {
                         continue;
                     }

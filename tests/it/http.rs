@@ -640,6 +640,19 @@ fn x2_a_body_without_a_valid_token_is_401_before_it_is_read() {
         assert_eq!(status, 401, "{reply}");
         assert_eq!(reply["code"], "unauthorized", "{reply}");
     }
+    // A session segment that is not an id as written (malformed, percent-encoded) reaches
+    // only the admin: the router would decode what the check did not.
+    let encoded = path.replacen("ses_", "%73es_", 1);
+    for odd in ["/v1/sessions/not-a-session/executions", encoded.as_str()] {
+        let (status, reply) = call_raw(
+            &server.url,
+            "POST",
+            odd,
+            Some(&session.1),
+            Some("{not json".into()),
+        );
+        assert_eq!(status, 401, "{odd}: {reply}");
+    }
     // With the session's token, the same bodies are judged: 400 and 413.
     let malformed = call_raw(
         &server.url,

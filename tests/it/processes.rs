@@ -262,12 +262,21 @@ async fn p3_r20_processes_of_a_dead_incarnation_are_lost_and_never_signalled() {
 }
 
 async fn forge_record(runtime: &Runtime, execution: ExecutionId, of: OsIdentity) -> ProcessId {
+    forge_record_of(runtime, execution, of, OwnerId::new()).await
+}
+
+async fn forge_record_of(
+    runtime: &Runtime,
+    execution: ExecutionId,
+    of: OsIdentity,
+    owner_id: OwnerId,
+) -> ProcessId {
     let process_id = ProcessId::new();
     let record = ProcessRecord {
         process_id,
         execution_id: execution,
         attempt_id: openprogram::storage::AttemptId::new(),
-        owner_id: OwnerId::new(),
+        owner_id,
         program: "sleep".into(),
         args: vec!["30".into()],
         os_pid: Some(of.pid),
@@ -333,4 +342,42 @@ async fn p3_a_process_left_by_a_killed_serve_is_lost_and_never_signalled() {
     assert_eq!(done.processes[0].state, "lost");
     runtime.halt();
     os::signal_verified(identity, StopSignal::Kill).expect("end the orphan");
+}
+
+/// P-1: a process this runtime records running but holds no actor for (its end could not be
+/// recorded) is recorded `lost` by `stop_process`, even on a parked execution, and nothing
+/// is signalled: the record's pid belongs to a stranger here.
+#[tokio::test]
+async fn p1_stop_process_without_an_actor_records_it_lost_and_signals_nothing() {
+    let harness = Harness::new();
+    let execution = harness.start(vec![reply("done")], None).await;
+    harness.wait_for_state(execution, "completed").await;
+    let mut stranger = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .expect("spawn sleep");
+    let identity = os::identity_of(stranger.id()).expect("identity");
+    let owner = harness.runtime.store().incarnation().owner_id;
+    let process_id = forge_record_of(&harness.runtime, execution, identity, owner).await;
+    let stop = harness
+        .runtime
+        .command(harness.session, execution, stop_request(process_id))
+        .await
+        .expect("stop");
+    assert_eq!(stop.status, "applied", "{stop:?}");
+    wait_process(&harness, execution, "lost").await;
+    let record = harness
+        .runtime
+        .store()
+        .process(process_id)
+        .expect("read")
+        .expect("record");
+    assert_eq!(record.state, ProcessState::Lost);
+    assert_eq!(
+        stranger.try_wait().expect("try_wait"),
+        None,
+        "the stranger was signalled"
+    );
+    stranger.kill().expect("kill the stranger");
+    stranger.wait().expect("reap the stranger");
 }

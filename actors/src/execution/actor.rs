@@ -61,6 +61,9 @@ pub struct ExecutionActor {
     pub(super) inherited_pending: Vec<openprogram_storage::CommandId>,
     /// Calls waiting for the outcome of their live question (W-4), by wait id.
     pub(super) live_askers: HashMap<WaitId, oneshot::Sender<LiveOutcome>>,
+    /// Processes to record `lost` (a `stop_process` found no actor): the actor stays until
+    /// they are recorded.
+    pub(super) recording_lost: usize,
 }
 
 impl std::fmt::Debug for ExecutionActor {
@@ -125,6 +128,7 @@ impl ExecutionActor {
             lease_actor: None,
             handled: 0,
             live_askers: HashMap::new(),
+            recording_lost: 0,
         }
     }
 
@@ -374,7 +378,8 @@ impl ExecutionActor {
         );
         // Commands inherited from a dead attempt are decided first (`DecideInherited`).
         let inherited = !self.inherited_pending.is_empty();
-        if self.in_flight.is_none() && !self.reconciling && !inherited && !runs {
+        let recording = self.recording_lost > 0;
+        if self.in_flight.is_none() && !self.reconciling && !inherited && !runs && !recording {
             self.release(ctx);
         }
     }

@@ -99,7 +99,7 @@ pub struct ProcessProgress {
 impl Handler<ProcessProgress> for ExecutionActor {
     type Result = AtomicResponse<Self, Result<(), Error>>;
 
-    fn handle(&mut self, progress: ProcessProgress, _ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, progress: ProcessProgress, ctx: &mut Context<Self>) -> Self::Result {
         let _span = self.span.clone().entered();
         self.handled += 1;
         let process_id = progress.record.process_id;
@@ -107,7 +107,9 @@ impl Handler<ProcessProgress> for ExecutionActor {
             process.process_id == process_id && process.state == ProcessState::Running
         });
         if !running {
-            // Its end is recorded already: a late report of its output changes nothing.
+            // Its end is recorded already: a late report of its output changes nothing. An
+            // execution activated only for it releases again.
+            self.park_if_idle(ctx);
             return AtomicResponse::new(Box::pin(fut::ready(Ok(()))));
         }
         let mut events = Vec::new();
@@ -124,6 +126,7 @@ impl Handler<ProcessProgress> for ExecutionActor {
             });
         }
         if events.is_empty() {
+            self.park_if_idle(ctx);
             return AtomicResponse::new(Box::pin(fut::ready(Ok(()))));
         }
         let upserts = vec![
@@ -147,7 +150,10 @@ impl ExecutionActor {
     pub(super) fn stop_process(&mut self, process_id: ProcessId, ctx: &mut Context<Self>) {
         match self.env.processes.get(process_id) {
             Some(addr) => addr.do_send(Stop),
-            None => ctx.notify(RecordLost(process_id)),
+            None => {
+                self.recording_lost += 1;
+                ctx.notify(RecordLost(process_id));
+            }
         }
     }
 }
@@ -163,11 +169,20 @@ impl Handler<RecordLost> for ExecutionActor {
     fn handle(
         &mut self,
         RecordLost(process_id): RecordLost,
-        _ctx: &mut Context<Self>,
+        ctx: &mut Context<Self>,
     ) -> Self::Result {
+        if ctx.waiting() {
+            // As for `Advance`: never commit while another commit is pending.
+            ctx.notify(RecordLost(process_id));
+            return AtomicResponse::new(Box::pin(fut::ready(())));
+        }
+        self.recording_lost = self.recording_lost.saturating_sub(1);
         let record = match self.env.store.process(process_id) {
             Ok(Some(record)) if record.state == ProcessState::Running => record,
-            _ => return AtomicResponse::new(Box::pin(fut::ready(()))),
+            _ => {
+                self.park_if_idle(ctx);
+                return AtomicResponse::new(Box::pin(fut::ready(())));
+            }
         };
         tracing::warn!(execution_id = %self.execution_id, %process_id, "a running process has no actor; recorded lost");
         let events = vec![Event::ProcessChanged {
