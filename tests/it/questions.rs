@@ -14,7 +14,7 @@ use openprogram::{Runtime, StartRequest};
 use serde_json::{json, Value};
 
 use crate::support::*;
-use crate::waits::{answer_request, send, wait_until};
+use crate::waits::{answer, answer_request, send, wait_until};
 
 /// Asks the questions of its `questions` argument at the same time and returns their
 /// outcomes in order, as JSON.
@@ -107,31 +107,12 @@ async fn w4_a_live_question_returns_its_answer_to_the_asking_call_once() {
         "a live question is not a checkpointed wait"
     );
     assert!(running.capabilities.contains(&"answer"));
-    let (runtime, session) = (&harness.runtime, harness.session);
     let command_id = CommandId::new();
-    let first = send(
-        runtime,
-        session,
-        execution,
-        answer_request(command_id, Some(wait_id), "main"),
-    )
-    .await;
+    let first = answer(&harness, execution, command_id, wait_id, "main").await;
     assert_eq!(first.status, "applied", "{first:?}");
-    let retried = send(
-        runtime,
-        session,
-        execution,
-        answer_request(command_id, Some(wait_id), "main"),
-    )
-    .await;
+    let retried = answer(&harness, execution, command_id, wait_id, "main").await;
     assert_eq!(retried, first, "a same-id retry returns the stored outcome");
-    let other = send(
-        runtime,
-        session,
-        execution,
-        answer_request(CommandId::new(), Some(wait_id), "dev"),
-    )
-    .await;
+    let other = answer(&harness, execution, CommandId::new(), wait_id, "dev").await;
     assert_eq!(other.status, "rejected", "{other:?}");
     harness.wait_for_state(execution, "completed").await;
     let events = harness.events(execution);
@@ -185,17 +166,10 @@ async fn w4_concurrent_askers_receive_only_their_own_answers() {
     let two = harness
         .start(vec![asker(&["c?"]), reply("two")], None)
         .await;
-    let (runtime, session) = (&harness.runtime, harness.session);
     for (execution, count) in [(one, 2), (two, 1)] {
         for (prompt, wait_id) in open_questions(&harness, execution, count).await {
-            let answer = format!("to {prompt}");
-            let reply = send(
-                runtime,
-                session,
-                execution,
-                answer_request(CommandId::new(), Some(wait_id), &answer),
-            )
-            .await;
+            let text = format!("to {prompt}");
+            let reply = answer(&harness, execution, CommandId::new(), wait_id, &text).await;
             assert_eq!(reply.status, "applied");
         }
     }
@@ -253,14 +227,8 @@ async fn w4_cancel_invalidates_a_live_question() {
     assert_eq!(cancelled.status, "applied");
     let done = harness.wait_for_state(execution, "cancelled").await;
     assert_eq!(done.waits[0].status, "invalidated");
-    let (runtime, session) = (&harness.runtime, harness.session);
-    let late = send(
-        runtime,
-        session,
-        execution,
-        answer_request(CommandId::new(), Some(wait_id), "yes"),
-    )
-    .await;
+    let runtime = &harness.runtime;
+    let late = answer(&harness, execution, CommandId::new(), wait_id, "yes").await;
     assert_eq!(late.status, "rejected");
     let record = runtime
         .store()

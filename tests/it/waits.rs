@@ -22,6 +22,18 @@ fn append(path: &std::path::Path, line: &str) -> Value {
     json!({"tool": "append", "args": {"path": path, "line": line}})
 }
 
+/// `answer` with `text` to `wait_id` under `command_id`, through the harness's session.
+pub(crate) async fn answer(
+    harness: &Harness,
+    execution: ExecutionId,
+    command_id: CommandId,
+    wait_id: WaitId,
+    text: &str,
+) -> CommandReply {
+    let request = answer_request(command_id, Some(wait_id), text);
+    send(&harness.runtime, harness.session, execution, request).await
+}
+
 pub(crate) fn answer_request(
     command_id: CommandId,
     wait_id: Option<WaitId>,
@@ -99,33 +111,15 @@ async fn w2_an_answer_retried_with_the_same_command_id_runs_the_operation_once()
     let waiting = harness.wait_for_state(execution, "waiting").await;
     let wait_id = waiting.waits[0].wait_id;
     let command_id = CommandId::new();
-    let (runtime, session) = (&harness.runtime, harness.session);
-    let first = send(
-        runtime,
-        session,
-        execution,
-        answer_request(command_id, Some(wait_id), "yes"),
-    )
-    .await;
+    let runtime = &harness.runtime;
+    let first = answer(&harness, execution, command_id, wait_id, "yes").await;
     assert_eq!(first.status, "applied", "{first:?}");
     // An unknown delivery retried: the stored outcome, nothing runs twice.
-    let retried = send(
-        runtime,
-        session,
-        execution,
-        answer_request(command_id, Some(wait_id), "yes"),
-    )
-    .await;
+    let retried = answer(&harness, execution, command_id, wait_id, "yes").await;
     assert_eq!(retried, first);
     harness.wait_for_state(execution, "completed").await;
     // A new answer to the resolved wait is refused and approves nothing.
-    let late = send(
-        runtime,
-        session,
-        execution,
-        answer_request(CommandId::new(), Some(wait_id), "yes"),
-    )
-    .await;
+    let late = answer(&harness, execution, CommandId::new(), wait_id, "yes").await;
     assert_eq!(late.status, "rejected", "{late:?}");
     let done = harness.snapshot(execution).await;
     assert_eq!(done.waits[0].status, "answered");
