@@ -9,14 +9,14 @@
 //! and says how to install them: it never skips.
 
 use std::fs::File;
-use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use crate::http::call_raw;
+use crate::http_cli::Serve;
 use crate::support::DEADLINE;
 
 const ADMIN: &str = "browser-test-admin-token";
@@ -25,62 +25,14 @@ const ADMIN: &str = "browser-test-admin-token";
 /// timeouts, 20 s each).
 const BROWSER_DEADLINE: Duration = Duration::from_secs(180);
 
-/// A running `openprogram serve`; SIGTERM by pid and reaped on drop, also when the test
-/// fails.
-struct Serve {
-    child: Child,
-    url: String,
+/// What the test asks of the server, over HTTP.
+trait Client {
+    fn call(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> (u16, Value);
+    fn start_execution(&self, session: &str, token: &str, message: &str, script: Value) -> String;
+    fn wait_for_state(&self, session: &str, token: &str, execution: &str, state: &str) -> Value;
 }
 
-impl Serve {
-    fn start(data: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_openprogram"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--token",
-                ADMIN,
-                "--data",
-            ])
-            .arg(data)
-            .env_remove("OPENPROGRAM_TOKEN")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn openprogram serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        let read = BufReader::new(stdout).read_line(&mut line);
-        let serve = Self {
-            child,
-            url: line.trim().to_string(),
-        };
-        read.expect("the listen URL");
-        assert!(
-            serve.url.starts_with("http://127.0.0.1:"),
-            "{:?}",
-            serve.url
-        );
-        serve
-    }
-
-    /// SIGTERM, then the exit status (R-7: an orderly stop).
-    fn stop(mut self) -> std::process::ExitStatus {
-        sigterm(&self.child);
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "serve did not stop after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
+impl Client for Serve {
     fn call(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> (u16, Value) {
         call_raw(
             &self.url,
@@ -114,22 +66,6 @@ impl Serve {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            sigterm(&self.child);
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// SIGTERM by pid: the child this test started.
-fn sigterm(child: &Child) {
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
 }
 
 fn browser_dir() -> PathBuf {
@@ -199,7 +135,7 @@ fn b6_a_person_approves_a_waiting_execution_in_the_page_and_history_counts_it() 
     let chromium = prerequisites();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    let serve = Serve::start(&data);
+    let serve = Serve::start(&data, &["--token", ADMIN]);
     let (status, session) = serve.call("POST", "/v1/sessions", ADMIN, None);
     assert_eq!(status, 201, "{session}");
     let sid = session["session_id"].as_str().expect("session id");

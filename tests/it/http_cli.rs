@@ -15,13 +15,13 @@ use crate::http::call_raw;
 use crate::support::DEADLINE;
 
 /// A running `openprogram serve`; SIGTERM by pid and reaped on drop.
-struct Serve {
+pub(crate) struct Serve {
     child: Child,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Serve {
-    fn start(data: &Path, extra: &[&str]) -> Self {
+    pub(crate) fn start(data: &Path, extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_openprogram"))
             .args(["serve", "--listen", "127.0.0.1:0", "--data"])
             .arg(data)
@@ -42,7 +42,7 @@ impl Serve {
     }
 
     /// SIGTERM (by pid: the child this test started), then its exit status.
-    fn stop(mut self) -> std::process::ExitStatus {
+    pub(crate) fn stop(mut self) -> std::process::ExitStatus {
         sigterm(&self.child);
         let deadline = Instant::now() + DEADLINE;
         loop {
