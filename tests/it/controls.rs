@@ -145,6 +145,34 @@ async fn k5_cancel_during_sleep_ends_it_promptly_and_nothing_runs_after() {
 }
 
 #[tokio::test]
+async fn k1_a_command_is_saved_accepted_then_decided_in_one_transition() {
+    let harness = Harness::new();
+    // A long sleep: no transition of the execution's own comes during the command.
+    let execution = harness
+        .start(vec![sleep(60_000), reply("done")], None)
+        .await;
+    harness.wait_for_sleep(execution).await;
+    let before = harness.snapshot(execution).await.version;
+    let steered = harness.command(execution, "steer", Some("later")).await;
+    assert_eq!(steered.status, "applied");
+    assert_eq!(steered.version, before + 1, "one transition: {steered:?}");
+    assert_eq!(harness.snapshot(execution).await.version, before + 1);
+    let events = harness.events(execution);
+    let accepted = events
+        .iter()
+        .position(|e| matches!(&e.event, Event::ControlAccepted { command_id, .. } if *command_id == steered.command_id))
+        .expect("saved as accepted");
+    assert!(
+        matches!(&events[accepted + 1].event, Event::ControlApplied { command_id, .. } if *command_id == steered.command_id),
+        "the decision follows the acceptance: {:?}",
+        events[accepted + 1].event
+    );
+    let cancelled = harness.command(execution, "cancel", None).await;
+    assert_eq!(cancelled.status, "applied");
+    harness.wait_for_state(execution, "cancelled").await;
+}
+
+#[tokio::test]
 async fn k4_duplicate_command_id_applies_once_and_other_payload_conflicts() {
     let harness = Harness::new();
     let execution = harness.start(vec![sleep(300), reply("done")], None).await;

@@ -10,14 +10,33 @@ use crate::error::Error;
 use crate::execution::actor::ExecutionActor;
 use crate::execution::machine::Input;
 
+/// Whether the transition that decides a command also saves it as accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Saved {
+    /// An earlier transition saved it (`ControlAccepted`): an inherited command, or one
+    /// accepted just before a crash.
+    Already,
+    /// A new command: `ControlAccepted` and the decision are one transition, so a command is
+    /// never durably applied without being saved first in the log, and costs one commit.
+    WithDecision,
+}
+
 impl ExecutionActor {
-    /// Decides an accepted command and records `applied` or `rejected` with its effect.
+    /// Decides a command and records `applied` or `rejected` with its effect; with
+    /// `Saved::WithDecision`, in the same transition that saves it as accepted (K-1).
     pub(super) fn decide_command(
         &mut self,
         accepted: CommandRecord,
         control: Control,
+        saved: Saved,
     ) -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
         let command_id = accepted.command_id;
+        let acceptance = (saved == Saved::WithDecision).then(|| Event::ControlAccepted {
+            command_id,
+            control: control.clone(),
+        });
+        let retry_control = control.clone();
+        let retry_accepted = accepted.clone();
         let busy = self.in_flight.is_some();
         let (events, mut record) = match self.machine.decide(
             Input::Control {
@@ -69,31 +88,44 @@ impl ExecutionActor {
             };
             events.insert(0, started);
         }
+        if let Some(acceptance) = acceptance {
+            events.insert(0, acceptance);
+        }
         record.result_version = Some(self.head.version + 1);
         let upsert = Upsert::Command(record.clone());
-        Box::pin(
-            self.submit(events, vec![upsert])
-                .map(move |outcome, act, ctx| {
-                    let decided = match outcome {
-                        Ok(Outcome::Committed(_)) => Ok(record),
-                        // Decided meanwhile by a newer attempt (K-6): its stored outcome stands.
-                        Ok(Outcome::DuplicateCommand { stored }) => Ok(stored),
-                        Ok(Outcome::CommandConflict { stored }) => Err(Error::CommandConflict {
-                            stored: Box::new(stored),
-                        }),
-                        Ok(other) => Err(Error::Internal(format!("unexpected outcome {other:?}"))),
-                        Err(error) => Err(error),
-                    };
-                    match &decided {
-                        Ok(_) if claims && act.epoch.is_some() && act.lease_actor.is_none() => {
-                            act.hold_lease(ctx)
+        Box::pin(self.submit(events, vec![upsert]).then(
+            move |outcome, act, ctx| -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
+                let decided = match outcome {
+                    Ok(Outcome::Committed(_)) => Ok(record),
+                    // Saved as accepted meanwhile by another attempt that died before
+                    // deciding it: decide it now.
+                    Ok(Outcome::DuplicateCommand { stored })
+                        if stored.status == CommandStatus::Accepted
+                            && saved == Saved::WithDecision =>
+                    {
+                        if claims {
+                            act.epoch = None;
                         }
-                        Err(_) if claims => act.epoch = None,
-                        _ => {}
+                        return act.decide_command(retry_accepted, retry_control, Saved::Already);
                     }
-                    decided
-                }),
-        )
+                    // Decided meanwhile by a newer attempt (K-6): its stored outcome stands.
+                    Ok(Outcome::DuplicateCommand { stored }) => Ok(stored),
+                    Ok(Outcome::CommandConflict { stored }) => Err(Error::CommandConflict {
+                        stored: Box::new(stored),
+                    }),
+                    Ok(other) => Err(Error::Internal(format!("unexpected outcome {other:?}"))),
+                    Err(error) => Err(error),
+                };
+                match &decided {
+                    Ok(_) if claims && act.epoch.is_some() && act.lease_actor.is_none() => {
+                        act.hold_lease(ctx)
+                    }
+                    Err(_) if claims => act.epoch = None,
+                    _ => {}
+                }
+                Box::pin(fut::ready(decided))
+            },
+        ))
     }
 
     /// Records a command refused before it was accepted (a stale `expected_version`), so
@@ -155,9 +187,10 @@ pub fn payload_hash_of(
     *blake3::hash(canonical.to_string().as_bytes()).as_bytes()
 }
 
-/// A control command from the command service (K-1): the execution saves it as accepted,
-/// then decides it and records `applied` or `rejected` with its effect — two transitions,
-/// in mailbox order, so no other write of this execution comes between them.
+/// A control command from the command service (K-1): the execution saves it as accepted
+/// (`ControlAccepted`) and records the decision, `applied` or `rejected` with its effect,
+/// after it in the same transition: one durable commit, and no other write of this
+/// execution between them.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<CommandRecord, Error>")]
 pub struct ApplyControl {
@@ -246,7 +279,10 @@ impl ExecutionActor {
                 && stored.execution_id == accepted.execution_id
         );
         if accepted_before {
-            return Box::pin(self.decide_command(accepted, control).map(parked_after));
+            return Box::pin(
+                self.decide_command(accepted, control, Saved::Already)
+                    .map(parked_after),
+            );
         }
         if let Some(expected) = expected_version.filter(|expected| *expected != self.head.version) {
             let reason = format!(
@@ -255,38 +291,10 @@ impl ExecutionActor {
             );
             return Box::pin(self.refuse_command(accepted, reason).map(parked_after));
         }
-        let event = Event::ControlAccepted {
-            command_id,
-            control: control.clone(),
-        };
-        let saved = self.submit(vec![event], vec![Upsert::Command(accepted.clone())]);
-        Box::pin(saved.then(
-            move |outcome, act, _ctx| -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
-                match outcome {
-                    Ok(Outcome::Committed(_)) => {
-                        Box::pin(act.decide_command(accepted, control).map(parked_after))
-                    }
-                    Ok(Outcome::DuplicateCommand { stored })
-                        if stored.status != CommandStatus::Accepted =>
-                    {
-                        Box::pin(ActorFutureExt::map(fut::ready(Ok(stored)), parked_after))
-                    }
-                    // Accepted before (a crash came between) and never decided: decide now.
-                    Ok(Outcome::DuplicateCommand { .. }) => {
-                        Box::pin(act.decide_command(accepted, control).map(parked_after))
-                    }
-                    Ok(Outcome::CommandConflict { stored }) => {
-                        Box::pin(fut::ready(Err(Error::CommandConflict {
-                            stored: Box::new(stored),
-                        })))
-                    }
-                    Ok(other) => Box::pin(fut::ready(Err(Error::Internal(format!(
-                        "unexpected outcome {other:?}"
-                    ))))),
-                    Err(error) => Box::pin(fut::ready(Err(error))),
-                }
-            },
-        ))
+        Box::pin(
+            self.decide_command(accepted, control, Saved::WithDecision)
+                .map(parked_after),
+        )
     }
 }
 

@@ -52,7 +52,7 @@ impl ExecutionActor {
                 _ => continue, // decided meanwhile, or unreadable: nothing to decide here
             }
         };
-        Some(Box::pin(self.decide_command(accepted, control).map(
+        Some(Box::pin(self.decide_command(accepted, control, super::commands::Saved::Already).map(
             |decided, act, ctx| match decided {
                 Ok(_) => {
                     ctx.notify(DecideInherited);
