@@ -160,9 +160,10 @@ impl ExecutionActor {
             }
             preview.apply(event, seq, &mut ignored);
             if let Event::CheckpointPublished { .. } = event {
+                // Its `next_action` is set below, once the whole transition is folded.
                 head.checkpoint = Some(Checkpoint {
                     seq,
-                    next_action: preview.next_action(),
+                    next_action: String::new(),
                 });
             }
             if let Some(receipt) = self.receipt_of(event) {
@@ -430,7 +431,7 @@ impl ExecutionActor {
                     effect_id,
                     attempt_id: self.lease.attempt_id,
                     owner_id: self.env.owner,
-                    args: pending.args,
+                    args: Arc::unwrap_or_clone(pending.args),
                     handle: CallHandle::new(effect_id, ctx.address()),
                 };
                 (tool.recovery(), tool.call(call))

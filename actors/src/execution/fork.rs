@@ -111,7 +111,7 @@ pub fn fork_state(events: &[EventEnvelope], checkpoint_seq: u64, fresh: EffectId
         next_tool: machine.pending_tool.map(|pending| ForkedTool {
             effect_id: fresh,
             tool: pending.tool,
-            args: pending.args,
+            args: std::sync::Arc::unwrap_or_clone(pending.args),
         }),
     }
 }
@@ -131,7 +131,7 @@ impl Machine {
         self.pending_tool = state.next_tool.map(|next| PendingTool {
             effect_id: next.effect_id,
             tool: next.tool,
-            args: next.args,
+            args: next.args.into(),
             dispatched: false,
             uncertain: false,
             dispatched_by: None,

@@ -503,7 +503,7 @@ impl Machine {
                         self.pending_tool = Some(PendingTool {
                             effect_id: tool_effect(*effect_id),
                             tool: tool.clone(),
-                            args: args.clone(),
+                            args: args.clone().into(),
                             dispatched: false,
                             uncertain: false,
                             dispatched_by: None,
@@ -618,21 +618,46 @@ impl Machine {
     /// The checkpoint's next action, as JSON text for the execution head (E-3).
     pub fn next_action(&self) -> String {
         let next = match (&self.pending_tool, self.status()) {
-            (_, status) if status.is_terminal() => serde_json::json!({"next": "none"}),
-            (_, Status::Waiting) => match self.waits.iter().find(|wait| wait.status.is_pending()) {
-                Some(wait) => {
-                    serde_json::json!({"next": "wait", "wait_id": wait.wait_id.to_string()})
-                }
-                None => serde_json::json!({"next": "wait"}),
+            (_, status) if status.is_terminal() => NextAction::None,
+            (_, Status::Waiting) => NextAction::Wait {
+                wait_id: self
+                    .waits
+                    .iter()
+                    .find(|wait| wait.status.is_pending())
+                    .map(|wait| wait.wait_id),
             },
-            (Some(pending), _) => serde_json::json!({
-                "next": "tool", "effect_id": pending.effect_id.to_string(),
-                "tool": pending.tool, "args": pending.args,
-            }),
-            (None, _) => serde_json::json!({"next": "model", "iterations": self.iterations}),
+            (Some(pending), _) => NextAction::Tool {
+                effect_id: pending.effect_id,
+                tool: &pending.tool,
+                args: &pending.args,
+            },
+            (None, _) => NextAction::Model {
+                iterations: self.iterations,
+            },
         };
-        next.to_string()
+        // Serializing ids, strings and a JSON value cannot fail.
+        serde_json::to_string(&next).unwrap_or_default()
     }
+}
+
+/// The checkpoint's next action, as JSON text (`{"next": "tool", ...}`): serialized from
+/// borrowed parts, as it is on every transition.
+#[derive(serde::Serialize)]
+#[serde(tag = "next", rename_all = "lowercase")]
+enum NextAction<'a> {
+    None,
+    Wait {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        wait_id: Option<openprogram_storage::WaitId>,
+    },
+    Tool {
+        effect_id: EffectId,
+        tool: &'a str,
+        args: &'a serde_json::Value,
+    },
+    Model {
+        iterations: u32,
+    },
 }
 
 /// The pause reason of the cooperative pause owned by restart recovery: only a

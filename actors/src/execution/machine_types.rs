@@ -73,7 +73,8 @@ pub enum Turn {
 pub struct PendingTool {
     pub effect_id: EffectId,
     pub tool: String,
-    pub args: serde_json::Value,
+    /// Shared: the pending tool is copied into every transition's preview.
+    pub args: std::sync::Arc<serde_json::Value>,
     /// A `ToolDispatched` event was committed for it.
     pub dispatched: bool,
     /// It was dispatched by an earlier attempt and has no outcome: it may or may not have

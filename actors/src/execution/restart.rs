@@ -91,7 +91,7 @@ impl ExecutionActor {
             effect_id: unresolved.effect_id,
             attempt_id: self.lease.attempt_id,
             owner_id: self.env.owner,
-            args: unresolved.args,
+            args: std::sync::Arc::unwrap_or_clone(unresolved.args),
             handle: CallHandle::detached(unresolved.effect_id),
         };
         self.reconciling = true;
