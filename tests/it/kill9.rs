@@ -212,8 +212,8 @@ async fn r02_kill9_loop_delivers_every_effect_exactly_once_with_the_original_ids
 }
 
 /// R11: startups crash in the middle of their recovery (killed a few ms after the store
-/// is open, the supervisor claiming behind it; the delay grows until a kill lands inside a
-/// recovery, twice); then a startup runs to the end. A crashed recovery dispatched nothing
+/// is open, the supervisor claiming behind it; the delay grows by a quarter until a kill
+/// lands inside a recovery, twice); then a startup runs to the end. A crashed recovery dispatched nothing
 /// (the sink is unchanged: claims come before any step), no effect is delivered twice, and
 /// every execution completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,8 +262,14 @@ async fn r11_repeated_startup_with_crashes_during_recovery_dispatches_nothing_tw
                 "a recovery that did not finish dispatched something"
             );
         }
+        let inside = claimed > 0 && claimed < left;
         crashes.push((left, claimed, delay_ms));
-        delay_ms *= 2;
+        // Small steps, so the delay cannot jump over a recovery of a few tens of ms (one that
+        // runs to the end leaves no abandoned execution to crash in); a delay that landed
+        // inside one is kept for the second.
+        if !inside {
+            delay_ms += (delay_ms / 4).max(1);
+        }
     }
     let reconciled = assert_all_completed_exactly_once(&restarts, &sink, &started, 1).await;
     eprintln!("r11: crashed startups (left to recover, claimed, kill after ms) {crashes:?}, {reconciled} reconciled");
