@@ -105,8 +105,9 @@ pub struct AttemptLease {
 }
 
 /// The next action, published after every provider decision and tool result (E-3).
-/// `next_action` is JSON text owned by the execution state machine; large content belongs
-/// in a blob referenced from it, because the head is rewritten on every transition.
+/// `next_action` is JSON text owned by the execution state machine that names the action;
+/// its content (a tool call's arguments, a model's text) stays in the events up to `seq`,
+/// because the head is written again with every transition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpoint {
     /// The seq of the event that published it.

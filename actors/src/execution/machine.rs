@@ -629,7 +629,6 @@ impl Machine {
             (Some(pending), _) => NextAction::Tool {
                 effect_id: pending.effect_id,
                 tool: &pending.tool,
-                args: &pending.args,
             },
             (None, _) => NextAction::Model {
                 iterations: self.iterations,
@@ -640,8 +639,10 @@ impl Machine {
     }
 }
 
-/// The checkpoint's next action, as JSON text (`{"next": "tool", ...}`): serialized from
-/// borrowed parts, as it is on every transition.
+/// The checkpoint's next action, as JSON text (`{"next": "tool", ...}`), serialized from
+/// borrowed parts on every transition. It names the action; what the action needs (a tool
+/// call's arguments) is in the decision event before the checkpoint, so the head, written
+/// with every transition, does not carry it twice.
 #[derive(serde::Serialize)]
 #[serde(tag = "next", rename_all = "lowercase")]
 enum NextAction<'a> {
@@ -653,7 +654,6 @@ enum NextAction<'a> {
     Tool {
         effect_id: EffectId,
         tool: &'a str,
-        args: &'a serde_json::Value,
     },
     Model {
         iterations: u32,
