@@ -41,8 +41,9 @@ pub struct WaitView {
     pub wait_id: openprogram_storage::WaitId,
     pub kind: &'static str,
     pub prompt: String,
-    /// `open`, `submitted` (an answer accepted, not yet applied), `answered`, `declined`,
-    /// `expired` or `invalidated`.
+    /// `open`, `submitted` (an answer accepted, not yet applied: only in logs written when
+    /// accepting and deciding were two transitions), `answered`, `declined`, `expired` or
+    /// `invalidated`.
     pub status: &'static str,
     pub answer: Option<String>,
     /// What an answer granted: `operation` (this one operation, never more) or

@@ -120,8 +120,9 @@ pub enum Event {
         abandoned_epoch: u64,
         inherited_checkpoint_seq: Option<u64>,
     },
-    /// A control command was saved before its owner decides it (K-1), with its payload, so
-    /// an attempt that resumes after a crash decides it first. Replaces
+    /// A control command was saved (K-1), with its payload; its decision follows in the
+    /// same transition. In logs written before that, it may stand alone (a crash before the
+    /// decision), and the attempt that resumes decides it first. Replaces
     /// `CommandAccepted` for controls.
     ControlAccepted {
         command_id: CommandId,

@@ -173,6 +173,56 @@ async fn k1_a_command_is_saved_accepted_then_decided_in_one_transition() {
 }
 
 #[tokio::test]
+async fn k1_a_refused_command_and_a_claiming_continue_are_each_one_transition() {
+    let harness = Harness::new();
+    let request = openprogram::StartRequest {
+        message: "test".into(),
+        script: vec![echo("a"), reply("done")],
+        start_paused: true,
+        ..Default::default()
+    };
+    let execution = harness
+        .runtime
+        .start_execution(harness.session, request)
+        .await
+        .expect("start")
+        .execution_id;
+    let before = harness.snapshot(execution).await.version;
+    let kinds_after = |events: &[openprogram::storage::EventEnvelope], command_id| {
+        let at = events
+            .iter()
+            .position(|e| matches!(&e.event, Event::ControlAccepted { command_id: id, .. } if *id == command_id))
+            .expect("saved as accepted");
+        events[at..]
+            .iter()
+            .map(|e| e.event.type_name())
+            .collect::<Vec<_>>()
+    };
+    // Pause is not offered while paused: saved and refused together.
+    let refused = harness.command(execution, "pause", None).await;
+    assert_eq!(refused.status, "rejected");
+    assert_eq!(refused.version, before + 1);
+    assert_eq!(
+        kinds_after(&harness.events(execution), refused.command_id),
+        ["command_accepted", "command_rejected"]
+    );
+    // Continue on a parked execution claims an attempt in the same transition.
+    let continued = harness.command(execution, "continue", None).await;
+    assert_eq!(continued.status, "applied");
+    assert_eq!(continued.version, before + 2);
+    harness.wait_for_state(execution, "completed").await;
+    assert_eq!(
+        kinds_after(&harness.events(execution), continued.command_id)[..4],
+        [
+            "command_accepted",
+            "attempt_started",
+            "control_applied",
+            "state_changed"
+        ]
+    );
+}
+
+#[tokio::test]
 async fn k4_duplicate_command_id_applies_once_and_other_payload_conflicts() {
     let harness = Harness::new();
     let execution = harness.start(vec![sleep(300), reply("done")], None).await;

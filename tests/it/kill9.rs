@@ -211,9 +211,9 @@ async fn r02_kill9_loop_delivers_every_effect_exactly_once_with_the_original_ids
     );
 }
 
-/// R11: startups crash in the middle of their recovery (killed a few ms after the store
-/// is open, the supervisor claiming behind it; the delay grows by a quarter until a kill
-/// lands inside a recovery, twice); then a startup runs to the end. A crashed recovery dispatched nothing
+/// R11: startups crash in the middle of their recovery (killed a few ms after the
+/// store is open, the supervisor claiming behind it; the delay grows by a quarter until a
+/// kill lands inside a recovery, twice); then a startup runs to the end. A crashed recovery dispatched nothing
 /// (the sink is unchanged: claims come before any step), no effect is delivered twice, and
 /// every execution completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,6 +241,10 @@ async fn r11_repeated_startup_with_crashes_during_recovery_dispatches_nothing_tw
             let store = Store::open(restarts.dir.path()).expect("store");
             claims(&store, &started)
         };
+        assert!(
+            left > 0,
+            "a startup ran its recovery to the end before two kills landed inside one: {crashes:?}"
+        );
         assert_eq!(claims_before, claims_so_far);
         let delivered_before = sink_lines(&sink);
         let mut child = serve(restarts.dir.path(), Stdio::piped());

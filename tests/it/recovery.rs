@@ -113,8 +113,8 @@ async fn e4_an_external_effect_left_in_flight_becomes_unknown_and_never_runs_aga
     runtime.halt();
 }
 
-/// K-1/K-4: a command saved `accepted` whose worker died before deciding it is decided when
-/// delivered again — checked against the version its client saw when it was accepted, not
+/// K-1/K-4: a command saved `accepted` whose worker died before deciding it (a log written
+/// when accepting and deciding were two transitions) is decided when delivered again — checked against the version its client saw when it was accepted, not
 /// against the version its own acceptance moved the execution to.
 #[tokio::test]
 async fn k4_a_command_accepted_before_a_crash_is_decided_on_redelivery() {

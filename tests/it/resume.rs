@@ -560,7 +560,8 @@ async fn r1_dropping_client_views_never_stops_an_execution() {
 }
 
 /// pending commands stay authoritative. A Pause accepted just before the worker died
-/// (saved `accepted`, never decided) is decided by the resumed attempt before it takes a
+/// (saved `accepted`, never decided: a log written when accepting and deciding were two
+/// transitions) is decided by the resumed attempt before it takes a
 /// step, so the execution pauses instead of running on.
 #[tokio::test]
 async fn r5_a_command_accepted_before_the_crash_is_decided_first_by_the_resumed_attempt() {

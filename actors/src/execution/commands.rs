@@ -35,8 +35,6 @@ impl ExecutionActor {
             command_id,
             control: control.clone(),
         });
-        let retry_control = control.clone();
-        let retry_accepted = accepted.clone();
         let busy = self.in_flight.is_some();
         let (events, mut record) = match self.machine.decide(
             Input::Control {
@@ -93,39 +91,34 @@ impl ExecutionActor {
         }
         record.result_version = Some(self.head.version + 1);
         let upsert = Upsert::Command(record.clone());
-        Box::pin(self.submit(events, vec![upsert]).then(
-            move |outcome, act, ctx| -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
-                let decided = match outcome {
-                    Ok(Outcome::Committed(_)) => Ok(record),
-                    // Saved as accepted meanwhile by another attempt that died before
-                    // deciding it: decide it now.
-                    Ok(Outcome::DuplicateCommand { stored })
-                        if stored.status == CommandStatus::Accepted
-                            && saved == Saved::WithDecision =>
-                    {
-                        if claims {
-                            act.epoch = None;
-                        }
-                        return act.decide_command(retry_accepted, retry_control, Saved::Already);
+        Box::pin(
+            self.submit(events, vec![upsert])
+                .map(move |outcome, act, ctx| {
+                    let (decided, committed) = match outcome {
+                        Ok(Outcome::Committed(_)) => (Ok(record), true),
+                        // Decided meanwhile by a newer attempt (K-6): its stored outcome
+                        // stands, and nothing of this transition (nor its claim) was written.
+                        Ok(Outcome::DuplicateCommand { stored }) => (Ok(stored), false),
+                        Ok(Outcome::CommandConflict { stored }) => (
+                            Err(Error::CommandConflict {
+                                stored: Box::new(stored),
+                            }),
+                            false,
+                        ),
+                        Ok(other) => (
+                            Err(Error::Internal(format!("unexpected outcome {other:?}"))),
+                            false,
+                        ),
+                        Err(error) => (Err(error), false),
+                    };
+                    if claims && !committed {
+                        act.epoch = None;
+                    } else if claims && act.lease_actor.is_none() {
+                        act.hold_lease(ctx);
                     }
-                    // Decided meanwhile by a newer attempt (K-6): its stored outcome stands.
-                    Ok(Outcome::DuplicateCommand { stored }) => Ok(stored),
-                    Ok(Outcome::CommandConflict { stored }) => Err(Error::CommandConflict {
-                        stored: Box::new(stored),
-                    }),
-                    Ok(other) => Err(Error::Internal(format!("unexpected outcome {other:?}"))),
-                    Err(error) => Err(error),
-                };
-                match &decided {
-                    Ok(_) if claims && act.epoch.is_some() && act.lease_actor.is_none() => {
-                        act.hold_lease(ctx)
-                    }
-                    Err(_) if claims => act.epoch = None,
-                    _ => {}
-                }
-                Box::pin(fut::ready(decided))
-            },
-        ))
+                    decided
+                }),
+        )
     }
 
     /// Records a command refused before it was accepted (a stale `expected_version`), so
@@ -270,8 +263,9 @@ impl ExecutionActor {
                 });
             return Box::pin(ActorFutureExt::map(fut::ready(stored), parked_after));
         }
-        // A command accepted before (then the worker died, or a takeover came between) was
-        // checked against the version its client saw when it was accepted: decide it now.
+        // A command accepted before and never decided (a log written when accepting and
+        // deciding were two transitions, and a crash came between) was checked against the
+        // version its client saw when it was accepted: decide it now.
         let accepted_before = matches!(
             self.env.store.command(command_id),
             Ok(Some(stored)) if stored.status == CommandStatus::Accepted

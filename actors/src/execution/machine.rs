@@ -56,8 +56,9 @@ pub struct Machine {
     pub decided_commands: BTreeSet<openprogram_storage::CommandId>,
     /// The owner of the newest attempt.
     pub attempt_owner: Option<OwnerId>,
-    /// Commands accepted and not yet decided, oldest first: only a crash between the two
-    /// leaves any, and the resumed attempt decides them before its next step.
+    /// Commands accepted and not yet decided, oldest first: a command is accepted and
+    /// decided in one transition, so only logs written before that (a crash between their
+    /// two transitions) leave any; the resumed attempt decides them before its next step.
     pub pending_commands: Vec<(openprogram_storage::CommandId, Control)>,
     /// The newest attempt: live questions are bound to it (W-4).
     pub attempt_id: Option<AttemptId>,
@@ -92,7 +93,8 @@ impl Machine {
             checkpoint_seq: self.checkpoint_seq,
             decided_commands: BTreeSet::new(),
             attempt_owner: self.attempt_owner,
-            pending_commands: Vec::new(),
+            // Inherited commands only (rarely any): a rejected answer reopens its wait.
+            pending_commands: self.pending_commands.clone(),
             attempt_id: self.attempt_id,
             parent_message_id: self.parent_message_id,
             // The pending ones: a transition can only change those (or open new ones).
@@ -634,7 +636,7 @@ impl Machine {
                 iterations: self.iterations,
             },
         };
-        // Serializing ids, strings and a JSON value cannot fail.
+        // Serializing ids, strings and numbers cannot fail.
         serde_json::to_string(&next).unwrap_or_default()
     }
 }

@@ -313,12 +313,17 @@ impl Sim {
             _ => Control::Cancel,
         };
         let kind = control.kind();
-        // Controls that move a parked execution claim an attempt in the same transition, as
-        // the actor does; the machine sees AttemptStarted first.
+        // As the actor does: one transition saves the command (`ControlAccepted` first), claims
+        // an attempt if the control moves a parked execution, and records the decision.
         let busy = self.in_flight.is_some();
+        let command_id = CommandId::new();
+        let accepted = Event::ControlAccepted {
+            command_id,
+            control: control.clone(),
+        };
         if let Ok(mut events) = self.machine.decide(
             Input::Control {
-                command_id: CommandId::new(),
+                command_id,
                 control,
             },
             busy,
@@ -357,6 +362,7 @@ impl Sim {
                     },
                 );
             }
+            events.insert(0, accepted);
             self.commit(events, kind);
         }
     }
