@@ -28,7 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::codec::{encode_frame, Frame, LogRecordWriter, RecordValue};
+use crate::codec::{encode_frame, Frame, HeadIdentity, LogRecordWriter, RecordValue};
 use crate::error::{Error, Result};
 use crate::event::EventEnvelope;
 use crate::ids::{CommandId, ExecutionId};
@@ -302,6 +302,10 @@ impl Committer {
                 });
             }
         }
+        // A frame carries the head's identity only when it is new or changes (codec v2).
+        let previous_identity = current
+            .as_ref()
+            .map(|current| HeadIdentity::of(&current.head));
         let (mut next, indexed_state) = match (current, head) {
             (None, None) => return Err(Error::UnknownExecution(execution_id)),
             (None, Some(_)) if expected_version != Some(0) => {
@@ -353,7 +357,8 @@ impl Committer {
             events: envelopes,
             records,
         };
-        let encoded = encode_frame(&frame);
+        let with_identity = previous_identity != Some(HeadIdentity::of(&frame.head));
+        let encoded = encode_frame(&frame, with_identity);
         let limit = self
             .shared
             .limits

@@ -6,21 +6,29 @@
 //! - 1: the initial layout (`keys.rs`, record format 1, log format 1).
 //! - 2: the executions-by-session index (`0x0D`), backfilled from the heads on disk;
 //!   executions created in the unmaterialized log tail get theirs when it is replayed.
+//! - 3: new log records are written in log format 2 (`codec.rs`); format 1 records are
+//!   still read, so nothing is rewritten. The step only marks the store, so that an older
+//!   build refuses it (`unsupported_schema`) instead of reading its log as corrupted.
 
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::keys;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// One migration: from `from` to `from + 1`, adding its changes to the batch.
 type Step = fn(&sled::Db, &mut sled::Batch) -> Result<()>;
 
 /// Steps by the version they start from. Version 0 is an empty store.
-const STEPS: &[(u32, Step)] = &[(0, initialize), (1, index_by_session)];
+const STEPS: &[(u32, Step)] = &[(0, initialize), (1, index_by_session), (2, log_format_2)];
 
 fn initialize(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
+    Ok(())
+}
+
+/// 2 → 3: nothing to rewrite (see the changelog).
+fn log_format_2(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
     Ok(())
 }
 

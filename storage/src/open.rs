@@ -9,7 +9,7 @@ use std::sync::PoisonError;
 
 use serde::{Deserialize, Serialize};
 
-use crate::codec::{self, DecodedFrame};
+use crate::codec::{self, DecodedFrame, HeadIdentity};
 use crate::error::{Error, Result};
 use crate::ids::{ExecutionId, OwnerId};
 use crate::keys;
@@ -129,20 +129,35 @@ pub(crate) fn replay(shared: &Shared) -> Result<()> {
                     continue;
                 }
             };
-            let execution_id = frame.head.execution_id;
+            let execution_id = frame.execution_id;
             if shared.check_quarantine(execution_id).is_err() {
                 continue;
             }
-            let indexed_state = if overlay.current(execution_id).is_some() {
-                None // ignored by `merge` for an execution already in the overlay
-            } else {
-                match shared.head_on_disk(execution_id) {
-                    Ok(head) => head.as_ref().and_then(index_state),
+            // The head before this frame: its identity completes a frame that does not
+            // carry one (codec v2), its index state is what is on disk.
+            let (previous, indexed_state) = match overlay.current(execution_id) {
+                // The index state is ignored by `merge` for an execution in the overlay.
+                Some((head, _)) => (Some(HeadIdentity::of(head)), None),
+                None => match shared.head_on_disk(execution_id) {
+                    Ok(head) => (
+                        head.as_ref().map(HeadIdentity::of),
+                        head.as_ref().and_then(index_state),
+                    ),
                     Err(Error::Corrupted { .. }) => continue,
                     Err(error) => return Err(error),
-                }
+                },
             };
-            overlay.merge(*frame, record_position, indexed_state);
+            let Some(frame) = frame.complete(previous) else {
+                shared.quarantine(
+                    execution_id,
+                    format!(
+                        "a frame of the log record at {} continues a head that is not there",
+                        keys::display(&key)
+                    ),
+                );
+                continue;
+            };
+            overlay.merge(frame, record_position, indexed_state);
             n_frames += 1;
         }
     }
