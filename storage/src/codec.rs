@@ -21,26 +21,29 @@
 //! whole head, every event in its own envelope). Version 2 — a frame carries the head's
 //! identity (ids, kind, parent: `HeadIdentity`) only when its transition creates the
 //! execution or changes it, and its events without envelopes: execution, seq, position,
-//! time and epoch are the frame's, as the committer writes them. ~30% fewer bytes per
-//! transition, which sled writes about 3.4 times over. Version 1 records are still read.
+//! time and epoch are the frame's, as the committer writes them; an admission's input of
+//! `INPUT_BLOB_BYTES_MIN` or more is a blob (S-5), its event stored with an empty input and
+//! the frame listing `(event index, blob hash)`, and readers put it back. ~30% fewer bytes
+//! per transition, which sled writes about 3.4 times over. Version 1 records are still read.
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::event::{Event, EventEnvelope};
-use crate::ids::{ExecutionId, MessageId, RevisionId, RunId, SessionId, TurnId};
+use crate::frame::WireFrame;
+pub(crate) use crate::frame::{inputs_to_blob, Frame, HeadIdentity, StoredFrame};
+use crate::ids::ExecutionId;
 use crate::keys;
-use crate::records::{
-    AttemptLease, Checkpoint, CommandRecord, ExecutionHead, ExecutionKind, ExecutionState,
-    ProcessRecord, ReceiptRecord, RestartIntent, WaitRecord,
-};
+use crate::records::{BlobHash, CommandRecord, ProcessRecord, ReceiptRecord, WaitRecord};
 
 /// The format version written in front of every record.
 pub const RECORD_FORMAT_VERSION: u8 = 1;
 /// The format version written in front of every log record (2); 1 is still read.
 pub const LOG_FORMAT_VERSION: u8 = 2;
 const LOG_FORMAT_V1: u8 = 1;
+/// An admission input this large is stored as a blob, once however many executions share
+/// it, and referenced from its event (S-5).
+pub(crate) const INPUT_BLOB_BYTES_MIN: usize = 1024;
 
 const CRC_LEN: usize = 4;
 const FRAME_HEADER_LEN: usize = 4 + 4 + 16;
@@ -97,210 +100,6 @@ pub(crate) enum RecordValue {
     Process(ProcessRecord),
 }
 
-/// What the log keeps of one committed transition: enough to rebuild the head, the events
-/// and the records without reading anything else.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Frame {
-    pub head: ExecutionHead,
-    pub events: Vec<EventEnvelope>,
-    pub records: Vec<RecordValue>,
-}
-
-/// The fields of a head set when its execution is created.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct HeadIdentity {
-    execution_id: ExecutionId,
-    session_id: SessionId,
-    run_id: RunId,
-    parent_execution_id: Option<ExecutionId>,
-    kind: ExecutionKind,
-    revision_id: RevisionId,
-    turn_id: TurnId,
-    user_message_id: MessageId,
-    reply_message_id: MessageId,
-}
-
-impl HeadIdentity {
-    pub fn of(head: &ExecutionHead) -> Self {
-        Self {
-            execution_id: head.execution_id,
-            session_id: head.session_id,
-            run_id: head.run_id,
-            parent_execution_id: head.parent_execution_id,
-            kind: head.kind,
-            revision_id: head.revision_id,
-            turn_id: head.turn_id,
-            user_message_id: head.user_message_id,
-            reply_message_id: head.reply_message_id,
-        }
-    }
-}
-
-/// The rest of a head, as a version 2 frame writes it (`HeadState` reads it back: the same
-/// fields in the same order).
-#[derive(Serialize)]
-struct HeadStateRef<'a> {
-    state: ExecutionState,
-    pause_reason: &'a Option<String>,
-    version: u64,
-    last_seq: u64,
-    fencing_epoch: u64,
-    attempt: &'a Option<AttemptLease>,
-    checkpoint: &'a Option<Checkpoint>,
-    restart_intent: &'a Option<RestartIntent>,
-    last_activity_ms: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-struct HeadState {
-    state: ExecutionState,
-    pause_reason: Option<String>,
-    version: u64,
-    last_seq: u64,
-    fencing_epoch: u64,
-    attempt: Option<AttemptLease>,
-    checkpoint: Option<Checkpoint>,
-    restart_intent: Option<RestartIntent>,
-    last_activity_ms: u64,
-}
-
-/// A version 2 frame as written (`WireFrame` reads it back).
-#[derive(Serialize)]
-struct WireFrameRef<'a> {
-    identity: Option<HeadIdentity>,
-    head: HeadStateRef<'a>,
-    first_seq: u64,
-    first_position: u64,
-    at_ms: u64,
-    writer_epoch: u64,
-    events: Vec<&'a Event>,
-    records: &'a [RecordValue],
-}
-
-#[derive(Deserialize)]
-struct WireFrame {
-    identity: Option<HeadIdentity>,
-    head: HeadState,
-    first_seq: u64,
-    first_position: u64,
-    at_ms: u64,
-    writer_epoch: u64,
-    events: Vec<Event>,
-    records: Vec<RecordValue>,
-}
-
-/// A frame read back from the log. Its head is whole once `complete` has the identity:
-/// from the frame itself (the creating transition, one that changed it, every version 1
-/// frame), else from the execution's head before the frame.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct StoredFrame {
-    pub execution_id: ExecutionId,
-    identity: Option<HeadIdentity>,
-    head: HeadState,
-    pub events: Vec<EventEnvelope>,
-    pub records: Vec<RecordValue>,
-}
-
-impl StoredFrame {
-    /// The frame with its whole head; `None` if it carries no identity and `previous` (the
-    /// identity of the execution's head before it) is unknown or names another execution.
-    pub fn complete(self, previous: Option<HeadIdentity>) -> Option<Frame> {
-        let identity = self
-            .identity
-            .or(previous)
-            .filter(|identity| identity.execution_id == self.execution_id)?;
-        let HeadState {
-            state,
-            pause_reason,
-            version,
-            last_seq,
-            fencing_epoch,
-            attempt,
-            checkpoint,
-            restart_intent,
-            last_activity_ms,
-        } = self.head;
-        let head = ExecutionHead {
-            execution_id: identity.execution_id,
-            session_id: identity.session_id,
-            run_id: identity.run_id,
-            parent_execution_id: identity.parent_execution_id,
-            kind: identity.kind,
-            revision_id: identity.revision_id,
-            turn_id: identity.turn_id,
-            user_message_id: identity.user_message_id,
-            reply_message_id: identity.reply_message_id,
-            state,
-            pause_reason,
-            version,
-            last_seq,
-            fencing_epoch,
-            attempt,
-            checkpoint,
-            restart_intent,
-            last_activity_ms,
-        };
-        Some(Frame {
-            head,
-            events: self.events,
-            records: self.records,
-        })
-    }
-
-    fn from_v1(frame: Frame) -> Self {
-        let head = frame.head;
-        Self {
-            execution_id: head.execution_id,
-            identity: Some(HeadIdentity::of(&head)),
-            head: HeadState {
-                state: head.state,
-                pause_reason: head.pause_reason,
-                version: head.version,
-                last_seq: head.last_seq,
-                fencing_epoch: head.fencing_epoch,
-                attempt: head.attempt,
-                checkpoint: head.checkpoint,
-                restart_intent: head.restart_intent,
-                last_activity_ms: head.last_activity_ms,
-            },
-            events: frame.events,
-            records: frame.records,
-        }
-    }
-
-    fn from_wire(execution_id: ExecutionId, wire: WireFrame) -> Self {
-        let WireFrame {
-            identity,
-            head,
-            first_seq,
-            first_position,
-            at_ms,
-            writer_epoch,
-            events,
-            records,
-        } = wire;
-        let events = events
-            .into_iter()
-            .zip(0u64..)
-            .map(|(event, index)| EventEnvelope {
-                execution_id,
-                seq: first_seq.saturating_add(index),
-                position: first_position.saturating_add(index),
-                at_ms,
-                writer_epoch,
-                event,
-            })
-            .collect();
-        Self {
-            execution_id,
-            identity,
-            head,
-            events,
-            records,
-        }
-    }
-}
-
 /// Builds one log record frame by frame.
 #[derive(Debug)]
 pub(crate) struct LogRecordWriter {
@@ -341,9 +140,14 @@ pub(crate) fn encoded_size<T: Serialize>(value: &T) -> u64 {
 }
 
 /// Encodes a frame with its header, in the current format (version 2): with the head's
-/// identity only if `with_identity`. The committer writes a frame's events with one
-/// execution, time and epoch and consecutive seqs and positions; the format relies on it.
-pub(crate) fn encode_frame(frame: &Frame, with_identity: bool) -> Vec<u8> {
+/// identity only if `with_identity`, and without the admission inputs `blobbed` names
+/// (`inputs_to_blob`; the caller stores them). The committer writes a frame's events with
+/// one execution, time and epoch and consecutive seqs and positions; the format relies on it.
+pub(crate) fn encode_frame(
+    frame: &Frame,
+    with_identity: bool,
+    blobbed: &[(u32, BlobHash)],
+) -> Vec<u8> {
     use bincode::Options;
     let head = &frame.head;
     let first = frame.events.first();
@@ -356,30 +160,7 @@ pub(crate) fn encode_frame(frame: &Frame, with_identity: bool) -> Vec<u8> {
                 && event.writer_epoch == first.writer_epoch
         })
     }));
-    let wire = WireFrameRef {
-        identity: with_identity.then(|| HeadIdentity::of(head)),
-        head: HeadStateRef {
-            state: head.state,
-            pause_reason: &head.pause_reason,
-            version: head.version,
-            last_seq: head.last_seq,
-            fencing_epoch: head.fencing_epoch,
-            attempt: &head.attempt,
-            checkpoint: &head.checkpoint,
-            restart_intent: &head.restart_intent,
-            last_activity_ms: head.last_activity_ms,
-        },
-        first_seq: first.map_or(0, |event| event.seq),
-        first_position: first.map_or(0, |event| event.position),
-        at_ms: first.map_or(0, |event| event.at_ms),
-        writer_epoch: first.map_or(0, |event| event.writer_epoch),
-        events: frame
-            .events
-            .iter()
-            .map(|envelope| &envelope.event)
-            .collect(),
-        records: &frame.records,
-    };
+    let wire = crate::frame::wire(frame, with_identity, blobbed);
     let mut bytes = vec![0u8; FRAME_HEADER_LEN];
     bytes[8..24].copy_from_slice(head.execution_id.as_bytes());
     bincode_options()
@@ -516,8 +297,9 @@ pub(crate) fn decode_frames(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::{Event, EventEnvelope};
     use crate::ids::{RunId, SessionId};
-    use crate::records::ExecutionKind;
+    use crate::records::{ExecutionHead, ExecutionKind};
 
     #[test]
     fn record_round_trips_and_any_flipped_byte_is_corruption() {
@@ -555,9 +337,9 @@ mod tests {
         };
         let (first, second) = (frame(1), frame(2));
         let mut writer = LogRecordWriter::new();
-        writer.push(&encode_frame(&first, true));
+        writer.push(&encode_frame(&first, true, &[]));
         let first_len = writer.len();
-        writer.push(&encode_frame(&second, true));
+        writer.push(&encode_frame(&second, true, &[]));
         let mut bytes = writer.finish(7);
         let header_flipped = {
             let mut bytes = bytes.clone();
@@ -634,8 +416,8 @@ mod tests {
     fn s2_a_v2_frame_without_its_identity_is_completed_from_the_previous_head() {
         let frame = frame_with_events(3);
         let identity = HeadIdentity::of(&frame.head);
-        let with = encode_frame(&frame, true);
-        let without = encode_frame(&frame, false);
+        let with = encode_frame(&frame, true, &[]);
+        let without = encode_frame(&frame, false, &[]);
         assert!(
             without.len() + 100 < with.len(),
             "{} vs {}",

@@ -21,6 +21,7 @@ pub mod baseline;
 pub mod codec;
 pub mod error;
 pub mod event;
+mod frame;
 pub mod ids;
 pub mod keys;
 mod log;

@@ -28,9 +28,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::codec::{encode_frame, Frame, HeadIdentity, LogRecordWriter, RecordValue};
+use crate::codec::{
+    encode_frame, inputs_to_blob, Frame, HeadIdentity, LogRecordWriter, RecordValue,
+};
 use crate::error::{Error, Result};
-use crate::event::EventEnvelope;
+use crate::event::{Event, EventEnvelope};
 use crate::ids::{CommandId, ExecutionId};
 use crate::keys;
 use crate::overlay::{index_state, Overlay, Slice};
@@ -358,7 +360,9 @@ impl Committer {
             records,
         };
         let with_identity = previous_identity != Some(HeadIdentity::of(&frame.head));
-        let encoded = encode_frame(&frame, with_identity);
+        // S-5: a large admission input is stored once, as a blob, and referenced.
+        let blobbed = inputs_to_blob(&frame);
+        let encoded = encode_frame(&frame, with_identity, &blobbed);
         let limit = self
             .shared
             .limits
@@ -373,11 +377,18 @@ impl Committer {
         }
 
         // Committed: from here on the group owns the change.
-        for blob in blobs {
-            let key = keys::blob(blob.hash());
+        let inputs = blobbed.iter().filter_map(|(index, hash)| {
+            match &frame.events.get(*index as usize)?.event {
+                Event::Admitted { input, .. } => Some((*hash, input.as_bytes())),
+                _ => None,
+            }
+        });
+        let upserted = blobs.iter().map(|blob| (blob.hash(), blob.bytes()));
+        for (hash, bytes) in upserted.chain(inputs) {
+            let key = keys::blob(hash);
             if !self.shared.db.contains_key(key)? {
-                self.shared.in_flight_blobs_insert(blob.hash());
-                batch.insert(&key[..], blob.bytes());
+                self.shared.in_flight_blobs_insert(hash);
+                batch.insert(&key[..], bytes);
             }
         }
         for record in &frame.records {

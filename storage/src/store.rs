@@ -181,6 +181,20 @@ impl Store {
         &self.inner.shared
     }
 
+    /// A blob as stored, its hash checked; for readers of durable data only (the blobs of a
+    /// group not yet durable are refused by `EventStore::blob`).
+    fn blob_on_disk(&self, hash: BlobHash) -> Result<Option<Vec<u8>>> {
+        let key = keys::blob(hash);
+        match self.shared().db.get(key)? {
+            Some(bytes) if BlobHash::of(&bytes) == hash => Ok(Some(bytes.to_vec())),
+            Some(_) => Err(Error::Corrupted {
+                tree: "blobs",
+                key: keys::display(&key),
+            }),
+            None => Ok(None),
+        }
+    }
+
     /// The position of the newest durable event.
     pub fn durable_position(&self) -> u64 {
         self.shared().durable_position.load(Ordering::Acquire)
@@ -331,9 +345,12 @@ impl Store {
             };
             let bytes = db.get(record_key)?.ok_or_else(corrupted)?;
             for frame in codec::decode_frames(&record_key, &bytes, Some(execution_id))?.frames {
-                let DecodedFrame::Ok(frame) = frame else {
+                let DecodedFrame::Ok(mut frame) = frame else {
                     return Err(corrupted());
                 };
+                if !frame.resolve_blobs(|hash| self.blob_on_disk(hash))? {
+                    return Err(corrupted());
+                }
                 for event in frame.events {
                     let newest = events.last().map_or(after_seq, |last| last.seq);
                     if event.seq > newest {
@@ -417,7 +434,17 @@ impl EventStore for Store {
             let (key, value) = item?;
             for frame in codec::decode_log_record(&key, &value)?.frames {
                 match frame {
-                    DecodedFrame::Ok(frame) => {
+                    DecodedFrame::Ok(mut frame) => {
+                        if !frame.resolve_blobs(|hash| self.blob_on_disk(hash))? {
+                            shared.quarantine(
+                                frame.execution_id,
+                                format!(
+                                    "a frame of the log record at {} names a blob that is not there",
+                                    keys::display(&key)
+                                ),
+                            );
+                            continue;
+                        }
                         events.extend(frame.events.into_iter().filter(|event| {
                             event.position > after_position && event.position <= durable
                         }))
@@ -541,15 +568,7 @@ impl EventStore for Store {
         if in_flight {
             return Ok(None);
         }
-        let key = keys::blob(hash);
-        match self.shared().db.get(key)? {
-            Some(bytes) if BlobHash::of(&bytes) == hash => Ok(Some(bytes.to_vec())),
-            Some(_) => Err(Error::Corrupted {
-                tree: "blobs",
-                key: keys::display(&key),
-            }),
-            None => Ok(None),
-        }
+        self.blob_on_disk(hash)
     }
 
     fn executions_in_state(&self, state: ExecutionState) -> Result<Vec<ExecutionId>> {

@@ -58,3 +58,67 @@ async fn s5_blob_is_stored_by_content_and_size_limited() {
         Err(Error::Corrupted { tree: "blobs", .. })
     ));
 }
+
+/// S-5: a large admission input is stored once, as a blob, however many executions share
+/// it; both readers of the log (an execution's events, the global log) give it back whole,
+/// before and after a reopen; a small one stays inline.
+#[tokio::test]
+async fn s5_a_large_admission_input_is_one_blob_and_reads_back_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let large = format!("{{\"script\": \"{}\"}}", "x".repeat(4096));
+    let admitted = |input: &str| openprogram_storage::Event::Admitted {
+        kind: openprogram_storage::ExecutionKind::AgentTurn,
+        session_id: openprogram_storage::SessionId::new(),
+        run_id: openprogram_storage::RunId::new(),
+        parent_execution_id: None,
+        revision_id: openprogram_storage::RevisionId::new(),
+        turn_id: openprogram_storage::TurnId::new(),
+        user_message_id: openprogram_storage::MessageId::new(),
+        reply_message_id: openprogram_storage::MessageId::new(),
+        parent_message_id: None,
+        input: input.to_owned(),
+    };
+    let inputs = [large.as_str(), large.as_str(), "{\"small\": true}"];
+    let mut executions = Vec::new();
+    {
+        let store = Store::open_with(dir.path(), eager_limits()).expect("open");
+        for input in inputs {
+            let execution_id = openprogram_storage::ExecutionId::new();
+            let transition = Transition::create(head(execution_id), vec![admitted(input)]);
+            committed(store.submit(transition).await.expect("submit"));
+            executions.push(execution_id);
+        }
+        check_inputs(&store, &executions, &inputs);
+        let hash = openprogram_storage::BlobHash::of(large.as_bytes());
+        assert_eq!(
+            store.blob(hash).expect("blob").as_deref(),
+            Some(large.as_bytes())
+        );
+    }
+    let store = Store::open(dir.path()).expect("reopen");
+    check_inputs(&store, &executions, &inputs);
+    drop(store);
+    let db = raw_open(dir.path());
+    let blob_prefix = openprogram_storage::keys::blob(openprogram_storage::BlobHash([0; 32]))[0];
+    let blobs = db.scan_prefix([blob_prefix]).count();
+    assert_eq!(
+        blobs, 1,
+        "the two large inputs are one blob; the small one none"
+    );
+}
+
+fn check_inputs(store: &Store, executions: &[openprogram_storage::ExecutionId], inputs: &[&str]) {
+    let input_of = |event: &openprogram_storage::Event| match event {
+        openprogram_storage::Event::Admitted { input, .. } => input.clone(),
+        other => panic!("expected an admission, got {other:?}"),
+    };
+    for (execution_id, input) in executions.iter().zip(inputs) {
+        let events = all_events(store, *execution_id);
+        assert_eq!(input_of(&events[0].event), *input);
+    }
+    let log: Vec<String> = whole_log(store)
+        .iter()
+        .map(|e| input_of(&e.event))
+        .collect();
+    assert_eq!(log, inputs);
+}

@@ -1,0 +1,340 @@
+//! What a log frame holds (codec.rs frames it): one committed transition's head, events and
+//! records in memory (`Frame`), as log format 2 writes them (`WireFrameRef`, read back as
+//! `WireFrame`), and as read back (`StoredFrame`, whose head is completed with its
+//! identity and whose blob-stored admission inputs are put back by the reader).
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::{RecordValue, INPUT_BLOB_BYTES_MIN};
+use crate::error::Result;
+use crate::event::{Event, EventEnvelope};
+use crate::ids::{ExecutionId, MessageId, RevisionId, RunId, SessionId, TurnId};
+use crate::records::{
+    AttemptLease, BlobHash, Checkpoint, ExecutionHead, ExecutionKind, ExecutionState, RestartIntent,
+};
+
+/// What the log keeps of one committed transition: enough to rebuild the head, the events
+/// and the records without reading anything else.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Frame {
+    pub head: ExecutionHead,
+    pub events: Vec<EventEnvelope>,
+    pub records: Vec<RecordValue>,
+}
+
+/// The fields of a head set when its execution is created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct HeadIdentity {
+    pub execution_id: ExecutionId,
+    session_id: SessionId,
+    run_id: RunId,
+    parent_execution_id: Option<ExecutionId>,
+    kind: ExecutionKind,
+    revision_id: RevisionId,
+    turn_id: TurnId,
+    user_message_id: MessageId,
+    reply_message_id: MessageId,
+}
+
+impl HeadIdentity {
+    pub fn of(head: &ExecutionHead) -> Self {
+        Self {
+            execution_id: head.execution_id,
+            session_id: head.session_id,
+            run_id: head.run_id,
+            parent_execution_id: head.parent_execution_id,
+            kind: head.kind,
+            revision_id: head.revision_id,
+            turn_id: head.turn_id,
+            user_message_id: head.user_message_id,
+            reply_message_id: head.reply_message_id,
+        }
+    }
+}
+
+/// The rest of a head, as a version 2 frame writes it (`HeadState` reads it back: the same
+/// fields in the same order).
+#[derive(Serialize)]
+pub(crate) struct HeadStateRef<'a> {
+    state: ExecutionState,
+    pause_reason: &'a Option<String>,
+    version: u64,
+    last_seq: u64,
+    fencing_epoch: u64,
+    attempt: &'a Option<AttemptLease>,
+    checkpoint: &'a Option<Checkpoint>,
+    restart_intent: &'a Option<RestartIntent>,
+    last_activity_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub(crate) struct HeadState {
+    state: ExecutionState,
+    pause_reason: Option<String>,
+    version: u64,
+    last_seq: u64,
+    fencing_epoch: u64,
+    attempt: Option<AttemptLease>,
+    checkpoint: Option<Checkpoint>,
+    restart_intent: Option<RestartIntent>,
+    last_activity_ms: u64,
+}
+
+/// A version 2 frame as written (`WireFrame` reads it back).
+#[derive(Serialize)]
+pub(crate) struct WireFrameRef<'a> {
+    identity: Option<HeadIdentity>,
+    head: HeadStateRef<'a>,
+    first_seq: u64,
+    first_position: u64,
+    at_ms: u64,
+    writer_epoch: u64,
+    events: Vec<Cow<'a, Event>>,
+    blobbed: &'a [(u32, BlobHash)],
+    records: &'a [RecordValue],
+}
+
+#[derive(Deserialize)]
+pub(crate) struct WireFrame {
+    identity: Option<HeadIdentity>,
+    head: HeadState,
+    first_seq: u64,
+    first_position: u64,
+    at_ms: u64,
+    writer_epoch: u64,
+    events: Vec<Event>,
+    blobbed: Vec<(u32, BlobHash)>,
+    records: Vec<RecordValue>,
+}
+
+/// A frame read back from the log. Its head is whole once `complete` has the identity:
+/// from the frame itself (the creating transition, one that changed it, every version 1
+/// frame), else from the execution's head before the frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoredFrame {
+    pub execution_id: ExecutionId,
+    pub(crate) identity: Option<HeadIdentity>,
+    head: HeadState,
+    pub events: Vec<EventEnvelope>,
+    /// Events stored without their admission input: (index in `events`, the input's blob).
+    blobbed: Vec<(u32, BlobHash)>,
+    pub records: Vec<RecordValue>,
+}
+
+impl StoredFrame {
+    /// Puts back the admission inputs stored as blobs, read with `blob`. `false` if one is
+    /// missing, is not UTF-8 or names an event that is not an admission: the frame is
+    /// corrupted.
+    pub fn resolve_blobs(
+        &mut self,
+        mut blob: impl FnMut(BlobHash) -> Result<Option<Vec<u8>>>,
+    ) -> Result<bool> {
+        for (index, hash) in std::mem::take(&mut self.blobbed) {
+            let Some(bytes) = blob(hash)? else {
+                return Ok(false);
+            };
+            let Ok(text) = String::from_utf8(bytes) else {
+                return Ok(false);
+            };
+            match self
+                .events
+                .get_mut(index as usize)
+                .map(|envelope| &mut envelope.event)
+            {
+                Some(Event::Admitted { input, .. }) => *input = text,
+                _ => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
+    /// The frame with its whole head; `None` if it carries no identity and `previous` (the
+    /// identity of the execution's head before it) is unknown or names another execution.
+    pub fn complete(self, previous: Option<HeadIdentity>) -> Option<Frame> {
+        let identity = self
+            .identity
+            .or(previous)
+            .filter(|identity| identity.execution_id == self.execution_id)?;
+        let HeadState {
+            state,
+            pause_reason,
+            version,
+            last_seq,
+            fencing_epoch,
+            attempt,
+            checkpoint,
+            restart_intent,
+            last_activity_ms,
+        } = self.head;
+        let head = ExecutionHead {
+            execution_id: identity.execution_id,
+            session_id: identity.session_id,
+            run_id: identity.run_id,
+            parent_execution_id: identity.parent_execution_id,
+            kind: identity.kind,
+            revision_id: identity.revision_id,
+            turn_id: identity.turn_id,
+            user_message_id: identity.user_message_id,
+            reply_message_id: identity.reply_message_id,
+            state,
+            pause_reason,
+            version,
+            last_seq,
+            fencing_epoch,
+            attempt,
+            checkpoint,
+            restart_intent,
+            last_activity_ms,
+        };
+        Some(Frame {
+            head,
+            events: self.events,
+            records: self.records,
+        })
+    }
+
+    pub(crate) fn from_v1(frame: Frame) -> Self {
+        let head = frame.head;
+        Self {
+            execution_id: head.execution_id,
+            identity: Some(HeadIdentity::of(&head)),
+            head: HeadState {
+                state: head.state,
+                pause_reason: head.pause_reason,
+                version: head.version,
+                last_seq: head.last_seq,
+                fencing_epoch: head.fencing_epoch,
+                attempt: head.attempt,
+                checkpoint: head.checkpoint,
+                restart_intent: head.restart_intent,
+                last_activity_ms: head.last_activity_ms,
+            },
+            events: frame.events,
+            blobbed: Vec::new(),
+            records: frame.records,
+        }
+    }
+
+    pub(crate) fn from_wire(execution_id: ExecutionId, wire: WireFrame) -> Self {
+        let WireFrame {
+            identity,
+            head,
+            first_seq,
+            first_position,
+            at_ms,
+            writer_epoch,
+            events,
+            blobbed,
+            records,
+        } = wire;
+        let events = events
+            .into_iter()
+            .zip(0u64..)
+            .map(|(event, index)| EventEnvelope {
+                execution_id,
+                seq: first_seq.saturating_add(index),
+                position: first_position.saturating_add(index),
+                at_ms,
+                writer_epoch,
+                event,
+            })
+            .collect();
+        Self {
+            execution_id,
+            identity,
+            head,
+            events,
+            blobbed,
+            records,
+        }
+    }
+}
+
+/// The admission inputs of `frame` to store as blobs: (event index, hash).
+pub(crate) fn inputs_to_blob(frame: &Frame) -> Vec<(u32, BlobHash)> {
+    frame
+        .events
+        .iter()
+        .zip(0u32..)
+        .filter_map(|(envelope, index)| match &envelope.event {
+            Event::Admitted { input, .. } if input.len() >= INPUT_BLOB_BYTES_MIN => {
+                Some((index, BlobHash::of(input.as_bytes())))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// `event` without its admission input (stored as a blob).
+fn without_input(event: &Event) -> Event {
+    match event {
+        Event::Admitted {
+            kind,
+            session_id,
+            run_id,
+            parent_execution_id,
+            revision_id,
+            turn_id,
+            user_message_id,
+            reply_message_id,
+            parent_message_id,
+            input: _,
+        } => Event::Admitted {
+            kind: *kind,
+            session_id: *session_id,
+            run_id: *run_id,
+            parent_execution_id: *parent_execution_id,
+            revision_id: *revision_id,
+            turn_id: *turn_id,
+            user_message_id: *user_message_id,
+            reply_message_id: *reply_message_id,
+            parent_message_id: *parent_message_id,
+            input: String::new(),
+        },
+        other => other.clone(),
+    }
+}
+
+/// A frame as version 2 writes it (see `codec::encode_frame`).
+pub(crate) fn wire<'a>(
+    frame: &'a Frame,
+    with_identity: bool,
+    blobbed: &'a [(u32, BlobHash)],
+) -> WireFrameRef<'a> {
+    let head = &frame.head;
+    let first = frame.events.first();
+    WireFrameRef {
+        identity: with_identity.then(|| HeadIdentity::of(head)),
+        head: HeadStateRef {
+            state: head.state,
+            pause_reason: &head.pause_reason,
+            version: head.version,
+            last_seq: head.last_seq,
+            fencing_epoch: head.fencing_epoch,
+            attempt: &head.attempt,
+            checkpoint: &head.checkpoint,
+            restart_intent: &head.restart_intent,
+            last_activity_ms: head.last_activity_ms,
+        },
+        first_seq: first.map_or(0, |event| event.seq),
+        first_position: first.map_or(0, |event| event.position),
+        at_ms: first.map_or(0, |event| event.at_ms),
+        writer_epoch: first.map_or(0, |event| event.writer_epoch),
+        events: frame
+            .events
+            .iter()
+            .zip(0u32..)
+            .map(|(envelope, index)| {
+                if blobbed.iter().any(|(blobbed, _)| *blobbed == index) {
+                    Cow::Owned(without_input(&envelope.event))
+                } else {
+                    Cow::Borrowed(&envelope.event)
+                }
+            })
+            .collect(),
+        blobbed,
+        records: &frame.records,
+    }
+}
