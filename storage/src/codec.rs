@@ -15,7 +15,7 @@
 //! | version: 1 byte | last position: u64 BE | crc32 of the 9 bytes before: u32 BE |
 //! | frame | frame | ...
 //! frame := | len: u32 BE | crc32 of the next 16 + len bytes: u32 BE |
-//!          | execution id: 16 bytes | bincode(WireFrame): len bytes |
+//!          | execution id: 16 bytes | bincode(WireFrame) (format 2), bincode(Frame) (1) |
 //! ```
 //! Format changelog: version 1 — the initial format (`bincode(Frame)`: every frame with the
 //! whole head, every event in its own envelope). Version 2 — a frame carries the head's
@@ -444,20 +444,45 @@ mod tests {
         assert_eq!(stored.complete(Some(identity)), Some(frame));
     }
 
+    /// A frame with fixed ids, so its version 1 bytes can be a fixture.
+    fn fixed_frame() -> Frame {
+        use crate::ids::{MessageId, RevisionId, TurnId};
+        let mut frame = frame_with_events(2);
+        let id = ExecutionId::from_bytes([1; 16]);
+        let head = &mut frame.head;
+        head.execution_id = id;
+        head.session_id = SessionId::from_bytes([2; 16]);
+        head.run_id = RunId::from_bytes([3; 16]);
+        head.revision_id = RevisionId::from_bytes([4; 16]);
+        head.turn_id = TurnId::from_bytes([5; 16]);
+        head.user_message_id = MessageId::from_bytes([6; 16]);
+        head.reply_message_id = MessageId::from_bytes([7; 16]);
+        for event in &mut frame.events {
+            event.execution_id = id;
+        }
+        frame
+    }
+
+    /// `fixed_frame()` as log format 1 wrote it (`bincode(Frame)` with its frame header),
+    /// recorded from the format 1 encoder (commit 4ac7142's `encode_frame`).
+    const V1_FIXTURE_HEX: &str = concat!(
+        "000001315fdc50d6010101010101010101010101010101010101010101010101010101010101010102020202",
+        "0202020202020202020202020303030303030303030303030303030300000000000404040404040404040404",
+        "0404040404050505050505050505050505050505050606060606060606060606060606060607070707070707",
+        "0707070707070707070000000001040000000000000073746570030000000000000006000000000000000000",
+        "0000000000000000000000000000000000020000000000000001010101010101010101010101010101050000",
+        "00000000002800000000000000a40600000000000002000000000000000a0000000500000000000000010101",
+        "0101010101010101010101010106000000000000002900000000000000a40600000000000002000000000000",
+        "000a00000006000000000000000000000000000000",
+    );
+
     #[test]
     fn s6_a_version_1_log_record_still_decodes() {
-        use bincode::Options;
-        let frame = frame_with_events(2);
-        let mut bytes = vec![0u8; FRAME_HEADER_LEN];
-        bytes[8..24].copy_from_slice(frame.head.execution_id.as_bytes());
-        bincode_options()
-            .serialize_into(&mut bytes, &frame)
-            .expect("serialize");
-        let len = (bytes.len() - FRAME_HEADER_LEN) as u32;
-        let crc = crc32fast::hash(&bytes[8..]);
-        bytes[0..4].copy_from_slice(&len.to_be_bytes());
-        bytes[4..8].copy_from_slice(&crc.to_be_bytes());
+        let bytes: Vec<u8> = (0..V1_FIXTURE_HEX.len())
+            .step_by(2)
+            .map(|at| u8::from_str_radix(&V1_FIXTURE_HEX[at..at + 2], 16).expect("hex"))
+            .collect();
         let stored = decode_one(LOG_FORMAT_V1, &bytes);
-        assert_eq!(stored.complete(None), Some(frame));
+        assert_eq!(stored.complete(None), Some(fixed_frame()));
     }
 }

@@ -24,7 +24,8 @@ pub(crate) struct Frame {
     pub records: Vec<RecordValue>,
 }
 
-/// The fields of a head set when its execution is created.
+/// The fields of a head set when its execution is created (a writer may replace them; the
+/// frame that does carries them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct HeadIdentity {
     pub execution_id: ExecutionId,

@@ -1,7 +1,7 @@
 //! The committed state that is not yet written to its own keys.
 //!
 //! The hot path writes each group of transitions as log records only (one sled insert per
-//! ~64 KiB of frames). Heads, event-index chunks and records are kept here and written to
+//! ~16 KiB of frames). Heads, event-index chunks and records are kept here and written to
 //! their own keys later by a *materialization*, which coalesces many transitions of one
 //! execution into one head write and one index write.
 //!

@@ -26,7 +26,8 @@ pub struct Limits {
     pub queue_len_max: usize,
     /// Transitions the committer takes into one group commit.
     pub batch_len_max: usize,
-    /// Encoded size of one transition (head, events and records).
+    /// Encoded size of one transition (head, events and records, admission inputs included)
+    /// when submitted; the committer checks its frame again (inputs stored as blobs apart).
     pub transition_bytes_max: usize,
     /// Size of one blob (S-5).
     pub blob_bytes_max: usize,

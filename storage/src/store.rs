@@ -435,7 +435,20 @@ impl EventStore for Store {
             for frame in codec::decode_log_record(&key, &value)?.frames {
                 match frame {
                     DecodedFrame::Ok(mut frame) => {
-                        if !frame.resolve_blobs(|hash| self.blob_on_disk(hash))? {
+                        let wanted = |event: &EventEnvelope| {
+                            event.position > after_position && event.position <= durable
+                        };
+                        if !frame.events.iter().any(wanted) {
+                            continue;
+                        }
+                        // A damaged blob, like a missing one, quarantines its execution: the
+                        // global log goes on for the others.
+                        let resolved =
+                            frame.resolve_blobs(|hash| match self.blob_on_disk(hash) {
+                                Err(Error::Corrupted { .. }) => Ok(None),
+                                other => other,
+                            })?;
+                        if !resolved {
                             shared.quarantine(
                                 frame.execution_id,
                                 format!(
@@ -445,9 +458,7 @@ impl EventStore for Store {
                             );
                             continue;
                         }
-                        events.extend(frame.events.into_iter().filter(|event| {
-                            event.position > after_position && event.position <= durable
-                        }))
+                        events.extend(frame.events.into_iter().filter(wanted))
                     }
                     DecodedFrame::Corrupt { claimed } => shared.quarantine(
                         claimed,
@@ -559,16 +570,16 @@ impl EventStore for Store {
     }
 
     fn blob(&self, hash: BlobHash) -> Result<Option<Vec<u8>>> {
+        // Read first, then ask whether it is in flight: the other order could miss a blob
+        // the committer inserted (not yet durable) between the two.
+        let found = self.blob_on_disk(hash)?;
         let in_flight = self
             .shared()
             .in_flight_blobs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .contains(&hash);
-        if in_flight {
-            return Ok(None);
-        }
-        self.blob_on_disk(hash)
+        Ok(found.filter(|_| !in_flight))
     }
 
     fn executions_in_state(&self, state: ExecutionState) -> Result<Vec<ExecutionId>> {

@@ -66,25 +66,13 @@ async fn s5_blob_is_stored_by_content_and_size_limited() {
 async fn s5_a_large_admission_input_is_one_blob_and_reads_back_whole() {
     let dir = tempfile::tempdir().expect("tempdir");
     let large = format!("{{\"script\": \"{}\"}}", "x".repeat(4096));
-    let admitted = |input: &str| openprogram_storage::Event::Admitted {
-        kind: openprogram_storage::ExecutionKind::AgentTurn,
-        session_id: openprogram_storage::SessionId::new(),
-        run_id: openprogram_storage::RunId::new(),
-        parent_execution_id: None,
-        revision_id: openprogram_storage::RevisionId::new(),
-        turn_id: openprogram_storage::TurnId::new(),
-        user_message_id: openprogram_storage::MessageId::new(),
-        reply_message_id: openprogram_storage::MessageId::new(),
-        parent_message_id: None,
-        input: input.to_owned(),
-    };
     let inputs = [large.as_str(), large.as_str(), "{\"small\": true}"];
     let mut executions = Vec::new();
     {
         let store = Store::open_with(dir.path(), eager_limits()).expect("open");
         for input in inputs {
             let execution_id = openprogram_storage::ExecutionId::new();
-            let transition = Transition::create(head(execution_id), vec![admitted(input)]);
+            let transition = Transition::create(head(execution_id), vec![admission(input)]);
             committed(store.submit(transition).await.expect("submit"));
             executions.push(execution_id);
         }
@@ -121,4 +109,65 @@ fn check_inputs(store: &Store, executions: &[openprogram_storage::ExecutionId], 
         .map(|e| input_of(&e.event))
         .collect();
     assert_eq!(log, inputs);
+}
+
+/// S-4 + S-5: a damaged admission-input blob quarantines its execution in the global log,
+/// which goes on for the others; the next admission with the same input writes the blob
+/// again instead of pointing at the damaged copy.
+#[tokio::test]
+async fn s5_a_damaged_input_blob_quarantines_only_its_execution_and_is_written_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let large = format!("{{\"script\": \"{}\"}}", "y".repeat(2048));
+    let hash = openprogram_storage::BlobHash::of(large.as_bytes());
+    let (damaged, healthy) = {
+        let store = Store::open(dir.path()).expect("open");
+        let damaged = openprogram_storage::ExecutionId::new();
+        let transition = Transition::create(head(damaged), vec![admission(&large)]);
+        committed(store.submit(transition).await.expect("submit"));
+        (damaged, create(&store).await)
+    };
+    {
+        let db = raw_open(dir.path());
+        db.insert(openprogram_storage::keys::blob(hash), &b"damaged"[..])
+            .expect("insert");
+        db.flush().expect("flush");
+    }
+    let store = Store::open(dir.path()).expect("reopen");
+    let log = whole_log(&store);
+    assert!(
+        log.iter().all(|event| event.execution_id == healthy),
+        "{log:?}"
+    );
+    assert!(!log.is_empty());
+    assert!(store
+        .quarantined()
+        .iter()
+        .any(|(execution_id, _)| *execution_id == damaged));
+    let again = openprogram_storage::ExecutionId::new();
+    let transition = Transition::create(head(again), vec![admission(&large)]);
+    committed(store.submit(transition).await.expect("submit"));
+    assert_eq!(
+        store.blob(hash).expect("blob").as_deref(),
+        Some(large.as_bytes())
+    );
+    let events = all_events(&store, again);
+    assert!(matches!(
+        &events[0].event,
+        openprogram_storage::Event::Admitted { input, .. } if *input == large
+    ));
+}
+
+fn admission(input: &str) -> openprogram_storage::Event {
+    openprogram_storage::Event::Admitted {
+        kind: openprogram_storage::ExecutionKind::AgentTurn,
+        session_id: openprogram_storage::SessionId::new(),
+        run_id: openprogram_storage::RunId::new(),
+        parent_execution_id: None,
+        revision_id: openprogram_storage::RevisionId::new(),
+        turn_id: openprogram_storage::TurnId::new(),
+        user_message_id: openprogram_storage::MessageId::new(),
+        reply_message_id: openprogram_storage::MessageId::new(),
+        parent_message_id: None,
+        input: input.to_owned(),
+    }
 }
