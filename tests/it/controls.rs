@@ -175,18 +175,7 @@ async fn k1_a_command_is_saved_accepted_then_decided_in_one_transition() {
 #[tokio::test]
 async fn k1_a_refused_command_and_a_claiming_continue_are_each_one_transition() {
     let harness = Harness::new();
-    let request = openprogram::StartRequest {
-        message: "test".into(),
-        script: vec![echo("a"), reply("done")],
-        start_paused: true,
-        ..Default::default()
-    };
-    let execution = harness
-        .runtime
-        .start_execution(harness.session, request)
-        .await
-        .expect("start")
-        .execution_id;
+    let execution = harness.start_paused(vec![echo("a"), reply("done")]).await;
     let before = harness.snapshot(execution).await.version;
     let kinds_after = |events: &[openprogram::storage::EventEnvelope], command_id| {
         let at = events
@@ -315,18 +304,7 @@ async fn k3_a_control_outside_the_capabilities_is_rejected_with_the_list() {
 #[tokio::test]
 async fn k2_a_turn_admitted_paused_waits_for_step_or_continue() {
     let harness = Harness::new();
-    let request = openprogram::StartRequest {
-        message: "test".into(),
-        script: vec![echo("a"), reply("done")],
-        start_paused: true,
-        ..Default::default()
-    };
-    let execution = harness
-        .runtime
-        .start_execution(harness.session, request)
-        .await
-        .expect("start")
-        .execution_id;
+    let execution = harness.start_paused(vec![echo("a"), reply("done")]).await;
     let snapshot = harness.snapshot(execution).await;
     assert_eq!(
         (snapshot.state, snapshot.pause_reason.as_deref()),

@@ -122,18 +122,7 @@ async fn k4_a_command_accepted_before_a_crash_is_decided_on_redelivery() {
         CommandId, CommandRecord, CommandStatus, Event, Transition, Upsert,
     };
     let harness = Harness::new();
-    let request = StartRequest {
-        message: "test".into(),
-        script: vec![reply("done")],
-        start_paused: true,
-        ..Default::default()
-    };
-    let execution = harness
-        .runtime
-        .start_execution(harness.session, request)
-        .await
-        .expect("start")
-        .execution_id;
+    let execution = harness.start_paused(vec![reply("done")]).await;
     let seen = harness.snapshot(execution).await.version;
     let continue_request = CommandRequest {
         command_id: CommandId::new(),

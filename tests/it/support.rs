@@ -49,6 +49,21 @@ impl Harness {
             .execution_id
     }
 
+    /// Admits a turn paused (`start_paused`): it waits for Continue or Step, with no actor.
+    pub async fn start_paused(&self, script: Vec<Value>) -> ExecutionId {
+        let request = StartRequest {
+            message: "test".into(),
+            script,
+            start_paused: true,
+            ..Default::default()
+        };
+        self.runtime
+            .start_execution(self.session, request)
+            .await
+            .expect("start")
+            .execution_id
+    }
+
     pub async fn snapshot(&self, execution: ExecutionId) -> Snapshot {
         self.runtime
             .snapshot(self.session, execution)
