@@ -36,7 +36,7 @@ use crate::event::{Event, EventEnvelope};
 use crate::ids::{CommandId, ExecutionId};
 use crate::keys;
 use crate::overlay::{index_state, Overlay, Slice};
-use crate::records::{BlobHash, CommandRecord, CommandStatus, ExecutionHead, ExecutionState};
+use crate::records::{CommandRecord, CommandStatus, ExecutionHead, ExecutionState};
 use crate::shared::Shared;
 use crate::transition::{Committed, Outcome, Transition, Upsert};
 
@@ -386,9 +386,8 @@ impl Committer {
         let upserted = blobs.iter().map(|blob| (blob.hash(), blob.bytes()));
         for (hash, bytes) in upserted.chain(inputs) {
             let key = keys::blob(hash);
-            // Stored once; a stored copy that no longer matches its hash is written again.
-            let stored = self.shared.db.get(key)?;
-            if stored.map_or(true, |stored| BlobHash::of(&stored) != hash) {
+            // Stored once; a stored copy that differs (damaged) is written again.
+            if self.shared.db.get(key)?.as_deref() != Some(bytes) {
                 self.shared.in_flight_blobs_insert(hash);
                 batch.insert(&key[..], bytes);
             }

@@ -36,26 +36,28 @@ impl Harness {
     }
 
     pub async fn start(&self, script: Vec<Value>, max_iterations: Option<u32>) -> ExecutionId {
-        let request = StartRequest {
-            message: "test".into(),
+        self.admit(StartRequest {
             script,
             max_iterations,
             ..Default::default()
-        };
-        self.runtime
-            .start_execution(self.session, request)
-            .await
-            .expect("start")
-            .execution_id
+        })
+        .await
     }
 
     /// Admits a turn paused (`start_paused`): it waits for Continue or Step, with no actor.
     pub async fn start_paused(&self, script: Vec<Value>) -> ExecutionId {
-        let request = StartRequest {
-            message: "test".into(),
+        self.admit(StartRequest {
             script,
             start_paused: true,
             ..Default::default()
+        })
+        .await
+    }
+
+    async fn admit(&self, request: StartRequest) -> ExecutionId {
+        let request = StartRequest {
+            message: "test".into(),
+            ..request
         };
         self.runtime
             .start_execution(self.session, request)

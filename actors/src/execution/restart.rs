@@ -8,7 +8,7 @@ use openprogram_storage::{CommandId, CommandRecord, CommandStatus, Control, Rece
 
 use crate::agent::{Reconciliation, ToolCall};
 use crate::execution::actor::{Advance, ExecutionActor};
-use crate::execution::commands::{payload_hash_of, ApplyControl};
+use crate::execution::commands::{payload_hash_of, ApplyControl, Saved};
 use crate::execution::live::CallHandle;
 
 impl ExecutionActor {
@@ -52,7 +52,7 @@ impl ExecutionActor {
                 _ => continue, // decided meanwhile, or unreadable: nothing to decide here
             }
         };
-        Some(Box::pin(self.decide_command(accepted, control, super::commands::Saved::Already).map(
+        Some(Box::pin(self.decide_command(accepted, control, Saved::Already).map(
             |decided, act, ctx| match decided {
                 Ok(_) => {
                     ctx.notify(DecideInherited);
