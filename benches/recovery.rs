@@ -43,6 +43,7 @@ fn main() {
     for n in sizes {
         let dir = tempfile::tempdir().expect("tempdir");
         threads.block_on(prepare(dir.path(), n));
+        eprintln!("prepared {n} abandoned executions; opening and recovering");
         let started = Instant::now();
         let runtime = Runtime::builder()
             .data_dir(dir.path())

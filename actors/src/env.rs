@@ -152,13 +152,25 @@ impl Directory {
 /// Rebuilds an execution's machine from its events (recovery: actions are dropped).
 pub fn load(store: &dyn EventStore, execution_id: ExecutionId) -> Result<(ExecutionHead, Machine)> {
     let head = store.head(execution_id)?.ok_or(Error::NotFound)?;
+    let machine = replay(store, execution_id, u64::MAX)?;
+    Ok((head, machine))
+}
+
+/// Rebuilds an execution's machine from its events up to `through_seq` (a head's
+/// `last_seq`: exactly the state that head describes), without reading the head again.
+pub fn replay(
+    store: &dyn EventStore,
+    execution_id: ExecutionId,
+    through_seq: u64,
+) -> Result<Machine> {
     let mut machine = Machine::default();
     let mut ignored = Vec::new();
-    for envelope in store.events_after(execution_id, 0, usize::MAX)? {
+    let limit = usize::try_from(through_seq).unwrap_or(usize::MAX);
+    for envelope in store.events_after(execution_id, 0, limit)? {
         machine.apply(&envelope.event, envelope.seq, &mut ignored);
         ignored.clear();
     }
-    Ok((head, machine))
+    Ok(machine)
 }
 
 impl Env {

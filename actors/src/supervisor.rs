@@ -21,7 +21,7 @@ use openprogram_storage::{
 use openprogram_storage::{ProcessId, ProcessState, Upsert};
 
 use crate::attempt_lease::LeaseState;
-use crate::env::{load, Env};
+use crate::env::{replay, Env};
 use crate::error::{Error, Result};
 use crate::execution::machine::{changed_wait_records, Machine, RESTART_PAUSE_REASON};
 use crate::execution::restart::{ReconcileUnknown, RestartPause};
@@ -344,7 +344,7 @@ async fn unknown_instead(
     head: &ExecutionHead,
     intent: Option<RestartIntent>,
 ) -> Result<Option<Done>> {
-    let (_, machine) = load(env.store.as_ref(), head.execution_id)?;
+    let machine = replay(env.store.as_ref(), head.execution_id, head.last_seq)?;
     let Some(pending) = machine.pending_tool.filter(|pending| pending.dispatched) else {
         return Ok(None);
     };
@@ -370,7 +370,7 @@ async fn unknown_instead(
 /// Claims the execution for a new attempt and starts its actor with the original ids.
 async fn resume(env: &Arc<Env>, head: ExecutionHead, intent: RestartIntent) -> Result<Done> {
     let execution_id = head.execution_id;
-    let (_, machine) = load(env.store.as_ref(), execution_id)?;
+    let machine = replay(env.store.as_ref(), execution_id, head.last_seq)?;
     let found_checkpoint = head
         .checkpoint
         .as_ref()

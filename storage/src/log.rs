@@ -182,16 +182,29 @@ impl Committer {
         if answers.is_empty() && slice.is_empty() {
             return; // only ticks, and nothing to materialize
         }
-        // While a slice goes to disk, readers cannot combine the overlay with disk: the
-        // generation is odd and the slice lock is held until the overlay has caught up.
+        // While a slice is applied to sled, readers cannot combine the overlay with disk: the
+        // generation is odd and the slice lock is held until the overlay has dropped the
+        // slice. That is the apply alone (sled's own batch lock stops its readers then too),
+        // not the flush and fsync: the slice holds only what earlier, durable groups
+        // committed, so reading it from sled before this group's fsync reads nothing
+        // unacknowledged, and a crash leaves the mark unmoved (the replay writes it again).
         let shared = Arc::clone(&self.shared);
-        let _slice_guard = (!slice.is_empty()).then(|| {
+        let slice_guard = (!slice.is_empty()).then(|| {
             shared.overlay_read().write_slice(&slice, &mut batch);
             let guard = shared.slice_lock_write();
             shared.generation.fetch_add(1, Ordering::AcqRel);
             guard
         });
-        if let Err(error) = self.write_durably(batch) {
+        let applied = self.shared.db.apply_batch(batch).map_err(Error::from);
+        let mut written = HashMap::new();
+        if let Some(guard) = slice_guard {
+            if applied.is_ok() {
+                written = self.shared.overlay_write().finish_slice(slice);
+            }
+            self.shared.generation.fetch_add(1, Ordering::AcqRel);
+            drop(guard);
+        }
+        if let Err(error) = applied.and_then(|()| self.sync()) {
             let reason = error.to_string();
             self.shared.fail(reason.clone());
             for (reply, _) in answers {
@@ -203,12 +216,13 @@ impl Committer {
         {
             let mut overlay = self.shared.overlay_write();
             for (frame, record, indexed_state) in group.frames {
+                // An execution the slice just wrote is listed on disk under its written
+                // state now, not the one this group's transition was prepared against.
+                let indexed_state = written
+                    .get(&frame.head.execution_id)
+                    .copied()
+                    .unwrap_or(indexed_state);
                 overlay.merge(frame, record, indexed_state);
-            }
-            if !slice.is_empty() {
-                // After the merge, so the merged entries learn the index state just written.
-                overlay.finish_slice(slice);
-                self.shared.generation.fetch_add(1, Ordering::AcqRel);
             }
             self.shared
                 .durable_position
@@ -503,8 +517,14 @@ impl Committer {
 
     /// Writes `batch` atomically, flushes and fsyncs.
     fn write_durably(&mut self, batch: sled::Batch) -> Result<()> {
+        self.shared.db.apply_batch(batch)?;
+        self.sync()
+    }
+
+    /// Makes everything applied to sled durable: sled's flush, then an fsync of its data
+    /// file (sled's flush alone ends in `sync_file_range`, which is not durable).
+    fn sync(&mut self) -> Result<()> {
         let db = &self.shared.db;
-        db.apply_batch(batch)?;
         db.flush()?;
         let started = Instant::now();
         self.data_file.sync_data().map_err(|error| Error::Io {

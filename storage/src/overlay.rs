@@ -11,8 +11,9 @@
 //! written, the same batch moves the materialization mark to the frozen position.
 //!
 //! Invariant: only the committer thread mutates the overlay, and only after the group that
-//! produced the change is durable. Invariant: a slice is written to sled before it leaves
-//! `frozen`, and it leaves under the write lock with `generation` bumped, so a reader that
+//! produced the change is durable. Invariant: a slice is applied to sled before it leaves
+//! `frozen` (applied, not yet fsynced: what it holds is durable in the log already), and it
+//! leaves under the write lock with `generation` bumped, so a reader that
 //! reads the overlay, then sled, and sees the same generation before and after, saw a
 //! consistent state (`Store::read_consistent`). Invariant: a partly written materialization
 //! is harmless: the mark has not moved, the replay rebuilds the same heads, index chunks
@@ -242,18 +243,23 @@ impl Overlay {
     }
 
     /// The slice is on disk: drop it from `frozen`, and tell `active` entries of the same
-    /// executions what the by-state index on disk says now.
-    pub fn finish_slice(&mut self, slice: Slice) {
+    /// executions what the by-state index on disk says now. Returns that for every execution
+    /// written, for the entries the caller merges next.
+    pub fn finish_slice(&mut self, slice: Slice) -> HashMap<ExecutionId, Option<ExecutionState>> {
+        let mut indexed = HashMap::with_capacity(slice.execs.len());
         for execution_id in slice.execs {
             if let Some(written) = self.frozen.execs.remove(&execution_id) {
+                let now = index_state(&written.head);
                 if let Some(newer) = self.active.execs.get_mut(&execution_id) {
-                    newer.indexed_state = index_state(&written.head);
+                    newer.indexed_state = now;
                 }
+                indexed.insert(execution_id, now);
             }
         }
         for key in slice.records {
             self.frozen.records.remove(&key);
         }
+        indexed
     }
 
     /// Adds everything held here to `batch`, with the mark at `through` (the last

@@ -291,14 +291,17 @@ impl Store {
         let db = &self.shared().db;
         let first = keys::events(execution_id, 0);
         let last = keys::events(execution_id, u64::MAX);
-        // The index chunk covering `after_seq + 1` starts at or before it.
-        let start = match db
-            .range(first..=keys::events(execution_id, after_seq.saturating_add(1)))
-            .next_back()
-        {
-            Some(item) => item?.0,
-            None => sled::IVec::from(&first[..]),
-        };
+        // The index chunk covering `after_seq + 1` starts at or before it (from the start,
+        // that is the first chunk: no need to look back for it).
+        let start = match after_seq {
+            0 => None,
+            _ => db
+                .range(first..=keys::events(execution_id, after_seq.saturating_add(1)))
+                .next_back()
+                .transpose()?
+                .map(|(key, _)| key),
+        }
+        .unwrap_or_else(|| sled::IVec::from(&first[..]));
         let mut refs = Vec::new();
         for item in db.range(start..=sled::IVec::from(&last[..])) {
             let (key, value) = item?;
