@@ -109,12 +109,12 @@ pub(crate) struct Shared {
     pub path: PathBuf,
     pub limits: Limits,
     pub(crate) overlay: RwLock<Overlay>,
-    /// Odd while a materialization slice is being written to disk and the overlay has not
-    /// caught up; bumped before and after. Readers that see the same even value before and
+    /// Odd while a materialization slice is being applied to sled and the overlay has not
+    /// dropped it yet; bumped before and after. Readers that see the same even value before and
     /// after reading the overlay and then disk saw a consistent state.
     pub generation: AtomicU64,
-    /// Held (write) by the committer from writing a slice to disk until the overlay has
-    /// caught up; readers that keep missing a stable generation take it (read) instead.
+    /// Held (write) by the committer from applying a slice to sled until the overlay has
+    /// dropped it; readers that keep missing a stable generation take it (read) instead.
     pub(crate) slice_lock: RwLock<()>,
     /// The position of the newest event on disk (fsynced).
     pub durable_position: AtomicU64,
