@@ -158,6 +158,7 @@ pub fn load(store: &dyn EventStore, execution_id: ExecutionId) -> Result<(Execut
 
 /// Rebuilds an execution's machine from its events up to `through_seq` (a head's
 /// `last_seq`: exactly the state that head describes), without reading the head again.
+/// Seqs run gap-free from 1, so those are the first `through_seq` events.
 pub fn replay(
     store: &dyn EventStore,
     execution_id: ExecutionId,

@@ -242,7 +242,7 @@ impl Overlay {
         }
     }
 
-    /// The slice is on disk: drop it from `frozen`, and tell `active` entries of the same
+    /// The slice is applied to sled: drop it from `frozen`, and tell `active` entries of the same
     /// executions what the by-state index on disk says now. Returns that for every execution
     /// written, for the entries the caller merges next.
     pub fn finish_slice(&mut self, slice: Slice) -> HashMap<ExecutionId, Option<ExecutionState>> {
