@@ -360,6 +360,8 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         .map(|_| json!({"tool": "echo", "args": {"text": payload}}))
         .collect();
     script.push(json!({"reply": "done"}));
+    // Shared by the workers: cloned once per execution (its request owns it), not per worker.
+    let script = Arc::new(script);
     let executions_us = Arc::new(Mutex::new(Some(histogram())));
     let next = Arc::new(AtomicUsize::new(0));
     let failed = Arc::new(AtomicUsize::new(0));
@@ -397,7 +399,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
                     let admitted = Instant::now();
                     let request = StartRequest {
                         message: "load".into(),
-                        script: script.clone(),
+                        script: script.as_ref().clone(),
                         max_iterations: Some(max_iterations),
                         ..StartRequest::default()
                     };

@@ -319,6 +319,25 @@ impl Env {
     /// The live actor of an execution, activating it if needed. A new actor first starts
     /// an attempt (`Activate`), before any message sent after this returns.
     pub fn activate(self: &Arc<Self>, execution_id: ExecutionId) -> Result<Addr<ExecutionActor>> {
+        self.activate_from(execution_id, || load(self.store.as_ref(), execution_id))
+    }
+
+    /// `activate` for an execution just admitted, from the head and machine its admission
+    /// committed: nothing is read back. Should another activation have run it and released it
+    /// in between, the new actor's first write meets a version conflict and it stops.
+    pub fn activate_admitted(
+        self: &Arc<Self>,
+        head: ExecutionHead,
+        machine: Machine,
+    ) -> Result<Addr<ExecutionActor>> {
+        self.activate_from(head.execution_id, move || Ok((head, machine)))
+    }
+
+    fn activate_from(
+        self: &Arc<Self>,
+        execution_id: ExecutionId,
+        state: impl FnOnce() -> Result<(ExecutionHead, Machine)>,
+    ) -> Result<Addr<ExecutionActor>> {
         if let Some(addr) = self.directory.live(execution_id) {
             return Ok(addr);
         }
@@ -327,7 +346,7 @@ impl Env {
         }
         // Replay outside the directory's lock; the lock is taken again to insert, and a
         // concurrent activation that won meanwhile is used instead.
-        let (head, machine) = load(self.store.as_ref(), execution_id)?;
+        let (head, machine) = state()?;
         let mut live = self
             .directory
             .live

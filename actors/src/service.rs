@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use openprogram_storage::{AnswerScope, ProcessId, WaitId};
 use openprogram_storage::{
-    CommandId, CommandRecord, CommandStatus, Control, EffectId, Event, EventEnvelope,
+    CommandId, CommandRecord, CommandStatus, Control, EffectId, Event, EventEnvelope, EventStore,
     ExecutionHead, ExecutionId, ExecutionKind, ExecutionState, MessageId, Outcome, ReceiptStatus,
     RunId, SessionId, Transition,
 };
@@ -20,7 +20,7 @@ use crate::env::{load, Env};
 use crate::error::{Error, Result};
 use crate::execution::actor::GetSnapshot;
 use crate::execution::commands::{payload_hash_of, ApplyControl};
-use crate::execution::machine::AgentInput;
+use crate::execution::machine::{AgentInput, Machine};
 use crate::process::Summarize;
 use crate::snapshot::Snapshot;
 
@@ -285,66 +285,19 @@ impl Service {
         if self.env.is_stopping() {
             return Err(Error::Unavailable("the runtime is shutting down".into()));
         }
-        let mut head = ExecutionHead::new(
+        let admission = Admission::new(execution_id, session_id, self.env.revision, request)?;
+        let reply = StartReply {
             execution_id,
-            session_id,
-            RunId::new(),
-            ExecutionKind::AgentTurn,
-        );
-        head.revision_id = self.env.revision;
-        let input = AgentInput {
-            message: request.message,
-            script: request.script,
-            max_iterations: request.max_iterations.unwrap_or(50),
-        };
-        if input.max_iterations == 0 {
-            return Err(Error::InvalidRequest(
-                "max_iterations must be at least 1".into(),
-            ));
-        }
-        let input = serde_json::to_string(&input)
-            .map_err(|error| Error::InvalidRequest(error.to_string()))?;
-        let admitted = Event::Admitted {
-            kind: head.kind,
-            session_id,
-            run_id: head.run_id,
-            parent_execution_id: None,
-            revision_id: head.revision_id,
-            turn_id: head.turn_id,
-            user_message_id: head.user_message_id,
-            reply_message_id: head.reply_message_id,
-            parent_message_id: request.parent_message_id,
-            input,
-        };
-        let mut events = vec![admitted];
-        if request.start_paused {
-            let reason = String::from("start_paused");
-            head.state = ExecutionState::Paused;
-            head.pause_reason = Some(reason.clone());
-            events.push(Event::StateChanged {
-                state: ExecutionState::Paused,
-                reason,
-            });
-        }
-        let mut reply = StartReply {
-            execution_id,
-            run_id: head.run_id,
-            turn_id: head.turn_id,
-            user_message_id: head.user_message_id,
-            reply_message_id: head.reply_message_id,
+            run_id: admission.head.run_id,
+            turn_id: admission.head.turn_id,
+            user_message_id: admission.head.user_message_id,
+            reply_message_id: admission.head.reply_message_id,
             version: 1,
         };
-        match self
-            .env
-            .store
-            .submit(Transition::create(head, events))
-            .await?
-        {
-            Outcome::Committed(committed) => reply.version = committed.version,
-            other => return Err(Error::Internal(format!("creating an execution: {other:?}"))),
-        }
-        if !request.start_paused {
-            match self.env.activate(execution_id) {
+        let start_paused = admission.start_paused;
+        let (head, machine, version) = admission.commit(self.env.store.as_ref()).await?;
+        if !start_paused {
+            match self.env.activate_admitted(head, machine) {
                 Ok(_) => {}
                 // Admitted, and shutdown began meanwhile: the next start runs it (a failure
                 // here would make a client retry admit it twice).
@@ -352,7 +305,7 @@ impl Service {
                 Err(error) => return Err(error),
             }
         }
-        Ok(reply)
+        Ok(StartReply { version, ..reply })
     }
 
     /// K-1: saves the command as accepted, routes it to the execution, returns its outcome.
@@ -519,5 +472,141 @@ impl Service {
     ) -> Result<Vec<EventEnvelope>> {
         self.head_in(session_id, execution_id)?;
         Ok(self.env.store.events_after(execution_id, after, limit)?)
+    }
+}
+
+/// A new agent turn's first transition, with what it leaves behind: the head and the
+/// machine a replay of it would build, so the admission can start its actor without
+/// reading it back (`Env::activate_admitted`).
+struct Admission {
+    head: ExecutionHead,
+    events: Vec<Event>,
+    input: AgentInput,
+    parent_message_id: Option<MessageId>,
+    start_paused: bool,
+}
+
+impl Admission {
+    fn new(
+        execution_id: ExecutionId,
+        session_id: SessionId,
+        revision_id: openprogram_storage::RevisionId,
+        request: StartRequest,
+    ) -> Result<Self> {
+        let mut head = ExecutionHead::new(
+            execution_id,
+            session_id,
+            RunId::new(),
+            ExecutionKind::AgentTurn,
+        );
+        head.revision_id = revision_id;
+        let input = AgentInput {
+            message: request.message,
+            script: request.script,
+            max_iterations: request.max_iterations.unwrap_or(50),
+        };
+        if input.max_iterations == 0 {
+            return Err(Error::InvalidRequest(
+                "max_iterations must be at least 1".into(),
+            ));
+        }
+        let encoded = serde_json::to_string(&input)
+            .map_err(|error| Error::InvalidRequest(error.to_string()))?;
+        let mut events = vec![Event::Admitted {
+            kind: head.kind,
+            session_id,
+            run_id: head.run_id,
+            parent_execution_id: None,
+            revision_id: head.revision_id,
+            turn_id: head.turn_id,
+            user_message_id: head.user_message_id,
+            reply_message_id: head.reply_message_id,
+            parent_message_id: request.parent_message_id,
+            input: encoded,
+        }];
+        if request.start_paused {
+            let reason = String::from("start_paused");
+            head.state = ExecutionState::Paused;
+            head.pause_reason = Some(reason.clone());
+            events.push(Event::StateChanged {
+                state: ExecutionState::Paused,
+                reason,
+            });
+        }
+        Ok(Self {
+            head,
+            events,
+            input,
+            parent_message_id: request.parent_message_id,
+            start_paused: request.start_paused,
+        })
+    }
+
+    /// Commits the admission; returns the head and machine as a replay would rebuild them
+    /// (the input is not parsed back), and the version.
+    async fn commit(self, store: &dyn EventStore) -> Result<(ExecutionHead, Machine, u64)> {
+        let mut head = self.head.clone();
+        let mut machine = Machine::default();
+        let mut ignored = Vec::new();
+        for (index, event) in self.events.iter().enumerate() {
+            let seq = index as u64 + 1;
+            match event {
+                Event::Admitted { .. } => machine.admit(self.parent_message_id, self.input.clone()),
+                other => machine.apply(other, seq, &mut ignored),
+            }
+        }
+        let committed = match store
+            .submit(Transition::create(self.head, self.events))
+            .await?
+        {
+            Outcome::Committed(committed) => committed,
+            other => return Err(Error::Internal(format!("creating an execution: {other:?}"))),
+        };
+        head.version = committed.version;
+        head.last_seq = *committed.seqs.end();
+        head.last_activity_ms = committed.at_ms;
+        Ok((head, machine, committed.version))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::env::load;
+    use openprogram_storage::{RevisionId, Store};
+    use serde_json::json;
+
+    /// the head and machine an admission hands to its actor are exactly those a
+    /// replay of the stored admission rebuilds (what a restart would resume from), for a
+    /// script whose input does not round-trip trivially (floats, nesting, escapes, unicode).
+    #[tokio::test]
+    async fn r5_an_admission_starts_from_the_state_a_restart_replays() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path()).expect("store");
+        for start_paused in [false, true] {
+            let request = StartRequest {
+                message: "héllo \"quoted\"\n".into(),
+                parent_message_id: Some(MessageId::new()),
+                script: vec![
+                    json!({"tool": "echo", "args": {"text": "a\u{1F600}", "n": 0.1, "big": u64::MAX}}),
+                    json!({"reply": "done", "extra": [1, -2, 3.5e300, null, {"z": 1, "a": 2}]}),
+                ],
+                max_iterations: Some(7),
+                start_paused,
+            };
+            let admission = Admission::new(
+                ExecutionId::new(),
+                SessionId::new(),
+                RevisionId::new(),
+                request,
+            )
+            .expect("admission");
+            let execution_id = admission.head.execution_id;
+            let (head, machine, version) = admission.commit(&store).await.expect("commit");
+            let (stored_head, replayed) = load(&store, execution_id).expect("load");
+            assert_eq!(head, stored_head, "start_paused: {start_paused}");
+            assert_eq!(machine, replayed, "start_paused: {start_paused}");
+            assert_eq!(version, stored_head.version);
+        }
     }
 }

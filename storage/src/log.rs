@@ -433,6 +433,7 @@ impl Committer {
             version: frame.head.version,
             seqs: first_seq..=frame.head.last_seq,
             positions: first_position..=first_position + n_events - 1,
+            at_ms,
         };
         group.heads.insert(
             execution_id,

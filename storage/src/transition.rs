@@ -142,4 +142,6 @@ pub struct Committed {
     pub seqs: RangeInclusive<u64>,
     /// The global positions of the transition's events.
     pub positions: RangeInclusive<u64>,
+    /// The time the committer stamped on the events and the head (`last_activity_ms`).
+    pub at_ms: u64,
 }

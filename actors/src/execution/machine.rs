@@ -387,6 +387,22 @@ impl Machine {
         Next::CallModel { effect_id: fresh }
     }
 
+    /// What `apply` does with an `Admitted` event whose input parses to `input`. The
+    /// admission calls it directly with the input it just serialized into that event, so a
+    /// new execution starts without reading its events back or parsing its input again.
+    pub fn admit(
+        &mut self,
+        parent_message_id: Option<openprogram_storage::MessageId>,
+        mut input: AgentInput,
+    ) {
+        if input.max_iterations == 0 {
+            input.max_iterations = default_max_iterations();
+        }
+        self.parent_message_id = parent_message_id;
+        self.input = std::sync::Arc::new(input);
+        self.status = Some(Status::Queued);
+    }
+
     /// Folds one committed event into the state. `seq` is the event's seq.
     pub fn apply(&mut self, event: &Event, seq: u64, actions: &mut Vec<Action>) {
         match event {
@@ -395,17 +411,11 @@ impl Machine {
                 parent_message_id,
                 ..
             } => {
-                self.parent_message_id = *parent_message_id;
-                let mut parsed: AgentInput =
-                    serde_json::from_str(input).unwrap_or_else(|_| AgentInput {
-                        message: input.clone(),
-                        ..AgentInput::default()
-                    });
-                if parsed.max_iterations == 0 {
-                    parsed.max_iterations = default_max_iterations();
-                }
-                self.input = std::sync::Arc::new(parsed);
-                self.status = Some(Status::Queued);
+                let parsed = serde_json::from_str(input).unwrap_or_else(|_| AgentInput {
+                    message: input.clone(),
+                    ..AgentInput::default()
+                });
+                self.admit(*parent_message_id, parsed);
             }
             Event::AttemptStarted {
                 owner_id,
