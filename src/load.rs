@@ -72,11 +72,14 @@ pub struct LoadReport {
     pub raw_per_s: Option<f64>,
     /// Durable transitions per second (two per step) over `raw_per_s`.
     pub ratio_to_raw: Option<f64>,
-    /// With `--commands-per-s`: commands sent, rejected, and their latency.
+    /// With `--commands-per-s`: commands sent and rejected; the latency (call → answer) of
+    /// the applied ones (Q-4: accepted → applied), and apart, the rejected ones' p99 (a
+    /// command that reaches an execution just finished: it is activated to answer).
     pub commands: Option<u64>,
     pub commands_rejected: Option<u64>,
     pub command_p50_ms: Option<f64>,
     pub command_p99_ms: Option<f64>,
+    pub rejected_p99_ms: Option<f64>,
     /// With `--park`: executions parked and resident memory per parked execution.
     pub parked: Option<usize>,
     pub rss_per_parked_bytes: Option<f64>,
@@ -142,15 +145,15 @@ pub async fn park(
 }
 
 /// Sends Pause/Continue pairs to random running executions until `done`, each pair in its
-/// own task so slow commands do not lower the rate; returns the latencies (µs) of every
-/// command, how many were sent and how many were rejected.
+/// own task so slow commands do not lower the rate; returns the latencies (µs) of the applied
+/// and of the rejected commands.
 async fn send_commands(
     runtime: Runtime,
     session: SessionId,
     running: Arc<Mutex<Vec<ExecutionId>>>,
     per_s: f64,
     done: Arc<std::sync::atomic::AtomicBool>,
-) -> Result<(Histogram<u64>, u64, u64)> {
+) -> Result<CommandLatencies> {
     let interval = Duration::from_secs_f64(1.0 / per_s.max(0.001));
     // xorshift64 picks the targets; which ones does not change what is measured.
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
@@ -186,19 +189,28 @@ async fn send_commands(
             pair
         }));
     }
-    let mut latencies = histogram();
-    let (mut sent, mut rejected) = (0u64, 0u64);
+    let mut latencies = CommandLatencies {
+        applied: histogram(),
+        rejected: histogram(),
+    };
     for pair in pairs {
         let pair = pair
             .await
             .map_err(|error| Error::Internal(format!("a command task panicked: {error}")))??;
         for (micros, applied) in pair {
-            latencies.saturating_record(micros);
-            sent += 1;
-            rejected += u64::from(!applied);
+            match applied {
+                true => latencies.applied.saturating_record(micros),
+                false => latencies.rejected.saturating_record(micros),
+            }
         }
     }
-    Ok((latencies, sent, rejected))
+    Ok(latencies)
+}
+
+/// Command latencies (µs), applied and rejected apart.
+struct CommandLatencies {
+    applied: Histogram<u64>,
+    rejected: Histogram<u64>,
 }
 
 /// How many times a Continue is retried while its execution is still paused.
@@ -511,14 +523,20 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         peak_rss_mib,
         ratio_to_raw: raw_per_s.map(|raw| 2.0 * steps_per_s / raw),
         raw_per_s,
-        commands: commands.as_ref().map(|(_, sent, _)| *sent),
-        commands_rejected: commands.as_ref().map(|(_, _, rejected)| *rejected),
+        commands: commands
+            .as_ref()
+            .map(|latencies| latencies.applied.len() + latencies.rejected.len()),
+        commands_rejected: commands.as_ref().map(|latencies| latencies.rejected.len()),
         command_p50_ms: commands
             .as_ref()
-            .map(|(latencies, _, _)| ms(latencies, 0.50)),
+            .map(|latencies| ms(&latencies.applied, 0.50)),
         command_p99_ms: commands
             .as_ref()
-            .map(|(latencies, _, _)| ms(latencies, 0.99)),
+            .map(|latencies| ms(&latencies.applied, 0.99)),
+        rejected_p99_ms: commands
+            .as_ref()
+            .filter(|latencies| !latencies.rejected.is_empty())
+            .map(|latencies| ms(&latencies.rejected, 0.99)),
         parked: parked.map(|(n, _)| n),
         rss_per_parked_bytes: parked.map(|(_, bytes)| bytes.round()),
     })
@@ -567,7 +585,13 @@ impl LoadReport {
         {
             let rejected = self.commands_rejected.unwrap_or(0);
             rows.push(("commands (rejected)", format!("{sent} ({rejected})")));
-            rows.push(("command p50 / p99", format!("{p50:.3} / {p99:.3} ms")));
+            rows.push((
+                "applied command p50 / p99",
+                format!("{p50:.3} / {p99:.3} ms"),
+            ));
+            if let Some(p99) = self.rejected_p99_ms {
+                rows.push(("rejected command p99", format!("{p99:.3} ms")));
+            }
         }
         if let (Some(parked), Some(bytes)) = (self.parked, self.rss_per_parked_bytes) {
             rows.push(("parked executions", parked.to_string()));

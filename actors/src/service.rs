@@ -548,12 +548,10 @@ impl Admission {
         let mut head = self.head.clone();
         let mut machine = Machine::default();
         let mut ignored = Vec::new();
-        for (index, event) in self.events.iter().enumerate() {
-            let seq = index as u64 + 1;
-            match event {
-                Event::Admitted { .. } => machine.admit(self.parent_message_id, self.input.clone()),
-                other => machine.apply(other, seq, &mut ignored),
-            }
+        // The first event is `Admitted` (`Admission::new`): its input is at hand.
+        machine.admit(self.parent_message_id, self.input);
+        for (event, seq) in self.events.iter().zip(1..).skip(1) {
+            machine.apply(event, seq, &mut ignored);
         }
         let committed = match store
             .submit(Transition::create(self.head, self.events))
