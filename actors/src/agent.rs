@@ -15,7 +15,7 @@ use futures::FutureExt;
 use openprogram_storage::{AttemptId, EffectId, ExecutionId, OwnerId};
 
 use crate::execution::live::CallHandle;
-use crate::execution::machine::{AgentInput, Decision, Recovery, Turn};
+use crate::execution::machine::{AgentInput, Decision, Recovery, ScriptElement, Turn};
 
 /// What a provider decides from: the immutable input and the committed context.
 #[derive(Debug, Clone)]
@@ -148,9 +148,10 @@ impl Provider for Scripted {
             })
             .count();
         let index = request.iterations as usize + skipped;
-        let decision = match request.input.script.get(index) {
+        let decision = match request.input.script.get(index).map(ScriptElement::parse) {
             None => Err(format!("the script has no element {index}")),
-            Some(element) => scripted_decision(element),
+            Some(Ok(element)) => scripted_decision(&element),
+            Some(Err(error)) => Err(format!("script element {index}: {error}")),
         };
         futures::future::ready(decision).boxed()
     }

@@ -20,7 +20,7 @@ use crate::env::{load, Env};
 use crate::error::{Error, Result};
 use crate::execution::actor::GetSnapshot;
 use crate::execution::commands::{payload_hash_of, ApplyControl};
-use crate::execution::machine::{AgentInput, Machine};
+use crate::execution::machine::{AgentInput, Machine, ScriptElement};
 use crate::process::Summarize;
 use crate::snapshot::Snapshot;
 
@@ -500,9 +500,15 @@ impl Admission {
             ExecutionKind::AgentTurn,
         );
         head.revision_id = revision_id;
+        let script = request
+            .script
+            .iter()
+            .map(ScriptElement::new)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| Error::InvalidRequest(format!("script: {error}")))?;
         let input = AgentInput {
             message: request.message,
-            script: request.script,
+            script,
             max_iterations: request.max_iterations.unwrap_or(50),
         };
         if input.max_iterations == 0 {
