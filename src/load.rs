@@ -529,9 +529,11 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         commands_rejected: commands.as_ref().map(|latencies| latencies.rejected.len()),
         command_p50_ms: commands
             .as_ref()
+            .filter(|latencies| !latencies.applied.is_empty())
             .map(|latencies| ms(&latencies.applied, 0.50)),
         command_p99_ms: commands
             .as_ref()
+            .filter(|latencies| !latencies.applied.is_empty())
             .map(|latencies| ms(&latencies.applied, 0.99)),
         rejected_p99_ms: commands
             .as_ref()
@@ -580,15 +582,15 @@ impl LoadReport {
             ("fsyncs", self.fsyncs.to_string()),
             ("peak RSS", format!("{:.1} MiB", self.peak_rss_mib)),
         ];
-        if let (Some(sent), Some(p50), Some(p99)) =
-            (self.commands, self.command_p50_ms, self.command_p99_ms)
-        {
+        if let Some(sent) = self.commands {
             let rejected = self.commands_rejected.unwrap_or(0);
             rows.push(("commands (rejected)", format!("{sent} ({rejected})")));
-            rows.push((
-                "applied command p50 / p99",
-                format!("{p50:.3} / {p99:.3} ms"),
-            ));
+            if let (Some(p50), Some(p99)) = (self.command_p50_ms, self.command_p99_ms) {
+                rows.push((
+                    "applied command p50 / p99",
+                    format!("{p50:.3} / {p99:.3} ms"),
+                ));
+            }
             if let Some(p99) = self.rejected_p99_ms {
                 rows.push(("rejected command p99", format!("{p99:.3} ms")));
             }

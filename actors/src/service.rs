@@ -581,36 +581,49 @@ mod tests {
     use serde_json::json;
 
     /// the head and machine an admission hands to its actor are exactly those a
-    /// replay of the stored admission rebuilds (what a restart would resume from), for a
-    /// script whose input does not round-trip trivially (floats, nesting, escapes, unicode).
+    /// replay of the stored admission rebuilds after a restart (the store is reopened), for
+    /// inputs that do not round-trip trivially (floats, escapes, unicode), one stored as a
+    /// blob (S-5: over 1 KiB), and defaults (no parent, no iteration limit).
     #[tokio::test]
     async fn r5_an_admission_starts_from_the_state_a_restart_replays() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(dir.path()).expect("store");
-        for start_paused in [false, true] {
-            let request = StartRequest {
-                message: "héllo \"quoted\"\n".into(),
-                parent_message_id: Some(MessageId::new()),
-                script: vec![
-                    json!({"tool": "echo", "args": {"text": "a\u{1F600}", "n": 0.1, "big": u64::MAX}}),
-                    json!({"reply": "done", "extra": [1, -2, 3.5e300, null, {"z": 1, "a": 2}]}),
-                ],
-                max_iterations: Some(7),
-                start_paused,
-            };
-            let admission = Admission::new(
-                ExecutionId::new(),
-                SessionId::new(),
-                RevisionId::new(),
-                request,
-            )
-            .expect("admission");
-            let execution_id = admission.head.execution_id;
-            let (head, machine, version) = admission.commit(&store).await.expect("commit");
+        let long = "x".repeat(2048);
+        let mut admitted = Vec::new();
+        {
+            let store = Store::open(dir.path()).expect("store");
+            for (start_paused, parent, max_iterations, text) in [
+                (false, Some(MessageId::new()), Some(7), "a\u{1F600}"),
+                (true, Some(MessageId::new()), Some(7), "a\u{1F600}"),
+                (false, None, None, long.as_str()),
+            ] {
+                let request = StartRequest {
+                    message: "héllo \"quoted\"\n".into(),
+                    parent_message_id: parent,
+                    script: vec![
+                        json!({"tool": "echo", "args": {"text": text, "n": 0.1, "big": u64::MAX}}),
+                        json!({"reply": "done", "extra": [1, -2, 3.5e300, null, {"z": 1, "a": 2}]}),
+                    ],
+                    max_iterations,
+                    start_paused,
+                };
+                let admission = Admission::new(
+                    ExecutionId::new(),
+                    SessionId::new(),
+                    RevisionId::new(),
+                    request,
+                )
+                .expect("admission");
+                let execution_id = admission.head.execution_id;
+                let (head, machine, version) = admission.commit(&store).await.expect("commit");
+                assert_eq!(version, 1);
+                admitted.push((execution_id, head, machine, start_paused));
+            }
+        }
+        let store = Store::open(dir.path()).expect("reopen");
+        for (execution_id, head, machine, start_paused) in admitted {
             let (stored_head, replayed) = load(&store, execution_id).expect("load");
             assert_eq!(head, stored_head, "start_paused: {start_paused}");
             assert_eq!(machine, replayed, "start_paused: {start_paused}");
-            assert_eq!(version, stored_head.version);
         }
     }
 }

@@ -98,7 +98,17 @@ fn i4_load_reports_command_latency_and_parked_memory_when_asked() {
     assert_eq!(report["parked"], 50);
     assert!(report["rss_per_parked_bytes"].is_number(), "{report}");
     let commands = report["commands"].as_u64().expect("commands counted");
-    if commands > 0 {
-        assert!(report["command_p99_ms"].is_number(), "{report}");
-    }
+    let rejected = report["commands_rejected"]
+        .as_u64()
+        .expect("rejections counted");
+    assert_eq!(
+        report["command_p99_ms"].is_number(),
+        commands > rejected,
+        "a latency exactly when a command was applied: {report}"
+    );
+    assert_eq!(
+        report["rejected_p99_ms"].is_number(),
+        rejected > 0,
+        "{report}"
+    );
 }

@@ -299,6 +299,7 @@ impl ExecutionActor {
                 act.head = head;
                 act.head.version = committed.version;
                 act.head.last_seq = *committed.seqs.end();
+                act.head.last_activity_ms = committed.at_ms;
                 if let Some(epoch) = act.epoch {
                     act.head.fencing_epoch = epoch;
                 }

@@ -30,7 +30,9 @@ pub struct AgentInput {
 /// One element of a script, kept as its JSON text: a turn holds its whole script for its
 /// life, and a text is one allocation to make and free where a parsed value is a tree of
 /// them (measured: freeing the parsed scripts of 1,000 turns that ended together held
-/// commands up by ~50 ms). The provider parses the element it takes.
+/// commands up by ~50 ms). The provider parses the element it takes (`parse`). Two
+/// elements are equal when their texts are: the same value written with other whitespace
+/// or key order is a different element (a replay reads back the text that was stored).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct ScriptElement(Box<serde_json::value::RawValue>);
