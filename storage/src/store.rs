@@ -37,8 +37,9 @@ pub use crate::shared::{Limits, MetricsSnapshot};
 
 /// Reads and writes of the event log, independent of the engine underneath.
 pub trait EventStore: Send + Sync + 'static {
-    /// Queues a transition for the next group commit. The future resolves once the group is
-    /// fsynced (or rejected); it waits while the queue is full.
+    /// Queues a transition for the next group commit: at once when the queue has room,
+    /// else when the future is first polled, waiting while the queue is full. The future
+    /// resolves once the group is fsynced (or rejected).
     fn submit(&self, transition: Transition) -> BoxFuture<'static, Result<Outcome>>;
     fn head(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>>;
     /// Events of one execution with `seq > after_seq`, oldest first, at most `limit`.
@@ -369,24 +370,38 @@ impl Store {
 
 impl EventStore for Store {
     fn submit(&self, transition: Transition) -> BoxFuture<'static, Result<Outcome>> {
-        let sender = self.inner.sender.clone();
-        let blob_bytes_max = self.shared().limits.blob_bytes_max;
-        let transition_bytes_max = self.shared().limits.transition_bytes_max;
-        let failure = self.shared().failure();
-        async move {
-            if let Some(reason) = failure {
-                return Err(Error::FailStop(reason));
-            }
-            check_sizes(&transition, blob_bytes_max, transition_bytes_max)?;
-            let sender = sender.ok_or(Error::Closed)?;
-            let (reply, answer) = oneshot::channel();
-            sender
-                .send(Request::Transition { transition, reply })
-                .await
-                .map_err(|_| Error::Closed)?;
-            answer.await.map_err(|_| Error::Closed)?
+        let limits = &self.shared().limits;
+        let checked = match self.shared().failure() {
+            Some(reason) => Err(Error::FailStop(reason)),
+            None => check_sizes(
+                &transition,
+                limits.blob_bytes_max,
+                limits.transition_bytes_max,
+            ),
+        };
+        if let Err(error) = checked {
+            return futures::future::ready(Err(error)).boxed();
         }
-        .boxed()
+        let Some(sender) = &self.inner.sender else {
+            return futures::future::ready(Err(Error::Closed)).boxed();
+        };
+        // Queued now when there is room: the future then holds only the answer's receiver,
+        // a small allocation instead of one that carries the whole transition.
+        let (reply, answer) = oneshot::channel();
+        match sender.try_send(Request::Transition { transition, reply }) {
+            Ok(()) => async move { answer.await.map_err(|_| Error::Closed)? }.boxed(),
+            Err(mpsc::error::TrySendError::Full(request)) => {
+                let sender = sender.clone();
+                async move {
+                    sender.send(request).await.map_err(|_| Error::Closed)?;
+                    answer.await.map_err(|_| Error::Closed)?
+                }
+                .boxed()
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                futures::future::ready(Err(Error::Closed)).boxed()
+            }
+        }
     }
 
     fn head(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>> {
