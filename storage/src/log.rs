@@ -155,6 +155,8 @@ impl Committer {
         }
         let at_ms = now_ms();
         let mut group = Group {
+            heads: HashMap::with_capacity(requests.len()),
+            frames: Vec::with_capacity(requests.len()),
             next_position: self
                 .shared
                 .durable_position

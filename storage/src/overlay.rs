@@ -19,6 +19,7 @@
 //! is harmless: the mark has not moved, the replay rebuilds the same heads, index chunks
 //! (keyed by the same first seq) and records, and writes them again.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use crate::codec::{self, Frame, FrameRef, RecordValue};
@@ -192,17 +193,20 @@ impl Overlay {
             last_seq: frame.head.last_seq,
             record,
         };
-        let dirty = self
-            .active
-            .execs
-            .entry(frame.head.execution_id)
-            .or_insert_with(|| Dirty {
-                head: frame.head.clone(),
-                indexed_state,
-                frame_refs: Vec::new(),
-            });
-        dirty.head = frame.head;
-        dirty.frame_refs.push(frame_ref);
+        match self.active.execs.entry(frame.head.execution_id) {
+            Entry::Occupied(mut entry) => {
+                let dirty = entry.get_mut();
+                dirty.head = frame.head;
+                dirty.frame_refs.push(frame_ref);
+            }
+            Entry::Vacant(entry) => {
+                entry.insert(Dirty {
+                    head: frame.head,
+                    indexed_state,
+                    frame_refs: vec![frame_ref],
+                });
+            }
+        }
     }
 
     /// Starts a materialization of everything in `active`, covering the log through
