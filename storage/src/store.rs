@@ -39,7 +39,8 @@ pub use crate::shared::{Limits, MetricsSnapshot};
 pub trait EventStore: Send + Sync + 'static {
     /// Queues a transition for the next group commit: at once when the queue has room,
     /// else when the future is first polled, waiting while the queue is full. The future
-    /// resolves once the group is fsynced (or rejected).
+    /// resolves once the group is fsynced (or rejected). Transitions that must commit in a
+    /// given order are submitted one after the other, each awaited (as the actors do).
     fn submit(&self, transition: Transition) -> BoxFuture<'static, Result<Outcome>>;
     fn head(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>>;
     /// Events of one execution with `seq > after_seq`, oldest first, at most `limit`.

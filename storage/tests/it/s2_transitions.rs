@@ -28,6 +28,31 @@ async fn s2_cas_conflict_returns_current_version_and_writes_nothing() {
     );
 }
 
+/// A queue bound of 1 and 64 submissions made at once: the first are queued when `submit` is
+/// called, the rest wait for room when first polled; every one commits, none is lost.
+#[tokio::test]
+async fn s2_a_full_queue_makes_submit_wait_and_every_transition_commits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let limits = Limits {
+        queue_len_max: 1,
+        ..Default::default()
+    };
+    let store = Store::open_with(dir.path(), limits).expect("open");
+    let ids: Vec<_> = (0..64)
+        .map(|_| openprogram_storage::ExecutionId::new())
+        .collect();
+    let submitted: Vec<_> = ids
+        .iter()
+        .map(|id| store.submit(Transition::create(head(*id), vec![decided("admitted")])))
+        .collect();
+    for outcome in futures::future::join_all(submitted).await {
+        assert_eq!(committed(outcome.expect("submit")).version, 1);
+    }
+    for id in ids {
+        assert_eq!(store.head(id).expect("head").map(|h| h.version), Some(1));
+    }
+}
+
 #[tokio::test]
 async fn s2_fenced_writer_is_rejected_and_newer_epoch_claims() {
     let dir = tempfile::tempdir().expect("tempdir");
