@@ -1,8 +1,8 @@
 //! S-2: a transition is one atomic write with its version check and fencing check.
 
 use openprogram_storage::{
-    Blob, CommandId, CommandRecord, CommandStatus, EventStore, Limits, Outcome, Store, Transition,
-    Upsert,
+    Blob, CommandId, CommandRecord, CommandStatus, EventStore, ExecutionId, Limits, Outcome, Store,
+    Transition, Upsert,
 };
 
 use crate::support::*;
@@ -38,9 +38,7 @@ async fn s2_a_full_queue_makes_submit_wait_and_every_transition_commits() {
         ..Default::default()
     };
     let store = Store::open_with(dir.path(), limits).expect("open");
-    let ids: Vec<_> = (0..64)
-        .map(|_| openprogram_storage::ExecutionId::new())
-        .collect();
+    let ids: Vec<_> = (0..64).map(|_| ExecutionId::new()).collect();
     let submitted: Vec<_> = ids
         .iter()
         .map(|id| store.submit(Transition::create(head(*id), vec![decided("admitted")])))
