@@ -30,7 +30,7 @@ use crate::records::{
     WaitRecord,
 };
 use crate::shared::{Metrics, Shared};
-use crate::transition::{Outcome, Transition, Upsert};
+use crate::transition::{Outcome, Transition};
 
 pub use crate::open::{Incarnation, SEGMENT_BYTES};
 pub use crate::shared::{Limits, MetricsSnapshot};
@@ -374,11 +374,7 @@ impl EventStore for Store {
         let limits = &self.shared().limits;
         let checked = match self.shared().failure() {
             Some(reason) => Err(Error::FailStop(reason)),
-            None => check_sizes(
-                &transition,
-                limits.blob_bytes_max,
-                limits.transition_bytes_max,
-            ),
+            None => transition.check_sizes(limits.blob_bytes_max, limits.transition_bytes_max),
         };
         if let Err(error) = checked {
             return futures::future::ready(Err(error)).boxed();
@@ -663,47 +659,5 @@ fn spawn_ticker(sender: &mpsc::Sender<Request>, limits: &Limits) -> std::io::Res
                 return;
             }
         })?;
-    Ok(())
-}
-
-/// Refuses, before it is queued, a transition whose frame or blobs exceed the limits
-/// (S-5). The frame limit is at most 4 GiB: frames carry a u32 length.
-fn check_sizes(
-    transition: &Transition,
-    blob_bytes_max: usize,
-    transition_bytes_max: usize,
-) -> Result<()> {
-    let mut blob_bytes = 0usize;
-    for upsert in &transition.upserts {
-        if let Upsert::Blob(blob) = upsert {
-            blob_bytes = blob_bytes.saturating_add(blob.bytes().len());
-        }
-    }
-    if blob_bytes > blob_bytes_max {
-        return Err(Error::PayloadTooLarge {
-            what: "blob",
-            len: blob_bytes,
-            max: blob_bytes_max,
-        });
-    }
-    let max = transition_bytes_max.min(u32::MAX as usize);
-    let mut len = codec::encoded_size(&(&transition.head, &transition.events));
-    for upsert in &transition.upserts {
-        len = len.saturating_add(match upsert {
-            Upsert::Command(record) => codec::encoded_size(record),
-            Upsert::Receipt(record) => codec::encoded_size(record),
-            Upsert::Wait(record) => codec::encoded_size(record),
-            Upsert::Process(record) => codec::encoded_size(record),
-            Upsert::Blob(_) => 0,
-        });
-    }
-    let len = usize::try_from(len).unwrap_or(usize::MAX);
-    if len > max {
-        return Err(Error::PayloadTooLarge {
-            what: "transition",
-            len,
-            max,
-        });
-    }
     Ok(())
 }

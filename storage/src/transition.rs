@@ -5,7 +5,8 @@
 
 use std::ops::RangeInclusive;
 
-use crate::codec::RecordValue;
+use crate::codec::{self, RecordValue};
+use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::ids::ExecutionId;
 use crate::records::{
@@ -130,6 +131,50 @@ impl Outcome {
             Outcome::Committed(committed) => Some(committed),
             _ => None,
         }
+    }
+}
+
+impl Transition {
+    /// Refuses, before it is queued, a transition whose frame or blobs exceed the limits
+    /// (S-5). The frame limit is at most 4 GiB: frames carry a u32 length.
+    pub(crate) fn check_sizes(
+        &self,
+        blob_bytes_max: usize,
+        transition_bytes_max: usize,
+    ) -> Result<()> {
+        let mut blob_bytes = 0usize;
+        for upsert in &self.upserts {
+            if let Upsert::Blob(blob) = upsert {
+                blob_bytes = blob_bytes.saturating_add(blob.bytes().len());
+            }
+        }
+        if blob_bytes > blob_bytes_max {
+            return Err(Error::PayloadTooLarge {
+                what: "blob",
+                len: blob_bytes,
+                max: blob_bytes_max,
+            });
+        }
+        let max = transition_bytes_max.min(u32::MAX as usize);
+        let mut len = codec::encoded_size(&(&self.head, &self.events));
+        for upsert in &self.upserts {
+            len = len.saturating_add(match upsert {
+                Upsert::Command(record) => codec::encoded_size(record),
+                Upsert::Receipt(record) => codec::encoded_size(record),
+                Upsert::Wait(record) => codec::encoded_size(record),
+                Upsert::Process(record) => codec::encoded_size(record),
+                Upsert::Blob(_) => 0,
+            });
+        }
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        if len > max {
+            return Err(Error::PayloadTooLarge {
+                what: "transition",
+                len,
+                max,
+            });
+        }
+        Ok(())
     }
 }
 
