@@ -14,6 +14,11 @@ use openprogram::storage::SessionId;
 use openprogram::Runtime;
 use serde_json::json;
 
+/// The `openprogram` binary's allocator (see `src/main.rs`), so that this bench measures what
+/// the binary runs.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()

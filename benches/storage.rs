@@ -26,6 +26,11 @@ struct Figures {
     fsyncs: u64,
 }
 
+/// The `openprogram` binary's allocator (see `src/main.rs`), so that this bench measures what
+/// the binary runs.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() {
     let seconds: u64 = std::env::var("BENCH_SECONDS")
         .ok()

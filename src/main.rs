@@ -12,6 +12,13 @@ use openprogram::load::{self, LoadOptions};
 use openprogram::serve::{self, ServeOptions};
 use openprogram::RestartWindow;
 
+/// jemalloc rather than glibc malloc: sled and the actors free on one thread memory that
+/// another allocated, and glibc's per-arena locks then made the committer and the actor
+/// threads wait on each other (README, "Figures"). The library sets no allocator: an
+/// embedder chooses its own.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "openprogram",
