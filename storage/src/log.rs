@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::codec::{
-    encode_frame, inputs_to_blob, Frame, HeadIdentity, LogRecordWriter, RecordValue,
+    encode_frame_into, inputs_to_blob, Frame, HeadIdentity, LogRecordWriter, RecordValue,
 };
 use crate::error::{Error, Result};
 use crate::event::{Event, EventEnvelope};
@@ -87,6 +87,7 @@ pub(crate) fn run(
         data_file,
         synced_sled_blobs: HashSet::new(),
         last_materialization: Instant::now(),
+        frame_bytes: Vec::new(),
     };
     let replayed = {
         let overlay = committer.shared.overlay_read();
@@ -102,7 +103,11 @@ pub(crate) fn run(
         return;
     }
     while let Some(first) = queue.blocking_recv() {
-        let mut requests = vec![first];
+        // Sized for what is queued now: grown one push at a time, the group's requests
+        // (~0.5 KiB each) were copied over and over.
+        let mut requests =
+            Vec::with_capacity((queue.len() + 1).min(committer.shared.limits.batch_len_max));
+        requests.push(first);
         while requests.len() < committer.shared.limits.batch_len_max {
             match queue.try_recv() {
                 Ok(request) => requests.push(request),
@@ -124,6 +129,8 @@ struct Committer {
     /// Files sled wrote under `blobs/` that we have fsynced already.
     synced_sled_blobs: HashSet<OsString>,
     last_materialization: Instant,
+    /// The frame encoding buffer, kept between groups (see `Group::frame_bytes`).
+    frame_bytes: Vec<u8>,
 }
 
 /// What one group changes, before it is durable.
@@ -136,6 +143,9 @@ struct Group {
     log_records: Vec<(u64, Vec<u8>)>,
     writer: Option<(u64, LogRecordWriter)>,
     next_position: u64,
+    /// Each frame is encoded here, then copied into its log record (the committer's buffer,
+    /// lent to the group).
+    frame_bytes: Vec<u8>,
 }
 
 struct GroupHead {
@@ -162,6 +172,7 @@ impl Committer {
                 .durable_position
                 .load(Ordering::Acquire)
                 .saturating_add(1),
+            frame_bytes: std::mem::take(&mut self.frame_bytes),
             ..Group::default()
         };
         let mut batch = sled::Batch::default();
@@ -172,6 +183,7 @@ impl Committer {
                 answers.push((reply, answer));
             }
         }
+        self.frame_bytes = std::mem::take(&mut group.frame_bytes);
         if let Some((first_position, writer)) = group.writer.take() {
             group
                 .log_records
@@ -378,7 +390,8 @@ impl Committer {
         let with_identity = previous_identity != Some(HeadIdentity::of(&frame.head));
         // S-5: a large admission input is stored once, as a blob, and referenced.
         let blobbed = inputs_to_blob(&frame);
-        let encoded = encode_frame(&frame, with_identity, &blobbed);
+        encode_frame_into(&mut group.frame_bytes, &frame, with_identity, &blobbed);
+        let encoded = &group.frame_bytes;
         let limit = self
             .shared
             .limits
@@ -430,7 +443,7 @@ impl Committer {
                 )
             }
         };
-        writer.push(&encoded);
+        writer.push(encoded);
         let committed = Committed {
             version: frame.head.version,
             seqs: first_seq..=frame.head.last_seq,
