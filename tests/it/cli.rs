@@ -45,6 +45,7 @@ fn i4_load_json_reports_every_execution_and_step() {
         "execution_p99_ms",
         "fsyncs",
         "peak_rss_mib",
+        "cpu_us_per_step",
     ] {
         assert!(report[field].is_number(), "{field} missing in {report}");
     }
