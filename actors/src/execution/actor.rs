@@ -572,7 +572,7 @@ impl Handler<Advance> for ExecutionActor {
         let env = Arc::clone(&self.env);
         match self
             .machine
-            .next(EffectId::new(), |name| env.tools.recovery(name))
+            .next(EffectId::new, |name| env.tools.recovery(name))
         {
             Next::Persist(events) => {
                 return AtomicResponse::new(Box::pin(

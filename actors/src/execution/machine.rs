@@ -68,14 +68,20 @@ pub struct Machine {
     pub processes: Vec<ManagedProcess>,
     /// The message the user message answers (B-1), from the admission.
     pub parent_message_id: Option<openprogram_storage::MessageId>,
+    /// Made by `preview`: folds events without keeping history (context, receipts) or
+    /// building a decision's arguments.
+    preview: bool,
 }
 
 impl Machine {
     /// A copy without the history (context, receipts, decided commands): enough to fold a
     /// transition's events and read the head and checkpoint they lead to, at a cost that does
-    /// not grow with the execution's length.
+    /// not grow with the execution's length. It keeps no history while it folds either, and
+    /// its pending tool has no arguments (`Null`): status, pause reason, next action, pending
+    /// tool, waits, processes and checkpoint are the machine's own (checked by the R10 sim).
     pub fn preview(&self) -> Self {
         Self {
+            preview: true,
             status: self.status,
             pause_reason: self.pause_reason.clone(),
             input: std::sync::Arc::clone(&self.input),
@@ -323,9 +329,14 @@ impl Machine {
         events
     }
 
-    /// What a running execution does when no effect is in flight. `fresh` is the effect id
-    /// to use if it calls the model; `recovery` tells how a tool recovers.
-    pub fn next(&self, fresh: EffectId, recovery: impl Fn(&str) -> Recovery) -> Next {
+    /// What a running execution does when no effect is in flight. `fresh` makes the effect
+    /// id to use if it calls the model (only then: a new id costs the caller a random
+    /// number); `recovery` tells how a tool recovers.
+    pub fn next(
+        &self,
+        fresh: impl FnOnce() -> EffectId,
+        recovery: impl Fn(&str) -> Recovery,
+    ) -> Next {
         if self.status() != Status::Running && self.status() != Status::Cancelling {
             return Next::Idle;
         }
@@ -384,7 +395,7 @@ impl Machine {
                 reason: format!("iteration limit of {} reached", self.input.max_iterations),
             }]);
         }
-        Next::CallModel { effect_id: fresh }
+        Next::CallModel { effect_id: fresh() }
     }
 
     /// What `apply` does with an `Admitted` event whose input parses to `input`. The
@@ -508,6 +519,20 @@ impl Machine {
                 decision,
             } => {
                 self.iterations += 1;
+                if self.preview {
+                    if let Ok(DecisionKind::Tool { tool, .. }) = serde_json::from_str(decision) {
+                        self.pending_tool = Some(PendingTool {
+                            effect_id: tool_effect(*effect_id),
+                            tool,
+                            args: std::sync::Arc::default(),
+                            dispatched: false,
+                            uncertain: false,
+                            dispatched_by: None,
+                        });
+                    }
+                    self.step_taken(actions);
+                    return;
+                }
                 self.receipts
                     .insert(*effect_id, ("model".into(), ReceiptStatus::Confirmed));
                 if let Ok(decision) = serde_json::from_str::<Decision>(decision) {
@@ -555,6 +580,10 @@ impl Machine {
                     }
                     self.unresolved = pending;
                     self.unresolved_seq = seq;
+                    return;
+                }
+                if self.preview {
+                    self.step_taken(actions);
                     return;
                 }
                 let tool = pending.map(|pending| pending.tool).unwrap_or_default();
@@ -651,27 +680,6 @@ impl Machine {
     }
 }
 
-/// The checkpoint's next action, as JSON text (`{"next": "tool", ...}`), serialized from
-/// borrowed parts on every transition. It names the action; what the action needs (a tool
-/// call's arguments) is in the decision event before the checkpoint, so the head, written
-/// with every transition, does not carry it twice.
-#[derive(serde::Serialize)]
-#[serde(tag = "next", rename_all = "lowercase")]
-enum NextAction<'a> {
-    None,
-    Wait {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        wait_id: Option<openprogram_storage::WaitId>,
-    },
-    Tool {
-        effect_id: EffectId,
-        tool: &'a str,
-    },
-    Model {
-        iterations: u32,
-    },
-}
-
 /// The pause reason of the cooperative pause owned by restart recovery: only a
 /// pause with this reason and a recorded restart intent resumes automatically.
 pub const RESTART_PAUSE_REASON: &str = "restart_recovery";
@@ -681,10 +689,4 @@ fn cancelled() -> Event {
         state: Status::Cancelled,
         reason: "cancel".into(),
     }
-}
-
-/// The effect id of the tool call a model decision made: derived, so a replay finds the same
-/// id (UUID v5 of the decision's id).
-pub fn tool_effect(decision: EffectId) -> EffectId {
-    EffectId::from_uuid(uuid::Uuid::new_v5(decision.as_uuid(), b"tool"))
 }

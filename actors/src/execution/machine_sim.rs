@@ -8,7 +8,10 @@
 //!   never run again (E-4);
 //! - a Step lets at most one step event commit before the execution pauses (K-2);
 //! - a wait is answered or declined only while it is the pending wait of the current
-//!   checkpoint, and a resolved wait never changes again (W-2, W-3).
+//!   checkpoint, and a resolved wait never changes again (W-2, W-3);
+//! - a preview folds every transition to the status, pause reason, next action, checkpoint,
+//!   pending tool, pending waits and actions the machine itself reaches (the actor builds
+//!   each transition's head from one).
 //!
 //! `OP_SIM_SEED` replays a run; each run prints its seed.
 
@@ -112,9 +115,12 @@ impl Sim {
     fn commit(&mut self, events: Vec<Event>, context: &str) {
         let before = self.machine.status();
         let mut actions = Vec::new();
+        let mut preview = self.machine.preview();
+        let mut preview_actions = Vec::new();
         for event in &events {
             let seq = self.log.len() as u64 + 1;
             self.machine.apply(event, seq, &mut actions);
+            preview.apply(event, seq, &mut preview_actions);
             self.log.push(event.clone());
             match event {
                 Event::ControlApplied {
@@ -151,6 +157,7 @@ impl Sim {
                 );
             }
         }
+        self.check_preview(&preview, &preview_actions, &actions, context);
         if let Some(terminal) = self.terminal {
             assert_eq!(
                 self.machine.status(),
@@ -195,6 +202,50 @@ impl Sim {
         }
     }
 
+    /// The actor builds each transition's head from a preview (`ExecutionActor::prepare`):
+    /// it must reach what the machine itself reaches, history aside.
+    fn check_preview(
+        &self,
+        preview: &Machine,
+        preview_actions: &[Action],
+        actions: &[Action],
+        context: &str,
+    ) {
+        let machine = &self.machine;
+        let diverged = format!("{context}: the preview diverged");
+        assert_eq!(preview.status(), machine.status(), "{diverged}");
+        assert_eq!(preview.pause_reason, machine.pause_reason, "{diverged}");
+        assert_eq!(preview.next_action(), machine.next_action(), "{diverged}");
+        assert_eq!(preview.checkpoint_seq, machine.checkpoint_seq, "{diverged}");
+        assert_eq!(preview.iterations, machine.iterations, "{diverged}");
+        let tool = |machine: &Machine| {
+            machine.pending_tool.as_ref().map(|pending| {
+                let PendingTool {
+                    effect_id,
+                    tool,
+                    dispatched,
+                    uncertain,
+                    dispatched_by,
+                    ..
+                } = pending;
+                (
+                    *effect_id,
+                    tool.clone(),
+                    *dispatched,
+                    *uncertain,
+                    *dispatched_by,
+                )
+            })
+        };
+        assert_eq!(tool(preview), tool(machine), "{diverged}");
+        let pending_waits = |machine: &Machine| {
+            let pending = machine.waits.iter().filter(|wait| wait.status.is_pending());
+            pending.cloned().collect::<Vec<_>>()
+        };
+        assert_eq!(pending_waits(preview), pending_waits(machine), "{diverged}");
+        assert_eq!(preview_actions, actions, "{diverged}");
+    }
+
     fn decide(&mut self, input: Input, context: &str) {
         let busy = self.in_flight.is_some();
         if let Ok(events) = self.machine.decide(input, busy) {
@@ -206,7 +257,7 @@ impl Sim {
         if self.in_flight.is_some() {
             return;
         }
-        match self.machine.next(EffectId::new(), recovery) {
+        match self.machine.next(EffectId::new, recovery) {
             Next::Persist(events) => self.commit(events, "advance"),
             Next::CallModel { effect_id } => self.in_flight = Some(InFlight::Model(effect_id)),
             Next::RunTool(pending) => {

@@ -255,7 +255,7 @@ fn k2_step_runs_exactly_one_step_then_pauses() {
     assert_eq!(machine.status(), Status::Running);
     let fresh = EffectId::new();
     assert_eq!(
-        machine.next(fresh, idempotent),
+        machine.next(|| fresh, idempotent),
         Next::CallModel { effect_id: fresh }
     );
     let decided = machine
@@ -269,7 +269,7 @@ fn k2_step_runs_exactly_one_step_then_pauses() {
         .expect("decided");
     commit(&mut machine, &decided);
     // One step (the decision) is done: the next thing is to pause, not to run the tool.
-    match machine.next(EffectId::new(), idempotent) {
+    match machine.next(EffectId::new, idempotent) {
         Next::Persist(events) => {
             commit(&mut machine, &events);
         }
@@ -279,7 +279,7 @@ fn k2_step_runs_exactly_one_step_then_pauses() {
     assert_eq!(machine.pause_reason.as_deref(), Some("step"));
     // A second Step runs the tool and nothing more.
     ctl(&mut machine, Control::Step, false);
-    let Next::RunTool(pending) = machine.next(EffectId::new(), idempotent) else {
+    let Next::RunTool(pending) = machine.next(EffectId::new, idempotent) else {
         panic!("tool expected")
     };
     let finished = machine
@@ -293,7 +293,7 @@ fn k2_step_runs_exactly_one_step_then_pauses() {
         )
         .expect("finished");
     commit(&mut machine, &finished);
-    match machine.next(EffectId::new(), idempotent) {
+    match machine.next(EffectId::new, idempotent) {
         Next::Persist(events) => assert!(matches!(
             events.as_slice(),
             [Event::StateChanged { state: Status::Paused, reason }] if reason == "step"
@@ -332,7 +332,7 @@ fn e5_iteration_limit_fails_with_text_and_history_kept() {
     for _ in 0..2 {
         let fresh = EffectId::new();
         assert_eq!(
-            machine.next(fresh, idempotent),
+            machine.next(|| fresh, idempotent),
             Next::CallModel { effect_id: fresh }
         );
         run(
@@ -343,7 +343,7 @@ fn e5_iteration_limit_fails_with_text_and_history_kept() {
             },
             true,
         );
-        let Next::RunTool(pending) = machine.next(EffectId::new(), idempotent) else {
+        let Next::RunTool(pending) = machine.next(EffectId::new, idempotent) else {
             panic!("tool expected")
         };
         run(
@@ -356,7 +356,7 @@ fn e5_iteration_limit_fails_with_text_and_history_kept() {
             true,
         );
     }
-    let Next::Persist(events) = machine.next(EffectId::new(), idempotent) else {
+    let Next::Persist(events) = machine.next(EffectId::new, idempotent) else {
         panic!("limit expected")
     };
     commit(&mut machine, &events);
@@ -386,7 +386,7 @@ fn e4_external_tool_is_dispatched_before_it_runs() {
         true,
     );
     let external = |_: &str| Recovery::External;
-    let Next::Persist(events) = machine.next(EffectId::new(), external) else {
+    let Next::Persist(events) = machine.next(EffectId::new, external) else {
         panic!("dispatch first")
     };
     assert!(matches!(events[0], Event::ToolDispatched { .. }));
@@ -396,7 +396,7 @@ fn e4_external_tool_is_dispatched_before_it_runs() {
         Some(ReceiptStatus::Dispatched)
     );
     assert!(matches!(
-        machine.next(EffectId::new(), external),
+        machine.next(EffectId::new, external),
         Next::RunTool(_)
     ));
 }
@@ -439,7 +439,7 @@ fn e4_a_dispatched_external_tool_is_never_rerun_by_a_later_attempt() {
         },
         true,
     );
-    let Next::Persist(dispatch) = machine.next(EffectId::new(), external) else {
+    let Next::Persist(dispatch) = machine.next(EffectId::new, external) else {
         panic!("dispatch")
     };
     let actions = commit(&mut machine, &dispatch);
@@ -450,7 +450,7 @@ fn e4_a_dispatched_external_tool_is_never_rerun_by_a_later_attempt() {
     // The worker dies before the result is recorded; a new attempt starts.
     let actions = commit(&mut machine, &[attempt()]);
     assert!(actions.contains(&Action::Advance));
-    match machine.next(EffectId::new(), external) {
+    match machine.next(EffectId::new, external) {
         Next::Persist(events) => {
             assert!(
                 matches!(
@@ -472,7 +472,7 @@ fn e4_a_dispatched_external_tool_is_never_rerun_by_a_later_attempt() {
         Some(ReceiptStatus::Unknown)
     );
     assert_eq!(
-        machine.next(EffectId::new(), external),
+        machine.next(EffectId::new, external),
         Next::Idle,
         "nothing runs again"
     );
@@ -519,7 +519,7 @@ fn k5_a_cancelling_execution_finishes_cancelling_in_its_next_attempt() {
     assert_eq!(machine.status(), Status::Cancelling);
     let actions = commit(&mut machine, &[attempt()]);
     assert!(actions.contains(&Action::Advance));
-    let Next::Persist(events) = machine.next(EffectId::new(), idempotent) else {
+    let Next::Persist(events) = machine.next(EffectId::new, idempotent) else {
         panic!("cancel expected")
     };
     commit(&mut machine, &events);

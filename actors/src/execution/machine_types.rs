@@ -1,6 +1,7 @@
 //! The vocabulary of the execution state machine, split from `machine.rs`: what goes in
 //! (`Input`, provider `Decision`s), what comes out (`Action`, `Next`, `Rejection`), and the
-//! data it keeps about an agent turn (`AgentInput`, `Turn`, `PendingTool`). Pure data.
+//! data it keeps about an agent turn (`AgentInput`, `Turn`, `PendingTool`), and how it
+//! reads and writes decision and checkpoint texts (`DecisionKind`, `NextAction`). Pure data.
 
 use openprogram_storage::{Control, EffectId, Event, OwnerId, ReceiptStatus, WaitStatus};
 use serde::{Deserialize, Serialize};
@@ -185,4 +186,50 @@ pub enum Input {
         prompt: String,
         binding: openprogram_storage::LiveBinding,
     },
+}
+
+/// The checkpoint's next action, as JSON text (`{"next": "tool", ...}`), serialized from
+/// borrowed parts on every transition. It names the action; what the action needs (a tool
+/// call's arguments) is in the decision event before the checkpoint, so the head, written
+/// with every transition, does not carry it twice.
+#[derive(serde::Serialize)]
+#[serde(tag = "next", rename_all = "lowercase")]
+pub(super) enum NextAction<'a> {
+    None,
+    Wait {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        wait_id: Option<openprogram_storage::WaitId>,
+    },
+    Tool {
+        effect_id: EffectId,
+        tool: &'a str,
+    },
+    Model {
+        iterations: u32,
+    },
+}
+
+/// What a preview reads of a decision: the tool it calls, if any. It accepts exactly the
+/// texts `Decision` accepts (arguments are any JSON value in both), without building the
+/// arguments' tree.
+#[allow(dead_code)] // the fields are read only to be validated, as `Decision` validates them
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum DecisionKind {
+    Tool {
+        tool: String,
+        args: serde::de::IgnoredAny,
+    },
+    Reply {
+        text: String,
+    },
+    Ask {
+        prompt: String,
+    },
+}
+
+/// The effect id of the tool call a model decision made: derived, so a replay finds the same
+/// id (UUID v5 of the decision's id).
+pub fn tool_effect(decision: EffectId) -> EffectId {
+    EffectId::from_uuid(uuid::Uuid::new_v5(decision.as_uuid(), b"tool"))
 }
