@@ -150,35 +150,45 @@ impl Provider for Scripted {
         let index = request.iterations as usize + skipped;
         let decision = match request.input.script.get(index).map(ScriptElement::parse) {
             None => Err(format!("the script has no element {index}")),
-            Some(Ok(element)) => scripted_decision(&element),
+            Some(Ok(element)) => scripted_decision(element),
             Some(Err(error)) => Err(format!("script element {index}: {error}")),
         };
         futures::future::ready(decision).boxed()
     }
 }
 
-fn scripted_decision(element: &serde_json::Value) -> Result<Decision, String> {
-    if let Some(tool) = element.get("tool").and_then(|tool| tool.as_str()) {
-        let args = element
-            .get("args")
-            .cloned()
-            .unwrap_or(serde_json::json!({}));
-        return Ok(Decision::Tool {
-            tool: tool.to_owned(),
-            args,
-        });
+/// Takes the element by value: a tool's arguments move into the decision, not a copy.
+fn scripted_decision(element: serde_json::Value) -> Result<Decision, String> {
+    let mut element = match element {
+        serde_json::Value::Object(element) => element,
+        other => return Err(format!("unrecognized script element {other}")),
+    };
+    if element
+        .get("tool")
+        .is_some_and(serde_json::Value::is_string)
+    {
+        if let Some(serde_json::Value::String(tool)) = element.remove("tool") {
+            let args = element
+                .remove("args")
+                .unwrap_or_else(|| serde_json::json!({}));
+            return Ok(Decision::Tool { tool, args });
+        }
     }
-    if let Some(text) = element.get("reply").and_then(|text| text.as_str()) {
+    let text = |key: &str| element.get(key).and_then(serde_json::Value::as_str);
+    if let Some(text) = text("reply") {
         return Ok(Decision::Reply {
             text: text.to_owned(),
         });
     }
-    if let Some(prompt) = element.get("ask").and_then(|prompt| prompt.as_str()) {
+    if let Some(prompt) = text("ask") {
         return Ok(Decision::Ask {
             prompt: prompt.to_owned(),
         });
     }
-    Err(format!("unrecognized script element {element}"))
+    Err(format!(
+        "unrecognized script element {}",
+        serde_json::Value::Object(element)
+    ))
 }
 
 fn string_arg(args: &serde_json::Value, name: &str) -> Result<String, String> {
@@ -365,5 +375,51 @@ impl Tool for Fail {
     fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
         let message = string_arg(&call.args, "message").unwrap_or_else(|error| error);
         futures::future::ready(Err(message)).boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn e3_a_script_element_becomes_the_decision_it_names() {
+        let tool = json!({"tool": "echo", "args": {"text": "hi"}, "note": 1});
+        assert_eq!(
+            scripted_decision(tool),
+            Ok(Decision::Tool {
+                tool: "echo".into(),
+                args: json!({"text": "hi"})
+            })
+        );
+        assert_eq!(
+            scripted_decision(json!({"tool": "echo"})),
+            Ok(Decision::Tool {
+                tool: "echo".into(),
+                args: json!({})
+            })
+        );
+        // A `tool` that is not a name is no tool call; the element may still reply.
+        assert_eq!(
+            scripted_decision(json!({"tool": 7, "reply": "done"})),
+            Ok(Decision::Reply {
+                text: "done".into()
+            })
+        );
+        assert_eq!(
+            scripted_decision(json!({"ask": "ok?"})),
+            Ok(Decision::Ask {
+                prompt: "ok?".into()
+            })
+        );
+        assert_eq!(
+            scripted_decision(json!({"tool": 7})),
+            Err(r#"unrecognized script element {"tool":7}"#.into())
+        );
+        assert_eq!(
+            scripted_decision(json!("reply")),
+            Err(r#"unrecognized script element "reply""#.into())
+        );
     }
 }
