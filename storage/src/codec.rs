@@ -56,11 +56,11 @@ fn bincode_options() -> impl bincode::Options {
         .reject_trailing_bytes()
 }
 
-/// Encodes a record. Serializing our own types into memory cannot fail; if it ever did, it
-/// would be a programming error worth stopping for.
 /// `encode` reserves at most this much up front; a larger record grows as it is written.
 const RECORD_PRESIZE_MAX: u64 = 1 << 20;
 
+/// Encodes a record. Serializing our own types into memory cannot fail; if it ever did, it
+/// would be a programming error worth stopping for.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     use bincode::Options;
     // Sized up front: growing from empty reallocated a head ~7 times while it was encoded.

@@ -45,9 +45,12 @@ fn i4_load_json_reports_every_execution_and_step() {
         "execution_p99_ms",
         "fsyncs",
         "peak_rss_mib",
-        "cpu_us_per_step",
     ] {
         assert!(report[field].is_number(), "{field} missing in {report}");
+    }
+    // Read from /proc/self/stat: on Linux (the platform of this runtime) a number.
+    if cfg!(target_os = "linux") {
+        assert!(report["cpu_us_per_step"].is_number(), "{report}");
     }
     // Every step is two durable transitions, so there was at least one fsync.
     assert!(report["fsyncs"].as_u64().unwrap_or(0) > 0, "{report}");

@@ -76,9 +76,10 @@ pub struct Machine {
 impl Machine {
     /// A copy without the history (context, receipts, decided commands): enough to fold a
     /// transition's events and read the head and checkpoint they lead to, at a cost that does
-    /// not grow with the execution's length. It keeps no history while it folds either, and
-    /// its pending tool has no arguments (`Null`): status, pause reason, next action, pending
-    /// tool, waits, processes and checkpoint are the machine's own (checked by the R10 sim).
+    /// not grow with the execution's length. Folding a decision or a tool result, it keeps
+    /// no receipt or context either, and a tool it decides has no arguments (`Null`). What
+    /// the actor reads from it is the machine's own: status, pause reason, next action,
+    /// checkpoint, pending tool and pending waits (checked by the R10 sim).
     pub fn preview(&self) -> Self {
         Self {
             preview: true,
@@ -186,18 +187,11 @@ impl Machine {
             Input::ModelDecided {
                 effect_id,
                 decision,
-            } => Ok(self.decide_model(effect_id, decision)),
-            Input::ModelFailed { effect_id, error } => {
-                let ended = if self.cancel_requested {
-                    cancelled()
-                } else {
-                    Event::StateChanged {
-                        state: Status::Failed,
-                        reason: format!("model error: {error}"),
-                    }
-                };
-                Ok(vec![Event::ModelFailed { effect_id, error }, ended])
-            }
+            } => Ok(match unreadable(&decision) {
+                Some(error) => self.model_failed(effect_id, error),
+                None => self.decide_model(effect_id, decision),
+            }),
+            Input::ModelFailed { effect_id, error } => Ok(self.model_failed(effect_id, error)),
             Input::AskLive {
                 wait_id,
                 prompt,
@@ -297,6 +291,18 @@ impl Machine {
             Control::Answer { .. } | Control::Decline { .. } | Control::StopProcess { .. } => {}
         }
         Ok(events)
+    }
+
+    fn model_failed(&self, effect_id: EffectId, error: String) -> Vec<Event> {
+        let ended = if self.cancel_requested {
+            cancelled()
+        } else {
+            Event::StateChanged {
+                state: Status::Failed,
+                reason: format!("model error: {error}"),
+            }
+        };
+        vec![Event::ModelFailed { effect_id, error }, ended]
     }
 
     fn decide_model(&self, effect_id: EffectId, decision: Decision) -> Vec<Event> {

@@ -544,3 +544,87 @@ fn a_tool_result_for_another_effect_is_refused() {
     };
     assert!(machine.decide(stray, false).is_err());
 }
+
+/// A tool decision whose arguments are arrays nested `depth` levels deep.
+fn nested_decision(depth: usize) -> Decision {
+    let mut args = serde_json::json!("leaf");
+    for _ in 0..depth {
+        args = serde_json::json!([args]);
+    }
+    Decision::Tool {
+        tool: "echo".into(),
+        args,
+    }
+}
+
+#[test]
+fn e3_a_decision_that_could_not_be_read_back_fails_the_model_call() {
+    let machine = running(50);
+    let decide = |decision| {
+        machine.decide(
+            Input::ModelDecided {
+                effect_id: EffectId::new(),
+                decision,
+            },
+            true,
+        )
+    };
+    // As deep as allowed: recorded, and its text reads back as the same decision.
+    let events = decide(nested_decision(
+        super::machine_types::DECISION_ARGS_DEPTH_MAX,
+    ))
+    .expect("decided");
+    let Some(Event::ModelDecided { decision, .. }) = events.first() else {
+        panic!("no decision recorded: {events:?}");
+    };
+    let read_back: Decision = serde_json::from_str(decision).expect("reads back");
+    assert_eq!(
+        read_back,
+        nested_decision(super::machine_types::DECISION_ARGS_DEPTH_MAX)
+    );
+    // One level deeper: the model call fails with the reason, nothing is recorded as decided.
+    let events = decide(nested_decision(
+        super::machine_types::DECISION_ARGS_DEPTH_MAX + 1,
+    ))
+    .expect("decided");
+    assert!(
+        matches!(&events[..], [Event::ModelFailed { error, .. }, Event::StateChanged { state: Status::Failed, .. }]
+            if error.contains("nest deeper")),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn e3_a_preview_reads_every_decision_text_the_machine_reads() {
+    use super::machine_types::DecisionKind;
+    let texts = [
+        r#"{"tool":{"tool":"echo","args":{"text":"x"}}}"#,
+        r#"{"tool":{"tool":"echo","args":null,"extra":1}}"#,
+        r#"{"tool":{"tool":"echo"}}"#,
+        r#"{"tool":{"tool":7,"args":{}}}"#,
+        r#"{"tool":{"tool":"echo","tool":"x","args":{}}}"#,
+        r#"{"reply":{"text":"done"}}"#,
+        r#"{"reply":{"text":7}}"#,
+        r#"{"ask":{"prompt":"ok?"}}"#,
+        r#"{"ask":{}}"#,
+        r#"{"other":{}}"#,
+        r#"{"reply":{"text":"a"},"ask":{"prompt":"b"}}"#,
+        "not json",
+    ];
+    for text in texts {
+        let full = serde_json::from_str::<Decision>(text);
+        let kind = serde_json::from_str::<DecisionKind>(text);
+        assert_eq!(full.is_ok(), kind.is_ok(), "{text}");
+        let tool = |decision: &Decision| match decision {
+            Decision::Tool { tool, .. } => Some(tool.clone()),
+            _ => None,
+        };
+        let kind_tool = |kind: &DecisionKind| match kind {
+            DecisionKind::Tool { tool, .. } => Some(tool.clone()),
+            _ => None,
+        };
+        if let (Ok(full), Ok(kind)) = (&full, &kind) {
+            assert_eq!(tool(full), kind_tool(kind), "{text}");
+        }
+    }
+}

@@ -209,9 +209,11 @@ pub(super) enum NextAction<'a> {
     },
 }
 
-/// What a preview reads of a decision: the tool it calls, if any. It accepts exactly the
-/// texts `Decision` accepts (arguments are any JSON value in both), without building the
-/// arguments' tree.
+/// What a preview reads of a decision: the tool it calls, if any, without building the
+/// arguments' tree. It accepts every text `Decision` accepts, and more only where skipping a
+/// value checks less than parsing it: nesting past serde_json's 128 levels, out-of-range
+/// numbers, lone surrogates. The runtime writes none of those: serializing a `Decision`
+/// makes no such number or string, and `unreadable` refuses arguments that nest too deep.
 #[allow(dead_code)] // the fields are read only to be validated, as `Decision` validates them
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -232,4 +234,32 @@ pub(super) enum DecisionKind {
 /// id (UUID v5 of the decision's id).
 pub fn tool_effect(decision: EffectId) -> EffectId {
     EffectId::from_uuid(uuid::Uuid::new_v5(decision.as_uuid(), b"tool"))
+}
+
+/// Arguments may nest this deep: the decision text adds two levels, and serde_json reads back
+/// at most 128.
+pub(super) const DECISION_ARGS_DEPTH_MAX: usize = 100;
+
+/// Why a decision cannot be recorded, if it cannot: its text must read back as the same
+/// decision on replay, so arguments nested deeper than `DECISION_ARGS_DEPTH_MAX` are refused.
+pub(super) fn unreadable(decision: &Decision) -> Option<String> {
+    let Decision::Tool { args, .. } = decision else {
+        return None;
+    };
+    // Iterative: a provider's value may nest deeper than the stack allows recursion.
+    let mut open = vec![(args, 1usize)];
+    while let Some((value, depth)) = open.pop() {
+        let children: Vec<&serde_json::Value> = match value {
+            serde_json::Value::Array(items) => items.iter().collect(),
+            serde_json::Value::Object(map) => map.values().collect(),
+            _ => continue,
+        };
+        if depth > DECISION_ARGS_DEPTH_MAX {
+            return Some(format!(
+                "the tool arguments nest deeper than {DECISION_ARGS_DEPTH_MAX} levels"
+            ));
+        }
+        open.extend(children.into_iter().map(|child| (child, depth + 1)));
+    }
+    None
 }
