@@ -226,9 +226,10 @@ async fn send_commands(
             .await
             .map_err(|error| Error::Internal(format!("a command task panicked: {error}")))??;
         for (micros, applied) in pair {
-            match applied {
-                true => latencies.applied.saturating_record(micros),
-                false => latencies.rejected.saturating_record(micros),
+            if applied {
+                latencies.applied.saturating_record(micros);
+            } else {
+                latencies.rejected.saturating_record(micros);
             }
         }
     }

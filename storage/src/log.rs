@@ -30,6 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::codec::{
     encode_frame_into, inputs_to_blob, Frame, HeadIdentity, LogRecordWriter, RecordValue,
+    LOG_RECORD_BYTES_MAX,
 };
 use crate::error::{Error, Result};
 use crate::event::{Event, EventEnvelope};
@@ -58,11 +59,6 @@ pub(crate) enum Request {
 
 /// A materialization is written in at most this many slices (see `Committer::next_slice`).
 const MATERIALIZE_SLICES_TARGET: usize = 32;
-
-/// Log records are cut at this size: sled writes a node bigger than a quarter segment
-/// (512 KiB with our 2 MiB segments) to a separate file, and a leaf holds up to 17 values.
-/// Measured: 64 KiB records in 8 MiB segments gave a worse p99 for the same throughput.
-pub(crate) const LOG_RECORD_BYTES_MAX: usize = 16 * 1024;
 
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()

@@ -249,17 +249,19 @@ pub(super) fn unreadable(decision: &Decision) -> Option<String> {
     // Iterative: a provider's value may nest deeper than the stack allows recursion.
     let mut open = vec![(args, 1usize)];
     while let Some((value, depth)) = open.pop() {
-        let children: Vec<&serde_json::Value> = match value {
-            serde_json::Value::Array(items) => items.iter().collect(),
-            serde_json::Value::Object(map) => map.values().collect(),
-            _ => continue,
-        };
-        if depth > DECISION_ARGS_DEPTH_MAX {
-            return Some(format!(
-                "the tool arguments nest deeper than {DECISION_ARGS_DEPTH_MAX} levels"
-            ));
+        let nested = depth + 1;
+        match value {
+            serde_json::Value::Array(_) | serde_json::Value::Object(_)
+                if depth > DECISION_ARGS_DEPTH_MAX =>
+            {
+                return Some(format!(
+                    "the tool arguments nest deeper than {DECISION_ARGS_DEPTH_MAX} levels"
+                ));
+            }
+            serde_json::Value::Array(items) => open.extend(items.iter().map(|v| (v, nested))),
+            serde_json::Value::Object(map) => open.extend(map.values().map(|v| (v, nested))),
+            _ => {}
         }
-        open.extend(children.into_iter().map(|child| (child, depth + 1)));
     }
     None
 }
