@@ -103,10 +103,10 @@ impl Snapshot {
             receipts: machine
                 .receipts
                 .iter()
-                .map(|(effect_id, (tool, status))| ReceiptView {
-                    effect_id: *effect_id,
-                    tool: tool.clone(),
-                    status: receipt_status(*status),
+                .map(|receipt| ReceiptView {
+                    effect_id: receipt.effect_id,
+                    tool: receipt.tool.to_string(),
+                    status: receipt_status(receipt.status),
                 })
                 .collect(),
             waits: machine

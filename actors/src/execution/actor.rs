@@ -26,7 +26,9 @@ use crate::env::Env;
 use crate::error::Error;
 use crate::execution::live::CallHandle;
 use crate::execution::machine::changed_wait_records;
-use crate::execution::machine::{Action, Input, LiveOutcome, Machine, Next, PendingTool, Recovery};
+use crate::execution::machine::{
+    Action, Decision, Input, LiveOutcome, Machine, Next, PendingTool, Recovery,
+};
 use crate::snapshot::Snapshot;
 
 /// The effect the actor is waiting for.
@@ -292,6 +294,17 @@ impl ExecutionActor {
         events: Vec<Event>,
         upserts: Vec<Upsert>,
     ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
+        self.submit_decided(events, upserts, None)
+    }
+
+    /// `submit` for events decided from a model's `decision` (`Machine::decide_decision`),
+    /// which the machine folds once they are committed.
+    fn submit_decided(
+        &mut self,
+        events: Vec<Event>,
+        upserts: Vec<Upsert>,
+        mut decision: Option<Decision>,
+    ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
         let (transition, head) = self.prepare(events.clone(), upserts);
         let submitted = self.env.store.submit(transition);
         Box::pin(fut::wrap_future::<_, Self>(submitted).map(move |outcome, act, ctx| match outcome {
@@ -307,7 +320,7 @@ impl ExecutionActor {
                 let mut steps = 0;
                 for (event, seq) in events.iter().zip(committed.seqs.clone()) {
                     steps += u64::from(matches!(event, Event::ModelDecided { .. } | Event::ToolFinished { .. }));
-                    act.machine.apply(event, seq, &mut actions);
+                    act.machine.apply_decided(event, seq, &mut actions, &mut decision);
                 }
                 act.env.steps.fetch_add(steps, std::sync::atomic::Ordering::Relaxed);
                 act.perform(actions, ctx);
@@ -334,13 +347,7 @@ impl ExecutionActor {
         events: Vec<Event>,
         upserts: Vec<Upsert>,
     ) -> ResponseActFuture<Self, Result<u64, Error>> {
-        Box::pin(
-            self.submit(events, upserts)
-                .map(|outcome, _, _| match outcome? {
-                    Outcome::Committed(committed) => Ok(committed.version),
-                    other => Err(Error::Internal(format!("unexpected outcome {other:?}"))),
-                }),
-        )
+        committed(self.submit(events, upserts))
     }
 
     fn perform(&mut self, actions: Vec<Action>, ctx: &mut Context<Self>) {
@@ -529,9 +536,20 @@ impl Handler<EffectDone> for ExecutionActor {
         }
         self.handled += 1;
         self.in_flight = None;
-        match self.machine.decide(input, false) {
+        let (decided, decision) = match input {
+            Input::ModelDecided {
+                effect_id,
+                decision,
+            } => {
+                let (events, decision) = self.machine.decide_decision(effect_id, decision);
+                (Ok(events), decision)
+            }
+            input => (self.machine.decide(input, false), None),
+        };
+        match decided {
             Ok(events) => {
-                AtomicResponse::new(Box::pin(self.commit(events, Vec::new()).map(log_failure)))
+                let submitted = self.submit_decided(events, Vec::new(), decision);
+                AtomicResponse::new(Box::pin(committed(submitted).map(log_failure)))
             }
             Err(rejection) => {
                 tracing::error!(execution_id = %self.execution_id, ?rejection, "an effect result was refused");
@@ -585,6 +603,16 @@ impl Handler<Advance> for ExecutionActor {
         }
         AtomicResponse::new(Box::pin(fut::ready(())))
     }
+}
+
+/// A submission that carries no command: anything but a commit is an error.
+fn committed(
+    submitted: ResponseActFuture<ExecutionActor, Result<Outcome, Error>>,
+) -> ResponseActFuture<ExecutionActor, Result<u64, Error>> {
+    Box::pin(submitted.map(|outcome, _, _| match outcome? {
+        Outcome::Committed(committed) => Ok(committed.version),
+        other => Err(Error::Internal(format!("unexpected outcome {other:?}"))),
+    }))
 }
 
 /// A transition of the execution's own progress failed: the actor cannot tell what is on

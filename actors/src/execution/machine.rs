@@ -11,7 +11,7 @@
 //! `decide`/`next` return, and only after `Committed` runs `apply` and the actions.
 //! Recovery replays the stored events through the same `apply` and drops the actions.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use openprogram_storage::{
     AttemptId, Control, EffectId, Event, ExecutionState as Status, OwnerId, ReceiptStatus,
@@ -49,7 +49,7 @@ pub struct Machine {
     pub cancel_requested: bool,
     /// The reply, or the reason of a failure.
     pub text: String,
-    pub receipts: BTreeMap<EffectId, (String, ReceiptStatus)>,
+    pub receipts: Receipts,
     /// The seq of the latest published checkpoint.
     pub checkpoint_seq: u64,
     /// Commands applied or rejected, so a redelivered command is never decided twice (K-4).
@@ -96,7 +96,7 @@ impl Machine {
             steps_left: self.steps_left,
             cancel_requested: self.cancel_requested,
             text: String::new(),
-            receipts: BTreeMap::new(),
+            receipts: Receipts::default(),
             checkpoint_seq: self.checkpoint_seq,
             decided_commands: BTreeSet::new(),
             attempt_owner: self.attempt_owner,
@@ -187,10 +187,7 @@ impl Machine {
             Input::ModelDecided {
                 effect_id,
                 decision,
-            } => Ok(match unreadable(&decision) {
-                Some(error) => self.model_failed(effect_id, error),
-                None => self.decide_model(effect_id, decision),
-            }),
+            } => Ok(self.decide_decision(effect_id, decision).0),
             Input::ModelFailed { effect_id, error } => Ok(self.model_failed(effect_id, error)),
             Input::AskLive {
                 wait_id,
@@ -226,73 +223,6 @@ impl Machine {
         }
     }
 
-    fn decide_control(
-        &self,
-        command_id: openprogram_storage::CommandId,
-        control: Control,
-        busy: bool,
-    ) -> Result<Vec<Event>, Rejection> {
-        let kind = control.kind();
-        match control {
-            Control::Answer { .. } | Control::Decline { .. } => {
-                return self.decide_wait_control(command_id, control)
-            }
-            Control::StopProcess { process_id } => {
-                return self.decide_stop_process(command_id, process_id)
-            }
-            _ => {}
-        }
-        if self.cancel_requested {
-            return match control {
-                Control::Cancel => Err(self.reject("the execution is already being cancelled")),
-                _ => Err(self.reject(format!("{kind} is refused: cancellation takes precedence"))),
-            };
-        }
-        if !self.capabilities().contains(&kind) {
-            return Err(self.reject(format!(
-                "{kind} is not available while the execution is {}",
-                self.status()
-            )));
-        }
-        let applied = Event::ControlApplied {
-            command_id,
-            control: control.clone(),
-        };
-        let mut events = vec![applied];
-        match control {
-            Control::Pause if !busy || self.status() == Status::Queued => {
-                events.push(Event::StateChanged {
-                    state: Status::Paused,
-                    reason: "pause".into(),
-                });
-            }
-            Control::Pause | Control::Steer { .. } => {}
-            Control::Continue if self.status() == Status::Running => {}
-            Control::Continue | Control::Step => {
-                events.push(Event::StateChanged {
-                    state: Status::Running,
-                    reason: kind.into(),
-                });
-            }
-            Control::Cancel if busy => {
-                events.extend(self.invalidate_waits(|_| true));
-                events.push(Event::StateChanged {
-                    state: Status::Cancelling,
-                    reason: "cancel".into(),
-                });
-            }
-            Control::Cancel => {
-                events.extend(self.invalidate_waits(|_| true));
-                events.push(cancelled());
-            }
-            Control::Reconcile {
-                effect_id, status, ..
-            } => events.extend(self.decide_reconcile(effect_id, status)?),
-            Control::Answer { .. } | Control::Decline { .. } | Control::StopProcess { .. } => {}
-        }
-        Ok(events)
-    }
-
     fn model_failed(&self, effect_id: EffectId, error: String) -> Vec<Event> {
         let ended = if self.cancel_requested {
             cancelled()
@@ -305,8 +235,22 @@ impl Machine {
         vec![Event::ModelFailed { effect_id, error }, ended]
     }
 
-    fn decide_model(&self, effect_id: EffectId, decision: Decision) -> Vec<Event> {
-        let text = serde_json::to_string(&decision).unwrap_or_default();
+    /// `decide` for a model's decision, handing the decision back when it is recorded: the
+    /// shell passes it to `apply_decided` with the committed events, so the machine keeps
+    /// the decision itself rather than parsing it back from the event's text.
+    pub fn decide_decision(
+        &self,
+        effect_id: EffectId,
+        decision: Decision,
+    ) -> (Vec<Event>, Option<Decision>) {
+        match unreadable(&decision) {
+            Some(error) => (self.model_failed(effect_id, error), None),
+            None => (self.decide_model(effect_id, &decision), Some(decision)),
+        }
+    }
+
+    fn decide_model(&self, effect_id: EffectId, decision: &Decision) -> Vec<Event> {
+        let text = serde_json::to_string(decision).unwrap_or_default();
         let mut events = vec![Event::ModelDecided {
             effect_id,
             decision: text,
@@ -315,9 +259,9 @@ impl Machine {
             // A late decision is recorded, not acted on (K-5).
             events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
             events.push(cancelled());
-        } else if let Decision::Ask { prompt } = &decision {
+        } else if let Decision::Ask { prompt } = decision {
             events.extend(self.open_approval(effect_id, prompt));
-        } else if let Decision::Reply { text } = &decision {
+        } else if let Decision::Reply { text } = decision {
             let mut reply = text.clone();
             for steer in &self.steers {
                 reply.push_str("\n[steer] ");
@@ -418,6 +362,32 @@ impl Machine {
         self.parent_message_id = parent_message_id;
         self.input = std::sync::Arc::new(input);
         self.status = Some(Status::Queued);
+    }
+
+    /// `apply` for an event of a transition decided by `decide_decision`: its `ModelDecided`
+    /// is folded with `decision` (taken), the decision its text was written from, which
+    /// reads back from that text as itself.
+    pub fn apply_decided(
+        &mut self,
+        event: &Event,
+        seq: u64,
+        actions: &mut Vec<Action>,
+        decision: &mut Option<Decision>,
+    ) {
+        match event {
+            Event::ModelDecided {
+                effect_id,
+                decision: text,
+            } if !self.preview && decision.is_some() => {
+                debug_assert_eq!(
+                    serde_json::from_str::<Decision>(text).ok().as_ref(),
+                    decision.as_ref(),
+                    "a decision is folded as the text it was written to reads back"
+                );
+                self.model_decided(*effect_id, decision.take(), actions);
+            }
+            _ => self.apply(event, seq, actions),
+        }
     }
 
     /// Folds one committed event into the state. `seq` is the event's seq.
@@ -524,8 +494,8 @@ impl Machine {
                 effect_id,
                 decision,
             } => {
-                self.iterations += 1;
                 if self.preview {
+                    self.iterations += 1;
                     if let Ok(DecisionKind::Tool { tool, .. }) = serde_json::from_str(decision) {
                         self.pending_tool = Some(PendingTool {
                             effect_id: tool_effect(*effect_id),
@@ -539,33 +509,17 @@ impl Machine {
                     self.step_taken(actions);
                     return;
                 }
-                self.receipts
-                    .insert(*effect_id, ("model".into(), ReceiptStatus::Confirmed));
-                if let Ok(decision) = serde_json::from_str::<Decision>(decision) {
-                    if let Decision::Tool { tool, args } = &decision {
-                        self.pending_tool = Some(PendingTool {
-                            effect_id: tool_effect(*effect_id),
-                            tool: tool.clone(),
-                            args: args.clone().into(),
-                            dispatched: false,
-                            uncertain: false,
-                            dispatched_by: None,
-                        });
-                    }
-                    std::sync::Arc::make_mut(&mut self.context).push(Turn::Decided(decision));
-                }
-                self.step_taken(actions);
+                self.model_decided(*effect_id, serde_json::from_str(decision).ok(), actions);
             }
             Event::ModelFailed { effect_id, error } => {
-                self.receipts
-                    .insert(*effect_id, ("model".into(), ReceiptStatus::Failed));
+                self.receipts.model(*effect_id, ReceiptStatus::Failed);
                 self.text = error.clone();
             }
             Event::ToolDispatched {
                 effect_id, tool, ..
             } => {
                 self.receipts
-                    .insert(*effect_id, (tool.clone(), ReceiptStatus::Dispatched));
+                    .tool(*effect_id, tool, ReceiptStatus::Dispatched);
                 if let Some(pending) = &mut self.pending_tool {
                     pending.dispatched = true;
                     pending.dispatched_by = self.attempt_owner;
@@ -581,8 +535,7 @@ impl Machine {
                 if *status == ReceiptStatus::Unknown {
                     // Not a result: nothing enters the context until reconciliation.
                     if let Some(pending) = &pending {
-                        self.receipts
-                            .insert(*effect_id, (pending.tool.clone(), *status));
+                        self.receipts.tool(*effect_id, &pending.tool, *status);
                     }
                     self.unresolved = pending;
                     self.unresolved_seq = seq;
@@ -593,7 +546,7 @@ impl Machine {
                     return;
                 }
                 let tool = pending.map(|pending| pending.tool).unwrap_or_default();
-                self.receipts.insert(*effect_id, (tool.clone(), *status));
+                self.receipts.tool(*effect_id, &tool, *status);
                 std::sync::Arc::make_mut(&mut self.context).push(Turn::ToolResult {
                     tool,
                     status: *status,
@@ -624,32 +577,29 @@ impl Machine {
         }
     }
 
-    fn apply_control(&mut self, control: &Control, actions: &mut Vec<Action>) {
-        match control {
-            Control::Pause => self.pause_requested = true,
-            Control::Continue => {
-                self.pause_requested = false;
-                self.steps_left = None;
+    /// A committed model decision; `None` if its text does not read as one.
+    fn model_decided(
+        &mut self,
+        effect_id: EffectId,
+        decision: Option<Decision>,
+        actions: &mut Vec<Action>,
+    ) {
+        self.iterations += 1;
+        self.receipts.model(effect_id, ReceiptStatus::Confirmed);
+        if let Some(decision) = decision {
+            if let Decision::Tool { tool, args } = &decision {
+                self.pending_tool = Some(PendingTool {
+                    effect_id: tool_effect(effect_id),
+                    tool: tool.clone(),
+                    args: args.clone().into(),
+                    dispatched: false,
+                    uncertain: false,
+                    dispatched_by: None,
+                });
             }
-            Control::Step => {
-                self.pause_requested = false;
-                self.steps_left = Some(1);
-            }
-            Control::Steer { text } => self.steers.push(text.clone()),
-            Control::Cancel => {
-                self.cancel_requested = true;
-                actions.push(Action::AbortEffect);
-            }
-            Control::Reconcile {
-                effect_id,
-                status,
-                output,
-            } => self.apply_reconcile(*effect_id, *status, output),
-            Control::Answer { .. } | Control::Decline { .. } => self.apply_wait_control(control),
-            Control::StopProcess { process_id } => actions.push(Action::StopProcess {
-                process_id: *process_id,
-            }),
+            std::sync::Arc::make_mut(&mut self.context).push(Turn::Decided(decision));
         }
+        self.step_taken(actions);
     }
 
     /// One declared step finished: count it against a Step, and go on if still running.
@@ -690,7 +640,7 @@ impl Machine {
 /// pause with this reason and a recorded restart intent resumes automatically.
 pub const RESTART_PAUSE_REASON: &str = "restart_recovery";
 
-fn cancelled() -> Event {
+pub(super) fn cancelled() -> Event {
     Event::StateChanged {
         state: Status::Cancelled,
         reason: "cancel".into(),

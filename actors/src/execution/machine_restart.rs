@@ -50,8 +50,7 @@ impl Machine {
         else {
             return;
         };
-        self.receipts
-            .insert(effect_id, (unresolved.tool.clone(), status));
+        self.receipts.tool(effect_id, &unresolved.tool, status);
         if status == ReceiptStatus::NotApplied {
             // Proven never to have taken effect: it may run again, same effect id.
             self.pending_tool = Some(PendingTool {

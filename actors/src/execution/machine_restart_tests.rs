@@ -83,7 +83,10 @@ fn r8_confirmed_continues_with_the_result_and_not_applied_runs_the_effect_again(
     );
     assert!(actions.contains(&Action::Advance));
     assert_eq!(confirmed.status(), Status::Running);
-    assert_eq!(confirmed.receipts[&effect].1, ReceiptStatus::Confirmed);
+    assert_eq!(
+        confirmed.receipts.get(effect).map(|r| r.status),
+        Some(ReceiptStatus::Confirmed)
+    );
     assert!(confirmed.unresolved.is_none() && confirmed.pending_tool.is_none());
     assert!(matches!(
         confirmed.next(EffectId::new, |_| Recovery::External),
@@ -96,7 +99,10 @@ fn r8_confirmed_continues_with_the_result_and_not_applied_runs_the_effect_again(
         reconcile(effect, ReceiptStatus::NotApplied),
         false,
     );
-    assert_eq!(not_applied.receipts[&effect].1, ReceiptStatus::NotApplied);
+    assert_eq!(
+        not_applied.receipts.get(effect).map(|r| r.status),
+        Some(ReceiptStatus::NotApplied)
+    );
     match not_applied.next(EffectId::new, |_| Recovery::External) {
         Next::Persist(events) => assert!(
             matches!(&events[0], Event::ToolDispatched { effect_id, .. } if *effect_id == effect),

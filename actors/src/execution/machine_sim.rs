@@ -38,6 +38,15 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+    /// A finite f64 of any magnitude and precision.
+    fn float(&mut self) -> f64 {
+        loop {
+            let float = f64::from_bits(self.next());
+            if float.is_finite() {
+                return float;
+            }
+        }
+    }
 }
 
 /// What is in flight, as the actor would have it.
@@ -113,13 +122,26 @@ impl Sim {
 
     /// Commits events as the actor does, then checks every invariant.
     fn commit(&mut self, events: Vec<Event>, context: &str) {
+        self.commit_decided(events, None, context);
+    }
+
+    /// `commit` for events decided from a model's `decision`, folded as the actor folds
+    /// them (`apply_decided`): the replay check below then also checks that the decision
+    /// and the text it was written to fold alike.
+    fn commit_decided(
+        &mut self,
+        events: Vec<Event>,
+        mut decision: Option<Decision>,
+        context: &str,
+    ) {
         let before = self.machine.status();
         let mut actions = Vec::new();
         let mut preview = self.machine.preview();
         let mut preview_actions = Vec::new();
         for event in &events {
             let seq = self.log.len() as u64 + 1;
-            self.machine.apply(event, seq, &mut actions);
+            self.machine
+                .apply_decided(event, seq, &mut actions, &mut decision);
             preview.apply(event, seq, &mut preview_actions);
             self.log.push(event.clone());
             match event {
@@ -248,7 +270,14 @@ impl Sim {
 
     fn decide(&mut self, input: Input, context: &str) {
         let busy = self.in_flight.is_some();
-        if let Ok(events) = self.machine.decide(input, busy) {
+        if let Input::ModelDecided {
+            effect_id,
+            decision,
+        } = input
+        {
+            let (events, decision) = self.machine.decide_decision(effect_id, decision);
+            self.commit_decided(events, decision, context);
+        } else if let Ok(events) = self.machine.decide(input, busy) {
             self.commit(events, context);
         }
     }
@@ -313,7 +342,9 @@ impl Sim {
                         effect_id,
                         decision: Decision::Tool {
                             tool: "echo".into(),
-                            args: serde_json::json!({}),
+                            // Any finite f64 must read back from the decision's text as
+                            // itself (serde_json's `float_roundtrip`).
+                            args: serde_json::json!({"n": rng.float(), "text": "t"}),
                         },
                     },
                 };

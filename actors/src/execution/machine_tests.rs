@@ -242,7 +242,7 @@ fn k5_cancel_takes_precedence_and_late_results_are_recorded_not_acted_on() {
     commit(&mut machine, &late);
     assert_eq!(machine.status(), Status::Cancelled);
     assert_eq!(
-        machine.receipts.get(&tool).map(|r| r.1),
+        machine.receipts.get(tool).map(|r| r.status),
         Some(ReceiptStatus::Confirmed)
     );
 }
@@ -392,7 +392,7 @@ fn e4_external_tool_is_dispatched_before_it_runs() {
     assert!(matches!(events[0], Event::ToolDispatched { .. }));
     commit(&mut machine, &events);
     assert_eq!(
-        machine.receipts.get(&tool_effect(fresh)).map(|r| r.1),
+        machine.receipts.get(tool_effect(fresh)).map(|r| r.status),
         Some(ReceiptStatus::Dispatched)
     );
     assert!(matches!(
@@ -468,7 +468,10 @@ fn e4_a_dispatched_external_tool_is_never_rerun_by_a_later_attempt() {
     }
     assert_eq!(machine.status(), Status::ReconciliationRequired);
     assert_eq!(
-        machine.receipts.get(&tool_effect(decision)).map(|r| r.1),
+        machine
+            .receipts
+            .get(tool_effect(decision))
+            .map(|r| r.status),
         Some(ReceiptStatus::Unknown)
     );
     assert_eq!(

@@ -95,6 +95,63 @@ pub enum Turn {
     },
 }
 
+/// One effect's receipt as the machine keeps it for inspection (the snapshot): what ran it
+/// (`model` for a model call, else the tool's name) and its latest status. The durable
+/// receipt is the event that recorded it (E-3).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Receipt {
+    pub effect_id: EffectId,
+    pub tool: std::borrow::Cow<'static, str>,
+    pub status: ReceiptStatus,
+}
+
+/// An execution's receipts, in the order their effects were first recorded. A list, not a
+/// map by effect id: each step adds one, and a later status (dispatched, then finished or
+/// reconciled) is always for the tool call in progress, the newest tool receipt, so
+/// recording is a push or an update near the end. Inserting at random effect-id keys into
+/// a map that grows with the execution was a quarter of the time spent folding committed
+/// events (perf, `openprogram load`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Receipts(Vec<Receipt>);
+
+impl Receipts {
+    /// A model call's receipt. Its effect id was drawn for that call (`Machine::next`) and
+    /// is recorded once, so it is appended without a search.
+    pub(super) fn model(&mut self, effect_id: EffectId, status: ReceiptStatus) {
+        self.0.push(Receipt {
+            effect_id,
+            tool: std::borrow::Cow::Borrowed("model"),
+            status,
+        });
+    }
+
+    /// Records `status` for a tool call: updates its receipt, searched from the newest, or
+    /// appends one.
+    pub(super) fn tool(&mut self, effect_id: EffectId, tool: &str, status: ReceiptStatus) {
+        match self.0.iter_mut().rev().find(|r| r.effect_id == effect_id) {
+            Some(receipt) => {
+                receipt.status = status;
+                if receipt.tool != tool {
+                    receipt.tool = std::borrow::Cow::Owned(tool.to_owned());
+                }
+            }
+            None => self.0.push(Receipt {
+                effect_id,
+                tool: std::borrow::Cow::Owned(tool.to_owned()),
+                status,
+            }),
+        }
+    }
+
+    pub fn get(&self, effect_id: EffectId) -> Option<&Receipt> {
+        self.0.iter().rev().find(|r| r.effect_id == effect_id)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Receipt> {
+        self.0.iter()
+    }
+}
+
 /// A tool call decided by the model and not yet finished.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PendingTool {

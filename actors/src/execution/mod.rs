@@ -1,5 +1,6 @@
-//! One execution: the pure state machine (`machine.rs`, its restart-recovery rules in
-//! `machine_restart.rs`, its waits, questions and processes in `machine_waits.rs`) and, around it, the actor shell
+//! One execution: the pure state machine (`machine.rs`, its control commands in
+//! `machine_controls.rs`, its restart-recovery rules in `machine_restart.rs`, its waits,
+//! questions and processes in `machine_waits.rs`) and, around it, the actor shell
 //! that persists transitions and performs actions (`actor.rs`), and how it takes commands
 //! (`commands.rs`), and its part in restart recovery (`restart.rs`).
 
@@ -8,6 +9,7 @@ pub mod commands;
 pub mod fork;
 pub mod live;
 pub mod machine;
+mod machine_controls;
 mod machine_restart;
 mod machine_types;
 mod machine_waits;
