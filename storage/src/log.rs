@@ -132,7 +132,8 @@ struct Committer {
 /// What one group changes, before it is durable.
 #[derive(Default)]
 struct Group {
-    heads: HashMap<ExecutionId, GroupHead>,
+    /// The index in `frames` of each execution's newest frame in this group.
+    heads: HashMap<ExecutionId, usize>,
     commands: HashMap<CommandId, CommandRecord>,
     /// Committed frames with the key of their log record and the index state on disk.
     frames: Vec<(Frame, u64, Option<ExecutionState>)>,
@@ -144,9 +145,25 @@ struct Group {
     frame_bytes: Vec<u8>,
 }
 
-struct GroupHead {
-    head: ExecutionHead,
+/// What a transition is checked against, read from the head as the group would leave it.
+struct Current {
+    version: u64,
+    fencing_epoch: u64,
+    last_seq: u64,
+    identity: HeadIdentity,
     indexed_state: Option<ExecutionState>,
+}
+
+impl Current {
+    fn of(head: &ExecutionHead, indexed_state: Option<ExecutionState>) -> Self {
+        Self {
+            version: head.version,
+            fencing_epoch: head.fencing_epoch,
+            last_seq: head.last_seq,
+            identity: HeadIdentity::of(head),
+            indexed_state,
+        }
+    }
 }
 
 impl Committer {
@@ -307,14 +324,10 @@ impl Committer {
             }
         }
 
-        let current = self.head(group, execution_id)?;
+        let current = self.with_head(group, execution_id, Current::of)?;
         let (current_version, current_epoch, current_last_seq) =
             current.as_ref().map_or((0, 0, 0), |current| {
-                (
-                    current.head.version,
-                    current.head.fencing_epoch,
-                    current.head.last_seq,
-                )
+                (current.version, current.fencing_epoch, current.last_seq)
             });
         if let Some(epoch) = writer_epoch {
             if epoch < current_epoch {
@@ -329,9 +342,7 @@ impl Committer {
             }
         }
         // A frame carries the head's identity only when it is new or changes (codec v2).
-        let previous_identity = current
-            .as_ref()
-            .map(|current| HeadIdentity::of(&current.head));
+        let previous_identity = current.as_ref().map(|current| current.identity);
         let (mut next, indexed_state) = match (current, head) {
             (None, None) => return Err(Error::UnknownExecution(execution_id)),
             (None, Some(_)) if expected_version != Some(0) => {
@@ -346,7 +357,12 @@ impl Committer {
                 ))
             }
             (Some(current), Some(head)) => (head, current.indexed_state),
-            (Some(current), None) => (current.head, current.indexed_state),
+            // Copied only here: most transitions bring their head.
+            (Some(current), None) => {
+                let head = self.with_head(group, execution_id, |head, _| head.clone())?;
+                let head = head.ok_or(Error::UnknownExecution(execution_id))?;
+                (head, current.indexed_state)
+            }
         };
         next.version = current_version + 1;
         next.fencing_epoch = writer_epoch.map_or(current_epoch, |epoch| epoch.max(current_epoch));
@@ -446,37 +462,31 @@ impl Committer {
             positions: first_position..=first_position + n_events - 1,
             at_ms,
         };
-        group.heads.insert(
-            execution_id,
-            GroupHead {
-                head: frame.head.clone(),
-                indexed_state,
-            },
-        );
+        group.heads.insert(execution_id, group.frames.len());
         group.frames.push((frame, record, indexed_state));
         Ok(Outcome::Committed(committed))
     }
 
     /// The head as this group would leave it: the group's own changes, then the overlay,
     /// then disk.
-    fn head(&self, group: &Group, execution_id: ExecutionId) -> Result<Option<GroupHead>> {
-        if let Some(current) = group.heads.get(&execution_id) {
-            return Ok(Some(GroupHead {
-                head: current.head.clone(),
-                indexed_state: current.indexed_state,
-            }));
+    /// `read` of the execution's head as this group would leave it (the group's own changes,
+    /// then the overlay, then disk) and of what the by-state index on disk says of it; read
+    /// in place, not copied.
+    fn with_head<T>(
+        &self,
+        group: &Group,
+        execution_id: ExecutionId,
+        read: impl FnOnce(&ExecutionHead, Option<ExecutionState>) -> T,
+    ) -> Result<Option<T>> {
+        let in_group = group.heads.get(&execution_id);
+        if let Some((frame, _, indexed_state)) = in_group.and_then(|&i| group.frames.get(i)) {
+            return Ok(Some(read(&frame.head, *indexed_state)));
         }
         if let Some((head, indexed_state)) = self.shared.overlay_read().current(execution_id) {
-            return Ok(Some(GroupHead {
-                head: head.clone(),
-                indexed_state,
-            }));
+            return Ok(Some(read(head, indexed_state)));
         }
         let head = self.shared.head_on_disk(execution_id)?;
-        Ok(head.map(|head| GroupHead {
-            indexed_state: index_state(&head),
-            head,
-        }))
+        Ok(head.map(|head| read(&head, index_state(&head))))
     }
 
     fn command(&self, group: &Group, command_id: CommandId) -> Result<Option<CommandRecord>> {

@@ -207,6 +207,14 @@ impl Sim {
                 self.resolved.insert(wait.wait_id, wait.status);
             }
         }
+        let mut effects = std::collections::HashSet::new();
+        for receipt in self.machine.receipts.iter() {
+            assert!(
+                effects.insert(receipt.effect_id),
+                "{context}: two receipts for effect {}",
+                receipt.effect_id
+            );
+        }
         let mut replayed = Machine::default();
         let mut ignored = Vec::new();
         for (index, event) in self.log.iter().enumerate() {

@@ -106,38 +106,43 @@ pub struct Receipt {
 }
 
 /// An execution's receipts, in the order their effects were first recorded. A list, not a
-/// map by effect id: each step adds one, and a later status (dispatched, then finished or
-/// reconciled) is always for the tool call in progress, the newest tool receipt, so
-/// recording is a push or an update near the end. Inserting at random effect-id keys into
-/// a map that grows with the execution was a quarter of the time spent folding committed
-/// events (perf, `openprogram load`).
+/// map by effect id: inserting at random effect-id keys into a map that grows with the
+/// execution was a quarter of the time spent folding committed events (perf, `openprogram
+/// load`). One effect is in flight at a time, and no model call starts while a tool call is
+/// pending or unresolved, so a receipt that changes (dispatched, finished, reconciled, run
+/// again) is always the newest one: recording compares the newest only, and is O(1). The
+/// R10 sim checks that no effect gets two receipts.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Receipts(Vec<Receipt>);
 
 impl Receipts {
-    /// A model call's receipt. Its effect id was drawn for that call (`Machine::next`) and
-    /// is recorded once, so it is appended without a search.
+    /// A model call's receipt: its effect id was drawn for that call (`Machine::next`).
     pub(super) fn model(&mut self, effect_id: EffectId, status: ReceiptStatus) {
-        self.0.push(Receipt {
-            effect_id,
-            tool: std::borrow::Cow::Borrowed("model"),
-            status,
-        });
+        self.record(effect_id, std::borrow::Cow::Borrowed("model"), status);
     }
 
-    /// Records `status` for a tool call: updates its receipt, searched from the newest, or
-    /// appends one.
+    /// A tool call's receipt, new or updated.
     pub(super) fn tool(&mut self, effect_id: EffectId, tool: &str, status: ReceiptStatus) {
-        match self.0.iter_mut().rev().find(|r| r.effect_id == effect_id) {
-            Some(receipt) => {
-                receipt.status = status;
-                if receipt.tool != tool {
-                    receipt.tool = std::borrow::Cow::Owned(tool.to_owned());
+        self.record(effect_id, std::borrow::Cow::Owned(tool.to_owned()), status);
+    }
+
+    fn record(
+        &mut self,
+        effect_id: EffectId,
+        tool: std::borrow::Cow<'static, str>,
+        status: ReceiptStatus,
+    ) {
+        match self.0.last_mut().filter(|r| r.effect_id == effect_id) {
+            Some(newest) => {
+                *newest = Receipt {
+                    effect_id,
+                    tool,
+                    status,
                 }
             }
             None => self.0.push(Receipt {
                 effect_id,
-                tool: std::borrow::Cow::Owned(tool.to_owned()),
+                tool,
                 status,
             }),
         }
