@@ -15,7 +15,7 @@ use futures::FutureExt;
 use openprogram_storage::{AttemptId, EffectId, ExecutionId, OwnerId};
 
 use crate::execution::live::CallHandle;
-use crate::execution::machine::{AgentInput, Decision, Recovery, ScriptElement, Turn};
+use crate::execution::machine::{AgentInput, Decision, Recovery, ToolArgs, Turn};
 
 /// What a provider decides from: the immutable input and the committed context.
 #[derive(Debug, Clone)]
@@ -148,47 +148,47 @@ impl Provider for Scripted {
             })
             .count();
         let index = request.iterations as usize + skipped;
-        let decision = match request.input.script.get(index).map(ScriptElement::parse) {
+        let decision = match request.input.script.get(index) {
             None => Err(format!("the script has no element {index}")),
-            Some(Ok(element)) => scripted_decision(element),
-            Some(Err(error)) => Err(format!("script element {index}: {error}")),
+            Some(element) => scripted_decision(element.text()),
         };
         futures::future::ready(decision).boxed()
     }
 }
 
-/// Takes the element by value: a tool's arguments move into the decision, not a copy.
-fn scripted_decision(element: serde_json::Value) -> Result<Decision, String> {
-    let mut element = match element {
-        serde_json::Value::Object(element) => element,
-        other => return Err(format!("unrecognized script element {other}")),
+/// The keys of a script element the provider reads, each borrowed as its JSON text: a
+/// tool's arguments go into the decision as the text they are, never built into a tree.
+#[derive(serde::Deserialize)]
+struct Element<'a> {
+    #[serde(borrow, default)]
+    tool: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default)]
+    args: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default)]
+    reply: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default)]
+    ask: Option<&'a serde_json::value::RawValue>,
+}
+
+/// The decision a script element (its JSON text) names.
+fn scripted_decision(element: &str) -> Result<Decision, String> {
+    let unrecognized = || format!("unrecognized script element {element}");
+    let parsed: Element = serde_json::from_str(element).map_err(|_| unrecognized())?;
+    let text = |raw: Option<&serde_json::value::RawValue>| {
+        raw.and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
     };
-    if element
-        .get("tool")
-        .is_some_and(serde_json::Value::is_string)
-    {
-        if let Some(serde_json::Value::String(tool)) = element.remove("tool") {
-            let args = element
-                .remove("args")
-                .unwrap_or_else(|| serde_json::json!({}));
-            return Ok(Decision::Tool { tool, args });
-        }
+    if let Some(tool) = text(parsed.tool) {
+        let args = parsed.args.map_or("{}", |args| args.get());
+        let args = ToolArgs::from_text(args).map_err(|_| unrecognized())?;
+        return Ok(Decision::Tool { tool, args });
     }
-    let text = |key: &str| element.get(key).and_then(serde_json::Value::as_str);
-    if let Some(text) = text("reply") {
-        return Ok(Decision::Reply {
-            text: text.to_owned(),
-        });
+    if let Some(text) = text(parsed.reply) {
+        return Ok(Decision::Reply { text });
     }
-    if let Some(prompt) = text("ask") {
-        return Ok(Decision::Ask {
-            prompt: prompt.to_owned(),
-        });
+    if let Some(prompt) = text(parsed.ask) {
+        return Ok(Decision::Ask { prompt });
     }
-    Err(format!(
-        "unrecognized script element {}",
-        serde_json::Value::Object(element)
-    ))
+    Err(unrecognized())
 }
 
 fn string_arg(args: &serde_json::Value, name: &str) -> Result<String, String> {
@@ -387,38 +387,38 @@ mod tests {
     fn e3_a_script_element_becomes_the_decision_it_names() {
         let tool = json!({"tool": "echo", "args": {"text": "hi"}, "note": 1});
         assert_eq!(
-            scripted_decision(tool),
+            scripted_decision(&tool.to_string()),
             Ok(Decision::Tool {
                 tool: "echo".into(),
-                args: json!({"text": "hi"})
+                args: json!({"text": "hi"}).into()
             })
         );
         assert_eq!(
-            scripted_decision(json!({"tool": "echo"})),
+            scripted_decision(&json!({"tool": "echo"}).to_string()),
             Ok(Decision::Tool {
                 tool: "echo".into(),
-                args: json!({})
+                args: json!({}).into()
             })
         );
         // A `tool` that is not a name is no tool call; the element may still reply.
         assert_eq!(
-            scripted_decision(json!({"tool": 7, "reply": "done"})),
+            scripted_decision(&json!({"tool": 7, "reply": "done"}).to_string()),
             Ok(Decision::Reply {
                 text: "done".into()
             })
         );
         assert_eq!(
-            scripted_decision(json!({"ask": "ok?"})),
+            scripted_decision(&json!({"ask": "ok?"}).to_string()),
             Ok(Decision::Ask {
                 prompt: "ok?".into()
             })
         );
         assert_eq!(
-            scripted_decision(json!({"tool": 7})),
+            scripted_decision(&json!({"tool": 7}).to_string()),
             Err(r#"unrecognized script element {"tool":7}"#.into())
         );
         assert_eq!(
-            scripted_decision(json!("reply")),
+            scripted_decision(&json!("reply").to_string()),
             Err(r#"unrecognized script element "reply""#.into())
         );
     }

@@ -432,25 +432,27 @@ impl ExecutionActor {
 
     fn start_tool(&mut self, pending: PendingTool, ctx: &mut Context<Self>) {
         let effect_id = pending.effect_id;
-        let (recovery, call) = match self.env.tools.get(&pending.tool) {
-            Some(tool) => {
+        let refused = |error: String| {
+            (
+                Recovery::Idempotent,
+                futures::future::ready(Err(error)).boxed(),
+            )
+        };
+        let (recovery, call) = match (self.env.tools.get(&pending.tool), pending.args.parse()) {
+            (Some(tool), Ok(args)) => {
                 let call = ToolCall {
                     execution_id: self.execution_id,
                     effect_id,
                     attempt_id: self.lease.attempt_id,
                     owner_id: self.env.owner,
-                    args: Arc::unwrap_or_clone(pending.args),
+                    args,
                     handle: CallHandle::new(effect_id, ctx.address()),
                 };
                 (tool.recovery(), tool.call(call))
             }
-            None => {
-                let unknown = Err(format!("unknown tool `{}`", pending.tool));
-                (
-                    Recovery::Idempotent,
-                    futures::future::ready(unknown).boxed(),
-                )
-            }
+            (None, _) => refused(format!("unknown tool `{}`", pending.tool)),
+            // Not run: written by `decide_decision`, which keeps them readable.
+            (Some(_), Err(error)) => refused(format!("the tool arguments do not parse: {error}")),
         };
         let (abort, registration) = AbortHandle::new_pair();
         let ran = Abortable::new(call, registration);

@@ -5,7 +5,7 @@
 use openprogram_storage::{EffectId, Event, EventEnvelope};
 use serde::{Deserialize, Serialize};
 
-use crate::execution::machine::{Decision, Machine, PendingTool, Recovery, Turn};
+use crate::execution::machine::{Decision, Machine, PendingTool, Recovery, ToolArgs, Turn};
 
 /// What a forked child resumes from: the context up to the saved point and the tool call
 /// that came next, if any, under a fresh effect id (the child's call is its own effect).
@@ -21,7 +21,7 @@ pub struct ForkState {
 pub struct ForkedTool {
     pub effect_id: EffectId,
     pub tool: String,
-    pub args: serde_json::Value,
+    pub args: ToolArgs,
 }
 
 /// A saved point a fork may start from: a checkpoint after which the work left needs no
@@ -111,7 +111,7 @@ pub fn fork_state(events: &[EventEnvelope], checkpoint_seq: u64, fresh: EffectId
         next_tool: machine.pending_tool.map(|pending| ForkedTool {
             effect_id: fresh,
             tool: pending.tool,
-            args: std::sync::Arc::unwrap_or_clone(pending.args),
+            args: pending.args,
         }),
     }
 }
@@ -131,7 +131,7 @@ impl Machine {
         self.pending_tool = state.next_tool.map(|next| PendingTool {
             effect_id: next.effect_id,
             tool: next.tool,
-            args: next.args.into(),
+            args: next.args,
             dispatched: false,
             uncertain: false,
             dispatched_by: None,

@@ -334,7 +334,7 @@ impl Machine {
                 return Next::Persist(vec![Event::ToolDispatched {
                     effect_id: pending.effect_id,
                     tool: pending.tool.clone(),
-                    args: pending.args.to_string(),
+                    args: pending.args.get().to_owned(),
                 }]);
             }
             return Next::RunTool(pending.clone());
@@ -500,7 +500,7 @@ impl Machine {
                         self.pending_tool = Some(PendingTool {
                             effect_id: tool_effect(*effect_id),
                             tool,
-                            args: std::sync::Arc::default(),
+                            args: ToolArgs::default(),
                             dispatched: false,
                             uncertain: false,
                             dispatched_by: None,
@@ -591,7 +591,7 @@ impl Machine {
                 self.pending_tool = Some(PendingTool {
                     effect_id: tool_effect(effect_id),
                     tool: tool.clone(),
-                    args: args.clone().into(),
+                    args: args.clone(),
                     dispatched: false,
                     uncertain: false,
                     dispatched_by: None,

@@ -343,7 +343,7 @@ impl Sim {
                         effect_id,
                         decision: Decision::Tool {
                             tool: "append".into(),
-                            args: serde_json::json!({}),
+                            args: serde_json::json!({}).into(),
                         },
                     },
                     _ => Input::ModelDecided {
@@ -352,7 +352,7 @@ impl Sim {
                             tool: "echo".into(),
                             // Any finite f64 must read back from the decision's text as
                             // itself (serde_json's `float_roundtrip`).
-                            args: serde_json::json!({"n": rng.float(), "text": "t"}),
+                            args: serde_json::json!({"n": rng.float(), "text": "t"}).into(),
                         },
                     },
                 };

@@ -85,7 +85,7 @@ fn idempotent(_: &str) -> Recovery {
 pub(super) fn tool_decision(tool: &str) -> Decision {
     Decision::Tool {
         tool: tool.into(),
-        args: serde_json::json!({"text": "x"}),
+        args: serde_json::json!({"text": "x"}).into(),
     }
 }
 
@@ -556,7 +556,7 @@ fn nested_decision(depth: usize) -> Decision {
     }
     Decision::Tool {
         tool: "echo".into(),
-        args,
+        args: args.into(),
     }
 }
 
@@ -593,6 +593,44 @@ fn e3_a_decision_that_could_not_be_read_back_fails_the_model_call() {
     assert!(
         matches!(&events[..], [Event::ModelFailed { error, .. }, Event::StateChanged { state: Status::Failed, .. }]
             if error.contains("nest deeper")),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn e3_nesting_is_counted_outside_strings_only() {
+    use super::machine_types::nesting;
+    let deep = "[".repeat(super::machine_types::DECISION_ARGS_DEPTH_MAX + 1);
+    let cases = [
+        (r#""text""#.to_owned(), 0),
+        ("[]".to_owned(), 1),
+        (r#"{"a":[{"b":[]}],"c":{}}"#.to_owned(), 4),
+        (format!(r#"{{"text":"{deep}","list":[]}}"#), 2),
+        (r#"{"q":"\"[[{{","b":"\\","c":[[]]}"#.to_owned(), 3),
+        (r#"["]\"]"]"#.to_owned(), 1),
+    ];
+    for (text, depth) in cases {
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&text).is_ok(),
+            "{text}"
+        );
+        assert_eq!(nesting(&text), depth, "{text}");
+    }
+    // Brackets inside a string are text: such a decision is recorded, not refused.
+    let events = running(50)
+        .decide(
+            Input::ModelDecided {
+                effect_id: EffectId::new(),
+                decision: Decision::Tool {
+                    tool: "echo".into(),
+                    args: serde_json::json!({"text": deep}).into(),
+                },
+            },
+            true,
+        )
+        .expect("decided");
+    assert!(
+        matches!(events.first(), Some(Event::ModelDecided { .. })),
         "{events:?}"
     );
 }

@@ -31,7 +31,7 @@ pub struct AgentInput {
 /// One element of a script, kept as its JSON text: a turn holds its whole script for its
 /// life, and a text is one allocation to make and free where a parsed value is a tree of
 /// them (measured: freeing the parsed scripts of 1,000 turns that ended together held
-/// commands up by ~50 ms). The provider parses the element it takes (`parse`). Two
+/// commands up by ~50 ms). The provider reads the keys of the element it takes (`text`). Two
 /// elements are equal when their texts are: the same value written with other whitespace
 /// or key order is a different element (a replay reads back the text that was stored).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -46,6 +46,11 @@ impl ScriptElement {
     pub fn parse(&self) -> Result<serde_json::Value, serde_json::Error> {
         serde_json::from_str(self.0.get())
     }
+
+    /// The JSON text.
+    pub fn text(&self) -> &str {
+        self.0.get()
+    }
 }
 
 impl PartialEq for ScriptElement {
@@ -58,13 +63,69 @@ pub(super) fn default_max_iterations() -> u32 {
     50
 }
 
+/// A tool call's arguments, kept as their JSON text from the provider's decision to the
+/// tool: the decision's event carries the text as it is, the context and the pending call
+/// share it, and the tool gets it parsed once (`ToolCall::args`). Built from a value
+/// (`From<serde_json::Value>`) or from text (`from_text`). Two are equal when their texts
+/// are, as for `ScriptElement`.
+#[derive(Debug, Clone)]
+pub struct ToolArgs(std::sync::Arc<serde_json::value::RawValue>);
+
+impl Serialize for ToolArgs {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for ToolArgs {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Box::<serde_json::value::RawValue>::deserialize(deserializer).map(|raw| Self(raw.into()))
+    }
+}
+
+impl ToolArgs {
+    /// Arguments from JSON text; an error if it is not JSON.
+    pub fn from_text(text: impl Into<String>) -> Result<Self, serde_json::Error> {
+        serde_json::value::RawValue::from_string(text.into()).map(|raw| Self(raw.into()))
+    }
+
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+
+    pub fn parse(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::from_str(self.0.get())
+    }
+}
+
+impl From<serde_json::Value> for ToolArgs {
+    fn from(value: serde_json::Value) -> Self {
+        // A `Value` always writes valid JSON, so the fallback is never taken.
+        Self::from_text(value.to_string()).unwrap_or_else(|_| Self::default())
+    }
+}
+
+impl Default for ToolArgs {
+    /// `null`: no arguments.
+    fn default() -> Self {
+        Self(serde_json::value::RawValue::NULL.to_owned().into())
+    }
+}
+
+impl PartialEq for ToolArgs {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
 /// A provider decision (E-3): call a tool, or reply and finish.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Decision {
     Tool {
         tool: String,
-        args: serde_json::Value,
+        args: ToolArgs,
     },
     Reply {
         text: String,
@@ -162,8 +223,8 @@ impl Receipts {
 pub struct PendingTool {
     pub effect_id: EffectId,
     pub tool: String,
-    /// Shared: the pending tool is copied into every transition's preview.
-    pub args: std::sync::Arc<serde_json::Value>,
+    /// Shared with the decision in the context, and with every transition's preview.
+    pub args: ToolArgs,
     /// A `ToolDispatched` event was committed for it.
     pub dispatched: bool,
     /// It was dispatched by an earlier attempt and has no outcome: it may or may not have
@@ -308,22 +369,34 @@ pub(super) fn unreadable(decision: &Decision) -> Option<String> {
     let Decision::Tool { args, .. } = decision else {
         return None;
     };
-    // Iterative: a provider's value may nest deeper than the stack allows recursion.
-    let mut open = vec![(args, 1usize)];
-    while let Some((value, depth)) = open.pop() {
-        let nested = depth + 1;
-        match value {
-            serde_json::Value::Array(_) | serde_json::Value::Object(_)
-                if depth > DECISION_ARGS_DEPTH_MAX =>
-            {
-                return Some(format!(
-                    "the tool arguments nest deeper than {DECISION_ARGS_DEPTH_MAX} levels"
-                ));
+    (nesting(args.get()) > DECISION_ARGS_DEPTH_MAX)
+        .then(|| format!("the tool arguments nest deeper than {DECISION_ARGS_DEPTH_MAX} levels"))
+}
+
+/// How deep arrays and objects nest in a JSON text (1 for `[]`, 0 for a string), read in one
+/// pass over its bytes without building anything.
+pub(super) fn nesting(json: &str) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for byte in json.bytes() {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
             }
-            serde_json::Value::Array(items) => open.extend(items.iter().map(|v| (v, nested))),
-            serde_json::Value::Object(map) => open.extend(map.values().map(|v| (v, nested))),
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
             _ => {}
         }
     }
-    None
+    deepest
 }

@@ -86,12 +86,17 @@ impl ExecutionActor {
             self.park_if_idle(ctx);
             return;
         };
+        // Written by `decide_decision`, which keeps them under serde_json's nesting limit.
+        let Ok(args) = unresolved.args.parse() else {
+            self.park_if_idle(ctx);
+            return;
+        };
         let call = ToolCall {
             execution_id: self.execution_id,
             effect_id: unresolved.effect_id,
             attempt_id: self.lease.attempt_id,
             owner_id: self.env.owner,
-            args: std::sync::Arc::unwrap_or_clone(unresolved.args),
+            args,
             handle: CallHandle::detached(unresolved.effect_id),
         };
         self.reconciling = true;
