@@ -135,8 +135,9 @@ struct Group {
     /// The index in `frames` of each execution's newest frame in this group.
     heads: HashMap<ExecutionId, usize>,
     commands: HashMap<CommandId, CommandRecord>,
-    /// Committed frames with the key of their log record and the index state on disk.
-    frames: Vec<(Frame, u64, Option<ExecutionState>)>,
+    /// Committed frames with the key of their log record, the index state on disk and the
+    /// index of their answer.
+    frames: Vec<(Frame, u64, Option<ExecutionState>, usize)>,
     log_records: Vec<(u64, Vec<u8>)>,
     writer: Option<(u64, LogRecordWriter)>,
     next_position: u64,
@@ -192,7 +193,7 @@ impl Committer {
         let mut answers = Vec::with_capacity(requests.len());
         for request in requests {
             if let Request::Transition { transition, reply } = request {
-                let answer = self.apply(&mut group, &mut batch, transition, at_ms);
+                let answer = self.apply(&mut group, &mut batch, transition, at_ms, answers.len());
                 answers.push((reply, answer));
             }
         }
@@ -242,14 +243,18 @@ impl Committer {
         self.shared.in_flight_blobs_clear();
         {
             let mut overlay = self.shared.overlay_write();
-            for (frame, record, indexed_state) in group.frames {
+            for (frame, record, indexed_state, answer) in group.frames {
                 // An execution the slice just wrote is listed on disk under its written
                 // state now, not the one this group's transition was prepared against.
                 let indexed_state = written
                     .get(&frame.head.execution_id)
                     .copied()
                     .unwrap_or(indexed_state);
-                overlay.merge(frame, record, indexed_state);
+                let events = overlay.merge(frame, record, indexed_state);
+                // Handed back to the writer, which folds them and frees them on its own thread.
+                if let Some((_, Ok(Outcome::Committed(committed)))) = answers.get_mut(answer) {
+                    committed.events = events;
+                }
             }
             self.shared
                 .durable_position
@@ -273,6 +278,7 @@ impl Committer {
         batch: &mut sled::Batch,
         transition: Transition,
         at_ms: u64,
+        answer: usize,
     ) -> Result<Outcome> {
         let Transition {
             execution_id,
@@ -461,9 +467,11 @@ impl Committer {
             seqs: first_seq..=frame.head.last_seq,
             positions: first_position..=first_position + n_events - 1,
             at_ms,
+            // Filled in once the group is durable.
+            events: Vec::new(),
         };
         group.heads.insert(execution_id, group.frames.len());
-        group.frames.push((frame, record, indexed_state));
+        group.frames.push((frame, record, indexed_state, answer));
         Ok(Outcome::Committed(committed))
     }
 
@@ -479,7 +487,7 @@ impl Committer {
         read: impl FnOnce(&ExecutionHead, Option<ExecutionState>) -> T,
     ) -> Result<Option<T>> {
         let in_group = group.heads.get(&execution_id);
-        if let Some((frame, _, indexed_state)) = in_group.and_then(|&i| group.frames.get(i)) {
+        if let Some((frame, _, indexed_state, _)) = in_group.and_then(|&i| group.frames.get(i)) {
             return Ok(Some(read(&frame.head, *indexed_state)));
         }
         if let Some((head, indexed_state)) = self.shared.overlay_read().current(execution_id) {

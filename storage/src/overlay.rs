@@ -23,6 +23,7 @@ use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use crate::codec::{self, Frame, FrameRef, RecordValue};
+use crate::event::EventEnvelope;
 use crate::ids::ExecutionId;
 use crate::keys;
 use crate::records::{ExecutionHead, ExecutionState};
@@ -183,8 +184,13 @@ impl Overlay {
 
     /// Adds a committed frame, stored in the log record keyed `record`. `indexed_state` is
     /// used only when the execution is not yet in `active`: it is what the by-state index on
-    /// disk says about it.
-    pub fn merge(&mut self, frame: Frame, record: u64, indexed_state: Option<ExecutionState>) {
+    /// disk says about it. Returns the frame's events, which the overlay does not keep.
+    pub fn merge(
+        &mut self,
+        frame: Frame,
+        record: u64,
+        indexed_state: Option<ExecutionState>,
+    ) -> Vec<EventEnvelope> {
         for record in frame.records {
             self.active.records.insert(record_key(&record), record);
         }
@@ -207,6 +213,7 @@ impl Overlay {
                 });
             }
         }
+        frame.events
     }
 
     /// Starts a materialization of everything in `active`, covering the log through

@@ -7,7 +7,7 @@ use std::ops::RangeInclusive;
 
 use crate::codec::{self, RecordValue};
 use crate::error::{Error, Result};
-use crate::event::Event;
+use crate::event::{Event, EventEnvelope};
 use crate::ids::ExecutionId;
 use crate::records::{
     Blob, CommandRecord, ExecutionHead, ProcessRecord, ReceiptRecord, WaitRecord,
@@ -189,4 +189,7 @@ pub struct Committed {
     pub positions: RangeInclusive<u64>,
     /// The time the committer stamped on the events and the head (`last_activity_ms`).
     pub at_ms: u64,
+    /// The transition's events as committed, handed back so the writer can fold them
+    /// without keeping a copy while they were written.
+    pub events: Vec<EventEnvelope>,
 }

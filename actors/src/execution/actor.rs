@@ -305,10 +305,10 @@ impl ExecutionActor {
         upserts: Vec<Upsert>,
         mut decision: Option<Decision>,
     ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
-        let (transition, head) = self.prepare(events.clone(), upserts);
+        let (transition, head) = self.prepare(events, upserts);
         let submitted = self.env.store.submit(transition);
         Box::pin(fut::wrap_future::<_, Self>(submitted).map(move |outcome, act, ctx| match outcome {
-            Ok(Outcome::Committed(committed)) => {
+            Ok(Outcome::Committed(mut committed)) => {
                 act.head = head;
                 act.head.version = committed.version;
                 act.head.last_seq = *committed.seqs.end();
@@ -318,9 +318,10 @@ impl ExecutionActor {
                 }
                 let mut actions = Vec::new();
                 let mut steps = 0;
-                for (event, seq) in events.iter().zip(committed.seqs.clone()) {
+                for envelope in std::mem::take(&mut committed.events) {
+                    let event = &envelope.event;
                     steps += u64::from(matches!(event, Event::ModelDecided { .. } | Event::ToolFinished { .. }));
-                    act.machine.apply_decided(event, seq, &mut actions, &mut decision);
+                    act.machine.apply_decided(event, envelope.seq, &mut actions, &mut decision);
                 }
                 act.env.steps.fetch_add(steps, std::sync::atomic::Ordering::Relaxed);
                 act.perform(actions, ctx);

@@ -10,10 +10,14 @@ async fn s1_seqs_are_gap_free_per_execution_and_positions_global() {
     let store = Store::open(dir.path()).expect("open");
     let a = create(&store).await;
     let b = create(&store).await;
+    let mut handed_back = Vec::new();
     for version in 1..=5 {
-        append(&store, a, version, "a").await;
-        append(&store, b, version, "b").await;
+        handed_back.extend(append(&store, a, version, "a").await.events);
+        handed_back.extend(append(&store, b, version, "b").await.events);
     }
+    // A commit hands back its events as stored: the writer folds exactly what a read returns.
+    let stored = store.log_after(2, usize::MAX).expect("log");
+    assert_eq!(handed_back, stored);
     for execution_id in [a, b] {
         let seqs: Vec<u64> = all_events(&store, execution_id)
             .iter()
