@@ -13,28 +13,24 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use futures::channel::oneshot;
-use futures::future::{AbortHandle, Abortable};
-use futures::FutureExt as _;
+use futures::future::AbortHandle;
 use openprogram_storage::{
     AttemptLease, Checkpoint, EffectId, Event, ExecutionHead, ExecutionId,
     ExecutionState as Status, Outcome, ReceiptRecord, ReceiptStatus, Transition, Upsert, WaitId,
 };
 
-use crate::agent::{ModelRequest, ToolCall};
 use crate::attempt_lease::{AttemptLeaseActor, LeaseState, Release, Renew};
 use crate::env::Env;
 use crate::error::Error;
-use crate::execution::live::CallHandle;
+use crate::execution::effects::EffectDone;
 use crate::execution::machine::changed_wait_records;
-use crate::execution::machine::{
-    Action, Decision, Input, LiveOutcome, Machine, Next, PendingTool, Recovery,
-};
+use crate::execution::machine::{Action, Decision, LiveOutcome, Machine, Next, Recovery};
 use crate::snapshot::Snapshot;
 
 /// The effect the actor is waiting for.
 #[derive(Debug)]
 pub(super) struct InFlight {
-    abort: AbortHandle,
+    pub(super) abort: AbortHandle,
 }
 
 pub struct ExecutionActor {
@@ -299,7 +295,7 @@ impl ExecutionActor {
 
     /// `submit` for events decided from a model's `decision` (`Machine::decide_decision`),
     /// which the machine folds once they are committed.
-    fn submit_decided(
+    pub(super) fn submit_decided(
         &mut self,
         events: Vec<Event>,
         upserts: Vec<Upsert>,
@@ -371,7 +367,9 @@ impl ExecutionActor {
                 Action::RunDispatched => {
                     if let Some(pending) = self.machine.pending_tool.clone() {
                         if self.in_flight.is_none() {
-                            self.start_tool(pending, ctx);
+                            if let Some(done) = self.start_tool(pending, ctx) {
+                                ctx.notify(EffectDone(done));
+                            }
                         }
                     }
                 }
@@ -400,82 +398,6 @@ impl ExecutionActor {
         }
         self.env.directory.forget(self.execution_id, &ctx.address());
         ctx.stop();
-    }
-
-    fn start_model(&mut self, effect_id: EffectId, ctx: &mut Context<Self>) {
-        let request = ModelRequest {
-            execution_id: self.execution_id,
-            effect_id,
-            input: self.machine.input.clone(),
-            context: self.machine.context.clone(),
-            iterations: self.machine.iterations,
-            steers: self.machine.steers.clone(),
-        };
-        let (abort, registration) = AbortHandle::new_pair();
-        let decided = Abortable::new(self.env.provider.decide(request), registration);
-        self.in_flight = Some(InFlight { abort });
-        ctx.spawn(
-            fut::wrap_future::<_, Self>(decided).map(move |result, act, ctx| match result {
-                Ok(Ok(decision)) => ctx.notify(EffectDone(Input::ModelDecided {
-                    effect_id,
-                    decision,
-                })),
-                Ok(Err(error)) => ctx.notify(EffectDone(Input::ModelFailed { effect_id, error })),
-                Err(_aborted) => {
-                    // A cancelled model request leaves nothing to record: it is regenerated from
-                    // committed context if the execution ever runs again.
-                    act.in_flight = None;
-                    ctx.notify(Advance);
-                }
-            }),
-        );
-    }
-
-    fn start_tool(&mut self, pending: PendingTool, ctx: &mut Context<Self>) {
-        let effect_id = pending.effect_id;
-        let refused = |error: String| {
-            (
-                Recovery::Idempotent,
-                futures::future::ready(Err(error)).boxed(),
-            )
-        };
-        let (recovery, call) = match (self.env.tools.get(&pending.tool), pending.args.parse()) {
-            (Some(tool), Ok(args)) => {
-                let call = ToolCall {
-                    execution_id: self.execution_id,
-                    effect_id,
-                    attempt_id: self.lease.attempt_id,
-                    owner_id: self.env.owner,
-                    args,
-                    handle: CallHandle::new(effect_id, ctx.address()),
-                };
-                (tool.recovery(), tool.call(call))
-            }
-            (None, _) => refused(format!("unknown tool `{}`", pending.tool)),
-            // Not run: written by `decide_decision`, which keeps them readable.
-            (Some(_), Err(error)) => refused(format!("the tool arguments do not parse: {error}")),
-        };
-        let (abort, registration) = AbortHandle::new_pair();
-        let ran = Abortable::new(call, registration);
-        self.in_flight = Some(InFlight { abort });
-        ctx.spawn(
-            fut::wrap_future::<_, Self>(ran).map(move |result, _act, ctx| {
-                let (status, output) = match result {
-                    Ok(Ok(output)) => (ReceiptStatus::Confirmed, bounded(output)),
-                    Ok(Err(error)) => (ReceiptStatus::Failed, bounded(error)),
-                    // An aborted external call may or may not have taken effect.
-                    Err(_aborted) if recovery == Recovery::External => {
-                        (ReceiptStatus::Unknown, "aborted by cancel".to_owned())
-                    }
-                    Err(_aborted) => (ReceiptStatus::Failed, "aborted by cancel".to_owned()),
-                };
-                ctx.notify(EffectDone(Input::ToolFinished {
-                    effect_id,
-                    status,
-                    output,
-                }));
-            }),
-        );
     }
 
     fn snapshot(&self) -> Snapshot {
@@ -522,46 +444,6 @@ impl Handler<Activate> for ExecutionActor {
     }
 }
 
-/// A provider or tool finished.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-struct EffectDone(Input);
-
-impl Handler<EffectDone> for ExecutionActor {
-    type Result = AtomicResponse<Self, ()>;
-
-    fn handle(&mut self, EffectDone(input): EffectDone, ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        if ctx.waiting() {
-            // As for `Advance`: never decide while another commit is pending.
-            ctx.notify(EffectDone(input));
-            return AtomicResponse::new(Box::pin(fut::ready(())));
-        }
-        self.handled += 1;
-        self.in_flight = None;
-        let (decided, decision) = match input {
-            Input::ModelDecided {
-                effect_id,
-                decision,
-            } => {
-                let (events, decision) = self.machine.decide_decision(effect_id, decision);
-                (Ok(events), decision)
-            }
-            input => (self.machine.decide(input, false), None),
-        };
-        match decided {
-            Ok(events) => {
-                let submitted = self.submit_decided(events, Vec::new(), decision);
-                AtomicResponse::new(Box::pin(committed(submitted).map(log_failure)))
-            }
-            Err(rejection) => {
-                tracing::error!(execution_id = %self.execution_id, ?rejection, "an effect result was refused");
-                AtomicResponse::new(Box::pin(fut::ready(())))
-            }
-        }
-    }
-}
-
 /// Take the next step, if the execution is running and idle.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
@@ -600,8 +482,16 @@ impl Handler<Advance> for ExecutionActor {
                     self.commit(events, Vec::new()).map(log_failure),
                 ))
             }
-            Next::CallModel { effect_id } => self.start_model(effect_id, ctx),
-            Next::RunTool(pending) => self.start_tool(pending, ctx),
+            Next::CallModel { effect_id } => {
+                if let Some(done) = self.start_model(effect_id, ctx) {
+                    return AtomicResponse::new(self.effect_done(done));
+                }
+            }
+            Next::RunTool(pending) => {
+                if let Some(done) = self.start_tool(pending, ctx) {
+                    return AtomicResponse::new(self.effect_done(done));
+                }
+            }
             Next::Idle => {}
         }
         AtomicResponse::new(Box::pin(fut::ready(())))
@@ -609,7 +499,7 @@ impl Handler<Advance> for ExecutionActor {
 }
 
 /// A submission that carries no command: anything but a commit is an error.
-fn committed(
+pub(super) fn committed(
     submitted: ResponseActFuture<ExecutionActor, Result<Outcome, Error>>,
 ) -> ResponseActFuture<ExecutionActor, Result<u64, Error>> {
     Box::pin(submitted.map(|outcome, _, _| match outcome? {
@@ -621,7 +511,7 @@ fn committed(
 /// A transition of the execution's own progress failed: the actor cannot tell what is on
 /// disk any more, so it releases itself; the next activation starts from storage with a
 /// new attempt (where a dispatched External effect reads as unknown, never re-run).
-fn log_failure(
+pub(super) fn log_failure(
     result: Result<u64, Error>,
     act: &mut ExecutionActor,
     ctx: &mut Context<ExecutionActor>,
@@ -631,22 +521,6 @@ fn log_failure(
         act.failed_write = true;
         act.release(ctx);
     }
-}
-
-/// Tool outputs above this are cut, so a chatty tool cannot make its own result too large
-/// to record (the transition size limit is 1 MiB by default).
-const TOOL_OUTPUT_BYTES_MAX: usize = 64 * 1024;
-
-fn bounded(mut output: String) -> String {
-    if output.len() > TOOL_OUTPUT_BYTES_MAX {
-        let mut cut = TOOL_OUTPUT_BYTES_MAX;
-        while !output.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        output.truncate(cut);
-        output.push_str("…[truncated]");
-    }
-    output
 }
 
 /// What the execution actor says about itself, with its attempt-lease actor (if it holds a

@@ -1,11 +1,13 @@
 //! One execution: the pure state machine (`machine.rs`, its control commands in
 //! `machine_controls.rs`, its restart-recovery rules in `machine_restart.rs`, its waits,
 //! questions and processes in `machine_waits.rs`) and, around it, the actor shell
-//! that persists transitions and performs actions (`actor.rs`), and how it takes commands
+//! that persists transitions and performs actions (`actor.rs`), how it runs a model or
+//! tool call and records its result (`effects.rs`), and how it takes commands
 //! (`commands.rs`), and its part in restart recovery (`restart.rs`).
 
 pub mod actor;
 pub mod commands;
+mod effects;
 pub mod fork;
 pub mod live;
 pub mod machine;

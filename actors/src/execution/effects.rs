@@ -1,0 +1,192 @@
+//! How the execution actor runs an effect, a model call or a tool call, and records its
+//! result. An effect whose future is ready when first polled (a scripted decision, a tool
+//! that answers without waiting) is recorded at once, by the handler that started it; any
+//! other runs as a spawned, abortable future whose result comes back as `EffectDone`.
+
+use actix::prelude::*;
+use futures::future::{AbortHandle, Abortable, BoxFuture};
+use futures::FutureExt as _;
+use openprogram_storage::{EffectId, ReceiptStatus};
+
+use super::actor::{committed, log_failure, Advance, ExecutionActor, InFlight};
+use crate::agent::{ModelRequest, ToolCall};
+use crate::execution::live::CallHandle;
+use crate::execution::machine::{Decision, Input, PendingTool, Recovery};
+
+/// A provider or tool finished.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(super) struct EffectDone(pub(super) Input);
+
+impl Handler<EffectDone> for ExecutionActor {
+    type Result = AtomicResponse<Self, ()>;
+
+    fn handle(&mut self, EffectDone(input): EffectDone, ctx: &mut Context<Self>) -> Self::Result {
+        let _span = self.span.clone().entered();
+        if ctx.waiting() {
+            // As for `Advance`: never decide while another commit is pending.
+            ctx.notify(EffectDone(input));
+            return AtomicResponse::new(Box::pin(fut::ready(())));
+        }
+        self.handled += 1;
+        AtomicResponse::new(self.effect_done(input))
+    }
+}
+
+impl ExecutionActor {
+    /// Records an effect's result: decides what it leads to and commits that. The caller
+    /// returns the commit as its `AtomicResponse`.
+    pub(super) fn effect_done(&mut self, input: Input) -> ResponseActFuture<Self, ()> {
+        self.in_flight = None;
+        let (decided, decision) = match input {
+            Input::ModelDecided {
+                effect_id,
+                decision,
+            } => {
+                let (events, decision) = self.machine.decide_decision(effect_id, decision);
+                (Ok(events), decision)
+            }
+            input => (self.machine.decide(input, false), None),
+        };
+        match decided {
+            Ok(events) => {
+                let submitted = self.submit_decided(events, Vec::new(), decision);
+                Box::pin(committed(submitted).map(log_failure))
+            }
+            Err(rejection) => {
+                tracing::error!(execution_id = %self.execution_id, ?rejection, "an effect result was refused");
+                Box::pin(fut::ready(()))
+            }
+        }
+    }
+
+    /// Starts the model call. Returns its result if the provider had it at once.
+    pub(super) fn start_model(
+        &mut self,
+        effect_id: EffectId,
+        ctx: &mut Context<Self>,
+    ) -> Option<Input> {
+        let request = ModelRequest {
+            execution_id: self.execution_id,
+            effect_id,
+            input: self.machine.input.clone(),
+            context: self.machine.context.clone(),
+            iterations: self.machine.iterations,
+            steers: self.machine.steers.clone(),
+        };
+        let mut deciding = self.env.provider.decide(request);
+        if let Some(result) = (&mut deciding).now_or_never() {
+            return Some(model_result(effect_id, result));
+        }
+        let (abort, registration) = AbortHandle::new_pair();
+        self.in_flight = Some(InFlight { abort });
+        let decided = Abortable::new(deciding, registration);
+        ctx.spawn(
+            fut::wrap_future::<_, Self>(decided).map(move |result, act, ctx| match result {
+                Ok(result) => ctx.notify(EffectDone(model_result(effect_id, result))),
+                Err(_aborted) => {
+                    // A cancelled model request leaves nothing to record: it is regenerated from
+                    // committed context if the execution ever runs again.
+                    act.in_flight = None;
+                    ctx.notify(Advance);
+                }
+            }),
+        );
+        None
+    }
+
+    /// Starts the pending tool call. Returns its result if the tool had it at once.
+    pub(super) fn start_tool(
+        &mut self,
+        pending: PendingTool,
+        ctx: &mut Context<Self>,
+    ) -> Option<Input> {
+        let effect_id = pending.effect_id;
+        let refused = |error: String| -> (Recovery, BoxFuture<'static, Result<String, String>>) {
+            (
+                Recovery::Idempotent,
+                futures::future::ready(Err(error)).boxed(),
+            )
+        };
+        let (recovery, mut running) =
+            match (self.env.tools.get(&pending.tool), pending.args.parse()) {
+                (Some(tool), Ok(args)) => {
+                    let call = ToolCall {
+                        execution_id: self.execution_id,
+                        effect_id,
+                        attempt_id: self.lease.attempt_id,
+                        owner_id: self.env.owner,
+                        args,
+                        handle: CallHandle::new(effect_id, ctx.address()),
+                    };
+                    (tool.recovery(), tool.call(call))
+                }
+                (None, _) => refused(format!("unknown tool `{}`", pending.tool)),
+                // Not run: written by `decide_decision`, which keeps them readable.
+                (Some(_), Err(error)) => {
+                    refused(format!("the tool arguments do not parse: {error}"))
+                }
+            };
+        if let Some(result) = (&mut running).now_or_never() {
+            return Some(tool_result(effect_id, recovery, Ok(result)));
+        }
+        let (abort, registration) = AbortHandle::new_pair();
+        self.in_flight = Some(InFlight { abort });
+        let ran = Abortable::new(running, registration);
+        ctx.spawn(
+            fut::wrap_future::<_, Self>(ran).map(move |result, _act, ctx| {
+                let aborted = result.map_err(|_aborted| ());
+                ctx.notify(EffectDone(tool_result(effect_id, recovery, aborted)));
+            }),
+        );
+        None
+    }
+}
+
+fn model_result(effect_id: EffectId, result: Result<Decision, String>) -> Input {
+    match result {
+        Ok(decision) => Input::ModelDecided {
+            effect_id,
+            decision,
+        },
+        Err(error) => Input::ModelFailed { effect_id, error },
+    }
+}
+
+/// A tool call's result; `Err(())` if it was aborted.
+fn tool_result(
+    effect_id: EffectId,
+    recovery: Recovery,
+    result: Result<Result<String, String>, ()>,
+) -> Input {
+    let (status, output) = match result {
+        Ok(Ok(output)) => (ReceiptStatus::Confirmed, bounded(output)),
+        Ok(Err(error)) => (ReceiptStatus::Failed, bounded(error)),
+        // An aborted external call may or may not have taken effect.
+        Err(()) if recovery == Recovery::External => {
+            (ReceiptStatus::Unknown, "aborted by cancel".to_owned())
+        }
+        Err(()) => (ReceiptStatus::Failed, "aborted by cancel".to_owned()),
+    };
+    Input::ToolFinished {
+        effect_id,
+        status,
+        output,
+    }
+}
+
+/// Tool outputs above this are cut, so a chatty tool cannot make its own result too large
+/// to record (the transition size limit is 1 MiB by default).
+const TOOL_OUTPUT_BYTES_MAX: usize = 64 * 1024;
+
+fn bounded(mut output: String) -> String {
+    if output.len() > TOOL_OUTPUT_BYTES_MAX {
+        let mut cut = TOOL_OUTPUT_BYTES_MAX;
+        while !output.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        output.truncate(cut);
+        output.push_str("…[truncated]");
+    }
+    output
+}
