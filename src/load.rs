@@ -67,6 +67,11 @@ pub struct LoadReport {
     pub execution_p50_ms: f64,
     pub execution_p99_ms: f64,
     pub fsyncs: u64,
+    /// Execution states loaded for an activation or a read: from the parked states the
+    /// runtime keeps, and by replaying an execution's events (Pause/Continue and commands to
+    /// finished executions activate them).
+    pub state_loads_parked: u64,
+    pub state_loads_replayed: u64,
     pub peak_rss_mib: f64,
     /// CPU time of the whole process (every thread, user and system) while the load ran, per
     /// step; `None` where `/proc/self/stat` cannot be read. Steadier than steps/s on a
@@ -507,6 +512,8 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         None => None,
     };
     let fsyncs = runtime.store().metrics().fsyncs - fsyncs_before;
+    let loads = |from: usize| runtime.env().state_loads[from].load(Ordering::Relaxed);
+    let (state_loads_parked, state_loads_replayed) = (loads(0), loads(1));
     // Before the baseline, whose own sled cache would count otherwise.
     let peak_rss_mib = peak_rss_mib();
     runtime.shutdown().await;
@@ -556,6 +563,8 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         execution_p50_ms: ms(&executions_us, 0.50),
         execution_p99_ms: ms(&executions_us, 0.99),
         fsyncs,
+        state_loads_parked,
+        state_loads_replayed,
         peak_rss_mib,
         cpu_us_per_step,
         ratio_to_raw: raw_per_s.map(|raw| 2.0 * steps_per_s / raw),
@@ -617,6 +626,13 @@ impl LoadReport {
                 ),
             ),
             ("fsyncs", self.fsyncs.to_string()),
+            (
+                "states loaded: parked / replayed",
+                format!(
+                    "{} / {}",
+                    self.state_loads_parked, self.state_loads_replayed
+                ),
+            ),
             ("peak RSS", format!("{:.1} MiB", self.peak_rss_mib)),
         ];
         if let Some(cpu) = self.cpu_us_per_step {

@@ -55,7 +55,17 @@ pub struct Env {
     pub process_stop_grace: Duration,
     /// Steps committed by this runtime's executions: model decisions and tool results.
     pub steps: std::sync::atomic::AtomicU64,
+    /// The states of the executions that parked last (`keep_parked`).
+    parked: Mutex<std::collections::VecDeque<(ExecutionHead, Machine)>>,
+    /// States loaded by `latest_state`: [from a parked state, by a replay].
+    pub state_loads: [std::sync::atomic::AtomicU64; 2],
 }
+
+/// How many parked states `Env` keeps. An activation replays the execution's whole history,
+/// one log record read per transition; a Continue soon after its Pause, or a command
+/// reaching an execution that just finished, finds the state here instead. Few: a state
+/// holds the execution's context, and parking exists to free memory.
+const PARKED_STATES_MAX: usize = 64;
 
 impl std::fmt::Debug for Env {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -205,6 +215,58 @@ impl Env {
             processes: crate::process::Processes::default(),
             process_stop_grace: crate::process::STOP_GRACE_DEFAULT,
             steps: std::sync::atomic::AtomicU64::new(0),
+            parked: Mutex::default(),
+            state_loads: Default::default(),
+        }
+    }
+
+    /// Keeps the state of an execution whose actor parks (releases itself with nothing in
+    /// flight): its head and machine as of its last committed transition.
+    pub fn keep_parked(&self, head: ExecutionHead, machine: Machine) {
+        let mut parked = self.parked.lock().unwrap_or_else(PoisonError::into_inner);
+        parked.retain(|(kept, _)| kept.execution_id != head.execution_id);
+        if parked.len() >= PARKED_STATES_MAX {
+            parked.pop_front();
+        }
+        parked.push_back((head, machine));
+    }
+
+    /// An execution's latest state: its parked state if kept and nothing was committed for
+    /// it since (the stored head has the same version), else a replay of its events.
+    /// `take`: an activation takes the kept state; a read copies it.
+    pub fn latest_state(
+        &self,
+        execution_id: ExecutionId,
+        take: bool,
+    ) -> Result<(ExecutionHead, Machine)> {
+        let kept = {
+            let mut parked = self.parked.lock().unwrap_or_else(PoisonError::into_inner);
+            let at = parked
+                .iter()
+                .position(|(head, _)| head.execution_id == execution_id);
+            match at {
+                Some(at) if take => parked.remove(at),
+                Some(at) => parked.get(at).cloned(),
+                None => None,
+            }
+        };
+        let stored = self.store.head(execution_id)?.ok_or(Error::NotFound)?;
+        match kept {
+            Some((head, machine))
+                if (head.version, head.last_seq) == (stored.version, stored.last_seq) =>
+            {
+                self.state_loads[0].fetch_add(1, Ordering::Relaxed);
+                debug_assert_eq!(
+                    replay(self.store.as_ref(), execution_id, u64::MAX).ok(),
+                    Some(machine.clone()),
+                    "a parked state is the state a replay rebuilds"
+                );
+                Ok((stored, machine))
+            }
+            _ => {
+                self.state_loads[1].fetch_add(1, Ordering::Relaxed);
+                Ok((stored, replay(self.store.as_ref(), execution_id, u64::MAX)?))
+            }
         }
     }
 
@@ -319,7 +381,7 @@ impl Env {
     /// The live actor of an execution, activating it if needed. A new actor first starts
     /// an attempt (`Activate`), before any message sent after this returns.
     pub fn activate(self: &Arc<Self>, execution_id: ExecutionId) -> Result<Addr<ExecutionActor>> {
-        self.activate_from(execution_id, || load(self.store.as_ref(), execution_id))
+        self.activate_from(execution_id, || self.latest_state(execution_id, true))
     }
 
     /// `activate` for an execution just admitted, from the head and machine its admission

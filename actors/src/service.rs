@@ -16,7 +16,7 @@ use openprogram_storage::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::env::{load, Env};
+use crate::env::Env;
 use crate::error::{Error, Result};
 use crate::execution::actor::GetSnapshot;
 use crate::execution::commands::{payload_hash_of, ApplyControl};
@@ -406,7 +406,7 @@ impl Service {
         let snapshot = match live {
             Some(snapshot) => snapshot,
             None => {
-                let (head, machine) = load(store, execution_id)?;
+                let (head, machine) = self.env.latest_state(execution_id, false)?;
                 Snapshot::of(&head, &machine)
             }
         };

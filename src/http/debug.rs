@@ -276,6 +276,17 @@ pub async fn metrics(api: web::Data<Api>, request: HttpRequest) -> Result<HttpRe
         "Steps committed: model decisions and tool results, each with its checkpoint.",
         &one(env.steps.load(std::sync::atomic::Ordering::Relaxed)),
     );
+    let loads = |from: usize| env.state_loads[from].load(std::sync::atomic::Ordering::Relaxed);
+    metric(
+        "state_loads_total",
+        "counter",
+        "Execution states loaded for an activation or a read: from a parked state kept in \
+         memory, or by replaying the execution's events.",
+        &[
+            ("{from=\"parked\"}".to_owned(), loads(0) as f64),
+            ("{from=\"replay\"}".to_owned(), loads(1) as f64),
+        ],
+    );
     metric(
         "committer_queue_depth",
         "gauge",

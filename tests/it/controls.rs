@@ -80,6 +80,76 @@ async fn k2_pause_during_a_tool_lets_it_finish_and_continue_does_not_repeat_it()
 }
 
 #[tokio::test]
+async fn k2_a_paused_execution_continues_from_its_parked_state_without_a_replay() {
+    let (harness, execution) =
+        started_in_sleep(vec![sleep(100), echo("after"), reply("done")]).await;
+    parked(&harness, execution).await;
+    let env = harness.runtime.env();
+    let continued = harness.command(execution, "continue", None).await;
+    assert_eq!(continued.status, "applied", "{continued:?}");
+    let snapshot = harness.wait_for_state(execution, "completed").await;
+    assert_eq!(snapshot.text, "done");
+    let loads = |from: usize| env.state_loads[from].load(std::sync::atomic::Ordering::Relaxed);
+    // The Continue's activation (and every read of the parked execution) used the kept
+    // state; nothing replayed the history (debug builds also check that the kept state is
+    // the one a replay rebuilds, `Env::latest_state`).
+    assert!(loads(0) >= 1, "no state came from the parked one");
+    assert_eq!(loads(1), 0, "a replay ran");
+}
+
+/// Pauses the execution that `started_in_sleep` started and waits until its actor is gone.
+async fn parked(harness: &Harness, execution: ExecutionId) {
+    let paused = harness.command(execution, "pause", None).await;
+    assert_eq!(paused.status, "applied", "{paused:?}");
+    harness.wait_for_state(execution, "paused").await;
+    let waiting = std::time::Instant::now();
+    while harness.runtime.env().directory.live(execution).is_some() {
+        assert!(
+            waiting.elapsed() < DEADLINE,
+            "the paused actor was never released"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test]
+async fn k2_a_parked_state_is_not_used_once_another_write_moved_the_execution_on() {
+    let (harness, execution) = started_in_sleep(vec![sleep(100), reply("done")]).await;
+    parked(&harness, execution).await;
+    let env = harness.runtime.env();
+    let version = env
+        .store
+        .head(execution)
+        .expect("head")
+        .expect("exists")
+        .version;
+    let written = env
+        .store
+        .submit(
+            openprogram::storage::Transition::new(
+                execution,
+                vec![Event::Replied {
+                    text: "by another writer".into(),
+                }],
+            )
+            .expect_version(version),
+        )
+        .await
+        .expect("submit");
+    assert!(
+        matches!(written, openprogram::storage::Outcome::Committed(_)),
+        "{written:?}"
+    );
+    // The kept state predates that write: it is not used, the events are replayed.
+    let snapshot = harness.snapshot(execution).await;
+    assert_eq!(snapshot.text, "by another writer");
+    assert_eq!(
+        env.state_loads[1].load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[tokio::test]
 async fn k2_step_runs_exactly_one_step_per_command() {
     let (harness, execution) =
         started_in_sleep(vec![sleep(300), echo("a"), echo("b"), reply("done")]).await;

@@ -267,6 +267,7 @@ fn i3_debug_actors_log_executions_and_metrics() {
         // The decision to sleep; the sleep itself has not finished.
         "openprogram_steps_total 1\n",
         "openprogram_committer_queue_depth ",
+        "openprogram_state_loads_total{from=\"replay\"} ",
         "openprogram_live_actors{kind=\"execution\"} 1",
         "openprogram_executions{state=\"running\"} 1",
         "# TYPE openprogram_commits_total counter",

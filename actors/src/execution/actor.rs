@@ -388,6 +388,10 @@ impl ExecutionActor {
         let inherited = !self.inherited_pending.is_empty();
         let recording = self.recording_lost > 0;
         if self.in_flight.is_none() && !self.reconciling && !inherited && !runs && !recording {
+            if !self.failed_write {
+                self.env
+                    .keep_parked(self.head.clone(), self.machine.clone());
+            }
             self.release(ctx);
         }
     }
