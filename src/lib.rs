@@ -37,6 +37,7 @@ use openprogram_storage::{
 
 pub mod http;
 pub mod load;
+pub mod load_remote;
 pub mod serve;
 
 pub use openprogram_actors as actors;

@@ -50,6 +50,8 @@ pub struct LoadOptions {
 /// What was measured (the `--json` line).
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadReport {
+    /// `embedded`, or the URL of the server driven (`--url`).
+    pub target: String,
     pub executions: usize,
     pub steps: usize,
     pub total_steps: u64,
@@ -350,7 +352,7 @@ impl Tool for TimedEcho {
     }
 }
 
-fn histogram() -> Histogram<u64> {
+pub(crate) fn histogram() -> Histogram<u64> {
     // Three significant digits up to an hour in microseconds: `new_with_bounds` cannot fail
     // for these constants.
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("invariant: valid histogram bounds")
@@ -546,6 +548,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     };
     let failed = failed.load(Ordering::Relaxed);
     Ok(LoadReport {
+        target: "embedded".into(),
         executions: options.executions,
         steps: options.steps,
         total_steps,
@@ -598,6 +601,7 @@ impl LoadReport {
     /// The readable summary table.
     pub fn table(&self) -> String {
         let mut rows = vec![
+            ("target", self.target.clone()),
             (
                 "executions",
                 format!(
@@ -627,7 +631,7 @@ impl LoadReport {
             ),
             ("fsyncs", self.fsyncs.to_string()),
             (
-                "states loaded: parked / replayed",
+                "states: parked / replayed",
                 format!(
                     "{} / {}",
                     self.state_loads_parked, self.state_loads_replayed

@@ -32,8 +32,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Drive concurrent agent turns against an embedded store and report throughput and
-    /// latency percentiles.
+    /// Drive concurrent agent turns against an embedded store (or, with --url, a running
+    /// server) and report throughput and latency percentiles.
     Load {
         /// The store to use (default: a fresh temporary one).
         #[arg(long)]
@@ -60,6 +60,12 @@ enum Command {
         /// One JSON line on stdout instead of the table.
         #[arg(long)]
         json: bool,
+        /// Drive a running server over HTTP instead of an embedded store.
+        #[arg(long)]
+        url: Option<String>,
+        /// The admin token for `--url` (else OPENPROGRAM_TOKEN).
+        #[arg(long, requires = "url")]
+        token: Option<String>,
     },
     /// Run the runtime with its HTTP API, debug endpoint and page until SIGTERM/SIGINT
     /// (orderly shutdown). Prints the listen URL.
@@ -194,6 +200,8 @@ fn main() -> ExitCode {
             commands_per_s,
             park,
             json,
+            url,
+            token,
         } => {
             let options = LoadOptions {
                 data,
@@ -206,22 +214,24 @@ fn main() -> ExitCode {
                 commands_per_s,
                 park,
             };
+            if let Some(url) = url {
+                let remote = target_of(TargetArgs { url, token })
+                    .and_then(|target| openprogram::load_remote::run(&options, &target));
+                return match remote {
+                    Ok(report) => print_report(&report, json),
+                    Err(Failure::Usage(message)) => {
+                        eprintln!("openprogram: {message}");
+                        ExitCode::from(2)
+                    }
+                    Err(Failure::Failed(message)) => fail(&message),
+                };
+            }
             let runtime = match tokio_runtime() {
                 Ok(runtime) => runtime,
                 Err(code) => return code,
             };
             match runtime.block_on(load::run(options)) {
-                Ok(report) if json => match serde_json::to_string(&report) {
-                    Ok(line) => {
-                        println!("{line}");
-                        ExitCode::SUCCESS
-                    }
-                    Err(error) => fail(&error.to_string()),
-                },
-                Ok(report) => {
-                    print!("{}", report.table());
-                    ExitCode::SUCCESS
-                }
+                Ok(report) => print_report(&report, json),
                 Err(openprogram::Error::InvalidRequest(message)) => {
                     eprintln!("openprogram: {message}");
                     ExitCode::from(2)
@@ -360,6 +370,21 @@ fn tokio_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
         .enable_all()
         .build()
         .map_err(|error| fail(&format!("cannot start tokio: {error}")))
+}
+
+/// Prints a load report: one JSON line, or the table.
+fn print_report(report: &load::LoadReport, json: bool) -> ExitCode {
+    if !json {
+        print!("{}", report.table());
+        return ExitCode::SUCCESS;
+    }
+    match serde_json::to_string(report) {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => fail(&error.to_string()),
+    }
 }
 
 fn fail(message: &str) -> ExitCode {

@@ -21,11 +21,50 @@ pub struct Target {
 }
 
 impl Target {
-    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, Failure> {
+    /// A JSON call: the answer's body, or the error the server named.
+    pub(crate) fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, Failure> {
+        let text = self.text(method, path, body)?;
+        serde_json::from_str(&text)
+            .map_err(|error| Failure::Failed(format!("the answer is not JSON: {error}")))
+    }
+
+    /// A call whose answer is text (`/metrics`).
+    pub(crate) fn text(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<String, Failure> {
+        self.send(method, path, body, std::time::Duration::from_secs(60))?
+            .into_string()
+            .map_err(|error| Failure::Failed(format!("reading the answer: {error}")))
+    }
+
+    /// A `GET` whose body is read as it arrives (an event stream), for up to `timeout`.
+    pub(crate) fn stream(
+        &self,
+        path: &str,
+        timeout: std::time::Duration,
+    ) -> Result<impl std::io::Read + Send, Failure> {
+        Ok(self.send("GET", path, None, timeout)?.into_reader())
+    }
+
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        timeout: std::time::Duration,
+    ) -> Result<ureq::Response, Failure> {
         let url = format!("{}{}", self.url.trim_end_matches('/'), path);
         let request = ureq::request(method, &url)
             .set("Authorization", &format!("Bearer {}", self.token))
-            .timeout(std::time::Duration::from_secs(60));
+            .timeout(timeout);
         let response = match body {
             Some(body) => request
                 .set("Content-Type", "application/json")
@@ -33,13 +72,7 @@ impl Target {
             None => request.call(),
         };
         match response {
-            Ok(response) => {
-                let text = response
-                    .into_string()
-                    .map_err(|error| Failure::Failed(format!("reading the answer: {error}")))?;
-                serde_json::from_str(&text)
-                    .map_err(|error| Failure::Failed(format!("the answer is not JSON: {error}")))
-            }
+            Ok(response) => Ok(response),
             Err(ureq::Error::Status(status, response)) => {
                 let text = response.into_string().unwrap_or_default();
                 let message = match serde_json::from_str::<Value>(&text) {

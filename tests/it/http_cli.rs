@@ -446,3 +446,68 @@ impl Drop for DemoSleep {
         }
     }
 }
+
+/// Q-1 over HTTP: `load --url` drives a running server (another process, its own store) and
+/// reports what the server's events and `/metrics` say; the embedded-only options are usage
+/// errors.
+#[test]
+fn q1_load_drives_a_running_server_over_http() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let serve = Serve::start(dir.path(), &["--token", "load-admin"]);
+    let url = serve.url.as_str();
+    let output = openprogram(&[
+        "load",
+        "--url",
+        url,
+        "--token",
+        "load-admin",
+        "--executions",
+        "12",
+        "--steps",
+        "3",
+        "--concurrency",
+        "4",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report: Value =
+        serde_json::from_str(stdout.lines().last().expect("one JSON line")).expect("JSON");
+    assert_eq!(report["target"], url);
+    assert_eq!(report["completed"], 12, "{report}");
+    assert_eq!(report["failed"], 0, "{report}");
+    assert_eq!(report["total_steps"], 36, "{report}");
+    // Each step was fsynced by the server: two commits, so at least one fsync, per step
+    // group; the server's counters moved.
+    assert!(report["fsyncs"].as_u64().expect("fsyncs") > 0, "{report}");
+    assert!(
+        report["peak_rss_mib"].as_f64().expect("rss") > 0.0,
+        "{report}"
+    );
+    // The steps were the server's own: per execution 4 decisions (3 tools, the reply) and
+    // 3 tool results.
+    let metrics = ureq::get(&format!("{url}/metrics"))
+        .set("Authorization", "Bearer load-admin")
+        .call()
+        .expect("metrics")
+        .into_string()
+        .expect("text");
+    assert!(
+        metrics.contains("openprogram_steps_total 84\n"),
+        "{metrics}"
+    );
+    for flag in [
+        ["--park", "3"],
+        ["--commands-per-s", "5"],
+        ["--baseline", "1"],
+    ] {
+        let mut args = vec!["load", "--url", url, "--token", "load-admin"];
+        args.extend(flag);
+        let refused = openprogram(&args);
+        assert_eq!(refused.status.code(), Some(2), "{flag:?}");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(stderr.contains("cannot be used with --url"), "{stderr}");
+    }
+    assert!(serve.stop().success());
+}

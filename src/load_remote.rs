@@ -1,0 +1,260 @@
+//! `openprogram load --url URL --token T`: the load of `load.rs`, driven through a running
+//! server's HTTP API (SPEC §6) instead of an embedded store. The same executions (the
+//! scripted provider issuing `steps` `echo` calls of `payload_bytes`, then a reply), the same
+//! report.
+//!
+//! Each concurrency slot is a thread that admits an execution (`POST …/executions`) and
+//! follows its event stream (`…/events/stream`) to its end, then takes the next. Timing
+//! comes from the server's clock, so the client's own delays do not count: a step is the
+//! interval between the `at_ms` of consecutive `tool_finished` events of one execution
+//! (millisecond resolution), an execution spans its first to its last event, and steps/s is
+//! the steps over the span from the first event to the last of the whole run. fsyncs, CPU per
+//! step and peak RSS are the server's, from `/metrics` before and after.
+
+use std::io::BufRead as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde_json::{json, Value};
+
+use crate::http::client::{Failure, Target};
+use crate::load::{LoadOptions, LoadReport};
+
+/// How long one execution's stream may stay open.
+const EXECUTION_TIMEOUT: Duration = Duration::from_secs(600);
+/// Stack of a slot's thread: it only reads a stream and parses small JSON lines.
+const SLOT_STACK_BYTES: usize = 256 * 1024;
+
+/// What one execution's events said.
+#[derive(Debug, Default)]
+struct Followed {
+    /// `at_ms` of its `tool_finished` events, in order.
+    tool_results_ms: Vec<u64>,
+    first_ms: u64,
+    last_ms: u64,
+    /// The terminal state it reached (`None`: the stream ended first).
+    state: Option<String>,
+}
+
+/// Runs the load against `target`. Options that need the embedded store (`--data`,
+/// `--baseline`, `--commands-per-s`, `--park`) are refused.
+pub fn run(options: &LoadOptions, target: &Target) -> Result<LoadReport, Failure> {
+    let embedded_only = [
+        ("--data", options.data.is_some()),
+        ("--baseline", options.baseline.is_some()),
+        ("--commands-per-s", options.commands_per_s.is_some()),
+        ("--park", options.park.is_some()),
+    ];
+    if let Some((flag, _)) = embedded_only.iter().find(|(_, given)| *given) {
+        return Err(Failure::Usage(format!(
+            "{flag} needs the embedded store; it cannot be used with --url"
+        )));
+    }
+    if options.executions == 0 || options.concurrency == 0 {
+        return Err(Failure::Usage(
+            "--executions and --concurrency must be at least 1".into(),
+        ));
+    }
+    let before = ServerMetrics::read(target)?;
+    let session = target.call("POST", "/v1/sessions", Some(&json!({})))?;
+    let session = session["session_id"]
+        .as_str()
+        .ok_or_else(|| Failure::Failed("the server named no session_id".into()))?
+        .to_owned();
+    let payload = "x".repeat(options.payload_bytes);
+    let mut script: Vec<Value> = (0..options.steps)
+        .map(|_| json!({"tool": "echo", "args": {"text": payload}}))
+        .collect();
+    script.push(json!({"reply": "done"}));
+    let body = json!({
+        "kind": "agent",
+        "message": "load",
+        "script": script,
+        "max_iterations": options.steps + 1,
+    });
+    let progress = if options.progress {
+        indicatif::ProgressBar::new(options.executions as u64)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let next = AtomicUsize::new(0);
+    let followed: Mutex<Vec<Result<Followed, Failure>>> = Mutex::default();
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..options.concurrency.min(options.executions) {
+            let spawned = std::thread::Builder::new()
+                .stack_size(SLOT_STACK_BYTES)
+                .spawn_scoped(scope, || {
+                    while next.fetch_add(1, Ordering::Relaxed) < options.executions {
+                        let result = admit_and_follow(target, &session, &body);
+                        progress.inc(1);
+                        lock(&followed).push(result);
+                    }
+                });
+            if let Err(error) = spawned {
+                // Fewer slots than asked: the load still runs, with the slots that started.
+                tracing::warn!(%error, "a load slot could not start");
+            }
+        }
+    });
+    let wall = started.elapsed();
+    progress.finish_and_clear();
+    let after = ServerMetrics::read(target)?;
+    let followed = followed
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner);
+    Ok(report(options, target, followed, wall, &before, &after))
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Admits one execution and reads its event stream until it ends.
+fn admit_and_follow(target: &Target, session: &str, body: &Value) -> Result<Followed, Failure> {
+    let admitted = target.call(
+        "POST",
+        &format!("/v1/sessions/{session}/executions"),
+        Some(body),
+    )?;
+    let execution = admitted["execution_id"]
+        .as_str()
+        .ok_or_else(|| Failure::Failed("the server named no execution_id".into()))?;
+    let stream = target.stream(
+        &format!("/v1/sessions/{session}/executions/{execution}/events/stream?after=0"),
+        EXECUTION_TIMEOUT,
+    )?;
+    let mut followed = Followed::default();
+    for line in std::io::BufReader::new(stream).lines() {
+        let line = line.map_err(|error| Failure::Failed(format!("reading events: {error}")))?;
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        let Ok(event) = serde_json::from_str::<Value>(data) else {
+            continue;
+        };
+        let Some(at_ms) = event["at_ms"].as_u64() else {
+            continue; // not an event (a `resync` notice)
+        };
+        if followed.first_ms == 0 {
+            followed.first_ms = at_ms;
+        }
+        followed.last_ms = at_ms;
+        match event["type"].as_str() {
+            Some("tool_finished") => followed.tool_results_ms.push(at_ms),
+            Some("state_changed") => {
+                let state = event["state"].as_str().unwrap_or_default().to_lowercase();
+                if matches!(state.as_str(), "completed" | "failed" | "cancelled") {
+                    followed.state = Some(state);
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(followed)
+}
+
+/// The counters of `/metrics` the report uses.
+#[derive(Debug, Default)]
+struct ServerMetrics {
+    fsyncs: f64,
+    cpu_s: f64,
+    peak_resident_bytes: f64,
+    loads_parked: f64,
+    loads_replayed: f64,
+}
+
+impl ServerMetrics {
+    fn read(target: &Target) -> Result<Self, Failure> {
+        let text = target.text("GET", "/metrics", None)?;
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|line| line.strip_prefix(name)?.trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        Ok(Self {
+            fsyncs: value("openprogram_fsyncs_total "),
+            cpu_s: value("openprogram_process_cpu_seconds_total "),
+            peak_resident_bytes: value("openprogram_process_peak_resident_bytes "),
+            loads_parked: value("openprogram_state_loads_total{from=\"parked\"} "),
+            loads_replayed: value("openprogram_state_loads_total{from=\"replay\"} "),
+        })
+    }
+}
+
+fn report(
+    options: &LoadOptions,
+    target: &Target,
+    followed: Vec<Result<Followed, Failure>>,
+    wall: Duration,
+    before: &ServerMetrics,
+    after: &ServerMetrics,
+) -> LoadReport {
+    let mut steps_us = crate::load::histogram();
+    let mut executions_us = crate::load::histogram();
+    let (mut completed, mut failed, mut total_steps) = (0usize, 0usize, 0u64);
+    let (mut first_ms, mut last_ms) = (u64::MAX, 0u64);
+    for result in followed {
+        let Ok(execution) = result else {
+            failed += 1;
+            continue;
+        };
+        if execution.state.as_deref() == Some("completed") {
+            completed += 1;
+        } else {
+            failed += 1;
+        }
+        total_steps += execution.tool_results_ms.len() as u64;
+        for pair in execution.tool_results_ms.windows(2) {
+            steps_us.saturating_record(pair[1].saturating_sub(pair[0]) * 1000);
+        }
+        if execution.first_ms > 0 {
+            executions_us
+                .saturating_record(execution.last_ms.saturating_sub(execution.first_ms) * 1000);
+            first_ms = first_ms.min(execution.first_ms);
+            last_ms = last_ms.max(execution.last_ms);
+        }
+    }
+    let span_s = (last_ms.saturating_sub(first_ms) as f64 / 1000.0).max(0.001);
+    let ms = |histogram: &Histogram<u64>, quantile: f64| {
+        histogram.value_at_quantile(quantile) as f64 / 1000.0
+    };
+    let counted = |value: f64| value.max(0.0).round() as u64;
+    LoadReport {
+        target: target.url.clone(),
+        executions: options.executions,
+        steps: options.steps,
+        total_steps,
+        concurrency: options.concurrency,
+        payload_bytes: options.payload_bytes,
+        completed,
+        failed,
+        wall_s: wall.as_secs_f64(),
+        steps_per_s: total_steps as f64 / span_s,
+        executions_per_s: completed as f64 / span_s,
+        step_p50_ms: ms(&steps_us, 0.50),
+        step_p99_ms: ms(&steps_us, 0.99),
+        step_p999_ms: ms(&steps_us, 0.999),
+        step_max_ms: steps_us.max() as f64 / 1000.0,
+        execution_p50_ms: ms(&executions_us, 0.50),
+        execution_p99_ms: ms(&executions_us, 0.99),
+        fsyncs: counted(after.fsyncs - before.fsyncs),
+        state_loads_parked: counted(after.loads_parked - before.loads_parked),
+        state_loads_replayed: counted(after.loads_replayed - before.loads_replayed),
+        peak_rss_mib: after.peak_resident_bytes / (1024.0 * 1024.0),
+        cpu_us_per_step: (total_steps > 0 && after.cpu_s > 0.0)
+            .then(|| (after.cpu_s - before.cpu_s) * 1e6 / total_steps as f64),
+        raw_per_s: None,
+        ratio_to_raw: None,
+        commands: None,
+        commands_rejected: None,
+        command_p50_ms: None,
+        command_p99_ms: None,
+        rejected_p99_ms: None,
+        parked: None,
+        rss_per_parked_bytes: None,
+    }
+}
