@@ -358,7 +358,7 @@ pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("invariant: valid histogram bounds")
 }
 
-fn ms(histogram: &Histogram<u64>, quantile: f64) -> f64 {
+pub(crate) fn ms(histogram: &Histogram<u64>, quantile: f64) -> f64 {
     histogram.value_at_quantile(quantile) as f64 / 1000.0
 }
 

@@ -16,11 +16,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
 use crate::http::client::{Failure, Target};
-use crate::load::{LoadOptions, LoadReport};
+use crate::load::{ms, LoadOptions, LoadReport};
 
 /// How long one execution's stream may stay open.
 const EXECUTION_TIMEOUT: Duration = Duration::from_secs(600);
@@ -219,9 +218,6 @@ fn report(
         }
     }
     let span_s = (last_ms.saturating_sub(first_ms) as f64 / 1000.0).max(0.001);
-    let ms = |histogram: &Histogram<u64>, quantile: f64| {
-        histogram.value_at_quantile(quantile) as f64 / 1000.0
-    };
     let counted = |value: f64| value.max(0.0).round() as u64;
     LoadReport {
         target: target.url.clone(),
