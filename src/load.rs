@@ -94,6 +94,8 @@ pub struct LoadReport {
     /// With `--park`: executions parked and resident memory per parked execution.
     pub parked: Option<usize>,
     pub rss_per_parked_bytes: Option<f64>,
+    /// With `--url`: why the first failed execution failed, if one did.
+    pub first_error: Option<String>,
 }
 
 /// CPU time this process has used so far, all threads, user and system
@@ -590,6 +592,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
             .map(|latencies| ms(&latencies.rejected, 0.99)),
         parked: parked.map(|(n, _)| n),
         rss_per_parked_bytes: parked.map(|(_, bytes)| bytes.round()),
+        first_error: None,
     })
 }
 

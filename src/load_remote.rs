@@ -104,7 +104,19 @@ pub fn run(options: &LoadOptions, target: &Target) -> Result<LoadReport, Failure
     let followed = followed
         .into_inner()
         .unwrap_or_else(PoisonError::into_inner);
-    Ok(report(options, target, followed, wall, &before, &after))
+    let first_error = followed.iter().find_map(|result| match result {
+        Err(Failure::Failed(message) | Failure::Usage(message)) => Some(message.clone()),
+        Ok(_) => None,
+    });
+    let mut report = report(options, target, followed, wall, &before, &after);
+    if report.completed == 0 {
+        return Err(Failure::Failed(format!(
+            "no execution completed{}",
+            first_error.map_or(String::new(), |error| format!(": {error}"))
+        )));
+    }
+    report.first_error = first_error;
+    Ok(report)
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -194,17 +206,14 @@ fn report(
 ) -> LoadReport {
     let mut steps_us = crate::load::histogram();
     let mut executions_us = crate::load::histogram();
-    let (mut completed, mut failed, mut total_steps) = (0usize, 0usize, 0u64);
+    let (mut completed, mut total_steps) = (0usize, 0u64);
     let (mut first_ms, mut last_ms) = (u64::MAX, 0u64);
     for result in followed {
         let Ok(execution) = result else {
-            failed += 1;
             continue;
         };
         if execution.state.as_deref() == Some("completed") {
             completed += 1;
-        } else {
-            failed += 1;
         }
         total_steps += execution.tool_results_ms.len() as u64;
         for pair in execution.tool_results_ms.windows(2) {
@@ -227,7 +236,8 @@ fn report(
         concurrency: options.concurrency,
         payload_bytes: options.payload_bytes,
         completed,
-        failed,
+        // Also those never admitted (a slot that could not start).
+        failed: options.executions - completed,
         wall_s: wall.as_secs_f64(),
         steps_per_s: total_steps as f64 / span_s,
         executions_per_s: completed as f64 / span_s,
@@ -252,5 +262,6 @@ fn report(
         rejected_p99_ms: None,
         parked: None,
         rss_per_parked_bytes: None,
+        first_error: None,
     }
 }

@@ -374,6 +374,12 @@ fn tokio_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 
 /// Prints a load report: one JSON line, or the table.
 fn print_report(report: &load::LoadReport, json: bool) -> ExitCode {
+    if let Some(error) = &report.first_error {
+        eprintln!(
+            "openprogram: {} executions failed; the first: {error}",
+            report.failed
+        );
+    }
     if !json {
         print!("{}", report.table());
         return ExitCode::SUCCESS;

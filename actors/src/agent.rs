@@ -156,29 +156,45 @@ impl Provider for Scripted {
     }
 }
 
-/// The keys of a script element the provider reads, each borrowed as its JSON text: a
-/// tool's arguments go into the decision as the text they are, never built into a tree.
+/// The keys of a script element the provider reads, each borrowed as its JSON text (`null`
+/// included): a tool's arguments go into the decision as the text they are, never built
+/// into a tree. An element is an object; one naming a key twice is refused.
 #[derive(serde::Deserialize)]
 struct Element<'a> {
     #[serde(borrow, default)]
-    tool: Option<&'a serde_json::value::RawValue>,
+    tool: Raw<'a>,
     #[serde(borrow, default)]
-    args: Option<&'a serde_json::value::RawValue>,
+    args: Raw<'a>,
     #[serde(borrow, default)]
-    reply: Option<&'a serde_json::value::RawValue>,
+    reply: Raw<'a>,
     #[serde(borrow, default)]
-    ask: Option<&'a serde_json::value::RawValue>,
+    ask: Raw<'a>,
+}
+
+/// A key's value as JSON text, `None` if the key is absent (`Option` would also take `null`
+/// for absent).
+#[derive(Default)]
+struct Raw<'a>(Option<&'a serde_json::value::RawValue>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Raw<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        <&serde_json::value::RawValue>::deserialize(deserializer).map(|raw| Raw(Some(raw)))
+    }
 }
 
 /// The decision a script element (its JSON text) names.
 fn scripted_decision(element: &str) -> Result<Decision, String> {
     let unrecognized = || format!("unrecognized script element {element}");
+    if !element.trim_start().starts_with('{') {
+        return Err(unrecognized());
+    }
     let parsed: Element = serde_json::from_str(element).map_err(|_| unrecognized())?;
-    let text = |raw: Option<&serde_json::value::RawValue>| {
-        raw.and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
+    let text = |raw: Raw| {
+        raw.0
+            .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
     };
     if let Some(tool) = text(parsed.tool) {
-        let args = parsed.args.map_or("{}", |args| args.get());
+        let args = parsed.args.0.map_or("{}", |args| args.get());
         let args = ToolArgs::from_text(args).map_err(|_| unrecognized())?;
         return Ok(Decision::Tool { tool, args });
     }
@@ -420,6 +436,22 @@ mod tests {
         assert_eq!(
             scripted_decision(&json!("reply").to_string()),
             Err(r#"unrecognized script element "reply""#.into())
+        );
+        // `null` arguments are passed as `null`; an array is no element.
+        assert_eq!(
+            scripted_decision(r#"{"tool":"echo","args":null}"#),
+            Ok(Decision::Tool {
+                tool: "echo".into(),
+                args: serde_json::Value::Null.into()
+            })
+        );
+        assert_eq!(
+            scripted_decision(r#"["echo",{"text":"hi"}]"#),
+            Err(r#"unrecognized script element ["echo",{"text":"hi"}]"#.into())
+        );
+        assert_eq!(
+            scripted_decision(r#"{"reply":"a","reply":"b"}"#),
+            Err(r#"unrecognized script element {"reply":"a","reply":"b"}"#.into())
         );
     }
 }

@@ -197,3 +197,92 @@ fn i1_the_handle_is_send_sync_clone() {
     fn assert_handle<T: Send + Sync + Clone + 'static>() {}
     assert_handle::<openprogram::Runtime>();
 }
+
+/// E-4 with controls racing: an External tool that answers at once (the built-in `append`)
+/// has its result recorded before any command that arrived while its dispatch was being
+/// committed is decided. Pauses and Continues land at random moments (seeded) on executions
+/// of many `append` steps; with no crash anywhere, no effect may end `unknown` and none may
+/// run twice.
+#[tokio::test]
+async fn e4_an_external_result_ready_at_once_is_recorded_before_a_racing_command() {
+    use rand::{Rng, SeedableRng};
+    let seed: u64 = std::env::var("OP_RACE_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("e4 race: seed {seed} (replay with OP_RACE_SEED={seed})");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let harness = Harness::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (executions, steps) = (8, 300);
+    let mut started = Vec::new();
+    for index in 0..executions {
+        let path = dir.path().join(format!("sink-{index}"));
+        let path = path.to_string_lossy().into_owned();
+        let mut script: Vec<_> = (0..steps)
+            .map(|step| serde_json::json!({"tool": "append", "args": {"path": path, "line": step.to_string()}}))
+            .collect();
+        script.push(reply("ok"));
+        started.push((harness.start(script, Some(steps as u32 + 1)).await, path));
+    }
+    let deadline = std::time::Instant::now() + DEADLINE;
+    let mut applied = 0;
+    loop {
+        let mut running = Vec::new();
+        let mut states = Vec::new();
+        for (execution, _) in &started {
+            let state = harness.snapshot(*execution).await.state;
+            states.push(state);
+            assert!(
+                !matches!(state, "reconciliation_required" | "failed"),
+                "seed {seed}: {execution} is {state}"
+            );
+            if state != "completed" {
+                running.push(*execution);
+            }
+        }
+        if running.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "seed {seed}: not all completed: {states:?}"
+        );
+        let execution = running[rng.gen_range(0..running.len())];
+        let paused = harness.command(execution, "pause", None).await;
+        if paused.status == "applied" {
+            applied += 1;
+        }
+        tokio::time::sleep(std::time::Duration::from_micros(rng.gen_range(0..2_000))).await;
+        harness.command(execution, "continue", None).await;
+    }
+    eprintln!("e4 race: {applied} pauses applied");
+    for (execution, path) in &started {
+        let events = harness.events(*execution);
+        let unknown = count(&events, |e| {
+            matches!(
+                e,
+                Event::ToolFinished {
+                    status: openprogram::storage::ReceiptStatus::Unknown,
+                    ..
+                }
+            )
+        });
+        assert_eq!(
+            unknown, 0,
+            "seed {seed}: an effect ended unknown without a crash"
+        );
+        let written = std::fs::read_to_string(path).expect("sink");
+        let lines: Vec<&str> = written.lines().collect();
+        assert_eq!(lines.len(), steps, "seed {seed}: {written}");
+        let effects: std::collections::HashSet<_> = lines
+            .iter()
+            .filter_map(|line| line.split('\t').nth(1))
+            .collect();
+        assert_eq!(
+            effects.len(),
+            steps,
+            "seed {seed}: an effect ran twice: {written}"
+        );
+    }
+}

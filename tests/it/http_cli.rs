@@ -509,5 +509,22 @@ fn q1_load_drives_a_running_server_over_http() {
         let stderr = String::from_utf8_lossy(&refused.stderr);
         assert!(stderr.contains("cannot be used with --url"), "{stderr}");
     }
+    // Every admission refused (a script over the server's body limit): exit 1, with why.
+    let refused = openprogram(&[
+        "load",
+        "--url",
+        url,
+        "--token",
+        "load-admin",
+        "--executions",
+        "2",
+        "--steps",
+        "40",
+        "--payload-bytes",
+        "200000",
+    ]);
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("no execution completed: "), "{stderr}");
     assert!(serve.stop().success());
 }

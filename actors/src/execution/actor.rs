@@ -22,7 +22,6 @@ use openprogram_storage::{
 use crate::attempt_lease::{AttemptLeaseActor, LeaseState, Release, Renew};
 use crate::env::Env;
 use crate::error::Error;
-use crate::execution::effects::EffectDone;
 use crate::execution::machine::changed_wait_records;
 use crate::execution::machine::{Action, Decision, LiveOutcome, Machine, Next, Recovery};
 use crate::snapshot::Snapshot;
@@ -368,7 +367,10 @@ impl ExecutionActor {
                     if let Some(pending) = self.machine.pending_tool.clone() {
                         if self.in_flight.is_none() {
                             if let Some(done) = self.start_tool(pending, ctx) {
-                                ctx.notify(EffectDone(done));
+                                // Recorded before anything else is taken from the mailbox:
+                                // a command that arrived during the dispatch's commit must
+                                // not find the execution idle and drop a finished result.
+                                ctx.wait(self.effect_done(done));
                             }
                         }
                     }

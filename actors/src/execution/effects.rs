@@ -122,7 +122,8 @@ impl ExecutionActor {
                     (tool.recovery(), tool.call(call))
                 }
                 (None, _) => refused(format!("unknown tool `{}`", pending.tool)),
-                // Not run: written by `decide_decision`, which keeps them readable.
+                // Not run: text serde_json holds as raw JSON but will not parse into a value
+                // (a lone surrogate, a number past f64); the call is recorded as failed.
                 (Some(_), Err(error)) => {
                     refused(format!("the tool arguments do not parse: {error}"))
                 }

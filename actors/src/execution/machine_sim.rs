@@ -350,8 +350,8 @@ impl Sim {
                         effect_id,
                         decision: Decision::Tool {
                             tool: "echo".into(),
-                            // Any finite f64 must read back from the decision's text as
-                            // itself (serde_json's `float_roundtrip`).
+                            // Arguments stay the decision's text: the live machine and a
+                            // replay fold the same text, whatever numbers it holds.
                             args: serde_json::json!({"n": rng.float(), "text": "t"}).into(),
                         },
                     },

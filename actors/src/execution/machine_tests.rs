@@ -598,6 +598,31 @@ fn e3_a_decision_that_could_not_be_read_back_fails_the_model_call() {
 }
 
 #[test]
+fn e3_a_tool_gets_the_numbers_the_provider_decided() {
+    // Finite f64s of every magnitude and precision, from a fixed xorshift sequence.
+    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+    let mut checked = 0;
+    while checked < 20_000 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let number = f64::from_bits(state);
+        if !number.is_finite() {
+            continue;
+        }
+        checked += 1;
+        let decided = serde_json::json!({"n": number});
+        let args = ToolArgs::from(decided.clone());
+        assert_eq!(
+            args.parse().ok(),
+            Some(decided),
+            "{number:e} as {}",
+            args.get()
+        );
+    }
+}
+
+#[test]
 fn e3_nesting_is_counted_outside_strings_only() {
     use super::machine_types::nesting;
     let deep = "[".repeat(super::machine_types::DECISION_ARGS_DEPTH_MAX + 1);

@@ -86,7 +86,7 @@ impl ExecutionActor {
             self.park_if_idle(ctx);
             return;
         };
-        // Written by `decide_decision`, which keeps them under serde_json's nesting limit.
+        // Unparseable arguments (see `start_tool`) were never run: nothing to ask about.
         let Ok(args) = unresolved.args.parse() else {
             self.park_if_idle(ctx);
             return;
