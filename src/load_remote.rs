@@ -106,7 +106,11 @@ pub fn run(options: &LoadOptions, target: &Target) -> Result<LoadReport, Failure
         .unwrap_or_else(PoisonError::into_inner);
     let first_error = followed.iter().find_map(|result| match result {
         Err(Failure::Failed(message) | Failure::Usage(message)) => Some(message.clone()),
-        Ok(_) => None,
+        Ok(followed) => match followed.state.as_deref() {
+            Some("completed") => None,
+            Some(state) => Some(format!("an execution ended {state}")),
+            None => Some("an execution's event stream ended before the execution".into()),
+        },
     });
     let mut report = report(options, target, followed, wall, &before, &after);
     if report.completed == 0 {
