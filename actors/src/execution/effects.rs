@@ -1,7 +1,9 @@
 //! How the execution actor runs an effect, a model call or a tool call, and records its
 //! result. An effect whose future is ready when first polled (a scripted decision, a tool
-//! that answers without waiting) is recorded at once, by the handler that started it; any
-//! other runs as a spawned, abortable future whose result comes back as `EffectDone`.
+//! that answers without waiting) is recorded at once: by the `Advance` handler that started
+//! it, in its own atomic response, or, for an External tool started once its dispatch is
+//! committed, before anything else is taken from the mailbox (`ctx.wait`). Any other effect
+//! runs as a spawned, abortable future whose result comes back as `EffectDone`.
 
 use actix::prelude::*;
 use futures::future::{AbortHandle, Abortable, BoxFuture};
