@@ -369,6 +369,17 @@ pub fn peak_rss_mib() -> f64 {
     proc_status_kib("VmHWM:") as f64 / 1024.0
 }
 
+/// The script of every execution of the load, embedded or over HTTP: `steps` `echo` calls
+/// of `payload_bytes`, then a reply.
+pub(crate) fn script(options: &LoadOptions) -> Vec<serde_json::Value> {
+    let payload = "x".repeat(options.payload_bytes);
+    let mut script: Vec<_> = (0..options.steps)
+        .map(|_| json!({"tool": "echo", "args": {"text": payload}}))
+        .collect();
+    script.push(json!({"reply": "done"}));
+    script
+}
+
 /// Runs the load and returns what it measured.
 pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     if options.baseline.is_some_and(|duration| duration.is_zero()) {
@@ -405,11 +416,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let payload = "x".repeat(options.payload_bytes);
-    let mut script: Vec<_> = (0..options.steps)
-        .map(|_| json!({"tool": "echo", "args": {"text": payload}}))
-        .collect();
-    script.push(json!({"reply": "done"}));
+    let script = script(&options);
     // Shared by the workers: cloned once per execution (its request owns it), not per worker.
     let script = Arc::new(script);
     let executions_us = Arc::new(Mutex::new(Some(histogram())));

@@ -62,15 +62,10 @@ pub fn run(options: &LoadOptions, target: &Target) -> Result<LoadReport, Failure
         .as_str()
         .ok_or_else(|| Failure::Failed("the server named no session_id".into()))?
         .to_owned();
-    let payload = "x".repeat(options.payload_bytes);
-    let mut script: Vec<Value> = (0..options.steps)
-        .map(|_| json!({"tool": "echo", "args": {"text": payload}}))
-        .collect();
-    script.push(json!({"reply": "done"}));
     let body = json!({
         "kind": "agent",
         "message": "load",
-        "script": script,
+        "script": crate::load::script(options),
         "max_iterations": options.steps + 1,
     });
     let progress = if options.progress {

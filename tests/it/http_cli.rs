@@ -455,12 +455,12 @@ fn q1_load_drives_a_running_server_over_http() {
     let dir = tempfile::tempdir().expect("tempdir");
     let serve = Serve::start(dir.path(), &["--token", "load-admin"]);
     let url = serve.url.as_str();
-    let output = openprogram(&[
-        "load",
-        "--url",
-        url,
-        "--token",
-        "load-admin",
+    let load = |extra: &[&str]| {
+        let mut args = vec!["load", "--url", url, "--token", "load-admin"];
+        args.extend(extra);
+        openprogram(&args)
+    };
+    let output = load(&[
         "--executions",
         "12",
         "--steps",
@@ -502,20 +502,13 @@ fn q1_load_drives_a_running_server_over_http() {
         ["--commands-per-s", "5"],
         ["--baseline", "1"],
     ] {
-        let mut args = vec!["load", "--url", url, "--token", "load-admin"];
-        args.extend(flag);
-        let refused = openprogram(&args);
+        let refused = load(&flag);
         assert_eq!(refused.status.code(), Some(2), "{flag:?}");
         let stderr = String::from_utf8_lossy(&refused.stderr);
         assert!(stderr.contains("cannot be used with --url"), "{stderr}");
     }
     // Every admission refused (a script over the server's body limit): exit 1, with why.
-    let refused = openprogram(&[
-        "load",
-        "--url",
-        url,
-        "--token",
-        "load-admin",
+    let refused = load(&[
         "--executions",
         "2",
         "--steps",
