@@ -57,9 +57,8 @@ pub(crate) enum Request {
     Tick,
 }
 
-/// The share of the materialization interval a materialization is spread over (see
-/// `Committer::next_slice`); the rest is margin for slow groups before the next is due.
-const MATERIALIZE_PACE: f64 = 0.5;
+/// A materialization is written in at most this many slices (see `Committer::next_slice`).
+const MATERIALIZE_SLICES_TARGET: usize = 32;
 
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
@@ -510,11 +509,8 @@ impl Committer {
     }
 
     /// Starts a materialization when one is due, and picks the part of it this group
-    /// writes. A materialization is paced over the first `MATERIALIZE_PACE` of the interval:
-    /// each group writes what brings the written share up to the elapsed share of that
-    /// window, and at least `materialize_slice_len` entries. Written in a burst, the same
-    /// work made every group of the burst ~3x slower (1,000 executions stepping) and set the
-    /// step p99. All of it at once when new commits have filled `active` to
+    /// writes: `materialize_slice_len` entries or a 32nd of the materialization,
+    /// whichever is more, or all of it when new commits have filled `active` to
     /// `overlay_len_max` meanwhile (the bound on the overlay's memory wins over a smooth
     /// latency).
     fn next_slice(&mut self) -> Slice {
@@ -540,13 +536,11 @@ impl Committer {
         let len_max = if overlay.active_len() >= limits.overlay_len_max {
             usize::MAX
         } else {
-            paced_slice_len(
-                overlay.frozen_len_at_freeze(),
-                overlay.frozen_len(),
-                self.last_materialization.elapsed(),
-                Duration::from_millis(limits.materialize_interval_ms).mul_f64(MATERIALIZE_PACE),
-                limits.materialize_slice_len,
-            )
+            // Fast enough that a materialization ends within a few groups even when many
+            // executions are dirty; small enough that no single group pays for all of it.
+            limits
+                .materialize_slice_len
+                .max(overlay.frozen_len_at_freeze() / MATERIALIZE_SLICES_TARGET)
         };
         overlay.slice(len_max)
     }
@@ -632,60 +626,5 @@ impl Committer {
                 .map_err(|error| io_error(&dir, error))?;
         }
         Ok(())
-    }
-}
-
-/// How many entries of a materialization of `total` entries, `left` of them not written yet,
-/// the next group writes `elapsed` into its pacing `window`: enough to have written the
-/// elapsed share of the window (all of it once the window is over), and at least `floor`.
-/// A zero window paces nothing: `floor` per group.
-fn paced_slice_len(
-    total: usize,
-    left: usize,
-    elapsed: Duration,
-    window: Duration,
-    floor: usize,
-) -> usize {
-    let due = if window.is_zero() {
-        0
-    } else {
-        let share = (elapsed.as_secs_f64() / window.as_secs_f64()).min(1.0);
-        (total as f64 * share).ceil() as usize
-    };
-    let written = total.saturating_sub(left);
-    due.saturating_sub(written).max(floor)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const WINDOW: Duration = Duration::from_millis(250);
-
-    #[test]
-    fn s6_a_materialization_is_spread_over_its_window() {
-        let ms = Duration::from_millis;
-        // 1,000 dirty entries: a tenth of the window in, a tenth of them are due.
-        assert_eq!(paced_slice_len(1000, 1000, ms(25), WINDOW, 8), 100);
-        // Ahead of the pace: only the floor.
-        assert_eq!(paced_slice_len(1000, 800, ms(25), WINDOW, 8), 8);
-        // Behind it (slow groups): catches up to the elapsed share.
-        assert_eq!(paced_slice_len(1000, 900, ms(125), WINDOW, 8), 400);
-        // The window is over: everything left, never more.
-        assert_eq!(paced_slice_len(1000, 300, ms(900), WINDOW, 8), 300);
-        // A few dirty entries end in one group through the floor.
-        assert_eq!(paced_slice_len(5, 5, ms(1), WINDOW, 8), 8);
-    }
-
-    #[test]
-    fn s6_without_an_interval_each_group_writes_the_floor() {
-        assert_eq!(
-            paced_slice_len(1000, 1000, Duration::ZERO, Duration::ZERO, 2),
-            2
-        );
-        assert_eq!(
-            paced_slice_len(1000, 10, Duration::from_secs(9), Duration::ZERO, 2),
-            2
-        );
     }
 }

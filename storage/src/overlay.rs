@@ -81,11 +81,6 @@ impl Overlay {
         self.frozen_len_at_freeze
     }
 
-    /// Entries of the running materialization not written yet.
-    pub fn frozen_len(&self) -> usize {
-        self.frozen.len()
-    }
-
     pub fn active_len(&self) -> usize {
         self.active.len()
     }

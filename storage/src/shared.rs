@@ -34,13 +34,10 @@ pub struct Limits {
     /// Dirty executions and records kept before they are written to their own keys; also
     /// bounds the log tail replayed at open.
     pub overlay_len_max: usize,
-    /// Longest time between two materializations while transitions arrive. Each one writes
-    /// every execution dirty since the last: a longer interval writes a busy execution's head
-    /// less often, and leaves a longer log tail for the open after a crash to replay.
+    /// Longest time between two materializations while transitions arrive.
     pub materialize_interval_ms: u64,
-    /// Entries of a running materialization written with each group commit at least; the
-    /// pacing in `log.rs` writes more when the materialization falls behind its half of the
-    /// interval. `0` as interval: every group writes this many, continuously.
+    /// Entries of a running materialization written with each group commit (at least; see
+    /// `log.rs`), so that no single commit waits for a whole materialization.
     pub materialize_slice_len: usize,
     /// sled's page cache. Without a bound it keeps everything written in memory, so parked
     /// executions would cost memory, not just disk.
@@ -55,8 +52,8 @@ impl Default for Limits {
             transition_bytes_max: 1024 * 1024,
             blob_bytes_max: 8 * 1024 * 1024,
             overlay_len_max: 64 * 1024,
-            materialize_interval_ms: 500,
-            materialize_slice_len: 8,
+            materialize_interval_ms: 250,
+            materialize_slice_len: 32,
             cache_bytes: 64 * 1024 * 1024,
         }
     }
