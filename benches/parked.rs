@@ -9,7 +9,8 @@
 
 use std::time::Instant;
 
-use openprogram::load::{park, rss_kib};
+use openprogram::load::park;
+use openprogram::process_stats::rss_kib;
 use openprogram::storage::SessionId;
 use openprogram::Runtime;
 use serde_json::json;

@@ -38,6 +38,7 @@ use openprogram_storage::{
 pub mod http;
 pub mod load;
 pub mod load_remote;
+pub mod process_stats;
 pub mod serve;
 
 pub use openprogram_actors as actors;

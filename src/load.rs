@@ -23,6 +23,7 @@ use openprogram_storage::{ExecutionId, SessionId};
 use serde::Serialize;
 use serde_json::json;
 
+use crate::process_stats::{peak_rss_mib, process_cpu, rss_kib};
 use crate::{Error, Result, Runtime, StartRequest};
 
 /// What to run.
@@ -48,7 +49,7 @@ pub struct LoadOptions {
 }
 
 /// What was measured (the `--json` line).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct LoadReport {
     /// `embedded`, or the URL of the server driven (`--url`).
     pub target: String,
@@ -96,45 +97,6 @@ pub struct LoadReport {
     pub rss_per_parked_bytes: Option<f64>,
     /// With `--url`: why the first failed execution failed, if one did.
     pub first_error: Option<String>,
-}
-
-/// CPU time this process has used so far, all threads, user and system
-/// (`/proc/self/stat`); `None` where unknown.
-pub fn process_cpu() -> Option<Duration> {
-    cpu_of_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)
-}
-
-/// utime + stime of a `/proc/PID/stat` line.
-fn cpu_of_stat(stat: &str) -> Option<Duration> {
-    // Linux reports them in clock ticks of USER_HZ, 100 per second on every mainstream
-    // architecture.
-    const TICKS_PER_S: u64 = 100;
-    // After the command name, which is in parentheses and may contain spaces: field 3 on.
-    let fields: Vec<&str> = stat
-        .get(stat.rfind(')')? + 1..)?
-        .split_whitespace()
-        .collect();
-    let ticks = |index: usize| fields.get(index)?.parse::<u64>().ok();
-    // utime and stime are fields 14 and 15 of the whole line.
-    let total = ticks(11)?.checked_add(ticks(12)?)?;
-    Some(Duration::from_millis(
-        total.saturating_mul(1000 / TICKS_PER_S),
-    ))
-}
-
-/// Resident memory of this process now, in KiB (0 where unknown).
-pub fn rss_kib() -> u64 {
-    proc_status_kib("VmRSS:")
-}
-
-/// A `kB` field of `/proc/self/status` (0 where unknown).
-fn proc_status_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix(field))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// Parks `n` executions in `session`: each is admitted paused and stepped once (its actor
@@ -364,11 +326,6 @@ pub(crate) fn ms(histogram: &Histogram<u64>, quantile: f64) -> f64 {
     histogram.value_at_quantile(quantile) as f64 / 1000.0
 }
 
-/// The peak resident memory of this process, from `/proc/self/status` (0 where unknown).
-pub fn peak_rss_mib() -> f64 {
-    proc_status_kib("VmHWM:") as f64 / 1024.0
-}
-
 /// The script of every execution of the load, embedded or over HTTP: `steps` `echo` calls
 /// of `payload_bytes`, then a reply.
 pub(crate) fn script(options: &LoadOptions) -> Vec<serde_json::Value> {
@@ -557,23 +514,12 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     };
     let failed = failed.load(Ordering::Relaxed);
     Ok(LoadReport {
-        target: "embedded".into(),
-        executions: options.executions,
-        steps: options.steps,
         total_steps,
-        concurrency: options.concurrency,
-        payload_bytes: options.payload_bytes,
         completed: options.executions - failed,
         failed,
         wall_s: wall.as_secs_f64(),
         steps_per_s,
         executions_per_s: options.executions as f64 / wall.as_secs_f64(),
-        step_p50_ms: ms(&steps_us, 0.50),
-        step_p99_ms: ms(&steps_us, 0.99),
-        step_p999_ms: ms(&steps_us, 0.999),
-        step_max_ms: steps_us.max() as f64 / 1000.0,
-        execution_p50_ms: ms(&executions_us, 0.50),
-        execution_p99_ms: ms(&executions_us, 0.99),
         fsyncs,
         state_loads_parked,
         state_loads_replayed,
@@ -599,7 +545,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
             .map(|latencies| ms(&latencies.rejected, 0.99)),
         parked: parked.map(|(n, _)| n),
         rss_per_parked_bytes: parked.map(|(_, bytes)| bytes.round()),
-        first_error: None,
+        ..LoadReport::measured("embedded".into(), &options, &steps_us, &executions_us)
     })
 }
 
@@ -608,6 +554,30 @@ fn histogram_empty() -> Histogram<u64> {
 }
 
 impl LoadReport {
+    /// A report of a load of `options` on `target`, with the latency percentiles of its
+    /// steps and executions (histograms in µs); the caller fills in the rest.
+    pub(crate) fn measured(
+        target: String,
+        options: &LoadOptions,
+        steps_us: &Histogram<u64>,
+        executions_us: &Histogram<u64>,
+    ) -> Self {
+        Self {
+            target,
+            executions: options.executions,
+            steps: options.steps,
+            concurrency: options.concurrency,
+            payload_bytes: options.payload_bytes,
+            step_p50_ms: ms(steps_us, 0.50),
+            step_p99_ms: ms(steps_us, 0.99),
+            step_p999_ms: ms(steps_us, 0.999),
+            step_max_ms: steps_us.max() as f64 / 1000.0,
+            execution_p50_ms: ms(executions_us, 0.50),
+            execution_p99_ms: ms(executions_us, 0.99),
+            ..Self::default()
+        }
+    }
+
     /// The readable summary table.
     pub fn table(&self) -> String {
         let mut rows = vec![
@@ -676,19 +646,5 @@ impl LoadReport {
         rows.iter()
             .map(|(name, value)| format!("{name:<30} {value}\n"))
             .collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn q1_cpu_time_is_read_after_a_command_name_with_spaces_and_parentheses() {
-        // pid (comm) state ppid ... utime=250 stime=75 ticks (fields 14 and 15).
-        let stat = "4242 (load (x) 1) R 1 4242 4242 0 -1 4194304 900 0 0 0 250 75 0 0 20 0 9 0";
-        assert_eq!(cpu_of_stat(stat), Some(Duration::from_millis(3_250)));
-        assert_eq!(cpu_of_stat("4242 (truncated) R 1"), None);
-        assert_eq!(cpu_of_stat("no parentheses at all"), None);
     }
 }

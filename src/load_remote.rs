@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::http::client::{Failure, Target};
-use crate::load::{ms, LoadOptions, LoadReport};
+use crate::load::{LoadOptions, LoadReport};
 
 /// How long one execution's stream may stay open.
 const EXECUTION_TIMEOUT: Duration = Duration::from_secs(600);
@@ -228,39 +228,19 @@ fn report(
     let span_s = (last_ms.saturating_sub(first_ms) as f64 / 1000.0).max(0.001);
     let counted = |value: f64| value.max(0.0).round() as u64;
     LoadReport {
-        target: target.url.clone(),
-        executions: options.executions,
-        steps: options.steps,
         total_steps,
-        concurrency: options.concurrency,
-        payload_bytes: options.payload_bytes,
         completed,
         // Also those never admitted (a slot that could not start).
         failed: options.executions - completed,
         wall_s: wall.as_secs_f64(),
         steps_per_s: total_steps as f64 / span_s,
         executions_per_s: completed as f64 / span_s,
-        step_p50_ms: ms(&steps_us, 0.50),
-        step_p99_ms: ms(&steps_us, 0.99),
-        step_p999_ms: ms(&steps_us, 0.999),
-        step_max_ms: steps_us.max() as f64 / 1000.0,
-        execution_p50_ms: ms(&executions_us, 0.50),
-        execution_p99_ms: ms(&executions_us, 0.99),
         fsyncs: counted(after.fsyncs - before.fsyncs),
         state_loads_parked: counted(after.loads_parked - before.loads_parked),
         state_loads_replayed: counted(after.loads_replayed - before.loads_replayed),
         peak_rss_mib: after.peak_resident_bytes / (1024.0 * 1024.0),
         cpu_us_per_step: (total_steps > 0 && after.cpu_s > 0.0)
             .then(|| (after.cpu_s - before.cpu_s) * 1e6 / total_steps as f64),
-        raw_per_s: None,
-        ratio_to_raw: None,
-        commands: None,
-        commands_rejected: None,
-        command_p50_ms: None,
-        command_p99_ms: None,
-        rejected_p99_ms: None,
-        parked: None,
-        rss_per_parked_bytes: None,
-        first_error: None,
+        ..LoadReport::measured(target.url.clone(), options, &steps_us, &executions_us)
     }
 }

@@ -293,14 +293,17 @@ pub async fn metrics(api: web::Data<Api>, request: HttpRequest) -> Result<HttpRe
         "CPU time of the server process, all threads, user and system.",
         &[(
             String::new(),
-            crate::load::process_cpu().map_or(0.0, |cpu| cpu.as_secs_f64()),
+            crate::process_stats::process_cpu().map_or(0.0, |cpu| cpu.as_secs_f64()),
         )],
     );
     metric(
         "process_peak_resident_bytes",
         "gauge",
         "The server process's peak resident memory (VmHWM).",
-        &[(String::new(), crate::load::peak_rss_mib() * 1024.0 * 1024.0)],
+        &[(
+            String::new(),
+            crate::process_stats::peak_rss_mib() * 1024.0 * 1024.0,
+        )],
     );
     metric(
         "committer_queue_depth",

@@ -153,16 +153,19 @@ struct Current {
     last_seq: u64,
     identity: HeadIdentity,
     indexed_state: Option<ExecutionState>,
+    /// A copy of the head, if asked for (`copy_head`).
+    head: Option<ExecutionHead>,
 }
 
 impl Current {
-    fn of(head: &ExecutionHead, indexed_state: Option<ExecutionState>) -> Self {
+    fn of(head: &ExecutionHead, indexed_state: Option<ExecutionState>, copy_head: bool) -> Self {
         Self {
             version: head.version,
             fencing_epoch: head.fencing_epoch,
             last_seq: head.last_seq,
             identity: HeadIdentity::of(head),
             indexed_state,
+            head: copy_head.then(|| head.clone()),
         }
     }
 }
@@ -330,7 +333,11 @@ impl Committer {
             }
         }
 
-        let current = self.with_head(group, execution_id, Current::of)?;
+        // The head itself is copied only for a transition that brings none (most bring one).
+        let copy_head = head.is_none();
+        let current = self.with_head(group, execution_id, |head, indexed_state| {
+            Current::of(head, indexed_state, copy_head)
+        })?;
         let (current_version, current_epoch, current_last_seq) =
             current.as_ref().map_or((0, 0, 0), |current| {
                 (current.version, current.fencing_epoch, current.last_seq)
@@ -363,10 +370,8 @@ impl Committer {
                 ))
             }
             (Some(current), Some(head)) => (head, current.indexed_state),
-            // Copied only here: most transitions bring their head.
             (Some(current), None) => {
-                let head = self.with_head(group, execution_id, |head, _| head.clone())?;
-                let head = head.ok_or(Error::UnknownExecution(execution_id))?;
+                let head = current.head.ok_or(Error::UnknownExecution(execution_id))?;
                 (head, current.indexed_state)
             }
         };
@@ -475,8 +480,6 @@ impl Committer {
         Ok(Outcome::Committed(committed))
     }
 
-    /// The head as this group would leave it: the group's own changes, then the overlay,
-    /// then disk.
     /// `read` of the execution's head as this group would leave it (the group's own changes,
     /// then the overlay, then disk) and of what the by-state index on disk says of it; read
     /// in place, not copied.
