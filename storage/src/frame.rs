@@ -1,5 +1,5 @@
 //! What a log frame holds (codec.rs frames it): one committed transition's head, events and
-//! records in memory (`Frame`), as log format 2 writes them (`WireFrameRef`, read back as
+//! records in memory (`Frame`), as log formats 2 and 3 write them (`WireFrameRef`, read back as
 //! `WireFrame`), and as read back (`StoredFrame`, whose head is completed with its
 //! identity and whose blob-stored admission inputs are put back by the reader).
 
@@ -55,7 +55,7 @@ impl HeadIdentity {
     }
 }
 
-/// The rest of a head, as a version 2 frame writes it (`HeadState` reads it back: the same
+/// The rest of a head, as a version 2 or 3 frame writes it (`HeadState` reads it back: the same
 /// fields in the same order).
 #[derive(Serialize)]
 pub(crate) struct HeadStateRef<'a> {
@@ -83,7 +83,8 @@ pub(crate) struct HeadState {
     last_activity_ms: u64,
 }
 
-/// A version 2 frame as written (`WireFrame` reads it back).
+/// A version 2 or 3 frame as written (`WireFrame` reads it back; the two differ only in
+/// bincode's integer encoding, `codec.rs`).
 #[derive(Serialize)]
 pub(crate) struct WireFrameRef<'a> {
     identity: Option<HeadIdentity>,
@@ -298,7 +299,7 @@ fn without_input(event: &Event) -> Event {
     }
 }
 
-/// A frame as version 2 writes it (see `codec::encode_frame`).
+/// A frame as versions 2 and 3 write it (see `codec::encode_frame`).
 pub(crate) fn wire<'a>(
     frame: &'a Frame,
     with_identity: bool,

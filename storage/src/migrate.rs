@@ -9,19 +9,26 @@
 //! - 3: new log records are written in log format 2 (`codec.rs`); format 1 records are
 //!   still read, so nothing is rewritten. The step only marks the store, so that an older
 //!   build refuses it (`unsupported_schema`) instead of reading its log as corrupted.
+//! - 4: new log records are written in log format 3 (varint frames); formats 1 and 2 are
+//!   still read. Again only a mark, for the same reason.
 
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::keys;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// One migration: from `from` to `from + 1`, adding its changes to the batch.
 type Step = fn(&sled::Db, &mut sled::Batch) -> Result<()>;
 
 /// Steps by the version they start from. Version 0 is an empty store.
-const STEPS: &[(u32, Step)] = &[(0, initialize), (1, index_by_session), (2, log_format_2)];
+const STEPS: &[(u32, Step)] = &[
+    (0, initialize),
+    (1, index_by_session),
+    (2, log_format_2),
+    (3, log_format_3),
+];
 
 fn initialize(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
     Ok(())
@@ -29,6 +36,11 @@ fn initialize(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
 
 /// 2 → 3: nothing to rewrite (see the changelog).
 fn log_format_2(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
+    Ok(())
+}
+
+/// 3 → 4: nothing to rewrite (see the changelog).
+fn log_format_3(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
     Ok(())
 }
 
