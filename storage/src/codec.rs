@@ -469,7 +469,7 @@ mod tests {
     }
 
     #[test]
-    fn s2_a_v2_frame_without_its_identity_is_completed_from_the_previous_head() {
+    fn s2_a_frame_without_its_identity_is_completed_from_the_previous_head() {
         let frame = frame_with_events(3);
         let identity = HeadIdentity::of(&frame.head);
         let with = encode_frame(&frame, true, &[]);
@@ -588,6 +588,17 @@ mod tests {
                 }
             }
         }
+        // Numbers of every varint width, as real clocks and long histories give them.
+        let mut large = fixed_frame();
+        large.head.last_activity_ms = 1_764_000_000_000;
+        large.head.fencing_epoch = u64::MAX;
+        large.head.version = u64::from(u32::MAX) + 1;
+        for event in &mut large.events {
+            event.at_ms = 1_764_000_000_000;
+            event.writer_epoch = u64::MAX;
+        }
+        let stored = decode_one(LOG_FORMAT_VERSION, &encode_frame(&large, true, &[]));
+        assert_eq!(stored.complete(None), Some(large));
     }
 
     #[test]
