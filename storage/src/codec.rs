@@ -61,15 +61,15 @@ const LOG_HEADER_LEN: usize = 1 + 8 + 4;
 pub(crate) const LOG_RECORD_BYTES_MAX: usize = 16 * 1024;
 
 /// Records, and frames of log formats 1 and 2: fixed-length integers.
-fn bincode_options() -> impl bincode::Options {
+pub(crate) fn bincode_options() -> impl bincode::Options + Copy {
     use bincode::Options;
     bincode::DefaultOptions::new()
         .with_fixint_encoding()
         .reject_trailing_bytes()
 }
 
-/// Frames of log format 3: variable-length integers.
-fn frame_options() -> impl bincode::Options {
+/// Frames of log format 3 and head records of format 2: variable-length integers.
+pub(crate) fn frame_options() -> impl bincode::Options + Copy {
     use bincode::Options;
     bincode::DefaultOptions::new()
         .with_varint_encoding()
@@ -82,12 +82,58 @@ const RECORD_PRESIZE_MAX: u64 = 1 << 20;
 /// Encodes a record. Serializing our own types into memory cannot fail; if it ever did, it
 /// would be a programming error worth stopping for.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    use bincode::Options;
     // Sized up front: growing from empty reallocated a head ~7 times while it was encoded.
-    let hint = encoded_size(value).min(RECORD_PRESIZE_MAX) as usize;
+    encode_with(RECORD_FORMAT_VERSION, value, bincode_options())
+}
+
+/// Decodes a record read at `key`, validating its checksum and version.
+pub fn decode<T: DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T> {
+    match checked_record(key, bytes)? {
+        (RECORD_FORMAT_VERSION, payload) => decode_payload(key, payload, bincode_options()),
+        _ => Err(corrupted(key)),
+    }
+}
+
+/// The version byte and the payload of a record whose checksum holds.
+pub(crate) fn checked_record<'a>(key: &[u8], bytes: &'a [u8]) -> Result<(u8, &'a [u8])> {
+    if bytes.len() < 1 + CRC_LEN {
+        return Err(corrupted(key));
+    }
+    let (body, crc) = bytes.split_at(bytes.len() - CRC_LEN);
+    let stored_crc = u32::from_be_bytes(crc.try_into().map_err(|_| corrupted(key))?);
+    if crc32fast::hash(body) != stored_crc {
+        return Err(corrupted(key));
+    }
+    Ok((body[0], &body[1..]))
+}
+
+/// Decodes a record's payload with `options`.
+pub(crate) fn decode_payload<T: DeserializeOwned>(
+    key: &[u8],
+    payload: &[u8],
+    options: impl bincode::Options,
+) -> Result<T> {
+    use bincode::Options;
+    // The limit bounds what a hostile length prefix can make the decoder read.
+    options
+        .with_limit(payload.len() as u64)
+        .deserialize(payload)
+        .map_err(|_| corrupted(key))
+}
+
+/// Encodes a record of format `version` with `options`.
+pub(crate) fn encode_with<T: Serialize>(
+    version: u8,
+    value: &T,
+    options: impl bincode::Options + Copy,
+) -> Vec<u8> {
+    let hint = options
+        .serialized_size(value)
+        .unwrap_or(0)
+        .min(RECORD_PRESIZE_MAX) as usize;
     let mut bytes = Vec::with_capacity(hint + 1 + CRC_LEN);
-    bytes.push(RECORD_FORMAT_VERSION);
-    bincode_options()
+    bytes.push(version);
+    options
         .serialize_into(&mut bytes, value)
         .expect("invariant: our record types serialize into memory");
     let crc = crc32fast::hash(&bytes);
@@ -95,26 +141,11 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     bytes
 }
 
-/// Decodes a record read at `key`, validating its checksum and version.
-pub fn decode<T: DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T> {
-    use bincode::Options;
-    let corrupted = || Error::Corrupted {
+fn corrupted(key: &[u8]) -> Error {
+    Error::Corrupted {
         tree: keys::tree_name(key),
         key: keys::display(key),
-    };
-    if bytes.len() < 1 + CRC_LEN {
-        return Err(corrupted());
     }
-    let (body, crc) = bytes.split_at(bytes.len() - CRC_LEN);
-    let stored_crc = u32::from_be_bytes(crc.try_into().map_err(|_| corrupted())?);
-    if crc32fast::hash(body) != stored_crc || body[0] != RECORD_FORMAT_VERSION {
-        return Err(corrupted());
-    }
-    // The limit bounds what a hostile length prefix can make the decoder read.
-    bincode_options()
-        .with_limit(body.len() as u64)
-        .deserialize(&body[1..])
-        .map_err(|_| corrupted())
 }
 
 /// A record upsert carried by a transition and replayed from the log.

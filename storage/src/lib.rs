@@ -22,6 +22,7 @@ pub mod codec;
 pub mod error;
 pub mod event;
 mod frame;
+mod head_record;
 pub mod ids;
 pub mod keys;
 mod log;

@@ -34,6 +34,7 @@ use crate::codec::{
 };
 use crate::error::{Error, Result};
 use crate::event::{Event, EventEnvelope};
+use crate::head_record::HeadIndex;
 use crate::ids::{CommandId, ExecutionId};
 use crate::keys;
 use crate::overlay::{index_state, Overlay, Slice};
@@ -137,13 +138,26 @@ struct Group {
     commands: HashMap<CommandId, CommandRecord>,
     /// Committed frames with the key of their log record, the index state on disk and the
     /// index of their answer.
-    frames: Vec<(Frame, u64, Option<ExecutionState>, usize)>,
+    frames: Vec<GroupFrame>,
     log_records: Vec<(u64, Vec<u8>)>,
     writer: Option<(u64, LogRecordWriter)>,
     next_position: u64,
     /// Each frame is encoded here, then copied into its log record (the committer's buffer,
     /// lent to the group).
     frame_bytes: Vec<u8>,
+}
+
+/// A committed frame of the group, merged into the overlay once the group is durable.
+struct GroupFrame {
+    frame: Frame,
+    /// The key of the log record holding it.
+    record: u64,
+    /// What disk says of the execution (for the overlay's new entry): its by-state index
+    /// state, and its head record's index if the transition read it from disk.
+    indexed_state: Option<ExecutionState>,
+    disk_index: Option<HeadIndex>,
+    /// Where its answer is in the group's answers.
+    answer: usize,
 }
 
 /// What a transition is checked against, read from the head as the group would leave it.
@@ -153,21 +167,31 @@ struct Current {
     last_seq: u64,
     identity: HeadIdentity,
     indexed_state: Option<ExecutionState>,
+    disk_index: Option<HeadIndex>,
     /// A copy of the head, if asked for (`copy_head`).
     head: Option<ExecutionHead>,
 }
 
 impl Current {
-    fn of(head: &ExecutionHead, indexed_state: Option<ExecutionState>, copy_head: bool) -> Self {
+    fn of(head: &ExecutionHead, on_disk: OnDiskState<'_>, copy_head: bool) -> Self {
         Self {
             version: head.version,
             fencing_epoch: head.fencing_epoch,
             last_seq: head.last_seq,
             identity: HeadIdentity::of(head),
-            indexed_state,
+            indexed_state: on_disk.indexed_state,
+            disk_index: on_disk.index.cloned(),
             head: copy_head.then(|| head.clone()),
         }
     }
+}
+
+/// What disk says of an execution whose head a transition reads: its by-state index state,
+/// and its head record's index when the head was read from disk.
+#[derive(Clone, Copy)]
+struct OnDiskState<'a> {
+    indexed_state: Option<ExecutionState>,
+    index: Option<&'a HeadIndex>,
 }
 
 impl Committer {
@@ -220,13 +244,19 @@ impl Committer {
         // committed, so reading it from sled before this group's fsync reads nothing
         // unacknowledged, and a crash leaves the mark unmoved (the replay writes it again).
         let shared = Arc::clone(&self.shared);
-        let slice_guard = (!slice.is_empty()).then(|| {
-            shared.overlay_read().write_slice(&slice, &mut batch);
+        let on_disk = |execution_id| shared.head_index_on_disk(execution_id);
+        let sliced = match slice.is_empty() {
+            true => Ok(()),
+            false => shared
+                .overlay_read()
+                .write_slice(&slice, &mut batch, &on_disk),
+        };
+        let slice_guard = (!slice.is_empty() && sliced.is_ok()).then(|| {
             let guard = shared.slice_lock_write();
             shared.generation.fetch_add(1, Ordering::AcqRel);
             guard
         });
-        let applied = self.shared.db.apply_batch(batch).map_err(Error::from);
+        let applied = sliced.and_then(|()| self.shared.db.apply_batch(batch).map_err(Error::from));
         let mut written = HashMap::new();
         if let Some(guard) = slice_guard {
             if applied.is_ok() {
@@ -246,14 +276,22 @@ impl Committer {
         self.shared.in_flight_blobs_clear();
         {
             let mut overlay = self.shared.overlay_write();
-            for (frame, record, indexed_state, answer) in group.frames {
+            for GroupFrame {
+                frame,
+                record,
+                indexed_state,
+                disk_index,
+                answer,
+            } in group.frames
+            {
                 // An execution the slice just wrote is listed on disk under its written
-                // state now, not the one this group's transition was prepared against.
-                let indexed_state = written
-                    .get(&frame.head.execution_id)
-                    .copied()
-                    .unwrap_or(indexed_state);
-                let events = overlay.merge(frame, record, indexed_state);
+                // state now, not the one this group's transition was prepared against; its
+                // head record's index is read when the new entry is written.
+                let (indexed_state, disk_index) = match written.get(&frame.head.execution_id) {
+                    Some(written) => (*written, None),
+                    None => (indexed_state, disk_index),
+                };
+                let events = overlay.merge(frame, record, indexed_state, disk_index);
                 // Handed back to the writer, which folds them and frees them on its own thread.
                 if let Some((_, Ok(Outcome::Committed(committed)))) = answers.get_mut(answer) {
                     committed.events = events;
@@ -335,8 +373,8 @@ impl Committer {
 
         // The head itself is copied only for a transition that brings none (most bring one).
         let copy_head = head.is_none();
-        let current = self.with_head(group, execution_id, |head, indexed_state| {
-            Current::of(head, indexed_state, copy_head)
+        let current = self.with_head(group, execution_id, |head, on_disk| {
+            Current::of(head, on_disk, copy_head)
         })?;
         let (current_version, current_epoch, current_last_seq) =
             current.as_ref().map_or((0, 0, 0), |current| {
@@ -356,23 +394,24 @@ impl Committer {
         }
         // A frame carries the head's identity only when it is new or changes (codec v2).
         let previous_identity = current.as_ref().map(|current| current.identity);
-        let (mut next, indexed_state) = match (current, head) {
+        let (mut next, indexed_state, disk_index) = match (current, head) {
             (None, None) => return Err(Error::UnknownExecution(execution_id)),
             (None, Some(_)) if expected_version != Some(0) => {
                 return Err(Error::InvalidTransition(
                     "creating an execution needs expected_version Some(0)".into(),
                 ))
             }
-            (None, Some(head)) => (head, None),
+            // A new execution: nothing of it on disk.
+            (None, Some(head)) => (head, None, Some(HeadIndex::default())),
             (Some(_), Some(_)) if writer_epoch.is_none() => {
                 return Err(Error::InvalidTransition(
                     "only an attempt (a writer epoch) may replace an existing head".into(),
                 ))
             }
-            (Some(current), Some(head)) => (head, current.indexed_state),
+            (Some(current), Some(head)) => (head, current.indexed_state, current.disk_index),
             (Some(current), None) => {
                 let head = current.head.ok_or(Error::UnknownExecution(execution_id))?;
-                (head, current.indexed_state)
+                (head, current.indexed_state, current.disk_index)
             }
         };
         next.version = current_version + 1;
@@ -476,7 +515,13 @@ impl Committer {
             events: Vec::new(),
         };
         group.heads.insert(execution_id, group.frames.len());
-        group.frames.push((frame, record, indexed_state, answer));
+        group.frames.push(GroupFrame {
+            frame,
+            record,
+            indexed_state,
+            disk_index,
+            answer,
+        });
         Ok(Outcome::Committed(committed))
     }
 
@@ -487,17 +532,31 @@ impl Committer {
         &self,
         group: &Group,
         execution_id: ExecutionId,
-        read: impl FnOnce(&ExecutionHead, Option<ExecutionState>) -> T,
+        read: impl FnOnce(&ExecutionHead, OnDiskState<'_>) -> T,
     ) -> Result<Option<T>> {
         let in_group = group.heads.get(&execution_id);
-        if let Some((frame, _, indexed_state, _)) = in_group.and_then(|&i| group.frames.get(i)) {
-            return Ok(Some(read(&frame.head, *indexed_state)));
+        if let Some(in_group) = in_group.and_then(|&i| group.frames.get(i)) {
+            let on_disk = OnDiskState {
+                indexed_state: in_group.indexed_state,
+                index: in_group.disk_index.as_ref(),
+            };
+            return Ok(Some(read(&in_group.frame.head, on_disk)));
         }
         if let Some((head, indexed_state)) = self.shared.overlay_read().current(execution_id) {
-            return Ok(Some(read(head, indexed_state)));
+            let on_disk = OnDiskState {
+                indexed_state,
+                index: None,
+            };
+            return Ok(Some(read(head, on_disk)));
         }
-        let head = self.shared.head_on_disk(execution_id)?;
-        Ok(head.map(|head| read(&head, index_state(&head))))
+        let head = self.shared.head_record_on_disk(execution_id)?;
+        Ok(head.map(|(head, index)| {
+            let on_disk = OnDiskState {
+                indexed_state: index_state(&head),
+                index: Some(&index),
+            };
+            read(&head, on_disk)
+        }))
     }
 
     fn command(&self, group: &Group, command_id: CommandId) -> Result<Option<CommandRecord>> {
@@ -578,12 +637,16 @@ impl Committer {
     fn materialize_all(&mut self) -> Result<()> {
         let mut batch = sled::Batch::default();
         let through = self.shared.durable_position.load(Ordering::Acquire);
-        self.shared.overlay_read().write_all(&mut batch, through);
+        let shared = Arc::clone(&self.shared);
+        let on_disk = |execution_id| shared.head_index_on_disk(execution_id);
+        shared
+            .overlay_read()
+            .write_all(&mut batch, through, &on_disk)?;
         let shared = Arc::clone(&self.shared);
         let _slice_guard = shared.slice_lock_write();
         shared.generation.fetch_add(1, Ordering::AcqRel);
         self.write_durably(batch)?;
-        *self.shared.overlay_write() = Overlay::default();
+        *self.shared.overlay_write() = Overlay::new(self.shared.limits.head_frame_refs_max);
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }

@@ -11,13 +11,16 @@
 //!   build refuses it (`unsupported_schema`) instead of reading its log as corrupted.
 //! - 4: new log records are written in log format 3 (varint frames); formats 1 and 2 are
 //!   still read. Again only a mark, for the same reason.
+//! - 5: new head records are written in head record format 2 (`head_record.rs`: the head
+//!   keeps its newest frame refs, so a materialization writes one key per execution); format
+//!   1 heads are still read, and their chunks with them. Only a mark, for the same reason.
 
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::keys;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// One migration: from `from` to `from + 1`, adding its changes to the batch.
 type Step = fn(&sled::Db, &mut sled::Batch) -> Result<()>;
@@ -28,6 +31,7 @@ const STEPS: &[(u32, Step)] = &[
     (1, index_by_session),
     (2, log_format_2),
     (3, log_format_3),
+    (4, head_records_2),
 ];
 
 fn initialize(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
@@ -44,6 +48,11 @@ fn log_format_3(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
     Ok(())
 }
 
+/// 4 → 5: nothing to rewrite (see the changelog).
+fn head_records_2(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
+    Ok(())
+}
+
 /// 1 → 2: one empty key per execution under its session. A head that does not decode is
 /// left out (its execution is quarantined at its first read, as before).
 fn index_by_session(db: &sled::Db, batch: &mut sled::Batch) -> Result<()> {
@@ -52,8 +61,10 @@ fn index_by_session(db: &sled::Db, batch: &mut sled::Batch) -> Result<()> {
         let Some(execution_id) = keys::execution_at(&key, 1) else {
             continue;
         };
-        match codec::decode::<crate::records::ExecutionHead>(&key, &bytes) {
-            Ok(head) => batch.insert(&keys::by_session(head.session_id, execution_id)[..], &[]),
+        match crate::head_record::decode(&key, &bytes) {
+            Ok((head, _)) => {
+                batch.insert(&keys::by_session(head.session_id, execution_id)[..], &[])
+            }
             Err(error) => {
                 tracing::warn!(%execution_id, %error, "not indexed by session: its head does not decode")
             }

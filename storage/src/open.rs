@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::{self, DecodedFrame, HeadIdentity};
 use crate::error::{Error, Result};
+use crate::head_record::HeadIndex;
 use crate::ids::{ExecutionId, OwnerId};
 use crate::keys;
 use crate::log::now_ms;
@@ -103,7 +104,7 @@ pub(crate) fn replay(shared: &Shared) -> Result<()> {
         None => 0,
     };
     let mut durable = materialized_through;
-    let mut overlay = Overlay::default();
+    let mut overlay = Overlay::new(shared.limits.head_frame_refs_max);
     let mut n_frames = 0usize;
     for item in db.range(keys::log(materialized_through.saturating_add(1))..=keys::log(u64::MAX)) {
         let (key, value) = item?;
@@ -134,15 +135,18 @@ pub(crate) fn replay(shared: &Shared) -> Result<()> {
                 continue;
             }
             // The head before this frame: its identity completes a frame that does not
-            // carry one (codec v2), its index state is what is on disk.
-            let (previous, indexed_state) = match overlay.current(execution_id) {
-                // The index state is ignored by `merge` for an execution in the overlay.
-                Some((head, _)) => (Some(HeadIdentity::of(head)), None),
-                None => match shared.head_on_disk(execution_id) {
-                    Ok(head) => (
-                        head.as_ref().map(HeadIdentity::of),
-                        head.as_ref().and_then(index_state),
+            // carry one (codec v2); its index state and head record index are what is on
+            // disk (a materialization cut short may have written this very frame already).
+            let (previous, indexed_state, disk_index) = match overlay.current(execution_id) {
+                // What is on disk is ignored by `merge` for an execution in the overlay.
+                Some((head, _)) => (Some(HeadIdentity::of(head)), None, None),
+                None => match shared.head_record_on_disk(execution_id) {
+                    Ok(Some((head, index))) => (
+                        Some(HeadIdentity::of(&head)),
+                        index_state(&head),
+                        Some(index),
                     ),
+                    Ok(None) => (None, None, Some(HeadIndex::default())),
                     Err(Error::Corrupted { .. }) => continue,
                     Err(error) => return Err(error),
                 },
@@ -157,7 +161,7 @@ pub(crate) fn replay(shared: &Shared) -> Result<()> {
                 );
                 continue;
             };
-            overlay.merge(frame, record_position, indexed_state);
+            overlay.merge(frame, record_position, indexed_state, disk_index);
             n_frames += 1;
         }
     }

@@ -23,7 +23,9 @@ use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use crate::codec::{self, Frame, FrameRef, RecordValue};
+use crate::error::{Error, Result};
 use crate::event::EventEnvelope;
+use crate::head_record::{self, HeadIndex};
 use crate::ids::ExecutionId;
 use crate::keys;
 use crate::records::{ExecutionHead, ExecutionState};
@@ -37,6 +39,9 @@ pub(crate) struct Dirty {
     /// Where the events committed since are in the log, in seq order: what the event index
     /// gets. The events themselves are read from the log, never kept here twice.
     pub frame_refs: Vec<FrameRef>,
+    /// The head record's index on disk before this entry is written (as an earlier entry
+    /// being written will leave it), when known without a read; else read when written.
+    pub base: Option<HeadIndex>,
 }
 
 pub(crate) type RecordKey = [u8; 17];
@@ -53,8 +58,10 @@ impl Layer {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Overlay {
+    /// `Limits::head_frame_refs_max`.
+    head_frame_refs_max: usize,
     active: Layer,
     frozen: Layer,
     /// The log position `frozen` covers: the mark written with its last slice.
@@ -77,6 +84,16 @@ impl Slice {
 }
 
 impl Overlay {
+    pub fn new(head_frame_refs_max: usize) -> Self {
+        Self {
+            head_frame_refs_max,
+            active: Layer::default(),
+            frozen: Layer::default(),
+            frozen_through: 0,
+            frozen_len_at_freeze: 0,
+        }
+    }
+
     pub fn frozen_len_at_freeze(&self) -> usize {
         self.frozen_len_at_freeze
     }
@@ -182,14 +199,17 @@ impl Overlay {
         (added, removed)
     }
 
-    /// Adds a committed frame, stored in the log record keyed `record`. `indexed_state` is
-    /// used only when the execution is not yet in `active`: it is what the by-state index on
-    /// disk says about it. Returns the frame's events, which the overlay does not keep.
+    /// Adds a committed frame, stored in the log record keyed `record`. `indexed_state` and
+    /// `disk_index` are used only when the execution is not yet in `active`: what the by-state
+    /// index on disk says about it, and its head record's index on disk if the caller read it
+    /// (a new execution's is empty). Returns the frame's events, which the overlay does not
+    /// keep.
     pub fn merge(
         &mut self,
         frame: Frame,
         record: u64,
         indexed_state: Option<ExecutionState>,
+        disk_index: Option<HeadIndex>,
     ) -> Vec<EventEnvelope> {
         for record in frame.records {
             self.active.records.insert(record_key(&record), record);
@@ -206,10 +226,18 @@ impl Overlay {
                 dirty.frame_refs.push(frame_ref);
             }
             Entry::Vacant(entry) => {
+                // Being written now, the frozen entry decides what the index on disk becomes.
+                let base = match self.frozen.execs.get(entry.key()) {
+                    Some(frozen) => frozen.base.as_ref().map(|base| {
+                        written_index(base, &frozen.frame_refs, self.head_frame_refs_max).0
+                    }),
+                    None => disk_index,
+                };
                 entry.insert(Dirty {
                     head: frame.head,
                     indexed_state,
                     frame_refs: vec![frame_ref],
+                    base,
                 });
             }
         }
@@ -237,10 +265,28 @@ impl Overlay {
     }
 
     /// Adds the slice's writes to `batch`, and the mark if the slice finishes `frozen`.
-    pub fn write_slice(&self, slice: &Slice, batch: &mut sled::Batch) {
+    /// `on_disk` reads a head record's index that an entry does not know (`Dirty::base`); an
+    /// execution whose head record is corrupted (quarantined by that read) is not written.
+    pub fn write_slice(
+        &self,
+        slice: &Slice,
+        batch: &mut sled::Batch,
+        on_disk: &OnDisk<'_>,
+    ) -> Result<()> {
         for execution_id in &slice.execs {
             if let Some(dirty) = self.frozen.execs.get(execution_id) {
-                write_dirty(batch, *execution_id, dirty, dirty.indexed_state);
+                let Some(base) = resolve_base(dirty, *execution_id, on_disk)? else {
+                    continue;
+                };
+                let refs_max = self.head_frame_refs_max;
+                write_dirty(
+                    batch,
+                    *execution_id,
+                    dirty,
+                    dirty.indexed_state,
+                    &base,
+                    refs_max,
+                );
             }
         }
         for key in &slice.records {
@@ -251,6 +297,7 @@ impl Overlay {
         if slice.execs.len() + slice.records.len() == self.frozen.len() {
             write_mark(batch, self.frozen_through);
         }
+        Ok(())
     }
 
     /// The slice is applied to sled: drop it from `frozen`, and tell `active` entries of the same
@@ -275,9 +322,28 @@ impl Overlay {
 
     /// Adds everything held here to `batch`, with the mark at `through` (the last
     /// materialization, when the store closes).
-    pub fn write_all(&self, batch: &mut sled::Batch, through: u64) {
+    pub fn write_all(
+        &self,
+        batch: &mut sled::Batch,
+        through: u64,
+        on_disk: &OnDisk<'_>,
+    ) -> Result<()> {
+        let refs_max = self.head_frame_refs_max;
+        // What the frozen writes leave: the batch is not applied yet, so disk does not say.
+        let mut left = HashMap::new();
         for (execution_id, dirty) in &self.frozen.execs {
-            write_dirty(batch, *execution_id, dirty, dirty.indexed_state);
+            let Some(base) = resolve_base(dirty, *execution_id, on_disk)? else {
+                continue;
+            };
+            let written = write_dirty(
+                batch,
+                *execution_id,
+                dirty,
+                dirty.indexed_state,
+                &base,
+                refs_max,
+            );
+            left.insert(*execution_id, written);
         }
         for (key, record) in &self.frozen.records {
             batch.insert(&key[..], codec::encode(record));
@@ -289,28 +355,80 @@ impl Overlay {
                 Some(frozen) => index_state(&frozen.head),
                 None => dirty.indexed_state,
             };
-            write_dirty(batch, *execution_id, dirty, indexed_state);
+            let base = match left.remove(execution_id) {
+                Some(base) => Some(base),
+                None => resolve_base(dirty, *execution_id, on_disk)?,
+            };
+            if let Some(base) = base {
+                write_dirty(batch, *execution_id, dirty, indexed_state, &base, refs_max);
+            }
         }
         for (key, record) in &self.active.records {
             batch.insert(&key[..], codec::encode(record));
         }
         write_mark(batch, through);
+        Ok(())
     }
 }
 
-/// Writes one execution's head, its event-index chunk and its by-state index change.
+/// Reads the index of an execution's head record on disk (`None`: no head there).
+pub(crate) type OnDisk<'a> = dyn Fn(ExecutionId) -> Result<Option<HeadIndex>> + 'a;
+
+/// The index an entry's write starts from: known, else read. `None` for an execution whose
+/// head record is corrupted (quarantined by the read).
+fn resolve_base(
+    dirty: &Dirty,
+    execution_id: ExecutionId,
+    on_disk: &OnDisk<'_>,
+) -> Result<Option<HeadIndex>> {
+    if let Some(base) = &dirty.base {
+        return Ok(Some(base.clone()));
+    }
+    match on_disk(execution_id) {
+        Ok(index) => Ok(Some(index.unwrap_or_default())),
+        Err(Error::Corrupted { .. }) => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// The index a write of `refs` over `base` leaves, and the chunk it writes. A ref the base
+/// covers already (a replay after a materialization that was cut short wrote it) is not
+/// added twice.
+fn written_index(
+    base: &HeadIndex,
+    refs: &[FrameRef],
+    refs_max: usize,
+) -> (HeadIndex, Option<Vec<FrameRef>>) {
+    let covered = base.covered_through();
+    let new = refs
+        .iter()
+        .position(|frame_ref| frame_ref.last_seq > covered);
+    base.extended(new.map_or(&[][..], |first| &refs[first..]), refs_max)
+}
+
+/// Writes one execution's head record over `base` (with the newest frame refs, or an index
+/// chunk when they outgrow the head) and its by-state index change. Returns the index
+/// written.
 fn write_dirty(
     batch: &mut sled::Batch,
     execution_id: ExecutionId,
     dirty: &Dirty,
     indexed_on_disk: Option<ExecutionState>,
-) {
-    batch.insert(&keys::head(execution_id)[..], codec::encode(&dirty.head));
-    if let Some(first) = dirty.frame_refs.first() {
+    base: &HeadIndex,
+    refs_max: usize,
+) -> HeadIndex {
+    let (index, chunk) = written_index(base, &dirty.frame_refs, refs_max);
+    batch.insert(
+        &keys::head(execution_id)[..],
+        head_record::encode(&dirty.head, &index),
+    );
+    if let Some(chunk) = chunk.filter(|chunk| !chunk.is_empty()) {
         batch.insert(
-            &keys::events(execution_id, first.first_seq)[..],
-            codec::encode(&dirty.frame_refs),
+            &keys::events(execution_id, chunk[0].first_seq)[..],
+            codec::encode(&chunk),
         );
+    }
+    if let Some(first) = dirty.frame_refs.first() {
         if first.first_seq == 1 {
             // The chunk that created the execution: list it under its session, once.
             let key = keys::by_session(dirty.head.session_id, execution_id);
@@ -326,6 +444,7 @@ fn write_dirty(
             batch.insert(&keys::by_state(new, execution_id)[..], &[]);
         }
     }
+    index
 }
 
 fn write_mark(batch: &mut sled::Batch, through: u64) {

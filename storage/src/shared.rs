@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::codec::{self, RecordValue};
 use crate::error::{Error, Result};
+use crate::head_record::{self, HeadIndex};
 use crate::ids::ExecutionId;
 use crate::keys;
 use crate::overlay::Overlay;
@@ -42,6 +43,10 @@ pub struct Limits {
     /// sled's page cache. Without a bound it keeps everything written in memory, so parked
     /// executions would cost memory, not just disk.
     pub cache_bytes: u64,
+    /// Frame refs (where an execution's newest events are in the log) its head record keeps
+    /// before they move to an index chunk: below it, a materialization writes one key per
+    /// execution instead of two. 0: every materialization writes a chunk.
+    pub head_frame_refs_max: usize,
 }
 
 impl Default for Limits {
@@ -55,6 +60,7 @@ impl Default for Limits {
             materialize_interval_ms: 250,
             materialize_slice_len: 32,
             cache_bytes: 64 * 1024 * 1024,
+            head_frame_refs_max: 16,
         }
     }
 }
@@ -214,9 +220,27 @@ impl Shared {
     }
 
     pub fn head_on_disk(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>> {
+        Ok(self
+            .head_record_on_disk(execution_id)?
+            .map(|(head, _)| head))
+    }
+
+    /// The index of an execution's head record on disk (a materialization that does not
+    /// know it reads it).
+    pub fn head_index_on_disk(&self, execution_id: ExecutionId) -> Result<Option<HeadIndex>> {
+        Ok(self
+            .head_record_on_disk(execution_id)?
+            .map(|(_, index)| index))
+    }
+
+    /// The head record on disk: the head, and where its newest events are.
+    pub fn head_record_on_disk(
+        &self,
+        execution_id: ExecutionId,
+    ) -> Result<Option<(ExecutionHead, HeadIndex)>> {
         let key = keys::head(execution_id);
         let result = match self.db.get(key)? {
-            Some(bytes) => codec::decode(&key, &bytes).map(Some),
+            Some(bytes) => head_record::decode(&key, &bytes).map(Some),
             None => Ok(None),
         };
         self.quarantine_on_corruption(execution_id, result)

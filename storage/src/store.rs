@@ -141,7 +141,7 @@ impl Store {
             db,
             path: path.clone(),
             limits: limits.clone(),
-            overlay: RwLock::new(Overlay::default()),
+            overlay: RwLock::new(Overlay::new(limits.head_frame_refs_max)),
             generation: AtomicU64::new(0),
             slice_lock: RwLock::new(()),
             durable_position: AtomicU64::new(0),
@@ -290,6 +290,14 @@ impl Store {
         after_seq: u64,
         limit: usize,
     ) -> Result<Vec<FrameRef>> {
+        let Some((_, index)) = self.shared().head_record_on_disk(execution_id)? else {
+            return Ok(Vec::new());
+        };
+        let in_tail = |frame_ref: &&FrameRef| frame_ref.last_seq > after_seq;
+        if after_seq >= index.chunked_through {
+            // Everything after `after_seq` is in the head record: no chunk to look for.
+            return Ok(index.tail.iter().filter(in_tail).copied().collect());
+        }
         let db = &self.shared().db;
         let first = keys::events(execution_id, 0);
         let last = keys::events(execution_id, u64::MAX);
@@ -317,9 +325,10 @@ impl Store {
                 .last()
                 .map_or(0, |newest| newest.last_seq.saturating_sub(after_seq));
             if covered >= limit as u64 {
-                break;
+                return Ok(refs);
             }
         }
+        refs.extend(index.tail.iter().filter(in_tail));
         Ok(refs)
     }
 

@@ -7,6 +7,7 @@ mod b1_sessions;
 mod k4_commands;
 mod r07_locking;
 mod r13_fail_stop;
+mod s1_event_index;
 mod s1_log;
 mod s2_transitions;
 mod s3_crash;

@@ -7,7 +7,11 @@ use crate::support::*;
 
 /// Two executions with a few events each, written to their own keys (closing materializes).
 async fn two_executions(dir: &std::path::Path) -> (ExecutionId, ExecutionId) {
-    let store = Store::open(dir).expect("open");
+    two_executions_with(dir, Limits::default()).await
+}
+
+async fn two_executions_with(dir: &std::path::Path, limits: Limits) -> (ExecutionId, ExecutionId) {
+    let store = Store::open_with(dir, limits).expect("open");
     let a = create(&store).await;
     let b = create(&store).await;
     for version in 1..=3 {
@@ -24,15 +28,6 @@ fn flip_byte(dir: &std::path::Path, key: &[u8], at: impl Fn(usize) -> usize) {
     value[index] ^= 0x5a;
     db.insert(key, value).expect("insert");
     db.flush().expect("flush");
-}
-
-/// Moves the materialization mark back to 0, so the next open replays the whole log.
-fn replay_everything(db: &sled::Db) {
-    db.insert(
-        keys::meta("materialized_through"),
-        openprogram_storage::codec::encode(&0u64),
-    )
-    .expect("reset the mark");
 }
 
 async fn assert_only_a_is_quarantined(store: &Store, a: ExecutionId, b: ExecutionId) {
@@ -77,7 +72,12 @@ async fn s4_byte_flipped_head_quarantines_only_its_execution() {
 #[tokio::test]
 async fn s4_byte_flipped_event_chunk_quarantines_only_its_execution() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (a, b) = two_executions(dir.path()).await;
+    // With no frame refs kept in head records, every materialization writes an index chunk.
+    let no_refs_in_heads = Limits {
+        head_frame_refs_max: 0,
+        ..Limits::default()
+    };
+    let (a, b) = two_executions_with(dir.path(), no_refs_in_heads).await;
     flip_byte(dir.path(), &keys::events(a, 1), |len| len - 1);
     let store = Store::open(dir.path()).expect("reopen");
     assert!(matches!(

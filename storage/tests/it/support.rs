@@ -116,3 +116,13 @@ pub fn raw_open(dir: &std::path::Path) -> sled::Db {
     }
     panic!("raw open: the store stayed locked");
 }
+
+/// Moves the materialization mark back to 0, so the next open replays the whole log (as
+/// after a crash in a materialization that had written some heads already).
+pub fn replay_everything(db: &sled::Db) {
+    db.insert(
+        openprogram_storage::keys::meta("materialized_through"),
+        openprogram_storage::codec::encode(&0u64),
+    )
+    .expect("reset the mark");
+}
