@@ -28,8 +28,9 @@
 //! bincode's variable-length integer encoding: an enum tag, a length or a small number takes
 //! one byte instead of four or eight. ~21% fewer bytes per transition again (1,000 × 50
 //! load: 40.0 MB of log records against 50.6 MB). Versions 1 and 2 are still read. Records
-//! (heads, receipts, index chunks…) stay in record format 1, fixed-length integers: the
-//! stored schema version is one, and an older build must still read it to refuse the store.
+//! (receipts, index chunks…) stay in record format 1, fixed-length integers: the stored
+//! schema version is one, and an older build must still read it to refuse the store. Head
+//! records have their own format 2 since schema 5 (`head_record.rs`).
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};

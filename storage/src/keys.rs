@@ -8,8 +8,10 @@
 //! |--------|---------------------------------------|-----------------------------|
 //! | 0x01   | meta name (ASCII)                     | codec(u32 / u64)            |
 //! | 0x02   | position u64 (first in the record)    | log record (`codec.rs`)     |
-//! | 0x03   | execution id                          | codec(ExecutionHead)        |
+//! | 0x03   | execution id                          | head record (head_record.rs)|
 //! | 0x04   | execution id, first seq u64           | codec(Vec<FrameRef>): index |
+//! |        |                                       | chunk (refs older than the  |
+//! |        |                                       | head record keeps)          |
 //! | 0x05   | command id                            | codec(CommandRecord)        |
 //! | 0x06   | effect id                             | codec(ReceiptRecord)        |
 //! | 0x07   | wait id                               | codec(WaitRecord)           |

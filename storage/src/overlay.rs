@@ -3,7 +3,8 @@
 //! The hot path writes each group of transitions as log records only (one sled insert per
 //! ~16 KiB of frames). Heads, event-index chunks and records are kept here and written to
 //! their own keys later by a *materialization*, which coalesces many transitions of one
-//! execution into one head write and one index write.
+//! execution into one head record write (its newest frame refs included: `head_record.rs`),
+//! and an index chunk when those refs outgrow the head record.
 //!
 //! Two layers: new commits go to `active`. A materialization *freezes* `active` (it becomes
 //! `frozen`, with the log position it covers) and then writes `frozen` to disk a slice per
@@ -16,8 +17,8 @@
 //! leaves under the write lock with `generation` bumped, so a reader that
 //! reads the overlay, then sled, and sees the same generation before and after, saw a
 //! consistent state (`Store::read_consistent`). Invariant: a partly written materialization
-//! is harmless: the mark has not moved, the replay rebuilds the same heads, index chunks
-//! (keyed by the same first seq) and records, and writes them again.
+//! is harmless: the mark has not moved, the replay rebuilds the same heads and records and
+//! writes them again; refs a head record on disk already covers are not added again.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
