@@ -125,8 +125,59 @@ mod tests {
         }
     }
 
+    fn head() -> ExecutionHead {
+        let mut head = ExecutionHead::new(
+            crate::ids::ExecutionId::new(),
+            crate::ids::SessionId::new(),
+            crate::ids::RunId::new(),
+            crate::records::ExecutionKind::AgentTurn,
+        );
+        head.last_seq = 7;
+        head.last_activity_ms = 1_796_305_252_790;
+        head
+    }
+
     #[test]
-    fn s6_refs_stay_in_the_head_until_they_outgrow_it_then_move_to_one_chunk() {
+    fn s1_a_head_record_round_trips_and_a_format_1_head_reads_with_its_chunks() {
+        let key = crate::keys::head(crate::ids::ExecutionId::new());
+        let head = head();
+        let index = HeadIndex {
+            chunked_through: 4,
+            tail: vec![frame_ref(5, 6), frame_ref(7, 7)],
+        };
+        let bytes = encode(&head, &index);
+        assert_eq!(bytes[0], HEAD_RECORD_VERSION);
+        assert_eq!(decode(&key, &bytes).expect("decode"), (head.clone(), index));
+        // Format 1: the bare head; its refs are in chunks through its last seq.
+        let (read, index) = decode(&key, &codec::encode(&head)).expect("format 1");
+        assert_eq!(read, head);
+        assert_eq!(
+            index,
+            HeadIndex {
+                chunked_through: 7,
+                tail: Vec::new()
+            }
+        );
+        // An unknown version, a flipped byte: corrupted, never a panic.
+        let mut unknown = encode(&head, &HeadIndex::default());
+        unknown[0] = 9;
+        let body = unknown.len() - 4;
+        let crc = crc32fast::hash(&unknown[..body]).to_be_bytes();
+        unknown[body..].copy_from_slice(&crc);
+        assert!(matches!(
+            decode(&key, &unknown),
+            Err(Error::Corrupted { tree: "heads", .. })
+        ));
+        let mut flipped = encode(&head, &HeadIndex::default());
+        flipped[5] ^= 0x5a;
+        assert!(matches!(
+            decode(&key, &flipped),
+            Err(Error::Corrupted { .. })
+        ));
+    }
+
+    #[test]
+    fn s1_refs_stay_in_the_head_until_they_outgrow_it_then_move_to_one_chunk() {
         let index = HeadIndex::default();
         let (index, chunk) = index.extended(&[frame_ref(1, 2), frame_ref(3, 4)], 3);
         assert_eq!(chunk, None);

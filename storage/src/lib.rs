@@ -4,7 +4,9 @@
 //! - `ids` — typed identifiers (SPEC §3).
 //! - `event`, `records` — what is stored: canonical events, execution heads, commands,
 //!   receipts, waits, processes, blobs.
-//! - `keys`, `codec` — how it is stored: key layout and checksummed record formats.
+//! - `keys`, `codec` — how it is stored: key layout and checksummed record formats;
+//!   `frame` — a log frame's contents; `head_record` — a head key's value (the head and
+//!   its newest frame refs).
 //! - `transition` — what callers submit and get back (S-2).
 //! - `log` — the committer thread: group commit, fencing, fsync (S-3).
 //! - `overlay` — committed state not yet written to its own keys.

@@ -136,8 +136,7 @@ struct Group {
     /// The index in `frames` of each execution's newest frame in this group.
     heads: HashMap<ExecutionId, usize>,
     commands: HashMap<CommandId, CommandRecord>,
-    /// Committed frames with the key of their log record, the index state on disk and the
-    /// index of their answer.
+    /// Committed frames, with what they are merged into the overlay with.
     frames: Vec<GroupFrame>,
     log_records: Vec<(u64, Vec<u8>)>,
     writer: Option<(u64, LogRecordWriter)>,
@@ -233,7 +232,7 @@ impl Committer {
         for (first_position, bytes) in group.log_records.drain(..) {
             batch.insert(&keys::log(first_position), bytes);
         }
-        let slice = self.next_slice();
+        let mut slice = self.next_slice();
         if answers.is_empty() && slice.is_empty() {
             return; // only ticks, and nothing to materialize
         }
@@ -249,7 +248,7 @@ impl Committer {
             true => Ok(()),
             false => shared
                 .overlay_read()
-                .write_slice(&slice, &mut batch, &on_disk),
+                .write_slice(&mut slice, &mut batch, &on_disk),
         };
         let slice_guard = (!slice.is_empty() && sliced.is_ok()).then(|| {
             let guard = shared.slice_lock_write();
@@ -285,10 +284,10 @@ impl Committer {
             } in group.frames
             {
                 // An execution the slice just wrote is listed on disk under its written
-                // state now, not the one this group's transition was prepared against; its
-                // head record's index is read when the new entry is written.
-                let (indexed_state, disk_index) = match written.get(&frame.head.execution_id) {
-                    Some(written) => (*written, None),
+                // state now, with the head record index it wrote, not what this group's
+                // transition was prepared against.
+                let (indexed_state, disk_index) = match written.remove(&frame.head.execution_id) {
+                    Some(written) => written,
                     None => (indexed_state, disk_index),
                 };
                 let events = overlay.merge(frame, record, indexed_state, disk_index);

@@ -76,6 +76,8 @@ pub(crate) struct Overlay {
 pub(crate) struct Slice {
     execs: Vec<ExecutionId>,
     records: Vec<RecordKey>,
+    /// The head record index `write_slice` wrote for each execution it wrote.
+    written: HashMap<ExecutionId, HeadIndex>,
 }
 
 impl Slice {
@@ -262,25 +264,28 @@ impl Overlay {
         let execs: Vec<ExecutionId> = self.frozen.execs.keys().take(len_max).copied().collect();
         let budget = len_max.saturating_sub(execs.len());
         let records = self.frozen.records.keys().take(budget).copied().collect();
-        Slice { execs, records }
+        Slice {
+            execs,
+            records,
+            written: HashMap::new(),
+        }
     }
 
     /// Adds the slice's writes to `batch`, and the mark if the slice finishes `frozen`.
-    /// `on_disk` reads a head record's index that an entry does not know (`Dirty::base`); an
-    /// execution whose head record is corrupted (quarantined by that read) is not written.
+    /// `on_disk` reads a head record's index that an entry does not know (`Dirty::base`).
     pub fn write_slice(
         &self,
-        slice: &Slice,
+        slice: &mut Slice,
         batch: &mut sled::Batch,
         on_disk: &OnDisk<'_>,
     ) -> Result<()> {
         for execution_id in &slice.execs {
             if let Some(dirty) = self.frozen.execs.get(execution_id) {
-                let Some(base) = resolve_base(dirty, *execution_id, on_disk)? else {
+                let Some(base) = resolve_base(dirty, *execution_id, on_disk, batch)? else {
                     continue;
                 };
                 let refs_max = self.head_frame_refs_max;
-                write_dirty(
+                let written = write_dirty(
                     batch,
                     *execution_id,
                     dirty,
@@ -288,6 +293,7 @@ impl Overlay {
                     &base,
                     refs_max,
                 );
+                slice.written.insert(*execution_id, written);
             }
         }
         for key in &slice.records {
@@ -302,17 +308,21 @@ impl Overlay {
     }
 
     /// The slice is applied to sled: drop it from `frozen`, and tell `active` entries of the same
-    /// executions what the by-state index on disk says now. Returns that for every execution
-    /// written, for the entries the caller merges next.
-    pub fn finish_slice(&mut self, slice: Slice) -> HashMap<ExecutionId, Option<ExecutionState>> {
+    /// executions what the by-state index and the head record on disk say now. Returns that
+    /// for every execution written, for the entries the caller merges next.
+    pub fn finish_slice(&mut self, mut slice: Slice) -> HashMap<ExecutionId, OnDiskNow> {
         let mut indexed = HashMap::with_capacity(slice.execs.len());
         for execution_id in slice.execs {
             if let Some(written) = self.frozen.execs.remove(&execution_id) {
                 let now = index_state(&written.head);
+                let index = slice.written.remove(&execution_id);
                 if let Some(newer) = self.active.execs.get_mut(&execution_id) {
                     newer.indexed_state = now;
+                    if newer.base.is_none() {
+                        newer.base = index.clone();
+                    }
                 }
-                indexed.insert(execution_id, now);
+                indexed.insert(execution_id, (now, index));
             }
         }
         for key in slice.records {
@@ -333,7 +343,7 @@ impl Overlay {
         // What the frozen writes leave: the batch is not applied yet, so disk does not say.
         let mut left = HashMap::new();
         for (execution_id, dirty) in &self.frozen.execs {
-            let Some(base) = resolve_base(dirty, *execution_id, on_disk)? else {
+            let Some(base) = resolve_base(dirty, *execution_id, on_disk, batch)? else {
                 continue;
             };
             let written = write_dirty(
@@ -358,7 +368,7 @@ impl Overlay {
             };
             let base = match left.remove(execution_id) {
                 Some(base) => Some(base),
-                None => resolve_base(dirty, *execution_id, on_disk)?,
+                None => resolve_base(dirty, *execution_id, on_disk, batch)?,
             };
             if let Some(base) = base {
                 write_dirty(batch, *execution_id, dirty, indexed_state, &base, refs_max);
@@ -375,19 +385,32 @@ impl Overlay {
 /// Reads the index of an execution's head record on disk (`None`: no head there).
 pub(crate) type OnDisk<'a> = dyn Fn(ExecutionId) -> Result<Option<HeadIndex>> + 'a;
 
-/// The index an entry's write starts from: known, else read. `None` for an execution whose
-/// head record is corrupted (quarantined by the read).
+/// What a slice's write left on disk for an execution: its by-state index state, and its
+/// head record's index (`None` if it was not written: its head record is corrupted).
+pub(crate) type OnDiskNow = (Option<ExecutionState>, Option<HeadIndex>);
+
+/// The index an entry's write starts from: known, else read. A head record on disk that
+/// fails its checksum quarantines the execution (the read did) and is left as it is: its
+/// entry is not written, and the quarantine is written in the same batch, so the next open
+/// refuses the execution too instead of reading a history whose index was never written.
 fn resolve_base(
     dirty: &Dirty,
     execution_id: ExecutionId,
     on_disk: &OnDisk<'_>,
+    batch: &mut sled::Batch,
 ) -> Result<Option<HeadIndex>> {
     if let Some(base) = &dirty.base {
         return Ok(Some(base.clone()));
     }
     match on_disk(execution_id) {
         Ok(index) => Ok(Some(index.unwrap_or_default())),
-        Err(Error::Corrupted { .. }) => Ok(None),
+        Err(error @ Error::Corrupted { .. }) => {
+            batch.insert(
+                &keys::quarantine(execution_id)[..],
+                codec::encode(&error.to_string()),
+            );
+            Ok(None)
+        }
         Err(error) => Err(error),
     }
 }
@@ -431,7 +454,7 @@ fn write_dirty(
     }
     if let Some(first) = dirty.frame_refs.first() {
         if first.first_seq == 1 {
-            // The chunk that created the execution: list it under its session, once.
+            // The frame that created the execution: list it under its session, once.
             let key = keys::by_session(dirty.head.session_id, execution_id);
             batch.insert(&key[..], &[]);
         }

@@ -45,7 +45,8 @@ pub struct Limits {
     pub cache_bytes: u64,
     /// Frame refs (where an execution's newest events are in the log) its head record keeps
     /// before they move to an index chunk: below it, a materialization writes one key per
-    /// execution instead of two. 0: every materialization writes a chunk.
+    /// execution instead of two. 0: every materialization writes a chunk. Every read of a
+    /// head decodes them, so a few dozen at most.
     pub head_frame_refs_max: usize,
 }
 

@@ -152,8 +152,8 @@ async fn s1_a_replay_over_head_records_already_written_lists_no_frame_twice() {
         append(&store, a, version, "after the replay").await;
     }
     drop(store);
-    // The replayed refs were not added again: b's two still fit in its head, and a's new
-    // chunk starts after the one on disk instead of rewriting it with every ref twice.
+    // The replayed refs were not added again: b's two still fit in its head (listed twice,
+    // four would have moved to a chunk).
     assert_eq!(chunk_keys(dir.path(), b), Vec::<Vec<u8>>::new());
     assert_eq!(
         chunk_keys(dir.path(), a),
@@ -162,4 +162,34 @@ async fn s1_a_replay_over_head_records_already_written_lists_no_frame_twice() {
     let store = Store::open_with(dir.path(), limits(2)).expect("reopen");
     assert_reads_back(&store, a, 8);
     assert_reads_back(&store, b, 2);
+}
+
+#[tokio::test]
+async fn s1_a_replay_over_a_head_record_that_covers_part_of_it_adds_only_the_rest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = session(dir.path(), limits(3), None, 1).await;
+    let written_first = raw_open(dir.path())
+        .get(keys::head(a))
+        .expect("get")
+        .expect("head record");
+    session(dir.path(), limits(3), Some(a), 1).await;
+    {
+        // As after a crash in the materialization of the second session's frame: the head
+        // record on disk covers the first two frames, the replay brings all three.
+        let db = raw_open(dir.path());
+        db.insert(keys::head(a), written_first).expect("restore");
+        replay_everything(&db);
+        db.flush().expect("flush");
+    }
+    let store = Store::open_with(dir.path(), limits(3)).expect("reopen");
+    assert_eq!(store.metrics().replayed_frames, 3);
+    assert_reads_back(&store, a, 3);
+    drop(store);
+    // Three refs, each once: they still fit in the head record (listed twice, five would
+    // have moved to a chunk). The fourth moves them to one chunk.
+    assert_eq!(chunk_keys(dir.path(), a), Vec::<Vec<u8>>::new());
+    session(dir.path(), limits(3), Some(a), 1).await;
+    assert_eq!(chunk_keys(dir.path(), a), vec![keys::events(a, 1).to_vec()]);
+    let store = Store::open_with(dir.path(), limits(3)).expect("reopen");
+    assert_reads_back(&store, a, 4);
 }
