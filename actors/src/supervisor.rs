@@ -177,8 +177,19 @@ async fn recover_all(env: &Arc<Env>) -> Result<RecoveryReport> {
         .filter(|state| !state.is_terminal())
     {
         for execution_id in env.store.executions_in_state(state)? {
-            let Some(head) = env.store.head(execution_id)? else {
-                continue;
+            let head = match env.store.head(execution_id) {
+                Ok(Some(head)) => head,
+                Ok(None) => continue,
+                // S-4: a head that fails its checksum quarantines its execution (the read
+                // did), and only that one: the others are still recovered.
+                Err(
+                    error @ (openprogram_storage::Error::Corrupted { .. }
+                    | openprogram_storage::Error::Quarantined { .. }),
+                ) => {
+                    tracing::error!(%execution_id, %error, "restart recovery leaves a quarantined execution alone");
+                    continue;
+                }
+                Err(error) => return Err(error.into()),
             };
             report.classified += 1;
             let plan = classify(&head, env.owner, env.revision, env.restart_window, now_ms);

@@ -453,3 +453,64 @@ async fn r21_a_wall_clock_jump_neither_lapses_a_lease_nor_stops_running_work() {
     assert_eq!(count(&restarts.events(&runtime, execution), is_attempt), 1);
     runtime.halt();
 }
+
+/// S-4 with R-3: an abandoned execution whose head record fails its checksum is quarantined
+/// and left alone; startup recovery still resumes every other one.
+#[tokio::test]
+async fn r3_a_corrupted_head_is_quarantined_and_the_others_are_still_recovered() {
+    let restarts = Restarts::new();
+    let runtime = restarts.open_freezing(0, RestartWindow::Unlimited);
+    let mut abandoned = Vec::new();
+    for _ in 0..2 {
+        let started = restarts.start(&runtime, vec![reply("done")]).await;
+        restarts
+            .wait_events(&runtime, started.execution_id, "the attempt", 1, is_attempt)
+            .await;
+        abandoned.push(started.execution_id);
+    }
+    crash(runtime);
+    let (damaged, healthy) = (abandoned[0], abandoned[1]);
+    {
+        let db = raw_sled(restarts.dir.path());
+        let key = openprogram::storage::keys::head(damaged);
+        let mut value = db.get(key).expect("get").expect("a head record").to_vec();
+        let middle = value.len() / 2;
+        value[middle] ^= 0x5a;
+        db.insert(key, value).expect("insert");
+        db.flush().expect("flush");
+    }
+    let runtime = restarts.open(RestartWindow::Unlimited);
+    let report = runtime.recovery().await.expect("recovery");
+    assert_eq!(report.resumed, vec![healthy], "{report:?}");
+    runtime
+        .wait_finished(restarts.session, healthy)
+        .await
+        .expect("finished");
+    let quarantined: Vec<_> = runtime
+        .store()
+        .quarantined()
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(quarantined, vec![damaged]);
+    runtime.halt();
+}
+
+/// The store's sled database, opened directly (the runtime that held it is gone; sled's IO
+/// threads may hold its lock a few milliseconds longer).
+fn raw_sled(dir: &std::path::Path) -> sled::Db {
+    for _ in 0..200 {
+        let opened = sled::Config::new()
+            .path(dir)
+            .segment_size(openprogram::storage::store::SEGMENT_BYTES)
+            .open();
+        match opened {
+            Ok(db) => return db,
+            Err(sled::Error::Io(error)) if error.to_string().contains("could not acquire lock") => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(error) => panic!("raw open: {error}"),
+        }
+    }
+    panic!("raw open: the store stayed locked");
+}
