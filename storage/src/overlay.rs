@@ -280,19 +280,7 @@ impl Overlay {
         on_disk: &OnDisk<'_>,
     ) -> Result<()> {
         for execution_id in &slice.execs {
-            if let Some(dirty) = self.frozen.execs.get(execution_id) {
-                let Some(base) = resolve_base(dirty, *execution_id, on_disk, batch)? else {
-                    continue;
-                };
-                let refs_max = self.head_frame_refs_max;
-                let written = write_dirty(
-                    batch,
-                    *execution_id,
-                    dirty,
-                    dirty.indexed_state,
-                    &base,
-                    refs_max,
-                );
+            if let Some(written) = self.write_frozen(*execution_id, batch, on_disk)? {
                 slice.written.insert(*execution_id, written);
             }
         }
@@ -342,19 +330,10 @@ impl Overlay {
         let refs_max = self.head_frame_refs_max;
         // What the frozen writes leave: the batch is not applied yet, so disk does not say.
         let mut left = HashMap::new();
-        for (execution_id, dirty) in &self.frozen.execs {
-            let Some(base) = resolve_base(dirty, *execution_id, on_disk, batch)? else {
-                continue;
-            };
-            let written = write_dirty(
-                batch,
-                *execution_id,
-                dirty,
-                dirty.indexed_state,
-                &base,
-                refs_max,
-            );
-            left.insert(*execution_id, written);
+        for execution_id in self.frozen.execs.keys() {
+            if let Some(written) = self.write_frozen(*execution_id, batch, on_disk)? {
+                left.insert(*execution_id, written);
+            }
         }
         for (key, record) in &self.frozen.records {
             batch.insert(&key[..], codec::encode(record));
@@ -379,6 +358,33 @@ impl Overlay {
         }
         write_mark(batch, through);
         Ok(())
+    }
+
+    /// Adds the write of an execution's frozen entry to `batch`; returns the head record
+    /// index it writes, `None` if there is no such entry or its head record on disk is
+    /// corrupted (`resolve_base`).
+    fn write_frozen(
+        &self,
+        execution_id: ExecutionId,
+        batch: &mut sled::Batch,
+        on_disk: &OnDisk<'_>,
+    ) -> Result<Option<HeadIndex>> {
+        let Some(dirty) = self.frozen.execs.get(&execution_id) else {
+            return Ok(None);
+        };
+        let Some(base) = resolve_base(dirty, execution_id, on_disk, batch)? else {
+            return Ok(None);
+        };
+        let refs_max = self.head_frame_refs_max;
+        let indexed = dirty.indexed_state;
+        Ok(Some(write_dirty(
+            batch,
+            execution_id,
+            dirty,
+            indexed,
+            &base,
+            refs_max,
+        )))
     }
 }
 
