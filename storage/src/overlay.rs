@@ -498,3 +498,128 @@ pub(crate) fn record_key(record: &RecordValue) -> RecordKey {
 pub(crate) fn index_state(head: &ExecutionHead) -> Option<ExecutionState> {
     (!head.state.is_terminal()).then_some(head.state)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Event;
+    use crate::ids::{RunId, SessionId};
+    use crate::records::ExecutionKind;
+
+    /// A frame of an execution (its event `seq`, logged at position 1), merged as the
+    /// committer merges one whose head record index it did not read (`disk_index: None`):
+    /// the index is read when it is written.
+    fn overlay_with_one_unread_entry(seq: u64) -> (Overlay, ExecutionId) {
+        let execution_id = ExecutionId::new();
+        let mut head = ExecutionHead::new(
+            execution_id,
+            SessionId::new(),
+            RunId::new(),
+            ExecutionKind::AgentTurn,
+        );
+        head.last_seq = seq;
+        let event = EventEnvelope {
+            execution_id,
+            seq,
+            position: 1,
+            at_ms: 0,
+            writer_epoch: 0,
+            event: Event::StateChanged {
+                state: ExecutionState::Running,
+                reason: "test".into(),
+            },
+        };
+        let frame = Frame {
+            head,
+            events: vec![event],
+            records: Vec::new(),
+        };
+        let mut overlay = Overlay::new(16);
+        overlay.merge(frame, 1, None, None);
+        overlay.freeze(1);
+        (overlay, execution_id)
+    }
+
+    #[test]
+    fn s4_a_head_record_a_materialization_finds_corrupted_is_left_and_its_quarantine_written() {
+        let (overlay, execution_id) = overlay_with_one_unread_entry(1);
+        let corrupted = |_| {
+            Err(Error::Corrupted {
+                tree: "heads",
+                key: "03…".into(),
+            })
+        };
+        let mut slice = overlay.slice(usize::MAX);
+        let mut batch = sled::Batch::default();
+        overlay
+            .write_slice(&mut slice, &mut batch, &corrupted)
+            .expect("the slice is written without it");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("sled");
+        db.apply_batch(batch).expect("apply");
+        assert_eq!(db.get(keys::head(execution_id)).expect("get"), None);
+        let quarantine = db
+            .get(keys::quarantine(execution_id))
+            .expect("get")
+            .expect("the quarantine is written with the slice");
+        let reason: String =
+            codec::decode(&keys::quarantine(execution_id), &quarantine).expect("decode");
+        assert!(reason.contains("heads"), "{reason}");
+        // The slice still finishes the materialization: the mark moves.
+        let mark = keys::meta(keys::META_MATERIALIZED_THROUGH);
+        let mark = db
+            .get(&mark)
+            .expect("get")
+            .map(|bytes| codec::decode::<u64>(&mark, &bytes));
+        assert_eq!(mark.map(|decoded| decoded.expect("mark")), Some(1));
+    }
+
+    #[test]
+    fn r13_a_head_record_a_materialization_cannot_read_fails_the_slice() {
+        let (overlay, _) = overlay_with_one_unread_entry(1);
+        let unreadable = |_| {
+            Err(Error::Io {
+                path: "db".into(),
+                message: "test: read failed".into(),
+            })
+        };
+        let mut slice = overlay.slice(usize::MAX);
+        let mut batch = sled::Batch::default();
+        let written = overlay.write_slice(&mut slice, &mut batch, &unreadable);
+        assert!(matches!(written, Err(Error::Io { .. })), "{written:?}");
+    }
+
+    #[test]
+    fn s1_an_entry_whose_index_was_not_read_is_written_over_the_one_on_disk() {
+        // Disk lists the execution's first frame; the entry brings its second.
+        let (overlay, execution_id) = overlay_with_one_unread_entry(2);
+        let first = FrameRef {
+            first_seq: 1,
+            last_seq: 1,
+            record: 0,
+        };
+        let on_disk = |_| {
+            Ok(Some(HeadIndex {
+                chunked_through: 0,
+                tail: vec![first],
+            }))
+        };
+        let mut slice = overlay.slice(usize::MAX);
+        let mut batch = sled::Batch::default();
+        overlay
+            .write_slice(&mut slice, &mut batch, &on_disk)
+            .expect("written");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("sled");
+        db.apply_batch(batch).expect("apply");
+        let key = keys::head(execution_id);
+        let bytes = db.get(key).expect("get").expect("the head record");
+        let (_, index) = head_record::decode(&key, &bytes).expect("decode");
+        let second = FrameRef {
+            first_seq: 2,
+            last_seq: 2,
+            record: 1,
+        };
+        assert_eq!(index.tail, vec![first, second]);
+    }
+}
