@@ -20,6 +20,7 @@
 //! is harmless: the mark has not moved, the replay rebuilds the same heads and records and
 //! writes them again; refs a head record on disk already covers are not added again.
 
+use std::borrow::Cow;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
@@ -346,7 +347,7 @@ impl Overlay {
                 None => dirty.indexed_state,
             };
             let base = match left.remove(execution_id) {
-                Some(base) => Some(base),
+                Some(base) => Some(Cow::Owned(base)),
                 None => resolve_base(dirty, *execution_id, on_disk, batch)?,
             };
             if let Some(base) = base {
@@ -399,17 +400,17 @@ pub(crate) type OnDiskNow = (Option<ExecutionState>, Option<HeadIndex>);
 /// fails its checksum quarantines the execution (the read did) and is left as it is: its
 /// entry is not written, and the quarantine is written in the same batch, so the next open
 /// refuses the execution too instead of reading a history whose index was never written.
-fn resolve_base(
-    dirty: &Dirty,
+fn resolve_base<'a>(
+    dirty: &'a Dirty,
     execution_id: ExecutionId,
     on_disk: &OnDisk<'_>,
     batch: &mut sled::Batch,
-) -> Result<Option<HeadIndex>> {
+) -> Result<Option<Cow<'a, HeadIndex>>> {
     if let Some(base) = &dirty.base {
-        return Ok(Some(base.clone()));
+        return Ok(Some(Cow::Borrowed(base)));
     }
     match on_disk(execution_id) {
-        Ok(index) => Ok(Some(index.unwrap_or_default())),
+        Ok(index) => Ok(Some(Cow::Owned(index.unwrap_or_default()))),
         Err(error @ Error::Corrupted { .. }) => {
             batch.insert(
                 &keys::quarantine(execution_id)[..],
@@ -540,6 +541,14 @@ mod tests {
         (overlay, execution_id)
     }
 
+    /// `batch` applied to a new sled database (kept alive by the returned directory).
+    fn applied(batch: sled::Batch) -> (tempfile::TempDir, sled::Db) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("sled");
+        db.apply_batch(batch).expect("apply");
+        (dir, db)
+    }
+
     #[test]
     fn s4_a_head_record_a_materialization_finds_corrupted_is_left_and_its_quarantine_written() {
         let (overlay, execution_id) = overlay_with_one_unread_entry(1);
@@ -554,9 +563,7 @@ mod tests {
         overlay
             .write_slice(&mut slice, &mut batch, &corrupted)
             .expect("the slice is written without it");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let db = sled::open(dir.path()).expect("sled");
-        db.apply_batch(batch).expect("apply");
+        let (_dir, db) = applied(batch);
         assert_eq!(db.get(keys::head(execution_id)).expect("get"), None);
         let quarantine = db
             .get(keys::quarantine(execution_id))
@@ -609,9 +616,7 @@ mod tests {
         overlay
             .write_slice(&mut slice, &mut batch, &on_disk)
             .expect("written");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let db = sled::open(dir.path()).expect("sled");
-        db.apply_batch(batch).expect("apply");
+        let (_dir, db) = applied(batch);
         let key = keys::head(execution_id);
         let bytes = db.get(key).expect("get").expect("the head record");
         let (_, index) = head_record::decode(&key, &bytes).expect("decode");
