@@ -8,7 +8,7 @@
 //! execution (so an execution of K steps gives K-1 samples). An execution is timed from
 //! admission to its terminal state. Nothing here asserts a figure: it measures and reports.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,11 +19,11 @@ use futures::FutureExt;
 use hdrhistogram::Histogram;
 use openprogram_actors::agent::{Tool, ToolCall};
 use openprogram_actors::execution::machine::Recovery;
-use openprogram_storage::{ExecutionId, SessionId};
+use openprogram_storage::{ExecutionId, MetricsSnapshot, SessionId};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::process_stats::{peak_rss_mib, process_cpu, rss_kib};
+use crate::process_stats::{cpu_by_role, cpu_by_thread_role, peak_rss_mib, process_cpu, rss_kib};
 use crate::{Error, Result, Runtime, StartRequest};
 
 /// What to run.
@@ -80,6 +80,15 @@ pub struct LoadReport {
     /// step; `None` where `/proc/self/stat` cannot be read. Steadier than steps/s on a
     /// machine whose speed varies: it does not count time spent waiting.
     pub cpu_us_per_step: Option<f64>,
+    /// `cpu_us_per_step` by thread role (`process_stats::thread_role`: actors, committer,
+    /// sled_io, tokio, other); a thread that ended during the run counts as `other`.
+    pub cpu_us_per_step_by_role: Option<BTreeMap<&'static str, f64>>,
+    /// Share of the run's wall time the store's one writer spent on group commits (%), and
+    /// of it, in sled's `flush()` and in fsync: near 100, the committer is what limits the
+    /// load; the flush and fsync shares are waits on the disk, not CPU.
+    pub committer_busy_pct: Option<f64>,
+    pub committer_flush_pct: Option<f64>,
+    pub committer_fsync_pct: Option<f64>,
     /// Raw sled records per second in the same run, with `--baseline`.
     pub raw_per_s: Option<f64>,
     /// Durable transitions per second (two per step) over `raw_per_s`.
@@ -391,8 +400,10 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
             done.clone(),
         ))
     });
-    let fsyncs_before = runtime.store().metrics().fsyncs;
+    let store_before = runtime.store().metrics();
+    let fsyncs_before = store_before.fsyncs;
     let cpu_before = process_cpu();
+    let roles_before = cpu_by_thread_role();
     let started = Instant::now();
     let workers: Vec<_> = (0..options.concurrency.min(options.executions))
         .map(|_| {
@@ -461,6 +472,15 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     let cpu = process_cpu()
         .zip(cpu_before)
         .map(|(after, before)| after.saturating_sub(before));
+    let roles = roles_before
+        .zip(cpu_by_thread_role())
+        .zip(cpu)
+        .map(|((before, after), cpu)| cpu_by_role(&before, &after, cpu));
+    let store_after = runtime.store().metrics();
+    let busy_pct = |micros: fn(&MetricsSnapshot) -> u64| {
+        let spent = micros(&store_after).saturating_sub(micros(&store_before));
+        Some(spent as f64 / 1e6 / wall.as_secs_f64() * 100.0)
+    };
     progress.finish_and_clear();
     done.store(true, Ordering::Release);
     let commands =
@@ -496,9 +516,12 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     let steps_us = take(&clock.steps_us);
     let executions_us = take(&executions_us);
     let total_steps = clock.calls.load(Ordering::Relaxed);
-    let cpu_us_per_step = cpu
-        .filter(|_| total_steps > 0)
-        .map(|cpu| cpu.as_secs_f64() * 1e6 / total_steps as f64);
+    let per_step = |cpu: Duration| cpu.as_secs_f64() * 1e6 / total_steps.max(1) as f64;
+    let cpu_us_per_step = cpu.filter(|_| total_steps > 0).map(per_step);
+    let cpu_us_per_step_by_role = roles.filter(|_| total_steps > 0).map(|roles| {
+        let per_role = roles.into_iter().map(|(role, cpu)| (role, per_step(cpu)));
+        per_role.collect()
+    });
     let steps_per_s = total_steps as f64 / wall.as_secs_f64();
     let raw_per_s = match options.baseline {
         Some(duration) => {
@@ -525,6 +548,10 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         state_loads_replayed,
         peak_rss_mib,
         cpu_us_per_step,
+        cpu_us_per_step_by_role,
+        committer_busy_pct: busy_pct(|metrics| metrics.group_micros_total),
+        committer_flush_pct: busy_pct(|metrics| metrics.flush_micros_total),
+        committer_fsync_pct: busy_pct(|metrics| metrics.fsync_micros_total),
         ratio_to_raw: raw_per_s.map(|raw| 2.0 * steps_per_s / raw),
         raw_per_s,
         commands: commands
@@ -621,6 +648,24 @@ impl LoadReport {
         ];
         if let Some(cpu) = self.cpu_us_per_step {
             rows.push(("CPU per step", format!("{cpu:.1} µs (all threads)")));
+        }
+        if let Some(roles) = &self.cpu_us_per_step_by_role {
+            let order = ["actors", "committer", "sled_io", "tokio", "other"];
+            let roles: Vec<String> = order
+                .iter()
+                .filter_map(|role| Some(format!("{role} {:.1}", roles.get(role)?)))
+                .collect();
+            rows.push(("  by thread (µs)", roles.join(", ")));
+        }
+        if let (Some(busy), Some(flush), Some(fsync)) = (
+            self.committer_busy_pct,
+            self.committer_flush_pct,
+            self.committer_fsync_pct,
+        ) {
+            rows.push((
+                "committer busy",
+                format!("{busy:.0}% of wall (flush {flush:.0}%, fsync {fsync:.0}%)"),
+            ));
         }
         if let Some(sent) = self.commands {
             let rejected = self.commands_rejected.unwrap_or(0);

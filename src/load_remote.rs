@@ -9,7 +9,8 @@
 //! interval between the `at_ms` of consecutive `tool_finished` events of one execution
 //! (millisecond resolution), an execution spans its first to its last event, and steps/s is
 //! the steps over the span from the first event to the last of the whole run. fsyncs, CPU per
-//! step and peak RSS are the server's, from `/metrics` before and after.
+//! step, the committer's busy time and peak RSS are the server's, from `/metrics` before and
+//! after.
 
 use std::io::BufRead as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -171,6 +172,8 @@ fn admit_and_follow(target: &Target, session: &str, body: &Value) -> Result<Foll
 #[derive(Debug, Default)]
 struct ServerMetrics {
     fsyncs: f64,
+    /// The committer's busy, flush and fsync seconds.
+    committer_s: [f64; 3],
     cpu_s: f64,
     peak_resident_bytes: f64,
     loads_parked: f64,
@@ -187,6 +190,11 @@ impl ServerMetrics {
         };
         Ok(Self {
             fsyncs: value("openprogram_fsyncs_total "),
+            committer_s: [
+                value("openprogram_committer_busy_seconds_total "),
+                value("openprogram_flush_seconds_total "),
+                value("openprogram_fsync_seconds_total "),
+            ],
             cpu_s: value("openprogram_process_cpu_seconds_total "),
             peak_resident_bytes: value("openprogram_process_peak_resident_bytes "),
             loads_parked: value("openprogram_state_loads_total{from=\"parked\"} "),
@@ -227,6 +235,9 @@ fn report(
     }
     let span_s = (last_ms.saturating_sub(first_ms) as f64 / 1000.0).max(0.001);
     let counted = |value: f64| value.max(0.0).round() as u64;
+    let committer_pct = |i: usize| {
+        Some((after.committer_s[i] - before.committer_s[i]) / wall.as_secs_f64() * 100.0)
+    };
     LoadReport {
         total_steps,
         completed,
@@ -241,6 +252,9 @@ fn report(
         peak_rss_mib: after.peak_resident_bytes / (1024.0 * 1024.0),
         cpu_us_per_step: (total_steps > 0 && after.cpu_s > 0.0)
             .then(|| (after.cpu_s - before.cpu_s) * 1e6 / total_steps as f64),
+        committer_busy_pct: committer_pct(0),
+        committer_flush_pct: committer_pct(1),
+        committer_fsync_pct: committer_pct(2),
         ..LoadReport::measured(target.url.clone(), options, &steps_us, &executions_us)
     }
 }

@@ -330,6 +330,18 @@ pub async fn metrics(api: web::Data<Api>, request: HttpRequest) -> Result<HttpRe
         &[(String::new(), counters.fsync_micros_total as f64 / 1e6)],
     );
     metric(
+        "flush_seconds_total",
+        "counter",
+        "Time spent in sled's flush(), which writes its buffers and waits for them, before each fsync.",
+        &[(String::new(), counters.flush_micros_total as f64 / 1e6)],
+    );
+    metric(
+        "committer_busy_seconds_total",
+        "counter",
+        "Time the committer spent on group commits (validate, write, flush, fsync, answer); its rate near 1 means the store limits throughput.",
+        &[(String::new(), counters.group_micros_total as f64 / 1e6)],
+    );
+    metric(
         "materializations_total",
         "counter",
         "Materialization slices written.",

@@ -39,7 +39,7 @@ use crate::ids::{CommandId, ExecutionId};
 use crate::keys;
 use crate::overlay::{index_state, Overlay, Slice};
 use crate::records::{CommandRecord, CommandStatus, ExecutionHead, ExecutionState};
-use crate::shared::Shared;
+use crate::shared::{add_elapsed_micros, Shared};
 use crate::transition::{Committed, Outcome, Transition, Upsert};
 
 /// What waits in the committer's queue.
@@ -100,6 +100,7 @@ pub(crate) fn run(
         return;
     }
     while let Some(first) = queue.blocking_recv() {
+        let started = Instant::now();
         // Sized for what is queued now: grown one push at a time, the group's requests
         // (~0.5 KiB each) were copied over and over.
         let mut requests =
@@ -112,6 +113,7 @@ pub(crate) fn run(
             }
         }
         committer.commit_group(requests);
+        add_elapsed_micros(&committer.shared.metrics.group_micros_total, started);
     }
     if committer.shared.failure().is_none() {
         if let Err(error) = committer.materialize_all() {
@@ -615,19 +617,17 @@ impl Committer {
     /// Makes everything applied to sled durable: sled's flush, then an fsync of its data
     /// file (sled's flush alone ends in `sync_file_range`, which is not durable).
     fn sync(&mut self) -> Result<()> {
-        let db = &self.shared.db;
-        db.flush()?;
+        let started = Instant::now();
+        self.shared.db.flush()?;
+        add_elapsed_micros(&self.shared.metrics.flush_micros_total, started);
         let started = Instant::now();
         self.data_file.sync_data().map_err(|error| Error::Io {
             path: self.shared.path.join("db"),
             message: error.to_string(),
         })?;
         self.sync_sled_blobs()?;
-        let metrics = &self.shared.metrics;
-        metrics.fsyncs.fetch_add(1, Ordering::Relaxed);
-        metrics
-            .fsync_micros_total
-            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        self.shared.metrics.fsyncs.fetch_add(1, Ordering::Relaxed);
+        add_elapsed_micros(&self.shared.metrics.fsync_micros_total, started);
         Ok(())
     }
 

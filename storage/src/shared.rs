@@ -4,8 +4,9 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Instant;
 
 use serde::Serialize;
 
@@ -91,8 +92,17 @@ pub(crate) struct Metrics {
     pub transitions: AtomicU64,
     pub fsyncs: AtomicU64,
     pub fsync_micros_total: AtomicU64,
+    /// Wall time the committer spent on group commits, from taking a group to answering it.
+    pub group_micros_total: AtomicU64,
+    /// Wall time in sled's `flush()`, which writes sled's buffers and waits for them.
+    pub flush_micros_total: AtomicU64,
     pub materializations: AtomicU64,
     pub replayed_frames: AtomicU64,
+}
+
+/// Adds the time since `since` to a counter of microseconds.
+pub(crate) fn add_elapsed_micros(counter: &AtomicU64, since: Instant) {
+    counter.fetch_add(since.elapsed().as_micros() as u64, Ordering::Relaxed);
 }
 
 /// A copy of the write-path counters.
@@ -102,6 +112,12 @@ pub struct MetricsSnapshot {
     pub transitions: u64,
     pub fsyncs: u64,
     pub fsync_micros_total: u64,
+    /// Wall time the committer spent on group commits: over a run's wall time, how busy the
+    /// one writer was (near 100%, the store is what limits throughput).
+    pub group_micros_total: u64,
+    /// Wall time in sled's `flush()` (part of `group_micros_total`): sled writing its buffers
+    /// and waiting for the disk, before our fsync.
+    pub flush_micros_total: u64,
     pub materializations: u64,
     /// Log frames replayed when the store was opened: the unmaterialized tail (S-6).
     pub replayed_frames: u64,

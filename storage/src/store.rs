@@ -209,6 +209,8 @@ impl Store {
             transitions: metrics.transitions.load(Ordering::Relaxed),
             fsyncs: metrics.fsyncs.load(Ordering::Relaxed),
             fsync_micros_total: metrics.fsync_micros_total.load(Ordering::Relaxed),
+            group_micros_total: metrics.group_micros_total.load(Ordering::Relaxed),
+            flush_micros_total: metrics.flush_micros_total.load(Ordering::Relaxed),
             materializations: metrics.materializations.load(Ordering::Relaxed),
             replayed_frames: metrics.replayed_frames.load(Ordering::Relaxed),
             queued: self.inner.sender.as_ref().map_or(0, |sender| {

@@ -51,7 +51,34 @@ fn i4_load_json_reports_every_execution_and_step() {
     // Read from /proc/self/stat: on Linux (the platform of this runtime) a number.
     if cfg!(target_os = "linux") {
         assert!(report["cpu_us_per_step"].is_number(), "{report}");
+        // The same CPU, by thread role: the roles add up to the whole, and the actors and
+        // the committer did work.
+        let roles = report["cpu_us_per_step_by_role"]
+            .as_object()
+            .unwrap_or_else(|| panic!("no CPU by role in {report}"));
+        let sum: f64 = roles.values().filter_map(serde_json::Value::as_f64).sum();
+        let whole = report["cpu_us_per_step"].as_f64().unwrap_or(0.0);
+        assert!((sum - whole).abs() < 0.01 * whole + 0.01, "{report}");
+        for role in ["actors", "committer"] {
+            assert!(
+                roles[role].as_f64().unwrap_or(0.0) > 0.0,
+                "{role}: {report}"
+            );
+        }
     }
+    // The committer's time: busy a share of the wall (a group already running when the load
+    // started may add a little), flush and fsync parts of it.
+    let pct = |field: &str| report[field].as_f64().unwrap_or(-1.0);
+    let (busy, flush, fsync) = (
+        pct("committer_busy_pct"),
+        pct("committer_flush_pct"),
+        pct("committer_fsync_pct"),
+    );
+    assert!(busy > 0.0 && busy <= 105.0, "{report}");
+    assert!(
+        flush > 0.0 && fsync > 0.0 && flush + fsync <= busy,
+        "{report}"
+    );
     // Every step is two durable transitions, so there was at least one fsync.
     assert!(report["fsyncs"].as_u64().unwrap_or(0) > 0, "{report}");
 }

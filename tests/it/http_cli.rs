@@ -481,6 +481,17 @@ fn q1_load_drives_a_running_server_over_http() {
     // Each step was fsynced by the server: two commits, so at least one fsync, per step
     // group; the server's counters moved.
     assert!(report["fsyncs"].as_u64().expect("fsyncs") > 0, "{report}");
+    // And its committer was busy for some of the run, flushing and fsyncing in it.
+    for field in [
+        "committer_busy_pct",
+        "committer_flush_pct",
+        "committer_fsync_pct",
+    ] {
+        assert!(
+            report[field].as_f64().unwrap_or(0.0) > 0.0,
+            "{field}: {report}"
+        );
+    }
     assert!(
         report["peak_rss_mib"].as_f64().expect("rss") > 0.0,
         "{report}"
