@@ -250,7 +250,7 @@ impl Machine {
     }
 
     fn decide_model(&self, effect_id: EffectId, decision: &Decision) -> Vec<Event> {
-        let text = serde_json::to_string(decision).unwrap_or_default();
+        let text = decision_text(decision);
         let mut events = vec![Event::ModelDecided {
             effect_id,
             decision: text,

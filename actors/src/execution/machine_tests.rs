@@ -641,6 +641,8 @@ fn e3_nesting_is_counted_outside_strings_only() {
         );
         assert_eq!(nesting(&text), depth, "{text}");
     }
+    // Not JSON, but read without a panic: a string cut short, an escape at the very end.
+    assert_eq!((nesting(r#"[{"a":"[["#), nesting(r#"[["x\"#)), (2, 2));
     // Brackets inside a string are text: such a decision is recorded, not refused.
     let events = running(50)
         .decide(

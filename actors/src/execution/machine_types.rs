@@ -137,6 +137,20 @@ pub enum Decision {
     },
 }
 
+/// A decision as the JSON text its event records, written into a buffer sized for it up front
+/// (a tool's arguments or the text are most of it; escapes may still grow it).
+pub(super) fn decision_text(decision: &Decision) -> String {
+    let len = match decision {
+        Decision::Tool { tool, args } => tool.len() + args.get().len(),
+        Decision::Reply { text } => text.len(),
+        Decision::Ask { prompt } => prompt.len(),
+    };
+    let mut text = Vec::with_capacity(len + 32);
+    // Serializing strings and raw JSON text into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut text, decision);
+    String::from_utf8(text).unwrap_or_default()
+}
+
 /// One entry of the committed context a provider decides from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Turn {
@@ -374,22 +388,28 @@ pub(super) fn unreadable(decision: &Decision) -> Option<String> {
 }
 
 /// How deep arrays and objects nest in a JSON text (1 for `[]`, 0 for a string), read in one
-/// pass over its bytes without building anything.
+/// pass over its bytes without building anything. Every tool decision is checked, and its
+/// arguments are mostly string contents: those are skipped with `memchr` to the next quote or
+/// backslash, not looked at byte by byte.
 pub(super) fn nesting(json: &str) -> usize {
-    let (mut depth, mut deepest) = (0usize, 0usize);
-    let (mut in_string, mut escaped) = (false, false);
-    for byte in json.bytes() {
-        if in_string {
-            match byte {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
+    let bytes = json.as_bytes();
+    let (mut depth, mut deepest, mut at) = (0usize, 0usize, 0usize);
+    while let Some(byte) = bytes.get(at) {
+        at += 1;
         match byte {
-            b'"' => in_string = true,
+            b'"' => loop {
+                let rest = bytes.get(at..).unwrap_or_default();
+                match memchr::memchr2(b'"', b'\\', rest) {
+                    // An escape: the character after the backslash is text, whatever it is.
+                    Some(offset) if rest[offset] == b'\\' => at += offset + 2,
+                    Some(offset) => {
+                        at += offset + 1;
+                        break;
+                    }
+                    // An unterminated string: nothing after it counts.
+                    None => return deepest,
+                }
+            },
             b'[' | b'{' => {
                 depth += 1;
                 deepest = deepest.max(depth);
