@@ -23,7 +23,7 @@ use openprogram_storage::{ExecutionId, MetricsSnapshot, SessionId};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::process_stats::{cpu_by_role, cpu_by_thread_role, peak_rss_mib, process_cpu, rss_kib};
+use crate::process_stats::{cpu_by_role, peak_rss_mib, process_cpu, rss_kib, thread_cpu};
 use crate::{Error, Result, Runtime, StartRequest};
 
 /// What to run.
@@ -83,9 +83,10 @@ pub struct LoadReport {
     /// `cpu_us_per_step` by thread role (`process_stats::thread_role`: actors, committer,
     /// sled_io, tokio, other); a thread that ended during the run counts as `other`.
     pub cpu_us_per_step_by_role: Option<BTreeMap<&'static str, f64>>,
-    /// Share of the run's wall time the store's one writer spent on group commits (%), and
-    /// of it, in sled's `flush()` and in fsync: near 100, the committer is what limits the
-    /// load; the flush and fsync shares are waits on the disk, not CPU.
+    /// Share of the run's wall time the store's one writer spent on group commits (%), and the
+    /// shares of the wall it spent in sled's `flush()` and in fsync (both within the first):
+    /// near 100, the committer is what limits the load. flush and fsync are mostly waits on
+    /// the disk; sled's `flush()` also writes its buffer itself when no IO thread has.
     pub committer_busy_pct: Option<f64>,
     pub committer_flush_pct: Option<f64>,
     pub committer_fsync_pct: Option<f64>,
@@ -402,8 +403,9 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     });
     let store_before = runtime.store().metrics();
     let fsyncs_before = store_before.fsyncs;
+    // The threads are read inside the process's readings, so that their sum stays within it.
     let cpu_before = process_cpu();
-    let roles_before = cpu_by_thread_role();
+    let threads_before = thread_cpu();
     let started = Instant::now();
     let workers: Vec<_> = (0..options.concurrency.min(options.executions))
         .map(|_| {
@@ -469,11 +471,12 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
             .map_err(|error| Error::Internal(format!("a load worker panicked: {error}")))??;
     }
     let wall = started.elapsed();
+    let threads_after = thread_cpu();
     let cpu = process_cpu()
         .zip(cpu_before)
         .map(|(after, before)| after.saturating_sub(before));
-    let roles = roles_before
-        .zip(cpu_by_thread_role())
+    let roles = threads_before
+        .zip(threads_after)
         .zip(cpu)
         .map(|((before, after), cpu)| cpu_by_role(&before, &after, cpu));
     let store_after = runtime.store().metrics();
@@ -664,7 +667,7 @@ impl LoadReport {
         ) {
             rows.push((
                 "committer busy",
-                format!("{busy:.0}% of wall (flush {flush:.0}%, fsync {fsync:.0}%)"),
+                format!("{busy:.0}% of wall (in flush {flush:.0}%, in fsync {fsync:.0}% of wall)"),
             ));
         }
         if let Some(sent) = self.commands {

@@ -172,8 +172,9 @@ fn admit_and_follow(target: &Target, session: &str, body: &Value) -> Result<Foll
 #[derive(Debug, Default)]
 struct ServerMetrics {
     fsyncs: f64,
-    /// The committer's busy, flush and fsync seconds.
-    committer_s: [f64; 3],
+    /// The committer's busy, flush and fsync seconds; `None` from a server that does not
+    /// report its busy time (an older build).
+    committer_s: Option<[f64; 3]>,
     cpu_s: f64,
     peak_resident_bytes: f64,
     loads_parked: f64,
@@ -190,11 +191,15 @@ impl ServerMetrics {
         };
         Ok(Self {
             fsyncs: value("openprogram_fsyncs_total "),
-            committer_s: [
-                value("openprogram_committer_busy_seconds_total "),
-                value("openprogram_flush_seconds_total "),
-                value("openprogram_fsync_seconds_total "),
-            ],
+            committer_s: text
+                .contains("openprogram_committer_busy_seconds_total ")
+                .then(|| {
+                    [
+                        value("openprogram_committer_busy_seconds_total "),
+                        value("openprogram_flush_seconds_total "),
+                        value("openprogram_fsync_seconds_total "),
+                    ]
+                }),
             cpu_s: value("openprogram_process_cpu_seconds_total "),
             peak_resident_bytes: value("openprogram_process_peak_resident_bytes "),
             loads_parked: value("openprogram_state_loads_total{from=\"parked\"} "),
@@ -236,7 +241,8 @@ fn report(
     let span_s = (last_ms.saturating_sub(first_ms) as f64 / 1000.0).max(0.001);
     let counted = |value: f64| value.max(0.0).round() as u64;
     let committer_pct = |i: usize| {
-        Some((after.committer_s[i] - before.committer_s[i]) / wall.as_secs_f64() * 100.0)
+        let (after, before) = (after.committer_s?, before.committer_s?);
+        Some((after[i] - before[i]) / wall.as_secs_f64() * 100.0)
     };
     LoadReport {
         total_steps,

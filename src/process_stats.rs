@@ -11,46 +11,62 @@ pub fn process_cpu() -> Option<Duration> {
     cpu_of_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)
 }
 
-/// CPU time this process's live threads have used so far, summed by role (`thread_role`);
-/// `None` where unknown. A thread that has ended is no longer listed: callers that compare
-/// two readings count its time under none of the roles.
-pub fn cpu_by_thread_role() -> Option<BTreeMap<&'static str, Duration>> {
-    let mut by_role = BTreeMap::new();
+/// One reading of this process's live threads: by thread id, its role (`thread_role`) and the
+/// CPU time it has used so far; `None` where unknown. The time is `schedstat`'s nanoseconds
+/// on a CPU where the kernel keeps them, else `stat`'s user and system ticks (10 ms each,
+/// each rounded down: too coarse for a thread that ran a few milliseconds).
+pub fn thread_cpu() -> Option<BTreeMap<u32, (&'static str, Duration)>> {
+    let mut threads = BTreeMap::new();
     for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
-        // A thread may end between the listing and the read: it is skipped.
+        let Some(tid) = task.file_name().to_str().and_then(|name| name.parse().ok()) else {
+            continue;
+        };
+        // A thread may end between the listing and the reads: it is skipped.
         let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
             continue;
         };
-        if let (Some(name), Some(cpu)) = (thread_name(&stat), cpu_of_stat(&stat)) {
-            *by_role.entry(thread_role(name)).or_default() += cpu;
+        let schedstat = std::fs::read_to_string(task.path().join("schedstat")).ok();
+        let cpu = schedstat
+            .as_deref()
+            .and_then(cpu_of_schedstat)
+            .or_else(|| cpu_of_stat(&stat));
+        if let (Some(name), Some(cpu)) = (thread_name(&stat), cpu) {
+            threads.insert(tid, (thread_role(name), cpu));
         }
     }
-    Some(by_role)
+    Some(threads)
 }
 
-/// CPU time by thread role between two readings. What the roles' live threads do not account
-/// for of the process's `cpu` (threads that ended meanwhile) is added to `other`.
+/// CPU time by thread role between two readings of `thread_cpu`: each thread's time since
+/// the first reading (all of it for a thread started since), added to its role. What the
+/// threads still live do not account for of the process's `cpu` (threads that ended
+/// meanwhile, such as sled's idle IO threads) is added to `other`.
 pub fn cpu_by_role(
-    before: &BTreeMap<&'static str, Duration>,
-    after: &BTreeMap<&'static str, Duration>,
+    before: &BTreeMap<u32, (&'static str, Duration)>,
+    after: &BTreeMap<u32, (&'static str, Duration)>,
     cpu: Duration,
 ) -> BTreeMap<&'static str, Duration> {
-    let mut spent: BTreeMap<_, _> = after
-        .iter()
-        .map(|(role, after)| {
-            let before = before.get(role).copied().unwrap_or_default();
-            (*role, after.saturating_sub(before))
-        })
-        .collect();
+    let mut spent = BTreeMap::new();
+    for (tid, (role, used)) in after {
+        let earlier = before.get(tid).map(|(_, used)| *used).unwrap_or_default();
+        *spent.entry(*role).or_insert(Duration::ZERO) += used.saturating_sub(earlier);
+    }
     let unaccounted = cpu.saturating_sub(spent.values().sum());
-    *spent.entry("other").or_default() += unaccounted;
+    *spent.entry("other").or_insert(Duration::ZERO) += unaccounted;
     spent
+}
+
+/// The time on a CPU of a `/proc/PID/task/TID/schedstat` line: its first field, in ns.
+fn cpu_of_schedstat(schedstat: &str) -> Option<Duration> {
+    let nanos = schedstat.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(nanos))
 }
 
 /// What a thread of this runtime does, from its name (as Linux keeps it, cut to 15 bytes):
 /// `actors` (the actix system and its arbiters), `committer` (the store's one writer),
-/// `sled_io` (sled's IO pool, writing its log buffers), `tokio` (a tokio runtime's workers:
-/// the load driver under `openprogram load`), and `other`.
+/// `sled_io` (sled's IO pool, writing its log buffers), `tokio` (a tokio runtime's workers
+/// and blocking threads: under `openprogram load` the load driver, and any tool that runs
+/// blocking work), and `other`.
 pub fn thread_role(name: &str) -> &'static str {
     if name.starts_with("actix-rt") || name.starts_with("openprogram-act") {
         "actors"
@@ -142,18 +158,44 @@ mod tests {
     }
 
     #[test]
+    fn q1_schedstat_gives_nanoseconds_on_a_cpu() {
+        assert_eq!(
+            cpu_of_schedstat("1838163 120 70\n"),
+            Some(Duration::from_nanos(1_838_163))
+        );
+        assert_eq!(cpu_of_schedstat(""), None);
+        assert_eq!(cpu_of_schedstat("x 1 2"), None);
+    }
+
+    #[test]
+    fn q1_cpu_by_role_adds_each_threads_own_time_and_leaves_the_rest_to_other() {
+        let ms = Duration::from_millis;
+        let before = BTreeMap::from([(1, ("actors", ms(100))), (2, ("sled_io", ms(50)))]);
+        // Thread 2 ended (its 30 ms since `before` are only in the process total); thread 3
+        // started; thread 1 ran 40 ms more.
+        let after = BTreeMap::from([(1, ("actors", ms(140))), (3, ("sled_io", ms(5)))]);
+        let spent = cpu_by_role(&before, &after, ms(75));
+        assert_eq!(spent["actors"], ms(40));
+        assert_eq!(spent["sled_io"], ms(5));
+        assert_eq!(spent["other"], ms(30));
+    }
+
+    #[test]
     fn q1_this_process_reads_its_threads_by_role() {
-        let Some(before) = cpu_by_thread_role() else {
+        let Some(before) = thread_cpu() else {
             return; // not Linux: nothing to read
         };
-        // The test harness names its threads after the tests, so this thread is `other`:
-        // its work shows there, one clock tick (10 ms) at a time.
-        let other = |by_role: &BTreeMap<&str, Duration>| by_role.get("other").copied();
+        // The test harness names its threads after the tests, so this thread is `other`.
+        let other = |after: &BTreeMap<u32, (&'static str, Duration)>| {
+            cpu_by_role(&before, after, Duration::ZERO)
+                .get("other")
+                .copied()
+        };
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let mut work = 0u64;
         loop {
-            let after = cpu_by_thread_role().unwrap_or_default();
-            if other(&after) > other(&before) {
+            let after = thread_cpu().unwrap_or_default();
+            if other(&after) > Some(Duration::ZERO) {
                 break;
             }
             assert!(

@@ -111,12 +111,15 @@ pub struct MetricsSnapshot {
     pub groups: u64,
     pub transitions: u64,
     pub fsyncs: u64,
+    /// Wall time in the fsyncs (with the fsync of any file sled put under `blobs/`, whose
+    /// listing is read each time).
     pub fsync_micros_total: u64,
     /// Wall time the committer spent on group commits: over a run's wall time, how busy the
     /// one writer was (near 100%, the store is what limits throughput).
     pub group_micros_total: u64,
-    /// Wall time in sled's `flush()` (part of `group_micros_total`): sled writing its buffers
-    /// and waiting for the disk, before our fsync.
+    /// Wall time in sled's `flush()`: sled writing its buffers and waiting for the disk,
+    /// before our fsync. Part of `group_micros_total`, except for the materializations at
+    /// open (of a replayed tail) and at close, which are not group commits.
     pub flush_micros_total: u64,
     pub materializations: u64,
     /// Log frames replayed when the store was opened: the unmaterialized tail (S-6).

@@ -51,19 +51,23 @@ fn i4_load_json_reports_every_execution_and_step() {
     // Read from /proc/self/stat: on Linux (the platform of this runtime) a number.
     if cfg!(target_os = "linux") {
         assert!(report["cpu_us_per_step"].is_number(), "{report}");
-        // The same CPU, by thread role: the roles add up to the whole, and the actors and
-        // the committer did work.
+        // The same CPU, by thread role: the roles add up to the whole (which /proc/self/stat
+        // gives in 10 ms ticks, so up to a tick less than the threads' own times), and where
+        // the kernel keeps each thread's nanoseconds, the actors and the committer show
+        // their work.
         let roles = report["cpu_us_per_step_by_role"]
             .as_object()
             .unwrap_or_else(|| panic!("no CPU by role in {report}"));
         let sum: f64 = roles.values().filter_map(serde_json::Value::as_f64).sum();
         let whole = report["cpu_us_per_step"].as_f64().unwrap_or(0.0);
-        assert!((sum - whole).abs() < 0.01 * whole + 0.01, "{report}");
-        for role in ["actors", "committer"] {
-            assert!(
-                roles[role].as_f64().unwrap_or(0.0) > 0.0,
-                "{role}: {report}"
-            );
+        let tick_per_step = 10_000.0 / 120.0;
+        assert!(sum >= whole * 0.99, "{report}");
+        assert!(sum <= whole * 1.01 + tick_per_step, "{report}");
+        if std::fs::read_to_string("/proc/self/schedstat").is_ok() {
+            for role in ["actors", "committer"] {
+                let spent = roles[role].as_f64().unwrap_or(0.0);
+                assert!(spent > 0.0, "{role}: {report}");
+            }
         }
     }
     // The committer's time: busy a share of the wall (a group already running when the load

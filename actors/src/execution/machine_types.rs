@@ -146,8 +146,10 @@ pub(super) fn decision_text(decision: &Decision) -> String {
         Decision::Ask { prompt } => prompt.len(),
     };
     let mut text = Vec::with_capacity(len + 32);
-    // Serializing strings and raw JSON text into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut text, decision);
+    // Serializing strings and raw JSON text into a Vec cannot fail; if it did, no half text.
+    if serde_json::to_writer(&mut text, decision).is_err() {
+        return String::new();
+    }
     String::from_utf8(text).unwrap_or_default()
 }
 
