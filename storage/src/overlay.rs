@@ -230,12 +230,12 @@ impl Overlay {
                 dirty.frame_refs.push(frame_ref);
             }
             Entry::Vacant(entry) => {
-                // Being written now, the frozen entry decides what the index on disk becomes.
-                let base = match self.frozen.execs.get(entry.key()) {
-                    Some(frozen) => frozen.base.as_ref().map(|base| {
-                        written_index(base, &frozen.frame_refs, self.head_frame_refs_max).0
-                    }),
-                    None => disk_index,
+                // A frozen entry still to be written decides what the index on disk becomes:
+                // `finish_slice` hands this entry the index it wrote (and `write_all` uses
+                // what it leaves), so it is not worked out here a second time.
+                let base = match self.frozen.execs.contains_key(entry.key()) {
+                    true => None,
+                    false => disk_index,
                 };
                 entry.insert(Dirty {
                     head: frame.head,
@@ -306,10 +306,9 @@ impl Overlay {
                 let now = index_state(&written.head);
                 let index = slice.written.remove(&execution_id);
                 if let Some(newer) = self.active.execs.get_mut(&execution_id) {
+                    // Created since the freeze, so without a base of its own (`merge`).
                     newer.indexed_state = now;
-                    if newer.base.is_none() {
-                        newer.base = index.clone();
-                    }
+                    newer.base = index.clone();
                 }
                 indexed.insert(execution_id, (now, index));
             }
