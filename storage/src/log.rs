@@ -18,7 +18,7 @@
 //! trusted to say what is on disk).
 //! This module does not read on behalf of callers; see `store.rs`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fs::File;
 use std::path::Path;
@@ -26,6 +26,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use foldhash::{HashMap, HashMapExt};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::codec::{

@@ -22,7 +22,8 @@
 
 use std::borrow::Cow;
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
+
+use foldhash::{HashMap, HashMapExt};
 
 use crate::codec::{self, Frame, FrameRef, RecordValue};
 use crate::error::{Error, Result};
@@ -266,9 +267,9 @@ impl Overlay {
         let budget = len_max.saturating_sub(execs.len());
         let records = self.frozen.records.keys().take(budget).copied().collect();
         Slice {
+            written: HashMap::with_capacity(execs.len()),
             execs,
             records,
-            written: HashMap::new(),
         }
     }
 
