@@ -84,15 +84,31 @@ pub(crate) struct HeadState {
 }
 
 /// A version 2 or 3 frame as written (`WireFrame` reads it back; the two differ only in
-/// bincode's integer encoding, `codec.rs`).
+/// bincode's integer encoding, `codec.rs`): its prefix, then its tail. bincode writes a
+/// struct's fields one after the other with nothing between them, so the nesting is not on
+/// disk: `WireFrame` reads the same fields flat. The committer writes the two halves apart
+/// (`codec::encode_frame_prefix_into`, `FrameTail`); tests write them whole.
+#[cfg(test)]
 #[derive(Serialize)]
 pub(crate) struct WireFrameRef<'a> {
+    prefix: WirePrefixRef<'a>,
+    tail: WireTailRef<'a>,
+}
+
+/// What only the committer knows: the head it writes and where the events go.
+#[derive(Serialize)]
+pub(crate) struct WirePrefixRef<'a> {
     identity: Option<HeadIdentity>,
     head: HeadStateRef<'a>,
     first_seq: u64,
     first_position: u64,
     at_ms: u64,
     writer_epoch: u64,
+}
+
+/// What the writer brings: its events and records (`FrameTail`).
+#[derive(Serialize)]
+struct WireTailRef<'a> {
     events: Vec<Cow<'a, Event>>,
     blobbed: &'a [(u32, BlobHash)],
     records: &'a [RecordValue],
@@ -254,19 +270,71 @@ impl StoredFrame {
     }
 }
 
-/// The admission inputs of `frame` to store as blobs: (event index, hash).
-pub(crate) fn inputs_to_blob(frame: &Frame) -> Vec<(u32, BlobHash)> {
-    frame
-        .events
-        .iter()
+/// The admission inputs among `events` to store as blobs: (event index, hash).
+pub(crate) fn inputs_to_blob<'a>(
+    events: impl IntoIterator<Item = &'a Event>,
+) -> Vec<(u32, BlobHash)> {
+    events
+        .into_iter()
         .zip(0u32..)
-        .filter_map(|(envelope, index)| match &envelope.event {
+        .filter_map(|(event, index)| match event {
             Event::Admitted { input, .. } if input.len() >= INPUT_BLOB_BYTES_MIN => {
                 Some((index, BlobHash::of(input.as_bytes())))
             }
             _ => None,
         })
         .collect()
+}
+
+/// The tail of a frame, encoded by the thread that submits its transition: its events
+/// (admission inputs of `INPUT_BLOB_BYTES_MIN` or more left out, stored as blobs), the blobs
+/// they went to, and its records. The committer writes only the prefix in front of it
+/// (`codec::encode_frame_prefix_into`), so the one thread every commit goes through does not
+/// encode the bulk of the bytes.
+#[derive(Debug)]
+pub(crate) struct FrameTail {
+    pub bytes: Vec<u8>,
+    pub blobbed: Vec<(u32, BlobHash)>,
+}
+
+/// What `FrameTail::encode` reserves up front.
+const TAIL_PRESIZE: usize = 512;
+
+impl FrameTail {
+    pub fn encode(events: &[Event], records: &[RecordValue]) -> Self {
+        use bincode::Options;
+        let blobbed = inputs_to_blob(events);
+        let wire = tail(events, &blobbed, records);
+        // Most tails are a few hundred bytes: grown from empty, one was reallocated about
+        // seven times, which cost more than encoding it (callgrind).
+        let mut bytes = Vec::with_capacity(TAIL_PRESIZE);
+        crate::codec::frame_options()
+            .serialize_into(&mut bytes, &wire)
+            .expect("invariant: frames serialize into memory");
+        Self { bytes, blobbed }
+    }
+}
+
+fn tail<'a>(
+    events: impl IntoIterator<Item = &'a Event>,
+    blobbed: &'a [(u32, BlobHash)],
+    records: &'a [RecordValue],
+) -> WireTailRef<'a> {
+    WireTailRef {
+        events: events
+            .into_iter()
+            .zip(0u32..)
+            .map(|(event, index)| {
+                if blobbed.iter().any(|(blobbed, _)| *blobbed == index) {
+                    Cow::Owned(without_input(event))
+                } else {
+                    Cow::Borrowed(event)
+                }
+            })
+            .collect(),
+        blobbed,
+        records,
+    }
 }
 
 /// `event` without its admission input (stored as a blob).
@@ -299,15 +367,12 @@ fn without_input(event: &Event) -> Event {
     }
 }
 
-/// A frame as versions 2 and 3 write it (see `codec::encode_frame`).
-pub(crate) fn wire<'a>(
-    frame: &'a Frame,
-    with_identity: bool,
-    blobbed: &'a [(u32, BlobHash)],
-) -> WireFrameRef<'a> {
+/// The prefix of `frame` as versions 2 and 3 write it: with the head's identity only if
+/// `with_identity`.
+pub(crate) fn prefix(frame: &Frame, with_identity: bool) -> WirePrefixRef<'_> {
     let head = &frame.head;
     let first = frame.events.first();
-    WireFrameRef {
+    WirePrefixRef {
         identity: with_identity.then(|| HeadIdentity::of(head)),
         head: HeadStateRef {
             state: head.state,
@@ -324,19 +389,95 @@ pub(crate) fn wire<'a>(
         first_position: first.map_or(0, |event| event.position),
         at_ms: first.map_or(0, |event| event.at_ms),
         writer_epoch: first.map_or(0, |event| event.writer_epoch),
-        events: frame
-            .events
-            .iter()
-            .zip(0u32..)
-            .map(|(envelope, index)| {
-                if blobbed.iter().any(|(blobbed, _)| *blobbed == index) {
-                    Cow::Owned(without_input(&envelope.event))
-                } else {
-                    Cow::Borrowed(&envelope.event)
-                }
+    }
+}
+
+/// A frame as versions 2 and 3 write it, whole (see `codec::encode_frame`).
+#[cfg(test)]
+pub(crate) fn wire<'a>(
+    frame: &'a Frame,
+    with_identity: bool,
+    blobbed: &'a [(u32, BlobHash)],
+) -> WireFrameRef<'a> {
+    let events = frame.events.iter().map(|envelope| &envelope.event);
+    WireFrameRef {
+        prefix: prefix(frame, with_identity),
+        tail: tail(events, blobbed, &frame.records),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{encode_frame, encode_frame_prefix_into, finish_frame};
+    use crate::ids::WaitId;
+    use crate::records::{WaitKind, WaitRecord, WaitStatus};
+
+    /// An admission whose input is stored as a blob, an event after it, and a record.
+    fn frame() -> Frame {
+        let mut head = ExecutionHead::new(
+            ExecutionId::new(),
+            SessionId::new(),
+            RunId::new(),
+            ExecutionKind::AgentTurn,
+        );
+        head.version = 1;
+        head.last_seq = 2;
+        let admitted = Event::Admitted {
+            kind: head.kind,
+            session_id: head.session_id,
+            run_id: head.run_id,
+            parent_execution_id: None,
+            revision_id: head.revision_id,
+            turn_id: head.turn_id,
+            user_message_id: head.user_message_id,
+            reply_message_id: head.reply_message_id,
+            parent_message_id: None,
+            input: "i".repeat(INPUT_BLOB_BYTES_MIN),
+        };
+        let checkpoint = Event::CheckpointPublished { checkpoint_seq: 2 };
+        let events = [admitted, checkpoint]
+            .into_iter()
+            .zip(1..)
+            .map(|(event, seq)| EventEnvelope {
+                execution_id: head.execution_id,
+                seq,
+                position: 10 + seq,
+                at_ms: 1_700,
+                writer_epoch: 0,
+                event,
             })
-            .collect(),
-        blobbed,
-        records: &frame.records,
+            .collect();
+        let wait = WaitRecord {
+            wait_id: WaitId::new(),
+            execution_id: head.execution_id,
+            kind: WaitKind::Approval,
+            prompt: "may I?".into(),
+            status: WaitStatus::Open,
+            checkpoint_seq: 2,
+            attempt_id: None,
+            answer: None,
+        };
+        Frame {
+            head,
+            events,
+            records: vec![RecordValue::Wait(wait)],
+        }
+    }
+
+    #[test]
+    fn s2_the_committer_writes_the_frame_in_two_halves_byte_for_byte() {
+        let frame = frame();
+        let events: Vec<Event> = frame.events.iter().map(|e| e.event.clone()).collect();
+        let tail = FrameTail::encode(&events, &frame.records);
+        assert_eq!(tail.blobbed.len(), 1, "the large admission input is a blob");
+        for with_identity in [true, false] {
+            let whole = encode_frame(&frame, with_identity, &tail.blobbed);
+            let mut start = Vec::new();
+            encode_frame_prefix_into(&mut start, &frame, with_identity);
+            let len = finish_frame(&mut start, &tail);
+            assert_eq!(len, whole.len());
+            assert_eq!([start, tail.bytes.clone()].concat(), whole);
+        }
     }
 }
