@@ -1,6 +1,7 @@
 //! What a log frame holds (codec.rs frames it): one committed transition's head, events and
-//! records in memory (`Frame`), as log formats 2 and 3 write them (`WireFrameRef`, read back as
-//! `WireFrame`), and as read back (`StoredFrame`, whose head is completed with its
+//! records in memory (`Frame`), as log formats 2 and 3 write them (a prefix only the committer
+//! knows, `WirePrefixRef`, then the tail the submitting thread encodes, `FrameTail`; read back
+//! as one `WireFrame`), and as read back (`StoredFrame`, whose head is completed with its
 //! identity and whose blob-stored admission inputs are put back by the reader).
 
 use std::borrow::Cow;
@@ -106,7 +107,8 @@ pub(crate) struct WirePrefixRef<'a> {
     writer_epoch: u64,
 }
 
-/// What the writer brings: its events and records (`FrameTail`).
+/// What the writer brings: its events, the admission inputs among them stored as blobs, and
+/// its records (`FrameTail`).
 #[derive(Serialize)]
 struct WireTailRef<'a> {
     events: Vec<Cow<'a, Event>>,
@@ -271,9 +273,7 @@ impl StoredFrame {
 }
 
 /// The admission inputs among `events` to store as blobs: (event index, hash).
-pub(crate) fn inputs_to_blob<'a>(
-    events: impl IntoIterator<Item = &'a Event>,
-) -> Vec<(u32, BlobHash)> {
+fn inputs_to_blob<'a>(events: impl IntoIterator<Item = &'a Event>) -> Vec<(u32, BlobHash)> {
     events
         .into_iter()
         .zip(0u32..)
@@ -312,6 +312,15 @@ impl FrameTail {
             .serialize_into(&mut bytes, &wire)
             .expect("invariant: frames serialize into memory");
         Self { bytes, blobbed }
+    }
+}
+
+impl FrameTail {
+    /// Whether this is the tail of `frame` (a debug check of the committer's).
+    pub fn is_of(&self, frame: &Frame) -> bool {
+        let events: Vec<Event> = frame.events.iter().map(|e| e.event.clone()).collect();
+        let again = Self::encode(&events, &frame.records);
+        again.bytes == self.bytes && again.blobbed == self.blobbed
     }
 }
 
@@ -409,20 +418,30 @@ pub(crate) fn wire<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::{encode_frame, encode_frame_prefix_into, finish_frame};
-    use crate::ids::WaitId;
-    use crate::records::{WaitKind, WaitRecord, WaitStatus};
+    use crate::codec::{
+        decode_log_record, encode_frame, encode_frame_prefix_into, finish_frame, DecodedFrame,
+        LogRecordWriter,
+    };
+    use crate::keys;
 
-    /// An admission whose input is stored as a blob, an event after it, and a record.
+    /// An admission whose input is stored as a blob, an event after it, and a record; every
+    /// id and number fixed, so its bytes can be recorded.
     fn frame() -> Frame {
+        use crate::ids::{MessageId, RevisionId, TurnId, WaitId};
+        use crate::records::{ExecutionKind, WaitKind, WaitRecord, WaitStatus};
         let mut head = ExecutionHead::new(
-            ExecutionId::new(),
-            SessionId::new(),
-            RunId::new(),
+            ExecutionId::from_bytes([1; 16]),
+            SessionId::from_bytes([2; 16]),
+            RunId::from_bytes([3; 16]),
             ExecutionKind::AgentTurn,
         );
+        head.revision_id = RevisionId::from_bytes([4; 16]);
+        head.turn_id = TurnId::from_bytes([5; 16]);
+        head.user_message_id = MessageId::from_bytes([6; 16]);
+        head.reply_message_id = MessageId::from_bytes([7; 16]);
         head.version = 1;
         head.last_seq = 2;
+        head.last_activity_ms = 1_764_000_000_000;
         let admitted = Event::Admitted {
             kind: head.kind,
             session_id: head.session_id,
@@ -443,13 +462,13 @@ mod tests {
                 execution_id: head.execution_id,
                 seq,
                 position: 10 + seq,
-                at_ms: 1_700,
+                at_ms: 1_764_000_000_000,
                 writer_epoch: 0,
                 event,
             })
             .collect();
         let wait = WaitRecord {
-            wait_id: WaitId::new(),
+            wait_id: WaitId::from_bytes([8; 16]),
             execution_id: head.execution_id,
             kind: WaitKind::Approval,
             prompt: "may I?".into(),
@@ -465,6 +484,19 @@ mod tests {
         }
     }
 
+    /// `frame()` with its identity as log format 3 wrote it before the committer wrote frames
+    /// in two halves, recorded from commit 8a04c11's one-pass `encode_frame`.
+    const V3_FIXTURE_HEX: &str = concat!(
+        "00000148cfb9793c010101010101010101010101010101010101010101010101010101010101010101020202",
+        "0202020202020202020202020203030303030303030303030303030303000004040404040404040404040404",
+        "0404040505050505050505050505050505050506060606060606060606060606060606070707070707070707",
+        "070707070707070000010200000000fd00e897b69a010000010bfd00e897b69a010000000200000202020202",
+        "0202020202020202020202030303030303030303030303030303030004040404040404040404040404040404",
+        "0505050505050505050505050505050506060606060606060606060606060606070707070707070707070707",
+        "0707070700000a0201003fc5e73c73be579d44d6e77e60f43c7270c659137fcdcb5555ffd37daf8978c60102",
+        "080808080808080808080808080808080101010101010101010101010101010100066d617920493f00020000",
+    );
+
     #[test]
     fn s2_the_committer_writes_the_frame_in_two_halves_byte_for_byte() {
         let frame = frame();
@@ -472,12 +504,31 @@ mod tests {
         let tail = FrameTail::encode(&events, &frame.records);
         assert_eq!(tail.blobbed.len(), 1, "the large admission input is a blob");
         for with_identity in [true, false] {
-            let whole = encode_frame(&frame, with_identity, &tail.blobbed);
             let mut start = Vec::new();
             encode_frame_prefix_into(&mut start, &frame, with_identity);
             let len = finish_frame(&mut start, &tail);
-            assert_eq!(len, whole.len());
-            assert_eq!([start, tail.bytes.clone()].concat(), whole);
+            let halves = [start.as_slice(), &tail.bytes].concat();
+            assert_eq!(len, halves.len());
+            assert_eq!(halves, encode_frame(&frame, with_identity, &tail.blobbed));
+            if with_identity {
+                let hex: String = halves.iter().map(|byte| format!("{byte:02x}")).collect();
+                assert_eq!(hex, V3_FIXTURE_HEX, "not the bytes format 3 wrote");
+                // And it reads back as the frame, its input put back from the blob.
+                let mut writer = LogRecordWriter::new();
+                writer.push_halves(&halves[..len - tail.bytes.len()], &tail.bytes);
+                let record = writer.finish(12);
+                let decoded = decode_log_record(&keys::log(11), &record).expect("framing");
+                let Some(DecodedFrame::Ok(mut stored)) = decoded.frames.into_iter().next() else {
+                    panic!("the frame does not decode");
+                };
+                let input = "i".repeat(INPUT_BLOB_BYTES_MIN).into_bytes();
+                let resolved = stored.resolve_blobs(|hash| {
+                    assert_eq!(hash, tail.blobbed[0].1);
+                    Ok(Some(input.clone()))
+                });
+                assert!(resolved.expect("blob read"));
+                assert_eq!(stored.complete(None), Some(frame.clone()));
+            }
         }
     }
 }

@@ -144,8 +144,8 @@ struct Group {
     log_records: Vec<(u64, Vec<u8>)>,
     writer: Option<(u64, LogRecordWriter)>,
     next_position: u64,
-    /// Each frame is encoded here, then copied into its log record (the committer's buffer,
-    /// lent to the group).
+    /// Each frame's header and prefix are encoded here, then copied into its log record with
+    /// the tail the submitter encoded (the committer's buffer, lent to the group).
     frame_bytes: Vec<u8>,
 }
 
@@ -444,6 +444,10 @@ impl Committer {
             records,
         };
         let with_identity = previous_identity != Some(HeadIdentity::of(&frame.head));
+        debug_assert!(
+            tail.is_of(&frame),
+            "the tail encoded at submit is the frame's"
+        );
         encode_frame_prefix_into(&mut group.frame_bytes, &frame, with_identity);
         let frame_len = finish_frame(&mut group.frame_bytes, &tail);
         let limit = self
