@@ -37,10 +37,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::frame::WireFrame;
-pub(crate) use crate::frame::{Frame, FrameTail, HeadIdentity, StoredFrame};
+pub(crate) use crate::frame::{inputs_to_blob, Frame, HeadIdentity, StoredFrame};
 use crate::ids::ExecutionId;
 use crate::keys;
-use crate::records::{CommandRecord, ProcessRecord, ReceiptRecord, WaitRecord};
+use crate::records::{BlobHash, CommandRecord, ProcessRecord, ReceiptRecord, WaitRecord};
 
 /// The format version written in front of every record.
 pub const RECORD_FORMAT_VERSION: u8 = 1;
@@ -178,15 +178,8 @@ impl LogRecordWriter {
     }
 
     /// Appends an already encoded frame (see `encode_frame`).
-    #[cfg(test)]
     pub fn push(&mut self, frame: &[u8]) {
         self.bytes.extend_from_slice(frame);
-    }
-
-    /// Appends a frame the committer wrote in two halves (`finish_frame`).
-    pub fn push_halves(&mut self, start: &[u8], tail: &[u8]) {
-        self.bytes.extend_from_slice(start);
-        self.bytes.extend_from_slice(tail);
     }
 
     /// The record, stamped with the position of its last event.
@@ -209,33 +202,25 @@ pub(crate) fn encoded_size<T: Serialize>(value: &T) -> u64 {
 /// identity only if `with_identity`, and without the admission inputs `blobbed` names
 /// (`inputs_to_blob`; the caller stores them). The committer writes a frame's events with
 /// one execution, time and epoch and consecutive seqs and positions; the format relies on it.
-/// The committer writes the same bytes in two halves (`encode_frame_prefix_into`, `FrameTail`).
 #[cfg(test)]
 pub(crate) fn encode_frame(
     frame: &Frame,
     with_identity: bool,
-    blobbed: &[(u32, crate::records::BlobHash)],
+    blobbed: &[(u32, BlobHash)],
 ) -> Vec<u8> {
-    use bincode::Options;
-    let mut bytes = vec![0; FRAME_HEADER_LEN];
-    bytes[8..24].copy_from_slice(frame.head.execution_id.as_bytes());
-    frame_options()
-        .serialize_into(
-            &mut bytes,
-            &crate::frame::wire(frame, with_identity, blobbed),
-        )
-        .expect("invariant: frames serialize into memory");
-    let len = u32::try_from(bytes.len() - FRAME_HEADER_LEN).unwrap_or(u32::MAX);
-    let crc = crc32fast::hash(&bytes[8..]);
-    bytes[0..4].copy_from_slice(&len.to_be_bytes());
-    bytes[4..8].copy_from_slice(&crc.to_be_bytes());
+    let mut bytes = Vec::new();
+    encode_frame_into(&mut bytes, frame, with_identity, blobbed);
     bytes
 }
 
-/// The start of `frame` in the current format, into `bytes` (cleared first): its header,
-/// which `finish_frame` completes, and its prefix (the head, with its identity only if
-/// `with_identity`, and where its events go). Its tail (`FrameTail`) follows it.
-pub(crate) fn encode_frame_prefix_into(bytes: &mut Vec<u8>, frame: &Frame, with_identity: bool) {
+/// `encode_frame` into `bytes`, which it clears first: the committer encodes every frame
+/// into one buffer, so encoding does not allocate once the buffer has grown.
+pub(crate) fn encode_frame_into(
+    bytes: &mut Vec<u8>,
+    frame: &Frame,
+    with_identity: bool,
+    blobbed: &[(u32, BlobHash)],
+) {
     use bincode::Options;
     let head = &frame.head;
     let first = frame.events.first();
@@ -248,27 +233,19 @@ pub(crate) fn encode_frame_prefix_into(bytes: &mut Vec<u8>, frame: &Frame, with_
                 && event.writer_epoch == first.writer_epoch
         })
     }));
+    let wire = crate::frame::wire(frame, with_identity, blobbed);
     bytes.clear();
     bytes.resize(FRAME_HEADER_LEN, 0);
     bytes[8..24].copy_from_slice(head.execution_id.as_bytes());
     frame_options()
-        .serialize_into(&mut *bytes, &crate::frame::prefix(frame, with_identity))
+        .serialize_into(&mut *bytes, &wire)
         .expect("invariant: frames serialize into memory");
-}
-
-/// Completes the header `encode_frame_prefix_into` left in `start` for the frame `start` +
-/// `tail.bytes`, and returns that frame's length. A frame over 4 GiB gets a wrong length
-/// here, and the size limit (at most 4 GiB, `log.rs`) refuses it before it is written.
-pub(crate) fn finish_frame(start: &mut [u8], tail: &FrameTail) -> usize {
-    let frame_len = start.len() + tail.bytes.len();
-    let len = u32::try_from(frame_len - FRAME_HEADER_LEN).unwrap_or(u32::MAX);
-    // Hashing the tail again is cheaper than `Hasher::combine` (~1,500 instructions).
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&start[8..]);
-    crc.update(&tail.bytes);
-    start[0..4].copy_from_slice(&len.to_be_bytes());
-    start[4..8].copy_from_slice(&crc.finalize().to_be_bytes());
-    frame_len
+    // A frame over 4 GiB gets a wrong length here, and the size limit (at most 4 GiB,
+    // `log.rs`) refuses it before it is written.
+    let len = u32::try_from(bytes.len() - FRAME_HEADER_LEN).unwrap_or(u32::MAX);
+    let crc = crc32fast::hash(&bytes[8..]);
+    bytes[0..4].copy_from_slice(&len.to_be_bytes());
+    bytes[4..8].copy_from_slice(&crc.to_be_bytes());
 }
 
 /// One frame read back from a log record.

@@ -1,7 +1,6 @@
 //! What a log frame holds (codec.rs frames it): one committed transition's head, events and
-//! records in memory (`Frame`), as log formats 2 and 3 write them (a prefix only the committer
-//! knows, `WirePrefixRef`, then the tail the submitting thread encodes, `FrameTail`; read back
-//! as one `WireFrame`), and as read back (`StoredFrame`, whose head is completed with its
+//! records in memory (`Frame`), as log formats 2 and 3 write them (`WireFrameRef`, read back as
+//! `WireFrame`), and as read back (`StoredFrame`, whose head is completed with its
 //! identity and whose blob-stored admission inputs are put back by the reader).
 
 use std::borrow::Cow;
@@ -85,32 +84,15 @@ pub(crate) struct HeadState {
 }
 
 /// A version 2 or 3 frame as written (`WireFrame` reads it back; the two differ only in
-/// bincode's integer encoding, `codec.rs`): its prefix, then its tail. bincode writes a
-/// struct's fields one after the other with nothing between them, so the nesting is not on
-/// disk: `WireFrame` reads the same fields flat. The committer writes the two halves apart
-/// (`codec::encode_frame_prefix_into`, `FrameTail`); tests write them whole.
-#[cfg(test)]
+/// bincode's integer encoding, `codec.rs`).
 #[derive(Serialize)]
 pub(crate) struct WireFrameRef<'a> {
-    prefix: WirePrefixRef<'a>,
-    tail: WireTailRef<'a>,
-}
-
-/// What only the committer knows: the head it writes and where the events go.
-#[derive(Serialize)]
-pub(crate) struct WirePrefixRef<'a> {
     identity: Option<HeadIdentity>,
     head: HeadStateRef<'a>,
     first_seq: u64,
     first_position: u64,
     at_ms: u64,
     writer_epoch: u64,
-}
-
-/// What the writer brings: its events, the admission inputs among them stored as blobs, and
-/// its records (`FrameTail`).
-#[derive(Serialize)]
-struct WireTailRef<'a> {
     events: Vec<Cow<'a, Event>>,
     blobbed: &'a [(u32, BlobHash)],
     records: &'a [RecordValue],
@@ -272,78 +254,19 @@ impl StoredFrame {
     }
 }
 
-/// The admission inputs among `events` to store as blobs: (event index, hash).
-fn inputs_to_blob<'a>(events: impl IntoIterator<Item = &'a Event>) -> Vec<(u32, BlobHash)> {
-    events
-        .into_iter()
+/// The admission inputs of `frame` to store as blobs: (event index, hash).
+pub(crate) fn inputs_to_blob(frame: &Frame) -> Vec<(u32, BlobHash)> {
+    frame
+        .events
+        .iter()
         .zip(0u32..)
-        .filter_map(|(event, index)| match event {
+        .filter_map(|(envelope, index)| match &envelope.event {
             Event::Admitted { input, .. } if input.len() >= INPUT_BLOB_BYTES_MIN => {
                 Some((index, BlobHash::of(input.as_bytes())))
             }
             _ => None,
         })
         .collect()
-}
-
-/// The tail of a frame, encoded by the thread that submits its transition: its events
-/// (admission inputs of `INPUT_BLOB_BYTES_MIN` or more left out, stored as blobs), the blobs
-/// they went to, and its records. The committer writes only the prefix in front of it
-/// (`codec::encode_frame_prefix_into`), so the one thread every commit goes through does not
-/// encode the bulk of the bytes.
-#[derive(Debug)]
-pub(crate) struct FrameTail {
-    pub bytes: Vec<u8>,
-    pub blobbed: Vec<(u32, BlobHash)>,
-}
-
-/// What `FrameTail::encode` reserves up front.
-const TAIL_PRESIZE: usize = 512;
-
-impl FrameTail {
-    pub fn encode(events: &[Event], records: &[RecordValue]) -> Self {
-        use bincode::Options;
-        let blobbed = inputs_to_blob(events);
-        let wire = tail(events, &blobbed, records);
-        // Most tails are a few hundred bytes: grown from empty, one was reallocated about
-        // seven times, which cost more than encoding it (callgrind).
-        let mut bytes = Vec::with_capacity(TAIL_PRESIZE);
-        crate::codec::frame_options()
-            .serialize_into(&mut bytes, &wire)
-            .expect("invariant: frames serialize into memory");
-        Self { bytes, blobbed }
-    }
-}
-
-impl FrameTail {
-    /// Whether this is the tail of `frame` (a debug check of the committer's).
-    pub fn is_of(&self, frame: &Frame) -> bool {
-        let events: Vec<Event> = frame.events.iter().map(|e| e.event.clone()).collect();
-        let again = Self::encode(&events, &frame.records);
-        again.bytes == self.bytes && again.blobbed == self.blobbed
-    }
-}
-
-fn tail<'a>(
-    events: impl IntoIterator<Item = &'a Event>,
-    blobbed: &'a [(u32, BlobHash)],
-    records: &'a [RecordValue],
-) -> WireTailRef<'a> {
-    WireTailRef {
-        events: events
-            .into_iter()
-            .zip(0u32..)
-            .map(|(event, index)| {
-                if blobbed.iter().any(|(blobbed, _)| *blobbed == index) {
-                    Cow::Owned(without_input(event))
-                } else {
-                    Cow::Borrowed(event)
-                }
-            })
-            .collect(),
-        blobbed,
-        records,
-    }
 }
 
 /// `event` without its admission input (stored as a blob).
@@ -376,12 +299,15 @@ fn without_input(event: &Event) -> Event {
     }
 }
 
-/// The prefix of `frame` as versions 2 and 3 write it: with the head's identity only if
-/// `with_identity`.
-pub(crate) fn prefix(frame: &Frame, with_identity: bool) -> WirePrefixRef<'_> {
+/// A frame as versions 2 and 3 write it (see `codec::encode_frame`).
+pub(crate) fn wire<'a>(
+    frame: &'a Frame,
+    with_identity: bool,
+    blobbed: &'a [(u32, BlobHash)],
+) -> WireFrameRef<'a> {
     let head = &frame.head;
     let first = frame.events.first();
-    WirePrefixRef {
+    WireFrameRef {
         identity: with_identity.then(|| HeadIdentity::of(head)),
         head: HeadStateRef {
             state: head.state,
@@ -398,30 +324,27 @@ pub(crate) fn prefix(frame: &Frame, with_identity: bool) -> WirePrefixRef<'_> {
         first_position: first.map_or(0, |event| event.position),
         at_ms: first.map_or(0, |event| event.at_ms),
         writer_epoch: first.map_or(0, |event| event.writer_epoch),
-    }
-}
-
-/// A frame as versions 2 and 3 write it, whole (see `codec::encode_frame`).
-#[cfg(test)]
-pub(crate) fn wire<'a>(
-    frame: &'a Frame,
-    with_identity: bool,
-    blobbed: &'a [(u32, BlobHash)],
-) -> WireFrameRef<'a> {
-    let events = frame.events.iter().map(|envelope| &envelope.event);
-    WireFrameRef {
-        prefix: prefix(frame, with_identity),
-        tail: tail(events, blobbed, &frame.records),
+        events: frame
+            .events
+            .iter()
+            .zip(0u32..)
+            .map(|(envelope, index)| {
+                if blobbed.iter().any(|(blobbed, _)| *blobbed == index) {
+                    Cow::Owned(without_input(&envelope.event))
+                } else {
+                    Cow::Borrowed(&envelope.event)
+                }
+            })
+            .collect(),
+        blobbed,
+        records: &frame.records,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::{
-        decode_log_record, encode_frame, encode_frame_prefix_into, finish_frame, DecodedFrame,
-        LogRecordWriter,
-    };
+    use crate::codec::{decode_log_record, encode_frame, DecodedFrame, LogRecordWriter};
     use crate::keys;
 
     /// An admission whose input is stored as a blob, an event after it, and a record; every
@@ -484,8 +407,9 @@ mod tests {
         }
     }
 
-    /// `frame()` with its identity as log format 3 wrote it before the committer wrote frames
-    /// in two halves, recorded from commit 8a04c11's one-pass `encode_frame`.
+    /// `frame()` with its identity as log format 3 writes it, recorded from commit 8a04c11's
+    /// `encode_frame`: an admission input stored as a blob and a record, which the fixtures
+    /// of `codec.rs` do not have.
     const V3_FIXTURE_HEX: &str = concat!(
         "00000148cfb9793c010101010101010101010101010101010101010101010101010101010101010101020202",
         "0202020202020202020202020203030303030303030303030303030303000004040404040404040404040404",
@@ -498,37 +422,27 @@ mod tests {
     );
 
     #[test]
-    fn s2_the_committer_writes_the_frame_in_two_halves_byte_for_byte() {
+    fn s6_format_3_writes_a_blobbed_input_and_a_record_as_it_always_did() {
         let frame = frame();
-        let events: Vec<Event> = frame.events.iter().map(|e| e.event.clone()).collect();
-        let tail = FrameTail::encode(&events, &frame.records);
-        assert_eq!(tail.blobbed.len(), 1, "the large admission input is a blob");
-        for with_identity in [true, false] {
-            let mut start = Vec::new();
-            encode_frame_prefix_into(&mut start, &frame, with_identity);
-            let len = finish_frame(&mut start, &tail);
-            let halves = [start.as_slice(), &tail.bytes].concat();
-            assert_eq!(len, halves.len());
-            assert_eq!(halves, encode_frame(&frame, with_identity, &tail.blobbed));
-            if with_identity {
-                let hex: String = halves.iter().map(|byte| format!("{byte:02x}")).collect();
-                assert_eq!(hex, V3_FIXTURE_HEX, "not the bytes format 3 wrote");
-                // And it reads back as the frame, its input put back from the blob.
-                let mut writer = LogRecordWriter::new();
-                writer.push_halves(&halves[..len - tail.bytes.len()], &tail.bytes);
-                let record = writer.finish(12);
-                let decoded = decode_log_record(&keys::log(11), &record).expect("framing");
-                let Some(DecodedFrame::Ok(mut stored)) = decoded.frames.into_iter().next() else {
-                    panic!("the frame does not decode");
-                };
-                let input = "i".repeat(INPUT_BLOB_BYTES_MIN).into_bytes();
-                let resolved = stored.resolve_blobs(|hash| {
-                    assert_eq!(hash, tail.blobbed[0].1);
-                    Ok(Some(input.clone()))
-                });
-                assert!(resolved.expect("blob read"));
-                assert_eq!(stored.complete(None), Some(frame.clone()));
-            }
-        }
+        let blobbed = inputs_to_blob(&frame);
+        assert_eq!(blobbed.len(), 1, "the large admission input is a blob");
+        let bytes = encode_frame(&frame, true, &blobbed);
+        let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+        assert_eq!(hex, V3_FIXTURE_HEX, "not the bytes format 3 wrote");
+        // And it reads back from a log record as the frame, its input put back from the blob.
+        let mut writer = LogRecordWriter::new();
+        writer.push(&bytes);
+        let record = writer.finish(12);
+        let decoded = decode_log_record(&keys::log(11), &record).expect("framing");
+        let Some(DecodedFrame::Ok(mut stored)) = decoded.frames.into_iter().next() else {
+            panic!("the frame does not decode");
+        };
+        let input = "i".repeat(INPUT_BLOB_BYTES_MIN).into_bytes();
+        let resolved = stored.resolve_blobs(|hash| {
+            assert_eq!(hash, blobbed[0].1);
+            Ok(Some(input.clone()))
+        });
+        assert!(resolved.expect("blob read"));
+        assert_eq!(stored.complete(None), Some(frame));
     }
 }

@@ -30,7 +30,7 @@ use foldhash::{HashMap, HashMapExt};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::codec::{
-    encode_frame_prefix_into, finish_frame, Frame, HeadIdentity, LogRecordWriter, RecordValue,
+    encode_frame_into, inputs_to_blob, Frame, HeadIdentity, LogRecordWriter, RecordValue,
     LOG_RECORD_BYTES_MAX,
 };
 use crate::error::{Error, Result};
@@ -41,7 +41,7 @@ use crate::keys;
 use crate::overlay::{index_state, Overlay, Slice};
 use crate::records::{CommandRecord, CommandStatus, ExecutionHead, ExecutionState};
 use crate::shared::{add_elapsed_micros, Shared};
-use crate::transition::{Committed, Outcome, Prepared};
+use crate::transition::{Committed, Outcome, Transition, Upsert};
 
 /// What waits in the committer's queue.
 // Nearly every request is a transition; boxing it would cost an allocation per transition
@@ -51,7 +51,7 @@ use crate::transition::{Committed, Outcome, Prepared};
 pub(crate) enum Request {
     /// A transition, with where to send its answer.
     Transition {
-        transition: Prepared,
+        transition: Transition,
         reply: oneshot::Sender<Result<Outcome>>,
     },
     /// Time passed: lets an idle store finish (or start) a materialization, so the overlay
@@ -144,8 +144,8 @@ struct Group {
     log_records: Vec<(u64, Vec<u8>)>,
     writer: Option<(u64, LogRecordWriter)>,
     next_position: u64,
-    /// Each frame's header and prefix are encoded here, then copied into its log record with
-    /// the tail the submitter encoded (the committer's buffer, lent to the group).
+    /// Each frame is encoded here, then copied into its log record (the committer's buffer,
+    /// lent to the group).
     frame_bytes: Vec<u8>,
 }
 
@@ -319,19 +319,17 @@ impl Committer {
         &self,
         group: &mut Group,
         batch: &mut sled::Batch,
-        transition: Prepared,
+        transition: Transition,
         at_ms: u64,
         answer: usize,
     ) -> Result<Outcome> {
-        let Prepared {
+        let Transition {
             execution_id,
             expected_version,
             writer_epoch,
             head,
             events,
-            records,
-            blobs,
-            tail,
+            upserts,
         } = transition;
         if events.is_empty() {
             return Err(Error::InvalidTransition(
@@ -350,8 +348,8 @@ impl Committer {
 
         // K-4 before the version check: a retried command gets its stored outcome even when
         // the execution has moved on since.
-        for record in &records {
-            if let RecordValue::Command(command) = record {
+        for upsert in &upserts {
+            if let Upsert::Command(command) = upsert {
                 if command.execution_id != execution_id {
                     return Err(Error::InvalidTransition(
                         "a command names another execution".into(),
@@ -438,34 +436,41 @@ impl Committer {
         let n_events = envelopes.len() as u64;
         next.last_seq = first_seq + n_events - 1;
 
+        let mut records = Vec::new();
+        let mut blobs = Vec::new();
+        for upsert in upserts {
+            if let Upsert::Blob(blob) = &upsert {
+                blobs.push(blob.clone());
+            }
+            if let Some(record) = upsert.into_record() {
+                records.push(record);
+            }
+        }
         let frame = Frame {
             head: next,
             events: envelopes,
             records,
         };
         let with_identity = previous_identity != Some(HeadIdentity::of(&frame.head));
-        debug_assert!(
-            tail.is_of(&frame),
-            "the tail encoded at submit is the frame's"
-        );
-        encode_frame_prefix_into(&mut group.frame_bytes, &frame, with_identity);
-        let frame_len = finish_frame(&mut group.frame_bytes, &tail);
+        // S-5: a large admission input is stored once, as a blob, and referenced.
+        let blobbed = inputs_to_blob(&frame);
+        encode_frame_into(&mut group.frame_bytes, &frame, with_identity, &blobbed);
+        let encoded = &group.frame_bytes;
         let limit = self
             .shared
             .limits
             .transition_bytes_max
             .min(u32::MAX as usize);
-        if frame_len > limit {
+        if encoded.len() > limit {
             return Err(Error::PayloadTooLarge {
                 what: "transition",
-                len: frame_len,
+                len: encoded.len(),
                 max: limit,
             });
         }
 
-        // Committed: from here on the group owns the change. S-5: a large admission input is
-        // stored once, as a blob, and referenced (`FrameTail`).
-        let inputs = tail.blobbed.iter().filter_map(|(index, hash)| {
+        // Committed: from here on the group owns the change.
+        let inputs = blobbed.iter().filter_map(|(index, hash)| {
             match &frame.events.get(*index as usize)?.event {
                 Event::Admitted { input, .. } => Some((*hash, input.as_bytes())),
                 _ => None,
@@ -487,7 +492,7 @@ impl Committer {
         }
         group.next_position += n_events;
         let (record, writer) = match &mut group.writer {
-            Some((record, writer)) if writer.len() + frame_len <= LOG_RECORD_BYTES_MAX => {
+            Some((record, writer)) if writer.len() + encoded.len() <= LOG_RECORD_BYTES_MAX => {
                 (*record, writer)
             }
             slot => {
@@ -502,7 +507,7 @@ impl Committer {
                 )
             }
         };
-        writer.push_halves(&group.frame_bytes, &tail.bytes);
+        writer.push(encoded);
         let committed = Committed {
             version: frame.head.version,
             seqs: first_seq..=frame.head.last_seq,

@@ -396,7 +396,6 @@ impl EventStore for Store {
         // Queued now when there is room: the future then holds only the answer's receiver,
         // a small allocation instead of one that carries the whole transition.
         let (reply, answer) = oneshot::channel();
-        let transition = transition.prepare();
         match sender.try_send(Request::Transition { transition, reply }) {
             Ok(()) => async move { answer.await.map_err(|_| Error::Closed)? }.boxed(),
             Err(mpsc::error::TrySendError::Full(request)) => {

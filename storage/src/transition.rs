@@ -5,7 +5,7 @@
 
 use std::ops::RangeInclusive;
 
-use crate::codec::{self, FrameTail, RecordValue};
+use crate::codec::{self, RecordValue};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventEnvelope};
 use crate::ids::ExecutionId;
@@ -79,44 +79,6 @@ impl Transition {
         self.upserts.push(upsert);
         self
     }
-
-    /// The transition as the committer takes it, made on the submitting thread: its upserts
-    /// split into records and blobs, and the tail of its frame encoded.
-    pub(crate) fn prepare(self) -> Prepared {
-        let mut records = Vec::new();
-        let mut blobs = Vec::new();
-        for upsert in self.upserts {
-            match upsert {
-                Upsert::Blob(blob) => blobs.push(blob),
-                upsert => records.extend(upsert.into_record()),
-            }
-        }
-        Prepared {
-            tail: FrameTail::encode(&self.events, &records),
-            execution_id: self.execution_id,
-            expected_version: self.expected_version,
-            writer_epoch: self.writer_epoch,
-            head: self.head,
-            events: self.events,
-            records,
-            blobs,
-        }
-    }
-}
-
-/// A `Transition` prepared for the committer (`Transition::prepare`).
-#[derive(Debug)]
-pub(crate) struct Prepared {
-    pub execution_id: ExecutionId,
-    pub expected_version: Option<u64>,
-    pub writer_epoch: Option<u64>,
-    pub head: Option<ExecutionHead>,
-    pub events: Vec<Event>,
-    /// Its upserts but blobs, in their order.
-    pub records: Vec<RecordValue>,
-    pub blobs: Vec<Blob>,
-    /// Its frame's events, blobbed inputs and records, encoded.
-    pub tail: FrameTail,
 }
 
 /// A record written with a transition.
