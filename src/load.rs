@@ -8,7 +8,7 @@
 //! execution (so an execution of K steps gives K-1 samples). An execution is timed from
 //! admission to its terminal state. Nothing here asserts a figure: it measures and reports.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -20,9 +20,10 @@ use hdrhistogram::Histogram;
 use openprogram_actors::agent::{Tool, ToolCall};
 use openprogram_actors::execution::machine::Recovery;
 use openprogram_storage::{ExecutionId, MetricsSnapshot, SessionId};
-use serde::Serialize;
 use serde_json::json;
 
+use crate::load_report::ms;
+pub use crate::load_report::LoadReport;
 use crate::process_stats::{cpu_by_role, peak_rss_mib, process_cpu, rss_kib, thread_cpu};
 use crate::{Error, Result, Runtime, StartRequest};
 
@@ -46,67 +47,6 @@ pub struct LoadOptions {
     /// After the load, park this many executions (admitted paused, one Step, actor
     /// released) and report resident memory per parked execution.
     pub park: Option<usize>,
-}
-
-/// What was measured (the `--json` line).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct LoadReport {
-    /// `embedded`, or the URL of the server driven (`--url`).
-    pub target: String,
-    pub executions: usize,
-    pub steps: usize,
-    pub total_steps: u64,
-    pub concurrency: usize,
-    pub payload_bytes: usize,
-    pub completed: usize,
-    pub failed: usize,
-    pub wall_s: f64,
-    pub steps_per_s: f64,
-    pub executions_per_s: f64,
-    pub step_p50_ms: f64,
-    pub step_p99_ms: f64,
-    pub step_p999_ms: f64,
-    pub step_max_ms: f64,
-    pub execution_p50_ms: f64,
-    pub execution_p99_ms: f64,
-    pub fsyncs: u64,
-    /// Execution states loaded for an activation or a read: from the parked states the
-    /// runtime keeps, and by replaying an execution's events (Pause/Continue and commands to
-    /// finished executions activate them).
-    pub state_loads_parked: u64,
-    pub state_loads_replayed: u64,
-    pub peak_rss_mib: f64,
-    /// CPU time of the whole process (every thread, user and system) while the load ran, per
-    /// step; `None` where `/proc/self/stat` cannot be read. Steadier than steps/s on a
-    /// machine whose speed varies: it does not count time spent waiting.
-    pub cpu_us_per_step: Option<f64>,
-    /// `cpu_us_per_step` by thread role (`process_stats::thread_role`: actors, committer,
-    /// sled_io, tokio, other); a thread that ended during the run counts as `other`.
-    pub cpu_us_per_step_by_role: Option<BTreeMap<&'static str, f64>>,
-    /// Share of the run's wall time the store's one writer spent on group commits (%), and the
-    /// shares of the wall it spent in sled's `flush()` and in fsync (both within the first):
-    /// near 100, the committer is what limits the load. flush and fsync are mostly waits on
-    /// the disk; sled's `flush()` also writes its buffer itself when no IO thread has.
-    pub committer_busy_pct: Option<f64>,
-    pub committer_flush_pct: Option<f64>,
-    pub committer_fsync_pct: Option<f64>,
-    /// Raw sled records per second in the same run, with `--baseline`.
-    pub raw_per_s: Option<f64>,
-    /// Durable transitions per second (two per step) over `raw_per_s`.
-    pub ratio_to_raw: Option<f64>,
-    /// With `--commands-per-s`: commands sent and rejected; the latency (call → answer) of
-    /// the applied ones (Q-4: accepted → applied), and apart, the rejected ones' p99 (a
-    /// command that reaches an execution just finished: it is activated to answer).
-    pub commands: Option<u64>,
-    pub commands_rejected: Option<u64>,
-    pub command_p50_ms: Option<f64>,
-    pub command_p99_ms: Option<f64>,
-    pub rejected_p99_ms: Option<f64>,
-    /// With `--park`: executions parked and resident memory per parked execution.
-    pub parked: Option<usize>,
-    pub rss_per_parked_bytes: Option<f64>,
-    /// With `--url`: why the first failed execution failed, if one did.
-    pub first_error: Option<String>,
 }
 
 /// Parks `n` executions in `session`: each is admitted paused and stepped once (its actor
@@ -330,10 +270,6 @@ pub(crate) fn histogram() -> Histogram<u64> {
     // Three significant digits up to an hour in microseconds: `new_with_bounds` cannot fail
     // for these constants.
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("invariant: valid histogram bounds")
-}
-
-pub(crate) fn ms(histogram: &Histogram<u64>, quantile: f64) -> f64 {
-    histogram.value_at_quantile(quantile) as f64 / 1000.0
 }
 
 /// The script of every execution of the load, embedded or over HTTP: `steps` `echo` calls
@@ -581,118 +517,4 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
 
 fn histogram_empty() -> Histogram<u64> {
     histogram()
-}
-
-impl LoadReport {
-    /// A report of a load of `options` on `target`, with the latency percentiles of its
-    /// steps and executions (histograms in µs); the caller fills in the rest.
-    pub(crate) fn measured(
-        target: String,
-        options: &LoadOptions,
-        steps_us: &Histogram<u64>,
-        executions_us: &Histogram<u64>,
-    ) -> Self {
-        Self {
-            target,
-            executions: options.executions,
-            steps: options.steps,
-            concurrency: options.concurrency,
-            payload_bytes: options.payload_bytes,
-            step_p50_ms: ms(steps_us, 0.50),
-            step_p99_ms: ms(steps_us, 0.99),
-            step_p999_ms: ms(steps_us, 0.999),
-            step_max_ms: steps_us.max() as f64 / 1000.0,
-            execution_p50_ms: ms(executions_us, 0.50),
-            execution_p99_ms: ms(executions_us, 0.99),
-            ..Self::default()
-        }
-    }
-
-    /// The readable summary table.
-    pub fn table(&self) -> String {
-        let mut rows = vec![
-            ("target", self.target.clone()),
-            (
-                "executions",
-                format!(
-                    "{} ({} completed, {} failed)",
-                    self.executions, self.completed, self.failed
-                ),
-            ),
-            ("steps per execution", self.steps.to_string()),
-            ("concurrency", self.concurrency.to_string()),
-            ("payload bytes", self.payload_bytes.to_string()),
-            ("wall", format!("{:.2} s", self.wall_s)),
-            ("durable steps/s", format!("{:.0}", self.steps_per_s)),
-            ("executions/s", format!("{:.0}", self.executions_per_s)),
-            (
-                "step p50 / p99 / p999 / max",
-                format!(
-                    "{:.3} / {:.3} / {:.3} / {:.3} ms",
-                    self.step_p50_ms, self.step_p99_ms, self.step_p999_ms, self.step_max_ms
-                ),
-            ),
-            (
-                "execution p50 / p99",
-                format!(
-                    "{:.1} / {:.1} ms",
-                    self.execution_p50_ms, self.execution_p99_ms
-                ),
-            ),
-            ("fsyncs", self.fsyncs.to_string()),
-            (
-                "states: parked / replayed",
-                format!(
-                    "{} / {}",
-                    self.state_loads_parked, self.state_loads_replayed
-                ),
-            ),
-            ("peak RSS", format!("{:.1} MiB", self.peak_rss_mib)),
-        ];
-        if let Some(cpu) = self.cpu_us_per_step {
-            rows.push(("CPU per step", format!("{cpu:.1} µs (all threads)")));
-        }
-        if let Some(roles) = &self.cpu_us_per_step_by_role {
-            let order = ["actors", "committer", "sled_io", "tokio", "other"];
-            let roles: Vec<String> = order
-                .iter()
-                .filter_map(|role| Some(format!("{role} {:.1}", roles.get(role)?)))
-                .collect();
-            rows.push(("  by thread (µs)", roles.join(", ")));
-        }
-        if let (Some(busy), Some(flush), Some(fsync)) = (
-            self.committer_busy_pct,
-            self.committer_flush_pct,
-            self.committer_fsync_pct,
-        ) {
-            rows.push((
-                "committer busy",
-                format!("{busy:.0}% of wall (in flush {flush:.0}%, in fsync {fsync:.0}% of wall)"),
-            ));
-        }
-        if let Some(sent) = self.commands {
-            let rejected = self.commands_rejected.unwrap_or(0);
-            rows.push(("commands (rejected)", format!("{sent} ({rejected})")));
-            if let (Some(p50), Some(p99)) = (self.command_p50_ms, self.command_p99_ms) {
-                rows.push((
-                    "applied command p50 / p99",
-                    format!("{p50:.3} / {p99:.3} ms"),
-                ));
-            }
-            if let Some(p99) = self.rejected_p99_ms {
-                rows.push(("rejected command p99", format!("{p99:.3} ms")));
-            }
-        }
-        if let (Some(parked), Some(bytes)) = (self.parked, self.rss_per_parked_bytes) {
-            rows.push(("parked executions", parked.to_string()));
-            rows.push(("RSS per parked execution", format!("{bytes:.0} bytes")));
-        }
-        if let (Some(raw), Some(ratio)) = (self.raw_per_s, self.ratio_to_raw) {
-            rows.push(("raw sled records/s", format!("{raw:.0}")));
-            rows.push(("transitions / raw", format!("{ratio:.2}")));
-        }
-        rows.iter()
-            .map(|(name, value)| format!("{name:<30} {value}\n"))
-            .collect()
-    }
 }
