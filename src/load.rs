@@ -24,7 +24,9 @@ use serde_json::json;
 
 use crate::load_report::ms;
 pub use crate::load_report::LoadReport;
-use crate::process_stats::{cpu_by_role, peak_rss_mib, process_cpu, rss_kib, thread_cpu};
+use crate::process_stats::{
+    cpu_by_role, peak_rss_mib, process_cpu, rss_kib, thread_times, waited_by_role,
+};
 use crate::{Error, Result, Runtime, StartRequest};
 
 /// What to run.
@@ -341,7 +343,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     let fsyncs_before = store_before.fsyncs;
     // The threads are read inside the process's readings, so that their sum stays within it.
     let cpu_before = process_cpu();
-    let threads_before = thread_cpu();
+    let threads_before = thread_times();
     let started = Instant::now();
     let workers: Vec<_> = (0..options.concurrency.min(options.executions))
         .map(|_| {
@@ -407,10 +409,14 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
             .map_err(|error| Error::Internal(format!("a load worker panicked: {error}")))??;
     }
     let wall = started.elapsed();
-    let threads_after = thread_cpu();
+    let threads_after = thread_times();
     let cpu = process_cpu()
         .zip(cpu_before)
         .map(|(after, before)| after.saturating_sub(before));
+    let waited = threads_before
+        .as_ref()
+        .zip(threads_after.as_ref())
+        .and_then(|(before, after)| waited_by_role(before, after));
     let roles = threads_before
         .zip(threads_after)
         .zip(cpu)
@@ -488,6 +494,13 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         peak_rss_mib,
         cpu_us_per_step,
         cpu_us_per_step_by_role,
+        run_queue_wait_pct_by_role: waited.map(|waited| {
+            let pct = |time: Duration| time.as_secs_f64() / wall.as_secs_f64() * 100.0;
+            waited
+                .into_iter()
+                .map(|(role, time)| (role, pct(time)))
+                .collect()
+        }),
         committer_busy_pct: busy_pct(|metrics| metrics.group_micros_total),
         committer_flush_pct: busy_pct(|metrics| metrics.flush_micros_total),
         committer_fsync_pct: busy_pct(|metrics| metrics.fsync_micros_total),

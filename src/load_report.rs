@@ -43,6 +43,11 @@ pub struct LoadReport {
     /// `cpu_us_per_step` by thread role (`process_stats::thread_role`: actors, committer,
     /// sled_io, tokio, other); a thread that ended during the run counts as `other`.
     pub cpu_us_per_step_by_role: Option<BTreeMap<&'static str, f64>>,
+    /// Share of the wall (%) each role's threads spent runnable but waiting for a CPU (the
+    /// scheduler's run queue), summed over the role's threads still live at the end: two
+    /// arbiters each waiting half the run give 100. The committer's share is time every
+    /// commit waited with it. `None` where the kernel keeps no `schedstat`.
+    pub run_queue_wait_pct_by_role: Option<BTreeMap<&'static str, f64>>,
     /// Share of the run's wall time the store's one writer spent on group commits (%), and the
     /// shares of the wall it spent in sled's `flush()` and in fsync (both within the first):
     /// near 100, the committer is what limits the load. flush and fsync are mostly waits on
@@ -72,6 +77,9 @@ pub struct LoadReport {
 pub(crate) fn ms(histogram: &Histogram<u64>, quantile: f64) -> f64 {
     histogram.value_at_quantile(quantile) as f64 / 1000.0
 }
+
+/// The thread roles (`process_stats::thread_role`) in the order the table shows them.
+const ROLES: [&str; 5] = ["actors", "committer", "sled_io", "tokio", "other"];
 
 impl LoadReport {
     /// A report of a load of `options` on `target`, with the latency percentiles of its
@@ -143,12 +151,18 @@ impl LoadReport {
             rows.push(("CPU per step", format!("{cpu:.1} µs (all threads)")));
         }
         if let Some(roles) = &self.cpu_us_per_step_by_role {
-            let order = ["actors", "committer", "sled_io", "tokio", "other"];
-            let roles: Vec<String> = order
+            let roles: Vec<String> = ROLES
                 .iter()
                 .filter_map(|role| Some(format!("{role} {:.1}", roles.get(role)?)))
                 .collect();
             rows.push(("  by thread (µs)", roles.join(", ")));
+        }
+        if let Some(waited) = &self.run_queue_wait_pct_by_role {
+            let roles: Vec<String> = ROLES
+                .iter()
+                .filter_map(|role| Some(format!("{role} {:.0}%", waited.get(role)?)))
+                .collect();
+            rows.push(("  waiting for a CPU (of wall)", roles.join(", ")));
         }
         if let (Some(busy), Some(flush), Some(fsync)) = (
             self.committer_busy_pct,

@@ -11,11 +11,23 @@ pub fn process_cpu() -> Option<Duration> {
     cpu_of_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)
 }
 
-/// One reading of this process's live threads: by thread id, its role (`thread_role`) and the
-/// CPU time it has used so far; `None` where unknown. The time is `schedstat`'s nanoseconds
-/// on a CPU where the kernel keeps them, else `stat`'s user and system ticks (10 ms each,
-/// each rounded down: too coarse for a thread that ran a few milliseconds).
-pub fn thread_cpu() -> Option<BTreeMap<u32, (&'static str, Duration)>> {
+/// One thread in a reading of `thread_times`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThreadTimes {
+    /// What the thread does (`thread_role`).
+    pub role: &'static str,
+    /// Time on a CPU so far.
+    pub cpu: Duration,
+    /// Time runnable but waiting for a CPU so far (the scheduler's run queue); `None` where
+    /// the kernel keeps no `schedstat`.
+    pub waited: Option<Duration>,
+}
+
+/// One reading of this process's live threads, by thread id; `None` where unknown. The CPU
+/// time is `schedstat`'s nanoseconds where the kernel keeps them, else `stat`'s user and
+/// system ticks (10 ms each, each rounded down: too coarse for a thread that ran a few
+/// milliseconds).
+pub fn thread_times() -> Option<BTreeMap<u32, ThreadTimes>> {
     let mut threads = BTreeMap::new();
     for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
         let Some(tid) = task.file_name().to_str().and_then(|name| name.parse().ok()) else {
@@ -26,40 +38,61 @@ pub fn thread_cpu() -> Option<BTreeMap<u32, (&'static str, Duration)>> {
             continue;
         };
         let schedstat = std::fs::read_to_string(task.path().join("schedstat")).ok();
-        let cpu = schedstat
-            .as_deref()
-            .and_then(cpu_of_schedstat)
-            .or_else(|| cpu_of_stat(&stat));
+        let (cpu, waited) = match schedstat.as_deref().and_then(times_of_schedstat) {
+            Some((cpu, waited)) => (Some(cpu), Some(waited)),
+            None => (cpu_of_stat(&stat), None),
+        };
         if let (Some(name), Some(cpu)) = (thread_name(&stat), cpu) {
-            threads.insert(tid, (thread_role(name), cpu));
+            let role = thread_role(name);
+            threads.insert(tid, ThreadTimes { role, cpu, waited });
         }
     }
     Some(threads)
 }
 
-/// CPU time by thread role between two readings of `thread_cpu`: each thread's time since
+/// CPU time by thread role between two readings of `thread_times`: each thread's time since
 /// the first reading (all of it for a thread started since), added to its role. What the
 /// threads still live do not account for of the process's `cpu` (threads that ended
 /// meanwhile, such as sled's idle IO threads) is added to `other`.
 pub fn cpu_by_role(
-    before: &BTreeMap<u32, (&'static str, Duration)>,
-    after: &BTreeMap<u32, (&'static str, Duration)>,
+    before: &BTreeMap<u32, ThreadTimes>,
+    after: &BTreeMap<u32, ThreadTimes>,
     cpu: Duration,
 ) -> BTreeMap<&'static str, Duration> {
     let mut spent = BTreeMap::new();
-    for (tid, (role, used)) in after {
-        let earlier = before.get(tid).map(|(_, used)| *used).unwrap_or_default();
-        *spent.entry(*role).or_insert(Duration::ZERO) += used.saturating_sub(earlier);
+    for (tid, times) in after {
+        let earlier = before.get(tid).map(|times| times.cpu).unwrap_or_default();
+        *spent.entry(times.role).or_insert(Duration::ZERO) += times.cpu.saturating_sub(earlier);
     }
     let unaccounted = cpu.saturating_sub(spent.values().sum());
     *spent.entry("other").or_insert(Duration::ZERO) += unaccounted;
     spent
 }
 
-/// The time on a CPU of a `/proc/PID/task/TID/schedstat` line: its first field, in ns.
-fn cpu_of_schedstat(schedstat: &str) -> Option<Duration> {
-    let nanos = schedstat.split_whitespace().next()?.parse().ok()?;
-    Some(Duration::from_nanos(nanos))
+/// Time spent waiting for a CPU by thread role between two readings of `thread_times`,
+/// summed over the role's threads still live at the second (two threads of a role each
+/// waiting half the time add up to all of it); `None` where the kernel keeps no `schedstat`.
+/// A thread busy on a machine with fewer cores than runnable threads waits here: when it is
+/// the committer, every commit waits with it.
+pub fn waited_by_role(
+    before: &BTreeMap<u32, ThreadTimes>,
+    after: &BTreeMap<u32, ThreadTimes>,
+) -> Option<BTreeMap<&'static str, Duration>> {
+    let mut waited = BTreeMap::new();
+    for (tid, times) in after {
+        let earlier = before.get(tid).and_then(|times| times.waited);
+        let since = times.waited?.saturating_sub(earlier.unwrap_or_default());
+        *waited.entry(times.role).or_insert(Duration::ZERO) += since;
+    }
+    Some(waited)
+}
+
+/// A `/proc/PID/task/TID/schedstat` line: time on a CPU and time waiting on a run queue (its
+/// first two fields, in ns).
+fn times_of_schedstat(schedstat: &str) -> Option<(Duration, Duration)> {
+    let mut fields = schedstat.split_whitespace().map(|field| field.parse().ok());
+    let (cpu, waited) = (fields.next()??, fields.next()??);
+    Some((Duration::from_nanos(cpu), Duration::from_nanos(waited)))
 }
 
 /// What a thread of this runtime does, from its name (as Linux keeps it, cut to 15 bytes):
@@ -158,22 +191,62 @@ mod tests {
     }
 
     #[test]
-    fn q1_schedstat_gives_nanoseconds_on_a_cpu() {
+    fn q1_schedstat_gives_nanoseconds_on_a_cpu_and_waiting_for_one() {
         assert_eq!(
-            cpu_of_schedstat("1838163 120 70\n"),
-            Some(Duration::from_nanos(1_838_163))
+            times_of_schedstat("1838163 120 70\n"),
+            Some((Duration::from_nanos(1_838_163), Duration::from_nanos(120)))
         );
-        assert_eq!(cpu_of_schedstat(""), None);
-        assert_eq!(cpu_of_schedstat("x 1 2"), None);
+        assert_eq!(times_of_schedstat(""), None);
+        assert_eq!(times_of_schedstat("1838163"), None);
+        assert_eq!(times_of_schedstat("x 1 2"), None);
+        assert_eq!(times_of_schedstat("1 x 2"), None);
+    }
+
+    fn times(role: &'static str, cpu_ms: u64, waited_ms: Option<u64>) -> ThreadTimes {
+        ThreadTimes {
+            role,
+            cpu: Duration::from_millis(cpu_ms),
+            waited: waited_ms.map(Duration::from_millis),
+        }
+    }
+
+    #[test]
+    fn q1_waits_for_a_cpu_add_up_by_role_over_the_threads_still_live() {
+        let ms = Duration::from_millis;
+        let before = BTreeMap::from([
+            (1, times("actors", 100, Some(10))),
+            (2, times("actors", 100, Some(20))),
+            (3, times("committer", 50, Some(5))),
+        ]);
+        // Both arbiters waited 30 ms more; the committer 12; a new sled IO thread 4.
+        let after = BTreeMap::from([
+            (1, times("actors", 150, Some(40))),
+            (2, times("actors", 150, Some(50))),
+            (3, times("committer", 90, Some(17))),
+            (4, times("sled_io", 1, Some(4))),
+        ]);
+        let waited = waited_by_role(&before, &after).expect("schedstat kept");
+        assert_eq!(waited["actors"], ms(60));
+        assert_eq!(waited["committer"], ms(12));
+        assert_eq!(waited["sled_io"], ms(4));
+        // Without schedstat nothing is known.
+        let unknown = BTreeMap::from([(1, times("actors", 150, None))]);
+        assert_eq!(waited_by_role(&before, &unknown), None);
     }
 
     #[test]
     fn q1_cpu_by_role_adds_each_threads_own_time_and_leaves_the_rest_to_other() {
         let ms = Duration::from_millis;
-        let before = BTreeMap::from([(1, ("actors", ms(100))), (2, ("sled_io", ms(50)))]);
+        let before = BTreeMap::from([
+            (1, times("actors", 100, None)),
+            (2, times("sled_io", 50, None)),
+        ]);
         // Thread 2 ended (its 30 ms since `before` are only in the process total); thread 3
         // started; thread 1 ran 40 ms more.
-        let after = BTreeMap::from([(1, ("actors", ms(140))), (3, ("sled_io", ms(5)))]);
+        let after = BTreeMap::from([
+            (1, times("actors", 140, None)),
+            (3, times("sled_io", 5, None)),
+        ]);
         let spent = cpu_by_role(&before, &after, ms(75));
         assert_eq!(spent["actors"], ms(40));
         assert_eq!(spent["sled_io"], ms(5));
@@ -182,11 +255,11 @@ mod tests {
 
     #[test]
     fn q1_this_process_reads_its_threads_by_role() {
-        let Some(before) = thread_cpu() else {
+        let Some(before) = thread_times() else {
             return; // not Linux: nothing to read
         };
         // The test harness names its threads after the tests, so this thread is `other`.
-        let other = |after: &BTreeMap<u32, (&'static str, Duration)>| {
+        let other = |after: &BTreeMap<u32, ThreadTimes>| {
             cpu_by_role(&before, after, Duration::ZERO)
                 .get("other")
                 .copied()
@@ -194,7 +267,7 @@ mod tests {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let mut work = 0u64;
         loop {
-            let after = thread_cpu().unwrap_or_default();
+            let after = thread_times().unwrap_or_default();
             if other(&after) > Some(Duration::ZERO) {
                 break;
             }
