@@ -38,7 +38,7 @@ use openprogram_storage::{
 pub mod http;
 pub mod load;
 pub mod load_remote;
-pub mod load_report;
+mod load_report;
 pub mod process_stats;
 pub mod serve;
 

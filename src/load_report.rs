@@ -46,7 +46,8 @@ pub struct LoadReport {
     /// Share of the wall (%) each role's threads spent runnable but waiting for a CPU (the
     /// scheduler's run queue), summed over the role's threads still live at the end: two
     /// arbiters each waiting half the run give 100. The committer's share is time every
-    /// commit waited with it. `None` where the kernel keeps no `schedstat`.
+    /// commit waited with it. `None` where the kernel keeps no `schedstat`, and over `--url`
+    /// (the server's threads are not this process's).
     pub run_queue_wait_pct_by_role: Option<BTreeMap<&'static str, f64>>,
     /// Share of the run's wall time the store's one writer spent on group commits (%), and the
     /// shares of the wall it spent in sled's `flush()` and in fsync (both within the first):

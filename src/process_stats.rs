@@ -19,7 +19,7 @@ pub struct ThreadTimes {
     /// Time on a CPU so far.
     pub cpu: Duration,
     /// Time runnable but waiting for a CPU so far (the scheduler's run queue); `None` where
-    /// the kernel keeps no `schedstat`.
+    /// the kernel keeps no `schedstat` (or keeps it switched off: it then says `0 0 0`).
     pub waited: Option<Duration>,
 }
 
@@ -29,6 +29,7 @@ pub struct ThreadTimes {
 /// milliseconds).
 pub fn thread_times() -> Option<BTreeMap<u32, ThreadTimes>> {
     let mut threads = BTreeMap::new();
+    let has_schedstat = std::path::Path::new("/proc/self/schedstat").exists();
     for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
         let Some(tid) = task.file_name().to_str().and_then(|name| name.parse().ok()) else {
             continue;
@@ -37,7 +38,12 @@ pub fn thread_times() -> Option<BTreeMap<u32, ThreadTimes>> {
         let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
             continue;
         };
-        let schedstat = std::fs::read_to_string(task.path().join("schedstat")).ok();
+        let schedstat = match std::fs::read_to_string(task.path().join("schedstat")) {
+            Ok(schedstat) => Some(schedstat),
+            // It ended since: skipped, as above (its times are only in the process's).
+            Err(_) if has_schedstat => continue,
+            Err(_) => None,
+        };
         let (cpu, waited) = match schedstat.as_deref().and_then(times_of_schedstat) {
             Some((cpu, waited)) => (Some(cpu), Some(waited)),
             None => (cpu_of_stat(&stat), None),
@@ -71,7 +77,8 @@ pub fn cpu_by_role(
 
 /// Time spent waiting for a CPU by thread role between two readings of `thread_times`,
 /// summed over the role's threads still live at the second (two threads of a role each
-/// waiting half the time add up to all of it); `None` where the kernel keeps no `schedstat`.
+/// waiting half the time add up to all of it); a thread whose wait is unknown is left out,
+/// and `None` if no thread's is known (no `schedstat`).
 /// A thread busy on a machine with fewer cores than runnable threads waits here: when it is
 /// the committer, every commit waits with it.
 pub fn waited_by_role(
@@ -80,11 +87,14 @@ pub fn waited_by_role(
 ) -> Option<BTreeMap<&'static str, Duration>> {
     let mut waited = BTreeMap::new();
     for (tid, times) in after {
+        let Some(now) = times.waited else {
+            continue;
+        };
         let earlier = before.get(tid).and_then(|times| times.waited);
-        let since = times.waited?.saturating_sub(earlier.unwrap_or_default());
-        *waited.entry(times.role).or_insert(Duration::ZERO) += since;
+        *waited.entry(times.role).or_insert(Duration::ZERO) +=
+            now.saturating_sub(earlier.unwrap_or_default());
     }
-    Some(waited)
+    (!waited.is_empty()).then_some(waited)
 }
 
 /// A `/proc/PID/task/TID/schedstat` line: time on a CPU and time waiting on a run queue (its
@@ -92,6 +102,10 @@ pub fn waited_by_role(
 fn times_of_schedstat(schedstat: &str) -> Option<(Duration, Duration)> {
     let mut fields = schedstat.split_whitespace().map(|field| field.parse().ok());
     let (cpu, waited) = (fields.next()??, fields.next()??);
+    // A kernel built with schedstat but with it switched off says `0 0 0` for every thread.
+    if cpu == 0 && waited == 0 {
+        return None;
+    }
     Some((Duration::from_nanos(cpu), Duration::from_nanos(waited)))
 }
 
@@ -200,6 +214,11 @@ mod tests {
         assert_eq!(times_of_schedstat("1838163"), None);
         assert_eq!(times_of_schedstat("x 1 2"), None);
         assert_eq!(times_of_schedstat("1 x 2"), None);
+        assert_eq!(
+            times_of_schedstat("0 0 0\n"),
+            None,
+            "schedstat switched off"
+        );
     }
 
     fn times(role: &'static str, cpu_ms: u64, waited_ms: Option<u64>) -> ThreadTimes {
@@ -229,7 +248,14 @@ mod tests {
         assert_eq!(waited["actors"], ms(60));
         assert_eq!(waited["committer"], ms(12));
         assert_eq!(waited["sled_io"], ms(4));
-        // Without schedstat nothing is known.
+        // A thread whose wait is unknown is left out; without schedstat nothing is known.
+        let partly = BTreeMap::from([
+            (1, times("actors", 150, None)),
+            (3, times("committer", 90, Some(17))),
+        ]);
+        let waited = waited_by_role(&before, &partly).expect("the committer's is known");
+        assert_eq!(waited.get("actors"), None);
+        assert_eq!(waited["committer"], ms(12));
         let unknown = BTreeMap::from([(1, times("actors", 150, None))]);
         assert_eq!(waited_by_role(&before, &unknown), None);
     }

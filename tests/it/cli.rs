@@ -68,18 +68,18 @@ fn i4_load_json_reports_every_execution_and_step() {
                 let spent = roles[role].as_f64().unwrap_or(0.0);
                 assert!(spent > 0.0, "{role}: {report}");
             }
-            // And the time each role waited for a CPU, as a share of the wall: the one
-            // committer thread cannot wait longer than the run (plus the few milliseconds
-            // of reading /proc around it).
+            // And the time each role waited for a CPU, as a share of the wall. The one
+            // committer thread fsyncs during the run, so it cannot have waited all of it;
+            // the margin is for a wait already under way at the first reading, which the
+            // kernel counts once the thread runs (the ticker wakes it every few ms).
             let waited = report["run_queue_wait_pct_by_role"]
                 .as_object()
                 .unwrap_or_else(|| panic!("no run-queue wait in {report}"));
+            let pct = |role: &str| waited.get(role).and_then(serde_json::Value::as_f64);
             for role in ["actors", "committer"] {
-                let pct = waited[role].as_f64().unwrap_or(-1.0);
-                assert!(pct >= 0.0, "{role}: {report}");
+                assert!(pct(role).is_some_and(|pct| pct >= 0.0), "{role}: {report}");
             }
-            let committer = waited["committer"].as_f64().unwrap_or(f64::MAX);
-            assert!(committer <= 105.0, "{report}");
+            assert!(pct("committer").is_some_and(|pct| pct <= 105.0), "{report}");
         }
     }
     // The committer's time: busy a share of the wall (a group already running when the load
