@@ -52,7 +52,9 @@ pub struct LoadReport {
     /// Share of the run's wall time the store's one writer spent on group commits (%), and the
     /// shares of the wall it spent in sled's `flush()` and in fsync (both within the first):
     /// near 100, the committer is what limits the load. flush and fsync are mostly waits on
-    /// the disk; sled's `flush()` also writes its buffer itself when no IO thread has.
+    /// the disk; sled's `flush()` also writes its buffer itself when no IO thread has. All
+    /// three are wall time: they include the committer's waits for a CPU
+    /// (`run_queue_wait_pct_by_role`).
     pub committer_busy_pct: Option<f64>,
     pub committer_flush_pct: Option<f64>,
     pub committer_fsync_pct: Option<f64>,
