@@ -84,6 +84,15 @@ pub(crate) fn ms(histogram: &Histogram<u64>, quantile: f64) -> f64 {
 /// The thread roles (`process_stats::thread_role`) in the order the table shows them.
 const ROLES: [&str; 5] = ["actors", "committer", "sled_io", "tokio", "other"];
 
+/// A value per role for the table, in `ROLES`' order: `actors 12.3, committer 4.5, …`.
+fn by_role(values: &BTreeMap<&'static str, f64>, show: impl Fn(f64) -> String) -> String {
+    let shown: Vec<String> = ROLES
+        .iter()
+        .filter_map(|role| Some(format!("{role} {}", show(*values.get(role)?))))
+        .collect();
+    shown.join(", ")
+}
+
 impl LoadReport {
     /// A report of a load of `options` on `target`, with the latency percentiles of its
     /// steps and executions (histograms in µs); the caller fills in the rest.
@@ -154,18 +163,11 @@ impl LoadReport {
             rows.push(("CPU per step", format!("{cpu:.1} µs (all threads)")));
         }
         if let Some(roles) = &self.cpu_us_per_step_by_role {
-            let roles: Vec<String> = ROLES
-                .iter()
-                .filter_map(|role| Some(format!("{role} {:.1}", roles.get(role)?)))
-                .collect();
-            rows.push(("  by thread (µs)", roles.join(", ")));
+            rows.push(("  by thread (µs)", by_role(roles, |us| format!("{us:.1}"))));
         }
         if let Some(waited) = &self.run_queue_wait_pct_by_role {
-            let roles: Vec<String> = ROLES
-                .iter()
-                .filter_map(|role| Some(format!("{role} {:.0}%", waited.get(role)?)))
-                .collect();
-            rows.push(("  waiting for a CPU (of wall)", roles.join(", ")));
+            let shown = by_role(waited, |pct| format!("{pct:.0}%"));
+            rows.push(("  waiting for a CPU (of wall)", shown));
         }
         if let (Some(busy), Some(flush), Some(fsync)) = (
             self.committer_busy_pct,
