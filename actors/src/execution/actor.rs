@@ -146,6 +146,7 @@ impl ExecutionActor {
         &self,
         mut events: Vec<Event>,
         mut upserts: Vec<Upsert>,
+        decision: &mut Option<Decision>,
     ) -> (Transition, ExecutionHead) {
         let mut preview = self.machine.preview();
         let mut ignored = Vec::new();
@@ -155,7 +156,7 @@ impl ExecutionActor {
             if let Event::CheckpointPublished { checkpoint_seq } = event {
                 *checkpoint_seq = seq;
             }
-            preview.apply(event, seq, &mut ignored);
+            preview.apply_decided(event, seq, &mut ignored, decision);
             if let Event::CheckpointPublished { .. } = event {
                 // Its `next_action` is set below, once the whole transition is folded.
                 head.checkpoint = Some(Checkpoint {
@@ -300,7 +301,7 @@ impl ExecutionActor {
         upserts: Vec<Upsert>,
         mut decision: Option<Decision>,
     ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
-        let (transition, head) = self.prepare(events, upserts);
+        let (transition, head) = self.prepare(events, upserts, &mut decision);
         let submitted = self.env.store.submit(transition);
         Box::pin(fut::wrap_future::<_, Self>(submitted).map(move |outcome, act, ctx| match outcome {
             Ok(Outcome::Committed(mut committed)) => {

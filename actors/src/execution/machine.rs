@@ -365,8 +365,8 @@ impl Machine {
     }
 
     /// `apply` for an event of a transition decided by `decide_decision`: its `ModelDecided`
-    /// is folded with `decision` (taken), the decision its text was written from, which
-    /// reads back from that text as itself.
+    /// is folded with `decision`, the decision its text was written from, which reads back
+    /// from that text as itself. The machine takes it; a preview only reads its tool.
     pub fn apply_decided(
         &mut self,
         event: &Event,
@@ -378,13 +378,21 @@ impl Machine {
             Event::ModelDecided {
                 effect_id,
                 decision: text,
-            } if !self.preview && decision.is_some() => {
+            } if decision.is_some() => {
                 debug_assert_eq!(
                     serde_json::from_str::<Decision>(text).ok().as_ref(),
                     decision.as_ref(),
                     "a decision is folded as the text it was written to reads back"
                 );
-                self.model_decided(*effect_id, decision.take(), actions);
+                if self.preview {
+                    let tool = match decision {
+                        Some(Decision::Tool { tool, .. }) => Some(tool.clone()),
+                        _ => None,
+                    };
+                    self.preview_decided(*effect_id, tool, actions);
+                } else {
+                    self.model_decided(*effect_id, decision.take(), actions);
+                }
             }
             _ => self.apply(event, seq, actions),
         }
@@ -495,18 +503,11 @@ impl Machine {
                 decision,
             } => {
                 if self.preview {
-                    self.iterations += 1;
-                    if let Ok(DecisionKind::Tool { tool, .. }) = serde_json::from_str(decision) {
-                        self.pending_tool = Some(PendingTool {
-                            effect_id: tool_effect(*effect_id),
-                            tool,
-                            args: ToolArgs::default(),
-                            dispatched: false,
-                            uncertain: false,
-                            dispatched_by: None,
-                        });
-                    }
-                    self.step_taken(actions);
+                    let tool = match serde_json::from_str(decision) {
+                        Ok(DecisionKind::Tool { tool, .. }) => Some(tool),
+                        _ => None,
+                    };
+                    self.preview_decided(*effect_id, tool, actions);
                     return;
                 }
                 self.model_decided(*effect_id, serde_json::from_str(decision).ok(), actions);
@@ -575,6 +576,23 @@ impl Machine {
             Event::CheckpointPublished { .. } => self.checkpoint_seq = seq,
             _ => {}
         }
+    }
+
+    /// What a preview keeps of a model decision: the tool it calls, if any, without its
+    /// arguments.
+    fn preview_decided(&mut self, effect_id: EffectId, tool: Option<String>, actions: &mut Vec<Action>) {
+        self.iterations += 1;
+        if let Some(tool) = tool {
+            self.pending_tool = Some(PendingTool {
+                effect_id: tool_effect(effect_id),
+                tool,
+                args: ToolArgs::default(),
+                dispatched: false,
+                uncertain: false,
+                dispatched_by: None,
+            });
+        }
+        self.step_taken(actions);
     }
 
     /// A committed model decision; `None` if its text does not read as one.

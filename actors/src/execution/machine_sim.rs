@@ -136,13 +136,18 @@ impl Sim {
     ) {
         let before = self.machine.status();
         let mut actions = Vec::new();
+        // One preview folded as the actor folds it (with the decision), one from the
+        // events' text alone.
         let mut preview = self.machine.preview();
         let mut preview_actions = Vec::new();
+        let mut text_preview = self.machine.preview();
+        let mut text_preview_actions = Vec::new();
         for event in &events {
             let seq = self.log.len() as u64 + 1;
+            preview.apply_decided(event, seq, &mut preview_actions, &mut decision);
+            text_preview.apply(event, seq, &mut text_preview_actions);
             self.machine
                 .apply_decided(event, seq, &mut actions, &mut decision);
-            preview.apply(event, seq, &mut preview_actions);
             self.log.push(event.clone());
             match event {
                 Event::ControlApplied {
@@ -180,6 +185,7 @@ impl Sim {
             }
         }
         self.check_preview(&preview, &preview_actions, &actions, context);
+        self.check_preview(&text_preview, &text_preview_actions, &actions, context);
         if let Some(terminal) = self.terminal {
             assert_eq!(
                 self.machine.status(),

@@ -372,7 +372,19 @@ pub(super) enum DecisionKind {
 /// The effect id of the tool call a model decision made: derived, so a replay finds the same
 /// id (UUID v5 of the decision's id).
 pub fn tool_effect(decision: EffectId) -> EffectId {
-    EffectId::from_uuid(uuid::Uuid::new_v5(decision.as_uuid(), b"tool"))
+    EffectId::from_uuid(uuid_v5(decision.as_uuid(), b"tool"))
+}
+
+/// `uuid::Uuid::new_v5`, with a SHA-1 that uses the CPU's SHA instructions where it has them.
+fn uuid_v5(namespace: &uuid::Uuid, name: &[u8]) -> uuid::Uuid {
+    use sha1::Digest;
+    let mut hasher = sha1::Sha1::new();
+    hasher.update(namespace.as_bytes());
+    hasher.update(name);
+    let hash = hasher.finalize();
+    let mut bytes = [0; 16];
+    bytes.copy_from_slice(&hash[..16]);
+    uuid::Builder::from_sha1_bytes(bytes).into_uuid()
 }
 
 /// Arguments may nest this deep: the decision text adds two levels, and serde_json reads back
@@ -421,4 +433,36 @@ pub(super) fn nesting(json: &str) -> usize {
         }
     }
     deepest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// E-3/E-4: a replay derives the tool effect id that stored receipts and dispatches
+    /// name, so the derivation is UUID v5 of the decision's id, exactly.
+    #[test]
+    fn e4_a_tool_effect_id_is_the_uuid_v5_of_its_decision() {
+        for _ in 0..1000 {
+            let decision = EffectId::from_uuid(uuid::Uuid::new_v4());
+            let expected = uuid::Uuid::new_v5(decision.as_uuid(), b"tool");
+            assert_eq!(tool_effect(decision).as_uuid(), &expected, "{decision}");
+        }
+        // Computed elsewhere (Python's uuid.uuid5), so a change to both sides shows too.
+        let known = [
+            (
+                "00000000-0000-0000-0000-000000000000",
+                "3beb8406-b768-5d7f-8084-a1d99f93c655",
+            ),
+            (
+                "0190c8a2-7b1e-7c3d-9f00-123456789abc",
+                "c1d262c7-36ca-525c-ae2a-7e299b8b9dd2",
+            ),
+        ];
+        for (decision, tool) in known {
+            let decision = uuid::Uuid::parse_str(decision).expect("a uuid");
+            let derived = tool_effect(EffectId::from_uuid(decision));
+            assert_eq!(derived.as_uuid().to_string(), tool);
+        }
+    }
 }
