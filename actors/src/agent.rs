@@ -194,8 +194,10 @@ fn scripted_decision(element: &str) -> Result<Decision, String> {
             .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
     };
     if let Some(tool) = text(parsed.tool) {
-        let args = parsed.args.0.map_or("{}", |args| args.get());
-        let args = ToolArgs::from_text(args).map_err(|_| unrecognized())?;
+        let args = match parsed.args.0 {
+            Some(args) => ToolArgs::from_raw(args),
+            None => ToolArgs::from_text("{}").map_err(|_| unrecognized())?,
+        };
         return Ok(Decision::Tool { tool, args });
     }
     if let Some(text) = text(parsed.reply) {

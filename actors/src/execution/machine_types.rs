@@ -66,8 +66,8 @@ pub(super) fn default_max_iterations() -> u32 {
 /// A tool call's arguments, kept as their JSON text from the provider's decision to the
 /// tool: the decision's event carries the text as it is, the context and the pending call
 /// share it, and the tool gets it parsed once (`ToolCall::args`). Built from a value
-/// (`From<serde_json::Value>`) or from text (`from_text`). Two are equal when their texts
-/// are, as for `ScriptElement`.
+/// (`From<serde_json::Value>`), from text (`from_text`) or from a `RawValue` (`from_raw`).
+/// Two are equal when their texts are, as for `ScriptElement`.
 #[derive(Debug, Clone)]
 pub struct ToolArgs(std::sync::Arc<serde_json::value::RawValue>);
 
@@ -87,6 +87,11 @@ impl ToolArgs {
     /// Arguments from JSON text; an error if it is not JSON.
     pub fn from_text(text: impl Into<String>) -> Result<Self, serde_json::Error> {
         serde_json::value::RawValue::from_string(text.into()).map(|raw| Self(raw.into()))
+    }
+
+    /// Arguments already read as JSON (a borrowed `RawValue`): copied, not parsed again.
+    pub fn from_raw(raw: &serde_json::value::RawValue) -> Self {
+        Self(raw.to_owned().into())
     }
 
     /// The JSON text.
