@@ -22,6 +22,25 @@ pub struct ParseIdError {
     pub input: String,
 }
 
+/// Room for an id's printed form: a prefix of at most 15 bytes, `_`, 32 hex digits.
+const PRINTED_BYTES_MAX: usize = 48;
+
+/// An id's printed form (as `Display` prints it), written into `buffer`: JSON serializes it
+/// as one string (`collect_str` escaped each piece of the `Display` output separately, ~1k
+/// instructions per id, with ids in every checkpoint's next action).
+fn printed<'b>(
+    prefix: &str,
+    uuid: &Uuid,
+    buffer: &'b mut [u8; PRINTED_BYTES_MAX],
+) -> Result<&'b str, std::str::Utf8Error> {
+    let separator = prefix.len();
+    let (head, hex) = buffer.split_at_mut(separator + 1);
+    head[..separator].copy_from_slice(prefix.as_bytes());
+    head[separator] = b'_';
+    let length = separator + 1 + uuid.simple().encode_lower(hex).len();
+    std::str::from_utf8(&buffer[..length])
+}
+
 macro_rules! define_id {
     ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
         $(#[$doc])*
@@ -91,7 +110,10 @@ macro_rules! define_id {
         impl Serialize for $name {
             fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
                 if serializer.is_human_readable() {
-                    serializer.collect_str(self)
+                    let mut buffer = [0; PRINTED_BYTES_MAX];
+                    let printed = printed($prefix, &self.0, &mut buffer)
+                        .map_err(serde::ser::Error::custom)?;
+                    serializer.serialize_str(printed)
                 } else {
                     self.0.as_bytes().serialize(serializer)
                 }
@@ -185,6 +207,38 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.kind, "ExecutionId");
         assert!("ex_not-a-uuid".parse::<ExecutionId>().is_err());
+    }
+
+    /// JSON (the HTTP API, next actions) carries an id as its printed form, as `Display`
+    /// prints it, for every id type; and reads it back.
+    #[test]
+    fn json_is_the_printed_form_for_every_id_type() {
+        fn check<Id>(id: Id)
+        where
+            Id: Serialize + for<'de> Deserialize<'de> + fmt::Display + PartialEq + fmt::Debug,
+        {
+            let json = serde_json::to_string(&id).expect("ids serialize");
+            assert_eq!(json, format!("\"{id}\""));
+            assert_eq!(serde_json::from_str::<Id>(&json).expect("ids read back"), id);
+        }
+        let uuid = Uuid::new_v4();
+        check(SessionId::from_uuid(uuid));
+        check(RunId::from_uuid(uuid));
+        check(ExecutionId::from_uuid(uuid));
+        check(AttemptId::from_uuid(uuid));
+        check(RevisionId::from_uuid(uuid));
+        check(CommandId::from_uuid(uuid));
+        check(TurnId::from_uuid(uuid));
+        check(MessageId::from_uuid(uuid));
+        check(WaitId::from_uuid(uuid));
+        check(EffectId::from_uuid(uuid));
+        check(ProcessId::from_uuid(uuid));
+        check(OwnerId::from_uuid(uuid));
+        check(EffectId::from_uuid(Uuid::max()));
+        assert_eq!(
+            serde_json::to_string(&EffectId::from_uuid(Uuid::nil())).expect("ids serialize"),
+            "\"eff_00000000000000000000000000000000\""
+        );
     }
 
     #[test]
