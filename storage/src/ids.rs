@@ -219,7 +219,10 @@ mod tests {
         {
             let json = serde_json::to_string(&id).expect("ids serialize");
             assert_eq!(json, format!("\"{id}\""));
-            assert_eq!(serde_json::from_str::<Id>(&json).expect("ids read back"), id);
+            assert_eq!(
+                serde_json::from_str::<Id>(&json).expect("ids read back"),
+                id
+            );
         }
         let uuid = Uuid::new_v4();
         check(SessionId::from_uuid(uuid));

@@ -580,7 +580,12 @@ impl Machine {
 
     /// What a preview keeps of a model decision: the tool it calls, if any, without its
     /// arguments.
-    fn preview_decided(&mut self, effect_id: EffectId, tool: Option<String>, actions: &mut Vec<Action>) {
+    fn preview_decided(
+        &mut self,
+        effect_id: EffectId,
+        tool: Option<String>,
+        actions: &mut Vec<Action>,
+    ) {
         self.iterations += 1;
         if let Some(tool) = tool {
             self.pending_tool = Some(PendingTool {
