@@ -47,6 +47,9 @@ macro_rules! define_id {
         #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub struct $name(Uuid);
 
+        // `printed` writes the prefix, `_` and 32 hex digits into PRINTED_BYTES_MAX bytes.
+        const _: () = assert!($prefix.len() + 33 <= PRINTED_BYTES_MAX);
+
         impl $name {
             /// The prefix of this id's printed form, without the underscore.
             pub const PREFIX: &'static str = $prefix;

@@ -146,17 +146,19 @@ impl ExecutionActor {
         &self,
         mut events: Vec<Event>,
         mut upserts: Vec<Upsert>,
-        decision: &mut Option<Decision>,
+        decision: &Option<Decision>,
     ) -> (Transition, ExecutionHead) {
         let mut preview = self.machine.preview();
         let mut ignored = Vec::new();
+        // The preview takes its own copy, as the machine takes the decision once committed.
+        let mut decision = decision.clone();
         let mut head = self.head.clone();
         for (index, event) in events.iter_mut().enumerate() {
             let seq = self.head.last_seq + index as u64 + 1;
             if let Event::CheckpointPublished { checkpoint_seq } = event {
                 *checkpoint_seq = seq;
             }
-            preview.apply_decided(event, seq, &mut ignored, decision);
+            preview.apply_decided(event, seq, &mut ignored, &mut decision);
             if let Event::CheckpointPublished { .. } = event {
                 // Its `next_action` is set below, once the whole transition is folded.
                 head.checkpoint = Some(Checkpoint {
@@ -301,7 +303,7 @@ impl ExecutionActor {
         upserts: Vec<Upsert>,
         mut decision: Option<Decision>,
     ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
-        let (transition, head) = self.prepare(events, upserts, &mut decision);
+        let (transition, head) = self.prepare(events, upserts, &decision);
         let submitted = self.env.store.submit(transition);
         Box::pin(fut::wrap_future::<_, Self>(submitted).map(move |outcome, act, ctx| match outcome {
             Ok(Outcome::Committed(mut committed)) => {

@@ -366,7 +366,8 @@ impl Machine {
 
     /// `apply` for an event of a transition decided by `decide_decision`: its `ModelDecided`
     /// is folded with `decision`, the decision its text was written from, which reads back
-    /// from that text as itself. The machine takes it; a preview only reads its tool.
+    /// from that text as itself, and taken: a later `ModelDecided` of the same transition
+    /// would be folded from its text. A preview keeps only its tool.
     pub fn apply_decided(
         &mut self,
         event: &Event,
@@ -385,8 +386,8 @@ impl Machine {
                     "a decision is folded as the text it was written to reads back"
                 );
                 if self.preview {
-                    let tool = match decision {
-                        Some(Decision::Tool { tool, .. }) => Some(tool.clone()),
+                    let tool = match decision.take() {
+                        Some(Decision::Tool { tool, .. }) => Some(tool),
                         _ => None,
                     };
                     self.preview_decided(*effect_id, tool, actions);

@@ -142,9 +142,10 @@ impl Sim {
         let mut preview_actions = Vec::new();
         let mut text_preview = self.machine.preview();
         let mut text_preview_actions = Vec::new();
+        let mut shown = decision.clone();
         for event in &events {
             let seq = self.log.len() as u64 + 1;
-            preview.apply_decided(event, seq, &mut preview_actions, &mut decision);
+            preview.apply_decided(event, seq, &mut preview_actions, &mut shown);
             text_preview.apply(event, seq, &mut text_preview_actions);
             self.machine
                 .apply_decided(event, seq, &mut actions, &mut decision);
@@ -184,6 +185,15 @@ impl Sim {
                 );
             }
         }
+        // Both folded the decision as a value, not from its text.
+        assert!(
+            shown.is_none(),
+            "{context}: the preview did not take the decision"
+        );
+        assert!(
+            decision.is_none(),
+            "{context}: the machine did not take the decision"
+        );
         self.check_preview(&preview, &preview_actions, &actions, context);
         self.check_preview(&text_preview, &text_preview_actions, &actions, context);
         if let Some(terminal) = self.terminal {
