@@ -54,8 +54,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             StartRequest {
                 message: "What is the weather in Lisbon?".into(),
                 script: vec![
-                    json!({"tool": "weather", "args": {"city": "Lisbon"}}),
-                    json!({"reply": "It is sunny in Lisbon."}),
+                    json!({"tool": "weather", "args": {"city": "Lisbon"}}).into(),
+                    json!({"reply": "It is sunny in Lisbon."}).into(),
                 ],
                 ..Default::default()
             },

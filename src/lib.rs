@@ -45,7 +45,9 @@ pub mod serve;
 pub use openprogram_actors as actors;
 pub use openprogram_actors::agent;
 pub use openprogram_actors::recovery::{ManualClock, RestartWindow};
-pub use openprogram_actors::service::{CommandReply, CommandRequest, StartReply, StartRequest};
+pub use openprogram_actors::service::{
+    CommandReply, CommandRequest, ScriptElement, StartReply, StartRequest,
+};
 pub use openprogram_actors::snapshot::Snapshot;
 pub use openprogram_actors::supervisor::{RecoveryReport, ShutdownReport};
 pub use openprogram_actors::{Error, Result};

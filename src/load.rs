@@ -19,6 +19,7 @@ use futures::FutureExt;
 use hdrhistogram::Histogram;
 use openprogram_actors::agent::{Tool, ToolCall};
 use openprogram_actors::execution::machine::Recovery;
+use openprogram_actors::service::ScriptElement;
 use openprogram_storage::{ExecutionId, MetricsSnapshot, SessionId};
 use serde_json::json;
 
@@ -59,9 +60,9 @@ pub async fn park(
     n: usize,
     concurrency: usize,
 ) -> Result<()> {
-    let script = vec![
-        json!({"tool": "echo", "args": {"text": "x"}}),
-        json!({"reply": "done"}),
+    let script: Vec<ScriptElement> = vec![
+        json!({"tool": "echo", "args": {"text": "x"}}).into(),
+        json!({"reply": "done"}).into(),
     ];
     let mut admitted = 0;
     while admitted < n {
@@ -276,12 +277,11 @@ pub(crate) fn histogram() -> Histogram<u64> {
 
 /// The script of every execution of the load, embedded or over HTTP: `steps` `echo` calls
 /// of `payload_bytes`, then a reply.
-pub(crate) fn script(options: &LoadOptions) -> Vec<serde_json::Value> {
+pub(crate) fn script(options: &LoadOptions) -> Vec<ScriptElement> {
     let payload = "x".repeat(options.payload_bytes);
-    let mut script: Vec<_> = (0..options.steps)
-        .map(|_| json!({"tool": "echo", "args": {"text": payload}}))
-        .collect();
-    script.push(json!({"reply": "done"}));
+    let echo = ScriptElement::from(json!({"tool": "echo", "args": {"text": payload}}));
+    let mut script = vec![echo; options.steps];
+    script.push(json!({"reply": "done"}).into());
     script
 }
 

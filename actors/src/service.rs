@@ -20,7 +20,8 @@ use crate::env::Env;
 use crate::error::{Error, Result};
 use crate::execution::actor::GetSnapshot;
 use crate::execution::commands::{payload_hash_of, ApplyControl};
-use crate::execution::machine::{AgentInput, Machine, ScriptElement};
+pub use crate::execution::machine::ScriptElement;
+use crate::execution::machine::{AgentInput, Machine};
 use crate::process::Summarize;
 use crate::snapshot::Snapshot;
 
@@ -30,8 +31,10 @@ pub struct StartRequest {
     pub message: String,
     #[serde(default)]
     pub parent_message_id: Option<MessageId>,
+    /// For the scripted provider: each element as the JSON text it was given (over HTTP,
+    /// the body's own text), built from a value with `json!(…).into()`.
     #[serde(default)]
-    pub script: Vec<serde_json::Value>,
+    pub script: Vec<ScriptElement>,
     #[serde(default)]
     pub max_iterations: Option<u32>,
     /// Admit the turn paused: it waits for Continue or Step (as Agent forks do, K-2).
@@ -500,15 +503,9 @@ impl Admission {
             ExecutionKind::AgentTurn,
         );
         head.revision_id = revision_id;
-        let script = request
-            .script
-            .iter()
-            .map(ScriptElement::new)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|error| Error::InvalidRequest(format!("script: {error}")))?;
         let input = AgentInput {
             message: request.message,
-            script,
+            script: request.script,
             max_iterations: request.max_iterations.unwrap_or(50),
         };
         if input.max_iterations == 0 {
@@ -589,22 +586,31 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let long = "x".repeat(2048);
         let mut admitted = Vec::new();
+        // A script as a client's body carries it, element texts kept as sent.
+        let from_body: StartRequest = serde_json::from_str(START_BODY).expect("a start body");
         {
             let store = Store::open(dir.path()).expect("store");
             for (start_paused, parent, max_iterations, text) in [
                 (false, Some(MessageId::new()), Some(7), "a\u{1F600}"),
                 (true, Some(MessageId::new()), Some(7), "a\u{1F600}"),
                 (false, None, None, long.as_str()),
+                (false, None, None, ""),
             ] {
-                let request = StartRequest {
-                    message: "héllo \"quoted\"\n".into(),
-                    parent_message_id: parent,
-                    script: vec![
-                        json!({"tool": "echo", "args": {"text": text, "n": 0.1, "big": u64::MAX}}),
-                        json!({"reply": "done", "extra": [1, -2, 3.5e300, null, {"z": 1, "a": 2}]}),
-                    ],
-                    max_iterations,
-                    start_paused,
+                let request = if text.is_empty() {
+                    from_body.clone()
+                } else {
+                    let args = json!({"text": text, "n": 0.1, "big": u64::MAX});
+                    let extra = json!([1, -2, 3.5e300, null, {"z": 1, "a": 2}]);
+                    StartRequest {
+                        message: "héllo \"quoted\"\n".into(),
+                        parent_message_id: parent,
+                        script: vec![
+                            json!({"tool": "echo", "args": args}).into(),
+                            json!({"reply": "done", "extra": extra}).into(),
+                        ],
+                        max_iterations,
+                        start_paused,
+                    }
                 };
                 let admission = Admission::new(
                     ExecutionId::new(),
@@ -625,5 +631,23 @@ mod tests {
             assert_eq!(head, stored_head, "start_paused: {start_paused}");
             assert_eq!(machine, replayed, "start_paused: {start_paused}");
         }
+    }
+
+    const START_BODY: &str = r#"{"message": "m", "script": [ {"reply" : "done", "a": [1, 2.50]} ,
+        {"tool":"echo","args":{"text":"y", "n": 1e2}} ]}"#;
+
+    /// SPEC §6 (`POST …/executions`): a script element is kept as the JSON text the client
+    /// sent (whitespace, number forms and key order included), not rewritten.
+    #[test]
+    fn e1_a_start_body_keeps_each_script_element_as_its_text() {
+        let request: StartRequest = serde_json::from_str(START_BODY).expect("a start body");
+        let texts: Vec<&str> = request.script.iter().map(ScriptElement::text).collect();
+        assert_eq!(
+            texts,
+            [
+                r#"{"reply" : "done", "a": [1, 2.50]}"#,
+                r#"{"tool":"echo","args":{"text":"y", "n": 1e2}}"#
+            ]
+        );
     }
 }

@@ -37,8 +37,9 @@ pub struct StartBody {
     pub message: String,
     #[serde(default)]
     pub parent_message_id: Option<MessageId>,
+    /// Kept as the body's own JSON text, element by element (`ScriptElement`).
     #[serde(default)]
-    pub script: Vec<Value>,
+    pub script: Vec<openprogram_actors::service::ScriptElement>,
     #[serde(default)]
     pub max_iterations: Option<u32>,
     #[serde(default)]

@@ -112,8 +112,8 @@ async fn start(
     script: Value,
 ) -> Result<openprogram_storage::ExecutionId> {
     let script = match script {
-        Value::Array(steps) => steps,
-        other => vec![other],
+        Value::Array(steps) => steps.into_iter().map(Into::into).collect(),
+        other => vec![other.into()],
     };
     let request = StartRequest {
         message: message.into(),

@@ -53,7 +53,7 @@ async fn r05_a_stale_attempt_is_fenced_and_stops() {
     let session = SessionId::new();
     let request = StartRequest {
         message: "test".into(),
-        script: vec![echo("a"), reply("done")],
+        script: elements(vec![echo("a"), reply("done")]),
         ..Default::default()
     };
     let execution = runtime
@@ -168,10 +168,10 @@ async fn k6_a_stale_attempts_delivery_returns_the_applied_commands_stored_outcom
     let session = SessionId::new();
     let request = StartRequest {
         message: "test".into(),
-        script: vec![
+        script: elements(vec![
             serde_json::json!({"tool": "freeze", "args": {}}),
             reply("never"),
-        ],
+        ]),
         ..Default::default()
     };
     let execution = runtime
@@ -311,10 +311,10 @@ async fn r8_an_effect_of_a_taken_over_attempt_waits_for_an_operator() {
     let session = SessionId::new();
     let request = StartRequest {
         message: "test".into(),
-        script: vec![
+        script: elements(vec![
             serde_json::json!({"tool": "ext", "args": {}}),
             reply("done"),
-        ],
+        ]),
         ..Default::default()
     };
     let execution = runtime

@@ -48,7 +48,7 @@ async fn start_after(
     let request = StartRequest {
         message: "next".into(),
         parent_message_id: parent,
-        script,
+        script: elements(script),
         ..Default::default()
     };
     harness
@@ -416,7 +416,7 @@ async fn b6_session_reload_follows_a_committed_terminal_outcome_and_a_cursor_res
             other,
             StartRequest {
                 message: "x".into(),
-                script: vec![reply("y")],
+                script: elements(vec![reply("y")]),
                 ..Default::default()
             },
         )

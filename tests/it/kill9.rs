@@ -92,7 +92,7 @@ async fn abandoned_appends(
         let request = openprogram::StartRequest {
             message: "test".into(),
             max_iterations: Some(script.len() as u32),
-            script,
+            script: elements(script),
             ..Default::default()
         };
         let admitted = runtime

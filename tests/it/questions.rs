@@ -134,7 +134,7 @@ async fn w5_a_live_question_attaches_to_its_own_reply_message() {
             harness.session,
             StartRequest {
                 message: "ask".into(),
-                script: vec![asker(&["branch?"]), reply("done")],
+                script: elements(vec![asker(&["branch?"]), reply("done")]),
                 ..Default::default()
             },
         )

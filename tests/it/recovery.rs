@@ -45,10 +45,10 @@ async fn e4_an_external_effect_left_in_flight_becomes_unknown_and_never_runs_aga
             .expect("open");
         let request = StartRequest {
             message: "test".into(),
-            script: vec![
+            script: elements(vec![
                 serde_json::json!({"tool": "hang", "args": {}}),
                 reply("never"),
-            ],
+            ]),
             ..Default::default()
         };
         let execution = runtime

@@ -136,7 +136,7 @@ async fn r5_resume_keeps_the_remaining_iteration_budget() {
     let runtime = restarts.open_freezing(1, RestartWindow::Unlimited);
     let request = openprogram::StartRequest {
         message: "test".into(),
-        script: vec![echo("a"), echo("b"), reply("done")],
+        script: elements(vec![echo("a"), echo("b"), reply("done")]),
         max_iterations: Some(2),
         ..Default::default()
     };

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use openprogram::storage::{CommandId, Event, EventEnvelope, ExecutionId, SessionId};
-use openprogram::{CommandReply, CommandRequest, Runtime, Snapshot, StartRequest};
+use openprogram::{CommandReply, CommandRequest, Runtime, ScriptElement, Snapshot, StartRequest};
 use serde_json::{json, Value};
 
 /// How long a condition may take before the test fails: far above what it needs.
@@ -37,7 +37,7 @@ impl Harness {
 
     pub async fn start(&self, script: Vec<Value>, max_iterations: Option<u32>) -> ExecutionId {
         self.admit(StartRequest {
-            script,
+            script: elements(script),
             max_iterations,
             ..Default::default()
         })
@@ -47,7 +47,7 @@ impl Harness {
     /// Admits a turn paused (`start_paused`): it waits for Continue or Step, with no actor.
     pub async fn start_paused(&self, script: Vec<Value>) -> ExecutionId {
         self.admit(StartRequest {
-            script,
+            script: elements(script),
             start_paused: true,
             ..Default::default()
         })
@@ -192,6 +192,11 @@ pub fn end_processes(runtime: &Runtime) {
     }
 }
 
+/// A script as `StartRequest` takes it: each element as its JSON text.
+pub fn elements(script: Vec<Value>) -> Vec<ScriptElement> {
+    script.into_iter().map(Into::into).collect()
+}
+
 pub fn echo(text: &str) -> Value {
     json!({"tool": "echo", "args": {"text": text}})
 }
@@ -282,7 +287,7 @@ impl Restarts {
     pub async fn start(&self, runtime: &Runtime, script: Vec<Value>) -> openprogram::StartReply {
         let request = StartRequest {
             message: "test".into(),
-            script,
+            script: elements(script),
             ..Default::default()
         };
         runtime
@@ -295,7 +300,7 @@ impl Restarts {
     pub async fn start_paused(&self, runtime: &Runtime, script: Vec<Value>) -> ExecutionId {
         let request = StartRequest {
             message: "test".into(),
-            script,
+            script: elements(script),
             start_paused: true,
             ..Default::default()
         };

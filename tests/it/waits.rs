@@ -323,7 +323,7 @@ async fn w5_a_wait_attaches_only_to_its_own_message_in_its_own_session() {
     let other_session = SessionId::new();
     let request = |session_tag: &str| StartRequest {
         message: session_tag.into(),
-        script: vec![ask("go?"), reply("done")],
+        script: elements(vec![ask("go?"), reply("done")]),
         ..Default::default()
     };
     let mine = harness

@@ -43,6 +43,11 @@ impl ScriptElement {
         serde_json::value::to_raw_value(value).map(Self)
     }
 
+    /// An element from its JSON text; an error if it is not JSON.
+    pub fn from_text(text: impl Into<String>) -> Result<Self, serde_json::Error> {
+        serde_json::value::RawValue::from_string(text.into()).map(Self)
+    }
+
     pub fn parse(&self) -> Result<serde_json::Value, serde_json::Error> {
         serde_json::from_str(self.0.get())
     }
@@ -50,6 +55,13 @@ impl ScriptElement {
     /// The JSON text.
     pub fn text(&self) -> &str {
         self.0.get()
+    }
+}
+
+impl From<serde_json::Value> for ScriptElement {
+    fn from(value: serde_json::Value) -> Self {
+        // A `Value` always writes valid JSON, so the fallback is never taken.
+        Self::new(&value).unwrap_or_else(|_| Self(serde_json::value::RawValue::NULL.to_owned()))
     }
 }
 
