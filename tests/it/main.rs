@@ -14,6 +14,7 @@ mod http;
 mod http_branches;
 mod http_cli;
 mod http_debug;
+mod http_script;
 mod kill9;
 mod processes;
 mod questions;
