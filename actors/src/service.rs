@@ -591,14 +591,13 @@ mod tests {
         {
             let store = Store::open(dir.path()).expect("store");
             for (start_paused, parent, max_iterations, text) in [
-                (false, Some(MessageId::new()), Some(7), "a\u{1F600}"),
-                (true, Some(MessageId::new()), Some(7), "a\u{1F600}"),
-                (false, None, None, long.as_str()),
-                (false, None, None, ""),
+                (false, Some(MessageId::new()), Some(7), Some("a\u{1F600}")),
+                (true, Some(MessageId::new()), Some(7), Some("a\u{1F600}")),
+                (false, None, None, Some(long.as_str())),
+                // The body's own request: its message, script and defaults.
+                (false, None, None, None),
             ] {
-                let request = if text.is_empty() {
-                    from_body.clone()
-                } else {
+                let request = if let Some(text) = text {
                     let args = json!({"text": text, "n": 0.1, "big": u64::MAX});
                     let extra = json!([1, -2, 3.5e300, null, {"z": 1, "a": 2}]);
                     StartRequest {
@@ -611,6 +610,8 @@ mod tests {
                         max_iterations,
                         start_paused,
                     }
+                } else {
+                    from_body.clone()
                 };
                 let admission = Admission::new(
                     ExecutionId::new(),
