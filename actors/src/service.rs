@@ -650,5 +650,9 @@ mod tests {
                 r#"{"tool":"echo","args":{"text":"y", "n": 1e2}}"#
             ]
         );
+        // An embedder holding the text gets the same element.
+        let from_text = ScriptElement::from_text(r#"{"reply" : "done", "a": [1, 2.50]}"#);
+        assert_eq!(from_text.ok().as_ref(), request.script.first());
+        assert!(ScriptElement::from_text("{not json").is_err());
     }
 }
