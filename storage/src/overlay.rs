@@ -71,11 +71,6 @@ pub(crate) struct Overlay {
     frozen_through: u64,
     /// How many entries `frozen` held when it was frozen.
     frozen_len_at_freeze: usize,
-    /// `frozen`'s keys in key order, which `slice` takes from: the entries one group
-    /// writes then sit together in sled's leaves instead of one in each leaf of the tree.
-    frozen_order: (Vec<ExecutionId>, Vec<RecordKey>),
-    /// How far into `frozen_order` every entry is written (`finish_slice`).
-    frozen_next: (usize, usize),
 }
 
 /// The part of `frozen` one group commit writes.
@@ -101,8 +96,6 @@ impl Overlay {
             frozen: Layer::default(),
             frozen_through: 0,
             frozen_len_at_freeze: 0,
-            frozen_order: (Vec::new(), Vec::new()),
-            frozen_next: (0, 0),
         }
     }
 
@@ -266,34 +259,13 @@ impl Overlay {
         self.frozen = std::mem::take(&mut self.active);
         self.frozen_through = through;
         self.frozen_len_at_freeze = self.frozen.len();
-        let mut execs: Vec<ExecutionId> = self.frozen.execs.keys().copied().collect();
-        let mut records: Vec<RecordKey> = self.frozen.records.keys().copied().collect();
-        execs.sort_unstable();
-        records.sort_unstable();
-        self.frozen_order = (execs, records);
-        self.frozen_next = (0, 0);
     }
 
-    /// Picks up to `len_max` entries of `frozen` to write next, in key order.
+    /// Picks up to `len_max` entries of `frozen` to write next.
     pub fn slice(&self, len_max: usize) -> Slice {
-        let (exec_order, record_order) = &self.frozen_order;
-        let execs: Vec<ExecutionId> = exec_order
-            .get(self.frozen_next.0..)
-            .unwrap_or_default()
-            .iter()
-            .filter(|execution_id| self.frozen.execs.contains_key(*execution_id))
-            .take(len_max)
-            .copied()
-            .collect();
+        let execs: Vec<ExecutionId> = self.frozen.execs.keys().take(len_max).copied().collect();
         let budget = len_max.saturating_sub(execs.len());
-        let records = record_order
-            .get(self.frozen_next.1..)
-            .unwrap_or_default()
-            .iter()
-            .filter(|key| self.frozen.records.contains_key(*key))
-            .take(budget)
-            .copied()
-            .collect();
+        let records = self.frozen.records.keys().take(budget).copied().collect();
         Slice {
             written: HashMap::with_capacity(execs.len()),
             execs,
@@ -344,24 +316,6 @@ impl Overlay {
         }
         for key in slice.records {
             self.frozen.records.remove(&key);
-        }
-        let (exec_order, record_order) = &self.frozen_order;
-        let (next_exec, next_record) = &mut self.frozen_next;
-        while exec_order
-            .get(*next_exec)
-            .is_some_and(|execution_id| !self.frozen.execs.contains_key(execution_id))
-        {
-            *next_exec += 1;
-        }
-        while record_order
-            .get(*next_record)
-            .is_some_and(|key| !self.frozen.records.contains_key(key))
-        {
-            *next_record += 1;
-        }
-        if self.frozen.len() == 0 {
-            self.frozen_order = (Vec::new(), Vec::new());
-            self.frozen_next = (0, 0);
         }
         indexed
     }
@@ -547,5 +501,130 @@ pub(crate) fn index_state(head: &ExecutionHead) -> Option<ExecutionState> {
 }
 
 #[cfg(test)]
-#[path = "overlay_tests.rs"]
-mod tests;
+mod tests {
+    use super::*;
+    use crate::event::Event;
+    use crate::ids::{RunId, SessionId};
+    use crate::records::ExecutionKind;
+
+    /// A frame of an execution (its event `seq`, logged at position 1), merged as the
+    /// committer merges one whose head record index it did not read (`disk_index: None`):
+    /// the index is read when it is written.
+    fn overlay_with_one_unread_entry(seq: u64) -> (Overlay, ExecutionId) {
+        let execution_id = ExecutionId::new();
+        let mut head = ExecutionHead::new(
+            execution_id,
+            SessionId::new(),
+            RunId::new(),
+            ExecutionKind::AgentTurn,
+        );
+        head.last_seq = seq;
+        let event = EventEnvelope {
+            execution_id,
+            seq,
+            position: 1,
+            at_ms: 0,
+            writer_epoch: 0,
+            event: Event::StateChanged {
+                state: ExecutionState::Running,
+                reason: "test".into(),
+            },
+        };
+        let frame = Frame {
+            head,
+            events: vec![event],
+            records: Vec::new(),
+        };
+        let mut overlay = Overlay::new(16);
+        overlay.merge(frame, 1, None, None);
+        overlay.freeze(1);
+        (overlay, execution_id)
+    }
+
+    /// `batch` applied to a new sled database (kept alive by the returned directory).
+    fn applied(batch: sled::Batch) -> (tempfile::TempDir, sled::Db) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("sled");
+        db.apply_batch(batch).expect("apply");
+        (dir, db)
+    }
+
+    #[test]
+    fn s4_a_head_record_a_materialization_finds_corrupted_is_left_and_its_quarantine_written() {
+        let (overlay, execution_id) = overlay_with_one_unread_entry(1);
+        let corrupted = |_| {
+            Err(Error::Corrupted {
+                tree: "heads",
+                key: "03…".into(),
+            })
+        };
+        let mut slice = overlay.slice(usize::MAX);
+        let mut batch = sled::Batch::default();
+        overlay
+            .write_slice(&mut slice, &mut batch, &corrupted)
+            .expect("the slice is written without it");
+        let (_dir, db) = applied(batch);
+        assert_eq!(db.get(keys::head(execution_id)).expect("get"), None);
+        let quarantine = db
+            .get(keys::quarantine(execution_id))
+            .expect("get")
+            .expect("the quarantine is written with the slice");
+        let reason: String =
+            codec::decode(&keys::quarantine(execution_id), &quarantine).expect("decode");
+        assert!(reason.contains("heads"), "{reason}");
+        // The slice still finishes the materialization: the mark moves.
+        let mark = keys::meta(keys::META_MATERIALIZED_THROUGH);
+        let mark = db
+            .get(&mark)
+            .expect("get")
+            .map(|bytes| codec::decode::<u64>(&mark, &bytes));
+        assert_eq!(mark.map(|decoded| decoded.expect("mark")), Some(1));
+    }
+
+    #[test]
+    fn r13_a_head_record_a_materialization_cannot_read_fails_the_slice() {
+        let (overlay, _) = overlay_with_one_unread_entry(1);
+        let unreadable = |_| {
+            Err(Error::Io {
+                path: "db".into(),
+                message: "test: read failed".into(),
+            })
+        };
+        let mut slice = overlay.slice(usize::MAX);
+        let mut batch = sled::Batch::default();
+        let written = overlay.write_slice(&mut slice, &mut batch, &unreadable);
+        assert!(matches!(written, Err(Error::Io { .. })), "{written:?}");
+    }
+
+    #[test]
+    fn s1_an_entry_whose_index_was_not_read_is_written_over_the_one_on_disk() {
+        // Disk lists the execution's first frame; the entry brings its second.
+        let (overlay, execution_id) = overlay_with_one_unread_entry(2);
+        let first = FrameRef {
+            first_seq: 1,
+            last_seq: 1,
+            record: 0,
+        };
+        let on_disk = |_| {
+            Ok(Some(HeadIndex {
+                chunked_through: 0,
+                tail: vec![first],
+            }))
+        };
+        let mut slice = overlay.slice(usize::MAX);
+        let mut batch = sled::Batch::default();
+        overlay
+            .write_slice(&mut slice, &mut batch, &on_disk)
+            .expect("written");
+        let (_dir, db) = applied(batch);
+        let key = keys::head(execution_id);
+        let bytes = db.get(key).expect("get").expect("the head record");
+        let (_, index) = head_record::decode(&key, &bytes).expect("decode");
+        let second = FrameRef {
+            first_seq: 2,
+            last_seq: 2,
+            record: 1,
+        };
+        assert_eq!(index.tail, vec![first, second]);
+    }
+}
