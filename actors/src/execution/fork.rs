@@ -128,13 +128,8 @@ impl Machine {
         self.context = std::sync::Arc::new(state.context);
         self.iterations = state.iterations;
         self.steers = state.steers;
-        self.pending_tool = state.next_tool.map(|next| PendingTool {
-            effect_id: next.effect_id,
-            tool: next.tool,
-            args: next.args,
-            dispatched: false,
-            uncertain: false,
-            dispatched_by: None,
-        });
+        self.pending_tool = state
+            .next_tool
+            .map(|next| PendingTool::new(next.effect_id, next.tool, next.args));
     }
 }

@@ -589,14 +589,11 @@ impl Machine {
     ) {
         self.iterations += 1;
         if let Some(tool) = tool {
-            self.pending_tool = Some(PendingTool {
-                effect_id: tool_effect(effect_id),
+            self.pending_tool = Some(PendingTool::new(
+                tool_effect(effect_id),
                 tool,
-                args: ToolArgs::default(),
-                dispatched: false,
-                uncertain: false,
-                dispatched_by: None,
-            });
+                ToolArgs::default(),
+            ));
         }
         self.step_taken(actions);
     }
@@ -612,14 +609,11 @@ impl Machine {
         self.receipts.model(effect_id, ReceiptStatus::Confirmed);
         if let Some(decision) = decision {
             if let Decision::Tool { tool, args } = &decision {
-                self.pending_tool = Some(PendingTool {
-                    effect_id: tool_effect(effect_id),
-                    tool: tool.clone(),
-                    args: args.clone(),
-                    dispatched: false,
-                    uncertain: false,
-                    dispatched_by: None,
-                });
+                self.pending_tool = Some(PendingTool::new(
+                    tool_effect(effect_id),
+                    tool.clone(),
+                    args.clone(),
+                ));
             }
             std::sync::Arc::make_mut(&mut self.context).push(Turn::Decided(decision));
         }

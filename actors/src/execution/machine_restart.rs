@@ -53,12 +53,11 @@ impl Machine {
         self.receipts.tool(effect_id, &unresolved.tool, status);
         if status == ReceiptStatus::NotApplied {
             // Proven never to have taken effect: it may run again, same effect id.
-            self.pending_tool = Some(PendingTool {
-                dispatched: false,
-                uncertain: false,
-                dispatched_by: None,
-                ..unresolved
-            });
+            self.pending_tool = Some(PendingTool::new(
+                unresolved.effect_id,
+                unresolved.tool,
+                unresolved.args,
+            ));
         } else {
             std::sync::Arc::make_mut(&mut self.context).push(Turn::ToolResult {
                 tool: unresolved.tool,

@@ -269,6 +269,20 @@ pub struct PendingTool {
     pub dispatched_by: Option<OwnerId>,
 }
 
+impl PendingTool {
+    /// A decided call not dispatched yet.
+    pub(super) fn new(effect_id: EffectId, tool: String, args: ToolArgs) -> Self {
+        Self {
+            effect_id,
+            tool,
+            args,
+            dispatched: false,
+            uncertain: false,
+            dispatched_by: None,
+        }
+    }
+}
+
 /// What the shell must do after an event is applied.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
