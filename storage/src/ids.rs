@@ -25,9 +25,9 @@ pub struct ParseIdError {
 /// Room for an id's printed form: a prefix of at most 15 bytes, `_`, 32 hex digits.
 const PRINTED_BYTES_MAX: usize = 48;
 
-/// An id's printed form (as `Display` prints it), written into `buffer`: JSON serializes it
-/// as one string (`collect_str` escaped each piece of the `Display` output separately, ~1k
-/// instructions per id, with ids in every checkpoint's next action).
+/// An id's printed form, written into `buffer`: what `Display` prints, and what JSON
+/// serializes as one string (`collect_str` escaped each piece of the `Display` output
+/// separately, ~1k instructions per id, with ids in every checkpoint's next action).
 fn printed<'b>(
     prefix: &str,
     uuid: &Uuid,
@@ -85,7 +85,8 @@ macro_rules! define_id {
 
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "{}_{}", $prefix, self.0.simple())
+                let mut buffer = [0; PRINTED_BYTES_MAX];
+                f.write_str(printed($prefix, &self.0, &mut buffer).map_err(|_| fmt::Error)?)
             }
         }
 
