@@ -150,12 +150,86 @@ fn corrupted(key: &[u8]) -> Error {
 }
 
 /// A record upsert carried by a transition and replayed from the log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Stored by variant index (`WireRecord`): a command record is written as index 4 since
+/// schema 6 (it gained `reason_code`); index 0, the command record before that, is still
+/// read. Append new indexes, never reuse one.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RecordValue {
     Command(CommandRecord),
     Receipt(ReceiptRecord),
     Wait(WaitRecord),
     Process(ProcessRecord),
+}
+
+/// The command record as schemas 1..=5 wrote it (no `reason_code`).
+#[derive(Deserialize)]
+struct CommandRecordV1 {
+    command_id: crate::ids::CommandId,
+    execution_id: ExecutionId,
+    kind: String,
+    payload_hash: [u8; 32],
+    status: crate::records::CommandStatus,
+    reason: Option<String>,
+    result_version: Option<u64>,
+    child_execution_id: Option<ExecutionId>,
+    accepted_at_ms: u64,
+}
+
+/// What `RecordValue` is stored as, read back (indexes are the stored variant numbers).
+#[derive(Deserialize)]
+enum WireRecord {
+    CommandV1(CommandRecordV1),
+    Receipt(ReceiptRecord),
+    Wait(WaitRecord),
+    Process(ProcessRecord),
+    Command(CommandRecord),
+}
+
+/// What `RecordValue` is stored as, written (the same indexes; index 0 is never written).
+#[derive(Serialize)]
+enum WireRecordRef<'a> {
+    #[allow(dead_code)]
+    CommandV1(()),
+    Receipt(&'a ReceiptRecord),
+    Wait(&'a WaitRecord),
+    Process(&'a ProcessRecord),
+    Command(&'a CommandRecord),
+}
+
+impl Serialize for RecordValue {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            RecordValue::Command(record) => WireRecordRef::Command(record),
+            RecordValue::Receipt(record) => WireRecordRef::Receipt(record),
+            RecordValue::Wait(record) => WireRecordRef::Wait(record),
+            RecordValue::Process(record) => WireRecordRef::Process(record),
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for RecordValue {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        Ok(match WireRecord::deserialize(deserializer)? {
+            WireRecord::CommandV1(old) => RecordValue::Command(CommandRecord {
+                command_id: old.command_id,
+                execution_id: old.execution_id,
+                kind: old.kind,
+                payload_hash: old.payload_hash,
+                status: old.status,
+                reason: old.reason,
+                reason_code: None,
+                result_version: old.result_version,
+                child_execution_id: old.child_execution_id,
+                accepted_at_ms: old.accepted_at_ms,
+            }),
+            WireRecord::Receipt(record) => RecordValue::Receipt(record),
+            WireRecord::Wait(record) => RecordValue::Wait(record),
+            WireRecord::Process(record) => RecordValue::Process(record),
+            WireRecord::Command(record) => RecordValue::Command(record),
+        })
+    }
 }
 
 /// Builds one log record frame by frame.
@@ -382,6 +456,60 @@ mod tests {
     use crate::event::{Event, EventEnvelope};
     use crate::ids::{RunId, SessionId};
     use crate::records::{ExecutionHead, ExecutionKind};
+
+    /// S-1: a command record as schemas 1..=5 stored it (variant 0, no `reason_code`) is
+    /// still read; a new one is written as variant 4 and read back whole.
+    #[test]
+    fn s1_command_records_of_schema_5_are_still_read() {
+        use crate::ids::CommandId;
+        use crate::records::CommandStatus;
+        #[derive(Serialize)]
+        enum Old {
+            Command {
+                command_id: CommandId,
+                execution_id: ExecutionId,
+                kind: String,
+                payload_hash: [u8; 32],
+                status: CommandStatus,
+                reason: Option<String>,
+                result_version: Option<u64>,
+                child_execution_id: Option<ExecutionId>,
+                accepted_at_ms: u64,
+            },
+        }
+        let record = CommandRecord {
+            command_id: CommandId::new(),
+            execution_id: ExecutionId::new(),
+            kind: "pause".into(),
+            payload_hash: [3; 32],
+            status: CommandStatus::Rejected,
+            reason: Some("no".into()),
+            reason_code: None,
+            result_version: Some(4),
+            child_execution_id: None,
+            accepted_at_ms: 9,
+        };
+        let old = encode(&Old::Command {
+            command_id: record.command_id,
+            execution_id: record.execution_id,
+            kind: record.kind.clone(),
+            payload_hash: record.payload_hash,
+            status: record.status,
+            reason: record.reason.clone(),
+            result_version: record.result_version,
+            child_execution_id: record.child_execution_id,
+            accepted_at_ms: record.accepted_at_ms,
+        });
+        let read: RecordValue = decode(b"\x05k", &old).expect("an old command record");
+        assert_eq!(read, RecordValue::Command(record.clone()));
+        let new = RecordValue::Command(CommandRecord {
+            reason_code: Some("not_available".into()),
+            ..record
+        });
+        let bytes = encode(&new);
+        assert_eq!(bytes[1..5], 4u32.to_le_bytes(), "variant 4");
+        assert_eq!(decode::<RecordValue>(b"\x05k", &bytes).ok(), Some(new));
+    }
 
     #[test]
     fn record_round_trips_and_any_flipped_byte_is_corruption() {

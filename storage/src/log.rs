@@ -323,6 +323,7 @@ impl Committer {
         at_ms: u64,
         answer: usize,
     ) -> Result<Outcome> {
+        let rejection = transition.is_rejection();
         let Transition {
             execution_id,
             expected_version,
@@ -331,7 +332,7 @@ impl Committer {
             events,
             upserts,
         } = transition;
-        if events.is_empty() {
+        if events.is_empty() && !rejection {
             return Err(Error::InvalidTransition(
                 "a transition carries at least one event".into(),
             ));
@@ -371,6 +372,10 @@ impl Committer {
                     }
                 }
             }
+        }
+
+        if rejection {
+            return self.record_rejection(group, batch, execution_id, upserts);
         }
 
         // The head itself is copied only for a transition that brings none (most bring one).
@@ -525,6 +530,34 @@ impl Committer {
             answer,
         });
         Ok(Outcome::Committed(committed))
+    }
+
+    /// A rejection alone (K-4 checked already): its command record goes to its own key in
+    /// this group's batch, unreadable until the group is durable (`in_flight_records`). It
+    /// never passes through the overlay: nothing else writes a command id that has a record.
+    fn record_rejection(
+        &self,
+        group: &mut Group,
+        batch: &mut sled::Batch,
+        execution_id: ExecutionId,
+        upserts: Vec<Upsert>,
+    ) -> Result<Outcome> {
+        let version = self.with_head(group, execution_id, |head, _| head.version)?;
+        let Some(version) = version else {
+            return Err(Error::UnknownExecution(execution_id));
+        };
+        for upsert in upserts {
+            if let Upsert::Command(record) = upsert {
+                let key = keys::command(record.command_id);
+                let value = RecordValue::Command(record);
+                batch.insert(&key[..], crate::codec::encode(&value));
+                self.shared.in_flight_record_insert(key);
+                if let RecordValue::Command(record) = value {
+                    group.commands.insert(record.command_id, record);
+                }
+            }
+        }
+        Ok(Outcome::Recorded { version })
     }
 
     /// `read` of the execution's head as this group would leave it (the group's own changes,

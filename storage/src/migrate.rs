@@ -14,13 +14,17 @@
 //! - 5: new head records are written in head record format 2 (`head_record.rs`: the head
 //!   keeps its newest frame refs, so a materialization writes one key per execution); format
 //!   1 heads are still read, and their chunks with them. Only a mark, for the same reason.
+//! - 6: command records carry `reason_code` (stored as record variant 4, `codec.rs`); the
+//!   old variant 0 is still read. A rejected command may be stored as its record alone (no
+//!   event: a rejection changes nothing of its execution, K-4). Only a mark, for the same
+//!   reason.
 
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::keys;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 5;
+pub const SCHEMA_VERSION: u32 = 6;
 
 /// One migration: from `from` to `from + 1`, adding its changes to the batch.
 type Step = fn(&sled::Db, &mut sled::Batch) -> Result<()>;
@@ -32,6 +36,7 @@ const STEPS: &[(u32, Step)] = &[
     (2, log_format_2),
     (3, log_format_3),
     (4, head_records_2),
+    (5, command_records_2),
 ];
 
 fn initialize(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
@@ -50,6 +55,11 @@ fn log_format_3(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
 
 /// 4 → 5: nothing to rewrite (see the changelog).
 fn head_records_2(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
+    Ok(())
+}
+
+/// 5 → 6: nothing to rewrite (see the changelog).
+fn command_records_2(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
     Ok(())
 }
 

@@ -272,6 +272,9 @@ pub struct CommandRecord {
     pub payload_hash: [u8; 32],
     pub status: CommandStatus,
     pub reason: Option<String>,
+    /// The stable code of a rejection (`stale_version`, `not_available`, ...), for
+    /// transports; `None` before schema 6, and for commands not rejected.
+    pub reason_code: Option<String>,
     /// The execution version the outcome was committed at.
     pub result_version: Option<u64>,
     /// The child of a Fork or Retry.

@@ -148,6 +148,9 @@ pub(crate) struct Shared {
     pub(crate) failure: Mutex<Option<String>>,
     /// Blobs written by the group being committed: on sled, not yet durable, not readable.
     pub in_flight_blobs: Mutex<HashSet<BlobHash>>,
+    /// Records written to their own keys by the group being committed (a rejection's
+    /// command record): on sled, not yet durable, not readable.
+    pub in_flight_records: Mutex<HashSet<[u8; 17]>>,
     pub metrics: Metrics,
 }
 
@@ -196,12 +199,30 @@ impl Shared {
             .insert(hash);
     }
 
-    /// The group is durable: its blobs become readable.
+    /// The group is durable: its blobs and records become readable.
     pub fn in_flight_blobs_clear(&self) {
         self.in_flight_blobs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
+        self.in_flight_records
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    pub fn in_flight_record_insert(&self, key: [u8; 17]) {
+        self.in_flight_records
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key);
+    }
+
+    pub fn is_record_in_flight(&self, key: &[u8; 17]) -> bool {
+        self.in_flight_records
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(key)
     }
 
     pub fn check_quarantine(&self, execution_id: ExecutionId) -> Result<()> {

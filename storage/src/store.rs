@@ -148,6 +148,7 @@ impl Store {
             quarantine: Mutex::new(quarantine),
             failure: Mutex::new(None),
             in_flight_blobs: Mutex::new(HashSet::new()),
+            in_flight_records: Mutex::new(HashSet::new()),
             metrics: Metrics::default(),
         });
         replay(&shared)?;
@@ -277,6 +278,9 @@ impl Store {
                     tree: keys::tree_name(&key),
                     key: keys::display(&key),
                 }),
+                // A rejection's record written by the group being committed is not
+                // durable yet: absent until it is.
+                None if self.shared().is_record_in_flight(&key) => Ok(None),
                 None => self.shared().record_on_disk(&key),
             },
         )

@@ -30,7 +30,8 @@ pub struct Transition {
     /// The new head; `None` keeps the current one. Required when creating. The committer
     /// sets its `version`, `last_seq`, `fencing_epoch` and `last_activity_ms`.
     pub head: Option<ExecutionHead>,
-    /// At least one: every state change is a canonical event.
+    /// At least one: every state change is a canonical event. None only for a command's
+    /// rejection (`Transition::rejection`), which changes nothing of the execution.
     pub events: Vec<Event>,
     pub upserts: Vec<Upsert>,
 }
@@ -58,6 +59,33 @@ impl Transition {
             events,
             upserts: Vec::new(),
         }
+    }
+
+    /// K-1, K-4: saves a command `Rejected` and nothing else. The execution's head, version,
+    /// events and capabilities stay exactly as they were; only the command record is written
+    /// (checked for K-4 like any command upsert), so a retried id gets the same answer and a
+    /// stale client changes nothing for the others. Answered `Recorded`.
+    pub fn rejection(record: CommandRecord) -> Self {
+        Self {
+            execution_id: record.execution_id,
+            expected_version: None,
+            writer_epoch: None,
+            head: None,
+            events: Vec::new(),
+            upserts: vec![Upsert::Command(record)],
+        }
+    }
+
+    /// Whether this is a rejection alone (`Transition::rejection`).
+    pub(crate) fn is_rejection(&self) -> bool {
+        self.events.is_empty()
+            && self.head.is_none()
+            && self.expected_version.is_none()
+            && self.writer_epoch.is_none()
+            && matches!(
+                self.upserts.as_slice(),
+                [Upsert::Command(record)] if record.status == crate::records::CommandStatus::Rejected
+            )
     }
 
     pub fn expect_version(mut self, version: u64) -> Self {
@@ -122,6 +150,9 @@ pub enum Outcome {
     DuplicateCommand { stored: CommandRecord },
     /// The command id exists with another payload; nothing was written (K-4).
     CommandConflict { stored: CommandRecord },
+    /// A rejection (`Transition::rejection`) is durable: its command record alone was
+    /// written; the execution is unchanged at `version`.
+    Recorded { version: u64 },
 }
 
 impl Outcome {

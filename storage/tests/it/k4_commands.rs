@@ -17,6 +17,7 @@ fn accepted(command_id: CommandId, execution_id: ExecutionId, payload: u8) -> Co
         payload_hash: [payload; 32],
         status: CommandStatus::Accepted,
         reason: None,
+        reason_code: None,
         result_version: None,
         child_execution_id: None,
         accepted_at_ms: 1,
@@ -155,4 +156,98 @@ async fn k4_a_command_decided_at_once_is_never_decided_again() {
         Outcome::CommandConflict { stored } => assert_eq!(stored.execution_id, a),
         other => panic!("expected a conflict, got {other:?}"),
     }
+}
+
+/// K-1, K-4 (issue 28): a rejection is stored as its command record alone. The execution's
+/// version, head and events stay exactly as they were, so a client that read the version
+/// before the rejection still commands with it; the record survives a reopen, a retry gets
+/// it back, another payload is a conflict, and its `reason_code` is kept.
+#[tokio::test]
+async fn k4_a_rejection_changes_nothing_of_its_execution() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let command_id = CommandId::new();
+    let (a, rejected, head_before, events_before);
+    {
+        let store = Store::open_with(dir.path(), eager_limits()).expect("open");
+        a = create(&store).await;
+        head_before = store.head(a).expect("head").expect("exists");
+        events_before = all_events(&store, a);
+        rejected = CommandRecord {
+            status: CommandStatus::Rejected,
+            reason: Some("stale expected_version 7: the current version is 1".into()),
+            reason_code: Some("stale_version".into()),
+            result_version: Some(head_before.version),
+            ..accepted(command_id, a, 5)
+        };
+        let outcome = store
+            .submit(Transition::rejection(rejected.clone()))
+            .await
+            .expect("reject");
+        assert_eq!(
+            outcome,
+            Outcome::Recorded {
+                version: head_before.version
+            }
+        );
+        assert_eq!(store.head(a).expect("head"), Some(head_before.clone()));
+        assert_eq!(all_events(&store, a), events_before);
+        assert_eq!(store.command(command_id).expect("read"), Some(rejected.clone()));
+        // The version the client read still commands.
+        committed(
+            store
+                .submit(
+                    Transition::new(a, vec![decided("next")]).expect_version(head_before.version),
+                )
+                .await
+                .expect("next"),
+        );
+    }
+    let store = Store::open(dir.path()).expect("reopen");
+    assert_eq!(store.command(command_id).expect("read"), Some(rejected.clone()));
+    let retry = store
+        .submit(Transition::rejection(rejected.clone()))
+        .await
+        .expect("retry");
+    assert_eq!(
+        retry,
+        Outcome::DuplicateCommand {
+            stored: rejected.clone()
+        }
+    );
+    let other = CommandRecord {
+        payload_hash: [9; 32],
+        ..rejected.clone()
+    };
+    match store
+        .submit(Transition::rejection(other))
+        .await
+        .expect("other payload")
+    {
+        Outcome::CommandConflict { stored } => assert_eq!(stored, rejected),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert_eq!(all_events(&store, a).len(), events_before.len() + 1);
+    // A rejection of an execution that does not exist writes nothing.
+    let unknown = CommandRecord {
+        command_id: CommandId::new(),
+        execution_id: ExecutionId::new(),
+        ..rejected.clone()
+    };
+    assert!(store.submit(Transition::rejection(unknown.clone())).await.is_err());
+    assert_eq!(store.command(unknown.command_id).expect("read"), None);
+}
+
+/// Only a rejection may come without events: an accepted command alone is refused.
+#[tokio::test]
+async fn s2_a_transition_without_events_is_only_a_rejection() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let a = create(&store).await;
+    let mut transition = Transition::rejection(accepted(CommandId::new(), a, 1));
+    assert!(store.submit(transition.clone()).await.is_err(), "accepted");
+    transition.expected_version = Some(1);
+    if let Some(Upsert::Command(record)) = transition.upserts.first_mut() {
+        record.status = CommandStatus::Rejected;
+    }
+    assert!(store.submit(transition).await.is_err(), "version-checked");
 }

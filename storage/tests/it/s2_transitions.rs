@@ -199,6 +199,7 @@ async fn s2_records_commit_with_the_transition() {
         payload_hash: [7; 32],
         status: CommandStatus::Accepted,
         reason: None,
+        reason_code: None,
         result_version: None,
         child_execution_id: None,
         accepted_at_ms: 0,
