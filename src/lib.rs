@@ -44,10 +44,11 @@ pub mod serve;
 
 pub use openprogram_actors as actors;
 pub use openprogram_actors::agent;
-pub use openprogram_actors::recovery::{ManualClock, RestartWindow};
-pub use openprogram_actors::service::{
-    CommandReply, CommandRequest, ScriptElement, StartReply, StartRequest,
+pub use openprogram_actors::command::{
+    Command, CommandBody, CommandKind, EffectRef, ReconcileOutcome, WaitRef,
 };
+pub use openprogram_actors::recovery::{ManualClock, RestartWindow};
+pub use openprogram_actors::service::{CommandReply, ScriptElement, StartReply, StartRequest};
 pub use openprogram_actors::snapshot::Snapshot;
 pub use openprogram_actors::supervisor::{RecoveryReport, ShutdownReport};
 pub use openprogram_actors::{Error, Result};
@@ -232,16 +233,18 @@ impl Runtime {
         self.inner.service.start_execution(session, request).await
     }
 
-    /// Sends a control command (K-1..K-5).
+    /// Sends a command (K-1..K-5, K-2 Fork and Retry): the execution decides it and the
+    /// reply says `applied` (with a Fork's or Retry's child) or `rejected` with the reason
+    /// and its code. A rejected command changes nothing of the execution.
     pub async fn command(
         &self,
         session: SessionId,
         execution: ExecutionId,
-        request: CommandRequest,
+        command: Command,
     ) -> Result<CommandReply> {
         self.inner
             .service
-            .command(session, execution, request)
+            .command(session, execution, command)
             .await
     }
 

@@ -75,14 +75,7 @@ pub async fn park(
                 ..StartRequest::default()
             };
             let started = runtime.start_execution(session, request).await?;
-            let step = crate::CommandRequest {
-                command_id: openprogram_storage::CommandId::new(),
-                kind: "step".into(),
-                expected_version: None,
-                text: None,
-                outcome: None,
-                ..Default::default()
-            };
+            let step = crate::Command::new(crate::CommandBody::Step);
             runtime.command(session, started.execution_id, step).await
         });
         for parked in futures::future::join_all(parks).await {
@@ -176,17 +169,15 @@ async fn pause_then_continue(
     session: SessionId,
     target: ExecutionId,
 ) -> Result<Vec<(u64, bool)>> {
-    let command = |kind: &str| crate::CommandRequest {
-        command_id: openprogram_storage::CommandId::new(),
-        kind: kind.into(),
-        expected_version: None,
-        text: None,
-        outcome: None,
-        ..Default::default()
-    };
     let mut timings = Vec::new();
     let sent_at = Instant::now();
-    let paused = runtime.command(session, target, command("pause")).await?;
+    let paused = runtime
+        .command(
+            session,
+            target,
+            crate::Command::new(crate::CommandBody::Pause),
+        )
+        .await?;
     timings.push((
         sent_at.elapsed().as_micros() as u64,
         paused.status == "applied",
@@ -197,7 +188,11 @@ async fn pause_then_continue(
     for _ in 0..CONTINUE_ATTEMPTS_MAX {
         let sent_at = Instant::now();
         let continued = runtime
-            .command(session, target, command("continue"))
+            .command(
+                session,
+                target,
+                crate::Command::new(crate::CommandBody::Continue),
+            )
             .await?;
         timings.push((
             sent_at.elapsed().as_micros() as u64,

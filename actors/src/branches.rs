@@ -5,16 +5,16 @@
 
 use openprogram_storage::{
     CommandRecord, CommandStatus, EffectId, Event, EventEnvelope, ExecutionHead, ExecutionId,
-    ExecutionKind, ExecutionState, MessageId, Outcome, SessionId, Transition, TurnId, Upsert,
+    ExecutionState, MessageId, Outcome, SessionId, Transition, TurnId, Upsert,
 };
 
 use crate::activity::{self, Activity, ExecutionFacts};
+use crate::command::Command;
 use crate::env::load;
 use crate::error::{Error, Result};
-use crate::execution::commands::RecordRefusal;
-use crate::execution::fork::{fork_point, fork_state};
-use crate::execution::machine::Machine;
-use crate::service::{payload_hash, CommandReply, CommandRequest, Service};
+use crate::execution::fork::fork_state;
+use crate::execution::machine::{Accepted, CommandContext, Machine, Rejection};
+use crate::service::{CommandReply, Service};
 
 impl Service {
     /// B-2..B-5: the session's branches in three sections.
@@ -24,7 +24,7 @@ impl Service {
         for execution_id in store.executions_in_session(session_id)? {
             match load(store, execution_id) {
                 Ok((head, machine)) if head.session_id == session_id => {
-                    facts.push(facts_of(&head, &machine));
+                    facts.push(facts_of(&head, &machine, self.env().revision));
                 }
                 Ok(_) => {}
                 // A quarantined execution is left out, never guessed into a branch (B-1).
@@ -36,30 +36,29 @@ impl Service {
         Ok(activity::project(&facts))
     }
 
-    /// K-2 Fork (`retry: false`, from `request.checkpoint` or the latest saved point) or
-    /// Retry (from the admission input): a new paused child in the same run. Nothing of the
-    /// original changes. A retried command id returns the stored outcome (K-4).
+    /// K-2 Fork (from the command's checkpoint or the latest saved point) or Retry (from
+    /// the admission input): a new paused child in the same run. The parent's machine
+    /// decides whether it is accepted (K-3, K-4) and from which point; nothing of the
+    /// original changes, a refusal included (its record alone). A retried command id
+    /// returns the stored outcome (K-4).
     pub(crate) async fn fork(
         &self,
         session_id: SessionId,
         parent_id: ExecutionId,
-        request: CommandRequest,
-        retry: bool,
+        command: Command,
     ) -> Result<CommandReply> {
         let store = self.env().store.as_ref();
         self.head_in(session_id, parent_id)?;
         self.env().until_recovered().await;
-        // Read after recovery: its claims may have moved the original.
-        let parent = self.head_in(session_id, parent_id)?;
         // The record lives with the child it created (a transition writes only its own
         // execution's commands), so the parent is part of what the id stands for.
         let hash = {
             let mut hasher = blake3::Hasher::new();
-            hasher.update(&payload_hash(&request));
+            hasher.update(&command.payload_hash());
             hasher.update(parent_id.as_bytes());
             *hasher.finalize().as_bytes()
         };
-        if let Some(stored) = store.command(request.command_id)? {
+        if let Some(stored) = store.command(command.command_id)? {
             if stored.payload_hash != hash {
                 return Err(Error::CommandConflict {
                     stored: Box::new(stored),
@@ -67,10 +66,37 @@ impl Service {
             }
             return Ok(CommandReply::of(&stored));
         }
-        let start = match self.child_start(&parent, &request, retry)? {
-            Ok(start) => start,
-            Err(reason) => return self.refuse_fork(parent_id, &request, hash, reason).await,
+        // Read after recovery: its claims may have moved the original. The state decided on
+        // is the one at this head's version: a live parent may move on, its child does not.
+        let (parent, machine) = self.env().latest_state(parent_id, false)?;
+        if parent.session_id != session_id {
+            return Err(Error::NotFound);
+        }
+        let context = CommandContext {
+            version: parent.version,
+            revision: self.env().revision,
+            busy: false,
         };
+        let record = CommandRecord {
+            payload_hash: hash,
+            ..command.accepted_record(parent_id)
+        };
+        let Command {
+            command_id,
+            expected_version,
+            body,
+        } = command;
+        let checkpoint = match machine.decide_command(command_id, body, expected_version, &context)
+        {
+            Ok(Accepted::Fork { checkpoint_seq }) => Some(checkpoint_seq),
+            Ok(Accepted::Retry) => None,
+            Ok(Accepted::Control { .. }) => {
+                return Err(Error::Internal("a fork decided as a control".into()))
+            }
+            Err(rejection) => return self.refuse_fork(record, &rejection, parent.version).await,
+        };
+        let start = self.child_start(&parent, checkpoint)?;
+        let retry = checkpoint.is_none();
         let child_id = ExecutionId::new();
         let mut head = ExecutionHead::new(child_id, session_id, parent.run_id, parent.kind);
         head.parent_execution_id = Some(parent_id);
@@ -106,25 +132,16 @@ impl Service {
             reason: reason.into(),
         });
         let record = CommandRecord {
-            command_id: request.command_id,
             execution_id: child_id,
-            kind: request.kind.clone(),
-            payload_hash: hash,
             status: CommandStatus::Applied,
-            reason: None,
             result_version: Some(parent.version),
             child_execution_id: Some(child_id),
-            accepted_at_ms: 0,
+            ..record
         };
-        let transition = Transition::create(head, child_events).with(Upsert::Command(record));
+        let transition =
+            Transition::create(head, child_events).with(Upsert::Command(record.clone()));
         match store.submit(transition).await? {
-            Outcome::Committed(_) => Ok(CommandReply {
-                command_id: request.command_id,
-                status: "applied",
-                reason: None,
-                version: parent.version,
-                execution_id: Some(child_id),
-            }),
+            Outcome::Committed(_) => Ok(CommandReply::of(&record)),
             Outcome::DuplicateCommand { stored } => Ok(CommandReply::of(&stored)),
             // The same fork, committed by a concurrent delivery of this command id first.
             Outcome::CommandConflict { stored } if stored.payload_hash == hash => {
@@ -137,32 +154,11 @@ impl Service {
         }
     }
 
-    /// What the child starts from (for a fork, its copied state), or why the command is
-    /// refused.
-    fn child_start(
-        &self,
-        parent: &ExecutionHead,
-        request: &CommandRequest,
-        retry: bool,
-    ) -> Result<std::result::Result<ChildStart, String>> {
+    /// What the child starts from: the parent's admission input, and for a fork
+    /// (`checkpoint`) a copy of the state at that saved point.
+    fn child_start(&self, parent: &ExecutionHead, checkpoint: Option<u64>) -> Result<ChildStart> {
         let store = self.env().store.as_ref();
-        if let Some(expected) = request.expected_version.filter(|v| *v != parent.version) {
-            return Ok(Err(format!(
-                "stale expected_version {expected}: the current version is {}",
-                parent.version
-            )));
-        }
-        if parent.kind != ExecutionKind::AgentTurn {
-            return Ok(Err("only agent turns can be forked or retried".into()));
-        }
-        if parent.revision_id != self.env().revision {
-            return Ok(Err(
-                "the program's contract changed since this execution ran: a \
-                           child would not run the same tools"
-                    .into(),
-            ));
-        }
-        // Only what the version the checks ran on holds: a live parent may have moved on.
+        // Only what the version decided on holds: a live parent may have moved on.
         let parent_id = parent.execution_id;
         let mut events = store.events_after(parent_id, 0, usize::MAX)?;
         events.retain(|envelope| envelope.seq <= parent.last_seq);
@@ -170,20 +166,7 @@ impl Service {
             return Err(Error::Internal(format!("{parent_id} has no admission")));
         };
         let mut forked = Vec::new();
-        if retry {
-            if !parent.state.is_terminal() {
-                return Ok(Err(format!(
-                    "retry needs an ended execution; this one is {}",
-                    parent.state
-                )));
-            }
-        } else {
-            let tools = &self.env().tools;
-            let checkpoint_seq =
-                match fork_point(&events, request.checkpoint, |name| tools.recovery(name)) {
-                    Ok(seq) => seq,
-                    Err(reason) => return Ok(Err(reason)),
-                };
+        if let Some(checkpoint_seq) = checkpoint {
             let state = fork_state(&events, checkpoint_seq, EffectId::new());
             let state = serde_json::to_string(&state)
                 .map_err(|error| Error::Internal(format!("encoding a fork: {error}")))?;
@@ -193,54 +176,48 @@ impl Service {
                 state,
             });
         }
-        Ok(Ok(ChildStart {
+        Ok(ChildStart {
             input,
             parent_message_id,
             forked,
-        }))
+        })
     }
 
-    /// A refused Fork or Retry is recorded on the original, through its actor (the only
-    /// writer of its version), so its status reads back and a retry of the same command id
-    /// gets the same answer (K-1, K-4). Appending the refusal changes none of its events.
+    /// A refused Fork or Retry is recorded on the original as its command record alone
+    /// (K-1, K-4): its status reads back and a retry of the same command id gets the same
+    /// answer; nothing of the original changes, so no actor needs to take it.
     async fn refuse_fork(
         &self,
-        parent_id: ExecutionId,
-        request: &CommandRequest,
-        hash: [u8; 32],
-        reason: String,
+        record: CommandRecord,
+        rejection: &Rejection,
+        version: u64,
     ) -> Result<CommandReply> {
         let record = CommandRecord {
-            command_id: request.command_id,
-            execution_id: parent_id,
-            kind: request.kind.clone(),
-            payload_hash: hash,
             status: CommandStatus::Rejected,
-            reason: Some(reason),
-            result_version: None,
-            child_execution_id: None,
-            accepted_at_ms: 0,
+            reason: Some(rejection.reason()),
+            reason_code: Some(rejection.code().to_owned()),
+            result_version: Some(version),
+            ..record
         };
-        for _ in 0..4 {
-            let addr = self.env().activate(parent_id)?;
-            match addr.send(RecordRefusal(record.clone())).await {
-                Ok(Ok(stored)) => return Ok(CommandReply::of(&stored)),
-                // A concurrent delivery of the same command made the child first (its record
-                // lives with the child): that outcome stands (K-4).
-                Ok(Err(Error::CommandConflict { stored })) if stored.payload_hash == hash => {
-                    return Ok(CommandReply::of(&stored))
-                }
-                // It parked between activation and delivery, or a newer attempt took it
-                // over: once more, through whoever owns it now.
-                Ok(Err(Error::Fenced { .. } | Error::VersionConflict { .. }))
-                | Err(actix::MailboxError::Closed) => continue,
-                Ok(Err(error)) => return Err(error),
-                Err(error) => return Err(Error::Unavailable(error.to_string())),
+        let hash = record.payload_hash;
+        match self
+            .env()
+            .store
+            .submit(Transition::rejection(record.clone()))
+            .await?
+        {
+            Outcome::Recorded { .. } => Ok(CommandReply::of(&record)),
+            Outcome::DuplicateCommand { stored } => Ok(CommandReply::of(&stored)),
+            // A concurrent delivery of the same command made the child first (its record
+            // lives with the child): that outcome stands (K-4).
+            Outcome::CommandConflict { stored } if stored.payload_hash == hash => {
+                Ok(CommandReply::of(&stored))
             }
+            Outcome::CommandConflict { stored } => Err(Error::CommandConflict {
+                stored: Box::new(stored),
+            }),
+            other => Err(Error::Internal(format!("recording a refusal: {other:?}"))),
         }
-        Err(Error::Unavailable(
-            "the execution's actor kept stopping while recording a refusal".into(),
-        ))
     }
 }
 
@@ -361,7 +338,16 @@ fn admission(events: &[EventEnvelope]) -> Option<(String, Option<MessageId>)> {
     })
 }
 
-fn facts_of(head: &ExecutionHead, machine: &Machine) -> ExecutionFacts {
+fn facts_of(
+    head: &ExecutionHead,
+    machine: &Machine,
+    revision: openprogram_storage::RevisionId,
+) -> ExecutionFacts {
+    let context = CommandContext {
+        version: head.version,
+        revision,
+        busy: false,
+    };
     let pending_wait = machine.pending_wait().is_some();
     let declined_wait = machine
         .waits
@@ -390,7 +376,11 @@ fn facts_of(head: &ExecutionHead, machine: &Machine) -> ExecutionFacts {
         parent_message_id: machine.parent_message_id,
         request: machine.input.message.clone(),
         state: head.state,
-        capabilities: machine.capabilities(),
+        capabilities: machine
+            .capabilities(&context)
+            .into_iter()
+            .map(|kind| kind.as_str())
+            .collect(),
         pending_wait,
         declined_wait,
         running_processes: machine

@@ -11,6 +11,16 @@ pub enum Error {
     NotFound,
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// a request field the runtime does not know (`field`), refused before anything
+    /// is stored.
+    #[error("unknown field: {message}")]
+    UnknownField { field: String, message: String },
+    /// a kind the contract names that this build does not run yet.
+    #[error("unsupported kind: {0}")]
+    UnsupportedKind(String),
+    /// A kind the contract does not name.
+    #[error("unknown kind: {0}")]
+    UnknownKind(String),
     /// The command id was used before with another payload or execution (K-4).
     #[error("command id {} was used with another payload", stored.command_id)]
     CommandConflict { stored: Box<CommandRecord> },
@@ -33,6 +43,9 @@ impl Error {
         match self {
             Error::NotFound => "not_found",
             Error::InvalidRequest(_) => "invalid_request",
+            Error::UnknownField { .. } => "unknown_field",
+            Error::UnsupportedKind(_) => "unsupported_kind",
+            Error::UnknownKind(_) => "unknown_kind",
             Error::CommandConflict { .. } => "command_conflict",
             Error::Fenced { .. } => "fenced",
             Error::VersionConflict { .. } => "version_conflict",

@@ -1,5 +1,6 @@
 //! The actix actors of the runtime and the operations built on them.
 //!
+//! - `command` — the typed command (kind, body, payload hash), parsed once;
 //! - `execution::machine` — the pure state machine of an agent turn;
 //! - `execution::actor` — the actor shell around it;
 //! - `agent` — the `Provider` and `Tool` traits and the built-ins of SPEC §6;
@@ -25,6 +26,7 @@ mod activity_tests;
 pub mod agent;
 pub mod attempt_lease;
 pub mod branches;
+pub mod command;
 pub mod describe;
 pub mod env;
 pub mod error;

@@ -8,18 +8,17 @@
 
 use std::sync::Arc;
 
-use openprogram_storage::{AnswerScope, ProcessId, WaitId};
 use openprogram_storage::{
-    CommandId, CommandRecord, CommandStatus, Control, EffectId, Event, EventEnvelope, EventStore,
-    ExecutionHead, ExecutionId, ExecutionKind, ExecutionState, MessageId, Outcome, ReceiptStatus,
-    RunId, SessionId, Transition,
+    CommandId, CommandRecord, CommandStatus, Event, EventEnvelope, EventStore, ExecutionHead,
+    ExecutionId, ExecutionKind, ExecutionState, MessageId, Outcome, RunId, SessionId, Transition,
 };
 use serde::{Deserialize, Serialize};
 
+pub use crate::command::{Command, CommandBody, CommandKind, EffectRef, ReconcileOutcome, WaitRef};
 use crate::env::Env;
 use crate::error::{Error, Result};
 use crate::execution::actor::GetSnapshot;
-use crate::execution::commands::{payload_hash_of, ApplyControl};
+use crate::execution::commands::ApplyCommand;
 pub use crate::execution::machine::ScriptElement;
 use crate::execution::machine::{AgentInput, Machine};
 use crate::process::Summarize;
@@ -52,60 +51,15 @@ pub struct StartReply {
     pub version: u64,
 }
 
-/// A control command (SPEC §6 body).
-#[derive(Debug, Clone, Deserialize)]
-pub struct CommandRequest {
-    pub command_id: CommandId,
-    pub kind: String,
-    #[serde(default)]
-    pub expected_version: Option<u64>,
-    #[serde(default)]
-    pub text: Option<String>,
-    /// `reconcile`: `confirmed` or `not_applied`.
-    #[serde(default)]
-    pub outcome: Option<String>,
-    /// `answer`, `decline`: the wait (default: the execution's pending durable wait).
-    #[serde(default)]
-    pub wait_id: Option<WaitId>,
-    /// `answer`: the answer (for an approval, optional).
-    #[serde(default)]
-    pub answer: Option<String>,
-    /// `answer`: `operation` (default: approves this one operation) or `discussion` (a
-    /// reply that decides nothing). No wider scope exists: scopes never widen implicitly.
-    #[serde(default)]
-    pub scope: Option<String>,
-    /// `stop_process`: the process.
-    #[serde(default)]
-    pub process_id: Option<ProcessId>,
-    /// `fork`: the checkpoint seq to fork from (default: the latest saved point).
-    #[serde(default)]
-    pub checkpoint: Option<u64>,
-}
-
-/// A command with a fresh id and no fields: fill in `kind` and what it needs.
-impl Default for CommandRequest {
-    fn default() -> Self {
-        Self {
-            command_id: CommandId::new(),
-            kind: String::new(),
-            expected_version: None,
-            text: None,
-            outcome: None,
-            wait_id: None,
-            answer: None,
-            scope: None,
-            process_id: None,
-            checkpoint: None,
-        }
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CommandReply {
     pub command_id: CommandId,
     /// `accepted`, `applied` or `rejected`.
     pub status: &'static str,
     pub reason: Option<String>,
+    /// The stable code of a rejection (`version_conflict`, `not_available`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
     pub version: u64,
     pub execution_id: Option<ExecutionId>,
 }
@@ -120,6 +74,16 @@ impl CommandReply {
                 CommandStatus::Rejected => "rejected",
             },
             reason: record.reason.clone(),
+            code: match record.status {
+                // Rejected before reasons were typed (schema 5): the one code there was.
+                CommandStatus::Rejected => Some(
+                    record
+                        .reason_code
+                        .clone()
+                        .unwrap_or_else(|| "command_rejected".into()),
+                ),
+                _ => None,
+            },
             version: record.result_version.unwrap_or(0),
             execution_id: record.child_execution_id,
         }
@@ -128,117 +92,6 @@ impl CommandReply {
 
 /// Deliveries of one command to an execution whose actor stops meanwhile (it parked).
 const DELIVERY_ATTEMPTS_MAX: usize = 4;
-
-/// The longest steer text accepted.
-const STEER_BYTES_MAX: usize = 16 * 1024;
-
-fn control_of(request: &CommandRequest) -> Result<Control> {
-    match request.kind.as_str() {
-        "pause" => Ok(Control::Pause),
-        "continue" => Ok(Control::Continue),
-        "step" => Ok(Control::Step),
-        "cancel" => Ok(Control::Cancel),
-        "steer" => match &request.text {
-            Some(text) if !text.is_empty() && text.len() <= STEER_BYTES_MAX => {
-                Ok(Control::Steer { text: text.clone() })
-            }
-            Some(text) if text.len() > STEER_BYTES_MAX => Err(Error::InvalidRequest(format!(
-                "steer text is longer than {STEER_BYTES_MAX} bytes"
-            ))),
-            _ => Err(Error::InvalidRequest(
-                "steer needs a non-empty `text`".into(),
-            )),
-        },
-        "reconcile" => {
-            let status = match request.outcome.as_deref() {
-                Some("confirmed") => ReceiptStatus::Confirmed,
-                Some("not_applied") => ReceiptStatus::NotApplied,
-                _ => {
-                    return Err(Error::InvalidRequest(
-                        "reconcile needs `outcome`: `confirmed` or `not_applied`".into(),
-                    ))
-                }
-            };
-            let output = request.text.clone().unwrap_or_default();
-            if output.len() > STEER_BYTES_MAX {
-                return Err(Error::InvalidRequest(format!(
-                    "reconcile text is longer than {STEER_BYTES_MAX} bytes"
-                )));
-            }
-            Ok(Control::Reconcile {
-                // The unresolved effect of the execution, filled in by its actor.
-                effect_id: EffectId::from_uuid(uuid::Uuid::nil()),
-                status,
-                output,
-            })
-        }
-        "answer" | "decline" if request.wait_id.is_none() && request.expected_version.is_none() => {
-            // Without either, an answer meant for one wait could land on a newer one (W-3).
-            Err(Error::InvalidRequest(format!(
-                "{} needs `wait_id`, or `expected_version` to pin the execution's pending wait",
-                request.kind
-            )))
-        }
-        "answer" => {
-            let answer = request.answer.clone().unwrap_or_default();
-            if answer.len() > STEER_BYTES_MAX {
-                return Err(Error::InvalidRequest(format!(
-                    "answer is longer than {STEER_BYTES_MAX} bytes"
-                )));
-            }
-            let scope = match request.scope.as_deref() {
-                None | Some("operation") => AnswerScope::Operation,
-                Some("discussion") => AnswerScope::Discussion,
-                Some(other) => {
-                    return Err(Error::InvalidRequest(format!(
-                        "unknown scope `{other}`: an answer approves this one `operation` or is a `discussion` reply"
-                    )))
-                }
-            };
-            Ok(Control::Answer {
-                wait_id: request.wait_id.unwrap_or(NO_WAIT),
-                answer,
-                scope,
-            })
-        }
-        "decline" => Ok(Control::Decline {
-            wait_id: request.wait_id.unwrap_or(NO_WAIT),
-        }),
-        "stop_process" => match request.process_id {
-            Some(process_id) => Ok(Control::StopProcess { process_id }),
-            None => Err(Error::InvalidRequest(
-                "stop_process needs `process_id`".into(),
-            )),
-        },
-        "set_policy" => Err(Error::InvalidRequest(format!(
-            "`{}` is not supported by this build yet",
-            request.kind
-        ))),
-        other => Err(Error::InvalidRequest(format!(
-            "unknown command kind `{other}`"
-        ))),
-    }
-}
-
-/// `answer`/`decline` without a `wait_id`: the execution's pending wait, chosen by its actor.
-const NO_WAIT: WaitId = WaitId::from_uuid(uuid::Uuid::nil());
-
-/// The canonical payload of a command, hashed for K-4.
-pub fn payload_hash(request: &CommandRequest) -> [u8; 32] {
-    payload_hash_of(
-        &request.kind,
-        request.text.as_deref(),
-        request.expected_version,
-        &[
-            ("outcome", request.outcome.clone()),
-            ("wait_id", request.wait_id.map(|id| id.to_string())),
-            ("answer", request.answer.clone()),
-            ("scope", request.scope.clone()),
-            ("process_id", request.process_id.map(|id| id.to_string())),
-            ("checkpoint", request.checkpoint.map(|seq| seq.to_string())),
-        ],
-    )
-}
 
 /// The runtime's operations, shared by every transport.
 #[derive(Debug, Clone)]
@@ -311,19 +164,21 @@ impl Service {
         Ok(StartReply { version, ..reply })
     }
 
-    /// K-1: saves the command as accepted, routes it to the execution, returns its outcome.
+    /// K-1: routes a command to its execution, which decides it (K-3, K-4) and records the
+    /// outcome; Fork and Retry make a child (`branches.rs`).
     pub async fn command(
         &self,
         session_id: SessionId,
         execution_id: ExecutionId,
-        request: CommandRequest,
+        command: Command,
     ) -> Result<CommandReply> {
-        match request.kind.as_str() {
-            "fork" => return self.fork(session_id, execution_id, request, false).await,
-            "retry" => return self.fork(session_id, execution_id, request, true).await,
+        match command.kind() {
+            CommandKind::Fork | CommandKind::Retry => {
+                return self.fork(session_id, execution_id, command).await
+            }
             _ => {}
         }
-        self.control(session_id, execution_id, request).await
+        self.control(session_id, execution_id, command).await
     }
 
     /// A control command, through the execution's mailbox (K-1, K-6).
@@ -331,30 +186,19 @@ impl Service {
         &self,
         session_id: SessionId,
         execution_id: ExecutionId,
-        request: CommandRequest,
+        command: Command,
     ) -> Result<CommandReply> {
         self.head_in(session_id, execution_id)?;
-        let control = control_of(&request)?;
         // Startup recovery may be claiming this very execution: let it finish first.
         self.env.until_recovered().await;
-        let accepted = CommandRecord {
-            command_id: request.command_id,
-            execution_id,
-            kind: request.kind.clone(),
-            payload_hash: payload_hash(&request),
-            status: CommandStatus::Accepted,
-            reason: None,
-            result_version: None,
-            child_execution_id: None,
-            accepted_at_ms: 0,
-        };
+        let accepted = command.accepted_record(execution_id);
+        let command_id = command.command_id;
         // The actor may release itself between activation and delivery; a few retries.
         for _ in 0..DELIVERY_ATTEMPTS_MAX {
             let addr = self.env.activate(execution_id)?;
-            let message = ApplyControl {
+            let message = ApplyCommand {
                 accepted: accepted.clone(),
-                control: control.clone(),
-                expected_version: request.expected_version,
+                command: command.clone(),
             };
             match addr.send(message).await {
                 Ok(Ok(record)) => return Ok(CommandReply::of(&record)),
@@ -362,7 +206,7 @@ impl Service {
                 // if it was already applied to this execution (its stored receipt is kept);
                 // undecided, it goes to the current owner; anything else propagates.
                 Ok(Err(error @ (Error::Fenced { .. } | Error::VersionConflict { .. }))) => {
-                    match self.env.store.command(request.command_id)? {
+                    match self.env.store.command(command_id)? {
                         Some(stored) if stored.execution_id != execution_id => return Err(error),
                         Some(stored) if stored.status == CommandStatus::Applied => {
                             return Ok(CommandReply::of(&stored))
@@ -410,7 +254,7 @@ impl Service {
             Some(snapshot) => snapshot,
             None => {
                 let (head, machine) = self.env.latest_state(execution_id, false)?;
-                Snapshot::of(&head, &machine)
+                Snapshot::of(&head, &machine, self.env.revision)
             }
         };
         let mut snapshot = snapshot.with_process_records(store);
@@ -552,7 +396,7 @@ impl Admission {
         let mut machine = Machine::default();
         let mut ignored = Vec::new();
         // The first event is `Admitted` (`Admission::new`): its input is at hand.
-        machine.admit(self.parent_message_id, self.input);
+        machine.admit(self.head.revision_id, self.parent_message_id, self.input);
         for (event, seq) in self.events.iter().zip(1..).skip(1) {
             machine.apply(event, seq, &mut ignored);
         }

@@ -1,9 +1,9 @@
 //! What a reader sees of one execution (the snapshot of the HTTP contract, SPEC §6).
 
-use openprogram_storage::{EventStore, ExecutionHead, ExecutionKind, ReceiptStatus};
+use openprogram_storage::{EventStore, ExecutionHead, ExecutionKind, ReceiptStatus, RevisionId};
 use serde::Serialize;
 
-use crate::execution::machine::Machine;
+use crate::execution::machine::{CommandContext, Machine};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Snapshot {
@@ -80,7 +80,14 @@ pub fn receipt_status(status: ReceiptStatus) -> &'static str {
 }
 
 impl Snapshot {
-    pub fn of(head: &ExecutionHead, machine: &Machine) -> Self {
+    /// The snapshot of `head` and its machine, offering the controls accepted now (K-3) by
+    /// a runtime of `revision`.
+    pub fn of(head: &ExecutionHead, machine: &Machine, revision: RevisionId) -> Self {
+        let context = CommandContext {
+            version: head.version,
+            revision,
+            busy: false,
+        };
         Self {
             execution_id: head.execution_id,
             session_id: head.session_id,
@@ -98,7 +105,11 @@ impl Snapshot {
             pause_reason: head.pause_reason.clone(),
             version: head.version,
             attempt: head.fencing_epoch,
-            capabilities: machine.capabilities(),
+            capabilities: machine
+                .capabilities(&context)
+                .into_iter()
+                .map(|kind| kind.as_str())
+                .collect(),
             text: machine.text.clone(),
             receipts: machine
                 .receipts

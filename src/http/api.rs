@@ -6,12 +6,16 @@
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use openprogram_storage::{CommandId, EventEnvelope, ExecutionId, MessageId, SessionId};
+use std::collections::BTreeMap;
+
+use serde::de::IgnoredAny;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::Api;
-use crate::{CommandRequest, StartRequest};
+use crate::{Command, Error, StartRequest};
 
 /// The most events one `GET …/events` returns; a client pages on with `after`.
 pub const EVENTS_PAGE_LEN_MAX: usize = 1000;
@@ -46,22 +50,59 @@ pub struct StartBody {
     pub start_paused: bool,
 }
 
+impl StartBody {
+    /// Every field a start body may carry (X-3: anything else is `unknown_field`).
+    const FIELDS: [&'static str; 6] = [
+        "kind",
+        "message",
+        "parent_message_id",
+        "script",
+        "max_iterations",
+        "start_paused",
+    ];
+
+    /// Reads a start body (SPEC §6), refusing what this build does not understand
+    /// before anything is stored: a field it does not know, a kind the contract names but
+    /// this build does not run (`unsupported_kind`), or none the contract names.
+    fn read(raw: &RawValue) -> Result<Self, ApiError> {
+        let fields: BTreeMap<String, IgnoredAny> =
+            serde_json::from_str(raw.get()).map_err(|error| {
+                ApiError::bad_request(format!("a start body is a JSON object: {error}"))
+            })?;
+        if let Some(field) = fields
+            .keys()
+            .find(|field| !Self::FIELDS.contains(&field.as_str()))
+        {
+            return Err(Error::UnknownField {
+                field: field.clone(),
+                message: format!("a start body has no field `{field}`"),
+            }
+            .into());
+        }
+        let body: StartBody = serde_json::from_str(raw.get())
+            .map_err(|error| ApiError::bad_request(format!("malformed start body: {error}")))?;
+        match body.kind.as_deref() {
+            None | Some("agent") => Ok(body),
+            Some(kind @ ("function" | "job")) => Err(Error::UnsupportedKind(format!(
+                "`{kind}` executions are not built yet: this build starts `agent` executions"
+            ))
+            .into()),
+            Some(other) => Err(Error::UnknownKind(format!(
+                "`{other}` is not an execution kind: this build starts `agent` executions"
+            ))
+            .into()),
+        }
+    }
+}
+
 pub async fn start_execution(
     api: web::Data<Api>,
     request: HttpRequest,
     path: web::Path<String>,
-    body: web::Json<StartBody>,
+    body: web::Json<Box<RawValue>>,
 ) -> Result<HttpResponse, ApiError> {
     let session = api.session(&request, &path)?;
-    let body = body.into_inner();
-    match body.kind.as_deref() {
-        None | Some("agent") => {}
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "unknown execution kind `{other}`: this build starts `agent` executions"
-            )))
-        }
-    }
+    let body = StartBody::read(&body)?;
     let start = StartRequest {
         message: body.message,
         parent_message_id: body.parent_message_id,
@@ -105,29 +146,25 @@ pub async fn snapshot(
     Ok(HttpResponse::Ok().json(snapshot))
 }
 
-/// `POST …/commands`: 202 with the reply when the command was taken (`accepted` or
-/// `applied`); 409 with the same reply fields when it was refused (a stale
-/// `expected_version`, or a control the execution does not offer now), so that a retry of
-/// the same `command_id` gets the same answer either way (K-4).
+/// `POST …/commands`: 202 with the reply when the command was applied; 409 with the same
+/// reply fields and the refusal's code (`version_conflict`, `not_available`, ...) when it
+/// was rejected, so that a retry of the same `command_id` gets the same answer either way
+/// (K-4). A body the runtime does not understand is a 400 and nothing is stored.
 pub async fn command(
     api: web::Data<Api>,
     request: HttpRequest,
     path: web::Path<(String, String)>,
-    body: web::Json<CommandRequest>,
+    body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
     let (session, execution) = api.execution(&request, &path)?;
-    let reply = api
-        .runtime
-        .command(session, execution, body.into_inner())
-        .await?;
+    let command = Command::from_json(&body)?;
+    let reply = api.runtime.command(session, execution, command).await?;
     if reply.status == "rejected" {
         let reason = reply.reason.clone().unwrap_or_default();
-        // The library records a stale version with this reason (actors' `refuse_command`).
-        let code = if reason.starts_with("stale expected_version") {
-            "version_conflict"
-        } else {
-            "command_rejected"
-        };
+        let code = reply
+            .code
+            .clone()
+            .unwrap_or_else(|| "command_rejected".into());
         let fields = serde_json::to_value(&reply).unwrap_or(Value::Null);
         return Err(ApiError::new(StatusCode::CONFLICT, code, reason).with(fields));
     }

@@ -108,19 +108,11 @@ pub struct Control {
     pub checkpoint: Option<u64>,
 }
 
-/// `openprogram ctl`: sends the command, prints its reply. A refused command fails.
+/// `openprogram ctl`: sends the command, prints its reply. A refused command fails. The
+/// flags become the command's body and are read back by the runtime's own parser
+/// (`Command::from_json`) before anything is sent: a flag the kind does not take, or one it
+/// lacks, is a usage error here exactly as it would be a 400 there.
 pub fn ctl(target: &Target, control: &Control, as_json: bool) -> Result<String, Failure> {
-    if control.kind == "stop_process" && control.process.is_none() {
-        return Err(Failure::Usage("stop-process needs --process".into()));
-    }
-    if control.kind == "reconcile" && control.outcome.is_none() {
-        return Err(Failure::Usage(
-            "reconcile needs --outcome confirmed|not_applied".into(),
-        ));
-    }
-    if control.kind == "steer" && control.text.is_none() {
-        return Err(Failure::Usage("steer needs --text".into()));
-    }
     let command_id = control
         .command_id
         .clone()
@@ -144,6 +136,22 @@ pub fn ctl(target: &Target, control: &Control, as_json: bool) -> Result<String, 
             body[name] = value;
         }
     }
+    let command = openprogram_actors::command::Command::from_json(&body).map_err(|error| {
+        let flag = |field: &str| match field {
+            "wait_id" => "--wait".to_owned(),
+            "process_id" => "--process".to_owned(),
+            other => format!("--{}", other.replace('_', "-")),
+        };
+        match &error {
+            openprogram_actors::Error::UnknownField { field, .. } => Failure::Usage(format!(
+                "{} does not take {}",
+                control.kind.replace('_', "-"),
+                flag(field)
+            )),
+            _ => Failure::Usage(format!("{} ({})", error, error.code())),
+        }
+    })?;
+    let body = command.to_json();
     let path = format!(
         "/v1/sessions/{}/executions/{}/commands",
         control.session, control.execution

@@ -50,10 +50,7 @@ pub async fn seed_once(runtime: &Runtime, tokens: &Tokens, dir: &Path) -> Result
     .await?;
     runtime.wait_finished(first, completed).await?;
     // An alternative reply from the saved point before the reply: a second branch.
-    let fork = crate::CommandRequest {
-        kind: "fork".into(),
-        ..Default::default()
-    };
+    let fork = crate::Command::new(crate::CommandBody::Fork { checkpoint: None });
     let forked = runtime.command(first, completed, fork).await?;
     let forked = forked.execution_id.ok_or_else(|| {
         Error::Internal(format!("the demo's fork was not made: {:?}", forked.reason))

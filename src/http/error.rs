@@ -13,17 +13,22 @@ use crate::Error;
 #[derive(Debug, Clone)]
 pub struct ApiError {
     pub status: StatusCode,
-    pub code: &'static str,
+    /// The stable code (`Error::code`, or a command's refusal code).
+    pub code: std::borrow::Cow<'static, str>,
     pub message: String,
     /// More fields merged into the body (a refused command carries its reply).
     pub extra: Map<String, Value>,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(
+        status: StatusCode,
+        code: impl Into<std::borrow::Cow<'static, str>>,
+        message: impl Into<String>,
+    ) -> Self {
         Self {
             status,
-            code,
+            code: code.into(),
             message: message.into(),
             extra: Map::new(),
         }
@@ -88,7 +93,10 @@ impl From<Error> for ApiError {
         let status = match &error {
             Error::NotFound => return Self::not_found(),
             Error::Storage(Storage::UnknownExecution(_)) => return Self::not_found(),
-            Error::InvalidRequest(_) => StatusCode::BAD_REQUEST,
+            Error::InvalidRequest(_)
+            | Error::UnknownField { .. }
+            | Error::UnsupportedKind(_)
+            | Error::UnknownKind(_) => StatusCode::BAD_REQUEST,
             Error::Storage(Storage::PayloadTooLarge { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::CommandConflict { .. }
             | Error::VersionConflict { .. }
@@ -101,8 +109,14 @@ impl From<Error> for ApiError {
             Error::Internal(_) | Error::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let mut api = Self::new(status, error.code(), error.to_string());
-        if let Error::VersionConflict { current } = error {
-            api.extra.insert("current_version".into(), json!(current));
+        match error {
+            Error::VersionConflict { current } => {
+                api.extra.insert("current_version".into(), json!(current));
+            }
+            Error::UnknownField { field, .. } => {
+                api.extra.insert("field".into(), json!(field));
+            }
+            _ => {}
         }
         api
     }

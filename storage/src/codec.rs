@@ -198,7 +198,10 @@ enum WireRecordRef<'a> {
 }
 
 impl Serialize for RecordValue {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
         match self {
             RecordValue::Command(record) => WireRecordRef::Command(record),
             RecordValue::Receipt(record) => WireRecordRef::Receipt(record),
@@ -210,7 +213,9 @@ impl Serialize for RecordValue {
 }
 
 impl<'de> Deserialize<'de> for RecordValue {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> std::result::Result<Self, D::Error> {
         Ok(match WireRecord::deserialize(deserializer)? {
             WireRecord::CommandV1(old) => RecordValue::Command(CommandRecord {
                 command_id: old.command_id,

@@ -179,13 +179,8 @@ async fn k6_a_stale_attempts_delivery_returns_the_applied_commands_stored_outcom
         .await
         .expect("start")
         .execution_id;
-    let command = |kind: &str, command_id| openprogram::CommandRequest {
-        command_id,
-        kind: kind.into(),
-        expected_version: None,
-        text: None,
-        outcome: None,
-        ..Default::default()
+    let command = |kind: &str, command_id: openprogram::storage::CommandId| {
+        command_of(serde_json::json!({"command_id": command_id, "kind": kind}))
     };
     let started = Instant::now();
     while !entered.load(Ordering::SeqCst) {

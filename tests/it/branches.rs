@@ -3,21 +3,16 @@
 //! counts branches of the conversation graph.
 
 use openprogram::storage::{CommandId, Event, ExecutionId};
-use openprogram::{CommandReply, CommandRequest, StartRequest};
-use serde_json::Value;
+use openprogram::{Command, CommandReply, StartRequest};
+use serde_json::{json, Value};
 
 use crate::support::*;
 
-fn fork_request(command_id: CommandId, checkpoint: Option<u64>) -> CommandRequest {
-    CommandRequest {
-        command_id,
-        kind: "fork".into(),
-        checkpoint,
-        ..Default::default()
-    }
+fn fork_request(command_id: CommandId, checkpoint: Option<u64>) -> Command {
+    command_of(json!({"command_id": command_id, "kind": "fork", "checkpoint": checkpoint}))
 }
 
-async fn send(harness: &Harness, execution: ExecutionId, request: CommandRequest) -> CommandReply {
+async fn send(harness: &Harness, execution: ExecutionId, request: Command) -> CommandReply {
     harness
         .runtime
         .command(harness.session, execution, request)
@@ -185,10 +180,7 @@ async fn k2_retry_is_a_new_execution_in_the_same_run_from_the_request() {
     let original = harness.start(vec![echo("a"), reply("done")], Some(1)).await;
     let failed = harness.wait_for_state(original, "failed").await;
     assert!(failed.capabilities.contains(&"retry"));
-    let request = CommandRequest {
-        kind: "retry".into(),
-        ..Default::default()
-    };
+    let request = command_of(json!({"kind": "retry"}));
     let retried = send(&harness, original, request).await;
     assert_eq!(retried.status, "applied", "{retried:?}");
     let child = retried.execution_id.expect("child");
@@ -203,15 +195,7 @@ async fn k2_retry_is_a_new_execution_in_the_same_run_from_the_request() {
     // Retry of a running execution is refused.
     let running = harness.start(vec![sleep(5_000), reply("x")], None).await;
     harness.wait_for_sleep(running).await;
-    let refused = send(
-        &harness,
-        running,
-        CommandRequest {
-            kind: "retry".into(),
-            ..Default::default()
-        },
-    )
-    .await;
+    let refused = send(&harness, running, command_of(json!({"kind": "retry"}))).await;
     assert_eq!(refused.status, "rejected");
     harness.command(running, "cancel", None).await;
 }
@@ -277,11 +261,7 @@ async fn k2_a_fork_never_repeats_an_external_effect_or_an_approval() {
         )
         .await;
     let wait = harness.wait_for_state(asking, "waiting").await.waits[0].wait_id;
-    let answer = CommandRequest {
-        kind: "answer".into(),
-        wait_id: Some(wait),
-        ..Default::default()
-    };
+    let answer = command_of(json!({"kind": "answer", "wait_id": wait}));
     send(&harness, asking, answer).await;
     harness.wait_for_state(asking, "completed").await;
     let answered_at = harness
@@ -332,10 +312,7 @@ async fn b2_activity_counts_branches_of_a_real_conversation() {
     let child = send(
         &harness,
         second.execution_id,
-        CommandRequest {
-            kind: "retry".into(),
-            ..Default::default()
-        },
+        command_of(json!({"kind": "retry"})),
     )
     .await
     .execution_id
@@ -380,10 +357,7 @@ async fn b4_an_owner_lost_during_a_model_request_ends_in_history_as_incomplete()
             matches!(event, Event::ToolFinished { .. })
         })
         .await;
-    let cancel = CommandRequest {
-        kind: "cancel".into(),
-        ..Default::default()
-    };
+    let cancel = command_of(json!({"kind": "cancel"}));
     accept_undecided(
         &runtime,
         execution,

@@ -257,18 +257,29 @@ async fn k1_a_refused_command_and_a_claiming_continue_are_each_one_transition() 
             .map(|e| e.event.type_name())
             .collect::<Vec<_>>()
     };
-    // Pause is not offered while paused: saved and refused together.
+    // Pause is not offered while paused: refused, and only its record says so (K-4).
+    let events_before = harness.events(execution);
     let refused = harness.command(execution, "pause", None).await;
     assert_eq!(refused.status, "rejected");
-    assert_eq!(refused.version, before + 1);
+    assert_eq!(refused.code.as_deref(), Some("not_available"));
+    assert_eq!(refused.version, before);
     assert_eq!(
-        kinds_after(&harness.events(execution), refused.command_id),
-        ["command_accepted", "command_rejected"]
+        harness.events(execution),
+        events_before,
+        "a refusal appends nothing"
     );
-    // Continue on a parked execution claims an attempt in the same transition.
-    let continued = harness.command(execution, "continue", None).await;
+    let stored = harness
+        .runtime
+        .command_status(harness.session, refused.command_id)
+        .expect("stored");
+    assert_eq!(stored, refused);
+    // Continue on a parked execution claims an attempt in the same transition, at the
+    // version the client read before the refusal.
+    let continued = harness
+        .command_with(execution, CommandId::new(), "continue", None, Some(before))
+        .await;
     assert_eq!(continued.status, "applied");
-    assert_eq!(continued.version, before + 2);
+    assert_eq!(continued.version, before + 1);
     harness.wait_for_state(execution, "completed").await;
     assert_eq!(
         kinds_after(&harness.events(execution), continued.command_id)[..4],
@@ -294,14 +305,9 @@ async fn k4_duplicate_command_id_applies_once_and_other_payload_conflicts() {
         .command_with(execution, command_id, "steer", Some("once"), None)
         .await;
     assert_eq!(first, again);
-    let request = openprogram::CommandRequest {
-        command_id,
-        kind: "steer".into(),
-        expected_version: None,
-        text: Some("other".into()),
-        outcome: None,
-        ..Default::default()
-    };
+    let request = command_of(serde_json::json!({
+        "command_id": command_id, "kind": "steer", "text": "other"
+    }));
     let conflict = harness
         .runtime
         .command(harness.session, execution, request)

@@ -9,7 +9,7 @@ use openprogram::actors::process::os::{self, OsIdentity, StopSignal};
 use openprogram::storage::{
     Event, ExecutionId, OwnerId, ProcessId, ProcessRecord, ProcessState, Transition, Upsert,
 };
-use openprogram::{CommandRequest, RestartWindow, Runtime, Snapshot};
+use openprogram::{Command, RestartWindow, Runtime, Snapshot};
 use serde_json::{json, Value};
 
 use crate::support::*;
@@ -28,12 +28,8 @@ fn harness_with_grace(grace: Duration) -> Harness {
     Harness::with_runtime(runtime, dir)
 }
 
-fn stop_request(process_id: ProcessId) -> CommandRequest {
-    CommandRequest {
-        kind: "stop_process".into(),
-        process_id: Some(process_id),
-        ..Default::default()
-    }
+fn stop_request(process_id: ProcessId) -> Command {
+    command_of(json!({"kind": "stop_process", "process_id": process_id}))
 }
 
 async fn wait_process(harness: &Harness, execution: ExecutionId, state: &str) -> Snapshot {
@@ -153,7 +149,8 @@ async fn p2_cancel_leaves_the_process_running_and_stop_process_ends_it() {
     assert_eq!(cancelled.processes[0].state, "running");
     assert_eq!(
         cancelled.capabilities,
-        vec!["stop_process", "fork", "retry"]
+        // No fork: the only saved point's next step is the shell call, dispatched already.
+        vec!["stop_process", "retry"]
     );
     let identity = recorded_identity(&harness.runtime, process_id);
     assert!(alive(identity), "Cancel stopped the process");

@@ -8,7 +8,7 @@ use futures::FutureExt;
 use openprogram::actors::execution::machine::Recovery;
 use openprogram::agent::{Tool, ToolCall};
 use openprogram::storage::{Event, SessionId};
-use openprogram::{CommandRequest, Runtime, StartRequest};
+use openprogram::{Runtime, StartRequest};
 
 use crate::support::*;
 
@@ -118,32 +118,15 @@ async fn e4_an_external_effect_left_in_flight_becomes_unknown_and_never_runs_aga
 /// against the version its own acceptance moved the execution to.
 #[tokio::test]
 async fn k4_a_command_accepted_before_a_crash_is_decided_on_redelivery() {
-    use openprogram::storage::{
-        CommandId, CommandRecord, CommandStatus, Event, Transition, Upsert,
-    };
+    use openprogram::storage::{CommandId, Event, Transition, Upsert};
     let harness = Harness::new();
     let execution = harness.start_paused(vec![reply("done")]).await;
     let seen = harness.snapshot(execution).await.version;
-    let continue_request = CommandRequest {
-        command_id: CommandId::new(),
-        kind: "continue".into(),
-        expected_version: Some(seen),
-        text: None,
-        outcome: None,
-        ..Default::default()
-    };
+    let continue_request = command_of(serde_json::json!({
+        "command_id": CommandId::new(), "kind": "continue", "expected_version": seen
+    }));
     // What the execution wrote before its worker died: the command, accepted.
-    let accepted = CommandRecord {
-        command_id: continue_request.command_id,
-        execution_id: execution,
-        kind: "continue".into(),
-        payload_hash: openprogram::actors::service::payload_hash(&continue_request),
-        status: CommandStatus::Accepted,
-        reason: None,
-        result_version: None,
-        child_execution_id: None,
-        accepted_at_ms: 0,
-    };
+    let accepted = continue_request.accepted_record(execution);
     let event = Event::CommandAccepted {
         command_id: accepted.command_id,
         kind: "continue".into(),

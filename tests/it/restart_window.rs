@@ -104,14 +104,7 @@ async fn r2_a_restart_beyond_the_window_expires_and_r6_keeps_everything_for_a_ma
     );
     assert_eq!(count(&after, is_attempt), 1, "no new attempt ran");
     // a manual Continue takes it from its checkpoint to the end, same ids.
-    let request = openprogram::CommandRequest {
-        command_id: openprogram::storage::CommandId::new(),
-        kind: "continue".into(),
-        expected_version: None,
-        text: None,
-        outcome: None,
-        ..Default::default()
-    };
+    let request = command_of(serde_json::json!({"kind": "continue"}));
     let reply = runtime
         .command(restarts.session, execution, request)
         .await
@@ -225,14 +218,7 @@ async fn r4_completed_and_cancelled_executions_are_left_alone() {
         .start(&runtime, vec![sleep(60_000), reply("never")])
         .await
         .execution_id;
-    let request = openprogram::CommandRequest {
-        command_id: openprogram::storage::CommandId::new(),
-        kind: "cancel".into(),
-        expected_version: None,
-        text: None,
-        outcome: None,
-        ..Default::default()
-    };
+    let request = command_of(serde_json::json!({"kind": "cancel"}));
     runtime
         .command(restarts.session, cancelled, request)
         .await

@@ -11,10 +11,9 @@ use futures::FutureExt;
 use openprogram::actors::execution::machine::Recovery;
 use openprogram::agent::{Tool, ToolCall};
 use openprogram::storage::{
-    CommandId, Event, EventStore, ExecutionHead, ExecutionKind, ExecutionState, RunId, Store,
-    Transition,
+    Event, EventStore, ExecutionHead, ExecutionKind, ExecutionState, RunId, Store, Transition,
 };
-use openprogram::{CommandRequest, RestartWindow};
+use openprogram::{Command, RestartWindow};
 use serde_json::json;
 
 use crate::support::*;
@@ -67,15 +66,8 @@ impl Tool for Probe {
     }
 }
 
-fn command(kind: &str, text: Option<&str>, outcome: Option<&str>) -> CommandRequest {
-    CommandRequest {
-        command_id: CommandId::new(),
-        kind: kind.into(),
-        expected_version: None,
-        text: text.map(str::to_owned),
-        outcome: outcome.map(str::to_owned),
-        ..Default::default()
-    }
+fn command(kind: &str, text: Option<&str>, outcome: Option<&str>) -> Command {
+    command_of(json!({"kind": kind, "text": text, "outcome": outcome}))
 }
 
 fn is_decision(event: &Event) -> bool {
@@ -436,19 +428,18 @@ async fn r8_an_operator_reconcile_resolves_an_effect_without_a_protocol() {
         let snapshot = restarts
             .wait_state(&runtime, execution, "reconciliation_required")
             .await;
-        assert_eq!(snapshot.capabilities, vec!["reconcile", "cancel", "fork"]);
+        // No fork: the only saved point's next step is the unknown effect (K-3).
+        assert_eq!(snapshot.capabilities, vec!["reconcile", "cancel"]);
         let refused = runtime
             .command(restarts.session, execution, command("continue", None, None))
             .await
             .expect("continue");
         assert_eq!(refused.status, "rejected", "nothing else resolves it");
-        let bad = runtime
-            .command(
-                restarts.session,
-                execution,
-                command("reconcile", None, Some("maybe")),
-            )
-            .await;
+        let bad = openprogram::Command::from_json(&json!({
+            "command_id": openprogram::storage::CommandId::new(),
+            "kind": "reconcile",
+            "outcome": "maybe",
+        }));
         assert!(
             matches!(bad, Err(openprogram::Error::InvalidRequest(_))),
             "{bad:?}"

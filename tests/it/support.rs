@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use openprogram::storage::{CommandId, Event, EventEnvelope, ExecutionId, SessionId};
-use openprogram::{CommandReply, CommandRequest, Runtime, ScriptElement, Snapshot, StartRequest};
+use openprogram::{Command, CommandReply, Runtime, ScriptElement, Snapshot, StartRequest};
 use serde_json::{json, Value};
 
 /// How long a condition may take before the test fails: far above what it needs.
@@ -97,16 +97,15 @@ impl Harness {
         text: Option<&str>,
         expected_version: Option<u64>,
     ) -> CommandReply {
-        let request = CommandRequest {
-            command_id,
-            kind: kind.into(),
-            expected_version,
-            text: text.map(str::to_owned),
-            outcome: None,
-            ..Default::default()
-        };
+        let mut body = json!({"command_id": command_id, "kind": kind});
+        if let Some(text) = text {
+            body["text"] = json!(text);
+        }
+        if let Some(version) = expected_version {
+            body["expected_version"] = json!(version);
+        }
         self.runtime
-            .command(self.session, execution, request)
+            .command(self.session, execution, command_of(body))
             .await
             .expect("command")
     }
@@ -392,21 +391,11 @@ pub fn crash(runtime: Runtime) {
 pub async fn accept_undecided(
     runtime: &Runtime,
     execution: ExecutionId,
-    request: CommandRequest,
+    request: Command,
     control: openprogram::storage::Control,
-) -> CommandRequest {
-    use openprogram::storage::{CommandRecord, CommandStatus, Outcome, Transition, Upsert};
-    let accepted = CommandRecord {
-        command_id: request.command_id,
-        execution_id: execution,
-        kind: request.kind.clone(),
-        payload_hash: openprogram::actors::service::payload_hash(&request),
-        status: CommandStatus::Accepted,
-        reason: None,
-        result_version: None,
-        child_execution_id: None,
-        accepted_at_ms: 0,
-    };
+) -> Command {
+    use openprogram::storage::{Outcome, Transition, Upsert};
+    let accepted = request.accepted_record(execution);
     let event = Event::ControlAccepted {
         command_id: request.command_id,
         control,
@@ -418,4 +407,16 @@ pub async fn accept_undecided(
         .expect("accept");
     assert!(matches!(saved, Outcome::Committed(_)), "{saved:?}");
     request
+}
+
+/// A command from its body as a client sends it (SPEC §6), without its `null` fields; a
+/// fresh `command_id` when the body has none.
+pub fn command_of(mut body: Value) -> Command {
+    if let Value::Object(fields) = &mut body {
+        fields.retain(|_, value| !value.is_null());
+    }
+    if body.get("command_id").is_none() {
+        body["command_id"] = json!(CommandId::new());
+    }
+    Command::from_json(&body).expect("a command body")
 }

@@ -9,7 +9,7 @@ use std::time::Instant;
 use openprogram::storage::{
     AnswerScope, CommandId, Control, ExecutionId, SessionId, WaitId, WaitStatus,
 };
-use openprogram::{CommandReply, CommandRequest, RestartWindow, Runtime, Snapshot, StartRequest};
+use openprogram::{CommandReply, RestartWindow, Runtime, Snapshot, StartRequest};
 use serde_json::{json, Value};
 
 use crate::support::*;
@@ -38,21 +38,17 @@ pub(crate) fn answer_request(
     command_id: CommandId,
     wait_id: Option<WaitId>,
     answer: &str,
-) -> CommandRequest {
-    CommandRequest {
-        command_id,
-        kind: "answer".into(),
-        wait_id,
-        answer: Some(answer.into()),
-        ..Default::default()
-    }
+) -> openprogram::Command {
+    command_of(
+        json!({"command_id": command_id, "kind": "answer", "wait_id": wait_id, "answer": answer}),
+    )
 }
 
 pub(crate) async fn send(
     runtime: &Runtime,
     session: SessionId,
     execution: ExecutionId,
-    request: CommandRequest,
+    request: openprogram::Command,
 ) -> CommandReply {
     runtime
         .command(session, execution, request)
@@ -78,20 +74,13 @@ async fn w2_decline_never_runs_the_guarded_operation() {
     assert_eq!(waiting.waits[0].message_id, waiting.reply_message_id);
     // No wait named: `expected_version` pins the pending one; with neither, it is refused.
     let (runtime, session) = (&harness.runtime, harness.session);
-    let unpinned = CommandRequest {
-        kind: "decline".into(),
-        ..Default::default()
-    };
-    let refused = runtime.command(session, execution, unpinned).await;
+    let unpinned = json!({"command_id": CommandId::new(), "kind": "decline"});
+    let refused = openprogram::Command::from_json(&unpinned);
     assert!(
         matches!(refused, Err(openprogram::Error::InvalidRequest(_))),
         "{refused:?}"
     );
-    let pinned = CommandRequest {
-        kind: "decline".into(),
-        expected_version: Some(waiting.version),
-        ..Default::default()
-    };
+    let pinned = command_of(json!({"kind": "decline", "expected_version": waiting.version}));
     let declined = send(runtime, session, execution, pinned).await;
     assert_eq!(declined.status, "applied", "{declined:?}");
     let done = harness.wait_for_state(execution, "completed").await;
@@ -144,10 +133,9 @@ async fn w2_a_discussion_reply_approves_nothing() {
     let script = vec![ask("append?"), append(&sink, "guarded"), reply("done")];
     let execution = harness.start(script, None).await;
     let wait_id = harness.wait_for_state(execution, "waiting").await.waits[0].wait_id;
-    let request = CommandRequest {
-        scope: Some("discussion".into()),
-        ..answer_request(CommandId::new(), Some(wait_id), "why do you need it?")
-    };
+    let request = command_of(json!({
+        "kind": "answer", "wait_id": wait_id, "answer": "why do you need it?", "scope": "discussion"
+    }));
     let (runtime, session) = (&harness.runtime, harness.session);
     assert_eq!(
         send(runtime, session, execution, request).await.status,
@@ -157,11 +145,10 @@ async fn w2_a_discussion_reply_approves_nothing() {
     assert_eq!(done.waits[0].scope, Some("discussion"));
     assert!(!sink.exists(), "a discussion reply approved the operation");
     // A scope wider than one operation does not exist.
-    let wider = CommandRequest {
-        scope: Some("always".into()),
-        ..answer_request(CommandId::new(), Some(wait_id), "yes")
-    };
-    let refused = runtime.command(session, execution, wider).await;
+    let wider = json!({
+        "command_id": CommandId::new(), "kind": "answer", "wait_id": wait_id, "answer": "yes", "scope": "always"
+    });
+    let refused = openprogram::Command::from_json(&wider);
     assert!(
         matches!(refused, Err(openprogram::Error::InvalidRequest(_))),
         "{refused:?}"

@@ -410,7 +410,7 @@ impl ExecutionActor {
     }
 
     fn snapshot(&self) -> Snapshot {
-        Snapshot::of(&self.head, &self.machine)
+        Snapshot::of(&self.head, &self.machine, self.env.revision)
     }
 }
 

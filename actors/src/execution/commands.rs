@@ -1,14 +1,15 @@
-//! Commands at the execution (K-1..K-6): the `ApplyControl` message, and how the actor
-//! accepts, decides and records a control command. Split from `actor.rs`, whose shell it
-//! extends; the decisions themselves are the pure machine's (`machine.rs`).
+//! Commands at the execution (K-1..K-6): the `ApplyCommand` message, and how the actor
+//! records what the pure machine decides (`Machine::decide_command`: version, capabilities
+//! and arguments, all in one place): an applied command with its effect in one transition,
+//! a rejected one as its record alone. Split from `actor.rs`, whose shell it extends.
 
 use actix::prelude::*;
-use openprogram_storage::{CommandRecord, CommandStatus, Control, Event, Outcome, Upsert};
-use serde_json::json;
+use openprogram_storage::{CommandRecord, CommandStatus, Event, Outcome, Transition, Upsert};
 
+use crate::command::Command;
 use crate::error::Error;
 use crate::execution::actor::ExecutionActor;
-use crate::execution::machine::Input;
+use crate::execution::machine::{Accepted, CommandContext, Rejection};
 
 /// Whether the transition that decides a command also saves it as accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,57 +23,50 @@ pub(super) enum Saved {
 }
 
 impl ExecutionActor {
-    /// Decides a command and records `applied` or `rejected` with its effect; with
-    /// `Saved::WithDecision`, in the same transition that saves it as accepted (K-1).
+    /// The machine's context for a command now (K-3, K-4).
+    pub(crate) fn command_context(&self) -> CommandContext {
+        CommandContext {
+            version: self.head.version,
+            revision: self.env.revision,
+            busy: self.in_flight.is_some(),
+        }
+    }
+
+    /// Decides a command and records `applied` with its effect (with `Saved::WithDecision`,
+    /// in the same transition that saves it as accepted, K-1), or `rejected`: the command
+    /// record alone, so a refusal changes nothing of the execution (K-4).
     pub(super) fn decide_command(
         &mut self,
         accepted: CommandRecord,
-        control: Control,
+        command: Command,
         saved: Saved,
     ) -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
-        let command_id = accepted.command_id;
-        let acceptance = (saved == Saved::WithDecision).then(|| Event::ControlAccepted {
+        let Command {
             command_id,
-            control: control.clone(),
-        });
-        let busy = self.in_flight.is_some();
-        let (events, mut record) = match self.machine.decide(
-            Input::Control {
-                command_id,
-                control,
-            },
-            busy,
-        ) {
-            Ok(events) => (
-                events,
-                CommandRecord {
-                    status: CommandStatus::Applied,
-                    ..accepted
-                },
-            ),
-            Err(rejection) => {
-                let reason = format!(
-                    "{}; available: [{}]",
-                    rejection.reason,
-                    rejection.capabilities.join(", ")
-                );
-                let events = vec![Event::CommandRejected {
-                    command_id,
-                    reason: reason.clone(),
-                }];
-                (
-                    events,
-                    CommandRecord {
-                        status: CommandStatus::Rejected,
-                        reason: Some(reason),
-                        ..accepted
-                    },
-                )
-            }
+            expected_version,
+            body,
+        } = command;
+        let context = self.command_context();
+        let (control, mut events) =
+            match self
+                .machine
+                .decide_command(command_id, body, expected_version, &context)
+            {
+                Ok(Accepted::Control { control, events }) => (control, events),
+                Ok(Accepted::Fork { .. } | Accepted::Retry) => {
+                    return Box::pin(fut::ready(Err(Error::Internal(
+                        "fork and retry are made by the command service, not the execution".into(),
+                    ))))
+                }
+                Err(rejection) => return self.record_rejection(accepted, &rejection, saved),
+            };
+        let record = CommandRecord {
+            status: CommandStatus::Applied,
+            result_version: Some(self.head.version + 1),
+            ..accepted
         };
         // A control that changes the state of an execution with no running attempt (paused,
         // parked) starts one in the same transition: only an attempt may move the head.
-        let mut events = events;
         let claims = self.epoch.is_none()
             && events
                 .iter()
@@ -86,10 +80,15 @@ impl ExecutionActor {
             };
             events.insert(0, started);
         }
-        if let Some(acceptance) = acceptance {
-            events.insert(0, acceptance);
+        if saved == Saved::WithDecision {
+            events.insert(
+                0,
+                Event::ControlAccepted {
+                    command_id,
+                    control,
+                },
+            );
         }
-        record.result_version = Some(self.head.version + 1);
         let upsert = Upsert::Command(record.clone());
         Box::pin(
             self.submit(events, vec![upsert])
@@ -121,82 +120,78 @@ impl ExecutionActor {
         )
     }
 
-    /// Records a command refused before it was accepted (a stale `expected_version`), so
-    /// its status can be read back and a retry gets the same answer (K-1, K-4).
-    fn refuse_command(
+    /// A refused command: its record alone (`Transition::rejection`), at the version it was
+    /// refused at. An inherited command (`Saved::Already`: its `ControlAccepted` is in the
+    /// log, from a log written when accepting and deciding were two transitions) is decided
+    /// by a `CommandRejected` event instead, which ends it in every replay.
+    fn record_rejection(
         &mut self,
         accepted: CommandRecord,
-        reason: String,
+        rejection: &Rejection,
+        saved: Saved,
     ) -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
         let command_id = accepted.command_id;
-        let mut record = CommandRecord {
+        let record = CommandRecord {
             status: CommandStatus::Rejected,
-            reason: Some(reason.clone()),
+            reason: Some(rejection.reason()),
+            reason_code: Some(rejection.code().to_owned()),
+            result_version: Some(self.head.version),
             ..accepted
         };
-        record.result_version = Some(self.head.version + 1);
-        let events = vec![
-            Event::CommandAccepted {
+        if saved == Saved::Already {
+            let events = vec![Event::CommandRejected {
                 command_id,
-                kind: record.kind.clone(),
-            },
-            Event::CommandRejected { command_id, reason },
-        ];
-        let upsert = Upsert::Command(record.clone());
+                reason: rejection.reason(),
+            }];
+            let record = CommandRecord {
+                result_version: Some(self.head.version + 1),
+                ..record
+            };
+            let upsert = Upsert::Command(record.clone());
+            return Box::pin(
+                self.submit(events, vec![upsert])
+                    .map(move |outcome, _, _| stored_outcome(outcome, record)),
+            );
+        }
+        let submitted = self.env.store.submit(Transition::rejection(record.clone()));
         Box::pin(
-            self.submit(events, vec![upsert])
-                .map(move |outcome, _, _| match outcome? {
-                    Outcome::Committed(_) => Ok(record),
-                    Outcome::DuplicateCommand { stored } => Ok(stored),
-                    Outcome::CommandConflict { stored } => Err(Error::CommandConflict {
-                        stored: Box::new(stored),
-                    }),
-                    other => Err(Error::Internal(format!("unexpected outcome {other:?}"))),
-                }),
+            fut::wrap_future::<_, Self>(submitted)
+                .map(move |outcome, _, _| stored_outcome(outcome.map_err(Error::from), record)),
         )
     }
 }
 
-/// The canonical payload of a command, hashed for K-4: the same id with another payload is
-/// a conflict. Every field of the command body that changes its meaning is in it.
-/// `fields`: the kind's own fields (`outcome`, `wait_id`, `answer`, ...), in the hash only
-/// when present, so adding one never changes the hash of a command without it.
-pub fn payload_hash_of(
-    kind: &str,
-    text: Option<&str>,
-    expected_version: Option<u64>,
-    fields: &[(&str, Option<String>)],
-) -> [u8; 32] {
-    let mut canonical = json!({
-        "kind": kind,
-        "text": text,
-        "expected_version": expected_version,
-    });
-    for (name, value) in fields {
-        if let Some(value) = value {
-            canonical[*name] = json!(value);
-        }
+/// The record a command's write leaves: this one, or the one stored before (K-4).
+fn stored_outcome(
+    outcome: Result<Outcome, Error>,
+    record: CommandRecord,
+) -> Result<CommandRecord, Error> {
+    match outcome? {
+        Outcome::Committed(_) | Outcome::Recorded { .. } => Ok(record),
+        Outcome::DuplicateCommand { stored } => Ok(stored),
+        Outcome::CommandConflict { stored } => Err(Error::CommandConflict {
+            stored: Box::new(stored),
+        }),
+        other => Err(Error::Internal(format!("unexpected outcome {other:?}"))),
     }
-    *blake3::hash(canonical.to_string().as_bytes()).as_bytes()
 }
 
-/// A control command from the command service (K-1): the execution saves it as accepted
-/// (`ControlAccepted`) and records the decision, `applied` or `rejected` with its effect,
-/// after it in the same transition: one durable commit, and no other write of this
-/// execution between them.
+/// A command from the command service (K-1): the execution decides it and records
+/// `applied` (saving it as accepted, `ControlAccepted`, first in the same transition: one
+/// durable commit, and no other write of this execution between them) or `rejected` (its
+/// record alone: nothing of the execution changes).
 #[derive(Debug, Message)]
 #[rtype(result = "Result<CommandRecord, Error>")]
-pub struct ApplyControl {
+pub struct ApplyCommand {
+    /// The record as the service saves it: id, execution, kind, payload hash.
     pub accepted: CommandRecord,
-    pub control: Control,
-    /// The version the client saw (K-4); a stale one is refused and nothing is stored.
-    pub expected_version: Option<u64>,
+    pub command: Command,
 }
 
-impl Handler<ApplyControl> for ExecutionActor {
+impl Handler<ApplyCommand> for ExecutionActor {
     type Result = AtomicResponse<Self, Result<CommandRecord, Error>>;
 
-    fn handle(&mut self, message: ApplyControl, _ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, message: ApplyCommand, _ctx: &mut Context<Self>) -> Self::Result {
         let _span = self.span.clone().entered();
         self.handled += 1;
         AtomicResponse::new(self.after_inherited(message))
@@ -208,110 +203,52 @@ impl ExecutionActor {
     /// inherited Cancel is not overtaken by a later Continue); then this one.
     pub(super) fn after_inherited(
         &mut self,
-        message: ApplyControl,
+        message: ApplyCommand,
     ) -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
         match self.decide_pending() {
             Some(first) => Box::pin(first.then(move |(), act, _ctx| act.after_inherited(message))),
-            None => self.apply_control(message),
+            None => self.apply_command(message),
         }
     }
 
-    fn apply_control(
+    fn apply_command(
         &mut self,
-        message: ApplyControl,
+        ApplyCommand { accepted, command }: ApplyCommand,
     ) -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
-        let ApplyControl {
-            accepted,
-            mut control,
-            expected_version,
-        } = message;
-        if let Control::Reconcile { effect_id, .. } = &mut control {
-            // An operator's reconcile names no effect: it resolves the one awaiting it.
-            if effect_id.as_uuid().is_nil() {
-                if let Some(unresolved) = &self.machine.unresolved {
-                    *effect_id = unresolved.effect_id;
-                }
-            }
-        }
-        if let Control::Answer { wait_id, .. } | Control::Decline { wait_id } = &mut control {
-            // No wait named: the execution's pending durable wait, if it has one.
-            if wait_id.as_uuid().is_nil() {
-                if let Some(pending) = self.machine.pending_wait() {
-                    *wait_id = pending.wait_id;
-                }
-            }
-        }
-        let command_id = accepted.command_id;
-        if self.machine.decided_commands.contains(&command_id) {
-            // A redelivery: the stored outcome stands, or a conflict if the payload differs.
-            let stored = self
-                .env
-                .store
-                .command(command_id)
-                .map_err(Error::Storage)
-                .and_then(|stored| {
-                    let stored = stored.ok_or_else(|| {
-                        Error::Internal(format!("decided command {command_id} has no record"))
-                    })?;
-                    if stored.payload_hash == accepted.payload_hash {
-                        Ok(stored)
-                    } else {
-                        Err(Error::CommandConflict {
-                            stored: Box::new(stored),
-                        })
-                    }
-                });
-            return Box::pin(ActorFutureExt::map(fut::ready(stored), parked_after));
-        }
-        // A command accepted before and never decided (a log written when accepting and
-        // deciding were two transitions, and a crash came between) was checked against the
-        // version its client saw when it was accepted: decide it now.
-        let accepted_before = matches!(
-            self.env.store.command(command_id),
-            Ok(Some(stored)) if stored.status == CommandStatus::Accepted
-                && stored.payload_hash == accepted.payload_hash
-                && stored.execution_id == accepted.execution_id
-        );
-        if accepted_before {
-            return Box::pin(
-                self.decide_command(accepted, control, Saved::Already)
+        let stored = match self.env.store.command(accepted.command_id) {
+            Ok(stored) => stored,
+            Err(error) => return Box::pin(fut::ready(Err(Error::Storage(error)))),
+        };
+        match stored {
+            None => Box::pin(
+                self.decide_command(accepted, command, Saved::WithDecision)
                     .map(parked_after),
-            );
+            ),
+            Some(stored)
+                if stored.payload_hash != accepted.payload_hash
+                    || stored.execution_id != accepted.execution_id =>
+            {
+                let conflict = Err(Error::CommandConflict {
+                    stored: Box::new(stored),
+                });
+                Box::pin(ActorFutureExt::map(fut::ready(conflict), parked_after))
+            }
+            // Accepted before and never decided (a log written when accepting and deciding
+            // were two transitions, and a crash came between): it was checked against the
+            // version its client saw when it was accepted. Decide it now.
+            Some(stored) if stored.status == CommandStatus::Accepted => {
+                let command = Command {
+                    expected_version: None,
+                    ..command
+                };
+                Box::pin(
+                    self.decide_command(accepted, command, Saved::Already)
+                        .map(parked_after),
+                )
+            }
+            // A redelivery: the stored outcome stands (K-4).
+            Some(stored) => Box::pin(ActorFutureExt::map(fut::ready(Ok(stored)), parked_after)),
         }
-        if let Some(expected) = expected_version.filter(|expected| *expected != self.head.version) {
-            let reason = format!(
-                "stale expected_version {expected}: the current version is {}",
-                self.head.version
-            );
-            return Box::pin(self.refuse_command(accepted, reason).map(parked_after));
-        }
-        Box::pin(
-            self.decide_command(accepted, control, Saved::WithDecision)
-                .map(parked_after),
-        )
-    }
-}
-
-/// A command refused outside the actor (a Fork or Retry that cannot be made): recorded on
-/// this execution as accepted and rejected, like a stale `expected_version` (K-1, K-4).
-#[derive(Debug, Message)]
-#[rtype(result = "Result<CommandRecord, Error>")]
-pub struct RecordRefusal(pub CommandRecord);
-
-impl Handler<RecordRefusal> for ExecutionActor {
-    type Result = AtomicResponse<Self, Result<CommandRecord, Error>>;
-
-    fn handle(
-        &mut self,
-        RecordRefusal(record): RecordRefusal,
-        _ctx: &mut Context<Self>,
-    ) -> Self::Result {
-        let _span = self.span.clone().entered();
-        self.handled += 1;
-        let reason = record.reason.clone().unwrap_or_default();
-        AtomicResponse::new(Box::pin(
-            self.refuse_command(record, reason).map(parked_after),
-        ))
     }
 }
 

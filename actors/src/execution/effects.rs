@@ -48,7 +48,7 @@ impl ExecutionActor {
                 let (events, decision) = self.machine.decide_decision(effect_id, decision);
                 (Ok(events), decision)
             }
-            input => (self.machine.decide(input, false), None),
+            input => (self.machine.decide(input), None),
         };
         match decided {
             Ok(events) => {

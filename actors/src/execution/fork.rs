@@ -2,10 +2,12 @@
 //! a child resumes from. The child gets a copy of that state in its own `Forked` event, so
 //! the original's history never changes and the child never reads it again.
 
-use openprogram_storage::{EffectId, Event, EventEnvelope};
+use openprogram_storage::{EffectId, EventEnvelope};
 use serde::{Deserialize, Serialize};
 
-use crate::execution::machine::{Decision, Machine, PendingTool, Recovery, ToolArgs, Turn};
+use crate::execution::machine::{
+    Decision, ForkPoint, Machine, PendingTool, Refusal, ToolArgs, Turn,
+};
 
 /// What a forked child resumes from: the context up to the saved point and the tool call
 /// that came next, if any, under a fresh effect id (the child's call is its own effect).
@@ -40,59 +42,45 @@ fn allowed(machine: &Machine) -> bool {
     !after_a_decision_for_people && machine.unresolved.is_none() && machine.pending_wait().is_none()
 }
 
-/// The checkpoint seq to fork from: `requested` if it is an allowed saved point of these
-/// events, else the latest allowed one when none is requested. `Err` says why not.
-///
-/// A point whose next step is an External tool call the original dispatched (or may have:
-/// it has any receipt) is never allowed: the child would run that effect a second time.
-pub fn fork_point(
-    events: &[EventEnvelope],
-    requested: Option<u64>,
-    recovery: impl Fn(&str) -> Recovery,
-) -> Result<u64, String> {
-    let dispatched: std::collections::HashSet<EffectId> = events
-        .iter()
-        .filter_map(|envelope| match &envelope.event {
-            Event::ToolDispatched { effect_id, .. } | Event::ToolFinished { effect_id, .. } => {
-                Some(*effect_id)
-            }
-            _ => None,
-        })
-        .collect();
-    let mut machine = Machine::default();
-    let mut ignored = Vec::new();
-    let mut latest = None;
-    for envelope in events {
-        machine.apply(&envelope.event, envelope.seq, &mut ignored);
-        ignored.clear();
-        if !matches!(envelope.event, Event::CheckpointPublished { .. }) {
-            continue;
-        }
-        let repeats_an_effect = machine.pending_tool.as_ref().is_some_and(|next| {
-            recovery(&next.tool) == Recovery::External && dispatched.contains(&next.effect_id)
-        });
-        let ok = allowed(&machine) && !repeats_an_effect;
-        if requested == Some(envelope.seq) {
-            return if ok {
-                Ok(envelope.seq)
-            } else {
-                Err(format!(
-                    "checkpoint {} is not a saved point a fork may start from",
-                    envelope.seq
-                ))
-            };
-        }
-        if ok {
-            latest = Some(envelope.seq);
+impl Machine {
+    /// Notes the checkpoint just published at `seq` if a fork may start from it: an
+    /// allowed point whose next step is not an External call dispatched already.
+    pub(super) fn note_fork_point(&mut self, seq: u64) {
+        let next_effect = self.pending_tool.as_ref().map(|next| next.effect_id);
+        let repeats_an_effect =
+            next_effect.is_some_and(|effect_id| self.dispatched_externals.contains(&effect_id));
+        if allowed(self) && !repeats_an_effect {
+            self.fork_points.push(ForkPoint {
+                checkpoint_seq: seq,
+                next_effect,
+            });
         }
     }
-    match requested {
-        Some(seq) => Err(format!("this execution has no checkpoint {seq}")),
-        None => latest.ok_or_else(|| "this execution has no saved point to fork from".into()),
+
+    /// The checkpoint seq to fork from: `requested` if it is a saved point a fork may start
+    /// from, else the latest one when none is requested. An External call is dispatched
+    /// only after the checkpoint that names it, so a point stops being one when its next
+    /// call is dispatched (`ToolDispatched`), never later.
+    pub(super) fn fork_point(&self, requested: Option<u64>) -> Result<u64, Refusal> {
+        match requested {
+            Some(seq) => self
+                .fork_points
+                .iter()
+                .any(|point| point.checkpoint_seq == seq)
+                .then_some(seq)
+                .ok_or(Refusal::NotAForkPoint {
+                    checkpoint_seq: seq,
+                }),
+            None => self
+                .fork_points
+                .last()
+                .map(|point| point.checkpoint_seq)
+                .ok_or(Refusal::NoForkPoint),
+        }
     }
 }
 
-/// The state at `checkpoint_seq` (as found by `fork_point`), with `fresh` as the effect id
+/// The state at `checkpoint_seq` (as found by `Machine::fork_point`), with `fresh` as the effect id
 /// of the tool call that comes next.
 pub fn fork_state(events: &[EventEnvelope], checkpoint_seq: u64, fresh: EffectId) -> ForkState {
     let mut machine = Machine::default();

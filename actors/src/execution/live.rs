@@ -151,10 +151,10 @@ impl Handler<AskLive> for ExecutionActor {
                 effect_id: message.effect_id,
             },
         };
-        let events = match self.machine.decide(input, true) {
+        let events = match self.machine.decide(input) {
             Ok(events) => events,
             Err(rejection) => {
-                let refused = Err(AskError::Refused(rejection.reason));
+                let refused = Err(AskError::Refused(rejection.reason()));
                 return AtomicResponse::new(Box::pin(fut::ready(refused)));
             }
         };

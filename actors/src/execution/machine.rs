@@ -15,6 +15,7 @@ use std::collections::BTreeSet;
 
 use openprogram_storage::{
     AttemptId, Control, EffectId, Event, ExecutionState as Status, OwnerId, ReceiptStatus,
+    RevisionId,
 };
 
 use super::machine_types::default_max_iterations;
@@ -68,6 +69,14 @@ pub struct Machine {
     pub processes: Vec<ManagedProcess>,
     /// The message the user message answers (B-1), from the admission.
     pub parent_message_id: Option<openprogram_storage::MessageId>,
+    /// The revision the execution was admitted with (K-2: Fork and Retry need it loadable).
+    pub revision_id: Option<RevisionId>,
+    /// K-2: the checkpoints a fork may start from, oldest first (`fork.rs`). Not kept by a
+    /// preview.
+    pub fork_points: Vec<ForkPoint>,
+    /// External tool calls dispatched so far: a fork never starts at a point whose next
+    /// step is one of them (it would run that effect a second time).
+    pub dispatched_externals: BTreeSet<EffectId>,
     /// Made by `preview`: folds events without keeping history (context, receipts) or
     /// building a decision's arguments.
     preview: bool,
@@ -104,6 +113,9 @@ impl Machine {
             pending_commands: self.pending_commands.clone(),
             attempt_id: self.attempt_id,
             parent_message_id: self.parent_message_id,
+            revision_id: self.revision_id,
+            fork_points: Vec::new(),
+            dispatched_externals: BTreeSet::new(),
             // The pending ones: a transition can only change those (or open new ones).
             waits: self
                 .waits
@@ -124,66 +136,19 @@ impl Machine {
         self.status.unwrap_or(Status::Queued)
     }
 
-    /// The controls this execution offers now (K-3). `busy`: an effect is in flight.
-    pub fn capabilities(&self) -> Vec<&'static str> {
-        let mut capabilities = self.control_capabilities();
-        if self
-            .waits
-            .iter()
-            .any(|wait| wait.live.is_some() && wait.status.is_pending())
-        {
-            capabilities.extend(["answer", "decline"]);
-        }
-        // A process has its own control, whatever the execution's state (P-2).
-        if self
-            .processes
-            .iter()
-            .any(|process| process.state == ProcState::Running)
-        {
-            capabilities.push("stop_process");
-        }
-        // K-2: new child executions; the original is untouched. Fork needs a saved point.
-        if self.checkpoint_seq > 0 {
-            capabilities.push("fork");
-        }
-        if self.status().is_terminal() {
-            capabilities.push("retry");
-        }
-        capabilities
-    }
-
-    fn control_capabilities(&self) -> Vec<&'static str> {
-        if self.cancel_requested {
-            return Vec::new();
-        }
-        match self.status() {
-            Status::Queued => vec!["pause", "steer", "cancel"],
-            Status::Running if self.pause_requested => vec!["continue", "steer", "cancel"],
-            Status::Running => vec!["pause", "steer", "cancel"],
-            // Expiry keeps everything for a manual Continue.
-            Status::Paused | Status::Expired => vec!["continue", "step", "steer", "cancel"],
-            Status::ReconciliationRequired => vec!["reconcile", "cancel"],
-            Status::Waiting => vec!["answer", "decline", "steer", "cancel"],
-            Status::Cancelling | Status::Cancelled | Status::Completed | Status::Failed => {
-                Vec::new()
-            }
-        }
-    }
-
-    pub(super) fn reject(&self, reason: impl Into<String>) -> Rejection {
+    /// A refusal of an input that is not a command (a result, a question): no controls are
+    /// part of its answer.
+    pub(super) fn reject(&self, refusal: Refusal) -> Rejection {
         Rejection {
-            reason: reason.into(),
-            capabilities: self.capabilities(),
+            refusal,
+            capabilities: Vec::new(),
         }
     }
 
-    /// The events an input leads to, or why it is refused. `busy`: an effect is in flight.
-    pub fn decide(&self, input: Input, busy: bool) -> Result<Vec<Event>, Rejection> {
+    /// The events a result, decision or question leads to, or why it is refused. Commands
+    /// are decided by `decide_command`.
+    pub fn decide(&self, input: Input) -> Result<Vec<Event>, Rejection> {
         match input {
-            Input::Control {
-                command_id,
-                control,
-            } => self.decide_control(command_id, control, busy),
             Input::ModelDecided {
                 effect_id,
                 decision,
@@ -200,7 +165,9 @@ impl Machine {
                 output,
             } => {
                 if self.pending_tool.as_ref().map(|pending| pending.effect_id) != Some(effect_id) {
-                    return Err(self.reject(format!("no tool call {effect_id} is pending")));
+                    return Err(self.reject(Refusal::Invalid(format!(
+                        "no tool call {effect_id} is pending"
+                    ))));
                 }
                 // The call that asked has ended: its open questions can never be answered.
                 let mut events = self.invalidate_waits(|wait| {
@@ -353,9 +320,11 @@ impl Machine {
     /// new execution starts without reading its events back or parsing its input again.
     pub fn admit(
         &mut self,
+        revision_id: RevisionId,
         parent_message_id: Option<openprogram_storage::MessageId>,
         mut input: AgentInput,
     ) {
+        self.revision_id = Some(revision_id);
         if input.max_iterations == 0 {
             input.max_iterations = default_max_iterations();
         }
@@ -405,13 +374,14 @@ impl Machine {
             Event::Admitted {
                 input,
                 parent_message_id,
+                revision_id,
                 ..
             } => {
                 let parsed = serde_json::from_str(input).unwrap_or_else(|_| AgentInput {
                     message: input.clone(),
                     ..AgentInput::default()
                 });
-                self.admit(*parent_message_id, parsed);
+                self.admit(*revision_id, *parent_message_id, parsed);
             }
             Event::AttemptStarted {
                 owner_id,
@@ -522,6 +492,11 @@ impl Machine {
             } => {
                 self.receipts
                     .tool(*effect_id, tool, ReceiptStatus::Dispatched);
+                if !self.preview {
+                    self.dispatched_externals.insert(*effect_id);
+                    self.fork_points
+                        .retain(|point| point.next_effect != Some(*effect_id));
+                }
                 if let Some(pending) = &mut self.pending_tool {
                     pending.dispatched = true;
                     pending.dispatched_by = self.attempt_owner;
@@ -574,7 +549,12 @@ impl Machine {
                 output_bytes,
             } => self.apply_process_output(*process_id, *output_bytes),
             Event::Forked { state, .. } => self.apply_forked(state),
-            Event::CheckpointPublished { .. } => self.checkpoint_seq = seq,
+            Event::CheckpointPublished { .. } => {
+                self.checkpoint_seq = seq;
+                if !self.preview {
+                    self.note_fork_point(seq);
+                }
+            }
             _ => {}
         }
     }

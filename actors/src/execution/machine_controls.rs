@@ -1,19 +1,203 @@
-//! Control commands (K-1..K-5): what a Pause, Continue, Step, Steer, Cancel or Reconcile
-//! decides (`decide_control`) and how an applied one changes the state (`apply_control`).
-//! Answers, declines and process stops are in `machine_waits.rs`. Part of the pure state
-//! machine (`machine.rs`).
+//! Commands (K-1..K-5, W-2, P-2, R-8, K-2 Fork/Retry): the one place where a command is
+//! accepted or refused (`decide_command`), the controls offered now (`capabilities`), and
+//! how an applied control changes the state (`apply_control`). Part of the pure state
+//! machine (`machine.rs`); the rules of waits and processes are in `machine_waits.rs`,
+//! reconciliation in `machine_restart.rs`, fork points in `fork.rs`.
+//!
+//! Invariant (K-3): `decide_command` refuses every kind outside `capabilities` first, and a
+//! kind inside them is refused only for its arguments (a wait, process, effect or
+//! checkpoint it names) or a stale version. The property test `k3_capabilities_are_exactly_
+//! what_is_accepted` (tests/it) checks it in every reachable state.
 
-use openprogram_storage::{Control, Event, ExecutionState as Status};
+use openprogram_storage::{CommandId, Control, Event, ExecutionState as Status};
 
-use super::machine::{cancelled, Action, Machine, Rejection};
+use super::machine::{
+    cancelled, Accepted, Action, CommandContext, CommandKind, Machine, Refusal, Rejection,
+};
+use crate::command::{CommandBody, EffectRef, WaitRef};
+use openprogram_storage::ProcessState as ProcState;
 
 impl Machine {
-    pub(super) fn decide_control(
+    /// The controls this execution offers now (K-3): exactly the kinds `decide_command`
+    /// accepts with valid arguments and the current version.
+    pub fn capabilities(&self, at: &CommandContext) -> Vec<CommandKind> {
+        let mut kinds = self.control_capabilities();
+        let live_question = self
+            .waits
+            .iter()
+            .any(|wait| wait.live.is_some() && wait.status.is_pending());
+        if live_question && !self.cancel_requested {
+            for kind in [CommandKind::Answer, CommandKind::Decline] {
+                if !kinds.contains(&kind) {
+                    kinds.push(kind);
+                }
+            }
+        }
+        // A process has its own control, whatever the execution's state (P-2).
+        if self
+            .processes
+            .iter()
+            .any(|process| process.state == ProcState::Running)
+        {
+            kinds.push(CommandKind::StopProcess);
+        }
+        // K-2: new child executions of the same program; the original is untouched.
+        if self.revision_loadable(at) {
+            if !self.fork_points.is_empty() {
+                kinds.push(CommandKind::Fork);
+            }
+            if self.status().is_terminal() {
+                kinds.push(CommandKind::Retry);
+            }
+        }
+        kinds
+    }
+
+    fn control_capabilities(&self) -> Vec<CommandKind> {
+        use CommandKind::*;
+        if self.cancel_requested {
+            return Vec::new();
+        }
+        match self.status() {
+            Status::Queued => vec![Pause, Steer, Cancel],
+            Status::Running if self.pause_requested => vec![Continue, Steer, Cancel],
+            Status::Running => vec![Pause, Steer, Cancel],
+            // Expiry keeps everything for a manual Continue.
+            Status::Paused | Status::Expired => vec![Continue, Step, Steer, Cancel],
+            Status::ReconciliationRequired => vec![Reconcile, Cancel],
+            Status::Waiting => vec![Answer, Decline, Steer, Cancel],
+            Status::Cancelling | Status::Cancelled | Status::Completed | Status::Failed => {
+                Vec::new()
+            }
+        }
+    }
+
+    /// Whether a child of this execution would run the program it ran (K-2). An execution
+    /// with no recorded revision (a machine built in a test) is taken as current.
+    fn revision_loadable(&self, at: &CommandContext) -> bool {
+        self.revision_id
+            .map_or(true, |revision| revision == at.revision)
+    }
+
+    /// The one decision on a command: the version it was sent against, whether its kind is
+    /// offered now (K-3), and its arguments. Nothing is written for a refusal.
+    pub fn decide_command(
         &self,
-        command_id: openprogram_storage::CommandId,
+        command_id: CommandId,
+        body: CommandBody,
+        expected_version: Option<u64>,
+        at: &CommandContext,
+    ) -> Result<Accepted, Rejection> {
+        if let Some(expected) = expected_version.filter(|expected| *expected != at.version) {
+            return Err(self.refuse(
+                Refusal::StaleVersion {
+                    expected,
+                    current: at.version,
+                },
+                at,
+            ));
+        }
+        let kind = body.kind();
+        if !self.capabilities(at).contains(&kind) {
+            return Err(self.refuse(self.why_not(kind, at), at));
+        }
+        let control = match body {
+            CommandBody::Fork { checkpoint } => {
+                return self
+                    .fork_point(checkpoint)
+                    .map(|checkpoint_seq| Accepted::Fork { checkpoint_seq })
+                    .map_err(|refusal| self.refuse(refusal, at))
+            }
+            CommandBody::Retry => return Ok(Accepted::Retry),
+            CommandBody::Pause => Control::Pause,
+            CommandBody::Continue => Control::Continue,
+            CommandBody::Step => Control::Step,
+            CommandBody::Steer { text } => Control::Steer { text },
+            CommandBody::Cancel => Control::Cancel,
+            CommandBody::Answer {
+                wait,
+                answer,
+                scope,
+            } => Control::Answer {
+                wait_id: self
+                    .wait_named(wait)
+                    .map_err(|refusal| self.refuse(refusal, at))?,
+                answer,
+                scope,
+            },
+            CommandBody::Decline { wait } => Control::Decline {
+                wait_id: self
+                    .wait_named(wait)
+                    .map_err(|refusal| self.refuse(refusal, at))?,
+            },
+            CommandBody::Reconcile {
+                effect,
+                outcome,
+                text,
+            } => Control::Reconcile {
+                effect_id: match (effect, &self.unresolved) {
+                    (EffectRef::Id(effect_id), _) => effect_id,
+                    (EffectRef::Unresolved, Some(unresolved)) => unresolved.effect_id,
+                    // Offered only while an effect awaits reconciliation (K-3).
+                    (EffectRef::Unresolved, None) => {
+                        return Err(self.refuse(self.why_not(kind, at), at))
+                    }
+                },
+                status: outcome.status(),
+                output: text,
+            },
+            CommandBody::StopProcess { process_id } => Control::StopProcess { process_id },
+        };
+        let events = self
+            .decide_control(command_id, control.clone(), at.busy)
+            .map_err(|refusal| self.refuse(refusal, at))?;
+        Ok(Accepted::Control { control, events })
+    }
+
+    /// A command of a kind the execution does not offer now: the most specific reason.
+    fn why_not(&self, kind: CommandKind, at: &CommandContext) -> Refusal {
+        match kind {
+            CommandKind::Fork | CommandKind::Retry if !self.revision_loadable(at) => {
+                Refusal::RevisionChanged { kind }
+            }
+            CommandKind::Fork => Refusal::NoForkPoint,
+            CommandKind::StopProcess | CommandKind::Retry => Refusal::NotAvailable {
+                kind,
+                state: self.status(),
+            },
+            _ if self.cancel_requested => Refusal::Cancelling { kind },
+            _ => Refusal::NotAvailable {
+                kind,
+                state: self.status(),
+            },
+        }
+    }
+
+    fn refuse(&self, refusal: Refusal, at: &CommandContext) -> Rejection {
+        Rejection {
+            refusal,
+            capabilities: self.capabilities(at),
+        }
+    }
+
+    /// The wait an answer or decline names.
+    fn wait_named(&self, wait: WaitRef) -> Result<openprogram_storage::WaitId, Refusal> {
+        match wait {
+            WaitRef::Id(wait_id) => Ok(wait_id),
+            WaitRef::Pending => self
+                .pending_wait()
+                .map(|pending| pending.wait_id)
+                .ok_or(Refusal::NoPendingWait),
+        }
+    }
+
+    /// The events of a control whose kind is offered now (checked by `decide_command`).
+    fn decide_control(
+        &self,
+        command_id: CommandId,
         control: Control,
         busy: bool,
-    ) -> Result<Vec<Event>, Rejection> {
+    ) -> Result<Vec<Event>, Refusal> {
         let kind = control.kind();
         match control {
             Control::Answer { .. } | Control::Decline { .. } => {
@@ -23,18 +207,6 @@ impl Machine {
                 return self.decide_stop_process(command_id, process_id)
             }
             _ => {}
-        }
-        if self.cancel_requested {
-            return match control {
-                Control::Cancel => Err(self.reject("the execution is already being cancelled")),
-                _ => Err(self.reject(format!("{kind} is refused: cancellation takes precedence"))),
-            };
-        }
-        if !self.capabilities().contains(&kind) {
-            return Err(self.reject(format!(
-                "{kind} is not available while the execution is {}",
-                self.status()
-            )));
         }
         let applied = Event::ControlApplied {
             command_id,

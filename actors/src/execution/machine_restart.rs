@@ -6,7 +6,7 @@ use openprogram_storage::{
     EffectId, Event, ExecutionState as Status, ReceiptStatus, RestartIntent,
 };
 
-use crate::execution::machine::{Machine, PendingTool, Rejection, Turn, RESTART_PAUSE_REASON};
+use crate::execution::machine::{Machine, PendingTool, Refusal, Turn, RESTART_PAUSE_REASON};
 
 impl Machine {
     /// The events after a `reconcile` control's `ControlApplied`: it must name the effect
@@ -15,17 +15,19 @@ impl Machine {
         &self,
         effect_id: EffectId,
         status: ReceiptStatus,
-    ) -> Result<Vec<Event>, Rejection> {
+    ) -> Result<Vec<Event>, Refusal> {
         if self
             .unresolved
             .as_ref()
             .map(|unresolved| unresolved.effect_id)
             != Some(effect_id)
         {
-            return Err(self.reject(format!("effect {effect_id} is not awaiting reconciliation")));
+            return Err(Refusal::NotUnresolved { effect_id });
         }
         if !matches!(status, ReceiptStatus::Confirmed | ReceiptStatus::NotApplied) {
-            return Err(self.reject("reconcile resolves an effect as confirmed or not_applied"));
+            return Err(Refusal::Invalid(
+                "reconcile resolves an effect as confirmed or not_applied".into(),
+            ));
         }
         Ok(vec![
             Event::CheckpointPublished { checkpoint_seq: 0 },

@@ -7,7 +7,9 @@ use openprogram_storage::{
 };
 
 use super::machine::*;
-use super::machine_tests::{attempt, commit, control, ctl, run, running, steer, tool_decision};
+use super::machine_tests::{
+    attempt, commit, control, ctl, offered, run, running, steer, tool_decision,
+};
 
 /// A machine left `reconciliation_required` by an External tool whose dispatch an earlier
 /// attempt never finished; returns it and the unknown effect.
@@ -47,21 +49,14 @@ fn reconcile(effect_id: EffectId, status: ReceiptStatus) -> Control {
 
 #[test]
 fn r8_only_reconcile_or_cancel_moves_an_unknown_effect() {
-    let (machine, effect) = unknown_effect();
-    assert_eq!(machine.capabilities(), vec!["reconcile", "cancel", "fork"]);
+    let (machine, _) = unknown_effect();
+    // No fork (K-3): the only saved point's next step is the unknown effect itself.
+    assert_eq!(offered(&machine), vec!["reconcile", "cancel"]);
     for c in [Control::Pause, Control::Continue, Control::Step, steer()] {
         assert!(control(&machine, c, false).is_err());
     }
-    for status in [
-        ReceiptStatus::Failed,
-        ReceiptStatus::Unknown,
-        ReceiptStatus::NotStarted,
-    ] {
-        assert!(
-            control(&machine, reconcile(effect, status), false).is_err(),
-            "{status:?}"
-        );
-    }
+    // A reconcile resolves as `confirmed` or `not_applied` only: the typed command
+    // (`ReconcileOutcome`) has no other outcome to send.
     assert!(
         control(
             &machine,
@@ -178,7 +173,7 @@ fn r6_an_expired_execution_continues_by_hand() {
             reason: "restart window expired".into(),
         }],
     );
-    assert!(machine.capabilities().contains(&"continue"));
+    assert!(offered(&machine).contains(&CommandKind::Continue));
     ctl(&mut machine, Control::Continue, false);
     assert_eq!(machine.status(), Status::Running);
 }

@@ -293,7 +293,6 @@ impl Sim {
     }
 
     fn decide(&mut self, input: Input, context: &str) {
-        let busy = self.in_flight.is_some();
         if let Input::ModelDecided {
             effect_id,
             decision,
@@ -301,7 +300,7 @@ impl Sim {
         {
             let (events, decision) = self.machine.decide_decision(effect_id, decision);
             self.commit_decided(events, decision, context);
-        } else if let Ok(events) = self.machine.decide(input, busy) {
+        } else if let Ok(events) = self.machine.decide(input) {
             self.commit(events, context);
         }
     }
@@ -427,13 +426,11 @@ impl Sim {
             command_id,
             control: control.clone(),
         };
-        if let Ok(mut events) = self.machine.decide(
-            Input::Control {
-                command_id,
-                control,
-            },
-            busy,
-        ) {
+        let at = super::machine_tests::at(&self.machine, busy);
+        let decided = self
+            .machine
+            .decide_command(command_id, control.into(), None, &at);
+        if let Ok(Accepted::Control { mut events, .. }) = decided {
             if matches!(
                 events.first(),
                 Some(Event::ControlApplied {

@@ -52,18 +52,31 @@ pub(super) fn running(max_iterations: u32) -> Machine {
     machine
 }
 
+/// What the shell decides a command against: the machine's own revision (so Fork and
+/// Retry are loadable), `busy` as given, and no version check.
+pub(super) fn at(machine: &Machine, busy: bool) -> CommandContext {
+    CommandContext {
+        version: 0,
+        revision: machine.revision_id.unwrap_or_default(),
+        busy,
+    }
+}
+
+/// The controls the machine offers now (K-3), as the shell asks.
+pub(super) fn offered(machine: &Machine) -> Vec<CommandKind> {
+    machine.capabilities(&at(machine, false))
+}
+
+/// Decides a control of this execution as the shell does (`decide_command`).
 pub(super) fn control(
     machine: &Machine,
     control: Control,
     busy: bool,
 ) -> Result<Vec<Event>, Rejection> {
-    machine.decide(
-        Input::Control {
-            command_id: CommandId::new(),
-            control,
-        },
-        busy,
-    )
+    match machine.decide_command(CommandId::new(), control.into(), None, &at(machine, busy))? {
+        Accepted::Control { events, .. } => Ok(events),
+        other => panic!("a control decided as {other:?}"),
+    }
 }
 
 /// Decides a control and commits it, as the shell does.
@@ -73,8 +86,8 @@ pub(super) fn ctl(machine: &mut Machine, c: Control, busy: bool) -> Vec<Action> 
 }
 
 /// Decides an input and commits it, as the shell does.
-pub(super) fn run(machine: &mut Machine, input: Input, busy: bool) -> Vec<Action> {
-    let events = machine.decide(input, busy).expect("input accepted");
+pub(super) fn run(machine: &mut Machine, input: Input, _busy: bool) -> Vec<Action> {
+    let events = machine.decide(input).expect("input accepted");
     commit(machine, &events)
 }
 
@@ -194,7 +207,10 @@ fn k2_k3_every_control_in_every_state() {
             }
             (Err(rejection), None) => {
                 assert!(
-                    !rejection.capabilities.contains(&kind),
+                    !rejection
+                        .capabilities
+                        .iter()
+                        .any(|offered| offered.as_str() == kind),
                     "{situation}/{kind}: {rejection:?}"
                 );
             }
@@ -208,13 +224,10 @@ fn k5_cancel_takes_precedence_and_late_results_are_recorded_not_acted_on() {
     let mut machine = running(50);
     let decision = EffectId::new();
     let events = machine
-        .decide(
-            Input::ModelDecided {
-                effect_id: decision,
-                decision: tool_decision("sleep"),
-            },
-            true,
-        )
+        .decide(Input::ModelDecided {
+            effect_id: decision,
+            decision: tool_decision("sleep"),
+        })
         .expect("decided");
     commit(&mut machine, &events);
     let events = control(&machine, Control::Cancel, true).expect("cancel");
@@ -224,20 +237,17 @@ fn k5_cancel_takes_precedence_and_late_results_are_recorded_not_acted_on() {
     for c in [Control::Pause, Control::Continue, Control::Step, steer()] {
         let rejection = control(&machine, c, true).expect_err("refused while cancelling");
         assert!(
-            rejection.reason.contains("cancellation takes precedence"),
+            rejection.reason().contains("cancellation takes precedence"),
             "{rejection:?}"
         );
     }
     let tool = tool_effect(decision);
     let late = machine
-        .decide(
-            Input::ToolFinished {
-                effect_id: tool,
-                status: ReceiptStatus::Confirmed,
-                output: "done".into(),
-            },
-            false,
-        )
+        .decide(Input::ToolFinished {
+            effect_id: tool,
+            status: ReceiptStatus::Confirmed,
+            output: "done".into(),
+        })
         .expect("late result");
     commit(&mut machine, &late);
     assert_eq!(machine.status(), Status::Cancelled);
@@ -259,13 +269,10 @@ fn k2_step_runs_exactly_one_step_then_pauses() {
         Next::CallModel { effect_id: fresh }
     );
     let decided = machine
-        .decide(
-            Input::ModelDecided {
-                effect_id: fresh,
-                decision: tool_decision("echo"),
-            },
-            true,
-        )
+        .decide(Input::ModelDecided {
+            effect_id: fresh,
+            decision: tool_decision("echo"),
+        })
         .expect("decided");
     commit(&mut machine, &decided);
     // One step (the decision) is done: the next thing is to pause, not to run the tool.
@@ -283,14 +290,11 @@ fn k2_step_runs_exactly_one_step_then_pauses() {
         panic!("tool expected")
     };
     let finished = machine
-        .decide(
-            Input::ToolFinished {
-                effect_id: pending.effect_id,
-                status: ReceiptStatus::Confirmed,
-                output: "x".into(),
-            },
-            true,
-        )
+        .decide(Input::ToolFinished {
+            effect_id: pending.effect_id,
+            status: ReceiptStatus::Confirmed,
+            output: "x".into(),
+        })
         .expect("finished");
     commit(&mut machine, &finished);
     match machine.next(EffectId::new, idempotent) {
@@ -307,15 +311,12 @@ fn k2_steer_reaches_only_the_reply_not_yet_written() {
     let mut machine = running(50);
     ctl(&mut machine, steer(), true);
     let reply = machine
-        .decide(
-            Input::ModelDecided {
-                effect_id: EffectId::new(),
-                decision: Decision::Reply {
-                    text: "done".into(),
-                },
+        .decide(Input::ModelDecided {
+            effect_id: EffectId::new(),
+            decision: Decision::Reply {
+                text: "done".into(),
             },
-            true,
-        )
+        })
         .expect("reply");
     commit(&mut machine, &reply);
     assert_eq!(machine.status(), Status::Completed);
@@ -408,13 +409,10 @@ fn replay_without_actions_rebuilds_the_same_state() {
     commit(&mut live, &log);
     let fresh = EffectId::new();
     let decided = live
-        .decide(
-            Input::ModelDecided {
-                effect_id: fresh,
-                decision: tool_decision("echo"),
-            },
-            true,
-        )
+        .decide(Input::ModelDecided {
+            effect_id: fresh,
+            decision: tool_decision("echo"),
+        })
         .expect("decided");
     commit(&mut live, &decided);
     log.extend(decided);
@@ -545,7 +543,7 @@ fn a_tool_result_for_another_effect_is_refused() {
         status: ReceiptStatus::Confirmed,
         output: "x".into(),
     };
-    assert!(machine.decide(stray, false).is_err());
+    assert!(machine.decide(stray).is_err());
 }
 
 /// A tool decision whose arguments are arrays nested `depth` levels deep.
@@ -564,13 +562,10 @@ fn nested_decision(depth: usize) -> Decision {
 fn e3_a_decision_that_could_not_be_read_back_fails_the_model_call() {
     let machine = running(50);
     let decide = |decision| {
-        machine.decide(
-            Input::ModelDecided {
-                effect_id: EffectId::new(),
-                decision,
-            },
-            true,
-        )
+        machine.decide(Input::ModelDecided {
+            effect_id: EffectId::new(),
+            decision,
+        })
     };
     // As deep as allowed: recorded, and its text reads back as the same decision.
     let events = decide(nested_decision(
@@ -645,16 +640,13 @@ fn e3_nesting_is_counted_outside_strings_only() {
     assert_eq!((nesting(r#"[{"a":"[["#), nesting(r#"[["x\"#)), (2, 2));
     // Brackets inside a string are text: such a decision is recorded, not refused.
     let events = running(50)
-        .decide(
-            Input::ModelDecided {
-                effect_id: EffectId::new(),
-                decision: Decision::Tool {
-                    tool: "echo".into(),
-                    args: serde_json::json!({"text": deep}).into(),
-                },
+        .decide(Input::ModelDecided {
+            effect_id: EffectId::new(),
+            decision: Decision::Tool {
+                tool: "echo".into(),
+                args: serde_json::json!({"text": deep}).into(),
             },
-            true,
-        )
+        })
         .expect("decided");
     assert!(
         matches!(events.first(), Some(Event::ModelDecided { .. })),

@@ -15,7 +15,7 @@ use openprogram_storage::{
     WaitRecord, WaitStatus,
 };
 
-use crate::execution::machine::{Action, Machine, Rejection, Turn};
+use crate::execution::machine::{Action, CommandKind, Machine, Refusal, Rejection, Turn};
 
 /// The longest prompt a wait or question may carry.
 pub const PROMPT_BYTES_MAX: usize = 16 * 1024;
@@ -88,24 +88,26 @@ impl Machine {
         binding: LiveBinding,
     ) -> Result<Vec<Event>, Rejection> {
         if self.cancel_requested || self.status() != Status::Running {
-            return Err(self.reject(format!(
+            return Err(self.reject(Refusal::Invalid(format!(
                 "a question cannot be asked while the execution is {}",
                 self.status()
-            )));
+            ))));
         }
         if self.attempt_id != Some(binding.attempt_id)
             || self.pending_tool.as_ref().map(|pending| pending.effect_id)
                 != Some(binding.effect_id)
         {
-            return Err(self.reject("only the running call of the live attempt may ask"));
-        }
-        if prompt.len() > PROMPT_BYTES_MAX {
-            return Err(self.reject(format!(
-                "a question is longer than {PROMPT_BYTES_MAX} bytes"
+            return Err(self.reject(Refusal::Invalid(
+                "only the running call of the live attempt may ask".into(),
             )));
         }
+        if prompt.len() > PROMPT_BYTES_MAX {
+            return Err(self.reject(Refusal::Invalid(format!(
+                "a question is longer than {PROMPT_BYTES_MAX} bytes"
+            ))));
+        }
         if self.waits.iter().any(|wait| wait.wait_id == wait_id) {
-            return Err(self.reject(format!("wait {wait_id} exists already")));
+            return Err(self.reject(Refusal::Invalid(format!("wait {wait_id} exists already"))));
         }
         Ok(vec![Event::WaitOpened {
             wait_id,
@@ -120,17 +122,19 @@ impl Machine {
         &self,
         command_id: CommandId,
         control: Control,
-    ) -> Result<Vec<Event>, Rejection> {
+    ) -> Result<Vec<Event>, Refusal> {
         let (wait_id, resolved) = match &control {
             Control::Answer { wait_id, .. } => (*wait_id, WaitStatus::Answered),
             Control::Decline { wait_id } => (*wait_id, WaitStatus::Declined),
-            _ => return Err(self.reject("not a wait control")),
+            _ => return Err(Refusal::Invalid("not a wait control".into())),
         };
         let Some(wait) = self.waits.iter().find(|wait| wait.wait_id == wait_id) else {
-            return Err(self.reject(format!("this execution has no wait {wait_id}")));
+            return Err(Refusal::UnknownWait { wait_id });
         };
         if self.cancel_requested {
-            return Err(self.reject("the execution is being cancelled"));
+            return Err(Refusal::Cancelling {
+                kind: CommandKind::parse(control.kind()).unwrap_or(CommandKind::Answer),
+            });
         }
         let applied = Event::ControlApplied {
             command_id,
@@ -143,18 +147,19 @@ impl Machine {
                 if wait.answer.as_deref() == Some(answer.as_str()) {
                     return Ok(vec![applied]);
                 }
-                return Err(self.reject(format!(
-                    "question {wait_id} is answered already, with another answer"
-                )));
+                return Err(Refusal::AnsweredOtherwise { wait_id });
             }
         }
         if !wait.status.is_pending() {
             // Resolved, expired or invalidated: nothing is approved by a late answer (W-2).
-            return Err(self.reject(format!("wait {wait_id} is {}", wait.status.as_str())));
+            return Err(Refusal::WaitClosed {
+                wait_id,
+                status: wait.status.as_str(),
+            });
         }
         if let Some(live) = wait.live {
             if self.attempt_id != Some(live.attempt_id) {
-                return Err(self.reject(format!("question {wait_id} belongs to an ended attempt")));
+                return Err(Refusal::WaitNotCurrent { wait_id });
             }
             return Ok(vec![
                 applied,
@@ -166,9 +171,7 @@ impl Machine {
         }
         // W-3: only the wait of the current checkpoint can move the execution.
         if self.status() != Status::Waiting || wait.checkpoint_seq != self.checkpoint_seq {
-            return Err(self.reject(format!(
-                "wait {wait_id} belongs to an earlier checkpoint than the current one"
-            )));
+            return Err(Refusal::WaitNotCurrent { wait_id });
         }
         Ok(vec![
             applied,
@@ -189,7 +192,7 @@ impl Machine {
         &self,
         command_id: CommandId,
         process_id: ProcessId,
-    ) -> Result<Vec<Event>, Rejection> {
+    ) -> Result<Vec<Event>, Refusal> {
         match self
             .processes
             .iter()
@@ -201,11 +204,11 @@ impl Machine {
                     control: Control::StopProcess { process_id },
                 }])
             }
-            Some(process) => Err(self.reject(format!(
-                "process {process_id} is {}",
-                process.state.as_str()
-            ))),
-            None => Err(self.reject(format!("this execution has no process {process_id}"))),
+            Some(process) => Err(Refusal::ProcessEnded {
+                process_id,
+                state: process.state.as_str(),
+            }),
+            None => Err(Refusal::UnknownProcess { process_id }),
         }
     }
 

@@ -6,7 +6,7 @@ use openprogram_storage::{
 };
 
 use super::machine::*;
-use super::machine_tests::{commit, control, ctl, run, running, tool_decision};
+use super::machine_tests::{commit, control, ctl, offered, run, running, tool_decision};
 use super::machine_waits::wait_of;
 
 /// A running machine that asked for approval: `waiting`, with one open wait.
@@ -50,9 +50,10 @@ fn w1_an_ask_opens_a_wait_at_the_checkpoint_published_with_it() {
     assert_eq!(opened.kind, WaitKind::Approval);
     assert_eq!(opened.status, WaitStatus::Open);
     assert_eq!(opened.checkpoint_seq, machine.checkpoint_seq);
+    // No fork (K-3): the only saved point is the approval itself.
     assert_eq!(
-        machine.capabilities(),
-        vec!["answer", "decline", "steer", "cancel", "fork"]
+        offered(&machine),
+        vec!["answer", "decline", "steer", "cancel"]
     );
     assert!(machine.next_action().contains("\"wait\""));
 }
@@ -212,7 +213,7 @@ fn w4_a_live_question_returns_its_answer_and_a_different_second_answer_is_refuse
     let (mut machine, binding) = calling();
     let wait_id = ask_live(&mut machine, binding);
     assert_eq!(machine.status(), Status::Running);
-    assert!(machine.capabilities().contains(&"answer"));
+    assert!(offered(&machine).contains(&CommandKind::Answer));
     let actions = ctl(&mut machine, answer(wait_id, "main"), true);
     assert_eq!(
         actions,
@@ -221,11 +222,14 @@ fn w4_a_live_question_returns_its_answer_and_a_different_second_answer_is_refuse
             outcome: LiveOutcome::Answered("main".into()),
         }]
     );
-    // The same answer again stands and changes nothing; another one is refused.
-    let again = control(&machine, answer(wait_id, "main"), true).expect("same answer");
-    assert_eq!(again.len(), 1, "only the ControlApplied: {again:?}");
-    assert!(commit(&mut machine, &again).is_empty());
-    assert!(control(&machine, answer(wait_id, "dev"), true).is_err());
+    // Answered, the question is no longer offered (K-3): a new command answering it again
+    // is refused, with the same answer or another (a retried command id gets its stored
+    // outcome from the command record, K-4).
+    assert!(!offered(&machine).contains(&CommandKind::Answer));
+    for text in ["main", "dev"] {
+        let refused = control(&machine, answer(wait_id, text), true).expect_err(text);
+        assert_eq!(refused.code(), "not_available");
+    }
 }
 
 #[test]
@@ -246,7 +250,7 @@ fn w4_only_the_running_call_of_the_live_attempt_may_ask() {
             prompt: "?".into(),
             binding: stranger,
         };
-        assert!(machine.decide(input, true).is_err());
+        assert!(machine.decide(input).is_err());
     }
 }
 
@@ -300,7 +304,7 @@ fn p2_stop_process_is_its_own_control_in_any_state_and_cancel_leaves_processes_a
             },
         ],
     );
-    assert_eq!(machine.capabilities(), vec!["stop_process", "retry"]);
+    assert_eq!(offered(&machine), vec!["stop_process", "retry"]);
     let actions = ctl(&mut machine, Control::StopProcess { process_id }, false);
     assert_eq!(actions, vec![Action::StopProcess { process_id }]);
     // A process of another execution, or one that ended, is refused.
@@ -316,7 +320,7 @@ fn p2_stop_process_is_its_own_control_in_any_state_and_cancel_leaves_processes_a
         }],
     );
     assert!(control(&machine, Control::StopProcess { process_id }, false).is_err());
-    assert_eq!(machine.capabilities(), vec!["retry"]);
+    assert_eq!(offered(&machine), vec!["retry"]);
 
     // Cancel ends the execution, never the process (P-2).
     let mut machine = running(50);
@@ -333,5 +337,5 @@ fn p2_stop_process_is_its_own_control_in_any_state_and_cancel_leaves_processes_a
         machine.processes[0].state,
         openprogram_storage::ProcessState::Running
     );
-    assert_eq!(machine.capabilities(), vec!["stop_process", "retry"]);
+    assert_eq!(offered(&machine), vec!["stop_process", "retry"]);
 }

@@ -4,11 +4,12 @@
 //! extends; the decisions are the pure machine's.
 
 use actix::prelude::*;
-use openprogram_storage::{CommandId, CommandRecord, CommandStatus, Control, ReceiptStatus};
+use openprogram_storage::{CommandId, CommandStatus, ReceiptStatus};
 
 use crate::agent::{Reconciliation, ToolCall};
+use crate::command::{Command, CommandBody, EffectRef, ReconcileOutcome};
 use crate::execution::actor::{Advance, ExecutionActor};
-use crate::execution::commands::{payload_hash_of, ApplyControl, Saved};
+use crate::execution::commands::{ApplyCommand, Saved};
 use crate::execution::live::CallHandle;
 
 impl ExecutionActor {
@@ -52,7 +53,8 @@ impl ExecutionActor {
                 _ => continue, // decided meanwhile, or unreadable: nothing to decide here
             }
         };
-        Some(Box::pin(self.decide_command(accepted, control, Saved::Already).map(
+        let command = Command::new(control.into()).with_id(accepted.command_id);
+        Some(Box::pin(self.decide_command(accepted, command, Saved::Already).map(
             |decided, act, ctx| match decided {
                 Ok(_) => {
                     ctx.notify(DecideInherited);
@@ -137,35 +139,22 @@ fn reconcile_command(
     round: u64,
     status: ReceiptStatus,
     output: String,
-) -> ApplyControl {
+) -> ApplyCommand {
     let mut name = b"reconcile:".to_vec();
     name.extend_from_slice(&round.to_be_bytes());
     let command_id = CommandId::from_uuid(uuid::Uuid::new_v5(effect_id.as_uuid(), &name));
-    let outcome = crate::snapshot::receipt_status(status);
-    let accepted = CommandRecord {
-        command_id,
-        execution_id: act.execution_id,
-        kind: "reconcile".into(),
-        payload_hash: payload_hash_of(
-            "reconcile",
-            Some(&output),
-            None,
-            &[("outcome", Some(outcome.to_owned()))],
-        ),
-        status: CommandStatus::Accepted,
-        reason: None,
-        result_version: None,
-        child_execution_id: None,
-        accepted_at_ms: 0,
-    };
-    ApplyControl {
-        accepted,
-        control: Control::Reconcile {
-            effect_id,
-            status,
-            output,
+    let command = Command::new(CommandBody::Reconcile {
+        effect: EffectRef::Id(effect_id),
+        outcome: match status {
+            ReceiptStatus::Confirmed => ReconcileOutcome::Confirmed,
+            _ => ReconcileOutcome::NotApplied,
         },
-        expected_version: None,
+        text: output,
+    })
+    .with_id(command_id);
+    ApplyCommand {
+        accepted: command.accepted_record(act.execution_id),
+        command,
     }
 }
 
@@ -215,7 +204,7 @@ impl Handler<ReconcileUnknown> for ExecutionActor {
 /// A reconcile protocol's definite answer, as the command it becomes.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-struct ReconcileAnswer(ApplyControl);
+struct ReconcileAnswer(ApplyCommand);
 
 impl Handler<ReconcileAnswer> for ExecutionActor {
     type Result = AtomicResponse<Self, ()>;

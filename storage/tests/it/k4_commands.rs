@@ -191,7 +191,10 @@ async fn k4_a_rejection_changes_nothing_of_its_execution() {
         );
         assert_eq!(store.head(a).expect("head"), Some(head_before.clone()));
         assert_eq!(all_events(&store, a), events_before);
-        assert_eq!(store.command(command_id).expect("read"), Some(rejected.clone()));
+        assert_eq!(
+            store.command(command_id).expect("read"),
+            Some(rejected.clone())
+        );
         // The version the client read still commands.
         committed(
             store
@@ -203,7 +206,10 @@ async fn k4_a_rejection_changes_nothing_of_its_execution() {
         );
     }
     let store = Store::open(dir.path()).expect("reopen");
-    assert_eq!(store.command(command_id).expect("read"), Some(rejected.clone()));
+    assert_eq!(
+        store.command(command_id).expect("read"),
+        Some(rejected.clone())
+    );
     let retry = store
         .submit(Transition::rejection(rejected.clone()))
         .await
@@ -233,7 +239,10 @@ async fn k4_a_rejection_changes_nothing_of_its_execution() {
         execution_id: ExecutionId::new(),
         ..rejected.clone()
     };
-    assert!(store.submit(Transition::rejection(unknown.clone())).await.is_err());
+    assert!(store
+        .submit(Transition::rejection(unknown.clone()))
+        .await
+        .is_err());
     assert_eq!(store.command(unknown.command_id).expect("read"), None);
 }
 

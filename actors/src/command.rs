@@ -1,0 +1,635 @@
+//! The typed command (K-1..K-4, X-3): one value from the CLI flag or the HTTP body to the
+//! log. A command is its id, the version its sender saw, and a body tagged by its kind
+//! that carries exactly that kind's arguments. It is parsed once (`Command::from_json`:
+//! unknown fields, unknown and unbuilt kinds and malformed arguments are request errors,
+//! nothing is stored) and decided once, by the pure state machine
+//! (`Machine::decide_command`), which also says which kinds it would accept now (K-3).
+//!
+//! What this module does not do: decide anything that depends on an execution's state.
+//! "The wait the execution is waiting on" is a reference (`WaitRef::Pending`) that the
+//! machine resolves, never a nil id.
+
+use openprogram_storage::{
+    AnswerScope, CommandId, CommandRecord, CommandStatus, Control, EffectId, ExecutionId,
+    ProcessId, ReceiptStatus, WaitId,
+};
+use serde_json::{json, Map, Value};
+
+use crate::error::{Error, Result};
+
+/// Every command kind of the HTTP contract (SPEC §6), built or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CommandKind {
+    Pause,
+    Continue,
+    Step,
+    Steer,
+    Cancel,
+    Fork,
+    Retry,
+    Answer,
+    Decline,
+    Reconcile,
+    StopProcess,
+    /// K-7: not built yet (`unsupported_kind`).
+    SetPolicy,
+}
+
+impl CommandKind {
+    /// Every kind, in the contract's order.
+    pub const ALL: [CommandKind; 12] = [
+        CommandKind::Pause,
+        CommandKind::Continue,
+        CommandKind::Step,
+        CommandKind::Steer,
+        CommandKind::Cancel,
+        CommandKind::Fork,
+        CommandKind::Retry,
+        CommandKind::Answer,
+        CommandKind::Decline,
+        CommandKind::Reconcile,
+        CommandKind::StopProcess,
+        CommandKind::SetPolicy,
+    ];
+
+    /// The `kind` of the HTTP contract.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CommandKind::Pause => "pause",
+            CommandKind::Continue => "continue",
+            CommandKind::Step => "step",
+            CommandKind::Steer => "steer",
+            CommandKind::Cancel => "cancel",
+            CommandKind::Fork => "fork",
+            CommandKind::Retry => "retry",
+            CommandKind::Answer => "answer",
+            CommandKind::Decline => "decline",
+            CommandKind::Reconcile => "reconcile",
+            CommandKind::StopProcess => "stop_process",
+            CommandKind::SetPolicy => "set_policy",
+        }
+    }
+
+    pub fn parse(kind: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|known| known.as_str() == kind)
+    }
+
+    /// The fields a body of this kind may carry besides `command_id`, `kind` and
+    /// `expected_version`: anything else is `unknown_field`.
+    fn fields(self) -> &'static [&'static str] {
+        match self {
+            CommandKind::Pause
+            | CommandKind::Continue
+            | CommandKind::Step
+            | CommandKind::Cancel
+            | CommandKind::Retry => &[],
+            CommandKind::Steer => &["text"],
+            CommandKind::Fork => &["checkpoint"],
+            CommandKind::Answer => &["wait_id", "answer", "scope"],
+            CommandKind::Decline => &["wait_id"],
+            CommandKind::Reconcile => &["outcome", "text", "effect_id"],
+            CommandKind::StopProcess => &["process_id"],
+            CommandKind::SetPolicy => &["policy"],
+        }
+    }
+}
+
+impl std::fmt::Display for CommandKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for CommandKind {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl serde::Serialize for CommandKind {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+/// Which wait an `answer` or `decline` is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitRef {
+    /// The durable wait the execution is waiting on now. Only with `expected_version`, so
+    /// an answer meant for one wait never lands on a newer one (W-3).
+    Pending,
+    Id(WaitId),
+}
+
+/// Which effect a `reconcile` resolves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EffectRef {
+    /// The one effect awaiting reconciliation (an operator's reconcile).
+    Unresolved,
+    /// A named effect (a tool's reconcile protocol, R-8).
+    Id(EffectId),
+}
+
+/// How `reconcile` resolves an unknown effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReconcileOutcome {
+    Confirmed,
+    NotApplied,
+}
+
+impl ReconcileOutcome {
+    pub fn status(self) -> ReceiptStatus {
+        match self {
+            ReconcileOutcome::Confirmed => ReceiptStatus::Confirmed,
+            ReconcileOutcome::NotApplied => ReceiptStatus::NotApplied,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            ReconcileOutcome::Confirmed => "confirmed",
+            ReconcileOutcome::NotApplied => "not_applied",
+        }
+    }
+}
+
+/// A command's kind with exactly its arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommandBody {
+    Pause,
+    Continue,
+    Step,
+    Steer {
+        text: String,
+    },
+    Cancel,
+    /// From `checkpoint` (a checkpoint seq), or the latest saved point.
+    Fork {
+        checkpoint: Option<u64>,
+    },
+    Retry,
+    Answer {
+        wait: WaitRef,
+        answer: String,
+        scope: AnswerScope,
+    },
+    Decline {
+        wait: WaitRef,
+    },
+    /// `text`: the effect's output, for `confirmed`.
+    Reconcile {
+        effect: EffectRef,
+        outcome: ReconcileOutcome,
+        text: String,
+    },
+    StopProcess {
+        process_id: ProcessId,
+    },
+}
+
+impl CommandBody {
+    pub fn kind(&self) -> CommandKind {
+        match self {
+            CommandBody::Pause => CommandKind::Pause,
+            CommandBody::Continue => CommandKind::Continue,
+            CommandBody::Step => CommandKind::Step,
+            CommandBody::Steer { .. } => CommandKind::Steer,
+            CommandBody::Cancel => CommandKind::Cancel,
+            CommandBody::Fork { .. } => CommandKind::Fork,
+            CommandBody::Retry => CommandKind::Retry,
+            CommandBody::Answer { .. } => CommandKind::Answer,
+            CommandBody::Decline { .. } => CommandKind::Decline,
+            CommandBody::Reconcile { .. } => CommandKind::Reconcile,
+            CommandBody::StopProcess { .. } => CommandKind::StopProcess,
+        }
+    }
+}
+
+/// A control already resolved against its execution (stored in `ControlAccepted`) is the
+/// body that names exactly what it resolved to.
+impl From<Control> for CommandBody {
+    fn from(control: Control) -> Self {
+        match control {
+            Control::Pause => CommandBody::Pause,
+            Control::Continue => CommandBody::Continue,
+            Control::Step => CommandBody::Step,
+            Control::Steer { text } => CommandBody::Steer { text },
+            Control::Cancel => CommandBody::Cancel,
+            // Every writer of a reconcile control (this parser, a tool's protocol) wrote
+            // `Confirmed` or `NotApplied`: those are the only statuses stored here.
+            Control::Reconcile {
+                effect_id,
+                status,
+                output,
+            } => CommandBody::Reconcile {
+                effect: EffectRef::Id(effect_id),
+                outcome: match status {
+                    ReceiptStatus::Confirmed => ReconcileOutcome::Confirmed,
+                    _ => ReconcileOutcome::NotApplied,
+                },
+                text: output,
+            },
+            Control::Answer {
+                wait_id,
+                answer,
+                scope,
+            } => CommandBody::Answer {
+                wait: WaitRef::Id(wait_id),
+                answer,
+                scope,
+            },
+            Control::Decline { wait_id } => CommandBody::Decline {
+                wait: WaitRef::Id(wait_id),
+            },
+            Control::StopProcess { process_id } => CommandBody::StopProcess { process_id },
+        }
+    }
+}
+
+/// One command: its id (K-4), the version its sender saw (stale: rejected), its body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Command {
+    pub command_id: CommandId,
+    pub expected_version: Option<u64>,
+    pub body: CommandBody,
+}
+
+/// The longest text a command carries (steer text, an answer, a reconcile output).
+pub const TEXT_BYTES_MAX: usize = 16 * 1024;
+
+impl Command {
+    /// A command with a fresh id and no expected version.
+    pub fn new(body: CommandBody) -> Self {
+        Self {
+            command_id: CommandId::new(),
+            expected_version: None,
+            body,
+        }
+    }
+
+    pub fn with_id(mut self, command_id: CommandId) -> Self {
+        self.command_id = command_id;
+        self
+    }
+
+    pub fn expecting(mut self, version: u64) -> Self {
+        self.expected_version = Some(version);
+        self
+    }
+
+    pub fn kind(&self) -> CommandKind {
+        self.body.kind()
+    }
+
+    /// The command's record as it is saved `accepted` for `execution_id` (K-1), before
+    /// its decision fills in the rest.
+    pub fn accepted_record(&self, execution_id: ExecutionId) -> CommandRecord {
+        CommandRecord {
+            command_id: self.command_id,
+            execution_id,
+            kind: self.kind().as_str().to_owned(),
+            payload_hash: self.payload_hash(),
+            status: CommandStatus::Accepted,
+            reason: None,
+            reason_code: None,
+            result_version: None,
+            child_execution_id: None,
+            accepted_at_ms: 0,
+        }
+    }
+
+    /// The body of `POST …/commands` (SPEC §6), as a client sends it. `from_json` reads
+    /// it back to the same command.
+    pub fn to_json(&self) -> Value {
+        let mut body = self.payload();
+        body.insert("command_id".into(), json!(self.command_id));
+        Value::Object(body)
+    }
+
+    /// Everything but the id: what K-4 compares.
+    fn payload(&self) -> Map<String, Value> {
+        let mut body = Map::new();
+        body.insert("kind".into(), json!(self.kind().as_str()));
+        if let Some(version) = self.expected_version {
+            body.insert("expected_version".into(), json!(version));
+        }
+        let mut put = |name: &str, value: Value| {
+            body.insert(name.into(), value);
+        };
+        match &self.body {
+            CommandBody::Pause
+            | CommandBody::Continue
+            | CommandBody::Step
+            | CommandBody::Cancel
+            | CommandBody::Retry => {}
+            CommandBody::Steer { text } => put("text", json!(text)),
+            CommandBody::Fork { checkpoint } => {
+                if let Some(seq) = checkpoint {
+                    put("checkpoint", json!(seq));
+                }
+            }
+            CommandBody::Answer {
+                wait,
+                answer,
+                scope,
+            } => {
+                if let WaitRef::Id(wait_id) = wait {
+                    put("wait_id", json!(wait_id));
+                }
+                put("answer", json!(answer));
+                put("scope", json!(scope.as_str()));
+            }
+            CommandBody::Decline { wait } => {
+                if let WaitRef::Id(wait_id) = wait {
+                    put("wait_id", json!(wait_id));
+                }
+            }
+            CommandBody::Reconcile {
+                effect,
+                outcome,
+                text,
+            } => {
+                if let EffectRef::Id(effect_id) = effect {
+                    put("effect_id", json!(effect_id));
+                }
+                put("outcome", json!(outcome.as_str()));
+                put("text", json!(text));
+            }
+            CommandBody::StopProcess { process_id } => put("process_id", json!(process_id)),
+        }
+        body
+    }
+
+    /// K-4: the hash of everything the command says but its id. The same id with another
+    /// hash is a conflict. Defaults are filled in before hashing, so a body that spells a
+    /// default out and one that leaves it out are the same command.
+    pub fn payload_hash(&self) -> [u8; 32] {
+        // serde_json's map is ordered by key: one canonical text.
+        let text = Value::Object(self.payload()).to_string();
+        *blake3::hash(text.as_bytes()).as_bytes()
+    }
+
+    /// Reads a command body (SPEC §6). A field the kind does not take is `unknown_field`; a
+    /// kind the contract names but this build does not run is `unsupported_kind`; any other
+    /// kind is `unknown_kind`; a missing or malformed argument is `invalid_request`.
+    pub fn from_json(body: &Value) -> Result<Self> {
+        let Value::Object(fields) = body else {
+            return Err(Error::InvalidRequest("a command is a JSON object".into()));
+        };
+        let kind_text = match fields.get("kind") {
+            Some(Value::String(kind)) => kind.as_str(),
+            Some(_) => return Err(Error::InvalidRequest("`kind` is a string".into())),
+            None => return Err(Error::InvalidRequest("a command needs `kind`".into())),
+        };
+        let Some(kind) = CommandKind::parse(kind_text) else {
+            return Err(Error::UnknownKind(format!(
+                "`{kind_text}` is not a command kind; the kinds are {}",
+                CommandKind::ALL.map(CommandKind::as_str).join(", ")
+            )));
+        };
+        for name in fields.keys() {
+            let common = matches!(name.as_str(), "command_id" | "kind" | "expected_version");
+            if !common && !kind.fields().contains(&name.as_str()) {
+                return Err(Error::UnknownField {
+                    field: name.clone(),
+                    message: format!("a `{kind}` command has no field `{name}`"),
+                });
+            }
+        }
+        let reader = Reader(fields);
+        let command_id = reader
+            .parsed::<CommandId>("command_id")?
+            .ok_or_else(|| Error::InvalidRequest("a command needs `command_id` (a UUID)".into()))?;
+        let expected_version = reader.u64("expected_version")?;
+        let body = match kind {
+            CommandKind::Pause => CommandBody::Pause,
+            CommandKind::Continue => CommandBody::Continue,
+            CommandKind::Step => CommandBody::Step,
+            CommandKind::Cancel => CommandBody::Cancel,
+            CommandKind::Retry => CommandBody::Retry,
+            CommandKind::Steer => match reader.text("text")? {
+                Some(text) if !text.is_empty() => CommandBody::Steer { text },
+                _ => {
+                    return Err(Error::InvalidRequest(
+                        "steer needs a non-empty `text`".into(),
+                    ))
+                }
+            },
+            CommandKind::Fork => CommandBody::Fork {
+                checkpoint: reader.u64("checkpoint")?,
+            },
+            CommandKind::Answer | CommandKind::Decline => {
+                let wait = match reader.parsed::<WaitId>("wait_id")? {
+                    Some(wait_id) => WaitRef::Id(wait_id),
+                    // Without either, an answer meant for one wait could land on a newer one (W-3).
+                    None if expected_version.is_none() => {
+                        return Err(Error::InvalidRequest(format!(
+                            "{kind} needs `wait_id`, or `expected_version` to pin the execution's pending wait"
+                        )))
+                    }
+                    None => WaitRef::Pending,
+                };
+                if kind == CommandKind::Decline {
+                    CommandBody::Decline { wait }
+                } else {
+                    let scope = match reader.text("scope")?.as_deref() {
+                        None | Some("operation") => AnswerScope::Operation,
+                        Some("discussion") => AnswerScope::Discussion,
+                        Some(other) => {
+                            return Err(Error::InvalidRequest(format!(
+                                "unknown scope `{other}`: an answer approves this one `operation` or is a `discussion` reply"
+                            )))
+                        }
+                    };
+                    CommandBody::Answer {
+                        wait,
+                        answer: reader.text("answer")?.unwrap_or_default(),
+                        scope,
+                    }
+                }
+            }
+            CommandKind::Reconcile => {
+                let outcome = match reader.text("outcome")?.as_deref() {
+                    Some("confirmed") => ReconcileOutcome::Confirmed,
+                    Some("not_applied") => ReconcileOutcome::NotApplied,
+                    _ => {
+                        return Err(Error::InvalidRequest(
+                            "reconcile needs `outcome`: `confirmed` or `not_applied`".into(),
+                        ))
+                    }
+                };
+                CommandBody::Reconcile {
+                    effect: match reader.parsed::<EffectId>("effect_id")? {
+                        Some(effect_id) => EffectRef::Id(effect_id),
+                        None => EffectRef::Unresolved,
+                    },
+                    outcome,
+                    text: reader.text("text")?.unwrap_or_default(),
+                }
+            }
+            CommandKind::StopProcess => match reader.parsed::<ProcessId>("process_id")? {
+                Some(process_id) => CommandBody::StopProcess { process_id },
+                None => {
+                    return Err(Error::InvalidRequest(
+                        "stop_process needs `process_id`".into(),
+                    ))
+                }
+            },
+            CommandKind::SetPolicy => {
+                return Err(Error::UnsupportedKind(
+                    "`set_policy` is not built yet: durable functions and their version policy come first"
+                        .into(),
+                ))
+            }
+        };
+        Ok(Self {
+            command_id,
+            expected_version,
+            body,
+        })
+    }
+}
+
+/// Reads the typed fields of a command body; `null` is the same as absent.
+struct Reader<'a>(&'a Map<String, Value>);
+
+impl Reader<'_> {
+    fn get(&self, name: &str) -> Option<&Value> {
+        self.0.get(name).filter(|value| !value.is_null())
+    }
+
+    fn text(&self, name: &str) -> Result<Option<String>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(text)) if text.len() <= TEXT_BYTES_MAX => Ok(Some(text.clone())),
+            Some(Value::String(_)) => Err(Error::InvalidRequest(format!(
+                "`{name}` is longer than {TEXT_BYTES_MAX} bytes"
+            ))),
+            Some(_) => Err(Error::InvalidRequest(format!("`{name}` is a string"))),
+        }
+    }
+
+    fn u64(&self, name: &str) -> Result<Option<u64>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(value) => value.as_u64().map(Some).ok_or_else(|| {
+                Error::InvalidRequest(format!("`{name}` is a non-negative integer"))
+            }),
+        }
+    }
+
+    fn parsed<T: std::str::FromStr>(&self, name: &str) -> Result<Option<T>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(text)) => text.parse().map(Some).map_err(|_| {
+                Error::InvalidRequest(format!("`{name}` is not a valid id: `{text}`"))
+            }),
+            Some(_) => Err(Error::InvalidRequest(format!("`{name}` is an id string"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: Value) -> Result<Command> {
+        Command::from_json(&body)
+    }
+
+    /// a field the kind does not take, a kind not built and a kind that does not
+    /// exist are refused with their codes, naming what was wrong.
+    #[test]
+    fn x3_unknown_fields_and_kinds_are_refused() {
+        let id = CommandId::new();
+        let error = parse(json!({"command_id": id, "kind": "pause", "text": "x"})).unwrap_err();
+        assert_eq!(error.code(), "unknown_field");
+        assert!(error.to_string().contains("`text`"), "{error}");
+        let error =
+            parse(json!({"command_id": id, "kind": "steer", "text": "x", "max_iteration": 3}))
+                .unwrap_err();
+        assert_eq!(error.code(), "unknown_field");
+        assert!(error.to_string().contains("max_iteration"), "{error}");
+        let error = parse(json!({"command_id": id, "kind": "set_policy", "policy": "use_latest"}))
+            .unwrap_err();
+        assert_eq!(error.code(), "unsupported_kind");
+        let error = parse(json!({"command_id": id, "kind": "pasue"})).unwrap_err();
+        assert_eq!(error.code(), "unknown_kind");
+        let error = parse(json!({"command_id": id, "kind": "steer"})).unwrap_err();
+        assert_eq!(error.code(), "invalid_request");
+        let error = parse(json!({"kind": "pause"})).unwrap_err();
+        assert_eq!(error.code(), "invalid_request");
+        let error = parse(json!({"command_id": id, "kind": "answer"})).unwrap_err();
+        assert_eq!(
+            error.code(),
+            "invalid_request",
+            "an answer is pinned to a wait or a version"
+        );
+    }
+
+    /// K-4: every command reads back from the body it writes, and the payload hash
+    /// ignores the id and spelled-out defaults but nothing that changes the meaning.
+    #[test]
+    fn k4_a_command_round_trips_and_hashes_its_meaning() {
+        let bodies = [
+            CommandBody::Pause,
+            CommandBody::Continue,
+            CommandBody::Step,
+            CommandBody::Cancel,
+            CommandBody::Retry,
+            CommandBody::Steer {
+                text: "left".into(),
+            },
+            CommandBody::Fork {
+                checkpoint: Some(4),
+            },
+            CommandBody::Fork { checkpoint: None },
+            CommandBody::Answer {
+                wait: WaitRef::Id(WaitId::new()),
+                answer: "yes".into(),
+                scope: AnswerScope::Discussion,
+            },
+            CommandBody::Decline {
+                wait: WaitRef::Id(WaitId::new()),
+            },
+            CommandBody::Reconcile {
+                effect: EffectRef::Unresolved,
+                outcome: ReconcileOutcome::Confirmed,
+                text: "out".into(),
+            },
+            CommandBody::StopProcess {
+                process_id: ProcessId::new(),
+            },
+        ];
+        let mut hashes = std::collections::HashSet::new();
+        for body in bodies {
+            let command = Command::new(body).expecting(3);
+            let read = Command::from_json(&command.to_json()).expect("reads back");
+            assert_eq!(read, command);
+            assert_eq!(
+                read.clone().with_id(CommandId::new()).payload_hash(),
+                command.payload_hash()
+            );
+            assert_ne!(
+                command.clone().expecting(4).payload_hash(),
+                command.payload_hash()
+            );
+            assert!(hashes.insert(command.payload_hash()), "{command:?}");
+        }
+        let id = CommandId::new();
+        let short = parse(json!({"command_id": id, "kind": "answer", "wait_id": WaitId::new()}));
+        let short = short.expect("answer");
+        let mut spelled = short.to_json();
+        spelled["scope"] = json!("operation");
+        spelled["answer"] = json!("");
+        assert_eq!(
+            Command::from_json(&spelled)
+                .expect("spelled")
+                .payload_hash(),
+            short.payload_hash()
+        );
+    }
+}
