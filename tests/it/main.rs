@@ -15,6 +15,7 @@ mod http_branches;
 mod http_cli;
 mod http_debug;
 mod http_script;
+mod k3_property;
 mod kill9;
 mod processes;
 mod questions;

@@ -237,6 +237,7 @@ impl Sim {
             replayed.apply(event, index as u64 + 1, &mut ignored);
         }
         assert_eq!(replayed, self.machine, "{context}: replay diverged");
+        check_capabilities(&self.machine, self.in_flight.is_some(), context);
         if actions.contains(&Action::AbortEffect) {
             // The actor aborts it; a result already on its way still arrives.
             self.late = self.late.or(self.in_flight.take());
@@ -501,4 +502,64 @@ fn r10_seeded_interleavings_keep_the_machine_invariants() {
         ended > 0,
         "seed {seed}: no run reached a terminal state; the simulation is too weak"
     );
+}
+
+/// K-3 in every state the simulation reaches: a kind is offered exactly when
+/// `decide_command` accepts it with valid arguments and the current version; any kind with
+/// a stale version is refused as such. (Deciding is pure: a refusal changes nothing.)
+fn check_capabilities(machine: &Machine, busy: bool, context: &str) {
+    use crate::command::{CommandBody, CommandKind, EffectRef, ReconcileOutcome, WaitRef};
+    let at = super::machine_tests::at(machine, busy);
+    let offered = machine.capabilities(&at);
+    let wait = machine
+        .waits
+        .iter()
+        .find(|wait| wait.status.is_pending())
+        .map_or(WaitRef::Pending, |wait| WaitRef::Id(wait.wait_id));
+    let process_id = machine
+        .processes
+        .iter()
+        .find(|process| process.state == openprogram_storage::ProcessState::Running)
+        .map_or_else(openprogram_storage::ProcessId::new, |process| {
+            process.process_id
+        });
+    for kind in CommandKind::ALL {
+        let body = match kind {
+            CommandKind::Pause => CommandBody::Pause,
+            CommandKind::Continue => CommandBody::Continue,
+            CommandKind::Step => CommandBody::Step,
+            CommandKind::Steer => CommandBody::Steer { text: "s".into() },
+            CommandKind::Cancel => CommandBody::Cancel,
+            CommandKind::Fork => CommandBody::Fork { checkpoint: None },
+            CommandKind::Retry => CommandBody::Retry,
+            CommandKind::Answer => CommandBody::Answer {
+                wait,
+                answer: "yes".into(),
+                scope: openprogram_storage::AnswerScope::Operation,
+            },
+            CommandKind::Decline => CommandBody::Decline { wait },
+            CommandKind::Reconcile => CommandBody::Reconcile {
+                effect: EffectRef::Unresolved,
+                outcome: ReconcileOutcome::Confirmed,
+                text: "ok".into(),
+            },
+            CommandKind::StopProcess => CommandBody::StopProcess { process_id },
+            // Refused by the parser before any state is looked at (`command.rs`).
+            CommandKind::SetPolicy => continue,
+        };
+        let stale =
+            machine.decide_command(CommandId::new(), body.clone(), Some(at.version + 1), &at);
+        assert_eq!(
+            stale.err().map(|rejection| rejection.code()),
+            Some("version_conflict"),
+            "{context}: a stale {kind}"
+        );
+        let decided = machine.decide_command(CommandId::new(), body, Some(at.version), &at);
+        assert_eq!(
+            decided.is_ok(),
+            offered.contains(&kind),
+            "{context}: {kind} offered {offered:?} but decided {decided:?} in {:?}",
+            machine.status()
+        );
+    }
 }

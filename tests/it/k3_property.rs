@@ -1,0 +1,717 @@
+//! K-3, K-4 (issue 28), model-based: for every control kind in every reachable state,
+//! (a) the kind is among the snapshot's capabilities exactly when the runtime accepts it
+//! (a fresh command id, the current version, valid arguments); (b) a rejection leaves the
+//! snapshot, version, events and capabilities exactly as they were, its record alone says
+//! `rejected`, and the version read before it still commands; (c) an accepted command does
+//! what SPEC's control table says. States are built through the library on a real store,
+//! with restarts (the runtime halted and the store reopened) between steps, chosen by a
+//! seeded generator: `K3_SEED=N` replays a run, `K3_CASES=N` runs N rounds over every state
+//! (default 1). A state or a control is one line in `STATES` or `KINDS`.
+//!
+//! `cancelling` is not here: in the runtime it lasts only until the effect in flight is
+//! aborted (immediately). The machine-level property (`machine_sim.rs`, R10) checks (a) in
+//! every state the seeded simulation reaches, `cancelling` among them.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use openprogram::actors::execution::machine::{LiveOutcome, Recovery};
+use openprogram::agent::{Tool, ToolCall};
+use openprogram::storage::{CommandId, Event, ExecutionId, ProcessId, WaitId};
+use openprogram::{CommandKind, CommandReply, RestartWindow, Runtime, Snapshot, StartRequest};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+/// Every control kind the runtime runs (`set_policy` is refused as `unsupported_kind`
+/// before any state is looked at: `command.rs`).
+const KINDS: [CommandKind; 11] = [
+    CommandKind::Pause,
+    CommandKind::Continue,
+    CommandKind::Step,
+    CommandKind::Steer,
+    CommandKind::Cancel,
+    CommandKind::Fork,
+    CommandKind::Retry,
+    CommandKind::Answer,
+    CommandKind::Decline,
+    CommandKind::Reconcile,
+    CommandKind::StopProcess,
+];
+
+/// A state, and how to bring a new execution into it.
+type Build = for<'a> fn(&'a mut World) -> BoxFuture<'a, ExecutionId>;
+
+/// Every reachable state the properties are checked in: one line each.
+const STATES: &[(&str, Build)] = &[
+    ("running a tool", |w| running_a_tool(w).boxed()),
+    ("running, pause requested", |w| pause_requested(w).boxed()),
+    ("stepping through a tool", |w| stepping(w).boxed()),
+    ("paused at admission", |w| paused_at_start(w).boxed()),
+    ("paused after a step", |w| paused_after_step(w).boxed()),
+    ("waiting on an approval", |w| waiting_on_approval(w).boxed()),
+    ("asking a live question", |w| asking_live(w).boxed()),
+    ("ended with its process running", |w| {
+        process_running(w).boxed()
+    }),
+    ("reconciliation required", |w| {
+        reconciliation_required(w).boxed()
+    }),
+    ("completed, reply only", |w| {
+        ended(w, vec![reply("done")], None).boxed()
+    }),
+    ("completed with tool steps", |w| {
+        ended(w, vec![echo("a"), echo("b"), reply("done")], None).boxed()
+    }),
+    ("failed at its iteration limit", |w| {
+        ended(w, vec![echo("a"), echo("b"), reply("never")], Some(1)).boxed()
+    }),
+    ("cancelled", |w| cancelled(w).boxed()),
+    ("expired", |w| expired(w).boxed()),
+    ("a fork child", |w| child(w, "fork").boxed()),
+    ("a retry child", |w| child(w, "retry").boxed()),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k3_capabilities_are_exactly_what_is_accepted_and_a_rejection_changes_nothing() {
+    let seed = std::env::var("K3_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(|| rand::thread_rng().gen::<u64>());
+    let rounds: usize = std::env::var("K3_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(1);
+    eprintln!("k3 property: seed {seed} (replay with K3_SEED={seed}), {rounds} round(s)");
+    let mut world = World::new(seed);
+    for round in 0..rounds {
+        let mut states: Vec<&(&str, Build)> = STATES.iter().collect();
+        states.shuffle(&mut world.rng);
+        for (name, build) in states {
+            let case = format!("seed {seed}, round {round}, {name}");
+            world.check_state(&case, *build).await;
+        }
+    }
+    world.finish();
+}
+
+/// One store, opened by runtime after runtime, and the generator that decides restarts.
+struct World {
+    restarts: Restarts,
+    runtime: Option<Runtime>,
+    rng: StdRng,
+    /// Restarts made, for the report.
+    n_restarts: usize,
+}
+
+/// The restart window of every runtime here: an execution abandoned longer ago expires.
+const WINDOW: RestartWindow = RestartWindow::Within(Duration::from_secs(3600));
+
+impl World {
+    fn new(seed: u64) -> Self {
+        let restarts = Restarts::new();
+        let runtime = open(&restarts);
+        Self {
+            restarts,
+            runtime: Some(runtime),
+            rng: StdRng::seed_from_u64(seed),
+            n_restarts: 0,
+        }
+    }
+
+    fn runtime(&self) -> &Runtime {
+        self.runtime.as_ref().expect("a runtime is open")
+    }
+
+    /// The runtime dies (as `kill -9` would leave the store) and the store is reopened,
+    /// with startup recovery run.
+    async fn restart(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            end_processes(&runtime);
+            crash(runtime);
+        }
+        let runtime = open(&self.restarts);
+        runtime.recovery().await.expect("recovery");
+        self.runtime = Some(runtime);
+        self.n_restarts += 1;
+    }
+
+    /// A restart between two steps, one time in three.
+    async fn maybe_restart(&mut self) {
+        if self.rng.gen_ratio(1, 3) {
+            self.restart().await;
+        }
+    }
+
+    async fn start(
+        &self,
+        script: Vec<Value>,
+        max_iterations: Option<u32>,
+        paused: bool,
+    ) -> ExecutionId {
+        let request = StartRequest {
+            message: "k3".into(),
+            script: elements(script),
+            max_iterations,
+            start_paused: paused,
+            ..Default::default()
+        };
+        self.runtime()
+            .start_execution(self.restarts.session, request)
+            .await
+            .expect("start")
+            .execution_id
+    }
+
+    async fn snapshot(&self, execution: ExecutionId) -> Snapshot {
+        self.restarts.snapshot(self.runtime(), execution).await
+    }
+
+    fn events(&self, execution: ExecutionId) -> Vec<openprogram::storage::EventEnvelope> {
+        self.restarts.events(self.runtime(), execution)
+    }
+
+    /// Waits until the snapshot satisfies `done`.
+    async fn until(
+        &self,
+        execution: ExecutionId,
+        what: &str,
+        done: impl Fn(&Snapshot) -> bool,
+    ) -> Snapshot {
+        let started = Instant::now();
+        loop {
+            let snapshot = self.snapshot(execution).await;
+            if done(&snapshot) {
+                return snapshot;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "waited {DEADLINE:?} for {what}; last: {snapshot:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn until_state(&self, execution: ExecutionId, state: &str) -> Snapshot {
+        self.until(execution, state, |snapshot| snapshot.state == state)
+            .await
+    }
+
+    /// Waits until an event matching `found` is committed.
+    async fn until_event(
+        &self,
+        execution: ExecutionId,
+        what: &str,
+        found: impl Fn(&Event) -> bool,
+    ) {
+        let started = Instant::now();
+        while !self
+            .events(execution)
+            .iter()
+            .any(|envelope| found(&envelope.event))
+        {
+            assert!(
+                started.elapsed() < DEADLINE,
+                "waited {DEADLINE:?} for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn send(&self, execution: ExecutionId, body: Value) -> CommandReply {
+        self.runtime()
+            .command(self.restarts.session, execution, command_of(body))
+            .await
+            .expect("a command is answered")
+    }
+
+    /// Checks the three properties in one state: every kind it does not offer on one
+    /// execution (rejections change nothing, so they can share it), and every kind it
+    /// offers on an execution of its own, built the same way.
+    async fn check_state(&mut self, case: &str, build: Build) {
+        let execution = build(self).await;
+        let before = self.snapshot(execution).await;
+        let n_events = self.events(execution).len();
+        let offered: Vec<CommandKind> = KINDS
+            .into_iter()
+            .filter(|kind| before.capabilities.contains(&kind.as_str()))
+            .collect();
+        assert_eq!(
+            offered.len(),
+            before.capabilities.len(),
+            "{case}: capabilities name a kind that does not exist: {:?}",
+            before.capabilities
+        );
+        // K-4: a stale version is refused, whatever the kind, and changes nothing.
+        let mut kinds = KINDS.to_vec();
+        kinds.shuffle(&mut self.rng);
+        let stale = kinds[0];
+        let mut body = self.body(stale, &before);
+        body["expected_version"] = json!(before.version + 1 + self.rng.gen_range(0..3u64));
+        let reply = self.send(execution, body).await;
+        assert_eq!(
+            reply.code.as_deref(),
+            Some("version_conflict"),
+            "{case}: stale {stale}: {reply:?}"
+        );
+        self.unchanged(case, execution, (&before, n_events), &reply)
+            .await;
+        for kind in kinds.iter().filter(|kind| !offered.contains(kind)) {
+            let reply = self.send(execution, self.body(*kind, &before)).await;
+            assert_eq!(
+                reply.status, "rejected",
+                "{case}: {kind} is not offered: {reply:?}"
+            );
+            self.unchanged(case, execution, (&before, n_events), &reply)
+                .await;
+        }
+        // The version read before the rejections still commands: an offered kind with it is
+        // accepted (the first one below runs on this very execution).
+        let mut target = Some(execution);
+        for kind in kinds.iter().filter(|kind| offered.contains(kind)) {
+            let execution = match target.take() {
+                Some(execution) => execution,
+                None => build(self).await,
+            };
+            let before = self.snapshot(execution).await;
+            assert!(
+                before.capabilities.contains(&kind.as_str()),
+                "{case}: a second build offers other controls: {:?}",
+                before.capabilities
+            );
+            let reply = self.send(execution, self.body(*kind, &before)).await;
+            assert_eq!(
+                reply.status, "applied",
+                "{case}: {kind} is offered: {reply:?}"
+            );
+            self.check_effect(case, *kind, execution, &before, &reply)
+                .await;
+        }
+    }
+
+    /// A body of `kind` with valid arguments for the execution `now` describes, and its
+    /// current version. Where no valid argument exists (no wait to answer), a made-up one.
+    fn body(&self, kind: CommandKind, now: &Snapshot) -> Value {
+        let mut body = json!({
+            "command_id": CommandId::new(),
+            "kind": kind.as_str(),
+            "expected_version": now.version,
+        });
+        let open_wait = now
+            .waits
+            .iter()
+            .find(|wait| wait.status == "open")
+            .map_or_else(WaitId::new, |wait| wait.wait_id);
+        match kind {
+            CommandKind::Steer => body["text"] = json!("steered"),
+            CommandKind::Answer => {
+                body["wait_id"] = json!(open_wait);
+                body["answer"] = json!("yes");
+            }
+            CommandKind::Decline => body["wait_id"] = json!(open_wait),
+            CommandKind::Reconcile => {
+                body["outcome"] = json!("confirmed");
+                body["text"] = json!("checked by hand");
+            }
+            CommandKind::StopProcess => {
+                let running = now
+                    .processes
+                    .iter()
+                    .find(|process| process.state == "running")
+                    .map_or_else(ProcessId::new, |process| process.process_id);
+                body["process_id"] = json!(running);
+            }
+            _ => {}
+        }
+        body
+    }
+
+    /// (b): the rejection is stored and read back, and nothing of the execution moved.
+    async fn unchanged(
+        &self,
+        case: &str,
+        execution: ExecutionId,
+        (before, n_events): (&Snapshot, usize),
+        reply: &CommandReply,
+    ) {
+        assert_eq!(reply.status, "rejected", "{case}: {reply:?}");
+        assert!(
+            reply.code.is_some(),
+            "{case}: a rejection has a code: {reply:?}"
+        );
+        assert_eq!(reply.version, before.version, "{case}: {reply:?}");
+        let after = self.snapshot(execution).await;
+        assert_eq!(
+            serde_json::to_value(&after).expect("json"),
+            serde_json::to_value(before).expect("json"),
+            "{case}: a rejected {:?} changed the execution",
+            reply.reason
+        );
+        assert_eq!(
+            self.events(execution).len(),
+            n_events,
+            "{case}: events were appended"
+        );
+        let stored = self
+            .runtime()
+            .command_status(self.restarts.session, reply.command_id)
+            .expect("the rejection is stored");
+        assert_eq!(&stored, reply, "{case}");
+    }
+
+    /// (c): SPEC's control table (K-2, W-2, P-2, R-8).
+    async fn check_effect(
+        &self,
+        case: &str,
+        kind: CommandKind,
+        execution: ExecutionId,
+        before: &Snapshot,
+        reply: &CommandReply,
+    ) {
+        let case = format!("{case}: {kind}");
+        if matches!(kind, CommandKind::Fork | CommandKind::Retry) {
+            // A new paused child in the same run; the original is untouched.
+            let child = reply.execution_id.expect("a child");
+            let child = self.snapshot(child).await;
+            assert_eq!(child.state, "paused", "{case}");
+            assert_eq!(child.pause_reason.as_deref(), Some(kind.as_str()), "{case}");
+            assert_eq!(child.run_id, before.run_id, "{case}");
+            assert_eq!(child.parent_execution_id, Some(execution), "{case}");
+            assert_eq!(
+                self.snapshot(execution).await.version,
+                before.version,
+                "{case}"
+            );
+            return;
+        }
+        assert_eq!(reply.version, before.version + 1, "{case}: one transition");
+        let applied = |wanted: CommandKind| {
+            move |event: &Event| match event {
+                Event::ControlApplied {
+                    command_id,
+                    control,
+                } => *command_id == reply.command_id && control.kind() == wanted.as_str(),
+                _ => false,
+            }
+        };
+        self.until_event(execution, &case, applied(kind)).await;
+        let wait_status = |status: &'static str| {
+            let wait_id = before
+                .waits
+                .iter()
+                .find(|wait| wait.status == "open")
+                .map(|wait| wait.wait_id);
+            move |snapshot: &Snapshot| {
+                snapshot
+                    .waits
+                    .iter()
+                    .any(|wait| Some(wait.wait_id) == wait_id && wait.status == status)
+            }
+        };
+        match kind {
+            CommandKind::Pause => {
+                self.until(execution, &case, |now| {
+                    now.state == "paused"
+                        || (now.state == "running" && now.capabilities.contains(&"continue"))
+                })
+                .await;
+            }
+            CommandKind::Continue => {
+                self.until(execution, &case, |now| {
+                    !matches!(now.state, "paused" | "expired")
+                })
+                .await;
+            }
+            CommandKind::Step => {
+                // One step runs (a long one is still running), then it pauses (or the turn
+                // ended or waits within that step).
+                self.until(execution, &case, |now| {
+                    (now.state == "paused" && now.pause_reason.as_deref() == Some("step"))
+                        || matches!(now.state, "running" | "completed" | "failed" | "waiting")
+                })
+                .await;
+            }
+            CommandKind::Steer => {
+                // Instructions for work not yet run: nothing else changes now.
+                assert_eq!(self.snapshot(execution).await.state, before.state, "{case}");
+            }
+            CommandKind::Cancel => {
+                self.until_state(execution, "cancelled").await;
+            }
+            CommandKind::Answer => {
+                self.until(execution, &case, wait_status("answered")).await;
+            }
+            CommandKind::Decline => {
+                self.until(execution, &case, wait_status("declined")).await;
+            }
+            CommandKind::Reconcile => {
+                self.until(execution, &case, |now| {
+                    now.state != "reconciliation_required"
+                })
+                .await;
+            }
+            CommandKind::StopProcess => {
+                self.until(execution, &case, |now| {
+                    now.processes
+                        .iter()
+                        .all(|process| process.state != "running")
+                })
+                .await;
+            }
+            CommandKind::Fork | CommandKind::Retry | CommandKind::SetPolicy => {}
+        }
+    }
+
+    fn finish(mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            end_processes(&runtime);
+            runtime.halt();
+        }
+        eprintln!("k3 property: {} restart(s)", self.n_restarts);
+    }
+}
+
+fn open(restarts: &Restarts) -> Runtime {
+    restarts.open_with(|builder| {
+        builder
+            .restart_window(WINDOW)
+            .tool(Arc::new(AskOnce))
+            .tool(Arc::new(Hang))
+    })
+}
+
+fn sleep_long() -> Value {
+    sleep(600_000)
+}
+
+async fn running_a_tool(world: &mut World) -> ExecutionId {
+    world.maybe_restart().await;
+    let execution = world
+        .start(vec![sleep_long(), reply("done")], None, false)
+        .await;
+    world
+        .until_event(execution, "the sleep", is_sleep_dispatch_or_decision)
+        .await;
+    execution
+}
+
+async fn pause_requested(world: &mut World) -> ExecutionId {
+    let execution = running_a_tool(world).await;
+    let reply = world.send(execution, json!({"kind": "pause"})).await;
+    assert_eq!(reply.status, "applied", "{reply:?}");
+    execution
+}
+
+async fn stepping(world: &mut World) -> ExecutionId {
+    let execution = world
+        .start(vec![sleep_long(), reply("done")], None, true)
+        .await;
+    world.maybe_restart().await;
+    world.send(execution, json!({"kind": "step"})).await;
+    world
+        .until(execution, "the first step", |now| {
+            now.state == "paused" && now.pause_reason.as_deref() == Some("step")
+        })
+        .await;
+    world.maybe_restart().await;
+    world.send(execution, json!({"kind": "step"})).await;
+    world.until_state(execution, "running").await;
+    execution
+}
+
+async fn paused_at_start(world: &mut World) -> ExecutionId {
+    let execution = world
+        .start(vec![echo("a"), reply("done")], None, true)
+        .await;
+    world.maybe_restart().await;
+    execution
+}
+
+async fn paused_after_step(world: &mut World) -> ExecutionId {
+    let execution = world
+        .start(vec![echo("a"), echo("b"), reply("done")], None, true)
+        .await;
+    for _ in 0..2 {
+        world.maybe_restart().await;
+        world.send(execution, json!({"kind": "step"})).await;
+        world
+            .until(execution, "a step", |now| {
+                now.state == "paused" && now.pause_reason.as_deref() == Some("step")
+            })
+            .await;
+    }
+    execution
+}
+
+async fn waiting_on_approval(world: &mut World) -> ExecutionId {
+    let script = vec![
+        echo("a"),
+        json!({"ask": "go on?"}),
+        echo("b"),
+        reply("done"),
+    ];
+    let execution = world.start(script, None, false).await;
+    world.until_state(execution, "waiting").await;
+    world.maybe_restart().await;
+    execution
+}
+
+async fn asking_live(world: &mut World) -> ExecutionId {
+    world.maybe_restart().await;
+    let script = vec![
+        json!({"tool": "ask_once", "args": {"question": "which branch?"}}),
+        reply("done"),
+    ];
+    let execution = world.start(script, None, false).await;
+    world
+        .until(execution, "the live question", |now| {
+            now.waits.iter().any(|wait| wait.status == "open")
+        })
+        .await
+        .execution_id
+}
+
+async fn process_running(world: &mut World) -> ExecutionId {
+    world.maybe_restart().await;
+    let shell =
+        json!({"tool": "shell", "args": {"program": "sleep", "args": ["600"], "background": true}});
+    let execution = world.start(vec![shell, reply("done")], None, false).await;
+    world
+        .until(execution, "completed with its process running", |now| {
+            now.state == "completed"
+                && now
+                    .processes
+                    .iter()
+                    .any(|process| process.state == "running")
+        })
+        .await
+        .execution_id
+}
+
+async fn reconciliation_required(world: &mut World) -> ExecutionId {
+    let execution = world
+        .start(
+            vec![
+                echo("a"),
+                json!({"tool": "hang", "args": {}}),
+                reply("done"),
+            ],
+            None,
+            false,
+        )
+        .await;
+    world
+        .until_event(
+            execution,
+            "the hanging call's dispatch",
+            |event| matches!(event, Event::ToolDispatched { tool, .. } if tool == "hang"),
+        )
+        .await;
+    // Its attempt dies with the call in flight: the outcome is unknown (E-4, R-8).
+    world.restart().await;
+    world
+        .until_state(execution, "reconciliation_required")
+        .await;
+    world.maybe_restart().await;
+    execution
+}
+
+async fn ended(world: &mut World, script: Vec<Value>, max_iterations: Option<u32>) -> ExecutionId {
+    let execution = world.start(script, max_iterations, false).await;
+    world
+        .until(execution, "the end", |now| {
+            matches!(now.state, "completed" | "failed")
+        })
+        .await;
+    world.maybe_restart().await;
+    execution
+}
+
+async fn cancelled(world: &mut World) -> ExecutionId {
+    let execution = world
+        .start(vec![echo("a"), reply("done")], None, true)
+        .await;
+    world.maybe_restart().await;
+    world.send(execution, json!({"kind": "cancel"})).await;
+    world.until_state(execution, "cancelled").await;
+    world.maybe_restart().await;
+    execution
+}
+
+async fn expired(world: &mut World) -> ExecutionId {
+    let execution = world
+        .start(vec![echo("a"), sleep_long(), reply("done")], None, false)
+        .await;
+    world
+        .until_event(execution, "the sleep", is_sleep_dispatch_or_decision)
+        .await;
+    // Abandoned longer ago than the restart window: expired at the next start.
+    if let Some(runtime) = world.runtime.take() {
+        end_processes(&runtime);
+        crash(runtime);
+    }
+    world.restarts.clock.advance(Duration::from_secs(2 * 3600));
+    world.restart().await;
+    world.until_state(execution, "expired").await;
+    world.maybe_restart().await;
+    execution
+}
+
+async fn child(world: &mut World, kind: &'static str) -> ExecutionId {
+    let execution = world
+        .start(vec![echo("a"), echo("b"), reply("done")], None, false)
+        .await;
+    world.until_state(execution, "completed").await;
+    world.maybe_restart().await;
+    let reply = world.send(execution, json!({"kind": kind})).await;
+    let child = reply
+        .execution_id
+        .unwrap_or_else(|| panic!("a {kind} child: {reply:?}"));
+    world.maybe_restart().await;
+    child
+}
+
+/// Asks one live question (W-4) and returns its answer.
+struct AskOnce;
+
+impl Tool for AskOnce {
+    fn name(&self) -> &str {
+        "ask_once"
+    }
+    fn recovery(&self) -> Recovery {
+        Recovery::Idempotent
+    }
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+        let question = call.args["question"].as_str().unwrap_or("?").to_owned();
+        let handle = call.handle;
+        async move {
+            match handle.ask(question).await {
+                Ok(LiveOutcome::Answered(answer)) => Ok(answer),
+                Ok(other) => Ok(format!("{other:?}")),
+                Err(error) => Err(error.to_string()),
+            }
+        }
+        .boxed()
+    }
+}
+
+/// An External call that never returns and has no reconcile protocol: a crash leaves it
+/// unknown until an operator reconciles it.
+struct Hang;
+
+impl Tool for Hang {
+    fn name(&self) -> &str {
+        "hang"
+    }
+    fn recovery(&self) -> Recovery {
+        Recovery::External
+    }
+    fn call(&self, _call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+        futures::future::pending().boxed()
+    }
+}
