@@ -65,10 +65,33 @@ impl StartBody {
     /// before anything is stored: a field it does not know, a kind the contract names but
     /// this build does not run (`unsupported_kind`), or none the contract names.
     fn read(raw: &RawValue) -> Result<Self, ApiError> {
+        /// The kind alone: a body of a kind not built is refused as that, whatever it holds.
+        #[derive(Deserialize)]
+        struct Kind {
+            #[serde(default)]
+            kind: Option<String>,
+        }
         let fields: BTreeMap<String, IgnoredAny> =
             serde_json::from_str(raw.get()).map_err(|error| {
                 ApiError::bad_request(format!("a start body is a JSON object: {error}"))
             })?;
+        let kind: Kind = serde_json::from_str(raw.get())
+            .map_err(|error| ApiError::bad_request(format!("malformed start body: {error}")))?;
+        match kind.kind.as_deref() {
+            None | Some("agent") => {}
+            Some(kind @ ("function" | "job")) => {
+                return Err(Error::UnsupportedKind(format!(
+                    "`{kind}` executions are not built yet: this build starts `agent` executions"
+                ))
+                .into())
+            }
+            Some(other) => {
+                return Err(Error::UnknownKind(format!(
+                    "`{other}` is not an execution kind: this build starts `agent` executions"
+                ))
+                .into())
+            }
+        }
         if let Some(field) = fields
             .keys()
             .find(|field| !Self::FIELDS.contains(&field.as_str()))
@@ -79,19 +102,8 @@ impl StartBody {
             }
             .into());
         }
-        let body: StartBody = serde_json::from_str(raw.get())
-            .map_err(|error| ApiError::bad_request(format!("malformed start body: {error}")))?;
-        match body.kind.as_deref() {
-            None | Some("agent") => Ok(body),
-            Some(kind @ ("function" | "job")) => Err(Error::UnsupportedKind(format!(
-                "`{kind}` executions are not built yet: this build starts `agent` executions"
-            ))
-            .into()),
-            Some(other) => Err(Error::UnknownKind(format!(
-                "`{other}` is not an execution kind: this build starts `agent` executions"
-            ))
-            .into()),
-        }
+        serde_json::from_str(raw.get())
+            .map_err(|error| ApiError::bad_request(format!("malformed start body: {error}")))
     }
 }
 

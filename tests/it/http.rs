@@ -28,6 +28,15 @@ impl TestServer {
 
     pub fn with(configure: impl FnOnce(&mut Api)) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
+        Self::on(dir, |builder| builder, configure)
+    }
+
+    /// A server on a store that may hold executions already, its runtime built by `build`.
+    pub fn on(
+        dir: tempfile::TempDir,
+        build: impl FnOnce(openprogram::RuntimeBuilder) -> openprogram::RuntimeBuilder,
+        configure: impl FnOnce(&mut Api),
+    ) -> Self {
         let tokio = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -35,11 +44,13 @@ impl TestServer {
             .expect("tokio");
         let runtime = {
             let _entered = tokio.enter();
-            Runtime::builder()
-                .data_dir(dir.path())
-                .process_stop_grace(Duration::from_millis(200))
-                .open()
-                .expect("open runtime")
+            build(
+                Runtime::builder()
+                    .data_dir(dir.path())
+                    .process_stop_grace(Duration::from_millis(200)),
+            )
+            .open()
+            .expect("open runtime")
         };
         let mut api = Api::new(runtime.clone(), Tokens::new(ADMIN, [7; 32]));
         api.poll = Duration::from_millis(20);

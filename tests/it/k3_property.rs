@@ -702,7 +702,7 @@ impl Tool for AskOnce {
 
 /// An External call that never returns and has no reconcile protocol: a crash leaves it
 /// unknown until an operator reconciles it.
-struct Hang;
+pub(crate) struct Hang;
 
 impl Tool for Hang {
     fn name(&self) -> &str {

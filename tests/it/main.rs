@@ -13,6 +13,7 @@ mod controls;
 mod http;
 mod http_branches;
 mod http_cli;
+mod http_commands;
 mod http_debug;
 mod http_script;
 mod k3_property;
