@@ -16,6 +16,9 @@ use crate::execution::fork::fork_state;
 use crate::execution::machine::{Accepted, CommandContext, Machine, Rejection};
 use crate::service::{CommandReply, Service};
 
+/// Decisions of one Fork or Retry while its parent keeps moving (each a fresh read).
+const FORK_DECISIONS_MAX: usize = 4;
+
 impl Service {
     /// B-2..B-5: the session's branches in three sections.
     pub fn activity(&self, session_id: SessionId) -> Result<Activity> {
@@ -52,48 +55,79 @@ impl Service {
         self.env().until_recovered().await;
         // The record lives with the child it created (a transition writes only its own
         // execution's commands), so the parent is part of what the id stands for.
-        let hash = {
+        let with_parent = |payload_hash: [u8; 32]| {
             let mut hasher = blake3::Hasher::new();
-            hasher.update(&command.payload_hash());
+            hasher.update(&payload_hash);
             hasher.update(parent_id.as_bytes());
             *hasher.finalize().as_bytes()
         };
+        let hash = with_parent(command.payload_hash());
         if let Some(stored) = store.command(command.command_id)? {
-            if stored.payload_hash != hash {
+            // Stored by a build before schema 6, its hash is one of that build's (K-4).
+            let legacy = || {
+                command
+                    .legacy_payload_hashes()
+                    .into_iter()
+                    .any(|legacy| with_parent(legacy) == stored.payload_hash)
+            };
+            if stored.payload_hash != hash && !legacy() {
                 return Err(Error::CommandConflict {
                     stored: Box::new(stored),
                 });
             }
             return Ok(CommandReply::of(&stored));
         }
-        // Read after recovery: its claims may have moved the original. The state decided on
-        // is the one at this head's version: a live parent may move on, its child does not.
-        let (parent, machine) = self.env().latest_state(parent_id, false)?;
-        if parent.session_id != session_id {
-            return Err(Error::NotFound);
-        }
-        let context = CommandContext {
-            version: parent.version,
-            revision: self.env().revision,
-            busy: false,
-        };
         let record = CommandRecord {
             payload_hash: hash,
             ..command.accepted_record(parent_id)
         };
-        let Command {
-            command_id,
-            expected_version,
-            body,
-        } = command;
-        let checkpoint = match machine.decide_command(command_id, body, expected_version, &context)
-        {
-            Ok(Accepted::Fork { checkpoint_seq }) => Some(checkpoint_seq),
-            Ok(Accepted::Retry) => None,
-            Ok(Accepted::Control { .. }) => {
-                return Err(Error::Internal("a fork decided as a control".into()))
+        // Read after recovery: its claims may have moved the original. The state decided on
+        // is the one at this head's version: a live parent may move on, its child does not;
+        // a refusal is stored only if the parent is still at that version, else decided again.
+        let mut decided = None;
+        for _ in 0..FORK_DECISIONS_MAX {
+            let (parent, machine) = self.env().latest_state(parent_id, false)?;
+            if parent.session_id != session_id {
+                return Err(Error::NotFound);
             }
-            Err(rejection) => return self.refuse_fork(record, &rejection, parent.version).await,
+            let context = CommandContext {
+                version: parent.version,
+                revision: self.env().revision,
+                busy: false,
+            };
+            let body = command.body.clone();
+            match machine.decide_command(
+                command.command_id,
+                body,
+                command.expected_version,
+                &context,
+            ) {
+                Ok(Accepted::Fork { checkpoint_seq }) => {
+                    decided = Some((parent, Some(checkpoint_seq)));
+                    break;
+                }
+                Ok(Accepted::Retry) => {
+                    decided = Some((parent, None));
+                    break;
+                }
+                Ok(Accepted::Control { .. }) => {
+                    return Err(Error::Internal("a fork decided as a control".into()))
+                }
+                Err(rejection) => {
+                    match self
+                        .refuse_fork(record.clone(), &rejection, parent.version)
+                        .await
+                    {
+                        Err(Error::VersionConflict { .. }) => continue,
+                        refused => return refused,
+                    }
+                }
+            }
+        }
+        let Some((parent, checkpoint)) = decided else {
+            return Err(Error::Unavailable(
+                "the execution kept moving while a fork or retry was decided".into(),
+            ));
         };
         let start = self.child_start(&parent, checkpoint)?;
         let retry = checkpoint.is_none();
@@ -200,12 +234,8 @@ impl Service {
             ..record
         };
         let hash = record.payload_hash;
-        match self
-            .env()
-            .store
-            .submit(Transition::rejection(record.clone()))
-            .await?
-        {
+        let rejection_write = Transition::rejection(record.clone(), version, None);
+        match self.env().store.submit(rejection_write).await? {
             Outcome::Recorded { .. } => Ok(CommandReply::of(&record)),
             Outcome::DuplicateCommand { stored } => Ok(CommandReply::of(&stored)),
             // A concurrent delivery of the same command made the child first (its record
@@ -216,6 +246,7 @@ impl Service {
             Outcome::CommandConflict { stored } => Err(Error::CommandConflict {
                 stored: Box::new(stored),
             }),
+            Outcome::VersionConflict { current } => Err(Error::VersionConflict { current }),
             other => Err(Error::Internal(format!("recording a refusal: {other:?}"))),
         }
     }

@@ -372,6 +372,93 @@ impl Command {
         *blake3::hash(text.as_bytes()).as_bytes()
     }
 
+    /// K-4: whether `stored` is this command's payload hash: the one `payload_hash` gives,
+    /// or one a build before schema 6 gave the same command (a retry across the upgrade of
+    /// a command stored then gets its stored outcome, not a conflict).
+    pub fn matches_payload(&self, stored: &[u8; 32]) -> bool {
+        self.payload_hash() == *stored || self.legacy_payload_hashes().contains(stored)
+    }
+
+    /// The payload hashes builds before schema 6 gave this command: they hashed the request
+    /// as sent (`kind`, `text` and `expected_version` always, null when absent; then each
+    /// other field sent, as a string), so a default left out and one spelled out hashed
+    /// apart: every way of sending it is a candidate.
+    pub fn legacy_payload_hashes(&self) -> Vec<[u8; 32]> {
+        let id = |id: &dyn std::fmt::Display| Some(id.to_string());
+        let either = |text: &str| -> Vec<Option<String>> {
+            if text.is_empty() {
+                vec![None, Some(String::new())]
+            } else {
+                vec![Some(text.to_owned())]
+            }
+        };
+        let wait_id = |wait: &WaitRef| match wait {
+            WaitRef::Pending => None,
+            WaitRef::Id(wait_id) => id(wait_id),
+        };
+        // (text, [(field, value)]) for each way of sending it.
+        type Sent = (Option<String>, Vec<(&'static str, Option<String>)>);
+        let mut sent: Vec<Sent> = Vec::new();
+        match &self.body {
+            CommandBody::Pause
+            | CommandBody::Continue
+            | CommandBody::Step
+            | CommandBody::Cancel
+            | CommandBody::Retry => sent.push((None, Vec::new())),
+            CommandBody::Steer { text } => sent.push((Some(text.clone()), Vec::new())),
+            CommandBody::Fork { checkpoint } => sent.push((
+                None,
+                vec![("checkpoint", checkpoint.map(|seq| seq.to_string()))],
+            )),
+            CommandBody::Answer {
+                wait,
+                answer,
+                scope,
+            } => {
+                let scopes = match scope {
+                    AnswerScope::Operation => vec![None, Some("operation".to_owned())],
+                    AnswerScope::Discussion => vec![Some("discussion".to_owned())],
+                };
+                for answer in either(answer) {
+                    for scope in &scopes {
+                        sent.push((
+                            None,
+                            vec![
+                                ("wait_id", wait_id(wait)),
+                                ("answer", answer.clone()),
+                                ("scope", scope.clone()),
+                            ],
+                        ));
+                    }
+                }
+            }
+            CommandBody::Decline { wait } => sent.push((None, vec![("wait_id", wait_id(wait))])),
+            CommandBody::Reconcile { outcome, text, .. } => {
+                for text in either(text) {
+                    sent.push((text, vec![("outcome", Some(outcome.as_str().to_owned()))]));
+                }
+            }
+            CommandBody::StopProcess { process_id } => {
+                sent.push((None, vec![("process_id", id(process_id))]))
+            }
+        }
+        sent.into_iter()
+            .map(|(text, fields)| {
+                let mut canonical = json!({
+                    "kind": self.kind().as_str(),
+                    "text": text,
+                    "expected_version": self.expected_version,
+                });
+                for (name, value) in fields {
+                    if let Some(value) = value {
+                        canonical[name] = json!(value);
+                    }
+                }
+                *blake3::hash(canonical.to_string().as_bytes()).as_bytes()
+            })
+            .collect()
+    }
+
     /// Reads a command body (SPEC §6). A field the kind does not take is `unknown_field`; a
     /// kind the contract names but this build does not run is `unsupported_kind`; any other
     /// kind is `unknown_kind`; a missing or malformed argument is `invalid_request`.
@@ -568,6 +655,66 @@ mod tests {
             "invalid_request",
             "an answer is pinned to a wait or a version"
         );
+    }
+
+    /// K-4 across the schema-6 upgrade: a command stored by an earlier build (whose hash is
+    /// computed here as that build did, `payload_hash_of` of 220bd22) matches the same
+    /// command sent again; another command does not.
+    #[test]
+    fn k4_a_command_stored_before_schema_6_matches_its_retry() {
+        fn old_hash(
+            kind: &str,
+            text: Option<&str>,
+            version: Option<u64>,
+            fields: &[(&str, Option<String>)],
+        ) -> [u8; 32] {
+            let mut canonical = json!({"kind": kind, "text": text, "expected_version": version});
+            for (name, value) in fields {
+                if let Some(value) = value {
+                    canonical[*name] = json!(value);
+                }
+            }
+            *blake3::hash(canonical.to_string().as_bytes()).as_bytes()
+        }
+        let wait_id = WaitId::new();
+        let answer = Command::from_json(&json!({
+            "command_id": CommandId::new(), "kind": "answer", "wait_id": wait_id
+        }))
+        .expect("answer");
+        let stored = old_hash(
+            "answer",
+            None,
+            None,
+            &[("wait_id", Some(wait_id.to_string()))],
+        );
+        assert!(answer.matches_payload(&stored));
+        let spelled = old_hash(
+            "answer",
+            None,
+            None,
+            &[
+                ("wait_id", Some(wait_id.to_string())),
+                ("answer", Some(String::new())),
+                ("scope", Some("operation".into())),
+            ],
+        );
+        assert!(answer.matches_payload(&spelled));
+        let pause = Command::new(CommandBody::Pause).expecting(4);
+        assert!(pause.matches_payload(&old_hash("pause", None, Some(4), &[])));
+        assert!(!pause.matches_payload(&old_hash("pause", None, Some(5), &[])));
+        assert!(!pause.matches_payload(&old_hash("continue", None, Some(4), &[])));
+        let reconcile = Command::new(CommandBody::Reconcile {
+            effect: EffectRef::Id(EffectId::new()),
+            outcome: ReconcileOutcome::Confirmed,
+            text: "out".into(),
+        });
+        let protocol = old_hash(
+            "reconcile",
+            Some("out"),
+            None,
+            &[("outcome", Some("confirmed".into()))],
+        );
+        assert!(reconcile.matches_payload(&protocol));
     }
 
     /// K-4: every command reads back from the body it writes, and the payload hash

@@ -137,6 +137,7 @@ pub fn ctl(target: &Target, control: &Control, as_json: bool) -> Result<String, 
         }
     }
     let command = openprogram_actors::command::Command::from_json(&body).map_err(|error| {
+        // The body's field names, as this command's flags.
         let flag = |field: &str| match field {
             "wait_id" => "--wait".to_owned(),
             "process_id" => "--process".to_owned(),
@@ -148,7 +149,23 @@ pub fn ctl(target: &Target, control: &Control, as_json: bool) -> Result<String, 
                 control.kind.replace('_', "-"),
                 flag(field)
             )),
-            _ => Failure::Usage(format!("{} ({})", error, error.code())),
+            _ => {
+                let mut message = format!("{} ({})", error, error.code());
+                for field in [
+                    "wait_id",
+                    "process_id",
+                    "expected_version",
+                    "text",
+                    "outcome",
+                    "answer",
+                    "scope",
+                    "checkpoint",
+                    "command_id",
+                ] {
+                    message = message.replace(&format!("`{field}`"), &format!("`{}`", flag(field)));
+                }
+                Failure::Usage(message)
+            }
         }
     })?;
     let body = command.to_json();

@@ -324,6 +324,11 @@ impl Committer {
         answer: usize,
     ) -> Result<Outcome> {
         let rejection = transition.is_rejection();
+        let transition_checks = (
+            transition.execution_id,
+            transition.expected_version,
+            transition.writer_epoch,
+        );
         let Transition {
             execution_id,
             expected_version,
@@ -375,7 +380,7 @@ impl Committer {
         }
 
         if rejection {
-            return self.record_rejection(group, batch, execution_id, upserts);
+            return self.record_rejection(group, batch, transition_checks, upserts);
         }
 
         // The head itself is copied only for a transition that brings none (most bring one).
@@ -539,15 +544,32 @@ impl Committer {
         &self,
         group: &mut Group,
         batch: &mut sled::Batch,
-        execution_id: ExecutionId,
+        (execution_id, expected_version, writer_epoch): (ExecutionId, Option<u64>, Option<u64>),
         upserts: Vec<Upsert>,
     ) -> Result<Outcome> {
-        let version = self.with_head(group, execution_id, |head, _| head.version)?;
-        let Some(version) = version else {
+        let current = self.with_head(group, execution_id, |head, _| {
+            (head.version, head.fencing_epoch)
+        })?;
+        let Some((version, current_epoch)) = current else {
             return Err(Error::UnknownExecution(execution_id));
         };
+        if writer_epoch.is_some_and(|epoch| epoch < current_epoch) {
+            return Ok(Outcome::Fenced { current_epoch });
+        }
+        if expected_version.is_some_and(|expected| expected != version) {
+            return Ok(Outcome::VersionConflict { current: version });
+        }
         for upsert in upserts {
             if let Upsert::Command(record) = upsert {
+                // A command saved before (accepted, its decision pending) is decided by an
+                // event of its execution, through the overlay like its acceptance was: a
+                // record here could be hidden by, or written over with, the overlay's.
+                if let Some(stored) = self.command(group, record.command_id)? {
+                    return Err(Error::InvalidTransition(format!(
+                        "command {} was saved {:?}: a rejection alone is for a new command",
+                        stored.command_id, stored.status
+                    )));
+                }
                 let key = keys::command(record.command_id);
                 let value = RecordValue::Command(record);
                 batch.insert(&key[..], crate::codec::encode(&value));

@@ -279,9 +279,13 @@ impl Store {
                     key: keys::display(&key),
                 }),
                 // A rejection's record written by the group being committed is not
-                // durable yet: absent until it is.
-                None if self.shared().is_record_in_flight(&key) => Ok(None),
-                None => self.shared().record_on_disk(&key),
+                // durable yet: absent until it is. Disk first, then the in-flight set (which
+                // holds the key from before the batch is applied until after the fsync), so a
+                // record read from disk is checked against the set as it is afterwards.
+                None => {
+                    let found = self.shared().record_on_disk(&key)?;
+                    Ok(found.filter(|_| !self.shared().is_record_in_flight(&key)))
+                }
             },
         )
     }

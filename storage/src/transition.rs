@@ -64,12 +64,16 @@ impl Transition {
     /// K-1, K-4: saves a command `Rejected` and nothing else. The execution's head, version,
     /// events and capabilities stay exactly as they were; only the command record is written
     /// (checked for K-4 like any command upsert), so a retried id gets the same answer and a
-    /// stale client changes nothing for the others. Answered `Recorded`.
-    pub fn rejection(record: CommandRecord) -> Self {
+    /// stale client changes nothing for the others. Answered `Recorded`. Only for a command
+    /// with no record yet. The refusal was decided against the execution at `version` (and
+    /// by the attempt of `epoch`, if any): decided against anything older, it is
+    /// `VersionConflict` or `Fenced` and nothing is written, so a stale owner never stores a
+    /// refusal the current one would not make.
+    pub fn rejection(record: CommandRecord, version: u64, epoch: Option<u64>) -> Self {
         Self {
             execution_id: record.execution_id,
-            expected_version: None,
-            writer_epoch: None,
+            expected_version: Some(version),
+            writer_epoch: epoch,
             head: None,
             events: Vec::new(),
             upserts: vec![Upsert::Command(record)],
@@ -80,8 +84,7 @@ impl Transition {
     pub(crate) fn is_rejection(&self) -> bool {
         self.events.is_empty()
             && self.head.is_none()
-            && self.expected_version.is_none()
-            && self.writer_epoch.is_none()
+            && self.expected_version.is_some()
             && matches!(
                 self.upserts.as_slice(),
                 [Upsert::Command(record)] if record.status == crate::records::CommandStatus::Rejected

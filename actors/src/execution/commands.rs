@@ -153,10 +153,25 @@ impl ExecutionActor {
                     .map(move |outcome, _, _| stored_outcome(outcome, record)),
             );
         }
-        let submitted = self.env.store.submit(Transition::rejection(record.clone()));
+        // Checked against what it was decided on: a stale owner stores no refusal (A-1, K-6).
+        let rejection = Transition::rejection(record.clone(), self.head.version, self.epoch);
+        let submitted = self.env.store.submit(rejection);
         Box::pin(
-            fut::wrap_future::<_, Self>(submitted)
-                .map(move |outcome, _, _| stored_outcome(outcome.map_err(Error::from), record)),
+            fut::wrap_future::<_, Self>(submitted).map(move |outcome, act, ctx| match outcome {
+                // As for any write: another writer moved the execution or fenced this attempt.
+                // This actor stops; the service delivers the command to the current owner.
+                Ok(Outcome::Fenced { current_epoch }) => {
+                    tracing::warn!(execution_id = %act.execution_id, current_epoch, "attempt fenced; stopping");
+                    act.release(ctx);
+                    Err(Error::Fenced { current_epoch })
+                }
+                Ok(Outcome::VersionConflict { current }) => {
+                    tracing::warn!(execution_id = %act.execution_id, current, "another writer moved the execution; stopping");
+                    act.release(ctx);
+                    Err(Error::VersionConflict { current })
+                }
+                outcome => stored_outcome(outcome.map_err(Error::from), record),
+            }),
         )
     }
 }
@@ -225,7 +240,7 @@ impl ExecutionActor {
                     .map(parked_after),
             ),
             Some(stored)
-                if stored.payload_hash != accepted.payload_hash
+                if !command.matches_payload(&stored.payload_hash)
                     || stored.execution_id != accepted.execution_id =>
             {
                 let conflict = Err(Error::CommandConflict {
@@ -240,6 +255,11 @@ impl ExecutionActor {
                 let command = Command {
                     expected_version: None,
                     ..command
+                };
+                // Saved by an earlier build, its hash may be that build's: keep it.
+                let accepted = CommandRecord {
+                    payload_hash: stored.payload_hash,
+                    ..accepted
                 };
                 Box::pin(
                     self.decide_command(accepted, command, Saved::Already)

@@ -4,10 +4,11 @@
 //! machine (`machine.rs`); the rules of waits and processes are in `machine_waits.rs`,
 //! reconciliation in `machine_restart.rs`, fork points in `fork.rs`.
 //!
-//! Invariant (K-3): `decide_command` refuses every kind outside `capabilities` first, and a
-//! kind inside them is refused only for its arguments (a wait, process, effect or
-//! checkpoint it names) or a stale version. The property test `k3_capabilities_are_exactly_
-//! what_is_accepted` (tests/it) checks it in every reachable state.
+//! Invariant (K-3, K-4): `decide_command` refuses a stale version first (whatever the kind),
+//! then every kind outside `capabilities`; a kind inside them sent at the current version is
+//! refused only for its arguments (a wait, process, effect or checkpoint it names). The
+//! property test `k3_capabilities_are_exactly_what_is_accepted_and_a_rejection_changes_
+//! nothing` (tests/it/k3_property.rs) and the machine simulation check it.
 
 use openprogram_storage::{CommandId, Control, Event, ExecutionState as Status};
 
@@ -64,7 +65,9 @@ impl Machine {
             Status::Running => vec![Pause, Steer, Cancel],
             // Expiry keeps everything for a manual Continue.
             Status::Paused | Status::Expired => vec![Continue, Step, Steer, Cancel],
-            Status::ReconciliationRequired => vec![Reconcile, Cancel],
+            // Reconcile resolves the effect awaiting it: none, nothing to reconcile.
+            Status::ReconciliationRequired if self.unresolved.is_some() => vec![Reconcile, Cancel],
+            Status::ReconciliationRequired => vec![Cancel],
             Status::Waiting => vec![Answer, Decline, Steer, Cancel],
             Status::Cancelling | Status::Cancelled | Status::Completed | Status::Failed => {
                 Vec::new()

@@ -180,7 +180,11 @@ async fn k4_a_rejection_changes_nothing_of_its_execution() {
             ..accepted(command_id, a, 5)
         };
         let outcome = store
-            .submit(Transition::rejection(rejected.clone()))
+            .submit(Transition::rejection(
+                rejected.clone(),
+                head_before.version,
+                None,
+            ))
             .await
             .expect("reject");
         assert_eq!(
@@ -211,7 +215,7 @@ async fn k4_a_rejection_changes_nothing_of_its_execution() {
         Some(rejected.clone())
     );
     let retry = store
-        .submit(Transition::rejection(rejected.clone()))
+        .submit(Transition::rejection(rejected.clone(), 1, None))
         .await
         .expect("retry");
     assert_eq!(
@@ -225,7 +229,7 @@ async fn k4_a_rejection_changes_nothing_of_its_execution() {
         ..rejected.clone()
     };
     match store
-        .submit(Transition::rejection(other))
+        .submit(Transition::rejection(other, 1, None))
         .await
         .expect("other payload")
     {
@@ -240,23 +244,72 @@ async fn k4_a_rejection_changes_nothing_of_its_execution() {
         ..rejected.clone()
     };
     assert!(store
-        .submit(Transition::rejection(unknown.clone()))
+        .submit(Transition::rejection(unknown.clone(), 1, None))
         .await
         .is_err());
     assert_eq!(store.command(unknown.command_id).expect("read"), None);
 }
 
-/// Only a rejection may come without events: an accepted command alone is refused.
+/// Only a rejection may come without events, and only for a command with no record yet;
+/// one decided against an older version or by a fenced attempt writes nothing.
 #[tokio::test]
-async fn s2_a_transition_without_events_is_only_a_rejection() {
+async fn s2_a_rejection_alone_is_checked_like_any_transition() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path()).expect("open");
     let a = create(&store).await;
-    let mut transition = Transition::rejection(accepted(CommandId::new(), a, 1));
-    assert!(store.submit(transition.clone()).await.is_err(), "accepted");
-    transition.expected_version = Some(1);
-    if let Some(Upsert::Command(record)) = transition.upserts.first_mut() {
-        record.status = CommandStatus::Rejected;
-    }
-    assert!(store.submit(transition).await.is_err(), "version-checked");
+    let mut accepted_alone = Transition::rejection(accepted(CommandId::new(), a, 1), 1, None);
+    accepted_alone.expected_version = Some(1);
+    assert!(
+        store.submit(accepted_alone).await.is_err(),
+        "accepted, no event"
+    );
+    let rejected = |command_id| CommandRecord {
+        status: CommandStatus::Rejected,
+        reason: Some("no".into()),
+        ..accepted(command_id, a, 2)
+    };
+    let stale = rejected(CommandId::new());
+    assert_eq!(
+        store
+            .submit(Transition::rejection(stale.clone(), 7, None))
+            .await
+            .expect("stale"),
+        Outcome::VersionConflict { current: 1 }
+    );
+    assert_eq!(store.command(stale.command_id).expect("read"), None);
+    // An attempt of epoch 3 claims it; a refusal decided by epoch 2 is fenced.
+    committed(
+        store
+            .submit(Transition::new(a, vec![decided("claim")]).by_epoch(3))
+            .await
+            .expect("claim"),
+    );
+    let fenced = rejected(CommandId::new());
+    assert_eq!(
+        store
+            .submit(Transition::rejection(fenced.clone(), 2, Some(2)))
+            .await
+            .expect("fenced"),
+        Outcome::Fenced { current_epoch: 3 }
+    );
+    assert_eq!(store.command(fenced.command_id).expect("read"), None);
+    // A command saved accepted is decided by an event, never by a record alone.
+    let saved = CommandId::new();
+    committed(
+        store
+            .submit(accept(accepted(saved, a, 2)))
+            .await
+            .expect("accept"),
+    );
+    assert!(store
+        .submit(Transition::rejection(rejected(saved), 3, None))
+        .await
+        .is_err());
+    assert_eq!(
+        store
+            .command(saved)
+            .expect("read")
+            .map(|stored| stored.status),
+        Some(CommandStatus::Accepted)
+    );
 }
