@@ -70,6 +70,11 @@ impl CommandKind {
         }
     }
 
+    /// Whether this build runs it: the others are refused as `unsupported_kind`.
+    pub fn is_built(self) -> bool {
+        !matches!(self, CommandKind::SetPolicy)
+    }
+
     pub fn parse(kind: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|known| known.as_str() == kind)
     }

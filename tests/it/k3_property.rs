@@ -6,7 +6,8 @@
 //! what SPEC's control table says. States are built through the library on a real store,
 //! with restarts (the runtime halted and the store reopened) between steps, chosen by a
 //! seeded generator: `K3_SEED=N` replays a run, `K3_CASES=N` runs N rounds over every state
-//! (default 1). A state or a control is one line in `STATES` or `KINDS`.
+//! (default 1). A state is one line in `STATES`; a control kind is checked as soon as
+//! `CommandKind` has it.
 //!
 //! `cancelling` is not here: in the runtime it lasts only until the effect in flight is
 //! aborted (immediately). The machine-level property (`machine_sim.rs`, R10) checks (a) in
@@ -28,21 +29,14 @@ use serde_json::{json, Value};
 
 use crate::support::*;
 
-/// Every control kind the runtime runs (`set_policy` is refused as `unsupported_kind`
-/// before any state is looked at: `command.rs`).
-const KINDS: [CommandKind; 11] = [
-    CommandKind::Pause,
-    CommandKind::Continue,
-    CommandKind::Step,
-    CommandKind::Steer,
-    CommandKind::Cancel,
-    CommandKind::Fork,
-    CommandKind::Retry,
-    CommandKind::Answer,
-    CommandKind::Decline,
-    CommandKind::Reconcile,
-    CommandKind::StopProcess,
-];
+/// Every control kind the runtime runs: a kind added to `CommandKind` is checked here as soon
+/// as it is built.
+fn kinds() -> Vec<CommandKind> {
+    CommandKind::ALL
+        .into_iter()
+        .filter(|kind| kind.is_built())
+        .collect()
+}
 
 /// A state, and how to bring a new execution into it.
 type Build = for<'a> fn(&'a mut World) -> BoxFuture<'a, ExecutionId>;
@@ -237,7 +231,7 @@ impl World {
         let execution = build(self).await;
         let before = self.snapshot(execution).await;
         let n_events = self.events(execution).len();
-        let offered: Vec<CommandKind> = KINDS
+        let offered: Vec<CommandKind> = kinds()
             .into_iter()
             .filter(|kind| before.capabilities.contains(&kind.as_str()))
             .collect();
@@ -248,7 +242,7 @@ impl World {
             before.capabilities
         );
         // K-4: a stale version is refused, whatever the kind, and changes nothing.
-        let mut kinds = KINDS.to_vec();
+        let mut kinds = kinds();
         kinds.shuffle(&mut self.rng);
         let stale = kinds[0];
         let mut body = self.body(stale, &before);

@@ -305,39 +305,51 @@ impl ExecutionActor {
     ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
         let (transition, head) = self.prepare(events, upserts, &decision);
         let submitted = self.env.store.submit(transition);
-        Box::pin(fut::wrap_future::<_, Self>(submitted).map(move |outcome, act, ctx| match outcome {
-            Ok(Outcome::Committed(mut committed)) => {
-                act.head = head;
-                act.head.version = committed.version;
-                act.head.last_seq = *committed.seqs.end();
-                act.head.last_activity_ms = committed.at_ms;
-                if let Some(epoch) = act.epoch {
-                    act.head.fencing_epoch = epoch;
+        Box::pin(fut::wrap_future::<_, Self>(submitted).map(
+            move |outcome, act, ctx| match outcome {
+                Ok(Outcome::Committed(mut committed)) => {
+                    act.head = head;
+                    act.head.version = committed.version;
+                    act.head.last_seq = *committed.seqs.end();
+                    act.head.last_activity_ms = committed.at_ms;
+                    if let Some(epoch) = act.epoch {
+                        act.head.fencing_epoch = epoch;
+                    }
+                    let mut actions = Vec::new();
+                    let mut steps = 0;
+                    for envelope in std::mem::take(&mut committed.events) {
+                        let event = &envelope.event;
+                        steps += u64::from(matches!(
+                            event,
+                            Event::ModelDecided { .. } | Event::ToolFinished { .. }
+                        ));
+                        act.machine
+                            .apply_decided(event, envelope.seq, &mut actions, &mut decision);
+                    }
+                    act.env
+                        .steps
+                        .fetch_add(steps, std::sync::atomic::Ordering::Relaxed);
+                    act.perform(actions, ctx);
+                    Ok(Outcome::Committed(committed))
                 }
-                let mut actions = Vec::new();
-                let mut steps = 0;
-                for envelope in std::mem::take(&mut committed.events) {
-                    let event = &envelope.event;
-                    steps += u64::from(matches!(event, Event::ModelDecided { .. } | Event::ToolFinished { .. }));
-                    act.machine.apply_decided(event, envelope.seq, &mut actions, &mut decision);
+                Ok(Outcome::Fenced { current_epoch }) => {
+                    Err(act.stop_outdated(Error::Fenced { current_epoch }, ctx))
                 }
-                act.env.steps.fetch_add(steps, std::sync::atomic::Ordering::Relaxed);
-                act.perform(actions, ctx);
-                Ok(Outcome::Committed(committed))
-            }
-            Ok(Outcome::Fenced { current_epoch }) => {
-                tracing::warn!(execution_id = %act.execution_id, current_epoch, "attempt fenced; stopping");
-                act.release(ctx);
-                Err(Error::Fenced { current_epoch })
-            }
-            Ok(Outcome::VersionConflict { current }) => {
-                tracing::warn!(execution_id = %act.execution_id, current, "another writer moved the execution; stopping");
-                act.release(ctx);
-                Err(Error::VersionConflict { current })
-            }
-            Ok(other) => Ok(other),
-            Err(error) => Err(Error::Storage(error)),
-        }))
+                Ok(Outcome::VersionConflict { current }) => {
+                    Err(act.stop_outdated(Error::VersionConflict { current }, ctx))
+                }
+                Ok(other) => Ok(other),
+                Err(error) => Err(Error::Storage(error)),
+            },
+        ))
+    }
+
+    /// A write refused because a newer attempt fenced this one or another writer moved the
+    /// execution: this actor stops, and its caller gets `error`.
+    pub(super) fn stop_outdated(&mut self, error: Error, ctx: &mut Context<Self>) -> Error {
+        tracing::warn!(execution_id = %self.execution_id, %error, "outdated; stopping");
+        self.release(ctx);
+        error
     }
 
     /// `submit` for transitions that carry no command: anything but a commit is an error.

@@ -156,23 +156,18 @@ impl ExecutionActor {
         // Checked against what it was decided on: a stale owner stores no refusal (A-1, K-6).
         let rejection = Transition::rejection(record.clone(), self.head.version, self.epoch);
         let submitted = self.env.store.submit(rejection);
-        Box::pin(
-            fut::wrap_future::<_, Self>(submitted).map(move |outcome, act, ctx| match outcome {
-                // As for any write: another writer moved the execution or fenced this attempt.
-                // This actor stops; the service delivers the command to the current owner.
+        Box::pin(fut::wrap_future::<_, Self>(submitted).map(
+            move |outcome, act, ctx| match outcome {
+                // As for any write: the service delivers the command to the current owner.
                 Ok(Outcome::Fenced { current_epoch }) => {
-                    tracing::warn!(execution_id = %act.execution_id, current_epoch, "attempt fenced; stopping");
-                    act.release(ctx);
-                    Err(Error::Fenced { current_epoch })
+                    Err(act.stop_outdated(Error::Fenced { current_epoch }, ctx))
                 }
                 Ok(Outcome::VersionConflict { current }) => {
-                    tracing::warn!(execution_id = %act.execution_id, current, "another writer moved the execution; stopping");
-                    act.release(ctx);
-                    Err(Error::VersionConflict { current })
+                    Err(act.stop_outdated(Error::VersionConflict { current }, ctx))
                 }
                 outcome => stored_outcome(outcome.map_err(Error::from), record),
-            }),
-        )
+            },
+        ))
     }
 }
 
