@@ -66,6 +66,7 @@ pub struct RuntimeBuilder {
     clock: Option<Arc<dyn Clock>>,
     shutdown_timeout: Option<Duration>,
     process_stop_grace: Option<Duration>,
+    accept_loss: bool,
 }
 
 /// How long an attempt keeps its lease without a heartbeat, unless configured.
@@ -142,13 +143,28 @@ impl RuntimeBuilder {
         self
     }
 
+    /// S-7: open a store that lost acknowledged history (a damaged or truncated file) and
+    /// keep what remains, instead of refusing it (`acknowledged_lost`). `Runtime::salvage`
+    /// then says what was lost. An operator's explicit choice; never needed for a healthy
+    /// store.
+    pub fn accept_loss(mut self, accept: bool) -> Self {
+        self.accept_loss = accept;
+        self
+    }
+
     /// Opens the store, starts the actor system and the supervisor, and begins startup
     /// recovery in the background (`Runtime::recovery` waits for its report).
     pub fn open(self) -> Result<Runtime> {
         let data_dir = self
             .data_dir
             .ok_or_else(|| Error::InvalidRequest("the runtime needs a data_dir".into()))?;
-        let store = Store::open_with(&data_dir, self.limits)?;
+        let (store, salvage) = match self.accept_loss {
+            true => {
+                let (store, report) = Store::open_salvaging(&data_dir, self.limits)?;
+                (store, Some(report))
+            }
+            false => (Store::open_with(&data_dir, self.limits)?, None),
+        };
         let owner = store.incarnation().owner_id;
         let system = ActorSystem::start("openprogram")?;
         let mut env = Env::new(
@@ -192,6 +208,7 @@ impl RuntimeBuilder {
                 supervisor,
                 recovered,
                 shutdown_timeout: self.shutdown_timeout.unwrap_or(SHUTDOWN_TIMEOUT_DEFAULT),
+                salvage,
             }),
         })
     }
@@ -209,6 +226,8 @@ struct Inner {
     supervisor: actix::Addr<Supervisor>,
     recovered: futures::future::Shared<futures::future::BoxFuture<'static, Result<RecoveryReport>>>,
     shutdown_timeout: Duration,
+    /// What an open with `accept_loss` found.
+    salvage: Option<openprogram_storage::SalvageReport>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -306,6 +325,11 @@ impl Runtime {
         self.inner
             .service
             .events(session, execution, after, usize::MAX)
+    }
+
+    /// S-7: what the open found lost, when it was opened with `accept_loss`.
+    pub fn salvage(&self) -> Option<&openprogram_storage::SalvageReport> {
+        self.inner.salvage.as_ref()
     }
 
     /// The report of startup recovery, once it is done.

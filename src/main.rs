@@ -83,6 +83,10 @@ enum Command {
         /// Seed sample sessions into an empty store (once).
         #[arg(long)]
         demo: bool,
+        /// Open a store that lost acknowledged history (a damaged or truncated file) and keep
+        /// what remains; prints what was lost (JSON, stderr) before serving (S-7).
+        #[arg(long)]
+        accept_loss: bool,
     },
     /// Send a control to an execution over HTTP.
     Ctl {
@@ -245,6 +249,7 @@ fn main() -> ExitCode {
             listen,
             token,
             demo,
+            accept_loss,
         } => {
             let runtime = match tokio_runtime() {
                 Ok(runtime) => runtime,
@@ -256,6 +261,7 @@ fn main() -> ExitCode {
                 listen,
                 token: token.or_else(|| std::env::var("OPENPROGRAM_TOKEN").ok()),
                 demo,
+                accept_loss,
             };
             match runtime.block_on(serve::run(options)) {
                 Ok(()) => ExitCode::SUCCESS,

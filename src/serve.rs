@@ -25,6 +25,8 @@ pub struct ServeOptions {
     pub token: Option<String>,
     /// Seed sample sessions into an empty store (once).
     pub demo: bool,
+    /// S-7: open a store that lost acknowledged history, listing what was lost first.
+    pub accept_loss: bool,
 }
 
 /// The shortest admin token `serve` accepts from its operator.
@@ -53,7 +55,15 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     let runtime = Runtime::builder()
         .data_dir(&options.data)
         .restart_window(options.restart_window)
+        .accept_loss(options.accept_loss)
         .open()?;
+    if let Some(salvage) = runtime.salvage() {
+        // Listed before anything is served (S-7).
+        eprintln!(
+            "openprogram: opened to salvage: {}",
+            serde_json::to_string(salvage).unwrap_or_else(|error| error.to_string())
+        );
+    }
     let io = |what: &str, error: std::io::Error| Error::Unavailable(format!("{what}: {error}"));
     let (admin_token, token_source) = auth::admin_token(&options.data, options.token.clone())
         .map_err(|e| io("admin token", e))?;

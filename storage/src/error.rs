@@ -52,6 +52,25 @@ pub enum Error {
     /// The store was closed.
     #[error("the store is closed")]
     Closed,
+    /// S-7: the store's log ends before a position it acknowledged: a damaged or truncated
+    /// file lost acknowledged history. Nothing is served; `--accept-loss` salvages.
+    #[error(
+        "the store lost acknowledged history: log positions {}..={acknowledged_through} were \
+         acknowledged but the store ends at {present_through} (a damaged or truncated file?). \
+         Nothing was served. To inspect what remains and keep it, open it with --accept-loss \
+         (`Store::open_salvaging`): it lists every execution that lost history",
+        present_through + 1
+    )]
+    AcknowledgedLost {
+        acknowledged_through: u64,
+        present_through: u64,
+    },
+    /// S-7: the file recording what the store acknowledged is damaged.
+    #[error(
+        "the record of what the store acknowledged ({path}) is damaged: the store cannot tell \
+         whether it lost history. Open it with --accept-loss to salvage"
+    )]
+    AcknowledgedUnreadable { path: PathBuf },
 }
 
 impl Error {
@@ -69,6 +88,8 @@ impl Error {
             Error::UnsupportedSchema { .. } => "unsupported_schema",
             Error::FailStop(_) => "fail_stop",
             Error::Closed => "closed",
+            Error::AcknowledgedLost { .. } => "acknowledged_lost",
+            Error::AcknowledgedUnreadable { .. } => "acknowledged_unreadable",
         }
     }
 }

@@ -19,6 +19,7 @@
 //! Architecture invariant: this crate knows nothing of actix, of actors or of HTTP, and its
 //! public API names no sled type.
 
+mod acknowledged;
 pub mod baseline;
 pub mod codec;
 pub mod error;
@@ -39,6 +40,7 @@ pub mod transition;
 pub use error::{Error, Result};
 pub use event::{Event, EventEnvelope};
 pub use ids::*;
+pub use open::SalvageReport;
 pub use records::*;
 pub use store::{EventStore, Incarnation, Limits, MetricsSnapshot, Store};
 pub use transition::{Committed, Outcome, Transition, Upsert};

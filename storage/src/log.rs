@@ -29,6 +29,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use foldhash::{HashMap, HashMapExt};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::acknowledged::Acknowledged;
 use crate::codec::{
     encode_frame_into, inputs_to_blob, Frame, HeadIdentity, LogRecordWriter, RecordValue,
     LOG_RECORD_BYTES_MAX,
@@ -78,11 +79,13 @@ pub(crate) fn run(
     shared: Arc<Shared>,
     mut queue: mpsc::Receiver<Request>,
     data_file: File,
+    acknowledged: Acknowledged,
     ready: std::sync::mpsc::Sender<Result<()>>,
 ) {
     let mut committer = Committer {
         shared,
         data_file,
+        acknowledged,
         synced_sled_blobs: HashSet::new(),
         last_materialization: Instant::now(),
         frame_bytes: Vec::new(),
@@ -126,6 +129,8 @@ pub(crate) fn run(
 struct Committer {
     shared: Arc<Shared>,
     data_file: File,
+    /// S-7: the highest position acknowledged, kept apart from sled's files.
+    acknowledged: Acknowledged,
     /// Files sled wrote under `blobs/` that we have fsynced already.
     synced_sled_blobs: HashSet<OsString>,
     last_materialization: Instant,
@@ -267,7 +272,18 @@ impl Committer {
             self.shared.generation.fetch_add(1, Ordering::AcqRel);
             drop(guard);
         }
-        if let Err(error) = applied.and_then(|()| self.sync()) {
+        // S-7: the group's last position is recorded as acknowledged once it is durable in
+        // sled and before anyone is answered; a group of rejections or ticks adds none.
+        let last_position = group.next_position - 1;
+        let acknowledged =
+            |committer: &mut Self| match last_position > committer.acknowledged.position() {
+                true => committer.acknowledged.write(last_position),
+                false => Ok(()),
+            };
+        if let Err(error) = applied
+            .and_then(|()| self.sync())
+            .and_then(|()| acknowledged(self))
+        {
             let reason = error.to_string();
             self.shared.fail(reason.clone());
             for (reply, _) in answers {

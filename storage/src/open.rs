@@ -229,3 +229,62 @@ pub(crate) fn record_incarnation(db: &sled::Db) -> Result<Incarnation> {
     db.insert(keys::incarnation(number), codec::encode(&incarnation))?;
     Ok(incarnation)
 }
+
+/// S-7: what an open to salvage found (`Store::open_salvaging`): what was acknowledged, what
+/// the store still holds, and the executions it can name that lost history. Executions
+/// created within the lost positions are named by nothing that survived: they are counted
+/// only through `lost_positions`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SalvageReport {
+    /// The highest position acknowledged before, if the record of it was readable.
+    pub acknowledged_through: Option<u64>,
+    /// The highest position the store holds.
+    pub present_through: u64,
+    /// Acknowledged positions the store no longer holds (each an event).
+    pub lost_positions: u64,
+    /// Executions the by-session index names whose head is gone or unreadable.
+    pub lost_executions: Vec<ExecutionId>,
+    /// Executions quarantined (S-4), with the reason: their history is kept, unread.
+    pub quarantined: Vec<(ExecutionId, String)>,
+}
+
+/// Reads what the salvage report needs: every execution the by-session index names (a full
+/// scan: an explicit operator's action, never a normal open) and whether its head is there.
+pub(crate) fn salvage_report(
+    shared: &Shared,
+    acknowledged_through: Option<u64>,
+    present_through: u64,
+) -> Result<SalvageReport> {
+    let mut lost_executions = Vec::new();
+    for item in shared.db.scan_prefix([keys::BY_SESSION]) {
+        let (key, _) = item?;
+        let Some(execution_id) = keys::execution_at(&key, 17) else {
+            continue;
+        };
+        if shared.overlay_read().current(execution_id).is_some() {
+            continue;
+        }
+        match shared.head_record_on_disk(execution_id) {
+            Ok(Some(_)) => {}
+            Ok(None) | Err(Error::Corrupted { .. }) => lost_executions.push(execution_id),
+            Err(error) => return Err(error),
+        }
+    }
+    let quarantined = shared
+        .quarantine
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .map(|(execution_id, reason)| (*execution_id, reason.clone()))
+        .collect();
+    let report = SalvageReport {
+        acknowledged_through,
+        present_through,
+        lost_positions: acknowledged_through
+            .map_or(0, |acked| acked.saturating_sub(present_through)),
+        lost_executions,
+        quarantined,
+    };
+    tracing::warn!(?report, "opened to salvage");
+    Ok(report)
+}

@@ -16,6 +16,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::acknowledged::Acknowledged;
 use crate::codec::{self, DecodedFrame, FrameRef, RecordValue};
 use crate::error::{Error, Result};
 use crate::event::EventEnvelope;
@@ -23,7 +24,9 @@ use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, SessionId, WaitId}
 use crate::keys;
 use crate::log::{self, Request};
 use crate::migrate;
-use crate::open::{load_quarantine, open_sled, record_incarnation, replay};
+use crate::open::{
+    load_quarantine, open_sled, record_incarnation, replay, salvage_report, SalvageReport,
+};
 use crate::overlay::Overlay;
 use crate::records::{
     BlobHash, CommandRecord, ExecutionHead, ExecutionState, ProcessRecord, ReceiptRecord,
@@ -115,13 +118,32 @@ impl Store {
     /// Opens (or creates) the store: takes the lock, runs migrations, replays the log tail
     /// and records a new incarnation. Never scans the whole history (S-6).
     pub fn open_with(path: impl AsRef<Path>, limits: Limits) -> Result<Self> {
-        let path = path.as_ref().to_path_buf();
+        Self::open_checked(path.as_ref(), limits, false).map(|(store, _)| store)
+    }
+
+    /// S-7: opens a store that may have lost acknowledged history (a damaged or truncated
+    /// file), keeping what remains: the report lists what was lost and what can be named of
+    /// it. Later opens check against what this one found. Never needed for a healthy store,
+    /// which `open_with` opens; an operator's explicit choice (`serve --accept-loss`).
+    pub fn open_salvaging(path: impl AsRef<Path>, limits: Limits) -> Result<(Self, SalvageReport)> {
+        Self::open_checked(path.as_ref(), limits, true)
+    }
+
+    fn open_checked(path: &Path, limits: Limits, salvaging: bool) -> Result<(Self, SalvageReport)> {
+        let path = path.to_path_buf();
         limits.validate()?;
         let io_error = |error: std::io::Error| Error::Io {
             path: path.clone(),
             message: error.to_string(),
         };
         std::fs::create_dir_all(&path).map_err(io_error)?;
+        let acknowledged = match Acknowledged::read(&path) {
+            Err(Error::AcknowledgedUnreadable { path: mark }) if salvaging => {
+                tracing::warn!(path = %mark.display(), "the record of what was acknowledged is damaged; salvaging");
+                None
+            }
+            read => read?,
+        };
         let db = open_sled(&path, limits.cache_bytes)?;
         let data_file = File::open(path.join("db")).map_err(io_error)?;
         let mut sync = || {
@@ -152,6 +174,22 @@ impl Store {
             metrics: Metrics::default(),
         });
         replay(&shared)?;
+        // S-7: the log must reach every position acknowledged before: refuse to serve less.
+        let present = shared.durable_position.load(Ordering::Acquire);
+        if let Some(acknowledged_through) = acknowledged.filter(|acked| *acked > present) {
+            if !salvaging {
+                return Err(Error::AcknowledgedLost {
+                    acknowledged_through,
+                    present_through: present,
+                });
+            }
+        }
+        let report = if salvaging {
+            salvage_report(&shared, acknowledged, present)?
+        } else {
+            SalvageReport::default()
+        };
+        let mark = Acknowledged::open(&path, present)?;
         let incarnation = record_incarnation(&shared.db)?;
         shared.db.flush()?;
         sync()?;
@@ -161,7 +199,7 @@ impl Store {
         let (ready, is_ready) = std::sync::mpsc::channel();
         let committer = std::thread::Builder::new()
             .name("openprogram-committer".into())
-            .spawn(move || log::run(committer_shared, queue, data_file, ready))
+            .spawn(move || log::run(committer_shared, queue, data_file, mark, ready))
             .map_err(io_error)?;
         // The replayed tail is materialized before the store takes work (S-6).
         is_ready.recv().map_err(|_| Error::Io {
@@ -170,14 +208,15 @@ impl Store {
         })??;
         spawn_ticker(&sender, &limits).map_err(io_error)?;
         tracing::info!(path = %path.display(), owner = %incarnation.owner_id, number = incarnation.number, "store opened");
-        Ok(Self {
+        let store = Self {
             inner: Arc::new(Inner {
                 shared,
                 sender: Some(sender),
                 committer: Some(committer),
                 incarnation,
             }),
-        })
+        };
+        Ok((store, report))
     }
 
     fn shared(&self) -> &Shared {

@@ -532,3 +532,105 @@ fn q1_load_drives_a_running_server_over_http() {
     assert!(stderr.contains("no execution completed: "), "{stderr}");
     assert!(serve.stop().success());
 }
+
+/// S-7 through the binary: a store whose files lost acknowledged history (sled's files from
+/// before the last run's writes, the record of what was acknowledged from after) is refused
+/// by `serve` with one clear line and exit 1; `--accept-loss` lists what was lost (JSON on
+/// stderr) before it serves, and keeps what remains.
+#[test]
+fn s7_serve_refuses_a_store_that_lost_acknowledged_history_and_accept_loss_salvages_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let older = tempfile::tempdir().expect("tempdir");
+    let admin = "s7-admin-token";
+    let start = |serve: &Serve, session: &str| {
+        let path = format!("/v1/sessions/{session}/executions");
+        let body = json!({"message": "x", "script": [{"reply": "ok"}]}).to_string();
+        let (status, started) = call_raw(&serve.url, "POST", &path, Some(admin), Some(body));
+        assert_eq!(status, 201, "{started}");
+        started["execution_id"].as_str().expect("id").to_owned()
+    };
+    let serve = Serve::start(dir.path(), &["--token", admin]);
+    let (_, session) = call_raw(&serve.url, "POST", "/v1/sessions", Some(admin), None);
+    let session = session["session_id"].as_str().expect("id").to_owned();
+    let kept = start(&serve, &session);
+    assert!(serve.stop().success());
+    let copy = |from: &Path, to: &Path| {
+        let status = Command::new("cp")
+            .args(["-a", &format!("{}/.", from.display())])
+            .arg(to)
+            .status()
+            .expect("cp");
+        assert!(status.success());
+    };
+    copy(dir.path(), older.path());
+    let serve = Serve::start(dir.path(), &["--token", admin]);
+    let lost = start(&serve, &session);
+    assert!(serve.stop().success());
+    std::fs::copy(
+        dir.path().join("acknowledged"),
+        older.path().join("acknowledged"),
+    )
+    .expect("copy");
+
+    let data = older.path().to_str().expect("utf-8 path");
+    let refused = openprogram(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        admin,
+        "--data",
+        data,
+    ]);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("lost acknowledged history") && stderr.contains("--accept-loss"),
+        "{stderr}"
+    );
+    assert!(refused.stdout.is_empty(), "nothing was served: {refused:?}");
+
+    let mut salvaging = Command::new(env!("CARGO_BIN_EXE_openprogram"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--token",
+            admin,
+            "--accept-loss",
+            "--data",
+            data,
+        ])
+        .env_remove("OPENPROGRAM_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut url = String::new();
+    BufReader::new(salvaging.stdout.take().expect("stdout"))
+        .read_line(&mut url)
+        .expect("the listen URL");
+    let url = url.trim().to_owned();
+    let snapshot = |execution: &str| {
+        let path = format!("/v1/sessions/{session}/executions/{execution}");
+        call_raw(&url, "GET", &path, Some(admin), None).0
+    };
+    assert_eq!(snapshot(&kept), 200, "what remains is served");
+    assert_eq!(snapshot(&lost), 404, "created in the lost positions");
+    sigterm(&salvaging);
+    let output = salvaging.wait_with_output().expect("wait");
+    assert!(output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let listed = stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("openprogram: opened to salvage: "))
+        .unwrap_or_else(|| panic!("the salvage report: {stderr}"));
+    let listed: Value = serde_json::from_str(listed).expect("JSON");
+    assert!(
+        listed["lost_positions"].as_u64().is_some_and(|n| n > 0),
+        "{listed}"
+    );
+    // Salvaged, the store opens again without it.
+    let serve = Serve::start(older.path(), &["--token", admin]);
+    assert!(serve.stop().success());
+}

@@ -14,3 +14,4 @@ mod s3_crash;
 mod s4_corruption;
 mod s5_blobs;
 mod s6_startup;
+mod s7_acknowledged;
