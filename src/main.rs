@@ -176,6 +176,10 @@ enum InspectWhat {
 }
 
 fn main() -> ExitCode {
+    // RELIABILITY.md's durable boundaries: `OP_FAILPOINT=B05[:SKIP]` aborts there (R01).
+    if let Some((name, skip)) = openprogram::storage::failpoints::arm_from_env() {
+        eprintln!("openprogram: failpoint {name} armed (after {skip} hits)");
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // `--help` and `--version` print in full; a usage error is one line (I-4).

@@ -191,6 +191,8 @@ impl Service {
         self.head_in(session_id, execution_id)?;
         // Startup recovery may be claiming this very execution: let it finish first.
         self.env.until_recovered().await;
+        // B01: a command received, nothing of it persisted.
+        openprogram_storage::failpoint!("B01");
         let accepted = command.accepted_record(execution_id);
         let command_id = command.command_id;
         // The actor may release itself between activation and delivery; a few retries.

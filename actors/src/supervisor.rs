@@ -208,6 +208,8 @@ async fn recover_all(env: &Arc<Env>) -> Result<RecoveryReport> {
     while let Some((execution_id, done)) = acting.next().await {
         match done {
             Ok(Done::Resumed(resumed)) => {
+                // B13: inside the startup recovery scan, a claim durable, others not made.
+                openprogram_storage::failpoint!("B13");
                 report.resumed.push(execution_id);
                 claimed.push(resumed);
             }

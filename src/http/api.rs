@@ -123,6 +123,8 @@ pub async fn start_execution(
         start_paused: body.start_paused,
     };
     let reply = api.runtime.start_execution(session, start).await?;
+    // B11: the admission is durable, its reply not yet delivered.
+    openprogram_storage::failpoint!("B11");
     Ok(HttpResponse::Created().json(reply))
 }
 
@@ -171,6 +173,8 @@ pub async fn command(
     let (session, execution) = api.execution(&request, &path)?;
     let command = Command::from_json(&body)?;
     let reply = api.runtime.command(session, execution, command).await?;
+    // B11: the command's outcome is durable, its reply not yet delivered.
+    openprogram_storage::failpoint!("B11");
     if reply.status == "rejected" {
         let reason = reply.reason.clone().unwrap_or_default();
         let code = reply

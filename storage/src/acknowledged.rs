@@ -51,7 +51,7 @@ impl Acknowledged {
         };
         newest(&bytes)
             .map(|(_, position)| Some(position))
-            .ok_or_else(|| Error::AcknowledgedUnreadable { path })
+            .ok_or(Error::AcknowledgedUnreadable { path })
     }
 
     /// Opens the file for the committer, writing `position` as the mark (a new file is

@@ -24,6 +24,7 @@ pub mod baseline;
 pub mod codec;
 pub mod error;
 pub mod event;
+pub mod failpoints;
 mod frame;
 mod head_record;
 pub mod ids;

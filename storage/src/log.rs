@@ -263,7 +263,11 @@ impl Committer {
             shared.generation.fetch_add(1, Ordering::AcqRel);
             guard
         });
+        // B09: the group is decided, nothing of it written.
+        crate::failpoint!("B09");
         let applied = sliced.and_then(|()| self.shared.db.apply_batch(batch).map_err(Error::from));
+        // B02: the group is in sled's memory, not flushed.
+        crate::failpoint!("B02");
         let mut written = HashMap::new();
         if let Some(guard) = slice_guard {
             if applied.is_ok() {
@@ -280,10 +284,10 @@ impl Committer {
                 true => committer.acknowledged.write(last_position),
                 false => Ok(()),
             };
-        if let Err(error) = applied
-            .and_then(|()| self.sync())
-            .and_then(|()| acknowledged(self))
-        {
+        let durable = applied.and_then(|()| self.sync());
+        // B10: durable in sled, not yet recorded as acknowledged (S-7).
+        crate::failpoint!("B10");
+        if let Err(error) = durable.and_then(|()| acknowledged(self)) {
             let reason = error.to_string();
             self.shared.fail(reason.clone());
             for (reply, _) in answers {
@@ -291,6 +295,8 @@ impl Committer {
             }
             return;
         }
+        // B03: durable and recorded, no caller answered yet.
+        crate::failpoint!("B03");
         self.shared.in_flight_blobs_clear();
         {
             let mut overlay = self.shared.overlay_write();
@@ -691,6 +697,8 @@ impl Committer {
     fn sync(&mut self) -> Result<()> {
         let started = Instant::now();
         self.shared.db.flush()?;
+        // B08: sled flushed (`sync_file_range`), not fsynced.
+        crate::failpoint!("B08");
         add_elapsed_micros(&self.shared.metrics.flush_micros_total, started);
         let started = Instant::now();
         self.data_file.sync_data().map_err(|error| Error::Io {

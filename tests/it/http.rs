@@ -162,6 +162,18 @@ pub fn call_raw(
     token: Option<&str>,
     body: Option<String>,
 ) -> (u16, Value) {
+    try_call_raw(url, method, path, token, body)
+        .unwrap_or_else(|error| panic!("{method} {path}: {error}"))
+}
+
+/// `call_raw`, with a transport error (a refused or dropped connection) returned.
+pub fn try_call_raw(
+    url: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<String>,
+) -> Result<(u16, Value), String> {
     let mut request = ureq::request(method, &format!("{url}{path}"));
     if let Some(token) = token {
         request = request.set("Authorization", &format!("Bearer {token}"));
@@ -177,10 +189,10 @@ pub fn call_raw(
         Err(ureq::Error::Status(status, response)) => {
             (status, response.into_string().expect("body"))
         }
-        Err(error) => panic!("{method} {path}: {error}"),
+        Err(error) => return Err(error.to_string()),
     };
     let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, body)
+    Ok((status, body))
 }
 
 fn command_id() -> String {

@@ -19,7 +19,7 @@ use serde_json::json;
 
 use crate::support::*;
 
-fn serve(data: &Path, stderr: Stdio) -> Child {
+pub(crate) fn serve(data: &Path, stderr: Stdio) -> Child {
     Command::new(env!("CARGO_BIN_EXE_openprogram"))
         .args(["serve", "--listen", "127.0.0.1:0", "--data"])
         .arg(data)
@@ -29,7 +29,7 @@ fn serve(data: &Path, stderr: Stdio) -> Child {
         .expect("spawn openprogram serve")
 }
 
-fn kill9(mut child: Child) {
+pub(crate) fn kill9(mut child: Child) {
     child.kill().expect("SIGKILL"); // by pid: the child this test started
     child.wait().expect("reap");
 }
@@ -43,7 +43,7 @@ fn sigterm(child: &Child) {
 }
 
 /// Sink lines as (line, effect id).
-fn sink_lines(sink: &Path) -> Vec<(String, String)> {
+pub(crate) fn sink_lines(sink: &Path) -> Vec<(String, String)> {
     let text = std::fs::read_to_string(sink).unwrap_or_default();
     text.lines()
         .map(|line| {
@@ -54,7 +54,7 @@ fn sink_lines(sink: &Path) -> Vec<(String, String)> {
 }
 
 /// I1: no effect delivered twice; no line written twice.
-fn assert_no_duplicate(sink: &Path, when: &str) {
+pub(crate) fn assert_no_duplicate(sink: &Path, when: &str) {
     let lines = sink_lines(sink);
     let mut effects = HashSet::new();
     let mut whats = HashSet::new();
@@ -69,7 +69,7 @@ fn assert_no_duplicate(sink: &Path, when: &str) {
 
 /// Admits `executions` turns of `steps` appends each, on a runtime whose provider never
 /// answers, and crashes it: every execution is abandoned with a model request in flight.
-async fn abandoned_appends(
+pub(crate) async fn abandoned_appends(
     restarts: &Restarts,
     sink: &Path,
     executions: usize,
@@ -107,7 +107,7 @@ async fn abandoned_appends(
 
 /// After quiescence: every execution completed with its original ids (I7, L1), every step
 /// delivered exactly once (I1, I8), at most one dispatch per effect and epoch (I4).
-async fn assert_all_completed_exactly_once(
+pub(crate) async fn assert_all_completed_exactly_once(
     restarts: &Restarts,
     sink: &Path,
     started: &[StartReply],

@@ -20,6 +20,7 @@ mod k3_property;
 mod kill9;
 mod processes;
 mod questions;
+mod r01_failpoints;
 mod recovery;
 mod restart_window;
 mod resume;

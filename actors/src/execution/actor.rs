@@ -366,6 +366,8 @@ impl ExecutionActor {
             match action {
                 Action::Advance => ctx.notify(Advance),
                 Action::AbortEffect => {
+                    // B12: the cancel is recorded, the effect in flight not yet told.
+                    openprogram_storage::failpoint!("B12");
                     if let Some(in_flight) = &self.in_flight {
                         in_flight.abort.abort();
                     }
@@ -379,6 +381,8 @@ impl ExecutionActor {
                 Action::LiveResolved { wait_id, outcome } => self.live_resolved(wait_id, outcome),
                 Action::StopProcess { process_id } => self.stop_process(process_id, ctx),
                 Action::RunDispatched => {
+                    // B05: the intent (`ToolDispatched`) is durable, the tool not started.
+                    openprogram_storage::failpoint!("B05");
                     if let Some(pending) = self.machine.pending_tool.clone() {
                         if self.in_flight.is_none() {
                             if let Some(done) = self.start_tool(pending, ctx) {

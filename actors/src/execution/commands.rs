@@ -113,6 +113,8 @@ impl ExecutionActor {
                     if claims && !committed {
                         act.epoch = None;
                     } else if claims && act.lease_actor.is_none() {
+                        // B04: the attempt's claim is durable, its lease actor not started.
+                        openprogram_storage::failpoint!("B04");
                         act.hold_lease(ctx);
                     }
                     decided

@@ -50,6 +50,8 @@ impl Handler<StartProcess> for ExecutionActor {
                 return AtomicResponse::new(Box::pin(fut::ready(failed)));
             }
         };
+        // B14: an OS process spawned, its identity not yet persisted.
+        openprogram_storage::failpoint!("B14");
         let identity = spawned.signaller.identity();
         let process_id = ProcessId::new();
         let record = ProcessRecord {

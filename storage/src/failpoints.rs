@@ -1,0 +1,69 @@
+//! Failpoints at the durable boundaries of RELIABILITY.md (B01–B14): a process started with
+//! `OP_FAILPOINT=B05` (or `B05:3`, skipping the first 3 hits) aborts at that boundary, as a
+//! crash there would leave the store; R01 (tests/it/r01_failpoints.rs) reopens it and checks
+//! the invariants against an oracle outside the data dir.
+//!
+//! Why not the `fail` crate: its failpoints are compiled in or out by a cargo feature, and a
+//! feature turned on for the tests through a dev-dependency is turned on for every bench
+//! too (cargo unifies dev-dependency features for tests, examples and benches). Here a
+//! boundary costs one relaxed atomic load while nothing is armed, in every build, so the
+//! binary the tests drive is the binary that ships.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+static ARMED: AtomicBool = AtomicBool::new(false);
+static TARGET: OnceLock<(String, u64)> = OnceLock::new();
+static HITS: AtomicU64 = AtomicU64::new(0);
+
+/// Every boundary's name, as RELIABILITY.md numbers them.
+pub const BOUNDARIES: [&str; 14] = [
+    "B01", "B02", "B03", "B04", "B05", "B06", "B07", "B08", "B09", "B10", "B11", "B12", "B13",
+    "B14",
+];
+
+/// Arms the failpoint `OP_FAILPOINT` names, if any (call once, at process start). Returns
+/// what was armed.
+pub fn arm_from_env() -> Option<(String, u64)> {
+    let spec = std::env::var("OP_FAILPOINT").ok()?;
+    let (name, skip) = match spec.split_once(':') {
+        Some((name, skip)) => (name.to_owned(), skip.parse().unwrap_or(0)),
+        None => (spec, 0),
+    };
+    if !BOUNDARIES.contains(&name.as_str()) {
+        eprintln!("openprogram: OP_FAILPOINT={name} names no boundary; nothing armed");
+        return None;
+    }
+    let armed = TARGET.get_or_init(|| (name, skip)).clone();
+    ARMED.store(true, Ordering::Release);
+    Some(armed)
+}
+
+/// Whether any failpoint is armed: the only cost of a boundary when none is.
+#[inline]
+pub fn armed() -> bool {
+    ARMED.load(Ordering::Relaxed)
+}
+
+/// At boundary `name`: aborts the process if it is the armed one and its skips are spent.
+#[cold]
+pub fn hit(name: &str) {
+    let Some((target, skip)) = TARGET.get() else {
+        return;
+    };
+    if target != name || HITS.fetch_add(1, Ordering::AcqRel) < *skip {
+        return;
+    }
+    eprintln!("openprogram: failpoint {name} reached: aborting");
+    std::process::abort();
+}
+
+/// A durable boundary (RELIABILITY.md): `failpoint!("B02")`.
+#[macro_export]
+macro_rules! failpoint {
+    ($name:literal) => {
+        if $crate::failpoints::armed() {
+            $crate::failpoints::hit($name)
+        }
+    };
+}
