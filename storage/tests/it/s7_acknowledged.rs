@@ -1,4 +1,4 @@
-//! S-7: the store knows what it acknowledged. A store whose files lost acknowledged history
+//! S-7 and R15: the store knows what it acknowledged. A store whose files lost acknowledged history
 //! refuses to open with an error naming what is missing; an explicit salvage opens what is
 //! left and says what was lost; byte flips in sled's data file never make acknowledged
 //! executions disappear without a word (the issue-29 defect: 194 of 200 answered 404).
@@ -160,4 +160,88 @@ async fn s7_byte_flips_in_the_largest_file_never_lose_executions_silently() {
         intact += 1;
     }
     eprintln!("s7 byte flips: {refused} refused, {intact} opened with nothing silently lost");
+}
+
+/// Every file of a closed store (sled's files and ours), seeded.
+fn store_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)
+        .expect("read dir")
+        .filter_map(|entry| entry.ok())
+    {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(store_files(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files.sort();
+    files
+}
+
+/// R15: byte flips and truncation at random offsets of every file of the store (sled's data
+/// file, its config and snapshots, our record of what was acknowledged). Each damaged copy
+/// either refuses to open with an error (no panic), or opens with every acknowledged
+/// execution readable at its acknowledged version or reported (quarantined, corrupted).
+#[tokio::test]
+async fn r15_damage_to_any_store_file_is_refused_or_reported_never_silent() {
+    let pristine = tempfile::tempdir().expect("tempdir");
+    let ids = executions(pristine.path(), 60).await;
+    let seed: u64 = std::env::var("OP_FLIP_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(|| rand::thread_rng().gen());
+    eprintln!("r15: seed {seed} (replay with OP_FLIP_SEED={seed})");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let files = store_files(pristine.path());
+    let mut outcomes = Vec::new();
+    for file in &files {
+        let name = file
+            .strip_prefix(pristine.path())
+            .expect("inside")
+            .display()
+            .to_string();
+        for truncate in [false, true] {
+            let damaged = tempfile::tempdir().expect("tempdir");
+            copy_dir(pristine.path(), damaged.path());
+            let target = damaged.path().join(&name);
+            let mut bytes = std::fs::read(&target).expect("read");
+            if bytes.is_empty() {
+                continue;
+            }
+            if truncate {
+                bytes.truncate(rng.gen_range(0..bytes.len()));
+            } else {
+                for _ in 0..8 {
+                    let at = rng.gen_range(0..bytes.len());
+                    bytes[at] ^= 1 << rng.gen_range(0..8);
+                }
+            }
+            std::fs::write(&target, &bytes).expect("write");
+            let what = format!(
+                "seed {seed}: {name} {}",
+                if truncate { "truncated" } else { "flipped" }
+            );
+            let opened = std::panic::catch_unwind(|| Store::open(damaged.path()));
+            let store = match opened {
+                Err(_) => panic!("{what}: opening panicked"),
+                Ok(Err(error)) => {
+                    outcomes.push(format!("{what}: refused ({})", error.code()));
+                    continue;
+                }
+                Ok(Ok(store)) => store,
+            };
+            let mut reported = 0;
+            for execution_id in &ids {
+                match store.head(*execution_id) {
+                    Ok(Some(head)) => assert_eq!(head.version, 3, "{what}: {execution_id}"),
+                    Ok(None) => panic!("{what}: {execution_id} is silently gone"),
+                    Err(_) => reported += 1,
+                }
+            }
+            outcomes.push(format!("{what}: opened, {reported} reported"));
+        }
+    }
+    eprintln!("r15: {}", outcomes.join("; "));
 }
