@@ -363,3 +363,99 @@ fn x3_a_body_the_runtime_does_not_understand_is_refused_and_stores_nothing() {
     }
     assert_eq!(server.snapshot(&session, &execution), before);
 }
+
+/// A random JSON value, `depth` levels at most, biased toward the names the bodies use.
+fn random_json(rng: &mut impl rand::Rng, depth: u32) -> Value {
+    const NAMES: [&str; 14] = [
+        "kind",
+        "message",
+        "script",
+        "command_id",
+        "expected_version",
+        "text",
+        "wait_id",
+        "answer",
+        "scope",
+        "process_id",
+        "outcome",
+        "checkpoint",
+        "start_paused",
+        "job",
+    ];
+    match rng.gen_range(0..if depth == 0 { 5 } else { 7 }) {
+        0 => Value::Null,
+        1 => json!(rng.gen::<bool>()),
+        2 => json!(rng.gen::<i64>() >> rng.gen_range(0..63)),
+        3 => json!(rng.gen::<f64>() * 1e6),
+        4 => {
+            let words = [
+                "pause", "continue", "steer", "answer", "agent", "", "\u{0}", "é",
+            ];
+            json!(words[rng.gen_range(0..words.len())].repeat(rng.gen_range(0..3)))
+        }
+        5 => Value::Array(
+            (0..rng.gen_range(0..4))
+                .map(|_| random_json(rng, depth - 1))
+                .collect(),
+        ),
+        _ => {
+            let mut object = serde_json::Map::new();
+            for _ in 0..rng.gen_range(0..6) {
+                let name = NAMES[rng.gen_range(0..NAMES.len())].to_owned();
+                object.insert(name, random_json(rng, depth - 1));
+            }
+            Value::Object(object)
+        }
+    }
+}
+
+/// R16: random and mangled request bodies to the start and command endpoints are refused
+/// (4xx) or taken (2xx), never a 5xx or a dropped connection, and the server keeps serving.
+/// Seeded (`OP_FUZZ_SEED`, `OP_FUZZ_CASES`).
+#[test]
+fn r16_random_request_bodies_never_get_a_5xx() {
+    use rand::{Rng, SeedableRng};
+    let seed: u64 = std::env::var("OP_FUZZ_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(|| rand::thread_rng().gen());
+    let cases: usize = std::env::var("OP_FUZZ_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(300);
+    eprintln!("r16 bodies: seed {seed} (replay with OP_FUZZ_SEED={seed}), {cases} cases");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let server = TestServer::new();
+    let session = server.session();
+    let execution = build(&server, &session, State::Paused);
+    let start = format!("/v1/sessions/{}/executions", session.0);
+    let commands = format!("{start}/{execution}/commands");
+    for case in 0..cases {
+        let path = if case % 2 == 0 { &start } else { &commands };
+        let mut body = random_json(&mut rng, 3).to_string();
+        if rng.gen_bool(0.2) && !body.is_empty() {
+            // Mangled: a byte replaced, or the text cut.
+            let mut bytes = body.into_bytes();
+            let at = rng.gen_range(0..bytes.len());
+            bytes[at] = rng.gen();
+            bytes.truncate(rng.gen_range(at..=bytes.len()));
+            body = String::from_utf8_lossy(&bytes).into_owned();
+        }
+        let (status, reply) = crate::http::try_call_raw(
+            &server.url,
+            "POST",
+            path,
+            Some(&session.1),
+            Some(body.clone()),
+        )
+        .unwrap_or_else(|error| panic!("seed {seed}, case {case}: {error} for {body}"));
+        assert!(
+            status < 500,
+            "seed {seed}, case {case}: {status} {reply} for {body}"
+        );
+    }
+    assert_eq!(
+        server.snapshot(&session, &execution)["execution_id"],
+        json!(execution)
+    );
+}
