@@ -21,6 +21,7 @@ mod kill9;
 mod processes;
 mod questions;
 mod r01_failpoints;
+mod r03_ack_after_fsync;
 mod recovery;
 mod restart_window;
 mod resume;

@@ -1,0 +1,166 @@
+//! R03 (RELIABILITY.md): acknowledgement strictly after fsync, which kill -9 cannot check
+//! (the page cache survives a process kill). `openprogram serve` runs under `strace -f`; a
+//! client sends admissions and commands one at a time; in the trace, between the read of
+//! each request and the write of its 2xx response, sled's data file and the record of what
+//! was acknowledged (S-7) are both fdatasync'd, in that order. The negative control runs the
+//! same under `eatmydata` (fsync made a no-op): the check must fail there, or it proves
+//! nothing.
+
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::http::call_raw;
+use crate::support::DEADLINE;
+
+const TOKEN: &str = "r03-admin-token";
+/// Durable requests the client sends (half admissions, half commands).
+const REQUESTS: usize = 12;
+
+/// Runs `serve` under strace (optionally through `eatmydata`), sends the requests, stops it
+/// by pid, and returns the trace.
+fn traced_run(data: &Path, trace: &Path, eat_my_data: bool) -> String {
+    let mut command = Command::new("strace");
+    command
+        .args(["-f", "-y", "-qq", "-s", "512", "-o"])
+        .arg(trace)
+        .args([
+            "-e",
+            "trace=fdatasync,fsync,read,recvfrom,write,writev,sendto,sendmsg",
+        ]);
+    if eat_my_data {
+        command.arg("eatmydata");
+    }
+    let mut strace = command
+        .arg(env!("CARGO_BIN_EXE_openprogram"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--token",
+            TOKEN,
+            "--data",
+        ])
+        .arg(data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn strace (needs strace: apt-get install strace)");
+    let mut url = String::new();
+    std::io::BufReader::new(strace.stdout.take().expect("stdout"))
+        .read_line(&mut url)
+        .expect("the listen URL");
+    let url = url.trim().to_owned();
+    assert!(url.starts_with("http://"), "{url:?}");
+    let (_, session) = call_raw(&url, "POST", "/v1/sessions", Some(TOKEN), None);
+    let session = session["session_id"].as_str().expect("id").to_owned();
+    for _ in 0..REQUESTS / 2 {
+        let path = format!("/v1/sessions/{session}/executions");
+        let body = json!({"message": "m", "start_paused": true, "script": [{"reply": "ok"}]});
+        let (status, started) = call_raw(&url, "POST", &path, Some(TOKEN), Some(body.to_string()));
+        assert_eq!(status, 201, "{started}");
+        let execution = started["execution_id"].as_str().expect("id");
+        let body = json!({"command_id": openprogram::storage::CommandId::new(), "kind": "steer", "text": "s"});
+        let path = format!("{path}/{execution}/commands");
+        let (status, reply) = call_raw(&url, "POST", &path, Some(TOKEN), Some(body.to_string()));
+        assert_eq!(status, 202, "{reply}");
+    }
+    // The traced server's pid is the first in the trace: SIGTERM it (ours), then strace ends.
+    let text = std::fs::read_to_string(trace).expect("trace");
+    let server_pid = text
+        .lines()
+        .find_map(|line| line.split_whitespace().next())
+        .expect("a traced line")
+        .to_owned();
+    let _ = Command::new("kill").args(["-TERM", &server_pid]).status();
+    let deadline = Instant::now() + DEADLINE;
+    while strace.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = strace.kill();
+            let _ = strace.wait();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::read_to_string(trace).expect("trace")
+}
+
+/// How many durable responses followed an fdatasync of `db` and then of `acknowledged`
+/// since their request was read, and how many did not.
+fn acks_after_fsync(trace: &str) -> (usize, usize) {
+    // A syscall cut by another thread's is "<unfinished ...>", completed in a later
+    // "<... NAME resumed>" line of the same pid: remember what it was about.
+    let mut unfinished: HashMap<&str, &str> = HashMap::new();
+    let (mut covered, mut uncovered) = (0, 0);
+    let (mut pending, mut db, mut acknowledged) = (false, false, false);
+    for line in trace.lines() {
+        let Some((pid, call)) = line.split_once(' ') else {
+            continue;
+        };
+        let call = call.trim_start();
+        if call.ends_with("<unfinished ...>") {
+            unfinished.insert(pid, call);
+            continue;
+        }
+        let call = if call.starts_with("<...") {
+            match unfinished.remove(pid) {
+                Some(started) => started,
+                None => continue,
+            }
+        } else {
+            call
+        };
+        let is_request = (call.starts_with("read(") || call.starts_with("recvfrom("))
+            && call.contains("POST /v1/sessions/");
+        if is_request {
+            pending = true;
+            (db, acknowledged) = (false, false);
+        } else if call.starts_with("fdatasync(") || call.starts_with("fsync(") {
+            if call.contains("/db>") {
+                db = true;
+            } else if call.contains("/acknowledged>") && db {
+                acknowledged = true;
+            }
+        } else if pending && (call.contains("\"HTTP/1.1 201") || call.contains("\"HTTP/1.1 202")) {
+            pending = false;
+            if db && acknowledged {
+                covered += 1;
+            } else {
+                uncovered += 1;
+            }
+        }
+    }
+    (covered, uncovered)
+}
+
+#[test]
+#[ignore = "needs strace and eatmydata (beyond the Rust toolchain): `.ci/run` installs them \
+            and runs it; or `apt-get install -y strace eatmydata` and \
+            `cargo test --test it -- --include-ignored r03`"]
+fn r03_every_acknowledgement_follows_the_fsync_that_covers_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = traced_run(&dir.path().join("data"), &dir.path().join("trace"), false);
+    let (covered, uncovered) = acks_after_fsync(&trace);
+    assert_eq!(
+        (covered, uncovered),
+        (REQUESTS, 0),
+        "durable responses after/before fsync"
+    );
+
+    // Negative control: with fsync a no-op, the same check must fail.
+    let eaten = traced_run(
+        &dir.path().join("eaten"),
+        &dir.path().join("eaten-trace"),
+        true,
+    );
+    let (covered, uncovered) = acks_after_fsync(&eaten);
+    assert_eq!(
+        covered, 0,
+        "under eatmydata no response can follow an fsync"
+    );
+    assert_eq!(uncovered, REQUESTS, "the check saw every response");
+}
