@@ -159,10 +159,7 @@ impl RuntimeBuilder {
             .data_dir
             .ok_or_else(|| Error::InvalidRequest("the runtime needs a data_dir".into()))?;
         let (store, salvage) = match self.accept_loss {
-            true => {
-                let (store, report) = Store::open_salvaging(&data_dir, self.limits)?;
-                (store, Some(report))
-            }
+            true => Store::open_salvaging(&data_dir, self.limits)?,
             false => (Store::open_with(&data_dir, self.limits)?, None),
         };
         let owner = store.incarnation().owner_id;
@@ -327,7 +324,8 @@ impl Runtime {
             .events(session, execution, after, usize::MAX)
     }
 
-    /// S-7: what the open found lost, when it was opened with `accept_loss`.
+    /// S-7: what the open found lost, when it was opened with `accept_loss` and something
+    /// was.
     pub fn salvage(&self) -> Option<&openprogram_storage::SalvageReport> {
         self.inner.salvage.as_ref()
     }

@@ -96,7 +96,7 @@ fn remove_unfinished_sled_snapshots(path: &Path) -> Result<usize> {
 
 /// Rebuilds the overlay from the log records after the materialization mark. The tail is
 /// bounded by `Limits::overlay_len_max` and the materialization interval of the last run.
-pub(crate) fn replay(shared: &Shared) -> Result<()> {
+pub(crate) fn replay(shared: &Shared, salvaging: bool) -> Result<()> {
     let db = &shared.db;
     let mark_key = keys::meta(keys::META_MATERIALIZED_THROUGH);
     let materialized_through = match db.get(&mark_key)? {
@@ -115,6 +115,21 @@ pub(crate) fn replay(shared: &Shared) -> Result<()> {
             tree: "log",
             key: keys::display(&key),
         })?;
+        // Positions are gap-free (S-1): a record missing in the middle of the tail is
+        // acknowledged history lost, refused like a shortened log (S-7).
+        if record_position != durable.saturating_add(1) {
+            if !salvaging {
+                return Err(Error::AcknowledgedLost {
+                    acknowledged_through: record_position.saturating_sub(1),
+                    present_through: durable,
+                });
+            }
+            tracing::error!(
+                from = durable + 1,
+                to = record_position - 1,
+                "log positions missing; salvaging"
+            );
+        }
         durable = durable.max(record.last_position);
         for frame in record.frames {
             let frame = match frame {

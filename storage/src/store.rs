@@ -122,14 +122,22 @@ impl Store {
     }
 
     /// S-7: opens a store that may have lost acknowledged history (a damaged or truncated
-    /// file), keeping what remains: the report lists what was lost and what can be named of
-    /// it. Later opens check against what this one found. Never needed for a healthy store,
-    /// which `open_with` opens; an operator's explicit choice (`serve --accept-loss`).
-    pub fn open_salvaging(path: impl AsRef<Path>, limits: Limits) -> Result<(Self, SalvageReport)> {
+    /// file), keeping what remains: the report (`Some` only if something was lost) lists
+    /// what was lost and what can be named of it. Later opens check against what this one
+    /// found. A healthy store opens as with `open_with`; an operator's explicit choice
+    /// (`serve --accept-loss`).
+    pub fn open_salvaging(
+        path: impl AsRef<Path>,
+        limits: Limits,
+    ) -> Result<(Self, Option<SalvageReport>)> {
         Self::open_checked(path.as_ref(), limits, true)
     }
 
-    fn open_checked(path: &Path, limits: Limits, salvaging: bool) -> Result<(Self, SalvageReport)> {
+    fn open_checked(
+        path: &Path,
+        limits: Limits,
+        salvaging: bool,
+    ) -> Result<(Self, Option<SalvageReport>)> {
         let path = path.to_path_buf();
         limits.validate()?;
         let io_error = |error: std::io::Error| Error::Io {
@@ -137,14 +145,12 @@ impl Store {
             message: error.to_string(),
         };
         std::fs::create_dir_all(&path).map_err(io_error)?;
-        let acknowledged = match Acknowledged::read(&path) {
-            Err(Error::AcknowledgedUnreadable { path: mark }) if salvaging => {
-                tracing::warn!(path = %mark.display(), "the record of what was acknowledged is damaged; salvaging");
-                None
-            }
-            read => read?,
-        };
         let db = open_sled(&path, limits.cache_bytes)?;
+        // Read under sled's lock: no other opener is writing it.
+        let (acknowledged, mark_unreadable) = match Acknowledged::read(&path) {
+            Err(Error::AcknowledgedUnreadable { .. }) if salvaging => (None, true),
+            read => (read?, false),
+        };
         let data_file = File::open(path.join("db")).map_err(io_error)?;
         let mut sync = || {
             data_file.sync_data().map_err(|error| Error::Io {
@@ -173,10 +179,11 @@ impl Store {
             in_flight_records: Mutex::new(HashSet::new()),
             metrics: Metrics::default(),
         });
-        replay(&shared)?;
+        replay(&shared, salvaging)?;
         // S-7: the log must reach every position acknowledged before: refuse to serve less.
         let present = shared.durable_position.load(Ordering::Acquire);
-        if let Some(acknowledged_through) = acknowledged.filter(|acked| *acked > present) {
+        let lost = acknowledged.filter(|acked| *acked > present);
+        if let Some(acknowledged_through) = lost {
             if !salvaging {
                 return Err(Error::AcknowledgedLost {
                     acknowledged_through,
@@ -184,15 +191,26 @@ impl Store {
                 });
             }
         }
-        let report = if salvaging {
-            salvage_report(&shared, acknowledged, present)?
+        // Salvage only what was lost: a healthy store opened with `accept_loss` is opened
+        // as usual, and its mark never lowered.
+        let report = if lost.is_some() || mark_unreadable {
+            tracing::error!(
+                ?acknowledged,
+                present,
+                "the store lost acknowledged history; salvaging what remains"
+            );
+            Some(salvage_report(&shared, acknowledged, present)?)
         } else {
-            SalvageReport::default()
+            None
         };
-        let mark = Acknowledged::open(&path, present)?;
         let incarnation = record_incarnation(&shared.db)?;
         shared.db.flush()?;
         sync()?;
+        // Written after the sync above, and never raised here: what this open found may
+        // hold a tail that was written and never acknowledged (a crash before its fsync);
+        // only the committer raises the mark, for groups it acknowledges. Lowered only to
+        // what a salvage found.
+        let mark = Acknowledged::open(&path, acknowledged.unwrap_or(0).min(present))?;
 
         let (sender, queue) = mpsc::channel(limits.queue_len_max.max(1));
         let committer_shared = Arc::clone(&shared);

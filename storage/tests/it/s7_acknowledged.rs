@@ -80,6 +80,7 @@ async fn s7_a_store_that_lost_acknowledged_history_refuses_to_open_and_salvage_s
     {
         let (store, report) =
             Store::open_salvaging(older.path(), Limits::default()).expect("salvage");
+        let report = report.expect("a loss is reported");
         assert_eq!(report.acknowledged_through, Some(acknowledged));
         assert_eq!(report.present_through, present);
         assert_eq!(report.lost_positions, acknowledged - present);
@@ -99,6 +100,10 @@ async fn s7_a_store_that_lost_acknowledged_history_refuses_to_open_and_salvage_s
         store.head(later).expect("read").map(|head| head.version),
         Some(1)
     );
+    drop(store);
+    // Opened to salvage, a healthy store reports nothing and opens as usual.
+    let (_, report) = Store::open_salvaging(dir.path(), Limits::default()).expect("open");
+    assert_eq!(report, None);
 }
 
 /// The defect as found: 64 random bytes flipped in the store's largest file. Each seeded run
