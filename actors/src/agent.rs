@@ -293,6 +293,8 @@ impl Tool for Append {
             .await
             .map_err(|error| format!("append task failed: {error}"))?
             .map_err(|error| format!("append failed: {error}"))?;
+            // B06: the effect took place (dispatched), its response not yet returned.
+            openprogram_storage::failpoint!("B06");
             Ok(String::from("appended"))
         }
         .boxed()

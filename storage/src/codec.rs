@@ -463,8 +463,10 @@ mod tests {
     use crate::records::{ExecutionHead, ExecutionKind};
 
     /// R16: every decoder of bytes from disk refuses random and mutated input with an
-    /// error, never a panic or an unbounded allocation: checksums made valid on purpose, so
-    /// the decoding behind them runs. Seeded (`OP_FUZZ_SEED`, `OP_FUZZ_CASES`).
+    /// error, never a panic or an unbounded allocation. Records and head records get their
+    /// checksum made valid on purpose, so the decoding behind it runs; a mutated log record
+    /// keeps its broken checksums (its framing checks run first). Seeded (`OP_FUZZ_SEED`,
+    /// `OP_FUZZ_CASES`).
     #[test]
     fn r16_decoders_refuse_random_and_mutated_bytes_without_a_panic() {
         use rand::{Rng, SeedableRng};

@@ -16,7 +16,17 @@ static ARMED: AtomicBool = AtomicBool::new(false);
 static TARGET: OnceLock<(String, u64)> = OnceLock::new();
 static HITS: AtomicU64 = AtomicU64::new(0);
 
-/// Every boundary's name, as RELIABILITY.md numbers them.
+/// Every boundary's name, as RELIABILITY.md numbers them. Where each sits here:
+/// B01 a command received, nothing persisted (service) · B02 a group applied to sled, not
+/// flushed · B03 durable and recorded acknowledged, no caller answered (committer) · B04 an
+/// attempt's claim durable, its lease actor not started · B05 `ToolDispatched` durable, the
+/// tool not started · B06 `append`'s line written and fsynced, its response not returned ·
+/// B07 a tool's response in hand, its receipt not decided · B08 sled flushed, not fsynced ·
+/// B09 a group decided, nothing written · B10 a group durable in sled, not recorded as
+/// acknowledged (S-7) — B08–B10 are inside one group's commit, which must be atomic ·
+/// B11 an admission's or command's outcome durable, its HTTP reply not sent · B12 a cancel
+/// durable, the effect in flight not told · B13 inside startup recovery, one claim durable ·
+/// B14 an OS process spawned, its identity not persisted.
 pub const BOUNDARIES: [&str; 14] = [
     "B01", "B02", "B03", "B04", "B05", "B06", "B07", "B08", "B09", "B10", "B11", "B12", "B13",
     "B14",
@@ -27,7 +37,15 @@ pub const BOUNDARIES: [&str; 14] = [
 pub fn arm_from_env() -> Option<(String, u64)> {
     let spec = std::env::var("OP_FAILPOINT").ok()?;
     let (name, skip) = match spec.split_once(':') {
-        Some((name, skip)) => (name.to_owned(), skip.parse().unwrap_or(0)),
+        Some((name, skip)) => match skip.parse() {
+            Ok(skip) => (name.to_owned(), skip),
+            Err(_) => {
+                eprintln!(
+                    "openprogram: OP_FAILPOINT={spec}: the skip is not a number; nothing armed"
+                );
+                return None;
+            }
+        },
         None => (spec, 0),
     };
     if !BOUNDARIES.contains(&name.as_str()) {

@@ -54,6 +54,16 @@ fn traced_run(data: &Path, trace: &Path, eat_my_data: bool) -> String {
     std::io::BufReader::new(strace.stdout.take().expect("stdout"))
         .read_line(&mut url)
         .expect("the listen URL");
+    // The traced server's pid is the first in the trace (it has written by now).
+    let server_pid = std::fs::read_to_string(trace)
+        .expect("trace")
+        .lines()
+        .find_map(|line| line.split_whitespace().next().map(str::to_owned))
+        .expect("a traced line");
+    let mut traced = Traced {
+        strace: Some(strace),
+        server_pid,
+    };
     let url = url.trim().to_owned();
     assert!(url.starts_with("http://"), "{url:?}");
     let (_, session) = call_raw(&url, "POST", "/v1/sessions", Some(TOKEN), None);
@@ -69,24 +79,48 @@ fn traced_run(data: &Path, trace: &Path, eat_my_data: bool) -> String {
         let (status, reply) = call_raw(&url, "POST", &path, Some(TOKEN), Some(body.to_string()));
         assert_eq!(status, 202, "{reply}");
     }
-    // The traced server's pid is the first in the trace: SIGTERM it (ours), then strace ends.
-    let text = std::fs::read_to_string(trace).expect("trace");
-    let server_pid = text
-        .lines()
-        .find_map(|line| line.split_whitespace().next())
-        .expect("a traced line")
-        .to_owned();
-    let _ = Command::new("kill").args(["-TERM", &server_pid]).status();
-    let deadline = Instant::now() + DEADLINE;
-    while strace.try_wait().expect("wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = strace.kill();
-            let _ = strace.wait();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    traced.stop();
     std::fs::read_to_string(trace).expect("trace")
+}
+
+/// strace and the server it traces, both started by this test: the server is stopped by
+/// its pid (SIGTERM, SIGKILL past the deadline or on drop), then strace is reaped.
+struct Traced {
+    strace: Option<std::process::Child>,
+    server_pid: String,
+}
+
+impl Traced {
+    fn stop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.server_pid])
+            .status();
+        let deadline = Instant::now() + DEADLINE;
+        if let Some(strace) = self.strace.as_mut() {
+            while strace.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.end();
+    }
+
+    fn end(&mut self) {
+        if let Some(mut strace) = self.strace.take() {
+            if strace.try_wait().ok().flatten().is_none() {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &self.server_pid])
+                    .status();
+                let _ = strace.kill();
+            }
+            let _ = strace.wait();
+        }
+    }
+}
+
+impl Drop for Traced {
+    fn drop(&mut self) {
+        self.end();
+    }
 }
 
 /// How many durable responses followed an fdatasync of `db` and then of `acknowledged`

@@ -25,8 +25,6 @@ impl Handler<EffectDone> for ExecutionActor {
 
     fn handle(&mut self, EffectDone(input): EffectDone, ctx: &mut Context<Self>) -> Self::Result {
         let _span = self.span.clone().entered();
-        // B07: a response in hand, its receipt not yet decided or persisted.
-        openprogram_storage::failpoint!("B07");
         if ctx.waiting() {
             // As for `Advance`: never decide while another commit is pending.
             ctx.notify(EffectDone(input));
@@ -140,8 +138,8 @@ impl ExecutionActor {
         let ran = Abortable::new(running, registration);
         ctx.spawn(
             fut::wrap_future::<_, Self>(ran).map(move |result, _act, ctx| {
-                // B06: the effect ran (dispatched), its response not yet taken in.
-                openprogram_storage::failpoint!("B06");
+                // B07: a response in hand, its receipt not yet decided or persisted.
+                openprogram_storage::failpoint!("B07");
                 let aborted = result.map_err(|_aborted| ());
                 ctx.notify(EffectDone(tool_result(effect_id, recovery, aborted)));
             }),

@@ -259,6 +259,8 @@ pub fn spawn(program: &str, args: &[String]) -> io::Result<Spawned> {
     }
     let mut child = Command::new(program)
         .args(args)
+        // A failpoint armed for this runtime is not the managed process's (R01).
+        .env_remove("OP_FAILPOINT")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
