@@ -6,6 +6,7 @@ mod support;
 mod b1_sessions;
 mod k4_commands;
 mod r07_locking;
+mod r13_disk_full;
 mod r13_fail_stop;
 mod s1_event_index;
 mod s1_log;
