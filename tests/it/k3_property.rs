@@ -177,18 +177,7 @@ impl World {
         what: &str,
         done: impl Fn(&Snapshot) -> bool,
     ) -> Snapshot {
-        let started = Instant::now();
-        loop {
-            let snapshot = self.snapshot(execution).await;
-            if done(&snapshot) {
-                return snapshot;
-            }
-            assert!(
-                started.elapsed() < DEADLINE,
-                "waited {DEADLINE:?} for {what}; last: {snapshot:#?}"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        wait_until(self.runtime(), self.restarts.session, execution, what, done).await
     }
 
     async fn until_state(&self, execution: ExecutionId, state: &str) -> Snapshot {

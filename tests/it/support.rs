@@ -117,18 +117,7 @@ impl Harness {
         what: &str,
         done: impl Fn(&Snapshot) -> bool,
     ) -> Snapshot {
-        let started = Instant::now();
-        loop {
-            let snapshot = self.snapshot(execution).await;
-            if done(&snapshot) {
-                return snapshot;
-            }
-            assert!(
-                started.elapsed() < DEADLINE,
-                "waited {DEADLINE:?} for {what}; last: {snapshot:#?}"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        wait_until(&self.runtime, self.session, execution, what, done).await
     }
 
     pub async fn wait_for_state(&self, execution: ExecutionId, state: &str) -> Snapshot {
@@ -353,6 +342,31 @@ impl Restarts {
 
     pub fn events(&self, runtime: &Runtime, execution: ExecutionId) -> Vec<EventEnvelope> {
         runtime.events(self.session, execution, 0).expect("events")
+    }
+}
+
+/// Waits until the snapshot satisfies `done`; fails with the last one after `DEADLINE`.
+pub async fn wait_until(
+    runtime: &Runtime,
+    session: SessionId,
+    execution: ExecutionId,
+    what: &str,
+    done: impl Fn(&Snapshot) -> bool,
+) -> Snapshot {
+    let started = Instant::now();
+    loop {
+        let snapshot = runtime
+            .snapshot(session, execution)
+            .await
+            .expect("snapshot");
+        if done(&snapshot) {
+            return snapshot;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "waited {DEADLINE:?} for {what}; last: {snapshot:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
