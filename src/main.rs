@@ -87,6 +87,11 @@ enum Command {
         /// what remains; prints what was lost (JSON, stderr) before serving (S-7).
         #[arg(long)]
         accept_loss: bool,
+        /// How long an attempt whose process stops making progress (SIGSTOP, a frozen VM)
+        /// keeps its execution before a new attempt takes it over: a duration such as 10s
+        /// (the default) or 500ms.
+        #[arg(long, value_parser = lease_ttl)]
+        lease_ttl: Option<Duration>,
     },
     /// Send a control to an execution over HTTP.
     Ctl {
@@ -254,6 +259,7 @@ fn main() -> ExitCode {
             token,
             demo,
             accept_loss,
+            lease_ttl,
         } => {
             let runtime = match tokio_runtime() {
                 Ok(runtime) => runtime,
@@ -266,6 +272,7 @@ fn main() -> ExitCode {
                 token: token.or_else(|| std::env::var("OPENPROGRAM_TOKEN").ok()),
                 demo,
                 accept_loss,
+                lease_ttl,
             };
             match runtime.block_on(serve::run(options)) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -406,4 +413,14 @@ fn print_report(report: &load::LoadReport, json: bool) -> ExitCode {
 fn fail(message: &str) -> ExitCode {
     eprintln!("openprogram: {message}");
     ExitCode::from(1)
+}
+
+/// `--lease-ttl`: a positive duration, written as the restart window's are.
+fn lease_ttl(text: &str) -> Result<Duration, String> {
+    match text.parse::<RestartWindow>() {
+        Ok(RestartWindow::Within(ttl)) if !ttl.is_zero() => Ok(ttl),
+        _ => Err(format!(
+            "invalid lease ttl `{text}`: use a positive duration like 10s or 500ms"
+        )),
+    }
 }

@@ -8,6 +8,7 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use crate::http::{self, auth, Api, Tokens};
 use crate::{Error, RestartWindow, Result, Runtime};
@@ -27,6 +28,8 @@ pub struct ServeOptions {
     pub demo: bool,
     /// S-7: open a store that lost acknowledged history, listing what was lost first.
     pub accept_loss: bool,
+    /// the attempt lease's ttl (default `LEASE_TTL_DEFAULT`).
+    pub lease_ttl: Option<Duration>,
 }
 
 /// The shortest admin token `serve` accepts from its operator.
@@ -56,6 +59,7 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         .data_dir(&options.data)
         .restart_window(options.restart_window)
         .accept_loss(options.accept_loss)
+        .lease_ttl(options.lease_ttl.unwrap_or(crate::LEASE_TTL_DEFAULT))
         .open()?;
     if let Some(salvage) = runtime.salvage() {
         // Listed before anything is served (S-7).

@@ -41,11 +41,28 @@ impl LeaseState {
         })
     }
 
+    /// Starts the lease afresh from now: when its attempt starts running.
     pub fn renew(&self) {
         *self
             .expires_at
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Instant::now() + self.ttl;
+    }
+
+    /// Extends a lease that has not lapsed (the attempt's heartbeat). A lapsed lease stays
+    /// lapsed: an attempt whose process was stopped past its lease (SIGSTOP, a frozen VM)
+    /// may be replaced however soon its heartbeat runs again (R06).
+    pub fn extend(&self) -> bool {
+        let mut expires_at = self
+            .expires_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        if now >= *expires_at {
+            return false;
+        }
+        *expires_at = now + self.ttl;
+        true
     }
 
     pub fn lapsed(&self) -> bool {
@@ -83,7 +100,7 @@ impl Actor for AttemptLeaseActor {
     type Context = Context<Self>;
 }
 
-/// Extend the lease: the attempt is alive.
+/// Extend the lease, unless it lapsed: the attempt is alive.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub struct Renew;
@@ -93,7 +110,7 @@ impl Handler<Renew> for AttemptLeaseActor {
 
     fn handle(&mut self, _: Renew, _ctx: &mut Context<Self>) {
         self.handled += 1;
-        self.state.renew();
+        self.state.extend();
     }
 }
 

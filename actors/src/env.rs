@@ -478,9 +478,15 @@ impl Env {
                 head.state,
                 ExecutionState::Queued | ExecutionState::Running | ExecutionState::Cancelling
             );
-            if !runs || head.fencing_epoch != old.lease.epoch || !old.lease.lapsed() {
-                // Nothing running, the lapsed attempt never claimed, taken over already, or
-                // it renewed its lease since the list was made.
+            if head.fencing_epoch != old.lease.epoch || !old.lease.lapsed() {
+                // The lapsed attempt never claimed, was taken over already, or started
+                // afresh since the list was made.
+                continue;
+            }
+            if !runs {
+                // Idle (waiting, paused): nothing in flight to fence. Its heartbeat cannot
+                // extend a lapsed lease, so it starts afresh here, and is not listed again.
+                old.lease.renew();
                 continue;
             }
             let epoch = head.fencing_epoch + 1;

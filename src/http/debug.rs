@@ -324,6 +324,12 @@ pub async fn metrics(api: web::Data<Api>, request: HttpRequest) -> Result<HttpRe
         &one(counters.fsyncs),
     );
     metric(
+        "fenced_writes_total",
+        "counter",
+        "Writes refused because a newer attempt holds the execution (a stale owner, A-1).",
+        &one(counters.fenced),
+    );
+    metric(
         "fsync_seconds_total",
         "counter",
         "Time spent in fsync.",

@@ -31,6 +31,7 @@ pub mod ids;
 pub mod keys;
 mod log;
 pub mod migrate;
+pub mod planted;
 mod open;
 mod overlay;
 pub mod records;

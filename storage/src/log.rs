@@ -414,10 +414,11 @@ impl Committer {
             current.as_ref().map_or((0, 0, 0), |current| {
                 (current.version, current.fencing_epoch, current.last_seq)
             });
-        if let Some(epoch) = writer_epoch {
-            if epoch < current_epoch {
-                return Ok(Outcome::Fenced { current_epoch });
-            }
+        let stale = writer_epoch.is_some_and(|epoch| epoch < current_epoch);
+        // The planted bug `skip_fencing` checks no epoch.
+        if stale && !crate::planted::planted(crate::planted::Bug::SkipFencing) {
+            self.shared.metrics.fenced.fetch_add(1, Ordering::Relaxed);
+            return Ok(Outcome::Fenced { current_epoch });
         }
         if let Some(expected) = expected_version {
             if expected != current_version {
@@ -576,6 +577,7 @@ impl Committer {
             return Err(Error::UnknownExecution(execution_id));
         };
         if writer_epoch.is_some_and(|epoch| epoch < current_epoch) {
+            self.shared.metrics.fenced.fetch_add(1, Ordering::Relaxed);
             return Ok(Outcome::Fenced { current_epoch });
         }
         if expected_version.is_some_and(|expected| expected != version) {
@@ -701,6 +703,9 @@ impl Committer {
         crate::failpoint!("B08");
         add_elapsed_micros(&self.shared.metrics.flush_micros_total, started);
         let started = Instant::now();
+        if crate::planted::planted(crate::planted::Bug::AckBeforeFsync) {
+            return Ok(());
+        }
         self.data_file.sync_data().map_err(|error| Error::Io {
             path: self.shared.path.join("db"),
             message: error.to_string(),

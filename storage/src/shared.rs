@@ -98,6 +98,7 @@ pub(crate) struct Metrics {
     pub flush_micros_total: AtomicU64,
     pub materializations: AtomicU64,
     pub replayed_frames: AtomicU64,
+    pub fenced: AtomicU64,
 }
 
 /// Adds the time since `since` to a counter of microseconds.
@@ -124,6 +125,8 @@ pub struct MetricsSnapshot {
     pub materializations: u64,
     /// Log frames replayed when the store was opened: the unmaterialized tail (S-6).
     pub replayed_frames: u64,
+    /// Writes refused because a newer attempt holds the execution.
+    pub fenced: u64,
     /// Requests waiting in the committer's queue now (its mailbox depth).
     pub queued: u64,
 }

@@ -271,6 +271,7 @@ impl Store {
             flush_micros_total: metrics.flush_micros_total.load(Ordering::Relaxed),
             materializations: metrics.materializations.load(Ordering::Relaxed),
             replayed_frames: metrics.replayed_frames.load(Ordering::Relaxed),
+            fenced: metrics.fenced.load(Ordering::Relaxed),
             queued: self.inner.sender.as_ref().map_or(0, |sender| {
                 (sender.max_capacity() - sender.capacity()) as u64
             }),

@@ -18,6 +18,7 @@ mod http_debug;
 mod http_script;
 mod k3_property;
 mod kill9;
+mod planted;
 mod processes;
 mod questions;
 mod r01_failpoints;

@@ -19,6 +19,7 @@ use openprogram_storage::{
     ExecutionState as Status, Outcome, ReceiptRecord, ReceiptStatus, Transition, Upsert, WaitId,
 };
 
+use openprogram_storage::planted::{planted, Bug};
 use crate::attempt_lease::{AttemptLeaseActor, LeaseState, Release, Renew};
 use crate::env::Env;
 use crate::error::Error;
@@ -80,6 +81,9 @@ impl Actor for ExecutionActor {
         if self.epoch.is_some() {
             // Started for an attempt claimed already (a takeover): run.
             self.hold_lease(ctx);
+            if planted(Bug::RerunConfirmed) {
+                self.planted_rerun(ctx);
+            }
             ctx.notify(Advance);
         }
     }

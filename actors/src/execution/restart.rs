@@ -4,7 +4,9 @@
 //! extends; the decisions are the pure machine's.
 
 use actix::prelude::*;
-use openprogram_storage::{CommandId, CommandStatus, ReceiptStatus};
+use futures::FutureExt;
+use openprogram_storage::planted::{planted, Bug};
+use openprogram_storage::{CommandId, CommandStatus, Event, ReceiptStatus};
 
 use crate::agent::{Reconciliation, ToolCall};
 use crate::command::{Command, CommandBody, EffectRef, ReconcileOutcome};
@@ -104,8 +106,12 @@ impl ExecutionActor {
         self.reconciling = true;
         let effect_id = unresolved.effect_id;
         let round = self.machine.unresolved_seq;
+        let asked = match planted(Bug::FabricateReceipt) {
+            true => futures::future::ready(Reconciliation::Confirmed("appended".into())).boxed(),
+            false => tool.reconcile(call),
+        };
         ctx.spawn(
-            fut::wrap_future::<_, Self>(tool.reconcile(call)).map(move |answer, act, ctx| {
+            fut::wrap_future::<_, Self>(asked).map(move |answer, act, ctx| {
                 let (status, output) = match answer {
                     Reconciliation::Confirmed(output) => (ReceiptStatus::Confirmed, output),
                     Reconciliation::NotApplied => (ReceiptStatus::NotApplied, String::new()),
@@ -127,6 +133,47 @@ impl ExecutionActor {
                 )));
             }),
         );
+    }
+}
+
+impl ExecutionActor {
+    /// The planted bug `rerun_confirmed` (storage's `planted.rs`): a claimed attempt runs the
+    /// newest confirmed tool effect once more, as a recovery that trusts no receipt would.
+    pub(super) fn planted_rerun(&mut self, ctx: &mut Context<Self>) {
+        let Ok(events) = self.env.store.events_after(self.execution_id, 0, usize::MAX) else {
+            return;
+        };
+        let confirmed = events.iter().rev().find_map(|envelope| match &envelope.event {
+            Event::ToolFinished {
+                effect_id,
+                status: ReceiptStatus::Confirmed,
+                ..
+            } => Some(*effect_id),
+            _ => None,
+        });
+        let dispatched = events.iter().find_map(|envelope| match &envelope.event {
+            Event::ToolDispatched {
+                effect_id,
+                tool,
+                args,
+            } if Some(*effect_id) == confirmed => Some((*effect_id, tool.clone(), args.clone())),
+            _ => None,
+        });
+        let Some((effect_id, tool, args)) = dispatched else {
+            return;
+        };
+        let (Some(tool), Ok(args)) = (self.env.tools.get(&tool), args.parse()) else {
+            return;
+        };
+        let call = ToolCall {
+            execution_id: self.execution_id,
+            effect_id,
+            attempt_id: self.lease.attempt_id,
+            owner_id: self.env.owner,
+            args,
+            handle: CallHandle::detached(effect_id),
+        };
+        ctx.spawn(fut::wrap_future::<_, Self>(tool.call(call)).map(|_, _, _| ()));
     }
 }
 

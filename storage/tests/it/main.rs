@@ -5,6 +5,7 @@ mod support;
 
 mod b1_sessions;
 mod k4_commands;
+mod planted;
 mod r07_locking;
 mod r13_disk_full;
 mod r13_fail_stop;
