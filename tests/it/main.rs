@@ -23,6 +23,7 @@ mod processes;
 mod questions;
 mod r01_failpoints;
 mod r03_ack_after_fsync;
+mod r06_sigstop;
 mod recovery;
 mod restart_window;
 mod resume;
