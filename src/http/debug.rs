@@ -35,11 +35,25 @@ pub struct ActorView {
     pub state: String,
 }
 
+/// `200 {"status": "ok"|"stopping"}`, or `503 {"status": "fail_stop", "code": "fail_stop",
+/// "message"}` once a write or fsync failed: the store acknowledges nothing more until the
+/// process restarts (S-3), and a load balancer should take this node out.
 pub async fn health(api: web::Data<Api>) -> HttpResponse {
-    let counters = api.runtime.store().metrics();
+    let store = api.runtime.store();
+    let counters = store.metrics();
+    let owner_id = store.incarnation().owner_id;
+    if let Some(reason) = store.failure() {
+        return HttpResponse::ServiceUnavailable().json(json!({
+            "status": "fail_stop",
+            "code": "fail_stop",
+            "message": format!("the store stopped acknowledging after a failed write: {reason}; restart the process once the disk is healthy"),
+            "owner_id": owner_id,
+            "transitions": counters.transitions,
+        }));
+    }
     HttpResponse::Ok().json(json!({
         "status": if api.runtime.supervisor_running() { "ok" } else { "stopping" },
-        "owner_id": api.runtime.store().incarnation().owner_id,
+        "owner_id": owner_id,
         "transitions": counters.transitions,
     }))
 }

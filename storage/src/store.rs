@@ -77,6 +77,9 @@ pub trait EventStore: Send + Sync + 'static {
     fn incarnation(&self) -> &Incarnation;
     /// Counters of the write path (groups, transitions, fsyncs...).
     fn metrics(&self) -> MetricsSnapshot;
+    /// Why the store stopped acknowledging writes (fail-stop after a failed write or
+    /// fsync), if it did.
+    fn failure(&self) -> Option<String>;
 }
 
 /// A handle on an open store. Cheap to clone; the store closes when the last handle drops,
@@ -290,11 +293,6 @@ impl Store {
                 codec::decode(&key, &value)
             })
             .collect()
-    }
-
-    /// Why the store stopped acknowledging writes, if it did.
-    pub fn failure(&self) -> Option<String> {
-        self.shared().failure()
     }
 
     /// Reads the overlay, then disk, and retries if a materialization slice was written in
@@ -718,6 +716,10 @@ impl EventStore for Store {
 
     fn metrics(&self) -> MetricsSnapshot {
         self.metrics_snapshot()
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.shared().failure()
     }
 }
 

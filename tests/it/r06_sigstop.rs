@@ -12,15 +12,14 @@
 //! `OP_R06_SEED` replays a run.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use openprogram::storage::{Event, EventStore, ExecutionId, Store};
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use crate::http::call_raw;
 use crate::kill9::{assert_no_duplicate, sink_lines};
+use crate::served::Served;
 use crate::support::DEADLINE;
 
 const TOKEN: &str = "r06-admin-token";
@@ -28,45 +27,6 @@ const LEASE_TTL: Duration = Duration::from_millis(300);
 const EXECUTIONS: usize = 12;
 const STEPS: usize = 8;
 const STALLS: usize = 3;
-
-/// The stalled server, started by this test: continued and killed by pid on drop.
-struct Stalled(Child);
-
-impl Stalled {
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.0.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success(), "kill {signal}");
-    }
-}
-
-impl Drop for Stalled {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.0.id().to_string()])
-            .status();
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn serve(data: &Path) -> (Stalled, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_openprogram"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--token", TOKEN])
-        .args(["--lease-ttl", &format!("{}ms", LEASE_TTL.as_millis())])
-        .arg("--data")
-        .arg(data)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn openprogram serve");
-    let mut url = String::new();
-    let stdout = child.stdout.take().expect("stdout");
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut url).expect("url");
-    (Stalled(child), url.trim().to_owned())
-}
 
 #[test]
 fn r06_an_owner_stopped_past_its_lease_is_fenced_and_nothing_is_delivered_twice() {
@@ -79,10 +39,10 @@ fn r06_an_owner_stopped_past_its_lease_is_fenced_and_nothing_is_delivered_twice(
     let dir = tempfile::tempdir().expect("tempdir");
     let (data, sink) = (dir.path().join("data"), dir.path().join("sink"));
     std::fs::write(&sink, "").expect("sink");
-    let (server, url) = serve(&data);
-    let call = |method: &str, path: &str, body: Option<Value>| {
-        call_raw(&url, method, path, Some(TOKEN), body.map(|b| b.to_string()))
-    };
+    let ttl = format!("{}ms", LEASE_TTL.as_millis());
+    let server = Served::start(&data, TOKEN, &[], &["--lease-ttl", &ttl]);
+    let call =
+        |method: &str, path: &str, body: Option<Value>| server.call(method, path, body.as_ref());
     let (_, session) = call("POST", "/v1/sessions", None);
     let session = session["session_id"].as_str().expect("session").to_owned();
     let executions_path = format!("/v1/sessions/{session}/executions");
@@ -132,7 +92,7 @@ fn r06_an_owner_stopped_past_its_lease_is_fenced_and_nothing_is_delivered_twice(
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    let (_, metrics) = call_raw(&url, "GET", "/metrics", Some(TOKEN), None);
+    let (_, metrics) = call("GET", "/metrics", None);
     let fenced = metrics
         .as_str()
         .and_then(|text| text.lines().find(|l| l.starts_with("openprogram_fenced_writes_total")))

@@ -1,0 +1,99 @@
+//! `openprogram serve` as a child process of a test, on a free port: its URL read from
+//! stdout, signalled by pid, killed on drop (continued first, in case a test stopped it).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::http::call_raw;
+use crate::support::DEADLINE;
+
+pub struct Served {
+    child: Child,
+    pub url: String,
+    pub token: String,
+}
+
+impl Served {
+    /// `serve --data DATA --token TOKEN --listen 127.0.0.1:0 EXTRA...`, run through
+    /// `wrapper` (a program and its arguments that execs the rest, such as `fiu-run -x`).
+    pub fn start(data: &Path, token: &str, wrapper: &[&str], extra: &[&str]) -> Self {
+        let binary = env!("CARGO_BIN_EXE_openprogram");
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
+        let mut child = command
+            .args(["serve", "--listen", "127.0.0.1:0", "--token", token])
+            .args(extra)
+            .arg("--data")
+            .arg(data)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|error| panic!("spawn {wrapper:?} openprogram serve: {error}"));
+        let mut url = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut url)
+            .expect("the listen URL");
+        let url = url.trim().to_owned();
+        assert!(url.starts_with("http://"), "no listen URL: {url:?}");
+        Self {
+            child,
+            url,
+            token: token.to_owned(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `kill -SIGNAL PID`, for the process this test started.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal}");
+    }
+
+    /// `(status, body)` of a call with the admin token.
+    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        call_raw(
+            &self.url,
+            method,
+            path,
+            Some(&self.token),
+            body.map(Value::to_string),
+        )
+    }
+
+    /// SIGTERM, and waits for the orderly shutdown (SIGKILL past the deadline).
+    pub fn stop(mut self) {
+        self.signal("-TERM");
+        let deadline = Instant::now() + DEADLINE;
+        while self.child.try_wait().ok().flatten().is_none() {
+            assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = Command::new("kill")
+                .args(["-CONT", &self.pid().to_string()])
+                .status();
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
