@@ -72,11 +72,13 @@ fn from_env() -> Option<Bug> {
 /// For the planted-bug tests: runs the test `name` of the current test binary alone, in a
 /// child process with `bug` planted. `Ok` with the line that says why, if it failed as it
 /// must; `Err` with its output if it passed, or did not run.
-pub fn harness_fails(bug: &str, name: &str) -> Result<String, String> {
+/// `env`: more variables for the child (a harness's size or seed).
+pub fn harness_fails(bug: &str, name: &str, env: &[(&str, &str)]) -> Result<String, String> {
     let exe = std::env::current_exe().map_err(|error| format!("the test binary: {error}"))?;
     let output = std::process::Command::new(exe)
         .args([name, "--exact", "--include-ignored", "--test-threads=1"])
         .env("OP_PLANTED_BUG", bug)
+        .envs(env.iter().copied())
         .output()
         .map_err(|error| format!("running {name}: {error}"))?;
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -25,6 +25,7 @@ mod r01_failpoints;
 mod r03_ack_after_fsync;
 mod r06_sigstop;
 mod r14_injected_io_errors;
+mod r22_model;
 mod recovery;
 mod restart_window;
 mod resume;

@@ -95,13 +95,20 @@ fn r06_an_owner_stopped_past_its_lease_is_fenced_and_nothing_is_delivered_twice(
     let (_, metrics) = call("GET", "/metrics", None);
     let fenced = metrics
         .as_str()
-        .and_then(|text| text.lines().find(|l| l.starts_with("openprogram_fenced_writes_total")))
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("openprogram_fenced_writes_total"))
+        })
         .unwrap_or("openprogram_fenced_writes_total ?")
         .to_owned();
     drop(server);
 
     assert_no_duplicate(&sink, "after the stalls");
-    assert_eq!(sink_lines(&sink).len(), EXECUTIONS * STEPS, "I8: every step delivered");
+    assert_eq!(
+        sink_lines(&sink).len(),
+        EXECUTIONS * STEPS,
+        "I8: every step delivered"
+    );
     let store = Store::open(&data).expect("reopen");
     let mut takeovers = 0;
     for execution in &executions {
@@ -148,7 +155,11 @@ fn reconcile(
         .unwrap_or_else(|| panic!("no unknown receipt: {snapshot}"));
     let effect = unknown["effect_id"].as_str().expect("effect id");
     let delivered = sink_lines(sink).iter().any(|(_, id)| id == effect);
-    let outcome = if delivered { "confirmed" } else { "not_applied" };
+    let outcome = if delivered {
+        "confirmed"
+    } else {
+        "not_applied"
+    };
     let body = json!({
         "command_id": openprogram::storage::CommandId::new(),
         "kind": "reconcile",

@@ -71,7 +71,11 @@ fn fail_stops_on(point: &str, errno: u32) {
         acknowledged.push(started);
     }
 
-    fiu_ctrl(control, server.pid(), &format!("enable name={point},failinfo={errno}"));
+    fiu_ctrl(
+        control,
+        server.pid(),
+        &format!("enable name={point},failinfo={errno}"),
+    );
     // Admissions go on until one meets the error (a running execution may meet it first).
     let deadline = Instant::now() + DEADLINE;
     loop {
@@ -84,13 +88,24 @@ fn fail_stops_on(point: &str, errno: u32) {
             }
             _ => panic!("{case}: {status} {reply}"),
         }
-        assert!(Instant::now() < deadline, "{case}: the fault never surfaced");
+        assert!(
+            Instant::now() < deadline,
+            "{case}: the fault never surfaced"
+        );
     }
     let assert_fail_stopped = |when: &str| {
         let (status, reply) = admit(&paused);
-        assert_eq!((status, &reply["code"]), (503, &json!("fail_stop")), "{case}, {when}: {reply}");
+        assert_eq!(
+            (status, &reply["code"]),
+            (503, &json!("fail_stop")),
+            "{case}, {when}: {reply}"
+        );
         let (status, health) = crate::http::call_raw(&server.url, "GET", "/health", None, None);
-        assert_eq!((status, &health["status"]), (503, &json!("fail_stop")), "{case}, {when}: {health}");
+        assert_eq!(
+            (status, &health["status"]),
+            (503, &json!("fail_stop")),
+            "{case}, {when}: {health}"
+        );
         let first = acknowledged[0]["execution_id"].as_str().expect("id");
         let (status, snapshot) = server.call("GET", &format!("{executions}/{first}"), None);
         assert_eq!(status, 200, "{case}, {when}: reads go on: {snapshot}");
@@ -104,7 +119,10 @@ fn fail_stops_on(point: &str, errno: u32) {
     for started in &acknowledged {
         let execution = started["execution_id"].as_str().expect("id");
         let (status, snapshot) = server.call("GET", &format!("{executions}/{execution}"), None);
-        assert_eq!(status, 200, "{case}: I8, acknowledged {execution}: {snapshot}");
+        assert_eq!(
+            status, 200,
+            "{case}: I8, acknowledged {execution}: {snapshot}"
+        );
         assert_eq!(snapshot["turn_id"], started["turn_id"], "{case}");
     }
     for (index, execution) in running.iter().enumerate() {
@@ -113,10 +131,17 @@ fn fail_stops_on(point: &str, errno: u32) {
         assert_eq!(snapshot["text"], format!("done {index}"), "{case}");
     }
     let (status, reply) = server.call("POST", &executions, Some(&paused));
-    assert_eq!(status, 201, "{case}: takes work again after the restart: {reply}");
+    assert_eq!(
+        status, 201,
+        "{case}: takes work again after the restart: {reply}"
+    );
     server.stop();
     assert_no_duplicate(&sink, &case);
-    assert_eq!(sink_lines(&sink).len(), RUNNING * STEPS, "{case}: every step delivered");
+    assert_eq!(
+        sink_lines(&sink).len(),
+        RUNNING * STEPS,
+        "{case}: every step delivered"
+    );
 }
 
 /// Waits for `completed`; an unknown effect left by the fault is the reconcile protocol's
@@ -129,7 +154,10 @@ fn wait_completed(server: &Served, path: &str, case: &str) -> Value {
         if snapshot["state"] == "completed" {
             return snapshot;
         }
-        assert!(Instant::now() < deadline, "{case}: never completed: {snapshot}");
+        assert!(
+            Instant::now() < deadline,
+            "{case}: never completed: {snapshot}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }

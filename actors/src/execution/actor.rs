@@ -19,13 +19,13 @@ use openprogram_storage::{
     ExecutionState as Status, Outcome, ReceiptRecord, ReceiptStatus, Transition, Upsert, WaitId,
 };
 
-use openprogram_storage::planted::{planted, Bug};
 use crate::attempt_lease::{AttemptLeaseActor, LeaseState, Release, Renew};
 use crate::env::Env;
 use crate::error::Error;
 use crate::execution::machine::changed_wait_records;
 use crate::execution::machine::{Action, Decision, LiveOutcome, Machine, Next, Recovery};
 use crate::snapshot::Snapshot;
+use openprogram_storage::planted::{planted, Bug};
 
 /// The effect the actor is waiting for.
 #[derive(Debug)]

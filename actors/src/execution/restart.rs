@@ -140,17 +140,24 @@ impl ExecutionActor {
     /// The planted bug `rerun_confirmed` (storage's `planted.rs`): a claimed attempt runs the
     /// newest confirmed tool effect once more, as a recovery that trusts no receipt would.
     pub(super) fn planted_rerun(&mut self, ctx: &mut Context<Self>) {
-        let Ok(events) = self.env.store.events_after(self.execution_id, 0, usize::MAX) else {
+        let Ok(events) = self
+            .env
+            .store
+            .events_after(self.execution_id, 0, usize::MAX)
+        else {
             return;
         };
-        let confirmed = events.iter().rev().find_map(|envelope| match &envelope.event {
-            Event::ToolFinished {
-                effect_id,
-                status: ReceiptStatus::Confirmed,
-                ..
-            } => Some(*effect_id),
-            _ => None,
-        });
+        let confirmed = events
+            .iter()
+            .rev()
+            .find_map(|envelope| match &envelope.event {
+                Event::ToolFinished {
+                    effect_id,
+                    status: ReceiptStatus::Confirmed,
+                    ..
+                } => Some(*effect_id),
+                _ => None,
+            });
         let dispatched = events.iter().find_map(|envelope| match &envelope.event {
             Event::ToolDispatched {
                 effect_id,
