@@ -41,6 +41,7 @@ pub mod load_remote;
 mod load_report;
 pub mod process_stats;
 pub mod serve;
+pub mod soak;
 
 pub use openprogram_actors as actors;
 pub use openprogram_actors::agent;

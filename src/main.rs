@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use openprogram::http::client::{self, Failure, Target};
 use openprogram::load::{self, LoadOptions};
 use openprogram::serve::{self, ServeOptions};
+use openprogram::soak;
 use openprogram::RestartWindow;
 
 /// jemalloc rather than glibc malloc: sled and the actors free on one thread memory that
@@ -92,6 +93,23 @@ enum Command {
         /// (the default) or 500ms.
         #[arg(long, value_parser = lease_ttl)]
         lease_ttl: Option<Duration>,
+    },
+    /// Run the long fault harnesses (R02 kill -9 loop, R22 model-based test, R24 10,000
+    /// executions under a crash loop) and print one JSON summary; exit 1 if an invariant
+    /// broke.
+    Soak {
+        /// R02: kills of the server.
+        #[arg(long, default_value_t = 1000)]
+        kills: usize,
+        /// R22: random cases of 30 actions each.
+        #[arg(long, default_value_t = 2000)]
+        cases: u64,
+        /// R24: executions under the crash loop (20 kills).
+        #[arg(long, default_value_t = 10_000)]
+        r24_executions: usize,
+        /// Replays a run (default: random, printed in the summary).
+        #[arg(long)]
+        seed: Option<u64>,
     },
     /// Send a control to an execution over HTTP.
     Ctl {
@@ -283,6 +301,12 @@ fn main() -> ExitCode {
                 Err(error) => fail(&error.to_string()),
             }
         }
+        Command::Soak {
+            kills,
+            cases,
+            r24_executions,
+            seed,
+        } => soak(kills, cases, r24_executions, seed),
         Command::Ctl {
             target,
             kind,
@@ -381,6 +405,49 @@ fn finish(result: Result<String, Failure>) -> ExitCode {
 }
 
 /// The tokio runtime the subcommands run on: two workers, one per core of the target machine.
+/// `openprogram soak`: the harnesses in turn, a progress bar each on stderr, the summary
+/// on stdout.
+fn soak(kills: usize, cases: u64, r24_executions: usize, seed: Option<u64>) -> ExitCode {
+    let binary = match std::env::current_exe() {
+        Ok(binary) => binary,
+        Err(error) => return fail(&format!("cannot find this binary: {error}")),
+    };
+    let seed = seed.unwrap_or_else(rand::random);
+    let options = soak::SoakOptions::new(binary, seed, kills, cases, r24_executions);
+    let runtime = match tokio_runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    let bar = indicatif::ProgressBar::new(0);
+    let progress = |harness: &str, done: u64, of: u64| {
+        if bar.length() != Some(of) || bar.message() != harness {
+            bar.reset();
+            bar.set_length(of);
+            bar.set_message(harness.to_owned());
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{msg} {bar:40} {pos}/{len} {elapsed}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+        }
+        bar.set_position(done);
+    };
+    let report = runtime.block_on(soak::run(&options, progress));
+    bar.finish_and_clear();
+    match report {
+        Ok(report) => {
+            match serde_json::to_string_pretty(&report) {
+                Ok(json) => println!("{json}"),
+                Err(error) => return fail(&format!("cannot print the summary: {error}")),
+            }
+            match report.clean {
+                true => ExitCode::SUCCESS,
+                false => fail("an invariant broke; see the summary"),
+            }
+        }
+        Err(error) => fail(&format!("soak: {error}")),
+    }
+}
+
 fn tokio_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use openprogram::storage::{Event, EventStore, ExecutionState, Store};
 use openprogram::{RestartWindow, StartReply};
-use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use crate::support::*;
+pub(crate) use openprogram::soak::oracle::sink_lines;
 
 pub(crate) fn serve(data: &Path, stderr: Stdio) -> Child {
     Command::new(env!("CARGO_BIN_EXE_openprogram"))
@@ -40,17 +40,6 @@ fn sigterm(child: &Child) {
         .status()
         .expect("kill -TERM");
     assert!(status.success());
-}
-
-/// Sink lines as (line, effect id).
-pub(crate) fn sink_lines(sink: &Path) -> Vec<(String, String)> {
-    let text = std::fs::read_to_string(sink).unwrap_or_default();
-    text.lines()
-        .map(|line| {
-            let (what, effect) = line.split_once('\t').expect("LINE<TAB>EFFECT_ID");
-            (what.to_owned(), effect.to_owned())
-        })
-        .collect()
 }
 
 /// I1: no effect delivered twice; no line written twice.
@@ -167,10 +156,10 @@ pub(crate) async fn assert_all_completed_exactly_once(
 }
 
 /// R02: 50 executions appending to the sink; `openprogram serve` is killed with SIGKILL at
-/// random moments (50–500 ms) and started again; then it runs to quiescence.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r02_kill9_loop_delivers_every_effect_exactly_once_with_the_original_ids() {
-    const EXECUTIONS: usize = 50;
+/// random moments (50–500 ms) and started again; then it runs to quiescence. The harness is
+/// the one `openprogram soak` runs with 1,000 kills (`openprogram::soak::kill_loop`).
+#[test]
+fn r02_kill9_loop_delivers_every_effect_exactly_once_with_the_original_ids() {
     let seed = std::env::var("OP_KILL_SEED")
         .ok()
         .and_then(|seed| seed.parse().ok())
@@ -179,36 +168,31 @@ async fn r02_kill9_loop_delivers_every_effect_exactly_once_with_the_original_ids
         .ok()
         .and_then(|cycles| cycles.parse().ok())
         .unwrap_or(20);
-    // Work grows with the cycles, so a soak's kills keep landing on work in progress.
-    let steps = (8 * cycles / 20).max(8);
-    eprintln!("r02: OP_KILL_SEED={seed} OP_KILL_CYCLES={cycles} ({EXECUTIONS} executions x {steps} appends)");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let restarts = Restarts::new();
-    let sink_dir = tempfile::tempdir().expect("sink dir");
-    let sink = sink_dir.path().join("sink");
-    // Sleeps between the appends spread each execution over several kill cycles.
-    let started = abandoned_appends(
-        &restarts,
-        &sink,
-        EXECUTIONS,
-        steps,
-        || Some(sleep(rng.gen_range(20..=250))),
-        |_| Vec::new(),
+    eprintln!("r02: OP_KILL_SEED={seed} OP_KILL_CYCLES={cycles}");
+    let options = openprogram::soak::SoakOptions::new(
+        env!("CARGO_BIN_EXE_openprogram").into(),
+        seed,
+        cycles,
+        0,
+        0,
     )
-    .await;
-    let mut delivered_at_kill = Vec::new();
-    for _ in 0..cycles {
-        let child = serve(restarts.dir.path(), Stdio::null());
-        std::thread::sleep(Duration::from_millis(rng.gen_range(50..=500)));
-        kill9(child);
-        assert_no_duplicate(&sink, "after a kill");
-        delivered_at_kill.push(sink_lines(&sink).len());
-    }
-    let reconciled = assert_all_completed_exactly_once(&restarts, &sink, &started, steps).await;
-    eprintln!(
-        "r02: seed {seed}, {cycles} kills, deliveries at each kill {delivered_at_kill:?}, \
-         {reconciled} effects reconciled, 0 duplicates, 0 lost"
+    .r02
+    .expect("R02 runs");
+    let report = openprogram::soak::kill_loop::run(&options, |_| {}).expect("the harness");
+    eprintln!("r02: {}", serde_json::to_string(&report).expect("json"));
+    assert_eq!(report.tally.duplicates, 0, "I1: {report:#?}");
+    assert_eq!(report.tally.lost, 0, "I8: {report:#?}");
+    assert_eq!(
+        report.tally.deliveries,
+        report.executions * report.steps,
+        "{report:#?}"
     );
+    assert_eq!(report.unfinished, 0, "L1: {report:#?}");
+    assert_eq!(report.quarantined, 0, "{report:#?}");
+    assert!(report.violations.is_empty(), "I3, I4, I7: {report:#?}");
+    // The kills landed on work in progress: recoveries ran and some effects were reconciled
+    // or re-run (an execution's steps span several server lives).
+    assert!(report.recoveries > 0, "{report:#?}");
 }
 
 /// R11 (R-3): startups crash in the middle of their recovery (killed a few ms after the

@@ -1,0 +1,426 @@
+//! The kill -9 loop (RELIABILITY.md R02, and R24 at 10,000 executions): `openprogram
+//! serve` runs executions whose steps append to a sink outside the data dir (the oracle);
+//! it is killed with SIGKILL at random moments and started again, `cycles` times; then it
+//! runs to quiescence. Counted against the oracle and the reopened store: deliveries,
+//! duplicates (I1), lost steps (I8), executions that never completed (L1), changed ids
+//! (I7), more than one dispatch of an effect by one epoch (I4), a write by an older epoch
+//! after a newer one claimed (I3), reconciled effects, quarantined executions, the time from
+//! each start to the end of its startup recovery, and the servers' peak RSS.
+//!
+//! Synchronous: child processes, a blocking HTTP client, and the store read at the end.
+
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use openprogram_storage::{Control, Event, EventStore, ExecutionId, Store};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::http::client::{Failure, Target};
+use crate::soak::oracle::{tally, Tally};
+
+#[derive(Debug, Clone)]
+pub struct KillLoopOptions {
+    /// The `openprogram` binary to run as the server.
+    pub binary: PathBuf,
+    pub seed: u64,
+    pub executions: usize,
+    /// Appends per execution, each followed by a sleep drawn from `sleep_ms`.
+    pub steps: usize,
+    pub cycles: usize,
+    /// How long each server lives before its kill, drawn in this range (ms).
+    pub kill_after_ms: (u64, u64),
+    pub sleep_ms: (u64, u64),
+    /// Clients admitting the executions at once.
+    pub admit_concurrency: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct KillLoopReport {
+    pub seed: u64,
+    pub cycles: usize,
+    pub executions: usize,
+    pub steps: usize,
+    #[serde(flatten)]
+    pub tally: Tally,
+    /// Executions not completed at the end (L1).
+    pub unfinished: usize,
+    pub reconciled: usize,
+    pub quarantined: usize,
+    /// Broken invariants other than the tally's (I3, I4, I7), the first few.
+    pub violations: Vec<String>,
+    /// Starts whose recovery ended before their kill, and the time from spawn to the end of
+    /// startup recovery (ms).
+    pub recoveries: usize,
+    pub recovery_ms_p50: f64,
+    pub recovery_ms_p99: f64,
+    pub recovery_ms_max: f64,
+    pub peak_rss_mib: f64,
+    pub wall_s: f64,
+}
+
+impl KillLoopReport {
+    /// Whether every invariant held.
+    pub fn clean(&self) -> bool {
+        self.tally.duplicates == 0
+            && self.tally.lost == 0
+            && self.unfinished == 0
+            && self.quarantined == 0
+            && self.violations.is_empty()
+    }
+}
+
+const TOKEN_LEN: usize = 32;
+const VIOLATIONS_KEPT: usize = 20;
+
+/// A server this harness started, killed by pid on drop.
+struct Server {
+    child: Child,
+    url: String,
+    stderr: PathBuf,
+    spawned: Instant,
+}
+
+impl Server {
+    fn start(
+        options: &KillLoopOptions,
+        data: &Path,
+        token: &str,
+        log: PathBuf,
+    ) -> Result<Self, String> {
+        let stderr = std::fs::File::create(&log).map_err(|e| format!("harness: {e}"))?;
+        let spawned = Instant::now();
+        let mut child = Command::new(&options.binary)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--token",
+                token,
+                "--data",
+            ])
+            .arg(data)
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .map_err(|e| format!("harness: spawn {}: {e}", options.binary.display()))?;
+        let mut url = String::new();
+        if let Some(stdout) = child.stdout.take() {
+            let _ = std::io::BufReader::new(stdout).read_line(&mut url);
+        }
+        let server = Self {
+            child,
+            url: url.trim().to_owned(),
+            stderr: log,
+            spawned,
+        };
+        match server.url.starts_with("http://") {
+            true => Ok(server),
+            false => Err(format!(
+                "serve printed no URL; its stderr: {}",
+                std::fs::read_to_string(&server.stderr).unwrap_or_default()
+            )),
+        }
+    }
+
+    /// Whether its startup recovery has ended (serve says so on stderr).
+    fn recovered(&self) -> bool {
+        std::fs::read_to_string(&self.stderr).is_ok_and(|log| log.contains("startup recovery:"))
+    }
+
+    /// The peak resident memory so far (VmHWM), in MiB.
+    fn peak_rss_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()));
+        status
+            .ok()
+            .and_then(|status| {
+                status
+                    .lines()
+                    .find_map(|line| line.strip_prefix("VmHWM:"))
+                    .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            })
+            .map_or(0.0, |kib| kib / 1024.0)
+    }
+
+    /// A JSON call with the admin token: the answer's body, or the error the server named.
+    fn call(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, String> {
+        let target = Target {
+            url: self.url.clone(),
+            token: token.to_owned(),
+        };
+        target
+            .call(method, path, body)
+            .map_err(|failure| match failure {
+                Failure::Usage(message) | Failure::Failed(message) => {
+                    format!("{method} {path}: {message}")
+                }
+            })
+    }
+
+    /// SIGTERM, waiting for the orderly shutdown; SIGKILL after a minute.
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill(); // by pid: the child this harness started
+        let _ = self.child.wait();
+    }
+}
+
+/// An admitted execution and the ids it must keep (I7).
+#[derive(Debug, Clone)]
+struct Admitted {
+    index: usize,
+    reply: Value,
+}
+
+/// Runs the loop; `progress` is told each kill.
+pub fn run(options: &KillLoopOptions, progress: impl Fn(usize)) -> Result<KillLoopReport, String> {
+    let started = Instant::now();
+    let root = tempfile::tempdir().map_err(|e| format!("harness: {e}"))?;
+    let (data, sink) = (root.path().join("data"), root.path().join("sink"));
+    std::fs::write(&sink, "").map_err(|e| format!("harness: {e}"))?;
+    let mut rng = StdRng::seed_from_u64(options.seed);
+    let token: String = (0..TOKEN_LEN)
+        .map(|_| char::from(b'a' + rng.gen_range(0..26u8)))
+        .collect();
+    let log = |n: usize| root.path().join(format!("serve-{n}.log"));
+
+    let mut server = Server::start(options, &data, &token, log(0))?;
+    let session = server.call(&token, "POST", "/v1/sessions", None)?;
+    let session = match session["session_id"].as_str() {
+        Some(id) => id.to_owned(),
+        None => return Err(format!("creating a session: {session}")),
+    };
+    let scripts: Vec<Value> = (0..options.executions)
+        .map(|index| script(index, options, &sink, &mut rng))
+        .collect();
+    let admitted = admit(
+        &server,
+        &token,
+        &session,
+        scripts,
+        options.admit_concurrency,
+    )?;
+
+    let mut recovery_ms = Vec::new();
+    let mut peak_rss_mib: f64 = 0.0;
+    for cycle in 0..options.cycles {
+        let (low, high) = options.kill_after_ms;
+        let kill_at = Instant::now() + Duration::from_millis(rng.gen_range(low..=high.max(low)));
+        let mut recovered = cycle == 0; // the first server recovered nothing
+        while Instant::now() < kill_at {
+            if !recovered && server.recovered() {
+                recovered = true;
+                recovery_ms.push(server.spawned.elapsed().as_secs_f64() * 1e3);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        peak_rss_mib = peak_rss_mib.max(server.peak_rss_mib());
+        drop(server); // SIGKILL
+        server = Server::start(options, &data, &token, log(cycle + 1))?;
+        progress(cycle + 1);
+    }
+
+    // Quiescence: every execution completes, with its ids (L1, I7).
+    let mut violations = Vec::new();
+    let mut unfinished = 0;
+    let work_ms = options.steps as u64 * options.sleep_ms.1;
+    let deadline = Instant::now() + Duration::from_millis(work_ms) + Duration::from_secs(120);
+    for execution in &admitted {
+        let id = execution.reply["execution_id"].as_str().unwrap_or_default();
+        let path = format!("/v1/sessions/{session}/executions/{id}");
+        loop {
+            let snapshot = server.call(&token, "GET", &path, None)?;
+            if snapshot["state"] == "completed" {
+                if snapshot["text"] != format!("done {}", execution.index) {
+                    violations.push(format!("{id}: reply {}", snapshot["text"]));
+                }
+                for field in ["turn_id", "reply_message_id", "user_message_id"] {
+                    if snapshot[field] != execution.reply[field] {
+                        violations.push(format!("I7: {id}: {field} changed"));
+                    }
+                }
+                break;
+            }
+            if Instant::now() > deadline {
+                unfinished += 1;
+                violations.push(format!("L1: {id} never completed: {snapshot}"));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    peak_rss_mib = peak_rss_mib.max(server.peak_rss_mib());
+    server.stop();
+
+    let store = Store::open(&data).map_err(|e| format!("reopening the store: {e}"))?;
+    let quarantined = store.quarantined().len();
+    let mut reconciled = 0;
+    for execution in &admitted {
+        let Some(id) = execution.reply["execution_id"].as_str() else {
+            continue;
+        };
+        let id: ExecutionId = id.parse().map_err(|e| format!("an execution id: {e}"))?;
+        let events = store
+            .events_after(id, 0, usize::MAX)
+            .map_err(|e| format!("events of {id}: {e}"))?;
+        reconciled += check_events(id, &events, &mut violations);
+    }
+    drop(store);
+    violations.truncate(VIOLATIONS_KEPT);
+
+    let expected: Vec<String> = (0..options.executions)
+        .flat_map(|index| (0..options.steps).map(move |step| line(index, step)))
+        .collect();
+    let (p50, p99, max) = percentiles(&mut recovery_ms);
+    Ok(KillLoopReport {
+        seed: options.seed,
+        cycles: options.cycles,
+        executions: options.executions,
+        steps: options.steps,
+        tally: tally(&sink, &expected),
+        unfinished,
+        reconciled,
+        quarantined,
+        violations,
+        recoveries: recovery_ms.len(),
+        recovery_ms_p50: p50,
+        recovery_ms_p99: p99,
+        recovery_ms_max: max,
+        peak_rss_mib,
+        wall_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn line(execution: usize, step: usize) -> String {
+    format!("e{execution}-s{step}")
+}
+
+fn script(index: usize, options: &KillLoopOptions, sink: &Path, rng: &mut StdRng) -> Value {
+    let mut script = Vec::new();
+    for step in 0..options.steps {
+        script.push(json!({"tool": "append", "args": {"path": sink, "line": line(index, step)}}));
+        let (low, high) = options.sleep_ms;
+        script.push(json!({"tool": "sleep", "args": {"ms": rng.gen_range(low..=high.max(low))}}));
+    }
+    script.push(json!({"reply": format!("done {index}")}));
+    json!({"message": "soak", "script": script, "max_iterations": script.len()})
+}
+
+/// Admits every execution (201, acknowledged) with `concurrency` clients.
+fn admit(
+    server: &Server,
+    token: &str,
+    session: &str,
+    scripts: Vec<Value>,
+    concurrency: usize,
+) -> Result<Vec<Admitted>, String> {
+    let path = format!("/v1/sessions/{session}/executions");
+    let jobs: Vec<(usize, Value)> = scripts.into_iter().enumerate().collect();
+    let chunk = jobs.len().div_ceil(concurrency.max(1)).max(1);
+    let results: Vec<Result<Vec<Admitted>, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = jobs
+            .chunks(chunk)
+            .map(|jobs| {
+                let path = &path;
+                scope.spawn(move || {
+                    jobs.iter()
+                        .map(|(index, body)| {
+                            let reply = server.call(token, "POST", path, Some(body))?;
+                            Ok(Admitted {
+                                index: *index,
+                                reply,
+                            })
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| {
+                handle
+                    .join()
+                    .unwrap_or_else(|_| Err("an admission client panicked".into()))
+            })
+            .collect()
+    });
+    let mut admitted = Vec::new();
+    for result in results {
+        admitted.extend(result?);
+    }
+    Ok(admitted)
+}
+
+/// I4 and I3 over one execution's events; returns its effects reconciled.
+fn check_events(
+    id: ExecutionId,
+    events: &[openprogram_storage::EventEnvelope],
+    violations: &mut Vec<String>,
+) -> usize {
+    let mut dispatches: HashMap<_, usize> = HashMap::new();
+    let mut newest_epoch = 0;
+    let mut reconciled = 0;
+    for envelope in events {
+        match &envelope.event {
+            Event::ToolDispatched { effect_id, .. } => {
+                *dispatches
+                    .entry((*effect_id, envelope.writer_epoch))
+                    .or_default() += 1;
+            }
+            Event::AttemptStarted { epoch, .. } => newest_epoch = newest_epoch.max(*epoch),
+            Event::ControlApplied {
+                control: Control::Reconcile { .. },
+                ..
+            } => reconciled += 1,
+            _ => {}
+        }
+        if envelope.writer_epoch != 0 && envelope.writer_epoch < newest_epoch {
+            violations.push(format!(
+                "I3: {id}: seq {} written by epoch {} after epoch {newest_epoch} claimed",
+                envelope.seq, envelope.writer_epoch
+            ));
+        }
+    }
+    for ((effect, epoch), count) in dispatches {
+        if count > 1 {
+            violations.push(format!(
+                "I4: {id}: {effect} dispatched {count} times by epoch {epoch}"
+            ));
+        }
+    }
+    reconciled
+}
+
+/// (p50, p99, max) of `values`, zeros when empty.
+pub(crate) fn percentiles(values: &mut [f64]) -> (f64, f64, f64) {
+    if values.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    values.sort_by(f64::total_cmp);
+    // To a tenth of a millisecond: the poll that sees a recovery end runs every 2 ms.
+    let tenth = |value: f64| (value * 10.0).round() / 10.0;
+    let at = |q: f64| tenth(values[((values.len() - 1) as f64 * q).round() as usize]);
+    (at(0.5), at(0.99), tenth(values[values.len() - 1]))
+}
