@@ -30,7 +30,8 @@ pub struct SoakOptions {
 impl SoakOptions {
     /// RELIABILITY.md's soak sizes: R02 with `kills` kills of 50 executions (their work
     /// grows with the kills, so the kills keep landing on work in progress), R22 with
-    /// `cases` cases of 30 actions, R24 with `r24_executions` executions and 20 kills.
+    /// `cases` cases of 30 actions, R24 with `r24_executions` executions of 10 appends and
+    /// 20 kills.
     pub fn new(
         binary: PathBuf,
         seed: u64,
@@ -48,11 +49,16 @@ impl SoakOptions {
             sleep_ms: (20, 250),
             admit_concurrency: 4,
         };
+        // A server lives 6–12 s: recovering 10,000 executions while they run takes ~7 s
+        // here, so most kills come after a recovery, and some during one. Each execution
+        // sleeps ~17 s in all between its appends, so the kills keep landing on thousands
+        // of executions in flight.
         let r24 = KillLoopOptions {
             executions: r24_executions,
-            steps: 3,
+            steps: 10,
             cycles: 20,
-            kill_after_ms: (1_000, 4_000),
+            kill_after_ms: (6_000, 12_000),
+            sleep_ms: (500, 3_000),
             admit_concurrency: 32,
             seed: seed.wrapping_add(24),
             ..r02.clone()

@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 use crate::kill9::{assert_no_duplicate, sink_lines};
-use crate::served::Served;
+use crate::served::{appending_turn, Served};
 use crate::support::DEADLINE;
 
 const TOKEN: &str = "r06-admin-token";
@@ -48,14 +48,7 @@ fn r06_an_owner_stopped_past_its_lease_is_fenced_and_nothing_is_delivered_twice(
     let executions_path = format!("/v1/sessions/{session}/executions");
     let mut executions = Vec::new();
     for execution in 0..EXECUTIONS {
-        let mut script = Vec::new();
-        for step in 0..STEPS {
-            let line = format!("e{execution}-s{step}");
-            script.push(json!({"tool": "append", "args": {"path": sink, "line": line}}));
-            script.push(json!({"tool": "sleep", "args": {"ms": 40}}));
-        }
-        script.push(json!({"reply": format!("done {execution}")}));
-        let body = json!({"message": "m", "script": script, "max_iterations": script.len()});
+        let body = appending_turn(execution, STEPS, &sink, 40);
         let (status, started) = call("POST", &executions_path, Some(body));
         assert_eq!(status, 201, "{started}");
         executions.push(started["execution_id"].as_str().expect("id").to_owned());

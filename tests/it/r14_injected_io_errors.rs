@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::kill9::{assert_no_duplicate, sink_lines};
-use crate::served::Served;
+use crate::served::{appending_turn, Served};
 use crate::support::DEADLINE;
 
 const TOKEN: &str = "r14-admin-token";
@@ -52,14 +52,7 @@ fn fail_stops_on(point: &str, errno: u32) {
     // Work in flight when the disk fails: executions appending to the sink.
     let mut running = Vec::new();
     for execution in 0..RUNNING {
-        let mut script = Vec::new();
-        for step in 0..STEPS {
-            let line = format!("e{execution}-s{step}");
-            script.push(json!({"tool": "append", "args": {"path": sink, "line": line}}));
-            script.push(json!({"tool": "sleep", "args": {"ms": 30}}));
-        }
-        script.push(json!({"reply": format!("done {execution}")}));
-        let body = json!({"message": "m", "script": script, "max_iterations": script.len()});
+        let body = appending_turn(execution, STEPS, &sink, 30);
         let (status, started) = admit(&body);
         assert_eq!(status, 201, "{case}: {started}");
         running.push(started["execution_id"].as_str().expect("id").to_owned());

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::http::call_raw;
 use crate::support::DEADLINE;
@@ -96,4 +96,17 @@ impl Drop for Served {
         }
         let _ = self.child.wait();
     }
+}
+
+/// The body admitting turn `execution`: `steps` times an `append` of `e{execution}-s{step}`
+/// to `sink` and a sleep of `sleep_ms`, then the reply `done {execution}`.
+pub fn appending_turn(execution: usize, steps: usize, sink: &Path, sleep_ms: u64) -> Value {
+    let mut script = Vec::new();
+    for step in 0..steps {
+        let line = format!("e{execution}-s{step}");
+        script.push(json!({"tool": "append", "args": {"path": sink, "line": line}}));
+        script.push(json!({"tool": "sleep", "args": {"ms": sleep_ms}}));
+    }
+    script.push(json!({"reply": format!("done {execution}")}));
+    json!({"message": "m", "script": script, "max_iterations": script.len()})
 }
