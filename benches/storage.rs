@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use openprogram::storage::{
-    EffectId, Event, EventStore, ExecutionHead, ExecutionId, ExecutionKind, Outcome, RunId,
-    SessionId, Store, Transition,
+    EffectId, Event, EventReader, EventStore, ExecutionHead, ExecutionId, ExecutionKind, Outcome,
+    RunId, SessionId, Store, Transition,
 };
 use serde_json::json;
 

@@ -27,20 +27,29 @@ use std::time::Duration;
 use actix::Actor as _;
 use openprogram_actors::agent::{Provider, Scripted, Tool, ToolRegistry};
 use openprogram_actors::env::{Directory, Env};
+use openprogram_actors::inspect::Inspector;
 use openprogram_actors::recovery::{Clock, SystemClock};
 use openprogram_actors::service::Service;
 use openprogram_actors::supervisor::{begin_shutdown, Recover, Shutdown, Supervisor};
 use openprogram_actors::system::ActorSystem;
 use openprogram_storage::{
-    CommandId, EventEnvelope, EventStore, ExecutionId, Limits, MessageId, SessionId, Store,
+    CommandId, EventEnvelope, EventReader, ExecutionId, Limits, MessageId, SessionId, Store,
 };
 
+// The server's modules (the `server` feature, on by default; an embedder turns it off).
+#[cfg(feature = "server")]
 pub mod http;
+#[cfg(feature = "server")]
 pub mod load;
+#[cfg(feature = "server")]
 pub mod load_remote;
+#[cfg(feature = "server")]
 mod load_report;
+#[cfg(feature = "server")]
 pub mod process_stats;
+#[cfg(feature = "server")]
 pub mod serve;
+#[cfg(feature = "server")]
 pub mod soak;
 
 pub use openprogram_actors as actors;
@@ -68,6 +77,7 @@ pub struct RuntimeBuilder {
     shutdown_timeout: Option<Duration>,
     process_stop_grace: Option<Duration>,
     accept_loss: bool,
+    store: Option<Store>,
 }
 
 /// How long an attempt keeps its lease without a heartbeat, unless configured.
@@ -86,7 +96,15 @@ impl std::fmt::Debug for RuntimeBuilder {
 }
 
 impl RuntimeBuilder {
-    /// Where the embedded sled store lives. Required.
+    /// A store opened by the caller, instead of `data_dir` (which is then not needed, nor
+    /// `limits` and `accept_loss`, which the caller's open decided). The caller keeps its own
+    /// handle; the runtime's actors write through theirs, and `Runtime::store` reads.
+    pub fn store(mut self, store: Store) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Where the embedded sled store lives. Required, unless `store` gives one.
     pub fn data_dir(mut self, path: impl Into<PathBuf>) -> Self {
         self.data_dir = Some(path.into());
         self
@@ -156,15 +174,22 @@ impl RuntimeBuilder {
     /// Opens the store, starts the actor system and the supervisor, and begins startup
     /// recovery in the background (`Runtime::recovery` waits for its report).
     pub fn open(self) -> Result<Runtime> {
-        let data_dir = self
-            .data_dir
-            .ok_or_else(|| Error::InvalidRequest("the runtime needs a data_dir".into()))?;
-        let (store, salvage) = match self.accept_loss {
-            true => Store::open_salvaging(&data_dir, self.limits)?,
-            false => (Store::open_with(&data_dir, self.limits)?, None),
+        let (store, salvage) = match (self.store, self.data_dir) {
+            (Some(store), _) => (store, None),
+            (None, None) => {
+                return Err(Error::InvalidRequest(
+                    "the runtime needs a data_dir or a store".into(),
+                ))
+            }
+            (None, Some(data_dir)) => match self.accept_loss {
+                true => Store::open_salvaging(&data_dir, self.limits)?,
+                false => (Store::open_with(&data_dir, self.limits)?, None),
+            },
         };
         let owner = store.incarnation().owner_id;
         let system = ActorSystem::start("openprogram")?;
+        // Inspection gets the store's reads only; the actors, the one writer.
+        let reader: Arc<dyn EventReader> = Arc::new(store.clone());
         let mut env = Env::new(
             Arc::new(store),
             self.provider.unwrap_or_else(|| Arc::new(Scripted)),
@@ -201,6 +226,7 @@ impl RuntimeBuilder {
         system.arbiters()[0].spawn(recovered.clone().map(|_| ()));
         Ok(Runtime {
             inner: Arc::new(Inner {
+                inspector: Inspector::new(Arc::clone(&env), reader),
                 service: Service::new(env),
                 system: Mutex::new(Some(system)),
                 supervisor,
@@ -220,6 +246,7 @@ pub struct Runtime {
 
 struct Inner {
     service: Service,
+    inspector: Inspector,
     system: Mutex<Option<ActorSystem>>,
     supervisor: actix::Addr<Supervisor>,
     recovered: futures::future::Shared<futures::future::BoxFuture<'static, Result<RecoveryReport>>>,
@@ -345,12 +372,18 @@ impl Runtime {
 
     /// Execution actors alive now (the rest are parked in storage).
     pub fn live_executions(&self) -> usize {
-        self.inner.service.env().directory.live_len()
+        self.inner.inspector.live_executions()
     }
 
-    /// The store underneath, for inspection.
-    pub fn store(&self) -> &Arc<dyn EventStore> {
-        &self.inner.service.env().store
+    /// The store underneath, read-only: only the runtime's actors write.
+    pub fn store(&self) -> &Arc<dyn EventReader> {
+        self.inner.inspector.store()
+    }
+
+    /// A read-only view for inspection: the store's reads, the live actors' accounts, the
+    /// runtime's counters (the HTTP layer, the debug endpoint and the CLI read through it).
+    pub fn inspect(&self) -> &Inspector {
+        &self.inner.inspector
     }
 
     /// Orderly shutdown: stops new work and recovery, asks every running execution for
@@ -410,12 +443,6 @@ impl Runtime {
         self.inner.service.check_session(session, execution)?;
         let head = self.store().head(execution)?.ok_or(Error::NotFound)?;
         Ok(head.last_seq)
-    }
-
-    /// What the runtime's actors share: the directory of live executions and the live
-    /// process actors, for the debug endpoint.
-    pub fn env(&self) -> &Arc<Env> {
-        self.inner.service.env()
     }
 
     /// Whether the supervisor actor is still running.

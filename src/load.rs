@@ -440,8 +440,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         None => None,
     };
     let fsyncs = runtime.store().metrics().fsyncs - fsyncs_before;
-    let loads = |from: usize| runtime.env().state_loads[from].load(Ordering::Relaxed);
-    let (state_loads_parked, state_loads_replayed) = (loads(0), loads(1));
+    let (state_loads_parked, state_loads_replayed) = runtime.inspect().state_loads();
     // Before the baseline, whose own sled cache would count otherwise.
     let peak_rss_mib = peak_rss_mib();
     runtime.shutdown().await;

@@ -14,6 +14,7 @@
 //! - `service` — the command service and the reads (K-1);
 //! - `system` — the actix system thread and its arbiters;
 //! - `describe` — what an actor says about itself for the debug endpoint;
+//! - `inspect` — the read-only view of a runtime that inspection gets;
 //! - `snapshot`, `error`.
 //!
 //! Architecture invariant: actors depend on `openprogram-storage`, never the reverse, and
@@ -31,6 +32,7 @@ pub mod describe;
 pub mod env;
 pub mod error;
 pub mod execution;
+pub mod inspect;
 pub mod process;
 pub mod recovery;
 pub mod service;

@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use openprogram_actors::describe::{ActorSummary, Describe};
-use openprogram_actors::execution::actor::DescribeExecution;
+use openprogram_actors::describe::ActorSummary;
+use openprogram_actors::inspect::Described;
 use openprogram_storage::ExecutionState;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -79,7 +79,6 @@ pub async fn actor(
 }
 
 async fn list_actors(api: &Api) -> Vec<ActorView> {
-    let env = api.runtime.env();
     let mut actors = Vec::new();
     let unanswered = |kind: &'static str, id: String, error: String| ActorView {
         kind,
@@ -120,46 +119,16 @@ async fn list_actors(api: &Api) -> Vec<ActorView> {
         )),
     }
     // Asked all at once: N busy actors cost one timeout, not N.
-    let asked = futures::future::join_all(env.directory.all().into_iter().map(|addr| async move {
-        let described = addr
-            .send(DescribeExecution)
-            .timeout(ACTOR_ANSWER_TIMEOUT)
-            .await;
-        let lease = match &described {
-            Ok((_, Some(lease))) => Some(lease.send(Describe).timeout(ACTOR_ANSWER_TIMEOUT).await),
-            _ => None,
-        };
-        (described, lease)
-    }))
-    .await;
-    for (described, lease) in asked {
-        match described {
-            Ok((summary, _)) => {
-                let execution = summary.id.clone();
-                actors.push(view(summary));
-                match lease {
-                    Some(Ok(summary)) => actors.push(view(summary)),
-                    Some(Err(error)) => actors.push(unanswered(
-                        "attempt_lease",
-                        format!("lease of {execution}"),
-                        error.to_string(),
-                    )),
-                    None => {}
-                }
-            }
-            // Busy past the timeout, or stopped meanwhile (parked).
-            Err(error) => actors.push(unanswered("execution", "unknown".into(), error.to_string())),
-        }
-    }
-    for (process_id, addr) in env.processes.all() {
-        match addr.send(Describe).timeout(ACTOR_ANSWER_TIMEOUT).await {
-            Ok(summary) => actors.push(view(summary)),
-            Err(error) => actors.push(unanswered(
-                "process",
-                process_id.to_string(),
-                error.to_string(),
-            )),
-        }
+    for described in api
+        .runtime
+        .inspect()
+        .describe_actors(ACTOR_ANSWER_TIMEOUT)
+        .await
+    {
+        actors.push(match described {
+            Described::Answered(summary) => view(summary),
+            Described::Unanswered { kind, id, error } => unanswered(kind, id, error),
+        });
     }
     actors
 }
@@ -267,7 +236,7 @@ pub async fn metrics(api: web::Data<Api>, request: HttpRequest) -> Result<HttpRe
     api.tokens.authorize_admin(&request)?;
     let store = api.runtime.store();
     let counters = store.metrics();
-    let env = api.runtime.env();
+    let inspect = api.runtime.inspect();
     let mut text = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
         text.push_str(&format!(
@@ -288,17 +257,17 @@ pub async fn metrics(api: web::Data<Api>, request: HttpRequest) -> Result<HttpRe
         "steps_total",
         "counter",
         "Steps committed: model decisions and tool results, each with its checkpoint.",
-        &one(env.steps.load(std::sync::atomic::Ordering::Relaxed)),
+        &one(inspect.steps()),
     );
-    let loads = |from: usize| env.state_loads[from].load(std::sync::atomic::Ordering::Relaxed);
+    let (parked, replayed) = inspect.state_loads();
     metric(
         "state_loads_total",
         "counter",
         "Execution states loaded for an activation or a read: from a parked state kept in \
          memory, or by replaying the execution's events.",
         &[
-            ("{from=\"parked\"}".to_owned(), loads(0) as f64),
-            ("{from=\"replay\"}".to_owned(), loads(1) as f64),
+            ("{from=\"parked\"}".to_owned(), parked as f64),
+            ("{from=\"replay\"}".to_owned(), replayed as f64),
         ],
     );
     metric(
@@ -380,12 +349,9 @@ pub async fn metrics(api: web::Data<Api>, request: HttpRequest) -> Result<HttpRe
         &[
             (
                 "{kind=\"execution\"}".into(),
-                env.directory.live_len() as f64,
+                inspect.live_executions() as f64,
             ),
-            (
-                "{kind=\"process\"}".into(),
-                env.processes.all().len() as f64,
-            ),
+            ("{kind=\"process\"}".into(), inspect.live_processes() as f64),
             (
                 "{kind=\"supervisor\"}".into(),
                 f64::from(u8::from(api.runtime.supervisor_running())),

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use openprogram_storage::{Control, Event, EventStore, ExecutionId, Store};
+use openprogram_storage::{Control, Event, EventReader, ExecutionId, Store};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;

@@ -44,5 +44,5 @@ pub use event::{Event, EventEnvelope};
 pub use ids::*;
 pub use open::SalvageReport;
 pub use records::*;
-pub use store::{EventStore, Incarnation, Limits, MetricsSnapshot, Store};
+pub use store::{EventReader, EventStore, Incarnation, Limits, MetricsSnapshot, Store};
 pub use transition::{Committed, Outcome, Transition, Upsert};

@@ -38,13 +38,18 @@ use crate::transition::{Outcome, Transition};
 pub use crate::open::{Incarnation, SEGMENT_BYTES};
 pub use crate::shared::{Limits, MetricsSnapshot};
 
-/// Reads and writes of the event log, independent of the engine underneath.
-pub trait EventStore: Send + Sync + 'static {
+/// Reads and writes of the event log, independent of the engine underneath. Only the
+/// actors write: everything else gets an `EventReader`.
+pub trait EventStore: EventReader {
     /// Queues a transition for the next group commit: at once when the queue has room,
     /// else when the future is first polled, waiting while the queue is full. The future
     /// resolves once the group is fsynced (or rejected). Transitions that must commit in a
     /// given order are submitted one after the other, each awaited (as the actors do).
     fn submit(&self, transition: Transition) -> BoxFuture<'static, Result<Outcome>>;
+}
+
+/// The reads of the event log: what inspection (HTTP, the debug endpoint, the CLI) may do.
+pub trait EventReader: Send + Sync + 'static {
     fn head(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>>;
     /// Events of one execution with `seq > after_seq`, oldest first, at most `limit`.
     fn events_after(
@@ -475,7 +480,9 @@ impl EventStore for Store {
             }
         }
     }
+}
 
+impl EventReader for Store {
     fn head(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>> {
         self.shared().check_quarantine(execution_id)?;
         self.read_consistent(

@@ -359,13 +359,13 @@ async fn b4_an_owner_lost_during_a_model_request_ends_in_history_as_incomplete()
         .await;
     let cancel = command_of(json!({"kind": "cancel"}));
     accept_undecided(
-        &runtime,
+        &restarts,
+        runtime,
         execution,
         cancel,
         openprogram::storage::Control::Cancel,
     )
     .await;
-    crash(runtime);
     let runtime = restarts.open(RestartWindow::Disabled);
     runtime.recovery().await.expect("recovery");
     let activity = runtime.activity(restarts.session).expect("activity");

@@ -1,6 +1,6 @@
 //! The controls through the library (K-1..K-5).
 
-use openprogram::storage::{CommandId, Event, ExecutionId};
+use openprogram::storage::{CommandId, Event, EventReader, EventStore, ExecutionId};
 
 use crate::support::*;
 
@@ -25,11 +25,15 @@ impl openprogram::agent::Tool for StartedSleep {
 
 /// Starts `script` (which begins with a `sleep`) and returns once the sleep has started: a
 /// control sent then lands while the tool runs, not before it starts.
-async fn started_in_sleep(script: Vec<serde_json::Value>) -> (Harness, ExecutionId) {
+async fn started_in_sleep(
+    script: Vec<serde_json::Value>,
+) -> (Harness, ExecutionId, openprogram::storage::Store) {
     let started = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let dir = tempfile::tempdir().expect("tempdir");
+    // The test keeps a handle on the store, to write as another writer would.
+    let store = openprogram::storage::Store::open(dir.path()).expect("open the store");
     let runtime = openprogram::Runtime::builder()
-        .data_dir(dir.path())
+        .store(store.clone())
         .tool(std::sync::Arc::new(StartedSleep(started.clone())))
         .open()
         .expect("open");
@@ -40,12 +44,12 @@ async fn started_in_sleep(script: Vec<serde_json::Value>) -> (Harness, Execution
         assert!(waiting.elapsed() < DEADLINE, "the tool never started");
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
-    (harness, execution)
+    (harness, execution, store)
 }
 
 #[tokio::test]
 async fn k2_pause_during_a_tool_lets_it_finish_and_continue_does_not_repeat_it() {
-    let (harness, execution) =
+    let (harness, execution, _store) =
         started_in_sleep(vec![sleep(300), echo("after"), reply("done")]).await;
     let paused = harness.command(execution, "pause", None).await;
     assert_eq!(paused.status, "applied", "{paused:?}");
@@ -81,15 +85,15 @@ async fn k2_pause_during_a_tool_lets_it_finish_and_continue_does_not_repeat_it()
 
 #[tokio::test]
 async fn k2_a_paused_execution_continues_from_its_parked_state_without_a_replay() {
-    let (harness, execution) =
+    let (harness, execution, _store) =
         started_in_sleep(vec![sleep(100), echo("after"), reply("done")]).await;
     parked(&harness, execution).await;
-    let env = harness.runtime.env();
     let continued = harness.command(execution, "continue", None).await;
     assert_eq!(continued.status, "applied", "{continued:?}");
     let snapshot = harness.wait_for_state(execution, "completed").await;
     assert_eq!(snapshot.text, "done");
-    let loads = |from: usize| env.state_loads[from].load(std::sync::atomic::Ordering::Relaxed);
+    let (parked, replayed) = harness.runtime.inspect().state_loads();
+    let loads = |from: usize| [parked, replayed][from];
     // The Continue's activation (and every read of the parked execution) used the kept
     // state; nothing replayed the history (debug builds also check that the kept state is
     // the one a replay rebuilds, `Env::latest_state`).
@@ -103,7 +107,7 @@ async fn parked(harness: &Harness, execution: ExecutionId) {
     assert_eq!(paused.status, "applied", "{paused:?}");
     harness.wait_for_state(execution, "paused").await;
     let waiting = std::time::Instant::now();
-    while harness.runtime.env().directory.live(execution).is_some() {
+    while harness.runtime.inspect().is_live(execution) {
         assert!(
             waiting.elapsed() < DEADLINE,
             "the paused actor was never released"
@@ -114,17 +118,14 @@ async fn parked(harness: &Harness, execution: ExecutionId) {
 
 #[tokio::test]
 async fn k2_a_parked_state_is_not_used_once_another_write_moved_the_execution_on() {
-    let (harness, execution) = started_in_sleep(vec![sleep(100), reply("done")]).await;
+    let (harness, execution, store) = started_in_sleep(vec![sleep(100), reply("done")]).await;
     parked(&harness, execution).await;
-    let env = harness.runtime.env();
-    let version = env
-        .store
+    let version = store
         .head(execution)
         .expect("head")
         .expect("exists")
         .version;
-    let written = env
-        .store
+    let written = store
         .submit(
             openprogram::storage::Transition::new(
                 execution,
@@ -143,15 +144,12 @@ async fn k2_a_parked_state_is_not_used_once_another_write_moved_the_execution_on
     // The kept state predates that write: it is not used, the events are replayed.
     let snapshot = harness.snapshot(execution).await;
     assert_eq!(snapshot.text, "by another writer");
-    assert_eq!(
-        env.state_loads[1].load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
+    assert_eq!(harness.runtime.inspect().state_loads().1, 1);
 }
 
 #[tokio::test]
 async fn k2_step_runs_exactly_one_step_per_command() {
-    let (harness, execution) =
+    let (harness, execution, _store) =
         started_in_sleep(vec![sleep(300), echo("a"), echo("b"), reply("done")]).await;
     harness.command(execution, "pause", None).await;
     harness.wait_for_state(execution, "paused").await;
@@ -194,7 +192,7 @@ async fn k2_steer_text_appears_in_the_reply() {
 
 #[tokio::test]
 async fn k5_cancel_during_sleep_ends_it_promptly_and_nothing_runs_after() {
-    let (harness, execution) = started_in_sleep(vec![sleep(600_000), reply("never")]).await;
+    let (harness, execution, _store) = started_in_sleep(vec![sleep(600_000), reply("never")]).await;
     let cancelled = harness.command(execution, "cancel", None).await;
     assert_eq!(cancelled.status, "applied", "{cancelled:?}");
     let snapshot = harness.wait_for_state(execution, "cancelled").await;

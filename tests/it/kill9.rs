@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use openprogram::storage::{Event, EventStore, ExecutionState, Store};
+use openprogram::storage::{Event, EventReader, ExecutionState, Store};
 use openprogram::{RestartWindow, StartReply};
 use serde_json::json;
 

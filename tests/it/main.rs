@@ -10,6 +10,7 @@ mod browser;
 mod capabilities;
 mod cli;
 mod controls;
+mod embedder;
 mod http;
 mod http_branches;
 mod http_cli;

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use openprogram::actors::process::os::{self, OsIdentity, StopSignal};
 use openprogram::storage::{
-    Event, ExecutionId, OwnerId, ProcessId, ProcessRecord, ProcessState, Transition, Upsert,
+    Event, EventStore, ExecutionId, OwnerId, ProcessId, ProcessRecord, ProcessState, Store,
+    Transition, Upsert,
 };
 use openprogram::{Command, RestartWindow, Runtime, Snapshot};
 use serde_json::{json, Value};
@@ -215,8 +216,7 @@ async fn p3_r20_processes_of_a_dead_incarnation_are_lost_and_never_signalled() {
         .spawn()
         .expect("spawn sleep");
     let stranger_identity = os::identity_of(stranger.id()).expect("identity");
-    let forged = forge_record(&runtime, execution, stranger_identity).await;
-    crash(runtime);
+    let forged = forge_record(&restarts, runtime, execution, stranger_identity).await;
 
     let runtime = restarts.open(RestartWindow::Unlimited);
     let report = runtime.recovery().await.expect("recovery");
@@ -258,12 +258,21 @@ async fn p3_r20_processes_of_a_dead_incarnation_are_lost_and_never_signalled() {
     stranger.wait().expect("reap the stranger");
 }
 
-async fn forge_record(runtime: &Runtime, execution: ExecutionId, of: OsIdentity) -> ProcessId {
-    forge_record_of(runtime, execution, of, OwnerId::new()).await
+/// A process record a dead incarnation might have left, written with the runtime crashed:
+/// only the runtime's actors write through a runtime.
+async fn forge_record(
+    restarts: &Restarts,
+    runtime: Runtime,
+    execution: ExecutionId,
+    of: OsIdentity,
+) -> ProcessId {
+    crash(runtime);
+    let store = Store::open(restarts.dir.path()).expect("open the store");
+    forge_record_of(&store, execution, of, OwnerId::new()).await
 }
 
 async fn forge_record_of(
-    runtime: &Runtime,
+    store: &Store,
     execution: ExecutionId,
     of: OsIdentity,
     owner_id: OwnerId,
@@ -287,8 +296,7 @@ async fn forge_record_of(
         process_id,
         state: "running".into(),
     };
-    let saved = runtime
-        .store()
+    let saved = store
         .submit(Transition::new(execution, vec![event]).with(Upsert::Process(record)))
         .await
         .expect("forge");
@@ -346,7 +354,7 @@ async fn p3_a_process_left_by_a_killed_serve_is_lost_and_never_signalled() {
 /// is signalled: the record's pid belongs to a stranger here.
 #[tokio::test]
 async fn p1_stop_process_without_an_actor_records_it_lost_and_signals_nothing() {
-    let harness = Harness::new();
+    let (harness, store) = Harness::keeping_store();
     let execution = harness.start(vec![reply("done")], None).await;
     harness.wait_for_state(execution, "completed").await;
     let mut stranger = std::process::Command::new("sleep")
@@ -355,7 +363,7 @@ async fn p1_stop_process_without_an_actor_records_it_lost_and_signals_nothing() 
         .expect("spawn sleep");
     let identity = os::identity_of(stranger.id()).expect("identity");
     let owner = harness.runtime.store().incarnation().owner_id;
-    let process_id = forge_record_of(&harness.runtime, execution, identity, owner).await;
+    let process_id = forge_record_of(&store, execution, identity, owner).await;
     let stop = harness
         .runtime
         .command(harness.session, execution, stop_request(process_id))

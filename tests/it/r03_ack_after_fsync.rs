@@ -127,8 +127,10 @@ impl Drop for Traced {
 /// since their request was read, and how many did not.
 fn acks_after_fsync(trace: &str) -> (usize, usize) {
     // A syscall cut by another thread's is "<unfinished ...>", completed in a later
-    // "<... NAME resumed>" line of the same pid: remember what it was about.
+    // "<... NAME resumed>" line of the same pid: its name and file are in the first part,
+    // the data it read is in the second, so the two are read as one line.
     let mut unfinished: HashMap<&str, &str> = HashMap::new();
+    let mut joined = String::new();
     let (mut covered, mut uncovered) = (0, 0);
     let (mut pending, mut db, mut acknowledged) = (false, false, false);
     for line in trace.lines() {
@@ -141,10 +143,14 @@ fn acks_after_fsync(trace: &str) -> (usize, usize) {
             continue;
         }
         let call = if call.starts_with("<...") {
-            match unfinished.remove(pid) {
-                Some(started) => started,
-                None => continue,
-            }
+            let Some(started) = unfinished.remove(pid) else {
+                continue;
+            };
+            let resumed = call.split_once("resumed>").map_or("", |(_, rest)| rest);
+            joined.clear();
+            joined.push_str(started.trim_end_matches("<unfinished ...>"));
+            joined.push_str(resumed);
+            joined.as_str()
         } else {
             call
         };

@@ -14,7 +14,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use openprogram::storage::{Event, EventStore, ExecutionId, Store};
+use openprogram::storage::{Event, EventReader, ExecutionId, Store};
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 

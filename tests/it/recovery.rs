@@ -118,8 +118,8 @@ async fn e4_an_external_effect_left_in_flight_becomes_unknown_and_never_runs_aga
 /// against the version its own acceptance moved the execution to.
 #[tokio::test]
 async fn k4_a_command_accepted_before_a_crash_is_decided_on_redelivery() {
-    use openprogram::storage::{CommandId, Event, Transition, Upsert};
-    let harness = Harness::new();
+    use openprogram::storage::{CommandId, Event, EventStore, Transition, Upsert};
+    let (harness, store) = Harness::keeping_store();
     let execution = harness.start_paused(vec![reply("done")]).await;
     let seen = harness.snapshot(execution).await.version;
     let continue_request = command_of(serde_json::json!({
@@ -131,9 +131,7 @@ async fn k4_a_command_accepted_before_a_crash_is_decided_on_redelivery() {
         command_id: accepted.command_id,
         kind: "continue".into(),
     };
-    let saved = harness
-        .runtime
-        .store()
+    let saved = store
         .submit(Transition::new(execution, vec![event]).with(Upsert::Command(accepted)))
         .await
         .expect("accept");

@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use openprogram::storage::{Checkpoint, Event, EventStore, ExecutionState, Store, Transition};
+use openprogram::storage::{
+    Checkpoint, Event, EventReader, EventStore, ExecutionState, Store, Transition,
+};
 use openprogram::RestartWindow;
 
 use crate::support::*;

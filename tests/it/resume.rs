@@ -11,7 +11,8 @@ use futures::FutureExt;
 use openprogram::actors::execution::machine::Recovery;
 use openprogram::agent::{Tool, ToolCall};
 use openprogram::storage::{
-    Event, EventStore, ExecutionHead, ExecutionKind, ExecutionState, RunId, Store, Transition,
+    Event, EventReader, EventStore, ExecutionHead, ExecutionKind, ExecutionState, RunId, Store,
+    Transition,
 };
 use openprogram::{Command, RestartWindow};
 use serde_json::json;
@@ -569,13 +570,13 @@ async fn r5_a_command_accepted_before_the_crash_is_decided_first_by_the_resumed_
         })
         .await;
     let pause = accept_undecided(
-        &runtime,
+        &restarts,
+        runtime,
         execution,
         command("pause", None, None),
         Control::Pause,
     )
     .await;
-    crash(runtime);
     let runtime = restarts.open(RestartWindow::Unlimited);
     assert_eq!(
         runtime.recovery().await.expect("recovery").resumed,
@@ -600,13 +601,13 @@ async fn r5_a_cancel_accepted_for_a_parked_execution_is_decided_at_its_next_acti
     let runtime = restarts.open(RestartWindow::Unlimited);
     let execution = restarts.start_paused(&runtime, vec![reply("done")]).await;
     let cancel = accept_undecided(
-        &runtime,
+        &restarts,
+        runtime,
         execution,
         command("cancel", None, None),
         Control::Cancel,
     )
     .await;
-    crash(runtime);
     let runtime = restarts.open(RestartWindow::Unlimited);
     runtime.recovery().await.expect("recovery");
     assert_eq!(restarts.snapshot(&runtime, execution).await.state, "paused");

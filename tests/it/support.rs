@@ -26,6 +26,18 @@ impl Harness {
         Self::with_runtime(runtime, dir)
     }
 
+    /// A harness whose runtime runs on a store the test opened, and the test's own handle
+    /// on it: for a test that writes what no command can (a record a dead worker left).
+    pub fn keeping_store() -> (Self, openprogram::storage::Store) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = openprogram::storage::Store::open(dir.path()).expect("open the store");
+        let runtime = Runtime::builder()
+            .store(store.clone())
+            .open()
+            .expect("open runtime");
+        (Self::with_runtime(runtime, dir), store)
+    }
+
     /// A harness around a runtime configured by the test, on `dir`.
     pub fn with_runtime(runtime: Runtime, dir: tempfile::TempDir) -> Self {
         Self {
@@ -400,22 +412,26 @@ pub fn crash(runtime: Runtime) {
     drop(runtime);
 }
 
-/// Writes what an execution's actor writes when it accepts a control, and nothing more: the
-/// worker died before deciding it.
+/// What an execution's actor writes when it accepts a control, and nothing more: the
+/// runtime crashes, and the store is left as if its worker had died after accepting the
+/// command and before deciding it (written through a store opened here: only the runtime's
+/// actors write through the runtime).
 pub async fn accept_undecided(
-    runtime: &Runtime,
+    restarts: &Restarts,
+    runtime: Runtime,
     execution: ExecutionId,
     request: Command,
     control: openprogram::storage::Control,
 ) -> Command {
-    use openprogram::storage::{Outcome, Transition, Upsert};
+    use openprogram::storage::{EventStore, Outcome, Store, Transition, Upsert};
+    crash(runtime);
+    let store = Store::open(restarts.dir.path()).expect("open the store");
     let accepted = request.accepted_record(execution);
     let event = Event::ControlAccepted {
         command_id: request.command_id,
         control,
     };
-    let saved = runtime
-        .store()
+    let saved = store
         .submit(Transition::new(execution, vec![event]).with(Upsert::Command(accepted)))
         .await
         .expect("accept");

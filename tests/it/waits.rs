@@ -190,8 +190,7 @@ async fn w3_an_answer_to_an_earlier_wait_never_moves_the_newer_wait_after_a_rest
         answer: "yes again".into(),
         scope: AnswerScope::Operation,
     };
-    let stale = accept_undecided(&runtime, execution, stale, control).await;
-    crash(runtime);
+    let stale = accept_undecided(&restarts, runtime, execution, stale, control).await;
 
     let runtime = restarts.open(RestartWindow::Unlimited);
     let report = runtime.recovery().await.expect("recovery");

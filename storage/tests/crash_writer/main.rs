@@ -12,8 +12,8 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use openprogram_storage::{
-    EffectId, Event, EventStore, ExecutionHead, ExecutionId, ExecutionKind, ExecutionState, Limits,
-    Outcome, RunId, SessionId, Store, Transition,
+    EffectId, Event, EventReader, EventStore, ExecutionHead, ExecutionId, ExecutionKind,
+    ExecutionState, Limits, Outcome, RunId, SessionId, Store, Transition,
 };
 
 /// The execution a writer owns: the same in every run, so runs continue each other's work.

@@ -2,7 +2,7 @@
 //! session is listed, whether its creation is still in the overlay, materialized, or in a
 //! log tail replayed at open; a store written before the index gets it from its migration.
 
-use openprogram_storage::{EventStore, ExecutionId, SessionId, Store, Transition};
+use openprogram_storage::{EventReader, EventStore, ExecutionId, SessionId, Store, Transition};
 
 use crate::support::*;
 

@@ -3,8 +3,8 @@
 //! duplicates race into one group commit (R08).
 
 use openprogram_storage::{
-    CommandId, CommandRecord, CommandStatus, EventStore, ExecutionId, Outcome, Store, Transition,
-    Upsert,
+    CommandId, CommandRecord, CommandStatus, EventReader, EventStore, ExecutionId, Outcome, Store,
+    Transition, Upsert,
 };
 
 use crate::support::*;

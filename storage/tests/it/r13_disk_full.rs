@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use openprogram_storage::{EventStore, ExecutionId, Outcome, Store, Transition};
+use openprogram_storage::{EventReader, EventStore, ExecutionId, Outcome, Store, Transition};
 
 use crate::support::*;
 

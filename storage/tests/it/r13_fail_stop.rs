@@ -6,7 +6,7 @@
 
 use std::process::Command;
 
-use openprogram_storage::{EventStore, ExecutionId, Store};
+use openprogram_storage::{EventReader, ExecutionId, Store};
 
 use crate::support::*;
 

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use openprogram_storage::{keys, EventStore, ExecutionId, Limits, Store};
+use openprogram_storage::{keys, EventReader, ExecutionId, Limits, Store};
 
 use crate::support::*;
 

@@ -1,6 +1,6 @@
 //! S-1: events get a per-execution seq and a global position; reopening never renumbers.
 
-use openprogram_storage::{EventStore, Store};
+use openprogram_storage::{EventReader, Store};
 
 use crate::support::*;
 

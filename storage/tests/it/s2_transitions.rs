@@ -1,8 +1,8 @@
 //! S-2: a transition is one atomic write with its version check and fencing check.
 
 use openprogram_storage::{
-    Blob, CommandId, CommandRecord, CommandStatus, EventStore, ExecutionId, Limits, Outcome, Store,
-    Transition, Upsert,
+    Blob, CommandId, CommandRecord, CommandStatus, EventReader, EventStore, ExecutionId, Limits,
+    Outcome, Store, Transition, Upsert,
 };
 
 use crate::support::*;

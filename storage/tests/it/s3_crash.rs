@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use openprogram_storage::{Event, EventStore, ExecutionId, ExecutionState, Store};
+use openprogram_storage::{Event, EventReader, ExecutionId, ExecutionState, Store};
 use rand::{Rng, SeedableRng};
 
 const WRITERS: u64 = 100;

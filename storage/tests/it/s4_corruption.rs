@@ -1,7 +1,9 @@
 //! S-4: a record that fails its checksum is reported with its tree and key, quarantines only
 //! its execution, and the rest of the store keeps working.
 
-use openprogram_storage::{keys, Error, EventStore, ExecutionId, Limits, Store, Transition};
+use openprogram_storage::{
+    keys, Error, EventReader, EventStore, ExecutionId, Limits, Store, Transition,
+};
 
 use crate::support::*;
 

@@ -1,7 +1,9 @@
 //! S-5: blobs are stored once by content hash, size-limited with a clear error, and checked
 //! against their hash when read.
 
-use openprogram_storage::{Blob, Error, EventStore, Limits, Store, Transition, Upsert};
+use openprogram_storage::{
+    Blob, Error, EventReader, EventStore, Limits, Store, Transition, Upsert,
+};
 
 use crate::support::*;
 

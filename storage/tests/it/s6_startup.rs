@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use openprogram_storage::{EventStore, ExecutionId, ExecutionState, Limits, Store};
+use openprogram_storage::{EventReader, ExecutionId, ExecutionState, Limits, Store};
 
 use crate::support::*;
 

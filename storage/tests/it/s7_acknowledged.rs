@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use openprogram_storage::{Error, EventStore, ExecutionId, Limits, Store};
+use openprogram_storage::{Error, EventReader, ExecutionId, Limits, Store};
 use rand::{Rng, SeedableRng};
 
 use crate::support::*;

@@ -2,7 +2,7 @@
 //! whole history back.
 
 use openprogram_storage::{
-    Committed, EffectId, Event, EventEnvelope, EventStore, ExecutionHead, ExecutionId,
+    Committed, EffectId, Event, EventEnvelope, EventReader, EventStore, ExecutionHead, ExecutionId,
     ExecutionKind, ExecutionState, Outcome, RunId, SessionId, Store, Transition,
 };
 
