@@ -9,7 +9,6 @@
 //! admission to its terminal state. Nothing here asserts a figure: it measures and reports.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -24,33 +23,11 @@ use openprogram_storage::{ExecutionId, MetricsSnapshot, SessionId};
 use serde_json::json;
 
 use crate::load_report::ms;
-pub use crate::load_report::LoadReport;
+pub use crate::load_report::{LoadOptions, LoadReport};
 use crate::process_stats::{
     cpu_by_role, peak_rss_mib, process_cpu, rss_kib, thread_times, waited_by_role,
 };
 use crate::{Error, Result, Runtime, StartRequest};
-
-/// What to run.
-#[derive(Debug, Clone)]
-pub struct LoadOptions {
-    /// The store to use; a fresh temporary one when `None`.
-    pub data: Option<PathBuf>,
-    pub executions: usize,
-    /// Tool steps per execution.
-    pub steps: usize,
-    pub concurrency: usize,
-    pub payload_bytes: usize,
-    /// Also measure raw sled (batches of 256 + flush + fsync) for this long.
-    pub baseline: Option<Duration>,
-    /// Draw a progress bar on stderr.
-    pub progress: bool,
-    /// While the load runs, send this many Pause/Continue pairs per second to random running
-    /// executions and time each command from the call to its `applied` answer.
-    pub commands_per_s: Option<f64>,
-    /// After the load, park this many executions (admitted paused, one Step, actor
-    /// released) and report resident memory per parked execution.
-    pub park: Option<usize>,
-}
 
 /// Parks `n` executions in `session`: each is admitted paused and stepped once (its actor
 /// runs one model decision, pauses and releases itself). Returns once no actor is live.

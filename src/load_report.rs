@@ -1,12 +1,35 @@
-//! What `openprogram load` measured (`LoadReport`): the `--json` line and the readable
-//! table, for a load embedded (`load.rs`) or driven over HTTP (`load_remote.rs`).
+//! What `openprogram load` runs (`LoadOptions`) and measured (`LoadReport`): the `--json`
+//! line and the readable table, for a load embedded (`load.rs`) or driven over HTTP
+//! (`load_remote.rs`).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::load::LoadOptions;
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// The store to use; a fresh temporary one when `None`.
+    pub data: Option<PathBuf>,
+    pub executions: usize,
+    /// Tool steps per execution.
+    pub steps: usize,
+    pub concurrency: usize,
+    pub payload_bytes: usize,
+    /// Also measure raw sled (batches of 256 + flush + fsync) for this long.
+    pub baseline: Option<Duration>,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+    /// While the load runs, send this many Pause/Continue pairs per second to random running
+    /// executions and time each command from the call to its `applied` answer.
+    pub commands_per_s: Option<f64>,
+    /// After the load, park this many executions (admitted paused, one Step, actor
+    /// released) and report resident memory per parked execution.
+    pub park: Option<usize>,
+}
 
 /// What was measured (the `--json` line).
 #[derive(Debug, Clone, Default, Serialize)]

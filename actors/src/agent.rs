@@ -14,7 +14,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use openprogram_storage::{AttemptId, EffectId, ExecutionId, OwnerId};
 
-use crate::execution::live::CallHandle;
+use crate::call::CallHandle;
 use crate::execution::machine::{AgentInput, Decision, Recovery, ToolArgs, Turn};
 
 /// What a provider decides from: the immutable input and the committed context.

@@ -20,7 +20,8 @@ use crate::agent::{Provider, ToolRegistry};
 use crate::attempt_lease::LeaseState;
 use crate::error::{Error, Result};
 use crate::execution::actor::{Activate, ExecutionActor, Superseded};
-use crate::execution::machine::{changed_wait_records, Machine, Recovery};
+use crate::execution::machine::{Machine, Recovery};
+use crate::execution::machine_waits::changed_wait_records;
 use crate::recovery::{Clock, RestartWindow};
 
 /// Told once an execution ends (`Ok`), or stops without ending (`Err`).

@@ -4,6 +4,7 @@
 //! - `execution::machine` — the pure state machine of an agent turn;
 //! - `execution::actor` — the actor shell around it;
 //! - `agent` — the `Provider` and `Tool` traits and the built-ins of SPEC §6;
+//! - `call` — what a running tool call can ask of its execution (`CallHandle`): no actor;
 //! - `activity` — the Activity projection of a session's branches, pure (B-1..B-5);
 //! - `branches` — Activity, Fork, Retry and the session feed in the command service;
 //! - `attempt_lease` — the lease actor of each running attempt;
@@ -27,6 +28,7 @@ mod activity_tests;
 pub mod agent;
 pub mod attempt_lease;
 pub mod branches;
+pub mod call;
 pub mod command;
 pub mod describe;
 pub mod env;

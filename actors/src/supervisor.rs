@@ -23,7 +23,8 @@ use openprogram_storage::{ProcessId, ProcessState, Upsert};
 use crate::attempt_lease::LeaseState;
 use crate::env::{replay, Env};
 use crate::error::{Error, Result};
-use crate::execution::machine::{changed_wait_records, Machine, RESTART_PAUSE_REASON};
+use crate::execution::machine::{Machine, RESTART_PAUSE_REASON};
+use crate::execution::machine_waits::changed_wait_records;
 use crate::execution::restart::{ReconcileUnknown, RestartPause};
 use crate::recovery::{classify, Hold, Plan};
 

@@ -40,7 +40,8 @@ use crate::frame::WireFrame;
 pub(crate) use crate::frame::{inputs_to_blob, Frame, HeadIdentity, StoredFrame};
 use crate::ids::ExecutionId;
 use crate::keys;
-use crate::records::{BlobHash, CommandRecord, ProcessRecord, ReceiptRecord, WaitRecord};
+pub(crate) use crate::record_value::RecordValue;
+use crate::records::BlobHash;
 
 /// The format version written in front of every record.
 pub const RECORD_FORMAT_VERSION: u8 = 1;
@@ -48,9 +49,6 @@ pub const RECORD_FORMAT_VERSION: u8 = 1;
 pub const LOG_FORMAT_VERSION: u8 = 3;
 const LOG_FORMAT_V1: u8 = 1;
 const LOG_FORMAT_V2: u8 = 2;
-/// An admission input this large is stored as a blob, once however many executions share
-/// it, and referenced from its event (S-5).
-pub(crate) const INPUT_BLOB_BYTES_MIN: usize = 1024;
 
 const CRC_LEN: usize = 4;
 const FRAME_HEADER_LEN: usize = 4 + 4 + 16;
@@ -146,94 +144,6 @@ fn corrupted(key: &[u8]) -> Error {
     Error::Corrupted {
         tree: keys::tree_name(key),
         key: keys::display(key),
-    }
-}
-
-/// A record upsert carried by a transition and replayed from the log.
-///
-/// Stored by variant index (`WireRecord`): a command record is written as index 4 since
-/// schema 6 (it gained `reason_code`); index 0, the command record before that, is still
-/// read. Append new indexes, never reuse one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum RecordValue {
-    Command(CommandRecord),
-    Receipt(ReceiptRecord),
-    Wait(WaitRecord),
-    Process(ProcessRecord),
-}
-
-/// The command record as schemas 1..=5 wrote it (no `reason_code`).
-#[derive(Deserialize)]
-struct CommandRecordV1 {
-    command_id: crate::ids::CommandId,
-    execution_id: ExecutionId,
-    kind: String,
-    payload_hash: [u8; 32],
-    status: crate::records::CommandStatus,
-    reason: Option<String>,
-    result_version: Option<u64>,
-    child_execution_id: Option<ExecutionId>,
-    accepted_at_ms: u64,
-}
-
-/// What `RecordValue` is stored as, read back (indexes are the stored variant numbers).
-#[derive(Deserialize)]
-enum WireRecord {
-    CommandV1(CommandRecordV1),
-    Receipt(ReceiptRecord),
-    Wait(WaitRecord),
-    Process(ProcessRecord),
-    Command(CommandRecord),
-}
-
-/// What `RecordValue` is stored as, written (the same indexes; index 0 is never written).
-#[derive(Serialize)]
-enum WireRecordRef<'a> {
-    #[allow(dead_code)]
-    CommandV1(()),
-    Receipt(&'a ReceiptRecord),
-    Wait(&'a WaitRecord),
-    Process(&'a ProcessRecord),
-    Command(&'a CommandRecord),
-}
-
-impl Serialize for RecordValue {
-    fn serialize<S: serde::Serializer>(
-        &self,
-        serializer: S,
-    ) -> std::result::Result<S::Ok, S::Error> {
-        match self {
-            RecordValue::Command(record) => WireRecordRef::Command(record),
-            RecordValue::Receipt(record) => WireRecordRef::Receipt(record),
-            RecordValue::Wait(record) => WireRecordRef::Wait(record),
-            RecordValue::Process(record) => WireRecordRef::Process(record),
-        }
-        .serialize(serializer)
-    }
-}
-
-impl<'de> Deserialize<'de> for RecordValue {
-    fn deserialize<D: serde::Deserializer<'de>>(
-        deserializer: D,
-    ) -> std::result::Result<Self, D::Error> {
-        Ok(match WireRecord::deserialize(deserializer)? {
-            WireRecord::CommandV1(old) => RecordValue::Command(CommandRecord {
-                command_id: old.command_id,
-                execution_id: old.execution_id,
-                kind: old.kind,
-                payload_hash: old.payload_hash,
-                status: old.status,
-                reason: old.reason,
-                reason_code: None,
-                result_version: old.result_version,
-                child_execution_id: old.child_execution_id,
-                accepted_at_ms: old.accepted_at_ms,
-            }),
-            WireRecord::Receipt(record) => RecordValue::Receipt(record),
-            WireRecord::Wait(record) => RecordValue::Wait(record),
-            WireRecord::Process(record) => RecordValue::Process(record),
-            WireRecord::Command(record) => RecordValue::Command(record),
-        })
     }
 }
 

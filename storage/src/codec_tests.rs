@@ -4,7 +4,7 @@
 use super::*;
 use crate::event::{Event, EventEnvelope};
 use crate::ids::{RunId, SessionId};
-use crate::records::{ExecutionHead, ExecutionKind};
+use crate::records::{CommandRecord, ExecutionHead, ExecutionKind};
 
 /// R16: every decoder of bytes from disk refuses random and mutated input with an
 /// error, never a panic or an unbounded allocation. Records and head records get their

@@ -7,13 +7,17 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-use crate::codec::{RecordValue, INPUT_BLOB_BYTES_MIN};
 use crate::error::Result;
 use crate::event::{Event, EventEnvelope};
 use crate::ids::{ExecutionId, MessageId, RevisionId, RunId, SessionId, TurnId};
+use crate::record_value::RecordValue;
 use crate::records::{
     AttemptLease, BlobHash, Checkpoint, ExecutionHead, ExecutionKind, ExecutionState, RestartIntent,
 };
+
+/// An admission input this large is stored as a blob, once however many executions share
+/// it, and referenced from its event (S-5).
+pub(crate) const INPUT_BLOB_BYTES_MIN: usize = 1024;
 
 /// What the log keeps of one committed transition: enough to rebuild the head, the events
 /// and the records without reading anything else.

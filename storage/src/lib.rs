@@ -34,6 +34,7 @@ pub mod migrate;
 mod open;
 mod overlay;
 pub mod planted;
+mod record_value;
 pub mod records;
 mod shared;
 pub mod store;

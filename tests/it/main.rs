@@ -17,6 +17,7 @@ mod http_cli;
 mod http_commands;
 mod http_debug;
 mod http_script;
+mod imports;
 mod k3_property;
 mod kill9;
 mod planted;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use openprogram::actors::execution::live::{AskError, CallHandle};
+use openprogram::actors::call::{AskError, CallHandle};
 use openprogram::actors::execution::machine::{LiveOutcome, Recovery};
 use openprogram::agent::{Tool, ToolCall};
 use openprogram::storage::{CommandId, EffectId, ExecutionId, WaitId, WaitStatus};

@@ -22,8 +22,8 @@ use openprogram_storage::{
 use crate::attempt_lease::{AttemptLeaseActor, LeaseState, Release, Renew};
 use crate::env::Env;
 use crate::error::Error;
-use crate::execution::machine::changed_wait_records;
 use crate::execution::machine::{Action, Decision, LiveOutcome, Machine, Next, Recovery};
+use crate::execution::machine_waits::changed_wait_records;
 use crate::snapshot::Snapshot;
 use openprogram_storage::planted::{planted, Bug};
 

@@ -12,7 +12,7 @@ use openprogram_storage::{EffectId, ReceiptStatus};
 
 use super::actor::{committed, log_failure, Advance, ExecutionActor, InFlight};
 use crate::agent::{ModelRequest, ToolCall};
-use crate::execution::live::CallHandle;
+use crate::call::CallHandle;
 use crate::execution::machine::{Decision, Input, PendingTool, Recovery};
 
 /// A provider or tool finished.
@@ -119,7 +119,11 @@ impl ExecutionActor {
                         attempt_id: self.lease.attempt_id,
                         owner_id: self.env.owner,
                         args,
-                        handle: CallHandle::new(effect_id, ctx.address()),
+                        handle: CallHandle::new(
+                            effect_id,
+                            ctx.address().recipient(),
+                            ctx.address().recipient(),
+                        ),
                     };
                     (tool.recovery(), tool.call(call))
                 }

@@ -20,7 +20,7 @@ use openprogram_storage::{
 
 use super::machine_types::default_max_iterations;
 pub use super::machine_types::*;
-pub use super::machine_waits::{changed_wait_records, LiveOutcome, ManagedProcess, WaitState};
+pub use super::wait_types::{wait_of, LiveOutcome, ManagedProcess, WaitState};
 use openprogram_storage::ProcessState as ProcState;
 
 /// The state of one agent turn, rebuilt from its events.

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::command::CommandKind;
 
-use super::machine_waits::LiveOutcome;
+use super::wait_types::LiveOutcome;
 
 /// How a tool behaves when a crash leaves its outcome unknown (E-2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,49 +15,13 @@ use openprogram_storage::{
     WaitRecord, WaitStatus,
 };
 
-use crate::execution::machine::{Action, CommandKind, Machine, Refusal, Rejection, Turn};
+use crate::execution::machine::{
+    wait_of, Action, CommandKind, LiveOutcome, Machine, ManagedProcess, Refusal, Rejection, Turn,
+    WaitState,
+};
 
 /// The longest prompt a wait or question may carry.
 pub const PROMPT_BYTES_MAX: usize = 16 * 1024;
-
-/// One wait or live question, as the machine knows it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct WaitState {
-    pub wait_id: WaitId,
-    pub kind: WaitKind,
-    pub prompt: String,
-    pub status: WaitStatus,
-    /// The checkpoint it was opened at (0 for a live question, which has none).
-    pub checkpoint_seq: u64,
-    /// The submitted or accepted answer.
-    pub answer: Option<String>,
-    /// What an applied answer granted (W-2): this one operation, or nothing (discussion).
-    pub scope: Option<AnswerScope>,
-    pub live: Option<LiveBinding>,
-}
-
-/// What the call that asked a live question gets back (W-4).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LiveOutcome {
-    Answered(String),
-    Declined,
-    /// Cancelled, ended, or its owner lost: it will never be answered.
-    Invalidated,
-}
-
-/// A managed process this execution started (P-1).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ManagedProcess {
-    pub process_id: ProcessId,
-    pub state: ProcState,
-    pub output_bytes: u64,
-}
-
-/// The wait id of the approval a model decision asks for: derived, so a replay or a
-/// regenerated decision finds the same id (UUID v5 of the decision's id).
-pub fn wait_of(decision: EffectId) -> WaitId {
-    WaitId::from_uuid(uuid::Uuid::new_v5(decision.as_uuid(), b"wait"))
-}
 
 impl Machine {
     /// The events after an `Ask` decision's `ModelDecided`: the pre-wait checkpoint, the

@@ -7,7 +7,7 @@ use openprogram_storage::{
 
 use super::machine::*;
 use super::machine_tests::{commit, control, ctl, offered, run, running, tool_decision};
-use super::machine_waits::wait_of;
+use super::wait_types::wait_of;
 
 /// A running machine that asked for approval: `waiting`, with one open wait.
 fn asking(prompt: &str) -> (Machine, WaitId) {

@@ -14,9 +14,10 @@ pub mod machine;
 mod machine_controls;
 mod machine_restart;
 mod machine_types;
-mod machine_waits;
+pub mod machine_waits;
 pub mod processes;
 pub mod restart;
+mod wait_types;
 
 #[cfg(test)]
 mod machine_restart_tests;

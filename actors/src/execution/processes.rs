@@ -5,27 +5,12 @@
 
 use actix::prelude::*;
 use futures::channel::oneshot;
-use openprogram_storage::{Blob, EffectId, Event, ProcessId, ProcessRecord, ProcessState, Upsert};
+use openprogram_storage::{Event, ProcessId, ProcessRecord, ProcessState, Upsert};
 
+use crate::call::{StartProcess, StartedProcess};
 use crate::error::Error;
 use crate::execution::actor::ExecutionActor;
-use crate::process::{os, ProcessActor, ProcessExit, Stop};
-
-/// A process the call started, and where its end will be told.
-#[derive(Debug)]
-pub struct StartedProcess {
-    pub process_id: ProcessId,
-    pub exit: oneshot::Receiver<ProcessExit>,
-}
-
-/// A running call starts an OS command as a managed process.
-#[derive(Debug, Message)]
-#[rtype(result = "Result<StartedProcess, String>")]
-pub struct StartProcess {
-    pub effect_id: EffectId,
-    pub program: String,
-    pub args: Vec<String>,
-}
+use crate::process::{os, ProcessActor, ProcessProgress, Stop};
 
 impl Handler<StartProcess> for ExecutionActor {
     type Result = AtomicResponse<Self, Result<StartedProcess, String>>;
@@ -86,16 +71,6 @@ impl Handler<StartProcess> for ExecutionActor {
             Ok(StartedProcess { process_id, exit })
         })))
     }
-}
-
-/// A process actor's report: its output so far, or its end (`state_changed`).
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "Result<(), Error>")]
-pub struct ProcessProgress {
-    pub record: ProcessRecord,
-    pub blob: Blob,
-    pub state_changed: bool,
-    pub previous_bytes: u64,
 }
 
 impl Handler<ProcessProgress> for ExecutionActor {

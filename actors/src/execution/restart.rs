@@ -9,10 +9,10 @@ use openprogram_storage::planted::{planted, Bug};
 use openprogram_storage::{CommandId, CommandStatus, Event, ReceiptStatus};
 
 use crate::agent::{Reconciliation, ToolCall};
+use crate::call::CallHandle;
 use crate::command::{Command, CommandBody, EffectRef, ReconcileOutcome};
 use crate::execution::actor::{Advance, ExecutionActor};
 use crate::execution::commands::{ApplyCommand, Saved};
-use crate::execution::live::CallHandle;
 
 impl ExecutionActor {
     /// While the runtime stops: the restart-recovery pause of a running execution with

@@ -23,8 +23,8 @@ use actix::prelude::*;
 use futures::channel::oneshot;
 use openprogram_storage::{Blob, ProcessId, ProcessRecord, ProcessState};
 
+use crate::call::ProcessExit;
 use crate::env::Env;
-use crate::execution::processes::ProcessProgress;
 
 /// The output tail kept in memory and persisted (P-1: bounded, whatever the process prints).
 pub const OUTPUT_TAIL_BYTES: usize = 64 * 1024;
@@ -45,14 +45,14 @@ const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
 /// Default time between SIGTERM and SIGKILL for `stop_process`.
 pub const STOP_GRACE_DEFAULT: Duration = Duration::from_secs(5);
 
-/// How a managed process ended, for the call that started it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProcessExit {
-    pub process_id: ProcessId,
-    pub state: ProcessState,
-    pub exit_code: Option<i32>,
-    pub output_bytes: u64,
-    pub output_tail: String,
+/// A process actor's report: its output so far, or its end (`state_changed`).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<(), crate::error::Error>")]
+pub struct ProcessProgress {
+    pub record: ProcessRecord,
+    pub blob: Blob,
+    pub state_changed: bool,
+    pub previous_bytes: u64,
 }
 
 /// The live process actors of a runtime, by process id.

@@ -1,0 +1,154 @@
+//! What a running tool call can ask of its execution — the plug-in side of a call, apart
+//! from the actors (issue 30): a `CallHandle` bound to the call's execution and effect asks
+//! live questions (W-4) and starts managed processes (P-1) through the messages here, which
+//! the execution actor handles (`execution/live.rs`, `execution/processes.rs`). Imports no
+//! actor: a `Tool` sees only this module and `agent.rs`.
+
+use actix::prelude::*;
+use futures::channel::oneshot;
+use futures::future::BoxFuture;
+use futures::FutureExt as _;
+use openprogram_storage::{EffectId, ProcessId, ProcessState};
+
+use crate::execution::machine::LiveOutcome;
+
+/// Why a live question got no outcome. Never a silent "unanswered" or "declined" (W-4).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AskError {
+    /// Asked outside a managed execution, with no handler of the embedder's.
+    #[error("no_interaction: this call runs outside a managed execution")]
+    NoInteraction,
+    /// The execution refused the question (not its running call, not running, too long).
+    #[error("the question was refused: {0}")]
+    Refused(String),
+    /// The runtime failed while asking or waiting (a storage error, the actor stopped).
+    #[error("the question was interrupted: {0}")]
+    Interrupted(String),
+}
+
+/// A running call's link to its execution.
+#[derive(Clone)]
+pub struct CallHandle {
+    effect_id: EffectId,
+    actor: Option<Recipient<AskLive>>,
+    starts: Option<Recipient<StartProcess>>,
+}
+
+impl std::fmt::Debug for CallHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallHandle")
+            .field("effect_id", &self.effect_id)
+            .field("managed", &self.actor.is_some())
+            .finish()
+    }
+}
+
+impl CallHandle {
+    /// A handle bound to its execution: where its questions and its processes go.
+    pub fn new(
+        effect_id: EffectId,
+        asks: Recipient<AskLive>,
+        starts: Recipient<StartProcess>,
+    ) -> Self {
+        Self {
+            effect_id,
+            actor: Some(asks),
+            starts: Some(starts),
+        }
+    }
+
+    /// A handle for code that runs outside a managed execution (a reconcile protocol, a
+    /// test): every question gets `AskError::NoInteraction`.
+    pub fn detached(effect_id: EffectId) -> Self {
+        Self {
+            effect_id,
+            actor: None,
+            starts: None,
+        }
+    }
+
+    /// Starts `program args` as a managed process of this execution (P-1): recorded before
+    /// this returns, owned by its own actor, stopped only by `stop_process`.
+    pub fn start_process(
+        &self,
+        program: String,
+        args: Vec<String>,
+    ) -> BoxFuture<'static, Result<StartedProcess, String>> {
+        let Some(starts) = self.starts.clone() else {
+            let detached = Err(AskError::NoInteraction.to_string());
+            return futures::future::ready(detached).boxed();
+        };
+        let message = StartProcess {
+            effect_id: self.effect_id,
+            program,
+            args,
+        };
+        async move {
+            starts
+                .send(message)
+                .await
+                .map_err(|error| format!("the execution's actor is gone: {error}"))?
+        }
+        .boxed()
+    }
+
+    /// Asks the user a question and waits for the outcome: the answer, a decline, or
+    /// `Invalidated` if the execution is cancelled, ends or loses its owner first. The
+    /// question is not checkpointed: a restart does not ask it again.
+    pub fn ask(
+        &self,
+        prompt: impl Into<String>,
+    ) -> BoxFuture<'static, Result<LiveOutcome, AskError>> {
+        let Some(actor) = self.actor.clone() else {
+            return futures::future::ready(Err(AskError::NoInteraction)).boxed();
+        };
+        let message = AskLive {
+            effect_id: self.effect_id,
+            prompt: prompt.into(),
+        };
+        async move {
+            let waiting = actor
+                .send(message)
+                .await
+                .map_err(|error| AskError::Interrupted(error.to_string()))??;
+            waiting.await.map_err(|_| {
+                AskError::Interrupted("the execution's actor stopped before an outcome".into())
+            })
+        }
+        .boxed()
+    }
+}
+
+/// A running call asks a live question; the reply is where its outcome will arrive.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<oneshot::Receiver<LiveOutcome>, AskError>")]
+pub struct AskLive {
+    pub effect_id: EffectId,
+    pub prompt: String,
+}
+
+/// A process the call started, and where its end will be told.
+#[derive(Debug)]
+pub struct StartedProcess {
+    pub process_id: ProcessId,
+    pub exit: oneshot::Receiver<ProcessExit>,
+}
+
+/// A running call starts an OS command as a managed process.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<StartedProcess, String>")]
+pub struct StartProcess {
+    pub effect_id: EffectId,
+    pub program: String,
+    pub args: Vec<String>,
+}
+
+/// How a managed process ended, for the call that started it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessExit {
+    pub process_id: ProcessId,
+    pub state: ProcessState,
+    pub exit_code: Option<i32>,
+    pub output_bytes: u64,
+    pub output_tail: String,
+}

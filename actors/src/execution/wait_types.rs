@@ -1,0 +1,48 @@
+//! What the pure machine knows of waits, live questions and managed processes: the types
+//! (`WaitState`, `LiveOutcome`, `ManagedProcess`) and the derived wait id. Their rules are
+//! in `machine_waits.rs`; apart, so that `machine.rs` holds them without importing the
+//! rules that work on the machine.
+
+use openprogram_storage::{
+    AnswerScope, EffectId, LiveBinding, ProcessId, ProcessState as ProcState, WaitId, WaitKind,
+    WaitStatus,
+};
+
+/// One wait or live question, as the machine knows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WaitState {
+    pub wait_id: WaitId,
+    pub kind: WaitKind,
+    pub prompt: String,
+    pub status: WaitStatus,
+    /// The checkpoint it was opened at (0 for a live question, which has none).
+    pub checkpoint_seq: u64,
+    /// The submitted or accepted answer.
+    pub answer: Option<String>,
+    /// What an applied answer granted (W-2): this one operation, or nothing (discussion).
+    pub scope: Option<AnswerScope>,
+    pub live: Option<LiveBinding>,
+}
+
+/// What the call that asked a live question gets back (W-4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LiveOutcome {
+    Answered(String),
+    Declined,
+    /// Cancelled, ended, or its owner lost: it will never be answered.
+    Invalidated,
+}
+
+/// A managed process this execution started (P-1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ManagedProcess {
+    pub process_id: ProcessId,
+    pub state: ProcState,
+    pub output_bytes: u64,
+}
+
+/// The wait id of the approval a model decision asks for: derived, so a replay or a
+/// regenerated decision finds the same id (UUID v5 of the decision's id).
+pub fn wait_of(decision: EffectId) -> WaitId {
+    WaitId::from_uuid(uuid::Uuid::new_v5(decision.as_uuid(), b"wait"))
+}

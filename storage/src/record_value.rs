@@ -1,0 +1,96 @@
+//! A record upsert as a transition carries it and the log stores it (`RecordValue`), with
+//! its stored form by variant index: split from `codec.rs` so that the frame and the codec
+//! both use it without importing each other.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::ExecutionId;
+use crate::records::{CommandRecord, ProcessRecord, ReceiptRecord, WaitRecord};
+
+/// A record upsert carried by a transition and replayed from the log.
+///
+/// Stored by variant index (`WireRecord`): a command record is written as index 4 since
+/// schema 6 (it gained `reason_code`); index 0, the command record before that, is still
+/// read. Append new indexes, never reuse one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RecordValue {
+    Command(CommandRecord),
+    Receipt(ReceiptRecord),
+    Wait(WaitRecord),
+    Process(ProcessRecord),
+}
+
+/// The command record as schemas 1..=5 wrote it (no `reason_code`).
+#[derive(Deserialize)]
+struct CommandRecordV1 {
+    command_id: crate::ids::CommandId,
+    execution_id: ExecutionId,
+    kind: String,
+    payload_hash: [u8; 32],
+    status: crate::records::CommandStatus,
+    reason: Option<String>,
+    result_version: Option<u64>,
+    child_execution_id: Option<ExecutionId>,
+    accepted_at_ms: u64,
+}
+
+/// What `RecordValue` is stored as, read back (indexes are the stored variant numbers).
+#[derive(Deserialize)]
+enum WireRecord {
+    CommandV1(CommandRecordV1),
+    Receipt(ReceiptRecord),
+    Wait(WaitRecord),
+    Process(ProcessRecord),
+    Command(CommandRecord),
+}
+
+/// What `RecordValue` is stored as, written (the same indexes; index 0 is never written).
+#[derive(Serialize)]
+enum WireRecordRef<'a> {
+    #[allow(dead_code)]
+    CommandV1(()),
+    Receipt(&'a ReceiptRecord),
+    Wait(&'a WaitRecord),
+    Process(&'a ProcessRecord),
+    Command(&'a CommandRecord),
+}
+
+impl Serialize for RecordValue {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            RecordValue::Command(record) => WireRecordRef::Command(record),
+            RecordValue::Receipt(record) => WireRecordRef::Receipt(record),
+            RecordValue::Wait(record) => WireRecordRef::Wait(record),
+            RecordValue::Process(record) => WireRecordRef::Process(record),
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for RecordValue {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> std::result::Result<Self, D::Error> {
+        Ok(match WireRecord::deserialize(deserializer)? {
+            WireRecord::CommandV1(old) => RecordValue::Command(CommandRecord {
+                command_id: old.command_id,
+                execution_id: old.execution_id,
+                kind: old.kind,
+                payload_hash: old.payload_hash,
+                status: old.status,
+                reason: old.reason,
+                reason_code: None,
+                result_version: old.result_version,
+                child_execution_id: old.child_execution_id,
+                accepted_at_ms: old.accepted_at_ms,
+            }),
+            WireRecord::Receipt(record) => RecordValue::Receipt(record),
+            WireRecord::Wait(record) => RecordValue::Wait(record),
+            WireRecord::Process(record) => RecordValue::Process(record),
+            WireRecord::Command(record) => RecordValue::Command(record),
+        })
+    }
+}
