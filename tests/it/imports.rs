@@ -5,8 +5,8 @@
 //! command service. (That packages depend `openprogram → openprogram-actors →
 //! openprogram-storage`, never back, cargo itself enforces.)
 //!
-//! A `use` line names a module path; it is resolved to the file of the longest module
-//! prefix that exists (`crate::`, `super::`, `self::`, or a child module of the file). An
+//! A `use` line, or a `crate::…` path written in the code, names a module path; it is
+//! resolved to the file of the longest module prefix that exists (`crate::`, `super::`, `self::`, or a child module of the file). An
 //! item named at the crate root is followed through the root's `pub use` re-exports to the
 //! file that defines it; the root's own `mod` and `pub use` lines are declarations, not
 //! dependencies.
@@ -85,6 +85,31 @@ fn uses(text: &str) -> Vec<(bool, Vec<String>)> {
             (public, expand(&text))
         })
         .collect()
+}
+
+/// The `crate::…` paths a file names outside its `use` lines (`crate::process::Processes`
+/// as a field's type): dependencies as much as an import. Comments are left out.
+fn inline_paths(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or_default();
+        if code.trim_start().starts_with("use ") || code.trim_start().starts_with("pub use ") {
+            continue;
+        }
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            let before = rest[..at].chars().last();
+            let after = &rest[at..];
+            let len = after
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                .unwrap_or(after.len());
+            if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                out.push(after[..len].trim_end_matches(':').to_owned());
+            }
+            rest = &after[len.max(1)..];
+        }
+    }
+    out
 }
 
 /// `a::{b,c::{d,e}}` → `a::b`, `a::c::d`, `a::c::e` (`x as y` keeps `x`).
@@ -207,7 +232,13 @@ fn edges(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         if module.is_empty() {
             continue; // the root declares; it does not depend
         }
-        for (_, paths) in uses(&read(module)) {
+        let text = read(module);
+        let mut paths: Vec<String> = uses(&text)
+            .into_iter()
+            .flat_map(|(_, paths)| paths)
+            .collect();
+        paths.extend(inline_paths(&text));
+        {
             for path in paths {
                 let Some((mut target_module, rest)) = target(&path, module, &modules) else {
                     continue;
@@ -296,10 +327,11 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The one cycle not yet broken: the execution actor holds the runtime's `Env`, whose
-/// directory holds the actors' addresses and starts them (issue 30: `Env` splits by job).
-/// Listed so that the test fails on any new cycle, and once this one is gone.
-const CYCLES_LEFT: &[&str] = &["actors/src: env ↔ execution::actor"];
+/// The one cycle not yet broken: the execution actor and the process actor hold the
+/// runtime's `Env`, whose directory holds the execution actors' addresses and starts them,
+/// and which keeps the process actors' registry (issue 30: `Env` splits by job). Listed so
+/// that the test fails on any new cycle, and once this one is gone.
+const CYCLES_LEFT: &[&str] = &["actors/src: env ↔ execution::actor ↔ process"];
 
 #[test]
 fn no_import_cycle_between_the_files_of_a_package_but_the_one_left() {
@@ -326,7 +358,10 @@ fn the_cycle_check_finds_a_cycle_it_is_shown() {
     std::fs::write(src.join("a/c.rs"), "use crate::{Thing, a::d};\n").expect("c");
     std::fs::write(src.join("a/d.rs"), "use super::{\n    c::X,\n};\n").expect("d");
     std::fs::write(src.join("b.rs"), "use std::fmt;\npub struct Thing;\n").expect("b");
+    // A path in the code is a dependency too; one in a comment is not.
+    std::fs::write(src.join("e.rs"), "// crate::a::c\nfn f(_: crate::b::Thing) {}\n").expect("e");
     let edges = edges(src);
+    assert_eq!(edges["e"], BTreeSet::from(["b".to_owned()]));
     assert_eq!(
         edges["a::c"],
         BTreeSet::from(["b".to_owned(), "a::d".to_owned()])
