@@ -26,7 +26,8 @@ use std::time::Duration;
 
 use actix::Actor as _;
 use openprogram_actors::agent::{Provider, Scripted, Tool, ToolRegistry};
-use openprogram_actors::env::{Directory, Env};
+use openprogram_actors::directory::{Directory, Executions};
+use openprogram_actors::env::Env;
 use openprogram_actors::inspect::Inspector;
 use openprogram_actors::recovery::{Clock, SystemClock};
 use openprogram_actors::service::Service;
@@ -195,7 +196,6 @@ impl RuntimeBuilder {
             self.provider.unwrap_or_else(|| Arc::new(Scripted)),
             self.tools.unwrap_or_else(ToolRegistry::builtin),
             owner,
-            Directory::new(system.arbiters()),
             self.lease_ttl.unwrap_or(LEASE_TTL_DEFAULT),
             self.clock.unwrap_or_else(|| Arc::new(SystemClock)),
             self.restart_window,
@@ -203,7 +203,7 @@ impl RuntimeBuilder {
         if let Some(grace) = self.process_stop_grace {
             env.process_stop_grace = grace;
         }
-        let env = Arc::new(env);
+        let env = Executions::new(Arc::new(env), Directory::new(system.arbiters()));
         let supervisor_env = Arc::clone(&env);
         let supervisor = Supervisor::start_in_arbiter(&system.arbiters()[0], move |_| {
             Supervisor::new(supervisor_env)
@@ -367,7 +367,7 @@ impl Runtime {
     /// old attempts are fenced at their next write (A-1, R05). The supervisor does this every
     /// half lease; returns the executions taken over.
     pub async fn reclaim_lapsed_attempts(&self) -> Result<Vec<ExecutionId>> {
-        self.inner.service.env().reclaim_lapsed().await
+        self.inner.service.actors().reclaim_lapsed().await
     }
 
     /// Execution actors alive now (the rest are parked in storage).

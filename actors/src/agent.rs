@@ -282,17 +282,19 @@ impl Tool for Append {
                 return Err("line must not contain a newline or a tab".into());
             }
             let record = format!("{line}\t{effect_id}\n");
-            tokio::task::spawn_blocking(move || {
-                let mut file = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&path)?;
-                file.write_all(record.as_bytes())?;
-                file.sync_data()
-            })
-            .await
-            .map_err(|error| format!("append task failed: {error}"))?
-            .map_err(|error| format!("append failed: {error}"))?;
+            // On the calling thread, within this poll, not on the blocking pool: a call whose
+            // future is dropped (its attempt superseded, the runtime halted) has appended or
+            // has not, and never appends later, after another attempt looked (R06). The
+            // cost: the actor's thread waits for the fsync.
+            let appended = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .and_then(|mut file| {
+                    file.write_all(record.as_bytes())?;
+                    file.sync_data()
+                });
+            appended.map_err(|error| format!("append failed: {error}"))?;
             // B06: the effect took place (dispatched), its response not yet returned.
             openprogram_storage::failpoint!("B06");
             Ok(String::from("appended"))

@@ -1,28 +1,33 @@
 //! What every actor of one runtime shares: the store, the provider, the tools, this
-//! incarnation's owner id, and the directory of live execution actors.
-//!
-//! The directory activates an execution on demand (loading its head and replaying its
-//! events through the pure machine with actions off) on the arbiter its id shards to, and
-//! forgets it when the actor releases itself (passivation).
+//! incarnation's owner id, the runtime's lifecycle (recovered, stopping), callers waiting
+//! for executions to end, the states of executions that parked last, and the registry of
+//! managed processes. The live execution actors and how they start are `directory.rs`'s,
+//! reached from here only through `Hooks` (the actors hold this; that module starts them).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use actix::prelude::*;
 use openprogram_storage::{
-    AttemptLease, Event, EventStore, ExecutionHead, ExecutionId, ExecutionState, Outcome, OwnerId,
-    RestartIntent, RevisionId, Transition,
+    EventStore, ExecutionHead, ExecutionId, OwnerId, ProcessId, RestartIntent, RevisionId,
 };
 
 use crate::agent::{Provider, ToolRegistry};
-use crate::attempt_lease::LeaseState;
 use crate::error::{Error, Result};
-use crate::execution::actor::{Activate, ExecutionActor, Superseded};
 use crate::execution::machine::{Machine, Recovery};
-use crate::execution::machine_waits::changed_wait_records;
+use crate::process::{ProcessHost, ProcessProgress, Processes};
 use crate::recovery::{Clock, RestartWindow};
+
+/// What the actors ask of the runtime's `Executions` (`directory.rs`), which starts them
+/// and so cannot be imported by them.
+pub trait Hooks: Send + Sync {
+    /// An execution actor released itself (`token`: which start of it).
+    fn released(&self, execution_id: ExecutionId, token: u64);
+    /// The live actor of an execution a managed process reports to, activated if parked.
+    fn progress_to(&self, execution_id: ExecutionId) -> Result<Recipient<ProcessProgress>>;
+}
 
 /// Told once an execution ends (`Ok`), or stops without ending (`Err`).
 pub type FinishedWaiter = tokio::sync::oneshot::Sender<Result<()>>;
@@ -32,7 +37,6 @@ pub struct Env {
     pub provider: Arc<dyn Provider>,
     pub tools: ToolRegistry,
     pub owner: OwnerId,
-    pub directory: Directory,
     /// How long an attempt keeps its lease without a heartbeat.
     pub lease_ttl: Duration,
     /// Callers waiting for executions to end (`Env::wait_finished`).
@@ -51,7 +55,9 @@ pub struct Env {
     /// claims with an activation of their own.
     recovered: tokio::sync::watch::Sender<bool>,
     /// Live managed processes (P-1).
-    pub processes: crate::process::Processes,
+    pub processes: Processes,
+    /// The runtime's `Executions`, once they exist.
+    hooks: OnceLock<Weak<dyn Hooks>>,
     /// Time between SIGTERM and SIGKILL when a process is stopped.
     pub process_stop_grace: Duration,
     /// Steps committed by this runtime's executions: model decisions and tool results.
@@ -74,89 +80,6 @@ impl std::fmt::Debug for Env {
             .field("owner", &self.owner)
             .field("tools", &self.tools)
             .finish()
-    }
-}
-
-/// Live execution actors by id, with their attempt's lease, and the arbiters they run on.
-#[derive(Debug)]
-pub struct Directory {
-    arbiters: Vec<ArbiterHandle>,
-    live: Mutex<HashMap<ExecutionId, Live>>,
-    /// Notified whenever an actor leaves the directory (orderly shutdown waits on it).
-    released: tokio::sync::Notify,
-}
-
-#[derive(Debug, Clone)]
-struct Live {
-    addr: Addr<ExecutionActor>,
-    lease: Arc<LeaseState>,
-}
-
-impl Directory {
-    pub fn new(arbiters: Vec<ArbiterHandle>) -> Self {
-        assert!(!arbiters.is_empty(), "a runtime needs at least one arbiter");
-        Self {
-            arbiters,
-            live: Mutex::new(HashMap::new()),
-            released: tokio::sync::Notify::new(),
-        }
-    }
-
-    pub fn live(&self, execution_id: ExecutionId) -> Option<Addr<ExecutionActor>> {
-        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
-        live.get(&execution_id)
-            .map(|entry| &entry.addr)
-            .filter(|addr| addr.connected())
-            .cloned()
-    }
-
-    pub fn live_len(&self) -> usize {
-        self.live
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-    }
-
-    /// Forgets an actor that released itself, unless a newer one took its place.
-    pub fn forget(&self, execution_id: ExecutionId, addr: &Addr<ExecutionActor>) {
-        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
-        if live.get(&execution_id).map(|live| &live.addr) == Some(addr) {
-            live.remove(&execution_id);
-        }
-        drop(live);
-        self.released.notify_waiters();
-    }
-
-    /// Every live actor now.
-    pub fn all(&self) -> Vec<Addr<ExecutionActor>> {
-        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
-        live.values().map(|entry| entry.addr.clone()).collect()
-    }
-
-    /// Resolves once no actor is live, or at `deadline`; returns how many are still live.
-    pub async fn drained(&self, deadline: tokio::time::Instant) -> usize {
-        loop {
-            let released = self.released.notified();
-            let live = self.live_len();
-            if live == 0 || tokio::time::Instant::now() >= deadline {
-                return live;
-            }
-            // A release between the count and here is not missed: `notified()` was created
-            // first, and `notify_waiters` wakes every future created before it.
-            let _ = tokio::time::timeout_at(deadline, released).await;
-        }
-    }
-
-    /// The arbiter an execution runs on: by the random bits of its id, so executions
-    /// spread evenly and an execution's steps stay on one thread.
-    /// `shift` moves a takeover to the next arbiter: the lapsed attempt's thread may be the
-    /// one that is stuck.
-    fn arbiter_of(&self, execution_id: ExecutionId, shift: usize) -> &ArbiterHandle {
-        let bytes = execution_id.as_bytes();
-        let mut tail = [0u8; 8];
-        tail.copy_from_slice(&bytes[8..]);
-        let shard = (u64::from_be_bytes(tail) % self.arbiters.len() as u64) as usize;
-        &self.arbiters[(shard + shift) % self.arbiters.len()]
     }
 }
 
@@ -193,7 +116,6 @@ impl Env {
         provider: Arc<dyn Provider>,
         tools: ToolRegistry,
         owner: OwnerId,
-        directory: Directory,
         lease_ttl: Duration,
         clock: Arc<dyn Clock>,
         restart_window: RestartWindow,
@@ -204,7 +126,6 @@ impl Env {
             provider,
             tools,
             owner,
-            directory,
             lease_ttl,
             finished_waiters: Mutex::new(HashMap::new()),
             clock,
@@ -213,7 +134,8 @@ impl Env {
             stopping: Mutex::new(None),
             stopping_flag: AtomicBool::new(false),
             recovered: tokio::sync::watch::Sender::new(false),
-            processes: crate::process::Processes::default(),
+            processes: Processes::default(),
+            hooks: OnceLock::new(),
             process_stop_grace: crate::process::STOP_GRACE_DEFAULT,
             steps: std::sync::atomic::AtomicU64::new(0),
             parked: Mutex::default(),
@@ -268,6 +190,27 @@ impl Env {
                 self.state_loads[1].fetch_add(1, Ordering::Relaxed);
                 Ok((stored, replay(self.store.as_ref(), execution_id, u64::MAX)?))
             }
+        }
+    }
+
+    /// Tells the shared state how to reach the runtime's `Executions` (once, when they are
+    /// made: `Executions::new`).
+    pub fn set_hooks(&self, hooks: Weak<dyn Hooks>) {
+        let _ = self.hooks.set(hooks);
+    }
+
+    fn hooks(&self) -> Result<Arc<dyn Hooks>> {
+        self.hooks
+            .get()
+            .and_then(Weak::upgrade)
+            .ok_or_else(|| Error::Unavailable("the runtime's executions are gone".into()))
+    }
+
+    /// An execution actor released itself: its entry in the directory goes, unless a newer
+    /// start of it took the place.
+    pub fn released(&self, execution_id: ExecutionId, token: u64) {
+        if let Ok(hooks) = self.hooks() {
+            hooks.released(execution_id, token);
         }
     }
 
@@ -378,186 +321,6 @@ impl Env {
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
     }
-
-    /// The live actor of an execution, activating it if needed. A new actor first starts
-    /// an attempt (`Activate`), before any message sent after this returns.
-    pub fn activate(self: &Arc<Self>, execution_id: ExecutionId) -> Result<Addr<ExecutionActor>> {
-        self.activate_from(execution_id, || self.latest_state(execution_id, true))
-    }
-
-    /// `activate` for an execution just admitted, from the head and machine its admission
-    /// committed: nothing is read back. Should another activation have run it and released it
-    /// in between, the new actor's first write meets a version conflict and it stops.
-    pub fn activate_admitted(
-        self: &Arc<Self>,
-        head: ExecutionHead,
-        machine: Machine,
-    ) -> Result<Addr<ExecutionActor>> {
-        self.activate_from(head.execution_id, move || Ok((head, machine)))
-    }
-
-    fn activate_from(
-        self: &Arc<Self>,
-        execution_id: ExecutionId,
-        state: impl FnOnce() -> Result<(ExecutionHead, Machine)>,
-    ) -> Result<Addr<ExecutionActor>> {
-        if let Some(addr) = self.directory.live(execution_id) {
-            return Ok(addr);
-        }
-        if self.is_stopping() {
-            return Err(Error::Unavailable("the runtime is shutting down".into()));
-        }
-        // Replay outside the directory's lock; the lock is taken again to insert, and a
-        // concurrent activation that won meanwhile is used instead.
-        let (head, machine) = state()?;
-        let mut live = self
-            .directory
-            .live
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(entry) = live
-            .get(&execution_id)
-            .filter(|entry| entry.addr.connected())
-        {
-            return Ok(entry.addr.clone());
-        }
-        let lease = LeaseState::new(
-            execution_id,
-            self.owner,
-            head.fencing_epoch + 1,
-            self.lease_ttl,
-        );
-        let addr = self.start_actor(head, machine, Arc::clone(&lease), false);
-        addr.do_send(Activate);
-        live.insert(
-            execution_id,
-            Live {
-                addr: addr.clone(),
-                lease,
-            },
-        );
-        Ok(addr)
-    }
-
-    fn start_actor(
-        self: &Arc<Self>,
-        head: ExecutionHead,
-        machine: Machine,
-        lease: Arc<LeaseState>,
-        claimed: bool,
-    ) -> Addr<ExecutionActor> {
-        let env = Arc::clone(self);
-        let arbiter = self
-            .directory
-            .arbiter_of(head.execution_id, usize::from(claimed));
-        ExecutionActor::start_in_arbiter(arbiter, move |_| {
-            ExecutionActor::new(env, head, machine, lease, claimed)
-        })
-    }
-
-    /// Replaces every running attempt whose lease lapsed with a new attempt: the claim
-    /// (a higher epoch) is committed first, so the old attempt's next write is fenced and its
-    /// actor stops. Returns the executions taken over.
-    pub async fn reclaim_lapsed(self: &Arc<Self>) -> Result<Vec<ExecutionId>> {
-        let lapsed: Vec<(ExecutionId, Live)> = {
-            let live = self
-                .directory
-                .live
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            live.iter()
-                .filter(|(_, entry)| entry.lease.lapsed())
-                .map(|(id, entry)| (*id, entry.clone()))
-                .collect()
-        };
-        let mut reclaimed = Vec::new();
-        for (execution_id, old) in lapsed {
-            let Some(mut head) = self.store.head(execution_id)? else {
-                continue;
-            };
-            let runs = matches!(
-                head.state,
-                ExecutionState::Queued | ExecutionState::Running | ExecutionState::Cancelling
-            );
-            if head.fencing_epoch != old.lease.epoch || !old.lease.lapsed() {
-                // The lapsed attempt never claimed, was taken over already, or started
-                // afresh since the list was made.
-                continue;
-            }
-            if !runs {
-                // Idle (waiting, paused): nothing in flight to fence. Its heartbeat cannot
-                // extend a lapsed lease, so it starts afresh here, and is not listed again.
-                old.lease.renew();
-                continue;
-            }
-            let epoch = head.fencing_epoch + 1;
-            let lease = LeaseState::new(execution_id, self.owner, epoch, self.lease_ttl);
-            let claim = Event::AttemptStarted {
-                attempt_id: lease.attempt_id,
-                owner_id: self.owner,
-                epoch,
-            };
-            head.attempt = Some(AttemptLease {
-                attempt_id: lease.attempt_id,
-                owner_id: self.owner,
-                epoch,
-            });
-            // Live questions of the old attempt end with the claim (W-4): their records too.
-            let (_, before) = load(self.store.as_ref(), execution_id)?;
-            let (before, mut after) = (before.preview(), before.preview());
-            after.apply(&claim, head.last_seq + 1, &mut Vec::new());
-            let mut transition = Transition::new(execution_id, vec![claim])
-                .expect_version(head.version)
-                .by_epoch(epoch)
-                .with_head(head);
-            transition.upserts.extend(
-                changed_wait_records(&before, &after, execution_id)
-                    .into_iter()
-                    .map(openprogram_storage::Upsert::Wait),
-            );
-            match self.store.submit(transition).await? {
-                Outcome::Committed(_) => {}
-                // The old attempt moved on, or another claim won: not lapsed after all.
-                _ => continue,
-            }
-            tracing::warn!(%execution_id, epoch, "lapsed attempt replaced by a new one");
-            let (head, machine) = load(self.store.as_ref(), execution_id)?;
-            self.start_claimed(head, machine, lease);
-            // Once its thread runs again, the old actor stops: its calls waiting for an
-            // answer are told, instead of waiting for a write that would be fenced. After
-            // the new actor is in the directory, so the old one's release removes nothing.
-            old.addr.do_send(Superseded);
-            reclaimed.push(execution_id);
-        }
-        Ok(reclaimed)
-    }
-
-    /// Starts the actor of an attempt whose claim is committed (a takeover or a restart
-    /// recovery): it runs at once. Replaces any actor of an older attempt in the directory.
-    pub fn start_claimed(
-        self: &Arc<Self>,
-        head: ExecutionHead,
-        machine: Machine,
-        lease: Arc<LeaseState>,
-    ) -> Addr<ExecutionActor> {
-        let execution_id = head.execution_id;
-        // The lease runs from now, not from its claim (recovery claims everything first).
-        lease.renew();
-        let addr = self.start_actor(head, machine, Arc::clone(&lease), true);
-        let mut live = self
-            .directory
-            .live
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        live.insert(
-            execution_id,
-            Live {
-                addr: addr.clone(),
-                lease,
-            },
-        );
-        addr
-    }
 }
 
 /// The revision of a runtime contract (R-4, E-7): a name-based UUID over its tools and how
@@ -575,4 +338,19 @@ pub fn contract_revision(tools: &ToolRegistry) -> RevisionId {
         &uuid::Uuid::NAMESPACE_OID,
         contract.as_bytes(),
     ))
+}
+
+/// A managed process's actor reaches its runtime through the shared state.
+impl ProcessHost for Env {
+    fn progress_to(&self, execution_id: ExecutionId) -> Result<Recipient<ProcessProgress>> {
+        self.hooks()?.progress_to(execution_id)
+    }
+
+    fn ended(&self, process_id: ProcessId) {
+        self.processes.remove(process_id);
+    }
+
+    fn stop_grace(&self) -> Duration {
+        self.process_stop_grace
+    }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use openprogram_storage::{EventReader, ExecutionId};
 
 use crate::describe::{ActorSummary, Describe};
-use crate::env::Env;
+use crate::directory::Executions;
 use crate::execution::actor::DescribeExecution;
 
 /// What an actor said about itself, or why it did not answer in time.
@@ -28,7 +28,7 @@ pub enum Described {
 /// The read-only view. Cheap to clone.
 #[derive(Clone)]
 pub struct Inspector {
-    env: Arc<Env>,
+    actors: Arc<Executions>,
     reader: Arc<dyn EventReader>,
 }
 
@@ -40,8 +40,11 @@ impl std::fmt::Debug for Inspector {
 
 impl Inspector {
     /// `reader`: the same store as `env`'s, as reads only.
-    pub fn new(env: Arc<Env>, reader: Arc<dyn EventReader>) -> Self {
-        Self { env, reader }
+    pub fn new(env: Arc<Executions>, reader: Arc<dyn EventReader>) -> Self {
+        Self {
+            actors: env,
+            reader,
+        }
     }
 
     /// The store's reads.
@@ -51,28 +54,28 @@ impl Inspector {
 
     /// Execution actors alive now (the rest are parked in storage).
     pub fn live_executions(&self) -> usize {
-        self.env.directory.live_len()
+        self.actors.directory.live_len()
     }
 
     /// Whether an execution has a live actor.
     pub fn is_live(&self, execution_id: ExecutionId) -> bool {
-        self.env.directory.live(execution_id).is_some()
+        self.actors.directory.live(execution_id).is_some()
     }
 
     /// Managed processes with a live actor.
     pub fn live_processes(&self) -> usize {
-        self.env.processes.all().len()
+        self.actors.processes.all().len()
     }
 
     /// Steps committed since the runtime opened: model decisions and tool results.
     pub fn steps(&self) -> u64 {
-        self.env.steps.load(Ordering::Relaxed)
+        self.actors.steps.load(Ordering::Relaxed)
     }
 
     /// Execution states loaded for an activation or a read since the runtime opened: from
     /// a parked state kept in memory, and by replaying events.
     pub fn state_loads(&self) -> (u64, u64) {
-        let loads = |from: usize| self.env.state_loads[from].load(Ordering::Relaxed);
+        let loads = |from: usize| self.actors.state_loads[from].load(Ordering::Relaxed);
         (loads(0), loads(1))
     }
 
@@ -80,7 +83,7 @@ impl Inspector {
     /// its own account at once; an actor busy past `timeout` (or stopped meanwhile) is
     /// listed as unanswered.
     pub async fn describe_actors(&self, timeout: Duration) -> Vec<Described> {
-        let asked = futures::future::join_all(self.env.directory.all().into_iter().map(
+        let asked = futures::future::join_all(self.actors.directory.all().into_iter().map(
             |addr| async move {
                 let described = addr.send(DescribeExecution).timeout(timeout).await;
                 let lease = match &described {
@@ -114,7 +117,7 @@ impl Inspector {
                 }),
             }
         }
-        for (process_id, addr) in self.env.processes.all() {
+        for (process_id, addr) in self.actors.processes.all() {
             actors.push(match addr.send(Describe).timeout(timeout).await {
                 Ok(summary) => Described::Answered(summary),
                 Err(error) => Described::Unanswered {

@@ -9,7 +9,8 @@
 //! - `branches` — Activity, Fork, Retry and the session feed in the command service;
 //! - `attempt_lease` — the lease actor of each running attempt;
 //! - `process` — managed processes: the process actor and its OS side (P-1..P-3);
-//! - `env` — what a runtime's actors share, and the directory of live executions;
+//! - `env` — what a runtime's actors share;
+//! - `directory` — the live execution actors: activation, takeover of lapsed attempts;
 //! - `recovery` — the restart window, the clock and startup classification, pure;
 //! - `supervisor` — the supervisor actor: startup recovery, lapsed leases, orderly shutdown;
 //! - `service` — the command service and the reads (K-1);
@@ -31,6 +32,7 @@ pub mod branches;
 pub mod call;
 pub mod command;
 pub mod describe;
+pub mod directory;
 pub mod env;
 pub mod error;
 pub mod execution;

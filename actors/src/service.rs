@@ -15,6 +15,7 @@ use openprogram_storage::{
 use serde::{Deserialize, Serialize};
 
 pub use crate::command::{Command, CommandBody, CommandKind, EffectRef, ReconcileOutcome, WaitRef};
+use crate::directory::Executions;
 use crate::env::Env;
 use crate::error::{Error, Result};
 use crate::execution::actor::GetSnapshot;
@@ -96,15 +97,20 @@ const DELIVERY_ATTEMPTS_MAX: usize = 4;
 /// The runtime's operations, shared by every transport.
 #[derive(Debug, Clone)]
 pub struct Service {
-    env: Arc<Env>,
+    env: Arc<Executions>,
 }
 
 impl Service {
-    pub fn new(env: Arc<Env>) -> Self {
+    pub fn new(env: Arc<Executions>) -> Self {
         Self { env }
     }
 
     pub fn env(&self) -> &Arc<Env> {
+        self.env.env()
+    }
+
+    /// The runtime's execution actors: the directory, activation, takeover.
+    pub fn actors(&self) -> &Arc<Executions> {
         &self.env
     }
 
@@ -326,7 +332,7 @@ impl Service {
 
 /// A new agent turn's first transition, with what it leaves behind: the head and the
 /// machine a replay of it would build, so the admission can start its actor without
-/// reading it back (`Env::activate_admitted`).
+/// reading it back (`Executions::activate_admitted`).
 struct Admission {
     head: ExecutionHead,
     events: Vec<Event>,

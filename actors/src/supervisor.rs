@@ -21,6 +21,7 @@ use openprogram_storage::{
 use openprogram_storage::{ProcessId, ProcessState, Upsert};
 
 use crate::attempt_lease::LeaseState;
+use crate::directory::Executions;
 use crate::env::{replay, Env};
 use crate::error::{Error, Result};
 use crate::execution::machine::{Machine, RESTART_PAUSE_REASON};
@@ -67,12 +68,12 @@ pub struct ShutdownReport {
 /// The supervisor actor. One per runtime.
 #[derive(Debug)]
 pub struct Supervisor {
-    env: Arc<Env>,
+    env: Arc<Executions>,
     handled: u64,
 }
 
 impl Supervisor {
-    pub fn new(env: Arc<Env>) -> Self {
+    pub fn new(env: Arc<Executions>) -> Self {
         Self { env, handled: 0 }
     }
 }
@@ -159,13 +160,13 @@ pub fn recovery_command_id(execution_id: ExecutionId, version: u64) -> CommandId
 
 /// classify every non-terminal execution, then act on each. Commands wait until
 /// this is over (`Env::until_recovered`).
-pub async fn recover(env: Arc<Env>) -> Result<RecoveryReport> {
+pub async fn recover(env: Arc<Executions>) -> Result<RecoveryReport> {
     let recovered = recover_all(&env).await;
     env.mark_recovered();
     recovered
 }
 
-async fn recover_all(env: &Arc<Env>) -> Result<RecoveryReport> {
+async fn recover_all(env: &Arc<Executions>) -> Result<RecoveryReport> {
     let started = Instant::now();
     let mut report = RecoveryReport {
         lost_processes: mark_lost_processes(env).await,
@@ -256,7 +257,7 @@ async fn recover_all(env: &Arc<Env>) -> Result<RecoveryReport> {
 /// P-3: every process record still `running` under another incarnation is marked `lost`,
 /// in a transition of its execution (before any claim, so no actor writes meanwhile). One
 /// record's failure (a quarantined execution) never stops the others, or the recovery.
-async fn mark_lost_processes(env: &Arc<Env>) -> Vec<ProcessId> {
+async fn mark_lost_processes(env: &Arc<Executions>) -> Vec<ProcessId> {
     let mut lost = Vec::new();
     let records = match env.store.processes() {
         Ok(records) => records,
@@ -310,7 +311,7 @@ enum Done {
     Skipped,
 }
 
-async fn act_on(env: &Arc<Env>, head: ExecutionHead, plan: Plan) -> Result<Done> {
+async fn act_on(env: &Arc<Executions>, head: ExecutionHead, plan: Plan) -> Result<Done> {
     if env.is_stopping() {
         return Ok(Done::Skipped);
     }
@@ -382,7 +383,7 @@ async fn unknown_instead(
 }
 
 /// Claims the execution for a new attempt and starts its actor with the original ids.
-async fn resume(env: &Arc<Env>, head: ExecutionHead, intent: RestartIntent) -> Result<Done> {
+async fn resume(env: &Arc<Executions>, head: ExecutionHead, intent: RestartIntent) -> Result<Done> {
     let execution_id = head.execution_id;
     let machine = replay(env.store.as_ref(), execution_id, head.last_seq)?;
     let found_checkpoint = head
@@ -517,7 +518,7 @@ pub fn begin_shutdown(env: &Env) {
 
 /// no new activation, then a restart-recovery pause for every running execution at
 /// its next safe point, in up to `PAUSE_ROUNDS` rounds within `timeout`.
-pub async fn shutdown(env: Arc<Env>, timeout: Duration) -> ShutdownReport {
+pub async fn shutdown(env: Arc<Executions>, timeout: Duration) -> ShutdownReport {
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
     begin_shutdown(&env);

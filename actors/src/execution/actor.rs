@@ -62,6 +62,8 @@ pub struct ExecutionActor {
     /// Processes to record `lost` (a `stop_process` found no actor): the actor stays until
     /// they are recorded.
     pub(super) recording_lost: usize,
+    /// Which start of this execution's actor this is: its entry in the directory.
+    token: u64,
 }
 
 impl std::fmt::Debug for ExecutionActor {
@@ -103,6 +105,7 @@ impl ExecutionActor {
         machine: Machine,
         lease: Arc<LeaseState>,
         claimed: bool,
+        token: u64,
     ) -> Self {
         let span = tracing::info_span!(
             "execution",
@@ -130,6 +133,7 @@ impl ExecutionActor {
             handled: 0,
             live_askers: HashMap::new(),
             recording_lost: 0,
+            token,
         }
     }
 
@@ -387,6 +391,14 @@ impl ExecutionActor {
                 Action::RunDispatched => {
                     // B05: the intent (`ToolDispatched`) is durable, the tool not started.
                     openprogram_storage::failpoint!("B05");
+                    if self.lease.lapsed() {
+                        // Stopped past its lease (SIGSTOP, a frozen thread) between the
+                        // intent and the call: a new attempt may hold the execution now, and
+                        // a stale attempt starts no effect (R06). The intent stays; whoever
+                        // holds the execution next finds it dispatched and never run.
+                        tracing::warn!(execution_id = %self.execution_id, "lease lapsed before the dispatched call started; not starting it");
+                        continue;
+                    }
                     if let Some(pending) = self.machine.pending_tool.clone() {
                         if self.in_flight.is_none() {
                             if let Some(done) = self.start_tool(pending, ctx) {
@@ -425,7 +437,7 @@ impl ExecutionActor {
         if self.failed_write {
             self.env.notify_stopped(self.execution_id);
         }
-        self.env.directory.forget(self.execution_id, &ctx.address());
+        self.env.released(self.execution_id, self.token);
         ctx.stop();
     }
 

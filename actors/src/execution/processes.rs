@@ -65,8 +65,8 @@ impl Handler<StartProcess> for ExecutionActor {
                 return Err(format!("recording the process failed: {error}"));
             }
             let (sender, exit) = oneshot::channel();
-            let env = std::sync::Arc::clone(&act.env);
-            let addr = ProcessActor::new(env, record, spawned, sender).start();
+            let host = std::sync::Arc::clone(&act.env);
+            let addr = ProcessActor::new(host, record, spawned, sender).start();
             act.env.processes.insert(process_id, addr);
             Ok(StartedProcess { process_id, exit })
         })))

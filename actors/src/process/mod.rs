@@ -24,7 +24,6 @@ use futures::channel::oneshot;
 use openprogram_storage::{Blob, ProcessId, ProcessRecord, ProcessState};
 
 use crate::call::ProcessExit;
-use crate::env::Env;
 
 /// The output tail kept in memory and persisted (P-1: bounded, whatever the process prints).
 pub const OUTPUT_TAIL_BYTES: usize = 64 * 1024;
@@ -77,7 +76,7 @@ impl Processes {
         self.lock().insert(process_id, addr);
     }
 
-    fn remove(&self, process_id: ProcessId) {
+    pub(crate) fn remove(&self, process_id: ProcessId) {
         self.lock().remove(&process_id);
     }
 
@@ -86,9 +85,23 @@ impl Processes {
     }
 }
 
+/// What a process actor needs of its runtime, given by the execution that starts it (so
+/// this module imports no runtime type): where its progress goes, its registry, the grace
+/// between SIGTERM and SIGKILL.
+pub trait ProcessHost: Send + Sync {
+    /// The live actor of the execution the process reports to, activated if parked.
+    fn progress_to(
+        &self,
+        execution_id: openprogram_storage::ExecutionId,
+    ) -> crate::Result<Recipient<ProcessProgress>>;
+    /// The process ended: it leaves the registry of live processes.
+    fn ended(&self, process_id: ProcessId);
+    fn stop_grace(&self) -> Duration;
+}
+
 /// The actor owning one running OS process.
 pub struct ProcessActor {
-    env: Arc<Env>,
+    host: Arc<dyn ProcessHost>,
     /// The record as last sent for persistence.
     record: ProcessRecord,
     signaller: os::Signaller,
@@ -116,13 +129,13 @@ impl std::fmt::Debug for ProcessActor {
 
 impl ProcessActor {
     pub(crate) fn new(
-        env: Arc<Env>,
+        host: Arc<dyn ProcessHost>,
         record: ProcessRecord,
         spawned: os::Spawned,
         exit_watcher: oneshot::Sender<ProcessExit>,
     ) -> Self {
         Self {
-            env,
+            host,
             record,
             signaller: spawned.signaller,
             child: Some(spawned.child),
@@ -184,7 +197,7 @@ impl ProcessActor {
         blob: Blob,
         state_changed: bool,
     ) -> impl std::future::Future<Output = crate::Result<()>> + 'static {
-        let env = Arc::clone(&self.env);
+        let host = Arc::clone(&self.host);
         let previous_bytes = self.record.output_bytes;
         async move {
             let progress = ProcessProgress {
@@ -195,8 +208,8 @@ impl ProcessActor {
             };
             // A parked execution is activated for it; one that parks meanwhile, again.
             for _ in 0..4 {
-                let addr = env.activate(progress.record.execution_id)?;
-                match addr.send(progress.clone()).await {
+                let to = host.progress_to(progress.record.execution_id)?;
+                match to.send(progress.clone()).await {
                     Ok(result) => return result,
                     Err(actix::MailboxError::Closed) => continue,
                     Err(error) => return Err(crate::Error::Unavailable(error.to_string())),
@@ -260,7 +273,7 @@ impl ProcessActor {
             if let Some(watcher) = act.exit_watcher.take() {
                 let _ = watcher.send(exit);
             }
-            act.env.processes.remove(act.record.process_id);
+            act.host.ended(act.record.process_id);
             ctx.stop();
         }));
     }
@@ -334,7 +347,7 @@ impl Handler<Stop> for ProcessActor {
         }
         self.stop_requested = true;
         self.signal(os::StopSignal::Terminate);
-        ctx.run_later(self.env.process_stop_grace, |act, _ctx| {
+        ctx.run_later(self.host.stop_grace(), |act, _ctx| {
             if act.exit_code.is_none() {
                 act.signal(os::StopSignal::Kill);
             }

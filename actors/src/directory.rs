@@ -1,0 +1,340 @@
+//! The execution actors a runtime runs, over its shared `Env`: the directory of live actors
+//! by execution id, with their attempt's lease; activation on demand (loading the head and
+//! replaying the events through the pure machine, actions off) on the arbiter the id shards
+//! to; and the takeover of attempts whose lease lapsed. Split from `env.rs`, which the
+//! actors hold: this module starts them, so they cannot import it; they reach it through
+//! `env::Hooks` (an actor that released itself, the actor a process reports to).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use actix::prelude::*;
+use openprogram_storage::{
+    AttemptLease, Event, ExecutionHead, ExecutionId, ExecutionState, Outcome, Transition,
+};
+
+use crate::attempt_lease::LeaseState;
+use crate::env::{load, Env, Hooks};
+use crate::error::{Error, Result};
+use crate::execution::actor::{Activate, ExecutionActor, Superseded};
+use crate::execution::machine::Machine;
+use crate::execution::machine_waits::changed_wait_records;
+use crate::process::ProcessProgress;
+
+/// Live execution actors by id, with their attempt's lease, and the arbiters they run on.
+#[derive(Debug)]
+pub struct Directory {
+    arbiters: Vec<ArbiterHandle>,
+    live: Mutex<HashMap<ExecutionId, Live>>,
+    /// Notified whenever an actor leaves the directory (orderly shutdown waits on it).
+    released: tokio::sync::Notify,
+}
+
+#[derive(Debug, Clone)]
+struct Live {
+    addr: Addr<ExecutionActor>,
+    lease: Arc<LeaseState>,
+    /// Which start of the execution's actor this is (`Executions::start_actor`).
+    token: u64,
+}
+
+impl Directory {
+    pub fn new(arbiters: Vec<ArbiterHandle>) -> Self {
+        assert!(!arbiters.is_empty(), "a runtime needs at least one arbiter");
+        Self {
+            arbiters,
+            live: Mutex::new(HashMap::new()),
+            released: tokio::sync::Notify::new(),
+        }
+    }
+
+    pub fn live(&self, execution_id: ExecutionId) -> Option<Addr<ExecutionActor>> {
+        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        live.get(&execution_id)
+            .map(|entry| &entry.addr)
+            .filter(|addr| addr.connected())
+            .cloned()
+    }
+
+    pub fn live_len(&self) -> usize {
+        self.live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Forgets an actor that released itself, unless a newer one took its place.
+    pub fn forget(&self, execution_id: ExecutionId, token: u64) {
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        if live.get(&execution_id).map(|live| live.token) == Some(token) {
+            live.remove(&execution_id);
+        }
+        drop(live);
+        self.released.notify_waiters();
+    }
+
+    /// Every live actor now.
+    pub fn all(&self) -> Vec<Addr<ExecutionActor>> {
+        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        live.values().map(|entry| entry.addr.clone()).collect()
+    }
+
+    /// Resolves once no actor is live, or at `deadline`; returns how many are still live.
+    pub async fn drained(&self, deadline: tokio::time::Instant) -> usize {
+        loop {
+            let released = self.released.notified();
+            let live = self.live_len();
+            if live == 0 || tokio::time::Instant::now() >= deadline {
+                return live;
+            }
+            // A release between the count and here is not missed: `notified()` was created
+            // first, and `notify_waiters` wakes every future created before it.
+            let _ = tokio::time::timeout_at(deadline, released).await;
+        }
+    }
+
+    /// The arbiter an execution runs on: by the random bits of its id, so executions
+    /// spread evenly and an execution's steps stay on one thread.
+    /// `shift` moves a takeover to the next arbiter: the lapsed attempt's thread may be the
+    /// one that is stuck.
+    fn arbiter_of(&self, execution_id: ExecutionId, shift: usize) -> &ArbiterHandle {
+        let bytes = execution_id.as_bytes();
+        let mut tail = [0u8; 8];
+        tail.copy_from_slice(&bytes[8..]);
+        let shard = (u64::from_be_bytes(tail) % self.arbiters.len() as u64) as usize;
+        &self.arbiters[(shard + shift) % self.arbiters.len()]
+    }
+}
+
+/// The runtime's execution actors: the directory of live ones and how they start. Derefs
+/// to the shared `Env` it runs them over.
+#[derive(Debug)]
+pub struct Executions {
+    env: Arc<Env>,
+    pub directory: Directory,
+    /// Numbers each start of an actor, so a released actor forgets only its own entry.
+    next_token: AtomicU64,
+}
+
+impl std::ops::Deref for Executions {
+    type Target = Env;
+
+    fn deref(&self) -> &Env {
+        &self.env
+    }
+}
+
+impl Hooks for Executions {
+    fn released(&self, execution_id: ExecutionId, token: u64) {
+        self.directory.forget(execution_id, token);
+    }
+
+    fn progress_to(&self, execution_id: ExecutionId) -> Result<Recipient<ProcessProgress>> {
+        Ok(self.activate(execution_id)?.recipient())
+    }
+}
+
+impl Executions {
+    /// The executions of a runtime whose actors share `env` and run on `directory`'s
+    /// arbiters; `env` is told how to reach them (`Env::set_hooks`).
+    pub fn new(env: Arc<Env>, directory: Directory) -> Arc<Self> {
+        let executions = Arc::new(Self {
+            env,
+            directory,
+            next_token: AtomicU64::new(1),
+        });
+        let hooks: Weak<dyn Hooks> = Arc::downgrade(&executions) as Weak<Executions>;
+        executions.env.set_hooks(hooks);
+        executions
+    }
+
+    /// The shared state the actors hold.
+    pub fn env(&self) -> &Arc<Env> {
+        &self.env
+    }
+
+    /// The live actor of an execution, activating it if needed. A new actor first starts
+    /// an attempt (`Activate`), before any message sent after this returns.
+    pub fn activate(&self, execution_id: ExecutionId) -> Result<Addr<ExecutionActor>> {
+        self.activate_from(execution_id, || self.latest_state(execution_id, true))
+    }
+
+    /// `activate` for an execution just admitted, from the head and machine its admission
+    /// committed: nothing is read back. Should another activation have run it and released it
+    /// in between, the new actor's first write meets a version conflict and it stops.
+    pub fn activate_admitted(
+        &self,
+        head: ExecutionHead,
+        machine: Machine,
+    ) -> Result<Addr<ExecutionActor>> {
+        self.activate_from(head.execution_id, move || Ok((head, machine)))
+    }
+
+    fn activate_from(
+        &self,
+        execution_id: ExecutionId,
+        state: impl FnOnce() -> Result<(ExecutionHead, Machine)>,
+    ) -> Result<Addr<ExecutionActor>> {
+        if let Some(addr) = self.directory.live(execution_id) {
+            return Ok(addr);
+        }
+        if self.is_stopping() {
+            return Err(Error::Unavailable("the runtime is shutting down".into()));
+        }
+        // Replay outside the directory's lock; the lock is taken again to insert, and a
+        // concurrent activation that won meanwhile is used instead.
+        let (head, machine) = state()?;
+        let mut live = self
+            .directory
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = live
+            .get(&execution_id)
+            .filter(|entry| entry.addr.connected())
+        {
+            return Ok(entry.addr.clone());
+        }
+        let lease = LeaseState::new(
+            execution_id,
+            self.owner,
+            head.fencing_epoch + 1,
+            self.lease_ttl,
+        );
+        let (addr, token) = self.start_actor(head, machine, Arc::clone(&lease), false);
+        addr.do_send(Activate);
+        live.insert(
+            execution_id,
+            Live {
+                addr: addr.clone(),
+                lease,
+                token,
+            },
+        );
+        Ok(addr)
+    }
+
+    fn start_actor(
+        &self,
+        head: ExecutionHead,
+        machine: Machine,
+        lease: Arc<LeaseState>,
+        claimed: bool,
+    ) -> (Addr<ExecutionActor>, u64) {
+        let env = Arc::clone(&self.env);
+        let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+        let arbiter = self
+            .directory
+            .arbiter_of(head.execution_id, usize::from(claimed));
+        let addr = ExecutionActor::start_in_arbiter(arbiter, move |_| {
+            ExecutionActor::new(env, head, machine, lease, claimed, token)
+        });
+        (addr, token)
+    }
+
+    /// Replaces every running attempt whose lease lapsed with a new attempt: the claim
+    /// (a higher epoch) is committed first, so the old attempt's next write is fenced and its
+    /// actor stops. Returns the executions taken over.
+    pub async fn reclaim_lapsed(&self) -> Result<Vec<ExecutionId>> {
+        let lapsed: Vec<(ExecutionId, Live)> = {
+            let live = self
+                .directory
+                .live
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            live.iter()
+                .filter(|(_, entry)| entry.lease.lapsed())
+                .map(|(id, entry)| (*id, entry.clone()))
+                .collect()
+        };
+        let mut reclaimed = Vec::new();
+        for (execution_id, old) in lapsed {
+            let Some(mut head) = self.store.head(execution_id)? else {
+                continue;
+            };
+            let runs = matches!(
+                head.state,
+                ExecutionState::Queued | ExecutionState::Running | ExecutionState::Cancelling
+            );
+            if head.fencing_epoch != old.lease.epoch || !old.lease.lapsed() {
+                // The lapsed attempt never claimed, was taken over already, or started
+                // afresh since the list was made.
+                continue;
+            }
+            if !runs {
+                // Idle (waiting, paused): nothing in flight to fence. Its heartbeat cannot
+                // extend a lapsed lease, so it starts afresh here, and is not listed again.
+                old.lease.renew();
+                continue;
+            }
+            let epoch = head.fencing_epoch + 1;
+            let lease = LeaseState::new(execution_id, self.owner, epoch, self.lease_ttl);
+            let claim = Event::AttemptStarted {
+                attempt_id: lease.attempt_id,
+                owner_id: self.owner,
+                epoch,
+            };
+            head.attempt = Some(AttemptLease {
+                attempt_id: lease.attempt_id,
+                owner_id: self.owner,
+                epoch,
+            });
+            // Live questions of the old attempt end with the claim (W-4): their records too.
+            let (_, before) = load(self.store.as_ref(), execution_id)?;
+            let (before, mut after) = (before.preview(), before.preview());
+            after.apply(&claim, head.last_seq + 1, &mut Vec::new());
+            let mut transition = Transition::new(execution_id, vec![claim])
+                .expect_version(head.version)
+                .by_epoch(epoch)
+                .with_head(head);
+            transition.upserts.extend(
+                changed_wait_records(&before, &after, execution_id)
+                    .into_iter()
+                    .map(openprogram_storage::Upsert::Wait),
+            );
+            match self.store.submit(transition).await? {
+                Outcome::Committed(_) => {}
+                // The old attempt moved on, or another claim won: not lapsed after all.
+                _ => continue,
+            }
+            tracing::warn!(%execution_id, epoch, "lapsed attempt replaced by a new one");
+            let (head, machine) = load(self.store.as_ref(), execution_id)?;
+            self.start_claimed(head, machine, lease);
+            // Once its thread runs again, the old actor stops: its calls waiting for an
+            // answer are told, instead of waiting for a write that would be fenced. After
+            // the new actor is in the directory, so the old one's release removes nothing.
+            old.addr.do_send(Superseded);
+            reclaimed.push(execution_id);
+        }
+        Ok(reclaimed)
+    }
+
+    /// Starts the actor of an attempt whose claim is committed (a takeover or a restart
+    /// recovery): it runs at once. Replaces any actor of an older attempt in the directory.
+    pub fn start_claimed(
+        &self,
+        head: ExecutionHead,
+        machine: Machine,
+        lease: Arc<LeaseState>,
+    ) -> Addr<ExecutionActor> {
+        let execution_id = head.execution_id;
+        // The lease runs from now, not from its claim (recovery claims everything first).
+        lease.renew();
+        let (addr, token) = self.start_actor(head, machine, Arc::clone(&lease), true);
+        let mut live = self
+            .directory
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        live.insert(
+            execution_id,
+            Live {
+                addr: addr.clone(),
+                lease,
+                token,
+            },
+        );
+        addr
+    }
+}
