@@ -6,6 +6,7 @@
 
 pub mod kill_loop;
 pub mod model;
+pub mod model_check;
 pub mod oracle;
 
 use std::path::PathBuf;
@@ -14,7 +15,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use kill_loop::{KillLoopOptions, KillLoopReport};
-use model::{ModelOptions, ModelReport};
+use model_check::{ModelOptions, ModelReport};
 
 /// What a soak runs; `None` skips a harness.
 #[derive(Debug, Clone)]
@@ -109,7 +110,7 @@ pub async fn run(
         None => None,
     };
     let r22 = match options.r22 {
-        Some(r22) => Some(model::run(r22, |done| progress("R22", done, r22.cases)).await),
+        Some(r22) => Some(model_check::run(r22, |done| progress("R22", done, r22.cases)).await),
         None => None,
     };
     let r24 = match options.r24.clone() {

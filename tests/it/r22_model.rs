@@ -1,11 +1,11 @@
 //! R22 (RELIABILITY.md), model-based, small: random scripts and random commands — every
 //! control kind, duplicates, reused ids, stale versions — with crashes and restarts, on the
 //! runtime and on an in-memory model of SPEC's rules; after every action state, reply text,
-//! open wait and the sink's lines must agree. The harness is `openprogram::soak::model`,
+//! open wait and the sink's lines must agree. The harness is `openprogram::soak::model_check`,
 //! which `openprogram soak` runs large. A divergence prints the seed and the shrunk history.
 //! `R22_SEED` replays a run; `R22_CASES` and `R22_ACTIONS` size it.
 
-use openprogram::soak::model::{run, ModelOptions};
+use openprogram::soak::model_check::{run, ModelOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r22_random_commands_crashes_and_restarts_agree_with_the_model() {
