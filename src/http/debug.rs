@@ -234,33 +234,51 @@ pub async fn demo(api: web::Data<Api>, request: HttpRequest) -> Result<HttpRespo
 /// `GET /metrics`: Prometheus text format, names `openprogram_*`.
 pub async fn metrics(api: web::Data<Api>, request: HttpRequest) -> Result<HttpResponse, ApiError> {
     api.tokens.authorize_admin(&request)?;
-    let store = api.runtime.store();
-    let counters = store.metrics();
-    let inspect = api.runtime.inspect();
-    let mut text = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
-        text.push_str(&format!(
+    let mut out = Prometheus::default();
+    runtime_metrics(&mut out, &api.runtime);
+    store_metrics(&mut out, &api.runtime.store().metrics());
+    index_metrics(&mut out, api.runtime.store().as_ref())?;
+    Ok(HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(out.text))
+}
+
+/// Prometheus text: each metric with its help and type, then its samples.
+#[derive(Default)]
+struct Prometheus {
+    text: String,
+}
+
+impl Prometheus {
+    fn metric(&mut self, name: &str, kind: &str, help: &str, samples: &[(String, f64)]) {
+        self.text.push_str(&format!(
             "# HELP openprogram_{name} {help}\n# TYPE openprogram_{name} {kind}\n"
         ));
         for (labels, value) in samples {
-            text.push_str(&format!("openprogram_{name}{labels} {value}\n"));
+            self.text
+                .push_str(&format!("openprogram_{name}{labels} {value}\n"));
         }
-    };
-    let one = |value: u64| vec![(String::new(), value as f64)];
-    metric(
-        "commits_total",
-        "counter",
-        "Transitions committed (acknowledged after fsync).",
-        &one(counters.transitions),
-    );
-    metric(
+    }
+
+    fn counter(&mut self, name: &str, help: &str, value: f64) {
+        self.metric(name, "counter", help, &[(String::new(), value)]);
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, value: f64) {
+        self.metric(name, "gauge", help, &[(String::new(), value)]);
+    }
+}
+
+/// The runtime's own: steps, state loads, live actors, the process's CPU and memory.
+fn runtime_metrics(out: &mut Prometheus, runtime: &crate::Runtime) {
+    let inspect = runtime.inspect();
+    out.counter(
         "steps_total",
-        "counter",
         "Steps committed: model decisions and tool results, each with its checkpoint.",
-        &one(inspect.steps()),
+        inspect.steps() as f64,
     );
     let (parked, replayed) = inspect.state_loads();
-    metric(
+    out.metric(
         "state_loads_total",
         "counter",
         "Execution states loaded for an activation or a read: from a parked state kept in \
@@ -270,79 +288,17 @@ pub async fn metrics(api: web::Data<Api>, request: HttpRequest) -> Result<HttpRe
             ("{from=\"replay\"}".to_owned(), replayed as f64),
         ],
     );
-    metric(
+    out.counter(
         "process_cpu_seconds_total",
-        "counter",
         "CPU time of the server process, all threads, user and system.",
-        &[(
-            String::new(),
-            crate::process_stats::process_cpu().map_or(0.0, |cpu| cpu.as_secs_f64()),
-        )],
+        crate::process_stats::process_cpu().map_or(0.0, |cpu| cpu.as_secs_f64()),
     );
-    metric(
+    out.gauge(
         "process_peak_resident_bytes",
-        "gauge",
         "The server process's peak resident memory (VmHWM).",
-        &[(
-            String::new(),
-            crate::process_stats::peak_rss_mib() * 1024.0 * 1024.0,
-        )],
+        crate::process_stats::peak_rss_mib() * 1024.0 * 1024.0,
     );
-    metric(
-        "committer_queue_depth",
-        "gauge",
-        "Transitions waiting for the committer: its mailbox depth.",
-        &one(counters.queued),
-    );
-    metric(
-        "group_commits_total",
-        "counter",
-        "Group commits written.",
-        &one(counters.groups),
-    );
-    metric(
-        "fsyncs_total",
-        "counter",
-        "fsyncs of the store's data file.",
-        &one(counters.fsyncs),
-    );
-    metric(
-        "fenced_writes_total",
-        "counter",
-        "Writes refused because a newer attempt holds the execution (a stale owner, A-1).",
-        &one(counters.fenced),
-    );
-    metric(
-        "fsync_seconds_total",
-        "counter",
-        "Time spent in fsync.",
-        &[(String::new(), counters.fsync_micros_total as f64 / 1e6)],
-    );
-    metric(
-        "flush_seconds_total",
-        "counter",
-        "Time spent in sled's flush(), which writes its buffers and waits for them, before each fsync.",
-        &[(String::new(), counters.flush_micros_total as f64 / 1e6)],
-    );
-    metric(
-        "committer_busy_seconds_total",
-        "counter",
-        "Time the committer spent on group commits (validate, write, flush, fsync, answer); its rate near 1 means the store limits throughput.",
-        &[(String::new(), counters.group_micros_total as f64 / 1e6)],
-    );
-    metric(
-        "materializations_total",
-        "counter",
-        "Materialization slices written.",
-        &one(counters.materializations),
-    );
-    metric(
-        "replayed_frames",
-        "gauge",
-        "Log frames replayed when the store was opened.",
-        &one(counters.replayed_frames),
-    );
-    metric(
+    out.metric(
         "live_actors",
         "gauge",
         "Live actors by kind.",
@@ -354,10 +310,72 @@ pub async fn metrics(api: web::Data<Api>, request: HttpRequest) -> Result<HttpRe
             ("{kind=\"process\"}".into(), inspect.live_processes() as f64),
             (
                 "{kind=\"supervisor\"}".into(),
-                f64::from(u8::from(api.runtime.supervisor_running())),
+                f64::from(u8::from(runtime.supervisor_running())),
             ),
         ],
     );
+}
+
+/// The write path's counters (`MetricsSnapshot`).
+fn store_metrics(out: &mut Prometheus, counters: &openprogram_storage::MetricsSnapshot) {
+    let seconds = |micros: u64| micros as f64 / 1e6;
+    out.counter(
+        "commits_total",
+        "Transitions committed (acknowledged after fsync).",
+        counters.transitions as f64,
+    );
+    out.gauge(
+        "committer_queue_depth",
+        "Transitions waiting for the committer: its mailbox depth.",
+        counters.queued as f64,
+    );
+    out.counter(
+        "group_commits_total",
+        "Group commits written.",
+        counters.groups as f64,
+    );
+    out.counter(
+        "fsyncs_total",
+        "fsyncs of the store's data file.",
+        counters.fsyncs as f64,
+    );
+    out.counter(
+        "fenced_writes_total",
+        "Writes refused because a newer attempt holds the execution (a stale owner, A-1).",
+        counters.fenced as f64,
+    );
+    out.counter(
+        "fsync_seconds_total",
+        "Time spent in fsync.",
+        seconds(counters.fsync_micros_total),
+    );
+    out.counter(
+        "flush_seconds_total",
+        "Time spent in sled's flush(), which writes its buffers and waits for them, before each fsync.",
+        seconds(counters.flush_micros_total),
+    );
+    out.counter(
+        "committer_busy_seconds_total",
+        "Time the committer spent on group commits (validate, write, flush, fsync, answer); its rate near 1 means the store limits throughput.",
+        seconds(counters.group_micros_total),
+    );
+    out.counter(
+        "materializations_total",
+        "Materialization slices written.",
+        counters.materializations as f64,
+    );
+    out.gauge(
+        "replayed_frames",
+        "Log frames replayed when the store was opened.",
+        counters.replayed_frames as f64,
+    );
+}
+
+/// What the store's indexes hold: executions by non-terminal state, quarantined ones.
+fn index_metrics(
+    out: &mut Prometheus,
+    store: &dyn openprogram_storage::EventReader,
+) -> Result<(), ApiError> {
     let mut by_state = Vec::new();
     for state in ExecutionState::ALL
         .into_iter()
@@ -369,19 +387,16 @@ pub async fn metrics(api: web::Data<Api>, request: HttpRequest) -> Result<HttpRe
             .len();
         by_state.push((format!("{{state=\"{}\"}}", state.as_str()), count as f64));
     }
-    metric(
+    out.metric(
         "executions",
         "gauge",
         "Executions by non-terminal state (ended executions are not indexed).",
         &by_state,
     );
-    metric(
+    out.gauge(
         "quarantined_executions",
-        "gauge",
         "Executions refused for corrupted records (S-4).",
-        &one(store.quarantined().len() as u64),
+        store.quarantined().len() as f64,
     );
-    Ok(HttpResponse::Ok()
-        .content_type("text/plain; version=0.0.4")
-        .body(text))
+    Ok(())
 }
