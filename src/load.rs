@@ -259,25 +259,8 @@ pub(crate) fn script(options: &LoadOptions) -> Vec<ScriptElement> {
 
 /// Runs the load and returns what it measured.
 pub async fn run(options: LoadOptions) -> Result<LoadReport> {
-    if options.baseline.is_some_and(|duration| duration.is_zero()) {
-        return Err(Error::InvalidRequest(
-            "--baseline needs at least 1 second".into(),
-        ));
-    }
-    if options.executions == 0 || options.concurrency == 0 {
-        return Err(Error::InvalidRequest(
-            "executions and concurrency must be at least 1".into(),
-        ));
-    }
-    let temporary = match &options.data {
-        Some(_) => None,
-        None => Some(tempfile::tempdir().map_err(|error| Error::Unavailable(error.to_string()))?),
-    };
-    let data_dir = match (&options.data, &temporary) {
-        (Some(dir), _) => dir.clone(),
-        (None, Some(dir)) => dir.path().to_path_buf(),
-        (None, None) => return Err(Error::Internal("no data directory".into())),
-    };
+    validate(&options)?;
+    let (temporary, data_dir) = store_dir(&options)?;
     let clock = Arc::new(StepClock {
         steps_us: Mutex::new(Some(histogram())),
         ..StepClock::default()
@@ -288,116 +271,41 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
             clock: Arc::clone(&clock),
         }))
         .open()?;
-    let progress = if options.progress {
-        indicatif::ProgressBar::new(options.executions as u64)
-    } else {
-        indicatif::ProgressBar::hidden()
+    let progress = match options.progress {
+        true => indicatif::ProgressBar::new(options.executions as u64),
+        false => indicatif::ProgressBar::hidden(),
     };
-    let script = script(&options);
-    // Shared by the workers: cloned once per execution (its request owns it), not per worker.
-    let script = Arc::new(script);
-    let executions_us = Arc::new(Mutex::new(Some(histogram())));
-    let next = Arc::new(AtomicUsize::new(0));
-    let failed = Arc::new(AtomicUsize::new(0));
-    let session = SessionId::new();
-    let running: Arc<Mutex<Vec<ExecutionId>>> = Arc::default();
+    let drive = Drive {
+        runtime: runtime.clone(),
+        session: SessionId::new(),
+        // Shared by the workers: cloned once per execution (its request owns it).
+        script: Arc::new(script(&options)),
+        next: Arc::default(),
+        failed: Arc::default(),
+        clock: Arc::clone(&clock),
+        executions_us: Arc::new(Mutex::new(Some(histogram()))),
+        progress: progress.clone(),
+        running: Arc::default(),
+    };
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let commander = options.commands_per_s.map(|per_s| {
         tokio::spawn(send_commands(
             runtime.clone(),
-            session,
-            running.clone(),
+            drive.session,
+            drive.running.clone(),
             per_s,
             done.clone(),
         ))
     });
     let store_before = runtime.store().metrics();
-    let fsyncs_before = store_before.fsyncs;
-    // The threads are read inside the process's readings, so that their sum stays within it.
-    let cpu_before = process_cpu();
-    let threads_before = thread_times();
+    let before = Readings::now();
     let started = Instant::now();
-    let workers: Vec<_> = (0..options.concurrency.min(options.executions))
-        .map(|_| {
-            let (runtime, script, next, failed) = (
-                runtime.clone(),
-                script.clone(),
-                next.clone(),
-                failed.clone(),
-            );
-            let (clock, executions_us, progress, running) = (
-                clock.clone(),
-                executions_us.clone(),
-                progress.clone(),
-                running.clone(),
-            );
-            let (total, max_iterations) = (options.executions, options.steps as u32 + 1);
-            tokio::spawn(async move {
-                while next.fetch_add(1, Ordering::Relaxed) < total {
-                    let admitted = Instant::now();
-                    let request = StartRequest {
-                        message: "load".into(),
-                        script: script.as_ref().clone(),
-                        max_iterations: Some(max_iterations),
-                        ..StartRequest::default()
-                    };
-                    let execution_id = runtime
-                        .start_execution(session, request)
-                        .await?
-                        .execution_id;
-                    running
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .push(execution_id);
-                    let finished = runtime.wait_finished(session, execution_id).await;
-                    {
-                        let mut running = running.lock().unwrap_or_else(PoisonError::into_inner);
-                        if let Some(index) = running.iter().position(|id| *id == execution_id) {
-                            running.swap_remove(index);
-                        }
-                    }
-                    finished?;
-                    record(&executions_us, admitted.elapsed());
-                    clock
-                        .last_call
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .remove(&execution_id);
-                    let head = runtime.store().head(execution_id)?;
-                    if head.map(|head| head.state)
-                        != Some(openprogram_storage::ExecutionState::Completed)
-                    {
-                        failed.fetch_add(1, Ordering::Relaxed);
-                    }
-                    progress.inc(1);
-                }
-                Ok::<(), Error>(())
-            })
-        })
-        .collect();
-    for worker in workers {
-        worker
-            .await
-            .map_err(|error| Error::Internal(format!("a load worker panicked: {error}")))??;
-    }
+    drive
+        .run(options.executions, options.concurrency, options.steps)
+        .await?;
     let wall = started.elapsed();
-    let threads_after = thread_times();
-    let cpu = process_cpu()
-        .zip(cpu_before)
-        .map(|(after, before)| after.saturating_sub(before));
-    let waited = threads_before
-        .as_ref()
-        .zip(threads_after.as_ref())
-        .and_then(|(before, after)| waited_by_role(before, after));
-    let roles = threads_before
-        .zip(threads_after)
-        .zip(cpu)
-        .map(|((before, after), cpu)| cpu_by_role(&before, &after, cpu));
+    let spent = before.since();
     let store_after = runtime.store().metrics();
-    let busy_pct = |micros: fn(&MetricsSnapshot) -> u64| {
-        let spent = micros(&store_after).saturating_sub(micros(&store_before));
-        Some(spent as f64 / 1e6 / wall.as_secs_f64() * 100.0)
-    };
     progress.finish_and_clear();
     done.store(true, Ordering::Release);
     let commands =
@@ -408,20 +316,16 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
             None => None,
         };
     let parked = match options.park {
-        Some(n) => {
-            let before_kib = rss_kib();
-            park(&runtime, SessionId::new(), n, options.concurrency).await?;
-            let grown = rss_kib().saturating_sub(before_kib) * 1024;
-            Some((n, grown as f64 / n.max(1) as f64))
-        }
+        Some(n) => Some(parked_memory(&runtime, n, options.concurrency).await?),
         None => None,
     };
-    let fsyncs = runtime.store().metrics().fsyncs - fsyncs_before;
+    let fsyncs = runtime.store().metrics().fsyncs - store_before.fsyncs;
     let (state_loads_parked, state_loads_replayed) = runtime.inspect().state_loads();
     // Before the baseline, whose own sled cache would count otherwise.
     let peak_rss_mib = peak_rss_mib();
     runtime.shutdown().await;
     drop(runtime);
+    drop(temporary);
     let take = |histogram: &Mutex<Option<Histogram<u64>>>| {
         histogram
             .lock()
@@ -430,29 +334,19 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
             .unwrap_or_else(histogram_empty)
     };
     let steps_us = take(&clock.steps_us);
-    let executions_us = take(&executions_us);
+    let executions_us = take(&drive.executions_us);
     let total_steps = clock.calls.load(Ordering::Relaxed);
-    let per_step = |cpu: Duration| cpu.as_secs_f64() * 1e6 / total_steps.max(1) as f64;
-    let cpu_us_per_step = cpu.filter(|_| total_steps > 0).map(per_step);
-    let cpu_us_per_step_by_role = roles.filter(|_| total_steps > 0).map(|roles| {
-        let per_role = roles.into_iter().map(|(role, cpu)| (role, per_step(cpu)));
-        per_role.collect()
-    });
     let steps_per_s = total_steps as f64 / wall.as_secs_f64();
     let raw_per_s = match options.baseline {
-        Some(duration) => {
-            let dir = tempfile::tempdir().map_err(|error| Error::Unavailable(error.to_string()))?;
-            let raw = openprogram_storage::baseline::raw_sled_baseline(
-                dir.path(),
-                duration,
-                options.payload_bytes.max(1),
-            )?;
-            Some(raw.per_s())
-        }
+        Some(duration) => Some(raw_baseline(duration, options.payload_bytes)?),
         None => None,
     };
-    let failed = failed.load(Ordering::Relaxed);
-    Ok(LoadReport {
+    let busy_pct = |micros: fn(&MetricsSnapshot) -> u64| {
+        let spent = micros(&store_after).saturating_sub(micros(&store_before));
+        Some(spent as f64 / 1e6 / wall.as_secs_f64() * 100.0)
+    };
+    let failed = drive.failed.load(Ordering::Relaxed);
+    let report = LoadReport {
         total_steps,
         completed: options.executions - failed,
         failed,
@@ -463,40 +357,220 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         state_loads_parked,
         state_loads_replayed,
         peak_rss_mib,
-        cpu_us_per_step,
-        cpu_us_per_step_by_role,
-        run_queue_wait_pct_by_role: waited.map(|waited| {
-            let pct = |time: Duration| time.as_secs_f64() / wall.as_secs_f64() * 100.0;
-            waited
-                .into_iter()
-                .map(|(role, time)| (role, pct(time)))
-                .collect()
-        }),
         committer_busy_pct: busy_pct(|metrics| metrics.group_micros_total),
         committer_flush_pct: busy_pct(|metrics| metrics.flush_micros_total),
         committer_fsync_pct: busy_pct(|metrics| metrics.fsync_micros_total),
         ratio_to_raw: raw_per_s.map(|raw| 2.0 * steps_per_s / raw),
         raw_per_s,
-        commands: commands
-            .as_ref()
-            .map(|latencies| latencies.applied.len() + latencies.rejected.len()),
-        commands_rejected: commands.as_ref().map(|latencies| latencies.rejected.len()),
-        command_p50_ms: commands
-            .as_ref()
-            .filter(|latencies| !latencies.applied.is_empty())
-            .map(|latencies| ms(&latencies.applied, 0.50)),
-        command_p99_ms: commands
-            .as_ref()
-            .filter(|latencies| !latencies.applied.is_empty())
-            .map(|latencies| ms(&latencies.applied, 0.99)),
-        rejected_p99_ms: commands
-            .as_ref()
-            .filter(|latencies| !latencies.rejected.is_empty())
-            .map(|latencies| ms(&latencies.rejected, 0.99)),
         parked: parked.map(|(n, _)| n),
         rss_per_parked_bytes: parked.map(|(_, bytes)| bytes.round()),
         ..LoadReport::measured("embedded".into(), &options, &steps_us, &executions_us)
-    })
+    };
+    let report = spent.into_report(report, total_steps, wall);
+    Ok(commands_into_report(report, commands.as_ref()))
+}
+
+/// Usage errors, before anything is opened.
+fn validate(options: &LoadOptions) -> Result<()> {
+    if options.baseline.is_some_and(|duration| duration.is_zero()) {
+        return Err(Error::InvalidRequest(
+            "--baseline needs at least 1 second".into(),
+        ));
+    }
+    if options.executions == 0 || options.concurrency == 0 {
+        return Err(Error::InvalidRequest(
+            "executions and concurrency must be at least 1".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The store's directory: `--data`, or a fresh temporary one (kept while the guard lives).
+fn store_dir(options: &LoadOptions) -> Result<(Option<tempfile::TempDir>, std::path::PathBuf)> {
+    match &options.data {
+        Some(dir) => Ok((None, dir.clone())),
+        None => {
+            let dir = tempfile::tempdir().map_err(|error| Error::Unavailable(error.to_string()))?;
+            let path = dir.path().to_path_buf();
+            Ok((Some(dir), path))
+        }
+    }
+}
+
+/// What the workers share: each takes the next execution, admits it, waits for its end,
+/// and records its latency and outcome.
+#[derive(Clone)]
+struct Drive {
+    runtime: Runtime,
+    session: SessionId,
+    script: Arc<Vec<ScriptElement>>,
+    next: Arc<AtomicUsize>,
+    failed: Arc<AtomicUsize>,
+    clock: Arc<StepClock>,
+    executions_us: Arc<Mutex<Option<Histogram<u64>>>>,
+    progress: indicatif::ProgressBar,
+    /// Executions admitted and not yet ended (where the command sender aims).
+    running: Arc<Mutex<Vec<ExecutionId>>>,
+}
+
+impl Drive {
+    /// `total` executions of `steps` steps, `concurrency` at a time.
+    async fn run(&self, total: usize, concurrency: usize, steps: usize) -> Result<()> {
+        let workers: Vec<_> = (0..concurrency.min(total))
+            .map(|_| {
+                let drive = self.clone();
+                tokio::spawn(async move {
+                    while drive.next.fetch_add(1, Ordering::Relaxed) < total {
+                        drive.one(steps as u32 + 1).await?;
+                    }
+                    Ok::<(), Error>(())
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker
+                .await
+                .map_err(|error| Error::Internal(format!("a load worker panicked: {error}")))??;
+        }
+        Ok(())
+    }
+
+    async fn one(&self, max_iterations: u32) -> Result<()> {
+        let admitted = Instant::now();
+        let request = StartRequest {
+            message: "load".into(),
+            script: self.script.as_ref().clone(),
+            max_iterations: Some(max_iterations),
+            ..StartRequest::default()
+        };
+        let execution_id = self
+            .runtime
+            .start_execution(self.session, request)
+            .await?
+            .execution_id;
+        self.running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(execution_id);
+        let finished = self.runtime.wait_finished(self.session, execution_id).await;
+        {
+            let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(index) = running.iter().position(|id| *id == execution_id) {
+                running.swap_remove(index);
+            }
+        }
+        finished?;
+        record(&self.executions_us, admitted.elapsed());
+        self.clock
+            .last_call
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&execution_id);
+        let head = self.runtime.store().head(execution_id)?;
+        if head.map(|head| head.state) != Some(openprogram_storage::ExecutionState::Completed) {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        self.progress.inc(1);
+        Ok(())
+    }
+}
+
+/// The process's CPU and its threads' times at the start of the run. The threads are read
+/// inside the process's readings, so that their sum stays within it.
+struct Readings {
+    cpu: Option<Duration>,
+    threads: Option<std::collections::BTreeMap<u32, crate::process_stats::ThreadTimes>>,
+}
+
+/// What the run spent: CPU in all and by thread role, and each role's wait for a CPU.
+struct Spent {
+    cpu: Option<Duration>,
+    roles: Option<std::collections::BTreeMap<&'static str, Duration>>,
+    waited: Option<std::collections::BTreeMap<&'static str, Duration>>,
+}
+
+impl Readings {
+    fn now() -> Self {
+        let cpu = process_cpu();
+        Self {
+            cpu,
+            threads: thread_times(),
+        }
+    }
+
+    fn since(self) -> Spent {
+        let threads_after = thread_times();
+        let cpu = process_cpu()
+            .zip(self.cpu)
+            .map(|(after, before)| after.saturating_sub(before));
+        let waited = self
+            .threads
+            .as_ref()
+            .zip(threads_after.as_ref())
+            .and_then(|(before, after)| waited_by_role(before, after));
+        let roles = self
+            .threads
+            .zip(threads_after)
+            .zip(cpu)
+            .map(|((before, after), cpu)| cpu_by_role(&before, &after, cpu));
+        Spent { cpu, roles, waited }
+    }
+}
+
+impl Spent {
+    /// CPU per step (in all and by role) and the share of the wall each role waited.
+    fn into_report(self, mut report: LoadReport, total_steps: u64, wall: Duration) -> LoadReport {
+        let per_step = |cpu: Duration| cpu.as_secs_f64() * 1e6 / total_steps.max(1) as f64;
+        report.cpu_us_per_step = self.cpu.filter(|_| total_steps > 0).map(per_step);
+        report.cpu_us_per_step_by_role = self.roles.filter(|_| total_steps > 0).map(|roles| {
+            let per_role = roles.into_iter().map(|(role, cpu)| (role, per_step(cpu)));
+            per_role.collect()
+        });
+        report.run_queue_wait_pct_by_role = self.waited.map(|waited| {
+            let pct = |time: Duration| time.as_secs_f64() / wall.as_secs_f64() * 100.0;
+            waited
+                .into_iter()
+                .map(|(role, time)| (role, pct(time)))
+                .collect()
+        });
+        report
+    }
+}
+
+/// Parks `n` executions and measures the memory each holds (bytes).
+async fn parked_memory(runtime: &Runtime, n: usize, concurrency: usize) -> Result<(usize, f64)> {
+    let before_kib = rss_kib();
+    park(runtime, SessionId::new(), n, concurrency).await?;
+    let grown = rss_kib().saturating_sub(before_kib) * 1024;
+    Ok((n, grown as f64 / n.max(1) as f64))
+}
+
+/// Raw sled in this process, for `duration`: records per second.
+fn raw_baseline(duration: Duration, payload_bytes: usize) -> Result<f64> {
+    let dir = tempfile::tempdir().map_err(|error| Error::Unavailable(error.to_string()))?;
+    let raw = openprogram_storage::baseline::raw_sled_baseline(
+        dir.path(),
+        duration,
+        payload_bytes.max(1),
+    )?;
+    Ok(raw.per_s())
+}
+
+/// The command sender's latencies, if it ran.
+fn commands_into_report(mut report: LoadReport, commands: Option<&CommandLatencies>) -> LoadReport {
+    let Some(latencies) = commands else {
+        return report;
+    };
+    report.commands = Some(latencies.applied.len() + latencies.rejected.len());
+    report.commands_rejected = Some(latencies.rejected.len());
+    if !latencies.applied.is_empty() {
+        report.command_p50_ms = Some(ms(&latencies.applied, 0.50));
+        report.command_p99_ms = Some(ms(&latencies.applied, 0.99));
+    }
+    if !latencies.rejected.is_empty() {
+        report.rejected_p99_ms = Some(ms(&latencies.rejected, 0.99));
+    }
+    report
 }
 
 fn histogram_empty() -> Histogram<u64> {
