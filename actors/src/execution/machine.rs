@@ -387,52 +387,8 @@ impl Machine {
                 owner_id,
                 attempt_id,
                 ..
-            } => {
-                self.attempt_owner = Some(*owner_id);
-                self.attempt_id = Some(*attempt_id);
-                // Live questions are never replayed: a new attempt ends the old ones (W-4).
-                self.invalidate_live_of_other_attempts(*attempt_id);
-                if let Some(pending) = self
-                    .pending_tool
-                    .as_mut()
-                    .filter(|pending| pending.dispatched)
-                {
-                    pending.uncertain = true;
-                }
-                match self.status() {
-                    Status::Queued | Status::Running => {
-                        self.status = Some(Status::Running);
-                        actions.push(Action::Advance);
-                    }
-                    Status::Cancelling => actions.push(Action::Advance),
-                    _ => {}
-                }
-            }
-            Event::StateChanged { state, reason } => {
-                self.status = Some(*state);
-                match state {
-                    Status::Paused => {
-                        self.pause_requested = false;
-                        self.steps_left = None;
-                        self.pause_reason = Some(reason.clone());
-                        actions.push(Action::Park);
-                    }
-                    Status::Running => {
-                        self.pause_reason = None;
-                        actions.push(Action::Advance);
-                    }
-                    Status::Failed => {
-                        if self.text.is_empty() {
-                            self.text = reason.clone();
-                        }
-                        actions.push(Action::Finished);
-                    }
-                    Status::Cancelled | Status::Completed => actions.push(Action::Finished),
-                    Status::ReconciliationRequired => actions.push(Action::Reconcile),
-                    Status::Waiting => actions.push(Action::Park),
-                    _ => {}
-                }
-            }
+            } => self.attempt_started(*owner_id, *attempt_id, actions),
+            Event::StateChanged { state, reason } => self.state_changed(*state, reason, actions),
             Event::ControlAccepted {
                 command_id,
                 control,
@@ -489,48 +445,12 @@ impl Machine {
             }
             Event::ToolDispatched {
                 effect_id, tool, ..
-            } => {
-                self.receipts
-                    .tool(*effect_id, tool, ReceiptStatus::Dispatched);
-                if !self.preview {
-                    self.dispatched_externals.insert(*effect_id);
-                    self.fork_points
-                        .retain(|point| point.next_effect != Some(*effect_id));
-                }
-                if let Some(pending) = &mut self.pending_tool {
-                    pending.dispatched = true;
-                    pending.dispatched_by = self.attempt_owner;
-                }
-                actions.push(Action::RunDispatched);
-            }
+            } => self.tool_dispatched(*effect_id, tool, actions),
             Event::ToolFinished {
                 effect_id,
                 status,
                 output,
-            } => {
-                let pending = self.pending_tool.take();
-                if *status == ReceiptStatus::Unknown {
-                    // Not a result: nothing enters the context until reconciliation.
-                    if let Some(pending) = &pending {
-                        self.receipts.tool(*effect_id, &pending.tool, *status);
-                    }
-                    self.unresolved = pending;
-                    self.unresolved_seq = seq;
-                    return;
-                }
-                if self.preview {
-                    self.step_taken(actions);
-                    return;
-                }
-                let tool = pending.map(|pending| pending.tool).unwrap_or_default();
-                self.receipts.tool(*effect_id, &tool, *status);
-                std::sync::Arc::make_mut(&mut self.context).push(Turn::ToolResult {
-                    tool,
-                    status: *status,
-                    output: output.clone(),
-                });
-                self.step_taken(actions);
-            }
+            } => self.tool_finished(*effect_id, *status, output, seq, actions),
             Event::Replied { text } => self.text = text.clone(),
             Event::WaitOpened {
                 wait_id,
@@ -557,6 +477,110 @@ impl Machine {
             }
             _ => {}
         }
+    }
+
+    /// A new attempt owns the execution: a call the old one dispatched is now uncertain,
+    /// its live questions end (W-4), and a running execution runs on.
+    fn attempt_started(
+        &mut self,
+        owner_id: OwnerId,
+        attempt_id: AttemptId,
+        actions: &mut Vec<Action>,
+    ) {
+        self.attempt_owner = Some(owner_id);
+        self.attempt_id = Some(attempt_id);
+        // Live questions are never replayed: a new attempt ends the old ones (W-4).
+        self.invalidate_live_of_other_attempts(attempt_id);
+        if let Some(pending) = self
+            .pending_tool
+            .as_mut()
+            .filter(|pending| pending.dispatched)
+        {
+            pending.uncertain = true;
+        }
+        match self.status() {
+            Status::Queued | Status::Running => {
+                self.status = Some(Status::Running);
+                actions.push(Action::Advance);
+            }
+            Status::Cancelling => actions.push(Action::Advance),
+            _ => {}
+        }
+    }
+
+    fn state_changed(&mut self, state: Status, reason: &str, actions: &mut Vec<Action>) {
+        self.status = Some(state);
+        match state {
+            Status::Paused => {
+                self.pause_requested = false;
+                self.steps_left = None;
+                self.pause_reason = Some(reason.to_owned());
+                actions.push(Action::Park);
+            }
+            Status::Running => {
+                self.pause_reason = None;
+                actions.push(Action::Advance);
+            }
+            Status::Failed => {
+                if self.text.is_empty() {
+                    self.text = reason.to_owned();
+                }
+                actions.push(Action::Finished);
+            }
+            Status::Cancelled | Status::Completed => actions.push(Action::Finished),
+            Status::ReconciliationRequired => actions.push(Action::Reconcile),
+            Status::Waiting => actions.push(Action::Park),
+            _ => {}
+        }
+    }
+
+    /// The intent of a tool call is durable: it may run now, and no fork starts before it.
+    fn tool_dispatched(&mut self, effect_id: EffectId, tool: &str, actions: &mut Vec<Action>) {
+        self.receipts
+            .tool(effect_id, tool, ReceiptStatus::Dispatched);
+        if !self.preview {
+            self.dispatched_externals.insert(effect_id);
+            self.fork_points
+                .retain(|point| point.next_effect != Some(effect_id));
+        }
+        if let Some(pending) = &mut self.pending_tool {
+            pending.dispatched = true;
+            pending.dispatched_by = self.attempt_owner;
+        }
+        actions.push(Action::RunDispatched);
+    }
+
+    /// A tool call's outcome: its result enters the context, or, `Unknown`, it waits for
+    /// reconciliation with nothing in the context.
+    fn tool_finished(
+        &mut self,
+        effect_id: EffectId,
+        status: ReceiptStatus,
+        output: &str,
+        seq: u64,
+        actions: &mut Vec<Action>,
+    ) {
+        let pending = self.pending_tool.take();
+        if status == ReceiptStatus::Unknown {
+            if let Some(pending) = &pending {
+                self.receipts.tool(effect_id, &pending.tool, status);
+            }
+            self.unresolved = pending;
+            self.unresolved_seq = seq;
+            return;
+        }
+        if self.preview {
+            self.step_taken(actions);
+            return;
+        }
+        let tool = pending.map(|pending| pending.tool).unwrap_or_default();
+        self.receipts.tool(effect_id, &tool, status);
+        std::sync::Arc::make_mut(&mut self.context).push(Turn::ToolResult {
+            tool,
+            status,
+            output: output.to_owned(),
+        });
+        self.step_taken(actions);
     }
 
     /// What a preview keeps of a model decision: the tool it calls, if any, without its
