@@ -324,6 +324,13 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     // Before the baseline, whose own sled cache would count otherwise.
     let peak_rss_mib = peak_rss_mib();
     runtime.shutdown().await;
+    let Drive {
+        failed,
+        executions_us,
+        ..
+    } = drive;
+    // The store closes with its last handle (the workers' clones went with `drive`); only
+    // then may a temporary directory go.
     drop(runtime);
     drop(temporary);
     let take = |histogram: &Mutex<Option<Histogram<u64>>>| {
@@ -334,7 +341,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
             .unwrap_or_else(histogram_empty)
     };
     let steps_us = take(&clock.steps_us);
-    let executions_us = take(&drive.executions_us);
+    let executions_us = take(&executions_us);
     let total_steps = clock.calls.load(Ordering::Relaxed);
     let steps_per_s = total_steps as f64 / wall.as_secs_f64();
     let raw_per_s = match options.baseline {
@@ -345,7 +352,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         let spent = micros(&store_after).saturating_sub(micros(&store_before));
         Some(spent as f64 / 1e6 / wall.as_secs_f64() * 100.0)
     };
-    let failed = drive.failed.load(Ordering::Relaxed);
+    let failed = failed.load(Ordering::Relaxed);
     let report = LoadReport {
         total_steps,
         completed: options.executions - failed,

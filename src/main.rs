@@ -404,7 +404,6 @@ fn finish(result: Result<String, Failure>) -> ExitCode {
     }
 }
 
-/// The tokio runtime the subcommands run on: two workers, one per core of the target machine.
 /// `openprogram soak`: the harnesses in turn, a progress bar each on stderr, the summary
 /// on stdout.
 fn soak(kills: usize, cases: u64, r24_executions: usize, seed: Option<u64>) -> ExitCode {
@@ -448,6 +447,7 @@ fn soak(kills: usize, cases: u64, r24_executions: usize, seed: Option<u64>) -> E
     }
 }
 
+/// The tokio runtime the subcommands run on: two workers, one per core of the target machine.
 fn tokio_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -42,11 +42,13 @@ pub async fn health(api: web::Data<Api>) -> HttpResponse {
     let store = api.runtime.store();
     let counters = store.metrics();
     let owner_id = store.incarnation().owner_id;
-    if let Some(reason) = store.failure() {
+    if store.failure().is_some() {
+        // No token here: the reason (it names the data directory) is for authenticated
+        // callers, each refused write carries it.
         return HttpResponse::ServiceUnavailable().json(json!({
             "status": "fail_stop",
             "code": "fail_stop",
-            "message": format!("the store stopped acknowledging after a failed write: {reason}; restart the process once the disk is healthy"),
+            "message": "the store stopped acknowledging after a failed write or fsync; restart the process once the disk is healthy",
             "owner_id": owner_id,
             "transitions": counters.transitions,
         }));

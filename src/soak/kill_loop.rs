@@ -251,7 +251,10 @@ pub fn run(options: &KillLoopOptions, progress: impl Fn(usize)) -> Result<KillLo
         let id = execution.reply["execution_id"].as_str().unwrap_or_default();
         let path = format!("/v1/sessions/{session}/executions/{id}");
         loop {
-            let snapshot = server.call(&token, "GET", &path, None)?;
+            // A transient error (a slow answer) is asked again until the deadline.
+            let snapshot = server
+                .call(&token, "GET", &path, None)
+                .unwrap_or_else(|error| json!({"state": "unreadable", "error": error}));
             if snapshot["state"] == "completed" {
                 if snapshot["text"] != format!("done {}", execution.index) {
                     violations.push(format!("{id}: reply {}", snapshot["text"]));

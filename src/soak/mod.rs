@@ -91,6 +91,7 @@ pub struct SoakReport {
 }
 
 /// Runs the harnesses in turn. `progress(harness, done, of)` reports each kill or case.
+/// Needs a multi-thread tokio runtime: the kill loops block (`block_in_place`).
 pub async fn run(
     options: &SoakOptions,
     progress: impl Fn(&str, u64, u64),

@@ -10,8 +10,8 @@
 //! while a fresh execution still diverges. `cargo test` runs it small
 //! (tests/it/r22_model.rs); `openprogram soak` runs it large.
 //!
-//! A crash here is in-process (`Runtime::halt`): a tool call already running finishes its
-//! write, so a crash between dispatch and delivery is R01's to check (a real abort).
+//! A crash here is in-process (`Runtime::halt`): `append` writes within its call's first
+//! poll, so a crash between a dispatch and its delivery is R01's to check (a real abort).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -71,9 +71,15 @@ fn from_env() -> Option<Bug> {
 
 /// For the planted-bug tests: runs the test `name` of the current test binary alone, in a
 /// child process with `bug` planted. `Ok` with the line that says why, if it failed as it
-/// must; `Err` with its output if it passed, or did not run.
+/// must — with `expected` in its output, the check the bug must break (a failure for any
+/// other reason, such as a missing tool, is no proof); `Err` with its output otherwise.
 /// `env`: more variables for the child (a harness's size or seed).
-pub fn harness_fails(bug: &str, name: &str, env: &[(&str, &str)]) -> Result<String, String> {
+pub fn harness_fails(
+    bug: &str,
+    name: &str,
+    expected: &str,
+    env: &[(&str, &str)],
+) -> Result<String, String> {
     let exe = std::env::current_exe().map_err(|error| format!("the test binary: {error}"))?;
     let output = std::process::Command::new(exe)
         .args([name, "--exact", "--include-ignored", "--test-threads=1"])
@@ -87,6 +93,12 @@ pub fn harness_fails(bug: &str, name: &str, env: &[(&str, &str)]) -> Result<Stri
     if output.status.success() || !stdout.contains(&format!("test {name} ... FAILED")) {
         return Err(format!(
             "{name} did not fail with the planted bug {bug}:\n{stdout}\n{stderr}"
+        ));
+    }
+    if !stdout.contains(expected) && !stderr.contains(expected) {
+        return Err(format!(
+            "{name} failed with the planted bug {bug}, but not at the check it must break \
+             ({expected:?}):\n{stdout}\n{stderr}"
         ));
     }
     let reason = stdout

@@ -6,8 +6,8 @@
 //! (`skip_fencing` is storage's: `storage/tests/it/planted.rs`.)
 
 /// Runs the test `name` of this binary alone with `bug` planted; panics unless it failed.
-fn fails_with_planted_bug(bug: &str, name: &str, env: &[(&str, &str)]) {
-    match openprogram::storage::planted::harness_fails(bug, name, env) {
+fn fails_with_planted_bug(bug: &str, name: &str, expected: &str, env: &[(&str, &str)]) {
+    match openprogram::storage::planted::harness_fails(bug, name, expected, env) {
         Ok(reason) => eprintln!("planted {bug}: {name} failed as it must: {reason}"),
         Err(passed) => panic!("{passed}"),
     }
@@ -18,6 +18,7 @@ fn planted_rerun_confirmed_fails_r02() {
     fails_with_planted_bug(
         "rerun_confirmed",
         "kill9::r02_kill9_loop_delivers_every_effect_exactly_once_with_the_original_ids",
+        "I1: ",
         &[],
     );
 }
@@ -29,6 +30,7 @@ fn planted_rerun_confirmed_fails_r22() {
     fails_with_planted_bug(
         "rerun_confirmed",
         "r22_model::r22_random_commands_crashes_and_restarts_agree_with_the_model",
+        "I1/I8: the sink received",
         &[
             ("R22_SEED", "665137692479895756"),
             ("R22_CASES", "200"),
@@ -42,6 +44,7 @@ fn planted_fabricate_receipt_fails_r01() {
     fails_with_planted_bug(
         "fabricate_receipt",
         "r01_failpoints::r01_a_crash_at_each_boundary_of_the_effect_path_loses_and_repeats_nothing",
+        "every step delivered once",
         &[],
     );
 }
@@ -54,6 +57,7 @@ fn planted_ack_before_fsync_fails_r03() {
     fails_with_planted_bug(
         "ack_before_fsync",
         "r03_ack_after_fsync::r03_every_acknowledgement_follows_the_fsync_that_covers_it",
+        "durable responses after/before fsync",
         &[],
     );
 }

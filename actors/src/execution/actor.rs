@@ -391,14 +391,6 @@ impl ExecutionActor {
                 Action::RunDispatched => {
                     // B05: the intent (`ToolDispatched`) is durable, the tool not started.
                     openprogram_storage::failpoint!("B05");
-                    if self.lease.lapsed() {
-                        // Stopped past its lease (SIGSTOP, a frozen thread) between the
-                        // intent and the call: a new attempt may hold the execution now, and
-                        // a stale attempt starts no effect (R06). The intent stays; whoever
-                        // holds the execution next finds it dispatched and never run.
-                        tracing::warn!(execution_id = %self.execution_id, "lease lapsed before the dispatched call started; not starting it");
-                        continue;
-                    }
                     if let Some(pending) = self.machine.pending_tool.clone() {
                         if self.in_flight.is_none() {
                             if let Some(done) = self.start_tool(pending, ctx) {

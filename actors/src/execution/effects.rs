@@ -103,6 +103,16 @@ impl ExecutionActor {
         pending: PendingTool,
         ctx: &mut Context<Self>,
     ) -> Option<Input> {
+        if pending.dispatched && self.lease.lapsed() {
+            // Stopped past its lease (SIGSTOP, a frozen thread) with the call's intent
+            // durable and the call not started: a new attempt may hold the execution now,
+            // and a stale attempt starts no effect (R06). Asked again after half a lease:
+            // by then it was taken over (this actor is told and stops), or the supervisor
+            // found it idle and started its lease afresh (no one else holds it: it runs).
+            tracing::warn!(execution_id = %self.execution_id, "lease lapsed before the dispatched call started; not starting it yet");
+            ctx.run_later(self.lease.ttl / 2, |_, ctx| ctx.notify(Advance));
+            return None;
+        }
         let effect_id = pending.effect_id;
         let refused = |error: String| -> (Recovery, BoxFuture<'static, Result<String, String>>) {
             (
