@@ -381,8 +381,8 @@ fn facts_of(
     };
     let pending_wait = machine.pending_wait().is_some();
     let declined_wait = machine
-        .waits
-        .iter()
+        .waits()
+        .into_iter()
         .rev()
         .find(|wait| wait.live.is_none())
         .is_some_and(|wait| wait.status == openprogram_storage::WaitStatus::Declined);

@@ -10,16 +10,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use actix::prelude::*;
-use openprogram_storage::{
-    AttemptLease, Event, ExecutionHead, ExecutionId, ExecutionState, Outcome, Transition,
-};
+use openprogram_storage::{Event, ExecutionHead, ExecutionId, ExecutionState, Outcome};
 
 use crate::attempt_lease::LeaseState;
-use crate::env::{load, Env, Hooks};
+use crate::env::{replay, Env, Hooks};
 use crate::error::{Error, Result};
 use crate::execution::actor::{Activate, ExecutionActor, Superseded};
 use crate::execution::machine::Machine;
-use crate::execution::machine_waits::changed_wait_records;
+use crate::execution::plan::{Plan, Writer};
 use crate::process::ProcessProgress;
 
 /// Live execution actors by id, with their attempt's lease, and the arbiters they run on.
@@ -250,7 +248,7 @@ impl Executions {
         };
         let mut reclaimed = Vec::new();
         for (execution_id, old) in lapsed {
-            let Some(mut head) = self.store.head(execution_id)? else {
+            let Some(head) = self.store.head(execution_id)? else {
                 continue;
             };
             let runs = matches!(
@@ -275,31 +273,24 @@ impl Executions {
                 owner_id: self.owner,
                 epoch,
             };
-            head.attempt = Some(AttemptLease {
-                attempt_id: lease.attempt_id,
-                owner_id: self.owner,
-                epoch,
-            });
             // Live questions of the old attempt end with the claim (W-4): their records too.
-            let (_, before) = load(self.store.as_ref(), execution_id)?;
-            let (before, mut after) = (before.preview(), before.preview());
-            after.apply(&claim, head.last_seq + 1, &mut Vec::new());
-            let mut transition = Transition::new(execution_id, vec![claim])
-                .expect_version(head.version)
-                .by_epoch(epoch)
-                .with_head(head);
-            transition.upserts.extend(
-                changed_wait_records(&before, &after, execution_id)
-                    .into_iter()
-                    .map(openprogram_storage::Upsert::Wait),
+            let mut machine = replay(self.store.as_ref(), execution_id, head.last_seq)?;
+            let Plan { transition, after } = machine.plan(
+                &head,
+                vec![claim],
+                Vec::new(),
+                None,
+                Writer::Attempt { epoch },
+                |tool| self.tools.recovery(tool),
             );
-            match self.store.submit(transition).await? {
-                Outcome::Committed(_) => {}
+            let mut committed = match self.store.submit(transition).await? {
+                Outcome::Committed(committed) => committed,
                 // The old attempt moved on, or another claim won: not lapsed after all.
                 _ => continue,
-            }
+            };
+            machine.apply_committed(&std::mem::take(&mut committed.events), None);
+            let head = after.committed_head(&committed);
             tracing::warn!(%execution_id, epoch, "lapsed attempt replaced by a new one");
-            let (head, machine) = load(self.store.as_ref(), execution_id)?;
             self.start_claimed(head, machine, lease);
             // Once its thread runs again, the old actor stops: its calls waiting for an
             // answer are told, instead of waiting for a write that would be fenced. After

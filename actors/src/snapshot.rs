@@ -121,8 +121,8 @@ impl Snapshot {
                 })
                 .collect(),
             waits: machine
-                .waits
-                .iter()
+                .waits()
+                .into_iter()
                 .map(|wait| WaitView {
                     wait_id: wait.wait_id,
                     kind: wait.kind.as_str(),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use futures::StreamExt;
 use openprogram_storage::{
-    AttemptLease, CommandId, Event, ExecutionHead, ExecutionId, ExecutionState, Outcome,
+    CommandId, Event, EventEnvelope, ExecutionHead, ExecutionId, ExecutionState, Outcome,
     ReceiptStatus, RestartIntent, Transition,
 };
 use openprogram_storage::{ProcessId, ProcessState, Upsert};
@@ -25,7 +25,7 @@ use crate::directory::Executions;
 use crate::env::{replay, Env};
 use crate::error::{Error, Result};
 use crate::execution::machine::{Machine, RESTART_PAUSE_REASON};
-use crate::execution::machine_waits::changed_wait_records;
+use crate::execution::plan;
 use crate::execution::restart::{ReconcileUnknown, RestartPause};
 use crate::recovery::{classify, Hold, Plan};
 
@@ -321,18 +321,20 @@ async fn act_on(env: &Arc<Executions>, head: ExecutionHead, plan: Plan) -> Resul
         // and nothing runs before the claims.
         Plan::Reconcile => Ok(Done::Reconciling),
         Plan::Hold(hold) => {
-            if let Some(done) = unknown_instead(env, &head, None).await? {
+            let machine = replay(env.store.as_ref(), head.execution_id, head.last_seq)?;
+            if let Some(done) = unknown_instead(env, &head, &machine, None).await? {
                 return Ok(done);
             }
             let events = vec![Event::StateChanged {
                 state: ExecutionState::Paused,
                 reason: hold.reason().into(),
             }];
-            let claimed = claim(env, &head, events, None).await?;
+            let claimed = claim(env, &head, &machine, events).await?;
             Ok(claimed.map_or(Done::Skipped, |_| Done::Held(hold.reason())))
         }
         Plan::Expire { intent } => {
-            if let Some(done) = unknown_instead(env, &head, Some(intent.clone())).await? {
+            let machine = replay(env.store.as_ref(), head.execution_id, head.last_seq)?;
+            if let Some(done) = unknown_instead(env, &head, &machine, Some(intent.clone())).await? {
                 return Ok(done);
             }
             let mut events = Vec::new();
@@ -343,7 +345,7 @@ async fn act_on(env: &Arc<Executions>, head: ExecutionHead, plan: Plan) -> Resul
                 state: ExecutionState::Expired,
                 reason: "restart window expired".into(),
             });
-            let claimed = claim(env, &head, events, None).await?;
+            let claimed = claim(env, &head, &machine, events).await?;
             Ok(claimed.map_or(Done::Skipped, |_| Done::Expired))
         }
         Plan::Resume { intent } => resume(env, head, intent).await,
@@ -357,10 +359,14 @@ async fn act_on(env: &Arc<Executions>, head: ExecutionHead, plan: Plan) -> Resul
 async fn unknown_instead(
     env: &Env,
     head: &ExecutionHead,
+    machine: &Machine,
     intent: Option<RestartIntent>,
 ) -> Result<Option<Done>> {
-    let machine = replay(env.store.as_ref(), head.execution_id, head.last_seq)?;
-    let Some(pending) = machine.pending_tool.filter(|pending| pending.dispatched) else {
+    let Some(pending) = machine
+        .pending_tool
+        .as_ref()
+        .filter(|pending| pending.dispatched)
+    else {
         return Ok(None);
     };
     let mut events = Vec::new();
@@ -376,7 +382,7 @@ async fn unknown_instead(
         state: ExecutionState::ReconciliationRequired,
         reason: "unknown external effect".into(),
     });
-    let claimed = claim(env, head, events, None).await?;
+    let claimed = claim(env, head, machine, events).await?;
     Ok(Some(claimed.map_or(Done::Skipped, |_| {
         Done::Held("reconciliation_required")
     })))
@@ -398,7 +404,7 @@ async fn resume(env: &Arc<Executions>, head: ExecutionHead, intent: RestartInten
             state: ExecutionState::Paused,
             reason: hold.reason().into(),
         }];
-        let claimed = claim(env, &head, events, None).await?;
+        let claimed = claim(env, &head, &machine, events).await?;
         return Ok(claimed.map_or(Done::Skipped, |_| Done::Held(hold.reason())));
     }
     let lease = LeaseState::new(
@@ -428,71 +434,35 @@ async fn resume(env: &Arc<Executions>, head: ExecutionHead, intent: RestartInten
         owner_id: env.owner,
         epoch: lease.epoch,
     });
-    let Some((head, machine)) = claim(env, &head, events, Some((&lease, machine))).await? else {
+    let Some((head, committed)) = claim(env, &head, &machine, events).await? else {
         return Ok(Done::Skipped);
     };
+    let mut machine = machine;
+    machine.apply_committed(&committed, None);
     Ok(Done::Resumed(Box::new((head, machine, lease))))
 }
 
-/// Commits recovery's transition for an execution as found in `head`: version-checked,
-/// fenced with a higher epoch, under the fixed command identity. `resumed`: the new attempt
-/// and the machine to fold the events into. `None` if someone else moved the execution
-/// first, or this very claim was made already.
+/// Commits recovery's transition for an execution as found in `head` (with `machine`, its
+/// state at that head): version-checked, fenced with a higher epoch, under the fixed command
+/// identity. The head as committed and the events to fold, or `None` if someone else moved
+/// the execution first, or this very claim was made already.
 async fn claim(
     env: &Env,
     head: &ExecutionHead,
+    machine: &Machine,
     events: Vec<Event>,
-    resumed: Option<(&LeaseState, Machine)>,
-) -> Result<Option<(ExecutionHead, Machine)>> {
-    let epoch = head.fencing_epoch + 1;
-    let mut next = head.clone();
-    let mut machine = resumed.as_ref().map(|(_, machine)| machine.clone());
-    next.attempt = resumed.as_ref().map(|(lease, _)| AttemptLease {
-        attempt_id: lease.attempt_id,
-        owner_id: env.owner,
-        epoch,
-    });
-    // Previews (pending waits only) to tell which wait records the claim changes: cheap,
-    // whatever the execution's length.
-    let before = machine.as_ref().map(Machine::preview);
-    let mut after = before.clone();
-    let mut ignored = Vec::new();
-    for (index, event) in events.iter().enumerate() {
-        match event {
-            Event::RestartIntentRecorded { intent } => next.restart_intent = Some(intent.clone()),
-            Event::StateChanged { state, reason } => {
-                next.state = *state;
-                next.pause_reason = (*state == ExecutionState::Paused).then(|| reason.clone());
-            }
-            _ => {}
-        }
-        let seq = head.last_seq + index as u64 + 1;
-        for machine in [&mut machine, &mut after].into_iter().flatten() {
-            machine.apply(event, seq, &mut ignored);
-        }
-    }
-    if let Some(machine) = &machine {
-        next.state = machine.status();
-        next.pause_reason = machine.pause_reason.clone();
-    }
-    let mut transition = Transition::new(head.execution_id, events)
-        .expect_version(head.version)
-        .by_epoch(epoch)
-        .with_head(next.clone());
-    if let (Some(before), Some(after)) = (&before, &after) {
-        // Live questions of the abandoned attempt end with it (W-4).
-        transition.upserts.extend(
-            changed_wait_records(before, after, head.execution_id)
-                .into_iter()
-                .map(Upsert::Wait),
-        );
-    }
+) -> Result<Option<(ExecutionHead, Vec<EventEnvelope>)>> {
+    let writer = plan::Writer::Recovery {
+        epoch: head.fencing_epoch + 1,
+    };
+    let plan::Plan { transition, after } =
+        machine.plan(head, events, Vec::new(), None, writer, |tool| {
+            env.tools.recovery(tool)
+        });
     match env.store.submit(transition).await? {
-        Outcome::Committed(committed) => {
-            next.version = committed.version;
-            next.last_seq = *committed.seqs.end();
-            next.fencing_epoch = epoch;
-            Ok(Some((next, machine.unwrap_or_default())))
+        Outcome::Committed(mut committed) => {
+            let events = std::mem::take(&mut committed.events);
+            Ok(Some((after.committed_head(&committed), events)))
         }
         Outcome::VersionConflict { .. }
         | Outcome::Fenced { .. }

@@ -1,8 +1,9 @@
 //! The execution actor: a thin shell around the pure `Machine`. It applies its messages in
 //! mailbox order (every handler that commits is an `AtomicResponse`, so the next message
-//! waits for the commit), submits each decision as one `Transition`, and only after
-//! `Committed` applies the events to the machine and performs the actions: call the
-//! provider, run a tool, abort the effect in flight, release itself.
+//! waits for the commit), submits the machine's plan of each decision (`Machine::plan`:
+//! the transition with its head and records) as it is, and only after `Committed` folds
+//! the events into the machine and performs the plan's actions: call the provider, run a
+//! tool, abort the effect in flight, release itself.
 //!
 //! Invariant: the actor never changes its machine or head except by applying events that
 //! storage acknowledged. A `Fenced` or `VersionConflict` answer means another attempt owns
@@ -15,15 +16,14 @@ use actix::prelude::*;
 use futures::channel::oneshot;
 use futures::future::AbortHandle;
 use openprogram_storage::{
-    AttemptLease, Checkpoint, EffectId, Event, ExecutionHead, ExecutionId,
-    ExecutionState as Status, Outcome, ReceiptRecord, ReceiptStatus, Transition, Upsert, WaitId,
+    EffectId, Event, ExecutionHead, ExecutionId, ExecutionState as Status, Outcome, Upsert, WaitId,
 };
 
 use crate::attempt_lease::{AttemptLeaseActor, LeaseState, Release, Renew};
 use crate::env::Env;
 use crate::error::Error;
-use crate::execution::machine::{Action, Decision, LiveOutcome, Machine, Next, Recovery};
-use crate::execution::machine_waits::changed_wait_records;
+use crate::execution::machine::{Action, Decision, LiveOutcome, Machine, Next};
+use crate::execution::plan::{Plan, Writer};
 use crate::snapshot::Snapshot;
 use openprogram_storage::planted::{planted, Bug};
 
@@ -149,147 +149,17 @@ impl ExecutionActor {
         });
     }
 
-    /// Builds the transition for `events`, with the head and receipts they lead to.
-    fn prepare(
-        &self,
-        mut events: Vec<Event>,
-        mut upserts: Vec<Upsert>,
-        decision: &Option<Decision>,
-    ) -> (Transition, ExecutionHead) {
-        let mut preview = self.machine.preview();
-        let mut ignored = Vec::new();
-        // The preview takes its own copy, as the machine takes the decision once committed.
-        let mut decision = decision.clone();
-        let mut head = self.head.clone();
-        for (index, event) in events.iter_mut().enumerate() {
-            let seq = self.head.last_seq + index as u64 + 1;
-            if let Event::CheckpointPublished { checkpoint_seq } = event {
-                *checkpoint_seq = seq;
-            }
-            preview.apply_decided(event, seq, &mut ignored, &mut decision);
-            if let Event::CheckpointPublished { .. } = event {
-                // Its `next_action` is set below, once the whole transition is folded.
-                head.checkpoint = Some(Checkpoint {
-                    seq,
-                    next_action: String::new(),
-                });
-            }
-            if let Some(receipt) = self.receipt_of(event) {
-                upserts.push(Upsert::Receipt(receipt));
-            }
-            match event {
-                Event::RestartIntentRecorded { intent } => {
-                    head.restart_intent = Some(intent.clone());
-                }
-                // A new effect, or a person continuing it, ends the interruption the intent
-                // was about.
-                Event::ModelDecided { .. }
-                | Event::ToolFinished {
-                    status:
-                        ReceiptStatus::Confirmed
-                        | ReceiptStatus::Failed
-                        | ReceiptStatus::NotStarted
-                        | ReceiptStatus::NotApplied,
-                    ..
-                }
-                | Event::ControlApplied {
-                    control:
-                        openprogram_storage::Control::Continue | openprogram_storage::Control::Step,
-                    ..
-                } => {
-                    head.restart_intent = None;
-                }
-                _ => {}
-            }
-            if let Event::AttemptStarted {
-                attempt_id,
-                owner_id,
-                epoch,
-            } = event
-            {
-                head.attempt = Some(AttemptLease {
-                    attempt_id: *attempt_id,
-                    owner_id: *owner_id,
-                    epoch: *epoch,
-                });
-            }
-        }
-        // The checkpoint names what comes next once the whole transition is applied: after an
-        // `Ask`, the wait opened after the checkpoint event in the same transition.
-        if let Some(checkpoint) = head
-            .checkpoint
-            .as_mut()
-            .filter(|c| c.seq > self.head.last_seq)
-        {
-            checkpoint.next_action = preview.next_action();
-        }
-        upserts.extend(
-            changed_wait_records(&self.machine, &preview, self.execution_id)
-                .into_iter()
-                .map(Upsert::Wait),
-        );
-        head.state = preview.status();
-        head.pause_reason = preview.pause_reason.clone();
-        let mut transition =
-            Transition::new(self.execution_id, events).expect_version(self.head.version);
-        transition.upserts = upserts;
-        if let Some(epoch) = self.epoch {
-            transition = transition.by_epoch(epoch).with_head(head.clone());
-        }
-        (transition, head)
-    }
-
-    /// The receipt record an event updates. Every receipt is in the log already (the
-    /// decision or result event of the same transition, E-3); a record is also kept by effect
-    /// id for External tools only, whose receipts recovery and reconciliation look up. Doing
-    /// it for every step would cost a random-key sled insert per step at materialization.
-    fn receipt_of(&self, event: &Event) -> Option<ReceiptRecord> {
-        let (effect_id, tool, status, output) = match event {
-            Event::ToolDispatched {
-                effect_id, tool, ..
-            } => (*effect_id, tool.clone(), ReceiptStatus::Dispatched, None),
-            Event::ToolFinished {
-                effect_id,
-                status,
-                output,
-            } => {
-                let tool = self
-                    .machine
-                    .pending_tool
-                    .as_ref()
-                    .map(|pending| pending.tool.clone())?;
-                (*effect_id, tool, *status, Some(output.clone()))
-            }
-            Event::ControlApplied {
-                control:
-                    openprogram_storage::Control::Reconcile {
-                        effect_id,
-                        status,
-                        output,
-                    },
-                ..
-            } => {
-                let tool = self
-                    .machine
-                    .unresolved
-                    .as_ref()
-                    .map(|unresolved| unresolved.tool.clone())?;
-                (*effect_id, tool, *status, Some(output.clone()))
-            }
-            _ => return None,
+    /// The plan of the transition appending `events`, as this actor writes it.
+    fn plan(&self, events: Vec<Event>, upserts: Vec<Upsert>, decision: Option<Decision>) -> Plan {
+        let writer = match self.epoch {
+            Some(epoch) => Writer::Attempt { epoch },
+            None => Writer::Unclaimed,
         };
-        if self.env.tools.recovery(&tool) != Recovery::External {
-            return None;
-        }
-        Some(ReceiptRecord {
-            effect_id,
-            execution_id: self.execution_id,
-            attempt_id: self.head.attempt.as_ref().map(|lease| lease.attempt_id),
-            epoch: self.epoch.unwrap_or(0),
-            tool,
-            status,
-            output,
-        })
+        let tools = &self.env.tools;
+        self.machine
+            .plan(&self.head, events, upserts, decision, writer, |tool| {
+                tools.recovery(tool)
+            })
     }
 
     /// Submits `events` and, once committed, applies them and performs the actions.
@@ -309,35 +179,29 @@ impl ExecutionActor {
         &mut self,
         events: Vec<Event>,
         upserts: Vec<Upsert>,
-        mut decision: Option<Decision>,
+        decision: Option<Decision>,
     ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
-        let (transition, head) = self.prepare(events, upserts, &decision);
+        let Plan { transition, after } = self.plan(events, upserts, decision);
         let submitted = self.env.store.submit(transition);
         Box::pin(fut::wrap_future::<_, Self>(submitted).map(
             move |outcome, act, ctx| match outcome {
                 Ok(Outcome::Committed(mut committed)) => {
-                    act.head = head;
-                    act.head.version = committed.version;
-                    act.head.last_seq = *committed.seqs.end();
-                    act.head.last_activity_ms = committed.at_ms;
-                    if let Some(epoch) = act.epoch {
-                        act.head.fencing_epoch = epoch;
-                    }
-                    let mut actions = Vec::new();
-                    let mut steps = 0;
-                    for envelope in std::mem::take(&mut committed.events) {
-                        let event = &envelope.event;
-                        steps += u64::from(matches!(
-                            event,
-                            Event::ModelDecided { .. } | Event::ToolFinished { .. }
-                        ));
-                        act.machine
-                            .apply_decided(event, envelope.seq, &mut actions, &mut decision);
-                    }
+                    act.head = after.committed_head(&committed);
+                    let events = std::mem::take(&mut committed.events);
+                    let steps = events
+                        .iter()
+                        .filter(|envelope| {
+                            matches!(
+                                envelope.event,
+                                Event::ModelDecided { .. } | Event::ToolFinished { .. }
+                            )
+                        })
+                        .count();
+                    act.machine.apply_committed(&events, after.decision);
                     act.env
                         .steps
-                        .fetch_add(steps, std::sync::atomic::Ordering::Relaxed);
-                    act.perform(actions, ctx);
+                        .fetch_add(steps as u64, std::sync::atomic::Ordering::Relaxed);
+                    act.perform(after.actions, ctx);
                     Ok(Outcome::Committed(committed))
                 }
                 Ok(Outcome::Fenced { current_epoch }) => {

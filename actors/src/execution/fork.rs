@@ -6,7 +6,7 @@ use openprogram_storage::{EffectId, EventEnvelope};
 use serde::{Deserialize, Serialize};
 
 use crate::execution::machine::{
-    Decision, ForkPoint, Machine, PendingTool, Refusal, ToolArgs, Turn,
+    Decision, ForkPoint, Machine, PendingTool, Present, Refusal, ToolArgs, Turn,
 };
 
 /// What a forked child resumes from: the context up to the saved point and the tool call
@@ -96,7 +96,7 @@ pub fn fork_state(events: &[EventEnvelope], checkpoint_seq: u64, fresh: EffectId
         context: machine.context.as_ref().clone(),
         iterations: machine.iterations,
         steers: machine.steers.clone(),
-        next_tool: machine.pending_tool.map(|pending| ForkedTool {
+        next_tool: machine.present.pending_tool.map(|pending| ForkedTool {
             effect_id: fresh,
             tool: pending.tool,
             args: pending.args,
@@ -105,15 +105,23 @@ pub fn fork_state(events: &[EventEnvelope], checkpoint_seq: u64, fresh: EffectId
 }
 
 impl Machine {
+    /// The history of a `Forked` event: the child's context is the copied one.
+    pub(super) fn record_forked(&mut self, state: &str) {
+        match serde_json::from_str::<ForkState>(state) {
+            Ok(state) => self.context = std::sync::Arc::new(state.context),
+            // Written by `fork_state` and checksummed on disk: unreadable only if this build
+            // cannot read what another wrote. The child then has no history to act on.
+            Err(_) => self.text = "the fork's saved state is unreadable".into(),
+        }
+    }
+}
+
+impl Present {
     /// Folds a `Forked` event: the child resumes from the copied state.
     pub(super) fn apply_forked(&mut self, state: &str) {
         let Ok(state) = serde_json::from_str::<ForkState>(state) else {
-            // Written by `fork_state` and checksummed on disk: unreadable only if this build
-            // cannot read what another wrote. The child then has no history to act on.
-            self.text = "the fork's saved state is unreadable".into();
             return;
         };
-        self.context = std::sync::Arc::new(state.context);
         self.iterations = state.iterations;
         self.steers = state.steers;
         self.pending_tool = state

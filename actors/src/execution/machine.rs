@@ -7,9 +7,12 @@
 //! - `apply` folds one committed event into the state and returns the actions the shell
 //!   must perform (call the model, run a tool, abort the running effect, ...).
 //!
-//! `next` says what a running, idle execution does next. The actor shell persists what
-//! `decide`/`next` return, and only after `Committed` runs `apply` and the actions.
-//! Recovery replays the stored events through the same `apply` and drops the actions.
+//! `next` says what a running, idle execution does next. `plan` (`plan.rs`) turns what
+//! `decide`/`next` return into the whole transition — events with their seqs, receipts,
+//! wait records, the head — and the actions to perform once it is committed, by folding the
+//! events into a copy of the present alone. The actor shell persists the plan, and only
+//! after `Committed` folds the events (`apply`) and performs the plan's actions. Recovery
+//! replays the stored events through the same `apply` and drops the actions.
 
 use std::collections::BTreeSet;
 
@@ -21,20 +24,44 @@ use openprogram_storage::{
 use super::machine_types::default_max_iterations;
 pub use super::machine_types::*;
 pub use super::wait_types::{wait_of, LiveOutcome, ManagedProcess, WaitState};
-use openprogram_storage::ProcessState as ProcState;
 
-/// The state of one agent turn, rebuilt from its events.
+/// The state of one agent turn, rebuilt from its events: the present, which decides what
+/// comes next, and the history, which only grows and is read by snapshots, forks and model
+/// requests. A transition's plan (`plan.rs`) folds its events into a copy of the present
+/// alone, so its cost does not grow with the execution's length; committed events are folded
+/// into both (`apply`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Machine {
+    /// Read through `Deref`: `machine.status()`, `machine.pending_tool`.
+    pub present: Present,
+    /// Shared with the model request in flight; a push copies only if a request still holds
+    /// it (`Arc::make_mut`), so a step costs O(1) here, not O(history).
+    pub context: std::sync::Arc<Vec<Turn>>,
+    /// The reply, or the reason of a failure.
+    pub text: String,
+    pub receipts: Receipts,
+    /// Commands applied or rejected, so a redelivered command is never decided twice (K-4).
+    pub decided_commands: BTreeSet<openprogram_storage::CommandId>,
+    /// K-2: the checkpoints a fork may start from, oldest first (`fork.rs`).
+    pub fork_points: Vec<ForkPoint>,
+    /// External tool calls dispatched so far: a fork never starts at a point whose next
+    /// step is one of them (it would run that effect a second time).
+    pub dispatched_externals: BTreeSet<EffectId>,
+    /// Waits and live questions that ended (answered, declined, expired, invalidated): they
+    /// never change again. The pending ones are in the present.
+    pub ended_waits: Vec<WaitState>,
+}
+
+/// What decides the next step: everything a transition's events can change but the history.
+/// Cheap to copy whatever the execution's length (its waits are the pending ones only).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Present {
     pub status: Option<Status>,
     pub pause_reason: Option<String>,
     /// Immutable after admission; shared with every model request.
     pub input: std::sync::Arc<AgentInput>,
     /// Model decisions made so far (E-5 counts them against `max_iterations`).
     pub iterations: u32,
-    /// Shared with the model request in flight; a push copies only if a request still holds
-    /// it (`Arc::make_mut`), so a step costs O(1) here, not O(history).
-    pub context: std::sync::Arc<Vec<Turn>>,
     pub pending_tool: Option<PendingTool>,
     /// A tool call recorded `Unknown`: the execution is `reconciliation_required` until a
     /// reconciliation resolves it.
@@ -48,13 +75,8 @@ pub struct Machine {
     /// Steps left before pausing, while a Step runs.
     pub steps_left: Option<u32>,
     pub cancel_requested: bool,
-    /// The reply, or the reason of a failure.
-    pub text: String,
-    pub receipts: Receipts,
     /// The seq of the latest published checkpoint.
     pub checkpoint_seq: u64,
-    /// Commands applied or rejected, so a redelivered command is never decided twice (K-4).
-    pub decided_commands: BTreeSet<openprogram_storage::CommandId>,
     /// The owner of the newest attempt.
     pub attempt_owner: Option<OwnerId>,
     /// Commands accepted and not yet decided, oldest first: a command is accepted and
@@ -63,79 +85,62 @@ pub struct Machine {
     pub pending_commands: Vec<(openprogram_storage::CommandId, Control)>,
     /// The newest attempt: live questions are bound to it (W-4).
     pub attempt_id: Option<AttemptId>,
-    /// Waits and live questions, oldest first (W-1..W-4).
-    pub waits: Vec<WaitState>,
-    /// Managed processes this execution started, oldest first (P-1).
+    /// The pending waits and live questions, oldest first (W-1..W-4). A plan's fold also
+    /// keeps those its events end, to write their records; `Machine::apply` moves them to
+    /// the history.
+    pub active_waits: Vec<WaitState>,
+    /// Managed processes this execution started, oldest first (P-1). All of them: a few per
+    /// execution, and small.
     pub processes: Vec<ManagedProcess>,
     /// The message the user message answers (B-1), from the admission.
     pub parent_message_id: Option<openprogram_storage::MessageId>,
     /// The revision the execution was admitted with (K-2: Fork and Retry need it loadable).
     pub revision_id: Option<RevisionId>,
-    /// K-2: the checkpoints a fork may start from, oldest first (`fork.rs`). Not kept by a
-    /// preview.
-    pub fork_points: Vec<ForkPoint>,
-    /// External tool calls dispatched so far: a fork never starts at a point whose next
-    /// step is one of them (it would run that effect a second time).
-    pub dispatched_externals: BTreeSet<EffectId>,
-    /// Made by `preview`: folds events without keeping history (context, receipts) or
-    /// building a decision's arguments.
-    preview: bool,
+}
+
+impl std::ops::Deref for Machine {
+    type Target = Present;
+
+    fn deref(&self) -> &Present {
+        &self.present
+    }
+}
+
+impl std::ops::DerefMut for Machine {
+    fn deref_mut(&mut self) -> &mut Present {
+        &mut self.present
+    }
 }
 
 impl Machine {
-    /// A copy without the history (context, receipts, decided commands): enough to fold a
-    /// transition's events and read the head and checkpoint they lead to, at a cost that does
-    /// not grow with the execution's length. Folding a decision or a tool result, it keeps
-    /// no receipt or context either, and a tool it decides has no arguments (`Null`). What
-    /// the actor reads from it is the machine's own: status, pause reason, next action,
-    /// checkpoint, pending tool and pending waits (checked by the R10 sim).
-    pub fn preview(&self) -> Self {
-        Self {
-            preview: true,
-            status: self.status,
-            pause_reason: self.pause_reason.clone(),
-            input: std::sync::Arc::clone(&self.input),
-            iterations: self.iterations,
-            context: std::sync::Arc::default(),
-            pending_tool: self.pending_tool.clone(),
-            unresolved: self.unresolved.clone(),
-            unresolved_seq: self.unresolved_seq,
-            steers: Vec::new(),
-            pause_requested: self.pause_requested,
-            steps_left: self.steps_left,
-            cancel_requested: self.cancel_requested,
-            text: String::new(),
-            receipts: Receipts::default(),
-            checkpoint_seq: self.checkpoint_seq,
-            decided_commands: BTreeSet::new(),
-            attempt_owner: self.attempt_owner,
-            // Inherited commands only (rarely any): a rejected answer reopens its wait.
-            pending_commands: self.pending_commands.clone(),
-            attempt_id: self.attempt_id,
-            parent_message_id: self.parent_message_id,
-            revision_id: self.revision_id,
-            fork_points: Vec::new(),
-            dispatched_externals: BTreeSet::new(),
-            // The pending ones: a transition can only change those (or open new ones).
-            waits: self
-                .waits
-                .iter()
-                .filter(|wait| wait.status.is_pending())
-                .cloned()
-                .collect(),
-            processes: self
-                .processes
-                .iter()
-                .filter(|process| process.state == ProcState::Running)
-                .cloned()
-                .collect(),
-        }
+    /// Every wait and live question, oldest first.
+    pub fn waits(&self) -> Vec<&WaitState> {
+        let mut waits: Vec<&WaitState> = self
+            .ended_waits
+            .iter()
+            .chain(&self.present.active_waits)
+            .collect();
+        waits.sort_by_key(|wait| wait.opened_seq);
+        waits
     }
 
+    /// The wait or live question `wait_id`, pending or ended.
+    pub fn wait(&self, wait_id: openprogram_storage::WaitId) -> Option<&WaitState> {
+        self.present
+            .active_waits
+            .iter()
+            .chain(&self.ended_waits)
+            .find(|wait| wait.wait_id == wait_id)
+    }
+}
+
+impl Present {
     pub fn status(&self) -> Status {
         self.status.unwrap_or(Status::Queued)
     }
+}
 
+impl Machine {
     /// A refusal of an input that is not a command (a result, a question): no controls are
     /// part of its answer.
     pub(super) fn reject(&self, refusal: Refusal) -> Rejection {
@@ -322,6 +327,143 @@ impl Machine {
         &mut self,
         revision_id: RevisionId,
         parent_message_id: Option<openprogram_storage::MessageId>,
+        input: AgentInput,
+    ) {
+        self.present.admit(revision_id, parent_message_id, input);
+    }
+
+    /// `apply` for an event of a transition decided by `decide_decision`: its `ModelDecided`
+    /// is folded with `decision`, the decision its text was written from, which reads back
+    /// from that text as itself, and taken: a later `ModelDecided` of the same transition
+    /// would be folded from its text.
+    pub fn apply_decided(
+        &mut self,
+        event: &Event,
+        seq: u64,
+        actions: &mut Vec<Action>,
+        decision: &mut Option<Decision>,
+    ) {
+        let decided = match event {
+            Event::ModelDecided { decision: text, .. } => match decision.take() {
+                Some(decision) => {
+                    debug_assert_eq!(
+                        serde_json::from_str::<Decision>(text).ok().as_ref(),
+                        Some(&decision),
+                        "a decision is folded as the text it was written to reads back"
+                    );
+                    Some(decision)
+                }
+                None => serde_json::from_str(text).ok(),
+            },
+            _ => None,
+        };
+        self.record(event, seq);
+        self.present.fold(event, seq, decided.as_ref(), actions);
+        if let Some(decision) = decided {
+            std::sync::Arc::make_mut(&mut self.context).push(Turn::Decided(decision));
+        }
+        self.retire_waits();
+    }
+
+    /// Folds one committed event into the present and the history. `seq` is the event's seq.
+    pub fn apply(&mut self, event: &Event, seq: u64, actions: &mut Vec<Action>) {
+        self.apply_decided(event, seq, actions, &mut None);
+    }
+
+    /// The history an event adds (a model decision's turn aside), read from the present as
+    /// it was before the event: the call a result finishes, the wait an answer resolves.
+    fn record(&mut self, event: &Event, seq: u64) {
+        match event {
+            Event::StateChanged {
+                state: Status::Failed,
+                reason,
+            } if self.text.is_empty() => self.text.clone_from(reason),
+            Event::CommandRejected { command_id, .. } => {
+                self.decided_commands.insert(*command_id);
+            }
+            Event::ControlApplied {
+                command_id,
+                control,
+            } => {
+                self.decided_commands.insert(*command_id);
+                self.record_control(control);
+            }
+            Event::ModelDecided { effect_id, .. } => {
+                self.receipts.model(*effect_id, ReceiptStatus::Confirmed);
+            }
+            Event::ModelFailed { effect_id, error } => {
+                self.receipts.model(*effect_id, ReceiptStatus::Failed);
+                self.text.clone_from(error);
+            }
+            Event::ToolDispatched {
+                effect_id, tool, ..
+            } => {
+                self.receipts
+                    .tool(*effect_id, tool, ReceiptStatus::Dispatched);
+                // The intent is durable: no fork starts before it.
+                self.dispatched_externals.insert(*effect_id);
+                self.fork_points
+                    .retain(|point| point.next_effect != Some(*effect_id));
+            }
+            Event::ToolFinished {
+                effect_id,
+                status,
+                output,
+            } => self.record_tool_finished(*effect_id, *status, output),
+            Event::Replied { text } => self.text.clone_from(text),
+            Event::Forked { state, .. } => self.record_forked(state),
+            Event::CheckpointPublished { .. } => self.note_fork_point(seq),
+            _ => {}
+        }
+    }
+
+    /// A tool call's outcome: its result enters the context, or, `Unknown`, it waits for
+    /// reconciliation with nothing in the context.
+    fn record_tool_finished(&mut self, effect_id: EffectId, status: ReceiptStatus, output: &str) {
+        let tool = self
+            .present
+            .pending_tool
+            .as_ref()
+            .map(|pending| pending.tool.clone());
+        if status == ReceiptStatus::Unknown {
+            if let Some(tool) = tool {
+                self.receipts.tool(effect_id, &tool, status);
+            }
+            return;
+        }
+        let tool = tool.unwrap_or_default();
+        self.receipts.tool(effect_id, &tool, status);
+        std::sync::Arc::make_mut(&mut self.context).push(Turn::ToolResult {
+            tool,
+            status,
+            output: output.to_owned(),
+        });
+    }
+
+    /// Waits that ended leave the present for the history: they never change again.
+    fn retire_waits(&mut self) {
+        if self
+            .present
+            .active_waits
+            .iter()
+            .all(|wait| wait.status.is_pending())
+        {
+            return;
+        }
+        let (pending, ended) = std::mem::take(&mut self.present.active_waits)
+            .into_iter()
+            .partition(|wait| wait.status.is_pending());
+        self.present.active_waits = pending;
+        self.ended_waits.extend::<Vec<WaitState>>(ended);
+    }
+}
+
+impl Present {
+    /// See `Machine::admit`.
+    fn admit(
+        &mut self,
+        revision_id: RevisionId,
+        parent_message_id: Option<openprogram_storage::MessageId>,
         mut input: AgentInput,
     ) {
         self.revision_id = Some(revision_id);
@@ -333,43 +475,15 @@ impl Machine {
         self.status = Some(Status::Queued);
     }
 
-    /// `apply` for an event of a transition decided by `decide_decision`: its `ModelDecided`
-    /// is folded with `decision`, the decision its text was written from, which reads back
-    /// from that text as itself, and taken: a later `ModelDecided` of the same transition
-    /// would be folded from its text. A preview keeps only its tool.
-    pub fn apply_decided(
+    /// Folds one event into the present and says what the shell must do once it is
+    /// committed. A `ModelDecided` is folded from `decision`, else from its text.
+    pub fn fold(
         &mut self,
         event: &Event,
         seq: u64,
+        decision: Option<&Decision>,
         actions: &mut Vec<Action>,
-        decision: &mut Option<Decision>,
     ) {
-        match event {
-            Event::ModelDecided {
-                effect_id,
-                decision: text,
-            } if decision.is_some() => {
-                debug_assert_eq!(
-                    serde_json::from_str::<Decision>(text).ok().as_ref(),
-                    decision.as_ref(),
-                    "a decision is folded as the text it was written to reads back"
-                );
-                if self.preview {
-                    let tool = match decision.take() {
-                        Some(Decision::Tool { tool, .. }) => Some(tool),
-                        _ => None,
-                    };
-                    self.preview_decided(*effect_id, tool, actions);
-                } else {
-                    self.model_decided(*effect_id, decision.take(), actions);
-                }
-            }
-            _ => self.apply(event, seq, actions),
-        }
-    }
-
-    /// Folds one committed event into the state. `seq` is the event's seq.
-    pub fn apply(&mut self, event: &Event, seq: u64, actions: &mut Vec<Action>) {
         match event {
             Event::Admitted {
                 input,
@@ -411,7 +525,6 @@ impl Machine {
                 }
             }
             Event::CommandRejected { command_id, .. } => {
-                self.decided_commands.insert(*command_id);
                 self.answer_rejected(*command_id);
                 self.pending_commands
                     .retain(|(pending, _)| pending != command_id);
@@ -420,44 +533,25 @@ impl Machine {
                 command_id,
                 control,
             } => {
-                self.decided_commands.insert(*command_id);
                 self.pending_commands
                     .retain(|(pending, _)| pending != command_id);
                 self.apply_control(control, actions);
             }
-            Event::ModelDecided {
-                effect_id,
-                decision,
-            } => {
-                if self.preview {
-                    let tool = match serde_json::from_str(decision) {
-                        Ok(DecisionKind::Tool { tool, .. }) => Some(tool),
-                        _ => None,
-                    };
-                    self.preview_decided(*effect_id, tool, actions);
-                    return;
+            Event::ModelDecided { decision: text, .. } => match decision {
+                Some(decision) => self.model_decided(event, Some(decision), actions),
+                None => {
+                    let parsed = serde_json::from_str::<Decision>(text).ok();
+                    self.model_decided(event, parsed.as_ref(), actions);
                 }
-                self.model_decided(*effect_id, serde_json::from_str(decision).ok(), actions);
-            }
-            Event::ModelFailed { effect_id, error } => {
-                self.receipts.model(*effect_id, ReceiptStatus::Failed);
-                self.text = error.clone();
-            }
-            Event::ToolDispatched {
-                effect_id, tool, ..
-            } => self.tool_dispatched(*effect_id, tool, actions),
-            Event::ToolFinished {
-                effect_id,
-                status,
-                output,
-            } => self.tool_finished(*effect_id, *status, output, seq, actions),
-            Event::Replied { text } => self.text = text.clone(),
+            },
+            Event::ToolDispatched { .. } => self.tool_dispatched(actions),
+            Event::ToolFinished { status, .. } => self.tool_finished(*status, seq, actions),
             Event::WaitOpened {
                 wait_id,
                 kind,
                 prompt,
                 live,
-            } => self.apply_wait_opened(*wait_id, *kind, prompt, *live),
+            } => self.apply_wait_opened(*wait_id, *kind, prompt, *live, seq),
             Event::WaitChanged { wait_id, status } => {
                 self.apply_wait_changed(*wait_id, *status, actions)
             }
@@ -469,12 +563,7 @@ impl Machine {
                 output_bytes,
             } => self.apply_process_output(*process_id, *output_bytes),
             Event::Forked { state, .. } => self.apply_forked(state),
-            Event::CheckpointPublished { .. } => {
-                self.checkpoint_seq = seq;
-                if !self.preview {
-                    self.note_fork_point(seq);
-                }
-            }
+            Event::CheckpointPublished { .. } => self.checkpoint_seq = seq,
             _ => {}
         }
     }
@@ -521,28 +610,17 @@ impl Machine {
                 self.pause_reason = None;
                 actions.push(Action::Advance);
             }
-            Status::Failed => {
-                if self.text.is_empty() {
-                    self.text = reason.to_owned();
-                }
-                actions.push(Action::Finished);
+            Status::Cancelled | Status::Completed | Status::Failed => {
+                actions.push(Action::Finished)
             }
-            Status::Cancelled | Status::Completed => actions.push(Action::Finished),
             Status::ReconciliationRequired => actions.push(Action::Reconcile),
             Status::Waiting => actions.push(Action::Park),
             _ => {}
         }
     }
 
-    /// The intent of a tool call is durable: it may run now, and no fork starts before it.
-    fn tool_dispatched(&mut self, effect_id: EffectId, tool: &str, actions: &mut Vec<Action>) {
-        self.receipts
-            .tool(effect_id, tool, ReceiptStatus::Dispatched);
-        if !self.preview {
-            self.dispatched_externals.insert(effect_id);
-            self.fork_points
-                .retain(|point| point.next_effect != Some(effect_id));
-        }
+    /// The intent of a tool call is durable: it may run now.
+    fn tool_dispatched(&mut self, actions: &mut Vec<Action>) {
         if let Some(pending) = &mut self.pending_tool {
             pending.dispatched = true;
             pending.dispatched_by = self.attempt_owner;
@@ -550,54 +628,13 @@ impl Machine {
         actions.push(Action::RunDispatched);
     }
 
-    /// A tool call's outcome: its result enters the context, or, `Unknown`, it waits for
-    /// reconciliation with nothing in the context.
-    fn tool_finished(
-        &mut self,
-        effect_id: EffectId,
-        status: ReceiptStatus,
-        output: &str,
-        seq: u64,
-        actions: &mut Vec<Action>,
-    ) {
+    /// A tool call's outcome: the call is done, or, `Unknown`, awaits reconciliation.
+    fn tool_finished(&mut self, status: ReceiptStatus, seq: u64, actions: &mut Vec<Action>) {
         let pending = self.pending_tool.take();
         if status == ReceiptStatus::Unknown {
-            if let Some(pending) = &pending {
-                self.receipts.tool(effect_id, &pending.tool, status);
-            }
             self.unresolved = pending;
             self.unresolved_seq = seq;
             return;
-        }
-        if self.preview {
-            self.step_taken(actions);
-            return;
-        }
-        let tool = pending.map(|pending| pending.tool).unwrap_or_default();
-        self.receipts.tool(effect_id, &tool, status);
-        std::sync::Arc::make_mut(&mut self.context).push(Turn::ToolResult {
-            tool,
-            status,
-            output: output.to_owned(),
-        });
-        self.step_taken(actions);
-    }
-
-    /// What a preview keeps of a model decision: the tool it calls, if any, without its
-    /// arguments.
-    fn preview_decided(
-        &mut self,
-        effect_id: EffectId,
-        tool: Option<String>,
-        actions: &mut Vec<Action>,
-    ) {
-        self.iterations += 1;
-        if let Some(tool) = tool {
-            self.pending_tool = Some(PendingTool::new(
-                tool_effect(effect_id),
-                tool,
-                ToolArgs::default(),
-            ));
         }
         self.step_taken(actions);
     }
@@ -605,21 +642,20 @@ impl Machine {
     /// A committed model decision; `None` if its text does not read as one.
     fn model_decided(
         &mut self,
-        effect_id: EffectId,
-        decision: Option<Decision>,
+        event: &Event,
+        decision: Option<&Decision>,
         actions: &mut Vec<Action>,
     ) {
+        let Event::ModelDecided { effect_id, .. } = event else {
+            return;
+        };
         self.iterations += 1;
-        self.receipts.model(effect_id, ReceiptStatus::Confirmed);
-        if let Some(decision) = decision {
-            if let Decision::Tool { tool, args } = &decision {
-                self.pending_tool = Some(PendingTool::new(
-                    tool_effect(effect_id),
-                    tool.clone(),
-                    args.clone(),
-                ));
-            }
-            std::sync::Arc::make_mut(&mut self.context).push(Turn::Decided(decision));
+        if let Some(Decision::Tool { tool, args }) = decision {
+            self.pending_tool = Some(PendingTool::new(
+                tool_effect(*effect_id),
+                tool.clone(),
+                args.clone(),
+            ));
         }
         self.step_taken(actions);
     }
@@ -640,7 +676,7 @@ impl Machine {
             (_, status) if status.is_terminal() => NextAction::None,
             (_, Status::Waiting) => NextAction::Wait {
                 wait_id: self
-                    .waits
+                    .active_waits
                     .iter()
                     .find(|wait| wait.status.is_pending())
                     .map(|wait| wait.wait_id),

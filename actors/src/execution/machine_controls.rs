@@ -13,7 +13,7 @@
 use openprogram_storage::{CommandId, Control, Event, ExecutionState as Status};
 
 use super::machine::{
-    cancelled, Accepted, Action, CommandContext, CommandKind, Machine, Refusal, Rejection,
+    cancelled, Accepted, Action, CommandContext, CommandKind, Machine, Present, Refusal, Rejection,
 };
 use crate::command::{CommandBody, EffectRef, WaitRef};
 use openprogram_storage::ProcessState as ProcState;
@@ -24,7 +24,7 @@ impl Machine {
     pub fn capabilities(&self, at: &CommandContext) -> Vec<CommandKind> {
         let mut kinds = self.control_capabilities();
         let live_question = self
-            .waits
+            .active_waits
             .iter()
             .any(|wait| wait.live.is_some() && wait.status.is_pending());
         if live_question && !self.cancel_requested {
@@ -250,6 +250,22 @@ impl Machine {
         Ok(events)
     }
 
+    /// The history an applied control adds: a reconciled effect's receipt and result, a
+    /// durable wait's outcome. Read before the present folds it.
+    pub(super) fn record_control(&mut self, control: &Control) {
+        match control {
+            Control::Reconcile {
+                effect_id,
+                status,
+                output,
+            } => self.record_reconcile(*effect_id, *status, output),
+            Control::Answer { .. } | Control::Decline { .. } => self.record_wait_control(control),
+            _ => {}
+        }
+    }
+}
+
+impl Present {
     pub(super) fn apply_control(&mut self, control: &Control, actions: &mut Vec<Action>) {
         match control {
             Control::Pause => self.pause_requested = true,
@@ -267,10 +283,8 @@ impl Machine {
                 actions.push(Action::AbortEffect);
             }
             Control::Reconcile {
-                effect_id,
-                status,
-                output,
-            } => self.apply_reconcile(*effect_id, *status, output),
+                effect_id, status, ..
+            } => self.apply_reconcile(*effect_id, *status),
             Control::Answer { .. } | Control::Decline { .. } => self.apply_wait_control(control),
             Control::StopProcess { process_id } => actions.push(Action::StopProcess {
                 process_id: *process_id,

@@ -6,7 +6,9 @@ use openprogram_storage::{
     EffectId, Event, ExecutionState as Status, ReceiptStatus, RestartIntent,
 };
 
-use crate::execution::machine::{Machine, PendingTool, Refusal, Turn, RESTART_PAUSE_REASON};
+use crate::execution::machine::{
+    Machine, PendingTool, Present, Refusal, Turn, RESTART_PAUSE_REASON,
+};
 
 impl Machine {
     /// The events after a `reconcile` control's `ControlApplied`: it must name the effect
@@ -38,31 +40,27 @@ impl Machine {
         ])
     }
 
-    /// Folds an applied `reconcile`: `confirmed` puts its output in the context;
-    /// `not_applied` makes the effect pending again, under the same effect id.
-    pub(super) fn apply_reconcile(
+    /// The history of an applied `reconcile`: the effect's receipt and, `confirmed`, its
+    /// output in the context. Read before the present folds it.
+    pub(super) fn record_reconcile(
         &mut self,
         effect_id: EffectId,
         status: ReceiptStatus,
         output: &str,
     ) {
         let Some(unresolved) = self
+            .present
             .unresolved
-            .take_if(|unresolved| unresolved.effect_id == effect_id)
+            .as_ref()
+            .filter(|unresolved| unresolved.effect_id == effect_id)
         else {
             return;
         };
-        self.receipts.tool(effect_id, &unresolved.tool, status);
-        if status == ReceiptStatus::NotApplied {
-            // Proven never to have taken effect: it may run again, same effect id.
-            self.pending_tool = Some(PendingTool::new(
-                unresolved.effect_id,
-                unresolved.tool,
-                unresolved.args,
-            ));
-        } else {
+        let tool = unresolved.tool.clone();
+        self.receipts.tool(effect_id, &tool, status);
+        if status != ReceiptStatus::NotApplied {
             std::sync::Arc::make_mut(&mut self.context).push(Turn::ToolResult {
-                tool: unresolved.tool,
+                tool,
                 status,
                 output: output.to_owned(),
             });
@@ -96,5 +94,26 @@ impl Machine {
                 reason: RESTART_PAUSE_REASON.into(),
             },
         ])
+    }
+}
+
+impl Present {
+    /// Folds an applied `reconcile`: the effect is resolved; `not_applied` makes it pending
+    /// again, under the same effect id.
+    pub(super) fn apply_reconcile(&mut self, effect_id: EffectId, status: ReceiptStatus) {
+        let Some(unresolved) = self
+            .unresolved
+            .take_if(|unresolved| unresolved.effect_id == effect_id)
+        else {
+            return;
+        };
+        if status == ReceiptStatus::NotApplied {
+            // Proven never to have taken effect: it may run again, same effect id.
+            self.pending_tool = Some(PendingTool::new(
+                unresolved.effect_id,
+                unresolved.tool,
+                unresolved.args,
+            ));
+        }
     }
 }

@@ -9,9 +9,10 @@
 //! - a Step lets at most one step event commit before the execution pauses (K-2);
 //! - a wait is answered or declined only while it is the pending wait of the current
 //!   checkpoint, and a resolved wait never changes again (W-2, W-3);
-//! - a preview folds every transition to the status, pause reason, next action, checkpoint,
-//!   pending tool, pending waits and actions the machine itself reaches (the actor builds
-//!   each transition's head from one).
+//! - every transition is committed as the actor commits it, from the machine's plan
+//!   (`Machine::plan`), with and without the model decision it was written from; the plan's
+//!   head (state, pause reason, checkpoint and its next action), wait records and actions
+//!   are what the machine itself reaches by folding the committed events.
 //!
 //! `OP_SIM_SEED` replays a run; each run prints its seed.
 
@@ -128,25 +129,29 @@ impl Sim {
     /// `commit` for events decided from a model's `decision`, folded as the actor folds
     /// them (`apply_decided`): the replay check below then also checks that the decision
     /// and the text it was written to fold alike.
-    fn commit_decided(
-        &mut self,
-        events: Vec<Event>,
-        mut decision: Option<Decision>,
-        context: &str,
-    ) {
+    fn commit_decided(&mut self, events: Vec<Event>, decision: Option<Decision>, context: &str) {
         let before = self.machine.status();
+        let before_waits: Vec<WaitState> = self.machine.waits().into_iter().cloned().collect();
+        let head = self.head();
+        let writer = crate::execution::plan::Writer::Attempt { epoch: self.epoch };
+        // The plan as the actor makes it (with the decision), and one from the events'
+        // text alone: the same transition.
+        let plan = self
+            .machine
+            .plan(&head, events, Vec::new(), decision, writer, recovery);
+        let from_text = self.machine.plan(
+            &head,
+            plan.transition.events.clone(),
+            Vec::new(),
+            None,
+            writer,
+            recovery,
+        );
+        let mut decision = plan.after.decision.clone();
         let mut actions = Vec::new();
-        // One preview folded as the actor folds it (with the decision), one from the
-        // events' text alone.
-        let mut preview = self.machine.preview();
-        let mut preview_actions = Vec::new();
-        let mut text_preview = self.machine.preview();
-        let mut text_preview_actions = Vec::new();
-        let mut shown = decision.clone();
+        let events = plan.transition.events.clone();
         for event in &events {
             let seq = self.log.len() as u64 + 1;
-            preview.apply_decided(event, seq, &mut preview_actions, &mut shown);
-            text_preview.apply(event, seq, &mut text_preview_actions);
             self.machine
                 .apply_decided(event, seq, &mut actions, &mut decision);
             self.log.push(event.clone());
@@ -185,17 +190,14 @@ impl Sim {
                 );
             }
         }
-        // Both folded the decision as a value, not from its text.
-        assert!(
-            shown.is_none(),
-            "{context}: the preview did not take the decision"
-        );
+        // The machine folded the decision as a value, not from its text.
         assert!(
             decision.is_none(),
             "{context}: the machine did not take the decision"
         );
-        self.check_preview(&preview, &preview_actions, &actions, context);
-        self.check_preview(&text_preview, &text_preview_actions, &actions, context);
+        for plan in [&plan, &from_text] {
+            self.check_plan(plan, &head, &before_waits, &actions, context);
+        }
         if let Some(terminal) = self.terminal {
             assert_eq!(
                 self.machine.status(),
@@ -216,7 +218,7 @@ impl Sim {
         if let Some(steps) = self.steps_since_step {
             assert!(steps <= 1, "{context}: a Step ran {steps} steps");
         }
-        for wait in &self.machine.waits {
+        for wait in self.machine.waits() {
             if let Some(was) = self.resolved.get(&wait.wait_id) {
                 assert_eq!(*was, wait.status, "{context}: a resolved wait changed");
             } else if !wait.status.is_pending() {
@@ -249,48 +251,63 @@ impl Sim {
         }
     }
 
-    /// The actor builds each transition's head from a preview (`ExecutionActor::prepare`):
-    /// it must reach what the machine itself reaches, history aside.
-    fn check_preview(
+    /// The head the actor would hold now: the sim's log and attempt.
+    fn head(&self) -> openprogram_storage::ExecutionHead {
+        let mut head = openprogram_storage::ExecutionHead::new(
+            openprogram_storage::ExecutionId::from_uuid(uuid::Uuid::nil()),
+            openprogram_storage::SessionId::from_uuid(uuid::Uuid::nil()),
+            openprogram_storage::RunId::from_uuid(uuid::Uuid::nil()),
+            openprogram_storage::ExecutionKind::AgentTurn,
+        );
+        head.last_seq = self.log.len() as u64;
+        head.version = self.log.len() as u64;
+        head.fencing_epoch = self.epoch;
+        head.state = self.machine.status();
+        head
+    }
+
+    /// The plan of a transition, once the machine folded its events: its head, wait records
+    /// and actions are what the machine itself reached.
+    fn check_plan(
         &self,
-        preview: &Machine,
-        preview_actions: &[Action],
+        plan: &crate::execution::plan::Plan,
+        head: &openprogram_storage::ExecutionHead,
+        before_waits: &[WaitState],
         actions: &[Action],
         context: &str,
     ) {
         let machine = &self.machine;
-        let diverged = format!("{context}: the preview diverged");
-        assert_eq!(preview.status(), machine.status(), "{diverged}");
-        assert_eq!(preview.pause_reason, machine.pause_reason, "{diverged}");
-        assert_eq!(preview.next_action(), machine.next_action(), "{diverged}");
-        assert_eq!(preview.checkpoint_seq, machine.checkpoint_seq, "{diverged}");
-        assert_eq!(preview.iterations, machine.iterations, "{diverged}");
-        let tool = |machine: &Machine| {
-            machine.pending_tool.as_ref().map(|pending| {
-                let PendingTool {
-                    effect_id,
-                    tool,
-                    dispatched,
-                    uncertain,
-                    dispatched_by,
-                    ..
-                } = pending;
-                (
-                    *effect_id,
-                    tool.clone(),
-                    *dispatched,
-                    *uncertain,
-                    *dispatched_by,
-                )
+        let diverged = format!("{context}: the plan diverged");
+        let planned = &plan.after.head;
+        assert_eq!(planned.state, machine.status(), "{diverged}");
+        assert_eq!(planned.pause_reason, machine.pause_reason, "{diverged}");
+        if machine.checkpoint_seq > head.last_seq {
+            let checkpoint = planned.checkpoint.as_ref().expect("a planned checkpoint");
+            assert_eq!(checkpoint.seq, machine.checkpoint_seq, "{diverged}");
+            assert_eq!(checkpoint.next_action, machine.next_action(), "{diverged}");
+        } else {
+            assert_eq!(planned.checkpoint, head.checkpoint, "{diverged}");
+        }
+        assert_eq!(plan.after.actions, actions, "{diverged}");
+        assert_eq!(plan.transition.head.as_ref(), Some(planned), "{diverged}");
+        let written: Vec<_> = plan
+            .transition
+            .upserts
+            .iter()
+            .filter_map(|upsert| match upsert {
+                openprogram_storage::Upsert::Wait(record) => {
+                    Some((record.wait_id, record.status, record.answer.clone()))
+                }
+                _ => None,
             })
-        };
-        assert_eq!(tool(preview), tool(machine), "{diverged}");
-        let pending_waits = |machine: &Machine| {
-            let pending = machine.waits.iter().filter(|wait| wait.status.is_pending());
-            pending.cloned().collect::<Vec<_>>()
-        };
-        assert_eq!(pending_waits(preview), pending_waits(machine), "{diverged}");
-        assert_eq!(preview_actions, actions, "{diverged}");
+            .collect();
+        let changed: Vec<_> = machine
+            .waits()
+            .into_iter()
+            .filter(|wait| !before_waits.contains(wait))
+            .map(|wait| (wait.wait_id, wait.status, wait.answer.clone()))
+            .collect();
+        assert_eq!(written, changed, "{diverged}: wait records");
     }
 
     fn decide(&mut self, input: Input, context: &str) {
@@ -399,7 +416,7 @@ impl Sim {
             _ => None,
         }
         .or_else(|| {
-            let waits = &self.machine.waits;
+            let waits = self.machine.waits();
             (!waits.is_empty()).then(|| waits[rng.below(waits.len() as u64) as usize].wait_id)
         })
         .unwrap_or_else(openprogram_storage::WaitId::new);
@@ -512,7 +529,7 @@ fn check_capabilities(machine: &Machine, busy: bool, context: &str) {
     let at = super::machine_tests::at(machine, busy);
     let offered = machine.capabilities(&at);
     let wait = machine
-        .waits
+        .active_waits
         .iter()
         .find(|wait| wait.status.is_pending())
         .map_or(WaitRef::Pending, |wait| WaitRef::Id(wait.wait_id));

@@ -261,7 +261,7 @@ impl Receipts {
 pub struct PendingTool {
     pub effect_id: EffectId,
     pub tool: String,
-    /// Shared with the decision in the context, and with every transition's preview.
+    /// Shared with the decision in the context, and with every transition's plan.
     pub args: ToolArgs,
     /// A `ToolDispatched` event was committed for it.
     pub dispatched: bool,
@@ -561,27 +561,6 @@ pub(super) enum NextAction<'a> {
     },
     Model {
         iterations: u32,
-    },
-}
-
-/// What a preview reads of a decision: the tool it calls, if any, without building the
-/// arguments' tree. It accepts every text `Decision` accepts, and more only where skipping a
-/// value checks less than parsing it: nesting past serde_json's 128 levels, out-of-range
-/// numbers, lone surrogates. The runtime writes none of those: serializing a `Decision`
-/// makes no such number or string, and `unreadable` refuses arguments that nest too deep.
-#[allow(dead_code)] // the fields are read only to be validated, as `Decision` validates them
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(super) enum DecisionKind {
-    Tool {
-        tool: String,
-        args: serde::de::IgnoredAny,
-    },
-    Reply {
-        text: String,
-    },
-    Ask {
-        prompt: String,
     },
 }
 

@@ -16,8 +16,8 @@ use openprogram_storage::{
 };
 
 use crate::execution::machine::{
-    wait_of, Action, CommandKind, LiveOutcome, Machine, ManagedProcess, Refusal, Rejection, Turn,
-    WaitState,
+    wait_of, Action, CommandKind, LiveOutcome, Machine, ManagedProcess, Present, Refusal,
+    Rejection, Turn, WaitState,
 };
 
 /// The longest prompt a wait or question may carry.
@@ -70,7 +70,7 @@ impl Machine {
                 "a question is longer than {PROMPT_BYTES_MAX} bytes"
             ))));
         }
-        if self.waits.iter().any(|wait| wait.wait_id == wait_id) {
+        if self.wait(wait_id).is_some() {
             return Err(self.reject(Refusal::Invalid(format!("wait {wait_id} exists already"))));
         }
         Ok(vec![Event::WaitOpened {
@@ -92,7 +92,7 @@ impl Machine {
             Control::Decline { wait_id } => (*wait_id, WaitStatus::Declined),
             _ => return Err(Refusal::Invalid("not a wait control".into())),
         };
-        let Some(wait) = self.waits.iter().find(|wait| wait.wait_id == wait_id) else {
+        let Some(wait) = self.wait(wait_id) else {
             return Err(Refusal::UnknownWait { wait_id });
         };
         if self.cancel_requested {
@@ -178,7 +178,7 @@ impl Machine {
 
     /// `invalidated` for every pending wait that `which` selects.
     pub(super) fn invalidate_waits(&self, which: impl Fn(&WaitState) -> bool) -> Vec<Event> {
-        self.waits
+        self.active_waits
             .iter()
             .filter(|wait| wait.status.is_pending() && which(wait))
             .map(|wait| Event::WaitChanged {
@@ -188,9 +188,48 @@ impl Machine {
             .collect()
     }
 
+    /// The context turn of an applied `answer` or `decline` of a durable wait: its outcome
+    /// enters the context the provider decides from. Read before the present folds it.
+    pub(super) fn record_wait_control(&mut self, control: &Control) {
+        let (wait_id, status, answer, discussion) = match control {
+            Control::Answer {
+                wait_id,
+                answer,
+                scope,
+            } => (
+                *wait_id,
+                WaitStatus::Answered,
+                Some(answer.clone()),
+                *scope == AnswerScope::Discussion,
+            ),
+            Control::Decline { wait_id } => (*wait_id, WaitStatus::Declined, None, false),
+            _ => return,
+        };
+        let Some(wait) = self
+            .present
+            .active_waits
+            .iter()
+            .find(|wait| wait.wait_id == wait_id)
+        else {
+            return;
+        };
+        if !wait.status.is_pending() || wait.live.is_some() {
+            return;
+        }
+        let prompt = wait.prompt.clone();
+        std::sync::Arc::make_mut(&mut self.context).push(Turn::WaitResolved {
+            prompt,
+            status,
+            answer,
+            discussion,
+        });
+    }
+}
+
+impl Present {
     /// A new attempt: live questions of earlier attempts will never be answered (W-4).
     pub(super) fn invalidate_live_of_other_attempts(&mut self, attempt_id: AttemptId) {
-        for wait in &mut self.waits {
+        for wait in &mut self.active_waits {
             if wait.status.is_pending()
                 && wait.live.is_some_and(|live| live.attempt_id != attempt_id)
             {
@@ -238,9 +277,11 @@ impl Machine {
         kind: WaitKind,
         prompt: &str,
         live: Option<LiveBinding>,
+        seq: u64,
     ) {
-        self.waits.push(WaitState {
+        self.active_waits.push(WaitState {
             wait_id,
+            opened_seq: seq,
             kind,
             prompt: prompt.to_owned(),
             status: WaitStatus::Open,
@@ -279,21 +320,16 @@ impl Machine {
         }
     }
 
-    /// An applied `answer` or `decline`: a durable wait's outcome enters the context the
-    /// provider decides from (the `WaitChanged` after it sets the status).
+    /// An applied `answer` or `decline` records the answer and what it granted (the
+    /// `WaitChanged` after it sets the status).
     pub(super) fn apply_wait_control(&mut self, control: &Control) {
-        let (wait_id, status, answer, discussion) = match control {
+        let (wait_id, answer, scope) = match control {
             Control::Answer {
                 wait_id,
                 answer,
                 scope,
-            } => (
-                *wait_id,
-                WaitStatus::Answered,
-                Some(answer.clone()),
-                *scope == AnswerScope::Discussion,
-            ),
-            Control::Decline { wait_id } => (*wait_id, WaitStatus::Declined, None, false),
+            } => (*wait_id, Some(answer.clone()), Some(*scope)),
+            Control::Decline { wait_id } => (*wait_id, None, None),
             _ => return,
         };
         let Some(wait) = self.wait_mut(wait_id) else {
@@ -302,20 +338,10 @@ impl Machine {
         if !wait.status.is_pending() {
             return;
         }
-        wait.answer.clone_from(&answer);
-        if let Control::Answer { scope, .. } = control {
-            wait.scope = Some(*scope);
+        wait.answer = answer;
+        if scope.is_some() {
+            wait.scope = scope;
         }
-        if wait.live.is_some() {
-            return;
-        }
-        let prompt = wait.prompt.clone();
-        std::sync::Arc::make_mut(&mut self.context).push(Turn::WaitResolved {
-            prompt,
-            status,
-            answer,
-            discussion,
-        });
     }
 
     pub(super) fn apply_process_changed(&mut self, process_id: ProcessId, state: &str) {
@@ -350,30 +376,30 @@ impl Machine {
     }
 
     fn wait_mut(&mut self, wait_id: WaitId) -> Option<&mut WaitState> {
-        self.waits.iter_mut().find(|wait| wait.wait_id == wait_id)
+        self.active_waits
+            .iter_mut()
+            .find(|wait| wait.wait_id == wait_id)
     }
 
     /// The pending durable wait, if the execution is waiting for one.
     pub fn pending_wait(&self) -> Option<&WaitState> {
-        self.waits
+        self.active_waits
             .iter()
             .find(|wait| wait.live.is_none() && wait.status.is_pending())
     }
 }
 
-/// The wait records to write when `before` becomes `after`: waits opened, or moved on
-/// (status or answer). `after` may be a preview, which holds only the pending waits of
-/// `before` and what the transition did to them.
+/// The wait records to write when the pending waits `before` become `after` (a plan's fold
+/// of them): waits opened, or moved on (status or answer).
 pub fn changed_wait_records(
-    before: &Machine,
-    after: &Machine,
+    before: &[WaitState],
+    after: &[WaitState],
     execution_id: ExecutionId,
 ) -> Vec<WaitRecord> {
     after
-        .waits
         .iter()
         .filter(|wait| {
-            !before.waits.iter().any(|old| {
+            !before.iter().any(|old| {
                 old.wait_id == wait.wait_id
                     && old.status == wait.status
                     && old.answer == wait.answer

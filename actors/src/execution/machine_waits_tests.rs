@@ -35,11 +35,7 @@ fn answer(wait_id: WaitId, text: &str) -> Control {
 }
 
 fn wait(machine: &Machine, wait_id: WaitId) -> &WaitState {
-    machine
-        .waits
-        .iter()
-        .find(|wait| wait.wait_id == wait_id)
-        .expect("the wait")
+    machine.wait(wait_id).expect("the wait")
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! One execution: the pure state machine (`machine.rs`, its control commands in
 //! `machine_controls.rs`, its restart-recovery rules in `machine_restart.rs`, its waits,
-//! questions and processes in `machine_waits.rs`) and, around it, the actor shell
-//! that persists transitions and performs actions (`actor.rs`), how it runs a model or
+//! questions and processes in `machine_waits.rs`; the whole plan of a transition in
+//! `plan.rs`) and, around it, the actor shell that persists plans and performs their
+//! actions (`actor.rs`), how it runs a model or
 //! tool call and records its result (`effects.rs`), and how it takes commands
 //! (`commands.rs`), and its part in restart recovery (`restart.rs`).
 
@@ -15,6 +16,7 @@ mod machine_controls;
 mod machine_restart;
 mod machine_types;
 pub mod machine_waits;
+pub mod plan;
 pub mod processes;
 pub mod restart;
 mod wait_types;

@@ -12,6 +12,8 @@ use openprogram_storage::{
 #[derive(Debug, Clone, PartialEq)]
 pub struct WaitState {
     pub wait_id: WaitId,
+    /// The seq of its `WaitOpened`: waits are listed in this order.
+    pub opened_seq: u64,
     pub kind: WaitKind,
     pub prompt: String,
     pub status: WaitStatus,

@@ -1,0 +1,247 @@
+//! The plan of one transition, decided by the pure machine: the events with their seqs, the
+//! records they change (receipts, waits), the head they lead to, and what the shell must do
+//! once storage acknowledged them. The shell (the execution actor, recovery's claims)
+//! persists `transition` as it is and, only after `Committed`, folds the events into its
+//! machine (`Machine::apply_committed`) and performs `actions`.
+//!
+//! The plan folds the events into a copy of the machine's present only (`Present`), never its
+//! history, so planning costs the same at the first step and the ten-thousandth.
+
+use openprogram_storage::{
+    AttemptLease, Checkpoint, Committed, Control, Event, EventEnvelope, ExecutionHead,
+    ReceiptRecord, ReceiptStatus, Transition, Upsert,
+};
+
+use super::machine::{Action, Decision, Machine, Present, Recovery};
+use super::machine_waits::changed_wait_records;
+
+/// Who writes a transition, which decides what its head says about the attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writer {
+    /// An actor before its attempt started: events only, the head is left as it is.
+    Unclaimed,
+    /// The attempt fenced with `epoch` (it started in this transition or earlier).
+    Attempt { epoch: u64 },
+    /// Recovery claiming the execution with `epoch`: the attempt is the one this very
+    /// transition starts, or none (a hold or an expiry leaves no attempt owning it).
+    Recovery { epoch: u64 },
+}
+
+impl Writer {
+    fn epoch(self) -> Option<u64> {
+        match self {
+            Writer::Unclaimed => None,
+            Writer::Attempt { epoch } | Writer::Recovery { epoch } => Some(epoch),
+        }
+    }
+}
+
+/// One transition, decided: submit `transition`; once it is committed, do `after`.
+#[derive(Debug)]
+pub struct Plan {
+    pub transition: Transition,
+    pub after: AfterCommit,
+}
+
+/// What a plan does once its transition is committed; nothing if it is not.
+#[derive(Debug)]
+pub struct AfterCommit {
+    /// The head the transition writes, but for what storage assigns (`committed_head`).
+    pub head: ExecutionHead,
+    /// What the shell performs, in order.
+    pub actions: Vec<Action>,
+    /// The model decision the events were written from, folded with them.
+    pub decision: Option<Decision>,
+    writer: Writer,
+}
+
+impl AfterCommit {
+    /// The head as committed: the plan's, with the version, seqs, time and epoch storage
+    /// acknowledged.
+    pub fn committed_head(&self, committed: &Committed) -> ExecutionHead {
+        let mut head = self.head.clone();
+        head.version = committed.version;
+        head.last_seq = *committed.seqs.end();
+        head.last_activity_ms = committed.at_ms;
+        if let Some(epoch) = self.writer.epoch() {
+            head.fencing_epoch = epoch;
+        }
+        head
+    }
+}
+
+impl Machine {
+    /// The plan of the transition that appends `events` (with `upserts`) to the execution
+    /// `head` describes, written by `writer`. `decision`: the model decision its
+    /// `ModelDecided` was written from (`decide_decision`). `recovery` says how a tool
+    /// recovers: an External tool's receipts are also kept by effect id.
+    pub fn plan(
+        &self,
+        head: &ExecutionHead,
+        mut events: Vec<Event>,
+        upserts: Vec<Upsert>,
+        decision: Option<Decision>,
+        writer: Writer,
+        recovery: impl Fn(&str) -> Recovery,
+    ) -> Plan {
+        let mut present = self.present.clone();
+        let mut next = head.clone();
+        let mut actions = Vec::new();
+        let mut receipts = Vec::new();
+        let mut unfolded = decision.as_ref();
+        if let Writer::Recovery { .. } = writer {
+            next.attempt = None;
+        }
+        for (index, event) in events.iter_mut().enumerate() {
+            let seq = head.last_seq + index as u64 + 1;
+            if let Event::CheckpointPublished { checkpoint_seq } = event {
+                *checkpoint_seq = seq;
+                // Its `next_action` is set below, once the whole transition is folded.
+                next.checkpoint = Some(Checkpoint {
+                    seq,
+                    next_action: String::new(),
+                });
+            }
+            if let Some(receipt) = receipt_of(&present, event, head, writer, &recovery) {
+                receipts.push(Upsert::Receipt(receipt));
+            }
+            let decided = match event {
+                Event::ModelDecided { .. } => unfolded.take(),
+                _ => None,
+            };
+            present.fold(event, seq, decided, &mut actions);
+            head_follows(&mut next, event);
+        }
+        // The checkpoint names what comes next once the whole transition is applied: after an
+        // `Ask`, the wait opened after the checkpoint event in the same transition.
+        if let Some(checkpoint) = next
+            .checkpoint
+            .as_mut()
+            .filter(|checkpoint| checkpoint.seq > head.last_seq)
+        {
+            checkpoint.next_action = present.next_action();
+        }
+        next.state = present.status();
+        next.pause_reason.clone_from(&present.pause_reason);
+        let mut transition =
+            Transition::new(head.execution_id, events).expect_version(head.version);
+        transition.upserts = upserts;
+        transition.upserts.extend(receipts);
+        transition.upserts.extend(
+            changed_wait_records(
+                &self.present.active_waits,
+                &present.active_waits,
+                head.execution_id,
+            )
+            .into_iter()
+            .map(Upsert::Wait),
+        );
+        if let Some(epoch) = writer.epoch() {
+            transition = transition.by_epoch(epoch).with_head(next.clone());
+        }
+        Plan {
+            transition,
+            after: AfterCommit {
+                head: next,
+                actions,
+                decision,
+                writer,
+            },
+        }
+    }
+
+    /// Folds a committed plan's events (as storage returned them) into the present and the
+    /// history. The actions they lead to are the plan's.
+    pub fn apply_committed(&mut self, events: &[EventEnvelope], mut decision: Option<Decision>) {
+        let mut ignored = Vec::new();
+        for envelope in events {
+            self.apply_decided(&envelope.event, envelope.seq, &mut ignored, &mut decision);
+        }
+    }
+}
+
+/// What an event changes in the head besides the state, the pause reason and the checkpoint.
+fn head_follows(head: &mut ExecutionHead, event: &Event) {
+    match event {
+        Event::RestartIntentRecorded { intent } => head.restart_intent = Some(intent.clone()),
+        // A new effect, or a person continuing it, ends the interruption the intent was
+        // about.
+        Event::ModelDecided { .. }
+        | Event::ToolFinished {
+            status:
+                ReceiptStatus::Confirmed
+                | ReceiptStatus::Failed
+                | ReceiptStatus::NotStarted
+                | ReceiptStatus::NotApplied,
+            ..
+        }
+        | Event::ControlApplied {
+            control: Control::Continue | Control::Step,
+            ..
+        } => head.restart_intent = None,
+        Event::AttemptStarted {
+            attempt_id,
+            owner_id,
+            epoch,
+        } => {
+            head.attempt = Some(AttemptLease {
+                attempt_id: *attempt_id,
+                owner_id: *owner_id,
+                epoch: *epoch,
+            });
+        }
+        _ => {}
+    }
+}
+
+/// The receipt record an event updates, read from the present before the event. Every
+/// receipt is in the log already (the decision or result event of the same transition,
+/// E-3); a record is also kept by effect id for External tools only, whose receipts recovery
+/// and reconciliation look up. Doing it for every step would cost a random-key sled insert
+/// per step at materialization.
+fn receipt_of(
+    present: &Present,
+    event: &Event,
+    head: &ExecutionHead,
+    writer: Writer,
+    recovery: &impl Fn(&str) -> Recovery,
+) -> Option<ReceiptRecord> {
+    let (effect_id, tool, status, output) = match event {
+        Event::ToolDispatched {
+            effect_id, tool, ..
+        } => (*effect_id, tool.clone(), ReceiptStatus::Dispatched, None),
+        Event::ToolFinished {
+            effect_id,
+            status,
+            output,
+        } => {
+            let tool = present.pending_tool.as_ref()?.tool.clone();
+            (*effect_id, tool, *status, Some(output.clone()))
+        }
+        Event::ControlApplied {
+            control:
+                Control::Reconcile {
+                    effect_id,
+                    status,
+                    output,
+                },
+            ..
+        } => {
+            let tool = present.unresolved.as_ref()?.tool.clone();
+            (*effect_id, tool, *status, Some(output.clone()))
+        }
+        _ => return None,
+    };
+    if recovery(&tool) != Recovery::External {
+        return None;
+    }
+    Some(ReceiptRecord {
+        effect_id,
+        execution_id: head.execution_id,
+        attempt_id: head.attempt.as_ref().map(|lease| lease.attempt_id),
+        epoch: writer.epoch().unwrap_or(0),
+        tool,
+        status,
+        output,
+    })
+}
