@@ -215,7 +215,7 @@ impl RuntimeBuilder {
                 Ok(report) => report,
                 Err(error) => {
                     // The supervisor never ran it: commands must not wait for it forever.
-                    recovery_env.mark_recovered();
+                    recovery_env.lifecycle.mark_recovered();
                     Err(Error::Unavailable(error.to_string()))
                 }
             }
@@ -337,7 +337,10 @@ impl Runtime {
     /// Resolves once the execution has ended (completed, failed or cancelled).
     pub async fn wait_finished(&self, session: SessionId, execution: ExecutionId) -> Result<()> {
         self.inner.service.check_session(session, execution)?;
-        self.inner.service.env().wait_finished(execution).await
+        let env = self.inner.service.env();
+        env.lifecycle
+            .wait_finished(env.store.as_ref(), execution)
+            .await
     }
 
     /// Events of an execution with `seq > after`.
@@ -412,8 +415,8 @@ impl Runtime {
     pub fn halt(&self) {
         // Nothing may wait for a recovery that will not finish. (No restart pause: a halt
         // leaves storage as a crash does.)
-        self.inner.service.env().mark_recovered();
-        self.inner.service.env().drop_waiters();
+        self.inner.service.env().lifecycle.mark_recovered();
+        self.inner.service.env().lifecycle.drop_waiters();
         let system = self
             .inner
             .system

@@ -52,7 +52,7 @@ impl Service {
     ) -> Result<CommandReply> {
         let store = self.env().store.as_ref();
         self.head_in(session_id, parent_id)?;
-        self.env().until_recovered().await;
+        self.env().lifecycle.until_recovered().await;
         // The record lives with the child it created (a transition writes only its own
         // execution's commands), so the parent is part of what the id stands for.
         let with_parent = |payload_hash: [u8; 32]| {

@@ -177,7 +177,7 @@ impl Executions {
         if let Some(addr) = self.directory.live(execution_id) {
             return Ok(addr);
         }
-        if self.is_stopping() {
+        if self.lifecycle.is_stopping() {
             return Err(Error::Unavailable("the runtime is shutting down".into()));
         }
         // Replay outside the directory's lock; the lock is taken again to insert, and a

@@ -37,6 +37,7 @@ pub mod env;
 pub mod error;
 pub mod execution;
 pub mod inspect;
+pub mod lifecycle;
 pub mod process;
 pub mod recovery;
 pub mod service;

@@ -138,13 +138,13 @@ impl Service {
         request: StartRequest,
     ) -> Result<StartReply> {
         let execution_id = ExecutionId::new();
-        if self.env.is_stopping() {
+        if self.env.lifecycle.is_stopping() {
             return Err(Error::Unavailable("the runtime is shutting down".into()));
         }
         // Startup recovery treats every execution without a live attempt as abandoned:
         // admit new ones once it has read what it recovers.
-        self.env.until_recovered().await;
-        if self.env.is_stopping() {
+        self.env.lifecycle.until_recovered().await;
+        if self.env.lifecycle.is_stopping() {
             return Err(Error::Unavailable("the runtime is shutting down".into()));
         }
         let admission = Admission::new(execution_id, session_id, self.env.revision, request)?;
@@ -163,7 +163,7 @@ impl Service {
                 Ok(_) => {}
                 // Admitted, and shutdown began meanwhile: the next start runs it (a failure
                 // here would make a client retry admit it twice).
-                Err(Error::Unavailable(_)) if self.env.is_stopping() => {}
+                Err(Error::Unavailable(_)) if self.env.lifecycle.is_stopping() => {}
                 Err(error) => return Err(error),
             }
         }
@@ -196,7 +196,7 @@ impl Service {
     ) -> Result<CommandReply> {
         self.head_in(session_id, execution_id)?;
         // Startup recovery may be claiming this very execution: let it finish first.
-        self.env.until_recovered().await;
+        self.env.lifecycle.until_recovered().await;
         // B01: a command received, nothing of it persisted.
         openprogram_storage::failpoint!("B01");
         let accepted = command.accepted_record(execution_id);

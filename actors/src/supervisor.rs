@@ -85,7 +85,7 @@ impl Actor for Supervisor {
         // Attempts whose worker stopped making progress are taken over.
         let every = (self.env.lease_ttl / 2).max(Duration::from_millis(10));
         ctx.run_interval(every, |act, ctx| {
-            if act.env.is_stopping() {
+            if act.env.lifecycle.is_stopping() {
                 return;
             }
             let env = Arc::clone(&act.env);
@@ -103,7 +103,7 @@ impl Handler<crate::describe::Describe> for Supervisor {
 
     fn handle(&mut self, _: crate::describe::Describe, _ctx: &mut Context<Self>) -> Self::Result {
         self.handled += 1;
-        let state = if self.env.is_stopping() {
+        let state = if self.env.lifecycle.is_stopping() {
             "stopping: no recovery claims or takeovers"
         } else {
             "running: startup recovery, lapsed-lease takeover every half ttl, orderly shutdown"
@@ -162,7 +162,7 @@ pub fn recovery_command_id(execution_id: ExecutionId, version: u64) -> CommandId
 /// this is over (`Env::until_recovered`).
 pub async fn recover(env: Arc<Executions>) -> Result<RecoveryReport> {
     let recovered = recover_all(&env).await;
-    env.mark_recovered();
+    env.lifecycle.mark_recovered();
     recovered
 }
 
@@ -312,7 +312,7 @@ enum Done {
 }
 
 async fn act_on(env: &Arc<Executions>, head: ExecutionHead, plan: Plan) -> Result<Done> {
-    if env.is_stopping() {
+    if env.lifecycle.is_stopping() {
         return Ok(Done::Skipped);
     }
     match plan {
@@ -475,11 +475,11 @@ async fn claim(
 /// no new activation, admission or recovery claim; running executions pause under the
 /// intent at their next safe point. Idempotent: the first intent stands.
 pub fn begin_shutdown(env: &Env) {
-    if env.is_stopping() {
+    if env.lifecycle.is_stopping() {
         return;
     }
     let now_ms = env.clock.now_ms();
-    env.begin_stopping(RestartIntent {
+    env.lifecycle.begin_stopping(RestartIntent {
         deadline_ms: env.restart_window.deadline_from(now_ms),
         recorded_at_ms: now_ms,
         reason: "orderly shutdown".into(),

@@ -245,7 +245,7 @@ impl ExecutionActor {
                     }
                 }
                 Action::Finished => {
-                    self.env.notify_finished(self.execution_id);
+                    self.env.lifecycle.notify_finished(self.execution_id);
                     self.park_if_idle(ctx);
                 }
                 Action::Park => self.park_if_idle(ctx),
@@ -291,7 +291,7 @@ impl ExecutionActor {
 
     pub(super) fn release(&mut self, ctx: &mut Context<Self>) {
         if self.failed_write {
-            self.env.notify_stopped(self.execution_id);
+            self.env.lifecycle.notify_stopped(self.execution_id);
         }
         self.env.released(self.execution_id, self.token);
         ctx.stop();

@@ -24,7 +24,7 @@ impl Handler<StartProcess> for ExecutionActor {
             .as_ref()
             .is_some_and(|pending| pending.effect_id == message.effect_id);
         let live = self.epoch.is_some() && !self.machine.cancel_requested;
-        if !live || !running_call || self.env.is_stopping() {
+        if !live || !running_call || self.env.lifecycle.is_stopping() {
             let refused = Err("only a running call of a live attempt may start a process".into());
             return AtomicResponse::new(Box::pin(fut::ready(refused)));
         }

@@ -22,7 +22,7 @@ impl ExecutionActor {
         if self.in_flight.is_some() || self.epoch.is_none() || !self.inherited_pending.is_empty() {
             return None;
         }
-        let stopping = self.env.stopping_intent()?;
+        let stopping = self.env.lifecycle.stopping_intent()?;
         // An interruption not yet over keeps its deadline: restarts never extend it.
         let intent = self.head.restart_intent.clone().unwrap_or(stopping);
         let events = self.machine.restart_pause(intent)?;
