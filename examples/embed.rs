@@ -8,8 +8,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use openprogram::actors::execution::machine::Recovery;
-use openprogram::agent::{Tool, ToolCall};
+use openprogram::agent::{Recovery, Tool, ToolCall};
 use openprogram::storage::SessionId;
 use openprogram::{Runtime, StartRequest};
 use serde_json::json;

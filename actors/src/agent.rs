@@ -3,7 +3,8 @@
 //! and the `echo`, `sleep`, `append`, `shell` and `fail` tools.
 //!
 //! Nothing here touches storage: a provider or tool returns a result, and the execution
-//! actor records it.
+//! actor records it. It imports no actor: everything a provider or tool names — the call's
+//! handle, the decision it returns, how it recovers — is reachable from this one module.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -14,8 +15,8 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use openprogram_storage::{AttemptId, EffectId, ExecutionId, OwnerId};
 
-use crate::call::CallHandle;
-use crate::execution::machine::{AgentInput, Decision, Recovery, ToolArgs, Turn};
+pub use crate::call::{AskError, CallHandle, ProcessExit, StartedProcess};
+pub use crate::execution::machine::{AgentInput, Decision, Recovery, ToolArgs, Turn};
 
 /// What a provider decides from: the immutable input and the committed context.
 #[derive(Debug, Clone)]

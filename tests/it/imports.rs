@@ -1,5 +1,6 @@
 //! The architecture's import rules, read from the source as `tidy` reads headers (issue 30):
-//! no import cycle between the files of a package, and nothing in `src/http/` (the API, the
+//! no import cycle between the files of a package, the embedder's plug-in module reaches no
+//! actor, and nothing in `src/http/` (the API, the
 //! debug endpoint, the CLI's client) that could write to the store — it reads through
 //! `Runtime::inspect` and `Runtime::store`, which are read-only, and acts only through the
 //! command service. (That packages depend `openprogram → openprogram-actors →
@@ -365,6 +366,38 @@ fn the_cycle_check_finds_a_cycle_it_is_shown() {
         cycles(&edges),
         vec![vec!["a::c".to_owned(), "a::d".to_owned()]]
     );
+}
+
+/// The embedder's plug-in module (`Provider`, `Tool`, call handles: `agent.rs`) and every
+/// file it reaches import no actor: a provider or tool can be written and tested without
+/// the runtime's actors.
+#[test]
+fn the_plug_in_module_reaches_no_actor() {
+    let src = root().join("actors/src");
+    let edges = edges(&src);
+    let modules = modules(&src);
+    let mut reached = BTreeSet::from(["agent".to_owned()]);
+    let mut stack = vec!["agent".to_owned()];
+    while let Some(module) = stack.pop() {
+        for next in edges.get(&module).into_iter().flatten() {
+            if reached.insert(next.clone()) {
+                stack.push(next.clone());
+            }
+        }
+    }
+    assert!(reached.contains("call"), "the call handles: {reached:?}");
+    let actors: Vec<&String> = reached
+        .iter()
+        .filter(|module| {
+            let text = std::fs::read_to_string(&modules[module.as_str()]).unwrap_or_default();
+            text.contains("impl Actor for") || text.contains("impl actix::Actor for")
+        })
+        .collect();
+    assert!(actors.is_empty(), "agent.rs reaches actors: {actors:?}");
+    // The check sees an actor where there is one.
+    assert!(std::fs::read_to_string(src.join("execution/actor.rs"))
+        .unwrap_or_default()
+        .contains("impl Actor for"));
 }
 
 #[test]
