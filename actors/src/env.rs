@@ -1,8 +1,9 @@
 //! What every actor of one runtime shares — what a step needs: the store, the provider, the
 //! tools, this incarnation's owner id and contract; the states of executions that parked
 //! last, and the registry of managed processes. The runtime's lifecycle (recovered,
-//! stopping, callers waiting for executions to end) is `lifecycle.rs`'s. The live execution actors and how they start are `directory.rs`'s,
-//! reached from here only through `Hooks` (the actors hold this; that module starts them).
+//! stopping, callers waiting for executions to end) is `lifecycle.rs`'s. The live execution
+//! actors and how they start are `directory.rs`'s, reached from here only through `Hooks`
+//! (the actors hold this; that module starts them).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};

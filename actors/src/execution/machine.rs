@@ -477,7 +477,7 @@ impl Present {
 
     /// Folds one event into the present and says what the shell must do once it is
     /// committed. A `ModelDecided` is folded from `decision`, else from its text.
-    pub fn fold(
+    pub(super) fn fold(
         &mut self,
         event: &Event,
         seq: u64,
@@ -597,19 +597,17 @@ impl Present {
         }
     }
 
+    /// The pause reason says why a paused execution is paused: it goes with the pause.
     fn state_changed(&mut self, state: Status, reason: &str, actions: &mut Vec<Action>) {
         self.status = Some(state);
+        self.pause_reason = (state == Status::Paused).then(|| reason.to_owned());
         match state {
             Status::Paused => {
                 self.pause_requested = false;
                 self.steps_left = None;
-                self.pause_reason = Some(reason.to_owned());
                 actions.push(Action::Park);
             }
-            Status::Running => {
-                self.pause_reason = None;
-                actions.push(Action::Advance);
-            }
+            Status::Running => actions.push(Action::Advance),
             Status::Cancelled | Status::Completed | Status::Failed => {
                 actions.push(Action::Finished)
             }

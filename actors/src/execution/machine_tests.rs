@@ -653,3 +653,20 @@ fn e3_nesting_is_counted_outside_strings_only() {
         "{events:?}"
     );
 }
+
+#[test]
+fn k1_a_pause_reason_says_why_a_paused_execution_is_paused_and_goes_with_the_pause() {
+    let mut machine = running(10);
+    let changed = |state, reason: &str| Event::StateChanged {
+        state,
+        reason: reason.into(),
+    };
+    commit(&mut machine, &[changed(Status::Paused, "pause")]);
+    assert_eq!(machine.pause_reason.as_deref(), Some("pause"));
+    // A restart-recovery pause that expires, or is cancelled, is not paused any more.
+    commit(
+        &mut machine,
+        &[changed(Status::Expired, "restart window expired")],
+    );
+    assert_eq!(machine.pause_reason, None);
+}

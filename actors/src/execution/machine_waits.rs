@@ -375,10 +375,11 @@ impl Present {
         }
     }
 
+    /// The pending wait `wait_id`: an ended wait never changes again.
     fn wait_mut(&mut self, wait_id: WaitId) -> Option<&mut WaitState> {
         self.active_waits
             .iter_mut()
-            .find(|wait| wait.wait_id == wait_id)
+            .find(|wait| wait.wait_id == wait_id && wait.status.is_pending())
     }
 
     /// The pending durable wait, if the execution is waiting for one.

@@ -102,7 +102,7 @@ impl Machine {
                     next_action: String::new(),
                 });
             }
-            if let Some(receipt) = receipt_of(&present, event, head, writer, &recovery) {
+            if let Some(receipt) = receipt_of(&present, event, &next, writer, &recovery) {
                 receipts.push(Upsert::Receipt(receipt));
             }
             let decided = match event {
@@ -194,7 +194,8 @@ fn head_follows(head: &mut ExecutionHead, event: &Event) {
     }
 }
 
-/// The receipt record an event updates, read from the present before the event. Every
+/// The receipt record an event updates, read from the present and head before the event
+/// (the attempt is the one writing: none for a recovery claim that starts none). Every
 /// receipt is in the log already (the decision or result event of the same transition,
 /// E-3); a record is also kept by effect id for External tools only, whose receipts recovery
 /// and reconciliation look up. Doing it for every step would cost a random-key sled insert
