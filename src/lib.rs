@@ -58,8 +58,19 @@ pub use openprogram_actors::agent;
 pub use openprogram_actors::command::{
     Command, CommandBody, CommandKind, EffectRef, ReconcileOutcome, WaitRef,
 };
+pub use openprogram_actors::function::{DurableFunction, FunctionContext, StepError};
 pub use openprogram_actors::recovery::{ManualClock, RestartWindow};
-pub use openprogram_actors::service::{CommandReply, ScriptElement, StartReply, StartRequest};
+pub use openprogram_actors::service::{
+    CommandReply, FunctionStart, ScriptElement, StartReply, StartRequest,
+};
+
+/// A started function execution: the start reply and the function revision it runs.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FunctionStarted {
+    #[serde(flatten)]
+    pub started: StartReply,
+    pub function_revision: u32,
+}
 pub use openprogram_actors::snapshot::Snapshot;
 pub use openprogram_actors::supervisor::{RecoveryReport, ShutdownReport};
 pub use openprogram_actors::{Error, Result};
@@ -71,6 +82,7 @@ pub struct RuntimeBuilder {
     data_dir: Option<PathBuf>,
     provider: Option<Arc<dyn Provider>>,
     tools: Option<ToolRegistry>,
+    functions: Vec<DurableFunction>,
     limits: Limits,
     lease_ttl: Option<Duration>,
     restart_window: RestartWindow,
@@ -125,6 +137,14 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Registers a revision of a durable function beside the built-in ones (F-1). `open`
+    /// refuses (`invalid_request`) a registration under a name and revision known with
+    /// another identity (F-7).
+    pub fn function(mut self, function: DurableFunction) -> Self {
+        self.functions.push(function);
+        self
+    }
+
     /// The store's bounds (queue, batch, payload sizes).
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
@@ -175,6 +195,12 @@ impl RuntimeBuilder {
     /// Opens the store, starts the actor system and the supervisor, and begins startup
     /// recovery in the background (`Runtime::recovery` waits for its report).
     pub fn open(self) -> Result<Runtime> {
+        let mut functions = openprogram_actors::function_builtin::builtin();
+        for function in self.functions {
+            functions
+                .register(function)
+                .map_err(|error| Error::InvalidRequest(error.to_string()))?;
+        }
         let (store, salvage) = match (self.store, self.data_dir) {
             (Some(store), _) => (store, None),
             (None, None) => {
@@ -203,6 +229,7 @@ impl RuntimeBuilder {
         if let Some(grace) = self.process_stop_grace {
             env.process_stop_grace = grace;
         }
+        env.functions = functions;
         let env = Executions::new(Arc::new(env), Directory::new(system.arbiters()));
         let supervisor_env = Arc::clone(&env);
         let supervisor = Supervisor::start_in_arbiter(&system.arbiters()[0], move |_| {
@@ -275,6 +302,22 @@ impl Runtime {
         request: StartRequest,
     ) -> Result<StartReply> {
         self.inner.service.start_execution(session, request).await
+    }
+
+    /// F-1: admits an execution of the newest registered revision of a durable function in
+    /// `session` and starts it: `unknown_function` if none is registered, `invalid_input`
+    /// if the function refuses the input. Controlled and read like an agent execution.
+    pub async fn start_function(
+        &self,
+        session: SessionId,
+        request: FunctionStart,
+    ) -> Result<FunctionStarted> {
+        let (started, function_revision) =
+            self.inner.service.start_function(session, request).await?;
+        Ok(FunctionStarted {
+            started,
+            function_revision,
+        })
     }
 
     /// Sends a command (K-1..K-5, K-2 Fork and Retry): the execution decides it and the

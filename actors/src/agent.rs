@@ -279,23 +279,7 @@ impl Tool for Append {
         let effect_id = call.effect_id;
         async move {
             let (path, line) = parsed?;
-            if line.contains('\n') || line.contains('\t') {
-                return Err("line must not contain a newline or a tab".into());
-            }
-            let record = format!("{line}\t{effect_id}\n");
-            // On the calling thread, within this poll, not on the blocking pool: a call whose
-            // future is dropped (its attempt superseded, the runtime halted) has appended or
-            // has not, and never appends later, after another attempt looked (R06). The
-            // cost: the actor's thread waits for the fsync.
-            let appended = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .and_then(|mut file| {
-                    file.write_all(record.as_bytes())?;
-                    file.sync_data()
-                });
-            appended.map_err(|error| format!("append failed: {error}"))?;
+            append_record(&path, &line, effect_id)?;
             // B06: the effect took place (dispatched), its response not yet returned.
             openprogram_storage::failpoint!("B06");
             Ok(String::from("appended"))
@@ -310,19 +294,43 @@ impl Tool for Append {
         let Ok(path) = string_arg(&call.args, "path") else {
             return futures::future::ready(Reconciliation::Unknown).boxed();
         };
-        let needle = format!("\t{}\n", call.effect_id);
-        async move {
-            let read = tokio::task::spawn_blocking(move || std::fs::read(&path)).await;
-            match read {
-                Ok(Ok(bytes)) if contains(&bytes, needle.as_bytes()) => {
-                    Reconciliation::Confirmed("appended".into())
-                }
-                Ok(Ok(_)) => Reconciliation::NotApplied,
-                // A missing file proves nothing (a relative path, a moved file): ask a person.
-                _ => Reconciliation::Unknown,
-            }
+        find_record(path, call.effect_id).boxed()
+    }
+}
+
+/// The `append` protocol's effect: `LINE<TAB>EFFECT_ID\n` appended to the file at `path`
+/// and fsynced. On the calling thread, within this poll, not on the blocking pool: a call
+/// whose future is dropped (its attempt superseded, the runtime halted) has appended or has
+/// not, and never appends later, after another attempt looked (R06). The cost: the actor's
+/// thread waits for the fsync.
+pub fn append_record(path: &str, line: &str, effect_id: EffectId) -> Result<(), String> {
+    if line.contains('\n') || line.contains('\t') {
+        return Err("line must not contain a newline or a tab".into());
+    }
+    let record = format!("{line}\t{effect_id}\n");
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut file| {
+            file.write_all(record.as_bytes())?;
+            file.sync_data()
+        })
+        .map_err(|error| format!("append failed: {error}"))
+}
+
+/// The `append` protocol's reconciliation: the effect took place if and only if its
+/// record, which ends with the effect id, is in the file.
+pub async fn find_record(path: String, effect_id: EffectId) -> Reconciliation {
+    let needle = format!("\t{effect_id}\n");
+    let read = tokio::task::spawn_blocking(move || std::fs::read(&path)).await;
+    match read {
+        Ok(Ok(bytes)) if contains(&bytes, needle.as_bytes()) => {
+            Reconciliation::Confirmed("appended".into())
         }
-        .boxed()
+        Ok(Ok(_)) => Reconciliation::NotApplied,
+        // A missing file proves nothing (a relative path, a moved file): ask a person.
+        _ => Reconciliation::Unknown,
     }
 }
 

@@ -15,6 +15,7 @@ use openprogram_storage::{EventStore, ExecutionHead, ExecutionId, OwnerId, Proce
 use crate::agent::{Provider, ToolRegistry};
 use crate::error::{Error, Result};
 use crate::execution::machine::{Machine, Recovery};
+use crate::function::FunctionRegistry;
 use crate::lifecycle::Lifecycle;
 use crate::process::{ProcessHost, ProcessProgress, Processes};
 use crate::recovery::{Clock, RestartWindow};
@@ -32,6 +33,8 @@ pub struct Env {
     pub store: Arc<dyn EventStore>,
     pub provider: Arc<dyn Provider>,
     pub tools: ToolRegistry,
+    /// The durable functions' registered revisions (F-1).
+    pub functions: FunctionRegistry,
     pub owner: OwnerId,
     /// How long an attempt keeps its lease without a heartbeat.
     pub lease_ttl: Duration,
@@ -114,6 +117,7 @@ impl Env {
             store,
             provider,
             tools,
+            functions: crate::function_builtin::builtin(),
             owner,
             lease_ttl,
             clock,

@@ -21,6 +21,12 @@ pub enum Error {
     /// A kind the contract does not name.
     #[error("unknown kind: {0}")]
     UnknownKind(String),
+    /// F-1: no function of this name is registered.
+    #[error("unknown function `{0}`")]
+    UnknownFunction(String),
+    /// F-1: a function's input that does not decode as the function's input.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
     /// The command id was used before with another payload or execution (K-4).
     #[error("command id {} was used with another payload", stored.command_id)]
     CommandConflict { stored: Box<CommandRecord> },
@@ -46,6 +52,8 @@ impl Error {
             Error::UnknownField { .. } => "unknown_field",
             Error::UnsupportedKind(_) => "unsupported_kind",
             Error::UnknownKind(_) => "unknown_kind",
+            Error::UnknownFunction(_) => "unknown_function",
+            Error::InvalidInput(_) => "invalid_input",
             Error::CommandConflict { .. } => "command_conflict",
             Error::Fenced { .. } => "fenced",
             Error::VersionConflict { .. } => "version_conflict",

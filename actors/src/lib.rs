@@ -36,6 +36,8 @@ pub mod directory;
 pub mod env;
 pub mod error;
 pub mod execution;
+pub mod function;
+pub mod function_builtin;
 pub mod inspect;
 pub mod lifecycle;
 pub mod process;

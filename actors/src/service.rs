@@ -42,6 +42,18 @@ pub struct StartRequest {
     pub start_paused: bool,
 }
 
+/// A durable function to start (F-1): the function's name and its input. It runs the newest
+/// registered revision.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct FunctionStart {
+    pub function: String,
+    #[serde(default)]
+    pub input: serde_json::Value,
+    /// Admit it paused: it waits for Continue or Step.
+    #[serde(default)]
+    pub start_paused: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StartReply {
     pub execution_id: ExecutionId,
@@ -137,6 +149,18 @@ impl Service {
         session_id: SessionId,
         request: StartRequest,
     ) -> Result<StartReply> {
+        self.admit(session_id, request, ExecutionKind::AgentTurn)
+            .await
+    }
+
+    /// Admits a new execution of `kind` and starts it (or leaves it paused). A function's
+    /// `request.message` is its `FunctionInput`, as JSON.
+    async fn admit(
+        &self,
+        session_id: SessionId,
+        request: StartRequest,
+        kind: ExecutionKind,
+    ) -> Result<StartReply> {
         let execution_id = ExecutionId::new();
         if self.env.lifecycle.is_stopping() {
             return Err(Error::Unavailable("the runtime is shutting down".into()));
@@ -147,7 +171,7 @@ impl Service {
         if self.env.lifecycle.is_stopping() {
             return Err(Error::Unavailable("the runtime is shutting down".into()));
         }
-        let admission = Admission::new(execution_id, session_id, self.env.revision, request)?;
+        let admission = Admission::new(execution_id, session_id, self.env.revision, request, kind)?;
         let reply = StartReply {
             execution_id,
             run_id: admission.head.run_id,
@@ -168,6 +192,40 @@ impl Service {
             }
         }
         Ok(StartReply { version, ..reply })
+    }
+
+    /// F-1: admits an execution of the newest registered revision of a durable function
+    /// and starts it. Returns the reply and the revision it runs.
+    pub async fn start_function(
+        &self,
+        session_id: SessionId,
+        request: FunctionStart,
+    ) -> Result<(StartReply, u32)> {
+        let function = self
+            .env
+            .functions
+            .latest(&request.function)
+            .ok_or_else(|| Error::UnknownFunction(request.function.clone()))?;
+        function
+            .check_input(&request.input)
+            .map_err(Error::InvalidInput)?;
+        let revision = function.revision;
+        let called = crate::execution::machine::FunctionInput {
+            function: request.function,
+            revision,
+            input: request.input,
+        };
+        let encoded = serde_json::to_string(&called)
+            .map_err(|error| Error::InvalidInput(error.to_string()))?;
+        let start = StartRequest {
+            message: encoded,
+            start_paused: request.start_paused,
+            ..StartRequest::default()
+        };
+        let reply = self
+            .admit(session_id, start, ExecutionKind::Function)
+            .await?;
+        Ok((reply, revision))
     }
 
     /// K-1: routes a command to its execution, which decides it (K-3, K-4) and records the
@@ -347,13 +405,9 @@ impl Admission {
         session_id: SessionId,
         revision_id: openprogram_storage::RevisionId,
         request: StartRequest,
+        kind: ExecutionKind,
     ) -> Result<Self> {
-        let mut head = ExecutionHead::new(
-            execution_id,
-            session_id,
-            RunId::new(),
-            ExecutionKind::AgentTurn,
-        );
+        let mut head = ExecutionHead::new(execution_id, session_id, RunId::new(), kind);
         head.revision_id = revision_id;
         let input = AgentInput {
             message: request.message,
@@ -365,8 +419,12 @@ impl Admission {
                 "max_iterations must be at least 1".into(),
             ));
         }
-        let encoded = serde_json::to_string(&input)
-            .map_err(|error| Error::InvalidRequest(error.to_string()))?;
+        let encoded = match kind {
+            // Encoded by `start_function` already.
+            ExecutionKind::Function => input.message.clone(),
+            _ => serde_json::to_string(&input)
+                .map_err(|error| Error::InvalidRequest(error.to_string()))?,
+        };
         let mut events = vec![Event::Admitted {
             kind: head.kind,
             session_id,
@@ -403,9 +461,15 @@ impl Admission {
         let mut head = self.head.clone();
         let mut machine = Machine::default();
         let mut ignored = Vec::new();
-        // The first event is `Admitted` (`Admission::new`): its input is at hand.
-        machine.admit(self.head.revision_id, self.parent_message_id, self.input);
-        for (event, seq) in self.events.iter().zip(1..).skip(1) {
+        // The first event is `Admitted` (`Admission::new`): an agent's input is at hand.
+        let folded = match self.head.kind {
+            ExecutionKind::AgentTurn => {
+                machine.admit(self.head.revision_id, self.parent_message_id, self.input);
+                1
+            }
+            _ => 0,
+        };
+        for (event, seq) in self.events.iter().zip(1..).skip(folded) {
             machine.apply(event, seq, &mut ignored);
         }
         let committed = match store
@@ -470,6 +534,7 @@ mod tests {
                     SessionId::new(),
                     RevisionId::new(),
                     request,
+                    ExecutionKind::AgentTurn,
                 )
                 .expect("admission");
                 let execution_id = admission.head.execution_id;

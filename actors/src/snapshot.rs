@@ -26,6 +26,29 @@ pub struct Snapshot {
     pub waits: Vec<WaitView>,
     pub processes: Vec<ProcessView>,
     pub restart_deadline_ms: Option<u64>,
+    /// A durable function's execution (F-2): what it runs and how far it got.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub function: Option<FunctionView>,
+}
+
+/// The `function` object of a function execution's snapshot (SPEC §6).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionView {
+    pub name: String,
+    pub revision: u32,
+    /// `keep_original` (F-3; the only policy built so far).
+    pub policy: &'static str,
+    pub completed_steps: Vec<StepView>,
+    /// How many steps have a committed result: where the function continues.
+    pub next_position: u32,
+    /// Non-empty only while a version switch waits on them (not built yet).
+    pub differences: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepView {
+    pub step_id: String,
+    pub status: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -148,7 +171,29 @@ impl Snapshot {
                 .restart_intent
                 .as_ref()
                 .and_then(|intent| intent.deadline_ms),
+            function: FunctionView::of(machine),
         }
+    }
+}
+
+impl FunctionView {
+    fn of(machine: &Machine) -> Option<Self> {
+        let called = machine.function.as_ref()?;
+        Some(Self {
+            name: called.function.clone(),
+            revision: called.revision,
+            policy: "keep_original",
+            completed_steps: machine
+                .completed_steps
+                .iter()
+                .map(|step| StepView {
+                    step_id: step.step_id.clone(),
+                    status: receipt_status(step.status),
+                })
+                .collect(),
+            next_position: machine.steps_done,
+            differences: Vec::new(),
+        })
     }
 }
 

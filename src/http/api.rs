@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::Api;
-use crate::{Command, Error, StartRequest};
+use crate::{Command, Error, FunctionStart, StartRequest};
 
 /// The most events one `GET …/events` returns; a client pages on with `after`.
 pub const EVENTS_PAGE_LEN_MAX: usize = 1000;
@@ -50,6 +50,44 @@ pub struct StartBody {
     pub start_paused: bool,
 }
 
+/// The body of `POST /v1/sessions/{sid}/executions` for `"kind": "function"` (F-1).
+#[derive(Debug, Deserialize)]
+pub struct FunctionBody {
+    pub function: String,
+    #[serde(default)]
+    pub input: Value,
+    #[serde(default)]
+    pub policy: Option<String>,
+    #[serde(default)]
+    pub start_paused: bool,
+}
+
+impl FunctionBody {
+    const FIELDS: [&'static str; 5] = ["kind", "function", "input", "policy", "start_paused"];
+}
+
+/// What a start body asks for.
+#[derive(Debug)]
+pub enum Start {
+    Agent(StartBody),
+    Function(FunctionBody),
+}
+
+/// a field a start body of its kind does not have, refused before anything is stored.
+fn refuse_unknown_fields(
+    fields: &BTreeMap<String, IgnoredAny>,
+    known: &[&str],
+) -> Result<(), ApiError> {
+    match fields.keys().find(|field| !known.contains(&field.as_str())) {
+        Some(field) => Err(Error::UnknownField {
+            field: field.clone(),
+            message: format!("a start body has no field `{field}`"),
+        }
+        .into()),
+        None => Ok(()),
+    }
+}
+
 impl StartBody {
     /// Every field a start body may carry (X-3: anything else is `unknown_field`).
     const FIELDS: [&'static str; 6] = [
@@ -64,7 +102,7 @@ impl StartBody {
     /// Reads a start body (SPEC §6), refusing what this build does not understand
     /// before anything is stored: a field it does not know, a kind the contract names but
     /// this build does not run (`unsupported_kind`), or none the contract names.
-    fn read(raw: &RawValue) -> Result<Self, ApiError> {
+    fn read(raw: &RawValue) -> Result<Start, ApiError> {
         /// The kind alone: a body of a kind not built is refused as that, whatever it holds.
         #[derive(Deserialize)]
         struct Kind {
@@ -77,33 +115,38 @@ impl StartBody {
             })?;
         let kind: Kind = serde_json::from_str(raw.get())
             .map_err(|error| ApiError::bad_request(format!("malformed start body: {error}")))?;
+        let malformed = |error: serde_json::Error| {
+            ApiError::bad_request(format!("malformed start body: {error}"))
+        };
         match kind.kind.as_deref() {
-            None | Some("agent") => {}
-            Some(kind @ ("function" | "job")) => {
-                return Err(Error::UnsupportedKind(format!(
-                    "`{kind}` executions are not built yet: this build starts `agent` executions"
-                ))
-                .into())
+            None | Some("agent") => {
+                refuse_unknown_fields(&fields, &Self::FIELDS)?;
+                serde_json::from_str(raw.get())
+                    .map(Start::Agent)
+                    .map_err(malformed)
             }
-            Some(other) => {
-                return Err(Error::UnknownKind(format!(
-                    "`{other}` is not an execution kind: this build starts `agent` executions"
-                ))
-                .into())
+            Some("function") => {
+                refuse_unknown_fields(&fields, &FunctionBody::FIELDS)?;
+                let body: FunctionBody = serde_json::from_str(raw.get()).map_err(malformed)?;
+                match body.policy.as_deref() {
+                    None | Some("keep_original") => Ok(Start::Function(body)),
+                    Some("use_latest") => Err(ApiError::bad_request(
+                        "policy `use_latest` is not built yet: this build runs `keep_original`",
+                    )),
+                    Some(other) => Err(ApiError::bad_request(format!(
+                        "`{other}` is not a version policy (keep_original, use_latest)"
+                    ))),
+                }
             }
+            Some(kind @ "job") => Err(Error::UnsupportedKind(format!(
+                "`{kind}` executions are not built yet: this build starts `agent` and `function` executions"
+            ))
+            .into()),
+            Some(other) => Err(Error::UnknownKind(format!(
+                "`{other}` is not an execution kind: this build starts `agent` and `function` executions"
+            ))
+            .into()),
         }
-        if let Some(field) = fields
-            .keys()
-            .find(|field| !Self::FIELDS.contains(&field.as_str()))
-        {
-            return Err(Error::UnknownField {
-                field: field.clone(),
-                message: format!("a start body has no field `{field}`"),
-            }
-            .into());
-        }
-        serde_json::from_str(raw.get())
-            .map_err(|error| ApiError::bad_request(format!("malformed start body: {error}")))
     }
 }
 
@@ -114,15 +157,26 @@ pub async fn start_execution(
     body: web::Json<Box<RawValue>>,
 ) -> Result<HttpResponse, ApiError> {
     let session = api.session(&request, &path)?;
-    let body = StartBody::read(&body)?;
-    let start = StartRequest {
-        message: body.message,
-        parent_message_id: body.parent_message_id,
-        script: body.script,
-        max_iterations: body.max_iterations,
-        start_paused: body.start_paused,
+    let reply = match StartBody::read(&body)? {
+        Start::Agent(body) => {
+            let start = StartRequest {
+                message: body.message,
+                parent_message_id: body.parent_message_id,
+                script: body.script,
+                max_iterations: body.max_iterations,
+                start_paused: body.start_paused,
+            };
+            json!(api.runtime.start_execution(session, start).await?)
+        }
+        Start::Function(body) => {
+            let start = FunctionStart {
+                function: body.function,
+                input: body.input,
+                start_paused: body.start_paused,
+            };
+            json!(api.runtime.start_function(session, start).await?)
+        }
     };
-    let reply = api.runtime.start_execution(session, start).await?;
     // B11: the admission is durable, its reply not yet delivered.
     openprogram_storage::failpoint!("B11");
     Ok(HttpResponse::Created().json(reply))

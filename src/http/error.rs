@@ -92,11 +92,13 @@ impl From<Error> for ApiError {
         use openprogram_storage::Error as Storage;
         let status = match &error {
             Error::NotFound => return Self::not_found(),
+            Error::UnknownFunction(_) => StatusCode::NOT_FOUND,
             Error::Storage(Storage::UnknownExecution(_)) => return Self::not_found(),
             Error::InvalidRequest(_)
             | Error::UnknownField { .. }
             | Error::UnsupportedKind(_)
-            | Error::UnknownKind(_) => StatusCode::BAD_REQUEST,
+            | Error::UnknownKind(_)
+            | Error::InvalidInput(_) => StatusCode::BAD_REQUEST,
             Error::Storage(Storage::PayloadTooLarge { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::CommandConflict { .. }
             | Error::VersionConflict { .. }

@@ -151,6 +151,21 @@ pub enum Event {
         checkpoint_seq: u64,
         state: String,
     },
+    /// F-2: a durable function's External step `step_id` is about to run as the effect
+    /// `effect_id`: its intent, durable before the step starts (E-4). An Idempotent step
+    /// has none; it is recorded only by its result.
+    StepStarted {
+        step_id: String,
+        effect_id: EffectId,
+    },
+    /// F-2: a durable function's step ended: its receipt, and as `output` its result (the
+    /// JSON text the function reads back on every later run, F-4) or its error.
+    StepFinished {
+        step_id: String,
+        effect_id: EffectId,
+        status: ReceiptStatus,
+        output: String,
+    },
 }
 
 impl Event {
@@ -179,6 +194,8 @@ impl Event {
             Event::WaitOpened { .. } => "wait_opened",
             Event::ProcessOutput { .. } => "process_output",
             Event::Forked { .. } => "forked",
+            Event::StepStarted { .. } => "step_started",
+            Event::StepFinished { .. } => "step_finished",
         }
     }
 }

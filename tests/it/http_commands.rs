@@ -294,12 +294,17 @@ fn x3_a_body_the_runtime_does_not_understand_is_refused_and_stores_nothing() {
         ),
         (
             json!({"kind": "function", "function": "steps", "input": {}}),
-            "unsupported_kind",
+            "invalid_input",
             None,
         ),
         (
-            json!({"kind": "function", "message": "m"}),
-            "unsupported_kind",
+            json!({"kind": "function", "function": "steps", "message": "m"}),
+            "unknown_field",
+            Some("message"),
+        ),
+        (
+            json!({"kind": "function", "function": "steps", "input": {"count": 1, "path": "x"}, "policy": "sideways"}),
+            "invalid_request",
             None,
         ),
         (
@@ -327,6 +332,13 @@ fn x3_a_body_the_runtime_does_not_understand_is_refused_and_stores_nothing() {
             );
         }
     }
+    let unknown = json!({"kind": "function", "function": "nope", "input": {}});
+    let (status, reply) = server.call("POST", &path, Some(&session.1), Some(&unknown));
+    assert_eq!(
+        (status, reply["code"].as_str()),
+        (404, Some("unknown_function")),
+        "{reply}"
+    );
     let (status, listed) = server.call("GET", &path, Some(&session.1), None);
     assert_eq!((status, listed), (200, json!([])), "nothing was admitted");
 

@@ -11,6 +11,7 @@ mod capabilities;
 mod cli;
 mod controls;
 mod embedder;
+mod functions;
 mod http;
 mod http_branches;
 mod http_cli;

@@ -75,6 +75,12 @@ impl Served {
         )
     }
 
+    /// SIGKILL (by pid: the child this test started), reaped.
+    pub fn kill9(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+
     /// SIGTERM, and waits for the orderly shutdown (SIGKILL past the deadline).
     pub fn stop(mut self) {
         self.signal("-TERM");

@@ -64,6 +64,9 @@ pub struct ExecutionActor {
     pub(super) recording_lost: usize,
     /// Which start of this execution's actor this is: its entry in the directory.
     token: u64,
+    /// Runs of a durable function's body this actor started; the newest is the one in
+    /// flight, if any (`function_run.rs`).
+    pub(super) function_runs: u64,
 }
 
 impl std::fmt::Debug for ExecutionActor {
@@ -134,6 +137,7 @@ impl ExecutionActor {
             live_askers: HashMap::new(),
             recording_lost: 0,
             token,
+            function_runs: 0,
         }
     }
 
@@ -389,6 +393,7 @@ impl Handler<Advance> for ExecutionActor {
                     return AtomicResponse::new(self.effect_done(done));
                 }
             }
+            Next::RunFunction => return AtomicResponse::new(self.start_function(ctx)),
             Next::Idle => {}
         }
         AtomicResponse::new(Box::pin(fut::ready(())))

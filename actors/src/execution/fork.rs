@@ -46,6 +46,9 @@ impl Machine {
     /// Notes the checkpoint just published at `seq` if a fork may start from it: an
     /// allowed point whose next step is not an External call dispatched already.
     pub(super) fn note_fork_point(&mut self, seq: u64) {
+        if self.present.function.is_some() {
+            return; // Fork of a durable function is not built yet.
+        }
         let next_effect = self.pending_tool.as_ref().map(|next| next.effect_id);
         let repeats_an_effect =
             next_effect.is_some_and(|effect_id| self.dispatched_externals.contains(&effect_id));

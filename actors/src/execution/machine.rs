@@ -50,6 +50,10 @@ pub struct Machine {
     /// Waits and live questions that ended (answered, declined, expired, invalidated): they
     /// never change again. The pending ones are in the present.
     pub ended_waits: Vec<WaitState>,
+    /// A durable function's steps with a committed result, in the order they completed,
+    /// and where each is by step id (F-4).
+    pub completed_steps: Vec<CompletedStep>,
+    pub step_index: std::collections::BTreeMap<String, usize>,
 }
 
 /// What decides the next step: everything a transition's events can change but the history.
@@ -96,6 +100,12 @@ pub struct Present {
     pub parent_message_id: Option<openprogram_storage::MessageId>,
     /// The revision the execution was admitted with (K-2: Fork and Retry need it loadable).
     pub revision_id: Option<RevisionId>,
+    /// A durable function's execution: what it runs (F-1); `None` for an agent turn. Its
+    /// External step in flight, or in doubt, is `pending_tool` / `unresolved`, with the
+    /// step id as the tool.
+    pub function: Option<std::sync::Arc<FunctionInput>>,
+    /// A durable function's steps with a committed result so far: its next position.
+    pub steps_done: u32,
 }
 
 impl std::ops::Deref for Machine {
@@ -251,6 +261,60 @@ impl Machine {
         events
     }
 
+    /// F-5: a durable function's body stops at its next boundary instead of passing it: the
+    /// execution pauses (a Pause, a Step used up), is cancelled, or does not run.
+    pub fn suspends_at_boundary(&self) -> bool {
+        self.status() != Status::Running
+            || self.cancel_requested
+            || self.pause_requested
+            || self.steps_left == Some(0)
+    }
+
+    /// The events of a step's result (E-3): its receipt, then the checkpoint after it.
+    pub fn decide_step_done(
+        &self,
+        step_id: String,
+        effect_id: EffectId,
+        status: ReceiptStatus,
+        output: String,
+    ) -> Vec<Event> {
+        let mut events = vec![
+            Event::StepFinished {
+                step_id,
+                effect_id,
+                status,
+                output,
+            },
+            Event::CheckpointPublished { checkpoint_seq: 0 },
+        ];
+        if self.cancel_requested {
+            // A late result is recorded, not acted on (K-5).
+            events.push(cancelled());
+        }
+        events
+    }
+
+    /// The events of a function body's return: its result as the reply, or its error.
+    pub fn decide_returned(&self, result: Result<String, String>) -> Vec<Event> {
+        if self.cancel_requested {
+            return vec![cancelled()];
+        }
+        match result {
+            Ok(text) => vec![
+                Event::Replied { text },
+                Event::CheckpointPublished { checkpoint_seq: 0 },
+                Event::StateChanged {
+                    state: Status::Completed,
+                    reason: "returned".into(),
+                },
+            ],
+            Err(error) => vec![Event::StateChanged {
+                state: Status::Failed,
+                reason: format!("function error: {error}"),
+            }],
+        }
+    }
+
     /// What a running execution does when no effect is in flight. `fresh` makes the effect
     /// id to use if it calls the model (only then: a new id costs the caller a random
     /// number); `recovery` tells how a tool recovers.
@@ -262,23 +326,37 @@ impl Machine {
         if self.status() != Status::Running && self.status() != Status::Cancelling {
             return Next::Idle;
         }
-        if let Some(pending) = self
-            .pending_tool
-            .as_ref()
-            .filter(|pending| pending.uncertain)
-        {
+        // A function's dispatched step with no body running it (this is asked only when
+        // nothing is in flight) is as much in doubt as one of an earlier attempt.
+        let in_doubt = |pending: &&PendingTool| {
+            pending.uncertain || (self.function.is_some() && pending.dispatched)
+        };
+        if let Some(pending) = self.pending_tool.as_ref().filter(in_doubt) {
             // Never repeated, never guessed: record it unknown and stop for reconciliation.
             let state = if self.cancel_requested {
                 Status::Cancelled
             } else {
                 Status::ReconciliationRequired
             };
-            return Next::Persist(vec![
-                Event::ToolFinished {
+            let output = match pending.uncertain {
+                true => "dispatched by an earlier attempt; its outcome is unknown",
+                false => "its run ended before its result was recorded; its outcome is unknown",
+            };
+            let finished = match self.function.is_some() {
+                true => Event::StepFinished {
+                    step_id: pending.tool.clone(),
                     effect_id: pending.effect_id,
                     status: ReceiptStatus::Unknown,
-                    output: "dispatched by an earlier attempt; its outcome is unknown".into(),
+                    output: output.into(),
                 },
+                false => Event::ToolFinished {
+                    effect_id: pending.effect_id,
+                    status: ReceiptStatus::Unknown,
+                    output: output.into(),
+                },
+            };
+            return Next::Persist(vec![
+                finished,
                 Event::CheckpointPublished { checkpoint_seq: 0 },
                 Event::StateChanged {
                     state,
@@ -300,6 +378,9 @@ impl Machine {
                 state: Status::Paused,
                 reason: "step".into(),
             }]);
+        }
+        if self.function.is_some() {
+            return Next::RunFunction;
         }
         if let Some(pending) = &self.pending_tool {
             if recovery(&pending.tool) == Recovery::External && !pending.dispatched {
@@ -413,6 +494,19 @@ impl Machine {
             Event::Replied { text } => self.text.clone_from(text),
             Event::Forked { state, .. } => self.record_forked(state),
             Event::CheckpointPublished { .. } => self.note_fork_point(seq),
+            Event::StepStarted { step_id, effect_id } => {
+                self.receipts
+                    .tool(*effect_id, step_id, ReceiptStatus::Dispatched);
+            }
+            Event::StepFinished {
+                step_id,
+                effect_id,
+                status,
+                output,
+            } => {
+                self.receipts.tool(*effect_id, step_id, *status);
+                self.step_completed(step_id, *effect_id, *status, output);
+            }
             _ => {}
         }
     }
@@ -438,6 +532,35 @@ impl Machine {
             status,
             output: output.to_owned(),
         });
+    }
+
+    /// A step's result or error is what every later run of the function reads (F-4); an
+    /// unknown or not-applied outcome is none.
+    pub(super) fn step_completed(
+        &mut self,
+        step_id: &str,
+        effect_id: EffectId,
+        status: ReceiptStatus,
+        output: &str,
+    ) {
+        if !matches!(status, ReceiptStatus::Confirmed | ReceiptStatus::Failed) {
+            return;
+        }
+        self.step_index
+            .insert(step_id.to_owned(), self.completed_steps.len());
+        self.completed_steps.push(CompletedStep {
+            step_id: step_id.to_owned(),
+            effect_id,
+            status,
+            output: output.to_owned(),
+        });
+    }
+
+    /// The committed step `step_id`, if any.
+    pub fn completed_step(&self, step_id: &str) -> Option<&CompletedStep> {
+        self.step_index
+            .get(step_id)
+            .and_then(|at| self.completed_steps.get(*at))
     }
 
     /// Waits that ended leave the present for the history: they never change again.
@@ -485,6 +608,21 @@ impl Present {
         actions: &mut Vec<Action>,
     ) {
         match event {
+            Event::Admitted {
+                kind: openprogram_storage::ExecutionKind::Function,
+                input,
+                parent_message_id,
+                revision_id,
+                ..
+            } => {
+                // Written by the admission from a `FunctionInput`; one that does not read
+                // back leaves a function execution with nothing to run (it fails at once).
+                self.function = serde_json::from_str(input).ok().map(std::sync::Arc::new);
+                self.admit(*revision_id, *parent_message_id, AgentInput::default());
+                if self.function.is_none() {
+                    self.status = Some(Status::Failed);
+                }
+            }
             Event::Admitted {
                 input,
                 parent_message_id,
@@ -564,6 +702,18 @@ impl Present {
             } => self.apply_process_output(*process_id, *output_bytes),
             Event::Forked { state, .. } => self.apply_forked(state),
             Event::CheckpointPublished { .. } => self.checkpoint_seq = seq,
+            Event::StepStarted { step_id, effect_id } => {
+                let mut step = PendingTool::new(*effect_id, step_id.clone(), ToolArgs::default());
+                step.dispatched = true;
+                step.dispatched_by = self.attempt_owner;
+                self.pending_tool = Some(step);
+            }
+            Event::StepFinished {
+                step_id,
+                effect_id,
+                status,
+                ..
+            } => self.step_finished(step_id, *effect_id, *status, seq, actions),
             _ => {}
         }
     }
@@ -637,6 +787,31 @@ impl Present {
         self.step_taken(actions);
     }
 
+    /// A durable function's step ended: done, or, `Unknown`, in doubt until reconciled.
+    fn step_finished(
+        &mut self,
+        step_id: &str,
+        effect_id: EffectId,
+        status: ReceiptStatus,
+        seq: u64,
+        actions: &mut Vec<Action>,
+    ) {
+        let pending = self
+            .pending_tool
+            .take_if(|pending| pending.effect_id == effect_id);
+        if status == ReceiptStatus::Unknown {
+            self.unresolved = Some(pending.unwrap_or_else(|| {
+                PendingTool::new(effect_id, step_id.to_owned(), ToolArgs::default())
+            }));
+            self.unresolved_seq = seq;
+            return;
+        }
+        if matches!(status, ReceiptStatus::Confirmed | ReceiptStatus::Failed) {
+            self.steps_done += 1;
+        }
+        self.step_taken(actions);
+    }
+
     /// A committed model decision; `None` if its text does not read as one.
     fn model_decided(
         &mut self,
@@ -672,6 +847,9 @@ impl Present {
     pub fn next_action(&self) -> String {
         let next = match (&self.pending_tool, self.status()) {
             (_, status) if status.is_terminal() => NextAction::None,
+            _ if self.function.is_some() => NextAction::Function {
+                next_position: self.steps_done,
+            },
             (_, Status::Waiting) => NextAction::Wait {
                 wait_id: self
                     .active_waits

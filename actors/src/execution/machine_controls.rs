@@ -23,6 +23,9 @@ impl Machine {
     /// accepts with valid arguments and the current version.
     pub fn capabilities(&self, at: &CommandContext) -> Vec<CommandKind> {
         let mut kinds = self.control_capabilities();
+        if self.function.is_some() {
+            kinds.retain(|kind| !for_agents_only(*kind));
+        }
         let live_question = self
             .active_waits
             .iter()
@@ -43,7 +46,7 @@ impl Machine {
             kinds.push(CommandKind::StopProcess);
         }
         // K-2: new child executions of the same program; the original is untouched.
-        if self.revision_loadable(at) {
+        if self.revision_loadable(at) && self.function.is_none() {
             if !self.fork_points.is_empty() {
                 kinds.push(CommandKind::Fork);
             }
@@ -160,6 +163,9 @@ impl Machine {
     /// A command of a kind the execution does not offer now: the most specific reason.
     fn why_not(&self, kind: CommandKind, at: &CommandContext) -> Refusal {
         match kind {
+            _ if self.function.is_some() && for_agents_only(kind) => {
+                Refusal::NotForFunctions { kind }
+            }
             CommandKind::Fork | CommandKind::Retry if !self.revision_loadable(at) => {
                 Refusal::RevisionChanged { kind }
             }
@@ -291,4 +297,12 @@ impl Present {
             }),
         }
     }
+}
+
+/// The kinds a durable function's execution never takes (yet): see `Refusal::NotForFunctions`.
+fn for_agents_only(kind: CommandKind) -> bool {
+    matches!(
+        kind,
+        CommandKind::Steer | CommandKind::Fork | CommandKind::Retry
+    )
 }

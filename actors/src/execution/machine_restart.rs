@@ -58,6 +58,11 @@ impl Machine {
         };
         let tool = unresolved.tool.clone();
         self.receipts.tool(effect_id, &tool, status);
+        if self.present.function.is_some() {
+            // A durable function's step: its result is what the body reads back (F-4).
+            self.step_completed(&tool, effect_id, status, output);
+            return;
+        }
         if status != ReceiptStatus::NotApplied {
             std::sync::Arc::make_mut(&mut self.context).push(Turn::ToolResult {
                 tool,
@@ -107,6 +112,12 @@ impl Present {
         else {
             return;
         };
+        if self.function.is_some() {
+            // A durable function's step: the body runs it again when it gets there, or
+            // reads its result.
+            self.steps_done += u32::from(status == ReceiptStatus::Confirmed);
+            return;
+        }
         if status == ReceiptStatus::NotApplied {
             // Proven never to have taken effect: it may run again, same effect id.
             self.pending_tool = Some(PendingTool::new(

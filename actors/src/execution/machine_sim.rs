@@ -340,6 +340,7 @@ impl Sim {
                 let _ = rng;
                 self.in_flight = Some(InFlight::Tool(pending.effect_id));
             }
+            Next::RunFunction => unreachable!("the simulation runs agent turns"),
             Next::Idle => {}
         }
     }

@@ -33,6 +33,26 @@ pub struct AgentInput {
     pub max_iterations: u32,
 }
 
+/// What a durable function's execution was admitted with (F-2): the function, the revision
+/// it runs, and its input. Stored as the `Admitted` event's input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionInput {
+    pub function: String,
+    pub revision: u32,
+    pub input: serde_json::Value,
+}
+
+/// A durable function's step with a committed result (F-2, F-4): what every later run of
+/// the body reads back instead of running it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompletedStep {
+    pub step_id: String,
+    pub effect_id: EffectId,
+    /// `confirmed` (its result) or `failed` (its error).
+    pub status: ReceiptStatus,
+    pub output: String,
+}
+
 /// One element of a script, kept as its JSON text: a turn holds its whole script for its
 /// life, and a text is one allocation to make and free where a parsed value is a tree of
 /// them (measured: freeing the parsed scripts of 1,000 turns that ended together held
@@ -396,6 +416,11 @@ pub enum Refusal {
     NotUnresolved {
         effect_id: EffectId,
     },
+    /// A durable function's execution does not take this kind: Steer (no function declares
+    /// it takes steering yet), Fork and Retry (not built for functions yet).
+    NotForFunctions {
+        kind: CommandKind,
+    },
     /// An input that is not a command and does not fit the execution's state (a result
     /// for no pending call, a question asked by another attempt).
     Invalid(String),
@@ -419,6 +444,7 @@ impl Refusal {
             Refusal::UnknownProcess { .. } => "unknown_process",
             Refusal::ProcessEnded { .. } => "process_ended",
             Refusal::NotUnresolved { .. } => "not_unresolved",
+            Refusal::NotForFunctions { .. } => "not_for_functions",
             Refusal::Invalid(_) => "invalid_input",
         }
     }
@@ -468,6 +494,10 @@ impl std::fmt::Display for Refusal {
             Refusal::NotUnresolved { effect_id } => {
                 write!(f, "effect {effect_id} is not awaiting reconciliation")
             }
+            Refusal::NotForFunctions { kind } => write!(
+                f,
+                "{kind} is refused: a durable function's execution does not take it (the function declares no steering, and fork and retry of functions are not built yet)"
+            ),
             Refusal::Invalid(reason) => f.write_str(reason),
         }
     }
@@ -515,6 +545,8 @@ pub enum Next {
     CallModel { effect_id: EffectId },
     /// Run the pending tool.
     RunTool(PendingTool),
+    /// Run the durable function's body (F-1): from the start, its committed steps read back.
+    RunFunction,
     /// Nothing to do (not running, or waiting for an effect).
     Idle,
 }
@@ -561,6 +593,10 @@ pub(super) enum NextAction<'a> {
     },
     Model {
         iterations: u32,
+    },
+    /// A durable function continues at its step `next_position` (0-based).
+    Function {
+        next_position: u32,
     },
 }
 

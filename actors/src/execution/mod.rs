@@ -10,6 +10,7 @@ pub mod actor;
 pub mod commands;
 mod effects;
 pub mod fork;
+mod function_run;
 pub mod live;
 pub mod machine;
 mod machine_controls;

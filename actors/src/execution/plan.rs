@@ -207,6 +207,15 @@ fn receipt_of(
     writer: Writer,
     recovery: &impl Fn(&str) -> Recovery,
 ) -> Option<ReceiptRecord> {
+    let receipt = |effect_id, tool, status, output| ReceiptRecord {
+        effect_id,
+        execution_id: head.execution_id,
+        attempt_id: head.attempt.as_ref().map(|lease| lease.attempt_id),
+        epoch: writer.epoch().unwrap_or(0),
+        tool,
+        status,
+        output,
+    };
     let (effect_id, tool, status, output) = match event {
         Event::ToolDispatched {
             effect_id, tool, ..
@@ -218,6 +227,32 @@ fn receipt_of(
         } => {
             let tool = present.pending_tool.as_ref()?.tool.clone();
             (*effect_id, tool, *status, Some(output.clone()))
+        }
+        // A durable function's External steps: only those have an intent (`StepStarted`).
+        Event::StepStarted { step_id, effect_id } => {
+            return Some(receipt(
+                *effect_id,
+                step_id.clone(),
+                ReceiptStatus::Dispatched,
+                None,
+            ));
+        }
+        Event::StepFinished {
+            step_id,
+            effect_id,
+            status,
+            output,
+        } => {
+            present
+                .pending_tool
+                .as_ref()
+                .filter(|pending| pending.effect_id == *effect_id)?;
+            return Some(receipt(
+                *effect_id,
+                step_id.clone(),
+                *status,
+                Some(output.clone()),
+            ));
         }
         Event::ControlApplied {
             control:
@@ -233,16 +268,8 @@ fn receipt_of(
         }
         _ => return None,
     };
-    if recovery(&tool) != Recovery::External {
+    if present.function.is_none() && recovery(&tool) != Recovery::External {
         return None;
     }
-    Some(ReceiptRecord {
-        effect_id,
-        execution_id: head.execution_id,
-        attempt_id: head.attempt.as_ref().map(|lease| lease.attempt_id),
-        epoch: writer.epoch().unwrap_or(0),
-        tool,
-        status,
-        output,
-    })
+    Some(receipt(effect_id, tool, status, output))
 }

@@ -13,6 +13,8 @@ use crate::call::CallHandle;
 use crate::command::{Command, CommandBody, EffectRef, ReconcileOutcome};
 use crate::execution::actor::{Advance, ExecutionActor};
 use crate::execution::commands::{ApplyCommand, Saved};
+use crate::execution::machine::PendingTool;
+use crate::function::StepRef;
 
 impl ExecutionActor {
     /// While the runtime stops: the restart-recovery pause of a running execution with
@@ -86,29 +88,16 @@ impl ExecutionActor {
             self.park_if_idle(ctx);
             return;
         }
-        let Some(tool) = self.env.tools.get(&unresolved.tool) else {
+        let Some(asking) = self.reconcile_protocol(&unresolved) else {
             self.park_if_idle(ctx);
             return;
-        };
-        // Unparseable arguments (see `start_tool`) were never run: nothing to ask about.
-        let Ok(args) = unresolved.args.parse() else {
-            self.park_if_idle(ctx);
-            return;
-        };
-        let call = ToolCall {
-            execution_id: self.execution_id,
-            effect_id: unresolved.effect_id,
-            attempt_id: self.lease.attempt_id,
-            owner_id: self.env.owner,
-            args,
-            handle: CallHandle::detached(unresolved.effect_id),
         };
         self.reconciling = true;
         let effect_id = unresolved.effect_id;
         let round = self.machine.unresolved_seq;
         let asked = match planted(Bug::FabricateReceipt) {
             true => futures::future::ready(Reconciliation::Confirmed("appended".into())).boxed(),
-            false => tool.reconcile(call),
+            false => asking,
         };
         ctx.spawn(
             fut::wrap_future::<_, Self>(asked).map(move |answer, act, ctx| {
@@ -137,6 +126,34 @@ impl ExecutionActor {
 }
 
 impl ExecutionActor {
+    /// The question a protocol asks about the effect in doubt: its tool's reconcile, or for
+    /// a durable function's step, the function's reconciler. `None`: no protocol (or
+    /// arguments that never parsed, so the call never ran): an operator decides.
+    fn reconcile_protocol(
+        &self,
+        unresolved: &PendingTool,
+    ) -> Option<futures::future::BoxFuture<'static, Reconciliation>> {
+        if let Some(called) = &self.machine.function {
+            let function = self.env.functions.get(&called.function, called.revision)?;
+            let step = StepRef {
+                step_id: unresolved.tool.clone(),
+                effect_id: unresolved.effect_id,
+            };
+            return Some((function.reconciler()?)(step, called.input.clone()));
+        }
+        let tool = self.env.tools.get(&unresolved.tool)?;
+        let args = unresolved.args.parse().ok()?;
+        let call = ToolCall {
+            execution_id: self.execution_id,
+            effect_id: unresolved.effect_id,
+            attempt_id: self.lease.attempt_id,
+            owner_id: self.env.owner,
+            args,
+            handle: CallHandle::detached(unresolved.effect_id),
+        };
+        Some(tool.reconcile(call))
+    }
+
     /// The planted bug `rerun_confirmed` (storage's `planted.rs`): a claimed attempt runs the
     /// newest confirmed tool effect once more, as a recovery that trusts no receipt would.
     pub(super) fn planted_rerun(&mut self, ctx: &mut Context<Self>) {

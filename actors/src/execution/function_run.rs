@@ -1,0 +1,186 @@
+//! The execution actor's side of a durable function (F-1, F-4, F-5): it runs the body as
+//! one abortable future per run and answers its boundaries in mailbox order. At each step
+//! boundary the machine decides: a committed step's result is handed back without running
+//! it; a Pause, a used-up Step or a Cancel ends the run there (the body is dropped and the
+//! execution pauses or ends, committed by `next`); otherwise the step runs — an External
+//! one only once its intent is durable (`StepStarted`) — and its result is committed with
+//! the checkpoint after it before the body goes on. A later run (Continue, a restart)
+//! starts the body from the beginning and reads every committed step back.
+
+use std::panic::AssertUnwindSafe;
+
+use actix::prelude::*;
+use futures::future::{AbortHandle, Abortable};
+use futures::FutureExt as _;
+use openprogram_storage::{EffectId, Event, ExecutionState as Status};
+
+use super::actor::{committed, log_failure, Advance, ExecutionActor, InFlight};
+use crate::execution::machine::Recovery;
+use crate::function::{Boundary, FunctionContext, StepBoundary, StepDone};
+
+/// A run of the body ended with its result (or error), or it panicked.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(super) struct FunctionReturned {
+    run: u64,
+    result: Result<String, String>,
+}
+
+impl ExecutionActor {
+    /// Starts a run of the function's body, unless its revision is not registered here:
+    /// then the execution pauses `revision_missing` (F-3), never running other code.
+    pub(super) fn start_function(
+        &mut self,
+        ctx: &mut Context<Self>,
+    ) -> ResponseActFuture<Self, ()> {
+        let Some(called) = self.machine.function.clone() else {
+            return Box::pin(fut::ready(()));
+        };
+        let Some(function) = self.env.functions.get(&called.function, called.revision) else {
+            tracing::warn!(execution_id = %self.execution_id, function = %called.function, revision = called.revision, "the function's revision is not registered; pausing");
+            let paused = Event::StateChanged {
+                state: Status::Paused,
+                reason: "revision_missing".into(),
+            };
+            return Box::pin(self.commit(vec![paused], Vec::new()).map(log_failure));
+        };
+        self.function_runs += 1;
+        let run = self.function_runs;
+        let context = FunctionContext::new(
+            self.execution_id,
+            run,
+            ctx.address().recipient(),
+            ctx.address().recipient(),
+        );
+        let body = AssertUnwindSafe(function.run(context, called.input.clone())).catch_unwind();
+        let (abort, registration) = AbortHandle::new_pair();
+        self.in_flight = Some(InFlight { abort });
+        ctx.spawn(
+            fut::wrap_future::<_, Self>(Abortable::new(body, registration)).map(
+                move |outcome, act, ctx| match outcome {
+                    Ok(Ok(result)) => ctx.notify(FunctionReturned {
+                        run,
+                        result: result.map(|value| value.to_string()),
+                    }),
+                    Ok(Err(_panic)) => ctx.notify(FunctionReturned {
+                        run,
+                        result: Err("the function panicked".into()),
+                    }),
+                    // Ended by a boundary's suspension or a cancel: `next` says what now.
+                    Err(_aborted) => {
+                        if act.function_run() == Some(run) {
+                            act.in_flight = None;
+                        }
+                        ctx.notify(Advance);
+                    }
+                },
+            ),
+        );
+        Box::pin(fut::ready(()))
+    }
+
+    /// The run in progress, if the body is running.
+    fn function_run(&self) -> Option<u64> {
+        self.in_flight.as_ref().map(|_| self.function_runs)
+    }
+
+    /// Ends the body's run in progress: it is never polled again.
+    fn end_function_run(&mut self) {
+        if let Some(in_flight) = self.in_flight.take() {
+            in_flight.abort.abort();
+        }
+    }
+}
+
+impl Handler<StepBoundary> for ExecutionActor {
+    type Result = AtomicResponse<Self, Boundary>;
+
+    fn handle(&mut self, asked: StepBoundary, ctx: &mut Context<Self>) -> Self::Result {
+        let _span = self.span.clone().entered();
+        self.handled += 1;
+        let ready = |boundary| AtomicResponse::new(Box::pin(fut::ready(boundary)));
+        if self.function_run() != Some(asked.run) {
+            return ready(Boundary::Suspend);
+        }
+        if let Some(step) = self.machine.completed_step(&asked.step_id) {
+            // F-4: committed already, read back, never run again.
+            return ready(Boundary::Committed {
+                status: step.status,
+                output: step.output.clone(),
+            });
+        }
+        let stopping = self.env.lifecycle.is_stopping();
+        if self.machine.suspends_at_boundary() || self.machine.pending_tool.is_some() || stopping {
+            // F-5: the run ends here; `Advance` commits the pause, the cancel, the restart
+            // pause of an orderly shutdown, or (a step of this run still dispatched:
+            // two steps at once) the unknown outcome.
+            self.end_function_run();
+            ctx.notify(Advance);
+            return ready(Boundary::Suspend);
+        }
+        let effect_id = EffectId::new();
+        if asked.recovery == Recovery::Idempotent {
+            return ready(Boundary::Run { effect_id });
+        }
+        // E-4: an External step's intent is durable before it runs.
+        let started = Event::StepStarted {
+            step_id: asked.step_id,
+            effect_id,
+        };
+        let committed = committed(self.submit(vec![started], Vec::new()));
+        AtomicResponse::new(Box::pin(committed.map(
+            move |result, act, ctx| match result {
+                Ok(_) => Boundary::Run { effect_id },
+                Err(error) => {
+                    log_failure(Err(error), act, ctx);
+                    Boundary::Suspend
+                }
+            },
+        )))
+    }
+}
+
+impl Handler<StepDone> for ExecutionActor {
+    type Result = AtomicResponse<Self, bool>;
+
+    fn handle(&mut self, done: StepDone, _ctx: &mut Context<Self>) -> Self::Result {
+        let _span = self.span.clone().entered();
+        self.handled += 1;
+        if self.function_run() != Some(done.run) {
+            return AtomicResponse::new(Box::pin(fut::ready(false)));
+        }
+        let events =
+            self.machine
+                .decide_step_done(done.step_id, done.effect_id, done.status, done.output);
+        let committed = committed(self.submit(events, Vec::new()));
+        AtomicResponse::new(Box::pin(committed.map(|result, act, ctx| match result {
+            Ok(_) => true,
+            Err(error) => {
+                log_failure(Err(error), act, ctx);
+                false
+            }
+        })))
+    }
+}
+
+impl Handler<FunctionReturned> for ExecutionActor {
+    type Result = AtomicResponse<Self, ()>;
+
+    fn handle(&mut self, returned: FunctionReturned, ctx: &mut Context<Self>) -> Self::Result {
+        let _span = self.span.clone().entered();
+        if ctx.waiting() {
+            // As for `Advance`: never decide while another commit is pending.
+            ctx.notify(returned);
+            return AtomicResponse::new(Box::pin(fut::ready(())));
+        }
+        self.handled += 1;
+        if self.function_run() != Some(returned.run) {
+            // A run this actor ended already (suspended at a boundary): its return says
+            // nothing.
+            return AtomicResponse::new(Box::pin(fut::ready(())));
+        }
+        self.in_flight = None;
+        let events = self.machine.decide_returned(returned.result);
+        AtomicResponse::new(Box::pin(self.commit(events, Vec::new()).map(log_failure)))
+    }
+}

@@ -1,0 +1,342 @@
+//! Durable functions (F-1, F-2, F-4, F-7), the embedder's side: a function is Rust code
+//! registered under a name and a revision, whose body runs over a `FunctionContext` with
+//! explicit boundaries. `step` is the one boundary built so far: its result is committed
+//! with a receipt (E-3, E-4) before the body goes on, and on every later run of the body —
+//! after a crash, a pause, a restart — a committed step returns its result without running
+//! again. The body is plain async Rust: it must call its steps in the same order with the
+//! same ids on every run, and keep effects inside steps.
+//!
+//! Like `agent.rs`, this imports no actor: the context reaches its execution only through
+//! the messages below, which the execution actor answers.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use futures::future::BoxFuture;
+use futures::FutureExt as _;
+use openprogram_storage::{EffectId, ExecutionId, ReceiptStatus};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+pub use crate::agent::Reconciliation;
+pub use crate::execution::machine::{FunctionInput, Recovery};
+
+/// A function body: the context, and the input as the start request gave it.
+pub type Body = Arc<
+    dyn Fn(
+            FunctionContext,
+            serde_json::Value,
+        ) -> BoxFuture<'static, Result<serde_json::Value, String>>
+        + Send
+        + Sync,
+>;
+
+/// How an External step whose outcome is unknown is looked up: the step, its effect
+/// id, and the function's input.
+pub type Reconciler =
+    Arc<dyn Fn(StepRef, serde_json::Value) -> BoxFuture<'static, Reconciliation> + Send + Sync>;
+
+/// An External step in doubt, as a reconciler is asked about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepRef {
+    pub step_id: String,
+    pub effect_id: EffectId,
+}
+
+/// One revision of a durable function.
+#[derive(Clone)]
+pub struct DurableFunction {
+    pub name: String,
+    pub revision: u32,
+    /// What the revision's code is (F-7): two registrations of one name and revision must
+    /// say the same, or the second is refused.
+    pub identity: String,
+    body: Body,
+    reconciler: Option<Reconciler>,
+    /// Checks an input at admission (`invalid_input`), before anything is stored.
+    input_check: Option<InputCheck>,
+}
+
+/// Whether a value decodes as a function's input; why not.
+pub type InputCheck = Arc<dyn Fn(&serde_json::Value) -> Result<(), String> + Send + Sync>;
+
+impl std::fmt::Debug for DurableFunction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableFunction")
+            .field("name", &self.name)
+            .field("revision", &self.revision)
+            .field("identity", &self.identity)
+            .finish()
+    }
+}
+
+impl DurableFunction {
+    /// A revision of the function `name` whose code is identified by `identity`.
+    pub fn new<F, Fut>(name: &str, revision: u32, identity: &str, body: F) -> Self
+    where
+        F: Fn(FunctionContext, serde_json::Value) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<serde_json::Value, String>> + Send + 'static,
+    {
+        Self {
+            name: name.to_owned(),
+            revision,
+            identity: identity.to_owned(),
+            body: Arc::new(move |context, input| body(context, input).boxed()),
+            reconciler: None,
+            input_check: None,
+        }
+    }
+
+    /// Refuses at admission (`invalid_input`) an input that does not decode as `I`.
+    pub fn input<I: DeserializeOwned>(mut self) -> Self {
+        self.input_check = Some(Arc::new(|value| {
+            I::deserialize(value)
+                .map(|_| ())
+                .map_err(|error| error.to_string())
+        }));
+        self
+    }
+
+    /// Whether `input` is one this function takes.
+    pub fn check_input(&self, input: &serde_json::Value) -> Result<(), String> {
+        self.input_check
+            .as_ref()
+            .map_or(Ok(()), |check| check(input))
+    }
+
+    /// How this function's External steps are reconciled when their outcome is unknown
+    /// . Without one, an unknown step waits for an operator's `reconcile`.
+    pub fn reconcile_with<F, Fut>(mut self, reconcile: F) -> Self
+    where
+        F: Fn(StepRef, serde_json::Value) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Reconciliation> + Send + 'static,
+    {
+        self.reconciler = Some(Arc::new(move |step, input| reconcile(step, input).boxed()));
+        self
+    }
+
+    /// Runs the body once, over `context`.
+    pub fn run(
+        &self,
+        context: FunctionContext,
+        input: serde_json::Value,
+    ) -> BoxFuture<'static, Result<serde_json::Value, String>> {
+        (self.body)(context, input)
+    }
+
+    pub fn reconciler(&self) -> Option<&Reconciler> {
+        self.reconciler.as_ref()
+    }
+}
+
+/// Why a registration is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistrationError {
+    #[error("function `{name}` revision {revision} is registered with another identity")]
+    IdentityConflict { name: String, revision: u32 },
+    #[error("a function needs a name, a revision of at least 1 and an identity")]
+    Incomplete,
+}
+
+/// The registered revisions of every function, by name and revision.
+#[derive(Debug, Clone, Default)]
+pub struct FunctionRegistry {
+    functions: BTreeMap<(String, u32), DurableFunction>,
+}
+
+impl FunctionRegistry {
+    /// Registers a revision. The same code registered again is accepted; other code under
+    /// a registered name and revision is refused (F-7: current code is never labelled as
+    /// an old revision).
+    pub fn register(&mut self, function: DurableFunction) -> Result<(), RegistrationError> {
+        if function.name.is_empty() || function.revision == 0 || function.identity.is_empty() {
+            return Err(RegistrationError::Incomplete);
+        }
+        let key = (function.name.clone(), function.revision);
+        match self.functions.get(&key) {
+            Some(known) if known.identity != function.identity => {
+                Err(RegistrationError::IdentityConflict {
+                    name: function.name,
+                    revision: function.revision,
+                })
+            }
+            _ => {
+                self.functions.insert(key, function);
+                Ok(())
+            }
+        }
+    }
+
+    pub fn get(&self, name: &str, revision: u32) -> Option<&DurableFunction> {
+        self.functions.get(&(name.to_owned(), revision))
+    }
+
+    /// The newest registered revision of `name`.
+    pub fn latest(&self, name: &str) -> Option<&DurableFunction> {
+        self.functions
+            .range((name.to_owned(), 0)..=(name.to_owned(), u32::MAX))
+            .next_back()
+            .map(|(_, function)| function)
+    }
+}
+
+/// Why a step did not give a result.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StepError {
+    /// The execution pauses or is cancelled at this boundary (or its attempt ended): the
+    /// body must return; a later run continues from here.
+    #[error("the execution is suspended at this step")]
+    Suspended,
+    /// The step ran and failed; its failure is committed like a result.
+    #[error("step failed: {0}")]
+    Failed(String),
+    /// The step's result does not read back as the type asked for.
+    #[error("step result does not decode: {0}")]
+    Decode(String),
+}
+
+/// What running a step gets: its effect id (an idempotency key for the outside world).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepRun {
+    pub execution_id: ExecutionId,
+    pub effect_id: EffectId,
+}
+
+/// The execution's answer at a step boundary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Boundary {
+    /// Committed already: its receipt status and output, never run again (F-4).
+    Committed {
+        status: ReceiptStatus,
+        output: String,
+    },
+    /// Run it as `effect_id` (for an External step, its intent is durable now).
+    Run { effect_id: EffectId },
+    /// Do not run it: the execution pauses, is cancelled, or this run of the body is over.
+    Suspend,
+}
+
+/// Asked by a step before it runs.
+#[derive(Debug, Message)]
+#[rtype(result = "Boundary")]
+pub struct StepBoundary {
+    pub step_id: String,
+    pub recovery: Recovery,
+    /// Which run of the body asks: a run the execution has ended gets `Suspend`.
+    pub run: u64,
+}
+
+/// Sent by a step once it ran: its result to commit. Answered once it is durable.
+#[derive(Debug, Message)]
+#[rtype(result = "bool")]
+pub struct StepDone {
+    pub step_id: String,
+    pub effect_id: EffectId,
+    pub status: ReceiptStatus,
+    pub output: String,
+    pub run: u64,
+}
+
+/// What a function body runs over: its execution's boundaries.
+#[derive(Clone)]
+pub struct FunctionContext {
+    execution_id: ExecutionId,
+    run: u64,
+    boundary: Recipient<StepBoundary>,
+    done: Recipient<StepDone>,
+}
+
+impl std::fmt::Debug for FunctionContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FunctionContext")
+            .field("execution_id", &self.execution_id)
+            .field("run", &self.run)
+            .finish()
+    }
+}
+
+impl FunctionContext {
+    pub fn new(
+        execution_id: ExecutionId,
+        run: u64,
+        boundary: Recipient<StepBoundary>,
+        done: Recipient<StepDone>,
+    ) -> Self {
+        Self {
+            execution_id,
+            run,
+            boundary,
+            done,
+        }
+    }
+
+    pub fn execution_id(&self) -> ExecutionId {
+        self.execution_id
+    }
+
+    /// A step: `run` once, its result (JSON) committed with a receipt before this returns
+    /// (E-3); on every later run of the body, the committed result, `run` not called (F-4).
+    /// An `External` step's intent is committed before it runs: if the process dies while
+    /// it runs, its outcome is unknown and the execution waits for reconciliation,
+    /// never runs it again on a guess. A step's own error is committed too, as `Failed`.
+    pub async fn step<T, F, Fut>(
+        &self,
+        step_id: &str,
+        recovery: Recovery,
+        run: F,
+    ) -> Result<T, StepError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(StepRun) -> Fut,
+        Fut: Future<Output = Result<T, String>>,
+    {
+        let asked = StepBoundary {
+            step_id: step_id.to_owned(),
+            recovery,
+            run: self.run,
+        };
+        let effect_id = match self.boundary.send(asked).await {
+            Ok(Boundary::Committed { status, output }) => return read_back(status, &output),
+            Ok(Boundary::Run { effect_id }) => effect_id,
+            Ok(Boundary::Suspend) | Err(_) => return Err(StepError::Suspended),
+        };
+        let result = run(StepRun {
+            execution_id: self.execution_id,
+            effect_id,
+        })
+        .await;
+        let (status, output) = match &result {
+            Ok(value) => match serde_json::to_string(value) {
+                Ok(text) => (ReceiptStatus::Confirmed, text),
+                Err(error) => (
+                    ReceiptStatus::Failed,
+                    format!("the step's result does not serialize: {error}"),
+                ),
+            },
+            Err(error) => (ReceiptStatus::Failed, error.clone()),
+        };
+        let done = StepDone {
+            step_id: step_id.to_owned(),
+            effect_id,
+            status,
+            output: output.clone(),
+            run: self.run,
+        };
+        match self.done.send(done).await {
+            Ok(true) => read_back(status, &output),
+            Ok(false) | Err(_) => Err(StepError::Suspended),
+        }
+    }
+}
+
+/// A committed step's result, as the body reads it on every run.
+fn read_back<T: DeserializeOwned>(status: ReceiptStatus, output: &str) -> Result<T, StepError> {
+    match status {
+        ReceiptStatus::Confirmed => {
+            serde_json::from_str(output).map_err(|error| StepError::Decode(error.to_string()))
+        }
+        _ => Err(StepError::Failed(output.to_owned())),
+    }
+}

@@ -1,0 +1,398 @@
+//! Durable functions through the library (F-1, F-2, F-4, F-5, F-7): the built-in `steps`
+//! with its `append` file as the oracle (every step's line exactly once), controls at step
+//! boundaries, a restart in the middle, and an embedder's own function.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use openprogram::agent::Recovery;
+use openprogram::storage::{Event, ExecutionId};
+use openprogram::{DurableFunction, FunctionStart, Runtime, StepError};
+use serde_json::json;
+
+use crate::support::*;
+
+/// The lines of the `append` file, as (step id, effect id).
+fn lines(path: &std::path::Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split_once('\t'))
+        .map(|(step, effect)| (step.to_owned(), effect.to_owned()))
+        .collect()
+}
+
+/// Every step `s1..sK` appended exactly once, in order.
+fn assert_each_step_once(path: &std::path::Path, count: u32) {
+    let steps: Vec<String> = lines(path).into_iter().map(|(step, _)| step).collect();
+    let expected: Vec<String> = (1..=count).map(|index| format!("s{index}")).collect();
+    assert_eq!(steps, expected, "the append file");
+}
+
+async fn start_steps(harness: &Harness, input: serde_json::Value) -> ExecutionId {
+    let started = harness
+        .runtime
+        .start_function(
+            harness.session,
+            FunctionStart {
+                function: "steps".into(),
+                input,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("start steps");
+    assert_eq!(started.function_revision, 1);
+    started.started.execution_id
+}
+
+#[tokio::test]
+async fn f1_steps_runs_each_step_once_commits_each_result_and_returns() {
+    let harness = Harness::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("steps.log");
+    let execution = start_steps(&harness, json!({"count": 3, "path": path})).await;
+    let snapshot = harness.wait_for_state(execution, "completed").await;
+    assert_each_step_once(&path, 3);
+    assert_eq!(snapshot.kind, "function");
+    assert_eq!(snapshot.text, r#"{"done":3}"#);
+    let function = snapshot.function.expect("the function object");
+    assert_eq!((function.name.as_str(), function.revision), ("steps", 1));
+    assert_eq!(function.policy, "keep_original");
+    assert_eq!(function.next_position, 3);
+    let completed: Vec<(&str, &str)> = function
+        .completed_steps
+        .iter()
+        .map(|step| (step.step_id.as_str(), step.status))
+        .collect();
+    assert_eq!(
+        completed,
+        vec![
+            ("s1", "confirmed"),
+            ("s2", "confirmed"),
+            ("s3", "confirmed")
+        ]
+    );
+    // E-4: each External step's intent is durable before its result, one effect each, and
+    // the receipts are the lines' effect ids.
+    let events = harness.events(execution);
+    let started = count(&events, |event| matches!(event, Event::StepStarted { .. }));
+    let finished = count(&events, |event| matches!(event, Event::StepFinished { .. }));
+    assert_eq!((started, finished), (3, 3));
+    let receipts: Vec<String> = snapshot
+        .receipts
+        .iter()
+        .map(|receipt| receipt.effect_id.to_string())
+        .collect();
+    let appended: Vec<String> = lines(&path).into_iter().map(|(_, effect)| effect).collect();
+    assert_eq!(receipts, appended);
+}
+
+#[tokio::test]
+async fn f1_an_unknown_function_and_an_input_it_refuses_start_nothing() {
+    let harness = Harness::new();
+    let unknown = harness
+        .runtime
+        .start_function(
+            harness.session,
+            FunctionStart {
+                function: "nope".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("an unknown function");
+    assert_eq!(unknown.code(), "unknown_function");
+    let invalid = harness
+        .runtime
+        .start_function(
+            harness.session,
+            FunctionStart {
+                function: "steps".into(),
+                input: json!({"count": "three"}),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("an input `steps` refuses");
+    assert_eq!(invalid.code(), "invalid_input");
+    let executions = harness
+        .runtime
+        .executions(harness.session)
+        .await
+        .expect("executions");
+    assert!(executions.is_empty(), "{executions:?}");
+}
+
+#[tokio::test]
+async fn f5_pause_suspends_at_the_next_boundary_and_continue_reuses_committed_steps() {
+    let harness = Harness::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("steps.log");
+    let execution = start_steps(&harness, json!({"count": 4, "path": path, "sleep_ms": 150})).await;
+    harness
+        .wait_for_event(execution, "the first step started", |event| {
+            matches!(event, Event::StepStarted { .. })
+        })
+        .await;
+    let paused = harness.command(execution, "pause", None).await;
+    assert_eq!(paused.status, "applied", "{paused:?}");
+    let snapshot = harness.wait_for_state(execution, "paused").await;
+    assert_eq!(snapshot.pause_reason.as_deref(), Some("pause"));
+    // The step running when the Pause landed finished; no step started after it.
+    let events = harness.events(execution);
+    let started = count(&events, |event| matches!(event, Event::StepStarted { .. }));
+    let finished = count(&events, |event| matches!(event, Event::StepFinished { .. }));
+    assert_eq!(started, finished, "a step started after the pause");
+    assert!(finished < 4, "the pause came after the last step");
+    assert_eq!(lines(&path).len(), finished);
+    assert_eq!(snapshot.capabilities, vec!["continue", "step", "cancel"]);
+    // Step: one boundary, then paused again.
+    let step = harness.command(execution, "step", None).await;
+    assert_eq!(step.status, "applied", "{step:?}");
+    let stepped = harness
+        .wait_for(execution, "paused after one step", |snapshot| {
+            snapshot.state == "paused" && snapshot.pause_reason.as_deref() == Some("step")
+        })
+        .await;
+    let after_step = stepped.function.expect("function").next_position as usize;
+    assert_eq!(after_step, finished + 1);
+    assert_eq!(lines(&path).len(), after_step);
+    let resumed = harness.command(execution, "continue", None).await;
+    assert_eq!(resumed.status, "applied", "{resumed:?}");
+    harness.wait_for_state(execution, "completed").await;
+    assert_each_step_once(&path, 4);
+}
+
+#[tokio::test]
+async fn f5_cancel_wins_over_a_running_step_and_steer_is_refused_with_its_reason() {
+    let harness = Harness::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("steps.log");
+    let execution = start_steps(
+        &harness,
+        json!({"count": 50, "path": path, "sleep_ms": 100}),
+    )
+    .await;
+    harness
+        .wait_for_event(execution, "a step started", |event| {
+            matches!(event, Event::StepStarted { .. })
+        })
+        .await;
+    let steer = harness.command(execution, "steer", Some("faster")).await;
+    assert_eq!(steer.status, "rejected", "{steer:?}");
+    assert_eq!(
+        steer.code.as_deref(),
+        Some("not_for_functions"),
+        "{steer:?}"
+    );
+    let cancelled = harness.command(execution, "cancel", None).await;
+    assert_eq!(cancelled.status, "applied", "{cancelled:?}");
+    let snapshot = harness.wait_for_state(execution, "cancelled").await;
+    // The step the cancel stopped is in doubt (External, aborted): unknown, never re-run.
+    let appended = lines(&path);
+    assert!(appended.len() < 50, "the cancel did not stop the function");
+    let mut seen = std::collections::BTreeSet::new();
+    for (step, _) in &appended {
+        assert!(seen.insert(step.clone()), "{step} appended twice");
+    }
+    assert!(
+        snapshot.capabilities.is_empty(),
+        "{:?}",
+        snapshot.capabilities
+    );
+}
+
+#[tokio::test]
+async fn f4_a_restart_mid_function_continues_it_and_repeats_no_step() {
+    let restarts = Restarts::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("steps.log");
+    let runtime = restarts.open(openprogram::RestartWindow::Unlimited);
+    let started = runtime
+        .start_function(
+            restarts.session,
+            FunctionStart {
+                function: "steps".into(),
+                input: json!({"count": 6, "path": path, "sleep_ms": 50}),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("start");
+    let execution = started.started.execution_id;
+    let waited = std::time::Instant::now();
+    while lines(&path).len() < 2 {
+        assert!(waited.elapsed() < DEADLINE, "no step ran");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // An orderly shutdown: the function pauses at its next boundary under the restart
+    // intent (R-7), and the next start continues it from its committed steps.
+    let report = runtime.shutdown().await;
+    assert_eq!((report.live, report.left_running), (1, 0), "{report:?}");
+    drop(runtime);
+    let before = lines(&path).len();
+    assert!(before < 6, "the function finished before the shutdown");
+    let runtime = restarts.open(openprogram::RestartWindow::Unlimited);
+    let recovered = runtime.recovery().await.expect("recovery");
+    assert_eq!(recovered.resumed.len(), 1, "{recovered:?}");
+    runtime
+        .wait_finished(restarts.session, execution)
+        .await
+        .expect("finished after the restart");
+    let snapshot = runtime
+        .snapshot(restarts.session, execution)
+        .await
+        .expect("snapshot");
+    assert_eq!(snapshot.state, "completed", "{snapshot:?}");
+    assert_each_step_once(&path, 6);
+    runtime.halt();
+}
+
+/// An embedder's function: an Idempotent step that counts its runs, and an External one.
+fn counting(runs: Arc<AtomicU32>, identity: &str) -> DurableFunction {
+    DurableFunction::new("counting", 1, identity, move |context, input| {
+        let runs = Arc::clone(&runs);
+        async move {
+            let times: u32 = serde_json::from_value(input).map_err(|error| error.to_string())?;
+            let mut total = 0;
+            for index in 0..times {
+                let runs = Arc::clone(&runs);
+                let value: u32 = context
+                    .step(
+                        &format!("add{index}"),
+                        Recovery::Idempotent,
+                        |_| async move { Ok(runs.fetch_add(1, Ordering::SeqCst) + 1) },
+                    )
+                    .await
+                    .map_err(|error: StepError| error.to_string())?;
+                total += value;
+            }
+            Ok(json!({ "total": total }))
+        }
+    })
+}
+
+#[tokio::test]
+async fn f1_an_embedders_function_runs_its_steps_through_the_runtime() {
+    let runs = Arc::new(AtomicU32::new(0));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = Runtime::builder()
+        .data_dir(dir.path())
+        .function(counting(Arc::clone(&runs), "counting:v1"))
+        .open()
+        .expect("open");
+    let harness = Harness::with_runtime(runtime, dir);
+    let started = harness
+        .runtime
+        .start_function(
+            harness.session,
+            FunctionStart {
+                function: "counting".into(),
+                input: json!(3),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("start");
+    let snapshot = harness
+        .wait_for_state(started.started.execution_id, "completed")
+        .await;
+    assert_eq!(snapshot.text, r#"{"total":6}"#);
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+#[test]
+fn f7_other_code_under_a_registered_name_and_revision_is_refused_before_anything_runs() {
+    let runs = Arc::new(AtomicU32::new(0));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let refused = Runtime::builder()
+        .data_dir(dir.path())
+        .function(counting(Arc::clone(&runs), "counting:v1"))
+        .function(counting(Arc::clone(&runs), "counting:v1-edited"))
+        .open()
+        .expect_err("two bodies under one revision");
+    assert_eq!(refused.code(), "invalid_request");
+    assert!(
+        refused.to_string().contains("another identity"),
+        "{refused}"
+    );
+    // The same code twice is one registration.
+    let same = Runtime::builder()
+        .data_dir(dir.path())
+        .function(counting(Arc::clone(&runs), "counting:v1"))
+        .function(counting(Arc::clone(&runs), "counting:v1"))
+        .open()
+        .expect("the same identity twice");
+    same.halt();
+    // A built-in's name and revision cannot be taken by other code either.
+    let builtin = Runtime::builder()
+        .data_dir(dir.path())
+        .function(DurableFunction::new("steps", 1, "mine", |_, _| async {
+            Ok(json!(null))
+        }))
+        .open()
+        .expect_err("other code as steps revision 1");
+    assert_eq!(builtin.code(), "invalid_request");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// F-4, R-8 with real processes: `openprogram serve` runs `steps` and is killed with
+/// SIGKILL twice in a row, mid-function; each restart continues from the committed steps
+/// (a step caught between its intent and its result is reconciled by the `append`
+/// protocol, never run on a guess), and the file holds every step's line exactly once.
+#[test]
+fn f4_kill9_twice_mid_function_every_step_appended_exactly_once() {
+    use crate::served::Served;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let path = dir.path().join("steps.log");
+    const STEPS: u32 = 8;
+    let served = Served::start(&data, "function-test-token", &[], &[]);
+    let (status, session) = served.call("POST", "/v1/sessions", Some(&json!({})));
+    assert_eq!(status, 201, "{session}");
+    let session = session["session_id"]
+        .as_str()
+        .expect("session id")
+        .to_owned();
+    let start = json!({
+        "kind": "function",
+        "function": "steps",
+        "input": {"count": STEPS, "path": path, "sleep_ms": 30},
+    });
+    let executions = format!("/v1/sessions/{session}/executions");
+    let (status, started) = served.call("POST", &executions, Some(&start));
+    assert_eq!(status, 201, "{started}");
+    assert_eq!(started["function_revision"], 1, "{started}");
+    let execution = started["execution_id"]
+        .as_str()
+        .expect("execution id")
+        .to_owned();
+    let wait_lines = |at_least: usize| {
+        let waited = std::time::Instant::now();
+        while lines(&path).len() < at_least {
+            assert!(waited.elapsed() < DEADLINE, "waited for {at_least} lines");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    };
+    wait_lines(2);
+    served.kill9();
+    let served = Served::start(&data, "function-test-token", &[], &[]);
+    wait_lines(5);
+    served.kill9();
+    let served = Served::start(&data, "function-test-token", &[], &[]);
+    let waited = std::time::Instant::now();
+    let snapshot = loop {
+        let (status, snapshot) = served.call("GET", &format!("{executions}/{execution}"), None);
+        assert_eq!(status, 200, "{snapshot}");
+        if snapshot["state"] == "completed" {
+            break snapshot;
+        }
+        assert!(waited.elapsed() < DEADLINE, "not completed: {snapshot}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    assert_each_step_once(&path, STEPS);
+    assert_eq!(snapshot["function"]["next_position"], STEPS, "{snapshot}");
+    assert_eq!(snapshot["kind"], "function", "{snapshot}");
+    served.stop();
+}
