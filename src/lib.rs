@@ -63,6 +63,7 @@ pub use openprogram_actors::recovery::{ManualClock, RestartWindow};
 pub use openprogram_actors::service::{
     CommandReply, FunctionStart, ScriptElement, StartReply, StartRequest,
 };
+pub use openprogram_storage::VersionPolicy;
 
 /// A started function execution: the start reply and the function revision it runs.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -83,6 +84,8 @@ pub struct RuntimeBuilder {
     provider: Option<Arc<dyn Provider>>,
     tools: Option<ToolRegistry>,
     functions: Vec<DurableFunction>,
+    builtin_revisions: Option<Vec<(String, u32)>>,
+    function_policy: Option<VersionPolicy>,
     limits: Limits,
     lease_ttl: Option<Duration>,
     restart_window: RestartWindow,
@@ -145,6 +148,20 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Registers exactly these revisions of the built-in functions (by name and revision),
+    /// instead of all: how a test deploys new code across a restart (F-3).
+    pub fn builtin_function_revisions(mut self, keep: Vec<(String, u32)>) -> Self {
+        self.builtin_revisions = Some(keep);
+        self
+    }
+
+    /// F-3: the version policy of a function execution started without one. Default
+    /// `keep_original`.
+    pub fn function_policy(mut self, policy: VersionPolicy) -> Self {
+        self.function_policy = Some(policy);
+        self
+    }
+
     /// The store's bounds (queue, batch, payload sizes).
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
@@ -196,6 +213,12 @@ impl RuntimeBuilder {
     /// recovery in the background (`Runtime::recovery` waits for its report).
     pub fn open(self) -> Result<Runtime> {
         let mut functions = openprogram_actors::function_builtin::builtin();
+        if let Some(keep) = &self.builtin_revisions {
+            functions.retain(|name, revision| {
+                keep.iter()
+                    .any(|(kept, kept_revision)| kept == name && *kept_revision == revision)
+            });
+        }
         for function in self.functions {
             functions
                 .register(function)
@@ -230,6 +253,9 @@ impl RuntimeBuilder {
             env.process_stop_grace = grace;
         }
         env.functions = functions;
+        if let Some(policy) = self.function_policy {
+            env.function_policy = policy;
+        }
         let env = Executions::new(Arc::new(env), Directory::new(system.arbiters()));
         let supervisor_env = Arc::clone(&env);
         let supervisor = Supervisor::start_in_arbiter(&system.arbiters()[0], move |_| {

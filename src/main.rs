@@ -93,6 +93,11 @@ enum Command {
         /// (the default) or 500ms.
         #[arg(long, value_parser = lease_ttl)]
         lease_ttl: Option<Duration>,
+        /// Register exactly these revisions of the built-in functions, as NAME:REVISION
+        /// separated by commas (steps:1,steps:2); default all. How a deployment of new
+        /// code across a restart is simulated (F-3).
+        #[arg(long, value_parser = function_revisions)]
+        function_revisions: Option<FunctionRevisions>,
     },
     /// Run the long fault harnesses (R02 kill -9 loop, R22 model-based test, R24 10,000
     /// executions under a crash loop) and print one JSON summary; exit 1 if an invariant
@@ -278,6 +283,7 @@ fn main() -> ExitCode {
             demo,
             accept_loss,
             lease_ttl,
+            function_revisions,
         } => {
             let runtime = match tokio_runtime() {
                 Ok(runtime) => runtime,
@@ -291,6 +297,7 @@ fn main() -> ExitCode {
                 demo,
                 accept_loss,
                 lease_ttl,
+                function_revisions: function_revisions.map(|revisions| revisions.0),
             };
             match runtime.block_on(serve::run(options)) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -480,6 +487,27 @@ fn print_report(report: &load::LoadReport, json: bool) -> ExitCode {
 fn fail(message: &str) -> ExitCode {
     eprintln!("openprogram: {message}");
     ExitCode::from(1)
+}
+
+/// `--function-revisions`: NAME:REVISION, comma separated.
+#[derive(Debug, Clone)]
+struct FunctionRevisions(Vec<(String, u32)>);
+
+fn function_revisions(text: &str) -> Result<FunctionRevisions, String> {
+    text.split(',')
+        .filter(|item| !item.trim().is_empty())
+        .map(|item| {
+            let (name, revision) = item
+                .trim()
+                .split_once(':')
+                .ok_or_else(|| format!("`{item}` is not NAME:REVISION"))?;
+            let revision = revision
+                .parse::<u32>()
+                .map_err(|_| format!("`{item}`: the revision is not a number"))?;
+            Ok((name.to_owned(), revision))
+        })
+        .collect::<Result<Vec<_>, String>>()
+        .map(FunctionRevisions)
 }
 
 /// `--lease-ttl`: a positive duration, written as the restart window's are.

@@ -30,6 +30,8 @@ pub struct ServeOptions {
     pub accept_loss: bool,
     /// the attempt lease's ttl (default `LEASE_TTL_DEFAULT`).
     pub lease_ttl: Option<Duration>,
+    /// F-3: exactly these revisions of the built-in functions (default all).
+    pub function_revisions: Option<Vec<(String, u32)>>,
 }
 
 /// The shortest admin token `serve` accepts from its operator.
@@ -55,7 +57,11 @@ pub async fn run(options: ServeOptions) -> Result<()> {
             options.listen
         )));
     }
-    let runtime = Runtime::builder()
+    let mut builder = Runtime::builder();
+    if let Some(revisions) = &options.function_revisions {
+        builder = builder.builtin_function_revisions(revisions.clone());
+    }
+    let runtime = builder
         .data_dir(&options.data)
         .restart_window(options.restart_window)
         .accept_loss(options.accept_loss)

@@ -11,7 +11,7 @@
 
 use openprogram_storage::{
     AnswerScope, CommandId, CommandRecord, CommandStatus, Control, EffectId, ExecutionId,
-    ProcessId, ReceiptStatus, WaitId,
+    ProcessId, ReceiptStatus, VersionPolicy, WaitId,
 };
 use serde_json::{json, Map, Value};
 
@@ -70,9 +70,10 @@ impl CommandKind {
         }
     }
 
-    /// Whether this build runs it: the others are refused as `unsupported_kind`.
+    /// Whether this build runs it: the others are refused as `unsupported_kind`. Every
+    /// kind the contract names is built.
     pub fn is_built(self) -> bool {
-        !matches!(self, CommandKind::SetPolicy)
+        true
     }
 
     pub fn parse(kind: &str) -> Option<Self> {
@@ -193,6 +194,10 @@ pub enum CommandBody {
     StopProcess {
         process_id: ProcessId,
     },
+    /// F-3, K-7: a durable function's version policy from now on.
+    SetPolicy {
+        policy: VersionPolicy,
+    },
 }
 
 impl CommandBody {
@@ -209,6 +214,7 @@ impl CommandBody {
             CommandBody::Decline { .. } => CommandKind::Decline,
             CommandBody::Reconcile { .. } => CommandKind::Reconcile,
             CommandBody::StopProcess { .. } => CommandKind::StopProcess,
+            CommandBody::SetPolicy { .. } => CommandKind::SetPolicy,
         }
     }
 }
@@ -246,6 +252,7 @@ impl From<Control> for CommandBody {
                 answer,
                 scope,
             },
+            Control::SetPolicy { policy } => CommandBody::SetPolicy { policy },
             Control::Decline { wait_id } => CommandBody::Decline {
                 wait: WaitRef::Id(wait_id),
             },
@@ -364,6 +371,7 @@ impl Command {
                 put("text", json!(text));
             }
             CommandBody::StopProcess { process_id } => put("process_id", json!(process_id)),
+            CommandBody::SetPolicy { policy } => put("policy", json!(policy.as_str())),
         }
         body
     }
@@ -446,6 +454,8 @@ impl Command {
             CommandBody::StopProcess { process_id } => {
                 sent.push((None, vec![("process_id", id(process_id))]))
             }
+            // Never stored by a build before schema 6: no earlier hash to match.
+            CommandBody::SetPolicy { .. } => {}
         }
         sent.into_iter()
             .map(|(text, fields)| {
@@ -570,12 +580,21 @@ impl Command {
                     ))
                 }
             },
-            CommandKind::SetPolicy => {
-                return Err(Error::UnsupportedKind(
-                    "`set_policy` is not built yet: durable functions and their version policy come first"
-                        .into(),
-                ))
-            }
+            CommandKind::SetPolicy => match reader.text("policy")?.as_deref() {
+                Some(text) => match VersionPolicy::parse(text) {
+                    Some(policy) => CommandBody::SetPolicy { policy },
+                    None => {
+                        return Err(Error::InvalidRequest(format!(
+                            "`{text}` is not a version policy: keep_original or use_latest"
+                        )))
+                    }
+                },
+                None => {
+                    return Err(Error::InvalidRequest(
+                        "set_policy needs `policy`: keep_original or use_latest".into(),
+                    ))
+                }
+            },
         };
         Ok(Self {
             command_id,

@@ -20,8 +20,10 @@ fn x3_unknown_fields_and_kinds_are_refused() {
     assert_eq!(error.code(), "unknown_field");
     assert!(error.to_string().contains("max_iteration"), "{error}");
     let error =
-        parse(json!({"command_id": id, "kind": "set_policy", "policy": "use_latest"})).unwrap_err();
-    assert_eq!(error.code(), "unsupported_kind");
+        parse(json!({"command_id": id, "kind": "set_policy", "policy": "newest"})).unwrap_err();
+    assert_eq!(error.code(), "invalid_request");
+    let error = parse(json!({"command_id": id, "kind": "set_policy"})).unwrap_err();
+    assert_eq!(error.code(), "invalid_request");
     let error = parse(json!({"command_id": id, "kind": "pasue"})).unwrap_err();
     assert_eq!(error.code(), "unknown_kind");
     let error = parse(json!({"command_id": id, "kind": "steer"})).unwrap_err();

@@ -35,6 +35,8 @@ pub struct Env {
     pub tools: ToolRegistry,
     /// The durable functions' registered revisions (F-1).
     pub functions: FunctionRegistry,
+    /// F-3: the version policy of a function execution started without one.
+    pub function_policy: openprogram_storage::VersionPolicy,
     pub owner: OwnerId,
     /// How long an attempt keeps its lease without a heartbeat.
     pub lease_ttl: Duration,
@@ -118,6 +120,7 @@ impl Env {
             provider,
             tools,
             functions: crate::function_builtin::builtin(),
+            function_policy: openprogram_storage::VersionPolicy::KeepOriginal,
             owner,
             lease_ttl,
             clock,

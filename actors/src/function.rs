@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use crate::agent::Reconciliation;
-pub use crate::execution::machine::{FunctionInput, Recovery};
+pub use crate::execution::machine::{FunctionInput, Recovery, StepMap};
 
 /// A function body: the context, and the input as the start request gave it.
 pub type Body = Arc<
@@ -57,7 +57,13 @@ pub struct DurableFunction {
     reconciler: Option<Reconciler>,
     /// Checks an input at admission (`invalid_input`), before anything is stored.
     input_check: Option<InputCheck>,
+    /// F-3: the step correspondence this revision declares with earlier ones, by revision.
+    correspondences: BTreeMap<u32, Correspondence>,
 }
+
+/// F-3: an earlier revision's step id to this revision's step standing for it; `None`: not
+/// accounted for.
+pub type Correspondence = Arc<StepMap>;
 
 /// Whether a value decodes as a function's input; why not.
 pub type InputCheck = Arc<dyn Fn(&serde_json::Value) -> Result<(), String> + Send + Sync>;
@@ -86,7 +92,25 @@ impl DurableFunction {
             body: Arc::new(move |context, input| body(context, input).boxed()),
             reconciler: None,
             input_check: None,
+            correspondences: BTreeMap::new(),
         }
+    }
+
+    /// F-3: declares which of this revision's steps stands for each step of revision
+    /// `from` (`map`: its step id to ours, `None` if none does). An execution under
+    /// `use_latest` moves from `from` to this revision only if every step it committed is
+    /// accounted for; otherwise it pauses `version_conflict` with the differences.
+    pub fn corresponds<F>(mut self, from: u32, map: F) -> Self
+    where
+        F: Fn(&str) -> Option<String> + Send + Sync + 'static,
+    {
+        self.correspondences.insert(from, Arc::new(map));
+        self
+    }
+
+    /// The correspondence declared with revision `from`, if any.
+    pub fn correspondence(&self, from: u32) -> Option<&Correspondence> {
+        self.correspondences.get(&from)
     }
 
     /// Refuses at admission (`invalid_input`) an input that does not decode as `I`.
@@ -167,6 +191,13 @@ impl FunctionRegistry {
                 Ok(())
             }
         }
+    }
+
+    /// Only the registrations `keep` selects, by name and revision (`serve
+    /// --function-revisions`).
+    pub fn retain(&mut self, keep: impl Fn(&str, u32) -> bool) {
+        self.functions
+            .retain(|(name, revision), _| keep(name, *revision));
     }
 
     pub fn get(&self, name: &str, revision: u32) -> Option<&DurableFunction> {

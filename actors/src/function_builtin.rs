@@ -1,5 +1,5 @@
-//! The built-in durable functions of SPEC §6, for demos, tests and load. So far: `steps`
-//! revision 1.
+//! The built-in durable functions of SPEC §6, for demos, tests and load: `steps`
+//! revisions 1 to 3 (how tests deploy new code across a restart, F-3).
 
 use std::time::Duration;
 
@@ -16,7 +16,9 @@ const SLEEP_MS_MAX: u64 = 60_000;
 pub fn builtin() -> FunctionRegistry {
     let mut registry = FunctionRegistry::default();
     // Built-ins have distinct names and revisions: nothing to conflict with.
-    let _ = registry.register(steps_v1());
+    for function in [steps_v1(), steps_v2(), steps_v3()] {
+        let _ = registry.register(function);
+    }
     registry
 }
 
@@ -37,7 +39,39 @@ struct StepsInput {
 /// `steps` revision 1: steps `s1..sK`, each appending `sI<TAB>EFFECT_ID` to FILE with the
 /// `append` protocol (External, reconcilable), `sleep_ms` before each; result `{"done": K}`.
 pub fn steps_v1() -> DurableFunction {
-    DurableFunction::new("steps", 1, "builtin:steps:1", run_steps)
+    steps_revision(1, "builtin:steps:1", |context, input| {
+        run_steps(context, input, "s", false).boxed()
+    })
+}
+
+/// `steps` revision 2: the same steps, then a step `summary` appending
+/// `summary<TAB>EFFECT_ID`; it declares `sI` ↔ `sI` with revision 1 (compatible).
+pub fn steps_v2() -> DurableFunction {
+    steps_revision(2, "builtin:steps:2", |context, input| {
+        run_steps(context, input, "s", true).boxed()
+    })
+    .corresponds(1, |step| is_numbered(step, "s").then(|| step.to_owned()))
+}
+
+/// `steps` revision 3: the steps renamed `tI`, no declared correspondence (incompatible).
+pub fn steps_v3() -> DurableFunction {
+    steps_revision(3, "builtin:steps:3", |context, input| {
+        run_steps(context, input, "t", false).boxed()
+    })
+}
+
+/// A revision of `steps`, with its input check and the `append` protocol's reconciler.
+fn steps_revision<F>(revision: u32, identity: &str, body: F) -> DurableFunction
+where
+    F: Fn(
+            FunctionContext,
+            serde_json::Value,
+        ) -> futures::future::BoxFuture<'static, Result<serde_json::Value, String>>
+        + Send
+        + Sync
+        + 'static,
+{
+    DurableFunction::new("steps", revision, identity, body)
         .input::<StepsInput>()
         .reconcile_with(|step, input| async move {
             let Ok(input) = serde_json::from_value::<StepsInput>(input) else {
@@ -50,37 +84,56 @@ pub fn steps_v1() -> DurableFunction {
         })
 }
 
+/// Whether `step` is `PREFIX` and a number (`s3`).
+fn is_numbered(step: &str, prefix: &str) -> bool {
+    step.strip_prefix(prefix)
+        .is_some_and(|number| !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// A step's result as JSON text: the string `appended`.
 fn appended() -> String {
     String::from("\"appended\"")
 }
 
+/// `count` steps named `PREFIX1..`, each appending its id, then (`summary`) a step
+/// `summary`; result `{"done": count}`.
 async fn run_steps(
     context: FunctionContext,
     input: serde_json::Value,
+    prefix: &'static str,
+    summary: bool,
 ) -> Result<serde_json::Value, String> {
     let input: StepsInput = serde_json::from_value(input).map_err(|error| error.to_string())?;
     if input.sleep_ms > SLEEP_MS_MAX {
         return Err(format!("sleep_ms must be at most {SLEEP_MS_MAX}"));
     }
+    let sleep = Duration::from_millis(input.sleep_ms);
     for index in 1..=input.count {
-        let step_id = format!("s{index}");
-        let path = input.path.clone();
-        let sleep = Duration::from_millis(input.sleep_ms);
-        let line = step_id.clone();
-        let done: Result<String, StepError> = context
-            .step(&step_id, Recovery::External, move |run| {
-                async move {
-                    if !sleep.is_zero() {
-                        tokio::time::sleep(sleep).await;
-                    }
-                    append_record(&path, &line, run.effect_id)?;
-                    Ok(String::from("appended"))
-                }
-                .boxed()
-            })
-            .await;
-        done.map_err(|error| error.to_string())?;
+        append_step(&context, &format!("{prefix}{index}"), &input.path, sleep).await?;
+    }
+    if summary {
+        append_step(&context, "summary", &input.path, Duration::ZERO).await?;
     }
     Ok(serde_json::json!({ "done": input.count }))
+}
+
+/// An External step appending `STEP<TAB>EFFECT_ID` to `path` after `sleep`.
+async fn append_step(
+    context: &FunctionContext,
+    step_id: &str,
+    path: &str,
+    sleep: Duration,
+) -> Result<(), String> {
+    let path = path.to_owned();
+    let line = step_id.to_owned();
+    let done: Result<String, StepError> = context
+        .step(step_id, Recovery::External, move |run| async move {
+            if !sleep.is_zero() {
+                tokio::time::sleep(sleep).await;
+            }
+            append_record(&path, &line, run.effect_id)?;
+            Ok(String::from("appended"))
+        })
+        .await;
+    done.map(|_| ()).map_err(|error| error.to_string())
 }

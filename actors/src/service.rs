@@ -49,6 +49,9 @@ pub struct FunctionStart {
     pub function: String,
     #[serde(default)]
     pub input: serde_json::Value,
+    /// F-3: its version policy; the runtime's default if none.
+    #[serde(default)]
+    pub policy: Option<openprogram_storage::VersionPolicy>,
     /// Admit it paused: it waits for Continue or Step.
     #[serde(default)]
     pub start_paused: bool,
@@ -214,6 +217,7 @@ impl Service {
             function: request.function,
             revision,
             input: request.input,
+            policy: request.policy.unwrap_or(self.env.function_policy),
         };
         let encoded = serde_json::to_string(&called)
             .map_err(|error| Error::InvalidInput(error.to_string()))?;

@@ -35,13 +35,14 @@ pub struct Snapshot {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FunctionView {
     pub name: String,
+    /// The revision it runs: the one it started with, or one it adopted (F-3).
     pub revision: u32,
-    /// `keep_original` (F-3; the only policy built so far).
+    /// `keep_original` or `use_latest` (F-3).
     pub policy: &'static str,
     pub completed_steps: Vec<StepView>,
     /// How many steps have a committed result: where the function continues.
     pub next_position: u32,
-    /// Non-empty only while a version switch waits on them (not built yet).
+    /// Non-empty only while a version switch waits on them (`version_conflict`).
     pub differences: Vec<String>,
 }
 
@@ -49,6 +50,8 @@ pub struct FunctionView {
 pub struct StepView {
     pub step_id: String,
     pub status: &'static str,
+    /// The revision that ran it (its provenance, kept across a switch).
+    pub revision: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -181,18 +184,19 @@ impl FunctionView {
         let called = machine.function.as_ref()?;
         Some(Self {
             name: called.function.clone(),
-            revision: called.revision,
-            policy: "keep_original",
+            revision: machine.active_revision,
+            policy: machine.policy.as_str(),
             completed_steps: machine
                 .completed_steps
                 .iter()
                 .map(|step| StepView {
                     step_id: step.step_id.clone(),
                     status: receipt_status(step.status),
+                    revision: step.revision,
                 })
                 .collect(),
             next_position: machine.steps_done,
-            differences: Vec::new(),
+            differences: machine.differences.clone(),
         })
     }
 }

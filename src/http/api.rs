@@ -5,7 +5,9 @@
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
-use openprogram_storage::{CommandId, EventEnvelope, ExecutionId, MessageId, SessionId};
+use openprogram_storage::{
+    CommandId, EventEnvelope, ExecutionId, MessageId, SessionId, VersionPolicy,
+};
 use std::collections::BTreeMap;
 
 use serde::de::IgnoredAny;
@@ -128,14 +130,12 @@ impl StartBody {
             Some("function") => {
                 refuse_unknown_fields(&fields, &FunctionBody::FIELDS)?;
                 let body: FunctionBody = serde_json::from_str(raw.get()).map_err(malformed)?;
-                match body.policy.as_deref() {
-                    None | Some("keep_original") => Ok(Start::Function(body)),
-                    Some("use_latest") => Err(ApiError::bad_request(
-                        "policy `use_latest` is not built yet: this build runs `keep_original`",
-                    )),
-                    Some(other) => Err(ApiError::bad_request(format!(
-                        "`{other}` is not a version policy (keep_original, use_latest)"
+                match body.policy.as_deref().map(VersionPolicy::parse) {
+                    Some(None) => Err(ApiError::bad_request(format!(
+                        "`{}` is not a version policy: keep_original or use_latest",
+                        body.policy.as_deref().unwrap_or_default()
                     ))),
+                    _ => Ok(Start::Function(body)),
                 }
             }
             Some(kind @ "job") => Err(Error::UnsupportedKind(format!(
@@ -172,6 +172,7 @@ pub async fn start_execution(
             let start = FunctionStart {
                 function: body.function,
                 input: body.input,
+                policy: body.policy.as_deref().and_then(VersionPolicy::parse),
                 start_paused: body.start_paused,
             };
             json!(api.runtime.start_function(session, start).await?)

@@ -166,6 +166,20 @@ pub enum Event {
         status: ReceiptStatus,
         output: String,
     },
+    /// F-3, F-7: a durable function continues on `revision` from here, recorded before any
+    /// of its steps runs. `steps`: each of its step ids that stands for a committed step,
+    /// with that step's recorded id (its results keep their provenance).
+    RevisionAdopted {
+        revision: u32,
+        steps: Vec<(String, String)>,
+    },
+    /// F-3: `use_latest` found `revision` and could not move to it: the differences (a
+    /// committed step it does not account for, no declared correspondence). The execution
+    /// pauses `version_conflict` in the same transition; nothing ran.
+    VersionConflict {
+        revision: u32,
+        differences: Vec<String>,
+    },
 }
 
 impl Event {
@@ -196,6 +210,8 @@ impl Event {
             Event::Forked { .. } => "forked",
             Event::StepStarted { .. } => "step_started",
             Event::StepFinished { .. } => "step_finished",
+            Event::RevisionAdopted { .. } => "revision_adopted",
+            Event::VersionConflict { .. } => "version_conflict",
         }
     }
 }

@@ -216,6 +216,38 @@ pub enum Control {
     StopProcess {
         process_id: ProcessId,
     },
+    /// F-3, K-7: a durable function's version policy from now on. Starts nothing.
+    SetPolicy {
+        policy: VersionPolicy,
+    },
+}
+
+/// F-3: which code a paused or recovered function execution continues on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VersionPolicy {
+    /// The revision it runs (the one it started with, or one it adopted): never other code.
+    #[default]
+    KeepOriginal,
+    /// The newest registered revision, through the step correspondence it declares.
+    UseLatest,
+}
+
+impl VersionPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VersionPolicy::KeepOriginal => "keep_original",
+            VersionPolicy::UseLatest => "use_latest",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "keep_original" => Some(VersionPolicy::KeepOriginal),
+            "use_latest" => Some(VersionPolicy::UseLatest),
+            _ => None,
+        }
+    }
 }
 
 /// W-2: what an answer grants. Scopes never widen implicitly: there is no "always".
@@ -250,6 +282,7 @@ impl Control {
             Control::Answer { .. } => "answer",
             Control::Decline { .. } => "decline",
             Control::StopProcess { .. } => "stop_process",
+            Control::SetPolicy { .. } => "set_policy",
         }
     }
 }

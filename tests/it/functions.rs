@@ -29,6 +29,24 @@ fn assert_each_step_once(path: &std::path::Path, count: u32) {
     assert_eq!(steps, expected, "the append file");
 }
 
+/// A runtime with only `steps` revision 1 registered (all three are by default).
+fn steps_harness() -> Harness {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = Runtime::builder()
+        .data_dir(dir.path())
+        .builtin_function_revisions(revisions(&[1]))
+        .open()
+        .expect("open");
+    Harness::with_runtime(runtime, dir)
+}
+
+fn revisions(steps: &[u32]) -> Vec<(String, u32)> {
+    steps
+        .iter()
+        .map(|revision| ("steps".to_owned(), *revision))
+        .collect()
+}
+
 async fn start_steps(harness: &Harness, input: serde_json::Value) -> ExecutionId {
     let started = harness
         .runtime
@@ -48,7 +66,7 @@ async fn start_steps(harness: &Harness, input: serde_json::Value) -> ExecutionId
 
 #[tokio::test]
 async fn f1_steps_runs_each_step_once_commits_each_result_and_returns() {
-    let harness = Harness::new();
+    let harness = steps_harness();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("steps.log");
     let execution = start_steps(&harness, json!({"count": 3, "path": path})).await;
@@ -90,7 +108,7 @@ async fn f1_steps_runs_each_step_once_commits_each_result_and_returns() {
 
 #[tokio::test]
 async fn f1_an_unknown_function_and_an_input_it_refuses_start_nothing() {
-    let harness = Harness::new();
+    let harness = steps_harness();
     let unknown = harness
         .runtime
         .start_function(
@@ -126,7 +144,7 @@ async fn f1_an_unknown_function_and_an_input_it_refuses_start_nothing() {
 
 #[tokio::test]
 async fn f5_pause_suspends_at_the_next_boundary_and_continue_reuses_committed_steps() {
-    let harness = Harness::new();
+    let harness = steps_harness();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("steps.log");
     let execution = start_steps(&harness, json!({"count": 4, "path": path, "sleep_ms": 150})).await;
@@ -146,7 +164,10 @@ async fn f5_pause_suspends_at_the_next_boundary_and_continue_reuses_committed_st
     assert_eq!(started, finished, "a step started after the pause");
     assert!(finished < 4, "the pause came after the last step");
     assert_eq!(lines(&path).len(), finished);
-    assert_eq!(snapshot.capabilities, vec!["continue", "step", "cancel"]);
+    assert_eq!(
+        snapshot.capabilities,
+        vec!["continue", "step", "cancel", "set_policy"]
+    );
     // Step: one boundary, then paused again.
     let step = harness.command(execution, "step", None).await;
     assert_eq!(step.status, "applied", "{step:?}");
@@ -166,7 +187,7 @@ async fn f5_pause_suspends_at_the_next_boundary_and_continue_reuses_committed_st
 
 #[tokio::test]
 async fn f5_cancel_wins_over_a_running_step_and_steer_is_refused_with_its_reason() {
-    let harness = Harness::new();
+    let harness = steps_harness();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("steps.log");
     let execution = start_steps(
@@ -208,7 +229,7 @@ async fn f4_a_restart_mid_function_continues_it_and_repeats_no_step() {
     let restarts = Restarts::new();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("steps.log");
-    let runtime = restarts.open(openprogram::RestartWindow::Unlimited);
+    let runtime = open_steps(&restarts, &[1]);
     let started = runtime
         .start_function(
             restarts.session,
@@ -233,7 +254,7 @@ async fn f4_a_restart_mid_function_continues_it_and_repeats_no_step() {
     drop(runtime);
     let before = lines(&path).len();
     assert!(before < 6, "the function finished before the shutdown");
-    let runtime = restarts.open(openprogram::RestartWindow::Unlimited);
+    let runtime = open_steps(&restarts, &[1]);
     let recovered = runtime.recovery().await.expect("recovery");
     assert_eq!(recovered.resumed.len(), 1, "{recovered:?}");
     runtime
@@ -348,7 +369,12 @@ fn f4_kill9_twice_mid_function_every_step_appended_exactly_once() {
     let data = dir.path().join("data");
     let path = dir.path().join("steps.log");
     const STEPS: u32 = 8;
-    let served = Served::start(&data, "function-test-token", &[], &[]);
+    let served = Served::start(
+        &data,
+        "function-test-token",
+        &[],
+        &["--function-revisions", "steps:1"],
+    );
     let (status, session) = served.call("POST", "/v1/sessions", Some(&json!({})));
     assert_eq!(status, 201, "{session}");
     let session = session["session_id"]
@@ -377,10 +403,20 @@ fn f4_kill9_twice_mid_function_every_step_appended_exactly_once() {
     };
     wait_lines(2);
     served.kill9();
-    let served = Served::start(&data, "function-test-token", &[], &[]);
+    let served = Served::start(
+        &data,
+        "function-test-token",
+        &[],
+        &["--function-revisions", "steps:1"],
+    );
     wait_lines(5);
     served.kill9();
-    let served = Served::start(&data, "function-test-token", &[], &[]);
+    let served = Served::start(
+        &data,
+        "function-test-token",
+        &[],
+        &["--function-revisions", "steps:1"],
+    );
     let waited = std::time::Instant::now();
     let snapshot = loop {
         let (status, snapshot) = served.call("GET", &format!("{executions}/{execution}"), None);
@@ -395,4 +431,297 @@ fn f4_kill9_twice_mid_function_every_step_appended_exactly_once() {
     assert_eq!(snapshot["function"]["next_position"], STEPS, "{snapshot}");
     assert_eq!(snapshot["kind"], "function", "{snapshot}");
     served.stop();
+}
+
+/// A runtime on the restarts' dir with exactly these revisions of `steps`.
+fn open_steps(restarts: &Restarts, steps: &[u32]) -> Runtime {
+    restarts.open_with(|builder| {
+        builder
+            .restart_window(openprogram::RestartWindow::Unlimited)
+            .builtin_function_revisions(revisions(steps))
+    })
+}
+
+/// Starts `steps` (6 steps, 50 ms each) on revision 1 with `policy`, and shuts the runtime
+/// down once two steps ran: the function pauses under the restart intent, partly done.
+async fn interrupted_steps(
+    restarts: &Restarts,
+    path: &std::path::Path,
+    policy: openprogram::VersionPolicy,
+) -> (ExecutionId, usize) {
+    let runtime = open_steps(restarts, &[1]);
+    let started = runtime
+        .start_function(
+            restarts.session,
+            FunctionStart {
+                function: "steps".into(),
+                input: json!({"count": 6, "path": path, "sleep_ms": 50}),
+                policy: Some(policy),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("start");
+    assert_eq!(started.function_revision, 1);
+    let waited = std::time::Instant::now();
+    while lines(path).len() < 2 {
+        assert!(waited.elapsed() < DEADLINE, "no step ran");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let report = runtime.shutdown().await;
+    assert_eq!(report.left_running, 0, "{report:?}");
+    drop(runtime);
+    let done = lines(path).len();
+    assert!(done < 6, "the function finished before the shutdown");
+    (started.started.execution_id, done)
+}
+
+async fn wait_function(
+    runtime: &Runtime,
+    restarts: &Restarts,
+    execution: ExecutionId,
+    what: &str,
+    done: impl Fn(&openprogram::Snapshot) -> bool,
+) -> openprogram::Snapshot {
+    let waited = std::time::Instant::now();
+    loop {
+        let snapshot = runtime
+            .snapshot(restarts.session, execution)
+            .await
+            .expect("snapshot");
+        if done(&snapshot) {
+            return snapshot;
+        }
+        assert!(
+            waited.elapsed() < DEADLINE,
+            "waited for {what}: {snapshot:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn f3_keep_original_continues_on_revision_1_across_a_restart_with_revisions_1_to_3() {
+    let restarts = Restarts::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("steps.log");
+    let (execution, _) =
+        interrupted_steps(&restarts, &path, openprogram::VersionPolicy::KeepOriginal).await;
+    // New code deployed: revisions 2 and 3 beside 1.
+    let runtime = open_steps(&restarts, &[1, 2, 3]);
+    let snapshot = wait_function(&runtime, &restarts, execution, "completed", |snapshot| {
+        snapshot.state == "completed"
+    })
+    .await;
+    assert_each_step_once(&path, 6);
+    let function = snapshot.function.expect("function");
+    assert_eq!((function.revision, function.policy), (1, "keep_original"));
+    runtime.halt();
+}
+
+#[tokio::test]
+async fn f3_use_latest_1_to_2_runs_summary_once_and_keeps_the_steps_of_revision_1() {
+    let restarts = Restarts::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("steps.log");
+    let (execution, done) =
+        interrupted_steps(&restarts, &path, openprogram::VersionPolicy::UseLatest).await;
+    let runtime = open_steps(&restarts, &[1, 2]);
+    let snapshot = wait_function(&runtime, &restarts, execution, "completed", |snapshot| {
+        snapshot.state == "completed"
+    })
+    .await;
+    let appended: Vec<String> = lines(&path).into_iter().map(|(step, _)| step).collect();
+    let mut expected: Vec<String> = (1..=6).map(|index| format!("s{index}")).collect();
+    expected.push("summary".into());
+    assert_eq!(appended, expected, "each step once, then the summary once");
+    let function = snapshot.function.expect("function");
+    assert_eq!((function.revision, function.policy), (2, "use_latest"));
+    // The steps committed before the switch keep their provenance (F-3).
+    let provenance: Vec<(String, u32)> = function
+        .completed_steps
+        .iter()
+        .map(|step| (step.step_id.clone(), step.revision))
+        .collect();
+    for (index, (step, revision)) in provenance.iter().enumerate() {
+        let expected = if index < done { 1 } else { 2 };
+        assert_eq!(*revision, expected, "{step}: {provenance:?}");
+    }
+    // Adopted before any step of revision 2 ran (F-7).
+    let events = runtime
+        .events(restarts.session, execution, 0)
+        .expect("events");
+    let adopted = events
+        .iter()
+        .position(|envelope| matches!(envelope.event, Event::RevisionAdopted { revision: 2, .. }))
+        .expect("the adoption");
+    let last_of_revision_1 = events
+        .iter()
+        .filter(|envelope| matches!(envelope.event, Event::StepFinished { .. }))
+        .nth(done - 1)
+        .map(|envelope| envelope.seq)
+        .expect("the last step of revision 1");
+    assert!(events[adopted].seq > last_of_revision_1);
+    let first_of_revision_2 = events
+        .iter()
+        .filter(|envelope| matches!(envelope.event, Event::StepStarted { .. }))
+        .nth(done)
+        .map(|envelope| envelope.seq)
+        .expect("a step of revision 2");
+    assert!(events[adopted].seq < first_of_revision_2);
+    runtime.halt();
+}
+
+#[tokio::test]
+async fn f3_use_latest_1_to_3_pauses_with_the_differences_and_runs_nothing() {
+    let restarts = Restarts::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("steps.log");
+    let (execution, done) =
+        interrupted_steps(&restarts, &path, openprogram::VersionPolicy::UseLatest).await;
+    let runtime = open_steps(&restarts, &[1, 3]);
+    let snapshot = wait_function(&runtime, &restarts, execution, "version_conflict", |s| {
+        s.pause_reason.as_deref() == Some("version_conflict")
+    })
+    .await;
+    assert_eq!(snapshot.state, "paused");
+    assert_eq!(lines(&path).len(), done, "nothing ran");
+    let function = snapshot.function.expect("function");
+    assert_eq!(function.revision, 1, "never switched");
+    assert!(
+        function.differences[0].contains("declares no step correspondence with revision 1"),
+        "{:?}",
+        function.differences
+    );
+    assert_eq!(
+        function.differences.len(),
+        done + 1,
+        "{:?}",
+        function.differences
+    );
+    assert!(function.differences[1].contains("step `s1` completed in revision 1"));
+    // K-7: the operator keeps the original code; the policy change alone starts nothing.
+    let command = |kind: &str, extra: serde_json::Value| {
+        let mut body = json!({"command_id": openprogram::storage::CommandId::new(), "kind": kind});
+        if let (Some(body), serde_json::Value::Object(extra)) = (body.as_object_mut(), extra) {
+            body.extend(extra);
+        }
+        openprogram::Command::from_json(&body).expect("a command")
+    };
+    let stale = runtime
+        .command(
+            restarts.session,
+            execution,
+            command(
+                "set_policy",
+                json!({"policy": "keep_original", "expected_version": 1}),
+            ),
+        )
+        .await
+        .expect("set_policy");
+    assert_eq!(
+        (stale.status, stale.code.as_deref()),
+        ("rejected", Some("version_conflict"))
+    );
+    let kept = runtime
+        .command(
+            restarts.session,
+            execution,
+            command("set_policy", json!({"policy": "keep_original"})),
+        )
+        .await
+        .expect("set_policy");
+    assert_eq!(kept.status, "applied", "{kept:?}");
+    let after = runtime
+        .snapshot(restarts.session, execution)
+        .await
+        .expect("snapshot");
+    assert_eq!(after.state, "paused", "a policy change starts nothing");
+    assert_eq!(after.function.expect("function").policy, "keep_original");
+    let resumed = runtime
+        .command(restarts.session, execution, command("continue", json!({})))
+        .await
+        .expect("continue");
+    assert_eq!(resumed.status, "applied", "{resumed:?}");
+    wait_function(&runtime, &restarts, execution, "completed", |snapshot| {
+        snapshot.state == "completed"
+    })
+    .await;
+    assert_each_step_once(&path, 6);
+    runtime.halt();
+}
+
+#[tokio::test]
+async fn f3_its_revision_unregistered_a_keep_original_execution_pauses_revision_missing() {
+    let restarts = Restarts::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("steps.log");
+    let (execution, done) =
+        interrupted_steps(&restarts, &path, openprogram::VersionPolicy::KeepOriginal).await;
+    let runtime = open_steps(&restarts, &[2, 3]);
+    let snapshot = wait_function(&runtime, &restarts, execution, "revision_missing", |s| {
+        s.pause_reason.as_deref() == Some("revision_missing")
+    })
+    .await;
+    assert_eq!(snapshot.state, "paused");
+    assert_eq!(lines(&path).len(), done, "no other code ran");
+    assert_eq!(snapshot.function.expect("function").revision, 1);
+    runtime.halt();
+}
+
+#[tokio::test]
+async fn k7_set_policy_is_a_functions_command() {
+    let harness = steps_harness();
+    let agent = harness.start(vec![reply("hi")], None).await;
+    harness.wait_for_state(agent, "completed").await;
+    let body = json!({"command_id": openprogram::storage::CommandId::new(), "kind": "set_policy", "policy": "use_latest"});
+    let refused = harness
+        .runtime
+        .command(
+            harness.session,
+            agent,
+            openprogram::Command::from_json(&body).expect("command"),
+        )
+        .await
+        .expect("set_policy");
+    assert_eq!(refused.status, "rejected");
+    assert_eq!(
+        refused.code.as_deref(),
+        Some("functions_only"),
+        "{refused:?}"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("steps.log");
+    let started = harness
+        .runtime
+        .start_function(
+            harness.session,
+            FunctionStart {
+                function: "steps".into(),
+                input: json!({"count": 2, "path": path}),
+                start_paused: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("start");
+    let execution = started.started.execution_id;
+    let snapshot = harness.snapshot(execution).await;
+    assert!(
+        snapshot.capabilities.contains(&"set_policy"),
+        "{:?}",
+        snapshot.capabilities
+    );
+    let bad = json!({"command_id": openprogram::storage::CommandId::new(), "kind": "set_policy", "policy": "newest"});
+    let error = openprogram::Command::from_json(&bad).expect_err("not a policy");
+    assert_eq!(error.code(), "invalid_request");
+    let completed = harness.command(execution, "continue", None).await;
+    assert_eq!(completed.status, "applied");
+    let done = harness.wait_for_state(execution, "completed").await;
+    assert!(
+        !done.capabilities.contains(&"set_policy"),
+        "{:?}",
+        done.capabilities
+    );
+    assert_each_step_once(&path, 2);
 }

@@ -351,8 +351,8 @@ fn x3_a_body_the_runtime_does_not_understand_is_refused_and_stores_nothing() {
             "unknown_field",
         ),
         (
-            json!({"kind": "set_policy", "policy": "use_latest"}),
-            "unsupported_kind",
+            json!({"kind": "set_policy", "policy": "newest"}),
+            "invalid_request",
         ),
         (json!({"kind": "pasue"}), "unknown_kind"),
         (json!({"kind": "steer"}), "invalid_request"),

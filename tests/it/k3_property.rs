@@ -69,6 +69,12 @@ const STATES: &[(&str, Build)] = &[
     ("expired", |w| expired(w).boxed()),
     ("a fork child", |w| child(w, "fork").boxed()),
     ("a retry child", |w| child(w, "retry").boxed()),
+    ("a function paused at admission", |w| {
+        function_paused_at_start(w).boxed()
+    }),
+    ("a function running a step", |w| function_running(w).boxed()),
+    ("a function completed", |w| function_completed(w).boxed()),
+    ("a function cancelled", |w| function_cancelled(w).boxed()),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,6 +165,28 @@ impl World {
             .start_execution(self.restarts.session, request)
             .await
             .expect("start")
+            .execution_id
+    }
+
+    /// A `steps` execution of `count` steps of `sleep_ms` each, appending to a file of its
+    /// own in the store's directory.
+    async fn start_function(&self, count: u32, sleep_ms: u64, paused: bool) -> ExecutionId {
+        let path = self
+            .restarts
+            .dir
+            .path()
+            .join(format!("steps-{}.log", CommandId::new()));
+        let request = openprogram::FunctionStart {
+            function: "steps".into(),
+            input: json!({"count": count, "path": path, "sleep_ms": sleep_ms}),
+            start_paused: paused,
+            ..Default::default()
+        };
+        self.runtime()
+            .start_function(self.restarts.session, request)
+            .await
+            .expect("start a function")
+            .started
             .execution_id
     }
 
@@ -309,6 +337,7 @@ impl World {
                     .map_or_else(ProcessId::new, |process| process.process_id);
                 body["process_id"] = json!(running);
             }
+            CommandKind::SetPolicy => body["policy"] = json!("use_latest"),
             _ => {}
         }
         body
@@ -446,7 +475,19 @@ impl World {
                 })
                 .await;
             }
-            CommandKind::Fork | CommandKind::Retry | CommandKind::SetPolicy => {}
+            CommandKind::SetPolicy => {
+                // K-7: the policy changes; nothing else does (a change starts nothing).
+                let now = self.snapshot(execution).await;
+                let policy = now.function.as_ref().map(|function| function.policy);
+                assert_eq!(policy, Some("use_latest"), "{case}");
+                if before.state != "running" {
+                    assert_eq!(
+                        now.state, before.state,
+                        "{case}: a policy change started it"
+                    );
+                }
+            }
+            CommandKind::Fork | CommandKind::Retry => {}
         }
     }
 
@@ -697,4 +738,37 @@ impl Tool for Hang {
     fn call(&self, _call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
         futures::future::pending().boxed()
     }
+}
+
+async fn function_paused_at_start(world: &mut World) -> ExecutionId {
+    let execution = world.start_function(2, 0, true).await;
+    world.maybe_restart().await;
+    execution
+}
+
+async fn function_running(world: &mut World) -> ExecutionId {
+    world.maybe_restart().await;
+    let execution = world.start_function(2, 60_000, false).await;
+    world
+        .until_event(execution, "a step started", |event| {
+            matches!(event, openprogram::storage::Event::StepStarted { .. })
+        })
+        .await;
+    execution
+}
+
+async fn function_completed(world: &mut World) -> ExecutionId {
+    let execution = world.start_function(1, 0, false).await;
+    world.until_state(execution, "completed").await;
+    world.maybe_restart().await;
+    execution
+}
+
+async fn function_cancelled(world: &mut World) -> ExecutionId {
+    let execution = world.start_function(2, 0, true).await;
+    world.maybe_restart().await;
+    world.send(execution, json!({"kind": "cancel"})).await;
+    world.until_state(execution, "cancelled").await;
+    world.maybe_restart().await;
+    execution
 }

@@ -12,10 +12,10 @@ use std::panic::AssertUnwindSafe;
 use actix::prelude::*;
 use futures::future::{AbortHandle, Abortable};
 use futures::FutureExt as _;
-use openprogram_storage::{EffectId, Event, ExecutionState as Status};
+use openprogram_storage::{EffectId, Event};
 
 use super::actor::{committed, log_failure, Advance, ExecutionActor, InFlight};
-use crate::execution::machine::Recovery;
+use crate::execution::machine::{Recovery, Registered, RunDecision};
 use crate::function::{Boundary, FunctionContext, StepBoundary, StepDone};
 
 /// A run of the body ended with its result (or error), or it panicked.
@@ -36,10 +36,28 @@ impl ExecutionActor {
         let Some(called) = self.machine.function.clone() else {
             return Box::pin(fut::ready(()));
         };
-        let Some(function) = self.env.functions.get(&called.function, called.revision) else {
-            tracing::warn!(execution_id = %self.execution_id, function = %called.function, revision = called.revision, "the function's revision is not registered; pausing");
+        let functions = &self.env.functions;
+        let active = self.machine.active_revision;
+        let latest = functions.latest(&called.function);
+        let registered = Registered {
+            active: functions.get(&called.function, active).is_some(),
+            latest: latest.map(|function| function.revision),
+        };
+        let correspond = latest.and_then(|function| function.correspondence(active));
+        let revision = match self
+            .machine
+            .decide_run(&registered, correspond.map(|map| map.as_ref() as _))
+        {
+            RunDecision::Run(revision) => revision,
+            RunDecision::Persist(events) => {
+                tracing::info!(execution_id = %self.execution_id, function = %called.function, active, ?events, "the function's revision decided");
+                return Box::pin(self.commit(events, Vec::new()).map(log_failure));
+            }
+        };
+        let Some(function) = self.env.functions.get(&called.function, revision) else {
+            // Decided runnable from this very registry: not reached; never run other code.
             let paused = Event::StateChanged {
-                state: Status::Paused,
+                state: openprogram_storage::ExecutionState::Paused,
                 reason: "revision_missing".into(),
             };
             return Box::pin(self.commit(vec![paused], Vec::new()).map(log_failure));

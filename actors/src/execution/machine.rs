@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 
 use openprogram_storage::{
     AttemptId, Control, EffectId, Event, ExecutionState as Status, OwnerId, ReceiptStatus,
-    RevisionId,
+    RevisionId, VersionPolicy,
 };
 
 use super::machine_types::default_max_iterations;
@@ -106,6 +106,16 @@ pub struct Present {
     pub function: Option<std::sync::Arc<FunctionInput>>,
     /// A durable function's steps with a committed result so far: its next position.
     pub steps_done: u32,
+    /// F-3: the function's version policy now, and the revision it runs (the one it
+    /// started with, or one it adopted).
+    pub policy: openprogram_storage::VersionPolicy,
+    pub active_revision: u32,
+    /// F-3: the step ids of an adopted revision that stand for committed steps, with the
+    /// committed steps' ids.
+    pub step_aliases: std::collections::BTreeMap<String, String>,
+    /// F-3: why `use_latest` could not move to the newest revision, while it waits on
+    /// them (paused `version_conflict`).
+    pub differences: Vec<String>,
 }
 
 impl std::ops::Deref for Machine {
@@ -268,6 +278,72 @@ impl Machine {
             || self.cancel_requested
             || self.pause_requested
             || self.steps_left == Some(0)
+    }
+
+    /// F-3: which revision a run of the function's body runs, decided at its start from the
+    /// policy and what is registered: the active revision (keep_original; use_latest when it
+    /// is the newest), or events first — the newest revision adopted through the
+    /// correspondence it declares with the active one (`correspond`: an active step id to
+    /// its own), a `version_conflict` pause with the differences, or a `revision_missing`
+    /// pause. Never other code silently, never a fresh start.
+    pub fn decide_run(&self, registered: &Registered, correspond: Option<&StepMap>) -> RunDecision {
+        let active = self.active_revision;
+        let paused = |reason: &str| Event::StateChanged {
+            state: Status::Paused,
+            reason: reason.into(),
+        };
+        let latest = match self.policy {
+            VersionPolicy::KeepOriginal if registered.active => return RunDecision::Run(active),
+            VersionPolicy::KeepOriginal => {
+                return RunDecision::Persist(vec![paused("revision_missing")])
+            }
+            VersionPolicy::UseLatest => match registered.latest {
+                Some(latest) if latest == active => return RunDecision::Run(active),
+                // The active revision is gone (an older one is no stand-in) or none is.
+                Some(latest) if latest > active => latest,
+                _ => return RunDecision::Persist(vec![paused("revision_missing")]),
+            },
+        };
+        // Each committed step, by its id in the active revision, must be one of the newest
+        // revision's steps.
+        let active_ids: std::collections::BTreeMap<&str, &str> = self
+            .step_aliases
+            .iter()
+            .map(|(active_id, recorded)| (recorded.as_str(), active_id.as_str()))
+            .collect();
+        let mut adopted = Vec::new();
+        let mut differences = Vec::new();
+        if correspond.is_none() && !self.completed_steps.is_empty() {
+            differences.push(format!(
+                "revision {latest} declares no step correspondence with revision {active}"
+            ));
+        }
+        for step in &self.completed_steps {
+            let active_id = active_ids
+                .get(step.step_id.as_str())
+                .copied()
+                .unwrap_or(&step.step_id);
+            match correspond.and_then(|correspond| correspond(active_id)) {
+                Some(new_id) => adopted.push((new_id, step.step_id.clone())),
+                None => differences.push(format!(
+                    "step `{}` completed in revision {} is not accounted for by revision {latest}",
+                    step.step_id, step.revision
+                )),
+            }
+        }
+        if differences.is_empty() {
+            return RunDecision::Persist(vec![Event::RevisionAdopted {
+                revision: latest,
+                steps: adopted,
+            }]);
+        }
+        RunDecision::Persist(vec![
+            Event::VersionConflict {
+                revision: latest,
+                differences,
+            },
+            paused("version_conflict"),
+        ])
     }
 
     /// The events of a step's result (E-3): its receipt, then the checkpoint after it.
@@ -550,17 +626,26 @@ impl Machine {
             .insert(step_id.to_owned(), self.completed_steps.len());
         self.completed_steps.push(CompletedStep {
             step_id: step_id.to_owned(),
+            revision: self.present.active_revision,
             effect_id,
             status,
             output: output.to_owned(),
         });
     }
 
-    /// The committed step `step_id`, if any.
+    /// The committed step the active revision's step `step_id` stands for, if any: one it
+    /// ran itself, or one an adoption mapped it to (F-3).
     pub fn completed_step(&self, step_id: &str) -> Option<&CompletedStep> {
+        if let Some(recorded) = self.step_aliases.get(step_id) {
+            return self
+                .step_index
+                .get(recorded)
+                .and_then(|at| self.completed_steps.get(*at));
+        }
         self.step_index
             .get(step_id)
             .and_then(|at| self.completed_steps.get(*at))
+            .filter(|step| step.revision == self.active_revision)
     }
 
     /// Waits that ended leave the present for the history: they never change again.
@@ -617,7 +702,12 @@ impl Present {
             } => {
                 // Written by the admission from a `FunctionInput`; one that does not read
                 // back leaves a function execution with nothing to run (it fails at once).
-                self.function = serde_json::from_str(input).ok().map(std::sync::Arc::new);
+                let function: Option<FunctionInput> = serde_json::from_str(input).ok();
+                if let Some(function) = &function {
+                    self.policy = function.policy;
+                    self.active_revision = function.revision;
+                }
+                self.function = function.map(std::sync::Arc::new);
                 self.admit(*revision_id, *parent_message_id, AgentInput::default());
                 if self.function.is_none() {
                     self.status = Some(Status::Failed);
@@ -714,6 +804,17 @@ impl Present {
                 status,
                 ..
             } => self.step_finished(step_id, *effect_id, *status, seq, actions),
+            Event::RevisionAdopted { revision, steps } => {
+                self.active_revision = *revision;
+                self.step_aliases = steps.iter().cloned().collect();
+                self.differences.clear();
+                if self.status() == Status::Running {
+                    actions.push(Action::Advance);
+                }
+            }
+            Event::VersionConflict { differences, .. } => {
+                self.differences.clone_from(differences);
+            }
             _ => {}
         }
     }
@@ -757,7 +858,10 @@ impl Present {
                 self.steps_left = None;
                 actions.push(Action::Park);
             }
-            Status::Running => actions.push(Action::Advance),
+            Status::Running => {
+                self.differences.clear();
+                actions.push(Action::Advance);
+            }
             Status::Cancelled | Status::Completed | Status::Failed => {
                 actions.push(Action::Finished)
             }

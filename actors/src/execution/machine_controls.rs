@@ -25,6 +25,10 @@ impl Machine {
         let mut kinds = self.control_capabilities();
         if self.function.is_some() {
             kinds.retain(|kind| !for_agents_only(*kind));
+            // K-7: a function's version policy, while it can still run again.
+            if !self.status().is_terminal() && !self.cancel_requested {
+                kinds.push(CommandKind::SetPolicy);
+            }
         }
         let live_question = self
             .active_waits
@@ -153,6 +157,7 @@ impl Machine {
                 output: text,
             },
             CommandBody::StopProcess { process_id } => Control::StopProcess { process_id },
+            CommandBody::SetPolicy { policy } => Control::SetPolicy { policy },
         };
         let events = self
             .decide_control(command_id, control.clone(), at.busy)
@@ -166,6 +171,7 @@ impl Machine {
             _ if self.function.is_some() && for_agents_only(kind) => {
                 Refusal::NotForFunctions { kind }
             }
+            CommandKind::SetPolicy if self.function.is_none() => Refusal::FunctionsOnly { kind },
             CommandKind::Fork | CommandKind::Retry if !self.revision_loadable(at) => {
                 Refusal::RevisionChanged { kind }
             }
@@ -251,7 +257,11 @@ impl Machine {
             Control::Reconcile {
                 effect_id, status, ..
             } => events.extend(self.decide_reconcile(effect_id, status)?),
-            Control::Answer { .. } | Control::Decline { .. } | Control::StopProcess { .. } => {}
+            // A policy change starts nothing (K-7): the next run of the body reads it.
+            Control::Answer { .. }
+            | Control::Decline { .. }
+            | Control::StopProcess { .. }
+            | Control::SetPolicy { .. } => {}
         }
         Ok(events)
     }
@@ -295,6 +305,7 @@ impl Present {
             Control::StopProcess { process_id } => actions.push(Action::StopProcess {
                 process_id: *process_id,
             }),
+            Control::SetPolicy { policy } => self.policy = *policy,
         }
     }
 }

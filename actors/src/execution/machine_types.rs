@@ -40,6 +40,30 @@ pub struct FunctionInput {
     pub function: String,
     pub revision: u32,
     pub input: serde_json::Value,
+    /// F-3: the policy it was started with (a `set_policy` overrides it).
+    #[serde(default)]
+    pub policy: openprogram_storage::VersionPolicy,
+}
+
+/// F-3: what is registered of a function execution's function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Registered {
+    /// Its active revision is registered.
+    pub active: bool,
+    /// The newest registered revision, if any is.
+    pub latest: Option<u32>,
+}
+
+/// F-3: a declared step correspondence: an earlier revision's step id to the step of the
+/// newer revision that stands for it, if any.
+pub type StepMap = dyn Fn(&str) -> Option<String> + Send + Sync;
+
+/// F-3: what a run of a function's body runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunDecision {
+    Run(u32),
+    /// Persist these first (an adoption, a conflict, a missing revision).
+    Persist(Vec<Event>),
 }
 
 /// A durable function's step with a committed result (F-2, F-4): what every later run of
@@ -47,6 +71,8 @@ pub struct FunctionInput {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompletedStep {
     pub step_id: String,
+    /// The revision that ran it: its provenance, kept when the function moves on (F-3).
+    pub revision: u32,
     pub effect_id: EffectId,
     /// `confirmed` (its result) or `failed` (its error).
     pub status: ReceiptStatus,
@@ -421,6 +447,10 @@ pub enum Refusal {
     NotForFunctions {
         kind: CommandKind,
     },
+    /// K-7: a version policy belongs to durable functions' executions only.
+    FunctionsOnly {
+        kind: CommandKind,
+    },
     /// An input that is not a command and does not fit the execution's state (a result
     /// for no pending call, a question asked by another attempt).
     Invalid(String),
@@ -445,6 +475,7 @@ impl Refusal {
             Refusal::ProcessEnded { .. } => "process_ended",
             Refusal::NotUnresolved { .. } => "not_unresolved",
             Refusal::NotForFunctions { .. } => "not_for_functions",
+            Refusal::FunctionsOnly { .. } => "functions_only",
             Refusal::Invalid(_) => "invalid_input",
         }
     }
@@ -497,6 +528,10 @@ impl std::fmt::Display for Refusal {
             Refusal::NotForFunctions { kind } => write!(
                 f,
                 "{kind} is refused: a durable function's execution does not take it (the function declares no steering, and fork and retry of functions are not built yet)"
+            ),
+            Refusal::FunctionsOnly { kind } => write!(
+                f,
+                "{kind} is refused: only a durable function's execution has a version policy"
             ),
             Refusal::Invalid(reason) => f.write_str(reason),
         }
