@@ -150,6 +150,25 @@ enum Command {
         /// fork: the checkpoint seq to fork from (default: the latest saved point).
         #[arg(long)]
         checkpoint: Option<u64>,
+        /// set-policy: `keep_original` or `use_latest` (F-3).
+        #[arg(long)]
+        policy: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start a durable function's execution over HTTP (F-1): its newest registered
+    /// revision, with `--input` as its input.
+    Call {
+        #[command(flatten)]
+        target: TargetArgs,
+        session: String,
+        function: String,
+        /// The function's input, as JSON.
+        #[arg(long, default_value = "null")]
+        input: String,
+        /// `keep_original` (the server's default) or `use_latest` (F-3).
+        #[arg(long)]
+        policy: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -191,6 +210,7 @@ enum CtlKind {
     StopProcess,
     Fork,
     Retry,
+    SetPolicy,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -328,10 +348,12 @@ fn main() -> ExitCode {
             process,
             outcome,
             checkpoint,
+            policy,
             json,
         } => {
             let control = client::Control {
                 checkpoint,
+                policy,
                 kind: ctl_kind(kind).into(),
                 session,
                 execution,
@@ -346,6 +368,23 @@ fn main() -> ExitCode {
             };
             finish(target_of(target).and_then(|target| client::ctl(&target, &control, json)))
         }
+        Command::Call {
+            target,
+            session,
+            function,
+            input,
+            policy,
+            json,
+        } => finish(target_of(target).and_then(|target| {
+            client::call(
+                &target,
+                &session,
+                &function,
+                &input,
+                policy.as_deref(),
+                json,
+            )
+        })),
         Command::Inspect {
             target,
             what,
@@ -382,6 +421,7 @@ fn ctl_kind(kind: CtlKind) -> &'static str {
         CtlKind::StopProcess => "stop_process",
         CtlKind::Fork => "fork",
         CtlKind::Retry => "retry",
+        CtlKind::SetPolicy => "set_policy",
     }
 }
 

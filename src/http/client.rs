@@ -106,6 +106,8 @@ pub struct Control {
     pub process: Option<String>,
     pub outcome: Option<String>,
     pub checkpoint: Option<u64>,
+    /// set-policy: `keep_original` or `use_latest`.
+    pub policy: Option<String>,
 }
 
 /// `openprogram ctl`: sends the command, prints its reply. A refused command fails. The
@@ -130,6 +132,7 @@ pub fn ctl(target: &Target, control: &Control, as_json: bool) -> Result<String, 
         ("process_id", control.process.clone().map(Value::from)),
         ("outcome", control.outcome.clone().map(Value::from)),
         ("checkpoint", control.checkpoint.map(Value::from)),
+        ("policy", control.policy.clone().map(Value::from)),
     ];
     for (name, value) in fields {
         if let Some(value) = value {
@@ -161,6 +164,7 @@ pub fn ctl(target: &Target, control: &Control, as_json: bool) -> Result<String, 
                     "scope",
                     "checkpoint",
                     "command_id",
+                    "policy",
                 ] {
                     message = message.replace(&format!("`{field}`"), &format!("`{}`", flag(field)));
                 }
@@ -187,6 +191,37 @@ pub fn ctl(target: &Target, control: &Control, as_json: bool) -> Result<String, 
         reply["status"].as_str().unwrap_or("?"),
         reply["command_id"].as_str().unwrap_or("?"),
         reply["version"]
+    ))
+}
+
+/// `openprogram call`: starts a durable function's execution (F-1), prints its ids.
+pub fn call(
+    target: &Target,
+    session: &str,
+    function: &str,
+    input: &str,
+    policy: Option<&str>,
+    as_json: bool,
+) -> Result<String, Failure> {
+    let input: Value = serde_json::from_str(input)
+        .map_err(|error| Failure::Usage(format!("--input is not JSON: {error}")))?;
+    let mut body = json!({"kind": "function", "function": function, "input": input});
+    if let Some(policy) = policy {
+        body["policy"] = json!(policy);
+    }
+    let reply = target.call(
+        "POST",
+        &format!("/v1/sessions/{session}/executions"),
+        Some(&body),
+    )?;
+    if as_json {
+        return Ok(format!("{reply}\n"));
+    }
+    Ok(format!(
+        "{function} revision {} started: execution {} (run {})\n",
+        reply["function_revision"],
+        reply["execution_id"].as_str().unwrap_or("?"),
+        reply["run_id"].as_str().unwrap_or("?"),
     ))
 }
 

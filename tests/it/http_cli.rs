@@ -634,3 +634,52 @@ fn s7_serve_refuses_a_store_that_lost_acknowledged_history_and_accept_loss_salva
     let serve = Serve::start(older.path(), &["--token", admin]);
     assert!(serve.stop().success());
 }
+
+/// I-4, F-1, K-7: `openprogram call` starts a durable function over HTTP; `ctl set-policy`
+/// changes a running one's policy; an input that is not JSON is a usage error.
+#[test]
+fn i4_call_starts_a_function_and_ctl_set_policy_sets_its_policy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let serve = Serve::start(
+        dir.path(),
+        &["--token", "cli-admin", "--function-revisions", "steps:1"],
+    );
+    let (_, session) = call_raw(&serve.url, "POST", "/v1/sessions", Some("cli-admin"), None);
+    let sid = session["session_id"].as_str().expect("id").to_string();
+    let path = dir.path().join("steps.log");
+    let input = json!({"count": 3, "path": path, "sleep_ms": 300}).to_string();
+    let target = ["--url", serve.url.as_str(), "--token", "cli-admin"];
+    let mut args = vec!["call"];
+    args.extend(target);
+    args.extend([sid.as_str(), "steps", "--input", input.as_str(), "--json"]);
+    let output = openprogram(&args);
+    assert!(output.status.success(), "{output:?}");
+    let started: serde_json::Value = serde_json::from_slice(&output.stdout).expect("one JSON line");
+    assert_eq!(started["function_revision"], 1, "{started}");
+    let execution = started["execution_id"].as_str().expect("id").to_string();
+    let mut args = vec!["ctl"];
+    args.extend(target);
+    args.extend([
+        "set-policy",
+        sid.as_str(),
+        execution.as_str(),
+        "--policy",
+        "use_latest",
+    ]);
+    let output = openprogram(&args);
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.starts_with("set_policy applied"), "{stdout}");
+    let read = format!("/v1/sessions/{sid}/executions/{execution}");
+    wait_until("completed", || {
+        call_raw(&serve.url, "GET", &read, Some("cli-admin"), None).1["state"] == "completed"
+    });
+    let (_, snapshot) = call_raw(&serve.url, "GET", &read, Some("cli-admin"), None);
+    assert_eq!(snapshot["function"]["policy"], "use_latest", "{snapshot}");
+    let mut args = vec!["call"];
+    args.extend(target);
+    args.extend([sid.as_str(), "steps", "--input", "{not json"]);
+    let output = openprogram(&args);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(serve.stop().success());
+}
