@@ -270,6 +270,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         .tool(Arc::new(TimedEcho {
             clock: Arc::clone(&clock),
         }))
+        .function(load_function(Arc::clone(&clock)))
         .open()?;
     let progress = match options.progress {
         true => indicatif::ProgressBar::new(options.executions as u64),
@@ -286,6 +287,10 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         executions_us: Arc::new(Mutex::new(Some(histogram()))),
         progress: progress.clone(),
         running: Arc::default(),
+        function: options
+            .function
+            .is_some()
+            .then(|| json!({"count": options.steps, "payload_bytes": options.payload_bytes})),
     };
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let commander = options.commands_per_s.map(|per_s| {
@@ -367,7 +372,12 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         committer_busy_pct: busy_pct(|metrics| metrics.group_micros_total),
         committer_flush_pct: busy_pct(|metrics| metrics.flush_micros_total),
         committer_fsync_pct: busy_pct(|metrics| metrics.fsync_micros_total),
-        ratio_to_raw: raw_per_s.map(|raw| 2.0 * steps_per_s / raw),
+        // Durable writes per step: an agent's tool step is two (decision, result), a
+        // function's Idempotent step one (its result and checkpoint).
+        ratio_to_raw: raw_per_s.map(|raw| {
+            let writes = if options.function.is_some() { 1.0 } else { 2.0 };
+            writes * steps_per_s / raw
+        }),
         raw_per_s,
         parked: parked.map(|(n, _)| n),
         rss_per_parked_bytes: parked.map(|(_, bytes)| bytes.round()),
@@ -377,8 +387,50 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     Ok(commands_into_report(report, commands.as_ref()))
 }
 
+/// The name the load registers its function under.
+const LOAD_FUNCTION: &str = "load_steps";
+
+/// The function of `--function steps`: `count` Idempotent steps, each returning the payload
+/// from memory and marking the step clock, then `{"done": count}`.
+fn load_function(clock: Arc<StepClock>) -> openprogram_actors::function::DurableFunction {
+    openprogram_actors::function::DurableFunction::new(
+        LOAD_FUNCTION,
+        1,
+        "load:steps:1",
+        move |context, input| {
+            let clock = Arc::clone(&clock);
+            async move {
+                let count = input["count"].as_u64().unwrap_or(0);
+                let payload = "x".repeat(input["payload_bytes"].as_u64().unwrap_or(0) as usize);
+                for index in 1..=count {
+                    let clock = Arc::clone(&clock);
+                    let payload = payload.clone();
+                    let execution_id = context.execution_id();
+                    let _: String = context
+                        .step(
+                            &format!("s{index}"),
+                            Recovery::Idempotent,
+                            move |_| async move {
+                                clock.mark(execution_id);
+                                Ok(payload)
+                            },
+                        )
+                        .await
+                        .map_err(|error| error.to_string())?;
+                }
+                Ok(json!({ "done": count }))
+            }
+        },
+    )
+}
+
 /// Usage errors, before anything is opened.
 fn validate(options: &LoadOptions) -> Result<()> {
+    if let Some(function) = options.function.as_deref().filter(|name| *name != "steps") {
+        return Err(Error::InvalidRequest(format!(
+            "--function {function}: the load runs `steps`"
+        )));
+    }
     if options.baseline.is_some_and(|duration| duration.is_zero()) {
         return Err(Error::InvalidRequest(
             "--baseline needs at least 1 second".into(),
@@ -418,6 +470,8 @@ struct Drive {
     progress: indicatif::ProgressBar,
     /// Executions admitted and not yet ended (where the command sender aims).
     running: Arc<Mutex<Vec<ExecutionId>>>,
+    /// `--function`: the input of the load's function, run instead of the script.
+    function: Option<serde_json::Value>,
 }
 
 impl Drive {
@@ -444,17 +498,27 @@ impl Drive {
 
     async fn one(&self, max_iterations: u32) -> Result<()> {
         let admitted = Instant::now();
-        let request = StartRequest {
-            message: "load".into(),
-            script: self.script.as_ref().clone(),
-            max_iterations: Some(max_iterations),
-            ..StartRequest::default()
+        let execution_id = match &self.function {
+            Some(input) => {
+                let start = crate::FunctionStart {
+                    function: LOAD_FUNCTION.into(),
+                    input: input.clone(),
+                    ..Default::default()
+                };
+                let started = self.runtime.start_function(self.session, start).await?;
+                started.started.execution_id
+            }
+            None => {
+                let request = StartRequest {
+                    message: "load".into(),
+                    script: self.script.as_ref().clone(),
+                    max_iterations: Some(max_iterations),
+                    ..StartRequest::default()
+                };
+                let started = self.runtime.start_execution(self.session, request).await?;
+                started.execution_id
+            }
         };
-        let execution_id = self
-            .runtime
-            .start_execution(self.session, request)
-            .await?
-            .execution_id;
         self.running
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

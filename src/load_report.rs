@@ -29,6 +29,10 @@ pub struct LoadOptions {
     /// After the load, park this many executions (admitted paused, one Step, actor
     /// released) and report resident memory per parked execution.
     pub park: Option<usize>,
+    /// F-1: run durable functions instead of agent turns: `steps`, each execution a
+    /// function of `steps` steps (in-memory and Idempotent, like the agent load's `echo`,
+    /// so that the two measure the runtime, not a file's fsyncs).
+    pub function: Option<String>,
 }
 
 /// What was measured (the `--json` line).
@@ -36,6 +40,8 @@ pub struct LoadOptions {
 pub struct LoadReport {
     /// `embedded`, or the URL of the server driven (`--url`).
     pub target: String,
+    /// `agent`, or the function run (`steps`).
+    pub kind: String,
     pub executions: usize,
     pub steps: usize,
     pub total_steps: u64,
@@ -127,6 +133,7 @@ impl LoadReport {
     ) -> Self {
         Self {
             target,
+            kind: options.function.clone().unwrap_or_else(|| "agent".into()),
             executions: options.executions,
             steps: options.steps,
             concurrency: options.concurrency,
@@ -145,6 +152,7 @@ impl LoadReport {
     pub fn table(&self) -> String {
         let mut rows = vec![
             ("target", self.target.clone()),
+            ("kind", self.kind.clone()),
             (
                 "executions",
                 format!(

@@ -58,6 +58,10 @@ enum Command {
         /// After the load, park this many executions and report memory per parked one.
         #[arg(long)]
         park: Option<usize>,
+        /// Run durable functions instead of agent turns (F-1): `steps`, a function of
+        /// --steps in-memory steps each. Embedded only.
+        #[arg(long, conflicts_with = "url")]
+        function: Option<String>,
         /// One JSON line on stdout instead of the table.
         #[arg(long)]
         json: bool,
@@ -255,6 +259,7 @@ fn main() -> ExitCode {
             baseline,
             commands_per_s,
             park,
+            function,
             json,
             url,
             token,
@@ -269,6 +274,7 @@ fn main() -> ExitCode {
                 progress: !json,
                 commands_per_s,
                 park,
+                function,
             };
             if let Some(url) = url {
                 let remote = target_of(TargetArgs { url, token })

@@ -159,3 +159,35 @@ fn i4_load_reports_command_latency_and_parked_memory_when_asked() {
         "{report}"
     );
 }
+
+/// I-4, F-1: `load --function steps` runs durable functions, every step counted once; an
+/// unknown function is a usage error.
+#[test]
+fn i4_load_function_steps_reports_every_function_step() {
+    let output = openprogram(&[
+        "load",
+        "--function",
+        "steps",
+        "--executions",
+        "20",
+        "--steps",
+        "5",
+        "--concurrency",
+        "8",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout.lines().last().expect("one JSON line");
+    let report: serde_json::Value = serde_json::from_str(line).expect("JSON");
+    assert_eq!(report["kind"], "steps", "{report}");
+    assert_eq!(report["total_steps"], 100, "{report}");
+    assert_eq!(
+        (report["completed"].clone(), report["failed"].clone()),
+        (20.into(), 0.into())
+    );
+    assert!(report["steps_per_s"].is_number(), "{report}");
+    let output = openprogram(&["load", "--function", "fanout", "--executions", "1"]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+}
