@@ -270,6 +270,26 @@ pub struct StepDone {
     pub run: u64,
 }
 
+/// Asked by `ask` (F-1, W-1): the durable wait `ask_id`, opened with `prompt` if it is not
+/// yet.
+#[derive(Debug, Message)]
+#[rtype(result = "Asked")]
+pub struct AskBoundary {
+    pub ask_id: String,
+    pub prompt: String,
+    pub run: u64,
+}
+
+/// The execution's answer to an `ask`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Asked {
+    Answered(String),
+    Declined,
+    /// Opened now (the execution waits for a person), or the run is over: the body returns;
+    /// the run after the answer reads it.
+    Suspend,
+}
+
 /// What a function body runs over: its execution's boundaries.
 #[derive(Clone)]
 pub struct FunctionContext {
@@ -277,6 +297,7 @@ pub struct FunctionContext {
     run: u64,
     boundary: Recipient<StepBoundary>,
     done: Recipient<StepDone>,
+    ask: Recipient<AskBoundary>,
 }
 
 impl std::fmt::Debug for FunctionContext {
@@ -294,12 +315,31 @@ impl FunctionContext {
         run: u64,
         boundary: Recipient<StepBoundary>,
         done: Recipient<StepDone>,
+        ask: Recipient<AskBoundary>,
     ) -> Self {
         Self {
             execution_id,
             run,
             boundary,
             done,
+            ask,
+        }
+    }
+
+    /// A declared interaction boundary (W-1, W-2): a durable approval `ask_id` with
+    /// `prompt`. The first time, the execution waits (`waiting`) and this run ends
+    /// (`Suspended`); once a person answers or declines, the next run gets `Some(answer)` or
+    /// `None` here, on every later run too.
+    pub async fn ask(&self, ask_id: &str, prompt: &str) -> Result<Option<String>, StepError> {
+        let asked = AskBoundary {
+            ask_id: ask_id.to_owned(),
+            prompt: prompt.to_owned(),
+            run: self.run,
+        };
+        match self.ask.send(asked).await {
+            Ok(Asked::Answered(answer)) => Ok(Some(answer)),
+            Ok(Asked::Declined) => Ok(None),
+            Ok(Asked::Suspend) | Err(_) => Err(StepError::Suspended),
         }
     }
 

@@ -30,14 +30,14 @@ struct StepsInput {
     path: String,
     #[serde(default)]
     sleep_ms: u64,
-    /// Accepted for the contract's shape; the `ask` boundary is not built yet.
+    /// An approval before step `ask_at`: declined, that step is skipped.
     #[serde(default)]
-    #[allow(dead_code)]
     ask_at: Option<u32>,
 }
 
 /// `steps` revision 1: steps `s1..sK`, each appending `sI<TAB>EFFECT_ID` to FILE with the
-/// `append` protocol (External, reconcilable), `sleep_ms` before each; result `{"done": K}`.
+/// `append` protocol (External, reconcilable), `sleep_ms` before each; an `ask` (approval)
+/// before step `ask_at` (declined: the step is skipped); result `{"done": K}`.
 pub fn steps_v1() -> DurableFunction {
     steps_revision(1, "builtin:steps:1", |context, input| {
         run_steps(context, input, "s", false).boxed()
@@ -109,7 +109,17 @@ async fn run_steps(
     }
     let sleep = Duration::from_millis(input.sleep_ms);
     for index in 1..=input.count {
-        append_step(&context, &format!("{prefix}{index}"), &input.path, sleep).await?;
+        let step_id = format!("{prefix}{index}");
+        if input.ask_at == Some(index) {
+            let approved = context
+                .ask(&step_id, &format!("Run step {step_id}?"))
+                .await
+                .map_err(|error| error.to_string())?;
+            if approved.is_none() {
+                continue;
+            }
+        }
+        append_step(&context, &step_id, &input.path, sleep).await?;
     }
     if summary {
         append_step(&context, "summary", &input.path, Duration::ZERO).await?;

@@ -725,3 +725,53 @@ async fn k7_set_policy_is_a_functions_command() {
     );
     assert_each_step_once(&path, 2);
 }
+
+/// F-1, W-1, W-2: `steps` with `ask_at` waits for an approval before that step; the answer
+/// lets it run, every step once; a decline skips it and the function goes on.
+#[tokio::test]
+async fn f1_an_ask_boundary_waits_for_a_person_and_resumes_with_the_answer() {
+    let harness = steps_harness();
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (answer, expected) in [
+        ("answer", vec!["s1", "s2", "s3"]),
+        ("decline", vec!["s1", "s3"]),
+    ] {
+        let path = dir.path().join(format!("{answer}.log"));
+        let execution = start_steps(&harness, json!({"count": 3, "path": path, "ask_at": 2})).await;
+        let waiting = harness.wait_for_state(execution, "waiting").await;
+        assert_eq!(lines(&path).len(), 1, "only s1 ran before the ask");
+        let wait = &waiting.waits[0];
+        assert_eq!(
+            (wait.kind, wait.status, wait.prompt.as_str()),
+            ("approval", "open", "Run step s2?")
+        );
+        assert!(
+            waiting.capabilities.contains(&"answer"),
+            "{:?}",
+            waiting.capabilities
+        );
+        let mut body = json!({"command_id": openprogram::storage::CommandId::new(), "kind": answer, "wait_id": wait.wait_id});
+        if answer == "answer" {
+            body["answer"] = json!("yes");
+        }
+        let reply = harness
+            .runtime
+            .command(
+                harness.session,
+                execution,
+                openprogram::Command::from_json(&body).expect("command"),
+            )
+            .await
+            .expect("command");
+        assert_eq!(reply.status, "applied", "{reply:?}");
+        let done = harness.wait_for_state(execution, "completed").await;
+        let appended: Vec<String> = lines(&path).into_iter().map(|(step, _)| step).collect();
+        assert_eq!(appended, expected, "{answer}");
+        assert_eq!(
+            done.waits.len(),
+            1,
+            "one wait, resolved once: {:?}",
+            done.waits
+        );
+    }
+}

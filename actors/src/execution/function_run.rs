@@ -12,11 +12,11 @@ use std::panic::AssertUnwindSafe;
 use actix::prelude::*;
 use futures::future::{AbortHandle, Abortable};
 use futures::FutureExt as _;
-use openprogram_storage::{EffectId, Event};
+use openprogram_storage::{EffectId, Event, WaitId, WaitStatus};
 
 use super::actor::{committed, log_failure, Advance, ExecutionActor, InFlight};
 use crate::execution::machine::{Recovery, Registered, RunDecision};
-use crate::function::{Boundary, FunctionContext, StepBoundary, StepDone};
+use crate::function::{AskBoundary, Asked, Boundary, FunctionContext, StepBoundary, StepDone};
 
 /// A run of the body ended with its result (or error), or it panicked.
 #[derive(Debug, Message)]
@@ -67,6 +67,7 @@ impl ExecutionActor {
         let context = FunctionContext::new(
             self.execution_id,
             run,
+            ctx.address().recipient(),
             ctx.address().recipient(),
             ctx.address().recipient(),
         );
@@ -200,5 +201,55 @@ impl Handler<FunctionReturned> for ExecutionActor {
         self.in_flight = None;
         let events = self.machine.decide_returned(returned.result);
         AtomicResponse::new(Box::pin(self.commit(events, Vec::new()).map(log_failure)))
+    }
+}
+
+/// The wait id of a function's `ask`: derived from the execution and the ask's id, so every
+/// run of the body finds the same wait.
+fn ask_wait(execution_id: openprogram_storage::ExecutionId, ask_id: &str) -> WaitId {
+    let name = format!("ask:{ask_id}");
+    WaitId::from_uuid(uuid::Uuid::new_v5(execution_id.as_uuid(), name.as_bytes()))
+}
+
+impl Handler<AskBoundary> for ExecutionActor {
+    type Result = AtomicResponse<Self, Asked>;
+
+    fn handle(&mut self, asked: AskBoundary, ctx: &mut Context<Self>) -> Self::Result {
+        let _span = self.span.clone().entered();
+        self.handled += 1;
+        let ready = |asked| AtomicResponse::new(Box::pin(fut::ready(asked)));
+        if self.function_run() != Some(asked.run) {
+            return ready(Asked::Suspend);
+        }
+        let wait_id = ask_wait(self.execution_id, &asked.ask_id);
+        let events = match self.machine.decide_ask(wait_id, &asked.prompt) {
+            // Asked and resolved before: its outcome, on every run (W-2).
+            Err(wait) if wait.status == WaitStatus::Answered => {
+                return ready(Asked::Answered(wait.answer.clone().unwrap_or_default()))
+            }
+            Err(wait) if wait.status == WaitStatus::Declined => return ready(Asked::Declined),
+            // Open (a run racing its own wait), expired or invalidated: this run ends.
+            Err(_) => {
+                self.end_function_run();
+                ctx.notify(Advance);
+                return ready(Asked::Suspend);
+            }
+            Ok(events) => events,
+        };
+        if self.machine.suspends_at_boundary() || self.env.lifecycle.is_stopping() {
+            self.end_function_run();
+            ctx.notify(Advance);
+            return ready(Asked::Suspend);
+        }
+        // The run ends at the wait: the execution parks until a person answers.
+        self.end_function_run();
+        let committed = committed(self.submit(events, Vec::new()));
+        AtomicResponse::new(Box::pin(committed.map(|result, act, ctx| {
+            match result {
+                Ok(_) => act.park_if_idle(ctx),
+                Err(error) => log_failure(Err(error), act, ctx),
+            }
+            Asked::Suspend
+        })))
     }
 }

@@ -44,6 +44,29 @@ impl Machine {
         ]
     }
 
+    /// F-1, W-1: a function's `ask`: the checkpoint, the approval wait at it, and the
+    /// `waiting` state, or, asked before, the wait as it is.
+    pub fn decide_ask(&self, wait_id: WaitId, prompt: &str) -> Result<Vec<Event>, &WaitState> {
+        if let Some(wait) = self.wait(wait_id) {
+            return Err(wait);
+        }
+        let mut prompt = prompt.to_owned();
+        truncate(&mut prompt, PROMPT_BYTES_MAX);
+        Ok(vec![
+            Event::CheckpointPublished { checkpoint_seq: 0 },
+            Event::WaitOpened {
+                wait_id,
+                kind: WaitKind::Approval,
+                prompt,
+                live: None,
+            },
+            Event::StateChanged {
+                state: Status::Waiting,
+                reason: "ask".into(),
+            },
+        ])
+    }
+
     /// W-4: only the live attempt's running call may ask.
     pub(super) fn decide_live_question(
         &self,
