@@ -298,6 +298,8 @@ pub struct FunctionContext {
     boundary: Recipient<StepBoundary>,
     done: Recipient<StepDone>,
     ask: Recipient<AskBoundary>,
+    /// The branch this context runs in (`a/b/`), prefixed to its step and ask ids.
+    scope: String,
 }
 
 impl std::fmt::Debug for FunctionContext {
@@ -323,7 +325,41 @@ impl FunctionContext {
             boundary,
             done,
             ask,
+            scope: String::new(),
         }
+    }
+
+    /// F-1, F-4: named branches run at once, each over a context of its own whose step and
+    /// ask ids are the branch's (`NAME/STEP`): each keeps its own progress, and a later run
+    /// reads each branch's committed steps back. Returns each branch's result, in order.
+    /// Branch names must be distinct and contain no `/`.
+    pub async fn parallel<T, F, Fut>(
+        &self,
+        branches: Vec<(String, F)>,
+    ) -> Result<Vec<Result<T, String>>, StepError>
+    where
+        F: FnOnce(FunctionContext) -> Fut,
+        Fut: Future<Output = Result<T, String>>,
+    {
+        let mut names = std::collections::BTreeSet::new();
+        for (name, _) in &branches {
+            if name.is_empty() || name.contains('/') || !names.insert(name.clone()) {
+                return Err(StepError::Failed(format!(
+                    "branch names must be distinct, not empty, and without `/`: `{name}`"
+                )));
+            }
+        }
+        let running = branches.into_iter().map(|(name, branch)| {
+            let mut context = self.clone();
+            context.scope = format!("{}{name}/", self.scope);
+            branch(context)
+        });
+        Ok(futures::future::join_all(running).await)
+    }
+
+    /// The id a step or ask of this context is recorded under.
+    fn scoped(&self, id: &str) -> String {
+        format!("{}{id}", self.scope)
     }
 
     /// A declared interaction boundary (W-1, W-2): a durable approval `ask_id` with
@@ -332,7 +368,7 @@ impl FunctionContext {
     /// `None` here, on every later run too.
     pub async fn ask(&self, ask_id: &str, prompt: &str) -> Result<Option<String>, StepError> {
         let asked = AskBoundary {
-            ask_id: ask_id.to_owned(),
+            ask_id: self.scoped(ask_id),
             prompt: prompt.to_owned(),
             run: self.run,
         };
@@ -363,8 +399,9 @@ impl FunctionContext {
         F: FnOnce(StepRun) -> Fut,
         Fut: Future<Output = Result<T, String>>,
     {
+        let step_id = self.scoped(step_id);
         let asked = StepBoundary {
-            step_id: step_id.to_owned(),
+            step_id: step_id.clone(),
             recovery,
             run: self.run,
         };
@@ -389,7 +426,7 @@ impl FunctionContext {
             Err(error) => (ReceiptStatus::Failed, error.clone()),
         };
         let done = StepDone {
-            step_id: step_id.to_owned(),
+            step_id,
             effect_id,
             status,
             output: output.clone(),

@@ -1,5 +1,6 @@
 //! The built-in durable functions of SPEC §6, for demos, tests and load: `steps`
-//! revisions 1 to 3 (how tests deploy new code across a restart, F-3).
+//! revisions 1 to 3 (how tests deploy new code across a restart, F-3), and `fanout`
+//! (named parallel branches).
 
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ const SLEEP_MS_MAX: u64 = 60_000;
 pub fn builtin() -> FunctionRegistry {
     let mut registry = FunctionRegistry::default();
     // Built-ins have distinct names and revisions: nothing to conflict with.
-    for function in [steps_v1(), steps_v2(), steps_v3()] {
+    for function in [steps_v1(), steps_v2(), steps_v3(), fanout()] {
         let _ = registry.register(function);
     }
     registry
@@ -134,8 +135,19 @@ async fn append_step(
     path: &str,
     sleep: Duration,
 ) -> Result<(), String> {
+    append_line(context, step_id, step_id, path, sleep).await
+}
+
+/// An External step `step_id` appending `LINE<TAB>EFFECT_ID` to `path` after `sleep`.
+async fn append_line(
+    context: &FunctionContext,
+    step_id: &str,
+    line: &str,
+    path: &str,
+    sleep: Duration,
+) -> Result<(), String> {
     let path = path.to_owned();
-    let line = step_id.to_owned();
+    let line = line.to_owned();
     let done: Result<String, StepError> = context
         .step(step_id, Recovery::External, move |run| async move {
             if !sleep.is_zero() {
@@ -146,4 +158,65 @@ async fn append_step(
         })
         .await;
     done.map(|_| ()).map_err(|error| error.to_string())
+}
+
+/// `fanout` input: `{"branches": [NAME...], "path": FILE, "sleep_ms": M?}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FanoutInput {
+    branches: Vec<String>,
+    path: String,
+    #[serde(default)]
+    sleep_ms: u64,
+}
+
+/// `fanout`: named `parallel` branches, each appending `NAME<TAB>EFFECT_ID` (its step
+/// `NAME/append`, External), at once; then a step `join` appending `join<TAB>EFFECT_ID`;
+/// result `{"branches": N}`.
+pub fn fanout() -> DurableFunction {
+    DurableFunction::new("fanout", 1, "builtin:fanout:1", |context, input| {
+        run_fanout(context, input).boxed()
+    })
+    .input::<FanoutInput>()
+    .reconcile_with(|step, input| async move {
+        let Ok(input) = serde_json::from_value::<FanoutInput>(input) else {
+            return Reconciliation::Unknown;
+        };
+        match find_record(input.path, step.effect_id).await {
+            Reconciliation::Confirmed(_) => Reconciliation::Confirmed(appended()),
+            other => other,
+        }
+    })
+}
+
+async fn run_fanout(
+    context: FunctionContext,
+    input: serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    let input: FanoutInput = serde_json::from_value(input).map_err(|error| error.to_string())?;
+    if input.sleep_ms > SLEEP_MS_MAX {
+        return Err(format!("sleep_ms must be at most {SLEEP_MS_MAX}"));
+    }
+    let sleep = Duration::from_millis(input.sleep_ms);
+    let branches = input
+        .branches
+        .iter()
+        .map(|name| {
+            let path = input.path.clone();
+            let name = name.clone();
+            let line = name.clone();
+            (name, move |branch: FunctionContext| async move {
+                append_line(&branch, "append", &line, &path, sleep).await
+            })
+        })
+        .collect();
+    for result in context
+        .parallel(branches)
+        .await
+        .map_err(|error| error.to_string())?
+    {
+        result?;
+    }
+    append_step(&context, "join", &input.path, Duration::ZERO).await?;
+    Ok(serde_json::json!({ "branches": input.branches.len() }))
 }

@@ -16,7 +16,7 @@ use actix::prelude::*;
 use futures::StreamExt;
 use openprogram_storage::{
     CommandId, Event, EventEnvelope, ExecutionHead, ExecutionId, ExecutionState, Outcome,
-    ReceiptStatus, RestartIntent, Transition,
+    RestartIntent, Transition,
 };
 use openprogram_storage::{ProcessId, ProcessState, Upsert};
 
@@ -362,22 +362,15 @@ async fn unknown_instead(
     machine: &Machine,
     intent: Option<RestartIntent>,
 ) -> Result<Option<Done>> {
-    let Some(pending) = machine
-        .pending_tool
-        .as_ref()
-        .filter(|pending| pending.dispatched)
-    else {
+    // Dispatched by the dead attempt: in doubt for this claim as for any new attempt.
+    let Some(unknown) = machine.in_doubt(true) else {
         return Ok(None);
     };
     let mut events = Vec::new();
     if let Some(intent) = intent.filter(|_| head.restart_intent.is_none()) {
         events.push(Event::RestartIntentRecorded { intent });
     }
-    events.push(Event::ToolFinished {
-        effect_id: pending.effect_id,
-        status: ReceiptStatus::Unknown,
-        output: "dispatched by an earlier attempt; its outcome is unknown".into(),
-    });
+    events.extend(unknown);
     events.push(Event::StateChanged {
         state: ExecutionState::ReconciliationRequired,
         reason: "unknown external effect".into(),

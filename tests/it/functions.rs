@@ -775,3 +775,167 @@ async fn f1_an_ask_boundary_waits_for_a_person_and_resumes_with_the_answer() {
         );
     }
 }
+
+/// The lines of a `fanout` file, sorted (branches run at once), and its last line.
+fn fanout_lines(path: &std::path::Path) -> (Vec<String>, Option<String>) {
+    let appended: Vec<String> = lines(path).into_iter().map(|(line, _)| line).collect();
+    let last = appended.last().cloned();
+    let mut sorted = appended;
+    sorted.sort();
+    (sorted, last)
+}
+
+/// F-1, F-4, F-5: `fanout`'s named branches run at once, each its own step; a Pause lets
+/// the running branch steps finish (nothing is left in doubt) and stops before `join`;
+/// Continue runs `join` once, and no branch again.
+#[tokio::test]
+async fn f5_a_pause_while_parallel_branches_run_lets_them_finish_and_join_runs_once() {
+    let harness = steps_harness_with(&[("fanout", 1)]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("fanout.log");
+    let started = harness
+        .runtime
+        .start_function(
+            harness.session,
+            FunctionStart {
+                function: "fanout".into(),
+                input: json!({"branches": ["a", "b", "c"], "path": path, "sleep_ms": 200}),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("start fanout");
+    let execution = started.started.execution_id;
+    harness
+        .wait_for(execution, "three branch steps started", |_| {
+            let events = harness.events(execution);
+            count(&events, |event| matches!(event, Event::StepStarted { .. })) == 3
+        })
+        .await;
+    let paused = harness.command(execution, "pause", None).await;
+    assert_eq!(paused.status, "applied", "{paused:?}");
+    let snapshot = harness.wait_for_state(execution, "paused").await;
+    assert_eq!(snapshot.pause_reason.as_deref(), Some("pause"));
+    let (appended, _) = fanout_lines(&path);
+    assert_eq!(
+        appended,
+        vec!["a", "b", "c"],
+        "every running branch finished"
+    );
+    let steps: Vec<&str> = snapshot
+        .function
+        .as_ref()
+        .expect("function")
+        .completed_steps
+        .iter()
+        .map(|step| step.step_id.as_str())
+        .collect();
+    let mut sorted = steps.clone();
+    sorted.sort();
+    assert_eq!(sorted, vec!["a/append", "b/append", "c/append"]);
+    let resumed = harness.command(execution, "continue", None).await;
+    assert_eq!(resumed.status, "applied", "{resumed:?}");
+    let done = harness.wait_for_state(execution, "completed").await;
+    let (appended, last) = fanout_lines(&path);
+    assert_eq!(appended, vec!["a", "b", "c", "join"]);
+    assert_eq!(last.as_deref(), Some("join"));
+    assert_eq!(done.text, r#"{"branches":3}"#);
+}
+
+/// A runtime with exactly these built-in revisions.
+fn steps_harness_with(builtins: &[(&str, u32)]) -> Harness {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = Runtime::builder()
+        .data_dir(dir.path())
+        .builtin_function_revisions(
+            builtins
+                .iter()
+                .map(|(name, revision)| (name.to_string(), *revision))
+                .collect(),
+        )
+        .open()
+        .expect("open");
+    Harness::with_runtime(runtime, dir)
+}
+
+/// F-4, R-8 with real processes: `serve` killed with SIGKILL twice while `fanout`'s three
+/// branches are in flight at once; every step in doubt is reconciled (one after another)
+/// by the `append` protocol, and each branch's line and `join` are in the file once.
+#[test]
+fn f4_kill9_twice_during_parallel_branches_every_line_exactly_once() {
+    use crate::served::Served;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let path = dir.path().join("fanout.log");
+    let token = "function-test-token";
+    let served = Served::start(&data, token, &[], &[]);
+    let (_, session) = served.call("POST", "/v1/sessions", Some(&json!({})));
+    let session = session["session_id"]
+        .as_str()
+        .expect("session id")
+        .to_owned();
+    let executions = format!("/v1/sessions/{session}/executions");
+    let names: Vec<String> = (0..6).map(|index| format!("b{index}")).collect();
+    let start = json!({
+        "kind": "function",
+        "function": "fanout",
+        "input": {"branches": names, "path": path, "sleep_ms": 150},
+    });
+    let (status, started) = served.call("POST", &executions, Some(&start));
+    assert_eq!(status, 201, "{started}");
+    let execution = started["execution_id"].as_str().expect("id").to_owned();
+    let wait_lines = |at_least: usize| {
+        let waited = std::time::Instant::now();
+        while lines(&path).len() < at_least {
+            assert!(waited.elapsed() < DEADLINE, "waited for {at_least} lines");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    };
+    // Mid-flight: some branches appended, others not yet; then again once the restarted
+    // run appended more (or finished).
+    wait_lines(1);
+    served.kill9();
+    let served = Served::start(&data, token, &[], &[]);
+    let before = lines(&path).len();
+    let waited = std::time::Instant::now();
+    while lines(&path).len() == before {
+        let (_, snapshot) = served.call("GET", &format!("{executions}/{execution}"), None);
+        if snapshot["state"] == "completed" {
+            break;
+        }
+        assert!(
+            waited.elapsed() < DEADLINE,
+            "no progress after the restart: {snapshot}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    served.kill9();
+    let served = Served::start(&data, token, &[], &[]);
+    let waited = std::time::Instant::now();
+    let snapshot = loop {
+        let (_, snapshot) = served.call("GET", &format!("{executions}/{execution}"), None);
+        if snapshot["state"] == "completed" {
+            break snapshot;
+        }
+        assert!(waited.elapsed() < DEADLINE, "not completed: {snapshot}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let (appended, last) = fanout_lines(&path);
+    let mut expected = names.clone();
+    expected.push("join".into());
+    expected.sort();
+    assert_eq!(appended, expected, "{snapshot}");
+    assert_eq!(last.as_deref(), Some("join"));
+    let (_, events) = served.call("GET", &format!("{executions}/{execution}/events"), None);
+    let in_doubt = events
+        .as_array()
+        .map(|events| {
+            let unknown = |event: &&serde_json::Value| {
+                event["type"] == "step_finished" && event["status"] == "Unknown"
+            };
+            events.iter().filter(unknown).count()
+        })
+        .unwrap_or_default();
+    eprintln!("f4 fanout: {in_doubt} steps in doubt after the kills, each reconciled");
+    served.stop();
+}

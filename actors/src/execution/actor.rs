@@ -67,6 +67,9 @@ pub struct ExecutionActor {
     /// Runs of a durable function's body this actor started; the newest is the one in
     /// flight, if any (`function_run.rs`).
     pub(super) function_runs: u64,
+    /// The run in flight stops at its boundaries (a Pause, a wait opened): once the body
+    /// returns, its result is none.
+    pub(super) suspending: bool,
 }
 
 impl std::fmt::Debug for ExecutionActor {
@@ -138,6 +141,7 @@ impl ExecutionActor {
             recording_lost: 0,
             token,
             function_runs: 0,
+            suspending: false,
         }
     }
 

@@ -63,6 +63,7 @@ impl ExecutionActor {
             return Box::pin(self.commit(vec![paused], Vec::new()).map(log_failure));
         };
         self.function_runs += 1;
+        self.suspending = false;
         let run = self.function_runs;
         let context = FunctionContext::new(
             self.execution_id,
@@ -85,10 +86,11 @@ impl ExecutionActor {
                         run,
                         result: Err("the function panicked".into()),
                     }),
-                    // Ended by a boundary's suspension or a cancel: `next` says what now.
+                    // Aborted by a cancel: `next` records what it stopped.
                     Err(_aborted) => {
                         if act.function_run() == Some(run) {
                             act.in_flight = None;
+                            act.suspending = false;
                         }
                         ctx.notify(Advance);
                     }
@@ -103,18 +105,19 @@ impl ExecutionActor {
         self.in_flight.as_ref().map(|_| self.function_runs)
     }
 
-    /// Ends the body's run in progress: it is never polled again.
-    fn end_function_run(&mut self) {
-        if let Some(in_flight) = self.in_flight.take() {
-            in_flight.abort.abort();
-        }
+    /// F-5: the run stops at its boundaries from now on: each gets `Suspend` and the body
+    /// returns; steps already running (other branches) finish and are committed. Once it
+    /// returned, `Advance` commits the pause, the step's pause or the restart pause.
+    fn suspend_run(&mut self) -> Boundary {
+        self.suspending = true;
+        Boundary::Suspend
     }
 }
 
 impl Handler<StepBoundary> for ExecutionActor {
     type Result = AtomicResponse<Self, Boundary>;
 
-    fn handle(&mut self, asked: StepBoundary, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, asked: StepBoundary, _ctx: &mut Context<Self>) -> Self::Result {
         let _span = self.span.clone().entered();
         self.handled += 1;
         let ready = |boundary| AtomicResponse::new(Box::pin(fut::ready(boundary)));
@@ -129,13 +132,16 @@ impl Handler<StepBoundary> for ExecutionActor {
             });
         }
         let stopping = self.env.lifecycle.is_stopping();
-        if self.machine.suspends_at_boundary() || self.machine.pending_tool.is_some() || stopping {
-            // F-5: the run ends here; `Advance` commits the pause, the cancel, the restart
-            // pause of an orderly shutdown, or (a step of this run still dispatched:
-            // two steps at once) the unknown outcome.
-            self.end_function_run();
-            ctx.notify(Advance);
-            return ready(Boundary::Suspend);
+        // A step of this id still running: the body asks for one step twice at once.
+        let twice = self
+            .machine
+            .pending_steps
+            .iter()
+            .any(|pending| pending.tool == asked.step_id);
+        if self.suspending || self.machine.suspends_at_boundary() || stopping || twice {
+            // F-5: the run stops here (a Pause, a used-up Step, a Cancel, an orderly
+            // shutdown, R-7).
+            return ready(self.suspend_run());
         }
         let effect_id = EffectId::new();
         if asked.recovery == Recovery::Idempotent {
@@ -194,11 +200,17 @@ impl Handler<FunctionReturned> for ExecutionActor {
         }
         self.handled += 1;
         if self.function_run() != Some(returned.run) {
-            // A run this actor ended already (suspended at a boundary): its return says
-            // nothing.
+            // A run this actor ended already: its return says nothing.
             return AtomicResponse::new(Box::pin(fut::ready(())));
         }
         self.in_flight = None;
+        if std::mem::take(&mut self.suspending) {
+            // Suspended at a boundary: what it returned is no result. `Advance` commits the
+            // pause; a waiting execution parks.
+            ctx.notify(Advance);
+            self.park_if_idle(ctx);
+            return AtomicResponse::new(Box::pin(fut::ready(())));
+        }
         let events = self.machine.decide_returned(returned.result);
         AtomicResponse::new(Box::pin(self.commit(events, Vec::new()).map(log_failure)))
     }
@@ -214,7 +226,7 @@ fn ask_wait(execution_id: openprogram_storage::ExecutionId, ask_id: &str) -> Wai
 impl Handler<AskBoundary> for ExecutionActor {
     type Result = AtomicResponse<Self, Asked>;
 
-    fn handle(&mut self, asked: AskBoundary, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, asked: AskBoundary, _ctx: &mut Context<Self>) -> Self::Result {
         let _span = self.span.clone().entered();
         self.handled += 1;
         let ready = |asked| AtomicResponse::new(Box::pin(fut::ready(asked)));
@@ -228,26 +240,25 @@ impl Handler<AskBoundary> for ExecutionActor {
                 return ready(Asked::Answered(wait.answer.clone().unwrap_or_default()))
             }
             Err(wait) if wait.status == WaitStatus::Declined => return ready(Asked::Declined),
-            // Open (a run racing its own wait), expired or invalidated: this run ends.
+            // Open (asked by another branch of this run), expired or invalidated.
             Err(_) => {
-                self.end_function_run();
-                ctx.notify(Advance);
+                self.suspend_run();
                 return ready(Asked::Suspend);
             }
             Ok(events) => events,
         };
-        if self.machine.suspends_at_boundary() || self.env.lifecycle.is_stopping() {
-            self.end_function_run();
-            ctx.notify(Advance);
+        let stopping = self.env.lifecycle.is_stopping();
+        if self.suspending || self.machine.suspends_at_boundary() || stopping {
+            self.suspend_run();
             return ready(Asked::Suspend);
         }
-        // The run ends at the wait: the execution parks until a person answers.
-        self.end_function_run();
+        // The run stops at the wait: the execution waits for a person, and parks once the
+        // body returned.
+        self.suspend_run();
         let committed = committed(self.submit(events, Vec::new()));
         AtomicResponse::new(Box::pin(committed.map(|result, act, ctx| {
-            match result {
-                Ok(_) => act.park_if_idle(ctx),
-                Err(error) => log_failure(Err(error), act, ctx),
+            if let Err(error) = result {
+                log_failure(Err(error), act, ctx);
             }
             Asked::Suspend
         })))

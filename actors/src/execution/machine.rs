@@ -101,11 +101,16 @@ pub struct Present {
     /// The revision the execution was admitted with (K-2: Fork and Retry need it loadable).
     pub revision_id: Option<RevisionId>,
     /// A durable function's execution: what it runs (F-1); `None` for an agent turn. Its
-    /// External step in flight, or in doubt, is `pending_tool` / `unresolved`, with the
-    /// step id as the tool.
+    /// External steps in flight are `pending_steps`; one in doubt is `unresolved` (then
+    /// `unresolved_queue`), with the step id as the tool.
     pub function: Option<std::sync::Arc<FunctionInput>>,
     /// A durable function's steps with a committed result so far: its next position.
     pub steps_done: u32,
+    /// A durable function's External steps dispatched and not finished (parallel branches
+    /// run several at once), oldest first.
+    pub pending_steps: Vec<PendingTool>,
+    /// Further steps recorded `Unknown` beside `unresolved`, reconciled one after another.
+    pub unresolved_queue: Vec<PendingTool>,
     /// F-3: the function's version policy now, and the revision it runs (the one it
     /// started with, or one it adopted).
     pub policy: openprogram_storage::VersionPolicy,
@@ -391,6 +396,39 @@ impl Machine {
         }
     }
 
+    /// The `Unknown` receipts of the effects in doubt, asked when nothing is in flight: an
+    /// agent's tool call dispatched by an earlier attempt (any dispatched one, `new_attempt`:
+    /// as a claim for a new attempt sees them); a function's External steps dispatched with
+    /// no run of its body going on (a crash, a cancel, a lost run). `None`: none is.
+    pub fn in_doubt(&self, new_attempt: bool) -> Option<Vec<Event>> {
+        let output = |pending: &PendingTool| match pending.uncertain || new_attempt {
+            true => "dispatched by an earlier attempt; its outcome is unknown".to_owned(),
+            false => "its run ended before its result was recorded; its outcome is unknown".into(),
+        };
+        if self.function.is_some() {
+            let events: Vec<Event> = self
+                .pending_steps
+                .iter()
+                .map(|pending| Event::StepFinished {
+                    step_id: pending.tool.clone(),
+                    effect_id: pending.effect_id,
+                    status: ReceiptStatus::Unknown,
+                    output: output(pending),
+                })
+                .collect();
+            return (!events.is_empty()).then_some(events);
+        }
+        let pending = self
+            .pending_tool
+            .as_ref()
+            .filter(|pending| pending.uncertain || (new_attempt && pending.dispatched))?;
+        Some(vec![Event::ToolFinished {
+            effect_id: pending.effect_id,
+            status: ReceiptStatus::Unknown,
+            output: output(pending),
+        }])
+    }
+
     /// What a running execution does when no effect is in flight. `fresh` makes the effect
     /// id to use if it calls the model (only then: a new id costs the caller a random
     /// number); `recovery` tells how a tool recovers.
@@ -402,43 +440,19 @@ impl Machine {
         if self.status() != Status::Running && self.status() != Status::Cancelling {
             return Next::Idle;
         }
-        // A function's dispatched step with no body running it (this is asked only when
-        // nothing is in flight) is as much in doubt as one of an earlier attempt.
-        let in_doubt = |pending: &&PendingTool| {
-            pending.uncertain || (self.function.is_some() && pending.dispatched)
-        };
-        if let Some(pending) = self.pending_tool.as_ref().filter(in_doubt) {
-            // Never repeated, never guessed: record it unknown and stop for reconciliation.
+        // Never repeated, never guessed: record it unknown and stop for reconciliation.
+        if let Some(mut events) = self.in_doubt(false) {
             let state = if self.cancel_requested {
                 Status::Cancelled
             } else {
                 Status::ReconciliationRequired
             };
-            let output = match pending.uncertain {
-                true => "dispatched by an earlier attempt; its outcome is unknown",
-                false => "its run ended before its result was recorded; its outcome is unknown",
-            };
-            let finished = match self.function.is_some() {
-                true => Event::StepFinished {
-                    step_id: pending.tool.clone(),
-                    effect_id: pending.effect_id,
-                    status: ReceiptStatus::Unknown,
-                    output: output.into(),
-                },
-                false => Event::ToolFinished {
-                    effect_id: pending.effect_id,
-                    status: ReceiptStatus::Unknown,
-                    output: output.into(),
-                },
-            };
-            return Next::Persist(vec![
-                finished,
-                Event::CheckpointPublished { checkpoint_seq: 0 },
-                Event::StateChanged {
-                    state,
-                    reason: "unknown external effect".into(),
-                },
-            ]);
+            events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
+            events.push(Event::StateChanged {
+                state,
+                reason: "unknown external effect".into(),
+            });
+            return Next::Persist(events);
         }
         if self.cancel_requested {
             return Next::Persist(vec![cancelled()]);
@@ -763,7 +777,7 @@ impl Present {
             } => {
                 self.pending_commands
                     .retain(|(pending, _)| pending != command_id);
-                self.apply_control(control, actions);
+                self.apply_control(control, seq, actions);
             }
             Event::ModelDecided { decision: text, .. } => match decision {
                 Some(decision) => self.model_decided(event, Some(decision), actions),
@@ -796,7 +810,7 @@ impl Present {
                 let mut step = PendingTool::new(*effect_id, step_id.clone(), ToolArgs::default());
                 step.dispatched = true;
                 step.dispatched_by = self.attempt_owner;
-                self.pending_tool = Some(step);
+                self.pending_steps.push(step);
             }
             Event::StepFinished {
                 step_id,
@@ -837,6 +851,9 @@ impl Present {
             .filter(|pending| pending.dispatched)
         {
             pending.uncertain = true;
+        }
+        for step in &mut self.pending_steps {
+            step.uncertain = true;
         }
         match self.status() {
             Status::Queued | Status::Running => {
@@ -900,14 +917,22 @@ impl Present {
         seq: u64,
         actions: &mut Vec<Action>,
     ) {
-        let pending = self
-            .pending_tool
-            .take_if(|pending| pending.effect_id == effect_id);
+        let at = self
+            .pending_steps
+            .iter()
+            .position(|pending| pending.effect_id == effect_id);
+        let pending = at.map(|at| self.pending_steps.remove(at));
         if status == ReceiptStatus::Unknown {
-            self.unresolved = Some(pending.unwrap_or_else(|| {
+            let step = pending.unwrap_or_else(|| {
                 PendingTool::new(effect_id, step_id.to_owned(), ToolArgs::default())
-            }));
-            self.unresolved_seq = seq;
+            });
+            match self.unresolved {
+                None => {
+                    self.unresolved = Some(step);
+                    self.unresolved_seq = seq;
+                }
+                Some(_) => self.unresolved_queue.push(step),
+            }
             return;
         }
         if matches!(status, ReceiptStatus::Confirmed | ReceiptStatus::Failed) {

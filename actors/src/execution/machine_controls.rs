@@ -282,7 +282,7 @@ impl Machine {
 }
 
 impl Present {
-    pub(super) fn apply_control(&mut self, control: &Control, actions: &mut Vec<Action>) {
+    pub(super) fn apply_control(&mut self, control: &Control, seq: u64, actions: &mut Vec<Action>) {
         match control {
             Control::Pause => self.pause_requested = true,
             Control::Continue => {
@@ -300,7 +300,7 @@ impl Present {
             }
             Control::Reconcile {
                 effect_id, status, ..
-            } => self.apply_reconcile(*effect_id, *status),
+            } => self.apply_reconcile(*effect_id, *status, seq, actions),
             Control::Answer { .. } | Control::Decline { .. } => self.apply_wait_control(control),
             Control::StopProcess { process_id } => actions.push(Action::StopProcess {
                 process_id: *process_id,

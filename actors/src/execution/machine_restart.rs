@@ -7,7 +7,7 @@ use openprogram_storage::{
 };
 
 use crate::execution::machine::{
-    Machine, PendingTool, Present, Refusal, Turn, RESTART_PAUSE_REASON,
+    Action, Machine, PendingTool, Present, Refusal, Turn, RESTART_PAUSE_REASON,
 };
 
 impl Machine {
@@ -30,6 +30,10 @@ impl Machine {
             return Err(Refusal::Invalid(
                 "reconcile resolves an effect as confirmed or not_applied".into(),
             ));
+        }
+        if !self.unresolved_queue.is_empty() {
+            // Another step of the function is still in doubt: reconciled next.
+            return Ok(vec![Event::CheckpointPublished { checkpoint_seq: 0 }]);
         }
         Ok(vec![
             Event::CheckpointPublished { checkpoint_seq: 0 },
@@ -105,7 +109,13 @@ impl Machine {
 impl Present {
     /// Folds an applied `reconcile`: the effect is resolved; `not_applied` makes it pending
     /// again, under the same effect id.
-    pub(super) fn apply_reconcile(&mut self, effect_id: EffectId, status: ReceiptStatus) {
+    pub(super) fn apply_reconcile(
+        &mut self,
+        effect_id: EffectId,
+        status: ReceiptStatus,
+        seq: u64,
+        actions: &mut Vec<Action>,
+    ) {
         let Some(unresolved) = self
             .unresolved
             .take_if(|unresolved| unresolved.effect_id == effect_id)
@@ -114,8 +124,13 @@ impl Present {
         };
         if self.function.is_some() {
             // A durable function's step: the body runs it again when it gets there, or
-            // reads its result.
+            // reads its result. The next step in doubt, if any, is asked about next.
             self.steps_done += u32::from(status == ReceiptStatus::Confirmed);
+            if !self.unresolved_queue.is_empty() {
+                self.unresolved = Some(self.unresolved_queue.remove(0));
+                self.unresolved_seq = seq;
+                actions.push(Action::Reconcile);
+            }
             return;
         }
         if status == ReceiptStatus::NotApplied {

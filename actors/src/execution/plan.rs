@@ -244,9 +244,9 @@ fn receipt_of(
             output,
         } => {
             present
-                .pending_tool
-                .as_ref()
-                .filter(|pending| pending.effect_id == *effect_id)?;
+                .pending_steps
+                .iter()
+                .find(|pending| pending.effect_id == *effect_id)?;
             return Some(receipt(
                 *effect_id,
                 step_id.clone(),
