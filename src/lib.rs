@@ -252,7 +252,7 @@ impl RuntimeBuilder {
         if let Some(grace) = self.process_stop_grace {
             env.process_stop_grace = grace;
         }
-        env.functions = functions;
+        env.functions = Arc::new(functions);
         if let Some(policy) = self.function_policy {
             env.function_policy = policy;
         }

@@ -34,7 +34,7 @@ pub struct Env {
     pub provider: Arc<dyn Provider>,
     pub tools: ToolRegistry,
     /// The durable functions' registered revisions (F-1).
-    pub functions: FunctionRegistry,
+    pub functions: Arc<FunctionRegistry>,
     /// F-3: the version policy of a function execution started without one.
     pub function_policy: openprogram_storage::VersionPolicy,
     pub owner: OwnerId,
@@ -119,7 +119,7 @@ impl Env {
             store,
             provider,
             tools,
-            functions: crate::function_builtin::builtin(),
+            functions: Arc::new(crate::function_builtin::builtin()),
             function_policy: openprogram_storage::VersionPolicy::KeepOriginal,
             owner,
             lease_ttl,

@@ -298,8 +298,23 @@ pub struct FunctionContext {
     boundary: Recipient<StepBoundary>,
     done: Recipient<StepDone>,
     ask: Recipient<AskBoundary>,
-    /// The branch this context runs in (`a/b/`), prefixed to its step and ask ids.
+    missing: Recipient<RevisionMissing>,
+    /// The branch or nested call this context runs in (`a/b/`), prefixed to its step and
+    /// ask ids.
     scope: String,
+    /// What nested `workflow`s call.
+    functions: Arc<FunctionRegistry>,
+    /// Set once any boundary of this run answered `Suspend`: an error a nested call then
+    /// returns is the suspension's, not its own.
+    suspended: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Sent by a nested `workflow` whose function revision is not registered: the execution
+/// pauses `revision_missing` (F-3) and this run stops.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct RevisionMissing {
+    pub run: u64,
 }
 
 impl std::fmt::Debug for FunctionContext {
@@ -312,21 +327,90 @@ impl std::fmt::Debug for FunctionContext {
 }
 
 impl FunctionContext {
-    pub fn new(
+    /// A run's context: its boundaries (`StepBoundary`, `StepDone`, `AskBoundary`,
+    /// `RevisionMissing`) are answered by `actor`, nested calls made from `functions`.
+    pub fn new<A>(
         execution_id: ExecutionId,
         run: u64,
-        boundary: Recipient<StepBoundary>,
-        done: Recipient<StepDone>,
-        ask: Recipient<AskBoundary>,
-    ) -> Self {
+        actor: &Addr<A>,
+        functions: Arc<FunctionRegistry>,
+    ) -> Self
+    where
+        A: Actor<Context = Context<A>>
+            + Handler<StepBoundary>
+            + Handler<StepDone>
+            + Handler<AskBoundary>
+            + Handler<RevisionMissing>,
+    {
         Self {
             execution_id,
             run,
-            boundary,
-            done,
-            ask,
+            boundary: actor.clone().recipient(),
+            done: actor.clone().recipient(),
+            ask: actor.clone().recipient(),
+            missing: actor.clone().recipient(),
             scope: String::new(),
+            functions,
+            suspended: Arc::default(),
         }
+    }
+
+    /// F-1, F-4: a nested call of revision `revision` of the function `function`, recorded
+    /// under `call_id`: its steps are this execution's (the parent identity kept), under
+    /// `call_id/`, and its result is committed as the step `call_id` (its own record), so a
+    /// later run reads the whole call back. A revision not registered pauses the execution
+    /// `revision_missing` (F-3), never running other code.
+    pub async fn workflow(
+        &self,
+        call_id: &str,
+        function: &str,
+        revision: u32,
+        input: serde_json::Value,
+    ) -> Result<serde_json::Value, StepError> {
+        let record_id = self.scoped(call_id);
+        let asked = StepBoundary {
+            step_id: record_id.clone(),
+            recovery: Recovery::Idempotent,
+            run: self.run,
+        };
+        let effect_id = match self.boundary.send(asked).await {
+            Ok(Boundary::Committed { status, output }) => return read_back(status, &output),
+            Ok(Boundary::Run { effect_id }) => effect_id,
+            Ok(Boundary::Suspend) | Err(_) => return Err(self.suspend()),
+        };
+        let Some(called) = self.functions.get(function, revision) else {
+            let _ = self.missing.send(RevisionMissing { run: self.run }).await;
+            return Err(self.suspend());
+        };
+        let mut nested = self.clone();
+        nested.scope = format!("{record_id}/");
+        let result = called.run(nested, input).await;
+        if self.suspended.load(std::sync::atomic::Ordering::SeqCst) {
+            // Its error is the run's suspension: nothing of it is a result.
+            return Err(StepError::Suspended);
+        }
+        let (status, output) = match &result {
+            Ok(value) => (ReceiptStatus::Confirmed, value.to_string()),
+            Err(error) => (ReceiptStatus::Failed, error.clone()),
+        };
+        let done = StepDone {
+            step_id: record_id,
+            effect_id,
+            status,
+            output: output.clone(),
+            run: self.run,
+        };
+        match self.done.send(done).await {
+            Ok(true) => read_back(status, &output),
+            Ok(false) | Err(_) => Err(self.suspend()),
+        }
+    }
+
+    /// This run is suspended: every context of it says so from now on.
+    fn suspend(&self) -> StepError {
+        self.suspended
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        StepError::Suspended
     }
 
     /// F-1, F-4: named branches run at once, each over a context of its own whose step and
@@ -375,7 +459,7 @@ impl FunctionContext {
         match self.ask.send(asked).await {
             Ok(Asked::Answered(answer)) => Ok(Some(answer)),
             Ok(Asked::Declined) => Ok(None),
-            Ok(Asked::Suspend) | Err(_) => Err(StepError::Suspended),
+            Ok(Asked::Suspend) | Err(_) => Err(self.suspend()),
         }
     }
 
@@ -408,7 +492,7 @@ impl FunctionContext {
         let effect_id = match self.boundary.send(asked).await {
             Ok(Boundary::Committed { status, output }) => return read_back(status, &output),
             Ok(Boundary::Run { effect_id }) => effect_id,
-            Ok(Boundary::Suspend) | Err(_) => return Err(StepError::Suspended),
+            Ok(Boundary::Suspend) | Err(_) => return Err(self.suspend()),
         };
         let result = run(StepRun {
             execution_id: self.execution_id,
@@ -434,7 +518,7 @@ impl FunctionContext {
         };
         match self.done.send(done).await {
             Ok(true) => read_back(status, &output),
-            Ok(false) | Err(_) => Err(StepError::Suspended),
+            Ok(false) | Err(_) => Err(self.suspend()),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The built-in durable functions of SPEC §6, for demos, tests and load: `steps`
-//! revisions 1 to 3 (how tests deploy new code across a restart, F-3), and `fanout`
-//! (named parallel branches).
+//! revisions 1 to 3 (how tests deploy new code across a restart, F-3), `fanout` (named
+//! parallel branches) and `nested` (a nested workflow).
 
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ const SLEEP_MS_MAX: u64 = 60_000;
 pub fn builtin() -> FunctionRegistry {
     let mut registry = FunctionRegistry::default();
     // Built-ins have distinct names and revisions: nothing to conflict with.
-    for function in [steps_v1(), steps_v2(), steps_v3(), fanout()] {
+    for function in [steps_v1(), steps_v2(), steps_v3(), fanout(), nested()] {
         let _ = registry.register(function);
     }
     registry
@@ -219,4 +219,51 @@ async fn run_fanout(
     }
     append_step(&context, "join", &input.path, Duration::ZERO).await?;
     Ok(serde_json::json!({ "branches": input.branches.len() }))
+}
+
+/// `nested` input: `{"count": K, "path": FILE, "sleep_ms": M?}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NestedInput {
+    count: u32,
+    path: String,
+    #[serde(default)]
+    sleep_ms: u64,
+}
+
+/// `nested`: calls `steps` revision 1 as a nested workflow (`inner`: its steps are
+/// `inner/s1..`), then a step `after` appending `after<TAB>EFFECT_ID`; result `{"inner":
+/// RESULT}`.
+pub fn nested() -> DurableFunction {
+    DurableFunction::new("nested", 1, "builtin:nested:1", |context, input| {
+        run_nested(context, input).boxed()
+    })
+    .input::<NestedInput>()
+    .reconcile_with(|step, input| async move {
+        let Ok(input) = serde_json::from_value::<NestedInput>(input) else {
+            return Reconciliation::Unknown;
+        };
+        match find_record(input.path, step.effect_id).await {
+            Reconciliation::Confirmed(_) => Reconciliation::Confirmed(appended()),
+            other => other,
+        }
+    })
+}
+
+async fn run_nested(
+    context: FunctionContext,
+    input: serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    let input: NestedInput = serde_json::from_value(input).map_err(|error| error.to_string())?;
+    let steps = serde_json::json!({
+        "count": input.count,
+        "path": input.path,
+        "sleep_ms": input.sleep_ms,
+    });
+    let inner = context
+        .workflow("inner", "steps", 1, steps)
+        .await
+        .map_err(|error| error.to_string())?;
+    append_step(&context, "after", &input.path, Duration::ZERO).await?;
+    Ok(serde_json::json!({ "inner": inner }))
 }

@@ -939,3 +939,119 @@ fn f4_kill9_twice_during_parallel_branches_every_line_exactly_once() {
     eprintln!("f4 fanout: {in_doubt} steps in doubt after the kills, each reconciled");
     served.stop();
 }
+
+/// F-1, F-4: `nested` calls `steps` revision 1 as a nested workflow: its steps are the
+/// parent's (`inner/s1..`), its result is its own record (`inner`), then `after` runs.
+#[tokio::test]
+async fn f4_a_nested_workflow_keeps_its_parents_identity_and_its_own_record() {
+    let harness = steps_harness_with(&[("steps", 1), ("nested", 1)]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("nested.log");
+    let started = harness
+        .runtime
+        .start_function(
+            harness.session,
+            FunctionStart {
+                function: "nested".into(),
+                input: json!({"count": 3, "path": path}),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("start nested");
+    let snapshot = harness
+        .wait_for_state(started.started.execution_id, "completed")
+        .await;
+    let appended: Vec<String> = lines(&path).into_iter().map(|(line, _)| line).collect();
+    assert_eq!(appended, vec!["s1", "s2", "s3", "after"]);
+    let steps: Vec<String> = snapshot
+        .function
+        .expect("function")
+        .completed_steps
+        .into_iter()
+        .map(|step| step.step_id)
+        .collect();
+    assert_eq!(
+        steps,
+        vec!["inner/s1", "inner/s2", "inner/s3", "inner", "after"]
+    );
+    assert_eq!(snapshot.text, r#"{"inner":{"done":3}}"#);
+}
+
+/// F-3: a nested call of a revision that is not registered pauses `revision_missing`.
+#[tokio::test]
+async fn f3_a_nested_call_of_an_unregistered_revision_pauses_revision_missing() {
+    let harness = steps_harness_with(&[("steps", 2), ("nested", 1)]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("nested.log");
+    let started = harness
+        .runtime
+        .start_function(
+            harness.session,
+            FunctionStart {
+                function: "nested".into(),
+                input: json!({"count": 2, "path": path}),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("start nested");
+    let snapshot = harness
+        .wait_for(started.started.execution_id, "revision_missing", |s| {
+            s.pause_reason.as_deref() == Some("revision_missing")
+        })
+        .await;
+    assert_eq!(snapshot.state, "paused");
+    assert!(lines(&path).is_empty(), "no other code ran");
+}
+
+/// F-4, R-8 with real processes: `serve` killed twice while `nested`'s inner steps run;
+/// every line exactly once, `after` last.
+#[test]
+fn f4_kill9_twice_inside_a_nested_workflow_every_line_exactly_once() {
+    use crate::served::Served;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let path = dir.path().join("nested.log");
+    let token = "function-test-token";
+    let served = Served::start(&data, token, &[], &[]);
+    let (_, session) = served.call("POST", "/v1/sessions", Some(&json!({})));
+    let session = session["session_id"]
+        .as_str()
+        .expect("session id")
+        .to_owned();
+    let executions = format!("/v1/sessions/{session}/executions");
+    let start = json!({
+        "kind": "function",
+        "function": "nested",
+        "input": {"count": 6, "path": path, "sleep_ms": 30},
+    });
+    let (status, started) = served.call("POST", &executions, Some(&start));
+    assert_eq!(status, 201, "{started}");
+    let execution = started["execution_id"].as_str().expect("id").to_owned();
+    let wait_lines = |at_least: usize| {
+        let waited = std::time::Instant::now();
+        while lines(&path).len() < at_least {
+            assert!(waited.elapsed() < DEADLINE, "waited for {at_least} lines");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    };
+    wait_lines(2);
+    served.kill9();
+    let served = Served::start(&data, token, &[], &[]);
+    wait_lines(4);
+    served.kill9();
+    let served = Served::start(&data, token, &[], &[]);
+    let waited = std::time::Instant::now();
+    loop {
+        let (_, snapshot) = served.call("GET", &format!("{executions}/{execution}"), None);
+        if snapshot["state"] == "completed" {
+            break;
+        }
+        assert!(waited.elapsed() < DEADLINE, "not completed: {snapshot}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let appended: Vec<String> = lines(&path).into_iter().map(|(line, _)| line).collect();
+    assert_eq!(appended, vec!["s1", "s2", "s3", "s4", "s5", "s6", "after"]);
+    served.stop();
+}

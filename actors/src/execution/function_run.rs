@@ -8,6 +8,7 @@
 //! starts the body from the beginning and reads every committed step back.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 
 use actix::prelude::*;
 use futures::future::{AbortHandle, Abortable};
@@ -16,7 +17,9 @@ use openprogram_storage::{EffectId, Event, WaitId, WaitStatus};
 
 use super::actor::{committed, log_failure, Advance, ExecutionActor, InFlight};
 use crate::execution::machine::{Recovery, Registered, RunDecision};
-use crate::function::{AskBoundary, Asked, Boundary, FunctionContext, StepBoundary, StepDone};
+use crate::function::{
+    AskBoundary, Asked, Boundary, FunctionContext, RevisionMissing, StepBoundary, StepDone,
+};
 
 /// A run of the body ended with its result (or error), or it panicked.
 #[derive(Debug, Message)]
@@ -68,9 +71,8 @@ impl ExecutionActor {
         let context = FunctionContext::new(
             self.execution_id,
             run,
-            ctx.address().recipient(),
-            ctx.address().recipient(),
-            ctx.address().recipient(),
+            &ctx.address(),
+            Arc::clone(&self.env.functions),
         );
         let body = AssertUnwindSafe(function.run(context, called.input.clone())).catch_unwind();
         let (abort, registration) = AbortHandle::new_pair();
@@ -262,5 +264,27 @@ impl Handler<AskBoundary> for ExecutionActor {
             }
             Asked::Suspend
         })))
+    }
+}
+
+impl Handler<RevisionMissing> for ExecutionActor {
+    type Result = AtomicResponse<Self, ()>;
+
+    fn handle(&mut self, missing: RevisionMissing, _ctx: &mut Context<Self>) -> Self::Result {
+        let _span = self.span.clone().entered();
+        self.handled += 1;
+        if self.function_run() != Some(missing.run) || self.suspending {
+            return AtomicResponse::new(Box::pin(fut::ready(())));
+        }
+        // F-3: a nested call's revision is gone: the execution pauses, running no other
+        // code; the run stops at its boundaries.
+        self.suspend_run();
+        let paused = Event::StateChanged {
+            state: openprogram_storage::ExecutionState::Paused,
+            reason: "revision_missing".into(),
+        };
+        AtomicResponse::new(Box::pin(
+            self.commit(vec![paused], Vec::new()).map(log_failure),
+        ))
     }
 }

@@ -134,7 +134,10 @@ impl ExecutionActor {
         unresolved: &PendingTool,
     ) -> Option<futures::future::BoxFuture<'static, Reconciliation>> {
         if let Some(called) = &self.machine.function {
-            let function = self.env.functions.get(&called.function, called.revision)?;
+            let function = self
+                .env
+                .functions
+                .get(&called.function, self.machine.active_revision)?;
             let step = StepRef {
                 step_id: unresolved.tool.clone(),
                 effect_id: unresolved.effect_id,
