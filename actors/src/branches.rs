@@ -395,6 +395,7 @@ fn facts_of(
     // that is missing is the model's response: no tool call, effect, wait or reply pending.
     let response_record_incomplete = head.state == ExecutionState::Expired
         && machine.pending_tool.is_none()
+        && machine.pending_steps.is_empty()
         && machine.unresolved.is_none()
         && !pending_wait;
     ExecutionFacts {
@@ -405,7 +406,11 @@ fn facts_of(
         user_message_id: head.user_message_id,
         reply_message_id: head.reply_message_id,
         parent_message_id: machine.parent_message_id,
-        request: machine.input.message.clone(),
+        // A durable function's request is its call: the function and its input.
+        request: match &machine.function {
+            Some(called) => format!("{} {}", called.function, called.input),
+            None => machine.input.message.clone(),
+        },
         state: head.state,
         capabilities: machine
             .capabilities(&context)

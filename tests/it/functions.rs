@@ -1055,3 +1055,36 @@ fn f4_kill9_twice_inside_a_nested_workflow_every_line_exactly_once() {
     assert_eq!(appended, vec!["s1", "s2", "s3", "s4", "s5", "s6", "after"]);
     served.stop();
 }
+
+/// B-2: Activity counts function executions like others: a finished one is History, with
+/// its call as the request, one that waits for a person Needs attention.
+#[tokio::test]
+async fn b2_activity_counts_function_executions() {
+    let harness = steps_harness();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let done = start_steps(
+        &harness,
+        json!({"count": 1, "path": dir.path().join("a.log")}),
+    )
+    .await;
+    harness.wait_for_state(done, "completed").await;
+    let asking = start_steps(
+        &harness,
+        json!({"count": 2, "path": dir.path().join("b.log"), "ask_at": 1}),
+    )
+    .await;
+    harness.wait_for_state(asking, "waiting").await;
+    let activity = harness.runtime.activity(harness.session).expect("activity");
+    let rows = |section: &[openprogram::actors::activity::BranchRow]| -> Vec<ExecutionId> {
+        section
+            .iter()
+            .flat_map(|row| row.details.iter().map(|detail| detail.execution_id))
+            .collect()
+    };
+    assert_eq!(rows(&activity.history), vec![done], "{activity:?}");
+    assert_eq!(
+        rows(&activity.needs_attention),
+        vec![asking],
+        "{activity:?}"
+    );
+}
