@@ -52,6 +52,9 @@ pub struct FunctionStart {
     /// F-3: its version policy; the runtime's default if none.
     #[serde(default)]
     pub policy: Option<openprogram_storage::VersionPolicy>,
+    /// A registered revision to run instead of the newest (library only).
+    #[serde(default)]
+    pub revision: Option<u32>,
     /// Admit it paused: it waits for Continue or Step.
     #[serde(default)]
     pub start_paused: bool,
@@ -197,18 +200,20 @@ impl Service {
         Ok(StartReply { version, ..reply })
     }
 
-    /// F-1: admits an execution of the newest registered revision of a durable function
-    /// and starts it. Returns the reply and the revision it runs.
+    /// F-1: admits an execution of the newest registered revision of a durable function (or
+    /// the registered `revision` asked for) and starts it. Returns the reply and the revision
+    /// it runs.
     pub async fn start_function(
         &self,
         session_id: SessionId,
         request: FunctionStart,
     ) -> Result<(StartReply, u32)> {
-        let function = self
-            .env
-            .functions
-            .latest(&request.function)
-            .ok_or_else(|| Error::UnknownFunction(request.function.clone()))?;
+        let functions = &self.env.functions;
+        let function = match request.revision {
+            Some(revision) => functions.get(&request.function, revision),
+            None => functions.latest(&request.function),
+        }
+        .ok_or_else(|| Error::UnknownFunction(request.function.clone()))?;
         function
             .check_input(&request.input)
             .map_err(Error::InvalidInput)?;

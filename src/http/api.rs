@@ -173,6 +173,7 @@ pub async fn start_execution(
                 function: body.function,
                 input: body.input,
                 policy: body.policy.as_deref().and_then(VersionPolicy::parse),
+                revision: None,
                 start_paused: body.start_paused,
             };
             json!(api.runtime.start_function(session, start).await?)

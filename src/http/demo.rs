@@ -1,7 +1,9 @@
 //! What `serve --demo` seeds, through the library only, so the page has something to show:
 //! a completed turn and a fork of it (a second branch, paused until Continue), a turn
-//! waiting for approval (the scripted `ask`), and a turn that left a managed process running
-//! (`sleep 3600`, in the background).
+//! waiting for approval (the scripted `ask`), a turn that left a managed process running
+//! (`sleep 3600`, in the background), and durable functions: a completed run of `steps`,
+//! and one paused on a version conflict (started on revision 1, one step done, then moved
+//! to `use_latest` with revision 3 deployed, which accounts for none of its steps).
 //!
 //! Seeding happens once: into an empty store, recorded in `DIR/demo.json` (mode 0600: it
 //! holds the demo sessions' tokens). A later start with `--demo` reads that file instead of
@@ -18,7 +20,7 @@ use openprogram_storage::SessionId;
 use serde_json::{json, Value};
 
 use super::auth::{self, Tokens};
-use crate::{Error, Result, Runtime, StartRequest};
+use crate::{Error, FunctionStart, Result, Runtime, StartRequest};
 
 /// Seeds the demo unless it was seeded before (then returns what was) or the store holds
 /// other work (then `None`).
@@ -77,6 +79,8 @@ pub async fn seed_once(runtime: &Runtime, tokens: &Tokens, dir: &Path) -> Result
         ]),
     )
     .await?;
+    let third = SessionId::new();
+    let (function_run, conflict) = seed_functions(runtime, third, dir).await?;
     let seeded = json!({
         "sessions": [
             {
@@ -90,13 +94,19 @@ pub async fn seed_once(runtime: &Runtime, tokens: &Tokens, dir: &Path) -> Result
                 "token": tokens.session_token(second),
                 "label": "demo: a turn that left a managed process running",
                 "executions": [process],
+            },
+            {
+                "session_id": third,
+                "token": tokens.session_token(third),
+                "label": "demo: durable functions, one completed, one paused on a version conflict",
+                "executions": [function_run, conflict],
             }
         ]
     });
     auth::write_secret(&marker, &seeded.to_string())
         .map_err(|error| Error::Unavailable(format!("{}: {error}", marker.display())))?;
     eprintln!(
-        "openprogram: --demo seeded sessions {first} and {second} (tokens in {})",
+        "openprogram: --demo seeded sessions {first}, {second} and {third} (tokens in {})",
         marker.display()
     );
     Ok(Some(seeded))
@@ -121,4 +131,87 @@ async fn start(
         .start_execution(session, request)
         .await?
         .execution_id)
+}
+
+/// A completed `steps` run, and one paused `version_conflict`: started on revision 1 with
+/// an approval before its second step, moved to `use_latest` while it waits, then approved.
+async fn seed_functions(
+    runtime: &Runtime,
+    session: SessionId,
+    dir: &Path,
+) -> Result<(
+    openprogram_storage::ExecutionId,
+    openprogram_storage::ExecutionId,
+)> {
+    let steps = |file: &str, ask_at: Option<u32>| {
+        let path = dir.join(file).display().to_string();
+        json!({"count": 3, "path": path, "ask_at": ask_at})
+    };
+    let completed = runtime
+        .start_function(
+            session,
+            FunctionStart {
+                function: "steps".into(),
+                input: steps("demo-steps.txt", None),
+                ..Default::default()
+            },
+        )
+        .await?
+        .started
+        .execution_id;
+    runtime.wait_finished(session, completed).await?;
+    let conflict = runtime
+        .start_function(
+            session,
+            FunctionStart {
+                function: "steps".into(),
+                input: steps("demo-conflict.txt", Some(2)),
+                revision: Some(1),
+                ..Default::default()
+            },
+        )
+        .await?
+        .started
+        .execution_id;
+    until(runtime, session, conflict, |snapshot| {
+        snapshot.state == "waiting"
+    })
+    .await?;
+    for body in [
+        crate::CommandBody::SetPolicy {
+            policy: crate::VersionPolicy::UseLatest,
+        },
+        crate::CommandBody::Answer {
+            wait: crate::WaitRef::Pending,
+            answer: "yes".into(),
+            scope: openprogram_storage::AnswerScope::Operation,
+        },
+    ] {
+        let version = runtime.snapshot(session, conflict).await?.version;
+        let command = crate::Command::new(body).expecting(version);
+        runtime.command(session, conflict, command).await?;
+    }
+    until(runtime, session, conflict, |snapshot| {
+        snapshot.pause_reason.as_deref() == Some("version_conflict")
+    })
+    .await?;
+    Ok((completed, conflict))
+}
+
+/// Waits (up to a minute) until the execution's snapshot satisfies `done`.
+async fn until(
+    runtime: &Runtime,
+    session: SessionId,
+    execution: openprogram_storage::ExecutionId,
+    done: impl Fn(&crate::Snapshot) -> bool,
+) -> Result<()> {
+    for _ in 0..6000 {
+        if done(&runtime.snapshot(session, execution).await?) {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    Err(Error::Internal(
+        "the demo's function did not reach its state within a minute".into(),
+    ))
 }

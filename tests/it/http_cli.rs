@@ -334,7 +334,7 @@ fn i4_serve_demo_seeds_once_and_its_process_stops_through_ctl() {
     });
     assert_eq!(mode(&dir.path().join("demo.json")), 0o600);
     let sessions = demo["sessions"].as_array().expect("sessions").clone();
-    assert_eq!(sessions.len(), 2);
+    assert_eq!(sessions.len(), 3);
     let snapshot = |session: &Value, execution: &Value| {
         let path = format!(
             "/v1/sessions/{}/executions/{}",
@@ -356,6 +356,21 @@ fn i4_serve_demo_seeds_once_and_its_process_stops_through_ctl() {
     wait_until("the demo's approval is pending", || {
         snapshot(&sessions[0], &sessions[0]["executions"][2])["state"] == "waiting"
     });
+    // Durable functions: one completed, one paused on a version conflict with its
+    // differences and the choice that resolves it (F-3).
+    let functions = &sessions[2];
+    let completed = snapshot(functions, &functions["executions"][0]);
+    assert_eq!(completed["state"], "completed", "{completed}");
+    assert_eq!(completed["function"]["name"], "steps", "{completed}");
+    let conflict = snapshot(functions, &functions["executions"][1]);
+    assert_eq!(conflict["pause_reason"], "version_conflict", "{conflict}");
+    assert_eq!(conflict["function"]["revision"], 1, "{conflict}");
+    assert!(
+        conflict["function"]["differences"]
+            .as_array()
+            .is_some_and(|differences| !differences.is_empty()),
+        "{conflict}"
+    );
     let process_session = &sessions[1];
     let process_execution = &process_session["executions"][0];
     let mut running = Value::Null;
@@ -427,8 +442,8 @@ fn i4_serve_demo_seeds_once_and_its_process_stops_through_ctl() {
         .filter(|event| event["type"] == "admitted")
         .count();
     assert_eq!(
-        admitted, 4,
-        "no duplicate demo content (three turns and a fork)"
+        admitted, 6,
+        "no duplicate demo content (three turns, a fork and two function runs)"
     );
     assert!(serve.stop().success());
 }
