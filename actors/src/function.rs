@@ -299,6 +299,7 @@ pub struct FunctionContext {
     done: Recipient<StepDone>,
     ask: Recipient<AskBoundary>,
     missing: Recipient<RevisionMissing>,
+    called: Recipient<CallStarted>,
     /// The branch or nested call this context runs in (`a/b/`), prefixed to its step and
     /// ask ids.
     scope: String,
@@ -307,6 +308,18 @@ pub struct FunctionContext {
     /// Set once any boundary of this run answered `Suspend`: an error a nested call then
     /// returns is the suspension's, not its own.
     suspended: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Sent by a nested `workflow` before its body first runs: its own record (which function,
+/// revision and input), committed once. Answered `false` if the run is over.
+#[derive(Debug, Message)]
+#[rtype(result = "bool")]
+pub struct CallStarted {
+    pub run: u64,
+    pub call_id: String,
+    pub function: String,
+    pub revision: u32,
+    pub input: serde_json::Value,
 }
 
 /// Sent by a nested `workflow` whose function revision is not registered: the execution
@@ -340,7 +353,8 @@ impl FunctionContext {
             + Handler<StepBoundary>
             + Handler<StepDone>
             + Handler<AskBoundary>
-            + Handler<RevisionMissing>,
+            + Handler<RevisionMissing>
+            + Handler<CallStarted>,
     {
         Self {
             execution_id,
@@ -349,6 +363,7 @@ impl FunctionContext {
             done: actor.clone().recipient(),
             ask: actor.clone().recipient(),
             missing: actor.clone().recipient(),
+            called: actor.clone().recipient(),
             scope: String::new(),
             functions,
             suspended: Arc::default(),
@@ -382,6 +397,16 @@ impl FunctionContext {
             let _ = self.missing.send(RevisionMissing { run: self.run }).await;
             return Err(self.suspend());
         };
+        let record = CallStarted {
+            run: self.run,
+            call_id: record_id.clone(),
+            function: function.to_owned(),
+            revision,
+            input: input.clone(),
+        };
+        if !matches!(self.called.send(record).await, Ok(true)) {
+            return Err(self.suspend());
+        }
         let mut nested = self.clone();
         nested.scope = format!("{record_id}/");
         let result = called.run(nested, input).await;

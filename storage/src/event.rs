@@ -168,10 +168,20 @@ pub enum Event {
     },
     /// F-3, F-7: a durable function continues on `revision` from here, recorded before any
     /// of its steps runs. `steps`: each of its step ids that stands for a committed step,
-    /// with that step's recorded id (its results keep their provenance).
+    /// with that step's position among the committed steps (its result keeps its
+    /// provenance).
     RevisionAdopted {
         revision: u32,
-        steps: Vec<(String, String)>,
+        steps: Vec<(String, u32)>,
+    },
+    /// F-1, F-4: a durable function's nested call `call_id` (a step id of its caller) runs
+    /// revision `revision` of `function` with `input` (JSON text): its own record, kept so
+    /// that its steps in doubt are reconciled by its own function.
+    WorkflowCalled {
+        call_id: String,
+        function: String,
+        revision: u32,
+        input: String,
     },
     /// F-3: `use_latest` found `revision` and could not move to it: the differences (a
     /// committed step it does not account for, no declared correspondence). The execution
@@ -211,6 +221,7 @@ impl Event {
             Event::StepStarted { .. } => "step_started",
             Event::StepFinished { .. } => "step_finished",
             Event::RevisionAdopted { .. } => "revision_adopted",
+            Event::WorkflowCalled { .. } => "workflow_called",
             Event::VersionConflict { .. } => "version_conflict",
         }
     }

@@ -799,7 +799,7 @@ async fn f5_a_pause_while_parallel_branches_run_lets_them_finish_and_join_runs_o
             harness.session,
             FunctionStart {
                 function: "fanout".into(),
-                input: json!({"branches": ["a", "b", "c"], "path": path, "sleep_ms": 200}),
+                input: json!({"branches": ["a", "b", "c"], "path": path, "sleep_ms": 2000}),
                 ..Default::default()
             },
         )
@@ -937,6 +937,12 @@ fn f4_kill9_twice_during_parallel_branches_every_line_exactly_once() {
         })
         .unwrap_or_default();
     eprintln!("f4 fanout: {in_doubt} steps in doubt after the kills, each reconciled");
+    // The kill lands while branches run (within a millisecond of the first line): some
+    // step was in doubt, so the reconciliation queue was exercised.
+    assert!(
+        in_doubt >= 1,
+        "no step was in doubt: the kills missed the branches"
+    );
     served.stop();
 }
 
@@ -1087,4 +1093,195 @@ async fn b2_activity_counts_function_executions() {
         vec![asking],
         "{activity:?}"
     );
+}
+
+/// An embedder's function with one External step and no reconcile protocol.
+fn charging() -> DurableFunction {
+    DurableFunction::new("charge", 1, "charge:v1", |context, _input| async move {
+        let charged: String = context
+            .step("charge", Recovery::External, |_| async {
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                Ok("charged".to_owned())
+            })
+            .await
+            .map_err(|error| error.to_string())?;
+        Ok(json!({ "charge": charged }))
+    })
+}
+
+/// R-8 for functions: a step in doubt after a crash, with no protocol to ask, waits for an
+/// operator; a confirmed outcome must carry the step's result as JSON (the body reads it
+/// back), and then the function goes on without running the step again.
+#[tokio::test]
+async fn r8_an_operator_reconciles_a_functions_step_with_its_result() {
+    let restarts = Restarts::new();
+    let open = || restarts.open_with(|builder| builder.function(charging()));
+    let runtime = open();
+    let started = runtime
+        .start_function(
+            restarts.session,
+            FunctionStart {
+                function: "charge".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("start");
+    let execution = started.started.execution_id;
+    restarts
+        .wait_events(&runtime, execution, "the step's intent", 1, |event| {
+            matches!(event, Event::StepStarted { .. })
+        })
+        .await;
+    runtime.halt();
+    drop(runtime);
+    let runtime = open();
+    let snapshot = wait_function(&runtime, &restarts, execution, "reconciliation", |s| {
+        s.state == "reconciliation_required"
+    })
+    .await;
+    assert!(
+        snapshot.capabilities.contains(&"reconcile"),
+        "{:?}",
+        snapshot.capabilities
+    );
+    let reconcile = |text: &str| {
+        let body = json!({"command_id": openprogram::storage::CommandId::new(),
+            "kind": "reconcile", "outcome": "confirmed", "text": text});
+        openprogram::Command::from_json(&body).expect("command")
+    };
+    let refused = runtime
+        .command(restarts.session, execution, reconcile("charged"))
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        (refused.status, refused.code.as_deref()),
+        ("rejected", Some("invalid_input"))
+    );
+    let applied = runtime
+        .command(restarts.session, execution, reconcile("\"charged\""))
+        .await
+        .expect("reconcile");
+    assert_eq!(applied.status, "applied", "{applied:?}");
+    let done = wait_function(&runtime, &restarts, execution, "completed", |s| {
+        s.state == "completed"
+    })
+    .await;
+    assert_eq!(done.text, r#"{"charge":"charged"}"#);
+    let events = runtime
+        .events(restarts.session, execution, 0)
+        .expect("events");
+    let started = count(&events, |event| matches!(event, Event::StepStarted { .. }));
+    assert_eq!(started, 1, "the step never ran again");
+    runtime.halt();
+}
+
+/// A branch of `parallel`, boxed so that branches of different shapes share a list.
+type Branch = Box<
+    dyn FnOnce(
+            openprogram::FunctionContext,
+        ) -> futures::future::BoxFuture<'static, Result<String, String>>
+        + Send,
+>;
+
+/// W-3 with parallel branches: one branch asks while another's step still runs; that
+/// step's result is recorded without moving the checkpoint past the wait's, so the answer
+/// is still the current wait's and the function goes on.
+#[tokio::test]
+async fn w3_a_branch_asks_while_another_step_runs_and_the_answer_still_counts() {
+    let function =
+        DurableFunction::new("ask_beside", 1, "ask_beside:v1", |context, _| async move {
+            let branches: Vec<(String, Branch)> = vec![
+                (
+                    "asks".to_owned(),
+                    Box::new(|branch: openprogram::FunctionContext| {
+                        Box::pin(async move {
+                            // After the other branch's step started: it runs while this
+                            // asks.
+                            branch
+                                .step("first", Recovery::Idempotent, |_| async {
+                                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                                    Ok(())
+                                })
+                                .await
+                                .map_err(|error| error.to_string())?;
+                            let answer = branch
+                                .ask("go", "Go on?")
+                                .await
+                                .map_err(|error| error.to_string())?;
+                            Ok(answer.unwrap_or_default())
+                        })
+                    }),
+                ),
+                (
+                    "works".to_owned(),
+                    Box::new(|branch: openprogram::FunctionContext| {
+                        Box::pin(async move {
+                            branch
+                                .step("work", Recovery::Idempotent, |_| async {
+                                    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                                    Ok("worked".to_owned())
+                                })
+                                .await
+                                .map_err(|error| error.to_string())
+                        })
+                    }),
+                ),
+            ];
+            let results = context
+                .parallel(
+                    branches
+                        .into_iter()
+                        .map(|(name, branch)| (name, move |c| branch(c)))
+                        .collect(),
+                )
+                .await
+                .map_err(|error| error.to_string())?;
+            let results: Result<Vec<String>, String> = results.into_iter().collect();
+            Ok(json!(results?))
+        });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = Runtime::builder()
+        .data_dir(dir.path())
+        .function(function)
+        .open()
+        .expect("open");
+    let harness = Harness::with_runtime(runtime, dir);
+    let started = harness
+        .runtime
+        .start_function(
+            harness.session,
+            FunctionStart {
+                function: "ask_beside".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("start");
+    let execution = started.started.execution_id;
+    harness.wait_for_state(execution, "waiting").await;
+    // The other branch's step finishes while the execution waits.
+    harness
+        .wait_for_event(
+            execution,
+            "the other branch's step",
+            |event| matches!(event, Event::StepFinished { step_id, .. } if step_id == "works/work"),
+        )
+        .await;
+    let snapshot = harness.snapshot(execution).await;
+    assert_eq!(snapshot.state, "waiting", "{snapshot:?}");
+    let body = json!({"command_id": openprogram::storage::CommandId::new(), "kind": "answer",
+        "wait_id": snapshot.waits[0].wait_id, "answer": "yes"});
+    let reply = harness
+        .runtime
+        .command(
+            harness.session,
+            execution,
+            openprogram::Command::from_json(&body).expect("command"),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(reply.status, "applied", "{reply:?}");
+    let done = harness.wait_for_state(execution, "completed").await;
+    assert_eq!(done.text, r#"["yes","worked"]"#);
 }

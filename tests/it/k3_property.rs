@@ -327,7 +327,11 @@ impl World {
             CommandKind::Decline => body["wait_id"] = json!(open_wait),
             CommandKind::Reconcile => {
                 body["outcome"] = json!("confirmed");
-                body["text"] = json!("checked by hand");
+                // A function's step result is JSON, read back by its body.
+                body["text"] = match now.function {
+                    Some(_) => json!("\"checked by hand\""),
+                    None => json!("checked by hand"),
+                };
             }
             CommandKind::StopProcess => {
                 let running = now

@@ -18,7 +18,8 @@ use openprogram_storage::{EffectId, Event, WaitId, WaitStatus};
 use super::actor::{committed, log_failure, Advance, ExecutionActor, InFlight};
 use crate::execution::machine::{Recovery, Registered, RunDecision};
 use crate::function::{
-    AskBoundary, Asked, Boundary, FunctionContext, RevisionMissing, StepBoundary, StepDone,
+    AskBoundary, Asked, Boundary, CallStarted, FunctionContext, RevisionMissing, StepBoundary,
+    StepDone,
 };
 
 /// A run of the body ended with its result (or error), or it panicked.
@@ -88,13 +89,14 @@ impl ExecutionActor {
                         run,
                         result: Err("the function panicked".into()),
                     }),
-                    // Aborted by a cancel: `next` records what it stopped.
+                    // Aborted by a cancel: `next` records what it stopped and ends it.
                     Err(_aborted) => {
                         if act.function_run() == Some(run) {
                             act.in_flight = None;
                             act.suspending = false;
                         }
                         ctx.notify(Advance);
+                        act.park_if_idle(ctx);
                     }
                 },
             ),
@@ -276,6 +278,11 @@ impl Handler<RevisionMissing> for ExecutionActor {
         if self.function_run() != Some(missing.run) || self.suspending {
             return AtomicResponse::new(Box::pin(fut::ready(())));
         }
+        if self.machine.suspends_at_boundary() {
+            // A Cancel or Pause pending wins: the run only stops here.
+            self.suspend_run();
+            return AtomicResponse::new(Box::pin(fut::ready(())));
+        }
         // F-3: a nested call's revision is gone: the execution pauses, running no other
         // code; the run stops at its boundaries.
         self.suspend_run();
@@ -286,5 +293,35 @@ impl Handler<RevisionMissing> for ExecutionActor {
         AtomicResponse::new(Box::pin(
             self.commit(vec![paused], Vec::new()).map(log_failure),
         ))
+    }
+}
+
+impl Handler<CallStarted> for ExecutionActor {
+    type Result = AtomicResponse<Self, bool>;
+
+    fn handle(&mut self, call: CallStarted, _ctx: &mut Context<Self>) -> Self::Result {
+        let _span = self.span.clone().entered();
+        self.handled += 1;
+        if self.function_run() != Some(call.run) || self.suspending {
+            return AtomicResponse::new(Box::pin(fut::ready(false)));
+        }
+        if self.machine.nested_calls.contains_key(&call.call_id) {
+            // Recorded by an earlier run: the same call again.
+            return AtomicResponse::new(Box::pin(fut::ready(true)));
+        }
+        let recorded = Event::WorkflowCalled {
+            call_id: call.call_id,
+            function: call.function,
+            revision: call.revision,
+            input: call.input.to_string(),
+        };
+        let committed = committed(self.submit(vec![recorded], Vec::new()));
+        AtomicResponse::new(Box::pin(committed.map(|result, act, ctx| match result {
+            Ok(_) => true,
+            Err(error) => {
+                log_failure(Err(error), act, ctx);
+                false
+            }
+        })))
     }
 }

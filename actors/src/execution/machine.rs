@@ -54,6 +54,8 @@ pub struct Machine {
     /// and where each is by step id (F-4).
     pub completed_steps: Vec<CompletedStep>,
     pub step_index: std::collections::BTreeMap<String, usize>,
+    /// A durable function's nested calls, by call id (their step ids' prefix).
+    pub nested_calls: std::collections::BTreeMap<String, FunctionInput>,
 }
 
 /// What decides the next step: everything a transition's events can change but the history.
@@ -116,8 +118,8 @@ pub struct Present {
     pub policy: openprogram_storage::VersionPolicy,
     pub active_revision: u32,
     /// F-3: the step ids of an adopted revision that stand for committed steps, with the
-    /// committed steps' ids.
-    pub step_aliases: std::collections::BTreeMap<String, String>,
+    /// committed steps' positions (`Machine::completed_steps`).
+    pub step_aliases: std::collections::BTreeMap<String, u32>,
     /// F-3: why `use_latest` could not move to the newest revision, while it waits on
     /// them (paused `version_conflict`).
     pub differences: Vec<String>,
@@ -311,10 +313,10 @@ impl Machine {
         };
         // Each committed step, by its id in the active revision, must be one of the newest
         // revision's steps.
-        let active_ids: std::collections::BTreeMap<&str, &str> = self
+        let active_ids: std::collections::BTreeMap<u32, &str> = self
             .step_aliases
             .iter()
-            .map(|(active_id, recorded)| (recorded.as_str(), active_id.as_str()))
+            .map(|(active_id, position)| (*position, active_id.as_str()))
             .collect();
         let mut adopted = Vec::new();
         let mut differences = Vec::new();
@@ -323,13 +325,18 @@ impl Machine {
                 "revision {latest} declares no step correspondence with revision {active}"
             ));
         }
-        for step in &self.completed_steps {
-            let active_id = active_ids
-                .get(step.step_id.as_str())
-                .copied()
-                .unwrap_or(&step.step_id);
-            match correspond.and_then(|correspond| correspond(active_id)) {
-                Some(new_id) => adopted.push((new_id, step.step_id.clone())),
+        for (position, step) in (0u32..).zip(&self.completed_steps) {
+            // Its id in the active revision: an adopted alias, or its own if the active
+            // revision ran it; a step the active revision does not stand for is none.
+            let active_id = match active_ids.get(&position) {
+                Some(alias) => Some(*alias),
+                None => (step.revision == active).then_some(step.step_id.as_str()),
+            };
+            match active_id
+                .zip(correspond)
+                .and_then(|(active_id, correspond)| correspond(active_id))
+            {
+                Some(new_id) => adopted.push((new_id, position)),
                 None => differences.push(format!(
                     "step `{}` completed in revision {} is not accounted for by revision {latest}",
                     step.step_id, step.revision
@@ -351,7 +358,11 @@ impl Machine {
         ])
     }
 
-    /// The events of a step's result (E-3): its receipt, then the checkpoint after it.
+    /// The events of a step's result (E-3): its receipt, then the checkpoint after it. A
+    /// result arriving after a Cancel is recorded, not acted on (K-5: the run's abort ends
+    /// the execution, with whatever else is in flight recorded `unknown`). While the
+    /// execution waits for a person (another branch asked), no checkpoint moves past the
+    /// wait's (W-3).
     pub fn decide_step_done(
         &self,
         step_id: String,
@@ -359,24 +370,33 @@ impl Machine {
         status: ReceiptStatus,
         output: String,
     ) -> Vec<Event> {
-        let mut events = vec![
-            Event::StepFinished {
-                step_id,
-                effect_id,
-                status,
-                output,
-            },
-            Event::CheckpointPublished { checkpoint_seq: 0 },
-        ];
-        if self.cancel_requested {
-            // A late result is recorded, not acted on (K-5).
-            events.push(cancelled());
+        let mut events = vec![Event::StepFinished {
+            step_id,
+            effect_id,
+            status,
+            output,
+        }];
+        if self.status() != Status::Waiting {
+            events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
         }
         events
     }
 
-    /// The events of a function body's return: its result as the reply, or its error.
+    /// The events of a function body's return: its result as the reply, or its error. Steps
+    /// it left running (a panic inside one, a dropped step future) are in doubt: the
+    /// execution needs reconciliation, never an end that hides them.
     pub fn decide_returned(&self, result: Result<String, String>) -> Vec<Event> {
+        if let Some(mut events) = self.in_doubt(false) {
+            events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
+            events.push(match self.cancel_requested {
+                true => cancelled(),
+                false => Event::StateChanged {
+                    state: Status::ReconciliationRequired,
+                    reason: "unknown external effect".into(),
+                },
+            });
+            return events;
+        }
         if self.cancel_requested {
             return vec![cancelled()];
         }
@@ -584,6 +604,22 @@ impl Machine {
             Event::Replied { text } => self.text.clone_from(text),
             Event::Forked { state, .. } => self.record_forked(state),
             Event::CheckpointPublished { .. } => self.note_fork_point(seq),
+            Event::WorkflowCalled {
+                call_id,
+                function,
+                revision,
+                input,
+            } => {
+                let call = FunctionInput {
+                    function: function.clone(),
+                    revision: *revision,
+                    // Written by `ctx.workflow` from a value: reads back; else nothing to
+                    // reconcile with (an operator decides).
+                    input: serde_json::from_str(input).unwrap_or(serde_json::Value::Null),
+                    policy: VersionPolicy::KeepOriginal,
+                };
+                self.nested_calls.insert(call_id.clone(), call);
+            }
             Event::StepStarted { step_id, effect_id } => {
                 self.receipts
                     .tool(*effect_id, step_id, ReceiptStatus::Dispatched);
@@ -650,16 +686,26 @@ impl Machine {
     /// The committed step the active revision's step `step_id` stands for, if any: one it
     /// ran itself, or one an adoption mapped it to (F-3).
     pub fn completed_step(&self, step_id: &str) -> Option<&CompletedStep> {
-        if let Some(recorded) = self.step_aliases.get(step_id) {
-            return self
-                .step_index
-                .get(recorded)
-                .and_then(|at| self.completed_steps.get(*at));
+        if let Some(position) = self.step_aliases.get(step_id) {
+            return self.completed_steps.get(*position as usize);
         }
         self.step_index
             .get(step_id)
             .and_then(|at| self.completed_steps.get(*at))
             .filter(|step| step.revision == self.active_revision)
+    }
+
+    /// The nested call a step id of this function belongs to (the innermost), and the step's
+    /// id within it; `None`: the function's own step.
+    pub fn nested_call_of<'a>(&self, step_id: &'a str) -> Option<(&FunctionInput, &'a str)> {
+        self.nested_calls
+            .iter()
+            .filter_map(|(call_id, call)| {
+                let rest = step_id.strip_prefix(call_id.as_str())?.strip_prefix('/')?;
+                Some((call_id.len(), call, rest))
+            })
+            .max_by_key(|(length, _, _)| *length)
+            .map(|(_, call, rest)| (call, rest))
     }
 
     /// Waits that ended leave the present for the history: they never change again.

@@ -255,8 +255,10 @@ impl Machine {
                 events.push(cancelled());
             }
             Control::Reconcile {
-                effect_id, status, ..
-            } => events.extend(self.decide_reconcile(effect_id, status)?),
+                effect_id,
+                status,
+                ref output,
+            } => events.extend(self.decide_reconcile(effect_id, status, output)?),
             // A policy change starts nothing (K-7): the next run of the body reads it.
             Control::Answer { .. }
             | Control::Decline { .. }

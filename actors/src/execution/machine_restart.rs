@@ -17,6 +17,7 @@ impl Machine {
         &self,
         effect_id: EffectId,
         status: ReceiptStatus,
+        output: &str,
     ) -> Result<Vec<Event>, Refusal> {
         if self
             .unresolved
@@ -29,6 +30,14 @@ impl Machine {
         if !matches!(status, ReceiptStatus::Confirmed | ReceiptStatus::NotApplied) {
             return Err(Refusal::Invalid(
                 "reconcile resolves an effect as confirmed or not_applied".into(),
+            ));
+        }
+        // A function's step confirmed by hand: its output is the step's result, which the
+        // body reads back as JSON (F-4).
+        let unreadable = |output: &str| serde_json::from_str::<serde_json::Value>(output).is_err();
+        if self.function.is_some() && status == ReceiptStatus::Confirmed && unreadable(output) {
+            return Err(Refusal::Invalid(
+                "a durable function's step confirmed by reconcile needs its result as JSON in `text` (for the built-in functions: \"appended\")".into(),
             ));
         }
         if !self.unresolved_queue.is_empty() {

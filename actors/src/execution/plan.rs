@@ -175,6 +175,14 @@ fn head_follows(head: &mut ExecutionHead, event: &Event) {
                 | ReceiptStatus::NotApplied,
             ..
         }
+        | Event::StepFinished {
+            status:
+                ReceiptStatus::Confirmed
+                | ReceiptStatus::Failed
+                | ReceiptStatus::NotStarted
+                | ReceiptStatus::NotApplied,
+            ..
+        }
         | Event::ControlApplied {
             control: Control::Continue | Control::Step,
             ..

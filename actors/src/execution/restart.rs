@@ -134,15 +134,25 @@ impl ExecutionActor {
         unresolved: &PendingTool,
     ) -> Option<futures::future::BoxFuture<'static, Reconciliation>> {
         if let Some(called) = &self.machine.function {
-            let function = self
-                .env
-                .functions
-                .get(&called.function, self.machine.active_revision)?;
+            // A step of a nested call is its own function's to judge, with its input.
+            let (function, revision, input, step_id) =
+                match self.machine.nested_call_of(&unresolved.tool) {
+                    Some((nested, step_id)) => {
+                        (&nested.function, nested.revision, &nested.input, step_id)
+                    }
+                    None => (
+                        &called.function,
+                        self.machine.active_revision,
+                        &called.input,
+                        unresolved.tool.as_str(),
+                    ),
+                };
+            let function = self.env.functions.get(function, revision)?;
             let step = StepRef {
-                step_id: unresolved.tool.clone(),
+                step_id: step_id.to_owned(),
                 effect_id: unresolved.effect_id,
             };
-            return Some((function.reconciler()?)(step, called.input.clone()));
+            return Some((function.reconciler()?)(step, input.clone()));
         }
         let tool = self.env.tools.get(&unresolved.tool)?;
         let args = unresolved.args.parse().ok()?;
