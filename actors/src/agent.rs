@@ -97,6 +97,7 @@ impl ToolRegistry {
         registry.register(Arc::new(Append));
         registry.register(Arc::new(Fail));
         registry.register(Arc::new(Shell));
+        registry.register(Arc::new(Call));
         registry
     }
 
@@ -170,6 +171,10 @@ struct Element<'a> {
     reply: Raw<'a>,
     #[serde(borrow, default)]
     ask: Raw<'a>,
+    #[serde(borrow, default)]
+    call: Raw<'a>,
+    #[serde(borrow, default)]
+    input: Raw<'a>,
 }
 
 /// A key's value as JSON text, `None` if the key is absent (`Option` would also take `null`
@@ -206,6 +211,16 @@ fn scripted_decision(element: &str) -> Result<Decision, String> {
     }
     if let Some(prompt) = text(parsed.ask) {
         return Ok(Decision::Ask { prompt });
+    }
+    // F-6: `{"call": FUNCTION, "input": {...}}` is a call of the `call` tool.
+    if let Some(function) = parsed.call.0.filter(|_| text(Raw(parsed.call.0)).is_some()) {
+        let input = parsed.input.0.map_or("null", |input| input.get());
+        let args = format!("{{\"function\":{},\"input\":{input}}}", function.get());
+        let args = ToolArgs::from_text(args).map_err(|_| unrecognized())?;
+        return Ok(Decision::Tool {
+            tool: "call".into(),
+            args,
+        });
     }
     Err(unrecognized())
 }
@@ -468,5 +483,34 @@ mod tests {
             scripted_decision(r#"{"reply":"a","reply":"b"}"#),
             Err(r#"unrecognized script element {"reply":"a","reply":"b"}"#.into())
         );
+    }
+}
+
+/// `call {function, input}` → runs the registered durable function as a child execution of
+/// the agent (F-6; the scripted element `{"call": FUNCTION, "input": {...}}`) and returns its
+/// result to this tool call's position before the agent's next decision. Idempotent: asked
+/// again after a crash, it finds the same child (its id is derived from this call's
+/// effect) and waits for it; the child's own steps carry their receipts.
+#[derive(Debug)]
+pub struct Call;
+
+impl Tool for Call {
+    fn name(&self) -> &str {
+        "call"
+    }
+    fn recovery(&self) -> Recovery {
+        Recovery::Idempotent
+    }
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+        let function = match string_arg(&call.args, "function") {
+            Ok(function) => function,
+            Err(error) => return futures::future::ready(Err(error)).boxed(),
+        };
+        let input = call
+            .args
+            .get("input")
+            .cloned()
+            .unwrap_or(serde_json::Value::Null);
+        call.handle.call_function(function, input)
     }
 }

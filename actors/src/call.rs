@@ -32,6 +32,7 @@ pub struct CallHandle {
     effect_id: EffectId,
     actor: Option<Recipient<AskLive>>,
     starts: Option<Recipient<StartProcess>>,
+    calls: Option<Recipient<CallFunction>>,
 }
 
 impl std::fmt::Debug for CallHandle {
@@ -49,12 +50,42 @@ impl CallHandle {
         effect_id: EffectId,
         asks: Recipient<AskLive>,
         starts: Recipient<StartProcess>,
+        calls: Recipient<CallFunction>,
     ) -> Self {
         Self {
             effect_id,
             actor: Some(asks),
             starts: Some(starts),
+            calls: Some(calls),
         }
+    }
+
+    /// F-6: runs the registered function `function` with `input` as a child execution of
+    /// this one (kind `function`, its own revision and checkpoints) and waits for its end:
+    /// its result (JSON text), or why it did not complete. The child's id is derived from
+    /// this call's effect, so the call asked again (after a crash) finds the same child and
+    /// never starts a second.
+    pub fn call_function(
+        &self,
+        function: String,
+        input: serde_json::Value,
+    ) -> BoxFuture<'static, Result<String, String>> {
+        let Some(calls) = self.calls.clone() else {
+            let detached = Err(AskError::NoInteraction.to_string());
+            return futures::future::ready(detached).boxed();
+        };
+        let message = CallFunction {
+            effect_id: self.effect_id,
+            function,
+            input,
+        };
+        async move {
+            calls
+                .send(message)
+                .await
+                .map_err(|error| format!("the execution's actor is gone: {error}"))?
+        }
+        .boxed()
     }
 
     /// A handle for code that runs outside a managed execution (a reconcile protocol, a
@@ -64,6 +95,7 @@ impl CallHandle {
             effect_id,
             actor: None,
             starts: None,
+            calls: None,
         }
     }
 
@@ -151,4 +183,13 @@ pub struct ProcessExit {
     pub exit_code: Option<i32>,
     pub output_bytes: u64,
     pub output_tail: String,
+}
+
+/// F-6: a running call runs a durable function as a child execution and waits for its end.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<String, String>")]
+pub struct CallFunction {
+    pub effect_id: EffectId,
+    pub function: String,
+    pub input: serde_json::Value,
 }

@@ -10,15 +10,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use actix::prelude::*;
-use openprogram_storage::{Event, ExecutionHead, ExecutionId, ExecutionState, Outcome};
+use openprogram_storage::{
+    Event, ExecutionHead, ExecutionId, ExecutionKind, ExecutionState, Outcome,
+};
 
+use crate::admission::{Admission, StartRequest};
 use crate::attempt_lease::LeaseState;
-use crate::env::{replay, Env, Hooks};
+use crate::env::{replay, ChildCall, Env, Hooks};
 use crate::error::{Error, Result};
 use crate::execution::actor::{Activate, ExecutionActor, Superseded};
+use crate::execution::machine::FunctionInput;
 use crate::execution::machine::Machine;
 use crate::execution::plan::{Plan, Writer};
 use crate::process::ProcessProgress;
+use futures::future::BoxFuture;
+use futures::FutureExt as _;
 
 /// Live execution actors by id, with their attempt's lease, and the arbiters they run on.
 #[derive(Debug)]
@@ -130,6 +136,53 @@ impl Hooks for Executions {
 
     fn progress_to(&self, execution_id: ExecutionId) -> Result<Recipient<ProcessProgress>> {
         Ok(self.activate(execution_id)?.recipient())
+    }
+
+    fn start_child(self: Arc<Self>, child: ChildCall) -> BoxFuture<'static, Result<()>> {
+        async move { self.admit_child(child).await }.boxed()
+    }
+}
+
+impl Executions {
+    /// F-6: the child execution of an agent's call of a function: admitted (the newest
+    /// registered revision, the runtime's policy) and started, unless the call made it
+    /// before.
+    async fn admit_child(&self, child: ChildCall) -> Result<()> {
+        if self.store.head(child.child_id)?.is_some() {
+            return Ok(());
+        }
+        let function = self
+            .functions
+            .latest(&child.function)
+            .ok_or_else(|| Error::UnknownFunction(child.function.clone()))?;
+        function
+            .check_input(&child.input)
+            .map_err(Error::InvalidInput)?;
+        let called = FunctionInput {
+            function: child.function,
+            revision: function.revision,
+            input: child.input,
+            policy: self.function_policy,
+        };
+        let request = StartRequest {
+            message: serde_json::to_string(&called)
+                .map_err(|error| Error::InvalidInput(error.to_string()))?,
+            ..StartRequest::default()
+        };
+        let admission = Admission::new(
+            child.child_id,
+            child.session_id,
+            self.revision,
+            request,
+            ExecutionKind::Function,
+        )?
+        .with_parent(child.parent);
+        match admission.commit(self.store.as_ref()).await {
+            Ok((head, machine, _)) => self.activate_admitted(head, machine).map(|_| ()),
+            // Made meanwhile by the same call asked twice: the same child.
+            Err(_) if self.store.head(child.child_id)?.is_some() => Ok(()),
+            Err(error) => Err(error),
+        }
     }
 }
 

@@ -10,6 +10,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use actix::prelude::*;
+use futures::future::BoxFuture;
+use futures::FutureExt as _;
 use openprogram_storage::{EventStore, ExecutionHead, ExecutionId, OwnerId, ProcessId, RevisionId};
 
 use crate::agent::{Provider, ToolRegistry};
@@ -27,6 +29,19 @@ pub trait Hooks: Send + Sync {
     fn released(&self, execution_id: ExecutionId, token: u64);
     /// The live actor of an execution a managed process reports to, activated if parked.
     fn progress_to(&self, execution_id: ExecutionId) -> Result<Recipient<ProcessProgress>>;
+    /// F-6: admits and starts `child` unless it exists already (a call asked again).
+    fn start_child(self: Arc<Self>, child: ChildCall) -> BoxFuture<'static, Result<()>>;
+}
+
+/// F-6: a function an agent's call runs as a child execution.
+#[derive(Debug, Clone)]
+pub struct ChildCall {
+    pub session_id: openprogram_storage::SessionId,
+    pub parent: ExecutionId,
+    /// Derived from the call's effect: the same call finds the same child.
+    pub child_id: ExecutionId,
+    pub function: String,
+    pub input: serde_json::Value,
 }
 
 pub struct Env {
@@ -197,6 +212,14 @@ impl Env {
             .get()
             .and_then(Weak::upgrade)
             .ok_or_else(|| Error::Unavailable("the runtime's executions are gone".into()))
+    }
+
+    /// F-6: admits and starts a child execution (see `Hooks::start_child`).
+    pub fn start_child(&self, child: ChildCall) -> BoxFuture<'static, Result<()>> {
+        match self.hooks() {
+            Ok(hooks) => hooks.start_child(child),
+            Err(error) => futures::future::ready(Err(error)).boxed(),
+        }
     }
 
     /// An execution actor released itself: its entry in the directory goes, unless a newer

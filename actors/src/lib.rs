@@ -26,6 +26,7 @@
 pub mod activity;
 #[cfg(test)]
 mod activity_tests;
+pub(crate) mod admission;
 pub mod agent;
 pub mod attempt_lease;
 pub mod branches;

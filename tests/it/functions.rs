@@ -1285,3 +1285,120 @@ async fn w3_a_branch_asks_while_another_step_runs_and_the_answer_still_counts() 
     let done = harness.wait_for_state(execution, "completed").await;
     assert_eq!(done.text, r#"["yes","worked"]"#);
 }
+
+/// F-6: an agent's scripted `{"call": …}` runs the function as a child execution (kind
+/// `function`, the agent as its parent, its own revision and checkpoints) and its result
+/// becomes that tool call's receipt before the agent's next decision.
+#[tokio::test]
+async fn f6_an_agent_calls_a_function_and_gets_its_result_at_the_call() {
+    let harness = steps_harness();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("called.log");
+    let agent = harness
+        .start(
+            vec![
+                json!({"call": "steps", "input": {"count": 3, "path": path}}),
+                reply("called"),
+            ],
+            None,
+        )
+        .await;
+    let done = harness.wait_for_state(agent, "completed").await;
+    assert_eq!(done.text, "called");
+    assert_each_step_once(&path, 3);
+    let call = done
+        .receipts
+        .iter()
+        .find(|receipt| receipt.tool == "call" && receipt.status == "confirmed")
+        .expect("the call's receipt");
+    let events = harness.events(agent);
+    let output = events
+        .iter()
+        .find_map(|envelope| match &envelope.event {
+            Event::ToolFinished {
+                effect_id, output, ..
+            } if *effect_id == call.effect_id => Some(output.clone()),
+            _ => None,
+        })
+        .expect("the call's result");
+    assert_eq!(output, r#"{"done":3}"#);
+    let executions = harness
+        .runtime
+        .executions(harness.session)
+        .await
+        .expect("executions");
+    let child = executions
+        .iter()
+        .find(|snapshot| snapshot.kind == "function")
+        .expect("the child");
+    assert_eq!(child.parent_execution_id, Some(agent));
+    assert_eq!(child.state, "completed");
+    assert_eq!(child.function.as_ref().map(|f| f.next_position), Some(3));
+}
+
+/// F-6 with real processes: `serve` killed with SIGKILL twice while the function an agent
+/// called runs; the agent continues the same call, which finds the same child, and gets its
+/// result at the call's position: every step once, one child.
+#[test]
+fn f6_kill9_twice_inside_an_agent_invoked_function_returns_to_its_call() {
+    use crate::served::Served;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let path = dir.path().join("called.log");
+    let token = "function-test-token";
+    let revisions = ["--function-revisions", "steps:1"];
+    let served = Served::start(&data, token, &[], &revisions);
+    let (_, session) = served.call("POST", "/v1/sessions", Some(&json!({})));
+    let session = session["session_id"]
+        .as_str()
+        .expect("session id")
+        .to_owned();
+    let executions = format!("/v1/sessions/{session}/executions");
+    let start = json!({
+        "message": "call steps",
+        "script": [
+            {"call": "steps", "input": {"count": 6, "path": path, "sleep_ms": 40}},
+            {"reply": "called"}
+        ],
+    });
+    let (status, started) = served.call("POST", &executions, Some(&start));
+    assert_eq!(status, 201, "{started}");
+    let agent = started["execution_id"].as_str().expect("id").to_owned();
+    let wait_lines = |at_least: usize| {
+        let waited = std::time::Instant::now();
+        while lines(&path).len() < at_least {
+            assert!(waited.elapsed() < DEADLINE, "waited for {at_least} lines");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    };
+    wait_lines(2);
+    served.kill9();
+    let served = Served::start(&data, token, &[], &revisions);
+    wait_lines(4);
+    served.kill9();
+    let served = Served::start(&data, token, &[], &revisions);
+    let waited = std::time::Instant::now();
+    let snapshot = loop {
+        let (_, snapshot) = served.call("GET", &format!("{executions}/{agent}"), None);
+        if snapshot["state"] == "completed" {
+            break snapshot;
+        }
+        assert!(
+            waited.elapsed() < DEADLINE,
+            "the agent did not complete: {snapshot}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    assert_eq!(snapshot["text"], "called", "{snapshot}");
+    assert_each_step_once(&path, 6);
+    let (_, all) = served.call("GET", &executions, None);
+    let children: Vec<&serde_json::Value> = all
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|execution| execution["kind"] == "function")
+        .collect();
+    assert_eq!(children.len(), 1, "one child: {all}");
+    assert_eq!(children[0]["parent_execution_id"], agent.as_str());
+    served.stop();
+}

@@ -133,6 +133,7 @@ impl ExecutionActor {
                             effect_id,
                             ctx.address().recipient(),
                             ctx.address().recipient(),
+                            ctx.address().recipient(),
                         ),
                     };
                     (tool.recovery(), tool.call(call))

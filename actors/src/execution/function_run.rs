@@ -16,6 +16,9 @@ use futures::FutureExt as _;
 use openprogram_storage::{EffectId, Event, WaitId, WaitStatus};
 
 use super::actor::{committed, log_failure, Advance, ExecutionActor, InFlight};
+use crate::call::CallFunction;
+use crate::env::ChildCall;
+use crate::error::Error;
 use crate::execution::machine::{Recovery, Registered, RunDecision};
 use crate::function::{
     AskBoundary, Asked, Boundary, CallStarted, FunctionContext, RevisionMissing, StepBoundary,
@@ -323,5 +326,56 @@ impl Handler<CallStarted> for ExecutionActor {
                 false
             }
         })))
+    }
+}
+
+/// F-6: the child execution of a call is this call's: its id derived from the call's effect.
+fn child_of(effect_id: EffectId) -> openprogram_storage::ExecutionId {
+    openprogram_storage::ExecutionId::from_uuid(uuid::Uuid::new_v5(effect_id.as_uuid(), b"call"))
+}
+
+impl Handler<CallFunction> for ExecutionActor {
+    type Result = ResponseFuture<Result<String, String>>;
+
+    /// F-6: an agent's call of a function: the child is admitted and started (or found, for
+    /// a call asked again after a crash), and the call waits for its end. Not atomic: the
+    /// agent takes its commands (a Pause, a Cancel) meanwhile. When the runtime stops first
+    /// the call never answers, so nothing is recorded and the call is asked again on the
+    /// next start.
+    fn handle(&mut self, call: CallFunction, _ctx: &mut Context<Self>) -> Self::Result {
+        self.handled += 1;
+        let env = Arc::clone(&self.env);
+        let child_id = child_of(call.effect_id);
+        let child = ChildCall {
+            session_id: self.head.session_id,
+            parent: self.execution_id,
+            child_id,
+            function: call.function,
+            input: call.input,
+        };
+        Box::pin(async move {
+            if let Err(error) = env.start_child(child).await {
+                return match error {
+                    Error::Unavailable(_) => futures::future::pending().await,
+                    error => Err(format!("{} ({})", error, error.code())),
+                };
+            }
+            let store = env.store.as_ref();
+            if env.lifecycle.wait_finished(store, child_id).await.is_err() {
+                // The runtime stops (or the child's actor failed a write): no outcome now.
+                return futures::future::pending().await;
+            }
+            let (head, machine) = match crate::env::load(store, child_id) {
+                Ok(loaded) => loaded,
+                Err(error) => return Err(format!("reading the call's result: {error}")),
+            };
+            match head.state {
+                openprogram_storage::ExecutionState::Completed => Ok(machine.text.clone()),
+                state => Err(format!(
+                    "the function's execution {child_id} ended {state}: {}",
+                    machine.text
+                )),
+            }
+        })
     }
 }

@@ -1,0 +1,144 @@
+//! Admission (K-1, F-1, F-6): the first transition of a new execution — an agent turn, a
+//! durable function's execution, or a function an agent's call starts — and the head and
+//! machine it leaves behind.
+
+use openprogram_storage::{
+    Event, EventStore, ExecutionHead, ExecutionId, ExecutionKind, ExecutionState, MessageId,
+    Outcome, RunId, SessionId, Transition,
+};
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::execution::machine::ScriptElement;
+use crate::execution::machine::{AgentInput, Machine};
+
+/// A new agent turn.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StartRequest {
+    pub message: String,
+    #[serde(default)]
+    pub parent_message_id: Option<MessageId>,
+    /// For the scripted provider: each element as the JSON text it was given (over HTTP,
+    /// the body's own text), built from a value with `json!(…).into()`.
+    #[serde(default)]
+    pub script: Vec<ScriptElement>,
+    #[serde(default)]
+    pub max_iterations: Option<u32>,
+    /// Admit the turn paused: it waits for Continue or Step (as Agent forks do, K-2).
+    #[serde(default)]
+    pub start_paused: bool,
+}
+
+/// A new execution's first transition, with what it leaves behind: the head and the
+/// machine a replay of it would build, so the admission can start its actor without
+/// reading it back (`Executions::activate_admitted`).
+pub(crate) struct Admission {
+    pub(crate) head: ExecutionHead,
+    events: Vec<Event>,
+    input: AgentInput,
+    parent_message_id: Option<MessageId>,
+    pub(crate) start_paused: bool,
+}
+
+impl Admission {
+    pub(crate) fn new(
+        execution_id: ExecutionId,
+        session_id: SessionId,
+        revision_id: openprogram_storage::RevisionId,
+        request: StartRequest,
+        kind: ExecutionKind,
+    ) -> Result<Self> {
+        let mut head = ExecutionHead::new(execution_id, session_id, RunId::new(), kind);
+        head.revision_id = revision_id;
+        let input = AgentInput {
+            message: request.message,
+            script: request.script,
+            max_iterations: request.max_iterations.unwrap_or(50),
+        };
+        if input.max_iterations == 0 {
+            return Err(Error::InvalidRequest(
+                "max_iterations must be at least 1".into(),
+            ));
+        }
+        let encoded = match kind {
+            // Encoded by `start_function` already.
+            ExecutionKind::Function => input.message.clone(),
+            _ => serde_json::to_string(&input)
+                .map_err(|error| Error::InvalidRequest(error.to_string()))?,
+        };
+        let mut events = vec![Event::Admitted {
+            kind: head.kind,
+            session_id,
+            run_id: head.run_id,
+            parent_execution_id: None,
+            revision_id: head.revision_id,
+            turn_id: head.turn_id,
+            user_message_id: head.user_message_id,
+            reply_message_id: head.reply_message_id,
+            parent_message_id: request.parent_message_id,
+            input: encoded,
+        }];
+        if request.start_paused {
+            let reason = String::from("start_paused");
+            head.state = ExecutionState::Paused;
+            head.pause_reason = Some(reason.clone());
+            events.push(Event::StateChanged {
+                state: ExecutionState::Paused,
+                reason,
+            });
+        }
+        Ok(Self {
+            head,
+            events,
+            input,
+            parent_message_id: request.parent_message_id,
+            start_paused: request.start_paused,
+        })
+    }
+
+    /// F-6: the execution is a child of `parent` (an agent's call of a function).
+    pub(crate) fn with_parent(mut self, parent: ExecutionId) -> Self {
+        self.head.parent_execution_id = Some(parent);
+        if let Some(Event::Admitted {
+            parent_execution_id,
+            ..
+        }) = self.events.first_mut()
+        {
+            *parent_execution_id = Some(parent);
+        }
+        self
+    }
+
+    /// Commits the admission; returns the head and machine as a replay would rebuild them
+    /// (the input is not parsed back), and the version.
+    pub(crate) async fn commit(
+        self,
+        store: &dyn EventStore,
+    ) -> Result<(ExecutionHead, Machine, u64)> {
+        let mut head = self.head.clone();
+        let mut machine = Machine::default();
+        let mut ignored = Vec::new();
+        // The first event is `Admitted` (`Admission::new`): an agent's input is at hand.
+        let folded = match self.head.kind {
+            ExecutionKind::AgentTurn => {
+                machine.admit(self.head.revision_id, self.parent_message_id, self.input);
+                1
+            }
+            _ => 0,
+        };
+        for (event, seq) in self.events.iter().zip(1..).skip(folded) {
+            machine.apply(event, seq, &mut ignored);
+        }
+        let committed = match store
+            .submit(Transition::create(self.head, self.events))
+            .await?
+        {
+            Outcome::Committed(committed) => committed,
+            other => return Err(Error::Internal(format!("creating an execution: {other:?}"))),
+        };
+        head.version = committed.version;
+        head.last_seq = *committed.seqs.end();
+        head.last_activity_ms = committed.at_ms;
+        Ok((head, machine, committed.version))
+    }
+}
