@@ -16,9 +16,11 @@ use openprogram_storage::{
 
 use crate::admission::{Admission, StartRequest};
 use crate::attempt_lease::LeaseState;
+use crate::command::{Command, CommandBody};
 use crate::env::{replay, ChildCall, Env, Hooks};
 use crate::error::{Error, Result};
 use crate::execution::actor::{Activate, ExecutionActor, Superseded};
+use crate::execution::commands::ApplyCommand;
 use crate::execution::machine::FunctionInput;
 use crate::execution::machine::Machine;
 use crate::execution::plan::{Plan, Writer};
@@ -141,6 +143,25 @@ impl Hooks for Executions {
     fn start_child(self: Arc<Self>, child: ChildCall) -> BoxFuture<'static, Result<()>> {
         async move { self.admit_child(child).await }.boxed()
     }
+
+    fn cancel_child(self: Arc<Self>, child_id: ExecutionId) -> BoxFuture<'static, Result<()>> {
+        async move {
+            // One command id per child: asked again, the stored outcome (K-4).
+            let command_id = openprogram_storage::CommandId::from_uuid(uuid::Uuid::new_v5(
+                child_id.as_uuid(),
+                b"cancelled with its caller",
+            ));
+            let command = Command::new(CommandBody::Cancel).with_id(command_id);
+            let accepted = command.accepted_record(child_id);
+            let addr = self.activate(child_id)?;
+            match addr.send(ApplyCommand { accepted, command }).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(error)) => Err(error),
+                Err(error) => Err(Error::Unavailable(error.to_string())),
+            }
+        }
+        .boxed()
+    }
 }
 
 impl Executions {
@@ -150,6 +171,15 @@ impl Executions {
     async fn admit_child(&self, child: ChildCall) -> Result<()> {
         if self.store.head(child.child_id)?.is_some() {
             return Ok(());
+        }
+        // A caller cancelled meanwhile starts no function (K-5).
+        let caller = self.store.head(child.parent)?;
+        if caller.is_some_and(|caller| {
+            caller.state.is_terminal() || caller.state == ExecutionState::Cancelling
+        }) {
+            return Err(Error::InvalidRequest(
+                "the calling execution is cancelled".into(),
+            ));
         }
         let function = self
             .functions

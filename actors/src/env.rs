@@ -31,6 +31,9 @@ pub trait Hooks: Send + Sync {
     fn progress_to(&self, execution_id: ExecutionId) -> Result<Recipient<ProcessProgress>>;
     /// F-6: admits and starts `child` unless it exists already (a call asked again).
     fn start_child(self: Arc<Self>, child: ChildCall) -> BoxFuture<'static, Result<()>>;
+    /// F-6: cancels the child execution of a cancelled agent's call (K-5: cancel wins),
+    /// once: a repeat is the same command.
+    fn cancel_child(self: Arc<Self>, child_id: ExecutionId) -> BoxFuture<'static, Result<()>>;
 }
 
 /// F-6: a function an agent's call runs as a child execution.
@@ -212,6 +215,14 @@ impl Env {
             .get()
             .and_then(Weak::upgrade)
             .ok_or_else(|| Error::Unavailable("the runtime's executions are gone".into()))
+    }
+
+    /// F-6: cancels a called function's child execution (see `Hooks::cancel_child`).
+    pub fn cancel_child(&self, child_id: ExecutionId) -> BoxFuture<'static, Result<()>> {
+        match self.hooks() {
+            Ok(hooks) => hooks.cancel_child(child_id),
+            Err(error) => futures::future::ready(Err(error)).boxed(),
+        }
     }
 
     /// F-6: admits and starts a child execution (see `Hooks::start_child`).

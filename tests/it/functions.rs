@@ -1402,3 +1402,47 @@ fn f6_kill9_twice_inside_an_agent_invoked_function_returns_to_its_call() {
     assert_eq!(children[0]["parent_execution_id"], agent.as_str());
     served.stop();
 }
+
+/// F-6, K-5: cancelling an agent while the function it called runs cancels that function's
+/// execution too.
+#[tokio::test]
+async fn f6_cancelling_the_agent_cancels_the_function_it_called() {
+    let harness = steps_harness();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("called.log");
+    let agent = harness
+        .start(
+            vec![
+                json!({"call": "steps", "input": {"count": 5, "path": path, "sleep_ms": 300}}),
+                reply("called"),
+            ],
+            None,
+        )
+        .await;
+    let waited = std::time::Instant::now();
+    let child = loop {
+        let executions = harness
+            .runtime
+            .executions(harness.session)
+            .await
+            .expect("list");
+        if let Some(child) = executions
+            .iter()
+            .find(|snapshot| snapshot.kind == "function")
+        {
+            break child.execution_id;
+        }
+        assert!(waited.elapsed() < DEADLINE, "no child");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    harness
+        .wait_for_event(child, "the child's first step", |event| {
+            matches!(event, Event::StepStarted { .. })
+        })
+        .await;
+    let cancelled = harness.command(agent, "cancel", None).await;
+    assert_eq!(cancelled.status, "applied", "{cancelled:?}");
+    harness.wait_for_state(agent, "cancelled").await;
+    harness.wait_for_state(child, "cancelled").await;
+    assert!(lines(&path).len() < 5, "the child ran to its end");
+}

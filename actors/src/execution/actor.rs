@@ -251,6 +251,7 @@ impl ExecutionActor {
                     if let Some(in_flight) = &self.in_flight {
                         in_flight.abort.abort();
                     }
+                    self.cancel_called_function(ctx);
                 }
                 Action::Finished => {
                     self.env.lifecycle.notify_finished(self.execution_id);

@@ -379,3 +379,25 @@ impl Handler<CallFunction> for ExecutionActor {
         })
     }
 }
+
+impl ExecutionActor {
+    /// F-6, K-5: a Cancel of an agent whose call of a function runs cancels that function's
+    /// execution too (cancel wins); a Pause lets the call finish, as any tool call.
+    pub(super) fn cancel_called_function(&mut self, ctx: &mut Context<Self>) {
+        let Some(call) = self
+            .machine
+            .pending_tool
+            .as_ref()
+            .filter(|call| call.tool == "call")
+        else {
+            return;
+        };
+        let child_id = child_of(call.effect_id);
+        let cancelling = self.env.cancel_child(child_id);
+        ctx.spawn(fut::wrap_future::<_, Self>(cancelling).map(move |result, act, _| {
+            if let Err(error) = result {
+                tracing::warn!(execution_id = %act.execution_id, %child_id, %error, "the called function was not cancelled");
+            }
+        }));
+    }
+}
