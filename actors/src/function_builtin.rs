@@ -154,6 +154,8 @@ async fn append_line(
                 tokio::time::sleep(sleep).await;
             }
             append_record(&path, &line, run.effect_id)?;
+            // B06: the step took effect, its result not yet returned.
+            openprogram_storage::failpoint!("B06");
             Ok(String::from("appended"))
         })
         .await;

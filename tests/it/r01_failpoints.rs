@@ -281,3 +281,104 @@ fn r01_the_workloads_cover_every_boundary() {
     covered.sort_unstable();
     assert_eq!(covered, BOUNDARIES);
 }
+
+/// Boundaries of a durable function's External step: its intent durable before it runs
+/// (B05), its effect taken before its result returns (B06), its result in hand before its
+/// receipt is committed (B07).
+const FUNCTION_BOUNDARIES: [&str; 3] = ["B05", "B06", "B07"];
+
+/// R01 for durable functions (F-4): `steps` executions abandoned mid-run; each run of
+/// `serve` resumes them and aborts at one boundary of a step; no step's line is ever
+/// appended twice, and at the end every execution completes with every line once.
+#[test]
+fn r01_a_crash_at_each_boundary_of_a_function_step_repeats_no_step() {
+    use crate::served::Served;
+    let seed = seed();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().expect("dir");
+    let data = dir.path().join("data");
+    let token = "r01-function-token";
+    const EXECUTIONS: usize = 4;
+    let steps = 2 * FUNCTION_BOUNDARIES.len() * SEEDS_PER_BOUNDARY as usize + 4;
+    let served = Served::start(&data, token, &[], &[]);
+    let (_, session) = served.call("POST", "/v1/sessions", Some(&json!({})));
+    let session = session["session_id"].as_str().expect("session").to_owned();
+    let mut started = Vec::new();
+    for index in 0..EXECUTIONS {
+        let path = dir.path().join(format!("steps-{index}.log"));
+        // The `append` protocol reads a missing file as no evidence (an operator decides).
+        std::fs::write(&path, "").expect("the steps file");
+        let body = json!({"kind": "function", "function": "steps",
+            "input": {"count": steps, "path": path, "sleep_ms": 20}});
+        let (status, reply) = served.call(
+            "POST",
+            &format!("/v1/sessions/{session}/executions"),
+            Some(&body),
+        );
+        assert_eq!(status, 201, "{reply}");
+        // The newest revision of `steps` runs (3: its steps are `t1..`).
+        assert_eq!(reply["function_revision"], 3, "{reply}");
+        started.push((reply["execution_id"].as_str().expect("id").to_owned(), path));
+    }
+    served.kill9();
+    let no_duplicate = |when: &str| {
+        for (_, path) in &started {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let mut seen = std::collections::BTreeSet::new();
+            for line in text.lines() {
+                let step = line.split('\t').next().unwrap_or_default();
+                assert!(
+                    seen.insert(step.to_owned()),
+                    "seed {seed}: {step} twice {when}"
+                );
+            }
+        }
+    };
+    let mut reached = Vec::new();
+    for boundary in FUNCTION_BOUNDARIES {
+        for round in 0..SEEDS_PER_BOUNDARY {
+            let skip: u64 = if round == 0 { 0 } else { rng.gen_range(1..6) };
+            let (child, _) = serve_armed(&data, &format!("{boundary}:{skip}"), token);
+            if aborted_within(child, REACH_WAIT) {
+                reached.push(boundary);
+            }
+            no_duplicate(&format!("after {boundary}:{skip}"));
+        }
+    }
+    let missed: Vec<&str> = FUNCTION_BOUNDARIES
+        .into_iter()
+        .filter(|b| !reached.contains(b))
+        .collect();
+    assert!(
+        missed.is_empty(),
+        "seed {seed}: boundaries never reached: {missed:?}"
+    );
+    let served = Served::start(&data, token, &[], &[]);
+    for (execution, path) in &started {
+        let read = format!("/v1/sessions/{session}/executions/{execution}");
+        let waited = Instant::now();
+        loop {
+            let (_, snapshot) = served.call("GET", &read, None);
+            if snapshot["state"] == "completed" {
+                break;
+            }
+            assert!(
+                waited.elapsed() < DEADLINE,
+                "seed {seed}: not completed: {snapshot}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let appended: Vec<String> = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(|line| line.split('\t').next().unwrap_or_default().to_owned())
+            .collect();
+        let expected: Vec<String> = (1..=steps).map(|index| format!("t{index}")).collect();
+        assert_eq!(appended, expected, "seed {seed}: {execution}");
+    }
+    served.stop();
+    eprintln!(
+        "r01 functions: seed {seed}: {} aborts at {FUNCTION_BOUNDARIES:?}",
+        reached.len()
+    );
+}

@@ -162,7 +162,11 @@ impl Handler<StepBoundary> for ExecutionActor {
         let committed = committed(self.submit(vec![started], Vec::new()));
         AtomicResponse::new(Box::pin(committed.map(
             move |result, act, ctx| match result {
-                Ok(_) => Boundary::Run { effect_id },
+                Ok(_) => {
+                    // B05: the step's intent is durable, the step not started.
+                    openprogram_storage::failpoint!("B05");
+                    Boundary::Run { effect_id }
+                }
                 Err(error) => {
                     log_failure(Err(error), act, ctx);
                     Boundary::Suspend
@@ -178,6 +182,8 @@ impl Handler<StepDone> for ExecutionActor {
     fn handle(&mut self, done: StepDone, _ctx: &mut Context<Self>) -> Self::Result {
         let _span = self.span.clone().entered();
         self.handled += 1;
+        // B07: a step's result in hand, its receipt not yet decided or persisted.
+        openprogram_storage::failpoint!("B07");
         if self.function_run() != Some(done.run) {
             return AtomicResponse::new(Box::pin(fut::ready(false)));
         }
