@@ -63,6 +63,7 @@ pub use openprogram_actors::recovery::{ManualClock, RestartWindow};
 pub use openprogram_actors::service::{
     CommandReply, FunctionStart, ScriptElement, StartReply, StartRequest,
 };
+pub use openprogram_macros::{durable_function, durable_helper};
 pub use openprogram_storage::VersionPolicy;
 
 /// A started function execution: the start reply and the function revision it runs.

@@ -193,6 +193,7 @@ impl Executions {
             revision: function.revision,
             input: child.input,
             policy: self.function_policy,
+            identity: function.identity.clone(),
         };
         let request = StartRequest {
             message: serde_json::to_string(&called)

@@ -207,6 +207,7 @@ impl Service {
             revision,
             input: request.input,
             policy: request.policy.unwrap_or(self.env.function_policy),
+            identity: function.identity.clone(),
         };
         let encoded = serde_json::to_string(&called)
             .map_err(|error| Error::InvalidInput(error.to_string()))?;

@@ -172,6 +172,8 @@ pub enum Event {
     /// provenance).
     RevisionAdopted {
         revision: u32,
+        /// F-7: the identity of that revision's code.
+        identity: String,
         steps: Vec<(String, u32)>,
     },
     /// F-1, F-4: a durable function's nested call `call_id` (a step id of its caller) runs

@@ -1446,3 +1446,124 @@ async fn f6_cancelling_the_agent_cancels_the_function_it_called() {
     harness.wait_for_state(child, "cancelled").await;
     assert!(lines(&path).len() < 5, "the child ran to its end");
 }
+
+// F-7: identities from code, with `#[durable_function]` and `#[durable_helper]`.
+#[openprogram::durable_helper]
+fn double(x: u64) -> u64 {
+    x * 2
+}
+
+#[openprogram::durable_helper]
+fn triple(x: u64) -> u64 {
+    x * 3
+}
+
+mod identity_a {
+    use openprogram::FunctionContext;
+    use serde_json::{json, Value};
+
+    #[openprogram::durable_function(name = "ident", revision = 1, helpers(super::double))]
+    pub async fn ident(_context: FunctionContext, _input: Value) -> Result<Value, String> {
+        Ok(json!(super::double(2)))
+    }
+}
+
+mod identity_same_code {
+    use openprogram::FunctionContext;
+    use serde_json::{json, Value};
+
+    // The same code as `identity_a`, written otherwise (a comment, other line breaks).
+    #[openprogram::durable_function(name = "ident", revision = 1, helpers(super::double))]
+    pub async fn ident(_context: FunctionContext, _input: Value) -> Result<Value, String> {
+        Ok(json!(super::double(2)))
+    }
+}
+
+mod identity_other_helper {
+    use openprogram::FunctionContext;
+    use serde_json::{json, Value};
+
+    #[openprogram::durable_function(name = "ident", revision = 1, helpers(super::triple))]
+    pub async fn ident(_context: FunctionContext, _input: Value) -> Result<Value, String> {
+        Ok(json!(super::triple(2)))
+    }
+}
+
+#[test]
+fn f7_a_functions_identity_is_its_code_and_its_helpers_code() {
+    let a = identity_a::ident_durable();
+    let same = identity_same_code::ident_durable();
+    let other = identity_other_helper::ident_durable();
+    assert_eq!(
+        a.identity, same.identity,
+        "formatting and comments are not code"
+    );
+    assert_ne!(a.identity, other.identity, "another helper is other code");
+    assert!(
+        a.identity.contains('+'),
+        "the helper's identity is part of it: {}",
+        a.identity
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let refused = Runtime::builder()
+        .data_dir(dir.path())
+        .function(a.clone())
+        .function(other)
+        .open()
+        .expect_err("other code under ident revision 1");
+    assert_eq!(refused.code(), "invalid_request");
+    let accepted = Runtime::builder()
+        .data_dir(dir.path())
+        .function(a)
+        .function(same)
+        .open()
+        .expect("the same code twice");
+    accepted.halt();
+}
+
+/// F-7: an execution started on a revision whose code has changed since (another identity
+/// under the same name and revision) is never continued on that other code: it pauses
+/// `revision_missing`.
+#[tokio::test]
+async fn f7_changed_code_under_the_same_revision_is_not_that_revision() {
+    let restarts = Restarts::new();
+    let runs = Arc::new(AtomicU32::new(0));
+    let open = |identity: &str| {
+        let function = counting(Arc::clone(&runs), identity);
+        restarts.open_with(|builder| builder.function(function))
+    };
+    let runtime = open("counting:v1");
+    let started = runtime
+        .start_function(
+            restarts.session,
+            FunctionStart {
+                function: "counting".into(),
+                input: json!(2),
+                start_paused: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("start");
+    let execution = started.started.execution_id;
+    runtime.halt();
+    drop(runtime);
+    let runtime = open("counting:v1-edited");
+    let body = json!({"command_id": openprogram::storage::CommandId::new(), "kind": "continue"});
+    let reply = runtime
+        .command(
+            restarts.session,
+            execution,
+            openprogram::Command::from_json(&body).expect("command"),
+        )
+        .await
+        .expect("continue");
+    assert_eq!(reply.status, "applied", "{reply:?}");
+    let snapshot = wait_function(&runtime, &restarts, execution, "revision_missing", |s| {
+        s.pause_reason.as_deref() == Some("revision_missing")
+    })
+    .await;
+    assert_eq!(snapshot.state, "paused");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the edited code never ran");
+    runtime.halt();
+}

@@ -46,9 +46,14 @@ impl ExecutionActor {
         let functions = &self.env.functions;
         let active = self.machine.active_revision;
         let latest = functions.latest(&called.function);
+        // F-7: the active revision is registered only with the code it ran (an execution
+        // admitted before identities were recorded has none to compare).
+        let recorded = &self.machine.active_identity;
         let registered = Registered {
-            active: functions.get(&called.function, active).is_some(),
-            latest: latest.map(|function| function.revision),
+            active: functions
+                .get(&called.function, active)
+                .is_some_and(|function| recorded.is_empty() || function.identity == *recorded),
+            latest: latest.map(|function| (function.revision, function.identity.clone())),
         };
         let correspond = latest.and_then(|function| function.correspondence(active));
         let revision = match self

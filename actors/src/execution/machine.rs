@@ -117,6 +117,8 @@ pub struct Present {
     /// started with, or one it adopted).
     pub policy: openprogram_storage::VersionPolicy,
     pub active_revision: u32,
+    /// F-7: the identity of the active revision's code, as admitted or adopted.
+    pub active_identity: String,
     /// F-3: the step ids of an adopted revision that stand for committed steps, with the
     /// committed steps' positions (`Machine::completed_steps`).
     pub step_aliases: std::collections::BTreeMap<String, u32>,
@@ -299,15 +301,18 @@ impl Machine {
             state: Status::Paused,
             reason: reason.into(),
         };
-        let latest = match self.policy {
+        let (latest, latest_identity) = match self.policy {
             VersionPolicy::KeepOriginal if registered.active => return RunDecision::Run(active),
             VersionPolicy::KeepOriginal => {
                 return RunDecision::Persist(vec![paused("revision_missing")])
             }
-            VersionPolicy::UseLatest => match registered.latest {
-                Some(latest) if latest == active => return RunDecision::Run(active),
-                // The active revision is gone (an older one is no stand-in) or none is.
-                Some(latest) if latest > active => latest,
+            VersionPolicy::UseLatest => match &registered.latest {
+                Some((latest, _)) if *latest == active && registered.active => {
+                    return RunDecision::Run(active)
+                }
+                // The active revision is gone or its code changed (an older one is no
+                // stand-in), or none is registered.
+                Some((latest, identity)) if *latest > active => (*latest, identity.clone()),
                 _ => return RunDecision::Persist(vec![paused("revision_missing")]),
             },
         };
@@ -346,6 +351,7 @@ impl Machine {
         if differences.is_empty() {
             return RunDecision::Persist(vec![Event::RevisionAdopted {
                 revision: latest,
+                identity: latest_identity,
                 steps: adopted,
             }]);
         }
@@ -617,6 +623,7 @@ impl Machine {
                     // reconcile with (an operator decides).
                     input: serde_json::from_str(input).unwrap_or(serde_json::Value::Null),
                     policy: VersionPolicy::KeepOriginal,
+                    identity: String::new(),
                 };
                 self.nested_calls.insert(call_id.clone(), call);
             }
@@ -766,6 +773,7 @@ impl Present {
                 if let Some(function) = &function {
                     self.policy = function.policy;
                     self.active_revision = function.revision;
+                    self.active_identity.clone_from(&function.identity);
                 }
                 self.function = function.map(std::sync::Arc::new);
                 self.admit(*revision_id, *parent_message_id, AgentInput::default());
@@ -864,8 +872,13 @@ impl Present {
                 status,
                 ..
             } => self.step_finished(step_id, *effect_id, *status, seq, actions),
-            Event::RevisionAdopted { revision, steps } => {
+            Event::RevisionAdopted {
+                revision,
+                identity,
+                steps,
+            } => {
                 self.active_revision = *revision;
+                self.active_identity.clone_from(identity);
                 self.step_aliases = steps.iter().cloned().collect();
                 self.differences.clear();
                 if self.status() == Status::Running {

@@ -43,15 +43,19 @@ pub struct FunctionInput {
     /// F-3: the policy it was started with (a `set_policy` overrides it).
     #[serde(default)]
     pub policy: openprogram_storage::VersionPolicy,
+    /// F-7: the identity of the revision's code when it was admitted: other code registered
+    /// later under the same revision is not that revision.
+    #[serde(default)]
+    pub identity: String,
 }
 
 /// F-3: what is registered of a function execution's function.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Registered {
-    /// Its active revision is registered.
+    /// Its active revision is registered, with the code it ran (F-7).
     pub active: bool,
-    /// The newest registered revision, if any is.
-    pub latest: Option<u32>,
+    /// The newest registered revision and its identity, if any is.
+    pub latest: Option<(u32, String)>,
 }
 
 /// F-3: a declared step correspondence: an earlier revision's step id to the step of the
