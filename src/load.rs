@@ -168,7 +168,7 @@ async fn pause_then_continue(
             .command(
                 session,
                 target,
-                crate::Command::new(crate::CommandBody::Continue),
+                crate::Command::new(crate::CommandBody::Continue { policy: None }),
             )
             .await?;
         timings.push((

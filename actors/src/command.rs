@@ -84,11 +84,10 @@ impl CommandKind {
     /// `expected_version`: anything else is `unknown_field`.
     fn fields(self) -> &'static [&'static str] {
         match self {
-            CommandKind::Pause
-            | CommandKind::Continue
-            | CommandKind::Step
-            | CommandKind::Cancel
-            | CommandKind::Retry => &[],
+            CommandKind::Pause | CommandKind::Step | CommandKind::Cancel | CommandKind::Retry => {
+                &[]
+            }
+            CommandKind::Continue => &["policy"],
             CommandKind::Steer => &["text"],
             CommandKind::Fork => &["checkpoint"],
             CommandKind::Answer => &["wait_id", "answer", "scope"],
@@ -166,7 +165,10 @@ impl ReconcileOutcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CommandBody {
     Pause,
-    Continue,
+    /// `policy`: F-3, a function's version policy from now on, in the same transition.
+    Continue {
+        policy: Option<VersionPolicy>,
+    },
     Step,
     Steer {
         text: String,
@@ -204,7 +206,7 @@ impl CommandBody {
     pub fn kind(&self) -> CommandKind {
         match self {
             CommandBody::Pause => CommandKind::Pause,
-            CommandBody::Continue => CommandKind::Continue,
+            CommandBody::Continue { .. } => CommandKind::Continue,
             CommandBody::Step => CommandKind::Step,
             CommandBody::Steer { .. } => CommandKind::Steer,
             CommandBody::Cancel => CommandKind::Cancel,
@@ -225,7 +227,7 @@ impl From<Control> for CommandBody {
     fn from(control: Control) -> Self {
         match control {
             Control::Pause => CommandBody::Pause,
-            Control::Continue => CommandBody::Continue,
+            Control::Continue => CommandBody::Continue { policy: None },
             Control::Step => CommandBody::Step,
             Control::Steer { text } => CommandBody::Steer { text },
             Control::Cancel => CommandBody::Cancel,
@@ -333,10 +335,13 @@ impl Command {
         };
         match &self.body {
             CommandBody::Pause
-            | CommandBody::Continue
+            | CommandBody::Continue { policy: None }
             | CommandBody::Step
             | CommandBody::Cancel
             | CommandBody::Retry => {}
+            CommandBody::Continue {
+                policy: Some(policy),
+            } => put("policy", json!(policy.as_str())),
             CommandBody::Steer { text } => put("text", json!(text)),
             CommandBody::Fork { checkpoint } => {
                 if let Some(seq) = checkpoint {
@@ -414,10 +419,12 @@ impl Command {
         let mut sent: Vec<Sent> = Vec::new();
         match &self.body {
             CommandBody::Pause
-            | CommandBody::Continue
+            | CommandBody::Continue { policy: None }
             | CommandBody::Step
             | CommandBody::Cancel
             | CommandBody::Retry => sent.push((None, Vec::new())),
+            // Never sent by a build before schema 6: no earlier hash to match.
+            CommandBody::Continue { policy: Some(_) } => {}
             CommandBody::Steer { text } => sent.push((Some(text.clone()), Vec::new())),
             CommandBody::Fork { checkpoint } => sent.push((
                 None,
@@ -508,7 +515,9 @@ impl Command {
         let expected_version = reader.u64("expected_version")?;
         let body = match kind {
             CommandKind::Pause => CommandBody::Pause,
-            CommandKind::Continue => CommandBody::Continue,
+            CommandKind::Continue => CommandBody::Continue {
+                policy: policy_of(&reader)?,
+            },
             CommandKind::Step => CommandBody::Step,
             CommandKind::Cancel => CommandBody::Cancel,
             CommandKind::Retry => CommandBody::Retry,
@@ -580,15 +589,8 @@ impl Command {
                     ))
                 }
             },
-            CommandKind::SetPolicy => match reader.text("policy")?.as_deref() {
-                Some(text) => match VersionPolicy::parse(text) {
-                    Some(policy) => CommandBody::SetPolicy { policy },
-                    None => {
-                        return Err(Error::InvalidRequest(format!(
-                            "`{text}` is not a version policy: keep_original or use_latest"
-                        )))
-                    }
-                },
+            CommandKind::SetPolicy => match policy_of(&reader)? {
+                Some(policy) => CommandBody::SetPolicy { policy },
                 None => {
                     return Err(Error::InvalidRequest(
                         "set_policy needs `policy`: keep_original or use_latest".into(),
@@ -601,6 +603,18 @@ impl Command {
             expected_version,
             body,
         })
+    }
+}
+
+/// A command's `policy` (F-3), if given: `keep_original` or `use_latest`.
+fn policy_of(reader: &Reader) -> Result<Option<VersionPolicy>> {
+    match reader.text("policy")?.as_deref() {
+        None => Ok(None),
+        Some(text) => VersionPolicy::parse(text).map(Some).ok_or_else(|| {
+            Error::InvalidRequest(format!(
+                "`{text}` is not a version policy: keep_original or use_latest"
+            ))
+        }),
     }
 }
 

@@ -104,7 +104,7 @@ fn k4_a_command_stored_before_schema_6_matches_its_retry() {
 fn k4_a_command_round_trips_and_hashes_its_meaning() {
     let bodies = [
         CommandBody::Pause,
-        CommandBody::Continue,
+        CommandBody::Continue { policy: None },
         CommandBody::Step,
         CommandBody::Cancel,
         CommandBody::Retry,

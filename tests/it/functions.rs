@@ -1567,3 +1567,53 @@ async fn f7_changed_code_under_the_same_revision_is_not_that_revision() {
     assert_eq!(runs.load(Ordering::SeqCst), 0, "the edited code never ran");
     runtime.halt();
 }
+
+/// K-7: a `policy` on Continue takes effect in the same transition: a version conflict is
+/// resolved by continuing on the original code; an agent's Continue with a policy is refused.
+#[tokio::test]
+async fn k7_continue_with_a_policy_resolves_a_version_conflict_in_one_command() {
+    let restarts = Restarts::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("steps.log");
+    let (execution, _) =
+        interrupted_steps(&restarts, &path, openprogram::VersionPolicy::UseLatest).await;
+    let runtime = open_steps(&restarts, &[1, 3]);
+    wait_function(&runtime, &restarts, execution, "version_conflict", |s| {
+        s.pause_reason.as_deref() == Some("version_conflict")
+    })
+    .await;
+    let body = json!({"command_id": openprogram::storage::CommandId::new(), "kind": "continue",
+        "policy": "keep_original"});
+    let continued = runtime
+        .command(
+            restarts.session,
+            execution,
+            openprogram::Command::from_json(&body).expect("command"),
+        )
+        .await
+        .expect("continue");
+    assert_eq!(continued.status, "applied", "{continued:?}");
+    let done = wait_function(&runtime, &restarts, execution, "completed", |s| {
+        s.state == "completed"
+    })
+    .await;
+    let function = done.function.expect("function");
+    assert_eq!((function.revision, function.policy), (1, "keep_original"));
+    assert_each_step_once(&path, 6);
+    let agent = restarts.start_paused(&runtime, vec![reply("hi")]).await;
+    let body = json!({"command_id": openprogram::storage::CommandId::new(), "kind": "continue",
+        "policy": "use_latest"});
+    let refused = runtime
+        .command(
+            restarts.session,
+            agent,
+            openprogram::Command::from_json(&body).expect("command"),
+        )
+        .await
+        .expect("continue");
+    assert_eq!(
+        (refused.status, refused.code.as_deref()),
+        ("rejected", Some("functions_only"))
+    );
+    runtime.halt();
+}

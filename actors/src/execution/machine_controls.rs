@@ -120,7 +120,31 @@ impl Machine {
             }
             CommandBody::Retry => return Ok(Accepted::Retry),
             CommandBody::Pause => Control::Pause,
-            CommandBody::Continue => Control::Continue,
+            CommandBody::Continue {
+                policy: Some(policy),
+            } => {
+                // F-3, K-7: the policy first, in the same transition; a policy is a
+                // function's.
+                if self.function.is_none() {
+                    let refusal = Refusal::FunctionsOnly {
+                        kind: CommandKind::SetPolicy,
+                    };
+                    return Err(self.refuse(refusal, at));
+                }
+                let mut events = vec![Event::ControlApplied {
+                    command_id,
+                    control: Control::SetPolicy { policy },
+                }];
+                events.extend(
+                    self.decide_control(command_id, Control::Continue, at.busy)
+                        .map_err(|refusal| self.refuse(refusal, at))?,
+                );
+                return Ok(Accepted::Control {
+                    control: Control::Continue,
+                    events,
+                });
+            }
+            CommandBody::Continue { policy: None } => Control::Continue,
             CommandBody::Step => Control::Step,
             CommandBody::Steer { text } => Control::Steer { text },
             CommandBody::Cancel => Control::Cancel,

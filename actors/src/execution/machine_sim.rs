@@ -544,7 +544,7 @@ fn check_capabilities(machine: &Machine, busy: bool, context: &str) {
     for kind in CommandKind::ALL {
         let body = match kind {
             CommandKind::Pause => CommandBody::Pause,
-            CommandKind::Continue => CommandBody::Continue,
+            CommandKind::Continue => CommandBody::Continue { policy: None },
             CommandKind::Step => CommandBody::Step,
             CommandKind::Steer => CommandBody::Steer { text: "s".into() },
             CommandKind::Cancel => CommandBody::Cancel,
