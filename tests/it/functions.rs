@@ -166,7 +166,7 @@ async fn f5_pause_suspends_at_the_next_boundary_and_continue_reuses_committed_st
     assert_eq!(lines(&path).len(), finished);
     assert_eq!(
         snapshot.capabilities,
-        vec!["continue", "step", "cancel", "set_policy"]
+        vec!["continue", "step", "cancel", "set_policy", "fork"]
     );
     // Step: one boundary, then paused again.
     let step = harness.command(execution, "step", None).await;
@@ -217,11 +217,8 @@ async fn f5_cancel_wins_over_a_running_step_and_steer_is_refused_with_its_reason
     for (step, _) in &appended {
         assert!(seen.insert(step.clone()), "{step} appended twice");
     }
-    assert!(
-        snapshot.capabilities.is_empty(),
-        "{:?}",
-        snapshot.capabilities
-    );
+    // Ended: only a new run is offered (K-2).
+    assert_eq!(snapshot.capabilities, vec!["retry"]);
 }
 
 #[tokio::test]
@@ -1616,4 +1613,72 @@ async fn k7_continue_with_a_policy_resolves_a_version_conflict_in_one_command() 
         ("rejected", Some("functions_only"))
     );
     runtime.halt();
+}
+
+/// K-2 for functions: Fork from a completed step makes a paused child that reuses the
+/// parent's committed steps up to that point (they are not run again) and runs the rest;
+/// Retry makes a child that runs the function afresh.
+#[tokio::test]
+async fn k2_fork_from_a_completed_step_reuses_the_prefix_and_retry_runs_afresh() {
+    let harness = steps_harness();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("steps.log");
+    let parent = start_steps(&harness, json!({"count": 4, "path": path})).await;
+    let done = harness.wait_for_state(parent, "completed").await;
+    assert!(
+        done.capabilities.contains(&"fork"),
+        "{:?}",
+        done.capabilities
+    );
+    assert!(
+        done.capabilities.contains(&"retry"),
+        "{:?}",
+        done.capabilities
+    );
+    // The checkpoint after the second step.
+    let events = harness.events(parent);
+    let second = events
+        .iter()
+        .filter(|envelope| matches!(envelope.event, Event::StepFinished { .. }))
+        .nth(1)
+        .expect("the second step")
+        .seq;
+    let checkpoint = events
+        .iter()
+        .find(|envelope| {
+            envelope.seq > second && matches!(envelope.event, Event::CheckpointPublished { .. })
+        })
+        .expect("its checkpoint")
+        .seq;
+    let body = json!({"command_id": openprogram::storage::CommandId::new(), "kind": "fork",
+        "checkpoint": checkpoint});
+    let forked = harness
+        .runtime
+        .command(
+            harness.session,
+            parent,
+            openprogram::Command::from_json(&body).expect("fork"),
+        )
+        .await
+        .expect("fork");
+    assert_eq!(forked.status, "applied", "{forked:?}");
+    let child = forked.execution_id.expect("the child");
+    let paused = harness.snapshot(child).await;
+    assert_eq!(
+        (paused.state, paused.pause_reason.as_deref()),
+        ("paused", Some("fork"))
+    );
+    assert_eq!(paused.function.as_ref().map(|f| f.next_position), Some(2));
+    let resumed = harness.command(child, "continue", None).await;
+    assert_eq!(resumed.status, "applied", "{resumed:?}");
+    harness.wait_for_state(child, "completed").await;
+    let appended: Vec<String> = lines(&path).into_iter().map(|(step, _)| step).collect();
+    // The parent's four, then the child's s3 and s4: s1 and s2 reused, not run again.
+    assert_eq!(appended, vec!["s1", "s2", "s3", "s4", "s3", "s4"]);
+    let retried = harness.command(parent, "retry", None).await;
+    assert_eq!(retried.status, "applied", "{retried:?}");
+    let fresh = retried.execution_id.expect("the retry");
+    harness.command(fresh, "continue", None).await;
+    harness.wait_for_state(fresh, "completed").await;
+    assert_eq!(lines(&path).len(), 10, "the retry ran all four afresh");
 }

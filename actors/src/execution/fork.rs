@@ -6,7 +6,7 @@ use openprogram_storage::{EffectId, EventEnvelope};
 use serde::{Deserialize, Serialize};
 
 use crate::execution::machine::{
-    Decision, ForkPoint, Machine, PendingTool, Present, Refusal, ToolArgs, Turn,
+    CompletedStep, Decision, ForkPoint, Machine, PendingTool, Present, Refusal, ToolArgs, Turn,
 };
 
 /// What a forked child resumes from: the context up to the saved point and the tool call
@@ -17,6 +17,29 @@ pub struct ForkState {
     pub iterations: u32,
     pub steers: Vec<String>,
     pub next_tool: Option<ForkedTool>,
+    /// A durable function's fork: its committed steps up to the saved point, which the
+    /// child reads back instead of running (K-2, F-4).
+    #[serde(default)]
+    pub function: Option<ForkedFunction>,
+}
+
+/// What a durable function's fork copies: the revision the original ran then and the steps
+/// it had committed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForkedFunction {
+    pub revision: u32,
+    pub identity: String,
+    pub aliases: Vec<(String, u32)>,
+    pub steps: Vec<ForkedStep>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForkedStep {
+    pub step_id: String,
+    pub effect_id: EffectId,
+    pub status: openprogram_storage::ReceiptStatus,
+    pub output: String,
+    pub revision: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -47,7 +70,18 @@ impl Machine {
     /// allowed point whose next step is not an External call dispatched already.
     pub(super) fn note_fork_point(&mut self, seq: u64) {
         if self.present.function.is_some() {
-            return; // Fork of a durable function is not built yet.
+            // A function's saved point: its steps so far committed, none in flight or in
+            // doubt, no person asked.
+            let settled = self.present.pending_steps.is_empty()
+                && self.present.unresolved.is_none()
+                && self.present.pending_wait().is_none();
+            if settled {
+                self.fork_points.push(ForkPoint {
+                    checkpoint_seq: seq,
+                    next_effect: None,
+                });
+            }
+            return;
         }
         let next_effect = self.pending_tool.as_ref().map(|next| next.effect_id);
         let repeats_an_effect =
@@ -95,7 +129,29 @@ pub fn fork_state(events: &[EventEnvelope], checkpoint_seq: u64, fresh: EffectId
         machine.apply(&envelope.event, envelope.seq, &mut ignored);
         ignored.clear();
     }
+    let function = machine.present.function.as_ref().map(|_| ForkedFunction {
+        revision: machine.present.active_revision,
+        identity: machine.present.active_identity.clone(),
+        aliases: machine
+            .present
+            .step_aliases
+            .iter()
+            .map(|(id, position)| (id.clone(), *position))
+            .collect(),
+        steps: machine
+            .completed_steps
+            .iter()
+            .map(|step| ForkedStep {
+                step_id: step.step_id.clone(),
+                effect_id: step.effect_id,
+                status: step.status,
+                output: step.output.clone(),
+                revision: step.revision,
+            })
+            .collect(),
+    });
     ForkState {
+        function,
         context: machine.context.as_ref().clone(),
         iterations: machine.iterations,
         steers: machine.steers.clone(),
@@ -111,7 +167,24 @@ impl Machine {
     /// The history of a `Forked` event: the child's context is the copied one.
     pub(super) fn record_forked(&mut self, state: &str) {
         match serde_json::from_str::<ForkState>(state) {
-            Ok(state) => self.context = std::sync::Arc::new(state.context),
+            Ok(state) => {
+                self.context = std::sync::Arc::new(state.context);
+                for step in state
+                    .function
+                    .map(|function| function.steps)
+                    .unwrap_or_default()
+                {
+                    self.step_index
+                        .insert(step.step_id.clone(), self.completed_steps.len());
+                    self.completed_steps.push(CompletedStep {
+                        step_id: step.step_id,
+                        revision: step.revision,
+                        effect_id: step.effect_id,
+                        status: step.status,
+                        output: step.output,
+                    });
+                }
+            }
             // Written by `fork_state` and checksummed on disk: unreadable only if this build
             // cannot read what another wrote. The child then has no history to act on.
             Err(_) => self.text = "the fork's saved state is unreadable".into(),
@@ -127,6 +200,12 @@ impl Present {
         };
         self.iterations = state.iterations;
         self.steers = state.steers;
+        if let Some(function) = state.function {
+            self.active_revision = function.revision;
+            self.active_identity = function.identity;
+            self.step_aliases = function.aliases.into_iter().collect();
+            self.steps_done = u32::try_from(function.steps.len()).unwrap_or(u32::MAX);
+        }
         self.pending_tool = state
             .next_tool
             .map(|next| PendingTool::new(next.effect_id, next.tool, next.args));

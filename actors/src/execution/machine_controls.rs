@@ -50,7 +50,7 @@ impl Machine {
             kinds.push(CommandKind::StopProcess);
         }
         // K-2: new child executions of the same program; the original is untouched.
-        if self.revision_loadable(at) && self.function.is_none() {
+        if self.revision_loadable(at) {
             if !self.fork_points.is_empty() {
                 kinds.push(CommandKind::Fork);
             }
@@ -338,8 +338,5 @@ impl Present {
 
 /// The kinds a durable function's execution never takes (yet): see `Refusal::NotForFunctions`.
 fn for_agents_only(kind: CommandKind) -> bool {
-    matches!(
-        kind,
-        CommandKind::Steer | CommandKind::Fork | CommandKind::Retry
-    )
+    kind == CommandKind::Steer
 }

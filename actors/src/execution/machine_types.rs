@@ -447,7 +447,7 @@ pub enum Refusal {
         effect_id: EffectId,
     },
     /// A durable function's execution does not take this kind: Steer (no function declares
-    /// it takes steering yet), Fork and Retry (not built for functions yet).
+    /// it takes steering yet).
     NotForFunctions {
         kind: CommandKind,
     },
@@ -531,7 +531,7 @@ impl std::fmt::Display for Refusal {
             }
             Refusal::NotForFunctions { kind } => write!(
                 f,
-                "{kind} is refused: a durable function's execution does not take it (the function declares no steering, and fork and retry of functions are not built yet)"
+                "{kind} is refused: a durable function's execution does not take it (the function declares no steering)"
             ),
             Refusal::FunctionsOnly { kind } => write!(
                 f,
