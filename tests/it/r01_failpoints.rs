@@ -287,9 +287,10 @@ fn r01_the_workloads_cover_every_boundary() {
 /// receipt is committed (B07).
 const FUNCTION_BOUNDARIES: [&str; 3] = ["B05", "B06", "B07"];
 
-/// R01 for durable functions (F-4): `steps` executions abandoned mid-run; each run of
-/// `serve` resumes them and aborts at one boundary of a step; no step's line is ever
-/// appended twice, and at the end every execution completes with every line once.
+/// R01 for durable functions (F-4): `steps`, `fanout` and `nested` executions abandoned
+/// mid-run; each run of `serve` resumes them and aborts at one boundary of a step; no step's
+/// line is ever appended twice, and at the end every execution completes with every line
+/// once.
 #[test]
 fn r01_a_crash_at_each_boundary_of_a_function_step_repeats_no_step() {
     use crate::served::Served;
@@ -318,11 +319,54 @@ fn r01_a_crash_at_each_boundary_of_a_function_step_repeats_no_step() {
         assert_eq!(status, 201, "{reply}");
         // The newest revision of `steps` runs (3: its steps are `t1..`).
         assert_eq!(reply["function_revision"], 3, "{reply}");
-        started.push((reply["execution_id"].as_str().expect("id").to_owned(), path));
+        let expected: Vec<String> = (1..=steps).map(|index| format!("t{index}")).collect();
+        started.push((
+            reply["execution_id"].as_str().expect("id").to_owned(),
+            path,
+            expected,
+        ));
+    }
+    // A fanout of parallel branches, and a nested workflow.
+    let branches: Vec<String> = (0..4).map(|index| format!("b{index}")).collect();
+    let others = [
+        (
+            "fanout",
+            json!({"branches": branches, "sleep_ms": 20}),
+            branches
+                .iter()
+                .cloned()
+                .chain(["join".to_owned()])
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "nested",
+            json!({"count": steps, "sleep_ms": 20}),
+            (1..=steps)
+                .map(|index| format!("s{index}"))
+                .chain(["after".to_owned()])
+                .collect(),
+        ),
+    ];
+    for (function, mut input, expected) in others {
+        let path = dir.path().join(format!("{function}.log"));
+        std::fs::write(&path, "").expect("the file");
+        input["path"] = json!(path);
+        let body = json!({"kind": "function", "function": function, "input": input});
+        let (status, reply) = served.call(
+            "POST",
+            &format!("/v1/sessions/{session}/executions"),
+            Some(&body),
+        );
+        assert_eq!(status, 201, "{reply}");
+        started.push((
+            reply["execution_id"].as_str().expect("id").to_owned(),
+            path,
+            expected,
+        ));
     }
     served.kill9();
     let no_duplicate = |when: &str| {
-        for (_, path) in &started {
+        for (_, path, _) in &started {
             let text = std::fs::read_to_string(path).unwrap_or_default();
             let mut seen = std::collections::BTreeSet::new();
             for line in text.lines() {
@@ -354,7 +398,7 @@ fn r01_a_crash_at_each_boundary_of_a_function_step_repeats_no_step() {
         "seed {seed}: boundaries never reached: {missed:?}"
     );
     let served = Served::start(&data, token, &[], &[]);
-    for (execution, path) in &started {
+    for (execution, path, expected) in &started {
         let read = format!("/v1/sessions/{session}/executions/{execution}");
         let waited = Instant::now();
         loop {
@@ -368,12 +412,17 @@ fn r01_a_crash_at_each_boundary_of_a_function_step_repeats_no_step() {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-        let appended: Vec<String> = std::fs::read_to_string(path)
+        let mut appended: Vec<String> = std::fs::read_to_string(path)
             .unwrap_or_default()
             .lines()
             .map(|line| line.split('\t').next().unwrap_or_default().to_owned())
             .collect();
-        let expected: Vec<String> = (1..=steps).map(|index| format!("t{index}")).collect();
+        // Parallel branches append in any order; everything else in order, once.
+        let mut expected = expected.clone();
+        if appended.last().is_some_and(|last| last == "join") {
+            appended.sort();
+            expected.sort();
+        }
         assert_eq!(appended, expected, "seed {seed}: {execution}");
     }
     served.stop();
