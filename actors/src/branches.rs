@@ -401,8 +401,12 @@ fn facts_of(
     ExecutionFacts {
         execution_id: head.execution_id,
         parent_execution_id: head.parent_execution_id,
-        // Fork and Retry children are independent; this runtime starts no child tasks yet.
-        child_task: false,
+        // Fork and Retry children are independent; a function an agent's call started is
+        // that agent's child task (F-6).
+        child_task: machine
+            .function
+            .as_ref()
+            .is_some_and(|called| called.called_by.is_some()),
         user_message_id: head.user_message_id,
         reply_message_id: head.reply_message_id,
         parent_message_id: machine.parent_message_id,

@@ -194,6 +194,7 @@ impl Executions {
             input: child.input,
             policy: self.function_policy,
             identity: function.identity.clone(),
+            called_by: Some(child.parent),
         };
         let request = StartRequest {
             message: serde_json::to_string(&called)

@@ -208,6 +208,7 @@ impl Service {
             input: request.input,
             policy: request.policy.unwrap_or(self.env.function_policy),
             identity: function.identity.clone(),
+            called_by: None,
         };
         let encoded = serde_json::to_string(&called)
             .map_err(|error| Error::InvalidInput(error.to_string()))?;

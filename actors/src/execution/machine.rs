@@ -624,6 +624,7 @@ impl Machine {
                     input: serde_json::from_str(input).unwrap_or(serde_json::Value::Null),
                     policy: VersionPolicy::KeepOriginal,
                     identity: String::new(),
+                    called_by: None,
                 };
                 self.nested_calls.insert(call_id.clone(), call);
             }

@@ -47,6 +47,9 @@ pub struct FunctionInput {
     /// later under the same revision is not that revision.
     #[serde(default)]
     pub identity: String,
+    /// F-6: the agent whose call started it, as its child task (B-4).
+    #[serde(default)]
+    pub called_by: Option<openprogram_storage::ExecutionId>,
 }
 
 /// F-3: what is registered of a function execution's function.
