@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use crate::agent::Reconciliation;
-pub use crate::execution::machine::{FunctionInput, Recovery, StepMap};
+pub use crate::execution::machine::{FunctionInput, Recovery, StepConvert, StepMap};
 
 /// A function body: the context, and the input as the start request gave it.
 pub type Body = Arc<
@@ -59,7 +59,13 @@ pub struct DurableFunction {
     input_check: Option<InputCheck>,
     /// F-3: the step correspondence this revision declares with earlier ones, by revision.
     correspondences: BTreeMap<u32, Correspondence>,
+    /// F-3: how committed results of an earlier revision read in this one, by revision.
+    conversions: BTreeMap<u32, Conversion>,
 }
+
+/// F-3: a committed result (JSON text) of an earlier revision's step, as this revision's
+/// step (its id given) reads it; `Err`: it does not convert.
+pub type Conversion = Arc<StepConvert>;
 
 /// F-3: an earlier revision's step id to this revision's step standing for it; `None`: not
 /// accounted for.
@@ -93,7 +99,25 @@ impl DurableFunction {
             reconciler: None,
             input_check: None,
             correspondences: BTreeMap::new(),
+            conversions: BTreeMap::new(),
         }
+    }
+
+    /// F-3: declares how committed results of revision `from` read in this revision, where
+    /// their shape changed: `convert(step_id, result)` gives the result this revision's
+    /// step reads (JSON text), or why it does not convert — then `use_latest` pauses
+    /// `version_conflict` with that difference. The results as committed stay as they were.
+    pub fn converts<F>(mut self, from: u32, convert: F) -> Self
+    where
+        F: Fn(&str, &str) -> Result<String, String> + Send + Sync + 'static,
+    {
+        self.conversions.insert(from, Arc::new(convert));
+        self
+    }
+
+    /// The conversion declared from revision `from`, if any.
+    pub fn conversion(&self, from: u32) -> Option<&Conversion> {
+        self.conversions.get(&from)
     }
 
     /// F-3: declares which of this revision's steps stands for each step of revision

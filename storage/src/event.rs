@@ -175,6 +175,9 @@ pub enum Event {
         /// F-7: the identity of that revision's code.
         identity: String,
         steps: Vec<(String, u32)>,
+        /// The committed results the revision's declared conversion changed, by position:
+        /// what its steps read back (the original results stay as they were committed).
+        converted: Vec<(u32, String)>,
     },
     /// F-1, F-4: a durable function's nested call `call_id` (a step id of its caller) runs
     /// revision `revision` of `function` with `input` (JSON text): its own record, kept so

@@ -1682,3 +1682,115 @@ async fn k2_fork_from_a_completed_step_reuses_the_prefix_and_retry_runs_afresh()
     harness.wait_for_state(fresh, "completed").await;
     assert_eq!(lines(&path).len(), 10, "the retry ran all four afresh");
 }
+
+/// `shape` revision 1: a step `price` returning `{"cents": 500}`, then an approval, then its
+/// result as the price.
+fn shape_v1() -> DurableFunction {
+    DurableFunction::new("shape", 1, "shape:v1", |context, _| async move {
+        let price: serde_json::Value = context
+            .step("price", Recovery::Idempotent, |_| async {
+                Ok(json!({"cents": 500}))
+            })
+            .await
+            .map_err(|error| error.to_string())?;
+        context
+            .ask("go", "Go on?")
+            .await
+            .map_err(|error| error.to_string())?;
+        Ok(price)
+    })
+}
+
+/// `shape` revision 2: reads `price` as `{"amount": …}`, with `price` ↔ `price` and a
+/// declared conversion from revision 1's shape (or one that refuses, `convertible`).
+fn shape_v2(convertible: bool) -> DurableFunction {
+    DurableFunction::new("shape", 2, "shape:v2", |context, _| async move {
+        let price: serde_json::Value = context
+            .step("price", Recovery::Idempotent, |_| async {
+                Ok(json!({"amount": 5}))
+            })
+            .await
+            .map_err(|error| error.to_string())?;
+        context
+            .ask("go", "Go on?")
+            .await
+            .map_err(|error| error.to_string())?;
+        Ok(json!({"revision": 2, "price": price}))
+    })
+    .corresponds(1, |step| Some(step.to_owned()))
+    .converts(1, move |step, result| {
+        if !convertible {
+            return Err(format!("{step}: cents have no amount here"));
+        }
+        let cents = serde_json::from_str::<serde_json::Value>(result)
+            .map_err(|error| error.to_string())?["cents"]
+            .as_u64()
+            .ok_or("no cents")?;
+        Ok(json!({"amount": cents / 100}).to_string())
+    })
+}
+
+/// F-3: `use_latest` moves to a revision whose results' shape changed only through its
+/// declared conversion: the new code reads the converted result (the committed one stays as
+/// it was); a result that does not convert is a difference, and the execution pauses.
+#[tokio::test]
+async fn f3_use_latest_converts_committed_results_or_pauses_on_what_does_not_convert() {
+    for convertible in [true, false] {
+        let restarts = Restarts::new();
+        let runtime = restarts.open_with(|builder| builder.function(shape_v1()));
+        let started = runtime
+            .start_function(
+                restarts.session,
+                FunctionStart {
+                    function: "shape".into(),
+                    policy: Some(openprogram::VersionPolicy::UseLatest),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("start");
+        let execution = started.started.execution_id;
+        let waiting = wait_function(&runtime, &restarts, execution, "waiting", |s| {
+            s.state == "waiting"
+        })
+        .await;
+        runtime.halt();
+        drop(runtime);
+        let runtime = restarts
+            .open_with(|builder| builder.function(shape_v1()).function(shape_v2(convertible)));
+        let body = json!({"command_id": openprogram::storage::CommandId::new(), "kind": "answer",
+            "wait_id": waiting.waits[0].wait_id, "answer": "yes"});
+        let reply = runtime
+            .command(
+                restarts.session,
+                execution,
+                openprogram::Command::from_json(&body).expect("answer"),
+            )
+            .await
+            .expect("answer");
+        assert_eq!(reply.status, "applied", "{reply:?}");
+        if convertible {
+            // The wait of revision 1 was answered before the switch; revision 2's `go`
+            // is another run's ask of the same id: read back.
+            let done = wait_function(&runtime, &restarts, execution, "completed", |s| {
+                s.state == "completed"
+            })
+            .await;
+            assert_eq!(done.text, r#"{"price":{"amount":5},"revision":2}"#);
+            let function = done.function.expect("function");
+            assert_eq!(function.revision, 2);
+            assert_eq!(function.completed_steps[0].revision, 1, "provenance kept");
+        } else {
+            let paused = wait_function(&runtime, &restarts, execution, "version_conflict", |s| {
+                s.pause_reason.as_deref() == Some("version_conflict")
+            })
+            .await;
+            let differences = paused.function.expect("function").differences;
+            assert!(
+                differences[0].contains("does not convert to revision 2"),
+                "{differences:?}"
+            );
+        }
+        runtime.halt();
+    }
+}

@@ -56,10 +56,12 @@ impl ExecutionActor {
             latest: latest.map(|function| (function.revision, function.identity.clone())),
         };
         let correspond = latest.and_then(|function| function.correspondence(active));
-        let revision = match self
-            .machine
-            .decide_run(&registered, correspond.map(|map| map.as_ref() as _))
-        {
+        let convert = latest.and_then(|function| function.conversion(active));
+        let revision = match self.machine.decide_run(
+            &registered,
+            correspond.map(|map| map.as_ref() as _),
+            convert.map(|convert| convert.as_ref() as _),
+        ) {
             RunDecision::Run(revision) => revision,
             RunDecision::Persist(events) => {
                 tracing::info!(execution_id = %self.execution_id, function = %called.function, active, ?events, "the function's revision decided");
@@ -136,11 +138,11 @@ impl Handler<StepBoundary> for ExecutionActor {
         if self.function_run() != Some(asked.run) {
             return ready(Boundary::Suspend);
         }
-        if let Some(step) = self.machine.completed_step(&asked.step_id) {
+        if let Some((step, output)) = self.machine.completed_step(&asked.step_id) {
             // F-4: committed already, read back, never run again.
             return ready(Boundary::Committed {
                 status: step.status,
-                output: step.output.clone(),
+                output: output.to_owned(),
             });
         }
         let stopping = self.env.lifecycle.is_stopping();

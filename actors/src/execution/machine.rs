@@ -56,6 +56,9 @@ pub struct Machine {
     pub step_index: std::collections::BTreeMap<String, usize>,
     /// A durable function's nested calls, by call id (their step ids' prefix).
     pub nested_calls: std::collections::BTreeMap<String, FunctionInput>,
+    /// F-3: committed results as an adopted revision reads them (its declared conversion),
+    /// by position among the completed steps.
+    pub converted_outputs: std::collections::BTreeMap<u32, String>,
 }
 
 /// What decides the next step: everything a transition's events can change but the history.
@@ -295,7 +298,12 @@ impl Machine {
     /// correspondence it declares with the active one (`correspond`: an active step id to
     /// its own), a `version_conflict` pause with the differences, or a `revision_missing`
     /// pause. Never other code silently, never a fresh start.
-    pub fn decide_run(&self, registered: &Registered, correspond: Option<&StepMap>) -> RunDecision {
+    pub fn decide_run(
+        &self,
+        registered: &Registered,
+        correspond: Option<&StepMap>,
+        convert: Option<&StepConvert>,
+    ) -> RunDecision {
         let active = self.active_revision;
         let paused = |reason: &str| Event::StateChanged {
             state: Status::Paused,
@@ -324,6 +332,7 @@ impl Machine {
             .map(|(active_id, position)| (*position, active_id.as_str()))
             .collect();
         let mut adopted = Vec::new();
+        let mut converted = Vec::new();
         let mut differences = Vec::new();
         if correspond.is_none() && !self.completed_steps.is_empty() {
             differences.push(format!(
@@ -341,7 +350,22 @@ impl Machine {
                 .zip(correspond)
                 .and_then(|(active_id, correspond)| correspond(active_id))
             {
-                Some(new_id) => adopted.push((new_id, position)),
+                // A confirmed result in the newer shape, where a conversion is declared.
+                Some(new_id) => {
+                    let earlier = self.step_output(position);
+                    let converting = convert.filter(|_| step.status == ReceiptStatus::Confirmed);
+                    match converting.map(|convert| convert(&new_id, earlier)) {
+                        Some(Ok(output)) if output != earlier => {
+                            converted.push((position, output));
+                        }
+                        Some(Err(why)) => differences.push(format!(
+                            "the result of step `{}` does not convert to revision {latest}: {why}",
+                            step.step_id
+                        )),
+                        _ => {}
+                    }
+                    adopted.push((new_id, position));
+                }
                 None => differences.push(format!(
                     "step `{}` completed in revision {} is not accounted for by revision {latest}",
                     step.step_id, step.revision
@@ -353,6 +377,7 @@ impl Machine {
                 revision: latest,
                 identity: latest_identity,
                 steps: adopted,
+                converted,
             }]);
         }
         RunDecision::Persist(vec![
@@ -610,6 +635,9 @@ impl Machine {
             Event::Replied { text } => self.text.clone_from(text),
             Event::Forked { state, .. } => self.record_forked(state),
             Event::CheckpointPublished { .. } => self.note_fork_point(seq),
+            Event::RevisionAdopted { converted, .. } => {
+                self.converted_outputs.extend(converted.iter().cloned());
+            }
             Event::WorkflowCalled {
                 call_id,
                 function,
@@ -691,16 +719,30 @@ impl Machine {
         });
     }
 
-    /// The committed step the active revision's step `step_id` stands for, if any: one it
-    /// ran itself, or one an adoption mapped it to (F-3).
-    pub fn completed_step(&self, step_id: &str) -> Option<&CompletedStep> {
+    /// The committed step the active revision's step `step_id` stands for, if any — one it
+    /// ran itself, or one an adoption mapped it to (F-3) — with the result as that revision
+    /// reads it (converted, where its conversion changed it).
+    pub fn completed_step(&self, step_id: &str) -> Option<(&CompletedStep, &str)> {
         if let Some(position) = self.step_aliases.get(step_id) {
-            return self.completed_steps.get(*position as usize);
+            let step = self.completed_steps.get(*position as usize)?;
+            return Some((step, self.step_output(*position)));
         }
         self.step_index
             .get(step_id)
             .and_then(|at| self.completed_steps.get(*at))
             .filter(|step| step.revision == self.active_revision)
+            .map(|step| (step, step.output.as_str()))
+    }
+
+    /// The result of the committed step at `position`, as the active revision reads it.
+    fn step_output(&self, position: u32) -> &str {
+        match self.converted_outputs.get(&position) {
+            Some(converted) => converted,
+            None => self
+                .completed_steps
+                .get(position as usize)
+                .map_or("", |step| step.output.as_str()),
+        }
     }
 
     /// The nested call a step id of this function belongs to (the innermost), and the step's
@@ -877,6 +919,7 @@ impl Present {
                 revision,
                 identity,
                 steps,
+                ..
             } => {
                 self.active_revision = *revision;
                 self.active_identity.clone_from(identity);

@@ -65,6 +65,10 @@ pub struct Registered {
 /// newer revision that stands for it, if any.
 pub type StepMap = dyn Fn(&str) -> Option<String> + Send + Sync;
 
+/// F-3: a declared state conversion: a committed step's result (JSON text) as the newer
+/// revision's step (its id given) reads it, or why it does not convert.
+pub type StepConvert = dyn Fn(&str, &str) -> Result<String, String> + Send + Sync;
+
 /// F-3: what a run of a function's body runs.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunDecision {
