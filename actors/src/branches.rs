@@ -403,10 +403,9 @@ fn facts_of(
         parent_execution_id: head.parent_execution_id,
         // Fork and Retry children are independent; a function an agent's call started is
         // that agent's child task (F-6).
-        child_task: machine
-            .function
-            .as_ref()
-            .is_some_and(|called| called.called_by.is_some()),
+        child_task: machine.function.as_ref().is_some_and(|called| {
+            called.called_by.is_some() && called.called_by == head.parent_execution_id
+        }),
         user_message_id: head.user_message_id,
         reply_message_id: head.reply_message_id,
         parent_message_id: machine.parent_message_id,

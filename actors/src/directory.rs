@@ -145,22 +145,26 @@ impl Hooks for Executions {
     }
 
     fn cancel_child(self: Arc<Self>, child_id: ExecutionId) -> BoxFuture<'static, Result<()>> {
-        async move {
-            // One command id per child: asked again, the stored outcome (K-4).
-            let command_id = openprogram_storage::CommandId::from_uuid(uuid::Uuid::new_v5(
-                child_id.as_uuid(),
-                b"cancelled with its caller",
-            ));
-            let command = Command::new(CommandBody::Cancel).with_id(command_id);
-            let accepted = command.accepted_record(child_id);
-            let addr = self.activate(child_id)?;
-            match addr.send(ApplyCommand { accepted, command }).await {
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(error)) => Err(error),
-                Err(error) => Err(Error::Unavailable(error.to_string())),
-            }
+        async move { self.cancel_child_now(child_id).await }.boxed()
+    }
+}
+
+impl Executions {
+    /// F-6, K-5: a Cancel of the child of a cancelled caller's call, under one derived
+    /// command id (asked again: the stored outcome, K-4).
+    async fn cancel_child_now(&self, child_id: ExecutionId) -> Result<()> {
+        let command_id = openprogram_storage::CommandId::from_uuid(uuid::Uuid::new_v5(
+            child_id.as_uuid(),
+            b"cancelled with its caller",
+        ));
+        let command = Command::new(CommandBody::Cancel).with_id(command_id);
+        let accepted = command.accepted_record(child_id);
+        let addr = self.activate(child_id)?;
+        match addr.send(ApplyCommand { accepted, command }).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(error)) => Err(error),
+            Err(error) => Err(Error::Unavailable(error.to_string())),
         }
-        .boxed()
     }
 }
 
@@ -210,7 +214,18 @@ impl Executions {
         )?
         .with_parent(child.parent);
         match admission.commit(self.store.as_ref()).await {
-            Ok((head, machine, _)) => self.activate_admitted(head, machine).map(|_| ()),
+            Ok((head, machine, _)) => {
+                self.activate_admitted(head, machine)?;
+                // The caller was cancelled while the child was admitted: its Cancel found
+                // no child, so the child is cancelled now (K-5).
+                let caller = self.store.head(child.parent)?;
+                if caller.is_some_and(|caller| {
+                    caller.state.is_terminal() || caller.state == ExecutionState::Cancelling
+                }) {
+                    self.cancel_child_now(child.child_id).await?;
+                }
+                Ok(())
+            }
             // Made meanwhile by the same call asked twice: the same child.
             Err(_) if self.store.head(child.child_id)?.is_some() => Ok(()),
             Err(error) => Err(error),

@@ -1469,7 +1469,8 @@ mod identity_same_code {
     use openprogram::FunctionContext;
     use serde_json::{json, Value};
 
-    // The same code as `identity_a`, written otherwise (a comment, other line breaks).
+    /// The same code as `identity_a`, written otherwise (a doc comment, other line
+    /// breaks).
     #[openprogram::durable_function(name = "ident", revision = 1, helpers(super::double))]
     pub async fn ident(_context: FunctionContext, _input: Value) -> Result<Value, String> {
         Ok(json!(super::double(2)))
@@ -1793,4 +1794,74 @@ async fn f3_use_latest_converts_committed_results_or_pauses_on_what_does_not_con
         }
         runtime.halt();
     }
+}
+
+/// K-2 with F-6: no fork of an agent starts at its call of a function (that would run the
+/// function's effects again under a new child); a fork after it reuses the call's result.
+#[tokio::test]
+async fn k2_a_fork_of_an_agent_never_runs_a_called_function_again() {
+    let harness = steps_harness();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("called.log");
+    let agent = harness
+        .start(
+            vec![
+                json!({"call": "steps", "input": {"count": 2, "path": path}}),
+                echo("after"),
+                reply("called"),
+            ],
+            None,
+        )
+        .await;
+    harness.wait_for_state(agent, "completed").await;
+    let events = harness.events(agent);
+    let decided_call = events
+        .iter()
+        .find(|envelope| matches!(envelope.event, Event::ModelDecided { .. }))
+        .expect("the call's decision")
+        .seq;
+    let at_call = events
+        .iter()
+        .find(|envelope| {
+            envelope.seq > decided_call
+                && matches!(envelope.event, Event::CheckpointPublished { .. })
+        })
+        .expect("the checkpoint naming the call")
+        .seq;
+    let fork = |checkpoint: Option<u64>| {
+        let mut body =
+            json!({"command_id": openprogram::storage::CommandId::new(), "kind": "fork"});
+        if let Some(checkpoint) = checkpoint {
+            body["checkpoint"] = json!(checkpoint);
+        }
+        openprogram::Command::from_json(&body).expect("fork")
+    };
+    let refused = harness
+        .runtime
+        .command(harness.session, agent, fork(Some(at_call)))
+        .await
+        .expect("fork");
+    assert_eq!(
+        refused.code.as_deref(),
+        Some("not_a_fork_point"),
+        "{refused:?}"
+    );
+    let forked = harness
+        .runtime
+        .command(harness.session, agent, fork(None))
+        .await
+        .expect("fork");
+    let child = forked.execution_id.expect("a child");
+    harness.command(child, "continue", None).await;
+    harness.wait_for_state(child, "completed").await;
+    assert_each_step_once(&path, 2);
+    let functions = harness
+        .runtime
+        .executions(harness.session)
+        .await
+        .expect("list")
+        .into_iter()
+        .filter(|snapshot| snapshot.kind == "function")
+        .count();
+    assert_eq!(functions, 1, "one called function, never a second");
 }

@@ -65,10 +65,52 @@ impl Parse for Attributes {
     }
 }
 
-/// The hash of a function's tokens: its code, not its formatting.
+/// The hash of a function's tokens: its code, not its formatting, comments or doc comments
+/// (`///` becomes a `doc` attribute, left out). Hashed token by token — each tree's kind
+/// and text — rather than as the printed stream, whose spacing a compiler may change.
 fn code_hash(function: &ItemFn) -> String {
-    let tokens = function.to_token_stream().to_string();
-    blake3::hash(tokens.as_bytes()).to_hex()[..32].to_owned()
+    let mut function = function.clone();
+    function
+        .attrs
+        .retain(|attribute| !attribute.path().is_ident("doc"));
+    let mut hasher = blake3::Hasher::new();
+    hash_tokens(&mut hasher, function.to_token_stream());
+    hasher.finalize().to_hex()[..32].to_owned()
+}
+
+fn hash_tokens(hasher: &mut blake3::Hasher, tokens: proc_macro2::TokenStream) {
+    use proc_macro2::{Delimiter, TokenTree};
+    for tree in tokens {
+        match tree {
+            TokenTree::Group(group) => {
+                let (open, close) = match group.delimiter() {
+                    Delimiter::Parenthesis => ("(", ")"),
+                    Delimiter::Brace => ("{", "}"),
+                    Delimiter::Bracket => ("[", "]"),
+                    Delimiter::None => ("\u{1}", "\u{2}"),
+                };
+                hasher.update(open.as_bytes());
+                hash_tokens(hasher, group.stream());
+                hasher.update(close.as_bytes());
+            }
+            TokenTree::Ident(ident) => {
+                hasher.update(b"i");
+                hasher.update(ident.to_string().as_bytes());
+                hasher.update(b"\0");
+            }
+            TokenTree::Punct(punct) => {
+                hasher.update(b"p");
+                hasher.update(punct.as_char().to_string().as_bytes());
+                let joint = punct.spacing() == proc_macro2::Spacing::Joint;
+                hasher.update(if joint { b"j" } else { b"a" });
+            }
+            TokenTree::Literal(literal) => {
+                hasher.update(b"l");
+                hasher.update(literal.to_string().as_bytes());
+                hasher.update(b"\0");
+            }
+        }
+    }
 }
 
 /// The function giving the identity of the item `path` names (`a::b` → `a::__openprogram_identity_b`).
@@ -137,6 +179,22 @@ pub fn durable_function(attributes: TokenStream, item: TokenStream) -> TokenStre
         .to_compile_error()
         .into();
     };
+    if name.value().is_empty() || revision.base10_parse::<u32>().map_or(true, |r| r == 0) {
+        return syn::Error::new_spanned(
+            &function.sig.ident,
+            "a durable function's name is not empty and its revision is at least 1",
+        )
+        .to_compile_error()
+        .into();
+    }
+    if !function.sig.generics.params.is_empty() || function.sig.receiver().is_some() {
+        return syn::Error::new_spanned(
+            &function.sig,
+            "a durable function is a free async fn without generics: (FunctionContext, Value)",
+        )
+        .to_compile_error()
+        .into();
+    }
     let visibility = &function.vis;
     let body_name = &function.sig.ident;
     let constructor = format_ident!("{}_durable", function.sig.ident);

@@ -254,6 +254,10 @@ impl ExecutionActor {
                     self.cancel_called_function(ctx);
                 }
                 Action::Finished => {
+                    if self.machine.status() == Status::Cancelled {
+                        // F-6, K-5: also when the Cancel was decided by a later attempt.
+                        self.cancel_called_function(ctx);
+                    }
                     self.env.lifecycle.notify_finished(self.execution_id);
                     self.park_if_idle(ctx);
                 }

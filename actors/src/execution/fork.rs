@@ -31,6 +31,12 @@ pub struct ForkedFunction {
     pub identity: String,
     pub aliases: Vec<(String, u32)>,
     pub steps: Vec<ForkedStep>,
+    /// The results as that revision reads them, where its conversion changed them (F-3).
+    #[serde(default)]
+    pub converted: Vec<(u32, String)>,
+    /// The policy it ran under then.
+    #[serde(default)]
+    pub policy: openprogram_storage::VersionPolicy,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -84,8 +90,14 @@ impl Machine {
             return;
         }
         let next_effect = self.pending_tool.as_ref().map(|next| next.effect_id);
-        let repeats_an_effect =
-            next_effect.is_some_and(|effect_id| self.dispatched_externals.contains(&effect_id));
+        // A call of a function (F-6) starts a child whose steps take effect: a fork whose
+        // next step is that call would run them all again under a new child.
+        let calls_a_function = self
+            .pending_tool
+            .as_ref()
+            .is_some_and(|next| next.tool == "call");
+        let repeats_an_effect = calls_a_function
+            || next_effect.is_some_and(|effect_id| self.dispatched_externals.contains(&effect_id));
         if allowed(self) && !repeats_an_effect {
             self.fork_points.push(ForkPoint {
                 checkpoint_seq: seq,
@@ -149,6 +161,12 @@ pub fn fork_state(events: &[EventEnvelope], checkpoint_seq: u64, fresh: EffectId
                 revision: step.revision,
             })
             .collect(),
+        converted: machine
+            .converted_outputs
+            .iter()
+            .map(|(position, output)| (*position, output.clone()))
+            .collect(),
+        policy: machine.present.policy,
     });
     ForkState {
         function,
@@ -169,11 +187,12 @@ impl Machine {
         match serde_json::from_str::<ForkState>(state) {
             Ok(state) => {
                 self.context = std::sync::Arc::new(state.context);
-                for step in state
+                let (steps, converted) = state
                     .function
-                    .map(|function| function.steps)
-                    .unwrap_or_default()
-                {
+                    .map(|function| (function.steps, function.converted))
+                    .unwrap_or_default();
+                self.converted_outputs.extend(converted);
+                for step in steps {
                     self.step_index
                         .insert(step.step_id.clone(), self.completed_steps.len());
                     self.completed_steps.push(CompletedStep {
@@ -203,6 +222,7 @@ impl Present {
         if let Some(function) = state.function {
             self.active_revision = function.revision;
             self.active_identity = function.identity;
+            self.policy = function.policy;
             self.step_aliases = function.aliases.into_iter().collect();
             self.steps_done = u32::try_from(function.steps.len()).unwrap_or(u32::MAX);
         }

@@ -374,9 +374,14 @@ impl Handler<CallFunction> for ExecutionActor {
                 };
             }
             let store = env.store.as_ref();
-            if env.lifecycle.wait_finished(store, child_id).await.is_err() {
-                // The runtime stops (or the child's actor failed a write): no outcome now.
-                return futures::future::pending().await;
+            while env.lifecycle.wait_finished(store, child_id).await.is_err() {
+                if env.lifecycle.is_stopping() {
+                    // No outcome now: nothing is recorded, the call is asked again next start.
+                    return futures::future::pending().await;
+                }
+                // The child's actor stopped after a failed write: it is activated again or
+                // taken over; wait for its end again.
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
             let (head, machine) = match crate::env::load(store, child_id) {
                 Ok(loaded) => loaded,
