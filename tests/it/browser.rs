@@ -2,7 +2,9 @@
 //! `tests/browser/approve.mjs` (npm `playwright-core`), opens the page of a real
 //! `openprogram serve`, enters a session's token and id, approves the execution waiting for
 //! approval under Needs attention, sees the wait read `submitted` at once, the execution
-//! complete and the History count go from 1 to 2, with no error shown on the way.
+//! complete and the History count go from 1 to 2, with no error shown on the way; and
+//! `tests/browser/resolve.mjs` resolves a durable function's version conflict from the
+//! page (F-3, K-7).
 //!
 //! Needs Node.js, Chromium (`/usr/bin/chromium`, or `CHROMIUM`) and
 //! `npm ci --prefix tests/browser`, software beyond the Rust toolchain: README's test
@@ -106,10 +108,20 @@ fn approve_in_browser(
     out: &Path,
     args: [&str; 3],
 ) -> (std::process::ExitStatus, String) {
-    let stdout = out.join("approve.stdout");
-    let stderr = out.join("approve.stderr");
+    in_browser("approve.mjs", chromium, out, &args)
+}
+
+/// Runs the browser script `script` to its end (bounded); its exit status and output.
+fn in_browser(
+    script: &str,
+    chromium: &Path,
+    out: &Path,
+    args: &[&str],
+) -> (std::process::ExitStatus, String) {
+    let stdout = out.join(format!("{script}.stdout"));
+    let stderr = out.join(format!("{script}.stderr"));
     let mut node = Command::new("node")
-        .arg(browser_dir().join("approve.mjs"))
+        .arg(browser_dir().join(script))
         .args(args)
         .env("CHROMIUM", chromium)
         .stdout(File::create(&stdout).expect("stdout file"))
@@ -125,7 +137,7 @@ fn approve_in_browser(
             // By pid: the node process this test started (Chromium ends with its pipe).
             let _ = node.kill();
             let _ = node.wait();
-            panic!("approve.mjs did not finish within {BROWSER_DEADLINE:?}");
+            panic!("{script} did not finish within {BROWSER_DEADLINE:?}");
         }
         std::thread::sleep(Duration::from_millis(100));
     };
@@ -186,4 +198,98 @@ fn b6_a_person_approves_a_waiting_execution_in_the_page_and_history_counts_it() 
 
     let status = serve.stop();
     assert!(status.success(), "serve after SIGTERM: {status:?}");
+}
+
+/// F-3, K-7 in the page: a function paused on a version conflict (started on `steps`
+/// revision 1, moved to `use_latest` while it waited for an approval, then approved with
+/// revision 3 deployed) shows its differences; "Keep the original code and continue"
+/// completes it on revision 1.
+#[test]
+#[ignore = "needs Chromium, Node.js and `npm ci --prefix tests/browser` (beyond the Rust \
+            toolchain): `.ci/run` installs them and runs it; or install them and run \
+            `cargo test --workspace -- --include-ignored browser`"]
+fn f3_a_person_resolves_a_version_conflict_in_the_page() {
+    let chromium = prerequisites();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let file = dir.path().join("steps.log");
+    let serve = Serve::start(
+        &data,
+        &["--token", ADMIN, "--function-revisions", "steps:1"],
+    );
+    let (status, session) = serve.call("POST", "/v1/sessions", ADMIN, None);
+    assert_eq!(status, 201, "{session}");
+    let sid = session["session_id"]
+        .as_str()
+        .expect("session id")
+        .to_owned();
+    let token = session["token"].as_str().expect("session token").to_owned();
+    let start = json!({"kind": "function", "function": "steps",
+        "input": {"count": 2, "path": file, "ask_at": 2}});
+    let (status, started) = serve.call(
+        "POST",
+        &format!("/v1/sessions/{sid}/executions"),
+        &token,
+        Some(start),
+    );
+    assert_eq!(status, 201, "{started}");
+    let execution = started["execution_id"].as_str().expect("id").to_owned();
+    let waiting = serve.wait_for_state(&sid, &token, &execution, "waiting");
+    let commands = format!("/v1/sessions/{sid}/executions/{execution}/commands");
+    let policy = json!({"command_id": uuid::Uuid::new_v4(), "kind": "set_policy",
+        "policy": "use_latest"});
+    let (status, reply) = serve.call("POST", &commands, &token, Some(policy));
+    assert_eq!(
+        (status, reply["status"].as_str()),
+        (202, Some("applied")),
+        "{reply}"
+    );
+    assert!(serve.stop().success());
+    // Revision 3 deployed: it accounts for none of revision 1's steps.
+    let serve = Serve::start(
+        &data,
+        &["--token", ADMIN, "--function-revisions", "steps:1,steps:3"],
+    );
+    let answer = json!({"command_id": uuid::Uuid::new_v4(), "kind": "answer",
+        "wait_id": waiting["waits"][0]["wait_id"], "answer": "yes"});
+    let (status, reply) = serve.call("POST", &commands, &token, Some(answer));
+    assert_eq!(
+        (status, reply["status"].as_str()),
+        (202, Some("applied")),
+        "{reply}"
+    );
+    let path = format!("/v1/sessions/{sid}/executions/{execution}");
+    let deadline = Instant::now() + DEADLINE;
+    while serve.call("GET", &path, &token, None).1["pause_reason"] != "version_conflict" {
+        assert!(Instant::now() < deadline, "never a version conflict");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let (status, output) = in_browser(
+        "resolve.mjs",
+        &chromium,
+        dir.path(),
+        &[&serve.url, &sid, &token, &execution],
+    );
+    println!("{}", output.trim());
+    assert!(
+        status.success(),
+        "the browser test failed ({status}): {}",
+        output.trim()
+    );
+
+    // The server agrees: revision 1 finished, every step once.
+    let snapshot = serve.wait_for_state(&sid, &token, &execution, "completed");
+    assert_eq!(snapshot["function"]["revision"], 1, "{snapshot}");
+    assert_eq!(
+        snapshot["function"]["policy"], "keep_original",
+        "{snapshot}"
+    );
+    let appended: Vec<String> = std::fs::read_to_string(&file)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| line.split('\t').next().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(appended, vec!["s1", "s2"]);
+    assert!(serve.stop().success());
 }
