@@ -27,18 +27,12 @@ fn f4_kill9_twice_mid_function_every_step_appended_exactly_once() {
         &[],
         &["--function-revisions", "steps:1"],
     );
-    let (status, session) = served.call("POST", "/v1/sessions", Some(&json!({})));
-    assert_eq!(status, 201, "{session}");
-    let session = session["session_id"]
-        .as_str()
-        .expect("session id")
-        .to_owned();
+    let executions = executions_on(&served);
     let start = json!({
         "kind": "function",
         "function": "steps",
         "input": {"count": STEPS, "path": path, "sleep_ms": 30},
     });
-    let executions = format!("/v1/sessions/{session}/executions");
     let (status, started) = served.call("POST", &executions, Some(&start));
     assert_eq!(status, 201, "{started}");
     assert_eq!(started["function_revision"], 1, "{started}");
@@ -46,13 +40,7 @@ fn f4_kill9_twice_mid_function_every_step_appended_exactly_once() {
         .as_str()
         .expect("execution id")
         .to_owned();
-    let wait_lines = |at_least: usize| {
-        let waited = std::time::Instant::now();
-        while lines(&path).len() < at_least {
-            assert!(waited.elapsed() < DEADLINE, "waited for {at_least} lines");
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
-    };
+    let wait_lines = |at_least: usize| wait_for_lines(&path, at_least);
     wait_lines(2);
     served.kill9();
     let served = Served::start(
@@ -69,16 +57,7 @@ fn f4_kill9_twice_mid_function_every_step_appended_exactly_once() {
         &[],
         &["--function-revisions", "steps:1"],
     );
-    let waited = std::time::Instant::now();
-    let snapshot = loop {
-        let (status, snapshot) = served.call("GET", &format!("{executions}/{execution}"), None);
-        assert_eq!(status, 200, "{snapshot}");
-        if snapshot["state"] == "completed" {
-            break snapshot;
-        }
-        assert!(waited.elapsed() < DEADLINE, "not completed: {snapshot}");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    };
+    let snapshot = completed_on(&served, &executions, &execution);
     assert_each_step_once(&path, STEPS);
     assert_eq!(snapshot["function"]["next_position"], STEPS, "{snapshot}");
     assert_eq!(snapshot["kind"], "function", "{snapshot}");
@@ -96,12 +75,7 @@ fn f4_kill9_twice_during_parallel_branches_every_line_exactly_once() {
     let path = dir.path().join("fanout.log");
     let token = "function-test-token";
     let served = Served::start(&data, token, &[], &[]);
-    let (_, session) = served.call("POST", "/v1/sessions", Some(&json!({})));
-    let session = session["session_id"]
-        .as_str()
-        .expect("session id")
-        .to_owned();
-    let executions = format!("/v1/sessions/{session}/executions");
+    let executions = executions_on(&served);
     let names: Vec<String> = (0..6).map(|index| format!("b{index}")).collect();
     let start = json!({
         "kind": "function",
@@ -111,13 +85,7 @@ fn f4_kill9_twice_during_parallel_branches_every_line_exactly_once() {
     let (status, started) = served.call("POST", &executions, Some(&start));
     assert_eq!(status, 201, "{started}");
     let execution = started["execution_id"].as_str().expect("id").to_owned();
-    let wait_lines = |at_least: usize| {
-        let waited = std::time::Instant::now();
-        while lines(&path).len() < at_least {
-            assert!(waited.elapsed() < DEADLINE, "waited for {at_least} lines");
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-    };
+    let wait_lines = |at_least: usize| wait_for_lines(&path, at_least);
     // Mid-flight: some branches appended, others not yet; then again once the restarted
     // run appended more (or finished).
     wait_lines(1);
@@ -138,15 +106,7 @@ fn f4_kill9_twice_during_parallel_branches_every_line_exactly_once() {
     }
     served.kill9();
     let served = Served::start(&data, token, &[], &[]);
-    let waited = std::time::Instant::now();
-    let snapshot = loop {
-        let (_, snapshot) = served.call("GET", &format!("{executions}/{execution}"), None);
-        if snapshot["state"] == "completed" {
-            break snapshot;
-        }
-        assert!(waited.elapsed() < DEADLINE, "not completed: {snapshot}");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    };
+    let snapshot = completed_on(&served, &executions, &execution);
     let (appended, last) = fanout_lines(&path);
     let mut expected = names.clone();
     expected.push("join".into());
@@ -183,12 +143,7 @@ fn f4_kill9_twice_inside_a_nested_workflow_every_line_exactly_once() {
     let path = dir.path().join("nested.log");
     let token = "function-test-token";
     let served = Served::start(&data, token, &[], &[]);
-    let (_, session) = served.call("POST", "/v1/sessions", Some(&json!({})));
-    let session = session["session_id"]
-        .as_str()
-        .expect("session id")
-        .to_owned();
-    let executions = format!("/v1/sessions/{session}/executions");
+    let executions = executions_on(&served);
     let start = json!({
         "kind": "function",
         "function": "nested",
@@ -197,13 +152,7 @@ fn f4_kill9_twice_inside_a_nested_workflow_every_line_exactly_once() {
     let (status, started) = served.call("POST", &executions, Some(&start));
     assert_eq!(status, 201, "{started}");
     let execution = started["execution_id"].as_str().expect("id").to_owned();
-    let wait_lines = |at_least: usize| {
-        let waited = std::time::Instant::now();
-        while lines(&path).len() < at_least {
-            assert!(waited.elapsed() < DEADLINE, "waited for {at_least} lines");
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
-    };
+    let wait_lines = |at_least: usize| wait_for_lines(&path, at_least);
     wait_lines(2);
     served.kill9();
     let served = Served::start(&data, token, &[], &[]);
@@ -367,12 +316,7 @@ fn f6_kill9_twice_inside_an_agent_invoked_function_returns_to_its_call() {
     let token = "function-test-token";
     let revisions = ["--function-revisions", "steps:1"];
     let served = Served::start(&data, token, &[], &revisions);
-    let (_, session) = served.call("POST", "/v1/sessions", Some(&json!({})));
-    let session = session["session_id"]
-        .as_str()
-        .expect("session id")
-        .to_owned();
-    let executions = format!("/v1/sessions/{session}/executions");
+    let executions = executions_on(&served);
     let start = json!({
         "message": "call steps",
         "script": [
@@ -383,13 +327,7 @@ fn f6_kill9_twice_inside_an_agent_invoked_function_returns_to_its_call() {
     let (status, started) = served.call("POST", &executions, Some(&start));
     assert_eq!(status, 201, "{started}");
     let agent = started["execution_id"].as_str().expect("id").to_owned();
-    let wait_lines = |at_least: usize| {
-        let waited = std::time::Instant::now();
-        while lines(&path).len() < at_least {
-            assert!(waited.elapsed() < DEADLINE, "waited for {at_least} lines");
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
-    };
+    let wait_lines = |at_least: usize| wait_for_lines(&path, at_least);
     wait_lines(2);
     served.kill9();
     let served = Served::start(&data, token, &[], &revisions);
@@ -534,4 +472,38 @@ async fn k2_a_fork_of_an_agent_never_runs_a_called_function_again() {
         .filter(|snapshot| snapshot.kind == "function")
         .count();
     assert_eq!(functions, 1, "one called function, never a second");
+}
+
+/// A session on `served`; the path of its executions.
+fn executions_on(served: &crate::served::Served) -> String {
+    let (status, session) = served.call("POST", "/v1/sessions", Some(&json!({})));
+    assert_eq!(status, 201, "{session}");
+    let session = session["session_id"].as_str().expect("session id");
+    format!("/v1/sessions/{session}/executions")
+}
+
+/// Waits until the file at `path` holds `at_least` lines.
+fn wait_for_lines(path: &std::path::Path, at_least: usize) {
+    let waited = std::time::Instant::now();
+    while lines(path).len() < at_least {
+        assert!(waited.elapsed() < DEADLINE, "waited for {at_least} lines");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Waits until the execution has completed; its snapshot.
+fn completed_on(
+    served: &crate::served::Served,
+    executions: &str,
+    execution: &str,
+) -> serde_json::Value {
+    let waited = std::time::Instant::now();
+    loop {
+        let (_, snapshot) = served.call("GET", &format!("{executions}/{execution}"), None);
+        if snapshot["state"] == "completed" {
+            return snapshot;
+        }
+        assert!(waited.elapsed() < DEADLINE, "not completed: {snapshot}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
