@@ -8,7 +8,9 @@ use futures::FutureExt as _;
 use serde::Deserialize;
 
 use crate::agent::{append_record, find_record, Reconciliation};
-use crate::function::{DurableFunction, FunctionContext, FunctionRegistry, Recovery, StepError};
+use crate::function::{
+    DurableFunction, FunctionContext, FunctionRegistry, Recovery, StepError, StepRef,
+};
 
 /// The longest `sleep_ms` a step of `steps` takes.
 const SLEEP_MS_MAX: u64 = 60_000;
@@ -74,21 +76,25 @@ where
 {
     DurableFunction::new("steps", revision, identity, body)
         .input::<StepsInput>()
-        .reconcile_with(|step, input| async move {
-            let Ok(input) = serde_json::from_value::<StepsInput>(input) else {
-                return Reconciliation::Unknown;
-            };
-            match find_record(input.path, step.effect_id).await {
-                Reconciliation::Confirmed(_) => Reconciliation::Confirmed(appended()),
-                other => other,
-            }
-        })
+        .reconcile_with(append_protocol)
 }
 
 /// Whether `step` is `PREFIX` and a number (`s3`).
 fn is_numbered(step: &str, prefix: &str) -> bool {
     step.strip_prefix(prefix)
         .is_some_and(|number| !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The reconciler of every built-in: an `append` step took effect if and only if its line is
+/// in the file the input names (`path`); confirmed, its result is the string `appended`.
+async fn append_protocol(step: StepRef, input: serde_json::Value) -> Reconciliation {
+    let Some(path) = input["path"].as_str().map(str::to_owned) else {
+        return Reconciliation::Unknown;
+    };
+    match find_record(path, step.effect_id).await {
+        Reconciliation::Confirmed(_) => Reconciliation::Confirmed(appended()),
+        other => other,
+    }
 }
 
 /// A step's result as JSON text: the string `appended`.
@@ -180,15 +186,7 @@ pub fn fanout() -> DurableFunction {
         run_fanout(context, input).boxed()
     })
     .input::<FanoutInput>()
-    .reconcile_with(|step, input| async move {
-        let Ok(input) = serde_json::from_value::<FanoutInput>(input) else {
-            return Reconciliation::Unknown;
-        };
-        match find_record(input.path, step.effect_id).await {
-            Reconciliation::Confirmed(_) => Reconciliation::Confirmed(appended()),
-            other => other,
-        }
-    })
+    .reconcile_with(append_protocol)
 }
 
 async fn run_fanout(
@@ -241,15 +239,7 @@ pub fn nested() -> DurableFunction {
         run_nested(context, input).boxed()
     })
     .input::<NestedInput>()
-    .reconcile_with(|step, input| async move {
-        let Ok(input) = serde_json::from_value::<NestedInput>(input) else {
-            return Reconciliation::Unknown;
-        };
-        match find_record(input.path, step.effect_id).await {
-            Reconciliation::Confirmed(_) => Reconciliation::Confirmed(appended()),
-            other => other,
-        }
-    })
+    .reconcile_with(append_protocol)
 }
 
 async fn run_nested(

@@ -415,15 +415,7 @@ async fn f1_an_ask_boundary_waits_for_a_person_and_resumes_with_the_answer() {
         if answer == "answer" {
             body["answer"] = json!("yes");
         }
-        let reply = harness
-            .runtime
-            .command(
-                harness.session,
-                execution,
-                openprogram::Command::from_json(&body).expect("command"),
-            )
-            .await
-            .expect("command");
+        let reply = harness.send(execution, body).await;
         assert_eq!(reply.status, "applied", "{reply:?}");
         let done = harness.wait_for_state(execution, "completed").await;
         let appended: Vec<String> = lines(&path).into_iter().map(|(step, _)| step).collect();
@@ -570,15 +562,7 @@ async fn k2_fork_from_a_completed_step_reuses_the_prefix_and_retry_runs_afresh()
         .seq;
     let body = json!({"command_id": openprogram::storage::CommandId::new(), "kind": "fork",
         "checkpoint": checkpoint});
-    let forked = harness
-        .runtime
-        .command(
-            harness.session,
-            parent,
-            openprogram::Command::from_json(&body).expect("fork"),
-        )
-        .await
-        .expect("fork");
+    let forked = harness.send(parent, body).await;
     assert_eq!(forked.status, "applied", "{forked:?}");
     let child = forked.execution_id.expect("the child");
     let paused = harness.snapshot(child).await;

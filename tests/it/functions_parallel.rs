@@ -162,15 +162,7 @@ async fn w3_a_branch_asks_while_another_step_runs_and_the_answer_still_counts() 
     assert_eq!(snapshot.state, "waiting", "{snapshot:?}");
     let body = json!({"command_id": openprogram::storage::CommandId::new(), "kind": "answer",
         "wait_id": snapshot.waits[0].wait_id, "answer": "yes"});
-    let reply = harness
-        .runtime
-        .command(
-            harness.session,
-            execution,
-            openprogram::Command::from_json(&body).expect("command"),
-        )
-        .await
-        .expect("answer");
+    let reply = harness.send(execution, body).await;
     assert_eq!(reply.status, "applied", "{reply:?}");
     let done = harness.wait_for_state(execution, "completed").await;
     assert_eq!(done.text, r#"["yes","worked"]"#);

@@ -223,15 +223,7 @@ async fn k7_set_policy_is_a_functions_command() {
     let agent = harness.start(vec![reply("hi")], None).await;
     harness.wait_for_state(agent, "completed").await;
     let body = json!({"command_id": openprogram::storage::CommandId::new(), "kind": "set_policy", "policy": "use_latest"});
-    let refused = harness
-        .runtime
-        .command(
-            harness.session,
-            agent,
-            openprogram::Command::from_json(&body).expect("command"),
-        )
-        .await
-        .expect("set_policy");
+    let refused = harness.send(agent, body).await;
     assert_eq!(refused.status, "rejected");
     assert_eq!(
         refused.code.as_deref(),

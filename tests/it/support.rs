@@ -122,6 +122,14 @@ impl Harness {
             .expect("command")
     }
 
+    /// Sends the command `body` (as a client writes it) to `execution`.
+    pub async fn send(&self, execution: ExecutionId, body: Value) -> CommandReply {
+        self.runtime
+            .command(self.session, execution, command_of(body))
+            .await
+            .expect("command")
+    }
+
     /// Waits until the snapshot satisfies `done`; fails with the last one after `DEADLINE`.
     pub async fn wait_for(
         &self,
