@@ -19,7 +19,7 @@
 //! openprogram-storage`, never back; no global state, so two runtimes can share a process.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use futures::FutureExt as _;
 use std::time::Duration;
@@ -30,6 +30,8 @@ use openprogram_actors::directory::{Directory, Executions};
 use openprogram_actors::env::Env;
 use openprogram_actors::inspect::Inspector;
 use openprogram_actors::recovery::{Clock, SystemClock};
+use openprogram_actors::resource_queue::{JobHost, Load, ResourceQueue};
+use openprogram_actors::resources::Resources;
 use openprogram_actors::service::Service;
 use openprogram_actors::supervisor::{begin_shutdown, Recover, Shutdown, Supervisor};
 use openprogram_actors::system::ActorSystem;
@@ -54,16 +56,20 @@ pub mod serve;
 pub mod soak;
 
 pub use openprogram_actors as actors;
+pub use openprogram_actors::admission::{BudgetRequest, JobRequest};
 pub use openprogram_actors::agent;
 pub use openprogram_actors::command::{
     Command, CommandBody, CommandKind, EffectRef, ReconcileOutcome, WaitRef,
 };
 pub use openprogram_actors::function::{DurableFunction, FunctionContext, StepError};
 pub use openprogram_actors::recovery::{ManualClock, RestartWindow};
+pub use openprogram_actors::resource_queue::{QueueReport, QueueStats, WAIT_BUCKETS_MS};
+pub use openprogram_actors::resources::{Lease, ResourceView};
 pub use openprogram_actors::service::{
     CommandReply, FunctionStart, ScriptElement, StartReply, StartRequest,
 };
 pub use openprogram_macros::{durable_function, durable_helper};
+pub use openprogram_storage::JobBudget;
 pub use openprogram_storage::VersionPolicy;
 
 /// A started function execution: the start reply and the function revision it runs.
@@ -95,6 +101,7 @@ pub struct RuntimeBuilder {
     process_stop_grace: Option<Duration>,
     accept_loss: bool,
     store: Option<Store>,
+    resources: Vec<(String, u32)>,
 }
 
 /// How long an attempt keeps its lease without a heartbeat, unless configured.
@@ -201,6 +208,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// J-1: declares a resource Jobs are admitted for, with its capacity (repeatable; a name
+    /// twice or a capacity of 0 is refused at `open`).
+    pub fn resource(mut self, name: impl Into<String>, capacity: u32) -> Self {
+        self.resources.push((name.into(), capacity));
+        self
+    }
+
     /// S-7: open a store that lost acknowledged history (a damaged or truncated file) and
     /// keep what remains, instead of refusing it (`acknowledged_lost`). `Runtime::salvage`
     /// then says what was lost. An operator's explicit choice; never needed for a healthy
@@ -253,11 +267,24 @@ impl RuntimeBuilder {
         if let Some(grace) = self.process_stop_grace {
             env.process_stop_grace = grace;
         }
+        env.resources = Resources::new(self.resources)?;
         env.functions = Arc::new(functions);
         if let Some(policy) = self.function_policy {
             env.function_policy = policy;
         }
         let env = Executions::new(Arc::new(env), Directory::new(system.arbiters()));
+        // J-1: the resource queue; it leases nothing before recovery is over (`Load`).
+        let queue = {
+            let host: Weak<dyn JobHost> = Arc::downgrade(&env) as Weak<Executions>;
+            let queue = ResourceQueue::new(
+                env.resources.clone(),
+                host,
+                Arc::clone(&reader),
+                Arc::clone(&env.clock),
+            );
+            ResourceQueue::start_in_arbiter(&system.arbiters()[0], move |_| queue)
+        };
+        env.set_queue(queue.clone());
         let supervisor_env = Arc::clone(&env);
         let supervisor = Supervisor::start_in_arbiter(&system.arbiters()[0], move |_| {
             Supervisor::new(supervisor_env)
@@ -266,7 +293,14 @@ impl RuntimeBuilder {
         let recovery_env = Arc::clone(&env);
         let recovered = async move {
             match recovery.await {
-                Ok(report) => report,
+                Ok(report) => {
+                    if let Err(error) = queue.send(Load).await.map_err(|error| {
+                        Error::Unavailable(error.to_string())
+                    })? {
+                        tracing::error!(%error, "the resource queue could not read the store: it leases nothing");
+                    }
+                    report
+                }
                 Err(error) => {
                     // The supervisor never ran it: commands must not wait for it forever.
                     recovery_env.lifecycle.mark_recovered();
@@ -516,6 +550,12 @@ impl Runtime {
         self.inner.service.check_session(session, execution)?;
         let head = self.store().head(execution)?.ok_or(Error::NotFound)?;
         Ok(head.last_seq)
+    }
+
+    /// J-1: the resource queue now: each resource's capacity, units in use, the leases and
+    /// the Jobs waiting in order; and what it admitted so far.
+    pub async fn resources(&self) -> Result<QueueReport> {
+        self.inner.service.resources().await
     }
 
     /// Whether the supervisor actor is still running.

@@ -168,7 +168,10 @@ async fn pause_then_continue(
             .command(
                 session,
                 target,
-                crate::Command::new(crate::CommandBody::Continue { policy: None }),
+                crate::Command::new(crate::CommandBody::Continue {
+                    policy: None,
+                    budget: None,
+                }),
             )
             .await?;
         timings.push((

@@ -102,6 +102,10 @@ enum Command {
         /// code across a restart is simulated (F-3).
         #[arg(long, value_parser = function_revisions)]
         function_revisions: Option<FunctionRevisions>,
+        /// Declare a resource Jobs are admitted for, as NAME=CAPACITY (repeatable), such
+        /// as model=8 (J-1).
+        #[arg(long = "resource", value_parser = resource)]
+        resources: Vec<(String, u32)>,
     },
     /// Run the long fault harnesses (R02 kill -9 loop, R22 model-based test, R24 10,000
     /// executions under a crash loop) and print one JSON summary; exit 1 if an invariant
@@ -310,6 +314,7 @@ fn main() -> ExitCode {
             accept_loss,
             lease_ttl,
             function_revisions,
+            resources,
         } => {
             let runtime = match tokio_runtime() {
                 Ok(runtime) => runtime,
@@ -324,6 +329,7 @@ fn main() -> ExitCode {
                 accept_loss,
                 lease_ttl,
                 function_revisions: function_revisions.map(|revisions| revisions.0),
+                resources,
             };
             match runtime.block_on(serve::run(options)) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -538,6 +544,11 @@ fn fail(message: &str) -> ExitCode {
 /// `--function-revisions`: NAME:REVISION, comma separated.
 #[derive(Debug, Clone)]
 struct FunctionRevisions(Vec<(String, u32)>);
+
+/// `--resource NAME=CAPACITY`.
+fn resource(text: &str) -> Result<(String, u32), String> {
+    openprogram::actors::resources::Resources::parse_one(text).map_err(|error| error.to_string())
+}
 
 fn function_revisions(text: &str) -> Result<FunctionRevisions, String> {
     text.split(',')

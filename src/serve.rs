@@ -32,6 +32,8 @@ pub struct ServeOptions {
     pub lease_ttl: Option<Duration>,
     /// F-3: exactly these revisions of the built-in functions (default all).
     pub function_revisions: Option<Vec<(String, u32)>>,
+    /// J-1: the resources Jobs are admitted for (`--resource NAME=CAPACITY`).
+    pub resources: Vec<(String, u32)>,
 }
 
 /// The shortest admin token `serve` accepts from its operator.
@@ -60,6 +62,9 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     let mut builder = Runtime::builder();
     if let Some(revisions) = &options.function_revisions {
         builder = builder.builtin_function_revisions(revisions.clone());
+    }
+    for (name, capacity) in &options.resources {
+        builder = builder.resource(name.clone(), *capacity);
     }
     let runtime = builder
         .data_dir(&options.data)

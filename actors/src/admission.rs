@@ -2,9 +2,11 @@
 //! durable function's execution, or a function an agent's call starts — and the head and
 //! machine it leaves behind.
 
+use std::collections::BTreeMap;
+
 use openprogram_storage::{
-    Event, EventStore, ExecutionHead, ExecutionId, ExecutionKind, ExecutionState, MessageId,
-    Outcome, RunId, SessionId, Transition,
+    Event, EventStore, ExecutionHead, ExecutionId, ExecutionKind, ExecutionState, JobBudget,
+    JobRecord, MessageId, Outcome, RunId, SessionId, Transition, Upsert,
 };
 use serde::Deserialize;
 
@@ -27,6 +29,41 @@ pub struct StartRequest {
     /// Admit the turn paused: it waits for Continue or Step (as Agent forks do, K-2).
     #[serde(default)]
     pub start_paused: bool,
+    /// J-1: admit it as a background Job, through the resource queue.
+    #[serde(default)]
+    pub job: Option<JobRequest>,
+}
+
+/// J-1: what a Job asks for (the `job` of a start body, SPEC §6).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobRequest {
+    /// Amounts by resource name: all leased at once, or none.
+    pub resources: BTreeMap<String, u32>,
+    /// Not leased within this many milliseconds of admission: it ends `expired`, never run.
+    #[serde(default)]
+    pub queue_deadline_ms: Option<u64>,
+    #[serde(default)]
+    pub budget: Option<BudgetRequest>,
+}
+
+/// J-1: a Job's budget as a body gives it; each a total, charged only under a lease.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetRequest {
+    #[serde(default)]
+    pub steps: Option<u32>,
+    #[serde(default)]
+    pub wall_ms: Option<u64>,
+}
+
+impl From<BudgetRequest> for JobBudget {
+    fn from(budget: BudgetRequest) -> Self {
+        JobBudget {
+            steps: budget.steps,
+            wall_ms: budget.wall_ms,
+        }
+    }
 }
 
 /// A new execution's first transition, with what it leaves behind: the head and the
@@ -38,6 +75,8 @@ pub(crate) struct Admission {
     input: AgentInput,
     parent_message_id: Option<MessageId>,
     pub(crate) start_paused: bool,
+    /// J-1: its record, if it is a Job.
+    pub(crate) job: Option<JobRecord>,
 }
 
 impl Admission {
@@ -93,7 +132,36 @@ impl Admission {
             input,
             parent_message_id: request.parent_message_id,
             start_paused: request.start_paused,
+            job: None,
         })
+    }
+
+    /// J-1: the execution is a Job asking for `resources` (checked against the runtime's
+    /// declared ones), queued at `now_ms`: it runs once the queue leases them.
+    pub(crate) fn as_job(
+        mut self,
+        resources: Vec<(String, u32)>,
+        request: &JobRequest,
+        now_ms: u64,
+    ) -> Self {
+        let queued = Event::JobQueued {
+            resources: resources.clone(),
+            queued_at_ms: now_ms,
+            queue_deadline_ms: request.queue_deadline_ms,
+            budget: request.budget.map(JobBudget::from).unwrap_or_default(),
+        };
+        // After `Admitted`, before a paused start: the machine knows it is a Job first.
+        self.events.insert(1, queued);
+        self.job = Some(JobRecord {
+            job_id: self.head.execution_id,
+            session_id: self.head.session_id,
+            resources,
+            queued_at_ms: now_ms,
+            queue_deadline_ms: request.queue_deadline_ms,
+            admitted_at_ms: None,
+            lease: None,
+        });
+        self
     }
 
     /// F-6: the execution is a child of `parent` (an agent's call of a function).
@@ -129,10 +197,11 @@ impl Admission {
         for (event, seq) in self.events.iter().zip(1..).skip(folded) {
             machine.apply(event, seq, &mut ignored);
         }
-        let committed = match store
-            .submit(Transition::create(self.head, self.events))
-            .await?
-        {
+        let mut transition = Transition::create(self.head, self.events);
+        if let Some(job) = self.job {
+            transition = transition.with(Upsert::Job(job));
+        }
+        let committed = match store.submit(transition).await? {
             Outcome::Committed(committed) => committed,
             other => return Err(Error::Internal(format!("creating an execution: {other:?}"))),
         };

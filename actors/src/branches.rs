@@ -94,6 +94,7 @@ impl Service {
                 version: parent.version,
                 revision: self.env().revision,
                 busy: false,
+                now_ms: self.env().clock.now_ms(),
             };
             let body = command.body.clone();
             match machine.decide_command(
@@ -378,6 +379,8 @@ fn facts_of(
         version: head.version,
         revision,
         busy: false,
+        // Capabilities alone are read here: they do not depend on the time.
+        now_ms: 0,
     };
     let pending_wait = machine.pending_wait().is_some();
     let declined_wait = machine

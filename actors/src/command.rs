@@ -11,7 +11,7 @@
 
 use openprogram_storage::{
     AnswerScope, CommandId, CommandRecord, CommandStatus, Control, EffectId, ExecutionId,
-    ProcessId, ReceiptStatus, VersionPolicy, WaitId,
+    JobBudget, ProcessId, ReceiptStatus, VersionPolicy, WaitId,
 };
 use serde_json::{json, Map, Value};
 
@@ -87,7 +87,7 @@ impl CommandKind {
             CommandKind::Pause | CommandKind::Step | CommandKind::Cancel | CommandKind::Retry => {
                 &[]
             }
-            CommandKind::Continue => &["policy"],
+            CommandKind::Continue => &["policy", "budget"],
             CommandKind::Steer => &["text"],
             CommandKind::Fork => &["checkpoint"],
             CommandKind::Answer => &["wait_id", "answer", "scope"],
@@ -166,8 +166,10 @@ impl ReconcileOutcome {
 pub enum CommandBody {
     Pause,
     /// `policy`: F-3, a function's version policy from now on, in the same transition.
+    /// `budget`: J-1, a Job's new budget (totals), in the same transition.
     Continue {
         policy: Option<VersionPolicy>,
+        budget: Option<JobBudget>,
     },
     Step,
     Steer {
@@ -227,7 +229,10 @@ impl From<Control> for CommandBody {
     fn from(control: Control) -> Self {
         match control {
             Control::Pause => CommandBody::Pause,
-            Control::Continue => CommandBody::Continue { policy: None },
+            Control::Continue => CommandBody::Continue {
+                policy: None,
+                budget: None,
+            },
             Control::Step => CommandBody::Step,
             Control::Steer { text } => CommandBody::Steer { text },
             Control::Cancel => CommandBody::Cancel,
@@ -334,14 +339,18 @@ impl Command {
             body.insert(name.into(), value);
         };
         match &self.body {
-            CommandBody::Pause
-            | CommandBody::Continue { policy: None }
-            | CommandBody::Step
-            | CommandBody::Cancel
-            | CommandBody::Retry => {}
-            CommandBody::Continue {
-                policy: Some(policy),
-            } => put("policy", json!(policy.as_str())),
+            CommandBody::Pause | CommandBody::Step | CommandBody::Cancel | CommandBody::Retry => {}
+            CommandBody::Continue { policy, budget } => {
+                if let Some(policy) = policy {
+                    put("policy", json!(policy.as_str()));
+                }
+                if let Some(budget) = budget {
+                    put(
+                        "budget",
+                        json!({"steps": budget.steps, "wall_ms": budget.wall_ms}),
+                    );
+                }
+            }
             CommandBody::Steer { text } => put("text", json!(text)),
             CommandBody::Fork { checkpoint } => {
                 if let Some(seq) = checkpoint {
@@ -419,12 +428,15 @@ impl Command {
         let mut sent: Vec<Sent> = Vec::new();
         match &self.body {
             CommandBody::Pause
-            | CommandBody::Continue { policy: None }
+            | CommandBody::Continue {
+                policy: None,
+                budget: None,
+            }
             | CommandBody::Step
             | CommandBody::Cancel
             | CommandBody::Retry => sent.push((None, Vec::new())),
             // Never sent by a build before schema 6: no earlier hash to match.
-            CommandBody::Continue { policy: Some(_) } => {}
+            CommandBody::Continue { .. } => {}
             CommandBody::Steer { text } => sent.push((Some(text.clone()), Vec::new())),
             CommandBody::Fork { checkpoint } => sent.push((
                 None,
@@ -517,6 +529,7 @@ impl Command {
             CommandKind::Pause => CommandBody::Pause,
             CommandKind::Continue => CommandBody::Continue {
                 policy: policy_of(&reader)?,
+                budget: budget_of(&reader)?,
             },
             CommandKind::Step => CommandBody::Step,
             CommandKind::Cancel => CommandBody::Cancel,
@@ -616,6 +629,42 @@ fn policy_of(reader: &Reader) -> Result<Option<VersionPolicy>> {
             ))
         }),
     }
+}
+
+/// J-1: `budget` — `{"steps": N?, "wall_ms": N?}`, each a total.
+fn budget_of(reader: &Reader) -> Result<Option<JobBudget>> {
+    let Some(value) = reader.get("budget") else {
+        return Ok(None);
+    };
+    parse_budget(value).map(Some)
+}
+
+/// A budget as JSON (`{"steps": N?, "wall_ms": N?}`): anything else is `invalid_request`.
+pub fn parse_budget(value: &Value) -> Result<JobBudget> {
+    let invalid = |message: &str| Error::InvalidRequest(format!("`budget` {message}"));
+    let Value::Object(fields) = value else {
+        return Err(invalid("must be an object with `steps` and/or `wall_ms`"));
+    };
+    let mut budget = JobBudget::default();
+    for (name, value) in fields {
+        if value.is_null() {
+            continue;
+        }
+        let number = value
+            .as_u64()
+            .ok_or_else(|| invalid(&format!("`{name}` must be a whole number")))?;
+        match name.as_str() {
+            "steps" => {
+                budget.steps = Some(
+                    u32::try_from(number)
+                        .map_err(|_| invalid("`steps` is larger than 4294967295"))?,
+                )
+            }
+            "wall_ms" => budget.wall_ms = Some(number),
+            other => return Err(invalid(&format!("has no field `{other}`"))),
+        }
+    }
+    Ok(budget)
 }
 
 /// Reads the typed fields of a command body; `null` is the same as absent.

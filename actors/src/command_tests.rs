@@ -104,7 +104,10 @@ fn k4_a_command_stored_before_schema_6_matches_its_retry() {
 fn k4_a_command_round_trips_and_hashes_its_meaning() {
     let bodies = [
         CommandBody::Pause,
-        CommandBody::Continue { policy: None },
+        CommandBody::Continue {
+            policy: None,
+            budget: None,
+        },
         CommandBody::Step,
         CommandBody::Cancel,
         CommandBody::Retry,

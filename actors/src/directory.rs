@@ -149,6 +149,35 @@ impl Hooks for Executions {
     }
 }
 
+/// J-1: the resource queue offers leases and ends expired Jobs through their actors.
+impl crate::resource_queue::JobHost for Executions {
+    fn offer(
+        self: Arc<Self>,
+        offer: crate::resources::Offer,
+    ) -> BoxFuture<'static, Result<Option<u64>>> {
+        async move {
+            let addr = self.activate(offer.job_id)?;
+            let grant = crate::execution::job_run::Grant {
+                lease_id: offer.lease_id,
+            };
+            addr.send(grant)
+                .await
+                .map_err(|error| Error::Unavailable(error.to_string()))?
+        }
+        .boxed()
+    }
+
+    fn expire(self: Arc<Self>, job_id: ExecutionId) -> BoxFuture<'static, Result<bool>> {
+        async move {
+            let addr = self.activate(job_id)?;
+            addr.send(crate::execution::job_run::ExpireQueued)
+                .await
+                .map_err(|error| Error::Unavailable(error.to_string()))?
+        }
+        .boxed()
+    }
+}
+
 impl Executions {
     /// F-6, K-5: a Cancel of the child of a cancelled caller's call, under one derived
     /// command id (asked again: the stored outcome, K-4).
@@ -381,6 +410,7 @@ impl Executions {
                 Vec::new(),
                 None,
                 Writer::Attempt { epoch },
+                self.clock.now_ms(),
                 |tool| self.tools.recovery(tool),
             );
             let mut committed = match self.store.submit(transition).await? {

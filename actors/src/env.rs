@@ -21,6 +21,8 @@ use crate::function::FunctionRegistry;
 use crate::lifecycle::Lifecycle;
 use crate::process::{ProcessHost, ProcessProgress, Processes};
 use crate::recovery::{Clock, RestartWindow};
+use crate::resource_queue::ResourceQueue;
+use crate::resources::Resources;
 
 /// What the actors ask of the runtime's `Executions` (`directory.rs`), which starts them
 /// and so cannot be imported by them.
@@ -78,6 +80,10 @@ pub struct Env {
     parked: Mutex<std::collections::VecDeque<(ExecutionHead, Machine)>>,
     /// States loaded by `latest_state`: [from a parked state, by a replay].
     pub state_loads: [std::sync::atomic::AtomicU64; 2],
+    /// J-1: the resources Jobs are admitted for, and the queue that leases them (once
+    /// started).
+    pub resources: Resources,
+    queue: OnceLock<Addr<ResourceQueue>>,
 }
 
 /// How many parked states `Env` keeps. An activation replays the execution's whole history,
@@ -151,7 +157,19 @@ impl Env {
             steps: std::sync::atomic::AtomicU64::new(0),
             parked: Mutex::default(),
             state_loads: Default::default(),
+            resources: Resources::default(),
+            queue: OnceLock::new(),
         }
+    }
+
+    /// J-1: the runtime's resource queue, once started (`set_queue`).
+    pub fn queue(&self) -> Option<&Addr<ResourceQueue>> {
+        self.queue.get()
+    }
+
+    /// Tells the shared state where the resource queue runs (once, at start).
+    pub fn set_queue(&self, queue: Addr<ResourceQueue>) {
+        let _ = self.queue.set(queue);
     }
 
     /// Keeps the state of an execution whose actor parks (releases itself with nothing in

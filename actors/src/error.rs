@@ -27,6 +27,16 @@ pub enum Error {
     /// F-1: a function's input that does not decode as the function's input.
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// J-1: a Job asks for a resource the runtime does not declare.
+    #[error("unknown resource `{0}`")]
+    UnknownResource(String),
+    /// J-1: a Job asks for more of a resource than its whole capacity: it could never run.
+    #[error("{resource}: {amount} asked, the capacity is {capacity}")]
+    ExceedsCapacity {
+        resource: String,
+        amount: u32,
+        capacity: u32,
+    },
     /// The command id was used before with another payload or execution (K-4).
     #[error("command id {} was used with another payload", stored.command_id)]
     CommandConflict { stored: Box<CommandRecord> },
@@ -54,6 +64,8 @@ impl Error {
             Error::UnknownKind(_) => "unknown_kind",
             Error::UnknownFunction(_) => "unknown_function",
             Error::InvalidInput(_) => "invalid_input",
+            Error::UnknownResource(_) => "unknown_resource",
+            Error::ExceedsCapacity { .. } => "exceeds_capacity",
             Error::CommandConflict { .. } => "command_conflict",
             Error::Fenced { .. } => "fenced",
             Error::VersionConflict { .. } => "version_conflict",

@@ -26,7 +26,7 @@
 pub mod activity;
 #[cfg(test)]
 mod activity_tests;
-pub(crate) mod admission;
+pub mod admission;
 pub mod agent;
 pub mod attempt_lease;
 pub mod branches;
@@ -43,6 +43,8 @@ pub mod inspect;
 pub mod lifecycle;
 pub mod process;
 pub mod recovery;
+pub mod resource_queue;
+pub mod resources;
 pub mod service;
 pub mod snapshot;
 pub mod supervisor;

@@ -42,6 +42,9 @@ pub struct FunctionStart {
     /// Admit it paused: it waits for Continue or Step.
     #[serde(default)]
     pub start_paused: bool,
+    /// J-1: admit it as a background Job, through the resource queue.
+    #[serde(default)]
+    pub job: Option<crate::admission::JobRequest>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -161,7 +164,17 @@ impl Service {
         if self.env.lifecycle.is_stopping() {
             return Err(Error::Unavailable("the runtime is shutting down".into()));
         }
-        let admission = Admission::new(execution_id, session_id, self.env.revision, request, kind)?;
+        // J-1: what a Job asks for is checked before anything is stored.
+        let job = match &request.job {
+            Some(job) => Some((self.env.resources.check(&job.resources)?, job.clone())),
+            None => None,
+        };
+        let mut admission =
+            Admission::new(execution_id, session_id, self.env.revision, request, kind)?;
+        let now_ms = self.env.clock.now_ms();
+        if let Some((resources, job)) = &job {
+            admission = admission.as_job(resources.clone(), job, now_ms);
+        }
         let reply = StartReply {
             execution_id,
             run_id: admission.head.run_id,
@@ -172,7 +185,18 @@ impl Service {
         };
         let start_paused = admission.start_paused;
         let (head, machine, version) = admission.commit(self.env.store.as_ref()).await?;
-        if !start_paused {
+        if let Some((resources, job)) = job.filter(|_| !start_paused) {
+            // A Job runs once the queue leases its resources: nothing starts here.
+            if let Some(queue) = self.env.queue() {
+                queue.do_send(crate::resource_queue::Enqueue {
+                    job_id: execution_id,
+                    resources,
+                    deadline_at_ms: job
+                        .queue_deadline_ms
+                        .map(|deadline| now_ms.saturating_add(deadline)),
+                });
+            }
+        } else if !start_paused {
             match self.env.activate_admitted(head, machine) {
                 Ok(_) => {}
                 // Admitted, and shutdown began meanwhile: the next start runs it (a failure
@@ -215,12 +239,43 @@ impl Service {
         let start = StartRequest {
             message: encoded,
             start_paused: request.start_paused,
+            job: request.job,
             ..StartRequest::default()
         };
         let reply = self
             .admit(session_id, start, ExecutionKind::Function)
             .await?;
         Ok((reply, revision))
+    }
+
+    /// J-1: a Job's snapshot at the time it is read, with its place in the queue.
+    async fn complete_job(&self, snapshot: &mut Snapshot) {
+        let Some(job) = &mut snapshot.job else {
+            return;
+        };
+        let position = match self.env.queue() {
+            Some(queue) if snapshot.state == "queued" => queue
+                .send(crate::resource_queue::Position {
+                    job_id: snapshot.execution_id,
+                })
+                .await
+                .ok()
+                .flatten(),
+            _ => None,
+        };
+        job.at(self.env.clock.now_ms(), position);
+    }
+
+    /// J-1: the resource queue now.
+    pub async fn resources(&self) -> Result<crate::resource_queue::QueueReport> {
+        let queue = self
+            .env
+            .queue()
+            .ok_or_else(|| Error::Unavailable("the resource queue is not running".into()))?;
+        queue
+            .send(crate::resource_queue::Report)
+            .await
+            .map_err(|error| Error::Unavailable(error.to_string()))
     }
 
     /// K-1: routes a command to its execution, which decides it (K-3, K-4) and records the
@@ -319,6 +374,7 @@ impl Service {
             }
         };
         let mut snapshot = snapshot.with_process_records(store);
+        self.complete_job(&mut snapshot).await;
         // A running process's output is persisted now and then; its actor knows it now.
         for view in &mut snapshot.processes {
             let Some(addr) = self.env.processes.get(view.process_id) else {
@@ -422,6 +478,7 @@ mod tests {
                         ],
                         max_iterations,
                         start_paused,
+                        job: None,
                     }
                 } else {
                     from_body.clone()

@@ -29,6 +29,75 @@ pub struct Snapshot {
     /// A durable function's execution (F-2): what it runs and how far it got.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub function: Option<FunctionView>,
+    /// J-1: a Job's standing with the resource queue. `job_id` is `execution_id`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<JobView>,
+}
+
+/// The `job` object of a Job's snapshot (SPEC §6).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobView {
+    pub job_id: openprogram_storage::ExecutionId,
+    pub resources: std::collections::BTreeMap<String, u32>,
+    /// The lease it holds now.
+    pub lease_id: Option<openprogram_storage::LeaseId>,
+    /// Its place in line while it waits (1: next), as the queue has it now.
+    pub queue_position: Option<usize>,
+    pub queued_at_ms: u64,
+    pub queue_deadline_ms: Option<u64>,
+    /// When it first got a lease.
+    pub admitted_at_ms: Option<u64>,
+    pub budget: BudgetView,
+    /// What it used, under a lease only.
+    pub budget_used: BudgetUsed,
+    /// When the lease it holds was granted (what `budget_used.wall_ms` runs from).
+    #[serde(skip)]
+    pub lease_granted_at_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct BudgetView {
+    pub steps: Option<u32>,
+    pub wall_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct BudgetUsed {
+    pub steps: u32,
+    pub wall_ms: u64,
+}
+
+impl JobView {
+    fn of(head: &ExecutionHead, machine: &Machine) -> Option<Self> {
+        let job = machine.job.as_ref()?;
+        Some(Self {
+            job_id: head.execution_id,
+            resources: job.spec.resources.iter().cloned().collect(),
+            lease_id: job.lease.as_ref().map(|lease| lease.lease_id),
+            queue_position: None,
+            queued_at_ms: job.spec.queued_at_ms,
+            queue_deadline_ms: job.spec.queue_deadline_ms,
+            admitted_at_ms: job.admitted_at_ms,
+            budget: BudgetView {
+                steps: job.budget.steps,
+                wall_ms: job.budget.wall_ms,
+            },
+            budget_used: BudgetUsed {
+                steps: job.steps_used,
+                wall_ms: job.wall_used_ms,
+            },
+            lease_granted_at_ms: job.lease.as_ref().map(|lease| lease.granted_at_ms),
+        })
+    }
+
+    /// Completes the view at `now_ms` with the queue's `position` of the Job: the wall
+    /// time of the lease it holds is charged up to now.
+    pub fn at(&mut self, now_ms: u64, position: Option<usize>) {
+        if let Some(granted) = self.lease_granted_at_ms {
+            self.budget_used.wall_ms += now_ms.saturating_sub(granted);
+        }
+        self.queue_position = position;
+    }
 }
 
 /// The `function` object of a function execution's snapshot (SPEC §6).
@@ -113,6 +182,8 @@ impl Snapshot {
             version: head.version,
             revision,
             busy: false,
+            // Capabilities alone are read here: they do not depend on the time.
+            now_ms: 0,
         };
         Self {
             execution_id: head.execution_id,
@@ -175,6 +246,7 @@ impl Snapshot {
                 .as_ref()
                 .and_then(|intent| intent.deadline_ms),
             function: FunctionView::of(machine),
+            job: JobView::of(head, machine),
         }
     }
 }

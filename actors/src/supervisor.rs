@@ -194,7 +194,17 @@ async fn recover_all(env: &Arc<Executions>) -> Result<RecoveryReport> {
                 Err(error) => return Err(error.into()),
             };
             report.classified += 1;
-            let plan = classify(&head, env.owner, env.revision, env.restart_window, now_ms);
+            // J-1: a Job waiting for its lease ran nothing: it stays in the queue, in its place.
+            let waits_in_queue = state == ExecutionState::Queued
+                && env
+                    .store
+                    .job(execution_id)?
+                    .is_some_and(|job| job.lease.is_none());
+            let plan = if waits_in_queue {
+                Plan::Stay
+            } else {
+                classify(&head, env.owner, env.revision, env.restart_window, now_ms)
+            };
             plans.push((head, plan));
         }
     }
@@ -418,7 +428,8 @@ async fn resume(env: &Arc<Executions>, head: ExecutionHead, intent: RestartInten
     }
     if head.state == ExecutionState::Paused {
         events.push(Event::StateChanged {
-            state: ExecutionState::Running,
+            // A Job goes back to the queue (J-2).
+            state: machine.run_state(),
             reason: RESTART_PAUSE_REASON.into(),
         });
     }
@@ -448,10 +459,15 @@ async fn claim(
     let writer = plan::Writer::Recovery {
         epoch: head.fencing_epoch + 1,
     };
-    let plan::Plan { transition, after } =
-        machine.plan(head, events, Vec::new(), None, writer, |tool| {
-            env.tools.recovery(tool)
-        });
+    let plan::Plan { transition, after } = machine.plan(
+        head,
+        events,
+        Vec::new(),
+        None,
+        writer,
+        env.clock.now_ms(),
+        |tool| env.tools.recovery(tool),
+    );
     match env.store.submit(transition).await? {
         Outcome::Committed(mut committed) => {
             let events = std::mem::take(&mut committed.events);

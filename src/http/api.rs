@@ -50,6 +50,9 @@ pub struct StartBody {
     pub max_iterations: Option<u32>,
     #[serde(default)]
     pub start_paused: bool,
+    /// J-1: admit it as a background Job.
+    #[serde(default)]
+    pub job: Option<crate::JobRequest>,
 }
 
 /// The body of `POST /v1/sessions/{sid}/executions` for `"kind": "function"` (F-1).
@@ -62,10 +65,14 @@ pub struct FunctionBody {
     pub policy: Option<String>,
     #[serde(default)]
     pub start_paused: bool,
+    /// J-1: admit it as a background Job.
+    #[serde(default)]
+    pub job: Option<crate::JobRequest>,
 }
 
 impl FunctionBody {
-    const FIELDS: [&'static str; 5] = ["kind", "function", "input", "policy", "start_paused"];
+    const FIELDS: [&'static str; 6] =
+        ["kind", "function", "input", "policy", "start_paused", "job"];
 }
 
 /// What a start body asks for.
@@ -92,13 +99,14 @@ fn refuse_unknown_fields(
 
 impl StartBody {
     /// Every field a start body may carry (X-3: anything else is `unknown_field`).
-    const FIELDS: [&'static str; 6] = [
+    const FIELDS: [&'static str; 7] = [
         "kind",
         "message",
         "parent_message_id",
         "script",
         "max_iterations",
         "start_paused",
+        "job",
     ];
 
     /// Reads a start body (SPEC §6), refusing what this build does not understand
@@ -139,7 +147,7 @@ impl StartBody {
                 }
             }
             Some(kind @ "job") => Err(Error::UnsupportedKind(format!(
-                "`{kind}` executions are not built yet: this build starts `agent` and `function` executions"
+                "`{kind}` is no execution kind to start: a Job is an `agent` or `function` body with a `job` object"
             ))
             .into()),
             Some(other) => Err(Error::UnknownKind(format!(
@@ -165,6 +173,7 @@ pub async fn start_execution(
                 script: body.script,
                 max_iterations: body.max_iterations,
                 start_paused: body.start_paused,
+                job: body.job,
             };
             json!(api.runtime.start_execution(session, start).await?)
         }
@@ -175,6 +184,7 @@ pub async fn start_execution(
                 policy: body.policy.as_deref().and_then(VersionPolicy::parse),
                 revision: None,
                 start_paused: body.start_paused,
+                job: body.job,
             };
             json!(api.runtime.start_function(session, start).await?)
         }

@@ -98,7 +98,9 @@ impl From<Error> for ApiError {
             | Error::UnknownField { .. }
             | Error::UnsupportedKind(_)
             | Error::UnknownKind(_)
-            | Error::InvalidInput(_) => StatusCode::BAD_REQUEST,
+            | Error::InvalidInput(_)
+            | Error::UnknownResource(_)
+            | Error::ExceedsCapacity { .. } => StatusCode::BAD_REQUEST,
             Error::Storage(Storage::PayloadTooLarge { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::CommandConflict { .. }
             | Error::VersionConflict { .. }

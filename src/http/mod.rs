@@ -19,6 +19,7 @@ pub mod client;
 pub mod debug;
 pub mod demo;
 pub mod error;
+pub mod resources;
 pub mod stream;
 
 use std::net::SocketAddr;
@@ -108,6 +109,7 @@ pub fn routes(api: Api) -> impl FnOnce(&mut web::ServiceConfig) {
                 "/v1/sessions/{sid}/commands/{cid}",
                 web::get().to(api::command_status),
             )
+            .route("/v1/resources", web::get().to(resources::resources))
             .route("/debug/actors", web::get().to(debug::actors))
             .route("/debug/actors/{id}", web::get().to(debug::actor))
             .route("/debug/log", web::get().to(debug::log))
@@ -188,8 +190,10 @@ async fn token_first(
                 (Some(token), None) => {
                     // Everything else that is a route needs the admin token; an unknown
                     // path is answered 404 by the handler.
-                    let admin_only =
-                        path == "/v1/sessions" || path == "/metrics" || path.starts_with("/debug/");
+                    let admin_only = path == "/v1/sessions"
+                        || path == "/v1/resources"
+                        || path == "/metrics"
+                        || path.starts_with("/debug/");
                     !admin_only || api.tokens.is_admin(token)
                 }
             }

@@ -10,12 +10,12 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{
-    AttemptId, CommandId, EffectId, ExecutionId, MessageId, OwnerId, ProcessId, RevisionId, RunId,
-    SessionId, TurnId, WaitId,
+    AttemptId, CommandId, EffectId, ExecutionId, LeaseId, MessageId, OwnerId, ProcessId,
+    RevisionId, RunId, SessionId, TurnId, WaitId,
 };
 use crate::records::{
-    Control, ExecutionKind, ExecutionState, LiveBinding, ReceiptStatus, RestartIntent, WaitKind,
-    WaitStatus,
+    Control, ExecutionKind, ExecutionState, JobBudget, LiveBinding, ReceiptStatus, RestartIntent,
+    WaitKind, WaitStatus,
 };
 
 /// An event as stored: the fact plus where and when it was committed.
@@ -195,6 +195,33 @@ pub enum Event {
         revision: u32,
         differences: Vec<String>,
     },
+    /// J-1: the execution is a background Job, admitted through the resource queue: it
+    /// runs only while it holds a lease of `resources`. Its place in the queue is its id
+    /// (UUID v7: admission order), kept across pauses and restarts. Written once, at
+    /// admission.
+    JobQueued {
+        resources: Vec<(String, u32)>,
+        queued_at_ms: u64,
+        /// A Job not admitted by then ends `expired`, never run.
+        queue_deadline_ms: Option<u64>,
+        budget: JobBudget,
+    },
+    /// J-1: the queue leased `resources` to the Job's attempt of `epoch`; it runs.
+    LeaseGranted {
+        lease_id: LeaseId,
+        epoch: u64,
+        resources: Vec<(String, u32)>,
+        granted_at_ms: u64,
+    },
+    /// J-2: the lease `lease_id` is given back (a pause, an end, a new attempt), after
+    /// `held_ms` of holding it: what the Job's wall budget is charged.
+    LeaseReleased {
+        lease_id: LeaseId,
+        reason: String,
+        held_ms: u64,
+    },
+    /// J-1: a Continue raised the Job's budget to `budget` (totals, not increments).
+    BudgetRaised { budget: JobBudget },
 }
 
 impl Event {
@@ -228,6 +255,10 @@ impl Event {
             Event::RevisionAdopted { .. } => "revision_adopted",
             Event::WorkflowCalled { .. } => "workflow_called",
             Event::VersionConflict { .. } => "version_conflict",
+            Event::JobQueued { .. } => "job_queued",
+            Event::LeaseGranted { .. } => "lease_granted",
+            Event::LeaseReleased { .. } => "lease_released",
+            Event::BudgetRaised { .. } => "budget_raised",
         }
     }
 }

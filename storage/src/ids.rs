@@ -186,6 +186,10 @@ define_id!(
     /// One runtime incarnation: a new one at every start of the process.
     OwnerId, "own"
 );
+define_id!(
+    /// J-1: one lease of resources held by a Job's attempt, from its grant to its release.
+    LeaseId, "lease"
+);
 
 #[cfg(test)]
 mod tests {

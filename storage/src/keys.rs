@@ -21,6 +21,7 @@
 //! | 0x0B   | incarnation number u64                | codec(Incarnation)          |
 //! | 0x0C   | execution id                          | codec(String): quarantined  |
 //! | 0x0D   | session id, execution id              | empty: executions by session|
+//! | 0x0E   | job id (an execution id)              | codec(JobRecord), schema 7  |
 
 use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, SessionId, WaitId};
 use crate::records::{BlobHash, ExecutionState};
@@ -38,6 +39,7 @@ pub const BY_STATE: u8 = 0x0A;
 pub const INCARNATION: u8 = 0x0B;
 pub const QUARANTINE: u8 = 0x0C;
 pub const BY_SESSION: u8 = 0x0D;
+pub const JOB: u8 = 0x0E;
 
 pub const META_SCHEMA_VERSION: &str = "schema_version";
 /// Position of the last event whose head, events and records are written to their own keys.
@@ -88,6 +90,10 @@ pub fn receipt(effect_id: EffectId) -> [u8; 17] {
 
 pub fn wait(wait_id: WaitId) -> [u8; 17] {
     prefixed_id(WAIT, wait_id.as_bytes())
+}
+
+pub fn job(job_id: ExecutionId) -> [u8; 17] {
+    prefixed_id(JOB, job_id.as_bytes())
 }
 
 pub fn process(process_id: ProcessId) -> [u8; 17] {
@@ -159,6 +165,7 @@ pub fn tree_name(key: &[u8]) -> &'static str {
         Some(&INCARNATION) => "incarnations",
         Some(&QUARANTINE) => "quarantine",
         Some(&BY_SESSION) => "by_session",
+        Some(&JOB) => "jobs",
         _ => "unknown",
     }
 }

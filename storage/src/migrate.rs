@@ -18,13 +18,15 @@
 //!   old variant 0 is still read. A rejected command may be stored as its record alone (no
 //!   event: a rejection changes nothing of its execution, K-4). Only a mark, for the same
 //!   reason.
+//! - 7: Jobs (J-1): job records (`0x0E`, record variant 5) and the events `JobQueued`,
+//!   `LeaseGranted`, `LeaseReleased`, `BudgetRaised`. Only a mark, for the same reason.
 
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::keys;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 6;
+pub const SCHEMA_VERSION: u32 = 7;
 
 /// One migration: from `from` to `from + 1`, adding its changes to the batch.
 type Step = fn(&sled::Db, &mut sled::Batch) -> Result<()>;
@@ -37,6 +39,7 @@ const STEPS: &[(u32, Step)] = &[
     (3, log_format_3),
     (4, head_records_2),
     (5, command_records_2),
+    (6, jobs),
 ];
 
 fn initialize(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
@@ -60,6 +63,11 @@ fn head_records_2(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
 
 /// 5 → 6: nothing to rewrite (see the changelog).
 fn command_records_2(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
+    Ok(())
+}
+
+/// 6 → 7: nothing to rewrite (see the changelog).
+fn jobs(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
     Ok(())
 }
 

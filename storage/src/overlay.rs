@@ -492,6 +492,7 @@ pub(crate) fn record_key(record: &RecordValue) -> RecordKey {
         RecordValue::Receipt(receipt) => keys::receipt(receipt.effect_id),
         RecordValue::Wait(wait) => keys::wait(wait.wait_id),
         RecordValue::Process(process) => keys::process(process.process_id),
+        RecordValue::Job(job) => keys::job(job.job_id),
     }
 }
 

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::ExecutionId;
-use crate::records::{CommandRecord, ProcessRecord, ReceiptRecord, WaitRecord};
+use crate::records::{CommandRecord, JobRecord, ProcessRecord, ReceiptRecord, WaitRecord};
 
 /// A record upsert carried by a transition and replayed from the log.
 ///
@@ -18,6 +18,8 @@ pub(crate) enum RecordValue {
     Receipt(ReceiptRecord),
     Wait(WaitRecord),
     Process(ProcessRecord),
+    /// Since schema 7 (stored variant 5).
+    Job(JobRecord),
 }
 
 /// The command record as schemas 1..=5 wrote it (no `reason_code`).
@@ -42,6 +44,7 @@ enum WireRecord {
     Wait(WaitRecord),
     Process(ProcessRecord),
     Command(CommandRecord),
+    Job(JobRecord),
 }
 
 /// What `RecordValue` is stored as, written (the same indexes; index 0 is never written).
@@ -53,6 +56,7 @@ enum WireRecordRef<'a> {
     Wait(&'a WaitRecord),
     Process(&'a ProcessRecord),
     Command(&'a CommandRecord),
+    Job(&'a JobRecord),
 }
 
 impl Serialize for RecordValue {
@@ -65,6 +69,7 @@ impl Serialize for RecordValue {
             RecordValue::Receipt(record) => WireRecordRef::Receipt(record),
             RecordValue::Wait(record) => WireRecordRef::Wait(record),
             RecordValue::Process(record) => WireRecordRef::Process(record),
+            RecordValue::Job(record) => WireRecordRef::Job(record),
         }
         .serialize(serializer)
     }
@@ -91,6 +96,7 @@ impl<'de> Deserialize<'de> for RecordValue {
             WireRecord::Wait(record) => RecordValue::Wait(record),
             WireRecord::Process(record) => RecordValue::Process(record),
             WireRecord::Command(record) => RecordValue::Command(record),
+            WireRecord::Job(record) => RecordValue::Job(record),
         })
     }
 }

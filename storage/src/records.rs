@@ -9,8 +9,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{
-    AttemptId, CommandId, EffectId, ExecutionId, MessageId, OwnerId, ProcessId, RevisionId, RunId,
-    SessionId, TurnId, WaitId,
+    AttemptId, CommandId, EffectId, ExecutionId, LeaseId, MessageId, OwnerId, ProcessId,
+    RevisionId, RunId, SessionId, TurnId, WaitId,
 };
 
 /// E-1: what kind of work an execution is.
@@ -452,6 +452,43 @@ pub struct ProcessRecord {
     pub output_bytes: u64,
     /// Persisted output chunks, oldest first.
     pub output_chunks: Vec<BlobHash>,
+}
+
+/// J-1: what a Job may use while it holds a lease; `None`: no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobBudget {
+    /// Steps (model decisions, tool results, function steps) taken while leased.
+    pub steps: Option<u32>,
+    /// Milliseconds of holding a lease (time queued is not charged).
+    pub wall_ms: Option<u64>,
+}
+
+/// J-1: a lease of resources, held by one attempt of one Job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    pub lease_id: LeaseId,
+    pub job_id: ExecutionId,
+    /// The fencing epoch of the attempt holding it: only that attempt's release frees it.
+    pub epoch: u64,
+    pub resources: Vec<(String, u32)>,
+    pub granted_at_ms: u64,
+}
+
+/// J-1: a Job's standing with the resource queue, apart from its execution's head: what it
+/// asks for and the lease it holds now (its place in line is its id: UUID v7, admission
+/// order). Written in the same transition
+/// as every change of it, so a restart finds the queue and every lease held without reading
+/// any history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub job_id: ExecutionId,
+    pub session_id: SessionId,
+    pub resources: Vec<(String, u32)>,
+    pub queued_at_ms: u64,
+    pub queue_deadline_ms: Option<u64>,
+    /// When it first got a lease (a queue deadline no longer applies).
+    pub admitted_at_ms: Option<u64>,
+    pub lease: Option<LeaseRecord>,
 }
 
 /// The address of a blob: BLAKE3 of its bytes.

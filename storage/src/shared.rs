@@ -17,7 +17,7 @@ use crate::ids::ExecutionId;
 use crate::keys;
 use crate::overlay::Overlay;
 use crate::records::{
-    BlobHash, CommandRecord, ExecutionHead, ProcessRecord, ReceiptRecord, WaitRecord,
+    BlobHash, CommandRecord, ExecutionHead, JobRecord, ProcessRecord, ReceiptRecord, WaitRecord,
 };
 
 /// Bounds of the store. Every queue and batch has one.
@@ -324,3 +324,4 @@ record_conversion!(Command, CommandRecord);
 record_conversion!(Receipt, ReceiptRecord);
 record_conversion!(Wait, WaitRecord);
 record_conversion!(Process, ProcessRecord);
+record_conversion!(Job, JobRecord);

@@ -29,8 +29,8 @@ use crate::open::{
 };
 use crate::overlay::Overlay;
 use crate::records::{
-    BlobHash, CommandRecord, ExecutionHead, ExecutionState, ProcessRecord, ReceiptRecord,
-    WaitRecord,
+    BlobHash, CommandRecord, ExecutionHead, ExecutionState, JobRecord, ProcessRecord,
+    ReceiptRecord, WaitRecord,
 };
 use crate::shared::{Metrics, Shared};
 use crate::transition::{Outcome, Transition};
@@ -64,6 +64,8 @@ pub trait EventReader: Send + Sync + 'static {
     fn receipt(&self, effect_id: EffectId) -> Result<Option<ReceiptRecord>>;
     fn wait(&self, wait_id: WaitId) -> Result<Option<WaitRecord>>;
     fn process(&self, process_id: ProcessId) -> Result<Option<ProcessRecord>>;
+    /// J-1: a Job's standing with the resource queue; `None` for an execution that is no Job.
+    fn job(&self, job_id: ExecutionId) -> Result<Option<JobRecord>>;
     /// The executions of a session, in id order (ids are time-ordered: admission order).
     fn executions_in_session(&self, session_id: SessionId) -> Result<Vec<ExecutionId>>;
     /// Every session with at least one execution, with how many it has, in id order. Reads
@@ -588,6 +590,10 @@ impl EventReader for Store {
 
     fn process(&self, process_id: ProcessId) -> Result<Option<ProcessRecord>> {
         self.record(keys::process(process_id))
+    }
+
+    fn job(&self, job_id: ExecutionId) -> Result<Option<JobRecord>> {
+        self.record(keys::job(job_id))
     }
 
     fn executions_in_session(&self, session_id: SessionId) -> Result<Vec<ExecutionId>> {

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::event::{Event, EventEnvelope};
 use crate::ids::ExecutionId;
 use crate::records::{
-    Blob, CommandRecord, ExecutionHead, ProcessRecord, ReceiptRecord, WaitRecord,
+    Blob, CommandRecord, ExecutionHead, JobRecord, ProcessRecord, ReceiptRecord, WaitRecord,
 };
 
 /// One atomic state change of one execution.
@@ -123,6 +123,8 @@ pub enum Upsert {
     Receipt(ReceiptRecord),
     Wait(WaitRecord),
     Process(ProcessRecord),
+    /// J-1: a Job's standing with the resource queue and its lease.
+    Job(JobRecord),
     /// Stored once by content; written in the same group as the transition.
     Blob(Blob),
 }
@@ -134,6 +136,7 @@ impl Upsert {
             Upsert::Receipt(record) => Some(RecordValue::Receipt(record)),
             Upsert::Wait(record) => Some(RecordValue::Wait(record)),
             Upsert::Process(record) => Some(RecordValue::Process(record)),
+            Upsert::Job(record) => Some(RecordValue::Job(record)),
             Upsert::Blob(_) => None,
         }
     }
@@ -197,6 +200,7 @@ impl Transition {
                 Upsert::Receipt(record) => codec::encoded_size(record),
                 Upsert::Wait(record) => codec::encoded_size(record),
                 Upsert::Process(record) => codec::encoded_size(record),
+                Upsert::Job(record) => codec::encoded_size(record),
                 Upsert::Blob(_) => 0,
             });
         }

@@ -279,8 +279,8 @@ fn x3_a_body_the_runtime_does_not_understand_is_refused_and_stores_nothing() {
     for (body, code, field) in [
         (
             json!({"message": "m", "job": {"resources": {"gpu": 1}}}),
-            "unknown_field",
-            Some("job"),
+            "unknown_resource",
+            None,
         ),
         (
             json!({"message": "m", "policy": "use_latest"}),

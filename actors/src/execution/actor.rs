@@ -164,10 +164,16 @@ impl ExecutionActor {
             None => Writer::Unclaimed,
         };
         let tools = &self.env.tools;
-        self.machine
-            .plan(&self.head, events, upserts, decision, writer, |tool| {
-                tools.recovery(tool)
-            })
+        let now_ms = self.env.clock.now_ms();
+        self.machine.plan(
+            &self.head,
+            events,
+            upserts,
+            decision,
+            writer,
+            now_ms,
+            |tool| tools.recovery(tool),
+        )
     }
 
     /// Submits `events` and, once committed, applies them and performs the actions.
@@ -265,6 +271,10 @@ impl ExecutionActor {
                 Action::Reconcile => self.start_reconcile(ctx),
                 Action::LiveResolved { wait_id, outcome } => self.live_resolved(wait_id, outcome),
                 Action::StopProcess { process_id } => self.stop_process(process_id, ctx),
+                Action::Enqueue
+                | Action::Dequeue
+                | Action::ReleaseLease { .. }
+                | Action::LeaseHeld => self.perform_job(&action, ctx),
                 Action::RunDispatched => {
                     // B05: the intent (`ToolDispatched`) is durable, the tool not started.
                     openprogram_storage::failpoint!("B05");
@@ -289,7 +299,7 @@ impl ExecutionActor {
         let runs = matches!(
             self.machine.status(),
             Status::Queued | Status::Running | Status::Cancelling
-        );
+        ) && !self.waits_for_lease();
         // Commands inherited from a dead attempt are decided first (`DecideInherited`).
         let inherited = !self.inherited_pending.is_empty();
         let recording = self.recording_lost > 0;
@@ -333,8 +343,10 @@ impl Handler<Activate> for ExecutionActor {
         if !matches!(
             self.machine.status(),
             Status::Queued | Status::Running | Status::Cancelling
-        ) {
-            // Nothing to run (paused, waiting, finished): no attempt until a control needs one.
+        ) || self.waits_for_lease()
+        {
+            // Nothing to run (paused, waiting, finished, a Job waiting for its lease): no
+            // attempt until a control or a lease needs one.
             return AtomicResponse::new(Box::pin(fut::ready(Ok(self.head.version))));
         }
         let epoch = self.lease.epoch;
@@ -383,10 +395,11 @@ impl Handler<Advance> for ExecutionActor {
             return AtomicResponse::new(Box::pin(paused));
         }
         let env = Arc::clone(&self.env);
-        match self
-            .machine
-            .next(EffectId::new, |name| env.tools.recovery(name))
-        {
+        match self.machine.next(
+            EffectId::new,
+            |name| env.tools.recovery(name),
+            env.clock.now_ms(),
+        ) {
             Next::Persist(events) => {
                 return AtomicResponse::new(Box::pin(
                     self.commit(events, Vec::new()).map(log_failure),

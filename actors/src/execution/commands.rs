@@ -29,6 +29,7 @@ impl ExecutionActor {
             version: self.head.version,
             revision: self.env.revision,
             busy: self.in_flight.is_some(),
+            now_ms: self.env.clock.now_ms(),
         }
     }
 

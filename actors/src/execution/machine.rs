@@ -129,6 +129,8 @@ pub struct Present {
     /// F-3: why `use_latest` could not move to the newest revision, while it waits on
     /// them (paused `version_conflict`).
     pub differences: Vec<String>,
+    /// J-1: a Job's standing (`job.rs`); `None` for an execution that is no Job.
+    pub job: Option<super::job::JobState>,
 }
 
 impl std::ops::Deref for Machine {
@@ -282,6 +284,7 @@ impl Machine {
         &self,
         fresh: impl FnOnce() -> EffectId,
         recovery: impl Fn(&str) -> Recovery,
+        now_ms: u64,
     ) -> Next {
         if self.status() != Status::Running && self.status() != Status::Cancelling {
             return Next::Idle;
@@ -313,6 +316,12 @@ impl Machine {
             return Next::Persist(vec![Event::StateChanged {
                 state: Status::Paused,
                 reason: "step".into(),
+            }]);
+        }
+        if self.job.as_ref().is_some_and(|job| job.spent(now_ms)) {
+            return Next::Persist(vec![Event::StateChanged {
+                state: Status::Paused,
+                reason: super::job::BUDGET_EXHAUSTED.into(),
             }]);
         }
         if self.function.is_some() {
@@ -414,6 +423,7 @@ impl Present {
         decision: Option<&Decision>,
         actions: &mut Vec<Action>,
     ) {
+        self.fold_job(event, actions);
         match event {
             Event::Admitted {
                 kind: openprogram_storage::ExecutionKind::Function,
@@ -571,6 +581,11 @@ impl Present {
             step.uncertain = true;
         }
         match self.status() {
+            // A Job without a lease waits in the queue (J-1).
+            Status::Queued | Status::Running if self.needs_lease() => {
+                self.status = Some(Status::Queued);
+                actions.push(Action::Enqueue);
+            }
             Status::Queued | Status::Running => {
                 self.status = Some(Status::Running);
                 actions.push(Action::Advance);
@@ -581,8 +596,16 @@ impl Present {
     }
 
     /// The pause reason says why a paused execution is paused: it goes with the pause.
+    /// A Job never runs without a lease: `running` is `queued` for one (J-1).
     fn state_changed(&mut self, state: Status, reason: &str, actions: &mut Vec<Action>) {
+        let before = self.status();
+        let state = if state == Status::Running {
+            self.run_state()
+        } else {
+            state
+        };
         self.status = Some(state);
+        self.job_state_changed(before, reason, actions);
         self.pause_reason = (state == Status::Paused).then(|| reason.to_owned());
         match state {
             Status::Paused => {

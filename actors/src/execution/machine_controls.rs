@@ -70,6 +70,10 @@ impl Machine {
             Status::Queued => vec![Pause, Steer, Cancel],
             Status::Running if self.pause_requested => vec![Continue, Steer, Cancel],
             Status::Running => vec![Pause, Steer, Cancel],
+            // A Job whose queue deadline passed ended there: it never ran (J-1).
+            Status::Expired if self.job.as_ref().is_some_and(|job| job.expired_in_queue) => {
+                vec![Cancel]
+            }
             // Expiry keeps everything for a manual Continue.
             Status::Paused | Status::Expired => vec![Continue, Step, Steer, Cancel],
             // Reconcile resolves the effect awaiting it: none, nothing to reconcile.
@@ -120,21 +124,27 @@ impl Machine {
             }
             CommandBody::Retry => return Ok(Accepted::Retry),
             CommandBody::Pause => Control::Pause,
-            CommandBody::Continue {
-                policy: Some(policy),
-            } => {
-                // F-3, K-7: the policy first, in the same transition; a policy is a
-                // function's.
-                if self.function.is_none() {
-                    let refusal = Refusal::FunctionsOnly {
-                        kind: CommandKind::SetPolicy,
-                    };
-                    return Err(self.refuse(refusal, at));
+            CommandBody::Continue { policy, budget } => {
+                let mut events = Vec::new();
+                if let Some(policy) = policy {
+                    // F-3, K-7: the policy first, in the same transition; a policy is a
+                    // function's.
+                    if self.function.is_none() {
+                        let refusal = Refusal::FunctionsOnly {
+                            kind: CommandKind::SetPolicy,
+                        };
+                        return Err(self.refuse(refusal, at));
+                    }
+                    events.push(Event::ControlApplied {
+                        command_id,
+                        control: Control::SetPolicy { policy },
+                    });
                 }
-                let mut events = vec![Event::ControlApplied {
-                    command_id,
-                    control: Control::SetPolicy { policy },
-                }];
+                // J-1: a Job continues only with budget left (raised here, if need be).
+                events.extend(
+                    self.decide_budget(budget, at.now_ms)
+                        .map_err(|refusal| self.refuse(refusal, at))?,
+                );
                 events.extend(
                     self.decide_control(command_id, Control::Continue, at.busy)
                         .map_err(|refusal| self.refuse(refusal, at))?,
@@ -144,8 +154,11 @@ impl Machine {
                     events,
                 });
             }
-            CommandBody::Continue { policy: None } => Control::Continue,
-            CommandBody::Step => Control::Step,
+            CommandBody::Step => {
+                self.decide_budget(None, at.now_ms)
+                    .map_err(|refusal| self.refuse(refusal, at))?;
+                Control::Step
+            }
             CommandBody::Steer { text } => Control::Steer { text },
             CommandBody::Cancel => Control::Cancel,
             CommandBody::Answer {
@@ -263,7 +276,7 @@ impl Machine {
             Control::Continue if self.status() == Status::Running => {}
             Control::Continue | Control::Step => {
                 events.push(Event::StateChanged {
-                    state: Status::Running,
+                    state: self.run_state(),
                     reason: kind.into(),
                 });
             }

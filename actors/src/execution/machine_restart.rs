@@ -47,7 +47,7 @@ impl Machine {
         Ok(vec![
             Event::CheckpointPublished { checkpoint_seq: 0 },
             Event::StateChanged {
-                state: Status::Running,
+                state: self.run_state(),
                 reason: "reconciled".into(),
             },
         ])

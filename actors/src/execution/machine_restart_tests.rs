@@ -25,12 +25,12 @@ fn unknown_effect() -> (Machine, EffectId) {
         },
         true,
     );
-    let Next::Persist(dispatch) = machine.next(EffectId::new, external) else {
+    let Next::Persist(dispatch) = machine.next(EffectId::new, external, 0) else {
         panic!("dispatch")
     };
     commit(&mut machine, &dispatch);
     commit(&mut machine, &[attempt()]);
-    let Next::Persist(unknown) = machine.next(EffectId::new, external) else {
+    let Next::Persist(unknown) = machine.next(EffectId::new, external, 0) else {
         panic!("unknown receipt")
     };
     let actions = commit(&mut machine, &unknown);
@@ -84,7 +84,7 @@ fn r8_confirmed_continues_with_the_result_and_not_applied_runs_the_effect_again(
     );
     assert!(confirmed.unresolved.is_none() && confirmed.pending_tool.is_none());
     assert!(matches!(
-        confirmed.next(EffectId::new, |_| Recovery::External),
+        confirmed.next(EffectId::new, |_| Recovery::External, 0),
         Next::CallModel { .. }
     ));
 
@@ -98,7 +98,7 @@ fn r8_confirmed_continues_with_the_result_and_not_applied_runs_the_effect_again(
         not_applied.receipts.get(effect).map(|r| r.status),
         Some(ReceiptStatus::NotApplied)
     );
-    match not_applied.next(EffectId::new, |_| Recovery::External) {
+    match not_applied.next(EffectId::new, |_| Recovery::External, 0) {
         Next::Persist(events) => assert!(
             matches!(&events[0], Event::ToolDispatched { effect_id, .. } if *effect_id == effect),
             "dispatched again under the same effect id: {events:?}"

@@ -138,13 +138,14 @@ impl Sim {
         // text alone: the same transition.
         let plan = self
             .machine
-            .plan(&head, events, Vec::new(), decision, writer, recovery);
+            .plan(&head, events, Vec::new(), decision, writer, 0, recovery);
         let from_text = self.machine.plan(
             &head,
             plan.transition.events.clone(),
             Vec::new(),
             None,
             writer,
+            0,
             recovery,
         );
         let mut decision = plan.after.decision.clone();
@@ -327,7 +328,7 @@ impl Sim {
         if self.in_flight.is_some() {
             return;
         }
-        match self.machine.next(EffectId::new, recovery) {
+        match self.machine.next(EffectId::new, recovery, 0) {
             Next::Persist(events) => self.commit(events, "advance"),
             Next::CallModel { effect_id } => self.in_flight = Some(InFlight::Model(effect_id)),
             Next::RunTool(pending) => {
@@ -544,7 +545,10 @@ fn check_capabilities(machine: &Machine, busy: bool, context: &str) {
     for kind in CommandKind::ALL {
         let body = match kind {
             CommandKind::Pause => CommandBody::Pause,
-            CommandKind::Continue => CommandBody::Continue { policy: None },
+            CommandKind::Continue => CommandBody::Continue {
+                policy: None,
+                budget: None,
+            },
             CommandKind::Step => CommandBody::Step,
             CommandKind::Steer => CommandBody::Steer { text: "s".into() },
             CommandKind::Cancel => CommandBody::Cancel,

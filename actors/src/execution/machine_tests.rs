@@ -59,6 +59,7 @@ pub(super) fn at(machine: &Machine, busy: bool) -> CommandContext {
         version: 0,
         revision: machine.revision_id.unwrap_or_default(),
         busy,
+        now_ms: 0,
     }
 }
 
@@ -265,7 +266,7 @@ fn k2_step_runs_exactly_one_step_then_pauses() {
     assert_eq!(machine.status(), Status::Running);
     let fresh = EffectId::new();
     assert_eq!(
-        machine.next(|| fresh, idempotent),
+        machine.next(|| fresh, idempotent, 0),
         Next::CallModel { effect_id: fresh }
     );
     let decided = machine
@@ -276,7 +277,7 @@ fn k2_step_runs_exactly_one_step_then_pauses() {
         .expect("decided");
     commit(&mut machine, &decided);
     // One step (the decision) is done: the next thing is to pause, not to run the tool.
-    match machine.next(EffectId::new, idempotent) {
+    match machine.next(EffectId::new, idempotent, 0) {
         Next::Persist(events) => {
             commit(&mut machine, &events);
         }
@@ -286,7 +287,7 @@ fn k2_step_runs_exactly_one_step_then_pauses() {
     assert_eq!(machine.pause_reason.as_deref(), Some("step"));
     // A second Step runs the tool and nothing more.
     ctl(&mut machine, Control::Step, false);
-    let Next::RunTool(pending) = machine.next(EffectId::new, idempotent) else {
+    let Next::RunTool(pending) = machine.next(EffectId::new, idempotent, 0) else {
         panic!("tool expected")
     };
     let finished = machine
@@ -297,7 +298,7 @@ fn k2_step_runs_exactly_one_step_then_pauses() {
         })
         .expect("finished");
     commit(&mut machine, &finished);
-    match machine.next(EffectId::new, idempotent) {
+    match machine.next(EffectId::new, idempotent, 0) {
         Next::Persist(events) => assert!(matches!(
             events.as_slice(),
             [Event::StateChanged { state: Status::Paused, reason }] if reason == "step"
@@ -333,7 +334,7 @@ fn e5_iteration_limit_fails_with_text_and_history_kept() {
     for _ in 0..2 {
         let fresh = EffectId::new();
         assert_eq!(
-            machine.next(|| fresh, idempotent),
+            machine.next(|| fresh, idempotent, 0),
             Next::CallModel { effect_id: fresh }
         );
         run(
@@ -344,7 +345,7 @@ fn e5_iteration_limit_fails_with_text_and_history_kept() {
             },
             true,
         );
-        let Next::RunTool(pending) = machine.next(EffectId::new, idempotent) else {
+        let Next::RunTool(pending) = machine.next(EffectId::new, idempotent, 0) else {
             panic!("tool expected")
         };
         run(
@@ -357,7 +358,7 @@ fn e5_iteration_limit_fails_with_text_and_history_kept() {
             true,
         );
     }
-    let Next::Persist(events) = machine.next(EffectId::new, idempotent) else {
+    let Next::Persist(events) = machine.next(EffectId::new, idempotent, 0) else {
         panic!("limit expected")
     };
     commit(&mut machine, &events);
@@ -387,7 +388,7 @@ fn e4_external_tool_is_dispatched_before_it_runs() {
         true,
     );
     let external = |_: &str| Recovery::External;
-    let Next::Persist(events) = machine.next(EffectId::new, external) else {
+    let Next::Persist(events) = machine.next(EffectId::new, external, 0) else {
         panic!("dispatch first")
     };
     assert!(matches!(events[0], Event::ToolDispatched { .. }));
@@ -397,7 +398,7 @@ fn e4_external_tool_is_dispatched_before_it_runs() {
         Some(ReceiptStatus::Dispatched)
     );
     assert!(matches!(
-        machine.next(EffectId::new, external),
+        machine.next(EffectId::new, external, 0),
         Next::RunTool(_)
     ));
 }
@@ -437,7 +438,7 @@ fn e4_a_dispatched_external_tool_is_never_rerun_by_a_later_attempt() {
         },
         true,
     );
-    let Next::Persist(dispatch) = machine.next(EffectId::new, external) else {
+    let Next::Persist(dispatch) = machine.next(EffectId::new, external, 0) else {
         panic!("dispatch")
     };
     let actions = commit(&mut machine, &dispatch);
@@ -448,7 +449,7 @@ fn e4_a_dispatched_external_tool_is_never_rerun_by_a_later_attempt() {
     // The worker dies before the result is recorded; a new attempt starts.
     let actions = commit(&mut machine, &[attempt()]);
     assert!(actions.contains(&Action::Advance));
-    match machine.next(EffectId::new, external) {
+    match machine.next(EffectId::new, external, 0) {
         Next::Persist(events) => {
             assert!(
                 matches!(
@@ -473,7 +474,7 @@ fn e4_a_dispatched_external_tool_is_never_rerun_by_a_later_attempt() {
         Some(ReceiptStatus::Unknown)
     );
     assert_eq!(
-        machine.next(EffectId::new, external),
+        machine.next(EffectId::new, external, 0),
         Next::Idle,
         "nothing runs again"
     );
@@ -520,7 +521,7 @@ fn k5_a_cancelling_execution_finishes_cancelling_in_its_next_attempt() {
     assert_eq!(machine.status(), Status::Cancelling);
     let actions = commit(&mut machine, &[attempt()]);
     assert!(actions.contains(&Action::Advance));
-    let Next::Persist(events) = machine.next(EffectId::new, idempotent) else {
+    let Next::Persist(events) = machine.next(EffectId::new, idempotent, 0) else {
         panic!("cancel expected")
     };
     commit(&mut machine, &events);

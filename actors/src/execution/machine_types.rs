@@ -313,6 +313,16 @@ pub enum Action {
     StopProcess {
         process_id: openprogram_storage::ProcessId,
     },
+    /// J-1: the Job waits in the resource queue (again): tell the queue.
+    Enqueue,
+    /// J-1: the Job left the queue without a lease (paused, cancelled, expired).
+    Dequeue,
+    /// J-2: the Job's lease is released, durably: the queue may lease it again.
+    ReleaseLease {
+        lease_id: openprogram_storage::LeaseId,
+    },
+    /// J-1: the Job holds a lease: its wall budget runs.
+    LeaseHeld,
 }
 
 /// An input the execution refuses, with the controls it offers now (K-3).
@@ -405,6 +415,13 @@ pub enum Refusal {
     FunctionsOnly {
         kind: CommandKind,
     },
+    /// J-1: a budget belongs to Jobs only.
+    JobsOnly,
+    /// J-1: a Continue that would leave the Job's budget spent (raise it with `budget`).
+    BudgetExhausted {
+        steps_used: u32,
+        wall_used_ms: u64,
+    },
     /// An input that is not a command and does not fit the execution's state (a result
     /// for no pending call, a question asked by another attempt).
     Invalid(String),
@@ -430,6 +447,8 @@ impl Refusal {
             Refusal::NotUnresolved { .. } => "not_unresolved",
             Refusal::NotForFunctions { .. } => "not_for_functions",
             Refusal::FunctionsOnly { .. } => "functions_only",
+            Refusal::JobsOnly => "jobs_only",
+            Refusal::BudgetExhausted { .. } => "budget_exhausted",
             Refusal::Invalid(_) => "invalid_input",
         }
     }
@@ -487,6 +506,14 @@ impl std::fmt::Display for Refusal {
                 f,
                 "{kind} is refused: only a durable function's execution has a version policy"
             ),
+            Refusal::JobsOnly => write!(f, "only a Job has a budget"),
+            Refusal::BudgetExhausted {
+                steps_used,
+                wall_used_ms,
+            } => write!(
+                f,
+                "the Job's budget is spent ({steps_used} steps, {wall_used_ms} ms under a lease): continue with a larger `budget`"
+            ),
             Refusal::Invalid(reason) => f.write_str(reason),
         }
     }
@@ -501,6 +528,8 @@ pub struct CommandContext {
     pub revision: RevisionId,
     /// An effect is in flight: a Pause waits for it, a Cancel aborts it.
     pub busy: bool,
+    /// The wall clock now: a Job's budget is charged by it (J-1).
+    pub now_ms: u64,
 }
 
 /// A command the machine accepted, and what it leads to.

@@ -168,7 +168,7 @@ impl Machine {
             },
             Event::CheckpointPublished { checkpoint_seq: 0 },
             Event::StateChanged {
-                state: Status::Running,
+                state: self.run_state(),
                 reason: resolved.as_str().into(),
             },
         ])

@@ -12,6 +12,8 @@ mod effects;
 pub mod fork;
 mod function_run;
 mod function_types;
+pub mod job;
+pub mod job_run;
 pub mod live;
 pub mod machine;
 mod machine_controls;

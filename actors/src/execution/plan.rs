@@ -72,9 +72,16 @@ impl AfterCommit {
 
 impl Machine {
     /// The plan of the transition that appends `events` (with `upserts`) to the execution
-    /// `head` describes, written by `writer`. `decision`: the model decision its
-    /// `ModelDecided` was written from (`decide_decision`). `recovery` says how a tool
-    /// recovers: an External tool's receipts are also kept by effect id.
+    /// `head` describes, written by `writer` at `now_ms` (what a Job's lease released here
+    /// was held for). `decision`: the model decision its `ModelDecided` was written from
+    /// (`decide_decision`). `recovery` says how a tool recovers: an External tool's
+    /// receipts are also kept by effect id.
+    ///
+    /// J-1, J-2: a Job's lease never outlives what it is for. The plan gives it back in the
+    /// same transition — before a new attempt's claim (the old attempt's lease is not the
+    /// new one's), and after any event that leaves the Job in a state it does not run in —
+    /// and writes the Job's record whenever its lease changes.
+    #[allow(clippy::too_many_arguments)]
     pub fn plan(
         &self,
         head: &ExecutionHead,
@@ -82,6 +89,7 @@ impl Machine {
         upserts: Vec<Upsert>,
         decision: Option<Decision>,
         writer: Writer,
+        now_ms: u64,
         recovery: impl Fn(&str) -> Recovery,
     ) -> Plan {
         let mut present = self.present.clone();
@@ -92,7 +100,20 @@ impl Machine {
         if let Writer::Recovery { .. } = writer {
             next.attempt = None;
         }
-        for (index, event) in events.iter_mut().enumerate() {
+        if let Some(at) = events
+            .iter()
+            .position(|event| matches!(event, Event::AttemptStarted { .. }))
+        {
+            let Event::AttemptStarted { epoch, .. } = events[at] else {
+                unreachable!("found above")
+            };
+            if let Some(release) = present.lease_to_release(Some(epoch), now_ms) {
+                events.insert(at, release);
+            }
+        }
+        let mut index = 0;
+        while index < events.len() {
+            let event = &mut events[index];
             let seq = head.last_seq + index as u64 + 1;
             if let Event::CheckpointPublished { checkpoint_seq } = event {
                 *checkpoint_seq = seq;
@@ -111,6 +132,12 @@ impl Machine {
             };
             present.fold(event, seq, decided, &mut actions);
             head_follows(&mut next, event);
+            if index + 1 == events.len() {
+                if let Some(release) = present.lease_to_release(None, now_ms) {
+                    events.push(release);
+                }
+            }
+            index += 1;
         }
         // The checkpoint names what comes next once the whole transition is applied: after an
         // `Ask`, the wait opened after the checkpoint event in the same transition.
@@ -127,6 +154,11 @@ impl Machine {
             Transition::new(head.execution_id, events).expect_version(head.version);
         transition.upserts = upserts;
         transition.upserts.extend(receipts);
+        if let Some(job) = present.job.as_ref().filter(|job| {
+            self.present.job.as_ref().map(|was| was.recorded()) != Some(job.recorded())
+        }) {
+            transition.upserts.push(Upsert::Job(job.record(head)));
+        }
         transition.upserts.extend(
             changed_wait_records(
                 &self.present.active_waits,

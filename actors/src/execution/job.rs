@@ -1,0 +1,317 @@
+//! J-1, J-2: what the pure machine knows of a Job — an execution admitted through the
+//! resource queue — and its rules: a Job runs only while it holds a lease; the lease is
+//! given back in the very transition that stops it running (a pause, a wait, an end, a new
+//! attempt); its budget is charged only while it holds one.
+//!
+//! Part of the pure state machine (`machine.rs`): no clock (times are handed in), no queue
+//! (the queue actor decides who gets a lease; the machine decides whether this execution
+//! takes it).
+
+use std::sync::Arc;
+
+use openprogram_storage::{
+    Event, ExecutionHead, ExecutionState as Status, JobBudget, JobRecord, LeaseId, LeaseRecord,
+};
+
+use super::machine::{Action, Machine, Present, Refusal, Rejection};
+
+/// The pause reason of a Job whose budget is spent.
+pub const BUDGET_EXHAUSTED: &str = "budget_exhausted";
+/// The reason a Job ends `expired`: its queue deadline passed before it got a lease.
+pub const QUEUE_DEADLINE: &str = "queue_deadline";
+
+/// What a Job asked for at admission. Never changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobSpec {
+    pub resources: Vec<(String, u32)>,
+    pub queued_at_ms: u64,
+    pub queue_deadline_ms: Option<u64>,
+}
+
+/// The lease a Job's attempt holds now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldLease {
+    pub lease_id: LeaseId,
+    /// The fencing epoch of the attempt it was granted to.
+    pub epoch: u64,
+    pub granted_at_ms: u64,
+}
+
+/// A Job's standing, folded from its events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobState {
+    pub spec: Arc<JobSpec>,
+    pub budget: JobBudget,
+    pub lease: Option<HeldLease>,
+    /// When it first got a lease: from then on no queue deadline applies.
+    pub admitted_at_ms: Option<u64>,
+    /// Steps taken while holding a lease.
+    pub steps_used: u32,
+    /// Milliseconds the leases released so far were held.
+    pub wall_used_ms: u64,
+    /// Its queue deadline passed before it ever ran: it ended `expired`.
+    pub expired_in_queue: bool,
+}
+
+impl JobState {
+    /// Milliseconds of holding a lease up to `now_ms`.
+    pub fn wall_used(&self, now_ms: u64) -> u64 {
+        self.wall_used_ms + self.lease.as_ref().map_or(0, |lease| held(lease, now_ms))
+    }
+
+    /// Whether `budget` is spent at `now_ms`.
+    pub fn spends(&self, budget: &JobBudget, now_ms: u64) -> bool {
+        budget.steps.is_some_and(|steps| self.steps_used >= steps)
+            || budget
+                .wall_ms
+                .is_some_and(|wall_ms| self.wall_used(now_ms) >= wall_ms)
+    }
+
+    /// Whether its own budget is spent at `now_ms`.
+    pub fn spent(&self, now_ms: u64) -> bool {
+        self.spends(&self.budget, now_ms)
+    }
+
+    /// Milliseconds of holding left before the wall budget is spent, while it holds a lease.
+    pub fn wall_left(&self, now_ms: u64) -> Option<u64> {
+        self.lease.as_ref()?;
+        let budget = self.budget.wall_ms?;
+        Some(budget.saturating_sub(self.wall_used(now_ms)))
+    }
+
+    /// The record of this standing (the lease with the attempt holding it).
+    pub fn record(&self, head: &ExecutionHead) -> JobRecord {
+        JobRecord {
+            job_id: head.execution_id,
+            session_id: head.session_id,
+            resources: self.spec.resources.clone(),
+            queued_at_ms: self.spec.queued_at_ms,
+            queue_deadline_ms: self.spec.queue_deadline_ms,
+            admitted_at_ms: self.admitted_at_ms,
+            lease: self.lease.as_ref().map(|lease| LeaseRecord {
+                lease_id: lease.lease_id,
+                job_id: head.execution_id,
+                epoch: lease.epoch,
+                resources: self.spec.resources.clone(),
+                granted_at_ms: lease.granted_at_ms,
+            }),
+        }
+    }
+
+    /// What the record says, compared: a transition writes the record when this changes.
+    pub fn recorded(&self) -> (Option<&HeldLease>, Option<u64>) {
+        (self.lease.as_ref(), self.admitted_at_ms)
+    }
+}
+
+fn held(lease: &HeldLease, now_ms: u64) -> u64 {
+    now_ms.saturating_sub(lease.granted_at_ms)
+}
+
+/// States a Job holds its lease in: it runs, or finishes a cancellation.
+fn holds_lease(status: Status) -> bool {
+    matches!(status, Status::Running | Status::Cancelling)
+}
+
+impl Present {
+    /// A Job without a lease: it may not run.
+    pub fn needs_lease(&self) -> bool {
+        self.job.as_ref().is_some_and(|job| job.lease.is_none())
+    }
+
+    /// The state an execution goes to when it may run again: `running`, or, for a Job
+    /// without a lease, `queued` (it runs once the queue leases it its resources).
+    pub fn run_state(&self) -> Status {
+        if self.needs_lease() {
+            Status::Queued
+        } else {
+            Status::Running
+        }
+    }
+
+    /// A Job waiting in the resource queue now.
+    pub fn in_queue(&self) -> bool {
+        self.needs_lease() && self.status() == Status::Queued && !self.cancel_requested
+    }
+
+    /// The release of the lease this present holds, if it holds one it may not keep: a
+    /// state it does not run in, or (`claim_epoch`) a new attempt claiming the execution.
+    pub fn lease_to_release(&self, claim_epoch: Option<u64>, now_ms: u64) -> Option<Event> {
+        let lease = self.job.as_ref()?.lease.as_ref()?;
+        let reason = match claim_epoch {
+            Some(epoch) if epoch > lease.epoch => "new_attempt".to_owned(),
+            Some(_) => return None,
+            None if holds_lease(self.status()) => return None,
+            None => self.status().as_str().to_owned(),
+        };
+        Some(Event::LeaseReleased {
+            lease_id: lease.lease_id,
+            reason,
+            held_ms: held(lease, now_ms),
+        })
+    }
+
+    /// Folds a Job's own events; counts a step taken under a lease.
+    pub(super) fn fold_job(&mut self, event: &Event, actions: &mut Vec<Action>) {
+        match event {
+            Event::JobQueued {
+                resources,
+                queued_at_ms,
+                queue_deadline_ms,
+                budget,
+            } => {
+                self.job = Some(JobState {
+                    spec: Arc::new(JobSpec {
+                        resources: resources.clone(),
+                        queued_at_ms: *queued_at_ms,
+                        queue_deadline_ms: *queue_deadline_ms,
+                    }),
+                    budget: *budget,
+                    lease: None,
+                    admitted_at_ms: None,
+                    steps_used: 0,
+                    wall_used_ms: 0,
+                    expired_in_queue: false,
+                });
+                actions.push(Action::Enqueue);
+            }
+            Event::LeaseGranted {
+                lease_id,
+                epoch,
+                granted_at_ms,
+                ..
+            } => {
+                let Some(job) = &mut self.job else { return };
+                job.lease = Some(HeldLease {
+                    lease_id: *lease_id,
+                    epoch: *epoch,
+                    granted_at_ms: *granted_at_ms,
+                });
+                job.admitted_at_ms.get_or_insert(*granted_at_ms);
+                self.status = Some(Status::Running);
+                actions.push(Action::LeaseHeld);
+                actions.push(Action::Advance);
+            }
+            Event::LeaseReleased {
+                lease_id, held_ms, ..
+            } => {
+                let Some(job) = &mut self.job else { return };
+                if job.lease.as_ref().map(|lease| lease.lease_id) != Some(*lease_id) {
+                    return;
+                }
+                job.lease = None;
+                job.wall_used_ms += held_ms;
+                actions.push(Action::ReleaseLease {
+                    lease_id: *lease_id,
+                });
+                if self.status() == Status::Running {
+                    self.status = Some(Status::Queued);
+                    actions.retain(|action| *action != Action::Advance);
+                    actions.push(Action::Enqueue);
+                }
+            }
+            Event::BudgetRaised { budget } => {
+                if let Some(job) = &mut self.job {
+                    job.budget = *budget;
+                }
+            }
+            Event::ModelDecided { .. }
+            | Event::ToolFinished { .. }
+            | Event::StepFinished { .. } => {
+                if let Some(job) = self.job.as_mut().filter(|job| job.lease.is_some()) {
+                    job.steps_used += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A Job's side of a state change from `before`: it leaves or joins the queue; a queue
+    /// deadline that passed ends it for good.
+    pub(super) fn job_state_changed(
+        &mut self,
+        before: Status,
+        reason: &str,
+        actions: &mut Vec<Action>,
+    ) {
+        let Some(job) = &mut self.job else { return };
+        let now = self.status.unwrap_or(Status::Queued);
+        if job.lease.is_none() && before == Status::Queued && now != Status::Queued {
+            actions.push(Action::Dequeue);
+            if now == Status::Expired && reason == QUEUE_DEADLINE {
+                job.expired_in_queue = true;
+            }
+        }
+        if job.lease.is_none() && now == Status::Queued && before != Status::Queued {
+            actions.push(Action::Enqueue);
+        }
+    }
+}
+
+impl Machine {
+    /// J-1: whether this execution takes the lease `lease_id` the queue offers its attempt
+    /// of `epoch`: only a Job waiting in the queue does.
+    pub fn decide_grant(
+        &self,
+        lease_id: LeaseId,
+        epoch: u64,
+        now_ms: u64,
+    ) -> Result<Vec<Event>, Rejection> {
+        if !self.in_queue() {
+            return Err(self.reject(Refusal::Invalid(format!(
+                "no lease is taken while the execution is {}",
+                self.status()
+            ))));
+        }
+        let resources = self
+            .job
+            .as_ref()
+            .map(|job| job.spec.resources.clone())
+            .unwrap_or_default();
+        Ok(vec![Event::LeaseGranted {
+            lease_id,
+            epoch,
+            resources,
+            granted_at_ms: now_ms,
+        }])
+    }
+
+    /// J-1: a Job still in the queue, never run, whose queue deadline passed by `now_ms`
+    /// ends `expired`.
+    pub fn decide_queue_expiry(&self, now_ms: u64) -> Option<Vec<Event>> {
+        let job = self.job.as_ref()?;
+        let deadline = job.spec.queue_deadline_ms?;
+        let passed = now_ms >= job.spec.queued_at_ms.saturating_add(deadline);
+        (self.in_queue() && job.admitted_at_ms.is_none() && passed).then(|| {
+            vec![Event::StateChanged {
+                state: Status::Expired,
+                reason: QUEUE_DEADLINE.into(),
+            }]
+        })
+    }
+
+    /// J-1: a Continue's new budget: refused if it is no Job's, or leaves the budget spent.
+    pub(super) fn decide_budget(
+        &self,
+        budget: Option<JobBudget>,
+        now_ms: u64,
+    ) -> Result<Vec<Event>, Refusal> {
+        let Some(job) = &self.job else {
+            return match budget {
+                Some(_) => Err(Refusal::JobsOnly),
+                None => Ok(Vec::new()),
+            };
+        };
+        let budget = budget.unwrap_or(job.budget);
+        if job.spends(&budget, now_ms) {
+            return Err(Refusal::BudgetExhausted {
+                steps_used: job.steps_used,
+                wall_used_ms: job.wall_used(now_ms),
+            });
+        }
+        Ok((budget != job.budget)
+            .then_some(Event::BudgetRaised { budget })
+            .into_iter()
+            .collect())
+    }
+}

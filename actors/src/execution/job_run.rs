@@ -1,0 +1,172 @@
+//! The execution actor's side of a Job (J-1, J-2): taking a lease the queue offers (the
+//! claim of an attempt, if none runs, and `LeaseGranted` in one transition), ending
+//! `expired` when the queue deadline passed, and telling the queue what the Job's committed
+//! transitions changed (it waits, it left, a lease is released). Split from `actor.rs`,
+//! whose shell it extends.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use openprogram_storage::{Event, ExecutionState as Status, LeaseId};
+
+use crate::error::Error;
+use crate::execution::actor::{log_failure, Advance, ExecutionActor};
+use crate::execution::machine::Action;
+use crate::resource_queue::{Dequeue, Enqueue, Release};
+
+impl ExecutionActor {
+    /// A queued Job waits for a lease: it holds no attempt and no actor meanwhile.
+    pub(super) fn waits_for_lease(&self) -> bool {
+        self.machine.in_queue()
+    }
+
+    /// Tells the queue what a committed transition changed for this Job.
+    pub(super) fn perform_job(&mut self, action: &Action, ctx: &mut Context<Self>) {
+        let Some(queue) = self.env.queue() else {
+            return;
+        };
+        let job_id = self.execution_id;
+        match action {
+            Action::Enqueue => {
+                let Some(job) = self
+                    .machine
+                    .job
+                    .as_ref()
+                    .filter(|_| self.machine.in_queue())
+                else {
+                    return;
+                };
+                let deadline_at_ms = job
+                    .spec
+                    .queue_deadline_ms
+                    .filter(|_| job.admitted_at_ms.is_none())
+                    .map(|deadline| job.spec.queued_at_ms.saturating_add(deadline));
+                queue.do_send(Enqueue {
+                    job_id,
+                    resources: job.spec.resources.clone(),
+                    deadline_at_ms,
+                });
+            }
+            Action::Dequeue => queue.do_send(Dequeue { job_id }),
+            Action::ReleaseLease { lease_id } => queue.do_send(Release {
+                job_id,
+                lease_id: *lease_id,
+            }),
+            Action::LeaseHeld => {
+                // The wall budget runs out while the Job holds its lease: it pauses at the
+                // next step boundary (`Machine::next`).
+                let now_ms = self.env.clock.now_ms();
+                if let Some(left) = self
+                    .machine
+                    .job
+                    .as_ref()
+                    .and_then(|job| job.wall_left(now_ms))
+                {
+                    ctx.run_later(Duration::from_millis(left), |_act, ctx| ctx.notify(Advance));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// J-1: the queue offers this Job the lease `lease_id`. Answers the epoch of the attempt
+/// that committed it, or `None` if the Job takes no lease now (it left the queue).
+#[derive(Debug, Message)]
+#[rtype(result = "Result<Option<u64>, Error>")]
+pub struct Grant {
+    pub lease_id: LeaseId,
+}
+
+impl Handler<Grant> for ExecutionActor {
+    type Result = AtomicResponse<Self, Result<Option<u64>, Error>>;
+
+    fn handle(&mut self, message: Grant, _ctx: &mut Context<Self>) -> Self::Result {
+        let _span = self.span.clone().entered();
+        self.handled += 1;
+        let now_ms = self.env.clock.now_ms();
+        let claims = self.epoch.is_none();
+        let epoch = self.epoch.unwrap_or(self.lease.epoch);
+        let granted = match self.machine.decide_grant(message.lease_id, epoch, now_ms) {
+            Ok(events) => events,
+            Err(_) => {
+                return AtomicResponse::new(Box::pin(fut::ready(Ok(None)).map(parked_after_job)))
+            }
+        };
+        let mut events = Vec::with_capacity(2);
+        if claims {
+            // A parked Job starts an attempt to run under its lease, in the same transition.
+            self.epoch = Some(epoch);
+            events.push(Event::AttemptStarted {
+                attempt_id: self.lease.attempt_id,
+                owner_id: self.env.owner,
+                epoch,
+            });
+        }
+        events.extend(granted);
+        AtomicResponse::new(Box::pin(self.commit(events, Vec::new()).map(
+            move |committed, act, ctx| match committed {
+                Ok(_) => {
+                    if claims && act.lease_actor.is_none() {
+                        act.hold_lease(ctx);
+                    }
+                    Ok(Some(epoch))
+                }
+                Err(error) => {
+                    if claims {
+                        act.epoch = None;
+                    }
+                    log_failure(Err(error.clone()), act, ctx);
+                    Err(error)
+                }
+            },
+        )))
+    }
+}
+
+/// J-1: the queue deadline of this Job passed while it waited. Answers whether it ended
+/// `expired` (it did not if it left the queue or got a lease meanwhile).
+#[derive(Debug, Message)]
+#[rtype(result = "Result<bool, Error>")]
+pub struct ExpireQueued;
+
+impl Handler<ExpireQueued> for ExecutionActor {
+    type Result = AtomicResponse<Self, Result<bool, Error>>;
+
+    fn handle(&mut self, _: ExpireQueued, _ctx: &mut Context<Self>) -> Self::Result {
+        let _span = self.span.clone().entered();
+        self.handled += 1;
+        let Some(mut events) = self.machine.decide_queue_expiry(self.env.clock.now_ms()) else {
+            return AtomicResponse::new(Box::pin(fut::ready(Ok(false)).map(parked_after_job)));
+        };
+        // Only an attempt moves the head: the expiry claims one, in the same transition.
+        if self.epoch.is_none() {
+            self.epoch = Some(self.lease.epoch);
+            events.insert(
+                0,
+                Event::AttemptStarted {
+                    attempt_id: self.lease.attempt_id,
+                    owner_id: self.env.owner,
+                    epoch: self.lease.epoch,
+                },
+            );
+        }
+        AtomicResponse::new(Box::pin(self.commit(events, Vec::new()).map(
+            |committed, act, ctx| {
+                let expired = committed.map(|_| act.machine.status() == Status::Expired);
+                act.park_if_idle(ctx);
+                expired
+            },
+        )))
+    }
+}
+
+/// A Job activated only for an offer or a deadline it did not take parks again.
+fn parked_after_job<T>(
+    result: T,
+    act: &mut ExecutionActor,
+    ctx: &mut Context<ExecutionActor>,
+) -> T {
+    act.park_if_idle(ctx);
+    result
+}
