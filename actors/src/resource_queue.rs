@@ -189,6 +189,7 @@ impl ResourceQueue {
                     ctx.run_later(Duration::from_millis(50), move |act, ctx| {
                         if act.still_queued(answer.job_id) {
                             act.wait_again(answer.job_id, ctx);
+                            act.pump(ctx);
                         }
                     });
                 }

@@ -202,10 +202,11 @@ impl Queue {
     }
 
     /// J-2: the release of `lease_id`, committed by its Job, frees it — only that lease:
-    /// a release of an older lease of the same Job frees nothing.
+    /// a release of an older lease of the same Job frees nothing. (Its answer to the offer
+    /// may still be on its way: a Job releases only a lease it committed.)
     pub fn release(&mut self, job_id: ExecutionId, lease_id: LeaseId) -> bool {
         match self.leases.get(&job_id) {
-            Some(lease) if lease.lease_id == lease_id && lease.epoch.is_some() => {
+            Some(lease) if lease.lease_id == lease_id => {
                 let lease = self.leases.remove(&job_id).expect("found above");
                 self.count(&lease.resources, false);
                 true

@@ -173,3 +173,21 @@ fn j1_a_refused_offer_frees_its_units_and_an_unanswered_one_counts() {
         vec![ids[1]]
     );
 }
+
+#[test]
+fn j2_a_release_that_overtakes_its_offers_answer_frees_the_lease_once() {
+    let mut queue = Queue::new(resources());
+    let ids = jobs(2);
+    queue.enqueue(ids[0], ask(&[("gpu", 1)]), 0);
+    queue.enqueue(ids[1], ask(&[("gpu", 1)]), 0);
+    let offers = queue.offers(0, LeaseId::new);
+    // The Job committed the lease, ran, paused and released it before its answer arrived.
+    assert!(queue.release(ids[0], offers[0].lease_id));
+    queue.answered(ids[0], offers[0].lease_id, Some(1), false, 0);
+    let next = queue.offers(0, LeaseId::new);
+    assert_eq!(
+        next.iter().map(|offer| offer.job_id).collect::<Vec<_>>(),
+        vec![ids[1]]
+    );
+    assert_eq!(queue.view()[0].in_use, 1, "the late answer holds nothing");
+}

@@ -22,6 +22,7 @@ mod http_commands;
 mod http_debug;
 mod http_script;
 mod imports;
+mod jobs;
 mod k3_property;
 mod kill9;
 mod planted;

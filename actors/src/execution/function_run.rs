@@ -152,7 +152,11 @@ impl Handler<StepBoundary> for ExecutionActor {
             .pending_steps
             .iter()
             .any(|pending| pending.tool == asked.step_id);
-        if self.suspending || self.machine.suspends_at_boundary() || stopping || twice {
+        if self.suspending
+            || self.machine.suspends_at_boundary(self.env.clock.now_ms())
+            || stopping
+            || twice
+        {
             // F-5: the run stops here (a Pause, a used-up Step, a Cancel, an orderly
             // shutdown, R-7).
             return ready(self.suspend_run());
@@ -268,7 +272,8 @@ impl Handler<AskBoundary> for ExecutionActor {
             Ok(events) => events,
         };
         let stopping = self.env.lifecycle.is_stopping();
-        if self.suspending || self.machine.suspends_at_boundary() || stopping {
+        if self.suspending || self.machine.suspends_at_boundary(self.env.clock.now_ms()) || stopping
+        {
             self.suspend_run();
             return ready(Asked::Suspend);
         }
@@ -294,7 +299,7 @@ impl Handler<RevisionMissing> for ExecutionActor {
         if self.function_run() != Some(missing.run) || self.suspending {
             return AtomicResponse::new(Box::pin(fut::ready(())));
         }
-        if self.machine.suspends_at_boundary() {
+        if self.machine.suspends_at_boundary(self.env.clock.now_ms()) {
             // A Cancel or Pause pending wins: the run only stops here.
             self.suspend_run();
             return AtomicResponse::new(Box::pin(fut::ready(())));

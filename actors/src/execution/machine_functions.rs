@@ -47,12 +47,14 @@ impl Machine {
     }
 
     /// F-5: a durable function's body stops at its next boundary instead of passing it: the
-    /// execution pauses (a Pause, a Step used up), is cancelled, or does not run.
-    pub fn suspends_at_boundary(&self) -> bool {
+    /// execution pauses (a Pause, a Step used up, a Job's budget spent by `now_ms`), is
+    /// cancelled, or does not run.
+    pub fn suspends_at_boundary(&self, now_ms: u64) -> bool {
         self.status() != Status::Running
             || self.cancel_requested
             || self.pause_requested
             || self.steps_left == Some(0)
+            || self.job.as_ref().is_some_and(|job| job.spent(now_ms))
     }
 
     /// F-3: which revision a run of the function's body runs, decided at its start from the
