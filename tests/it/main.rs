@@ -23,6 +23,8 @@ mod http_debug;
 mod http_script;
 mod imports;
 mod jobs;
+mod jobs_property;
+mod jobs_restart;
 mod k3_property;
 mod kill9;
 mod planted;
