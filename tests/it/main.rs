@@ -23,6 +23,7 @@ mod http_debug;
 mod http_script;
 mod imports;
 mod jobs;
+mod jobs_crash;
 mod jobs_property;
 mod jobs_restart;
 mod k3_property;
