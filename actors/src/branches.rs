@@ -146,6 +146,7 @@ impl Service {
             input,
             parent_message_id,
             forked,
+            job,
         } = start;
         let admitted = Event::Admitted {
             kind: head.kind,
@@ -160,6 +161,26 @@ impl Service {
             input,
         };
         let mut child_events = vec![admitted];
+        // J-1: a Job's child is a new Job, with what the original asked for (its budget
+        // unspent): it goes through the queue once continued.
+        let job_record = job.as_ref().and_then(|queued| match queued {
+            Event::JobQueued {
+                resources,
+                queued_at_ms,
+                queue_deadline_ms,
+                ..
+            } => Some(openprogram_storage::JobRecord {
+                job_id: child_id,
+                session_id,
+                resources: resources.clone(),
+                queued_at_ms: *queued_at_ms,
+                queue_deadline_ms: *queue_deadline_ms,
+                admitted_at_ms: None,
+                lease: None,
+            }),
+            _ => None,
+        });
+        child_events.extend(job);
         child_events.extend(forked);
         // Agent children start paused and need Continue (K-2).
         child_events.push(Event::StateChanged {
@@ -173,8 +194,11 @@ impl Service {
             child_execution_id: Some(child_id),
             ..record
         };
-        let transition =
+        let mut transition =
             Transition::create(head, child_events).with(Upsert::Command(record.clone()));
+        if let Some(job_record) = job_record {
+            transition = transition.with(Upsert::Job(job_record));
+        }
         match store.submit(transition).await? {
             Outcome::Committed(_) => Ok(CommandReply::of(&record)),
             Outcome::DuplicateCommand { stored } => Ok(CommandReply::of(&stored)),
@@ -211,10 +235,26 @@ impl Service {
                 state,
             });
         }
+        let now_ms = self.env().clock.now_ms();
+        let job = events.iter().find_map(|envelope| match &envelope.event {
+            Event::JobQueued {
+                resources,
+                queue_deadline_ms,
+                budget,
+                ..
+            } => Some(Event::JobQueued {
+                resources: resources.clone(),
+                queued_at_ms: now_ms,
+                queue_deadline_ms: *queue_deadline_ms,
+                budget: *budget,
+            }),
+            _ => None,
+        });
         Ok(ChildStart {
             input,
             parent_message_id,
             forked,
+            job,
         })
     }
 
@@ -356,6 +396,8 @@ struct ChildStart {
     input: String,
     parent_message_id: Option<MessageId>,
     forked: Vec<Event>,
+    /// J-1: the original's `JobQueued`, anew for the child, if the original is a Job.
+    job: Option<Event>,
 }
 
 /// The admission input (JSON text) and parent message of an execution's events.

@@ -25,7 +25,10 @@ fn wait_leased(served: &Served, sink: &std::path::Path, lines: usize) {
     loop {
         let (_, resources) = served.call("GET", "/v1/resources", None);
         let in_use = resources[0]["in_use"].as_u64().unwrap_or(0);
-        let written = std::fs::read_to_string(sink).unwrap_or_default().lines().count();
+        let written = std::fs::read_to_string(sink)
+            .unwrap_or_default()
+            .lines()
+            .count();
         if in_use == 2 && written >= lines {
             return;
         }
@@ -93,5 +96,8 @@ fn j2_kill9_twice_while_jobs_hold_leases_every_job_finishes_and_every_lease_is_r
         .iter()
         .filter(|(_, reason)| reason == "new_attempt")
         .count();
-    assert!(dead >= 2, "the leases of both dead owners were released: {audit:#?}");
+    assert!(
+        dead >= 2,
+        "the leases of both dead owners were released: {audit:#?}"
+    );
 }

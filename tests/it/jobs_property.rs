@@ -77,7 +77,10 @@ async fn j1_capacity_is_never_exceeded_by_a_thousand_jobs_under_random_controls(
         if rng.gen_bool(0.1) {
             let report = harness.runtime.resources().await.expect("the queue");
             for resource in &report.resources {
-                assert!(resource.in_use <= resource.capacity, "seed {seed}: {report:?}");
+                assert!(
+                    resource.in_use <= resource.capacity,
+                    "seed {seed}: {report:?}"
+                );
             }
         }
     }
@@ -90,7 +93,10 @@ async fn j1_capacity_is_never_exceeded_by_a_thousand_jobs_under_random_controls(
             .await;
         if ended.state == "paused" {
             let reply = harness
-                .send(*execution, json!({"kind": "continue", "budget": {"steps": 100}}))
+                .send(
+                    *execution,
+                    json!({"kind": "continue", "budget": {"steps": 100}}),
+                )
                 .await;
             assert_eq!(reply.status, "applied", "seed {seed}: {reply:?}");
         }

@@ -4,7 +4,9 @@
 //! after a restart holds nothing. Crash tests with real processes (kill -9 of `serve`) are
 //! in `jobs_crash.rs`.
 
-use openprogram::storage::{Event, EventReader, EventStore, ExecutionId, Outcome, Store, Transition};
+use openprogram::storage::{
+    Event, EventReader, EventStore, ExecutionId, Outcome, Store, Transition,
+};
 use openprogram::{RestartWindow, Runtime, StartRequest};
 use serde_json::{json, Value};
 
@@ -63,8 +65,14 @@ async fn j2_a_restart_keeps_the_queue_order_and_the_dead_owners_lease_is_release
         restarts.wait_state(&runtime, execution, "completed").await;
     }
     let ids = (
-        runtime.snapshot(restarts.session, first).await.expect("snapshot"),
-        runtime.snapshot(restarts.session, second).await.expect("snapshot"),
+        runtime
+            .snapshot(restarts.session, first)
+            .await
+            .expect("snapshot"),
+        runtime
+            .snapshot(restarts.session, second)
+            .await
+            .expect("snapshot"),
     );
     assert!(ids.0.job.is_some() && ids.1.job.is_some());
     crash(runtime);
@@ -119,13 +127,23 @@ async fn j2_a_queued_job_cancelled_after_a_restart_holds_nothing() {
 async fn j2_a_stale_attempts_pause_completion_never_releases_the_new_attempts_lease() {
     let restarts = Restarts::new();
     let runtime = open(&restarts);
-    let execution = start_job(&restarts, &runtime, vec![sleep(300), sleep(300), reply("j")]).await;
+    let execution = start_job(
+        &restarts,
+        &runtime,
+        vec![sleep(300), sleep(300), reply("j")],
+    )
+    .await;
     restarts.wait_state(&runtime, execution, "running").await;
     crash(runtime);
     let (old_epoch, old_lease, version) = {
         let store = Store::open(restarts.dir.path()).expect("reopen");
         let head = store.head(execution).expect("read").expect("head");
-        let lease = store.job(execution).expect("read").expect("job").lease.expect("leased");
+        let lease = store
+            .job(execution)
+            .expect("read")
+            .expect("job")
+            .lease
+            .expect("leased");
         (head.fencing_epoch, lease.lease_id, head.version)
     };
     let store = Store::open(restarts.dir.path()).expect("reopen");
@@ -135,15 +153,25 @@ async fn j2_a_stale_attempts_pause_completion_never_releases_the_new_attempts_le
         .resource("model", 1)
         .open()
         .expect("open");
-    let leased = wait_until(&runtime, restarts.session, execution, "a new lease", |snapshot| {
-        snapshot.state == "running"
-            && snapshot
-                .job
-                .as_ref()
-                .is_some_and(|job| job.lease_id.is_some_and(|lease| lease != old_lease))
-    })
+    let leased = wait_until(
+        &runtime,
+        restarts.session,
+        execution,
+        "a new lease",
+        |snapshot| {
+            snapshot.state == "running"
+                && snapshot
+                    .job
+                    .as_ref()
+                    .is_some_and(|job| job.lease_id.is_some_and(|lease| lease != old_lease))
+        },
+    )
     .await;
-    let new_lease = leased.job.as_ref().and_then(|job| job.lease_id).expect("leased");
+    let new_lease = leased
+        .job
+        .as_ref()
+        .and_then(|job| job.lease_id)
+        .expect("leased");
     assert!(leased.attempt > old_epoch);
     for lease_id in [old_lease, new_lease] {
         let stale = Transition::new(
@@ -177,7 +205,11 @@ async fn j2_a_stale_attempts_pause_completion_never_releases_the_new_attempts_le
     drop(store);
     let audit = audit_of(&restarts);
     assert_eq!(
-        audit.released.iter().map(|(lease, _)| *lease).collect::<Vec<_>>(),
+        audit
+            .released
+            .iter()
+            .map(|(lease, _)| *lease)
+            .collect::<Vec<_>>(),
         vec![old_lease, new_lease]
     );
 }

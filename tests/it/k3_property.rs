@@ -75,6 +75,11 @@ const STATES: &[(&str, Build)] = &[
     ("a function running a step", |w| function_running(w).boxed()),
     ("a function completed", |w| function_completed(w).boxed()),
     ("a function cancelled", |w| function_cancelled(w).boxed()),
+    ("a Job queued behind another", |w| queued_job(w).boxed()),
+    ("a Job paused, its budget spent", |w| {
+        budget_paused_job(w).boxed()
+    }),
+    ("a Job expired in the queue", |w| expired_job(w).boxed()),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -107,6 +112,8 @@ struct World {
     rng: StdRng,
     /// Restarts made, for the report.
     n_restarts: usize,
+    /// A Job holding the only `slot` for good, so that the Jobs after it wait.
+    blocker: Option<ExecutionId>,
 }
 
 /// The restart window of every runtime here: an execution abandoned longer ago expires.
@@ -121,6 +128,7 @@ impl World {
             runtime: Some(runtime),
             rng: StdRng::seed_from_u64(seed),
             n_restarts: 0,
+            blocker: None,
         }
     }
 
@@ -166,6 +174,46 @@ impl World {
             .await
             .expect("start")
             .execution_id
+    }
+
+    /// An agent turn running `script` as a Job asking for `job`.
+    async fn start_job(&self, script: Vec<Value>, job: Value) -> ExecutionId {
+        let request = StartRequest {
+            message: "k3 job".into(),
+            script: elements(script),
+            job: Some(serde_json::from_value(job).expect("a job body")),
+            ..Default::default()
+        };
+        self.runtime()
+            .start_execution(self.restarts.session, request)
+            .await
+            .expect("start a job")
+            .execution_id
+    }
+
+    /// The Job holding `slot` (started once; it runs again first after each restart).
+    async fn blocker(&mut self) -> ExecutionId {
+        // A restart past the window expires it: a new one takes its place.
+        if let Some(blocker) = self.blocker {
+            let state = self.snapshot(blocker).await.state;
+            if !matches!(state, "running" | "queued") {
+                self.send(blocker, json!({"kind": "cancel"})).await;
+                self.blocker = None;
+            }
+        }
+        let blocker = match self.blocker {
+            Some(blocker) => blocker,
+            None => {
+                let job = json!({"resources": {"slot": 1}});
+                let blocker = self
+                    .start_job(vec![sleep_long(), reply("never")], job)
+                    .await;
+                self.blocker = Some(blocker);
+                blocker
+            }
+        };
+        self.until_state(blocker, "running").await;
+        blocker
     }
 
     /// A `steps` execution of `count` steps of `sleep_ms` each, appending to a file of its
@@ -342,6 +390,10 @@ impl World {
                 body["process_id"] = json!(running);
             }
             CommandKind::SetPolicy => body["policy"] = json!("use_latest"),
+            // J-1: a Job whose budget is spent continues with more.
+            CommandKind::Continue if now.pause_reason.as_deref() == Some("budget_exhausted") => {
+                body["budget"] = json!({"steps": 100})
+            }
             _ => {}
         }
         body
@@ -508,6 +560,8 @@ fn open(restarts: &Restarts) -> Runtime {
     restarts.open_with(|builder| {
         builder
             .restart_window(WINDOW)
+            .resource("slot", 1)
+            .resource("pool", 4)
             .tool(Arc::new(AskOnce))
             .tool(Arc::new(Hang))
     })
@@ -685,6 +739,58 @@ async fn expired(world: &mut World) -> ExecutionId {
     }
     world.restarts.clock.advance(Duration::from_secs(2 * 3600));
     world.restart().await;
+    world.until_state(execution, "expired").await;
+    world.maybe_restart().await;
+    execution
+}
+
+/// J-1: a Job waiting for `slot`, which the blocker holds, across a restart one time in
+/// three. (Should the blocker expire at that restart — the `expired` state moves the clock
+/// past the window of everything abandoned — the Job runs first: it is built again.)
+async fn queued_job(world: &mut World) -> ExecutionId {
+    loop {
+        world.maybe_restart().await;
+        let blocker = world.blocker().await;
+        let job = json!({"resources": {"slot": 1}});
+        let execution = world.start_job(vec![echo("a"), reply("done")], job).await;
+        world.maybe_restart().await;
+        if world.blocker().await != blocker {
+            continue;
+        }
+        world
+            .until(execution, "its place in line", |now| {
+                now.state == "queued"
+                    && now
+                        .job
+                        .as_ref()
+                        .is_some_and(|job| job.queue_position.is_some())
+            })
+            .await;
+        return execution;
+    }
+}
+
+/// J-1: a Job paused `budget_exhausted`, its lease given back.
+async fn budget_paused_job(world: &mut World) -> ExecutionId {
+    let job = json!({"resources": {"pool": 1}, "budget": {"steps": 1}});
+    let execution = world
+        .start_job(vec![echo("a"), echo("b"), reply("done")], job)
+        .await;
+    world
+        .until(execution, "its budget spent", |now| {
+            now.pause_reason.as_deref() == Some("budget_exhausted")
+        })
+        .await;
+    world.maybe_restart().await;
+    execution
+}
+
+/// J-1: a Job whose queue deadline passed while the blocker held `slot`.
+async fn expired_job(world: &mut World) -> ExecutionId {
+    world.blocker().await;
+    let job = json!({"resources": {"slot": 1}, "queue_deadline_ms": 1000});
+    let execution = world.start_job(vec![reply("never")], job).await;
+    world.restarts.clock.advance(Duration::from_secs(2));
     world.until_state(execution, "expired").await;
     world.maybe_restart().await;
     execution

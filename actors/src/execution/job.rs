@@ -129,6 +129,14 @@ impl Present {
         }
     }
 
+    /// A Job holding no lease whose budget is spent: it runs again only with more. (Without a
+    /// lease its wall time does not run: this needs no clock.)
+    pub fn budget_spent(&self) -> bool {
+        self.job
+            .as_ref()
+            .is_some_and(|job| job.lease.is_none() && job.spent(0))
+    }
+
     /// A Job waiting in the resource queue now.
     pub fn in_queue(&self) -> bool {
         self.needs_lease() && self.status() == Status::Queued && !self.cancel_requested

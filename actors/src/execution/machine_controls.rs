@@ -74,6 +74,11 @@ impl Machine {
             Status::Expired if self.job.as_ref().is_some_and(|job| job.expired_in_queue) => {
                 vec![Cancel]
             }
+            // A Job whose budget is spent continues only with more (Continue's `budget`):
+            // a Step has none to give (J-1).
+            Status::Paused | Status::Expired if self.budget_spent() => {
+                vec![Continue, Steer, Cancel]
+            }
             // Expiry keeps everything for a manual Continue.
             Status::Paused | Status::Expired => vec![Continue, Step, Steer, Cancel],
             // Reconcile resolves the effect awaiting it: none, nothing to reconcile.
@@ -213,6 +218,13 @@ impl Machine {
                 Refusal::RevisionChanged { kind }
             }
             CommandKind::Fork => Refusal::NoForkPoint,
+            CommandKind::Step if self.budget_spent() && !self.cancel_requested => {
+                let job = self.job.as_ref().expect("a Job's budget");
+                Refusal::BudgetExhausted {
+                    steps_used: job.steps_used,
+                    wall_used_ms: job.wall_used_ms,
+                }
+            }
             CommandKind::StopProcess | CommandKind::Retry => Refusal::NotAvailable {
                 kind,
                 state: self.status(),
