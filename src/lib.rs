@@ -563,6 +563,21 @@ impl Runtime {
         self.inner.supervisor.connected()
     }
 
+    /// The resource queue's own account of itself (debug endpoint, J-1).
+    pub async fn describe_queue(&self) -> Result<openprogram_actors::describe::ActorSummary> {
+        let queue = self
+            .inner
+            .service
+            .env()
+            .queue()
+            .cloned()
+            .ok_or_else(|| Error::Unavailable("the resource queue is not running".into()))?;
+        queue
+            .send(openprogram_actors::describe::Describe)
+            .await
+            .map_err(|error| Error::Unavailable(error.to_string()))
+    }
+
     /// The supervisor's own account of itself (debug endpoint).
     pub async fn describe_supervisor(&self) -> Result<openprogram_actors::describe::ActorSummary> {
         self.inner

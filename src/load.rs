@@ -268,13 +268,16 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         steps_us: Mutex::new(Some(histogram())),
         ..StepClock::default()
     });
-    let runtime = Runtime::builder()
+    let mut builder = Runtime::builder()
         .data_dir(&data_dir)
         .tool(Arc::new(TimedEcho {
             clock: Arc::clone(&clock),
         }))
-        .function(load_function(Arc::clone(&clock)))
-        .open()?;
+        .function(load_function(Arc::clone(&clock)));
+    for (name, capacity) in &options.resources {
+        builder = builder.resource(name.clone(), *capacity);
+    }
+    let runtime = builder.open()?;
     let progress = match options.progress {
         true => indicatif::ProgressBar::new(options.executions as u64),
         false => indicatif::ProgressBar::hidden(),
@@ -294,6 +297,15 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
             .function
             .is_some()
             .then(|| json!({"count": options.steps, "payload_bytes": options.payload_bytes})),
+        job: options.jobs.then(|| crate::JobRequest {
+            resources: options
+                .resources
+                .iter()
+                .map(|(name, _)| (name.clone(), 1))
+                .collect(),
+            ..Default::default()
+        }),
+        queue_waits_us: Arc::new(Mutex::new(Some(histogram()))),
     };
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let commander = options.commands_per_s.map(|per_s| {
@@ -313,6 +325,13 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         .await?;
     let wall = started.elapsed();
     let spent = before.since();
+    let queue = match options.jobs {
+        true => Some((
+            runtime.resources().await?,
+            committed_utilisation(runtime.store().as_ref(), &options.resources)?,
+        )),
+        false => None,
+    };
     let store_after = runtime.store().metrics();
     progress.finish_and_clear();
     done.store(true, Ordering::Release);
@@ -335,6 +354,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     let Drive {
         failed,
         executions_us,
+        queue_waits_us,
         ..
     } = drive;
     // The store closes with its last handle (the workers' clones went with `drive`); only
@@ -386,7 +406,16 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         rss_per_parked_bytes: parked.map(|(_, bytes)| bytes.round()),
         ..LoadReport::measured("embedded".into(), &options, &steps_us, &executions_us)
     };
-    let report = spent.into_report(report, total_steps, wall);
+    let mut report = spent.into_report(report, total_steps, wall);
+    if let Some((queue, utilisation)) = queue {
+        let waits = take(&queue_waits_us);
+        let stats = &queue.stats;
+        report.admissions = Some(stats.admissions);
+        report.admissions_per_s = Some(stats.admissions as f64 / wall.as_secs_f64());
+        report.queue_wait_p50_ms = Some(ms(&waits, 0.50));
+        report.queue_wait_p99_ms = Some(ms(&waits, 0.99));
+        report.utilisation = utilisation;
+    }
     Ok(commands_into_report(report, commands.as_ref()))
 }
 
@@ -427,6 +456,56 @@ fn load_function(clock: Arc<StepClock>) -> openprogram_actors::function::Durable
     )
 }
 
+/// J-1: the utilisation the log shows, committed leases only: over the time at least one
+/// Job waited (from its `JobQueued` to its first `LeaseGranted`), the units its leases held
+/// (`LeaseGranted` to `LeaseReleased`) over the units declared. Times are the commits'
+/// (milliseconds); `None` if no Job ever waited.
+fn committed_utilisation(
+    store: &dyn openprogram_storage::EventReader,
+    resources: &[(String, u32)],
+) -> Result<Option<f64>> {
+    use openprogram_storage::Event;
+    let capacity: u64 = resources.iter().map(|(_, c)| u64::from(*c)).sum();
+    let (mut waiting, mut in_use) = (0u64, 0u64);
+    let mut leased: HashMap<openprogram_storage::LeaseId, u64> = HashMap::new();
+    let mut granted_once: std::collections::HashSet<ExecutionId> = Default::default();
+    let (mut held_ms, mut declared_ms, mut last_ms) = (0u128, 0u128, None::<u64>);
+    let mut after = 0;
+    loop {
+        let page = store.log_after(after, 10_000)?;
+        let Some(last) = page.last() else { break };
+        after = last.position;
+        for envelope in &page {
+            if let Some(since) = last_ms.filter(|_| waiting > 0) {
+                let span = u128::from(envelope.at_ms.saturating_sub(since));
+                held_ms += span * u128::from(in_use);
+                declared_ms += span * u128::from(capacity);
+            }
+            last_ms = Some(envelope.at_ms);
+            match &envelope.event {
+                Event::JobQueued { .. } => waiting += 1,
+                Event::LeaseGranted {
+                    lease_id,
+                    resources,
+                    ..
+                } => {
+                    let units: u64 = resources.iter().map(|(_, a)| u64::from(*a)).sum();
+                    leased.insert(*lease_id, units);
+                    in_use += units;
+                    if granted_once.insert(envelope.execution_id) {
+                        waiting = waiting.saturating_sub(1);
+                    }
+                }
+                Event::LeaseReleased { lease_id, .. } => {
+                    in_use = in_use.saturating_sub(leased.remove(lease_id).unwrap_or(0));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok((declared_ms > 0).then(|| held_ms as f64 / declared_ms as f64))
+}
+
 /// Usage errors, before anything is opened.
 fn validate(options: &LoadOptions) -> Result<()> {
     if let Some(function) = options.function.as_deref().filter(|name| *name != "steps") {
@@ -437,6 +516,11 @@ fn validate(options: &LoadOptions) -> Result<()> {
     if options.baseline.is_some_and(|duration| duration.is_zero()) {
         return Err(Error::InvalidRequest(
             "--baseline needs at least 1 second".into(),
+        ));
+    }
+    if options.jobs && options.resources.is_empty() {
+        return Err(Error::InvalidRequest(
+            "--jobs needs at least one --resource NAME=CAPACITY".into(),
         ));
     }
     if options.executions == 0 || options.concurrency == 0 {
@@ -475,6 +559,10 @@ struct Drive {
     running: Arc<Mutex<Vec<ExecutionId>>>,
     /// `--function`: the input of the load's function, run instead of the script.
     function: Option<serde_json::Value>,
+    /// `--jobs`: what each execution asks the queue for.
+    job: Option<crate::JobRequest>,
+    /// `--jobs`: each Job's wait from admission to its first lease (µs).
+    queue_waits_us: Arc<Mutex<Option<Histogram<u64>>>>,
 }
 
 impl Drive {
@@ -506,6 +594,7 @@ impl Drive {
                 let start = crate::FunctionStart {
                     function: LOAD_FUNCTION.into(),
                     input: input.clone(),
+                    job: self.job.clone(),
                     ..Default::default()
                 };
                 let started = self.runtime.start_function(self.session, start).await?;
@@ -516,6 +605,7 @@ impl Drive {
                     message: "load".into(),
                     script: self.script.as_ref().clone(),
                     max_iterations: Some(max_iterations),
+                    job: self.job.clone(),
                     ..StartRequest::default()
                 };
                 let started = self.runtime.start_execution(self.session, request).await?;
@@ -540,6 +630,16 @@ impl Drive {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&execution_id);
+        if self.job.is_some() {
+            if let Some(job) = self.runtime.store().job(execution_id)? {
+                let waited = job
+                    .admitted_at_ms
+                    .map(|at| at.saturating_sub(job.queued_at_ms));
+                if let Some(waited) = waited {
+                    record(&self.queue_waits_us, Duration::from_millis(waited));
+                }
+            }
+        }
         let head = self.runtime.store().head(execution_id)?;
         if head.map(|head| head.state) != Some(openprogram_storage::ExecutionState::Completed) {
             self.failed.fetch_add(1, Ordering::Relaxed);

@@ -33,6 +33,10 @@ pub struct LoadOptions {
     /// function of `steps` steps (in-memory and Idempotent, like the agent load's `echo`,
     /// so that the two measure the runtime, not a file's fsyncs).
     pub function: Option<String>,
+    /// J-1: admit every execution as a Job asking for 1 of each of `resources` (declared
+    /// with those capacities): they run through the resource queue.
+    pub jobs: bool,
+    pub resources: Vec<(String, u32)>,
 }
 
 /// What was measured (the `--json` line).
@@ -104,6 +108,15 @@ pub struct LoadReport {
     pub rss_per_parked_bytes: Option<f64>,
     /// With `--url`: why the first failed execution failed, if one did.
     pub first_error: Option<String>,
+    /// With `--jobs` (J-1): leases the queue granted, per second of the run; each Job's wait
+    /// from admission to its first lease (the store's `queued_at_ms` → `admitted_at_ms`,
+    /// millisecond resolution); and the utilisation while a Job waited: units held by
+    /// committed leases over units declared, integrated over that time (from the log).
+    pub admissions: Option<u64>,
+    pub admissions_per_s: Option<f64>,
+    pub queue_wait_p50_ms: Option<f64>,
+    pub queue_wait_p99_ms: Option<f64>,
+    pub utilisation: Option<f64>,
 }
 
 pub(crate) fn ms(histogram: &Histogram<u64>, quantile: f64) -> f64 {
@@ -226,6 +239,15 @@ impl LoadReport {
         if let (Some(parked), Some(bytes)) = (self.parked, self.rss_per_parked_bytes) {
             rows.push(("parked executions", parked.to_string()));
             rows.push(("RSS per parked execution", format!("{bytes:.0} bytes")));
+        }
+        if let (Some(admissions), Some(per_s)) = (self.admissions, self.admissions_per_s) {
+            rows.push(("admissions (per s)", format!("{admissions} ({per_s:.0}/s)")));
+        }
+        if let (Some(p50), Some(p99)) = (self.queue_wait_p50_ms, self.queue_wait_p99_ms) {
+            rows.push(("queue wait p50 / p99", format!("{p50:.0} / {p99:.0} ms")));
+        }
+        if let Some(utilisation) = self.utilisation {
+            rows.push(("utilisation (queue not empty)", format!("{utilisation:.3}")));
         }
         if let (Some(raw), Some(ratio)) = (self.raw_per_s, self.ratio_to_raw) {
             rows.push(("raw sled records/s", format!("{raw:.0}")));

@@ -62,6 +62,13 @@ enum Command {
         /// --steps in-memory steps each. Embedded only.
         #[arg(long, conflicts_with = "url")]
         function: Option<String>,
+        /// Admit every execution as a Job through the resource queue (J-1), asking for 1 of
+        /// each --resource. Embedded only.
+        #[arg(long, conflicts_with = "url")]
+        jobs: bool,
+        /// With --jobs: a resource as NAME=CAPACITY (repeatable; default model=8).
+        #[arg(long = "resource", value_parser = resource, requires = "jobs")]
+        resources: Vec<(String, u32)>,
         /// One JSON line on stdout instead of the table.
         #[arg(long)]
         json: bool,
@@ -186,7 +193,7 @@ enum Command {
         target: TargetArgs,
         what: InspectWhat,
         /// execution, events: SESSION EXECUTION; executions: [SESSION]; activity: SESSION;
-        /// actors: [ID].
+        /// actors: [ID]; resources: the resource queue (J-1).
         ids: Vec<String>,
         /// events: only those after this seq.
         #[arg(long, default_value_t = 0)]
@@ -229,6 +236,7 @@ enum InspectWhat {
     Events,
     Actors,
     Activity,
+    Resources,
 }
 
 fn main() -> ExitCode {
@@ -264,10 +272,16 @@ fn main() -> ExitCode {
             commands_per_s,
             park,
             function,
+            jobs,
+            resources,
             json,
             url,
             token,
         } => {
+            let resources = match (jobs, resources.is_empty()) {
+                (true, true) => vec![("model".to_owned(), 8)],
+                _ => resources,
+            };
             let options = LoadOptions {
                 data,
                 executions,
@@ -279,6 +293,8 @@ fn main() -> ExitCode {
                 commands_per_s,
                 park,
                 function,
+                jobs,
+                resources,
             };
             if let Some(url) = url {
                 let remote = target_of(TargetArgs { url, token })
@@ -411,6 +427,7 @@ fn main() -> ExitCode {
                 InspectWhat::Events => "events",
                 InspectWhat::Actors => "actors",
                 InspectWhat::Activity => "activity",
+                InspectWhat::Resources => "resources",
             };
             finish(
                 target_of(target)

@@ -351,8 +351,34 @@ pub fn inspect(
                 .collect();
             Ok(table(&["KIND", "ID", "HANDLED", "STATE"], rows))
         }
+        "resources" => {
+            let resources = target.call("GET", "/v1/resources", None)?;
+            if as_json {
+                return Ok(format!("{resources}\n"));
+            }
+            let mut rows = Vec::new();
+            for resource in resources.as_array().into_iter().flatten() {
+                let mut row = cells(resource, &["name", "capacity", "in_use", "queued"]);
+                let waiting: Vec<String> = resource["waiting"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|job| job.as_str().map(str::to_owned))
+                    .collect();
+                row.push(match waiting.len() {
+                    0 => "-".to_owned(),
+                    1..=3 => waiting.join(" "),
+                    more => format!("{} … ({more} in all)", waiting[..3].join(" ")),
+                });
+                rows.push(row);
+            }
+            Ok(table(
+                &["RESOURCE", "CAPACITY", "IN_USE", "QUEUED", "NEXT IN LINE"],
+                rows,
+            ))
+        }
         other => Err(Failure::Usage(format!(
-            "unknown inspect target `{other}`: sessions, executions, execution, events, activity or actors"
+            "unknown inspect target `{other}`: sessions, executions, execution, events, activity, actors or resources"
         ))),
     }
 }

@@ -120,6 +120,19 @@ async fn list_actors(api: &Api) -> Vec<ActorView> {
             error.to_string(),
         )),
     }
+    match tokio::time::timeout(ACTOR_ANSWER_TIMEOUT, api.runtime.describe_queue()).await {
+        Ok(Ok(summary)) => actors.push(view(summary)),
+        Ok(Err(error)) => actors.push(unanswered(
+            "resource_queue",
+            "resource_queue".into(),
+            error.to_string(),
+        )),
+        Err(_) => actors.push(unanswered(
+            "resource_queue",
+            "resource_queue".into(),
+            "busy".into(),
+        )),
+    }
     // Asked all at once: N busy actors cost one timeout, not N.
     for described in api
         .runtime
@@ -240,6 +253,9 @@ pub async fn metrics(api: web::Data<Api>, request: HttpRequest) -> Result<HttpRe
     runtime_metrics(&mut out, &api.runtime);
     store_metrics(&mut out, &api.runtime.store().metrics());
     index_metrics(&mut out, api.runtime.store().as_ref())?;
+    if let Ok(queue) = api.runtime.resources().await {
+        out.text.push_str(&super::resources::queue_metrics(&queue));
+    }
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(out.text))

@@ -293,3 +293,53 @@ fn f3_a_person_resolves_a_version_conflict_in_the_page() {
     assert_eq!(appended, vec!["s1", "s2"]);
     assert!(serve.stop().success());
 }
+
+/// J-1 in the page: with `serve --resource model=1` and a Job holding it, an operator
+/// starts a Job from the page, sees it wait at place 1 and listed under the resource,
+/// cancels the running Job from the page and sees the queued one complete and the queue
+/// empty.
+#[test]
+#[ignore = "needs Chromium, Node.js and `npm ci --prefix tests/browser` (beyond the Rust \
+            toolchain): `.ci/run` installs them and runs it; or install them and run \
+            `cargo test --workspace -- --include-ignored browser`"]
+fn j1_an_operator_sees_the_queue_and_a_job_wait_its_turn_in_the_page() {
+    let chromium = prerequisites();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let serve = Serve::start(&data, &["--token", ADMIN, "--resource", "model=1"]);
+    let (status, session) = serve.call("POST", "/v1/sessions", ADMIN, None);
+    assert_eq!(status, 201, "{session}");
+    let sid = session["session_id"]
+        .as_str()
+        .expect("session id")
+        .to_owned();
+    let start = json!({"message": "holds the model", "job": {"resources": {"model": 1}},
+        "script": [{"tool": "sleep", "args": {"ms": 600_000}}, {"reply": "never"}]});
+    let (status, started) = serve.call(
+        "POST",
+        &format!("/v1/sessions/{sid}/executions"),
+        ADMIN,
+        Some(start),
+    );
+    assert_eq!(status, 201, "{started}");
+    let running = started["execution_id"].as_str().expect("id").to_owned();
+    serve.wait_for_state(&sid, ADMIN, &running, "running");
+    let (status, output) = in_browser(
+        "jobs.mjs",
+        &chromium,
+        dir.path(),
+        &[&serve.url, &sid, ADMIN, &running],
+    );
+    println!("{}", output.trim());
+    assert!(
+        status.success(),
+        "the browser test failed ({status}): {}",
+        output.trim()
+    );
+    let (status, resources) = serve.call("GET", "/v1/resources", ADMIN, None);
+    assert_eq!(status, 200, "{resources}");
+    assert_eq!(resources[0]["in_use"], 0, "{resources}");
+    assert_eq!(resources[0]["queued"], 0, "{resources}");
+    let status = serve.stop();
+    assert!(status.success(), "serve after SIGTERM: {status:?}");
+}
