@@ -565,17 +565,7 @@ impl Runtime {
 
     /// The resource queue's own account of itself (debug endpoint, J-1).
     pub async fn describe_queue(&self) -> Result<openprogram_actors::describe::ActorSummary> {
-        let queue = self
-            .inner
-            .service
-            .env()
-            .queue()
-            .cloned()
-            .ok_or_else(|| Error::Unavailable("the resource queue is not running".into()))?;
-        queue
-            .send(openprogram_actors::describe::Describe)
-            .await
-            .map_err(|error| Error::Unavailable(error.to_string()))
+        self.inner.service.describe_queue().await
     }
 
     /// The supervisor's own account of itself (debug endpoint).

@@ -252,6 +252,10 @@ impl Queue {
         let mut blocked: BTreeSet<&str> = BTreeSet::new();
         let all = self.resources.capacity.len();
         let mut taken = Vec::new();
+        // A known defect a harness must catch (`OP_PLANTED_BUG=overcommit_lease`).
+        let planted = u32::from(openprogram_storage::planted::planted(
+            openprogram_storage::planted::Bug::OvercommitLease,
+        ));
         for (job_id, waiting) in &self.waiting {
             if blocked.len() == all {
                 break;
@@ -263,7 +267,7 @@ impl Queue {
             let fits = waiting.resources.iter().all(|(name, amount)| {
                 let capacity = self.resources.capacity(name).unwrap_or(0);
                 let used = self.in_use.get(name).copied().unwrap_or(0);
-                used + amount <= capacity
+                used + amount <= capacity + planted
             });
             if behind || !fits {
                 blocked.extend(waiting.resources.iter().map(|(name, _)| name.as_str()));

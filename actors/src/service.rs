@@ -268,12 +268,27 @@ impl Service {
 
     /// J-1: the resource queue now.
     pub async fn resources(&self) -> Result<crate::resource_queue::QueueReport> {
+        self.ask_queue(crate::resource_queue::Report).await
+    }
+
+    /// The resource queue's own account of itself (debug endpoint, J-1).
+    pub async fn describe_queue(&self) -> Result<crate::describe::ActorSummary> {
+        self.ask_queue(crate::describe::Describe).await
+    }
+
+    /// Asks the resource queue `message`; `unavailable` if it is not running.
+    async fn ask_queue<M>(&self, message: M) -> Result<M::Result>
+    where
+        M: actix::Message + Send + 'static,
+        M::Result: Send,
+        crate::resource_queue::ResourceQueue: actix::Handler<M>,
+    {
         let queue = self
             .env
             .queue()
             .ok_or_else(|| Error::Unavailable("the resource queue is not running".into()))?;
         queue
-            .send(crate::resource_queue::Report)
+            .send(message)
             .await
             .map_err(|error| Error::Unavailable(error.to_string()))
     }

@@ -28,15 +28,19 @@ pub enum Bug {
     /// A tool's reconcile protocol is not asked: an effect whose outcome is unknown is
     /// recorded confirmed. Caught by R01.
     FabricateReceipt,
+    /// The resource queue leases one unit more than a resource's capacity (J-1). Caught by
+    /// the Jobs property test's lease audit.
+    OvercommitLease,
 }
 
 impl Bug {
     /// Every bug, with the name `OP_PLANTED_BUG` takes.
-    pub const ALL: [(Bug, &'static str); 4] = [
+    pub const ALL: [(Bug, &'static str); 5] = [
         (Bug::AckBeforeFsync, "ack_before_fsync"),
         (Bug::SkipFencing, "skip_fencing"),
         (Bug::RerunConfirmed, "rerun_confirmed"),
         (Bug::FabricateReceipt, "fabricate_receipt"),
+        (Bug::OvercommitLease, "overcommit_lease"),
     ];
 
     pub fn name(self) -> &'static str {

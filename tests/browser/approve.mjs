@@ -9,7 +9,7 @@
 // Run by tests/it/browser.rs against a real `openprogram serve`. Exit 0 on success; on
 // failure exit 1 with one line saying which step failed. Every wait is bounded by
 // Playwright's timeouts: no fixed sleeps.
-import { chromium } from 'playwright-core';
+import { launch, failed } from './page.mjs';
 
 const [url, session, token] = [
   process.argv[2] ?? process.env.OP_URL,
@@ -21,22 +21,10 @@ if (!url || !session || !token) {
   process.exit(2);
 }
 
-// A liveness bound, not a timing goal: CI runs this beside the whole suite on 2 cores, where
-// a headless Chromium can be starved for many seconds (seen at 20 s).
-const TIMEOUT_MS = 60_000;
 let step = 'launching headless Chromium';
-let browser, page;
+let browser, page, scriptErrors;
 try {
-  browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-    args: ['--no-sandbox'],
-    headless: true,
-    timeout: TIMEOUT_MS,
-  });
-  page = await browser.newPage();
-  page.setDefaultTimeout(TIMEOUT_MS);
-  const scriptErrors = [];
-  page.on('pageerror', (error) => scriptErrors.push(error.message));
+  ({ browser, page, scriptErrors } = await launch());
 
   step = 'opening the page';
   await page.goto(url);
@@ -88,10 +76,7 @@ try {
   if (scriptErrors.length) throw new Error(`the page's script failed: ${scriptErrors[0]}`);
   console.log(`approve.mjs: approved ${executionId}: wait ${seen.waits.join(' → ')}; completed; History ${before} → ${before + 1}`);
 } catch (error) {
-  const shown = await page?.locator('#error').textContent({ timeout: 1000 }).catch(() => '');
-  console.error(`approve.mjs: failed while ${step}: ${String(error?.message ?? error).split('\n')[0]}` +
-    (shown ? ` (the page says: ${shown})` : ''));
-  process.exitCode = 1;
+  await failed('approve.mjs', step, error, page);
 } finally {
   await browser?.close().catch(() => {});
 }

@@ -9,7 +9,7 @@
 // Run by tests/it/browser.rs against a real `openprogram serve --resource model=1`. Exit 0
 // on success; on failure exit 1 with one line saying which step failed. Every wait is
 // bounded by Playwright's timeouts: no fixed sleeps.
-import { chromium } from 'playwright-core';
+import { launch, recordErrors, openFromActivity, checkNoErrors, failed } from './page.mjs';
 
 const [url, session, token, running] = process.argv.slice(2);
 if (!url || !session || !token || !running) {
@@ -17,30 +17,15 @@ if (!url || !session || !token || !running) {
   process.exit(2);
 }
 
-const TIMEOUT_MS = 60_000;
 let step = 'launching headless Chromium';
 let browser, page;
 try {
-  browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-    args: ['--no-sandbox'],
-    headless: true,
-    timeout: TIMEOUT_MS,
-  });
-  page = await browser.newPage();
-  page.setDefaultTimeout(TIMEOUT_MS);
-  const scriptErrors = [];
-  page.on('pageerror', (error) => scriptErrors.push(error.message));
+  const launched = await launch();
+  ({ browser, page } = launched);
 
   step = 'opening the page';
   await page.goto(url);
-  await page.evaluate(() => {
-    window.seen = { errors: [] };
-    new MutationObserver(() => {
-      const error = document.getElementById('error')?.textContent;
-      if (error) window.seen.errors.push(error);
-    }).observe(document.body, { subtree: true, childList: true, characterData: true });
-  });
+  await recordErrors(page);
 
   step = 'entering the admin token and the session id';
   await page.getByLabel('Token', { exact: true }).fill(token);
@@ -66,21 +51,13 @@ try {
   await model.locator('li', { hasText: queued }).waitFor();
 
   step = `opening the running Job ${running} and cancelling it`;
-  const button = page.locator(`button.exec[data-eid="${running}"]`).first();
-  await button.waitFor({ state: 'attached' });
-  const branch = page.locator('#activity details', { has: button }).first();
-  if (!(await branch.evaluate((details) => details.open))) await branch.locator('summary').click();
-  await button.click();
+  await openFromActivity(page, running);
   await page.locator('#execution-title[data-state="running"]').waitFor();
   await page.locator('[data-control="cancel"]').click();
   await page.locator('#execution-title[data-state="cancelled"]').waitFor();
 
   step = 'seeing the queued Job complete';
-  const mine = page.locator(`button.exec[data-eid="${queued}"]`).first();
-  await mine.waitFor({ state: 'attached' });
-  const its = page.locator('#activity details', { has: mine }).first();
-  if (!(await its.evaluate((details) => details.open))) await its.locator('summary').click();
-  await mine.click();
+  await openFromActivity(page, queued);
   await page.locator('#execution-title[data-state="completed"]').waitFor();
 
   step = 'seeing the queue empty';
@@ -88,15 +65,10 @@ try {
   await model.locator('[data-in-use]', { hasText: '0' }).waitFor();
 
   step = 'checking what the page showed on the way';
-  const seen = await page.evaluate(() => window.seen);
-  if (seen.errors.length) throw new Error(`the page showed an error: ${seen.errors[0]}`);
-  if (scriptErrors.length) throw new Error(`the page's script failed: ${scriptErrors[0]}`);
+  await checkNoErrors(page, launched.scriptErrors);
   console.log(`jobs.mjs: ${queued} waited at place 1 behind ${running}, ran once it was cancelled, and completed`);
 } catch (error) {
-  const shown = await page?.locator('#error').textContent({ timeout: 1000 }).catch(() => '');
-  console.error(`jobs.mjs: failed while ${step}: ${String(error?.message ?? error).split('\n')[0]}` +
-    (shown ? ` (the page says: ${shown})` : ''));
-  process.exitCode = 1;
+  await failed('jobs.mjs', step, error, page);
 } finally {
   await browser?.close().catch(() => {});
 }

@@ -9,7 +9,7 @@
 // Run by tests/it/browser.rs against a real `openprogram serve`. Exit 0 on success; on
 // failure exit 1 with one line saying which step failed. Every wait is bounded by
 // Playwright's timeouts: no fixed sleeps.
-import { chromium } from 'playwright-core';
+import { launch, recordErrors, openFromActivity, checkNoErrors, failed } from './page.mjs';
 
 const [url, session, token, execution] = process.argv.slice(2);
 if (!url || !session || !token || !execution) {
@@ -17,30 +17,15 @@ if (!url || !session || !token || !execution) {
   process.exit(2);
 }
 
-const TIMEOUT_MS = 60_000;
 let step = 'launching headless Chromium';
 let browser, page;
 try {
-  browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-    args: ['--no-sandbox'],
-    headless: true,
-    timeout: TIMEOUT_MS,
-  });
-  page = await browser.newPage();
-  page.setDefaultTimeout(TIMEOUT_MS);
-  const scriptErrors = [];
-  page.on('pageerror', (error) => scriptErrors.push(error.message));
+  const launched = await launch();
+  ({ browser, page } = launched);
 
   step = 'opening the page';
   await page.goto(url);
-  await page.evaluate(() => {
-    window.seen = { errors: [] };
-    new MutationObserver(() => {
-      const error = document.getElementById('error')?.textContent;
-      if (error) window.seen.errors.push(error);
-    }).observe(document.body, { subtree: true, childList: true, characterData: true });
-  });
+  await recordErrors(page);
 
   step = 'entering the session token and id';
   await page.getByLabel('Token', { exact: true }).fill(token);
@@ -48,11 +33,7 @@ try {
   await page.getByRole('button', { name: 'Open session' }).click();
 
   step = `opening execution ${execution} from the activity`;
-  const button = page.locator(`button.exec[data-eid="${execution}"]`).first();
-  await button.waitFor({ state: 'attached' });
-  const branch = page.locator('#activity details', { has: button }).first();
-  if (!(await branch.evaluate((details) => details.open))) await branch.locator('summary').click();
-  await button.click();
+  await openFromActivity(page, execution);
 
   step = 'reading the version conflict';
   await page.locator('#execution-title[data-state="paused"]').waitFor();
@@ -70,15 +51,10 @@ try {
   if (policy !== 'keep_original') throw new Error(`the policy reads ${policy}`);
 
   step = 'checking what the page showed on the way';
-  const seen = await page.evaluate(() => window.seen);
-  if (seen.errors.length) throw new Error(`the page showed an error: ${seen.errors[0]}`);
-  if (scriptErrors.length) throw new Error(`the page's script failed: ${scriptErrors[0]}`);
+  await checkNoErrors(page, launched.scriptErrors);
   console.log(`resolve.mjs: resolved ${execution}: ${shown.length} differences shown; completed under keep_original`);
 } catch (error) {
-  const shown = await page?.locator('#error').textContent({ timeout: 1000 }).catch(() => '');
-  console.error(`resolve.mjs: failed while ${step}: ${String(error?.message ?? error).split('\n')[0]}` +
-    (shown ? ` (the page says: ${shown})` : ''));
-  process.exitCode = 1;
+  await failed('resolve.mjs', step, error, page);
 } finally {
   await browser?.close().catch(() => {});
 }

@@ -153,11 +153,8 @@ fn b6_a_person_approves_a_waiting_execution_in_the_page_and_history_counts_it() 
     let chromium = prerequisites();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    let serve = Serve::start(&data, &["--token", ADMIN]);
-    let (status, session) = serve.call("POST", "/v1/sessions", ADMIN, None);
-    assert_eq!(status, 201, "{session}");
-    let sid = session["session_id"].as_str().expect("session id");
-    let token = session["token"].as_str().expect("session token");
+    let (serve, sid, token) = serve_with_session(&data, &[]);
+    let (sid, token) = (sid.as_str(), token.as_str());
 
     // History starts at 1: a completed turn on its own branch.
     let done = serve.start_execution(sid, token, "say hello", json!([{"reply": "hello"}]));
@@ -213,17 +210,7 @@ fn f3_a_person_resolves_a_version_conflict_in_the_page() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     let file = dir.path().join("steps.log");
-    let serve = Serve::start(
-        &data,
-        &["--token", ADMIN, "--function-revisions", "steps:1"],
-    );
-    let (status, session) = serve.call("POST", "/v1/sessions", ADMIN, None);
-    assert_eq!(status, 201, "{session}");
-    let sid = session["session_id"]
-        .as_str()
-        .expect("session id")
-        .to_owned();
-    let token = session["token"].as_str().expect("session token").to_owned();
+    let (serve, sid, token) = serve_with_session(&data, &["--function-revisions", "steps:1"]);
     let start = json!({"kind": "function", "function": "steps",
         "input": {"count": 2, "path": file, "ask_at": 2}});
     let (status, started) = serve.call(
@@ -305,14 +292,7 @@ fn f3_a_person_resolves_a_version_conflict_in_the_page() {
 fn j1_an_operator_sees_the_queue_and_a_job_wait_its_turn_in_the_page() {
     let chromium = prerequisites();
     let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    let serve = Serve::start(&data, &["--token", ADMIN, "--resource", "model=1"]);
-    let (status, session) = serve.call("POST", "/v1/sessions", ADMIN, None);
-    assert_eq!(status, 201, "{session}");
-    let sid = session["session_id"]
-        .as_str()
-        .expect("session id")
-        .to_owned();
+    let (serve, sid, _) = serve_with_session(&dir.path().join("data"), &["--resource", "model=1"]);
     let start = json!({"message": "holds the model", "job": {"resources": {"model": 1}},
         "script": [{"tool": "sleep", "args": {"ms": 600_000}}, {"reply": "never"}]});
     let (status, started) = serve.call(
@@ -342,4 +322,19 @@ fn j1_an_operator_sees_the_queue_and_a_job_wait_its_turn_in_the_page() {
     assert_eq!(resources[0]["queued"], 0, "{resources}");
     let status = serve.stop();
     assert!(status.success(), "serve after SIGTERM: {status:?}");
+}
+
+/// `serve --token ADMIN EXTRA…` on `data`, and a new session on it: its id and token.
+fn serve_with_session(data: &Path, extra: &[&str]) -> (Serve, String, String) {
+    let mut args = vec!["--token", ADMIN];
+    args.extend_from_slice(extra);
+    let serve = Serve::start(data, &args);
+    let (status, session) = serve.call("POST", "/v1/sessions", ADMIN, None);
+    assert_eq!(status, 201, "{session}");
+    let sid = session["session_id"]
+        .as_str()
+        .expect("session id")
+        .to_owned();
+    let token = session["token"].as_str().expect("session token").to_owned();
+    (serve, sid, token)
 }

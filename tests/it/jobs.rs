@@ -524,3 +524,37 @@ async fn j1_a_function_execution_runs_as_a_job() {
     );
     audit_all_released(&harness, &[("model", 1)]);
 }
+
+/// J-1: Retry of a Job makes a new Job: paused, like every child (K-2), with what the
+/// original asked for and its budget unspent; continued, it waits for and runs under a lease
+/// of its own.
+#[tokio::test]
+async fn j1_a_retry_of_a_job_is_a_new_job_admitted_by_the_queue() {
+    let harness = harness(&[("model", 1)]);
+    let original = start_job(
+        &harness,
+        vec![echo("a"), reply("first")],
+        json!({"resources": {"model": 1}, "budget": {"steps": 10}}),
+    )
+    .await;
+    harness.wait_for_state(original, "completed").await;
+    let reply = harness.command(original, "retry", None).await;
+    assert_eq!(reply.status, "applied", "{reply:?}");
+    let child = reply.execution_id.expect("a child");
+    let paused = harness.snapshot(child).await;
+    assert_eq!(paused.state, "paused", "{paused:?}");
+    let job = paused.job.expect("a Job");
+    assert_eq!(job.job_id, child);
+    assert_eq!((job.budget.steps, job.budget_used.steps), (Some(10), 0));
+    assert_eq!(job.admitted_at_ms, None);
+    assert_eq!(
+        harness.command(child, "continue", None).await.status,
+        "applied"
+    );
+    harness.wait_for_state(child, "completed").await;
+    assert_eq!(
+        leases_of(&harness.events(child)),
+        vec!["granted", "released:completed"]
+    );
+    audit_all_released(&harness, &[("model", 1)]);
+}

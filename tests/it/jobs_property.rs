@@ -79,7 +79,7 @@ async fn j1_capacity_is_never_exceeded_by_a_thousand_jobs_under_random_controls(
             for resource in &report.resources {
                 assert!(
                     resource.in_use <= resource.capacity,
-                    "seed {seed}: {report:?}"
+                    "seed {seed}: over capacity: {report:?}"
                 );
             }
         }

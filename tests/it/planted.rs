@@ -40,6 +40,16 @@ fn planted_rerun_confirmed_fails_r22() {
 }
 
 #[test]
+fn planted_overcommit_lease_fails_the_jobs_property() {
+    fails_with_planted_bug(
+        "overcommit_lease",
+        "jobs_property::j1_capacity_is_never_exceeded_by_a_thousand_jobs_under_random_controls",
+        "over capacity",
+        &[],
+    );
+}
+
+#[test]
 fn planted_fabricate_receipt_fails_r01() {
     fails_with_planted_bug(
         "fabricate_receipt",
