@@ -639,7 +639,8 @@ fn budget_of(reader: &Reader) -> Result<Option<JobBudget>> {
     parse_budget(value).map(Some)
 }
 
-/// A budget as JSON (`{"steps": N?, "wall_ms": N?}`): anything else is `invalid_request`.
+/// A budget as JSON (`{"steps": N?, "wall_ms": N?}`): another field is `unknown_field`
+/// (`budget.NAME`), anything else `invalid_request`.
 pub fn parse_budget(value: &Value) -> Result<JobBudget> {
     let invalid = |message: &str| Error::InvalidRequest(format!("`budget` {message}"));
     let Value::Object(fields) = value else {
@@ -647,21 +648,24 @@ pub fn parse_budget(value: &Value) -> Result<JobBudget> {
     };
     let mut budget = JobBudget::default();
     for (name, value) in fields {
+        if !matches!(name.as_str(), "steps" | "wall_ms") {
+            return Err(Error::UnknownField {
+                field: format!("budget.{name}"),
+                message: format!("`budget` has no field `{name}`"),
+            });
+        }
         if value.is_null() {
             continue;
         }
         let number = value
             .as_u64()
             .ok_or_else(|| invalid(&format!("`{name}` must be a whole number")))?;
-        match name.as_str() {
-            "steps" => {
-                budget.steps = Some(
-                    u32::try_from(number)
-                        .map_err(|_| invalid("`steps` is larger than 4294967295"))?,
-                )
-            }
-            "wall_ms" => budget.wall_ms = Some(number),
-            other => return Err(invalid(&format!("has no field `{other}`"))),
+        if name == "steps" {
+            let steps =
+                u32::try_from(number).map_err(|_| invalid("`steps` is larger than 4294967295"))?;
+            budget.steps = Some(steps);
+        } else {
+            budget.wall_ms = Some(number);
         }
     }
     Ok(budget)

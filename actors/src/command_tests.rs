@@ -108,6 +108,13 @@ fn k4_a_command_round_trips_and_hashes_its_meaning() {
             policy: None,
             budget: None,
         },
+        CommandBody::Continue {
+            policy: None,
+            budget: Some(openprogram_storage::JobBudget {
+                steps: Some(5),
+                wall_ms: None,
+            }),
+        },
         CommandBody::Step,
         CommandBody::Cancel,
         CommandBody::Retry,
@@ -162,4 +169,23 @@ fn k4_a_command_round_trips_and_hashes_its_meaning() {
             .payload_hash(),
         short.payload_hash()
     );
+}
+
+/// J-1, X-3: a Continue's `budget` — a field it does not have is `unknown_field`, named by
+/// its path; a value that is no whole number (or a step count past u32) `invalid_request`.
+#[test]
+fn j1_a_continue_budget_is_read_strictly() {
+    let id = CommandId::new();
+    let code = |budget: Value| {
+        parse(json!({"command_id": id, "kind": "continue", "budget": budget}))
+            .map(|_| "ok")
+            .unwrap_or_else(|error| error.code())
+    };
+    assert_eq!(code(json!({"steps": 3, "wall_ms": null})), "ok");
+    assert_eq!(code(json!({"tokens": 3})), "unknown_field");
+    assert_eq!(code(json!({"steps": "3"})), "invalid_request");
+    assert_eq!(code(json!({"steps": 5_000_000_000u64})), "invalid_request");
+    assert_eq!(code(json!([3])), "invalid_request");
+    let refused = parse(json!({"command_id": id, "kind": "pause", "budget": {"steps": 1}}));
+    assert_eq!(refused.map(|_| ()).unwrap_err().code(), "unknown_field");
 }

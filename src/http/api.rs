@@ -97,6 +97,46 @@ fn refuse_unknown_fields(
     }
 }
 
+/// X-3 inside a start body's `job` (J-1): a field it does not have is `unknown_field`,
+/// named by its path (`job.priority`, `job.budget.tokens`).
+fn refuse_unknown_job_fields(raw: &RawValue) -> Result<(), ApiError> {
+    #[derive(Deserialize)]
+    struct Outer {
+        #[serde(default)]
+        job: Option<Value>,
+    }
+    let Ok(Outer { job: Some(job) }) = serde_json::from_str(raw.get()) else {
+        return Ok(());
+    };
+    let unknown = |path: String| -> Result<(), ApiError> {
+        Err(Error::UnknownField {
+            message: format!("a start body has no field `{path}`"),
+            field: path,
+        }
+        .into())
+    };
+    let Value::Object(fields) = &job else {
+        return Ok(());
+    };
+    for (name, value) in fields {
+        match name.as_str() {
+            "resources" | "queue_deadline_ms" => {}
+            "budget" => {
+                if let Value::Object(budget) = value {
+                    if let Some(other) = budget
+                        .keys()
+                        .find(|key| !["steps", "wall_ms"].contains(&key.as_str()))
+                    {
+                        return unknown(format!("job.budget.{other}"));
+                    }
+                }
+            }
+            other => return unknown(format!("job.{other}")),
+        }
+    }
+    Ok(())
+}
+
 impl StartBody {
     /// Every field a start body may carry (X-3: anything else is `unknown_field`).
     const FIELDS: [&'static str; 7] = [
@@ -128,6 +168,7 @@ impl StartBody {
         let malformed = |error: serde_json::Error| {
             ApiError::bad_request(format!("malformed start body: {error}"))
         };
+        refuse_unknown_job_fields(raw)?;
         match kind.kind.as_deref() {
             None | Some("agent") => {
                 refuse_unknown_fields(&fields, &Self::FIELDS)?;

@@ -136,8 +136,13 @@ fn j1_the_queue_over_http_the_cli_and_metrics() {
         (json!({"resources": {"model": 2}}), "exceeds_capacity"),
         (
             json!({"resources": {"model": 1}, "priority": 1}),
-            "invalid_request",
+            "unknown_field",
         ),
+        (
+            json!({"resources": {"model": 1}, "budget": {"tokens": 9}}),
+            "unknown_field",
+        ),
+        (json!({"resources": {"model": "one"}}), "invalid_request"),
     ] {
         let body = json!({"message": "m", "job": job});
         let (status, refused) = served.call("POST", &executions, Some(&body));

@@ -50,7 +50,7 @@ fn audit_of(restarts: &Restarts) -> Audit {
 /// J-2, R-2..R-5: a crash while one Job holds the only lease and two wait: after the
 /// restart the running Job's lease is released (`new_attempt`) and it goes back to the
 /// queue at its place (admission order), the waiting ones keep theirs; all finish, one at
-/// a time, each lease released exactly once.
+/// a time, each lease released exactly once; the resumed Job keeps its turn and message ids.
 #[tokio::test]
 async fn j2_a_restart_keeps_the_queue_order_and_the_dead_owners_lease_is_released() {
     let restarts = Restarts::new();
@@ -59,22 +59,23 @@ async fn j2_a_restart_keeps_the_queue_order_and_the_dead_owners_lease_is_release
     restarts.wait_state(&runtime, first, "running").await;
     let second = start_job(&restarts, &runtime, vec![echo("2"), reply("second")]).await;
     let third = start_job(&restarts, &runtime, vec![echo("3"), reply("third")]).await;
+    let ids = |snapshot: &openprogram::Snapshot| {
+        (
+            snapshot.turn_id,
+            snapshot.user_message_id,
+            snapshot.reply_message_id,
+        )
+    };
+    let before = ids(&restarts.snapshot(&runtime, first).await);
     crash(runtime);
     let runtime = open(&restarts);
     for execution in [first, second, third] {
         restarts.wait_state(&runtime, execution, "completed").await;
     }
-    let ids = (
-        runtime
-            .snapshot(restarts.session, first)
-            .await
-            .expect("snapshot"),
-        runtime
-            .snapshot(restarts.session, second)
-            .await
-            .expect("snapshot"),
-    );
-    assert!(ids.0.job.is_some() && ids.1.job.is_some());
+    // J-2: the turn it resumed is the one it was admitted for.
+    let after = restarts.snapshot(&runtime, first).await;
+    assert_eq!(ids(&after), before);
+    assert_eq!(after.text, "first");
     crash(runtime);
     let audit = audit_of(&restarts);
     let order: Vec<ExecutionId> = audit.granted.iter().map(|(_, job, _)| *job).collect();
