@@ -292,15 +292,18 @@ impl RuntimeBuilder {
         let recovery = supervisor.send(Recover);
         let recovery_env = Arc::clone(&env);
         let recovered = async move {
-            match recovery.await {
-                Ok(report) => {
-                    if let Err(error) = queue.send(Load).await.map_err(|error| {
-                        Error::Unavailable(error.to_string())
-                    })? {
-                        tracing::error!(%error, "the resource queue could not read the store: it leases nothing");
-                    }
-                    report
+            let report = recovery.await;
+            // The queue starts leasing once recovery is over, whether or not it succeeded:
+            // what it reads from the store is the truth either way.
+            match queue.send(Load).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    tracing::error!(%error, "the resource queue could not read every Job")
                 }
+                Err(error) => tracing::error!(%error, "the resource queue is not running"),
+            }
+            match report {
+                Ok(report) => report,
                 Err(error) => {
                     // The supervisor never ran it: commands must not wait for it forever.
                     recovery_env.lifecycle.mark_recovered();

@@ -419,6 +419,8 @@ impl Executions {
                 _ => continue,
             };
             machine.apply_committed(&std::mem::take(&mut committed.events), None);
+            // J-2: a Job's old lease was released in the claim; it waits in line again.
+            self.tell_queue(execution_id, &machine, &after.actions);
             let head = after.committed_head(&committed);
             tracing::warn!(%execution_id, epoch, "lapsed attempt replaced by a new one");
             self.start_claimed(head, machine, lease);

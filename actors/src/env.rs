@@ -16,7 +16,7 @@ use openprogram_storage::{EventStore, ExecutionHead, ExecutionId, OwnerId, Proce
 
 use crate::agent::{Provider, ToolRegistry};
 use crate::error::{Error, Result};
-use crate::execution::machine::{Machine, Recovery};
+use crate::execution::machine::{Action, Machine, Recovery};
 use crate::function::FunctionRegistry;
 use crate::lifecycle::Lifecycle;
 use crate::process::{ProcessHost, ProcessProgress, Processes};
@@ -165,6 +165,44 @@ impl Env {
     /// J-1: the runtime's resource queue, once started (`set_queue`).
     pub fn queue(&self) -> Option<&Addr<ResourceQueue>> {
         self.queue.get()
+    }
+
+    /// J-1: tells the resource queue what a committed transition of `execution_id` changed
+    /// (`actions` of its plan, `machine` folded through it): the Job waits, left the queue,
+    /// or released a lease. Every writer of a Job's transition calls this after the commit
+    /// (the execution actor; a takeover of a lapsed attempt).
+    pub fn tell_queue(&self, execution_id: ExecutionId, machine: &Machine, actions: &[Action]) {
+        use crate::resource_queue::{Dequeue, Enqueue, Release};
+        let Some(queue) = self.queue() else {
+            return;
+        };
+        for action in actions {
+            match action {
+                Action::Enqueue => {
+                    let Some(job) = machine.job.as_ref().filter(|_| machine.in_queue()) else {
+                        continue;
+                    };
+                    let deadline_at_ms = job
+                        .spec
+                        .queue_deadline_ms
+                        .filter(|_| job.admitted_at_ms.is_none())
+                        .map(|deadline| job.spec.queued_at_ms.saturating_add(deadline));
+                    queue.do_send(Enqueue {
+                        job_id: execution_id,
+                        resources: job.spec.resources.clone(),
+                        deadline_at_ms,
+                    });
+                }
+                Action::Dequeue => queue.do_send(Dequeue {
+                    job_id: execution_id,
+                }),
+                Action::ReleaseLease { lease_id } => queue.do_send(Release {
+                    job_id: execution_id,
+                    lease_id: *lease_id,
+                }),
+                _ => {}
+            }
+        }
     }
 
     /// Tells the shared state where the resource queue runs (once, at start).

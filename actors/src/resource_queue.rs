@@ -161,8 +161,15 @@ impl ResourceQueue {
         let epoch = match outcome {
             Ok(epoch) => epoch,
             Err(error) => {
+                // No answer: the Job's record says whether it committed the lease.
                 tracing::warn!(job_id = %answer.job_id, %error, "a lease offer was not answered");
-                None
+                self.store
+                    .job(answer.job_id)
+                    .ok()
+                    .flatten()
+                    .and_then(|job| job.lease)
+                    .filter(|lease| lease.lease_id == answer.lease_id)
+                    .map(|lease| lease.epoch)
             }
         };
         match epoch {
@@ -234,7 +241,23 @@ impl ResourceQueue {
         ctx: &mut Context<Self>,
     ) {
         self.account();
-        self.queue.enqueue(job_id, resources, self.now());
+        if let Some(held) = self.queue.enqueue(job_id, resources.clone(), self.now()) {
+            // It asks to wait while the queue counts a lease for it: if its record holds
+            // no such lease, the release was never told (a writer that did not say); the
+            // store is the truth.
+            let recorded = self
+                .store
+                .job(job_id)
+                .ok()
+                .flatten()
+                .and_then(|job| job.lease);
+            if recorded.map(|lease| lease.lease_id) == Some(held) {
+                return;
+            }
+            tracing::warn!(%job_id, lease_id = %held, "a lease the queue held was released without a word: freed");
+            self.queue.release(job_id, held);
+            let _ = self.queue.enqueue(job_id, resources, self.now());
+        }
         if let Some(deadline_at_ms) = deadline_at_ms {
             if self.queue.is_waiting(job_id) && !self.deadlines.contains_key(&job_id) {
                 let after = deadline_at_ms.saturating_sub(self.clock.now_ms());
@@ -274,15 +297,32 @@ impl ResourceQueue {
         ));
     }
 
-    /// Reads every recorded lease and every queued Job (non-terminal executions only).
+    /// Reads every recorded lease and every queued Job (non-terminal executions only). What
+    /// cannot be read is said and passed over: the queue leases the rest. A queued Job that
+    /// asks for what the runtime no longer declares (a restart with other `--resource`s)
+    /// cannot be leased: it stays queued, out of line, for a person to cancel.
     fn load(&mut self, ctx: &mut Context<Self>) -> Result<()> {
+        let mut unread = None;
         for state in ExecutionState::ALL
             .into_iter()
             .filter(|state| !state.is_terminal())
         {
-            for job_id in self.store.executions_in_state(state)? {
-                let Some(job) = self.store.job(job_id).ok().flatten() else {
+            let ids = match self.store.executions_in_state(state) {
+                Ok(ids) => ids,
+                Err(error) => {
+                    tracing::error!(%state, %error, "the queue cannot list these executions");
+                    unread = Some(error);
                     continue;
+                }
+            };
+            for job_id in ids {
+                let job = match self.store.job(job_id) {
+                    Ok(Some(job)) => job,
+                    Ok(None) => continue,
+                    Err(error) => {
+                        tracing::error!(%job_id, %error, "a Job's record cannot be read: not leased");
+                        continue;
+                    }
                 };
                 match job.lease {
                     Some(lease) => self.queue.held(Lease {
@@ -291,6 +331,15 @@ impl ResourceQueue {
                         epoch: Some(lease.epoch),
                         resources: lease.resources,
                     }),
+                    None if state == ExecutionState::Queued
+                        && self
+                            .queue
+                            .resources()
+                            .check(&job.resources.iter().cloned().collect())
+                            .is_err() =>
+                    {
+                        tracing::warn!(%job_id, resources = ?job.resources, "a queued Job asks for what is no longer declared: out of line");
+                    }
                     None if state == ExecutionState::Queued => {
                         let deadline = job
                             .queue_deadline_ms
@@ -303,7 +352,10 @@ impl ResourceQueue {
             }
         }
         self.loaded = true;
-        Ok(())
+        match unread {
+            Some(error) => Err(error.into()),
+            None => Ok(()),
+        }
     }
 }
 
@@ -333,9 +385,9 @@ impl Handler<Load> for ResourceQueue {
         if self.loaded {
             return Ok(());
         }
-        self.load(ctx)?;
+        let loaded = self.load(ctx);
         self.pump(ctx);
-        Ok(())
+        loaded
     }
 }
 

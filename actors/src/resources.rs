@@ -169,19 +169,29 @@ impl Queue {
     }
 
     /// A Job waits for its resources from `now` (in the clock's unit). Nothing changes for
-    /// one that waits already or holds a lease; one whose offer is unanswered waits again
-    /// if that offer is refused.
-    pub fn enqueue(&mut self, job_id: ExecutionId, resources: Vec<(String, u32)>, now: u64) {
-        if self.leases.contains_key(&job_id) {
-            if self.leases[&job_id].epoch.is_none() {
-                self.requeue.insert(job_id);
+    /// one that waits already; one whose offer is unanswered waits again if that offer is
+    /// refused. One the queue counts a held lease for is refused: its lease is returned, for
+    /// the caller to check against the store (a release the queue was never told of).
+    pub fn enqueue(
+        &mut self,
+        job_id: ExecutionId,
+        resources: Vec<(String, u32)>,
+        now: u64,
+    ) -> Option<LeaseId> {
+        if let Some(lease) = self.leases.get(&job_id) {
+            match lease.epoch {
+                None => {
+                    self.requeue.insert(job_id);
+                }
+                Some(_) => return Some(lease.lease_id),
             }
-            return;
+            return None;
         }
         self.waiting.entry(job_id).or_insert(Waiting {
             resources,
             since: now,
         });
+        None
     }
 
     /// A Job left the queue (paused, cancelled, expired): it waits no more.
@@ -240,7 +250,8 @@ impl Queue {
         let lease = self.leases.remove(&job_id).expect("found above");
         self.count(&lease.resources, false);
         if self.requeue.remove(&job_id) || still_waits {
-            self.enqueue(job_id, lease.resources, now);
+            // It holds no lease now: this always waits.
+            let _ = self.enqueue(job_id, lease.resources, now);
         }
     }
 
@@ -264,17 +275,19 @@ impl Queue {
                 .resources
                 .iter()
                 .any(|(name, _)| blocked.contains(name.as_str()));
+            // In u64: a capacity near u32::MAX must not wrap.
             let fits = waiting.resources.iter().all(|(name, amount)| {
-                let capacity = self.resources.capacity(name).unwrap_or(0);
-                let used = self.in_use.get(name).copied().unwrap_or(0);
-                used + amount <= capacity + planted
+                let capacity = u64::from(self.resources.capacity(name).unwrap_or(0));
+                let used = u64::from(self.in_use.get(name).copied().unwrap_or(0));
+                used + u64::from(*amount) <= capacity + u64::from(planted)
             });
             if behind || !fits {
                 blocked.extend(waiting.resources.iter().map(|(name, _)| name.as_str()));
                 continue;
             }
             for (name, amount) in &waiting.resources {
-                *self.in_use.entry(name.clone()).or_insert(0) += amount;
+                let used = self.in_use.entry(name.clone()).or_insert(0);
+                *used = used.saturating_add(*amount);
             }
             taken.push(*job_id);
             offers.push(Offer {
@@ -367,7 +380,7 @@ impl Queue {
         for (name, amount) in resources {
             let used = self.in_use.entry(name.clone()).or_insert(0);
             *used = if add {
-                *used + amount
+                used.saturating_add(*amount)
             } else {
                 used.saturating_sub(*amount)
             };

@@ -191,3 +191,22 @@ fn j2_a_release_that_overtakes_its_offers_answer_frees_the_lease_once() {
     );
     assert_eq!(queue.view()[0].in_use, 1, "the late answer holds nothing");
 }
+
+#[test]
+fn j1_a_capacity_near_the_top_of_u32_never_wraps() {
+    let mut queue = Queue::new(Resources::new([("x".to_owned(), u32::MAX)]).expect("declared"));
+    let ids = jobs(2);
+    queue.enqueue(ids[0], ask(&[("x", u32::MAX)]), 0);
+    let offers = queue.offers(0, LeaseId::new);
+    commit(&mut queue, &offers);
+    queue.enqueue(ids[1], ask(&[("x", 1)]), 0);
+    assert!(
+        queue.offers(0, LeaseId::new).is_empty(),
+        "nothing is left of x"
+    );
+    // A Job the queue counts a held lease for is not put in line: its lease is named.
+    assert_eq!(
+        queue.enqueue(ids[0], ask(&[("x", 1)]), 0),
+        Some(offers[0].lease_id)
+    );
+}

@@ -55,6 +55,9 @@ pub struct StartReply {
     pub user_message_id: MessageId,
     pub reply_message_id: MessageId,
     pub version: u64,
+    /// J-1: a Job's id, which is its execution id; absent for an execution that is no Job.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<ExecutionId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -182,6 +185,7 @@ impl Service {
             user_message_id: admission.head.user_message_id,
             reply_message_id: admission.head.reply_message_id,
             version: 1,
+            job_id: job.is_some().then_some(execution_id),
         };
         let start_paused = admission.start_paused;
         let (head, machine, version) = admission.commit(self.env.store.as_ref()).await?;

@@ -196,10 +196,13 @@ async fn recover_all(env: &Arc<Executions>) -> Result<RecoveryReport> {
             report.classified += 1;
             // J-1: a Job waiting for its lease ran nothing: it stays in the queue, in its place.
             let waits_in_queue = state == ExecutionState::Queued
-                && env
-                    .store
-                    .job(execution_id)?
-                    .is_some_and(|job| job.lease.is_none());
+                && match env.store.job(execution_id) {
+                    Ok(job) => job.is_some_and(|job| job.lease.is_none()),
+                    Err(error) => {
+                        tracing::error!(%execution_id, %error, "a Job's record cannot be read: recovered as any execution");
+                        false
+                    }
+                };
             let plan = if waits_in_queue {
                 Plan::Stay
             } else {

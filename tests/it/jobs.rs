@@ -317,7 +317,7 @@ async fn j1_a_spent_step_budget_pauses_the_job_and_a_raised_one_continues_it() {
     let execution = start_job(
         &harness,
         script,
-        json!({"resources": {"model": 1}, "budget": {"steps": 3}}),
+        json!({"resources": {"model": 1}, "budget": {"steps": 3, "wall_ms": 600_000}}),
     )
     .await;
     let paused = harness.wait_for_state(execution, "paused").await;
@@ -339,7 +339,9 @@ async fn j1_a_spent_step_budget_pauses_the_job_and_a_raised_one_continues_it() {
         .await;
     assert_eq!(raised.status, "applied", "{raised:?}");
     let done = harness.wait_for_state(execution, "completed").await;
-    assert_eq!(done.job.expect("job").budget.steps, Some(10));
+    let budget = done.job.expect("job").budget;
+    // The limit given is raised; the one not given stays.
+    assert_eq!((budget.steps, budget.wall_ms), (Some(10), Some(600_000)));
     assert_eq!(
         leases_of(&harness.events(execution)),
         vec![

@@ -214,3 +214,74 @@ async fn j2_a_stale_attempts_pause_completion_never_releases_the_new_attempts_le
         vec![old_lease, new_lease]
     );
 }
+
+/// The scripted provider, except that its first call freezes the calling thread.
+struct FreezeOnce {
+    frozen: std::sync::atomic::AtomicBool,
+    freeze: std::time::Duration,
+}
+
+impl openprogram::agent::Provider for FreezeOnce {
+    fn decide(
+        &self,
+        request: openprogram::agent::ModelRequest,
+    ) -> futures::future::BoxFuture<'static, Result<openprogram::agent::Decision, String>> {
+        use futures::FutureExt as _;
+        if !self.frozen.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(self.freeze);
+        }
+        openprogram::agent::Scripted.decide(request).boxed()
+    }
+}
+
+/// J-2, A-1: a Job whose attempt stalls past its lease is taken over in process: the claim
+/// releases the stalled attempt's lease (`new_attempt`) and the queue is told, so the Job
+/// behind it runs and the Job itself runs again under a new lease; nothing is held at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn j2_a_takeover_of_a_stalled_job_gives_its_lease_back_to_the_queue() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ttl = std::time::Duration::from_millis(150);
+    let runtime = Runtime::builder()
+        .data_dir(dir.path())
+        .provider(std::sync::Arc::new(FreezeOnce {
+            frozen: Default::default(),
+            freeze: ttl * 8,
+        }))
+        .lease_ttl(ttl)
+        .resource("model", 1)
+        .open()
+        .expect("open");
+    let harness = Harness::with_runtime(runtime, dir);
+    let body = json!({"resources": {"model": 1}});
+    let stalled =
+        crate::jobs::start_job(&harness, vec![echo("a"), reply("done")], body.clone()).await;
+    let behind = crate::jobs::start_job(&harness, vec![reply("behind")], body).await;
+    // The takeover, asked from here: the supervisor that asks it every half ttl may share
+    // the stalled thread.
+    let started = std::time::Instant::now();
+    while !harness
+        .events(stalled)
+        .iter()
+        .any(|envelope| matches!(envelope.event, Event::AttemptStarted { epoch, .. } if epoch >= 2))
+    {
+        harness
+            .runtime
+            .reclaim_lapsed_attempts()
+            .await
+            .expect("reclaim");
+        assert!(started.elapsed() < DEADLINE, "never taken over");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    harness.wait_for_state(stalled, "completed").await;
+    harness.wait_for_state(behind, "completed").await;
+    let report = harness.runtime.resources().await.expect("the queue");
+    assert_eq!(report.resources[0].in_use, 0, "{report:?}");
+    let audit = crate::jobs::audit_all_released(&harness, &MODEL_1);
+    assert!(
+        audit
+            .released
+            .iter()
+            .any(|(_, reason)| reason == "new_attempt"),
+        "{audit:#?}"
+    );
+}

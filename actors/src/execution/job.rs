@@ -310,7 +310,11 @@ impl Machine {
                 None => Ok(Vec::new()),
             };
         };
-        let budget = budget.unwrap_or(job.budget);
+        // The limits given replace the Job's; one not given stays as it was.
+        let budget = budget.map_or(job.budget, |given| JobBudget {
+            steps: given.steps.or(job.budget.steps),
+            wall_ms: given.wall_ms.or(job.budget.wall_ms),
+        });
         if job.spends(&budget, now_ms) {
             return Err(Refusal::BudgetExhausted {
                 steps_used: job.steps_used,

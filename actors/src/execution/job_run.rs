@@ -12,7 +12,6 @@ use openprogram_storage::{Event, ExecutionState as Status, LeaseId};
 use crate::error::Error;
 use crate::execution::actor::{log_failure, Advance, ExecutionActor};
 use crate::execution::machine::Action;
-use crate::resource_queue::{Dequeue, Enqueue, Release};
 
 impl ExecutionActor {
     /// A queued Job waits for a lease: it holds no attempt and no actor meanwhile.
@@ -22,36 +21,7 @@ impl ExecutionActor {
 
     /// Tells the queue what a committed transition changed for this Job.
     pub(super) fn perform_job(&mut self, action: &Action, ctx: &mut Context<Self>) {
-        let Some(queue) = self.env.queue() else {
-            return;
-        };
-        let job_id = self.execution_id;
         match action {
-            Action::Enqueue => {
-                let Some(job) = self
-                    .machine
-                    .job
-                    .as_ref()
-                    .filter(|_| self.machine.in_queue())
-                else {
-                    return;
-                };
-                let deadline_at_ms = job
-                    .spec
-                    .queue_deadline_ms
-                    .filter(|_| job.admitted_at_ms.is_none())
-                    .map(|deadline| job.spec.queued_at_ms.saturating_add(deadline));
-                queue.do_send(Enqueue {
-                    job_id,
-                    resources: job.spec.resources.clone(),
-                    deadline_at_ms,
-                });
-            }
-            Action::Dequeue => queue.do_send(Dequeue { job_id }),
-            Action::ReleaseLease { lease_id } => queue.do_send(Release {
-                job_id,
-                lease_id: *lease_id,
-            }),
             Action::LeaseHeld => {
                 // The wall budget runs out while the Job holds its lease: it pauses at the
                 // next step boundary (`Machine::next`).
@@ -65,7 +35,11 @@ impl ExecutionActor {
                     ctx.run_later(Duration::from_millis(left), |_act, ctx| ctx.notify(Advance));
                 }
             }
-            _ => {}
+            other => self.env.tell_queue(
+                self.execution_id,
+                &self.machine,
+                std::slice::from_ref(other),
+            ),
         }
     }
 }
