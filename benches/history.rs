@@ -84,7 +84,10 @@ fn open(dir: &std::path::Path, steps: &Arc<AtomicU32>) -> Runtime {
 
 fn main() {
     let lengths = env_list("HISTORY_STEPS", "100,1000,10000,100000");
-    let reads = env_list("HISTORY_READS", "20").first().copied().unwrap_or(20) as usize;
+    let reads = env_list("HISTORY_READS", "20")
+        .first()
+        .copied()
+        .unwrap_or(20) as usize;
     let threads = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -113,7 +116,10 @@ fn main() {
                 .expect("start")
                 .execution_id;
             loop {
-                let snapshot = runtime.snapshot(session, execution).await.expect("snapshot");
+                let snapshot = runtime
+                    .snapshot(session, execution)
+                    .await
+                    .expect("snapshot");
                 if snapshot.state == "waiting" {
                     break execution;
                 }

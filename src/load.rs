@@ -328,7 +328,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     let queue = match options.jobs {
         true => Some((
             runtime.resources().await?,
-            committed_utilisation(runtime.store().as_ref(), &options.resources)?,
+            crate::load_jobs::committed_utilisation(runtime.store().as_ref(), &options.resources)?,
         )),
         false => None,
     };
@@ -366,7 +366,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()
-            .unwrap_or_else(histogram_empty)
+            .unwrap_or_else(self::histogram)
     };
     let steps_us = take(&clock.steps_us);
     let executions_us = take(&executions_us);
@@ -454,56 +454,6 @@ fn load_function(clock: Arc<StepClock>) -> openprogram_actors::function::Durable
             }
         },
     )
-}
-
-/// J-1: the utilisation the log shows, committed leases only: over the time at least one
-/// Job waited (from its `JobQueued` to its first `LeaseGranted`), the units its leases held
-/// (`LeaseGranted` to `LeaseReleased`) over the units declared. Times are the commits'
-/// (milliseconds); `None` if no Job ever waited.
-fn committed_utilisation(
-    store: &dyn openprogram_storage::EventReader,
-    resources: &[(String, u32)],
-) -> Result<Option<f64>> {
-    use openprogram_storage::Event;
-    let capacity: u64 = resources.iter().map(|(_, c)| u64::from(*c)).sum();
-    let (mut waiting, mut in_use) = (0u64, 0u64);
-    let mut leased: HashMap<openprogram_storage::LeaseId, u64> = HashMap::new();
-    let mut granted_once: std::collections::HashSet<ExecutionId> = Default::default();
-    let (mut held_ms, mut declared_ms, mut last_ms) = (0u128, 0u128, None::<u64>);
-    let mut after = 0;
-    loop {
-        let page = store.log_after(after, 10_000)?;
-        let Some(last) = page.last() else { break };
-        after = last.position;
-        for envelope in &page {
-            if let Some(since) = last_ms.filter(|_| waiting > 0) {
-                let span = u128::from(envelope.at_ms.saturating_sub(since));
-                held_ms += span * u128::from(in_use);
-                declared_ms += span * u128::from(capacity);
-            }
-            last_ms = Some(envelope.at_ms);
-            match &envelope.event {
-                Event::JobQueued { .. } => waiting += 1,
-                Event::LeaseGranted {
-                    lease_id,
-                    resources,
-                    ..
-                } => {
-                    let units: u64 = resources.iter().map(|(_, a)| u64::from(*a)).sum();
-                    leased.insert(*lease_id, units);
-                    in_use += units;
-                    if granted_once.insert(envelope.execution_id) {
-                        waiting = waiting.saturating_sub(1);
-                    }
-                }
-                Event::LeaseReleased { lease_id, .. } => {
-                    in_use = in_use.saturating_sub(leased.remove(lease_id).unwrap_or(0));
-                }
-                _ => {}
-            }
-        }
-    }
-    Ok((declared_ms > 0).then(|| held_ms as f64 / declared_ms as f64))
 }
 
 /// Usage errors, before anything is opened.
@@ -745,8 +695,4 @@ fn commands_into_report(mut report: LoadReport, commands: Option<&CommandLatenci
         report.rejected_p99_ms = Some(ms(&latencies.rejected, 0.99));
     }
     report
-}
-
-fn histogram_empty() -> Histogram<u64> {
-    histogram()
 }

@@ -32,6 +32,7 @@ pub mod attempt_lease;
 pub mod branches;
 pub mod call;
 pub mod command;
+mod command_fields;
 pub mod describe;
 pub mod directory;
 pub mod env;

@@ -235,8 +235,7 @@ fn k3_reconcile_over_http() {
     let restarts = Restarts::new();
     let prepared = tokio::runtime::Runtime::new().expect("tokio");
     let unknown = prepared.block_on(async {
-        let runtime =
-            restarts.open_with(|builder| builder.tool(Arc::new(crate::k3_property::Hang)));
+        let runtime = restarts.open_with(|builder| builder.tool(Arc::new(crate::k3_world::Hang)));
         let request = openprogram::StartRequest {
             message: "m".into(),
             script: elements(vec![json!({"tool": "hang", "args": {}}), reply("done")]),
@@ -258,7 +257,7 @@ fn k3_reconcile_over_http() {
     let Restarts { dir, session, .. } = restarts;
     let server = TestServer::on(
         dir,
-        |builder| builder.tool(Arc::new(crate::k3_property::Hang)),
+        |builder| builder.tool(Arc::new(crate::k3_world::Hang)),
         |_| {},
     );
     // The prepared execution's session, reached with the admin token.

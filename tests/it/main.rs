@@ -27,6 +27,8 @@ mod jobs_crash;
 mod jobs_property;
 mod jobs_restart;
 mod k3_property;
+mod k3_states;
+mod k3_world;
 mod kill9;
 mod planted;
 mod processes;

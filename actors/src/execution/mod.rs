@@ -19,11 +19,13 @@ pub mod machine;
 mod machine_controls;
 mod machine_functions;
 mod machine_history;
+mod machine_next;
 mod machine_restart;
 mod machine_types;
 pub mod machine_waits;
 pub mod plan;
 pub mod processes;
+mod refusal;
 pub mod restart;
 mod wait_types;
 

@@ -1,0 +1,101 @@
+//! Reading a command body's fields: typed, bounded, `null` the same as absent; a
+//! `policy` (F-3) and a `budget` (J-1). Split from `command.rs`, which parses the body.
+
+use openprogram_storage::{JobBudget, VersionPolicy};
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+
+/// The longest text a command carries (steer text, an answer, a reconcile output).
+pub const TEXT_BYTES_MAX: usize = 16 * 1024;
+
+/// A command's `policy` (F-3), if given: `keep_original` or `use_latest`.
+pub(crate) fn policy_of(reader: &Reader) -> Result<Option<VersionPolicy>> {
+    match reader.text("policy")?.as_deref() {
+        None => Ok(None),
+        Some(text) => VersionPolicy::parse(text).map(Some).ok_or_else(|| {
+            Error::InvalidRequest(format!(
+                "`{text}` is not a version policy: keep_original or use_latest"
+            ))
+        }),
+    }
+}
+
+/// J-1: `budget` — `{"steps": N?, "wall_ms": N?}`, each a total.
+pub(crate) fn budget_of(reader: &Reader) -> Result<Option<JobBudget>> {
+    let Some(value) = reader.get("budget") else {
+        return Ok(None);
+    };
+    parse_budget(value).map(Some)
+}
+
+/// A budget as JSON (`{"steps": N?, "wall_ms": N?}`): another field is `unknown_field`
+/// (`budget.NAME`), anything else `invalid_request`.
+pub fn parse_budget(value: &Value) -> Result<JobBudget> {
+    let invalid = |message: &str| Error::InvalidRequest(format!("`budget` {message}"));
+    let Value::Object(fields) = value else {
+        return Err(invalid("must be an object with `steps` and/or `wall_ms`"));
+    };
+    let mut budget = JobBudget::default();
+    for (name, value) in fields {
+        if !matches!(name.as_str(), "steps" | "wall_ms") {
+            return Err(Error::UnknownField {
+                field: format!("budget.{name}"),
+                message: format!("`budget` has no field `{name}`"),
+            });
+        }
+        if value.is_null() {
+            continue;
+        }
+        let number = value
+            .as_u64()
+            .ok_or_else(|| invalid(&format!("`{name}` must be a whole number")))?;
+        if name == "steps" {
+            let steps =
+                u32::try_from(number).map_err(|_| invalid("`steps` is larger than 4294967295"))?;
+            budget.steps = Some(steps);
+        } else {
+            budget.wall_ms = Some(number);
+        }
+    }
+    Ok(budget)
+}
+
+/// Reads the typed fields of a command body; `null` is the same as absent.
+pub(crate) struct Reader<'a>(pub(crate) &'a Map<String, Value>);
+
+impl Reader<'_> {
+    pub(crate) fn get(&self, name: &str) -> Option<&Value> {
+        self.0.get(name).filter(|value| !value.is_null())
+    }
+
+    pub(crate) fn text(&self, name: &str) -> Result<Option<String>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(text)) if text.len() <= TEXT_BYTES_MAX => Ok(Some(text.clone())),
+            Some(Value::String(_)) => Err(Error::InvalidRequest(format!(
+                "`{name}` is longer than {TEXT_BYTES_MAX} bytes"
+            ))),
+            Some(_) => Err(Error::InvalidRequest(format!("`{name}` is a string"))),
+        }
+    }
+
+    pub(crate) fn u64(&self, name: &str) -> Result<Option<u64>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(value) => value.as_u64().map(Some).ok_or_else(|| {
+                Error::InvalidRequest(format!("`{name}` is a non-negative integer"))
+            }),
+        }
+    }
+
+    pub(crate) fn parsed<T: std::str::FromStr>(&self, name: &str) -> Result<Option<T>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(text)) => text.parse().map(Some).map_err(|_| {
+                Error::InvalidRequest(format!("`{name}` is not a valid id: `{text}`"))
+            }),
+            Some(_) => Err(Error::InvalidRequest(format!("`{name}` is an id string"))),
+        }
+    }
+}

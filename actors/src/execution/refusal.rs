@@ -1,0 +1,177 @@
+//! Why the machine refuses a command or another input (`Refusal`): each reason with its
+//! stable code (`code`) and what a person reads (`Display`). Split from `machine_types.rs`.
+
+use openprogram_storage::{EffectId, ExecutionState as Status, ProcessId, WaitId};
+
+use crate::command::CommandKind;
+
+/// Why a command (or another input) is refused: each reason has a stable code, which the
+/// HTTP API answers with (409) and the command record keeps (`reason_code`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// K-4: the sender saw another version.
+    StaleVersion {
+        expected: u64,
+        current: u64,
+    },
+    /// K-3: not among the controls the execution offers in its state.
+    NotAvailable {
+        kind: CommandKind,
+        state: Status,
+    },
+    /// K-5: the execution is being cancelled.
+    Cancelling {
+        kind: CommandKind,
+    },
+    /// K-2: Fork and Retry need the program the execution ran: its revision changed.
+    RevisionChanged {
+        kind: CommandKind,
+    },
+    /// K-2: no checkpoint a fork may start from.
+    NoForkPoint,
+    /// K-2: the named checkpoint is not a saved point a fork may start from.
+    NotAForkPoint {
+        checkpoint_seq: u64,
+    },
+    /// W-2: an answer or decline for "the pending wait", and no durable wait is pending.
+    NoPendingWait,
+    UnknownWait {
+        wait_id: WaitId,
+    },
+    /// W-2: resolved, expired or invalidated: nothing is approved by a late answer.
+    WaitClosed {
+        wait_id: WaitId,
+        status: &'static str,
+    },
+    /// W-3, W-4: a wait of an earlier checkpoint, or a question of an ended attempt.
+    WaitNotCurrent {
+        wait_id: WaitId,
+    },
+    /// W-4: a question answered already, with another answer.
+    AnsweredOtherwise {
+        wait_id: WaitId,
+    },
+    UnknownProcess {
+        process_id: ProcessId,
+    },
+    /// P-2: the process has ended.
+    ProcessEnded {
+        process_id: ProcessId,
+        state: &'static str,
+    },
+    /// the effect named is not the one awaiting reconciliation.
+    NotUnresolved {
+        effect_id: EffectId,
+    },
+    /// A durable function's execution does not take this kind: Steer (no function declares
+    /// it takes steering yet).
+    NotForFunctions {
+        kind: CommandKind,
+    },
+    /// K-7: a version policy belongs to durable functions' executions only.
+    FunctionsOnly {
+        kind: CommandKind,
+    },
+    /// J-1: a budget belongs to Jobs only.
+    JobsOnly,
+    /// J-1: a Continue that would leave the Job's budget spent (raise it with `budget`).
+    BudgetExhausted {
+        steps_used: u32,
+        wall_used_ms: u64,
+    },
+    /// An input that is not a command and does not fit the execution's state (a result
+    /// for no pending call, a question asked by another attempt).
+    Invalid(String),
+}
+
+impl Refusal {
+    pub fn code(&self) -> &'static str {
+        match self {
+            // The code a stale version had before refusals were typed: kept.
+            Refusal::StaleVersion { .. } => "version_conflict",
+            Refusal::NotAvailable { .. } => "not_available",
+            Refusal::Cancelling { .. } => "cancelling",
+            Refusal::RevisionChanged { .. } => "revision_changed",
+            Refusal::NoForkPoint => "no_fork_point",
+            Refusal::NotAForkPoint { .. } => "not_a_fork_point",
+            Refusal::NoPendingWait => "no_pending_wait",
+            Refusal::UnknownWait { .. } => "unknown_wait",
+            Refusal::WaitClosed { .. } => "wait_closed",
+            Refusal::WaitNotCurrent { .. } => "wait_not_current",
+            Refusal::AnsweredOtherwise { .. } => "answered_otherwise",
+            Refusal::UnknownProcess { .. } => "unknown_process",
+            Refusal::ProcessEnded { .. } => "process_ended",
+            Refusal::NotUnresolved { .. } => "not_unresolved",
+            Refusal::NotForFunctions { .. } => "not_for_functions",
+            Refusal::FunctionsOnly { .. } => "functions_only",
+            Refusal::JobsOnly => "jobs_only",
+            Refusal::BudgetExhausted { .. } => "budget_exhausted",
+            Refusal::Invalid(_) => "invalid_input",
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::StaleVersion { expected, current } => write!(
+                f,
+                "stale expected_version {expected}: the current version is {current}"
+            ),
+            Refusal::NotAvailable { kind, state } => {
+                write!(f, "{kind} is not available while the execution is {state}")
+            }
+            Refusal::Cancelling { kind: CommandKind::Cancel } => {
+                write!(f, "the execution is already being cancelled")
+            }
+            Refusal::Cancelling { kind } => {
+                write!(f, "{kind} is refused: cancellation takes precedence")
+            }
+            Refusal::RevisionChanged { kind } => write!(
+                f,
+                "{kind} is refused: the program's contract changed since this execution ran, so a child would not run the same tools"
+            ),
+            Refusal::NoForkPoint => write!(f, "this execution has no saved point to fork from"),
+            Refusal::NotAForkPoint { checkpoint_seq } => write!(
+                f,
+                "checkpoint {checkpoint_seq} is not a saved point a fork may start from"
+            ),
+            Refusal::NoPendingWait => write!(f, "the execution is not waiting on a wait"),
+            Refusal::UnknownWait { wait_id } => write!(f, "this execution has no wait {wait_id}"),
+            Refusal::WaitClosed { wait_id, status } => write!(f, "wait {wait_id} is {status}"),
+            Refusal::WaitNotCurrent { wait_id } => write!(
+                f,
+                "wait {wait_id} belongs to an earlier checkpoint or an ended attempt"
+            ),
+            Refusal::AnsweredOtherwise { wait_id } => {
+                write!(f, "question {wait_id} is answered already, with another answer")
+            }
+            Refusal::UnknownProcess { process_id } => {
+                write!(f, "this execution has no process {process_id}")
+            }
+            Refusal::ProcessEnded { process_id, state } => {
+                write!(f, "process {process_id} is {state}")
+            }
+            Refusal::NotUnresolved { effect_id } => {
+                write!(f, "effect {effect_id} is not awaiting reconciliation")
+            }
+            Refusal::NotForFunctions { kind } => write!(
+                f,
+                "{kind} is refused: a durable function's execution does not take it (the function declares no steering)"
+            ),
+            Refusal::FunctionsOnly { kind } => write!(
+                f,
+                "{kind} is refused: only a durable function's execution has a version policy"
+            ),
+            Refusal::JobsOnly => write!(f, "only a Job has a budget"),
+            Refusal::BudgetExhausted {
+                steps_used,
+                wall_used_ms,
+            } => write!(
+                f,
+                "the Job's budget is spent ({steps_used} steps, {wall_used_ms} ms under a lease): continue with a larger `budget`"
+            ),
+            Refusal::Invalid(reason) => f.write_str(reason),
+        }
+    }
+}
