@@ -100,13 +100,14 @@ impl Machine {
         if let Writer::Recovery { .. } = writer {
             next.attempt = None;
         }
-        if let Some(at) = events
+        let claim = events
             .iter()
-            .position(|event| matches!(event, Event::AttemptStarted { .. }))
-        {
-            let Event::AttemptStarted { epoch, .. } = events[at] else {
-                unreachable!("found above")
-            };
+            .enumerate()
+            .find_map(|(at, event)| match event {
+                Event::AttemptStarted { epoch, .. } => Some((at, *epoch)),
+                _ => None,
+            });
+        if let Some((at, epoch)) = claim {
             if let Some(release) = present.lease_to_release(Some(epoch), now_ms) {
                 events.insert(at, release);
             }
