@@ -145,22 +145,14 @@ impl Admission {
         now_ms: u64,
     ) -> Self {
         let queued = Event::JobQueued {
-            resources: resources.clone(),
+            resources,
             queued_at_ms: now_ms,
             queue_deadline_ms: request.queue_deadline_ms,
             budget: request.budget.map(JobBudget::from).unwrap_or_default(),
         };
+        self.job = crate::execution::job::queued_record(&self.head, &queued);
         // After `Admitted`, before a paused start: the machine knows it is a Job first.
         self.events.insert(1, queued);
-        self.job = Some(JobRecord {
-            job_id: self.head.execution_id,
-            session_id: self.head.session_id,
-            resources,
-            queued_at_ms: now_ms,
-            queue_deadline_ms: request.queue_deadline_ms,
-            admitted_at_ms: None,
-            lease: None,
-        });
         self
     }
 

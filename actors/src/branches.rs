@@ -163,23 +163,9 @@ impl Service {
         let mut child_events = vec![admitted];
         // J-1: a Job's child is a new Job, with what the original asked for (its budget
         // unspent): it goes through the queue once continued.
-        let job_record = job.as_ref().and_then(|queued| match queued {
-            Event::JobQueued {
-                resources,
-                queued_at_ms,
-                queue_deadline_ms,
-                ..
-            } => Some(openprogram_storage::JobRecord {
-                job_id: child_id,
-                session_id,
-                resources: resources.clone(),
-                queued_at_ms: *queued_at_ms,
-                queue_deadline_ms: *queue_deadline_ms,
-                admitted_at_ms: None,
-                lease: None,
-            }),
-            _ => None,
-        });
+        let job_record = job
+            .as_ref()
+            .and_then(|queued| crate::execution::job::queued_record(&head, queued));
         child_events.extend(job);
         child_events.extend(forked);
         // Agent children start paused and need Continue (K-2).

@@ -113,6 +113,14 @@ fn holds_lease(status: Status) -> bool {
     matches!(status, Status::Running | Status::Cancelling)
 }
 
+/// The record of a Job just queued by `queued` (its `JobQueued` event), for the execution
+/// `head` describes: what admission and a Job's Fork or Retry write with it.
+pub fn queued_record(head: &ExecutionHead, queued: &Event) -> Option<JobRecord> {
+    let mut present = Present::default();
+    present.fold_job(queued, &mut Vec::new());
+    present.job.map(|job| job.record(head))
+}
+
 impl Present {
     /// A Job without a lease: it may not run.
     pub fn needs_lease(&self) -> bool {
