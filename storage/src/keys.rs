@@ -22,6 +22,8 @@
 //! | 0x0C   | execution id                          | codec(String): quarantined  |
 //! | 0x0D   | session id, execution id              | empty: executions by session|
 //! | 0x0E   | job id (an execution id)              | codec(JobRecord), schema 7  |
+//! | 0x0F   | execution id                          | codec(ProjectionRecord),    |
+//! |        |                                       | schema 8                    |
 
 use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, SessionId, WaitId};
 use crate::records::{BlobHash, ExecutionState};
@@ -40,6 +42,7 @@ pub const INCARNATION: u8 = 0x0B;
 pub const QUARANTINE: u8 = 0x0C;
 pub const BY_SESSION: u8 = 0x0D;
 pub const JOB: u8 = 0x0E;
+pub const PROJECTION: u8 = 0x0F;
 
 pub const META_SCHEMA_VERSION: &str = "schema_version";
 /// Position of the last event whose head, events and records are written to their own keys.
@@ -94,6 +97,10 @@ pub fn wait(wait_id: WaitId) -> [u8; 17] {
 
 pub fn job(job_id: ExecutionId) -> [u8; 17] {
     prefixed_id(JOB, job_id.as_bytes())
+}
+
+pub fn projection(execution_id: ExecutionId) -> [u8; 17] {
+    prefixed_id(PROJECTION, execution_id.as_bytes())
 }
 
 pub fn process(process_id: ProcessId) -> [u8; 17] {
@@ -166,6 +173,7 @@ pub fn tree_name(key: &[u8]) -> &'static str {
         Some(&QUARANTINE) => "quarantine",
         Some(&BY_SESSION) => "by_session",
         Some(&JOB) => "jobs",
+        Some(&PROJECTION) => "projections",
         _ => "unknown",
     }
 }

@@ -20,13 +20,17 @@
 //!   reason.
 //! - 7: Jobs (J-1): job records (`0x0E`, record variant 5) and the events `JobQueued`,
 //!   `LeaseGranted`, `LeaseReleased`, `BudgetRaised`. Only a mark, for the same reason.
+//! - 8: projections (S-8): one record per execution (`0x0F`, record variant 6), what a
+//!   reader needs of its state as of a seq, written by the runtime now and then in an
+//!   ordinary transition. Executions without one are read by replaying their events, as
+//!   before, until their next projection. Only a mark, for the same reason.
 
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::keys;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 7;
+pub const SCHEMA_VERSION: u32 = 8;
 
 /// One migration: from `from` to `from + 1`, adding its changes to the batch.
 type Step = fn(&sled::Db, &mut sled::Batch) -> Result<()>;
@@ -40,6 +44,7 @@ const STEPS: &[(u32, Step)] = &[
     (4, head_records_2),
     (5, command_records_2),
     (6, jobs),
+    (7, projections),
 ];
 
 fn initialize(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
@@ -68,6 +73,11 @@ fn command_records_2(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
 
 /// 6 → 7: nothing to rewrite (see the changelog).
 fn jobs(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
+    Ok(())
+}
+
+/// 7 → 8: nothing to rewrite (see the changelog).
+fn projections(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
     Ok(())
 }
 

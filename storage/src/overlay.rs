@@ -493,6 +493,7 @@ pub(crate) fn record_key(record: &RecordValue) -> RecordKey {
         RecordValue::Wait(wait) => keys::wait(wait.wait_id),
         RecordValue::Process(process) => keys::process(process.process_id),
         RecordValue::Job(job) => keys::job(job.job_id),
+        RecordValue::Projection(projection) => keys::projection(projection.execution_id),
     }
 }
 

@@ -5,7 +5,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::ExecutionId;
-use crate::records::{CommandRecord, JobRecord, ProcessRecord, ReceiptRecord, WaitRecord};
+use crate::records::{
+    CommandRecord, JobRecord, ProcessRecord, ProjectionRecord, ReceiptRecord, WaitRecord,
+};
 
 /// A record upsert carried by a transition and replayed from the log.
 ///
@@ -20,6 +22,8 @@ pub(crate) enum RecordValue {
     Process(ProcessRecord),
     /// Since schema 7 (stored variant 5).
     Job(JobRecord),
+    /// Since schema 8 (stored variant 6).
+    Projection(ProjectionRecord),
 }
 
 /// The command record as schemas 1..=5 wrote it (no `reason_code`).
@@ -45,6 +49,7 @@ enum WireRecord {
     Process(ProcessRecord),
     Command(CommandRecord),
     Job(JobRecord),
+    Projection(ProjectionRecord),
 }
 
 /// What `RecordValue` is stored as, written (the same indexes; index 0 is never written).
@@ -57,6 +62,7 @@ enum WireRecordRef<'a> {
     Process(&'a ProcessRecord),
     Command(&'a CommandRecord),
     Job(&'a JobRecord),
+    Projection(&'a ProjectionRecord),
 }
 
 impl Serialize for RecordValue {
@@ -70,6 +76,7 @@ impl Serialize for RecordValue {
             RecordValue::Wait(record) => WireRecordRef::Wait(record),
             RecordValue::Process(record) => WireRecordRef::Process(record),
             RecordValue::Job(record) => WireRecordRef::Job(record),
+            RecordValue::Projection(record) => WireRecordRef::Projection(record),
         }
         .serialize(serializer)
     }
@@ -97,6 +104,7 @@ impl<'de> Deserialize<'de> for RecordValue {
             WireRecord::Process(record) => RecordValue::Process(record),
             WireRecord::Command(record) => RecordValue::Command(record),
             WireRecord::Job(record) => RecordValue::Job(record),
+            WireRecord::Projection(record) => RecordValue::Projection(record),
         })
     }
 }

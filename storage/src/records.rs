@@ -491,6 +491,20 @@ pub struct JobRecord {
     pub lease: Option<LeaseRecord>,
 }
 
+/// S-8: what a reader needs of one execution's state as of `through_seq`, so that reading
+/// it (a snapshot, an activation) folds only the events after that seq, never its whole
+/// history. `state` is the runtime's own encoding (`format` says which); storage keeps it as
+/// bytes. A cache of the log, never the truth: a projection that cannot be used (another
+/// format, a seq past the head) is ignored and the events are replayed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProjectionRecord {
+    pub execution_id: ExecutionId,
+    /// The last seq folded into `state`.
+    pub through_seq: u64,
+    pub format: u32,
+    pub state: Vec<u8>,
+}
+
 /// The address of a blob: BLAKE3 of its bytes.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct BlobHash(pub [u8; 32]);

@@ -17,7 +17,8 @@ use crate::ids::ExecutionId;
 use crate::keys;
 use crate::overlay::Overlay;
 use crate::records::{
-    BlobHash, CommandRecord, ExecutionHead, JobRecord, ProcessRecord, ReceiptRecord, WaitRecord,
+    BlobHash, CommandRecord, ExecutionHead, JobRecord, ProcessRecord, ProjectionRecord, ReceiptRecord,
+    WaitRecord,
 };
 
 /// Bounds of the store. Every queue and batch has one.
@@ -325,3 +326,4 @@ record_conversion!(Receipt, ReceiptRecord);
 record_conversion!(Wait, WaitRecord);
 record_conversion!(Process, ProcessRecord);
 record_conversion!(Job, JobRecord);
+record_conversion!(Projection, ProjectionRecord);

@@ -29,7 +29,7 @@ use crate::open::{
 };
 use crate::overlay::Overlay;
 use crate::records::{
-    BlobHash, CommandRecord, ExecutionHead, ExecutionState, JobRecord, ProcessRecord,
+    BlobHash, CommandRecord, ExecutionHead, ExecutionState, JobRecord, ProcessRecord, ProjectionRecord,
     ReceiptRecord, WaitRecord,
 };
 use crate::shared::{Metrics, Shared};
@@ -66,6 +66,8 @@ pub trait EventReader: Send + Sync + 'static {
     fn process(&self, process_id: ProcessId) -> Result<Option<ProcessRecord>>;
     /// J-1: a Job's standing with the resource queue; `None` for an execution that is no Job.
     fn job(&self, job_id: ExecutionId) -> Result<Option<JobRecord>>;
+    /// S-8: the execution's latest projection (`None` before its first).
+    fn projection(&self, execution_id: ExecutionId) -> Result<Option<ProjectionRecord>>;
     /// The executions of a session, in id order (ids are time-ordered: admission order).
     fn executions_in_session(&self, session_id: SessionId) -> Result<Vec<ExecutionId>>;
     /// Every session with at least one execution, with how many it has, in id order. Reads
@@ -594,6 +596,11 @@ impl EventReader for Store {
 
     fn job(&self, job_id: ExecutionId) -> Result<Option<JobRecord>> {
         self.record(keys::job(job_id))
+    }
+
+    fn projection(&self, execution_id: ExecutionId) -> Result<Option<ProjectionRecord>> {
+        self.shared().check_quarantine(execution_id)?;
+        self.record(keys::projection(execution_id))
     }
 
     fn executions_in_session(&self, session_id: SessionId) -> Result<Vec<ExecutionId>> {

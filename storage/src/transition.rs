@@ -10,7 +10,8 @@ use crate::error::{Error, Result};
 use crate::event::{Event, EventEnvelope};
 use crate::ids::ExecutionId;
 use crate::records::{
-    Blob, CommandRecord, ExecutionHead, JobRecord, ProcessRecord, ReceiptRecord, WaitRecord,
+    Blob, CommandRecord, ExecutionHead, JobRecord, ProcessRecord, ProjectionRecord, ReceiptRecord,
+    WaitRecord,
 };
 
 /// One atomic state change of one execution.
@@ -125,6 +126,8 @@ pub enum Upsert {
     Process(ProcessRecord),
     /// J-1: a Job's standing with the resource queue and its lease.
     Job(JobRecord),
+    /// S-8: the execution's projection as of a seq (replaces the one before).
+    Projection(ProjectionRecord),
     /// Stored once by content; written in the same group as the transition.
     Blob(Blob),
 }
@@ -137,6 +140,7 @@ impl Upsert {
             Upsert::Wait(record) => Some(RecordValue::Wait(record)),
             Upsert::Process(record) => Some(RecordValue::Process(record)),
             Upsert::Job(record) => Some(RecordValue::Job(record)),
+            Upsert::Projection(record) => Some(RecordValue::Projection(record)),
             Upsert::Blob(_) => None,
         }
     }
@@ -201,6 +205,7 @@ impl Transition {
                 Upsert::Wait(record) => codec::encoded_size(record),
                 Upsert::Process(record) => codec::encoded_size(record),
                 Upsert::Job(record) => codec::encoded_size(record),
+                Upsert::Projection(record) => codec::encoded_size(record),
                 Upsert::Blob(_) => 0,
             });
         }

@@ -58,6 +58,15 @@ impl Committer {
                 "the head names another execution".into(),
             ));
         }
+        let foreign_projection = upserts.iter().any(|upsert| {
+            matches!(upsert, Upsert::Projection(projection)
+                if projection.execution_id != execution_id || rejection)
+        });
+        if foreign_projection {
+            return Err(Error::InvalidTransition(
+                "a projection goes with an event of its own execution".into(),
+            ));
+        }
         self.shared.check_quarantine(execution_id)?;
 
         // K-4 before the version check: a retried command gets its stored outcome even when
@@ -133,6 +142,14 @@ impl Committer {
             .collect();
         let n_events = envelopes.len() as u64;
         next.last_seq = first_seq + n_events - 1;
+        let beyond = upserts.iter().any(|upsert| {
+            matches!(upsert, Upsert::Projection(projection) if projection.through_seq > next.last_seq)
+        });
+        if beyond {
+            return Err(Error::InvalidTransition(
+                "a projection is of a seq past the transition's last event".into(),
+            ));
+        }
 
         let mut records = Vec::new();
         let mut blobs = Vec::new();

@@ -17,3 +17,4 @@ mod s4_corruption;
 mod s5_blobs;
 mod s6_startup;
 mod s7_acknowledged;
+mod s8_projections;
