@@ -10,7 +10,7 @@ use openprogram_storage::{
 
 use crate::activity::{self, Activity, ExecutionFacts};
 use crate::command::Command;
-use crate::env::load;
+use crate::env::load_projected;
 use crate::error::{Error, Result};
 use crate::execution::fork::fork_state;
 use crate::execution::machine::{Accepted, CommandContext, Machine, Rejection};
@@ -25,7 +25,7 @@ impl Service {
         let store = self.env().store.as_ref();
         let mut facts = Vec::new();
         for execution_id in store.executions_in_session(session_id)? {
-            match load(store, execution_id) {
+            match load_projected(store, execution_id) {
                 Ok((head, machine)) if head.session_id == session_id => {
                     facts.push(facts_of(&head, &machine, self.env().revision));
                 }
@@ -86,7 +86,7 @@ impl Service {
         // a refusal is stored only if the parent is still at that version, else decided again.
         let mut decided = None;
         for _ in 0..FORK_DECISIONS_MAX {
-            let (parent, machine) = self.env().latest_state(parent_id, false)?;
+            let (parent, machine) = self.env().complete_state(parent_id)?;
             if parent.session_id != session_id {
                 return Err(Error::NotFound);
             }

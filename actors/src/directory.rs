@@ -17,7 +17,7 @@ use openprogram_storage::{
 use crate::admission::{Admission, StartRequest};
 use crate::attempt_lease::LeaseState;
 use crate::command::{Command, CommandBody};
-use crate::env::{replay, ChildCall, Env, Hooks};
+use crate::env::{project, ChildCall, Env, Hooks};
 use crate::error::{Error, Result};
 use crate::execution::actor::{Activate, ExecutionActor, Superseded};
 use crate::execution::commands::ApplyCommand;
@@ -403,7 +403,7 @@ impl Executions {
                 epoch,
             };
             // Live questions of the old attempt end with the claim (W-4): their records too.
-            let mut machine = replay(self.store.as_ref(), execution_id, head.last_seq)?;
+            let mut machine = project(self.store.as_ref(), execution_id, head.last_seq)?;
             let Plan { transition, after } = machine.plan(
                 &head,
                 vec![claim],

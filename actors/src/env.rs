@@ -17,6 +17,7 @@ use openprogram_storage::{EventStore, ExecutionHead, ExecutionId, OwnerId, Proce
 use crate::agent::{Provider, ToolRegistry};
 use crate::error::{Error, Result};
 use crate::execution::machine::{Action, Machine, Recovery};
+use crate::execution::projection::Projected;
 use crate::function::FunctionRegistry;
 use crate::lifecycle::Lifecycle;
 use crate::process::{ProcessHost, ProcessProgress, Processes};
@@ -78,8 +79,8 @@ pub struct Env {
     pub steps: std::sync::atomic::AtomicU64,
     /// The states of the executions that parked last (`keep_parked`).
     parked: Mutex<std::collections::VecDeque<(ExecutionHead, Machine)>>,
-    /// States loaded by `latest_state`: [from a parked state, by a replay].
-    pub state_loads: [std::sync::atomic::AtomicU64; 2],
+    /// States loaded by `latest_state`: [from a parked state, by a replay, from a projection].
+    pub state_loads: [std::sync::atomic::AtomicU64; 3],
     /// J-1: the resources Jobs are admitted for, and the queue that leases them (once
     /// started).
     pub resources: Resources,
@@ -107,6 +108,61 @@ pub fn load(store: &dyn EventStore, execution_id: ExecutionId) -> Result<(Execut
     let machine = replay(store, execution_id, u64::MAX)?;
     Ok((head, machine))
 }
+
+/// An execution's head and the machine a reader needs (S-8): rebuilt from its projection
+/// and the events after it — a partial machine, at a cost that does not grow with its
+/// history — or by a replay where it has no usable projection.
+pub fn load_projected(
+    store: &dyn EventStore,
+    execution_id: ExecutionId,
+) -> Result<(ExecutionHead, Machine)> {
+    let head = store.head(execution_id)?.ok_or(Error::NotFound)?;
+    let machine = project(store, execution_id, head.last_seq)?;
+    Ok((head, machine))
+}
+
+/// The machine of an execution through `through_seq` (its head's `last_seq`): from its
+/// projection if it has one it can use (see `load_projected`), else replayed.
+pub fn project(
+    store: &dyn EventStore,
+    execution_id: ExecutionId,
+    through_seq: u64,
+) -> Result<Machine> {
+    let record = match store.projection(execution_id) {
+        Ok(record) => record,
+        Err(error) => {
+            // A cache of the log: the events say the same.
+            tracing::warn!(%execution_id, %error, "projection unreadable; replaying");
+            None
+        }
+    };
+    let usable = record
+        .filter(|record| record.through_seq > 0 && record.through_seq <= through_seq)
+        .and_then(|record| Some((Projected::read(&record)?, record.through_seq)));
+    let Some((projected, from_seq)) = usable else {
+        return replay(store, execution_id, through_seq);
+    };
+    let mut ignored = Vec::new();
+    let mut admitted = Machine::default();
+    for envelope in store.events_after(execution_id, 0, 1)? {
+        admitted.apply(&envelope.event, envelope.seq, &mut ignored);
+    }
+    let mut machine = projected.into_machine(admitted);
+    let limit = usize::try_from(through_seq - from_seq).unwrap_or(usize::MAX);
+    for envelope in store.events_after(execution_id, from_seq, limit)? {
+        machine.apply(&envelope.event, envelope.seq, &mut ignored);
+        ignored.clear();
+    }
+    debug_assert!(
+        through_seq > PROJECTION_CHECKED_MAX
+            || replay(store, execution_id, through_seq).is_ok_and(|whole| machine.reads_as(&whole)),
+        "a projection and the events after it read as the whole history does"
+    );
+    Ok(machine)
+}
+
+/// Debug builds check every projected machine against a replay up to this many events.
+const PROJECTION_CHECKED_MAX: u64 = 20_000;
 
 /// Rebuilds an execution's machine from its events up to `through_seq` (a head's
 /// `last_seq`: exactly the state that head describes), without reading the head again.
@@ -246,18 +302,32 @@ impl Env {
                 if (head.version, head.last_seq) == (stored.version, stored.last_seq) =>
             {
                 self.state_loads[0].fetch_add(1, Ordering::Relaxed);
-                debug_assert_eq!(
-                    replay(self.store.as_ref(), execution_id, u64::MAX).ok(),
-                    Some(machine.clone()),
+                debug_assert!(
+                    replay(self.store.as_ref(), execution_id, u64::MAX)
+                        .is_ok_and(|whole| machine.reads_as(&whole)
+                            && (!machine.is_complete() || whole == machine)),
                     "a parked state is the state a replay rebuilds"
                 );
                 Ok((stored, machine))
             }
             _ => {
-                self.state_loads[1].fetch_add(1, Ordering::Relaxed);
-                Ok((stored, replay(self.store.as_ref(), execution_id, u64::MAX)?))
+                let machine = project(self.store.as_ref(), execution_id, stored.last_seq)?;
+                let from = if machine.is_complete() { 1 } else { 2 };
+                self.state_loads[from].fetch_add(1, Ordering::Relaxed);
+                Ok((stored, machine))
             }
         }
+    }
+
+    /// `latest_state` with the whole history (a Fork or Retry decides on it): a kept state
+    /// if it is complete, else a replay.
+    pub fn complete_state(&self, execution_id: ExecutionId) -> Result<(ExecutionHead, Machine)> {
+        let (head, machine) = self.latest_state(execution_id, false)?;
+        if machine.is_complete() {
+            return Ok((head, machine));
+        }
+        let machine = replay(self.store.as_ref(), execution_id, head.last_seq)?;
+        Ok((head, machine))
     }
 
     /// Tells the shared state how to reach the runtime's `Executions` (once, when they are

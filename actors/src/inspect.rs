@@ -79,6 +79,12 @@ impl Inspector {
         (loads(0), loads(1))
     }
 
+    /// S-8: execution states loaded from a projection and the events after it (not
+    /// counted in `state_loads`).
+    pub fn projected_loads(&self) -> u64 {
+        self.actors.state_loads[2].load(Ordering::Relaxed)
+    }
+
     /// Every live execution, its attempt lease and every managed process, each asked for
     /// its own account at once; an actor busy past `timeout` (or stopped meanwhile) is
     /// listed as unanswered.

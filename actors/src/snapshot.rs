@@ -4,6 +4,7 @@ use openprogram_storage::{EventStore, ExecutionHead, ExecutionKind, ReceiptStatu
 use serde::Serialize;
 
 use crate::execution::machine::{CommandContext, Machine};
+use crate::execution::projection::KEPT;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Snapshot {
@@ -22,8 +23,15 @@ pub struct Snapshot {
     pub attempt: u64,
     pub capabilities: Vec<&'static str>,
     pub text: String,
+    /// S-8: the newest `projection::KEPT` receipts, oldest first; every one is in the
+    /// execution's events.
     pub receipts: Vec<ReceiptView>,
+    /// How many receipts the execution has in all.
+    pub receipts_total: u64,
+    /// The newest `projection::KEPT` waits and live questions, oldest first.
     pub waits: Vec<WaitView>,
+    /// How many waits and live questions it has in all.
+    pub waits_total: u64,
     pub processes: Vec<ProcessView>,
     pub restart_deadline_ms: Option<u64>,
     /// A durable function's execution (F-2): what it runs and how far it got.
@@ -178,6 +186,9 @@ impl Snapshot {
     /// The snapshot of `head` and its machine, offering the controls accepted now (K-3) by
     /// a runtime of `revision`.
     pub fn of(head: &ExecutionHead, machine: &Machine, revision: RevisionId) -> Self {
+        let (receipts_total, ended_waits_total, _) = machine.totals();
+        let receipts: Vec<_> = machine.receipts.iter().collect();
+        let waits = machine.waits();
         let context = CommandContext {
             version: head.version,
             revision,
@@ -208,8 +219,7 @@ impl Snapshot {
                 .map(|kind| kind.as_str())
                 .collect(),
             text: machine.text.clone(),
-            receipts: machine
-                .receipts
+            receipts: newest(&receipts)
                 .iter()
                 .map(|receipt| ReceiptView {
                     effect_id: receipt.effect_id,
@@ -217,9 +227,10 @@ impl Snapshot {
                     status: receipt_status(receipt.status),
                 })
                 .collect(),
-            waits: machine
-                .waits()
-                .into_iter()
+            receipts_total,
+            waits_total: ended_waits_total + machine.active_waits.len() as u64,
+            waits: newest(&waits)
+                .iter()
                 .map(|wait| WaitView {
                     wait_id: wait.wait_id,
                     kind: wait.kind.as_str(),
@@ -251,6 +262,12 @@ impl Snapshot {
     }
 }
 
+/// The newest `KEPT` of `items` (S-8: what a snapshot shows of a list that grows with the
+/// history).
+fn newest<T>(items: &[T]) -> &[T] {
+    &items[items.len().saturating_sub(KEPT)..]
+}
+
 impl FunctionView {
     fn of(machine: &Machine) -> Option<Self> {
         let called = machine.function.as_ref()?;
@@ -258,8 +275,7 @@ impl FunctionView {
             name: called.function.clone(),
             revision: machine.active_revision,
             policy: machine.policy.as_str(),
-            completed_steps: machine
-                .completed_steps
+            completed_steps: newest(&machine.completed_steps)
                 .iter()
                 .map(|step| StepView {
                     step_id: step.step_id.clone(),

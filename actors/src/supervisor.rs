@@ -22,7 +22,7 @@ use openprogram_storage::{ProcessId, ProcessState, Upsert};
 
 use crate::attempt_lease::LeaseState;
 use crate::directory::Executions;
-use crate::env::{replay, Env};
+use crate::env::{project, Env};
 use crate::error::{Error, Result};
 use crate::execution::machine::{Machine, RESTART_PAUSE_REASON};
 use crate::execution::plan;
@@ -334,7 +334,7 @@ async fn act_on(env: &Arc<Executions>, head: ExecutionHead, plan: Plan) -> Resul
         // and nothing runs before the claims.
         Plan::Reconcile => Ok(Done::Reconciling),
         Plan::Hold(hold) => {
-            let machine = replay(env.store.as_ref(), head.execution_id, head.last_seq)?;
+            let machine = project(env.store.as_ref(), head.execution_id, head.last_seq)?;
             if let Some(done) = unknown_instead(env, &head, &machine, None).await? {
                 return Ok(done);
             }
@@ -346,7 +346,7 @@ async fn act_on(env: &Arc<Executions>, head: ExecutionHead, plan: Plan) -> Resul
             Ok(claimed.map_or(Done::Skipped, |_| Done::Held(hold.reason())))
         }
         Plan::Expire { intent } => {
-            let machine = replay(env.store.as_ref(), head.execution_id, head.last_seq)?;
+            let machine = project(env.store.as_ref(), head.execution_id, head.last_seq)?;
             if let Some(done) = unknown_instead(env, &head, &machine, Some(intent.clone())).await? {
                 return Ok(done);
             }
@@ -397,7 +397,7 @@ async fn unknown_instead(
 /// Claims the execution for a new attempt and starts its actor with the original ids.
 async fn resume(env: &Arc<Executions>, head: ExecutionHead, intent: RestartIntent) -> Result<Done> {
     let execution_id = head.execution_id;
-    let machine = replay(env.store.as_ref(), execution_id, head.last_seq)?;
+    let machine = project(env.store.as_ref(), execution_id, head.last_seq)?;
     let found_checkpoint = head
         .checkpoint
         .as_ref()

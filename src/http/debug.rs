@@ -300,10 +300,15 @@ fn runtime_metrics(out: &mut Prometheus, runtime: &crate::Runtime) {
         "state_loads_total",
         "counter",
         "Execution states loaded for an activation or a read: from a parked state kept in \
-         memory, or by replaying the execution's events.",
+         memory, by replaying the execution's events, or from its projection and the events \
+         after it.",
         &[
             ("{from=\"parked\"}".to_owned(), parked as f64),
             ("{from=\"replay\"}".to_owned(), replayed as f64),
+            (
+                "{from=\"projection\"}".to_owned(),
+                inspect.projected_loads() as f64,
+            ),
         ],
     );
     out.counter(

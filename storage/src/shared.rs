@@ -17,8 +17,8 @@ use crate::ids::ExecutionId;
 use crate::keys;
 use crate::overlay::Overlay;
 use crate::records::{
-    BlobHash, CommandRecord, ExecutionHead, JobRecord, ProcessRecord, ProjectionRecord, ReceiptRecord,
-    WaitRecord,
+    BlobHash, CommandRecord, ExecutionHead, JobRecord, ProcessRecord, ProjectionRecord,
+    ReceiptRecord, WaitRecord,
 };
 
 /// Bounds of the store. Every queue and batch has one.

@@ -29,8 +29,8 @@ use crate::open::{
 };
 use crate::overlay::Overlay;
 use crate::records::{
-    BlobHash, CommandRecord, ExecutionHead, ExecutionState, JobRecord, ProcessRecord, ProjectionRecord,
-    ReceiptRecord, WaitRecord,
+    BlobHash, CommandRecord, ExecutionHead, ExecutionState, JobRecord, ProcessRecord,
+    ProjectionRecord, ReceiptRecord, WaitRecord,
 };
 use crate::shared::{Metrics, Shared};
 use crate::transition::{Outcome, Transition};

@@ -41,6 +41,7 @@ mod r22_model;
 mod recovery;
 mod restart_window;
 mod resume;
+mod s8_history;
 mod served;
 mod tidy;
 mod waits;

@@ -320,6 +320,33 @@ impl ExecutionActor {
         ctx.stop();
     }
 
+    /// S-8: an actor activated from a projection (a partial machine) replays the whole
+    /// history before its first step: a model request needs the context, a function's run
+    /// its committed steps. False if the replay failed: the actor released itself.
+    fn complete_history(&mut self, ctx: &mut Context<Self>) -> bool {
+        if self.machine.is_complete() {
+            return true;
+        }
+        match crate::env::replay(
+            self.env.store.as_ref(),
+            self.execution_id,
+            self.head.last_seq,
+        ) {
+            Ok(whole) => {
+                debug_assert!(
+                    self.machine.reads_as(&whole),
+                    "a partial machine reads as its history"
+                );
+                self.machine = whole;
+                true
+            }
+            Err(error) => {
+                log_failure(Err(error), self, ctx);
+                false
+            }
+        }
+    }
+
     fn snapshot(&self) -> Snapshot {
         Snapshot::of(&self.head, &self.machine, self.env.revision)
     }
@@ -384,6 +411,9 @@ impl Handler<Advance> for ExecutionActor {
         }
         self.handled += 1;
         if self.in_flight.is_some() || self.epoch.is_none() {
+            return AtomicResponse::new(Box::pin(fut::ready(())));
+        }
+        if !self.complete_history(ctx) {
             return AtomicResponse::new(Box::pin(fut::ready(())));
         }
         if let Some(deciding) = self.decide_pending() {

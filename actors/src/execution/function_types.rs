@@ -51,7 +51,7 @@ pub enum RunDecision {
 
 /// A durable function's step with a committed result (F-2, F-4): what every later run of
 /// the body reads back instead of running it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CompletedStep {
     pub step_id: String,
     /// The revision that ran it: its provenance, kept when the function moves on (F-3).

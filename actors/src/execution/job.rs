@@ -21,7 +21,7 @@ pub const BUDGET_EXHAUSTED: &str = "budget_exhausted";
 pub const QUEUE_DEADLINE: &str = "queue_deadline";
 
 /// What a Job asked for at admission. Never changes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct JobSpec {
     pub resources: Vec<(String, u32)>,
     pub queued_at_ms: u64,
@@ -29,7 +29,7 @@ pub struct JobSpec {
 }
 
 /// The lease a Job's attempt holds now.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HeldLease {
     pub lease_id: LeaseId,
     /// The fencing epoch of the attempt it was granted to.
@@ -38,7 +38,7 @@ pub struct HeldLease {
 }
 
 /// A Job's standing, folded from its events.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct JobState {
     pub spec: Arc<JobSpec>,
     pub budget: JobBudget,

@@ -60,15 +60,21 @@ pub struct Machine {
     /// F-3: committed results as an adopted revision reads them (its declared conversion),
     /// by position among the completed steps.
     pub converted_outputs: std::collections::BTreeMap<u32, String>,
+    /// S-8: `Some` for a machine rebuilt from a projection (`projection.rs`): its history
+    /// holds only the newest items, and this says how many it left out. It reads and decides
+    /// commands; it runs nothing until the whole history is replayed.
+    pub partial: Option<Dropped>,
 }
 
 /// What decides the next step: everything a transition's events can change but the history.
 /// Cheap to copy whatever the execution's length (its waits are the pending ones only).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Present {
     pub status: Option<Status>,
     pub pause_reason: Option<String>,
-    /// Immutable after admission; shared with every model request.
+    /// Immutable after admission; shared with every model request. Not in a projection:
+    /// read from the admission's event.
+    #[serde(skip)]
     pub input: std::sync::Arc<AgentInput>,
     /// Model decisions made so far (E-5 counts them against `max_iterations`).
     pub iterations: u32,

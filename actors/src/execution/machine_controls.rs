@@ -51,7 +51,7 @@ impl Machine {
         }
         // K-2: new child executions of the same program; the original is untouched.
         if self.revision_loadable(at) {
-            if !self.fork_points.is_empty() {
+            if self.has_fork_point() {
                 kinds.push(CommandKind::Fork);
             }
             if self.status().is_terminal() {

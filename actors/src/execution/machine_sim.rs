@@ -22,6 +22,7 @@ use openprogram_storage::{
 };
 
 use super::machine::*;
+use super::projection::Projected;
 
 /// Runs per test and inputs per run.
 const RUNS: u64 = 300;
@@ -75,6 +76,11 @@ struct Sim {
     /// Waits once resolved, with their outcome: it never changes again.
     resolved:
         std::collections::HashMap<openprogram_storage::WaitId, openprogram_storage::WaitStatus>,
+    /// S-8: the machine as a reader rebuilds it from the projection taken at the last
+    /// restart, folded with every commit since, as a parked actor's partial machine is.
+    partial: Option<Machine>,
+    /// The model rarely replies, asks or fails (`s8_long_interleavings…`).
+    long: bool,
 }
 
 fn recovery(tool: &str) -> Recovery {
@@ -86,8 +92,8 @@ fn recovery(tool: &str) -> Recovery {
 }
 
 impl Sim {
-    fn new() -> Self {
-        let admitted = super::machine_tests::admitted(8);
+    fn new(max_iterations: u32) -> Self {
+        let admitted = super::machine_tests::admitted(max_iterations);
         let mut sim = Sim {
             machine: Machine::default(),
             log: Vec::new(),
@@ -100,6 +106,8 @@ impl Sim {
             late: None,
             dispatched_at: Default::default(),
             resolved: Default::default(),
+            partial: None,
+            long: max_iterations > 100,
         };
         sim.commit(vec![admitted], "admission");
         sim.restart("first attempt");
@@ -116,9 +124,25 @@ impl Sim {
             owner_id: OwnerId::new(),
             epoch: self.epoch,
         };
+        self.partial = self.projected();
         if !self.machine.status().is_terminal() {
             self.commit(vec![started], context);
         }
+    }
+
+    /// S-8: the partial machine a reader rebuilds from a projection of the machine now
+    /// (through its stored encoding).
+    fn projected(&self) -> Option<Machine> {
+        let first = self.log.first()?;
+        let record = Projected::record(
+            &self.machine,
+            openprogram_storage::ExecutionId::new(),
+            self.log.len() as u64,
+        );
+        let projected = Projected::read(&record).expect("a projection reads back");
+        let mut admitted = Machine::default();
+        admitted.apply(first, 1, &mut Vec::new());
+        Some(projected.into_machine(admitted))
     }
 
     /// Commits events as the actor does, then checks every invariant.
@@ -132,6 +156,7 @@ impl Sim {
     fn commit_decided(&mut self, events: Vec<Event>, decision: Option<Decision>, context: &str) {
         let before = self.machine.status();
         let before_waits: Vec<WaitState> = self.machine.waits().into_iter().cloned().collect();
+        let mut fresh = self.projected();
         let head = self.head();
         let writer = crate::execution::plan::Writer::Attempt { epoch: self.epoch };
         // The plan as the actor makes it (with the decision), and one from the events'
@@ -241,6 +266,31 @@ impl Sim {
         }
         assert_eq!(replayed, self.machine, "{context}: replay diverged");
         check_capabilities(&self.machine, self.in_flight.is_some(), context);
+        // S-8: a machine rebuilt from a projection and folded since reads as the whole
+        // history, and offers the same controls.
+        let first_seq = self.log.len() - events.len() + 1;
+        for partial in [fresh.as_mut(), self.partial.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            for (at, event) in events.iter().enumerate() {
+                partial.apply(event, (first_seq + at) as u64, &mut Vec::new());
+            }
+            if !partial.reads_as(&self.machine) {
+                assert_eq!(partial.present, self.machine.present, "{context}: present");
+                assert_eq!(
+                    format!("{:#?}", Projected::of(partial)),
+                    format!("{:#?}", Projected::of(&self.machine)),
+                    "{context}: a projection diverged"
+                );
+            }
+            let at = super::machine_tests::at(&self.machine, self.in_flight.is_some());
+            assert_eq!(
+                partial.capabilities(&at),
+                self.machine.capabilities(&at),
+                "{context}: a projection offers other controls"
+            );
+        }
         if actions.contains(&Action::AbortEffect) {
             // The actor aborts it; a result already on its way still arrives.
             self.late = self.late.or(self.in_flight.take());
@@ -357,7 +407,9 @@ impl Sim {
         };
         match effect {
             InFlight::Model(effect_id) => {
-                let input = match rng.below(7) {
+                // A long run's model mostly calls `echo`: its turn outgrows a projection.
+                let pick = rng.below(if self.long { 70 } else { 7 });
+                let input = match pick {
                     6 => Input::ModelDecided {
                         effect_id,
                         decision: Decision::Ask {
@@ -435,6 +487,8 @@ impl Sim {
             3 => Control::Steer {
                 text: "steer".into(),
             },
+            // A long run is cancelled once in a while only.
+            _ if self.long && rng.below(20) > 0 => Control::Continue,
             _ => Control::Cancel,
         };
         let kind = control.kind();
@@ -493,6 +547,17 @@ impl Sim {
 
 #[test]
 fn r10_seeded_interleavings_keep_the_machine_invariants() {
+    simulate(RUNS, INPUTS_PER_RUN, 8);
+}
+
+/// S-8 with histories longer than a projection keeps (`projection::KEPT`): fewer, longer
+/// runs of the same simulation.
+#[test]
+fn s8_long_interleavings_read_alike_from_a_projection() {
+    simulate(12, 400, 200);
+}
+
+fn simulate(runs: u64, inputs_per_run: usize, max_iterations: u32) {
     let seed = std::env::var("OP_SIM_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -505,9 +570,10 @@ fn r10_seeded_interleavings_keep_the_machine_invariants() {
     eprintln!("machine simulation: seed {seed} (replay with OP_SIM_SEED={seed})");
     let mut rng = Rng(seed);
     let mut ended = 0;
-    for _ in 0..RUNS {
-        let mut sim = Sim::new();
-        for _ in 0..INPUTS_PER_RUN {
+    let mut longest = 0;
+    for _ in 0..runs {
+        let mut sim = Sim::new(max_iterations);
+        for _ in 0..inputs_per_run {
             match rng.below(10) {
                 0..=3 => sim.advance(&mut rng),
                 4..=6 => sim.finish_effect(&mut rng),
@@ -516,11 +582,18 @@ fn r10_seeded_interleavings_keep_the_machine_invariants() {
             }
         }
         ended += usize::from(sim.terminal.is_some());
+        longest = longest.max(sim.machine.receipts.iter().count());
     }
     assert!(
         ended > 0,
         "seed {seed}: no run reached a terminal state; the simulation is too weak"
     );
+    if inputs_per_run > 100 {
+        assert!(
+            longest > super::projection::KEPT,
+            "seed {seed}: no run outgrew a projection ({longest} receipts)"
+        );
+    }
 }
 
 /// K-3 in every state the simulation reaches: a kind is offered exactly when

@@ -197,7 +197,7 @@ pub enum Turn {
 /// One effect's receipt as the machine keeps it for inspection (the snapshot): what ran it
 /// (`model` for a model call, else the tool's name) and its latest status. The durable
 /// receipt is the event that recorded it (E-3).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Receipt {
     pub effect_id: EffectId,
     pub tool: std::borrow::Cow<'static, str>,
@@ -247,6 +247,11 @@ impl Receipts {
         }
     }
 
+    /// Puts back a receipt a projection kept (oldest first).
+    pub(super) fn restore(&mut self, receipt: Receipt) {
+        self.0.push(receipt);
+    }
+
     pub fn get(&self, effect_id: EffectId) -> Option<&Receipt> {
         self.0.iter().rev().find(|r| r.effect_id == effect_id)
     }
@@ -257,7 +262,7 @@ impl Receipts {
 }
 
 /// A tool call decided by the model and not yet finished.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PendingTool {
     pub effect_id: EffectId,
     pub tool: String,
@@ -376,8 +381,19 @@ pub enum Accepted {
     Retry,
 }
 
+/// What a partial machine's history leaves out, by part: how many items older than those
+/// it holds. All zero for a complete machine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Dropped {
+    pub receipts: u64,
+    pub ended_waits: u64,
+    pub completed_steps: u64,
+    pub fork_points: u64,
+    pub context: u64,
+}
+
 /// A checkpoint a fork may start from (K-2), and the effect its next step would run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ForkPoint {
     pub checkpoint_seq: u64,
     pub next_effect: Option<EffectId>,

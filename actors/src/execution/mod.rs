@@ -25,6 +25,7 @@ mod machine_types;
 pub mod machine_waits;
 pub mod plan;
 pub mod processes;
+pub mod projection;
 mod refusal;
 pub mod restart;
 mod wait_types;

@@ -14,6 +14,7 @@ use openprogram_storage::{
 
 use super::machine::{Action, Decision, Machine, Present, Recovery};
 use super::machine_waits::changed_wait_records;
+use super::projection::Projected;
 
 /// Who writes a transition, which decides what its head says about the attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +170,16 @@ impl Machine {
             .into_iter()
             .map(Upsert::Wait),
         );
+        // S-8: now and then, the projection of the machine as it is before these events.
+        if super::projection::due(head.last_seq, transition.events.len()) {
+            transition
+                .upserts
+                .push(Upsert::Projection(Projected::record(
+                    self,
+                    head.execution_id,
+                    head.last_seq,
+                )));
+        }
         if let Some(epoch) = writer.epoch() {
             transition = transition.by_epoch(epoch).with_head(next.clone());
         }

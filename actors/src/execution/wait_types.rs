@@ -9,7 +9,7 @@ use openprogram_storage::{
 };
 
 /// One wait or live question, as the machine knows it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct WaitState {
     pub wait_id: WaitId,
     /// The seq of its `WaitOpened`: waits are listed in this order.
@@ -36,7 +36,7 @@ pub enum LiveOutcome {
 }
 
 /// A managed process this execution started (P-1).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ManagedProcess {
     pub process_id: ProcessId,
     pub state: ProcState,

@@ -32,7 +32,10 @@ async fn s8_a_projection_is_replaced_by_the_next_and_survives_a_reopen() {
             committed(store.submit(transition).await.expect("submit"));
         }
         let read = store.projection(execution_id).expect("read").expect("some");
-        assert_eq!((read.through_seq, read.state.as_slice()), (3, &b"state"[..]));
+        assert_eq!(
+            (read.through_seq, read.state.as_slice()),
+            (3, &b"state"[..])
+        );
         execution_id
     };
     let store = Store::open(dir.path()).expect("reopen");
@@ -46,7 +49,10 @@ async fn s8_a_projection_of_another_execution_or_past_the_head_is_refused() {
     let store = Store::open(dir.path()).expect("open");
     let execution_id = create(&store).await;
     let other = create(&store).await;
-    for upsert in [projection(other, 1, b"x"), projection(execution_id, 3, b"x")] {
+    for upsert in [
+        projection(other, 1, b"x"),
+        projection(execution_id, 3, b"x"),
+    ] {
         let transition = Transition::new(execution_id, vec![decided("a")])
             .expect_version(1)
             .with(upsert);
