@@ -7,7 +7,10 @@
 //!   …/executions/{eid}` costs;
 //! - one page of events (100 after seq 0, and 100 at the end), p50;
 //! - the answer to its wait: the command's call to its `applied` answer, which includes the
-//!   activation of the parked execution (loading it, starting its actor) and one commit.
+//!   activation of the parked execution (loading it, starting its actor) and one commit;
+//! - and from the same call until the execution has finished: the actor reads the whole
+//!   history before its next step (a model request carries the whole context, S-8), then
+//!   takes one step.
 //!
 //! Prints a table, then one JSON line per length. Nothing is asserted: it measures.
 
@@ -94,8 +97,15 @@ fn main() {
         .build()
         .expect("tokio runtime");
     println!(
-        "{:>8} {:>10} {:>12} {:>12} {:>12} {:>12} {:>10}",
-        "steps", "build s", "snapshot p50", "snapshot p99", "page 1 p50", "last page", "answer ms"
+        "{:>8} {:>10} {:>12} {:>12} {:>12} {:>12} {:>10} {:>12}",
+        "steps",
+        "build s",
+        "snapshot p50",
+        "snapshot p99",
+        "page 1 p50",
+        "last page",
+        "answer ms",
+        "finished ms"
     );
     let mut lines = Vec::new();
     for n in lengths {
@@ -167,6 +177,10 @@ fn main() {
             .expect("answer");
         let answer_ms = at.elapsed().as_secs_f64() * 1e3;
         assert_eq!(answered.status, "applied", "{answered:?}");
+        threads
+            .block_on(runtime.wait_finished(session, execution))
+            .expect("finished");
+        let finished_ms = at.elapsed().as_secs_f64() * 1e3;
         let row = (
             percentile(&mut snapshots, 0.5),
             percentile(&mut snapshots, 0.99),
@@ -174,14 +188,15 @@ fn main() {
             percentile(&mut last_pages, 0.5),
         );
         println!(
-            "{:>8} {:>10.1} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>10.3}",
+            "{:>8} {:>10.1} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>10.3} {:>12.3}",
             n,
             built.as_secs_f64(),
             row.0,
             row.1,
             row.2,
             row.3,
-            answer_ms
+            answer_ms,
+            finished_ms
         );
         lines.push(json!({
             "steps": n,
@@ -192,6 +207,7 @@ fn main() {
             "first_page_p50_ms": row.2,
             "last_page_p50_ms": row.3,
             "answer_ms": answer_ms,
+            "finished_ms": finished_ms,
         }));
         threads.block_on(runtime.shutdown());
     }
