@@ -272,6 +272,39 @@ pub(crate) fn decode_log_record(key: &[u8], bytes: &[u8]) -> Result<DecodedLogRe
     decode_frames(key, bytes, None)
 }
 
+/// The last position of a log record and the execution each of its frames claims, read
+/// from the headers alone (S-8: the log's sweep asks whose frames a record holds).
+pub(crate) fn frame_owners(key: &[u8], bytes: &[u8]) -> Result<(u64, Vec<ExecutionId>)> {
+    let corrupted = || Error::Corrupted {
+        tree: keys::tree_name(key),
+        key: keys::display(key),
+    };
+    if bytes.len() < LOG_HEADER_LEN
+        || !matches!(bytes[0], LOG_FORMAT_V1 | LOG_FORMAT_V2 | LOG_FORMAT_VERSION)
+    {
+        return Err(corrupted());
+    }
+    let mut last = [0u8; 8];
+    last.copy_from_slice(&bytes[1..9]);
+    let mut owners = Vec::new();
+    let mut rest = &bytes[LOG_HEADER_LEN..];
+    while !rest.is_empty() {
+        if rest.len() < FRAME_HEADER_LEN {
+            return Err(corrupted());
+        }
+        let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let end = FRAME_HEADER_LEN
+            .checked_add(len)
+            .filter(|end| *end <= rest.len())
+            .ok_or_else(corrupted)?;
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&rest[8..24]);
+        owners.push(ExecutionId::from_bytes(id));
+        rest = &rest[end..];
+    }
+    Ok((u64::from_be_bytes(last), owners))
+}
+
 /// Like `decode_log_record`, but decodes only the frames whose header names `only`; the
 /// others are skipped by their length without being decoded.
 pub(crate) fn decode_frames(

@@ -34,6 +34,9 @@ pub enum Error {
         len: usize,
         max: usize,
     },
+    /// S-8: the execution was purged (retention, or its session deleted).
+    #[error("execution {0} was purged")]
+    Purged(ExecutionId),
     /// A transition names an execution that does not exist and does not create it.
     #[error("execution {0} does not exist")]
     UnknownExecution(ExecutionId),
@@ -82,6 +85,7 @@ impl Error {
             Error::Corrupted { .. } => "corrupted",
             Error::Quarantined { .. } => "quarantined",
             Error::PayloadTooLarge { .. } => "payload_too_large",
+            Error::Purged(_) => "purged",
             Error::UnknownExecution(_) => "not_found",
             Error::InvalidTransition(_) => "invalid_transition",
             Error::InvalidLimits(_) => "invalid_limits",

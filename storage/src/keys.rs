@@ -24,6 +24,13 @@
 //! | 0x0E   | job id (an execution id)              | codec(JobRecord), schema 7  |
 //! | 0x0F   | execution id                          | codec(ProjectionRecord),    |
 //! |        |                                       | schema 8                    |
+//! | 0x10   | execution id                          | codec(PurgedRecord): purged |
+//! |        |                                       | (S-8), schema 8             |
+//! | 0x11   | execution id, record key (17 bytes)   | empty: records it owns      |
+//! |        |                                       | (commands, receipts, waits, |
+//! |        |                                       | processes), schema 8        |
+//! | 0x12   | ended at ms u64, execution id         | empty: ended executions by  |
+//! |        |                                       | time (retention), schema 8  |
 
 use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, SessionId, WaitId};
 use crate::records::{BlobHash, ExecutionState};
@@ -43,6 +50,9 @@ pub const QUARANTINE: u8 = 0x0C;
 pub const BY_SESSION: u8 = 0x0D;
 pub const JOB: u8 = 0x0E;
 pub const PROJECTION: u8 = 0x0F;
+pub const PURGED: u8 = 0x10;
+pub const OWNED: u8 = 0x11;
+pub const ENDED: u8 = 0x12;
 
 pub const META_SCHEMA_VERSION: &str = "schema_version";
 /// Position of the last event whose head, events and records are written to their own keys.
@@ -101,6 +111,40 @@ pub fn job(job_id: ExecutionId) -> [u8; 17] {
 
 pub fn projection(execution_id: ExecutionId) -> [u8; 17] {
     prefixed_id(PROJECTION, execution_id.as_bytes())
+}
+
+pub fn purged(execution_id: ExecutionId) -> [u8; 17] {
+    prefixed_id(PURGED, execution_id.as_bytes())
+}
+
+pub fn owned_prefix(execution_id: ExecutionId) -> [u8; 17] {
+    prefixed_id(OWNED, execution_id.as_bytes())
+}
+
+/// A record `record_key` (a command, receipt, wait or process key) owned by `execution_id`.
+pub fn owned(execution_id: ExecutionId, record_key: &[u8; 17]) -> [u8; 34] {
+    let mut key = [0u8; 34];
+    key[..17].copy_from_slice(&owned_prefix(execution_id));
+    key[17..].copy_from_slice(record_key);
+    key
+}
+
+pub fn ended(ended_at_ms: u64, execution_id: ExecutionId) -> [u8; 25] {
+    let mut key = [0u8; 25];
+    key[0] = ENDED;
+    key[1..9].copy_from_slice(&ended_at_ms.to_be_bytes());
+    key[9..].copy_from_slice(execution_id.as_bytes());
+    key
+}
+
+/// The time and execution of an `ended` key.
+pub fn ended_parts(key: &[u8]) -> Option<(u64, ExecutionId)> {
+    if key.len() != 25 || key[0] != ENDED {
+        return None;
+    }
+    let at = u64::from_be_bytes(key[1..9].try_into().ok()?);
+    let id: [u8; 16] = key[9..].try_into().ok()?;
+    Some((at, ExecutionId::from_uuid(uuid::Uuid::from_bytes(id))))
 }
 
 pub fn process(process_id: ProcessId) -> [u8; 17] {
@@ -174,6 +218,9 @@ pub fn tree_name(key: &[u8]) -> &'static str {
         Some(&BY_SESSION) => "by_session",
         Some(&JOB) => "jobs",
         Some(&PROJECTION) => "projections",
+        Some(&PURGED) => "purged",
+        Some(&OWNED) => "owned",
+        Some(&ENDED) => "ended",
         _ => "unknown",
     }
 }

@@ -30,6 +30,7 @@ use foldhash::{HashMap, HashMapExt};
 use tokio::sync::{mpsc, oneshot};
 
 mod apply;
+mod purge;
 
 use crate::acknowledged::Acknowledged;
 use crate::codec::{
@@ -42,7 +43,9 @@ use crate::head_record::HeadIndex;
 use crate::ids::{CommandId, ExecutionId};
 use crate::keys;
 use crate::overlay::{index_state, Overlay, Slice};
-use crate::records::{CommandRecord, CommandStatus, ExecutionHead, ExecutionState};
+use crate::records::{
+    CommandRecord, CommandStatus, ExecutionHead, ExecutionState, PurgeStep, SweepStep,
+};
 use crate::shared::{add_elapsed_micros, Shared};
 use crate::transition::{Committed, Outcome, Transition, Upsert};
 
@@ -60,6 +63,18 @@ pub(crate) enum Request {
     /// Time passed: lets an idle store finish (or start) a materialization, so the overlay
     /// drains without waiting for the next commit. Sent by the ticker thread.
     Tick,
+    /// S-8: one step of an execution's purge (`purge.rs`).
+    Purge {
+        execution_id: ExecutionId,
+        ended_key: Option<u64>,
+        reply: oneshot::Sender<Result<PurgeStep>>,
+    },
+    /// S-8: one step of the log's sweep (`purge.rs`).
+    Sweep {
+        from_position: u64,
+        max_records: usize,
+        reply: oneshot::Sender<Result<SweepStep>>,
+    },
 }
 
 /// A materialization is written in at most this many slices (see `Committer::next_slice`).
@@ -154,6 +169,10 @@ struct Group {
     /// Each frame is encoded here, then copied into its log record (the committer's buffer,
     /// lent to the group).
     frame_bytes: Vec<u8>,
+    /// Executions a purge step of this group touched: no transition of theirs commits.
+    purged: std::collections::HashSet<ExecutionId>,
+    /// Executions whose rejection records this group writes: no purge step of theirs runs.
+    recorded: std::collections::HashSet<ExecutionId>,
 }
 
 /// A committed frame of the group, merged into the overlay once the group is durable.
@@ -207,8 +226,12 @@ impl Committer {
     fn commit_group(&mut self, requests: Vec<Request>) {
         if let Some(reason) = self.shared.failure() {
             for request in requests {
-                if let Request::Transition { reply, .. } = request {
-                    let _ = reply.send(Err(Error::FailStop(reason.clone())));
+                let failed = || Error::FailStop(reason.clone());
+                match request {
+                    Request::Transition { reply, .. } => drop(reply.send(Err(failed()))),
+                    Request::Purge { reply, .. } => drop(reply.send(Err(failed()))),
+                    Request::Sweep { reply, .. } => drop(reply.send(Err(failed()))),
+                    Request::Tick => {}
                 }
             }
             return;
@@ -227,10 +250,33 @@ impl Committer {
         };
         let mut batch = sled::Batch::default();
         let mut answers = Vec::with_capacity(requests.len());
+        let mut purges = Vec::new();
+        let mut sweeps = Vec::new();
         for request in requests {
-            if let Request::Transition { transition, reply } = request {
-                let answer = self.apply(&mut group, &mut batch, transition, at_ms, answers.len());
-                answers.push((reply, answer));
+            match request {
+                Request::Transition { transition, reply } => {
+                    let answer =
+                        self.apply(&mut group, &mut batch, transition, at_ms, answers.len());
+                    answers.push((reply, answer));
+                }
+                Request::Purge {
+                    execution_id,
+                    ended_key,
+                    reply,
+                } => {
+                    let step =
+                        self.purge_step(&mut group, &mut batch, execution_id, ended_key, at_ms);
+                    purges.push((reply, step));
+                }
+                Request::Sweep {
+                    from_position,
+                    max_records,
+                    reply,
+                } => sweeps.push((
+                    reply,
+                    self.sweep_step(&group, &mut batch, from_position, max_records),
+                )),
+                Request::Tick => {}
             }
         }
         self.frame_bytes = std::mem::take(&mut group.frame_bytes);
@@ -243,7 +289,7 @@ impl Committer {
             batch.insert(&keys::log(first_position), bytes);
         }
         let mut slice = self.next_slice();
-        if answers.is_empty() && slice.is_empty() {
+        if answers.is_empty() && purges.is_empty() && sweeps.is_empty() && slice.is_empty() {
             return; // only ticks, and nothing to materialize
         }
         // While a slice is applied to sled, readers cannot combine the overlay with disk: the
@@ -295,6 +341,12 @@ impl Committer {
             for (reply, _) in answers {
                 let _ = reply.send(Err(Error::FailStop(reason.clone())));
             }
+            for (reply, _) in purges {
+                let _ = reply.send(Err(Error::FailStop(reason.clone())));
+            }
+            for (reply, _) in sweeps {
+                let _ = reply.send(Err(Error::FailStop(reason.clone())));
+            }
             return;
         }
         // B03: durable and recorded, no caller answered yet.
@@ -335,6 +387,12 @@ impl Committer {
             }
             let _ = reply.send(answer);
         }
+        for (reply, step) in purges {
+            let _ = reply.send(step);
+        }
+        for (reply, step) in sweeps {
+            let _ = reply.send(step);
+        }
     }
 
     /// `read` of the execution's head as this group would leave it (the group's own changes,
@@ -360,6 +418,12 @@ impl Committer {
                 index: None,
             };
             return Ok(Some(read(head, on_disk)));
+        }
+        // S-8: a purged execution takes no transition, and its id is never created again.
+        if group.purged.contains(&execution_id)
+            || self.shared.db.contains_key(keys::purged(execution_id))?
+        {
+            return Err(Error::Purged(execution_id));
         }
         let head = self.shared.head_record_on_disk(execution_id)?;
         Ok(head.map(|(head, index)| {

@@ -20,14 +20,17 @@
 //!   reason.
 //! - 7: Jobs (J-1): job records (`0x0E`, record variant 5) and the events `JobQueued`,
 //!   `LeaseGranted`, `LeaseReleased`, `BudgetRaised`. Only a mark, for the same reason.
-//! - 8: projections (S-8): one record per execution (`0x0F`, record variant 6), what a
-//!   reader needs of its state as of a seq, written by the runtime now and then in an
-//!   ordinary transition. Executions without one are read by replaying their events, as
-//!   before, until their next projection. Only a mark, for the same reason.
+//! - 8: projections and retention (S-8): one projection per execution (`0x0F`, record
+//!   variant 6), what a reader needs of its state as of a seq, written by the runtime now
+//!   and then in an ordinary transition (executions without one are read by replaying their
+//!   events, as before, until their next projection); tombstones of purged executions
+//!   (`0x10`); the records each execution owns (`0x11`) and ended executions by time
+//!   (`0x12`), both backfilled from what is on disk.
 
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::keys;
+use crate::record_value::RecordValue;
 
 /// The schema version this build writes and reads.
 pub const SCHEMA_VERSION: u32 = 8;
@@ -76,8 +79,41 @@ fn jobs(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
     Ok(())
 }
 
-/// 7 → 8: nothing to rewrite (see the changelog).
-fn projections(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
+/// 7 → 8: the retention index of every ended execution on disk and the ownership key of
+/// every command, receipt, wait and process record (projections need nothing: see the
+/// changelog). A record that does not decode is left out, as its execution's reads will
+/// quarantine it. Executions in the unmaterialized tail get theirs when it is replayed.
+fn projections(db: &sled::Db, batch: &mut sled::Batch) -> Result<()> {
+    for item in db.scan_prefix([keys::HEAD]) {
+        let (key, bytes) = item?;
+        let Some(execution_id) = keys::execution_at(&key, 1) else {
+            continue;
+        };
+        if let Ok((head, _)) = crate::head_record::decode(&key, &bytes) {
+            if head.state.is_terminal() {
+                batch.insert(&keys::ended(head.last_activity_ms, execution_id)[..], &[]);
+            }
+        }
+    }
+    for prefix in [keys::COMMAND, keys::RECEIPT, keys::WAIT, keys::PROCESS] {
+        for item in db.scan_prefix([prefix]) {
+            let (key, bytes) = item?;
+            let (Ok(record), Ok(key)) = (
+                codec::decode::<RecordValue>(&key, &bytes),
+                <[u8; 17]>::try_from(&key[..]),
+            ) else {
+                continue;
+            };
+            let owner = match &record {
+                RecordValue::Command(command) => command.execution_id,
+                RecordValue::Receipt(receipt) => receipt.execution_id,
+                RecordValue::Wait(wait) => wait.execution_id,
+                RecordValue::Process(process) => process.execution_id,
+                RecordValue::Job(_) | RecordValue::Projection(_) => continue,
+            };
+            batch.insert(&keys::owned(owner, &key)[..], &[]);
+        }
+    }
     Ok(())
 }
 

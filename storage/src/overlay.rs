@@ -288,7 +288,7 @@ impl Overlay {
         }
         for key in &slice.records {
             if let Some(record) = self.frozen.records.get(key) {
-                batch.insert(&key[..], codec::encode(record));
+                put_record(batch, key, record);
             }
         }
         if slice.execs.len() + slice.records.len() == self.frozen.len() {
@@ -337,7 +337,7 @@ impl Overlay {
             }
         }
         for (key, record) in &self.frozen.records {
-            batch.insert(&key[..], codec::encode(record));
+            put_record(batch, key, record);
         }
         for (execution_id, dirty) in &self.active.execs {
             // Later writes of the same key in one batch win: the active head replaces the
@@ -355,7 +355,7 @@ impl Overlay {
             }
         }
         for (key, record) in &self.active.records {
-            batch.insert(&key[..], codec::encode(record));
+            put_record(batch, key, record);
         }
         write_mark(batch, through);
         Ok(())
@@ -466,6 +466,12 @@ fn write_dirty(
             batch.insert(&key[..], &[]);
         }
     }
+    if dirty.head.state.is_terminal() {
+        // S-8: listed by when it ended, for retention (again if it moves on: a purge of it
+        // removes the entry it finds, and a stale one names a purged execution).
+        let key = keys::ended(dirty.head.last_activity_ms, execution_id);
+        batch.insert(&key[..], &[]);
+    }
     let now_indexed = index_state(&dirty.head);
     if indexed_on_disk != now_indexed {
         if let Some(old) = indexed_on_disk {
@@ -483,6 +489,22 @@ fn write_mark(batch: &mut sled::Batch, through: u64) {
         keys::meta(keys::META_MATERIALIZED_THROUGH),
         codec::encode(&through),
     );
+}
+
+/// Writes a record to its key and, for a record an execution owns (a command, receipt, wait
+/// or process), lists it under that execution (S-8: a purge finds what to remove there).
+pub(crate) fn put_record(batch: &mut sled::Batch, key: &RecordKey, record: &RecordValue) {
+    batch.insert(&key[..], codec::encode(record));
+    let owner = match record {
+        RecordValue::Command(command) => Some(command.execution_id),
+        RecordValue::Receipt(receipt) => Some(receipt.execution_id),
+        RecordValue::Wait(wait) => Some(wait.execution_id),
+        RecordValue::Process(process) => Some(process.execution_id),
+        RecordValue::Job(_) | RecordValue::Projection(_) => None,
+    };
+    if let Some(owner) = owner {
+        batch.insert(&keys::owned(owner, key)[..], &[]);
+    }
 }
 
 /// The sled key of a record.

@@ -505,6 +505,44 @@ pub struct ProjectionRecord {
     pub state: Vec<u8>,
 }
 
+/// S-8: what is left of a purged execution: it answers `purged`, never `not found`.
+/// `finished` once every key it owned is gone (until then a purge resumes, after a crash
+/// too); its head went in the purge's first write, so nothing of it is readable from then on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PurgedRecord {
+    pub execution_id: ExecutionId,
+    pub session_id: SessionId,
+    pub purged_at_ms: u64,
+    pub finished: bool,
+}
+
+/// How far one step of a purge got (`EventStore::purge`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PurgeStep {
+    /// Purged, every key it owned gone.
+    Done,
+    /// Purged and unreadable; more of its keys are left for the next step.
+    More,
+    /// The execution has not ended: nothing done.
+    NotEnded,
+    /// Its latest transitions are not yet written to their own keys: nothing done; try
+    /// again after the next materialization.
+    Unsettled,
+    /// No such execution.
+    Unknown,
+}
+
+/// What one step of the log's sweep did (`EventStore::sweep_log`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SweepStep {
+    /// Where the next step starts; `None` once the sweep reached the log's materialized end.
+    pub next_position: Option<u64>,
+    pub records_examined: usize,
+    /// Log records removed: every frame in them was of a purged execution.
+    pub records_deleted: usize,
+    pub bytes_deleted: u64,
+}
+
 /// The address of a blob: BLAKE3 of its bytes.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct BlobHash(pub [u8; 32]);

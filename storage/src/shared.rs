@@ -100,6 +100,8 @@ pub(crate) struct Metrics {
     pub materializations: AtomicU64,
     pub replayed_frames: AtomicU64,
     pub fenced: AtomicU64,
+    pub purge_steps: AtomicU64,
+    pub log_records_swept: AtomicU64,
 }
 
 /// Adds the time since `since` to a counter of microseconds.
@@ -128,6 +130,9 @@ pub struct MetricsSnapshot {
     pub replayed_frames: u64,
     /// Writes refused because a newer attempt holds the execution.
     pub fenced: u64,
+    /// S-8: purge steps written, and log records the sweep removed.
+    pub purge_steps: u64,
+    pub log_records_swept: u64,
     /// Requests waiting in the committer's queue now (its mailbox depth).
     pub queued: u64,
 }

@@ -30,10 +30,13 @@ use crate::open::{
 use crate::overlay::Overlay;
 use crate::records::{
     BlobHash, CommandRecord, ExecutionHead, ExecutionState, JobRecord, ProcessRecord,
-    ProjectionRecord, ReceiptRecord, WaitRecord,
+    ProjectionRecord, PurgeStep, PurgedRecord, ReceiptRecord, SweepStep, WaitRecord,
 };
 use crate::shared::{Metrics, Shared};
 use crate::transition::{Outcome, Transition};
+
+mod reads;
+mod retention;
 
 pub use crate::open::{Incarnation, SEGMENT_BYTES};
 pub use crate::shared::{Limits, MetricsSnapshot};
@@ -46,6 +49,24 @@ pub trait EventStore: EventReader {
     /// resolves once the group is fsynced (or rejected). Transitions that must commit in a
     /// given order are submitted one after the other, each awaited (as the actors do).
     fn submit(&self, transition: Transition) -> BoxFuture<'static, Result<Outcome>>;
+
+    /// S-8: one step of the purge of an ended execution, written with the next group
+    /// commit: the first makes it unreadable (`purged` from then on), each removes a bounded
+    /// part of what it owned; call again while it answers `More`. `ended_key`: the time of
+    /// its entry in `ended_before`, removed with it.
+    fn purge(
+        &self,
+        execution_id: ExecutionId,
+        ended_key: Option<u64>,
+    ) -> BoxFuture<'static, Result<PurgeStep>>;
+
+    /// S-8: one step of the log's sweep, from `from_position`: removes the log records
+    /// (of at most `max_records` examined) whose every frame is of a purged execution.
+    fn sweep_log(
+        &self,
+        from_position: u64,
+        max_records: usize,
+    ) -> BoxFuture<'static, Result<SweepStep>>;
 }
 
 /// The reads of the event log: what inspection (HTTP, the debug endpoint, the CLI) may do.
@@ -68,6 +89,13 @@ pub trait EventReader: Send + Sync + 'static {
     fn job(&self, job_id: ExecutionId) -> Result<Option<JobRecord>>;
     /// S-8: the execution's latest projection (`None` before its first).
     fn projection(&self, execution_id: ExecutionId) -> Result<Option<ProjectionRecord>>;
+    /// S-8: what is left of a purged execution (`None`: never purged).
+    fn purged(&self, execution_id: ExecutionId) -> Result<Option<PurgedRecord>>;
+    /// S-8: executions that ended before `before_ms`, oldest first, at most `limit`, with the
+    /// time each is listed under.
+    fn ended_before(&self, before_ms: u64, limit: usize) -> Result<Vec<(u64, ExecutionId)>>;
+    /// S-8: purges begun and not finished (a crash between their steps).
+    fn purges_unfinished(&self) -> Result<Vec<ExecutionId>>;
     /// The executions of a session, in id order (ids are time-ordered: admission order).
     fn executions_in_session(&self, session_id: SessionId) -> Result<Vec<ExecutionId>>;
     /// Every session with at least one execution, with how many it has, in id order. Reads
@@ -284,6 +312,8 @@ impl Store {
             materializations: metrics.materializations.load(Ordering::Relaxed),
             replayed_frames: metrics.replayed_frames.load(Ordering::Relaxed),
             fenced: metrics.fenced.load(Ordering::Relaxed),
+            purge_steps: metrics.purge_steps.load(Ordering::Relaxed),
+            log_records_swept: metrics.log_records_swept.load(Ordering::Relaxed),
             queued: self.inner.sender.as_ref().map_or(0, |sender| {
                 (sender.max_capacity() - sender.capacity()) as u64
             }),
@@ -354,106 +384,33 @@ impl Store {
             },
         )
     }
-
-    /// Where the events of one execution with `seq > after_seq` are, from its event index
-    /// on disk.
-    /// Stops once the refs cover `limit` events, so paging through a long history costs
-    /// what a page holds.
-    fn frame_refs_on_disk(
-        &self,
-        execution_id: ExecutionId,
-        after_seq: u64,
-        limit: usize,
-    ) -> Result<Vec<FrameRef>> {
-        let Some((_, index)) = self.shared().head_record_on_disk(execution_id)? else {
-            return Ok(Vec::new());
-        };
-        let in_tail = |frame_ref: &&FrameRef| frame_ref.last_seq > after_seq;
-        if after_seq >= index.chunked_through {
-            // Everything after `after_seq` is in the head record: no chunk to look for.
-            return Ok(index.tail.iter().filter(in_tail).copied().collect());
-        }
-        let db = &self.shared().db;
-        let first = keys::events(execution_id, 0);
-        let last = keys::events(execution_id, u64::MAX);
-        // The index chunk covering `after_seq + 1` starts at or before it (from the start,
-        // that is the first chunk: no need to look back for it).
-        let start = match after_seq {
-            0 => None,
-            _ => db
-                .range(first..=keys::events(execution_id, after_seq.saturating_add(1)))
-                .next_back()
-                .transpose()?
-                .map(|(key, _)| key),
-        }
-        .unwrap_or_else(|| sled::IVec::from(&first[..]));
-        let mut refs = Vec::new();
-        for item in db.range(start..=sled::IVec::from(&last[..])) {
-            let (key, value) = item?;
-            let chunk: Vec<FrameRef> = codec::decode(&key, &value)?;
-            refs.extend(
-                chunk
-                    .into_iter()
-                    .filter(|frame_ref| frame_ref.last_seq > after_seq),
-            );
-            let covered = refs
-                .last()
-                .map_or(0, |newest| newest.last_seq.saturating_sub(after_seq));
-            if covered >= limit as u64 {
-                return Ok(refs);
-            }
-        }
-        refs.extend(index.tail.iter().filter(in_tail));
-        Ok(refs)
-    }
-
-    /// Reads the events the frame refs point at, decoding only this execution's frames of
-    /// each log record; `seq > after_seq`, in order, each once, at most `limit`.
-    fn events_at(
-        &self,
-        execution_id: ExecutionId,
-        mut refs: Vec<FrameRef>,
-        after_seq: u64,
-        limit: usize,
-    ) -> Result<Vec<EventEnvelope>> {
-        let db = &self.shared().db;
-        refs.sort_by_key(|frame_ref| frame_ref.first_seq);
-        let mut events: Vec<EventEnvelope> = Vec::new();
-        let mut records_read = BTreeSet::new();
-        for frame_ref in refs {
-            if events.len() >= limit {
-                break;
-            }
-            if !records_read.insert(frame_ref.record) {
-                continue; // that record's frames of this execution are read already
-            }
-            let record_key = keys::log(frame_ref.record);
-            let corrupted = || Error::Corrupted {
-                tree: "log",
-                key: keys::display(&record_key),
-            };
-            let bytes = db.get(record_key)?.ok_or_else(corrupted)?;
-            for frame in codec::decode_frames(&record_key, &bytes, Some(execution_id))?.frames {
-                let DecodedFrame::Ok(mut frame) = frame else {
-                    return Err(corrupted());
-                };
-                if !frame.resolve_blobs(|hash| self.blob_on_disk(hash))? {
-                    return Err(corrupted());
-                }
-                for event in frame.events {
-                    let newest = events.last().map_or(after_seq, |last| last.seq);
-                    if event.seq > newest {
-                        events.push(event);
-                    }
-                }
-            }
-        }
-        events.truncate(limit);
-        Ok(events)
-    }
 }
 
 impl EventStore for Store {
+    fn purge(
+        &self,
+        execution_id: ExecutionId,
+        ended_key: Option<u64>,
+    ) -> BoxFuture<'static, Result<PurgeStep>> {
+        self.request(|reply| Request::Purge {
+            execution_id,
+            ended_key,
+            reply,
+        })
+    }
+
+    fn sweep_log(
+        &self,
+        from_position: u64,
+        max_records: usize,
+    ) -> BoxFuture<'static, Result<SweepStep>> {
+        self.request(|reply| Request::Sweep {
+            from_position,
+            max_records,
+            reply,
+        })
+    }
+
     fn submit(&self, transition: Transition) -> BoxFuture<'static, Result<Outcome>> {
         let limits = &self.shared().limits;
         let checked = match self.shared().failure() {
@@ -517,65 +474,7 @@ impl EventReader for Store {
     }
 
     fn log_after(&self, after_position: u64, limit: usize) -> Result<Vec<EventEnvelope>> {
-        let shared = self.shared();
-        let durable = self.durable_position();
-        if after_position >= durable || limit == 0 {
-            return Ok(Vec::new());
-        }
-        let db = &shared.db;
-        let start = match db
-            .range(keys::log(0)..=keys::log(after_position + 1))
-            .next_back()
-        {
-            Some(item) => item?.0,
-            None => sled::IVec::from(&keys::log(0)[..]),
-        };
-        let mut events = Vec::new();
-        for item in db.range(start..=sled::IVec::from(&keys::log(durable)[..])) {
-            let (key, value) = item?;
-            for frame in codec::decode_log_record(&key, &value)?.frames {
-                match frame {
-                    DecodedFrame::Ok(mut frame) => {
-                        let wanted = |event: &EventEnvelope| {
-                            event.position > after_position && event.position <= durable
-                        };
-                        if !frame.events.iter().any(wanted) {
-                            continue;
-                        }
-                        // A damaged blob, like a missing one, quarantines its execution: the
-                        // global log goes on for the others.
-                        let resolved =
-                            frame.resolve_blobs(|hash| match self.blob_on_disk(hash) {
-                                Err(Error::Corrupted { .. }) => Ok(None),
-                                other => other,
-                            })?;
-                        if !resolved {
-                            shared.quarantine(
-                                frame.execution_id,
-                                format!(
-                                    "a frame of the log record at {} names a blob that is not there",
-                                    keys::display(&key)
-                                ),
-                            );
-                            continue;
-                        }
-                        events.extend(frame.events.into_iter().filter(wanted))
-                    }
-                    DecodedFrame::Corrupt { claimed } => shared.quarantine(
-                        claimed,
-                        format!(
-                            "a frame of the log record at {} is corrupted",
-                            keys::display(&key)
-                        ),
-                    ),
-                }
-            }
-            if events.len() >= limit {
-                break;
-            }
-        }
-        events.truncate(limit);
-        Ok(events)
+        self.read_log_after(after_position, limit)
     }
 
     fn command(&self, command_id: CommandId) -> Result<Option<CommandRecord>> {
@@ -601,6 +500,18 @@ impl EventReader for Store {
     fn projection(&self, execution_id: ExecutionId) -> Result<Option<ProjectionRecord>> {
         self.shared().check_quarantine(execution_id)?;
         self.record(keys::projection(execution_id))
+    }
+
+    fn purged(&self, execution_id: ExecutionId) -> Result<Option<PurgedRecord>> {
+        self.read_purged(execution_id)
+    }
+
+    fn ended_before(&self, before_ms: u64, limit: usize) -> Result<Vec<(u64, ExecutionId)>> {
+        self.read_ended_before(before_ms, limit)
+    }
+
+    fn purges_unfinished(&self) -> Result<Vec<ExecutionId>> {
+        self.read_purges_unfinished()
     }
 
     fn executions_in_session(&self, session_id: SessionId) -> Result<Vec<ExecutionId>> {

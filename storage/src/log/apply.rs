@@ -234,7 +234,8 @@ impl Committer {
                 }
                 let key = keys::command(record.command_id);
                 let value = RecordValue::Command(record);
-                batch.insert(&key[..], crate::codec::encode(&value));
+                crate::overlay::put_record(batch, &key, &value);
+                group.recorded.insert(execution_id);
                 self.shared.in_flight_record_insert(key);
                 if let RecordValue::Command(record) = value {
                     group.commands.insert(record.command_id, record);

@@ -18,3 +18,4 @@ mod s5_blobs;
 mod s6_startup;
 mod s7_acknowledged;
 mod s8_projections;
+mod s8_purge;
