@@ -32,6 +32,8 @@ use openprogram_actors::inspect::Inspector;
 use openprogram_actors::recovery::{Clock, SystemClock};
 use openprogram_actors::resource_queue::{JobHost, Load, ResourceQueue};
 use openprogram_actors::resources::Resources;
+use openprogram_actors::retention::Retention;
+pub use openprogram_actors::retention::RetentionStats;
 use openprogram_actors::service::Service;
 use openprogram_actors::supervisor::{begin_shutdown, Recover, Shutdown, Supervisor};
 use openprogram_actors::system::ActorSystem;
@@ -104,6 +106,7 @@ pub struct RuntimeBuilder {
     accept_loss: bool,
     store: Option<Store>,
     resources: Vec<(String, u32)>,
+    retain_finished: Option<Duration>,
 }
 
 /// How long an attempt keeps its lease without a heartbeat, unless configured.
@@ -217,6 +220,14 @@ impl RuntimeBuilder {
         self
     }
 
+    /// S-8: purges executions that ended longer than `retain` ago, with their events,
+    /// receipts and waits, in the background (a round a second); their reads answer
+    /// `purged`. Unset (the default): kept for good.
+    pub fn retain_finished(mut self, retain: Duration) -> Self {
+        self.retain_finished = Some(retain);
+        self
+    }
+
     /// S-7: open a store that lost acknowledged history (a damaged or truncated file) and
     /// keep what remains, instead of refusing it (`acknowledged_lost`). `Runtime::salvage`
     /// then says what was lost. An operator's explicit choice; never needed for a healthy
@@ -287,6 +298,18 @@ impl RuntimeBuilder {
             ResourceQueue::start_in_arbiter(&system.arbiters()[0], move |_| queue)
         };
         env.set_queue(queue.clone());
+        // S-8: purges a crash left half done, ended executions past the retention policy,
+        // and the log's sweep.
+        let retention_stats = Arc::new(RetentionStats::default());
+        {
+            let retention = Retention::new(
+                Arc::clone(&env.store),
+                Arc::clone(&env.clock),
+                self.retain_finished,
+                Arc::clone(&retention_stats),
+            );
+            Retention::start_in_arbiter(&system.arbiters()[0], move |_| retention);
+        }
         let supervisor_env = Arc::clone(&env);
         let supervisor = Supervisor::start_in_arbiter(&system.arbiters()[0], move |_| {
             Supervisor::new(supervisor_env)
@@ -326,6 +349,7 @@ impl RuntimeBuilder {
                 recovered,
                 shutdown_timeout: self.shutdown_timeout.unwrap_or(SHUTDOWN_TIMEOUT_DEFAULT),
                 salvage,
+                retention_stats,
             }),
         })
     }
@@ -346,6 +370,7 @@ struct Inner {
     shutdown_timeout: Duration,
     /// What an open with `accept_loss` found.
     salvage: Option<openprogram_storage::SalvageReport>,
+    retention_stats: Arc<RetentionStats>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -550,10 +575,25 @@ impl Runtime {
         self.inner.service.events(session, execution, after, limit)
     }
 
+    /// S-8: purges every execution of `session`, once all of them ended (else
+    /// `active_executions`, nothing purged); their reads answer `purged` from then on.
+    /// Returns how many it purged. Their log records are removed by the background sweep.
+    pub async fn purge_session(&self, session: SessionId) -> Result<usize> {
+        self.inner.service.purge_session(session).await
+    }
+
+    /// S-8: what retention (and the log's sweep) did since the runtime opened.
+    pub fn retention_stats(&self) -> &RetentionStats {
+        &self.inner.retention_stats
+    }
+
     /// The seq of the newest event of an execution of `session` (0: none yet).
     pub fn last_seq(&self, session: SessionId, execution: ExecutionId) -> Result<u64> {
         self.inner.service.check_session(session, execution)?;
-        let head = self.store().head(execution)?.ok_or(Error::NotFound)?;
+        let head = self
+            .store()
+            .head(execution)?
+            .ok_or(Error::Purged(execution))?;
         Ok(head.last_seq)
     }
 

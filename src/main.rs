@@ -113,6 +113,11 @@ enum Command {
         /// as model=8 (J-1).
         #[arg(long = "resource", value_parser = resource)]
         resources: Vec<(String, u32)>,
+        /// Purge executions that ended longer ago than this (a duration such as 10s, 30m
+        /// or 7d: `d`, `h`, `m`, `s`, `ms`), with their events, receipts and waits; their
+        /// reads answer 410 purged (S-8). Default: keep everything.
+        #[arg(long, value_parser = retain_finished)]
+        retain_finished: Option<Duration>,
     },
     /// Run the long fault harnesses (R02 kill -9 loop, R22 model-based test, R24 10,000
     /// executions under a crash loop) and print one JSON summary; exit 1 if an invariant
@@ -331,6 +336,7 @@ fn main() -> ExitCode {
             lease_ttl,
             function_revisions,
             resources,
+            retain_finished,
         } => {
             let runtime = match tokio_runtime() {
                 Ok(runtime) => runtime,
@@ -346,6 +352,7 @@ fn main() -> ExitCode {
                 lease_ttl,
                 function_revisions: function_revisions.map(|revisions| revisions.0),
                 resources,
+                retain_finished,
             };
             match runtime.block_on(serve::run(options)) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -582,6 +589,27 @@ fn function_revisions(text: &str) -> Result<FunctionRevisions, String> {
         })
         .collect::<Result<Vec<_>, String>>()
         .map(FunctionRevisions)
+}
+
+/// `--retain-finished`: a duration such as 0s, 500ms, 10s, 30m, 12h or 7d.
+fn retain_finished(text: &str) -> Result<Duration, String> {
+    let invalid = || format!("invalid duration `{text}`: use one like 10s, 30m, 12h or 7d");
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(invalid)?;
+    let amount: u64 = text[..digits].parse().map_err(|_| invalid())?;
+    let millis_per = match &text[digits..] {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(invalid()),
+    };
+    amount
+        .checked_mul(millis_per)
+        .map(Duration::from_millis)
+        .ok_or_else(invalid)
 }
 
 /// `--lease-ttl`: a positive duration, written as the restart window's are.

@@ -34,6 +34,8 @@ pub struct ServeOptions {
     pub function_revisions: Option<Vec<(String, u32)>>,
     /// J-1: the resources Jobs are admitted for (`--resource NAME=CAPACITY`).
     pub resources: Vec<(String, u32)>,
+    /// S-8: purge executions ended longer ago than this (`--retain-finished`).
+    pub retain_finished: Option<Duration>,
 }
 
 /// The shortest admin token `serve` accepts from its operator.
@@ -65,6 +67,9 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     }
     for (name, capacity) in &options.resources {
         builder = builder.resource(name.clone(), *capacity);
+    }
+    if let Some(retain) = options.retain_finished {
+        builder = builder.retain_finished(retain);
     }
     let runtime = builder
         .data_dir(&options.data)

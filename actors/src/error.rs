@@ -9,6 +9,12 @@ pub enum Error {
     /// Unknown id, or an id of another session (X-1: indistinguishable).
     #[error("not found")]
     NotFound,
+    /// S-8: the execution was purged (retention, or its session deleted): gone for good.
+    #[error("execution {0} was purged")]
+    Purged(openprogram_storage::ExecutionId),
+    /// S-8: a session is purged only once all its executions ended.
+    #[error("{0} executions of the session have not ended")]
+    ActiveExecutions(usize),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     /// a request field the runtime does not know (`field`), refused before anything
@@ -58,6 +64,8 @@ impl Error {
     pub fn code(&self) -> &'static str {
         match self {
             Error::NotFound => "not_found",
+            Error::Purged(_) => "purged",
+            Error::ActiveExecutions(_) => "active_executions",
             Error::InvalidRequest(_) => "invalid_request",
             Error::UnknownField { .. } => "unknown_field",
             Error::UnsupportedKind(_) => "unsupported_kind",

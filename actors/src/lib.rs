@@ -46,6 +46,7 @@ pub mod process;
 pub mod recovery;
 pub mod resource_queue;
 pub mod resources;
+pub mod retention;
 pub mod service;
 pub mod snapshot;
 pub mod supervisor;

@@ -135,7 +135,12 @@ impl Service {
     ) -> Result<ExecutionHead> {
         match self.env.store.head(execution_id)? {
             Some(head) if head.session_id == session_id => Ok(head),
-            _ => Err(Error::NotFound),
+            Some(_) => Err(Error::NotFound),
+            // S-8: purged answers `purged`, never `not found` — to its own session only.
+            None => match self.env.store.purged(execution_id)? {
+                Some(purged) if purged.session_id == session_id => Err(Error::Purged(execution_id)),
+                _ => Err(Error::NotFound),
+            },
         }
     }
 
@@ -360,6 +365,18 @@ impl Service {
         Err(Error::Unavailable(
             "the execution's actor kept stopping while taking a command".into(),
         ))
+    }
+
+    /// S-8: purges every execution of the session, once all of them ended (else
+    /// `active_executions`, nothing purged). Returns how many it purged.
+    pub async fn purge_session(&self, session_id: SessionId) -> Result<usize> {
+        let executions = self.env.store.executions_in_session(session_id)?;
+        crate::retention::purge_session(
+            self.env.store.as_ref(),
+            executions,
+            std::time::Duration::from_secs(10),
+        )
+        .await
     }
 
     /// The current status of a command of this session.

@@ -246,6 +246,21 @@ pub async fn list_executions(
     Ok(HttpResponse::Ok().json(snapshots))
 }
 
+/// `DELETE /v1/sessions/{sid}` (S-8): purges a session whose executions have all ended
+/// (`409 active_executions` otherwise); its executions answer `410 purged` from then on.
+pub async fn purge_session(
+    api: web::Data<Api>,
+    request: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let session = api.session(&request, &path)?;
+    let purged = api.runtime.purge_session(session).await?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({
+        "session_id": session,
+        "purged": purged,
+    })))
+}
+
 /// `GET /v1/sessions/{sid}/activity` (B-2..B-5): branches in three sections.
 pub async fn activity(
     api: web::Data<Api>,

@@ -311,6 +311,26 @@ fn runtime_metrics(out: &mut Prometheus, runtime: &crate::Runtime) {
             ),
         ],
     );
+    let retention = runtime.retention_stats();
+    out.counter(
+        "executions_purged_total",
+        "S-8: executions purged by retention since the runtime opened.",
+        retention
+            .executions_purged
+            .load(std::sync::atomic::Ordering::Relaxed) as f64,
+    );
+    out.counter(
+        "log_records_swept_total",
+        "S-8: log records removed by the log's sweep (every frame of a purged execution).",
+        retention
+            .log_records_deleted
+            .load(std::sync::atomic::Ordering::Relaxed) as f64,
+    );
+    out.gauge(
+        "store_bytes",
+        "S-8: the bytes the store's files take on disk.",
+        runtime.store().disk_bytes() as f64,
+    );
     out.counter(
         "process_cpu_seconds_total",
         "CPU time of the server process, all threads, user and system.",

@@ -93,6 +93,8 @@ impl From<Error> for ApiError {
         let status = match &error {
             Error::NotFound => return Self::not_found(),
             Error::UnknownFunction(_) => StatusCode::NOT_FOUND,
+            Error::Purged(_) | Error::Storage(Storage::Purged(_)) => StatusCode::GONE,
+            Error::ActiveExecutions(_) => StatusCode::CONFLICT,
             Error::Storage(Storage::UnknownExecution(_)) => return Self::not_found(),
             Error::InvalidRequest(_)
             | Error::UnknownField { .. }

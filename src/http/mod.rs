@@ -76,6 +76,7 @@ pub fn routes(api: Api) -> impl FnOnce(&mut web::ServiceConfig) {
             .app_data(web::QueryConfig::default().error_handler(error::query_error))
             .app_data(web::PathConfig::default().error_handler(error::path_error))
             .route("/v1/sessions", web::post().to(api::create_session))
+            .route("/v1/sessions/{sid}", web::delete().to(api::purge_session))
             .route(
                 "/v1/sessions/{sid}/executions",
                 web::post().to(api::start_execution),

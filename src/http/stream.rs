@@ -98,7 +98,7 @@ impl Stream {
                     continue;
                 }
                 Ok(_) => {}
-                Err(crate::Error::NotFound) => return None,
+                Err(crate::Error::NotFound | crate::Error::Purged(_)) => return None,
                 // A failed read is retried at the next poll; the client keeps its data (B-6).
                 Err(error) => tracing::warn!(%error, "event stream read failed"),
             }

@@ -67,6 +67,7 @@ pub(crate) enum Request {
     Purge {
         execution_id: ExecutionId,
         ended_key: Option<u64>,
+        ended_before: Option<u64>,
         reply: oneshot::Sender<Result<PurgeStep>>,
     },
     /// S-8: one step of the log's sweep (`purge.rs`).
@@ -262,10 +263,15 @@ impl Committer {
                 Request::Purge {
                     execution_id,
                     ended_key,
+                    ended_before,
                     reply,
                 } => {
-                    let step =
-                        self.purge_step(&mut group, &mut batch, execution_id, ended_key, at_ms);
+                    let when = purge::When {
+                        ended_key,
+                        ended_before,
+                        at_ms,
+                    };
+                    let step = self.purge_step(&mut group, &mut batch, execution_id, when);
                     purges.push((reply, step));
                 }
                 Request::Sweep {

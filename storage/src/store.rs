@@ -53,11 +53,13 @@ pub trait EventStore: EventReader {
     /// S-8: one step of the purge of an ended execution, written with the next group
     /// commit: the first makes it unreadable (`purged` from then on), each removes a bounded
     /// part of what it owned; call again while it answers `More`. `ended_key`: the time of
-    /// its entry in `ended_before`, removed with it.
+    /// its entry in `ended_before`, removed with it. `ended_before`: purge it only if its
+    /// last activity is older (else `NotEnded`).
     fn purge(
         &self,
         execution_id: ExecutionId,
         ended_key: Option<u64>,
+        ended_before: Option<u64>,
     ) -> BoxFuture<'static, Result<PurgeStep>>;
 
     /// S-8: one step of the log's sweep, from `from_position`: removes the log records
@@ -96,6 +98,8 @@ pub trait EventReader: Send + Sync + 'static {
     fn ended_before(&self, before_ms: u64, limit: usize) -> Result<Vec<(u64, ExecutionId)>>;
     /// S-8: purges begun and not finished (a crash between their steps).
     fn purges_unfinished(&self) -> Result<Vec<ExecutionId>>;
+    /// S-8: the bytes the store's files take on disk now (every file under its directory).
+    fn disk_bytes(&self) -> u64;
     /// The executions of a session, in id order (ids are time-ordered: admission order).
     fn executions_in_session(&self, session_id: SessionId) -> Result<Vec<ExecutionId>>;
     /// Every session with at least one execution, with how many it has, in id order. Reads
@@ -391,10 +395,12 @@ impl EventStore for Store {
         &self,
         execution_id: ExecutionId,
         ended_key: Option<u64>,
+        ended_before: Option<u64>,
     ) -> BoxFuture<'static, Result<PurgeStep>> {
         self.request(|reply| Request::Purge {
             execution_id,
             ended_key,
+            ended_before,
             reply,
         })
     }
@@ -512,6 +518,10 @@ impl EventReader for Store {
 
     fn purges_unfinished(&self) -> Result<Vec<ExecutionId>> {
         self.read_purges_unfinished()
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        retention::disk_bytes(&self.shared().path)
     }
 
     fn executions_in_session(&self, session_id: SessionId) -> Result<Vec<ExecutionId>> {

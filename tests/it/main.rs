@@ -42,6 +42,7 @@ mod recovery;
 mod restart_window;
 mod resume;
 mod s8_history;
+mod s8_retention;
 mod served;
 mod tidy;
 mod waits;

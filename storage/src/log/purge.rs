@@ -21,17 +21,30 @@ use crate::records::{PurgeStep, PurgedRecord, SweepStep};
 /// Keys one purge step removes at most (records it owned, index chunks).
 pub(crate) const PURGE_KEYS_MAX: usize = 1024;
 
+/// What a purge step is asked under.
+pub(super) struct When {
+    /// The execution's entry in the retention index, removed with it (the caller found it
+    /// there; an entry of an execution that moved on since is removed all the same).
+    pub ended_key: Option<u64>,
+    /// Purge only an execution whose last activity is before this (retention's cutoff).
+    pub ended_before: Option<u64>,
+    pub at_ms: u64,
+}
+
 impl Committer {
-    /// One step of the purge of `execution_id` (see the module). `ended_key`: its entry in
-    /// the retention index, removed with it (the caller found it there).
+    /// One step of the purge of `execution_id` (see the module).
     pub(super) fn purge_step(
         &self,
         group: &mut Group,
         batch: &mut sled::Batch,
         execution_id: ExecutionId,
-        ended_key: Option<u64>,
-        at_ms: u64,
+        when: When,
     ) -> Result<PurgeStep> {
+        let When {
+            ended_key,
+            ended_before,
+            at_ms,
+        } = when;
         let db = &self.shared.db;
         if group.heads.contains_key(&execution_id)
             || group.purged.contains(&execution_id)
@@ -50,7 +63,8 @@ impl Committer {
                 let Some((head, _)) = self.shared.head_record_on_disk(execution_id)? else {
                     return Ok(PurgeStep::Unknown);
                 };
-                if !head.state.is_terminal() {
+                let recent = ended_before.is_some_and(|before| head.last_activity_ms >= before);
+                if !head.state.is_terminal() || recent {
                     return Ok(PurgeStep::NotEnded);
                 }
                 batch.remove(&keys::head(execution_id)[..]);

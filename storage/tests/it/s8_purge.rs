@@ -36,7 +36,7 @@ fn wait_record(execution_id: ExecutionId) -> WaitRecord {
 
 async fn purge_fully(store: &Store, execution_id: ExecutionId) -> usize {
     for steps in 1..10_000 {
-        match store.purge(execution_id, None).await.expect("purge") {
+        match store.purge(execution_id, None, None).await.expect("purge") {
             PurgeStep::Done => return steps,
             PurgeStep::More => continue,
             other => panic!("purge stopped: {other:?}"),
@@ -92,7 +92,10 @@ async fn s8_purge_removes_an_ended_execution_and_nothing_else() {
     // listed; retention purges what it lists, which removes the entry.
     for (at, id) in store.ended_before(u64::MAX, 100).unwrap() {
         if id == gone {
-            assert_eq!(store.purge(gone, Some(at)).await.unwrap(), PurgeStep::Done);
+            assert_eq!(
+                store.purge(gone, Some(at), None).await.unwrap(),
+                PurgeStep::Done
+            );
         }
     }
     assert!(!store
@@ -107,7 +110,10 @@ async fn s8_purge_removes_an_ended_execution_and_nothing_else() {
         "the global log reads none of its events"
     );
     // Purged again: done already. A transition to it: refused as purged.
-    assert_eq!(store.purge(gone, None).await.unwrap(), PurgeStep::Done);
+    assert_eq!(
+        store.purge(gone, None, None).await.unwrap(),
+        PurgeStep::Done
+    );
     let late = store
         .submit(Transition::new(gone, vec![decided("late")]).expect_version(8))
         .await;
@@ -130,19 +136,19 @@ async fn s8_purge_refuses_what_has_not_ended_or_is_not_settled() {
     // Not yet materialized: nothing done until it is.
     let fresh = ended(&store, 1).await;
     assert_eq!(
-        store.purge(fresh, None).await.unwrap(),
+        store.purge(fresh, None, None).await.unwrap(),
         PurgeStep::Unsettled
     );
     drop(store);
     let store = Store::open(dir.path()).expect("reopen");
     assert_eq!(
-        store.purge(running, None).await.unwrap(),
+        store.purge(running, None, None).await.unwrap(),
         PurgeStep::NotEnded
     );
     assert!(store.head(running).unwrap().is_some());
     assert!(store.purged(running).unwrap().is_none());
     assert_eq!(
-        store.purge(ExecutionId::new(), None).await.unwrap(),
+        store.purge(ExecutionId::new(), None, None).await.unwrap(),
         PurgeStep::Unknown
     );
     assert_eq!(purge_fully(&store, fresh).await, 1);
@@ -179,7 +185,7 @@ async fn s8_a_large_purge_goes_in_bounded_steps() {
     };
     let store = Store::open(dir.path()).expect("reopen");
     assert_eq!(
-        store.purge(execution_id, None).await.unwrap(),
+        store.purge(execution_id, None, None).await.unwrap(),
         PurgeStep::More
     );
     assert_eq!(
