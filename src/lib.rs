@@ -53,6 +53,8 @@ pub mod load_remote;
 #[cfg(feature = "server")]
 mod load_report;
 #[cfg(feature = "server")]
+mod load_store;
+#[cfg(feature = "server")]
 pub mod process_stats;
 #[cfg(feature = "server")]
 pub mod serve;

@@ -277,6 +277,9 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     for (name, capacity) in &options.resources {
         builder = builder.resource(name.clone(), *capacity);
     }
+    if let Some(retain) = options.retain_finished {
+        builder = builder.retain_finished(retain);
+    }
     let runtime = builder.open()?;
     let progress = match options.progress {
         true => indicatif::ProgressBar::new(options.executions as u64),
@@ -317,6 +320,13 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
             done.clone(),
         ))
     });
+    let sample_every = options
+        .sample_store_every
+        .or(options.retain_finished.map(|_| Duration::from_secs(10)));
+    let sampler = sample_every.map(|every| {
+        let store = Arc::clone(runtime.store());
+        crate::load_store::sample(store, every, done.clone(), options.progress)
+    });
     let store_before = runtime.store().metrics();
     let before = Readings::now();
     let started = Instant::now();
@@ -335,6 +345,18 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     let store_after = runtime.store().metrics();
     progress.finish_and_clear();
     done.store(true, Ordering::Release);
+    let store_bytes = match sampler {
+        Some(sampler) => sampler
+            .await
+            .map_err(|error| Error::Internal(format!("the store sampler panicked: {error}")))?,
+        None => Vec::new(),
+    };
+    let executions_purged = options.retain_finished.map(|_| {
+        runtime
+            .retention_stats()
+            .executions_purged
+            .load(Ordering::Relaxed)
+    });
     let commands =
         match commander {
             Some(commander) => Some(commander.await.map_err(|error| {
@@ -404,6 +426,8 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         raw_per_s,
         parked: parked.map(|(n, _)| n),
         rss_per_parked_bytes: parked.map(|(_, bytes)| bytes.round()),
+        store_bytes,
+        executions_purged,
         ..LoadReport::measured("embedded".into(), &options, &steps_us, &executions_us)
     };
     let mut report = spent.into_report(report, total_steps, wall);

@@ -37,6 +37,11 @@ pub struct LoadOptions {
     /// with those capacities): they run through the resource queue.
     pub jobs: bool,
     pub resources: Vec<(String, u32)>,
+    /// S-8: purge executions ended longer ago than this while the load runs.
+    pub retain_finished: Option<Duration>,
+    /// S-8: sample the store's size on disk this often (with `retain_finished`: 10 s
+    /// unless given).
+    pub sample_store_every: Option<Duration>,
 }
 
 /// What was measured (the `--json` line).
@@ -117,6 +122,11 @@ pub struct LoadReport {
     pub queue_wait_p50_ms: Option<f64>,
     pub queue_wait_p99_ms: Option<f64>,
     pub utilisation: Option<f64>,
+    /// S-8: the store's bytes on disk, sampled while the load ran: (seconds, bytes).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub store_bytes: Vec<(f64, u64)>,
+    /// S-8: executions retention purged while the load ran.
+    pub executions_purged: Option<u64>,
 }
 
 pub(crate) fn ms(histogram: &Histogram<u64>, quantile: f64) -> f64 {

@@ -69,6 +69,13 @@ enum Command {
         /// With --jobs: a resource as NAME=CAPACITY (repeatable; default model=8).
         #[arg(long = "resource", value_parser = resource, requires = "jobs")]
         resources: Vec<(String, u32)>,
+        /// Purge executions ended longer ago than this while the load runs (S-8), and
+        /// sample the store's size on disk (every 10 s unless --sample-store-every).
+        #[arg(long, value_parser = retain_finished, conflicts_with = "url")]
+        retain_finished: Option<Duration>,
+        /// Sample the store's size on disk this often (S-8).
+        #[arg(long, value_parser = retain_finished, conflicts_with = "url")]
+        sample_store_every: Option<Duration>,
         /// One JSON line on stdout instead of the table.
         #[arg(long)]
         json: bool,
@@ -135,6 +142,20 @@ enum Command {
         /// Replays a run (default: random, printed in the summary).
         #[arg(long)]
         seed: Option<u64>,
+    },
+    /// Copy a closed store into a new directory, leaving out the space purged data took
+    /// (S-8: sled reuses freed space but never shrinks its file). The old directory is
+    /// never written; point `serve --data` at the new one afterwards.
+    Compact {
+        /// The store to compact (no server may have it open).
+        #[arg(long)]
+        data: PathBuf,
+        /// A new or empty directory for the compacted store.
+        #[arg(long)]
+        into: PathBuf,
+        /// One JSON line instead of the summary.
+        #[arg(long)]
+        json: bool,
     },
     /// Send a control to an execution over HTTP.
     Ctl {
@@ -279,6 +300,8 @@ fn main() -> ExitCode {
             function,
             jobs,
             resources,
+            retain_finished,
+            sample_store_every,
             json,
             url,
             token,
@@ -300,6 +323,8 @@ fn main() -> ExitCode {
                 function,
                 jobs,
                 resources,
+                retain_finished,
+                sample_store_every,
             };
             if let Some(url) = url {
                 let remote = target_of(TargetArgs { url, token })
@@ -369,6 +394,7 @@ fn main() -> ExitCode {
             r24_executions,
             seed,
         } => soak(kills, cases, r24_executions, seed),
+        Command::Compact { data, into, json } => compact(&data, &into, json),
         Command::Ctl {
             target,
             kind,
@@ -589,6 +615,37 @@ fn function_revisions(text: &str) -> Result<FunctionRevisions, String> {
         })
         .collect::<Result<Vec<_>, String>>()
         .map(FunctionRevisions)
+}
+
+/// `openprogram compact`: a spinner with the keys copied, then the sizes before and after.
+fn compact(data: &std::path::Path, into: &std::path::Path, json: bool) -> ExitCode {
+    let spinner = match json {
+        true => indicatif::ProgressBar::hidden(),
+        false => indicatif::ProgressBar::new_spinner(),
+    };
+    let copied = openprogram::storage::compact::compact(data, into, |keys| {
+        spinner.set_message(format!("{keys} keys copied"));
+        spinner.tick();
+    });
+    spinner.finish_and_clear();
+    match copied {
+        Ok(report) if json => {
+            println!("{}", serde_json::json!(report));
+            ExitCode::SUCCESS
+        }
+        Ok(report) => {
+            let mib = |bytes: u64| bytes as f64 / 1048576.0;
+            println!(
+                "compacted {} keys into {}: {:.1} MiB -> {:.1} MiB",
+                report.keys,
+                into.display(),
+                mib(report.bytes_before),
+                mib(report.bytes_after)
+            );
+            ExitCode::SUCCESS
+        }
+        Err(error) => fail(&format!("{} ({})", error, error.code())),
+    }
 }
 
 /// `--retain-finished`: a duration such as 0s, 500ms, 10s, 30m, 12h or 7d.

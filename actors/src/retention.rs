@@ -20,7 +20,9 @@ use crate::recovery::Clock;
 /// How often a round runs.
 pub const ROUND_EVERY: Duration = Duration::from_secs(1);
 /// Executions one round purges at most (the rest wait for the next round).
-const ROUND_PURGES_MAX: usize = 1024;
+const ROUND_PURGES_MAX: usize = 8192;
+/// Purges sent to the committer together (one group commit for all of their steps).
+const PURGES_TOGETHER: usize = 256;
 /// Log records one sweep step examines.
 const SWEEP_STEP_RECORDS: usize = 64;
 /// Log records one round examines at most.
@@ -135,17 +137,26 @@ impl Retention {
 async fn purge_ended(store: &dyn EventStore, cutoff: u64, stats: &RetentionStats) -> Result<()> {
     let mut done = 0;
     while done < ROUND_PURGES_MAX {
-        let ended = store.ended_before(cutoff, 64)?;
+        let ended = store.ended_before(cutoff, PURGES_TOGETHER)?;
         if ended.is_empty() {
             return Ok(());
         }
-        for (at, execution_id) in ended {
-            if !purge_fully(store, execution_id, Some(at), Some(cutoff)).await? {
-                // Not written to its own keys yet: the next round.
-                return Ok(());
+        // Together: their steps share group commits.
+        let purges = ended
+            .iter()
+            .map(|(at, execution_id)| purge_fully(store, *execution_id, Some(*at), Some(cutoff)));
+        let mut settled = true;
+        for purged in futures::future::join_all(purges).await {
+            if purged? {
+                stats.executions_purged.fetch_add(1, Ordering::Relaxed);
+                done += 1;
+            } else {
+                settled = false;
             }
-            stats.executions_purged.fetch_add(1, Ordering::Relaxed);
-            done += 1;
+        }
+        if !settled {
+            // Some are not written to their own keys yet: the next round.
+            return Ok(());
         }
     }
     Ok(())

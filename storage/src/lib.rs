@@ -22,6 +22,7 @@
 mod acknowledged;
 pub mod baseline;
 pub mod codec;
+pub mod compact;
 pub mod error;
 pub mod event;
 pub mod failpoints;

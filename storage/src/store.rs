@@ -38,6 +38,8 @@ use crate::transition::{Outcome, Transition};
 mod reads;
 mod retention;
 
+pub(crate) use retention::disk_bytes as retention_disk_bytes;
+
 pub use crate::open::{Incarnation, SEGMENT_BYTES};
 pub use crate::shared::{Limits, MetricsSnapshot};
 

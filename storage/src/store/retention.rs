@@ -66,7 +66,7 @@ impl Store {
 
 /// The bytes of every file under `dir` (what `du --apparent-size` counts), recursively; a
 /// file that vanishes meanwhile counts 0.
-pub(super) fn disk_bytes(dir: &std::path::Path) -> u64 {
+pub(crate) fn disk_bytes(dir: &std::path::Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };

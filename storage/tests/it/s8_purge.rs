@@ -249,3 +249,49 @@ async fn s8_the_sweep_removes_log_records_of_purged_executions_only() {
     let second = store.sweep_log(0, usize::MAX).await.expect("sweep again");
     assert_eq!(second.records_deleted, 0, "nothing more to remove");
 }
+
+#[tokio::test]
+async fn s8_compaction_copies_what_is_kept_into_a_smaller_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (from, to) = (dir.path().join("from"), dir.path().join("to"));
+    let (purged, live, kept) = {
+        let store = Store::open(&from).expect("open");
+        let mut ended_ = Vec::new();
+        for _ in 0..60 {
+            ended_.push(ended(&store, 30).await);
+        }
+        let live = create(&store).await;
+        append(&store, live, 1, "live").await;
+        (ended_.split_off(6), live, ended_)
+    };
+    let live_events = {
+        let store = Store::open(&from).expect("reopen");
+        for execution_id in &purged {
+            purge_fully(&store, *execution_id).await;
+        }
+        let mut from_position = 0;
+        while let Some(next) = store
+            .sweep_log(from_position, 64)
+            .await
+            .unwrap()
+            .next_position
+        {
+            from_position = next;
+        }
+        all_events(&store, live)
+    };
+    let report = openprogram_storage::compact::compact(&from, &to, |_| {}).expect("compaction");
+    assert!(report.bytes_after < report.bytes_before, "{report:?}");
+    let store = Store::open(&to).expect("the compacted store opens (S-7 included)");
+    assert_eq!(all_events(&store, live), live_events);
+    for execution_id in &kept {
+        assert_eq!(all_events(&store, *execution_id).len(), 32);
+    }
+    for execution_id in &purged {
+        assert!(store.purged(*execution_id).unwrap().is_some());
+    }
+    // The old store is left as it was, and a compaction never writes into a used directory.
+    drop(store);
+    assert!(Store::open(&from).is_ok());
+    assert!(openprogram_storage::compact::compact(&from, &to, |_| {}).is_err());
+}

@@ -1,0 +1,95 @@
+//! S-8, disk given back: offline compaction. sled 0.34 reuses the space of removed keys for
+//! new writes, but never shrinks its file: after a purge the store keeps its size. A
+//! compaction copies every key of a closed store into a new directory, in batches (memory
+//! bounded by `BATCH_BYTES` and sled's cache, not by the store's size), fsyncs it, and
+//! records there the position the old store acknowledged (S-7). The old directory is never
+//! written: a compaction cut short leaves it whole, and the new one is used only once the
+//! operator points the runtime at it.
+
+use std::path::Path;
+
+use crate::acknowledged::Acknowledged;
+use crate::error::{Error, Result};
+use crate::open::open_sled;
+use crate::store::{retention_disk_bytes, Store};
+
+/// Bytes of keys and values copied per batch.
+const BATCH_BYTES: usize = 8 * 1024 * 1024;
+/// sled's page cache for each side of the copy.
+const CACHE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// What a compaction did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct CompactReport {
+    pub keys: u64,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+}
+
+/// Copies the store in `from` (closed: its lock is taken) into the empty or missing
+/// directory `to`. `progress` is told the keys copied so far after each batch.
+pub fn compact(from: &Path, to: &Path, mut progress: impl FnMut(u64)) -> Result<CompactReport> {
+    let io = |path: &Path, error: std::io::Error| Error::Io {
+        path: path.to_path_buf(),
+        message: error.to_string(),
+    };
+    let occupied = std::fs::read_dir(to).is_ok_and(|mut entries| entries.next().is_some());
+    if occupied {
+        return Err(Error::Io {
+            path: to.to_path_buf(),
+            message: "the compaction's target must be a new or empty directory".into(),
+        });
+    }
+    // A healthy store at the current schema, its log tail written to its own keys (an open
+    // does all of that, and refuses a store that lost acknowledged history).
+    drop(Store::open(from)?);
+    let acknowledged = Acknowledged::read(from)?;
+    let bytes_before = retention_disk_bytes(from);
+    std::fs::create_dir_all(to).map_err(|error| io(to, error))?;
+    let keys = {
+        let source = open_sled(from, CACHE_BYTES)?;
+        let target = open_sled(to, CACHE_BYTES)?;
+        let mut batch = sled::Batch::default();
+        let (mut keys, mut bytes) = (0u64, 0usize);
+        for item in source.iter() {
+            let (key, value) = item?;
+            bytes += key.len() + value.len();
+            batch.insert(key, value);
+            keys += 1;
+            if bytes >= BATCH_BYTES {
+                target.apply_batch(std::mem::take(&mut batch))?;
+                bytes = 0;
+                progress(keys);
+            }
+        }
+        target.apply_batch(batch)?;
+        target.flush()?;
+        progress(keys);
+        keys
+    };
+    // sled's flush ends in sync_file_range (see `log.rs`): the file itself is fsynced.
+    let blobs = std::fs::read_dir(to.join("blobs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path());
+    for path in [to.join("db"), to.join("conf")].into_iter().chain(blobs) {
+        if let Ok(handle) = std::fs::File::open(&path) {
+            handle.sync_all().map_err(|error| io(&path, error))?;
+        }
+    }
+    if let Ok(dir) = std::fs::File::open(to.join("blobs")) {
+        dir.sync_all().map_err(|error| io(to, error))?;
+    }
+    if let Some(position) = acknowledged {
+        Acknowledged::open(to, position)?;
+    }
+    std::fs::File::open(to)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|error| io(to, error))?;
+    Ok(CompactReport {
+        keys,
+        bytes_before,
+        bytes_after: retention_disk_bytes(to),
+    })
+}
