@@ -11,7 +11,8 @@ use std::path::Path;
 use crate::acknowledged::Acknowledged;
 use crate::error::{Error, Result};
 use crate::open::open_sled;
-use crate::store::{retention_disk_bytes, Store};
+use crate::shared::disk_bytes;
+use crate::store::Store;
 
 /// Bytes of keys and values copied per batch.
 const BATCH_BYTES: usize = 8 * 1024 * 1024;
@@ -44,7 +45,7 @@ pub fn compact(from: &Path, to: &Path, mut progress: impl FnMut(u64)) -> Result<
     // does all of that, and refuses a store that lost acknowledged history).
     drop(Store::open(from)?);
     let acknowledged = Acknowledged::read(from)?;
-    let bytes_before = retention_disk_bytes(from);
+    let bytes_before = disk_bytes(from);
     std::fs::create_dir_all(to).map_err(|error| io(to, error))?;
     let keys = {
         let source = open_sled(from, CACHE_BYTES)?;
@@ -90,6 +91,6 @@ pub fn compact(from: &Path, to: &Path, mut progress: impl FnMut(u64)) -> Result<
     Ok(CompactReport {
         keys,
         bytes_before,
-        bytes_after: retention_disk_bytes(to),
+        bytes_after: disk_bytes(to),
     })
 }

@@ -332,3 +332,19 @@ record_conversion!(Wait, WaitRecord);
 record_conversion!(Process, ProcessRecord);
 record_conversion!(Job, JobRecord);
 record_conversion!(Projection, ProjectionRecord);
+
+/// The bytes of every file under `dir` (what `du --apparent-size` counts), recursively; a
+/// file that vanishes meanwhile counts 0.
+pub(crate) fn disk_bytes(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.metadata() {
+            Ok(meta) if meta.is_dir() => disk_bytes(&entry.path()),
+            Ok(meta) => meta.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}

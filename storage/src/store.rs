@@ -38,8 +38,6 @@ use crate::transition::{Outcome, Transition};
 mod reads;
 mod retention;
 
-pub(crate) use retention::disk_bytes as retention_disk_bytes;
-
 pub use crate::open::{Incarnation, SEGMENT_BYTES};
 pub use crate::shared::{Limits, MetricsSnapshot};
 
@@ -523,7 +521,7 @@ impl EventReader for Store {
     }
 
     fn disk_bytes(&self) -> u64 {
-        retention::disk_bytes(&self.shared().path)
+        crate::shared::disk_bytes(&self.shared().path)
     }
 
     fn executions_in_session(&self, session_id: SessionId) -> Result<Vec<ExecutionId>> {
