@@ -324,8 +324,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         .sample_store_every
         .or(options.retain_finished.map(|_| Duration::from_secs(10)));
     let sampler = sample_every.map(|every| {
-        let store = Arc::clone(runtime.store());
-        crate::load_store::sample(store, every, done.clone(), options.progress)
+        crate::load_store::sample(runtime.clone(), every, done.clone(), options.progress)
     });
     let store_before = runtime.store().metrics();
     let before = Readings::now();
@@ -345,7 +344,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     let store_after = runtime.store().metrics();
     progress.finish_and_clear();
     done.store(true, Ordering::Release);
-    let store_bytes = match sampler {
+    let store_samples = match sampler {
         Some(sampler) => sampler
             .await
             .map_err(|error| Error::Internal(format!("the store sampler panicked: {error}")))?,
@@ -426,7 +425,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         raw_per_s,
         parked: parked.map(|(n, _)| n),
         rss_per_parked_bytes: parked.map(|(_, bytes)| bytes.round()),
-        store_bytes,
+        store_samples,
         executions_purged,
         ..LoadReport::measured("embedded".into(), &options, &steps_us, &executions_us)
     };

@@ -122,9 +122,9 @@ pub struct LoadReport {
     pub queue_wait_p50_ms: Option<f64>,
     pub queue_wait_p99_ms: Option<f64>,
     pub utilisation: Option<f64>,
-    /// S-8: the store's bytes on disk, sampled while the load ran: (seconds, bytes).
+    /// S-8: the store's bytes on disk, sampled while the load ran.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub store_bytes: Vec<(f64, u64)>,
+    pub store_samples: Vec<crate::load_store::StoreSample>,
     /// S-8: executions retention purged while the load ran.
     pub executions_purged: Option<u64>,
 }

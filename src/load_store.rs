@@ -1,20 +1,33 @@
 //! S-8: `load --retain-finished`: the store's size on disk, sampled while the load runs
-//! (`--sample-store-every`, 10 s by default), with the runtime purging what ended.
+//! (`--sample-store-every`, 10 s by default), with what retention purged and swept by then.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use openprogram_storage::EventReader;
+use serde::Serialize;
 
-/// Samples `store.disk_bytes()` now and every `every` until `done`, then once more; each
-/// sample is (seconds since the start, bytes), also printed to stderr when `print`.
+use crate::Runtime;
+
+/// One sample: seconds since the load started, the store's bytes on disk, executions
+/// purged and log records swept so far.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct StoreSample {
+    pub at_s: f64,
+    pub bytes: u64,
+    pub purged: u64,
+    pub swept: u64,
+    pub examined: u64,
+}
+
+/// Samples now and every `every` until `done`, then once more; each also printed to
+/// stderr when `print`.
 pub fn sample(
-    store: Arc<dyn EventReader>,
+    runtime: Runtime,
     every: Duration,
     done: Arc<AtomicBool>,
     print: bool,
-) -> tokio::task::JoinHandle<Vec<(f64, u64)>> {
+) -> tokio::task::JoinHandle<Vec<StoreSample>> {
     tokio::spawn(async move {
         let started = Instant::now();
         let mut samples = Vec::new();
@@ -22,12 +35,25 @@ pub fn sample(
         loop {
             let finished = done.load(Ordering::Acquire);
             if finished || Instant::now() >= next {
-                let bytes = store.disk_bytes();
-                let at = started.elapsed().as_secs_f64();
+                let stats = runtime.retention_stats();
+                let sample = StoreSample {
+                    at_s: started.elapsed().as_secs_f64(),
+                    bytes: runtime.store().disk_bytes(),
+                    purged: stats.executions_purged.load(Ordering::Relaxed),
+                    swept: stats.log_records_deleted.load(Ordering::Relaxed),
+                    examined: stats.log_records_examined.load(Ordering::Relaxed),
+                };
                 if print {
-                    eprintln!("store: {:.1} MiB at {at:.0} s", bytes as f64 / 1048576.0);
+                    eprintln!(
+                        "store: {:.1} MiB at {:.0} s ({} purged, {} of {} log records examined swept)",
+                        sample.bytes as f64 / 1048576.0,
+                        sample.at_s,
+                        sample.purged,
+                        sample.swept,
+                        sample.examined
+                    );
                 }
-                samples.push((at, bytes));
+                samples.push(sample);
                 next += every;
             }
             if finished {

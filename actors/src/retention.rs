@@ -24,9 +24,11 @@ const ROUND_PURGES_MAX: usize = 8192;
 /// Purges sent to the committer together (one group commit for all of their steps).
 const PURGES_TOGETHER: usize = 256;
 /// Log records one sweep step examines.
-const SWEEP_STEP_RECORDS: usize = 64;
+const SWEEP_STEP_RECORDS: usize = 256;
+/// Records kept in a row that end a pass of the sweep.
+const SWEEP_KEPT_IN_A_ROW: usize = 256;
 /// Log records one round examines at most.
-const ROUND_SWEEP_RECORDS: usize = 4096;
+const ROUND_SWEEP_RECORDS: usize = 65_536;
 
 /// What retention did since the runtime opened (for `/metrics`).
 #[derive(Debug, Default)]
@@ -34,6 +36,7 @@ pub struct RetentionStats {
     pub executions_purged: AtomicU64,
     pub log_records_deleted: AtomicU64,
     pub log_bytes_deleted: AtomicU64,
+    pub log_records_examined: AtomicU64,
     pub rounds: AtomicU64,
 }
 
@@ -162,13 +165,19 @@ async fn purge_ended(store: &dyn EventStore, cutoff: u64, stats: &RetentionStats
     Ok(())
 }
 
-/// Sweeps up to `ROUND_SWEEP_RECORDS` log records from `from`; returns where to go on (0:
-/// from the start again, the end was reached).
-async fn sweep(store: &dyn EventStore, mut from: u64, stats: &RetentionStats) -> Result<u64> {
-    let mut examined = 0;
+/// Sweeps from `from`, the first record the pass before kept: up to `ROUND_SWEEP_RECORDS`,
+/// stopping once `SWEEP_KEPT_IN_A_ROW` records in a row were kept (the log still in use: the
+/// records a purge frees are the oldest ones). Returns where the next pass starts: the first
+/// record this one kept.
+async fn sweep(store: &dyn EventStore, from: u64, stats: &RetentionStats) -> Result<u64> {
+    let (mut at, mut examined, mut first_kept) = (from, 0, None);
     while examined < ROUND_SWEEP_RECORDS {
-        let step = store.sweep_log(from, SWEEP_STEP_RECORDS).await?;
+        let step = store.sweep_log(at, SWEEP_STEP_RECORDS).await?;
         examined += step.records_examined;
+        first_kept = first_kept.or(step.first_kept);
+        stats
+            .log_records_examined
+            .fetch_add(step.records_examined as u64, Ordering::Relaxed);
         stats
             .log_records_deleted
             .fetch_add(step.records_deleted as u64, Ordering::Relaxed);
@@ -176,11 +185,12 @@ async fn sweep(store: &dyn EventStore, mut from: u64, stats: &RetentionStats) ->
             .log_bytes_deleted
             .fetch_add(step.bytes_deleted, Ordering::Relaxed);
         match step.next_position {
-            Some(next) => from = next,
-            None => return Ok(0),
+            Some(next) if step.kept_in_a_row < SWEEP_KEPT_IN_A_ROW => at = next,
+            Some(next) => return Ok(first_kept.unwrap_or(next)),
+            None => return Ok(first_kept.unwrap_or(at)),
         }
     }
-    Ok(from)
+    Ok(first_kept.unwrap_or(at))
 }
 
 impl Actor for Retention {

@@ -173,6 +173,10 @@ impl Committer {
                 batch.remove(key);
                 step.records_deleted += 1;
                 step.bytes_deleted += value.len() as u64;
+                step.kept_in_a_row = 0;
+            } else {
+                step.first_kept = step.first_kept.or(Some(first));
+                step.kept_in_a_row += 1;
             }
         }
         if step.records_examined < max_records {

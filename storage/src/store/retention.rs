@@ -63,4 +63,3 @@ impl Store {
         Ok(unfinished)
     }
 }
-
