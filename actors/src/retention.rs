@@ -25,8 +25,6 @@ const ROUND_PURGES_MAX: usize = 8192;
 const PURGES_TOGETHER: usize = 256;
 /// Log records one sweep step examines.
 const SWEEP_STEP_RECORDS: usize = 256;
-/// Records kept in a row that end a pass of the sweep.
-const SWEEP_KEPT_IN_A_ROW: usize = 256;
 /// Log records one round examines at most.
 const ROUND_SWEEP_RECORDS: usize = 65_536;
 
@@ -114,11 +112,16 @@ impl Retention {
         let round = async move {
             if resume {
                 for execution_id in store.purges_unfinished()? {
-                    purge_fully(store.as_ref(), execution_id, None, None).await?;
+                    if let Err(error) = purge_fully(store.as_ref(), execution_id, None, None).await
+                    {
+                        tracing::warn!(%execution_id, %error, "an unfinished purge failed");
+                    }
                 }
             }
             if let Some(cutoff) = cutoff {
-                purge_ended(store.as_ref(), cutoff, &stats).await?;
+                if let Err(error) = purge_ended(store.as_ref(), cutoff, &stats).await {
+                    tracing::warn!(%error, "retention's purges stopped for this round");
+                }
             }
             sweep(store.as_ref(), sweep_from, &stats).await
         };
@@ -136,25 +139,40 @@ impl Retention {
     }
 }
 
-/// Purges what ended before `cutoff`, oldest first, up to `ROUND_PURGES_MAX`.
+/// Purges what ended before `cutoff`, oldest first, up to `ROUND_PURGES_MAX`. An
+/// execution a purge could not read is logged and passed over (the others go on); a child
+/// whose parent still runs (F-6: the parent reads its result) waits for a later round.
 async fn purge_ended(store: &dyn EventStore, cutoff: u64, stats: &RetentionStats) -> Result<()> {
-    let mut done = 0;
+    let (mut done, mut after) = (0, None);
     while done < ROUND_PURGES_MAX {
-        let ended = store.ended_before(cutoff, PURGES_TOGETHER)?;
-        if ended.is_empty() {
+        let ended = store.ended_before(cutoff, after, PURGES_TOGETHER)?;
+        let Some(last) = ended.last() else {
             return Ok(());
-        }
+        };
+        after = Some(*last);
+        let purgeable: Vec<(u64, ExecutionId)> = ended
+            .into_iter()
+            .filter(|(_, execution_id)| !parent_runs(store, *execution_id))
+            .collect();
         // Together: their steps share group commits.
-        let purges = ended
+        let purges = purgeable
             .iter()
             .map(|(at, execution_id)| purge_fully(store, *execution_id, Some(*at), Some(cutoff)));
         let mut settled = true;
-        for purged in futures::future::join_all(purges).await {
-            if purged? {
-                stats.executions_purged.fetch_add(1, Ordering::Relaxed);
-                done += 1;
-            } else {
-                settled = false;
+        for (purged, (_, execution_id)) in futures::future::join_all(purges)
+            .await
+            .into_iter()
+            .zip(&purgeable)
+        {
+            match purged {
+                Ok(true) => {
+                    stats.executions_purged.fetch_add(1, Ordering::Relaxed);
+                    done += 1;
+                }
+                Ok(false) => settled = false,
+                Err(error) => {
+                    tracing::warn!(%execution_id, %error, "not purged; passed over");
+                }
             }
         }
         if !settled {
@@ -165,16 +183,25 @@ async fn purge_ended(store: &dyn EventStore, cutoff: u64, stats: &RetentionStats
     Ok(())
 }
 
-/// Sweeps from `from`, the first record the pass before kept: up to `ROUND_SWEEP_RECORDS`,
-/// stopping once `SWEEP_KEPT_IN_A_ROW` records in a row were kept (the log still in use: the
-/// records a purge frees are the oldest ones). Returns where the next pass starts: the first
-/// record this one kept.
-async fn sweep(store: &dyn EventStore, from: u64, stats: &RetentionStats) -> Result<u64> {
-    let (mut at, mut examined, mut first_kept) = (from, 0, None);
+/// Whether the execution's parent (a caller, or a fork's original) has not ended.
+fn parent_runs(store: &dyn EventStore, execution_id: ExecutionId) -> bool {
+    let parent = match store.head(execution_id) {
+        Ok(Some(head)) => head.parent_execution_id,
+        _ => None,
+    };
+    parent.is_some_and(
+        |parent| matches!(store.head(parent), Ok(Some(head)) if !head.state.is_terminal()),
+    )
+}
+
+/// Sweeps up to `ROUND_SWEEP_RECORDS` log records from `from`; returns where the next
+/// round goes on (0: from the start again, the end was reached). Every record is examined
+/// once a pass: a kept session's old records do not hide newer ones a purge freed.
+async fn sweep(store: &dyn EventStore, mut from: u64, stats: &RetentionStats) -> Result<u64> {
+    let mut examined = 0;
     while examined < ROUND_SWEEP_RECORDS {
-        let step = store.sweep_log(at, SWEEP_STEP_RECORDS).await?;
+        let step = store.sweep_log(from, SWEEP_STEP_RECORDS).await?;
         examined += step.records_examined;
-        first_kept = first_kept.or(step.first_kept);
         stats
             .log_records_examined
             .fetch_add(step.records_examined as u64, Ordering::Relaxed);
@@ -185,12 +212,24 @@ async fn sweep(store: &dyn EventStore, from: u64, stats: &RetentionStats) -> Res
             .log_bytes_deleted
             .fetch_add(step.bytes_deleted, Ordering::Relaxed);
         match step.next_position {
-            Some(next) if step.kept_in_a_row < SWEEP_KEPT_IN_A_ROW => at = next,
-            Some(next) => return Ok(first_kept.unwrap_or(next)),
-            None => return Ok(first_kept.unwrap_or(at)),
+            Some(next) => from = next,
+            None => return Ok(0),
         }
     }
-    Ok(first_kept.unwrap_or(at))
+    Ok(from)
+}
+
+/// One execution of a session to the end of its purge: `Ok(false)` while it is not settled.
+async fn purge_session_member(store: &dyn EventStore, execution_id: ExecutionId) -> Result<bool> {
+    loop {
+        match store.purge(execution_id, None, None).await? {
+            PurgeStep::More => continue,
+            PurgeStep::Unsettled => return Ok(false),
+            PurgeStep::Done | PurgeStep::Unknown => return Ok(true),
+            // It moved on since the check (a command, a fork's child): refused as a whole.
+            PurgeStep::NotEnded => return Err(Error::ActiveExecutions(1)),
+        }
+    }
 }
 
 impl Actor for Retention {
@@ -221,7 +260,7 @@ pub async fn purge_session(
     }
     let deadline = tokio::time::Instant::now() + settle;
     for execution_id in &executions {
-        while !purge_fully(store, *execution_id, None, None).await? {
+        while !purge_session_member(store, *execution_id).await? {
             if tokio::time::Instant::now() >= deadline {
                 return Err(Error::Unavailable(
                     "the session's latest changes are not settled yet; try again".into(),

@@ -273,7 +273,8 @@ pub(crate) fn decode_log_record(key: &[u8], bytes: &[u8]) -> Result<DecodedLogRe
 }
 
 /// The last position of a log record and the execution each of its frames claims, read
-/// from the headers alone (S-8: the log's sweep asks whose frames a record holds).
+/// from the headers, each frame checked against its checksum but not decoded (S-8: the
+/// log's sweep asks whose frames a record holds).
 pub(crate) fn frame_owners(key: &[u8], bytes: &[u8]) -> Result<(u64, Vec<ExecutionId>)> {
     let corrupted = || Error::Corrupted {
         tree: keys::tree_name(key),
@@ -297,6 +298,11 @@ pub(crate) fn frame_owners(key: &[u8], bytes: &[u8]) -> Result<(u64, Vec<Executi
             .checked_add(len)
             .filter(|end| *end <= rest.len())
             .ok_or_else(corrupted)?;
+        // The owner is believed only from a frame that passes its checksum.
+        let crc = u32::from_be_bytes([rest[4], rest[5], rest[6], rest[7]]);
+        if crc32fast::hash(&rest[8..end]) != crc {
+            return Err(corrupted());
+        }
         let mut id = [0u8; 16];
         id.copy_from_slice(&rest[8..24]);
         owners.push(ExecutionId::from_bytes(id));

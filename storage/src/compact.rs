@@ -2,9 +2,10 @@
 //! new writes, but never shrinks its file: after a purge the store keeps its size. A
 //! compaction copies every key of a closed store into a new directory, in batches (memory
 //! bounded by `BATCH_BYTES` and sled's cache, not by the store's size), fsyncs it, and
-//! records there the position the old store acknowledged (S-7). The old directory is never
-//! written: a compaction cut short leaves it whole, and the new one is used only once the
-//! operator points the runtime at it.
+//! records there the position the old store acknowledged (S-7). It writes into
+//! `NEW.compacting` and renames that to `NEW` only once everything is durable, so a
+//! compaction cut short leaves no `NEW` that would open as a store; the old directory is
+//! never written.
 
 use std::path::Path;
 
@@ -46,6 +47,14 @@ pub fn compact(from: &Path, to: &Path, mut progress: impl FnMut(u64)) -> Result<
     drop(Store::open(from)?);
     let acknowledged = Acknowledged::read(from)?;
     let bytes_before = disk_bytes(from);
+    let target = to.to_path_buf();
+    let mut name = to.file_name().unwrap_or_default().to_os_string();
+    name.push(".compacting");
+    let to = &to.with_file_name(name);
+    if to.exists() {
+        // What a compaction cut short left: never opened, so never a store.
+        std::fs::remove_dir_all(to).map_err(|error| io(to, error))?;
+    }
     std::fs::create_dir_all(to).map_err(|error| io(to, error))?;
     let keys = {
         let source = open_sled(from, CACHE_BYTES)?;
@@ -88,9 +97,19 @@ pub fn compact(from: &Path, to: &Path, mut progress: impl FnMut(u64)) -> Result<
     std::fs::File::open(to)
         .and_then(|dir| dir.sync_all())
         .map_err(|error| io(to, error))?;
+    let _ = std::fs::remove_dir(&target); // empty if it exists (checked above)
+    std::fs::rename(to, &target).map_err(|error| io(&target, error))?;
+    if let Some(parent) = target
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+    {
+        std::fs::File::open(parent)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|error| io(parent, error))?;
+    }
     Ok(CompactReport {
         keys,
         bytes_before,
-        bytes_after: disk_bytes(to),
+        bytes_after: disk_bytes(&target),
     })
 }

@@ -146,7 +146,11 @@ pub(crate) fn replay(shared: &Shared, salvaging: bool) -> Result<()> {
                 }
             };
             let execution_id = frame.execution_id;
-            if shared.check_quarantine(execution_id).is_err() {
+            // S-8: a purged execution's frames are never replayed (defence in depth: a purge
+            // waits for the materialization that covers them).
+            if shared.check_quarantine(execution_id).is_err()
+                || db.contains_key(keys::purged(execution_id))?
+            {
                 continue;
             }
             // The head before this frame: its identity completes a frame that does not

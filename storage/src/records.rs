@@ -541,11 +541,6 @@ pub struct SweepStep {
     /// Log records removed: every frame in them was of a purged execution.
     pub records_deleted: usize,
     pub bytes_deleted: u64,
-    /// The first record of this step that was kept, if any.
-    pub first_kept: Option<u64>,
-    /// How many records at the end of this step were kept, one after the other: the sweep
-    /// has reached the log records still in use.
-    pub kept_in_a_row: usize,
 }
 
 /// The address of a blob: BLAKE3 of its bytes.

@@ -94,8 +94,13 @@ pub trait EventReader: Send + Sync + 'static {
     /// S-8: what is left of a purged execution (`None`: never purged).
     fn purged(&self, execution_id: ExecutionId) -> Result<Option<PurgedRecord>>;
     /// S-8: executions that ended before `before_ms`, oldest first, at most `limit`, with the
-    /// time each is listed under.
-    fn ended_before(&self, before_ms: u64, limit: usize) -> Result<Vec<(u64, ExecutionId)>>;
+    /// time each is listed under; listed after the entry `after` if given (a cursor).
+    fn ended_before(
+        &self,
+        before_ms: u64,
+        after: Option<(u64, ExecutionId)>,
+        limit: usize,
+    ) -> Result<Vec<(u64, ExecutionId)>>;
     /// S-8: purges begun and not finished (a crash between their steps).
     fn purges_unfinished(&self) -> Result<Vec<ExecutionId>>;
     /// S-8: the bytes the store's files take on disk now (every file under its directory).
@@ -512,8 +517,13 @@ impl EventReader for Store {
         self.read_purged(execution_id)
     }
 
-    fn ended_before(&self, before_ms: u64, limit: usize) -> Result<Vec<(u64, ExecutionId)>> {
-        self.read_ended_before(before_ms, limit)
+    fn ended_before(
+        &self,
+        before_ms: u64,
+        after: Option<(u64, ExecutionId)>,
+        limit: usize,
+    ) -> Result<Vec<(u64, ExecutionId)>> {
+        self.read_ended_before(before_ms, after, limit)
     }
 
     fn purges_unfinished(&self) -> Result<Vec<ExecutionId>> {

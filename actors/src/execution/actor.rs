@@ -323,7 +323,7 @@ impl ExecutionActor {
     /// S-8: an actor activated from a projection (a partial machine) replays the whole
     /// history before its first step: a model request needs the context, a function's run
     /// its committed steps. False if the replay failed: the actor released itself.
-    fn complete_history(&mut self, ctx: &mut Context<Self>) -> bool {
+    pub(super) fn complete_history(&mut self, ctx: &mut Context<Self>) -> bool {
         if self.machine.is_complete() {
             return true;
         }

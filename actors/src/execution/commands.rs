@@ -6,7 +6,7 @@
 use actix::prelude::*;
 use openprogram_storage::{CommandRecord, CommandStatus, Event, Outcome, Transition, Upsert};
 
-use crate::command::Command;
+use crate::command::{Command, CommandBody, WaitRef};
 use crate::error::Error;
 use crate::execution::actor::ExecutionActor;
 use crate::execution::machine::{Accepted, CommandContext, Rejection};
@@ -204,9 +204,29 @@ pub struct ApplyCommand {
 impl Handler<ApplyCommand> for ExecutionActor {
     type Result = AtomicResponse<Self, Result<CommandRecord, Error>>;
 
-    fn handle(&mut self, message: ApplyCommand, _ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, message: ApplyCommand, ctx: &mut Context<Self>) -> Self::Result {
         let _span = self.span.clone().entered();
         self.handled += 1;
+        // S-8: a wait older than a projection keeps is decided on the whole history (its
+        // refusal says it closed, not that it is unknown).
+        let named = match &message.command.body {
+            CommandBody::Answer {
+                wait: WaitRef::Id(wait_id),
+                ..
+            }
+            | CommandBody::Decline {
+                wait: WaitRef::Id(wait_id),
+            } => Some(*wait_id),
+            _ => None,
+        };
+        if named.is_some_and(|wait_id| self.machine.wait(wait_id).is_none())
+            && !self.complete_history(ctx)
+        {
+            let stopped = Err(Error::Unavailable(
+                "the execution's history is unreadable".into(),
+            ));
+            return AtomicResponse::new(Box::pin(fut::ready(stopped)));
+        }
         AtomicResponse::new(self.after_inherited(message))
     }
 }

@@ -61,14 +61,17 @@ pub struct ForkedTool {
 /// operation it granted (its scope is that one operation, of the original), not with an
 /// effect awaiting reconciliation.
 fn allowed(machine: &Machine) -> bool {
-    let after_a_decision_for_people = matches!(
-        machine.context.last(),
-        Some(
-            Turn::Decided(Decision::Reply { .. } | Decision::Ask { .. })
-                | Turn::WaitResolved { .. }
-        )
-    );
+    let after_a_decision_for_people = machine.context.last().is_some_and(for_people);
     !after_a_decision_for_people && machine.unresolved.is_none() && machine.pending_wait().is_none()
+}
+
+/// Whether a turn is a decision for people (a reply, a question) or a person's answer: no
+/// fork starts right after one. All a projection keeps of the context's last turn.
+pub(super) fn for_people(turn: &Turn) -> bool {
+    matches!(
+        turn,
+        Turn::Decided(Decision::Reply { .. } | Decision::Ask { .. }) | Turn::WaitResolved { .. }
+    )
 }
 
 impl Machine {

@@ -7,9 +7,11 @@
 //! transition's events cross a multiple of `EVERY_EVENTS` seqs (`Machine::plan`): at most
 //! `EVERY_EVENTS` plus one transition's events are folded on top of it. It holds the present
 //! (all of it but the admission's input, read from the first event), the reply text, the
-//! newest `KEPT` receipts, ended waits and completed steps, the fork points a later dispatch
-//! may take back (the others are only counted: a reader asks whether there is one), the last
-//! turn of the context (what a fork point's rule reads) and how many of each it left out.
+//! newest `KEPT` receipts, ended waits and completed steps (without their results), the fork
+//! points a later dispatch may take back (the others are only counted: a reader asks whether
+//! there is one), the kind of the context's last turn (what a fork point's rule reads) and
+//! how many of each it left out. A projection too large for its transition is left out by
+//! storage (readers then replay).
 //!
 //! A partial machine answers reads and decides every command but Fork and Retry, and folds
 //! new events like a complete one; it never runs anything: the actor replays the whole
@@ -21,7 +23,7 @@ use openprogram_storage::{EffectId, ExecutionId, ProjectionRecord};
 use serde::{Deserialize, Serialize};
 
 use super::machine::{
-    CompletedStep, Dropped, ForkPoint, Machine, Present, Receipt, Turn, WaitState,
+    CompletedStep, Decision, Dropped, ForkPoint, Machine, Present, Receipt, Turn, WaitState,
 };
 
 /// The encoding of `Projected` in `ProjectionRecord::state`: JSON (a tool call's arguments
@@ -39,7 +41,9 @@ pub const KEPT: usize = 20;
 pub struct Projected {
     present: Present,
     text: String,
-    last_turn: Option<Turn>,
+    /// The context's last turn, as much as the fork rule reads of it: whether it is a
+    /// decision for people (`fork::for_people`); `None` for an empty context.
+    last_turn_for_people: Option<bool>,
     receipts: Vec<Receipt>,
     ended_waits: Vec<WaitState>,
     completed_steps: Vec<CompletedStep>,
@@ -65,6 +69,15 @@ impl Projected {
         let (receipts, receipts_out) = newest(&receipts);
         let (ended_waits, waits_out) = newest(&machine.ended_waits);
         let (completed_steps, steps_out) = newest(&machine.completed_steps);
+        // What a snapshot shows of a step, not its result: a function's run reads results
+        // from the whole history.
+        let completed_steps = completed_steps
+            .iter()
+            .map(|step| CompletedStep {
+                output: String::new(),
+                ..step.clone()
+            })
+            .collect::<Vec<_>>();
         // Only a point whose next step is the pending call can be taken back (when that call
         // is dispatched, `ToolDispatched`); every other one is kept for good, and counted.
         let pending = machine
@@ -84,10 +97,10 @@ impl Projected {
         Self {
             present: machine.present.clone(),
             text: machine.text.clone(),
-            last_turn: machine.context.last().cloned(),
+            last_turn_for_people: machine.context.last().map(super::fork::for_people),
             receipts: receipts.to_vec(),
             ended_waits: ended_waits.to_vec(),
-            completed_steps: completed_steps.to_vec(),
+            completed_steps,
             fork_points,
             dispatched_pending,
             dropped: Dropped {
@@ -132,7 +145,20 @@ impl Projected {
         machine.present = self.present;
         machine.present.input = input;
         machine.text = self.text;
-        machine.context = std::sync::Arc::new(self.last_turn.into_iter().collect());
+        // A turn of the same kind stands for the last one (what the fork rule reads).
+        let last_turn = self
+            .last_turn_for_people
+            .map(|for_people| match for_people {
+                true => Turn::Decided(Decision::Reply {
+                    text: String::new(),
+                }),
+                false => Turn::ToolResult {
+                    tool: String::new(),
+                    status: openprogram_storage::ReceiptStatus::Confirmed,
+                    output: String::new(),
+                },
+            });
+        machine.context = std::sync::Arc::new(last_turn.into_iter().collect());
         for receipt in self.receipts {
             machine.receipts.restore(receipt);
         }

@@ -81,6 +81,10 @@ impl ExecutionActor {
         let Some(unresolved) = self.machine.unresolved.clone() else {
             return;
         };
+        // S-8: a nested call's step is judged with that call's input (the whole history).
+        if !self.complete_history(ctx) {
+            return;
+        }
         if unresolved.dispatched_by == Some(self.env.owner) {
             // Dispatched by an attempt of this incarnation that was taken over: it may still
             // be running, so the external system's answer is not final. An operator decides.

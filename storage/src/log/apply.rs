@@ -161,7 +161,7 @@ impl Committer {
                 records.push(record);
             }
         }
-        let frame = Frame {
+        let mut frame = Frame {
             head: next,
             events: envelopes,
             records,
@@ -170,12 +170,19 @@ impl Committer {
         // S-5: a large admission input is stored once, as a blob, and referenced.
         let blobbed = inputs_to_blob(&frame);
         encode_frame_into(&mut group.frame_bytes, &frame, with_identity, &blobbed);
-        let encoded = &group.frame_bytes;
         let limit = self
             .shared
             .limits
             .transition_bytes_max
             .min(u32::MAX as usize);
+        // S-8: a projection is a cache: one that makes its transition too large is left out
+        // (readers replay), never the reason the transition fails.
+        let projected = |record: &RecordValue| matches!(record, RecordValue::Projection(_));
+        if group.frame_bytes.len() > limit && frame.records.iter().any(projected) {
+            frame.records.retain(|record| !projected(record));
+            encode_frame_into(&mut group.frame_bytes, &frame, with_identity, &blobbed);
+        }
+        let encoded = &group.frame_bytes;
         if encoded.len() > limit {
             return Err(Error::PayloadTooLarge {
                 what: "transition",

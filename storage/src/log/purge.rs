@@ -46,13 +46,20 @@ impl Committer {
             at_ms,
         } = when;
         let db = &self.shared.db;
+        // Settled: nothing of it in this group or in memory, and no materialization under
+        // way — one writes an execution's head and its records in different slices and moves
+        // the mark only with its last, so until it ends a record could still land after the
+        // purge, or a crash replay the execution's frames from before the mark.
+        let overlay = self.shared.overlay_read();
         if group.heads.contains_key(&execution_id)
             || group.purged.contains(&execution_id)
             || group.recorded.contains(&execution_id)
-            || self.shared.overlay_read().current(execution_id).is_some()
+            || overlay.is_materializing()
+            || overlay.current(execution_id).is_some()
         {
             return Ok(PurgeStep::Unsettled);
         }
+        drop(overlay);
         if let Some(ended_at_ms) = ended_key {
             batch.remove(&keys::ended(ended_at_ms, execution_id)[..]);
         }
@@ -173,10 +180,6 @@ impl Committer {
                 batch.remove(key);
                 step.records_deleted += 1;
                 step.bytes_deleted += value.len() as u64;
-                step.kept_in_a_row = 0;
-            } else {
-                step.first_kept = step.first_kept.or(Some(first));
-                step.kept_in_a_row += 1;
             }
         }
         if step.records_examined < max_records {

@@ -36,17 +36,25 @@ impl Store {
     pub(super) fn read_ended_before(
         &self,
         before_ms: u64,
+        after: Option<(u64, ExecutionId)>,
         limit: usize,
     ) -> Result<Vec<(u64, ExecutionId)>> {
         let db = &self.shared().db;
         let end = keys::ended(before_ms, ExecutionId::from_uuid(uuid::Uuid::nil()));
+        let start = match after {
+            Some((at, execution_id)) => keys::ended(at, execution_id),
+            None => keys::ended(0, ExecutionId::from_uuid(uuid::Uuid::nil())),
+        };
         let mut ended = Vec::new();
-        for item in db.range(&[keys::ENDED][..]..&end[..]) {
+        for item in db.range(&start[..]..&end[..]) {
             if ended.len() >= limit {
                 break;
             }
             let (key, _) = item?;
-            ended.extend(keys::ended_parts(&key));
+            let parts = keys::ended_parts(&key);
+            if parts.is_some_and(|parts| Some(parts) != after) {
+                ended.extend(parts);
+            }
         }
         Ok(ended)
     }

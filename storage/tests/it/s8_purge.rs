@@ -65,7 +65,7 @@ async fn s8_purge_removes_an_ended_execution_and_nothing_else() {
     let store = Store::open(dir.path()).expect("reopen: everything materialized");
     let session = store.head(gone).unwrap().unwrap().session_id;
     let ended_before: Vec<ExecutionId> = store
-        .ended_before(u64::MAX, 100)
+        .ended_before(u64::MAX, None, 100)
         .expect("ended")
         .into_iter()
         .map(|(_, id)| id)
@@ -90,7 +90,7 @@ async fn s8_purge_removes_an_ended_execution_and_nothing_else() {
     assert!(store.purges_unfinished().expect("unfinished").is_empty());
     // It moved on after it ended (the late wait): an entry of its end before that is still
     // listed; retention purges what it lists, which removes the entry.
-    for (at, id) in store.ended_before(u64::MAX, 100).unwrap() {
+    for (at, id) in store.ended_before(u64::MAX, None, 100).unwrap() {
         if id == gone {
             assert_eq!(
                 store.purge(gone, Some(at), None).await.unwrap(),
@@ -99,7 +99,7 @@ async fn s8_purge_removes_an_ended_execution_and_nothing_else() {
         }
     }
     assert!(!store
-        .ended_before(u64::MAX, 100)
+        .ended_before(u64::MAX, None, 100)
         .unwrap()
         .iter()
         .any(|(_, id)| *id == gone));
