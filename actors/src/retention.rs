@@ -110,11 +110,18 @@ impl Retention {
         });
         let sweep_from = self.sweep_from;
         let round = async move {
+            // Until every purge a crash left half done has finished (one not settled yet,
+            // or that failed, is tried again next round).
+            let mut resumed = true;
             if resume {
                 for execution_id in store.purges_unfinished()? {
-                    if let Err(error) = purge_fully(store.as_ref(), execution_id, None, None).await
-                    {
-                        tracing::warn!(%execution_id, %error, "an unfinished purge failed");
+                    match purge_fully(store.as_ref(), execution_id, None, None).await {
+                        Ok(true) => {}
+                        Ok(false) => resumed = false,
+                        Err(error) => {
+                            resumed = false;
+                            tracing::warn!(%execution_id, %error, "an unfinished purge failed");
+                        }
                     }
                 }
             }
@@ -123,14 +130,16 @@ impl Retention {
                     tracing::warn!(%error, "retention's purges stopped for this round");
                 }
             }
-            sweep(store.as_ref(), sweep_from, &stats).await
+            sweep(store.as_ref(), sweep_from, &stats)
+                .await
+                .map(|next| (resumed, next))
         };
         ctx.spawn(fut::wrap_future::<_, Self>(round).map(|swept, act, _ctx| {
             act.busy = false;
             act.stats.rounds.fetch_add(1, Ordering::Relaxed);
             match swept {
-                Ok(next) => {
-                    act.resumed = true;
+                Ok((resumed, next)) => {
+                    act.resumed = resumed;
                     act.sweep_from = next;
                 }
                 Err(error) => tracing::warn!(%error, "a retention round failed; retrying"),
