@@ -320,12 +320,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
             done.clone(),
         ))
     });
-    let sample_every = options
-        .sample_store_every
-        .or(options.retain_finished.map(|_| Duration::from_secs(10)));
-    let sampler = sample_every.map(|every| {
-        crate::load_store::sample(runtime.clone(), every, done.clone(), options.progress)
-    });
+    let sampler = crate::load_store::start(&options, &runtime, &done);
     let store_before = runtime.store().metrics();
     let before = Readings::now();
     let started = Instant::now();
@@ -344,18 +339,8 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     let store_after = runtime.store().metrics();
     progress.finish_and_clear();
     done.store(true, Ordering::Release);
-    let store_samples = match sampler {
-        Some(sampler) => sampler
-            .await
-            .map_err(|error| Error::Internal(format!("the store sampler panicked: {error}")))?,
-        None => Vec::new(),
-    };
-    let executions_purged = options.retain_finished.map(|_| {
-        runtime
-            .retention_stats()
-            .executions_purged
-            .load(Ordering::Relaxed)
-    });
+    let (store_samples, executions_purged) =
+        crate::load_store::finish(sampler, &options, &runtime).await?;
     let commands =
         match commander {
             Some(commander) => Some(commander.await.map_err(|error| {

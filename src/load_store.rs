@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::Runtime;
+use crate::load_report::LoadOptions;
+use crate::{Error, Result, Runtime};
 
 /// One sample: seconds since the load started, the store's bytes on disk, executions
 /// purged and log records swept so far.
@@ -62,4 +63,43 @@ pub fn sample(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     })
+}
+
+/// The sampler a load's options ask for (`--sample-store-every`, or every 10 s with
+/// `--retain-finished`), started now.
+pub fn start(
+    options: &LoadOptions,
+    runtime: &Runtime,
+    done: &Arc<AtomicBool>,
+) -> Option<tokio::task::JoinHandle<Vec<StoreSample>>> {
+    let every = options
+        .sample_store_every
+        .or(options.retain_finished.map(|_| Duration::from_secs(10)))?;
+    Some(sample(
+        runtime.clone(),
+        every,
+        done.clone(),
+        options.progress,
+    ))
+}
+
+/// The samples (once `done` is set) and, with retention, the executions it purged.
+pub async fn finish(
+    sampler: Option<tokio::task::JoinHandle<Vec<StoreSample>>>,
+    options: &LoadOptions,
+    runtime: &Runtime,
+) -> Result<(Vec<StoreSample>, Option<u64>)> {
+    let samples = match sampler {
+        Some(sampler) => sampler
+            .await
+            .map_err(|error| Error::Internal(format!("the store sampler panicked: {error}")))?,
+        None => Vec::new(),
+    };
+    let purged = options.retain_finished.map(|_| {
+        runtime
+            .retention_stats()
+            .executions_purged
+            .load(Ordering::Relaxed)
+    });
+    Ok((samples, purged))
 }
