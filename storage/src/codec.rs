@@ -272,10 +272,9 @@ pub(crate) fn decode_log_record(key: &[u8], bytes: &[u8]) -> Result<DecodedLogRe
     decode_frames(key, bytes, None)
 }
 
-/// The last position of a log record and the execution each of its frames claims, read
-/// from the headers, each frame checked against its checksum but not decoded (S-8: the
-/// log's sweep asks whose frames a record holds).
-pub(crate) fn frame_owners(key: &[u8], bytes: &[u8]) -> Result<(u64, Vec<ExecutionId>)> {
+/// A log record's header, checked (length, format, checksum, positions): its format
+/// version and last position.
+fn log_record_header(key: &[u8], bytes: &[u8]) -> Result<(u8, u64)> {
     let corrupted = || Error::Corrupted {
         tree: keys::tree_name(key),
         key: keys::display(key),
@@ -287,6 +286,25 @@ pub(crate) fn frame_owners(key: &[u8], bytes: &[u8]) -> Result<(u64, Vec<Executi
     }
     let mut last = [0u8; 8];
     last.copy_from_slice(&bytes[1..9]);
+    let last_position = u64::from_be_bytes(last);
+    let mut crc = [0u8; 4];
+    crc.copy_from_slice(&bytes[9..LOG_HEADER_LEN]);
+    let first_position = keys::log_position(key).ok_or_else(corrupted)?;
+    if crc32fast::hash(&bytes[..9]) != u32::from_be_bytes(crc) || last_position < first_position {
+        return Err(corrupted());
+    }
+    Ok((bytes[0], last_position))
+}
+
+/// The last position of a log record and the execution each of its frames claims, read
+/// from the headers, each frame checked against its checksum but not decoded (S-8: the
+/// log's sweep asks whose frames a record holds).
+pub(crate) fn frame_owners(key: &[u8], bytes: &[u8]) -> Result<(u64, Vec<ExecutionId>)> {
+    let corrupted = || Error::Corrupted {
+        tree: keys::tree_name(key),
+        key: keys::display(key),
+    };
+    let (_, last_position) = log_record_header(key, bytes)?;
     let mut owners = Vec::new();
     let mut rest = &bytes[LOG_HEADER_LEN..];
     while !rest.is_empty() {
@@ -308,7 +326,7 @@ pub(crate) fn frame_owners(key: &[u8], bytes: &[u8]) -> Result<(u64, Vec<Executi
         owners.push(ExecutionId::from_bytes(id));
         rest = &rest[end..];
     }
-    Ok((u64::from_be_bytes(last), owners))
+    Ok((last_position, owners))
 }
 
 /// Like `decode_log_record`, but decodes only the frames whose header names `only`; the
@@ -323,21 +341,8 @@ pub(crate) fn decode_frames(
         tree: keys::tree_name(key),
         key: keys::display(key),
     };
-    if bytes.len() < LOG_HEADER_LEN
-        || !matches!(bytes[0], LOG_FORMAT_V1 | LOG_FORMAT_V2 | LOG_FORMAT_VERSION)
-    {
-        return Err(corrupted());
-    }
-    let version = bytes[0];
-    let mut last = [0u8; 8];
-    last.copy_from_slice(&bytes[1..9]);
-    let last_position = u64::from_be_bytes(last);
-    let mut crc = [0u8; 4];
-    crc.copy_from_slice(&bytes[9..LOG_HEADER_LEN]);
+    let (version, last_position) = log_record_header(key, bytes)?;
     let first_position = keys::log_position(key).ok_or_else(corrupted)?;
-    if crc32fast::hash(&bytes[..9]) != u32::from_be_bytes(crc) || last_position < first_position {
-        return Err(corrupted());
-    }
     let mut frames = Vec::new();
     let mut rest = &bytes[LOG_HEADER_LEN..];
     while !rest.is_empty() {
