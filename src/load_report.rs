@@ -124,9 +124,20 @@ pub struct LoadReport {
     pub utilisation: Option<f64>,
     /// S-8: the store's bytes on disk, sampled while the load ran.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub store_samples: Vec<crate::load_store::StoreSample>,
+    pub store_samples: Vec<StoreSample>,
     /// S-8: executions retention purged while the load ran.
     pub executions_purged: Option<u64>,
+}
+
+/// S-8: one sample of the store while a load runs: seconds since the load started, the store's bytes on disk, executions
+/// purged and log records swept so far.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct StoreSample {
+    pub at_s: f64,
+    pub bytes: u64,
+    pub purged: u64,
+    pub swept: u64,
+    pub examined: u64,
 }
 
 pub(crate) fn ms(histogram: &Histogram<u64>, quantile: f64) -> f64 {

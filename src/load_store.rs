@@ -5,21 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
-use crate::load_report::LoadOptions;
+use crate::load_report::{LoadOptions, StoreSample};
 use crate::{Error, Result, Runtime};
-
-/// One sample: seconds since the load started, the store's bytes on disk, executions
-/// purged and log records swept so far.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
-pub struct StoreSample {
-    pub at_s: f64,
-    pub bytes: u64,
-    pub purged: u64,
-    pub swept: u64,
-    pub examined: u64,
-}
 
 /// Samples now and every `every` until `done`, then once more; each also printed to
 /// stderr when `print`.
