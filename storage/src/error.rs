@@ -13,6 +13,10 @@ pub enum Error {
     /// failed group.
     #[error("storage engine error: {0}")]
     Sled(String),
+    /// The database (the PostgreSQL store) refused a statement or could not be reached.
+    /// Kept as text, like `Sled`.
+    #[error("database error: {0}")]
+    Database(String),
     #[error("i/o error on {path}: {message}")]
     Io { path: PathBuf, message: String },
     /// Another process (or another handle in this one) holds the store.
@@ -81,6 +85,7 @@ impl Error {
     pub fn code(&self) -> &'static str {
         match self {
             Error::Sled(_) | Error::Io { .. } => "storage_io",
+            Error::Database(_) => "database",
             Error::Locked { .. } => "store_locked",
             Error::Corrupted { .. } => "corrupted",
             Error::Quarantined { .. } => "quarantined",

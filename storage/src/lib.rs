@@ -14,6 +14,8 @@
 //! - `open` — lock, log replay, quarantine, incarnation.
 //! - `store` — the `Store` handle, reads, and the `EventStore` trait.
 //! - `migrate` — schema versions (S-1).
+//! - `pg` (feature `postgres`) — the PostgreSQL backend of `EventStore`, for several
+//!   runtime nodes on one database.
 //! - `baseline` — the raw sled limit that figures are a ratio of.
 //!
 //! Architecture invariant: this crate knows nothing of actix, of actors or of HTTP, and its
@@ -34,6 +36,8 @@ mod log;
 pub mod migrate;
 mod open;
 mod overlay;
+#[cfg(feature = "postgres")]
+pub mod pg;
 pub mod planted;
 mod record_value;
 pub mod records;
@@ -45,6 +49,8 @@ pub use error::{Error, Result};
 pub use event::{Event, EventEnvelope};
 pub use ids::*;
 pub use open::SalvageReport;
+#[cfg(feature = "postgres")]
+pub use pg::PgStore;
 pub use records::*;
 pub use store::{EventReader, EventStore, Incarnation, Limits, MetricsSnapshot, Store};
 pub use transition::{Committed, Outcome, Transition, Upsert};

@@ -1,9 +1,11 @@
 //! Integration tests of the storage crate, named after SPEC ids. One binary, one module per
 //! area; `support` holds the shared helpers.
 
+mod pg_cluster;
 mod support;
 
 mod b1_sessions;
+mod conformance;
 mod k4_commands;
 mod planted;
 mod r07_locking;

@@ -2,8 +2,8 @@
 //! whole history back.
 
 use openprogram_storage::{
-    Committed, EffectId, Event, EventEnvelope, EventReader, EventStore, ExecutionHead, ExecutionId,
-    ExecutionKind, ExecutionState, Outcome, RunId, SessionId, Store, Transition,
+    Committed, EffectId, Event, EventEnvelope, EventStore, ExecutionHead, ExecutionId,
+    ExecutionKind, ExecutionState, Outcome, RunId, SessionId, Transition,
 };
 
 pub fn head(execution_id: ExecutionId) -> ExecutionHead {
@@ -37,7 +37,7 @@ pub fn committed(outcome: Outcome) -> Committed {
 }
 
 /// Creates an execution and returns its id.
-pub async fn create(store: &Store) -> ExecutionId {
+pub async fn create(store: &dyn EventStore) -> ExecutionId {
     let execution_id = ExecutionId::new();
     let outcome = store
         .submit(Transition::create(
@@ -52,7 +52,7 @@ pub async fn create(store: &Store) -> ExecutionId {
 
 /// Appends one event at the expected version and returns the commit.
 pub async fn append(
-    store: &Store,
+    store: &dyn EventStore,
     execution_id: ExecutionId,
     version: u64,
     text: &str,
@@ -63,7 +63,7 @@ pub async fn append(
 
 /// Moves an execution to `state` at the expected version.
 pub async fn set_state(
-    store: &Store,
+    store: &dyn EventStore,
     execution_id: ExecutionId,
     version: u64,
     state: ExecutionState,
@@ -78,13 +78,13 @@ pub async fn set_state(
     committed(store.submit(transition).await.expect("set state"))
 }
 
-pub fn all_events(store: &Store, execution_id: ExecutionId) -> Vec<EventEnvelope> {
+pub fn all_events(store: &dyn EventStore, execution_id: ExecutionId) -> Vec<EventEnvelope> {
     store
         .events_after(execution_id, 0, usize::MAX)
         .expect("events")
 }
 
-pub fn whole_log(store: &Store) -> Vec<EventEnvelope> {
+pub fn whole_log(store: &dyn EventStore) -> Vec<EventEnvelope> {
     store.log_after(0, usize::MAX).expect("log")
 }
 

@@ -1,0 +1,261 @@
+//! The PostgreSQL backend of `EventStore` (feature `postgres`): the event log of several
+//! runtime nodes on one database (issue 34). Same contract as the sled store (S-2): a
+//! transition's version check, fencing check, events, head and records commit in one SQL
+//! transaction, and many transitions share one (group commit), so throughput follows the
+//! database's commit rate rather than one round trip per step.
+//!
+//! - `pg/schema.rs` — the tables and their versioned migrations (S-1).
+//! - `pg/commit.rs` — the committer thread: one SQL transaction per group.
+//! - `pg/reads.rs` — `EventReader`, served by a small pool of reader threads.
+//!
+//! Threads, not tasks: the committer and each reader own a blocking client (the `postgres`
+//! crate) on a thread of their own, as the sled store's committer does. A read called from
+//! an actor blocks that thread for one round trip, as a sled read blocks it for a page-in;
+//! it never runs a client on a runtime thread (the blocking client would refuse).
+//!
+//! Positions (`log_after`'s cursor) are handed out in commit order across nodes: a group
+//! takes the one row of `op_meta` `FOR UPDATE` before it numbers its events, so a group
+//! committing later never holds a lower position than one a reader has seen.
+
+mod commit;
+mod reads;
+mod schema;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{Error, Result};
+use crate::ids::{ExecutionId, OwnerId};
+use crate::open::Incarnation;
+use crate::records::{PurgeStep, SweepStep};
+use crate::shared::{Limits, Metrics, MetricsSnapshot};
+use crate::store::EventStore;
+use crate::transition::{Outcome, Transition};
+
+pub use schema::SCHEMA_VERSION;
+
+/// Reader threads (each with its own connection).
+const READERS: usize = 4;
+
+/// A handle on an event log in PostgreSQL. Cheap to clone; the committer and the readers
+/// stop when the last handle drops, after the committer answered everything queued.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shared: Arc<Shared>,
+    sender: Option<mpsc::Sender<commit::Request>>,
+    committer: Option<JoinHandle<()>>,
+    readers: reads::Readers,
+    incarnation: Incarnation,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.sender.take();
+        if let Some(committer) = self.committer.take() {
+            if committer.join().is_err() {
+                tracing::error!("the PostgreSQL committer thread panicked");
+            }
+        }
+        self.readers.close();
+    }
+}
+
+/// What the committer and the readers share.
+#[derive(Debug)]
+struct Shared {
+    url: String,
+    limits: Limits,
+    /// Executions refused for a corrupted row, with the reason (S-4); also in
+    /// `op_quarantine`, so every node and every later start refuses them too.
+    quarantine: Mutex<HashMap<ExecutionId, String>>,
+    /// Why the store stopped acknowledging (a commit whose outcome is unknown).
+    failure: Mutex<Option<String>>,
+    metrics: Metrics,
+}
+
+impl Shared {
+    fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn check_quarantine(&self, execution_id: ExecutionId) -> Result<()> {
+        let quarantine = self
+            .quarantine
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match quarantine.get(&execution_id) {
+            Some(reason) => Err(Error::Quarantined {
+                execution_id,
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn quarantine(&self, execution_id: ExecutionId, reason: String) {
+        tracing::error!(%execution_id, %reason, "execution quarantined");
+        self.quarantine
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(execution_id, reason);
+    }
+}
+
+/// A database error, kept as text (errors are `Clone` for every waiter of a group).
+pub(crate) fn database(error: postgres::Error) -> Error {
+    Error::Database(error.to_string())
+}
+
+/// Connects to `url` (a libpq connection string or `postgres://` URL), without TLS.
+fn connect(url: &str) -> Result<postgres::Client> {
+    postgres::Client::connect(url, postgres::NoTls).map_err(database)
+}
+
+impl PgStore {
+    /// Opens the event log in the database at `url` with default limits.
+    pub fn open(url: &str) -> Result<Self> {
+        Self::open_with(url, Limits::default())
+    }
+
+    /// Opens the event log: migrates the schema (once, under an advisory lock, whichever
+    /// node gets there first), records a new incarnation, loads the quarantine, and starts
+    /// the committer and the readers.
+    pub fn open_with(url: &str, limits: Limits) -> Result<Self> {
+        limits.validate()?;
+        // On a thread of its own: the blocking client refuses to run on a runtime thread
+        // (`open` may be called from async code), and the client moves on to the committer.
+        let target = url.to_owned();
+        let opened = std::thread::Builder::new()
+            .name("openprogram-pg-open".into())
+            .spawn(move || -> Result<_> {
+                let mut client = connect(&target)?;
+                schema::migrate(&mut client)?;
+                let incarnation = schema::record_incarnation(&mut client, OwnerId::new())?;
+                let quarantine = schema::load_quarantine(&mut client)?;
+                Ok((client, incarnation, quarantine))
+            })
+            .map_err(|error| Error::Database(format!("opening: {error}")))?
+            .join()
+            .map_err(|_| Error::Database("opening: the thread panicked".into()))?;
+        let (client, incarnation, quarantine) = opened?;
+        let shared = Arc::new(Shared {
+            url: url.to_owned(),
+            limits: limits.clone(),
+            quarantine: Mutex::new(quarantine),
+            failure: Mutex::new(None),
+            metrics: Metrics::default(),
+        });
+        let readers = reads::Readers::start(&shared, READERS)?;
+        let (sender, queue) = mpsc::channel(limits.queue_len_max.max(1));
+        let committer_shared = Arc::clone(&shared);
+        let committer = std::thread::Builder::new()
+            .name("openprogram-pg-committer".into())
+            .spawn(move || commit::run(committer_shared, client, queue))
+            .map_err(|error| Error::Database(format!("starting the committer: {error}")))?;
+        tracing::info!(owner = %incarnation.owner_id, number = incarnation.number, "PostgreSQL store opened");
+        Ok(Self {
+            inner: Arc::new(Inner {
+                shared,
+                sender: Some(sender),
+                committer: Some(committer),
+                readers,
+                incarnation,
+            }),
+        })
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+
+    /// Queues a request for the committer and waits for its answer.
+    fn request<T: Send + 'static>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T>>) -> commit::Request,
+    ) -> BoxFuture<'static, Result<T>> {
+        if let Some(reason) = self.shared().failure() {
+            return futures::future::ready(Err(Error::FailStop(reason))).boxed();
+        }
+        let Some(sender) = self.inner.sender.clone() else {
+            return futures::future::ready(Err(Error::Closed)).boxed();
+        };
+        let (reply, answer) = oneshot::channel();
+        let request = make(reply);
+        async move {
+            sender.send(request).await.map_err(|_| Error::Closed)?;
+            answer.await.map_err(|_| Error::Closed)?
+        }
+        .boxed()
+    }
+
+    fn metrics_snapshot(&self) -> MetricsSnapshot {
+        use std::sync::atomic::Ordering::Relaxed;
+        let metrics = &self.shared().metrics;
+        MetricsSnapshot {
+            groups: metrics.groups.load(Relaxed),
+            transitions: metrics.transitions.load(Relaxed),
+            fsyncs: metrics.fsyncs.load(Relaxed),
+            fsync_micros_total: metrics.fsync_micros_total.load(Relaxed),
+            group_micros_total: metrics.group_micros_total.load(Relaxed),
+            flush_micros_total: 0,
+            materializations: 0,
+            replayed_frames: 0,
+            fenced: metrics.fenced.load(Relaxed),
+            purge_steps: metrics.purge_steps.load(Relaxed),
+            log_records_swept: 0,
+            queued: self.inner.sender.as_ref().map_or(0, |sender| {
+                (sender.max_capacity() - sender.capacity()) as u64
+            }),
+        }
+    }
+}
+
+impl EventStore for PgStore {
+    fn submit(&self, transition: Transition) -> BoxFuture<'static, Result<Outcome>> {
+        let limits = &self.shared().limits;
+        if let Err(error) =
+            transition.check_sizes(limits.blob_bytes_max, limits.transition_bytes_max)
+        {
+            return futures::future::ready(Err(error)).boxed();
+        }
+        self.request(|reply| commit::Request::Transition { transition, reply })
+    }
+
+    fn purge(
+        &self,
+        execution_id: ExecutionId,
+        _ended_key: Option<u64>,
+        ended_before: Option<u64>,
+    ) -> BoxFuture<'static, Result<PurgeStep>> {
+        // `ended_key` names a sled index entry; here the retention index is a column of
+        // the head's row and goes with it.
+        self.request(|reply| commit::Request::Purge {
+            execution_id,
+            ended_before,
+            reply,
+        })
+    }
+
+    fn sweep_log(
+        &self,
+        _from_position: u64,
+        _max_records: usize,
+    ) -> BoxFuture<'static, Result<SweepStep>> {
+        // Events are rows of their own execution, deleted by its purge: no log record is
+        // shared, so there is nothing to sweep.
+        futures::future::ready(Ok(SweepStep::default())).boxed()
+    }
+}

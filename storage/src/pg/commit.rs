@@ -1,0 +1,850 @@
+//! The PostgreSQL committer: a thread that takes the queued requests as a group and commits
+//! them in one SQL transaction (S-2, S-3).
+//!
+//! A group: lock the position row (`op_meta`, so groups of every node commit one after the
+//! other and positions follow commit order), read the heads it names `FOR UPDATE` (a writer
+//! on another node waits, then sees the new version), their tombstones and the command
+//! records its transitions carry; decide every transition in memory exactly as the sled
+//! committer does (K-4, fencing, version, shape); write what committed with one statement
+//! per table (arrays, `UNNEST`); commit. Nothing is answered before the commit returns, and
+//! PostgreSQL returns from a commit once its WAL is flushed (`synchronous_commit`, on by
+//! default: an operator who turns it off trades this guarantee away).
+//!
+//! A group that fails before its commit is rolled back whole: every request in it gets the
+//! error and the store goes on. A commit whose outcome is unknown (the connection broke
+//! while committing) stops the store (`FailStop`), as a failed fsync stops the sled store:
+//! what it acknowledges from then on would rest on a guess.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use postgres::{Client, Transaction as SqlTransaction};
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use super::{database, Shared};
+use crate::codec;
+use crate::error::{Error, Result};
+use crate::event::EventEnvelope;
+use crate::ids::{CommandId, ExecutionId};
+use crate::keys;
+use crate::log::now_ms;
+use crate::record_value::RecordValue;
+use crate::records::{CommandRecord, CommandStatus, ExecutionHead, PurgeStep, PurgedRecord};
+use crate::shared::add_elapsed_micros;
+use crate::transition::{Committed, Outcome, Transition, Upsert};
+
+/// Rows one purge step deletes at most (as `log::purge::PURGE_KEYS_MAX` keys in sled).
+const PURGE_ROWS_MAX: i64 = 1024;
+
+/// `op_records.kind`.
+pub(super) mod kind {
+    pub const COMMAND: i16 = 0;
+    pub const RECEIPT: i16 = 1;
+    pub const WAIT: i16 = 2;
+    pub const PROCESS: i16 = 3;
+    pub const JOB: i16 = 4;
+    pub const PROJECTION: i16 = 5;
+}
+
+/// What the committer is asked. Nearly every request is a transition: boxing it would cost
+/// an allocation each to make the rare purge smaller.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Request {
+    Transition {
+        transition: Transition,
+        reply: oneshot::Sender<Result<Outcome>>,
+    },
+    Purge {
+        execution_id: ExecutionId,
+        ended_before: Option<u64>,
+        reply: oneshot::Sender<Result<PurgeStep>>,
+    },
+}
+
+/// A decided request, answered once its group committed (or failed).
+enum Answer {
+    Transition(oneshot::Sender<Result<Outcome>>, Result<Outcome>),
+    Purge(oneshot::Sender<Result<PurgeStep>>, Result<PurgeStep>),
+}
+
+impl Answer {
+    fn send(self) {
+        // A waiter that went away needs no answer.
+        match self {
+            Answer::Transition(reply, outcome) => drop(reply.send(outcome)),
+            Answer::Purge(reply, step) => drop(reply.send(step)),
+        }
+    }
+
+    fn fail(self, error: Error) {
+        match self {
+            Answer::Transition(reply, _) => drop(reply.send(Err(error))),
+            Answer::Purge(reply, _) => drop(reply.send(Err(error))),
+        }
+    }
+}
+
+impl Request {
+    fn fail(self, error: Error) {
+        match self {
+            Request::Transition { reply, .. } => drop(reply.send(Err(error))),
+            Request::Purge { reply, .. } => drop(reply.send(Err(error))),
+        }
+    }
+}
+
+/// The committer's loop: a group per turn, until every handle is gone.
+pub(super) fn run(shared: Arc<Shared>, client: Client, mut queue: mpsc::Receiver<Request>) {
+    let mut client = Some(client);
+    while let Some(first) = queue.blocking_recv() {
+        let mut requests = vec![first];
+        while requests.len() < shared.limits.batch_len_max.max(1) {
+            match queue.try_recv() {
+                Ok(request) => requests.push(request),
+                Err(_) => break,
+            }
+        }
+        if let Some(reason) = shared.failure() {
+            for request in requests {
+                request.fail(Error::FailStop(reason.clone()));
+            }
+            continue;
+        }
+        // A connection that broke is opened again for the next group.
+        let connection = match client.take().filter(|client| !client.is_closed()) {
+            Some(client) => Ok(client),
+            None => super::connect(&shared.url),
+        };
+        let mut connection = match connection {
+            Ok(connection) => connection,
+            Err(error) => {
+                for request in requests {
+                    request.fail(error.clone());
+                }
+                continue;
+            }
+        };
+        let started = Instant::now();
+        commit_group(&shared, &mut connection, requests);
+        add_elapsed_micros(&shared.metrics.group_micros_total, started);
+        client = Some(connection);
+    }
+}
+
+/// Decides and commits one group, then answers it.
+fn commit_group(shared: &Shared, client: &mut Client, requests: Vec<Request>) {
+    let transitions = requests
+        .iter()
+        .filter(|request| matches!(request, Request::Transition { .. }))
+        .count() as u64;
+    let mut answers = Vec::with_capacity(requests.len());
+    let mut remaining = requests.into_iter();
+    let decided = decide(shared, client, &mut remaining, &mut answers);
+    let error = match decided {
+        Ok(transaction) => {
+            let started = Instant::now();
+            match transaction.commit() {
+                Ok(()) => {
+                    add_elapsed_micros(&shared.metrics.fsync_micros_total, started);
+                    let metrics = &shared.metrics;
+                    metrics.groups.fetch_add(1, Ordering::Relaxed);
+                    metrics.fsyncs.fetch_add(1, Ordering::Relaxed);
+                    metrics
+                        .transitions
+                        .fetch_add(transitions, Ordering::Relaxed);
+                    answers.into_iter().for_each(Answer::send);
+                    return;
+                }
+                // The server answered: the transaction was rolled back.
+                Err(error) if error.as_db_error().is_some() => database(error),
+                Err(error) => {
+                    let reason = format!("a commit's outcome is unknown: {error}");
+                    tracing::error!(%reason, "the PostgreSQL store stops acknowledging");
+                    *shared
+                        .failure
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reason.clone());
+                    Error::FailStop(reason)
+                }
+            }
+        }
+        Err(error) => error,
+    };
+    tracing::error!(%error, "a PostgreSQL group commit failed; every request in it is refused");
+    for answer in answers {
+        answer.fail(error.clone());
+    }
+    for request in remaining {
+        request.fail(error.clone());
+    }
+}
+
+/// Opens the group's transaction, decides every request (taken from `requests` one by one,
+/// its answer pushed to `answers`) and writes what committed; the caller commits.
+fn decide<'a>(
+    shared: &Shared,
+    client: &'a mut Client,
+    requests: &mut std::vec::IntoIter<Request>,
+    answers: &mut Vec<Answer>,
+) -> Result<SqlTransaction<'a>> {
+    let mut transaction = client.transaction().map_err(database)?;
+    let mut group = Group::load(shared, &mut transaction, requests.as_slice())?;
+    for request in requests.by_ref() {
+        match request {
+            Request::Transition { transition, reply } => {
+                let outcome = group.apply(shared, transition);
+                answers.push(Answer::Transition(reply, outcome));
+            }
+            Request::Purge {
+                execution_id,
+                ended_before,
+                reply,
+            } => {
+                let step = group.purge(shared, &mut transaction, execution_id, ended_before);
+                if let Err(Error::Database(_)) = &step {
+                    // A statement failed: the transaction is aborted; so is the group.
+                    return Err(step.err().unwrap_or(Error::Closed));
+                }
+                answers.push(Answer::Purge(reply, step));
+            }
+        }
+    }
+    group.write(&mut transaction)?;
+    Ok(transaction)
+}
+
+/// The group's view of what it touches, and what it will write.
+struct Group {
+    at_ms: u64,
+    next_position: u64,
+    /// Heads as of this group: read from the database (locked), then as staged.
+    heads: HashMap<ExecutionId, ExecutionHead>,
+    /// Executions with no head row before this group that it creates.
+    created: HashSet<ExecutionId>,
+    /// Executions whose head this group changes (written at the end).
+    dirty: Vec<ExecutionId>,
+    /// Executions purged (tombstoned): a write to one is `Purged`.
+    purged: HashSet<ExecutionId>,
+    /// Executions a transition of this group touched: a purge of one waits (`Unsettled`).
+    touched: HashSet<ExecutionId>,
+    commands: HashMap<CommandId, CommandRecord>,
+    corrupt_commands: HashSet<CommandId>,
+    /// Rows to write: events (execution, seq, position, envelope), records by (kind, id),
+    /// blobs by hash.
+    events: Vec<(Uuid, i64, i64, Vec<u8>)>,
+    records: HashMap<(i16, Uuid), (Uuid, Vec<u8>)>,
+    blobs: HashMap<Vec<u8>, Vec<u8>>,
+}
+
+impl Group {
+    /// Locks the position row and the heads the requests name; reads their tombstones and
+    /// the command records they carry.
+    fn load(
+        shared: &Shared,
+        transaction: &mut SqlTransaction<'_>,
+        requests: &[Request],
+    ) -> Result<Self> {
+        let row = transaction
+            .query_one(
+                "SELECT next_position FROM op_meta WHERE id = 1 FOR UPDATE",
+                &[],
+            )
+            .map_err(database)?;
+        let next_position: i64 = row.get(0);
+        let mut ids = Vec::new();
+        let mut command_ids = Vec::new();
+        for request in requests {
+            match request {
+                Request::Transition { transition, .. } => {
+                    ids.push(*transition.execution_id.as_uuid());
+                    for upsert in &transition.upserts {
+                        if let Upsert::Command(command) = upsert {
+                            command_ids.push(*command.command_id.as_uuid());
+                        }
+                    }
+                }
+                Request::Purge { execution_id, .. } => ids.push(*execution_id.as_uuid()),
+            }
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        let mut group = Group {
+            at_ms: now_ms(),
+            next_position: next_position as u64,
+            heads: HashMap::new(),
+            created: HashSet::new(),
+            dirty: Vec::new(),
+            purged: HashSet::new(),
+            touched: HashSet::new(),
+            commands: HashMap::new(),
+            corrupt_commands: HashSet::new(),
+            events: Vec::new(),
+            records: HashMap::new(),
+            blobs: HashMap::new(),
+        };
+        // In id order, so two nodes locking overlapping sets never deadlock.
+        let rows = transaction
+            .query(
+                "SELECT execution_id, head FROM op_heads WHERE execution_id = ANY($1) \
+                 ORDER BY execution_id FOR UPDATE",
+                &[&ids],
+            )
+            .map_err(database)?;
+        for row in rows {
+            let execution_id = ExecutionId::from_uuid(row.get(0));
+            let bytes: &[u8] = row.get(1);
+            match codec::decode::<ExecutionHead>(&keys::head(execution_id), bytes) {
+                Ok(head) => {
+                    group.heads.insert(execution_id, head);
+                }
+                Err(error) => quarantine(shared, transaction, execution_id, &error)?,
+            }
+        }
+        let rows = transaction
+            .query(
+                "SELECT execution_id FROM op_purged WHERE execution_id = ANY($1)",
+                &[&ids],
+            )
+            .map_err(database)?;
+        group
+            .purged
+            .extend(rows.iter().map(|row| ExecutionId::from_uuid(row.get(0))));
+        if !command_ids.is_empty() {
+            let rows = transaction
+                .query(
+                    "SELECT id, value FROM op_records WHERE kind = $1 AND id = ANY($2)",
+                    &[&kind::COMMAND, &command_ids],
+                )
+                .map_err(database)?;
+            for row in rows {
+                let command_id = CommandId::from_uuid(row.get(0));
+                let bytes: &[u8] = row.get(1);
+                match codec::decode::<CommandRecord>(&keys::command(command_id), bytes) {
+                    Ok(record) => {
+                        group.commands.insert(command_id, record);
+                    }
+                    Err(_) => {
+                        group.corrupt_commands.insert(command_id);
+                    }
+                }
+            }
+        }
+        Ok(group)
+    }
+
+    /// Decides one transition against the group's view (the sled committer's rules,
+    /// `log/apply.rs`) and, if it commits, stages its rows.
+    fn apply(&mut self, shared: &Shared, transition: Transition) -> Result<Outcome> {
+        let rejection = transition.is_rejection();
+        let Transition {
+            execution_id,
+            expected_version,
+            writer_epoch,
+            head,
+            events,
+            upserts,
+        } = transition;
+        if events.is_empty() && !rejection {
+            return Err(Error::InvalidTransition(
+                "a transition carries at least one event".into(),
+            ));
+        }
+        if head
+            .as_ref()
+            .is_some_and(|head| head.execution_id != execution_id)
+        {
+            return Err(Error::InvalidTransition(
+                "the head names another execution".into(),
+            ));
+        }
+        let foreign_projection = upserts.iter().any(|upsert| {
+            matches!(upsert, Upsert::Projection(projection)
+                if projection.execution_id != execution_id || rejection)
+        });
+        if foreign_projection {
+            return Err(Error::InvalidTransition(
+                "a projection goes with an event of its own execution".into(),
+            ));
+        }
+        shared.check_quarantine(execution_id)?;
+        if self.purged.contains(&execution_id) {
+            return Err(Error::Purged(execution_id));
+        }
+        if let Some(outcome) = self.stored_outcome(execution_id, &upserts)? {
+            return Ok(outcome);
+        }
+        let current = self.heads.get(&execution_id);
+        let (current_version, current_epoch, current_last_seq) = current
+            .map_or((0, 0, 0), |head| {
+                (head.version, head.fencing_epoch, head.last_seq)
+            });
+        if rejection {
+            return self.record_rejection(execution_id, expected_version, writer_epoch, upserts);
+        }
+        let stale = writer_epoch.is_some_and(|epoch| epoch < current_epoch);
+        if stale && !crate::planted::planted(crate::planted::Bug::SkipFencing) {
+            shared.metrics.fenced.fetch_add(1, Ordering::Relaxed);
+            return Ok(Outcome::Fenced { current_epoch });
+        }
+        if let Some(expected) = expected_version {
+            if expected != current_version {
+                return Ok(Outcome::VersionConflict {
+                    current: current_version,
+                });
+            }
+        }
+        let creates = current.is_none();
+        let mut next = match (current, head) {
+            (None, None) => return Err(Error::UnknownExecution(execution_id)),
+            (None, Some(_)) if expected_version != Some(0) => {
+                return Err(Error::InvalidTransition(
+                    "creating an execution needs expected_version Some(0)".into(),
+                ))
+            }
+            (None, Some(head)) => head,
+            (Some(_), Some(_)) if writer_epoch.is_none() => {
+                return Err(Error::InvalidTransition(
+                    "only an attempt (a writer epoch) may replace an existing head".into(),
+                ))
+            }
+            (Some(_), Some(head)) => head,
+            (Some(current), None) => current.clone(),
+        };
+        next.version = current_version + 1;
+        next.fencing_epoch = writer_epoch.map_or(current_epoch, |epoch| epoch.max(current_epoch));
+        next.last_activity_ms = self.at_ms;
+        let first_seq = current_last_seq + 1;
+        let first_position = self.next_position;
+        let envelopes: Vec<EventEnvelope> = events
+            .into_iter()
+            .enumerate()
+            .map(|(index, event)| EventEnvelope {
+                execution_id,
+                seq: first_seq + index as u64,
+                position: first_position + index as u64,
+                at_ms: self.at_ms,
+                writer_epoch: writer_epoch.unwrap_or(0),
+                event,
+            })
+            .collect();
+        let n_events = envelopes.len() as u64;
+        next.last_seq = first_seq + n_events - 1;
+        let beyond = upserts.iter().any(|upsert| {
+            matches!(upsert, Upsert::Projection(projection) if projection.through_seq > next.last_seq)
+        });
+        if beyond {
+            return Err(Error::InvalidTransition(
+                "a projection is of a seq past the transition's last event".into(),
+            ));
+        }
+        let mut records = Vec::new();
+        let mut blobs = Vec::new();
+        for upsert in upserts {
+            if let Upsert::Blob(blob) = &upsert {
+                blobs.push(blob.clone());
+            }
+            records.extend(upsert.into_record());
+        }
+        // S-8: a projection that makes its transition too large is left out (readers
+        // replay), never the reason the transition fails.
+        let limit = shared.limits.transition_bytes_max.min(u32::MAX as usize) as u64;
+        let size = |records: &[RecordValue]| {
+            codec::encoded_size(&(&next, &envelopes))
+                + records
+                    .iter()
+                    .map(|record| record_row(record).2.len() as u64)
+                    .sum::<u64>()
+        };
+        let projected = |record: &RecordValue| matches!(record, RecordValue::Projection(_));
+        if size(&records) > limit && records.iter().any(projected) {
+            records.retain(|record| !projected(record));
+        }
+        let len = size(&records);
+        if len > limit {
+            return Err(Error::PayloadTooLarge {
+                what: "transition",
+                len: len as usize,
+                max: limit as usize,
+            });
+        }
+
+        // Committed: from here on the group owns the change.
+        let uuid = *execution_id.as_uuid();
+        for envelope in &envelopes {
+            self.events.push((
+                uuid,
+                envelope.seq as i64,
+                envelope.position as i64,
+                codec::encode(envelope),
+            ));
+        }
+        for record in &records {
+            self.stage_record(uuid, record);
+        }
+        for blob in blobs {
+            self.blobs
+                .insert(blob.hash().0.to_vec(), blob.bytes().to_vec());
+        }
+        if creates {
+            self.created.insert(execution_id);
+        }
+        if !self.dirty.contains(&execution_id) {
+            self.dirty.push(execution_id);
+        }
+        self.touched.insert(execution_id);
+        self.next_position += n_events;
+        let committed = Committed {
+            version: next.version,
+            seqs: first_seq..=next.last_seq,
+            positions: first_position..=first_position + n_events - 1,
+            at_ms: self.at_ms,
+            events: envelopes,
+        };
+        self.heads.insert(execution_id, next);
+        Ok(Outcome::Committed(committed))
+    }
+
+    /// K-4: the outcome stored for a command the transition carries again, if any.
+    fn stored_outcome(
+        &self,
+        execution_id: ExecutionId,
+        upserts: &[Upsert],
+    ) -> Result<Option<Outcome>> {
+        for upsert in upserts {
+            let Upsert::Command(command) = upsert else {
+                continue;
+            };
+            if command.execution_id != execution_id {
+                return Err(Error::InvalidTransition(
+                    "a command names another execution".into(),
+                ));
+            }
+            if self.corrupt_commands.contains(&command.command_id) {
+                return Err(Error::Corrupted {
+                    tree: "commands",
+                    key: keys::display(&keys::command(command.command_id)),
+                });
+            }
+            if let Some(stored) = self.commands.get(&command.command_id) {
+                if stored.payload_hash != command.payload_hash
+                    || stored.execution_id != command.execution_id
+                {
+                    return Ok(Some(Outcome::CommandConflict {
+                        stored: stored.clone(),
+                    }));
+                }
+                if command.status == CommandStatus::Accepted
+                    || stored.status != CommandStatus::Accepted
+                {
+                    return Ok(Some(Outcome::DuplicateCommand {
+                        stored: stored.clone(),
+                    }));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// A rejection alone: its command record, checked against the execution's version and
+    /// epoch; the execution is unchanged.
+    fn record_rejection(
+        &mut self,
+        execution_id: ExecutionId,
+        expected_version: Option<u64>,
+        writer_epoch: Option<u64>,
+        upserts: Vec<Upsert>,
+    ) -> Result<Outcome> {
+        let Some(head) = self.heads.get(&execution_id) else {
+            return Err(Error::UnknownExecution(execution_id));
+        };
+        let (version, current_epoch) = (head.version, head.fencing_epoch);
+        if writer_epoch.is_some_and(|epoch| epoch < current_epoch) {
+            return Ok(Outcome::Fenced { current_epoch });
+        }
+        if expected_version.is_some_and(|expected| expected != version) {
+            return Ok(Outcome::VersionConflict { current: version });
+        }
+        for upsert in upserts {
+            if let Upsert::Command(record) = upsert {
+                if let Some(stored) = self.commands.get(&record.command_id) {
+                    return Err(Error::InvalidTransition(format!(
+                        "command {} was saved {:?}: a rejection alone is for a new command",
+                        stored.command_id, stored.status
+                    )));
+                }
+                self.stage_record(*execution_id.as_uuid(), &RecordValue::Command(record));
+            }
+        }
+        Ok(Outcome::Recorded { version })
+    }
+
+    fn stage_record(&mut self, execution_id: Uuid, record: &RecordValue) {
+        if let RecordValue::Command(command) = record {
+            self.commands.insert(command.command_id, command.clone());
+        }
+        let (kind, id, bytes) = record_row(record);
+        self.records.insert((kind, id), (execution_id, bytes));
+    }
+
+    /// One step of a purge (the sled committer's rules, `log/purge.rs`): the first deletes
+    /// the head row (and with it the session listing and the retention entry), the Job
+    /// record and the projection, and writes the tombstone; each deletes at most
+    /// `PURGE_ROWS_MAX` of the records and events it owned.
+    fn purge(
+        &mut self,
+        shared: &Shared,
+        transaction: &mut SqlTransaction<'_>,
+        execution_id: ExecutionId,
+        ended_before: Option<u64>,
+    ) -> Result<PurgeStep> {
+        if self.touched.contains(&execution_id) {
+            return Ok(PurgeStep::Unsettled);
+        }
+        let uuid = *execution_id.as_uuid();
+        let stored = transaction
+            .query_opt(
+                "SELECT record FROM op_purged WHERE execution_id = $1",
+                &[&uuid],
+            )
+            .map_err(database)?;
+        let mut tombstone = match stored {
+            Some(row) => codec::decode::<PurgedRecord>(&keys::purged(execution_id), row.get(0))?,
+            None => {
+                let Some(head) = self.heads.get(&execution_id) else {
+                    return Ok(PurgeStep::Unknown);
+                };
+                let recent = ended_before.is_some_and(|before| head.last_activity_ms >= before);
+                if !head.state.is_terminal() || recent {
+                    return Ok(PurgeStep::NotEnded);
+                }
+                let tombstone = PurgedRecord {
+                    execution_id,
+                    session_id: head.session_id,
+                    purged_at_ms: self.at_ms,
+                    finished: false,
+                };
+                transaction
+                    .execute("DELETE FROM op_heads WHERE execution_id = $1", &[&uuid])
+                    .map_err(database)?;
+                transaction
+                    .execute(
+                        "DELETE FROM op_records WHERE execution_id = $1 AND kind IN ($2, $3)",
+                        &[&uuid, &kind::JOB, &kind::PROJECTION],
+                    )
+                    .map_err(database)?;
+                self.heads.remove(&execution_id);
+                tombstone
+            }
+        };
+        self.purged.insert(execution_id);
+        self.touched.insert(execution_id);
+        shared.metrics.purge_steps.fetch_add(1, Ordering::Relaxed);
+        if tombstone.finished {
+            return Ok(PurgeStep::Done);
+        }
+        let mut removed = transaction
+            .execute(
+                "DELETE FROM op_records WHERE ctid IN \
+                 (SELECT ctid FROM op_records WHERE execution_id = $1 LIMIT $2)",
+                &[&uuid, &PURGE_ROWS_MAX],
+            )
+            .map_err(database)? as i64;
+        if removed < PURGE_ROWS_MAX {
+            removed += transaction
+                .execute(
+                    "DELETE FROM op_events WHERE ctid IN \
+                     (SELECT ctid FROM op_events WHERE execution_id = $1 LIMIT $2)",
+                    &[&uuid, &(PURGE_ROWS_MAX - removed)],
+                )
+                .map_err(database)? as i64;
+        }
+        let step = if removed < PURGE_ROWS_MAX {
+            tombstone.finished = true;
+            PurgeStep::Done
+        } else {
+            PurgeStep::More
+        };
+        transaction
+            .execute(
+                "INSERT INTO op_purged (execution_id, finished, record) VALUES ($1, $2, $3) \
+                 ON CONFLICT (execution_id) DO UPDATE \
+                 SET finished = excluded.finished, record = excluded.record",
+                &[&uuid, &tombstone.finished, &codec::encode(&tombstone)],
+            )
+            .map_err(database)?;
+        Ok(step)
+    }
+
+    /// Writes what committed: one statement per table.
+    fn write(self, transaction: &mut SqlTransaction<'_>) -> Result<()> {
+        let (mut new, mut changed) = (HeadRows::default(), HeadRows::default());
+        for execution_id in &self.dirty {
+            let Some(head) = self.heads.get(execution_id) else {
+                continue;
+            };
+            let rows = if self.created.contains(execution_id) {
+                &mut new
+            } else {
+                &mut changed
+            };
+            rows.push(head);
+        }
+        if !new.ids.is_empty() {
+            transaction
+                .execute(
+                    "INSERT INTO op_heads (execution_id, session_id, state, ended_at_ms, head) \
+                     SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::int2[], $4::int8[], \
+                     $5::bytea[])",
+                    &[&new.ids, &new.sessions, &new.states, &new.ended, &new.heads],
+                )
+                .map_err(database)?;
+        }
+        if !changed.ids.is_empty() {
+            transaction
+                .execute(
+                    "UPDATE op_heads AS h SET session_id = u.session_id, state = u.state, \
+                     ended_at_ms = u.ended_at_ms, head = u.head \
+                     FROM UNNEST($1::uuid[], $2::uuid[], $3::int2[], $4::int8[], $5::bytea[]) \
+                     AS u(execution_id, session_id, state, ended_at_ms, head) \
+                     WHERE h.execution_id = u.execution_id",
+                    &[
+                        &changed.ids,
+                        &changed.sessions,
+                        &changed.states,
+                        &changed.ended,
+                        &changed.heads,
+                    ],
+                )
+                .map_err(database)?;
+        }
+        if !self.events.is_empty() {
+            let mut columns = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for (execution_id, seq, position, envelope) in self.events {
+                columns.0.push(execution_id);
+                columns.1.push(seq);
+                columns.2.push(position);
+                columns.3.push(envelope);
+            }
+            transaction
+                .execute(
+                    "INSERT INTO op_events (execution_id, seq, position, envelope) \
+                     SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::bytea[])",
+                    &[&columns.0, &columns.1, &columns.2, &columns.3],
+                )
+                .map_err(database)?;
+        }
+        if !self.records.is_empty() {
+            let mut columns = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for ((kind, id), (execution_id, value)) in self.records {
+                columns.0.push(kind);
+                columns.1.push(id);
+                columns.2.push(execution_id);
+                columns.3.push(value);
+            }
+            transaction
+                .execute(
+                    "INSERT INTO op_records (kind, id, execution_id, value) \
+                     SELECT * FROM UNNEST($1::int2[], $2::uuid[], $3::uuid[], $4::bytea[]) \
+                     ON CONFLICT (kind, id) DO UPDATE \
+                     SET execution_id = excluded.execution_id, value = excluded.value",
+                    &[&columns.0, &columns.1, &columns.2, &columns.3],
+                )
+                .map_err(database)?;
+        }
+        if !self.blobs.is_empty() {
+            let (hashes, bytes): (Vec<_>, Vec<_>) = self.blobs.into_iter().unzip();
+            // Stored once; a stored copy that differs (damaged) is written again.
+            transaction
+                .execute(
+                    "INSERT INTO op_blobs (hash, bytes) \
+                     SELECT * FROM UNNEST($1::bytea[], $2::bytea[]) \
+                     ON CONFLICT (hash) DO UPDATE SET bytes = excluded.bytes \
+                     WHERE op_blobs.bytes IS DISTINCT FROM excluded.bytes",
+                    &[&hashes, &bytes],
+                )
+                .map_err(database)?;
+        }
+        transaction
+            .execute(
+                "UPDATE op_meta SET next_position = $1 WHERE id = 1",
+                &[&(self.next_position as i64)],
+            )
+            .map_err(database)?;
+        Ok(())
+    }
+}
+
+/// Heads to write, as columns.
+#[derive(Default)]
+struct HeadRows {
+    ids: Vec<Uuid>,
+    sessions: Vec<Uuid>,
+    states: Vec<i16>,
+    ended: Vec<Option<i64>>,
+    heads: Vec<Vec<u8>>,
+}
+
+impl HeadRows {
+    fn push(&mut self, head: &ExecutionHead) {
+        self.ids.push(*head.execution_id.as_uuid());
+        self.sessions.push(*head.session_id.as_uuid());
+        self.states.push(i16::from(head.state.code()));
+        // S-8: the retention index lists an ended execution under its last activity.
+        self.ended.push(
+            head.state
+                .is_terminal()
+                .then_some(head.last_activity_ms as i64),
+        );
+        self.heads.push(codec::encode(head));
+    }
+}
+
+/// A record's row: its kind, its id, its stored bytes.
+pub(super) fn record_row(record: &RecordValue) -> (i16, Uuid, Vec<u8>) {
+    match record {
+        RecordValue::Command(record) => (
+            kind::COMMAND,
+            *record.command_id.as_uuid(),
+            codec::encode(record),
+        ),
+        RecordValue::Receipt(record) => (
+            kind::RECEIPT,
+            *record.effect_id.as_uuid(),
+            codec::encode(record),
+        ),
+        RecordValue::Wait(record) => (kind::WAIT, *record.wait_id.as_uuid(), codec::encode(record)),
+        RecordValue::Process(record) => (
+            kind::PROCESS,
+            *record.process_id.as_uuid(),
+            codec::encode(record),
+        ),
+        RecordValue::Job(record) => (kind::JOB, *record.job_id.as_uuid(), codec::encode(record)),
+        RecordValue::Projection(record) => (
+            kind::PROJECTION,
+            *record.execution_id.as_uuid(),
+            codec::encode(record),
+        ),
+    }
+}
+
+/// S-4: refuses an execution whose stored head is damaged, on every node from now on.
+fn quarantine(
+    shared: &Shared,
+    transaction: &mut SqlTransaction<'_>,
+    execution_id: ExecutionId,
+    error: &Error,
+) -> Result<()> {
+    let reason = error.to_string();
+    transaction
+        .execute(
+            "INSERT INTO op_quarantine (execution_id, reason) VALUES ($1, $2) \
+             ON CONFLICT (execution_id) DO NOTHING",
+            &[execution_id.as_uuid(), &reason],
+        )
+        .map_err(database)?;
+    shared.quarantine(execution_id, reason);
+    Ok(())
+}

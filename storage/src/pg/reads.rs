@@ -1,0 +1,459 @@
+//! The PostgreSQL store's reads (`EventReader`): each runs on one of a few reader threads,
+//! each with its own connection; the caller waits for the answer. A connection that broke
+//! is opened again for the next read.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use postgres::Client;
+use uuid::Uuid;
+
+use super::commit::kind;
+use super::{database, PgStore, Shared};
+use crate::codec;
+use crate::error::{Error, Result};
+use crate::event::EventEnvelope;
+use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, SessionId, WaitId};
+use crate::keys;
+use crate::open::Incarnation;
+use crate::records::{
+    BlobHash, CommandRecord, ExecutionHead, ExecutionState, JobRecord, ProcessRecord,
+    ProjectionRecord, PurgedRecord, ReceiptRecord, WaitRecord,
+};
+use crate::shared::MetricsSnapshot;
+use crate::store::EventReader;
+
+type Job = Box<dyn FnOnce(&mut Option<Client>) + Send>;
+
+/// The reader threads and the queue they take reads from.
+#[derive(Debug)]
+pub(super) struct Readers {
+    sender: Mutex<Option<mpsc::Sender<Job>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Readers {
+    pub(super) fn start(shared: &Arc<Shared>, count: usize) -> Result<Self> {
+        let (sender, receiver) = mpsc::channel::<Job>();
+        let receiver = Arc::new(Mutex::new(receiver));
+        let mut threads = Vec::with_capacity(count);
+        for index in 0..count {
+            let receiver = Arc::clone(&receiver);
+            let shared = Arc::clone(shared);
+            let thread = std::thread::Builder::new()
+                .name(format!("openprogram-pg-reader-{index}"))
+                .spawn(move || {
+                    let mut client = None;
+                    loop {
+                        let job = receiver
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .recv();
+                        let Ok(job) = job else { return };
+                        if client.as_ref().is_some_and(Client::is_closed) {
+                            client = None;
+                        }
+                        if client.is_none() {
+                            client = super::connect(&shared.url).ok();
+                        }
+                        job(&mut client);
+                    }
+                })
+                .map_err(|error| Error::Database(format!("starting a reader: {error}")))?;
+            threads.push(thread);
+        }
+        Ok(Self {
+            sender: Mutex::new(Some(sender)),
+            threads: Mutex::new(threads),
+        })
+    }
+
+    /// Runs `read` on a reader's connection and waits for it.
+    fn run<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&mut Client) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move |client| {
+            let result = match client {
+                Some(client) => read(client),
+                None => Err(Error::Database("no connection to the database".into())),
+            };
+            drop(reply.send(result));
+        });
+        {
+            let sender = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(sender) = sender.as_ref() else {
+                return Err(Error::Closed);
+            };
+            sender.send(job).map_err(|_| Error::Closed)?;
+        }
+        answer.recv().map_err(|_| Error::Closed)?
+    }
+
+    /// Stops the readers once the reads queued are done.
+    pub(super) fn close(&self) {
+        self.sender
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let threads =
+            std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
+        for thread in threads {
+            if thread.join().is_err() {
+                tracing::error!("a PostgreSQL reader thread panicked");
+            }
+        }
+    }
+}
+
+impl PgStore {
+    fn read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&mut Client) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        self.inner.readers.run(read)
+    }
+
+    /// One record of `kind` by id, decoded.
+    fn record<T>(&self, kind: i16, id: Uuid, key: [u8; 17]) -> Result<Option<T>>
+    where
+        T: serde::de::DeserializeOwned + Send + 'static,
+    {
+        self.read(move |client| {
+            let row = client
+                .query_opt(
+                    "SELECT value FROM op_records WHERE kind = $1 AND id = $2",
+                    &[&kind, &id],
+                )
+                .map_err(database)?;
+            row.map(|row| codec::decode(&key, row.get(0))).transpose()
+        })
+    }
+
+    /// `result`, and the execution quarantined if it was a damaged row of it (S-4).
+    fn quarantine_on_corruption<T>(
+        &self,
+        execution_id: ExecutionId,
+        result: Result<T>,
+    ) -> Result<T> {
+        match result {
+            Err(error @ Error::Corrupted { .. }) => {
+                let reason = error.to_string();
+                let recorded = reason.clone();
+                let stored = self.read(move |client| {
+                    client
+                        .execute(
+                            "INSERT INTO op_quarantine (execution_id, reason) VALUES ($1, $2) \
+                             ON CONFLICT (execution_id) DO NOTHING",
+                            &[execution_id.as_uuid(), &recorded],
+                        )
+                        .map_err(database)
+                });
+                if let Err(store_error) = stored {
+                    tracing::error!(%execution_id, %store_error, "the quarantine was not stored");
+                }
+                self.shared().quarantine(execution_id, reason.clone());
+                Err(Error::Quarantined {
+                    execution_id,
+                    reason,
+                })
+            }
+            other => other,
+        }
+    }
+}
+
+fn ids(rows: &[postgres::Row]) -> Vec<ExecutionId> {
+    rows.iter()
+        .map(|row| ExecutionId::from_uuid(row.get(0)))
+        .collect()
+}
+
+fn envelopes(rows: &[postgres::Row]) -> Result<Vec<EventEnvelope>> {
+    rows.iter()
+        .map(|row| {
+            let execution_id = ExecutionId::from_uuid(row.get(0));
+            let seq: i64 = row.get(1);
+            codec::decode(&keys::events(execution_id, seq as u64), row.get(2))
+        })
+        .collect()
+}
+
+/// A count or position from the database: never negative.
+fn unsigned(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+impl EventReader for PgStore {
+    fn head(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>> {
+        self.shared().check_quarantine(execution_id)?;
+        let result = self.read(move |client| {
+            let row = client
+                .query_opt(
+                    "SELECT head FROM op_heads WHERE execution_id = $1",
+                    &[execution_id.as_uuid()],
+                )
+                .map_err(database)?;
+            row.map(|row| codec::decode(&keys::head(execution_id), row.get(0)))
+                .transpose()
+        });
+        self.quarantine_on_corruption(execution_id, result)
+    }
+
+    fn events_after(
+        &self,
+        execution_id: ExecutionId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<EventEnvelope>> {
+        self.shared().check_quarantine(execution_id)?;
+        let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let result = self.read(move |client| {
+            let rows = client
+                .query(
+                    "SELECT execution_id, seq, envelope FROM op_events \
+                     WHERE execution_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                    &[execution_id.as_uuid(), &after, &limit],
+                )
+                .map_err(database)?;
+            envelopes(&rows)
+        });
+        self.quarantine_on_corruption(execution_id, result)
+    }
+
+    fn log_after(&self, after_position: u64, limit: usize) -> Result<Vec<EventEnvelope>> {
+        let after = i64::try_from(after_position).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.read(move |client| {
+            let rows = client
+                .query(
+                    "SELECT execution_id, seq, envelope FROM op_events \
+                     WHERE position > $1 ORDER BY position LIMIT $2",
+                    &[&after, &limit],
+                )
+                .map_err(database)?;
+            envelopes(&rows)
+        })
+    }
+
+    fn command(&self, command_id: CommandId) -> Result<Option<CommandRecord>> {
+        let key = keys::command(command_id);
+        self.record(kind::COMMAND, *command_id.as_uuid(), key)
+    }
+
+    fn receipt(&self, effect_id: EffectId) -> Result<Option<ReceiptRecord>> {
+        let key = keys::receipt(effect_id);
+        self.record(kind::RECEIPT, *effect_id.as_uuid(), key)
+    }
+
+    fn wait(&self, wait_id: WaitId) -> Result<Option<WaitRecord>> {
+        let key = keys::wait(wait_id);
+        self.record(kind::WAIT, *wait_id.as_uuid(), key)
+    }
+
+    fn process(&self, process_id: ProcessId) -> Result<Option<ProcessRecord>> {
+        let key = keys::process(process_id);
+        self.record(kind::PROCESS, *process_id.as_uuid(), key)
+    }
+
+    fn job(&self, job_id: ExecutionId) -> Result<Option<JobRecord>> {
+        let key = keys::job(job_id);
+        self.record(kind::JOB, *job_id.as_uuid(), key)
+    }
+
+    fn projection(&self, execution_id: ExecutionId) -> Result<Option<ProjectionRecord>> {
+        self.shared().check_quarantine(execution_id)?;
+        let key = keys::projection(execution_id);
+        self.record(kind::PROJECTION, *execution_id.as_uuid(), key)
+    }
+
+    fn purged(&self, execution_id: ExecutionId) -> Result<Option<PurgedRecord>> {
+        self.read(move |client| {
+            let row = client
+                .query_opt(
+                    "SELECT record FROM op_purged WHERE execution_id = $1",
+                    &[execution_id.as_uuid()],
+                )
+                .map_err(database)?;
+            row.map(|row| codec::decode(&keys::purged(execution_id), row.get(0)))
+                .transpose()
+        })
+    }
+
+    fn ended_before(
+        &self,
+        before_ms: u64,
+        after: Option<(u64, ExecutionId)>,
+        limit: usize,
+    ) -> Result<Vec<(u64, ExecutionId)>> {
+        let before = i64::try_from(before_ms).unwrap_or(i64::MAX);
+        let (after_ms, after_id) = match after {
+            Some((at, execution_id)) => (
+                i64::try_from(at).unwrap_or(i64::MAX),
+                *execution_id.as_uuid(),
+            ),
+            None => (-1, Uuid::nil()),
+        };
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.read(move |client| {
+            let rows = client
+                .query(
+                    "SELECT ended_at_ms, execution_id FROM op_heads \
+                     WHERE ended_at_ms IS NOT NULL AND ended_at_ms < $1 \
+                     AND (ended_at_ms, execution_id) > ($2, $3) \
+                     ORDER BY ended_at_ms, execution_id LIMIT $4",
+                    &[&before, &after_ms, &after_id, &limit],
+                )
+                .map_err(database)?;
+            Ok(rows
+                .iter()
+                .map(|row| {
+                    let at: i64 = row.get(0);
+                    (unsigned(at), ExecutionId::from_uuid(row.get(1)))
+                })
+                .collect())
+        })
+    }
+
+    fn purges_unfinished(&self) -> Result<Vec<ExecutionId>> {
+        self.read(|client| {
+            let rows = client
+                .query(
+                    "SELECT execution_id FROM op_purged WHERE NOT finished ORDER BY execution_id",
+                    &[],
+                )
+                .map_err(database)?;
+            Ok(ids(&rows))
+        })
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        let size = self.read(|client| {
+            let row = client
+                .query_one("SELECT pg_database_size(current_database())", &[])
+                .map_err(database)?;
+            Ok(unsigned(row.get(0)))
+        });
+        size.unwrap_or(0)
+    }
+
+    fn executions_in_session(&self, session_id: SessionId) -> Result<Vec<ExecutionId>> {
+        self.read(move |client| {
+            let rows = client
+                .query(
+                    "SELECT execution_id FROM op_heads WHERE session_id = $1 \
+                     ORDER BY execution_id",
+                    &[session_id.as_uuid()],
+                )
+                .map_err(database)?;
+            Ok(ids(&rows))
+        })
+    }
+
+    fn sessions(&self) -> Result<Vec<(SessionId, usize)>> {
+        self.read(|client| {
+            let rows = client
+                .query(
+                    "SELECT session_id, count(*) FROM op_heads GROUP BY session_id \
+                     ORDER BY session_id",
+                    &[],
+                )
+                .map_err(database)?;
+            Ok(rows
+                .iter()
+                .map(|row| {
+                    let count: i64 = row.get(1);
+                    (SessionId::from_uuid(row.get(0)), unsigned(count) as usize)
+                })
+                .collect())
+        })
+    }
+
+    fn processes(&self) -> Result<Vec<ProcessRecord>> {
+        self.read(|client| {
+            let rows = client
+                .query(
+                    "SELECT id, value FROM op_records WHERE kind = $1 ORDER BY id",
+                    &[&kind::PROCESS],
+                )
+                .map_err(database)?;
+            rows.iter()
+                .map(|row| {
+                    let key = keys::process(ProcessId::from_uuid(row.get(0)));
+                    codec::decode(&key, row.get(1))
+                })
+                .collect()
+        })
+    }
+
+    fn blob(&self, hash: BlobHash) -> Result<Option<Vec<u8>>> {
+        self.read(move |client| {
+            let row = client
+                .query_opt(
+                    "SELECT bytes FROM op_blobs WHERE hash = $1",
+                    &[&&hash.0[..]],
+                )
+                .map_err(database)?;
+            match row {
+                None => Ok(None),
+                Some(row) => {
+                    let bytes: Vec<u8> = row.get(0);
+                    if BlobHash::of(&bytes) == hash {
+                        Ok(Some(bytes))
+                    } else {
+                        Err(Error::Corrupted {
+                            tree: "blobs",
+                            key: keys::display(&keys::blob(hash)),
+                        })
+                    }
+                }
+            }
+        })
+    }
+
+    fn executions_in_state(&self, state: ExecutionState) -> Result<Vec<ExecutionId>> {
+        if state.is_terminal() {
+            return Ok(Vec::new());
+        }
+        let code = i16::from(state.code());
+        self.read(move |client| {
+            let rows = client
+                .query(
+                    "SELECT execution_id FROM op_heads WHERE ended_at_ms IS NULL AND state = $1 \
+                     ORDER BY execution_id",
+                    &[&code],
+                )
+                .map_err(database)?;
+            Ok(ids(&rows))
+        })
+    }
+
+    fn quarantined(&self) -> Vec<(ExecutionId, String)> {
+        let quarantine = self
+            .shared()
+            .quarantine
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let sorted: BTreeMap<_, _> = quarantine
+            .iter()
+            .map(|(id, reason)| (*id, reason.clone()))
+            .collect();
+        sorted.into_iter().collect()
+    }
+
+    fn incarnation(&self) -> &Incarnation {
+        &self.inner.incarnation
+    }
+
+    fn metrics(&self) -> MetricsSnapshot {
+        self.metrics_snapshot()
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.shared().failure()
+    }
+}

@@ -1,0 +1,151 @@
+//! The PostgreSQL store's tables and their migrations (S-1): numbered, each run once in a
+//! transaction under an advisory lock, so that nodes starting together migrate once.
+//!
+//! Every stored value (head, event, record, tombstone) is the codec's checksummed bincode,
+//! as in sled: a damaged row is detected when read and its execution quarantined (S-4).
+//! The columns beside it (state, session, time ended, position) are what the indexes need.
+
+use std::collections::HashMap;
+
+use postgres::Client;
+
+use super::database;
+use crate::error::{Error, Result};
+use crate::ids::{ExecutionId, OwnerId};
+use crate::log::now_ms;
+use crate::open::Incarnation;
+
+/// The newest schema this build writes.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The advisory lock migrations hold (any value no other component of the database uses;
+/// this one spells "opgm").
+const MIGRATION_LOCK: i64 = 0x6f70_676d;
+
+/// Migration `n` takes the schema from `n - 1` to `n`.
+const MIGRATIONS: &[(u32, &str)] = &[(
+    1,
+    "
+    CREATE TABLE op_meta (
+        id smallint PRIMARY KEY CHECK (id = 1),
+        next_position bigint NOT NULL
+    );
+    INSERT INTO op_meta VALUES (1, 1);
+    CREATE TABLE op_incarnations (
+        number bigserial PRIMARY KEY,
+        owner_id uuid NOT NULL,
+        started_at_ms bigint NOT NULL
+    );
+    CREATE TABLE op_heads (
+        execution_id uuid PRIMARY KEY,
+        session_id uuid NOT NULL,
+        state smallint NOT NULL,
+        ended_at_ms bigint,
+        head bytea NOT NULL
+    );
+    CREATE INDEX op_heads_session ON op_heads (session_id, execution_id);
+    CREATE INDEX op_heads_state ON op_heads (state, execution_id) WHERE ended_at_ms IS NULL;
+    CREATE INDEX op_heads_ended ON op_heads (ended_at_ms, execution_id)
+        WHERE ended_at_ms IS NOT NULL;
+    CREATE TABLE op_events (
+        execution_id uuid NOT NULL,
+        seq bigint NOT NULL,
+        position bigint NOT NULL,
+        envelope bytea NOT NULL,
+        PRIMARY KEY (execution_id, seq)
+    );
+    CREATE UNIQUE INDEX op_events_position ON op_events (position);
+    CREATE TABLE op_records (
+        kind smallint NOT NULL,
+        id uuid NOT NULL,
+        execution_id uuid NOT NULL,
+        value bytea NOT NULL,
+        PRIMARY KEY (kind, id)
+    );
+    CREATE INDEX op_records_execution ON op_records (execution_id);
+    CREATE TABLE op_blobs (
+        hash bytea PRIMARY KEY,
+        bytes bytea NOT NULL
+    );
+    CREATE TABLE op_purged (
+        execution_id uuid PRIMARY KEY,
+        finished boolean NOT NULL,
+        record bytea NOT NULL
+    );
+    CREATE INDEX op_purged_unfinished ON op_purged (execution_id) WHERE NOT finished;
+    CREATE TABLE op_quarantine (
+        execution_id uuid PRIMARY KEY,
+        reason text NOT NULL
+    );
+    ",
+)];
+
+/// Brings the schema to `SCHEMA_VERSION`; refuses a newer one.
+pub(super) fn migrate(client: &mut Client) -> Result<()> {
+    let mut transaction = client.transaction().map_err(database)?;
+    transaction
+        .execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .map_err(database)?;
+    transaction
+        .batch_execute("CREATE TABLE IF NOT EXISTS op_schema (version integer NOT NULL)")
+        .map_err(database)?;
+    let found: Option<i32> = transaction
+        .query_opt("SELECT version FROM op_schema", &[])
+        .map_err(database)?
+        .map(|row| row.get(0));
+    let found = match found {
+        Some(version) => u32::try_from(version).map_err(|_| Error::Corrupted {
+            tree: "op_schema",
+            key: version.to_string(),
+        })?,
+        None => {
+            transaction
+                .execute("INSERT INTO op_schema VALUES (0)", &[])
+                .map_err(database)?;
+            0
+        }
+    };
+    if found > SCHEMA_VERSION {
+        return Err(Error::UnsupportedSchema {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    for (version, sql) in MIGRATIONS.iter().filter(|(version, _)| *version > found) {
+        tracing::info!(version, "migrating the PostgreSQL store");
+        transaction.batch_execute(sql).map_err(database)?;
+        transaction
+            .execute("UPDATE op_schema SET version = $1", &[&(*version as i32)])
+            .map_err(database)?;
+    }
+    transaction.commit().map_err(database)
+}
+
+/// Records this opening as a new incarnation (its number is the database's sequence).
+pub(super) fn record_incarnation(client: &mut Client, owner_id: OwnerId) -> Result<Incarnation> {
+    let started_at_ms = now_ms();
+    let row = client
+        .query_one(
+            "INSERT INTO op_incarnations (owner_id, started_at_ms) VALUES ($1, $2) \
+             RETURNING number",
+            &[owner_id.as_uuid(), &(started_at_ms as i64)],
+        )
+        .map_err(database)?;
+    let number: i64 = row.get(0);
+    Ok(Incarnation {
+        number: number as u64,
+        owner_id,
+        started_at_ms,
+    })
+}
+
+/// The executions quarantined so far, by any node.
+pub(super) fn load_quarantine(client: &mut Client) -> Result<HashMap<ExecutionId, String>> {
+    let rows = client
+        .query("SELECT execution_id, reason FROM op_quarantine", &[])
+        .map_err(database)?;
+    Ok(rows
+        .iter()
+        .map(|row| (ExecutionId::from_uuid(row.get(0)), row.get(1)))
+        .collect())
+}
