@@ -19,7 +19,7 @@
 
 mod commit;
 mod reads;
-mod schema;
+pub mod schema;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -36,8 +36,6 @@ use crate::records::{PurgeStep, SweepStep};
 use crate::shared::{Limits, Metrics, MetricsSnapshot};
 use crate::store::EventStore;
 use crate::transition::{Outcome, Transition};
-
-pub use schema::SCHEMA_VERSION;
 
 /// Reader threads (each with its own connection).
 const READERS: usize = 4;
