@@ -38,7 +38,8 @@ use openprogram_actors::service::Service;
 use openprogram_actors::supervisor::{begin_shutdown, Recover, Shutdown, Supervisor};
 use openprogram_actors::system::ActorSystem;
 use openprogram_storage::{
-    CommandId, EventEnvelope, EventReader, ExecutionId, Limits, MessageId, SessionId, Store,
+    CommandId, EventEnvelope, EventReader, EventStore, ExecutionId, Limits, MessageId, SessionId,
+    Store,
 };
 
 // The server's modules (the `server` feature, on by default; an embedder turns it off).
@@ -106,7 +107,9 @@ pub struct RuntimeBuilder {
     shutdown_timeout: Option<Duration>,
     process_stop_grace: Option<Duration>,
     accept_loss: bool,
-    store: Option<Store>,
+    /// A store opened by the caller: the actors' handle, and the readers' one on the same store.
+    store: Option<(Arc<dyn EventStore>, Arc<dyn EventReader>)>,
+    store_url: Option<String>,
     resources: Vec<(String, u32)>,
     retain_finished: Option<Duration>,
 }
@@ -130,12 +133,24 @@ impl RuntimeBuilder {
     /// A store opened by the caller, instead of `data_dir` (which is then not needed, nor
     /// `limits` and `accept_loss`, which the caller's open decided). The caller keeps its own
     /// handle; the runtime's actors write through theirs, and `Runtime::store` reads.
-    pub fn store(mut self, store: Store) -> Self {
-        self.store = Some(store);
+    /// Any `EventStore` serves: the embedded `Store` (sled) or, with the feature `postgres`,
+    /// a `storage::pg::PgStore`.
+    pub fn store<S: EventStore + Clone>(mut self, store: S) -> Self {
+        self.store = Some((Arc::new(store.clone()), Arc::new(store)));
         self
     }
 
-    /// Where the embedded sled store lives. Required, unless `store` gives one.
+    /// N-1: the store named as `serve --store` names it: `postgres://…` (or
+    /// `postgresql://…`) is a PostgreSQL database, which needs the feature `postgres`
+    /// (`invalid_request` without it); anything else is the sled store's directory, as
+    /// `data_dir`.
+    pub fn store_url(mut self, url: impl Into<String>) -> Self {
+        self.store_url = Some(url.into());
+        self
+    }
+
+    /// Where the embedded sled store lives. Required, unless `store` or `store_url` gives
+    /// one.
     pub fn data_dir(mut self, path: impl Into<PathBuf>) -> Self {
         self.data_dir = Some(path.into());
         self
@@ -241,7 +256,7 @@ impl RuntimeBuilder {
 
     /// Opens the store, starts the actor system and the supervisor, and begins startup
     /// recovery in the background (`Runtime::recovery` waits for its report).
-    pub fn open(self) -> Result<Runtime> {
+    pub fn open(mut self) -> Result<Runtime> {
         let mut functions = openprogram_actors::function_builtin::builtin();
         if let Some(keep) = &self.builtin_revisions {
             functions.retain(|name, revision| {
@@ -249,29 +264,18 @@ impl RuntimeBuilder {
                     .any(|(kept, kept_revision)| kept == name && *kept_revision == revision)
             });
         }
-        for function in self.functions {
+        for function in std::mem::take(&mut self.functions) {
             functions
                 .register(function)
                 .map_err(|error| Error::InvalidRequest(error.to_string()))?;
         }
-        let (store, salvage) = match (self.store, self.data_dir) {
-            (Some(store), _) => (store, None),
-            (None, None) => {
-                return Err(Error::InvalidRequest(
-                    "the runtime needs a data_dir or a store".into(),
-                ))
-            }
-            (None, Some(data_dir)) => match self.accept_loss {
-                true => Store::open_salvaging(&data_dir, self.limits)?,
-                false => (Store::open_with(&data_dir, self.limits)?, None),
-            },
-        };
+        let (store, salvage) = self.open_store()?;
+        // Inspection gets the store's reads only; the actors, the one writer.
+        let (store, reader) = store;
         let owner = store.incarnation().owner_id;
         let system = ActorSystem::start("openprogram")?;
-        // Inspection gets the store's reads only; the actors, the one writer.
-        let reader: Arc<dyn EventReader> = Arc::new(store.clone());
         let mut env = Env::new(
-            Arc::new(store),
+            store,
             self.provider.unwrap_or_else(|| Arc::new(Scripted)),
             self.tools.unwrap_or_else(ToolRegistry::builtin),
             owner,
@@ -355,6 +359,64 @@ impl RuntimeBuilder {
             }),
         })
     }
+}
+
+impl RuntimeBuilder {
+    /// The store the builder names: a caller's, a PostgreSQL URL's, or sled's directory.
+    #[allow(clippy::type_complexity)]
+    fn open_store(
+        &mut self,
+    ) -> Result<(
+        (Arc<dyn EventStore>, Arc<dyn EventReader>),
+        Option<openprogram_storage::SalvageReport>,
+    )> {
+        if let Some(store) = self.store.take() {
+            return Ok((store, None));
+        }
+        let data_dir = match self.store_url.take() {
+            Some(url) if is_postgres_url(&url) => {
+                return Ok((open_postgres(&url, &self.limits)?, None))
+            }
+            Some(directory) => PathBuf::from(directory),
+            None => match self.data_dir.take() {
+                Some(data_dir) => data_dir,
+                None => {
+                    return Err(Error::InvalidRequest(
+                        "the runtime needs a data_dir or a store".into(),
+                    ))
+                }
+            },
+        };
+        let (store, salvage) = match self.accept_loss {
+            true => Store::open_salvaging(&data_dir, self.limits.clone())?,
+            false => (Store::open_with(&data_dir, self.limits.clone())?, None),
+        };
+        Ok(((Arc::new(store.clone()), Arc::new(store)), salvage))
+    }
+}
+
+/// Whether `serve --store` (and `RuntimeBuilder::store_url`) names a PostgreSQL database.
+pub fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+#[cfg(feature = "postgres")]
+fn open_postgres(
+    url: &str,
+    limits: &Limits,
+) -> Result<(Arc<dyn EventStore>, Arc<dyn EventReader>)> {
+    let store = openprogram_storage::pg::PgStore::open_with(url, limits.clone())?;
+    Ok((Arc::new(store.clone()), Arc::new(store)))
+}
+
+#[cfg(not(feature = "postgres"))]
+fn open_postgres(
+    _url: &str,
+    _limits: &Limits,
+) -> Result<(Arc<dyn EventStore>, Arc<dyn EventReader>)> {
+    Err(Error::InvalidRequest(
+        "this build has no PostgreSQL store: enable the feature `postgres`".into(),
+    ))
 }
 
 /// A running runtime: `Send + Sync + Clone`, usable from any tokio runtime.

@@ -268,8 +268,11 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         steps_us: Mutex::new(Some(histogram())),
         ..StepClock::default()
     });
-    let mut builder = Runtime::builder()
-        .data_dir(&data_dir)
+    let mut builder = match &options.postgres {
+        Some(url) => Runtime::builder().store_url(url.clone()),
+        None => Runtime::builder().data_dir(&data_dir),
+    };
+    builder = builder
         .tool(Arc::new(TimedEcho {
             clock: Arc::clone(&clock),
         }))
@@ -379,7 +382,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     let total_steps = clock.calls.load(Ordering::Relaxed);
     let steps_per_s = total_steps as f64 / wall.as_secs_f64();
     let raw_per_s = match options.baseline {
-        Some(duration) => Some(raw_baseline(duration, options.payload_bytes)?),
+        Some(duration) => Some(raw_baseline(&options, duration)?),
         None => None,
     };
     let busy_pct = |micros: fn(&MetricsSnapshot) -> u64| {
@@ -493,6 +496,8 @@ fn validate(options: &LoadOptions) -> Result<()> {
 fn store_dir(options: &LoadOptions) -> Result<(Option<tempfile::TempDir>, std::path::PathBuf)> {
     match &options.data {
         Some(dir) => Ok((None, dir.clone())),
+        // PostgreSQL: no directory is written.
+        None if options.postgres.is_some() => Ok((None, std::path::PathBuf::new())),
         None => {
             let dir = tempfile::tempdir().map_err(|error| Error::Unavailable(error.to_string()))?;
             let path = dir.path().to_path_buf();
@@ -677,14 +682,18 @@ async fn parked_memory(runtime: &Runtime, n: usize, concurrency: usize) -> Resul
     Ok((n, grown as f64 / n.max(1) as f64))
 }
 
-/// Raw sled in this process, for `duration`: records per second.
-fn raw_baseline(duration: Duration, payload_bytes: usize) -> Result<f64> {
+/// The raw store, for `duration`: records per second. Sled in this process, or the same
+/// PostgreSQL database the load wrote.
+fn raw_baseline(options: &LoadOptions, duration: Duration) -> Result<f64> {
+    let payload_bytes = options.payload_bytes.max(1);
+    if let Some(url) = &options.postgres {
+        let raw =
+            openprogram_storage::pg::baseline::raw_postgres_baseline(url, duration, payload_bytes)?;
+        return Ok(raw.per_s());
+    }
     let dir = tempfile::tempdir().map_err(|error| Error::Unavailable(error.to_string()))?;
-    let raw = openprogram_storage::baseline::raw_sled_baseline(
-        dir.path(),
-        duration,
-        payload_bytes.max(1),
-    )?;
+    let raw =
+        openprogram_storage::baseline::raw_sled_baseline(dir.path(), duration, payload_bytes)?;
     Ok(raw.per_s())
 }
 

@@ -12,14 +12,17 @@ use serde::Serialize;
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
-    /// The store to use; a fresh temporary one when `None`.
+    /// The store to use; a fresh temporary one when `None` (and no `postgres`).
     pub data: Option<PathBuf>,
+    /// N-1: a PostgreSQL database (`--store postgres://…`) instead of sled.
+    pub postgres: Option<String>,
     pub executions: usize,
     /// Tool steps per execution.
     pub steps: usize,
     pub concurrency: usize,
     pub payload_bytes: usize,
-    /// Also measure raw sled (batches of 256 + flush + fsync) for this long.
+    /// Also measure the raw store for this long: sled (batches of 256 + flush + fsync), or
+    /// PostgreSQL (transactions of 256 rows inserted with one statement).
     pub baseline: Option<Duration>,
     /// Draw a progress bar on stderr.
     pub progress: bool,
@@ -51,6 +54,8 @@ pub struct LoadReport {
     pub target: String,
     /// `agent`, or the function run (`steps`).
     pub kind: String,
+    /// The store written: `sled` or `postgres` (N-1).
+    pub store: String,
     pub executions: usize,
     pub steps: usize,
     pub total_steps: u64,
@@ -96,7 +101,8 @@ pub struct LoadReport {
     pub committer_busy_pct: Option<f64>,
     pub committer_flush_pct: Option<f64>,
     pub committer_fsync_pct: Option<f64>,
-    /// Raw sled records per second in the same run, with `--baseline`.
+    /// Raw records per second of the same store (sled or PostgreSQL) in the same run, with
+    /// `--baseline`.
     pub raw_per_s: Option<f64>,
     /// Durable transitions per second (two per step) over `raw_per_s`.
     pub ratio_to_raw: Option<f64>,
@@ -168,6 +174,10 @@ impl LoadReport {
         Self {
             target,
             kind: options.function.clone().unwrap_or_else(|| "agent".into()),
+            store: match options.postgres {
+                Some(_) => "postgres".into(),
+                None => "sled".into(),
+            },
             executions: options.executions,
             steps: options.steps,
             concurrency: options.concurrency,
@@ -271,7 +281,7 @@ impl LoadReport {
             rows.push(("utilisation (queue not empty)", format!("{utilisation:.3}")));
         }
         if let (Some(raw), Some(ratio)) = (self.raw_per_s, self.ratio_to_raw) {
-            rows.push(("raw sled records/s", format!("{raw:.0}")));
+            rows.push(("raw records/s (same store)", format!("{raw:.0}")));
             rows.push(("transitions / raw", format!("{ratio:.2}")));
         }
         rows.iter()

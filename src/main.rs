@@ -39,6 +39,10 @@ enum Command {
         /// The store to use (default: a fresh temporary one).
         #[arg(long)]
         data: Option<PathBuf>,
+        /// The store as `serve --store` names it: a directory (sled, as --data) or
+        /// postgres://… (N-1).
+        #[arg(long, conflicts_with_all = ["data", "url"])]
+        store: Option<String>,
         #[arg(long, default_value_t = 1000)]
         executions: usize,
         /// Tool steps per execution.
@@ -48,7 +52,8 @@ enum Command {
         concurrency: usize,
         #[arg(long, default_value_t = 200)]
         payload_bytes: usize,
-        /// Also measure raw sled (batches of 256 + flush + fsync) for this many seconds.
+        /// Also measure the raw store for this many seconds: sled (batches of 256 + flush +
+        /// fsync), or PostgreSQL (transactions of 256 rows inserted by one statement).
         #[arg(long, num_args = 0..=1, default_missing_value = "3")]
         baseline: Option<u64>,
         /// Send this many Pause/Continue pairs per second to random running executions and
@@ -89,8 +94,14 @@ enum Command {
     /// Run the runtime with its HTTP API, debug endpoint and page until SIGTERM/SIGINT
     /// (orderly shutdown). Prints the listen URL.
     Serve {
+        /// The node's directory: its admin token and session key, and the sled store unless
+        /// --store names another.
         #[arg(long, default_value = "./openprogram-data")]
         data: PathBuf,
+        /// The event store: a directory (sled; default --data) or postgres://… (N-1), which
+        /// several nodes may share.
+        #[arg(long)]
+        store: Option<String>,
         /// -1 (no limit), 0 (no automatic restart) or a duration such as 90s, 15m, 2h.
         #[arg(long, default_value = "-1", allow_hyphen_values = true)]
         restart_window: RestartWindow,
@@ -290,6 +301,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Load {
             data,
+            store,
             executions,
             steps,
             concurrency,
@@ -310,8 +322,14 @@ fn main() -> ExitCode {
                 (true, true) => vec![("model".to_owned(), 8)],
                 _ => resources,
             };
+            let (data, postgres) = match store {
+                Some(url) if openprogram::is_postgres_url(&url) => (None, Some(url)),
+                Some(directory) => (Some(PathBuf::from(directory)), None),
+                None => (data, None),
+            };
             let options = LoadOptions {
                 data,
+                postgres,
                 executions,
                 steps,
                 concurrency,
@@ -353,6 +371,7 @@ fn main() -> ExitCode {
         }
         Command::Serve {
             data,
+            store,
             restart_window,
             listen,
             token,
@@ -369,6 +388,7 @@ fn main() -> ExitCode {
             };
             let options = ServeOptions {
                 data,
+                store,
                 restart_window,
                 listen,
                 token: token.or_else(|| std::env::var("OPENPROGRAM_TOKEN").ok()),

@@ -19,7 +19,10 @@ pub const LISTEN_DEFAULT: &str = "127.0.0.1:7878";
 /// What `serve` needs.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
+    /// The node's directory (tokens), and the sled store's unless `store` names another.
     pub data: PathBuf,
+    /// N-1: the event store, as `--store` names it (a directory, or `postgres://…`).
+    pub store: Option<String>,
     pub restart_window: RestartWindow,
     pub listen: String,
     /// The admin token chosen by the operator (`--token` or `OPENPROGRAM_TOKEN`).
@@ -71,8 +74,11 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     if let Some(retain) = options.retain_finished {
         builder = builder.retain_finished(retain);
     }
+    builder = match &options.store {
+        Some(store) => builder.store_url(store.clone()),
+        None => builder.data_dir(&options.data),
+    };
     let runtime = builder
-        .data_dir(&options.data)
         .restart_window(options.restart_window)
         .accept_loss(options.accept_loss)
         .lease_ttl(options.lease_ttl.unwrap_or(crate::LEASE_TTL_DEFAULT))
@@ -85,6 +91,8 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         );
     }
     let io = |what: &str, error: std::io::Error| Error::Unavailable(format!("{what}: {error}"));
+    // The node's directory holds its tokens even when the store is elsewhere (PostgreSQL).
+    std::fs::create_dir_all(&options.data).map_err(|e| io("the data directory", e))?;
     let (admin_token, token_source) = auth::admin_token(&options.data, options.token.clone())
         .map_err(|e| io("admin token", e))?;
     let session_key =
@@ -110,7 +118,7 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     }
     eprintln!(
         "openprogram: runtime on {} (restart window {}); admin token: {}; SIGTERM or SIGINT stops it in order",
-        options.data.display(),
+        store_name(&options),
         options.restart_window,
         if token_source == "given" { "as given".to_string() } else { format!("in {token_source}") }
     );
@@ -186,4 +194,27 @@ fn stop_signal() -> Result<impl std::future::Future<Output = ()>> {
             _ = interrupt.recv() => {}
         }
     })
+}
+
+/// The store, as the operator reads it: a PostgreSQL URL without its password.
+fn store_name(options: &ServeOptions) -> String {
+    match &options.store {
+        Some(url) if crate::is_postgres_url(url) => without_password(url),
+        Some(directory) => directory.clone(),
+        None => options.data.display().to_string(),
+    }
+}
+
+/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((user_info, host)) => match user_info.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
 }

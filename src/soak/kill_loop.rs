@@ -7,7 +7,8 @@
 //! after a newer one claimed (I3), reconciled effects, quarantined executions, the time from
 //! each start to the end of its startup recovery, and the servers' peak RSS.
 //!
-//! Synchronous: child processes, a blocking HTTP client, and the store read at the end.
+//! Synchronous: child processes, a blocking HTTP client, and the store read at the end. On
+//! sled by default; on a PostgreSQL database with `store` (N-1).
 
 use std::collections::HashMap;
 use std::io::BufRead;
@@ -38,6 +39,9 @@ pub struct KillLoopOptions {
     pub sleep_ms: (u64, u64),
     /// Clients admitting the executions at once.
     pub admit_concurrency: usize,
+    /// N-1: the servers' `--store` (a `postgres://…` database); `None`: sled in the run's
+    /// directory.
+    pub store: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -105,6 +109,12 @@ impl Server {
                 "--data",
             ])
             .arg(data)
+            .args(
+                options
+                    .store
+                    .iter()
+                    .flat_map(|store| ["--store", store.as_str()]),
+            )
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
@@ -277,7 +287,7 @@ pub fn run(options: &KillLoopOptions, progress: impl Fn(usize)) -> Result<KillLo
     peak_rss_mib = peak_rss_mib.max(server.peak_rss_mib());
     server.stop();
 
-    let store = Store::open(&data).map_err(|e| format!("reopening the store: {e}"))?;
+    let store = reopen(options, &data)?;
     let quarantined = store.quarantined().len();
     let mut reconciled = 0;
     for execution in &admitted {
@@ -314,6 +324,17 @@ pub fn run(options: &KillLoopOptions, progress: impl Fn(usize)) -> Result<KillLo
         peak_rss_mib,
         wall_s: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The servers' store, opened by the harness once the last server stopped.
+fn reopen(options: &KillLoopOptions, data: &Path) -> Result<Box<dyn EventReader>, String> {
+    let reopening = |e: openprogram_storage::Error| format!("reopening the store: {e}");
+    match &options.store {
+        Some(url) => Ok(Box::new(
+            openprogram_storage::pg::PgStore::open(url).map_err(reopening)?,
+        )),
+        None => Ok(Box::new(Store::open(data).map_err(reopening)?)),
+    }
 }
 
 fn line(execution: usize, step: usize) -> String {

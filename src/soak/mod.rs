@@ -49,6 +49,7 @@ impl SoakOptions {
             kill_after_ms: (50, 500),
             sleep_ms: (20, 250),
             admit_concurrency: 4,
+            store: None,
         };
         // A server lives 6–12 s: recovering 10,000 executions while they run takes ~7 s
         // here, so most kills come after a recovery, and some during one. Each execution

@@ -7,6 +7,7 @@
 //! - `pg/schema.rs` — the tables and their versioned migrations (S-1).
 //! - `pg/commit.rs` — the committer thread: one SQL transaction per group.
 //! - `pg/reads.rs` — `EventReader`, served by a small pool of reader threads.
+//! - `pg/baseline.rs` — the database's raw insert rate, the ceiling `load` compares with.
 //!
 //! Threads, not tasks: the committer and each reader own a blocking client (the `postgres`
 //! crate) on a thread of their own, as the sled store's committer does. A read called from
@@ -17,6 +18,7 @@
 //! takes the one row of `op_meta` `FOR UPDATE` before it numbers its events, so a group
 //! committing later never holds a lower position than one a reader has seen.
 
+pub mod baseline;
 mod commit;
 mod reads;
 pub mod schema;

@@ -3,6 +3,10 @@
 
 mod support;
 
+// The throwaway PostgreSQL cluster of the storage tests, shared rather than copied.
+#[path = "../../storage/tests/it/pg_cluster.rs"]
+mod pg_cluster;
+
 mod agent_loop;
 mod attempts;
 mod branches;
@@ -31,6 +35,7 @@ mod k3_states;
 mod k3_world;
 mod kill9;
 mod planted;
+mod postgres;
 mod processes;
 mod questions;
 mod r01_failpoints;

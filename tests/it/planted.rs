@@ -23,6 +23,19 @@ fn planted_rerun_confirmed_fails_r02() {
     );
 }
 
+/// The same bug under the kill loop on PostgreSQL (N-1): the harness sees it there too.
+#[test]
+#[ignore = "needs PostgreSQL (apt-get install postgresql); run with \
+            `cargo test --workspace -- --include-ignored`"]
+fn planted_rerun_confirmed_fails_n1_r02_on_postgres() {
+    fails_with_planted_bug(
+        "rerun_confirmed",
+        "postgres::n1_r02_kill9_loop_on_postgres_delivers_every_effect_exactly_once",
+        "I1: ",
+        &[],
+    );
+}
+
 /// R22 meets the bug only where a crash leaves a turn running with a confirmed effect
 /// behind it: a seed and a size that make many such crashes.
 #[test]

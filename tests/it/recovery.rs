@@ -7,8 +7,8 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use openprogram::actors::execution::machine::Recovery;
 use openprogram::agent::{Tool, ToolCall};
-use openprogram::storage::{Event, SessionId};
-use openprogram::{Runtime, StartRequest};
+use openprogram::storage::Event;
+use openprogram::StartRequest;
 
 use crate::support::*;
 
@@ -32,17 +32,20 @@ impl Tool for Hang {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e4_an_external_effect_left_in_flight_becomes_unknown_and_never_runs_again() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    e4_an_external_effect_left_in_flight_becomes_unknown_and_never_runs_again_on(Restarts::new())
+        .await
+}
+
+/// The body of the test above, on either store (N-1: `postgres.rs` runs it on PostgreSQL).
+pub(crate) async fn e4_an_external_effect_left_in_flight_becomes_unknown_and_never_runs_again_on(
+    restarts: Restarts,
+) {
     let hang = Arc::new(Hang {
         calls: AtomicUsize::new(0),
     });
-    let session = SessionId::new();
+    let session = restarts.session;
     let execution = {
-        let runtime = Runtime::builder()
-            .data_dir(dir.path())
-            .tool(hang.clone())
-            .open()
-            .expect("open");
+        let runtime = restarts.open_with(|builder| builder.tool(hang.clone()));
         let request = StartRequest {
             message: "test".into(),
             script: elements(vec![
@@ -66,11 +69,7 @@ async fn e4_an_external_effect_left_in_flight_becomes_unknown_and_never_runs_aga
     };
     // A new runtime: startup recovery finds the execution `running` under a dead owner, its
     // effect dispatched, and resumes it with a new attempt.
-    let runtime = Runtime::builder()
-        .data_dir(dir.path())
-        .tool(hang.clone())
-        .open()
-        .expect("reopen");
+    let runtime = restarts.open_with(|builder| builder.tool(hang.clone()));
     let report = runtime.recovery().await.expect("recovery");
     assert_eq!(report.resumed, vec![execution], "{report:?}");
     let started = std::time::Instant::now();

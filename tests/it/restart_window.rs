@@ -6,9 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use openprogram::storage::{
-    Checkpoint, Event, EventReader, EventStore, ExecutionState, Store, Transition,
-};
+use openprogram::storage::{Checkpoint, Event, ExecutionState, Transition};
 use openprogram::RestartWindow;
 
 use crate::support::*;
@@ -50,7 +48,16 @@ async fn abandoned(
 
 #[tokio::test]
 async fn r2_a_restart_inside_the_window_continues_with_the_original_ids_and_e6_adds_no_text() {
-    let restarts = Restarts::new();
+    r2_a_restart_inside_the_window_continues_with_the_original_ids_and_e6_adds_no_text_on(
+        Restarts::new(),
+    )
+    .await
+}
+
+/// The body of `r2_a_restart_inside_the_window_continues_with_the_original_ids_and_e6_adds_no_text`, on either store (N-1: `postgres.rs` runs it on PostgreSQL).
+pub(crate) async fn r2_a_restart_inside_the_window_continues_with_the_original_ids_and_e6_adds_no_text_on(
+    restarts: Restarts,
+) {
     let started = abandoned(&restarts, vec![echo("a"), reply("done")], 1).await;
     let execution = started.execution_id;
     restarts.clock.advance(Duration::from_secs(3600));
@@ -87,7 +94,16 @@ async fn r2_a_restart_inside_the_window_continues_with_the_original_ids_and_e6_a
 
 #[tokio::test]
 async fn r2_a_restart_beyond_the_window_expires_and_r6_keeps_everything_for_a_manual_continue() {
-    let restarts = Restarts::new();
+    r2_a_restart_beyond_the_window_expires_and_r6_keeps_everything_for_a_manual_continue_on(
+        Restarts::new(),
+    )
+    .await
+}
+
+/// The body of `r2_a_restart_beyond_the_window_expires_and_r6_keeps_everything_for_a_manual_continue`, on either store (N-1: `postgres.rs` runs it on PostgreSQL).
+pub(crate) async fn r2_a_restart_beyond_the_window_expires_and_r6_keeps_everything_for_a_manual_continue_on(
+    restarts: Restarts,
+) {
     let started = abandoned(&restarts, vec![echo("a"), reply("done")], 1).await;
     let execution = started.execution_id;
     restarts.clock.advance(Duration::from_secs(3 * 3600));
@@ -189,7 +205,11 @@ async fn r2_the_restart_window_parses_the_contract_values() {
 
 #[tokio::test]
 async fn r4_a_user_pause_stays_paused() {
-    let restarts = Restarts::new();
+    r4_a_user_pause_stays_paused_on(Restarts::new()).await
+}
+
+/// The body of `r4_a_user_pause_stays_paused`, on either store (N-1: `postgres.rs` runs it on PostgreSQL).
+pub(crate) async fn r4_a_user_pause_stays_paused_on(restarts: Restarts) {
     let runtime = restarts.open(RestartWindow::Unlimited);
     let execution = restarts.start_paused(&runtime, vec![reply("done")]).await;
     crash(runtime);
@@ -334,7 +354,13 @@ async fn r4_an_incompatible_revision_is_held_for_an_explicit_continue() {
 /// and runs nothing more (I6).
 #[tokio::test]
 async fn r4_an_abandoned_cancellation_ends_cancelled_and_runs_nothing_more() {
-    let restarts = Restarts::new();
+    r4_an_abandoned_cancellation_ends_cancelled_and_runs_nothing_more_on(Restarts::new()).await
+}
+
+/// The body of `r4_an_abandoned_cancellation_ends_cancelled_and_runs_nothing_more`, on either store (N-1: `postgres.rs` runs it on PostgreSQL).
+pub(crate) async fn r4_an_abandoned_cancellation_ends_cancelled_and_runs_nothing_more_on(
+    restarts: Restarts,
+) {
     let execution = abandoned(&restarts, vec![reply("never")], 0)
         .await
         .execution_id;
@@ -376,7 +402,7 @@ async fn rewrite_head(
     execution: openprogram::storage::ExecutionId,
     change: impl FnOnce(&mut openprogram::storage::ExecutionHead) -> Vec<Event>,
 ) {
-    let store = Store::open(restarts.dir.path()).expect("store");
+    let store = restarts.open_store();
     let mut head = store.head(execution).expect("head").expect("exists");
     let events = change(&mut head);
     let transition = Transition::new(execution, events)

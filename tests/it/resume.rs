@@ -11,8 +11,7 @@ use futures::FutureExt;
 use openprogram::actors::execution::machine::Recovery;
 use openprogram::agent::{Tool, ToolCall};
 use openprogram::storage::{
-    Event, EventReader, EventStore, ExecutionHead, ExecutionKind, ExecutionState, RunId, Store,
-    Transition,
+    Event, EventStore, ExecutionHead, ExecutionKind, ExecutionState, RunId, Store, Transition,
 };
 use openprogram::{Command, RestartWindow};
 use serde_json::json;
@@ -81,7 +80,16 @@ fn is_dispatch(event: &Event) -> bool {
 
 #[tokio::test]
 async fn r5_an_interrupted_model_request_is_regenerated_and_committed_tools_are_skipped() {
-    let restarts = Restarts::new();
+    r5_an_interrupted_model_request_is_regenerated_and_committed_tools_are_skipped_on(
+        Restarts::new(),
+    )
+    .await
+}
+
+/// The body of `r5_an_interrupted_model_request_is_regenerated_and_committed_tools_are_skipped`, on either store (N-1: `postgres.rs` runs it on PostgreSQL).
+pub(crate) async fn r5_an_interrupted_model_request_is_regenerated_and_committed_tools_are_skipped_on(
+    restarts: Restarts,
+) {
     let counter = Probe::new("count", Recovery::Idempotent, false);
     let script = vec![
         json!({"tool": "count", "args": {}}),
@@ -472,7 +480,13 @@ async fn r8_an_operator_reconcile_resolves_an_effect_without_a_protocol() {
 /// start resumes them with their ids.
 #[tokio::test]
 async fn r7_orderly_shutdown_pauses_running_executions_and_the_next_start_resumes_them() {
-    let restarts = Restarts::new();
+    r7_orderly_shutdown_pauses_running_executions_and_the_next_start_resumes_them_on(Restarts::new()).await
+}
+
+/// The body of `r7_orderly_shutdown_pauses_running_executions_and_the_next_start_resumes_them`, on either store (N-1: `postgres.rs` runs it on PostgreSQL).
+pub(crate) async fn r7_orderly_shutdown_pauses_running_executions_and_the_next_start_resumes_them_on(
+    restarts: Restarts,
+) {
     let runtime = restarts.open(RestartWindow::Unlimited);
     let mut started = Vec::new();
     for _ in 0..3 {
@@ -496,7 +510,7 @@ async fn r7_orderly_shutdown_pauses_running_executions_and_the_next_start_resume
     assert_eq!((report.live, report.left_running), (3, 0), "{report:?}");
     drop(runtime);
     {
-        let store = Store::open(restarts.dir.path()).expect("store");
+        let store = restarts.open_store();
         for execution in &started {
             let head = store
                 .head(execution.execution_id)

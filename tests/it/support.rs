@@ -254,6 +254,8 @@ pub struct Restarts {
     pub dir: tempfile::TempDir,
     pub session: SessionId,
     pub clock: std::sync::Arc<openprogram::ManualClock>,
+    /// N-1: a PostgreSQL database the runtimes open instead of the dir's sled store.
+    pub store: Option<String>,
 }
 
 impl Restarts {
@@ -262,6 +264,28 @@ impl Restarts {
             dir: tempfile::tempdir().expect("tempdir"),
             session: SessionId::new(),
             clock: std::sync::Arc::new(openprogram::ManualClock::new()),
+            store: None,
+        }
+    }
+
+    /// Runtimes on a fresh PostgreSQL database (for the tests ignored without PostgreSQL).
+    pub fn on_postgres() -> Self {
+        Self {
+            store: Some(crate::pg_cluster::database()),
+            ..Self::new()
+        }
+    }
+
+    /// The store itself, opened by the test while no runtime has it open (sled's directory
+    /// takes one opener at a time).
+    pub fn open_store(&self) -> Box<dyn openprogram::storage::EventStore> {
+        match &self.store {
+            Some(url) => {
+                Box::new(openprogram::storage::pg::PgStore::open(url).expect("open PostgreSQL"))
+            }
+            None => Box::new(
+                openprogram::storage::Store::open(self.dir.path()).expect("open the store"),
+            ),
         }
     }
 
@@ -283,13 +307,13 @@ impl Restarts {
         &self,
         configure: impl FnOnce(openprogram::RuntimeBuilder) -> openprogram::RuntimeBuilder,
     ) -> Runtime {
-        configure(
-            Runtime::builder()
-                .data_dir(self.dir.path())
-                .clock(self.clock.clone()),
-        )
-        .open()
-        .expect("open runtime")
+        let builder = match &self.store {
+            Some(url) => Runtime::builder().store_url(url.clone()),
+            None => Runtime::builder().data_dir(self.dir.path()),
+        };
+        configure(builder.clock(self.clock.clone()))
+            .open()
+            .expect("open runtime")
     }
 
     pub async fn start(&self, runtime: &Runtime, script: Vec<Value>) -> openprogram::StartReply {

@@ -22,6 +22,8 @@ pub const NEEDS: &str = "needs PostgreSQL (apt-get install postgresql); run with
 struct Cluster {
     /// Connection parameters of the server, without a database name.
     base: String,
+    /// The same as a URL (`postgres://user@host:port`), which `serve --store` takes.
+    url: String,
     /// Where `createdb` is.
     bin: PathBuf,
 }
@@ -29,7 +31,7 @@ struct Cluster {
 static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
 static DATABASES: AtomicU64 = AtomicU64::new(0);
 
-/// The URL of a new, empty database for one test.
+/// The URL (`postgres://…`) of a new, empty database for one test.
 pub fn database() -> String {
     let cluster = match CLUSTER.get_or_init(start) {
         Ok(cluster) => cluster,
@@ -64,7 +66,7 @@ pub fn database() -> String {
         .status()
         .expect("run createdb");
     assert!(status.success(), "createdb {name}");
-    format!("{} dbname={name}", cluster.base)
+    format!("{}/{name}", cluster.url)
 }
 
 fn run_as(user: Option<&str>, program: &Path) -> Command {
@@ -107,6 +109,7 @@ fn start() -> Result<Cluster, String> {
     if std::env::var_os("OP_TEST_POSTGRES").is_some() {
         return Ok(Cluster {
             base: String::new(),
+            url: String::new(),
             bin,
         });
     }
@@ -191,6 +194,7 @@ fn start() -> Result<Cluster, String> {
         .map_err(|error| format!("the cluster's watchdog: {error}"))?;
     Ok(Cluster {
         base: format!("host=127.0.0.1 port={port} user=postgres"),
+        url: format!("postgres://postgres@127.0.0.1:{port}"),
         bin,
     })
 }

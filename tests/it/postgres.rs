@@ -1,0 +1,76 @@
+//! The runtime on the PostgreSQL store (N-1), where the backend matters: startup recovery
+//! after a crash (R-2, R-4, R-5, E-4), an orderly restart (R-7), and the R02 kill -9 loop
+//! of real `serve --store postgres://…` processes. Each runs the body of the sled test of
+//! the same name on a fresh database of the throwaway cluster (`pg_cluster`); they report
+//! themselves ignored under plain `cargo test` (PostgreSQL may be missing) and `.ci/run`
+//! installs PostgreSQL and runs them.
+
+use crate::support::Restarts;
+
+/// Each test, on PostgreSQL: `name` runs `body(Restarts::on_postgres())`.
+macro_rules! on_postgres {
+    ($($name:ident => $body:path),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = "needs PostgreSQL (apt-get install postgresql); run with \
+                        `cargo test --workspace -- --include-ignored`"]
+            async fn $name() {
+                $body(Restarts::on_postgres()).await
+            }
+        )*
+    };
+}
+
+on_postgres!(
+    n1_r2_a_restart_inside_the_window_continues_with_the_original_ids =>
+        crate::restart_window::r2_a_restart_inside_the_window_continues_with_the_original_ids_and_e6_adds_no_text_on,
+    n1_r2_a_restart_beyond_the_window_expires_and_keeps_everything =>
+        crate::restart_window::r2_a_restart_beyond_the_window_expires_and_r6_keeps_everything_for_a_manual_continue_on,
+    n1_r4_a_user_pause_stays_paused =>
+        crate::restart_window::r4_a_user_pause_stays_paused_on,
+    n1_r4_an_abandoned_cancellation_ends_cancelled =>
+        crate::restart_window::r4_an_abandoned_cancellation_ends_cancelled_and_runs_nothing_more_on,
+    n1_r5_an_interrupted_model_request_is_regenerated_and_committed_tools_are_skipped =>
+        crate::resume::r5_an_interrupted_model_request_is_regenerated_and_committed_tools_are_skipped_on,
+    n1_r7_orderly_shutdown_pauses_and_the_next_start_resumes =>
+        crate::resume::r7_orderly_shutdown_pauses_running_executions_and_the_next_start_resumes_them_on,
+    n1_e4_an_external_effect_left_in_flight_becomes_unknown =>
+        crate::recovery::e4_an_external_effect_left_in_flight_becomes_unknown_and_never_runs_again_on,
+);
+
+/// R02 on PostgreSQL: `serve --store postgres://…` killed with SIGKILL at random moments
+/// (seed printed; `OP_KILL_SEED` replays it), started again each time; every effect is
+/// delivered exactly once, with the original ids, and every execution completes.
+#[test]
+#[ignore = "needs PostgreSQL (apt-get install postgresql); run with \
+            `cargo test --workspace -- --include-ignored`"]
+fn n1_r02_kill9_loop_on_postgres_delivers_every_effect_exactly_once() {
+    let seed = std::env::var("OP_KILL_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    eprintln!("n1_r02: OP_KILL_SEED={seed}");
+    let mut options = openprogram::soak::SoakOptions::new(
+        env!("CARGO_BIN_EXE_openprogram").into(),
+        seed,
+        20,
+        0,
+        0,
+    )
+    .r02
+    .expect("R02 runs");
+    options.store = Some(crate::pg_cluster::database());
+    let report = openprogram::soak::kill_loop::run(&options, |_| {}).expect("the harness");
+    eprintln!("n1_r02: {}", serde_json::to_string(&report).expect("json"));
+    assert_eq!(report.tally.duplicates, 0, "I1: {report:#?}");
+    assert_eq!(report.tally.lost, 0, "I8: {report:#?}");
+    assert_eq!(
+        report.tally.deliveries,
+        report.executions * report.steps,
+        "{report:#?}"
+    );
+    assert_eq!(report.unfinished, 0, "L1: {report:#?}");
+    assert_eq!(report.quarantined, 0, "{report:#?}");
+    assert!(report.violations.is_empty(), "I3, I4, I7: {report:#?}");
+    assert!(report.recoveries > 0, "{report:#?}");
+}
