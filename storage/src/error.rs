@@ -17,6 +17,14 @@ pub enum Error {
     /// Kept as text, like `Sled`.
     #[error("database error: {0}")]
     Database(String),
+    /// N-2: several runtime nodes need a store they share (PostgreSQL); sled is one
+    /// process's.
+    #[error("several nodes need a shared store (postgres://…); this one is {0}")]
+    SingleNode(&'static str),
+    /// N-2: a later incarnation of this node id took its place in the registry: this one
+    /// must stop writing.
+    #[error("node {0} was taken over by a later incarnation")]
+    NodeSuperseded(String),
     #[error("i/o error on {path}: {message}")]
     Io { path: PathBuf, message: String },
     /// Another process (or another handle in this one) holds the store.
@@ -86,6 +94,8 @@ impl Error {
         match self {
             Error::Sled(_) | Error::Io { .. } => "storage_io",
             Error::Database(_) => "database",
+            Error::SingleNode(_) => "single_node_store",
+            Error::NodeSuperseded(_) => "node_superseded",
             Error::Locked { .. } => "store_locked",
             Error::Corrupted { .. } => "corrupted",
             Error::Quarantined { .. } => "quarantined",

@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::{Error, Result};
 use crate::ids::{ExecutionId, OwnerId};
 use crate::open::Incarnation;
-use crate::records::{PurgeStep, SweepStep};
+use crate::records::{NodeRecord, PurgeStep, SweepStep};
 use crate::shared::{Limits, Metrics, MetricsSnapshot};
 use crate::store::EventStore;
 use crate::transition::{Outcome, Transition};
@@ -257,5 +257,42 @@ impl EventStore for PgStore {
         // Events are rows of their own execution, deleted by its purge: no log record is
         // shared, so there is nothing to sweep.
         futures::future::ready(Ok(SweepStep::default())).boxed()
+    }
+
+    fn renew_node(&self, node_id: &str, url: &str, ttl: std::time::Duration) -> Result<NodeRecord> {
+        let (node_id, url) = (node_id.to_owned(), url.to_owned());
+        let incarnation = self.inner.incarnation.clone();
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        self.inner.readers.run(move |client| {
+            // A later incarnation's row is never overwritten by an earlier one (a node
+            // stopped past its lease and resumed after its restart registered again).
+            let row = client
+                .query_opt(
+                    "INSERT INTO op_nodes AS n \
+                         (node_id, owner_id, incarnation, url, started_at_ms, lease_expires_at_ms) \
+                     VALUES ($1, $2, $3, $4, $5, \
+                         (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $6) \
+                     ON CONFLICT (node_id) DO UPDATE SET owner_id = EXCLUDED.owner_id, \
+                         incarnation = EXCLUDED.incarnation, url = EXCLUDED.url, \
+                         started_at_ms = EXCLUDED.started_at_ms, \
+                         lease_expires_at_ms = EXCLUDED.lease_expires_at_ms \
+                     WHERE n.incarnation <= EXCLUDED.incarnation \
+                     RETURNING node_id, owner_id, incarnation, url, started_at_ms, \
+                         lease_expires_at_ms",
+                    &[
+                        &node_id as &(dyn postgres::types::ToSql + Sync),
+                        incarnation.owner_id.as_uuid(),
+                        &(incarnation.number as i64),
+                        &url,
+                        &(incarnation.started_at_ms as i64),
+                        &ttl_ms,
+                    ],
+                )
+                .map_err(database)?;
+            match row {
+                Some(row) => Ok(reads::node_of(&row)),
+                None => Err(Error::NodeSuperseded(node_id)),
+            }
+        })
     }
 }

@@ -597,3 +597,34 @@ impl fmt::Debug for Blob {
         write!(f, "Blob({:?}, {} bytes)", self.hash, self.bytes.len())
     }
 }
+
+/// N-2: a runtime node in a shared store's registry. Its lease is renewed in the background;
+/// once it lapses (by the database's clock), other nodes take over the executions whose
+/// attempts carry its `owner_id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub node_id: String,
+    /// The incarnation running as this node: the owner of the attempts it runs.
+    pub owner_id: OwnerId,
+    pub incarnation: u64,
+    /// Where its HTTP API listens (requests for its executions are forwarded there).
+    pub url: String,
+    pub started_at_ms: u64,
+    pub lease_expires_at_ms: u64,
+}
+
+/// N-2: the nodes registered, and the database's time when they were read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Nodes {
+    pub now_ms: u64,
+    pub nodes: Vec<NodeRecord>,
+}
+
+impl Nodes {
+    /// The node whose lease holds now and that runs as `owner_id`.
+    pub fn live_owner(&self, owner_id: OwnerId) -> Option<&NodeRecord> {
+        self.nodes
+            .iter()
+            .find(|node| node.owner_id == owner_id && node.lease_expires_at_ms > self.now_ms)
+    }
+}

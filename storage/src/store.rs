@@ -29,8 +29,8 @@ use crate::open::{
 };
 use crate::overlay::Overlay;
 use crate::records::{
-    BlobHash, CommandRecord, ExecutionHead, ExecutionState, JobRecord, ProcessRecord,
-    ProjectionRecord, PurgeStep, PurgedRecord, ReceiptRecord, SweepStep, WaitRecord,
+    BlobHash, CommandRecord, ExecutionHead, ExecutionState, JobRecord, NodeRecord, Nodes,
+    ProcessRecord, ProjectionRecord, PurgeStep, PurgedRecord, ReceiptRecord, SweepStep, WaitRecord,
 };
 use crate::shared::{Metrics, Shared};
 use crate::transition::{Outcome, Transition};
@@ -69,6 +69,15 @@ pub trait EventStore: EventReader {
         from_position: u64,
         max_records: usize,
     ) -> BoxFuture<'static, Result<SweepStep>>;
+
+    /// N-2: registers this handle's incarnation as node `node_id`, reachable at `url`, or
+    /// renews its lease: it expires `ttl` from now by the database's clock. Refused
+    /// (`NodeSuperseded`) once a later incarnation registered under the same id, and
+    /// (`SingleNode`) by a store only one process opens. Blocks for one round trip.
+    fn renew_node(&self, node_id: &str, url: &str, ttl: std::time::Duration) -> Result<NodeRecord> {
+        let _ = (node_id, url, ttl);
+        Err(crate::error::Error::SingleNode("sled"))
+    }
 }
 
 /// The reads of the event log: what inspection (HTTP, the debug endpoint, the CLI) may do.
@@ -121,6 +130,11 @@ pub trait EventReader: Send + Sync + 'static {
     fn quarantined(&self) -> Vec<(ExecutionId, String)>;
     /// The incarnation this handle opened the store as.
     fn incarnation(&self) -> &Incarnation;
+    /// N-2: the runtime nodes registered in a shared store, with the time by the clock their
+    /// leases are measured on (the database's). A store of one process has none.
+    fn nodes(&self) -> Result<Nodes> {
+        Ok(Nodes::default())
+    }
     /// Counters of the write path (groups, transitions, fsyncs...).
     fn metrics(&self) -> MetricsSnapshot;
     /// Why the store stopped acknowledging writes (fail-stop after a failed write or

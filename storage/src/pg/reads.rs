@@ -15,12 +15,12 @@ use super::{database, PgStore, Shared};
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::event::EventEnvelope;
-use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, SessionId, WaitId};
+use crate::ids::{CommandId, EffectId, ExecutionId, OwnerId, ProcessId, SessionId, WaitId};
 use crate::keys;
 use crate::open::Incarnation;
 use crate::records::{
-    BlobHash, CommandRecord, ExecutionHead, ExecutionState, JobRecord, ProcessRecord,
-    ProjectionRecord, PurgedRecord, ReceiptRecord, WaitRecord,
+    BlobHash, CommandRecord, ExecutionHead, ExecutionState, JobRecord, NodeRecord, Nodes,
+    ProcessRecord, ProjectionRecord, PurgedRecord, ReceiptRecord, WaitRecord,
 };
 use crate::shared::MetricsSnapshot;
 use crate::store::EventReader;
@@ -71,7 +71,7 @@ impl Readers {
     }
 
     /// Runs `read` on a reader's connection and waits for it.
-    fn run<T: Send + 'static>(
+    pub(super) fn run<T: Send + 'static>(
         &self,
         read: impl FnOnce(&mut Client) -> Result<T> + Send + 'static,
     ) -> Result<T> {
@@ -331,6 +331,26 @@ impl EventReader for PgStore {
         })
     }
 
+    fn nodes(&self) -> Result<Nodes> {
+        self.read(|client| {
+            let now: i64 = client
+                .query_one(NOW_MS, &[])
+                .map_err(database)?
+                .get(0);
+            let rows = client
+                .query(
+                    "SELECT node_id, owner_id, incarnation, url, started_at_ms, lease_expires_at_ms \
+                     FROM op_nodes ORDER BY node_id",
+                    &[],
+                )
+                .map_err(database)?;
+            Ok(Nodes {
+                now_ms: unsigned(now),
+                nodes: rows.iter().map(node_of).collect(),
+            })
+        })
+    }
+
     fn disk_bytes(&self) -> u64 {
         let size = self.read(|client| {
             let row = client
@@ -455,5 +475,20 @@ impl EventReader for PgStore {
 
     fn failure(&self) -> Option<String> {
         self.shared().failure()
+    }
+}
+
+/// The database's clock, in ms since the epoch: node leases are measured on it alone, so
+/// the nodes' own clocks may disagree.
+pub(super) const NOW_MS: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+pub(super) fn node_of(row: &postgres::Row) -> NodeRecord {
+    NodeRecord {
+        node_id: row.get(0),
+        owner_id: OwnerId::from_uuid(row.get(1)),
+        incarnation: unsigned(row.get(2)),
+        url: row.get(3),
+        started_at_ms: unsigned(row.get(4)),
+        lease_expires_at_ms: unsigned(row.get(5)),
     }
 }

@@ -16,16 +16,17 @@ use crate::log::now_ms;
 use crate::open::Incarnation;
 
 /// The newest schema this build writes.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// The advisory lock migrations hold (any value no other component of the database uses;
 /// this one spells "opgm").
 const MIGRATION_LOCK: i64 = 0x6f70_676d;
 
 /// Migration `n` takes the schema from `n - 1` to `n`.
-const MIGRATIONS: &[(u32, &str)] = &[(
-    1,
-    "
+const MIGRATIONS: &[(u32, &str)] = &[
+    (
+        1,
+        "
     CREATE TABLE op_meta (
         id smallint PRIMARY KEY CHECK (id = 1),
         next_position bigint NOT NULL
@@ -78,7 +79,22 @@ const MIGRATIONS: &[(u32, &str)] = &[(
         reason text NOT NULL
     );
     ",
-)];
+    ),
+    (
+        2,
+        // N-2: the nodes sharing the store, with their leases (by the database's clock).
+        "
+    CREATE TABLE op_nodes (
+        node_id text PRIMARY KEY,
+        owner_id uuid NOT NULL,
+        incarnation bigint NOT NULL,
+        url text NOT NULL,
+        started_at_ms bigint NOT NULL,
+        lease_expires_at_ms bigint NOT NULL
+    );
+    ",
+    ),
+];
 
 /// Brings the schema to `SCHEMA_VERSION`; refuses a newer one.
 pub(super) fn migrate(client: &mut Client) -> Result<()> {

@@ -84,6 +84,7 @@ suite!(
     b1_sessions_and_states_list_their_executions,
     s8_a_purge_removes_an_ended_execution_and_refuses_the_rest,
     s1_a_reopen_keeps_everything_and_starts_a_new_incarnation,
+    n2_node_leases_register_renew_lapse_and_are_superseded_by_a_later_incarnation,
 );
 
 fn accepted(command_id: CommandId, execution_id: ExecutionId, payload: u8) -> CommandRecord {
@@ -544,4 +545,54 @@ async fn s1_a_reopen_keeps_everything_and_starts_a_new_incarnation(backend: &dyn
         *next.positions.start(),
         events.last().expect("events").position + 1
     );
+}
+
+/// N-2: a node registers and renews its lease by the database's clock; a lease of 0 has
+/// lapsed at once; a later incarnation under the same node id supersedes the earlier one,
+/// whose renewals are refused from then on. The sled store is one process's: it refuses to
+/// register a node and lists none.
+async fn n2_node_leases_register_renew_lapse_and_are_superseded_by_a_later_incarnation(
+    backend: &dyn Backend,
+) {
+    use std::time::Duration;
+    let first = backend.open();
+    let minute = Duration::from_secs(60);
+    if let Err(error) = first.renew_node("n1", "http://127.0.0.1:1", minute) {
+        assert_eq!(error.code(), "single_node_store", "{error}");
+        assert!(first.nodes().expect("nodes").nodes.is_empty());
+        return;
+    }
+    let nodes = first.nodes().expect("nodes");
+    let n1 = nodes
+        .live_owner(first.incarnation().owner_id)
+        .expect("n1 is live");
+    assert_eq!(
+        (n1.node_id.as_str(), n1.url.as_str()),
+        ("n1", "http://127.0.0.1:1")
+    );
+    assert!(n1.lease_expires_at_ms >= nodes.now_ms + 50_000, "{nodes:?}");
+    // A lease of 0 has lapsed when read.
+    first
+        .renew_node("n1", "http://127.0.0.1:1", Duration::ZERO)
+        .expect("renew");
+    let nodes = first.nodes().expect("nodes");
+    assert!(
+        nodes.live_owner(first.incarnation().owner_id).is_none(),
+        "{nodes:?}"
+    );
+    // The node restarts (a later incarnation) while the first one still runs.
+    let second = backend.open();
+    let renewed = second
+        .renew_node("n1", "http://127.0.0.1:2", minute)
+        .expect("the later incarnation registers");
+    assert_eq!(renewed.owner_id, second.incarnation().owner_id);
+    let refused = first
+        .renew_node("n1", "http://127.0.0.1:1", minute)
+        .expect_err("the earlier incarnation is superseded");
+    assert_eq!(refused.code(), "node_superseded", "{refused}");
+    let nodes = second.nodes().expect("nodes");
+    assert_eq!(nodes.nodes.len(), 1, "{nodes:?}");
+    assert_eq!(nodes.nodes[0].url, "http://127.0.0.1:2");
+    assert!(nodes.live_owner(second.incarnation().owner_id).is_some());
+    assert!(nodes.live_owner(first.incarnation().owner_id).is_none());
 }
