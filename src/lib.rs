@@ -28,6 +28,7 @@ use actix::Actor as _;
 use openprogram_actors::agent::{Provider, Scripted, Tool, ToolRegistry};
 use openprogram_actors::directory::{Directory, Executions};
 use openprogram_actors::env::Env;
+pub use openprogram_actors::env::NodeIdentity;
 use openprogram_actors::inspect::Inspector;
 use openprogram_actors::recovery::{Clock, SystemClock};
 use openprogram_actors::resource_queue::{JobHost, Load, ResourceQueue};
@@ -112,6 +113,7 @@ pub struct RuntimeBuilder {
     store_url: Option<String>,
     resources: Vec<(String, u32)>,
     retain_finished: Option<Duration>,
+    node: Option<NodeIdentity>,
 }
 
 /// How long an attempt keeps its lease without a heartbeat, unless configured.
@@ -245,6 +247,19 @@ impl RuntimeBuilder {
         self
     }
 
+    /// N-2: runs this runtime as node `node_id` of a shared store (PostgreSQL), reachable
+    /// at `url` (its HTTP API: other nodes forward commands for its executions there). Its
+    /// lease (`lease_ttl`) is renewed in the background; a node whose lease lapses has its
+    /// running executions taken over by the others. `open` refuses a store of one process
+    /// (`single_node_store`).
+    pub fn node(mut self, node_id: impl Into<String>, url: impl Into<String>) -> Self {
+        self.node = Some(NodeIdentity {
+            node_id: node_id.into(),
+            url: url.into(),
+        });
+        self
+    }
+
     /// S-7: open a store that lost acknowledged history (a damaged or truncated file) and
     /// keep what remains, instead of refusing it (`acknowledged_lost`). `Runtime::salvage`
     /// then says what was lost. An operator's explicit choice; never needed for a healthy
@@ -290,6 +305,12 @@ impl RuntimeBuilder {
         env.functions = Arc::new(functions);
         if let Some(policy) = self.function_policy {
             env.function_policy = policy;
+        }
+        // N-2: registered before anything runs, so that no other node takes this one's
+        // executions for abandoned ones.
+        env.node = self.node;
+        if let Some(node) = openprogram_actors::supervisor::renew_node(&env)? {
+            tracing::info!(node_id = %node.node_id, url = %node.url, "registered as a node");
         }
         let env = Executions::new(Arc::new(env), Directory::new(system.arbiters()));
         // J-1: the resource queue; it leases nothing before recovery is over (`Load`).
@@ -346,6 +367,7 @@ impl RuntimeBuilder {
         .shared();
         // Recovery runs even if nobody asks for its report.
         system.arbiters()[0].spawn(recovered.clone().map(|_| ()));
+        let node = env.node.clone();
         Ok(Runtime {
             inner: Arc::new(Inner {
                 inspector: Inspector::new(Arc::clone(&env), reader),
@@ -356,6 +378,7 @@ impl RuntimeBuilder {
                 shutdown_timeout: self.shutdown_timeout.unwrap_or(SHUTDOWN_TIMEOUT_DEFAULT),
                 salvage,
                 retention_stats,
+                node,
             }),
         })
     }
@@ -419,6 +442,32 @@ fn open_postgres(
     ))
 }
 
+/// N-2: `/debug/nodes`: the nodes of a shared store.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NodesReport {
+    /// The database's clock when read (leases are measured on it).
+    pub now_ms: u64,
+    pub nodes: Vec<NodeReport>,
+    /// Running executions whose owner is no live node: a takeover is due.
+    pub executions_of_lapsed_owners: usize,
+}
+
+/// N-2: one node of `NodesReport`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NodeReport {
+    pub node_id: String,
+    pub url: String,
+    pub incarnation: u64,
+    pub owner_id: String,
+    pub live: bool,
+    /// Negative once lapsed.
+    pub lease_expires_in_ms: i64,
+    pub started_at_ms: u64,
+    pub executions_running: usize,
+    /// The node answering.
+    pub this_node: bool,
+}
+
 /// A running runtime: `Send + Sync + Clone`, usable from any tokio runtime.
 #[derive(Debug, Clone)]
 pub struct Runtime {
@@ -435,6 +484,7 @@ struct Inner {
     /// What an open with `accept_loss` found.
     salvage: Option<openprogram_storage::SalvageReport>,
     retention_stats: Arc<RetentionStats>,
+    node: Option<NodeIdentity>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -579,6 +629,91 @@ impl Runtime {
     /// The store underneath, read-only: only the runtime's actors write.
     pub fn store(&self) -> &Arc<dyn EventReader> {
         self.inner.inspector.store()
+    }
+
+    /// N-3: the URL of the live node whose attempt runs `execution_id`, if that is another
+    /// node: a command for it is forwarded there, so that this node never claims an
+    /// execution another live node runs. `None`: this node decides (it runs it, nobody
+    /// does, or its owner's lease lapsed and a takeover is due).
+    pub fn owner_elsewhere(&self, execution_id: ExecutionId) -> Result<Option<String>> {
+        if self.inner.node.is_none() {
+            return Ok(None);
+        }
+        let Some(head) = self.store().head(execution_id)? else {
+            return Ok(None);
+        };
+        let Some(owner) = head.attempt.map(|attempt| attempt.owner_id) else {
+            return Ok(None);
+        };
+        if owner == self.store().incarnation().owner_id {
+            return Ok(None);
+        }
+        let nodes = self.store().nodes()?;
+        Ok(nodes.live_owner(owner).map(|node| node.url.clone()))
+    }
+
+    /// N-2: resolves once this node lost its lease — it lapsed before a renewal (the
+    /// process stalled or was cut off past `lease_ttl`), or a later incarnation registered
+    /// under its id. Other nodes may run its executions by then, and effects of its old
+    /// attempts may still be in flight here: the embedder must stop this runtime and start a
+    /// new one (`serve` exits with status 75). Never resolves for a runtime that is no node.
+    pub async fn lease_lost(&self) -> String {
+        self.inner.service.env().lifecycle.until_lease_lost().await
+    }
+
+    /// N-2: this runtime's node identity, if it runs as one.
+    pub fn node(&self) -> Option<&NodeIdentity> {
+        self.inner.node.as_ref()
+    }
+
+    /// N-2: the nodes of the shared store with their leases, and how many running
+    /// executions each owns (`/debug/nodes`). Reads the non-terminal index's running
+    /// executions: an operator's read.
+    pub fn nodes(&self) -> Result<NodesReport> {
+        let view = self.store().nodes()?;
+        let mut owned: std::collections::HashMap<openprogram_storage::OwnerId, usize> =
+            std::collections::HashMap::new();
+        for state in [
+            openprogram_storage::ExecutionState::Queued,
+            openprogram_storage::ExecutionState::Running,
+            openprogram_storage::ExecutionState::Cancelling,
+        ] {
+            for execution_id in self.store().executions_in_state(state)? {
+                let attempt = self
+                    .store()
+                    .head(execution_id)?
+                    .and_then(|head| head.attempt);
+                if let Some(attempt) = attempt {
+                    *owned.entry(attempt.owner_id).or_default() += 1;
+                }
+            }
+        }
+        let nodes = view
+            .nodes
+            .iter()
+            .map(|node| NodeReport {
+                node_id: node.node_id.clone(),
+                url: node.url.clone(),
+                incarnation: node.incarnation,
+                owner_id: node.owner_id.to_string(),
+                live: node.lease_expires_at_ms > view.now_ms,
+                lease_expires_in_ms: node.lease_expires_at_ms as i64 - view.now_ms as i64,
+                started_at_ms: node.started_at_ms,
+                executions_running: owned.get(&node.owner_id).copied().unwrap_or(0),
+                this_node: node.owner_id == self.store().incarnation().owner_id,
+            })
+            .collect();
+        let listed: std::collections::HashSet<_> =
+            view.nodes.iter().map(|node| node.owner_id).collect();
+        Ok(NodesReport {
+            now_ms: view.now_ms,
+            nodes,
+            executions_of_lapsed_owners: owned
+                .iter()
+                .filter(|(owner, _)| !listed.contains(owner) || view.live_owner(**owner).is_none())
+                .map(|(_, count)| count)
+                .sum(),
+        })
     }
 
     /// A read-only view for inspection: the store's reads, the live actors' accounts, the

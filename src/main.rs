@@ -136,6 +136,14 @@ enum Command {
         /// reads answer 410 purged (S-8). Default: keep everything.
         #[arg(long, value_parser = retain_finished)]
         retain_finished: Option<Duration>,
+        /// Run as this node of a shared PostgreSQL store (N-2): its lease is renewed every
+        /// third of --lease-ttl; once it lapses, the other nodes take over its running
+        /// executions. Commands for another node's executions are forwarded to it (N-3).
+        #[arg(long, requires = "store")]
+        node_id: Option<String>,
+        /// The URL other nodes reach this node's API at (default http://LISTEN).
+        #[arg(long, requires = "node_id")]
+        advertise: Option<String>,
     },
     /// Run the long fault harnesses (R02 kill -9 loop, R22 model-based test, R24 10,000
     /// executions under a crash loop) and print one JSON summary; exit 1 if an invariant
@@ -381,6 +389,8 @@ fn main() -> ExitCode {
             function_revisions,
             resources,
             retain_finished,
+            node_id,
+            advertise,
         } => {
             let runtime = match tokio_runtime() {
                 Ok(runtime) => runtime,
@@ -398,6 +408,8 @@ fn main() -> ExitCode {
                 function_revisions: function_revisions.map(|revisions| revisions.0),
                 resources,
                 retain_finished,
+                node_id,
+                advertise,
             };
             match runtime.block_on(serve::run(options)) {
                 Ok(()) => ExitCode::SUCCESS,

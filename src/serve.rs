@@ -39,6 +39,11 @@ pub struct ServeOptions {
     pub resources: Vec<(String, u32)>,
     /// S-8: purge executions ended longer ago than this (`--retain-finished`).
     pub retain_finished: Option<Duration>,
+    /// N-2: run as this node of a shared store (`--node-id`).
+    pub node_id: Option<String>,
+    /// N-3: the URL other nodes reach this one at (`--advertise`; default
+    /// `http://LISTEN`).
+    pub advertise: Option<String>,
 }
 
 /// The shortest admin token `serve` accepts from its operator.
@@ -73,6 +78,9 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     }
     if let Some(retain) = options.retain_finished {
         builder = builder.retain_finished(retain);
+    }
+    if let Some(node_id) = &options.node_id {
+        builder = builder.node(node_id.clone(), node_url(&options)?);
     }
     builder = match &options.store {
         Some(store) => builder.store_url(store.clone()),
@@ -157,9 +165,21 @@ pub async fn run(options: ServeOptions) -> Result<()> {
             () = &mut stop => return stop_all(&runtime, handle, server_task).await,
         }
     }
-    stop.await;
+    tokio::select! {
+        () = stop => {}
+        reason = runtime.lease_lost() => {
+            // N-2: other nodes may run this node's executions now, and effects of its old
+            // attempts may still be in flight here: no orderly shutdown (it would write),
+            // the process ends and its next start is a new incarnation.
+            eprintln!("openprogram: this node lost its lease ({reason}); exiting for a clean restart");
+            std::process::exit(LEASE_LOST_EXIT);
+        }
+    }
     stop_all(&runtime, handle, server_task).await
 }
+
+/// N-2: `serve`'s exit status when its node lost its lease (EX_TEMPFAIL: start it again).
+pub const LEASE_LOST_EXIT: i32 = 75;
 
 /// Stops the HTTP server (no new requests; streams close), then the runtime in order.
 async fn stop_all(
@@ -194,6 +214,23 @@ fn stop_signal() -> Result<impl std::future::Future<Output = ()>> {
             _ = interrupt.recv() => {}
         }
     })
+}
+
+/// N-3: where other nodes reach this one: `--advertise`, else `http://LISTEN` when LISTEN
+/// names a port (a port the system picks cannot be advertised before it is bound).
+fn node_url(options: &ServeOptions) -> Result<String> {
+    if let Some(url) = &options.advertise {
+        return Ok(url.clone());
+    }
+    match options.listen.rsplit_once(':') {
+        Some((_, port)) if port.parse::<u16>().is_ok_and(|port| port != 0) => {
+            Ok(format!("http://{}", options.listen))
+        }
+        _ => Err(Error::InvalidRequest(format!(
+            "--node-id needs --listen with a port other nodes can reach (not {}), or --advertise URL",
+            options.listen
+        ))),
+    }
 }
 
 /// The store, as the operator reads it: a PostgreSQL URL without its password.

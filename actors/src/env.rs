@@ -85,6 +85,16 @@ pub struct Env {
     /// started).
     pub resources: Resources,
     queue: OnceLock<Addr<ResourceQueue>>,
+    /// N-2: this runtime as a node of a shared store (`None`: the store's only runtime).
+    pub node: Option<NodeIdentity>,
+}
+
+/// N-2: how a node is registered: its id (stable across its restarts) and the URL its HTTP
+/// API listens on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeIdentity {
+    pub node_id: String,
+    pub url: String,
 }
 
 /// How many parked states `Env` keeps. An activation replays the execution's whole history,
@@ -215,7 +225,14 @@ impl Env {
             state_loads: Default::default(),
             resources: Resources::default(),
             queue: OnceLock::new(),
+            node: None,
         }
+    }
+
+    /// N-2: whether an attempt of `owner` may still be running: this incarnation's, or a
+    /// node's whose lease holds in `nodes`. Any other owner's attempt is abandoned.
+    pub fn owner_alive(&self, nodes: &openprogram_storage::Nodes, owner: OwnerId) -> bool {
+        owner == self.owner || nodes.live_owner(owner).is_some()
     }
 
     /// J-1: the runtime's resource queue, once started (`set_queue`).

@@ -24,6 +24,9 @@ pub struct Lifecycle {
     recovered: tokio::sync::watch::Sender<bool>,
     /// Callers waiting for executions to end (`wait_finished`).
     finished_waiters: Mutex<HashMap<ExecutionId, Vec<FinishedWaiter>>>,
+    /// N-2: why this node lost its lease (it lapsed, or a later incarnation took its id):
+    /// other nodes may run its executions now, so this process must stop.
+    lease_lost: tokio::sync::watch::Sender<Option<String>>,
 }
 
 impl Default for Lifecycle {
@@ -33,6 +36,7 @@ impl Default for Lifecycle {
             stopping_flag: AtomicBool::new(false),
             recovered: tokio::sync::watch::Sender::new(false),
             finished_waiters: Mutex::new(HashMap::new()),
+            lease_lost: tokio::sync::watch::Sender::new(None),
         }
     }
 }
@@ -41,6 +45,36 @@ impl Lifecycle {
     /// Called by the supervisor once startup recovery is over (done or failed).
     pub fn mark_recovered(&self) {
         self.recovered.send_replace(true);
+    }
+
+    /// N-2: this node lost its lease (first reason kept).
+    pub fn lose_lease(&self, reason: String) {
+        self.lease_lost.send_if_modified(|lost| match lost {
+            Some(_) => false,
+            None => {
+                *lost = Some(reason);
+                true
+            }
+        });
+    }
+
+    /// N-2: resolves with the reason once this node lost its lease.
+    pub async fn until_lease_lost(&self) -> String {
+        let mut lost = self.lease_lost.subscribe();
+        let reason = match lost.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone(),
+            // The sender lives as long as `self`: never reached while anyone waits.
+            Err(_) => None,
+        };
+        match reason {
+            Some(reason) => reason,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Whether startup recovery is over.
+    pub fn is_recovered(&self) -> bool {
+        *self.recovered.borrow()
     }
 
     /// Resolves once startup recovery is over.

@@ -70,12 +70,42 @@ pub struct ShutdownReport {
 pub struct Supervisor {
     env: Arc<Executions>,
     handled: u64,
+    /// N-2: a takeover round is running (rounds never overlap).
+    taking_over: bool,
+    /// N-2: when this node's lease last renewed runs out (the database's clock).
+    lease_expires_at_ms: Option<u64>,
 }
 
 impl Supervisor {
     pub fn new(env: Arc<Executions>) -> Self {
-        Self { env, handled: 0 }
+        Self {
+            env,
+            handled: 0,
+            taking_over: false,
+            lease_expires_at_ms: None,
+        }
     }
+}
+
+/// N-2: registers this node or renews its lease (blocks for one round trip): the lease as
+/// renewed, `None` for a runtime that is no node.
+pub fn renew_node(env: &Env) -> Result<Option<openprogram_storage::NodeRecord>> {
+    let Some(node) = &env.node else {
+        return Ok(None);
+    };
+    Ok(Some(env.store.renew_node(
+        &node.node_id,
+        &node.url,
+        env.lease_ttl,
+    )?))
+}
+
+/// N-2: one takeover round: the executions whose attempt belongs to an owner no live node
+/// runs as (a node killed, or stopped past its lease) are recovered here, under the rules of
+/// a local restart (R-2..R-8). Two survivors racing claim each once: a claim is a
+/// transition with a fixed command identity at the version found.
+async fn take_over(env: &Arc<Executions>) -> Result<RecoveryReport> {
+    recover_where(env, Scope::LapsedOwners).await
 }
 
 impl Actor for Supervisor {
@@ -95,6 +125,63 @@ impl Actor for Supervisor {
                 }
             }));
         });
+        // N-2: a node renews its lease three times a ttl, and takes over the executions of
+        // nodes whose lease lapsed.
+        if self.env.node.is_some() {
+            let every = (self.env.lease_ttl / 3).max(Duration::from_millis(10));
+            ctx.run_interval(every, |act, ctx| {
+                if act.env.lifecycle.is_stopping() || act.taking_over {
+                    return;
+                }
+                match renew_node(&act.env) {
+                    Ok(Some(node)) => {
+                        // By the database's clock: renewed after the previous lease ran out,
+                        // this node was dead to the others meanwhile (a stall, a partition),
+                        // and they may have taken its executions over. Some of its effects
+                        // may still be in flight in this process: it must stop, and its
+                        // next incarnation starts clean (Kleppmann's zombie).
+                        let renewed_at = node
+                            .lease_expires_at_ms
+                            .saturating_sub(act.env.lease_ttl.as_millis() as u64);
+                        if act
+                            .lease_expires_at_ms
+                            .is_some_and(|expired| renewed_at >= expired)
+                        {
+                            act.env.lifecycle.lose_lease(format!(
+                                "this node's lease lapsed {} ms before it was renewed",
+                                renewed_at - act.lease_expires_at_ms.unwrap_or(renewed_at)
+                            ));
+                        }
+                        act.lease_expires_at_ms = Some(node.lease_expires_at_ms);
+                    }
+                    Ok(None) => {}
+                    Err(Error::Storage(openprogram_storage::Error::NodeSuperseded(id))) => act
+                        .env
+                        .lifecycle
+                        .lose_lease(format!("a later incarnation registered as node {id}")),
+                    Err(error) => tracing::error!(%error, "renewing this node's lease failed"),
+                }
+                if !act.env.lifecycle.is_recovered() {
+                    return;
+                }
+                act.taking_over = true;
+                let env = Arc::clone(&act.env);
+                ctx.spawn(fut::wrap_future(async move { take_over(&env).await }).map(
+                    |report, act: &mut Supervisor, _| {
+                        act.taking_over = false;
+                        match report {
+                            Ok(report) if report.classified > 0 => {
+                                tracing::warn!(?report, "took over executions of lapsed nodes")
+                            }
+                            Ok(_) => {}
+                            Err(error) => {
+                                tracing::error!(%error, "taking over lapsed nodes failed")
+                            }
+                        }
+                    },
+                ));
+            });
+        }
     }
 }
 
@@ -167,9 +254,24 @@ pub async fn recover(env: Arc<Executions>) -> Result<RecoveryReport> {
 }
 
 async fn recover_all(env: &Arc<Executions>) -> Result<RecoveryReport> {
+    recover_where(env, Scope::Startup).await
+}
+
+/// What a recovery looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// Every execution no live owner runs (at startup).
+    Startup,
+    /// N-2: only executions whose attempt's owner no live node runs as (while running).
+    LapsedOwners,
+}
+
+async fn recover_where(env: &Arc<Executions>, scope: Scope) -> Result<RecoveryReport> {
     let started = Instant::now();
+    // N-2: attempts of live nodes are theirs; a store of one process lists none.
+    let nodes = env.store.nodes()?;
     let mut report = RecoveryReport {
-        lost_processes: mark_lost_processes(env).await,
+        lost_processes: mark_lost_processes(env, &nodes).await,
         ..RecoveryReport::default()
     };
     let now_ms = env.clock.now_ms();
@@ -193,6 +295,15 @@ async fn recover_all(env: &Arc<Executions>) -> Result<RecoveryReport> {
                 }
                 Err(error) => return Err(error.into()),
             };
+            let owner = head.attempt.as_ref().map(|attempt| attempt.owner_id);
+            let lapsed = owner.is_some_and(|owner| !env.owner_alive(&nodes, owner));
+            let skip = match scope {
+                Scope::Startup => owner.is_some_and(|owner| owner != env.owner) && !lapsed,
+                Scope::LapsedOwners => !lapsed,
+            };
+            if skip {
+                continue;
+            }
             report.classified += 1;
             // J-1: a Job waiting for its lease ran nothing: it stays in the queue, in its place.
             let waits_in_queue = state == ExecutionState::Queued
@@ -270,7 +381,10 @@ async fn recover_all(env: &Arc<Executions>) -> Result<RecoveryReport> {
 /// P-3: every process record still `running` under another incarnation is marked `lost`,
 /// in a transition of its execution (before any claim, so no actor writes meanwhile). One
 /// record's failure (a quarantined execution) never stops the others, or the recovery.
-async fn mark_lost_processes(env: &Arc<Executions>) -> Vec<ProcessId> {
+async fn mark_lost_processes(
+    env: &Arc<Executions>,
+    nodes: &openprogram_storage::Nodes,
+) -> Vec<ProcessId> {
     let mut lost = Vec::new();
     let records = match env.store.processes() {
         Ok(records) => records,
@@ -280,7 +394,7 @@ async fn mark_lost_processes(env: &Arc<Executions>) -> Vec<ProcessId> {
         }
     };
     for mut record in records {
-        if record.state != ProcessState::Running || record.owner_id == env.owner {
+        if record.state != ProcessState::Running || env.owner_alive(nodes, record.owner_id) {
             continue;
         }
         let head = match env.store.head(record.execution_id) {

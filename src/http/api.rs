@@ -294,6 +294,12 @@ pub async fn command(
 ) -> Result<HttpResponse, ApiError> {
     let (session, execution) = api.execution(&request, &path)?;
     let command = Command::from_json(&body)?;
+    // N-3: the node running it decides it.
+    if let (Some(node), false) = (api.runtime.node(), super::forward::is_forwarded(&request)) {
+        if let Some(owner) = api.runtime.owner_elsewhere(execution)? {
+            return super::forward::forward(&request, &owner, &node.node_id, &body).await;
+        }
+    }
     let reply = api.runtime.command(session, execution, command).await?;
     // B11: the command's outcome is durable, its reply not yet delivered.
     openprogram_storage::failpoint!("B11");

@@ -169,6 +169,14 @@ pub struct LogQuery {
     pub limit: Option<usize>,
 }
 
+/// N-2: `GET /debug/nodes`: the nodes sharing the store, their leases (by the database's
+/// clock) and how many running executions each owns; a store of one process lists none.
+pub async fn nodes(api: web::Data<Api>, request: HttpRequest) -> Result<HttpResponse, ApiError> {
+    api.tokens.authorize_admin(&request)?;
+    let report = api.runtime.nodes()?;
+    Ok(HttpResponse::Ok().json(report))
+}
+
 /// `GET /debug/log?after=POSITION`: the global log, oldest first.
 pub async fn log(
     api: web::Data<Api>,

@@ -19,6 +19,7 @@ pub mod client;
 pub mod debug;
 pub mod demo;
 pub mod error;
+pub mod forward;
 pub mod resources;
 pub mod stream;
 
@@ -114,6 +115,7 @@ pub fn routes(api: Api) -> impl FnOnce(&mut web::ServiceConfig) {
             .route("/debug/actors", web::get().to(debug::actors))
             .route("/debug/actors/{id}", web::get().to(debug::actor))
             .route("/debug/log", web::get().to(debug::log))
+            .route("/debug/nodes", web::get().to(debug::nodes))
             .route("/debug/executions", web::get().to(debug::executions))
             .route("/debug/demo", web::get().to(debug::demo))
             .route("/metrics", web::get().to(debug::metrics))

@@ -79,15 +79,15 @@ impl KillLoopReport {
     }
 }
 
-const TOKEN_LEN: usize = 32;
-const VIOLATIONS_KEPT: usize = 20;
+pub(crate) const TOKEN_LEN: usize = 32;
+pub(crate) const VIOLATIONS_KEPT: usize = 20;
 
 /// A server this harness started, killed by pid on drop.
-struct Server {
-    child: Child,
-    url: String,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) url: String,
     stderr: PathBuf,
-    spawned: Instant,
+    pub(crate) spawned: Instant,
 }
 
 impl Server {
@@ -97,24 +97,29 @@ impl Server {
         token: &str,
         log: PathBuf,
     ) -> Result<Self, String> {
+        Self::start_with(options, data, token, log, "127.0.0.1:0", &[])
+    }
+
+    /// `serve` listening on `listen`, with `extra` arguments (a node's id and lease).
+    pub(crate) fn start_with(
+        options: &KillLoopOptions,
+        data: &Path,
+        token: &str,
+        log: PathBuf,
+        listen: &str,
+        extra: &[String],
+    ) -> Result<Self, String> {
         let stderr = std::fs::File::create(&log).map_err(|e| format!("harness: {e}"))?;
         let spawned = Instant::now();
+        let store = options
+            .store
+            .iter()
+            .flat_map(|store| ["--store", store.as_str()]);
         let mut child = Command::new(&options.binary)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--token",
-                token,
-                "--data",
-            ])
+            .args(["serve", "--listen", listen, "--token", token, "--data"])
             .arg(data)
-            .args(
-                options
-                    .store
-                    .iter()
-                    .flat_map(|store| ["--store", store.as_str()]),
-            )
+            .args(store)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
@@ -139,12 +144,12 @@ impl Server {
     }
 
     /// Whether its startup recovery has ended (serve says so on stderr).
-    fn recovered(&self) -> bool {
+    pub(crate) fn recovered(&self) -> bool {
         std::fs::read_to_string(&self.stderr).is_ok_and(|log| log.contains("startup recovery:"))
     }
 
     /// The peak resident memory so far (VmHWM), in MiB.
-    fn peak_rss_mib(&self) -> f64 {
+    pub(crate) fn peak_rss_mib(&self) -> f64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()));
         status
             .ok()
@@ -158,7 +163,7 @@ impl Server {
     }
 
     /// A JSON call with the admin token: the answer's body, or the error the server named.
-    fn call(
+    pub(crate) fn call(
         &self,
         token: &str,
         method: &str,
@@ -179,7 +184,7 @@ impl Server {
     }
 
     /// SIGTERM, waiting for the orderly shutdown; SIGKILL after a minute.
-    fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
@@ -199,9 +204,9 @@ impl Drop for Server {
 
 /// An admitted execution and the ids it must keep (I7).
 #[derive(Debug, Clone)]
-struct Admitted {
-    index: usize,
-    reply: Value,
+pub(crate) struct Admitted {
+    pub(crate) index: usize,
+    pub(crate) reply: Value,
 }
 
 /// Runs the loop; `progress` is told each kill.
@@ -327,7 +332,10 @@ pub fn run(options: &KillLoopOptions, progress: impl Fn(usize)) -> Result<KillLo
 }
 
 /// The servers' store, opened by the harness once the last server stopped.
-fn reopen(options: &KillLoopOptions, data: &Path) -> Result<Box<dyn EventReader>, String> {
+pub(crate) fn reopen(
+    options: &KillLoopOptions,
+    data: &Path,
+) -> Result<Box<dyn EventReader>, String> {
     let reopening = |e: openprogram_storage::Error| format!("reopening the store: {e}");
     match &options.store {
         Some(url) => Ok(Box::new(
@@ -337,11 +345,16 @@ fn reopen(options: &KillLoopOptions, data: &Path) -> Result<Box<dyn EventReader>
     }
 }
 
-fn line(execution: usize, step: usize) -> String {
+pub(crate) fn line(execution: usize, step: usize) -> String {
     format!("e{execution}-s{step}")
 }
 
-fn script(index: usize, options: &KillLoopOptions, sink: &Path, rng: &mut StdRng) -> Value {
+pub(crate) fn script(
+    index: usize,
+    options: &KillLoopOptions,
+    sink: &Path,
+    rng: &mut StdRng,
+) -> Value {
     let mut script = Vec::new();
     for step in 0..options.steps {
         script.push(json!({"tool": "append", "args": {"path": sink, "line": line(index, step)}}));
@@ -353,7 +366,7 @@ fn script(index: usize, options: &KillLoopOptions, sink: &Path, rng: &mut StdRng
 }
 
 /// Admits every execution (201, acknowledged) with `concurrency` clients.
-fn admit(
+pub(crate) fn admit(
     server: &Server,
     token: &str,
     session: &str,
@@ -398,7 +411,7 @@ fn admit(
 }
 
 /// I4 and I3 over one execution's events; returns its effects reconciled.
-fn check_events(
+pub(crate) fn check_events(
     id: ExecutionId,
     events: &[openprogram_storage::EventEnvelope],
     violations: &mut Vec<String>,

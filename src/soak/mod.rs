@@ -4,6 +4,7 @@
 //! (tests/it/kill9.rs, tests/it/r22_model.rs). README's reliability table quotes a run
 //! committed under `benches/`.
 
+pub mod cluster_loop;
 pub mod kill_loop;
 pub mod model;
 pub mod model_check;

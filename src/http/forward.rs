@@ -1,0 +1,85 @@
+//! N-3: a command for an execution that another live node runs is forwarded to that node,
+//! whose answer (status and body) is relayed as it is: the client sees the owner's
+//! accepted/applied semantics whichever node it asked. A node never claims an execution a
+//! live node runs; one whose owner's lease lapsed is decided here (a takeover is due).
+//!
+//! A forwarded request carries `X-OpenProgram-Forwarded` and is never forwarded again: if
+//! ownership moved meanwhile, the receiving node decides it itself (storage fences a stale
+//! writer either way).
+
+use std::time::Duration;
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde_json::Value;
+
+use super::error::ApiError;
+
+/// The header a forwarded request carries (the forwarding node's id).
+pub const FORWARDED_HEADER: &str = "x-openprogram-forwarded";
+
+/// How long a forwarded command may take at its owner.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Whether `request` was forwarded by another node.
+pub fn is_forwarded(request: &HttpRequest) -> bool {
+    request.headers().contains_key(FORWARDED_HEADER)
+}
+
+/// Sends `body` to the same path at `node_url` with the caller's credentials, and answers
+/// what the owner answered. An owner that cannot be reached (it just died) is `503
+/// owner_unreachable`: retrying with the same command id is safe (K-4), and once its lease
+/// lapsed a survivor takes the execution over and decides it.
+pub async fn forward(
+    request: &HttpRequest,
+    node_url: &str,
+    from_node: &str,
+    body: &Value,
+) -> Result<HttpResponse, ApiError> {
+    let url = format!("{}{}", node_url.trim_end_matches('/'), request.uri());
+    let authorization = request
+        .headers()
+        .get("authorization")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let body = body.to_string();
+    let from_node = from_node.to_owned();
+    let target = url.clone();
+    let answered = web::block(move || {
+        let sent = ureq::post(&target)
+            .set("Authorization", &authorization)
+            .set("Content-Type", "application/json")
+            .set(FORWARDED_HEADER, &from_node)
+            .timeout(FORWARD_TIMEOUT)
+            .send_string(&body);
+        match sent {
+            Ok(response) | Err(ureq::Error::Status(_, response)) => {
+                let status = response.status();
+                response
+                    .into_string()
+                    .map(|text| (status, text))
+                    .map_err(|error| error.to_string())
+            }
+            Err(error) => Err(error.to_string()),
+        }
+    })
+    .await
+    .map_err(|error| unreachable_owner(&url, &error.to_string()))?;
+    let (status, text) = answered.map_err(|error| unreachable_owner(&url, &error))?;
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    Ok(HttpResponse::build(status)
+        .content_type("application/json")
+        .body(text))
+}
+
+fn unreachable_owner(url: &str, error: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "owner_unreachable",
+        format!(
+            "the node running this execution did not answer ({url}: {error}); retry with the \
+             same command_id"
+        ),
+    )
+}
