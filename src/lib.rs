@@ -313,6 +313,10 @@ impl RuntimeBuilder {
             tracing::info!(node_id = %node.node_id, url = %node.url, "registered as a node");
         }
         let env = Executions::new(Arc::new(env), Directory::new(system.arbiters()));
+        if env.node.is_some() {
+            openprogram_actors::supervisor::keep_node_lease(Arc::downgrade(env.env()))
+                .map_err(|error| Error::Unavailable(format!("the node lease thread: {error}")))?;
+        }
         // J-1: the resource queue; it leases nothing before recovery is over (`Load`).
         let queue = {
             let host: Weak<dyn JobHost> = Arc::downgrade(&env) as Weak<Executions>;

@@ -72,8 +72,6 @@ pub struct Supervisor {
     handled: u64,
     /// N-2: a takeover round is running (rounds never overlap).
     taking_over: bool,
-    /// N-2: when this node's lease last renewed runs out (the database's clock).
-    lease_expires_at_ms: Option<u64>,
 }
 
 impl Supervisor {
@@ -82,7 +80,6 @@ impl Supervisor {
             env,
             handled: 0,
             taking_over: false,
-            lease_expires_at_ms: None,
         }
     }
 }
@@ -98,6 +95,52 @@ pub fn renew_node(env: &Env) -> Result<Option<openprogram_storage::NodeRecord>> 
         &node.url,
         env.lease_ttl,
     )?))
+}
+
+/// N-2: renews this node's lease three times a ttl on a thread of its own — never starved
+/// by the actors' work or a long takeover round — until the runtime is gone or stopping.
+/// A renewal that comes after the previous lease ran out (by the database's clock) means
+/// this node was dead to the others meanwhile (a stall, a partition) and they may have taken
+/// its executions over while effects of its old attempts may still be in flight here: the
+/// node has lost its lease and must stop (its next incarnation starts clean). So has a node
+/// whose id a later incarnation registered.
+pub fn keep_node_lease(env: std::sync::Weak<Env>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("openprogram-node-lease".into())
+        .spawn(move || {
+            let mut expires_at_ms: Option<u64> = None;
+            loop {
+                let Some(env) = env.upgrade() else { return };
+                let every = (env.lease_ttl / 3).max(Duration::from_millis(10));
+                if env.lifecycle.is_stopping() {
+                    return;
+                }
+                match renew_node(&env) {
+                    Ok(Some(node)) => {
+                        let renewed_at = node
+                            .lease_expires_at_ms
+                            .saturating_sub(env.lease_ttl.as_millis() as u64);
+                        if let Some(expired) =
+                            expires_at_ms.filter(|expired| renewed_at >= *expired)
+                        {
+                            env.lifecycle.lose_lease(format!(
+                                "this node's lease lapsed {} ms before it was renewed",
+                                renewed_at - expired
+                            ));
+                        }
+                        expires_at_ms = Some(node.lease_expires_at_ms);
+                    }
+                    Ok(None) => return,
+                    Err(Error::Storage(openprogram_storage::Error::NodeSuperseded(id))) => env
+                        .lifecycle
+                        .lose_lease(format!("a later incarnation registered as node {id}")),
+                    Err(error) => tracing::error!(%error, "renewing this node's lease failed"),
+                }
+                drop(env);
+                std::thread::sleep(every);
+            }
+        })
+        .map(|_| ())
 }
 
 /// N-2: one takeover round: the executions whose attempt belongs to an owner no live node
@@ -125,41 +168,13 @@ impl Actor for Supervisor {
                 }
             }));
         });
-        // N-2: a node renews its lease three times a ttl, and takes over the executions of
-        // nodes whose lease lapsed.
+        // N-2: a node takes over the executions of nodes whose lease lapsed, three times a
+        // ttl (its own lease is renewed by `keep_node_lease`'s thread).
         if self.env.node.is_some() {
             let every = (self.env.lease_ttl / 3).max(Duration::from_millis(10));
             ctx.run_interval(every, |act, ctx| {
                 if act.env.lifecycle.is_stopping() || act.taking_over {
                     return;
-                }
-                match renew_node(&act.env) {
-                    Ok(Some(node)) => {
-                        // By the database's clock: renewed after the previous lease ran out,
-                        // this node was dead to the others meanwhile (a stall, a partition),
-                        // and they may have taken its executions over. Some of its effects
-                        // may still be in flight in this process: it must stop, and its
-                        // next incarnation starts clean (Kleppmann's zombie).
-                        let renewed_at = node
-                            .lease_expires_at_ms
-                            .saturating_sub(act.env.lease_ttl.as_millis() as u64);
-                        if act
-                            .lease_expires_at_ms
-                            .is_some_and(|expired| renewed_at >= expired)
-                        {
-                            act.env.lifecycle.lose_lease(format!(
-                                "this node's lease lapsed {} ms before it was renewed",
-                                renewed_at - act.lease_expires_at_ms.unwrap_or(renewed_at)
-                            ));
-                        }
-                        act.lease_expires_at_ms = Some(node.lease_expires_at_ms);
-                    }
-                    Ok(None) => {}
-                    Err(Error::Storage(openprogram_storage::Error::NodeSuperseded(id))) => act
-                        .env
-                        .lifecycle
-                        .lose_lease(format!("a later incarnation registered as node {id}")),
-                    Err(error) => tracing::error!(%error, "renewing this node's lease failed"),
                 }
                 if !act.env.lifecycle.is_recovered() {
                     return;

@@ -379,7 +379,7 @@ pub fn run(
 /// The test's and README's sizes: `faults` faults of `fault` on 3 nodes, 300 executions of
 /// appends with sleeps of 200–1,500 ms between them, as many as keep the executions running
 /// until the last fault (so that the faults land on work in progress), a fault every
-/// 0.5–3 s, leases of 1 s.
+/// 0.5–3 s, leases of 2 s.
 pub fn options(
     binary: std::path::PathBuf,
     store: String,
@@ -403,6 +403,6 @@ pub fn options(
         nodes: 3,
         fault,
         interval_ms: (500, 3_000),
-        lease_ttl_ms: 1_000,
+        lease_ttl_ms: 2_000,
     }
 }
