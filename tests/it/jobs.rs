@@ -298,7 +298,15 @@ async fn j1_cancel_of_a_queued_job_removes_it_and_it_holds_nothing() {
     let cancelled = harness.wait_for_state(queued, "cancelled").await;
     assert!(cancelled.job.expect("job").admitted_at_ms.is_none());
     harness.wait_for_state(running, "completed").await;
-    let report = harness.runtime.resources().await.expect("the queue");
+    // The queue hears of the release after the commit that made it: waited for, bounded.
+    let started = std::time::Instant::now();
+    let report = loop {
+        let report = harness.runtime.resources().await.expect("the queue");
+        if report.resources[0].in_use == 0 || started.elapsed() > DEADLINE {
+            break report;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
     assert_eq!(report.resources[0].in_use, 0, "{report:?}");
     assert!(report.resources[0].waiting.is_empty(), "{report:?}");
     assert!(leases_of(&harness.events(queued)).is_empty());
