@@ -286,7 +286,7 @@ async fn recover_where(env: &Arc<Executions>, scope: Scope) -> Result<RecoveryRe
     // N-2: attempts of live nodes are theirs; a store of one process lists none.
     let nodes = env.store.nodes()?;
     let mut report = RecoveryReport {
-        lost_processes: mark_lost_processes(env, &nodes).await,
+        lost_processes: mark_lost_processes(env).await,
         ..RecoveryReport::default()
     };
     let now_ms = env.clock.now_ms();
@@ -336,6 +336,18 @@ async fn recover_where(env: &Arc<Executions>, scope: Scope) -> Result<RecoveryRe
             };
             plans.push((head, plan));
         }
+    }
+    // N-2: a node that registered after the first read (a restart under the same id) wrote
+    // its claims after registering: read again, every owner in a head read above is listed
+    // now if it is live, and its executions are left alone.
+    if scope == Scope::LapsedOwners || !nodes.nodes.is_empty() {
+        let nodes = env.store.nodes()?;
+        plans.retain(|(head, _)| {
+            head.attempt.as_ref().map_or(true, |attempt| {
+                attempt.owner_id == env.owner || !env.owner_alive(&nodes, attempt.owner_id)
+            })
+        });
+        report.classified = plans.len();
     }
     let mut acting = futures::stream::iter(plans.into_iter().map(|(head, plan)| {
         let env = Arc::clone(env);
@@ -396,10 +408,7 @@ async fn recover_where(env: &Arc<Executions>, scope: Scope) -> Result<RecoveryRe
 /// P-3: every process record still `running` under another incarnation is marked `lost`,
 /// in a transition of its execution (before any claim, so no actor writes meanwhile). One
 /// record's failure (a quarantined execution) never stops the others, or the recovery.
-async fn mark_lost_processes(
-    env: &Arc<Executions>,
-    nodes: &openprogram_storage::Nodes,
-) -> Vec<ProcessId> {
+async fn mark_lost_processes(env: &Arc<Executions>) -> Vec<ProcessId> {
     let mut lost = Vec::new();
     let records = match env.store.processes() {
         Ok(records) => records,
@@ -408,6 +417,16 @@ async fn mark_lost_processes(
             return lost;
         }
     };
+    // N-2: read after the records: a record's owner registered before writing it, so a live
+    // owner is listed here.
+    let nodes = match env.store.nodes() {
+        Ok(nodes) => nodes,
+        Err(error) => {
+            tracing::error!(%error, "reading the nodes failed; no process marked lost");
+            return lost;
+        }
+    };
+    let nodes = &nodes;
     for mut record in records {
         if record.state != ProcessState::Running || env.owner_alive(nodes, record.owner_id) {
             continue;

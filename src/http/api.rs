@@ -295,8 +295,13 @@ pub async fn command(
     let (session, execution) = api.execution(&request, &path)?;
     let command = Command::from_json(&body)?;
     // N-3: the node running it decides it.
-    if let (Some(node), false) = (api.runtime.node(), super::forward::is_forwarded(&request)) {
+    if let Some(node) = api.runtime.node() {
         if let Some(owner) = api.runtime.owner_elsewhere(execution)? {
+            // Forwarded once only; a request that says it was forwarded (or claims to be)
+            // never makes this node claim an execution another live node runs.
+            if super::forward::is_forwarded(&request) {
+                return Err(super::forward::owner_moved(&owner));
+            }
             return super::forward::forward(&request, &owner, &node.node_id, &body).await;
         }
     }

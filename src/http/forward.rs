@@ -1,11 +1,13 @@
 //! N-3: a command for an execution that another live node runs is forwarded to that node,
 //! whose answer (status and body) is relayed as it is: the client sees the owner's
-//! accepted/applied semantics whichever node it asked. A node never claims an execution a
-//! live node runs; one whose owner's lease lapsed is decided here (a takeover is due).
+//! accepted/applied semantics whichever node it asked. A command for an execution whose
+//! owner's lease lapsed, or that no attempt runs, is decided here. The caller's
+//! `Authorization` header goes to the owner over plain HTTP: nodes belong on a trusted
+//! network.
 //!
 //! A forwarded request carries `X-OpenProgram-Forwarded` and is never forwarded again: if
-//! ownership moved meanwhile, the receiving node decides it itself (storage fences a stale
-//! writer either way).
+//! another live node runs the execution by the time it arrives (ownership moved, or a
+//! client set the header), it is answered `503 owner_moved` rather than decided here.
 
 use std::time::Duration;
 
@@ -71,6 +73,16 @@ pub async fn forward(
     Ok(HttpResponse::build(status)
         .content_type("application/json")
         .body(text))
+}
+
+/// A forwarded command whose execution another live node runs by the time it arrived (its
+/// ownership moved, or the header was a client's): `503 owner_moved`, to be sent again.
+pub fn owner_moved(url: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "owner_moved",
+        format!("the execution is run by the node at {url} now; retry with the same command_id"),
+    )
 }
 
 fn unreachable_owner(url: &str, error: &str) -> ApiError {

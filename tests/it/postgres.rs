@@ -117,7 +117,7 @@ fn cluster(fault: openprogram::soak::cluster_loop::Fault) {
     assert_eq!(report.quarantined, 0, "{report:#?}");
     assert!(report.violations.is_empty(), "I3, I4, I7: {report:#?}");
     assert!(
-        report.claims > 0,
-        "no execution was taken over: {report:#?}"
+        report.takeovers > 0,
+        "no survivor took an execution over: {report:#?}"
     );
 }
