@@ -40,10 +40,15 @@ use openprogram_actors::supervisor::{begin_shutdown, Recover, Shutdown, Supervis
 use openprogram_actors::system::ActorSystem;
 use openprogram_storage::{
     CommandId, EventEnvelope, EventReader, EventStore, ExecutionId, Limits, MessageId, SessionId,
-    Store,
 };
 
 // The server's modules (the `server` feature, on by default; an embedder turns it off).
+mod nodes;
+mod stores;
+
+pub use nodes::{NodeReport, NodesReport};
+pub use stores::is_postgres_url;
+
 #[cfg(feature = "server")]
 pub mod http;
 #[cfg(feature = "server")]
@@ -388,90 +393,6 @@ impl RuntimeBuilder {
     }
 }
 
-impl RuntimeBuilder {
-    /// The store the builder names: a caller's, a PostgreSQL URL's, or sled's directory.
-    #[allow(clippy::type_complexity)]
-    fn open_store(
-        &mut self,
-    ) -> Result<(
-        (Arc<dyn EventStore>, Arc<dyn EventReader>),
-        Option<openprogram_storage::SalvageReport>,
-    )> {
-        if let Some(store) = self.store.take() {
-            return Ok((store, None));
-        }
-        let data_dir = match self.store_url.take() {
-            Some(url) if is_postgres_url(&url) => {
-                return Ok((open_postgres(&url, &self.limits)?, None))
-            }
-            Some(directory) => PathBuf::from(directory),
-            None => match self.data_dir.take() {
-                Some(data_dir) => data_dir,
-                None => {
-                    return Err(Error::InvalidRequest(
-                        "the runtime needs a data_dir or a store".into(),
-                    ))
-                }
-            },
-        };
-        let (store, salvage) = match self.accept_loss {
-            true => Store::open_salvaging(&data_dir, self.limits.clone())?,
-            false => (Store::open_with(&data_dir, self.limits.clone())?, None),
-        };
-        Ok(((Arc::new(store.clone()), Arc::new(store)), salvage))
-    }
-}
-
-/// Whether `serve --store` (and `RuntimeBuilder::store_url`) names a PostgreSQL database.
-pub fn is_postgres_url(url: &str) -> bool {
-    url.starts_with("postgres://") || url.starts_with("postgresql://")
-}
-
-#[cfg(feature = "postgres")]
-fn open_postgres(
-    url: &str,
-    limits: &Limits,
-) -> Result<(Arc<dyn EventStore>, Arc<dyn EventReader>)> {
-    let store = openprogram_storage::pg::PgStore::open_with(url, limits.clone())?;
-    Ok((Arc::new(store.clone()), Arc::new(store)))
-}
-
-#[cfg(not(feature = "postgres"))]
-fn open_postgres(
-    _url: &str,
-    _limits: &Limits,
-) -> Result<(Arc<dyn EventStore>, Arc<dyn EventReader>)> {
-    Err(Error::InvalidRequest(
-        "this build has no PostgreSQL store: enable the feature `postgres`".into(),
-    ))
-}
-
-/// N-2: `/debug/nodes`: the nodes of a shared store.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct NodesReport {
-    /// The database's clock when read (leases are measured on it).
-    pub now_ms: u64,
-    pub nodes: Vec<NodeReport>,
-    /// Running executions whose owner is no live node: a takeover is due.
-    pub executions_of_lapsed_owners: usize,
-}
-
-/// N-2: one node of `NodesReport`.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct NodeReport {
-    pub node_id: String,
-    pub url: String,
-    pub incarnation: u64,
-    pub owner_id: String,
-    pub live: bool,
-    /// Negative once lapsed.
-    pub lease_expires_in_ms: i64,
-    pub started_at_ms: u64,
-    pub executions_running: usize,
-    /// The node answering.
-    pub this_node: bool,
-}
-
 /// A running runtime: `Send + Sync + Clone`, usable from any tokio runtime.
 #[derive(Debug, Clone)]
 pub struct Runtime {
@@ -633,91 +554,6 @@ impl Runtime {
     /// The store underneath, read-only: only the runtime's actors write.
     pub fn store(&self) -> &Arc<dyn EventReader> {
         self.inner.inspector.store()
-    }
-
-    /// N-3: the URL of the live node whose attempt runs `execution_id`, if that is another
-    /// node: a command for it is forwarded there, so that this node never claims an
-    /// execution another live node runs. `None`: this node decides (it runs it, nobody
-    /// does, or its owner's lease lapsed and a takeover is due).
-    pub fn owner_elsewhere(&self, execution_id: ExecutionId) -> Result<Option<String>> {
-        if self.inner.node.is_none() {
-            return Ok(None);
-        }
-        let Some(head) = self.store().head(execution_id)? else {
-            return Ok(None);
-        };
-        let Some(owner) = head.attempt.map(|attempt| attempt.owner_id) else {
-            return Ok(None);
-        };
-        if owner == self.store().incarnation().owner_id {
-            return Ok(None);
-        }
-        let nodes = self.store().nodes()?;
-        Ok(nodes.live_owner(owner).map(|node| node.url.clone()))
-    }
-
-    /// N-2: resolves once this node lost its lease — it lapsed before a renewal (the
-    /// process stalled or was cut off past `lease_ttl`), or a later incarnation registered
-    /// under its id. Other nodes may run its executions by then, and effects of its old
-    /// attempts may still be in flight here: the embedder must stop this runtime and start a
-    /// new one (`serve` exits with status 75). Never resolves for a runtime that is no node.
-    pub async fn lease_lost(&self) -> String {
-        self.inner.service.env().lifecycle.until_lease_lost().await
-    }
-
-    /// N-2: this runtime's node identity, if it runs as one.
-    pub fn node(&self) -> Option<&NodeIdentity> {
-        self.inner.node.as_ref()
-    }
-
-    /// N-2: the nodes of the shared store with their leases, and how many running
-    /// executions each owns (`/debug/nodes`). Reads the non-terminal index's running
-    /// executions: an operator's read.
-    pub fn nodes(&self) -> Result<NodesReport> {
-        let view = self.store().nodes()?;
-        let mut owned: std::collections::HashMap<openprogram_storage::OwnerId, usize> =
-            std::collections::HashMap::new();
-        for state in [
-            openprogram_storage::ExecutionState::Queued,
-            openprogram_storage::ExecutionState::Running,
-            openprogram_storage::ExecutionState::Cancelling,
-        ] {
-            for execution_id in self.store().executions_in_state(state)? {
-                let attempt = self
-                    .store()
-                    .head(execution_id)?
-                    .and_then(|head| head.attempt);
-                if let Some(attempt) = attempt {
-                    *owned.entry(attempt.owner_id).or_default() += 1;
-                }
-            }
-        }
-        let nodes = view
-            .nodes
-            .iter()
-            .map(|node| NodeReport {
-                node_id: node.node_id.clone(),
-                url: node.url.clone(),
-                incarnation: node.incarnation,
-                owner_id: node.owner_id.to_string(),
-                live: node.lease_expires_at_ms > view.now_ms,
-                lease_expires_in_ms: node.lease_expires_at_ms as i64 - view.now_ms as i64,
-                started_at_ms: node.started_at_ms,
-                executions_running: owned.get(&node.owner_id).copied().unwrap_or(0),
-                this_node: node.owner_id == self.store().incarnation().owner_id,
-            })
-            .collect();
-        let listed: std::collections::HashSet<_> =
-            view.nodes.iter().map(|node| node.owner_id).collect();
-        Ok(NodesReport {
-            now_ms: view.now_ms,
-            nodes,
-            executions_of_lapsed_owners: owned
-                .iter()
-                .filter(|(owner, _)| !listed.contains(owner) || view.live_owner(**owner).is_none())
-                .map(|(_, count)| count)
-                .sum(),
-        })
     }
 
     /// A read-only view for inspection: the store's reads, the live actors' accounts, the

@@ -382,7 +382,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     let total_steps = clock.calls.load(Ordering::Relaxed);
     let steps_per_s = total_steps as f64 / wall.as_secs_f64();
     let raw_per_s = match options.baseline {
-        Some(duration) => Some(raw_baseline(&options, duration)?),
+        Some(duration) => Some(crate::load_store::raw_baseline(&options, duration)?),
         None => None,
     };
     let busy_pct = |micros: fn(&MetricsSnapshot) -> u64| {
@@ -680,21 +680,6 @@ async fn parked_memory(runtime: &Runtime, n: usize, concurrency: usize) -> Resul
     park(runtime, SessionId::new(), n, concurrency).await?;
     let grown = rss_kib().saturating_sub(before_kib) * 1024;
     Ok((n, grown as f64 / n.max(1) as f64))
-}
-
-/// The raw store, for `duration`: records per second. Sled in this process, or the same
-/// PostgreSQL database the load wrote.
-fn raw_baseline(options: &LoadOptions, duration: Duration) -> Result<f64> {
-    let payload_bytes = options.payload_bytes.max(1);
-    if let Some(url) = &options.postgres {
-        let raw =
-            openprogram_storage::pg::baseline::raw_postgres_baseline(url, duration, payload_bytes)?;
-        return Ok(raw.per_s());
-    }
-    let dir = tempfile::tempdir().map_err(|error| Error::Unavailable(error.to_string()))?;
-    let raw =
-        openprogram_storage::baseline::raw_sled_baseline(dir.path(), duration, payload_bytes)?;
-    Ok(raw.per_s())
 }
 
 /// The command sender's latencies, if it ran.

@@ -1,5 +1,7 @@
-//! S-8: `load --retain-finished`: the store's size on disk, sampled while the load runs
-//! (`--sample-store-every`, 10 s by default), with what retention purged and swept by then.
+//! What `load` measures of its store: the size on disk, sampled while the load runs (S-8,
+//! `--retain-finished`, `--sample-store-every`, 10 s by default) with what retention purged
+//! and swept by then; and the raw store's rate (`--baseline`), the ceiling a run compares
+//! with.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -89,4 +91,19 @@ pub async fn finish(
             .load(Ordering::Relaxed)
     });
     Ok((samples, purged))
+}
+
+/// The raw store, for `duration`: records per second. Sled in this process, or the same
+/// PostgreSQL database the load wrote.
+pub(crate) fn raw_baseline(options: &LoadOptions, duration: Duration) -> Result<f64> {
+    let payload_bytes = options.payload_bytes.max(1);
+    if let Some(url) = &options.postgres {
+        let raw =
+            openprogram_storage::pg::baseline::raw_postgres_baseline(url, duration, payload_bytes)?;
+        return Ok(raw.per_s());
+    }
+    let dir = tempfile::tempdir().map_err(|error| Error::Unavailable(error.to_string()))?;
+    let raw =
+        openprogram_storage::baseline::raw_sled_baseline(dir.path(), duration, payload_bytes)?;
+    Ok(raw.per_s())
 }

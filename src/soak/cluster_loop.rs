@@ -16,15 +16,15 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use openprogram_storage::{Event, ExecutionId};
+use openprogram_storage::Event;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::json;
 
 use crate::soak::kill_loop::{
-    check_events, line, percentiles, reopen, script, Admitted, KillLoopOptions, Server, TOKEN_LEN,
-    VIOLATIONS_KEPT,
+    await_completion, check_store, line, percentiles, script, Admitted, KillLoopOptions, Server,
+    TOKEN_LEN, VIOLATIONS_KEPT,
 };
 use crate::soak::oracle::{tally, Tally};
 
@@ -260,94 +260,61 @@ pub fn run(
         progress(cycle + 1);
     }
 
-    // Quiescence: every execution completes, with its ids (L1, I7), read from any node.
+    // Quiescence: every execution completes, with its ids (L1, I7), read from any node; a
+    // node that exited meanwhile is started again.
     let mut violations = Vec::new();
-    let mut unfinished = 0;
-    let work_ms = base.steps as u64 * base.sleep_ms.1;
-    let deadline = Instant::now() + Duration::from_millis(work_ms) + Duration::from_secs(120);
-    for (turn, execution) in admitted.iter().enumerate() {
-        let id = execution.reply["execution_id"].as_str().unwrap_or_default();
-        let path = format!("/v1/sessions/{session}/executions/{id}");
-        let mut ask = turn;
-        loop {
-            ask += 1;
-            let snapshot = nodes[ask % nodes.len()]
-                .server
-                .as_ref()
-                .map(|server| server.call(&token, "GET", &path, None))
-                .unwrap_or_else(|| Err("not running".into()))
-                .unwrap_or_else(|error| json!({"state": "unreadable", "error": error}));
-            if snapshot["state"] == "completed" {
-                if snapshot["text"] != format!("done {}", execution.index) {
-                    violations.push(format!("{id}: reply {}", snapshot["text"]));
-                }
-                for field in ["turn_id", "reply_message_id", "user_message_id"] {
-                    if snapshot[field] != execution.reply[field] {
-                        violations.push(format!("I7: {id}: {field} changed"));
-                    }
-                }
-                break;
+    let mut ask = 0usize;
+    let unfinished = await_completion(base, &session, &admitted, &mut violations, |path| {
+        ask += 1;
+        if ask % 50 == 0 {
+            for node in &mut nodes {
+                revived += usize::from(node.revive(options, root.path(), &token)?);
             }
-            if ask % 50 == 0 {
-                for node in &mut nodes {
-                    revived += usize::from(node.revive(options, root.path(), &token)?);
-                }
-            }
-            if Instant::now() > deadline {
-                unfinished += 1;
-                violations.push(format!("L1: {id} never completed: {snapshot}"));
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
         }
-    }
+        Ok(nodes[ask % nodes.len()]
+            .server
+            .as_ref()
+            .map(|server| server.call(&token, "GET", path, None))
+            .unwrap_or_else(|| Err("not running".into()))
+            .unwrap_or_else(|error| json!({"state": "unreadable", "error": error})))
+    })?;
     for node in &mut nodes {
         if let Some(server) = node.server.take() {
             server.stop();
         }
     }
 
-    let store = reopen(base, root.path())?;
-    let quarantined = store.quarantined().len();
     let node_of_owner: std::collections::HashMap<&str, usize> = nodes
         .iter()
         .enumerate()
         .flat_map(|(index, node)| node.owners.iter().map(move |owner| (owner.as_str(), index)))
         .collect();
-    let (mut reconciled, mut claims, mut takeover_gaps) = (0, 0, Vec::new());
-    for execution in &admitted {
-        let Some(id) = execution.reply["execution_id"].as_str() else {
-            continue;
-        };
-        let id: ExecutionId = id.parse().map_err(|e| format!("an execution id: {e}"))?;
-        let events = store
-            .events_after(id, 0, usize::MAX)
-            .map_err(|e| format!("events of {id}: {e}"))?;
-        reconciled += check_events(id, &events, &mut violations);
-        for envelope in &events {
-            if let Event::AttemptStarted {
-                epoch, owner_id, ..
-            } = envelope.event
-            {
-                if epoch == 1 {
-                    continue;
-                }
-                claims += 1;
-                // A takeover: claimed by another node than the last one faulted.
-                let claimer = node_of_owner.get(owner_id.to_string().as_str());
-                let fault = fault_times_ms
-                    .iter()
-                    .rev()
-                    .find(|(at, _)| *at <= envelope.at_ms);
-                if let (Some(claimer), Some((at, victim))) = (claimer, fault) {
-                    if claimer != victim {
-                        takeover_gaps.push((envelope.at_ms - at) as f64);
+    let (mut claims, mut takeover_gaps) = (0, Vec::new());
+    let (quarantined, reconciled) =
+        check_store(base, root.path(), &admitted, &mut violations, |events| {
+            for envelope in events {
+                if let Event::AttemptStarted {
+                    epoch, owner_id, ..
+                } = envelope.event
+                {
+                    if epoch == 1 {
+                        continue;
+                    }
+                    claims += 1;
+                    // A takeover: claimed by another node than the last one faulted.
+                    let claimer = node_of_owner.get(owner_id.to_string().as_str());
+                    let fault = fault_times_ms
+                        .iter()
+                        .rev()
+                        .find(|(at, _)| *at <= envelope.at_ms);
+                    if let (Some(claimer), Some((at, victim))) = (claimer, fault) {
+                        if claimer != victim {
+                            takeover_gaps.push((envelope.at_ms - at) as f64);
+                        }
                     }
                 }
             }
-        }
-    }
-    drop(store);
+        })?;
     violations.truncate(VIOLATIONS_KEPT);
     let expected: Vec<String> = (0..base.executions)
         .flat_map(|index| (0..base.steps).map(move |step| line(index, step)))

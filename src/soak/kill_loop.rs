@@ -259,53 +259,17 @@ pub fn run(options: &KillLoopOptions, progress: impl Fn(usize)) -> Result<KillLo
 
     // Quiescence: every execution completes, with its ids (L1, I7).
     let mut violations = Vec::new();
-    let mut unfinished = 0;
-    let work_ms = options.steps as u64 * options.sleep_ms.1;
-    let deadline = Instant::now() + Duration::from_millis(work_ms) + Duration::from_secs(120);
-    for execution in &admitted {
-        let id = execution.reply["execution_id"].as_str().unwrap_or_default();
-        let path = format!("/v1/sessions/{session}/executions/{id}");
-        loop {
-            // A transient error (a slow answer) is asked again until the deadline.
-            let snapshot = server
-                .call(&token, "GET", &path, None)
-                .unwrap_or_else(|error| json!({"state": "unreadable", "error": error}));
-            if snapshot["state"] == "completed" {
-                if snapshot["text"] != format!("done {}", execution.index) {
-                    violations.push(format!("{id}: reply {}", snapshot["text"]));
-                }
-                for field in ["turn_id", "reply_message_id", "user_message_id"] {
-                    if snapshot[field] != execution.reply[field] {
-                        violations.push(format!("I7: {id}: {field} changed"));
-                    }
-                }
-                break;
-            }
-            if Instant::now() > deadline {
-                unfinished += 1;
-                violations.push(format!("L1: {id} never completed: {snapshot}"));
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
+    let unfinished = await_completion(options, &session, &admitted, &mut violations, |path| {
+        // A transient error (a slow answer) is asked again until the deadline.
+        Ok(server
+            .call(&token, "GET", path, None)
+            .unwrap_or_else(|error| json!({"state": "unreadable", "error": error})))
+    })?;
     peak_rss_mib = peak_rss_mib.max(server.peak_rss_mib());
     server.stop();
 
-    let store = reopen(options, &data)?;
-    let quarantined = store.quarantined().len();
-    let mut reconciled = 0;
-    for execution in &admitted {
-        let Some(id) = execution.reply["execution_id"].as_str() else {
-            continue;
-        };
-        let id: ExecutionId = id.parse().map_err(|e| format!("an execution id: {e}"))?;
-        let events = store
-            .events_after(id, 0, usize::MAX)
-            .map_err(|e| format!("events of {id}: {e}"))?;
-        reconciled += check_events(id, &events, &mut violations);
-    }
-    drop(store);
+    let (quarantined, reconciled) =
+        check_store(options, &data, &admitted, &mut violations, |_| {})?;
     violations.truncate(VIOLATIONS_KEPT);
 
     let expected: Vec<String> = (0..options.executions)
@@ -329,6 +293,74 @@ pub fn run(options: &KillLoopOptions, progress: impl Fn(usize)) -> Result<KillLo
         peak_rss_mib,
         wall_s: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Asks `snapshot(path)` for each execution until it completed with its reply and ids (L1,
+/// I7) or the deadline (the loop's work plus two minutes) passed; returns how many never
+/// completed. `snapshot` turns a transient failure into a snapshot of no state; an `Err` is
+/// the harness's own.
+pub(crate) fn await_completion(
+    options: &KillLoopOptions,
+    session: &str,
+    admitted: &[Admitted],
+    violations: &mut Vec<String>,
+    mut snapshot: impl FnMut(&str) -> Result<Value, String>,
+) -> Result<usize, String> {
+    let mut unfinished = 0;
+    let work_ms = options.steps as u64 * options.sleep_ms.1;
+    let deadline = Instant::now() + Duration::from_millis(work_ms) + Duration::from_secs(120);
+    for execution in admitted {
+        let id = execution.reply["execution_id"].as_str().unwrap_or_default();
+        let path = format!("/v1/sessions/{session}/executions/{id}");
+        loop {
+            let snapshot = snapshot(&path)?;
+            if snapshot["state"] == "completed" {
+                if snapshot["text"] != format!("done {}", execution.index) {
+                    violations.push(format!("{id}: reply {}", snapshot["text"]));
+                }
+                for field in ["turn_id", "reply_message_id", "user_message_id"] {
+                    if snapshot[field] != execution.reply[field] {
+                        violations.push(format!("I7: {id}: {field} changed"));
+                    }
+                }
+                break;
+            }
+            if Instant::now() > deadline {
+                unfinished += 1;
+                violations.push(format!("L1: {id} never completed: {snapshot}"));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(unfinished)
+}
+
+/// Reopens the servers' store once the last one stopped and checks every admitted
+/// execution's events (I3, I4), each also handed to `each`: returns (quarantined,
+/// reconciled effects).
+pub(crate) fn check_store(
+    options: &KillLoopOptions,
+    data: &Path,
+    admitted: &[Admitted],
+    violations: &mut Vec<String>,
+    mut each: impl FnMut(&[openprogram_storage::EventEnvelope]),
+) -> Result<(usize, usize), String> {
+    let store = reopen(options, data)?;
+    let quarantined = store.quarantined().len();
+    let mut reconciled = 0;
+    for execution in admitted {
+        let Some(id) = execution.reply["execution_id"].as_str() else {
+            continue;
+        };
+        let id: ExecutionId = id.parse().map_err(|e| format!("an execution id: {e}"))?;
+        let events = store
+            .events_after(id, 0, usize::MAX)
+            .map_err(|e| format!("events of {id}: {e}"))?;
+        reconciled += check_events(id, &events, violations);
+        each(&events);
+    }
+    Ok((quarantined, reconciled))
 }
 
 /// The servers' store, opened by the harness once the last server stopped.
@@ -411,7 +443,7 @@ pub(crate) fn admit(
 }
 
 /// I4 and I3 over one execution's events; returns its effects reconciled.
-pub(crate) fn check_events(
+fn check_events(
     id: ExecutionId,
     events: &[openprogram_storage::EventEnvelope],
     violations: &mut Vec<String>,

@@ -160,6 +160,11 @@ pub(crate) async fn assert_all_completed_exactly_once(
 /// the one `openprogram soak` runs with 1,000 kills (`openprogram::soak::kill_loop`).
 #[test]
 fn r02_kill9_loop_delivers_every_effect_exactly_once_with_the_original_ids() {
+    r02_on(None);
+}
+
+/// The R02 loop on the sled store (`None`) or on a PostgreSQL database (N-1: `postgres.rs`).
+pub(crate) fn r02_on(store: Option<String>) {
     let seed = std::env::var("OP_KILL_SEED")
         .ok()
         .and_then(|seed| seed.parse().ok())
@@ -169,7 +174,7 @@ fn r02_kill9_loop_delivers_every_effect_exactly_once_with_the_original_ids() {
         .and_then(|cycles| cycles.parse().ok())
         .unwrap_or(20);
     eprintln!("r02: OP_KILL_SEED={seed} OP_KILL_CYCLES={cycles}");
-    let options = openprogram::soak::SoakOptions::new(
+    let mut options = openprogram::soak::SoakOptions::new(
         env!("CARGO_BIN_EXE_openprogram").into(),
         seed,
         cycles,
@@ -178,6 +183,7 @@ fn r02_kill9_loop_delivers_every_effect_exactly_once_with_the_original_ids() {
     )
     .r02
     .expect("R02 runs");
+    options.store = store;
     let report = openprogram::soak::kill_loop::run(&options, |_| {}).expect("the harness");
     eprintln!("r02: {}", serde_json::to_string(&report).expect("json"));
     assert_eq!(report.tally.duplicates, 0, "I1: {report:#?}");

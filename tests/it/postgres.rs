@@ -39,40 +39,14 @@ on_postgres!(
 );
 
 /// R02 on PostgreSQL: `serve --store postgres://…` killed with SIGKILL at random moments
-/// (seed printed; `OP_KILL_SEED` replays it), started again each time; every effect is
-/// delivered exactly once, with the original ids, and every execution completes.
+/// (seed printed; `OP_KILL_SEED` replays it, `OP_KILL_CYCLES` sizes it), started again each
+/// time; every effect is delivered exactly once, with the original ids, and every execution
+/// completes.
 #[test]
 #[ignore = "needs PostgreSQL (apt-get install postgresql); run with \
             `cargo test --workspace -- --include-ignored`"]
 fn n1_r02_kill9_loop_on_postgres_delivers_every_effect_exactly_once() {
-    let seed = std::env::var("OP_KILL_SEED")
-        .ok()
-        .and_then(|seed| seed.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    eprintln!("n1_r02: OP_KILL_SEED={seed}");
-    let mut options = openprogram::soak::SoakOptions::new(
-        env!("CARGO_BIN_EXE_openprogram").into(),
-        seed,
-        20,
-        0,
-        0,
-    )
-    .r02
-    .expect("R02 runs");
-    options.store = Some(crate::pg_cluster::database());
-    let report = openprogram::soak::kill_loop::run(&options, |_| {}).expect("the harness");
-    eprintln!("n1_r02: {}", serde_json::to_string(&report).expect("json"));
-    assert_eq!(report.tally.duplicates, 0, "I1: {report:#?}");
-    assert_eq!(report.tally.lost, 0, "I8: {report:#?}");
-    assert_eq!(
-        report.tally.deliveries,
-        report.executions * report.steps,
-        "{report:#?}"
-    );
-    assert_eq!(report.unfinished, 0, "L1: {report:#?}");
-    assert_eq!(report.quarantined, 0, "{report:#?}");
-    assert!(report.violations.is_empty(), "I3, I4, I7: {report:#?}");
-    assert!(report.recoveries > 0, "{report:#?}");
+    crate::kill9::r02_on(Some(crate::pg_cluster::database()));
 }
 
 /// N-2, N-3: three nodes on one database, 300 executions admitted across them, a random
