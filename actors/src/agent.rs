@@ -7,13 +7,14 @@
 //! handle, the decision it returns, how it recovers — is reachable from this one module.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use openprogram_storage::{AttemptId, EffectId, ExecutionId, OwnerId};
+
+use crate::append_file::{append, look_up};
 
 pub use crate::call::{AskError, CallHandle, ProcessExit, StartedProcess};
 pub use crate::execution::machine::{AgentInput, Decision, Recovery, ToolArgs, Turn};
@@ -46,6 +47,9 @@ pub struct ToolCall {
     pub effect_id: EffectId,
     pub attempt_id: AttemptId,
     pub owner_id: OwnerId,
+    /// The calling attempt's fencing epoch: a resource that remembers the newest epoch it saw
+    /// can refuse a superseded attempt's late call (RELIABILITY R06).
+    pub epoch: u64,
     pub args: serde_json::Value,
     /// What the call can ask of its execution while it runs: a live question (W-4).
     pub handle: CallHandle,
@@ -277,7 +281,8 @@ impl Tool for Sleep {
 }
 
 /// `append {path, line}` → appends `LINE<TAB>EFFECT_ID\n` to the file and fsyncs. External:
-/// its effect is outside the runtime, so a crash after dispatch leaves it `Unknown`.
+/// its effect is outside the runtime, so a crash after dispatch leaves it `Unknown`; the
+/// file is fenced by epoch (`append_file`).
 #[derive(Debug)]
 pub struct Append;
 
@@ -291,10 +296,10 @@ impl Tool for Append {
     fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
         let parsed = string_arg(&call.args, "path")
             .and_then(|path| Ok((path, string_arg(&call.args, "line")?)));
-        let effect_id = call.effect_id;
+        let (effect_id, epoch) = (call.effect_id, call.epoch);
         async move {
             let (path, line) = parsed?;
-            append_record(&path, &line, effect_id)?;
+            append(path, line, effect_id, epoch).await?;
             // B06: the effect took place (dispatched), its response not yet returned.
             openprogram_storage::failpoint!("B06");
             Ok(String::from("appended"))
@@ -303,56 +308,24 @@ impl Tool for Append {
     }
 
     /// The effect took place if and only if its line, which ends with the effect id, is in
-    /// the file. Sound once the dispatching attempt is gone: its single `write` either
-    /// happened or never will.
+    /// the file. Sound while the dispatching attempt may still be alive: an absent effect is
+    /// fenced at this attempt's epoch first (`append_file`), so a late write is refused.
     fn reconcile(&self, call: ToolCall) -> BoxFuture<'static, Reconciliation> {
         let Ok(path) = string_arg(&call.args, "path") else {
             return futures::future::ready(Reconciliation::Unknown).boxed();
         };
-        find_record(path, call.effect_id).boxed()
+        find_record(path, call.effect_id, call.epoch).boxed()
     }
 }
 
-/// The `append` protocol's effect: `LINE<TAB>EFFECT_ID\n` appended to the file at `path`
-/// and fsynced. On the calling thread, within this poll, not on the blocking pool: a call
-/// whose future is dropped (its attempt superseded, the runtime halted) has appended or has
-/// not, and never appends later, after another attempt looked (R06). The cost: the actor's
-/// thread waits for the fsync.
-pub fn append_record(path: &str, line: &str, effect_id: EffectId) -> Result<(), String> {
-    if line.contains('\n') || line.contains('\t') {
-        return Err("line must not contain a newline or a tab".into());
+/// The `append` protocol's reconciliation: `Confirmed` if the effect's record is in
+/// the file, `NotApplied` once it is proven absent and fenced, else `Unknown`.
+pub async fn find_record(path: String, effect_id: EffectId, epoch: u64) -> Reconciliation {
+    match look_up(path, effect_id, epoch).await {
+        Some(true) => Reconciliation::Confirmed("appended".into()),
+        Some(false) => Reconciliation::NotApplied,
+        None => Reconciliation::Unknown,
     }
-    let record = format!("{line}\t{effect_id}\n");
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .and_then(|mut file| {
-            file.write_all(record.as_bytes())?;
-            file.sync_data()
-        })
-        .map_err(|error| format!("append failed: {error}"))
-}
-
-/// The `append` protocol's reconciliation: the effect took place if and only if its
-/// record, which ends with the effect id, is in the file.
-pub async fn find_record(path: String, effect_id: EffectId) -> Reconciliation {
-    let needle = format!("\t{effect_id}\n");
-    let read = tokio::task::spawn_blocking(move || std::fs::read(&path)).await;
-    match read {
-        Ok(Ok(bytes)) if contains(&bytes, needle.as_bytes()) => {
-            Reconciliation::Confirmed("appended".into())
-        }
-        Ok(Ok(_)) => Reconciliation::NotApplied,
-        // A missing file proves nothing (a relative path, a moved file): ask a person.
-        _ => Reconciliation::Unknown,
-    }
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack
-        .windows(needle.len())
-        .any(|window| window == needle)
 }
 
 /// `shell {program, args, background?}` → a managed process (P-1). Waits for its exit and

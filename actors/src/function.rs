@@ -43,6 +43,8 @@ pub type Reconciler =
 pub struct StepRef {
     pub step_id: String,
     pub effect_id: EffectId,
+    /// The asking attempt's fencing epoch (see `ToolCall::epoch`).
+    pub epoch: u64,
 }
 
 /// One revision of a durable function.
@@ -257,6 +259,8 @@ pub enum StepError {
 pub struct StepRun {
     pub execution_id: ExecutionId,
     pub effect_id: EffectId,
+    /// The running attempt's fencing epoch (see `ToolCall::epoch`).
+    pub epoch: u64,
 }
 
 /// The execution's answer at a step boundary.
@@ -267,8 +271,9 @@ pub enum Boundary {
         status: ReceiptStatus,
         output: String,
     },
-    /// Run it as `effect_id` (for an External step, its intent is durable now).
-    Run { effect_id: EffectId },
+    /// Run it as `effect_id` by the attempt at `epoch` (for an External step, its intent is
+    /// durable now).
+    Run { effect_id: EffectId, epoch: u64 },
     /// Do not run it: the execution pauses, is cancelled, or this run of the body is over.
     Suspend,
 }
@@ -414,7 +419,7 @@ impl FunctionContext {
         };
         let effect_id = match self.boundary.send(asked).await {
             Ok(Boundary::Committed { status, output }) => return read_back(status, &output),
-            Ok(Boundary::Run { effect_id }) => effect_id,
+            Ok(Boundary::Run { effect_id, .. }) => effect_id,
             Ok(Boundary::Suspend) | Err(_) => return Err(self.suspend()),
         };
         let Some(called) = self.functions.get(function, revision) else {
@@ -538,14 +543,15 @@ impl FunctionContext {
             recovery,
             run: self.run,
         };
-        let effect_id = match self.boundary.send(asked).await {
+        let (effect_id, epoch) = match self.boundary.send(asked).await {
             Ok(Boundary::Committed { status, output }) => return read_back(status, &output),
-            Ok(Boundary::Run { effect_id }) => effect_id,
+            Ok(Boundary::Run { effect_id, epoch }) => (effect_id, epoch),
             Ok(Boundary::Suspend) | Err(_) => return Err(self.suspend()),
         };
         let result = run(StepRun {
             execution_id: self.execution_id,
             effect_id,
+            epoch,
         })
         .await;
         let (status, output) = match &result {

@@ -7,7 +7,8 @@ use std::time::Duration;
 use futures::FutureExt as _;
 use serde::Deserialize;
 
-use crate::agent::{append_record, find_record, Reconciliation};
+use crate::agent::{find_record, Reconciliation};
+use crate::append_file::append;
 use crate::function::{
     DurableFunction, FunctionContext, FunctionRegistry, Recovery, StepError, StepRef,
 };
@@ -91,7 +92,7 @@ async fn append_protocol(step: StepRef, input: serde_json::Value) -> Reconciliat
     let Some(path) = input["path"].as_str().map(str::to_owned) else {
         return Reconciliation::Unknown;
     };
-    match find_record(path, step.effect_id).await {
+    match find_record(path, step.effect_id, step.epoch).await {
         Reconciliation::Confirmed(_) => Reconciliation::Confirmed(appended()),
         other => other,
     }
@@ -159,7 +160,7 @@ async fn append_line(
             if !sleep.is_zero() {
                 tokio::time::sleep(sleep).await;
             }
-            append_record(&path, &line, run.effect_id)?;
+            append(path, line, run.effect_id, run.epoch).await?;
             // B06: the step took effect, its result not yet returned.
             openprogram_storage::failpoint!("B06");
             Ok(String::from("appended"))

@@ -28,6 +28,7 @@ pub mod activity;
 mod activity_tests;
 pub mod admission;
 pub mod agent;
+pub mod append_file;
 pub mod attempt_lease;
 pub mod branches;
 pub mod call;

@@ -61,6 +61,18 @@ fn n2_three_nodes_killed_at_random_deliver_every_effect_exactly_once() {
     cluster(openprogram::soak::cluster_loop::Fault::Kill);
 }
 
+/// N-3, R06 across nodes: the same with SIGSTOP instead of SIGKILL — a node stopped for two
+/// leases, then continued. Its executions are taken over while it sleeps; its effects in
+/// flight land before the survivor's reconciliation looks or are refused by the sink's
+/// fence (`append_file`), never both; it finds its lease lost and exits, and is started
+/// again.
+#[test]
+#[ignore = "needs PostgreSQL (apt-get install postgresql); run with \
+            `cargo test --workspace -- --include-ignored`"]
+fn n3_r06_three_nodes_stopped_past_their_lease_deliver_every_effect_exactly_once() {
+    cluster(openprogram::soak::cluster_loop::Fault::Stop);
+}
+
 fn cluster(fault: openprogram::soak::cluster_loop::Fault) {
     let seed = std::env::var("OP_KILL_SEED")
         .ok()

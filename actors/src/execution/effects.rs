@@ -128,6 +128,7 @@ impl ExecutionActor {
                         effect_id,
                         attempt_id: self.lease.attempt_id,
                         owner_id: self.env.owner,
+                        epoch: self.lease.epoch,
                         args,
                         handle: CallHandle::new(
                             effect_id,

@@ -162,8 +162,9 @@ impl Handler<StepBoundary> for ExecutionActor {
             return ready(self.suspend_run());
         }
         let effect_id = EffectId::new();
+        let epoch = self.lease.epoch;
         if asked.recovery == Recovery::Idempotent {
-            return ready(Boundary::Run { effect_id });
+            return ready(Boundary::Run { effect_id, epoch });
         }
         // E-4: an External step's intent is durable before it runs.
         let started = Event::StepStarted {
@@ -176,7 +177,7 @@ impl Handler<StepBoundary> for ExecutionActor {
                 Ok(_) => {
                     // B05: the step's intent is durable, the step not started.
                     openprogram_storage::failpoint!("B05");
-                    Boundary::Run { effect_id }
+                    Boundary::Run { effect_id, epoch }
                 }
                 Err(error) => {
                     log_failure(Err(error), act, ctx);

@@ -155,6 +155,7 @@ impl ExecutionActor {
             let step = StepRef {
                 step_id: step_id.to_owned(),
                 effect_id: unresolved.effect_id,
+                epoch: self.lease.epoch,
             };
             return Some((function.reconciler()?)(step, input.clone()));
         }
@@ -165,6 +166,7 @@ impl ExecutionActor {
             effect_id: unresolved.effect_id,
             attempt_id: self.lease.attempt_id,
             owner_id: self.env.owner,
+            epoch: self.lease.epoch,
             args,
             handle: CallHandle::detached(unresolved.effect_id),
         };
@@ -211,6 +213,7 @@ impl ExecutionActor {
             effect_id,
             attempt_id: self.lease.attempt_id,
             owner_id: self.env.owner,
+            epoch: self.lease.epoch,
             args,
             handle: CallHandle::detached(effect_id),
         };
