@@ -50,6 +50,8 @@ pub use nodes::{NodeReport, NodesReport};
 pub use stores::is_postgres_url;
 
 #[cfg(feature = "server")]
+pub mod cluster;
+#[cfg(feature = "server")]
 pub mod http;
 #[cfg(feature = "server")]
 pub mod load;

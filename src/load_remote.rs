@@ -1,16 +1,17 @@
-//! `openprogram load --url URL --token T`: the load of `load.rs`, driven through a running
-//! server's HTTP API (SPEC §6) instead of an embedded store. The same executions (the
+//! `openprogram load --url URL[,URL…] --token T`: the load of `load.rs`, driven through
+//! running servers' HTTP API (SPEC §6) instead of an embedded store. The same executions (the
 //! scripted provider issuing `steps` `echo` calls of `payload_bytes`, then a reply), the same
-//! report.
+//! report. Several URLs are several nodes of one PostgreSQL store (N-2): the slots are dealt
+//! round robin across them, one session shared by all.
 //!
-//! Each concurrency slot is a thread that admits an execution (`POST …/executions`) and
-//! follows its event stream (`…/events/stream`) to its end, then takes the next. Timing
+//! Each concurrency slot is a thread that admits an execution (`POST …/executions`) on its
+//! node and follows its event stream (`…/events/stream`) to its end, then takes the next. Timing
 //! comes from the server's clock, so the client's own delays do not count: a step is the
 //! interval between the `at_ms` of consecutive `tool_finished` events of one execution
 //! (millisecond resolution), an execution spans its first to its last event, and steps/s is
 //! the steps over the span from the first event to the last of the whole run. fsyncs, CPU per
-//! step, the committer's busy time and peak RSS are the server's, from `/metrics` before and
-//! after.
+//! step and the committer's busy time are the servers' summed (busy: the mean across nodes),
+//! peak RSS the largest, from `/metrics` before and after.
 
 use std::io::BufRead as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,9 +39,12 @@ struct Followed {
     state: Option<String>,
 }
 
-/// Runs the load against `target`. Options that need the embedded store (`--data`,
-/// `--baseline`, `--commands-per-s`, `--park`) are refused.
-pub fn run(options: &LoadOptions, target: &Target) -> Result<LoadReport, Failure> {
+/// Runs the load against `targets` (nodes of one store). Options that need the embedded
+/// store (`--data`, `--baseline`, `--commands-per-s`, `--park`) are refused.
+pub fn run(options: &LoadOptions, targets: &[Target]) -> Result<LoadReport, Failure> {
+    let Some(target) = targets.first() else {
+        return Err(Failure::Usage("--url names no server".into()));
+    };
     let embedded_only = [
         ("--data", options.data.is_some()),
         ("--baseline", options.baseline.is_some()),
@@ -57,7 +61,7 @@ pub fn run(options: &LoadOptions, target: &Target) -> Result<LoadReport, Failure
             "--executions and --concurrency must be at least 1".into(),
         ));
     }
-    let before = ServerMetrics::read(target)?;
+    let before = ServerMetrics::read_all(targets)?;
     let session = target.call("POST", "/v1/sessions", Some(&json!({})))?;
     let session = session["session_id"]
         .as_str()
@@ -78,12 +82,15 @@ pub fn run(options: &LoadOptions, target: &Target) -> Result<LoadReport, Failure
     let followed: Mutex<Vec<Result<Followed, Failure>>> = Mutex::default();
     let started = Instant::now();
     std::thread::scope(|scope| {
-        for _ in 0..options.concurrency.min(options.executions) {
+        for slot in 0..options.concurrency.min(options.executions) {
+            let target = &targets[slot % targets.len()];
+            let (next, session, body) = (&next, &session, &body);
+            let (progress, followed) = (&progress, &followed);
             let spawned = std::thread::Builder::new()
                 .stack_size(SLOT_STACK_BYTES)
-                .spawn_scoped(scope, || {
+                .spawn_scoped(scope, move || {
                     while next.fetch_add(1, Ordering::Relaxed) < options.executions {
-                        let result = admit_and_follow(target, &session, &body);
+                        let result = admit_and_follow(target, session, body);
                         progress.inc(1);
                         lock(&followed).push(result);
                     }
@@ -96,7 +103,7 @@ pub fn run(options: &LoadOptions, target: &Target) -> Result<LoadReport, Failure
     });
     let wall = started.elapsed();
     progress.finish_and_clear();
-    let after = ServerMetrics::read(target)?;
+    let after = ServerMetrics::read_all(targets)?;
     let followed = followed
         .into_inner()
         .unwrap_or_else(PoisonError::into_inner);
@@ -108,7 +115,12 @@ pub fn run(options: &LoadOptions, target: &Target) -> Result<LoadReport, Failure
             None => Some("an execution's event stream ended before the execution".into()),
         },
     });
-    let mut report = report(options, target, followed, wall, &before, &after);
+    let url = targets
+        .iter()
+        .map(|target| target.url.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut report = report(options, url, followed, wall, &before, &after);
     if report.completed == 0 {
         return Err(Failure::Failed(format!(
             "no execution completed{}",
@@ -182,6 +194,30 @@ struct ServerMetrics {
 }
 
 impl ServerMetrics {
+    /// Several nodes' counters: summed, but the committer's busy fractions averaged (each
+    /// node has its own committer) and peak RSS the largest.
+    fn read_all(targets: &[Target]) -> Result<Self, Failure> {
+        let mut all = Self::default();
+        for target in targets {
+            let one = Self::read(target)?;
+            all.fsyncs += one.fsyncs;
+            all.cpu_s += one.cpu_s;
+            all.peak_resident_bytes = all.peak_resident_bytes.max(one.peak_resident_bytes);
+            all.loads_parked += one.loads_parked;
+            all.loads_replayed += one.loads_replayed;
+            all.committer_s = match (all.committer_s, one.committer_s) {
+                (None, one) => one,
+                (Some(sum), Some(one)) => Some([sum[0] + one[0], sum[1] + one[1], sum[2] + one[2]]),
+                (Some(_), None) => None,
+            };
+        }
+        if let Some(sum) = all.committer_s.as_mut() {
+            let nodes = targets.len().max(1) as f64;
+            sum.iter_mut().for_each(|seconds| *seconds /= nodes);
+        }
+        Ok(all)
+    }
+
     fn read(target: &Target) -> Result<Self, Failure> {
         let text = target.text("GET", "/metrics", None)?;
         let value = |name: &str| {
@@ -210,7 +246,7 @@ impl ServerMetrics {
 
 fn report(
     options: &LoadOptions,
-    target: &Target,
+    url: String,
     followed: Vec<Result<Followed, Failure>>,
     wall: Duration,
     before: &ServerMetrics,
@@ -261,6 +297,6 @@ fn report(
         committer_busy_pct: committer_pct(0),
         committer_flush_pct: committer_pct(1),
         committer_fsync_pct: committer_pct(2),
-        ..LoadReport::measured(target.url.clone(), options, &steps_us, &executions_us)
+        ..LoadReport::measured(url, options, &steps_us, &executions_us)
     }
 }

@@ -84,9 +84,10 @@ enum Command {
         /// One JSON line on stdout instead of the table.
         #[arg(long)]
         json: bool,
-        /// Drive a running server over HTTP instead of an embedded store.
-        #[arg(long)]
-        url: Option<String>,
+        /// Drive a running server over HTTP instead of an embedded store; several
+        /// (comma-separated) are nodes of one store, dealt the executions round robin.
+        #[arg(long, value_delimiter = ',')]
+        url: Vec<String>,
         /// The admin token for `--url` (else OPENPROGRAM_TOKEN).
         #[arg(long, requires = "url")]
         token: Option<String>,
@@ -145,6 +146,9 @@ enum Command {
         #[arg(long, requires = "node_id")]
         advertise: Option<String>,
     },
+    /// Start a throwaway PostgreSQL and N nodes on loopback sharing it (N-2), until
+    /// SIGINT/SIGTERM; prints the nodes (one JSON line on stdout).
+    Cluster(openprogram::cluster::ClusterArgs),
     /// Run the long fault harnesses (R02 kill -9 loop, R22 model-based test, R24 10,000
     /// executions under a crash loop) and print one JSON summary; exit 1 if an invariant
     /// broke.
@@ -352,9 +356,15 @@ fn main() -> ExitCode {
                 retain_finished,
                 sample_store_every,
             };
-            if let Some(url) = url {
-                let remote = target_of(TargetArgs { url, token })
-                    .and_then(|target| openprogram::load_remote::run(&options, &target));
+            if !url.is_empty() {
+                let remote = url
+                    .into_iter()
+                    .map(|url| {
+                        let token = token.clone();
+                        target_of(TargetArgs { url, token })
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .and_then(|targets| openprogram::load_remote::run(&options, &targets));
                 return match remote {
                     Ok(report) => print_report(&report, json),
                     Err(Failure::Usage(message)) => {
@@ -427,6 +437,13 @@ fn main() -> ExitCode {
             seed,
         } => soak(kills, cases, r24_executions, seed),
         Command::Compact { data, into, json } => compact(&data, &into, json),
+        Command::Cluster(args) => match args
+            .options()
+            .and_then(|options| openprogram::cluster::run(&options))
+        {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(message) => fail(&message),
+        },
         Command::Ctl {
             target,
             kind,

@@ -203,7 +203,7 @@ async fn stop_all(
 }
 
 /// Registers for SIGTERM and SIGINT now; the future resolves at the first of them.
-fn stop_signal() -> Result<impl std::future::Future<Output = ()>> {
+pub(crate) fn stop_signal() -> Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
     let unavailable = |error: std::io::Error| Error::Unavailable(format!("signals: {error}"));
     let mut terminate = signal(SignalKind::terminate()).map_err(unavailable)?;

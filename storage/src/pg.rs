@@ -20,6 +20,7 @@
 
 pub mod baseline;
 mod commit;
+pub mod local;
 mod reads;
 pub mod schema;
 
@@ -55,6 +56,9 @@ struct Inner {
     sender: Option<mpsc::Sender<commit::Request>>,
     committer: Option<JoinHandle<()>>,
     readers: reads::Readers,
+    /// The node lease's own connection (N-2): a renewal never queues behind reads (a
+    /// takeover's scan, a recovery, a client's long page), whose wait would let it lapse.
+    lease: reads::Readers,
     incarnation: Incarnation,
 }
 
@@ -67,6 +71,7 @@ impl Drop for Inner {
             }
         }
         self.readers.close();
+        self.lease.close();
     }
 }
 
@@ -158,7 +163,8 @@ impl PgStore {
             failure: Mutex::new(None),
             metrics: Metrics::default(),
         });
-        let readers = reads::Readers::start(&shared, READERS)?;
+        let readers = reads::Readers::start(&shared, "reader", READERS)?;
+        let lease = reads::Readers::start(&shared, "lease", 1)?;
         let (sender, queue) = mpsc::channel(limits.queue_len_max.max(1));
         let committer_shared = Arc::clone(&shared);
         let committer = std::thread::Builder::new()
@@ -172,6 +178,7 @@ impl PgStore {
                 sender: Some(sender),
                 committer: Some(committer),
                 readers,
+                lease,
                 incarnation,
             }),
         })
@@ -263,7 +270,7 @@ impl EventStore for PgStore {
         let (node_id, url) = (node_id.to_owned(), url.to_owned());
         let incarnation = self.inner.incarnation.clone();
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        self.inner.readers.run(move |client| {
+        self.inner.lease.run(move |client| {
             // A later incarnation's row is never overwritten by an earlier one (a node
             // stopped past its lease and resumed after its restart registered again).
             let row = client

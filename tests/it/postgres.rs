@@ -107,3 +107,125 @@ fn cluster(fault: openprogram::soak::cluster_loop::Fault) {
         "no survivor took an execution over: {report:#?}"
     );
 }
+
+/// N-2's local cluster in one command: `openprogram cluster --nodes 3` starts a throwaway
+/// PostgreSQL and three nodes, says where they are (one JSON line), runs an execution
+/// admitted on one node and read on another, lists three live nodes, and on SIGTERM stops
+/// the nodes and the database and removes its directory.
+#[test]
+#[ignore = "needs PostgreSQL (apt-get install postgresql); run with \
+            `cargo test --workspace -- --include-ignored`"]
+fn n2_openprogram_cluster_runs_three_nodes_on_a_throwaway_database() {
+    use std::io::BufRead as _;
+    // Fails with the reason when PostgreSQL is missing, as every test of this file does.
+    crate::pg_cluster::database();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cluster_dir = dir.path().join("cluster");
+    let mut cluster = std::process::Command::new(env!("CARGO_BIN_EXE_openprogram"))
+        .args([
+            "cluster",
+            "--nodes",
+            "3",
+            "--token",
+            "cluster-token",
+            "--dir",
+        ])
+        .arg(&cluster_dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("spawn cluster");
+    let mut line = String::new();
+    let stdout = cluster.stdout.take().expect("stdout");
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("the cluster's line");
+    let described: serde_json::Value = serde_json::from_str(&line).expect("one JSON line");
+    let urls: Vec<String> = described["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|node| node["url"].as_str().expect("url").to_owned())
+        .collect();
+    assert_eq!(urls.len(), 3, "{described}");
+    assert!(described["store"]
+        .as_str()
+        .is_some_and(|store| store.starts_with("postgres://")));
+    let call = |url: &str, method: &str, path: &str, body: Option<serde_json::Value>| {
+        crate::http::call_raw(
+            url,
+            method,
+            path,
+            Some("cluster-token"),
+            body.map(|b| b.to_string()),
+        )
+    };
+    let (status, session) = call(
+        &urls[0],
+        "POST",
+        "/v1/sessions",
+        Some(serde_json::json!({})),
+    );
+    assert_eq!(status, 201, "{session}");
+    let session = session["session_id"].as_str().expect("session").to_owned();
+    let body = serde_json::json!({
+        "kind": "agent",
+        "message": "hello",
+        "script": [{"tool": "echo", "args": {"text": "x"}}, {"reply": "done"}],
+    });
+    let (status, started) = call(
+        &urls[1],
+        "POST",
+        &format!("/v1/sessions/{session}/executions"),
+        Some(body),
+    );
+    assert_eq!(status, 201, "{started}");
+    let execution = started["execution_id"].as_str().expect("id").to_owned();
+    let path = format!("/v1/sessions/{session}/executions/{execution}");
+    let deadline = std::time::Instant::now() + crate::support::DEADLINE;
+    loop {
+        let (status, read) = call(&urls[2], "GET", &path, None);
+        assert_eq!(status, 200, "{read}");
+        if read["state"] == "completed" {
+            assert_eq!(read["text"], "done", "{read}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never completed: {read}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let (status, nodes) = call(&urls[0], "GET", "/debug/nodes", None);
+    assert_eq!(status, 200, "{nodes}");
+    let live = nodes["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter(|node| node["live"] == true)
+        .count();
+    assert_eq!(live, 3, "{nodes}");
+
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &cluster.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let exit = cluster.wait().expect("the cluster ends");
+    assert!(exit.success(), "{exit}");
+    for url in &urls {
+        let answered = crate::http::try_call_raw(url, "GET", "/health", None, None);
+        assert!(
+            answered.is_err(),
+            "{url} still answers after the cluster stopped"
+        );
+    }
+    assert!(
+        !cluster_dir
+            .join("postgres")
+            .join("data")
+            .join("postmaster.pid")
+            .exists(),
+        "the database still runs"
+    );
+}

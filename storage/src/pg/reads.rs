@@ -35,7 +35,8 @@ pub(super) struct Readers {
 }
 
 impl Readers {
-    pub(super) fn start(shared: &Arc<Shared>, count: usize) -> Result<Self> {
+    /// `count` threads named `openprogram-pg-{name}-N`, each connecting at its first job.
+    pub(super) fn start(shared: &Arc<Shared>, name: &str, count: usize) -> Result<Self> {
         let (sender, receiver) = mpsc::channel::<Job>();
         let receiver = Arc::new(Mutex::new(receiver));
         let mut threads = Vec::with_capacity(count);
@@ -43,7 +44,7 @@ impl Readers {
             let receiver = Arc::clone(&receiver);
             let shared = Arc::clone(shared);
             let thread = std::thread::Builder::new()
-                .name(format!("openprogram-pg-reader-{index}"))
+                .name(format!("openprogram-pg-{name}-{index}"))
                 .spawn(move || {
                     let mut client = None;
                     loop {
@@ -61,7 +62,7 @@ impl Readers {
                         job(&mut client);
                     }
                 })
-                .map_err(|error| Error::Database(format!("starting a reader: {error}")))?;
+                .map_err(|error| Error::Database(format!("starting a {name}: {error}")))?;
             threads.push(thread);
         }
         Ok(Self {

@@ -1,0 +1,315 @@
+//! `openprogram cluster --nodes N` (N-2, N-3): a local cluster in one command — a throwaway
+//! PostgreSQL (storage's `LocalPostgres`) and N `serve --store postgres://… --node-id nK`
+//! children on loopback ports, each with its own data directory and log, until SIGINT or
+//! SIGTERM. A node that exits meanwhile (one that lost its lease exits 75, N-2) is started
+//! again, as a process supervisor would. At the end the nodes stop in order (SIGTERM), then
+//! the database, and the directory is removed unless `--dir` named it.
+//!
+//! Once every node answers, stdout gets one JSON line — `{"store", "token", "nodes": [{"id",
+//! "url", "log"}]}` — for scripts; stderr says the same for a person.
+
+use std::io::BufRead as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use openprogram_storage::pg::local::LocalPostgres;
+use serde_json::json;
+
+/// How long a node may take to start listening, and to stop after SIGTERM.
+const NODE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `openprogram cluster`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct ClusterArgs {
+    /// How many nodes (1–16).
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// The admin token of every node (else OPENPROGRAM_TOKEN, else a random one, printed).
+    #[arg(long)]
+    pub token: Option<String>,
+    /// The nodes' lease (`serve --lease-ttl`), such as 2s.
+    #[arg(long)]
+    pub lease_ttl: Option<String>,
+    /// Keep the database, data and logs here (default: a temporary directory, removed).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+impl ClusterArgs {
+    /// The options, with this binary as the nodes' and the token resolved.
+    pub fn options(self) -> Result<ClusterOptions, String> {
+        let binary =
+            std::env::current_exe().map_err(|error| format!("cannot find this binary: {error}"))?;
+        let token = self
+            .token
+            .or_else(|| std::env::var("OPENPROGRAM_TOKEN").ok())
+            .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
+        Ok(ClusterOptions {
+            binary,
+            nodes: self.nodes,
+            token,
+            lease_ttl: self.lease_ttl,
+            dir: self.dir,
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// The `openprogram` binary the nodes run.
+    pub binary: PathBuf,
+    pub nodes: usize,
+    pub token: String,
+    /// `serve --lease-ttl` for every node (default: serve's).
+    pub lease_ttl: Option<String>,
+    /// Where the database, the nodes' data and their logs go; kept at the end. Default: a
+    /// new directory under the system's temp dir, removed at the end.
+    pub dir: Option<PathBuf>,
+}
+
+/// One node: `serve` as a child.
+struct Node {
+    id: String,
+    listen: String,
+    child: Option<Child>,
+    starts: usize,
+}
+
+impl Node {
+    fn data(&self, dir: &Path) -> PathBuf {
+        dir.join(&self.id)
+    }
+
+    fn log(&self, dir: &Path) -> PathBuf {
+        dir.join(format!("{}.log", self.id))
+    }
+
+    /// Starts `serve` and waits until it listens (its first stdout line).
+    fn start(&mut self, options: &ClusterOptions, dir: &Path, store: &str) -> Result<(), String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log(dir))
+            .map_err(|error| format!("{}: {error}", self.log(dir).display()))?;
+        let mut command = Command::new(&options.binary);
+        command
+            .args(["serve", "--listen", &self.listen, "--token", &options.token])
+            .args(["--store", store, "--node-id", &self.id, "--data"])
+            .arg(self.data(dir));
+        if let Some(ttl) = &options.lease_ttl {
+            command.args(["--lease-ttl", ttl]);
+        }
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .map_err(|error| format!("starting {}: {error}", options.binary.display()))?;
+        self.starts += 1;
+        let mut url = String::new();
+        let mut stdout = child.stdout.take().map(std::io::BufReader::new);
+        if let Some(stdout) = stdout.as_mut() {
+            let _ = stdout.read_line(&mut url);
+        }
+        if url.trim().is_empty() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "node {} did not start (see {})",
+                self.id,
+                self.log(dir).display()
+            ));
+        }
+        // Whatever else it prints is drained, so it never blocks on a full pipe.
+        if let Some(mut stdout) = stdout {
+            std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+        }
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Whether its process ended by itself, with how.
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().ok().flatten()?;
+        self.child = None;
+        Some(status)
+    }
+
+    /// SIGTERM (the orderly shutdown); SIGKILL after `NODE_TIMEOUT`.
+    fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let pid = rustix::process::Pid::from_child(&child);
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let deadline = Instant::now() + NODE_TIMEOUT;
+        while child.try_wait().ok().flatten().is_none() {
+            if Instant::now() >= deadline {
+                eprintln!("openprogram: node {} did not stop in time; killed", self.id);
+                let _ = child.kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.wait();
+    }
+}
+
+/// Runs the cluster until SIGINT or SIGTERM.
+pub fn run(options: &ClusterOptions) -> Result<(), String> {
+    if options.nodes == 0 || options.nodes > 16 {
+        return Err("--nodes must be between 1 and 16".into());
+    }
+    let stop = stop_flag()?;
+    let (dir, remove) = match &options.dir {
+        Some(dir) => (dir.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!("openprogram-cluster-{}", std::process::id())),
+            true,
+        ),
+    };
+    // Not a private temp dir: the database may run as the `postgres` user, who must reach
+    // its directory inside.
+    let pg_dir = dir.join("postgres");
+    std::fs::create_dir_all(&pg_dir).map_err(|error| format!("{}: {error}", pg_dir.display()))?;
+    eprintln!("openprogram: starting PostgreSQL in {}", pg_dir.display());
+    let result =
+        LocalPostgres::start(&pg_dir, 100 + 20 * options.nodes as u32).and_then(|mut postgres| {
+            let served = serve_nodes(options, &dir, &postgres, &stop);
+            eprintln!("openprogram: stopping PostgreSQL");
+            postgres.stop().and(served)
+        });
+    if remove {
+        if let Err(error) = std::fs::remove_dir_all(&dir) {
+            eprintln!("openprogram: removing {}: {error}", dir.display());
+        }
+    }
+    result
+}
+
+fn serve_nodes(
+    options: &ClusterOptions,
+    dir: &Path,
+    postgres: &LocalPostgres,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<(), String> {
+    let store = postgres.create_database("openprogram")?;
+    share_session_key(dir, options.nodes)?;
+    let mut nodes = Vec::with_capacity(options.nodes);
+    for index in 1..=options.nodes {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(|error| format!("a free port: {error}"))?
+            .port();
+        nodes.push(Node {
+            id: format!("n{index}"),
+            listen: format!("127.0.0.1:{port}"),
+            child: None,
+            starts: 0,
+        });
+    }
+    let started = nodes
+        .iter_mut()
+        .try_for_each(|node| node.start(options, dir, &store));
+    if let Err(error) = started {
+        nodes.iter_mut().for_each(Node::stop);
+        return Err(error);
+    }
+    let described: Vec<_> = nodes
+        .iter()
+        .map(|node| {
+            json!({
+                "id": node.id,
+                "url": format!("http://{}", node.listen),
+                "log": node.log(dir).display().to_string(),
+            })
+        })
+        .collect();
+    println!(
+        "{}",
+        json!({"store": store, "token": options.token, "nodes": described})
+    );
+    eprintln!("openprogram: {} nodes on {store}", nodes.len());
+    for node in &nodes {
+        eprintln!(
+            "  {}  http://{}  (log {})",
+            node.id,
+            node.listen,
+            node.log(dir).display()
+        );
+    }
+    let urls: Vec<_> = nodes
+        .iter()
+        .map(|node| format!("http://{}", node.listen))
+        .collect();
+    eprintln!("  token: {}", options.token);
+    eprintln!(
+        "  try: openprogram load --url {} --token {} --executions 300 --steps 20",
+        urls.join(","),
+        options.token
+    );
+    eprintln!("  stop with Ctrl-C");
+
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(200));
+        for node in &mut nodes {
+            let Some(status) = node.exited() else {
+                continue;
+            };
+            if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            eprintln!(
+                "openprogram: node {} exited ({status}); starting it again",
+                node.id
+            );
+            if let Err(error) = node.start(options, dir, &store) {
+                eprintln!("openprogram: {error}");
+            }
+        }
+    }
+    eprintln!("openprogram: stopping the nodes");
+    std::thread::scope(|scope| {
+        for node in &mut nodes {
+            scope.spawn(|| node.stop());
+        }
+    });
+    Ok(())
+}
+
+/// One session key for every node (`DIR/nK/session.key`), so a session token one node
+/// handed out is good on all of them.
+fn share_session_key(dir: &Path, nodes: usize) -> Result<(), String> {
+    let first = dir.join("n1");
+    let failed = |error: std::io::Error| format!("the nodes' session key: {error}");
+    std::fs::create_dir_all(&first).map_err(failed)?;
+    crate::http::auth::load_or_create_session_key(&first).map_err(failed)?;
+    for index in 2..=nodes {
+        let data = dir.join(format!("n{index}"));
+        std::fs::create_dir_all(&data).map_err(failed)?;
+        std::fs::copy(first.join("session.key"), data.join("session.key")).map_err(failed)?;
+    }
+    Ok(())
+}
+
+/// A flag set at the first SIGINT or SIGTERM (a thread of its own waits for them).
+fn stop_flag() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>, String> {
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| format!("signals: {error}"))?;
+    let signals = runtime
+        .block_on(async { crate::serve::stop_signal() })
+        .map_err(|error| error.to_string())?;
+    let set = std::sync::Arc::clone(&flag);
+    std::thread::Builder::new()
+        .name("openprogram-cluster-signals".into())
+        .spawn(move || {
+            runtime.block_on(signals);
+            set.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+        .map_err(|error| format!("signals: {error}"))?;
+    Ok(flag)
+}
