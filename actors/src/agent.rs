@@ -73,10 +73,21 @@ pub trait Tool: Send + Sync + 'static {
     fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>>;
 
     /// asks the external system whether the call with `call.effect_id` took effect.
-    /// Called only once the attempt that dispatched it is gone. Default: no protocol.
+    /// Called once the attempt that dispatched it is superseded — which, unless
+    /// `reconcile_fences`, means gone: another process's, or this one's before a restart.
+    /// Default: no protocol.
     fn reconcile(&self, call: ToolCall) -> BoxFuture<'static, Reconciliation> {
         let _ = call;
         futures::future::ready(Reconciliation::Unknown).boxed()
+    }
+
+    /// Whether `reconcile`'s answer stands while the dispatching attempt may still run the
+    /// call in this very process (its attempt lease lapsed, its actor slow): true when the
+    /// protocol fences the effect at `call.epoch` at the resource, so the older call's late
+    /// effect is refused there (`append` does, `append_file`). Otherwise such an effect
+    /// waits for an operator. Default: false.
+    fn reconcile_fences(&self) -> bool {
+        false
     }
 }
 
@@ -315,6 +326,10 @@ impl Tool for Append {
             return futures::future::ready(Reconciliation::Unknown).boxed();
         };
         find_record(path, call.effect_id, call.epoch).boxed()
+    }
+
+    fn reconcile_fences(&self) -> bool {
+        true
     }
 }
 

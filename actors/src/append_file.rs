@@ -1,6 +1,6 @@
 //! The `append` protocol's file (SPEC §6 `append`, R-8): records `LINE<TAB>EFFECT_ID\n`,
-//! and a fence beside it (`PATH.fence`, lines `EFFECT_ID<TAB>EPOCH\n`) that makes the file
-//! a resource checking fencing tokens itself (RELIABILITY R06, Kleppmann's argument).
+//! and fences beside it (`PATH.fence/EFFECT_ID`, holding an epoch) that make the file a
+//! resource checking fencing tokens itself (RELIABILITY R06, Kleppmann's argument).
 //!
 //! Why the fence: a reconciliation that finds no record answers `NotApplied`, and the
 //! effect runs again under the reconciling attempt. An older attempt of the same
@@ -14,13 +14,13 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use openprogram_storage::EffectId;
 
-/// The fence kept beside the file at `path`.
-fn fence_path(path: &str) -> String {
-    format!("{path}.fence")
+/// The fences kept beside the file at `path`: a directory, one file per fenced effect.
+fn fence_dir(path: &str) -> PathBuf {
+    PathBuf::from(format!("{path}.fence"))
 }
 
 /// [`append_record`] on the blocking pool: the caller's thread never waits for the lock or
@@ -92,49 +92,50 @@ fn look_and_fence(path: &str, effect_id: EffectId, epoch: u64) -> Option<bool> {
     Some(false)
 }
 
-/// Records `effect_id` as fenced at `epoch`, fsynced (and, when the fence file is new, its
-/// directory entry too). The caller holds the file's lock.
+/// Records `effect_id` as fenced at `epoch` (or newer, if it was): the file
+/// `PATH.fence/EFFECT_ID` holds the epoch, written aside, fsynced and renamed into place,
+/// the directory fsynced. The caller holds the file's lock.
 fn fence(path: &str, effect_id: EffectId, epoch: u64) -> std::io::Result<()> {
-    let fence_path = fence_path(path);
-    let created = !Path::new(&fence_path).exists();
-    let mut fence = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&fence_path)?;
-    fence.write_all(format!("{effect_id}\t{epoch}\n").as_bytes())?;
-    fence.sync_data()?;
-    if created {
-        let parent = Path::new(&fence_path)
-            .parent()
-            .filter(|parent| !parent.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        File::open(parent)?.sync_all()?;
+    let directory = fence_dir(path);
+    if !directory.is_dir() {
+        std::fs::create_dir_all(&directory)?;
+        sync_dir(directory.parent())?;
     }
-    Ok(())
+    let newest = fenced_at(path, effect_id)
+        .map_err(std::io::Error::other)?
+        .map_or(epoch, |fenced| fenced.max(epoch));
+    let aside = directory.join(format!("{effect_id}.new"));
+    let mut file = File::create(&aside)?;
+    file.write_all(newest.to_string().as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&aside, directory.join(effect_id.to_string()))?;
+    sync_dir(Some(&directory))
 }
 
-/// The newest epoch `effect_id` is fenced at, if any. The caller holds the file's lock. A
-/// fence that does not read refuses the write: it may hold the line that forbids it.
+fn sync_dir(directory: Option<&Path>) -> std::io::Result<()> {
+    let directory = directory
+        .filter(|directory| !directory.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    File::open(directory)?.sync_all()
+}
+
+/// The epoch `effect_id` is fenced at, if it is: one file to open, however many effects
+/// were fenced. The caller holds the file's lock. A fence that does not read refuses the
+/// write: it may be the one that forbids it.
 fn fenced_at(path: &str, effect_id: EffectId) -> Result<Option<u64>, String> {
-    let text = match std::fs::read_to_string(fence_path(path)) {
+    let fence = fence_dir(path).join(effect_id.to_string());
+    let text = match std::fs::read_to_string(&fence) {
         Ok(text) => text,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(error) => return Err(format!("append failed: the fence does not read: {error}")),
     };
-    let wanted = effect_id.to_string();
-    let mut newest = None;
-    for line in text.lines() {
-        let parsed = line
-            .split_once('\t')
-            .and_then(|(id, epoch)| Some((id, epoch.parse::<u64>().ok()?)));
-        let Some((id, epoch)) = parsed else {
-            return Err(format!("append failed: damaged fence line {line:?}"));
-        };
-        if id == wanted {
-            newest = newest.max(Some(epoch));
-        }
+    match text.trim().parse::<u64>() {
+        Ok(epoch) => Ok(Some(epoch)),
+        Err(_) => Err(format!(
+            "append failed: the fence {} is damaged",
+            fence.display()
+        )),
     }
-    Ok(newest)
 }
 
 #[cfg(test)]
@@ -161,6 +162,20 @@ mod tests {
         assert_eq!(look_up(path.clone(), effect, 3).await, Some(true));
     }
 
+    /// A stalled reconciler of an older attempt never lowers a fence a newer one set.
+    #[tokio::test]
+    async fn r06_a_fence_only_rises() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("sink").display().to_string();
+        std::fs::write(&path, "").expect("the sink");
+        let effect = EffectId::new();
+        assert_eq!(look_up(path.clone(), effect, 5).await, Some(false));
+        assert_eq!(look_up(path.clone(), effect, 4).await, Some(false));
+        assert!(append_record(&path, "stale", effect, 4).is_err());
+        append_record(&path, "newest", effect, 5).expect("the newest attempt writes");
+        assert_eq!(records(&path), 1);
+    }
+
     #[tokio::test]
     async fn r08_a_found_record_confirms_and_a_missing_file_is_unknown() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -169,18 +184,17 @@ mod tests {
         assert_eq!(look_up(path.clone(), effect, 1).await, None);
         append_record(&path, "line", effect, 1).expect("appends");
         assert_eq!(look_up(path.clone(), effect, 2).await, Some(true));
-        assert!(
-            !Path::new(&fence_path(&path)).exists(),
-            "a confirmation fences nothing"
-        );
+        assert!(!fence_dir(&path).exists(), "a confirmation fences nothing");
     }
 
     #[test]
     fn a_damaged_fence_refuses_the_write() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("sink").display().to_string();
-        std::fs::write(fence_path(&path), "not a fence line\n").expect("writes");
-        assert!(append_record(&path, "line", EffectId::new(), 1).is_err());
+        let effect = EffectId::new();
+        std::fs::create_dir(fence_dir(&path)).expect("creates");
+        std::fs::write(fence_dir(&path).join(effect.to_string()), "x").expect("writes");
+        assert!(append_record(&path, "line", effect, 1).is_err());
         assert_eq!(records(&path), 0);
     }
 }

@@ -57,6 +57,8 @@ pub struct DurableFunction {
     pub identity: String,
     body: Body,
     reconciler: Option<Reconciler>,
+    /// Whether `reconciler` fences at the resource (`reconcile_fences`).
+    reconcile_fences: bool,
     /// Checks an input at admission (`invalid_input`), before anything is stored.
     input_check: Option<InputCheck>,
     /// F-3: the step correspondence this revision declares with earlier ones, by revision.
@@ -99,6 +101,7 @@ impl DurableFunction {
             identity: identity.to_owned(),
             body: Arc::new(move |context, input| body(context, input).boxed()),
             reconciler: None,
+            reconcile_fences: false,
             input_check: None,
             correspondences: BTreeMap::new(),
             conversions: BTreeMap::new(),
@@ -178,6 +181,18 @@ impl DurableFunction {
 
     pub fn reconciler(&self) -> Option<&Reconciler> {
         self.reconciler.as_ref()
+    }
+
+    /// Declares that this function's reconciler fences a step's effect at `StepRef::epoch`
+    /// at the resource (see `Tool::reconcile_fences`): its answer then stands while an
+    /// older attempt in this process may still run the step.
+    pub fn reconcile_fences(mut self) -> Self {
+        self.reconcile_fences = true;
+        self
+    }
+
+    pub fn reconciler_fences(&self) -> bool {
+        self.reconciler.is_some() && self.reconcile_fences
     }
 }
 

@@ -78,6 +78,7 @@ where
     DurableFunction::new("steps", revision, identity, body)
         .input::<StepsInput>()
         .reconcile_with(append_protocol)
+        .reconcile_fences()
 }
 
 /// Whether `step` is `PREFIX` and a number (`s3`).
@@ -188,6 +189,7 @@ pub fn fanout() -> DurableFunction {
     })
     .input::<FanoutInput>()
     .reconcile_with(append_protocol)
+    .reconcile_fences()
 }
 
 async fn run_fanout(
@@ -241,6 +243,7 @@ pub fn nested() -> DurableFunction {
     })
     .input::<NestedInput>()
     .reconcile_with(append_protocol)
+    .reconcile_fences()
 }
 
 async fn run_nested(

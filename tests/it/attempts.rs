@@ -253,11 +253,13 @@ async fn taken_over(
 }
 
 /// An External tool whose first call freezes its thread (the dispatching worker stops, its
-/// lease lapses) and whose reconcile protocol would say "not applied".
+/// lease lapses) and whose reconcile protocol would say "not applied" — a protocol that
+/// fences at the resource if `fences`.
 struct FreezeInEffect {
     frozen: AtomicBool,
     freeze: Duration,
     reconcile_asked: std::sync::atomic::AtomicUsize,
+    fences: bool,
 }
 
 impl openprogram::agent::Tool for FreezeInEffect {
@@ -283,6 +285,9 @@ impl openprogram::agent::Tool for FreezeInEffect {
         self.reconcile_asked.fetch_add(1, Ordering::SeqCst);
         futures::future::ready(openprogram::agent::Reconciliation::NotApplied).boxed()
     }
+    fn reconcile_fences(&self) -> bool {
+        self.fences
+    }
 }
 
 /// R-8 with A-1: an effect dispatched by an attempt of this very runtime that was taken over
@@ -290,12 +295,41 @@ impl openprogram::agent::Tool for FreezeInEffect {
 /// asked and the execution waits for an operator (a "not applied" here would run it twice).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r8_an_effect_of_a_taken_over_attempt_waits_for_an_operator() {
+    let (runtime, tool, session, execution, _dir) = freeze_in_effect(false).await;
+    wait_state(&runtime, session, execution, "reconciliation_required").await;
+    // The new attempt would have asked in the turn that recorded `reconciliation_required`.
+    assert_eq!(tool.reconcile_asked.load(Ordering::SeqCst), 0);
+    runtime.halt();
+}
+
+/// R-8 with A-1, the protocol fencing at the resource (`Tool::reconcile_fences`, as
+/// `append` does): its answer stands though the taken-over attempt may still run, so it is
+/// asked, and the execution goes on without an operator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r8_a_fencing_protocol_reconciles_an_effect_of_a_taken_over_attempt() {
+    let (runtime, tool, session, execution, _dir) = freeze_in_effect(true).await;
+    wait_state(&runtime, session, execution, "completed").await;
+    assert!(tool.reconcile_asked.load(Ordering::SeqCst) >= 1);
+    runtime.halt();
+}
+
+/// A runtime whose one execution's `ext` call froze past its lease and was taken over.
+async fn freeze_in_effect(
+    fences: bool,
+) -> (
+    Runtime,
+    Arc<FreezeInEffect>,
+    SessionId,
+    openprogram::storage::ExecutionId,
+    tempfile::TempDir,
+) {
     let dir = tempfile::tempdir().expect("tempdir");
     let ttl = Duration::from_millis(150);
     let tool = Arc::new(FreezeInEffect {
         frozen: AtomicBool::new(false),
         freeze: ttl * 8,
         reconcile_asked: std::sync::atomic::AtomicUsize::new(0),
+        fences,
     });
     let runtime = Runtime::builder()
         .data_dir(dir.path())
@@ -322,8 +356,5 @@ async fn r8_an_effect_of_a_taken_over_attempt_waits_for_an_operator() {
         assert!(started.elapsed() < DEADLINE, "the lease never lapsed");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    wait_state(&runtime, session, execution, "reconciliation_required").await;
-    // The new attempt would have asked in the turn that recorded `reconciliation_required`.
-    assert_eq!(tool.reconcile_asked.load(Ordering::SeqCst), 0);
-    runtime.halt();
+    (runtime, tool, session, execution, dir)
 }

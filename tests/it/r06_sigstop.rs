@@ -4,19 +4,19 @@
 //! times its lease, then continued with SIGCONT, a few times at random moments. Each attempt
 //! stopped while running is replaced by a new one with a higher epoch however soon its own
 //! heartbeat runs again, and storage fences the old attempt's late writes (I3). An effect
-//! the old attempt had dispatched is never guessed (I2): it waits as
-//! `reconciliation_required` for the operator — here the test, reading the sink as an
-//! operator reads the external system. In the end every execution completes with each step
-//! delivered exactly once (I1, I8).
+//! the old attempt had dispatched is never guessed (I2): it is `reconciliation_required`
+//! until `append`'s protocol looks it up in the sink, having fenced it at the resource
+//! (`append_file`), so the old attempt's call — still running in this process — cannot land
+//! after a rerun. No operator is needed: in the end every execution completes with each
+//! step delivered exactly once (I1, I8).
 //!
 //! `OP_R06_SEED` replays a run.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use openprogram::storage::{Event, EventReader, ExecutionId, ExecutionState, Store};
 use rand::{Rng, SeedableRng};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::kill9::{assert_no_duplicate, sink_lines};
 use crate::served::{appending_turn, Served};
@@ -61,9 +61,8 @@ fn r06_an_owner_stopped_past_its_lease_is_fenced_and_nothing_is_delivered_twice(
         server.signal("-CONT");
     }
 
-    // To quiescence; the operator resolves what the stalled attempts left unknown.
+    // To quiescence; the protocol resolves what the stalled attempts left unknown.
     let deadline = Instant::now() + DEADLINE;
-    let mut reconciled = 0;
     for (index, execution) in executions.iter().enumerate() {
         let path = format!("{executions_path}/{execution}");
         loop {
@@ -74,11 +73,7 @@ fn r06_an_owner_stopped_past_its_lease_is_fenced_and_nothing_is_delivered_twice(
                     assert_eq!(snapshot["text"], format!("done {index}"));
                     break;
                 }
-                Some("reconciliation_required") => {
-                    reconciled += 1;
-                    reconcile(&call, &path, &snapshot, &sink);
-                }
-                Some("queued" | "running" | "cancelling") => {}
+                Some("queued" | "running" | "cancelling" | "reconciliation_required") => {}
                 _ => panic!("I2/L1: {snapshot}"),
             }
             assert!(Instant::now() < deadline, "never completed: {snapshot}");
@@ -139,7 +134,7 @@ fn r06_an_owner_stopped_past_its_lease_is_fenced_and_nothing_is_delivered_twice(
     }
     eprintln!(
         "R06: {STALLS} stalls of {} ms, {takeovers} takeovers of {taken_over} executions, \
-         {reconciled} operator reconciles, {fenced}",
+         {fenced}",
         (LEASE_TTL * 3).as_millis()
     );
     // Every execution ran through at least one stall (each runs for longer than the gap
@@ -149,33 +144,4 @@ fn r06_an_owner_stopped_past_its_lease_is_fenced_and_nothing_is_delivered_twice(
         taken_over, EXECUTIONS,
         "executions taken over after {STALLS} stalls ({takeovers} takeovers)"
     );
-}
-
-/// The operator's answer to an unknown effect: the sink holds its line or it does not.
-fn reconcile(
-    call: &impl Fn(&str, &str, Option<Value>) -> (u16, Value),
-    path: &str,
-    snapshot: &Value,
-    sink: &Path,
-) {
-    let unknown = snapshot["receipts"]
-        .as_array()
-        .and_then(|receipts| receipts.iter().find(|r| r["status"] == "unknown"))
-        .unwrap_or_else(|| panic!("no unknown receipt: {snapshot}"));
-    let effect = unknown["effect_id"].as_str().expect("effect id");
-    let delivered = sink_lines(sink).iter().any(|(_, id)| id == effect);
-    let outcome = if delivered {
-        "confirmed"
-    } else {
-        "not_applied"
-    };
-    let body = json!({
-        "command_id": openprogram::storage::CommandId::new(),
-        "kind": "reconcile",
-        "outcome": outcome,
-        "text": "appended",
-        "expected_version": snapshot["version"],
-    });
-    let (status, reply) = call("POST", &format!("{path}/commands"), Some(body));
-    assert_eq!(status, 202, "{reply}");
 }

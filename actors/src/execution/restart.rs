@@ -85,9 +85,10 @@ impl ExecutionActor {
         if !self.complete_history(ctx) {
             return;
         }
-        if unresolved.dispatched_by == Some(self.env.owner) {
+        if unresolved.dispatched_by == Some(self.env.owner) && !self.protocol_fences(&unresolved) {
             // Dispatched by an attempt of this incarnation that was taken over: it may still
-            // be running, so the external system's answer is not final. An operator decides.
+            // be running, so the external system's answer is not final (unless the protocol
+            // fences the effect at the resource). An operator decides.
             tracing::warn!(execution_id = %self.execution_id, effect_id = %unresolved.effect_id, "unknown effect of a taken-over attempt; awaiting an operator's reconcile");
             self.park_if_idle(ctx);
             return;
@@ -171,6 +172,29 @@ impl ExecutionActor {
             handle: CallHandle::detached(unresolved.effect_id),
         };
         Some(tool.reconcile(call))
+    }
+
+    /// Whether the protocol `reconcile_protocol` would ask fences the effect at the
+    /// resource, so that its answer stands while an older attempt of this process may still
+    /// run the effect (`Tool::reconcile_fences`).
+    fn protocol_fences(&self, unresolved: &PendingTool) -> bool {
+        match &self.machine.function {
+            Some(called) => {
+                let (function, revision) = match self.machine.nested_call_of(&unresolved.tool) {
+                    Some((nested, _)) => (&nested.function, nested.revision),
+                    None => (&called.function, self.machine.active_revision),
+                };
+                self.env
+                    .functions
+                    .get(function, revision)
+                    .is_some_and(|function| function.reconciler_fences())
+            }
+            None => self
+                .env
+                .tools
+                .get(&unresolved.tool)
+                .is_some_and(|tool| tool.reconcile_fences()),
+        }
     }
 
     /// The planted bug `rerun_confirmed` (storage's `planted.rs`): a claimed attempt runs the
