@@ -190,6 +190,12 @@ impl Sim {
                     control: Control::Step,
                     ..
                 } => self.steps_since_step = Some(0),
+                // A call whose outcome is `Unknown` is no step taken (R-8: reconciled
+                // `NotApplied`, it runs again as the same step).
+                Event::ToolFinished {
+                    status: ReceiptStatus::Unknown,
+                    ..
+                } => {}
                 Event::ModelDecided { .. } | Event::ToolFinished { .. } => {
                     if let Some(steps) = &mut self.steps_since_step {
                         *steps += 1;
@@ -208,12 +214,19 @@ impl Sim {
             if let Event::ToolDispatched { effect_id, .. } = event {
                 self.dispatched_at.insert(*effect_id, self.epoch);
             }
-            if let Event::ToolFinished { effect_id, .. } = event {
-                *self.results.entry(*effect_id).or_default() += 1;
-                assert_eq!(
-                    self.results[effect_id], 1,
-                    "{context}: two results for {effect_id}"
-                );
+            // One outcome per effect: an `Unknown` one is no outcome (reconciled
+            // `NotApplied`, the same effect runs again and finishes once more).
+            if let Event::ToolFinished {
+                effect_id, status, ..
+            } = event
+            {
+                if *status != ReceiptStatus::Unknown {
+                    *self.results.entry(*effect_id).or_default() += 1;
+                    assert_eq!(
+                        self.results[effect_id], 1,
+                        "{context}: two results for {effect_id}"
+                    );
+                }
             }
         }
         // The machine folded the decision as a value, not from its text.
@@ -474,7 +487,22 @@ impl Sim {
             (!waits.is_empty()).then(|| waits[rng.below(waits.len() as u64) as usize].wait_id)
         })
         .unwrap_or_else(openprogram_storage::WaitId::new);
-        let control = match rng.below(7) {
+        // the effect in doubt, resolved either way (a `NotApplied` one runs again, same
+        // effect id); some other effect, refused.
+        let doubted = self
+            .machine
+            .unresolved
+            .as_ref()
+            .map_or_else(EffectId::new, |unresolved| unresolved.effect_id);
+        let control = match rng.below(8) {
+            7 => Control::Reconcile {
+                effect_id: doubted,
+                status: match rng.below(2) {
+                    0 => ReceiptStatus::Confirmed,
+                    _ => ReceiptStatus::NotApplied,
+                },
+                output: "checked".into(),
+            },
             5 => Control::Answer {
                 wait_id: target,
                 answer: "yes".into(),

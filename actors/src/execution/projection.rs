@@ -27,8 +27,9 @@ use super::machine::{
 };
 
 /// The encoding of `Projected` in `ProjectionRecord::state`: JSON (a tool call's arguments
-/// are JSON text, kept as they are).
-pub const FORMAT: u32 = 1;
+/// are JSON text, kept as they are). Format 1 lacked `dispatched_unresolved`: such a
+/// projection is ignored (readers replay until the next one is written).
+pub const FORMAT: u32 = 2;
 
 /// A transition whose events cross a multiple of this many seqs writes a projection.
 pub const EVERY_EVENTS: u64 = 128;
@@ -36,7 +37,7 @@ pub const EVERY_EVENTS: u64 = 128;
 /// How many of the newest receipts, ended waits and completed steps a projection keeps — and a snapshot shows.
 pub const KEPT: usize = 20;
 
-/// The stored state of a projection (`FORMAT` 1).
+/// The stored state of a projection (`FORMAT` 2).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Projected {
     present: Present,
@@ -53,6 +54,10 @@ pub struct Projected {
     /// The pending tool's effect, if it was dispatched: the only dispatched effect a later
     /// fork point's rule can ask about (a point's next step is the pending call).
     dispatched_pending: Option<EffectId>,
+    /// The effects in doubt (`unresolved`, and the queue of a function's), if dispatched: one
+    /// reconciled `NotApplied` becomes the pending call again, same effect id, and a fork
+    /// point before it must still know it was dispatched.
+    dispatched_unresolved: Vec<EffectId>,
     dropped: Dropped,
 }
 
@@ -94,6 +99,13 @@ impl Projected {
             .as_ref()
             .map(|pending| pending.effect_id)
             .filter(|effect_id| machine.dispatched_externals.contains(effect_id));
+        let dispatched_unresolved = machine
+            .unresolved
+            .iter()
+            .chain(&machine.unresolved_queue)
+            .map(|unresolved| unresolved.effect_id)
+            .filter(|effect_id| machine.dispatched_externals.contains(effect_id))
+            .collect();
         Self {
             present: machine.present.clone(),
             text: machine.text.clone(),
@@ -103,6 +115,7 @@ impl Projected {
             completed_steps,
             fork_points,
             dispatched_pending,
+            dispatched_unresolved,
             dropped: Dropped {
                 receipts: before.receipts + receipts_out,
                 ended_waits: before.ended_waits + waits_out,
@@ -165,7 +178,11 @@ impl Projected {
         machine.ended_waits = self.ended_waits;
         machine.completed_steps = self.completed_steps;
         machine.fork_points = self.fork_points;
-        machine.dispatched_externals = self.dispatched_pending.into_iter().collect();
+        machine.dispatched_externals = self
+            .dispatched_pending
+            .into_iter()
+            .chain(self.dispatched_unresolved)
+            .collect();
         machine.partial = Some(self.dropped);
         machine
     }
