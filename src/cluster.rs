@@ -45,6 +45,13 @@ impl ClusterArgs {
             .token
             .or_else(|| std::env::var("OPENPROGRAM_TOKEN").ok())
             .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
+        // Refused here, before a database starts, rather than by every node.
+        if token.trim().len() < crate::serve::TOKEN_CHARS_MIN {
+            return Err(format!(
+                "a token must have at least {} characters",
+                crate::serve::TOKEN_CHARS_MIN
+            ));
+        }
         Ok(ClusterOptions {
             binary,
             nodes: self.nodes,

@@ -128,6 +128,7 @@ pub fn run(options: &LoadOptions, targets: &[Target]) -> Result<LoadReport, Fail
         )));
     }
     report.first_error = first_error;
+    report.store = "server".into();
     Ok(report)
 }
 

@@ -54,7 +54,8 @@ pub struct LoadReport {
     pub target: String,
     /// `agent`, or the function run (`steps`).
     pub kind: String,
-    /// The store written: `sled` or `postgres` (N-1).
+    /// The store written: `sled` or `postgres` (N-1); `server` over HTTP (`--url`: the
+    /// servers' own store, which they do not name).
     pub store: String,
     pub executions: usize,
     pub steps: usize,
