@@ -75,12 +75,20 @@ pub struct ClusterOptions {
     pub dir: Option<PathBuf>,
 }
 
-/// One node: `serve` as a child.
+/// One node: `serve` as a child, stopped when dropped (also on a panic's unwinding).
 struct Node {
     id: String,
     listen: String,
     child: Option<Child>,
     starts: usize,
+    /// When a node that is not running may be started again.
+    retry_at: Instant,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 impl Node {
@@ -114,11 +122,20 @@ impl Node {
             .spawn()
             .map_err(|error| format!("starting {}: {error}", options.binary.display()))?;
         self.starts += 1;
-        let mut url = String::new();
-        let mut stdout = child.stdout.take().map(std::io::BufReader::new);
-        if let Some(stdout) = stdout.as_mut() {
-            let _ = stdout.read_line(&mut url);
+        // Its first line, read on a thread of its own so that a node that never says it
+        // listens is given up after NODE_TIMEOUT; the rest is drained there, so it never
+        // blocks on a full pipe.
+        let (told, heard) = std::sync::mpsc::channel();
+        if let Some(stdout) = child.stdout.take() {
+            std::thread::spawn(move || {
+                let mut stdout = std::io::BufReader::new(stdout);
+                let mut url = String::new();
+                let _ = stdout.read_line(&mut url);
+                let _ = told.send(url);
+                std::io::copy(&mut stdout, &mut std::io::sink())
+            });
         }
+        let url = heard.recv_timeout(NODE_TIMEOUT).unwrap_or_default();
         if url.trim().is_empty() {
             let _ = child.kill();
             let _ = child.wait();
@@ -127,10 +144,6 @@ impl Node {
                 self.id,
                 self.log(dir).display()
             ));
-        }
-        // Whatever else it prints is drained, so it never blocks on a full pipe.
-        if let Some(mut stdout) = stdout {
-            std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
         }
         self.child = Some(child);
         Ok(())
@@ -180,12 +193,19 @@ pub fn run(options: &ClusterOptions) -> Result<(), String> {
     // its directory inside.
     let pg_dir = dir.join("postgres");
     std::fs::create_dir_all(&pg_dir).map_err(|error| format!("{}: {error}", pg_dir.display()))?;
+    // Absolute: the server resolves its socket directory from its data directory.
+    let dir = dir
+        .canonicalize()
+        .map_err(|error| format!("{}: {error}", dir.display()))?;
+    let pg_dir = dir.join("postgres");
     eprintln!("openprogram: starting PostgreSQL in {}", pg_dir.display());
     let result =
         LocalPostgres::start(&pg_dir, 100 + 20 * options.nodes as u32).and_then(|mut postgres| {
             let served = serve_nodes(options, &dir, &postgres, &stop);
             eprintln!("openprogram: stopping PostgreSQL");
-            postgres.stop().and(served)
+            // The nodes' failure, if any, says more than the database's.
+            let stopped = postgres.stop();
+            served.and(stopped)
         });
     if remove {
         if let Err(error) = std::fs::remove_dir_all(&dir) {
@@ -214,6 +234,7 @@ fn serve_nodes(
             listen: format!("127.0.0.1:{port}"),
             child: None,
             starts: 0,
+            retry_at: Instant::now(),
         });
     }
     let started = nodes
@@ -261,17 +282,17 @@ fn serve_nodes(
     while !stop.load(std::sync::atomic::Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(200));
         for node in &mut nodes {
-            let Some(status) = node.exited() else {
-                continue;
-            };
-            if stop.load(std::sync::atomic::Ordering::SeqCst) {
-                break;
+            if let Some(status) = node.exited() {
+                eprintln!("openprogram: node {} exited ({status})", node.id);
             }
-            eprintln!(
-                "openprogram: node {} exited ({status}); starting it again",
-                node.id
-            );
+            let down = node.child.is_none() && Instant::now() >= node.retry_at;
+            if !down || stop.load(std::sync::atomic::Ordering::SeqCst) {
+                continue;
+            }
+            eprintln!("openprogram: starting node {} again", node.id);
             if let Err(error) = node.start(options, dir, &store) {
+                // Tried again a little later (its port may still be held).
+                node.retry_at = Instant::now() + Duration::from_secs(2);
                 eprintln!("openprogram: {error}");
             }
         }

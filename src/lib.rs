@@ -592,6 +592,7 @@ impl Runtime {
         // leaves storage as a crash does.)
         self.inner.service.env().lifecycle.mark_recovered();
         self.inner.service.env().lifecycle.drop_waiters();
+        self.inner.service.env().lifecycle.mark_halted();
         let system = self
             .inner
             .system

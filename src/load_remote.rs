@@ -198,7 +198,10 @@ impl ServerMetrics {
     /// Several nodes' counters: summed, but the committer's busy fractions averaged (each
     /// node has its own committer) and peak RSS the largest.
     fn read_all(targets: &[Target]) -> Result<Self, Failure> {
-        let mut all = Self::default();
+        let mut all = Self {
+            committer_s: Some([0.0; 3]),
+            ..Self::default()
+        };
         for target in targets {
             let one = Self::read(target)?;
             all.fsyncs += one.fsyncs;
@@ -206,11 +209,11 @@ impl ServerMetrics {
             all.peak_resident_bytes = all.peak_resident_bytes.max(one.peak_resident_bytes);
             all.loads_parked += one.loads_parked;
             all.loads_replayed += one.loads_replayed;
-            all.committer_s = match (all.committer_s, one.committer_s) {
-                (None, one) => one,
-                (Some(sum), Some(one)) => Some([sum[0] + one[0], sum[1] + one[1], sum[2] + one[2]]),
-                (Some(_), None) => None,
-            };
+            // Known only if every node reports it.
+            all.committer_s = all
+                .committer_s
+                .zip(one.committer_s)
+                .map(|(sum, one)| [sum[0] + one[0], sum[1] + one[1], sum[2] + one[2]]);
         }
         if let Some(sum) = all.committer_s.as_mut() {
             let nodes = targets.len().max(1) as f64;

@@ -69,8 +69,9 @@ pub fn append_record(
 
 /// The lookup of `effect_id` by the attempt at `epoch`: `Some(true)` if and only if
 /// its record is in the file; otherwise the effect is fenced at `epoch` (durably) before the
-/// answer is `Some(false)`, absent for good. A missing or unreadable file proves nothing (a
-/// relative path, a moved file): `None`, a person decides.
+/// answer is `Some(false)`, absent for good. A missing or unreadable file, or a relative
+/// path (another process may have another working directory), proves nothing: `None`, a
+/// person decides.
 pub async fn look_up(path: String, effect_id: EffectId, epoch: u64) -> Option<bool> {
     tokio::task::spawn_blocking(move || look_and_fence(&path, effect_id, epoch))
         .await
@@ -79,12 +80,18 @@ pub async fn look_up(path: String, effect_id: EffectId, epoch: u64) -> Option<bo
 }
 
 fn look_and_fence(path: &str, effect_id: EffectId, epoch: u64) -> Option<bool> {
+    if Path::new(path).is_relative() {
+        return None;
+    }
     let mut file = File::open(path).ok()?;
     let mut bytes = Vec::new();
     file.lock().ok()?;
     file.read_to_end(&mut bytes).ok()?;
     let needle = format!("\t{effect_id}\n");
     if memchr::memmem::find(&bytes, needle.as_bytes()).is_some() {
+        // A writer killed between its write and its fsync left the line in the page cache
+        // only: durable before it is confirmed.
+        file.sync_data().ok()?;
         return Some(true);
     }
     // Unfenced, a stalled writer could still land: not proven absent.
@@ -97,10 +104,10 @@ fn look_and_fence(path: &str, effect_id: EffectId, epoch: u64) -> Option<bool> {
 /// the directory fsynced. The caller holds the file's lock.
 fn fence(path: &str, effect_id: EffectId, epoch: u64) -> std::io::Result<()> {
     let directory = fence_dir(path);
-    if !directory.is_dir() {
-        std::fs::create_dir_all(&directory)?;
-        sync_dir(directory.parent())?;
-    }
+    // The parent is synced every time (fences are rare): a crash between creating the
+    // directory and syncing its parent must not leave it unsynced for good.
+    std::fs::create_dir_all(&directory)?;
+    sync_dir(directory.parent())?;
     let newest = fenced_at(path, effect_id)
         .map_err(std::io::Error::other)?
         .map_or(epoch, |fenced| fenced.max(epoch));
@@ -185,6 +192,8 @@ mod tests {
         append_record(&path, "line", effect, 1).expect("appends");
         assert_eq!(look_up(path.clone(), effect, 2).await, Some(true));
         assert!(!fence_dir(&path).exists(), "a confirmation fences nothing");
+        // Another process may resolve a relative path elsewhere.
+        assert_eq!(look_up("sink".into(), effect, 2).await, None);
     }
 
     #[test]

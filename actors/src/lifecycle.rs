@@ -19,6 +19,9 @@ pub struct Lifecycle {
     /// executions record as they pause.
     stopping: Mutex<Option<RestartIntent>>,
     stopping_flag: AtomicBool,
+    /// The actors were stopped (`Runtime::halt`, also the end of an orderly shutdown):
+    /// nothing of this runtime writes any more.
+    halted: AtomicBool,
     /// Startup recovery finished (`true`); commands wait for it, so they never race its
     /// claims with an activation of their own.
     recovered: tokio::sync::watch::Sender<bool>,
@@ -34,6 +37,7 @@ impl Default for Lifecycle {
         Self {
             stopping: Mutex::new(None),
             stopping_flag: AtomicBool::new(false),
+            halted: AtomicBool::new(false),
             recovered: tokio::sync::watch::Sender::new(false),
             finished_waiters: Mutex::new(HashMap::new()),
             lease_lost: tokio::sync::watch::Sender::new(None),
@@ -93,6 +97,15 @@ impl Lifecycle {
 
     pub fn is_stopping(&self) -> bool {
         self.stopping_flag.load(Ordering::SeqCst)
+    }
+
+    /// The actors are stopped: the runtime writes nothing more.
+    pub fn mark_halted(&self) {
+        self.halted.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_halted(&self) -> bool {
+        self.halted.load(Ordering::SeqCst)
     }
 
     /// The restart intent of an orderly shutdown in progress.

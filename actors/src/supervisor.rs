@@ -112,7 +112,9 @@ pub fn keep_node_lease(env: std::sync::Weak<Env>) -> std::io::Result<()> {
             loop {
                 let Some(env) = env.upgrade() else { return };
                 let every = (env.lease_ttl / 3).max(Duration::from_millis(10));
-                if env.lifecycle.is_stopping() {
+                // Renewed through an orderly shutdown too: its pauses are this node's
+                // writes, and a survivor taking over meanwhile would fence them.
+                if env.lifecycle.is_halted() {
                     return;
                 }
                 // Every third of a ttl from the start of one renewal to the next: a slow

@@ -229,3 +229,99 @@ fn n2_openprogram_cluster_runs_three_nodes_on_a_throwaway_database() {
         "the database still runs"
     );
 }
+
+/// N-2 with R-7: a node keeps renewing its lease through an orderly shutdown — its pauses
+/// are its own writes, which a survivor taking over meanwhile would fence. The shutdown
+/// here outlasts several leases (a call in flight finishes before its execution pauses).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL (apt-get install postgresql); run with \
+            `cargo test --workspace -- --include-ignored`"]
+async fn n2_a_node_keeps_its_lease_through_an_orderly_shutdown() {
+    use std::time::{Duration, Instant};
+    let ttl = Duration::from_millis(300);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = openprogram::Runtime::builder()
+        .data_dir(dir.path())
+        .store_url(crate::pg_cluster::database())
+        .node("n1", "http://127.0.0.1:9")
+        .lease_ttl(ttl)
+        .shutdown_timeout(Duration::from_secs(30))
+        .tool(std::sync::Arc::new(Hold(Duration::from_secs(2))))
+        .open()
+        .expect("open");
+    let session = openprogram::storage::SessionId::new();
+    let request = openprogram::StartRequest {
+        message: "hold".into(),
+        script: crate::support::elements(vec![
+            serde_json::json!({"tool": "hold", "args": {}}),
+            crate::support::reply("done"),
+        ]),
+        ..Default::default()
+    };
+    let execution = runtime
+        .start_execution(session, request)
+        .await
+        .expect("start")
+        .execution_id;
+    // The call is in flight once its dispatch is recorded.
+    let deadline = Instant::now() + crate::support::DEADLINE;
+    while !runtime
+        .events(session, execution, 0)
+        .expect("events")
+        .iter()
+        .any(|envelope| {
+            matches!(
+                envelope.event,
+                openprogram::storage::Event::ToolDispatched { .. }
+            )
+        })
+    {
+        assert!(Instant::now() < deadline, "the call never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let started = Instant::now();
+    let shutdown = runtime.shutdown();
+    tokio::pin!(shutdown);
+    let mut looked = 0;
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = tokio::time::sleep(ttl / 3) => {
+                let nodes = runtime.nodes().expect("nodes");
+                let this = nodes.nodes.iter().find(|node| node.this_node).expect("this node");
+                assert!(
+                    this.live,
+                    "the lease lapsed {} ms into the shutdown: {nodes:?}",
+                    started.elapsed().as_millis()
+                );
+                looked += 1;
+            }
+        }
+    }
+    // Otherwise the test proved nothing: the shutdown outlasted several leases.
+    assert!(started.elapsed() > ttl * 3, "{:?}", started.elapsed());
+    assert!(looked >= 9, "{looked}");
+}
+
+/// An External call that takes its time: recorded as dispatched before it runs, so a test
+/// knows it is in flight.
+struct Hold(std::time::Duration);
+
+impl openprogram::agent::Tool for Hold {
+    fn name(&self) -> &str {
+        "hold"
+    }
+    fn recovery(&self) -> openprogram::actors::execution::machine::Recovery {
+        openprogram::actors::execution::machine::Recovery::External
+    }
+    fn call(
+        &self,
+        _call: openprogram::agent::ToolCall,
+    ) -> futures::future::BoxFuture<'static, Result<String, String>> {
+        let hold = self.0;
+        Box::pin(async move {
+            tokio::time::sleep(hold).await;
+            Ok("held".to_owned())
+        })
+    }
+}

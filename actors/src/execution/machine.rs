@@ -466,6 +466,7 @@ impl Present {
                 let mut step = PendingTool::new(*effect_id, step_id.clone(), ToolArgs::default());
                 step.dispatched = true;
                 step.dispatched_by = self.attempt_owner;
+                step.dispatched_in = self.attempt_id;
                 self.pending_steps.push(step);
             }
             Event::StepFinished {
@@ -568,6 +569,7 @@ impl Present {
         if let Some(pending) = &mut self.pending_tool {
             pending.dispatched = true;
             pending.dispatched_by = self.attempt_owner;
+            pending.dispatched_in = self.attempt_id;
         }
         actions.push(Action::RunDispatched);
     }

@@ -4,7 +4,7 @@
 //! reads and writes decision and checkpoint texts (`DecisionKind`, `NextAction`). Pure data.
 
 use openprogram_storage::{
-    Control, EffectId, Event, OwnerId, ReceiptStatus, RevisionId, WaitStatus,
+    AttemptId, Control, EffectId, Event, OwnerId, ReceiptStatus, RevisionId, WaitStatus,
 };
 use serde::{Deserialize, Serialize};
 
@@ -277,6 +277,11 @@ pub struct PendingTool {
     /// protocol may ask about it only once that owner is gone: an attempt of this very
     /// incarnation that was taken over may still be running it.
     pub dispatched_by: Option<OwnerId>,
+    /// The attempt that dispatched it. A protocol that fences at the resource may answer
+    /// for an effect of this incarnation only if a later attempt asks: the fence refuses
+    /// only writes of older epochs, so the dispatching attempt itself cannot be fenced.
+    #[serde(default)]
+    pub dispatched_in: Option<AttemptId>,
 }
 
 impl PendingTool {
@@ -289,6 +294,7 @@ impl PendingTool {
             dispatched: false,
             uncertain: false,
             dispatched_by: None,
+            dispatched_in: None,
         }
     }
 }

@@ -85,10 +85,17 @@ impl ExecutionActor {
         if !self.complete_history(ctx) {
             return;
         }
-        if unresolved.dispatched_by == Some(self.env.owner) && !self.protocol_fences(&unresolved) {
-            // Dispatched by an attempt of this incarnation that was taken over: it may still
-            // be running, so the external system's answer is not final (unless the protocol
-            // fences the effect at the resource). An operator decides.
+        // A fence refuses writes of epochs older than the asking attempt's: it covers an
+        // earlier attempt, never the asking one.
+        let fenced_off = self.protocol_fences(&unresolved)
+            && unresolved
+                .dispatched_in
+                .is_some_and(|attempt| attempt != self.lease.attempt_id);
+        if unresolved.dispatched_by == Some(self.env.owner) && !fenced_off {
+            // Dispatched by an attempt of this incarnation that was taken over (or by this
+            // attempt, a step it gave up on): it may still be running, so the external
+            // system's answer is not final, unless an earlier attempt dispatched it and the
+            // protocol fences the effect at the resource. An operator decides.
             tracing::warn!(execution_id = %self.execution_id, effect_id = %unresolved.effect_id, "unknown effect of a taken-over attempt; awaiting an operator's reconcile");
             self.park_if_idle(ctx);
             return;

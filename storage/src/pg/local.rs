@@ -113,6 +113,14 @@ impl LocalPostgres {
             .status()
             .map_err(|error| format!("pg_ctl start: {error}"))?;
         if !started.success() {
+            // `-w` gave up waiting: the server may run all the same.
+            let _ = run_as(as_user, &bin.join("pg_ctl"))
+                .args(["-m", "immediate", "-D"])
+                .arg(&data)
+                .arg("stop")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
             return Err(format!("pg_ctl start failed (see {})", log.display()));
         }
         Ok(Self {
