@@ -239,46 +239,23 @@ fn n2_openprogram_cluster_runs_three_nodes_on_a_throwaway_database() {
 async fn n2_a_node_keeps_its_lease_through_an_orderly_shutdown() {
     use std::time::{Duration, Instant};
     let ttl = Duration::from_millis(300);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let runtime = openprogram::Runtime::builder()
-        .data_dir(dir.path())
-        .store_url(crate::pg_cluster::database())
-        .node("n1", "http://127.0.0.1:9")
-        .lease_ttl(ttl)
-        .shutdown_timeout(Duration::from_secs(30))
-        .tool(std::sync::Arc::new(Hold(Duration::from_secs(2))))
-        .open()
-        .expect("open");
-    let session = openprogram::storage::SessionId::new();
-    let request = openprogram::StartRequest {
-        message: "hold".into(),
-        script: crate::support::elements(vec![
-            serde_json::json!({"tool": "hold", "args": {}}),
-            crate::support::reply("done"),
-        ]),
-        ..Default::default()
-    };
-    let execution = runtime
-        .start_execution(session, request)
-        .await
-        .expect("start")
-        .execution_id;
+    let restarts = Restarts::on_postgres();
+    let runtime = restarts.open_with(|builder| {
+        builder
+            .node("n1", "http://127.0.0.1:9")
+            .lease_ttl(ttl)
+            .shutdown_timeout(Duration::from_secs(30))
+            .tool(std::sync::Arc::new(Hold(Duration::from_secs(2))))
+    });
+    let hold = serde_json::json!({"tool": "hold", "args": {}});
+    let started = restarts.start(&runtime, vec![hold, crate::support::reply("done")]);
+    let execution = started.await.execution_id;
     // The call is in flight once its dispatch is recorded.
-    let deadline = Instant::now() + crate::support::DEADLINE;
-    while !runtime
-        .events(session, execution, 0)
-        .expect("events")
-        .iter()
-        .any(|envelope| {
-            matches!(
-                envelope.event,
-                openprogram::storage::Event::ToolDispatched { .. }
-            )
+    restarts
+        .wait_events(&runtime, execution, "the call's dispatch", 1, |event| {
+            matches!(event, openprogram::storage::Event::ToolDispatched { .. })
         })
-    {
-        assert!(Instant::now() < deadline, "the call never started");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        .await;
     let started = Instant::now();
     let shutdown = runtime.shutdown();
     tokio::pin!(shutdown);
