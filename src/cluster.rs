@@ -80,7 +80,6 @@ struct Node {
     id: String,
     listen: String,
     child: Option<Child>,
-    starts: usize,
     /// When a node that is not running may be started again.
     retry_at: Instant,
 }
@@ -121,7 +120,6 @@ impl Node {
             .stderr(log)
             .spawn()
             .map_err(|error| format!("starting {}: {error}", options.binary.display()))?;
-        self.starts += 1;
         // Its first line, read on a thread of its own so that a node that never says it
         // listens is given up after NODE_TIMEOUT; the rest is drained there, so it never
         // blocks on a full pipe.
@@ -191,11 +189,9 @@ pub fn run(options: &ClusterOptions) -> Result<(), String> {
     };
     // Not a private temp dir: the database may run as the `postgres` user, who must reach
     // its directory inside.
-    let pg_dir = dir.join("postgres");
-    std::fs::create_dir_all(&pg_dir).map_err(|error| format!("{}: {error}", pg_dir.display()))?;
     // Absolute: the server resolves its socket directory from its data directory.
-    let dir = dir
-        .canonicalize()
+    let dir = std::fs::create_dir_all(dir.join("postgres"))
+        .and_then(|()| dir.canonicalize())
         .map_err(|error| format!("{}: {error}", dir.display()))?;
     let pg_dir = dir.join("postgres");
     eprintln!("openprogram: starting PostgreSQL in {}", pg_dir.display());
@@ -233,7 +229,6 @@ fn serve_nodes(
             id: format!("n{index}"),
             listen: format!("127.0.0.1:{port}"),
             child: None,
-            starts: 0,
             retry_at: Instant::now(),
         });
     }

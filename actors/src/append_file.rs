@@ -40,12 +40,7 @@ pub async fn append(
 
 /// Appends `LINE<TAB>EFFECT_ID\n` to the file at `path` and fsyncs it, unless a
 /// reconciliation of `effect_id` by an attempt newer than `epoch` fenced it.
-pub fn append_record(
-    path: &str,
-    line: &str,
-    effect_id: EffectId,
-    epoch: u64,
-) -> Result<(), String> {
+fn append_record(path: &str, line: &str, effect_id: EffectId, epoch: u64) -> Result<(), String> {
     if line.contains('\n') || line.contains('\t') {
         return Err("line must not contain a newline or a tab".into());
     }

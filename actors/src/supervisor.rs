@@ -98,7 +98,8 @@ pub fn renew_node(env: &Env) -> Result<Option<openprogram_storage::NodeRecord>> 
 }
 
 /// N-2: renews this node's lease three times a ttl on a thread of its own — never starved
-/// by the actors' work or a long takeover round — until the runtime is gone or stopping.
+/// by the actors' work or a long takeover round — until the runtime is gone or its actors
+/// stopped (through an orderly shutdown).
 /// A renewal that comes after the previous lease ran out (by the database's clock) means
 /// this node was dead to the others meanwhile (a stall, a partition) and they may have taken
 /// its executions over while effects of its old attempts may still be in flight here: the

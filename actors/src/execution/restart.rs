@@ -14,7 +14,7 @@ use crate::command::{Command, CommandBody, EffectRef, ReconcileOutcome};
 use crate::execution::actor::{Advance, ExecutionActor};
 use crate::execution::commands::{ApplyCommand, Saved};
 use crate::execution::machine::PendingTool;
-use crate::function::StepRef;
+use crate::function::{DurableFunction, StepRef};
 
 impl ExecutionActor {
     /// While the runtime stops: the restart-recovery pause of a running execution with
@@ -145,21 +145,8 @@ impl ExecutionActor {
         &self,
         unresolved: &PendingTool,
     ) -> Option<futures::future::BoxFuture<'static, Reconciliation>> {
-        if let Some(called) = &self.machine.function {
-            // A step of a nested call is its own function's to judge, with its input.
-            let (function, revision, input, step_id) =
-                match self.machine.nested_call_of(&unresolved.tool) {
-                    Some((nested, step_id)) => {
-                        (&nested.function, nested.revision, &nested.input, step_id)
-                    }
-                    None => (
-                        &called.function,
-                        self.machine.active_revision,
-                        &called.input,
-                        unresolved.tool.as_str(),
-                    ),
-                };
-            let function = self.env.functions.get(function, revision)?;
+        if self.machine.function.is_some() {
+            let (function, input, step_id) = self.step_judge(unresolved)?;
             let step = StepRef {
                 step_id: step_id.to_owned(),
                 effect_id: unresolved.effect_id,
@@ -185,23 +172,39 @@ impl ExecutionActor {
     /// resource, so that its answer stands while an older attempt of this process may still
     /// run the effect (`Tool::reconcile_fences`).
     fn protocol_fences(&self, unresolved: &PendingTool) -> bool {
-        match &self.machine.function {
-            Some(called) => {
-                let (function, revision) = match self.machine.nested_call_of(&unresolved.tool) {
-                    Some((nested, _)) => (&nested.function, nested.revision),
-                    None => (&called.function, self.machine.active_revision),
-                };
-                self.env
-                    .functions
-                    .get(function, revision)
-                    .is_some_and(|function| function.reconciler_fences())
-            }
+        match self.machine.function {
+            Some(_) => self
+                .step_judge(unresolved)
+                .is_some_and(|(function, _, _)| function.reconciler_fences()),
             None => self
                 .env
                 .tools
                 .get(&unresolved.tool)
                 .is_some_and(|tool| tool.reconcile_fences()),
         }
+    }
+
+    /// For a durable function's step in doubt: the function that judges it, with its input
+    /// and the step's id in it. A step of a nested call is its own function's to judge.
+    fn step_judge<'a>(
+        &'a self,
+        unresolved: &'a PendingTool,
+    ) -> Option<(&'a DurableFunction, &'a serde_json::Value, &'a str)> {
+        let called = self.machine.function.as_ref()?;
+        let (function, revision, input, step_id) = match self
+            .machine
+            .nested_call_of(&unresolved.tool)
+        {
+            Some((nested, step_id)) => (&nested.function, nested.revision, &nested.input, step_id),
+            None => (
+                &called.function,
+                self.machine.active_revision,
+                &called.input,
+                unresolved.tool.as_str(),
+            ),
+        };
+        let function = self.env.functions.get(function, revision)?;
+        Some((function, input, step_id))
     }
 
     /// The planted bug `rerun_confirmed` (storage's `planted.rs`): a claimed attempt runs the
