@@ -5,11 +5,11 @@
 //! database's commit rate rather than one round trip per step.
 //!
 //! - `pg/schema.rs` — the tables and their versioned migrations (S-1).
-//! - `pg/commit.rs` — the committer thread: one SQL transaction per group.
+//! - `pg/commit.rs` — the committer threads: one SQL transaction per group.
 //! - `pg/reads.rs` — `EventReader`, served by a small pool of reader threads.
 //! - `pg/baseline.rs` — the database's raw insert rate, the ceiling `load` compares with.
 //!
-//! Threads, not tasks: the committer and each reader own a blocking client (the `postgres`
+//! Threads, not tasks: each committer and each reader own a blocking client (the `postgres`
 //! crate) on a thread of their own, as the sled store's committer does. A read called from
 //! an actor blocks that thread for one round trip, as a sled read blocks it for a page-in;
 //! it never runs a client on a runtime thread (the blocking client would refuse).
@@ -43,8 +43,13 @@ use crate::transition::{Outcome, Transition};
 /// Reader threads (each with its own connection).
 const READERS: usize = 4;
 
-/// A handle on an event log in PostgreSQL. Cheap to clone; the committer and the readers
-/// stop when the last handle drops, after the committer answered everything queued.
+/// Committer threads (each with its own connection). Groups on two connections overlap in
+/// all but their final statement and commit (`pg/commit.rs`); a third measured no faster
+/// on this 2-core machine (benches/HISTORY.md, session 22).
+const COMMITTERS: usize = 2;
+
+/// A handle on an event log in PostgreSQL. Cheap to clone; the committers and the readers
+/// stop when the last handle drops, after the committers answered everything queued.
 #[derive(Debug, Clone)]
 pub struct PgStore {
     inner: Arc<Inner>,
@@ -53,8 +58,9 @@ pub struct PgStore {
 #[derive(Debug)]
 struct Inner {
     shared: Arc<Shared>,
-    sender: Option<mpsc::Sender<commit::Request>>,
-    committer: Option<JoinHandle<()>>,
+    /// One queue per committer; an execution's requests go to `senders[shard(id)]`.
+    senders: Vec<mpsc::Sender<commit::Request>>,
+    committers: Vec<JoinHandle<()>>,
     readers: reads::Readers,
     /// The node lease's own connection (N-2): a renewal never queues behind reads (a
     /// takeover's scan, a recovery, a client's long page), whose wait would let it lapse.
@@ -64,10 +70,10 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.sender.take();
-        if let Some(committer) = self.committer.take() {
+        self.senders.clear();
+        for committer in self.committers.drain(..) {
             if committer.join().is_err() {
-                tracing::error!("the PostgreSQL committer thread panicked");
+                tracing::error!("a PostgreSQL committer thread panicked");
             }
         }
         self.readers.close();
@@ -165,18 +171,26 @@ impl PgStore {
         });
         let readers = reads::Readers::start(&shared, "reader", READERS)?;
         let lease = reads::Readers::start(&shared, "lease", 1)?;
-        let (sender, queue) = mpsc::channel(limits.queue_len_max.max(1));
-        let committer_shared = Arc::clone(&shared);
-        let committer = std::thread::Builder::new()
-            .name("openprogram-pg-committer".into())
-            .spawn(move || commit::run(committer_shared, client, queue))
-            .map_err(|error| Error::Database(format!("starting the committer: {error}")))?;
+        let (mut senders, mut committers) = (Vec::new(), Vec::new());
+        // The first committer takes the opening's connection; the others connect themselves.
+        let mut client = Some(client);
+        for index in 0..COMMITTERS {
+            let (sender, queue) = mpsc::channel(limits.queue_len_max.max(1));
+            let committer_shared = Arc::clone(&shared);
+            let client = client.take();
+            let committer = std::thread::Builder::new()
+                .name(format!("openprogram-pg-committer-{index}"))
+                .spawn(move || commit::run(committer_shared, client, queue))
+                .map_err(|error| Error::Database(format!("starting a committer: {error}")))?;
+            senders.push(sender);
+            committers.push(committer);
+        }
         tracing::info!(owner = %incarnation.owner_id, number = incarnation.number, "PostgreSQL store opened");
         Ok(Self {
             inner: Arc::new(Inner {
                 shared,
-                sender: Some(sender),
-                committer: Some(committer),
+                senders,
+                committers,
                 readers,
                 lease,
                 incarnation,
@@ -196,11 +210,14 @@ impl PgStore {
         if let Some(reason) = self.shared().failure() {
             return futures::future::ready(Err(Error::FailStop(reason))).boxed();
         }
-        let Some(sender) = self.inner.sender.clone() else {
-            return futures::future::ready(Err(Error::Closed)).boxed();
-        };
         let (reply, answer) = oneshot::channel();
         let request = make(reply);
+        let senders = &self.inner.senders;
+        let shard =
+            request.execution_id().as_uuid().as_u64_pair().1 as usize % senders.len().max(1);
+        let Some(sender) = senders.get(shard).cloned() else {
+            return futures::future::ready(Err(Error::Closed)).boxed();
+        };
         async move {
             sender.send(request).await.map_err(|_| Error::Closed)?;
             answer.await.map_err(|_| Error::Closed)?
@@ -223,9 +240,12 @@ impl PgStore {
             fenced: metrics.fenced.load(Relaxed),
             purge_steps: metrics.purge_steps.load(Relaxed),
             log_records_swept: 0,
-            queued: self.inner.sender.as_ref().map_or(0, |sender| {
-                (sender.max_capacity() - sender.capacity()) as u64
-            }),
+            queued: self
+                .inner
+                .senders
+                .iter()
+                .map(|sender| (sender.max_capacity() - sender.capacity()) as u64)
+                .sum(),
         }
     }
 }

@@ -1,14 +1,27 @@
-//! The PostgreSQL committer: a thread that takes the queued requests as a group and commits
-//! them in one SQL transaction (S-2, S-3).
+//! The PostgreSQL committer: threads that each take queued requests as a group and commit
+//! them in one SQL transaction (S-2, S-3). A store runs `COMMITTERS` of them, each on its
+//! own connection; an execution's requests always go to the same one (by its id), so they
+//! commit in the order they were submitted.
 //!
-//! A group: lock the position row (`op_meta`, so groups of every node commit one after the
-//! other and positions follow commit order), read the heads it names `FOR UPDATE` (a writer
-//! on another node waits, then sees the new version), their tombstones and the command
-//! records its transitions carry; decide every transition in memory exactly as the sled
-//! committer does (K-4, fencing, version, shape); write what committed with one statement
-//! per table (arrays, `UNNEST`); commit. Nothing is answered before the commit returns, and
-//! PostgreSQL returns from a commit once its WAL is flushed (`synchronous_commit`, on by
-//! default: an operator who turns it off trades this guarantee away).
+//! A group: read the heads it names `FOR UPDATE` (a writer on another connection or node
+//! waits, then sees the new version), their tombstones and the command records its
+//! transitions carry; decide every transition in memory exactly as the sled committer does
+//! (K-4, fencing, version, shape); write heads, records and blobs with one statement per
+//! table (arrays, `UNNEST`); then, last, number its events and insert them in one statement
+//! that takes `op_meta`'s row lock (positions follow commit order across every committer
+//! and node, since that lock is held until the commit returns); commit. Groups overlap in
+//! everything but that last statement and the commit. Locks are always taken in one order
+//! (heads by id, records by kind and id, blobs by hash, then `op_meta`), so two groups
+//! never deadlock.
+//!
+//! A row of `op_events` holds one transition's events (`seq..=last_seq`), encoded together;
+//! its `position` column is the first event's position, the others follow it. The stored
+//! envelopes carry position 0, and every read sets it from the row (the number is only
+//! known inside the final statement).
+//!
+//! Nothing is answered before the commit returns, and PostgreSQL returns from a commit once
+//! its WAL is flushed (`synchronous_commit`, on by default: an operator who turns it off
+//! trades this guarantee away).
 //!
 //! A group that fails before its commit is rolled back whole: every request in it gets the
 //! error and the store goes on. A commit whose outcome is unknown (the connection broke
@@ -88,6 +101,14 @@ impl Answer {
 }
 
 impl Request {
+    /// The execution it is about: its committer is chosen by it.
+    pub(super) fn execution_id(&self) -> ExecutionId {
+        match self {
+            Request::Transition { transition, .. } => transition.execution_id,
+            Request::Purge { execution_id, .. } => *execution_id,
+        }
+    }
+
     fn fail(self, error: Error) {
         match self {
             Request::Transition { reply, .. } => drop(reply.send(Err(error))),
@@ -97,8 +118,11 @@ impl Request {
 }
 
 /// The committer's loop: a group per turn, until every handle is gone.
-pub(super) fn run(shared: Arc<Shared>, client: Client, mut queue: mpsc::Receiver<Request>) {
-    let mut client = Some(client);
+pub(super) fn run(
+    shared: Arc<Shared>,
+    mut client: Option<Client>,
+    mut queue: mpsc::Receiver<Request>,
+) {
     while let Some(first) = queue.blocking_recv() {
         let mut requests = vec![first];
         while requests.len() < shared.limits.batch_len_max.max(1) {
@@ -212,14 +236,30 @@ fn decide<'a>(
             }
         }
     }
-    group.write(&mut transaction)?;
+    let base = group.write(&mut transaction)?;
+    for answer in answers.iter_mut() {
+        if let Answer::Transition(_, Ok(Outcome::Committed(committed))) = answer {
+            place(committed, base);
+        }
+    }
     Ok(transaction)
+}
+
+/// Turns a committed transition's offsets into positions: `base` is the group's first.
+fn place(committed: &mut Committed, base: u64) {
+    let (start, end) = (*committed.positions.start(), *committed.positions.end());
+    committed.positions = base + start..=base + end;
+    for envelope in &mut committed.events {
+        envelope.position += base;
+    }
 }
 
 /// The group's view of what it touches, and what it will write.
 struct Group {
     at_ms: u64,
-    next_position: u64,
+    /// Events staged so far: the next event's offset from the group's first position (known
+    /// only in `write`'s final statement).
+    next_offset: u64,
     /// Heads as of this group: read from the database (locked), then as staged.
     heads: HashMap<ExecutionId, ExecutionHead>,
     /// Executions with no head row before this group that it creates.
@@ -232,28 +272,21 @@ struct Group {
     touched: HashSet<ExecutionId>,
     commands: HashMap<CommandId, CommandRecord>,
     corrupt_commands: HashSet<CommandId>,
-    /// Rows to write: events (execution, seq, position, envelope), records by (kind, id),
-    /// blobs by hash.
-    events: Vec<(Uuid, i64, i64, Vec<u8>)>,
+    /// Rows to write: a transition's events (execution, first seq, last seq, first offset,
+    /// envelopes), records by (kind, id), blobs by hash.
+    events: Vec<EventsRow>,
     records: HashMap<(i16, Uuid), (Uuid, Vec<u8>)>,
     blobs: HashMap<Vec<u8>, Vec<u8>>,
 }
 
 impl Group {
-    /// Locks the position row and the heads the requests name; reads their tombstones and
-    /// the command records they carry.
+    /// Locks the heads the requests name; reads their tombstones and the command records
+    /// they carry.
     fn load(
         shared: &Shared,
         transaction: &mut SqlTransaction<'_>,
         requests: &[Request],
     ) -> Result<Self> {
-        let row = transaction
-            .query_one(
-                "SELECT next_position FROM op_meta WHERE id = 1 FOR UPDATE",
-                &[],
-            )
-            .map_err(database)?;
-        let next_position: i64 = row.get(0);
         let mut ids = Vec::new();
         let mut command_ids = Vec::new();
         for request in requests {
@@ -273,7 +306,7 @@ impl Group {
         ids.dedup();
         let mut group = Group {
             at_ms: now_ms(),
-            next_position: next_position as u64,
+            next_offset: 0,
             heads: HashMap::new(),
             created: HashSet::new(),
             dirty: Vec::new(),
@@ -417,14 +450,15 @@ impl Group {
         next.fencing_epoch = writer_epoch.map_or(current_epoch, |epoch| epoch.max(current_epoch));
         next.last_activity_ms = self.at_ms;
         let first_seq = current_last_seq + 1;
-        let first_position = self.next_position;
-        let envelopes: Vec<EventEnvelope> = events
+        let first_offset = self.next_offset;
+        // Stored with position 0: the row's column holds it (`write`).
+        let mut envelopes: Vec<EventEnvelope> = events
             .into_iter()
             .enumerate()
             .map(|(index, event)| EventEnvelope {
                 execution_id,
                 seq: first_seq + index as u64,
-                position: first_position + index as u64,
+                position: 0,
                 at_ms: self.at_ms,
                 writer_epoch: writer_epoch.unwrap_or(0),
                 event,
@@ -473,13 +507,16 @@ impl Group {
 
         // Committed: from here on the group owns the change.
         let uuid = *execution_id.as_uuid();
-        for envelope in &envelopes {
-            self.events.push((
-                uuid,
-                envelope.seq as i64,
-                envelope.position as i64,
-                codec::encode(envelope),
-            ));
+        self.events.push(EventsRow {
+            execution_id: uuid,
+            first_seq: first_seq as i64,
+            last_seq: next.last_seq as i64,
+            offset: first_offset as i64,
+            envelopes: codec::encode(&envelopes),
+        });
+        for (index, envelope) in envelopes.iter_mut().enumerate() {
+            // An offset until `place` adds the group's first position.
+            envelope.position = first_offset + index as u64;
         }
         for record in &records {
             self.stage_record(uuid, record);
@@ -495,11 +532,11 @@ impl Group {
             self.dirty.push(execution_id);
         }
         self.touched.insert(execution_id);
-        self.next_position += n_events;
+        self.next_offset += n_events;
         let committed = Committed {
             version: next.version,
             seqs: first_seq..=next.last_seq,
-            positions: first_position..=first_position + n_events - 1,
+            positions: first_offset..=first_offset + n_events - 1,
             at_ms: self.at_ms,
             events: envelopes,
         };
@@ -678,8 +715,9 @@ impl Group {
         Ok(step)
     }
 
-    /// Writes what committed: one statement per table.
-    fn write(self, transaction: &mut SqlTransaction<'_>) -> Result<()> {
+    /// Writes what committed: one statement per table, the events last (they take the
+    /// position lock). Returns the group's first position (0 when it wrote no event).
+    fn write(self, transaction: &mut SqlTransaction<'_>) -> Result<u64> {
         let (mut new, mut changed) = (HeadRows::default(), HeadRows::default());
         for execution_id in &self.dirty {
             let Some(head) = self.heads.get(execution_id) else {
@@ -720,25 +758,12 @@ impl Group {
                 )
                 .map_err(database)?;
         }
-        if !self.events.is_empty() {
-            let mut columns = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            for (execution_id, seq, position, envelope) in self.events {
-                columns.0.push(execution_id);
-                columns.1.push(seq);
-                columns.2.push(position);
-                columns.3.push(envelope);
-            }
-            transaction
-                .execute(
-                    "INSERT INTO op_events (execution_id, seq, position, envelope) \
-                     SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::bytea[])",
-                    &[&columns.0, &columns.1, &columns.2, &columns.3],
-                )
-                .map_err(database)?;
-        }
         if !self.records.is_empty() {
+            // In key order: the row locks two groups take never cross.
+            let mut records: Vec<_> = self.records.into_iter().collect();
+            records.sort_unstable_by_key(|(key, _)| *key);
             let mut columns = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            for ((kind, id), (execution_id, value)) in self.records {
+            for ((kind, id), (execution_id, value)) in records {
                 columns.0.push(kind);
                 columns.1.push(id);
                 columns.2.push(execution_id);
@@ -755,7 +780,9 @@ impl Group {
                 .map_err(database)?;
         }
         if !self.blobs.is_empty() {
-            let (hashes, bytes): (Vec<_>, Vec<_>) = self.blobs.into_iter().unzip();
+            let mut blobs: Vec<_> = self.blobs.into_iter().collect();
+            blobs.sort_unstable();
+            let (hashes, bytes): (Vec<_>, Vec<_>) = blobs.into_iter().unzip();
             // Stored once; a stored copy that differs (damaged) is written again.
             transaction
                 .execute(
@@ -767,14 +794,65 @@ impl Group {
                 )
                 .map_err(database)?;
         }
-        transaction
-            .execute(
-                "UPDATE op_meta SET next_position = $1 WHERE id = 1",
-                &[&(self.next_position as i64)],
+        if self.events.is_empty() {
+            return Ok(0);
+        }
+        let n = self.events.len();
+        let mut columns = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for row in self.events {
+            columns.0.push(row.execution_id);
+            columns.1.push(row.first_seq);
+            columns.2.push(row.last_seq);
+            columns.3.push(row.offset);
+            columns.4.push(row.envelopes);
+        }
+        // One statement: claim `next_offset` positions (the row lock, held to the commit)
+        // and insert the events at them.
+        let row = transaction
+            .query_one(
+                "WITH claimed AS ( \
+                     UPDATE op_meta SET next_position = next_position + $6 WHERE id = 1 \
+                     RETURNING next_position - $6 AS base), \
+                 inserted AS ( \
+                     INSERT INTO op_events (execution_id, seq, last_seq, position, envelope) \
+                     SELECT u.execution_id, u.seq, u.last_seq, claimed.base + u.rel, \
+                         u.envelopes \
+                     FROM claimed, UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::int8[], \
+                         $5::bytea[]) AS u(execution_id, seq, last_seq, rel, envelopes)) \
+                 SELECT base FROM claimed",
+                &[
+                    &columns.0,
+                    &columns.1,
+                    &columns.2,
+                    &columns.3,
+                    &columns.4,
+                    &(self.next_offset as i64),
+                ],
             )
             .map_err(database)?;
-        Ok(())
+        let base: i64 = row.get(0);
+        u64::try_from(base).map_err(|_| Error::Corrupted {
+            tree: "op_meta",
+            key: base.to_string(),
+        })
     }
+}
+
+/// One transition's events: one row of `op_events`.
+struct EventsRow {
+    execution_id: Uuid,
+    first_seq: i64,
+    last_seq: i64,
+    /// From the group's first position.
+    offset: i64,
+    /// `Vec<EventEnvelope>`, each with position 0 (the row's column numbers them).
+    envelopes: Vec<u8>,
 }
 
 /// Heads to write, as columns.

@@ -173,14 +173,64 @@ fn ids(rows: &[postgres::Row]) -> Vec<ExecutionId> {
         .collect()
 }
 
-fn envelopes(rows: &[postgres::Row]) -> Result<Vec<EventEnvelope>> {
-    rows.iter()
-        .map(|row| {
-            let execution_id = ExecutionId::from_uuid(row.get(0));
-            let seq: i64 = row.get(1);
-            codec::decode(&keys::events(execution_id, seq as u64), row.get(2))
-        })
-        .collect()
+/// The columns `envelopes` reads, in its order.
+const EVENT_COLUMNS: &str = "execution_id, seq, envelope, position, last_seq";
+
+/// The events of rows of `EVENT_COLUMNS` (in the rows' order) that `keep` keeps, at most
+/// `limit`. A row holds a transition's events, `seq..=last_seq`, encoded together, or (a
+/// row written before schema 3, no `last_seq`) one event. Positions are the row's: the
+/// committer numbers events in its final statement, after it encoded them (`commit.rs`).
+fn envelopes(
+    rows: &[postgres::Row],
+    keep: impl Fn(&EventEnvelope) -> bool,
+    limit: usize,
+) -> Result<Vec<EventEnvelope>> {
+    let mut events = Vec::new();
+    for row in rows {
+        let last_seq: Option<i64> = row.get(4);
+        let decoded = row_events(
+            ExecutionId::from_uuid(row.get(0)),
+            unsigned(row.get(1)),
+            last_seq.map(unsigned),
+            unsigned(row.get(3)),
+            row.get(2),
+        )?;
+        events.extend(decoded.into_iter().filter(&keep));
+        events.truncate(limit);
+    }
+    Ok(events)
+}
+
+/// The events of one row of `op_events`: `seq..=last_seq` encoded together, or one event
+/// (`last_seq` NULL, before schema 3), numbered from `position`.
+fn row_events(
+    execution_id: ExecutionId,
+    seq: u64,
+    last_seq: Option<u64>,
+    position: u64,
+    bytes: &[u8],
+) -> Result<Vec<EventEnvelope>> {
+    let key = keys::events(execution_id, seq);
+    let mut events: Vec<EventEnvelope> = match last_seq {
+        None => vec![codec::decode(&key, bytes)?],
+        Some(_) => codec::decode(&key, bytes)?,
+    };
+    let last_seq = last_seq.unwrap_or(seq);
+    let whole = last_seq >= seq
+        && events.len() as u64 == last_seq - seq + 1
+        && events.iter().enumerate().all(|(index, event)| {
+            event.execution_id == execution_id && event.seq == seq + index as u64
+        });
+    if !whole {
+        return Err(Error::Corrupted {
+            tree: "op_events",
+            key: keys::display(&key),
+        });
+    }
+    for (index, event) in events.iter_mut().enumerate() {
+        event.position = position + index as u64;
+    }
+    Ok(events)
 }
 
 /// A count or position from the database: never negative.
@@ -212,32 +262,45 @@ impl EventReader for PgStore {
     ) -> Result<Vec<EventEnvelope>> {
         self.shared().check_quarantine(execution_id)?;
         let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows_max = i64::try_from(limit).unwrap_or(i64::MAX);
         let result = self.read(move |client| {
+            // The row holding `after_seq` (it may hold later events too), then the rows
+            // after it: each holds at least one event, so `limit` rows are enough.
             let rows = client
                 .query(
-                    "SELECT execution_id, seq, envelope FROM op_events \
-                     WHERE execution_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-                    &[execution_id.as_uuid(), &after, &limit],
+                    &format!(
+                        "(SELECT {EVENT_COLUMNS} FROM op_events \
+                          WHERE execution_id = $1 AND seq <= $2 ORDER BY seq DESC LIMIT 1) \
+                         UNION ALL \
+                         (SELECT {EVENT_COLUMNS} FROM op_events \
+                          WHERE execution_id = $1 AND seq > $2 ORDER BY seq LIMIT $3)"
+                    ),
+                    &[execution_id.as_uuid(), &after, &rows_max],
                 )
                 .map_err(database)?;
-            envelopes(&rows)
+            envelopes(&rows, |event| event.seq > after_seq, limit)
         });
         self.quarantine_on_corruption(execution_id, result)
     }
 
     fn log_after(&self, after_position: u64, limit: usize) -> Result<Vec<EventEnvelope>> {
         let after = i64::try_from(after_position).unwrap_or(i64::MAX);
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows_max = i64::try_from(limit).unwrap_or(i64::MAX);
         self.read(move |client| {
+            // As `events_after`, by position across executions.
             let rows = client
                 .query(
-                    "SELECT execution_id, seq, envelope FROM op_events \
-                     WHERE position > $1 ORDER BY position LIMIT $2",
-                    &[&after, &limit],
+                    &format!(
+                        "(SELECT {EVENT_COLUMNS} FROM op_events \
+                          WHERE position <= $1 ORDER BY position DESC LIMIT 1) \
+                         UNION ALL \
+                         (SELECT {EVENT_COLUMNS} FROM op_events \
+                          WHERE position > $1 ORDER BY position LIMIT $2)"
+                    ),
+                    &[&after, &rows_max],
                 )
                 .map_err(database)?;
-            envelopes(&rows)
+            envelopes(&rows, |event| event.position > after_position, limit)
         })
     }
 
@@ -491,5 +554,73 @@ pub(super) fn node_of(row: &postgres::Row) -> NodeRecord {
         url: row.get(3),
         started_at_ms: unsigned(row.get(4)),
         lease_expires_at_ms: unsigned(row.get(5)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Event;
+    use crate::ids::EffectId;
+
+    fn envelope(execution_id: ExecutionId, seq: u64) -> EventEnvelope {
+        EventEnvelope {
+            execution_id,
+            seq,
+            position: 0,
+            at_ms: 1,
+            writer_epoch: 0,
+            event: Event::ModelDecided {
+                effect_id: EffectId::new(),
+                decision: format!("event {seq}"),
+            },
+        }
+    }
+
+    #[test]
+    fn s1_a_row_holds_a_transitions_events_numbered_from_its_position() {
+        let id = ExecutionId::new();
+        let events: Vec<_> = (4..=6).map(|seq| envelope(id, seq)).collect();
+        let read = row_events(id, 4, Some(6), 40, &codec::encode(&events)).expect("row");
+        assert_eq!(read.iter().map(|e| e.seq).collect::<Vec<_>>(), [4, 5, 6]);
+        assert_eq!(
+            read.iter().map(|e| e.position).collect::<Vec<_>>(),
+            [40, 41, 42]
+        );
+        assert_eq!(read[1].event, events[1].event);
+    }
+
+    #[test]
+    fn s1_a_row_of_schema_2_holds_one_event() {
+        let id = ExecutionId::new();
+        let mut event = envelope(id, 3);
+        event.position = 9;
+        let read = row_events(id, 3, None, 9, &codec::encode(&event)).expect("row");
+        assert_eq!(read, vec![event]);
+    }
+
+    #[test]
+    fn s4_a_row_whose_events_do_not_match_its_columns_is_corrupted() {
+        let id = ExecutionId::new();
+        let events: Vec<_> = (4..=6).map(|seq| envelope(id, seq)).collect();
+        let bytes = codec::encode(&events);
+        for (seq, last_seq) in [(4, 5), (4, 7), (5, 7), (6, 4)] {
+            let read = row_events(id, seq, Some(last_seq), 1, &bytes);
+            assert!(
+                matches!(
+                    read,
+                    Err(Error::Corrupted {
+                        tree: "op_events",
+                        ..
+                    })
+                ),
+                "{seq}..={last_seq}: {read:?}"
+            );
+        }
+        let other = row_events(ExecutionId::new(), 4, Some(6), 1, &bytes);
+        assert!(other.is_err(), "another execution's events");
+        let mut damaged = bytes.clone();
+        damaged[bytes.len() / 2] ^= 0x20;
+        assert!(row_events(id, 4, Some(6), 1, &damaged).is_err());
     }
 }

@@ -16,7 +16,7 @@ use crate::log::now_ms;
 use crate::open::Incarnation;
 
 /// The newest schema this build writes.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// The advisory lock migrations hold (any value no other component of the database uses;
 /// this one spells "opgm").
@@ -92,6 +92,18 @@ const MIGRATIONS: &[(u32, &str)] = &[
         started_at_ms bigint NOT NULL,
         lease_expires_at_ms bigint NOT NULL
     );
+    ",
+    ),
+    (
+        3,
+        // A row of `op_events` holds a transition's events, `seq..=last_seq` from
+        // `position` on, encoded together (half the rows and index entries of a step). A
+        // row written before has no `last_seq` and holds one event, as it did.
+        // And room in each page of `op_heads` for a head's next version, so that its
+        // update (one per transition) is a heap-only tuple: no new index entries.
+        "
+    ALTER TABLE op_events ADD COLUMN last_seq bigint;
+    ALTER TABLE op_heads SET (fillfactor = 50);
     ",
     ),
 ];

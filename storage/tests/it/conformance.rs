@@ -81,6 +81,7 @@ suite!(
     k4_a_command_id_keeps_its_stored_outcome_across_a_reopen,
     k4_a_rejection_records_the_command_and_changes_nothing_else,
     s1_cursors_page_one_execution_and_the_whole_log,
+    s1_a_cursor_inside_a_transition_reads_the_rest_of_it,
     b1_sessions_and_states_list_their_executions,
     s8_a_purge_removes_an_ended_execution_and_refuses_the_rest,
     s1_a_reopen_keeps_everything_and_starts_a_new_incarnation,
@@ -394,6 +395,69 @@ async fn s1_cursors_page_one_execution_and_the_whole_log(backend: &dyn Backend) 
         store.log_after(log[19].position, 100).expect("end"),
         Vec::new()
     );
+}
+
+/// A transition's events share one row in PostgreSQL (and one log record in sled): a cursor
+/// that stops inside it reads the rest of it, and the positions a commit answers are the
+/// ones read back.
+async fn s1_a_cursor_inside_a_transition_reads_the_rest_of_it(backend: &dyn Backend) {
+    let store = backend.open();
+    let (a, b) = (create(&*store).await, create(&*store).await);
+    let mut answered = Vec::new();
+    for version in 1..=4 {
+        for (id, n) in [(a, 5), (b, 3)] {
+            let events = (0..n).map(|i| decided(&format!("{version}.{i}"))).collect();
+            let transition = Transition::new(id, events).expect_version(version);
+            let outcome = committed(store.submit(transition).await.expect("submit"));
+            let positions: Vec<u64> = outcome.events.iter().map(|e| e.position).collect();
+            assert_eq!(outcome.positions.clone().collect::<Vec<_>>(), positions);
+            assert_eq!(positions.len(), n);
+            answered.extend(outcome.events);
+        }
+    }
+    let log = whole_log(&*store);
+    assert_eq!(log.len(), 2 + 4 * 8);
+    assert_eq!(
+        &log[2..],
+        &answered[..],
+        "read back as the commits answered"
+    );
+    assert!(log
+        .windows(2)
+        .all(|pair| pair[0].position < pair[1].position));
+    for limit in [1, 2, 3, 7] {
+        let (mut paged, mut after) = (Vec::new(), 0);
+        loop {
+            let page = store.log_after(after, limit).expect("page");
+            assert!(page.len() <= limit);
+            let Some(last) = page.last() else { break };
+            after = last.position;
+            paged.extend(page);
+            assert!(
+                paged.len() <= log.len(),
+                "a page repeats events (limit {limit})"
+            );
+        }
+        assert_eq!(paged, log, "the whole log in pages of {limit}");
+        let (mut paged, mut after) = (Vec::new(), 0);
+        loop {
+            let page = store.events_after(a, after, limit).expect("page");
+            assert!(page.len() <= limit);
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            paged.extend(page);
+            assert!(
+                paged.len() <= 1 + 4 * 5,
+                "a page repeats events (limit {limit})"
+            );
+        }
+        assert_eq!(
+            paged,
+            all_events(&*store, a),
+            "a's events in pages of {limit}"
+        );
+        assert_eq!(paged.len(), 1 + 4 * 5);
+    }
 }
 
 async fn b1_sessions_and_states_list_their_executions(backend: &dyn Backend) {
