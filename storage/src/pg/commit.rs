@@ -33,7 +33,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use postgres::{Client, Transaction as SqlTransaction};
+use postgres::{Client, Statement, Transaction as SqlTransaction};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
@@ -118,11 +118,8 @@ impl Request {
 }
 
 /// The committer's loop: a group per turn, until every handle is gone.
-pub(super) fn run(
-    shared: Arc<Shared>,
-    mut client: Option<Client>,
-    mut queue: mpsc::Receiver<Request>,
-) {
+pub(super) fn run(shared: Arc<Shared>, client: Option<Client>, mut queue: mpsc::Receiver<Request>) {
+    let mut connection = client.and_then(|client| Statements::prepare(client).ok());
     while let Some(first) = queue.blocking_recv() {
         let mut requests = vec![first];
         while requests.len() < shared.limits.batch_len_max.max(1) {
@@ -138,12 +135,12 @@ pub(super) fn run(
             continue;
         }
         // A connection that broke is opened again for the next group.
-        let connection = match client.take().filter(|client| !client.is_closed()) {
-            Some(client) => Ok(client),
-            None => super::connect(&shared.url),
+        let open = match connection.take().filter(|(client, _)| !client.is_closed()) {
+            Some(open) => Ok(open),
+            None => super::connect(&shared.url).and_then(Statements::prepare),
         };
-        let mut connection = match connection {
-            Ok(connection) => connection,
+        let (mut client, statements) = match open {
+            Ok(open) => open,
             Err(error) => {
                 for request in requests {
                     request.fail(error.clone());
@@ -152,21 +149,94 @@ pub(super) fn run(
             }
         };
         let started = Instant::now();
-        commit_group(&shared, &mut connection, requests);
+        commit_group(&shared, &mut client, &statements, requests);
         add_elapsed_micros(&shared.metrics.group_micros_total, started);
-        client = Some(connection);
+        connection = Some((client, statements));
+    }
+}
+
+/// The group's statements, prepared once per connection (parsed and planned by the server
+/// once, not once per group).
+struct Statements {
+    heads: Statement,
+    purged: Statement,
+    commands: Statement,
+    insert_heads: Statement,
+    update_heads: Statement,
+    records: Statement,
+    blobs: Statement,
+    events: Statement,
+}
+
+impl Statements {
+    fn prepare(mut client: Client) -> Result<(Client, Self)> {
+        let mut prepare = |sql: &str| client.prepare(sql).map_err(database);
+        let statements = Self {
+            // In id order, so two groups locking overlapping sets never deadlock.
+            heads: prepare(
+                "SELECT execution_id, head FROM op_heads WHERE execution_id = ANY($1) \
+                 ORDER BY execution_id FOR UPDATE",
+            )?,
+            purged: prepare("SELECT execution_id FROM op_purged WHERE execution_id = ANY($1)")?,
+            commands: prepare("SELECT id, value FROM op_records WHERE kind = $1 AND id = ANY($2)")?,
+            insert_heads: prepare(
+                "INSERT INTO op_heads (execution_id, session_id, state, ended_at_ms, head) \
+                 SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::int2[], $4::int8[], \
+                 $5::bytea[])",
+            )?,
+            update_heads: prepare(
+                "UPDATE op_heads AS h SET session_id = u.session_id, state = u.state, \
+                 ended_at_ms = u.ended_at_ms, head = u.head \
+                 FROM UNNEST($1::uuid[], $2::uuid[], $3::int2[], $4::int8[], $5::bytea[]) \
+                 AS u(execution_id, session_id, state, ended_at_ms, head) \
+                 WHERE h.execution_id = u.execution_id",
+            )?,
+            records: prepare(
+                "INSERT INTO op_records (kind, id, execution_id, value) \
+                 SELECT * FROM UNNEST($1::int2[], $2::uuid[], $3::uuid[], $4::bytea[]) \
+                 ON CONFLICT (kind, id) DO UPDATE \
+                 SET execution_id = excluded.execution_id, value = excluded.value",
+            )?,
+            // Stored once; a stored copy that differs (damaged) is written again.
+            blobs: prepare(
+                "INSERT INTO op_blobs (hash, bytes) \
+                 SELECT * FROM UNNEST($1::bytea[], $2::bytea[]) \
+                 ON CONFLICT (hash) DO UPDATE SET bytes = excluded.bytes \
+                 WHERE op_blobs.bytes IS DISTINCT FROM excluded.bytes",
+            )?,
+            // Claims `$6` positions (the row lock, held to the commit) and inserts the
+            // events at them.
+            events: prepare(
+                "WITH claimed AS ( \
+                     UPDATE op_meta SET next_position = next_position + $6 WHERE id = 1 \
+                     RETURNING next_position - $6 AS base), \
+                 inserted AS ( \
+                     INSERT INTO op_events (execution_id, seq, last_seq, position, envelope) \
+                     SELECT u.execution_id, u.seq, u.last_seq, claimed.base + u.rel, \
+                         u.envelopes \
+                     FROM claimed, UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::int8[], \
+                         $5::bytea[]) AS u(execution_id, seq, last_seq, rel, envelopes)) \
+                 SELECT base FROM claimed",
+            )?,
+        };
+        Ok((client, statements))
     }
 }
 
 /// Decides and commits one group, then answers it.
-fn commit_group(shared: &Shared, client: &mut Client, requests: Vec<Request>) {
+fn commit_group(
+    shared: &Shared,
+    client: &mut Client,
+    statements: &Statements,
+    requests: Vec<Request>,
+) {
     let transitions = requests
         .iter()
         .filter(|request| matches!(request, Request::Transition { .. }))
         .count() as u64;
     let mut answers = Vec::with_capacity(requests.len());
     let mut remaining = requests.into_iter();
-    let decided = decide(shared, client, &mut remaining, &mut answers);
+    let decided = decide(shared, client, statements, &mut remaining, &mut answers);
     let error = match decided {
         Ok(transaction) => {
             let started = Instant::now();
@@ -211,11 +281,12 @@ fn commit_group(shared: &Shared, client: &mut Client, requests: Vec<Request>) {
 fn decide<'a>(
     shared: &Shared,
     client: &'a mut Client,
+    statements: &Statements,
     requests: &mut std::vec::IntoIter<Request>,
     answers: &mut Vec<Answer>,
 ) -> Result<SqlTransaction<'a>> {
     let mut transaction = client.transaction().map_err(database)?;
-    let mut group = Group::load(shared, &mut transaction, requests.as_slice())?;
+    let mut group = Group::load(shared, &mut transaction, statements, requests.as_slice())?;
     for request in requests.by_ref() {
         match request {
             Request::Transition { transition, reply } => {
@@ -236,7 +307,7 @@ fn decide<'a>(
             }
         }
     }
-    let base = group.write(&mut transaction)?;
+    let base = group.write(&mut transaction, statements)?;
     for answer in answers.iter_mut() {
         if let Answer::Transition(_, Ok(Outcome::Committed(committed))) = answer {
             place(committed, base);
@@ -285,6 +356,7 @@ impl Group {
     fn load(
         shared: &Shared,
         transaction: &mut SqlTransaction<'_>,
+        statements: &Statements,
         requests: &[Request],
     ) -> Result<Self> {
         let mut ids = Vec::new();
@@ -318,13 +390,8 @@ impl Group {
             records: HashMap::new(),
             blobs: HashMap::new(),
         };
-        // In id order, so two nodes locking overlapping sets never deadlock.
         let rows = transaction
-            .query(
-                "SELECT execution_id, head FROM op_heads WHERE execution_id = ANY($1) \
-                 ORDER BY execution_id FOR UPDATE",
-                &[&ids],
-            )
+            .query(&statements.heads, &[&ids])
             .map_err(database)?;
         for row in rows {
             let execution_id = ExecutionId::from_uuid(row.get(0));
@@ -337,20 +404,14 @@ impl Group {
             }
         }
         let rows = transaction
-            .query(
-                "SELECT execution_id FROM op_purged WHERE execution_id = ANY($1)",
-                &[&ids],
-            )
+            .query(&statements.purged, &[&ids])
             .map_err(database)?;
         group
             .purged
             .extend(rows.iter().map(|row| ExecutionId::from_uuid(row.get(0))));
         if !command_ids.is_empty() {
             let rows = transaction
-                .query(
-                    "SELECT id, value FROM op_records WHERE kind = $1 AND id = ANY($2)",
-                    &[&kind::COMMAND, &command_ids],
-                )
+                .query(&statements.commands, &[&kind::COMMAND, &command_ids])
                 .map_err(database)?;
             for row in rows {
                 let command_id = CommandId::from_uuid(row.get(0));
@@ -717,7 +778,7 @@ impl Group {
 
     /// Writes what committed: one statement per table, the events last (they take the
     /// position lock). Returns the group's first position (0 when it wrote no event).
-    fn write(self, transaction: &mut SqlTransaction<'_>) -> Result<u64> {
+    fn write(self, transaction: &mut SqlTransaction<'_>, statements: &Statements) -> Result<u64> {
         let (mut new, mut changed) = (HeadRows::default(), HeadRows::default());
         for execution_id in &self.dirty {
             let Some(head) = self.heads.get(execution_id) else {
@@ -733,9 +794,7 @@ impl Group {
         if !new.ids.is_empty() {
             transaction
                 .execute(
-                    "INSERT INTO op_heads (execution_id, session_id, state, ended_at_ms, head) \
-                     SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::int2[], $4::int8[], \
-                     $5::bytea[])",
+                    &statements.insert_heads,
                     &[&new.ids, &new.sessions, &new.states, &new.ended, &new.heads],
                 )
                 .map_err(database)?;
@@ -743,11 +802,7 @@ impl Group {
         if !changed.ids.is_empty() {
             transaction
                 .execute(
-                    "UPDATE op_heads AS h SET session_id = u.session_id, state = u.state, \
-                     ended_at_ms = u.ended_at_ms, head = u.head \
-                     FROM UNNEST($1::uuid[], $2::uuid[], $3::int2[], $4::int8[], $5::bytea[]) \
-                     AS u(execution_id, session_id, state, ended_at_ms, head) \
-                     WHERE h.execution_id = u.execution_id",
+                    &statements.update_heads,
                     &[
                         &changed.ids,
                         &changed.sessions,
@@ -771,10 +826,7 @@ impl Group {
             }
             transaction
                 .execute(
-                    "INSERT INTO op_records (kind, id, execution_id, value) \
-                     SELECT * FROM UNNEST($1::int2[], $2::uuid[], $3::uuid[], $4::bytea[]) \
-                     ON CONFLICT (kind, id) DO UPDATE \
-                     SET execution_id = excluded.execution_id, value = excluded.value",
+                    &statements.records,
                     &[&columns.0, &columns.1, &columns.2, &columns.3],
                 )
                 .map_err(database)?;
@@ -783,15 +835,8 @@ impl Group {
             let mut blobs: Vec<_> = self.blobs.into_iter().collect();
             blobs.sort_unstable();
             let (hashes, bytes): (Vec<_>, Vec<_>) = blobs.into_iter().unzip();
-            // Stored once; a stored copy that differs (damaged) is written again.
             transaction
-                .execute(
-                    "INSERT INTO op_blobs (hash, bytes) \
-                     SELECT * FROM UNNEST($1::bytea[], $2::bytea[]) \
-                     ON CONFLICT (hash) DO UPDATE SET bytes = excluded.bytes \
-                     WHERE op_blobs.bytes IS DISTINCT FROM excluded.bytes",
-                    &[&hashes, &bytes],
-                )
+                .execute(&statements.blobs, &[&hashes, &bytes])
                 .map_err(database)?;
         }
         if self.events.is_empty() {
@@ -812,20 +857,9 @@ impl Group {
             columns.3.push(row.offset);
             columns.4.push(row.envelopes);
         }
-        // One statement: claim `next_offset` positions (the row lock, held to the commit)
-        // and insert the events at them.
         let row = transaction
             .query_one(
-                "WITH claimed AS ( \
-                     UPDATE op_meta SET next_position = next_position + $6 WHERE id = 1 \
-                     RETURNING next_position - $6 AS base), \
-                 inserted AS ( \
-                     INSERT INTO op_events (execution_id, seq, last_seq, position, envelope) \
-                     SELECT u.execution_id, u.seq, u.last_seq, claimed.base + u.rel, \
-                         u.envelopes \
-                     FROM claimed, UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::int8[], \
-                         $5::bytea[]) AS u(execution_id, seq, last_seq, rel, envelopes)) \
-                 SELECT base FROM claimed",
+                &statements.events,
                 &[
                     &columns.0,
                     &columns.1,
