@@ -14,9 +14,11 @@
 //! an actor blocks that thread for one round trip, as a sled read blocks it for a page-in;
 //! it never runs a client on a runtime thread (the blocking client would refuse).
 //!
-//! Positions (`log_after`'s cursor) are handed out in commit order across nodes: a group
-//! takes the one row of `op_meta` `FOR UPDATE` before it numbers its events, so a group
-//! committing later never holds a lower position than one a reader has seen.
+//! Positions (`log_after`'s cursor) are counted from each group's transaction id
+//! (`pg/commit.rs`), not handed out under a lock: a group committing later may hold a lower
+//! position than one already visible, so `log_after` returns only positions below the oldest
+//! transaction still running (`pg/reads.rs`) — a reader's cursor never moves past a position
+//! that may still appear.
 
 pub mod baseline;
 mod commit;
@@ -43,9 +45,8 @@ use crate::transition::{Outcome, Transition};
 /// Reader threads (each with its own connection).
 const READERS: usize = 4;
 
-/// Committer threads (each with its own connection). Groups on two connections overlap in
-/// all but their final statement and commit (`pg/commit.rs`); a third measured no faster
-/// on this 2-core machine (benches/HISTORY.md, session 22).
+/// Committer threads (each with its own connection), whose groups commit side by side; a
+/// third measured no faster on this 2-core machine (benches/HISTORY.md, session 22).
 const COMMITTERS: usize = 2;
 
 /// A handle on an event log in PostgreSQL. Cheap to clone; the committers and the readers
@@ -257,6 +258,14 @@ impl EventStore for PgStore {
             transition.check_sizes(limits.blob_bytes_max, limits.transition_bytes_max)
         {
             return futures::future::ready(Err(error)).boxed();
+        }
+        if transition.events.len() > commit::GROUP_EVENTS_MAX {
+            return futures::future::ready(Err(Error::InvalidTransition(format!(
+                "{} events in one transition (at most {})",
+                transition.events.len(),
+                commit::GROUP_EVENTS_MAX
+            ))))
+            .boxed();
         }
         self.request(|reply| commit::Request::Transition { transition, reply })
     }

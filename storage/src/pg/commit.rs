@@ -3,21 +3,18 @@
 //! own connection; an execution's requests always go to the same one (by its id), so they
 //! commit in the order they were submitted.
 //!
-//! A group: read the heads it names `FOR UPDATE` (a writer on another connection or node
-//! waits, then sees the new version), their tombstones and the command records its
-//! transitions carry; decide every transition in memory exactly as the sled committer does
-//! (K-4, fencing, version, shape); write heads, records and blobs with one statement per
-//! table (arrays, `UNNEST`); then, last, number its events and insert them in one statement
-//! that takes `op_meta`'s row lock (positions follow commit order across every committer
-//! and node, since that lock is held until the commit returns); commit. Groups overlap in
-//! everything but that last statement and the commit. Locks are always taken in one order
-//! (heads by id, records by kind and id, blobs by hash, then `op_meta`), so two groups
+//! A group: take its transaction id and number its events from it (`first_position`); read
+//! the heads it names `FOR UPDATE` (a writer on another connection or node waits, then sees
+//! the new version), their tombstones and the command records its transitions carry; decide
+//! every transition in memory exactly as the sled committer does (K-4, fencing, version,
+//! shape); write heads, records, blobs and events with one statement per table (arrays,
+//! `UNNEST`); commit. No row is shared by every group, so groups of every committer and
+//! node commit side by side and PostgreSQL flushes their commits together. Locks are always
+//! taken in one order (heads by id, records by kind and id, blobs by hash), so two groups
 //! never deadlock.
 //!
 //! A row of `op_events` holds one transition's events (`seq..=last_seq`), encoded together;
-//! its `position` column is the first event's position, the others follow it. The stored
-//! envelopes carry position 0, and every read sets it from the row (the number is only
-//! known inside the final statement).
+//! its `position` column is the first event's position, the others follow it.
 //!
 //! Nothing is answered before the commit returns, and PostgreSQL returns from a commit once
 //! its WAL is flushed (`synchronous_commit`, on by default: an operator who turns it off
@@ -48,6 +45,11 @@ use crate::record_value::RecordValue;
 use crate::records::{CommandRecord, CommandStatus, ExecutionHead, PurgeStep, PurgedRecord};
 use crate::shared::add_elapsed_micros;
 use crate::transition::{Committed, Outcome, Transition, Upsert};
+
+/// A group numbers at most `1 << GROUP_EVENTS_BITS` events from its transaction id
+/// (`first_position`); `run` ends a group before it would hold more.
+pub(super) const GROUP_EVENTS_BITS: u32 = 16;
+pub(super) const GROUP_EVENTS_MAX: usize = 1 << GROUP_EVENTS_BITS;
 
 /// Rows one purge step deletes at most (as `log::purge::PURGE_KEYS_MAX` keys in sled).
 const PURGE_ROWS_MAX: i64 = 1024;
@@ -109,6 +111,14 @@ impl Request {
         }
     }
 
+    /// The events it writes at most (`PgStore::submit` refuses more than `GROUP_EVENTS_MAX`).
+    fn events_len(&self) -> usize {
+        match self {
+            Request::Transition { transition, .. } => transition.events.len(),
+            Request::Purge { .. } => 0,
+        }
+    }
+
     fn fail(self, error: Error) {
         match self {
             Request::Transition { reply, .. } => drop(reply.send(Err(error))),
@@ -120,13 +130,21 @@ impl Request {
 /// The committer's loop: a group per turn, until every handle is gone.
 pub(super) fn run(shared: Arc<Shared>, client: Option<Client>, mut queue: mpsc::Receiver<Request>) {
     let mut connection = client.and_then(|client| Statements::prepare(client).ok());
-    while let Some(first) = queue.blocking_recv() {
+    // A request that would have taken its group past `GROUP_EVENTS_MAX`: the next one's first.
+    let mut carried = None;
+    while let Some(first) = carried.take().or_else(|| queue.blocking_recv()) {
+        let mut events = first.events_len();
         let mut requests = vec![first];
         while requests.len() < shared.limits.batch_len_max.max(1) {
-            match queue.try_recv() {
-                Ok(request) => requests.push(request),
-                Err(_) => break,
+            let Ok(request) = queue.try_recv() else {
+                break;
+            };
+            events += request.events_len();
+            if events > GROUP_EVENTS_MAX {
+                carried = Some(request);
+                break;
             }
+            requests.push(request);
         }
         if let Some(reason) = shared.failure() {
             for request in requests {
@@ -166,6 +184,7 @@ struct Statements {
     records: Statement,
     blobs: Statement,
     events: Statement,
+    numbering: Statement,
 }
 
 impl Statements {
@@ -204,19 +223,16 @@ impl Statements {
                  ON CONFLICT (hash) DO UPDATE SET bytes = excluded.bytes \
                  WHERE op_blobs.bytes IS DISTINCT FROM excluded.bytes",
             )?,
-            // Claims `$6` positions (the row lock, held to the commit) and inserts the
-            // events at them.
             events: prepare(
-                "WITH claimed AS ( \
-                     UPDATE op_meta SET next_position = next_position + $6 WHERE id = 1 \
-                     RETURNING next_position - $6 AS base), \
-                 inserted AS ( \
-                     INSERT INTO op_events (execution_id, seq, last_seq, position, envelope) \
-                     SELECT u.execution_id, u.seq, u.last_seq, claimed.base + u.rel, \
-                         u.envelopes \
-                     FROM claimed, UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::int8[], \
-                         $5::bytea[]) AS u(execution_id, seq, last_seq, rel, envelopes)) \
-                 SELECT base FROM claimed",
+                "INSERT INTO op_events (execution_id, seq, last_seq, position, envelope) \
+                 SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::int8[], \
+                     $5::bytea[])",
+            )?,
+            // The group's transaction id (assigned here) and the bases its positions
+            // are counted from (schema 3).
+            numbering: prepare(
+                "SELECT pg_current_xact_id()::text::bigint, position_base, xid_base \
+                 FROM op_meta WHERE id = 1",
             )?,
         };
         Ok((client, statements))
@@ -307,30 +323,16 @@ fn decide<'a>(
             }
         }
     }
-    let base = group.write(&mut transaction, statements)?;
-    for answer in answers.iter_mut() {
-        if let Answer::Transition(_, Ok(Outcome::Committed(committed))) = answer {
-            place(committed, base);
-        }
-    }
+    group.write(&mut transaction, statements)?;
     Ok(transaction)
-}
-
-/// Turns a committed transition's offsets into positions: `base` is the group's first.
-fn place(committed: &mut Committed, base: u64) {
-    let (start, end) = (*committed.positions.start(), *committed.positions.end());
-    committed.positions = base + start..=base + end;
-    for envelope in &mut committed.events {
-        envelope.position += base;
-    }
 }
 
 /// The group's view of what it touches, and what it will write.
 struct Group {
     at_ms: u64,
-    /// Events staged so far: the next event's offset from the group's first position (known
-    /// only in `write`'s final statement).
-    next_offset: u64,
+    /// The next event's position: the group's first (`first_position`) plus the events
+    /// staged so far, at most `GROUP_EVENTS_MAX`.
+    next_position: u64,
     /// Heads as of this group: read from the database (locked), then as staged.
     heads: HashMap<ExecutionId, ExecutionHead>,
     /// Executions with no head row before this group that it creates.
@@ -378,7 +380,7 @@ impl Group {
         ids.dedup();
         let mut group = Group {
             at_ms: now_ms(),
-            next_offset: 0,
+            next_position: first_position(transaction, statements)?,
             heads: HashMap::new(),
             created: HashSet::new(),
             dirty: Vec::new(),
@@ -511,15 +513,14 @@ impl Group {
         next.fencing_epoch = writer_epoch.map_or(current_epoch, |epoch| epoch.max(current_epoch));
         next.last_activity_ms = self.at_ms;
         let first_seq = current_last_seq + 1;
-        let first_offset = self.next_offset;
-        // Stored with position 0: the row's column holds it (`write`).
-        let mut envelopes: Vec<EventEnvelope> = events
+        let first_position = self.next_position;
+        let envelopes: Vec<EventEnvelope> = events
             .into_iter()
             .enumerate()
             .map(|(index, event)| EventEnvelope {
                 execution_id,
                 seq: first_seq + index as u64,
-                position: 0,
+                position: first_position + index as u64,
                 at_ms: self.at_ms,
                 writer_epoch: writer_epoch.unwrap_or(0),
                 event,
@@ -572,13 +573,9 @@ impl Group {
             execution_id: uuid,
             first_seq: first_seq as i64,
             last_seq: next.last_seq as i64,
-            offset: first_offset as i64,
+            position: first_position as i64,
             envelopes: codec::encode(&envelopes),
         });
-        for (index, envelope) in envelopes.iter_mut().enumerate() {
-            // An offset until `place` adds the group's first position.
-            envelope.position = first_offset + index as u64;
-        }
         for record in &records {
             self.stage_record(uuid, record);
         }
@@ -593,11 +590,11 @@ impl Group {
             self.dirty.push(execution_id);
         }
         self.touched.insert(execution_id);
-        self.next_offset += n_events;
+        self.next_position += n_events;
         let committed = Committed {
             version: next.version,
             seqs: first_seq..=next.last_seq,
-            positions: first_offset..=first_offset + n_events - 1,
+            positions: first_position..=first_position + n_events - 1,
             at_ms: self.at_ms,
             events: envelopes,
         };
@@ -776,9 +773,8 @@ impl Group {
         Ok(step)
     }
 
-    /// Writes what committed: one statement per table, the events last (they take the
-    /// position lock). Returns the group's first position (0 when it wrote no event).
-    fn write(self, transaction: &mut SqlTransaction<'_>, statements: &Statements) -> Result<u64> {
+    /// Writes what committed: one statement per table.
+    fn write(self, transaction: &mut SqlTransaction<'_>, statements: &Statements) -> Result<()> {
         let (mut new, mut changed) = (HeadRows::default(), HeadRows::default());
         for execution_id in &self.dirty {
             let Some(head) = self.heads.get(execution_id) else {
@@ -839,43 +835,60 @@ impl Group {
                 .execute(&statements.blobs, &[&hashes, &bytes])
                 .map_err(database)?;
         }
-        if self.events.is_empty() {
-            return Ok(0);
+        if !self.events.is_empty() {
+            let n = self.events.len();
+            let mut columns = (
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+            );
+            for row in self.events {
+                columns.0.push(row.execution_id);
+                columns.1.push(row.first_seq);
+                columns.2.push(row.last_seq);
+                columns.3.push(row.position);
+                columns.4.push(row.envelopes);
+            }
+            transaction
+                .execute(
+                    &statements.events,
+                    &[&columns.0, &columns.1, &columns.2, &columns.3, &columns.4],
+                )
+                .map_err(database)?;
         }
-        let n = self.events.len();
-        let mut columns = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        for row in self.events {
-            columns.0.push(row.execution_id);
-            columns.1.push(row.first_seq);
-            columns.2.push(row.last_seq);
-            columns.3.push(row.offset);
-            columns.4.push(row.envelopes);
-        }
-        let row = transaction
-            .query_one(
-                &statements.events,
-                &[
-                    &columns.0,
-                    &columns.1,
-                    &columns.2,
-                    &columns.3,
-                    &columns.4,
-                    &(self.next_offset as i64),
-                ],
-            )
-            .map_err(database)?;
-        let base: i64 = row.get(0);
-        u64::try_from(base).map_err(|_| Error::Corrupted {
-            tree: "op_meta",
-            key: base.to_string(),
-        })
+        Ok(())
     }
+}
+
+/// The first position of the group in `transaction`: counted from its transaction id (N-2),
+/// so that groups on every connection and node number their events without waiting for
+/// each other, and a reader that stops below the oldest transaction still running never
+/// skips a position committed later (`reads.rs`).
+fn first_position(transaction: &mut SqlTransaction<'_>, statements: &Statements) -> Result<u64> {
+    let row = transaction
+        .query_one(&statements.numbering, &[])
+        .map_err(database)?;
+    let (xid, position_base, xid_base): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    if xid < xid_base {
+        // A database restored from a dump counts its transactions from lower again: the
+        // next opening of the store moves the bases past what is stored (`schema.rs`).
+        return Err(Error::Database(format!(
+            "transaction id {xid} is below the store's base {xid_base} (restored from a \
+             dump?): restart a node to renumber"
+        )));
+    }
+    let first = (xid - xid_base)
+        .checked_mul(1 << GROUP_EVENTS_BITS)
+        .and_then(|offset| offset.checked_add(position_base));
+    first
+        .and_then(|first| u64::try_from(first).ok())
+        .ok_or_else(|| {
+            Error::Database(format!(
+                "transaction id {xid} gives no position (base {position_base}, {xid_base})"
+            ))
+        })
 }
 
 /// One transition's events: one row of `op_events`.
@@ -883,9 +896,9 @@ struct EventsRow {
     execution_id: Uuid,
     first_seq: i64,
     last_seq: i64,
-    /// From the group's first position.
-    offset: i64,
-    /// `Vec<EventEnvelope>`, each with position 0 (the row's column numbers them).
+    /// The first event's.
+    position: i64,
+    /// `Vec<EventEnvelope>`.
     envelopes: Vec<u8>,
 }
 

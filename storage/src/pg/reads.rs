@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use postgres::Client;
 use uuid::Uuid;
 
-use super::commit::kind;
+use super::commit::{kind, GROUP_EVENTS_BITS};
 use super::{database, PgStore, Shared};
 use crate::codec;
 use crate::error::{Error, Result};
@@ -287,17 +287,25 @@ impl EventReader for PgStore {
         let after = i64::try_from(after_position).unwrap_or(i64::MAX);
         let rows_max = i64::try_from(limit).unwrap_or(i64::MAX);
         self.read(move |client| {
-            // As `events_after`, by position across executions.
+            // As `events_after`, by position across executions, and only below the first
+            // position of the oldest transaction still running: a group numbers its events
+            // from its transaction id (`commit.rs`), so every later commit lands above that
+            // bound and the cursor never passes a position that may still appear.
             let rows = client
                 .query(
                     &format!(
-                        "(SELECT {EVENT_COLUMNS} FROM op_events \
-                          WHERE position <= $1 ORDER BY position DESC LIMIT 1) \
+                        "WITH bound AS (SELECT position_base + \
+                             (pg_snapshot_xmin(pg_current_snapshot())::text::bigint - xid_base) \
+                             * $3 AS below FROM op_meta WHERE id = 1) \
+                         (SELECT {EVENT_COLUMNS} FROM op_events \
+                          WHERE position <= $1 AND position < (SELECT below FROM bound) \
+                          ORDER BY position DESC LIMIT 1) \
                          UNION ALL \
                          (SELECT {EVENT_COLUMNS} FROM op_events \
-                          WHERE position > $1 ORDER BY position LIMIT $2)"
+                          WHERE position > $1 AND position < (SELECT below FROM bound) \
+                          ORDER BY position LIMIT $2)"
                     ),
-                    &[&after, &rows_max],
+                    &[&after, &rows_max, &(1i64 << GROUP_EVENTS_BITS)],
                 )
                 .map_err(database)?;
             envelopes(&rows, |event| event.position > after_position, limit)

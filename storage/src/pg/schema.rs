@@ -101,9 +101,20 @@ const MIGRATIONS: &[(u32, &str)] = &[
         // row written before has no `last_seq` and holds one event, as it did.
         // And room in each page of `op_heads` for a head's next version, so that its
         // update (one per transition) is a heap-only tuple: no new index entries.
+        //
+        // Positions without a lock (N-2): a group numbers its events from its transaction
+        // id, `position_base + ((xid - xid_base) << 16) + offset`, so groups of every
+        // node commit side by side; readers of the whole log stop below the oldest
+        // transaction still running (`reads.rs`). The bases continue the positions handed
+        // out before.
         "
     ALTER TABLE op_events ADD COLUMN last_seq bigint;
     ALTER TABLE op_heads SET (fillfactor = 50);
+    ALTER TABLE op_meta ADD COLUMN position_base bigint, ADD COLUMN xid_base bigint;
+    UPDATE op_meta SET position_base = next_position,
+        xid_base = pg_current_xact_id()::text::bigint;
+    ALTER TABLE op_meta ALTER COLUMN position_base SET NOT NULL,
+        ALTER COLUMN xid_base SET NOT NULL;
     ",
     ),
 ];
@@ -145,6 +156,21 @@ pub(super) fn migrate(client: &mut Client) -> Result<()> {
         transaction
             .execute("UPDATE op_schema SET version = $1", &[&(*version as i32)])
             .map_err(database)?;
+    }
+    // A database restored from a dump counts transaction ids from lower than the store's
+    // base: positions go on past the highest stored, from this transaction's id.
+    let renumbered = transaction
+        .execute(
+            "UPDATE op_meta SET xid_base = pg_current_xact_id()::text::bigint, \
+                 position_base = GREATEST(position_base, 1 + COALESCE( \
+                     (SELECT position + COALESCE(last_seq - seq, 0) FROM op_events \
+                      ORDER BY position DESC LIMIT 1), 0)) \
+             WHERE id = 1 AND pg_current_xact_id()::text::bigint < xid_base",
+            &[],
+        )
+        .map_err(database)?;
+    if renumbered > 0 {
+        tracing::warn!("transaction ids went back (a restored database?): positions renumbered");
     }
     transaction.commit().map_err(database)
 }

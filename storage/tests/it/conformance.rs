@@ -76,7 +76,7 @@ macro_rules! suite {
 suite!(
     s2_a_stale_version_conflicts_and_writes_nothing,
     s2_a_fenced_writer_is_refused_and_a_newer_epoch_claims,
-    s2_many_writers_commit_in_groups_with_gapless_seqs_and_positions,
+    s2_many_writers_commit_in_groups_with_gapless_seqs_and_rising_positions,
     s2_records_and_blobs_commit_with_their_transition,
     k4_a_command_id_keeps_its_stored_outcome_across_a_reopen,
     k4_a_rejection_records_the_command_and_changes_nothing_else,
@@ -162,7 +162,11 @@ async fn s2_a_fenced_writer_is_refused_and_a_newer_epoch_claims(backend: &dyn Ba
     assert_eq!(epochs, vec![0, 2, 2]);
 }
 
-async fn s2_many_writers_commit_in_groups_with_gapless_seqs_and_positions(backend: &dyn Backend) {
+/// Seqs are gapless per execution; positions rise along the whole log (gapless in sled,
+/// `s1_log`; counted from transaction ids in PostgreSQL, `pg_positions`).
+async fn s2_many_writers_commit_in_groups_with_gapless_seqs_and_rising_positions(
+    backend: &dyn Backend,
+) {
     let store: Arc<dyn EventStore> = Arc::from(backend.open());
     let writers: Vec<_> = (0..100)
         .map(|_| {
@@ -185,7 +189,8 @@ async fn s2_many_writers_commit_in_groups_with_gapless_seqs_and_positions(backen
         assert_eq!(seqs, (1..=6).collect::<Vec<_>>());
     }
     let positions: Vec<u64> = whole_log(&*store).iter().map(|e| e.position).collect();
-    assert_eq!(positions, (1..=600).collect::<Vec<_>>());
+    assert_eq!(positions.len(), 600);
+    assert!(positions.windows(2).all(|pair| pair[0] < pair[1]));
     let metrics = store.metrics();
     assert_eq!(metrics.transitions, 600);
     assert!(
@@ -603,12 +608,9 @@ async fn s1_a_reopen_keeps_everything_and_starts_a_new_incarnation(backend: &dyn
     assert_eq!(all_events(&*store, a), events);
     assert_eq!(store.head(a).expect("head").map(|h| h.version), Some(4));
     assert!(store.incarnation().number > first);
-    // Positions go on from where they were.
+    // Positions go on past where they were.
     let next = append(&*store, a, 4, "after the reopen").await;
-    assert_eq!(
-        *next.positions.start(),
-        events.last().expect("events").position + 1
-    );
+    assert!(*next.positions.start() > events.last().expect("events").position);
 }
 
 /// N-2: a node registers and renews its lease by the database's clock; a lease of 0 has

@@ -7,6 +7,7 @@ mod support;
 mod b1_sessions;
 mod conformance;
 mod k4_commands;
+mod pg_positions;
 mod planted;
 mod r07_locking;
 mod r13_disk_full;
