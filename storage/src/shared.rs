@@ -119,7 +119,8 @@ pub struct MetricsSnapshot {
     /// listing is read each time).
     pub fsync_micros_total: u64,
     /// Wall time the committer spent on group commits: over a run's wall time, how busy the
-    /// one writer was (near 100%, the store is what limits throughput).
+    /// one writer was (near 100%, the store is what limits throughput). A store with
+    /// several committers (PostgreSQL's) reports their mean, here and in the fsync time.
     pub group_micros_total: u64,
     /// Wall time in sled's `flush()`: sled writing its buffers and waiting for the disk,
     /// before our fsync. Part of `group_micros_total`, except for the materializations at
