@@ -92,7 +92,7 @@ pub fn run(options: &LoadOptions, targets: &[Target]) -> Result<LoadReport, Fail
                     while next.fetch_add(1, Ordering::Relaxed) < options.executions {
                         let result = admit_and_follow(target, session, body);
                         progress.inc(1);
-                        lock(&followed).push(result);
+                        lock(followed).push(result);
                     }
                 });
             if let Err(error) = spawned {

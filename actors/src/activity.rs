@@ -297,7 +297,7 @@ impl Graph {
         self.order
             .iter()
             .copied()
-            .filter(|message| self.children.get(message).map_or(true, Vec::is_empty))
+            .filter(|message| self.children.get(message).is_none_or(Vec::is_empty))
             .collect()
     }
 

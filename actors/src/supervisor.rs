@@ -349,7 +349,7 @@ async fn recover_where(env: &Arc<Executions>, scope: Scope) -> Result<RecoveryRe
     if scope == Scope::LapsedOwners || !nodes.nodes.is_empty() {
         let nodes = env.store.nodes()?;
         plans.retain(|(head, _)| {
-            head.attempt.as_ref().map_or(true, |attempt| {
+            head.attempt.as_ref().is_none_or(|attempt| {
                 attempt.owner_id == env.owner || !env.owner_alive(&nodes, attempt.owner_id)
             })
         });

@@ -153,9 +153,10 @@ impl Node {
         root: &Path,
         token: &str,
     ) -> Result<bool, String> {
-        let exited = self.server.as_mut().map_or(true, |server| {
-            server.child.try_wait().ok().flatten().is_some()
-        });
+        let exited = self
+            .server
+            .as_mut()
+            .is_none_or(|server| server.child.try_wait().ok().flatten().is_some());
         if exited {
             self.server = None;
             self.start(options, root, token)?;
@@ -266,7 +267,7 @@ pub fn run(
     let mut ask = 0usize;
     let unfinished = await_completion(base, &session, &admitted, &mut violations, |path| {
         ask += 1;
-        if ask % 50 == 0 {
+        if ask.is_multiple_of(50) {
             for node in &mut nodes {
                 revived += usize::from(node.revive(options, root.path(), &token)?);
             }

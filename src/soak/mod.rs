@@ -120,9 +120,9 @@ pub async fn run(
         Some(r24) => Some(kill_loop("R24", r24).await?),
         None => None,
     };
-    let clean = r02.as_ref().map_or(true, KillLoopReport::clean)
-        && r22.as_ref().map_or(true, |r22| r22.divergences == 0)
-        && r24.as_ref().map_or(true, KillLoopReport::clean);
+    let clean = r02.as_ref().is_none_or(KillLoopReport::clean)
+        && r22.as_ref().is_none_or(|r22| r22.divergences == 0)
+        && r24.as_ref().is_none_or(KillLoopReport::clean);
     Ok(SoakReport {
         seed: options.seed,
         r02,

@@ -388,7 +388,7 @@ pub(crate) fn decode_frames(
                 frame.execution_id == claimed
                     && frame
                         .identity
-                        .map_or(true, |identity| identity.execution_id == claimed)
+                        .is_none_or(|identity| identity.execution_id == claimed)
                     && frame.events.iter().all(|event| {
                         event.execution_id == claimed
                             && (first_position..=last_position).contains(&event.position)

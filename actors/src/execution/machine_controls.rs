@@ -95,7 +95,7 @@ impl Machine {
     /// with no recorded revision (a machine built in a test) is taken as current.
     fn revision_loadable(&self, at: &CommandContext) -> bool {
         self.revision_id
-            .map_or(true, |revision| revision == at.revision)
+            .is_none_or(|revision| revision == at.revision)
     }
 
     /// The one decision on a command: the version it was sent against, whether its kind is
