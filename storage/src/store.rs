@@ -90,7 +90,10 @@ pub trait EventReader: Send + Sync + 'static {
         after_seq: u64,
         limit: usize,
     ) -> Result<Vec<EventEnvelope>>;
-    /// Events of the whole store with `position > after_position`, at most `limit`.
+    /// Events of the whole store with `position > after_position`, at most `limit`, in
+    /// position order; a later call never returns a position below one returned before.
+    /// Positions rise, gapless in sled; in PostgreSQL they have gaps, and the log stops
+    /// below the oldest transaction still running on the server (`pg.rs`).
     fn log_after(&self, after_position: u64, limit: usize) -> Result<Vec<EventEnvelope>>;
     fn command(&self, command_id: CommandId) -> Result<Option<CommandRecord>>;
     fn receipt(&self, effect_id: EffectId) -> Result<Option<ReceiptRecord>>;

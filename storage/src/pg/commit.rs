@@ -9,9 +9,10 @@
 //! every transition in memory exactly as the sled committer does (K-4, fencing, version,
 //! shape); write heads, records, blobs and events with one statement per table (arrays,
 //! `UNNEST`); commit. No row is shared by every group, so groups of every committer and
-//! node commit side by side and PostgreSQL flushes their commits together. Locks are always
-//! taken in one order (heads by id, records by kind and id, blobs by hash), so two groups
-//! never deadlock.
+//! node commit side by side and PostgreSQL flushes their commits together. Locks are taken
+//! in one order (heads by id, then commands' advisory locks by key, records by kind and id,
+//! blobs by hash), so two groups of transitions do not deadlock; a purge's deletes are not
+//! ordered, and PostgreSQL ends a deadlock it finds by failing one whole group.
 //!
 //! A row of `op_events` holds one transition's events (`seq..=last_seq`), encoded together;
 //! its `position` column is the first event's position, the others follow it.
@@ -50,6 +51,17 @@ use crate::transition::{Committed, Outcome, Transition, Upsert};
 /// (`first_position`); `run` ends a group before it would hold more.
 pub(super) const GROUP_EVENTS_BITS: u32 = 16;
 pub(super) const GROUP_EVENTS_MAX: usize = 1 << GROUP_EVENTS_BITS;
+
+/// The first key of a command's advisory lock ("opcm"; the migrations' lock is a single
+/// bigint key, a space of its own).
+const COMMAND_LOCK_CLASS: i32 = 0x6f70_636d;
+
+/// The second key of a command's advisory lock: 32 bits of its id (two ids that share them
+/// only wait for each other).
+fn command_lock_key(command_id: &Uuid) -> i32 {
+    let (high, low) = command_id.as_u64_pair();
+    (high ^ low) as i32
+}
 
 /// Rows one purge step deletes at most (as `log::purge::PURGE_KEYS_MAX` keys in sled).
 const PURGE_ROWS_MAX: i64 = 1024;
@@ -129,7 +141,13 @@ impl Request {
 
 /// The committer's loop: a group per turn, until every handle is gone.
 pub(super) fn run(shared: Arc<Shared>, client: Option<Client>, mut queue: mpsc::Receiver<Request>) {
-    let mut connection = client.and_then(|client| Statements::prepare(client).ok());
+    let mut connection = client.and_then(|client| match Statements::prepare(client) {
+        Ok(prepared) => Some(prepared),
+        Err(error) => {
+            tracing::warn!(%error, "preparing the committer's statements; connecting again");
+            None
+        }
+    });
     // A request that would have taken its group past `GROUP_EVENTS_MAX`: the next one's first.
     let mut carried = None;
     while let Some(first) = carried.take().or_else(|| queue.blocking_recv()) {
@@ -178,6 +196,7 @@ pub(super) fn run(shared: Arc<Shared>, client: Option<Client>, mut queue: mpsc::
 struct Statements {
     heads: Statement,
     purged: Statement,
+    command_locks: Statement,
     commands: Statement,
     insert_heads: Statement,
     update_heads: Statement,
@@ -197,6 +216,10 @@ impl Statements {
                  ORDER BY execution_id FOR UPDATE",
             )?,
             purged: prepare("SELECT execution_id FROM op_purged WHERE execution_id = ANY($1)")?,
+            command_locks: prepare(
+                "SELECT pg_advisory_xact_lock($1, key) \
+                 FROM UNNEST($2::int4[]) AS key ORDER BY key",
+            )?,
             commands: prepare("SELECT id, value FROM op_records WHERE kind = $1 AND id = ANY($2)")?,
             insert_heads: prepare(
                 "INSERT INTO op_heads (execution_id, session_id, state, ended_at_ms, head) \
@@ -345,8 +368,8 @@ struct Group {
     touched: HashSet<ExecutionId>,
     commands: HashMap<CommandId, CommandRecord>,
     corrupt_commands: HashSet<CommandId>,
-    /// Rows to write: a transition's events (execution, first seq, last seq, first offset,
-    /// envelopes), records by (kind, id), blobs by hash.
+    /// Rows to write: a transition's events (execution, first seq, last seq, first
+    /// position, envelopes), records by (kind, id), blobs by hash.
     events: Vec<EventsRow>,
     records: HashMap<(i16, Uuid), (Uuid, Vec<u8>)>,
     blobs: HashMap<Vec<u8>, Vec<u8>>,
@@ -412,6 +435,16 @@ impl Group {
             .purged
             .extend(rows.iter().map(|row| ExecutionId::from_uuid(row.get(0))));
         if !command_ids.is_empty() {
+            // K-4: a command's record may not exist yet, and a missing row cannot be locked:
+            // a lock on its id (advisory, in key order, held to the commit) makes a second
+            // group carrying the same command — on another committer or node — wait, then
+            // read the record the first one wrote.
+            let mut keys: Vec<i32> = command_ids.iter().map(command_lock_key).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            transaction
+                .execute(&statements.command_locks, &[&COMMAND_LOCK_CLASS, &keys])
+                .map_err(database)?;
             let rows = transaction
                 .query(&statements.commands, &[&kind::COMMAND, &command_ids])
                 .map_err(database)?;
@@ -776,7 +809,10 @@ impl Group {
     /// Writes what committed: one statement per table.
     fn write(self, transaction: &mut SqlTransaction<'_>, statements: &Statements) -> Result<()> {
         let (mut new, mut changed) = (HeadRows::default(), HeadRows::default());
-        for execution_id in &self.dirty {
+        // In id order, as `load` locked them: new rows' index entries too.
+        let mut dirty = self.dirty.clone();
+        dirty.sort_unstable();
+        for execution_id in &dirty {
             let Some(head) = self.heads.get(execution_id) else {
                 continue;
             };

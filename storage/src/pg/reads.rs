@@ -178,8 +178,8 @@ const EVENT_COLUMNS: &str = "execution_id, seq, envelope, position, last_seq";
 
 /// The events of rows of `EVENT_COLUMNS` (in the rows' order) that `keep` keeps, at most
 /// `limit`. A row holds a transition's events, `seq..=last_seq`, encoded together, or (a
-/// row written before schema 3, no `last_seq`) one event. Positions are the row's: the
-/// committer numbers events in its final statement, after it encoded them (`commit.rs`).
+/// row written before schema 3, no `last_seq`) one event. Positions are the row's column
+/// (its first event's) and follow it.
 fn envelopes(
     rows: &[postgres::Row],
     keep: impl Fn(&EventEnvelope) -> bool,
@@ -187,6 +187,9 @@ fn envelopes(
 ) -> Result<Vec<EventEnvelope>> {
     let mut events = Vec::new();
     for row in rows {
+        if events.len() >= limit {
+            break;
+        }
         let last_seq: Option<i64> = row.get(4);
         let decoded = row_events(
             ExecutionId::from_uuid(row.get(0)),
@@ -269,11 +272,13 @@ impl EventReader for PgStore {
             let rows = client
                 .query(
                     &format!(
-                        "(SELECT {EVENT_COLUMNS} FROM op_events \
+                        "SELECT * FROM ( \
+                         (SELECT {EVENT_COLUMNS} FROM op_events \
                           WHERE execution_id = $1 AND seq <= $2 ORDER BY seq DESC LIMIT 1) \
                          UNION ALL \
                          (SELECT {EVENT_COLUMNS} FROM op_events \
-                          WHERE execution_id = $1 AND seq > $2 ORDER BY seq LIMIT $3)"
+                          WHERE execution_id = $1 AND seq > $2 ORDER BY seq LIMIT $3) \
+                         ) AS rows ORDER BY seq"
                     ),
                     &[execution_id.as_uuid(), &after, &rows_max],
                 )
@@ -297,13 +302,15 @@ impl EventReader for PgStore {
                         "WITH bound AS (SELECT position_base + \
                              (pg_snapshot_xmin(pg_current_snapshot())::text::bigint - xid_base) \
                              * $3 AS below FROM op_meta WHERE id = 1) \
+                         SELECT * FROM ( \
                          (SELECT {EVENT_COLUMNS} FROM op_events \
                           WHERE position <= $1 AND position < (SELECT below FROM bound) \
                           ORDER BY position DESC LIMIT 1) \
                          UNION ALL \
                          (SELECT {EVENT_COLUMNS} FROM op_events \
                           WHERE position > $1 AND position < (SELECT below FROM bound) \
-                          ORDER BY position LIMIT $2)"
+                          ORDER BY position LIMIT $2) \
+                         ) AS rows ORDER BY position"
                     ),
                     &[&after, &rows_max, &(1i64 << GROUP_EVENTS_BITS)],
                 )

@@ -157,16 +157,20 @@ pub(super) fn migrate(client: &mut Client) -> Result<()> {
             .execute("UPDATE op_schema SET version = $1", &[&(*version as i32)])
             .map_err(database)?;
     }
-    // A database restored from a dump counts transaction ids from lower than the store's
-    // base: positions go on past the highest stored, from this transaction's id.
+    // A database restored from a dump counts transaction ids from elsewhere (lower than the
+    // store's base, or inside the range it numbered from): positions go on past the highest
+    // stored, from this transaction's id. Nodes restart after a restore.
     let renumbered = transaction
         .execute(
             "UPDATE op_meta SET xid_base = pg_current_xact_id()::text::bigint, \
                  position_base = GREATEST(position_base, 1 + COALESCE( \
                      (SELECT position + COALESCE(last_seq - seq, 0) FROM op_events \
                       ORDER BY position DESC LIMIT 1), 0)) \
-             WHERE id = 1 AND pg_current_xact_id()::text::bigint < xid_base",
-            &[],
+             WHERE id = 1 AND (pg_current_xact_id()::text::bigint < xid_base \
+                 OR position_base + (pg_current_xact_id()::text::bigint - xid_base) * $1 \
+                     <= (SELECT position + COALESCE(last_seq - seq, 0) FROM op_events \
+                         ORDER BY position DESC LIMIT 1))",
+            &[&(1i64 << super::commit::GROUP_EVENTS_BITS)],
         )
         .map_err(database)?;
     if renumbered > 0 {

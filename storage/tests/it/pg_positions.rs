@@ -32,7 +32,7 @@ async fn n2_the_whole_log_stops_below_a_transaction_still_running() {
     let url = pg_cluster::database();
     let store = PgStore::open(&url).expect("open");
     let a = create(&store).await;
-    let before = whole_log(&store);
+    let before = settled_log(&store, 1);
     assert_eq!(before.len(), 1);
     // A transaction that took its id before the next group and has not ended, as a group
     // of another node still writing would.
@@ -65,7 +65,7 @@ async fn n2_the_whole_log_stops_below_a_transaction_still_running() {
     assert_eq!(store.log_after(0, 10).expect("page"), before);
     hold.send(()).expect("release");
     holder.await.expect("holder");
-    let after = whole_log(&store);
+    let after = settled_log(&store, 2);
     assert_eq!(after.len(), 2);
     assert_eq!(after[1].position, *later.positions.start());
 }
@@ -81,7 +81,7 @@ async fn n2_transaction_ids_that_went_back_are_renumbered_at_the_next_opening() 
         let events = (0..3).map(|i| decided(&format!("{i}"))).collect();
         let transition = Transition::new(a, events).expect_version(1);
         committed(store.submit(transition).await.expect("submit"));
-        let last = whole_log(&store).last().expect("events").position;
+        let last = settled_log(&store, 4).last().expect("events").position;
         // As if the database were restored from a dump: its transaction ids now count
         // from below the store's base.
         with_client(&url, |client| {
@@ -102,7 +102,7 @@ async fn n2_transaction_ids_that_went_back_are_renumbered_at_the_next_opening() 
     let store = PgStore::open(&url).expect("reopen");
     let next = append(&store, a, 2, "after the renumbering").await;
     assert!(*next.positions.start() > last);
-    let log = whole_log(&store);
+    let log = settled_log(&store, 5);
     assert_eq!(log.len(), 5);
     assert!(log
         .windows(2)

@@ -88,6 +88,20 @@ pub fn whole_log(store: &dyn EventStore) -> Vec<EventEnvelope> {
     store.log_after(0, usize::MAX).expect("log")
 }
 
+/// The whole log once it holds `len` events (or, after 10 s, as it is): in PostgreSQL it
+/// stops below the oldest transaction still running on the server, and the tests of other
+/// databases on the same server run beside this one. An event once read stays readable.
+pub fn settled_log(store: &dyn EventStore, len: usize) -> Vec<EventEnvelope> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let log = whole_log(store);
+        if log.len() >= len || std::time::Instant::now() > deadline {
+            return log;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Limits that materialize after every group, so tests cross the overlay/disk boundary
 /// constantly.
 pub fn eager_limits() -> openprogram_storage::Limits {
