@@ -6,6 +6,8 @@
 //!
 //! - `pg/schema.rs` — the tables and their versioned migrations (S-1).
 //! - `pg/commit.rs` — the committer threads: one SQL transaction per group.
+//! - `pg/group.rs` — a group: what it reads and locks, its decisions, the rows it writes.
+//! - `pg/statements.rs` — the group's prepared statements and the numbers readers share.
 //! - `pg/reads.rs` — `EventReader`, served by a small pool of reader threads.
 //! - `pg/baseline.rs` — the database's raw insert rate, the ceiling `load` compares with.
 //!
@@ -22,9 +24,11 @@
 
 pub mod baseline;
 mod commit;
+mod group;
 pub mod local;
 mod reads;
 pub mod schema;
+mod statements;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -260,11 +264,11 @@ impl EventStore for PgStore {
         {
             return futures::future::ready(Err(error)).boxed();
         }
-        if transition.events.len() > commit::GROUP_EVENTS_MAX {
+        if transition.events.len() > statements::GROUP_EVENTS_MAX {
             return futures::future::ready(Err(Error::InvalidTransition(format!(
                 "{} events in one transition (at most {})",
                 transition.events.len(),
-                commit::GROUP_EVENTS_MAX
+                statements::GROUP_EVENTS_MAX
             ))))
             .boxed();
         }

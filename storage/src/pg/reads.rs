@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use postgres::Client;
 use uuid::Uuid;
 
-use super::commit::{kind, GROUP_EVENTS_BITS};
+use super::statements::{kind, GROUP_EVENTS_BITS};
 use super::{database, PgStore, Shared};
 use crate::codec;
 use crate::error::{Error, Result};

@@ -170,7 +170,7 @@ pub(super) fn migrate(client: &mut Client) -> Result<()> {
                  OR position_base + (pg_current_xact_id()::text::bigint - xid_base) * $1 \
                      <= (SELECT position + COALESCE(last_seq - seq, 0) FROM op_events \
                          ORDER BY position DESC LIMIT 1))",
-            &[&(1i64 << super::commit::GROUP_EVENTS_BITS)],
+            &[&(1i64 << super::statements::GROUP_EVENTS_BITS)],
         )
         .map_err(database)?;
     if renumbered > 0 {

@@ -1,0 +1,683 @@
+//! A group of the PostgreSQL committer (`commit.rs`): its view of the heads, tombstones and
+//! command records it touches, the sled committer's rules applied to each transition in
+//! memory (`log/apply.rs`), and the rows it writes.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+
+use postgres::Transaction as SqlTransaction;
+use uuid::Uuid;
+
+use super::statements::{
+    command_lock_key, kind, Statements, COMMAND_LOCK_CLASS, GROUP_EVENTS_BITS, PURGE_ROWS_MAX,
+};
+use super::{database, Shared};
+use crate::codec;
+use crate::error::{Error, Result};
+use crate::event::EventEnvelope;
+use crate::ids::{CommandId, ExecutionId};
+use crate::keys;
+use crate::log::now_ms;
+use crate::record_value::RecordValue;
+use crate::records::{CommandRecord, CommandStatus, ExecutionHead, PurgeStep, PurgedRecord};
+use crate::transition::{Committed, Outcome, Transition, Upsert};
+
+/// The group's view of what it touches, and what it will write.
+pub(super) struct Group {
+    at_ms: u64,
+    /// The next event's position: the group's first (`first_position`) plus the events
+    /// staged so far, at most `GROUP_EVENTS_MAX`.
+    next_position: u64,
+    /// Heads as of this group: read from the database (locked), then as staged.
+    heads: HashMap<ExecutionId, ExecutionHead>,
+    /// Executions with no head row before this group that it creates.
+    created: HashSet<ExecutionId>,
+    /// Executions whose head this group changes (written at the end).
+    dirty: Vec<ExecutionId>,
+    /// Executions purged (tombstoned): a write to one is `Purged`.
+    purged: HashSet<ExecutionId>,
+    /// Executions a transition of this group touched: a purge of one waits (`Unsettled`).
+    touched: HashSet<ExecutionId>,
+    commands: HashMap<CommandId, CommandRecord>,
+    corrupt_commands: HashSet<CommandId>,
+    /// Rows to write: a transition's events (execution, first seq, last seq, first
+    /// position, envelopes), records by (kind, id), blobs by hash.
+    events: Vec<EventsRow>,
+    records: HashMap<(i16, Uuid), (Uuid, Vec<u8>)>,
+    blobs: HashMap<Vec<u8>, Vec<u8>>,
+}
+
+impl Group {
+    /// Locks the heads the transitions and purges name; reads their tombstones and the command records
+    /// they carry.
+    pub(super) fn load(
+        shared: &Shared,
+        transaction: &mut SqlTransaction<'_>,
+        statements: &Statements,
+        transitions: &[&Transition],
+        purges: &[ExecutionId],
+    ) -> Result<Self> {
+        let mut ids: Vec<Uuid> = purges.iter().map(|id| *id.as_uuid()).collect();
+        let mut command_ids = Vec::new();
+        for transition in transitions {
+            ids.push(*transition.execution_id.as_uuid());
+            for upsert in &transition.upserts {
+                if let Upsert::Command(command) = upsert {
+                    command_ids.push(*command.command_id.as_uuid());
+                }
+            }
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        let mut group = Group {
+            at_ms: now_ms(),
+            next_position: first_position(transaction, statements)?,
+            heads: HashMap::new(),
+            created: HashSet::new(),
+            dirty: Vec::new(),
+            purged: HashSet::new(),
+            touched: HashSet::new(),
+            commands: HashMap::new(),
+            corrupt_commands: HashSet::new(),
+            events: Vec::new(),
+            records: HashMap::new(),
+            blobs: HashMap::new(),
+        };
+        let rows = transaction
+            .query(&statements.heads, &[&ids])
+            .map_err(database)?;
+        for row in rows {
+            let execution_id = ExecutionId::from_uuid(row.get(0));
+            let bytes: &[u8] = row.get(1);
+            match codec::decode::<ExecutionHead>(&keys::head(execution_id), bytes) {
+                Ok(head) => {
+                    group.heads.insert(execution_id, head);
+                }
+                Err(error) => quarantine(shared, transaction, execution_id, &error)?,
+            }
+        }
+        let rows = transaction
+            .query(&statements.purged, &[&ids])
+            .map_err(database)?;
+        group
+            .purged
+            .extend(rows.iter().map(|row| ExecutionId::from_uuid(row.get(0))));
+        if !command_ids.is_empty() {
+            // K-4: a command's record may not exist yet, and a missing row cannot be locked:
+            // a lock on its id (advisory, in key order, held to the commit) makes a second
+            // group carrying the same command — on another committer or node — wait, then
+            // read the record the first one wrote.
+            let mut keys: Vec<i32> = command_ids.iter().map(command_lock_key).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            transaction
+                .execute(&statements.command_locks, &[&COMMAND_LOCK_CLASS, &keys])
+                .map_err(database)?;
+            let rows = transaction
+                .query(&statements.commands, &[&kind::COMMAND, &command_ids])
+                .map_err(database)?;
+            for row in rows {
+                let command_id = CommandId::from_uuid(row.get(0));
+                let bytes: &[u8] = row.get(1);
+                match codec::decode::<CommandRecord>(&keys::command(command_id), bytes) {
+                    Ok(record) => {
+                        group.commands.insert(command_id, record);
+                    }
+                    Err(_) => {
+                        group.corrupt_commands.insert(command_id);
+                    }
+                }
+            }
+        }
+        Ok(group)
+    }
+
+    /// Decides one transition against the group's view (the sled committer's rules,
+    /// `log/apply.rs`) and, if it commits, stages its rows.
+    pub(super) fn apply(&mut self, shared: &Shared, transition: Transition) -> Result<Outcome> {
+        let rejection = transition.is_rejection();
+        let Transition {
+            execution_id,
+            expected_version,
+            writer_epoch,
+            head,
+            events,
+            upserts,
+        } = transition;
+        if events.is_empty() && !rejection {
+            return Err(Error::InvalidTransition(
+                "a transition carries at least one event".into(),
+            ));
+        }
+        if head
+            .as_ref()
+            .is_some_and(|head| head.execution_id != execution_id)
+        {
+            return Err(Error::InvalidTransition(
+                "the head names another execution".into(),
+            ));
+        }
+        let foreign_projection = upserts.iter().any(|upsert| {
+            matches!(upsert, Upsert::Projection(projection)
+                if projection.execution_id != execution_id || rejection)
+        });
+        if foreign_projection {
+            return Err(Error::InvalidTransition(
+                "a projection goes with an event of its own execution".into(),
+            ));
+        }
+        shared.check_quarantine(execution_id)?;
+        if self.purged.contains(&execution_id) {
+            return Err(Error::Purged(execution_id));
+        }
+        if let Some(outcome) = self.stored_outcome(execution_id, &upserts)? {
+            return Ok(outcome);
+        }
+        let current = self.heads.get(&execution_id);
+        let (current_version, current_epoch, current_last_seq) = current
+            .map_or((0, 0, 0), |head| {
+                (head.version, head.fencing_epoch, head.last_seq)
+            });
+        if rejection {
+            return self.record_rejection(execution_id, expected_version, writer_epoch, upserts);
+        }
+        let stale = writer_epoch.is_some_and(|epoch| epoch < current_epoch);
+        if stale && !crate::planted::planted(crate::planted::Bug::SkipFencing) {
+            shared.metrics.fenced.fetch_add(1, Ordering::Relaxed);
+            return Ok(Outcome::Fenced { current_epoch });
+        }
+        if let Some(expected) = expected_version {
+            if expected != current_version {
+                return Ok(Outcome::VersionConflict {
+                    current: current_version,
+                });
+            }
+        }
+        let creates = current.is_none();
+        let mut next = match (current, head) {
+            (None, None) => return Err(Error::UnknownExecution(execution_id)),
+            (None, Some(_)) if expected_version != Some(0) => {
+                return Err(Error::InvalidTransition(
+                    "creating an execution needs expected_version Some(0)".into(),
+                ))
+            }
+            (None, Some(head)) => head,
+            (Some(_), Some(_)) if writer_epoch.is_none() => {
+                return Err(Error::InvalidTransition(
+                    "only an attempt (a writer epoch) may replace an existing head".into(),
+                ))
+            }
+            (Some(_), Some(head)) => head,
+            (Some(current), None) => current.clone(),
+        };
+        next.version = current_version + 1;
+        next.fencing_epoch = writer_epoch.map_or(current_epoch, |epoch| epoch.max(current_epoch));
+        next.last_activity_ms = self.at_ms;
+        let first_seq = current_last_seq + 1;
+        let first_position = self.next_position;
+        let envelopes: Vec<EventEnvelope> = events
+            .into_iter()
+            .enumerate()
+            .map(|(index, event)| EventEnvelope {
+                execution_id,
+                seq: first_seq + index as u64,
+                position: first_position + index as u64,
+                at_ms: self.at_ms,
+                writer_epoch: writer_epoch.unwrap_or(0),
+                event,
+            })
+            .collect();
+        let n_events = envelopes.len() as u64;
+        next.last_seq = first_seq + n_events - 1;
+        let beyond = upserts.iter().any(|upsert| {
+            matches!(upsert, Upsert::Projection(projection) if projection.through_seq > next.last_seq)
+        });
+        if beyond {
+            return Err(Error::InvalidTransition(
+                "a projection is of a seq past the transition's last event".into(),
+            ));
+        }
+        let mut records = Vec::new();
+        let mut blobs = Vec::new();
+        for upsert in upserts {
+            if let Upsert::Blob(blob) = &upsert {
+                blobs.push(blob.clone());
+            }
+            records.extend(upsert.into_record());
+        }
+        // S-8: a projection that makes its transition too large is left out (readers
+        // replay), never the reason the transition fails.
+        let limit = shared.limits.transition_bytes_max.min(u32::MAX as usize) as u64;
+        let size = |records: &[RecordValue]| {
+            codec::encoded_size(&(&next, &envelopes))
+                + records
+                    .iter()
+                    .map(|record| record_row(record).2.len() as u64)
+                    .sum::<u64>()
+        };
+        let projected = |record: &RecordValue| matches!(record, RecordValue::Projection(_));
+        if size(&records) > limit && records.iter().any(projected) {
+            records.retain(|record| !projected(record));
+        }
+        let len = size(&records);
+        if len > limit {
+            return Err(Error::PayloadTooLarge {
+                what: "transition",
+                len: len as usize,
+                max: limit as usize,
+            });
+        }
+
+        // Committed: from here on the group owns the change.
+        let uuid = *execution_id.as_uuid();
+        self.events.push(EventsRow {
+            execution_id: uuid,
+            first_seq: first_seq as i64,
+            last_seq: next.last_seq as i64,
+            position: first_position as i64,
+            envelopes: codec::encode(&envelopes),
+        });
+        for record in &records {
+            self.stage_record(uuid, record);
+        }
+        for blob in blobs {
+            self.blobs
+                .insert(blob.hash().0.to_vec(), blob.bytes().to_vec());
+        }
+        if creates {
+            self.created.insert(execution_id);
+        }
+        if !self.dirty.contains(&execution_id) {
+            self.dirty.push(execution_id);
+        }
+        self.touched.insert(execution_id);
+        self.next_position += n_events;
+        let committed = Committed {
+            version: next.version,
+            seqs: first_seq..=next.last_seq,
+            positions: first_position..=first_position + n_events - 1,
+            at_ms: self.at_ms,
+            events: envelopes,
+        };
+        self.heads.insert(execution_id, next);
+        Ok(Outcome::Committed(committed))
+    }
+
+    /// K-4: the outcome stored for a command the transition carries again, if any.
+    fn stored_outcome(
+        &self,
+        execution_id: ExecutionId,
+        upserts: &[Upsert],
+    ) -> Result<Option<Outcome>> {
+        for upsert in upserts {
+            let Upsert::Command(command) = upsert else {
+                continue;
+            };
+            if command.execution_id != execution_id {
+                return Err(Error::InvalidTransition(
+                    "a command names another execution".into(),
+                ));
+            }
+            if self.corrupt_commands.contains(&command.command_id) {
+                return Err(Error::Corrupted {
+                    tree: "commands",
+                    key: keys::display(&keys::command(command.command_id)),
+                });
+            }
+            if let Some(stored) = self.commands.get(&command.command_id) {
+                if stored.payload_hash != command.payload_hash
+                    || stored.execution_id != command.execution_id
+                {
+                    return Ok(Some(Outcome::CommandConflict {
+                        stored: stored.clone(),
+                    }));
+                }
+                if command.status == CommandStatus::Accepted
+                    || stored.status != CommandStatus::Accepted
+                {
+                    return Ok(Some(Outcome::DuplicateCommand {
+                        stored: stored.clone(),
+                    }));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// A rejection alone: its command record, checked against the execution's version and
+    /// epoch; the execution is unchanged.
+    fn record_rejection(
+        &mut self,
+        execution_id: ExecutionId,
+        expected_version: Option<u64>,
+        writer_epoch: Option<u64>,
+        upserts: Vec<Upsert>,
+    ) -> Result<Outcome> {
+        let Some(head) = self.heads.get(&execution_id) else {
+            return Err(Error::UnknownExecution(execution_id));
+        };
+        let (version, current_epoch) = (head.version, head.fencing_epoch);
+        if writer_epoch.is_some_and(|epoch| epoch < current_epoch) {
+            return Ok(Outcome::Fenced { current_epoch });
+        }
+        if expected_version.is_some_and(|expected| expected != version) {
+            return Ok(Outcome::VersionConflict { current: version });
+        }
+        for upsert in upserts {
+            if let Upsert::Command(record) = upsert {
+                if let Some(stored) = self.commands.get(&record.command_id) {
+                    return Err(Error::InvalidTransition(format!(
+                        "command {} was saved {:?}: a rejection alone is for a new command",
+                        stored.command_id, stored.status
+                    )));
+                }
+                self.stage_record(*execution_id.as_uuid(), &RecordValue::Command(record));
+            }
+        }
+        Ok(Outcome::Recorded { version })
+    }
+
+    fn stage_record(&mut self, execution_id: Uuid, record: &RecordValue) {
+        if let RecordValue::Command(command) = record {
+            self.commands.insert(command.command_id, command.clone());
+        }
+        let (kind, id, bytes) = record_row(record);
+        self.records.insert((kind, id), (execution_id, bytes));
+    }
+
+    /// One step of a purge (the sled committer's rules, `log/purge.rs`): the first deletes
+    /// the head row (and with it the session listing and the retention entry), the Job
+    /// record and the projection, and writes the tombstone; each deletes at most
+    /// `PURGE_ROWS_MAX` of the records and events it owned.
+    pub(super) fn purge(
+        &mut self,
+        shared: &Shared,
+        transaction: &mut SqlTransaction<'_>,
+        execution_id: ExecutionId,
+        ended_before: Option<u64>,
+    ) -> Result<PurgeStep> {
+        if self.touched.contains(&execution_id) {
+            return Ok(PurgeStep::Unsettled);
+        }
+        let uuid = *execution_id.as_uuid();
+        let stored = transaction
+            .query_opt(
+                "SELECT record FROM op_purged WHERE execution_id = $1",
+                &[&uuid],
+            )
+            .map_err(database)?;
+        let mut tombstone = match stored {
+            Some(row) => codec::decode::<PurgedRecord>(&keys::purged(execution_id), row.get(0))?,
+            None => {
+                let Some(head) = self.heads.get(&execution_id) else {
+                    return Ok(PurgeStep::Unknown);
+                };
+                let recent = ended_before.is_some_and(|before| head.last_activity_ms >= before);
+                if !head.state.is_terminal() || recent {
+                    return Ok(PurgeStep::NotEnded);
+                }
+                let tombstone = PurgedRecord {
+                    execution_id,
+                    session_id: head.session_id,
+                    purged_at_ms: self.at_ms,
+                    finished: false,
+                };
+                transaction
+                    .execute("DELETE FROM op_heads WHERE execution_id = $1", &[&uuid])
+                    .map_err(database)?;
+                transaction
+                    .execute(
+                        "DELETE FROM op_records WHERE execution_id = $1 AND kind IN ($2, $3)",
+                        &[&uuid, &kind::JOB, &kind::PROJECTION],
+                    )
+                    .map_err(database)?;
+                self.heads.remove(&execution_id);
+                tombstone
+            }
+        };
+        self.purged.insert(execution_id);
+        self.touched.insert(execution_id);
+        shared.metrics.purge_steps.fetch_add(1, Ordering::Relaxed);
+        if tombstone.finished {
+            return Ok(PurgeStep::Done);
+        }
+        let mut removed = transaction
+            .execute(
+                "DELETE FROM op_records WHERE ctid IN \
+                 (SELECT ctid FROM op_records WHERE execution_id = $1 LIMIT $2)",
+                &[&uuid, &PURGE_ROWS_MAX],
+            )
+            .map_err(database)? as i64;
+        if removed < PURGE_ROWS_MAX {
+            removed += transaction
+                .execute(
+                    "DELETE FROM op_events WHERE ctid IN \
+                     (SELECT ctid FROM op_events WHERE execution_id = $1 LIMIT $2)",
+                    &[&uuid, &(PURGE_ROWS_MAX - removed)],
+                )
+                .map_err(database)? as i64;
+        }
+        let step = if removed < PURGE_ROWS_MAX {
+            tombstone.finished = true;
+            PurgeStep::Done
+        } else {
+            PurgeStep::More
+        };
+        transaction
+            .execute(
+                "INSERT INTO op_purged (execution_id, finished, record) VALUES ($1, $2, $3) \
+                 ON CONFLICT (execution_id) DO UPDATE \
+                 SET finished = excluded.finished, record = excluded.record",
+                &[&uuid, &tombstone.finished, &codec::encode(&tombstone)],
+            )
+            .map_err(database)?;
+        Ok(step)
+    }
+
+    /// Writes what committed: one statement per table.
+    pub(super) fn write(
+        self,
+        transaction: &mut SqlTransaction<'_>,
+        statements: &Statements,
+    ) -> Result<()> {
+        let (mut new, mut changed) = (HeadRows::default(), HeadRows::default());
+        // In id order, as `load` locked them: new rows' index entries too.
+        let mut dirty = self.dirty.clone();
+        dirty.sort_unstable();
+        for execution_id in &dirty {
+            let Some(head) = self.heads.get(execution_id) else {
+                continue;
+            };
+            let rows = if self.created.contains(execution_id) {
+                &mut new
+            } else {
+                &mut changed
+            };
+            rows.push(head);
+        }
+        if !new.ids.is_empty() {
+            transaction
+                .execute(
+                    &statements.insert_heads,
+                    &[&new.ids, &new.sessions, &new.states, &new.ended, &new.heads],
+                )
+                .map_err(database)?;
+        }
+        if !changed.ids.is_empty() {
+            transaction
+                .execute(
+                    &statements.update_heads,
+                    &[
+                        &changed.ids,
+                        &changed.sessions,
+                        &changed.states,
+                        &changed.ended,
+                        &changed.heads,
+                    ],
+                )
+                .map_err(database)?;
+        }
+        if !self.records.is_empty() {
+            // In key order: the row locks two groups take never cross.
+            let mut records: Vec<_> = self.records.into_iter().collect();
+            records.sort_unstable_by_key(|(key, _)| *key);
+            let mut columns = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for ((kind, id), (execution_id, value)) in records {
+                columns.0.push(kind);
+                columns.1.push(id);
+                columns.2.push(execution_id);
+                columns.3.push(value);
+            }
+            transaction
+                .execute(
+                    &statements.records,
+                    &[&columns.0, &columns.1, &columns.2, &columns.3],
+                )
+                .map_err(database)?;
+        }
+        if !self.blobs.is_empty() {
+            let mut blobs: Vec<_> = self.blobs.into_iter().collect();
+            blobs.sort_unstable();
+            let (hashes, bytes): (Vec<_>, Vec<_>) = blobs.into_iter().unzip();
+            transaction
+                .execute(&statements.blobs, &[&hashes, &bytes])
+                .map_err(database)?;
+        }
+        if !self.events.is_empty() {
+            let n = self.events.len();
+            let mut columns = (
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+            );
+            for row in self.events {
+                columns.0.push(row.execution_id);
+                columns.1.push(row.first_seq);
+                columns.2.push(row.last_seq);
+                columns.3.push(row.position);
+                columns.4.push(row.envelopes);
+            }
+            transaction
+                .execute(
+                    &statements.events,
+                    &[&columns.0, &columns.1, &columns.2, &columns.3, &columns.4],
+                )
+                .map_err(database)?;
+        }
+        Ok(())
+    }
+}
+
+/// The first position of the group in `transaction`: counted from its transaction id (N-2),
+/// so that groups on every connection and node number their events without waiting for
+/// each other, and a reader that stops below the oldest transaction still running never
+/// skips a position committed later (`reads.rs`).
+fn first_position(transaction: &mut SqlTransaction<'_>, statements: &Statements) -> Result<u64> {
+    let row = transaction
+        .query_one(&statements.numbering, &[])
+        .map_err(database)?;
+    let (xid, position_base, xid_base): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    if xid < xid_base {
+        // A database restored from a dump counts its transactions from lower again: the
+        // next opening of the store moves the bases past what is stored (`schema.rs`).
+        return Err(Error::Database(format!(
+            "transaction id {xid} is below the store's base {xid_base} (restored from a \
+             dump?): restart a node to renumber"
+        )));
+    }
+    let first = (xid - xid_base)
+        .checked_mul(1 << GROUP_EVENTS_BITS)
+        .and_then(|offset| offset.checked_add(position_base));
+    first
+        .and_then(|first| u64::try_from(first).ok())
+        .ok_or_else(|| {
+            Error::Database(format!(
+                "transaction id {xid} gives no position (base {position_base}, {xid_base})"
+            ))
+        })
+}
+
+/// One transition's events: one row of `op_events`.
+struct EventsRow {
+    execution_id: Uuid,
+    first_seq: i64,
+    last_seq: i64,
+    /// The first event's.
+    position: i64,
+    /// `Vec<EventEnvelope>`.
+    envelopes: Vec<u8>,
+}
+
+/// Heads to write, as columns.
+#[derive(Default)]
+struct HeadRows {
+    ids: Vec<Uuid>,
+    sessions: Vec<Uuid>,
+    states: Vec<i16>,
+    ended: Vec<Option<i64>>,
+    heads: Vec<Vec<u8>>,
+}
+
+impl HeadRows {
+    fn push(&mut self, head: &ExecutionHead) {
+        self.ids.push(*head.execution_id.as_uuid());
+        self.sessions.push(*head.session_id.as_uuid());
+        self.states.push(i16::from(head.state.code()));
+        // S-8: the retention index lists an ended execution under its last activity.
+        self.ended.push(
+            head.state
+                .is_terminal()
+                .then_some(head.last_activity_ms as i64),
+        );
+        self.heads.push(codec::encode(head));
+    }
+}
+
+/// A record's row: its kind, its id, its stored bytes.
+pub(super) fn record_row(record: &RecordValue) -> (i16, Uuid, Vec<u8>) {
+    match record {
+        RecordValue::Command(record) => (
+            kind::COMMAND,
+            *record.command_id.as_uuid(),
+            codec::encode(record),
+        ),
+        RecordValue::Receipt(record) => (
+            kind::RECEIPT,
+            *record.effect_id.as_uuid(),
+            codec::encode(record),
+        ),
+        RecordValue::Wait(record) => (kind::WAIT, *record.wait_id.as_uuid(), codec::encode(record)),
+        RecordValue::Process(record) => (
+            kind::PROCESS,
+            *record.process_id.as_uuid(),
+            codec::encode(record),
+        ),
+        RecordValue::Job(record) => (kind::JOB, *record.job_id.as_uuid(), codec::encode(record)),
+        RecordValue::Projection(record) => (
+            kind::PROJECTION,
+            *record.execution_id.as_uuid(),
+            codec::encode(record),
+        ),
+    }
+}
+
+/// S-4: refuses an execution whose stored head is damaged, on every node from now on.
+fn quarantine(
+    shared: &Shared,
+    transaction: &mut SqlTransaction<'_>,
+    execution_id: ExecutionId,
+    error: &Error,
+) -> Result<()> {
+    let reason = error.to_string();
+    transaction
+        .execute(
+            "INSERT INTO op_quarantine (execution_id, reason) VALUES ($1, $2) \
+             ON CONFLICT (execution_id) DO NOTHING",
+            &[execution_id.as_uuid(), &reason],
+        )
+        .map_err(database)?;
+    shared.quarantine(execution_id, reason);
+    Ok(())
+}
