@@ -476,15 +476,14 @@ impl Group {
 
     /// Writes what committed: one statement per table.
     pub(super) fn write(
-        self,
+        mut self,
         transaction: &mut SqlTransaction<'_>,
         statements: &Statements,
     ) -> Result<()> {
         let (mut new, mut changed) = (HeadRows::default(), HeadRows::default());
         // In id order, as `load` locked them: new rows' index entries too.
-        let mut dirty = self.dirty.clone();
-        dirty.sort_unstable();
-        for execution_id in &dirty {
+        self.dirty.sort_unstable();
+        for execution_id in &self.dirty {
             let Some(head) = self.heads.get(execution_id) else {
                 continue;
             };
