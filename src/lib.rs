@@ -64,6 +64,8 @@ mod load_report;
 #[cfg(feature = "server")]
 mod load_store;
 #[cfg(feature = "server")]
+pub mod model_args;
+#[cfg(feature = "server")]
 pub mod process_stats;
 #[cfg(feature = "server")]
 pub mod serve;
@@ -77,6 +79,8 @@ pub use openprogram_actors::command::{
     Command, CommandBody, CommandKind, EffectRef, ReconcileOutcome, WaitRef,
 };
 pub use openprogram_actors::function::{DurableFunction, FunctionContext, StepError};
+#[cfg(feature = "providers")]
+pub use openprogram_actors::providers;
 pub use openprogram_actors::recovery::{ManualClock, RestartWindow};
 pub use openprogram_actors::resource_queue::{QueueReport, QueueStats, WAIT_BUCKETS_MS};
 pub use openprogram_actors::resources::{Lease, ResourceView};

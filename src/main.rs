@@ -145,6 +145,8 @@ enum Command {
         /// The URL other nodes reach this node's API at (default http://LISTEN).
         #[arg(long, requires = "node_id")]
         advertise: Option<String>,
+        #[command(flatten)]
+        model: openprogram::model_args::ModelArgs,
     },
     /// Start a throwaway PostgreSQL and N nodes on loopback sharing it (N-2), until
     /// SIGINT/SIGTERM; prints the nodes (one JSON line on stdout).
@@ -401,6 +403,7 @@ fn main() -> ExitCode {
             retain_finished,
             node_id,
             advertise,
+            model,
         } => {
             let runtime = match tokio_runtime() {
                 Ok(runtime) => runtime,
@@ -420,6 +423,7 @@ fn main() -> ExitCode {
                 retain_finished,
                 node_id,
                 advertise,
+                model,
             };
             match runtime.block_on(serve::run(options)) {
                 Ok(()) => ExitCode::SUCCESS,

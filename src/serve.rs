@@ -44,6 +44,8 @@ pub struct ServeOptions {
     /// N-3: the URL other nodes reach this one at (`--advertise`; default
     /// `http://LISTEN`).
     pub advertise: Option<String>,
+    /// Issue 35: a real model provider (`--provider …`); the scripted one if none.
+    pub model: crate::model_args::ModelArgs,
 }
 
 /// The shortest admin token `serve` accepts from its operator.
@@ -70,6 +72,12 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         )));
     }
     let mut builder = Runtime::builder();
+    if let Some(provider) = options
+        .model
+        .provider(&openprogram_actors::agent::ToolRegistry::builtin())?
+    {
+        builder = builder.provider(provider);
+    }
     if let Some(revisions) = &options.function_revisions {
         builder = builder.builtin_function_revisions(revisions.clone());
     }

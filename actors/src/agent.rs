@@ -89,6 +89,37 @@ pub trait Tool: Send + Sync + 'static {
     fn reconcile_fences(&self) -> bool {
         false
     }
+
+    /// What a model is told the tool does, when a real provider offers it (issue 35).
+    /// Default: nothing beyond its name.
+    fn description(&self) -> String {
+        String::new()
+    }
+
+    /// The JSON Schema of the tool's arguments, for a real provider. Default: any object.
+    fn parameters(&self) -> serde_json::Value {
+        serde_json::json!({"type": "object"})
+    }
+}
+
+/// What a model is told about a tool it may call: its name, what it does and the JSON Schema
+/// of its arguments. A real provider offers exactly the specs it was given, and refuses a
+/// model's call to any other tool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    pub parameters: serde_json::Value,
+}
+
+impl ToolSpec {
+    pub fn of(tool: &dyn Tool) -> Self {
+        Self {
+            name: tool.name().to_owned(),
+            description: tool.description(),
+            parameters: tool.parameters(),
+        }
+    }
 }
 
 /// The tools an execution may call, by name.
@@ -134,6 +165,11 @@ impl ToolRegistry {
             .collect();
         contract.sort_by(|a, b| a.0.cmp(&b.0));
         contract
+    }
+
+    /// The spec of the tool called `name`, to offer it to a model; `None` if there is none.
+    pub fn spec(&self, name: &str) -> Option<ToolSpec> {
+        self.tools.get(name).map(|tool| ToolSpec::of(tool.as_ref()))
     }
 
     /// How a tool recovers; an unknown tool is treated as `External` (never re-run blindly).
@@ -261,6 +297,16 @@ impl Tool for Echo {
     fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
         futures::future::ready(string_arg(&call.args, "text")).boxed()
     }
+    fn description(&self) -> String {
+        "Returns the text it is given.".into()
+    }
+    fn parameters(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": "object",
+            "properties": {"text": {"type": "string", "description": "the text to return"}},
+            "required": ["text"],
+        })
+    }
 }
 
 /// `sleep {ms}` → waits; cancellable (the actor aborts it). Idempotent.
@@ -276,6 +322,16 @@ impl Tool for Sleep {
     }
     fn recovery(&self) -> Recovery {
         Recovery::Idempotent
+    }
+    fn description(&self) -> String {
+        "Waits the given number of milliseconds.".into()
+    }
+    fn parameters(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": "object",
+            "properties": {"ms": {"type": "integer", "minimum": 0, "maximum": SLEEP_MS_MAX}},
+            "required": ["ms"],
+        })
     }
     fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
         let ms = call.args.get("ms").and_then(|ms| ms.as_u64());

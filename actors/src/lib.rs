@@ -4,6 +4,8 @@
 //! - `execution::machine` — the pure state machine of an agent turn;
 //! - `execution::actor` — the actor shell around it;
 //! - `agent` — the `Provider` and `Tool` traits and the built-ins of SPEC §6;
+//! - `providers` — real model providers over HTTP, OpenAI-compatible and Anthropic (feature
+//!   `providers`);
 //! - `call` — what a running tool call can ask of its execution (`CallHandle`): no actor;
 //! - `activity` — the Activity projection of a session's branches, pure (B-1..B-5);
 //! - `branches` — Activity, Fork, Retry and the session feed in the command service;
@@ -44,6 +46,8 @@ pub mod function_builtin;
 pub mod inspect;
 pub mod lifecycle;
 pub mod process;
+#[cfg(feature = "providers")]
+pub mod providers;
 pub mod recovery;
 pub mod resource_queue;
 pub mod resources;

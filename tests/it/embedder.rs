@@ -47,6 +47,7 @@ fn i1_an_embedder_gets_the_runtime_without_the_server() {
         "indicatif",
         "hdrhistogram",
         "tempfile",
+        "reqwest",
     ] {
         assert!(
             !crates.contains(&server_only),

@@ -20,6 +20,17 @@ impl Served {
     /// `serve --data DATA --token TOKEN --listen 127.0.0.1:0 EXTRA...`, run through
     /// `wrapper` (a program and its arguments that execs the rest, such as `fiu-run -x`).
     pub fn start(data: &Path, token: &str, wrapper: &[&str], extra: &[&str]) -> Self {
+        Self::start_with_env(data, token, wrapper, extra, &[])
+    }
+
+    /// `start`, with `env` added to the child's environment.
+    pub fn start_with_env(
+        data: &Path,
+        token: &str,
+        wrapper: &[&str],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let binary = env!("CARGO_BIN_EXE_openprogram");
         let mut command = match wrapper.split_first() {
             Some((program, args)) => {
@@ -32,6 +43,7 @@ impl Served {
         let mut child = command
             .args(["serve", "--listen", "127.0.0.1:0", "--token", token])
             .args(extra)
+            .envs(env.iter().copied())
             .arg("--data")
             .arg(data)
             .stdout(Stdio::piped())

@@ -1,0 +1,345 @@
+//! The Anthropic Messages wire format.
+
+use serde_json::{json, Value};
+
+use super::config::ProviderConfig;
+use super::messages::{Message, Part, Role};
+use super::openai::RESPONSE_BYTES_MAX;
+use super::response::{clip, Response, ToolCallOut, Usage};
+use super::sse;
+use super::transport::{describe, read_bounded, Failure};
+
+/// The response's token limit when the configuration sets none (the API requires one).
+const MAX_TOKENS_DEFAULT: u32 = 4096;
+
+pub(super) fn request_body(config: &ProviderConfig, conversation: &[Message]) -> Value {
+    let messages: Vec<Value> = conversation
+        .iter()
+        .map(|message| {
+            let role = match message.role {
+                Role::User => "user",
+                Role::Assistant => "assistant",
+            };
+            let mut blocks: Vec<Value> = message.parts.iter().filter_map(block).collect();
+            if blocks.is_empty() {
+                // The API refuses a message without content, and an empty text block.
+                blocks.push(json!({"type": "text", "text": "(empty)"}));
+            }
+            json!({"role": role, "content": blocks})
+        })
+        .collect();
+    let mut body = json!({
+        "model": config.model,
+        "max_tokens": config.max_tokens.unwrap_or(MAX_TOKENS_DEFAULT),
+        "messages": messages,
+    });
+    if let Some(system) = &config.system {
+        body["system"] = json!(system);
+    }
+    if !config.tools.is_empty() {
+        body["tools"] = config
+            .tools
+            .iter()
+            .map(|spec| {
+                json!({"name": spec.name, "description": spec.description,
+                    "input_schema": spec.parameters})
+            })
+            .collect();
+        body["tool_choice"] = json!({"type": "auto", "disable_parallel_tool_use": true});
+    }
+    if config.stream {
+        body["stream"] = json!(true);
+    }
+    body
+}
+
+fn block(part: &Part) -> Option<Value> {
+    match part {
+        Part::Text(text) if text.is_empty() => None,
+        Part::Text(text) => Some(json!({"type": "text", "text": text})),
+        Part::ToolCall {
+            id,
+            name,
+            arguments,
+        } => {
+            // The arguments were JSON when the decision was recorded.
+            let input: Value = serde_json::from_str(arguments).unwrap_or_else(|_| json!({}));
+            Some(json!({"type": "tool_use", "id": id, "name": name, "input": input}))
+        }
+        Part::ToolResult {
+            id,
+            content,
+            is_error,
+        } => Some(
+            json!({"type": "tool_result", "tool_use_id": id, "content": content,
+            "is_error": is_error}),
+        ),
+    }
+}
+
+pub(super) async fn read_whole(response: reqwest::Response) -> Result<Response, Failure> {
+    let body = read_bounded(response, RESPONSE_BYTES_MAX).await?;
+    let value: Value = serde_json::from_str(&body).map_err(|error| {
+        Failure::Fatal(format!(
+            "the response is not JSON ({error}): {}",
+            clip(&body)
+        ))
+    })?;
+    if value["type"] == "error" {
+        return Err(error_failure(&value["error"]));
+    }
+    let Some(content) = value["content"].as_array() else {
+        return Err(Failure::Fatal(format!(
+            "the response has no content: {}",
+            clip(&body)
+        )));
+    };
+    let mut out = Response {
+        usage: Usage {
+            input: value["usage"]["input_tokens"].as_u64().unwrap_or(0),
+            output: value["usage"]["output_tokens"].as_u64().unwrap_or(0),
+        },
+        ..Response::default()
+    };
+    for block in content {
+        match block["type"].as_str() {
+            Some("text") => out
+                .text
+                .push_str(block["text"].as_str().unwrap_or_default()),
+            Some("tool_use") => {
+                let Some(name) = block["name"].as_str() else {
+                    return Err(Failure::Fatal(format!(
+                        "a tool_use block has no name: {}",
+                        clip(&block.to_string())
+                    )));
+                };
+                out.tool_calls.push(ToolCallOut {
+                    name: name.to_owned(),
+                    arguments: block["input"].to_string(),
+                });
+            }
+            // Thinking blocks and others are not part of the decision (yet: issue 37).
+            _ => {}
+        }
+    }
+    stop_reason(&mut out, value["stop_reason"].as_str());
+    Ok(out)
+}
+
+fn stop_reason(out: &mut Response, reason: Option<&str>) {
+    match reason {
+        Some("max_tokens") => out.truncated = true,
+        Some("refusal") => {
+            let text = if out.text.is_empty() {
+                "(no reason given)".into()
+            } else {
+                out.text.clone()
+            };
+            out.refusal = Some(text);
+        }
+        _ => {}
+    }
+}
+
+/// An `error` object: overloaded and internal errors are retried, the rest are the answer.
+fn error_failure(error: &Value) -> Failure {
+    let kind = error["type"].as_str().unwrap_or("error");
+    let message = format!(
+        "{kind}: {}",
+        clip(error["message"].as_str().unwrap_or_default())
+    );
+    match kind {
+        "overloaded_error" | "api_error" | "rate_limit_error" | "timeout_error" => {
+            Failure::retry(message)
+        }
+        _ => Failure::Fatal(message),
+    }
+}
+
+/// Reads a streamed response to its `message_stop`; a stream that ends before it is `Retry`.
+pub(super) async fn read_stream(mut response: reqwest::Response) -> Result<Response, Failure> {
+    let mut parser = sse::Parser::default();
+    let mut stream = Stream::default();
+    let mut read = 0usize;
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|error| Failure::retry(describe(error)))?
+    {
+        read += chunk.len();
+        if read > RESPONSE_BYTES_MAX {
+            return Err(Failure::Fatal(format!(
+                "the response passed {RESPONSE_BYTES_MAX} bytes"
+            )));
+        }
+        for event in parser.push(&chunk) {
+            if stream.take(&event)? {
+                return Ok(stream.finish());
+            }
+        }
+    }
+    Err(Failure::retry(
+        "the response stream ended before it was complete",
+    ))
+}
+
+#[derive(Debug, Default)]
+struct Stream {
+    /// Content blocks by index: a text block's text, or a tool call being assembled.
+    blocks: Vec<Block>,
+    stop_reason: Option<String>,
+    usage: Usage,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Block {
+    text: String,
+    tool: Option<ToolCallOut>,
+}
+
+impl Stream {
+    fn take(&mut self, event: &sse::Event) -> Result<bool, Failure> {
+        if event.name == "ping" {
+            return Ok(false);
+        }
+        let value: Value = serde_json::from_str(&event.data).map_err(|error| {
+            Failure::Fatal(format!(
+                "a stream event is not JSON ({error}): {}",
+                clip(&event.data)
+            ))
+        })?;
+        match value["type"].as_str().unwrap_or(event.name.as_str()) {
+            "message_start" => {
+                self.usage.input = value["message"]["usage"]["input_tokens"]
+                    .as_u64()
+                    .unwrap_or(0);
+            }
+            "content_block_start" => {
+                let block = self.block(&value)?;
+                let start = &value["content_block"];
+                match start["type"].as_str() {
+                    Some("tool_use") => {
+                        block.tool = Some(ToolCallOut {
+                            name: start["name"].as_str().unwrap_or_default().to_owned(),
+                            arguments: String::new(),
+                        });
+                    }
+                    Some("text") => block
+                        .text
+                        .push_str(start["text"].as_str().unwrap_or_default()),
+                    _ => {}
+                }
+            }
+            "content_block_delta" => {
+                let delta = value["delta"].clone();
+                let block = self.block(&value)?;
+                match (delta["type"].as_str(), &mut block.tool) {
+                    (Some("text_delta"), _) => {
+                        block
+                            .text
+                            .push_str(delta["text"].as_str().unwrap_or_default());
+                    }
+                    (Some("input_json_delta"), Some(tool)) => {
+                        tool.arguments
+                            .push_str(delta["partial_json"].as_str().unwrap_or_default());
+                    }
+                    _ => {}
+                }
+            }
+            "message_delta" => {
+                if let Some(reason) = value["delta"]["stop_reason"].as_str() {
+                    self.stop_reason = Some(reason.to_owned());
+                }
+                if let Some(output) = value["usage"]["output_tokens"].as_u64() {
+                    self.usage.output = output;
+                }
+            }
+            "message_stop" => return Ok(true),
+            "error" => return Err(error_failure(&value["error"])),
+            _ => {}
+        }
+        Ok(false)
+    }
+
+    /// The block an event's `index` names, created if new.
+    fn block(&mut self, value: &Value) -> Result<&mut Block, Failure> {
+        let index = value["index"].as_u64().unwrap_or(0) as usize;
+        if index >= 1024 {
+            return Err(Failure::Fatal(format!("a content block index of {index}")));
+        }
+        if self.blocks.len() <= index {
+            self.blocks.resize(index + 1, Block::default());
+        }
+        Ok(&mut self.blocks[index])
+    }
+
+    fn finish(self) -> Response {
+        let mut out = Response {
+            usage: self.usage,
+            ..Response::default()
+        };
+        for block in self.blocks {
+            match block.tool {
+                Some(mut tool) => {
+                    if tool.arguments.trim().is_empty() {
+                        tool.arguments = "{}".into();
+                    }
+                    out.tool_calls.push(tool);
+                }
+                None => out.text.push_str(&block.text),
+            }
+        }
+        stop_reason(&mut out, self.stop_reason.as_deref());
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e3_a_streamed_message_with_text_and_a_tool_call_is_assembled() {
+        let stream = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":20}}}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+            "event: ping\ndata: {\"type\": \"ping\"}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Let me look.\"}}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"echo\",\"input\":{}}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"text\\\": \"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"\\\"x\\\"}\"}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\"},\"usage\":{\"output_tokens\":9}}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        );
+        let mut parser = sse::Parser::default();
+        let mut state = Stream::default();
+        let mut done = false;
+        for event in parser.push(stream.as_bytes()) {
+            done = state.take(&event).unwrap_or_else(|_| panic!("refused"));
+        }
+        assert!(done);
+        let out = state.finish();
+        assert_eq!(out.text, "Let me look.");
+        assert_eq!(out.tool_calls[0].name, "echo");
+        assert_eq!(out.tool_calls[0].arguments, "{\"text\": \"x\"}");
+        assert_eq!(
+            out.usage,
+            Usage {
+                input: 20,
+                output: 9
+            }
+        );
+    }
+
+    #[test]
+    fn e6_an_overloaded_stream_is_retried_and_a_bad_request_is_not() {
+        assert!(matches!(
+            error_failure(&json!({"type": "overloaded_error", "message": "busy"})),
+            Failure::Retry { .. }
+        ));
+        assert!(matches!(
+            error_failure(&json!({"type": "invalid_request_error", "message": "no"})),
+            Failure::Fatal(message) if message.contains("no")
+        ));
+    }
+}

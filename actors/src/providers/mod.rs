@@ -1,0 +1,192 @@
+//! Real model providers (issue 35, feature `providers`): an OpenAI-compatible chat-completions
+//! provider (any base URL: OpenAI, vLLM, llama.cpp's server, Ollama, most gateways) and an
+//! Anthropic Messages provider, behind the `Provider` trait.
+//!
+//! Every request is the execution's model effect: the actor records its outcome as the
+//! decision's receipt, and a request cut off by a crash or a pause leaves nothing behind, so
+//! it is regenerated from committed context. A provider therefore never shows a half
+//! response as complete: a stream that ends before its final marker is an error, retried like
+//! a dropped connection.
+//!
+//! Errors (E-6): timeouts, dropped connections, 408, 409, 429 and 5xx are retried with capped
+//! exponential backoff and full jitter, honouring `Retry-After` (`retry-after-ms` too), within
+//! the request's retry budget (`RetryPolicy`); anything else — a 4xx, a refusal, a body that
+//! does not parse, a call to a tool that was not offered — is a known model error: `Err` with
+//! the provider's own message, which the machine records as the response and fails the
+//! execution with. Never a fabricated reply.
+//!
+//! One tool call per decision: requests ask for `parallel_tool_calls: false` (OpenAI) or
+//! `disable_parallel_tool_use` (Anthropic), and where a model still returns several, the first
+//! is the decision and the others are dropped (the committed context shows the one call made,
+//! so the model asks again for what it still needs).
+//!
+//! The API key is read by the embedder (`ApiKey::from_env`) and held by the provider only: it
+//! is sent in a request header, never stored, logged or shown (`ApiKey`'s `Debug` hides it).
+
+mod anthropic;
+mod config;
+mod messages;
+mod openai;
+mod response;
+mod sse;
+mod transport;
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use futures::FutureExt as _;
+
+use crate::agent::{Decision, ModelRequest, Provider, ToolArgs};
+pub use config::{Api, ApiKey, ProviderConfig};
+use response::{clip, Response};
+pub use transport::RetryPolicy;
+
+/// A provider that calls a model over HTTP (`Api`).
+#[derive(Debug, Clone)]
+pub struct HttpProvider {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: ProviderConfig,
+    client: reqwest::Client,
+    endpoint: String,
+}
+
+impl HttpProvider {
+    /// A provider for `config`; an error if its HTTP client cannot be built (no TLS roots).
+    pub fn new(config: ProviderConfig) -> Result<Self, String> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .read_timeout(config.read_timeout)
+            .build()
+            .map_err(|error| format!("building the HTTP client: {error}"))?;
+        let endpoint = match config.api {
+            Api::OpenAi => format!("{}/chat/completions", config.base_url),
+            Api::Anthropic => format!("{}/v1/messages", config.base_url),
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                client,
+                endpoint,
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &ProviderConfig {
+        &self.inner.config
+    }
+}
+
+impl Provider for HttpProvider {
+    fn decide(&self, request: ModelRequest) -> BoxFuture<'static, Result<Decision, String>> {
+        let inner = self.inner.clone();
+        async move { inner.decide(&request).await }.boxed()
+    }
+}
+
+impl Inner {
+    async fn decide(&self, request: &ModelRequest) -> Result<Decision, String> {
+        let conversation = messages::conversation(request);
+        let body = match self.config.api {
+            Api::OpenAi => openai::request_body(&self.config, &conversation),
+            Api::Anthropic => anthropic::request_body(&self.config, &conversation),
+        };
+        let headers = self.headers();
+        let response = transport::send(
+            &self.client,
+            &self.endpoint,
+            &headers,
+            &body,
+            &self.config.retry,
+            |response| self.read(response),
+        )
+        .await
+        .map_err(|error| format!("{} provider: {error}", self.config.api.name()))?;
+        tracing::debug!(
+            execution_id = %request.execution_id,
+            input_tokens = response.usage.input,
+            output_tokens = response.usage.output,
+            "model response"
+        );
+        self.decision(response)
+            .map_err(|error| format!("{} provider: {error}", self.config.api.name()))
+    }
+
+    fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut headers = vec![("content-type", "application/json".to_owned())];
+        match (self.config.api, &self.config.api_key) {
+            (Api::OpenAi, Some(key)) => {
+                headers.push(("authorization", format!("Bearer {}", key.expose())));
+            }
+            (Api::Anthropic, key) => {
+                headers.push(("anthropic-version", "2023-06-01".to_owned()));
+                if let Some(key) = key {
+                    headers.push(("x-api-key", key.expose().to_owned()));
+                }
+            }
+            (Api::OpenAi, None) => {}
+        }
+        if self.config.stream {
+            headers.push(("accept", "text/event-stream".to_owned()));
+        }
+        headers
+    }
+
+    /// Reads one response body: whole, or as a stream to its end.
+    async fn read(&self, response: reqwest::Response) -> Result<Response, transport::Failure> {
+        match (self.config.api, self.config.stream) {
+            (Api::OpenAi, false) => openai::read_whole(response).await,
+            (Api::OpenAi, true) => openai::read_stream(response).await,
+            (Api::Anthropic, false) => anthropic::read_whole(response).await,
+            (Api::Anthropic, true) => anthropic::read_stream(response).await,
+        }
+    }
+
+    /// The decision a whole response makes: its first tool call, else its text.
+    fn decision(&self, response: Response) -> Result<Decision, String> {
+        if let Some(refusal) = response.refusal {
+            return Err(format!("the model refused: {refusal}"));
+        }
+        if response.truncated {
+            return Err(format!(
+                "the response was cut off at the token limit ({} output tokens) before it was complete",
+                response.usage.output
+            ));
+        }
+        let dropped = response.tool_calls.len().saturating_sub(1);
+        if let Some(call) = response.tool_calls.into_iter().next() {
+            if dropped > 0 {
+                tracing::debug!(
+                    dropped,
+                    "the model made several tool calls; the first is the decision"
+                );
+            }
+            if !self.config.tools.iter().any(|spec| spec.name == call.name) {
+                return Err(format!(
+                    "the model called the tool `{}`, which it was not offered",
+                    call.name
+                ));
+            }
+            let args = ToolArgs::from_text(call.arguments.clone()).map_err(|error| {
+                format!(
+                    "the model's arguments for the tool `{}` are not JSON ({error}): {}",
+                    call.name,
+                    clip(&call.arguments)
+                )
+            })?;
+            return Ok(Decision::Tool {
+                tool: call.name,
+                args,
+            });
+        }
+        if response.text.is_empty() {
+            return Err("the model's response has neither text nor a tool call".into());
+        }
+        Ok(Decision::Reply {
+            text: response.text,
+        })
+    }
+}

@@ -1,0 +1,304 @@
+//! The OpenAI chat-completions wire format, as OpenAI-compatible servers speak it.
+
+use serde_json::{json, Value};
+
+use super::config::ProviderConfig;
+use super::messages::{Message, Part, Role};
+use super::response::{clip, Response, ToolCallOut, Usage};
+use super::sse;
+use super::transport::{describe, read_bounded, Failure};
+
+/// The largest response body read, streamed or whole.
+pub(super) const RESPONSE_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+pub(super) fn request_body(config: &ProviderConfig, conversation: &[Message]) -> Value {
+    let mut messages = Vec::new();
+    if let Some(system) = &config.system {
+        messages.push(json!({"role": "system", "content": system}));
+    }
+    for message in conversation {
+        match message.role {
+            Role::User => user_messages(message, &mut messages),
+            Role::Assistant => messages.push(assistant_message(message)),
+        }
+    }
+    let mut body = json!({"model": config.model, "messages": messages});
+    if !config.tools.is_empty() {
+        body["tools"] = config
+            .tools
+            .iter()
+            .map(|spec| {
+                json!({"type": "function", "function": {
+                    "name": spec.name,
+                    "description": spec.description,
+                    "parameters": spec.parameters,
+                }})
+            })
+            .collect();
+        body["parallel_tool_calls"] = json!(false);
+    }
+    if let Some(max_tokens) = config.max_tokens {
+        body["max_tokens"] = json!(max_tokens);
+    }
+    if config.stream {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    body
+}
+
+/// A user turn: each tool result as a `tool` message (they must follow the call), then the
+/// text.
+fn user_messages(message: &Message, messages: &mut Vec<Value>) {
+    let mut text = Vec::new();
+    for part in &message.parts {
+        match part {
+            Part::ToolResult { id, content, .. } => {
+                messages.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
+            }
+            Part::Text(part) => text.push(part.as_str()),
+            Part::ToolCall { .. } => {}
+        }
+    }
+    if !text.is_empty() {
+        messages.push(json!({"role": "user", "content": text.join("\n\n")}));
+    }
+}
+
+fn assistant_message(message: &Message) -> Value {
+    let mut text = Vec::new();
+    let mut calls = Vec::new();
+    for part in &message.parts {
+        match part {
+            Part::Text(part) => text.push(part.as_str()),
+            Part::ToolCall {
+                id,
+                name,
+                arguments,
+            } => calls.push(json!({"id": id, "type": "function",
+                "function": {"name": name, "arguments": arguments}})),
+            Part::ToolResult { .. } => {}
+        }
+    }
+    let mut value = json!({"role": "assistant",
+        "content": if text.is_empty() { Value::Null } else { json!(text.join("\n\n")) }});
+    if !calls.is_empty() {
+        value["tool_calls"] = Value::Array(calls);
+    }
+    value
+}
+
+pub(super) async fn read_whole(response: reqwest::Response) -> Result<Response, Failure> {
+    let body = read_bounded(response, RESPONSE_BYTES_MAX).await?;
+    let value: Value = serde_json::from_str(&body).map_err(|error| {
+        Failure::Fatal(format!(
+            "the response is not JSON ({error}): {}",
+            clip(&body)
+        ))
+    })?;
+    if let Some(error) = value.get("error") {
+        return Err(Failure::Fatal(format!(
+            "the model answered an error: {}",
+            error_text(error)
+        )));
+    }
+    let choice = value
+        .pointer("/choices/0")
+        .ok_or_else(|| Failure::Fatal(format!("the response has no choice: {}", clip(&body))))?;
+    let message = choice
+        .get("message")
+        .ok_or_else(|| Failure::Fatal(format!("the choice has no message: {}", clip(&body))))?;
+    let mut out = Response {
+        text: message["content"].as_str().unwrap_or_default().to_owned(),
+        refusal: message["refusal"].as_str().map(str::to_owned),
+        truncated: choice["finish_reason"] == "length",
+        usage: usage(&value["usage"]),
+        ..Response::default()
+    };
+    for call in message["tool_calls"].as_array().into_iter().flatten() {
+        let function = &call["function"];
+        let (Some(name), Some(arguments)) =
+            (function["name"].as_str(), function["arguments"].as_str())
+        else {
+            return Err(Failure::Fatal(format!(
+                "a tool call lacks its name or arguments: {}",
+                clip(&call.to_string())
+            )));
+        };
+        out.tool_calls.push(ToolCallOut {
+            name: name.to_owned(),
+            arguments: arguments.to_owned(),
+        });
+    }
+    Ok(out)
+}
+
+/// Reads a streamed response to its end (`data: [DONE]`, or a finish reason and the end of
+/// the body). A stream that stops before either is `Retry`: its pieces are dropped.
+pub(super) async fn read_stream(mut response: reqwest::Response) -> Result<Response, Failure> {
+    let mut parser = sse::Parser::default();
+    let mut stream = Stream::default();
+    let mut read = 0usize;
+    loop {
+        let chunk = response
+            .chunk()
+            .await
+            .map_err(|error| Failure::retry(describe(error)))?;
+        let Some(chunk) = chunk else { break };
+        read += chunk.len();
+        if read > RESPONSE_BYTES_MAX {
+            return Err(Failure::Fatal(format!(
+                "the response passed {RESPONSE_BYTES_MAX} bytes"
+            )));
+        }
+        for event in parser.push(&chunk) {
+            if stream.take(&event)? {
+                return Ok(stream.out);
+            }
+        }
+    }
+    if stream.finished {
+        Ok(stream.out)
+    } else {
+        Err(Failure::retry(
+            "the response stream ended before it was complete",
+        ))
+    }
+}
+
+/// A streamed response as far as it has arrived.
+#[derive(Debug, Default)]
+struct Stream {
+    out: Response,
+    finished: bool,
+}
+
+impl Stream {
+    /// Takes one event; true once the stream says it is done.
+    fn take(&mut self, event: &sse::Event) -> Result<bool, Failure> {
+        if event.data == "[DONE]" {
+            return Ok(true);
+        }
+        let chunk: Value = serde_json::from_str(&event.data).map_err(|error| {
+            Failure::Fatal(format!(
+                "a stream event is not JSON ({error}): {}",
+                clip(&event.data)
+            ))
+        })?;
+        if let Some(error) = chunk.get("error") {
+            return Err(Failure::retry(format!(
+                "the stream carried an error: {}",
+                error_text(error)
+            )));
+        }
+        if chunk["usage"].is_object() {
+            self.out.usage = usage(&chunk["usage"]);
+        }
+        let Some(choice) = chunk.pointer("/choices/0") else {
+            return Ok(false);
+        };
+        let delta = &choice["delta"];
+        if let Some(text) = delta["content"].as_str() {
+            self.out.text.push_str(text);
+        }
+        if let Some(refusal) = delta["refusal"].as_str() {
+            self.out
+                .refusal
+                .get_or_insert_with(String::new)
+                .push_str(refusal);
+        }
+        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            let index = call["index"].as_u64().unwrap_or(0) as usize;
+            if index >= 128 {
+                return Err(Failure::Fatal(format!("a tool call index of {index}")));
+            }
+            if self.out.tool_calls.len() <= index {
+                self.out
+                    .tool_calls
+                    .resize(index + 1, ToolCallOut::default());
+            }
+            let out = &mut self.out.tool_calls[index];
+            if let Some(name) = call["function"]["name"].as_str() {
+                out.name.push_str(name);
+            }
+            if let Some(arguments) = call["function"]["arguments"].as_str() {
+                out.arguments.push_str(arguments);
+            }
+        }
+        if let Some(reason) = choice["finish_reason"].as_str() {
+            self.finished = true;
+            self.out.truncated = reason == "length";
+        }
+        Ok(false)
+    }
+}
+
+fn usage(value: &Value) -> Usage {
+    Usage {
+        input: value["prompt_tokens"].as_u64().unwrap_or(0),
+        output: value["completion_tokens"].as_u64().unwrap_or(0),
+    }
+}
+
+fn error_text(error: &Value) -> String {
+    clip(
+        error["message"]
+            .as_str()
+            .map(str::to_owned)
+            .unwrap_or_else(|| error.to_string())
+            .as_str(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn take_all(stream: &str) -> Result<(Response, bool), Failure> {
+        let mut parser = sse::Parser::default();
+        let mut state = Stream::default();
+        for event in parser.push(stream.as_bytes()) {
+            if state.take(&event)? {
+                return Ok((state.out, true));
+            }
+        }
+        let finished = state.finished;
+        Ok((state.out, finished))
+    }
+
+    #[test]
+    fn e3_a_streamed_tool_call_is_assembled_from_its_pieces() {
+        let stream = concat!(
+            "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"index\":0,\"id\":\"c\",\"function\":{\"name\":\"echo\",\"arguments\":\"\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{\\\"text\\\":\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"\\\"hi\\\"}\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":5}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let (out, done) = take_all(stream).unwrap_or_else(|_| panic!("stream refused"));
+        assert!(done);
+        assert_eq!(
+            out.tool_calls,
+            vec![ToolCallOut {
+                name: "echo".into(),
+                arguments: "{\"text\":\"hi\"}".into()
+            }]
+        );
+        assert_eq!(
+            out.usage,
+            Usage {
+                input: 12,
+                output: 5
+            }
+        );
+    }
+
+    #[test]
+    fn e3_a_stream_without_its_end_is_not_complete() {
+        let stream = "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n";
+        let (out, done) = take_all(stream).unwrap_or_else(|_| panic!("stream refused"));
+        assert_eq!(out.text, "Hel");
+        assert!(!done, "a half response must not count as complete");
+    }
+}

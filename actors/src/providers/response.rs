@@ -1,0 +1,35 @@
+//! A model's whole response, as both APIs' readers hand it to the provider.
+
+/// A whole model response, whichever API it came from.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Response {
+    pub(crate) text: String,
+    pub(crate) tool_calls: Vec<ToolCallOut>,
+    /// The model declined to answer (OpenAI's `refusal`, Anthropic's `refusal` stop reason).
+    pub(crate) refusal: Option<String>,
+    /// Stopped at the token limit.
+    pub(crate) truncated: bool,
+    pub(crate) usage: Usage,
+}
+
+/// A tool call a model made: its name and its arguments as JSON text.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(crate) struct ToolCallOut {
+    pub(crate) name: String,
+    pub(crate) arguments: String,
+}
+
+/// Tokens a response used, as the provider counted them.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub(crate) struct Usage {
+    pub(crate) input: u64,
+    pub(crate) output: u64,
+}
+
+/// At most 200 characters of `text`, for an error message.
+pub(crate) fn clip(text: &str) -> String {
+    match text.char_indices().nth(200) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
+    }
+}

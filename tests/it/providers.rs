@@ -1,0 +1,491 @@
+//! Issue 35: the real providers against a local stub of each API (`model_stub`): whole agent
+//! turns, retries (E-6), cut-off streams (E-3, R-5), refusals of what was not offered, and the
+//! API key kept out of everything the runtime stores.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openprogram::agent::{Echo, ToolSpec};
+use openprogram::providers::{Api, ApiKey, HttpProvider, ProviderConfig, RetryPolicy};
+use openprogram::storage::{ExecutionId, SessionId};
+use openprogram::{Runtime, StartRequest};
+use serde_json::{json, Value};
+
+use crate::model_stub::{openai_text_frames, openai_tool_call_frames, Reply, Stub};
+
+const KEY: &str = "sk-test-4f1c9e7a-never-stored";
+
+/// Fast retries: the tests wait for the stub's `Retry-After`, not for the default backoff.
+fn quick_retries(max_retries: u32) -> RetryPolicy {
+    RetryPolicy {
+        max_retries,
+        initial_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(5),
+        max_wait: Duration::from_secs(10),
+    }
+}
+
+fn config(api: Api, stub: &Stub, stream: bool) -> ProviderConfig {
+    let mut config = ProviderConfig::new(api, "stub-model")
+        .base_url(match api {
+            Api::OpenAi => format!("{}/v1", stub.url),
+            Api::Anthropic => stub.url.clone(),
+        })
+        .api_key(ApiKey::new(KEY))
+        .stream(stream)
+        .retry(quick_retries(3))
+        .tool(ToolSpec::of(&Echo));
+    config.read_timeout = Duration::from_secs(10);
+    config
+}
+
+struct Turn {
+    runtime: Runtime,
+    session: SessionId,
+    dir: tempfile::TempDir,
+}
+
+impl Turn {
+    fn open(config: ProviderConfig) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let provider = HttpProvider::new(config).expect("provider");
+        let runtime = Runtime::builder()
+            .data_dir(dir.path())
+            .provider(Arc::new(provider))
+            .open()
+            .expect("open the runtime");
+        Self {
+            runtime,
+            session: SessionId::new(),
+            dir,
+        }
+    }
+
+    /// Starts a turn and waits for its end; its snapshot.
+    async fn run(&self, message: &str) -> (ExecutionId, openprogram::Snapshot) {
+        let started = self
+            .runtime
+            .start_execution(
+                self.session,
+                StartRequest {
+                    message: message.into(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("start");
+        let execution = started.execution_id;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let snapshot = self
+                .runtime
+                .snapshot(self.session, execution)
+                .await
+                .expect("snapshot");
+            if matches!(snapshot.state, "completed" | "failed" | "cancelled") {
+                return (execution, snapshot);
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the turn did not end: {snapshot:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Every file under `dir`, read whole: none may hold `needle`.
+fn assert_nowhere_in(dir: &Path, needle: &str) {
+    let mut files = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        if path.is_dir() {
+            for entry in std::fs::read_dir(&path).expect("read dir") {
+                stack.push(entry.expect("entry").path());
+            }
+        } else {
+            files += 1;
+            let bytes = std::fs::read(&path).expect("read file");
+            assert!(
+                !bytes
+                    .windows(needle.len())
+                    .any(|window| window == needle.as_bytes()),
+                "{} holds the API key",
+                path.display()
+            );
+        }
+    }
+    assert!(files > 0, "nothing was stored under {}", dir.display());
+}
+
+fn messages(request: &crate::model_stub::Recorded) -> &Vec<Value> {
+    request.body["messages"].as_array().expect("messages")
+}
+
+#[tokio::test]
+async fn e3_openai_a_streamed_turn_with_two_tool_calls_completes() {
+    let stub = Stub::start(vec![
+        Reply::Stream {
+            frames: openai_tool_call_frames("echo", r#"{"text":"first"}"#),
+            cut: false,
+        },
+        Reply::Stream {
+            frames: openai_tool_call_frames("echo", r#"{"text":"second"}"#),
+            cut: false,
+        },
+        Reply::Stream {
+            frames: openai_text_frames(&["Both ", "echoed."]),
+            cut: false,
+        },
+    ]);
+    let turn = Turn::open(config(Api::OpenAi, &stub, true).system("Be brief."));
+    let (execution, snapshot) = turn.run("Echo twice").await;
+    assert_eq!(snapshot.state, "completed", "{snapshot:?}");
+    assert_eq!(snapshot.text, "Both echoed.");
+    assert_eq!(
+        snapshot
+            .receipts
+            .iter()
+            .filter(|receipt| receipt.tool == "echo" && receipt.status == "confirmed")
+            .count(),
+        2
+    );
+    let requests = stub.requests();
+    assert_eq!(requests.len(), 3, "one request per decision");
+    assert_eq!(requests[0].path, "/v1/chat/completions");
+    assert_eq!(
+        requests[0].header("authorization"),
+        Some(&*format!("Bearer {KEY}"))
+    );
+    let first = &requests[0].body;
+    assert_eq!(first["model"], "stub-model");
+    assert_eq!(first["stream"], true);
+    assert_eq!(first["tools"][0]["function"]["name"], "echo");
+    assert_eq!(
+        messages(&requests[0])[0],
+        json!({"role": "system", "content": "Be brief."})
+    );
+    assert_eq!(
+        messages(&requests[0])[1],
+        json!({"role": "user", "content": "Echo twice"})
+    );
+    // The third request carries both calls, each answered by its own result.
+    let third = messages(&requests[2]);
+    assert_eq!(third[2]["tool_calls"][0]["id"], "call_1");
+    assert_eq!(
+        third[2]["tool_calls"][0]["function"]["arguments"],
+        r#"{"text":"first"}"#
+    );
+    assert_eq!(
+        third[3],
+        json!({"role": "tool", "tool_call_id": "call_1", "content": "first"})
+    );
+    assert_eq!(third[4]["tool_calls"][0]["id"], "call_2");
+    assert_eq!(
+        third[5],
+        json!({"role": "tool", "tool_call_id": "call_2", "content": "second"})
+    );
+    assert!(!turn
+        .runtime
+        .events(turn.session, execution, 0)
+        .expect("events")
+        .is_empty());
+    turn.runtime.shutdown().await;
+    assert_nowhere_in(turn.dir.path(), KEY);
+}
+
+#[tokio::test]
+async fn e3_anthropic_a_turn_with_two_tool_calls_completes() {
+    let tool_use = |id: &str, text: &str| {
+        Reply::json(&json!({
+            "type": "message", "role": "assistant", "stop_reason": "tool_use",
+            "content": [{"type": "text", "text": "Calling."},
+                {"type": "tool_use", "id": id, "name": "echo", "input": {"text": text}}],
+            "usage": {"input_tokens": 10, "output_tokens": 4},
+        }))
+    };
+    let stub = Stub::start(vec![
+        tool_use("toolu_a", "one"),
+        tool_use("toolu_b", "two"),
+        Reply::json(&json!({
+            "type": "message", "role": "assistant", "stop_reason": "end_turn",
+            "content": [{"type": "text", "text": "Done: one, two."}],
+            "usage": {"input_tokens": 30, "output_tokens": 6},
+        })),
+    ]);
+    let turn = Turn::open(config(Api::Anthropic, &stub, false));
+    let (_, snapshot) = turn.run("Echo one and two").await;
+    assert_eq!(snapshot.state, "completed", "{snapshot:?}");
+    assert_eq!(snapshot.text, "Done: one, two.");
+    let requests = stub.requests();
+    assert_eq!(requests.len(), 3);
+    assert_eq!(requests[0].path, "/v1/messages");
+    assert_eq!(requests[0].header("x-api-key"), Some(KEY));
+    assert_eq!(requests[0].header("anthropic-version"), Some("2023-06-01"));
+    assert_eq!(requests[0].body["max_tokens"], 4096);
+    assert_eq!(
+        requests[0].body["tools"][0]["input_schema"]["required"],
+        json!(["text"])
+    );
+    let third = messages(&requests[2]);
+    assert_eq!(third.len(), 5, "{third:?}");
+    assert_eq!(
+        third[1]["content"][0],
+        json!({"type": "tool_use", "id": "call_1", "name": "echo", "input": {"text": "one"}})
+    );
+    assert_eq!(
+        third[2]["content"][0],
+        json!({"type": "tool_result", "tool_use_id": "call_1", "content": "one", "is_error": false})
+    );
+    assert_eq!(third[4]["content"][0]["content"], "two");
+    turn.runtime.shutdown().await;
+    assert_nowhere_in(turn.dir.path(), KEY);
+}
+
+#[tokio::test]
+async fn e6_a_429_is_retried_after_the_wait_the_server_asked_for() {
+    let stub = Stub::start(vec![
+        Reply::status(
+            429,
+            &[("retry-after-ms", "400")],
+            r#"{"error":{"message":"slow down"}}"#,
+        ),
+        Reply::Stream {
+            frames: openai_text_frames(&["fine"]),
+            cut: false,
+        },
+    ]);
+    let turn = Turn::open(config(Api::OpenAi, &stub, true));
+    let (_, snapshot) = turn.run("hi").await;
+    assert_eq!(snapshot.state, "completed", "{snapshot:?}");
+    assert_eq!(snapshot.text, "fine");
+    let requests = stub.requests();
+    assert_eq!(requests.len(), 2);
+    let waited = requests[1].at - requests[0].at;
+    // The policy's own backoff is at most 5 ms: only the server's 400 ms explains this.
+    assert!(
+        waited >= Duration::from_millis(400),
+        "retried after {waited:?}"
+    );
+    turn.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn e6_a_500_then_a_success_completes_the_turn() {
+    let stub = Stub::start(vec![
+        Reply::status(500, &[], r#"{"error":{"message":"internal"}}"#),
+        Reply::status(503, &[], "upstream unavailable"),
+        Reply::json(&json!({"choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "recovered"}}]})),
+    ]);
+    let turn = Turn::open(config(Api::OpenAi, &stub, false));
+    let (_, snapshot) = turn.run("hi").await;
+    assert_eq!(snapshot.state, "completed", "{snapshot:?}");
+    assert_eq!(snapshot.text, "recovered");
+    assert_eq!(stub.requests().len(), 3);
+    turn.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn e6_retries_that_run_out_fail_the_turn_with_the_providers_message() {
+    let stub = Stub::start(
+        (0..4)
+            .map(|_| Reply::status(503, &[], r#"{"error":{"message":"overloaded right now"}}"#))
+            .collect(),
+    );
+    let turn = Turn::open(config(Api::OpenAi, &stub, false));
+    let (_, snapshot) = turn.run("hi").await;
+    assert_eq!(snapshot.state, "failed", "{snapshot:?}");
+    assert!(
+        snapshot.text.contains("HTTP 503: overloaded right now")
+            && snapshot.text.contains("gave up after 4 tries"),
+        "{}",
+        snapshot.text
+    );
+    assert_eq!(stub.requests().len(), 4, "the first try and 3 retries");
+    turn.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn e6_a_malformed_body_is_a_clear_error_record_never_retried() {
+    let stub = Stub::start(vec![Reply::status(200, &[], "{\"choices\": [oops")]);
+    let turn = Turn::open(config(Api::OpenAi, &stub, false));
+    let (_, snapshot) = turn.run("hi").await;
+    assert_eq!(snapshot.state, "failed", "{snapshot:?}");
+    assert!(
+        snapshot
+            .text
+            .starts_with("openai provider: the response is not JSON"),
+        "{}",
+        snapshot.text
+    );
+    assert_eq!(stub.requests().len(), 1);
+    turn.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn e6_a_bad_request_is_not_retried() {
+    let stub = Stub::start(vec![Reply::status(
+        400,
+        &[],
+        r#"{"type":"error","error":{"type":"invalid_request_error","message":"model: unknown"}}"#,
+    )]);
+    let turn = Turn::open(config(Api::Anthropic, &stub, true));
+    let (_, snapshot) = turn.run("hi").await;
+    assert_eq!(snapshot.state, "failed", "{snapshot:?}");
+    assert_eq!(
+        snapshot.text,
+        "anthropic provider: HTTP 400: model: unknown"
+    );
+    assert_eq!(stub.requests().len(), 1);
+    turn.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn r5_a_stream_cut_off_is_requested_again_and_never_kept_half() {
+    let mut cut = openai_text_frames(&["This half ", "is lost"]);
+    cut.truncate(2);
+    let stub = Stub::start(vec![
+        Reply::Stream {
+            frames: cut,
+            cut: true,
+        },
+        Reply::Stream {
+            frames: openai_text_frames(&["Whole ", "answer."]),
+            cut: false,
+        },
+    ]);
+    let turn = Turn::open(config(Api::OpenAi, &stub, true));
+    let (_, snapshot) = turn.run("hi").await;
+    assert_eq!(snapshot.state, "completed", "{snapshot:?}");
+    assert_eq!(snapshot.text, "Whole answer.");
+    let requests = stub.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(
+        requests[0].body, requests[1].body,
+        "the same request, regenerated"
+    );
+    turn.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn e2_a_call_to_a_tool_that_was_not_offered_is_refused() {
+    let stub = Stub::start(vec![Reply::Stream {
+        frames: openai_tool_call_frames("shell", r#"{"program":"touch","args":["/tmp/x"]}"#),
+        cut: false,
+    }]);
+    let turn = Turn::open(config(Api::OpenAi, &stub, true));
+    let (_, snapshot) = turn.run("hi").await;
+    assert_eq!(snapshot.state, "failed", "{snapshot:?}");
+    assert_eq!(
+        snapshot.text,
+        "openai provider: the model called the tool `shell`, which it was not offered"
+    );
+    assert!(snapshot
+        .receipts
+        .iter()
+        .all(|receipt| receipt.tool != "shell"));
+    turn.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn e6_a_refusal_is_a_response_record_not_a_reply() {
+    let stub = Stub::start(vec![Reply::json(&json!({"choices": [{"index": 0,
+        "finish_reason": "stop",
+        "message": {"role": "assistant", "content": null, "refusal": "I can't help with that."}}]}))]);
+    let turn = Turn::open(config(Api::OpenAi, &stub, false));
+    let (_, snapshot) = turn.run("hi").await;
+    assert_eq!(snapshot.state, "failed", "{snapshot:?}");
+    assert_eq!(
+        snapshot.text,
+        "openai provider: the model refused: I can't help with that."
+    );
+    turn.runtime.shutdown().await;
+}
+
+/// R-5 with a real process: `serve --provider openai` killed with SIGKILL while the model's
+/// response streams in; after the restart the request is made again from committed context,
+/// once, and the turn ends with the whole second response — the first one's half is nowhere.
+/// The key is in no response of the API, the debug endpoint or the metrics, and in no byte
+/// of the data directory.
+#[test]
+fn r5_kill9_mid_stream_regenerates_the_request_once() {
+    use crate::served::Served;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let mut half = openai_text_frames(&["Half ", "of it"]);
+    half.truncate(2);
+    let stub = Stub::start(vec![
+        Reply::StreamHeld { frames: half },
+        Reply::Stream {
+            frames: openai_text_frames(&["The whole ", "answer."]),
+            cut: false,
+        },
+    ]);
+    let base_url = format!("{}/v1", stub.url);
+    let args = [
+        "--provider",
+        "openai",
+        "--model",
+        "stub-model",
+        "--base-url",
+        &base_url,
+        "--api-key-env",
+        "OP_TEST_MODEL_KEY",
+        "--model-tools",
+        "echo",
+    ];
+    let env = [("OP_TEST_MODEL_KEY", KEY)];
+    let token = "provider-test-token";
+    let served = Served::start_with_env(&data, token, &[], &args, &env);
+    let (status, session) = served.call("POST", "/v1/sessions", Some(&json!({})));
+    assert_eq!(status, 201, "{session}");
+    let executions = format!(
+        "/v1/sessions/{}/executions",
+        session["session_id"].as_str().expect("session id")
+    );
+    let (status, started) =
+        served.call("POST", &executions, Some(&json!({"message": "answer me"})));
+    assert_eq!(status, 201, "{started}");
+    let execution = format!(
+        "{executions}/{}",
+        started["execution_id"].as_str().expect("execution id")
+    );
+    stub.wait_requests(1);
+    served.kill9();
+    stub.release();
+    let served = Served::start_with_env(&data, token, &[], &args, &env);
+    let deadline = std::time::Instant::now() + crate::support::DEADLINE;
+    let snapshot = loop {
+        let (_, snapshot) = served.call("GET", &execution, None);
+        if snapshot["state"] == "completed" {
+            break snapshot;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not completed: {snapshot}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(snapshot["text"], "The whole answer.");
+    let requests = stub.requests();
+    assert_eq!(requests.len(), 2, "the request is made again once");
+    assert_eq!(
+        requests[0].body, requests[1].body,
+        "regenerated from committed context"
+    );
+    let (_, events) = served.call("GET", &format!("{execution}/events?after=0"), None);
+    assert!(!events.to_string().contains("Half"), "{events}");
+    for path in [
+        "/debug/actors",
+        "/metrics",
+        &execution,
+        &format!("{execution}/events?after=0"),
+    ] {
+        let (_, body) = served.call("GET", path, None);
+        assert!(!body.to_string().contains(KEY), "{path} shows the key");
+    }
+    served.stop();
+    assert_nowhere_in(&data, KEY);
+}
