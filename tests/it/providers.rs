@@ -489,3 +489,52 @@ fn r5_kill9_mid_stream_regenerates_the_request_once() {
     served.stop();
     assert_nowhere_in(&data, KEY);
 }
+
+/// Usage errors of `serve --provider` exit 2 with a message naming what is wrong, before
+/// anything is opened: an unset key variable (named, no value shown), an unknown provider, a
+/// tool to offer that does not exist.
+#[test]
+fn e2_serve_refuses_a_provider_it_cannot_configure() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &[
+                "--provider",
+                "openai",
+                "--model",
+                "m",
+                "--api-key-env",
+                "OP_TEST_UNSET_KEY_VAR",
+            ],
+            "the environment variable OP_TEST_UNSET_KEY_VAR is not set",
+        ),
+        (
+            &["--provider", "gemini", "--model", "m"],
+            "unknown provider `gemini`",
+        ),
+        (
+            &[
+                "--provider",
+                "openai",
+                "--model",
+                "m",
+                "--model-tools",
+                "echo,nope",
+            ],
+            "--model-tools: no tool is called `nope`",
+        ),
+    ];
+    for (args, expected) in cases {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_openprogram"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(dir.path().join("data"))
+            .args(args)
+            .env_remove("OP_TEST_UNSET_KEY_VAR")
+            .output()
+            .expect("run serve");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(!dir.path().join("data").exists(), "{args:?} opened a store");
+    }
+}
