@@ -235,7 +235,13 @@ fn write_body(
 
 /// OpenAI: a streamed tool call, as SSE frames; its arguments arrive in two pieces.
 pub fn openai_tool_call_frames(name: &str, arguments: &str) -> Vec<String> {
-    let (head, tail) = arguments.split_at(arguments.len() / 2);
+    let half = arguments.chars().count() / 2;
+    let (head, tail) = arguments.split_at(
+        arguments
+            .char_indices()
+            .nth(half)
+            .map_or(arguments.len(), |(at, _)| at),
+    );
     let call = |call: Value| {
         format!(
             "data: {}\n\n",

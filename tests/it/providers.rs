@@ -172,19 +172,19 @@ async fn e3_openai_a_streamed_turn_with_two_tool_calls_completes() {
     );
     // The third request carries both calls, each answered by its own result.
     let third = messages(&requests[2]);
-    assert_eq!(third[2]["tool_calls"][0]["id"], "call_1");
+    assert_eq!(third[2]["tool_calls"][0]["id"], "call00001");
     assert_eq!(
         third[2]["tool_calls"][0]["function"]["arguments"],
         r#"{"text":"first"}"#
     );
     assert_eq!(
         third[3],
-        json!({"role": "tool", "tool_call_id": "call_1", "content": "first"})
+        json!({"role": "tool", "tool_call_id": "call00001", "content": "first"})
     );
-    assert_eq!(third[4]["tool_calls"][0]["id"], "call_2");
+    assert_eq!(third[4]["tool_calls"][0]["id"], "call00002");
     assert_eq!(
         third[5],
-        json!({"role": "tool", "tool_call_id": "call_2", "content": "second"})
+        json!({"role": "tool", "tool_call_id": "call00002", "content": "second"})
     );
     assert!(!turn
         .runtime
@@ -232,11 +232,11 @@ async fn e3_anthropic_a_turn_with_two_tool_calls_completes() {
     assert_eq!(third.len(), 5, "{third:?}");
     assert_eq!(
         third[1]["content"][0],
-        json!({"type": "tool_use", "id": "call_1", "name": "echo", "input": {"text": "one"}})
+        json!({"type": "tool_use", "id": "call00001", "name": "echo", "input": {"text": "one"}})
     );
     assert_eq!(
         third[2]["content"][0],
-        json!({"type": "tool_result", "tool_use_id": "call_1", "content": "one", "is_error": false})
+        json!({"type": "tool_result", "tool_use_id": "call00001", "content": "one", "is_error": false})
     );
     assert_eq!(third[4]["content"][0]["content"], "two");
     turn.runtime.shutdown().await;
@@ -537,4 +537,52 @@ fn e2_serve_refuses_a_provider_it_cannot_configure() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
         assert!(!dir.path().join("data").exists(), "{args:?} opened a store");
     }
+}
+
+/// A gateway that echoes the key in its error body: the execution's error record says
+/// `[redacted]`, and no stored byte holds the key.
+#[tokio::test]
+async fn e6_a_key_echoed_in_an_error_is_redacted_before_it_is_recorded() {
+    let stub = Stub::start(vec![Reply::status(
+        401,
+        &[],
+        &format!(r#"{{"error":{{"message":"invalid key: Bearer {KEY}"}}}}"#),
+    )]);
+    let turn = Turn::open(config(Api::OpenAi, &stub, true));
+    let (_, snapshot) = turn.run("hi").await;
+    assert_eq!(snapshot.state, "failed", "{snapshot:?}");
+    assert_eq!(
+        snapshot.text,
+        "openai provider: HTTP 401: invalid key: Bearer [redacted]"
+    );
+    turn.runtime.shutdown().await;
+    assert_nowhere_in(turn.dir.path(), KEY);
+}
+
+/// A response cut short by the model's side (a content filter) is an error record, never a
+/// reply; a whole JSON body sent for a streamed request is read as JSON.
+#[tokio::test]
+async fn e6_a_filtered_response_fails_and_a_json_answer_to_a_stream_is_read() {
+    let stub = Stub::start(vec![
+        Reply::json(&json!({"choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "plain JSON"}}]})),
+        Reply::json(
+            &json!({"choices": [{"index": 0, "finish_reason": "content_filter",
+            "message": {"role": "assistant", "content": "Part of"}}]}),
+        ),
+    ]);
+    let turn = Turn::open(config(Api::OpenAi, &stub, true));
+    let (_, snapshot) = turn.run("one").await;
+    assert_eq!(snapshot.state, "completed", "{snapshot:?}");
+    assert_eq!(snapshot.text, "plain JSON");
+    let (_, snapshot) = turn.run("two").await;
+    assert_eq!(snapshot.state, "failed", "{snapshot:?}");
+    assert!(
+        snapshot.text.starts_with(
+            "openai provider: the response stopped before it was complete (content_filter"
+        ),
+        "{}",
+        snapshot.text
+    );
+    turn.runtime.shutdown().await;
 }

@@ -55,7 +55,7 @@ pub(super) fn request_body(config: &ProviderConfig, conversation: &[Message]) ->
 
 fn block(part: &Part) -> Option<Value> {
     match part {
-        Part::Text(text) if text.is_empty() => None,
+        Part::Text(text) if text.trim().is_empty() => None,
         Part::Text(text) => Some(json!({"type": "text", "text": text})),
         Part::ToolCall {
             id,
@@ -128,7 +128,6 @@ pub(super) async fn read_whole(response: reqwest::Response) -> Result<Response, 
 
 fn stop_reason(out: &mut Response, reason: Option<&str>) {
     match reason {
-        Some("max_tokens") => out.truncated = true,
         Some("refusal") => {
             let text = if out.text.is_empty() {
                 "(no reason given)".into()
@@ -137,7 +136,7 @@ fn stop_reason(out: &mut Response, reason: Option<&str>) {
             };
             out.refusal = Some(text);
         }
-        _ => {}
+        reason => out.stop_reason = reason.map(str::to_owned),
     }
 }
 

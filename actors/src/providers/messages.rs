@@ -113,8 +113,10 @@ fn push(messages: &mut Vec<Message>, role: Role, part: Part) {
     }
 }
 
+/// `call00001`: nine letters and digits, which every API accepts (Mistral's demand exactly
+/// that).
 fn call_id(n: u32) -> String {
-    format!("call_{n}")
+    format!("call{n:05}")
 }
 
 fn status_name(status: ReceiptStatus) -> &'static str {
@@ -188,11 +190,11 @@ mod tests {
                 Role::User
             ]
         );
-        assert!(matches!(&messages[1].parts[0], Part::ToolCall { id, .. } if id == "call_1"));
+        assert!(matches!(&messages[1].parts[0], Part::ToolCall { id, .. } if id == "call00001"));
         assert!(matches!(&messages[2].parts[0],
-            Part::ToolResult { id, content, is_error: false } if id == "call_1" && content == "one"));
+            Part::ToolResult { id, content, is_error: false } if id == "call00001" && content == "one"));
         assert!(matches!(&messages[4].parts[0],
-            Part::ToolResult { id, is_error: true, .. } if id == "call_2"));
+            Part::ToolResult { id, is_error: true, .. } if id == "call00002"));
         // The steer follows the last result in the same user message.
         assert_eq!(messages[4].parts[1], Part::Text("shorter please".into()));
     }

@@ -10,18 +10,19 @@
 //!
 //! Errors (E-6): timeouts, dropped connections, 408, 409, 429 and 5xx are retried with capped
 //! exponential backoff and full jitter, honouring `Retry-After` (`retry-after-ms` too), within
-//! the request's retry budget (`RetryPolicy`); anything else — a 4xx, a refusal, a body that
+//! the request's retry budget (`RetryPolicy`); anything else — a 4xx, a refusal, a response cut short (`length`, `content_filter`), a body that
 //! does not parse, a call to a tool that was not offered — is a known model error: `Err` with
 //! the provider's own message, which the machine records as the response and fails the
 //! execution with. Never a fabricated reply.
 //!
-//! One tool call per decision: requests ask for `parallel_tool_calls: false` (OpenAI) or
-//! `disable_parallel_tool_use` (Anthropic), and where a model still returns several, the first
-//! is the decision and the others are dropped (the committed context shows the one call made,
-//! so the model asks again for what it still needs).
+//! One tool call per decision: Anthropic requests carry `disable_parallel_tool_use` (OpenAI's
+//! `parallel_tool_calls` is not sent: o-series models refuse it), and where a model returns
+//! several, the first is the decision and the others are dropped (the committed context shows
+//! the one call made, so the model asks again for what it still needs).
 //!
 //! The API key is read by the embedder (`ApiKey::from_env`) and held by the provider only: it
-//! is sent in a request header, never stored, logged or shown (`ApiKey`'s `Debug` hides it).
+//! is sent in a request header, never stored, logged or shown (`ApiKey`'s `Debug` hides it;
+//! an error text that echoes it is redacted before the execution records it).
 
 mod anthropic;
 mod config;
@@ -104,15 +105,24 @@ impl Inner {
             |response| self.read(response),
         )
         .await
-        .map_err(|error| format!("{} provider: {error}", self.config.api.name()))?;
+        .map_err(|error| self.error(&error))?;
         tracing::debug!(
             execution_id = %request.execution_id,
             input_tokens = response.usage.input,
             output_tokens = response.usage.output,
             "model response"
         );
-        self.decision(response)
-            .map_err(|error| format!("{} provider: {error}", self.config.api.name()))
+        self.decision(response).map_err(|error| self.error(&error))
+    }
+
+    /// The error an execution records: named by its API, and never holding the key (a
+    /// gateway may echo a request's headers in its error body).
+    fn error(&self, error: &str) -> String {
+        let error = format!("{} provider: {error}", self.config.api.name());
+        match &self.config.api_key {
+            Some(key) if !key.expose().is_empty() => error.replace(key.expose(), "[redacted]"),
+            _ => error,
+        }
     }
 
     fn headers(&self) -> Vec<(&'static str, String)> {
@@ -137,7 +147,13 @@ impl Inner {
 
     /// Reads one response body: whole, or as a stream to its end.
     async fn read(&self, response: reqwest::Response) -> Result<Response, transport::Failure> {
-        match (self.config.api, self.config.stream) {
+        // A server that ignores `stream` (or answers an error with 200) sends JSON.
+        let json = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| value.starts_with("application/json"));
+        match (self.config.api, self.config.stream && !json) {
             (Api::OpenAi, false) => openai::read_whole(response).await,
             (Api::OpenAi, true) => openai::read_stream(response).await,
             (Api::Anthropic, false) => anthropic::read_whole(response).await,
@@ -150,9 +166,10 @@ impl Inner {
         if let Some(refusal) = response.refusal {
             return Err(format!("the model refused: {refusal}"));
         }
-        if response.truncated {
+        if !response::complete(response.stop_reason.as_deref()) {
             return Err(format!(
-                "the response was cut off at the token limit ({} output tokens) before it was complete",
+                "the response stopped before it was complete ({}, {} output tokens)",
+                response.stop_reason.as_deref().unwrap_or_default(),
                 response.usage.output
             ));
         }
@@ -170,7 +187,20 @@ impl Inner {
                     call.name
                 ));
             }
-            let args = ToolArgs::from_text(call.arguments.clone()).map_err(|error| {
+            // No arguments (some servers send "" for a tool without parameters) are `{}`.
+            let arguments = if call.arguments.trim().is_empty() {
+                "{}".to_owned()
+            } else {
+                call.arguments.clone()
+            };
+            if !arguments.trim_start().starts_with('{') {
+                return Err(format!(
+                    "the model's arguments for the tool `{}` are not a JSON object: {}",
+                    call.name,
+                    clip(&arguments)
+                ));
+            }
+            let args = ToolArgs::from_text(arguments).map_err(|error| {
                 format!(
                     "the model's arguments for the tool `{}` are not JSON ({error}): {}",
                     call.name,

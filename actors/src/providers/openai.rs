@@ -35,7 +35,6 @@ pub(super) fn request_body(config: &ProviderConfig, conversation: &[Message]) ->
                 }})
             })
             .collect();
-        body["parallel_tool_calls"] = json!(false);
     }
     if let Some(max_tokens) = config.max_tokens {
         body["max_tokens"] = json!(max_tokens);
@@ -111,7 +110,7 @@ pub(super) async fn read_whole(response: reqwest::Response) -> Result<Response, 
     let mut out = Response {
         text: message["content"].as_str().unwrap_or_default().to_owned(),
         refusal: message["refusal"].as_str().map(str::to_owned),
-        truncated: choice["finish_reason"] == "length",
+        stop_reason: choice["finish_reason"].as_str().map(str::to_owned),
         usage: usage(&value["usage"]),
         ..Response::default()
     };
@@ -177,7 +176,8 @@ impl Stream {
     /// Takes one event; true once the stream says it is done.
     fn take(&mut self, event: &sse::Event) -> Result<bool, Failure> {
         if event.data == "[DONE]" {
-            return Ok(true);
+            // A stream that never said why it stopped is not whole.
+            return Ok(self.finished);
         }
         let chunk: Value = serde_json::from_str(&event.data).map_err(|error| {
             Failure::Fatal(format!(
@@ -218,8 +218,10 @@ impl Stream {
                     .resize(index + 1, ToolCallOut::default());
             }
             let out = &mut self.out.tool_calls[index];
-            if let Some(name) = call["function"]["name"].as_str() {
-                out.name.push_str(name);
+            // The name comes once; some servers repeat it whole in every piece.
+            match call["function"]["name"].as_str() {
+                Some(name) if out.name.is_empty() => out.name.push_str(name),
+                _ => {}
             }
             if let Some(arguments) = call["function"]["arguments"].as_str() {
                 out.arguments.push_str(arguments);
@@ -227,7 +229,7 @@ impl Stream {
         }
         if let Some(reason) = choice["finish_reason"].as_str() {
             self.finished = true;
-            self.out.truncated = reason == "length";
+            self.out.stop_reason = Some(reason.to_owned());
         }
         Ok(false)
     }
@@ -270,7 +272,8 @@ mod tests {
     fn e3_a_streamed_tool_call_is_assembled_from_its_pieces() {
         let stream = concat!(
             "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"index\":0,\"id\":\"c\",\"function\":{\"name\":\"echo\",\"arguments\":\"\"}}]}}]}\n\n",
-            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{\\\"text\\\":\"}}]}}]}\n\n",
+            // Some servers repeat the whole name in every piece.
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"name\":\"echo\",\"arguments\":\"{\\\"text\\\":\"}}]}}]}\n\n",
             "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"\\\"hi\\\"}\"}}]}}]}\n\n",
             "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
             "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":5}}\n\n",

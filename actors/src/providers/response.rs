@@ -7,8 +7,8 @@ pub(crate) struct Response {
     pub(crate) tool_calls: Vec<ToolCallOut>,
     /// The model declined to answer (OpenAI's `refusal`, Anthropic's `refusal` stop reason).
     pub(crate) refusal: Option<String>,
-    /// Stopped at the token limit.
-    pub(crate) truncated: bool,
+    /// Why the model stopped, as the API said it (`None`: it did not say).
+    pub(crate) stop_reason: Option<String>,
     pub(crate) usage: Usage,
 }
 
@@ -32,4 +32,16 @@ pub(crate) fn clip(text: &str) -> String {
         Some((at, _)) => format!("{}…", &text[..at]),
         None => text.to_owned(),
     }
+}
+
+/// Whether a stop reason means the response is whole: a reply or tool call the model finished.
+/// Anything else (`length`, `max_tokens`, `content_filter`, a context window exceeded, a
+/// reason not known here) is a response cut short, never a decision.
+pub(crate) fn complete(reason: Option<&str>) -> bool {
+    matches!(
+        reason,
+        None | Some(
+            "stop" | "tool_calls" | "function_call" | "end_turn" | "tool_use" | "stop_sequence"
+        )
+    )
 }

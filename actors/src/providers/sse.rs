@@ -27,10 +27,13 @@ impl Parser {
             let line = String::from_utf8_lossy(&line);
             let line = line.trim_end_matches(['\n', '\r']);
             if line.is_empty() {
-                if !self.data.is_empty() || !self.name.is_empty() {
+                // An event without data is not dispatched (the SSE standard).
+                let name = std::mem::take(&mut self.name);
+                let data = std::mem::take(&mut self.data);
+                if !data.is_empty() {
                     events.push(Event {
-                        name: std::mem::take(&mut self.name),
-                        data: std::mem::take(&mut self.data).join("\n"),
+                        name,
+                        data: data.join("\n"),
                     });
                 }
                 continue;

@@ -130,6 +130,10 @@ async fn try_once(
 ) -> Result<reqwest::Response, Failure> {
     let mut request = client.post(url).body(body.to_vec());
     for (name, value) in headers {
+        let mut value = reqwest::header::HeaderValue::from_str(value)
+            .map_err(|_| Failure::Fatal(format!("the {name} header is not valid")))?;
+        // Kept out of the client's own debug output.
+        value.set_sensitive(matches!(*name, "authorization" | "x-api-key"));
         request = request.header(*name, value);
     }
     let response = request.send().await.map_err(|error| {
@@ -234,7 +238,8 @@ pub(super) async fn read_bounded(
 
 /// A number in [0, 1) from uuid's thread-local CSPRNG.
 fn unit_random() -> f64 {
-    (uuid::Uuid::new_v4().as_u128() as u64 >> 11) as f64 / (1u64 << 53) as f64
+    // The low 53 bits: a v4 uuid's fixed version and variant bits are not among them.
+    (uuid::Uuid::new_v4().as_u128() as u64 & ((1u64 << 53) - 1)) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]
@@ -252,9 +257,11 @@ mod tests {
                 assert!(policy.backoff(retry) <= bound, "retry {retry}");
             }
         }
-        // Full jitter: the waits differ.
-        let waits: std::collections::HashSet<_> = (0..20).map(|_| policy.backoff(3)).collect();
-        assert!(waits.len() > 1);
+        // Full jitter: waits spread over the whole range below the bound.
+        let bound = Duration::from_millis(4000);
+        let waits: Vec<Duration> = (0..200).map(|_| policy.backoff(3)).collect();
+        assert!(waits.iter().any(|wait| *wait < bound / 4), "{waits:?}");
+        assert!(waits.iter().any(|wait| *wait > bound * 3 / 4), "{waits:?}");
     }
 
     #[test]
