@@ -4,10 +4,9 @@ use serde_json::{json, Value};
 
 use super::config::ProviderConfig;
 use super::messages::{Message, Part, Role};
-use super::openai::RESPONSE_BYTES_MAX;
 use super::response::{clip, Response, ToolCallOut, Usage};
 use super::sse;
-use super::transport::{describe, read_bounded, Failure};
+use super::transport::{next_events, read_json, Failure};
 
 /// The response's token limit when the configuration sets none (the API requires one).
 const MAX_TOKENS_DEFAULT: u32 = 4096;
@@ -78,13 +77,7 @@ fn block(part: &Part) -> Option<Value> {
 }
 
 pub(super) async fn read_whole(response: reqwest::Response) -> Result<Response, Failure> {
-    let body = read_bounded(response, RESPONSE_BYTES_MAX).await?;
-    let value: Value = serde_json::from_str(&body).map_err(|error| {
-        Failure::Fatal(format!(
-            "the response is not JSON ({error}): {}",
-            clip(&body)
-        ))
-    })?;
+    let (value, body) = read_json(response).await?;
     if value["type"] == "error" {
         return Err(error_failure(&value["error"]));
     }
@@ -160,18 +153,8 @@ pub(super) async fn read_stream(mut response: reqwest::Response) -> Result<Respo
     let mut parser = sse::Parser::default();
     let mut stream = Stream::default();
     let mut read = 0usize;
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|error| Failure::retry(describe(error)))?
-    {
-        read += chunk.len();
-        if read > RESPONSE_BYTES_MAX {
-            return Err(Failure::Fatal(format!(
-                "the response passed {RESPONSE_BYTES_MAX} bytes"
-            )));
-        }
-        for event in parser.push(&chunk) {
+    while let Some(events) = next_events(&mut response, &mut parser, &mut read).await? {
+        for event in events {
             if stream.take(&event)? {
                 return Ok(stream.finish());
             }

@@ -6,10 +6,7 @@ use super::config::ProviderConfig;
 use super::messages::{Message, Part, Role};
 use super::response::{clip, Response, ToolCallOut, Usage};
 use super::sse;
-use super::transport::{describe, read_bounded, Failure};
-
-/// The largest response body read, streamed or whole.
-pub(super) const RESPONSE_BYTES_MAX: usize = 8 * 1024 * 1024;
+use super::transport::{next_events, read_json, Failure};
 
 pub(super) fn request_body(config: &ProviderConfig, conversation: &[Message]) -> Value {
     let mut messages = Vec::new();
@@ -88,13 +85,7 @@ fn assistant_message(message: &Message) -> Value {
 }
 
 pub(super) async fn read_whole(response: reqwest::Response) -> Result<Response, Failure> {
-    let body = read_bounded(response, RESPONSE_BYTES_MAX).await?;
-    let value: Value = serde_json::from_str(&body).map_err(|error| {
-        Failure::Fatal(format!(
-            "the response is not JSON ({error}): {}",
-            clip(&body)
-        ))
-    })?;
+    let (value, body) = read_json(response).await?;
     if let Some(error) = value.get("error") {
         return Err(Failure::Fatal(format!(
             "the model answered an error: {}",
@@ -138,19 +129,8 @@ pub(super) async fn read_stream(mut response: reqwest::Response) -> Result<Respo
     let mut parser = sse::Parser::default();
     let mut stream = Stream::default();
     let mut read = 0usize;
-    loop {
-        let chunk = response
-            .chunk()
-            .await
-            .map_err(|error| Failure::retry(describe(error)))?;
-        let Some(chunk) = chunk else { break };
-        read += chunk.len();
-        if read > RESPONSE_BYTES_MAX {
-            return Err(Failure::Fatal(format!(
-                "the response passed {RESPONSE_BYTES_MAX} bytes"
-            )));
-        }
-        for event in parser.push(&chunk) {
+    while let Some(events) = next_events(&mut response, &mut parser, &mut read).await? {
+        for event in events {
             if stream.take(&event)? {
                 return Ok(stream.out);
             }

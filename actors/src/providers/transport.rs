@@ -7,6 +7,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 
 use super::response::{clip, Response};
+use super::sse;
 
 /// How a model request is retried: at most `max_retries` times after the first try, each wait
 /// drawn at random below an exponential bound (`initial_backoff` doubled per retry, at most
@@ -168,7 +169,7 @@ fn retryable(status: StatusCode) -> bool {
 
 /// What a failed request's error says, without the URL's query (keys never go in URLs here,
 /// but a gateway's might).
-pub(super) fn describe(error: reqwest::Error) -> String {
+fn describe(error: reqwest::Error) -> String {
     let kind = if error.is_timeout() {
         "timed out"
     } else if error.is_connect() {
@@ -234,6 +235,46 @@ pub(super) async fn read_bounded(
         }
     }
     Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The largest response body read, streamed or whole.
+pub(super) const RESPONSE_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// A whole response body as JSON (and its text, for error messages); not JSON is `Fatal`.
+pub(super) async fn read_json(
+    response: reqwest::Response,
+) -> Result<(serde_json::Value, String), Failure> {
+    let body = read_bounded(response, RESPONSE_BYTES_MAX).await?;
+    match serde_json::from_str(&body) {
+        Ok(value) => Ok((value, body)),
+        Err(error) => Err(Failure::Fatal(format!(
+            "the response is not JSON ({error}): {}",
+            clip(&body)
+        ))),
+    }
+}
+
+/// The events the next piece of a streamed body completes; `None` at the body's end. `read`
+/// counts the bytes so far against `RESPONSE_BYTES_MAX`; a dropped connection is `Retry`.
+pub(super) async fn next_events(
+    response: &mut reqwest::Response,
+    parser: &mut sse::Parser,
+    read: &mut usize,
+) -> Result<Option<Vec<sse::Event>>, Failure> {
+    let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|error| Failure::retry(describe(error)))?
+    else {
+        return Ok(None);
+    };
+    *read += chunk.len();
+    if *read > RESPONSE_BYTES_MAX {
+        return Err(Failure::Fatal(format!(
+            "the response passed {RESPONSE_BYTES_MAX} bytes"
+        )));
+    }
+    Ok(Some(parser.push(&chunk)))
 }
 
 /// A number in [0, 1) from uuid's thread-local CSPRNG.
