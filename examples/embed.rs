@@ -25,7 +25,7 @@ impl Tool for Weather {
         Recovery::Idempotent
     }
 
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, openprogram::agent::ToolResult> {
         let city = call
             .args
             .get("city")

@@ -80,6 +80,8 @@ pub use openprogram_actors::command::{
 };
 pub use openprogram_actors::function::{DurableFunction, FunctionContext, StepError};
 #[cfg(feature = "providers")]
+pub use openprogram_actors::http_tool;
+#[cfg(feature = "providers")]
 pub use openprogram_actors::providers;
 pub use openprogram_actors::recovery::{ManualClock, RestartWindow};
 pub use openprogram_actors::resource_queue::{QueueReport, QueueStats, WAIT_BUCKETS_MS};

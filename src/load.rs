@@ -233,14 +233,14 @@ impl Tool for TimedEcho {
     fn recovery(&self) -> Recovery {
         Recovery::Idempotent
     }
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, openprogram_actors::agent::ToolResult> {
         self.clock.mark(call.execution_id);
         let text = call
             .args
             .get("text")
             .and_then(|text| text.as_str())
             .map(str::to_owned);
-        futures::future::ready(text.ok_or_else(|| "missing `text`".to_owned())).boxed()
+        futures::future::ready(text.ok_or_else(|| "missing `text`".into())).boxed()
     }
 }
 

@@ -1,11 +1,12 @@
 //! `serve --provider openai|anthropic --model M [--base-url URL] [--api-key-env VAR]
 //! [--model-tools LIST] [--system TEXT] [--no-stream]` (issue 35): a real model instead of
-//! the scripted provider. The key is read from the environment variable named, at startup,
+//! the scripted provider; `--http-allow HOSTS` adds the `http` tool. The key is read from the environment variable named, at startup,
 //! and is never written to the store, a log line or `/debug`.
 
 use std::sync::Arc;
 
-use openprogram_actors::agent::{Provider, ToolRegistry};
+use openprogram_actors::agent::{Provider, Tool, ToolRegistry};
+use openprogram_actors::http_tool::HttpTool;
 use openprogram_actors::providers::{Api, ApiKey, HttpProvider, ProviderConfig};
 
 use crate::{Error, Result};
@@ -36,9 +37,24 @@ pub struct ModelArgs {
     /// Ask for whole responses instead of streamed ones.
     #[arg(long, requires = "provider")]
     pub no_stream: bool,
+    /// Add the `http` tool, allowed to reach exactly these hosts (`host`, `host:port` or
+    /// `*.domain`, separated by commas). Without it there is no `http` tool.
+    #[arg(long, value_delimiter = ',')]
+    pub http_allow: Vec<String>,
 }
 
 impl ModelArgs {
+    /// The tools these arguments add to the built-in ones. Usage errors are
+    /// `InvalidRequest` (exit 2).
+    pub fn tools(&self) -> Result<Vec<Arc<dyn Tool>>> {
+        if self.http_allow.is_empty() {
+            return Ok(Vec::new());
+        }
+        let http = HttpTool::new(&self.http_allow)
+            .map_err(|error| Error::InvalidRequest(format!("--http-allow: {error}")))?;
+        Ok(vec![Arc::new(http)])
+    }
+
     /// The provider these arguments ask for, offering tools of `tools`; `None` for the
     /// scripted provider. Usage errors are `InvalidRequest` (exit 2).
     pub fn provider(&self, tools: &ToolRegistry) -> Result<Option<Arc<dyn Provider>>> {

@@ -72,10 +72,12 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         )));
     }
     let mut builder = Runtime::builder();
-    if let Some(provider) = options
-        .model
-        .provider(&openprogram_actors::agent::ToolRegistry::builtin())?
-    {
+    let mut tools = openprogram_actors::agent::ToolRegistry::builtin();
+    for tool in options.model.tools()? {
+        tools.register(tool.clone());
+        builder = builder.tool(tool);
+    }
+    if let Some(provider) = options.model.provider(&tools)? {
         builder = builder.provider(provider);
     }
     if let Some(revisions) = &options.function_revisions {

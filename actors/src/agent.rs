@@ -66,11 +66,41 @@ pub enum Reconciliation {
     Unknown,
 }
 
-/// A tool. `Err` is a tool error (a `Failed` receipt), not a runtime failure.
+/// Why a tool call returned no result. A `String` (`?` on a `Result<_, String>`, or
+/// `.into()`) is `Failed`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolError {
+    /// The call failed and its failure is its outcome: a `failed` receipt, shown to the model.
+    #[error("{0}")]
+    Failed(String),
+    /// The call may or may not have taken effect: its request went out and its answer was
+    /// lost (a timeout after sending, a dropped connection). An `External` tool's call gets an
+    /// `unknown` receipt and awaits reconciliation, never run again blindly; any other
+    /// tool's call, which may run again, a `failed` one.
+    #[error("outcome unknown: {0}")]
+    Unknown(String),
+}
+
+impl From<String> for ToolError {
+    fn from(error: String) -> Self {
+        Self::Failed(error)
+    }
+}
+
+impl From<&str> for ToolError {
+    fn from(error: &str) -> Self {
+        Self::Failed(error.to_owned())
+    }
+}
+
+/// What a tool call returns: its output, or why there is none.
+pub type ToolResult = Result<String, ToolError>;
+
+/// A tool. `Err` is a tool error (a `failed` or `unknown` receipt), not a runtime failure.
 pub trait Tool: Send + Sync + 'static {
     fn name(&self) -> &str;
     fn recovery(&self) -> Recovery;
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>>;
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, ToolResult>;
 
     /// asks the external system whether the call with `call.effect_id` took effect.
     /// Called once the attempt that dispatched it is superseded — which, unless
@@ -294,8 +324,8 @@ impl Tool for Echo {
     fn recovery(&self) -> Recovery {
         Recovery::Idempotent
     }
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
-        futures::future::ready(string_arg(&call.args, "text")).boxed()
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, ToolResult> {
+        futures::future::ready(string_arg(&call.args, "text").map_err(ToolError::from)).boxed()
     }
     fn description(&self) -> String {
         "Returns the text it is given.".into()
@@ -333,12 +363,12 @@ impl Tool for Sleep {
             "required": ["ms"],
         })
     }
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, ToolResult> {
         let ms = call.args.get("ms").and_then(|ms| ms.as_u64());
         async move {
             let ms = ms.ok_or("missing integer argument `ms`")?;
             if ms > SLEEP_MS_MAX {
-                return Err(format!("ms must be at most {SLEEP_MS_MAX}"));
+                return Err(format!("ms must be at most {SLEEP_MS_MAX}").into());
             }
             tokio::time::sleep(Duration::from_millis(ms)).await;
             Ok(format!("slept {ms} ms"))
@@ -360,7 +390,7 @@ impl Tool for Append {
     fn recovery(&self) -> Recovery {
         Recovery::External
     }
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, ToolResult> {
         let parsed = string_arg(&call.args, "path")
             .and_then(|path| Ok((path, string_arg(&call.args, "line")?)));
         let (effect_id, epoch) = (call.effect_id, call.epoch);
@@ -412,7 +442,7 @@ impl Tool for Shell {
     fn recovery(&self) -> Recovery {
         Recovery::External
     }
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, ToolResult> {
         let program = string_arg(&call.args, "program");
         let args = match call.args.get("args") {
             None => Ok(Vec::new()),
@@ -462,9 +492,9 @@ impl Tool for Fail {
     fn recovery(&self) -> Recovery {
         Recovery::Idempotent
     }
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, ToolResult> {
         let message = string_arg(&call.args, "message").unwrap_or_else(|error| error);
-        futures::future::ready(Err(message)).boxed()
+        futures::future::ready(Err(message.into())).boxed()
     }
 }
 
@@ -545,16 +575,17 @@ impl Tool for Call {
     fn recovery(&self) -> Recovery {
         Recovery::Idempotent
     }
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, ToolResult> {
         let function = match string_arg(&call.args, "function") {
             Ok(function) => function,
-            Err(error) => return futures::future::ready(Err(error)).boxed(),
+            Err(error) => return futures::future::ready(Err(error.into())).boxed(),
         };
         let input = call
             .args
             .get("input")
             .cloned()
             .unwrap_or(serde_json::Value::Null);
-        call.handle.call_function(function, input)
+        let running = call.handle.call_function(function, input);
+        async move { Ok(running.await?) }.boxed()
     }
 }

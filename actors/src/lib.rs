@@ -6,6 +6,8 @@
 //! - `agent` — the `Provider` and `Tool` traits and the built-ins of SPEC §6;
 //! - `providers` — real model providers over HTTP, OpenAI-compatible and Anthropic (feature
 //!   `providers`);
+//! - `http_tool` — the `http` tool, an External effect to the hosts an embedder allows
+//!   (feature `providers`);
 //! - `call` — what a running tool call can ask of its execution (`CallHandle`): no actor;
 //! - `activity` — the Activity projection of a session's branches, pure (B-1..B-5);
 //! - `branches` — Activity, Fork, Retry and the session feed in the command service;
@@ -43,6 +45,8 @@ pub mod error;
 pub mod execution;
 pub mod function;
 pub mod function_builtin;
+#[cfg(feature = "providers")]
+pub mod http_tool;
 pub mod inspect;
 pub mod lifecycle;
 pub mod process;

@@ -135,7 +135,7 @@ impl openprogram::agent::Tool for FreezeOnFirstCall {
     fn call(
         &self,
         _call: openprogram::agent::ToolCall,
-    ) -> BoxFuture<'static, Result<String, String>> {
+    ) -> BoxFuture<'static, openprogram::agent::ToolResult> {
         if !self.frozen.swap(true, Ordering::SeqCst) {
             self.entered.store(true, Ordering::SeqCst);
             std::thread::sleep(self.freeze);
@@ -272,7 +272,7 @@ impl openprogram::agent::Tool for FreezeInEffect {
     fn call(
         &self,
         _call: openprogram::agent::ToolCall,
-    ) -> BoxFuture<'static, Result<String, String>> {
+    ) -> BoxFuture<'static, openprogram::agent::ToolResult> {
         if !self.frozen.swap(true, Ordering::SeqCst) {
             std::thread::sleep(self.freeze);
         }

@@ -29,7 +29,7 @@ impl Tool for Browser {
     fn recovery(&self) -> Recovery {
         Recovery::Idempotent
     }
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, openprogram::agent::ToolResult> {
         let mut tokens = self
             .tokens
             .lock()
@@ -52,7 +52,7 @@ impl Tool for Browser {
             },
             _ => Err("unknown op".into()),
         };
-        futures::future::ready(result).boxed()
+        futures::future::ready(result.map_err(Into::into)).boxed()
     }
 }
 

@@ -17,7 +17,7 @@ impl openprogram::agent::Tool for StartedSleep {
     fn call(
         &self,
         call: openprogram::agent::ToolCall,
-    ) -> futures::future::BoxFuture<'static, Result<String, String>> {
+    ) -> futures::future::BoxFuture<'static, openprogram::agent::ToolResult> {
         self.0.store(true, std::sync::atomic::Ordering::SeqCst);
         openprogram::agent::Sleep.call(call)
     }

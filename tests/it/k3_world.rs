@@ -510,14 +510,14 @@ impl Tool for AskOnce {
     fn recovery(&self) -> Recovery {
         Recovery::Idempotent
     }
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, openprogram::agent::ToolResult> {
         let question = call.args["question"].as_str().unwrap_or("?").to_owned();
         let handle = call.handle;
         async move {
             match handle.ask(question).await {
                 Ok(LiveOutcome::Answered(answer)) => Ok(answer),
                 Ok(other) => Ok(format!("{other:?}")),
-                Err(error) => Err(error.to_string()),
+                Err(error) => Err(error.to_string().into()),
             }
         }
         .boxed()
@@ -535,7 +535,7 @@ impl Tool for Hang {
     fn recovery(&self) -> Recovery {
         Recovery::External
     }
-    fn call(&self, _call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+    fn call(&self, _call: ToolCall) -> BoxFuture<'static, openprogram::agent::ToolResult> {
         futures::future::pending().boxed()
     }
 }

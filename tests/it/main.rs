@@ -25,6 +25,7 @@ mod http_cli;
 mod http_commands;
 mod http_debug;
 mod http_script;
+mod http_tool;
 mod imports;
 mod jobs;
 mod jobs_crash;

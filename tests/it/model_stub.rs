@@ -25,6 +25,9 @@ pub enum Reply {
     /// Writes `frames`, then holds the connection open until the test releases it (a child
     /// `serve` is killed meanwhile).
     StreamHeld { frames: Vec<String> },
+    /// Answers nothing and holds the connection open until the test releases it: a request
+    /// that went out and got no answer.
+    Hold,
 }
 
 impl Reply {
@@ -50,10 +53,13 @@ impl Reply {
 
 #[derive(Debug, Clone)]
 pub struct Recorded {
+    pub method: String,
     pub path: String,
     /// Lower-case names.
     pub headers: Vec<(String, String)>,
     pub body: Value,
+    /// The body as it came, lossily decoded.
+    pub raw: String,
     pub at: Instant,
 }
 
@@ -140,11 +146,9 @@ fn serve(
     if reader.read_line(&mut line).unwrap_or(0) == 0 {
         return;
     }
-    let path = line
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or_default()
-        .to_owned();
+    let mut words = line.split_whitespace();
+    let method = words.next().unwrap_or_default().to_owned();
+    let path = words.next().unwrap_or_default().to_owned();
     let mut headers = Vec::new();
     loop {
         let mut header = String::new();
@@ -169,9 +173,11 @@ fn serve(
         return;
     }
     requests.lock().expect("stub lock").push(Recorded {
+        method,
         path,
         headers,
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        raw: String::from_utf8_lossy(&body).into_owned(),
         at: Instant::now(),
     });
     let reply = replies.lock().expect("stub lock").pop_front();
@@ -208,6 +214,10 @@ fn serve(
                 let _ = stream.write_all(frame.as_bytes());
             }
             let _ = stream.flush();
+            held.lock().expect("stub lock").push(stream);
+            Ok(())
+        }
+        Some(Reply::Hold) => {
             held.lock().expect("stub lock").push(stream);
             Ok(())
         }

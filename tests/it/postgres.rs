@@ -294,7 +294,7 @@ impl openprogram::agent::Tool for Hold {
     fn call(
         &self,
         _call: openprogram::agent::ToolCall,
-    ) -> futures::future::BoxFuture<'static, Result<String, String>> {
+    ) -> futures::future::BoxFuture<'static, openprogram::agent::ToolResult> {
         let hold = self.0;
         Box::pin(async move {
             tokio::time::sleep(hold).await;

@@ -27,7 +27,7 @@ impl Tool for Asker {
     fn recovery(&self) -> Recovery {
         Recovery::Idempotent
     }
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, openprogram::agent::ToolResult> {
         let questions: Vec<String> = call.args["questions"]
             .as_array()
             .map(|all| {

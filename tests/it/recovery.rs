@@ -24,7 +24,7 @@ impl Tool for Hang {
     fn recovery(&self) -> Recovery {
         Recovery::External
     }
-    fn call(&self, _call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+    fn call(&self, _call: ToolCall) -> BoxFuture<'static, openprogram::agent::ToolResult> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         futures::future::pending().boxed()
     }

@@ -429,7 +429,7 @@ impl openprogram::agent::Tool for Extra {
     fn call(
         &self,
         _call: openprogram::agent::ToolCall,
-    ) -> futures::future::BoxFuture<'static, Result<String, String>> {
+    ) -> futures::future::BoxFuture<'static, openprogram::agent::ToolResult> {
         use futures::FutureExt;
         futures::future::ready(Ok(String::new())).boxed()
     }

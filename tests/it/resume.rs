@@ -47,7 +47,7 @@ impl Tool for Probe {
     fn recovery(&self) -> Recovery {
         self.recovery
     }
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<String, String>> {
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, openprogram::agent::ToolResult> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let appended = self
             .append_first

@@ -11,7 +11,7 @@ use futures::FutureExt as _;
 use openprogram_storage::{EffectId, ReceiptStatus};
 
 use super::actor::{committed, log_failure, Advance, ExecutionActor, InFlight};
-use crate::agent::{ModelRequest, ToolCall};
+use crate::agent::{ModelRequest, ToolCall, ToolError, ToolResult};
 use crate::call::CallHandle;
 use crate::execution::machine::{Decision, Input, PendingTool, Recovery};
 
@@ -114,10 +114,10 @@ impl ExecutionActor {
             return None;
         }
         let effect_id = pending.effect_id;
-        let refused = |error: String| -> (Recovery, BoxFuture<'static, Result<String, String>>) {
+        let refused = |error: String| -> (Recovery, BoxFuture<'static, ToolResult>) {
             (
                 Recovery::Idempotent,
-                futures::future::ready(Err(error)).boxed(),
+                futures::future::ready(Err(error.into())).boxed(),
             )
         };
         let (recovery, mut running) =
@@ -175,14 +175,15 @@ fn model_result(effect_id: EffectId, result: Result<Decision, String>) -> Input 
 }
 
 /// A tool call's result; `Err(())` if it was aborted.
-fn tool_result(
-    effect_id: EffectId,
-    recovery: Recovery,
-    result: Result<Result<String, String>, ()>,
-) -> Input {
+fn tool_result(effect_id: EffectId, recovery: Recovery, result: Result<ToolResult, ()>) -> Input {
     let (status, output) = match result {
         Ok(Ok(output)) => (ReceiptStatus::Confirmed, bounded(output)),
-        Ok(Err(error)) => (ReceiptStatus::Failed, bounded(error)),
+        Ok(Err(ToolError::Failed(error))) => (ReceiptStatus::Failed, bounded(error)),
+        // Only an external effect awaits reconciliation; any other may run again.
+        Ok(Err(ToolError::Unknown(error))) if recovery == Recovery::External => {
+            (ReceiptStatus::Unknown, bounded(error))
+        }
+        Ok(Err(ToolError::Unknown(error))) => (ReceiptStatus::Failed, bounded(error)),
         // An aborted external call may or may not have taken effect.
         Err(()) if recovery == Recovery::External => {
             (ReceiptStatus::Unknown, "aborted by cancel".to_owned())

@@ -221,6 +221,13 @@ impl Machine {
                 if self.cancel_requested {
                     // A late result is recorded, not acted on (K-5).
                     events.push(cancelled());
+                } else if status == ReceiptStatus::Unknown {
+                    // The tool could not tell whether its effect took place (a request sent,
+                    // no answer): never repeated, never guessed.
+                    events.push(Event::StateChanged {
+                        state: Status::ReconciliationRequired,
+                        reason: "unknown external effect".into(),
+                    });
                 }
                 Ok(events)
             }
