@@ -17,7 +17,7 @@ use openprogram_storage::{AttemptId, EffectId, ExecutionId, OwnerId};
 use crate::append_file::{append, look_up};
 
 pub use crate::call::{AskError, CallHandle, ProcessExit, StartedProcess};
-pub use crate::execution::machine::{AgentInput, Decision, Recovery, ToolArgs, Turn};
+pub use crate::execution::machine::{AgentInput, Decision, Recovery, TokenUsage, ToolArgs, Turn};
 
 /// What a provider decides from: the immutable input and the committed context.
 #[derive(Debug, Clone)]
@@ -31,6 +31,30 @@ pub struct ModelRequest {
     pub iterations: u32,
     /// Steer texts received so far, oldest first (K-2: they shape work not yet run).
     pub steers: Vec<String>,
+    /// Where the provider reports the tokens this call used.
+    pub usage: UsageMeter,
+}
+
+/// Where a provider reports the tokens its call used — for a decision and for an error
+/// alike (a refused or cut-off response was paid for too). The execution records them
+/// with the call's outcome, in the same transition; a call cut off by a crash or a cancel
+/// records none (nothing of it is kept).
+#[derive(Debug, Clone, Default)]
+pub struct UsageMeter(Arc<std::sync::Mutex<Option<TokenUsage>>>);
+
+impl UsageMeter {
+    /// Adds `usage` to what the call used so far (a provider that retried may report each
+    /// response it read).
+    pub fn record(&self, usage: TokenUsage) {
+        if let Ok(mut total) = self.0.lock() {
+            total.get_or_insert_with(TokenUsage::default).add(usage);
+        }
+    }
+
+    /// What was reported, if anything.
+    pub fn take(&self) -> Option<TokenUsage> {
+        self.0.lock().ok().and_then(|mut total| total.take())
+    }
 }
 
 /// Makes model decisions. An `Err` is a known model error: it gets a response record and

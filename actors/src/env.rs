@@ -77,6 +77,8 @@ pub struct Env {
     pub process_stop_grace: Duration,
     /// Steps committed by this runtime's executions: model decisions and tool results.
     pub steps: std::sync::atomic::AtomicU64,
+    /// E-6: tokens its executions' model calls used, as recorded: [input, output].
+    pub model_tokens: [std::sync::atomic::AtomicU64; 2],
     /// The states of the executions that parked last (`keep_parked`).
     parked: Mutex<std::collections::VecDeque<(ExecutionHead, Machine)>>,
     /// States loaded by `latest_state`: [from a parked state, by a replay, from a projection].
@@ -221,6 +223,7 @@ impl Env {
             hooks: OnceLock::new(),
             process_stop_grace: crate::process::STOP_GRACE_DEFAULT,
             steps: std::sync::atomic::AtomicU64::new(0),
+            model_tokens: Default::default(),
             parked: Mutex::default(),
             state_loads: Default::default(),
             resources: Resources::default(),

@@ -72,6 +72,15 @@ impl Inspector {
         self.actors.steps.load(Ordering::Relaxed)
     }
 
+    /// E-6: tokens model calls used since the runtime opened, as recorded: (input, output).
+    pub fn model_tokens(&self) -> (u64, u64) {
+        let [input, output] = &self.actors.model_tokens;
+        (
+            input.load(Ordering::Relaxed),
+            output.load(Ordering::Relaxed),
+        )
+    }
+
     /// Execution states loaded for an activation or a read since the runtime opened: from
     /// a parked state kept in memory, and by replaying events.
     pub fn state_loads(&self) -> (u64, u64) {

@@ -40,6 +40,8 @@ pub struct Snapshot {
     /// J-1: a Job's standing with the resource queue. `job_id` is `execution_id`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub job: Option<JobView>,
+    /// E-6: the tokens its model calls used, summed, as their providers reported them.
+    pub usage: crate::execution::machine::TokenUsage,
 }
 
 /// The `job` object of a Job's snapshot (SPEC §6).
@@ -219,6 +221,7 @@ impl Snapshot {
                 .map(|kind| kind.as_str())
                 .collect(),
             text: machine.text.clone(),
+            usage: machine.usage,
             receipts: newest(&receipts)
                 .iter()
                 .map(|receipt| ReceiptView {

@@ -303,6 +303,17 @@ fn runtime_metrics(out: &mut Prometheus, runtime: &crate::Runtime) {
         "Steps committed: model decisions and tool results, each with its checkpoint.",
         inspect.steps() as f64,
     );
+    let (input_tokens, output_tokens) = inspect.model_tokens();
+    out.metric(
+        "model_tokens_total",
+        "counter",
+        "Tokens the model calls of this node's executions used, as their providers reported \
+         them (E-6).",
+        &[
+            ("{kind=\"input\"}".to_owned(), input_tokens as f64),
+            ("{kind=\"output\"}".to_owned(), output_tokens as f64),
+        ],
+    );
     let (parked, replayed) = inspect.state_loads();
     out.metric(
         "state_loads_total",

@@ -222,6 +222,13 @@ pub enum Event {
     },
     /// J-1: a Continue raised the Job's budget to `budget` (totals, not increments).
     BudgetRaised { budget: JobBudget },
+    /// E-6: the tokens the model call `effect_id` used, as its provider reported them;
+    /// written in the transition that records the call's decision or error.
+    ModelUsage {
+        effect_id: EffectId,
+        input_tokens: u64,
+        output_tokens: u64,
+    },
 }
 
 impl Event {
@@ -259,6 +266,7 @@ impl Event {
             Event::LeaseGranted { .. } => "lease_granted",
             Event::LeaseReleased { .. } => "lease_released",
             Event::BudgetRaised { .. } => "budget_raised",
+            Event::ModelUsage { .. } => "model_usage",
         }
     }
 }

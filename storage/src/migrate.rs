@@ -26,6 +26,8 @@
 //!   events, as before, until their next projection); tombstones of purged executions
 //!   (`0x10`); the records each execution owns (`0x11`) and ended executions by time
 //!   (`0x12`), both backfilled from what is on disk.
+//! - 9: the event `ModelUsage` (E-6: a model call's tokens). Only a mark, so that an older
+//!   build refuses the store instead of reading the new event as corrupted.
 
 use crate::codec;
 use crate::error::{Error, Result};
@@ -33,7 +35,7 @@ use crate::keys;
 use crate::record_value::RecordValue;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 8;
+pub const SCHEMA_VERSION: u32 = 9;
 
 /// One migration: from `from` to `from + 1`, adding its changes to the batch.
 type Step = fn(&sled::Db, &mut sled::Batch) -> Result<()>;
@@ -48,7 +50,13 @@ const STEPS: &[(u32, Step)] = &[
     (5, command_records_2),
     (6, jobs),
     (7, projections),
+    (8, model_usage),
 ];
+
+/// 8 → 9: nothing to rewrite (see the changelog).
+fn model_usage(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
+    Ok(())
+}
 
 fn initialize(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
     Ok(())

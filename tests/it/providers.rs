@@ -215,9 +215,30 @@ async fn e3_anthropic_a_turn_with_two_tool_calls_completes() {
         })),
     ]);
     let turn = Turn::open(config(Api::Anthropic, &stub, false));
-    let (_, snapshot) = turn.run("Echo one and two").await;
+    let (execution, snapshot) = turn.run("Echo one and two").await;
     assert_eq!(snapshot.state, "completed", "{snapshot:?}");
     assert_eq!(snapshot.text, "Done: one, two.");
+    // E-6: each decision's tokens recorded with it, summed in the snapshot and the metrics.
+    let recorded: Vec<(u64, u64)> = turn
+        .runtime
+        .events(turn.session, execution, 0)
+        .expect("events")
+        .iter()
+        .filter_map(|envelope| match envelope.event {
+            openprogram::storage::Event::ModelUsage {
+                input_tokens,
+                output_tokens,
+                ..
+            } => Some((input_tokens, output_tokens)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(recorded, vec![(10, 4), (10, 4), (30, 6)]);
+    assert_eq!(
+        (snapshot.usage.input_tokens, snapshot.usage.output_tokens),
+        (50, 14)
+    );
+    assert_eq!(turn.runtime.inspect().model_tokens(), (50, 14));
     let requests = stub.requests();
     assert_eq!(requests.len(), 3);
     assert_eq!(requests[0].path, "/v1/messages");
@@ -393,13 +414,19 @@ async fn e2_a_call_to_a_tool_that_was_not_offered_is_refused() {
 async fn e6_a_refusal_is_a_response_record_not_a_reply() {
     let stub = Stub::start(vec![Reply::json(&json!({"choices": [{"index": 0,
         "finish_reason": "stop",
-        "message": {"role": "assistant", "content": null, "refusal": "I can't help with that."}}]}))]);
+        "message": {"role": "assistant", "content": null, "refusal": "I can't help with that."}}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 2}}))]);
     let turn = Turn::open(config(Api::OpenAi, &stub, false));
     let (_, snapshot) = turn.run("hi").await;
     assert_eq!(snapshot.state, "failed", "{snapshot:?}");
     assert_eq!(
         snapshot.text,
         "openai provider: the model refused: I can't help with that."
+    );
+    // A refusal was paid for too.
+    assert_eq!(
+        (snapshot.usage.input_tokens, snapshot.usage.output_tokens),
+        (9, 2)
     );
     turn.runtime.shutdown().await;
 }
@@ -469,6 +496,17 @@ fn r5_kill9_mid_stream_regenerates_the_request_once() {
         std::thread::sleep(Duration::from_millis(10));
     };
     assert_eq!(snapshot["text"], "The whole answer.");
+    // Only the whole response's tokens: the half one recorded nothing.
+    assert_eq!(
+        snapshot["usage"],
+        json!({"input_tokens": 7, "output_tokens": 3})
+    );
+    let (_, metrics) = served.call("GET", "/metrics", None);
+    let metrics = metrics.as_str().map(str::to_owned).unwrap_or_default();
+    assert!(
+        metrics.contains("openprogram_model_tokens_total{kind=\"output\"} 3"),
+        "{metrics}"
+    );
     let requests = stub.requests();
     assert_eq!(requests.len(), 2, "the request is made again once");
     assert_eq!(

@@ -10,6 +10,7 @@
 //! the execution: the actor stops without touching anything.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -42,6 +43,8 @@ pub struct ExecutionActor {
     /// The epoch this actor writes with, once its attempt has started.
     pub(super) epoch: Option<u64>,
     pub(super) in_flight: Option<InFlight>,
+    /// The model call in flight and where its provider reports the tokens it used (E-6).
+    pub(super) usage_meter: Option<(EffectId, crate::agent::UsageMeter)>,
     /// The lease of this actor's attempt, and the actor holding it once the attempt started.
     pub(super) lease: Arc<LeaseState>,
     pub(super) lease_actor: Option<Addr<AttemptLeaseActor>>,
@@ -134,6 +137,7 @@ impl ExecutionActor {
             machine,
             epoch: claimed.then_some(lease.epoch),
             in_flight: None,
+            usage_meter: None,
             lease,
             lease_actor: None,
             handled: 0,
@@ -202,19 +206,24 @@ impl ExecutionActor {
                 Ok(Outcome::Committed(mut committed)) => {
                     act.head = after.committed_head(&committed);
                     let events = std::mem::take(&mut committed.events);
-                    let steps = events
-                        .iter()
-                        .filter(|envelope| {
-                            matches!(
-                                envelope.event,
-                                Event::ModelDecided { .. } | Event::ToolFinished { .. }
-                            )
-                        })
-                        .count();
+                    let mut steps = 0;
+                    for envelope in &events {
+                        match envelope.event {
+                            Event::ModelDecided { .. } | Event::ToolFinished { .. } => steps += 1,
+                            Event::ModelUsage {
+                                input_tokens,
+                                output_tokens,
+                                ..
+                            } => {
+                                let [input, output] = &act.env.model_tokens;
+                                input.fetch_add(input_tokens, Ordering::Relaxed);
+                                output.fetch_add(output_tokens, Ordering::Relaxed);
+                            }
+                            _ => {}
+                        }
+                    }
                     act.machine.apply_committed(&events, after.decision);
-                    act.env
-                        .steps
-                        .fetch_add(steps as u64, std::sync::atomic::Ordering::Relaxed);
+                    act.env.steps.fetch_add(steps, Ordering::Relaxed);
                     act.perform(after.actions, ctx);
                     Ok(Outcome::Committed(committed))
                 }

@@ -11,9 +11,9 @@ use futures::FutureExt as _;
 use openprogram_storage::{EffectId, ReceiptStatus};
 
 use super::actor::{committed, log_failure, Advance, ExecutionActor, InFlight};
-use crate::agent::{ModelRequest, ToolCall, ToolError, ToolResult};
+use crate::agent::{ModelRequest, ToolCall, ToolError, ToolResult, UsageMeter};
 use crate::call::CallHandle;
-use crate::execution::machine::{Decision, Input, PendingTool, Recovery};
+use crate::execution::machine::{Decision, Input, Machine, PendingTool, Recovery};
 
 /// A provider or tool finished.
 #[derive(Debug, Message)]
@@ -45,8 +45,17 @@ impl ExecutionActor {
                 effect_id,
                 decision,
             } => {
-                let (events, decision) = self.machine.decide_decision(effect_id, decision);
+                let (mut events, decision) = self.machine.decide_decision(effect_id, decision);
+                events.extend(self.model_usage(effect_id));
                 (Ok(events), decision)
+            }
+            Input::ModelFailed { effect_id, error } => {
+                let decided = self.machine.decide(Input::ModelFailed { effect_id, error });
+                let usage = self.model_usage(effect_id);
+                (
+                    decided.map(|events| events.into_iter().chain(usage).collect()),
+                    None,
+                )
             }
             input => (self.machine.decide(input), None),
         };
@@ -62,12 +71,22 @@ impl ExecutionActor {
         }
     }
 
+    /// E-6: the event recording what the model call `effect_id` used, if its provider said.
+    fn model_usage(&mut self, effect_id: EffectId) -> Option<openprogram_storage::Event> {
+        let (metered, meter) = self.usage_meter.take()?;
+        (metered == effect_id)
+            .then(|| Machine::usage_recorded(effect_id, meter.take()))
+            .flatten()
+    }
+
     /// Starts the model call. Returns its result if the provider had it at once.
     pub(super) fn start_model(
         &mut self,
         effect_id: EffectId,
         ctx: &mut Context<Self>,
     ) -> Option<Input> {
+        let usage = UsageMeter::default();
+        self.usage_meter = Some((effect_id, usage.clone()));
         let request = ModelRequest {
             execution_id: self.execution_id,
             effect_id,
@@ -75,6 +94,7 @@ impl ExecutionActor {
             context: self.machine.context.clone(),
             iterations: self.machine.iterations,
             steers: self.machine.steers.clone(),
+            usage,
         };
         let mut deciding = self.env.provider.decide(request);
         if let Some(result) = (&mut deciding).now_or_never() {

@@ -137,6 +137,9 @@ pub struct Present {
     pub differences: Vec<String>,
     /// J-1: a Job's standing (`job.rs`); `None` for an execution that is no Job.
     pub job: Option<super::job::JobState>,
+    /// E-6: the tokens its model calls used, summed (`ModelUsage` events).
+    #[serde(default)]
+    pub usage: TokenUsage,
 }
 
 impl std::ops::Deref for Machine {
@@ -244,6 +247,16 @@ impl Machine {
             }
         };
         vec![Event::ModelFailed { effect_id, error }, ended]
+    }
+
+    /// E-6: the event that records the tokens the model call `effect_id` used, committed
+    /// with its decision or error; none if the provider reported nothing.
+    pub fn usage_recorded(effect_id: EffectId, usage: Option<TokenUsage>) -> Option<Event> {
+        usage.map(|usage| Event::ModelUsage {
+            effect_id,
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+        })
     }
 
     /// `decide` for a model's decision, handing the decision back when it is recorded: the
@@ -369,6 +382,14 @@ impl Present {
     ) {
         self.fold_job(event, actions);
         match event {
+            Event::ModelUsage {
+                input_tokens,
+                output_tokens,
+                ..
+            } => self.usage.add(TokenUsage {
+                input_tokens: *input_tokens,
+                output_tokens: *output_tokens,
+            }),
             Event::Admitted {
                 kind: openprogram_storage::ExecutionKind::Function,
                 input,

@@ -154,6 +154,7 @@ mod tests {
             context: Arc::new(context),
             iterations: 0,
             steers,
+            usage: Default::default(),
         }
     }
 

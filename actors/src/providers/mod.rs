@@ -37,7 +37,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use futures::FutureExt as _;
 
-use crate::agent::{Decision, ModelRequest, Provider, ToolArgs};
+use crate::agent::{Decision, ModelRequest, Provider, TokenUsage, ToolArgs};
 pub use config::{Api, ApiKey, ProviderConfig};
 use response::{clip, Response};
 pub use transport::RetryPolicy;
@@ -112,6 +112,13 @@ impl Inner {
             output_tokens = response.usage.output,
             "model response"
         );
+        // Paid for whatever it decides, a refusal or a cut-off response included (E-6).
+        if response.usage != response::Usage::default() {
+            request.usage.record(TokenUsage {
+                input_tokens: response.usage.input,
+                output_tokens: response.usage.output,
+            });
+        }
         self.decision(response).map_err(|error| self.error(&error))
     }
 

@@ -16,7 +16,7 @@ use crate::log::now_ms;
 use crate::open::Incarnation;
 
 /// The newest schema this build writes.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// The advisory lock migrations hold (any value no other component of the database uses;
 /// this one spells "opgm").
@@ -116,6 +116,13 @@ const MIGRATIONS: &[(u32, &str)] = &[
     ALTER TABLE op_meta ALTER COLUMN position_base SET NOT NULL,
         ALTER COLUMN xid_base SET NOT NULL;
     ",
+    ),
+    (
+        4,
+        // The event `ModelUsage` (E-6). Only a mark, as in sled (schema 9): an older build
+        // refuses the database instead of quarantining executions whose events it cannot
+        // decode.
+        "SELECT 1;",
     ),
 ];
 
