@@ -624,3 +624,54 @@ async fn e6_a_filtered_response_fails_and_a_json_answer_to_a_stream_is_read() {
     );
     turn.runtime.shutdown().await;
 }
+
+/// E-2: `examples/agent.rs`, the README's real-model agent, runs a turn against an
+/// OpenAI-compatible server (the stub) with its own tool: built by this test if missing.
+#[test]
+fn e2_the_agent_example_runs_a_turn_on_a_compatible_server() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let built = std::process::Command::new(cargo)
+        .args(["build", "--quiet", "--example", "agent"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("cargo build --example agent");
+    assert!(built.success(), "the example does not build");
+    let stub = Stub::start(vec![
+        Reply::Stream {
+            frames: openai_tool_call_frames("weather", r#"{"city":"Lisbon"}"#),
+            cut: false,
+        },
+        Reply::Stream {
+            frames: openai_text_frames(&["Sunny, ", "21 °C."]),
+            cut: false,
+        },
+    ]);
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug/examples/agent");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(|dir| Path::new(&dir).join("debug/examples/agent"))
+        .unwrap_or(example);
+    let output = std::process::Command::new(target)
+        .arg("Weather in Lisbon?")
+        .env("OPENAI_BASE_URL", format!("{}/v1", stub.url))
+        .env("OPENAI_MODEL", "stub-model")
+        .env("OPENAI_API_KEY", KEY)
+        .env_remove("OPENPROGRAM_DATA")
+        .output()
+        .expect("run the example");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.starts_with("completed: Sunny, 21 °C."), "{stdout}");
+    assert!(stdout.contains(" weather confirmed"), "{stdout}");
+    assert!(stdout.contains("tokens: 7 in, 3 out"), "{stdout}");
+    let requests = stub.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[0].body["tools"][0]["function"]["name"], "weather");
+    assert_eq!(
+        messages(&requests[1])[3],
+        json!({"role": "tool", "tool_call_id": "call00001", "content": "sunny and 21 °C in Lisbon"})
+    );
+}
