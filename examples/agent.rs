@@ -100,7 +100,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     println!("{}: {}", snapshot.state, snapshot.text);
     for receipt in &snapshot.receipts {
-        println!("  {} {} {}", receipt.effect_id, receipt.tool, receipt.status);
+        println!(
+            "  {} {} {}",
+            receipt.effect_id, receipt.tool, receipt.status
+        );
     }
     println!(
         "tokens: {} in, {} out",

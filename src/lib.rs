@@ -78,6 +78,7 @@ pub use openprogram_actors::agent;
 pub use openprogram_actors::command::{
     Command, CommandBody, CommandKind, EffectRef, ReconcileOutcome, WaitRef,
 };
+pub use openprogram_actors::deltas::{Delta, DeltaKind};
 pub use openprogram_actors::function::{DurableFunction, FunctionContext, StepError};
 #[cfg(feature = "providers")]
 pub use openprogram_actors::http_tool;
@@ -633,6 +634,19 @@ impl Runtime {
     /// S-8: what retention (and the log's sweep) did since the runtime opened.
     pub fn retention_stats(&self) -> &RetentionStats {
         &self.inner.retention_stats
+    }
+
+    /// E-3: the pieces of an execution's model responses as they stream in, from now on —
+    /// on the node that runs its model calls. Never stored: a piece is a preview, and the
+    /// decision's event holds the whole response (a `Delta` at offset 0 after others means
+    /// the request was made again: drop what was shown).
+    pub fn deltas(
+        &self,
+        session: SessionId,
+        execution: ExecutionId,
+    ) -> Result<tokio::sync::broadcast::Receiver<Arc<Delta>>> {
+        self.inner.service.check_session(session, execution)?;
+        Ok(self.inner.inspector.deltas(execution))
     }
 
     /// The seq of the newest event of an execution of `session` (0: none yet).

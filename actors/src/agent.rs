@@ -33,6 +33,8 @@ pub struct ModelRequest {
     pub steers: Vec<String>,
     /// Where the provider reports the tokens this call used.
     pub usage: UsageMeter,
+    /// Where a streaming provider publishes the response's pieces as they arrive (E-3).
+    pub deltas: crate::deltas::DeltaSink,
 }
 
 /// Where a provider reports the tokens its call used — for a decision and for an error

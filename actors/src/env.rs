@@ -79,6 +79,8 @@ pub struct Env {
     pub steps: std::sync::atomic::AtomicU64,
     /// E-6: tokens its executions' model calls used, as recorded: [input, output].
     pub model_tokens: [std::sync::atomic::AtomicU64; 2],
+    /// E-3: streamed model output, to whoever watches an execution.
+    pub deltas: Arc<crate::deltas::DeltaHub>,
     /// The states of the executions that parked last (`keep_parked`).
     parked: Mutex<std::collections::VecDeque<(ExecutionHead, Machine)>>,
     /// States loaded by `latest_state`: [from a parked state, by a replay, from a projection].
@@ -224,6 +226,7 @@ impl Env {
             process_stop_grace: crate::process::STOP_GRACE_DEFAULT,
             steps: std::sync::atomic::AtomicU64::new(0),
             model_tokens: Default::default(),
+            deltas: Default::default(),
             parked: Mutex::default(),
             state_loads: Default::default(),
             resources: Resources::default(),

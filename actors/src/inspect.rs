@@ -72,6 +72,15 @@ impl Inspector {
         self.actors.steps.load(Ordering::Relaxed)
     }
 
+    /// E-3: the pieces of `execution_id`'s model responses as they stream in on this node,
+    /// from now on.
+    pub fn deltas(
+        &self,
+        execution_id: ExecutionId,
+    ) -> tokio::sync::broadcast::Receiver<Arc<crate::deltas::Delta>> {
+        self.actors.deltas.subscribe(execution_id)
+    }
+
     /// E-6: tokens model calls used since the runtime opened, as recorded: (input, output).
     pub fn model_tokens(&self) -> (u64, u64) {
         let [input, output] = &self.actors.model_tokens;

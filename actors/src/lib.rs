@@ -8,6 +8,7 @@
 //!   `providers`);
 //! - `http_tool` — the `http` tool, an External effect to the hosts an embedder allows
 //!   (feature `providers`);
+//! - `deltas` — a model's streamed output published as it arrives, never stored (E-3);
 //! - `call` — what a running tool call can ask of its execution (`CallHandle`): no actor;
 //! - `activity` — the Activity projection of a session's branches, pure (B-1..B-5);
 //! - `branches` — Activity, Fork, Retry and the session feed in the command service;
@@ -38,6 +39,7 @@ pub mod branches;
 pub mod call;
 pub mod command;
 mod command_fields;
+pub mod deltas;
 pub mod describe;
 pub mod directory;
 pub mod env;

@@ -7,15 +7,24 @@
 //!
 //! The stream polls the store (the library has no push channel for events yet): one read
 //! per `poll` while nothing is new, bounded pages while catching up.
+//!
+//! E-3: between them, the pieces of a model response streaming in on this node are sent as
+//! they arrive, as `event: delta` frames without an `id` (they are not stored, so they move
+//! no cursor): `{"effect_id", "kind": "text"|"reasoning", "offset", "text"}`. A piece at
+//! offset 0 after others means the request was made again. The decision's own event, which
+//! follows, holds the whole response; a reconnecting client gets that, not the pieces.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::http::header;
 use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse};
+use openprogram_actors::deltas::Delta;
 use openprogram_storage::{ExecutionId, SessionId};
 use serde_json::json;
+use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::api::{event_json, EventsQuery};
@@ -36,6 +45,7 @@ pub async fn events_stream(
     let after = from_header.unwrap_or(query.after);
     // Unknown or another session's execution: 404 now, not an empty stream.
     let last_seq = api.runtime.last_seq(session, execution)?;
+    let deltas = api.runtime.deltas(session, execution)?;
     let mut stream = Stream {
         api: api.into_inner(),
         session,
@@ -43,6 +53,8 @@ pub async fn events_stream(
         cursor: after,
         queued: VecDeque::new(),
         keepalive_at: Instant::now(),
+        poll_at: Instant::now(),
+        deltas: Some(deltas),
     };
     stream
         .queued
@@ -70,6 +82,10 @@ struct Stream {
     cursor: u64,
     queued: VecDeque<Bytes>,
     keepalive_at: Instant,
+    /// When the store is read next.
+    poll_at: Instant,
+    /// E-3: streamed model output on this node (`None` once its channel closed).
+    deltas: Option<broadcast::Receiver<Arc<Delta>>>,
 }
 
 impl Stream {
@@ -80,35 +96,55 @@ impl Stream {
                 self.keepalive_at = Instant::now() + self.api.keepalive;
                 return Some(bytes);
             }
-            match self.api.runtime.events_page(
-                self.session,
-                self.execution,
-                self.cursor,
-                STREAM_PAGE_LEN_MAX,
-            ) {
-                Ok(events) if !events.is_empty() => {
-                    for envelope in &events {
-                        self.cursor = envelope.seq;
-                        self.queued.push_back(frame(
-                            Some(envelope.seq),
-                            None,
-                            &event_json(envelope),
-                        ));
+            if Instant::now() >= self.poll_at {
+                self.poll_at = Instant::now() + self.api.poll;
+                match self.api.runtime.events_page(
+                    self.session,
+                    self.execution,
+                    self.cursor,
+                    STREAM_PAGE_LEN_MAX,
+                ) {
+                    Ok(events) if !events.is_empty() => {
+                        for envelope in &events {
+                            self.cursor = envelope.seq;
+                            self.queued.push_back(frame(
+                                Some(envelope.seq),
+                                None,
+                                &event_json(envelope),
+                            ));
+                        }
+                        // Catching up: the next page at once.
+                        self.poll_at = Instant::now();
+                        continue;
                     }
-                    continue;
+                    Ok(_) => {}
+                    Err(crate::Error::NotFound | crate::Error::Purged(_)) => return None,
+                    // A failed read is retried at the next poll; the client keeps its data
+                    // (B-6).
+                    Err(error) => tracing::warn!(%error, "event stream read failed"),
                 }
-                Ok(_) => {}
-                Err(crate::Error::NotFound | crate::Error::Purged(_)) => return None,
-                // A failed read is retried at the next poll; the client keeps its data (B-6).
-                Err(error) => tracing::warn!(%error, "event stream read failed"),
             }
-            let now = Instant::now();
-            if now >= self.keepalive_at {
+            if Instant::now() >= self.keepalive_at {
                 self.queued
                     .push_back(Bytes::from_static(b": keep-alive\n\n"));
                 continue;
             }
-            tokio::time::sleep(self.api.poll.min(self.keepalive_at - now)).await;
+            let until = self.poll_at.min(self.keepalive_at);
+            let Some(deltas) = &mut self.deltas else {
+                tokio::time::sleep_until(until).await;
+                continue;
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {}
+                received = deltas.recv() => match received {
+                    Ok(delta) => self.queued.push_back(frame(None, Some("delta"), &json!(*delta))),
+                    // Missed pieces: the decision's event holds the whole response.
+                    Err(broadcast::error::RecvError::Lagged(missed)) => {
+                        tracing::debug!(missed, "a slow event stream missed model deltas");
+                    }
+                    Err(broadcast::error::RecvError::Closed) => self.deltas = None,
+                },
+            }
         }
     }
 }

@@ -40,6 +40,7 @@ mod planted;
 mod postgres;
 mod processes;
 mod providers;
+mod providers_stream;
 mod questions;
 mod r01_failpoints;
 mod r03_ack_after_fsync;

@@ -28,6 +28,9 @@ pub enum Reply {
     /// Answers nothing and holds the connection open until the test releases it: a request
     /// that went out and got no answer.
     Hold,
+    /// Sends the stream's head, waits for `open_gate`, then sends `frames` like `Stream`
+    /// and ends: a response the test holds back while it watches or controls the turn.
+    Gated { frames: Vec<String> },
 }
 
 impl Reply {
@@ -76,7 +79,11 @@ pub struct Stub {
     pub url: String,
     requests: Arc<Mutex<Vec<Recorded>>>,
     held: Arc<Mutex<Vec<TcpStream>>>,
+    gate: Gate,
 }
+
+/// Whether `Reply::Gated` may go on.
+type Gate = Arc<(Mutex<bool>, std::sync::Condvar)>;
 
 impl Stub {
     /// Serves `replies` in order; past the last, `500 no more replies`.
@@ -86,16 +93,19 @@ impl Stub {
         let requests = Arc::new(Mutex::new(Vec::new()));
         let held = Arc::new(Mutex::new(Vec::new()));
         let replies = Arc::new(Mutex::new(std::collections::VecDeque::from(replies)));
+        let gate = Gate::default();
         {
             let requests = requests.clone();
             let held = held.clone();
+            let gate = gate.clone();
             std::thread::spawn(move || {
                 for stream in listener.incoming() {
                     let Ok(stream) = stream else { continue };
                     let requests = requests.clone();
                     let held = held.clone();
                     let replies = replies.clone();
-                    std::thread::spawn(move || serve(stream, &requests, &held, &replies));
+                    let gate = gate.clone();
+                    std::thread::spawn(move || serve(stream, &requests, &held, &replies, &gate));
                 }
             });
         }
@@ -103,7 +113,15 @@ impl Stub {
             url,
             requests,
             held,
+            gate,
         }
+    }
+
+    /// Lets every `Reply::Gated` go on, now and later.
+    pub fn open_gate(&self) {
+        let (open, opened) = &*self.gate;
+        *open.lock().expect("stub lock") = true;
+        opened.notify_all();
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
@@ -140,6 +158,7 @@ fn serve(
     requests: &Mutex<Vec<Recorded>>,
     held: &Mutex<Vec<TcpStream>>,
     replies: &Replies,
+    gate: &Gate,
 ) {
     let mut reader = BufReader::new(stream.try_clone().expect("clone the stub's stream"));
     let mut line = String::new();
@@ -219,6 +238,22 @@ fn serve(
         }
         Some(Reply::Hold) => {
             held.lock().expect("stub lock").push(stream);
+            Ok(())
+        }
+        Some(Reply::Gated { frames }) => {
+            let _ = stream.write_all(sse_head.as_bytes());
+            let _ = stream.flush();
+            let (open, opened) = &**gate;
+            let mut is_open = open.lock().expect("stub lock");
+            while !*is_open {
+                is_open = opened.wait(is_open).expect("stub lock");
+            }
+            drop(is_open);
+            for frame in frames {
+                let _ = stream.write_all(frame.as_bytes());
+                let _ = stream.flush();
+                std::thread::sleep(Duration::from_millis(5));
+            }
             Ok(())
         }
     };

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use crate::model_stub::{openai_text_frames, openai_tool_call_frames, Reply, Stub};
 
-const KEY: &str = "sk-test-4f1c9e7a-never-stored";
+pub(crate) const KEY: &str = "sk-test-4f1c9e7a-never-stored";
 
 /// Fast retries: the tests wait for the stub's `Retry-After`, not for the default backoff.
 fn quick_retries(max_retries: u32) -> RetryPolicy {
@@ -26,7 +26,7 @@ fn quick_retries(max_retries: u32) -> RetryPolicy {
     }
 }
 
-fn config(api: Api, stub: &Stub, stream: bool) -> ProviderConfig {
+pub(crate) fn config(api: Api, stub: &Stub, stream: bool) -> ProviderConfig {
     let mut config = ProviderConfig::new(api, "stub-model")
         .base_url(match api {
             Api::OpenAi => format!("{}/v1", stub.url),
@@ -40,14 +40,14 @@ fn config(api: Api, stub: &Stub, stream: bool) -> ProviderConfig {
     config
 }
 
-struct Turn {
-    runtime: Runtime,
-    session: SessionId,
-    dir: tempfile::TempDir,
+pub(crate) struct Turn {
+    pub(crate) runtime: Runtime,
+    pub(crate) session: SessionId,
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl Turn {
-    fn open(config: ProviderConfig) -> Self {
+    pub(crate) fn open(config: ProviderConfig) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let provider = HttpProvider::new(config).expect("provider");
         let runtime = Runtime::builder()
@@ -62,10 +62,9 @@ impl Turn {
         }
     }
 
-    /// Starts a turn and waits for its end; its snapshot.
-    async fn run(&self, message: &str) -> (ExecutionId, openprogram::Snapshot) {
-        let started = self
-            .runtime
+    /// Starts a turn; its id.
+    pub(crate) async fn start(&self, message: &str) -> ExecutionId {
+        self.runtime
             .start_execution(
                 self.session,
                 StartRequest {
@@ -74,8 +73,13 @@ impl Turn {
                 },
             )
             .await
-            .expect("start");
-        let execution = started.execution_id;
+            .expect("start")
+            .execution_id
+    }
+
+    /// Starts a turn and waits for its end; its snapshot.
+    async fn run(&self, message: &str) -> (ExecutionId, openprogram::Snapshot) {
+        let execution = self.start(message).await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
             let snapshot = self

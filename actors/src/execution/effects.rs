@@ -13,6 +13,7 @@ use openprogram_storage::{EffectId, ReceiptStatus};
 use super::actor::{committed, log_failure, Advance, ExecutionActor, InFlight};
 use crate::agent::{ModelRequest, ToolCall, ToolError, ToolResult, UsageMeter};
 use crate::call::CallHandle;
+use crate::deltas::DeltaSink;
 use crate::execution::machine::{Decision, Input, Machine, PendingTool, Recovery};
 
 /// A provider or tool finished.
@@ -95,6 +96,7 @@ impl ExecutionActor {
             iterations: self.machine.iterations,
             steers: self.machine.steers.clone(),
             usage,
+            deltas: DeltaSink::new(self.env.deltas.clone(), self.execution_id, effect_id),
         };
         let mut deciding = self.env.provider.decide(request);
         if let Some(result) = (&mut deciding).now_or_never() {

@@ -7,6 +7,7 @@ use super::messages::{Message, Part, Role};
 use super::response::{clip, Response, ToolCallOut, Usage};
 use super::sse;
 use super::transport::{next_events, read_json, Failure};
+use crate::deltas::DeltaSink;
 
 /// The response's token limit when the configuration sets none (the API requires one).
 const MAX_TOKENS_DEFAULT: u32 = 4096;
@@ -149,9 +150,15 @@ fn error_failure(error: &Value) -> Failure {
 }
 
 /// Reads a streamed response to its `message_stop`; a stream that ends before it is `Retry`.
-pub(super) async fn read_stream(mut response: reqwest::Response) -> Result<Response, Failure> {
+pub(super) async fn read_stream(
+    mut response: reqwest::Response,
+    deltas: DeltaSink,
+) -> Result<Response, Failure> {
     let mut parser = sse::Parser::default();
-    let mut stream = Stream::default();
+    let mut stream = Stream {
+        deltas,
+        ..Stream::default()
+    };
     let mut read = 0usize;
     while let Some(events) = next_events(&mut response, &mut parser, &mut read).await? {
         for event in events {
@@ -171,6 +178,8 @@ struct Stream {
     blocks: Vec<Block>,
     stop_reason: Option<String>,
     usage: Usage,
+    /// Where each piece goes as it arrives (E-3).
+    deltas: DeltaSink,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -190,6 +199,7 @@ impl Stream {
                 clip(&event.data)
             ))
         })?;
+        let deltas = self.deltas.clone();
         match value["type"].as_str().unwrap_or(event.name.as_str()) {
             "message_start" => {
                 self.usage.input = value["message"]["usage"]["input_tokens"]
@@ -206,9 +216,11 @@ impl Stream {
                             arguments: String::new(),
                         });
                     }
-                    Some("text") => block
-                        .text
-                        .push_str(start["text"].as_str().unwrap_or_default()),
+                    Some("text") => {
+                        let text = start["text"].as_str().unwrap_or_default();
+                        deltas.text(text);
+                        block.text.push_str(text);
+                    }
                     _ => {}
                 }
             }
@@ -217,9 +229,12 @@ impl Stream {
                 let block = self.block(&value)?;
                 match (delta["type"].as_str(), &mut block.tool) {
                     (Some("text_delta"), _) => {
-                        block
-                            .text
-                            .push_str(delta["text"].as_str().unwrap_or_default());
+                        let text = delta["text"].as_str().unwrap_or_default();
+                        deltas.text(text);
+                        block.text.push_str(text);
+                    }
+                    (Some("thinking_delta"), _) => {
+                        deltas.reasoning(delta["thinking"].as_str().unwrap_or_default());
                     }
                     (Some("input_json_delta"), Some(tool)) => {
                         tool.arguments

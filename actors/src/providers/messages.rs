@@ -155,6 +155,7 @@ mod tests {
             iterations: 0,
             steers,
             usage: Default::default(),
+            deltas: Default::default(),
         }
     }
 

@@ -38,6 +38,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt as _;
 
 use crate::agent::{Decision, ModelRequest, Provider, TokenUsage, ToolArgs};
+use crate::deltas::DeltaSink;
 pub use config::{Api, ApiKey, ProviderConfig};
 use response::{clip, Response};
 pub use transport::RetryPolicy;
@@ -102,7 +103,7 @@ impl Inner {
             &headers,
             &body,
             &self.config.retry,
-            |response| self.read(response),
+            |response| self.read(response, &request.deltas),
         )
         .await
         .map_err(|error| self.error(&error))?;
@@ -152,8 +153,14 @@ impl Inner {
         headers
     }
 
-    /// Reads one response body: whole, or as a stream to its end.
-    async fn read(&self, response: reqwest::Response) -> Result<Response, transport::Failure> {
+    /// Reads one response body: whole, or as a stream to its end, publishing its pieces to
+    /// `deltas` as they arrive (each try starts them again).
+    async fn read(
+        &self,
+        response: reqwest::Response,
+        deltas: &DeltaSink,
+    ) -> Result<Response, transport::Failure> {
+        deltas.restart();
         // A server that ignores `stream` (or answers an error with 200) sends JSON.
         let json = response
             .headers()
@@ -162,9 +169,9 @@ impl Inner {
             .is_some_and(|value| value.starts_with("application/json"));
         match (self.config.api, self.config.stream && !json) {
             (Api::OpenAi, false) => openai::read_whole(response).await,
-            (Api::OpenAi, true) => openai::read_stream(response).await,
+            (Api::OpenAi, true) => openai::read_stream(response, deltas.clone()).await,
             (Api::Anthropic, false) => anthropic::read_whole(response).await,
-            (Api::Anthropic, true) => anthropic::read_stream(response).await,
+            (Api::Anthropic, true) => anthropic::read_stream(response, deltas.clone()).await,
         }
     }
 

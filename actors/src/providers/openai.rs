@@ -7,6 +7,7 @@ use super::messages::{Message, Part, Role};
 use super::response::{clip, Response, ToolCallOut, Usage};
 use super::sse;
 use super::transport::{next_events, read_json, Failure};
+use crate::deltas::DeltaSink;
 
 pub(super) fn request_body(config: &ProviderConfig, conversation: &[Message]) -> Value {
     let mut messages = Vec::new();
@@ -125,9 +126,15 @@ pub(super) async fn read_whole(response: reqwest::Response) -> Result<Response, 
 
 /// Reads a streamed response to its end (`data: [DONE]`, or a finish reason and the end of
 /// the body). A stream that stops before either is `Retry`: its pieces are dropped.
-pub(super) async fn read_stream(mut response: reqwest::Response) -> Result<Response, Failure> {
+pub(super) async fn read_stream(
+    mut response: reqwest::Response,
+    deltas: DeltaSink,
+) -> Result<Response, Failure> {
     let mut parser = sse::Parser::default();
-    let mut stream = Stream::default();
+    let mut stream = Stream {
+        deltas,
+        ..Stream::default()
+    };
     let mut read = 0usize;
     while let Some(events) = next_events(&mut response, &mut parser, &mut read).await? {
         for event in events {
@@ -150,6 +157,8 @@ pub(super) async fn read_stream(mut response: reqwest::Response) -> Result<Respo
 struct Stream {
     out: Response,
     finished: bool,
+    /// Where each piece goes as it arrives (E-3).
+    deltas: DeltaSink,
 }
 
 impl Stream {
@@ -179,7 +188,14 @@ impl Stream {
         };
         let delta = &choice["delta"];
         if let Some(text) = delta["content"].as_str() {
+            self.deltas.text(text);
             self.out.text.push_str(text);
+        }
+        // DeepSeek, vLLM and llama.cpp stream reasoning beside the content.
+        for field in ["reasoning_content", "reasoning"] {
+            if let Some(reasoning) = delta[field].as_str() {
+                self.deltas.reasoning(reasoning);
+            }
         }
         if let Some(refusal) = delta["refusal"].as_str() {
             self.out
