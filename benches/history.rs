@@ -44,18 +44,16 @@ impl Provider for LongTurn {
             .iter()
             .any(|turn| matches!(turn, Turn::WaitResolved { .. }));
         let decision = if request.iterations < steps {
-            Decision::Tool {
-                tool: "echo".into(),
-                args: ToolArgs::from(json!({"text": "x".repeat(200)})),
-            }
+            Decision::tool(
+                "echo".into(),
+                ToolArgs::from(json!({"text": "x".repeat(200)})),
+            )
         } else if !answered {
             Decision::Ask {
                 prompt: "done?".into(),
             }
         } else {
-            Decision::Reply {
-                text: "done".into(),
-            }
+            Decision::reply("done".into())
         };
         futures::future::ready(Ok(decision)).boxed()
     }

@@ -311,10 +311,10 @@ fn scripted_decision(element: &str) -> Result<Decision, String> {
             Some(args) => ToolArgs::from_raw(args),
             None => ToolArgs::from_text("{}").map_err(|_| unrecognized())?,
         };
-        return Ok(Decision::Tool { tool, args });
+        return Ok(Decision::tool(tool, args));
     }
     if let Some(text) = text(parsed.reply) {
-        return Ok(Decision::Reply { text });
+        return Ok(Decision::reply(text));
     }
     if let Some(prompt) = text(parsed.ask) {
         return Ok(Decision::Ask { prompt });
@@ -324,10 +324,7 @@ fn scripted_decision(element: &str) -> Result<Decision, String> {
         let input = parsed.input.0.map_or("null", |input| input.get());
         let args = format!("{{\"function\":{},\"input\":{input}}}", function.get());
         let args = ToolArgs::from_text(args).map_err(|_| unrecognized())?;
-        return Ok(Decision::Tool {
-            tool: "call".into(),
-            args,
-        });
+        return Ok(Decision::tool("call".into(), args));
     }
     Err(unrecognized())
 }
@@ -534,24 +531,16 @@ mod tests {
         let tool = json!({"tool": "echo", "args": {"text": "hi"}, "note": 1});
         assert_eq!(
             scripted_decision(&tool.to_string()),
-            Ok(Decision::Tool {
-                tool: "echo".into(),
-                args: json!({"text": "hi"}).into()
-            })
+            Ok(Decision::tool("echo".into(), json!({"text": "hi"}).into()))
         );
         assert_eq!(
             scripted_decision(&json!({"tool": "echo"}).to_string()),
-            Ok(Decision::Tool {
-                tool: "echo".into(),
-                args: json!({}).into()
-            })
+            Ok(Decision::tool("echo".into(), json!({}).into()))
         );
         // A `tool` that is not a name is no tool call; the element may still reply.
         assert_eq!(
             scripted_decision(&json!({"tool": 7, "reply": "done"}).to_string()),
-            Ok(Decision::Reply {
-                text: "done".into()
-            })
+            Ok(Decision::reply("done".into()))
         );
         assert_eq!(
             scripted_decision(&json!({"ask": "ok?"}).to_string()),
@@ -570,10 +559,10 @@ mod tests {
         // `null` arguments are passed as `null`; an array is no element.
         assert_eq!(
             scripted_decision(r#"{"tool":"echo","args":null}"#),
-            Ok(Decision::Tool {
-                tool: "echo".into(),
-                args: serde_json::Value::Null.into()
-            })
+            Ok(Decision::tool(
+                "echo".into(),
+                serde_json::Value::Null.into()
+            ))
         );
         assert_eq!(
             scripted_decision(r#"["echo",{"text":"hi"}]"#),

@@ -255,9 +255,11 @@ async fn e3_anthropic_a_turn_with_two_tool_calls_completes() {
     );
     let third = messages(&requests[2]);
     assert_eq!(third.len(), 5, "{third:?}");
+    // E-3: what the model said beside each call is kept and shown to it again.
     assert_eq!(
-        third[1]["content"][0],
-        json!({"type": "tool_use", "id": "call00001", "name": "echo", "input": {"text": "one"}})
+        third[1]["content"],
+        json!([{"type": "text", "text": "Calling."},
+            {"type": "tool_use", "id": "call00001", "name": "echo", "input": {"text": "one"}}])
     );
     assert_eq!(
         third[2]["content"][0],
@@ -678,4 +680,57 @@ fn e2_the_agent_example_runs_a_turn_on_a_compatible_server() {
         messages(&requests[1])[3],
         json!({"role": "tool", "tool_call_id": "call00001", "content": "sunny and 21 °C in Lisbon"})
     );
+}
+
+/// E-3: a decision keeps everything the model produced — the text said beside a tool call and
+/// its reasoning — in the decision's event; the text is shown to the model again, the
+/// reasoning is not sent back (the APIs that return it do not take it as input).
+#[tokio::test]
+async fn e3_the_checkpoint_keeps_text_and_reasoning_beside_a_tool_call() {
+    let stub = Stub::start(vec![
+        Reply::json(&json!({"choices": [{"index": 0, "finish_reason": "tool_calls",
+            "message": {"role": "assistant", "content": "Let me echo it.",
+                "reasoning_content": "The user wants an echo.",
+                "tool_calls": [{"id": "x", "type": "function",
+                    "function": {"name": "echo", "arguments": "{\"text\":\"hi\"}"}}]}}]})),
+        Reply::Stream {
+            frames: vec![
+                "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"Echoed; \"}}]}\n\n".into(),
+                "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"say so.\"}}]}\n\n".into(),
+                "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Done.\"},\"finish_reason\":\"stop\"}]}\n\n".into(),
+                "data: [DONE]\n\n".into(),
+            ],
+            cut: false,
+        },
+    ]);
+    // Streamed requests; the first answer comes as JSON (read as JSON), the second streams.
+    let turn = Turn::open(config(Api::OpenAi, &stub, true));
+    let (execution, snapshot) = turn.run("echo hi").await;
+    assert_eq!(snapshot.state, "completed", "{snapshot:?}");
+    assert_eq!(snapshot.text, "Done.");
+    let decisions: Vec<Value> = turn
+        .runtime
+        .events(turn.session, execution, 0)
+        .expect("events")
+        .iter()
+        .filter_map(|envelope| match &envelope.event {
+            openprogram::storage::Event::ModelDecided { decision, .. } => {
+                serde_json::from_str(decision).ok()
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        decisions,
+        vec![
+            json!({"tool": {"tool": "echo", "args": {"text": "hi"}, "text": "Let me echo it.",
+                "reasoning": ["The user wants an echo."]}}),
+            json!({"reply": {"text": "Done.", "reasoning": ["Echoed; say so."]}}),
+        ]
+    );
+    let second = messages(&stub.requests()[1]).clone();
+    assert_eq!(second[1]["content"], "Let me echo it.");
+    assert_eq!(second[1]["tool_calls"][0]["function"]["name"], "echo");
+    assert!(!Value::Array(second).to_string().contains("The user wants"));
+    turn.runtime.shutdown().await;
 }

@@ -285,7 +285,7 @@ impl Machine {
             events.push(cancelled());
         } else if let Decision::Ask { prompt } = decision {
             events.extend(self.open_approval(effect_id, prompt));
-        } else if let Decision::Reply { text } = decision {
+        } else if let Decision::Reply { text, .. } = decision {
             let mut reply = text.clone();
             for steer in &self.steers {
                 reply.push_str("\n[steer] ");
@@ -624,7 +624,7 @@ impl Present {
             return;
         };
         self.iterations += 1;
-        if let Some(Decision::Tool { tool, args }) = decision {
+        if let Some(Decision::Tool { tool, args, .. }) = decision {
             self.pending_tool = Some(PendingTool::new(
                 tool_effect(*effect_id),
                 tool.clone(),

@@ -435,25 +435,20 @@ impl Sim {
                     },
                     1 => Input::ModelDecided {
                         effect_id,
-                        decision: Decision::Reply {
-                            text: "done".into(),
-                        },
+                        decision: Decision::reply("done".into()),
                     },
                     2 | 3 => Input::ModelDecided {
                         effect_id,
-                        decision: Decision::Tool {
-                            tool: "append".into(),
-                            args: serde_json::json!({}).into(),
-                        },
+                        decision: Decision::tool("append".into(), serde_json::json!({}).into()),
                     },
                     _ => Input::ModelDecided {
                         effect_id,
-                        decision: Decision::Tool {
-                            tool: "echo".into(),
-                            // Arguments stay the decision's text: the live machine and a
-                            // replay fold the same text, whatever numbers it holds.
-                            args: serde_json::json!({"n": rng.float(), "text": "t"}).into(),
-                        },
+                        // Arguments stay the decision's text: the live machine and a replay
+                        // fold the same text, whatever numbers it holds.
+                        decision: Decision::tool(
+                            "echo".into(),
+                            serde_json::json!({"n": rng.float(), "text": "t"}).into(),
+                        ),
                     },
                 };
                 self.decide(input, "model result");

@@ -97,10 +97,7 @@ fn idempotent(_: &str) -> Recovery {
 }
 
 pub(super) fn tool_decision(tool: &str) -> Decision {
-    Decision::Tool {
-        tool: tool.into(),
-        args: serde_json::json!({"text": "x"}).into(),
-    }
+    Decision::tool(tool.into(), serde_json::json!({"text": "x"}).into())
 }
 
 /// The machine in a given situation, for the control table.
@@ -314,9 +311,7 @@ fn k2_steer_reaches_only_the_reply_not_yet_written() {
     let reply = machine
         .decide(Input::ModelDecided {
             effect_id: EffectId::new(),
-            decision: Decision::Reply {
-                text: "done".into(),
-            },
+            decision: Decision::reply("done".into()),
         })
         .expect("reply");
     commit(&mut machine, &reply);
@@ -484,9 +479,7 @@ fn e4_a_dispatched_external_tool_is_never_rerun_by_a_later_attempt() {
 fn k5_a_reply_arriving_after_cancel_does_not_complete() {
     let mut machine = running(50);
     ctl(&mut machine, Control::Cancel, true);
-    let reply = Decision::Reply {
-        text: "late".into(),
-    };
+    let reply = Decision::reply("late".into());
     run(
         &mut machine,
         Input::ModelDecided {
@@ -553,10 +546,7 @@ fn nested_decision(depth: usize) -> Decision {
     for _ in 0..depth {
         args = serde_json::json!([args]);
     }
-    Decision::Tool {
-        tool: "echo".into(),
-        args: args.into(),
-    }
+    Decision::tool("echo".into(), args.into())
 }
 
 #[test]
@@ -643,10 +633,7 @@ fn e3_nesting_is_counted_outside_strings_only() {
     let events = running(50)
         .decide(Input::ModelDecided {
             effect_id: EffectId::new(),
-            decision: Decision::Tool {
-                tool: "echo".into(),
-                args: serde_json::json!({"text": deep}).into(),
-            },
+            decision: Decision::tool("echo".into(), serde_json::json!({"text": deep}).into()),
         })
         .expect("decided");
     assert!(

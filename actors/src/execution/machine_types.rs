@@ -155,30 +155,86 @@ impl TokenUsage {
     }
 }
 
-/// A provider decision (E-3): call a tool, or reply and finish.
+/// A provider decision (E-3): call a tool, or reply and finish. What the model said beside
+/// it is kept with it: the text that came with a tool call, and its reasoning blocks (where
+/// the API returns them), so the checkpoint holds all the model produced. Build one with
+/// `Decision::tool` or `Decision::reply`, then `with_text`/`with_reasoning`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Decision {
     Tool {
         tool: String,
         args: ToolArgs,
+        /// What the model said with the call (shown to it again in later requests).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        text: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        reasoning: Vec<String>,
     },
     Reply {
         text: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        reasoning: Vec<String>,
     },
     /// Ask the user for approval before the next operation (W-1): a durable wait at a
     /// checkpoint. Approved, the provider goes on; declined, it gets the decline instead.
-    Ask {
-        prompt: String,
-    },
+    Ask { prompt: String },
+}
+
+impl Decision {
+    /// Call `tool` with `args`.
+    pub fn tool(tool: String, args: ToolArgs) -> Self {
+        Self::Tool {
+            tool,
+            args,
+            text: String::new(),
+            reasoning: Vec::new(),
+        }
+    }
+
+    /// Reply `text` and finish.
+    pub fn reply(text: String) -> Self {
+        Self::Reply {
+            text,
+            reasoning: Vec::new(),
+        }
+    }
+
+    /// A tool call with the text the model said beside it (a reply's text is its own).
+    pub fn with_text(mut self, said: String) -> Self {
+        if let Self::Tool { text, .. } = &mut self {
+            *text = said;
+        }
+        self
+    }
+
+    /// The model's reasoning blocks, in order (an approval keeps none).
+    pub fn with_reasoning(mut self, blocks: Vec<String>) -> Self {
+        if let Self::Tool { reasoning, .. } | Self::Reply { reasoning, .. } = &mut self {
+            *reasoning = blocks;
+        }
+        self
+    }
 }
 
 /// A decision as the JSON text its event records, written into a buffer sized for it up front
 /// (a tool's arguments or the text are most of it; escapes may still grow it).
 pub(super) fn decision_text(decision: &Decision) -> String {
     let len = match decision {
-        Decision::Tool { tool, args } => tool.len() + args.get().len(),
-        Decision::Reply { text } => text.len(),
+        Decision::Tool {
+            tool,
+            args,
+            text,
+            reasoning,
+        } => {
+            tool.len()
+                + args.get().len()
+                + text.len()
+                + reasoning.iter().map(String::len).sum::<usize>()
+        }
+        Decision::Reply { text, reasoning } => {
+            text.len() + reasoning.iter().map(String::len).sum::<usize>()
+        }
         Decision::Ask { prompt } => prompt.len(),
     };
     let mut text = Vec::with_capacity(len + 32);

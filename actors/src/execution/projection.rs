@@ -162,9 +162,7 @@ impl Projected {
         let last_turn = self
             .last_turn_for_people
             .map(|for_people| match for_people {
-                true => Turn::Decided(Decision::Reply {
-                    text: String::new(),
-                }),
+                true => Turn::Decided(Decision::reply(String::new())),
                 false => Turn::ToolResult {
                     tool: String::new(),
                     status: openprogram_storage::ReceiptStatus::Confirmed,

@@ -112,7 +112,9 @@ pub(super) async fn read_whole(response: reqwest::Response) -> Result<Response, 
                     arguments: block["input"].to_string(),
                 });
             }
-            // Thinking blocks and others are not part of the decision (yet: issue 37).
+            Some("thinking") => out
+                .reasoning
+                .push(block["thinking"].as_str().unwrap_or_default().to_owned()),
             _ => {}
         }
     }
@@ -186,6 +188,8 @@ struct Stream {
 struct Block {
     text: String,
     tool: Option<ToolCallOut>,
+    /// A thinking block's text.
+    thinking: Option<String>,
 }
 
 impl Stream {
@@ -221,6 +225,11 @@ impl Stream {
                         deltas.text(text);
                         block.text.push_str(text);
                     }
+                    Some("thinking") => {
+                        let thinking = start["thinking"].as_str().unwrap_or_default();
+                        deltas.reasoning(thinking);
+                        block.thinking = Some(thinking.to_owned());
+                    }
                     _ => {}
                 }
             }
@@ -234,7 +243,12 @@ impl Stream {
                         block.text.push_str(text);
                     }
                     (Some("thinking_delta"), _) => {
-                        deltas.reasoning(delta["thinking"].as_str().unwrap_or_default());
+                        let thinking = delta["thinking"].as_str().unwrap_or_default();
+                        deltas.reasoning(thinking);
+                        block
+                            .thinking
+                            .get_or_insert_with(String::new)
+                            .push_str(thinking);
                     }
                     (Some("input_json_delta"), Some(tool)) => {
                         tool.arguments
@@ -276,14 +290,15 @@ impl Stream {
             ..Response::default()
         };
         for block in self.blocks {
-            match block.tool {
-                Some(mut tool) => {
+            match (block.tool, block.thinking) {
+                (Some(mut tool), _) => {
                     if tool.arguments.trim().is_empty() {
                         tool.arguments = "{}".into();
                     }
                     out.tool_calls.push(tool);
                 }
-                None => out.text.push_str(&block.text),
+                (None, Some(thinking)) => out.reasoning.push(thinking),
+                (None, None) => out.text.push_str(&block.text),
             }
         }
         stop_reason(&mut out, self.stop_reason.as_deref());
@@ -299,12 +314,14 @@ mod tests {
     fn e3_a_streamed_message_with_text_and_a_tool_call_is_assembled() {
         let stream = concat!(
             "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":20}}}\n\n",
-            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"Look it up.\"}}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
             "event: ping\ndata: {\"type\": \"ping\"}\n\n",
-            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Let me look.\"}}\n\n",
-            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"echo\",\"input\":{}}}\n\n",
-            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"text\\\": \"}}\n\n",
-            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"\\\"x\\\"}\"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"text_delta\",\"text\":\"Let me look.\"}}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":2,\"content_block\":{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"echo\",\"input\":{}}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"text\\\": \"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"\\\"x\\\"}\"}}\n\n",
             "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\"},\"usage\":{\"output_tokens\":9}}\n\n",
             "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
         );
@@ -317,6 +334,7 @@ mod tests {
         assert!(done);
         let out = state.finish();
         assert_eq!(out.text, "Let me look.");
+        assert_eq!(out.reasoning, vec!["Look it up.".to_owned()]);
         assert_eq!(out.tool_calls[0].name, "echo");
         assert_eq!(out.tool_calls[0].arguments, "{\"text\": \"x\"}");
         assert_eq!(

@@ -48,8 +48,13 @@ pub(super) fn conversation(request: &ModelRequest) -> Vec<Message> {
     let mut calls = 0u32;
     for turn in request.context.iter() {
         match turn {
-            Turn::Decided(Decision::Tool { tool, args }) => {
+            Turn::Decided(Decision::Tool {
+                tool, args, text, ..
+            }) => {
                 calls += 1;
+                if !text.is_empty() {
+                    push(&mut messages, Role::Assistant, Part::Text(text.clone()));
+                }
                 push(
                     &mut messages,
                     Role::Assistant,
@@ -60,7 +65,7 @@ pub(super) fn conversation(request: &ModelRequest) -> Vec<Message> {
                     },
                 );
             }
-            Turn::Decided(Decision::Reply { text }) => {
+            Turn::Decided(Decision::Reply { text, .. }) => {
                 push(&mut messages, Role::Assistant, Part::Text(text.clone()));
             }
             Turn::Decided(Decision::Ask { prompt }) => {
@@ -162,10 +167,10 @@ mod tests {
     #[test]
     fn e3_a_regenerated_request_pairs_each_result_with_its_call() {
         let call = |tool: &str| {
-            Turn::Decided(Decision::Tool {
-                tool: tool.into(),
-                args: ToolArgs::from_text(r#"{"text":"x"}"#).unwrap(),
-            })
+            Turn::Decided(Decision::tool(
+                tool.into(),
+                ToolArgs::from_text(r#"{"text":"x"}"#).unwrap(),
+            ))
         };
         let result = |output: &str, status| Turn::ToolResult {
             tool: "echo".into(),

@@ -175,7 +175,8 @@ impl Inner {
         }
     }
 
-    /// The decision a whole response makes: its first tool call, else its text.
+    /// The decision a whole response makes: its first tool call (with the text said beside
+    /// it), else its text; its reasoning blocks kept either way.
     fn decision(&self, response: Response) -> Result<Decision, String> {
         if let Some(refusal) = response.refusal {
             return Err(format!("the model refused: {refusal}"));
@@ -221,16 +222,13 @@ impl Inner {
                     clip(&call.arguments)
                 )
             })?;
-            return Ok(Decision::Tool {
-                tool: call.name,
-                args,
-            });
+            return Ok(Decision::tool(call.name, args)
+                .with_text(response.text)
+                .with_reasoning(response.reasoning));
         }
         if response.text.is_empty() {
             return Err("the model's response has neither text nor a tool call".into());
         }
-        Ok(Decision::Reply {
-            text: response.text,
-        })
+        Ok(Decision::reply(response.text).with_reasoning(response.reasoning))
     }
 }

@@ -101,6 +101,13 @@ pub(super) async fn read_whole(response: reqwest::Response) -> Result<Response, 
         .ok_or_else(|| Failure::Fatal(format!("the choice has no message: {}", clip(&body))))?;
     let mut out = Response {
         text: message["content"].as_str().unwrap_or_default().to_owned(),
+        // DeepSeek, vLLM and llama.cpp return reasoning beside the content.
+        reasoning: ["reasoning_content", "reasoning"]
+            .iter()
+            .find_map(|field| message[*field].as_str())
+            .filter(|reasoning| !reasoning.is_empty())
+            .map(|reasoning| vec![reasoning.to_owned()])
+            .unwrap_or_default(),
         refusal: message["refusal"].as_str().map(str::to_owned),
         stop_reason: choice["finish_reason"].as_str().map(str::to_owned),
         usage: usage(&value["usage"]),
@@ -191,10 +198,14 @@ impl Stream {
             self.deltas.text(text);
             self.out.text.push_str(text);
         }
-        // DeepSeek, vLLM and llama.cpp stream reasoning beside the content.
+        // DeepSeek, vLLM and llama.cpp stream reasoning beside the content: one block.
         for field in ["reasoning_content", "reasoning"] {
-            if let Some(reasoning) = delta[field].as_str() {
+            if let Some(reasoning) = delta[field].as_str().filter(|piece| !piece.is_empty()) {
                 self.deltas.reasoning(reasoning);
+                match self.out.reasoning.last_mut() {
+                    Some(block) => block.push_str(reasoning),
+                    None => self.out.reasoning.push(reasoning.to_owned()),
+                }
             }
         }
         if let Some(refusal) = delta["refusal"].as_str() {

@@ -4,6 +4,8 @@
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct Response {
     pub(crate) text: String,
+    /// The model's reasoning (thinking) blocks, in order, where the API returns them.
+    pub(crate) reasoning: Vec<String>,
     pub(crate) tool_calls: Vec<ToolCallOut>,
     /// The model declined to answer (OpenAI's `refusal`, Anthropic's `refusal` stop reason).
     pub(crate) refusal: Option<String>,
