@@ -17,7 +17,7 @@ use openprogram_storage::{AttemptId, EffectId, ExecutionId, OwnerId};
 use crate::append_file::{append, look_up};
 
 pub use crate::call::{AskError, CallHandle, ProcessExit, StartedProcess};
-pub use crate::execution::machine::{AgentInput, Decision, Recovery, TokenUsage, ToolArgs, Turn};
+pub use crate::execution::machine::{AgentInput, Decision, ModelUsage, Recovery, ToolArgs, Turn};
 
 /// What a provider decides from: the immutable input and the committed context.
 #[derive(Debug, Clone)]
@@ -31,30 +31,33 @@ pub struct ModelRequest {
     pub iterations: u32,
     /// Steer texts received so far, oldest first (K-2: they shape work not yet run).
     pub steers: Vec<String>,
-    /// Where the provider reports the tokens this call used.
+    /// What the execution's model calls used before this one (tokens, retries): a provider
+    /// charges its retries against the execution's retry budget with it (E-6).
+    pub used: ModelUsage,
+    /// Where the provider reports what this call used.
     pub usage: UsageMeter,
     /// Where a streaming provider publishes the response's pieces as they arrive (E-3).
     pub deltas: crate::deltas::DeltaSink,
 }
 
-/// Where a provider reports the tokens its call used — for a decision and for an error
-/// alike (a refused or cut-off response was paid for too). The execution records them
+/// Where a provider reports what its call used — tokens and retries — for a decision and
+/// for an error alike (a refused or cut-off response was paid for too). The execution records them
 /// with the call's outcome, in the same transition; a call cut off by a crash or a cancel
 /// records none (nothing of it is kept).
 #[derive(Debug, Clone, Default)]
-pub struct UsageMeter(Arc<std::sync::Mutex<Option<TokenUsage>>>);
+pub struct UsageMeter(Arc<std::sync::Mutex<Option<ModelUsage>>>);
 
 impl UsageMeter {
     /// Adds `usage` to what the call used so far (a provider that retried may report each
     /// response it read).
-    pub fn record(&self, usage: TokenUsage) {
+    pub fn record(&self, usage: ModelUsage) {
         if let Ok(mut total) = self.0.lock() {
-            total.get_or_insert_with(TokenUsage::default).add(usage);
+            total.get_or_insert_with(ModelUsage::default).add(usage);
         }
     }
 
     /// What was reported, if anything.
-    pub fn take(&self) -> Option<TokenUsage> {
+    pub fn take(&self) -> Option<ModelUsage> {
         self.0.lock().ok().and_then(|mut total| total.take())
     }
 }

@@ -41,7 +41,7 @@ pub struct Snapshot {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub job: Option<JobView>,
     /// E-6: the tokens its model calls used, summed, as their providers reported them.
-    pub usage: crate::execution::machine::TokenUsage,
+    pub usage: crate::execution::machine::ModelUsage,
 }
 
 /// The `job` object of a Job's snapshot (SPEC §6).

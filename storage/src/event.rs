@@ -222,12 +222,14 @@ pub enum Event {
     },
     /// J-1: a Continue raised the Job's budget to `budget` (totals, not increments).
     BudgetRaised { budget: JobBudget },
-    /// E-6: the tokens the model call `effect_id` used, as its provider reported them;
-    /// written in the transition that records the call's decision or error.
+    /// E-6: what the model call `effect_id` used, as its provider reported it: tokens, and
+    /// the tries it retried (charged to the execution's retry budget); written in the
+    /// transition that records the call's decision or error.
     ModelUsage {
         effect_id: EffectId,
         input_tokens: u64,
         output_tokens: u64,
+        retries: u32,
     },
 }
 

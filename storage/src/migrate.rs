@@ -26,7 +26,7 @@
 //!   events, as before, until their next projection); tombstones of purged executions
 //!   (`0x10`); the records each execution owns (`0x11`) and ended executions by time
 //!   (`0x12`), both backfilled from what is on disk.
-//! - 9: the event `ModelUsage` (E-6: a model call's tokens). Only a mark, so that an older
+//! - 9: the event `ModelUsage` (E-6: a model call's tokens and retries). Only a mark, so that an older
 //!   build refuses the store instead of reading the new event as corrupted.
 
 use crate::codec;

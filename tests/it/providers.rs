@@ -23,6 +23,7 @@ fn quick_retries(max_retries: u32) -> RetryPolicy {
         initial_backoff: Duration::from_millis(1),
         max_backoff: Duration::from_millis(5),
         max_wait: Duration::from_secs(10),
+        execution_retries: 20,
     }
 }
 
@@ -505,7 +506,7 @@ fn r5_kill9_mid_stream_regenerates_the_request_once() {
     // Only the whole response's tokens: the half one recorded nothing.
     assert_eq!(
         snapshot["usage"],
-        json!({"input_tokens": 7, "output_tokens": 3})
+        json!({"input_tokens": 7, "output_tokens": 3, "retries": 0})
     );
     let (_, metrics) = served.call("GET", "/metrics", None);
     let metrics = metrics.as_str().map(str::to_owned).unwrap_or_default();
@@ -732,5 +733,43 @@ async fn e3_the_checkpoint_keeps_text_and_reasoning_beside_a_tool_call() {
     assert_eq!(second[1]["content"], "Let me echo it.");
     assert_eq!(second[1]["tool_calls"][0]["function"]["name"], "echo");
     assert!(!Value::Array(second).to_string().contains("The user wants"));
+    turn.runtime.shutdown().await;
+}
+
+/// E-6: an execution's model calls share one retry budget: retries spent by an earlier call
+/// are charged, and a later call gives up when the budget is spent even though its own
+/// per-request allowance is not.
+#[tokio::test]
+async fn e6_an_executions_retries_are_capped_by_its_budget() {
+    let busy = || Reply::status(503, &[], r#"{"error":{"message":"busy"}}"#);
+    let stub = Stub::start(vec![
+        busy(),
+        busy(),
+        Reply::json(
+            &json!({"choices": [{"index": 0, "finish_reason": "tool_calls",
+            "message": {"role": "assistant", "content": null,
+                "tool_calls": [{"id": "x", "type": "function",
+                    "function": {"name": "echo", "arguments": "{\"text\":\"a\"}"}}]}}]}),
+        ),
+        busy(),
+        busy(),
+        busy(),
+        busy(),
+    ]);
+    let mut policy = quick_retries(3);
+    policy.execution_retries = 4;
+    let turn = Turn::open(config(Api::OpenAi, &stub, false).retry(policy));
+    let (_, snapshot) = turn.run("echo a").await;
+    assert_eq!(snapshot.state, "failed", "{snapshot:?}");
+    assert!(
+        snapshot
+            .text
+            .contains("the execution's retry budget of 4 is spent"),
+        "{}",
+        snapshot.text
+    );
+    assert_eq!(snapshot.usage.retries, 4);
+    // 3 tries for the first decision, 3 for the second (its own allowance would give 4).
+    assert_eq!(stub.requests().len(), 6);
     turn.runtime.shutdown().await;
 }

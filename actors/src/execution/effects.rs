@@ -95,6 +95,7 @@ impl ExecutionActor {
             context: self.machine.context.clone(),
             iterations: self.machine.iterations,
             steers: self.machine.steers.clone(),
+            used: self.machine.usage,
             usage,
             deltas: DeltaSink::new(self.env.deltas.clone(), self.execution_id, effect_id),
         };

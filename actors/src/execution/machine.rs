@@ -137,9 +137,9 @@ pub struct Present {
     pub differences: Vec<String>,
     /// J-1: a Job's standing (`job.rs`); `None` for an execution that is no Job.
     pub job: Option<super::job::JobState>,
-    /// E-6: the tokens its model calls used, summed (`ModelUsage` events).
+    /// E-6: what its model calls used, summed (`ModelUsage` events): tokens and retries.
     #[serde(default)]
-    pub usage: TokenUsage,
+    pub usage: ModelUsage,
 }
 
 impl std::ops::Deref for Machine {
@@ -251,11 +251,12 @@ impl Machine {
 
     /// E-6: the event that records the tokens the model call `effect_id` used, committed
     /// with its decision or error; none if the provider reported nothing.
-    pub fn usage_recorded(effect_id: EffectId, usage: Option<TokenUsage>) -> Option<Event> {
+    pub fn usage_recorded(effect_id: EffectId, usage: Option<ModelUsage>) -> Option<Event> {
         usage.map(|usage| Event::ModelUsage {
             effect_id,
             input_tokens: usage.input_tokens,
             output_tokens: usage.output_tokens,
+            retries: usage.retries,
         })
     }
 
@@ -385,10 +386,12 @@ impl Present {
             Event::ModelUsage {
                 input_tokens,
                 output_tokens,
+                retries,
                 ..
-            } => self.usage.add(TokenUsage {
+            } => self.usage.add(ModelUsage {
                 input_tokens: *input_tokens,
                 output_tokens: *output_tokens,
+                retries: *retries,
             }),
             Event::Admitted {
                 kind: openprogram_storage::ExecutionKind::Function,

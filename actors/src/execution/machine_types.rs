@@ -141,17 +141,21 @@ impl PartialEq for ToolArgs {
     }
 }
 
-/// The tokens a model call used, as its provider reported them (E-6).
+/// What model calls used, as their provider reported it (E-6): tokens, and the retries of
+/// failed tries (what the execution's retry budget is charged).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct TokenUsage {
+pub struct ModelUsage {
     pub input_tokens: u64,
     pub output_tokens: u64,
+    #[serde(default)]
+    pub retries: u32,
 }
 
-impl TokenUsage {
-    pub fn add(&mut self, other: TokenUsage) {
+impl ModelUsage {
+    pub fn add(&mut self, other: ModelUsage) {
         self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
         self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.retries = self.retries.saturating_add(other.retries);
     }
 }
 

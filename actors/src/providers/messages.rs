@@ -159,6 +159,7 @@ mod tests {
             context: Arc::new(context),
             iterations: 0,
             steers,
+            used: Default::default(),
             usage: Default::default(),
             deltas: Default::default(),
         }

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use futures::FutureExt as _;
 
-use crate::agent::{Decision, ModelRequest, Provider, TokenUsage, ToolArgs};
+use crate::agent::{Decision, ModelRequest, ModelUsage, Provider, ToolArgs};
 use crate::deltas::DeltaSink;
 pub use config::{Api, ApiKey, ProviderConfig};
 use response::{clip, Response};
@@ -97,16 +97,29 @@ impl Inner {
             Api::Anthropic => anthropic::request_body(&self.config, &conversation),
         };
         let headers = self.headers();
-        let response = transport::send(
+        let policy = &self.config.retry;
+        let retries_left = policy
+            .execution_retries
+            .saturating_sub(request.used.retries);
+        let mut retries = 0;
+        let sent = transport::send(
             &self.client,
             &self.endpoint,
             &headers,
             &body,
-            &self.config.retry,
+            policy,
+            retries_left,
+            &mut retries,
             |response| self.read(response, &request.deltas),
         )
-        .await
-        .map_err(|error| self.error(&error))?;
+        .await;
+        if retries > 0 {
+            request.usage.record(ModelUsage {
+                retries,
+                ..ModelUsage::default()
+            });
+        }
+        let response = sent.map_err(|error| self.error(&error))?;
         tracing::debug!(
             execution_id = %request.execution_id,
             input_tokens = response.usage.input,
@@ -115,9 +128,10 @@ impl Inner {
         );
         // Paid for whatever it decides, a refusal or a cut-off response included (E-6).
         if response.usage != response::Usage::default() {
-            request.usage.record(TokenUsage {
+            request.usage.record(ModelUsage {
                 input_tokens: response.usage.input,
                 output_tokens: response.usage.output,
+                retries: 0,
             });
         }
         self.decision(response).map_err(|error| self.error(&error))

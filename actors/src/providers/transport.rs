@@ -12,14 +12,17 @@ use super::sse;
 /// How a model request is retried: at most `max_retries` times after the first try, each wait
 /// drawn at random below an exponential bound (`initial_backoff` doubled per retry, at most
 /// `max_backoff`: "full jitter"), or exactly what the server asked for in `Retry-After`; and
-/// never waiting more than `max_wait` in all for one request. The budget is per request: a
-/// decision that exhausts it fails its execution with the last error.
+/// never waiting more than `max_wait` in all for one request. An execution's model calls
+/// together retry at most `execution_retries` times (its retry budget, counted from its
+/// recorded `ModelUsage`), so a flaky endpoint cannot keep one execution retrying call after
+/// call. A request that exhausts either fails its execution with the last error.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryPolicy {
     pub max_retries: u32,
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
     pub max_wait: Duration,
+    pub execution_retries: u32,
 }
 
 impl Default for RetryPolicy {
@@ -29,6 +32,7 @@ impl Default for RetryPolicy {
             initial_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(20),
             max_wait: Duration::from_secs(60),
+            execution_retries: 20,
         }
     }
 }
@@ -74,13 +78,18 @@ impl Failure {
     }
 }
 
-/// Posts `body` to `url` and reads the response with `read`, retrying as `policy` allows.
+/// Posts `body` to `url` and reads the response with `read`, retrying as `policy` allows
+/// and at most `retries_left` times (what is left of the execution's budget). Counts its
+/// retries into `retries`, whatever the outcome.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn send<'a, F, Fut>(
     client: &reqwest::Client,
     url: &str,
     headers: &[(&'static str, String)],
     body: &serde_json::Value,
     policy: &RetryPolicy,
+    retries_left: u32,
+    retries: &mut u32,
     read: F,
 ) -> Result<Response, String>
 where
@@ -92,6 +101,7 @@ where
     let mut waited = Duration::ZERO;
     let mut retry = 0u32;
     loop {
+        *retries = retry;
         let failure = match try_once(client, url, headers, &body).await {
             Ok(response) => match read(response).await {
                 Ok(response) => return Ok(response),
@@ -105,6 +115,13 @@ where
         };
         if retry >= policy.max_retries {
             return Err(format!("{reason} (gave up after {} tries)", retry + 1));
+        }
+        if retry >= retries_left {
+            return Err(format!(
+                "{reason} (gave up after {} tries: the execution's retry budget of {} is spent)",
+                retry + 1,
+                policy.execution_retries
+            ));
         }
         let wait = after.unwrap_or_else(|| policy.backoff(retry));
         if waited + wait > policy.max_wait {
