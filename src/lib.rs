@@ -78,7 +78,7 @@ pub use openprogram_actors::agent;
 pub use openprogram_actors::command::{
     Command, CommandBody, CommandKind, EffectRef, ReconcileOutcome, WaitRef,
 };
-pub use openprogram_actors::deltas::{Delta, DeltaKind};
+pub use openprogram_actors::deltas::{Delta, DeltaKind, DeltaWatch};
 pub use openprogram_actors::function::{DurableFunction, FunctionContext, StepError};
 #[cfg(feature = "providers")]
 pub use openprogram_actors::http_tool;
@@ -640,11 +640,7 @@ impl Runtime {
     /// on the node that runs its model calls. Never stored: a piece is a preview, and the
     /// decision's event holds the whole response (a `Delta` at offset 0 after others means
     /// the request was made again: drop what was shown).
-    pub fn deltas(
-        &self,
-        session: SessionId,
-        execution: ExecutionId,
-    ) -> Result<tokio::sync::broadcast::Receiver<Arc<Delta>>> {
+    pub fn deltas(&self, session: SessionId, execution: ExecutionId) -> Result<DeltaWatch> {
         self.inner.service.check_session(session, execution)?;
         Ok(self.inner.inspector.deltas(execution))
     }

@@ -36,8 +36,9 @@ pub struct Delta {
     pub text: String,
 }
 
-/// How many pieces a slow watcher may fall behind before it misses some.
-const CHANNEL_LEN: usize = 1024;
+/// How many pieces a slow watcher may fall behind before it misses some (the channel's
+/// buffer is allocated whole when the first watcher arrives).
+const CHANNEL_LEN: usize = 256;
 
 /// The executions being watched, and their channels.
 #[derive(Debug, Default)]
@@ -46,16 +47,31 @@ pub struct DeltaHub {
 }
 
 impl DeltaHub {
-    /// The deltas of `execution_id` from now on.
-    pub fn subscribe(&self, execution_id: ExecutionId) -> broadcast::Receiver<Arc<Delta>> {
+    /// The deltas of `execution_id` from now on, until the watch is dropped.
+    pub fn subscribe(self: &Arc<Self>, execution_id: ExecutionId) -> DeltaWatch {
         let mut channels = self
             .channels
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        channels
+        // Channels whose watchers left at the same moment (each saw the other) go here.
+        channels.retain(|_, sender| sender.receiver_count() > 0);
+        let receiver = channels
             .entry(execution_id)
             .or_insert_with(|| broadcast::channel(CHANNEL_LEN).0)
-            .subscribe()
+            .subscribe();
+        DeltaWatch {
+            receiver,
+            hub: Arc::clone(self),
+            execution_id,
+        }
+    }
+
+    /// How many executions are watched now.
+    pub fn watched(&self) -> usize {
+        self.channels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
     }
 
     fn publish(&self, execution_id: ExecutionId, delta: impl FnOnce() -> Delta) {
@@ -71,6 +87,44 @@ impl DeltaHub {
             return;
         }
         let _ = sender.send(Arc::new(delta()));
+    }
+}
+
+/// A watcher of one execution's deltas; its channel goes when its last watcher does.
+#[derive(Debug)]
+pub struct DeltaWatch {
+    receiver: broadcast::Receiver<Arc<Delta>>,
+    hub: Arc<DeltaHub>,
+    execution_id: ExecutionId,
+}
+
+impl DeltaWatch {
+    /// The next piece; `Err(Lagged(n))` if this watcher fell `n` pieces behind (the
+    /// decision's event holds the whole response).
+    pub async fn recv(&mut self) -> Result<Arc<Delta>, broadcast::error::RecvError> {
+        self.receiver.recv().await
+    }
+
+    /// The next piece if one is waiting.
+    pub fn try_recv(&mut self) -> Result<Arc<Delta>, broadcast::error::TryRecvError> {
+        self.receiver.try_recv()
+    }
+}
+
+impl Drop for DeltaWatch {
+    fn drop(&mut self) {
+        let mut channels = self
+            .hub
+            .channels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // This watch's receiver is still counted: it is dropped after this.
+        if channels
+            .get(&self.execution_id)
+            .is_some_and(|sender| sender.receiver_count() <= 1)
+        {
+            channels.remove(&self.execution_id);
+        }
     }
 }
 
@@ -171,8 +225,16 @@ mod tests {
                 (DeltaKind::Text, 0, "Hello".into()),
             ]
         );
+        let second = hub.subscribe(execution);
         drop(watcher);
+        assert_eq!(hub.watched(), 1, "a watcher is left");
+        drop(second);
+        assert_eq!(
+            hub.watched(),
+            0,
+            "the last watcher took its channel with it"
+        );
         sink.text("nobody watches");
-        assert!(hub.channels.lock().expect("lock").is_empty());
+        assert_eq!(hub.watched(), 0);
     }
 }

@@ -17,8 +17,11 @@
 //! - an answer's status arrived but its body was lost → the status stands (`body_error`).
 //!
 //! Nothing is reachable by default: the embedder lists the hosts (`HttpTool::new`; `serve
-//! --http-allow`). Redirects are not followed (a redirect could lead anywhere); a 3xx is
-//! answered as it is. A response body past `response_bytes_max` is cut (`truncated`).
+//! --http-allow`), and a call may not set `Host`, `Proxy-*` or framing headers. Redirects are
+//! not followed (a redirect could lead anywhere); a 3xx is answered as it is. A response body
+//! past `response_bytes_max` is cut (`truncated`). A request whose `timeout_ms` passes before
+//! its connection was made is `unknown` too: the client cannot tell that moment from a
+//! request sent and unanswered, and an unknown is never guessed.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -82,6 +85,18 @@ impl HostRule {
         host_matches && self.port.is_none_or(|allowed| allowed == port)
     }
 }
+
+/// Headers a call may not set (names are lower-case in `HeaderName`).
+const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "upgrade",
+];
 
 /// The longest a request may take, whatever its `timeout_ms` asks for.
 const TIMEOUT_MAX: Duration = Duration::from_secs(300);
@@ -167,6 +182,14 @@ impl HttpTool {
                         .map_err(|_| format!("header `{name}` has a value HTTP cannot carry"))?;
                     if header.as_str().eq_ignore_ascii_case(IDEMPOTENCY_KEY) {
                         continue; // The effect's own key is the only one sent.
+                    }
+                    // The allow-list judges the URL: a `Host` of the model's own would reach
+                    // another site behind an allowed one, and framing headers would break
+                    // the request apart.
+                    if RESERVED_HEADERS.contains(&header.as_str())
+                        || header.as_str().starts_with("proxy-")
+                    {
+                        return Err(format!("header `{name}` is set by the tool, not the call"));
                     }
                     content_type |= header == reqwest::header::CONTENT_TYPE;
                     request = request.header(header, value);

@@ -74,10 +74,7 @@ impl Inspector {
 
     /// E-3: the pieces of `execution_id`'s model responses as they stream in on this node,
     /// from now on.
-    pub fn deltas(
-        &self,
-        execution_id: ExecutionId,
-    ) -> tokio::sync::broadcast::Receiver<Arc<crate::deltas::Delta>> {
+    pub fn deltas(&self, execution_id: ExecutionId) -> crate::deltas::DeltaWatch {
         self.actors.deltas.subscribe(execution_id)
     }
 

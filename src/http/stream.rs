@@ -15,13 +15,12 @@
 //! follows, holds the whole response; a reconnecting client gets that, not the pieces.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::http::header;
 use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse};
-use openprogram_actors::deltas::Delta;
+use openprogram_actors::deltas::DeltaWatch;
 use openprogram_storage::{ExecutionId, SessionId};
 use serde_json::json;
 use tokio::sync::broadcast;
@@ -85,7 +84,7 @@ struct Stream {
     /// When the store is read next.
     poll_at: Instant,
     /// E-3: streamed model output on this node (`None` once its channel closed).
-    deltas: Option<broadcast::Receiver<Arc<Delta>>>,
+    deltas: Option<DeltaWatch>,
 }
 
 impl Stream {
@@ -98,12 +97,19 @@ impl Stream {
             }
             if Instant::now() >= self.poll_at {
                 self.poll_at = Instant::now() + self.api.poll;
-                match self.api.runtime.events_page(
+                let read = self.api.runtime.events_page(
                     self.session,
                     self.execution,
                     self.cursor,
                     STREAM_PAGE_LEN_MAX,
-                ) {
+                );
+                // A piece is published before its decision commits: every piece of a
+                // decision just read is in the channel now, and goes out before it.
+                while let Some(Ok(delta)) = self.deltas.as_mut().map(DeltaWatch::try_recv) {
+                    self.queued
+                        .push_back(frame(None, Some("delta"), &json!(*delta)));
+                }
+                match read {
                     Ok(events) if !events.is_empty() => {
                         for envelope in &events {
                             self.cursor = envelope.seq;

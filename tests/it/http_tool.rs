@@ -122,6 +122,14 @@ async fn e4_a_request_the_tool_refuses_is_failed_and_never_sent() {
             "must be a string",
         ),
         (json!({"method": "GET"}), "missing string argument `url`"),
+        (
+            json!({"url": stub.url, "headers": {"Host": "admin.internal"}}),
+            "set by the tool",
+        ),
+        (
+            json!({"url": stub.url, "headers": {"Transfer-Encoding": "chunked"}}),
+            "set by the tool",
+        ),
     ] {
         let execution = harness
             .start(vec![http(args.clone()), reply("done")], None)

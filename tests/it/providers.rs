@@ -636,13 +636,27 @@ async fn e6_a_filtered_response_fails_and_a_json_answer_to_a_stream_is_read() {
 /// OpenAI-compatible server (the stub) with its own tool: built by this test if missing.
 #[test]
 fn e2_the_agent_example_runs_a_turn_on_a_compatible_server() {
+    // Cargo says where it put the example (wherever the target directory is).
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let built = std::process::Command::new(cargo)
-        .args(["build", "--quiet", "--example", "agent"])
+        .args([
+            "build",
+            "--quiet",
+            "--example",
+            "agent",
+            "--message-format=json",
+        ])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
+        .stderr(std::process::Stdio::inherit())
+        .output()
         .expect("cargo build --example agent");
-    assert!(built.success(), "the example does not build");
+    assert!(built.status.success(), "the example does not build");
+    let example = String::from_utf8_lossy(&built.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|message| message["target"]["name"] == "agent" && message["executable"].is_string())
+        .and_then(|message| message["executable"].as_str().map(std::path::PathBuf::from))
+        .expect("cargo names the example's executable");
     let stub = Stub::start(vec![
         Reply::Stream {
             frames: openai_tool_call_frames("weather", r#"{"city":"Lisbon"}"#),
@@ -653,11 +667,7 @@ fn e2_the_agent_example_runs_a_turn_on_a_compatible_server() {
             cut: false,
         },
     ]);
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug/examples/agent");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(|dir| Path::new(&dir).join("debug/examples/agent"))
-        .unwrap_or(example);
-    let output = std::process::Command::new(target)
+    let output = std::process::Command::new(example)
         .arg("Weather in Lisbon?")
         .env("OPENAI_BASE_URL", format!("{}/v1", stub.url))
         .env("OPENAI_MODEL", "stub-model")

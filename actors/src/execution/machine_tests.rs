@@ -658,3 +658,35 @@ fn k1_a_pause_reason_says_why_a_paused_execution_is_paused_and_goes_with_the_pau
     );
     assert_eq!(machine.pause_reason, None);
 }
+
+/// a tool that reports its outcome unknown while it runs (a request sent, no answer)
+/// stops the execution for reconciliation in the transition that records it: Reconcile is
+/// offered and nothing runs the call again.
+#[test]
+fn r8_a_live_unknown_result_requires_reconciliation_at_once() {
+    let mut machine = running(50);
+    let decision = EffectId::new();
+    let events = machine
+        .decide(Input::ModelDecided {
+            effect_id: decision,
+            decision: tool_decision("http"),
+        })
+        .expect("decided");
+    commit(&mut machine, &events);
+    let tool = tool_effect(decision);
+    let events = machine
+        .decide(Input::ToolFinished {
+            effect_id: tool,
+            status: ReceiptStatus::Unknown,
+            output: "no answer".into(),
+        })
+        .expect("recorded");
+    let actions = commit(&mut machine, &events);
+    assert_eq!(machine.status(), Status::ReconciliationRequired);
+    assert!(offered(&machine).contains(&CommandKind::Reconcile));
+    assert!(!actions.contains(&Action::RunDispatched), "{actions:?}");
+    assert_eq!(
+        machine.receipts.get(tool).map(|r| r.status),
+        Some(ReceiptStatus::Unknown)
+    );
+}

@@ -198,14 +198,17 @@ impl Stream {
             self.deltas.text(text);
             self.out.text.push_str(text);
         }
-        // DeepSeek, vLLM and llama.cpp stream reasoning beside the content: one block.
-        for field in ["reasoning_content", "reasoning"] {
-            if let Some(reasoning) = delta[field].as_str().filter(|piece| !piece.is_empty()) {
-                self.deltas.reasoning(reasoning);
-                match self.out.reasoning.last_mut() {
-                    Some(block) => block.push_str(reasoning),
-                    None => self.out.reasoning.push(reasoning.to_owned()),
-                }
+        // DeepSeek, vLLM and llama.cpp stream reasoning beside the content: one block, from
+        // the first of the two names a piece carries (some servers send both, alike).
+        let reasoning = ["reasoning_content", "reasoning"]
+            .iter()
+            .find_map(|field| delta[*field].as_str())
+            .filter(|piece| !piece.is_empty());
+        if let Some(reasoning) = reasoning {
+            self.deltas.reasoning(reasoning);
+            match self.out.reasoning.last_mut() {
+                Some(block) => block.push_str(reasoning),
+                None => self.out.reasoning.push(reasoning.to_owned()),
             }
         }
         if let Some(refusal) = delta["refusal"].as_str() {
