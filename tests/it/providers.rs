@@ -533,6 +533,10 @@ fn r5_kill9_mid_stream_regenerates_the_request_once() {
     }
     served.stop();
     assert_nowhere_in(&data, KEY);
+    // Nor in any line either serve logged.
+    let logged = std::fs::read_to_string(crate::served::stderr_path(&data)).expect("the log");
+    assert!(logged.contains("openprogram: runtime on"), "{logged}");
+    assert!(!logged.contains(KEY), "{logged}");
 }
 
 /// Usage errors of `serve --provider` exit 2 with a message naming what is wrong, before

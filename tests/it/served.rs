@@ -20,10 +20,11 @@ impl Served {
     /// `serve --data DATA --token TOKEN --listen 127.0.0.1:0 EXTRA...`, run through
     /// `wrapper` (a program and its arguments that execs the rest, such as `fiu-run -x`).
     pub fn start(data: &Path, token: &str, wrapper: &[&str], extra: &[&str]) -> Self {
-        Self::start_with_env(data, token, wrapper, extra, &[])
+        Self::spawn(data, token, wrapper, extra, &[], false)
     }
 
-    /// `start`, with `env` added to the child's environment.
+    /// `start`, with `env` added to the child's environment; the child's stderr (its log
+    /// lines) is appended to `stderr_path(data)`, beside `data`.
     pub fn start_with_env(
         data: &Path,
         token: &str,
@@ -31,6 +32,25 @@ impl Served {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
+        Self::spawn(data, token, wrapper, extra, env, true)
+    }
+
+    fn spawn(
+        data: &Path,
+        token: &str,
+        wrapper: &[&str],
+        extra: &[&str],
+        env: &[(&str, &str)],
+        log: bool,
+    ) -> Self {
+        let stderr = match log {
+            true => std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(stderr_path(data))
+                .map_or_else(|_| Stdio::null(), Stdio::from),
+            false => Stdio::null(),
+        };
         let binary = env!("CARGO_BIN_EXE_openprogram");
         let mut command = match wrapper.split_first() {
             Some((program, args)) => {
@@ -47,7 +67,7 @@ impl Served {
             .arg("--data")
             .arg(data)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .unwrap_or_else(|error| panic!("spawn {wrapper:?} openprogram serve: {error}"));
         let mut url = String::new();
@@ -127,4 +147,11 @@ pub fn appending_turn(execution: usize, steps: usize, sink: &Path, sleep_ms: u64
     }
     script.push(json!({"reply": format!("done {execution}")}));
     json!({"message": "m", "script": script, "max_iterations": script.len()})
+}
+
+/// Where the log lines of the `serve`s started on `data` go: beside it, not in it.
+pub fn stderr_path(data: &Path) -> std::path::PathBuf {
+    let mut name = data.file_name().unwrap_or_default().to_os_string();
+    name.push(".serve-stderr");
+    data.with_file_name(name)
 }
