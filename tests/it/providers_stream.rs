@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use crate::model_stub::{openai_text_frames, openai_tool_call_frames, Reply, Stub};
 use crate::providers::{config, Turn};
-use crate::support::{command_of, DEADLINE};
+use crate::support::{command_of, wait_state, DEADLINE};
 
 /// The text the pieces make, laid at their offsets (a piece at offset 0 starts again).
 fn assemble(pieces: &[Arc<Delta>]) -> String {
@@ -46,18 +46,7 @@ async fn e3_streamed_text_reaches_a_watcher_as_it_arrives_and_only_the_whole_is_
     }
     let offsets: Vec<u64> = pieces.iter().map(|piece| piece.offset).collect();
     assert_eq!(offsets, vec![0, 7, 16]);
-    let snapshot = loop {
-        let snapshot = turn
-            .runtime
-            .snapshot(turn.session, execution)
-            .await
-            .expect("snapshot");
-        if snapshot.state == "completed" {
-            break snapshot;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{snapshot:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let snapshot = wait_state(&turn.runtime, turn.session, execution, "completed").await;
     assert_eq!(snapshot.text, "Hello, streamed world.");
     // The pieces name the decision they previewed.
     let events = turn
@@ -183,28 +172,7 @@ async fn k2_a_pause_during_a_stream_stops_at_the_next_safe_point() {
         "{paused:?}"
     );
     stub.open_gate();
-    let wait = |state: &'static str| {
-        let runtime = turn.runtime.clone();
-        let session = turn.session;
-        async move {
-            let deadline = tokio::time::Instant::now() + DEADLINE;
-            loop {
-                let snapshot = runtime
-                    .snapshot(session, execution)
-                    .await
-                    .expect("snapshot");
-                if snapshot.state == state {
-                    return snapshot;
-                }
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "never {state}: {snapshot:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
-    let snapshot = wait("paused").await;
+    let snapshot = wait_state(&turn.runtime, turn.session, execution, "paused").await;
     let tools: Vec<(&str, &str)> = snapshot
         .receipts
         .iter()
@@ -217,7 +185,7 @@ async fn k2_a_pause_during_a_stream_stops_at_the_next_safe_point() {
         .await
         .expect("continue");
     assert_eq!(resumed.status, "applied", "{resumed:?}");
-    let done = wait("completed").await;
+    let done = wait_state(&turn.runtime, turn.session, execution, "completed").await;
     assert_eq!(done.text, "Echoed.");
     assert_eq!(
         stub.requests().len(),
