@@ -311,6 +311,7 @@ impl Executions {
         }
         // Replay outside the directory's lock; the lock is taken again to insert, and a
         // concurrent activation that won meanwhile is used instead.
+        let started = std::time::Instant::now();
         let (head, machine) = state()?;
         let mut live = self
             .directory
@@ -331,6 +332,7 @@ impl Executions {
         );
         let (addr, token) = self.start_actor(head, machine, Arc::clone(&lease), false);
         addr.do_send(Activate);
+        self.telemetry.activation(started.elapsed());
         live.insert(
             execution_id,
             Live {

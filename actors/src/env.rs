@@ -81,6 +81,8 @@ pub struct Env {
     pub model_tokens: [std::sync::atomic::AtomicU64; 2],
     /// E-3: streamed model output, to whoever watches an execution.
     pub deltas: Arc<crate::deltas::DeltaHub>,
+    /// Issue 36: histograms of steps, activations and commands; rejections, reconciliations.
+    pub telemetry: crate::telemetry::Telemetry,
     /// The states of the executions that parked last (`keep_parked`).
     parked: Mutex<std::collections::VecDeque<(ExecutionHead, Machine)>>,
     /// States loaded by `latest_state`: [from a parked state, by a replay, from a projection].
@@ -227,6 +229,7 @@ impl Env {
             steps: std::sync::atomic::AtomicU64::new(0),
             model_tokens: Default::default(),
             deltas: Default::default(),
+            telemetry: Default::default(),
             parked: Mutex::default(),
             state_loads: Default::default(),
             resources: Resources::default(),

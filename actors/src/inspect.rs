@@ -78,6 +78,11 @@ impl Inspector {
         self.actors.deltas.subscribe(execution_id)
     }
 
+    /// Issue 36: the runtime's histograms and counters (steps, activations, commands).
+    pub fn telemetry(&self) -> &crate::telemetry::Telemetry {
+        &self.actors.telemetry
+    }
+
     /// E-6: tokens model calls used since the runtime opened, as recorded: (input, output).
     pub fn model_tokens(&self) -> (u64, u64) {
         let [input, output] = &self.actors.model_tokens;

@@ -9,6 +9,7 @@
 //! - `http_tool` — the `http` tool, an External effect to the hosts an embedder allows
 //!   (feature `providers`);
 //! - `deltas` — a model's streamed output published as it arrives, never stored (E-3);
+//! - `telemetry` — the runtime's histograms and counters for `/metrics` (issue 36);
 //! - `call` — what a running tool call can ask of its execution (`CallHandle`): no actor;
 //! - `activity` — the Activity projection of a session's branches, pure (B-1..B-5);
 //! - `branches` — Activity, Fork, Retry and the session feed in the command service;
@@ -62,6 +63,7 @@ pub mod service;
 pub mod snapshot;
 pub mod supervisor;
 pub mod system;
+pub mod telemetry;
 
 pub use error::{Error, Result};
 pub use openprogram_storage as storage;

@@ -310,13 +310,19 @@ impl Service {
         execution_id: ExecutionId,
         command: Command,
     ) -> Result<CommandReply> {
-        match command.kind() {
+        let started = std::time::Instant::now();
+        let reply = match command.kind() {
             CommandKind::Fork | CommandKind::Retry => {
-                return self.fork(session_id, execution_id, command).await
+                self.fork(session_id, execution_id, command).await
             }
-            _ => {}
+            _ => self.control(session_id, execution_id, command).await,
+        };
+        if let Ok(reply) = &reply {
+            let rejected =
+                (reply.status == "rejected").then(|| reply.code.as_deref().unwrap_or("rejected"));
+            self.env.telemetry.command(rejected, started.elapsed());
         }
-        self.control(session_id, execution_id, command).await
+        reply
     }
 
     /// A control command, through the execution's mailbox (K-1, K-6).

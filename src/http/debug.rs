@@ -260,6 +260,9 @@ pub async fn metrics(api: web::Data<Api>, request: HttpRequest) -> Result<HttpRe
     let mut out = Prometheus::default();
     runtime_metrics(&mut out, &api.runtime);
     store_metrics(&mut out, &api.runtime.store().metrics());
+    let mut histograms = api.runtime.store().histograms();
+    histograms.extend(api.runtime.inspect().telemetry().histograms());
+    out.histograms(&histograms);
     index_metrics(&mut out, api.runtime.store().as_ref())?;
     if let Ok(queue) = api.runtime.resources().await {
         out.text.push_str(&super::resources::queue_metrics(&queue));
@@ -283,6 +286,44 @@ impl Prometheus {
         for (labels, value) in samples {
             self.text
                 .push_str(&format!("openprogram_{name}{labels} {value}\n"));
+        }
+    }
+
+    /// Histograms, each name's help and type once, then every labelled series of it (a
+    /// name's series come together in `histograms`: a family's lines must be one run).
+    fn histograms(&mut self, histograms: &[openprogram_storage::NamedHistogram]) {
+        let mut shown = std::collections::BTreeSet::new();
+        for histogram in histograms {
+            let name = histogram.name;
+            if shown.insert(name) {
+                self.text.push_str(&format!(
+                    "# HELP openprogram_{name} {}\n# TYPE openprogram_{name} histogram\n",
+                    histogram.help
+                ));
+            }
+            let labels = &histogram.labels;
+            let with = |extra: String| match (labels.is_empty(), extra.is_empty()) {
+                (true, true) => String::new(),
+                (true, false) => format!("{{{extra}}}"),
+                (false, true) => format!("{{{labels}}}"),
+                (false, false) => format!("{{{labels},{extra}}}"),
+            };
+            let snapshot = &histogram.snapshot;
+            for (bound, count) in snapshot.bounds.iter().zip(&snapshot.cumulative) {
+                self.text.push_str(&format!(
+                    "openprogram_{name}_bucket{} {count}\n",
+                    with(format!("le=\"{bound}\""))
+                ));
+            }
+            self.text.push_str(&format!(
+                "openprogram_{name}_bucket{} {}\nopenprogram_{name}_sum{} {}\nopenprogram_{name}_count{} {}\n",
+                with("le=\"+Inf\"".into()),
+                snapshot.count,
+                with(String::new()),
+                snapshot.sum,
+                with(String::new()),
+                snapshot.count
+            ));
         }
     }
 
@@ -313,6 +354,23 @@ fn runtime_metrics(out: &mut Prometheus, runtime: &crate::Runtime) {
             ("{kind=\"input\"}".to_owned(), input_tokens as f64),
             ("{kind=\"output\"}".to_owned(), output_tokens as f64),
         ],
+    );
+    let telemetry = inspect.telemetry();
+    let rejections: Vec<(String, f64)> = telemetry
+        .rejections()
+        .into_iter()
+        .map(|(code, count)| (format!("{{code=\"{code}\"}}"), count as f64))
+        .collect();
+    out.metric(
+        "commands_rejected_total",
+        "counter",
+        "Commands rejected, by their stable code (K-1): nothing of the execution changed.",
+        &rejections,
+    );
+    out.counter(
+        "reconciliations_total",
+        "Unknown effects resolved (R-8): by an operator's reconcile or a tool's protocol.",
+        telemetry.reconciliations() as f64,
     );
     let (parked, replayed) = inspect.state_loads();
     out.metric(

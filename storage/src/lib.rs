@@ -30,6 +30,7 @@ pub mod event;
 pub mod failpoints;
 mod frame;
 mod head_record;
+pub mod histogram;
 pub mod ids;
 pub mod keys;
 mod log;
@@ -47,6 +48,7 @@ pub mod transition;
 
 pub use error::{Error, Result};
 pub use event::{Event, EventEnvelope};
+pub use histogram::{Histogram, HistogramSnapshot, NamedHistogram};
 pub use ids::*;
 pub use open::SalvageReport;
 #[cfg(feature = "postgres")]

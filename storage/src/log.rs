@@ -225,6 +225,7 @@ struct OnDiskState<'a> {
 
 impl Committer {
     fn commit_group(&mut self, requests: Vec<Request>) {
+        let started = Instant::now();
         if let Some(reason) = self.shared.failure() {
             for request in requests {
                 let failed = || Error::FailStop(reason.clone());
@@ -386,11 +387,15 @@ impl Committer {
                 .store(group.next_position - 1, Ordering::Release);
         }
         let metrics = &self.shared.metrics;
+        let committed = answers
+            .iter()
+            .filter(|(_, answer)| matches!(answer, Ok(Outcome::Committed(_))))
+            .count() as u64;
+        metrics.group_seconds.observe_duration(started.elapsed());
+        metrics.group_transitions.observe(committed as f64);
         metrics.groups.fetch_add(1, Ordering::Relaxed);
+        metrics.transitions.fetch_add(committed, Ordering::Relaxed);
         for (reply, answer) in answers {
-            if matches!(answer, Ok(Outcome::Committed(_))) {
-                metrics.transitions.fetch_add(1, Ordering::Relaxed);
-            }
             let _ = reply.send(answer);
         }
         for (reply, step) in purges {
@@ -514,6 +519,10 @@ impl Committer {
         self.sync_sled_blobs()?;
         self.shared.metrics.fsyncs.fetch_add(1, Ordering::Relaxed);
         add_elapsed_micros(&self.shared.metrics.fsync_micros_total, started);
+        self.shared
+            .metrics
+            .fsync_seconds
+            .observe_duration(started.elapsed());
         Ok(())
     }
 

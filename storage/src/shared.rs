@@ -13,6 +13,7 @@ use serde::Serialize;
 use crate::codec::{self, RecordValue};
 use crate::error::{Error, Result};
 use crate::head_record::{self, HeadIndex};
+use crate::histogram::{Histogram, NamedHistogram};
 use crate::ids::ExecutionId;
 use crate::keys;
 use crate::overlay::Overlay;
@@ -86,9 +87,15 @@ impl Limits {
     }
 }
 
-/// Counters of the write path, for `/metrics` and benchmarks.
-#[derive(Debug, Default)]
+/// Counters and histograms of the write path, for `/metrics` and benchmarks.
+#[derive(Debug)]
 pub(crate) struct Metrics {
+    /// Each group commit's wall time, from taking the group to its fsync.
+    pub group_seconds: Histogram,
+    /// Each fsync's (sled: of the data file; PostgreSQL: the COMMIT, its WAL flush).
+    pub fsync_seconds: Histogram,
+    /// Transitions per group commit.
+    pub group_transitions: Histogram,
     pub groups: AtomicU64,
     pub transitions: AtomicU64,
     pub fsyncs: AtomicU64,
@@ -102,6 +109,56 @@ pub(crate) struct Metrics {
     pub fenced: AtomicU64,
     pub purge_steps: AtomicU64,
     pub log_records_swept: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            group_seconds: Histogram::latency(),
+            fsync_seconds: Histogram::latency(),
+            group_transitions: Histogram::sizes(),
+            groups: AtomicU64::default(),
+            transitions: AtomicU64::default(),
+            fsyncs: AtomicU64::default(),
+            fsync_micros_total: AtomicU64::default(),
+            group_micros_total: AtomicU64::default(),
+            flush_micros_total: AtomicU64::default(),
+            materializations: AtomicU64::default(),
+            replayed_frames: AtomicU64::default(),
+            fenced: AtomicU64::default(),
+            purge_steps: AtomicU64::default(),
+            log_records_swept: AtomicU64::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// The write path's histograms, as `/metrics` shows them.
+    pub fn histograms(&self) -> Vec<NamedHistogram> {
+        let named = |name, help, histogram: &Histogram| NamedHistogram {
+            name,
+            help,
+            labels: String::new(),
+            snapshot: histogram.snapshot(),
+        };
+        vec![
+            named(
+                "group_commit_seconds",
+                "Each group commit's wall time: validate, write, flush, fsync.",
+                &self.group_seconds,
+            ),
+            named(
+                "fsync_seconds",
+                "Each fsync of the store (sled: its data file; PostgreSQL: the COMMIT, which waits for the WAL flush).",
+                &self.fsync_seconds,
+            ),
+            named(
+                "group_commit_transitions",
+                "Transitions per group commit.",
+                &self.group_transitions,
+            ),
+        ]
+    }
 }
 
 /// Adds the time since `since` to a counter of microseconds.

@@ -140,6 +140,10 @@ pub trait EventReader: Send + Sync + 'static {
     }
     /// Counters of the write path (groups, transitions, fsyncs...).
     fn metrics(&self) -> MetricsSnapshot;
+    /// Histograms of the write path: group commits' time and size, fsyncs' time.
+    fn histograms(&self) -> Vec<crate::NamedHistogram> {
+        Vec::new()
+    }
     /// Why the store stopped acknowledging writes (fail-stop after a failed write or
     /// fsync), if it did.
     fn failure(&self) -> Option<String>;
@@ -684,6 +688,10 @@ impl EventReader for Store {
 
     fn metrics(&self) -> MetricsSnapshot {
         self.metrics_snapshot()
+    }
+
+    fn histograms(&self) -> Vec<crate::NamedHistogram> {
+        self.shared().metrics.histograms()
     }
 
     fn failure(&self) -> Option<String> {

@@ -35,6 +35,7 @@ mod k3_property;
 mod k3_states;
 mod k3_world;
 mod kill9;
+mod metrics;
 mod model_stub;
 mod planted;
 mod postgres;

@@ -4,7 +4,6 @@
 
 use std::io::{BufRead as _, BufReader};
 use std::sync::Arc;
-use std::time::Duration;
 
 use openprogram::providers::{Api, HttpProvider};
 use openprogram::storage::Event;

@@ -43,6 +43,9 @@ pub struct ExecutionActor {
     /// The epoch this actor writes with, once its attempt has started.
     pub(super) epoch: Option<u64>,
     pub(super) in_flight: Option<InFlight>,
+    /// When the effect in flight started, and which: its step's time ends at the commit of
+    /// its result (issue 36).
+    pub(super) effect_started: Option<(std::time::Instant, crate::telemetry::StepKind)>,
     /// The model call in flight and where its provider reports the tokens it used (E-6).
     pub(super) usage_meter: Option<(EffectId, crate::agent::UsageMeter)>,
     /// The lease of this actor's attempt, and the actor holding it once the attempt started.
@@ -138,6 +141,7 @@ impl ExecutionActor {
             epoch: claimed.then_some(lease.epoch),
             in_flight: None,
             usage_meter: None,
+            effect_started: None,
             lease,
             lease_actor: None,
             handled: 0,
@@ -209,7 +213,21 @@ impl ExecutionActor {
                     let mut steps = 0;
                     for envelope in &events {
                         match envelope.event {
-                            Event::ModelDecided { .. } | Event::ToolFinished { .. } => steps += 1,
+                            Event::ModelDecided { .. } | Event::ToolFinished { .. } => {
+                                steps += 1;
+                                if let Some((started, kind)) = act.effect_started.take() {
+                                    act.env.telemetry.step(kind, started.elapsed());
+                                }
+                            }
+                            Event::ModelFailed { .. } => {
+                                if let Some((started, kind)) = act.effect_started.take() {
+                                    act.env.telemetry.step(kind, started.elapsed());
+                                }
+                            }
+                            Event::ControlApplied {
+                                control: openprogram_storage::Control::Reconcile { .. },
+                                ..
+                            } => act.env.telemetry.reconciled(),
                             Event::ModelUsage {
                                 input_tokens,
                                 output_tokens,

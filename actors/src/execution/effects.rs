@@ -15,6 +15,7 @@ use crate::agent::{ModelRequest, ToolCall, ToolError, ToolResult, UsageMeter};
 use crate::call::CallHandle;
 use crate::deltas::DeltaSink;
 use crate::execution::machine::{Decision, Input, Machine, PendingTool, Recovery};
+use crate::telemetry::StepKind;
 
 /// A provider or tool finished.
 #[derive(Debug, Message)]
@@ -88,6 +89,7 @@ impl ExecutionActor {
     ) -> Option<Input> {
         let usage = UsageMeter::default();
         self.usage_meter = Some((effect_id, usage.clone()));
+        self.effect_started = Some((std::time::Instant::now(), StepKind::Model));
         let request = ModelRequest {
             execution_id: self.execution_id,
             effect_id,
@@ -137,6 +139,7 @@ impl ExecutionActor {
             return None;
         }
         let effect_id = pending.effect_id;
+        self.effect_started = Some((std::time::Instant::now(), StepKind::Tool));
         let refused = |error: String| -> (Recovery, BoxFuture<'static, ToolResult>) {
             (
                 Recovery::Idempotent,

@@ -153,6 +153,10 @@ pub(super) fn run(shared: Arc<Shared>, client: Option<Client>, mut queue: mpsc::
         let started = Instant::now();
         commit_group(&shared, &mut client, &statements, requests);
         add_elapsed_micros(&shared.metrics.group_micros_total, started);
+        shared
+            .metrics
+            .group_seconds
+            .observe_duration(started.elapsed());
         connection = Some((client, statements));
     }
 }
@@ -178,6 +182,8 @@ fn commit_group(
                 Ok(()) => {
                     add_elapsed_micros(&shared.metrics.fsync_micros_total, started);
                     let metrics = &shared.metrics;
+                    metrics.fsync_seconds.observe_duration(started.elapsed());
+                    metrics.group_transitions.observe(transitions as f64);
                     metrics.groups.fetch_add(1, Ordering::Relaxed);
                     metrics.fsyncs.fetch_add(1, Ordering::Relaxed);
                     metrics

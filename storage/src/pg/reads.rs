@@ -552,6 +552,10 @@ impl EventReader for PgStore {
         self.metrics_snapshot()
     }
 
+    fn histograms(&self) -> Vec<crate::NamedHistogram> {
+        self.shared().metrics.histograms()
+    }
+
     fn failure(&self) -> Option<String> {
         self.shared().failure()
     }
