@@ -66,6 +66,8 @@ mod load_store;
 #[cfg(feature = "server")]
 pub mod model_args;
 #[cfg(feature = "server")]
+pub mod observability;
+#[cfg(feature = "server")]
 pub mod process_stats;
 #[cfg(feature = "server")]
 pub mod serve;

@@ -147,6 +147,8 @@ enum Command {
         advertise: Option<String>,
         #[command(flatten)]
         model: openprogram::model_args::ModelArgs,
+        #[command(flatten)]
+        observability: openprogram::observability::ObservabilityArgs,
     },
     /// Start a throwaway PostgreSQL and N nodes on loopback sharing it (N-2), until
     /// SIGINT/SIGTERM; prints the nodes (one JSON line on stdout).
@@ -404,7 +406,17 @@ fn main() -> ExitCode {
             node_id,
             advertise,
             model,
+            observability,
         } => {
+            // Flushed (its spans exported) when dropped, after the server stopped.
+            let _observability = match observability.init() {
+                Ok(installed) => installed,
+                Err(openprogram::Error::InvalidRequest(message)) => {
+                    eprintln!("openprogram: {message}");
+                    return ExitCode::from(2);
+                }
+                Err(error) => return fail(&error.to_string()),
+            };
             let runtime = match tokio_runtime() {
                 Ok(runtime) => runtime,
                 Err(code) => return code,

@@ -103,10 +103,10 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         .open()?;
     if let Some(salvage) = runtime.salvage() {
         // Listed before anything is served (S-7).
-        eprintln!(
+        crate::observability::say(format!(
             "openprogram: opened to salvage: {}",
             serde_json::to_string(salvage).unwrap_or_else(|error| error.to_string())
-        );
+        ));
     }
     let io = |what: &str, error: std::io::Error| Error::Unavailable(format!("{what}: {error}"));
     // The node's directory holds its tokens even when the store is elsewhere (PostgreSQL).
@@ -134,22 +134,22 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     for addr in &addrs {
         println!("http://{addr}");
     }
-    eprintln!(
+    crate::observability::say(format!(
         "openprogram: runtime on {} (restart window {}); admin token: {}; SIGTERM or SIGINT stops it in order",
         store_name(&options),
         options.restart_window,
         if token_source == "given" { "as given".to_string() } else { format!("in {token_source}") }
-    );
+    ));
     tokio::pin!(stop);
     let report = tokio::select! {
         report = runtime.recovery() => report,
         () = &mut stop => {
-            eprintln!("openprogram: stopping during startup recovery");
+            crate::observability::say("openprogram: stopping during startup recovery");
             return stop_all(&runtime, handle, server_task).await;
         }
     };
     match report {
-        Ok(report) => eprintln!(
+        Ok(report) => crate::observability::say(format!(
             "openprogram: startup recovery: {} classified, {} resumed, {} expired, {} held, {} reconciling, in {} ms",
             report.classified,
             report.resumed.len(),
@@ -157,7 +157,7 @@ pub async fn run(options: ServeOptions) -> Result<()> {
             report.held.len(),
             report.reconciling.len(),
             report.elapsed.as_millis()
-        ),
+        )),
         Err(error) => {
             stop_all(&runtime, handle, server_task).await?;
             return Err(error);
@@ -169,8 +169,8 @@ pub async fn run(options: ServeOptions) -> Result<()> {
                 Ok(Some(seeded)) => {
                     let _ = demo.set(seeded);
                 }
-                Ok(None) => eprintln!("openprogram: --demo: the store is not empty and was not seeded by --demo; nothing seeded"),
-                Err(error) => eprintln!("openprogram: --demo: seeding failed: {error}"),
+                Ok(None) => crate::observability::say("openprogram: --demo: the store is not empty and was not seeded by --demo; nothing seeded"),
+                Err(error) => crate::observability::say(format!("openprogram: --demo: seeding failed: {error}")),
             },
             () = &mut stop => return stop_all(&runtime, handle, server_task).await,
         }
@@ -181,7 +181,7 @@ pub async fn run(options: ServeOptions) -> Result<()> {
             // N-2: other nodes may run this node's executions now, and effects of its old
             // attempts may still be in flight here: no orderly shutdown (it would write),
             // the process ends and its next start is a new incarnation.
-            eprintln!("openprogram: this node lost its lease ({reason}); exiting for a clean restart");
+            crate::observability::say(format!("openprogram: this node lost its lease ({reason}); exiting for a clean restart"));
             std::process::exit(LEASE_LOST_EXIT);
         }
     }
@@ -197,18 +197,18 @@ async fn stop_all(
     handle: actix_web::dev::ServerHandle,
     server_task: tokio::task::JoinHandle<std::io::Result<()>>,
 ) -> Result<()> {
-    eprintln!(
-        "openprogram: stopping: HTTP first, then pausing running executions for restart recovery"
+    crate::observability::say(
+        "openprogram: stopping: HTTP first, then pausing running executions for restart recovery",
     );
     handle.stop(true).await;
     let _ = server_task.await;
     let stopped = runtime.shutdown().await;
-    eprintln!(
+    crate::observability::say(format!(
         "openprogram: stopped: {} live, {} left running, in {} ms",
         stopped.live,
         stopped.left_running,
         stopped.elapsed.as_millis()
-    );
+    ));
     Ok(())
 }
 

@@ -48,6 +48,9 @@ fn i1_an_embedder_gets_the_runtime_without_the_server() {
         "hdrhistogram",
         "tempfile",
         "reqwest",
+        "tracing-subscriber",
+        "opentelemetry",
+        "opentelemetry-otlp",
     ] {
         assert!(
             !crates.contains(&server_only),

@@ -55,4 +55,5 @@ mod s8_history;
 mod s8_retention;
 mod served;
 mod tidy;
+mod traces;
 mod waits;

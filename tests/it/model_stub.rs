@@ -63,6 +63,8 @@ pub struct Recorded {
     pub body: Value,
     /// The body as it came, lossily decoded.
     pub raw: String,
+    /// The body's bytes.
+    pub bytes: Vec<u8>,
     pub at: Instant,
 }
 
@@ -197,6 +199,7 @@ fn serve(
         headers,
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
         raw: String::from_utf8_lossy(&body).into_owned(),
+        bytes: body.clone(),
         at: Instant::now(),
     });
     let reply = replies.lock().expect("stub lock").pop_front();

@@ -43,9 +43,9 @@ pub struct ExecutionActor {
     /// The epoch this actor writes with, once its attempt has started.
     pub(super) epoch: Option<u64>,
     pub(super) in_flight: Option<InFlight>,
-    /// When the effect in flight started, and which: its step's time ends at the commit of
-    /// its result (issue 36).
-    pub(super) effect_started: Option<(std::time::Instant, crate::telemetry::StepKind)>,
+    /// The step in flight (issue 36): when its effect started, which, and its span (a child
+    /// of the attempt's); it ends at the commit of the effect's result.
+    pub(super) effect_started: Option<Step>,
     /// The model call in flight and where its provider reports the tokens it used (E-6).
     pub(super) usage_meter: Option<(EffectId, crate::agent::UsageMeter)>,
     /// The lease of this actor's attempt, and the actor holding it once the attempt started.
@@ -109,6 +109,14 @@ impl Actor for ExecutionActor {
     }
 }
 
+/// A step in flight: its model call or tool call, then the commit of its result.
+#[derive(Debug)]
+pub(super) struct Step {
+    pub(super) started: std::time::Instant,
+    pub(super) kind: crate::telemetry::StepKind,
+    pub(super) span: tracing::Span,
+}
+
 impl ExecutionActor {
     /// `claimed`: the lease's attempt is committed already; otherwise `Activate` claims it.
     pub fn new(
@@ -119,8 +127,17 @@ impl ExecutionActor {
         claimed: bool,
         token: u64,
     ) -> Self {
-        let span = tracing::info_span!(
+        // I-5: the execution, then this actor's attempt of it; steps, calls and commits are
+        // the attempt's children, and every span carries both ids.
+        let execution = tracing::info_span!(
+            parent: None,
             "execution",
+            execution_id = %head.execution_id,
+            attempt_id = %lease.attempt_id,
+        );
+        let span = tracing::info_span!(
+            parent: &execution,
+            "attempt",
             execution_id = %head.execution_id,
             attempt_id = %lease.attempt_id,
             epoch = lease.epoch,
@@ -204,7 +221,18 @@ impl ExecutionActor {
         decision: Option<Decision>,
     ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
         let Plan { transition, after } = self.plan(events, upserts, decision);
-        let submitted = self.env.store.submit(transition);
+        let parent = self
+            .effect_started
+            .as_ref()
+            .map_or(&self.span, |step| &step.span);
+        let commit = tracing::info_span!(
+            parent: parent,
+            "commit",
+            execution_id = %self.execution_id,
+            attempt_id = %self.lease.attempt_id,
+            events = transition.events.len(),
+        );
+        let submitted = tracing::Instrument::instrument(self.env.store.submit(transition), commit);
         Box::pin(fut::wrap_future::<_, Self>(submitted).map(
             move |outcome, act, ctx| match outcome {
                 Ok(Outcome::Committed(mut committed)) => {
@@ -215,13 +243,13 @@ impl ExecutionActor {
                         match envelope.event {
                             Event::ModelDecided { .. } | Event::ToolFinished { .. } => {
                                 steps += 1;
-                                if let Some((started, kind)) = act.effect_started.take() {
-                                    act.env.telemetry.step(kind, started.elapsed());
+                                if let Some(step) = act.effect_started.take() {
+                                    act.env.telemetry.step(step.kind, step.started.elapsed());
                                 }
                             }
                             Event::ModelFailed { .. } => {
-                                if let Some((started, kind)) = act.effect_started.take() {
-                                    act.env.telemetry.step(kind, started.elapsed());
+                                if let Some(step) = act.effect_started.take() {
+                                    act.env.telemetry.step(step.kind, step.started.elapsed());
                                 }
                             }
                             Event::ControlApplied {

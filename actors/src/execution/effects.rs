@@ -9,8 +9,9 @@ use actix::prelude::*;
 use futures::future::{AbortHandle, Abortable, BoxFuture};
 use futures::FutureExt as _;
 use openprogram_storage::{EffectId, ReceiptStatus};
+use tracing::Instrument as _;
 
-use super::actor::{committed, log_failure, Advance, ExecutionActor, InFlight};
+use super::actor::{committed, log_failure, Advance, ExecutionActor, InFlight, Step};
 use crate::agent::{ModelRequest, ToolCall, ToolError, ToolResult, UsageMeter};
 use crate::call::CallHandle;
 use crate::deltas::DeltaSink;
@@ -73,6 +74,40 @@ impl ExecutionActor {
         }
     }
 
+    /// Starts a step's clock and span (I-5); the span of its call, a child of the step's.
+    fn start_step(&mut self, kind: StepKind, effect_id: EffectId, name: &str) -> tracing::Span {
+        let step = tracing::info_span!(
+            parent: &self.span,
+            "step",
+            execution_id = %self.execution_id,
+            attempt_id = %self.lease.attempt_id,
+            %effect_id,
+        );
+        let call = match kind {
+            StepKind::Model => tracing::info_span!(
+                parent: &step,
+                "model_call",
+                execution_id = %self.execution_id,
+                attempt_id = %self.lease.attempt_id,
+                %effect_id,
+            ),
+            StepKind::Tool => tracing::info_span!(
+                parent: &step,
+                "tool_call",
+                execution_id = %self.execution_id,
+                attempt_id = %self.lease.attempt_id,
+                %effect_id,
+                tool = name,
+            ),
+        };
+        self.effect_started = Some(Step {
+            started: std::time::Instant::now(),
+            kind,
+            span: step,
+        });
+        call
+    }
+
     /// E-6: the event recording what the model call `effect_id` used, if its provider said.
     fn model_usage(&mut self, effect_id: EffectId) -> Option<openprogram_storage::Event> {
         let (metered, meter) = self.usage_meter.take()?;
@@ -89,7 +124,7 @@ impl ExecutionActor {
     ) -> Option<Input> {
         let usage = UsageMeter::default();
         self.usage_meter = Some((effect_id, usage.clone()));
-        self.effect_started = Some((std::time::Instant::now(), StepKind::Model));
+        let call = self.start_step(StepKind::Model, effect_id, "model");
         let request = ModelRequest {
             execution_id: self.execution_id,
             effect_id,
@@ -101,7 +136,7 @@ impl ExecutionActor {
             usage,
             deltas: DeltaSink::new(self.env.deltas.clone(), self.execution_id, effect_id),
         };
-        let mut deciding = self.env.provider.decide(request);
+        let mut deciding = self.env.provider.decide(request).instrument(call);
         if let Some(result) = (&mut deciding).now_or_never() {
             return Some(model_result(effect_id, result));
         }
@@ -139,39 +174,37 @@ impl ExecutionActor {
             return None;
         }
         let effect_id = pending.effect_id;
-        self.effect_started = Some((std::time::Instant::now(), StepKind::Tool));
+        let span = self.start_step(StepKind::Tool, effect_id, &pending.tool);
         let refused = |error: String| -> (Recovery, BoxFuture<'static, ToolResult>) {
             (
                 Recovery::Idempotent,
                 futures::future::ready(Err(error.into())).boxed(),
             )
         };
-        let (recovery, mut running) =
-            match (self.env.tools.get(&pending.tool), pending.args.parse()) {
-                (Some(tool), Ok(args)) => {
-                    let call = ToolCall {
-                        execution_id: self.execution_id,
+        let (recovery, running) = match (self.env.tools.get(&pending.tool), pending.args.parse()) {
+            (Some(tool), Ok(args)) => {
+                let call = ToolCall {
+                    execution_id: self.execution_id,
+                    effect_id,
+                    attempt_id: self.lease.attempt_id,
+                    owner_id: self.env.owner,
+                    epoch: self.lease.epoch,
+                    args,
+                    handle: CallHandle::new(
                         effect_id,
-                        attempt_id: self.lease.attempt_id,
-                        owner_id: self.env.owner,
-                        epoch: self.lease.epoch,
-                        args,
-                        handle: CallHandle::new(
-                            effect_id,
-                            ctx.address().recipient(),
-                            ctx.address().recipient(),
-                            ctx.address().recipient(),
-                        ),
-                    };
-                    (tool.recovery(), tool.call(call))
-                }
-                (None, _) => refused(format!("unknown tool `{}`", pending.tool)),
-                // Not run: text serde_json holds as raw JSON but will not parse into a value
-                // (a lone surrogate, a number past f64); the call is recorded as failed.
-                (Some(_), Err(error)) => {
-                    refused(format!("the tool arguments do not parse: {error}"))
-                }
-            };
+                        ctx.address().recipient(),
+                        ctx.address().recipient(),
+                        ctx.address().recipient(),
+                    ),
+                };
+                (tool.recovery(), tool.call(call))
+            }
+            (None, _) => refused(format!("unknown tool `{}`", pending.tool)),
+            // Not run: text serde_json holds as raw JSON but will not parse into a value
+            // (a lone surrogate, a number past f64); the call is recorded as failed.
+            (Some(_), Err(error)) => refused(format!("the tool arguments do not parse: {error}")),
+        };
+        let mut running = running.instrument(span);
         if let Some(result) = (&mut running).now_or_never() {
             return Some(tool_result(effect_id, recovery, Ok(result)));
         }
