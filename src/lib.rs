@@ -67,6 +67,7 @@ mod load_store;
 pub mod model_args;
 #[cfg(feature = "server")]
 pub mod observability;
+pub mod overview;
 #[cfg(feature = "server")]
 pub mod process_stats;
 #[cfg(feature = "server")]
@@ -645,6 +646,15 @@ impl Runtime {
     pub fn deltas(&self, session: SessionId, execution: ExecutionId) -> Result<DeltaWatch> {
         self.inner.service.check_session(session, execution)?;
         Ok(self.inner.inspector.deltas(execution))
+    }
+
+    /// Issue 36: executions across sessions, as `filter` selects them, needs attention
+    /// first (an admin read: `GET /debug/overview`).
+    pub fn overview(
+        &self,
+        filter: &overview::OverviewFilter,
+    ) -> Result<Vec<overview::OverviewRow>> {
+        overview::overview(self.store().as_ref(), filter)
     }
 
     /// The seq of the newest event of an execution of `session` (0: none yet).

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use openprogram::http::client::{self, Failure, Target};
+use openprogram::http::client_select;
 use openprogram::load::{self, LoadOptions};
 use openprogram::serve::{self, ServeOptions};
 use openprogram::soak;
@@ -184,13 +185,22 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Send a control to an execution over HTTP.
+    /// Send a control to an execution over HTTP, or with --where to every execution selected
+    /// (each fenced by the version it was listed at; --dry-run lists them).
     Ctl {
         #[command(flatten)]
         target: TargetArgs,
         kind: CtlKind,
-        session: String,
-        execution: String,
+        #[arg(required_unless_present = "wheres")]
+        session: Option<String>,
+        #[arg(required_unless_present = "wheres")]
+        execution: Option<String>,
+        /// Select executions instead: state=S, kind=K, session=SID, since=DURATION, id=ID.
+        #[arg(long = "where", conflicts_with_all = ["session", "execution"])]
+        wheres: Vec<String>,
+        /// With --where: list what would be sent, send nothing.
+        #[arg(long, requires = "wheres")]
+        dry_run: bool,
         /// steer: the instructions; reconcile: the confirmed output.
         #[arg(long)]
         text: Option<String>,
@@ -246,11 +256,23 @@ enum Command {
         target: TargetArgs,
         what: InspectWhat,
         /// execution, events: SESSION EXECUTION; executions: [SESSION]; activity: SESSION;
-        /// actors: [ID]; resources: the resource queue (J-1).
+        /// actors: [ID]; resources: the resource queue (J-1); tail: the global log, followed.
         ids: Vec<String>,
-        /// events: only those after this seq.
-        #[arg(long, default_value_t = 0)]
-        after: u64,
+        /// events: only those after this seq; tail: after this position (default: now).
+        #[arg(long)]
+        after: Option<u64>,
+        /// executions, across sessions: in this state, of this kind (agent, job, function),
+        /// admitted within DURATION, found by any id, at most N (needs attention first).
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        kind: Option<String>,
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(long)]
+        id: Option<String>,
+        #[arg(long)]
+        limit: Option<usize>,
         #[arg(long)]
         json: bool,
     },
@@ -290,6 +312,7 @@ enum InspectWhat {
     Actors,
     Activity,
     Resources,
+    Tail,
 }
 
 fn main() -> ExitCode {
@@ -476,13 +499,15 @@ fn main() -> ExitCode {
             checkpoint,
             policy,
             json,
+            wheres,
+            dry_run,
         } => {
             let control = client::Control {
                 checkpoint,
                 policy,
                 kind: ctl_kind(kind).into(),
-                session,
-                execution,
+                session: session.unwrap_or_default(),
+                execution: execution.unwrap_or_default(),
                 text,
                 wait,
                 command_id,
@@ -492,6 +517,12 @@ fn main() -> ExitCode {
                 process,
                 outcome,
             };
+            if !wheres.is_empty() {
+                return finish(target_of(target).and_then(|target| {
+                    let selection = client_select::Selection::from_wheres(&wheres)?;
+                    client_select::ctl_where(&target, &control, &selection, dry_run, json)
+                }));
+            }
             finish(target_of(target).and_then(|target| client::ctl(&target, &control, json)))
         }
         Command::Call {
@@ -517,7 +548,41 @@ fn main() -> ExitCode {
             ids,
             after,
             json,
+            state,
+            kind,
+            since,
+            id,
+            limit,
         } => {
+            let selection = client_select::Selection {
+                state,
+                kind,
+                session: ids.first().cloned(),
+                since,
+                id,
+                limit,
+            };
+            let filtered = selection.state.is_some()
+                || selection.kind.is_some()
+                || selection.since.is_some()
+                || selection.id.is_some()
+                || selection.limit.is_some();
+            match what {
+                InspectWhat::Tail => {
+                    return finish(
+                        target_of(target)
+                            .and_then(|target| client_select::tail(&target, after, json)),
+                    )
+                }
+                InspectWhat::Executions if filtered || ids.is_empty() => {
+                    return finish(
+                        target_of(target)
+                            .and_then(|target| client_select::list(&target, &selection, json)),
+                    )
+                }
+                _ => {}
+            }
+            let after = after.unwrap_or(0);
             let what = match what {
                 InspectWhat::Sessions => "sessions",
                 InspectWhat::Executions => "executions",
@@ -526,6 +591,7 @@ fn main() -> ExitCode {
                 InspectWhat::Actors => "actors",
                 InspectWhat::Activity => "activity",
                 InspectWhat::Resources => "resources",
+                InspectWhat::Tail => "tail",
             };
             finish(
                 target_of(target)
@@ -715,23 +781,7 @@ fn compact(data: &std::path::Path, into: &std::path::Path, json: bool) -> ExitCo
 
 /// `--retain-finished`: a duration such as 0s, 500ms, 10s, 30m, 12h or 7d.
 fn retain_finished(text: &str) -> Result<Duration, String> {
-    let invalid = || format!("invalid duration `{text}`: use one like 10s, 30m, 12h or 7d");
-    let digits = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(invalid)?;
-    let amount: u64 = text[..digits].parse().map_err(|_| invalid())?;
-    let millis_per = match &text[digits..] {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return Err(invalid()),
-    };
-    amount
-        .checked_mul(millis_per)
-        .map(Duration::from_millis)
-        .ok_or_else(invalid)
+    openprogram::overview::parse_duration(text)
 }
 
 /// `--lease-ttl`: a positive duration, written as the restart window's are.

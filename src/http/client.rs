@@ -436,7 +436,7 @@ fn describe(snapshot: &Value) -> String {
     text
 }
 
-fn plain(value: &Value) -> String {
+pub(crate) fn plain(value: &Value) -> String {
     match value {
         Value::String(text) => text.clone(),
         Value::Null => "-".into(),
@@ -444,12 +444,12 @@ fn plain(value: &Value) -> String {
     }
 }
 
-fn cells(row: &Value, columns: &[&str]) -> Vec<String> {
+pub(crate) fn cells(row: &Value, columns: &[&str]) -> Vec<String> {
     columns.iter().map(|column| plain(&row[*column])).collect()
 }
 
 /// Columns padded to their widest cell.
-fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
+pub(crate) fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|header| header.len()).collect();
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {

@@ -197,6 +197,72 @@ pub async fn log(
     Ok(HttpResponse::Ok().json(body))
 }
 
+/// The query of `GET /debug/overview`; an unknown field is refused.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverviewQuery {
+    state: Option<String>,
+    kind: Option<String>,
+    session: Option<String>,
+    /// Admitted within this long (`30m`, `12h`, `7d`).
+    since: Option<String>,
+    /// Any id: of an execution, session, effect, wait, command or process.
+    id: Option<String>,
+    limit: Option<usize>,
+}
+
+/// Issue 36: `GET /debug/overview`: executions across sessions, filtered, needs attention
+/// first (`crate::overview`).
+pub async fn overview(
+    api: web::Data<Api>,
+    request: HttpRequest,
+    query: web::Query<OverviewQuery>,
+) -> Result<HttpResponse, ApiError> {
+    api.tokens.authorize_admin(&request)?;
+    let invalid = |message: String| ApiError::from(crate::Error::InvalidRequest(message));
+    let parsed = |field: &str, value: &Option<String>, parse: &dyn Fn(&str) -> bool| match value {
+        Some(value) if !parse(value) => Err(invalid(format!("unknown {field} `{value}`"))),
+        _ => Ok(()),
+    };
+    parsed("state", &query.state, &|state| {
+        crate::overview::parse_state(state).is_some()
+    })?;
+    parsed("kind", &query.kind, &|kind| {
+        crate::overview::parse_kind(kind).is_some()
+    })?;
+    let session = match &query.session {
+        None => None,
+        Some(session) => Some(
+            session
+                .parse()
+                .map_err(|_| invalid(format!("`{session}` is no session id")))?,
+        ),
+    };
+    let since_ms = match &query.since {
+        None => None,
+        Some(since) => {
+            let age = crate::overview::parse_duration(since).map_err(invalid)?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            Some(now.saturating_sub(age).as_millis() as u64)
+        }
+    };
+    let filter = crate::overview::OverviewFilter {
+        state: query
+            .state
+            .as_deref()
+            .and_then(crate::overview::parse_state),
+        kind: query.kind.as_deref().and_then(crate::overview::parse_kind),
+        session,
+        since_ms,
+        id: query.id.clone(),
+        limit: query.limit.unwrap_or(100),
+    };
+    let rows = api.runtime.overview(&filter)?;
+    Ok(HttpResponse::Ok().json(json!({ "executions": rows })))
+}
+
 /// `GET /debug/executions`: executions in a non-terminal state, from the by-state index
 /// (S-6), with their session; and quarantined ones (S-4). Ended executions are not indexed
 /// and not listed.

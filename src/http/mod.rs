@@ -7,6 +7,7 @@
 //! - `debug` — `/debug/*`, `/metrics`, `/health`;
 //! - `error` — JSON errors `{"code", "message"}` and their statuses;
 //! - `client` — the HTTP client side of `openprogram ctl` and `inspect`;
+//! - `client_select` — `inspect executions` across sessions, `inspect tail`, `ctl --where`;
 //! - `demo` — what `serve --demo` seeds.
 //!
 //! Architecture invariant: the HTTP layer only calls the `Runtime` facade (and reads the
@@ -16,6 +17,7 @@
 pub mod api;
 pub mod auth;
 pub mod client;
+pub mod client_select;
 pub mod debug;
 pub mod demo;
 pub mod error;
@@ -117,6 +119,7 @@ pub fn routes(api: Api) -> impl FnOnce(&mut web::ServiceConfig) {
             .route("/debug/log", web::get().to(debug::log))
             .route("/debug/nodes", web::get().to(debug::nodes))
             .route("/debug/executions", web::get().to(debug::executions))
+            .route("/debug/overview", web::get().to(debug::overview))
             .route("/debug/demo", web::get().to(debug::demo))
             .route("/metrics", web::get().to(debug::metrics))
             .route("/health", web::get().to(debug::health))

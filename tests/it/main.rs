@@ -13,6 +13,7 @@ mod branches;
 mod browser;
 mod capabilities;
 mod cli;
+mod cli_select;
 mod controls;
 mod embedder;
 mod functions;

@@ -1,0 +1,233 @@
+//! Issue 36: executions across sessions for an operator — filtered by state, kind, session
+//! and age, found by any id, "needs attention" first (`GET /debug/overview`, `openprogram
+//! inspect executions`, `ctl --where`). An admin read of the store: the candidates come from
+//! an index (a session's executions, a live state's, or the by-session index for all), and
+//! each candidate's head is read until `limit` match.
+
+use std::collections::BTreeSet;
+use std::str::FromStr;
+
+use openprogram_storage::{
+    CommandId, EffectId, EventReader, ExecutionHead, ExecutionId, ExecutionKind, ExecutionState,
+    ProcessId, SessionId, WaitId,
+};
+use serde::Serialize;
+
+use crate::{Error, Result};
+
+/// What to list; every field narrows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OverviewFilter {
+    pub state: Option<ExecutionState>,
+    /// `agent`, `job` or `function`.
+    pub kind: Option<ExecutionKind>,
+    pub session: Option<SessionId>,
+    /// Only executions admitted at or after this time (ms since the epoch).
+    pub since_ms: Option<u64>,
+    /// Any id: of an execution, a session, an effect, a wait, a command or a process.
+    pub id: Option<String>,
+    pub limit: usize,
+}
+
+/// The most rows one read returns.
+pub const OVERVIEW_LIMIT_MAX: usize = 1000;
+
+/// One execution as the overview lists it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OverviewRow {
+    pub execution_id: ExecutionId,
+    pub session_id: SessionId,
+    pub kind: &'static str,
+    pub state: &'static str,
+    pub pause_reason: Option<String>,
+    pub version: u64,
+    /// When it was admitted (its id's time) and last changed, ms since the epoch.
+    pub admitted_ms: u64,
+    pub last_activity_ms: u64,
+    /// Waiting for a person: an approval or question, a pause, an effect to reconcile (B-3).
+    pub needs_attention: bool,
+}
+
+pub fn kind_name(kind: ExecutionKind) -> &'static str {
+    match kind {
+        ExecutionKind::AgentTurn => "agent",
+        ExecutionKind::Job => "job",
+        ExecutionKind::Function => "function",
+    }
+}
+
+/// `agent`, `job` or `function`; `None` for anything else.
+pub fn parse_kind(kind: &str) -> Option<ExecutionKind> {
+    match kind {
+        "agent" => Some(ExecutionKind::AgentTurn),
+        "job" => Some(ExecutionKind::Job),
+        "function" => Some(ExecutionKind::Function),
+        _ => None,
+    }
+}
+
+/// A state by its contract name.
+pub fn parse_state(state: &str) -> Option<ExecutionState> {
+    ExecutionState::ALL
+        .into_iter()
+        .find(|candidate| candidate.as_str() == state)
+}
+
+fn needs_attention(state: ExecutionState) -> bool {
+    matches!(
+        state,
+        ExecutionState::Waiting | ExecutionState::Paused | ExecutionState::ReconciliationRequired
+    )
+}
+
+/// How a row sorts: needs attention, then running work, then ended; newest activity first.
+fn rank(row: &OverviewRow, state: ExecutionState) -> (u8, std::cmp::Reverse<u64>) {
+    let group = match (row.needs_attention, state.is_terminal()) {
+        (true, _) => 0,
+        (false, false) => 1,
+        (false, true) => 2,
+    };
+    (group, std::cmp::Reverse(row.last_activity_ms))
+}
+
+/// The executions `filter` selects, needs attention first.
+pub fn overview(store: &dyn EventReader, filter: &OverviewFilter) -> Result<Vec<OverviewRow>> {
+    let limit = filter.limit.clamp(1, OVERVIEW_LIMIT_MAX);
+    let candidates = candidates(store, filter)?;
+    let mut rows = Vec::new();
+    // Newest first: ids are time-ordered.
+    for execution_id in candidates.into_iter().rev() {
+        let Some(head) = store.head(execution_id)? else {
+            continue; // purged since it was indexed
+        };
+        if let Some(row) = row_if(&head, filter) {
+            rows.push((rank(&row, head.state), row));
+        }
+        // Reading stops once enough rows of the first group are in hand: every later
+        // candidate is older, and sorts after them within its group.
+        if rows.len() >= limit * 4 && rows.iter().filter(|(rank, _)| rank.0 == 0).count() >= limit {
+            break;
+        }
+    }
+    rows.sort_by_key(|(rank, _)| *rank);
+    Ok(rows.into_iter().take(limit).map(|(_, row)| row).collect())
+}
+
+fn row_if(head: &ExecutionHead, filter: &OverviewFilter) -> Option<OverviewRow> {
+    let admitted_ms = head
+        .execution_id
+        .as_uuid()
+        .get_timestamp()
+        .map_or(0, |time| {
+            let (seconds, nanos) = time.to_unix();
+            seconds * 1000 + u64::from(nanos) / 1_000_000
+        });
+    let keep = filter.state.is_none_or(|state| state == head.state)
+        && filter.kind.is_none_or(|kind| kind == head.kind)
+        && filter
+            .session
+            .is_none_or(|session| session == head.session_id)
+        && filter.since_ms.is_none_or(|since| admitted_ms >= since);
+    keep.then(|| OverviewRow {
+        execution_id: head.execution_id,
+        session_id: head.session_id,
+        kind: kind_name(head.kind),
+        state: head.state.as_str(),
+        pause_reason: head.pause_reason.clone(),
+        version: head.version,
+        admitted_ms,
+        last_activity_ms: head.last_activity_ms,
+        needs_attention: needs_attention(head.state),
+    })
+}
+
+/// The executions worth reading, oldest first, from the narrowest index the filter allows.
+fn candidates(store: &dyn EventReader, filter: &OverviewFilter) -> Result<Vec<ExecutionId>> {
+    if let Some(id) = &filter.id {
+        return by_id(store, id.trim());
+    }
+    if let Some(session) = filter.session {
+        return Ok(store.executions_in_session(session)?);
+    }
+    if let Some(state) = filter.state.filter(|state| !state.is_terminal()) {
+        let mut ids = store.executions_in_state(state)?;
+        ids.sort();
+        return Ok(ids);
+    }
+    let mut ids = BTreeSet::new();
+    for (session, _) in store.sessions()? {
+        ids.extend(store.executions_in_session(session)?);
+    }
+    Ok(ids.into_iter().collect())
+}
+
+/// The executions an id names: itself, a session's, or the one a record belongs to (a bare
+/// UUID is tried as an execution, a session and a command). An id that parses as none of
+/// them is a usage error; one that names nothing finds nothing.
+fn by_id(store: &dyn EventReader, id: &str) -> Result<Vec<ExecutionId>> {
+    let prefixed = |prefix: &str| {
+        id.strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with('_'))
+    };
+    let one = |execution: Option<ExecutionId>| Ok(execution.into_iter().collect());
+    let bare = uuid::Uuid::parse_str(id).is_ok();
+    if prefixed(ExecutionId::PREFIX) || bare {
+        if let Ok(execution) = ExecutionId::from_str(id) {
+            if !bare || store.head(execution)?.is_some() {
+                return one(Some(execution));
+            }
+        }
+    }
+    if prefixed(SessionId::PREFIX) || bare {
+        if let Ok(session) = SessionId::from_str(id) {
+            let executions = store.executions_in_session(session)?;
+            if !bare || !executions.is_empty() {
+                return Ok(executions);
+            }
+        }
+    }
+    if prefixed(EffectId::PREFIX) {
+        if let Ok(effect) = EffectId::from_str(id) {
+            return one(store.receipt(effect)?.map(|receipt| receipt.execution_id));
+        }
+    }
+    if prefixed(WaitId::PREFIX) {
+        if let Ok(wait) = WaitId::from_str(id) {
+            return one(store.wait(wait)?.map(|wait| wait.execution_id));
+        }
+    }
+    if prefixed(ProcessId::PREFIX) {
+        if let Ok(process) = ProcessId::from_str(id) {
+            return one(store.process(process)?.map(|process| process.execution_id));
+        }
+    }
+    if prefixed(CommandId::PREFIX) || bare {
+        if let Ok(command) = CommandId::from_str(id) {
+            return one(store.command(command)?.map(|command| command.execution_id));
+        }
+    }
+    Err(Error::InvalidRequest(format!(
+        "`{id}` is no id of an execution, session, effect, wait, command or process"
+    )))
+}
+
+/// A duration like `500ms`, `10s`, `30m`, `12h` or `7d`.
+pub fn parse_duration(text: &str) -> std::result::Result<std::time::Duration, String> {
+    let invalid = || format!("invalid duration `{text}`: use one like 10s, 30m, 12h or 7d");
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(invalid)?;
+    let amount: u64 = text[..digits].parse().map_err(|_| invalid())?;
+    let millis_per = match &text[digits..] {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(invalid()),
+    };
+    amount
+        .checked_mul(millis_per)
+        .map(std::time::Duration::from_millis)
+        .ok_or_else(invalid)
+}
