@@ -92,6 +92,10 @@ enum Command {
         /// The admin token for `--url` (else OPENPROGRAM_TOKEN).
         #[arg(long, requires = "url")]
         token: Option<String>,
+        /// Log lines and spans of the embedded runtime, as `serve` has them (its figure with
+        /// and without them measures their cost).
+        #[command(flatten)]
+        observability: openprogram::observability::ObservabilityArgs,
     },
     /// Run the runtime with its HTTP API, debug endpoint and page until SIGTERM/SIGINT
     /// (orderly shutdown). Prints the listen URL.
@@ -356,7 +360,12 @@ fn main() -> ExitCode {
             json,
             url,
             token,
+            observability,
         } => {
+            let _observability = match observability.init() {
+                Ok(installed) => installed,
+                Err(error) => return fail(&error.to_string()),
+            };
             let resources = match (jobs, resources.is_empty()) {
                 (true, true) => vec![("model".to_owned(), 8)],
                 _ => resources,
