@@ -124,6 +124,8 @@ fn in_browser(
         .arg(browser_dir().join(script))
         .args(args)
         .env("CHROMIUM", chromium)
+        // Where a script saves its screenshots, if it takes any (docs/, by hand).
+        .envs(std::env::var("OP_SCREENSHOTS").map(|dir| ("SCREENSHOTS", dir)))
         .stdout(File::create(&stdout).expect("stdout file"))
         .stderr(File::create(&stderr).expect("stderr file"))
         .spawn()
@@ -337,4 +339,50 @@ fn serve_with_session(data: &Path, extra: &[&str]) -> (Serve, String, String) {
         .to_owned();
     let token = session["token"].as_str().expect("session token").to_owned();
     (serve, sid, token)
+}
+
+/// Issue 36 in the page: the admin's overview across sessions puts the execution that needs
+/// attention first, filters by state, finds by id; the execution's timeline shows payloads,
+/// durations and the attempt; a decline sent from the page completes it. With
+/// `OP_SCREENSHOTS=DIR` the script saves the screenshots README shows (docs/).
+#[test]
+#[ignore = "needs Chromium, Node.js and `npm ci --prefix tests/browser` (beyond the Rust \
+            toolchain): `.ci/run` installs them and runs it; or install them and run \
+            `cargo test --workspace -- --include-ignored browser`"]
+fn i3_an_operator_finds_and_resolves_an_execution_from_the_overview() {
+    let chromium = prerequisites();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let (serve, sid, token) = serve_with_session(&data, &[]);
+    let (sid, token) = (sid.as_str(), token.as_str());
+    let done = serve.start_execution(
+        sid,
+        token,
+        "say hello",
+        json!([{"tool": "echo", "args": {"text": "hello"}}, {"reply": "hello"}]),
+    );
+    serve.wait_for_state(sid, token, &done, "completed");
+    // Another session's execution waits for an approval.
+    let (status, other) = serve.call("POST", "/v1/sessions", ADMIN, None);
+    assert_eq!(status, 201, "{other}");
+    let (other_sid, other_token) = (
+        other["session_id"].as_str().expect("id"),
+        other["token"].as_str().expect("token"),
+    );
+    let script = json!([{"ask": "deploy?"}, {"tool": "echo", "args": {"text": "deployed"}},
+        {"reply": "done"}]);
+    let waiting = serve.start_execution(other_sid, other_token, "deploy the site", script);
+    serve.wait_for_state(other_sid, other_token, &waiting, "waiting");
+    let args = [serve.url.as_str(), ADMIN, waiting.as_str(), done.as_str()];
+    let (status, output) = in_browser("overview.mjs", &chromium, dir.path(), &args);
+    println!("{}", output.trim());
+    assert!(
+        status.success(),
+        "the browser test failed ({status}): {}",
+        output.trim()
+    );
+    let snapshot = serve.wait_for_state(other_sid, other_token, &waiting, "completed");
+    assert_eq!(snapshot["waits"][0]["status"], "declined", "{snapshot}");
+    let status = serve.stop();
+    assert!(status.success(), "serve after SIGTERM: {status:?}");
 }
