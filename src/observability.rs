@@ -24,6 +24,17 @@ pub struct ObservabilityArgs {
     /// http://127.0.0.1:4318 (spans go to /v1/traces under it).
     #[arg(long)]
     pub otlp_endpoint: Option<String>,
+    /// The share of executions whose spans are exported, 0 to 1 (default 1: all). Decided
+    /// once per execution's trace: a sampled execution's spans are all there.
+    #[arg(long, requires = "otlp_endpoint", default_value_t = 1.0, value_parser = ratio)]
+    pub otlp_sample: f64,
+}
+
+fn ratio(text: &str) -> std::result::Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(ratio),
+        _ => Err(format!("`{text}` is not a share between 0 and 1")),
+    }
 }
 
 /// The target of `serve`'s progress lines: always logged, whatever RUST_LOG says of the rest.
@@ -92,7 +103,7 @@ impl ObservabilityArgs {
         let (spans, provider) = match &self.otlp_endpoint {
             None => (None, None),
             Some(endpoint) => {
-                let provider = provider(endpoint)?;
+                let provider = provider(endpoint, self.otlp_sample)?;
                 use opentelemetry::trace::TracerProvider as _;
                 let tracer = provider.tracer("openprogram");
                 // Spans of the runtime at info and above, whatever RUST_LOG says of logs.
@@ -112,7 +123,7 @@ impl ObservabilityArgs {
 }
 
 /// The OTLP/HTTP exporter for `endpoint` (a base URL, or the full `…/v1/traces`).
-fn provider(endpoint: &str) -> Result<opentelemetry_sdk::trace::SdkTracerProvider> {
+fn provider(endpoint: &str, sample: f64) -> Result<opentelemetry_sdk::trace::SdkTracerProvider> {
     use opentelemetry_otlp::WithExportConfig as _;
     let url = reqwest_url(endpoint)?;
     let traces = match url.trim_end_matches('/') {
@@ -128,8 +139,11 @@ fn provider(endpoint: &str) -> Result<opentelemetry_sdk::trace::SdkTracerProvide
     let resource = opentelemetry_sdk::Resource::builder()
         .with_service_name("openprogram")
         .build();
+    use opentelemetry_sdk::trace::Sampler;
+    let sampler = Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(sample)));
     Ok(opentelemetry_sdk::trace::SdkTracerProvider::builder()
         .with_resource(resource)
+        .with_sampler(sampler)
         .with_batch_exporter(exporter)
         .build())
 }
