@@ -103,7 +103,9 @@ impl ObservabilityArgs {
         let (spans, provider) = match &self.otlp_endpoint {
             None => (None, None),
             Some(endpoint) => {
-                let provider = provider(endpoint, self.otlp_sample)?;
+                let provider = provider(endpoint)?;
+                // The runtime samples whole executions itself: one left out makes no span.
+                openprogram_actors::telemetry::set_span_sample(self.otlp_sample);
                 use opentelemetry::trace::TracerProvider as _;
                 let tracer = provider.tracer("openprogram");
                 // Spans of the runtime at info and above, whatever RUST_LOG says of logs.
@@ -123,7 +125,7 @@ impl ObservabilityArgs {
 }
 
 /// The OTLP/HTTP exporter for `endpoint` (a base URL, or the full `…/v1/traces`).
-fn provider(endpoint: &str, sample: f64) -> Result<opentelemetry_sdk::trace::SdkTracerProvider> {
+fn provider(endpoint: &str) -> Result<opentelemetry_sdk::trace::SdkTracerProvider> {
     use opentelemetry_otlp::WithExportConfig as _;
     let url = reqwest_url(endpoint)?;
     let traces = match url.trim_end_matches('/') {
@@ -139,11 +141,8 @@ fn provider(endpoint: &str, sample: f64) -> Result<opentelemetry_sdk::trace::Sdk
     let resource = opentelemetry_sdk::Resource::builder()
         .with_service_name("openprogram")
         .build();
-    use opentelemetry_sdk::trace::Sampler;
-    let sampler = Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(sample)));
     Ok(opentelemetry_sdk::trace::SdkTracerProvider::builder()
         .with_resource(resource)
-        .with_sampler(sampler)
         .with_batch_exporter(exporter)
         .build())
 }

@@ -9,6 +9,50 @@ use std::time::Duration;
 
 use openprogram_storage::{Histogram, NamedHistogram};
 
+/// The share of executions whose spans are made, as f64 bits (default 1: all). Process-wide,
+/// like the `tracing` subscriber that wants them: set by whoever installs it (`serve
+/// --otlp-sample`). An execution left out makes none of its spans, not even disabled ones,
+/// so a small share costs a small share.
+static SPAN_SAMPLE: AtomicU64 = AtomicU64::new(0x3FF0_0000_0000_0000); // 1.0
+
+/// Sets the share of executions whose spans are made (0 to 1; outside, clamped).
+pub fn set_span_sample(share: f64) {
+    let share = if share.is_nan() {
+        1.0
+    } else {
+        share.clamp(0.0, 1.0)
+    };
+    SPAN_SAMPLE.store(share.to_bits(), Ordering::Relaxed);
+}
+
+/// Whether `execution_id`'s spans are made: decided by its id's random bits, so every attempt
+/// of an execution, in any process with the same share, decides alike.
+pub fn spans_sampled(execution_id: openprogram_storage::ExecutionId) -> bool {
+    in_share(
+        execution_id,
+        f64::from_bits(SPAN_SAMPLE.load(Ordering::Relaxed)),
+    )
+}
+
+fn in_share(execution_id: openprogram_storage::ExecutionId, share: f64) -> bool {
+    if share >= 1.0 {
+        return true;
+    }
+    // UUID v7: the last 8 bytes are random but for the variant's two bits.
+    let bytes = execution_id.as_bytes();
+    let random = u64::from_be_bytes([
+        bytes[8] & 0x3f,
+        bytes[9],
+        bytes[10],
+        bytes[11],
+        bytes[12],
+        bytes[13],
+        bytes[14],
+        bytes[15],
+    ]);
+    (random as f64) < share * (1u64 << 62) as f64
+}
+
 #[derive(Debug)]
 pub struct Telemetry {
     /// From a model call's start to the commit of its decision or error.
@@ -113,5 +157,33 @@ impl Telemetry {
             named("command_seconds", command, r#"outcome="applied""#, &self.commands_applied),
             named("command_seconds", command, r#"outcome="rejected""#, &self.commands_rejected),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openprogram_storage::ExecutionId;
+
+    #[test]
+    fn i5_a_share_of_executions_is_sampled_alike_for_every_attempt() {
+        let ids: Vec<ExecutionId> = (0..10_000).map(|_| ExecutionId::new()).collect();
+        let count = |share| ids.iter().filter(|id| in_share(**id, share)).count();
+        assert_eq!(count(1.0), 10_000);
+        assert_eq!(count(0.0), 0);
+        let half = count(0.5);
+        assert!(
+            (4_000..6_000).contains(&half),
+            "{half} of 10,000 at one half"
+        );
+        let tenth = count(0.1);
+        assert!(
+            (600..1_400).contains(&tenth),
+            "{tenth} of 10,000 at a tenth"
+        );
+        // The same execution decides the same, whenever asked.
+        assert!(ids
+            .iter()
+            .all(|id| in_share(*id, 0.3) == in_share(*id, 0.3)));
     }
 }

@@ -185,3 +185,57 @@ fn i5_spans_reach_a_collector_with_their_ids_and_parents() {
         assert!(parsed["level"].is_string(), "{line}");
     }
 }
+
+/// `--otlp-sample 0` exports no execution's spans (the sampler decides per execution);
+/// a share outside 0..1 is a usage error.
+#[test]
+fn i5_a_sample_of_zero_exports_no_execution() {
+    let collector = Stub::start(vec![Reply::status(200, &[], ""); 16]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let served = Served::start(
+        &data,
+        "traces-test-token",
+        &[],
+        &["--otlp-endpoint", &collector.url, "--otlp-sample", "0"],
+    );
+    let (_, session) = served.call("POST", "/v1/sessions", Some(&json!({})));
+    let executions = format!(
+        "/v1/sessions/{}/executions",
+        session["session_id"].as_str().expect("session id")
+    );
+    let (status, started) = served.call(
+        "POST",
+        &executions,
+        Some(&json!({"message": "m", "script": [{"reply": "done"}]})),
+    );
+    assert_eq!(status, 201, "{started}");
+    let execution = format!(
+        "{executions}/{}",
+        started["execution_id"].as_str().expect("id")
+    );
+    let deadline = std::time::Instant::now() + crate::support::DEADLINE;
+    while served.call("GET", &execution, None).1["state"] != "completed" {
+        assert!(std::time::Instant::now() < deadline, "never completed");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    served.stop();
+    let exported = spans(&collector);
+    assert!(
+        exported
+            .iter()
+            .all(|span| !span.attributes.contains_key("execution_id")),
+        "{exported:#?}"
+    );
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_openprogram"))
+        .args([
+            "serve",
+            "--otlp-endpoint",
+            "http://127.0.0.1:1",
+            "--otlp-sample",
+            "2",
+        ])
+        .output()
+        .expect("run serve");
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+}

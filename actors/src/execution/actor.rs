@@ -129,19 +129,26 @@ impl ExecutionActor {
     ) -> Self {
         // I-5: the execution, then this actor's attempt of it; steps, calls and commits are
         // the attempt's children, and every span carries both ids.
-        let execution = tracing::info_span!(
-            parent: None,
-            "execution",
-            execution_id = %head.execution_id,
-            attempt_id = %lease.attempt_id,
-        );
-        let span = tracing::info_span!(
-            parent: &execution,
-            "attempt",
-            execution_id = %head.execution_id,
-            attempt_id = %lease.attempt_id,
-            epoch = lease.epoch,
-        );
+        // An execution left out of the span sample makes none (`Span::none`), nor do its
+        // steps and commits, whose parent it is.
+        let span = match crate::telemetry::spans_sampled(head.execution_id) {
+            true => {
+                let execution = tracing::info_span!(
+                    parent: None,
+                    "execution",
+                    execution_id = %head.execution_id,
+                    attempt_id = %lease.attempt_id,
+                );
+                tracing::info_span!(
+                    parent: &execution,
+                    "attempt",
+                    execution_id = %head.execution_id,
+                    attempt_id = %lease.attempt_id,
+                    epoch = lease.epoch,
+                )
+            }
+            false => tracing::Span::none(),
+        };
         Self {
             env,
             execution_id: head.execution_id,
@@ -225,13 +232,16 @@ impl ExecutionActor {
             .effect_started
             .as_ref()
             .map_or(&self.span, |step| &step.span);
-        let commit = tracing::info_span!(
-            parent: parent,
-            "commit",
-            execution_id = %self.execution_id,
-            attempt_id = %self.lease.attempt_id,
-            events = transition.events.len(),
-        );
+        let commit = match parent.is_none() {
+            true => tracing::Span::none(),
+            false => tracing::info_span!(
+                parent: parent,
+                "commit",
+                execution_id = %self.execution_id,
+                attempt_id = %self.lease.attempt_id,
+                events = transition.events.len(),
+            ),
+        };
         let submitted = tracing::Instrument::instrument(self.env.store.submit(transition), commit);
         Box::pin(fut::wrap_future::<_, Self>(submitted).map(
             move |outcome, act, ctx| match outcome {

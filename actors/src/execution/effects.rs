@@ -76,6 +76,15 @@ impl ExecutionActor {
 
     /// Starts a step's clock and span (I-5); the span of its call, a child of the step's.
     fn start_step(&mut self, kind: StepKind, effect_id: EffectId, name: &str) -> tracing::Span {
+        if self.span.is_none() {
+            // Not in the span sample (or no subscriber wants spans).
+            self.effect_started = Some(Step {
+                started: std::time::Instant::now(),
+                kind,
+                span: tracing::Span::none(),
+            });
+            return tracing::Span::none();
+        }
         let step = tracing::info_span!(
             parent: &self.span,
             "step",
