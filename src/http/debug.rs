@@ -329,7 +329,11 @@ pub async fn metrics(api: web::Data<Api>, request: HttpRequest) -> Result<HttpRe
     let mut histograms = api.runtime.store().histograms();
     histograms.extend(api.runtime.inspect().telemetry().histograms());
     out.histograms(&histograms);
-    index_metrics(&mut out, api.runtime.store().as_ref())?;
+    index_metrics(
+        &mut out,
+        api.runtime.store().as_ref(),
+        api.runtime.inspect().live_executions(),
+    )?;
     if let Ok(queue) = api.runtime.resources().await {
         out.text.push_str(&super::resources::queue_metrics(&queue));
     }
@@ -561,8 +565,10 @@ fn store_metrics(out: &mut Prometheus, counters: &openprogram_storage::MetricsSn
 fn index_metrics(
     out: &mut Prometheus,
     store: &dyn openprogram_storage::EventReader,
+    live: usize,
 ) -> Result<(), ApiError> {
     let mut by_state = Vec::new();
+    let mut unfinished = 0;
     for state in ExecutionState::ALL
         .into_iter()
         .filter(|state| !state.is_terminal())
@@ -572,12 +578,21 @@ fn index_metrics(
             .map_err(crate::Error::from)?
             .len();
         by_state.push((format!("{{state=\"{}\"}}", state.as_str()), count as f64));
+        unfinished += count;
     }
     out.metric(
         "executions",
         "gauge",
         "Executions by non-terminal state (ended executions are not indexed).",
         &by_state,
+    );
+    out.gauge(
+        "parked_executions",
+        "Executions not ended and without a live actor (waiting, paused, queued, or idle): \
+         they cost no memory until a command, an answer or a lease activates them. Actor \
+         mailboxes are not measured (actix does not expose their depth); the committer's is \
+         committer_queue_depth.",
+        unfinished.saturating_sub(live) as f64,
     );
     out.gauge(
         "quarantined_executions",

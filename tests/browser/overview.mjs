@@ -75,6 +75,14 @@ try {
   const asked = timeline.find((row) => row.type === 'wait_opened');
   if (!asked.payload.includes('deploy?')) throw new Error(`the wait's payload is missing: ${asked.payload}`);
 
+  step = 'following the wait id in the timeline to its execution';
+  await page.getByLabel('Any id', { exact: true }).fill('');
+  await page.locator('#timeline tr[data-type="wait_opened"] a.find[data-find^="wait_"]').first().click();
+  await page.waitForFunction((id) => {
+    const all = [...document.querySelectorAll('#overview tr[data-eid]')];
+    return document.getElementById('ov-id').value.startsWith('wait_') && all.length === 1 && all[0].dataset.eid === id;
+  }, waiting);
+
   step = 'declining the approval from the page';
   await page.locator('[data-decline]').first().click();
   await page.locator('#execution-state', { hasText: 'completed' }).waitFor();

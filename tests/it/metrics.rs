@@ -154,6 +154,7 @@ fn i3_metrics_are_prometheus_text_with_histograms_and_counters() {
         "openprogram_step_seconds",
         "openprogram_commands_rejected_total",
         "openprogram_reconciliations_total",
+        "openprogram_parked_executions",
     ] {
         assert!(scrape.docs.contains_key(name), "no HELP for {name}");
     }
