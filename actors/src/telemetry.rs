@@ -38,19 +38,11 @@ fn in_share(execution_id: openprogram_storage::ExecutionId, share: f64) -> bool 
     if share >= 1.0 {
         return true;
     }
-    // UUID v7: the last 8 bytes are random but for the variant's two bits.
+    // UUID v7 as the uuid crate makes it: the top of the random part is a counter that keeps
+    // ids in order within a millisecond; its last 32 bits are random.
     let bytes = execution_id.as_bytes();
-    let random = u64::from_be_bytes([
-        bytes[8] & 0x3f,
-        bytes[9],
-        bytes[10],
-        bytes[11],
-        bytes[12],
-        bytes[13],
-        bytes[14],
-        bytes[15],
-    ]);
-    (random as f64) < share * (1u64 << 62) as f64
+    let random = u32::from_be_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
+    f64::from(random) < share * f64::from(u32::MAX)
 }
 
 #[derive(Debug)]

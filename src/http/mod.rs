@@ -117,6 +117,7 @@ pub fn routes(api: Api) -> impl FnOnce(&mut web::ServiceConfig) {
             .route("/debug/actors", web::get().to(debug::actors))
             .route("/debug/actors/{id}", web::get().to(debug::actor))
             .route("/debug/log", web::get().to(debug::log))
+            .route("/debug/log/stream", web::get().to(stream::log_stream))
             .route("/debug/nodes", web::get().to(debug::nodes))
             .route("/debug/executions", web::get().to(debug::executions))
             .route("/debug/overview", web::get().to(debug::overview))

@@ -47,8 +47,7 @@ pub async fn events_stream(
     let deltas = api.runtime.deltas(session, execution)?;
     let mut stream = Stream {
         api: api.into_inner(),
-        session,
-        execution,
+        source: Source::Execution { session, execution },
         cursor: after,
         queued: VecDeque::new(),
         keepalive_at: Instant::now(),
@@ -73,10 +72,58 @@ pub async fn events_stream(
     Ok(event_stream(body))
 }
 
+/// Issue 36: `GET /debug/log/stream[?after=POSITION]` (admin): the global log as SSE, `id:`
+/// the position (`Last-Event-ID` wins over `after`; neither: from its end); what the page's
+/// overview follows to stay live.
+pub async fn log_stream(
+    api: web::Data<Api>,
+    request: HttpRequest,
+    query: web::Query<LogStreamQuery>,
+) -> Result<HttpResponse, ApiError> {
+    api.tokens.authorize_admin(&request)?;
+    let cursor = match last_event_id(&request).or(query.after) {
+        Some(after) => after,
+        // No cursor: from now on.
+        None => api.runtime.store().log_end().map_err(crate::Error::from)?,
+    };
+    let stream = Stream {
+        api: api.into_inner(),
+        source: Source::Log,
+        cursor,
+        queued: VecDeque::from([Bytes::from_static(b"retry: 1000\n\n")]),
+        keepalive_at: Instant::now(),
+        poll_at: Instant::now(),
+        deltas: None,
+    };
+    let body = futures::stream::unfold(stream, |mut stream| async move {
+        let bytes = stream.next().await?;
+        Some((Ok::<_, actix_web::Error>(bytes), stream))
+    });
+    Ok(event_stream(body))
+}
+
+/// The query of `GET /debug/log/stream`: without `after` (or `Last-Event-ID`), from the log's
+/// end.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogStreamQuery {
+    after: Option<u64>,
+}
+
+/// What a stream follows.
+enum Source {
+    /// One execution's events; the cursor is a seq.
+    Execution {
+        session: SessionId,
+        execution: ExecutionId,
+    },
+    /// The global log (admin); the cursor is a position.
+    Log,
+}
+
 struct Stream {
     api: std::sync::Arc<Api>,
-    session: SessionId,
-    execution: ExecutionId,
+    source: Source,
     /// The seq of the last event sent.
     cursor: u64,
     queued: VecDeque<Bytes>,
@@ -97,12 +144,20 @@ impl Stream {
             }
             if Instant::now() >= self.poll_at {
                 self.poll_at = Instant::now() + self.api.poll;
-                let read = self.api.runtime.events_page(
-                    self.session,
-                    self.execution,
-                    self.cursor,
-                    STREAM_PAGE_LEN_MAX,
-                );
+                let read = match &self.source {
+                    Source::Execution { session, execution } => self.api.runtime.events_page(
+                        *session,
+                        *execution,
+                        self.cursor,
+                        STREAM_PAGE_LEN_MAX,
+                    ),
+                    Source::Log => self
+                        .api
+                        .runtime
+                        .store()
+                        .log_after(self.cursor, STREAM_PAGE_LEN_MAX)
+                        .map_err(crate::Error::from),
+                };
                 // A piece is published before its decision commits: every piece of a
                 // decision just read is in the channel now, and goes out before it.
                 while let Some(Ok(delta)) = self.deltas.as_mut().map(DeltaWatch::try_recv) {
@@ -112,9 +167,12 @@ impl Stream {
                 match read {
                     Ok(events) if !events.is_empty() => {
                         for envelope in &events {
-                            self.cursor = envelope.seq;
+                            self.cursor = match self.source {
+                                Source::Execution { .. } => envelope.seq,
+                                Source::Log => envelope.position,
+                            };
                             self.queued.push_back(frame(
-                                Some(envelope.seq),
+                                Some(self.cursor),
                                 None,
                                 &event_json(envelope),
                             ));

@@ -140,6 +140,18 @@ pub trait EventReader: Send + Sync + 'static {
     }
     /// Counters of the write path (groups, transitions, fsyncs...).
     fn metrics(&self) -> MetricsSnapshot;
+    /// The position of the newest event in the whole log (0: none): where a reader that wants
+    /// only what comes next starts. By default read page by page to the end.
+    fn log_end(&self) -> Result<u64> {
+        let mut end = 0;
+        loop {
+            let page = self.log_after(end, 1024)?;
+            match page.last() {
+                Some(last) => end = last.position.max(end + 1),
+                None => return Ok(end),
+            }
+        }
+    }
     /// Histograms of the write path: group commits' time and size, fsyncs' time.
     fn histograms(&self) -> Vec<crate::NamedHistogram> {
         Vec::new()
@@ -692,6 +704,10 @@ impl EventReader for Store {
 
     fn histograms(&self) -> Vec<crate::NamedHistogram> {
         self.shared().metrics.histograms()
+    }
+
+    fn log_end(&self) -> Result<u64> {
+        Ok(self.durable_position())
     }
 
     fn failure(&self) -> Option<String> {

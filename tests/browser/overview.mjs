@@ -86,6 +86,8 @@ try {
   step = 'declining the approval from the page';
   await page.locator('[data-decline]').first().click();
   await page.locator('#execution-state', { hasText: 'completed' }).waitFor();
+  step = 'seeing the overview follow the global log (no reload, no polling)';
+  await page.waitForFunction((id) => document.querySelector(`#overview tr[data-eid="${id}"]`)?.dataset.state === 'completed', waiting);
   await page.locator('#timeline tr[data-type="replied"]').waitFor();
   if (shots) await page.screenshot({ path: `${shots}/execution.png`, fullPage: true });
 

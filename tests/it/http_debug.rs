@@ -313,3 +313,43 @@ fn i3_health_openapi_and_page_need_no_token() {
     assert_eq!(status, 200);
     assert!(page.as_str().expect("html").contains("events/stream"));
 }
+
+/// Issue 36: `GET /debug/log/stream` follows the global log from its end (what the page's
+/// overview watches), or from `after`; an admin read.
+#[test]
+fn i3_the_global_log_streams_from_its_end_or_a_cursor() {
+    let server = TestServer::new();
+    let session = server.session();
+    let script = json!([{"reply": "ok"}]);
+    let before = server.start(&session, json!({"message": "before", "script": script}));
+    let before = before["execution_id"].as_str().expect("id").to_owned();
+    server.wait_state(&session, &before, "completed");
+    let mut after = None;
+    let frames = read_frames_after(&server, "/debug/log/stream", ADMIN, None, 1, || {
+        let started = server.start(&session, json!({"message": "after", "script": script}));
+        after = started["execution_id"].as_str().map(str::to_owned);
+    });
+    let first = &frames
+        .iter()
+        .find(|(id, _, _)| id.is_some())
+        .expect("an event")
+        .2;
+    assert_eq!(
+        first["execution_id"].as_str(),
+        after.as_deref(),
+        "{frames:?}"
+    );
+    assert_eq!(first["type"], "admitted");
+    let frames = read_frames(&server, "/debug/log/stream?after=0", ADMIN, None, 1);
+    let first = &frames
+        .iter()
+        .find(|(id, _, _)| id.is_some())
+        .expect("an event")
+        .2;
+    assert_eq!(first["execution_id"], before.as_str());
+    assert_eq!(first["position"], 1);
+    let (status, _) = server.call("GET", "/debug/log/stream", Some(&session.1), None);
+    assert_eq!(status, 401, "an admin read");
+    let (status, _) = server.call("GET", "/debug/log/stream?from=end", Some(ADMIN), None);
+    assert_eq!(status, 400, "an unknown field");
+}
