@@ -205,6 +205,9 @@ enum Command {
         /// With --where: list what would be sent, send nothing.
         #[arg(long, requires = "wheres")]
         dry_run: bool,
+        /// With --where: at most this many executions (default and most: 1,000).
+        #[arg(long = "limit", requires = "wheres")]
+        where_limit: Option<usize>,
         /// steer: the instructions; reconcile: the confirmed output.
         #[arg(long)]
         text: Option<String>,
@@ -510,6 +513,7 @@ fn main() -> ExitCode {
             json,
             wheres,
             dry_run,
+            where_limit,
         } => {
             let control = client::Control {
                 checkpoint,
@@ -528,7 +532,8 @@ fn main() -> ExitCode {
             };
             if !wheres.is_empty() {
                 return finish(target_of(target).and_then(|target| {
-                    let selection = client_select::Selection::from_wheres(&wheres)?;
+                    let mut selection = client_select::Selection::from_wheres(&wheres)?;
+                    selection.limit = Some(where_limit.unwrap_or(1000));
                     client_select::ctl_where(&target, &control, &selection, dry_run, json)
                 }));
             }

@@ -1,5 +1,5 @@
 //! `serve --log-format text|json` and `--otlp-endpoint URL` (issue 36): the server's log
-//! lines go to stderr (level from `RUST_LOG`, default `warn`; its `openprogram: …` progress
+//! lines go to stderr (level from `RUST_LOG`, default none; its `openprogram: …` progress
 //! lines always), and with an endpoint its
 //! spans — execution, attempt, step, model call, tool call, commit, each with its ids (I-5)
 //! — go to an OpenTelemetry collector over OTLP/HTTP (protobuf), batched on the exporter's
@@ -17,7 +17,7 @@ use crate::{Error, Result};
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ObservabilityArgs {
     /// Log lines on stderr as `text` (default) or `json` (one object per line). The level
-    /// comes from RUST_LOG (default warn).
+    /// comes from RUST_LOG (default: only serve's progress lines; RUST_LOG=warn adds warnings).
     #[arg(long, value_parser = ["text", "json"], default_value = "text")]
     pub log_format: String,
     /// Export spans to this OpenTelemetry collector over OTLP/HTTP (protobuf), such as
@@ -40,8 +40,9 @@ fn ratio(text: &str) -> std::result::Result<f64, String> {
 /// The target of `serve`'s progress lines: always logged, whatever RUST_LOG says of the rest.
 const PROGRESS: &str = "openprogram_progress";
 
-/// The log level when RUST_LOG sets none: warnings and errors (and the progress lines).
-const DEFAULT_FILTER: &str = "warn";
+/// The log filter when RUST_LOG sets none: nothing but the progress lines, so that stderr reads
+/// as it always has (tools read its first line); `RUST_LOG=warn` shows the runtime's warnings.
+const DEFAULT_FILTER: &str = "off";
 
 /// Whether log lines are JSON (`--log-format json`).
 static JSON: AtomicBool = AtomicBool::new(false);

@@ -91,37 +91,73 @@ fn rank(row: &OverviewRow, state: ExecutionState) -> (u8, std::cmp::Reverse<u64>
 }
 
 /// The executions `filter` selects, needs attention first.
+///
+/// Unfinished executions come from the by-state index (the attention states, then the
+/// running ones), so the first group is always whole however many others there are. Ended
+/// ones are not indexed by state: candidates from the by-session index (or the filter's
+/// session, or id) are read newest admitted first, only as far as `limit` ended rows, or
+/// past `since` (ids are time-ordered).
 pub fn overview(store: &dyn EventReader, filter: &OverviewFilter) -> Result<Vec<OverviewRow>> {
     let limit = filter.limit.clamp(1, OVERVIEW_LIMIT_MAX);
-    let candidates = candidates(store, filter)?;
-    let mut rows = Vec::new();
-    // Newest first: ids are time-ordered.
-    for execution_id in candidates.into_iter().rev() {
-        let Some(head) = store.head(execution_id)? else {
-            continue; // purged since it was indexed
-        };
-        if let Some(row) = row_if(&head, filter) {
+    let mut rows: Vec<((u8, std::cmp::Reverse<u64>), OverviewRow)> = Vec::new();
+    let push = |head: &ExecutionHead, rows: &mut Vec<_>| {
+        if let Some(row) = row_if(head, filter) {
             rows.push((rank(&row, head.state), row));
         }
-        // Reading stops once enough rows of the first group are in hand: every later
-        // candidate is older, and sorts after them within its group.
-        if rows.len() >= limit * 4 && rows.iter().filter(|(rank, _)| rank.0 == 0).count() >= limit {
-            break;
+    };
+    let unfinished: Vec<ExecutionState> = ExecutionState::ALL
+        .into_iter()
+        .filter(|state| !state.is_terminal() && filter.state.is_none_or(|want| want == *state))
+        .collect();
+    let indexed = filter.id.is_none() && filter.session.is_none();
+    if indexed {
+        for state in &unfinished {
+            for execution_id in store.executions_in_state(*state)? {
+                if let Some(head) = store.head(execution_id)? {
+                    push(&head, &mut rows);
+                }
+            }
+        }
+    }
+    let wants_ended = filter.state.is_none_or(ExecutionState::is_terminal);
+    if wants_ended || !indexed {
+        let mut ended = 0;
+        // Newest first: ids are time-ordered.
+        for execution_id in candidates(store, filter)?.into_iter().rev() {
+            let Some(head) = store.head(execution_id)? else {
+                continue; // purged since it was indexed
+            };
+            if indexed && !head.state.is_terminal() {
+                continue; // read from the state index above
+            }
+            let before = rows.len();
+            push(&head, &mut rows);
+            if rows.len() > before && head.state.is_terminal() {
+                ended += 1;
+            }
+            let admitted = admitted_ms(&head);
+            if ended >= limit || filter.since_ms.is_some_and(|since| admitted < since) {
+                break;
+            }
         }
     }
     rows.sort_by_key(|(rank, _)| *rank);
     Ok(rows.into_iter().take(limit).map(|(_, row)| row).collect())
 }
 
-fn row_if(head: &ExecutionHead, filter: &OverviewFilter) -> Option<OverviewRow> {
-    let admitted_ms = head
-        .execution_id
+/// When an execution was admitted: its id's time (UUID v7), ms since the epoch.
+fn admitted_ms(head: &ExecutionHead) -> u64 {
+    head.execution_id
         .as_uuid()
         .get_timestamp()
         .map_or(0, |time| {
             let (seconds, nanos) = time.to_unix();
             seconds * 1000 + u64::from(nanos) / 1_000_000
-        });
+        })
+}
+
+fn row_if(head: &ExecutionHead, filter: &OverviewFilter) -> Option<OverviewRow> {
+    let admitted_ms = admitted_ms(head);
     let keep = filter.state.is_none_or(|state| state == head.state)
         && filter.kind.is_none_or(|kind| kind == head.kind)
         && filter
@@ -141,18 +177,13 @@ fn row_if(head: &ExecutionHead, filter: &OverviewFilter) -> Option<OverviewRow> 
     })
 }
 
-/// The executions worth reading, oldest first, from the narrowest index the filter allows.
+/// The executions worth reading, oldest first: an id's, a session's, or every session's.
 fn candidates(store: &dyn EventReader, filter: &OverviewFilter) -> Result<Vec<ExecutionId>> {
     if let Some(id) = &filter.id {
         return by_id(store, id.trim());
     }
     if let Some(session) = filter.session {
         return Ok(store.executions_in_session(session)?);
-    }
-    if let Some(state) = filter.state.filter(|state| !state.is_terminal()) {
-        let mut ids = store.executions_in_state(state)?;
-        ids.sort();
-        return Ok(ids);
     }
     let mut ids = BTreeSet::new();
     for (session, _) in store.sessions()? {

@@ -284,27 +284,6 @@ pub fn inspect(
             }
             Ok(table(&["SECTION", "BRANCH", "EXECUTIONS", "STATUS", "LABEL"], rows))
         }
-        "executions" => {
-            let body = target.call("GET", "/debug/executions", None)?;
-            let rows: Vec<Value> = body["executions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|row| ids.is_empty() || row["session_id"].as_str() == Some(&ids[0]))
-                .cloned()
-                .collect();
-            if as_json {
-                return Ok(format!("{}\n", Value::Array(rows)));
-            }
-            let cells = rows
-                .iter()
-                .map(|row| cells(row, &["execution_id", "session_id", "state", "version"]))
-                .collect();
-            Ok(format!(
-                "{}(non-terminal executions, from the by-state index)\n",
-                table(&["EXECUTION", "SESSION", "STATE", "VERSION"], cells)
-            ))
-        }
         "execution" => {
             need(2, "SESSION EXECUTION")?;
             let path = format!("/v1/sessions/{}/executions/{}", ids[0], ids[1]);

@@ -116,8 +116,8 @@ pub fn list(target: &Target, selection: &Selection, as_json: bool) -> Result<Str
     ))
 }
 
-/// `ctl KIND --where …`: the command to every execution selected (up to `--limit`, at most
-/// 1,000), each with the version it was listed at as `expected_version`, so an execution that
+/// `ctl KIND --where …`: the command to every execution selected (up to `--limit`, default and
+/// at most 1,000; a selection that fills it says so), each with the version it was listed at as `expected_version`, so an execution that
 /// moved meanwhile refuses it (`version_conflict`) instead of taking it blindly. With
 /// `dry_run`, lists what it would touch and sends nothing. Fails (exit 1) if any was refused.
 pub fn ctl_where(
@@ -173,6 +173,12 @@ pub fn ctl_where(
             }
             Err(usage) => return Err(usage),
         }
+    }
+    if selection.limit.is_some_and(|limit| rows.len() >= limit) {
+        out.push_str(&format!(
+            "the selection stopped at {} executions: narrow it, or raise --limit (at most 1,000)\n",
+            rows.len()
+        ));
     }
     match (dry_run, refused) {
         (true, _) => out.push_str(&format!(

@@ -429,7 +429,13 @@ fn runtime_metrics(out: &mut Prometheus, runtime: &crate::Runtime) {
     let rejections: Vec<(String, f64)> = telemetry
         .rejections()
         .into_iter()
-        .map(|(code, count)| (format!("{{code=\"{code}\"}}"), count as f64))
+        .map(|(code, count)| {
+            let code = code
+                .replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', "\\n");
+            (format!("{{code=\"{code}\"}}"), count as f64)
+        })
         .collect();
     out.metric(
         "commands_rejected_total",
@@ -588,7 +594,8 @@ fn index_metrics(
     );
     out.gauge(
         "parked_executions",
-        "Executions not ended and without a live actor (waiting, paused, queued, or idle): \
+        "Executions not ended and without a live actor on this node (waiting, paused, queued, \
+         idle; on a cluster, those other nodes run too): \
          they cost no memory until a command, an answer or a lease activates them. Actor \
          mailboxes are not measured (actix does not expose their depth); the committer's is \
          committer_queue_depth.",

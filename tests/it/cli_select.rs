@@ -148,6 +148,28 @@ fn i4_ctl_where_lists_with_dry_run_then_sends_each_fenced() {
     for execution in &waiting {
         assert_eq!(server.snapshot(&session, execution)["state"], "waiting");
     }
+    // A selection that fills its limit says so.
+    let capped = openprogram(
+        &server,
+        &[
+            "ctl",
+            "decline",
+            "--where",
+            "state=waiting",
+            "--dry-run",
+            "--limit",
+            "1",
+        ],
+    );
+    let capped = String::from_utf8_lossy(&capped.stdout).into_owned();
+    assert!(
+        capped.contains("the selection stopped at 1 executions"),
+        "{capped}"
+    );
+    assert!(
+        capped.contains("1 executions selected; nothing sent"),
+        "{capped}"
+    );
     let sent = openprogram(&server, &["ctl", "decline", "--where", "state=waiting"]);
     let replies = String::from_utf8_lossy(&sent.stdout).into_owned();
     assert!(

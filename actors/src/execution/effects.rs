@@ -68,6 +68,7 @@ impl ExecutionActor {
                 Box::pin(committed(submitted).map(log_failure))
             }
             Err(rejection) => {
+                self.effect_started = None;
                 tracing::error!(execution_id = %self.execution_id, ?rejection, "an effect result was refused");
                 Box::pin(fut::ready(()))
             }
@@ -159,6 +160,8 @@ impl ExecutionActor {
                     // A cancelled model request leaves nothing to record: it is regenerated from
                     // committed context if the execution ever runs again.
                     act.in_flight = None;
+                    act.effect_started = None;
+                    act.usage_meter = None;
                     ctx.notify(Advance);
                 }
             }),

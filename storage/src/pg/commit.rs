@@ -153,10 +153,6 @@ pub(super) fn run(shared: Arc<Shared>, client: Option<Client>, mut queue: mpsc::
         let started = Instant::now();
         commit_group(&shared, &mut client, &statements, requests);
         add_elapsed_micros(&shared.metrics.group_micros_total, started);
-        shared
-            .metrics
-            .group_seconds
-            .observe_duration(started.elapsed());
         connection = Some((client, statements));
     }
 }
@@ -168,6 +164,7 @@ fn commit_group(
     statements: &Statements,
     requests: Vec<Request>,
 ) {
+    let started_group = Instant::now();
     let transitions = requests
         .iter()
         .filter(|request| matches!(request, Request::Transition { .. }))
@@ -182,7 +179,11 @@ fn commit_group(
                 Ok(()) => {
                     add_elapsed_micros(&shared.metrics.fsync_micros_total, started);
                     let metrics = &shared.metrics;
+                    // Only a committed group, as `groups` counts: its time to the COMMIT.
                     metrics.fsync_seconds.observe_duration(started.elapsed());
+                    metrics
+                        .group_seconds
+                        .observe_duration(started_group.elapsed());
                     metrics.group_transitions.observe(transitions as f64);
                     metrics.groups.fetch_add(1, Ordering::Relaxed);
                     metrics.fsyncs.fetch_add(1, Ordering::Relaxed);
