@@ -34,9 +34,9 @@ fn scrape(server: &TestServer) -> Scrape {
     Scrape::parse(text.lines().map(|line| Ok(line.to_owned()))).expect("Prometheus text")
 }
 
-/// The histogram `name` with `labels` (besides `le`): its buckets (bound, cumulative count).
-fn histogram(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> Vec<(f64, f64)> {
-    let sample = scrape
+/// The sample `name` with `labels` (besides a histogram's `le`).
+fn sample<'a>(scrape: &'a Scrape, name: &str, labels: &[(&str, &str)]) -> &'a Sampled {
+    &scrape
         .samples
         .iter()
         .find(|sample| {
@@ -45,8 +45,13 @@ fn histogram(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> Vec<(f64, 
                     .iter()
                     .all(|(key, value)| sample.labels.get(key) == Some(*value))
         })
-        .unwrap_or_else(|| panic!("no histogram {name} {labels:?}"));
-    match &sample.value {
+        .unwrap_or_else(|| panic!("no sample {name} {labels:?}"))
+        .value
+}
+
+/// The histogram `name` with `labels`: its buckets (bound, cumulative count).
+fn histogram(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> Vec<(f64, f64)> {
+    match sample(scrape, name, labels) {
         Sampled::Histogram(buckets) => buckets
             .iter()
             .map(|bucket| (bucket.less_than, bucket.count))
@@ -56,19 +61,9 @@ fn histogram(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> Vec<(f64, 
 }
 
 fn value(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let sample = scrape
-        .samples
-        .iter()
-        .find(|sample| {
-            sample.metric == name
-                && labels
-                    .iter()
-                    .all(|(key, value)| sample.labels.get(key) == Some(*value))
-        })
-        .unwrap_or_else(|| panic!("no sample {name} {labels:?}"));
-    match sample.value {
-        Sampled::Counter(value) | Sampled::Gauge(value) | Sampled::Untyped(value) => value,
-        ref other => panic!("{name}: {other:?}"),
+    match sample(scrape, name, labels) {
+        Sampled::Counter(value) | Sampled::Gauge(value) | Sampled::Untyped(value) => *value,
+        other => panic!("{name}: {other:?}"),
     }
 }
 
