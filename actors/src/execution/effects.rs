@@ -75,6 +75,24 @@ impl ExecutionActor {
         }
     }
 
+    /// The call of a tool by this attempt: its effect, fencing epoch and handle.
+    pub(super) fn tool_call(
+        &self,
+        effect_id: EffectId,
+        args: serde_json::Value,
+        handle: CallHandle,
+    ) -> ToolCall {
+        ToolCall {
+            execution_id: self.execution_id,
+            effect_id,
+            attempt_id: self.lease.attempt_id,
+            owner_id: self.env.owner,
+            epoch: self.lease.epoch,
+            args,
+            handle,
+        }
+    }
+
     /// Starts a step's clock and span (I-5); the span of its call, a child of the step's.
     fn start_step(&mut self, kind: StepKind, effect_id: EffectId, name: &str) -> tracing::Span {
         if self.span.is_none() {
@@ -195,21 +213,16 @@ impl ExecutionActor {
         };
         let (recovery, running) = match (self.env.tools.get(&pending.tool), pending.args.parse()) {
             (Some(tool), Ok(args)) => {
-                let call = ToolCall {
-                    execution_id: self.execution_id,
+                let handle = CallHandle::new(
                     effect_id,
-                    attempt_id: self.lease.attempt_id,
-                    owner_id: self.env.owner,
-                    epoch: self.lease.epoch,
-                    args,
-                    handle: CallHandle::new(
-                        effect_id,
-                        ctx.address().recipient(),
-                        ctx.address().recipient(),
-                        ctx.address().recipient(),
-                    ),
-                };
-                (tool.recovery(), tool.call(call))
+                    ctx.address().recipient(),
+                    ctx.address().recipient(),
+                    ctx.address().recipient(),
+                );
+                (
+                    tool.recovery(),
+                    tool.call(self.tool_call(effect_id, args, handle)),
+                )
             }
             (None, _) => refused(format!("unknown tool `{}`", pending.tool)),
             // Not run: text serde_json holds as raw JSON but will not parse into a value

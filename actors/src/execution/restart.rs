@@ -242,15 +242,7 @@ impl ExecutionActor {
         let (Some(tool), Ok(args)) = (self.env.tools.get(&tool), args.parse()) else {
             return;
         };
-        let call = ToolCall {
-            execution_id: self.execution_id,
-            effect_id,
-            attempt_id: self.lease.attempt_id,
-            owner_id: self.env.owner,
-            epoch: self.lease.epoch,
-            args,
-            handle: CallHandle::detached(effect_id),
-        };
+        let call = self.tool_call(effect_id, args, CallHandle::detached(effect_id));
         ctx.spawn(fut::wrap_future::<_, Self>(tool.call(call)).map(|_, _, _| ()));
     }
 }

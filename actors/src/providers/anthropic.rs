@@ -6,7 +6,7 @@ use super::config::ProviderConfig;
 use super::messages::{Message, Part, Role};
 use super::response::{clip, Response, ToolCallOut, Usage};
 use super::sse;
-use super::transport::{next_events, read_json, Failure};
+use super::transport::{each_event, read_json, Failure};
 use crate::deltas::DeltaSink;
 
 /// The response's token limit when the configuration sets none (the API requires one).
@@ -153,25 +153,19 @@ fn error_failure(error: &Value) -> Failure {
 
 /// Reads a streamed response to its `message_stop`; a stream that ends before it is `Retry`.
 pub(super) async fn read_stream(
-    mut response: reqwest::Response,
+    response: reqwest::Response,
     deltas: DeltaSink,
 ) -> Result<Response, Failure> {
-    let mut parser = sse::Parser::default();
     let mut stream = Stream {
         deltas,
         ..Stream::default()
     };
-    let mut read = 0usize;
-    while let Some(events) = next_events(&mut response, &mut parser, &mut read).await? {
-        for event in events {
-            if stream.take(&event)? {
-                return Ok(stream.finish());
-            }
-        }
+    match each_event(response, |event| stream.take(event)).await? {
+        true => Ok(stream.finish()),
+        false => Err(Failure::retry(
+            "the response stream ended before it was complete",
+        )),
     }
-    Err(Failure::retry(
-        "the response stream ended before it was complete",
-    ))
 }
 
 #[derive(Debug, Default)]

@@ -6,7 +6,7 @@ use super::config::ProviderConfig;
 use super::messages::{Message, Part, Role};
 use super::response::{clip, Response, ToolCallOut, Usage};
 use super::sse;
-use super::transport::{next_events, read_json, Failure};
+use super::transport::{each_event, read_json, Failure};
 use crate::deltas::DeltaSink;
 
 pub(super) fn request_body(config: &ProviderConfig, conversation: &[Message]) -> Value {
@@ -134,28 +134,21 @@ pub(super) async fn read_whole(response: reqwest::Response) -> Result<Response, 
 /// Reads a streamed response to its end (`data: [DONE]`, or a finish reason and the end of
 /// the body). A stream that stops before either is `Retry`: its pieces are dropped.
 pub(super) async fn read_stream(
-    mut response: reqwest::Response,
+    response: reqwest::Response,
     deltas: DeltaSink,
 ) -> Result<Response, Failure> {
-    let mut parser = sse::Parser::default();
     let mut stream = Stream {
         deltas,
         ..Stream::default()
     };
-    let mut read = 0usize;
-    while let Some(events) = next_events(&mut response, &mut parser, &mut read).await? {
-        for event in events {
-            if stream.take(&event)? {
-                return Ok(stream.out);
-            }
-        }
-    }
-    if stream.finished {
-        Ok(stream.out)
-    } else {
-        Err(Failure::retry(
+    each_event(response, |event| stream.take(event)).await?;
+    // `[DONE]` ends the stream whole only after a finish reason (`take`); a body that ends
+    // after one is whole too.
+    match stream.finished {
+        true => Ok(stream.out),
+        false => Err(Failure::retry(
             "the response stream ended before it was complete",
-        ))
+        )),
     }
 }
 

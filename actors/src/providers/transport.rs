@@ -271,27 +271,33 @@ pub(super) async fn read_json(
     }
 }
 
-/// The events the next piece of a streamed body completes; `None` at the body's end. `read`
-/// counts the bytes so far against `RESPONSE_BYTES_MAX`; a dropped connection is `Retry`.
-pub(super) async fn next_events(
-    response: &mut reqwest::Response,
-    parser: &mut sse::Parser,
-    read: &mut usize,
-) -> Result<Option<Vec<sse::Event>>, Failure> {
-    let Some(chunk) = response
+/// Hands each event of a streamed body to `take` as it arrives, until `take` says the stream
+/// is done (`true`) or the body ends (`false`). The bytes read count against
+/// `RESPONSE_BYTES_MAX`; a dropped connection is `Retry`.
+pub(super) async fn each_event(
+    mut response: reqwest::Response,
+    mut take: impl FnMut(&sse::Event) -> Result<bool, Failure>,
+) -> Result<bool, Failure> {
+    let mut parser = sse::Parser::default();
+    let mut read = 0usize;
+    while let Some(chunk) = response
         .chunk()
         .await
         .map_err(|error| Failure::retry(describe(error)))?
-    else {
-        return Ok(None);
-    };
-    *read += chunk.len();
-    if *read > RESPONSE_BYTES_MAX {
-        return Err(Failure::Fatal(format!(
-            "the response passed {RESPONSE_BYTES_MAX} bytes"
-        )));
+    {
+        read += chunk.len();
+        if read > RESPONSE_BYTES_MAX {
+            return Err(Failure::Fatal(format!(
+                "the response passed {RESPONSE_BYTES_MAX} bytes"
+            )));
+        }
+        for event in parser.push(&chunk) {
+            if take(&event)? {
+                return Ok(true);
+            }
+        }
     }
-    Ok(Some(parser.push(&chunk)))
+    Ok(false)
 }
 
 /// A number in [0, 1) from uuid's thread-local CSPRNG.
