@@ -51,6 +51,7 @@ impl Provider for LongTurn {
         } else if !answered {
             Decision::Ask {
                 prompt: "done?".into(),
+                wait: None,
             }
         } else {
             Decision::reply("done".into())

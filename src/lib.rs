@@ -32,6 +32,7 @@ pub use openprogram_actors::env::NodeIdentity;
 use openprogram_actors::inspect::Inspector;
 use openprogram_actors::recovery::{Clock, SystemClock};
 use openprogram_actors::resource_queue::{JobHost, Load, ResourceQueue};
+use openprogram_actors::wait_deadlines::{DeadlineHost, Load as LoadDeadlines, WaitDeadlines};
 use openprogram_actors::resources::Resources;
 use openprogram_actors::retention::Retention;
 pub use openprogram_actors::retention::RetentionStats;
@@ -346,6 +347,13 @@ impl RuntimeBuilder {
             ResourceQueue::start_in_arbiter(&system.arbiters()[0], move |_| queue)
         };
         env.set_queue(queue.clone());
+        // W-8: the wait deadlines; pending ones are read once recovery is over (`Load`).
+        let deadlines = {
+            let host: Weak<dyn DeadlineHost> = Arc::downgrade(&env) as Weak<Executions>;
+            let deadlines = WaitDeadlines::new(host, Arc::clone(&env.clock));
+            WaitDeadlines::start_in_arbiter(&system.arbiters()[0], move |_| deadlines)
+        };
+        env.set_deadlines(deadlines.clone());
         // S-8: purges a crash left half done, ended executions past the retention policy,
         // and the log's sweep.
         let retention_stats = Arc::new(RetentionStats::default());
@@ -374,6 +382,13 @@ impl RuntimeBuilder {
                     tracing::error!(%error, "the resource queue could not read every Job")
                 }
                 Err(error) => tracing::error!(%error, "the resource queue is not running"),
+            }
+            match deadlines.send(LoadDeadlines).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => {
+                    tracing::error!(%error, "the wait deadlines could not all be read")
+                }
+                Err(error) => tracing::error!(%error, "the wait deadlines actor is not running"),
             }
             match report {
                 Ok(report) => report,

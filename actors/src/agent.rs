@@ -17,7 +17,9 @@ use openprogram_storage::{AttemptId, EffectId, ExecutionId, OwnerId};
 use crate::append_file::{append, look_up};
 
 pub use crate::call::{AskError, CallHandle, ProcessExit, StartedProcess};
-pub use crate::execution::machine::{AgentInput, Decision, ModelUsage, Recovery, ToolArgs, Turn};
+pub use crate::execution::machine::{
+    AgentInput, AskDetails, AskKind, Decision, ModelUsage, Recovery, ToolArgs, Turn,
+};
 
 /// What a provider decides from: the immutable input and the committed context.
 #[derive(Debug, Clone)]
@@ -285,6 +287,25 @@ struct Element<'a> {
     call: Raw<'a>,
     #[serde(borrow, default)]
     input: Raw<'a>,
+    /// W-6: `{"question": PROMPT, "items": [...]}`, `{"form": PROMPT, "items": [...]}`,
+    /// `{"permission": NAME, "resource": R?}`; any wait may take `timeout_ms` (W-8).
+    #[serde(borrow, default)]
+    question: Raw<'a>,
+    #[serde(borrow, default)]
+    form: Raw<'a>,
+    #[serde(borrow, default)]
+    permission: Raw<'a>,
+    #[serde(borrow, default)]
+    resource: Raw<'a>,
+    #[serde(borrow, default)]
+    items: Raw<'a>,
+    #[serde(borrow, default)]
+    timeout_ms: Raw<'a>,
+    /// E-3: what the model said beside a tool call, and its reasoning blocks.
+    #[serde(borrow, default)]
+    text: Raw<'a>,
+    #[serde(borrow, default)]
+    reasoning: Raw<'a>,
 }
 
 /// A key's value as JSON text, `None` if the key is absent (`Option` would also take `null`
@@ -309,18 +330,65 @@ fn scripted_decision(element: &str) -> Result<Decision, String> {
         raw.0
             .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
     };
+    let reasoning = match parsed.reasoning.0 {
+        None => Vec::new(),
+        Some(raw) => serde_json::from_str::<Vec<String>>(raw.get())
+            .map_err(|_| format!("`reasoning` is a list of texts in {element}"))?,
+    };
     if let Some(tool) = text(parsed.tool) {
         let args = match parsed.args.0 {
             Some(args) => ToolArgs::from_raw(args),
             None => ToolArgs::from_text("{}").map_err(|_| unrecognized())?,
         };
-        return Ok(Decision::tool(tool, args));
+        let said = text(parsed.text).unwrap_or_default();
+        return Ok(Decision::tool(tool, args)
+            .with_text(said)
+            .with_reasoning(reasoning));
     }
     if let Some(text) = text(parsed.reply) {
-        return Ok(Decision::reply(text));
+        return Ok(Decision::reply(text).with_reasoning(reasoning));
     }
+    let timeout_ms = match parsed.timeout_ms.0 {
+        None => None,
+        Some(raw) => Some(
+            serde_json::from_str::<u64>(raw.get())
+                .map_err(|_| format!("`timeout_ms` is a whole number in {element}"))?,
+        ),
+    };
+    let items = parsed
+        .items
+        .0
+        .and_then(|raw| serde_json::from_str::<serde_json::Value>(raw.get()).ok());
+    let ask = |prompt: String, kind: AskKind, request: Option<serde_json::Value>| {
+        let wait = (kind != AskKind::Approval || request.is_some() || timeout_ms.is_some())
+            .then_some(AskDetails {
+                kind,
+                request,
+                timeout_ms,
+            });
+        Ok(Decision::Ask { prompt, wait })
+    };
     if let Some(prompt) = text(parsed.ask) {
-        return Ok(Decision::Ask { prompt });
+        return ask(prompt, AskKind::Approval, None);
+    }
+    for (raw, kind) in [
+        (parsed.question, AskKind::Question),
+        (parsed.form, AskKind::Form),
+    ] {
+        if let Some(prompt) = text(raw) {
+            let items = items.clone().unwrap_or_else(|| serde_json::json!([]));
+            let request = serde_json::json!({ "items": items });
+            return ask(prompt, kind, Some(request));
+        }
+    }
+    if let Some(permission) = text(parsed.permission) {
+        let resource = text(parsed.resource);
+        let prompt = match &resource {
+            Some(resource) => format!("Allow {permission} on {resource}?"),
+            None => format!("Allow {permission}?"),
+        };
+        let request = serde_json::json!({"permission": permission, "resource": resource});
+        return ask(prompt, AskKind::Permission, Some(request));
     }
     // F-6: `{"call": FUNCTION, "input": {...}}` is a call of the `call` tool.
     if let Some(function) = parsed.call.0.filter(|_| text(Raw(parsed.call.0)).is_some()) {
@@ -548,7 +616,8 @@ mod tests {
         assert_eq!(
             scripted_decision(&json!({"ask": "ok?"}).to_string()),
             Ok(Decision::Ask {
-                prompt: "ok?".into()
+                prompt: "ok?".into(),
+                wait: None,
             })
         );
         assert_eq!(

@@ -570,7 +570,7 @@ impl Command {
                     };
                     CommandBody::Answer {
                         wait,
-                        answer: reader.text("answer")?.unwrap_or_default(),
+                        answer: reader.text_or_json("answer")?.unwrap_or_default(),
                         scope,
                     }
                 }

@@ -80,6 +80,22 @@ impl Reader<'_> {
         }
     }
 
+    /// A text, or (W-6: a structured answer) an object or array as its JSON text.
+    pub(crate) fn text_or_json(&self, name: &str) -> Result<Option<String>> {
+        match self.get(name) {
+            Some(value @ (Value::Object(_) | Value::Array(_))) => {
+                let text = value.to_string();
+                if text.len() > TEXT_BYTES_MAX {
+                    return Err(Error::InvalidRequest(format!(
+                        "`{name}` is longer than {TEXT_BYTES_MAX} bytes"
+                    )));
+                }
+                Ok(Some(text))
+            }
+            _ => self.text(name),
+        }
+    }
+
     pub(crate) fn u64(&self, name: &str) -> Result<Option<u64>> {
         match self.get(name) {
             None => Ok(None),

@@ -178,6 +178,53 @@ impl crate::resource_queue::JobHost for Executions {
     }
 }
 
+/// W-8: the deadlines actor expires waits through their actors, and reads every pending
+/// deadline at startup.
+impl crate::wait_deadlines::DeadlineHost for Executions {
+    fn expire_wait(
+        self: Arc<Self>,
+        execution_id: ExecutionId,
+        wait_id: openprogram_storage::WaitId,
+    ) -> BoxFuture<'static, Result<bool>> {
+        async move {
+            let addr = self.activate(execution_id)?;
+            addr.send(crate::execution::wait_expiry::ExpireWait { wait_id })
+                .await
+                .map_err(|error| Error::Unavailable(error.to_string()))?
+        }
+        .boxed()
+    }
+
+    fn pending_deadlines(
+        self: Arc<Self>,
+    ) -> BoxFuture<'static, Result<Vec<crate::wait_deadlines::Watch>>> {
+        async move {
+            let mut found = Vec::new();
+            for execution_id in self.store.executions_in_state(ExecutionState::Waiting)? {
+                let (_, machine) = match self.latest_state(execution_id, false) {
+                    Ok(state) => state,
+                    Err(error) => {
+                        tracing::warn!(%execution_id, %error, "a waiting execution could not be read for its deadline");
+                        continue;
+                    }
+                };
+                let deadline = machine
+                    .pending_wait()
+                    .and_then(|wait| Some((wait.wait_id, wait.deadline_ms?)));
+                if let Some((wait_id, deadline_ms)) = deadline {
+                    found.push(crate::wait_deadlines::Watch {
+                        execution_id,
+                        wait_id,
+                        deadline_ms,
+                    });
+                }
+            }
+            Ok(found)
+        }
+        .boxed()
+    }
+}
+
 impl Executions {
     /// F-6, K-5: a Cancel of the child of a cancelled caller's call, under one derived
     /// command id (asked again: the stored outcome, K-4).
@@ -313,6 +360,8 @@ impl Executions {
         // concurrent activation that won meanwhile is used instead.
         let started = std::time::Instant::now();
         let (head, machine) = state()?;
+        // W-8: a pending deadline is watched whenever its execution wakes.
+        self.watch_deadline(execution_id, &machine);
         let mut live = self
             .directory
             .live

@@ -91,6 +91,8 @@ pub struct Env {
     /// started).
     pub resources: Resources,
     queue: OnceLock<Addr<ResourceQueue>>,
+    /// W-8: the actor that expires waits past their deadline (once started).
+    deadlines: OnceLock<Addr<crate::wait_deadlines::WaitDeadlines>>,
     /// N-2: this runtime as a node of a shared store (`None`: the store's only runtime).
     pub node: Option<NodeIdentity>,
 }
@@ -234,6 +236,7 @@ impl Env {
             state_loads: Default::default(),
             resources: Resources::default(),
             queue: OnceLock::new(),
+            deadlines: OnceLock::new(),
             node: None,
         }
     }
@@ -284,6 +287,30 @@ impl Env {
                 }),
                 _ => {}
             }
+        }
+    }
+
+    /// W-8: where the wait deadlines actor runs (once, at start).
+    pub fn set_deadlines(&self, deadlines: Addr<crate::wait_deadlines::WaitDeadlines>) {
+        let _ = self.deadlines.set(deadlines);
+    }
+
+    /// W-8: the deadlines actor, once started.
+    pub fn deadlines(&self) -> Option<&Addr<crate::wait_deadlines::WaitDeadlines>> {
+        self.deadlines.get()
+    }
+
+    /// W-8: the pending durable wait of `machine` expires at its deadline, if it has one.
+    pub fn watch_deadline(&self, execution_id: ExecutionId, machine: &Machine) {
+        let (Some(deadlines), Some(wait)) = (self.deadlines(), machine.pending_wait()) else {
+            return;
+        };
+        if let Some(deadline_ms) = wait.deadline_ms {
+            deadlines.do_send(crate::wait_deadlines::Watch {
+                execution_id,
+                wait_id: wait.wait_id,
+                deadline_ms,
+            });
         }
     }
 

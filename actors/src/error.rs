@@ -24,6 +24,10 @@ pub enum Error {
     /// a kind the contract names that this build does not run yet.
     #[error("unsupported kind: {0}")]
     UnsupportedKind(String),
+    /// W-6: an answer that does not fit its wait's request; `field` names the item. Nothing
+    /// is recorded.
+    #[error("invalid answer: {message}")]
+    InvalidAnswer { field: String, message: String },
     /// A kind the contract does not name.
     #[error("unknown kind: {0}")]
     UnknownKind(String),
@@ -70,6 +74,7 @@ impl Error {
             Error::UnknownField { .. } => "unknown_field",
             Error::UnsupportedKind(_) => "unsupported_kind",
             Error::UnknownKind(_) => "unknown_kind",
+            Error::InvalidAnswer { .. } => "invalid_answer",
             Error::UnknownFunction(_) => "unknown_function",
             Error::InvalidInput(_) => "invalid_input",
             Error::UnknownResource(_) => "unknown_resource",

@@ -320,7 +320,7 @@ pub struct StepDone {
 #[rtype(result = "Asked")]
 pub struct AskBoundary {
     pub ask_id: String,
-    pub prompt: String,
+    pub spec: crate::wait_request::WaitSpec,
     pub run: u64,
 }
 
@@ -520,9 +520,20 @@ impl FunctionContext {
     /// (`Suspended`); once a person answers or declines, the next run gets `Some(answer)` or
     /// `None` here, on every later run too.
     pub async fn ask(&self, ask_id: &str, prompt: &str) -> Result<Option<String>, StepError> {
+        self.ask_with(ask_id, crate::wait_request::WaitSpec::approval(prompt))
+            .await
+    }
+
+    /// `ask` with a structured question, form or permission request, or a timeout (W-6,
+    /// W-8): the answer, checked against the request, is its JSON text.
+    pub async fn ask_with(
+        &self,
+        ask_id: &str,
+        spec: crate::wait_request::WaitSpec,
+    ) -> Result<Option<String>, StepError> {
         let asked = AskBoundary {
             ask_id: self.scoped(ask_id),
-            prompt: prompt.to_owned(),
+            spec,
             run: self.run,
         };
         match self.ask.send(asked).await {

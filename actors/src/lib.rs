@@ -23,6 +23,8 @@
 //! - `system` — the actix system thread and its arbiters;
 //! - `describe` — what an actor says about itself for the debug endpoint;
 //! - `inspect` — the read-only view of a runtime that inspection gets;
+//! - `wait_request` — what a structured wait asks and the check of an answer (W-6), pure;
+//! - `wait_deadlines` — the actor that ends waits whose deadline passed (W-8);
 //! - `snapshot`, `error`.
 //!
 //! Architecture invariant: actors depend on `openprogram-storage`, never the reverse, and
@@ -64,6 +66,8 @@ pub mod snapshot;
 pub mod supervisor;
 pub mod system;
 pub mod telemetry;
+pub mod wait_deadlines;
+pub mod wait_request;
 
 pub use error::{Error, Result};
 pub use openprogram_storage as storage;

@@ -154,6 +154,16 @@ pub struct WaitView {
     /// What an answer granted: `operation` (this one operation, never more) or
     /// `discussion` (a reply that approves nothing). Scopes never widen implicitly.
     pub scope: Option<&'static str>,
+    /// W-6: what a question, form or permission request asks (`{"items": [...]}` or
+    /// `{"permission", "resource"}`); absent for a plain approval or question.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request: Option<serde_json::Value>,
+    /// W-8: when it expires (wall-clock ms), if it has a deadline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// W-8: the expired wait a Continue opened this one again for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reopens: Option<openprogram_storage::WaitId>,
     /// The assistant message it belongs to: the execution's own `reply_message_id`, from
     /// its own record, never guessed (W-5).
     pub message_id: openprogram_storage::MessageId,
@@ -241,6 +251,12 @@ impl Snapshot {
                     status: wait.status.as_str(),
                     answer: wait.answer.clone(),
                     scope: wait.scope.map(openprogram_storage::AnswerScope::as_str),
+                    request: wait
+                        .request
+                        .as_deref()
+                        .and_then(|text| serde_json::from_str(text).ok()),
+                    deadline_ms: wait.deadline_ms,
+                    reopens: wait.reopens,
                     message_id: head.reply_message_id,
                 })
                 .collect(),

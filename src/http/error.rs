@@ -100,6 +100,7 @@ impl From<Error> for ApiError {
             | Error::UnknownField { .. }
             | Error::UnsupportedKind(_)
             | Error::UnknownKind(_)
+            | Error::InvalidAnswer { .. }
             | Error::InvalidInput(_)
             | Error::UnknownResource(_)
             | Error::ExceedsCapacity { .. } => StatusCode::BAD_REQUEST,
@@ -119,7 +120,7 @@ impl From<Error> for ApiError {
             Error::VersionConflict { current } => {
                 api.extra.insert("current_version".into(), json!(current));
             }
-            Error::UnknownField { field, .. } => {
+            Error::UnknownField { field, .. } | Error::InvalidAnswer { field, .. } => {
                 api.extra.insert("field".into(), json!(field));
             }
             _ => {}

@@ -231,6 +231,17 @@ pub enum Event {
         output_tokens: u64,
         retries: u32,
     },
+    /// W-6, W-8: what the wait `wait_id` opened just before it in the same transition asks
+    /// (a structured request, JSON text) and until when: `deadline_ms` (wall clock) is
+    /// `timeout_ms` after the decision that opened it. A re-opened wait (a Continue after
+    /// it expired) names the wait it replaces as `reopens`.
+    WaitDetails {
+        wait_id: WaitId,
+        request: Option<String>,
+        timeout_ms: Option<u64>,
+        deadline_ms: Option<u64>,
+        reopens: Option<WaitId>,
+    },
 }
 
 impl Event {
@@ -269,6 +280,7 @@ impl Event {
             Event::LeaseReleased { .. } => "lease_released",
             Event::BudgetRaised { .. } => "budget_raised",
             Event::ModelUsage { .. } => "model_usage",
+            Event::WaitDetails { .. } => "wait_details",
         }
     }
 }

@@ -28,6 +28,8 @@
 //!   (`0x12`), both backfilled from what is on disk.
 //! - 9: the event `ModelUsage` (E-6: a model call's tokens and retries). Only a mark, so that an older
 //!   build refuses the store instead of reading the new event as corrupted.
+//! - 10: the event `WaitDetails` (W-6, W-8: a wait's structured request and deadline). Only a
+//!   mark, for the same reason.
 
 use crate::codec;
 use crate::error::{Error, Result};
@@ -35,7 +37,7 @@ use crate::keys;
 use crate::record_value::RecordValue;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 9;
+pub const SCHEMA_VERSION: u32 = 10;
 
 /// One migration: from `from` to `from + 1`, adding its changes to the batch.
 type Step = fn(&sled::Db, &mut sled::Batch) -> Result<()>;
@@ -51,7 +53,13 @@ const STEPS: &[(u32, Step)] = &[
     (6, jobs),
     (7, projections),
     (8, model_usage),
+    (9, wait_details),
 ];
+
+/// 9 → 10: nothing to rewrite (see the changelog).
+fn wait_details(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
+    Ok(())
+}
 
 /// 8 → 9: nothing to rewrite (see the changelog).
 fn model_usage(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {

@@ -335,6 +335,9 @@ impl ExecutionActor {
                 Action::Park => self.park_if_idle(ctx),
                 Action::Reconcile => self.start_reconcile(ctx),
                 Action::LiveResolved { wait_id, outcome } => self.live_resolved(wait_id, outcome),
+                Action::WatchDeadline { .. } => {
+                    self.env.watch_deadline(self.execution_id, &self.machine)
+                }
                 Action::StopProcess { process_id } => self.stop_process(process_id, ctx),
                 Action::Enqueue
                 | Action::Dequeue

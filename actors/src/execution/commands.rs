@@ -9,7 +9,7 @@ use openprogram_storage::{CommandRecord, CommandStatus, Event, Outcome, Transiti
 use crate::command::{Command, CommandBody, WaitRef};
 use crate::error::Error;
 use crate::execution::actor::ExecutionActor;
-use crate::execution::machine::{Accepted, CommandContext, Rejection};
+use crate::execution::machine::{Accepted, CommandContext, Refusal, Rejection};
 
 /// Whether the transition that decides a command also saves it as accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +58,17 @@ impl ExecutionActor {
                     return Box::pin(fut::ready(Err(Error::Internal(
                         "fork and retry are made by the command service, not the execution".into(),
                     ))))
+                }
+                // W-6: an answer that does not fit is refused like a malformed body: nothing
+                // recorded, so the same command id can carry a corrected answer.
+                Err(Rejection {
+                    refusal:
+                        Refusal::InvalidAnswer {
+                            field, message, ..
+                        },
+                    ..
+                }) if saved == Saved::WithDecision => {
+                    return Box::pin(fut::ready(Err(Error::InvalidAnswer { field, message })))
                 }
                 Err(rejection) => return self.record_rejection(accepted, &rejection, saved),
             };

@@ -48,7 +48,9 @@ impl ExecutionActor {
                 effect_id,
                 decision,
             } => {
-                let (mut events, decision) = self.machine.decide_decision(effect_id, decision);
+                let now_ms = self.env.clock.now_ms();
+                let (mut events, decision) =
+                    self.machine.decide_decision(effect_id, decision, now_ms);
                 events.extend(self.model_usage(effect_id));
                 (Ok(events), decision)
             }

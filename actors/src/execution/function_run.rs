@@ -259,7 +259,8 @@ impl Handler<AskBoundary> for ExecutionActor {
             return ready(Asked::Suspend);
         }
         let wait_id = ask_wait(self.execution_id, &asked.ask_id);
-        let events = match self.machine.decide_ask(wait_id, &asked.prompt) {
+        let now_ms = self.env.clock.now_ms();
+        let events = match self.machine.decide_ask(wait_id, &asked.spec, now_ms) {
             // Asked and resolved before: its outcome, on every run (W-2).
             Err(wait) if wait.status == WaitStatus::Answered => {
                 return ready(Asked::Answered(wait.answer.clone().unwrap_or_default()))

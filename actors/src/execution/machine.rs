@@ -140,6 +140,10 @@ pub struct Present {
     /// E-6: what its model calls used, summed (`ModelUsage` events): tokens and retries.
     #[serde(default)]
     pub usage: ModelUsage,
+    /// W-8: the durable wait that expired last, while the execution is paused
+    /// `wait_expired`: a Continue re-opens it as a fresh wait.
+    #[serde(default)]
+    pub expired_wait: Option<WaitState>,
 }
 
 impl std::ops::Deref for Machine {
@@ -192,7 +196,9 @@ impl Machine {
             Input::ModelDecided {
                 effect_id,
                 decision,
-            } => Ok(self.decide_decision(effect_id, decision).0),
+            // Taken at time 0: a timeout runs from then (the shell and the simulation call
+            // `decide_decision` with the time).
+            } => Ok(self.decide_decision(effect_id, decision, 0).0),
             Input::ModelFailed { effect_id, error } => Ok(self.model_failed(effect_id, error)),
             Input::AskLive {
                 wait_id,
@@ -263,18 +269,20 @@ impl Machine {
     /// `decide` for a model's decision, handing the decision back when it is recorded: the
     /// shell passes it to `apply_decided` with the committed events, so the machine keeps
     /// the decision itself rather than parsing it back from the event's text.
+    /// `now_ms` (wall clock) is when it was decided: a wait it opens times out from then (W-8).
     pub fn decide_decision(
         &self,
         effect_id: EffectId,
         decision: Decision,
+        now_ms: u64,
     ) -> (Vec<Event>, Option<Decision>) {
         match unreadable(&decision) {
             Some(error) => (self.model_failed(effect_id, error), None),
-            None => (self.decide_model(effect_id, &decision), Some(decision)),
+            None => (self.decide_model(effect_id, &decision, now_ms), Some(decision)),
         }
     }
 
-    fn decide_model(&self, effect_id: EffectId, decision: &Decision) -> Vec<Event> {
+    fn decide_model(&self, effect_id: EffectId, decision: &Decision, now_ms: u64) -> Vec<Event> {
         let text = decision_text(decision);
         let mut events = vec![Event::ModelDecided {
             effect_id,
@@ -284,8 +292,8 @@ impl Machine {
             // A late decision is recorded, not acted on (K-5).
             events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
             events.push(cancelled());
-        } else if let Decision::Ask { prompt } = decision {
-            events.extend(self.open_approval(effect_id, prompt));
+        } else if let Some(Ok(spec)) = decision.wait_spec() {
+            events.extend(self.open_wait(wait_of(effect_id), &spec, now_ms, None));
         } else if let Decision::Reply { text, .. } = decision {
             let mut reply = text.clone();
             for steer in &self.steers {
@@ -484,6 +492,20 @@ impl Present {
             Event::WaitChanged { wait_id, status } => {
                 self.apply_wait_changed(*wait_id, *status, actions)
             }
+            Event::WaitDetails {
+                wait_id,
+                request,
+                timeout_ms,
+                deadline_ms,
+                reopens,
+            } => self.apply_wait_details(
+                *wait_id,
+                request,
+                *timeout_ms,
+                *deadline_ms,
+                *reopens,
+                actions,
+            ),
             Event::ProcessChanged { process_id, state } => {
                 self.apply_process_changed(*process_id, state)
             }

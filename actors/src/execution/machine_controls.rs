@@ -151,7 +151,7 @@ impl Machine {
                         .map_err(|refusal| self.refuse(refusal, at))?,
                 );
                 events.extend(
-                    self.decide_control(command_id, Control::Continue, at.busy)
+                    self.decide_control(command_id, Control::Continue, at)
                         .map_err(|refusal| self.refuse(refusal, at))?,
                 );
                 return Ok(Accepted::Control {
@@ -202,7 +202,7 @@ impl Machine {
             CommandBody::SetPolicy { policy } => Control::SetPolicy { policy },
         };
         let events = self
-            .decide_control(command_id, control.clone(), at.busy)
+            .decide_control(command_id, control.clone(), at)
             .map_err(|refusal| self.refuse(refusal, at))?;
         Ok(Accepted::Control { control, events })
     }
@@ -260,9 +260,9 @@ impl Machine {
         &self,
         command_id: CommandId,
         control: Control,
-        busy: bool,
+        at: &CommandContext,
     ) -> Result<Vec<Event>, Refusal> {
-        let kind = control.kind();
+        let (busy, kind) = (at.busy, control.kind());
         match control {
             Control::Answer { .. } | Control::Decline { .. } => {
                 return self.decide_wait_control(command_id, control)
@@ -286,12 +286,14 @@ impl Machine {
             }
             Control::Pause | Control::Steer { .. } => {}
             Control::Continue if self.status() == Status::Running => {}
-            Control::Continue | Control::Step => {
-                events.push(Event::StateChanged {
+            // W-8: a wait that expired is opened again, as a fresh wait.
+            Control::Continue | Control::Step => match self.reopened_wait(command_id, at.now_ms) {
+                Some(reopened) => events.extend(reopened),
+                None => events.push(Event::StateChanged {
                     state: self.run_state(),
                     reason: kind.into(),
-                });
-            }
+                }),
+            },
             Control::Cancel if busy => {
                 events.extend(self.invalidate_waits(|_| true));
                 events.push(Event::StateChanged {

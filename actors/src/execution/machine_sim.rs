@@ -81,6 +81,8 @@ struct Sim {
     partial: Option<Machine>,
     /// The model rarely replies, asks or fails (`s8_long_interleavings…`).
     long: bool,
+    /// W-8: the wall clock, moved on by every input.
+    now_ms: u64,
 }
 
 fn recovery(tool: &str) -> Recovery {
@@ -108,6 +110,7 @@ impl Sim {
             resolved: Default::default(),
             partial: None,
             long: max_iterations > 100,
+            now_ms: 1_000_000,
         };
         sim.commit(vec![admitted], "admission");
         sim.restart("first attempt");
@@ -264,6 +267,30 @@ impl Sim {
                 self.resolved.insert(wait.wait_id, wait.status);
             }
         }
+        // W-2, W-8: every answer the provider was told of is a wait answered by a person;
+        // an expired wait never tells it anything.
+        let told = self
+            .machine
+            .context
+            .iter()
+            .filter(|turn| matches!(turn, Turn::WaitResolved { .. }))
+            .count();
+        let resolved_by_people = self
+            .machine
+            .waits()
+            .iter()
+            .filter(|wait| {
+                wait.live.is_none()
+                    && matches!(
+                        wait.status,
+                        openprogram_storage::WaitStatus::Answered
+                            | openprogram_storage::WaitStatus::Declined
+                    )
+            })
+            .count();
+        if self.machine.is_complete() {
+            assert_eq!(told, resolved_by_people, "{context}: an outcome no person gave");
+        }
         let mut effects = std::collections::HashSet::new();
         for receipt in self.machine.receipts.iter() {
             assert!(
@@ -380,7 +407,7 @@ impl Sim {
             decision,
         } = input
         {
-            let (events, decision) = self.machine.decide_decision(effect_id, decision);
+            let (events, decision) = self.machine.decide_decision(effect_id, decision, self.now_ms);
             self.commit_decided(events, decision, context);
         } else if let Ok(events) = self.machine.decide(input) {
             self.commit(events, context);
@@ -423,10 +450,17 @@ impl Sim {
                 // A long run's model mostly calls `echo`: its turn outgrows a projection.
                 let pick = rng.below(if self.long { 70 } else { 7 });
                 let input = match pick {
+                    // W-6, W-8: half of the asks are structured questions with a deadline.
                     6 => Input::ModelDecided {
                         effect_id,
                         decision: Decision::Ask {
                             prompt: "go?".into(),
+                            wait: (rng.below(2) == 0).then(|| super::machine::AskDetails {
+                                kind: super::machine::AskKind::Question,
+                                request: Some(serde_json::json!({"items": [
+                                    {"id": "ok", "type": "boolean"}]})),
+                                timeout_ms: Some(1 + rng.below(3_000)),
+                            }),
                         },
                     },
                     0 => Input::ModelFailed {
@@ -471,6 +505,43 @@ impl Sim {
         }
     }
 
+    /// W-8: the clock moves on; a pending wait's deadline may pass, and the deadlines actor
+    /// asks the execution to expire it (now and then too early, as a stray timer would).
+    fn expire(&mut self, rng: &mut Rng) {
+        self.now_ms += rng.below(2_000);
+        let Some(wait) = self.machine.pending_wait().cloned() else {
+            return;
+        };
+        let Some(deadline) = wait.deadline_ms else {
+            assert_eq!(self.machine.decide_wait_expiry(wait.wait_id, u64::MAX), None);
+            return;
+        };
+        let Some(mut events) = self.machine.decide_wait_expiry(wait.wait_id, self.now_ms) else {
+            assert!(
+                self.now_ms < deadline
+                    || self.machine.cancel_requested
+                    || wait.status != openprogram_storage::WaitStatus::Open,
+                "a wait past its deadline did not expire"
+            );
+            return;
+        };
+        assert!(self.now_ms >= deadline, "a wait expired before its deadline");
+        // As the actor does: a parked execution's expiry claims an attempt.
+        self.epoch += 1;
+        events.insert(
+            0,
+            Event::AttemptStarted {
+                attempt_id: AttemptId::new(),
+                owner_id: OwnerId::new(),
+                epoch: self.epoch,
+            },
+        );
+        self.commit(events, "expire");
+        let expired = self.machine.wait(wait.wait_id).expect("the wait");
+        assert_eq!(expired.status, openprogram_storage::WaitStatus::Expired);
+        assert_eq!(self.machine.status(), Status::Paused);
+    }
+
     fn control(&mut self, rng: &mut Rng) {
         // An answer names the pending wait or, as a stale client would, any earlier one.
         let target = match rng.below(2) {
@@ -498,9 +569,14 @@ impl Sim {
                 },
                 output: "checked".into(),
             },
+            // W-6: an answer that fits the wait's request, or (now and then) one that does not.
             5 => Control::Answer {
                 wait_id: target,
-                answer: "yes".into(),
+                answer: if rng.below(4) == 0 {
+                    "yes".into()
+                } else {
+                    fitting_answer(&self.machine, target)
+                },
                 scope: openprogram_storage::AnswerScope::Operation,
             },
             6 => Control::Decline { wait_id: target },
@@ -523,7 +599,8 @@ impl Sim {
             command_id,
             control: control.clone(),
         };
-        let at = super::machine_tests::at(&self.machine, busy);
+        let mut at = super::machine_tests::at(&self.machine, busy);
+        at.now_ms = self.now_ms;
         let decided = self
             .machine
             .decide_command(command_id, control.into(), None, &at);
@@ -597,10 +674,12 @@ fn simulate(runs: u64, inputs_per_run: usize, max_iterations: u32) {
     for _ in 0..runs {
         let mut sim = Sim::new(max_iterations);
         for _ in 0..inputs_per_run {
-            match rng.below(10) {
+            sim.now_ms += rng.below(200);
+            match rng.below(11) {
                 0..=3 => sim.advance(&mut rng),
                 4..=6 => sim.finish_effect(&mut rng),
                 7 | 8 => sim.control(&mut rng),
+                9 => sim.expire(&mut rng),
                 _ => sim.restart("restart"),
             }
         }
@@ -616,6 +695,14 @@ fn simulate(runs: u64, inputs_per_run: usize, max_iterations: u32) {
             longest > super::projection::KEPT,
             "seed {seed}: no run outgrew a projection ({longest} receipts)"
         );
+    }
+}
+
+/// An answer that fits the request of `wait_id` (the simulation asks only `ok`, a boolean).
+fn fitting_answer(machine: &Machine, wait_id: openprogram_storage::WaitId) -> String {
+    match machine.wait(wait_id).and_then(|wait| wait.request.as_ref()) {
+        Some(_) => r#"{"ok": true}"#.into(),
+        None => "yes".into(),
     }
 }
 
@@ -651,8 +738,11 @@ fn check_capabilities(machine: &Machine, busy: bool, context: &str) {
             CommandKind::Fork => CommandBody::Fork { checkpoint: None },
             CommandKind::Retry => CommandBody::Retry,
             CommandKind::Answer => CommandBody::Answer {
+                answer: match wait {
+                    WaitRef::Id(wait_id) => fitting_answer(machine, wait_id),
+                    WaitRef::Pending => "yes".into(),
+                },
                 wait,
-                answer: "yes".into(),
                 scope: openprogram_storage::AnswerScope::Operation,
             },
             CommandKind::Decline => CommandBody::Decline { wait },

@@ -182,7 +182,74 @@ pub enum Decision {
     },
     /// Ask the user for approval before the next operation (W-1): a durable wait at a
     /// checkpoint. Approved, the provider goes on; declined, it gets the decline instead.
-    Ask { prompt: String },
+    /// `wait` makes it a question, form or permission request with a structured request
+    /// (W-6), and may give it a timeout (W-8).
+    Ask {
+        prompt: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wait: Option<AskDetails>,
+    },
+}
+
+/// What a model's `Ask` asks beyond its prompt (W-6, W-8).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AskDetails {
+    #[serde(default)]
+    pub kind: AskKind,
+    /// A `WaitRequest` as JSON (checked when the decision is recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+/// The kind of wait an `Ask` opens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AskKind {
+    #[default]
+    Approval,
+    Question,
+    Form,
+    Permission,
+}
+
+impl AskKind {
+    pub fn wait_kind(self) -> openprogram_storage::WaitKind {
+        use openprogram_storage::WaitKind;
+        match self {
+            AskKind::Approval => WaitKind::Approval,
+            AskKind::Question => WaitKind::Question,
+            AskKind::Form => WaitKind::Form,
+            AskKind::Permission => WaitKind::Permission,
+        }
+    }
+
+    /// The kind named `name` (`approval`, `question`, `form`, `permission`).
+    pub fn parse(name: &str) -> Option<Self> {
+        serde_json::from_value(serde_json::Value::String(name.to_owned())).ok()
+    }
+}
+
+impl Decision {
+    /// The wait an `Ask` opens, its request checked (W-6): `None` for another decision.
+    pub fn wait_spec(&self) -> Option<Result<super::wait_types::WaitSpec, String>> {
+        let Decision::Ask { prompt, wait } = self else {
+            return None;
+        };
+        let details = wait.clone().unwrap_or_default();
+        let request = match details.request.as_ref().map(crate::wait_request::WaitRequest::from_value) {
+            None | Some(Ok(None)) => None,
+            Some(Ok(Some(request))) => Some(request.to_text()),
+            Some(Err(error)) => return Some(Err(error)),
+        };
+        Some(Ok(super::wait_types::WaitSpec {
+            kind: Some(details.kind.wait_kind()),
+            prompt: prompt.clone(),
+            request,
+            timeout_ms: details.timeout_ms,
+        }))
+    }
 }
 
 impl Decision {
@@ -239,7 +306,7 @@ pub(super) fn decision_text(decision: &Decision) -> String {
         Decision::Reply { text, reasoning } => {
             text.len() + reasoning.iter().map(String::len).sum::<usize>()
         }
-        Decision::Ask { prompt } => prompt.len(),
+        Decision::Ask { prompt, .. } => prompt.len() + 64,
     };
     let mut text = Vec::with_capacity(len + 32);
     // Serializing strings and raw JSON text into a Vec cannot fail; if it did, no half text.
@@ -408,6 +475,11 @@ pub enum Action {
     },
     /// J-1: the Job holds a lease: its wall budget runs.
     LeaseHeld,
+    /// W-8: a durable wait expires at `deadline_ms` (wall clock) unless resolved first.
+    WatchDeadline {
+        wait_id: openprogram_storage::WaitId,
+        deadline_ms: u64,
+    },
 }
 
 /// An input the execution refuses, with the controls it offers now (K-3).
@@ -568,6 +640,9 @@ pub(super) const DECISION_ARGS_DEPTH_MAX: usize = 100;
 /// Why a decision cannot be recorded, if it cannot: its text must read back as the same
 /// decision on replay, so arguments nested deeper than `DECISION_ARGS_DEPTH_MAX` are refused.
 pub(super) fn unreadable(decision: &Decision) -> Option<String> {
+    if let Some(Err(error)) = decision.wait_spec() {
+        return Some(error);
+    }
     let Decision::Tool { args, .. } = decision else {
         return None;
     };

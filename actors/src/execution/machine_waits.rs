@@ -10,61 +10,141 @@
 //!   control, offered whatever the execution's state (P-2).
 
 use openprogram_storage::{
-    AnswerScope, AttemptId, CommandId, Control, EffectId, Event, ExecutionId,
+    AnswerScope, AttemptId, CommandId, Control, Event, ExecutionId,
     ExecutionState as Status, LiveBinding, ProcessId, ProcessState as ProcState, WaitId, WaitKind,
     WaitRecord, WaitStatus,
 };
 
 use crate::execution::machine::{
-    wait_of, Action, CommandKind, LiveOutcome, Machine, ManagedProcess, Present, Refusal,
-    Rejection, Turn, WaitState,
+    Action, CommandKind, LiveOutcome, Machine, ManagedProcess, Present, Refusal, Rejection, Turn,
+    WaitState,
 };
+use crate::execution::wait_types::WaitSpec;
+use crate::wait_request::WaitRequest;
+
+/// The pause reason of an execution whose wait expired (W-8).
+pub const WAIT_EXPIRED: &str = "wait_expired";
 
 /// The longest prompt a wait or question may carry.
 pub const PROMPT_BYTES_MAX: usize = 16 * 1024;
 
 impl Machine {
-    /// The events after an `Ask` decision's `ModelDecided`: the pre-wait checkpoint, the
-    /// wait, and the `waiting` state (W-1).
-    pub(super) fn open_approval(&self, decision: EffectId, prompt: &str) -> Vec<Event> {
-        let mut prompt = prompt.to_owned();
+    /// The events that open a durable wait (W-1) after a decision: the pre-wait checkpoint,
+    /// the wait, what it asks and until when (W-6, W-8), and the `waiting` state. `now_ms`
+    /// is the time of the decision: a timeout runs from it. `reopens`: the expired wait a
+    /// Continue opens again.
+    pub(super) fn open_wait(
+        &self,
+        wait_id: WaitId,
+        spec: &WaitSpec,
+        now_ms: u64,
+        reopens: Option<WaitId>,
+    ) -> Vec<Event> {
+        let mut prompt = spec.prompt.clone();
         truncate(&mut prompt, PROMPT_BYTES_MAX);
-        vec![
-            Event::CheckpointPublished { checkpoint_seq: 0 },
-            Event::WaitOpened {
-                wait_id: wait_of(decision),
-                kind: WaitKind::Approval,
-                prompt,
-                live: None,
-            },
-            Event::StateChanged {
-                state: Status::Waiting,
-                reason: "approval".into(),
-            },
-        ]
-    }
-
-    /// F-1, W-1: a function's `ask`: the checkpoint, the approval wait at it, and the
-    /// `waiting` state, or, asked before, the wait as it is.
-    pub fn decide_ask(&self, wait_id: WaitId, prompt: &str) -> Result<Vec<Event>, &WaitState> {
-        if let Some(wait) = self.wait(wait_id) {
-            return Err(wait);
-        }
-        let mut prompt = prompt.to_owned();
-        truncate(&mut prompt, PROMPT_BYTES_MAX);
-        Ok(vec![
+        let kind = spec.kind.unwrap_or(WaitKind::Approval);
+        let mut events = vec![
             Event::CheckpointPublished { checkpoint_seq: 0 },
             Event::WaitOpened {
                 wait_id,
-                kind: WaitKind::Approval,
+                kind,
                 prompt,
                 live: None,
             },
+        ];
+        if spec.request.is_some() || spec.timeout_ms.is_some() || reopens.is_some() {
+            events.push(Event::WaitDetails {
+                wait_id,
+                request: spec.request.clone(),
+                timeout_ms: spec.timeout_ms,
+                deadline_ms: spec
+                    .timeout_ms
+                    .map(|timeout| now_ms.saturating_add(timeout)),
+                reopens,
+            });
+        }
+        events.push(Event::StateChanged {
+            state: Status::Waiting,
+            reason: if reopens.is_some() {
+                "wait_reopened".into()
+            } else {
+                kind.as_str().into()
+            },
+        });
+        events
+    }
+
+    /// F-1, W-1: a function's `ask`: the checkpoint, the wait at it, and the `waiting` state,
+    /// or, asked before, the wait as it is (the newest one re-opening it, W-8).
+    pub fn decide_ask(
+        &self,
+        wait_id: WaitId,
+        spec: &WaitSpec,
+        now_ms: u64,
+    ) -> Result<Vec<Event>, &WaitState> {
+        if let Some(wait) = self.newest_of(wait_id) {
+            return Err(wait);
+        }
+        Ok(self.open_wait(wait_id, spec, now_ms, None))
+    }
+
+    /// The wait `wait_id`, or the newest wait that re-opens it (W-8), following the chain.
+    fn newest_of(&self, wait_id: WaitId) -> Option<&WaitState> {
+        let mut newest = self.wait(wait_id)?;
+        let waits = self.waits();
+        while let Some(next) = waits
+            .iter()
+            .find(|wait| wait.reopens == Some(newest.wait_id))
+        {
+            newest = next;
+        }
+        Some(newest)
+    }
+
+    /// W-8: the wait `wait_id`'s deadline passed (at `now_ms`): it is `expired` — never an
+    /// approval — and the execution pauses `wait_expired`. `None` if that is not so (resolved
+    /// meanwhile, not yet due, no longer the current checkpoint's).
+    pub fn decide_wait_expiry(&self, wait_id: WaitId, now_ms: u64) -> Option<Vec<Event>> {
+        let wait = self.active_waits.iter().find(|wait| {
+            wait.wait_id == wait_id && wait.live.is_none() && wait.status == WaitStatus::Open
+        })?;
+        let due = wait.deadline_ms.is_some_and(|deadline| deadline <= now_ms);
+        let current =
+            self.status() == Status::Waiting && wait.checkpoint_seq == self.checkpoint_seq;
+        if !due || !current || self.cancel_requested {
+            return None;
+        }
+        Some(vec![
+            Event::WaitChanged {
+                wait_id,
+                status: WaitStatus::Expired,
+            },
+            Event::CheckpointPublished { checkpoint_seq: 0 },
             Event::StateChanged {
-                state: Status::Waiting,
-                reason: "ask".into(),
+                state: Status::Paused,
+                reason: WAIT_EXPIRED.into(),
             },
         ])
+    }
+
+    /// W-8: a Continue or Step of an execution paused `wait_expired` opens the expired wait
+    /// again, as a fresh wait (a new id, derived from the command's) with a new deadline.
+    pub(super) fn reopened_wait(&self, command_id: CommandId, now_ms: u64) -> Option<Vec<Event>> {
+        if self.status() != Status::Paused || self.pause_reason.as_deref() != Some(WAIT_EXPIRED) {
+            return None;
+        }
+        let expired = self.expired_wait.as_ref()?;
+        let spec = WaitSpec {
+            kind: Some(expired.kind),
+            prompt: expired.prompt.clone(),
+            request: expired.request.clone(),
+            timeout_ms: expired.timeout_ms,
+        };
+        let wait_id = WaitId::from_uuid(uuid::Uuid::new_v5(
+            command_id.as_uuid(),
+            b"reopened wait",
+        ));
+        Some(self.open_wait(wait_id, &spec, now_ms, Some(expired.wait_id)))
     }
 
     /// W-4: only the live attempt's running call may ask.
@@ -118,6 +198,20 @@ impl Machine {
         let Some(wait) = self.wait(wait_id) else {
             return Err(Refusal::UnknownWait { wait_id });
         };
+        // W-6: an answer fits its request, or nothing happens.
+        if let (Control::Answer { answer, .. }, Some(request)) = (&control, &wait.request) {
+            if wait.status.is_pending() {
+                let request = WaitRequest::from_text(request)
+                    .map_err(|error| Refusal::Invalid(format!("wait {wait_id}: {error}")))?;
+                if let Some(request) = request {
+                    request.validate(answer).map_err(|invalid| Refusal::InvalidAnswer {
+                        wait_id,
+                        field: invalid.field,
+                        message: invalid.message,
+                    })?;
+                }
+            }
+        }
         if self.cancel_requested {
             return Err(Refusal::Cancelling {
                 kind: CommandKind::parse(control.kind()).unwrap_or(CommandKind::Answer),
@@ -317,7 +411,39 @@ impl Present {
             answer: None,
             scope: None,
             live,
+            request: None,
+            timeout_ms: None,
+            deadline_ms: None,
+            reopens: None,
         });
+        if live.is_none() {
+            self.expired_wait = None;
+        }
+    }
+
+    /// W-6, W-8: what the wait just opened asks, and its deadline, which the shell watches.
+    pub(super) fn apply_wait_details(
+        &mut self,
+        wait_id: WaitId,
+        request: &Option<String>,
+        timeout_ms: Option<u64>,
+        deadline_ms: Option<u64>,
+        reopens: Option<WaitId>,
+        actions: &mut Vec<Action>,
+    ) {
+        let Some(wait) = self.wait_mut(wait_id) else {
+            return;
+        };
+        wait.request.clone_from(request);
+        wait.timeout_ms = timeout_ms;
+        wait.deadline_ms = deadline_ms;
+        wait.reopens = reopens;
+        if let Some(deadline_ms) = deadline_ms {
+            actions.push(Action::WatchDeadline {
+                wait_id,
+                deadline_ms,
+            });
+        }
     }
 
     pub(super) fn apply_wait_changed(
@@ -330,6 +456,11 @@ impl Present {
             return;
         };
         wait.status = status;
+        if status == WaitStatus::Expired && wait.live.is_none() {
+            let expired = wait.clone();
+            self.expired_wait = Some(expired);
+            return;
+        }
         if wait.live.is_some() {
             let outcome = match status {
                 WaitStatus::Answered => {

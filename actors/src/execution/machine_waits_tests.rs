@@ -7,7 +7,7 @@ use openprogram_storage::{
 
 use super::machine::*;
 use super::machine_tests::{commit, control, ctl, offered, run, running, tool_decision};
-use super::wait_types::wait_of;
+use super::wait_types::{wait_of, WaitSpec};
 
 /// A running machine that asked for approval: `waiting`, with one open wait.
 fn asking(prompt: &str) -> (Machine, WaitId) {
@@ -19,6 +19,7 @@ fn asking(prompt: &str) -> (Machine, WaitId) {
             effect_id,
             decision: Decision::Ask {
                 prompt: prompt.into(),
+                wait: None,
             },
         },
         false,
@@ -146,6 +147,7 @@ fn w3_an_earlier_waits_outcome_never_moves_a_newer_wait() {
             effect_id: second_decision,
             decision: Decision::Ask {
                 prompt: "second?".into(),
+                wait: None,
             },
         },
         false,
@@ -334,4 +336,145 @@ fn p2_stop_process_is_its_own_control_in_any_state_and_cancel_leaves_processes_a
         openprogram_storage::ProcessState::Running
     );
     assert_eq!(offered(&machine), vec!["stop_process", "retry"]);
+}
+
+/// A running machine that asked a structured question with a timeout at `now_ms`.
+fn asking_structured(now_ms: u64, timeout_ms: u64) -> (Machine, WaitId) {
+    let mut machine = running(50);
+    let effect_id = EffectId::new();
+    let decision = Decision::Ask {
+        prompt: "Where to?".into(),
+        wait: Some(AskDetails {
+            kind: AskKind::Question,
+            request: Some(serde_json::json!({"items": [
+                {"id": "env", "type": "choice", "options": ["staging", "prod"]},
+                {"id": "replicas", "type": "integer", "min": 1, "max": 5, "required": false}
+            ]})),
+            timeout_ms: Some(timeout_ms),
+        }),
+    };
+    let (events, _) = machine.decide_decision(effect_id, decision, now_ms);
+    commit(&mut machine, &events);
+    (machine, wait_of(effect_id))
+}
+
+/// Decides a control at `now_ms` and commits it.
+fn ctl_at(machine: &mut Machine, control: Control, now_ms: u64) -> Result<Vec<Action>, Rejection> {
+    let mut at = super::machine_tests::at(machine, false);
+    at.now_ms = now_ms;
+    match machine.decide_command(CommandId::new(), control.into(), None, &at)? {
+        Accepted::Control { events, .. } => Ok(commit(machine, &events)),
+        other => panic!("a control decided as {other:?}"),
+    }
+}
+
+#[test]
+fn w6_a_structured_question_keeps_its_request_and_checks_each_answer() {
+    let (mut machine, wait_id) = asking_structured(1_000, 60_000);
+    let opened = wait(&machine, wait_id);
+    assert_eq!(opened.kind, WaitKind::Question);
+    assert!(opened.request.as_deref().is_some_and(|r| r.contains("replicas")));
+    for (given, field) in [
+        (r#"{"env": "dev"}"#, "env"),
+        (r#"{"env": "prod", "replicas": 9}"#, "replicas"),
+        (r#"{"replicas": 2}"#, "env"),
+        (r#"{"env": "prod", "colour": 1}"#, "colour"),
+        ("prod", "answer"),
+    ] {
+        let refused = control(&machine, answer(wait_id, given), false).expect_err("refused");
+        match refused.refusal.clone() {
+            Refusal::InvalidAnswer { field: named, .. } => assert_eq!(named, field, "{given}"),
+            other => panic!("{given}: {other:?}"),
+        }
+        assert_eq!(refused.code(), "invalid_answer");
+    }
+    assert_eq!(wait(&machine, wait_id).status, WaitStatus::Open, "nothing changed");
+    ctl(&mut machine, answer(wait_id, r#"{"env": "prod", "replicas": 2}"#), false);
+    assert_eq!(wait(&machine, wait_id).status, WaitStatus::Answered);
+    assert_eq!(machine.status(), Status::Running);
+    // A decline takes no payload and declines the whole request.
+    let (mut declined, wait_id) = asking_structured(1_000, 60_000);
+    ctl(&mut declined, Control::Decline { wait_id }, false);
+    assert_eq!(wait(&declined, wait_id).status, WaitStatus::Declined);
+}
+
+#[test]
+fn w6_a_model_decision_with_a_request_that_breaks_its_rules_fails_the_call() {
+    let machine = running(50);
+    let decision = Decision::Ask {
+        prompt: "?".into(),
+        wait: Some(AskDetails {
+            kind: AskKind::Form,
+            request: Some(serde_json::json!({"items": [{"id": "a", "type": "choice"}]})),
+            timeout_ms: None,
+        }),
+    };
+    let (events, kept) = machine.decide_decision(EffectId::new(), decision, 0);
+    assert!(kept.is_none());
+    assert!(
+        matches!(&events[0], Event::ModelFailed { error, .. } if error.contains("a choice needs options")),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn w8_a_deadline_runs_from_the_decision_and_expiry_never_approves() {
+    let (mut machine, wait_id) = asking_structured(1_000, 5_000);
+    assert_eq!(wait(&machine, wait_id).deadline_ms, Some(6_000));
+    assert_eq!(machine.decide_wait_expiry(wait_id, 5_999), None, "not yet due");
+    assert_eq!(machine.decide_wait_expiry(WaitId::new(), 9_000), None, "another wait");
+    let events = machine.decide_wait_expiry(wait_id, 6_000).expect("due");
+    let actions = commit(&mut machine, &events);
+    assert!(actions.contains(&Action::Park));
+    assert_eq!(wait(&machine, wait_id).status, WaitStatus::Expired);
+    assert_eq!(machine.status(), Status::Paused);
+    assert_eq!(machine.pause_reason.as_deref(), Some("wait_expired"));
+    assert!(
+        !machine.context.iter().any(|turn| matches!(turn, Turn::WaitResolved { .. })),
+        "the model is told nothing: no answer, no decline"
+    );
+    // A late answer approves nothing.
+    let late = control(&machine, answer(wait_id, r#"{"env": "prod"}"#), false);
+    assert!(late.is_err(), "{late:?}");
+    assert_eq!(machine.decide_wait_expiry(wait_id, 99_000), None, "expires once");
+}
+
+#[test]
+fn w8_continue_reopens_a_fresh_wait_with_a_new_deadline_that_an_answer_resolves() {
+    let (mut machine, first) = asking_structured(1_000, 5_000);
+    let events = machine.decide_wait_expiry(first, 7_000).expect("due");
+    commit(&mut machine, &events);
+    ctl_at(&mut machine, Control::Continue, 20_000).expect("continue");
+    assert_eq!(machine.status(), Status::Waiting);
+    let fresh = machine.pending_wait().expect("a fresh wait").clone();
+    assert_ne!(fresh.wait_id, first);
+    assert_eq!(fresh.reopens, Some(first));
+    assert_eq!(fresh.deadline_ms, Some(25_000), "from the Continue, with the same timeout");
+    assert_eq!(fresh.request, wait(&machine, first).request);
+    assert_eq!(fresh.checkpoint_seq, machine.checkpoint_seq);
+    assert!(control(&machine, answer(first, r#"{"env": "prod"}"#), false).is_err());
+    ctl(&mut machine, answer(fresh.wait_id, r#"{"env": "prod"}"#), false);
+    assert_eq!(machine.status(), Status::Running);
+    // An ordinary pause is continued as always: no wait is opened.
+    let mut paused = running(50);
+    ctl(&mut paused, Control::Pause, false);
+    ctl_at(&mut paused, Control::Continue, 1).expect("continue");
+    assert_eq!(paused.status(), Status::Running);
+    assert!(paused.pending_wait().is_none());
+}
+
+#[test]
+fn w8_an_answer_before_the_deadline_leaves_nothing_to_expire() {
+    let (mut machine, wait_id) = asking_structured(1_000, 5_000);
+    ctl(&mut machine, answer(wait_id, r#"{"env": "staging"}"#), false);
+    assert_eq!(machine.decide_wait_expiry(wait_id, 10_000), None);
+    // A function's ask finds the newest wait that re-opens the one it asked.
+    let (mut asked, first) = asking_structured(0, 10);
+    let events = asked.decide_wait_expiry(first, 10).expect("due");
+    commit(&mut asked, &events);
+    ctl_at(&mut asked, Control::Continue, 100).expect("continue");
+    let fresh = asked.pending_wait().expect("fresh").wait_id;
+    let spec = WaitSpec::approval("again?");
+    let found = asked.decide_ask(first, &spec, 200).expect_err("asked before");
+    assert_eq!(found.wait_id, fresh);
 }

@@ -28,6 +28,7 @@ pub mod processes;
 pub mod projection;
 mod refusal;
 pub mod restart;
+pub mod wait_expiry;
 mod wait_types;
 
 #[cfg(test)]

@@ -51,6 +51,13 @@ pub enum Refusal {
     AnsweredOtherwise {
         wait_id: WaitId,
     },
+    /// W-6: the answer does not fit the wait's request: `field` names the item. Nothing is
+    /// recorded for it (a 400, like a body the runtime does not understand).
+    InvalidAnswer {
+        wait_id: WaitId,
+        field: String,
+        message: String,
+    },
     UnknownProcess {
         process_id: ProcessId,
     },
@@ -99,6 +106,7 @@ impl Refusal {
             Refusal::WaitClosed { .. } => "wait_closed",
             Refusal::WaitNotCurrent { .. } => "wait_not_current",
             Refusal::AnsweredOtherwise { .. } => "answered_otherwise",
+            Refusal::InvalidAnswer { .. } => "invalid_answer",
             Refusal::UnknownProcess { .. } => "unknown_process",
             Refusal::ProcessEnded { .. } => "process_ended",
             Refusal::NotUnresolved { .. } => "not_unresolved",
@@ -146,6 +154,11 @@ impl std::fmt::Display for Refusal {
             Refusal::AnsweredOtherwise { wait_id } => {
                 write!(f, "question {wait_id} is answered already, with another answer")
             }
+            Refusal::InvalidAnswer {
+                wait_id,
+                field,
+                message,
+            } => write!(f, "the answer to {wait_id} does not fit: `{field}`: {message}"),
             Refusal::UnknownProcess { process_id } => {
                 write!(f, "this execution has no process {process_id}")
             }

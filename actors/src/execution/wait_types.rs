@@ -3,6 +3,7 @@
 //! in `machine_waits.rs`; apart, so that `machine.rs` holds them without importing the
 //! rules that work on the machine.
 
+pub use crate::wait_request::WaitSpec;
 use openprogram_storage::{
     AnswerScope, EffectId, LiveBinding, ProcessId, ProcessState as ProcState, WaitId, WaitKind,
     WaitStatus,
@@ -24,7 +25,20 @@ pub struct WaitState {
     /// What an applied answer granted (W-2): this one operation, or nothing (discussion).
     pub scope: Option<AnswerScope>,
     pub live: Option<LiveBinding>,
+    /// W-6: what it asks, structured (the canonical JSON text of a `WaitRequest`).
+    #[serde(default)]
+    pub request: Option<String>,
+    /// W-8: how long it may stay open, and the wall-clock time it expires at (from the
+    /// decision that opened it).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+    /// W-8: the wait it re-opens (one that expired), if it is a re-opened one.
+    #[serde(default)]
+    pub reopens: Option<WaitId>,
 }
+
 
 /// What the call that asked a live question gets back (W-4).
 #[derive(Debug, Clone, PartialEq, Eq)]

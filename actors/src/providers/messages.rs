@@ -68,7 +68,7 @@ pub(super) fn conversation(request: &ModelRequest) -> Vec<Message> {
             Turn::Decided(Decision::Reply { text, .. }) => {
                 push(&mut messages, Role::Assistant, Part::Text(text.clone()));
             }
-            Turn::Decided(Decision::Ask { prompt }) => {
+            Turn::Decided(Decision::Ask { prompt, .. }) => {
                 push(&mut messages, Role::Assistant, Part::Text(prompt.clone()));
             }
             Turn::ToolResult { status, output, .. } => {

@@ -16,7 +16,7 @@ use crate::log::now_ms;
 use crate::open::Incarnation;
 
 /// The newest schema this build writes.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// The advisory lock migrations hold (any value no other component of the database uses;
 /// this one spells "opgm").
@@ -122,6 +122,11 @@ const MIGRATIONS: &[(u32, &str)] = &[
         // The event `ModelUsage` (E-6). Only a mark, as in sled (schema 9): an older build
         // refuses the database instead of quarantining executions whose events it cannot
         // decode.
+        "SELECT 1;",
+    ),
+    (
+        5,
+        // The event `WaitDetails` (W-6, W-8). Only a mark, as in sled (schema 10).
         "SELECT 1;",
     ),
 ];

@@ -1,0 +1,53 @@
+//! W-8: the execution actor's side of a wait deadline: the deadlines actor
+//! (`wait_deadlines.rs`) says a wait's deadline passed, and the machine decides whether it
+//! expires (`Machine::decide_wait_expiry`); if so, the expiry is committed (claiming an
+//! attempt, if none runs: only an attempt moves the head) and the execution parks, paused
+//! `wait_expired`. Split from `actor.rs`, whose shell it extends.
+
+use actix::prelude::*;
+use openprogram_storage::{Event, WaitId};
+
+use crate::error::Error;
+use crate::execution::actor::ExecutionActor;
+
+/// The deadline of `wait_id` passed. Answers whether the wait expired now.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<bool, Error>")]
+pub struct ExpireWait {
+    pub wait_id: WaitId,
+}
+
+impl Handler<ExpireWait> for ExecutionActor {
+    type Result = AtomicResponse<Self, Result<bool, Error>>;
+
+    fn handle(&mut self, message: ExpireWait, _ctx: &mut Context<Self>) -> Self::Result {
+        let _span = self.span.clone().entered();
+        self.handled += 1;
+        let now_ms = self.env.clock.now_ms();
+        let Some(mut events) = self.machine.decide_wait_expiry(message.wait_id, now_ms) else {
+            return AtomicResponse::new(Box::pin(fut::ready(Ok(false)).map(
+                |result, act: &mut Self, ctx| {
+                    act.park_if_idle(ctx);
+                    result
+                },
+            )));
+        };
+        if self.epoch.is_none() {
+            self.epoch = Some(self.lease.epoch);
+            events.insert(
+                0,
+                Event::AttemptStarted {
+                    attempt_id: self.lease.attempt_id,
+                    owner_id: self.env.owner,
+                    epoch: self.lease.epoch,
+                },
+            );
+        }
+        AtomicResponse::new(Box::pin(self.commit(events, Vec::new()).map(
+            |committed, act, ctx| {
+                act.park_if_idle(ctx);
+                committed.map(|_| true)
+            },
+        )))
+    }
+}
