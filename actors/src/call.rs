@@ -131,12 +131,27 @@ impl CallHandle {
         &self,
         prompt: impl Into<String>,
     ) -> BoxFuture<'static, Result<LiveOutcome, AskError>> {
+        self.ask_with(crate::wait_request::WaitSpec {
+            prompt: prompt.into(),
+            ..Default::default()
+        })
+    }
+
+    /// `ask` with a structured request (W-6: a question's items, a form's fields, a
+    /// permission; built with `WaitSpec::question` and the like): an answer is checked
+    /// against it before it reaches this call, as its JSON text. A live question has no
+    /// deadline (the call can stop waiting itself): `timeout_ms` is not used here.
+    pub fn ask_with(
+        &self,
+        spec: crate::wait_request::WaitSpec,
+    ) -> BoxFuture<'static, Result<LiveOutcome, AskError>> {
         let Some(actor) = self.actor.clone() else {
             return futures::future::ready(Err(AskError::NoInteraction)).boxed();
         };
         let message = AskLive {
             effect_id: self.effect_id,
-            prompt: prompt.into(),
+            prompt: spec.prompt,
+            request: spec.request,
         };
         async move {
             let waiting = actor
@@ -157,6 +172,8 @@ impl CallHandle {
 pub struct AskLive {
     pub effect_id: EffectId,
     pub prompt: String,
+    /// W-6: a structured request (a `WaitRequest`'s canonical JSON text).
+    pub request: Option<String>,
 }
 
 /// A process the call started, and where its end will be told.

@@ -58,3 +58,4 @@ mod served;
 mod tidy;
 mod traces;
 mod waits;
+mod waits_structured;

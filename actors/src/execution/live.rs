@@ -34,6 +34,7 @@ impl Handler<AskLive> for ExecutionActor {
         let input = Input::AskLive {
             wait_id,
             prompt: message.prompt,
+            request: message.request,
             binding: LiveBinding {
                 attempt_id: self.lease.attempt_id,
                 epoch,

@@ -203,8 +203,9 @@ impl Machine {
             Input::AskLive {
                 wait_id,
                 prompt,
+                request,
                 binding,
-            } => self.decide_live_question(wait_id, prompt, binding),
+            } => self.decide_live_question(wait_id, prompt, request, binding),
             Input::ToolFinished {
                 effect_id,
                 status,

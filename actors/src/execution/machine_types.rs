@@ -586,6 +586,8 @@ pub enum Input {
     AskLive {
         wait_id: openprogram_storage::WaitId,
         prompt: String,
+        /// W-6: what it asks, structured (canonical JSON text).
+        request: Option<String>,
         binding: openprogram_storage::LiveBinding,
     },
 }

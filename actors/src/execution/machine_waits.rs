@@ -152,6 +152,7 @@ impl Machine {
         &self,
         wait_id: WaitId,
         prompt: String,
+        request: Option<String>,
         binding: LiveBinding,
     ) -> Result<Vec<Event>, Rejection> {
         if self.cancel_requested || self.status() != Status::Running {
@@ -176,12 +177,25 @@ impl Machine {
         if self.wait(wait_id).is_some() {
             return Err(self.reject(Refusal::Invalid(format!("wait {wait_id} exists already"))));
         }
-        Ok(vec![Event::WaitOpened {
+        let mut events = vec![Event::WaitOpened {
             wait_id,
             kind: WaitKind::Live,
             prompt,
             live: Some(binding),
-        }])
+        }];
+        if let Some(request) = request {
+            if let Err(error) = WaitRequest::from_text(&request) {
+                return Err(self.reject(Refusal::Invalid(error)));
+            }
+            events.push(Event::WaitDetails {
+                wait_id,
+                request: Some(request),
+                timeout_ms: None,
+                deadline_ms: None,
+                reopens: None,
+            });
+        }
+        Ok(events)
     }
 
     /// `answer` and `decline` (W-2..W-4): they name their wait, and only a pending one.

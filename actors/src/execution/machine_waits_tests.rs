@@ -200,6 +200,7 @@ fn ask_live(machine: &mut Machine, binding: LiveBinding) -> WaitId {
     let input = Input::AskLive {
         wait_id,
         prompt: "which branch?".into(),
+        request: None,
         binding,
     };
     run(machine, input, true);
@@ -246,6 +247,7 @@ fn w4_only_the_running_call_of_the_live_attempt_may_ask() {
         let input = Input::AskLive {
             wait_id: WaitId::new(),
             prompt: "?".into(),
+            request: None,
             binding: stranger,
         };
         assert!(machine.decide(input).is_err());
