@@ -120,11 +120,11 @@ pub struct Item {
     /// A text's longest answer, in characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_length: Option<u32>,
-    /// A number's bounds, inclusive.
+    /// A number's bounds, inclusive, as written (an integer's stay integers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min: Option<f64>,
+    pub min: Option<serde_json::Number>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max: Option<f64>,
+    pub max: Option<serde_json::Number>,
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub required: bool,
 }
@@ -245,7 +245,7 @@ impl WaitRequest {
             if !number && (item.min.is_some() || item.max.is_some()) {
                 return Err(named("min and max belong to a number"));
             }
-            if let (Some(min), Some(max)) = (item.min, item.max) {
+            if let (Some(min), Some(max)) = (item.min_f64(), item.max_f64()) {
                 if min > max {
                     return Err(named("min is above max"));
                 }
@@ -299,6 +299,14 @@ impl WaitRequest {
 }
 
 impl Item {
+    fn min_f64(&self) -> Option<f64> {
+        self.min.as_ref().and_then(serde_json::Number::as_f64)
+    }
+
+    fn max_f64(&self) -> Option<f64> {
+        self.max.as_ref().and_then(serde_json::Number::as_f64)
+    }
+
     fn invalid(&self, message: impl Into<String>) -> InvalidAnswer {
         InvalidAnswer {
             field: self.id.clone(),
@@ -345,10 +353,12 @@ impl Item {
                 if self.kind == ItemKind::Integer && !(value.is_i64() || value.is_u64()) {
                     return Err(self.invalid("a whole number is expected"));
                 }
-                if let Some(min) = self.min.filter(|min| number < *min) {
+                if let Some(min) = self.min.as_ref().filter(|_| self.min_f64() > Some(number)) {
                     return Err(self.invalid(format!("below the minimum {min}")));
                 }
-                if let Some(max) = self.max.filter(|max| number > *max) {
+                if let Some(max) = self.max.as_ref().filter(|_| {
+                    self.max_f64().is_some_and(|max| number > max)
+                }) {
                     return Err(self.invalid(format!("above the maximum {max}")));
                 }
                 Ok(())
@@ -400,6 +410,12 @@ mod tests {
             .validate(&answer.to_string())
             .expect_err("refused")
             .field
+    }
+
+    #[test]
+    fn w6_an_integer_bound_reads_back_as_an_integer() {
+        let text = request().to_text();
+        assert!(text.contains(r#""min":1,"max":10"#), "{text}");
     }
 
     #[test]

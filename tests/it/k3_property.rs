@@ -29,6 +29,10 @@ const STATES: &[(&str, Build)] = &[
     ("paused at admission", |w| paused_at_start(w).boxed()),
     ("paused after a step", |w| paused_after_step(w).boxed()),
     ("waiting on an approval", |w| waiting_on_approval(w).boxed()),
+    ("waiting on a structured question", |w| {
+        waiting_on_a_question(w).boxed()
+    }),
+    ("paused, its wait expired", |w| wait_expired(w).boxed()),
     ("asking a live question", |w| asking_live(w).boxed()),
     ("ended with its process running", |w| {
         process_running(w).boxed()

@@ -81,6 +81,43 @@ pub(crate) async fn waiting_on_approval(world: &mut World) -> ExecutionId {
     execution
 }
 
+/// W-6, W-8: a structured question with a deadline far away.
+pub(crate) async fn waiting_on_a_question(world: &mut World) -> ExecutionId {
+    let script = vec![
+        json!({"question": "which?", "timeout_ms": 3_600_000, "items": [
+            {"id": "env", "type": "choice", "options": ["a", "b"]},
+            {"id": "count", "type": "integer", "min": 2, "max": 3},
+            {"id": "ok", "type": "boolean"}]}),
+        echo("b"),
+        reply("done"),
+    ];
+    let execution = world.start(script, None, false).await;
+    world.until_state(execution, "waiting").await;
+    world.maybe_restart().await;
+    execution
+}
+
+/// W-8: paused `wait_expired`: the runtime's clock moved past the question's deadline.
+pub(crate) async fn wait_expired(world: &mut World) -> ExecutionId {
+    let script = vec![
+        json!({"question": "which?", "timeout_ms": 1_000, "items": [
+            {"id": "ok", "type": "boolean"}]}),
+        echo("b"),
+        reply("done"),
+    ];
+    let execution = world.start(script, None, false).await;
+    world.until_state(execution, "waiting").await;
+    world.maybe_restart().await;
+    world.restarts.clock.advance(Duration::from_secs(2));
+    world
+        .until(execution, "the wait expired", |now| {
+            now.pause_reason.as_deref() == Some("wait_expired")
+        })
+        .await;
+    world.maybe_restart().await;
+    execution
+}
+
 pub(crate) async fn asking_live(world: &mut World) -> ExecutionId {
     world.maybe_restart().await;
     let script = vec![

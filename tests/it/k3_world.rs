@@ -303,7 +303,7 @@ impl World {
             CommandKind::Steer => body["text"] = json!("steered"),
             CommandKind::Answer => {
                 body["wait_id"] = json!(open_wait);
-                body["answer"] = json!("yes");
+                body["answer"] = fitting_answer(now, open_wait);
             }
             CommandKind::Decline => body["wait_id"] = json!(open_wait),
             CommandKind::Reconcile => {
@@ -419,6 +419,17 @@ impl World {
                 self.until(execution, &case, |now| {
                     now.state == "paused"
                         || (now.state == "running" && now.capabilities.contains(&"continue"))
+                })
+                .await;
+            }
+            // W-8: after an expired wait, a fresh wait that re-opens it.
+            CommandKind::Continue if before.pause_reason.as_deref() == Some("wait_expired") => {
+                self.until(execution, &case, |now| {
+                    now.state == "waiting"
+                        && now
+                            .waits
+                            .iter()
+                            .any(|wait| wait.status == "open" && wait.reopens.is_some())
                 })
                 .await;
             }
@@ -542,4 +553,31 @@ impl Tool for Hang {
 
 pub(crate) fn sleep_long() -> Value {
     sleep(600_000)
+}
+
+/// W-6: an answer that fits the request of `wait_id` (each item's first option, `true`, its
+/// lowest number, a word), or `yes` for a wait that asks nothing structured.
+fn fitting_answer(now: &Snapshot, wait_id: WaitId) -> Value {
+    let items = now
+        .waits
+        .iter()
+        .find(|wait| wait.wait_id == wait_id)
+        .and_then(|wait| wait.request.as_ref())
+        .and_then(|request| request["items"].as_array().cloned());
+    let Some(items) = items else {
+        return json!("yes");
+    };
+    let mut answer = serde_json::Map::new();
+    for item in items {
+        let first = item["options"][0].clone();
+        let value = match item["type"].as_str() {
+            Some("choice") if item["multiple"] == true => json!([first]),
+            Some("choice") => first,
+            Some("boolean") => json!(true),
+            Some("number" | "integer") => item.get("min").cloned().unwrap_or(json!(1)),
+            _ => json!("x"),
+        };
+        answer.insert(item["id"].as_str().unwrap_or_default().to_owned(), value);
+    }
+    Value::Object(answer)
 }
