@@ -84,6 +84,7 @@ pub use openprogram_actors::command::{
 };
 pub use openprogram_actors::deltas::{Delta, DeltaKind, DeltaWatch};
 pub use openprogram_actors::function::{DurableFunction, FunctionContext, StepError};
+pub use openprogram_actors::wait_request::{InvalidAnswer, WaitRequest, WaitSpec};
 #[cfg(feature = "providers")]
 pub use openprogram_actors::http_tool;
 #[cfg(feature = "providers")]

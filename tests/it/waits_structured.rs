@@ -200,3 +200,159 @@ fn w8_a_deadline_expires_a_wait_while_the_server_runs() {
     );
     served.stop();
 }
+
+/// W-6 in a durable function: `ask_with` a form; an answer that does not fit is refused, one
+/// that fits comes back to the body as its JSON text; a decline is `None` for the whole form.
+#[tokio::test]
+async fn w6_a_functions_form_is_answered_through_the_same_commands() {
+    use openprogram::storage::WaitStatus;
+    use openprogram::{DurableFunction, FunctionStart, Runtime, WaitSpec};
+
+    let form = DurableFunction::new("form", 1, "form:v1", |context, _input| async move {
+        let spec = WaitSpec::form(
+            "Release details",
+            &json!({"items": [
+                {"id": "version", "type": "text", "max_length": 10},
+                {"id": "notify", "type": "boolean", "required": false}]}),
+        )?;
+        match context.ask_with("details", spec).await {
+            Ok(Some(answer)) => Ok(json!({"answer": answer})),
+            Ok(None) => Ok(json!("declined")),
+            Err(error) => Err(error.to_string()),
+        }
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = Runtime::builder()
+        .data_dir(dir.path())
+        .function(form)
+        .open()
+        .expect("open");
+    let harness = crate::support::Harness::with_runtime(runtime, dir);
+    let mut outcomes = Vec::new();
+    for decline in [false, true] {
+        let started = harness
+            .runtime
+            .start_function(
+                harness.session,
+                FunctionStart {
+                    function: "form".into(),
+                    input: json!(null),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("start");
+        let execution = started.started.execution_id;
+        let waiting = harness.wait_for_state(execution, "waiting").await;
+        let wait = &waiting.waits[0];
+        assert_eq!(wait.kind, "form");
+        assert_eq!(wait.request.as_ref().expect("request")["items"][0]["id"], "version");
+        let body = if decline {
+            json!({"command_id": uuid::Uuid::new_v4(), "kind": "decline", "wait_id": wait.wait_id})
+        } else {
+            let wrong = json!({"command_id": uuid::Uuid::new_v4(), "kind": "answer",
+                "wait_id": wait.wait_id, "answer": {"version": "far too long a version"}});
+            let refused = harness
+                .runtime
+                .command(harness.session, execution, crate::support::command_of(wrong))
+                .await
+                .expect_err("refused");
+            assert!(
+                matches!(&refused, openprogram::Error::InvalidAnswer { field, .. } if field == "version"),
+                "{refused:?}"
+            );
+            json!({"command_id": uuid::Uuid::new_v4(), "kind": "answer",
+                "wait_id": wait.wait_id, "answer": {"version": "1.2", "notify": true}})
+        };
+        harness
+            .runtime
+            .command(harness.session, execution, crate::support::command_of(body))
+            .await
+            .expect("command");
+        let done = harness.wait_for_state(execution, "completed").await;
+        let status = if decline { WaitStatus::Declined } else { WaitStatus::Answered };
+        assert_eq!(done.waits[0].status, status.as_str());
+        outcomes.push(done.text);
+    }
+    let answered: Value = serde_json::from_str(&outcomes[0]).expect("json");
+    let answer: Value = serde_json::from_str(answered["answer"].as_str().expect("text")).expect("json");
+    assert_eq!(answer, json!({"version": "1.2", "notify": true}));
+    assert_eq!(outcomes[1], r#""declined""#);
+}
+
+/// W-6 from a tool: a live question with items; a wrong answer never reaches the call, the
+/// right one does, as its JSON text.
+struct Chooser;
+
+impl openprogram::agent::Tool for Chooser {
+    fn name(&self) -> &str {
+        "chooser"
+    }
+    fn recovery(&self) -> openprogram::actors::execution::machine::Recovery {
+        openprogram::actors::execution::machine::Recovery::Idempotent
+    }
+    fn call(
+        &self,
+        call: openprogram::agent::ToolCall,
+    ) -> futures::future::BoxFuture<'static, openprogram::agent::ToolResult> {
+        use futures::FutureExt;
+        let handle = call.handle;
+        async move {
+            let spec = openprogram::WaitSpec::question(
+                "Which colour?",
+                &json!({"items": [{"id": "colour", "type": "choice", "options": ["red", "blue"]}]}),
+            )?;
+            match handle.ask_with(spec).await {
+                Ok(openprogram::actors::execution::machine::LiveOutcome::Answered(answer)) => {
+                    Ok(answer)
+                }
+                other => Err(format!("{other:?}").into()),
+            }
+        }
+        .boxed()
+    }
+}
+
+#[tokio::test]
+async fn w6_a_tools_live_question_checks_the_answer_before_the_call_sees_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = openprogram::Runtime::builder()
+        .data_dir(dir.path())
+        .tool(std::sync::Arc::new(Chooser))
+        .open()
+        .expect("open");
+    let harness = crate::support::Harness::with_runtime(runtime, dir);
+    let script = vec![json!({"tool": "chooser"}), crate::support::reply("done")];
+    let execution = harness.start(script, None).await;
+    let asked = crate::support::wait_until(
+        &harness.runtime,
+        harness.session,
+        execution,
+        "the live question",
+        |now| now.waits.iter().any(|wait| wait.status == "open"),
+    )
+    .await;
+    let wait = &asked.waits[0];
+    assert_eq!(wait.kind, "live");
+    assert_eq!(wait.request.as_ref().expect("request")["items"][0]["id"], "colour");
+    let send = |answer: Value| {
+        let body = json!({"command_id": uuid::Uuid::new_v4(), "kind": "answer",
+            "wait_id": wait.wait_id, "answer": answer});
+        harness
+            .runtime
+            .command(harness.session, execution, crate::support::command_of(body))
+    };
+    let refused = send(json!({"colour": "green"})).await.expect_err("refused");
+    assert!(matches!(refused, openprogram::Error::InvalidAnswer { ref field, .. } if field == "colour"));
+    send(json!({"colour": "blue"})).await.expect("answered");
+    harness.wait_for_state(execution, "completed").await;
+    let events = harness.events(execution);
+    let result = events
+        .iter()
+        .find_map(|envelope| match &envelope.event {
+            openprogram::storage::Event::ToolFinished { output, .. } => Some(output.clone()),
+            _ => None,
+        })
+        .expect("the call's result");
+    assert_eq!(result, r#"{"colour":"blue"}"#);
+}
