@@ -84,6 +84,8 @@ pub use openprogram_actors::command::{
 };
 pub use openprogram_actors::deltas::{Delta, DeltaKind, DeltaWatch};
 pub use openprogram_actors::function::{DurableFunction, FunctionContext, StepError};
+pub use openprogram_actors::conversation::{MessagesPage, MessagesQuery};
+pub use openprogram_actors::transcript::{Block, BlockBody, Message};
 pub use openprogram_actors::wait_request::{InvalidAnswer, WaitRequest, WaitSpec};
 #[cfg(feature = "providers")]
 pub use openprogram_actors::http_tool;
@@ -511,6 +513,11 @@ impl Runtime {
     /// History.
     pub fn activity(&self, session: SessionId) -> Result<openprogram_actors::activity::Activity> {
         self.inner.service.activity(session)
+    }
+
+    /// C-1: the session's transcript (messages from the event log) as `query` asks.
+    pub fn messages(&self, session: SessionId, query: &MessagesQuery) -> Result<MessagesPage> {
+        self.inner.service.messages(session, query)
     }
 
     /// B-6: the session's events after a global log position, each terminal outcome followed

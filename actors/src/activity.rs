@@ -82,6 +82,26 @@ pub struct Activity {
     pub history: Vec<BranchRow>,
 }
 
+/// An execution's place on the conversation graph (B-1): its messages and the parent of its
+/// user message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessageLinks {
+    pub user_message_id: MessageId,
+    pub reply_message_id: MessageId,
+    pub parent_message_id: Option<MessageId>,
+}
+
+/// C-1: the executions (indexes into `executions`, admission order) on the branch named
+/// `branch_id` (the id Activity gives it), oldest first; `None` if no branch has that id.
+pub fn branch_executions(executions: &[MessageLinks], branch_id: MessageId) -> Option<Vec<usize>> {
+    let graph = Graph::of_links(executions.iter().copied());
+    graph
+        .leaves()
+        .into_iter()
+        .find(|leaf| graph.branch_id(*leaf) == branch_id)
+        .map(|leaf| graph.executions_to(leaf))
+}
+
 /// B-1..B-5: `executions` in admission order.
 pub fn project(executions: &[ExecutionFacts]) -> Activity {
     let graph = Graph::of(executions);
@@ -257,20 +277,28 @@ struct Graph {
 
 impl Graph {
     fn of(executions: &[ExecutionFacts]) -> Self {
+        Self::of_links(executions.iter().map(|facts| MessageLinks {
+            user_message_id: facts.user_message_id,
+            reply_message_id: facts.reply_message_id,
+            parent_message_id: facts.parent_message_id,
+        }))
+    }
+
+    fn of_links(executions: impl Iterator<Item = MessageLinks>) -> Self {
         let mut graph = Graph {
             parent: HashMap::new(),
             children: HashMap::new(),
             order: Vec::new(),
             reply_of: HashMap::new(),
         };
-        for (index, facts) in executions.iter().enumerate() {
-            if let Some(parent) = facts.parent_message_id {
-                graph.link(parent, facts.user_message_id);
+        for (index, links) in executions.enumerate() {
+            if let Some(parent) = links.parent_message_id {
+                graph.link(parent, links.user_message_id);
             } else {
-                graph.node(facts.user_message_id);
+                graph.node(links.user_message_id);
             }
-            graph.link(facts.user_message_id, facts.reply_message_id);
-            graph.reply_of.insert(facts.reply_message_id, index);
+            graph.link(links.user_message_id, links.reply_message_id);
+            graph.reply_of.insert(links.reply_message_id, index);
         }
         graph
     }

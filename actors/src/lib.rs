@@ -25,6 +25,8 @@
 //! - `inspect` — the read-only view of a runtime that inspection gets;
 //! - `wait_request` — what a structured wait asks and the check of an answer (W-6), pure;
 //! - `wait_deadlines` — the actor that ends waits whose deadline passed (W-8);
+//! - `transcript` — the messages of a conversation folded from an execution's events (C-1), pure;
+//! - `conversation` — reading them by page, branch and change (C-1);
 //! - `snapshot`, `error`.
 //!
 //! Architecture invariant: actors depend on `openprogram-storage`, never the reverse, and
@@ -39,6 +41,7 @@ pub mod agent;
 pub mod append_file;
 pub mod attempt_lease;
 pub mod branches;
+pub mod conversation;
 pub mod call;
 pub mod command;
 mod command_fields;
@@ -66,6 +69,7 @@ pub mod snapshot;
 pub mod supervisor;
 pub mod system;
 pub mod telemetry;
+pub mod transcript;
 pub mod wait_deadlines;
 pub mod wait_request;
 

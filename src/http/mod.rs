@@ -22,6 +22,7 @@ pub mod debug;
 pub mod demo;
 pub mod error;
 pub mod forward;
+pub mod messages;
 pub mod resources;
 pub mod stream;
 
@@ -89,6 +90,10 @@ pub fn routes(api: Api) -> impl FnOnce(&mut web::ServiceConfig) {
                 web::get().to(api::list_executions),
             )
             .route("/v1/sessions/{sid}/activity", web::get().to(api::activity))
+            .route(
+                "/v1/sessions/{sid}/messages",
+                web::get().to(messages::messages),
+            )
             .route(
                 "/v1/sessions/{sid}/stream",
                 web::get().to(stream::session_stream),

@@ -57,5 +57,6 @@ mod s8_retention;
 mod served;
 mod tidy;
 mod traces;
+mod transcript;
 mod waits;
 mod waits_structured;

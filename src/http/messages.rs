@@ -1,0 +1,57 @@
+//! C-1: `GET /v1/sessions/{sid}/messages` — the session's transcript from the event log
+//! (`openprogram_actors::conversation`): a page of messages (`after`, `limit`), one branch
+//! (`branch`: an Activity `branch_id`), one assistant message read on from a seq
+//! (`execution`, `after_seq`), or the messages changed after a log position
+//! (`changed_after`; with the session stream, a cursor stream of changes).
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Deserialize;
+
+use super::Api;
+use super::error::ApiError;
+use crate::MessagesQuery;
+
+/// The query; an unknown field is refused.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Query {
+    branch: Option<String>,
+    after: Option<String>,
+    limit: Option<usize>,
+    execution: Option<String>,
+    after_seq: Option<u64>,
+    changed_after: Option<u64>,
+}
+
+pub async fn messages(
+    api: web::Data<Api>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    query: web::Query<Query>,
+) -> Result<HttpResponse, ApiError> {
+    let session = api.session(&request, &path)?;
+    let query = MessagesQuery {
+        branch: id("branch", &query.branch)?,
+        after: id("after", &query.after)?,
+        limit: query.limit,
+        execution: id("execution", &query.execution)?,
+        after_seq: query.after_seq.unwrap_or(0),
+        changed_after: query.changed_after,
+    };
+    let page = api.runtime.messages(session, &query)?;
+    Ok(HttpResponse::Ok().json(page))
+}
+
+/// An id field of the query, parsed.
+fn id<T: std::str::FromStr>(field: &str, value: &Option<String>) -> Result<Option<T>, ApiError> {
+    value
+        .as_deref()
+        .map(|text| {
+            text.parse().map_err(|_| {
+                ApiError::from(crate::Error::InvalidRequest(format!(
+                    "`{field}`: `{text}` is not an id"
+                )))
+            })
+        })
+        .transpose()
+}
