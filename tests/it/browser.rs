@@ -386,3 +386,56 @@ fn i3_an_operator_finds_and_resolves_an_execution_from_the_overview() {
     let status = serve.stop();
     assert!(status.success(), "serve after SIGTERM: {status:?}");
 }
+
+/// C-1, W-6 in the page: the transcript shows a turn's tool call and its open structured
+/// question; the question is a card under Decisions whose draft survives a reload; an answer
+/// missing a required item is refused with the item named; a new request never takes the
+/// focus; Skip declines; the right answer completes the turn.
+#[test]
+#[ignore = "needs Chromium, Node.js and `npm ci --prefix tests/browser` (beyond the Rust \
+            toolchain): `.ci/run` installs them and runs it; or install them and run \
+            `cargo test --workspace -- --include-ignored browser`"]
+fn w6_a_person_answers_a_structured_question_in_the_page() {
+    let chromium = prerequisites();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (serve, sid, token) = serve_with_session(&dir.path().join("data"), &[]);
+    let (sid, token) = (sid.as_str(), token.as_str());
+    let script = json!([
+        {"tool": "echo", "args": {"text": "checked"}},
+        {"question": "Deploy where?", "items": [
+            {"id": "env", "label": "Environment", "type": "choice", "options": ["staging", "prod"]},
+            {"id": "checks", "label": "Checks", "type": "choice", "options": ["lint", "test"], "multiple": true},
+            {"id": "replicas", "label": "Replicas", "type": "integer", "min": 1, "max": 5},
+            {"id": "note", "label": "Note", "type": "text", "required": false}]},
+        {"reply": "deployed"}
+    ]);
+    let execution = serve.start_execution(sid, token, "deploy", script);
+    serve.wait_for_state(sid, token, &execution, "waiting");
+    let args = [serve.url.as_str(), sid, token, execution.as_str()];
+    let (status, output) = in_browser("decide.mjs", &chromium, dir.path(), &args);
+    println!("{}", output.trim());
+    assert!(
+        status.success(),
+        "the browser test failed ({status}): {}",
+        output.trim()
+    );
+    let done = serve.wait_for_state(sid, token, &execution, "completed");
+    let answer: Value =
+        serde_json::from_str(done["waits"][0]["answer"].as_str().expect("answer")).expect("json");
+    assert_eq!(
+        answer,
+        json!({"env": "prod", "checks": ["test"], "replicas": 3, "note": "after lunch"}),
+        "the answer as the page sent it"
+    );
+    let (status, all) = serve.call("GET", &format!("/v1/sessions/{sid}/executions"), token, None);
+    assert_eq!(status, 200, "{all}");
+    let second = all
+        .as_array()
+        .expect("list")
+        .iter()
+        .find(|snapshot| snapshot["execution_id"] != json!(execution))
+        .expect("the second execution");
+    assert_eq!(second["waits"][0]["status"], "declined", "{second}");
+    let status = serve.stop();
+    assert!(status.success(), "serve after SIGTERM: {status:?}");
+}
