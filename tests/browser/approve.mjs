@@ -61,7 +61,7 @@ try {
 
   step = `approving execution ${executionId}`;
   await page.locator('#execution-title[data-state="waiting"]').waitFor();
-  await page.getByRole('button', { name: 'Approve' }).click();
+  await page.locator('#execution').getByRole('button', { name: 'Approve' }).click();
 
   step = `waiting for execution ${executionId} to complete`;
   await page.locator('#execution-title[data-state="completed"]').waitFor();
