@@ -31,6 +31,8 @@
 //! |        |                                       | processes), schema 8        |
 //! | 0x12   | ended at ms u64, execution id         | empty: ended executions by  |
 //! |        |                                       | time (retention), schema 8  |
+//! | 0x13   | session id                            | codec(SessionRecord),       |
+//! |        |                                       | schema 11                   |
 
 use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, SessionId, WaitId};
 use crate::records::{BlobHash, ExecutionState};
@@ -53,6 +55,7 @@ pub const PROJECTION: u8 = 0x0F;
 pub const PURGED: u8 = 0x10;
 pub const OWNED: u8 = 0x11;
 pub const ENDED: u8 = 0x12;
+pub const SESSION: u8 = 0x13;
 
 pub const META_SCHEMA_VERSION: &str = "schema_version";
 /// Position of the last event whose head, events and records are written to their own keys.
@@ -103,6 +106,10 @@ pub fn receipt(effect_id: EffectId) -> [u8; 17] {
 
 pub fn wait(wait_id: WaitId) -> [u8; 17] {
     prefixed_id(WAIT, wait_id.as_bytes())
+}
+
+pub fn session(session_id: SessionId) -> [u8; 17] {
+    prefixed_id(SESSION, session_id.as_bytes())
 }
 
 pub fn job(job_id: ExecutionId) -> [u8; 17] {
@@ -221,6 +228,7 @@ pub fn tree_name(key: &[u8]) -> &'static str {
         Some(&PURGED) => "purged",
         Some(&OWNED) => "owned",
         Some(&ENDED) => "ended",
+        Some(&SESSION) => "sessions",
         _ => "unknown",
     }
 }

@@ -55,4 +55,4 @@ pub use open::SalvageReport;
 pub use pg::PgStore;
 pub use records::*;
 pub use store::{EventReader, EventStore, Incarnation, Limits, MetricsSnapshot, Store};
-pub use transition::{Committed, Outcome, Transition, Upsert};
+pub use transition::{Committed, Outcome, SessionWrite, Transition, Upsert};

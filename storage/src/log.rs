@@ -162,6 +162,8 @@ struct Group {
     /// The index in `frames` of each execution's newest frame in this group.
     heads: HashMap<ExecutionId, usize>,
     commands: HashMap<CommandId, CommandRecord>,
+    /// Session records as this group's transitions left them (issue 37).
+    sessions: HashMap<crate::ids::SessionId, crate::records::SessionRecord>,
     /// Committed frames, with what they are merged into the overlay with.
     frames: Vec<GroupFrame>,
     log_records: Vec<(u64, Vec<u8>)>,
@@ -444,6 +446,22 @@ impl Committer {
             };
             read(&head, on_disk)
         }))
+    }
+
+    /// A session's record as of this group: staged in it, committed (overlay), or on disk.
+    fn session(
+        &self,
+        group: &Group,
+        session_id: crate::ids::SessionId,
+    ) -> Result<Option<crate::records::SessionRecord>> {
+        if let Some(record) = group.sessions.get(&session_id) {
+            return Ok(Some(record.clone()));
+        }
+        let key = keys::session(session_id);
+        if let Some(RecordValue::Session(record)) = self.shared.overlay_read().record(&key) {
+            return Ok(Some(record.clone()));
+        }
+        self.shared.record_on_disk(&key)
     }
 
     fn command(&self, group: &Group, command_id: CommandId) -> Result<Option<CommandRecord>> {

@@ -30,6 +30,8 @@
 //!   build refuses the store instead of reading the new event as corrupted.
 //! - 10: the event `WaitDetails` (W-6, W-8: a wait's structured request and deadline). Only a
 //!   mark, for the same reason.
+//! - 11: session records (`0x13`, record variant 7): a session's approval grants (W-7) and
+//!   foreground turn (C-2), changed by a transition's `SessionWrite`. Only a mark.
 
 use crate::codec;
 use crate::error::{Error, Result};
@@ -37,7 +39,7 @@ use crate::keys;
 use crate::record_value::RecordValue;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 10;
+pub const SCHEMA_VERSION: u32 = 11;
 
 /// One migration: from `from` to `from + 1`, adding its changes to the batch.
 type Step = fn(&sled::Db, &mut sled::Batch) -> Result<()>;
@@ -54,7 +56,13 @@ const STEPS: &[(u32, Step)] = &[
     (7, projections),
     (8, model_usage),
     (9, wait_details),
+    (10, session_records),
 ];
+
+/// 10 → 11: nothing to rewrite (see the changelog).
+fn session_records(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
+    Ok(())
+}
 
 /// 9 → 10: nothing to rewrite (see the changelog).
 fn wait_details(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
@@ -125,7 +133,9 @@ fn projections(db: &sled::Db, batch: &mut sled::Batch) -> Result<()> {
                 RecordValue::Receipt(receipt) => receipt.execution_id,
                 RecordValue::Wait(wait) => wait.execution_id,
                 RecordValue::Process(process) => process.execution_id,
-                RecordValue::Job(_) | RecordValue::Projection(_) => continue,
+                RecordValue::Job(_) | RecordValue::Projection(_) | RecordValue::Session(_) => {
+                    continue
+                }
             };
             batch.insert(&keys::owned(owner, &key)[..], &[]);
         }

@@ -500,7 +500,8 @@ pub(crate) fn put_record(batch: &mut sled::Batch, key: &RecordKey, record: &Reco
         RecordValue::Receipt(receipt) => Some(receipt.execution_id),
         RecordValue::Wait(wait) => Some(wait.execution_id),
         RecordValue::Process(process) => Some(process.execution_id),
-        RecordValue::Job(_) | RecordValue::Projection(_) => None,
+        // A session's record belongs to no execution: a purge never takes it.
+        RecordValue::Job(_) | RecordValue::Projection(_) | RecordValue::Session(_) => None,
     };
     if let Some(owner) = owner {
         batch.insert(&keys::owned(owner, key)[..], &[]);
@@ -516,6 +517,7 @@ pub(crate) fn record_key(record: &RecordValue) -> RecordKey {
         RecordValue::Process(process) => keys::process(process.process_id),
         RecordValue::Job(job) => keys::job(job.job_id),
         RecordValue::Projection(projection) => keys::projection(projection.execution_id),
+        RecordValue::Session(session) => keys::session(session.session_id),
     }
 }
 

@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::ExecutionId;
 use crate::records::{
-    CommandRecord, JobRecord, ProcessRecord, ProjectionRecord, ReceiptRecord, WaitRecord,
+    CommandRecord, JobRecord, ProcessRecord, ProjectionRecord, ReceiptRecord, SessionRecord,
+    WaitRecord,
 };
 
 /// A record upsert carried by a transition and replayed from the log.
@@ -24,6 +25,9 @@ pub(crate) enum RecordValue {
     Job(JobRecord),
     /// Since schema 8 (stored variant 6).
     Projection(ProjectionRecord),
+    /// Since schema 11 (stored variant 7): written by the committer from a transition's
+    /// `SessionWrite`, never carried as an upsert.
+    Session(SessionRecord),
 }
 
 /// The command record as schemas 1..=5 wrote it (no `reason_code`).
@@ -50,6 +54,7 @@ enum WireRecord {
     Command(CommandRecord),
     Job(JobRecord),
     Projection(ProjectionRecord),
+    Session(SessionRecord),
 }
 
 /// What `RecordValue` is stored as, written (the same indexes; index 0 is never written).
@@ -63,6 +68,7 @@ enum WireRecordRef<'a> {
     Command(&'a CommandRecord),
     Job(&'a JobRecord),
     Projection(&'a ProjectionRecord),
+    Session(&'a SessionRecord),
 }
 
 impl Serialize for RecordValue {
@@ -77,6 +83,7 @@ impl Serialize for RecordValue {
             RecordValue::Process(record) => WireRecordRef::Process(record),
             RecordValue::Job(record) => WireRecordRef::Job(record),
             RecordValue::Projection(record) => WireRecordRef::Projection(record),
+            RecordValue::Session(record) => WireRecordRef::Session(record),
         }
         .serialize(serializer)
     }
@@ -105,6 +112,7 @@ impl<'de> Deserialize<'de> for RecordValue {
             WireRecord::Command(record) => RecordValue::Command(record),
             WireRecord::Job(record) => RecordValue::Job(record),
             WireRecord::Projection(record) => RecordValue::Projection(record),
+            WireRecord::Session(record) => RecordValue::Session(record),
         })
     }
 }

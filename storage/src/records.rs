@@ -390,6 +390,30 @@ impl WaitStatus {
     }
 }
 
+/// What a session holds across its executions (issue 37), changed only by a transition that
+/// names the version it read (`SessionWrite`): its approval grants (W-7), and the foreground
+/// turn with the turns waiting behind it (C-2).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    pub session_id: SessionId,
+    /// 0 before its first write; set by the committer (one more than the version read).
+    pub version: u64,
+    pub foreground: Option<ExecutionId>,
+    pub waiting: Vec<ExecutionId>,
+    pub grants: Vec<SessionGrant>,
+}
+
+/// W-7: an approval answered for a tool, for the whole session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionGrant {
+    /// The approval (wait) that granted it.
+    pub grant_id: WaitId,
+    pub tool: String,
+    pub granted_by: ExecutionId,
+    /// Revoked grants are kept, so a revocation is never undone by a late write.
+    pub revoked: bool,
+}
+
 /// W-4: what a live question is bound to — the exact attempt and the call that asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LiveBinding {

@@ -390,6 +390,7 @@ record_conversion!(Wait, WaitRecord);
 record_conversion!(Process, ProcessRecord);
 record_conversion!(Job, JobRecord);
 record_conversion!(Projection, ProjectionRecord);
+record_conversion!(Session, crate::records::SessionRecord);
 
 /// The bytes of every file under `dir` (what `du --apparent-size` counts), recursively; a
 /// file that vanishes meanwhile counts 0.

@@ -101,6 +101,8 @@ pub trait EventReader: Send + Sync + 'static {
     fn process(&self, process_id: ProcessId) -> Result<Option<ProcessRecord>>;
     /// J-1: a Job's standing with the resource queue; `None` for an execution that is no Job.
     fn job(&self, job_id: ExecutionId) -> Result<Option<JobRecord>>;
+    /// Issue 37: a session's record (grants, foreground turn); `None` before its first write.
+    fn session(&self, session_id: SessionId) -> Result<Option<crate::records::SessionRecord>>;
     /// S-8: the execution's latest projection (`None` before its first).
     fn projection(&self, execution_id: ExecutionId) -> Result<Option<ProjectionRecord>>;
     /// S-8: what is left of a purged execution (`None`: never purged).
@@ -539,6 +541,10 @@ impl EventReader for Store {
 
     fn job(&self, job_id: ExecutionId) -> Result<Option<JobRecord>> {
         self.record(keys::job(job_id))
+    }
+
+    fn session(&self, session_id: SessionId) -> Result<Option<crate::records::SessionRecord>> {
+        self.record(keys::session(session_id))
     }
 
     fn projection(&self, execution_id: ExecutionId) -> Result<Option<ProjectionRecord>> {

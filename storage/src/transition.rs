@@ -8,10 +8,10 @@ use std::ops::RangeInclusive;
 use crate::codec::{self, RecordValue};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventEnvelope};
-use crate::ids::ExecutionId;
+use crate::ids::{ExecutionId, SessionId};
 use crate::records::{
     Blob, CommandRecord, ExecutionHead, JobRecord, ProcessRecord, ProjectionRecord, ReceiptRecord,
-    WaitRecord,
+    SessionRecord, WaitRecord,
 };
 
 /// One atomic state change of one execution.
@@ -35,6 +35,20 @@ pub struct Transition {
     /// rejection (`Transition::rejection`), which changes nothing of the execution.
     pub events: Vec<Event>,
     pub upserts: Vec<Upsert>,
+    /// A compare-and-swap on the execution's session record, in the same atomic write
+    /// (issue 37: approval grants, the foreground turn).
+    pub session: Option<SessionWrite>,
+}
+
+/// A transition's condition on its session's record (`SessionRecord`): the record is at
+/// `expected_version` (0: it has none yet), else the transition is `SessionConflict` and
+/// nothing is written. With `record`, the record becomes it, at `expected_version + 1`;
+/// without, it is only checked (a grant relied on, still as it was read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionWrite {
+    pub session_id: SessionId,
+    pub expected_version: u64,
+    pub record: Option<SessionRecord>,
 }
 
 impl Transition {
@@ -47,6 +61,7 @@ impl Transition {
             head: None,
             events,
             upserts: Vec::new(),
+            session: None,
         }
     }
 
@@ -59,6 +74,7 @@ impl Transition {
             head: Some(head),
             events,
             upserts: Vec::new(),
+            session: None,
         }
     }
 
@@ -78,6 +94,7 @@ impl Transition {
             head: None,
             events: Vec::new(),
             upserts: vec![Upsert::Command(record)],
+            session: None,
         }
     }
 
@@ -109,6 +126,12 @@ impl Transition {
 
     pub fn with(mut self, upsert: Upsert) -> Self {
         self.upserts.push(upsert);
+        self
+    }
+
+    /// With a condition on (and maybe a new) session record, in the same atomic write.
+    pub fn with_session(mut self, session: SessionWrite) -> Self {
+        self.session = Some(session);
         self
     }
 }
@@ -163,6 +186,9 @@ pub enum Outcome {
     /// A rejection (`Transition::rejection`) is durable: its command record alone was
     /// written; the execution is unchanged at `version`.
     Recorded { version: u64 },
+    /// The session record is not at the `SessionWrite`'s expected version (it is at
+    /// `current`); nothing was written.
+    SessionConflict { current: u64 },
 }
 
 impl Outcome {

@@ -44,7 +44,13 @@ impl Committer {
             head,
             events,
             upserts,
+            session,
         } = transition;
+        if rejection && session.is_some() {
+            return Err(Error::InvalidTransition(
+                "a rejection alone carries no session write".into(),
+            ));
+        }
         if events.is_empty() && !rejection {
             return Err(Error::InvalidTransition(
                 "a transition carries at least one event".into(),
@@ -101,6 +107,22 @@ impl Committer {
                 });
             }
         }
+        // Issue 37: the session record is where the transition read it, in this same write.
+        let session_record = match &session {
+            Some(write) => {
+                let stored = self.session(group, write.session_id)?;
+                let current = stored.as_ref().map_or(0, |record| record.version);
+                if current != write.expected_version {
+                    return Ok(Outcome::SessionConflict { current });
+                }
+                write.record.clone().map(|mut record| {
+                    record.session_id = write.session_id;
+                    record.version = write.expected_version + 1;
+                    record
+                })
+            }
+            None => None,
+        };
         // A frame carries the head's identity only when it is new or changes (codec v2).
         let previous_identity = current.as_ref().map(|current| current.identity);
         let (mut next, indexed_state, disk_index) = match (current, head) {
@@ -161,6 +183,7 @@ impl Committer {
                 records.push(record);
             }
         }
+        records.extend(session_record.map(RecordValue::Session));
         let mut frame = Frame {
             head: next,
             events: envelopes,
@@ -325,8 +348,14 @@ impl Committer {
             }
         }
         for record in &frame.records {
-            if let RecordValue::Command(command) = record {
-                group.commands.insert(command.command_id, command.clone());
+            match record {
+                RecordValue::Command(command) => {
+                    group.commands.insert(command.command_id, command.clone());
+                }
+                RecordValue::Session(session) => {
+                    group.sessions.insert(session.session_id, session.clone());
+                }
+                _ => {}
             }
         }
         group.next_position += n_events;

@@ -10,16 +10,19 @@ use uuid::Uuid;
 
 use super::statements::{
     command_lock_key, kind, Statements, COMMAND_LOCK_CLASS, GROUP_EVENTS_BITS, PURGE_ROWS_MAX,
+    SESSION_LOCK_CLASS,
 };
 use super::{database, Shared};
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::event::EventEnvelope;
-use crate::ids::{CommandId, ExecutionId};
+use crate::ids::{CommandId, ExecutionId, SessionId};
 use crate::keys;
 use crate::log::now_ms;
 use crate::record_value::RecordValue;
-use crate::records::{CommandRecord, CommandStatus, ExecutionHead, PurgeStep, PurgedRecord};
+use crate::records::{
+    CommandRecord, CommandStatus, ExecutionHead, PurgeStep, PurgedRecord, SessionRecord,
+};
 use crate::transition::{Committed, Outcome, Transition, Upsert};
 
 /// The group's view of what it touches, and what it will write.
@@ -40,6 +43,9 @@ pub(super) struct Group {
     touched: HashSet<ExecutionId>,
     commands: HashMap<CommandId, CommandRecord>,
     corrupt_commands: HashSet<CommandId>,
+    /// Issue 37: the session records the transitions name (locked), then as staged.
+    sessions: HashMap<SessionId, SessionRecord>,
+    corrupt_sessions: HashSet<SessionId>,
     /// Rows to write: a transition's events (execution, first seq, last seq, first
     /// position, envelopes), records by (kind, id), blobs by hash.
     events: Vec<EventsRow>,
@@ -59,8 +65,12 @@ impl Group {
     ) -> Result<Self> {
         let mut ids: Vec<Uuid> = purges.iter().map(|id| *id.as_uuid()).collect();
         let mut command_ids = Vec::new();
+        let mut session_ids = Vec::new();
         for transition in transitions {
             ids.push(*transition.execution_id.as_uuid());
+            if let Some(write) = &transition.session {
+                session_ids.push(*write.session_id.as_uuid());
+            }
             for upsert in &transition.upserts {
                 if let Upsert::Command(command) = upsert {
                     command_ids.push(*command.command_id.as_uuid());
@@ -79,6 +89,8 @@ impl Group {
             touched: HashSet::new(),
             commands: HashMap::new(),
             corrupt_commands: HashSet::new(),
+            sessions: HashMap::new(),
+            corrupt_sessions: HashSet::new(),
             events: Vec::new(),
             records: HashMap::new(),
             blobs: HashMap::new(),
@@ -129,6 +141,33 @@ impl Group {
                 }
             }
         }
+        if !session_ids.is_empty() {
+            // Issue 37: a session's record is read under a lock on its id (advisory, as a
+            // command's: its row may not exist yet), held to the commit, so a second group
+            // writing the same session — on another committer or node — reads what this one
+            // wrote.
+            let mut keys: Vec<i32> = session_ids.iter().map(command_lock_key).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            transaction
+                .execute(&statements.command_locks, &[&SESSION_LOCK_CLASS, &keys])
+                .map_err(database)?;
+            let rows = transaction
+                .query(&statements.commands, &[&kind::SESSION, &session_ids])
+                .map_err(database)?;
+            for row in rows {
+                let session_id = SessionId::from_uuid(row.get(0));
+                let bytes: &[u8] = row.get(1);
+                match codec::decode::<SessionRecord>(&keys::session(session_id), bytes) {
+                    Ok(record) => {
+                        group.sessions.insert(session_id, record);
+                    }
+                    Err(_) => {
+                        group.corrupt_sessions.insert(session_id);
+                    }
+                }
+            }
+        }
         Ok(group)
     }
 
@@ -143,7 +182,13 @@ impl Group {
             head,
             events,
             upserts,
+            session,
         } = transition;
+        if rejection && session.is_some() {
+            return Err(Error::InvalidTransition(
+                "a rejection alone carries no session write".into(),
+            ));
+        }
         if events.is_empty() && !rejection {
             return Err(Error::InvalidTransition(
                 "a transition carries at least one event".into(),
@@ -193,6 +238,30 @@ impl Group {
                 });
             }
         }
+        // Issue 37: the session record is where the transition read it, in this same write.
+        let session_record = match &session {
+            Some(write) => {
+                if self.corrupt_sessions.contains(&write.session_id) {
+                    return Err(Error::Corrupted {
+                        tree: "sessions",
+                        key: keys::display(&keys::session(write.session_id)),
+                    });
+                }
+                let current = self
+                    .sessions
+                    .get(&write.session_id)
+                    .map_or(0, |record| record.version);
+                if current != write.expected_version {
+                    return Ok(Outcome::SessionConflict { current });
+                }
+                write.record.clone().map(|mut record| {
+                    record.session_id = write.session_id;
+                    record.version = write.expected_version + 1;
+                    record
+                })
+            }
+            None => None,
+        };
         let creates = current.is_none();
         let mut next = match (current, head) {
             (None, None) => return Err(Error::UnknownExecution(execution_id)),
@@ -245,6 +314,7 @@ impl Group {
             }
             records.extend(upsert.into_record());
         }
+        records.extend(session_record.map(RecordValue::Session));
         // S-8: a projection that makes its transition too large is left out (readers
         // replay), never the reason the transition fails.
         let limit = shared.limits.transition_bytes_max.min(u32::MAX as usize) as u64;
@@ -378,11 +448,21 @@ impl Group {
     }
 
     fn stage_record(&mut self, execution_id: Uuid, record: &RecordValue) {
-        if let RecordValue::Command(command) = record {
-            self.commands.insert(command.command_id, command.clone());
+        let mut owner = execution_id;
+        match record {
+            RecordValue::Command(command) => {
+                self.commands.insert(command.command_id, command.clone());
+            }
+            // A session's record belongs to no execution: listed under the session's own
+            // id, which no execution has, so a purge never takes it.
+            RecordValue::Session(session) => {
+                self.sessions.insert(session.session_id, session.clone());
+                owner = *session.session_id.as_uuid();
+            }
+            _ => {}
         }
         let (kind, id, bytes) = record_row(record);
-        self.records.insert((kind, id), (execution_id, bytes));
+        self.records.insert((kind, id), (owner, bytes));
     }
 
     /// One step of a purge (the sled committer's rules, `log/purge.rs`): the first deletes
@@ -657,6 +737,11 @@ pub(super) fn record_row(record: &RecordValue) -> (i16, Uuid, Vec<u8>) {
         RecordValue::Projection(record) => (
             kind::PROJECTION,
             *record.execution_id.as_uuid(),
+            codec::encode(record),
+        ),
+        RecordValue::Session(record) => (
+            kind::SESSION,
+            *record.session_id.as_uuid(),
             codec::encode(record),
         ),
     }

@@ -344,6 +344,11 @@ impl EventReader for PgStore {
         self.record(kind::JOB, *job_id.as_uuid(), key)
     }
 
+    fn session(&self, session_id: SessionId) -> Result<Option<crate::records::SessionRecord>> {
+        let key = keys::session(session_id);
+        self.record(kind::SESSION, *session_id.as_uuid(), key)
+    }
+
     fn projection(&self, execution_id: ExecutionId) -> Result<Option<ProjectionRecord>> {
         self.shared().check_quarantine(execution_id)?;
         let key = keys::projection(execution_id);

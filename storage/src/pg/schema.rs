@@ -16,7 +16,7 @@ use crate::log::now_ms;
 use crate::open::Incarnation;
 
 /// The newest schema this build writes.
-pub const SCHEMA_VERSION: u32 = 5;
+pub const SCHEMA_VERSION: u32 = 6;
 
 /// The advisory lock migrations hold (any value no other component of the database uses;
 /// this one spells "opgm").
@@ -127,6 +127,12 @@ const MIGRATIONS: &[(u32, &str)] = &[
     (
         5,
         // The event `WaitDetails` (W-6, W-8). Only a mark, as in sled (schema 10).
+        "SELECT 1;",
+    ),
+    (
+        6,
+        // Session records (issue 37: kind 6 of op_records, listed under the session's own id).
+        // Only a mark, as in sled (schema 11).
         "SELECT 1;",
     ),
 ];

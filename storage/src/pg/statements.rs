@@ -15,6 +15,8 @@ pub(super) const GROUP_EVENTS_MAX: usize = 1 << GROUP_EVENTS_BITS;
 /// The first key of a command's advisory lock ("opcm"; the migrations' lock is a single
 /// bigint key, a space of its own).
 pub(super) const COMMAND_LOCK_CLASS: i32 = 0x6f70_636d;
+/// The first key of a session record's advisory lock (issue 37), as for commands.
+pub(super) const SESSION_LOCK_CLASS: i32 = 0x6f70_7373;
 
 /// The second key of a command's advisory lock: 32 bits of its id (two ids that share them
 /// only wait for each other).
@@ -34,6 +36,8 @@ pub(super) mod kind {
     pub const PROCESS: i16 = 3;
     pub const JOB: i16 = 4;
     pub const PROJECTION: i16 = 5;
+    /// Issue 37, schema 6.
+    pub const SESSION: i16 = 6;
 }
 
 /// The group's statements, prepared once per connection (parsed and planned by the server

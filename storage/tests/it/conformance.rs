@@ -10,68 +10,14 @@ use std::sync::Arc;
 
 use openprogram_storage::{
     Blob, CommandId, CommandRecord, CommandStatus, EffectId, EventStore, ExecutionId,
-    ExecutionState, Outcome, PgStore, ProjectionRecord, PurgeStep, ReceiptRecord, ReceiptStatus,
-    SessionId, Store, Transition, Upsert,
+    ExecutionState, Outcome, ProjectionRecord, PurgeStep, ReceiptRecord, ReceiptStatus,
+    SessionId, Transition, Upsert,
 };
 
 use crate::support::*;
 
-/// A store to test, opened again on the same data by each `open`.
-trait Backend: Sync {
-    fn open(&self) -> Box<dyn EventStore>;
-}
-
-struct Sled(tempfile::TempDir);
-
-impl Sled {
-    fn new() -> Self {
-        Self(tempfile::tempdir().expect("tempdir"))
-    }
-}
-
-impl Backend for Sled {
-    fn open(&self) -> Box<dyn EventStore> {
-        Box::new(Store::open_with(self.0.path(), eager_limits()).expect("open sled"))
-    }
-}
-
-struct Postgres(String);
-
-impl Postgres {
-    fn new() -> Self {
-        Self(crate::pg_cluster::database())
-    }
-}
-
-impl Backend for Postgres {
-    fn open(&self) -> Box<dyn EventStore> {
-        Box::new(PgStore::open(&self.0).expect("open PostgreSQL"))
-    }
-}
-
-/// Each test, once per backend.
-macro_rules! suite {
-    ($($name:ident),* $(,)?) => {
-        mod sled {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(&super::Sled::new()).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[ignore = "needs PostgreSQL (apt-get install postgresql); run with \
-                            `cargo test --workspace -- --include-ignored`"]
-                async fn $name() {
-                    super::$name(&super::Postgres::new()).await
-                }
-            )*
-        }
-    };
-}
+use crate::conformance_backends::Backend;
+use crate::suite;
 
 suite!(
     s2_a_stale_version_conflicts_and_writes_nothing,

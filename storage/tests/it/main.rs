@@ -6,6 +6,8 @@ mod support;
 
 mod b1_sessions;
 mod conformance;
+mod conformance_backends;
+mod conformance_sessions;
 mod k4_commands;
 mod pg_positions;
 mod planted;
