@@ -335,6 +335,25 @@ fn scripted_decision(element: &str) -> Result<Decision, String> {
         Some(raw) => serde_json::from_str::<Vec<String>>(raw.get())
             .map_err(|_| format!("`reasoning` is a list of texts in {element}"))?,
     };
+    let timeout_ms = match parsed.timeout_ms.0 {
+        None => None,
+        Some(raw) => Some(
+            serde_json::from_str::<u64>(raw.get())
+                .map_err(|_| format!("`timeout_ms` is a whole number in {element}"))?,
+        ),
+    };
+    // W-7: `{"ask": PROMPT, "tool": NAME}` approves the call of NAME that follows: a
+    // `tool` or `session` answer grants it.
+    if let (Some(prompt), Some(tool)) = (text(Raw(parsed.ask.0)), text(Raw(parsed.tool.0))) {
+        return Ok(Decision::Ask {
+            prompt,
+            wait: Some(AskDetails {
+                kind: AskKind::Approval,
+                request: Some(serde_json::json!({ "tool": tool })),
+                timeout_ms,
+            }),
+        });
+    }
     if let Some(tool) = text(parsed.tool) {
         let args = match parsed.args.0 {
             Some(args) => ToolArgs::from_raw(args),
@@ -348,13 +367,6 @@ fn scripted_decision(element: &str) -> Result<Decision, String> {
     if let Some(text) = text(parsed.reply) {
         return Ok(Decision::reply(text).with_reasoning(reasoning));
     }
-    let timeout_ms = match parsed.timeout_ms.0 {
-        None => None,
-        Some(raw) => Some(
-            serde_json::from_str::<u64>(raw.get())
-                .map_err(|_| format!("`timeout_ms` is a whole number in {element}"))?,
-        ),
-    };
     let items = parsed
         .items
         .0

@@ -33,11 +33,13 @@ pub enum CommandKind {
     StopProcess,
     /// K-7: not built yet (`unsupported_kind`).
     SetPolicy,
+    /// W-7: a grant approves nothing from now on.
+    Revoke,
 }
 
 impl CommandKind {
     /// Every kind, in the contract's order.
-    pub const ALL: [CommandKind; 12] = [
+    pub const ALL: [CommandKind; 13] = [
         CommandKind::Pause,
         CommandKind::Continue,
         CommandKind::Step,
@@ -50,6 +52,7 @@ impl CommandKind {
         CommandKind::Reconcile,
         CommandKind::StopProcess,
         CommandKind::SetPolicy,
+        CommandKind::Revoke,
     ];
 
     /// The `kind` of the HTTP contract.
@@ -67,6 +70,7 @@ impl CommandKind {
             CommandKind::Reconcile => "reconcile",
             CommandKind::StopProcess => "stop_process",
             CommandKind::SetPolicy => "set_policy",
+            CommandKind::Revoke => "revoke",
         }
     }
 
@@ -95,6 +99,7 @@ impl CommandKind {
             CommandKind::Reconcile => &["outcome", "text", "effect_id"],
             CommandKind::StopProcess => &["process_id"],
             CommandKind::SetPolicy => &["policy"],
+            CommandKind::Revoke => &["grant_id"],
         }
     }
 }
@@ -202,6 +207,10 @@ pub enum CommandBody {
     SetPolicy {
         policy: VersionPolicy,
     },
+    /// W-7: the grant of the approval `grant_id` approves nothing from now on.
+    Revoke {
+        grant_id: WaitId,
+    },
 }
 
 impl CommandBody {
@@ -219,6 +228,7 @@ impl CommandBody {
             CommandBody::Reconcile { .. } => CommandKind::Reconcile,
             CommandBody::StopProcess { .. } => CommandKind::StopProcess,
             CommandBody::SetPolicy { .. } => CommandKind::SetPolicy,
+            CommandBody::Revoke { .. } => CommandKind::Revoke,
         }
     }
 }
@@ -264,6 +274,7 @@ impl From<Control> for CommandBody {
                 wait: WaitRef::Id(wait_id),
             },
             Control::StopProcess { process_id } => CommandBody::StopProcess { process_id },
+            Control::Revoke { grant_id } => CommandBody::Revoke { grant_id },
         }
     }
 }
@@ -386,6 +397,7 @@ impl Command {
             }
             CommandBody::StopProcess { process_id } => put("process_id", json!(process_id)),
             CommandBody::SetPolicy { policy } => put("policy", json!(policy.as_str())),
+            CommandBody::Revoke { grant_id } => put("grant_id", json!(grant_id)),
         }
         body
     }
@@ -450,6 +462,8 @@ impl Command {
                 let scopes = match scope {
                     AnswerScope::Operation => vec![None, Some("operation".to_owned())],
                     AnswerScope::Discussion => vec![Some("discussion".to_owned())],
+                    // Never sent by a build before schema 11: no earlier hash to match.
+                    AnswerScope::Tool | AnswerScope::Session => Vec::new(),
                 };
                 for answer in either(answer) {
                     for scope in &scopes {
@@ -473,8 +487,8 @@ impl Command {
             CommandBody::StopProcess { process_id } => {
                 sent.push((None, vec![("process_id", id(process_id))]))
             }
-            // Never stored by a build before schema 6: no earlier hash to match.
-            CommandBody::SetPolicy { .. } => {}
+            // Never stored by a build before schema 6 (11): no earlier hash to match.
+            CommandBody::SetPolicy { .. } | CommandBody::Revoke { .. } => {}
         }
         sent.into_iter()
             .map(|(text, fields)| {
@@ -562,9 +576,11 @@ impl Command {
                     let scope = match reader.text("scope")?.as_deref() {
                         None | Some("operation") => AnswerScope::Operation,
                         Some("discussion") => AnswerScope::Discussion,
+                        Some("tool") => AnswerScope::Tool,
+                        Some("session") => AnswerScope::Session,
                         Some(other) => {
                             return Err(Error::InvalidRequest(format!(
-                                "unknown scope `{other}`: an answer approves this one `operation` or is a `discussion` reply"
+                                "unknown scope `{other}`: an answer approves this one `operation`, its `tool` for this execution or the `session`, or is a `discussion` reply"
                             )))
                         }
                     };
@@ -599,6 +615,14 @@ impl Command {
                 None => {
                     return Err(Error::InvalidRequest(
                         "stop_process needs `process_id`".into(),
+                    ))
+                }
+            },
+            CommandKind::Revoke => match reader.parsed::<WaitId>("grant_id")? {
+                Some(grant_id) => CommandBody::Revoke { grant_id },
+                None => {
+                    return Err(Error::InvalidRequest(
+                        "revoke needs `grant_id` (the approval that granted it)".into(),
                     ))
                 }
             },

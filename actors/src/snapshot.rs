@@ -42,6 +42,20 @@ pub struct Snapshot {
     pub job: Option<JobView>,
     /// E-6: the tokens its model calls used, summed, as their providers reported them.
     pub usage: crate::execution::machine::ModelUsage,
+    /// W-7: the grants its approvals gave (a tool, for this execution or the session).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub grants: Vec<GrantView>,
+}
+
+/// W-7: a grant an approval of this execution gave.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GrantView {
+    /// The approval (wait) that gave it: what `revoke` names.
+    pub grant_id: openprogram_storage::WaitId,
+    pub tool: String,
+    /// `tool` (this execution) or `session`.
+    pub scope: &'static str,
+    pub revoked: bool,
 }
 
 /// The `job` object of a Job's snapshot (SPEC §6).
@@ -138,6 +152,9 @@ pub struct ReceiptView {
     pub effect_id: openprogram_storage::EffectId,
     pub tool: String,
     pub status: &'static str,
+    /// W-7: the approval or grant the call ran on, if it needed one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grant: Option<openprogram_storage::WaitId>,
 }
 
 /// A wait or live question (W-1..W-5).
@@ -232,12 +249,27 @@ impl Snapshot {
                 .collect(),
             text: machine.text.clone(),
             usage: machine.usage,
+            grants: machine
+                .grants
+                .iter()
+                .map(|grant| GrantView {
+                    grant_id: grant.grant_id,
+                    tool: grant.tool.clone(),
+                    scope: if grant.session { "session" } else { "tool" },
+                    revoked: grant.revoked,
+                })
+                .collect(),
             receipts: newest(&receipts)
                 .iter()
                 .map(|receipt| ReceiptView {
                     effect_id: receipt.effect_id,
                     tool: receipt.tool.to_string(),
                     status: receipt_status(receipt.status),
+                    grant: machine
+                        .relied_on
+                        .iter()
+                        .find(|(effect_id, _)| *effect_id == receipt.effect_id)
+                        .map(|(_, grant)| *grant),
                 })
                 .collect(),
             receipts_total,

@@ -78,6 +78,16 @@ pub enum BlockBody {
         args: Value,
         /// Its receipt once it has one: `{status, output}`.
         receipt: Option<Receipt>,
+        /// W-7: the approval or grant it ran on, if it needed one.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        grant: Option<WaitId>,
+    },
+    /// W-7: an approval given by a grant, without a wait.
+    Grant {
+        grant_id: WaitId,
+        tool: String,
+        /// `tool` (this execution's grant) or `session`.
+        scope: &'static str,
     },
     /// A durable function's step.
     Step {
@@ -167,6 +177,7 @@ pub fn assistant_message(
         text: String::new(),
         at_ms: events.first().map_or(0, |first| first.at_ms),
         forked_from: None,
+        granted_next: None,
     };
     for envelope in events {
         fold.event(envelope);
@@ -219,6 +230,8 @@ struct Fold {
     text: String,
     at_ms: u64,
     forked_from: Option<ForkedFrom>,
+    /// W-7: the approval or grant the next tool call runs on.
+    granted_next: Option<WaitId>,
 }
 
 impl Fold {
@@ -346,6 +359,21 @@ impl Fold {
                     *status = now.as_str();
                 }
             }
+            Event::GrantUsed {
+                grant_id,
+                tool,
+                session_version,
+            } => {
+                self.granted_next = Some(*grant_id);
+                self.push(
+                    seq,
+                    BlockBody::Grant {
+                        grant_id: *grant_id,
+                        tool: tool.clone(),
+                        scope: if session_version.is_some() { "session" } else { "tool" },
+                    },
+                );
+            }
             Event::ControlApplied { control, .. } => match control {
                 Control::Answer {
                     wait_id,
@@ -355,6 +383,9 @@ impl Fold {
                     if let Some(BlockBody::Wait { answer, scope, .. }) = self.wait(*wait_id) {
                         *answer = Some(given.clone());
                         *scope = Some(granted.as_str());
+                    }
+                    if *granted != openprogram_storage::AnswerScope::Discussion {
+                        self.granted_next = Some(*wait_id);
                     }
                 }
                 Control::Steer { text } => self.push(seq, BlockBody::Steer { text: text.clone() }),
@@ -379,6 +410,7 @@ impl Fold {
         let Ok(decision) = serde_json::from_str::<Decision>(text) else {
             return;
         };
+        let grant = self.granted_next.take();
         match decision {
             Decision::Tool {
                 tool,
@@ -400,6 +432,7 @@ impl Fold {
                         tool,
                         args,
                         receipt: None,
+                        grant,
                     },
                 );
             }

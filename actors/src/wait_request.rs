@@ -39,6 +39,13 @@ impl WaitSpec {
         }
     }
 
+    /// W-7: an approval of the call of `tool` that follows; answered with scope `tool` or
+    /// `session`, it grants that tool.
+    pub fn approval_for(prompt: &str, tool: &str) -> Result<Self, String> {
+        let request = serde_json::json!({ "tool": tool });
+        Self::structured(openprogram_storage::WaitKind::Approval, prompt, &request)
+    }
+
     /// A question with the items of `request` (`{"items": [...]}`), checked now.
     pub fn question(prompt: &str, request: &Value) -> Result<Self, String> {
         Self::structured(openprogram_storage::WaitKind::Question, prompt, request)
@@ -66,6 +73,11 @@ impl WaitSpec {
             request: WaitRequest::from_value(request)?.map(|request| request.to_text()),
             timeout_ms: None,
         })
+    }
+
+    /// W-7: the tool this approval guards, if its request names one.
+    pub fn tool(&self) -> Option<String> {
+        WaitRequest::from_text(self.request.as_deref()?).ok().flatten()?.tool
     }
 
     /// W-8: past `timeout` from its opening, the wait is `expired` (never an approval) and
@@ -96,6 +108,9 @@ pub struct WaitRequest {
     pub permission: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource: Option<String>,
+    /// W-7: the tool an approval guards: a `tool` or `session` answer grants it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
 }
 
 /// One item of a question or form.
@@ -197,6 +212,12 @@ impl WaitRequest {
         }
         if self.permission.is_some() && !self.items.is_empty() {
             return Err("a permission request has no items".into());
+        }
+        if self.tool.is_some() && !self.items.is_empty() {
+            return Err("`tool` belongs to an approval, which has no items".into());
+        }
+        if self.tool.as_ref().is_some_and(|tool| tool.is_empty() || tool.len() > NAME_BYTES_MAX) {
+            return Err(format!("a tool name is 1 to {NAME_BYTES_MAX} bytes"));
         }
         if self.resource.is_some() && self.permission.is_none() {
             return Err("`resource` belongs to a permission request".into());

@@ -242,6 +242,14 @@ pub enum Event {
         deadline_ms: Option<u64>,
         reopens: Option<WaitId>,
     },
+    /// W-7: an approval for `tool` was given without a new wait, by the grant of the
+    /// approval `grant_id`: this execution's (`session_version` `None`), or its session's,
+    /// as the session record stood at `session_version` (checked in the same write).
+    GrantUsed {
+        grant_id: WaitId,
+        tool: String,
+        session_version: Option<u64>,
+    },
 }
 
 impl Event {
@@ -281,6 +289,7 @@ impl Event {
             Event::BudgetRaised { .. } => "budget_raised",
             Event::ModelUsage { .. } => "model_usage",
             Event::WaitDetails { .. } => "wait_details",
+            Event::GrantUsed { .. } => "grant_used",
         }
     }
 }

@@ -31,7 +31,8 @@
 //! - 10: the event `WaitDetails` (W-6, W-8: a wait's structured request and deadline). Only a
 //!   mark, for the same reason.
 //! - 11: session records (`0x13`, record variant 7): a session's approval grants (W-7) and
-//!   foreground turn (C-2), changed by a transition's `SessionWrite`. Only a mark.
+//!   foreground turn (C-2), changed by a transition's `SessionWrite`; the event `GrantUsed`,
+//!   the control `Revoke` and the answer scopes `Tool` and `Session` (W-7). Only a mark.
 
 use crate::codec;
 use crate::error::{Error, Result};

@@ -220,6 +220,11 @@ pub enum Control {
     SetPolicy {
         policy: VersionPolicy,
     },
+    /// W-7: the grant an approval `grant_id` gave (its tool, for this execution or the
+    /// session) approves nothing from now on.
+    Revoke {
+        grant_id: WaitId,
+    },
 }
 
 /// F-3: which code a paused or recovered function execution continues on.
@@ -257,6 +262,10 @@ pub enum AnswerScope {
     Operation,
     /// A discussion reply instead of a decision: nothing is approved.
     Discussion,
+    /// W-7: approves the approval's tool for the rest of this execution.
+    Tool,
+    /// W-7: approves the approval's tool for every execution of the session.
+    Session,
 }
 
 impl AnswerScope {
@@ -265,6 +274,8 @@ impl AnswerScope {
         match self {
             AnswerScope::Operation => "operation",
             AnswerScope::Discussion => "discussion",
+            AnswerScope::Tool => "tool",
+            AnswerScope::Session => "session",
         }
     }
 }
@@ -283,6 +294,7 @@ impl Control {
             Control::Decline { .. } => "decline",
             Control::StopProcess { .. } => "stop_process",
             Control::SetPolicy { .. } => "set_policy",
+            Control::Revoke { .. } => "revoke",
         }
     }
 }

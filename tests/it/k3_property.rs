@@ -33,6 +33,7 @@ const STATES: &[(&str, Build)] = &[
         waiting_on_a_question(w).boxed()
     }),
     ("paused, its wait expired", |w| wait_expired(w).boxed()),
+    ("completed, a session grant given", |w| granted(w).boxed()),
     ("asking a live question", |w| asking_live(w).boxed()),
     ("ended with its process running", |w| {
         process_running(w).boxed()

@@ -193,6 +193,22 @@ pub(crate) async fn ended(
     execution
 }
 
+/// W-7: completed after an approval answered for the session (a grant to revoke). The tool
+/// it names is new each time: a grant of an earlier build would approve it without a wait.
+pub(crate) async fn granted(world: &mut World) -> ExecutionId {
+    let tool = format!("echo-{}", uuid::Uuid::new_v4());
+    let script = vec![json!({"ask": "echo?", "tool": tool}), echo("a"), reply("done")];
+    let execution = world.start(script, None, false).await;
+    let waiting = world.until_state(execution, "waiting").await;
+    let wait = waiting.waits[0].wait_id;
+    world
+        .send(execution, json!({"kind": "answer", "wait_id": wait, "answer": "", "scope": "session"}))
+        .await;
+    world.until_state(execution, "completed").await;
+    world.maybe_restart().await;
+    execution
+}
+
 pub(crate) async fn cancelled(world: &mut World) -> ExecutionId {
     let execution = world
         .start(vec![echo("a"), reply("done")], None, true)

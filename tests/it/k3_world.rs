@@ -323,6 +323,15 @@ impl World {
                 body["process_id"] = json!(running);
             }
             CommandKind::SetPolicy => body["policy"] = json!("use_latest"),
+            // W-7: a grant it gave, not revoked yet.
+            CommandKind::Revoke => {
+                let grant = now
+                    .grants
+                    .iter()
+                    .find(|grant| !grant.revoked)
+                    .map_or_else(WaitId::new, |grant| grant.grant_id);
+                body["grant_id"] = json!(grant);
+            }
             // J-1: a Job whose budget is spent continues with more.
             CommandKind::Continue if now.pause_reason.as_deref() == Some("budget_exhausted") => {
                 body["budget"] = json!({"steps": 100})
@@ -466,6 +475,10 @@ impl World {
                     now.state != "reconciliation_required"
                 })
                 .await;
+            }
+            CommandKind::Revoke => {
+                self.until(execution, &case, |now| now.grants.iter().all(|grant| grant.revoked))
+                    .await;
             }
             CommandKind::StopProcess => {
                 self.until(execution, &case, |now| {

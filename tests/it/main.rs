@@ -20,6 +20,7 @@ mod functions;
 mod functions_crash;
 mod functions_parallel;
 mod functions_versions;
+mod grants;
 mod http;
 mod http_branches;
 mod http_cli;

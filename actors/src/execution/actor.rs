@@ -227,7 +227,33 @@ impl ExecutionActor {
         upserts: Vec<Upsert>,
         decision: Option<Decision>,
     ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
-        let Plan { transition, after } = self.plan(events, upserts, decision);
+        self.submit_planned(events, upserts, decision, None)
+    }
+
+    /// `submit` with a write of the session's record in the same transition (W-7).
+    pub(super) fn submit_with_session(
+        &mut self,
+        events: Vec<Event>,
+        upserts: Vec<Upsert>,
+        session: Option<openprogram_storage::SessionWrite>,
+    ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
+        self.submit_planned(events, upserts, None, session)
+    }
+
+    fn submit_planned(
+        &mut self,
+        events: Vec<Event>,
+        upserts: Vec<Upsert>,
+        decision: Option<Decision>,
+        session: Option<openprogram_storage::SessionWrite>,
+    ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
+        let Plan {
+            mut transition,
+            after,
+        } = self.plan(events, upserts, decision);
+        if session.is_some() {
+            transition.session = session;
+        }
         let parent = self
             .effect_started
             .as_ref()

@@ -42,6 +42,20 @@ impl ExecutionActor {
         command: Command,
         saved: Saved,
     ) -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
+        self.decide_command_try(accepted, command, saved, 0)
+    }
+
+    /// `decide_command`, again (`tries`) after the session record moved under a control
+    /// that writes it (W-7: a session grant given or revoked): read and decided anew.
+    fn decide_command_try(
+        &mut self,
+        accepted: CommandRecord,
+        command: Command,
+        saved: Saved,
+        tries: u32,
+    ) -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
+        const SESSION_TRIES_MAX: u32 = 8;
+        let again = (accepted.clone(), command.clone());
         let Command {
             command_id,
             expected_version,
@@ -72,6 +86,12 @@ impl ExecutionActor {
                 }
                 Err(rejection) => return self.record_rejection(accepted, &rejection, saved),
             };
+        // W-7: a session grant given or revoked changes the session's record, in this
+        // transition, at the version read here.
+        let session = match self.session_write(&control) {
+            Ok(session) => session,
+            Err(error) => return Box::pin(fut::ready(Err(error))),
+        };
         let record = CommandRecord {
             status: CommandStatus::Applied,
             result_version: Some(self.head.version + 1),
@@ -103,35 +123,90 @@ impl ExecutionActor {
         }
         let upsert = Upsert::Command(record.clone());
         Box::pin(
-            self.submit(events, vec![upsert])
-                .map(move |outcome, act, ctx| {
-                    let (decided, committed) = match outcome {
-                        Ok(Outcome::Committed(_)) => (Ok(record), true),
-                        // Decided meanwhile by a newer attempt (K-6): its stored outcome
-                        // stands, and nothing of this transition (nor its claim) was written.
-                        Ok(Outcome::DuplicateCommand { stored }) => (Ok(stored), false),
-                        Ok(Outcome::CommandConflict { stored }) => (
-                            Err(Error::CommandConflict {
-                                stored: Box::new(stored),
-                            }),
-                            false,
-                        ),
-                        Ok(other) => (
-                            Err(Error::Internal(format!("unexpected outcome {other:?}"))),
-                            false,
-                        ),
-                        Err(error) => (Err(error), false),
-                    };
-                    if claims && !committed {
-                        act.epoch = None;
-                    } else if claims && act.lease_actor.is_none() {
-                        // B04: the attempt's claim is durable, its lease actor not started.
-                        openprogram_storage::failpoint!("B04");
-                        act.hold_lease(ctx);
+            self.submit_with_session(events, vec![upsert], session)
+                .then(move |outcome, act, ctx| {
+                    if let Ok(Outcome::SessionConflict { .. }) = outcome {
+                        if claims {
+                            act.epoch = None;
+                        }
+                        if tries < SESSION_TRIES_MAX {
+                            let (accepted, command) = again;
+                            return act.decide_command_try(accepted, command, saved, tries + 1);
+                        }
                     }
-                    decided
+                    let decided = act.command_outcome(outcome, record, claims, ctx);
+                    Box::pin(fut::ready(decided))
                 }),
         )
+    }
+
+    /// What a command's transition came to, for its sender.
+    fn command_outcome(
+        &mut self,
+        outcome: Result<Outcome, Error>,
+        record: CommandRecord,
+        claims: bool,
+        ctx: &mut Context<Self>,
+    ) -> Result<CommandRecord, Error> {
+        let (decided, committed) = match outcome {
+            Ok(Outcome::Committed(_)) => (Ok(record), true),
+            // Decided meanwhile by a newer attempt (K-6): its stored outcome stands, and
+            // nothing of this transition (nor its claim) was written.
+            Ok(Outcome::DuplicateCommand { stored }) => (Ok(stored), false),
+            Ok(Outcome::CommandConflict { stored }) => (
+                Err(Error::CommandConflict {
+                    stored: Box::new(stored),
+                }),
+                false,
+            ),
+            Ok(other) => (
+                Err(Error::Internal(format!("unexpected outcome {other:?}"))),
+                false,
+            ),
+            Err(error) => (Err(error), false),
+        };
+        if claims && !committed {
+            self.epoch = None;
+        } else if claims && self.lease_actor.is_none() {
+            // B04: the attempt's claim is durable, its lease actor not started.
+            openprogram_storage::failpoint!("B04");
+            self.hold_lease(ctx);
+        }
+        decided
+    }
+
+    /// W-7: the session write an applied control makes, if any: the session's record as
+    /// read now, and as the control leaves it.
+    fn session_write(
+        &self,
+        control: &openprogram_storage::Control,
+    ) -> Result<Option<openprogram_storage::SessionWrite>, Error> {
+        use openprogram_storage::{AnswerScope, Control, SessionRecord, SessionWrite};
+        let writes = matches!(
+            control,
+            Control::Answer {
+                scope: AnswerScope::Session,
+                ..
+            } | Control::Revoke { .. }
+        );
+        if !writes {
+            return Ok(None);
+        }
+        let session_id = self.head.session_id;
+        let stored = self.env.store.session(session_id)?;
+        let expected_version = stored.as_ref().map_or(0, |record| record.version);
+        let read = stored.unwrap_or(SessionRecord {
+            session_id,
+            ..SessionRecord::default()
+        });
+        Ok(self
+            .machine
+            .session_after(control, self.execution_id, read)
+            .map(|record| SessionWrite {
+                session_id,
+                expected_version,
+                record: Some(record),
+            }))
     }
 
     /// A refused command: its record alone (`Transition::rejection`), at the version it was

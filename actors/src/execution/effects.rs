@@ -8,7 +8,7 @@
 use actix::prelude::*;
 use futures::future::{AbortHandle, Abortable, BoxFuture};
 use futures::FutureExt as _;
-use openprogram_storage::{EffectId, ReceiptStatus};
+use openprogram_storage::{EffectId, Outcome, ReceiptStatus};
 use tracing::Instrument as _;
 
 use super::actor::{committed, log_failure, Advance, ExecutionActor, InFlight, Step};
@@ -48,11 +48,8 @@ impl ExecutionActor {
                 effect_id,
                 decision,
             } => {
-                let now_ms = self.env.clock.now_ms();
-                let (mut events, decision) =
-                    self.machine.decide_decision(effect_id, decision, now_ms);
-                events.extend(self.model_usage(effect_id));
-                (Ok(events), decision)
+                let usage = self.model_usage(effect_id);
+                return self.decided_model(effect_id, decision, usage, 0);
             }
             Input::ModelFailed { effect_id, error } => {
                 let decided = self.machine.decide(Input::ModelFailed { effect_id, error });
@@ -75,6 +72,54 @@ impl ExecutionActor {
                 Box::pin(fut::ready(()))
             }
         }
+    }
+
+    /// Records a model's decision (with the call's usage). W-7: an `Ask` for a tool reads the
+    /// session's grants first; should the session record move before the commit (a grant
+    /// revoked, given), the transition writes nothing and the decision is decided again on
+    /// the record as it is then.
+    fn decided_model(
+        &mut self,
+        effect_id: EffectId,
+        decision: Decision,
+        usage: Option<openprogram_storage::Event>,
+        tries: u32,
+    ) -> ResponseActFuture<Self, ()> {
+        const SESSION_TRIES_MAX: u32 = 8;
+        let now_ms = self.env.clock.now_ms();
+        let wants_grant = matches!(decision.wait_spec(), Some(Ok(spec)) if spec.tool().is_some());
+        let session = match wants_grant {
+            true => match self.env.store.session(self.head.session_id) {
+                Ok(session) => session,
+                Err(error) => {
+                    tracing::warn!(execution_id = %self.execution_id, %error, "the session's grants could not be read: none relied on");
+                    None
+                }
+            },
+            false => None,
+        };
+        let again = session.as_ref().map(|_| (decision.clone(), usage.clone()));
+        let (mut events, decision) =
+            self.machine
+                .decide_decision(effect_id, decision, now_ms, session.as_ref());
+        events.extend(usage);
+        let submitted = self.submit_decided(events, Vec::new(), decision);
+        Box::pin(submitted.then(move |outcome, act, _ctx| match (outcome, again) {
+            (Ok(Outcome::SessionConflict { .. }), Some((decision, usage)))
+                if tries < SESSION_TRIES_MAX =>
+            {
+                act.decided_model(effect_id, decision, usage, tries + 1)
+            }
+            (outcome, _) => {
+                let result = outcome.and_then(|outcome| match outcome {
+                    Outcome::Committed(committed) => Ok(committed.version),
+                    other => Err(crate::Error::Internal(format!(
+                        "unexpected outcome {other:?}"
+                    ))),
+                });
+                Box::pin(ActorFutureExt::map(fut::ready(result), log_failure))
+            }
+        }))
     }
 
     /// The call of a tool by this attempt: its effect, fencing epoch and handle.

@@ -60,6 +60,8 @@ pub struct Machine {
     /// F-3: committed results as an adopted revision reads them (its declared conversion),
     /// by position among the completed steps.
     pub converted_outputs: std::collections::BTreeMap<u32, String>,
+    /// W-7: each tool call that ran on an approval or grant, with the approval it relied on.
+    pub relied_on: Vec<(EffectId, openprogram_storage::WaitId)>,
     /// S-8: `Some` for a machine rebuilt from a projection (`projection.rs`): its history
     /// holds only the newest items, and this says how many it left out. It reads and decides
     /// commands; it runs nothing until the whole history is replayed.
@@ -144,6 +146,12 @@ pub struct Present {
     /// `wait_expired`: a Continue re-opens it as a fresh wait.
     #[serde(default)]
     pub expired_wait: Option<WaitState>,
+    /// W-7: the grants this execution gave (`machine_grants.rs`).
+    #[serde(default)]
+    pub grants: Vec<super::machine_grants::Grant>,
+    /// W-7: the approval or grant the next tool call relies on.
+    #[serde(default)]
+    pub granted_next: Option<openprogram_storage::WaitId>,
 }
 
 impl std::ops::Deref for Machine {
@@ -196,9 +204,9 @@ impl Machine {
             Input::ModelDecided {
                 effect_id,
                 decision,
-            // Taken at time 0: a timeout runs from then (the shell and the simulation call
-            // `decide_decision` with the time).
-            } => Ok(self.decide_decision(effect_id, decision, 0).0),
+            // Taken at time 0, with no session grants: a timeout runs from then (the shell
+            // and the simulation call `decide_decision` with the time and the session).
+            } => Ok(self.decide_decision(effect_id, decision, 0, None).0),
             Input::ModelFailed { effect_id, error } => Ok(self.model_failed(effect_id, error)),
             Input::AskLive {
                 wait_id,
@@ -271,19 +279,31 @@ impl Machine {
     /// shell passes it to `apply_decided` with the committed events, so the machine keeps
     /// the decision itself rather than parsing it back from the event's text.
     /// `now_ms` (wall clock) is when it was decided: a wait it opens times out from then (W-8).
+    /// `session`: the session's record as read, whose grants an `Ask` for a tool may rely on
+    /// (W-7; read only for such an `Ask`).
     pub fn decide_decision(
         &self,
         effect_id: EffectId,
         decision: Decision,
         now_ms: u64,
+        session: Option<&openprogram_storage::SessionRecord>,
     ) -> (Vec<Event>, Option<Decision>) {
         match unreadable(&decision) {
             Some(error) => (self.model_failed(effect_id, error), None),
-            None => (self.decide_model(effect_id, &decision, now_ms), Some(decision)),
+            None => (
+                self.decide_model(effect_id, &decision, now_ms, session),
+                Some(decision),
+            ),
         }
     }
 
-    fn decide_model(&self, effect_id: EffectId, decision: &Decision, now_ms: u64) -> Vec<Event> {
+    fn decide_model(
+        &self,
+        effect_id: EffectId,
+        decision: &Decision,
+        now_ms: u64,
+        session: Option<&openprogram_storage::SessionRecord>,
+    ) -> Vec<Event> {
         let text = decision_text(decision);
         let mut events = vec![Event::ModelDecided {
             effect_id,
@@ -294,7 +314,14 @@ impl Machine {
             events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
             events.push(cancelled());
         } else if let Some(Ok(spec)) = decision.wait_spec() {
-            events.extend(self.open_wait(wait_of(effect_id), &spec, now_ms, None));
+            // W-7: a granted tool is approved without a new wait.
+            let granted = spec
+                .tool()
+                .and_then(|tool| self.grant_for(&tool, session));
+            match granted {
+                Some(used) => events.extend([used, Event::CheckpointPublished { checkpoint_seq: 0 }]),
+                None => events.extend(self.open_wait(wait_of(effect_id), &spec, now_ms, None)),
+            }
         } else if let Decision::Reply { text, .. } = decision {
             let mut reply = text.clone();
             for steer in &self.steers {
@@ -493,6 +520,7 @@ impl Present {
             Event::WaitChanged { wait_id, status } => {
                 self.apply_wait_changed(*wait_id, *status, actions)
             }
+            Event::GrantUsed { grant_id, .. } => self.granted_next = Some(*grant_id),
             Event::WaitDetails {
                 wait_id,
                 request,
@@ -650,12 +678,12 @@ impl Present {
             return;
         };
         self.iterations += 1;
+        // W-7: an approval or grant covers the one call decided right after it.
+        let granted = self.granted_next.take();
         if let Some(Decision::Tool { tool, args, .. }) = decision {
-            self.pending_tool = Some(PendingTool::new(
-                tool_effect(*effect_id),
-                tool.clone(),
-                args.clone(),
-            ));
+            let mut pending = PendingTool::new(tool_effect(*effect_id), tool.clone(), args.clone());
+            pending.grant = granted;
+            self.pending_tool = Some(pending);
         }
         self.step_taken(actions);
     }

@@ -41,6 +41,10 @@ impl Machine {
                 }
             }
         }
+        // W-7: a grant it gave can be revoked whatever the execution's state.
+        if self.has_grant() {
+            kinds.push(CommandKind::Revoke);
+        }
         // A process has its own control, whatever the execution's state (P-2).
         if self
             .processes
@@ -200,6 +204,7 @@ impl Machine {
             },
             CommandBody::StopProcess { process_id } => Control::StopProcess { process_id },
             CommandBody::SetPolicy { policy } => Control::SetPolicy { policy },
+            CommandBody::Revoke { grant_id } => Control::Revoke { grant_id },
         };
         let events = self
             .decide_control(command_id, control.clone(), at)
@@ -225,7 +230,7 @@ impl Machine {
                     wall_used_ms: job.wall_used_ms,
                 }
             }
-            CommandKind::StopProcess | CommandKind::Retry => Refusal::NotAvailable {
+            CommandKind::StopProcess | CommandKind::Retry | CommandKind::Revoke => Refusal::NotAvailable {
                 kind,
                 state: self.status(),
             },
@@ -270,6 +275,7 @@ impl Machine {
             Control::StopProcess { process_id } => {
                 return self.decide_stop_process(command_id, process_id)
             }
+            Control::Revoke { grant_id } => return self.decide_revoke(command_id, grant_id),
             _ => {}
         }
         let applied = Event::ControlApplied {
@@ -314,7 +320,8 @@ impl Machine {
             Control::Answer { .. }
             | Control::Decline { .. }
             | Control::StopProcess { .. }
-            | Control::SetPolicy { .. } => {}
+            | Control::SetPolicy { .. }
+            | Control::Revoke { .. } => {}
         }
         Ok(events)
     }
@@ -354,7 +361,11 @@ impl Present {
             Control::Reconcile {
                 effect_id, status, ..
             } => self.apply_reconcile(*effect_id, *status, seq, actions),
-            Control::Answer { .. } | Control::Decline { .. } => self.apply_wait_control(control),
+            Control::Answer { .. } | Control::Decline { .. } => {
+                self.note_approval(control);
+                self.apply_wait_control(control);
+            }
+            Control::Revoke { grant_id } => self.apply_revoke(*grant_id),
             Control::StopProcess { process_id } => actions.push(Action::StopProcess {
                 process_id: *process_id,
             }),

@@ -58,7 +58,30 @@ impl Machine {
                 effect_id,
                 status,
                 output,
-            } => self.record_tool_finished(*effect_id, *status, output),
+            } => {
+                // W-7: the receipt of a call that ran on an approval or grant keeps it.
+                let granted = self
+                    .present
+                    .pending_tool
+                    .as_ref()
+                    .filter(|pending| pending.effect_id == *effect_id)
+                    .and_then(|pending| pending.grant);
+                if let Some(grant) = granted {
+                    if !self.relied_on.iter().any(|(effect, _)| effect == effect_id) {
+                        self.relied_on.push((*effect_id, grant));
+                    }
+                }
+                self.record_tool_finished(*effect_id, *status, output)
+            }
+            // W-7: a grant approved it: the provider is told as of an approval.
+            Event::GrantUsed { tool, grant_id, .. } => {
+                std::sync::Arc::make_mut(&mut self.context).push(Turn::WaitResolved {
+                    prompt: format!("approval for {tool}"),
+                    status: openprogram_storage::WaitStatus::Answered,
+                    answer: Some(format!("granted by {grant_id}")),
+                    discussion: false,
+                });
+            }
             Event::Replied { text } => self.text.clone_from(text),
             Event::Forked { state, .. } => self.record_forked(state),
             Event::CheckpointPublished { .. } => self.note_fork_point(seq),

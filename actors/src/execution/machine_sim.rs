@@ -83,6 +83,10 @@ struct Sim {
     long: bool,
     /// W-8: the wall clock, moved on by every input.
     now_ms: u64,
+    /// W-7: the session's record as this execution's transitions leave it.
+    session: openprogram_storage::SessionRecord,
+    /// W-7: grants revoked so far: none ever approves again.
+    revoked: std::collections::HashSet<openprogram_storage::WaitId>,
 }
 
 fn recovery(tool: &str) -> Recovery {
@@ -111,6 +115,8 @@ impl Sim {
             partial: None,
             long: max_iterations > 100,
             now_ms: 1_000_000,
+            session: Default::default(),
+            revoked: Default::default(),
         };
         sim.commit(vec![admitted], "admission");
         sim.restart("first attempt");
@@ -267,6 +273,29 @@ impl Sim {
                 self.resolved.insert(wait.wait_id, wait.status);
             }
         }
+        // W-7: a grant approves only while it stands: never once revoked, a session's only
+        // at the version the session record is at.
+        for event in &events {
+            match event {
+                Event::GrantUsed {
+                    grant_id,
+                    session_version,
+                    ..
+                } => {
+                    assert!(!self.revoked.contains(grant_id), "{context}: a revoked grant approved");
+                    if let Some(version) = session_version {
+                        assert_eq!(*version, self.session.version, "{context}: a stale session read");
+                    }
+                }
+                Event::ControlApplied {
+                    control: Control::Revoke { grant_id },
+                    ..
+                } => {
+                    self.revoked.insert(*grant_id);
+                }
+                _ => {}
+            }
+        }
         // W-2, W-8: every answer the provider was told of is a wait answered by a person;
         // an expired wait never tells it anything.
         let told = self
@@ -288,8 +317,17 @@ impl Sim {
                     )
             })
             .count();
+        let granted = self
+            .log
+            .iter()
+            .filter(|event| matches!(event, Event::GrantUsed { .. }))
+            .count();
         if self.machine.is_complete() {
-            assert_eq!(told, resolved_by_people, "{context}: an outcome no person gave");
+            assert_eq!(
+                told,
+                resolved_by_people + granted,
+                "{context}: an outcome no person or grant gave"
+            );
         }
         let mut effects = std::collections::HashSet::new();
         for receipt in self.machine.receipts.iter() {
@@ -407,7 +445,9 @@ impl Sim {
             decision,
         } = input
         {
-            let (events, decision) = self.machine.decide_decision(effect_id, decision, self.now_ms);
+            let (events, decision) =
+                self.machine
+                    .decide_decision(effect_id, decision, self.now_ms, Some(&self.session));
             self.commit_decided(events, decision, context);
         } else if let Ok(events) = self.machine.decide(input) {
             self.commit(events, context);
@@ -449,18 +489,30 @@ impl Sim {
             InFlight::Model(effect_id) => {
                 // A long run's model mostly calls `echo`: its turn outgrows a projection.
                 let pick = rng.below(if self.long { 70 } else { 7 });
+                // W-7: once a grant was given, the model asks for its tool again often.
+                let granted = !self.machine.grants.is_empty() || !self.session.grants.is_empty();
+                let pick = if granted && rng.below(3) == 0 { 6 } else { pick };
                 let input = match pick {
-                    // W-6, W-8: half of the asks are structured questions with a deadline.
+                    // W-6, W-8: a third of the asks are structured questions with a deadline;
+                    // W-7: a third approve the `append` that follows (a grant may cover it).
                     6 => Input::ModelDecided {
                         effect_id,
                         decision: Decision::Ask {
                             prompt: "go?".into(),
-                            wait: (rng.below(2) == 0).then(|| super::machine::AskDetails {
-                                kind: super::machine::AskKind::Question,
-                                request: Some(serde_json::json!({"items": [
-                                    {"id": "ok", "type": "boolean"}]})),
-                                timeout_ms: Some(1 + rng.below(3_000)),
-                            }),
+                            wait: match if granted { 1 } else { rng.below(4) } {
+                                0 => Some(super::machine::AskDetails {
+                                    kind: super::machine::AskKind::Question,
+                                    request: Some(serde_json::json!({"items": [
+                                        {"id": "ok", "type": "boolean"}]})),
+                                    timeout_ms: Some(1 + rng.below(3_000)),
+                                }),
+                                1 | 2 => Some(super::machine::AskDetails {
+                                    kind: super::machine::AskKind::Approval,
+                                    request: Some(serde_json::json!({"tool": "append"})),
+                                    timeout_ms: None,
+                                }),
+                                _ => None,
+                            },
                         },
                     },
                     0 => Input::ModelFailed {
@@ -560,7 +612,15 @@ impl Sim {
             .unresolved
             .as_ref()
             .map_or_else(EffectId::new, |unresolved| unresolved.effect_id);
-        let control = match rng.below(8) {
+        // A waiting execution is answered often: approvals and their grants get used.
+        let waiting = self.machine.status() == Status::Waiting && rng.below(2) == 0;
+        let revoking = self.machine.has_grant() && rng.below(4) == 0;
+        let pick = match (waiting, revoking) {
+            (true, _) => 5,
+            (_, true) => 4,
+            _ => rng.below(8),
+        };
+        let control = match pick {
             7 => Control::Reconcile {
                 effect_id: doubted,
                 status: match rng.below(2) {
@@ -577,7 +637,23 @@ impl Sim {
                 } else {
                     fitting_answer(&self.machine, target)
                 },
-                scope: openprogram_storage::AnswerScope::Operation,
+                // W-7: any scope; tool and session ones fit approvals for a tool only.
+                scope: match rng.below(4) {
+                    0 => openprogram_storage::AnswerScope::Tool,
+                    1 => openprogram_storage::AnswerScope::Session,
+                    2 => openprogram_storage::AnswerScope::Discussion,
+                    _ => openprogram_storage::AnswerScope::Operation,
+                },
+            },
+            // W-7: a grant given (or, now and then, one that is not).
+            4 if revoking || rng.below(2) == 0 => Control::Revoke {
+                grant_id: self
+                    .machine
+                    .grants
+                    .iter()
+                    .find(|grant| !grant.revoked)
+                    .filter(|_| rng.below(5) > 0)
+                    .map_or_else(openprogram_storage::WaitId::new, |grant| grant.grant_id),
             },
             6 => Control::Decline { wait_id: target },
             0 => Control::Pause,
@@ -640,7 +716,17 @@ impl Sim {
                 );
             }
             events.insert(0, accepted);
+            // W-7: the session write the actor adds for this control, at the version read.
+            let after = self.machine.session_after(
+                &control_of(&events),
+                openprogram_storage::ExecutionId::from_uuid(uuid::Uuid::nil()),
+                self.session.clone(),
+            );
             self.commit(events, kind);
+            if let Some(mut after) = after {
+                after.version = self.session.version + 1;
+                self.session = after;
+            }
         }
     }
 }
@@ -671,6 +757,7 @@ fn simulate(runs: u64, inputs_per_run: usize, max_iterations: u32) {
     let mut rng = Rng(seed);
     let mut ended = 0;
     let mut longest = 0;
+    let (mut granted, mut expired) = (0, 0);
     for _ in 0..runs {
         let mut sim = Sim::new(max_iterations);
         for _ in 0..inputs_per_run {
@@ -684,18 +771,46 @@ fn simulate(runs: u64, inputs_per_run: usize, max_iterations: u32) {
             }
         }
         ended += usize::from(sim.terminal.is_some());
+        for event in &sim.log {
+            match event {
+                Event::GrantUsed { .. } => granted += 1,
+
+                Event::WaitChanged {
+                    status: openprogram_storage::WaitStatus::Expired,
+                    ..
+                } => expired += 1,
+                _ => {}
+            }
+        }
         longest = longest.max(sim.machine.receipts.iter().count());
     }
     assert!(
         ended > 0,
         "seed {seed}: no run reached a terminal state; the simulation is too weak"
     );
+    if inputs_per_run < 100 {
+        assert!(
+            granted > 0 && expired > 0,
+            "seed {seed}: {granted} grants used, {expired} waits expired: the simulation is too weak"
+        );
+    }
     if inputs_per_run > 100 {
         assert!(
             longest > super::projection::KEPT,
             "seed {seed}: no run outgrew a projection ({longest} receipts)"
         );
     }
+}
+
+/// The control a command's transition applied (its `ControlAccepted`, first).
+fn control_of(events: &[Event]) -> Control {
+    events
+        .iter()
+        .find_map(|event| match event {
+            Event::ControlAccepted { control, .. } => Some(control.clone()),
+            _ => None,
+        })
+        .unwrap_or(Control::Pause)
 }
 
 /// An answer that fits the request of `wait_id` (the simulation asks only `ok`, a boolean).
@@ -754,6 +869,13 @@ fn check_capabilities(machine: &Machine, busy: bool, context: &str) {
             CommandKind::StopProcess => CommandBody::StopProcess { process_id },
             // Refused by the parser before any state is looked at (`command.rs`).
             CommandKind::SetPolicy => continue,
+            CommandKind::Revoke => CommandBody::Revoke {
+                grant_id: machine
+                    .grants
+                    .iter()
+                    .find(|grant| !grant.revoked)
+                    .map_or_else(openprogram_storage::WaitId::new, |grant| grant.grant_id),
+            },
         };
         let stale =
             machine.decide_command(CommandId::new(), body.clone(), Some(at.version + 1), &at);

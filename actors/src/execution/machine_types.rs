@@ -423,6 +423,9 @@ pub struct PendingTool {
     /// only writes of older epochs, so the dispatching attempt itself cannot be fenced.
     #[serde(default)]
     pub dispatched_in: Option<AttemptId>,
+    /// W-7: the approval or grant it runs on, if it needed one.
+    #[serde(default)]
+    pub grant: Option<openprogram_storage::WaitId>,
 }
 
 impl PendingTool {
@@ -436,6 +439,7 @@ impl PendingTool {
             uncertain: false,
             dispatched_by: None,
             dispatched_in: None,
+            grant: None,
         }
     }
 }

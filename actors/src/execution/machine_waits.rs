@@ -212,6 +212,12 @@ impl Machine {
         let Some(wait) = self.wait(wait_id) else {
             return Err(Refusal::UnknownWait { wait_id });
         };
+        // W-7: a tool or session scope needs an approval that names its tool.
+        if let Control::Answer { scope, .. } = &control {
+            if wait.status.is_pending() {
+                Machine::check_scope(wait, *scope)?;
+            }
+        }
         // W-6: an answer fits its request, or nothing happens.
         if let (Control::Answer { answer, .. }, Some(request)) = (&control, &wait.request) {
             if wait.status.is_pending() {

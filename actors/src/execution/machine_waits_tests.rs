@@ -355,7 +355,7 @@ fn asking_structured(now_ms: u64, timeout_ms: u64) -> (Machine, WaitId) {
             timeout_ms: Some(timeout_ms),
         }),
     };
-    let (events, _) = machine.decide_decision(effect_id, decision, now_ms);
+    let (events, _) = machine.decide_decision(effect_id, decision, now_ms, None);
     commit(&mut machine, &events);
     (machine, wait_of(effect_id))
 }
@@ -411,7 +411,7 @@ fn w6_a_model_decision_with_a_request_that_breaks_its_rules_fails_the_call() {
             timeout_ms: None,
         }),
     };
-    let (events, kept) = machine.decide_decision(EffectId::new(), decision, 0);
+    let (events, kept) = machine.decide_decision(EffectId::new(), decision, 0, None);
     assert!(kept.is_none());
     assert!(
         matches!(&events[0], Event::ModelFailed { error, .. } if error.contains("a choice needs options")),

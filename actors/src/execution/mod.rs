@@ -18,6 +18,7 @@ pub mod live;
 pub mod machine;
 mod machine_controls;
 mod machine_functions;
+pub mod machine_grants;
 mod machine_history;
 mod machine_next;
 mod machine_restart;
@@ -31,6 +32,8 @@ pub mod restart;
 pub mod wait_expiry;
 mod wait_types;
 
+#[cfg(test)]
+mod machine_grants_tests;
 #[cfg(test)]
 mod machine_restart_tests;
 #[cfg(test)]

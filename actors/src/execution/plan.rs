@@ -180,6 +180,22 @@ impl Machine {
                     head.last_seq,
                 )));
         }
+        // W-7: a session grant relied on is checked in the same write: the session record is
+        // still at the version the decision read.
+        let relied = transition.events.iter().find_map(|event| match event {
+            Event::GrantUsed {
+                session_version: Some(version),
+                ..
+            } => Some(*version),
+            _ => None,
+        });
+        if let Some(version) = relied {
+            transition.session = Some(openprogram_storage::SessionWrite {
+                session_id: head.session_id,
+                expected_version: version,
+                record: None,
+            });
+        }
         if let Some(epoch) = writer.epoch() {
             transition = transition.by_epoch(epoch).with_head(next.clone());
         }

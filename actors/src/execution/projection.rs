@@ -58,6 +58,9 @@ pub struct Projected {
     /// reconciled `NotApplied` becomes the pending call again, same effect id, and a fork
     /// point before it must still know it was dispatched.
     dispatched_unresolved: Vec<EffectId>,
+    /// W-7: the newest tool calls that ran on an approval or grant, with it.
+    #[serde(default)]
+    relied_on: Vec<(EffectId, openprogram_storage::WaitId)>,
     dropped: Dropped,
 }
 
@@ -116,6 +119,7 @@ impl Projected {
             fork_points,
             dispatched_pending,
             dispatched_unresolved,
+            relied_on: newest(&machine.relied_on).0.to_vec(),
             dropped: Dropped {
                 receipts: before.receipts + receipts_out,
                 ended_waits: before.ended_waits + waits_out,
@@ -181,6 +185,7 @@ impl Projected {
             .into_iter()
             .chain(self.dispatched_unresolved)
             .collect();
+        machine.relied_on = self.relied_on;
         machine.partial = Some(self.dropped);
         machine
     }

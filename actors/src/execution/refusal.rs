@@ -61,6 +61,14 @@ pub enum Refusal {
     UnknownProcess {
         process_id: ProcessId,
     },
+    /// W-7: no grant of this execution has that id.
+    UnknownGrant {
+        grant_id: WaitId,
+    },
+    /// W-7: revoked already.
+    GrantRevoked {
+        grant_id: WaitId,
+    },
     /// P-2: the process has ended.
     ProcessEnded {
         process_id: ProcessId,
@@ -108,6 +116,8 @@ impl Refusal {
             Refusal::AnsweredOtherwise { .. } => "answered_otherwise",
             Refusal::InvalidAnswer { .. } => "invalid_answer",
             Refusal::UnknownProcess { .. } => "unknown_process",
+            Refusal::UnknownGrant { .. } => "unknown_grant",
+            Refusal::GrantRevoked { .. } => "grant_revoked",
             Refusal::ProcessEnded { .. } => "process_ended",
             Refusal::NotUnresolved { .. } => "not_unresolved",
             Refusal::NotForFunctions { .. } => "not_for_functions",
@@ -162,6 +172,10 @@ impl std::fmt::Display for Refusal {
             Refusal::UnknownProcess { process_id } => {
                 write!(f, "this execution has no process {process_id}")
             }
+            Refusal::UnknownGrant { grant_id } => {
+                write!(f, "this execution gave no grant {grant_id}")
+            }
+            Refusal::GrantRevoked { grant_id } => write!(f, "grant {grant_id} is revoked already"),
             Refusal::ProcessEnded { process_id, state } => {
                 write!(f, "process {process_id} is {state}")
             }

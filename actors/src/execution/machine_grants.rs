@@ -1,0 +1,191 @@
+//! W-7, approval scopes, in the pure machine. An approval may name the tool it guards
+//! (its request's `tool`); answered with scope `tool`, it approves that tool for the rest of
+//! this execution; with scope `session`, for every execution of the session (the grant lives
+//! in the session's record, written in the answer's own transition). A later `Ask` for a
+//! granted tool opens no wait: `GrantUsed` records the grant relied on — for a session grant,
+//! with the session record's version, which the committer checks in the same write — and the
+//! tool call that follows keeps it (`PendingTool::grant`, `Machine::relied_on`). Scopes never
+//! widen: an `operation` answer approves the one call after it, nothing more; a grant is for
+//! its one tool. `revoke` ends a grant; a revoked grant never approves again.
+
+use openprogram_storage::{
+    AnswerScope, CommandId, Control, Event, ExecutionId, SessionGrant, SessionRecord, WaitId,
+    WaitKind,
+};
+
+use super::machine::{Machine, Present, Refusal, WaitState};
+
+/// A grant this execution gave (W-7): an approval answered for its tool, for this execution
+/// or (`session`) the session.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Grant {
+    /// The approval that gave it.
+    pub grant_id: WaitId,
+    pub tool: String,
+    pub session: bool,
+    pub revoked: bool,
+}
+
+impl WaitState {
+    /// The tool an approval guards, if its request names one.
+    pub fn tool(&self) -> Option<String> {
+        let request = crate::wait_request::WaitRequest::from_text(self.request.as_deref()?);
+        request.ok().flatten()?.tool
+    }
+}
+
+impl Machine {
+    /// The approval an `Ask` for `tool` gets without a new wait, if a grant covers it: this
+    /// execution's, else the session's (as `session` stands, at its version).
+    pub(super) fn grant_for(&self, tool: &str, session: Option<&SessionRecord>) -> Option<Event> {
+        let own = self
+            .grants
+            .iter()
+            .find(|grant| !grant.session && !grant.revoked && grant.tool == tool);
+        if let Some(grant) = own {
+            return Some(Event::GrantUsed {
+                grant_id: grant.grant_id,
+                tool: tool.to_owned(),
+                session_version: None,
+            });
+        }
+        let session = session?;
+        let grant = session
+            .grants
+            .iter()
+            .find(|grant| !grant.revoked && grant.tool == tool)?;
+        Some(Event::GrantUsed {
+            grant_id: grant.grant_id,
+            tool: tool.to_owned(),
+            session_version: Some(session.version),
+        })
+    }
+
+    /// W-7: `tool` and `session` scopes grant the tool an approval names; nothing else may
+    /// take them (a question's answer approves no tool).
+    pub(super) fn check_scope(wait: &WaitState, scope: AnswerScope) -> Result<(), Refusal> {
+        if !matches!(scope, AnswerScope::Tool | AnswerScope::Session) {
+            return Ok(());
+        }
+        let approval = matches!(wait.kind, WaitKind::Approval | WaitKind::Permission);
+        if approval && wait.live.is_none() && wait.tool().is_some() {
+            return Ok(());
+        }
+        Err(Refusal::InvalidAnswer {
+            wait_id: wait.wait_id,
+            field: "scope".into(),
+            message: format!(
+                "`{}` grants the tool an approval names; this {} names none",
+                scope.as_str(),
+                wait.kind.as_str()
+            ),
+        })
+    }
+
+    /// W-7: `revoke` of a grant this execution gave and did not revoke yet.
+    pub(super) fn decide_revoke(
+        &self,
+        command_id: CommandId,
+        grant_id: WaitId,
+    ) -> Result<Vec<Event>, Refusal> {
+        match self.grants.iter().find(|grant| grant.grant_id == grant_id) {
+            Some(grant) if grant.revoked => Err(Refusal::GrantRevoked { grant_id }),
+            Some(_) => Ok(vec![Event::ControlApplied {
+                command_id,
+                control: Control::Revoke { grant_id },
+            }]),
+            None => Err(Refusal::UnknownGrant { grant_id }),
+        }
+    }
+
+    /// The session's record once `control` (applied by this execution) is: a session grant
+    /// given or revoked. `None`: the control does not change it.
+    pub fn session_after(
+        &self,
+        control: &Control,
+        execution_id: ExecutionId,
+        session: SessionRecord,
+    ) -> Option<SessionRecord> {
+        match control {
+            Control::Answer {
+                wait_id,
+                scope: AnswerScope::Session,
+                ..
+            } => {
+                let tool = self.wait(*wait_id)?.tool()?;
+                let mut after = session;
+                if !after.grants.iter().any(|grant| grant.grant_id == *wait_id) {
+                    after.grants.push(SessionGrant {
+                        grant_id: *wait_id,
+                        tool,
+                        granted_by: execution_id,
+                        revoked: false,
+                    });
+                }
+                Some(after)
+            }
+            Control::Revoke { grant_id } => {
+                let ours = self
+                    .grants
+                    .iter()
+                    .any(|grant| grant.grant_id == *grant_id && grant.session);
+                if !ours {
+                    return None;
+                }
+                let mut after = session;
+                for grant in &mut after.grants {
+                    if grant.grant_id == *grant_id {
+                        grant.revoked = true;
+                    }
+                }
+                Some(after)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether a `revoke` has anything to revoke (K-3).
+    pub fn has_grant(&self) -> bool {
+        self.grants.iter().any(|grant| !grant.revoked)
+    }
+}
+
+impl Present {
+    /// An applied answer of a durable approval: with a `tool` or `session` scope, the grant
+    /// (read before the answer's `WaitChanged`); any approving answer is what the next tool
+    /// call relies on.
+    pub(super) fn note_approval(&mut self, control: &Control) {
+        let Control::Answer { wait_id, scope, .. } = control else {
+            return;
+        };
+        if *scope == AnswerScope::Discussion {
+            return;
+        }
+        let Some(wait) = self
+            .active_waits
+            .iter()
+            .find(|wait| wait.wait_id == *wait_id && wait.status.is_pending() && wait.live.is_none())
+        else {
+            return;
+        };
+        if matches!(scope, AnswerScope::Tool | AnswerScope::Session) {
+            if let Some(tool) = wait.tool() {
+                self.grants.push(Grant {
+                    grant_id: *wait_id,
+                    tool,
+                    session: *scope == AnswerScope::Session,
+                    revoked: false,
+                });
+            }
+        }
+        self.granted_next = Some(*wait_id);
+    }
+
+    pub(super) fn apply_revoke(&mut self, grant_id: WaitId) {
+        for grant in &mut self.grants {
+            if grant.grant_id == grant_id {
+                grant.revoked = true;
+            }
+        }
+    }
+}
