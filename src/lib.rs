@@ -32,18 +32,19 @@ pub use openprogram_actors::env::NodeIdentity;
 use openprogram_actors::inspect::Inspector;
 use openprogram_actors::recovery::{Clock, SystemClock};
 use openprogram_actors::resource_queue::{JobHost, Load, ResourceQueue};
-use openprogram_actors::wait_deadlines::{DeadlineHost, Load as LoadDeadlines, WaitDeadlines};
 use openprogram_actors::resources::Resources;
 use openprogram_actors::retention::Retention;
 pub use openprogram_actors::retention::RetentionStats;
 use openprogram_actors::service::Service;
 use openprogram_actors::supervisor::{begin_shutdown, Recover, Shutdown, Supervisor};
 use openprogram_actors::system::ActorSystem;
+use openprogram_actors::wait_deadlines::{DeadlineHost, Load as LoadDeadlines, WaitDeadlines};
 use openprogram_storage::{
-    CommandId, EventEnvelope, EventReader, EventStore, ExecutionId, Limits, MessageId, SessionId,
+    CommandId, EventEnvelope, EventReader, EventStore, ExecutionId, Limits, SessionId,
 };
 
 // The server's modules (the `server` feature, on by default; an embedder turns it off).
+mod conversation;
 mod nodes;
 mod stores;
 
@@ -82,11 +83,9 @@ pub use openprogram_actors::agent;
 pub use openprogram_actors::command::{
     Command, CommandBody, CommandKind, EffectRef, ReconcileOutcome, WaitRef,
 };
+pub use openprogram_actors::conversation::{MessagesPage, MessagesQuery};
 pub use openprogram_actors::deltas::{Delta, DeltaKind, DeltaWatch};
 pub use openprogram_actors::function::{DurableFunction, FunctionContext, StepError};
-pub use openprogram_actors::conversation::{MessagesPage, MessagesQuery};
-pub use openprogram_actors::transcript::{Block, BlockBody, Message};
-pub use openprogram_actors::wait_request::{InvalidAnswer, WaitRequest, WaitSpec};
 #[cfg(feature = "providers")]
 pub use openprogram_actors::http_tool;
 #[cfg(feature = "providers")]
@@ -97,6 +96,8 @@ pub use openprogram_actors::resources::{Lease, ResourceView};
 pub use openprogram_actors::service::{
     CommandReply, FunctionStart, ScriptElement, StartReply, StartRequest,
 };
+pub use openprogram_actors::transcript::{Block, BlockBody, Message};
+pub use openprogram_actors::wait_request::{InvalidAnswer, WaitRequest, WaitSpec};
 pub use openprogram_macros::{durable_function, durable_helper};
 pub use openprogram_storage::JobBudget;
 pub use openprogram_storage::VersionPolicy;
@@ -507,39 +508,6 @@ impl Runtime {
     /// The snapshots of a session's executions, oldest first.
     pub async fn executions(&self, session: SessionId) -> Result<Vec<Snapshot>> {
         self.inner.service.executions(session).await
-    }
-
-    /// B-2..B-5: the session's conversation branches, in Needs attention, In progress and
-    /// History.
-    pub fn activity(&self, session: SessionId) -> Result<openprogram_actors::activity::Activity> {
-        self.inner.service.activity(session)
-    }
-
-    /// C-1: the session's transcript (messages from the event log) as `query` asks.
-    pub fn messages(&self, session: SessionId, query: &MessagesQuery) -> Result<MessagesPage> {
-        self.inner.service.messages(session, query)
-    }
-
-    /// B-6: the session's events after a global log position, each terminal outcome followed
-    /// by a `session_reload` entry (only once it is committed).
-    pub fn session_feed(
-        &self,
-        session: SessionId,
-        after_position: u64,
-        limit: usize,
-    ) -> Result<openprogram_actors::branches::SessionFeed> {
-        self.inner
-            .service
-            .session_feed(session, after_position, limit)
-    }
-
-    /// W-5: the pending waits to show with one assistant message of a session.
-    pub async fn pending_waits(
-        &self,
-        session: SessionId,
-        message: MessageId,
-    ) -> Result<Vec<openprogram_actors::snapshot::WaitView>> {
-        self.inner.service.pending_waits(session, message).await
     }
 
     /// Resolves once the execution has ended (completed, failed or cancelled).

@@ -7,15 +7,15 @@
 //! by-session index (one small key per execution). A branch filter also reads each
 //! execution's head and admission event, to walk the conversation graph (B-1).
 
-use openprogram_storage::{EventEnvelope, EventStore, ExecutionHead, ExecutionId, MessageId, SessionId};
+use openprogram_storage::{
+    EventEnvelope, EventStore, ExecutionHead, ExecutionId, MessageId, SessionId,
+};
 use serde::Serialize;
 
 use crate::activity::{branch_executions, MessageLinks};
 use crate::error::{Error, Result};
 use crate::service::Service;
-use crate::transcript::{
-    assistant_message, forked_from, inherited_blocks, user_message, Message,
-};
+use crate::transcript::{assistant_message, forked_from, inherited_blocks, user_message, Message};
 
 /// The most events one assistant message is read from at a time: a longer turn says where
 /// to read on (`Message::more_after_seq`).
@@ -85,7 +85,9 @@ impl Service {
                 .iter()
                 .position(|id| *id == after)
                 .map(|at| at + 1)
-                .ok_or_else(|| Error::InvalidRequest(format!("`after`: {after} is not on this transcript")))?,
+                .ok_or_else(|| {
+                    Error::InvalidRequest(format!("`after`: {after} is not on this transcript"))
+                })?,
         };
         let page = &on_branch[start.min(on_branch.len())..];
         let more = page.len() > limit;
@@ -114,7 +116,8 @@ impl Service {
         limit: Option<usize>,
     ) -> Result<MessagesPage> {
         let store = self.env().store.as_ref();
-        let feed = self.session_feed(session_id, position, limit.unwrap_or(1000).clamp(1, 10_000))?;
+        let feed =
+            self.session_feed(session_id, position, limit.unwrap_or(1000).clamp(1, 10_000))?;
         let mut changed: Vec<ExecutionId> = Vec::new();
         for entry in &feed.entries {
             if !changed.contains(&entry.execution_id) {
@@ -195,8 +198,7 @@ fn assistant_of(
     let inherited = match forked_from(events).filter(|_| after_seq == 0) {
         Some(fork) => match store.head(fork.execution_id)? {
             Some(original) => {
-                let through =
-                    store.events_after(fork.execution_id, 0, EVENTS_PER_MESSAGE)?;
+                let through = store.events_after(fork.execution_id, 0, EVENTS_PER_MESSAGE)?;
                 inherited_blocks(&original, &through, fork.checkpoint_seq)
             }
             None => Vec::new(),

@@ -157,7 +157,11 @@ fn request_text(kind: openprogram_storage::ExecutionKind, input: &str) -> String
     let parsed: Value = serde_json::from_str(input).unwrap_or(Value::Null);
     match kind {
         openprogram_storage::ExecutionKind::Function => {
-            format!("{} {}", parsed["function"].as_str().unwrap_or_default(), parsed["input"])
+            format!(
+                "{} {}",
+                parsed["function"].as_str().unwrap_or_default(),
+                parsed["input"]
+            )
         }
         _ => parsed["message"]
             .as_str()
@@ -197,7 +201,11 @@ pub fn assistant_message(
 }
 
 /// A fork's original's blocks up to `checkpoint_seq`, marked inherited.
-pub fn inherited_blocks(head: &ExecutionHead, events: &[EventEnvelope], checkpoint_seq: u64) -> Vec<Block> {
+pub fn inherited_blocks(
+    head: &ExecutionHead,
+    events: &[EventEnvelope],
+    checkpoint_seq: u64,
+) -> Vec<Block> {
     let through: Vec<EventEnvelope> = events
         .iter()
         .take_while(|envelope| envelope.seq <= checkpoint_seq)
@@ -250,7 +258,12 @@ impl Fold {
                 effect_id,
                 decision,
             } => self.decided(seq, *effect_id, decision),
-            Event::ModelFailed { error, .. } => self.push(seq, BlockBody::Error { text: error.clone() }),
+            Event::ModelFailed { error, .. } => self.push(
+                seq,
+                BlockBody::Error {
+                    text: error.clone(),
+                },
+            ),
             Event::ToolFinished {
                 effect_id,
                 status,
@@ -296,14 +309,18 @@ impl Fold {
                     status: crate::snapshot::receipt_status(*status),
                     output: output.clone(),
                 });
-                let started = self.blocks.iter_mut().rev().find_map(|block| match &mut block.body {
-                    BlockBody::Step {
-                        effect_id: id,
-                        receipt,
-                        ..
-                    } if id == effect_id => Some(receipt),
-                    _ => None,
-                });
+                let started =
+                    self.blocks
+                        .iter_mut()
+                        .rev()
+                        .find_map(|block| match &mut block.body {
+                            BlockBody::Step {
+                                effect_id: id,
+                                receipt,
+                                ..
+                            } if id == effect_id => Some(receipt),
+                            _ => None,
+                        });
                 match started {
                     Some(slot) => *slot = receipt,
                     None => self.push(
@@ -349,12 +366,17 @@ impl Fold {
                     ..
                 }) = self.wait(*wait_id)
                 {
-                    *request = given.as_deref().and_then(|text| serde_json::from_str(text).ok());
+                    *request = given
+                        .as_deref()
+                        .and_then(|text| serde_json::from_str(text).ok());
                     *deadline_ms = *until;
                     *reopens = *again;
                 }
             }
-            Event::WaitChanged { wait_id, status: now } => {
+            Event::WaitChanged {
+                wait_id,
+                status: now,
+            } => {
                 if let Some(BlockBody::Wait { status, .. }) = self.wait(*wait_id) {
                     *status = now.as_str();
                 }
@@ -370,7 +392,11 @@ impl Fold {
                     BlockBody::Grant {
                         grant_id: *grant_id,
                         tool: tool.clone(),
-                        scope: if session_version.is_some() { "session" } else { "tool" },
+                        scope: if session_version.is_some() {
+                            "session"
+                        } else {
+                            "tool"
+                        },
                     },
                 );
             }
@@ -447,9 +473,12 @@ impl Fold {
     }
 
     fn wait(&mut self, wait_id: WaitId) -> Option<&mut BlockBody> {
-        self.blocks.iter_mut().rev().find_map(|block| match &block.body {
-            BlockBody::Wait { wait_id: id, .. } if *id == wait_id => Some(&mut block.body),
-            _ => None,
-        })
+        self.blocks
+            .iter_mut()
+            .rev()
+            .find_map(|block| match &block.body {
+                BlockBody::Wait { wait_id: id, .. } if *id == wait_id => Some(&mut block.body),
+                _ => None,
+            })
     }
 }

@@ -148,16 +148,16 @@ impl Handler<Load> for WaitDeadlines {
         let Some(host) = self.host.upgrade() else {
             return Box::pin(fut::ready(Ok(0)));
         };
-        Box::pin(fut::wrap_future::<_, Self>(host.pending_deadlines()).map(
-            |found, act, ctx| {
+        Box::pin(
+            fut::wrap_future::<_, Self>(host.pending_deadlines()).map(|found, act, ctx| {
                 let found = found?;
                 let count = found.len();
                 for watch in found {
                     act.watch(watch, 0, ctx);
                 }
                 Ok(count)
-            },
-        ))
+            }),
+        )
     }
 }
 

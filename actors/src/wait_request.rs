@@ -57,7 +57,11 @@ impl WaitSpec {
     }
 
     /// A permission request: `permission` on `resource`.
-    pub fn permission(prompt: &str, permission: &str, resource: Option<&str>) -> Result<Self, String> {
+    pub fn permission(
+        prompt: &str,
+        permission: &str,
+        resource: Option<&str>,
+    ) -> Result<Self, String> {
         let request = serde_json::json!({"permission": permission, "resource": resource});
         Self::structured(openprogram_storage::WaitKind::Permission, prompt, &request)
     }
@@ -77,7 +81,10 @@ impl WaitSpec {
 
     /// W-7: the tool this approval guards, if its request names one.
     pub fn tool(&self) -> Option<String> {
-        WaitRequest::from_text(self.request.as_deref()?).ok().flatten()?.tool
+        WaitRequest::from_text(self.request.as_deref()?)
+            .ok()
+            .flatten()?
+            .tool
     }
 
     /// W-8: past `timeout` from its opening, the wait is `expired` (never an approval) and
@@ -216,7 +223,11 @@ impl WaitRequest {
         if self.tool.is_some() && !self.items.is_empty() {
             return Err("`tool` belongs to an approval, which has no items".into());
         }
-        if self.tool.as_ref().is_some_and(|tool| tool.is_empty() || tool.len() > NAME_BYTES_MAX) {
+        if self
+            .tool
+            .as_ref()
+            .is_some_and(|tool| tool.is_empty() || tool.len() > NAME_BYTES_MAX)
+        {
             return Err(format!("a tool name is 1 to {NAME_BYTES_MAX} bytes"));
         }
         if self.resource.is_some() && self.permission.is_none() {
@@ -254,9 +265,7 @@ impl WaitRequest {
             let mut options = std::collections::BTreeSet::new();
             for option in &item.options {
                 if option.is_empty() || option.len() > NAME_BYTES_MAX {
-                    return Err(named(&format!(
-                        "an option is 1 to {NAME_BYTES_MAX} bytes"
-                    )));
+                    return Err(named(&format!("an option is 1 to {NAME_BYTES_MAX} bytes")));
                 }
                 if !options.insert(option) {
                     return Err(named(&format!("option `{option}` is listed twice")));
@@ -377,9 +386,11 @@ impl Item {
                 if let Some(min) = self.min.as_ref().filter(|_| self.min_f64() > Some(number)) {
                     return Err(self.invalid(format!("below the minimum {min}")));
                 }
-                if let Some(max) = self.max.as_ref().filter(|_| {
-                    self.max_f64().is_some_and(|max| number > max)
-                }) {
+                if let Some(max) = self
+                    .max
+                    .as_ref()
+                    .filter(|_| self.max_f64().is_some_and(|max| number > max))
+                {
                     return Err(self.invalid(format!("above the maximum {max}")));
                 }
                 Ok(())
@@ -463,7 +474,11 @@ mod tests {
         assert_eq!(field_of(with("checks", json!([]))), "checks", "required");
         assert_eq!(field_of(with("checks", json!("lint"))), "checks", "a list");
         assert_eq!(field_of(with("why", json!("too long"))), "why");
-        assert_eq!(field_of(with("replicas", json!(11))), "replicas", "above max");
+        assert_eq!(
+            field_of(with("replicas", json!(11))),
+            "replicas",
+            "above max"
+        );
         assert_eq!(field_of(with("replicas", json!(2.5))), "replicas", "whole");
         assert_eq!(field_of(with("ratio", json!(1.5))), "ratio");
         assert_eq!(field_of(with("notify", json!("yes"))), "notify");

@@ -7,8 +7,8 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 
-use super::Api;
 use super::error::ApiError;
+use super::Api;
 use crate::MessagesQuery;
 
 /// The query; an unknown field is refused.

@@ -427,7 +427,12 @@ fn w6_a_person_answers_a_structured_question_in_the_page() {
         json!({"env": "prod", "checks": ["test"], "replicas": 3, "note": "after lunch"}),
         "the answer as the page sent it"
     );
-    let (status, all) = serve.call("GET", &format!("/v1/sessions/{sid}/executions"), token, None);
+    let (status, all) = serve.call(
+        "GET",
+        &format!("/v1/sessions/{sid}/executions"),
+        token,
+        None,
+    );
     assert_eq!(status, 200, "{all}");
     let second = all
         .as_array()

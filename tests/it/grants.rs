@@ -18,7 +18,11 @@ fn guarded(sink: &std::path::Path, line: &str) -> Vec<Value> {
     ]
 }
 
-async fn start(runtime: &Runtime, session: openprogram::storage::SessionId, script: Vec<Value>) -> ExecutionId {
+async fn start(
+    runtime: &Runtime,
+    session: openprogram::storage::SessionId,
+    script: Vec<Value>,
+) -> ExecutionId {
     let request = StartRequest {
         message: "append".into(),
         script: elements(script),
@@ -31,7 +35,11 @@ async fn start(runtime: &Runtime, session: openprogram::storage::SessionId, scri
         .execution_id
 }
 
-async fn command(harness: &Harness, execution: ExecutionId, body: Value) -> openprogram::CommandReply {
+async fn command(
+    harness: &Harness,
+    execution: ExecutionId,
+    body: Value,
+) -> openprogram::CommandReply {
     harness
         .runtime
         .command(harness.session, execution, command_of(body))
@@ -48,31 +56,70 @@ async fn w7_a_session_grant_approves_the_tool_across_the_session_until_revoked()
     let first = harness.start(guarded(&sink, "a"), None).await;
     let waiting = harness.wait_for_state(first, "waiting").await;
     let grant: WaitId = waiting.waits[0].wait_id;
-    assert_eq!(waiting.waits[0].request.as_ref().expect("request")["tool"], "append");
-    let applied = command(&harness, first, json!({"command_id": CommandId::new(), "kind": "answer",
-        "wait_id": grant, "answer": "yes", "scope": "session"}))
+    assert_eq!(
+        waiting.waits[0].request.as_ref().expect("request")["tool"],
+        "append"
+    );
+    let applied = command(
+        &harness,
+        first,
+        json!({"command_id": CommandId::new(), "kind": "answer",
+        "wait_id": grant, "answer": "yes", "scope": "session"}),
+    )
     .await;
     assert_eq!(applied.status, "applied", "{applied:?}");
     let done = harness.wait_for_state(first, "completed").await;
     assert_eq!(done.grants.len(), 1);
-    assert_eq!((done.grants[0].scope, done.grants[0].revoked), ("session", false));
-    let appended = done.receipts.iter().find(|receipt| receipt.tool == "append").expect("append");
-    assert_eq!(appended.grant, Some(grant), "the receipt keeps its approval");
+    assert_eq!(
+        (done.grants[0].scope, done.grants[0].revoked),
+        ("session", false)
+    );
+    let appended = done
+        .receipts
+        .iter()
+        .find(|receipt| receipt.tool == "append")
+        .expect("append");
+    assert_eq!(
+        appended.grant,
+        Some(grant),
+        "the receipt keeps its approval"
+    );
 
     // Another execution of the session: no wait; its receipt keeps the grant it ran on.
     let second = start(&harness.runtime, harness.session, guarded(&sink, "b")).await;
     let done = harness.wait_for_state(second, "completed").await;
     assert!(done.waits.is_empty(), "{done:?}");
-    let appended = done.receipts.iter().find(|receipt| receipt.tool == "append").expect("append");
+    let appended = done
+        .receipts
+        .iter()
+        .find(|receipt| receipt.tool == "append")
+        .expect("append");
     assert_eq!(appended.grant, Some(grant));
-    let used = harness.events(second).iter().find_map(|envelope| match &envelope.event {
-        Event::GrantUsed { grant_id, session_version, .. } => Some((*grant_id, *session_version)),
-        _ => None,
-    });
-    assert_eq!(used, Some((grant, Some(1))), "relied on the session record at version 1");
+    let used = harness
+        .events(second)
+        .iter()
+        .find_map(|envelope| match &envelope.event {
+            Event::GrantUsed {
+                grant_id,
+                session_version,
+                ..
+            } => Some((*grant_id, *session_version)),
+            _ => None,
+        });
+    assert_eq!(
+        used,
+        Some((grant, Some(1))),
+        "relied on the session record at version 1"
+    );
     let messages = harness
         .runtime
-        .messages(harness.session, &openprogram::MessagesQuery { execution: Some(second), ..Default::default() })
+        .messages(
+            harness.session,
+            &openprogram::MessagesQuery {
+                execution: Some(second),
+                ..Default::default()
+            },
+        )
         .expect("messages");
     let blocks = serde_json::to_value(&messages.messages[0].blocks).expect("json");
     assert_eq!(blocks[0]["type"], "grant", "{blocks}");
@@ -84,8 +131,12 @@ async fn w7_a_session_grant_approves_the_tool_across_the_session_until_revoked()
     wait_state(&harness.runtime, other_session, elsewhere, "waiting").await;
 
     // Revoked by the execution that gave it (it ended already): nothing approves any more.
-    let revoked = command(&harness, first, json!({"command_id": CommandId::new(), "kind": "revoke",
-        "grant_id": grant}))
+    let revoked = command(
+        &harness,
+        first,
+        json!({"command_id": CommandId::new(), "kind": "revoke",
+        "grant_id": grant}),
+    )
     .await;
     assert_eq!(revoked.status, "applied", "{revoked:?}");
     let after = harness.snapshot(first).await;
@@ -95,12 +146,23 @@ async fn w7_a_session_grant_approves_the_tool_across_the_session_until_revoked()
     let third = harness.wait_for_state(third, "waiting").await;
     assert_eq!(third.waits[0].status, "open", "a new wait after the revoke");
     // Revoked twice: refused, nothing changes.
-    let again = command(&harness, first, json!({"command_id": CommandId::new(), "kind": "revoke",
-        "grant_id": grant}))
+    let again = command(
+        &harness,
+        first,
+        json!({"command_id": CommandId::new(), "kind": "revoke",
+        "grant_id": grant}),
+    )
     .await;
-    assert_eq!((again.status, again.code.as_deref()), ("rejected", Some("not_available")));
+    assert_eq!(
+        (again.status, again.code.as_deref()),
+        ("rejected", Some("not_available"))
+    );
     let lines = std::fs::read_to_string(&sink).expect("sink");
-    assert_eq!(lines.lines().count(), 2, "a and b ran, c and d wait: {lines}");
+    assert_eq!(
+        lines.lines().count(),
+        2,
+        "a and b ran, c and d wait: {lines}"
+    );
 }
 
 #[tokio::test]
@@ -114,22 +176,44 @@ async fn w7_a_tool_grant_stays_in_its_execution_and_an_operation_answer_approves
     let execution = harness.start(script, None).await;
     let waiting = harness.wait_for_state(execution, "waiting").await;
     let grant = waiting.waits[0].wait_id;
-    command(&harness, execution, json!({"command_id": CommandId::new(), "kind": "answer",
-        "wait_id": grant, "answer": "", "scope": "tool"}))
+    command(
+        &harness,
+        execution,
+        json!({"command_id": CommandId::new(), "kind": "answer",
+        "wait_id": grant, "answer": "", "scope": "tool"}),
+    )
     .await;
     let done = harness.wait_for_state(execution, "completed").await;
-    assert_eq!(done.waits.len(), 1, "the second append ran on the grant: {done:?}");
-    let grants: Vec<_> = done.receipts.iter().filter_map(|receipt| receipt.grant).collect();
+    assert_eq!(
+        done.waits.len(),
+        1,
+        "the second append ran on the grant: {done:?}"
+    );
+    let grants: Vec<_> = done
+        .receipts
+        .iter()
+        .filter_map(|receipt| receipt.grant)
+        .collect();
     assert_eq!(grants, [grant, grant]);
     // The session was not granted anything.
     let other = start(&harness.runtime, harness.session, guarded(&sink, "c")).await;
     harness.wait_for_state(other, "waiting").await;
     let snapshot = harness.snapshot(other).await;
     let wait = snapshot.waits[0].wait_id;
-    command(&harness, other, json!({"command_id": CommandId::new(), "kind": "answer",
-        "wait_id": wait, "answer": "ok"}))
+    command(
+        &harness,
+        other,
+        json!({"command_id": CommandId::new(), "kind": "answer",
+        "wait_id": wait, "answer": "ok"}),
+    )
     .await;
     let done = harness.wait_for_state(other, "completed").await;
-    assert_eq!(done.receipts.iter().filter_map(|receipt| receipt.grant).count(), 1);
+    assert_eq!(
+        done.receipts
+            .iter()
+            .filter_map(|receipt| receipt.grant)
+            .count(),
+        1
+    );
     assert!(done.grants.is_empty(), "an operation answer grants nothing");
 }

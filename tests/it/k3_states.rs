@@ -197,12 +197,19 @@ pub(crate) async fn ended(
 /// it names is new each time: a grant of an earlier build would approve it without a wait.
 pub(crate) async fn granted(world: &mut World) -> ExecutionId {
     let tool = format!("echo-{}", uuid::Uuid::new_v4());
-    let script = vec![json!({"ask": "echo?", "tool": tool}), echo("a"), reply("done")];
+    let script = vec![
+        json!({"ask": "echo?", "tool": tool}),
+        echo("a"),
+        reply("done"),
+    ];
     let execution = world.start(script, None, false).await;
     let waiting = world.until_state(execution, "waiting").await;
     let wait = waiting.waits[0].wait_id;
     world
-        .send(execution, json!({"kind": "answer", "wait_id": wait, "answer": "", "scope": "session"}))
+        .send(
+            execution,
+            json!({"kind": "answer", "wait_id": wait, "answer": "", "scope": "session"}),
+        )
         .await;
     world.until_state(execution, "completed").await;
     world.maybe_restart().await;

@@ -477,8 +477,10 @@ impl World {
                 .await;
             }
             CommandKind::Revoke => {
-                self.until(execution, &case, |now| now.grants.iter().all(|grant| grant.revoked))
-                    .await;
+                self.until(execution, &case, |now| {
+                    now.grants.iter().all(|grant| grant.revoked)
+                })
+                .await;
             }
             CommandKind::StopProcess => {
                 self.until(execution, &case, |now| {

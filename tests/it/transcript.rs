@@ -45,9 +45,18 @@ async fn c1_an_assistant_message_holds_what_the_turn_produced_in_order() {
     let execution = harness.start(script, None).await;
     let waiting = harness.wait_for_state(execution, "waiting").await;
     let wait_id = waiting.waits[0].wait_id;
-    command(&harness, execution, json!({"command_id": CommandId::new(), "kind": "steer", "text": "be brief"})).await;
-    command(&harness, execution, json!({"command_id": CommandId::new(), "kind": "answer",
-        "wait_id": wait_id, "answer": {"pick": "y"}}))
+    command(
+        &harness,
+        execution,
+        json!({"command_id": CommandId::new(), "kind": "steer", "text": "be brief"}),
+    )
+    .await;
+    command(
+        &harness,
+        execution,
+        json!({"command_id": CommandId::new(), "kind": "answer",
+        "wait_id": wait_id, "answer": {"pick": "y"}}),
+    )
     .await;
     harness.wait_for_state(execution, "completed").await;
 
@@ -65,7 +74,16 @@ async fn c1_an_assistant_message_holds_what_the_turn_produced_in_order() {
         .collect();
     assert_eq!(
         kinds,
-        ["reasoning", "reasoning", "text", "tool_call", "wait", "steer", "tool_call", "reasoning"],
+        [
+            "reasoning",
+            "reasoning",
+            "text",
+            "tool_call",
+            "wait",
+            "steer",
+            "tool_call",
+            "reasoning"
+        ],
         "{:#?}",
         blocks(assistant)
     );
@@ -80,8 +98,14 @@ async fn c1_an_assistant_message_holds_what_the_turn_produced_in_order() {
     assert_eq!(all[5]["text"], "be brief", "the steer where it arrived");
     assert_eq!(all[6]["args"]["text"], "b");
     assert_eq!(all[7]["text"], "last thought");
-    let seqs: Vec<u64> = all.iter().map(|block| block["seq"].as_u64().expect("seq")).collect();
-    assert!(seqs.windows(2).all(|pair| pair[0] <= pair[1]), "in log order: {seqs:?}");
+    let seqs: Vec<u64> = all
+        .iter()
+        .map(|block| block["seq"].as_u64().expect("seq"))
+        .collect();
+    assert!(
+        seqs.windows(2).all(|pair| pair[0] <= pair[1]),
+        "in log order: {seqs:?}"
+    );
 }
 
 #[tokio::test]
@@ -109,7 +133,14 @@ async fn c1_pages_follow_the_graph_and_changes_come_by_cursor() {
     let mut read = Vec::new();
     let mut after = None;
     loop {
-        let next = page(&harness, MessagesQuery { after, limit: Some(2), ..Default::default() });
+        let next = page(
+            &harness,
+            MessagesQuery {
+                after,
+                limit: Some(2),
+                ..Default::default()
+            },
+        );
         assert!(next.messages.len() <= 4);
         read.extend(next.messages);
         match next.next {
@@ -123,13 +154,29 @@ async fn c1_pages_follow_the_graph_and_changes_come_by_cursor() {
         .collect();
     assert_eq!(texts, expected);
     for pair in read.windows(2) {
-        assert_eq!(pair[1].parent_id, Some(pair[0].message_id), "one chain of messages");
+        assert_eq!(
+            pair[1].parent_id,
+            Some(pair[0].message_id),
+            "one chain of messages"
+        );
     }
     // Changes after a cursor: nothing new, then the one turn that moved.
-    let since = page(&harness, MessagesQuery { changed_after: Some(0), ..Default::default() });
+    let since = page(
+        &harness,
+        MessagesQuery {
+            changed_after: Some(0),
+            ..Default::default()
+        },
+    );
     let cursor = since.changed_through.expect("a cursor");
     assert_eq!(since.messages.len(), 10);
-    let quiet = page(&harness, MessagesQuery { changed_after: Some(cursor), ..Default::default() });
+    let quiet = page(
+        &harness,
+        MessagesQuery {
+            changed_after: Some(cursor),
+            ..Default::default()
+        },
+    );
     assert!(quiet.messages.is_empty());
     let request = StartRequest {
         message: "turn 5".into(),
@@ -137,22 +184,50 @@ async fn c1_pages_follow_the_graph_and_changes_come_by_cursor() {
         script: elements(vec![reply("answer 5")]),
         ..Default::default()
     };
-    let started = harness.runtime.start_execution(harness.session, request).await.expect("start");
-    harness.wait_for_state(started.execution_id, "completed").await;
-    let moved = page(&harness, MessagesQuery { changed_after: Some(cursor), ..Default::default() });
-    let texts: Vec<&str> = moved.messages.iter().map(|message| message.text.as_str()).collect();
+    let started = harness
+        .runtime
+        .start_execution(harness.session, request)
+        .await
+        .expect("start");
+    harness
+        .wait_for_state(started.execution_id, "completed")
+        .await;
+    let moved = page(
+        &harness,
+        MessagesQuery {
+            changed_after: Some(cursor),
+            ..Default::default()
+        },
+    );
+    let texts: Vec<&str> = moved
+        .messages
+        .iter()
+        .map(|message| message.text.as_str())
+        .collect();
     assert_eq!(texts, ["turn 5", "answer 5"]);
     // A cursor that is not on the transcript, and a branch that is not there.
     let stranger = harness.runtime.messages(
         harness.session,
-        &MessagesQuery { after: Some(ExecutionId::new()), ..Default::default() },
+        &MessagesQuery {
+            after: Some(ExecutionId::new()),
+            ..Default::default()
+        },
     );
-    assert!(matches!(stranger, Err(openprogram::Error::InvalidRequest(_))), "{stranger:?}");
+    assert!(
+        matches!(stranger, Err(openprogram::Error::InvalidRequest(_))),
+        "{stranger:?}"
+    );
     let nowhere = harness.runtime.messages(
         harness.session,
-        &MessagesQuery { branch: Some(MessageId::new()), ..Default::default() },
+        &MessagesQuery {
+            branch: Some(MessageId::new()),
+            ..Default::default()
+        },
     );
-    assert!(matches!(nowhere, Err(openprogram::Error::NotFound)), "{nowhere:?}");
+    assert!(
+        matches!(nowhere, Err(openprogram::Error::NotFound)),
+        "{nowhere:?}"
+    );
 }
 
 #[tokio::test]
@@ -166,7 +241,10 @@ async fn c1_a_fork_reads_right_on_both_branches() {
         .events(original)
         .iter()
         .filter(|envelope| {
-            matches!(envelope.event, openprogram::storage::Event::CheckpointPublished { .. })
+            matches!(
+                envelope.event,
+                openprogram::storage::Event::CheckpointPublished { .. }
+            )
         })
         .map(|envelope| envelope.seq)
         .collect();
@@ -181,7 +259,12 @@ async fn c1_a_fork_reads_right_on_both_branches() {
         .await
         .expect("fork");
     let child = reply.execution_id.expect("child");
-    command(&harness, child, json!({"command_id": CommandId::new(), "kind": "continue"})).await;
+    command(
+        &harness,
+        child,
+        json!({"command_id": CommandId::new(), "kind": "continue"}),
+    )
+    .await;
     harness.wait_for_state(child, "completed").await;
 
     let activity = harness.runtime.activity(harness.session).expect("activity");
@@ -189,10 +272,20 @@ async fn c1_a_fork_reads_right_on_both_branches() {
     assert_eq!(branches.len(), 2, "{activity:#?}");
     let whole = page(&harness, MessagesQuery::default());
     let roles: Vec<&str> = whole.messages.iter().map(|message| message.role).collect();
-    assert_eq!(roles, ["user", "assistant", "assistant"], "the user message once");
+    assert_eq!(
+        roles,
+        ["user", "assistant", "assistant"],
+        "the user message once"
+    );
     let mut seen = Vec::new();
     for branch in branches {
-        let read = page(&harness, MessagesQuery { branch: Some(branch), ..Default::default() });
+        let read = page(
+            &harness,
+            MessagesQuery {
+                branch: Some(branch),
+                ..Default::default()
+            },
+        );
         assert_eq!(read.messages.len(), 2, "{read:#?}");
         assert_eq!(read.messages[0].text, "test");
         let assistant = &read.messages[1];
@@ -200,11 +293,22 @@ async fn c1_a_fork_reads_right_on_both_branches() {
             .iter()
             .filter(|block| block["type"] == "tool_call")
             .map(|block| {
-                let inherited = if block["inherited"] == true { " inherited" } else { "" };
-                format!("{}{inherited} {}", block["args"]["text"], block["receipt"]["status"])
+                let inherited = if block["inherited"] == true {
+                    " inherited"
+                } else {
+                    ""
+                };
+                format!(
+                    "{}{inherited} {}",
+                    block["args"]["text"], block["receipt"]["status"]
+                )
             })
             .collect();
-        seen.push((assistant.execution_id, calls, assistant.forked_from.is_some()));
+        seen.push((
+            assistant.execution_id,
+            calls,
+            assistant.forked_from.is_some(),
+        ));
     }
     seen.sort_by_key(|(execution, ..)| *execution == child);
     assert_eq!(seen[0].0, original);
@@ -212,7 +316,13 @@ async fn c1_a_fork_reads_right_on_both_branches() {
     assert!(!seen[0].2);
     assert_eq!(seen[1].0, child);
     // The original decided both calls before the fork's checkpoint; the fork ran `b` itself.
-    assert_eq!(seen[1].1, [r#""a" inherited "confirmed""#, r#""b" inherited "confirmed""#]);
+    assert_eq!(
+        seen[1].1,
+        [
+            r#""a" inherited "confirmed""#,
+            r#""b" inherited "confirmed""#
+        ]
+    );
     assert!(seen[1].2);
 }
 
@@ -229,7 +339,14 @@ async fn c1_a_long_turn_is_read_on_from_where_a_message_stops() {
     let mut calls = assistant.blocks.len();
     let mut from = after;
     loop {
-        let more = page(&harness, MessagesQuery { execution: Some(execution), after_seq: from, ..Default::default() });
+        let more = page(
+            &harness,
+            MessagesQuery {
+                execution: Some(execution),
+                after_seq: from,
+                ..Default::default()
+            },
+        );
         let message = &more.messages[0];
         calls += message.blocks.len();
         match message.more_after_seq {
@@ -247,9 +364,14 @@ async fn c1_a_long_turn_is_read_on_from_where_a_message_stops() {
 fn c1_messages_over_http_refuse_unknown_fields_and_bad_ids() {
     let app = crate::http::TestServer::new();
     let session = app.session();
-    let started = app.start(&session, json!({"kind": "agent", "message": "hello", "script": [{"reply": "hi"}]}));
+    let started = app.start(
+        &session,
+        json!({"kind": "agent", "message": "hello", "script": [{"reply": "hi"}]}),
+    );
     let execution = started["execution_id"].as_str().expect("id").to_owned();
-    app.wait_for(&session, &execution, "completed", |s: &Value| s["state"] == "completed");
+    app.wait_for(&session, &execution, "completed", |s: &Value| {
+        s["state"] == "completed"
+    });
     let path = format!("/v1/sessions/{}/messages", session.0);
     let (status, body) = app.call("GET", &path, Some(&session.1), None);
     assert_eq!(status, 200, "{body}");
@@ -259,10 +381,17 @@ fn c1_messages_over_http_refuse_unknown_fields_and_bad_ids() {
     let (status, body) = app.call("GET", &format!("{path}?colour=red"), Some(&session.1), None);
     assert_eq!(status, 400, "{body}");
     let (status, body) = app.call("GET", &format!("{path}?after=nope"), Some(&session.1), None);
-    assert_eq!((status, body["code"].as_str()), (400, Some("invalid_request")), "{body}");
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (400, Some("invalid_request")),
+        "{body}"
+    );
     let other = app.session();
     let (status, _) = app.call("GET", &path, Some(&other.1), None);
-    assert_eq!(status, 401, "another session's token reads nothing of it (X-1)");
+    assert_eq!(
+        status, 401,
+        "another session's token reads nothing of it (X-1)"
+    );
 }
 
 #[tokio::test]
@@ -283,12 +412,20 @@ async fn c1_a_functions_steps_and_its_ask_are_blocks_of_its_message() {
         .expect("start");
     let execution = started.started.execution_id;
     let waiting = harness.wait_for_state(execution, "waiting").await;
-    command(&harness, execution, json!({"command_id": CommandId::new(), "kind": "answer",
-        "wait_id": waiting.waits[0].wait_id, "answer": "yes"}))
+    command(
+        &harness,
+        execution,
+        json!({"command_id": CommandId::new(), "kind": "answer",
+        "wait_id": waiting.waits[0].wait_id, "answer": "yes"}),
+    )
     .await;
     harness.wait_for_state(execution, "completed").await;
     let read = page(&harness, MessagesQuery::default());
-    assert!(read.messages[0].text.starts_with("steps {"), "{:?}", read.messages[0].text);
+    assert!(
+        read.messages[0].text.starts_with("steps {"),
+        "{:?}",
+        read.messages[0].text
+    );
     let summary: Vec<String> = blocks(&read.messages[1])
         .iter()
         .map(|block| match block["type"].as_str() {
@@ -299,6 +436,10 @@ async fn c1_a_functions_steps_and_its_ask_are_blocks_of_its_message() {
         .collect();
     assert_eq!(
         summary,
-        [r#"step "t1" "confirmed""#, r#"wait "answered""#, r#"step "t2" "confirmed""#]
+        [
+            r#"step "t1" "confirmed""#,
+            r#"wait "answered""#,
+            r#"step "t2" "confirmed""#
+        ]
     );
 }

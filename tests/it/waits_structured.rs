@@ -16,7 +16,10 @@ const TOKEN: &str = "waits-structured-token";
 fn start(served: &Served, script: Value) -> (String, String) {
     let (status, session) = served.call("POST", "/v1/sessions", Some(&json!({})));
     assert_eq!(status, 201, "{session}");
-    let sessions = format!("/v1/sessions/{}/executions", session["session_id"].as_str().expect("sid"));
+    let sessions = format!(
+        "/v1/sessions/{}/executions",
+        session["session_id"].as_str().expect("sid")
+    );
     let body = json!({"kind": "agent", "message": "m", "script": script, "max_iterations": 8});
     let (status, started) = served.call("POST", &sessions, Some(&body));
     assert_eq!(status, 201, "{started}");
@@ -67,26 +70,45 @@ fn w6_a_structured_question_survives_kill9_and_a_wrong_answer_changes_nothing() 
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     let served = Served::start(&data, TOKEN, &[], &[]);
-    let script = json!([question(), {"tool": "echo", "args": {"text": "deploying"}}, {"reply": "deployed"}]);
+    let script =
+        json!([question(), {"tool": "echo", "args": {"text": "deploying"}}, {"reply": "deployed"}]);
     let (path, _) = start(&served, script);
     let waiting = wait_for(&served, &path, "waiting", |s| s["state"] == "waiting");
     let wait = waiting["waits"][0].clone();
     assert_eq!(wait["kind"], "question", "{waiting}");
-    assert_eq!(wait["request"]["items"][0]["options"], json!(["staging", "prod"]));
+    assert_eq!(
+        wait["request"]["items"][0]["options"],
+        json!(["staging", "prod"])
+    );
     served.kill9();
 
     let served = Served::start(&data, TOKEN, &[], &[]);
     let after = wait_for(&served, &path, "waiting again", |s| s["state"] == "waiting");
-    assert_eq!(after["waits"][0], wait, "the same wait, with its request, after the kill");
+    assert_eq!(
+        after["waits"][0], wait,
+        "the same wait, with its request, after the kill"
+    );
     let version = after["version"].clone();
 
     let command_id = uuid::Uuid::new_v4().to_string();
     for (answer, field) in [
-        (json!({"env": "dev", "checks": ["lint"], "replicas": 2}), "env"),
-        (json!({"env": "prod", "checks": [], "replicas": 2}), "checks"),
-        (json!({"env": "prod", "checks": ["lint"], "replicas": 9}), "replicas"),
+        (
+            json!({"env": "dev", "checks": ["lint"], "replicas": 2}),
+            "env",
+        ),
+        (
+            json!({"env": "prod", "checks": [], "replicas": 2}),
+            "checks",
+        ),
+        (
+            json!({"env": "prod", "checks": ["lint"], "replicas": 9}),
+            "replicas",
+        ),
         (json!({"env": "prod", "checks": ["lint"]}), "replicas"),
-        (json!({"env": "prod", "checks": ["lint"], "replicas": 2, "colour": "red"}), "colour"),
+        (
+            json!({"env": "prod", "checks": ["lint"], "replicas": 2, "colour": "red"}),
+            "colour",
+        ),
         (json!("prod"), "answer"),
     ] {
         let body = json!({"command_id": command_id, "kind": "answer",
@@ -101,7 +123,11 @@ fn w6_a_structured_question_survives_kill9_and_a_wrong_answer_changes_nothing() 
     assert_eq!(unchanged["version"], version);
     assert_eq!(unchanged["waits"][0]["status"], "open");
     let session_path = path.split("/executions/").next().expect("session path");
-    let (status, _) = served.call("GET", &format!("{session_path}/commands/{command_id}"), None);
+    let (status, _) = served.call(
+        "GET",
+        &format!("{session_path}/commands/{command_id}"),
+        None,
+    );
     assert_eq!(status, 404, "a refused answer leaves no command record");
 
     // The same command id carries the corrected answer.
@@ -140,7 +166,10 @@ fn w8_a_deadline_that_passes_while_the_server_is_down_expires_the_wait_at_startu
         .find(|event| event["type"] == "wait_opened")
         .and_then(|event| event["at_ms"].as_u64())
         .expect("wait_opened");
-    assert!(deadline <= opened_at + 1500 && deadline + 1000 > opened_at + 1500, "{deadline} vs {opened_at}");
+    assert!(
+        deadline <= opened_at + 1500 && deadline + 1000 > opened_at + 1500,
+        "{deadline} vs {opened_at}"
+    );
     served.kill9();
     // The server is down past the deadline.
     while now_ms() <= deadline + 50 {
@@ -151,7 +180,10 @@ fn w8_a_deadline_that_passes_while_the_server_is_down_expires_the_wait_at_startu
     let expired = wait_for(&served, &path, "expired", |s| s["state"] == "paused");
     assert_eq!(expired["pause_reason"], "wait_expired", "{expired}");
     assert_eq!(expired["waits"][0]["status"], "expired");
-    assert!(!sink.exists(), "an expired approval never runs the operation");
+    assert!(
+        !sink.exists(),
+        "an expired approval never runs the operation"
+    );
     // A late answer to the expired wait approves nothing.
     let late = json!({"command_id": uuid::Uuid::new_v4().to_string(), "kind": "answer",
         "wait_id": first["wait_id"], "answer": "yes"});
@@ -193,9 +225,14 @@ fn w8_a_deadline_expires_a_wait_while_the_server_runs() {
     let wait = &expired["waits"][0];
     assert_eq!(wait["kind"], "permission");
     assert_eq!(wait["status"], "expired");
-    assert_eq!(wait["request"], json!({"permission": "network", "resource": "api.example.com"}));
+    assert_eq!(
+        wait["request"],
+        json!({"permission": "network", "resource": "api.example.com"})
+    );
     assert!(
-        !events(&served, &path).iter().any(|event| event["type"] == "control_applied"),
+        !events(&served, &path)
+            .iter()
+            .any(|event| event["type"] == "control_applied"),
         "nothing answered it"
     );
     served.stop();
@@ -246,7 +283,10 @@ async fn w6_a_functions_form_is_answered_through_the_same_commands() {
         let waiting = harness.wait_for_state(execution, "waiting").await;
         let wait = &waiting.waits[0];
         assert_eq!(wait.kind, "form");
-        assert_eq!(wait.request.as_ref().expect("request")["items"][0]["id"], "version");
+        assert_eq!(
+            wait.request.as_ref().expect("request")["items"][0]["id"],
+            "version"
+        );
         let body = if decline {
             json!({"command_id": uuid::Uuid::new_v4(), "kind": "decline", "wait_id": wait.wait_id})
         } else {
@@ -254,7 +294,11 @@ async fn w6_a_functions_form_is_answered_through_the_same_commands() {
                 "wait_id": wait.wait_id, "answer": {"version": "far too long a version"}});
             let refused = harness
                 .runtime
-                .command(harness.session, execution, crate::support::command_of(wrong))
+                .command(
+                    harness.session,
+                    execution,
+                    crate::support::command_of(wrong),
+                )
                 .await
                 .expect_err("refused");
             assert!(
@@ -270,12 +314,17 @@ async fn w6_a_functions_form_is_answered_through_the_same_commands() {
             .await
             .expect("command");
         let done = harness.wait_for_state(execution, "completed").await;
-        let status = if decline { WaitStatus::Declined } else { WaitStatus::Answered };
+        let status = if decline {
+            WaitStatus::Declined
+        } else {
+            WaitStatus::Answered
+        };
         assert_eq!(done.waits[0].status, status.as_str());
         outcomes.push(done.text);
     }
     let answered: Value = serde_json::from_str(&outcomes[0]).expect("json");
-    let answer: Value = serde_json::from_str(answered["answer"].as_str().expect("text")).expect("json");
+    let answer: Value =
+        serde_json::from_str(answered["answer"].as_str().expect("text")).expect("json");
     assert_eq!(answer, json!({"version": "1.2", "notify": true}));
     assert_eq!(outcomes[1], r#""declined""#);
 }
@@ -334,7 +383,10 @@ async fn w6_a_tools_live_question_checks_the_answer_before_the_call_sees_it() {
     .await;
     let wait = &asked.waits[0];
     assert_eq!(wait.kind, "live");
-    assert_eq!(wait.request.as_ref().expect("request")["items"][0]["id"], "colour");
+    assert_eq!(
+        wait.request.as_ref().expect("request")["items"][0]["id"],
+        "colour"
+    );
     let send = |answer: Value| {
         let body = json!({"command_id": uuid::Uuid::new_v4(), "kind": "answer",
             "wait_id": wait.wait_id, "answer": answer});
@@ -343,7 +395,9 @@ async fn w6_a_tools_live_question_checks_the_answer_before_the_call_sees_it() {
             .command(harness.session, execution, crate::support::command_of(body))
     };
     let refused = send(json!({"colour": "green"})).await.expect_err("refused");
-    assert!(matches!(refused, openprogram::Error::InvalidAnswer { ref field, .. } if field == "colour"));
+    assert!(
+        matches!(refused, openprogram::Error::InvalidAnswer { ref field, .. } if field == "colour")
+    );
     send(json!({"colour": "blue"})).await.expect("answered");
     harness.wait_for_state(execution, "completed").await;
     let events = harness.events(execution);

@@ -76,10 +76,7 @@ impl ExecutionActor {
                 // W-6: an answer that does not fit is refused like a malformed body: nothing
                 // recorded, so the same command id can carry a corrected answer.
                 Err(Rejection {
-                    refusal:
-                        Refusal::InvalidAnswer {
-                            field, message, ..
-                        },
+                    refusal: Refusal::InvalidAnswer { field, message, .. },
                     ..
                 }) if saved == Saved::WithDecision => {
                     return Box::pin(fut::ready(Err(Error::InvalidAnswer { field, message })))

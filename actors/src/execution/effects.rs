@@ -104,22 +104,24 @@ impl ExecutionActor {
                 .decide_decision(effect_id, decision, now_ms, session.as_ref());
         events.extend(usage);
         let submitted = self.submit_decided(events, Vec::new(), decision);
-        Box::pin(submitted.then(move |outcome, act, _ctx| match (outcome, again) {
-            (Ok(Outcome::SessionConflict { .. }), Some((decision, usage)))
-                if tries < SESSION_TRIES_MAX =>
-            {
-                act.decided_model(effect_id, decision, usage, tries + 1)
-            }
-            (outcome, _) => {
-                let result = outcome.and_then(|outcome| match outcome {
-                    Outcome::Committed(committed) => Ok(committed.version),
-                    other => Err(crate::Error::Internal(format!(
-                        "unexpected outcome {other:?}"
-                    ))),
-                });
-                Box::pin(ActorFutureExt::map(fut::ready(result), log_failure))
-            }
-        }))
+        Box::pin(
+            submitted.then(move |outcome, act, _ctx| match (outcome, again) {
+                (Ok(Outcome::SessionConflict { .. }), Some((decision, usage)))
+                    if tries < SESSION_TRIES_MAX =>
+                {
+                    act.decided_model(effect_id, decision, usage, tries + 1)
+                }
+                (outcome, _) => {
+                    let result = outcome.and_then(|outcome| match outcome {
+                        Outcome::Committed(committed) => Ok(committed.version),
+                        other => Err(crate::Error::Internal(format!(
+                            "unexpected outcome {other:?}"
+                        ))),
+                    });
+                    Box::pin(ActorFutureExt::map(fut::ready(result), log_failure))
+                }
+            }),
+        )
     }
 
     /// The call of a tool by this attempt: its effect, fencing epoch and handle.

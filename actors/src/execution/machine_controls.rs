@@ -230,10 +230,12 @@ impl Machine {
                     wall_used_ms: job.wall_used_ms,
                 }
             }
-            CommandKind::StopProcess | CommandKind::Retry | CommandKind::Revoke => Refusal::NotAvailable {
-                kind,
-                state: self.status(),
-            },
+            CommandKind::StopProcess | CommandKind::Retry | CommandKind::Revoke => {
+                Refusal::NotAvailable {
+                    kind,
+                    state: self.status(),
+                }
+            }
             _ if self.cancel_requested => Refusal::Cancelling { kind },
             _ => Refusal::NotAvailable {
                 kind,

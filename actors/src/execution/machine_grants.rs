@@ -161,11 +161,9 @@ impl Present {
         if *scope == AnswerScope::Discussion {
             return;
         }
-        let Some(wait) = self
-            .active_waits
-            .iter()
-            .find(|wait| wait.wait_id == *wait_id && wait.status.is_pending() && wait.live.is_none())
-        else {
+        let Some(wait) = self.active_waits.iter().find(|wait| {
+            wait.wait_id == *wait_id && wait.status.is_pending() && wait.live.is_none()
+        }) else {
             return;
         };
         if matches!(scope, AnswerScope::Tool | AnswerScope::Session) {

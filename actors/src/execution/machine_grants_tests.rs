@@ -70,7 +70,11 @@ fn w7_a_tool_scope_approves_that_tool_for_the_execution_and_nothing_wider() {
     let first = pending_wait(&machine);
     ctl(&mut machine, answer(first, AnswerScope::Tool), false);
     let effect = call(&mut machine, "append");
-    assert_eq!(machine.relied_on, vec![(effect, first)], "the receipt keeps its approval");
+    assert_eq!(
+        machine.relied_on,
+        vec![(effect, first)],
+        "the receipt keeps its approval"
+    );
 
     // The same tool again: no wait, the grant relied on, the call keeps it.
     let events = ask_for(&mut machine, "append", None);
@@ -85,7 +89,10 @@ fn w7_a_tool_scope_approves_that_tool_for_the_execution_and_nothing_wider() {
     let shell = pending_wait(&machine);
     ctl(&mut machine, answer(shell, AnswerScope::Operation), false);
     call(&mut machine, "shell");
-    assert!(grant_used(&ask_for(&mut machine, "shell", None)).is_none(), "never widens");
+    assert!(
+        grant_used(&ask_for(&mut machine, "shell", None)).is_none(),
+        "never widens"
+    );
     assert_eq!(machine.status(), Status::Waiting);
 }
 
@@ -102,9 +109,15 @@ fn w7_a_revoked_grant_never_approves_again() {
     assert!(grant_used(&ask_for(&mut machine, "append", None)).is_none());
     assert_eq!(machine.status(), Status::Waiting, "a new wait");
     let twice = control(&machine, Control::Revoke { grant_id: grant }, false);
-    assert_eq!(twice.map_err(|rejection| rejection.code()), Err("not_available"));
+    assert_eq!(
+        twice.map_err(|rejection| rejection.code()),
+        Err("not_available")
+    );
     let unknown = machine.decide_revoke(openprogram_storage::CommandId::new(), WaitId::new());
-    assert_eq!(unknown.map_err(|refusal| refusal.code()), Err("unknown_grant"));
+    assert_eq!(
+        unknown.map_err(|refusal| refusal.code()),
+        Err("unknown_grant")
+    );
 }
 
 #[test]
@@ -118,7 +131,13 @@ fn w7_a_session_grant_covers_the_sessions_other_executions_at_the_version_read()
         .session_after(&given, me, SessionRecord::default())
         .expect("a session grant");
     assert_eq!(session.grants.len(), 1);
-    assert_eq!((session.grants[0].tool.as_str(), session.grants[0].granted_by), ("append", me));
+    assert_eq!(
+        (
+            session.grants[0].tool.as_str(),
+            session.grants[0].granted_by
+        ),
+        ("append", me)
+    );
     ctl(&mut granting, given, false);
     let mut session = SessionRecord {
         version: 4,
@@ -131,7 +150,9 @@ fn w7_a_session_grant_covers_the_sessions_other_executions_at_the_version_read()
     assert_eq!(grant_used(&events), Some((grant, Some(4))));
     // Revoked by the execution that gave it: the record says so, and nothing approves.
     let revoke = Control::Revoke { grant_id: grant };
-    session = granting.session_after(&revoke, me, session).expect("revoked");
+    session = granting
+        .session_after(&revoke, me, session)
+        .expect("revoked");
     assert!(session.grants[0].revoked);
     let mut third = running(50);
     assert!(grant_used(&ask_for(&mut third, "append", Some(&session))).is_none());
@@ -141,7 +162,11 @@ fn w7_a_session_grant_covers_the_sessions_other_executions_at_the_version_read()
     ask_for(&mut own, "append", None);
     let wait = pending_wait(&own);
     assert!(own
-        .session_after(&answer(wait, AnswerScope::Tool), me, SessionRecord::default())
+        .session_after(
+            &answer(wait, AnswerScope::Tool),
+            me,
+            SessionRecord::default()
+        )
         .is_none());
 }
 
@@ -156,8 +181,8 @@ fn w7_a_tool_scope_needs_an_approval_that_names_a_tool() {
     let (events, _) = machine.decide_decision(effect_id, decision, 0, None);
     commit(&mut machine, &events);
     for scope in [AnswerScope::Tool, AnswerScope::Session] {
-        let refused = control(&machine, answer(wait_of(effect_id), scope), false)
-            .expect_err("refused");
+        let refused =
+            control(&machine, answer(wait_of(effect_id), scope), false).expect_err("refused");
         assert_eq!(refused.code(), "invalid_answer");
         assert!(
             matches!(&refused.refusal, Refusal::InvalidAnswer { field, .. } if field == "scope")

@@ -10,9 +10,8 @@
 //!   control, offered whatever the execution's state (P-2).
 
 use openprogram_storage::{
-    AnswerScope, AttemptId, CommandId, Control, Event, ExecutionId,
-    ExecutionState as Status, LiveBinding, ProcessId, ProcessState as ProcState, WaitId, WaitKind,
-    WaitRecord, WaitStatus,
+    AnswerScope, AttemptId, CommandId, Control, Event, ExecutionId, ExecutionState as Status,
+    LiveBinding, ProcessId, ProcessState as ProcState, WaitId, WaitKind, WaitRecord, WaitStatus,
 };
 
 use crate::execution::machine::{
@@ -140,10 +139,7 @@ impl Machine {
             request: expired.request.clone(),
             timeout_ms: expired.timeout_ms,
         };
-        let wait_id = WaitId::from_uuid(uuid::Uuid::new_v5(
-            command_id.as_uuid(),
-            b"reopened wait",
-        ));
+        let wait_id = WaitId::from_uuid(uuid::Uuid::new_v5(command_id.as_uuid(), b"reopened wait"));
         Some(self.open_wait(wait_id, &spec, now_ms, Some(expired.wait_id)))
     }
 
@@ -224,11 +220,13 @@ impl Machine {
                 let request = WaitRequest::from_text(request)
                     .map_err(|error| Refusal::Invalid(format!("wait {wait_id}: {error}")))?;
                 if let Some(request) = request {
-                    request.validate(answer).map_err(|invalid| Refusal::InvalidAnswer {
-                        wait_id,
-                        field: invalid.field,
-                        message: invalid.message,
-                    })?;
+                    request
+                        .validate(answer)
+                        .map_err(|invalid| Refusal::InvalidAnswer {
+                            wait_id,
+                            field: invalid.field,
+                            message: invalid.message,
+                        })?;
                 }
             }
         }

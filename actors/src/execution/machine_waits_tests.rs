@@ -375,7 +375,10 @@ fn w6_a_structured_question_keeps_its_request_and_checks_each_answer() {
     let (mut machine, wait_id) = asking_structured(1_000, 60_000);
     let opened = wait(&machine, wait_id);
     assert_eq!(opened.kind, WaitKind::Question);
-    assert!(opened.request.as_deref().is_some_and(|r| r.contains("replicas")));
+    assert!(opened
+        .request
+        .as_deref()
+        .is_some_and(|r| r.contains("replicas")));
     for (given, field) in [
         (r#"{"env": "dev"}"#, "env"),
         (r#"{"env": "prod", "replicas": 9}"#, "replicas"),
@@ -390,8 +393,16 @@ fn w6_a_structured_question_keeps_its_request_and_checks_each_answer() {
         }
         assert_eq!(refused.code(), "invalid_answer");
     }
-    assert_eq!(wait(&machine, wait_id).status, WaitStatus::Open, "nothing changed");
-    ctl(&mut machine, answer(wait_id, r#"{"env": "prod", "replicas": 2}"#), false);
+    assert_eq!(
+        wait(&machine, wait_id).status,
+        WaitStatus::Open,
+        "nothing changed"
+    );
+    ctl(
+        &mut machine,
+        answer(wait_id, r#"{"env": "prod", "replicas": 2}"#),
+        false,
+    );
     assert_eq!(wait(&machine, wait_id).status, WaitStatus::Answered);
     assert_eq!(machine.status(), Status::Running);
     // A decline takes no payload and declines the whole request.
@@ -423,8 +434,16 @@ fn w6_a_model_decision_with_a_request_that_breaks_its_rules_fails_the_call() {
 fn w8_a_deadline_runs_from_the_decision_and_expiry_never_approves() {
     let (mut machine, wait_id) = asking_structured(1_000, 5_000);
     assert_eq!(wait(&machine, wait_id).deadline_ms, Some(6_000));
-    assert_eq!(machine.decide_wait_expiry(wait_id, 5_999), None, "not yet due");
-    assert_eq!(machine.decide_wait_expiry(WaitId::new(), 9_000), None, "another wait");
+    assert_eq!(
+        machine.decide_wait_expiry(wait_id, 5_999),
+        None,
+        "not yet due"
+    );
+    assert_eq!(
+        machine.decide_wait_expiry(WaitId::new(), 9_000),
+        None,
+        "another wait"
+    );
     let events = machine.decide_wait_expiry(wait_id, 6_000).expect("due");
     let actions = commit(&mut machine, &events);
     assert!(actions.contains(&Action::Park));
@@ -432,13 +451,20 @@ fn w8_a_deadline_runs_from_the_decision_and_expiry_never_approves() {
     assert_eq!(machine.status(), Status::Paused);
     assert_eq!(machine.pause_reason.as_deref(), Some("wait_expired"));
     assert!(
-        !machine.context.iter().any(|turn| matches!(turn, Turn::WaitResolved { .. })),
+        !machine
+            .context
+            .iter()
+            .any(|turn| matches!(turn, Turn::WaitResolved { .. })),
         "the model is told nothing: no answer, no decline"
     );
     // A late answer approves nothing.
     let late = control(&machine, answer(wait_id, r#"{"env": "prod"}"#), false);
     assert!(late.is_err(), "{late:?}");
-    assert_eq!(machine.decide_wait_expiry(wait_id, 99_000), None, "expires once");
+    assert_eq!(
+        machine.decide_wait_expiry(wait_id, 99_000),
+        None,
+        "expires once"
+    );
 }
 
 #[test]
@@ -451,11 +477,19 @@ fn w8_continue_reopens_a_fresh_wait_with_a_new_deadline_that_an_answer_resolves(
     let fresh = machine.pending_wait().expect("a fresh wait").clone();
     assert_ne!(fresh.wait_id, first);
     assert_eq!(fresh.reopens, Some(first));
-    assert_eq!(fresh.deadline_ms, Some(25_000), "from the Continue, with the same timeout");
+    assert_eq!(
+        fresh.deadline_ms,
+        Some(25_000),
+        "from the Continue, with the same timeout"
+    );
     assert_eq!(fresh.request, wait(&machine, first).request);
     assert_eq!(fresh.checkpoint_seq, machine.checkpoint_seq);
     assert!(control(&machine, answer(first, r#"{"env": "prod"}"#), false).is_err());
-    ctl(&mut machine, answer(fresh.wait_id, r#"{"env": "prod"}"#), false);
+    ctl(
+        &mut machine,
+        answer(fresh.wait_id, r#"{"env": "prod"}"#),
+        false,
+    );
     assert_eq!(machine.status(), Status::Running);
     // An ordinary pause is continued as always: no wait is opened.
     let mut paused = running(50);
@@ -468,7 +502,11 @@ fn w8_continue_reopens_a_fresh_wait_with_a_new_deadline_that_an_answer_resolves(
 #[test]
 fn w8_an_answer_before_the_deadline_leaves_nothing_to_expire() {
     let (mut machine, wait_id) = asking_structured(1_000, 5_000);
-    ctl(&mut machine, answer(wait_id, r#"{"env": "staging"}"#), false);
+    ctl(
+        &mut machine,
+        answer(wait_id, r#"{"env": "staging"}"#),
+        false,
+    );
     assert_eq!(machine.decide_wait_expiry(wait_id, 10_000), None);
     // A function's ask finds the newest wait that re-opens the one it asked.
     let (mut asked, first) = asking_structured(0, 10);
@@ -477,6 +515,8 @@ fn w8_an_answer_before_the_deadline_leaves_nothing_to_expire() {
     ctl_at(&mut asked, Control::Continue, 100).expect("continue");
     let fresh = asked.pending_wait().expect("fresh").wait_id;
     let spec = WaitSpec::approval("again?");
-    let found = asked.decide_ask(first, &spec, 200).expect_err("asked before");
+    let found = asked
+        .decide_ask(first, &spec, 200)
+        .expect_err("asked before");
     assert_eq!(found.wait_id, fresh);
 }

@@ -8,6 +8,7 @@
 
 pub mod actor;
 pub mod commands;
+mod decision;
 mod effects;
 pub mod fork;
 mod function_run;
@@ -17,6 +18,7 @@ pub mod job_run;
 pub mod live;
 pub mod machine;
 mod machine_controls;
+mod machine_decide;
 mod machine_functions;
 pub mod machine_grants;
 mod machine_history;
@@ -38,6 +40,8 @@ mod machine_grants_tests;
 mod machine_restart_tests;
 #[cfg(test)]
 mod machine_sim;
+#[cfg(test)]
+mod machine_sim_checks;
 #[cfg(test)]
 mod machine_tests;
 #[cfg(test)]

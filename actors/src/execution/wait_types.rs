@@ -39,7 +39,6 @@ pub struct WaitState {
     pub reopens: Option<WaitId>,
 }
 
-
 /// What the call that asked a live question gets back (W-4).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LiveOutcome {

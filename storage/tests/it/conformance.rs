@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use openprogram_storage::{
     Blob, CommandId, CommandRecord, CommandStatus, EffectId, EventStore, ExecutionId,
-    ExecutionState, Outcome, ProjectionRecord, PurgeStep, ReceiptRecord, ReceiptStatus,
-    SessionId, Transition, Upsert,
+    ExecutionState, Outcome, ProjectionRecord, PurgeStep, ReceiptRecord, ReceiptStatus, SessionId,
+    Transition, Upsert,
 };
 
 use crate::support::*;

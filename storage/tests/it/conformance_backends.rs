@@ -63,4 +63,3 @@ macro_rules! suite {
         }
     };
 }
-

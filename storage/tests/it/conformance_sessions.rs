@@ -4,8 +4,8 @@
 //! many writers at the same version exactly one commits, and the record survives a reopen.
 
 use openprogram_storage::{
-    ExecutionState, Outcome, SessionGrant, SessionId, SessionRecord, SessionWrite,
-    Transition, WaitId,
+    ExecutionState, Outcome, SessionGrant, SessionId, SessionRecord, SessionWrite, Transition,
+    WaitId,
 };
 
 use crate::conformance_backends::Backend;
@@ -43,8 +43,11 @@ async fn s2_a_session_write_commits_with_its_transition_or_not_at_all(backend: &
         grants: vec![grant("shell", a)],
         ..SessionRecord::default()
     };
-    let first = Transition::new(a, vec![decided("grant")])
-        .with_session(write(session, 0, Some(granted.clone())));
+    let first = Transition::new(a, vec![decided("grant")]).with_session(write(
+        session,
+        0,
+        Some(granted.clone()),
+    ));
     committed(store.submit(first).await.expect("submit"));
     let stored = store.session(session).expect("read").expect("written");
     assert_eq!((stored.version, stored.session_id), (1, session));
@@ -52,20 +55,29 @@ async fn s2_a_session_write_commits_with_its_transition_or_not_at_all(backend: &
 
     // A stale version: neither the record nor the events are written.
     let events_before = all_events(&*store, a).len();
-    let stale = Transition::new(a, vec![decided("stale")])
-        .with_session(write(session, 0, Some(SessionRecord::default())));
+    let stale = Transition::new(a, vec![decided("stale")]).with_session(write(
+        session,
+        0,
+        Some(SessionRecord::default()),
+    ));
     assert_eq!(
         store.submit(stale).await.expect("submit"),
         Outcome::SessionConflict { current: 1 }
     );
     assert_eq!(all_events(&*store, a).len(), events_before);
-    assert_eq!(store.session(session).expect("read").expect("kept").grants, granted.grants);
+    assert_eq!(
+        store.session(session).expect("read").expect("kept").grants,
+        granted.grants
+    );
 
     // A check alone commits the transition and leaves the record as it was.
     let check = Transition::new(a, vec![decided("relied on the grant")])
         .with_session(write(session, 1, None));
     committed(store.submit(check).await.expect("submit"));
-    assert_eq!(store.session(session).expect("read").expect("kept").version, 1);
+    assert_eq!(
+        store.session(session).expect("read").expect("kept").version,
+        1
+    );
     let stale_check =
         Transition::new(a, vec![decided("stale check")]).with_session(write(session, 7, None));
     assert_eq!(
@@ -109,16 +121,17 @@ async fn s2_of_many_session_writers_at_one_version_exactly_one_commits(backend: 
         );
         executions.push(execution);
     }
-    let submissions = executions.iter().map(|execution| {
-        let record = SessionRecord {
-            foreground: Some(*execution),
-            ..SessionRecord::default()
-        };
-        store.submit(
-            Transition::new(*execution, vec![decided("take the foreground")])
-                .with_session(write(session, 0, Some(record))),
-        )
-    });
+    let submissions =
+        executions.iter().map(|execution| {
+            let record = SessionRecord {
+                foreground: Some(*execution),
+                ..SessionRecord::default()
+            };
+            store.submit(
+                Transition::new(*execution, vec![decided("take the foreground")])
+                    .with_session(write(session, 0, Some(record))),
+            )
+        });
     let outcomes = futures::future::join_all(submissions).await;
     let winners: Vec<_> = outcomes
         .iter()
