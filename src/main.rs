@@ -223,9 +223,13 @@ enum Command {
         /// answer: the answer text.
         #[arg(long)]
         answer: Option<String>,
-        /// answer: `operation` (default) or `discussion`.
+        /// answer: `operation` (default), `tool`, `session` (W-7) or `discussion`; a
+        /// structured answer is its JSON (`--answer '{"env": "prod"}'`).
         #[arg(long)]
         scope: Option<String>,
+        /// revoke: the approval that gave the grant (`wait_…`).
+        #[arg(long)]
+        grant: Option<String>,
         /// stop-process: the process id.
         #[arg(long)]
         process: Option<String>,
@@ -308,6 +312,7 @@ enum CtlKind {
     Fork,
     Retry,
     SetPolicy,
+    Revoke,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -506,6 +511,7 @@ fn main() -> ExitCode {
             expected_version,
             answer,
             scope,
+            grant,
             process,
             outcome,
             checkpoint,
@@ -527,6 +533,7 @@ fn main() -> ExitCode {
                 expected_version,
                 answer,
                 scope,
+                grant,
                 process,
                 outcome,
             };
@@ -629,6 +636,7 @@ fn ctl_kind(kind: CtlKind) -> &'static str {
         CtlKind::Fork => "fork",
         CtlKind::Retry => "retry",
         CtlKind::SetPolicy => "set_policy",
+        CtlKind::Revoke => "revoke",
     }
 }
 

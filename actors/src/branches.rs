@@ -95,6 +95,7 @@ impl Service {
                 revision: self.env().revision,
                 busy: false,
                 now_ms: self.env().clock.now_ms(),
+                session: None,
             };
             let body = command.body.clone();
             match machine.decide_command(
@@ -407,8 +408,10 @@ fn facts_of(
         version: head.version,
         revision,
         busy: false,
-        // Capabilities alone are read here: they do not depend on the time.
+        // Capabilities alone are read here: they do not depend on the time. The row's
+        // controls are the execution's own (a session grant's revoke is in its snapshot).
         now_ms: 0,
+        session: None,
     };
     let pending_wait = machine.pending_wait().is_some();
     let declined_wait = machine

@@ -302,7 +302,10 @@ impl Env {
 
     /// W-8: the pending durable wait of `machine` expires at its deadline, if it has one.
     pub fn watch_deadline(&self, execution_id: ExecutionId, machine: &Machine) {
-        let (Some(deadlines), Some(wait)) = (self.deadlines(), machine.pending_wait()) else {
+        let open = machine
+            .pending_wait()
+            .filter(|wait| wait.status == openprogram_storage::WaitStatus::Open);
+        let (Some(deadlines), Some(wait)) = (self.deadlines(), open) else {
             return;
         };
         if let Some(deadline_ms) = wait.deadline_ms {
@@ -311,6 +314,13 @@ impl Env {
                 wait_id: wait.wait_id,
                 deadline_ms,
             });
+        }
+    }
+
+    /// W-8: a wait with a deadline was resolved: its timer is not needed any more.
+    pub fn unwatch_deadline(&self, wait_id: openprogram_storage::WaitId) {
+        if let Some(deadlines) = self.deadlines() {
+            deadlines.do_send(crate::wait_deadlines::Unwatch { wait_id });
         }
     }
 

@@ -531,6 +531,16 @@ impl FunctionContext {
         ask_id: &str,
         spec: crate::wait_request::WaitSpec,
     ) -> Result<Option<String>, StepError> {
+        // A durable wait's request is checked before it is recorded: one no answer could fit
+        // is the body's error, never a wait nobody can answer.
+        if spec.kind == Some(openprogram_storage::WaitKind::Live) {
+            return Err(StepError::Failed(
+                "a function's ask is a durable wait, never a live question".into(),
+            ));
+        }
+        if let Some(request) = &spec.request {
+            crate::wait_request::WaitRequest::from_text(request).map_err(StepError::Failed)?;
+        }
         let asked = AskBoundary {
             ask_id: self.scoped(ask_id),
             spec,

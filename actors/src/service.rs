@@ -415,7 +415,10 @@ impl Service {
                 Snapshot::of(&head, &machine, self.env.revision)
             }
         };
-        let mut snapshot = snapshot.with_process_records(store);
+        let session = crate::snapshot::session_of(store, session_id);
+        let mut snapshot = snapshot
+            .with_process_records(store)
+            .with_session(session.as_deref());
         self.complete_job(&mut snapshot).await;
         // A running process's output is persisted now and then; its actor knows it now.
         for view in &mut snapshot.processes {

@@ -47,7 +47,8 @@ pub struct Snapshot {
     pub grants: Vec<GrantView>,
 }
 
-/// W-7: a grant an approval of this execution gave.
+/// W-7: a grant this execution may revoke: one its approvals gave for itself, or one of its
+/// session's (whichever execution gave it).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct GrantView {
     /// The approval (wait) that gave it: what `revoke` names.
@@ -56,6 +57,23 @@ pub struct GrantView {
     /// `tool` (this execution) or `session`.
     pub scope: &'static str,
     pub revoked: bool,
+    /// The execution whose approval gave it.
+    pub granted_by: openprogram_storage::ExecutionId,
+}
+
+/// W-7: a session's record, read for its grants (`None`: none, or unreadable: a reader then
+/// shows no session grant and offers no revoke of one).
+pub fn session_of(
+    store: &dyn EventStore,
+    session_id: openprogram_storage::SessionId,
+) -> Option<std::sync::Arc<openprogram_storage::SessionRecord>> {
+    match store.session(session_id) {
+        Ok(record) => record.map(std::sync::Arc::new),
+        Err(error) => {
+            tracing::warn!(%session_id, %error, "the session's record could not be read");
+            None
+        }
+    }
 }
 
 /// The `job` object of a Job's snapshot (SPEC §6).
@@ -222,8 +240,10 @@ impl Snapshot {
             version: head.version,
             revision,
             busy: false,
-            // Capabilities alone are read here: they do not depend on the time.
+            // Capabilities alone are read here: they do not depend on the time. The
+            // session's grants are added by `with_session`.
             now_ms: 0,
+            session: None,
         };
         Self {
             execution_id: head.execution_id,
@@ -249,14 +269,17 @@ impl Snapshot {
                 .collect(),
             text: machine.text.clone(),
             usage: machine.usage,
+            // Its own tool grants; the session's are added by `with_session`.
             grants: machine
                 .grants
                 .iter()
+                .filter(|grant| !grant.session)
                 .map(|grant| GrantView {
                     grant_id: grant.grant_id,
                     tool: grant.tool.clone(),
-                    scope: if grant.session { "session" } else { "tool" },
+                    scope: "tool",
                     revoked: grant.revoked,
+                    granted_by: head.execution_id,
                 })
                 .collect(),
             receipts: newest(&receipts)
@@ -343,6 +366,26 @@ impl FunctionView {
 impl Snapshot {
     /// Adds what only the process records hold: exit codes and output tails. A record or
     /// tail that cannot be read leaves its fields empty; the state stands.
+    /// W-7: the session's grants, and `revoke` among the controls while one stands.
+    pub fn with_session(mut self, session: Option<&openprogram_storage::SessionRecord>) -> Self {
+        let Some(session) = session else {
+            return self;
+        };
+        self.grants
+            .extend(session.grants.iter().map(|grant| GrantView {
+                grant_id: grant.grant_id,
+                tool: grant.tool.clone(),
+                scope: "session",
+                revoked: grant.revoked,
+                granted_by: grant.granted_by,
+            }));
+        let standing = session.grants.iter().any(|grant| !grant.revoked);
+        if standing && !self.capabilities.contains(&"revoke") {
+            self.capabilities.push("revoke");
+        }
+        self
+    }
+
     pub fn with_process_records(mut self, store: &dyn EventStore) -> Self {
         for view in &mut self.processes {
             let Ok(Some(record)) = store.process(view.process_id) else {

@@ -182,6 +182,7 @@ pub fn assistant_message(
         at_ms: events.first().map_or(0, |first| first.at_ms),
         forked_from: None,
         granted_next: None,
+        granted_tool: None,
     };
     for envelope in events {
         fold.event(envelope);
@@ -238,8 +239,10 @@ struct Fold {
     text: String,
     at_ms: u64,
     forked_from: Option<ForkedFrom>,
-    /// W-7: the approval or grant the next tool call runs on.
+    /// W-7: the approval or grant the next tool call runs on, and the tool it names (as the
+    /// machine keeps them: `Present::granted_next`, `granted_tool`).
     granted_next: Option<WaitId>,
+    granted_tool: Option<String>,
 }
 
 impl Fold {
@@ -387,6 +390,7 @@ impl Fold {
                 session_version,
             } => {
                 self.granted_next = Some(*grant_id);
+                self.granted_tool = Some(tool.clone());
                 self.push(
                     seq,
                     BlockBody::Grant {
@@ -406,12 +410,32 @@ impl Fold {
                     answer: given,
                     scope: granted,
                 } => {
-                    if let Some(BlockBody::Wait { answer, scope, .. }) = self.wait(*wait_id) {
+                    let mut approved = None;
+                    if let Some(BlockBody::Wait {
+                        answer,
+                        scope,
+                        kind,
+                        status,
+                        request,
+                        ..
+                    }) = self.wait(*wait_id)
+                    {
+                        // Only an open approval's answer approves the call after it.
+                        let approval = matches!(*kind, "approval" | "permission");
+                        if approval && *status == "open" {
+                            let tool = request
+                                .as_ref()
+                                .and_then(|request| request["tool"].as_str());
+                            approved = Some(tool.map(str::to_owned));
+                        }
                         *answer = Some(given.clone());
                         *scope = Some(granted.as_str());
                     }
                     if *granted != openprogram_storage::AnswerScope::Discussion {
-                        self.granted_next = Some(*wait_id);
+                        if let Some(tool) = approved {
+                            self.granted_next = Some(*wait_id);
+                            self.granted_tool = tool;
+                        }
                     }
                 }
                 Control::Steer { text } => self.push(seq, BlockBody::Steer { text: text.clone() }),
@@ -437,6 +461,7 @@ impl Fold {
             return;
         };
         let grant = self.granted_next.take();
+        let granted_tool = self.granted_tool.take();
         match decision {
             Decision::Tool {
                 tool,
@@ -451,6 +476,8 @@ impl Fold {
                     self.push(seq, BlockBody::Text { text });
                 }
                 let args = serde_json::from_str(args.get()).unwrap_or(Value::Null);
+                let grant =
+                    grant.filter(|_| granted_tool.as_ref().is_none_or(|named| *named == tool));
                 self.push(
                     seq,
                     BlockBody::ToolCall {

@@ -48,6 +48,13 @@ pub struct Watch {
     pub deadline_ms: u64,
 }
 
+/// `wait_id` was resolved before its deadline: its timer is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Message)]
+#[rtype(result = "()")]
+pub struct Unwatch {
+    pub wait_id: WaitId,
+}
+
 /// Reads every pending deadline from the store (once, after startup recovery).
 #[derive(Debug, Message)]
 #[rtype(result = "Result<usize>")]
@@ -70,6 +77,9 @@ pub struct WaitDeadlines {
     host: Weak<dyn DeadlineHost>,
     clock: Arc<dyn Clock>,
     watched: HashMap<WaitId, SpawnHandle>,
+    /// Waits whose expiry is being asked now: the activation it causes watches them again,
+    /// which must not set a second timer.
+    firing: std::collections::HashSet<WaitId>,
     expired: u64,
 }
 
@@ -88,12 +98,13 @@ impl WaitDeadlines {
             host,
             clock,
             watched: HashMap::new(),
+            firing: std::collections::HashSet::new(),
             expired: 0,
         }
     }
 
     fn watch(&mut self, watch: Watch, tries: u32, ctx: &mut Context<Self>) {
-        if self.watched.contains_key(&watch.wait_id) {
+        if self.watched.contains_key(&watch.wait_id) || self.firing.contains(&watch.wait_id) {
             return;
         }
         let after = Duration::from_millis(watch.deadline_ms.saturating_sub(self.clock.now_ms()));
@@ -106,12 +117,15 @@ impl WaitDeadlines {
         let Some(host) = self.host.upgrade() else {
             return;
         };
+        self.firing.insert(watch.wait_id);
         let expiry = host.expire_wait(watch.execution_id, watch.wait_id);
-        ctx.spawn(
-            fut::wrap_future::<_, Self>(expiry).map(move |outcome, act, ctx| match outcome {
+        ctx.spawn(fut::wrap_future::<_, Self>(expiry).map(move |outcome, act, ctx| {
+            act.firing.remove(&watch.wait_id);
+            match outcome {
                 Ok(true) => act.expired += 1,
-                // Resolved meanwhile, or not yet due by the execution's clock: an activation
-                // of the execution watches a deadline still pending again.
+                // Not yet due by the runtime's clock (a timer is not the clock): again.
+                Ok(false) if act.clock.now_ms() < watch.deadline_ms => act.watch(watch, tries, ctx),
+                // Resolved meanwhile: nothing to expire.
                 Ok(false) => {}
                 Err(crate::Error::Unavailable(_)) => {}
                 Err(error) if tries + 1 < TRIES_MAX => {
@@ -124,8 +138,8 @@ impl WaitDeadlines {
                 Err(error) => {
                     tracing::error!(execution_id = %watch.execution_id, wait_id = %watch.wait_id, %error, "a wait deadline could not expire its wait");
                 }
-            }),
-        );
+            }
+        }));
     }
 }
 
@@ -138,6 +152,16 @@ impl Handler<Watch> for WaitDeadlines {
 
     fn handle(&mut self, watch: Watch, ctx: &mut Context<Self>) {
         self.watch(watch, 0, ctx);
+    }
+}
+
+impl Handler<Unwatch> for WaitDeadlines {
+    type Result = ();
+
+    fn handle(&mut self, unwatch: Unwatch, ctx: &mut Context<Self>) {
+        if let Some(handle) = self.watched.remove(&unwatch.wait_id) {
+            ctx.cancel_future(handle);
+        }
     }
 }
 

@@ -130,12 +130,15 @@ async fn w7_a_session_grant_approves_the_tool_across_the_session_until_revoked()
     let elsewhere = start(&harness.runtime, other_session, guarded(&sink, "c")).await;
     wait_state(&harness.runtime, other_session, elsewhere, "waiting").await;
 
-    // Revoked by the execution that gave it (it ended already): nothing approves any more.
+    // Any execution of the session offers to revoke it; revoked through another than the one
+    // that gave it (both ended): nothing approves any more.
+    let offered = harness.snapshot(second).await;
+    assert!(offered.capabilities.contains(&"revoke"), "{offered:?}");
+    assert_eq!(offered.grants[0].granted_by, first);
     let revoked = command(
         &harness,
-        first,
-        json!({"command_id": CommandId::new(), "kind": "revoke",
-        "grant_id": grant}),
+        second,
+        json!({"command_id": CommandId::new(), "kind": "revoke", "grant_id": grant}),
     )
     .await;
     assert_eq!(revoked.status, "applied", "{revoked:?}");

@@ -476,9 +476,17 @@ impl World {
                 })
                 .await;
             }
+            // W-7: the grant the body named (the first standing one) is revoked.
             CommandKind::Revoke => {
+                let named = before
+                    .grants
+                    .iter()
+                    .find(|grant| !grant.revoked)
+                    .map(|grant| grant.grant_id);
                 self.until(execution, &case, |now| {
-                    now.grants.iter().all(|grant| grant.revoked)
+                    now.grants
+                        .iter()
+                        .any(|grant| Some(grant.grant_id) == named && grant.revoked)
                 })
                 .await;
             }

@@ -364,6 +364,7 @@ impl ExecutionActor {
                 Action::WatchDeadline { .. } => {
                     self.env.watch_deadline(self.execution_id, &self.machine)
                 }
+                Action::UnwatchDeadline { wait_id } => self.env.unwatch_deadline(wait_id),
                 Action::StopProcess { process_id } => self.stop_process(process_id, ctx),
                 Action::Enqueue
                 | Action::Dequeue

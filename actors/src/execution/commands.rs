@@ -30,6 +30,7 @@ impl ExecutionActor {
             revision: self.env.revision,
             busy: self.in_flight.is_some(),
             now_ms: self.env.clock.now_ms(),
+            session: crate::snapshot::session_of(self.env.store.as_ref(), self.head.session_id),
         }
     }
 
@@ -130,6 +131,10 @@ impl ExecutionActor {
                             let (accepted, command) = again;
                             return act.decide_command_try(accepted, command, saved, tries + 1);
                         }
+                        // Nothing was written: the same command id may be sent again.
+                        return Box::pin(fut::ready(Err(Error::Unavailable(
+                            "the session's record kept changing; send the command again".into(),
+                        ))));
                     }
                     let decided = act.command_outcome(outcome, record, claims, ctx);
                     Box::pin(fut::ready(decided))

@@ -149,9 +149,12 @@ pub struct Present {
     /// W-7: the grants this execution gave (`machine_grants.rs`).
     #[serde(default)]
     pub grants: Vec<super::machine_grants::Grant>,
-    /// W-7: the approval or grant the next tool call relies on.
+    /// W-7: the approval or grant the next tool call relies on, and the tool it names (an
+    /// approval naming none covers whatever the next call is).
     #[serde(default)]
     pub granted_next: Option<openprogram_storage::WaitId>,
+    #[serde(default)]
+    pub granted_tool: Option<String>,
 }
 
 impl std::ops::Deref for Machine {
@@ -377,7 +380,10 @@ impl Present {
             Event::WaitChanged { wait_id, status } => {
                 self.apply_wait_changed(*wait_id, *status, actions)
             }
-            Event::GrantUsed { grant_id, .. } => self.granted_next = Some(*grant_id),
+            Event::GrantUsed { grant_id, tool, .. } => {
+                self.granted_next = Some(*grant_id);
+                self.granted_tool = Some(tool.clone());
+            }
             Event::WaitDetails {
                 wait_id,
                 request,
@@ -535,11 +541,14 @@ impl Present {
             return;
         };
         self.iterations += 1;
-        // W-7: an approval or grant covers the one call decided right after it.
+        // W-7: an approval or grant covers the one call decided right after it, if it is a
+        // call of the tool it names.
         let granted = self.granted_next.take();
+        let granted_tool = self.granted_tool.take();
         if let Some(Decision::Tool { tool, args, .. }) = decision {
             let mut pending = PendingTool::new(tool_effect(*effect_id), tool.clone(), args.clone());
-            pending.grant = granted;
+            pending.grant =
+                granted.filter(|_| granted_tool.as_ref().is_none_or(|named| named == tool));
             self.pending_tool = Some(pending);
         }
         self.step_taken(actions);

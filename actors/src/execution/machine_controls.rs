@@ -42,7 +42,7 @@ impl Machine {
             }
         }
         // W-7: a grant it gave can be revoked whatever the execution's state.
-        if self.has_grant() {
+        if self.has_grant(at.session.as_deref()) {
             kinds.push(CommandKind::Revoke);
         }
         // A process has its own control, whatever the execution's state (P-2).
@@ -272,12 +272,14 @@ impl Machine {
         let (busy, kind) = (at.busy, control.kind());
         match control {
             Control::Answer { .. } | Control::Decline { .. } => {
-                return self.decide_wait_control(command_id, control)
+                return self.decide_wait_control(command_id, control, at.now_ms)
             }
             Control::StopProcess { process_id } => {
                 return self.decide_stop_process(command_id, process_id)
             }
-            Control::Revoke { grant_id } => return self.decide_revoke(command_id, grant_id),
+            Control::Revoke { grant_id } => {
+                return self.decide_revoke(command_id, grant_id, at.session.as_deref())
+            }
             _ => {}
         }
         let applied = Event::ControlApplied {

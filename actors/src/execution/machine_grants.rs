@@ -82,15 +82,30 @@ impl Machine {
         })
     }
 
-    /// W-7: `revoke` of a grant this execution gave and did not revoke yet.
+    /// W-7: `revoke` of a grant that stands: one of this execution's own, or one of its
+    /// session's (`session`, as read for the command), whichever execution gave it.
     pub(super) fn decide_revoke(
         &self,
         command_id: CommandId,
         grant_id: WaitId,
+        session: Option<&SessionRecord>,
     ) -> Result<Vec<Event>, Refusal> {
-        match self.grants.iter().find(|grant| grant.grant_id == grant_id) {
-            Some(grant) if grant.revoked => Err(Refusal::GrantRevoked { grant_id }),
-            Some(_) => Ok(vec![Event::ControlApplied {
+        let own = self
+            .grants
+            .iter()
+            .find(|grant| grant.grant_id == grant_id && !grant.session)
+            .map(|grant| grant.revoked);
+        let shared = session
+            .and_then(|session| {
+                session
+                    .grants
+                    .iter()
+                    .find(|grant| grant.grant_id == grant_id)
+            })
+            .map(|grant| grant.revoked);
+        match own.or(shared) {
+            Some(true) => Err(Refusal::GrantRevoked { grant_id }),
+            Some(false) => Ok(vec![Event::ControlApplied {
                 command_id,
                 control: Control::Revoke { grant_id },
             }]),
@@ -125,11 +140,11 @@ impl Machine {
                 Some(after)
             }
             Control::Revoke { grant_id } => {
-                let ours = self
+                if !session
                     .grants
                     .iter()
-                    .any(|grant| grant.grant_id == *grant_id && grant.session);
-                if !ours {
+                    .any(|grant| grant.grant_id == *grant_id)
+                {
                     return None;
                 }
                 let mut after = session;
@@ -144,9 +159,14 @@ impl Machine {
         }
     }
 
-    /// Whether a `revoke` has anything to revoke (K-3).
-    pub fn has_grant(&self) -> bool {
-        self.grants.iter().any(|grant| !grant.revoked)
+    /// Whether a `revoke` has anything to revoke (K-3): a grant of its own, or one of the
+    /// session's that stands.
+    pub fn has_grant(&self, session: Option<&SessionRecord>) -> bool {
+        let own = self
+            .grants
+            .iter()
+            .any(|grant| !grant.session && !grant.revoked);
+        own || session.is_some_and(|session| session.grants.iter().any(|grant| !grant.revoked))
     }
 }
 
@@ -166,17 +186,23 @@ impl Present {
         }) else {
             return;
         };
+        // Only an approval approves an operation; a question's answer approves nothing.
+        if !matches!(wait.kind, WaitKind::Approval | WaitKind::Permission) {
+            return;
+        }
+        let tool = wait.tool();
         if matches!(scope, AnswerScope::Tool | AnswerScope::Session) {
-            if let Some(tool) = wait.tool() {
+            if let Some(tool) = &tool {
                 self.grants.push(Grant {
                     grant_id: *wait_id,
-                    tool,
+                    tool: tool.clone(),
                     session: *scope == AnswerScope::Session,
                     revoked: false,
                 });
             }
         }
         self.granted_next = Some(*wait_id);
+        self.granted_tool = tool;
     }
 
     pub(super) fn apply_revoke(&mut self, grant_id: WaitId) {

@@ -113,7 +113,7 @@ fn w7_a_revoked_grant_never_approves_again() {
         twice.map_err(|rejection| rejection.code()),
         Err("not_available")
     );
-    let unknown = machine.decide_revoke(openprogram_storage::CommandId::new(), WaitId::new());
+    let unknown = machine.decide_revoke(openprogram_storage::CommandId::new(), WaitId::new(), None);
     assert_eq!(
         unknown.map_err(|refusal| refusal.code()),
         Err("unknown_grant")
@@ -148,11 +148,22 @@ fn w7_a_session_grant_covers_the_sessions_other_executions_at_the_version_read()
     let mut other = running(50);
     let events = ask_for(&mut other, "append", Some(&session));
     assert_eq!(grant_used(&events), Some((grant, Some(4))));
-    // Revoked by the execution that gave it: the record says so, and nothing approves.
+    // Any execution of the session may revoke it (the one that gave it may be purged).
+    let offered_to_other = |session: &SessionRecord| other.has_grant(Some(session));
+    assert!(offered_to_other(&session));
     let revoke = Control::Revoke { grant_id: grant };
-    session = granting
-        .session_after(&revoke, me, session)
+    let command = openprogram_storage::CommandId::new();
+    assert!(other.decide_revoke(command, grant, Some(&session)).is_ok());
+    session = other
+        .session_after(&revoke, ExecutionId::new(), session)
         .expect("revoked");
+    assert!(!offered_to_other(&session));
+    assert_eq!(
+        other
+            .decide_revoke(command, grant, Some(&session))
+            .map_err(|refusal| refusal.code()),
+        Err("grant_revoked")
+    );
     assert!(session.grants[0].revoked);
     let mut third = running(50);
     assert!(grant_used(&ask_for(&mut third, "append", Some(&session))).is_none());
@@ -168,6 +179,36 @@ fn w7_a_session_grant_covers_the_sessions_other_executions_at_the_version_read()
             SessionRecord::default()
         )
         .is_none());
+}
+
+#[test]
+fn w7_a_grant_covers_only_the_tool_it_names_and_a_question_approves_no_call() {
+    let mut machine = running(50);
+    ask_for(&mut machine, "append", None);
+    let grant = pending_wait(&machine);
+    ctl(&mut machine, answer(grant, AnswerScope::Tool), false);
+    // The model calls another tool than the one approved: it runs on no approval.
+    let other = call(&mut machine, "echo");
+    assert!(machine.relied_on.iter().all(|(effect, _)| *effect != other));
+    // A question answered approves no call either.
+    let effect_id = EffectId::new();
+    let decision = Decision::Ask {
+        prompt: "which?".into(),
+        wait: Some(AskDetails {
+            kind: AskKind::Question,
+            request: None,
+            timeout_ms: None,
+        }),
+    };
+    let (events, _) = machine.decide_decision(effect_id, decision, 0, None);
+    commit(&mut machine, &events);
+    ctl(
+        &mut machine,
+        answer(wait_of(effect_id), AnswerScope::Operation),
+        false,
+    );
+    let after = call(&mut machine, "echo");
+    assert!(machine.relied_on.iter().all(|(effect, _)| *effect != after));
 }
 
 #[test]

@@ -505,7 +505,7 @@ impl Sim {
             .map_or_else(EffectId::new, |unresolved| unresolved.effect_id);
         // A waiting execution is answered often: approvals and their grants get used.
         let waiting = self.machine.status() == Status::Waiting && rng.below(2) == 0;
-        let revoking = self.machine.has_grant() && rng.below(4) == 0;
+        let revoking = self.machine.has_grant(Some(&self.session)) && rng.below(4) == 0;
         let pick = match (waiting, revoking) {
             (true, _) => 5,
             (_, true) => 4,
@@ -568,6 +568,7 @@ impl Sim {
         };
         let mut at = super::machine_tests::at(&self.machine, busy);
         at.now_ms = self.now_ms;
+        at.session = Some(std::sync::Arc::new(self.session.clone()));
         let decided = self
             .machine
             .decide_command(command_id, control.into(), None, &at);

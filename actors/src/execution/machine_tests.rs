@@ -60,6 +60,7 @@ pub(super) fn at(machine: &Machine, busy: bool) -> CommandContext {
         revision: machine.revision_id.unwrap_or_default(),
         busy,
         now_ms: 0,
+        session: None,
     }
 }
 

@@ -267,6 +267,10 @@ pub enum Action {
         wait_id: openprogram_storage::WaitId,
         deadline_ms: u64,
     },
+    /// W-8: a wait with a deadline was resolved before it: its timer goes.
+    UnwatchDeadline {
+        wait_id: openprogram_storage::WaitId,
+    },
 }
 
 /// An input the execution refuses, with the controls it offers now (K-3).
@@ -293,7 +297,7 @@ impl Rejection {
 }
 
 /// What a command is decided against besides the machine: the facts only the shell knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CommandContext {
     /// The execution's version now (K-4).
     pub version: u64,
@@ -301,8 +305,12 @@ pub struct CommandContext {
     pub revision: RevisionId,
     /// An effect is in flight: a Pause waits for it, a Cancel aborts it.
     pub busy: bool,
-    /// The wall clock now: a Job's budget is charged by it (J-1).
+    /// The wall clock now: a Job's budget is charged by it (J-1), a wait's deadline passes
+    /// by it (W-8).
     pub now_ms: u64,
+    /// W-7: the session's record as read for this command: a session grant can be revoked
+    /// from any execution of the session. `None`: not read (no session grant offered).
+    pub session: Option<std::sync::Arc<openprogram_storage::SessionRecord>>,
 }
 
 /// A command the machine accepted, and what it leads to.

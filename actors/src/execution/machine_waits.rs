@@ -199,6 +199,7 @@ impl Machine {
         &self,
         command_id: CommandId,
         control: Control,
+        now_ms: u64,
     ) -> Result<Vec<Event>, Refusal> {
         let (wait_id, resolved) = match &control {
             Control::Answer { wait_id, .. } => (*wait_id, WaitStatus::Answered),
@@ -208,15 +209,24 @@ impl Machine {
         let Some(wait) = self.wait(wait_id) else {
             return Err(Refusal::UnknownWait { wait_id });
         };
+        // W-8: past its deadline a wait approves nothing, even before its expiry is written.
+        let due = wait.deadline_ms.is_some_and(|deadline| deadline <= now_ms);
+        if due && wait.status == WaitStatus::Open && wait.live.is_none() {
+            return Err(Refusal::WaitClosed {
+                wait_id,
+                status: WaitStatus::Expired.as_str(),
+            });
+        }
         // W-7: a tool or session scope needs an approval that names its tool.
         if let Control::Answer { scope, .. } = &control {
             if wait.status.is_pending() {
                 Machine::check_scope(wait, *scope)?;
             }
         }
-        // W-6: an answer fits its request, or nothing happens.
-        if let (Control::Answer { answer, .. }, Some(request)) = (&control, &wait.request) {
-            if wait.status.is_pending() {
+        // W-6: an answer fits its request, or nothing happens (a discussion reply is no
+        // answer to it: it approves nothing).
+        if let (Control::Answer { answer, scope, .. }, Some(request)) = (&control, &wait.request) {
+            if wait.status.is_pending() && *scope != AnswerScope::Discussion {
                 let request = WaitRequest::from_text(request)
                     .map_err(|error| Refusal::Invalid(format!("wait {wait_id}: {error}")))?;
                 if let Some(request) = request {
@@ -474,6 +484,9 @@ impl Present {
             return;
         };
         wait.status = status;
+        if wait.deadline_ms.is_some() && status != WaitStatus::Expired && !status.is_pending() {
+            actions.push(Action::UnwatchDeadline { wait_id });
+        }
         if status == WaitStatus::Expired && wait.live.is_none() {
             let expired = wait.clone();
             self.expired_wait = Some(expired);

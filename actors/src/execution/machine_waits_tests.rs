@@ -468,6 +468,27 @@ fn w8_a_deadline_runs_from_the_decision_and_expiry_never_approves() {
 }
 
 #[test]
+fn w8_an_answer_past_the_deadline_approves_nothing_even_before_the_expiry_is_written() {
+    let (machine, wait_id) = asking_structured(1_000, 5_000);
+    let mut late = machine.clone();
+    let refused =
+        ctl_at(&mut late, answer(wait_id, r#"{"env": "prod"}"#), 6_000).expect_err("late");
+    assert_eq!(refused.code(), "wait_closed");
+    assert_eq!(late, machine, "nothing changed");
+    let mut early = machine.clone();
+    ctl_at(&mut early, answer(wait_id, r#"{"env": "prod"}"#), 5_999).expect("in time");
+    assert_eq!(early.status(), Status::Running);
+    // A discussion reply is no answer to the request: not checked against it.
+    let mut discussed = machine;
+    let reply = Control::Answer {
+        wait_id,
+        answer: "what does prod mean here?".into(),
+        scope: AnswerScope::Discussion,
+    };
+    ctl_at(&mut discussed, reply, 2_000).expect("a discussion reply");
+}
+
+#[test]
 fn w8_continue_reopens_a_fresh_wait_with_a_new_deadline_that_an_answer_resolves() {
     let (mut machine, first) = asking_structured(1_000, 5_000);
     let events = machine.decide_wait_expiry(first, 7_000).expect("due");

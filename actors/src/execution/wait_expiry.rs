@@ -32,7 +32,8 @@ impl Handler<ExpireWait> for ExecutionActor {
                 },
             )));
         };
-        if self.epoch.is_none() {
+        let claims = self.epoch.is_none();
+        if claims {
             self.epoch = Some(self.lease.epoch);
             events.insert(
                 0,
@@ -44,7 +45,10 @@ impl Handler<ExpireWait> for ExecutionActor {
             );
         }
         AtomicResponse::new(Box::pin(self.commit(events, Vec::new()).map(
-            |committed, act, ctx| {
+            move |committed, act, ctx| {
+                if claims && committed.is_err() {
+                    act.epoch = None;
+                }
                 act.park_if_idle(ctx);
                 committed.map(|_| true)
             },
