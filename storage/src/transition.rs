@@ -51,6 +51,26 @@ pub struct SessionWrite {
     pub record: Option<SessionRecord>,
 }
 
+impl SessionWrite {
+    /// Every store's rule: the record must be at the version the writer read (`current`,
+    /// `None`: none yet), else `SessionConflict`; then the record to write, if any, at the
+    /// next version.
+    pub(crate) fn decide(
+        &self,
+        current: Option<&SessionRecord>,
+    ) -> std::result::Result<Option<SessionRecord>, Outcome> {
+        let version = current.map_or(0, |record| record.version);
+        if version != self.expected_version {
+            return Err(Outcome::SessionConflict { current: version });
+        }
+        Ok(self.record.clone().map(|mut record| {
+            record.session_id = self.session_id;
+            record.version = self.expected_version + 1;
+            record
+        }))
+    }
+}
+
 impl Transition {
     /// A transition of `execution_id` with the given events and nothing else.
     pub fn new(execution_id: ExecutionId, events: Vec<Event>) -> Self {

@@ -329,6 +329,23 @@ impl ExecutionActor {
         error
     }
 
+    /// A transition that moves the head of an execution with no running attempt (parked,
+    /// paused) claims one in the same transition: its `AttemptStarted` first. Only an attempt
+    /// may move the head. Whether it claimed (a failed commit must undo `epoch`).
+    pub(super) fn claim_in(&mut self, events: &mut Vec<Event>) -> bool {
+        if self.epoch.is_some() {
+            return false;
+        }
+        self.epoch = Some(self.lease.epoch);
+        let started = Event::AttemptStarted {
+            attempt_id: self.lease.attempt_id,
+            owner_id: self.env.owner,
+            epoch: self.lease.epoch,
+        };
+        events.insert(0, started);
+        true
+    }
+
     /// `submit` for transitions that carry no command: anything but a commit is an error.
     pub(super) fn commit(
         &mut self,

@@ -97,19 +97,10 @@ impl ExecutionActor {
         };
         // A control that changes the state of an execution with no running attempt (paused,
         // parked) starts one in the same transition: only an attempt may move the head.
-        let claims = self.epoch.is_none()
-            && events
-                .iter()
-                .any(|event| matches!(event, Event::StateChanged { .. }));
-        if claims {
-            self.epoch = Some(self.lease.epoch);
-            let started = Event::AttemptStarted {
-                attempt_id: self.lease.attempt_id,
-                owner_id: self.env.owner,
-                epoch: self.lease.epoch,
-            };
-            events.insert(0, started);
-        }
+        let moves = events
+            .iter()
+            .any(|event| matches!(event, Event::StateChanged { .. }));
+        let claims = moves && self.claim_in(&mut events);
         if saved == Saved::WithDecision {
             events.insert(
                 0,

@@ -114,17 +114,7 @@ impl Handler<ExpireQueued> for ExecutionActor {
             return AtomicResponse::new(Box::pin(fut::ready(Ok(false)).map(parked_after_job)));
         };
         // Only an attempt moves the head: the expiry claims one, in the same transition.
-        if self.epoch.is_none() {
-            self.epoch = Some(self.lease.epoch);
-            events.insert(
-                0,
-                Event::AttemptStarted {
-                    attempt_id: self.lease.attempt_id,
-                    owner_id: self.env.owner,
-                    epoch: self.lease.epoch,
-                },
-            );
-        }
+        self.claim_in(&mut events);
         AtomicResponse::new(Box::pin(self.commit(events, Vec::new()).map(
             |committed, act, ctx| {
                 let expired = committed.map(|_| act.machine.status() == Status::Expired);

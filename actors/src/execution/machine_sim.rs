@@ -320,6 +320,19 @@ impl Sim {
         head
     }
 
+    /// A new attempt's claim first in `events`, as the actor's `claim_in`.
+    fn claim(&mut self, events: &mut Vec<Event>) {
+        self.epoch += 1;
+        events.insert(
+            0,
+            Event::AttemptStarted {
+                attempt_id: AttemptId::new(),
+                owner_id: OwnerId::new(),
+                epoch: self.epoch,
+            },
+        );
+    }
+
     fn decide(&mut self, input: Input, context: &str) {
         if let Input::ModelDecided {
             effect_id,
@@ -372,7 +385,7 @@ impl Sim {
                 let pick = rng.below(if self.long { 70 } else { 7 });
                 // W-7: once a grant was given, the model asks for its tool again often.
                 let granted = !self.machine.grants.is_empty() || !self.session.grants.is_empty();
-                let pick = if granted && rng.below(3) == 0 {
+                let pick = if granted && rng.below(2) == 0 {
                     6
                 } else {
                     pick
@@ -470,15 +483,7 @@ impl Sim {
             "a wait expired before its deadline"
         );
         // As the actor does: a parked execution's expiry claims an attempt.
-        self.epoch += 1;
-        events.insert(
-            0,
-            Event::AttemptStarted {
-                attempt_id: AttemptId::new(),
-                owner_id: OwnerId::new(),
-                epoch: self.epoch,
-            },
-        );
+        self.claim(&mut events);
         self.commit(events, "expire");
         let expired = self.machine.wait(wait.wait_id).expect("the wait");
         assert_eq!(expired.status, openprogram_storage::WaitStatus::Expired);
@@ -505,7 +510,7 @@ impl Sim {
             .map_or_else(EffectId::new, |unresolved| unresolved.effect_id);
         // A waiting execution is answered often: approvals and their grants get used.
         let waiting = self.machine.status() == Status::Waiting && rng.below(2) == 0;
-        let revoking = self.machine.has_grant(Some(&self.session)) && rng.below(4) == 0;
+        let revoking = self.machine.has_grant(Some(&self.session)) && rng.below(8) == 0;
         let pick = match (waiting, revoking) {
             (true, _) => 5,
             (_, true) => 4,
@@ -597,15 +602,7 @@ impl Sim {
                     .iter()
                     .any(|e| matches!(e, Event::StateChanged { .. }))
             {
-                self.epoch += 1;
-                events.insert(
-                    0,
-                    Event::AttemptStarted {
-                        attempt_id: AttemptId::new(),
-                        owner_id: OwnerId::new(),
-                        epoch: self.epoch,
-                    },
-                );
+                self.claim(&mut events);
             }
             events.insert(0, accepted);
             // W-7: the session write the actor adds for this control, at the version read.

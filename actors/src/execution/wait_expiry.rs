@@ -5,7 +5,7 @@
 //! `wait_expired`. Split from `actor.rs`, whose shell it extends.
 
 use actix::prelude::*;
-use openprogram_storage::{Event, WaitId};
+use openprogram_storage::WaitId;
 
 use crate::error::Error;
 use crate::execution::actor::ExecutionActor;
@@ -32,18 +32,7 @@ impl Handler<ExpireWait> for ExecutionActor {
                 },
             )));
         };
-        let claims = self.epoch.is_none();
-        if claims {
-            self.epoch = Some(self.lease.epoch);
-            events.insert(
-                0,
-                Event::AttemptStarted {
-                    attempt_id: self.lease.attempt_id,
-                    owner_id: self.env.owner,
-                    epoch: self.lease.epoch,
-                },
-            );
-        }
+        let claims = self.claim_in(&mut events);
         AtomicResponse::new(Box::pin(self.commit(events, Vec::new()).map(
             move |committed, act, ctx| {
                 if claims && committed.is_err() {

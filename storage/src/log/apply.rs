@@ -109,18 +109,10 @@ impl Committer {
         }
         // Issue 37: the session record is where the transition read it, in this same write.
         let session_record = match &session {
-            Some(write) => {
-                let stored = self.session(group, write.session_id)?;
-                let current = stored.as_ref().map_or(0, |record| record.version);
-                if current != write.expected_version {
-                    return Ok(Outcome::SessionConflict { current });
-                }
-                write.record.clone().map(|mut record| {
-                    record.session_id = write.session_id;
-                    record.version = write.expected_version + 1;
-                    record
-                })
-            }
+            Some(write) => match write.decide(self.session(group, write.session_id)?.as_ref()) {
+                Ok(record) => record,
+                Err(conflict) => return Ok(conflict),
+            },
             None => None,
         };
         // A frame carries the head's identity only when it is new or changes (codec v2).

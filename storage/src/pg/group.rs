@@ -249,18 +249,10 @@ impl Group {
                         key: keys::display(&keys::session(write.session_id)),
                     });
                 }
-                let current = self
-                    .sessions
-                    .get(&write.session_id)
-                    .map_or(0, |record| record.version);
-                if current != write.expected_version {
-                    return Ok(Outcome::SessionConflict { current });
+                match write.decide(self.sessions.get(&write.session_id)) {
+                    Ok(record) => record,
+                    Err(conflict) => return Ok(conflict),
                 }
-                write.record.clone().map(|mut record| {
-                    record.session_id = write.session_id;
-                    record.version = write.expected_version + 1;
-                    record
-                })
             }
             None => None,
         };
