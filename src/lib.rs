@@ -78,7 +78,7 @@ pub mod serve;
 pub mod soak;
 
 pub use openprogram_actors as actors;
-pub use openprogram_actors::admission::{BudgetRequest, JobRequest};
+pub use openprogram_actors::admission::{BudgetRequest, BusyStrategy, JobRequest};
 pub use openprogram_actors::agent;
 pub use openprogram_actors::command::{
     Command, CommandBody, CommandKind, EffectRef, ReconcileOutcome, WaitRef,
@@ -123,6 +123,7 @@ pub struct RuntimeBuilder {
     functions: Vec<DurableFunction>,
     builtin_revisions: Option<Vec<(String, u32)>>,
     function_policy: Option<VersionPolicy>,
+    one_turn_per_session: bool,
     limits: Limits,
     lease_ttl: Option<Duration>,
     restart_window: RestartWindow,
@@ -211,6 +212,15 @@ impl RuntimeBuilder {
 
     /// F-3: the version policy of a function execution started without one. Default
     /// `keep_original`.
+    /// C-2: one foreground turn per session. An agent turn a person starts while another of
+    /// its session has not ended follows its `when_busy` (`queue` by default: it runs after
+    /// it). Off unless asked for (`serve --one-turn-per-session`): with it off, the turns of
+    /// a session run side by side, as before.
+    pub fn one_turn_per_session(mut self, on: bool) -> Self {
+        self.one_turn_per_session = on;
+        self
+    }
+
     pub fn function_policy(mut self, policy: VersionPolicy) -> Self {
         self.function_policy = Some(policy);
         self
@@ -325,6 +335,7 @@ impl RuntimeBuilder {
         }
         env.resources = Resources::new(self.resources)?;
         env.functions = Arc::new(functions);
+        env.one_turn_per_session = self.one_turn_per_session;
         if let Some(policy) = self.function_policy {
             env.function_policy = policy;
         }

@@ -32,6 +32,35 @@ pub struct StartRequest {
     /// J-1: admit it as a background Job, through the resource queue.
     #[serde(default)]
     pub job: Option<JobRequest>,
+    /// C-2: what this message does while another turn of the session runs (default `queue`).
+    #[serde(default)]
+    pub when_busy: Option<BusyStrategy>,
+}
+
+/// C-2: what a message does while another turn holds its session.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BusyStrategy {
+    /// Admitted `queued`; runs after the turns before it, on the same branch.
+    #[default]
+    Queue,
+    /// Becomes steering text for the running turn; nothing is admitted.
+    Steer,
+    /// Refused, `409 session_busy`; nothing is stored.
+    Reject,
+    /// Admitted first in line; the running turn pauses at its next safe point, then it runs.
+    Interrupt,
+}
+
+impl BusyStrategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BusyStrategy::Queue => "queue",
+            BusyStrategy::Steer => "steer",
+            BusyStrategy::Reject => "reject",
+            BusyStrategy::Interrupt => "interrupt",
+        }
+    }
 }
 
 /// J-1: what a Job asks for (the `job` of a start body, SPEC §6).
@@ -169,12 +198,37 @@ impl Admission {
         self
     }
 
+    /// C-2: the execution is its session's foreground turn (`turn`: its `SessionTurn`), and
+    /// the session record changes in the admission's own transition.
+    pub(crate) fn as_session_turn(mut self, turn: Event) -> Self {
+        if let Event::SessionTurn {
+            behind: Some(_), ..
+        } = &turn
+        {
+            self.head.state = ExecutionState::Queued;
+        }
+        self.events.insert(1, turn);
+        self
+    }
+
     /// Commits the admission; returns the head and machine as a replay would rebuild them
     /// (the input is not parsed back), and the version.
     pub(crate) async fn commit(
         self,
         store: &dyn EventStore,
     ) -> Result<(ExecutionHead, Machine, u64)> {
+        self.commit_with(store, None).await?.ok_or_else(|| {
+            Error::Internal("an admission without a session write conflicted".into())
+        })
+    }
+
+    /// `commit`, with `session` written in the same transition: `None` if the session record
+    /// moved since it was read (nothing written).
+    pub(crate) async fn commit_with(
+        self,
+        store: &dyn EventStore,
+        session: Option<openprogram_storage::SessionWrite>,
+    ) -> Result<Option<(ExecutionHead, Machine, u64)>> {
         let mut head = self.head.clone();
         let mut machine = Machine::default();
         let mut ignored = Vec::new();
@@ -193,13 +247,15 @@ impl Admission {
         if let Some(job) = self.job {
             transition = transition.with(Upsert::Job(job));
         }
+        transition.session = session;
         let committed = match store.submit(transition).await? {
             Outcome::Committed(committed) => committed,
+            Outcome::SessionConflict { .. } => return Ok(None),
             other => return Err(Error::Internal(format!("creating an execution: {other:?}"))),
         };
         head.version = committed.version;
         head.last_seq = *committed.seqs.end();
         head.last_activity_ms = committed.at_ms;
-        Ok((head, machine, committed.version))
+        Ok(Some((head, machine, committed.version)))
     }
 }

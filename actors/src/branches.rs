@@ -96,6 +96,7 @@ impl Service {
                 busy: false,
                 now_ms: self.env().clock.now_ms(),
                 session: None,
+                holds_session: true,
             };
             let body = command.body.clone();
             match machine.decide_command(
@@ -412,6 +413,7 @@ fn facts_of(
         // controls are the execution's own (a session grant's revoke is in its snapshot).
         now_ms: 0,
         session: None,
+        holds_session: true,
     };
     let pending_wait = machine.pending_wait().is_some();
     let declined_wait = machine

@@ -147,6 +147,15 @@ impl Hooks for Executions {
     fn cancel_child(self: Arc<Self>, child_id: ExecutionId) -> BoxFuture<'static, Result<()>> {
         async move { self.cancel_child_now(child_id).await }.boxed()
     }
+
+    fn wake(&self, execution_id: ExecutionId) {
+        match self.activate(execution_id) {
+            Ok(addr) => addr.do_send(crate::execution::actor::Advance),
+            Err(error) => {
+                tracing::warn!(%execution_id, %error, "a turn waiting for its session could not be woken")
+            }
+        }
+    }
 }
 
 /// J-1: the resource queue offers leases and ends expired Jobs through their actors.

@@ -37,6 +37,9 @@ pub trait Hooks: Send + Sync {
     /// F-6: cancels the child execution of a cancelled agent's call (K-5: cancel wins),
     /// once: a repeat is the same command.
     fn cancel_child(self: Arc<Self>, child_id: ExecutionId) -> BoxFuture<'static, Result<()>>;
+    /// C-2: the execution (a turn waiting for its session) looks again whether it may run:
+    /// activated if parked.
+    fn wake(&self, execution_id: ExecutionId);
 }
 
 /// F-6: a function an agent's call runs as a child execution.
@@ -58,6 +61,8 @@ pub struct Env {
     pub functions: Arc<FunctionRegistry>,
     /// F-3: the version policy of a function execution started without one.
     pub function_policy: openprogram_storage::VersionPolicy,
+    /// C-2: one foreground turn per session (`RuntimeBuilder::one_turn_per_session`).
+    pub one_turn_per_session: bool,
     pub owner: OwnerId,
     /// How long an attempt keeps its lease without a heartbeat.
     pub lease_ttl: Duration,
@@ -219,6 +224,7 @@ impl Env {
             tools,
             functions: Arc::new(crate::function_builtin::builtin()),
             function_policy: openprogram_storage::VersionPolicy::KeepOriginal,
+            one_turn_per_session: false,
             owner,
             lease_ttl,
             clock,
@@ -404,6 +410,13 @@ impl Env {
             .get()
             .and_then(Weak::upgrade)
             .ok_or_else(|| Error::Unavailable("the runtime's executions are gone".into()))
+    }
+
+    /// C-2: see `Hooks::wake`.
+    pub fn wake(&self, execution_id: ExecutionId) {
+        if let Ok(hooks) = self.hooks() {
+            hooks.wake(execution_id);
+        }
     }
 
     /// F-6: cancels a called function's child execution (see `Hooks::cancel_child`).

@@ -28,6 +28,13 @@ pub enum Error {
     /// is recorded.
     #[error("invalid answer: {message}")]
     InvalidAnswer { field: String, message: String },
+    /// C-2: another turn holds the session (`foreground`), and the message asked to be
+    /// refused then, or could not steer it. Nothing is stored.
+    #[error("the session is busy with {foreground}: {message}")]
+    SessionBusy {
+        foreground: openprogram_storage::ExecutionId,
+        message: String,
+    },
     /// A kind the contract does not name.
     #[error("unknown kind: {0}")]
     UnknownKind(String),
@@ -75,6 +82,7 @@ impl Error {
             Error::UnsupportedKind(_) => "unsupported_kind",
             Error::UnknownKind(_) => "unknown_kind",
             Error::InvalidAnswer { .. } => "invalid_answer",
+            Error::SessionBusy { .. } => "session_busy",
             Error::UnknownFunction(_) => "unknown_function",
             Error::InvalidInput(_) => "invalid_input",
             Error::UnknownResource(_) => "unknown_resource",

@@ -65,6 +65,7 @@ pub mod resource_queue;
 pub mod resources;
 pub mod retention;
 pub mod service;
+mod session_turns;
 pub mod snapshot;
 pub mod supervisor;
 pub mod system;

@@ -58,6 +58,13 @@ pub struct StartReply {
     /// J-1: a Job's id, which is its execution id; absent for an execution that is no Job.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub job_id: Option<ExecutionId>,
+    /// C-2: the message became steering text of the turn that runs (`execution_id` is that
+    /// turn's): nothing was admitted. The steer command's reply.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steered: Option<CommandReply>,
+    /// C-2: how a foreground turn was admitted: `immediate`, `queue` or `interrupt`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_turn: Option<&'static str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -115,6 +122,11 @@ impl Service {
 
     pub fn env(&self) -> &Arc<Env> {
         self.env.env()
+    }
+
+    /// The directory of live executions (activation).
+    pub(crate) fn directory(&self) -> &Arc<Executions> {
+        &self.env
     }
 
     /// The runtime's execution actors: the directory, activation, takeover.
@@ -177,6 +189,14 @@ impl Service {
             Some(job) => Some((self.env.resources.check(&job.resources)?, job.clone())),
             None => None,
         };
+        // C-2: an agent turn a person starts is its session's foreground turn.
+        let foreground = self.env.one_turn_per_session
+            && kind == ExecutionKind::AgentTurn
+            && job.is_none()
+            && !request.start_paused;
+        if foreground {
+            return self.admit_turn(session_id, execution_id, request).await;
+        }
         let mut admission =
             Admission::new(execution_id, session_id, self.env.revision, request, kind)?;
         let now_ms = self.env.clock.now_ms();
@@ -191,6 +211,8 @@ impl Service {
             reply_message_id: admission.head.reply_message_id,
             version: 1,
             job_id: job.is_some().then_some(execution_id),
+            steered: None,
+            session_turn: None,
         };
         let start_paused = admission.start_paused;
         let (head, machine, version) = admission.commit(self.env.store.as_ref()).await?;
@@ -524,6 +546,7 @@ mod tests {
                         max_iterations,
                         start_paused,
                         job: None,
+                        when_busy: None,
                     }
                 } else {
                     from_body.clone()

@@ -45,6 +45,10 @@ pub struct Snapshot {
     /// W-7: the grants its approvals gave (a tool, for this execution or the session).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub grants: Vec<GrantView>,
+    /// C-2: as its session's foreground turn, how it was admitted (`immediate`, `queue`,
+    /// `interrupt`) and whether it waits for its session (`queued`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_turn: Option<crate::execution::machine_session::SessionTurn>,
 }
 
 /// W-7: a grant this execution may revoke: one its approvals gave for itself, or one of its
@@ -244,6 +248,7 @@ impl Snapshot {
             // session's grants are added by `with_session`.
             now_ms: 0,
             session: None,
+            holds_session: true,
         };
         Self {
             execution_id: head.execution_id,
@@ -269,6 +274,7 @@ impl Snapshot {
                 .collect(),
             text: machine.text.clone(),
             usage: machine.usage,
+            session_turn: machine.session_turn.clone(),
             // Its own tool grants; the session's are added by `with_session`.
             grants: machine
                 .grants

@@ -53,6 +53,9 @@ pub struct StartBody {
     /// J-1: admit it as a background Job.
     #[serde(default)]
     pub job: Option<crate::JobRequest>,
+    /// C-2: `queue` (default), `steer`, `reject` or `interrupt`.
+    #[serde(default)]
+    pub when_busy: Option<openprogram_actors::admission::BusyStrategy>,
 }
 
 /// The body of `POST /v1/sessions/{sid}/executions` for `"kind": "function"` (F-1).
@@ -139,7 +142,7 @@ fn refuse_unknown_job_fields(raw: &RawValue) -> Result<(), ApiError> {
 
 impl StartBody {
     /// Every field a start body may carry (X-3: anything else is `unknown_field`).
-    const FIELDS: [&'static str; 7] = [
+    const FIELDS: [&'static str; 8] = [
         "kind",
         "message",
         "parent_message_id",
@@ -147,6 +150,7 @@ impl StartBody {
         "max_iterations",
         "start_paused",
         "job",
+        "when_busy",
     ];
 
     /// Reads a start body (SPEC §6), refusing what this build does not understand
@@ -215,8 +219,14 @@ pub async fn start_execution(
                 max_iterations: body.max_iterations,
                 start_paused: body.start_paused,
                 job: body.job,
+                when_busy: body.when_busy,
             };
-            json!(api.runtime.start_execution(session, start).await?)
+            let reply = api.runtime.start_execution(session, start).await?;
+            // C-2: steered into the running turn: nothing was created.
+            if reply.steered.is_some() {
+                return Ok(HttpResponse::Accepted().json(reply));
+            }
+            json!(reply)
         }
         Start::Function(body) => {
             let start = FunctionStart {

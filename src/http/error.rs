@@ -106,6 +106,7 @@ impl From<Error> for ApiError {
             | Error::ExceedsCapacity { .. } => StatusCode::BAD_REQUEST,
             Error::Storage(Storage::PayloadTooLarge { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::CommandConflict { .. }
+            | Error::SessionBusy { .. }
             | Error::VersionConflict { .. }
             | Error::Fenced { .. }
             | Error::Storage(Storage::Quarantined { .. }) => StatusCode::CONFLICT,
@@ -122,6 +123,9 @@ impl From<Error> for ApiError {
             }
             Error::UnknownField { field, .. } | Error::InvalidAnswer { field, .. } => {
                 api.extra.insert("field".into(), json!(field));
+            }
+            Error::SessionBusy { foreground, .. } => {
+                api.extra.insert("foreground".into(), json!(foreground));
             }
             _ => {}
         }

@@ -250,6 +250,16 @@ pub enum Event {
         tool: String,
         session_version: Option<u64>,
     },
+    /// C-2: the execution is its session's foreground turn, admitted with `strategy` (what
+    /// a message does while another turn runs: queue, steer, reject, interrupt), queued
+    /// `behind` the turn that held the session then (`None`: it took the session at once).
+    SessionTurn {
+        strategy: String,
+        behind: Option<ExecutionId>,
+    },
+    /// C-2: a queued turn took its session (written with the session record's change); it
+    /// `interrupted` the turn that held it, paused, if it did.
+    SessionTurnStarted { interrupted: Option<ExecutionId> },
 }
 
 impl Event {
@@ -290,6 +300,8 @@ impl Event {
             Event::ModelUsage { .. } => "model_usage",
             Event::WaitDetails { .. } => "wait_details",
             Event::GrantUsed { .. } => "grant_used",
+            Event::SessionTurn { .. } => "session_turn",
+            Event::SessionTurnStarted { .. } => "session_turn_started",
         }
     }
 }

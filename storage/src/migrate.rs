@@ -32,7 +32,8 @@
 //!   mark, for the same reason.
 //! - 11: session records (`0x13`, record variant 7): a session's approval grants (W-7) and
 //!   foreground turn (C-2), changed by a transition's `SessionWrite`; the event `GrantUsed`,
-//!   the control `Revoke` and the answer scopes `Tool` and `Session` (W-7). Only a mark.
+//!   the control `Revoke` and the answer scopes `Tool` and `Session` (W-7); the events
+//!   `SessionTurn`, `SessionTurnStarted` (C-2). Only a mark.
 
 use crate::codec;
 use crate::error::{Error, Result};

@@ -56,6 +56,7 @@ mod resume;
 mod s8_history;
 mod s8_retention;
 mod served;
+mod session_turns;
 mod tidy;
 mod traces;
 mod transcript;

@@ -68,6 +68,9 @@ pub struct ExecutionActor {
     /// Processes to record `lost` (a `stop_process` found no actor): the actor stays until
     /// they are recorded.
     pub(super) recording_lost: usize,
+    /// C-2: a turn waiting for its session looked whether it may take it, and may not: it
+    /// parks (the holder's end wakes it).
+    pub(super) session_looked: bool,
     /// Which start of this execution's actor this is: its entry in the directory.
     token: u64,
     /// Runs of a durable function's body this actor started; the newest is the one in
@@ -171,6 +174,7 @@ impl ExecutionActor {
             handled: 0,
             live_askers: HashMap::new(),
             recording_lost: 0,
+            session_looked: false,
             token,
             function_runs: 0,
             suspending: false,
@@ -368,6 +372,7 @@ impl ExecutionActor {
                     self.cancel_called_function(ctx);
                 }
                 Action::Finished => {
+                    self.wake_next_in_session();
                     if self.machine.status() == Status::Cancelled {
                         // F-6, K-5: also when the Cancel was decided by a later attempt.
                         self.cancel_called_function(ctx);
@@ -375,7 +380,10 @@ impl ExecutionActor {
                     self.env.lifecycle.notify_finished(self.execution_id);
                     self.park_if_idle(ctx);
                 }
-                Action::Park => self.park_if_idle(ctx),
+                Action::Park => {
+                    self.wake_next_in_session();
+                    self.park_if_idle(ctx);
+                }
                 Action::Reconcile => self.start_reconcile(ctx),
                 Action::LiveResolved { wait_id, outcome } => self.live_resolved(wait_id, outcome),
                 Action::WatchDeadline { .. } => {
@@ -411,7 +419,8 @@ impl ExecutionActor {
         let runs = matches!(
             self.machine.status(),
             Status::Queued | Status::Running | Status::Cancelling
-        ) && !self.waits_for_lease();
+        ) && !self.waits_for_lease()
+            && !(self.machine.waits_for_session() && self.session_looked);
         // Commands inherited from a dead attempt are decided first (`DecideInherited`).
         let inherited = !self.inherited_pending.is_empty();
         let recording = self.recording_lost > 0;
@@ -508,7 +517,7 @@ impl Handler<Activate> for ExecutionActor {
 /// Take the next step, if the execution is running and idle.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub(super) struct Advance;
+pub(crate) struct Advance;
 
 impl Handler<Advance> for ExecutionActor {
     type Result = AtomicResponse<Self, ()>;
@@ -535,6 +544,10 @@ impl Handler<Advance> for ExecutionActor {
         if let Some(paused) = self.restart_pause() {
             // Orderly shutdown: no new dispatch; pause here under the restart intent.
             return AtomicResponse::new(Box::pin(paused));
+        }
+        if self.machine.waits_for_session() {
+            // C-2: a turn waiting for its session runs nothing until it takes it.
+            return AtomicResponse::new(self.take_session(0));
         }
         let env = Arc::clone(&self.env);
         match self.machine.next(

@@ -25,12 +25,18 @@ pub(super) enum Saved {
 impl ExecutionActor {
     /// The machine's context for a command now (K-3, K-4).
     pub(crate) fn command_context(&self) -> CommandContext {
+        let session = crate::snapshot::session_of(self.env.store.as_ref(), self.head.session_id);
         CommandContext {
             version: self.head.version,
             revision: self.env.revision,
             busy: self.in_flight.is_some(),
             now_ms: self.env.clock.now_ms(),
-            session: crate::snapshot::session_of(self.env.store.as_ref(), self.head.session_id),
+            session: session.clone(),
+            holds_session: session.is_none_or(|record| {
+                record
+                    .foreground
+                    .is_none_or(|holder| holder == self.execution_id)
+            }),
         }
     }
 
@@ -86,7 +92,7 @@ impl ExecutionActor {
             };
         // W-7: a session grant given or revoked changes the session's record, in this
         // transition, at the version read here.
-        let session = match self.session_write(&control) {
+        let session = match self.session_write(&control, &events) {
             Ok(session) => session,
             Err(error) => return Box::pin(fut::ready(Err(error))),
         };
@@ -173,25 +179,42 @@ impl ExecutionActor {
     fn session_write(
         &self,
         control: &openprogram_storage::Control,
+        events: &[Event],
     ) -> Result<Option<openprogram_storage::SessionWrite>, Error> {
         use openprogram_storage::{AnswerScope, Control, SessionRecord, SessionWrite};
-        let writes = matches!(
-            control,
-            Control::Answer {
-                scope: AnswerScope::Session,
-                ..
-            } | Control::Revoke { .. }
-        );
+        // C-2: a turn queued for its session again by this control takes its place in line.
+        let requeued = events.iter().any(|event| {
+            matches!(event, Event::StateChanged { state: openprogram_storage::ExecutionState::Queued, reason }
+                if reason == crate::execution::machine_session::SESSION_QUEUED)
+        });
+        let writes = requeued
+            || matches!(
+                control,
+                Control::Answer {
+                    scope: AnswerScope::Session,
+                    ..
+                } | Control::Revoke { .. }
+            );
         if !writes {
             return Ok(None);
         }
         let session_id = self.head.session_id;
         let stored = self.env.store.session(session_id)?;
         let expected_version = stored.as_ref().map_or(0, |record| record.version);
-        let read = stored.unwrap_or(SessionRecord {
+        let mut read = stored.unwrap_or(SessionRecord {
             session_id,
             ..SessionRecord::default()
         });
+        if requeued {
+            if !read.waiting.contains(&self.execution_id) {
+                read.waiting.push(self.execution_id);
+            }
+            return Ok(Some(SessionWrite {
+                session_id,
+                expected_version,
+                record: Some(read),
+            }));
+        }
         Ok(self
             .machine
             .session_after(control, self.execution_id, read)

@@ -130,7 +130,9 @@ impl Present {
     /// The state an execution goes to when it may run again: `running`, or, for a Job
     /// without a lease, `queued` (it runs once the queue leases it its resources).
     pub fn run_state(&self) -> Status {
-        if self.needs_lease() {
+        // C-2: a foreground turn waiting for its session is `queued` too.
+        let waits = self.session_turn.as_ref().is_some_and(|turn| turn.queued);
+        if self.needs_lease() || waits {
             Status::Queued
         } else {
             Status::Running

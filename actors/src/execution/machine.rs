@@ -155,6 +155,10 @@ pub struct Present {
     pub granted_next: Option<openprogram_storage::WaitId>,
     #[serde(default)]
     pub granted_tool: Option<String>,
+    /// C-2: its part as its session's foreground turn (`machine_session.rs`); `None` for an
+    /// execution that is none (a Job, a function, a fork).
+    #[serde(default)]
+    pub session_turn: Option<super::machine_session::SessionTurn>,
 }
 
 impl std::ops::Deref for Machine {
@@ -380,6 +384,8 @@ impl Present {
             Event::WaitChanged { wait_id, status } => {
                 self.apply_wait_changed(*wait_id, *status, actions)
             }
+            Event::SessionTurn { strategy, behind } => self.apply_session_turn(strategy, *behind),
+            Event::SessionTurnStarted { .. } => self.apply_session_turn_started(),
             Event::GrantUsed { grant_id, tool, .. } => {
                 self.granted_next = Some(*grant_id);
                 self.granted_tool = Some(tool.clone());
@@ -469,6 +475,10 @@ impl Present {
                 self.status = Some(Status::Queued);
                 actions.push(Action::Enqueue);
             }
+            // A turn waiting for its session: the shell sees whether it may take it (C-2).
+            Status::Queued if self.session_turn.as_ref().is_some_and(|turn| turn.queued) => {
+                actions.push(Action::Advance);
+            }
             Status::Queued | Status::Running => {
                 self.status = Some(Status::Running);
                 actions.push(Action::Advance);
@@ -488,6 +498,7 @@ impl Present {
             state
         };
         self.status = Some(state);
+        self.session_queued_again(state, reason, actions);
         self.job_state_changed(before, reason, actions);
         self.pause_reason = (state == Status::Paused).then(|| reason.to_owned());
         match state {

@@ -297,12 +297,15 @@ impl Machine {
             Control::Pause | Control::Steer { .. } => {}
             Control::Continue if self.status() == Status::Running => {}
             // W-8: a wait that expired is opened again, as a fresh wait.
+            // C-2: a foreground turn that no longer holds its session waits for it again.
             Control::Continue | Control::Step => match self.reopened_wait(command_id, at.now_ms) {
                 Some(reopened) => events.extend(reopened),
-                None => events.push(Event::StateChanged {
-                    state: self.run_state(),
-                    reason: kind.into(),
-                }),
+                None => events.push(self.requeued_for_session(at.holds_session).unwrap_or(
+                    Event::StateChanged {
+                        state: self.run_state(),
+                        reason: kind.into(),
+                    },
+                )),
             },
             Control::Cancel if busy => {
                 events.extend(self.invalidate_waits(|_| true));

@@ -61,6 +61,7 @@ pub(super) fn at(machine: &Machine, busy: bool) -> CommandContext {
         busy,
         now_ms: 0,
         session: None,
+        holds_session: true,
     }
 }
 

@@ -311,6 +311,9 @@ pub struct CommandContext {
     /// W-7: the session's record as read for this command: a session grant can be revoked
     /// from any execution of the session. `None`: not read (no session grant offered).
     pub session: Option<std::sync::Arc<openprogram_storage::SessionRecord>>,
+    /// C-2: it holds its session (or is no foreground turn): a Continue runs it; else the
+    /// Continue queues it for its session.
+    pub holds_session: bool,
 }
 
 /// A command the machine accepted, and what it leads to.

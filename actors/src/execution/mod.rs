@@ -24,6 +24,7 @@ pub mod machine_grants;
 mod machine_history;
 mod machine_next;
 mod machine_restart;
+pub mod machine_session;
 mod machine_types;
 pub mod machine_waits;
 pub mod plan;
@@ -31,6 +32,7 @@ pub mod processes;
 pub mod projection;
 mod refusal;
 pub mod restart;
+mod session_turn;
 pub mod wait_expiry;
 mod wait_types;
 

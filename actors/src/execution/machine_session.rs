@@ -1,0 +1,98 @@
+//! C-2, one foreground turn per session, in the pure machine. An agent turn a person starts
+//! is its session's foreground turn (`SessionTurn` at admission). While another holds the
+//! session, a new message follows its declared strategy (decided at admission, in the
+//! service): `queue` (default) admits it queued behind, `interrupt` admits it first in line
+//! and pauses the holder; `steer` and `reject` admit nothing. A queued turn stays `queued`,
+//! running nothing, until it takes the session (`SessionTurnStarted`, in the same transition
+//! as the session record's change): when the holder has ended, or (an interrupt) paused.
+//! A turn that does not hold its session any more (it was interrupted) is queued again by
+//! Continue or Step. Which turn may take the session, and when, the shell reads from the
+//! session record and the holder's head; what a take writes is decided here.
+
+use openprogram_storage::{Event, ExecutionId, ExecutionState as Status};
+
+use super::machine::{Machine, Present};
+
+/// The reason of the `queued` state of a turn waiting for its session.
+pub const SESSION_QUEUED: &str = "session";
+
+/// C-2: what the machine knows of its execution as a session's foreground turn.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SessionTurn {
+    /// How it was admitted: `queue`, `interrupt` or `immediate` (the session was free).
+    pub strategy: String,
+    /// It waits for its session: it runs nothing until it takes it.
+    pub queued: bool,
+}
+
+impl Present {
+    /// A foreground turn waiting for its session (C-2).
+    pub fn waits_for_session(&self) -> bool {
+        self.session_turn.as_ref().is_some_and(|turn| turn.queued)
+            && self.status() == Status::Queued
+            && !self.cancel_requested
+    }
+
+    pub(super) fn apply_session_turn(&mut self, strategy: &str, behind: Option<ExecutionId>) {
+        self.session_turn = Some(SessionTurn {
+            strategy: strategy.to_owned(),
+            queued: behind.is_some(),
+        });
+    }
+
+    /// It took its session: it may run.
+    pub(super) fn apply_session_turn_started(&mut self) {
+        if let Some(turn) = &mut self.session_turn {
+            turn.queued = false;
+        }
+    }
+
+    /// `queued` for its session again (a Continue of a turn that no longer holds it): the
+    /// shell looks whether it may take it.
+    pub(super) fn session_queued_again(
+        &mut self,
+        state: Status,
+        reason: &str,
+        actions: &mut Vec<super::machine::Action>,
+    ) {
+        if state == Status::Queued && reason == SESSION_QUEUED {
+            if let Some(turn) = &mut self.session_turn {
+                turn.queued = true;
+                actions.push(super::machine::Action::Advance);
+            }
+        }
+    }
+}
+
+impl Machine {
+    /// C-2: the events of taking the session: it runs from here. `interrupted`: the turn it
+    /// interrupted, paused. `None` if it is not a turn waiting for its session.
+    pub fn decide_take_session(&self, interrupted: Option<ExecutionId>) -> Option<Vec<Event>> {
+        if !self.waits_for_session() {
+            return None;
+        }
+        Some(vec![
+            Event::SessionTurnStarted { interrupted },
+            Event::StateChanged {
+                state: Status::Running,
+                reason: SESSION_QUEUED.into(),
+            },
+        ])
+    }
+
+    /// Whether it was admitted to interrupt the turn ahead of it.
+    pub fn interrupts(&self) -> bool {
+        self.session_turn
+            .as_ref()
+            .is_some_and(|turn| turn.strategy == "interrupt")
+    }
+
+    /// C-2: a Continue or Step of a foreground turn that does not hold its session (`holds`,
+    /// read by the shell) queues it for the session instead of running it.
+    pub(super) fn requeued_for_session(&self, holds: bool) -> Option<Event> {
+        (self.session_turn.is_some() && !holds).then(|| Event::StateChanged {
+            state: Status::Queued,
+            reason: SESSION_QUEUED.into(),
+        })
+    }
+}

@@ -1,0 +1,130 @@
+//! C-2, the execution actor's side of a session's foreground turn: a turn waiting for its
+//! session takes it when it may (`take_session`: the session record and the holder's head
+//! read, the machine decides, the record changed in the same transition); a holder that
+//! ends or pauses wakes the first turn in line (`wake_next_in_session`). Split from
+//! `actor.rs`, whose shell it extends.
+
+use actix::prelude::*;
+use openprogram_storage::{
+    ExecutionId, ExecutionState as Status, Outcome, SessionRecord, SessionWrite,
+};
+
+use crate::execution::actor::{log_failure, ExecutionActor};
+
+/// How often a take is tried again when the session record moved meanwhile.
+const TAKE_TRIES_MAX: u32 = 8;
+
+impl ExecutionActor {
+    /// The session's record and the state of each execution it names, as read now.
+    fn session_now(&self) -> Option<(SessionRecord, impl Fn(ExecutionId) -> Option<Status>)> {
+        let session_id = self.head.session_id;
+        let record = match self.env.store.session(session_id) {
+            Ok(record) => record.unwrap_or(SessionRecord {
+                session_id,
+                ..SessionRecord::default()
+            }),
+            Err(error) => {
+                tracing::warn!(execution_id = %self.execution_id, %error, "the session's record could not be read");
+                return None;
+            }
+        };
+        let store = std::sync::Arc::clone(&self.env.store);
+        let state = move |execution_id: ExecutionId| match store.head(execution_id) {
+            Ok(head) => head.map(|head| head.state),
+            // Unreadable (quarantined): it holds nothing up.
+            Err(_) => None,
+        };
+        Some((record, state))
+    }
+
+    /// C-2: takes the session if this turn is the first in line and the holder has ended
+    /// (or, for an interrupt, paused). Else it stays `queued` and parks: the holder's end
+    /// wakes it.
+    pub(super) fn take_session(&mut self, tries: u32) -> ResponseActFuture<Self, ()> {
+        let me = self.execution_id;
+        self.session_looked = false;
+        let Some((record, state)) = self.session_now() else {
+            return Box::pin(fut::ready(()));
+        };
+        // Turns that ended while queued (cancelled) hold no place.
+        let waiting: Vec<ExecutionId> = record
+            .waiting
+            .iter()
+            .copied()
+            .filter(|id| *id == me || state(*id).is_some_and(|state| !state.is_terminal()))
+            .collect();
+        let holder = record.foreground.filter(|holder| *holder != me);
+        let holder_state = holder.and_then(&state);
+        let free = match holder_state {
+            None => true,
+            Some(state) if state.is_terminal() => true,
+            Some(Status::Paused) => self.machine.interrupts(),
+            Some(_) => false,
+        };
+        let first = waiting.first() == Some(&me);
+        let interrupted = holder.filter(|_| holder_state == Some(Status::Paused));
+        let events = match (free && first)
+            .then(|| self.machine.decide_take_session(interrupted))
+            .flatten()
+        {
+            Some(events) => events,
+            None => {
+                // Not its turn yet: it parks until the holder's end wakes it.
+                self.session_looked = true;
+                return Box::pin(
+                    fut::ready(()).map(|(), act: &mut Self, ctx| act.park_if_idle(ctx)),
+                );
+            }
+        };
+        let after = SessionRecord {
+            foreground: Some(me),
+            waiting: waiting.into_iter().filter(|id| *id != me).collect(),
+            ..record.clone()
+        };
+        let write = SessionWrite {
+            session_id: record.session_id,
+            expected_version: record.version,
+            record: Some(after),
+        };
+        Box::pin(
+            self.submit_with_session(events, Vec::new(), Some(write))
+                .then(move |outcome, act, _ctx| match outcome {
+                    Ok(Outcome::SessionConflict { .. }) if tries < TAKE_TRIES_MAX => {
+                        act.take_session(tries + 1)
+                    }
+                    outcome => {
+                        let result = outcome.and_then(|outcome| match outcome {
+                            Outcome::Committed(committed) => Ok(committed.version),
+                            other => Err(crate::Error::Internal(format!(
+                                "taking the session: {other:?}"
+                            ))),
+                        });
+                        Box::pin(ActorFutureExt::map(fut::ready(result), log_failure))
+                    }
+                }),
+        )
+    }
+
+    /// C-2: this turn held its session and ended or paused: the first turn in line may take
+    /// it now. (Should this wake be lost, the queued turn's next activation, or startup
+    /// recovery, tries again.)
+    pub(super) fn wake_next_in_session(&self) {
+        if self.machine.session_turn.is_none() {
+            return;
+        }
+        let Some((record, state)) = self.session_now() else {
+            return;
+        };
+        if record.foreground != Some(self.execution_id) {
+            return;
+        }
+        let next = record
+            .waiting
+            .iter()
+            .copied()
+            .find(|id| state(*id).is_some_and(|state| !state.is_terminal()));
+        if let Some(next) = next {
+            self.env.wake(next);
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! C-2, the service's side of a session's foreground turn: admitting a message while
+//! another turn holds the session, by its declared strategy (`BusyStrategy`): `queue` admits
+//! it `queued` behind the others, `interrupt` first in line (and pauses the holder), `steer`
+//! makes it the holder's steering text, `reject` refuses it (`409 session_busy`). The
+//! session's record changes in the admission's own transition (a compare-and-swap, read
+//! again when it moved). Which turn takes the session, and when, is `execution/session_turn.rs`.
+
+use openprogram_storage::{
+    Event, ExecutionId, ExecutionKind, SessionId, SessionRecord, SessionWrite,
+};
+
+use crate::admission::{Admission, BusyStrategy, StartRequest};
+use crate::command::{Command, CommandBody};
+use crate::error::{Error, Result};
+use crate::service::{Service, StartReply};
+
+/// How often an admission reads the session record again after it moved.
+const ADMISSION_TRIES_MAX: usize = 8;
+
+impl Service {
+    /// Admits the agent turn a person starts as its session's foreground turn.
+    pub(crate) async fn admit_turn(
+        &self,
+        session_id: SessionId,
+        execution_id: ExecutionId,
+        request: StartRequest,
+    ) -> Result<StartReply> {
+        let strategy = request.when_busy.unwrap_or_default();
+        let store = self.env().store.as_ref();
+        for _ in 0..ADMISSION_TRIES_MAX {
+            let record = store.session(session_id)?.unwrap_or(SessionRecord {
+                session_id,
+                ..SessionRecord::default()
+            });
+            let live = |id: ExecutionId| -> Result<bool> {
+                Ok(store
+                    .head(id)?
+                    .is_some_and(|head| !head.state.is_terminal()))
+            };
+            let holder = match record.foreground {
+                Some(holder) if live(holder)? => Some(holder),
+                _ => None,
+            };
+            let mut line = Vec::new();
+            for id in &record.waiting {
+                if live(*id)? {
+                    line.push(*id);
+                }
+            }
+            let ahead = holder.or(line.first().copied());
+            let (name, behind, pause) = match (ahead, strategy) {
+                (None, _) => ("immediate", None, None),
+                (Some(busy), BusyStrategy::Reject) => {
+                    return Err(Error::SessionBusy {
+                        foreground: busy,
+                        message: "another turn runs, and the message asked to be refused then (`when_busy`: `reject`)".into(),
+                    })
+                }
+                (Some(busy), BusyStrategy::Steer) => {
+                    return self.steer_into(session_id, busy, request.message).await
+                }
+                (Some(_), BusyStrategy::Queue) => {
+                    let behind = line.last().copied().or(holder);
+                    line.push(execution_id);
+                    ("queue", behind, None)
+                }
+                (Some(busy), BusyStrategy::Interrupt) => {
+                    line.insert(0, execution_id);
+                    ("interrupt", Some(busy), holder)
+                }
+            };
+            let after = SessionRecord {
+                foreground: if behind.is_none() {
+                    Some(execution_id)
+                } else {
+                    record.foreground
+                },
+                waiting: line,
+                ..record.clone()
+            };
+            let turn = Event::SessionTurn {
+                strategy: name.into(),
+                behind,
+            };
+            let admission = Admission::new(
+                execution_id,
+                session_id,
+                self.env().revision,
+                request.clone(),
+                ExecutionKind::AgentTurn,
+            )?
+            .as_session_turn(turn);
+            let reply = StartReply {
+                execution_id,
+                run_id: admission.head.run_id,
+                turn_id: admission.head.turn_id,
+                user_message_id: admission.head.user_message_id,
+                reply_message_id: admission.head.reply_message_id,
+                version: 1,
+                job_id: None,
+                steered: None,
+                session_turn: Some(name),
+            };
+            let write = SessionWrite {
+                session_id,
+                expected_version: record.version,
+                record: Some(after),
+            };
+            let Some((head, machine, version)) = admission.commit_with(store, Some(write)).await?
+            else {
+                continue;
+            };
+            match self.directory().activate_admitted(head, machine) {
+                Ok(_) => {}
+                // Admitted, and shutdown began meanwhile: the next start runs it.
+                Err(Error::Unavailable(_)) if self.env().lifecycle.is_stopping() => {}
+                Err(error) => return Err(error),
+            }
+            if let Some(holder) = pause {
+                self.pause_for(session_id, holder, execution_id).await;
+            }
+            return Ok(StartReply { version, ..reply });
+        }
+        Err(Error::Unavailable(
+            "the session's record kept changing; send the message again".into(),
+        ))
+    }
+
+    /// `steer`: the message becomes the running turn's steering text; nothing is admitted.
+    async fn steer_into(
+        &self,
+        session_id: SessionId,
+        busy: ExecutionId,
+        text: String,
+    ) -> Result<StartReply> {
+        let steer = Command::new(CommandBody::Steer { text });
+        let reply = self.command(session_id, busy, steer).await?;
+        if reply.status == "rejected" {
+            return Err(Error::SessionBusy {
+                foreground: busy,
+                message: format!(
+                    "the running turn takes no steering now: {}",
+                    reply.reason.clone().unwrap_or_default()
+                ),
+            });
+        }
+        let head = self.head_in(session_id, busy)?;
+        Ok(StartReply {
+            execution_id: busy,
+            run_id: head.run_id,
+            turn_id: head.turn_id,
+            user_message_id: head.user_message_id,
+            reply_message_id: head.reply_message_id,
+            version: reply.version,
+            job_id: None,
+            steered: Some(reply),
+            session_turn: None,
+        })
+    }
+
+    /// `interrupt`: the holder pauses at its next safe point (a turn waiting for a person
+    /// has none: the interrupting one then runs once it ends). Its id is derived from the
+    /// interrupting turn's: asked again, the same command.
+    async fn pause_for(&self, session_id: SessionId, holder: ExecutionId, by: ExecutionId) {
+        let command_id = openprogram_storage::CommandId::from_uuid(uuid::Uuid::new_v5(
+            by.as_uuid(),
+            b"interrupts",
+        ));
+        let pause = Command::new(CommandBody::Pause).with_id(command_id);
+        match self.command(session_id, holder, pause).await {
+            Ok(reply) if reply.status == "rejected" => {
+                tracing::debug!(%holder, reason = ?reply.reason, "an interrupt could not pause the running turn");
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%holder, %error, "an interrupt could not pause the running turn")
+            }
+        }
+    }
+}

@@ -1,0 +1,333 @@
+//! C-2, one foreground turn per session (`RuntimeBuilder::one_turn_per_session`), through
+//! the library on a real store: a message sent while a turn runs follows its `when_busy` —
+//! `queue` (default: it runs after, in order), `steer` (the running turn's steering text,
+//! nothing admitted), `reject` (`session_busy`, nothing stored), `interrupt` (the running
+//! turn pauses at its next safe point, the message runs, the paused turn continues later
+//! behind the session); a crash with a turn queued keeps the order.
+
+use openprogram::storage::{CommandId, Event, ExecutionId, SessionId};
+use openprogram::{BusyStrategy, Runtime, StartRequest};
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+fn runtime(dir: &std::path::Path) -> Runtime {
+    Runtime::builder()
+        .data_dir(dir)
+        .one_turn_per_session(true)
+        .open()
+        .expect("open")
+}
+
+fn sleep(ms: u64) -> Value {
+    json!({"tool": "sleep", "args": {"ms": ms}})
+}
+
+async fn send(
+    runtime: &Runtime,
+    session: SessionId,
+    message: &str,
+    script: Vec<Value>,
+    when_busy: Option<BusyStrategy>,
+) -> openprogram::Result<openprogram::StartReply> {
+    let request = StartRequest {
+        message: message.into(),
+        script: elements(script),
+        when_busy,
+        ..Default::default()
+    };
+    runtime.start_execution(session, request).await
+}
+
+/// When `execution` committed its first event of `kind` (a `type_name`), as (position).
+fn first_position(
+    runtime: &Runtime,
+    session: SessionId,
+    execution: ExecutionId,
+    kind: &str,
+) -> u64 {
+    runtime
+        .events(session, execution, 0)
+        .expect("events")
+        .iter()
+        .find(|envelope| envelope.event.type_name() == kind)
+        .map(|envelope| envelope.position)
+        .unwrap_or_else(|| panic!("{execution} has no {kind}"))
+}
+
+/// The position of the event that ended `execution`.
+fn end_position(runtime: &Runtime, session: SessionId, execution: ExecutionId) -> u64 {
+    runtime
+        .events(session, execution, 0)
+        .expect("events")
+        .iter()
+        .find(|envelope| matches!(&envelope.event, Event::StateChanged { state, .. } if state.is_terminal()))
+        .map(|envelope| envelope.position)
+        .expect("ended")
+}
+
+#[tokio::test]
+async fn c2_a_message_while_a_turn_runs_waits_in_line_and_runs_after_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = runtime(dir.path());
+    let session = SessionId::new();
+    let first = send(
+        &runtime,
+        session,
+        "first",
+        vec![sleep(300), reply("one")],
+        None,
+    )
+    .await
+    .expect("first");
+    assert_eq!(first.session_turn, Some("immediate"));
+    let second = send(&runtime, session, "second", vec![reply("two")], None)
+        .await
+        .expect("second");
+    let third = send(&runtime, session, "third", vec![reply("three")], None)
+        .await
+        .expect("third");
+    assert_eq!(second.session_turn, Some("queue"));
+    let queued = runtime
+        .snapshot(session, second.execution_id)
+        .await
+        .expect("snapshot");
+    assert_eq!(queued.state, "queued", "{queued:?}");
+    assert!(queued.session_turn.as_ref().is_some_and(|turn| turn.queued));
+    for (execution, text) in [
+        (third.execution_id, "three"),
+        (second.execution_id, "two"),
+        (first.execution_id, "one"),
+    ] {
+        let done = wait_state(&runtime, session, execution, "completed").await;
+        assert_eq!(done.text, text);
+    }
+    // In line: each started only after the one before it ended.
+    let first_end = end_position(&runtime, session, first.execution_id);
+    let second_start = first_position(
+        &runtime,
+        session,
+        second.execution_id,
+        "session_turn_started",
+    );
+    let second_end = end_position(&runtime, session, second.execution_id);
+    let third_start = first_position(
+        &runtime,
+        session,
+        third.execution_id,
+        "session_turn_started",
+    );
+    assert!(
+        first_end < second_start && second_end < third_start,
+        "{first_end} {second_start} {second_end} {third_start}"
+    );
+    // Another session was never held up.
+    let elsewhere = send(
+        &runtime,
+        SessionId::new(),
+        "elsewhere",
+        vec![reply("x")],
+        None,
+    )
+    .await
+    .expect("other");
+    assert_eq!(elsewhere.session_turn, Some("immediate"));
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn c2_reject_stores_nothing_and_steer_reaches_the_running_turn() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = runtime(dir.path());
+    let session = SessionId::new();
+    let running = send(
+        &runtime,
+        session,
+        "first",
+        vec![sleep(400), reply("done")],
+        None,
+    )
+    .await
+    .expect("first");
+    let refused = send(
+        &runtime,
+        session,
+        "no",
+        vec![reply("x")],
+        Some(BusyStrategy::Reject),
+    )
+    .await;
+    match refused {
+        Err(openprogram::Error::SessionBusy { foreground, .. }) => {
+            assert_eq!(foreground, running.execution_id)
+        }
+        other => panic!("{other:?}"),
+    }
+    let steered = send(
+        &runtime,
+        session,
+        "keep it short",
+        vec![],
+        Some(BusyStrategy::Steer),
+    )
+    .await
+    .expect("steered");
+    assert_eq!(steered.execution_id, running.execution_id);
+    assert_eq!(
+        steered.steered.as_ref().map(|reply| reply.status),
+        Some("applied")
+    );
+    let done = wait_state(&runtime, session, running.execution_id, "completed").await;
+    assert_eq!(done.text, "done\n[steer] keep it short");
+    let executions = runtime.executions(session).await.expect("list");
+    assert_eq!(
+        executions.len(),
+        1,
+        "neither the refused nor the steered message was admitted"
+    );
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn c2_an_interrupt_pauses_the_running_turn_runs_first_and_the_paused_one_continues_after() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = runtime(dir.path());
+    let session = SessionId::new();
+    let script = vec![sleep(300), echo("a"), sleep(300), reply("first")];
+    let first = send(&runtime, session, "first", script, None)
+        .await
+        .expect("first");
+    let urgent = send(
+        &runtime,
+        session,
+        "urgent",
+        vec![reply("urgent")],
+        Some(BusyStrategy::Interrupt),
+    )
+    .await
+    .expect("urgent");
+    assert_eq!(urgent.session_turn, Some("interrupt"));
+    wait_state(&runtime, session, urgent.execution_id, "completed").await;
+    let paused = wait_state(&runtime, session, first.execution_id, "paused").await;
+    assert_eq!(paused.pause_reason.as_deref(), Some("pause"));
+    let paused_at = first_position(&runtime, session, first.execution_id, "state_changed");
+    let urgent_start = first_position(
+        &runtime,
+        session,
+        urgent.execution_id,
+        "session_turn_started",
+    );
+    let urgent_end = end_position(&runtime, session, urgent.execution_id);
+    let paused_position = runtime
+        .events(session, first.execution_id, 0)
+        .expect("events")
+        .iter()
+        .find(|envelope| matches!(&envelope.event, Event::StateChanged { state, .. } if state.as_str() == "paused"))
+        .map(|envelope| envelope.position)
+        .expect("paused");
+    assert!(
+        paused_position < urgent_start,
+        "the interrupt ran only once the turn paused"
+    );
+    let _ = paused_at;
+    // Continued, it no longer holds the session: it waits in line (here: nobody), then runs.
+    let reply = runtime
+        .command(
+            session,
+            first.execution_id,
+            command_of(json!({"command_id": CommandId::new(), "kind": "continue"})),
+        )
+        .await
+        .expect("continue");
+    assert_eq!(reply.status, "applied", "{reply:?}");
+    let done = wait_state(&runtime, session, first.execution_id, "completed").await;
+    assert_eq!(done.text, "first");
+    assert!(end_position(&runtime, session, first.execution_id) > urgent_end);
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn c2_a_crash_with_a_turn_in_line_keeps_the_order() {
+    let restarts = Restarts::new();
+    let open = || {
+        restarts.open_with(|builder| {
+            builder
+                .one_turn_per_session(true)
+                .restart_window(openprogram::RestartWindow::Unlimited)
+        })
+    };
+    let runtime = open();
+    let session = restarts.session;
+    let first = send(
+        &runtime,
+        session,
+        "first",
+        vec![sleep(600), reply("one")],
+        None,
+    )
+    .await
+    .expect("first");
+    let second = send(&runtime, session, "second", vec![reply("two")], None)
+        .await
+        .expect("second");
+    crash(runtime);
+    let runtime = open();
+    let one = wait_state(&runtime, session, first.execution_id, "completed").await;
+    let two = wait_state(&runtime, session, second.execution_id, "completed").await;
+    assert_eq!((one.text.as_str(), two.text.as_str()), ("one", "two"));
+    let first_end = end_position(&runtime, session, first.execution_id);
+    let second_start = first_position(
+        &runtime,
+        session,
+        second.execution_id,
+        "session_turn_started",
+    );
+    assert!(
+        first_end < second_start,
+        "after the restart too, the second ran after the first"
+    );
+    runtime.shutdown().await;
+}
+
+#[test]
+fn c2_over_http_a_busy_session_answers_by_the_strategy_sent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server =
+        crate::http::TestServer::on(dir, |builder| builder.one_turn_per_session(true), |_| {});
+    let session = server.session();
+    let first = server.start(
+        &session,
+        json!({"kind": "agent", "message": "first", "script": [{"tool": "sleep", "args": {"ms": 500}}, {"reply": "done"}]}),
+    );
+    assert_eq!(first["session_turn"], "immediate");
+    let path = format!("/v1/sessions/{}/executions", session.0);
+    let body = |when_busy: &str| json!({"kind": "agent", "message": "second", "script": [{"reply": "x"}], "when_busy": when_busy});
+    let (status, refused) = server.call("POST", &path, Some(&session.1), Some(&body("reject")));
+    assert_eq!(
+        (status, refused["code"].as_str()),
+        (409, Some("session_busy")),
+        "{refused}"
+    );
+    assert_eq!(refused["foreground"], first["execution_id"]);
+    let (status, steered) = server.call("POST", &path, Some(&session.1), Some(&body("steer")));
+    assert_eq!(status, 202, "{steered}");
+    assert_eq!(steered["execution_id"], first["execution_id"]);
+    assert_eq!(steered["steered"]["status"], "applied");
+    let (status, wrong) = server.call("POST", &path, Some(&session.1), Some(&body("later")));
+    assert_eq!(status, 400, "{wrong}");
+    let queued = server.start(&session, body("queue"));
+    assert_eq!(queued["session_turn"], "queue");
+    let execution = queued["execution_id"].as_str().expect("id").to_owned();
+    let snapshot = server.snapshot(&session, &execution);
+    assert!(
+        snapshot["state"] == "queued" || snapshot["state"] == "completed",
+        "{snapshot}"
+    );
+    let done = server.wait_for(&session, &execution, "completed", |s: &Value| {
+        s["state"] == "completed"
+    });
+    assert_eq!(done["session_turn"]["strategy"], "queue");
+    let first_id = first["execution_id"].as_str().expect("id");
+    let first_done = server.snapshot(&session, first_id);
+    assert_eq!(first_done["text"], "done\n[steer] second");
+}
