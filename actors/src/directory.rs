@@ -149,6 +149,26 @@ impl Hooks for Executions {
     }
 
     fn wake(&self, execution_id: ExecutionId) {
+        let addr = match self.activate(execution_id) {
+            Ok(addr) => addr,
+            Err(error) => {
+                tracing::warn!(%execution_id, %error, "a turn waiting for its session could not be woken");
+                return;
+            }
+        };
+        // The actor may be parking as the wake arrives (it looked a moment ago): if the
+        // wake never reached it, a new activation looks again.
+        let again = self.env.hooks_weak().and_then(|hooks| hooks.upgrade());
+        actix::spawn(async move {
+            if addr.send(crate::execution::actor::Advance).await.is_err() {
+                if let Some(hooks) = again {
+                    hooks.wake_once(execution_id);
+                }
+            }
+        });
+    }
+
+    fn wake_once(&self, execution_id: ExecutionId) {
         match self.activate(execution_id) {
             Ok(addr) => addr.do_send(crate::execution::actor::Advance),
             Err(error) => {

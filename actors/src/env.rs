@@ -38,8 +38,10 @@ pub trait Hooks: Send + Sync {
     /// once: a repeat is the same command.
     fn cancel_child(self: Arc<Self>, child_id: ExecutionId) -> BoxFuture<'static, Result<()>>;
     /// C-2: the execution (a turn waiting for its session) looks again whether it may run:
-    /// activated if parked.
+    /// activated if parked (again, if the wake finds it parking).
     fn wake(&self, execution_id: ExecutionId);
+    /// `wake`, once: no second try.
+    fn wake_once(&self, execution_id: ExecutionId);
 }
 
 /// F-6: a function an agent's call runs as a child execution.
@@ -403,6 +405,11 @@ impl Env {
     /// made: `Executions::new`).
     pub fn set_hooks(&self, hooks: Weak<dyn Hooks>) {
         let _ = self.hooks.set(hooks);
+    }
+
+    /// How to reach the runtime's `Executions`, not upgraded.
+    pub fn hooks_weak(&self) -> Option<Weak<dyn Hooks>> {
+        self.hooks.get().cloned()
     }
 
     fn hooks(&self) -> Result<Arc<dyn Hooks>> {

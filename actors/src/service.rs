@@ -197,6 +197,11 @@ impl Service {
         if foreground {
             return self.admit_turn(session_id, execution_id, request).await;
         }
+        if request.when_busy.is_some() {
+            return Err(Error::InvalidRequest(
+                "`when_busy` is for an agent turn of a runtime that runs one turn per session (`serve --one-turn-per-session`), not a Job or a paused start".into(),
+            ));
+        }
         let mut admission =
             Admission::new(execution_id, session_id, self.env.revision, request, kind)?;
         let now_ms = self.env.clock.now_ms();

@@ -32,21 +32,19 @@ impl Service {
                 session_id,
                 ..SessionRecord::default()
             });
-            let live = |id: ExecutionId| -> Result<bool> {
-                Ok(store
-                    .head(id)?
-                    .is_some_and(|head| !head.state.is_terminal()))
-            };
-            let holder = match record.foreground {
-                Some(holder) if live(holder)? => Some(holder),
-                _ => None,
-            };
-            let mut line = Vec::new();
-            for id in &record.waiting {
-                if live(*id)? {
-                    line.push(*id);
-                }
-            }
+            // An unreadable head (quarantined) holds nothing up, as for a turn taking it.
+            let state = |id: ExecutionId| store.head(id).ok().flatten().map(|head| head.state);
+            let holder = record
+                .foreground
+                .filter(|holder| state(*holder).is_some_and(|state| !state.is_terminal()));
+            // Only turns still queued keep their place in line (a paused one queues again
+            // when continued).
+            let mut line: Vec<ExecutionId> = record
+                .waiting
+                .iter()
+                .copied()
+                .filter(|id| state(*id) == Some(openprogram_storage::ExecutionState::Queued))
+                .collect();
             let ahead = holder.or(line.first().copied());
             let (name, behind, pause) = match (ahead, strategy) {
                 (None, _) => ("immediate", None, None),
@@ -57,7 +55,11 @@ impl Service {
                     })
                 }
                 (Some(busy), BusyStrategy::Steer) => {
-                    return self.steer_into(session_id, busy, request.message).await
+                    match self.steer_into(session_id, busy, request.message.clone()).await? {
+                        Some(steered) => return Ok(steered),
+                        // It ended meanwhile: the session is read again.
+                        None => continue,
+                    }
                 }
                 (Some(_), BusyStrategy::Queue) => {
                     let behind = line.last().copied().or(holder);
@@ -132,9 +134,17 @@ impl Service {
         session_id: SessionId,
         busy: ExecutionId,
         text: String,
-    ) -> Result<StartReply> {
+    ) -> Result<Option<StartReply>> {
         let steer = Command::new(CommandBody::Steer { text });
         let reply = self.command(session_id, busy, steer).await?;
+        let ended = self
+            .env()
+            .store
+            .head(busy)?
+            .is_none_or(|head| head.state.is_terminal());
+        if reply.status == "rejected" && ended {
+            return Ok(None);
+        }
         if reply.status == "rejected" {
             return Err(Error::SessionBusy {
                 foreground: busy,
@@ -145,7 +155,7 @@ impl Service {
             });
         }
         let head = self.head_in(session_id, busy)?;
-        Ok(StartReply {
+        Ok(Some(StartReply {
             execution_id: busy,
             run_id: head.run_id,
             turn_id: head.turn_id,
@@ -155,7 +165,7 @@ impl Service {
             job_id: None,
             steered: Some(reply),
             session_turn: None,
-        })
+        }))
     }
 
     /// `interrupt`: the holder pauses at its next safe point (a turn waiting for a person

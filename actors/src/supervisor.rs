@@ -335,10 +335,23 @@ async fn recover_where(env: &Arc<Executions>, scope: Scope) -> Result<RecoveryRe
                         false
                     }
                 };
+            // C-2: a turn waiting in its session's line ran nothing either: it is resumed to
+            // look whether it may take its session, whatever the restart window.
+            let waits_for_session = state == ExecutionState::Queued
+                && env
+                    .store
+                    .session(head.session_id)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|session| session.waiting.contains(&execution_id));
+            let window = match waits_for_session {
+                true => crate::recovery::RestartWindow::Unlimited,
+                false => env.restart_window,
+            };
             let plan = if waits_in_queue {
                 Plan::Stay
             } else {
-                classify(&head, env.owner, env.revision, env.restart_window, now_ms)
+                classify(&head, env.owner, env.revision, window, now_ms)
             };
             plans.push((head, plan));
         }

@@ -201,36 +201,17 @@ async fn c2_an_interrupt_pauses_the_running_turn_runs_first_and_the_paused_one_c
         &runtime,
         session,
         "urgent",
-        vec![reply("urgent")],
+        vec![sleep(400), reply("urgent")],
         Some(BusyStrategy::Interrupt),
     )
     .await
     .expect("urgent");
     assert_eq!(urgent.session_turn, Some("interrupt"));
-    wait_state(&runtime, session, urgent.execution_id, "completed").await;
     let paused = wait_state(&runtime, session, first.execution_id, "paused").await;
     assert_eq!(paused.pause_reason.as_deref(), Some("pause"));
-    let paused_at = first_position(&runtime, session, first.execution_id, "state_changed");
-    let urgent_start = first_position(
-        &runtime,
-        session,
-        urgent.execution_id,
-        "session_turn_started",
-    );
-    let urgent_end = end_position(&runtime, session, urgent.execution_id);
-    let paused_position = runtime
-        .events(session, first.execution_id, 0)
-        .expect("events")
-        .iter()
-        .find(|envelope| matches!(&envelope.event, Event::StateChanged { state, .. } if state.as_str() == "paused"))
-        .map(|envelope| envelope.position)
-        .expect("paused");
-    assert!(
-        paused_position < urgent_start,
-        "the interrupt ran only once the turn paused"
-    );
-    let _ = paused_at;
-    // Continued, it no longer holds the session: it waits in line (here: nobody), then runs.
+    // Continued while the interrupting turn runs: it no longer holds its session, so it
+    // waits in line instead of running beside it.
+    wait_state(&runtime, session, urgent.execution_id, "running").await;
     let reply = runtime
         .command(
             session,
@@ -240,9 +221,135 @@ async fn c2_an_interrupt_pauses_the_running_turn_runs_first_and_the_paused_one_c
         .await
         .expect("continue");
     assert_eq!(reply.status, "applied", "{reply:?}");
+    let waiting = runtime
+        .snapshot(session, first.execution_id)
+        .await
+        .expect("snapshot");
+    assert_eq!(waiting.state, "queued", "{waiting:?}");
+    wait_state(&runtime, session, urgent.execution_id, "completed").await;
     let done = wait_state(&runtime, session, first.execution_id, "completed").await;
     assert_eq!(done.text, "first");
-    assert!(end_position(&runtime, session, first.execution_id) > urgent_end);
+    let paused_position = runtime
+        .events(session, first.execution_id, 0)
+        .expect("events")
+        .iter()
+        .find(|envelope| matches!(&envelope.event, Event::StateChanged { state, .. } if state.as_str() == "paused"))
+        .map(|envelope| envelope.position)
+        .expect("paused");
+    let urgent_start = first_position(
+        &runtime,
+        session,
+        urgent.execution_id,
+        "session_turn_started",
+    );
+    let urgent_end = end_position(&runtime, session, urgent.execution_id);
+    let first_again = runtime
+        .events(session, first.execution_id, 0)
+        .expect("events")
+        .iter()
+        .find(|envelope| envelope.event.type_name() == "session_turn_started")
+        .map(|envelope| envelope.position)
+        .expect("took its session again");
+    assert!(
+        paused_position < urgent_start,
+        "the interrupt ran only once the turn paused"
+    );
+    assert!(
+        urgent_end < first_again,
+        "the paused turn ran again only after the interrupt"
+    );
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn c2_a_paused_or_cancelled_turn_in_line_holds_nobody_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = runtime(dir.path());
+    let session = SessionId::new();
+    let holder = send(
+        &runtime,
+        session,
+        "holder",
+        vec![sleep(400), reply("h")],
+        None,
+    )
+    .await
+    .expect("holder");
+    let paused = send(&runtime, session, "paused", vec![reply("p")], None)
+        .await
+        .expect("paused");
+    let cancelled = send(&runtime, session, "cancelled", vec![reply("c")], None)
+        .await
+        .expect("cancelled");
+    let last = send(&runtime, session, "last", vec![reply("l")], None)
+        .await
+        .expect("last");
+    for (execution, kind) in [
+        (paused.execution_id, "pause"),
+        (cancelled.execution_id, "cancel"),
+    ] {
+        let reply = runtime
+            .command(
+                session,
+                execution,
+                command_of(json!({"command_id": CommandId::new(), "kind": kind})),
+            )
+            .await
+            .expect(kind);
+        assert_eq!(reply.status, "applied", "{kind}: {reply:?}");
+    }
+    wait_state(&runtime, session, holder.execution_id, "completed").await;
+    let done = wait_state(&runtime, session, last.execution_id, "completed").await;
+    assert_eq!(done.text, "l");
+    assert_eq!(
+        runtime
+            .snapshot(session, paused.execution_id)
+            .await
+            .expect("s")
+            .state,
+        "paused"
+    );
+    assert_eq!(
+        runtime
+            .snapshot(session, cancelled.execution_id)
+            .await
+            .expect("s")
+            .state,
+        "cancelled"
+    );
+    // Continued now, the paused one queues again and runs (nobody holds the session).
+    runtime
+        .command(
+            session,
+            paused.execution_id,
+            command_of(json!({"command_id": CommandId::new(), "kind": "continue"})),
+        )
+        .await
+        .expect("continue");
+    assert_eq!(
+        wait_state(&runtime, session, paused.execution_id, "completed")
+            .await
+            .text,
+        "p"
+    );
+    // Without one turn per session, `when_busy` is refused.
+    let plain = Runtime::builder()
+        .data_dir(tempfile::tempdir().expect("dir").path())
+        .open()
+        .expect("open");
+    let refused = send(
+        &plain,
+        SessionId::new(),
+        "x",
+        vec![reply("x")],
+        Some(BusyStrategy::Queue),
+    )
+    .await;
+    assert!(
+        matches!(refused, Err(openprogram::Error::InvalidRequest(_))),
+        "{refused:?}"
+    );
+    plain.shutdown().await;
     runtime.shutdown().await;
 }
 

@@ -187,7 +187,20 @@ impl ExecutionActor {
             matches!(event, Event::StateChanged { state: openprogram_storage::ExecutionState::Queued, reason }
                 if reason == crate::execution::machine_session::SESSION_QUEUED)
         });
+        // C-2: a foreground turn that runs again moves its session's record too, so a turn
+        // that read it paused (an interrupt about to take the session) reads again.
+        let resumes = self.machine.session_turn.is_some()
+            && events.iter().any(|event| {
+                matches!(
+                    event,
+                    Event::StateChanged {
+                        state: openprogram_storage::ExecutionState::Running,
+                        ..
+                    }
+                )
+            });
         let writes = requeued
+            || resumes
             || matches!(
                 control,
                 Control::Answer {
@@ -205,8 +218,8 @@ impl ExecutionActor {
             session_id,
             ..SessionRecord::default()
         });
-        if requeued {
-            if !read.waiting.contains(&self.execution_id) {
+        if requeued || resumes {
+            if requeued && !read.waiting.contains(&self.execution_id) {
                 read.waiting.push(self.execution_id);
             }
             return Ok(Some(SessionWrite {

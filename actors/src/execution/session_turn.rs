@@ -46,12 +46,13 @@ impl ExecutionActor {
         let Some((record, state)) = self.session_now() else {
             return Box::pin(fut::ready(()));
         };
-        // Turns that ended while queued (cancelled) hold no place.
+        // Only turns still queued keep their place: one that ended (cancelled) or was paused
+        // (it queues again when continued) is passed over.
         let waiting: Vec<ExecutionId> = record
             .waiting
             .iter()
             .copied()
-            .filter(|id| *id == me || state(*id).is_some_and(|state| !state.is_terminal()))
+            .filter(|id| *id == me || state(*id) == Some(Status::Queued))
             .collect();
         let holder = record.foreground.filter(|holder| *holder != me);
         let holder_state = holder.and_then(&state);
@@ -105,9 +106,9 @@ impl ExecutionActor {
         )
     }
 
-    /// C-2: this turn held its session and ended or paused: the first turn in line may take
-    /// it now. (Should this wake be lost, the queued turn's next activation, or startup
-    /// recovery, tries again.)
+    /// C-2: this turn held its session, or stood in its line, and ended or paused: the first
+    /// turn still queued may take it now. (A wake lost to a crash: startup recovery resumes
+    /// queued turns, which look again.)
     pub(super) fn wake_next_in_session(&self) {
         if self.machine.session_turn.is_none() {
             return;
@@ -115,14 +116,15 @@ impl ExecutionActor {
         let Some((record, state)) = self.session_now() else {
             return;
         };
-        if record.foreground != Some(self.execution_id) {
+        let me = self.execution_id;
+        if record.foreground != Some(me) && !record.waiting.contains(&me) {
             return;
         }
         let next = record
             .waiting
             .iter()
             .copied()
-            .find(|id| state(*id).is_some_and(|state| !state.is_terminal()));
+            .find(|id| *id != me && state(*id) == Some(Status::Queued));
         if let Some(next) = next {
             self.env.wake(next);
         }
