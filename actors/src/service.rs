@@ -67,6 +67,23 @@ pub struct StartReply {
     pub session_turn: Option<&'static str>,
 }
 
+impl StartReply {
+    /// The reply naming the execution of `head`, at version 1 (its admission).
+    pub(crate) fn of(head: &ExecutionHead) -> Self {
+        Self {
+            execution_id: head.execution_id,
+            run_id: head.run_id,
+            turn_id: head.turn_id,
+            user_message_id: head.user_message_id,
+            reply_message_id: head.reply_message_id,
+            version: 1,
+            job_id: None,
+            steered: None,
+            session_turn: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CommandReply {
     pub command_id: CommandId,
@@ -209,15 +226,8 @@ impl Service {
             admission = admission.as_job(resources.clone(), job, now_ms);
         }
         let reply = StartReply {
-            execution_id,
-            run_id: admission.head.run_id,
-            turn_id: admission.head.turn_id,
-            user_message_id: admission.head.user_message_id,
-            reply_message_id: admission.head.reply_message_id,
-            version: 1,
             job_id: job.is_some().then_some(execution_id),
-            steered: None,
-            session_turn: None,
+            ..StartReply::of(&admission.head)
         };
         let start_paused = admission.start_paused;
         let (head, machine, version) = admission.commit(self.env.store.as_ref()).await?;

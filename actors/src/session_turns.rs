@@ -93,15 +93,8 @@ impl Service {
             )?
             .as_session_turn(turn);
             let reply = StartReply {
-                execution_id,
-                run_id: admission.head.run_id,
-                turn_id: admission.head.turn_id,
-                user_message_id: admission.head.user_message_id,
-                reply_message_id: admission.head.reply_message_id,
-                version: 1,
-                job_id: None,
-                steered: None,
                 session_turn: Some(name),
+                ..StartReply::of(&admission.head)
             };
             let write = SessionWrite {
                 session_id,
@@ -156,15 +149,9 @@ impl Service {
         }
         let head = self.head_in(session_id, busy)?;
         Ok(Some(StartReply {
-            execution_id: busy,
-            run_id: head.run_id,
-            turn_id: head.turn_id,
-            user_message_id: head.user_message_id,
-            reply_message_id: head.reply_message_id,
             version: reply.version,
-            job_id: None,
             steered: Some(reply),
-            session_turn: None,
+            ..StartReply::of(&head)
         }))
     }
 

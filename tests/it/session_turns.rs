@@ -19,6 +19,13 @@ fn runtime(dir: &std::path::Path) -> Runtime {
         .expect("open")
 }
 
+/// A runtime with one turn per session on a new store, and a new session.
+fn fresh() -> (tempfile::TempDir, Runtime, SessionId) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = runtime(dir.path());
+    (dir, runtime, SessionId::new())
+}
+
 fn sleep(ms: u64) -> Value {
     json!({"tool": "sleep", "args": {"ms": ms}})
 }
@@ -68,9 +75,7 @@ fn end_position(runtime: &Runtime, session: SessionId, execution: ExecutionId) -
 
 #[tokio::test]
 async fn c2_a_message_while_a_turn_runs_waits_in_line_and_runs_after_it() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let runtime = runtime(dir.path());
-    let session = SessionId::new();
+    let (_dir, runtime, session) = fresh();
     let first = send(
         &runtime,
         session,
@@ -137,9 +142,7 @@ async fn c2_a_message_while_a_turn_runs_waits_in_line_and_runs_after_it() {
 
 #[tokio::test]
 async fn c2_reject_stores_nothing_and_steer_reaches_the_running_turn() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let runtime = runtime(dir.path());
-    let session = SessionId::new();
+    let (_dir, runtime, session) = fresh();
     let running = send(
         &runtime,
         session,
@@ -190,9 +193,7 @@ async fn c2_reject_stores_nothing_and_steer_reaches_the_running_turn() {
 
 #[tokio::test]
 async fn c2_an_interrupt_pauses_the_running_turn_runs_first_and_the_paused_one_continues_after() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let runtime = runtime(dir.path());
-    let session = SessionId::new();
+    let (_dir, runtime, session) = fresh();
     let script = vec![sleep(300), echo("a"), sleep(300), reply("first")];
     let first = send(&runtime, session, "first", script, None)
         .await
@@ -263,9 +264,7 @@ async fn c2_an_interrupt_pauses_the_running_turn_runs_first_and_the_paused_one_c
 
 #[tokio::test]
 async fn c2_a_paused_or_cancelled_turn_in_line_holds_nobody_up() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let runtime = runtime(dir.path());
-    let session = SessionId::new();
+    let (_dir, runtime, session) = fresh();
     let holder = send(
         &runtime,
         session,
