@@ -208,6 +208,23 @@ pub fn replay(
 }
 
 impl Env {
+    /// The restart window recovery applies to `head`: unlimited for a turn waiting in its
+    /// session's line (C-2: it ran nothing; resumed, it looks whether it may take its
+    /// session), else the runtime's.
+    pub fn restart_window_of(&self, head: &ExecutionHead) -> RestartWindow {
+        let in_line = head.state == openprogram_storage::ExecutionState::Queued
+            && self
+                .store
+                .session(head.session_id)
+                .ok()
+                .flatten()
+                .is_some_and(|session| session.waiting.contains(&head.execution_id));
+        match in_line {
+            true => RestartWindow::Unlimited,
+            false => self.restart_window,
+        }
+    }
+
     /// A runtime's shared state. `revision` is derived from the tools (`contract_revision`).
     #[allow(clippy::too_many_arguments)]
     pub fn new(

@@ -335,19 +335,8 @@ async fn recover_where(env: &Arc<Executions>, scope: Scope) -> Result<RecoveryRe
                         false
                     }
                 };
-            // C-2: a turn waiting in its session's line ran nothing either: it is resumed to
-            // look whether it may take its session, whatever the restart window.
-            let waits_for_session = state == ExecutionState::Queued
-                && env
-                    .store
-                    .session(head.session_id)
-                    .ok()
-                    .flatten()
-                    .is_some_and(|session| session.waiting.contains(&execution_id));
-            let window = match waits_for_session {
-                true => crate::recovery::RestartWindow::Unlimited,
-                false => env.restart_window,
-            };
+            // C-2: a turn waiting in its session's line ran nothing either.
+            let window = env.restart_window_of(&head);
             let plan = if waits_in_queue {
                 Plan::Stay
             } else {
