@@ -37,14 +37,7 @@ impl Service {
             let holder = record
                 .foreground
                 .filter(|holder| state(*holder).is_some_and(|state| !state.is_terminal()));
-            // Only turns still queued keep their place in line (a paused one queues again
-            // when continued).
-            let mut line: Vec<ExecutionId> = record
-                .waiting
-                .iter()
-                .copied()
-                .filter(|id| state(*id) == Some(openprogram_storage::ExecutionState::Queued))
-                .collect();
+            let mut line = crate::execution::machine_session::line_of(&record.waiting, None, state);
             let ahead = holder.or(line.first().copied());
             let (name, behind, pause) = match (ahead, strategy) {
                 (None, _) => ("immediate", None, None),

@@ -207,12 +207,8 @@ pub fn inherited_blocks(
     events: &[EventEnvelope],
     checkpoint_seq: u64,
 ) -> Vec<Block> {
-    let through: Vec<EventEnvelope> = events
-        .iter()
-        .take_while(|envelope| envelope.seq <= checkpoint_seq)
-        .cloned()
-        .collect();
-    let mut blocks = assistant_message(head, &through, Vec::new()).blocks;
+    let through = events.partition_point(|envelope| envelope.seq <= checkpoint_seq);
+    let mut blocks = assistant_message(head, &events[..through], Vec::new()).blocks;
     for block in &mut blocks {
         block.inherited = true;
     }

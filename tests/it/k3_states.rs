@@ -75,6 +75,11 @@ pub(crate) async fn waiting_on_approval(world: &mut World) -> ExecutionId {
         echo("b"),
         reply("done"),
     ];
+    waiting_on(world, script).await
+}
+
+/// A turn of `script` left waiting for a person (across a restart now and then).
+async fn waiting_on(world: &mut World, script: Vec<Value>) -> ExecutionId {
     let execution = world.start(script, None, false).await;
     world.until_state(execution, "waiting").await;
     world.maybe_restart().await;
@@ -91,10 +96,7 @@ pub(crate) async fn waiting_on_a_question(world: &mut World) -> ExecutionId {
         echo("b"),
         reply("done"),
     ];
-    let execution = world.start(script, None, false).await;
-    world.until_state(execution, "waiting").await;
-    world.maybe_restart().await;
-    execution
+    waiting_on(world, script).await
 }
 
 /// W-8: paused `wait_expired`: the runtime's clock moved past the question's deadline.
@@ -105,9 +107,7 @@ pub(crate) async fn wait_expired(world: &mut World) -> ExecutionId {
         echo("b"),
         reply("done"),
     ];
-    let execution = world.start(script, None, false).await;
-    world.until_state(execution, "waiting").await;
-    world.maybe_restart().await;
+    let execution = waiting_on(world, script).await;
     world.restarts.clock.advance(Duration::from_secs(2));
     world
         .until(execution, "the wait expired", |now| {

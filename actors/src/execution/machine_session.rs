@@ -16,6 +16,21 @@ use super::machine::{Machine, Present};
 /// The reason of the `queued` state of a turn waiting for its session.
 pub const SESSION_QUEUED: &str = "session";
 
+/// C-2: a session's line as it stands: the turns of `waiting` still queued (one that ended
+/// or was paused holds no place; a paused one queues again when continued), and `me`,
+/// wherever it stands. `state`: each execution's state as read (`None`: unreadable).
+pub fn line_of(
+    waiting: &[ExecutionId],
+    me: Option<ExecutionId>,
+    state: impl Fn(ExecutionId) -> Option<Status>,
+) -> Vec<ExecutionId> {
+    waiting
+        .iter()
+        .copied()
+        .filter(|id| Some(*id) == me || state(*id) == Some(Status::Queued))
+        .collect()
+}
+
 /// C-2: what the machine knows of its execution as a session's foreground turn.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SessionTurn {

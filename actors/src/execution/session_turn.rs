@@ -10,6 +10,7 @@ use openprogram_storage::{
 };
 
 use crate::execution::actor::{log_failure, ExecutionActor};
+use crate::execution::machine_session::line_of;
 
 /// How often a take is tried again when the session record moved meanwhile.
 const TAKE_TRIES_MAX: u32 = 8;
@@ -46,14 +47,7 @@ impl ExecutionActor {
         let Some((record, state)) = self.session_now() else {
             return Box::pin(fut::ready(()));
         };
-        // Only turns still queued keep their place: one that ended (cancelled) or was paused
-        // (it queues again when continued) is passed over.
-        let waiting: Vec<ExecutionId> = record
-            .waiting
-            .iter()
-            .copied()
-            .filter(|id| *id == me || state(*id) == Some(Status::Queued))
-            .collect();
+        let waiting = line_of(&record.waiting, Some(me), &state);
         let holder = record.foreground.filter(|holder| *holder != me);
         let holder_state = holder.and_then(&state);
         let free = match holder_state {
@@ -120,11 +114,9 @@ impl ExecutionActor {
         if record.foreground != Some(me) && !record.waiting.contains(&me) {
             return;
         }
-        let next = record
-            .waiting
-            .iter()
-            .copied()
-            .find(|id| *id != me && state(*id) == Some(Status::Queued));
+        let next = line_of(&record.waiting, None, state)
+            .into_iter()
+            .find(|id| *id != me);
         if let Some(next) = next {
             self.env.wake(next);
         }
