@@ -123,7 +123,8 @@ pub struct RuntimeBuilder {
     functions: Vec<DurableFunction>,
     builtin_revisions: Option<Vec<(String, u32)>>,
     function_policy: Option<VersionPolicy>,
-    one_turn_per_session: bool,
+    /// C-2 off: the turns of a session run side by side (`one_turn_per_session(false)`).
+    parallel_turns: bool,
     limits: Limits,
     lease_ttl: Option<Duration>,
     restart_window: RestartWindow,
@@ -214,10 +215,10 @@ impl RuntimeBuilder {
     /// `keep_original`.
     /// C-2: one foreground turn per session. An agent turn a person starts while another of
     /// its session has not ended follows its `when_busy` (`queue` by default: it runs after
-    /// it). Off unless asked for (`serve --one-turn-per-session`): with it off, the turns of
-    /// a session run side by side, as before.
+    /// it). On unless turned off (`serve --parallel-turns`): with it off, the turns of a
+    /// session run side by side and `when_busy` is refused.
     pub fn one_turn_per_session(mut self, on: bool) -> Self {
-        self.one_turn_per_session = on;
+        self.parallel_turns = !on;
         self
     }
 
@@ -335,7 +336,7 @@ impl RuntimeBuilder {
         }
         env.resources = Resources::new(self.resources)?;
         env.functions = Arc::new(functions);
-        env.one_turn_per_session = self.one_turn_per_session;
+        env.one_turn_per_session = !self.parallel_turns;
         if let Some(policy) = self.function_policy {
             env.function_policy = policy;
         }

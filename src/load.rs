@@ -71,8 +71,7 @@ pub async fn park(
 /// and of the rejected commands.
 async fn send_commands(
     runtime: Runtime,
-    session: SessionId,
-    running: Arc<Mutex<Vec<ExecutionId>>>,
+    running: Arc<Mutex<Vec<(SessionId, ExecutionId)>>>,
     per_s: f64,
     done: Arc<std::sync::atomic::AtomicBool>,
 ) -> Result<CommandLatencies> {
@@ -87,7 +86,7 @@ async fn send_commands(
         state ^= state << 13;
         state ^= state >> 7;
         state ^= state << 17;
-        let target = {
+        let (session, target) = {
             let running = running.lock().unwrap_or_else(PoisonError::into_inner);
             match running.len() {
                 0 => continue,
@@ -290,7 +289,6 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     };
     let drive = Drive {
         runtime: runtime.clone(),
-        session: SessionId::new(),
         // Shared by the workers: cloned once per execution (its request owns it).
         script: Arc::new(script(&options)),
         next: Arc::default(),
@@ -317,7 +315,6 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     let commander = options.commands_per_s.map(|per_s| {
         tokio::spawn(send_commands(
             runtime.clone(),
-            drive.session,
             drive.running.clone(),
             per_s,
             done.clone(),
@@ -511,15 +508,15 @@ fn store_dir(options: &LoadOptions) -> Result<(Option<tempfile::TempDir>, std::p
 #[derive(Clone)]
 struct Drive {
     runtime: Runtime,
-    session: SessionId,
     script: Arc<Vec<ScriptElement>>,
     next: Arc<AtomicUsize>,
     failed: Arc<AtomicUsize>,
     clock: Arc<StepClock>,
     executions_us: Arc<Mutex<Option<Histogram<u64>>>>,
     progress: indicatif::ProgressBar,
-    /// Executions admitted and not yet ended (where the command sender aims).
-    running: Arc<Mutex<Vec<ExecutionId>>>,
+    /// Executions admitted and not yet ended, each in its own session (where the command
+    /// sender aims).
+    running: Arc<Mutex<Vec<(SessionId, ExecutionId)>>>,
     /// `--function`: the input of the load's function, run instead of the script.
     function: Option<serde_json::Value>,
     /// `--jobs`: what each execution asks the queue for.
@@ -551,6 +548,8 @@ impl Drive {
     }
 
     async fn one(&self, max_iterations: u32) -> Result<()> {
+        // Each execution is its own conversation: a session runs one turn at a time (C-2).
+        let session = SessionId::new();
         let admitted = Instant::now();
         let execution_id = match &self.function {
             Some(input) => {
@@ -560,7 +559,7 @@ impl Drive {
                     job: self.job.clone(),
                     ..Default::default()
                 };
-                let started = self.runtime.start_function(self.session, start).await?;
+                let started = self.runtime.start_function(session, start).await?;
                 started.started.execution_id
             }
             None => {
@@ -571,18 +570,18 @@ impl Drive {
                     job: self.job.clone(),
                     ..StartRequest::default()
                 };
-                let started = self.runtime.start_execution(self.session, request).await?;
+                let started = self.runtime.start_execution(session, request).await?;
                 started.execution_id
             }
         };
         self.running
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push(execution_id);
-        let finished = self.runtime.wait_finished(self.session, execution_id).await;
+            .push((session, execution_id));
+        let finished = self.runtime.wait_finished(session, execution_id).await;
         {
             let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(index) = running.iter().position(|id| *id == execution_id) {
+            if let Some(index) = running.iter().position(|(_, id)| *id == execution_id) {
                 running.swap_remove(index);
             }
         }

@@ -2,7 +2,8 @@
 //! running servers' HTTP API (SPEC §6) instead of an embedded store. The same executions (the
 //! scripted provider issuing `steps` `echo` calls of `payload_bytes`, then a reply), the same
 //! report. Several URLs are several nodes of one PostgreSQL store (N-2): the slots are dealt
-//! round robin across them, one session shared by all.
+//! round robin across them. Each execution is a conversation of its own: a session runs
+//! one turn at a time (C-2).
 //!
 //! Each concurrency slot is a thread that admits an execution (`POST …/executions`) on its
 //! node and follows its event stream (`…/events/stream`) to its end, then takes the next. Timing
@@ -42,9 +43,9 @@ struct Followed {
 /// Runs the load against `targets` (nodes of one store). Options that need the embedded
 /// store (`--data`, `--baseline`, `--commands-per-s`, `--park`) are refused.
 pub fn run(options: &LoadOptions, targets: &[Target]) -> Result<LoadReport, Failure> {
-    let Some(target) = targets.first() else {
+    if targets.is_empty() {
         return Err(Failure::Usage("--url names no server".into()));
-    };
+    }
     let embedded_only = [
         ("--data", options.data.is_some()),
         ("--baseline", options.baseline.is_some()),
@@ -62,11 +63,6 @@ pub fn run(options: &LoadOptions, targets: &[Target]) -> Result<LoadReport, Fail
         ));
     }
     let before = ServerMetrics::read_all(targets)?;
-    let session = target.call("POST", "/v1/sessions", Some(&json!({})))?;
-    let session = session["session_id"]
-        .as_str()
-        .ok_or_else(|| Failure::Failed("the server named no session_id".into()))?
-        .to_owned();
     let body = json!({
         "kind": "agent",
         "message": "load",
@@ -84,13 +80,13 @@ pub fn run(options: &LoadOptions, targets: &[Target]) -> Result<LoadReport, Fail
     std::thread::scope(|scope| {
         for slot in 0..options.concurrency.min(options.executions) {
             let target = &targets[slot % targets.len()];
-            let (next, session, body) = (&next, &session, &body);
+            let (next, body) = (&next, &body);
             let (progress, followed) = (&progress, &followed);
             let spawned = std::thread::Builder::new()
                 .stack_size(SLOT_STACK_BYTES)
                 .spawn_scoped(scope, move || {
                     while next.fetch_add(1, Ordering::Relaxed) < options.executions {
-                        let result = admit_and_follow(target, session, body);
+                        let result = admit_and_follow(target, body);
                         progress.inc(1);
                         lock(followed).push(result);
                     }
@@ -136,8 +132,12 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Admits one execution and reads its event stream until it ends.
-fn admit_and_follow(target: &Target, session: &str, body: &Value) -> Result<Followed, Failure> {
+/// Admits one execution, in a session of its own, and reads its event stream until it ends.
+fn admit_and_follow(target: &Target, body: &Value) -> Result<Followed, Failure> {
+    let session = target.call("POST", "/v1/sessions", Some(&json!({})))?;
+    let session = session["session_id"]
+        .as_str()
+        .ok_or_else(|| Failure::Failed("the server named no session_id".into()))?;
     let admitted = target.call(
         "POST",
         &format!("/v1/sessions/{session}/executions"),

@@ -133,10 +133,11 @@ enum Command {
         /// code across a restart is simulated (F-3).
         #[arg(long, value_parser = function_revisions)]
         function_revisions: Option<FunctionRevisions>,
-        /// One foreground turn per session (C-2): a message sent while another turn of its
-        /// session runs follows its `when_busy` (queue, steer, reject, interrupt).
+        /// Let the turns of a session run side by side. By default a session has one
+        /// foreground turn (C-2): a message sent while another turn of its session runs
+        /// follows its `when_busy` (queue, steer, reject, interrupt).
         #[arg(long)]
-        one_turn_per_session: bool,
+        parallel_turns: bool,
         /// Declare a resource Jobs are admitted for, as NAME=CAPACITY (repeatable), such
         /// as model=8 (J-1).
         #[arg(long = "resource", value_parser = resource)]
@@ -445,7 +446,7 @@ fn main() -> ExitCode {
             accept_loss,
             lease_ttl,
             function_revisions,
-            one_turn_per_session,
+            parallel_turns,
             resources,
             retain_finished,
             node_id,
@@ -476,7 +477,7 @@ fn main() -> ExitCode {
                 accept_loss,
                 lease_ttl,
                 function_revisions: function_revisions.map(|revisions| revisions.0),
-                one_turn_per_session,
+                parallel_turns,
                 resources,
                 retain_finished,
                 node_id,

@@ -35,8 +35,8 @@ pub struct ServeOptions {
     pub lease_ttl: Option<Duration>,
     /// F-3: exactly these revisions of the built-in functions (default all).
     pub function_revisions: Option<Vec<(String, u32)>>,
-    /// C-2: one foreground turn per session.
-    pub one_turn_per_session: bool,
+    /// C-2 off: the turns of a session run side by side (`--parallel-turns`).
+    pub parallel_turns: bool,
     /// J-1: the resources Jobs are admitted for (`--resource NAME=CAPACITY`).
     pub resources: Vec<(String, u32)>,
     /// S-8: purge executions ended longer ago than this (`--retain-finished`).
@@ -82,7 +82,7 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     if let Some(provider) = options.model.provider(&tools)? {
         builder = builder.provider(provider);
     }
-    builder = builder.one_turn_per_session(options.one_turn_per_session);
+    builder = builder.one_turn_per_session(!options.parallel_turns);
     if let Some(revisions) = &options.function_revisions {
         builder = builder.builtin_function_revisions(revisions.clone());
     }

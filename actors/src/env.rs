@@ -243,7 +243,7 @@ impl Env {
             tools,
             functions: Arc::new(crate::function_builtin::builtin()),
             function_policy: openprogram_storage::VersionPolicy::KeepOriginal,
-            one_turn_per_session: false,
+            one_turn_per_session: true,
             owner,
             lease_ttl,
             clock,

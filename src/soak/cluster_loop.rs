@@ -23,8 +23,8 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::soak::kill_loop::{
-    await_completion, check_store, line, percentiles, script, Admitted, KillLoopOptions, Server,
-    TOKEN_LEN, VIOLATIONS_KEPT,
+    await_completion, check_store, line, percentiles, script, sessions, Admitted, KillLoopOptions,
+    Server, TOKEN_LEN, TURNS_PER_SESSION, VIOLATIONS_KEPT,
 };
 use crate::soak::oracle::{tally, Tally};
 
@@ -218,19 +218,20 @@ pub fn run(
         nodes.push(node);
     }
     let first = nodes[0].server.as_ref().ok_or("node n0 is not running")?;
-    let session = first.call(&token, "POST", "/v1/sessions", None)?;
-    let session = match session["session_id"].as_str() {
-        Some(id) => id.to_owned(),
-        None => return Err(format!("creating a session: {session}")),
-    };
-    let path = format!("/v1/sessions/{session}/executions");
+    let sessions = sessions(first, &token, base.executions)?;
     let mut admitted = Vec::new();
     for index in 0..base.executions {
         let body = script(index, base, &sink, &mut rng);
         let node = &nodes[index % nodes.len()];
         let server = node.server.as_ref().ok_or("a node is not running")?;
+        let session = sessions[index / TURNS_PER_SESSION].clone();
+        let path = format!("/v1/sessions/{session}/executions");
         let reply = server.call(&token, "POST", &path, Some(&body))?;
-        admitted.push(Admitted { index, reply });
+        admitted.push(Admitted {
+            index,
+            session,
+            reply,
+        });
     }
 
     let mut fault_times_ms = Vec::new();
@@ -265,7 +266,7 @@ pub fn run(
     // node that exited meanwhile is started again.
     let mut violations = Vec::new();
     let mut ask = 0usize;
-    let unfinished = await_completion(base, &session, &admitted, &mut violations, |path| {
+    let unfinished = await_completion(base, &admitted, &mut violations, |path| {
         ask += 1;
         if ask.is_multiple_of(50) {
             for node in &mut nodes {

@@ -202,11 +202,34 @@ impl Drop for Server {
     }
 }
 
-/// An admitted execution and the ids it must keep (I7).
+/// An admitted execution, its session, and the ids it must keep (I7).
 #[derive(Debug, Clone)]
 pub(crate) struct Admitted {
     pub(crate) index: usize,
+    pub(crate) session: String,
     pub(crate) reply: Value,
+}
+
+/// Turns admitted into one session: a session runs one turn at a time (C-2), so the second
+/// waits in its session's line, across the kills, until the first ended.
+pub(crate) const TURNS_PER_SESSION: usize = 2;
+
+/// Creates a session for every `TURNS_PER_SESSION` executions; execution `i` goes to
+/// session `i / TURNS_PER_SESSION`.
+pub(crate) fn sessions(
+    server: &Server,
+    token: &str,
+    executions: usize,
+) -> Result<Vec<String>, String> {
+    (0..executions.div_ceil(TURNS_PER_SESSION))
+        .map(|_| {
+            let session = server.call(token, "POST", "/v1/sessions", None)?;
+            match session["session_id"].as_str() {
+                Some(id) => Ok(id.to_owned()),
+                None => Err(format!("creating a session: {session}")),
+            }
+        })
+        .collect()
 }
 
 /// Runs the loop; `progress` is told each kill.
@@ -222,18 +245,14 @@ pub fn run(options: &KillLoopOptions, progress: impl Fn(usize)) -> Result<KillLo
     let log = |n: usize| root.path().join(format!("serve-{n}.log"));
 
     let mut server = Server::start(options, &data, &token, log(0))?;
-    let session = server.call(&token, "POST", "/v1/sessions", None)?;
-    let session = match session["session_id"].as_str() {
-        Some(id) => id.to_owned(),
-        None => return Err(format!("creating a session: {session}")),
-    };
+    let sessions = sessions(&server, &token, options.executions)?;
     let scripts: Vec<Value> = (0..options.executions)
         .map(|index| script(index, options, &sink, &mut rng))
         .collect();
     let admitted = admit(
         &server,
         &token,
-        &session,
+        &sessions,
         scripts,
         options.admit_concurrency,
     )?;
@@ -259,7 +278,7 @@ pub fn run(options: &KillLoopOptions, progress: impl Fn(usize)) -> Result<KillLo
 
     // Quiescence: every execution completes, with its ids (L1, I7).
     let mut violations = Vec::new();
-    let unfinished = await_completion(options, &session, &admitted, &mut violations, |path| {
+    let unfinished = await_completion(options, &admitted, &mut violations, |path| {
         // A transient error (a slow answer) is asked again until the deadline.
         Ok(server
             .call(&token, "GET", path, None)
@@ -301,17 +320,17 @@ pub fn run(options: &KillLoopOptions, progress: impl Fn(usize)) -> Result<KillLo
 /// the harness's own.
 pub(crate) fn await_completion(
     options: &KillLoopOptions,
-    session: &str,
     admitted: &[Admitted],
     violations: &mut Vec<String>,
     mut snapshot: impl FnMut(&str) -> Result<Value, String>,
 ) -> Result<usize, String> {
     let mut unfinished = 0;
-    let work_ms = options.steps as u64 * options.sleep_ms.1;
+    // The turns of a session run one after another.
+    let work_ms = (TURNS_PER_SESSION * options.steps) as u64 * options.sleep_ms.1;
     let deadline = Instant::now() + Duration::from_millis(work_ms) + Duration::from_secs(120);
     for execution in admitted {
         let id = execution.reply["execution_id"].as_str().unwrap_or_default();
-        let path = format!("/v1/sessions/{session}/executions/{id}");
+        let path = format!("/v1/sessions/{}/executions/{id}", execution.session);
         loop {
             let snapshot = snapshot(&path)?;
             if snapshot["state"] == "completed" {
@@ -397,28 +416,29 @@ pub(crate) fn script(
     json!({"message": "soak", "script": script, "max_iterations": script.len()})
 }
 
-/// Admits every execution (201, acknowledged) with `concurrency` clients.
+/// Admits every execution (201, acknowledged) into its session with `concurrency` clients.
 pub(crate) fn admit(
     server: &Server,
     token: &str,
-    session: &str,
+    sessions: &[String],
     scripts: Vec<Value>,
     concurrency: usize,
 ) -> Result<Vec<Admitted>, String> {
-    let path = format!("/v1/sessions/{session}/executions");
     let jobs: Vec<(usize, Value)> = scripts.into_iter().enumerate().collect();
     let chunk = jobs.len().div_ceil(concurrency.max(1)).max(1);
     let results: Vec<Result<Vec<Admitted>, String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = jobs
             .chunks(chunk)
             .map(|jobs| {
-                let path = &path;
                 scope.spawn(move || {
                     jobs.iter()
                         .map(|(index, body)| {
-                            let reply = server.call(token, "POST", path, Some(body))?;
+                            let session = &sessions[index / TURNS_PER_SESSION];
+                            let path = format!("/v1/sessions/{session}/executions");
+                            let reply = server.call(token, "POST", &path, Some(body))?;
                             Ok(Admitted {
                                 index: *index,
+                                session: session.clone(),
                                 reply,
                             })
                         })

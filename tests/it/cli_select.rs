@@ -121,16 +121,21 @@ fn i4_inspect_executions_across_sessions_needs_attention_first() {
 #[test]
 fn i4_ctl_where_lists_with_dry_run_then_sends_each_fenced() {
     let server = TestServer::new();
-    let session = server.session();
+    // Each turn in a session of its own: a session's turns run one at a time (C-2).
     let mut waiting = Vec::new();
     for _ in 0..2 {
+        let session = server.session();
         let started = server.start(&session, asking());
-        waiting.push(started["execution_id"].as_str().expect("id").to_owned());
+        waiting.push((
+            session,
+            started["execution_id"].as_str().expect("id").to_owned(),
+        ));
     }
+    let session = server.session();
     let other = server.start(&session, done());
     let other = other["execution_id"].as_str().expect("id").to_owned();
-    for execution in &waiting {
-        server.wait_state(&session, execution, "waiting");
+    for (session, execution) in &waiting {
+        server.wait_state(session, execution, "waiting");
     }
     server.wait_state(&session, &other, "completed");
     let dry = openprogram(
@@ -139,14 +144,17 @@ fn i4_ctl_where_lists_with_dry_run_then_sends_each_fenced() {
     );
     let listed = String::from_utf8_lossy(&dry.stdout).into_owned();
     assert!(dry.status.success(), "{dry:?}");
-    assert!(waiting.iter().all(|id| listed.contains(id)), "{listed}");
+    assert!(
+        waiting.iter().all(|(_, id)| listed.contains(id)),
+        "{listed}"
+    );
     assert!(!listed.contains(&other), "{listed}");
     assert!(
         listed.contains("2 executions selected; nothing sent"),
         "{listed}"
     );
-    for execution in &waiting {
-        assert_eq!(server.snapshot(&session, execution)["state"], "waiting");
+    for (session, execution) in &waiting {
+        assert_eq!(server.snapshot(session, execution)["state"], "waiting");
     }
     // A selection that fills its limit says so.
     let capped = openprogram(
@@ -178,8 +186,8 @@ fn i4_ctl_where_lists_with_dry_run_then_sends_each_fenced() {
         String::from_utf8_lossy(&sent.stderr)
     );
     assert_eq!(replies.matches("decline applied").count(), 2, "{replies}");
-    for execution in &waiting {
-        server.wait_state(&session, execution, "completed");
+    for (session, execution) in &waiting {
+        server.wait_state(session, execution, "completed");
     }
     // Nothing selected now; bad clauses are usage errors.
     let none = openprogram(

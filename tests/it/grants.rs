@@ -106,10 +106,12 @@ async fn w7_a_session_grant_approves_the_tool_across_the_session_until_revoked()
             } => Some((*grant_id, *session_version)),
             _ => None,
         });
+    // The record's versions: 1 the first turn's admission (it took the session), 2 the
+    // answer (the grant, and the turn running again), 3 the second turn's admission.
     assert_eq!(
         used,
-        Some((grant, Some(1))),
-        "relied on the session record at version 1"
+        Some((grant, Some(3))),
+        "relied on the session record as the second turn read it"
     );
     let messages = harness
         .runtime

@@ -99,9 +99,11 @@ fn events(server: &TestServer, session: &Session, execution: &str) -> Value {
 }
 
 /// K-3, K-4 over HTTP for `kind`: applied on `offered`, refused on `refused` without a trace
-/// on the execution.
-fn check(server: &TestServer, session: &Session, kind: &str, offered: &str, refused: &str) {
-    let before = server.snapshot(session, offered);
+/// on the execution. Each is `(session, execution)`: one session runs one turn at a time
+/// (C-2), so two turns in different states are in two sessions.
+fn check(server: &TestServer, kind: &str, offered: (&Session, &str), refused: (&Session, &str)) {
+    let ((offered_session, offered), (session, refused)) = (offered, refused);
+    let before = server.snapshot(offered_session, offered);
     assert!(
         before["capabilities"]
             .as_array()
@@ -109,7 +111,7 @@ fn check(server: &TestServer, session: &Session, kind: &str, offered: &str, refu
             .contains(&json!(kind)),
         "{before}"
     );
-    let (status, applied) = server.command(session, offered, body(kind, &before));
+    let (status, applied) = server.command(offered_session, offered, body(kind, &before));
     assert_eq!(
         (status, &applied["status"]),
         (202, &json!("applied")),
@@ -167,10 +169,15 @@ fn check(server: &TestServer, session: &Session, kind: &str, offered: &str, refu
 
 fn run(kind: &str, offered: State, refused: State) {
     let server = TestServer::new();
-    let session = server.session();
-    let offered = build(&server, &session, offered);
-    let refused = build(&server, &session, refused);
-    check(&server, &session, kind, &offered, &refused);
+    let (offered_session, refused_session) = (server.session(), server.session());
+    let offered = build(&server, &offered_session, offered);
+    let refused = build(&server, &refused_session, refused);
+    check(
+        &server,
+        kind,
+        (&offered_session, &offered),
+        (&refused_session, &refused),
+    );
 }
 
 #[test]
@@ -265,7 +272,12 @@ fn k3_reconcile_over_http() {
     let unknown = unknown.to_string();
     server.wait_state(&session, &unknown, "reconciliation_required");
     let paused = build(&server, &session, State::Paused);
-    check(&server, &session, "reconcile", &unknown, &paused);
+    check(
+        &server,
+        "reconcile",
+        (&session, &unknown),
+        (&session, &paused),
+    );
 }
 
 /// unknown fields, kinds not built and kinds that do not exist are 400s naming what,

@@ -94,11 +94,17 @@ impl World {
             start_paused: paused,
             ..Default::default()
         };
-        self.runtime()
-            .start_execution(self.restarts.session, request)
+        // Each state in a session of its own: a session's turns run one at a time (C-2),
+        // and the states are built side by side.
+        let session = openprogram::storage::SessionId::new();
+        let execution_id = self
+            .runtime()
+            .start_execution(session, request)
             .await
             .expect("start")
-            .execution_id
+            .execution_id;
+        self.restarts.apart.admitted(execution_id, session);
+        execution_id
     }
 
     /// An agent turn running `script` as a Job asking for `job`.
@@ -186,7 +192,14 @@ impl World {
         what: &str,
         done: impl Fn(&Snapshot) -> bool,
     ) -> Snapshot {
-        wait_until(self.runtime(), self.restarts.session, execution, what, done).await
+        wait_until(
+            self.runtime(),
+            self.restarts.session_of(execution),
+            execution,
+            what,
+            done,
+        )
+        .await
     }
 
     pub(crate) async fn until_state(&self, execution: ExecutionId, state: &str) -> Snapshot {
@@ -216,10 +229,17 @@ impl World {
     }
 
     pub(crate) async fn send(&self, execution: ExecutionId, body: Value) -> CommandReply {
-        self.runtime()
-            .command(self.restarts.session, execution, command_of(body))
+        let session = self.restarts.session_of(execution);
+        let reply = self
+            .runtime()
+            .command(session, execution, command_of(body))
             .await
-            .expect("a command is answered")
+            .expect("a command is answered");
+        // A fork or retry child is in its original's session.
+        if let Some(child) = reply.execution_id {
+            self.restarts.apart.admitted(child, session);
+        }
+        reply
     }
 
     /// Checks the three properties in one state: every kind it does not offer on one
@@ -369,7 +389,7 @@ impl World {
         );
         let stored = self
             .runtime()
-            .command_status(self.restarts.session, reply.command_id)
+            .command_status(self.restarts.session_of(execution), reply.command_id)
             .expect("the rejection is stored");
         assert_eq!(&stored, reply, "{case}");
     }

@@ -56,7 +56,7 @@ pub(crate) fn assert_no_duplicate(sink: &Path, when: &str) {
     }
 }
 
-/// Admits `executions` turns of `steps` appends each, on a runtime whose provider never
+/// Admits `executions` turns of `steps` appends each, each in a session of its own, on a runtime whose provider never
 /// answers, and crashes it: every execution is abandoned with a model request in flight.
 pub(crate) async fn abandoned_appends(
     restarts: &Restarts,
@@ -84,10 +84,13 @@ pub(crate) async fn abandoned_appends(
             script: elements(script),
             ..Default::default()
         };
+        // Each in a session of its own, to run side by side (C-2).
+        let session = openprogram::storage::SessionId::new();
         let admitted = runtime
-            .start_execution(restarts.session, request)
+            .start_execution(session, request)
             .await
             .expect("start");
+        restarts.apart.admitted(admitted.execution_id, session);
         started.push(admitted);
     }
     crash(runtime);
@@ -112,7 +115,8 @@ pub(crate) async fn assert_all_completed_exactly_once(
     for (index, execution) in started.iter().enumerate() {
         let id = execution.execution_id;
         let finished =
-            tokio::time::timeout_at(deadline, runtime.wait_finished(restarts.session, id)).await;
+            tokio::time::timeout_at(deadline, runtime.wait_finished(restarts.session_of(id), id))
+                .await;
         let snapshot = restarts.snapshot(&runtime, id).await;
         assert!(
             matches!(finished, Ok(Ok(()))),

@@ -196,8 +196,9 @@ async fn w4_a_question_of_another_execution_is_not_answered_through_this_one() {
     let one = harness
         .start(vec![asker(&["a?"]), reply("one")], None)
         .await;
+    // In another session: a session's turns run one at a time (C-2).
     let two = harness
-        .start(vec![asker(&["b?"]), reply("two")], None)
+        .start_apart(vec![asker(&["b?"]), reply("two")])
         .await;
     let (_, theirs) = open_questions(&harness, two, 1).await[0].clone();
     open_questions(&harness, one, 1).await;

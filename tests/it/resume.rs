@@ -490,8 +490,9 @@ pub(crate) async fn r7_orderly_shutdown_pauses_running_executions_and_the_next_s
     let runtime = restarts.open(RestartWindow::Unlimited);
     let mut started = Vec::new();
     for _ in 0..3 {
+        // Three sessions: a session's turns run one at a time (C-2).
         let reply_ = restarts
-            .start(&runtime, vec![sleep(200), sleep(200), reply("done")])
+            .start_apart(&runtime, vec![sleep(200), sleep(200), reply("done")])
             .await;
         started.push(reply_);
     }
@@ -525,7 +526,10 @@ pub(crate) async fn r7_orderly_shutdown_pauses_running_executions_and_the_next_s
     assert_eq!(runtime.recovery().await.expect("recovery").resumed.len(), 3);
     for execution in &started {
         runtime
-            .wait_finished(restarts.session, execution.execution_id)
+            .wait_finished(
+                restarts.session_of(execution.execution_id),
+                execution.execution_id,
+            )
             .await
             .expect("finished");
         let snapshot = restarts.snapshot(&runtime, execution.execution_id).await;

@@ -1,5 +1,5 @@
-//! C-2, one foreground turn per session (`RuntimeBuilder::one_turn_per_session`), through
-//! the library on a real store: a message sent while a turn runs follows its `when_busy` —
+//! C-2, one foreground turn per session (the default; `RuntimeBuilder::one_turn_per_session`),
+//! through the library on a real store: a message sent while a turn runs follows its `when_busy` —
 //! `queue` (default: it runs after, in order), `steer` (the running turn's steering text,
 //! nothing admitted), `reject` (`session_busy`, nothing stored), `interrupt` (the running
 //! turn pauses at its next safe point, the message runs, the paused turn continues later
@@ -12,14 +12,10 @@ use serde_json::{json, Value};
 use crate::support::*;
 
 fn runtime(dir: &std::path::Path) -> Runtime {
-    Runtime::builder()
-        .data_dir(dir)
-        .one_turn_per_session(true)
-        .open()
-        .expect("open")
+    Runtime::builder().data_dir(dir).open().expect("open")
 }
 
-/// A runtime with one turn per session on a new store, and a new session.
+/// A runtime (one turn per session, the default) on a new store, and a new session.
 fn fresh() -> (tempfile::TempDir, Runtime, SessionId) {
     let dir = tempfile::tempdir().expect("tempdir");
     let runtime = runtime(dir.path());
@@ -334,6 +330,7 @@ async fn c2_a_paused_or_cancelled_turn_in_line_holds_nobody_up() {
     // Without one turn per session, `when_busy` is refused.
     let plain = Runtime::builder()
         .data_dir(tempfile::tempdir().expect("dir").path())
+        .one_turn_per_session(false)
         .open()
         .expect("open");
     let refused = send(
@@ -356,11 +353,7 @@ async fn c2_a_paused_or_cancelled_turn_in_line_holds_nobody_up() {
 async fn c2_a_crash_with_a_turn_in_line_keeps_the_order() {
     let restarts = Restarts::new();
     let open = || {
-        restarts.open_with(|builder| {
-            builder
-                .one_turn_per_session(true)
-                .restart_window(openprogram::RestartWindow::Unlimited)
-        })
+        restarts.open_with(|builder| builder.restart_window(openprogram::RestartWindow::Unlimited))
     };
     let runtime = open();
     let session = restarts.session;
@@ -398,8 +391,7 @@ async fn c2_a_crash_with_a_turn_in_line_keeps_the_order() {
 #[test]
 fn c2_over_http_a_busy_session_answers_by_the_strategy_sent() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server =
-        crate::http::TestServer::on(dir, |builder| builder.one_turn_per_session(true), |_| {});
+    let server = crate::http::TestServer::on(dir, |builder| builder, |_| {});
     let session = server.session();
     let first = server.start(
         &session,
@@ -436,4 +428,31 @@ fn c2_over_http_a_busy_session_answers_by_the_strategy_sent() {
     let first_id = first["execution_id"].as_str().expect("id");
     let first_done = server.snapshot(&session, first_id);
     assert_eq!(first_done["text"], "done\n[steer] second");
+}
+
+/// C-2 at length: many messages sent at once to one session all run, one at a time, in the
+/// order they were admitted. (With a take that gave up after a few conflicts with the
+/// admissions still arriving, the second turn stayed queued for good.)
+#[tokio::test]
+async fn c2_a_long_line_of_messages_runs_in_order() {
+    const TURNS: usize = 400;
+    let (_dir, runtime, session) = fresh();
+    let mut turns = Vec::new();
+    for turn in 0..TURNS {
+        let script = vec![
+            json!({"tool": "echo", "args": {"text": "x"}}),
+            reply(&turn.to_string()),
+        ];
+        let reply_ = send(&runtime, session, "m", script, None)
+            .await
+            .expect("admitted");
+        turns.push(reply_.execution_id);
+    }
+    let mut ended = Vec::new();
+    for (turn, execution) in turns.iter().enumerate() {
+        let done = wait_state(&runtime, session, *execution, "completed").await;
+        assert_eq!(done.text, turn.to_string());
+        ended.push(end_position(&runtime, session, *execution));
+    }
+    assert!(ended.windows(2).all(|pair| pair[0] < pair[1]), "{ended:?}");
 }

@@ -12,8 +12,34 @@ pub const DEADLINE: Duration = Duration::from_secs(20);
 
 pub struct Harness {
     pub runtime: Runtime,
+    /// The session `start` admits into.
     pub session: SessionId,
+    apart: Apart,
     _dir: tempfile::TempDir,
+}
+
+/// The executions a test admitted each into a session of its own (`start_apart`): a
+/// session's turns run one at a time (C-2), so turns meant to run side by side are apart.
+#[derive(Default)]
+pub struct Apart(std::sync::Mutex<std::collections::HashMap<ExecutionId, SessionId>>);
+
+impl Apart {
+    /// Records that `execution` was admitted into `session`.
+    pub fn admitted(&self, execution: ExecutionId, session: SessionId) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(execution, session);
+    }
+
+    /// The session `execution` was admitted into: its own, or `default`.
+    fn session_of(&self, execution: ExecutionId, default: SessionId) -> SessionId {
+        let apart = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        apart.get(&execution).copied().unwrap_or(default)
+    }
 }
 
 impl Harness {
@@ -43,6 +69,7 @@ impl Harness {
         Self {
             runtime,
             session: SessionId::new(),
+            apart: Default::default(),
             _dir: dir,
         }
     }
@@ -54,6 +81,30 @@ impl Harness {
             ..Default::default()
         })
         .await
+    }
+
+    /// Admits a turn into a session of its own: it runs beside the turns of `session`,
+    /// which run one at a time (C-2). The helpers below find its session.
+    pub async fn start_apart(&self, script: Vec<Value>) -> ExecutionId {
+        let session = SessionId::new();
+        let request = StartRequest {
+            message: "test".into(),
+            script: elements(script),
+            ..Default::default()
+        };
+        let execution = self
+            .runtime
+            .start_execution(session, request)
+            .await
+            .expect("start")
+            .execution_id;
+        self.apart.admitted(execution, session);
+        execution
+    }
+
+    /// The session `execution` was admitted into.
+    pub fn session_of(&self, execution: ExecutionId) -> SessionId {
+        self.apart.session_of(execution, self.session)
     }
 
     /// Admits a turn paused (`start_paused`): it waits for Continue or Step, with no actor.
@@ -80,14 +131,14 @@ impl Harness {
 
     pub async fn snapshot(&self, execution: ExecutionId) -> Snapshot {
         self.runtime
-            .snapshot(self.session, execution)
+            .snapshot(self.session_of(execution), execution)
             .await
             .expect("snapshot")
     }
 
     pub fn events(&self, execution: ExecutionId) -> Vec<EventEnvelope> {
         self.runtime
-            .events(self.session, execution, 0)
+            .events(self.session_of(execution), execution, 0)
             .expect("events")
     }
 
@@ -117,7 +168,7 @@ impl Harness {
             body["expected_version"] = json!(version);
         }
         self.runtime
-            .command(self.session, execution, command_of(body))
+            .command(self.session_of(execution), execution, command_of(body))
             .await
             .expect("command")
     }
@@ -125,7 +176,7 @@ impl Harness {
     /// Sends the command `body` (as a client writes it) to `execution`.
     pub async fn send(&self, execution: ExecutionId, body: Value) -> CommandReply {
         self.runtime
-            .command(self.session, execution, command_of(body))
+            .command(self.session_of(execution), execution, command_of(body))
             .await
             .expect("command")
     }
@@ -137,7 +188,14 @@ impl Harness {
         what: &str,
         done: impl Fn(&Snapshot) -> bool,
     ) -> Snapshot {
-        wait_until(&self.runtime, self.session, execution, what, done).await
+        wait_until(
+            &self.runtime,
+            self.session_of(execution),
+            execution,
+            what,
+            done,
+        )
+        .await
     }
 
     pub async fn wait_for_state(&self, execution: ExecutionId, state: &str) -> Snapshot {
@@ -252,7 +310,9 @@ impl openprogram::agent::Provider for FreezeAfter {
 /// moves (R12).
 pub struct Restarts {
     pub dir: tempfile::TempDir,
+    /// The session `start` admits into.
     pub session: SessionId,
+    pub apart: Apart,
     pub clock: std::sync::Arc<openprogram::ManualClock>,
     /// N-1: a PostgreSQL database the runtimes open instead of the dir's sled store.
     pub store: Option<String>,
@@ -263,6 +323,7 @@ impl Restarts {
         Self {
             dir: tempfile::tempdir().expect("tempdir"),
             session: SessionId::new(),
+            apart: Apart::default(),
             clock: std::sync::Arc::new(openprogram::ManualClock::new()),
             store: None,
         }
@@ -328,6 +389,31 @@ impl Restarts {
             .expect("start")
     }
 
+    /// Admits a turn into a session of its own, to run beside the others.
+    pub async fn start_apart(
+        &self,
+        runtime: &Runtime,
+        script: Vec<Value>,
+    ) -> openprogram::StartReply {
+        let session = SessionId::new();
+        let request = StartRequest {
+            message: "test".into(),
+            script: elements(script),
+            ..Default::default()
+        };
+        let started = runtime
+            .start_execution(session, request)
+            .await
+            .expect("start");
+        self.apart.admitted(started.execution_id, session);
+        started
+    }
+
+    /// The session `execution` was admitted into.
+    pub fn session_of(&self, execution: ExecutionId) -> SessionId {
+        self.apart.session_of(execution, self.session)
+    }
+
     /// Admits a turn paused (as a user's pause leaves it): it waits for Continue or Step.
     pub async fn start_paused(&self, runtime: &Runtime, script: Vec<Value>) -> ExecutionId {
         let request = StartRequest {
@@ -354,7 +440,8 @@ impl Restarts {
     ) {
         let started = Instant::now();
         loop {
-            let events = runtime.events(self.session, execution, 0).expect("events");
+            let session = self.session_of(execution);
+            let events = runtime.events(session, execution, 0).expect("events");
             if count(&events, &found) >= at_least {
                 return;
             }
@@ -368,7 +455,7 @@ impl Restarts {
 
     pub async fn snapshot(&self, runtime: &Runtime, execution: ExecutionId) -> Snapshot {
         runtime
-            .snapshot(self.session, execution)
+            .snapshot(self.session_of(execution), execution)
             .await
             .expect("snapshot")
     }
@@ -381,11 +468,13 @@ impl Restarts {
         execution: ExecutionId,
         state: &str,
     ) -> Snapshot {
-        wait_state(runtime, self.session, execution, state).await
+        wait_state(runtime, self.session_of(execution), execution, state).await
     }
 
     pub fn events(&self, runtime: &Runtime, execution: ExecutionId) -> Vec<EventEnvelope> {
-        runtime.events(self.session, execution, 0).expect("events")
+        runtime
+            .events(self.session_of(execution), execution, 0)
+            .expect("events")
     }
 }
 

@@ -547,7 +547,7 @@ impl Handler<Advance> for ExecutionActor {
         }
         if self.machine.waits_for_session() {
             // C-2: a turn waiting for its session runs nothing until it takes it.
-            return AtomicResponse::new(self.take_session(0));
+            return AtomicResponse::new(self.take_session());
         }
         let env = Arc::clone(&self.env);
         match self.machine.next(

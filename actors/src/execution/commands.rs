@@ -214,28 +214,27 @@ impl ExecutionActor {
         let session_id = self.head.session_id;
         let stored = self.env.store.session(session_id)?;
         let expected_version = stored.as_ref().map_or(0, |record| record.version);
-        let mut read = stored.unwrap_or(SessionRecord {
+        let read = stored.unwrap_or(SessionRecord {
             session_id,
             ..SessionRecord::default()
         });
-        if requeued || resumes {
-            if requeued && !read.waiting.contains(&self.execution_id) {
-                read.waiting.push(self.execution_id);
-            }
-            return Ok(Some(SessionWrite {
-                session_id,
-                expected_version,
-                record: Some(read),
-            }));
-        }
-        Ok(self
+        // What the control grants or revokes, and then the turn's place: an answer for the
+        // session that also resumes a foreground turn does both in one write.
+        let granted = self
             .machine
-            .session_after(control, self.execution_id, read)
-            .map(|record| SessionWrite {
-                session_id,
-                expected_version,
-                record: Some(record),
-            }))
+            .session_after(control, self.execution_id, read.clone());
+        if granted.is_none() && !(requeued || resumes) {
+            return Ok(None);
+        }
+        let mut record = granted.unwrap_or(read);
+        if requeued && !record.waiting.contains(&self.execution_id) {
+            record.waiting.push(self.execution_id);
+        }
+        Ok(Some(SessionWrite {
+            session_id,
+            expected_version,
+            record: Some(record),
+        }))
     }
 
     /// A refused command: its record alone (`Transition::rejection`), at the version it was

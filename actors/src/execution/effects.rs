@@ -49,7 +49,7 @@ impl ExecutionActor {
                 decision,
             } => {
                 let usage = self.model_usage(effect_id);
-                return self.decided_model(effect_id, decision, usage, 0);
+                return self.decided_model(effect_id, decision, usage);
             }
             Input::ModelFailed { effect_id, error } => {
                 let decided = self.machine.decide(Input::ModelFailed { effect_id, error });
@@ -83,9 +83,7 @@ impl ExecutionActor {
         effect_id: EffectId,
         decision: Decision,
         usage: Option<openprogram_storage::Event>,
-        tries: u32,
     ) -> ResponseActFuture<Self, ()> {
-        const SESSION_TRIES_MAX: u32 = 8;
         let now_ms = self.env.clock.now_ms();
         let wants_grant = matches!(decision.wait_spec(), Some(Ok(spec)) if spec.tool().is_some());
         let session = match wants_grant {
@@ -106,10 +104,11 @@ impl ExecutionActor {
         let submitted = self.submit_decided(events, Vec::new(), decision);
         Box::pin(
             submitted.then(move |outcome, act, _ctx| match (outcome, again) {
-                (Ok(Outcome::SessionConflict { .. }), Some((decision, usage)))
-                    if tries < SESSION_TRIES_MAX =>
-                {
-                    act.decided_model(effect_id, decision, usage, tries + 1)
+                // The session record moved since it was read (a revoke, a turn admitted):
+                // decided again on the record as it is now. Never given up, or the decision
+                // would be lost; each conflict is another write to the session committed.
+                (Ok(Outcome::SessionConflict { .. }), Some((decision, usage))) => {
+                    act.decided_model(effect_id, decision, usage)
                 }
                 (outcome, _) => {
                     let result = outcome.and_then(|outcome| match outcome {

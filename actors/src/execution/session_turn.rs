@@ -12,9 +12,6 @@ use openprogram_storage::{
 use crate::execution::actor::{log_failure, ExecutionActor};
 use crate::execution::machine_session::line_of;
 
-/// How often a take is tried again when the session record moved meanwhile.
-const TAKE_TRIES_MAX: u32 = 8;
-
 impl ExecutionActor {
     /// The session's record and the state of each execution it names, as read now.
     fn session_now(&self) -> Option<(SessionRecord, impl Fn(ExecutionId) -> Option<Status>)> {
@@ -41,7 +38,7 @@ impl ExecutionActor {
     /// C-2: takes the session if this turn is the first in line and the holder has ended
     /// (or, for an interrupt, paused). Else it stays `queued` and parks: the holder's end
     /// wakes it.
-    pub(super) fn take_session(&mut self, tries: u32) -> ResponseActFuture<Self, ()> {
+    pub(super) fn take_session(&mut self) -> ResponseActFuture<Self, ()> {
         let me = self.execution_id;
         self.session_looked = false;
         let Some((record, state)) = self.session_now() else {
@@ -84,9 +81,10 @@ impl ExecutionActor {
         Box::pin(
             self.submit_with_session(events, Vec::new(), Some(write))
                 .then(move |outcome, act, _ctx| match outcome {
-                    Ok(Outcome::SessionConflict { .. }) if tries < TAKE_TRIES_MAX => {
-                        act.take_session(tries + 1)
-                    }
+                    // The record moved (another turn admitted, a grant given): read it again.
+                    // Never given up, or nobody would wake this turn: each conflict is
+                    // another write to the session committed, so the session makes progress.
+                    Ok(Outcome::SessionConflict { .. }) => act.take_session(),
                     outcome => {
                         let result = outcome.and_then(|outcome| match outcome {
                             Outcome::Committed(committed) => Ok(committed.version),
