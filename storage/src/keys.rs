@@ -33,6 +33,8 @@
 //! |        |                                       | time (retention), schema 8  |
 //! | 0x13   | session id                            | codec(SessionRecord),       |
 //! |        |                                       | schema 11                   |
+//! | 0x14   | session id                            | codec(ConversationRecord),  |
+//! |        |                                       | schema 12                   |
 
 use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, SessionId, WaitId};
 use crate::records::{BlobHash, ExecutionState};
@@ -56,6 +58,7 @@ pub const PURGED: u8 = 0x10;
 pub const OWNED: u8 = 0x11;
 pub const ENDED: u8 = 0x12;
 pub const SESSION: u8 = 0x13;
+pub const CONVERSATION: u8 = 0x14;
 
 pub const META_SCHEMA_VERSION: &str = "schema_version";
 /// Position of the last event whose head, events and records are written to their own keys.
@@ -110,6 +113,10 @@ pub fn wait(wait_id: WaitId) -> [u8; 17] {
 
 pub fn session(session_id: SessionId) -> [u8; 17] {
     prefixed_id(SESSION, session_id.as_bytes())
+}
+
+pub fn conversation(session_id: SessionId) -> [u8; 17] {
+    prefixed_id(CONVERSATION, session_id.as_bytes())
 }
 
 pub fn job(job_id: ExecutionId) -> [u8; 17] {
@@ -229,6 +236,7 @@ pub fn tree_name(key: &[u8]) -> &'static str {
         Some(&OWNED) => "owned",
         Some(&ENDED) => "ended",
         Some(&SESSION) => "sessions",
+        Some(&CONVERSATION) => "conversations",
         _ => "unknown",
     }
 }

@@ -25,6 +25,7 @@ mod acknowledged;
 pub mod baseline;
 pub mod codec;
 pub mod compact;
+pub mod conversation;
 pub mod error;
 pub mod event;
 pub mod failpoints;
@@ -46,6 +47,7 @@ mod shared;
 pub mod store;
 pub mod transition;
 
+pub use conversation::{Compaction, ConversationOutcome, ConversationRecord, ConversationWrite};
 pub use error::{Error, Result};
 pub use event::{Event, EventEnvelope};
 pub use histogram::{Histogram, HistogramSnapshot, NamedHistogram};

@@ -76,6 +76,11 @@ pub(crate) enum Request {
         max_records: usize,
         reply: oneshot::Sender<Result<SweepStep>>,
     },
+    /// Issue 37: a conversation record's compare-and-swap.
+    Conversation {
+        write: crate::conversation::ConversationWrite,
+        reply: oneshot::Sender<Result<crate::conversation::ConversationOutcome>>,
+    },
 }
 
 /// A materialization is written in at most this many slices (see `Committer::next_slice`).
@@ -164,6 +169,8 @@ struct Group {
     commands: HashMap<CommandId, CommandRecord>,
     /// Session records as this group's transitions left them (issue 37).
     sessions: HashMap<crate::ids::SessionId, crate::records::SessionRecord>,
+    /// Conversation records as this group's writes left them (issue 37).
+    conversations: HashMap<crate::ids::SessionId, crate::conversation::ConversationRecord>,
     /// Committed frames, with what they are merged into the overlay with.
     frames: Vec<GroupFrame>,
     log_records: Vec<(u64, Vec<u8>)>,
@@ -235,6 +242,7 @@ impl Committer {
                     Request::Transition { reply, .. } => drop(reply.send(Err(failed()))),
                     Request::Purge { reply, .. } => drop(reply.send(Err(failed()))),
                     Request::Sweep { reply, .. } => drop(reply.send(Err(failed()))),
+                    Request::Conversation { reply, .. } => drop(reply.send(Err(failed()))),
                     Request::Tick => {}
                 }
             }
@@ -256,6 +264,7 @@ impl Committer {
         let mut answers = Vec::with_capacity(requests.len());
         let mut purges = Vec::new();
         let mut sweeps = Vec::new();
+        let mut conversations = Vec::new();
         for request in requests {
             match request {
                 Request::Transition { transition, reply } => {
@@ -285,6 +294,10 @@ impl Committer {
                     reply,
                     self.sweep_step(&group, &mut batch, from_position, max_records),
                 )),
+                Request::Conversation { write, reply } => conversations.push((
+                    reply,
+                    self.write_conversation(&mut group, &mut batch, write),
+                )),
                 Request::Tick => {}
             }
         }
@@ -298,7 +311,12 @@ impl Committer {
             batch.insert(&keys::log(first_position), bytes);
         }
         let mut slice = self.next_slice();
-        if answers.is_empty() && purges.is_empty() && sweeps.is_empty() && slice.is_empty() {
+        if answers.is_empty()
+            && purges.is_empty()
+            && sweeps.is_empty()
+            && conversations.is_empty()
+            && slice.is_empty()
+        {
             return; // only ticks, and nothing to materialize
         }
         // While a slice is applied to sled, readers cannot combine the overlay with disk: the
@@ -356,6 +374,9 @@ impl Committer {
             for (reply, _) in sweeps {
                 let _ = reply.send(Err(Error::FailStop(reason.clone())));
             }
+            for (reply, _) in conversations {
+                let _ = reply.send(Err(Error::FailStop(reason.clone())));
+            }
             return;
         }
         // B03: durable and recorded, no caller answered yet.
@@ -406,6 +427,37 @@ impl Committer {
         for (reply, step) in sweeps {
             let _ = reply.send(step);
         }
+        for (reply, outcome) in conversations {
+            let _ = reply.send(outcome);
+        }
+    }
+
+    /// Issue 37: a conversation record's compare-and-swap, against the record as this group
+    /// leaves it. Written to its own key in the batch, unreadable until the group is durable
+    /// (`in_flight_records`); nothing else writes that key.
+    fn write_conversation(
+        &self,
+        group: &mut Group,
+        batch: &mut sled::Batch,
+        write: crate::conversation::ConversationWrite,
+    ) -> Result<crate::conversation::ConversationOutcome> {
+        let key = keys::conversation(write.session_id);
+        let current = match group.conversations.get(&write.session_id) {
+            Some(record) => Some(record.clone()),
+            None => match self.shared.db.get(key)? {
+                Some(bytes) => Some(crate::codec::decode(&key, &bytes)?),
+                None => None,
+            },
+        };
+        let record = match write.decide(current.as_ref()) {
+            Ok(record) => record,
+            Err(conflict) => return Ok(conflict),
+        };
+        batch.insert(&key[..], crate::codec::encode(&record));
+        self.shared.in_flight_record_insert(key);
+        let version = record.version;
+        group.conversations.insert(write.session_id, record);
+        Ok(crate::conversation::ConversationOutcome::Written { version })
     }
 
     /// `read` of the execution's head as this group would leave it (the group's own changes,

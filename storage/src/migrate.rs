@@ -34,6 +34,8 @@
 //!   foreground turn (C-2), changed by a transition's `SessionWrite`; the event `GrantUsed`,
 //!   the control `Revoke` and the answer scopes `Tool` and `Session` (W-7); the events
 //!   `SessionTurn`, `SessionTurnStarted` (C-2). Only a mark.
+//! - 12: conversation records (`0x14`): a session's name (C-2) and compactions (C-3), written
+//!   by their own compare-and-swap (`EventStore::write_conversation`). Only a mark.
 
 use crate::codec;
 use crate::error::{Error, Result};
@@ -41,7 +43,7 @@ use crate::keys;
 use crate::record_value::RecordValue;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 11;
+pub const SCHEMA_VERSION: u32 = 12;
 
 /// One migration: from `from` to `from + 1`, adding its changes to the batch.
 type Step = fn(&sled::Db, &mut sled::Batch) -> Result<()>;
@@ -59,7 +61,13 @@ const STEPS: &[(u32, Step)] = &[
     (8, model_usage),
     (9, wait_details),
     (10, session_records),
+    (11, conversation_records),
 ];
+
+/// 11 → 12: nothing to rewrite (see the changelog).
+fn conversation_records(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
+    Ok(())
+}
 
 /// 10 → 11: nothing to rewrite (see the changelog).
 fn session_records(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {

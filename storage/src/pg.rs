@@ -24,6 +24,7 @@
 
 pub mod baseline;
 mod commit;
+mod conversation;
 mod group;
 pub mod local;
 mod reads;
@@ -257,6 +258,31 @@ impl PgStore {
 }
 
 impl EventStore for PgStore {
+    fn write_conversation(
+        &self,
+        write: crate::conversation::ConversationWrite,
+    ) -> BoxFuture<'static, Result<crate::conversation::ConversationOutcome>> {
+        if let Err(error) = write.check() {
+            return futures::future::ready(Err(error)).boxed();
+        }
+        if let Some(reason) = self.shared().failure() {
+            return futures::future::ready(Err(Error::FailStop(reason))).boxed();
+        }
+        let store = self.clone();
+        async move {
+            // A reader's connection, off the async threads: one short transaction.
+            tokio::task::spawn_blocking(move || {
+                store
+                    .inner
+                    .readers
+                    .run(move |client| conversation::write(client, &write))
+            })
+            .await
+            .map_err(|error| Error::Database(format!("a conversation write: {error}")))?
+        }
+        .boxed()
+    }
+
     fn submit(&self, transition: Transition) -> BoxFuture<'static, Result<Outcome>> {
         let limits = &self.shared().limits;
         if let Err(error) =

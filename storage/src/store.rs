@@ -70,6 +70,13 @@ pub trait EventStore: EventReader {
         max_records: usize,
     ) -> BoxFuture<'static, Result<SweepStep>>;
 
+    /// Issue 37: a compare-and-swap of a session's conversation record (its name and
+    /// compactions), durable before it answers `Written`.
+    fn write_conversation(
+        &self,
+        write: crate::conversation::ConversationWrite,
+    ) -> BoxFuture<'static, Result<crate::conversation::ConversationOutcome>>;
+
     /// N-2: registers this handle's incarnation as node `node_id`, reachable at `url`, or
     /// renews its lease: it expires `ttl` from now by the database's clock. Refused
     /// (`NodeSuperseded`) once a later incarnation registered under the same id, and
@@ -103,6 +110,11 @@ pub trait EventReader: Send + Sync + 'static {
     fn job(&self, job_id: ExecutionId) -> Result<Option<JobRecord>>;
     /// Issue 37: a session's record (grants, foreground turn); `None` before its first write.
     fn session(&self, session_id: SessionId) -> Result<Option<crate::records::SessionRecord>>;
+    /// Issue 37: a session's name and compactions; `None` before its first write.
+    fn conversation(
+        &self,
+        session_id: SessionId,
+    ) -> Result<Option<crate::conversation::ConversationRecord>>;
     /// S-8: the execution's latest projection (`None` before its first).
     fn projection(&self, execution_id: ExecutionId) -> Result<Option<ProjectionRecord>>;
     /// S-8: what is left of a purged execution (`None`: never purged).
@@ -431,6 +443,16 @@ impl Store {
 }
 
 impl EventStore for Store {
+    fn write_conversation(
+        &self,
+        write: crate::conversation::ConversationWrite,
+    ) -> BoxFuture<'static, Result<crate::conversation::ConversationOutcome>> {
+        if let Err(error) = write.check() {
+            return futures::future::ready(Err(error)).boxed();
+        }
+        self.request(|reply| Request::Conversation { write, reply })
+    }
+
     fn purge(
         &self,
         execution_id: ExecutionId,
@@ -545,6 +567,21 @@ impl EventReader for Store {
 
     fn session(&self, session_id: SessionId) -> Result<Option<crate::records::SessionRecord>> {
         self.record(keys::session(session_id))
+    }
+
+    fn conversation(
+        &self,
+        session_id: SessionId,
+    ) -> Result<Option<crate::conversation::ConversationRecord>> {
+        // Written straight to its key by the committer, never through the overlay.
+        let key = keys::conversation(session_id);
+        let found = match self.shared().db.get(key)? {
+            Some(bytes) => Some(crate::codec::decode(&key, &bytes)?),
+            None => None,
+        };
+        // Disk first, then the in-flight set (written before the batch, cleared after the
+        // fsync): a record of a group not yet durable is not read.
+        Ok(found.filter(|_| !self.shared().is_record_in_flight(&key)))
     }
 
     fn projection(&self, execution_id: ExecutionId) -> Result<Option<ProjectionRecord>> {

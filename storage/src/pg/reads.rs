@@ -349,6 +349,14 @@ impl EventReader for PgStore {
         self.record(kind::SESSION, *session_id.as_uuid(), key)
     }
 
+    fn conversation(
+        &self,
+        session_id: SessionId,
+    ) -> Result<Option<crate::conversation::ConversationRecord>> {
+        let key = keys::conversation(session_id);
+        self.record(kind::CONVERSATION, *session_id.as_uuid(), key)
+    }
+
     fn projection(&self, execution_id: ExecutionId) -> Result<Option<ProjectionRecord>> {
         self.shared().check_quarantine(execution_id)?;
         let key = keys::projection(execution_id);

@@ -16,7 +16,7 @@ use crate::log::now_ms;
 use crate::open::Incarnation;
 
 /// The newest schema this build writes.
-pub const SCHEMA_VERSION: u32 = 6;
+pub const SCHEMA_VERSION: u32 = 7;
 
 /// The advisory lock migrations hold (any value no other component of the database uses;
 /// this one spells "opgm").
@@ -133,6 +133,12 @@ const MIGRATIONS: &[(u32, &str)] = &[
         6,
         // Session records (issue 37: kind 6 of op_records, listed under the session's own id).
         // Only a mark, as in sled (schema 11).
+        "SELECT 1;",
+    ),
+    (
+        7,
+        // Conversation records (issue 37: kind 7 of op_records, under the session's own id),
+        // written by their own transaction. Only a mark, as in sled (schema 12).
         "SELECT 1;",
     ),
 ];

@@ -17,6 +17,9 @@ pub(super) const GROUP_EVENTS_MAX: usize = 1 << GROUP_EVENTS_BITS;
 pub(super) const COMMAND_LOCK_CLASS: i32 = 0x6f70_636d;
 /// The first key of a session record's advisory lock (issue 37), as for commands.
 pub(super) const SESSION_LOCK_CLASS: i32 = 0x6f70_7373;
+/// The advisory lock class of a conversation record's write (its session's id, as a
+/// command's key).
+pub(super) const CONVERSATION_LOCK_CLASS: i32 = 0x6f70_636e;
 
 /// The second key of a command's advisory lock: 32 bits of its id (two ids that share them
 /// only wait for each other).
@@ -38,6 +41,8 @@ pub(super) mod kind {
     pub const PROJECTION: i16 = 5;
     /// Issue 37, schema 6.
     pub const SESSION: i16 = 6;
+    /// Issue 37, schema 7.
+    pub const CONVERSATION: i16 = 7;
 }
 
 /// The group's statements, prepared once per connection (parsed and planned by the server

@@ -7,6 +7,7 @@ mod support;
 mod b1_sessions;
 mod conformance;
 mod conformance_backends;
+mod conformance_conversations;
 mod conformance_sessions;
 mod k4_commands;
 mod pg_positions;
