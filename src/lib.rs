@@ -84,6 +84,10 @@ pub use openprogram_actors::command::{
     Command, CommandBody, CommandKind, EffectRef, ReconcileOutcome, WaitRef,
 };
 pub use openprogram_actors::conversation::{MessagesPage, MessagesQuery};
+pub use openprogram_actors::conversation_follow_up::SessionView;
+pub use openprogram_actors::conversation_hooks::{
+    CompactionPolicy, Compactor, Excerpts, FirstWords, SessionNamer,
+};
 pub use openprogram_actors::deltas::{Delta, DeltaKind, DeltaWatch};
 pub use openprogram_actors::function::{DurableFunction, FunctionContext, StepError};
 #[cfg(feature = "providers")]
@@ -125,6 +129,7 @@ pub struct RuntimeBuilder {
     function_policy: Option<VersionPolicy>,
     /// C-2 off: the turns of a session run side by side (`one_turn_per_session(false)`).
     parallel_turns: bool,
+    conversation_hooks: openprogram_actors::conversation_hooks::ConversationHooks,
     limits: Limits,
     lease_ttl: Option<Duration>,
     restart_window: RestartWindow,
@@ -219,6 +224,27 @@ impl RuntimeBuilder {
     /// session run side by side and `when_busy` is refused.
     pub fn one_turn_per_session(mut self, on: bool) -> Self {
         self.parallel_turns = !on;
+        self
+    }
+
+    /// C-2's follow-up: names a session without a name after each completed turn a person
+    /// started, once the turn freed its session (`Runtime::session` shows the name).
+    pub fn session_namer(mut self, namer: Arc<dyn SessionNamer>) -> Self {
+        self.conversation_hooks.namer = Some(namer);
+        self
+    }
+
+    /// C-3: writes the summary that replaces a prefix of a conversation
+    /// (`Runtime::compact`; and after each completed turn, with `compaction_policy`).
+    pub fn compactor(mut self, compactor: Arc<dyn Compactor>) -> Self {
+        self.conversation_hooks.compactor = Some(compactor);
+        self
+    }
+
+    /// C-3: compact a branch after a completed turn once it shows more than `policy.past`
+    /// entries, keeping the newest `policy.keep` turns (with a `compactor`).
+    pub fn compaction_policy(mut self, policy: CompactionPolicy) -> Self {
+        self.conversation_hooks.policy = Some(policy);
         self
     }
 
@@ -337,6 +363,7 @@ impl RuntimeBuilder {
         env.resources = Resources::new(self.resources)?;
         env.functions = Arc::new(functions);
         env.one_turn_per_session = !self.parallel_turns;
+        env.conversation_hooks = self.conversation_hooks;
         if let Some(policy) = self.function_policy {
             env.function_policy = policy;
         }

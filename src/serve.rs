@@ -83,6 +83,11 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         builder = builder.provider(provider);
     }
     builder = builder.one_turn_per_session(!options.parallel_turns);
+    // Naming and compaction that call no model (`RuntimeBuilder::session_namer`,
+    // `compactor`): the first words of a session, excerpts of what a summary replaces.
+    builder = builder
+        .session_namer(Arc::new(crate::FirstWords))
+        .compactor(Arc::new(crate::Excerpts));
     if let Some(revisions) = &options.function_revisions {
         builder = builder.builtin_function_revisions(revisions.clone());
     }

@@ -102,6 +102,12 @@ pub fn branch_executions(executions: &[MessageLinks], branch_id: MessageId) -> O
         .map(|leaf| graph.executions_to(leaf))
 }
 
+/// C-3: the executions (indexes into `executions`) whose replies lie on the path from the
+/// root to `message`, oldest first.
+pub fn executions_to(executions: &[MessageLinks], message: MessageId) -> Vec<usize> {
+    Graph::of_links(executions.iter().copied()).executions_to(message)
+}
+
 /// B-1..B-5: `executions` in admission order.
 pub fn project(executions: &[ExecutionFacts]) -> Activity {
     let graph = Graph::of(executions);

@@ -8,11 +8,12 @@
 //! execution's head and admission event, to walk the conversation graph (B-1).
 
 use openprogram_storage::{
-    EventEnvelope, EventStore, ExecutionHead, ExecutionId, MessageId, SessionId,
+    ConversationRecord, EventEnvelope, EventStore, ExecutionHead, ExecutionId, MessageId, SessionId,
 };
 use serde::Serialize;
 
 use crate::activity::{branch_executions, MessageLinks};
+use crate::compaction::{fold, summary_message, Item};
 use crate::error::{Error, Result};
 use crate::service::Service;
 use crate::transcript::{assistant_message, forked_from, inherited_blocks, user_message, Message};
@@ -38,6 +39,8 @@ pub struct MessagesQuery {
     pub after_seq: u64,
     /// The messages of executions that changed after this global log position.
     pub changed_after: Option<u64>,
+    /// C-3: the messages compactions replaced, instead of their summaries.
+    pub originals: bool,
 }
 
 /// A page of messages, oldest first.
@@ -49,6 +52,9 @@ pub struct MessagesPage {
     /// For `changed_after`: the log position to ask from next time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changed_through: Option<u64>,
+    /// C-3: the version of the session's name and compactions this page was read with (a
+    /// page read at another version may show other summaries).
+    pub conversation_version: u64,
 }
 
 impl Service {
@@ -79,31 +85,36 @@ impl Service {
                 path.into_iter().map(|at| all[at]).collect()
             }
         };
+        let record = record_of(store, session_id)?;
+        let compactions = match query.originals {
+            true => &[][..],
+            false => &record.compactions[..],
+        };
+        let items = fold(&on_branch, compactions);
+        // A cursor an earlier page gave may be an execution a summary now replaces: the page
+        // goes on after the summary.
         let start = match query.after {
             None => 0,
-            Some(after) => on_branch
+            Some(after) => items
                 .iter()
-                .position(|id| *id == after)
+                .position(|item| item.holds(after))
                 .map(|at| at + 1)
                 .ok_or_else(|| {
                     Error::InvalidRequest(format!("`after`: {after} is not on this transcript"))
                 })?,
         };
-        let page = &on_branch[start.min(on_branch.len())..];
+        let page = &items[start.min(items.len())..];
         let more = page.len() > limit;
         let page = &page[..page.len().min(limit)];
-        let earlier = &on_branch[..start.min(on_branch.len())];
-        let mut messages = Vec::with_capacity(page.len() * 2);
-        for (at, execution_id) in page.iter().enumerate() {
-            // A fork or retry shares its original's user message: shown once, with the
-            // original, where the original is on the same list.
-            let listed = |id: &ExecutionId| earlier.contains(id) || page[..at].contains(id);
-            messages.extend(execution_messages(store, *execution_id, listed)?);
-        }
+        let earlier = &items[..start.min(items.len())];
+        // A fork or retry shares its original's user message: shown once, with the original,
+        // where the original is on the same list.
+        let messages = item_messages(store, page, |id| earlier.iter().any(|item| item.holds(*id)))?;
         Ok(MessagesPage {
             messages,
-            next: more.then(|| page.last().copied()).flatten(),
+            next: more.then(|| page.last().map(Item::cursor)).flatten(),
             changed_through: None,
+            conversation_version: record.version,
         })
     }
 
@@ -133,12 +144,13 @@ impl Service {
             messages,
             next: None,
             changed_through: Some(feed.scanned_through),
+            conversation_version: record_of(store, session_id)?.version,
         })
     }
 }
 
 /// An execution's place on the graph: its head and its admission's parent message.
-fn links_of(store: &dyn EventStore, execution_id: ExecutionId) -> Result<MessageLinks> {
+pub(crate) fn links_of(store: &dyn EventStore, execution_id: ExecutionId) -> Result<MessageLinks> {
     let head = store.head(execution_id)?.ok_or(Error::NotFound)?;
     let admitted = store.events_after(execution_id, 0, 1)?;
     let parent_message_id = admitted.first().and_then(|envelope| match &envelope.event {
@@ -156,7 +168,7 @@ fn links_of(store: &dyn EventStore, execution_id: ExecutionId) -> Result<Message
 
 /// The user message of an execution (unless it shares it with the original it was forked or
 /// retried from, and `listed` says that original is shown with it) and its assistant message.
-fn execution_messages(
+pub(crate) fn execution_messages(
     store: &dyn EventStore,
     execution_id: ExecutionId,
     listed: impl Fn(&ExecutionId) -> bool,
@@ -211,4 +223,36 @@ fn assistant_of(
         message.more_after_seq = Some(read_through);
     }
     Ok(message)
+}
+
+/// The messages of `items`, oldest first. An execution shares its user message with an
+/// original shown before it (a fork's, a retry's): shown once.
+pub fn item_messages(
+    store: &dyn EventStore,
+    items: &[Item<'_>],
+    shown_before: impl Fn(&ExecutionId) -> bool,
+) -> Result<Vec<Message>> {
+    let mut messages = Vec::with_capacity(items.len() * 2);
+    for (at, item) in items.iter().enumerate() {
+        match item {
+            Item::Summary(compaction) => messages.push(summary_message(compaction)),
+            Item::Execution(execution_id) => {
+                let listed = |id: &ExecutionId| {
+                    shown_before(id) || items[..at].iter().any(|earlier| earlier.holds(*id))
+                };
+                messages.extend(execution_messages(store, *execution_id, listed)?);
+            }
+        }
+    }
+    Ok(messages)
+}
+
+/// A session's conversation record, or its empty one.
+pub fn record_of(store: &dyn EventStore, session_id: SessionId) -> Result<ConversationRecord> {
+    Ok(store
+        .conversation(session_id)?
+        .unwrap_or_else(|| ConversationRecord {
+            session_id,
+            ..ConversationRecord::default()
+        }))
 }

@@ -65,6 +65,8 @@ pub struct Env {
     pub function_policy: openprogram_storage::VersionPolicy,
     /// C-2: one foreground turn per session (`RuntimeBuilder::one_turn_per_session`).
     pub one_turn_per_session: bool,
+    /// Issue 37: the embedder's naming and compaction hooks.
+    pub conversation_hooks: crate::conversation_hooks::ConversationHooks,
     pub owner: OwnerId,
     /// How long an attempt keeps its lease without a heartbeat.
     pub lease_ttl: Duration,
@@ -244,6 +246,7 @@ impl Env {
             functions: Arc::new(crate::function_builtin::builtin()),
             function_policy: openprogram_storage::VersionPolicy::KeepOriginal,
             one_turn_per_session: true,
+            conversation_hooks: Default::default(),
             owner,
             lease_ttl,
             clock,

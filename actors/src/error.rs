@@ -64,6 +64,12 @@ pub enum Error {
     VersionConflict { current: u64 },
     #[error(transparent)]
     Storage(#[from] openprogram_storage::Error),
+    /// Issue 37: the runtime was built without the hook this needs (`compactor`).
+    #[error("no {0} is configured")]
+    HookMissing(&'static str),
+    /// Issue 37: the embedder's hook (`compactor`, `namer`) failed; nothing was written.
+    #[error("the {hook} failed: {message}")]
+    HookFailed { hook: &'static str, message: String },
     /// The actor system is stopping or stopped.
     #[error("the runtime is not running: {0}")]
     Unavailable(String),
@@ -91,6 +97,8 @@ impl Error {
             Error::Fenced { .. } => "fenced",
             Error::VersionConflict { .. } => "version_conflict",
             Error::Storage(error) => error.code(),
+            Error::HookMissing(_) => "hook_missing",
+            Error::HookFailed { .. } => "hook_failed",
             Error::Unavailable(_) => "unavailable",
             Error::Internal(_) => "internal",
         }

@@ -414,12 +414,14 @@ impl Service {
     /// `active_executions`, nothing purged). Returns how many it purged.
     pub async fn purge_session(&self, session_id: SessionId) -> Result<usize> {
         let executions = self.env.store.executions_in_session(session_id)?;
-        crate::retention::purge_session(
+        let purged = crate::retention::purge_session(
             self.env.store.as_ref(),
             executions,
             std::time::Duration::from_secs(10),
         )
-        .await
+        .await?;
+        crate::conversation_follow_up::forget(&self.env, session_id).await?;
+        Ok(purged)
     }
 
     /// The current status of a command of this session.

@@ -42,6 +42,10 @@ pub struct Message {
     /// original's up to that point, marked `inherited`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<ForkedFrom>,
+    /// C-3, a `summary` message: the messages it stands in for, oldest first (they keep
+    /// their place on the graph: a message after them still names its parent among them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replaces: Vec<MessageId>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -149,6 +153,7 @@ pub fn user_message(head: &ExecutionHead, admitted: &EventEnvelope) -> Option<Me
         blocks: Vec::new(),
         more_after_seq: None,
         forked_from: None,
+        replaces: Vec::new(),
     })
 }
 
@@ -198,6 +203,7 @@ pub fn assistant_message(
         blocks: fold.blocks,
         more_after_seq: None,
         forked_from: fold.forked_from,
+        replaces: Vec::new(),
     }
 }
 

@@ -110,6 +110,8 @@ impl From<Error> for ApiError {
             | Error::VersionConflict { .. }
             | Error::Fenced { .. }
             | Error::Storage(Storage::Quarantined { .. }) => StatusCode::CONFLICT,
+            Error::HookMissing(_) => StatusCode::NOT_IMPLEMENTED,
+            Error::HookFailed { .. } => StatusCode::BAD_GATEWAY,
             Error::Unavailable(_)
             | Error::Storage(Storage::Closed | Storage::FailStop(_) | Storage::Locked { .. }) => {
                 StatusCode::SERVICE_UNAVAILABLE

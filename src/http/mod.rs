@@ -81,6 +81,11 @@ pub fn routes(api: Api) -> impl FnOnce(&mut web::ServiceConfig) {
             .app_data(web::PathConfig::default().error_handler(error::path_error))
             .route("/v1/sessions", web::post().to(api::create_session))
             .route("/v1/sessions/{sid}", web::delete().to(api::purge_session))
+            .route("/v1/sessions/{sid}", web::get().to(messages::session))
+            .route(
+                "/v1/sessions/{sid}/compact",
+                web::post().to(messages::compact),
+            )
             .route(
                 "/v1/sessions/{sid}/executions",
                 web::post().to(api::start_execution),

@@ -36,6 +36,9 @@ pub struct Compaction {
     pub through: ExecutionId,
     /// The executions on the path from the root to `through`, oldest first.
     pub replaces: Vec<ExecutionId>,
+    /// Their messages (each one's user and assistant message), oldest first: what the
+    /// summary stands in for on the graph.
+    pub messages: Vec<MessageId>,
     pub summary: String,
     pub at_ms: u64,
 }

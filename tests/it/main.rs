@@ -14,6 +14,7 @@ mod browser;
 mod capabilities;
 mod cli;
 mod cli_select;
+mod compaction;
 mod controls;
 mod embedder;
 mod functions;

@@ -372,7 +372,9 @@ impl ExecutionActor {
                     self.cancel_called_function(ctx);
                 }
                 Action::Finished => {
+                    // C-2: the session is free before any optional work follows the turn.
                     self.wake_next_in_session();
+                    self.follow_up();
                     if self.machine.status() == Status::Cancelled {
                         // F-6, K-5: also when the Cancel was decided by a later attempt.
                         self.cancel_called_function(ctx);

@@ -119,4 +119,23 @@ impl ExecutionActor {
             self.env.wake(next);
         }
     }
+
+    /// Issue 37: after a turn a person started completed (its session already free), the
+    /// embedder's naming and compaction run beside it, never holding anything up.
+    pub(super) fn follow_up(&self) {
+        let hooks = &self.env.conversation_hooks;
+        let person_started = self.machine.session_turn.is_some()
+            || (self.head.parent_execution_id.is_none() && self.machine.job.is_none());
+        if self.machine.status() != Status::Completed
+            || !person_started
+            || (hooks.namer.is_none() && hooks.policy.is_none())
+        {
+            return;
+        }
+        actix::spawn(crate::conversation_follow_up::follow_up(
+            std::sync::Arc::clone(&self.env),
+            self.head.session_id,
+            self.execution_id,
+        ));
+    }
 }

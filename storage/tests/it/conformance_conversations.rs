@@ -62,6 +62,7 @@ async fn c3_a_conversation_write_is_a_compare_and_swap_that_survives_a_reopen(
         message_id: MessageId::new(),
         through,
         replaces: vec![ExecutionId::new(), through],
+        messages: vec![MessageId::new(), MessageId::new()],
         summary: "what was said".into(),
         at_ms: 7,
     };

@@ -1,0 +1,279 @@
+//! Issue 37's optional work on a conversation, with the embedder's hooks: compacting it
+//! through one of its turns (C-3, `compact`), and what follows a completed turn once it freed
+//! its session (C-2, `follow_up`): a name for the session, a compaction the policy asks for.
+//! Both write the session's conversation record by compare-and-swap; the executions, their
+//! events and the graph are never touched.
+
+use std::sync::Arc;
+
+use openprogram_storage::conversation::{Compaction, ConversationRecord, ConversationWrite};
+use openprogram_storage::{ConversationOutcome, ExecutionId, MessageId, SessionId};
+
+use crate::activity::executions_to;
+use crate::compaction::fold;
+use crate::conversation::{execution_messages, item_messages, links_of, record_of};
+use crate::env::Env;
+use crate::error::{Error, Result};
+
+/// How often a conversation write is tried again when another write came first.
+const WRITE_TRIES_MAX: usize = 8;
+
+/// C-3: replaces the conversation's prefix through `through` (an execution of the session
+/// that has ended) with the summary the embedder's compactor writes. Asking again for the
+/// same execution answers the compaction made.
+pub async fn compact(env: &Env, session_id: SessionId, through: ExecutionId) -> Result<Compaction> {
+    let compactor = env
+        .conversation_hooks
+        .compactor
+        .clone()
+        .ok_or(Error::HookMissing("compactor"))?;
+    let store = env.store.as_ref();
+    let all = store.executions_in_session(session_id)?;
+    let Some(at) = all.iter().position(|id| *id == through) else {
+        return Err(Error::NotFound);
+    };
+    let head = store.head(through)?.ok_or(Error::NotFound)?;
+    if !head.state.is_terminal() {
+        return Err(Error::InvalidRequest(format!(
+            "{through} is {}: a conversation is compacted through a turn that has ended",
+            head.state.as_str()
+        )));
+    }
+    let links = all
+        .iter()
+        .map(|execution_id| links_of(store, *execution_id))
+        .collect::<Result<Vec<_>>>()?;
+    let replaces: Vec<ExecutionId> = executions_to(&links, links[at].reply_message_id)
+        .into_iter()
+        .map(|index| all[index])
+        .collect();
+    let messages: Vec<MessageId> = executions_to(&links, links[at].reply_message_id)
+        .into_iter()
+        .flat_map(|index| [links[index].user_message_id, links[index].reply_message_id])
+        .collect();
+    for _ in 0..WRITE_TRIES_MAX {
+        let record = record_of(store, session_id)?;
+        if let Some(made) = record
+            .compactions
+            .iter()
+            .find(|made| made.through == through)
+        {
+            return Ok(made.clone());
+        }
+        let items = fold(&replaces, &record.compactions);
+        let prefix = item_messages(store, &items, |_| false)?;
+        let summary = compactor
+            .summarize(session_id, prefix)
+            .await
+            .map_err(|message| Error::HookFailed {
+                hook: "compactor",
+                message,
+            })?;
+        let compaction = Compaction {
+            message_id: MessageId::from_uuid(uuid::Uuid::new_v5(through.as_uuid(), b"compaction")),
+            through,
+            replaces: replaces.clone(),
+            messages: messages.clone(),
+            summary,
+            at_ms: env.clock.now_ms(),
+        };
+        let mut next = record.clone();
+        next.compactions.push(compaction.clone());
+        let write = ConversationWrite {
+            session_id,
+            expected_version: record.version,
+            record: next,
+        };
+        match store.write_conversation(write).await {
+            Ok(ConversationOutcome::Written { .. }) => return Ok(compaction),
+            Ok(ConversationOutcome::Conflict { .. }) => continue,
+            // A summary past its bound is the hook's.
+            Err(openprogram_storage::Error::InvalidTransition(message)) => {
+                return Err(Error::HookFailed {
+                    hook: "compactor",
+                    message,
+                })
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Err(Error::Unavailable(
+        "the conversation kept changing; ask again".into(),
+    ))
+}
+
+/// C-2's follow-up work, after a turn of the session completed and freed its session: a name
+/// for the session if it has none, then a compaction if the policy asks for one. Optional:
+/// a failure is logged and nothing is written, and the next turn's end tries again.
+pub async fn follow_up(env: Arc<Env>, session_id: SessionId, execution_id: ExecutionId) {
+    if let Err(error) = name_session(&env, session_id, execution_id).await {
+        tracing::warn!(%session_id, %error, "the session was not named");
+    }
+    if let Err(error) = compact_by_policy(&env, session_id, execution_id).await {
+        tracing::warn!(%session_id, %error, "the conversation was not compacted");
+    }
+}
+
+async fn name_session(env: &Env, session_id: SessionId, execution_id: ExecutionId) -> Result<()> {
+    let Some(namer) = env.conversation_hooks.namer.clone() else {
+        return Ok(());
+    };
+    let store = env.store.as_ref();
+    if record_of(store, session_id)?.name.is_some() {
+        return Ok(());
+    }
+    let turn = execution_messages(store, execution_id, |_| false)?;
+    let name = namer
+        .name(session_id, turn)
+        .await
+        .map_err(|message| Error::HookFailed {
+            hook: "namer",
+            message,
+        })?;
+    let Some(name) = name
+        .map(|name| bounded(name.trim()))
+        .filter(|name| !name.is_empty())
+    else {
+        return Ok(());
+    };
+    for _ in 0..WRITE_TRIES_MAX {
+        let record = record_of(store, session_id)?;
+        if record.name.is_some() {
+            return Ok(()); // named meanwhile: the first name stays
+        }
+        let write = ConversationWrite {
+            session_id,
+            expected_version: record.version,
+            record: ConversationRecord {
+                name: Some(name.clone()),
+                ..record
+            },
+        };
+        if let ConversationOutcome::Written { .. } = store.write_conversation(write).await? {
+            return Ok(());
+        }
+    }
+    Err(Error::Unavailable("the conversation kept changing".into()))
+}
+
+/// `name` cut to the bound a name has, at a character boundary.
+fn bounded(name: &str) -> String {
+    let max = openprogram_storage::conversation::NAME_BYTES_MAX;
+    let mut end = name.len().min(max);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name[..end].to_owned()
+}
+
+/// The policy's compaction of the path that ends with `execution_id`, if it grew too long.
+async fn compact_by_policy(
+    env: &Env,
+    session_id: SessionId,
+    execution_id: ExecutionId,
+) -> Result<()> {
+    let (Some(_), Some(policy)) = (
+        &env.conversation_hooks.compactor,
+        env.conversation_hooks.policy,
+    ) else {
+        return Ok(());
+    };
+    let store = env.store.as_ref();
+    let all = store.executions_in_session(session_id)?;
+    let links = all
+        .iter()
+        .map(|id| links_of(store, *id))
+        .collect::<Result<Vec<_>>>()?;
+    let Some(at) = all.iter().position(|id| *id == execution_id) else {
+        return Ok(());
+    };
+    let path: Vec<ExecutionId> = executions_to(&links, links[at].reply_message_id)
+        .into_iter()
+        .map(|index| all[index])
+        .collect();
+    let record = record_of(store, session_id)?;
+    if fold(&path, &record.compactions).len() <= policy.past || path.len() <= policy.keep {
+        return Ok(());
+    }
+    let through = path[path.len() - policy.keep - 1];
+    compact(env, session_id, through).await.map(|_| ())
+}
+
+/// `DELETE` of a session: its name and summaries go with its executions (an empty record
+/// stays, at its next version).
+pub async fn forget(env: &Env, session_id: SessionId) -> Result<()> {
+    for _ in 0..WRITE_TRIES_MAX {
+        let Some(record) = env.store.conversation(session_id)? else {
+            return Ok(());
+        };
+        let write = ConversationWrite {
+            session_id,
+            expected_version: record.version,
+            record: ConversationRecord::default(),
+        };
+        if let ConversationOutcome::Written { .. } = env.store.write_conversation(write).await? {
+            return Ok(());
+        }
+    }
+    Err(Error::Unavailable("the conversation kept changing".into()))
+}
+
+/// A session as `GET /v1/sessions/{sid}` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SessionView {
+    pub session_id: SessionId,
+    /// Given by the naming hook after a completed turn.
+    pub name: Option<String>,
+    /// The version of the name and compactions (`conversation_version` of a messages page).
+    pub conversation_version: u64,
+    /// C-2: the turn holding the session (it may have ended since), and the turns in line.
+    pub foreground: Option<ExecutionId>,
+    pub waiting: Vec<ExecutionId>,
+    pub executions: usize,
+    pub compactions: Vec<Compaction>,
+}
+
+impl crate::service::Service {
+    /// The session's name, foreground turn and compactions.
+    pub fn session_view(&self, session_id: SessionId) -> Result<SessionView> {
+        let store = self.env().store.as_ref();
+        let executions = store.executions_in_session(session_id)?.len();
+        let record = record_of(store, session_id)?;
+        let turns = store.session(session_id)?.unwrap_or_default();
+        // Nothing of it stored (never used, or deleted): unknown.
+        if executions == 0 && record.name.is_none() && record.compactions.is_empty() {
+            return Err(Error::NotFound);
+        }
+        Ok(SessionView {
+            session_id,
+            name: record.name,
+            conversation_version: record.version,
+            foreground: turns.foreground,
+            waiting: turns.waiting,
+            executions,
+            compactions: record.compactions,
+        })
+    }
+
+    /// C-3: compacts the session's conversation through the turn whose user or assistant
+    /// message is `through` (see `compact`).
+    pub async fn compact(&self, session_id: SessionId, through: MessageId) -> Result<Compaction> {
+        if self.env().conversation_hooks.compactor.is_none() {
+            return Err(Error::HookMissing("compactor"));
+        }
+        let store = self.env().store.as_ref();
+        let mut found = None;
+        for execution_id in store.executions_in_session(session_id)? {
+            let Some(head) = store.head(execution_id)? else {
+                continue;
+            };
+            if head.reply_message_id == through || head.user_message_id == through {
+                found = Some(execution_id);
+                // A fork shares its original's user message: the original is the older.
+                break;
+            }
+        }
+        let through = found.ok_or(Error::NotFound)?;
+        compact(self.env(), session_id, through).await
+    }
+}
