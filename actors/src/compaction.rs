@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use openprogram_storage::conversation::Compaction;
-use openprogram_storage::ExecutionId;
+use openprogram_storage::{ExecutionId, MessageId};
 
 use crate::transcript::Message;
 
@@ -41,14 +41,28 @@ impl Item<'_> {
     }
 }
 
-/// `list` (executions, oldest first) as a transcript shows it: each compaction whose
-/// `through` is on the list, unless a later one of the same path covers it, in place of the
-/// executions it replaces.
-pub fn fold<'a>(list: &[ExecutionId], compactions: &'a [Compaction]) -> Vec<Item<'a>> {
+/// `list` (executions, oldest first) as a transcript shows it: each compaction that goes
+/// through an execution on the list, unless a later one of the same path covers it, in place
+/// of the executions it replaces.
+///
+/// `anchors`: the executions of the list whose parent message belongs to an execution
+/// retention purged, with that parent. A compaction whose turn was purged still stands for
+/// its messages: it shows before the first execution anchored on one of them.
+pub fn fold<'a>(
+    list: &[ExecutionId],
+    compactions: &'a [Compaction],
+    anchors: &HashMap<ExecutionId, MessageId>,
+) -> Vec<Item<'a>> {
     let on_list: std::collections::HashSet<ExecutionId> = list.iter().copied().collect();
+    let anchored = |compaction: &Compaction| {
+        !on_list.contains(&compaction.through)
+            && anchors
+                .values()
+                .any(|parent| compaction.messages.contains(parent))
+    };
     let applicable: Vec<&Compaction> = compactions
         .iter()
-        .filter(|compaction| on_list.contains(&compaction.through))
+        .filter(|compaction| on_list.contains(&compaction.through) || anchored(compaction))
         .collect();
     let shown: Vec<&Compaction> = applicable
         .iter()
@@ -68,6 +82,15 @@ pub fn fold<'a>(list: &[ExecutionId], compactions: &'a [Compaction]) -> Vec<Item
     let mut emitted = vec![false; shown.len()];
     let mut items = Vec::with_capacity(list.len());
     for execution_id in list {
+        if let Some(parent) = anchors.get(execution_id) {
+            let stands_for = shown
+                .iter()
+                .position(|compaction| compaction.messages.contains(parent));
+            if let Some(at) = stands_for.filter(|at| !emitted[*at]) {
+                emitted[at] = true;
+                items.push(Item::Summary(shown[at]));
+            }
+        }
         match covered.get(execution_id) {
             Some(&at) if !emitted[at] => {
                 emitted[at] = true;
@@ -100,7 +123,6 @@ pub fn summary_message(compaction: &Compaction) -> Message {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use openprogram_storage::MessageId;
 
     fn compaction(replaces: &[ExecutionId]) -> Compaction {
         Compaction {
@@ -120,7 +142,7 @@ mod tests {
         let later = compaction(&ids[..4]);
         let both = [first.clone(), later.clone()];
         assert_eq!(
-            fold(&ids, &both[..1]),
+            fold(&ids, &both[..1], &HashMap::new()),
             vec![
                 Item::Summary(&both[0]),
                 Item::Execution(ids[2]),
@@ -129,13 +151,13 @@ mod tests {
             ]
         );
         assert_eq!(
-            fold(&ids, &both),
+            fold(&ids, &both, &HashMap::new()),
             vec![Item::Summary(&both[1]), Item::Execution(ids[4])]
         );
         // A list without the execution it goes through (another branch) shows the originals.
         let other_branch = [ids[0], ExecutionId::new()];
         assert_eq!(
-            fold(&other_branch, &both),
+            fold(&other_branch, &both, &HashMap::new()),
             vec![
                 Item::Execution(other_branch[0]),
                 Item::Execution(other_branch[1])
@@ -146,8 +168,26 @@ mod tests {
         let fork = [ids[0], ExecutionId::new()];
         let apart = [compaction(&ids[..3]), compaction(&fork)];
         let listed = [ids[0], ids[1], ids[2], fork[1], ids[3]];
+        // t0 and t1 purged by retention: the summary through t1 still stands first, before
+        // the turn whose parent was t1's reply.
+        let through_one = Compaction {
+            messages: vec![MessageId::new(), MessageId::new()],
+            ..compaction(&ids[..2])
+        };
+        let anchors = HashMap::from([(ids[2], through_one.messages[1])]);
+        let kept = [through_one];
         assert_eq!(
-            fold(&listed, &apart),
+            fold(&ids[2..], &kept, &anchors),
+            vec![
+                Item::Summary(&kept[0]),
+                Item::Execution(ids[2]),
+                Item::Execution(ids[3]),
+                Item::Execution(ids[4])
+            ]
+        );
+        assert_eq!(fold(&ids[2..], &kept, &HashMap::new()).len(), 3);
+        assert_eq!(
+            fold(&listed, &apart, &HashMap::new()),
             vec![
                 Item::Summary(&apart[0]),
                 Item::Summary(&apart[1]),

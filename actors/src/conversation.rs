@@ -7,6 +7,8 @@
 //! by-session index (one small key per execution). A branch filter also reads each
 //! execution's head and admission event, to walk the conversation graph (B-1).
 
+use std::collections::{HashMap, HashSet};
+
 use openprogram_storage::{
     ConversationRecord, EventEnvelope, EventStore, ExecutionHead, ExecutionId, MessageId, SessionId,
 };
@@ -74,23 +76,36 @@ impl Service {
         }
         let limit = query.limit.unwrap_or(PAGE_DEFAULT).clamp(1, PAGE_MAX);
         let all = store.executions_in_session(session_id)?;
-        let on_branch: Vec<ExecutionId> = match query.branch {
-            None => all,
-            Some(branch) => {
-                let links = all
-                    .iter()
-                    .map(|execution_id| links_of(store, *execution_id))
-                    .collect::<Result<Vec<_>>>()?;
-                let path = branch_executions(&links, branch).ok_or(Error::NotFound)?;
-                path.into_iter().map(|at| all[at]).collect()
-            }
-        };
         let record = record_of(store, session_id)?;
         let compactions = match query.originals {
             true => &[][..],
             false => &record.compactions[..],
         };
-        let items = fold(&on_branch, compactions);
+        // The graph is read for a branch, and when a compaction's turn was purged (to find
+        // where its summary stands now).
+        let present: HashSet<ExecutionId> = all.iter().copied().collect();
+        let purged_through = compactions
+            .iter()
+            .any(|compaction| !present.contains(&compaction.through));
+        let links = match query.branch.is_some() || purged_through {
+            true => all
+                .iter()
+                .map(|execution_id| links_of(store, *execution_id))
+                .collect::<Result<Vec<_>>>()?,
+            false => Vec::new(),
+        };
+        let anchors = match purged_through {
+            true => anchors_of(&all, &links),
+            false => HashMap::new(),
+        };
+        let on_branch: Vec<ExecutionId> = match query.branch {
+            None => all,
+            Some(branch) => {
+                let path = branch_executions(&links, branch).ok_or(Error::NotFound)?;
+                path.into_iter().map(|at| all[at]).collect()
+            }
+        };
+        let items = fold(&on_branch, compactions, &anchors);
         // A cursor an earlier page gave may be an execution a summary now replaces: the page
         // goes on after the summary.
         let start = match query.after {
@@ -147,6 +162,25 @@ impl Service {
             conversation_version: record_of(store, session_id)?.version,
         })
     }
+}
+
+/// For `fold`: the executions of `all` (a session's, with their `links`) whose parent
+/// message is of no execution there any more (retention purged it), with that parent.
+pub(crate) fn anchors_of(
+    all: &[ExecutionId],
+    links: &[MessageLinks],
+) -> HashMap<ExecutionId, MessageId> {
+    let present: HashSet<MessageId> = links
+        .iter()
+        .flat_map(|links| [links.user_message_id, links.reply_message_id])
+        .collect();
+    all.iter()
+        .zip(links)
+        .filter_map(|(execution_id, links)| {
+            let parent = links.parent_message_id?;
+            (!present.contains(&parent)).then_some((*execution_id, parent))
+        })
+        .collect()
 }
 
 /// An execution's place on the graph: its head and its admission's parent message.

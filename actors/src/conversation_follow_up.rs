@@ -11,7 +11,7 @@ use openprogram_storage::{ConversationOutcome, ExecutionId, MessageId, SessionId
 
 use crate::activity::executions_to;
 use crate::compaction::fold;
-use crate::conversation::{execution_messages, item_messages, links_of, record_of};
+use crate::conversation::{anchors_of, execution_messages, item_messages, links_of, record_of};
 use crate::env::Env;
 use crate::error::{Error, Result};
 
@@ -60,7 +60,7 @@ pub async fn compact(env: &Env, session_id: SessionId, through: ExecutionId) -> 
         {
             return Ok(made.clone());
         }
-        let items = fold(&replaces, &record.compactions);
+        let items = fold(&replaces, &record.compactions, &anchors_of(&all, &links));
         let prefix = item_messages(store, &items, |_| false)?;
         let summary = compactor
             .summarize(session_id, prefix)
@@ -192,7 +192,8 @@ async fn compact_by_policy(
         .map(|index| all[index])
         .collect();
     let record = record_of(store, session_id)?;
-    if fold(&path, &record.compactions).len() <= policy.past || path.len() <= policy.keep {
+    let shown = fold(&path, &record.compactions, &anchors_of(&all, &links)).len();
+    if shown <= policy.past || path.len() <= policy.keep {
         return Ok(());
     }
     let through = path[path.len() - policy.keep - 1];

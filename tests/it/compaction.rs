@@ -469,3 +469,70 @@ fn c3_over_http_compact_read_and_name() {
     let (status, gone) = server.call("GET", &view, Some(&session.1), None);
     assert_eq!(status, 404, "{gone}");
 }
+
+/// C-3 with retention (S-8): once the turns a summary replaced are purged, the summary still
+/// opens the conversation, before the turn that answered them; their originals are gone.
+#[tokio::test]
+async fn c3_a_summary_outlives_the_turns_retention_purges() {
+    let dir = tempfile::tempdir().expect("dir");
+    let clock = Arc::new(openprogram::ManualClock::new());
+    let runtime = Runtime::builder()
+        .data_dir(dir.path())
+        .clock(clock.clone())
+        .retain_finished(std::time::Duration::from_secs(60))
+        .compactor(Arc::new(Recording::default()))
+        .open()
+        .expect("open");
+    let session = SessionId::new();
+    let (t1, _, t1_reply) = turn(&runtime, session, "t1", None).await;
+    let (t2, _, t2_reply) = turn(&runtime, session, "t2", Some(t1_reply)).await;
+    runtime.compact(session, t2_reply).await.expect("compact");
+    // A turn that lives on: it waits for an answer.
+    let live = runtime
+        .start_execution(
+            session,
+            StartRequest {
+                message: "t3".into(),
+                parent_message_id: Some(t2_reply),
+                script: elements(vec![json!({"ask": "go on?"}), reply("re t3")]),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("start");
+    wait_state(&runtime, session, live.execution_id, "waiting").await;
+    clock.advance(std::time::Duration::from_secs(120));
+    let deadline = std::time::Instant::now() + DEADLINE;
+    while ![t1, t2].iter().all(|id| {
+        runtime
+            .store()
+            .purged(*id)
+            .ok()
+            .flatten()
+            .is_some_and(|gone| gone.finished)
+    }) {
+        assert!(std::time::Instant::now() < deadline, "never purged");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        texts(&runtime, session, MessagesQuery::default()),
+        ["summary:4: t1 … re t2", "user:t3", "assistant:"]
+    );
+    let originals = MessagesQuery {
+        originals: true,
+        ..Default::default()
+    };
+    assert_eq!(
+        texts(&runtime, session, originals),
+        ["user:t3", "assistant:"]
+    );
+    // The branch, named as Activity names it now.
+    let activity = runtime.activity(session).expect("activity");
+    let branch = activity.needs_attention[0].branch_id;
+    let on_branch = MessagesQuery {
+        branch: Some(branch),
+        ..Default::default()
+    };
+    assert_eq!(texts(&runtime, session, on_branch).len(), 3);
+    runtime.halt();
+}
