@@ -363,6 +363,13 @@ impl RuntimeBuilder {
         env.resources = Resources::new(self.resources)?;
         env.functions = Arc::new(functions);
         env.one_turn_per_session = !self.parallel_turns;
+        if let Some(policy) = self.conversation_hooks.policy {
+            if self.conversation_hooks.compactor.is_none() || policy.keep + 1 >= policy.past {
+                return Err(Error::InvalidRequest(format!(
+                    "a compaction policy needs a compactor and `past` above `keep + 1` ({policy:?})"
+                )));
+            }
+        }
         env.conversation_hooks = self.conversation_hooks;
         if let Some(policy) = self.function_policy {
             env.function_policy = policy;
@@ -661,7 +668,10 @@ impl Runtime {
     /// `active_executions`, nothing purged); their reads answer `purged` from then on.
     /// Returns how many it purged. Their log records are removed by the background sweep.
     pub async fn purge_session(&self, session: SessionId) -> Result<usize> {
-        self.inner.service.purge_session(session).await
+        let purged = self.inner.service.purge_session(session).await?;
+        // Its name and summaries go with it.
+        self.inner.service.forget_conversation(session).await?;
+        Ok(purged)
     }
 
     /// S-8: what retention (and the log's sweep) did since the runtime opened.

@@ -279,6 +279,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     for (name, capacity) in &options.resources {
         builder = builder.resource(name.clone(), *capacity);
     }
+    builder = builder.one_turn_per_session(!options.parallel_turns);
     if let Some(retain) = options.retain_finished {
         builder = builder.retain_finished(retain);
     }

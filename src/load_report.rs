@@ -45,6 +45,8 @@ pub struct LoadOptions {
     /// S-8: sample the store's size on disk this often (with `retain_finished`: 10 s
     /// unless given).
     pub sample_store_every: Option<Duration>,
+    /// C-2 off (`--parallel-turns`): what one turn per session costs, by difference.
+    pub parallel_turns: bool,
 }
 
 /// What was measured (the `--json` line).

@@ -82,6 +82,9 @@ enum Command {
         /// Sample the store's size on disk this often (S-8).
         #[arg(long, value_parser = retain_finished, conflicts_with = "url")]
         sample_store_every: Option<Duration>,
+        /// Run without one turn per session (C-2), to measure what it costs.
+        #[arg(long, conflicts_with = "url")]
+        parallel_turns: bool,
         /// One JSON line on stdout instead of the table.
         #[arg(long)]
         json: bool,
@@ -370,6 +373,7 @@ fn main() -> ExitCode {
             resources,
             retain_finished,
             sample_store_every,
+            parallel_turns,
             json,
             url,
             token,
@@ -404,6 +408,7 @@ fn main() -> ExitCode {
                 resources,
                 retain_finished,
                 sample_store_every,
+                parallel_turns,
             };
             if !url.is_empty() {
                 let remote = url

@@ -45,20 +45,26 @@ impl Item<'_> {
 /// through an execution on the list, unless a later one of the same path covers it, in place
 /// of the executions it replaces.
 ///
-/// `anchors`: the executions of the list whose parent message belongs to an execution
-/// retention purged, with that parent. A compaction whose turn was purged still stands for
-/// its messages: it shows before the first execution anchored on one of them.
+/// `anchors`: executions whose parent message belongs to an execution retention purged,
+/// with that parent. A compaction whose turn was purged still stands for its prefix: it
+/// shows before the first execution of the list that answered the prefix's last message.
 pub fn fold<'a>(
     list: &[ExecutionId],
     compactions: &'a [Compaction],
     anchors: &HashMap<ExecutionId, MessageId>,
 ) -> Vec<Item<'a>> {
     let on_list: std::collections::HashSet<ExecutionId> = list.iter().copied().collect();
+    let answered: std::collections::HashSet<MessageId> = list
+        .iter()
+        .filter_map(|execution_id| anchors.get(execution_id))
+        .copied()
+        .collect();
     let anchored = |compaction: &Compaction| {
         !on_list.contains(&compaction.through)
-            && anchors
-                .values()
-                .any(|parent| compaction.messages.contains(parent))
+            && compaction
+                .messages
+                .last()
+                .is_some_and(|last| answered.contains(last))
     };
     let applicable: Vec<&Compaction> = compactions
         .iter()
@@ -85,7 +91,7 @@ pub fn fold<'a>(
         if let Some(parent) = anchors.get(execution_id) {
             let stands_for = shown
                 .iter()
-                .position(|compaction| compaction.messages.contains(parent));
+                .position(|compaction| compaction.messages.last() == Some(parent));
             if let Some(at) = stands_for.filter(|at| !emitted[*at]) {
                 emitted[at] = true;
                 items.push(Item::Summary(shown[at]));
@@ -174,6 +180,12 @@ mod tests {
             messages: vec![MessageId::new(), MessageId::new()],
             ..compaction(&ids[..2])
         };
+        // (An anchor on an earlier message of the prefix is another path: not this summary.)
+        let elsewhere = HashMap::from([(ids[2], through_one.messages[0])]);
+        assert_eq!(
+            fold(&ids[2..], std::slice::from_ref(&through_one), &elsewhere).len(),
+            3
+        );
         let anchors = HashMap::from([(ids[2], through_one.messages[1])]);
         let kept = [through_one];
         assert_eq!(

@@ -18,9 +18,84 @@ use crate::error::{Error, Result};
 /// How often a conversation write is tried again when another write came first.
 const WRITE_TRIES_MAX: usize = 8;
 
+/// Where a compaction's prefix is on the graph as the session's executions are read now.
+struct Prefix {
+    /// The session's executions and their links (read once per try).
+    all: Vec<ExecutionId>,
+    links: Vec<crate::activity::MessageLinks>,
+    /// The executions from the root to `through`, and their messages.
+    replaces: Vec<ExecutionId>,
+    messages: Vec<MessageId>,
+}
+
+impl Prefix {
+    /// The prefix through `through`, an execution of the session that has ended.
+    fn read(
+        store: &dyn openprogram_storage::EventStore,
+        session_id: SessionId,
+        through: ExecutionId,
+    ) -> Result<Self> {
+        let all = store.executions_in_session(session_id)?;
+        let Some(at) = all.iter().position(|id| *id == through) else {
+            return Err(Error::NotFound);
+        };
+        let head = store.head(through)?.ok_or(Error::NotFound)?;
+        if !head.state.is_terminal() {
+            return Err(Error::InvalidRequest(format!(
+                "{through} is {}: a conversation is compacted through a turn that has ended",
+                head.state.as_str()
+            )));
+        }
+        let links = all
+            .iter()
+            .map(|execution_id| links_of(store, *execution_id))
+            .collect::<Result<Vec<_>>>()?;
+        let path = executions_to(&links, links[at].reply_message_id);
+        Ok(Self {
+            replaces: path.iter().map(|index| all[*index]).collect(),
+            messages: path
+                .iter()
+                .flat_map(|index| {
+                    [
+                        links[*index].user_message_id,
+                        links[*index].reply_message_id,
+                    ]
+                })
+                .collect(),
+            all,
+            links,
+        })
+    }
+
+    /// Whether `compaction` is still needed beside one through `through` that replaces
+    /// `replaces`: some branch (the path to a reply nobody answered) holds its turn and not
+    /// `through`.
+    fn needs(&self, compaction: &Compaction, through: ExecutionId) -> bool {
+        if !self.replaces.contains(&compaction.through) {
+            return true;
+        }
+        let answered: std::collections::HashSet<MessageId> = self
+            .links
+            .iter()
+            .filter_map(|links| links.parent_message_id)
+            .collect();
+        let leaves = self
+            .links
+            .iter()
+            .filter(|links| !answered.contains(&links.reply_message_id));
+        leaves.into_iter().any(|links| {
+            let path = executions_to(&self.links, links.reply_message_id);
+            let holds =
+                |execution_id: ExecutionId| path.iter().any(|at| self.all[*at] == execution_id);
+            holds(compaction.through) && !holds(through)
+        })
+    }
+}
+
 /// C-3: replaces the conversation's prefix through `through` (an execution of the session
 /// that has ended) with the summary the embedder's compactor writes. Asking again for the
-/// same execution answers the compaction made.
+/// same execution answers the compaction made. An earlier compaction the new one covers on
+/// every path is dropped, so the record holds what some list can show.
 pub async fn compact(env: &Env, session_id: SessionId, through: ExecutionId) -> Result<Compaction> {
     let compactor = env
         .conversation_hooks
@@ -28,31 +103,13 @@ pub async fn compact(env: &Env, session_id: SessionId, through: ExecutionId) -> 
         .clone()
         .ok_or(Error::HookMissing("compactor"))?;
     let store = env.store.as_ref();
-    let all = store.executions_in_session(session_id)?;
-    let Some(at) = all.iter().position(|id| *id == through) else {
-        return Err(Error::NotFound);
-    };
-    let head = store.head(through)?.ok_or(Error::NotFound)?;
-    if !head.state.is_terminal() {
-        return Err(Error::InvalidRequest(format!(
-            "{through} is {}: a conversation is compacted through a turn that has ended",
-            head.state.as_str()
-        )));
-    }
-    let links = all
-        .iter()
-        .map(|execution_id| links_of(store, *execution_id))
-        .collect::<Result<Vec<_>>>()?;
-    let replaces: Vec<ExecutionId> = executions_to(&links, links[at].reply_message_id)
-        .into_iter()
-        .map(|index| all[index])
-        .collect();
-    let messages: Vec<MessageId> = executions_to(&links, links[at].reply_message_id)
-        .into_iter()
-        .flat_map(|index| [links[index].user_message_id, links[index].reply_message_id])
-        .collect();
+    // The summary of the prefix as it was shown, kept across tries: the hook is asked again
+    // only if what it summarizes changed.
+    let mut summarized: Option<(Vec<MessageId>, String)> = None;
     for _ in 0..WRITE_TRIES_MAX {
+        // Read again on each try: a write that came first may have been a session's deletion.
         let record = record_of(store, session_id)?;
+        let prefix = Prefix::read(store, session_id, through)?;
         if let Some(made) = record
             .compactions
             .iter()
@@ -60,39 +117,60 @@ pub async fn compact(env: &Env, session_id: SessionId, through: ExecutionId) -> 
         {
             return Ok(made.clone());
         }
-        let items = fold(&replaces, &record.compactions, &anchors_of(&all, &links));
-        let prefix = item_messages(store, &items, |_| false)?;
-        let summary = compactor
-            .summarize(session_id, prefix)
-            .await
-            .map_err(|message| Error::HookFailed {
+        let items = fold(
+            &prefix.replaces,
+            &record.compactions,
+            &anchors_of(&prefix.all, &prefix.links),
+        );
+        let shown = item_messages(store, &items, |_| false)?;
+        let shown_ids: Vec<MessageId> = shown.iter().map(|message| message.message_id).collect();
+        let summary = match summarized.take() {
+            Some((ids, summary)) if ids == shown_ids => summary,
+            _ => compactor
+                .summarize(session_id, shown)
+                .await
+                .map_err(|message| Error::HookFailed {
+                    hook: "compactor",
+                    message,
+                })?,
+        };
+        let bound = openprogram_storage::conversation::SUMMARY_BYTES_MAX;
+        if summary.len() > bound {
+            return Err(Error::HookFailed {
                 hook: "compactor",
-                message,
-            })?;
+                message: format!("a summary of {} bytes (at most {bound})", summary.len()),
+            });
+        }
+        summarized = Some((shown_ids, summary.clone()));
         let compaction = Compaction {
             message_id: MessageId::from_uuid(uuid::Uuid::new_v5(through.as_uuid(), b"compaction")),
             through,
-            replaces: replaces.clone(),
-            messages: messages.clone(),
+            replaces: prefix.replaces.clone(),
+            messages: prefix.messages.clone(),
             summary,
             at_ms: env.clock.now_ms(),
         };
-        let mut next = record.clone();
-        next.compactions.push(compaction.clone());
+        let mut compactions: Vec<Compaction> = record
+            .compactions
+            .iter()
+            .filter(|earlier| prefix.needs(earlier, through))
+            .cloned()
+            .collect();
+        compactions.push(compaction.clone());
         let write = ConversationWrite {
             session_id,
             expected_version: record.version,
-            record: next,
+            record: ConversationRecord {
+                compactions,
+                ..record
+            },
         };
         match store.write_conversation(write).await {
             Ok(ConversationOutcome::Written { .. }) => return Ok(compaction),
             Ok(ConversationOutcome::Conflict { .. }) => continue,
-            // A summary past its bound is the hook's.
+            // Past the record's bound: refused, nothing written.
             Err(openprogram_storage::Error::InvalidTransition(message)) => {
-                return Err(Error::HookFailed {
-                    hook: "compactor",
-                    message,
-                })
+                return Err(Error::InvalidRequest(message))
             }
             Err(error) => return Err(error.into()),
         }
@@ -119,7 +197,8 @@ async fn name_session(env: &Env, session_id: SessionId, execution_id: ExecutionI
         return Ok(());
     };
     let store = env.store.as_ref();
-    if record_of(store, session_id)?.name.is_some() {
+    let mut record = record_of(store, session_id)?;
+    if record.name.is_some() {
         return Ok(());
     }
     let turn = execution_messages(store, execution_id, |_| false)?;
@@ -136,22 +215,24 @@ async fn name_session(env: &Env, session_id: SessionId, execution_id: ExecutionI
     else {
         return Ok(());
     };
+    // Written against the record as it was before the hook: a session deleted meanwhile (its
+    // record cleared, its turns purged) is never named again.
     for _ in 0..WRITE_TRIES_MAX {
-        let record = record_of(store, session_id)?;
-        if record.name.is_some() {
-            return Ok(()); // named meanwhile: the first name stays
+        if record.name.is_some() || store.head(execution_id)?.is_none() {
+            return Ok(()); // named meanwhile (the first name stays), or deleted
         }
         let write = ConversationWrite {
             session_id,
             expected_version: record.version,
             record: ConversationRecord {
                 name: Some(name.clone()),
-                ..record
+                ..record.clone()
             },
         };
         if let ConversationOutcome::Written { .. } = store.write_conversation(write).await? {
             return Ok(());
         }
+        record = record_of(store, session_id)?;
     }
     Err(Error::Unavailable("the conversation kept changing".into()))
 }
@@ -204,9 +285,8 @@ async fn compact_by_policy(
 /// stays, at its next version).
 pub async fn forget(env: &Env, session_id: SessionId) -> Result<()> {
     for _ in 0..WRITE_TRIES_MAX {
-        let Some(record) = env.store.conversation(session_id)? else {
-            return Ok(());
-        };
+        // Written even when there is none yet: a follow-up that read none fails its write.
+        let record = record_of(env.store.as_ref(), session_id)?;
         let write = ConversationWrite {
             session_id,
             expected_version: record.version,
@@ -235,16 +315,18 @@ pub struct SessionView {
 }
 
 impl crate::service::Service {
-    /// The session's name, foreground turn and compactions.
+    /// `DELETE` of a session, after its executions were purged: its name and summaries.
+    pub async fn forget_conversation(&self, session_id: SessionId) -> Result<()> {
+        forget(self.env(), session_id).await
+    }
+
+    /// The session's name, foreground turn and compactions (all empty for a session with
+    /// nothing stored: a session exists as soon as its id is made).
     pub fn session_view(&self, session_id: SessionId) -> Result<SessionView> {
         let store = self.env().store.as_ref();
         let executions = store.executions_in_session(session_id)?.len();
         let record = record_of(store, session_id)?;
         let turns = store.session(session_id)?.unwrap_or_default();
-        // Nothing of it stored (never used, or deleted): unknown.
-        if executions == 0 && record.name.is_none() && record.compactions.is_empty() {
-            return Err(Error::NotFound);
-        }
         Ok(SessionView {
             session_id,
             name: record.name,

@@ -216,7 +216,7 @@ impl Service {
         }
         if request.when_busy.is_some() {
             return Err(Error::InvalidRequest(
-                "`when_busy` is for an agent turn of a runtime that runs one turn per session (`serve --one-turn-per-session`), not a Job or a paused start".into(),
+                "`when_busy` is for an agent turn a person starts, with one turn per session (not `serve --parallel-turns`), not a Job or a paused start".into(),
             ));
         }
         let mut admission =
@@ -414,14 +414,12 @@ impl Service {
     /// `active_executions`, nothing purged). Returns how many it purged.
     pub async fn purge_session(&self, session_id: SessionId) -> Result<usize> {
         let executions = self.env.store.executions_in_session(session_id)?;
-        let purged = crate::retention::purge_session(
+        crate::retention::purge_session(
             self.env.store.as_ref(),
             executions,
             std::time::Duration::from_secs(10),
         )
-        .await?;
-        crate::conversation_follow_up::forget(&self.env, session_id).await?;
-        Ok(purged)
+        .await
     }
 
     /// The current status of a command of this session.

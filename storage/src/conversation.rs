@@ -13,6 +13,9 @@ use crate::ids::{ExecutionId, MessageId, SessionId};
 pub const NAME_BYTES_MAX: usize = 200;
 /// The longest summary, in bytes.
 pub const SUMMARY_BYTES_MAX: usize = 64 * 1024;
+/// The largest record, encoded: each compaction names the turns it replaces, and only those
+/// some branch can still show are kept, so a conversation of ~40,000 turns fits.
+pub const RECORD_BYTES_MAX: usize = 4 * 1024 * 1024;
 
 /// A session's name and compactions.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,6 +96,10 @@ impl ConversationWrite {
                 let len = compaction.summary.len();
                 return Err(too_long("a summary", len, SUMMARY_BYTES_MAX));
             }
+        }
+        let len = crate::codec::encode(&self.record).len();
+        if len > RECORD_BYTES_MAX {
+            return Err(too_long("a conversation record", len, RECORD_BYTES_MAX));
         }
         Ok(())
     }

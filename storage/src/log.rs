@@ -433,8 +433,8 @@ impl Committer {
     }
 
     /// Issue 37: a conversation record's compare-and-swap, against the record as this group
-    /// leaves it. Written to its own key in the batch, unreadable until the group is durable
-    /// (`in_flight_records`); nothing else writes that key.
+    /// leaves it. Written to its own key in the batch; until the group is durable, readers
+    /// get the durable value it had (`in_flight_overwrites`). Nothing else writes that key.
     fn write_conversation(
         &self,
         group: &mut Group,
@@ -444,9 +444,17 @@ impl Committer {
         let key = keys::conversation(write.session_id);
         let current = match group.conversations.get(&write.session_id) {
             Some(record) => Some(record.clone()),
+            // The batch is applied at the group's end: disk holds the durable value.
             None => match self.shared.db.get(key)? {
-                Some(bytes) => Some(crate::codec::decode(&key, &bytes)?),
-                None => None,
+                Some(bytes) => {
+                    let record = crate::codec::decode(&key, &bytes)?;
+                    self.shared.in_flight_overwrite(key, Some(bytes));
+                    Some(record)
+                }
+                None => {
+                    self.shared.in_flight_overwrite(key, None);
+                    None
+                }
             },
         };
         let record = match write.decide(current.as_ref()) {
@@ -454,7 +462,6 @@ impl Committer {
             Err(conflict) => return Ok(conflict),
         };
         batch.insert(&key[..], crate::codec::encode(&record));
-        self.shared.in_flight_record_insert(key);
         let version = record.version;
         group.conversations.insert(write.session_id, record);
         Ok(crate::conversation::ConversationOutcome::Written { version })

@@ -2,7 +2,7 @@
 //! handle, the overlay, counters, quarantine and fail-stop flags, and the store's limits.
 //! It does not decide anything: the committer (`log.rs`) writes, `store.rs` reads.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -218,6 +218,10 @@ pub(crate) struct Shared {
     /// Records written to their own keys by the group being committed (a rejection's
     /// command record): on sled, not yet durable, not readable.
     pub in_flight_records: Mutex<HashSet<[u8; 17]>>,
+    /// Records the group being committed rewrites at their own keys (a conversation
+    /// record), with the durable value each had before (`None`: none): read instead of the
+    /// new value until the group is durable.
+    pub in_flight_overwrites: Mutex<HashMap<[u8; 17], Option<sled::IVec>>>,
     pub metrics: Metrics,
 }
 
@@ -276,6 +280,29 @@ impl Shared {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
+        self.in_flight_overwrites
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    /// `key` is about to be rewritten by the group being committed; `durable` is its value
+    /// now (the first one the group saw, if it rewrites the key twice).
+    pub fn in_flight_overwrite(&self, key: [u8; 17], durable: Option<sled::IVec>) {
+        self.in_flight_overwrites
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(key)
+            .or_insert(durable);
+    }
+
+    /// The durable value of a key the group being committed rewrites, if it does.
+    pub fn overwritten(&self, key: &[u8; 17]) -> Option<Option<sled::IVec>> {
+        self.in_flight_overwrites
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()
     }
 
     pub fn in_flight_record_insert(&self, key: [u8; 17]) {

@@ -273,6 +273,7 @@ impl Store {
             failure: Mutex::new(None),
             in_flight_blobs: Mutex::new(HashSet::new()),
             in_flight_records: Mutex::new(HashSet::new()),
+            in_flight_overwrites: Mutex::new(std::collections::HashMap::new()),
             metrics: Metrics::default(),
         });
         replay(&shared, salvaging)?;
@@ -574,14 +575,18 @@ impl EventReader for Store {
         session_id: SessionId,
     ) -> Result<Option<crate::conversation::ConversationRecord>> {
         // Written straight to its key by the committer, never through the overlay.
+        // Disk first, then the group in flight (its entry made before its batch is applied,
+        // dropped after the fsync): while it rewrites the record, its durable value is read.
         let key = keys::conversation(session_id);
-        let found = match self.shared().db.get(key)? {
-            Some(bytes) => Some(crate::codec::decode(&key, &bytes)?),
-            None => None,
+        let on_disk = self.shared().db.get(key)?;
+        let bytes = match self.shared().overwritten(&key) {
+            Some(durable) => durable,
+            None => on_disk,
         };
-        // Disk first, then the in-flight set (written before the batch, cleared after the
-        // fsync): a record of a group not yet durable is not read.
-        Ok(found.filter(|_| !self.shared().is_record_in_flight(&key)))
+        match bytes {
+            Some(bytes) => crate::codec::decode(&key, &bytes).map(Some),
+            None => Ok(None),
+        }
     }
 
     fn projection(&self, execution_id: ExecutionId) -> Result<Option<ProjectionRecord>> {

@@ -193,10 +193,21 @@ async fn c3_a_compaction_replaces_a_prefix_of_its_branch_and_keeps_the_graph() {
             },
         )
         .expect("page");
-    assert!(first
-        .messages
-        .iter()
-        .all(|m| m.role != "user" || m.text != "t2"));
+    // The whole session now: the summary through b (in t1's place), then the one through t3
+    // (the one through t2 was dropped: every branch holding t2 holds t3). A cursor from
+    // before, on t1, goes on after the entry holding t1.
+    assert_eq!(
+        texts(&runtime, session, MessagesQuery::default()),
+        ["summary:4: t1 … re b", "summary:3: 4: t1 … re t2 … re t3"]
+    );
+    let texts_of = |page: &openprogram::MessagesPage| -> Vec<String> {
+        page.messages
+            .iter()
+            .map(|message| format!("{}:{}", message.role, message.text))
+            .collect()
+    };
+    assert_eq!(texts_of(&first), ["summary:3: 4: t1 … re t2 … re t3"]);
+    assert_eq!(first.next, None);
     runtime.halt();
     drop(runtime);
 
@@ -208,7 +219,7 @@ async fn c3_a_compaction_replaces_a_prefix_of_its_branch_and_keeps_the_graph() {
     );
     assert_eq!(texts(&runtime, session, originals).len(), 6);
     let view = runtime.session(session).expect("session");
-    assert_eq!((view.compactions.len(), view.executions), (3, 4));
+    assert_eq!((view.compactions.len(), view.executions), (2, 4));
     runtime.halt();
 }
 
@@ -324,14 +335,43 @@ async fn c2_naming_runs_after_the_turn_freed_its_session_and_names_it_once() {
     }
     // The second turn's naming found no name when it began, and waits too: let it go; the
     // first name stays. A third turn asks no more.
+    namer.called.acquire().await.expect("called").forget();
     namer.release.add_permits(1);
-    turn(&runtime, session, "thanks", Some(second)).await;
+    let (third, _, _) = turn(&runtime, session, "thanks", Some(second)).await;
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     assert_eq!(
         runtime.session(session).expect("session").name.as_deref(),
         Some("about the weather")
     );
-    assert!(namer.calls.load(std::sync::atomic::Ordering::SeqCst) <= 2);
+    assert_eq!(namer.calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    // Deleted, the session's name goes, and a late follow-up never brings it back.
+    assert_eq!(
+        runtime.snapshot(session, third).await.expect("third").state,
+        "completed"
+    );
+    runtime.purge_session(session).await.expect("purge");
+    assert_eq!(runtime.session(session).expect("session").name, None);
+    runtime.halt();
+}
+
+/// A session deleted while its naming hook runs stays without a name.
+#[tokio::test]
+async fn c2_a_name_given_after_the_session_was_deleted_is_not_kept() {
+    let dir = tempfile::tempdir().expect("dir");
+    let namer = Arc::new(Namer::default());
+    let runtime = Runtime::builder()
+        .data_dir(dir.path())
+        .session_namer(Arc::new(NamerHook(namer.clone())))
+        .open()
+        .expect("open");
+    let session = SessionId::new();
+    turn(&runtime, session, "secret plans", None).await;
+    namer.called.acquire().await.expect("called").forget();
+    runtime.purge_session(session).await.expect("purge");
+    namer.release.add_permits(1);
+    // The hook's answer arrives after the deletion: give its write every chance to land.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(runtime.session(session).expect("session").name, None);
     runtime.halt();
 }
 
@@ -467,7 +507,11 @@ fn c3_over_http_compact_read_and_name() {
     let (status, _) = server.call("DELETE", &view, Some(crate::http::ADMIN), None);
     assert_eq!(status, 200);
     let (status, gone) = server.call("GET", &view, Some(&session.1), None);
-    assert_eq!(status, 404, "{gone}");
+    assert_eq!(status, 200, "{gone}");
+    assert_eq!(
+        (&gone["name"], &gone["compactions"], &gone["executions"]),
+        (&json!(null), &json!([]), &json!(0))
+    );
 }
 
 /// C-3 with retention (S-8): once the turns a summary replaced are purged, the summary still

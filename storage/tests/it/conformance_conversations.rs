@@ -14,6 +14,7 @@ use crate::suite;
 suite!(
     c3_a_conversation_write_is_a_compare_and_swap_that_survives_a_reopen,
     c3_of_many_conversation_writers_at_one_version_exactly_one_is_written,
+    c3_a_conversation_read_during_a_rewrite_is_never_lost,
 );
 
 fn named(session_id: SessionId, expected: u64, name: &str) -> ConversationWrite {
@@ -110,4 +111,46 @@ async fn c3_of_many_conversation_writers_at_one_version_exactly_one_is_written(
     )));
     let stored = store.conversation(session).expect("read").expect("written");
     assert_eq!(stored.name, Some(written[0].to_string()));
+}
+
+/// While a record is rewritten, a reader gets the version before or the one after — never
+/// none, never an older one.
+async fn c3_a_conversation_read_during_a_rewrite_is_never_lost(backend: &dyn Backend) {
+    let store = std::sync::Arc::<dyn openprogram_storage::EventStore>::from(backend.open());
+    let session = SessionId::new();
+    store
+        .write_conversation(named(session, 0, "v1"))
+        .await
+        .expect("write");
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (store, done) = (store.clone(), done.clone());
+        tokio::spawn(async move {
+            let (mut reads, mut last) = (0u64, 1u64);
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                let read = store.conversation(session).expect("read");
+                let version = read.map(|record| record.version).unwrap_or(0);
+                assert!(version >= last, "read version {version} after {last}");
+                last = version;
+                reads += 1;
+                tokio::task::yield_now().await;
+            }
+            reads
+        })
+    };
+    for version in 1..100u64 {
+        let outcome = store
+            .write_conversation(named(session, version, &format!("v{}", version + 1)))
+            .await
+            .expect("write");
+        assert_eq!(
+            outcome,
+            ConversationOutcome::Written {
+                version: version + 1
+            }
+        );
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let reads = reader.await.expect("the reader");
+    assert!(reads > 0);
 }
