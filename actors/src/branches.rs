@@ -163,6 +163,13 @@ impl Service {
             input,
         };
         let mut child_events = vec![admitted];
+        // C-2: an agent's child is a foreground turn of the session once continued.
+        if self.env().one_turn_per_session
+            && head.kind == openprogram_storage::ExecutionKind::AgentTurn
+            && job.is_none()
+        {
+            child_events.push(crate::execution::machine_session::paused_turn());
+        }
         // J-1: a Job's child is a new Job, with what the original asked for (its budget
         // unspent): it goes through the queue once continued.
         let job_record = job

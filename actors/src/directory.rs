@@ -148,6 +148,29 @@ impl Hooks for Executions {
         async move { self.cancel_child_now(child_id).await }.boxed()
     }
 
+    fn interrupt(
+        self: Arc<Self>,
+        holder: ExecutionId,
+        holder_version: u64,
+        by: ExecutionId,
+    ) -> BoxFuture<'static, Result<()>> {
+        async move {
+            let mut name = b"interrupts at ".to_vec();
+            name.extend_from_slice(&holder_version.to_be_bytes());
+            let command_id =
+                openprogram_storage::CommandId::from_uuid(uuid::Uuid::new_v5(by.as_uuid(), &name));
+            let command = Command::new(CommandBody::Pause).with_id(command_id);
+            let accepted = command.accepted_record(holder);
+            let addr = self.activate(holder)?;
+            match addr.send(ApplyCommand { accepted, command }).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(error)) => Err(error),
+                Err(error) => Err(Error::Unavailable(error.to_string())),
+            }
+        }
+        .boxed()
+    }
+
     fn wake(&self, execution_id: ExecutionId) {
         let addr = match self.activate(execution_id) {
             Ok(addr) => addr,

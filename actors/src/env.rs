@@ -42,6 +42,16 @@ pub trait Hooks: Send + Sync {
     fn wake(&self, execution_id: ExecutionId);
     /// `wake`, once: no second try.
     fn wake_once(&self, execution_id: ExecutionId);
+    /// C-2: `by`, an interrupting turn first in its session's line, asks the running turn
+    /// `holder` (as it stood at `holder_version`) to pause at its next safe point: a Pause
+    /// whose command id is derived from the three, so asking again at one version is the
+    /// same command.
+    fn interrupt(
+        self: Arc<Self>,
+        holder: ExecutionId,
+        holder_version: u64,
+        by: ExecutionId,
+    ) -> BoxFuture<'static, Result<()>>;
 }
 
 /// F-6: a function an agent's call runs as a child execution.
@@ -443,6 +453,19 @@ impl Env {
     pub fn wake(&self, execution_id: ExecutionId) {
         if let Ok(hooks) = self.hooks() {
             hooks.wake(execution_id);
+        }
+    }
+
+    /// C-2: see `Hooks::interrupt`.
+    pub fn interrupt(
+        &self,
+        holder: ExecutionId,
+        holder_version: u64,
+        by: ExecutionId,
+    ) -> BoxFuture<'static, Result<()>> {
+        match self.hooks() {
+            Ok(hooks) => hooks.interrupt(holder, holder_version, by),
+            Err(error) => futures::future::ready(Err(error)).boxed(),
         }
     }
 

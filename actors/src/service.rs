@@ -230,6 +230,15 @@ impl Service {
             ..StartReply::of(&admission.head)
         };
         let start_paused = admission.start_paused;
+        // C-2: an agent turn admitted paused is a foreground turn too: it holds nothing
+        // now, and once continued it waits in its session's line like any message.
+        if start_paused
+            && job.is_none()
+            && kind == ExecutionKind::AgentTurn
+            && self.env.one_turn_per_session
+        {
+            admission = admission.as_session_turn(crate::execution::machine_session::paused_turn());
+        }
         let (head, machine, version) = admission.commit(self.env.store.as_ref()).await?;
         if let Some((resources, job)) = job.filter(|_| !start_paused) {
             // A Job runs once the queue leases its resources: nothing starts here.

@@ -1,6 +1,7 @@
 //! C-2, the service's side of a session's foreground turn: admitting a message while
 //! another turn holds the session, by its declared strategy (`BusyStrategy`): `queue` admits
-//! it `queued` behind the others, `interrupt` first in line (and pauses the holder), `steer`
+//! it `queued` behind the others, `interrupt` first in line (the turn itself, when it looks,
+//! asks the holder to pause: `execution/session_turn.rs`), `steer`
 //! makes it the holder's steering text, `reject` refuses it (`409 session_busy`). The
 //! session's record changes in the admission's own transition (a compare-and-swap, read
 //! again when it moved). Which turn takes the session, and when, is `execution/session_turn.rs`.
@@ -39,8 +40,8 @@ impl Service {
                 .filter(|holder| state(*holder).is_some_and(|state| !state.is_terminal()));
             let mut line = crate::execution::machine_session::line_of(&record.waiting, None, state);
             let ahead = holder.or(line.first().copied());
-            let (name, behind, pause) = match (ahead, strategy) {
-                (None, _) => ("immediate", None, None),
+            let (name, behind) = match (ahead, strategy) {
+                (None, _) => ("immediate", None),
                 (Some(busy), BusyStrategy::Reject) => {
                     return Err(Error::SessionBusy {
                         foreground: busy,
@@ -57,11 +58,13 @@ impl Service {
                 (Some(_), BusyStrategy::Queue) => {
                     let behind = line.last().copied().or(holder);
                     line.push(execution_id);
-                    ("queue", behind, None)
+                    ("queue", behind)
                 }
+                // The turn, first in line, asks the holder to pause when it looks (its
+                // activation, just after this commit; again after a restart).
                 (Some(busy), BusyStrategy::Interrupt) => {
                     line.insert(0, execution_id);
-                    ("interrupt", Some(busy), holder)
+                    ("interrupt", Some(busy))
                 }
             };
             let after = SessionRecord {
@@ -104,9 +107,6 @@ impl Service {
                 Err(Error::Unavailable(_)) if self.env().lifecycle.is_stopping() => {}
                 Err(error) => return Err(error),
             }
-            if let Some(holder) = pause {
-                self.pause_for(session_id, holder, execution_id).await;
-            }
             return Ok(StartReply { version, ..reply });
         }
         Err(Error::Unavailable(
@@ -146,25 +146,5 @@ impl Service {
             steered: Some(reply),
             ..StartReply::of(&head)
         }))
-    }
-
-    /// `interrupt`: the holder pauses at its next safe point (a turn waiting for a person
-    /// has none: the interrupting one then runs once it ends). Its id is derived from the
-    /// interrupting turn's: asked again, the same command.
-    async fn pause_for(&self, session_id: SessionId, holder: ExecutionId, by: ExecutionId) {
-        let command_id = openprogram_storage::CommandId::from_uuid(uuid::Uuid::new_v5(
-            by.as_uuid(),
-            b"interrupts",
-        ));
-        let pause = Command::new(CommandBody::Pause).with_id(command_id);
-        match self.command(session_id, holder, pause).await {
-            Ok(reply) if reply.status == "rejected" => {
-                tracing::debug!(%holder, reason = ?reply.reason, "an interrupt could not pause the running turn");
-            }
-            Ok(_) => {}
-            Err(error) => {
-                tracing::warn!(%holder, %error, "an interrupt could not pause the running turn")
-            }
-        }
     }
 }

@@ -229,7 +229,14 @@ async fn e4_an_external_result_ready_at_once_is_recorded_before_a_racing_command
             .map(|step| serde_json::json!({"tool": "append", "args": {"path": path, "line": step.to_string()}}))
             .collect();
         script.push(reply("ok"));
-        started.push((harness.start(script, Some(steps as u32 + 1)).await, path));
+        // Each in a session of its own: the race is between executions running side by
+        // side (one session runs one turn at a time, C-2).
+        started.push((
+            harness
+                .start_apart_with(script, Some(steps as u32 + 1))
+                .await,
+            path,
+        ));
     }
     let deadline = std::time::Instant::now() + DEADLINE;
     let mut applied = 0;

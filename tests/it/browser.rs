@@ -398,7 +398,9 @@ fn i3_an_operator_finds_and_resolves_an_execution_from_the_overview() {
 fn w6_a_person_answers_a_structured_question_in_the_page() {
     let chromium = prerequisites();
     let dir = tempfile::tempdir().expect("tempdir");
-    let (serve, sid, token) = serve_with_session(&dir.path().join("data"), &[]);
+    // Two turns of the session each open a question while the person types (decide.mjs):
+    // they run side by side (with one turn per session, the second would wait in line).
+    let (serve, sid, token) = serve_with_session(&dir.path().join("data"), &["--parallel-turns"]);
     let (sid, token) = (sid.as_str(), token.as_str());
     let script = json!([
         {"tool": "echo", "args": {"text": "checked"}},

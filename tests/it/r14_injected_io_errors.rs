@@ -53,9 +53,14 @@ fn fail_stops_on(point: &str, errno: u32) {
     let mut running = Vec::new();
     for execution in 0..RUNNING {
         let body = appending_turn(execution, STEPS, &sink, 30);
-        let (status, started) = admit(&body);
+        // Each in a session of its own, to run side by side (C-2).
+        let (_, own) = server.call("POST", "/v1/sessions", None);
+        let own = own["session_id"].as_str().expect("session").to_owned();
+        let own = format!("/v1/sessions/{own}/executions");
+        let (status, started) = server.call("POST", &own, Some(&body));
         assert_eq!(status, 201, "{case}: {started}");
-        running.push(started["execution_id"].as_str().expect("id").to_owned());
+        let id = started["execution_id"].as_str().expect("id");
+        running.push(format!("{own}/{id}"));
     }
     let mut acknowledged = Vec::new();
     for _ in 0..3 {
@@ -118,9 +123,8 @@ fn fail_stops_on(point: &str, errno: u32) {
         );
         assert_eq!(snapshot["turn_id"], started["turn_id"], "{case}");
     }
-    for (index, execution) in running.iter().enumerate() {
-        let path = format!("{executions}/{execution}");
-        let snapshot = wait_completed(&server, &path, &case);
+    for (index, path) in running.iter().enumerate() {
+        let snapshot = wait_completed(&server, path, &case);
         assert_eq!(snapshot["text"], format!("done {index}"), "{case}");
     }
     let (status, reply) = server.call("POST", &executions, Some(&paused));

@@ -456,3 +456,153 @@ async fn c2_a_long_line_of_messages_runs_in_order() {
     }
     assert!(ended.windows(2).all(|pair| pair[0] < pair[1]), "{ended:?}");
 }
+
+/// C-2, `interrupt` of a turn waiting for a person: Pause is not offered while it waits, so
+/// the interrupting turn waits first in line; once the answer lets the turn run again, it
+/// pauses at its next safe point and the interrupting turn runs before it goes on.
+#[tokio::test]
+async fn c2_an_interrupt_pauses_a_turn_that_was_waiting_once_it_runs_again() {
+    let (_dir, runtime, session) = fresh();
+    let script = vec![
+        json!({"ask": "go on?"}),
+        sleep(300),
+        echo("a"),
+        reply("first"),
+    ];
+    let first = send(&runtime, session, "first", script, None)
+        .await
+        .expect("first");
+    let asked = wait_state(&runtime, session, first.execution_id, "waiting").await;
+    let urgent = send(
+        &runtime,
+        session,
+        "urgent",
+        vec![reply("urgent")],
+        Some(BusyStrategy::Interrupt),
+    )
+    .await
+    .expect("urgent");
+    // Still waiting for the person; the interrupting turn waits for it.
+    let still = wait_state(&runtime, session, urgent.execution_id, "queued").await;
+    assert_eq!(still.state, "queued");
+    let answered = runtime
+        .command(
+            session,
+            first.execution_id,
+            command_of(json!({"command_id": CommandId::new(), "kind": "answer",
+                "wait_id": asked.waits[0].wait_id, "answer": "yes"})),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(answered.status, "applied", "{answered:?}");
+    let paused = wait_state(&runtime, session, first.execution_id, "paused").await;
+    assert_eq!(paused.pause_reason.as_deref(), Some("pause"));
+    let done = wait_state(&runtime, session, urgent.execution_id, "completed").await;
+    assert_eq!(done.text, "urgent");
+    // Continued, the first turn takes its session again and finishes.
+    runtime
+        .command(
+            session,
+            first.execution_id,
+            command_of(json!({"command_id": CommandId::new(), "kind": "continue"})),
+        )
+        .await
+        .expect("continue");
+    let first_done = wait_state(&runtime, session, first.execution_id, "completed").await;
+    assert_eq!(first_done.text, "first");
+    let urgent_end = end_position(&runtime, session, urgent.execution_id);
+    let paused_at = runtime
+        .events(session, first.execution_id, 0)
+        .expect("events")
+        .iter()
+        .find(|envelope| matches!(&envelope.event, Event::StateChanged { state, .. } if state.as_str() == "paused"))
+        .map(|envelope| envelope.position)
+        .expect("paused");
+    assert!(paused_at < urgent_end);
+}
+
+/// C-2 for turns admitted paused — a paused start, a fork, a retry: continued while another
+/// turn holds the session, each waits in line instead of running beside it, and runs after.
+#[tokio::test]
+async fn c2_a_paused_start_a_fork_and_a_retry_continued_wait_for_the_session() {
+    let (_dir, runtime, session) = fresh();
+    let original = send(
+        &runtime,
+        session,
+        "original",
+        vec![echo("a"), reply("o")],
+        None,
+    )
+    .await
+    .expect("original");
+    wait_state(&runtime, session, original.execution_id, "completed").await;
+    let mut children = Vec::new();
+    for kind in ["fork", "retry"] {
+        let reply = runtime
+            .command(
+                session,
+                original.execution_id,
+                command_of(json!({"command_id": CommandId::new(), "kind": kind})),
+            )
+            .await
+            .expect("child");
+        children.push(reply.execution_id.expect("a child"));
+    }
+    let paused = runtime
+        .start_execution(
+            session,
+            StartRequest {
+                message: "later".into(),
+                script: elements(vec![reply("p")]),
+                start_paused: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("paused start");
+    children.push(paused.execution_id);
+    let holder = send(
+        &runtime,
+        session,
+        "busy",
+        vec![sleep(400), reply("h")],
+        None,
+    )
+    .await
+    .expect("holder");
+    wait_state(&runtime, session, holder.execution_id, "running").await;
+    for child in &children {
+        let reply = runtime
+            .command(
+                session,
+                *child,
+                command_of(json!({"command_id": CommandId::new(), "kind": "continue"})),
+            )
+            .await
+            .expect("continue");
+        assert_eq!(reply.status, "applied", "{reply:?}");
+        let now = runtime.snapshot(session, *child).await.expect("snapshot");
+        assert_eq!(
+            now.state, "queued",
+            "{child} ran beside the holder: {now:?}"
+        );
+    }
+    wait_state(&runtime, session, holder.execution_id, "completed").await;
+    let holder_end = end_position(&runtime, session, holder.execution_id);
+    let mut ends = Vec::new();
+    for child in &children {
+        wait_state(&runtime, session, *child, "completed").await;
+        let started = first_position(&runtime, session, *child, "session_turn_started");
+        assert!(
+            started > holder_end,
+            "{child} took the session before the holder ended"
+        );
+        ends.push((started, end_position(&runtime, session, *child)));
+    }
+    // One at a time: no two of them overlap.
+    ends.sort();
+    assert!(
+        ends.windows(2).all(|pair| pair[0].1 < pair[1].0),
+        "{ends:?}"
+    );
+}

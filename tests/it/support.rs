@@ -86,10 +86,20 @@ impl Harness {
     /// Admits a turn into a session of its own: it runs beside the turns of `session`,
     /// which run one at a time (C-2). The helpers below find its session.
     pub async fn start_apart(&self, script: Vec<Value>) -> ExecutionId {
+        self.start_apart_with(script, None).await
+    }
+
+    /// `start_apart` with an iteration budget.
+    pub async fn start_apart_with(
+        &self,
+        script: Vec<Value>,
+        max_iterations: Option<u32>,
+    ) -> ExecutionId {
         let session = SessionId::new();
         let request = StartRequest {
             message: "test".into(),
             script: elements(script),
+            max_iterations,
             ..Default::default()
         };
         let execution = self

@@ -116,10 +116,25 @@ impl ExecutionActor {
                 },
             );
         }
+        // C-2: a foreground turn that runs again (an answer, a Continue) lets the first turn
+        // in its line look again: an interrupt asks it to pause now that it can.
+        let runs_again = self.machine.session_turn.is_some()
+            && events.iter().any(|event| {
+                matches!(
+                    event,
+                    Event::StateChanged {
+                        state: openprogram_storage::ExecutionState::Running,
+                        ..
+                    }
+                )
+            });
         let upsert = Upsert::Command(record.clone());
         Box::pin(
             self.submit_with_session(events, vec![upsert], session)
                 .then(move |outcome, act, ctx| {
+                    if runs_again && matches!(outcome, Ok(Outcome::Committed(_))) {
+                        act.wake_first_in_line();
+                    }
                     if let Ok(Outcome::SessionConflict { .. }) = outcome {
                         if claims {
                             act.epoch = None;

@@ -16,6 +16,15 @@ use super::machine::{Machine, Present};
 /// The reason of the `queued` state of a turn waiting for its session.
 pub const SESSION_QUEUED: &str = "session";
 
+/// C-2: the `SessionTurn` of an agent turn admitted paused (a paused start, a fork, a
+/// retry): a foreground turn that holds nothing; Continue or Step queues it for its session.
+pub fn paused_turn() -> Event {
+    Event::SessionTurn {
+        strategy: "paused".into(),
+        behind: None,
+    }
+}
+
 /// C-2: a session's line as it stands: the turns of `waiting` still queued (one that ended
 /// or was paused holds no place; a paused one queues again when continued), and `me`,
 /// wherever it stands. `state`: each execution's state as read (`None`: unreadable).
@@ -34,7 +43,8 @@ pub fn line_of(
 /// C-2: what the machine knows of its execution as a session's foreground turn.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SessionTurn {
-    /// How it was admitted: `queue`, `interrupt` or `immediate` (the session was free).
+    /// How it was admitted: `queue`, `interrupt`, `immediate` (the session was free) or
+    /// `paused` (admitted paused: it holds nothing until continued).
     pub strategy: String,
     /// It waits for its session: it runs nothing until it takes it.
     pub queued: bool,

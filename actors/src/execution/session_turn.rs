@@ -61,6 +61,17 @@ impl ExecutionActor {
         {
             Some(events) => events,
             None => {
+                // An interrupt first in line asks the running holder to pause at its next
+                // safe point (again after a restart, or once a holder that was waiting for a
+                // person runs again: each version of the holder is asked once).
+                if first && self.machine.interrupts() {
+                    if let Some(holder) = holder.filter(|_| {
+                        holder_state
+                            .is_some_and(|state| !state.is_terminal() && state != Status::Paused)
+                    }) {
+                        self.interrupt(holder);
+                    }
+                }
                 // Not its turn yet: it parks until the holder's end wakes it.
                 self.session_looked = true;
                 return Box::pin(
@@ -96,6 +107,39 @@ impl ExecutionActor {
                     }
                 }),
         )
+    }
+
+    /// C-2, an interrupt: asks `holder`, as it stands now, to pause (`Hooks::interrupt`).
+    fn interrupt(&self, holder: ExecutionId) {
+        let version = match self.env.store.head(holder) {
+            Ok(Some(head)) => head.version,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::warn!(%holder, %error, "the running turn could not be read to interrupt it");
+                return;
+            }
+        };
+        let asked = self.env.interrupt(holder, version, self.execution_id);
+        actix::spawn(async move {
+            if let Err(error) = asked.await {
+                tracing::warn!(%holder, %error, "an interrupt could not ask the running turn to pause");
+            }
+        });
+    }
+
+    /// C-2: this foreground turn runs again: the first turn in its line looks again (an
+    /// interrupt asks it to pause).
+    pub(super) fn wake_first_in_line(&self) {
+        let Some((record, state)) = self.session_now() else {
+            return;
+        };
+        let me = self.execution_id;
+        if let Some(first) = line_of(&record.waiting, None, state)
+            .into_iter()
+            .find(|id| *id != me)
+        {
+            self.env.wake(first);
+        }
     }
 
     /// C-2: this turn held its session, or stood in its line, and ended or paused: the first
