@@ -11,7 +11,6 @@ use std::time::Instant;
 
 use openprogram::load::park;
 use openprogram::process_stats::rss_kib;
-use openprogram::storage::SessionId;
 use openprogram::Runtime;
 use serde_json::json;
 
@@ -43,7 +42,7 @@ fn main() {
     let rss_before_kib = rss_kib();
     let started = Instant::now();
     threads
-        .block_on(park(&runtime, SessionId::new(), n, concurrency))
+        .block_on(park(&runtime, n, concurrency))
         .expect("park");
     let elapsed = started.elapsed();
     let rss_after_kib = rss_kib();

@@ -29,14 +29,10 @@ use crate::process_stats::{
 };
 use crate::{Error, Result, Runtime, StartRequest};
 
-/// Parks `n` executions in `session`: each is admitted paused and stepped once (its actor
-/// runs one model decision, pauses and releases itself). Returns once no actor is live.
-pub async fn park(
-    runtime: &Runtime,
-    session: SessionId,
-    n: usize,
-    concurrency: usize,
-) -> Result<()> {
+/// Parks `n` executions, each in a session of its own (a session runs one turn at a time,
+/// C-2): each is admitted paused and stepped once (its actor runs one model decision,
+/// pauses and releases itself). Returns once no actor is live.
+pub async fn park(runtime: &Runtime, n: usize, concurrency: usize) -> Result<()> {
     let script: Vec<ScriptElement> = vec![
         json!({"tool": "echo", "args": {"text": "x"}}).into(),
         json!({"reply": "done"}).into(),
@@ -45,6 +41,7 @@ pub async fn park(
     while admitted < n {
         let batch = concurrency.max(1).min(n - admitted);
         let parks = (0..batch).map(|_| async {
+            let session = SessionId::new();
             let request = StartRequest {
                 message: "park".into(),
                 script: script.clone(),
@@ -677,7 +674,7 @@ impl Spent {
 /// Parks `n` executions and measures the memory each holds (bytes).
 async fn parked_memory(runtime: &Runtime, n: usize, concurrency: usize) -> Result<(usize, f64)> {
     let before_kib = rss_kib();
-    park(runtime, SessionId::new(), n, concurrency).await?;
+    park(runtime, n, concurrency).await?;
     let grown = rss_kib().saturating_sub(before_kib) * 1024;
     Ok((n, grown as f64 / n.max(1) as f64))
 }

@@ -92,7 +92,7 @@ fn texts(runtime: &Runtime, session: SessionId, query: MessagesQuery) -> Vec<Str
 }
 
 #[tokio::test]
-async fn c3_a_compaction_replaces_a_prefix_of_its_branch_and_keeps_the_graph() {
+async fn c3_b1_a_compaction_replaces_a_prefix_of_its_branch_and_keeps_the_graph() {
     let dir = tempfile::tempdir().expect("dir");
     let compactor = Arc::new(Recording::default());
     let runtime = runtime(dir.path(), compactor.clone(), None);
@@ -309,12 +309,7 @@ async fn c3_a_policy_compacts_a_long_branch_after_a_completed_turn() {
 #[tokio::test]
 async fn c2_naming_runs_after_the_turn_freed_its_session_and_names_it_once() {
     let dir = tempfile::tempdir().expect("dir");
-    let namer = Arc::new(Namer::default());
-    let runtime = Runtime::builder()
-        .data_dir(dir.path())
-        .session_namer(Arc::new(NamerHook(namer.clone())))
-        .open()
-        .expect("open");
+    let (runtime, namer) = named(dir.path());
     let session = SessionId::new();
     let (_, _, first) = turn(&runtime, session, "the weather", None).await;
     // The hook holds the name; the next message runs and completes meanwhile: the session
@@ -358,12 +353,7 @@ async fn c2_naming_runs_after_the_turn_freed_its_session_and_names_it_once() {
 #[tokio::test]
 async fn c2_a_name_given_after_the_session_was_deleted_is_not_kept() {
     let dir = tempfile::tempdir().expect("dir");
-    let namer = Arc::new(Namer::default());
-    let runtime = Runtime::builder()
-        .data_dir(dir.path())
-        .session_namer(Arc::new(NamerHook(namer.clone())))
-        .open()
-        .expect("open");
+    let (runtime, namer) = named(dir.path());
     let session = SessionId::new();
     turn(&runtime, session, "secret plans", None).await;
     namer.called.acquire().await.expect("called").forget();
@@ -373,6 +363,17 @@ async fn c2_a_name_given_after_the_session_was_deleted_is_not_kept() {
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     assert_eq!(runtime.session(session).expect("session").name, None);
     runtime.halt();
+}
+
+/// A runtime on `dir` whose naming hook is a held `Namer`.
+fn named(dir: &std::path::Path) -> (Runtime, Arc<Namer>) {
+    let namer = Arc::new(Namer::default());
+    let runtime = Runtime::builder()
+        .data_dir(dir)
+        .session_namer(Arc::new(NamerHook(namer.clone())))
+        .open()
+        .expect("open");
+    (runtime, namer)
 }
 
 /// Names after the first words, each call held until the test gives a permit; tells the
