@@ -606,3 +606,43 @@ async fn c2_a_paused_start_a_fork_and_a_retry_continued_wait_for_the_session() {
         "{ends:?}"
     );
 }
+
+/// C-2: a paused start continued in a free session takes it, so a message sent while it runs
+/// waits behind it.
+#[tokio::test]
+async fn c2_a_paused_start_continued_holds_its_session() {
+    let (_dir, runtime, session) = fresh();
+    let paused = runtime
+        .start_execution(
+            session,
+            StartRequest {
+                message: "later".into(),
+                script: elements(vec![sleep(300), reply("p")]),
+                start_paused: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("paused start");
+    runtime
+        .command(
+            session,
+            paused.execution_id,
+            command_of(json!({"command_id": CommandId::new(), "kind": "continue"})),
+        )
+        .await
+        .expect("continue");
+    wait_state(&runtime, session, paused.execution_id, "running").await;
+    let message = send(&runtime, session, "m", vec![reply("m")], None)
+        .await
+        .expect("message");
+    assert_eq!(message.session_turn, Some("queue"));
+    wait_state(&runtime, session, message.execution_id, "completed").await;
+    let started = first_position(
+        &runtime,
+        session,
+        message.execution_id,
+        "session_turn_started",
+    );
+    assert!(started > end_position(&runtime, session, paused.execution_id));
+}

@@ -422,7 +422,9 @@ impl ExecutionActor {
             self.machine.status(),
             Status::Queued | Status::Running | Status::Cancelling
         ) && !self.waits_for_lease()
-            && !(self.machine.waits_for_session() && self.session_looked);
+            // C-2: a turn waiting for its session parks once it looked, but on a node of a
+            // shared store it stays and looks again (`take_session`).
+            && !(self.machine.waits_for_session() && self.session_looked && self.env.node.is_none());
         // Commands inherited from a dead attempt are decided first (`DecideInherited`).
         let inherited = !self.inherited_pending.is_empty();
         let recording = self.recording_lost > 0;

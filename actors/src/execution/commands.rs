@@ -32,11 +32,11 @@ impl ExecutionActor {
             busy: self.in_flight.is_some(),
             now_ms: self.env.clock.now_ms(),
             session: session.clone(),
-            holds_session: session.is_none_or(|record| {
-                record
-                    .foreground
-                    .is_none_or(|holder| holder == self.execution_id)
-            }),
+            // C-2: a foreground turn holds its session only where the record names it: one
+            // admitted paused (a paused start, a fork, a retry) takes it when continued, so
+            // a message sent meanwhile waits behind it instead of running beside it.
+            holds_session: session
+                .is_some_and(|record| record.foreground == Some(self.execution_id)),
         }
     }
 

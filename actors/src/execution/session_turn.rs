@@ -72,8 +72,19 @@ impl ExecutionActor {
                         self.interrupt(holder);
                     }
                 }
-                // Not its turn yet: it parks until the holder's end wakes it.
+                // Not its turn yet: it parks until the holder's end wakes it. On a node of a
+                // shared store the holder may end on another node, whose wake cannot reach an
+                // actor parked here: it stays, its attempt leased, and looks again each lease
+                // ttl (if this node stops, the takeover's new owner looks).
                 self.session_looked = true;
+                if self.env.node.is_some() {
+                    let every = self.env.lease_ttl;
+                    return Box::pin(fut::ready(()).map(move |(), _act: &mut Self, ctx| {
+                        ctx.run_later(every, |_act, ctx| {
+                            ctx.notify(crate::execution::actor::Advance);
+                        });
+                    }));
+                }
                 return Box::pin(
                     fut::ready(()).map(|(), act: &mut Self, ctx| act.park_if_idle(ctx)),
                 );
