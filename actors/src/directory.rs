@@ -155,6 +155,8 @@ impl Hooks for Executions {
         by: ExecutionId,
     ) -> BoxFuture<'static, Result<()>> {
         async move {
+            // After startup recovery has classified what it resumes, as for any command.
+            self.lifecycle.until_recovered().await;
             let mut name = b"interrupts at ".to_vec();
             name.extend_from_slice(&holder_version.to_be_bytes());
             let command_id =

@@ -646,3 +646,51 @@ async fn c2_a_paused_start_continued_holds_its_session() {
     );
     assert!(started > end_position(&runtime, session, paused.execution_id));
 }
+
+/// C-2: an interrupt pauses only the turn it was admitted to interrupt. Interrupted in turn
+/// and continued, it waits in line like any turn: it never pauses the turn that interrupted
+/// it.
+#[tokio::test]
+async fn c2_an_interrupt_continued_later_interrupts_no_one_else() {
+    let (_dir, runtime, session) = fresh();
+    let holder = send(&runtime, session, "h", vec![sleep(400), reply("h")], None)
+        .await
+        .expect("holder");
+    wait_state(&runtime, session, holder.execution_id, "running").await;
+    let urgent = |text: &'static str| {
+        send(
+            &runtime,
+            session,
+            text,
+            vec![sleep(300), echo("x"), reply(text)],
+            Some(BusyStrategy::Interrupt),
+        )
+    };
+    let first = urgent("first").await.expect("first");
+    wait_state(&runtime, session, holder.execution_id, "paused").await;
+    wait_state(&runtime, session, first.execution_id, "running").await;
+    let second = urgent("second").await.expect("second");
+    wait_state(&runtime, session, first.execution_id, "paused").await;
+    wait_state(&runtime, session, second.execution_id, "running").await;
+    runtime
+        .command(
+            session,
+            first.execution_id,
+            command_of(json!({"command_id": CommandId::new(), "kind": "continue"})),
+        )
+        .await
+        .expect("continue");
+    let done = wait_state(&runtime, session, second.execution_id, "completed").await;
+    assert_eq!(done.text, "second");
+    let paused_second = runtime
+        .events(session, second.execution_id, 0)
+        .expect("events")
+        .iter()
+        .any(|envelope| matches!(&envelope.event, Event::StateChanged { state, .. } if state.as_str() == "paused"));
+    assert!(
+        !paused_second,
+        "the continued interrupt paused the turn that interrupted it"
+    );
+    let first_done = wait_state(&runtime, session, first.execution_id, "completed").await;
+    assert_eq!(first_done.text, "first");
+}

@@ -71,6 +71,9 @@ pub struct ExecutionActor {
     /// C-2: a turn waiting for its session looked whether it may take it, and may not: it
     /// parks (the holder's end wakes it).
     pub(super) session_looked: bool,
+    /// C-2 on a node of a shared store: the one timer of a turn waiting for its session
+    /// that makes it look again (`take_session`).
+    pub(super) session_poll: Option<SpawnHandle>,
     /// Which start of this execution's actor this is: its entry in the directory.
     token: u64,
     /// Runs of a durable function's body this actor started; the newest is the one in
@@ -175,6 +178,7 @@ impl ExecutionActor {
             live_askers: HashMap::new(),
             recording_lost: 0,
             session_looked: false,
+            session_poll: None,
             token,
             function_runs: 0,
             suspending: false,
@@ -423,8 +427,10 @@ impl ExecutionActor {
             Status::Queued | Status::Running | Status::Cancelling
         ) && !self.waits_for_lease()
             // C-2: a turn waiting for its session parks once it looked, but on a node of a
-            // shared store it stays and looks again (`take_session`).
-            && !(self.machine.waits_for_session() && self.session_looked && self.env.node.is_none());
+            // shared store it stays and looks again (`take_session`), unless stopping.
+            && !(self.machine.waits_for_session()
+                && self.session_looked
+                && (self.env.node.is_none() || self.env.lifecycle.is_stopping()));
         // Commands inherited from a dead attempt are decided first (`DecideInherited`).
         let inherited = !self.inherited_pending.is_empty();
         let recording = self.recording_lost > 0;

@@ -34,9 +34,15 @@ impl ExecutionActor {
             session: session.clone(),
             // C-2: a foreground turn holds its session only where the record names it: one
             // admitted paused (a paused start, a fork, a retry) takes it when continued, so
-            // a message sent meanwhile waits behind it instead of running beside it.
-            holds_session: session
-                .is_some_and(|record| record.foreground == Some(self.execution_id)),
+            // a message sent meanwhile waits behind it instead of running beside it. (A
+            // record that cannot be read: it runs, as it would have, rather than queue
+            // behind a line it cannot see.)
+            holds_session: match self.env.store.session(self.head.session_id) {
+                Ok(record) => {
+                    record.is_some_and(|record| record.foreground == Some(self.execution_id))
+                }
+                Err(_) => true,
+            },
         }
     }
 

@@ -72,22 +72,13 @@ impl ExecutionActor {
                         self.interrupt(holder);
                     }
                 }
-                // Not its turn yet: it parks until the holder's end wakes it. On a node of a
-                // shared store the holder may end on another node, whose wake cannot reach an
-                // actor parked here: it stays, its attempt leased, and looks again each lease
-                // ttl (if this node stops, the takeover's new owner looks).
-                self.session_looked = true;
-                if self.env.node.is_some() {
-                    let every = self.env.lease_ttl;
-                    return Box::pin(fut::ready(()).map(move |(), _act: &mut Self, ctx| {
-                        ctx.run_later(every, |_act, ctx| {
-                            ctx.notify(crate::execution::actor::Advance);
-                        });
-                    }));
-                }
-                return Box::pin(
-                    fut::ready(()).map(|(), act: &mut Self, ctx| act.park_if_idle(ctx)),
-                );
+                return Box::pin(fut::ready(()).map(|(), act: &mut Self, ctx| {
+                    // One timer at a time, whatever woke this look.
+                    if let Some(poll) = act.session_poll.take() {
+                        ctx.cancel_future(poll);
+                    }
+                    act.wait_for_session(ctx)
+                }));
             }
         };
         let after = SessionRecord {
@@ -120,8 +111,40 @@ impl ExecutionActor {
         )
     }
 
+    /// Not its turn yet: it parks until the holder's end wakes it. On a node of a shared
+    /// store the holder may end on another node, whose wake cannot reach an actor parked
+    /// here: it stays, its attempt leased, and looks again each lease ttl (one timer; if
+    /// this node stops, the takeover's new owner looks).
+    fn wait_for_session(&mut self, ctx: &mut Context<Self>) {
+        self.session_looked = true;
+        if self.env.node.is_some() && !self.env.lifecycle.is_stopping() {
+            let poll = ctx.run_later(self.env.lease_ttl, |act, ctx| {
+                act.session_poll = None;
+                ctx.notify(crate::execution::actor::Advance);
+            });
+            self.session_poll = Some(poll);
+            return;
+        }
+        self.park_if_idle(ctx);
+    }
+
     /// C-2, an interrupt: asks `holder`, as it stands now, to pause (`Hooks::interrupt`).
     fn interrupt(&self, holder: ExecutionId) {
+        // Only the turn it was admitted to interrupt: requeued later, or behind another
+        // interrupt, it waits like any turn.
+        let behind = match self.env.store.events_after(self.execution_id, 0, 4) {
+            Ok(events) => events.iter().find_map(|envelope| match &envelope.event {
+                openprogram_storage::Event::SessionTurn { behind, .. } => *behind,
+                _ => None,
+            }),
+            Err(error) => {
+                tracing::warn!(execution_id = %self.execution_id, %error, "an interrupt's admission could not be read");
+                None
+            }
+        };
+        if behind != Some(holder) {
+            return;
+        }
         let version = match self.env.store.head(holder) {
             Ok(Some(head)) => head.version,
             Ok(None) => return,
