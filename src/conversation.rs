@@ -2,11 +2,16 @@
 //! transcript (C-1), its feed of events (B-6) and the waits shown with a message (W-5); its
 //! name and compaction (C-2, C-3). Split from `lib.rs`.
 
+use std::sync::Arc;
+
 use openprogram_actors::conversation::{MessagesPage, MessagesQuery};
 use openprogram_actors::conversation_follow_up::SessionView;
+use openprogram_actors::conversation_hooks::{
+    CompactionPolicy, Compactor, ConversationHooks, SessionNamer,
+};
 use openprogram_storage::{Compaction, MessageId, SessionId};
 
-use crate::{Result, Runtime};
+use crate::{Error, Result, Runtime, RuntimeBuilder};
 
 impl Runtime {
     /// B-2..B-5: the session's conversation branches, in Needs attention, In progress and
@@ -54,5 +59,49 @@ impl Runtime {
         message: MessageId,
     ) -> Result<Vec<openprogram_actors::snapshot::WaitView>> {
         self.inner.service.pending_waits(session, message).await
+    }
+}
+
+impl RuntimeBuilder {
+    /// C-2: one foreground turn per session. An agent turn a person starts while another of
+    /// its session has not ended follows its `when_busy` (`queue` by default: it runs after
+    /// it). On unless turned off (`serve --parallel-turns`): with it off, the turns of a
+    /// session run side by side and `when_busy` is refused.
+    pub fn one_turn_per_session(mut self, on: bool) -> Self {
+        self.parallel_turns = !on;
+        self
+    }
+
+    /// C-2's follow-up: names a session without a name after each completed turn a person
+    /// started, once the turn freed its session (`Runtime::session` shows the name).
+    pub fn session_namer(mut self, namer: Arc<dyn SessionNamer>) -> Self {
+        self.conversation_hooks.namer = Some(namer);
+        self
+    }
+
+    /// C-3: writes the summary that replaces a prefix of a conversation
+    /// (`Runtime::compact`; and after each completed turn, with `compaction_policy`).
+    pub fn compactor(mut self, compactor: Arc<dyn Compactor>) -> Self {
+        self.conversation_hooks.compactor = Some(compactor);
+        self
+    }
+
+    /// C-3: compact a branch after a completed turn once it shows more than `policy.past`
+    /// entries, keeping the newest `policy.keep` turns (with a `compactor`).
+    pub fn compaction_policy(mut self, policy: CompactionPolicy) -> Self {
+        self.conversation_hooks.policy = Some(policy);
+        self
+    }
+
+    /// The hooks, checked: a policy needs a compactor and room to keep turns.
+    pub(crate) fn conversation_hooks(&self) -> Result<ConversationHooks> {
+        if let Some(policy) = self.conversation_hooks.policy {
+            if self.conversation_hooks.compactor.is_none() || policy.keep + 1 >= policy.past {
+                return Err(Error::InvalidRequest(format!(
+                    "a compaction policy needs a compactor and `past` above `keep + 1` ({policy:?})"
+                )));
+            }
+        }
+        Ok(self.conversation_hooks.clone())
     }
 }

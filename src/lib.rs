@@ -218,36 +218,6 @@ impl RuntimeBuilder {
 
     /// F-3: the version policy of a function execution started without one. Default
     /// `keep_original`.
-    /// C-2: one foreground turn per session. An agent turn a person starts while another of
-    /// its session has not ended follows its `when_busy` (`queue` by default: it runs after
-    /// it). On unless turned off (`serve --parallel-turns`): with it off, the turns of a
-    /// session run side by side and `when_busy` is refused.
-    pub fn one_turn_per_session(mut self, on: bool) -> Self {
-        self.parallel_turns = !on;
-        self
-    }
-
-    /// C-2's follow-up: names a session without a name after each completed turn a person
-    /// started, once the turn freed its session (`Runtime::session` shows the name).
-    pub fn session_namer(mut self, namer: Arc<dyn SessionNamer>) -> Self {
-        self.conversation_hooks.namer = Some(namer);
-        self
-    }
-
-    /// C-3: writes the summary that replaces a prefix of a conversation
-    /// (`Runtime::compact`; and after each completed turn, with `compaction_policy`).
-    pub fn compactor(mut self, compactor: Arc<dyn Compactor>) -> Self {
-        self.conversation_hooks.compactor = Some(compactor);
-        self
-    }
-
-    /// C-3: compact a branch after a completed turn once it shows more than `policy.past`
-    /// entries, keeping the newest `policy.keep` turns (with a `compactor`).
-    pub fn compaction_policy(mut self, policy: CompactionPolicy) -> Self {
-        self.conversation_hooks.policy = Some(policy);
-        self
-    }
-
     pub fn function_policy(mut self, policy: VersionPolicy) -> Self {
         self.function_policy = Some(policy);
         self
@@ -331,6 +301,7 @@ impl RuntimeBuilder {
     /// Opens the store, starts the actor system and the supervisor, and begins startup
     /// recovery in the background (`Runtime::recovery` waits for its report).
     pub fn open(mut self) -> Result<Runtime> {
+        let conversation_hooks = self.conversation_hooks()?;
         let mut functions = openprogram_actors::function_builtin::builtin();
         if let Some(keep) = &self.builtin_revisions {
             functions.retain(|name, revision| {
@@ -363,14 +334,7 @@ impl RuntimeBuilder {
         env.resources = Resources::new(self.resources)?;
         env.functions = Arc::new(functions);
         env.one_turn_per_session = !self.parallel_turns;
-        if let Some(policy) = self.conversation_hooks.policy {
-            if self.conversation_hooks.compactor.is_none() || policy.keep + 1 >= policy.past {
-                return Err(Error::InvalidRequest(format!(
-                    "a compaction policy needs a compactor and `past` above `keep + 1` ({policy:?})"
-                )));
-            }
-        }
-        env.conversation_hooks = self.conversation_hooks;
+        env.conversation_hooks = conversation_hooks;
         if let Some(policy) = self.function_policy {
             env.function_policy = policy;
         }
