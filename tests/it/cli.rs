@@ -52,9 +52,9 @@ fn i4_load_json_reports_every_execution_and_step() {
     if cfg!(target_os = "linux") {
         assert!(report["cpu_us_per_step"].is_number(), "{report}");
         // The same CPU, by thread role: the roles add up to the whole (which /proc/self/stat
-        // gives in 10 ms ticks, so up to a tick less than the threads' own times), and where
+        // gives in 10 ms ticks, so up to two ticks less than the threads' own times), and where
         // the kernel keeps each thread's nanoseconds, the actors and the committer show
-        // their work.
+        // their work. (User and system time are each cut to a tick.)
         let roles = report["cpu_us_per_step_by_role"]
             .as_object()
             .unwrap_or_else(|| panic!("no CPU by role in {report}"));
@@ -62,7 +62,7 @@ fn i4_load_json_reports_every_execution_and_step() {
         let whole = report["cpu_us_per_step"].as_f64().unwrap_or(0.0);
         let tick_per_step = 10_000.0 / 120.0;
         assert!(sum >= whole * 0.99, "{report}");
-        assert!(sum <= whole * 1.01 + tick_per_step, "{report}");
+        assert!(sum <= whole * 1.01 + 2.0 * tick_per_step, "{report}");
         if std::fs::read_to_string("/proc/self/schedstat").is_ok() {
             for role in ["actors", "committer"] {
                 let spent = roles[role].as_f64().unwrap_or(0.0);
