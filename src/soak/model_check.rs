@@ -29,7 +29,7 @@ use crate::{Command, CommandReply, RestartWindow, Runtime, ScriptElement, Snapsh
 /// How long the runtime may take to come to rest after an action.
 const AT_REST_WITHIN: Duration = Duration::from_secs(30);
 
-/// The runtime (reopened after each crash), its session, and the oracle.
+/// The runtime (reopened after each crash), the session of the case it runs, and the oracle.
 struct World {
     data: tempfile::TempDir,
     session: SessionId,
@@ -134,6 +134,9 @@ impl World {
 
     /// Runs `actions` on a new execution of `case`; the first divergence, if any.
     async fn run(&mut self, case: &Case, actions: &[Action]) -> Result<(), String> {
+        // Each case a conversation of its own: a session runs one turn at a time (C-2), and
+        // a case may leave its turn paused or waiting.
+        self.session = SessionId::new();
         let script = case
             .script
             .iter()
