@@ -260,20 +260,16 @@ async fn compact_by_policy(
         return Ok(());
     };
     let store = env.store.as_ref();
-    let all = store.executions_in_session(session_id)?;
-    let links = all
-        .iter()
-        .map(|id| links_of(store, *id))
-        .collect::<Result<Vec<_>>>()?;
-    let Some(at) = all.iter().position(|id| *id == execution_id) else {
-        return Ok(());
+    // The branch up to the turn that completed: the prefix a compaction through it replaces.
+    let branch = match Prefix::read(store, session_id, execution_id) {
+        Ok(branch) => branch,
+        Err(Error::NotFound) => return Ok(()), // purged meanwhile
+        Err(error) => return Err(error),
     };
-    let path: Vec<ExecutionId> = executions_to(&links, links[at].reply_message_id)
-        .into_iter()
-        .map(|index| all[index])
-        .collect();
+    let path = &branch.replaces;
     let record = record_of(store, session_id)?;
-    let shown = fold(&path, &record.compactions, &anchors_of(&all, &links)).len();
+    let anchors = anchors_of(&branch.all, &branch.links);
+    let shown = fold(path, &record.compactions, &anchors).len();
     if shown <= policy.past || path.len() <= policy.keep {
         return Ok(());
     }

@@ -162,13 +162,7 @@ impl Hooks for Executions {
             let command_id =
                 openprogram_storage::CommandId::from_uuid(uuid::Uuid::new_v5(by.as_uuid(), &name));
             let command = Command::new(CommandBody::Pause).with_id(command_id);
-            let accepted = command.accepted_record(holder);
-            let addr = self.activate(holder)?;
-            match addr.send(ApplyCommand { accepted, command }).await {
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(error)) => Err(error),
-                Err(error) => Err(Error::Unavailable(error.to_string())),
-            }
+            self.apply_here(holder, command).await
         }
         .boxed()
     }
@@ -288,8 +282,13 @@ impl Executions {
             b"cancelled with its caller",
         ));
         let command = Command::new(CommandBody::Cancel).with_id(command_id);
-        let accepted = command.accepted_record(child_id);
-        let addr = self.activate(child_id)?;
+        self.apply_here(child_id, command).await
+    }
+
+    /// A command the runtime itself sends to `execution_id`, applied by its actor here.
+    async fn apply_here(&self, execution_id: ExecutionId, command: Command) -> Result<()> {
+        let accepted = command.accepted_record(execution_id);
+        let addr = self.activate(execution_id)?;
         match addr.send(ApplyCommand { accepted, command }).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(error)) => Err(error),

@@ -25,24 +25,34 @@ pub(super) enum Saved {
 impl ExecutionActor {
     /// The machine's context for a command now (K-3, K-4).
     pub(crate) fn command_context(&self) -> CommandContext {
-        let session = crate::snapshot::session_of(self.env.store.as_ref(), self.head.session_id);
+        // Read once: the record a decision may rely on, and whether this turn holds it.
+        let read = self.env.store.session(self.head.session_id);
+        let me = self.execution_id;
+        // C-2: a foreground turn holds its session only where the record names it: one
+        // admitted paused (a paused start, a fork, a retry) takes it when continued, so a
+        // message sent meanwhile waits behind it instead of running beside it. (A record that
+        // cannot be read: it runs, as it would have, rather than queue behind a line it
+        // cannot see.)
+        let holds_session = match &read {
+            Ok(record) => record
+                .as_ref()
+                .is_some_and(|record| record.foreground == Some(me)),
+            Err(_) => true,
+        };
+        let session = match read {
+            Ok(record) => record.map(std::sync::Arc::new),
+            Err(error) => {
+                tracing::warn!(session_id = %self.head.session_id, %error, "the session's record could not be read");
+                None
+            }
+        };
         CommandContext {
             version: self.head.version,
             revision: self.env.revision,
             busy: self.in_flight.is_some(),
             now_ms: self.env.clock.now_ms(),
-            session: session.clone(),
-            // C-2: a foreground turn holds its session only where the record names it: one
-            // admitted paused (a paused start, a fork, a retry) takes it when continued, so
-            // a message sent meanwhile waits behind it instead of running beside it. (A
-            // record that cannot be read: it runs, as it would have, rather than queue
-            // behind a line it cannot see.)
-            holds_session: match self.env.store.session(self.head.session_id) {
-                Ok(record) => {
-                    record.is_some_and(|record| record.foreground == Some(self.execution_id))
-                }
-                Err(_) => true,
-            },
+            session,
+            holds_session,
         }
     }
 
