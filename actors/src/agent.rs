@@ -27,12 +27,16 @@ pub struct ModelRequest {
     pub execution_id: ExecutionId,
     pub effect_id: EffectId,
     pub input: std::sync::Arc<AgentInput>,
-    /// Decisions and tool results committed so far, oldest first.
+    /// Decisions, tool results, resolved waits and steer texts committed so far in this
+    /// turn, oldest first.
     pub context: std::sync::Arc<Vec<Turn>>,
+    /// E-8: the earlier turns of this turn's branch, oldest first (a compaction's summary in
+    /// place of those it replaced). `crate::context::conversation` writes the whole request.
+    pub earlier: crate::context::Branch,
+    /// E-8: how many of the branch's oldest entries were left out for the context budget.
+    pub left_out: u32,
     /// Model decisions made so far.
     pub iterations: u32,
-    /// Steer texts received so far, oldest first (K-2: they shape work not yet run).
-    pub steers: Vec<String>,
     /// What the execution's model calls used before this one (tokens, retries): a provider
     /// charges its retries against the execution's retry budget with it (E-6).
     pub used: ModelUsage,
@@ -40,6 +44,19 @@ pub struct ModelRequest {
     pub usage: UsageMeter,
     /// Where a streaming provider publishes the response's pieces as they arrive (E-3).
     pub deltas: crate::deltas::DeltaSink,
+}
+
+impl ModelRequest {
+    /// The conversation the request carries, as both provider APIs write it (E-8): the
+    /// earlier turns of its branch, then its own.
+    pub fn messages(&self) -> Vec<crate::context::Message> {
+        crate::context::conversation(
+            &self.earlier,
+            self.left_out,
+            &self.input.message,
+            &self.context,
+        )
+    }
 }
 
 /// Where a provider reports what its call used — tokens and retries — for a decision and
@@ -242,7 +259,8 @@ impl ToolRegistry {
 }
 
 /// The built-in provider: each decision takes the next element of the execution's script:
-/// `{"tool": NAME, "args": {...}}`, `{"ask": "question"}` or `{"reply": "text"}`. An `ask`
+/// `{"tool": NAME, "args": {...}}`, `{"ask": "question"}`, `{"reply": "text"}`, or
+/// `{"digest": true}`, which replies with the conversation the request carries (E-8). An `ask`
 /// is an approval that guards the next element: approved, it runs; declined (or answered
 /// with a discussion reply, which approves nothing), it is skipped. Decisions are a
 /// function of the committed context only, so a regenerated request after a crash decides
@@ -264,6 +282,10 @@ impl Provider for Scripted {
         let index = request.iterations as usize + skipped;
         let decision = match request.input.script.get(index) {
             None => Err(format!("the script has no element {index}")),
+            // E-8: `{"digest": true}` replies with what the request holds, one line a part.
+            Some(element) if is_digest(element.text()) => {
+                Ok(Decision::reply(crate::context::digest(&request.messages())))
+            }
             Some(element) => scripted_decision(element.text()),
         };
         futures::future::ready(decision).boxed()
@@ -317,6 +339,15 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for Raw<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         <&serde_json::value::RawValue>::deserialize(deserializer).map(|raw| Raw(Some(raw)))
     }
+}
+
+/// Whether a script element is `{"digest": true}`.
+fn is_digest(element: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Digest {
+        digest: bool,
+    }
+    serde_json::from_str::<Digest>(element).is_ok_and(|element| element.digest)
 }
 
 /// The decision a script element (its JSON text) names.

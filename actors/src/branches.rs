@@ -10,10 +10,10 @@ use openprogram_storage::{
 
 use crate::activity::{self, Activity, ExecutionFacts};
 use crate::command::Command;
-use crate::env::load_projected;
 use crate::error::{Error, Result};
 use crate::execution::fork::fork_state;
 use crate::execution::machine::{Accepted, CommandContext, Machine, Rejection};
+use crate::rebuild::load_projected;
 use crate::service::{CommandReply, Service};
 
 /// Decisions of one Fork or Retry while its parent keeps moving (each a fresh read).

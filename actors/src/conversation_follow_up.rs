@@ -11,9 +11,10 @@ use openprogram_storage::{ConversationOutcome, ExecutionId, MessageId, SessionId
 
 use crate::activity::executions_to;
 use crate::compaction::fold;
-use crate::conversation::{anchors_of, execution_messages, item_messages, links_of, record_of};
+use crate::conversation::{execution_messages, item_messages};
 use crate::env::Env;
 use crate::error::{Error, Result};
+use crate::graph_read::{anchors_of, links_of, record_of};
 
 /// How often a conversation write is tried again when another write came first.
 const WRITE_TRIES_MAX: usize = 8;

@@ -17,7 +17,7 @@ use openprogram_storage::{
 use crate::admission::{Admission, StartRequest};
 use crate::attempt_lease::LeaseState;
 use crate::command::{Command, CommandBody};
-use crate::env::{project, ChildCall, Env, Hooks};
+use crate::env::{ChildCall, Env, Hooks};
 use crate::error::{Error, Result};
 use crate::execution::actor::{Activate, ExecutionActor, Superseded};
 use crate::execution::commands::ApplyCommand;
@@ -25,6 +25,7 @@ use crate::execution::machine::FunctionInput;
 use crate::execution::machine::Machine;
 use crate::execution::plan::{Plan, Writer};
 use crate::process::ProcessProgress;
+use crate::rebuild::project;
 use futures::future::BoxFuture;
 use futures::FutureExt as _;
 

@@ -8,6 +8,8 @@
 //!   `providers`);
 //! - `http_tool` — the `http` tool, an External effect to the hosts an embedder allows
 //!   (feature `providers`);
+//! - `context` — the context a model request carries: its branch, then its own turn (E-8),
+//!   pure; `context_read` reads a branch from the store;
 //! - `deltas` — a model's streamed output published as it arrives, never stored (E-3);
 //! - `telemetry` — the runtime's histograms and counters for `/metrics` (issue 36);
 //! - `call` — what a running tool call can ask of its execution (`CallHandle`): no actor;
@@ -45,6 +47,8 @@ pub mod call;
 pub mod command;
 mod command_fields;
 pub mod compaction;
+pub mod context;
+pub mod context_read;
 pub mod conversation;
 pub mod conversation_follow_up;
 pub mod conversation_hooks;
@@ -56,6 +60,7 @@ pub mod error;
 pub mod execution;
 pub mod function;
 pub mod function_builtin;
+pub mod graph_read;
 #[cfg(feature = "providers")]
 pub mod http_tool;
 pub mod inspect;
@@ -63,6 +68,7 @@ pub mod lifecycle;
 pub mod process;
 #[cfg(feature = "providers")]
 pub mod providers;
+pub mod rebuild;
 pub mod recovery;
 pub mod resource_queue;
 pub mod resources;

@@ -533,7 +533,7 @@ impl Service {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::env::load;
+    use crate::rebuild::load;
     use openprogram_storage::{RevisionId, Store};
     use serde_json::json;
 

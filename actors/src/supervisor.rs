@@ -22,11 +22,12 @@ use openprogram_storage::{ProcessId, ProcessState, Upsert};
 
 use crate::attempt_lease::LeaseState;
 use crate::directory::Executions;
-use crate::env::{project, Env};
+use crate::env::Env;
 use crate::error::{Error, Result};
 use crate::execution::machine::{Machine, RESTART_PAUSE_REASON};
 use crate::execution::plan;
 use crate::execution::restart::{ReconcileUnknown, RestartPause};
+use crate::rebuild::project;
 use crate::recovery::{classify, Hold, Plan};
 
 /// Claims in flight at once during startup: enough to fill the committer's groups.

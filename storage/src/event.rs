@@ -260,6 +260,19 @@ pub enum Event {
     /// C-2: a queued turn took its session (written with the session record's change); it
     /// `interrupted` the turn that held it, paused, if it did.
     SessionTurnStarted { interrupted: Option<ExecutionId> },
+    /// E-8: which earlier turns of its branch this turn's model requests carry, fixed before
+    /// its first model request (and again whenever that changes), so that a request
+    /// regenerated after a restart is the one made before it. The branch's ended turns
+    /// never change; what could is fixed here.
+    ContextPinned {
+        /// The compaction summary standing for the branch's oldest turns (its message id).
+        summary: Option<MessageId>,
+        /// Earlier turns of the branch that had not ended: each counts through this seq.
+        open: Vec<(ExecutionId, u64)>,
+        /// How many of the oldest earlier entries are left out to keep within the context
+        /// budget.
+        left_out: u32,
+    },
 }
 
 impl Event {
@@ -302,6 +315,7 @@ impl Event {
             Event::GrantUsed { .. } => "grant_used",
             Event::SessionTurn { .. } => "session_turn",
             Event::SessionTurnStarted { .. } => "session_turn_started",
+            Event::ContextPinned { .. } => "context_pinned",
         }
     }
 }

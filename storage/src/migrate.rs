@@ -36,6 +36,8 @@
 //!   `SessionTurn`, `SessionTurnStarted` (C-2). Only a mark.
 //! - 12: conversation records (`0x14`): a session's name (C-2) and compactions (C-3), written
 //!   by their own compare-and-swap (`EventStore::write_conversation`). Only a mark.
+//! - 13: the event `ContextPinned` (E-8: which earlier turns a turn's model requests carry).
+//!   Only a mark.
 
 use crate::codec;
 use crate::error::{Error, Result};
@@ -43,7 +45,7 @@ use crate::keys;
 use crate::record_value::RecordValue;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 12;
+pub const SCHEMA_VERSION: u32 = 13;
 
 /// One migration: from `from` to `from + 1`, adding its changes to the batch.
 type Step = fn(&sled::Db, &mut sled::Batch) -> Result<()>;
@@ -62,7 +64,13 @@ const STEPS: &[(u32, Step)] = &[
     (9, wait_details),
     (10, session_records),
     (11, conversation_records),
+    (12, context_pins),
 ];
+
+/// 12 → 13: nothing to rewrite (see the changelog).
+fn context_pins(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
+    Ok(())
+}
 
 /// 11 → 12: nothing to rewrite (see the changelog).
 fn conversation_records(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {

@@ -15,6 +15,8 @@ mod capabilities;
 mod cli;
 mod cli_select;
 mod compaction;
+mod context;
+mod context_providers;
 mod controls;
 mod embedder;
 mod functions;

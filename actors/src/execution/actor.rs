@@ -82,6 +82,9 @@ pub struct ExecutionActor {
     /// The run in flight stops at its boundaries (a Pause, a wait opened): once the body
     /// returns, its result is none.
     pub(super) suspending: bool,
+    /// E-8: the earlier turns of its branch, read at its first model request of this
+    /// activation.
+    pub(super) branch: Option<crate::context_read::Loaded>,
 }
 
 impl std::fmt::Debug for ExecutionActor {
@@ -182,6 +185,7 @@ impl ExecutionActor {
             token,
             function_runs: 0,
             suspending: false,
+            branch: None,
         }
     }
 
@@ -376,6 +380,8 @@ impl ExecutionActor {
                     self.cancel_called_function(ctx);
                 }
                 Action::Finished => {
+                    // E-8: before the next turn of the branch can start.
+                    self.remember_branch();
                     // C-2: the session is free before any optional work follows the turn.
                     self.wake_next_in_session();
                     self.follow_up();
@@ -458,7 +464,7 @@ impl ExecutionActor {
         if self.machine.is_complete() {
             return true;
         }
-        match crate::env::replay(
+        match crate::rebuild::replay(
             self.env.store.as_ref(),
             self.execution_id,
             self.head.last_seq,
@@ -475,6 +481,48 @@ impl ExecutionActor {
                 log_failure(Err(error), self, ctx);
                 false
             }
+        }
+    }
+
+    /// E-8: reads the earlier turns of its branch, once per activation; the event that
+    /// fixes them (`ContextPinned`), if the turn has not fixed them so yet.
+    fn read_branch(&mut self) -> Result<Option<Event>, Error> {
+        let loaded = match self.branch.take() {
+            Some(loaded) => loaded,
+            None => crate::context_read::load(
+                self.env.store.as_ref(),
+                &self.env.branches,
+                self.head.session_id,
+                self.machine.parent_message_id,
+                self.machine.context_pin.as_ref(),
+            )?,
+        };
+        let pin = self.machine.pin_context(&loaded.pin);
+        self.branch = Some(loaded);
+        Ok(pin)
+    }
+
+    /// E-8: an ended turn's branch, itself last, for the next turn of the conversation: it
+    /// reads nothing more of the store. Only a whole history read from ended turns is kept.
+    fn remember_branch(&self) {
+        let Some(whole) = self
+            .branch
+            .as_ref()
+            .and_then(|loaded| loaded.whole.as_ref())
+        else {
+            return;
+        };
+        if !self.machine.is_complete() {
+            return;
+        }
+        let turn = crate::context_read::earlier_turn(
+            &self.machine,
+            self.execution_id,
+            self.head.reply_message_id,
+        );
+        if let Some(turn) = turn {
+            let branch = whole.then(crate::context::Earlier::Turn(Arc::new(turn)));
+            self.env.branches.put(self.head.reply_message_id, branch);
         }
     }
 
@@ -571,6 +619,19 @@ impl Handler<Advance> for ExecutionActor {
                 ))
             }
             Next::CallModel { effect_id } => {
+                match self.read_branch() {
+                    Ok(None) => {}
+                    // Its branch is fixed first; the commit asks for the request.
+                    Ok(Some(pin)) => {
+                        return AtomicResponse::new(Box::pin(
+                            self.commit(vec![pin], Vec::new()).map(log_failure),
+                        ))
+                    }
+                    Err(error) => {
+                        log_failure(Err(error), self, ctx);
+                        return AtomicResponse::new(Box::pin(fut::ready(())));
+                    }
+                }
                 if let Some(done) = self.start_model(effect_id, ctx) {
                     return AtomicResponse::new(self.effect_done(done));
                 }

@@ -206,8 +206,13 @@ impl ExecutionActor {
             effect_id,
             input: self.machine.input.clone(),
             context: self.machine.context.clone(),
+            earlier: self
+                .branch
+                .as_ref()
+                .map(|loaded| loaded.earlier.clone())
+                .unwrap_or_default(),
+            left_out: self.branch.as_ref().map_or(0, |loaded| loaded.left_out),
             iterations: self.machine.iterations,
-            steers: self.machine.steers.clone(),
             used: self.machine.usage,
             usage,
             deltas: DeltaSink::new(self.env.deltas.clone(), self.execution_id, effect_id),

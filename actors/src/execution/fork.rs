@@ -61,8 +61,16 @@ pub struct ForkedTool {
 /// operation it granted (its scope is that one operation, of the original), not with an
 /// effect awaiting reconciliation.
 fn allowed(machine: &Machine) -> bool {
-    let after_a_decision_for_people = machine.context.last().is_some_and(for_people);
+    let after_a_decision_for_people = last_step(&machine.context).is_some_and(for_people);
     !after_a_decision_for_people && machine.unresolved.is_none() && machine.pending_wait().is_none()
+}
+
+/// The context's last turn that is a step (a steer is none: it only shapes the next one).
+pub(super) fn last_step(context: &[Turn]) -> Option<&Turn> {
+    context
+        .iter()
+        .rev()
+        .find(|turn| !matches!(turn, Turn::Steer { .. }))
 }
 
 /// Whether a turn is a decision for people (a reply, a question) or a person's answer: no

@@ -390,7 +390,7 @@ impl Handler<CallFunction> for ExecutionActor {
                 // taken over; wait for its end again.
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
-            let (head, machine) = match crate::env::load(store, child_id) {
+            let (head, machine) = match crate::rebuild::load(store, child_id) {
                 Ok(loaded) => loaded,
                 Err(error) => return Err(format!("reading the call's result: {error}")),
             };

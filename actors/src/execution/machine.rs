@@ -159,6 +159,9 @@ pub struct Present {
     /// execution that is none (a Job, a function, a fork).
     #[serde(default)]
     pub session_turn: Option<super::machine_session::SessionTurn>,
+    /// E-8: the earlier turns its model requests carry, as last fixed.
+    #[serde(default)]
+    pub context_pin: Option<ContextPin>,
 }
 
 impl std::ops::Deref for Machine {
@@ -247,6 +250,13 @@ impl Machine {
             std::sync::Arc::make_mut(&mut self.context).push(Turn::Decided(decision));
         }
         self.retire_waits();
+    }
+
+    /// E-8: the event that fixes `pin` as the earlier turns this turn's model requests
+    /// carry, if it is not fixed so already. A turn that answers no message has none to fix.
+    pub fn pin_context(&self, pin: &ContextPin) -> Option<Event> {
+        let unneeded = self.parent_message_id.is_none() && *pin == ContextPin::default();
+        (!unneeded && self.context_pin.as_ref() != Some(pin)).then(|| pin.event())
     }
 
     /// Folds one committed event into the present and the history. `seq` is the event's seq.
@@ -386,6 +396,19 @@ impl Present {
             }
             Event::SessionTurn { strategy, behind } => self.apply_session_turn(strategy, *behind),
             Event::SessionTurnStarted { .. } => self.apply_session_turn_started(),
+            Event::ContextPinned {
+                summary,
+                open,
+                left_out,
+            } => {
+                self.context_pin = Some(ContextPin {
+                    summary: *summary,
+                    open: open.clone(),
+                    left_out: *left_out,
+                });
+                // Fixed before a model request: make it.
+                actions.push(Action::Advance);
+            }
             Event::GrantUsed { grant_id, tool, .. } => {
                 self.granted_next = Some(*grant_id);
                 self.granted_tool = Some(tool.clone());

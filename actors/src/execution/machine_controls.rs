@@ -14,6 +14,7 @@ use openprogram_storage::{CommandId, Control, Event, ExecutionState as Status};
 
 use super::machine::{
     cancelled, Accepted, Action, CommandContext, CommandKind, Machine, Present, Refusal, Rejection,
+    Turn,
 };
 use crate::command::{CommandBody, EffectRef, WaitRef};
 use openprogram_storage::ProcessState as ProcState;
@@ -343,6 +344,10 @@ impl Machine {
                 output,
             } => self.record_reconcile(*effect_id, *status, output),
             Control::Answer { .. } | Control::Decline { .. } => self.record_wait_control(control),
+            // E-8: a steer stands where it arrived among the turns the model is shown.
+            Control::Steer { text } => {
+                std::sync::Arc::make_mut(&mut self.context).push(Turn::Steer { text: text.clone() })
+            }
             _ => {}
         }
     }

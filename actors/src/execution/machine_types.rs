@@ -116,6 +116,33 @@ pub enum Turn {
         answer: Option<String>,
         discussion: bool,
     },
+    /// A steer text (K-2), where it arrived among the turns: it shapes work not yet run.
+    Steer {
+        text: String,
+    },
+}
+
+/// E-8: which earlier turns of its branch a turn's model requests carry, as the turn fixed
+/// it (`Event::ContextPinned`). Its branch's ended turns never change; this fixes the rest.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextPin {
+    /// The compaction summary standing for the branch's oldest turns (its message id).
+    pub summary: Option<openprogram_storage::MessageId>,
+    /// Earlier turns of the branch that had not ended, each counting through this seq.
+    pub open: Vec<(openprogram_storage::ExecutionId, u64)>,
+    /// How many of the oldest earlier entries are left out for the context budget.
+    pub left_out: u32,
+}
+
+impl ContextPin {
+    /// The event that fixes this pin.
+    pub fn event(&self) -> openprogram_storage::Event {
+        openprogram_storage::Event::ContextPinned {
+            summary: self.summary,
+            open: self.open.clone(),
+            left_out: self.left_out,
+        }
+    }
 }
 
 /// One effect's receipt as the machine keeps it for inspection (the snapshot): what ran it

@@ -109,10 +109,11 @@ impl Projected {
             .map(|unresolved| unresolved.effect_id)
             .filter(|effect_id| machine.dispatched_externals.contains(effect_id))
             .collect();
+        let last_step = super::fork::last_step(&machine.context);
         Self {
             present: machine.present.clone(),
             text: machine.text.clone(),
-            last_turn_for_people: machine.context.last().map(super::fork::for_people),
+            last_turn_for_people: last_step.map(super::fork::for_people),
             receipts: receipts.to_vec(),
             ended_waits: ended_waits.to_vec(),
             completed_steps,
@@ -125,8 +126,9 @@ impl Projected {
                 ended_waits: before.ended_waits + waits_out,
                 completed_steps: before.completed_steps + steps_out,
                 fork_points: before.fork_points + points_out,
+                // A partial machine keeps a stand-in for the last step, if there is one.
                 context: (before.context + machine.context.len() as u64)
-                    .saturating_sub(u64::from(machine.context.last().is_some())),
+                    .saturating_sub(u64::from(last_step.is_some())),
             },
         }
     }

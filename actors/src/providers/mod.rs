@@ -26,7 +26,6 @@
 
 mod anthropic;
 mod config;
-mod messages;
 mod openai;
 mod response;
 mod sse;
@@ -91,7 +90,7 @@ impl Provider for HttpProvider {
 
 impl Inner {
     async fn decide(&self, request: &ModelRequest) -> Result<Decision, String> {
-        let conversation = messages::conversation(request);
+        let conversation = request.messages();
         let body = match self.config.api {
             Api::OpenAi => openai::request_body(&self.config, &conversation),
             Api::Anthropic => anthropic::request_body(&self.config, &conversation),

@@ -3,10 +3,10 @@
 use serde_json::{json, Value};
 
 use super::config::ProviderConfig;
-use super::messages::{Message, Part, Role};
 use super::response::{clip, Response, ToolCallOut, Usage};
 use super::sse;
 use super::transport::{each_event, read_json, Failure};
+use crate::context::{Message, Part, Role};
 use crate::deltas::DeltaSink;
 
 pub(super) fn request_body(config: &ProviderConfig, conversation: &[Message]) -> Value {

@@ -16,7 +16,7 @@ use crate::log::now_ms;
 use crate::open::Incarnation;
 
 /// The newest schema this build writes.
-pub const SCHEMA_VERSION: u32 = 7;
+pub const SCHEMA_VERSION: u32 = 8;
 
 /// The advisory lock migrations hold (any value no other component of the database uses;
 /// this one spells "opgm").
@@ -139,6 +139,11 @@ const MIGRATIONS: &[(u32, &str)] = &[
         7,
         // Conversation records (issue 37: kind 7 of op_records, under the session's own id),
         // written by their own transaction. Only a mark, as in sled (schema 12).
+        "SELECT 1;",
+    ),
+    (
+        8,
+        // The event `ContextPinned` (E-8). Only a mark, as in sled (schema 13).
         "SELECT 1;",
     ),
 ];

@@ -1,0 +1,258 @@
+//! E-8: reading a turn's branch — the earlier turns its model requests carry — from the
+//! store, once per activation, and the cache that makes that one execution's read.
+//!
+//! A branch is the path of the conversation graph from the root to the turn's parent
+//! message (B-1), each turn on it folded from its events, with the newest compaction that
+//! covers it (C-3) in place of the turns it replaced. The turn fixes what could still change
+//! — which summary stands, which earlier turns had not ended and through which seq — in its
+//! `ContextPin` before its first model request, so a restart reads the same branch again.
+//!
+//! Costs: a turn whose parent's branch is in the cache (the parent ended on this node, or a
+//! sibling read it) reads nothing but the conversation record; the turn adds itself when it
+//! ends. A miss (a restart, another node's turn) reads the session's graph (a head and an
+//! admission event per execution) and replays each turn on the path: once, then cached.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use openprogram_storage::conversation::Compaction;
+use openprogram_storage::{EventStore, ExecutionId, MessageId, SessionId};
+
+use crate::activity::executions_to;
+use crate::compaction::{fold, Item};
+use crate::context::{Branch, Earlier, EarlierTurn};
+use crate::error::Result;
+use crate::execution::machine::{ContextPin, Machine};
+use crate::graph_read::{links_of, record_of};
+
+/// Branches the cache keeps, at most.
+const CACHED_BRANCHES_MAX: usize = 1024;
+/// Text the cached branches hold, at most, counting a turn shared by several once per
+/// branch (so it overcounts).
+const CACHED_BYTES_MAX: usize = 256 << 20;
+
+/// A turn's branch, as read for its model requests.
+#[derive(Debug, Clone, Default)]
+pub struct Loaded {
+    /// What its requests carry before the turn's own progress.
+    pub earlier: Branch,
+    /// Entries left out for the context budget, oldest first.
+    pub left_out: u32,
+    /// What reads this branch again exactly.
+    pub pin: ContextPin,
+    /// Every earlier turn, no summary, if all of them had ended: what the turn's own end
+    /// extends for the next turn (`BranchCache`).
+    pub whole: Option<Branch>,
+}
+
+/// Reads the branch of a turn whose user message answers `parent` (none: a root turn, no
+/// earlier turns), as `pinned` fixed it if the turn fixed it already.
+pub fn load(
+    store: &dyn EventStore,
+    cache: &BranchCache,
+    session_id: SessionId,
+    parent: Option<MessageId>,
+    pinned: Option<&ContextPin>,
+) -> Result<Loaded> {
+    let Some(parent) = parent else {
+        return Ok(Loaded {
+            whole: Some(Branch::default()),
+            ..Loaded::default()
+        });
+    };
+    let open_pinned = pinned.map_or(&[][..], |pin| &pin.open[..]);
+    let cached = cache.get(parent).filter(|_| open_pinned.is_empty());
+    let (whole, open) = match cached {
+        Some(whole) => (whole, Vec::new()),
+        None => read_whole(store, session_id, parent, pinned.is_some(), open_pinned)?,
+    };
+    let record = record_of(store, session_id)?;
+    let standing: &[Compaction] = match pinned.map(|pin| pin.summary) {
+        Some(None) => &[],
+        // The summary the turn fixed, while the record holds it (a later compaction of the
+        // same path may have dropped it: then the newest stands, and the turn fixes that).
+        Some(Some(summary)) => match record
+            .compactions
+            .iter()
+            .find(|compaction| compaction.message_id == summary)
+        {
+            Some(found) => std::slice::from_ref(found),
+            None => &record.compactions,
+        },
+        None => &record.compactions,
+    };
+    let (earlier, summary) = with_summary(&whole, standing);
+    if open.is_empty() {
+        cache.put(parent, whole.clone());
+    }
+    Ok(Loaded {
+        earlier,
+        left_out: 0,
+        pin: ContextPin {
+            summary,
+            open: open.clone(),
+            left_out: 0,
+        },
+        whole: open.is_empty().then_some(whole),
+    })
+}
+
+/// Every turn on the path from the root to `parent`, folded from the store, and those of
+/// them that had not ended with the seq they count through. `pinned`: the turn fixed its
+/// branch, and `open_pinned` are the turns that had not ended then (any other had).
+fn read_whole(
+    store: &dyn EventStore,
+    session_id: SessionId,
+    parent: MessageId,
+    pinned: bool,
+    open_pinned: &[(ExecutionId, u64)],
+) -> Result<(Branch, Vec<(ExecutionId, u64)>)> {
+    let all = store.executions_in_session(session_id)?;
+    let links = all
+        .iter()
+        .map(|execution_id| links_of(store, *execution_id))
+        .collect::<Result<Vec<_>>>()?;
+    let mut branch = Branch::default();
+    let mut open = Vec::new();
+    for at in executions_to(&links, parent) {
+        let execution_id = all[at];
+        let Some(head) = store.head(execution_id)? else {
+            continue; // purged meanwhile (S-8)
+        };
+        let fixed = open_pinned.iter().find(|(id, _)| *id == execution_id);
+        let through = fixed.map_or(head.last_seq, |(_, seq)| *seq);
+        // A turn not ended when this one fixes its branch counts through the seq read now;
+        // once fixed, every other turn on it had ended (and an ended turn never changes).
+        if fixed.is_some() || (!pinned && !head.state.is_terminal()) {
+            open.push((execution_id, through));
+        }
+        let machine = crate::rebuild::replay(store, execution_id, through)?;
+        if let Some(turn) = earlier_turn(&machine, execution_id, links[at].reply_message_id) {
+            branch = branch.then(Earlier::Turn(Arc::new(turn)));
+        }
+    }
+    Ok((branch, open))
+}
+
+/// An agent turn as a later turn's request shows it; a durable function's execution shows
+/// nothing (its steps are not a conversation).
+pub fn earlier_turn(
+    machine: &Machine,
+    execution_id: ExecutionId,
+    reply_message_id: MessageId,
+) -> Option<EarlierTurn> {
+    if machine.function.is_some() {
+        return None;
+    }
+    Some(EarlierTurn {
+        execution_id,
+        parent_message_id: machine.parent_message_id,
+        reply_message_id,
+        message: machine.input.message.clone(),
+        turns: machine.context.clone(),
+    })
+}
+
+/// `whole` with the compaction of `compactions` that covers its oldest turns in their
+/// place (C-3's `fold`, on this one path), and which one that is.
+fn with_summary(whole: &Branch, compactions: &[Compaction]) -> (Branch, Option<MessageId>) {
+    if compactions.is_empty() {
+        return (whole.clone(), None);
+    }
+    let turns: Vec<&Arc<EarlierTurn>> = whole
+        .entries()
+        .into_iter()
+        .filter_map(|entry| match entry {
+            Earlier::Turn(turn) => Some(turn),
+            Earlier::Summary { .. } => None,
+        })
+        .collect();
+    let ids: Vec<ExecutionId> = turns.iter().map(|turn| turn.execution_id).collect();
+    // The oldest turn read answers a message of a turn retention purged: a summary of the
+    // purged prefix still stands before it.
+    let anchors: HashMap<ExecutionId, MessageId> = turns
+        .first()
+        .and_then(|first| Some((first.execution_id, first.parent_message_id?)))
+        .into_iter()
+        .collect();
+    let items = fold(&ids, compactions, &anchors);
+    let mut summary = None;
+    if !items.iter().any(|item| matches!(item, Item::Summary(_))) {
+        return (whole.clone(), None);
+    }
+    let mut branch = Branch::default();
+    for item in items {
+        match item {
+            Item::Summary(compaction) => {
+                summary = Some(compaction.message_id);
+                branch = branch.then(Earlier::Summary {
+                    message_id: compaction.message_id,
+                    text: compaction.summary.as_str().into(),
+                });
+            }
+            Item::Execution(execution_id) => {
+                if let Some(turn) = turns.iter().find(|turn| turn.execution_id == execution_id) {
+                    branch = branch.then(Earlier::Turn(Arc::clone(turn)));
+                }
+            }
+        }
+    }
+    (branch, summary)
+}
+
+/// Branches read lately, by the reply message of their newest turn: the next turn of a
+/// conversation finds its parent's branch here and reads nothing more. Every turn on a
+/// cached branch had ended, so it never changes; bounded in branches and bytes, oldest out
+/// first.
+#[derive(Debug, Default)]
+pub struct BranchCache {
+    inner: Mutex<Cached>,
+}
+
+#[derive(Debug, Default)]
+struct Cached {
+    by_reply: HashMap<MessageId, Branch>,
+    order: VecDeque<MessageId>,
+    bytes: usize,
+}
+
+impl BranchCache {
+    pub fn get(&self, reply_message_id: MessageId) -> Option<Branch> {
+        let cached = self.inner.lock().ok()?;
+        cached.by_reply.get(&reply_message_id).cloned()
+    }
+
+    /// Keeps `branch`, whose newest turn's reply is `reply_message_id`.
+    pub fn put(&self, reply_message_id: MessageId, branch: Branch) {
+        let Ok(mut cached) = self.inner.lock() else {
+            return;
+        };
+        let bytes = branch.bytes();
+        if bytes > CACHED_BYTES_MAX {
+            return;
+        }
+        if let Some(replaced) = cached.by_reply.insert(reply_message_id, branch) {
+            cached.bytes -= replaced.bytes();
+        } else {
+            cached.order.push_back(reply_message_id);
+        }
+        cached.bytes += bytes;
+        while cached.order.len() > CACHED_BRANCHES_MAX || cached.bytes > CACHED_BYTES_MAX {
+            let Some(oldest) = cached.order.pop_front() else {
+                break;
+            };
+            if let Some(dropped) = cached.by_reply.remove(&oldest) {
+                cached.bytes -= dropped.bytes();
+            }
+        }
+    }
+
+    /// How many branches it holds (the debug endpoint and tests).
+    pub fn len(&self) -> usize {
+        self.inner.lock().map_or(0, |cached| cached.by_reply.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,194 @@
+//! The context's form (E-8): a branch's turns, then the turn's own, paired and in order.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::agent::{AgentInput, ModelRequest, ToolArgs};
+use openprogram_storage::{EffectId, ExecutionId};
+
+fn request(earlier: Branch, context: Vec<Turn>) -> ModelRequest {
+    ModelRequest {
+        execution_id: ExecutionId::new(),
+        effect_id: EffectId::new(),
+        input: Arc::new(AgentInput {
+            message: "hi".into(),
+            script: Vec::new(),
+            max_iterations: 10,
+        }),
+        context: Arc::new(context),
+        earlier,
+        left_out: 0,
+        iterations: 0,
+        used: Default::default(),
+        usage: Default::default(),
+        deltas: Default::default(),
+    }
+}
+
+fn call(tool: &str) -> Turn {
+    Turn::Decided(Decision::tool(
+        tool.into(),
+        ToolArgs::from_text(r#"{"text":"x"}"#).expect("json"),
+    ))
+}
+
+fn result(output: &str, status: ReceiptStatus) -> Turn {
+    Turn::ToolResult {
+        tool: "echo".into(),
+        status,
+        output: output.into(),
+    }
+}
+
+fn earlier_turn(message: &str, turns: Vec<Turn>) -> Earlier {
+    Earlier::Turn(Arc::new(EarlierTurn {
+        execution_id: ExecutionId::new(),
+        parent_message_id: None,
+        reply_message_id: MessageId::new(),
+        message: message.into(),
+        turns: Arc::new(turns),
+    }))
+}
+
+#[test]
+fn e3_a_regenerated_request_pairs_each_result_with_its_call() {
+    let messages = request(
+        Branch::default(),
+        vec![
+            call("echo"),
+            result("one", ReceiptStatus::Confirmed),
+            call("fail"),
+            result("boom", ReceiptStatus::Failed),
+            Turn::Steer {
+                text: "shorter please".into(),
+            },
+        ],
+    )
+    .messages();
+    let roles: Vec<Role> = messages.iter().map(|message| message.role).collect();
+    assert_eq!(
+        roles,
+        [
+            Role::User,
+            Role::Assistant,
+            Role::User,
+            Role::Assistant,
+            Role::User
+        ]
+    );
+    assert!(matches!(&messages[1].parts[0], Part::ToolCall { id, .. } if id == "call00001"));
+    assert!(matches!(&messages[2].parts[0],
+        Part::ToolResult { id, content, is_error: false } if id == "call00001" && content == "one"));
+    assert!(matches!(&messages[4].parts[0],
+        Part::ToolResult { id, is_error: true, .. } if id == "call00002"));
+    // The steer follows the last result in the same user message.
+    assert_eq!(messages[4].parts[1], Part::Text("shorter please".into()));
+}
+
+#[test]
+fn e8_earlier_turns_come_first_in_order_and_call_ids_run_across_them() {
+    let branch = Branch::default()
+        .then(earlier_turn(
+            "find the files",
+            vec![
+                call("echo"),
+                result("a.log", ReceiptStatus::Confirmed),
+                Turn::Decided(Decision::reply("a.log it is".into())),
+            ],
+        ))
+        .then(earlier_turn(
+            "and the second",
+            vec![call("echo"), result("b.log", ReceiptStatus::Confirmed)],
+        ));
+    let request = request(branch, vec![call("echo")]);
+    assert_eq!(
+        digest(&request.messages()),
+        [
+            "user: find the files",
+            r#"assistant: call call00001 echo {"text":"x"}"#,
+            "tool call00001: a.log",
+            "assistant: a.log it is",
+            "user: and the second",
+            r#"assistant: call call00002 echo {"text":"x"}"#,
+            "tool call00002: b.log",
+            "user: hi",
+            r#"assistant: call call00003 echo {"text":"x"}"#,
+        ]
+        .join("\n")
+    );
+}
+
+#[test]
+fn e8_a_steer_stands_where_it_arrived_and_never_between_a_call_and_its_result() {
+    let request = request(
+        Branch::default(),
+        vec![
+            Turn::Steer {
+                text: "early".into(),
+            },
+            call("echo"),
+            Turn::Steer {
+                text: "while it ran".into(),
+            },
+            result("done", ReceiptStatus::Confirmed),
+            Turn::Decided(Decision::reply("ok".into())),
+        ],
+    );
+    assert_eq!(
+        digest(&request.messages()),
+        [
+            "user: hi",
+            "user: early",
+            r#"assistant: call call00001 echo {"text":"x"}"#,
+            "tool call00001: done",
+            "user: while it ran",
+            "assistant: ok",
+        ]
+        .join("\n")
+    );
+}
+
+#[test]
+fn e8_a_call_its_turn_never_finished_gets_a_result_before_the_next_message() {
+    let branch = Branch::default().then(earlier_turn("cancelled one", vec![call("sleep")]));
+    let messages = request(branch, Vec::new()).messages();
+    assert_eq!(messages.len(), 3, "{messages:?}");
+    assert!(matches!(&messages[2].parts[0],
+        Part::ToolResult { id, is_error: true, .. } if id == "call00001"));
+    assert_eq!(messages[2].parts[1], Part::Text("hi".into()));
+}
+
+#[test]
+fn e8_a_summary_opens_the_context_and_a_cut_is_said() {
+    let branch = Branch::default()
+        .then(Earlier::Summary {
+            message_id: MessageId::new(),
+            text: "they found a.log".into(),
+        })
+        .then(earlier_turn("next", Vec::new()));
+    let mut request = request(branch, Vec::new());
+    request.left_out = 2;
+    let text = digest(&request.messages());
+    assert!(text.starts_with("user: [2 earlier entries"), "{text}");
+    assert!(
+        text.contains("user: [A summary of the conversation so far]\nthey found a.log"),
+        "{text}"
+    );
+}
+
+#[test]
+fn e8_a_branch_shares_what_it_extends_and_drops_long_chains_without_recursion() {
+    let root = Branch::default().then(earlier_turn("one", Vec::new()));
+    let longer = root.then(earlier_turn("two", Vec::new()));
+    assert_eq!((root.len(), longer.len()), (1, 2));
+    assert_eq!(longer.entries()[0], root.entries()[0]);
+    assert!(longer.bytes() > root.bytes());
+    let mut long = Branch::default();
+    for _ in 0..200_000 {
+        long = long.then(Earlier::Summary {
+            message_id: MessageId::new(),
+            text: "".into(),
+        });
+    }
+    drop(long);
+}

@@ -1,0 +1,241 @@
+//! E-8 through the library with the scripted provider, whose `{"digest": true}` element
+//! replies with the conversation its request carried: a turn sees the earlier turns of its
+//! branch in order (user message, tool call, result, reply) and no other branch's; a fork
+//! sees the path to its fork point; a compaction's summary stands in for the turns it
+//! replaced; a steer stands where it arrived; the branch is fixed in the turn's log.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use openprogram::storage::{Event, ExecutionId, MessageId, SessionId};
+use openprogram::{Compactor, Message, Runtime, StartRequest};
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+fn digest() -> Value {
+    json!({"digest": true})
+}
+
+/// Summarizes as the number of messages it stands for.
+struct Counting;
+
+impl Compactor for Counting {
+    fn summarize(
+        &self,
+        _session_id: SessionId,
+        prefix: Vec<Message>,
+    ) -> BoxFuture<'static, Result<String, String>> {
+        futures::future::ready(Ok(format!("{} messages before", prefix.len()))).boxed()
+    }
+}
+
+struct Conversation {
+    runtime: Runtime,
+    session: SessionId,
+    _dir: tempfile::TempDir,
+}
+
+impl Conversation {
+    fn open() -> Self {
+        let dir = tempfile::tempdir().expect("dir");
+        let runtime = Runtime::builder()
+            .data_dir(dir.path())
+            .compactor(Arc::new(Counting))
+            .open()
+            .expect("open");
+        Self {
+            runtime,
+            session: SessionId::new(),
+            _dir: dir,
+        }
+    }
+
+    /// Runs `message` answering `parent` with `script` to its end; its id, reply message id
+    /// and text.
+    async fn turn(
+        &self,
+        message: &str,
+        parent: Option<MessageId>,
+        script: Vec<Value>,
+    ) -> (ExecutionId, MessageId, String) {
+        let started = self
+            .runtime
+            .start_execution(
+                self.session,
+                StartRequest {
+                    message: message.into(),
+                    parent_message_id: parent,
+                    script: elements(script),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("start");
+        let done = wait_state(
+            &self.runtime,
+            self.session,
+            started.execution_id,
+            "completed",
+        )
+        .await;
+        (started.execution_id, started.reply_message_id, done.text)
+    }
+
+    fn events(&self, execution: ExecutionId) -> Vec<Event> {
+        self.runtime
+            .events(self.session, execution, 0)
+            .expect("events")
+            .into_iter()
+            .map(|envelope| envelope.event)
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn e8_a_turn_sees_the_earlier_turns_of_its_branch_in_order_and_no_other() {
+    let talk = Conversation::open();
+    let (t1, t1_reply, _) = talk
+        .turn(
+            "find the largest file",
+            None,
+            vec![echo("a.log"), reply("a.log is the largest")],
+        )
+        .await;
+    let (_, t2_reply, seen) = talk.turn("continue", Some(t1_reply), vec![digest()]).await;
+    assert_eq!(
+        seen,
+        [
+            "user: find the largest file",
+            r#"assistant: call call00001 echo {"text":"a.log"}"#,
+            "tool call00001: a.log",
+            "assistant: a.log is the largest",
+            "user: continue",
+        ]
+        .join("\n")
+    );
+    // Two turns on, still in order; a turn answering t1 again (another branch) sees t1 only.
+    let (_, _, third) = talk.turn("and then", Some(t2_reply), vec![digest()]).await;
+    assert!(
+        third.starts_with("user: find the largest file\n")
+            && third.contains("\nuser: continue\nassistant: user: find the largest file")
+            && third.ends_with("\nuser: and then"),
+        "{third}"
+    );
+    let (_, _, side) = talk.turn("instead", Some(t1_reply), vec![digest()]).await;
+    assert!(
+        !side.contains("continue")
+            && side.ends_with("assistant: a.log is the largest\nuser: instead"),
+        "{side}"
+    );
+    // A root turn writes nothing to fix; a turn with earlier turns fixes them once.
+    let pinned = |execution| {
+        talk.events(execution)
+            .iter()
+            .filter(|event| matches!(event, Event::ContextPinned { .. }))
+            .count()
+    };
+    assert_eq!(pinned(t1), 0);
+    let executions = talk
+        .runtime
+        .store()
+        .executions_in_session(talk.session)
+        .expect("executions");
+    assert_eq!(
+        executions
+            .iter()
+            .map(|execution| pinned(*execution))
+            .sum::<usize>(),
+        3
+    );
+}
+
+#[tokio::test]
+async fn e8_a_fork_sees_the_path_to_its_fork_point_and_not_what_followed() {
+    let talk = Conversation::open();
+    let (_, t1_reply, _) = talk.turn("one", None, vec![reply("first")]).await;
+    let (t2, t2_reply, _) = talk
+        .turn("two", Some(t1_reply), vec![echo("x"), digest()])
+        .await;
+    talk.turn("three", Some(t2_reply), vec![reply("third")])
+        .await;
+    let forked = talk
+        .runtime
+        .command(
+            talk.session,
+            t2,
+            command_of(json!({"kind": "fork", "checkpoint": null})),
+        )
+        .await
+        .expect("fork");
+    let child = forked.execution_id.expect("a child");
+    talk.runtime
+        .command(talk.session, child, command_of(json!({"kind": "continue"})))
+        .await
+        .expect("continue");
+    let done = wait_state(&talk.runtime, talk.session, child, "completed").await;
+    assert_eq!(
+        done.text,
+        [
+            "user: one",
+            "assistant: first",
+            "user: two",
+            r#"assistant: call call00001 echo {"text":"x"}"#,
+            "tool call00001: x",
+        ]
+        .join("\n"),
+        "the fork saw what followed its fork point"
+    );
+}
+
+#[tokio::test]
+async fn e8_a_summary_stands_in_for_the_turns_it_replaced_on_its_branch_only() {
+    let talk = Conversation::open();
+    let (_, t1_reply, _) = talk.turn("one", None, vec![reply("first")]).await;
+    let (_, t2_reply, _) = talk
+        .turn("two", Some(t1_reply), vec![reply("second")])
+        .await;
+    talk.runtime
+        .compact(talk.session, t2_reply)
+        .await
+        .expect("compact");
+    let (_, _, seen) = talk.turn("three", Some(t2_reply), vec![digest()]).await;
+    assert_eq!(
+        seen,
+        "user: [A summary of the conversation so far]\n4 messages before\nuser: three"
+    );
+    // A branch that leaves t2 out is not summarized.
+    let (_, _, side) = talk.turn("aside", Some(t1_reply), vec![digest()]).await;
+    assert_eq!(side, "user: one\nassistant: first\nuser: aside");
+}
+
+#[tokio::test]
+async fn e8_a_steer_stands_where_it_arrived_not_after_the_newest_turn() {
+    let harness = Harness::new();
+    let execution = harness
+        .start(vec![sleep(400), echo("after"), digest()], None)
+        .await;
+    harness.wait_for_sleep(execution).await;
+    assert_eq!(
+        harness
+            .command(execution, "steer", Some("be brief"))
+            .await
+            .status,
+        "applied"
+    );
+    let done = harness.wait_for_state(execution, "completed").await;
+    let lines: Vec<&str> = done.text.lines().collect();
+    let at = |needle: &str| {
+        lines
+            .iter()
+            .position(|line| line.starts_with(needle))
+            .unwrap_or_else(|| panic!("no {needle} in {lines:?}"))
+    };
+    // It arrived while the sleep ran: after the sleep's result, before the next call.
+    assert!(at("tool call00001") < at("user: be brief"), "{lines:?}");
+    assert!(
+        at("user: be brief") < at("assistant: call call00002"),
+        "{lines:?}"
+    );
+}
