@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
+use openprogram_actors::conversation::SessionView;
 use openprogram_actors::conversation::{MessagesPage, MessagesQuery};
-use openprogram_actors::conversation_follow_up::SessionView;
 use openprogram_actors::conversation_hooks::{
     CompactionPolicy, Compactor, ConversationHooks, SessionNamer,
 };
@@ -83,6 +83,17 @@ impl RuntimeBuilder {
     /// (`Runtime::compact`; and after each completed turn, with `compaction_policy`).
     pub fn compactor(mut self, compactor: Arc<dyn Compactor>) -> Self {
         self.conversation_hooks.compactor = Some(compactor);
+        self
+    }
+
+    /// E-8: the tokens a model request may hold, as estimated before it is made (the
+    /// provider's count of the turn's last request, plus a token per four bytes added
+    /// since). Past it, the `compactor` summarizes the branch's earlier turns (all but the
+    /// `compaction_policy`'s newest `keep`); without one, or still past it, the oldest earlier
+    /// turns are left out whole and the request says so. A turn's own progress is never cut.
+    /// Default: no limit.
+    pub fn context_budget(mut self, tokens: u64) -> Self {
+        self.conversation_hooks.context_budget = Some(tokens);
         self
     }
 

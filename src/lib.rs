@@ -83,10 +83,10 @@ pub use openprogram_actors::agent;
 pub use openprogram_actors::command::{
     Command, CommandBody, CommandKind, EffectRef, ReconcileOutcome, WaitRef,
 };
+pub use openprogram_actors::conversation::SessionView;
 pub use openprogram_actors::conversation::{MessagesPage, MessagesQuery};
-pub use openprogram_actors::conversation_follow_up::SessionView;
 pub use openprogram_actors::conversation_hooks::{
-    CompactionPolicy, Compactor, Excerpts, FirstWords, SessionNamer,
+    CompactionPolicy, Compactor, Excerpts, FirstWords, ModelNamer, SessionNamer,
 };
 pub use openprogram_actors::deltas::{Delta, DeltaKind, DeltaWatch};
 pub use openprogram_actors::function::{DurableFunction, FunctionContext, StepError};

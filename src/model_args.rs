@@ -1,6 +1,7 @@
 //! `serve --provider openai|anthropic --model M [--base-url URL] [--api-key-env VAR]
-//! [--model-tools LIST] [--system TEXT] [--no-stream]` (issue 35): a real model instead of
-//! the scripted provider; `--http-allow HOSTS` adds the `http` tool. The key is read from the environment variable named, at startup,
+//! [--model-tools LIST] [--system TEXT] [--no-stream] [--name-sessions-with-model]` (issue
+//! 35): a real model instead of the scripted provider; `--context-budget TOKENS` bounds what
+//! a request carries of its conversation; `--http-allow HOSTS` adds the `http` tool. The key is read from the environment variable named, at startup,
 //! and is never written to the store, a log line or `/debug`.
 
 use std::sync::Arc;
@@ -37,6 +38,16 @@ pub struct ModelArgs {
     /// Ask for whole responses instead of streamed ones.
     #[arg(long, requires = "provider")]
     pub no_stream: bool,
+    /// The tokens a model request may hold, estimated before it is made. Past it, the
+    /// earlier turns of the conversation are summarized (by excerpts); still past it, the
+    /// oldest are left out whole and the request says so. Default: no limit.
+    #[arg(long)]
+    pub context_budget: Option<u64>,
+    /// Name each session by asking the model for a short title after its first turn
+    /// (default: the first words of its first message, which also stand when the model
+    /// fails).
+    #[arg(long, requires = "provider")]
+    pub name_sessions_with_model: bool,
     /// Add the `http` tool, allowed to reach exactly these hosts (`host`, `host:port` or
     /// `*.domain`, separated by commas). Without it there is no `http` tool.
     #[arg(long, value_delimiter = ',')]

@@ -79,15 +79,25 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         tools.register(tool.clone());
         builder = builder.tool(tool);
     }
-    if let Some(provider) = options.model.provider(&tools)? {
-        builder = builder.provider(provider);
+    let provider = options.model.provider(&tools)?;
+    if let Some(provider) = &provider {
+        builder = builder.provider(Arc::clone(provider));
     }
     builder = builder.one_turn_per_session(!options.parallel_turns);
-    // Naming and compaction that call no model (`RuntimeBuilder::session_namer`,
-    // `compactor`): the first words of a session, excerpts of what a summary replaces.
+    // Naming and compaction (`RuntimeBuilder::session_namer`, `compactor`): the first words
+    // of a session, or a title the model gives; excerpts of what a summary replaces.
+    let namer: Arc<dyn crate::SessionNamer> = match provider {
+        Some(provider) if options.model.name_sessions_with_model => {
+            Arc::new(crate::ModelNamer::new(provider))
+        }
+        _ => Arc::new(crate::FirstWords),
+    };
     builder = builder
-        .session_namer(Arc::new(crate::FirstWords))
+        .session_namer(namer)
         .compactor(Arc::new(crate::Excerpts));
+    if let Some(tokens) = options.model.context_budget {
+        builder = builder.context_budget(tokens);
+    }
     if let Some(revisions) = &options.function_revisions {
         builder = builder.builtin_function_revisions(revisions.clone());
     }

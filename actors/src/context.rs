@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use openprogram_storage::{ExecutionId, MessageId, ReceiptStatus, WaitStatus};
 
-use crate::execution::machine::{Decision, Turn};
+use crate::execution::machine::{Decision, LastPrompt, Turn};
 
 /// One earlier turn of a branch as a model is shown it.
 #[derive(Debug, Clone, PartialEq)]
@@ -143,6 +143,102 @@ impl Branch {
     pub fn newest(&self) -> Option<&Earlier> {
         self.0.as_deref().map(|node| &node.entry)
     }
+}
+
+impl Branch {
+    /// This branch without its `n` oldest entries (all of them, if it has fewer).
+    pub fn without_oldest(&self, n: usize) -> Branch {
+        if n == 0 {
+            return self.clone();
+        }
+        let entries = self.entries();
+        let kept = &entries[n.min(entries.len())..];
+        kept.iter().fold(Branch::default(), |branch, entry| {
+            branch.then((*entry).clone())
+        })
+    }
+}
+
+/// Bytes of text per token, for an estimate: English text and JSON run 3.5 to 4.5 with the
+/// usual tokenizers. A request's size is known only from its provider's report.
+const BYTES_PER_TOKEN: usize = 4;
+
+/// The tokens a request would hold, estimated: what the provider reported of the turn's
+/// last request (`last`, made under the turn's current pin) — its prompt, and its response,
+/// which the next request holds — plus a token per four bytes of what the turn committed
+/// after that response; without a report, a token per four bytes of all of it (the system
+/// prompt and the tools offered not counted).
+pub fn estimate_tokens(
+    earlier: &Branch,
+    message: &str,
+    context: &[Turn],
+    last: Option<LastPrompt>,
+) -> u64 {
+    let bytes = |turns: &[Turn]| turns.iter().map(turn_bytes).sum::<usize>();
+    let tokens = |bytes: usize| (bytes / BYTES_PER_TOKEN) as u64;
+    match last {
+        Some(last) => {
+            let since = context
+                .iter()
+                .rposition(|turn| matches!(turn, Turn::Decided(_)))
+                .map_or(0, |at| at + 1);
+            last.input_tokens + last.output_tokens + tokens(bytes(&context[since..]))
+        }
+        None => tokens(earlier.bytes() + message.len() + bytes(context)),
+    }
+}
+
+/// What a request estimated past its context budget does first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OverBudget {
+    /// The embedder's compactor summarizes the branch through this earlier turn.
+    Compact { through: ExecutionId },
+    /// The fewest oldest entries of the branch whose text covers the excess are left out,
+    /// whole: never a part of a message, never a call without its result.
+    Cut { entries: usize },
+}
+
+/// Whether a request of `estimate` tokens with the branch `earlier` fits `budget`, and if
+/// not, what comes first. `compact_keep`: a compactor may summarize all but the newest this
+/// many earlier turns (`None`: no compaction now). The turn's own progress is never cut: a
+/// request over its budget without earlier turns goes as it is.
+pub fn over_budget(
+    budget: u64,
+    estimate: u64,
+    earlier: &Branch,
+    compact_keep: Option<usize>,
+) -> Option<OverBudget> {
+    if estimate <= budget || earlier.is_empty() {
+        return None;
+    }
+    let entries = earlier.entries();
+    if let Some(keep) = compact_keep {
+        let turns: Vec<ExecutionId> = entries
+            .iter()
+            .filter_map(|entry| match entry {
+                Earlier::Turn(turn) => Some(turn.execution_id),
+                Earlier::Summary { .. } => None,
+            })
+            .collect();
+        if turns.len() > keep {
+            return Some(OverBudget::Compact {
+                through: turns[turns.len() - keep - 1],
+            });
+        }
+    }
+    let excess = estimate - budget;
+    let mut covered = 0u64;
+    let mut cut = 0;
+    for entry in &entries {
+        if covered >= excess {
+            break;
+        }
+        covered += (entry.bytes() / BYTES_PER_TOKEN) as u64;
+        cut += 1;
+    }
+    Some(OverBudget::Cut {
+        entries: cut.max(1),
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,14 +16,14 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use openprogram_storage::conversation::Compaction;
-use openprogram_storage::{EventStore, ExecutionId, MessageId, SessionId};
+use openprogram_storage::{Event, EventStore, ExecutionId, MessageId, SessionId};
 
 use crate::activity::executions_to;
 use crate::compaction::{fold, Item};
-use crate::context::{Branch, Earlier, EarlierTurn};
+use crate::context::{estimate_tokens, over_budget, Branch, Earlier, EarlierTurn, OverBudget};
+use crate::conversation_read::{links_of, record_of};
 use crate::error::Result;
 use crate::execution::machine::{ContextPin, Machine};
-use crate::graph_read::{links_of, record_of};
 
 /// Branches the cache keeps, at most.
 const CACHED_BRANCHES_MAX: usize = 1024;
@@ -85,7 +85,7 @@ pub fn load(
     if open.is_empty() {
         cache.put(parent, whole.clone());
     }
-    Ok(Loaded {
+    let mut loaded = Loaded {
         earlier,
         left_out: 0,
         pin: ContextPin {
@@ -94,7 +94,138 @@ pub fn load(
             left_out: 0,
         },
         whole: open.is_empty().then_some(whole),
-    })
+    };
+    loaded.cut(pinned.map_or(0, |pin| pin.left_out as usize));
+    Ok(loaded)
+}
+
+impl Loaded {
+    /// Leaves out the `entries` oldest entries of what the requests carry.
+    fn cut(&mut self, entries: usize) {
+        let entries = entries.min(self.earlier.len());
+        if entries == 0 {
+            return;
+        }
+        self.earlier = self.earlier.without_oldest(entries);
+        let entries = u32::try_from(entries).unwrap_or(u32::MAX);
+        self.left_out = self.left_out.saturating_add(entries);
+        self.pin.left_out = self.left_out;
+    }
+}
+
+/// What a turn's next model request needs first.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prepared {
+    /// Nothing: make it.
+    Ready,
+    /// Fix its branch first (`ContextPinned`); the commit asks for the request again.
+    Pin(Event),
+    /// Over its budget: the compactor summarizes the branch through this turn first
+    /// (`TurnContext::compacted` after).
+    Compact(ExecutionId),
+}
+
+/// E-8: a turn's branch across its model requests in one activation: read at the first,
+/// then kept within the context budget before each.
+#[derive(Debug, Default)]
+pub struct TurnContext {
+    loaded: Option<Loaded>,
+    /// A compaction for the budget was asked for in this activation (made or failed): not
+    /// again, the oldest entries are left out instead.
+    compacted: bool,
+    /// Read the branch next with this pin (the summary a budget compaction just made).
+    reread_with: Option<ContextPin>,
+}
+
+/// What `TurnContext::prepare` needs of the runtime.
+#[derive(Clone, Copy)]
+#[allow(missing_debug_implementations)] // a store is no `Debug`
+pub struct Reading<'a> {
+    pub store: &'a dyn EventStore,
+    pub cache: &'a BranchCache,
+    /// The context budget in tokens, if there is one.
+    pub budget: Option<u64>,
+    /// With a compactor: all but the newest this many earlier turns may be summarized.
+    pub compact_keep: Option<usize>,
+}
+
+impl TurnContext {
+    /// What the turn of `machine` (in `session_id`) needs before its next model request.
+    pub fn prepare(
+        &mut self,
+        reading: Reading<'_>,
+        session_id: SessionId,
+        machine: &Machine,
+    ) -> Result<Prepared> {
+        let loaded = match self.loaded.take() {
+            Some(loaded) => loaded,
+            None => {
+                let pinned = self.reread_with.take();
+                load(
+                    reading.store,
+                    reading.cache,
+                    session_id,
+                    machine.parent_message_id,
+                    pinned.as_ref().or(machine.context_pin.as_ref()),
+                )?
+            }
+        };
+        let loaded = self.loaded.insert(loaded);
+        if let Some(budget) = reading.budget {
+            let estimate = estimate_tokens(
+                &loaded.earlier,
+                &machine.input.message,
+                &machine.context,
+                machine.last_prompt,
+            );
+            let keep = reading.compact_keep.filter(|_| !self.compacted);
+            match over_budget(budget, estimate, &loaded.earlier, keep) {
+                Some(OverBudget::Compact { through }) => {
+                    self.compacted = true;
+                    return Ok(Prepared::Compact(through));
+                }
+                Some(OverBudget::Cut { entries }) => loaded.cut(entries),
+                None => {}
+            }
+        }
+        Ok(machine
+            .pin_context(&loaded.pin)
+            .map_or(Prepared::Ready, Prepared::Pin))
+    }
+
+    /// After the compaction `Prepared::Compact` asked for: `summary`, the compaction's
+    /// message, stands from the next request on (`None`: it failed; the oldest entries are
+    /// left out instead).
+    pub fn compacted(&mut self, summary: Option<MessageId>) {
+        let Some(summary) = summary else {
+            return;
+        };
+        if let Some(loaded) = self.loaded.take() {
+            self.reread_with = Some(ContextPin {
+                summary: Some(summary),
+                open: loaded.pin.open,
+                left_out: 0,
+            });
+        }
+    }
+
+    /// What the requests carry before the turn's own progress, and how many entries were
+    /// left out.
+    pub fn earlier(&self) -> (Branch, u32) {
+        self.loaded
+            .as_ref()
+            .map_or((Branch::default(), 0), |loaded| {
+                (loaded.earlier.clone(), loaded.left_out)
+            })
+    }
+
+    /// Every earlier turn, if all of them had ended: what the turn's end extends for the
+    /// next turn (`BranchCache`).
+    pub fn whole(&self) -> Option<&Branch> {
+        self.loaded
+            .as_ref()
+            .and_then(|loaded| loaded.whole.as_ref())
+    }
 }
 
 /// Every turn on the path from the root to `parent`, folded from the store, and those of

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::agent::{AgentInput, ModelRequest, ToolArgs};
+use crate::execution::machine::LastPrompt;
 use openprogram_storage::{EffectId, ExecutionId};
 
 fn request(earlier: Branch, context: Vec<Turn>) -> ModelRequest {
@@ -191,4 +192,63 @@ fn e8_a_branch_shares_what_it_extends_and_drops_long_chains_without_recursion() 
         });
     }
     drop(long);
+}
+
+#[test]
+fn e8_an_estimate_starts_from_the_providers_count_of_the_last_request() {
+    let branch = Branch::default().then(earlier_turn(&"x".repeat(400), Vec::new()));
+    let context = vec![
+        call("echo"),
+        result(&"y".repeat(80), ReceiptStatus::Confirmed),
+    ];
+    // No report: a token per four bytes of everything.
+    let whole = estimate_tokens(&branch, "hi", &context, None);
+    assert_eq!(whole, ((400 + 2 + 4 + 12 + 80) / 4) as u64);
+    // A report of the last request: its prompt and response, then what followed the decision.
+    let last = LastPrompt {
+        input_tokens: 1_000,
+        output_tokens: 7,
+    };
+    assert_eq!(estimate_tokens(&branch, "hi", &context, Some(last)), 1_027);
+}
+
+#[test]
+fn e8_over_the_budget_compaction_comes_first_then_whole_oldest_entries_are_cut() {
+    let turns: Vec<Earlier> = (0..3)
+        .map(|_| earlier_turn(&"x".repeat(400), Vec::new()))
+        .collect();
+    let ids: Vec<ExecutionId> = turns
+        .iter()
+        .map(|turn| match turn {
+            Earlier::Turn(turn) => turn.execution_id,
+            Earlier::Summary { .. } => unreachable!("turns only"),
+        })
+        .collect();
+    let branch = turns
+        .into_iter()
+        .fold(Branch::default(), |branch, turn| branch.then(turn));
+    assert_eq!(over_budget(400, 400, &branch, Some(0)), None);
+    assert_eq!(
+        over_budget(100, 400, &branch, Some(0)),
+        Some(OverBudget::Compact { through: ids[2] })
+    );
+    assert_eq!(
+        over_budget(100, 400, &branch, Some(1)),
+        Some(OverBudget::Compact { through: ids[1] })
+    );
+    // Nothing older than the turns kept: cut instead; 150 tokens over is two entries of 100.
+    assert_eq!(
+        over_budget(250, 400, &branch, Some(3)),
+        Some(OverBudget::Cut { entries: 2 })
+    );
+    assert_eq!(
+        over_budget(399, 400, &branch, None),
+        Some(OverBudget::Cut { entries: 1 })
+    );
+    // A turn alone over its budget goes as it is: its own progress is never cut.
+    assert_eq!(over_budget(1, 400, &Branch::default(), Some(0)), None);
+    assert_eq!(
+        branch.without_oldest(2).entries(),
+        vec![branch.newest().expect("one")]
+    );
 }

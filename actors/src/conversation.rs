@@ -1,6 +1,8 @@
-//! C-1: reading a session's transcript (`transcript.rs` folds one execution's events into
-//! its messages) — by page, by branch, one assistant message on from a seq, or the messages
-//! changed since a log position. Everything comes from the event log; nothing is stored.
+//! The command service's conversation reads: C-1, a session's transcript (`transcript.rs`
+//! folds one execution's events into its messages) — by page, by branch, one assistant
+//! message on from a seq, or the messages changed since a log position; and the session's
+//! view (name, foreground turn, compactions), `compact` and `DELETE`'s part (C-2, C-3).
+//! Everything comes from the event log and the session's records.
 //!
 //! Costs: a page reads its own executions (a head and at most `EVENTS_PER_MESSAGE` events
 //! each, and a fork's original's events up to its checkpoint) and the session's
@@ -9,21 +11,20 @@
 
 use std::collections::{HashMap, HashSet};
 
-use openprogram_storage::{
-    EventEnvelope, EventStore, ExecutionHead, ExecutionId, MessageId, SessionId,
-};
+use openprogram_storage::conversation::Compaction;
+use openprogram_storage::{ExecutionId, MessageId, SessionId};
 use serde::Serialize;
 
 use crate::activity::branch_executions;
-use crate::compaction::{fold, summary_message, Item};
+use crate::compaction::{fold, Item};
+use crate::conversation_read::{
+    anchors_of, assistant, execution_messages, item_messages, links_of, record_of,
+};
 use crate::error::{Error, Result};
-use crate::graph_read::{anchors_of, links_of, record_of};
 use crate::service::Service;
-use crate::transcript::{assistant_message, forked_from, inherited_blocks, user_message, Message};
+use crate::transcript::Message;
 
-/// The most events one assistant message is read from at a time: a longer turn says where
-/// to read on (`Message::more_after_seq`).
-pub const EVENTS_PER_MESSAGE: usize = 2_000;
+pub use crate::conversation_read::EVENTS_PER_MESSAGE;
 /// Executions per page, by default and at most.
 pub const PAGE_DEFAULT: usize = 20;
 pub const PAGE_MAX: usize = 100;
@@ -165,83 +166,64 @@ impl Service {
     }
 }
 
-/// The user message of an execution (unless it shares it with the original it was forked or
-/// retried from, and `listed` says that original is shown with it) and its assistant message.
-pub(crate) fn execution_messages(
-    store: &dyn EventStore,
-    execution_id: ExecutionId,
-    listed: impl Fn(&ExecutionId) -> bool,
-) -> Result<Vec<Message>> {
-    let Some(head) = store.head(execution_id)? else {
-        // Purged meanwhile (S-8): nothing of it to show.
-        return Ok(Vec::new());
-    };
-    let events = store.events_after(execution_id, 0, EVENTS_PER_MESSAGE)?;
-    let mut messages = Vec::with_capacity(2);
-    let shared = match head.parent_execution_id.filter(|parent| listed(parent)) {
-        Some(parent) => store
-            .head(parent)?
-            .is_some_and(|parent| parent.user_message_id == head.user_message_id),
-        None => false,
-    };
-    if !shared {
-        if let Some(user) = events.first().and_then(|first| user_message(&head, first)) {
-            messages.push(user);
+/// A session as `GET /v1/sessions/{sid}` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SessionView {
+    pub session_id: SessionId,
+    /// Given by the naming hook after a completed turn.
+    pub name: Option<String>,
+    /// The version of the name and compactions (`conversation_version` of a messages page).
+    pub conversation_version: u64,
+    /// C-2: the turn holding the session (it may have ended since), and the turns in line.
+    pub foreground: Option<ExecutionId>,
+    pub waiting: Vec<ExecutionId>,
+    pub executions: usize,
+    pub compactions: Vec<Compaction>,
+}
+
+impl Service {
+    /// `DELETE` of a session, after its executions were purged: its name and summaries.
+    pub async fn forget_conversation(&self, session_id: SessionId) -> Result<()> {
+        crate::conversation_follow_up::forget(self.env(), session_id).await
+    }
+
+    /// The session's name, foreground turn and compactions (all empty for a session with
+    /// nothing stored: a session exists as soon as its id is made).
+    pub fn session_view(&self, session_id: SessionId) -> Result<SessionView> {
+        let store = self.env().store.as_ref();
+        let executions = store.executions_in_session(session_id)?.len();
+        let record = record_of(store, session_id)?;
+        let turns = store.session(session_id)?.unwrap_or_default();
+        Ok(SessionView {
+            session_id,
+            name: record.name,
+            conversation_version: record.version,
+            foreground: turns.foreground,
+            waiting: turns.waiting,
+            executions,
+            compactions: record.compactions,
+        })
+    }
+
+    /// C-3: compacts the session's conversation through the turn whose user or assistant
+    /// message is `through` (see `compact`).
+    pub async fn compact(&self, session_id: SessionId, through: MessageId) -> Result<Compaction> {
+        if self.env().conversation_hooks.compactor.is_none() {
+            return Err(Error::HookMissing("compactor"));
         }
-    }
-    messages.push(assistant_of(store, &head, &events, 0)?);
-    Ok(messages)
-}
-
-/// An execution's assistant message, its blocks from events after `after_seq`.
-fn assistant(store: &dyn EventStore, head: &ExecutionHead, after_seq: u64) -> Result<Message> {
-    let events = store.events_after(head.execution_id, after_seq, EVENTS_PER_MESSAGE)?;
-    assistant_of(store, head, &events, after_seq)
-}
-
-fn assistant_of(
-    store: &dyn EventStore,
-    head: &ExecutionHead,
-    events: &[EventEnvelope],
-    after_seq: u64,
-) -> Result<Message> {
-    // A fork's branch shows the original's history up to the fork's checkpoint first.
-    let inherited = match forked_from(events).filter(|_| after_seq == 0) {
-        Some(fork) => match store.head(fork.execution_id)? {
-            Some(original) => {
-                let through = store.events_after(fork.execution_id, 0, EVENTS_PER_MESSAGE)?;
-                inherited_blocks(&original, &through, fork.checkpoint_seq)
-            }
-            None => Vec::new(),
-        },
-        None => Vec::new(),
-    };
-    let mut message = assistant_message(head, events, inherited);
-    let read_through = events.last().map_or(after_seq, |last| last.seq);
-    if read_through < head.last_seq {
-        message.more_after_seq = Some(read_through);
-    }
-    Ok(message)
-}
-
-/// The messages of `items`, oldest first. An execution shares its user message with an
-/// original shown before it (a fork's, a retry's): shown once.
-pub fn item_messages(
-    store: &dyn EventStore,
-    items: &[Item<'_>],
-    shown_before: impl Fn(&ExecutionId) -> bool,
-) -> Result<Vec<Message>> {
-    let mut messages = Vec::with_capacity(items.len() * 2);
-    for (at, item) in items.iter().enumerate() {
-        match item {
-            Item::Summary(compaction) => messages.push(summary_message(compaction)),
-            Item::Execution(execution_id) => {
-                let listed = |id: &ExecutionId| {
-                    shown_before(id) || items[..at].iter().any(|earlier| earlier.holds(*id))
-                };
-                messages.extend(execution_messages(store, *execution_id, listed)?);
+        let store = self.env().store.as_ref();
+        let mut found = None;
+        for execution_id in store.executions_in_session(session_id)? {
+            let Some(head) = store.head(execution_id)? else {
+                continue;
+            };
+            if head.reply_message_id == through || head.user_message_id == through {
+                found = Some(execution_id);
+                // A fork shares its original's user message: the original is the older.
+                break;
             }
         }
+        let through = found.ok_or(Error::NotFound)?;
+        crate::conversation_follow_up::compact(self.env(), session_id, through).await
     }
-    Ok(messages)
 }

@@ -11,10 +11,11 @@ use openprogram_storage::{ConversationOutcome, ExecutionId, MessageId, SessionId
 
 use crate::activity::executions_to;
 use crate::compaction::fold;
-use crate::conversation::{execution_messages, item_messages};
+use crate::conversation_read::{
+    anchors_of, execution_messages, item_messages, links_of, record_of,
+};
 use crate::env::Env;
 use crate::error::{Error, Result};
-use crate::graph_read::{anchors_of, links_of, record_of};
 
 /// How often a conversation write is tried again when another write came first.
 const WRITE_TRIES_MAX: usize = 8;
@@ -294,66 +295,4 @@ pub async fn forget(env: &Env, session_id: SessionId) -> Result<()> {
         }
     }
     Err(Error::Unavailable("the conversation kept changing".into()))
-}
-
-/// A session as `GET /v1/sessions/{sid}` shows it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct SessionView {
-    pub session_id: SessionId,
-    /// Given by the naming hook after a completed turn.
-    pub name: Option<String>,
-    /// The version of the name and compactions (`conversation_version` of a messages page).
-    pub conversation_version: u64,
-    /// C-2: the turn holding the session (it may have ended since), and the turns in line.
-    pub foreground: Option<ExecutionId>,
-    pub waiting: Vec<ExecutionId>,
-    pub executions: usize,
-    pub compactions: Vec<Compaction>,
-}
-
-impl crate::service::Service {
-    /// `DELETE` of a session, after its executions were purged: its name and summaries.
-    pub async fn forget_conversation(&self, session_id: SessionId) -> Result<()> {
-        forget(self.env(), session_id).await
-    }
-
-    /// The session's name, foreground turn and compactions (all empty for a session with
-    /// nothing stored: a session exists as soon as its id is made).
-    pub fn session_view(&self, session_id: SessionId) -> Result<SessionView> {
-        let store = self.env().store.as_ref();
-        let executions = store.executions_in_session(session_id)?.len();
-        let record = record_of(store, session_id)?;
-        let turns = store.session(session_id)?.unwrap_or_default();
-        Ok(SessionView {
-            session_id,
-            name: record.name,
-            conversation_version: record.version,
-            foreground: turns.foreground,
-            waiting: turns.waiting,
-            executions,
-            compactions: record.compactions,
-        })
-    }
-
-    /// C-3: compacts the session's conversation through the turn whose user or assistant
-    /// message is `through` (see `compact`).
-    pub async fn compact(&self, session_id: SessionId, through: MessageId) -> Result<Compaction> {
-        if self.env().conversation_hooks.compactor.is_none() {
-            return Err(Error::HookMissing("compactor"));
-        }
-        let store = self.env().store.as_ref();
-        let mut found = None;
-        for execution_id in store.executions_in_session(session_id)? {
-            let Some(head) = store.head(execution_id)? else {
-                continue;
-            };
-            if head.reply_message_id == through || head.user_message_id == through {
-                found = Some(execution_id);
-                // A fork shares its original's user message: the original is the older.
-                break;
-            }
-        }
-        let through = found.ok_or(Error::NotFound)?;
-        compact(self.env(), session_id, through).await
-    }
 }

@@ -1,4 +1,4 @@
-//! The embedder's hooks on a conversation (issue 37): naming a session after a turn ended
+//! The embedder's hooks on a conversation (issue 37), and its context budget (E-8): naming a session after a turn ended
 //! (C-2's follow-up work, run once the turn has freed its session) and summarizing a prefix
 //! of a conversation (C-3's compaction). Both are optional; `serve` uses the two plain ones
 //! here, which call no model.
@@ -49,6 +49,9 @@ pub struct ConversationHooks {
     pub compactor: Option<Arc<dyn Compactor>>,
     /// Without one, compaction happens only when asked for (`Service::compact`).
     pub policy: Option<CompactionPolicy>,
+    /// E-8: the tokens a model request may hold, estimated: past it, the compactor
+    /// summarizes the branch, else its oldest turns are left out (`None`: no limit).
+    pub context_budget: Option<u64>,
 }
 
 impl std::fmt::Debug for ConversationHooks {
@@ -57,6 +60,7 @@ impl std::fmt::Debug for ConversationHooks {
             .field("namer", &self.namer.is_some())
             .field("compactor", &self.compactor.is_some())
             .field("policy", &self.policy)
+            .field("context_budget", &self.context_budget)
             .finish()
     }
 }
@@ -116,5 +120,74 @@ impl Compactor for Excerpts {
             summary.push_str(&line);
         }
         futures::future::ready(Ok(summary)).boxed()
+    }
+}
+
+/// The instruction a `ModelNamer` gives the model, before the turn's messages.
+const NAME_PROMPT: &str = "Give this conversation a short title of at most eight words. \
+Answer with the title alone, without quotes.";
+
+/// Names a session by asking a model (the product document's optional model-generated
+/// naming): one request holding the instruction and the first turn's messages, answered
+/// with a title. Its answer is not recorded anywhere but as the name. A failure, or an
+/// answer that is no text, leaves the first words (`FirstWords`).
+#[derive(Clone)]
+pub struct ModelNamer {
+    provider: Arc<dyn crate::agent::Provider>,
+}
+
+impl std::fmt::Debug for ModelNamer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelNamer").finish_non_exhaustive()
+    }
+}
+
+impl ModelNamer {
+    pub fn new(provider: Arc<dyn crate::agent::Provider>) -> Self {
+        Self { provider }
+    }
+}
+
+impl SessionNamer for ModelNamer {
+    fn name(
+        &self,
+        session_id: SessionId,
+        turn: Vec<Message>,
+    ) -> BoxFuture<'static, Result<Option<String>, String>> {
+        use crate::agent::{AgentInput, Decision, ModelRequest};
+        let mut message = String::from(NAME_PROMPT);
+        for said in &turn {
+            message.push_str(&format!("\n\n{}: {}", said.role, said.text));
+        }
+        let request = ModelRequest {
+            execution_id: openprogram_storage::ExecutionId::new(),
+            effect_id: openprogram_storage::EffectId::new(),
+            input: Arc::new(AgentInput {
+                message,
+                ..AgentInput::default()
+            }),
+            context: Arc::default(),
+            earlier: Default::default(),
+            left_out: 0,
+            iterations: 0,
+            used: Default::default(),
+            usage: Default::default(),
+            deltas: Default::default(),
+        };
+        let asked = self.provider.decide(request);
+        async move {
+            match asked.await {
+                Ok(Decision::Reply { text, .. }) if !text.trim().is_empty() => {
+                    let title = text.trim().trim_matches(['"', '\'', '“', '”']).trim();
+                    Ok(Some(title.to_owned()))
+                }
+                Ok(_) => FirstWords.name(session_id, turn).await,
+                Err(error) => {
+                    tracing::warn!(%session_id, %error, "the model named no session; its first words do");
+                    FirstWords.name(session_id, turn).await
+                }
+            }
+        }
+        .boxed()
     }
 }

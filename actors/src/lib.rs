@@ -52,6 +52,7 @@ pub mod context_read;
 pub mod conversation;
 pub mod conversation_follow_up;
 pub mod conversation_hooks;
+pub mod conversation_read;
 pub mod deltas;
 pub mod describe;
 pub mod directory;
@@ -60,7 +61,6 @@ pub mod error;
 pub mod execution;
 pub mod function;
 pub mod function_builtin;
-pub mod graph_read;
 #[cfg(feature = "providers")]
 pub mod http_tool;
 pub mod inspect;

@@ -49,6 +49,35 @@ pub struct Snapshot {
     /// `interrupt`) and whether it waits for its session (`queued`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session_turn: Option<crate::execution::machine_session::SessionTurn>,
+    /// E-8: what its model requests carry of its conversation, once it has earlier turns or
+    /// made a request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context: Option<ContextView>,
+}
+
+/// E-8: the context of an agent turn's model requests as it stands.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ContextView {
+    /// The compaction summary standing for the branch's oldest turns, if one does.
+    pub summary: Option<openprogram_storage::MessageId>,
+    /// Earlier entries of the branch left out for the context budget, oldest first.
+    pub left_out: u32,
+    /// The size of its last request, as its provider reported it (tokens).
+    pub prompt_tokens: Option<u64>,
+}
+
+impl ContextView {
+    fn of(machine: &Machine) -> Option<Self> {
+        if machine.context_pin.is_none() && machine.last_prompt.is_none() {
+            return None;
+        }
+        let pin = machine.context_pin.clone().unwrap_or_default();
+        Some(Self {
+            summary: pin.summary,
+            left_out: pin.left_out,
+            prompt_tokens: machine.last_prompt.map(|last| last.input_tokens),
+        })
+    }
 }
 
 /// W-7: a grant this execution may revoke: one its approvals gave for itself, or one of its
@@ -275,6 +304,7 @@ impl Snapshot {
             text: machine.text.clone(),
             usage: machine.usage,
             session_turn: machine.session_turn.clone(),
+            context: ContextView::of(machine),
             // Its own tool grants; the session's are added by `with_session`.
             grants: machine
                 .grants

@@ -2,7 +2,8 @@
 //! replies with the conversation its request carried: a turn sees the earlier turns of its
 //! branch in order (user message, tool call, result, reply) and no other branch's; a fork
 //! sees the path to its fork point; a compaction's summary stands in for the turns it
-//! replaced; a steer stands where it arrived; the branch is fixed in the turn's log.
+//! replaced; a steer stands where it arrived; the branch is fixed in the turn's log; past
+//! the context budget the compactor summarizes the branch, or the oldest turns are left out.
 
 use std::sync::Arc;
 
@@ -39,12 +40,20 @@ struct Conversation {
 
 impl Conversation {
     fn open() -> Self {
+        Self::with_budget(None, true)
+    }
+
+    /// With a context budget of `tokens`, and the `Counting` compactor if `compactor`.
+    fn with_budget(tokens: Option<u64>, compactor: bool) -> Self {
         let dir = tempfile::tempdir().expect("dir");
-        let runtime = Runtime::builder()
-            .data_dir(dir.path())
-            .compactor(Arc::new(Counting))
-            .open()
-            .expect("open");
+        let mut builder = Runtime::builder().data_dir(dir.path());
+        if compactor {
+            builder = builder.compactor(Arc::new(Counting));
+        }
+        if let Some(tokens) = tokens {
+            builder = builder.context_budget(tokens);
+        }
+        let runtime = builder.open().expect("open");
         Self {
             runtime,
             session: SessionId::new(),
@@ -238,4 +247,70 @@ async fn e8_a_steer_stands_where_it_arrived_not_after_the_newest_turn() {
         at("user: be brief") < at("assistant: call call00002"),
         "{lines:?}"
     );
+}
+
+/// A reply of about `tokens` tokens by the runtime's estimate (four bytes each).
+fn long_reply(word: &str, tokens: usize) -> Value {
+    reply(&format!("{word} ").repeat(tokens * 4 / (word.len() + 1)))
+}
+
+#[tokio::test]
+async fn e8_past_the_budget_the_compactor_summarizes_the_earlier_turns() {
+    let talk = Conversation::with_budget(Some(100), true);
+    let (_, t1_reply, _) = talk.turn("one", None, vec![long_reply("alpha", 120)]).await;
+    let (t2, _, seen) = talk.turn("two", Some(t1_reply), vec![digest()]).await;
+    assert_eq!(
+        seen,
+        "user: [A summary of the conversation so far]\n2 messages before\nuser: two"
+    );
+    let snapshot = talk
+        .runtime
+        .snapshot(talk.session, t2)
+        .await
+        .expect("snapshot");
+    let context = snapshot.context.expect("a context");
+    assert!(
+        context.summary.is_some() && context.left_out == 0,
+        "{context:?}"
+    );
+    // The summary is the session's compaction, shown on the transcript too.
+    let view = talk.runtime.session(talk.session).expect("session");
+    assert_eq!(view.compactions.len(), 1);
+    assert_eq!(Some(view.compactions[0].message_id), context.summary);
+}
+
+#[tokio::test]
+async fn e8_past_the_budget_without_a_compactor_the_oldest_turns_are_left_out_whole() {
+    let talk = Conversation::with_budget(Some(150), false);
+    let (_, t1_reply, _) = talk.turn("one", None, vec![long_reply("alpha", 100)]).await;
+    let (_, t2_reply, _) = talk
+        .turn("two", Some(t1_reply), vec![long_reply("beta", 100)])
+        .await;
+    let (t3, _, seen) = talk.turn("three", Some(t2_reply), vec![digest()]).await;
+    let lines: Vec<&str> = seen.lines().collect();
+    assert_eq!(
+        lines[0],
+        "user: [1 earlier entries of this conversation are left out to fit the context budget.]"
+    );
+    assert!(
+        !seen.contains("alpha") && !seen.contains("user: one"),
+        "{seen}"
+    );
+    assert_eq!(lines[1], "user: two");
+    assert!(lines[2].starts_with("assistant: beta beta"), "{seen}");
+    assert_eq!(lines[3], "user: three");
+    let snapshot = talk
+        .runtime
+        .snapshot(talk.session, t3)
+        .await
+        .expect("snapshot");
+    let context = snapshot.context.expect("a context");
+    assert_eq!((context.summary, context.left_out), (None, 1));
+    // Without a budget the same conversation is carried whole.
+    let whole = Conversation::open();
+    let (_, t1_reply, _) = whole
+        .turn("one", None, vec![long_reply("alpha", 100)])
+        .await;
+    let (_, _, seen) = whole.turn("two", Some(t1_reply), vec![digest()]).await;
+    assert!(seen.starts_with("user: one\nassistant: alpha"), "{seen}");
 }

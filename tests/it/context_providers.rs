@@ -254,3 +254,86 @@ fn e8_kill9_mid_turn_3_regenerates_the_same_request_byte_for_byte() {
     assert_eq!(calls, 1, "the committed call ran again: {receipts:?}");
     served.stop();
 }
+
+/// Opens a runtime on `stub` whose sessions the model names.
+fn named_by_model(stub: &Stub) -> (openprogram::Runtime, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let provider: std::sync::Arc<dyn openprogram::agent::Provider> = std::sync::Arc::new(
+        openprogram::providers::HttpProvider::new(config(Api::OpenAi, stub, false))
+            .expect("provider"),
+    );
+    let runtime = openprogram::Runtime::builder()
+        .data_dir(dir.path())
+        .provider(provider.clone())
+        .session_namer(std::sync::Arc::new(openprogram::ModelNamer::new(provider)))
+        .open()
+        .expect("open");
+    (runtime, dir)
+}
+
+/// The session's name once the naming hook gave one.
+async fn name_of(
+    runtime: &openprogram::Runtime,
+    session: openprogram::storage::SessionId,
+) -> String {
+    let deadline = std::time::Instant::now() + crate::support::DEADLINE;
+    loop {
+        if let Some(name) = runtime.session(session).expect("session").name {
+            return name;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the session was never named"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+fn openai_text(text: &str) -> Reply {
+    Reply::json(&json!({
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+            "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 3},
+    }))
+}
+
+#[tokio::test]
+async fn e8_the_model_names_a_session_and_a_failure_leaves_its_first_words() {
+    let stub = Stub::start(vec![
+        openai_text("a.log is the largest."),
+        openai_text("\"Largest log files\""),
+    ]);
+    let (runtime, _dir) = named_by_model(&stub);
+    let session = openprogram::storage::SessionId::new();
+    let turn = Turn {
+        runtime,
+        session,
+        dir: tempfile::tempdir().expect("tempdir"),
+    };
+    run(&turn, "Find the largest files in /var/log", None).await;
+    assert_eq!(name_of(&turn.runtime, session).await, "Largest log files");
+    let asked = &stub.requests()[1].body["messages"];
+    let asked = asked.to_string();
+    assert!(
+        asked.contains("short title") && asked.contains("a.log is the largest."),
+        "{asked}"
+    );
+    turn.runtime.shutdown().await;
+
+    let failing = Stub::start(vec![
+        openai_text("a.log is the largest."),
+        Reply::status(400, &[], r#"{"error":{"message":"no"}}"#),
+    ]);
+    let (runtime, _dir) = named_by_model(&failing);
+    let turn = Turn {
+        runtime,
+        session,
+        dir: tempfile::tempdir().expect("tempdir"),
+    };
+    run(&turn, "Find the largest files in /var/log", None).await;
+    assert_eq!(
+        name_of(&turn.runtime, session).await,
+        "Find the largest files in /var/log"
+    );
+    turn.runtime.shutdown().await;
+}

@@ -21,6 +21,7 @@ use openprogram_storage::{
 };
 
 use crate::attempt_lease::{AttemptLeaseActor, LeaseState, Release, Renew};
+use crate::context_read::{Prepared, Reading};
 use crate::env::Env;
 use crate::error::Error;
 use crate::execution::machine::{Action, Decision, LiveOutcome, Machine, Next};
@@ -83,8 +84,8 @@ pub struct ExecutionActor {
     /// returns, its result is none.
     pub(super) suspending: bool,
     /// E-8: the earlier turns of its branch, read at its first model request of this
-    /// activation.
-    pub(super) branch: Option<crate::context_read::Loaded>,
+    /// activation and kept within the context budget.
+    pub(super) context: crate::context_read::TurnContext,
 }
 
 impl std::fmt::Debug for ExecutionActor {
@@ -185,7 +186,7 @@ impl ExecutionActor {
             token,
             function_runs: 0,
             suspending: false,
-            branch: None,
+            context: Default::default(),
         }
     }
 
@@ -484,32 +485,55 @@ impl ExecutionActor {
         }
     }
 
-    /// E-8: reads the earlier turns of its branch, once per activation; the event that
-    /// fixes them (`ContextPinned`), if the turn has not fixed them so yet.
-    fn read_branch(&mut self) -> Result<Option<Event>, Error> {
-        let loaded = match self.branch.take() {
-            Some(loaded) => loaded,
-            None => crate::context_read::load(
-                self.env.store.as_ref(),
-                &self.env.branches,
-                self.head.session_id,
-                self.machine.parent_message_id,
-                self.machine.context_pin.as_ref(),
-            )?,
+    /// E-8: what its next model request needs first: its branch read (once per
+    /// activation), kept within the context budget, and fixed (`Prepared::Pin`).
+    fn prepare_request(&mut self) -> Result<Prepared, Error> {
+        let hooks = &self.env.conversation_hooks;
+        let reading = Reading {
+            store: self.env.store.as_ref(),
+            cache: &self.env.branches,
+            budget: hooks.context_budget,
+            compact_keep: hooks
+                .compactor
+                .as_ref()
+                .map(|_| hooks.policy.map_or(0, |policy| policy.keep)),
         };
-        let pin = self.machine.pin_context(&loaded.pin);
-        self.branch = Some(loaded);
-        Ok(pin)
+        Ok(self
+            .context
+            .prepare(reading, self.head.session_id, &self.machine)?)
+    }
+
+    /// E-8: the compactor summarizes the branch through `through` before the next request,
+    /// which is over the context budget. It runs as the effect in flight: a Cancel aborts it.
+    fn compact_for_budget(&mut self, through: ExecutionId, ctx: &mut Context<Self>) {
+        let env = Arc::clone(&self.env);
+        let session_id = self.head.session_id;
+        let (abort, registration) = AbortHandle::new_pair();
+        self.in_flight = Some(InFlight { abort });
+        let compacting = futures::future::Abortable::new(
+            async move { crate::conversation_follow_up::compact(&env, session_id, through).await },
+            registration,
+        );
+        ctx.spawn(
+            fut::wrap_future::<_, Self>(compacting).map(|compacted, act, ctx| {
+                act.in_flight = None;
+                match compacted {
+                    Ok(Ok(compaction)) => act.context.compacted(Some(compaction.message_id)),
+                    Ok(Err(error)) => {
+                        tracing::warn!(execution_id = %act.execution_id, %error, "the conversation was not compacted for the context budget; its oldest turns are left out");
+                        act.context.compacted(None);
+                    }
+                    Err(_aborted) => {}
+                }
+                ctx.notify(Advance);
+            }),
+        );
     }
 
     /// E-8: an ended turn's branch, itself last, for the next turn of the conversation: it
     /// reads nothing more of the store. Only a whole history read from ended turns is kept.
     fn remember_branch(&self) {
-        let Some(whole) = self
-            .branch
-            .as_ref()
-            .and_then(|loaded| loaded.whole.as_ref())
-        else {
+        let Some(whole) = self.context.whole() else {
             return;
         };
         if !self.machine.is_complete() {
@@ -619,13 +643,17 @@ impl Handler<Advance> for ExecutionActor {
                 ))
             }
             Next::CallModel { effect_id } => {
-                match self.read_branch() {
-                    Ok(None) => {}
+                match self.prepare_request() {
+                    Ok(Prepared::Ready) => {}
                     // Its branch is fixed first; the commit asks for the request.
-                    Ok(Some(pin)) => {
+                    Ok(Prepared::Pin(pin)) => {
                         return AtomicResponse::new(Box::pin(
                             self.commit(vec![pin], Vec::new()).map(log_failure),
                         ))
+                    }
+                    Ok(Prepared::Compact(through)) => {
+                        self.compact_for_budget(through, ctx);
+                        return AtomicResponse::new(Box::pin(fut::ready(())));
                     }
                     Err(error) => {
                         log_failure(Err(error), self, ctx);

@@ -201,17 +201,14 @@ impl ExecutionActor {
         let usage = UsageMeter::default();
         self.usage_meter = Some((effect_id, usage.clone()));
         let call = self.start_step(StepKind::Model, effect_id, "model");
+        let (earlier, left_out) = self.context.earlier();
         let request = ModelRequest {
             execution_id: self.execution_id,
             effect_id,
             input: self.machine.input.clone(),
             context: self.machine.context.clone(),
-            earlier: self
-                .branch
-                .as_ref()
-                .map(|loaded| loaded.earlier.clone())
-                .unwrap_or_default(),
-            left_out: self.branch.as_ref().map_or(0, |loaded| loaded.left_out),
+            earlier,
+            left_out,
             iterations: self.machine.iterations,
             used: self.machine.usage,
             usage,

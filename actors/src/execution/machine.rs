@@ -162,6 +162,9 @@ pub struct Present {
     /// E-8: the earlier turns its model requests carry, as last fixed.
     #[serde(default)]
     pub context_pin: Option<ContextPin>,
+    /// E-8: the size of its last model request under that pin, as the provider reported.
+    #[serde(default)]
+    pub last_prompt: Option<LastPrompt>,
 }
 
 impl std::ops::Deref for Machine {
@@ -298,11 +301,19 @@ impl Present {
                 output_tokens,
                 retries,
                 ..
-            } => self.usage.add(ModelUsage {
-                input_tokens: *input_tokens,
-                output_tokens: *output_tokens,
-                retries: *retries,
-            }),
+            } => {
+                self.usage.add(ModelUsage {
+                    input_tokens: *input_tokens,
+                    output_tokens: *output_tokens,
+                    retries: *retries,
+                });
+                if *input_tokens > 0 {
+                    self.last_prompt = Some(LastPrompt {
+                        input_tokens: *input_tokens,
+                        output_tokens: *output_tokens,
+                    });
+                }
+            }
             Event::Admitted {
                 kind: openprogram_storage::ExecutionKind::Function,
                 input,
@@ -406,6 +417,8 @@ impl Present {
                     open: open.clone(),
                     left_out: *left_out,
                 });
+                // Reported of a request that held other earlier turns.
+                self.last_prompt = None;
                 // Fixed before a model request: make it.
                 actions.push(Action::Advance);
             }

@@ -134,6 +134,14 @@ pub struct ContextPin {
     pub left_out: u32,
 }
 
+/// E-8: what the provider reported of the turn's last model request made under its
+/// current `ContextPin` (a new pin forgets it): the budget's estimate starts from it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastPrompt {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
 impl ContextPin {
     /// The event that fixes this pin.
     pub fn event(&self) -> openprogram_storage::Event {
