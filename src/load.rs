@@ -356,13 +356,18 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     let peak_rss_mib = peak_rss_mib();
     runtime.shutdown().await;
     let Drive {
+        runtime: driven,
         failed,
         executions_us,
         queue_waits_us,
         ..
     } = drive;
-    // The store closes with its last handle (the workers' clones went with `drive`); only
-    // then may a temporary directory go.
+    // The store closes with its last handle: the driver's and the runtime's (the workers'
+    // clones went when they ended). Only then may a temporary directory go: a handle that
+    // outlived it (the driver's, left in `drive` by the pattern until the end of this
+    // function) made the store's last flush fail on the deleted files, and sled 0.34 then
+    // waits for it for good (3 of 10 sequential runs hung).
+    drop(driven);
     drop(runtime);
     drop(temporary);
     let take = |histogram: &Mutex<Option<Histogram<u64>>>| {

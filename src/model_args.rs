@@ -41,7 +41,7 @@ pub struct ModelArgs {
     /// The tokens a model request may hold, estimated before it is made. Past it, the
     /// earlier turns of the conversation are summarized (by excerpts); still past it, the
     /// oldest are left out whole and the request says so. Default: no limit.
-    #[arg(long)]
+    #[arg(long, value_name = "TOKENS")]
     pub context_budget: Option<u64>,
     /// Name each session by asking the model for a short title after its first turn
     /// (default: the first words of its first message, which also stand when the model

@@ -341,8 +341,12 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for Raw<'a> {
     }
 }
 
-/// Whether a script element is `{"digest": true}`.
+/// Whether a script element is `{"digest": true}`. Parsed only if the key may be there: the
+/// provider takes an element per step.
 fn is_digest(element: &str) -> bool {
+    if !element.contains("\"digest\"") {
+        return false;
+    }
     #[derive(serde::Deserialize)]
     struct Digest {
         digest: bool,
