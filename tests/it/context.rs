@@ -314,3 +314,66 @@ async fn e8_past_the_budget_without_a_compactor_the_oldest_turns_are_left_out_wh
     let (_, _, seen) = whole.turn("two", Some(t1_reply), vec![digest()]).await;
     assert!(seen.starts_with("user: one\nassistant: alpha"), "{seen}");
 }
+
+/// The branch a restart reads from the store is the one the cache held before it: two turns
+/// with the same message answering the same first turn, one before a crash (its branch from
+/// the cache the first turn's end filled), one after (read cold), carry the same request.
+#[tokio::test]
+async fn e8_a_branch_read_after_a_restart_is_the_one_cached_before_it() {
+    e8_a_branch_read_after_a_restart_is_the_one_cached_before_it_on(Restarts::new()).await
+}
+
+pub(crate) async fn e8_a_branch_read_after_a_restart_is_the_one_cached_before_it_on(
+    restarts: Restarts,
+) {
+    let window = openprogram::RestartWindow::Unlimited;
+    let turn = |parent: Option<MessageId>, message: &str, script: Vec<Value>| StartRequest {
+        message: message.into(),
+        parent_message_id: parent,
+        script: elements(script),
+        ..Default::default()
+    };
+    let finish = |runtime: &Runtime, started: openprogram::StartReply| {
+        let runtime = runtime.clone();
+        let session = restarts.session;
+        async move {
+            wait_state(&runtime, session, started.execution_id, "completed").await;
+            started
+        }
+    };
+    let runtime = restarts.open(window);
+    let first = runtime
+        .start_execution(
+            restarts.session,
+            turn(None, "find it", vec![echo("a.log"), reply("a.log it is")]),
+        )
+        .await
+        .expect("start");
+    let first = finish(&runtime, first).await;
+    let cached = runtime
+        .start_execution(
+            restarts.session,
+            turn(Some(first.reply_message_id), "continue", vec![digest()]),
+        )
+        .await
+        .expect("start");
+    let cached = finish(&runtime, cached).await;
+    let before = restarts.snapshot(&runtime, cached.execution_id).await.text;
+    crash(runtime);
+    let runtime = restarts.open(window);
+    let cold = runtime
+        .start_execution(
+            restarts.session,
+            turn(Some(first.reply_message_id), "continue", vec![digest()]),
+        )
+        .await
+        .expect("start");
+    let cold = finish(&runtime, cold).await;
+    let after = restarts.snapshot(&runtime, cold.execution_id).await.text;
+    assert_eq!(after, before);
+    assert!(
+        before.starts_with("user: find it\nassistant: call call00001 echo"),
+        "{before}"
+    );
+    runtime.shutdown().await;
+}

@@ -1,5 +1,5 @@
 //! The runtime on the PostgreSQL store (N-1), where the backend matters: startup recovery
-//! after a crash (R-2, R-4, R-5, E-4), an orderly restart, and the R02 kill -9 loop
+//! after a crash (R-2, R-4, R-5, E-4, E-8), an orderly restart, and the R02 kill -9 loop
 //! of real `serve --store postgres://…` processes. Each runs the body of the sled test of
 //! the same name on a fresh database of the throwaway cluster (`pg_cluster`); they report
 //! themselves ignored under plain `cargo test` (PostgreSQL may be missing) and `.ci/run`
@@ -36,6 +36,8 @@ on_postgres!(
         crate::resume::r7_orderly_shutdown_pauses_running_executions_and_the_next_start_resumes_them_on,
     n1_e4_an_external_effect_left_in_flight_becomes_unknown =>
         crate::recovery::e4_an_external_effect_left_in_flight_becomes_unknown_and_never_runs_again_on,
+    n1_e8_a_branch_read_after_a_restart_is_the_one_cached_before_it =>
+        crate::context::e8_a_branch_read_after_a_restart_is_the_one_cached_before_it_on,
 );
 
 /// R02 on PostgreSQL: `serve --store postgres://…` killed with SIGKILL at random moments
