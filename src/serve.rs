@@ -50,6 +50,30 @@ pub struct ServeOptions {
     pub model: crate::model_args::ModelArgs,
 }
 
+/// How `serve` runs conversations: one turn per session unless `--parallel-turns`; a
+/// session named by its first words, or by the model (`--name-sessions-with-model`); a
+/// prefix compacted to excerpts of what it replaces; the `--context-budget`.
+fn conversations(
+    builder: crate::RuntimeBuilder,
+    options: &ServeOptions,
+    provider: Option<Arc<dyn openprogram_actors::agent::Provider>>,
+) -> crate::RuntimeBuilder {
+    let namer: Arc<dyn crate::SessionNamer> = match provider {
+        Some(provider) if options.model.name_sessions_with_model => {
+            Arc::new(crate::ModelNamer::new(provider))
+        }
+        _ => Arc::new(crate::FirstWords),
+    };
+    let builder = builder
+        .one_turn_per_session(!options.parallel_turns)
+        .session_namer(namer)
+        .compactor(Arc::new(crate::Excerpts));
+    match options.model.context_budget {
+        Some(tokens) => builder.context_budget(tokens),
+        None => builder,
+    }
+}
+
 /// The shortest admin token `serve` accepts from its operator.
 pub const TOKEN_CHARS_MIN: usize = 8;
 
@@ -83,21 +107,7 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     if let Some(provider) = &provider {
         builder = builder.provider(Arc::clone(provider));
     }
-    builder = builder.one_turn_per_session(!options.parallel_turns);
-    // Naming and compaction (`RuntimeBuilder::session_namer`, `compactor`): the first words
-    // of a session, or a title the model gives; excerpts of what a summary replaces.
-    let namer: Arc<dyn crate::SessionNamer> = match provider {
-        Some(provider) if options.model.name_sessions_with_model => {
-            Arc::new(crate::ModelNamer::new(provider))
-        }
-        _ => Arc::new(crate::FirstWords),
-    };
-    builder = builder
-        .session_namer(namer)
-        .compactor(Arc::new(crate::Excerpts));
-    if let Some(tokens) = options.model.context_budget {
-        builder = builder.context_budget(tokens);
-    }
+    builder = conversations(builder, &options, provider);
     if let Some(revisions) = &options.function_revisions {
         builder = builder.builtin_function_revisions(revisions.clone());
     }

@@ -66,22 +66,10 @@ pub fn load(
         Some(whole) => (whole, Vec::new()),
         None => read_whole(store, session_id, parent, pinned.is_some(), open_pinned)?,
     };
-    let record = record_of(store, session_id)?;
-    let standing: &[Compaction] = match pinned.map(|pin| pin.summary) {
-        Some(None) => &[],
-        // The summary the turn fixed, while the record holds it (a later compaction of the
-        // same path may have dropped it: then the newest stands, and the turn fixes that).
-        Some(Some(summary)) => match record
-            .compactions
-            .iter()
-            .find(|compaction| compaction.message_id == summary)
-        {
-            Some(found) => std::slice::from_ref(found),
-            None => &record.compactions,
-        },
-        None => &record.compactions,
+    let (earlier, summaries, first_kept) = match pinned {
+        Some(pin) => (from_pin(&whole, pin), pin.summaries.clone(), pin.first_kept),
+        None => with_summary(&whole, &record_of(store, session_id)?.compactions),
     };
-    let (earlier, summary) = with_summary(&whole, standing);
     if open.is_empty() {
         cache.put(parent, whole.clone());
     }
@@ -89,7 +77,8 @@ pub fn load(
         earlier,
         left_out: 0,
         pin: ContextPin {
-            summary,
+            summaries,
+            first_kept,
             open: open.clone(),
             left_out: 0,
         },
@@ -193,20 +182,26 @@ impl TurnContext {
             .map_or(Prepared::Ready, Prepared::Pin))
     }
 
-    /// After the compaction `Prepared::Compact` asked for: `summary`, the compaction's
-    /// message, stands from the next request on (`None`: it failed; the oldest entries are
+    /// After the compaction `Prepared::Compact` asked for: `made` stands for the branch
+    /// through its turn from the next request on (`None`: it failed; the oldest entries are
     /// left out instead).
-    pub fn compacted(&mut self, summary: Option<MessageId>) {
-        let Some(summary) = summary else {
+    pub fn compacted(&mut self, made: Option<&Compaction>) {
+        let (Some(made), Some(loaded)) = (made, self.loaded.take()) else {
             return;
         };
-        if let Some(loaded) = self.loaded.take() {
-            self.reread_with = Some(ContextPin {
-                summary: Some(summary),
-                open: loaded.pin.open,
-                left_out: 0,
-            });
-        }
+        let whole = loaded.whole.unwrap_or_else(|| loaded.earlier.clone());
+        let turns = turns_of(&whole);
+        let first_kept = turns
+            .iter()
+            .position(|turn| turn.execution_id == made.through)
+            .and_then(|at| turns.get(at + 1))
+            .map(|turn| turn.execution_id);
+        self.reread_with = Some(ContextPin {
+            summaries: vec![(made.message_id, made.summary.clone())],
+            first_kept,
+            open: loaded.pin.open,
+            left_out: 0,
+        });
     }
 
     /// What the requests carry before the turn's own progress, and how many entries were
@@ -238,11 +233,18 @@ fn read_whole(
     pinned: bool,
     open_pinned: &[(ExecutionId, u64)],
 ) -> Result<(Branch, Vec<(ExecutionId, u64)>)> {
-    let all = store.executions_in_session(session_id)?;
-    let links = all
-        .iter()
-        .map(|execution_id| links_of(store, *execution_id))
-        .collect::<Result<Vec<_>>>()?;
+    let mut all = Vec::new();
+    let mut links = Vec::new();
+    for execution_id in store.executions_in_session(session_id)? {
+        match links_of(store, execution_id) {
+            Ok(found) => {
+                all.push(execution_id);
+                links.push(found);
+            }
+            Err(crate::error::Error::NotFound) => {} // purged since it was listed (S-8)
+            Err(error) => return Err(error),
+        }
+    }
     let mut branch = Branch::default();
     let mut open = Vec::new();
     for at in executions_to(&links, parent) {
@@ -284,20 +286,50 @@ pub fn earlier_turn(
     })
 }
 
-/// `whole` with the compaction of `compactions` that covers its oldest turns in their
-/// place (C-3's `fold`, on this one path), and which one that is.
-fn with_summary(whole: &Branch, compactions: &[Compaction]) -> (Branch, Option<MessageId>) {
-    if compactions.is_empty() {
-        return (whole.clone(), None);
-    }
-    let turns: Vec<&Arc<EarlierTurn>> = whole
+/// The turns of a branch read whole (no summary in it), oldest first.
+fn turns_of(whole: &Branch) -> Vec<&Arc<EarlierTurn>> {
+    whole
         .entries()
         .into_iter()
         .filter_map(|entry| match entry {
             Earlier::Turn(turn) => Some(turn),
             Earlier::Summary { .. } => None,
         })
-        .collect();
+        .collect()
+}
+
+/// The summaries standing for a branch's oldest turns (message id and text), then its turns
+/// from `first` (an index into `turns`) on.
+fn summarized(
+    summaries: &[(MessageId, String)],
+    turns: &[&Arc<EarlierTurn>],
+    first: usize,
+) -> Branch {
+    let branch = summaries
+        .iter()
+        .fold(Branch::default(), |branch, (message_id, text)| {
+            branch.then(Earlier::Summary {
+                message_id: *message_id,
+                text: text.as_str().into(),
+            })
+        });
+    turns[first.min(turns.len())..]
+        .iter()
+        .fold(branch, |branch, turn| {
+            branch.then(Earlier::Turn(Arc::clone(turn)))
+        })
+}
+
+/// `whole` with the compactions of `compactions` that cover its oldest turns in their place
+/// (C-3's `fold`, on this one path); those summaries, and the oldest turn after them.
+fn with_summary(
+    whole: &Branch,
+    compactions: &[Compaction],
+) -> (Branch, Vec<(MessageId, String)>, Option<ExecutionId>) {
+    if compactions.is_empty() {
+        return (whole.clone(), Vec::new(), None);
+    }
+    let turns = turns_of(whole);
     let ids: Vec<ExecutionId> = turns.iter().map(|turn| turn.execution_id).collect();
     // The oldest turn read answers a message of a turn retention purged: a summary of the
     // purged prefix still stands before it.
@@ -307,28 +339,42 @@ fn with_summary(whole: &Branch, compactions: &[Compaction]) -> (Branch, Option<M
         .into_iter()
         .collect();
     let items = fold(&ids, compactions, &anchors);
-    let mut summary = None;
-    if !items.iter().any(|item| matches!(item, Item::Summary(_))) {
-        return (whole.clone(), None);
+    let summaries: Vec<(MessageId, String)> = items
+        .iter()
+        .filter_map(|item| match item {
+            Item::Summary(compaction) => Some((compaction.message_id, compaction.summary.clone())),
+            Item::Execution(_) => None,
+        })
+        .collect();
+    if summaries.is_empty() {
+        return (whole.clone(), Vec::new(), None);
     }
-    let mut branch = Branch::default();
-    for item in items {
-        match item {
-            Item::Summary(compaction) => {
-                summary = Some(compaction.message_id);
-                branch = branch.then(Earlier::Summary {
-                    message_id: compaction.message_id,
-                    text: compaction.summary.as_str().into(),
-                });
-            }
-            Item::Execution(execution_id) => {
-                if let Some(turn) = turns.iter().find(|turn| turn.execution_id == execution_id) {
-                    branch = branch.then(Earlier::Turn(Arc::clone(turn)));
-                }
-            }
-        }
+    // On one path the summaries stand first: the turns they leave are the rest.
+    let first_kept = items.iter().find_map(|item| match item {
+        Item::Execution(execution_id) => Some(*execution_id),
+        Item::Summary(_) => None,
+    });
+    let first = first_kept.map_or(turns.len(), |kept| {
+        ids.iter().position(|id| *id == kept).unwrap_or(turns.len())
+    });
+    (summarized(&summaries, &turns, first), summaries, first_kept)
+}
+
+/// `whole` as `pin` fixed it: the summaries it holds, then the turns from its first kept
+/// one on (all of them if retention purged that one since).
+fn from_pin(whole: &Branch, pin: &ContextPin) -> Branch {
+    if pin.summaries.is_empty() {
+        return whole.clone();
     }
-    (branch, summary)
+    let turns = turns_of(whole);
+    let first = match pin.first_kept {
+        None => turns.len(),
+        Some(kept) => turns
+            .iter()
+            .position(|turn| turn.execution_id == kept)
+            .unwrap_or(0),
+    };
+    summarized(&pin.summaries, &turns, first)
 }
 
 /// Branches read lately, by the reply message of their newest turn: the next turn of a

@@ -58,7 +58,7 @@ pub struct Snapshot {
 /// E-8: the context of an agent turn's model requests as it stands.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ContextView {
-    /// The compaction summary standing for the branch's oldest turns, if one does.
+    /// The newest compaction summary standing for the branch's oldest turns, if one does.
     pub summary: Option<openprogram_storage::MessageId>,
     /// Earlier entries of the branch left out for the context budget, oldest first.
     pub left_out: u32,
@@ -73,7 +73,7 @@ impl ContextView {
         }
         let pin = machine.context_pin.clone().unwrap_or_default();
         Some(Self {
-            summary: pin.summary,
+            summary: pin.summaries.last().map(|(message_id, _)| *message_id),
             left_out: pin.left_out,
             prompt_tokens: machine.last_prompt.map(|last| last.input_tokens),
         })

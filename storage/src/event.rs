@@ -265,8 +265,12 @@ pub enum Event {
     /// regenerated after a restart is the one made before it. The branch's ended turns
     /// never change; what could is fixed here.
     ContextPinned {
-        /// The compaction summary standing for the branch's oldest turns (its message id).
-        summary: Option<MessageId>,
+        /// The compaction summaries standing for the branch's oldest turns, as they read
+        /// then (a later compaction may drop one from the conversation record): each one's
+        /// message id and text.
+        summaries: Vec<(MessageId, String)>,
+        /// With summaries: the oldest turn of the branch after them.
+        first_kept: Option<ExecutionId>,
         /// Earlier turns of the branch that had not ended: each counts through this seq.
         open: Vec<(ExecutionId, u64)>,
         /// How many of the oldest earlier entries are left out to keep within the context

@@ -377,3 +377,93 @@ pub(crate) async fn e8_a_branch_read_after_a_restart_is_the_one_cached_before_it
     );
     runtime.shutdown().await;
 }
+
+/// A turn keeps the summary it fixed: a compaction made while it waits drops that summary
+/// from the conversation record (a newer one covers its path), and after a restart the turn's
+/// next request still carries the summary it started with, read from its pin.
+#[tokio::test]
+async fn e8_a_turn_keeps_the_summary_it_fixed_when_a_later_compaction_drops_it() {
+    let restarts = Restarts::new();
+    let open = || {
+        restarts.open_with(|builder| {
+            builder
+                .compactor(Arc::new(Counting))
+                .restart_window(openprogram::RestartWindow::Unlimited)
+        })
+    };
+    let runtime = open();
+    let session = restarts.session;
+    let turn = |parent: Option<MessageId>, message: &str, script: Vec<Value>| StartRequest {
+        message: message.into(),
+        parent_message_id: parent,
+        script: elements(script),
+        ..Default::default()
+    };
+    let run = |runtime: &Runtime, request: StartRequest, state: &'static str| {
+        let runtime = runtime.clone();
+        async move {
+            let started = runtime
+                .start_execution(session, request)
+                .await
+                .expect("start");
+            wait_state(&runtime, session, started.execution_id, state).await;
+            started
+        }
+    };
+    let t1 = run(
+        &runtime,
+        turn(None, "one", vec![reply("first")]),
+        "completed",
+    )
+    .await;
+    let t2 = run(
+        &runtime,
+        turn(Some(t1.reply_message_id), "two", vec![reply("second")]),
+        "completed",
+    )
+    .await;
+    runtime
+        .compact(session, t1.reply_message_id)
+        .await
+        .expect("compact t1");
+    let t3 = run(
+        &runtime,
+        turn(
+            Some(t2.reply_message_id),
+            "three",
+            vec![json!({"ask": "go?"}), digest()],
+        ),
+        "waiting",
+    )
+    .await;
+    // Through t2: the summary through t1 is needed on no path any more.
+    let newer = runtime
+        .compact(session, t2.reply_message_id)
+        .await
+        .expect("compact t2");
+    let view = runtime.session(session).expect("session");
+    assert_eq!(
+        view.compactions,
+        vec![newer],
+        "the older summary was dropped"
+    );
+    crash(runtime);
+    let runtime = open();
+    let waiting = restarts.snapshot(&runtime, t3.execution_id).await;
+    let wait_id = waiting.waits.last().expect("a wait").wait_id;
+    let answer = command_of(json!({"kind": "answer", "wait_id": wait_id, "answer": "yes"}));
+    let answered = runtime
+        .command(session, t3.execution_id, answer)
+        .await
+        .expect("answer");
+    assert_eq!(answered.status, "applied", "{answered:?}");
+    let done = wait_state(&runtime, session, t3.execution_id, "completed").await;
+    assert!(
+        done.text.starts_with(
+            "user: [A summary of the conversation so far]\n2 messages before\nuser: two\nassistant: second\nuser: three"
+        ),
+        "{}",
+        done.text
+    );
+    runtime.shutdown().await;
+}

@@ -518,7 +518,7 @@ impl ExecutionActor {
             fut::wrap_future::<_, Self>(compacting).map(|compacted, act, ctx| {
                 act.in_flight = None;
                 match compacted {
-                    Ok(Ok(compaction)) => act.context.compacted(Some(compaction.message_id)),
+                    Ok(Ok(compaction)) => act.context.compacted(Some(&compaction)),
                     Ok(Err(error)) => {
                         tracing::warn!(execution_id = %act.execution_id, %error, "the conversation was not compacted for the context budget; its oldest turns are left out");
                         act.context.compacted(None);
@@ -656,7 +656,10 @@ impl Handler<Advance> for ExecutionActor {
                         return AtomicResponse::new(Box::pin(fut::ready(())));
                     }
                     Err(error) => {
-                        log_failure(Err(error), self, ctx);
+                        // A read that failed (a database gone for a moment) is tried again,
+                        // never guessed around: the request must be the one a restart makes.
+                        tracing::warn!(execution_id = %self.execution_id, %error, "the conversation's earlier turns could not be read; trying again");
+                        ctx.run_later(self.lease.ttl / 2, |_, ctx| ctx.notify(Advance));
                         return AtomicResponse::new(Box::pin(fut::ready(())));
                     }
                 }

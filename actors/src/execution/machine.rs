@@ -269,6 +269,41 @@ impl Machine {
 }
 
 impl Present {
+    /// E-6, E-8: what a model call used, summed; its prompt's size is the budget's next
+    /// estimate's start.
+    fn usage_folded(&mut self, used: ModelUsage) {
+        self.usage.add(used);
+        if used.input_tokens > 0 {
+            self.last_prompt = Some(LastPrompt {
+                input_tokens: used.input_tokens,
+                output_tokens: used.output_tokens,
+            });
+        }
+    }
+
+    /// E-8: the earlier turns the turn's requests carry, fixed before a model request.
+    fn pin_folded(&mut self, event: &Event, actions: &mut Vec<Action>) {
+        let Event::ContextPinned {
+            summaries,
+            first_kept,
+            open,
+            left_out,
+        } = event
+        else {
+            return;
+        };
+        self.context_pin = Some(ContextPin {
+            summaries: summaries.clone(),
+            first_kept: *first_kept,
+            open: open.clone(),
+            left_out: *left_out,
+        });
+        // Reported of a request that held other earlier turns.
+        self.last_prompt = None;
+        // Fixed before a model request: make it.
+        actions.push(Action::Advance);
+    }
+
     /// See `Machine::admit`.
     fn admit(
         &mut self,
@@ -301,19 +336,11 @@ impl Present {
                 output_tokens,
                 retries,
                 ..
-            } => {
-                self.usage.add(ModelUsage {
-                    input_tokens: *input_tokens,
-                    output_tokens: *output_tokens,
-                    retries: *retries,
-                });
-                if *input_tokens > 0 {
-                    self.last_prompt = Some(LastPrompt {
-                        input_tokens: *input_tokens,
-                        output_tokens: *output_tokens,
-                    });
-                }
-            }
+            } => self.usage_folded(ModelUsage {
+                input_tokens: *input_tokens,
+                output_tokens: *output_tokens,
+                retries: *retries,
+            }),
             Event::Admitted {
                 kind: openprogram_storage::ExecutionKind::Function,
                 input,
@@ -407,21 +434,7 @@ impl Present {
             }
             Event::SessionTurn { strategy, behind } => self.apply_session_turn(strategy, *behind),
             Event::SessionTurnStarted { .. } => self.apply_session_turn_started(),
-            Event::ContextPinned {
-                summary,
-                open,
-                left_out,
-            } => {
-                self.context_pin = Some(ContextPin {
-                    summary: *summary,
-                    open: open.clone(),
-                    left_out: *left_out,
-                });
-                // Reported of a request that held other earlier turns.
-                self.last_prompt = None;
-                // Fixed before a model request: make it.
-                actions.push(Action::Advance);
-            }
+            Event::ContextPinned { .. } => self.pin_folded(event, actions),
             Event::GrantUsed { grant_id, tool, .. } => {
                 self.granted_next = Some(*grant_id);
                 self.granted_tool = Some(tool.clone());

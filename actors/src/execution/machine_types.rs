@@ -126,8 +126,11 @@ pub enum Turn {
 /// it (`Event::ContextPinned`). Its branch's ended turns never change; this fixes the rest.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContextPin {
-    /// The compaction summary standing for the branch's oldest turns (its message id).
-    pub summary: Option<openprogram_storage::MessageId>,
+    /// The compaction summaries standing for the branch's oldest turns, as they read when
+    /// fixed: message id and text (the conversation record may drop one later).
+    pub summaries: Vec<(openprogram_storage::MessageId, String)>,
+    /// With summaries: the oldest turn of the branch after them (`None`: none after them).
+    pub first_kept: Option<openprogram_storage::ExecutionId>,
     /// Earlier turns of the branch that had not ended, each counting through this seq.
     pub open: Vec<(openprogram_storage::ExecutionId, u64)>,
     /// How many of the oldest earlier entries are left out for the context budget.
@@ -146,7 +149,8 @@ impl ContextPin {
     /// The event that fixes this pin.
     pub fn event(&self) -> openprogram_storage::Event {
         openprogram_storage::Event::ContextPinned {
-            summary: self.summary,
+            summaries: self.summaries.clone(),
+            first_kept: self.first_kept,
             open: self.open.clone(),
             left_out: self.left_out,
         }

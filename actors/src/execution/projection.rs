@@ -28,8 +28,9 @@ use super::machine::{
 
 /// The encoding of `Projected` in `ProjectionRecord::state`: JSON (a tool call's arguments
 /// are JSON text, kept as they are). Format 1 lacked `dispatched_unresolved`: such a
-/// projection is ignored (readers replay until the next one is written).
-pub const FORMAT: u32 = 2;
+/// projection is ignored (readers replay until the next one is written). Format 2 counted a
+/// context without its steers (`Turn::Steer`, E-8): ignored too.
+pub const FORMAT: u32 = 3;
 
 /// A transition whose events cross a multiple of this many seqs writes a projection.
 pub const EVERY_EVENTS: u64 = 128;
@@ -37,7 +38,7 @@ pub const EVERY_EVENTS: u64 = 128;
 /// How many of the newest receipts, ended waits and completed steps a projection keeps — and a snapshot shows.
 pub const KEPT: usize = 20;
 
-/// The stored state of a projection (`FORMAT` 2).
+/// The stored state of a projection (`FORMAT` 3).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Projected {
     present: Present,
