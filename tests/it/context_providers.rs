@@ -8,7 +8,7 @@ use openprogram::StartRequest;
 use serde_json::{json, Value};
 
 use crate::model_stub::{Reply, Stub};
-use crate::providers::{config, Turn};
+use crate::providers::{config, serve_on_stub, Turn};
 
 /// Runs `message` answering `parent` to its end; its reply message id.
 async fn run(turn: &Turn, message: &str, parent: Option<MessageId>) -> MessageId {
@@ -160,22 +160,8 @@ fn e8_kill9_mid_turn_3_regenerates_the_same_request_byte_for_byte() {
         Reply::StreamHeld { frames: half },
         text(&["Deleted ", "b.log."]),
     ]);
-    let base_url = format!("{}/v1", stub.url);
-    let args = [
-        "--provider",
-        "openai",
-        "--model",
-        "stub-model",
-        "--base-url",
-        &base_url,
-        "--api-key-env",
-        "OP_TEST_MODEL_KEY",
-        "--model-tools",
-        "echo",
-    ];
-    let env = [("OP_TEST_MODEL_KEY", crate::providers::KEY)];
     let token = "context-test-token";
-    let served = Served::start_with_env(&data, token, &[], &args, &env);
+    let served = serve_on_stub(&data, token, &stub);
     let (status, session) = served.call("POST", "/v1/sessions", Some(&json!({})));
     assert_eq!(status, 201, "{session}");
     let executions = format!(
@@ -217,7 +203,7 @@ fn e8_kill9_mid_turn_3_regenerates_the_same_request_byte_for_byte() {
     stub.wait_requests(5);
     served.kill9();
     stub.release();
-    let served = Served::start_with_env(&data, token, &[], &args, &env);
+    let served = serve_on_stub(&data, token, &stub);
     let done = finish(&served, &third);
     assert_eq!(done["text"], "Deleted b.log.");
     let requests = stub.requests();

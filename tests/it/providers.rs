@@ -445,7 +445,6 @@ async fn e6_a_refusal_is_a_response_record_not_a_reply() {
 /// of the data directory.
 #[test]
 fn r5_kill9_mid_stream_regenerates_the_request_once() {
-    use crate::served::Served;
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     let mut half = openai_text_frames(&["Half ", "of it"]);
@@ -457,22 +456,8 @@ fn r5_kill9_mid_stream_regenerates_the_request_once() {
             cut: false,
         },
     ]);
-    let base_url = format!("{}/v1", stub.url);
-    let args = [
-        "--provider",
-        "openai",
-        "--model",
-        "stub-model",
-        "--base-url",
-        &base_url,
-        "--api-key-env",
-        "OP_TEST_MODEL_KEY",
-        "--model-tools",
-        "echo",
-    ];
-    let env = [("OP_TEST_MODEL_KEY", KEY)];
     let token = "provider-test-token";
-    let served = Served::start_with_env(&data, token, &[], &args, &env);
+    let served = serve_on_stub(&data, token, &stub);
     let (status, session) = served.call("POST", "/v1/sessions", Some(&json!({})));
     assert_eq!(status, 201, "{session}");
     let executions = format!(
@@ -489,7 +474,7 @@ fn r5_kill9_mid_stream_regenerates_the_request_once() {
     stub.wait_requests(1);
     served.kill9();
     stub.release();
-    let served = Served::start_with_env(&data, token, &[], &args, &env);
+    let served = serve_on_stub(&data, token, &stub);
     let deadline = std::time::Instant::now() + crate::support::DEADLINE;
     let snapshot = loop {
         let (_, snapshot) = served.call("GET", &execution, None);
@@ -537,6 +522,26 @@ fn r5_kill9_mid_stream_regenerates_the_request_once() {
     let logged = std::fs::read_to_string(crate::served::stderr_path(&data)).expect("the log");
     assert!(logged.contains("openprogram: runtime on"), "{logged}");
     assert!(!logged.contains(KEY), "{logged}");
+}
+
+/// `serve --provider openai` on `data` against `stub`, offering `echo`, its key in the
+/// environment (as an operator runs it).
+pub(crate) fn serve_on_stub(data: &Path, token: &str, stub: &Stub) -> crate::served::Served {
+    let base_url = format!("{}/v1", stub.url);
+    let args = [
+        "--provider",
+        "openai",
+        "--model",
+        "stub-model",
+        "--base-url",
+        &base_url,
+        "--api-key-env",
+        "OP_TEST_MODEL_KEY",
+        "--model-tools",
+        "echo",
+    ];
+    let env = [("OP_TEST_MODEL_KEY", KEY)];
+    crate::served::Served::start_with_env(data, token, &[], &args, &env)
 }
 
 /// Usage errors of `serve --provider` exit 2 with a message naming what is wrong, before
