@@ -88,9 +88,41 @@ fn uses(text: &str) -> Vec<(bool, Vec<String>)> {
         .collect()
 }
 
-/// The `crate::…` paths a file names outside its `use` lines (`crate::process::Processes`
-/// as a field's type): dependencies as much as an import. Comments are left out.
+/// The `crate::…` and `super::…` paths a file names outside its `use` lines
+/// (`crate::process::Processes` as a field's type, `super::restart::DecideInherited` in a
+/// call): dependencies as much as an import. Comments are left out, and so is an inline
+/// module's code (indented `mod tests { … }`), whose `super` is the file itself.
 fn inline_paths(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    out.extend(inline_paths_of(text, "crate::"));
+    out.extend(inline_paths_of(&outside_inline_modules(text), "super::"));
+    out
+}
+
+/// `text` without the bodies of its inline modules (`mod name {` at the start of a line, to
+/// the `}` that closes it there).
+fn outside_inline_modules(text: &str) -> String {
+    let mut kept = String::new();
+    let mut inside = false;
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or_default();
+        let opens = (code.starts_with("mod ") || code.starts_with("pub mod "))
+            && code.trim_end().ends_with('{');
+        match (inside, opens) {
+            (false, true) => inside = true,
+            (true, _) => inside = line != "}",
+            (false, false) => {
+                kept.push_str(line);
+                kept.push('\n');
+            }
+        }
+    }
+    kept
+}
+
+/// The paths starting `prefix` (`crate::` or `super::`) a file's code names outside its
+/// `use` lines.
+fn inline_paths_of(text: &str, prefix: &str) -> Vec<String> {
     let mut out = Vec::new();
     for line in text.lines() {
         let code = line.split("//").next().unwrap_or_default();
@@ -98,7 +130,7 @@ fn inline_paths(text: &str) -> Vec<String> {
             continue;
         }
         let mut rest = code;
-        while let Some(at) = rest.find("crate::") {
+        while let Some(at) = rest.find(prefix) {
             let before = rest[..at].chars().last();
             let after = &rest[at..];
             let len = after
@@ -339,7 +371,8 @@ fn no_import_cycle_between_the_files_of_a_package() {
     assert!(found.is_empty(), "import cycles:\n{}", found.join("\n"));
 }
 
-/// The checker finds a planted cycle, resolves `super::` and follows re-exports.
+/// The checker finds a planted cycle of each kind — `use` lines, `super::` and `crate::` paths
+/// in the code — resolves `super::` and follows re-exports.
 #[test]
 fn the_cycle_check_finds_a_cycle_it_is_shown() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -356,15 +389,37 @@ fn the_cycle_check_finds_a_cycle_it_is_shown() {
         "// crate::a::c\nfn f(_: crate::b::Thing) {}\n",
     )
     .expect("e");
+    // A circle of `super::` paths in the code, and one of `crate::` paths; an inline
+    // module's `super::` is its own file (no edge).
+    std::fs::create_dir(src.join("h")).expect("dir");
+    std::fs::write(src.join("h/mod.rs"), "mod f;\nmod g;\n").expect("h");
+    std::fs::write(
+        src.join("h/f.rs"),
+        "fn x() { super::g::y(); }\npub fn z() {}\n",
+    )
+    .expect("f");
+    std::fs::write(src.join("h/g.rs"), "pub fn y() { super::f::z(); }\n").expect("g");
+    std::fs::write(src.join("i.rs"), "pub struct I;\nfn a(_: crate::j::J) {}\n").expect("i");
+    std::fs::write(src.join("j.rs"), "pub struct J;\nfn b(_: crate::i::I) {}\n").expect("j");
+    std::fs::write(
+        src.join("k.rs"),
+        "pub fn helper() {}\nmod tests {\n    fn t() { super::helper(); }\n}\n",
+    )
+    .expect("k");
     let edges = edges(src);
     assert_eq!(edges["e"], BTreeSet::from(["b".to_owned()]));
     assert_eq!(
         edges["a::c"],
         BTreeSet::from(["b".to_owned(), "a::d".to_owned()])
     );
+    assert!(edges.get("k").is_none_or(BTreeSet::is_empty), "{edges:?}");
     assert_eq!(
         cycles(&edges),
-        vec![vec!["a::c".to_owned(), "a::d".to_owned()]]
+        vec![
+            vec!["a::c".to_owned(), "a::d".to_owned()],
+            vec!["h::f".to_owned(), "h::g".to_owned()],
+            vec!["i".to_owned(), "j".to_owned()],
+        ]
     );
 }
 

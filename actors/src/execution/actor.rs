@@ -568,7 +568,7 @@ impl Handler<Activate> for ExecutionActor {
         self.handled += 1;
         if !self.inherited_pending.is_empty() {
             // After this, before any command sent after the activation.
-            ctx.notify(super::restart::DecideInherited);
+            ctx.notify(DecideInherited);
         }
         if !matches!(
             self.machine.status(),
@@ -595,6 +595,13 @@ impl Handler<Activate> for ExecutionActor {
         })))
     }
 }
+
+/// Decide the next command an earlier attempt accepted and never decided, or let the
+/// actor go if there is none and nothing runs. Sent when an actor is activated; handled in
+/// `restart.rs`.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(super) struct DecideInherited;
 
 /// Take the next step, if the execution is running and idle.
 #[derive(Debug, Message)]

@@ -138,7 +138,7 @@ pub struct Present {
     /// them (paused `version_conflict`).
     pub differences: Vec<String>,
     /// J-1: a Job's standing (`job.rs`); `None` for an execution that is no Job.
-    pub job: Option<super::job::JobState>,
+    pub job: Option<super::job_state::JobState>,
     /// E-6: what its model calls used, summed (`ModelUsage` events): tokens and retries.
     #[serde(default)]
     pub usage: ModelUsage,
@@ -148,7 +148,7 @@ pub struct Present {
     pub expired_wait: Option<WaitState>,
     /// W-7: the grants this execution gave (`machine_grants.rs`).
     #[serde(default)]
-    pub grants: Vec<super::machine_grants::Grant>,
+    pub grants: Vec<Grant>,
     /// W-7: the approval or grant the next tool call relies on, and the tool it names (an
     /// approval naming none covers whatever the next call is).
     #[serde(default)]
@@ -158,7 +158,7 @@ pub struct Present {
     /// C-2: its part as its session's foreground turn (`machine_session.rs`); `None` for an
     /// execution that is none (a Job, a function, a fork).
     #[serde(default)]
-    pub session_turn: Option<super::machine_session::SessionTurn>,
+    pub session_turn: Option<SessionTurn>,
     /// E-8: the earlier turns its model requests carry, as last fixed.
     #[serde(default)]
     pub context_pin: Option<ContextPin>,

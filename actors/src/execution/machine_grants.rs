@@ -15,16 +15,7 @@ use openprogram_storage::{
 
 use super::machine::{Machine, Present, Refusal, WaitState};
 
-/// A grant this execution gave (W-7): an approval answered for its tool, for this execution
-/// or (`session`) the session.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Grant {
-    /// The approval that gave it.
-    pub grant_id: WaitId,
-    pub tool: String,
-    pub session: bool,
-    pub revoked: bool,
-}
+pub use super::machine_types::Grant;
 
 impl WaitState {
     /// The tool an approval guards, if its request names one.

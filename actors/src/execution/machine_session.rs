@@ -40,15 +40,7 @@ pub fn line_of(
         .collect()
 }
 
-/// C-2: what the machine knows of its execution as a session's foreground turn.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct SessionTurn {
-    /// How it was admitted: `queue`, `interrupt`, `immediate` (the session was free) or
-    /// `paused` (admitted paused: it holds nothing until continued).
-    pub strategy: String,
-    /// It waits for its session: it runs nothing until it takes it.
-    pub queued: bool,
-}
+pub use super::machine_types::SessionTurn;
 
 impl Present {
     /// A foreground turn waiting for its session (C-2).

@@ -1,6 +1,7 @@
 //! The vocabulary of the execution state machine, split from `machine.rs`: what goes in
 //! (`Input`, provider `Decision`s), what comes out (`Action`, `Next`, `Rejection`), and the
-//! data it keeps about an agent turn (`AgentInput`, `Turn`, `PendingTool`), and how it
+//! data it keeps about an agent turn (`AgentInput`, `Turn`, `PendingTool`, `ContextPin`,
+//! a `Grant`, its `SessionTurn`: their rules import the machine, so the data lives here), and how it
 //! reads and writes decision and checkpoint texts (`DecisionKind`, `NextAction`). Pure data.
 
 use openprogram_storage::{
@@ -553,4 +554,25 @@ mod tests {
             assert_eq!(derived.as_uuid().to_string(), tool);
         }
     }
+}
+
+/// A grant this execution gave (W-7): an approval answered for its tool, for this execution
+/// or (`session`) the session.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Grant {
+    /// The approval that gave it.
+    pub grant_id: openprogram_storage::WaitId,
+    pub tool: String,
+    pub session: bool,
+    pub revoked: bool,
+}
+
+/// C-2: what the machine knows of its execution as a session's foreground turn.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SessionTurn {
+    /// How it was admitted: `queue`, `interrupt`, `immediate` (the session was free) or
+    /// `paused` (admitted paused: it holds nothing until continued).
+    pub strategy: String,
+    /// It waits for its session: it runs nothing until it takes it.
+    pub queued: bool,
 }

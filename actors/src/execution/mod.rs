@@ -15,6 +15,7 @@ mod function_run;
 mod function_types;
 pub mod job;
 pub mod job_run;
+mod job_state;
 pub mod live;
 pub mod machine;
 mod machine_controls;

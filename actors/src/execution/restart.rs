@@ -11,7 +11,7 @@ use openprogram_storage::{CommandId, CommandStatus, Event, ReceiptStatus};
 use crate::agent::{Reconciliation, ToolCall};
 use crate::call::CallHandle;
 use crate::command::{Command, CommandBody, EffectRef, ReconcileOutcome};
-use crate::execution::actor::{Advance, ExecutionActor};
+use crate::execution::actor::{Advance, DecideInherited, ExecutionActor};
 use crate::execution::commands::{ApplyCommand, Saved};
 use crate::execution::machine::PendingTool;
 use crate::function::{DurableFunction, StepRef};
@@ -274,12 +274,6 @@ fn reconcile_command(
         command,
     }
 }
-
-/// Decide the next command an earlier attempt accepted and never decided, or let the
-/// actor go if there is none and nothing runs. Sent when an actor is activated.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub(super) struct DecideInherited;
 
 impl Handler<DecideInherited> for ExecutionActor {
     type Result = AtomicResponse<Self, ()>;
