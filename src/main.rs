@@ -12,7 +12,7 @@ use openprogram::http::client_select;
 use openprogram::load::{self, LoadOptions};
 use openprogram::serve::{self, ServeOptions};
 use openprogram::soak;
-use openprogram::RestartWindow;
+use openprogram::{CommandKind, RestartWindow};
 
 /// jemalloc rather than glibc malloc: sled and the actors free on one thread memory that
 /// another allocated, and glibc's per-arena locks then made the committer and the actor
@@ -36,133 +36,10 @@ struct Cli {
 enum Command {
     /// Drive concurrent agent turns against an embedded store (or, with --url, a running
     /// server) and report throughput and latency percentiles.
-    Load {
-        /// The store to use (default: a fresh temporary one).
-        #[arg(long)]
-        data: Option<PathBuf>,
-        /// The store as `serve --store` names it: a directory (sled, as --data) or
-        /// postgres://… (N-1).
-        #[arg(long, conflicts_with_all = ["data", "url"])]
-        store: Option<String>,
-        #[arg(long, default_value_t = 1000)]
-        executions: usize,
-        /// Tool steps per execution.
-        #[arg(long, default_value_t = 50)]
-        steps: usize,
-        #[arg(long, default_value_t = 1000)]
-        concurrency: usize,
-        #[arg(long, default_value_t = 200)]
-        payload_bytes: usize,
-        /// Also measure the raw store for this many seconds: sled (batches of 256 + flush +
-        /// fsync), or PostgreSQL (transactions of 256 rows inserted by one statement).
-        #[arg(long, num_args = 0..=1, default_missing_value = "3")]
-        baseline: Option<u64>,
-        /// Send this many Pause/Continue pairs per second to random running executions and
-        /// report command latency.
-        #[arg(long)]
-        commands_per_s: Option<f64>,
-        /// After the load, park this many executions and report memory per parked one.
-        #[arg(long)]
-        park: Option<usize>,
-        /// Run durable functions instead of agent turns (F-1): `steps`, a function of
-        /// --steps in-memory steps each. Embedded only.
-        #[arg(long, conflicts_with = "url")]
-        function: Option<String>,
-        /// Admit every execution as a Job through the resource queue (J-1), asking for 1 of
-        /// each --resource. Embedded only.
-        #[arg(long, conflicts_with = "url")]
-        jobs: bool,
-        /// With --jobs: a resource as NAME=CAPACITY (repeatable; default model=8).
-        #[arg(long = "resource", value_parser = resource, requires = "jobs")]
-        resources: Vec<(String, u32)>,
-        /// Purge executions ended longer ago than this while the load runs (S-8), and
-        /// sample the store's size on disk (every 10 s unless --sample-store-every).
-        #[arg(long, value_parser = retain_finished, conflicts_with = "url")]
-        retain_finished: Option<Duration>,
-        /// Sample the store's size on disk this often (S-8).
-        #[arg(long, value_parser = retain_finished, conflicts_with = "url")]
-        sample_store_every: Option<Duration>,
-        /// Run without one turn per session (C-2), to measure what it costs.
-        #[arg(long, conflicts_with = "url")]
-        parallel_turns: bool,
-        /// One JSON line on stdout instead of the table.
-        #[arg(long)]
-        json: bool,
-        /// Drive a running server over HTTP instead of an embedded store; several
-        /// (comma-separated) are nodes of one store, dealt the executions round robin.
-        #[arg(long, value_delimiter = ',')]
-        url: Vec<String>,
-        /// The admin token for `--url` (else OPENPROGRAM_TOKEN).
-        #[arg(long, requires = "url")]
-        token: Option<String>,
-        /// Log lines and spans of the embedded runtime, as `serve` has them (its figure with
-        /// and without them measures their cost).
-        #[command(flatten)]
-        observability: openprogram::observability::ObservabilityArgs,
-    },
+    Load(LoadArgs),
     /// Run the runtime with its HTTP API, debug endpoint and page until SIGTERM/SIGINT
     /// (orderly shutdown). Prints the listen URL.
-    Serve {
-        /// The node's directory: its admin token and session key, and the sled store unless
-        /// --store names another.
-        #[arg(long, default_value = "./openprogram-data")]
-        data: PathBuf,
-        /// The event store: a directory (sled; default --data) or postgres://… (N-1), which
-        /// several nodes may share.
-        #[arg(long)]
-        store: Option<String>,
-        /// -1 (no limit), 0 (no automatic restart) or a duration such as 90s, 15m, 2h.
-        #[arg(long, default_value = "-1", allow_hyphen_values = true)]
-        restart_window: RestartWindow,
-        #[arg(long, default_value = serve::LISTEN_DEFAULT)]
-        listen: String,
-        /// The admin token (else OPENPROGRAM_TOKEN, else DIR/admin.token, generated once).
-        #[arg(long)]
-        token: Option<String>,
-        /// Seed sample sessions into an empty store (once).
-        #[arg(long)]
-        demo: bool,
-        /// Open a store that lost acknowledged history (a damaged or truncated file) and keep
-        /// what remains; prints what was lost (JSON, stderr) before serving (S-7).
-        #[arg(long)]
-        accept_loss: bool,
-        /// How long an attempt whose process stops making progress (SIGSTOP, a frozen VM)
-        /// keeps its execution before a new attempt takes it over: a duration such as 10s
-        /// (the default) or 500ms.
-        #[arg(long, value_parser = lease_ttl)]
-        lease_ttl: Option<Duration>,
-        /// Register exactly these revisions of the built-in functions, as NAME:REVISION
-        /// separated by commas (steps:1,steps:2); default all. How a deployment of new
-        /// code across a restart is simulated (F-3).
-        #[arg(long, value_parser = function_revisions)]
-        function_revisions: Option<FunctionRevisions>,
-        /// Let the turns of a session run side by side. By default a session has one
-        /// foreground turn (C-2): a message sent while another turn of its session runs
-        /// follows its `when_busy` (queue, steer, reject, interrupt).
-        #[arg(long)]
-        parallel_turns: bool,
-        /// Declare a resource Jobs are admitted for, as NAME=CAPACITY (repeatable), such
-        /// as model=8 (J-1).
-        #[arg(long = "resource", value_parser = resource)]
-        resources: Vec<(String, u32)>,
-        /// Purge executions that ended longer ago than this (a duration such as 10s, 30m
-        /// or 7d: `d`, `h`, `m`, `s`, `ms`), with their events, receipts and waits; their
-        /// reads answer 410 purged (S-8). Default: keep everything.
-        #[arg(long, value_parser = retain_finished)]
-        retain_finished: Option<Duration>,
-        /// Run as this node of a shared PostgreSQL store (N-2): its lease is renewed every
-        /// third of --lease-ttl; once it lapses, the other nodes take over its running
-        /// executions. Commands for another node's executions are forwarded to it (N-3).
-        #[arg(long, requires = "store")]
-        node_id: Option<String>,
-        /// The URL other nodes reach this node's API at (default http://LISTEN).
-        #[arg(long, requires = "node_id")]
-        advertise: Option<String>,
-        #[command(flatten)]
-        model: openprogram::model_args::ModelArgs,
-        #[command(flatten)]
-        observability: openprogram::observability::ObservabilityArgs,
-    },
+    Serve(ServeArgs),
     /// Start a throwaway PostgreSQL and N nodes on loopback sharing it (N-2), until
     /// SIGINT/SIGTERM; prints the nodes (one JSON line on stdout).
     Cluster(openprogram::cluster::ClusterArgs),
@@ -199,60 +76,7 @@ enum Command {
     },
     /// Send a control to an execution over HTTP, or with --where to every execution selected
     /// (each fenced by the version it was listed at; --dry-run lists them).
-    Ctl {
-        #[command(flatten)]
-        target: TargetArgs,
-        kind: CtlKind,
-        #[arg(required_unless_present = "wheres")]
-        session: Option<String>,
-        #[arg(required_unless_present = "wheres")]
-        execution: Option<String>,
-        /// Select executions instead: state=S, kind=K, session=SID, since=DURATION, id=ID.
-        #[arg(long = "where", conflicts_with_all = ["session", "execution"])]
-        wheres: Vec<String>,
-        /// With --where: list what would be sent, send nothing.
-        #[arg(long, requires = "wheres")]
-        dry_run: bool,
-        /// With --where: at most this many executions (default and most: 1,000).
-        #[arg(long = "limit", requires = "wheres")]
-        where_limit: Option<usize>,
-        /// steer: the instructions; reconcile: the confirmed output.
-        #[arg(long)]
-        text: Option<String>,
-        /// answer, decline: the wait (required unless --expected-version pins the pending
-        /// one).
-        #[arg(long)]
-        wait: Option<String>,
-        /// A UUID; the same id again returns the stored outcome (K-4). Default: a new one.
-        #[arg(long)]
-        command_id: Option<String>,
-        #[arg(long)]
-        expected_version: Option<u64>,
-        /// answer: the answer text.
-        #[arg(long)]
-        answer: Option<String>,
-        /// answer: `operation` (default), `tool`, `session` (W-7) or `discussion`; a
-        /// structured answer is its JSON (`--answer '{"env": "prod"}'`).
-        #[arg(long)]
-        scope: Option<String>,
-        /// revoke: the approval that gave the grant (`wait_…`).
-        #[arg(long)]
-        grant: Option<String>,
-        /// stop-process: the process id.
-        #[arg(long)]
-        process: Option<String>,
-        /// reconcile: `confirmed` or `not_applied`.
-        #[arg(long)]
-        outcome: Option<String>,
-        /// fork: the checkpoint seq to fork from (default: the latest saved point).
-        #[arg(long)]
-        checkpoint: Option<u64>,
-        /// set-policy: `keep_original` or `use_latest` (F-3).
-        #[arg(long)]
-        policy: Option<String>,
-        #[arg(long)]
-        json: bool,
-    },
+    Ctl(CtlArgs),
     /// Start a durable function's execution over HTTP (F-1): its newest registered
     /// revision, with `--input` as its input.
     Call {
@@ -270,31 +94,219 @@ enum Command {
         json: bool,
     },
     /// Read sessions, executions, events and actors over HTTP.
-    Inspect {
-        #[command(flatten)]
-        target: TargetArgs,
-        what: InspectWhat,
-        /// execution, events: SESSION EXECUTION; executions: [SESSION]; activity: SESSION;
-        /// actors: [ID]; resources: the resource queue (J-1); tail: the global log, followed.
-        ids: Vec<String>,
-        /// events: only those after this seq; tail: after this position (default: now).
-        #[arg(long)]
-        after: Option<u64>,
-        /// executions, across sessions: in this state, of this kind (agent, job, function),
-        /// admitted within DURATION, found by any id, at most N (needs attention first).
-        #[arg(long)]
-        state: Option<String>,
-        #[arg(long)]
-        kind: Option<String>,
-        #[arg(long)]
-        since: Option<String>,
-        #[arg(long)]
-        id: Option<String>,
-        #[arg(long)]
-        limit: Option<usize>,
-        #[arg(long)]
-        json: bool,
-    },
+    Inspect(InspectArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct LoadArgs {
+    /// The store to use (default: a fresh temporary one).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// The store as `serve --store` names it: a directory (sled, as --data) or
+    /// postgres://… (N-1).
+    #[arg(long, conflicts_with_all = ["data", "url"])]
+    store: Option<String>,
+    #[arg(long, default_value_t = 1000)]
+    executions: usize,
+    /// Tool steps per execution.
+    #[arg(long, default_value_t = 50)]
+    steps: usize,
+    #[arg(long, default_value_t = 1000)]
+    concurrency: usize,
+    #[arg(long, default_value_t = 200)]
+    payload_bytes: usize,
+    /// Also measure the raw store for this many seconds: sled (batches of 256 + flush +
+    /// fsync), or PostgreSQL (transactions of 256 rows inserted by one statement).
+    #[arg(long, num_args = 0..=1, default_missing_value = "3")]
+    baseline: Option<u64>,
+    /// Send this many Pause/Continue pairs per second to random running executions and
+    /// report command latency.
+    #[arg(long)]
+    commands_per_s: Option<f64>,
+    /// After the load, park this many executions and report memory per parked one.
+    #[arg(long)]
+    park: Option<usize>,
+    /// Run durable functions instead of agent turns (F-1): `steps`, a function of
+    /// --steps in-memory steps each. Embedded only.
+    #[arg(long, conflicts_with = "url")]
+    function: Option<String>,
+    /// Admit every execution as a Job through the resource queue (J-1), asking for 1 of
+    /// each --resource. Embedded only.
+    #[arg(long, conflicts_with = "url")]
+    jobs: bool,
+    /// With --jobs: a resource as NAME=CAPACITY (repeatable; default model=8).
+    #[arg(long = "resource", value_parser = resource, requires = "jobs")]
+    resources: Vec<(String, u32)>,
+    /// Purge executions ended longer ago than this while the load runs (S-8), and
+    /// sample the store's size on disk (every 10 s unless --sample-store-every).
+    #[arg(long, value_parser = retain_finished, conflicts_with = "url")]
+    retain_finished: Option<Duration>,
+    /// Sample the store's size on disk this often (S-8).
+    #[arg(long, value_parser = retain_finished, conflicts_with = "url")]
+    sample_store_every: Option<Duration>,
+    /// Run without one turn per session (C-2), to measure what it costs.
+    #[arg(long, conflicts_with = "url")]
+    parallel_turns: bool,
+    /// One JSON line on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Drive a running server over HTTP instead of an embedded store; several
+    /// (comma-separated) are nodes of one store, dealt the executions round robin.
+    #[arg(long, value_delimiter = ',')]
+    url: Vec<String>,
+    /// The admin token for `--url` (else OPENPROGRAM_TOKEN).
+    #[arg(long, requires = "url")]
+    token: Option<String>,
+    /// Log lines and spans of the embedded runtime, as `serve` has them (its figure with
+    /// and without them measures their cost).
+    #[command(flatten)]
+    observability: openprogram::observability::ObservabilityArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// The node's directory: its admin token and session key, and the sled store unless
+    /// --store names another.
+    #[arg(long, default_value = "./openprogram-data")]
+    data: PathBuf,
+    /// The event store: a directory (sled; default --data) or postgres://… (N-1), which
+    /// several nodes may share.
+    #[arg(long)]
+    store: Option<String>,
+    /// -1 (no limit), 0 (no automatic restart) or a duration such as 90s, 15m, 2h.
+    #[arg(long, default_value = "-1", allow_hyphen_values = true)]
+    restart_window: RestartWindow,
+    #[arg(long, default_value = serve::LISTEN_DEFAULT)]
+    listen: String,
+    /// The admin token (else OPENPROGRAM_TOKEN, else DIR/admin.token, generated once).
+    #[arg(long)]
+    token: Option<String>,
+    /// Seed sample sessions into an empty store (once).
+    #[arg(long)]
+    demo: bool,
+    /// Open a store that lost acknowledged history (a damaged or truncated file) and keep
+    /// what remains; prints what was lost (JSON, stderr) before serving (S-7).
+    #[arg(long)]
+    accept_loss: bool,
+    /// How long an attempt whose process stops making progress (SIGSTOP, a frozen VM)
+    /// keeps its execution before a new attempt takes it over: a duration such as 10s
+    /// (the default) or 500ms.
+    #[arg(long, value_parser = lease_ttl)]
+    lease_ttl: Option<Duration>,
+    /// Register exactly these revisions of the built-in functions, as NAME:REVISION
+    /// separated by commas (steps:1,steps:2); default all. How a deployment of new
+    /// code across a restart is simulated (F-3).
+    #[arg(long, value_parser = function_revisions)]
+    function_revisions: Option<FunctionRevisions>,
+    /// Let the turns of a session run side by side. By default a session has one
+    /// foreground turn (C-2): a message sent while another turn of its session runs
+    /// follows its `when_busy` (queue, steer, reject, interrupt).
+    #[arg(long)]
+    parallel_turns: bool,
+    /// Declare a resource Jobs are admitted for, as NAME=CAPACITY (repeatable), such
+    /// as model=8 (J-1).
+    #[arg(long = "resource", value_parser = resource)]
+    resources: Vec<(String, u32)>,
+    /// Purge executions that ended longer ago than this (a duration such as 10s, 30m
+    /// or 7d: `d`, `h`, `m`, `s`, `ms`), with their events, receipts and waits; their
+    /// reads answer 410 purged (S-8). Default: keep everything.
+    #[arg(long, value_parser = retain_finished)]
+    retain_finished: Option<Duration>,
+    /// Run as this node of a shared PostgreSQL store (N-2): its lease is renewed every
+    /// third of --lease-ttl; once it lapses, the other nodes take over its running
+    /// executions. Commands for another node's executions are forwarded to it (N-3).
+    #[arg(long, requires = "store")]
+    node_id: Option<String>,
+    /// The URL other nodes reach this node's API at (default http://LISTEN).
+    #[arg(long, requires = "node_id")]
+    advertise: Option<String>,
+    #[command(flatten)]
+    model: openprogram::model_args::ModelArgs,
+    #[command(flatten)]
+    observability: openprogram::observability::ObservabilityArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct CtlArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    kind: CtlKind,
+    #[arg(required_unless_present = "wheres")]
+    session: Option<String>,
+    #[arg(required_unless_present = "wheres")]
+    execution: Option<String>,
+    /// Select executions instead: state=S, kind=K, session=SID, since=DURATION, id=ID.
+    #[arg(long = "where", conflicts_with_all = ["session", "execution"])]
+    wheres: Vec<String>,
+    /// With --where: list what would be sent, send nothing.
+    #[arg(long, requires = "wheres")]
+    dry_run: bool,
+    /// With --where: at most this many executions (default and most: 1,000).
+    #[arg(long = "limit", requires = "wheres")]
+    where_limit: Option<usize>,
+    /// steer: the instructions; reconcile: the confirmed output.
+    #[arg(long)]
+    text: Option<String>,
+    /// answer, decline: the wait (required unless --expected-version pins the pending
+    /// one).
+    #[arg(long)]
+    wait: Option<String>,
+    /// A UUID; the same id again returns the stored outcome (K-4). Default: a new one.
+    #[arg(long)]
+    command_id: Option<String>,
+    #[arg(long)]
+    expected_version: Option<u64>,
+    /// answer: the answer text.
+    #[arg(long)]
+    answer: Option<String>,
+    /// answer: `operation` (default), `tool`, `session` (W-7) or `discussion`; a
+    /// structured answer is its JSON (`--answer '{"env": "prod"}'`).
+    #[arg(long)]
+    scope: Option<String>,
+    /// revoke: the approval that gave the grant (`wait_…`).
+    #[arg(long)]
+    grant: Option<String>,
+    /// stop-process: the process id.
+    #[arg(long)]
+    process: Option<String>,
+    /// reconcile: `confirmed` or `not_applied`.
+    #[arg(long)]
+    outcome: Option<String>,
+    /// fork: the checkpoint seq to fork from (default: the latest saved point).
+    #[arg(long)]
+    checkpoint: Option<u64>,
+    /// set-policy: `keep_original` or `use_latest` (F-3).
+    #[arg(long)]
+    policy: Option<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct InspectArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    what: InspectWhat,
+    /// execution, events: SESSION EXECUTION; executions: [SESSION]; activity: SESSION;
+    /// actors: [ID]; resources: the resource queue (J-1); tail: the global log, followed.
+    ids: Vec<String>,
+    /// events: only those after this seq; tail: after this position (default: now).
+    #[arg(long)]
+    after: Option<u64>,
+    /// executions, across sessions: in this state, of this kind (agent, job, function),
+    /// admitted within DURATION, found by any id, at most N (needs attention first).
+    #[arg(long)]
+    state: Option<String>,
+    #[arg(long)]
+    kind: Option<String>,
+    #[arg(long)]
+    since: Option<String>,
+    #[arg(long)]
+    id: Option<String>,
+    #[arg(long)]
+    limit: Option<usize>,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -306,21 +318,29 @@ struct TargetArgs {
     token: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum CtlKind {
-    Pause,
-    Continue,
-    Step,
-    Steer,
-    Cancel,
-    Answer,
-    Decline,
-    Reconcile,
-    StopProcess,
-    Fork,
-    Retry,
-    SetPolicy,
-    Revoke,
+/// A control `ctl` sends: a command kind of the contract (`CommandKind`, spelled there
+/// once), written with dashes on the command line (`stop-process`) or as the API writes it.
+#[derive(Debug, Clone, Copy)]
+struct CtlKind(CommandKind);
+
+/// Every kind `ctl` takes, in the contract's order.
+static CTL_KINDS: std::sync::LazyLock<Vec<CtlKind>> =
+    std::sync::LazyLock::new(|| CommandKind::ALL.into_iter().map(CtlKind).collect());
+
+impl clap::ValueEnum for CtlKind {
+    fn value_variants<'a>() -> &'a [Self] {
+        &CTL_KINDS
+    }
+
+    /// Also as the API and `inspect` write it (`stop_process`).
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let kind = self.0.as_str();
+        let value = clap::builder::PossibleValue::new(kind.replace('_', "-"));
+        Some(match kind.contains('_') {
+            true => value.alias(kind),
+            false => value,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -358,146 +378,8 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Load {
-            data,
-            store,
-            executions,
-            steps,
-            concurrency,
-            payload_bytes,
-            baseline,
-            commands_per_s,
-            park,
-            function,
-            jobs,
-            resources,
-            retain_finished,
-            sample_store_every,
-            parallel_turns,
-            json,
-            url,
-            token,
-            observability,
-        } => {
-            let _observability = match observability.init() {
-                Ok(installed) => installed,
-                Err(error) => return fail(&error.to_string()),
-            };
-            let resources = match (jobs, resources.is_empty()) {
-                (true, true) => vec![("model".to_owned(), 8)],
-                _ => resources,
-            };
-            let (data, postgres) = match store {
-                Some(url) if openprogram::is_postgres_url(&url) => (None, Some(url)),
-                Some(directory) => (Some(PathBuf::from(directory)), None),
-                None => (data, None),
-            };
-            let options = LoadOptions {
-                data,
-                postgres,
-                executions,
-                steps,
-                concurrency,
-                payload_bytes,
-                baseline: baseline.map(Duration::from_secs),
-                progress: !json,
-                commands_per_s,
-                park,
-                function,
-                jobs,
-                resources,
-                retain_finished,
-                sample_store_every,
-                parallel_turns,
-            };
-            if !url.is_empty() {
-                let remote = url
-                    .into_iter()
-                    .map(|url| {
-                        let token = token.clone();
-                        target_of(TargetArgs { url, token })
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-                    .and_then(|targets| openprogram::load_remote::run(&options, &targets));
-                return match remote {
-                    Ok(report) => print_report(&report, json),
-                    Err(Failure::Usage(message)) => {
-                        eprintln!("openprogram: {message}");
-                        ExitCode::from(2)
-                    }
-                    Err(Failure::Failed(message)) => fail(&message),
-                };
-            }
-            let runtime = match tokio_runtime() {
-                Ok(runtime) => runtime,
-                Err(code) => return code,
-            };
-            match runtime.block_on(load::run(options)) {
-                Ok(report) => print_report(&report, json),
-                Err(openprogram::Error::InvalidRequest(message)) => {
-                    eprintln!("openprogram: {message}");
-                    ExitCode::from(2)
-                }
-                Err(error) => fail(&error.to_string()),
-            }
-        }
-        Command::Serve {
-            data,
-            store,
-            restart_window,
-            listen,
-            token,
-            demo,
-            accept_loss,
-            lease_ttl,
-            function_revisions,
-            parallel_turns,
-            resources,
-            retain_finished,
-            node_id,
-            advertise,
-            model,
-            observability,
-        } => {
-            // Flushed (its spans exported) when dropped, after the server stopped.
-            let _observability = match observability.init() {
-                Ok(installed) => installed,
-                Err(openprogram::Error::InvalidRequest(message)) => {
-                    eprintln!("openprogram: {message}");
-                    return ExitCode::from(2);
-                }
-                Err(error) => return fail(&error.to_string()),
-            };
-            let runtime = match tokio_runtime() {
-                Ok(runtime) => runtime,
-                Err(code) => return code,
-            };
-            let options = ServeOptions {
-                data,
-                store,
-                restart_window,
-                listen,
-                token: token.or_else(|| std::env::var("OPENPROGRAM_TOKEN").ok()),
-                demo,
-                accept_loss,
-                lease_ttl,
-                function_revisions: function_revisions.map(|revisions| revisions.0),
-                parallel_turns,
-                resources,
-                retain_finished,
-                node_id,
-                advertise,
-                model,
-            };
-            match runtime.block_on(serve::run(options)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(openprogram::Error::InvalidRequest(message)) => {
-                    eprintln!("openprogram: {message}");
-                    ExitCode::from(2)
-                }
-                Err(error) => fail(&error.to_string()),
-            }
-        }
+        Command::Load(args) => load_command(args),
+        Command::Serve(args) => serve_command(args),
         Command::Soak {
             kills,
             cases,
@@ -512,52 +394,7 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(message) => fail(&message),
         },
-        Command::Ctl {
-            target,
-            kind,
-            session,
-            execution,
-            text,
-            wait,
-            command_id,
-            expected_version,
-            answer,
-            scope,
-            grant,
-            process,
-            outcome,
-            checkpoint,
-            policy,
-            json,
-            wheres,
-            dry_run,
-            where_limit,
-        } => {
-            let control = client::Control {
-                checkpoint,
-                policy,
-                kind: ctl_kind(kind).into(),
-                session: session.unwrap_or_default(),
-                execution: execution.unwrap_or_default(),
-                text,
-                wait,
-                command_id,
-                expected_version,
-                answer,
-                scope,
-                grant,
-                process,
-                outcome,
-            };
-            if !wheres.is_empty() {
-                return finish(target_of(target).and_then(|target| {
-                    let mut selection = client_select::Selection::from_wheres(&wheres)?;
-                    selection.limit = Some(where_limit.unwrap_or(1000));
-                    client_select::ctl_where(&target, &control, &selection, dry_run, json)
-                }));
-            }
-            finish(target_of(target).and_then(|target| client::ctl(&target, &control, json)))
-        }
+        Command::Ctl(args) => ctl_command(args),
         Command::Call {
             target,
             session,
@@ -575,81 +412,253 @@ fn main() -> ExitCode {
                 json,
             )
         })),
-        Command::Inspect {
-            target,
-            what,
-            ids,
-            after,
-            json,
-            state,
-            kind,
-            since,
-            id,
-            limit,
-        } => {
-            let selection = client_select::Selection {
-                state,
-                kind,
-                session: ids.first().cloned(),
-                since,
-                id,
-                limit,
-            };
-            let filtered = selection.state.is_some()
-                || selection.kind.is_some()
-                || selection.since.is_some()
-                || selection.id.is_some()
-                || selection.limit.is_some();
-            match what {
-                InspectWhat::Tail => {
-                    return finish(
-                        target_of(target)
-                            .and_then(|target| client_select::tail(&target, after, json)),
-                    )
-                }
-                InspectWhat::Executions if filtered || ids.is_empty() => {
-                    return finish(
-                        target_of(target)
-                            .and_then(|target| client_select::list(&target, &selection, json)),
-                    )
-                }
-                _ => {}
-            }
-            let after = after.unwrap_or(0);
-            let what = match what {
-                InspectWhat::Sessions => "sessions",
-                InspectWhat::Executions => "executions",
-                InspectWhat::Execution => "execution",
-                InspectWhat::Events => "events",
-                InspectWhat::Actors => "actors",
-                InspectWhat::Activity => "activity",
-                InspectWhat::Resources => "resources",
-                InspectWhat::Tail => "tail",
-            };
-            finish(
-                target_of(target)
-                    .and_then(|target| client::inspect(&target, what, &ids, after, json)),
-            )
-        }
+        Command::Inspect(args) => inspect_command(args),
     }
 }
 
-fn ctl_kind(kind: CtlKind) -> &'static str {
-    match kind {
-        CtlKind::Pause => "pause",
-        CtlKind::Continue => "continue",
-        CtlKind::Step => "step",
-        CtlKind::Steer => "steer",
-        CtlKind::Cancel => "cancel",
-        CtlKind::Answer => "answer",
-        CtlKind::Decline => "decline",
-        CtlKind::Reconcile => "reconcile",
-        CtlKind::StopProcess => "stop_process",
-        CtlKind::Fork => "fork",
-        CtlKind::Retry => "retry",
-        CtlKind::SetPolicy => "set_policy",
-        CtlKind::Revoke => "revoke",
+fn load_command(args: LoadArgs) -> ExitCode {
+    let LoadArgs {
+        data,
+        store,
+        executions,
+        steps,
+        concurrency,
+        payload_bytes,
+        baseline,
+        commands_per_s,
+        park,
+        function,
+        jobs,
+        resources,
+        retain_finished,
+        sample_store_every,
+        parallel_turns,
+        json,
+        url,
+        token,
+        observability,
+    } = args;
+    let _observability = match observability.init() {
+        Ok(installed) => installed,
+        Err(error) => return fail(&error.to_string()),
+    };
+    let resources = match (jobs, resources.is_empty()) {
+        (true, true) => vec![("model".to_owned(), 8)],
+        _ => resources,
+    };
+    let (data, postgres) = match store {
+        Some(url) if openprogram::is_postgres_url(&url) => (None, Some(url)),
+        Some(directory) => (Some(PathBuf::from(directory)), None),
+        None => (data, None),
+    };
+    let options = LoadOptions {
+        data,
+        postgres,
+        executions,
+        steps,
+        concurrency,
+        payload_bytes,
+        baseline: baseline.map(Duration::from_secs),
+        progress: !json,
+        commands_per_s,
+        park,
+        function,
+        jobs,
+        resources,
+        retain_finished,
+        sample_store_every,
+        parallel_turns,
+    };
+    if !url.is_empty() {
+        let remote = url
+            .into_iter()
+            .map(|url| {
+                let token = token.clone();
+                target_of(TargetArgs { url, token })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(|targets| openprogram::load_remote::run(&options, &targets));
+        return match remote {
+            Ok(report) => print_report(&report, json),
+            Err(Failure::Usage(message)) => {
+                eprintln!("openprogram: {message}");
+                ExitCode::from(2)
+            }
+            Err(Failure::Failed(message)) => fail(&message),
+        };
     }
+    let runtime = match tokio_runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    match runtime.block_on(load::run(options)) {
+        Ok(report) => print_report(&report, json),
+        Err(openprogram::Error::InvalidRequest(message)) => {
+            eprintln!("openprogram: {message}");
+            ExitCode::from(2)
+        }
+        Err(error) => fail(&error.to_string()),
+    }
+}
+
+fn serve_command(args: ServeArgs) -> ExitCode {
+    let ServeArgs {
+        data,
+        store,
+        restart_window,
+        listen,
+        token,
+        demo,
+        accept_loss,
+        lease_ttl,
+        function_revisions,
+        parallel_turns,
+        resources,
+        retain_finished,
+        node_id,
+        advertise,
+        model,
+        observability,
+    } = args;
+    // Flushed (its spans exported) when dropped, after the server stopped.
+    let _observability = match observability.init() {
+        Ok(installed) => installed,
+        Err(openprogram::Error::InvalidRequest(message)) => {
+            eprintln!("openprogram: {message}");
+            return ExitCode::from(2);
+        }
+        Err(error) => return fail(&error.to_string()),
+    };
+    let runtime = match tokio_runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    let options = ServeOptions {
+        data,
+        store,
+        restart_window,
+        listen,
+        token: token.or_else(|| std::env::var("OPENPROGRAM_TOKEN").ok()),
+        demo,
+        accept_loss,
+        lease_ttl,
+        function_revisions: function_revisions.map(|revisions| revisions.0),
+        parallel_turns,
+        resources,
+        retain_finished,
+        node_id,
+        advertise,
+        model,
+    };
+    match runtime.block_on(serve::run(options)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(openprogram::Error::InvalidRequest(message)) => {
+            eprintln!("openprogram: {message}");
+            ExitCode::from(2)
+        }
+        Err(error) => fail(&error.to_string()),
+    }
+}
+
+fn ctl_command(args: CtlArgs) -> ExitCode {
+    let CtlArgs {
+        target,
+        kind,
+        session,
+        execution,
+        text,
+        wait,
+        command_id,
+        expected_version,
+        answer,
+        scope,
+        grant,
+        process,
+        outcome,
+        checkpoint,
+        policy,
+        json,
+        wheres,
+        dry_run,
+        where_limit,
+    } = args;
+    let control = client::Control {
+        checkpoint,
+        policy,
+        kind: kind.0.as_str().into(),
+        session: session.unwrap_or_default(),
+        execution: execution.unwrap_or_default(),
+        text,
+        wait,
+        command_id,
+        expected_version,
+        answer,
+        scope,
+        grant,
+        process,
+        outcome,
+    };
+    if !wheres.is_empty() {
+        return finish(target_of(target).and_then(|target| {
+            let mut selection = client_select::Selection::from_wheres(&wheres)?;
+            selection.limit = Some(where_limit.unwrap_or(1000));
+            client_select::ctl_where(&target, &control, &selection, dry_run, json)
+        }));
+    }
+    finish(target_of(target).and_then(|target| client::ctl(&target, &control, json)))
+}
+
+fn inspect_command(args: InspectArgs) -> ExitCode {
+    let InspectArgs {
+        target,
+        what,
+        ids,
+        after,
+        json,
+        state,
+        kind,
+        since,
+        id,
+        limit,
+    } = args;
+    let selection = client_select::Selection {
+        state,
+        kind,
+        session: ids.first().cloned(),
+        since,
+        id,
+        limit,
+    };
+    let filtered = selection.state.is_some()
+        || selection.kind.is_some()
+        || selection.since.is_some()
+        || selection.id.is_some()
+        || selection.limit.is_some();
+    match what {
+        InspectWhat::Tail => {
+            return finish(
+                target_of(target).and_then(|target| client_select::tail(&target, after, json)),
+            )
+        }
+        InspectWhat::Executions if filtered || ids.is_empty() => {
+            return finish(
+                target_of(target).and_then(|target| client_select::list(&target, &selection, json)),
+            )
+        }
+        _ => {}
+    }
+    let after = after.unwrap_or(0);
+    let what = match what {
+        InspectWhat::Sessions => "sessions",
+        InspectWhat::Executions => "executions",
+        InspectWhat::Execution => "execution",
+        InspectWhat::Events => "events",
+        InspectWhat::Actors => "actors",
+        InspectWhat::Activity => "activity",
+        InspectWhat::Resources => "resources",
+        InspectWhat::Tail => "tail",
+    };
+    finish(target_of(target).and_then(|target| client::inspect(&target, what, &ids, after, json)))
 }
 
 fn target_of(args: TargetArgs) -> Result<Target, Failure> {
