@@ -24,6 +24,7 @@
 mod acknowledged;
 pub mod baseline;
 pub mod codec;
+mod commit;
 pub mod compact;
 pub mod conversation;
 pub mod error;

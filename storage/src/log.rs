@@ -43,9 +43,7 @@ use crate::head_record::HeadIndex;
 use crate::ids::{CommandId, ExecutionId};
 use crate::keys;
 use crate::overlay::{index_state, Overlay, Slice};
-use crate::records::{
-    CommandRecord, CommandStatus, ExecutionHead, ExecutionState, PurgeStep, SweepStep,
-};
+use crate::records::{CommandRecord, ExecutionHead, ExecutionState, PurgeStep, SweepStep};
 use crate::shared::{add_elapsed_micros, Shared};
 use crate::transition::{Committed, Outcome, Transition, Upsert};
 

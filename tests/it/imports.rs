@@ -494,3 +494,59 @@ fn nothing_in_src_http_can_write_to_the_store() {
         hits.join("\n")
     );
 }
+
+/// Issue 51: the commit rule is decided once (`storage/src/commit.rs`): neither store's
+/// committer (sled's `log`, PostgreSQL's `pg`) compares payloads, epochs or versions, or
+/// builds the answers that say so, of its own.
+#[test]
+fn the_commit_rule_is_decided_in_one_place() {
+    // Built from pieces so this file does not match itself.
+    let decisions = [
+        concat!("payload", "_hash"),
+        concat!("expected", "_version"),
+        concat!("Outcome::", "VersionConflict"),
+        concat!("Outcome::", "DuplicateCommand"),
+        concat!("Outcome::", "CommandConflict"),
+        concat!("current", "_epoch"),
+        concat!("Skip", "Fencing"),
+    ];
+    let storage = root().join("storage/src");
+    let rule = std::fs::read_to_string(storage.join("commit.rs")).expect("commit.rs");
+    for word in decisions {
+        assert!(
+            rule.contains(word),
+            "the rule no longer names {word}: update this check"
+        );
+    }
+    let mut files = vec![storage.join("log.rs"), storage.join("pg.rs")];
+    let mut stack = vec![storage.join("log"), storage.join("pg")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir)
+            .expect("a backend's folder")
+            .flatten()
+        {
+            let path = entry.path();
+            match path.is_dir() {
+                true => stack.push(path),
+                false if path.extension().is_some_and(|ext| ext == "rs") => files.push(path),
+                false => {}
+            }
+        }
+    }
+    assert!(files.len() > 8, "too few backend files: {files:?}");
+    let mut hits = Vec::new();
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        for (number, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            for word in decisions.iter().filter(|word| code.contains(*word)) {
+                hits.push(format!("{}:{}: {word}", path.display(), number + 1));
+            }
+        }
+    }
+    assert!(
+        hits.is_empty(),
+        "a store decides what the commit rule decides:\n{}",
+        hits.join("\n")
+    );
+}

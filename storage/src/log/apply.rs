@@ -6,6 +6,7 @@
 use std::sync::atomic::Ordering;
 
 use super::*;
+use crate::commit::{self, Held, Verdict, View};
 use crate::records::{Blob, BlobHash};
 
 /// Where a validated frame goes: its execution, its first seq and log position, and what
@@ -31,116 +32,61 @@ impl Committer {
         at_ms: u64,
         answer: usize,
     ) -> Result<Outcome> {
-        let rejection = transition.is_rejection();
-        let transition_checks = (
-            transition.execution_id,
-            transition.expected_version,
-            transition.writer_epoch,
-        );
-        let Transition {
+        let execution_id = transition.execution_id;
+        self.shared.check_quarantine(execution_id)?;
+        // The head itself is copied only for a transition that brings none (most bring one).
+        let mut view = SledView {
+            committer: self,
+            group,
             execution_id,
-            expected_version,
+            copy_head: transition.head.is_none(),
+            current: None,
+        };
+        let verdict = commit::decide(&transition, &mut view)?;
+        let current = view.current.take();
+        let next = match verdict {
+            Verdict::Answer(outcome) => {
+                if let Outcome::Fenced { .. } = outcome {
+                    self.shared.metrics.fenced.fetch_add(1, Ordering::Relaxed);
+                }
+                return Ok(outcome);
+            }
+            Verdict::Rejection { version } => {
+                return self.record_rejection(
+                    group,
+                    batch,
+                    execution_id,
+                    transition.upserts,
+                    version,
+                )
+            }
+            Verdict::Commit(next) => next,
+        };
+        let Transition {
             writer_epoch,
             head,
             events,
             upserts,
-            session,
+            ..
         } = transition;
-        if rejection && session.is_some() {
-            return Err(Error::InvalidTransition(
-                "a rejection alone carries no session write".into(),
-            ));
-        }
-        if events.is_empty() && !rejection {
-            return Err(Error::InvalidTransition(
-                "a transition carries at least one event".into(),
-            ));
-        }
-        if head
-            .as_ref()
-            .is_some_and(|head| head.execution_id != execution_id)
-        {
-            return Err(Error::InvalidTransition(
-                "the head names another execution".into(),
-            ));
-        }
-        let foreign_projection = upserts.iter().any(|upsert| {
-            matches!(upsert, Upsert::Projection(projection)
-                if projection.execution_id != execution_id || rejection)
-        });
-        if foreign_projection {
-            return Err(Error::InvalidTransition(
-                "a projection goes with an event of its own execution".into(),
-            ));
-        }
-        self.shared.check_quarantine(execution_id)?;
-
-        // K-4 before the version check: a retried command gets its stored outcome even when
-        // the execution has moved on since.
-        if let Some(outcome) = self.stored_outcome(group, execution_id, &upserts)? {
-            return Ok(outcome);
-        }
-
-        if rejection {
-            return self.record_rejection(group, batch, transition_checks, upserts);
-        }
-
-        // The head itself is copied only for a transition that brings none (most bring one).
-        let copy_head = head.is_none();
-        let current = self.with_head(group, execution_id, |head, on_disk| {
-            Current::of(head, on_disk, copy_head)
-        })?;
-        let (current_version, current_epoch, current_last_seq) =
-            current.as_ref().map_or((0, 0, 0), |current| {
-                (current.version, current.fencing_epoch, current.last_seq)
-            });
-        let stale = writer_epoch.is_some_and(|epoch| epoch < current_epoch);
-        // The planted bug `skip_fencing` checks no epoch.
-        if stale && !crate::planted::planted(crate::planted::Bug::SkipFencing) {
-            self.shared.metrics.fenced.fetch_add(1, Ordering::Relaxed);
-            return Ok(Outcome::Fenced { current_epoch });
-        }
-        if let Some(expected) = expected_version {
-            if expected != current_version {
-                return Ok(Outcome::VersionConflict {
-                    current: current_version,
-                });
-            }
-        }
-        // Issue 37: the session record is where the transition read it, in this same write.
-        let session_record = match &session {
-            Some(write) => match write.decide(self.session(group, write.session_id)?.as_ref()) {
-                Ok(record) => record,
-                Err(conflict) => return Ok(conflict),
-            },
-            None => None,
-        };
         // A frame carries the head's identity only when it is new or changes (codec v2).
         let previous_identity = current.as_ref().map(|current| current.identity);
-        let (mut next, indexed_state, disk_index) = match (current, head) {
-            (None, None) => return Err(Error::UnknownExecution(execution_id)),
-            (None, Some(_)) if expected_version != Some(0) => {
-                return Err(Error::InvalidTransition(
-                    "creating an execution needs expected_version Some(0)".into(),
-                ))
-            }
+        let (mut head_next, indexed_state, disk_index) = match (current, head) {
             // A new execution: nothing of it on disk.
             (None, Some(head)) => (head, None, Some(HeadIndex::default())),
-            (Some(_), Some(_)) if writer_epoch.is_none() => {
-                return Err(Error::InvalidTransition(
-                    "only an attempt (a writer epoch) may replace an existing head".into(),
-                ))
-            }
             (Some(current), Some(head)) => (head, current.indexed_state, current.disk_index),
             (Some(current), None) => {
                 let head = current.head.ok_or(Error::UnknownExecution(execution_id))?;
                 (head, current.indexed_state, current.disk_index)
             }
+            // Refused by the rule.
+            (None, None) => return Err(Error::UnknownExecution(execution_id)),
         };
-        next.version = current_version + 1;
-        next.fencing_epoch = writer_epoch.map_or(current_epoch, |epoch| epoch.max(current_epoch));
-        next.last_activity_ms = at_ms;
-        let first_seq = current_last_seq + 1;
+        head_next.version = next.version;
+        head_next.fencing_epoch = next.fencing_epoch;
+        head_next.last_activity_ms = at_ms;
+        head_next.last_seq = next.last_seq;
+        let first_seq = next.first_seq;
         let first_position = group.next_position;
         let envelopes: Vec<EventEnvelope> = events
             .into_iter()
@@ -154,17 +100,7 @@ impl Committer {
                 event,
             })
             .collect();
-        let n_events = envelopes.len() as u64;
-        next.last_seq = first_seq + n_events - 1;
-        let beyond = upserts.iter().any(|upsert| {
-            matches!(upsert, Upsert::Projection(projection) if projection.through_seq > next.last_seq)
-        });
-        if beyond {
-            return Err(Error::InvalidTransition(
-                "a projection is of a seq past the transition's last event".into(),
-            ));
-        }
-
+        let session_record = next.session;
         let mut records = Vec::new();
         let mut blobs = Vec::new();
         for upsert in upserts {
@@ -177,7 +113,7 @@ impl Committer {
         }
         records.extend(session_record.map(RecordValue::Session));
         let mut frame = Frame {
-            head: next,
+            head: head_next,
             events: envelopes,
             records,
         };
@@ -220,40 +156,20 @@ impl Committer {
         Ok(Outcome::Committed(committed))
     }
 
-    /// A rejection alone (K-4 checked already): its command record goes to its own key in
-    /// this group's batch, unreadable until the group is durable (`in_flight_records`). It
-    /// never passes through the overlay: nothing else writes a command id that has a record.
+    /// A rejection alone, allowed by the rule (`commit::decide`): its command record goes to
+    /// its own key in this group's batch, unreadable until the group is durable
+    /// (`in_flight_records`). It never passes through the overlay: nothing else writes a
+    /// command id that has a record.
     fn record_rejection(
         &self,
         group: &mut Group,
         batch: &mut sled::Batch,
-        (execution_id, expected_version, writer_epoch): (ExecutionId, Option<u64>, Option<u64>),
+        execution_id: ExecutionId,
         upserts: Vec<Upsert>,
+        version: u64,
     ) -> Result<Outcome> {
-        let current = self.with_head(group, execution_id, |head, _| {
-            (head.version, head.fencing_epoch)
-        })?;
-        let Some((version, current_epoch)) = current else {
-            return Err(Error::UnknownExecution(execution_id));
-        };
-        if writer_epoch.is_some_and(|epoch| epoch < current_epoch) {
-            self.shared.metrics.fenced.fetch_add(1, Ordering::Relaxed);
-            return Ok(Outcome::Fenced { current_epoch });
-        }
-        if expected_version.is_some_and(|expected| expected != version) {
-            return Ok(Outcome::VersionConflict { current: version });
-        }
         for upsert in upserts {
             if let Upsert::Command(record) = upsert {
-                // A command saved before (accepted, its decision pending) is decided by an
-                // event of its execution, through the overlay like its acceptance was: a
-                // record here could be hidden by, or written over with, the overlay's.
-                if let Some(stored) = self.command(group, record.command_id)? {
-                    return Err(Error::InvalidTransition(format!(
-                        "command {} was saved {:?}: a rejection alone is for a new command",
-                        stored.command_id, stored.status
-                    )));
-                }
                 let key = keys::command(record.command_id);
                 let value = RecordValue::Command(record);
                 crate::overlay::put_record(batch, &key, &value);
@@ -265,41 +181,6 @@ impl Committer {
             }
         }
         Ok(Outcome::Recorded { version })
-    }
-
-    /// K-4: the outcome stored for a command this transition carries again, if any — a
-    /// conflict for another payload, the stored record for a duplicate.
-    fn stored_outcome(
-        &self,
-        group: &Group,
-        execution_id: ExecutionId,
-        upserts: &[Upsert],
-    ) -> Result<Option<Outcome>> {
-        for upsert in upserts {
-            if let Upsert::Command(command) = upsert {
-                if command.execution_id != execution_id {
-                    return Err(Error::InvalidTransition(
-                        "a command names another execution".into(),
-                    ));
-                }
-                if let Some(stored) = self.command(group, command.command_id)? {
-                    if stored.payload_hash != command.payload_hash
-                        || stored.execution_id != command.execution_id
-                    {
-                        return Ok(Some(Outcome::CommandConflict { stored }));
-                    }
-                    // A new submission, or an outcome for a command already decided: the
-                    // stored record stands and nothing is written. Only an accepted command
-                    // can move on to applied or rejected.
-                    if command.status == CommandStatus::Accepted
-                        || stored.status != CommandStatus::Accepted
-                    {
-                        return Ok(Some(Outcome::DuplicateCommand { stored }));
-                    }
-                }
-            }
-        }
-        Ok(None)
     }
 
     /// Adds a validated frame to the group: its blobs to the batch, its commands to the
@@ -385,5 +266,42 @@ impl Committer {
             answer,
         });
         Ok(committed)
+    }
+}
+
+/// What the commit rule reads, as the committer sees it: the group's writes, then the
+/// overlay, then the disk. The head read keeps what the frame needs of it (`Current`).
+struct SledView<'a> {
+    committer: &'a Committer,
+    group: &'a Group,
+    execution_id: ExecutionId,
+    copy_head: bool,
+    current: Option<Current>,
+}
+
+impl View for SledView<'_> {
+    fn head(&mut self) -> Result<Option<Held>> {
+        let copy_head = self.copy_head;
+        self.current =
+            self.committer
+                .with_head(self.group, self.execution_id, |head, on_disk| {
+                    Current::of(head, on_disk, copy_head)
+                })?;
+        Ok(self.current.as_ref().map(|current| Held {
+            version: current.version,
+            fencing_epoch: current.fencing_epoch,
+            last_seq: current.last_seq,
+        }))
+    }
+
+    fn command(&self, command_id: CommandId) -> Result<Option<CommandRecord>> {
+        self.committer.command(self.group, command_id)
+    }
+
+    fn session(
+        &self,
+        session_id: crate::ids::SessionId,
+    ) -> Result<Option<crate::records::SessionRecord>> {
+        self.committer.session(self.group, session_id)
     }
 }

@@ -14,15 +14,14 @@ use super::statements::{
 };
 use super::{database, Shared};
 use crate::codec;
+use crate::commit::{self, Held, Verdict, View};
 use crate::error::{Error, Result};
 use crate::event::EventEnvelope;
 use crate::ids::{CommandId, ExecutionId, SessionId};
 use crate::keys;
 use crate::log::now_ms;
 use crate::record_value::RecordValue;
-use crate::records::{
-    CommandRecord, CommandStatus, ExecutionHead, PurgeStep, PurgedRecord, SessionRecord,
-};
+use crate::records::{CommandRecord, ExecutionHead, PurgeStep, PurgedRecord, SessionRecord};
 use crate::transition::{Committed, Outcome, Transition, Upsert};
 
 mod purge;
@@ -176,107 +175,53 @@ impl Group {
     /// Decides one transition against the group's view (the sled committer's rules,
     /// `log/apply.rs`) and, if it commits, stages its rows.
     pub(super) fn apply(&mut self, shared: &Shared, transition: Transition) -> Result<Outcome> {
-        let rejection = transition.is_rejection();
-        let Transition {
-            execution_id,
-            expected_version,
-            writer_epoch,
-            head,
-            events,
-            upserts,
-            session,
-        } = transition;
-        if rejection && session.is_some() {
-            return Err(Error::InvalidTransition(
-                "a rejection alone carries no session write".into(),
-            ));
-        }
-        if events.is_empty() && !rejection {
-            return Err(Error::InvalidTransition(
-                "a transition carries at least one event".into(),
-            ));
-        }
-        if head
-            .as_ref()
-            .is_some_and(|head| head.execution_id != execution_id)
-        {
-            return Err(Error::InvalidTransition(
-                "the head names another execution".into(),
-            ));
-        }
-        let foreign_projection = upserts.iter().any(|upsert| {
-            matches!(upsert, Upsert::Projection(projection)
-                if projection.execution_id != execution_id || rejection)
-        });
-        if foreign_projection {
-            return Err(Error::InvalidTransition(
-                "a projection goes with an event of its own execution".into(),
-            ));
-        }
+        let execution_id = transition.execution_id;
         shared.check_quarantine(execution_id)?;
         if self.purged.contains(&execution_id) {
             return Err(Error::Purged(execution_id));
         }
-        if let Some(outcome) = self.stored_outcome(execution_id, &upserts)? {
-            return Ok(outcome);
-        }
-        let current = self.heads.get(&execution_id);
-        let (current_version, current_epoch, current_last_seq) = current
-            .map_or((0, 0, 0), |head| {
-                (head.version, head.fencing_epoch, head.last_seq)
-            });
-        if rejection {
-            return self.record_rejection(execution_id, expected_version, writer_epoch, upserts);
-        }
-        let stale = writer_epoch.is_some_and(|epoch| epoch < current_epoch);
-        if stale && !crate::planted::planted(crate::planted::Bug::SkipFencing) {
-            shared.metrics.fenced.fetch_add(1, Ordering::Relaxed);
-            return Ok(Outcome::Fenced { current_epoch });
-        }
-        if let Some(expected) = expected_version {
-            if expected != current_version {
-                return Ok(Outcome::VersionConflict {
-                    current: current_version,
-                });
-            }
-        }
-        // Issue 37: the session record is where the transition read it, in this same write.
-        let session_record = match &session {
-            Some(write) => {
-                if self.corrupt_sessions.contains(&write.session_id) {
-                    return Err(Error::Corrupted {
-                        tree: "sessions",
-                        key: keys::display(&keys::session(write.session_id)),
-                    });
+        let verdict = commit::decide(
+            &transition,
+            &mut PgView {
+                group: self,
+                execution_id,
+            },
+        )?;
+        let next = match verdict {
+            Verdict::Answer(outcome) => {
+                if let Outcome::Fenced { .. } = outcome {
+                    shared.metrics.fenced.fetch_add(1, Ordering::Relaxed);
                 }
-                match write.decide(self.sessions.get(&write.session_id)) {
-                    Ok(record) => record,
-                    Err(conflict) => return Ok(conflict),
-                }
+                return Ok(outcome);
             }
-            None => None,
+            Verdict::Rejection { version } => {
+                for upsert in transition.upserts {
+                    if let Upsert::Command(record) = upsert {
+                        self.stage_record(*execution_id.as_uuid(), &RecordValue::Command(record));
+                    }
+                }
+                return Ok(Outcome::Recorded { version });
+            }
+            Verdict::Commit(next) => next,
         };
-        let creates = current.is_none();
-        let mut next = match (current, head) {
-            (None, None) => return Err(Error::UnknownExecution(execution_id)),
-            (None, Some(_)) if expected_version != Some(0) => {
-                return Err(Error::InvalidTransition(
-                    "creating an execution needs expected_version Some(0)".into(),
-                ))
-            }
-            (None, Some(head)) => head,
-            (Some(_), Some(_)) if writer_epoch.is_none() => {
-                return Err(Error::InvalidTransition(
-                    "only an attempt (a writer epoch) may replace an existing head".into(),
-                ))
-            }
-            (Some(_), Some(head)) => head,
+        let Transition {
+            writer_epoch,
+            head,
+            events,
+            upserts,
+            ..
+        } = transition;
+        let mut head = match (self.heads.get(&execution_id), head) {
+            (_, Some(head)) => head,
             (Some(current), None) => current.clone(),
+            // Refused by the rule.
+            (None, None) => return Err(Error::UnknownExecution(execution_id)),
         };
-        next.version = current_version + 1;
-        next.fencing_epoch = writer_epoch.map_or(current_epoch, |epoch| epoch.max(current_epoch));
-        next.last_activity_ms = self.at_ms;
-        let first_seq = current_last_seq + 1;
+        head.version = next.version;
+        head.fencing_epoch = next.fencing_epoch;
+        head.last_activity_ms = self.at_ms;
+        head.last_seq = next.last_seq;
+        let first_seq = next.first_seq;
         let first_position = self.next_position;
         let envelopes: Vec<EventEnvelope> = events
             .into_iter()
@@ -291,15 +236,9 @@ impl Group {
             })
             .collect();
         let n_events = envelopes.len() as u64;
-        next.last_seq = first_seq + n_events - 1;
-        let beyond = upserts.iter().any(|upsert| {
-            matches!(upsert, Upsert::Projection(projection) if projection.through_seq > next.last_seq)
-        });
-        if beyond {
-            return Err(Error::InvalidTransition(
-                "a projection is of a seq past the transition's last event".into(),
-            ));
-        }
+        let creates = next.creates;
+        let session_record = next.session;
+        let next = head;
         let mut records = Vec::new();
         let mut blobs = Vec::new();
         for upsert in upserts {
@@ -365,80 +304,6 @@ impl Group {
         };
         self.heads.insert(execution_id, next);
         Ok(Outcome::Committed(committed))
-    }
-
-    /// K-4: the outcome stored for a command the transition carries again, if any.
-    fn stored_outcome(
-        &self,
-        execution_id: ExecutionId,
-        upserts: &[Upsert],
-    ) -> Result<Option<Outcome>> {
-        for upsert in upserts {
-            let Upsert::Command(command) = upsert else {
-                continue;
-            };
-            if command.execution_id != execution_id {
-                return Err(Error::InvalidTransition(
-                    "a command names another execution".into(),
-                ));
-            }
-            if self.corrupt_commands.contains(&command.command_id) {
-                return Err(Error::Corrupted {
-                    tree: "commands",
-                    key: keys::display(&keys::command(command.command_id)),
-                });
-            }
-            if let Some(stored) = self.commands.get(&command.command_id) {
-                if stored.payload_hash != command.payload_hash
-                    || stored.execution_id != command.execution_id
-                {
-                    return Ok(Some(Outcome::CommandConflict {
-                        stored: stored.clone(),
-                    }));
-                }
-                if command.status == CommandStatus::Accepted
-                    || stored.status != CommandStatus::Accepted
-                {
-                    return Ok(Some(Outcome::DuplicateCommand {
-                        stored: stored.clone(),
-                    }));
-                }
-            }
-        }
-        Ok(None)
-    }
-
-    /// A rejection alone: its command record, checked against the execution's version and
-    /// epoch; the execution is unchanged.
-    fn record_rejection(
-        &mut self,
-        execution_id: ExecutionId,
-        expected_version: Option<u64>,
-        writer_epoch: Option<u64>,
-        upserts: Vec<Upsert>,
-    ) -> Result<Outcome> {
-        let Some(head) = self.heads.get(&execution_id) else {
-            return Err(Error::UnknownExecution(execution_id));
-        };
-        let (version, current_epoch) = (head.version, head.fencing_epoch);
-        if writer_epoch.is_some_and(|epoch| epoch < current_epoch) {
-            return Ok(Outcome::Fenced { current_epoch });
-        }
-        if expected_version.is_some_and(|expected| expected != version) {
-            return Ok(Outcome::VersionConflict { current: version });
-        }
-        for upsert in upserts {
-            if let Upsert::Command(record) = upsert {
-                if let Some(stored) = self.commands.get(&record.command_id) {
-                    return Err(Error::InvalidTransition(format!(
-                        "command {} was saved {:?}: a rejection alone is for a new command",
-                        stored.command_id, stored.status
-                    )));
-                }
-                self.stage_record(*execution_id.as_uuid(), &RecordValue::Command(record));
-            }
-        }
-        Ok(Outcome::Recorded { version })
     }
 
     fn stage_record(&mut self, execution_id: Uuid, record: &RecordValue) {
@@ -669,4 +534,41 @@ fn quarantine(
         .map_err(database)?;
     shared.quarantine(execution_id, reason);
     Ok(())
+}
+
+/// What the commit rule reads, as the group sees it: what it loaded for its transitions and
+/// what it wrote since. A record that did not decode fails the transition that needs it.
+struct PgView<'a> {
+    group: &'a Group,
+    execution_id: ExecutionId,
+}
+
+impl View for PgView<'_> {
+    fn head(&mut self) -> Result<Option<Held>> {
+        Ok(self.group.heads.get(&self.execution_id).map(|head| Held {
+            version: head.version,
+            fencing_epoch: head.fencing_epoch,
+            last_seq: head.last_seq,
+        }))
+    }
+
+    fn command(&self, command_id: CommandId) -> Result<Option<CommandRecord>> {
+        if self.group.corrupt_commands.contains(&command_id) {
+            return Err(Error::Corrupted {
+                tree: "commands",
+                key: keys::display(&keys::command(command_id)),
+            });
+        }
+        Ok(self.group.commands.get(&command_id).cloned())
+    }
+
+    fn session(&self, session_id: SessionId) -> Result<Option<SessionRecord>> {
+        if self.group.corrupt_sessions.contains(&session_id) {
+            return Err(Error::Corrupted {
+                tree: "sessions",
+                key: keys::display(&keys::session(session_id)),
+            });
+        }
+        Ok(self.group.sessions.get(&session_id).cloned())
+    }
 }

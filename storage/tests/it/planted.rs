@@ -13,3 +13,26 @@ fn planted_skip_fencing_fails_s2() {
         Err(passed) => panic!("{passed}"),
     }
 }
+
+/// Issue 51: the commit rule is one (`commit.rs`), so a bug planted in it fails the
+/// conformance suite on sled and on PostgreSQL alike.
+#[test]
+fn planted_skip_fencing_fails_the_conformance_suite_on_sled() {
+    planted_skip_fencing_fails_conformance_on("sled");
+}
+
+#[test]
+#[ignore = "needs PostgreSQL (apt-get install postgresql); run with \
+            `cargo test --workspace -- --include-ignored`"]
+fn planted_skip_fencing_fails_the_conformance_suite_on_postgres() {
+    planted_skip_fencing_fails_conformance_on("postgres");
+}
+
+fn planted_skip_fencing_fails_conformance_on(backend: &str) {
+    let name =
+        format!("conformance::{backend}::s2_a_fenced_writer_is_refused_and_a_newer_epoch_claims");
+    match harness_fails("skip_fencing", &name, "right: Fenced", &[]) {
+        Ok(reason) => eprintln!("planted skip_fencing: {name} failed as it must: {reason}"),
+        Err(passed) => panic!("{passed}"),
+    }
+}
