@@ -271,6 +271,7 @@ impl Machine {
 impl Present {
     /// E-6, E-8: what a model call used, summed; its prompt's size is the budget's next
     /// estimate's start.
+    #[inline]
     fn usage_folded(&mut self, used: ModelUsage) {
         self.usage.add(used);
         if used.input_tokens > 0 {
@@ -282,6 +283,7 @@ impl Present {
     }
 
     /// E-8: the earlier turns the turn's requests carry, fixed before a model request.
+    #[inline]
     fn pin_folded(&mut self, event: &Event, actions: &mut Vec<Action>) {
         let Event::ContextPinned {
             summaries,
