@@ -23,6 +23,9 @@ pub struct Held {
 /// What the rule reads, as the backend's view holds it (what its group wrote, then what is
 /// stored). A read that fails (a record that does not decode) fails the transition.
 pub trait View {
+    /// Whether the execution may be written at all: an error for one quarantined (its
+    /// records do not decode) or purged. Asked after the transition's shape is checked.
+    fn writable(&self) -> Result<()>;
     /// The execution's head as it stands, read once and only when the rule needs it: after a
     /// retried command's stored outcome, which answers even an execution that moved on.
     fn head(&mut self) -> Result<Option<Held>>;
@@ -61,6 +64,7 @@ pub struct Next {
 pub fn decide(transition: &Transition, view: &mut impl View) -> Result<Verdict> {
     let rejection = transition.is_rejection();
     check_shape(transition, rejection)?;
+    view.writable()?;
     // K-4 before the version check: a retried command gets its stored outcome even when the
     // execution has moved on since.
     if let Some(outcome) = stored_outcome(transition, view)? {
@@ -75,8 +79,8 @@ pub fn decide(transition: &Transition, view: &mut impl View) -> Result<Verdict> 
     let stale = transition
         .writer_epoch
         .is_some_and(|epoch| epoch < current.fencing_epoch);
-    // The planted bug `skip_fencing` checks no epoch.
-    if stale && !crate::planted::planted(crate::planted::Bug::SkipFencing) {
+    // The planted bug `skip_fencing` checks no epoch (but a rejection's).
+    if stale && (rejection || !crate::planted::planted(crate::planted::Bug::SkipFencing)) {
         return Ok(Verdict::Answer(Outcome::Fenced {
             current_epoch: current.fencing_epoch,
         }));
@@ -145,16 +149,10 @@ fn check_shape(transition: &Transition, rejection: bool) -> Result<()> {
     }
     let foreign_projection = transition.upserts.iter().any(|upsert| {
         matches!(upsert, Upsert::Projection(projection)
-            if projection.execution_id != transition.execution_id || rejection)
+            if projection.execution_id != transition.execution_id)
     });
     if foreign_projection {
         return invalid("a projection goes with an event of its own execution");
-    }
-    let foreign_command = transition.upserts.iter().any(|upsert| {
-        matches!(upsert, Upsert::Command(command) if command.execution_id != transition.execution_id)
-    });
-    if foreign_command {
-        return invalid("a command names another execution");
     }
     Ok(())
 }
@@ -166,6 +164,11 @@ fn stored_outcome(transition: &Transition, view: &impl View) -> Result<Option<Ou
         let Upsert::Command(command) = upsert else {
             continue;
         };
+        if command.execution_id != transition.execution_id {
+            return Err(Error::InvalidTransition(
+                "a command names another execution".into(),
+            ));
+        }
         let Some(stored) = view.command(command.command_id)? else {
             continue;
         };

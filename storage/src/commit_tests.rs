@@ -10,6 +10,8 @@ use crate::transition::SessionWrite;
 
 #[derive(Default)]
 struct Maps {
+    /// Quarantined or purged: `writable` refuses.
+    closed: bool,
     head: Option<Held>,
     heads_read: usize,
     commands: HashMap<CommandId, CommandRecord>,
@@ -17,6 +19,15 @@ struct Maps {
 }
 
 impl View for Maps {
+    fn writable(&self) -> Result<()> {
+        match self.closed {
+            true => Err(Error::Quarantined {
+                execution_id: ExecutionId::new(),
+                reason: "planted".into(),
+            }),
+            false => Ok(()),
+        }
+    }
     fn head(&mut self) -> Result<Option<Held>> {
         self.heads_read += 1;
         Ok(self.head)
@@ -264,4 +275,149 @@ fn c2_a_session_write_commits_only_at_the_version_read() {
     ));
     let written = next.session.expect("the record");
     assert_eq!((written.version, written.foreground), (5, Some(execution)));
+}
+
+#[test]
+fn s2_which_check_answers_first_when_several_would() {
+    let execution = ExecutionId::new();
+    // The shape first, then whether it may be written at all.
+    let mut closed = held(1, 0, 1);
+    closed.closed = true;
+    assert!(matches!(
+        decide(&Transition::new(execution, Vec::new()), &mut closed),
+        Err(Error::InvalidTransition(_))
+    ));
+    assert!(matches!(
+        decide(&Transition::new(execution, vec![event()]), &mut closed),
+        Err(Error::Quarantined { .. })
+    ));
+    // A stored outcome answers before a later command naming another execution is seen.
+    let stored = command(execution, CommandStatus::Applied, 1);
+    let mut view = held(1, 0, 1);
+    view.commands.insert(stored.command_id, stored.clone());
+    let transition = Transition::new(execution, vec![event()])
+        .with(Upsert::Command(stored.clone()))
+        .with(Upsert::Command(command(
+            ExecutionId::new(),
+            CommandStatus::Accepted,
+            2,
+        )));
+    assert_eq!(
+        decide(&transition, &mut view).ok(),
+        Some(Verdict::Answer(Outcome::DuplicateCommand { stored }))
+    );
+    // Fencing before the version, the version before the session, the session before the
+    // head rules.
+    let session_id = SessionId::new();
+    let stale_write = SessionWrite {
+        session_id,
+        expected_version: 9,
+        record: None,
+    };
+    let all_wrong = Transition::new(execution, vec![event()])
+        .expect_version(7)
+        .by_epoch(1)
+        .with_session(stale_write.clone());
+    assert_eq!(
+        decide(&all_wrong, &mut held(1, 2, 1)).ok(),
+        Some(Verdict::Answer(Outcome::Fenced { current_epoch: 2 }))
+    );
+    assert_eq!(
+        decide(&all_wrong.clone().by_epoch(2), &mut held(1, 2, 1)).ok(),
+        Some(Verdict::Answer(Outcome::VersionConflict { current: 1 }))
+    );
+    let head = ExecutionHead::new(
+        execution,
+        SessionId::new(),
+        RunId::new(),
+        ExecutionKind::AgentTurn,
+    );
+    let replaced_without_epoch = Transition::new(execution, vec![event()])
+        .with_head(head)
+        .with_session(stale_write);
+    assert_eq!(
+        decide(&replaced_without_epoch, &mut held(1, 0, 1)).ok(),
+        Some(Verdict::Answer(Outcome::SessionConflict { current: 0 }))
+    );
+}
+
+#[test]
+fn k4_a_stored_command_of_another_execution_or_already_decided_is_answered() {
+    let execution = ExecutionId::new();
+    let stored = command(execution, CommandStatus::Applied, 1);
+    let mut view = held(1, 0, 1);
+    view.commands.insert(stored.command_id, stored.clone());
+    // The same id stored for another execution: a conflict.
+    let mut elsewhere = stored.clone();
+    elsewhere.execution_id = ExecutionId::new();
+    view.commands
+        .insert(elsewhere.command_id, elsewhere.clone());
+    let transition =
+        Transition::new(execution, vec![event()]).with(Upsert::Command(stored.clone()));
+    assert_eq!(
+        decide(&transition, &mut view).ok(),
+        Some(Verdict::Answer(Outcome::CommandConflict {
+            stored: elsewhere
+        }))
+    );
+    // An outcome for a command decided already: the stored record stands.
+    view.commands.insert(stored.command_id, stored.clone());
+    let rejected = CommandRecord {
+        status: CommandStatus::Rejected,
+        ..stored.clone()
+    };
+    let transition = Transition::new(execution, vec![event()]).with(Upsert::Command(rejected));
+    assert_eq!(
+        decide(&transition, &mut view).ok(),
+        Some(Verdict::Answer(Outcome::DuplicateCommand {
+            stored: stored.clone()
+        }))
+    );
+    // A rejection alone retried: its stored outcome, not a second record.
+    let refused = command(execution, CommandStatus::Rejected, 3);
+    view.commands.insert(refused.command_id, refused.clone());
+    assert_eq!(
+        decide(&Transition::rejection(refused.clone(), 1, None), &mut view).ok(),
+        Some(Verdict::Answer(Outcome::DuplicateCommand {
+            stored: refused
+        }))
+    );
+}
+
+#[test]
+fn s8_a_projection_goes_with_its_own_execution_and_no_later_than_its_events() {
+    use crate::records::ProjectionRecord;
+    let execution = ExecutionId::new();
+    let projection = |execution_id, through_seq| {
+        Upsert::Projection(ProjectionRecord {
+            execution_id,
+            through_seq,
+            format: 1,
+            state: Vec::new(),
+        })
+    };
+    let fine = Transition::new(execution, vec![event()]).with(projection(execution, 2));
+    committed(decide(&fine, &mut held(1, 0, 1)));
+    let beyond = Transition::new(execution, vec![event()]).with(projection(execution, 3));
+    assert!(matches!(
+        decide(&beyond, &mut held(1, 0, 1)),
+        Err(Error::InvalidTransition(_))
+    ));
+    let foreign = Transition::new(execution, vec![event()]).with(projection(ExecutionId::new(), 2));
+    assert!(matches!(
+        decide(&foreign, &mut held(1, 0, 1)),
+        Err(Error::InvalidTransition(_))
+    ));
+    // A rejection alone carries no session write.
+    let mut rejection =
+        Transition::rejection(command(execution, CommandStatus::Rejected, 1), 1, None);
+    rejection.session = Some(SessionWrite {
+        session_id: SessionId::new(),
+        expected_version: 0,
+        record: None,
+    });
+    assert!(matches!(
+        decide(&rejection, &mut held(1, 0, 1)),
+        Err(Error::InvalidTransition(_))
+    ));
 }

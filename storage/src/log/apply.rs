@@ -33,7 +33,6 @@ impl Committer {
         answer: usize,
     ) -> Result<Outcome> {
         let execution_id = transition.execution_id;
-        self.shared.check_quarantine(execution_id)?;
         // The head itself is copied only for a transition that brings none (most bring one).
         let mut view = SledView {
             committer: self,
@@ -280,6 +279,10 @@ struct SledView<'a> {
 }
 
 impl View for SledView<'_> {
+    fn writable(&self) -> Result<()> {
+        self.committer.shared.check_quarantine(self.execution_id)
+    }
+
     fn head(&mut self) -> Result<Option<Held>> {
         let copy_head = self.copy_head;
         self.current =

@@ -176,14 +176,11 @@ impl Group {
     /// `log/apply.rs`) and, if it commits, stages its rows.
     pub(super) fn apply(&mut self, shared: &Shared, transition: Transition) -> Result<Outcome> {
         let execution_id = transition.execution_id;
-        shared.check_quarantine(execution_id)?;
-        if self.purged.contains(&execution_id) {
-            return Err(Error::Purged(execution_id));
-        }
         let verdict = commit::decide(
             &transition,
             &mut PgView {
                 group: self,
+                shared,
                 execution_id,
             },
         )?;
@@ -540,10 +537,19 @@ fn quarantine(
 /// what it wrote since. A record that did not decode fails the transition that needs it.
 struct PgView<'a> {
     group: &'a Group,
+    shared: &'a Shared,
     execution_id: ExecutionId,
 }
 
 impl View for PgView<'_> {
+    fn writable(&self) -> Result<()> {
+        self.shared.check_quarantine(self.execution_id)?;
+        if self.group.purged.contains(&self.execution_id) {
+            return Err(Error::Purged(self.execution_id));
+        }
+        Ok(())
+    }
+
     fn head(&mut self) -> Result<Option<Held>> {
         Ok(self.group.heads.get(&self.execution_id).map(|head| Held {
             version: head.version,
