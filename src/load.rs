@@ -362,11 +362,8 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         queue_waits_us,
         ..
     } = drive;
-    // The store closes with its last handle: the driver's and the runtime's (the workers'
-    // clones went when they ended). Only then may a temporary directory go: a handle that
-    // outlived it (the driver's, left in `drive` by the pattern until the end of this
-    // function) made the store's last flush fail on the deleted files, and sled 0.34 then
-    // waits for it for good (3 of 10 sequential runs hung).
+    // The store closes with its last handle, the driver's or the runtime's; only then may a
+    // temporary directory go (sled 0.34 waits for good on a last flush to deleted files).
     drop(driven);
     drop(runtime);
     drop(temporary);

@@ -493,11 +493,7 @@ fn load_command(args: LoadArgs) -> ExitCode {
     };
     match runtime.block_on(load::run(options)) {
         Ok(report) => print_report(&report, json),
-        Err(openprogram::Error::InvalidRequest(message)) => {
-            eprintln!("openprogram: {message}");
-            ExitCode::from(2)
-        }
-        Err(error) => fail(&error.to_string()),
+        Err(error) => failed(error),
     }
 }
 
@@ -523,11 +519,7 @@ fn serve_command(args: ServeArgs) -> ExitCode {
     // Flushed (its spans exported) when dropped, after the server stopped.
     let _observability = match observability.init() {
         Ok(installed) => installed,
-        Err(openprogram::Error::InvalidRequest(message)) => {
-            eprintln!("openprogram: {message}");
-            return ExitCode::from(2);
-        }
-        Err(error) => return fail(&error.to_string()),
+        Err(error) => return failed(error),
     };
     let runtime = match tokio_runtime() {
         Ok(runtime) => runtime,
@@ -552,11 +544,7 @@ fn serve_command(args: ServeArgs) -> ExitCode {
     };
     match runtime.block_on(serve::run(options)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(openprogram::Error::InvalidRequest(message)) => {
-            eprintln!("openprogram: {message}");
-            ExitCode::from(2)
-        }
-        Err(error) => fail(&error.to_string()),
+        Err(error) => failed(error),
     }
 }
 
@@ -763,6 +751,17 @@ fn print_report(report: &load::LoadReport, json: bool) -> ExitCode {
 fn fail(message: &str) -> ExitCode {
     eprintln!("openprogram: {message}");
     ExitCode::from(1)
+}
+
+/// The exit of a runtime error: a usage error (`InvalidRequest`) 2, anything else 1.
+fn failed(error: openprogram::Error) -> ExitCode {
+    match error {
+        openprogram::Error::InvalidRequest(message) => {
+            eprintln!("openprogram: {message}");
+            ExitCode::from(2)
+        }
+        error => fail(&error.to_string()),
+    }
 }
 
 /// `--function-revisions`: NAME:REVISION, comma separated.

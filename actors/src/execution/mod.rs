@@ -7,6 +7,7 @@
 //! (`commands.rs`), and its part in restart recovery (`restart.rs`).
 
 pub mod actor;
+mod branch_context;
 pub mod commands;
 mod decision;
 mod effects;
