@@ -168,6 +168,7 @@ async fn page() -> HttpResponse {
 pub fn start(api: Api, listen: &str) -> std::io::Result<(actix_web::dev::Server, Vec<SocketAddr>)> {
     let server = HttpServer::new(move || {
         App::new()
+            .wrap(actix_web::middleware::from_fn(stopped_store))
             .wrap(actix_web::middleware::from_fn(token_first))
             .configure(routes(api.clone()))
     })
@@ -221,6 +222,35 @@ async fn token_first(
     }
     let response = error::ApiError::unauthorized().error_response();
     Ok(request.into_response(response))
+}
+
+/// Once the store has stopped (a write or fsync failed), a read that meets the storage
+/// engine's error answers 503 `fail_stop` as the writes do, not a 500: sled reorganises its
+/// index as it reads (a node split is a write), so a read can need the disk that failed.
+async fn stopped_store(
+    request: actix_web::dev::ServiceRequest,
+    next: actix_web::middleware::Next<impl actix_web::body::MessageBody + 'static>,
+) -> Result<actix_web::dev::ServiceResponse<actix_web::body::BoxBody>, actix_web::Error> {
+    use actix_web::ResponseError as _;
+    let api = request.app_data::<web::Data<Api>>().cloned();
+    let response = next.call(request).await?.map_into_boxed_body();
+    let storage_io = response
+        .response()
+        .error()
+        .and_then(|error| error.as_error::<error::ApiError>())
+        .is_some_and(|error| error.code == "storage_io");
+    if !storage_io || api.and_then(|api| api.runtime.store().failure()).is_none() {
+        return Ok(response);
+    }
+    let stopped = error::ApiError::new(
+        actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+        "fail_stop",
+        "the store stopped after a failed write or fsync, and this read needed a write (the \
+         storage engine reorganises its index as it reads); restart the process once the \
+         disk is healthy",
+    );
+    let (request, _) = response.into_parts();
+    Ok(actix_web::dev::ServiceResponse::new(request, stopped.error_response()))
 }
 
 /// Whether `listen` names only loopback addresses (X-2: anything else needs a token the
