@@ -1,6 +1,6 @@
 //! The runtime's reads of a session's conversation: its branches (Activity, B-2..B-5), its
 //! transcript (C-1), its feed of events (B-6) and the waits shown with a message (W-5); its
-//! name and compaction (C-2, C-3). Split from `lib.rs`.
+//! name and compaction (C-2, C-3); and the builder's conversation hooks.
 
 use std::sync::Arc;
 
