@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use openprogram_storage::{AttemptId, ExecutionId, OwnerId};
+use openprogram_storage::{AttemptId, Event, ExecutionId, OwnerId};
 
 /// The lease of one attempt, readable without messaging its actor (whose thread may be the
 /// one that is stuck).
@@ -41,6 +41,17 @@ impl LeaseState {
         })
     }
 
+    /// The event that claims the execution for this lease's attempt: the one way an
+    /// attempt starts, whoever starts it (an activation, a control, a Job's lease, recovery,
+    /// a takeover).
+    pub fn claim(&self) -> Event {
+        Event::AttemptStarted {
+            attempt_id: self.attempt_id,
+            owner_id: self.owner_id,
+            epoch: self.epoch,
+        }
+    }
+
     /// Starts the lease afresh from now: when its attempt starts running.
     pub fn renew(&self) {
         *self
@@ -66,11 +77,7 @@ impl LeaseState {
     }
 
     pub fn lapsed(&self) -> bool {
-        Instant::now()
-            >= *self
-                .expires_at
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
+        self.remaining().is_zero()
     }
 
     /// Time left on the lease, zero once lapsed.
@@ -129,7 +136,7 @@ impl Handler<crate::describe::Describe> for AttemptLeaseActor {
                 "execution {}, epoch {}, {}",
                 self.state.execution_id,
                 self.state.epoch,
-                if self.state.lapsed() {
+                if remaining.is_zero() {
                     "lapsed".to_owned()
                 } else {
                     format!("expires in {} ms", remaining.as_millis())

@@ -1,7 +1,7 @@
 //! The execution actors a runtime runs, over its shared `Env`: the directory of live actors
 //! by execution id, with their attempt's lease; activation on demand (loading the head and
 //! replaying the events through the pure machine, actions off) on the arbiter the id shards
-//! to; and the takeover of attempts whose lease lapsed. Split from `env.rs`, which the
+//! to; and the takeover of attempts whose lease lapsed. Apart from `env.rs`, which the
 //! actors hold: this module starts them, so they cannot import it; they reach it through
 //! `env::Hooks` (an actor that released itself, the actor a process reports to).
 
@@ -10,9 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use actix::prelude::*;
-use openprogram_storage::{
-    Event, ExecutionHead, ExecutionId, ExecutionKind, ExecutionState, Outcome,
-};
+use openprogram_storage::{ExecutionHead, ExecutionId, ExecutionKind, ExecutionState, Outcome};
 
 use crate::admission::{Admission, StartRequest};
 use crate::attempt_lease::LeaseState;
@@ -502,16 +500,11 @@ impl Executions {
             }
             let epoch = head.fencing_epoch + 1;
             let lease = LeaseState::new(execution_id, self.owner, epoch, self.lease_ttl);
-            let claim = Event::AttemptStarted {
-                attempt_id: lease.attempt_id,
-                owner_id: self.owner,
-                epoch,
-            };
             // Live questions of the old attempt end with the claim (W-4): their records too.
             let mut machine = project(self.store.as_ref(), execution_id, head.last_seq)?;
             let Plan { transition, after } = machine.plan(
                 &head,
-                vec![claim],
+                vec![lease.claim()],
                 Vec::new(),
                 None,
                 Writer::Attempt { epoch },

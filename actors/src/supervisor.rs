@@ -3,11 +3,9 @@
 //! orderly shutdown.
 //!
 //! Startup reads the non-terminal index (never the whole log, S-6), classifies every
-//! execution with the pure `recovery::classify`, then acts on each with one transition under
-//! a fixed command identity (the execution and the version it was found at), so a second
-//! startup — or one after a crash in the middle of this one — claims nothing twice. The
-//! resumed attempt is an ordinary execution actor: recovery has no second scheduler, store or
-//! permission path.
+//! execution with the pure `recovery::classify`, then acts on each with one claim
+//! (`execution/recovery_claim.rs`). The resumed attempt is an ordinary execution actor:
+//! recovery has no second scheduler, store or permission path.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,20 +13,16 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use futures::StreamExt;
 use openprogram_storage::{
-    CommandId, Event, EventEnvelope, ExecutionHead, ExecutionId, ExecutionState, Outcome,
-    RestartIntent, Transition,
+    Event, ExecutionHead, ExecutionId, ExecutionState, Outcome, ProcessId, ProcessState,
+    RestartIntent, Transition, Upsert,
 };
-use openprogram_storage::{ProcessId, ProcessState, Upsert};
 
-use crate::attempt_lease::LeaseState;
 use crate::directory::Executions;
 use crate::env::Env;
 use crate::error::{Error, Result};
-use crate::execution::machine::{Machine, RESTART_PAUSE_REASON};
-use crate::execution::plan;
+use crate::execution::recovery_claim::{act_on, Done, Resumed};
 use crate::execution::restart::{ReconcileUnknown, RestartPause};
-use crate::rebuild::project;
-use crate::recovery::{classify, Hold, Plan};
+use crate::recovery::{classify, Plan};
 
 /// Claims in flight at once during startup: enough to fill the committer's groups.
 const CLAIMS_IN_FLIGHT: usize = 512;
@@ -150,14 +144,6 @@ pub fn keep_node_lease(env: std::sync::Weak<Env>) -> std::io::Result<()> {
         .map(|_| ())
 }
 
-/// N-2: one takeover round: the executions whose attempt belongs to an owner no live node
-/// runs as (a node killed, or stopped past its lease) are recovered here, under the rules of
-/// a local restart (R-2..R-8). Two survivors racing claim each once: a claim is a
-/// transition with a fixed command identity at the version found.
-async fn take_over(env: &Arc<Executions>) -> Result<RecoveryReport> {
-    recover_where(env, Scope::LapsedOwners).await
-}
-
 impl Actor for Supervisor {
     type Context = Context<Self>;
 
@@ -188,8 +174,9 @@ impl Actor for Supervisor {
                 }
                 act.taking_over = true;
                 let env = Arc::clone(&act.env);
-                ctx.spawn(fut::wrap_future(async move { take_over(&env).await }).map(
-                    |report, act: &mut Supervisor, _| {
+                let round = async move { recover_where(&env, Scope::LapsedOwners).await };
+                ctx.spawn(
+                    fut::wrap_future(round).map(|report, act: &mut Supervisor, _| {
                         act.taking_over = false;
                         match report {
                             Ok(report) if report.classified > 0 => {
@@ -200,8 +187,8 @@ impl Actor for Supervisor {
                                 tracing::error!(%error, "taking over lapsed nodes failed")
                             }
                         }
-                    },
-                ));
+                    }),
+                );
             });
         }
     }
@@ -260,23 +247,12 @@ impl Handler<Shutdown> for Supervisor {
     }
 }
 
-/// The fixed identity of recovery's write for an execution found at `version`.
-pub fn recovery_command_id(execution_id: ExecutionId, version: u64) -> CommandId {
-    let mut name = b"restart-claim:".to_vec();
-    name.extend_from_slice(&version.to_be_bytes());
-    CommandId::from_uuid(uuid::Uuid::new_v5(execution_id.as_uuid(), &name))
-}
-
 /// classify every non-terminal execution, then act on each. Commands wait until
 /// this is over (`Env::until_recovered`).
 pub async fn recover(env: Arc<Executions>) -> Result<RecoveryReport> {
-    let recovered = recover_all(&env).await;
+    let recovered = recover_where(&env, Scope::Startup).await;
     env.lifecycle.mark_recovered();
     recovered
-}
-
-async fn recover_all(env: &Arc<Executions>) -> Result<RecoveryReport> {
-    recover_where(env, Scope::Startup).await
 }
 
 /// What a recovery looks at.
@@ -284,7 +260,10 @@ async fn recover_all(env: &Arc<Executions>) -> Result<RecoveryReport> {
 enum Scope {
     /// Every execution no live owner runs (at startup).
     Startup,
-    /// N-2: only executions whose attempt's owner no live node runs as (while running).
+    /// N-2: a takeover round: only executions whose attempt belongs to an owner no live node
+    /// runs as (a node killed, or stopped past its lease), recovered under the rules of a
+    /// local restart (R-2..R-8). Two survivors racing claim each once: a claim is a
+    /// transition with a fixed command identity at the version found.
     LapsedOwners,
 }
 
@@ -296,6 +275,55 @@ async fn recover_where(env: &Arc<Executions>, scope: Scope) -> Result<RecoveryRe
         lost_processes: mark_lost_processes(env).await,
         ..RecoveryReport::default()
     };
+    let plans = plans(env, scope, &nodes)?;
+    report.classified = plans.len();
+    let mut acting = futures::stream::iter(plans.into_iter().map(|(head, plan)| {
+        let env = Arc::clone(env);
+        async move {
+            let execution_id = head.execution_id;
+            (execution_id, act_on(&env, head, plan).await)
+        }
+    }))
+    .buffer_unordered(CLAIMS_IN_FLIGHT);
+    let mut claimed = Vec::new();
+    while let Some((execution_id, done)) = acting.next().await {
+        claimed.extend(report.count(execution_id, done));
+    }
+    drop(acting);
+    // Every claim is durable before any resumed execution takes a step: the claims have the
+    // committer to themselves, and a crash in between leaves only claimed executions, which
+    // the next start resumes again.
+    for resumed in claimed {
+        let (head, machine, lease) = *resumed;
+        env.start_claimed(head, machine, lease);
+    }
+    for execution_id in &report.reconciling {
+        match env.activate(*execution_id) {
+            Ok(addr) => addr.do_send(ReconcileUnknown),
+            Err(error) => {
+                tracing::error!(%execution_id, %error, "asking the reconcile protocol failed")
+            }
+        }
+    }
+    report.elapsed = started.elapsed();
+    tracing::info!(
+        classified = report.classified,
+        resumed = report.resumed.len(),
+        expired = report.expired.len(),
+        held = report.held.len(),
+        elapsed_ms = report.elapsed.as_millis() as u64,
+        "startup recovery done"
+    );
+    Ok(report)
+}
+
+/// Every non-terminal execution in `scope` (`nodes`: the live nodes as first read), with
+/// what recovery does with it (`classify`).
+fn plans(
+    env: &Executions,
+    scope: Scope,
+    nodes: &openprogram_storage::Nodes,
+) -> Result<Vec<(ExecutionHead, Plan)>> {
     let now_ms = env.clock.now_ms();
     let mut plans = Vec::new();
     for state in ExecutionState::ALL
@@ -318,7 +346,7 @@ async fn recover_where(env: &Arc<Executions>, scope: Scope) -> Result<RecoveryRe
                 Err(error) => return Err(error.into()),
             };
             let owner = head.attempt.as_ref().map(|attempt| attempt.owner_id);
-            let lapsed = owner.is_some_and(|owner| !env.owner_alive(&nodes, owner));
+            let lapsed = owner.is_some_and(|owner| !env.owner_alive(nodes, owner));
             let skip = match scope {
                 Scope::Startup => owner.is_some_and(|owner| owner != env.owner) && !lapsed,
                 Scope::LapsedOwners => !lapsed,
@@ -326,7 +354,6 @@ async fn recover_where(env: &Arc<Executions>, scope: Scope) -> Result<RecoveryRe
             if skip {
                 continue;
             }
-            report.classified += 1;
             // J-1: a Job waiting for its lease ran nothing: it stays in the queue, in its place.
             let waits_in_queue = state == ExecutionState::Queued
                 && match env.store.job(execution_id) {
@@ -356,62 +383,33 @@ async fn recover_where(env: &Arc<Executions>, scope: Scope) -> Result<RecoveryRe
                 attempt.owner_id == env.owner || !env.owner_alive(&nodes, attempt.owner_id)
             })
         });
-        report.classified = plans.len();
     }
-    let mut acting = futures::stream::iter(plans.into_iter().map(|(head, plan)| {
-        let env = Arc::clone(env);
-        async move {
-            let execution_id = head.execution_id;
-            (execution_id, act_on(&env, head, plan).await)
-        }
-    }))
-    .buffer_unordered(CLAIMS_IN_FLIGHT);
-    let mut claimed = Vec::new();
-    while let Some((execution_id, done)) = acting.next().await {
+    Ok(plans)
+}
+
+impl RecoveryReport {
+    /// Counts what recovery did with one execution; a resumed one is returned, to start once
+    /// every claim is durable.
+    fn count(&mut self, execution_id: ExecutionId, done: Result<Done>) -> Option<Resumed> {
         match done {
             Ok(Done::Resumed(resumed)) => {
                 // B13: inside the startup recovery scan, a claim durable, others not made.
                 openprogram_storage::failpoint!("B13");
-                report.resumed.push(execution_id);
-                claimed.push(resumed);
+                self.resumed.push(execution_id);
+                return Some(resumed);
             }
-            Ok(Done::Expired) => report.expired.push(execution_id),
-            Ok(Done::Held(reason)) => report.held.push((execution_id, reason)),
-            Ok(Done::Reconciling) => report.reconciling.push(execution_id),
+            Ok(Done::Expired) => self.expired.push(execution_id),
+            Ok(Done::Held(reason)) => self.held.push((execution_id, reason)),
+            Ok(Done::Reconciling) => self.reconciling.push(execution_id),
             Ok(Done::Nothing) => {}
-            Ok(Done::Skipped) => report.skipped += 1,
+            Ok(Done::Skipped) => self.skipped += 1,
             Err(error) => {
                 // One execution's failure (a quarantined record) never stops the others.
                 tracing::error!(%execution_id, %error, "restart recovery failed for an execution");
             }
         }
+        None
     }
-    drop(acting);
-    // Every claim is durable before any resumed execution takes a step: the claims have the
-    // committer to themselves, and a crash in between leaves only claimed executions, which
-    // the next start resumes again.
-    for resumed in claimed {
-        let (head, machine, lease) = *resumed;
-        env.start_claimed(head, machine, lease);
-    }
-    for execution_id in &report.reconciling {
-        match env.activate(*execution_id) {
-            Ok(addr) => addr.do_send(ReconcileUnknown),
-            Err(error) => {
-                tracing::error!(%execution_id, %error, "asking the reconcile protocol failed")
-            }
-        }
-    }
-    report.elapsed = started.elapsed();
-    tracing::info!(
-        classified = report.classified,
-        resumed = report.resumed.len(),
-        expired = report.expired.len(),
-        held = report.held.len(),
-        elapsed_ms = report.elapsed.as_millis() as u64,
-        "startup recovery done"
-    );
-    Ok(report)
 }
 
 /// P-3: every process record still `running` under another incarnation is marked `lost`,
@@ -470,174 +468,6 @@ async fn mark_lost_processes(env: &Arc<Executions>) -> Vec<ProcessId> {
         }
     }
     lost
-}
-
-enum Done {
-    Resumed(Box<(ExecutionHead, Machine, Arc<LeaseState>)>),
-    Expired,
-    Held(&'static str),
-    Reconciling,
-    Nothing,
-    Skipped,
-}
-
-async fn act_on(env: &Arc<Executions>, head: ExecutionHead, plan: Plan) -> Result<Done> {
-    if env.lifecycle.is_stopping() {
-        return Ok(Done::Skipped);
-    }
-    match plan {
-        Plan::Stay => Ok(Done::Nothing),
-        // Asked once every claim is durable: a protocol's `not_applied` runs the effect again,
-        // and nothing runs before the claims.
-        Plan::Reconcile => Ok(Done::Reconciling),
-        Plan::Hold(hold) => {
-            let machine = project(env.store.as_ref(), head.execution_id, head.last_seq)?;
-            if let Some(done) = unknown_instead(env, &head, &machine, None).await? {
-                return Ok(done);
-            }
-            let events = vec![Event::StateChanged {
-                state: ExecutionState::Paused,
-                reason: hold.reason().into(),
-            }];
-            let claimed = claim(env, &head, &machine, events).await?;
-            Ok(claimed.map_or(Done::Skipped, |_| Done::Held(hold.reason())))
-        }
-        Plan::Expire { intent } => {
-            let machine = project(env.store.as_ref(), head.execution_id, head.last_seq)?;
-            if let Some(done) = unknown_instead(env, &head, &machine, Some(intent.clone())).await? {
-                return Ok(done);
-            }
-            let mut events = Vec::new();
-            if head.restart_intent.is_none() {
-                events.push(Event::RestartIntentRecorded { intent });
-            }
-            events.push(Event::StateChanged {
-                state: ExecutionState::Expired,
-                reason: "restart window expired".into(),
-            });
-            let claimed = claim(env, &head, &machine, events).await?;
-            Ok(claimed.map_or(Done::Skipped, |_| Done::Expired))
-        }
-        Plan::Resume { intent } => resume(env, head, intent).await,
-    }
-}
-
-/// An execution that will not run again by itself (held or expired) but left an effect
-/// dispatched without an outcome says so: `unknown`, `reconciliation_required` (I2), never
-/// a plain pause. `None` if it has no such effect. `intent`: the expired restart intent, kept
-/// so the window stays closed for it.
-async fn unknown_instead(
-    env: &Env,
-    head: &ExecutionHead,
-    machine: &Machine,
-    intent: Option<RestartIntent>,
-) -> Result<Option<Done>> {
-    // Dispatched by the dead attempt: in doubt for this claim as for any new attempt.
-    let Some(unknown) = machine.in_doubt(true) else {
-        return Ok(None);
-    };
-    let mut events = Vec::new();
-    if let Some(intent) = intent.filter(|_| head.restart_intent.is_none()) {
-        events.push(Event::RestartIntentRecorded { intent });
-    }
-    events.extend(unknown);
-    events.push(Event::StateChanged {
-        state: ExecutionState::ReconciliationRequired,
-        reason: "unknown external effect".into(),
-    });
-    let claimed = claim(env, head, machine, events).await?;
-    Ok(Some(claimed.map_or(Done::Skipped, |_| {
-        Done::Held("reconciliation_required")
-    })))
-}
-
-/// Claims the execution for a new attempt and starts its actor with the original ids.
-async fn resume(env: &Arc<Executions>, head: ExecutionHead, intent: RestartIntent) -> Result<Done> {
-    let execution_id = head.execution_id;
-    let machine = project(env.store.as_ref(), execution_id, head.last_seq)?;
-    let found_checkpoint = head
-        .checkpoint
-        .as_ref()
-        .map_or(0, |checkpoint| checkpoint.seq);
-    // A cancel is finished whatever its checkpoint says: finishing runs no work.
-    if found_checkpoint != machine.checkpoint_seq && head.state != ExecutionState::Cancelling {
-        // The head and the log disagree about where to continue from: never guess.
-        let hold = Hold::StaleCheckpoint;
-        let events = vec![Event::StateChanged {
-            state: ExecutionState::Paused,
-            reason: hold.reason().into(),
-        }];
-        let claimed = claim(env, &head, &machine, events).await?;
-        return Ok(claimed.map_or(Done::Skipped, |_| Done::Held(hold.reason())));
-    }
-    let lease = LeaseState::new(
-        execution_id,
-        env.owner,
-        head.fencing_epoch + 1,
-        env.lease_ttl,
-    );
-    let mut events = vec![Event::Resumed {
-        command_id: recovery_command_id(execution_id, head.version),
-        abandoned_epoch: head.fencing_epoch,
-        // exactly the checkpoint it continues from; a second interruption before a new
-        // effect finds the same one.
-        inherited_checkpoint_seq: head.checkpoint.as_ref().map(|checkpoint| checkpoint.seq),
-    }];
-    if head.restart_intent.is_none() {
-        events.push(Event::RestartIntentRecorded { intent });
-    }
-    if head.state == ExecutionState::Paused {
-        events.push(Event::StateChanged {
-            // A Job goes back to the queue (J-2).
-            state: machine.run_state(),
-            reason: RESTART_PAUSE_REASON.into(),
-        });
-    }
-    events.push(Event::AttemptStarted {
-        attempt_id: lease.attempt_id,
-        owner_id: env.owner,
-        epoch: lease.epoch,
-    });
-    let Some((head, committed)) = claim(env, &head, &machine, events).await? else {
-        return Ok(Done::Skipped);
-    };
-    let mut machine = machine;
-    machine.apply_committed(&committed, None);
-    Ok(Done::Resumed(Box::new((head, machine, lease))))
-}
-
-/// Commits recovery's transition for an execution as found in `head` (with `machine`, its
-/// state at that head): version-checked, fenced with a higher epoch, under the fixed command
-/// identity. The head as committed and the events to fold, or `None` if someone else moved
-/// the execution first, or this very claim was made already.
-async fn claim(
-    env: &Env,
-    head: &ExecutionHead,
-    machine: &Machine,
-    events: Vec<Event>,
-) -> Result<Option<(ExecutionHead, Vec<EventEnvelope>)>> {
-    let writer = plan::Writer::Recovery {
-        epoch: head.fencing_epoch + 1,
-    };
-    let plan::Plan { transition, after } = machine.plan(
-        head,
-        events,
-        Vec::new(),
-        None,
-        writer,
-        env.clock.now_ms(),
-        |tool| env.tools.recovery(tool),
-    );
-    match env.store.submit(transition).await? {
-        Outcome::Committed(mut committed) => {
-            let events = std::mem::take(&mut committed.events);
-            Ok(Some((after.committed_head(&committed), events)))
-        }
-        Outcome::VersionConflict { .. }
-        | Outcome::Fenced { .. }
-        | Outcome::DuplicateCommand { .. } => Ok(None),
-        other => Err(Error::Internal(format!("recovery claim: {other:?}"))),
-    }
 }
 
 /// R-7's first step, at once (not behind a startup recovery in the supervisor's mailbox):

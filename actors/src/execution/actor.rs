@@ -10,21 +10,19 @@
 //! the execution: the actor stops without touching anything.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use actix::prelude::*;
 use futures::channel::oneshot;
 use futures::future::AbortHandle;
 use openprogram_storage::{
-    EffectId, Event, ExecutionHead, ExecutionId, ExecutionState as Status, Outcome, Upsert, WaitId,
+    EffectId, ExecutionHead, ExecutionId, ExecutionState as Status, Outcome, WaitId,
 };
 
 use crate::attempt_lease::{AttemptLeaseActor, LeaseState, Release, Renew};
 use crate::env::Env;
 use crate::error::Error;
-use crate::execution::machine::{Action, Decision, LiveOutcome, Machine, Next};
-use crate::execution::plan::{Plan, Writer};
+use crate::execution::machine::{LiveOutcome, Machine, Next};
 use crate::snapshot::Snapshot;
 use openprogram_storage::planted::{planted, Bug};
 
@@ -201,237 +199,10 @@ impl ExecutionActor {
         });
     }
 
-    /// The plan of the transition appending `events`, as this actor writes it.
-    fn plan(&self, events: Vec<Event>, upserts: Vec<Upsert>, decision: Option<Decision>) -> Plan {
-        let writer = match self.epoch {
-            Some(epoch) => Writer::Attempt { epoch },
-            None => Writer::Unclaimed,
-        };
-        let tools = &self.env.tools;
-        let now_ms = self.env.clock.now_ms();
-        self.machine.plan(
-            &self.head,
-            events,
-            upserts,
-            decision,
-            writer,
-            now_ms,
-            |tool| tools.recovery(tool),
-        )
-    }
-
-    /// Submits `events` and, once committed, applies them and performs the actions.
-    /// Resolves to the storage outcome: `Committed`, or a command duplicate or conflict
-    /// (nothing applied). A fenced or conflicting write stops the actor.
-    pub(super) fn submit(
-        &mut self,
-        events: Vec<Event>,
-        upserts: Vec<Upsert>,
-    ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
-        self.submit_decided(events, upserts, None)
-    }
-
-    /// `submit` for events decided from a model's `decision` (`Machine::decide_decision`),
-    /// which the machine folds once they are committed.
-    pub(super) fn submit_decided(
-        &mut self,
-        events: Vec<Event>,
-        upserts: Vec<Upsert>,
-        decision: Option<Decision>,
-    ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
-        self.submit_planned(events, upserts, decision, None)
-    }
-
-    /// `submit` with a write of the session's record in the same transition (W-7).
-    pub(super) fn submit_with_session(
-        &mut self,
-        events: Vec<Event>,
-        upserts: Vec<Upsert>,
-        session: Option<openprogram_storage::SessionWrite>,
-    ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
-        self.submit_planned(events, upserts, None, session)
-    }
-
-    fn submit_planned(
-        &mut self,
-        events: Vec<Event>,
-        upserts: Vec<Upsert>,
-        decision: Option<Decision>,
-        session: Option<openprogram_storage::SessionWrite>,
-    ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
-        let Plan {
-            mut transition,
-            after,
-        } = self.plan(events, upserts, decision);
-        if session.is_some() {
-            transition.session = session;
-        }
-        let parent = self
-            .effect_started
-            .as_ref()
-            .map_or(&self.span, |step| &step.span);
-        let commit = match parent.is_none() {
-            true => tracing::Span::none(),
-            false => tracing::info_span!(
-                parent: parent,
-                "commit",
-                execution_id = %self.execution_id,
-                attempt_id = %self.lease.attempt_id,
-                events = transition.events.len(),
-            ),
-        };
-        let submitted = tracing::Instrument::instrument(self.env.store.submit(transition), commit);
-        Box::pin(fut::wrap_future::<_, Self>(submitted).map(
-            move |outcome, act, ctx| match outcome {
-                Ok(Outcome::Committed(mut committed)) => {
-                    act.head = after.committed_head(&committed);
-                    let events = std::mem::take(&mut committed.events);
-                    let mut steps = 0;
-                    for envelope in &events {
-                        match envelope.event {
-                            Event::ModelDecided { .. } | Event::ToolFinished { .. } => {
-                                steps += 1;
-                                if let Some(step) = act.effect_started.take() {
-                                    act.env.telemetry.step(step.kind, step.started.elapsed());
-                                }
-                            }
-                            Event::ModelFailed { .. } => {
-                                if let Some(step) = act.effect_started.take() {
-                                    act.env.telemetry.step(step.kind, step.started.elapsed());
-                                }
-                            }
-                            Event::ControlApplied {
-                                control: openprogram_storage::Control::Reconcile { .. },
-                                ..
-                            } => act.env.telemetry.reconciled(),
-                            Event::ModelUsage {
-                                input_tokens,
-                                output_tokens,
-                                ..
-                            } => {
-                                let [input, output] = &act.env.model_tokens;
-                                input.fetch_add(input_tokens, Ordering::Relaxed);
-                                output.fetch_add(output_tokens, Ordering::Relaxed);
-                            }
-                            _ => {}
-                        }
-                    }
-                    act.machine.apply_committed(&events, after.decision);
-                    act.env.steps.fetch_add(steps, Ordering::Relaxed);
-                    act.perform(after.actions, ctx);
-                    Ok(Outcome::Committed(committed))
-                }
-                Ok(Outcome::Fenced { current_epoch }) => {
-                    Err(act.stop_outdated(Error::Fenced { current_epoch }, ctx))
-                }
-                Ok(Outcome::VersionConflict { current }) => {
-                    Err(act.stop_outdated(Error::VersionConflict { current }, ctx))
-                }
-                Ok(other) => Ok(other),
-                Err(error) => Err(Error::Storage(error)),
-            },
-        ))
-    }
-
-    /// A write refused because a newer attempt fenced this one or another writer moved the
-    /// execution: this actor stops, and its caller gets `error`.
-    pub(super) fn stop_outdated(&mut self, error: Error, ctx: &mut Context<Self>) -> Error {
-        tracing::warn!(execution_id = %self.execution_id, %error, "outdated; stopping");
-        self.release(ctx);
-        error
-    }
-
-    /// A transition that moves the head of an execution with no running attempt (parked,
-    /// paused) claims one in the same transition: its `AttemptStarted` first. Only an attempt
-    /// may move the head. Whether it claimed (a failed commit must undo `epoch`).
-    pub(super) fn claim_in(&mut self, events: &mut Vec<Event>) -> bool {
-        if self.epoch.is_some() {
-            return false;
-        }
-        self.epoch = Some(self.lease.epoch);
-        let started = Event::AttemptStarted {
-            attempt_id: self.lease.attempt_id,
-            owner_id: self.env.owner,
-            epoch: self.lease.epoch,
-        };
-        events.insert(0, started);
-        true
-    }
-
-    /// `submit` for transitions that carry no command: anything but a commit is an error.
-    pub(super) fn commit(
-        &mut self,
-        events: Vec<Event>,
-        upserts: Vec<Upsert>,
-    ) -> ResponseActFuture<Self, Result<u64, Error>> {
-        committed(self.submit(events, upserts))
-    }
-
-    fn perform(&mut self, actions: Vec<Action>, ctx: &mut Context<Self>) {
-        for action in actions {
-            match action {
-                Action::Advance => ctx.notify(Advance),
-                Action::AbortEffect => {
-                    // B12: the cancel is recorded, the effect in flight not yet told.
-                    openprogram_storage::failpoint!("B12");
-                    if let Some(in_flight) = &self.in_flight {
-                        in_flight.abort.abort();
-                    }
-                    self.cancel_called_function(ctx);
-                }
-                Action::Finished => {
-                    // E-8: before the next turn of the branch can start.
-                    self.remember_branch();
-                    // C-2: the session is free before any optional work follows the turn.
-                    self.wake_next_in_session();
-                    self.follow_up();
-                    if self.machine.status() == Status::Cancelled {
-                        // F-6, K-5: also when the Cancel was decided by a later attempt.
-                        self.cancel_called_function(ctx);
-                    }
-                    self.env.lifecycle.notify_finished(self.execution_id);
-                    self.park_if_idle(ctx);
-                }
-                Action::Park => {
-                    self.wake_next_in_session();
-                    self.park_if_idle(ctx);
-                }
-                Action::Reconcile => self.start_reconcile(ctx),
-                Action::LiveResolved { wait_id, outcome } => self.live_resolved(wait_id, outcome),
-                Action::WatchDeadline { .. } => {
-                    self.env.watch_deadline(self.execution_id, &self.machine)
-                }
-                Action::UnwatchDeadline { wait_id } => self.env.unwatch_deadline(wait_id),
-                Action::StopProcess { process_id } => self.stop_process(process_id, ctx),
-                Action::Enqueue
-                | Action::Dequeue
-                | Action::ReleaseLease { .. }
-                | Action::LeaseHeld => self.perform_job(&action, ctx),
-                Action::RunDispatched => {
-                    // B05: the intent (`ToolDispatched`) is durable, the tool not started.
-                    openprogram_storage::failpoint!("B05");
-                    if let Some(pending) = self.machine.pending_tool.clone() {
-                        if self.in_flight.is_none() {
-                            if let Some(done) = self.start_tool(pending, ctx) {
-                                // Recorded before anything else is taken from the mailbox:
-                                // a command that arrived during the dispatch's commit must
-                                // not find the execution idle and drop a finished result.
-                                ctx.wait(self.effect_done(done));
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
     /// A finished or paused execution with nothing in flight releases its actor: its state
     /// is in storage, and a command or read reactivates it.
     pub(super) fn park_if_idle(&mut self, ctx: &mut Context<Self>) {
-        let runs = matches!(
-            self.machine.status(),
-            Status::Queued | Status::Running | Status::Cancelling
-        ) && !self.waits_for_lease()
+        let runs = self.runs()
             // C-2: a turn waiting for its session parks once it looked, but on a node of a
             // shared store it stays and looks again (`take_session`), unless stopping.
             && !(self.machine.waits_for_session()
@@ -447,6 +218,15 @@ impl ExecutionActor {
             }
             self.release(ctx);
         }
+    }
+
+    /// Whether the execution has work for an attempt: it runs, or is being cancelled, and
+    /// is no Job waiting for its lease.
+    fn runs(&self) -> bool {
+        matches!(
+            self.machine.status(),
+            Status::Queued | Status::Running | Status::Cancelling
+        ) && !self.waits_for_lease()
     }
 
     pub(super) fn release(&mut self, ctx: &mut Context<Self>) {
@@ -504,22 +284,12 @@ impl Handler<Activate> for ExecutionActor {
             // After this, before any command sent after the activation.
             ctx.notify(DecideInherited);
         }
-        if !matches!(
-            self.machine.status(),
-            Status::Queued | Status::Running | Status::Cancelling
-        ) || self.waits_for_lease()
-        {
+        if !self.runs() {
             // Nothing to run (paused, waiting, finished, a Job waiting for its lease): no
             // attempt until a control or a lease needs one.
             return AtomicResponse::new(Box::pin(fut::ready(Ok(self.head.version))));
         }
-        let epoch = self.lease.epoch;
-        self.epoch = Some(epoch);
-        let started = Event::AttemptStarted {
-            attempt_id: self.lease.attempt_id,
-            owner_id: self.env.owner,
-            epoch,
-        };
+        let started = self.claim();
         let committed = self.commit(vec![started], Vec::new());
         AtomicResponse::new(Box::pin(committed.map(|committed, act, ctx| {
             if committed.is_ok() {

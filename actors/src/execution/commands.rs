@@ -1,7 +1,7 @@
 //! Commands at the execution (K-1..K-6): the `ApplyCommand` message, and how the actor
 //! records what the pure machine decides (`Machine::decide_command`: version, capabilities
 //! and arguments, all in one place): an applied command with its effect in one transition,
-//! a rejected one as its record alone. Split from `actor.rs`, whose shell it extends.
+//! a rejected one as its record alone.
 
 use actix::prelude::*;
 use openprogram_storage::{CommandRecord, CommandStatus, Event, Outcome, Transition, Upsert};
@@ -307,13 +307,8 @@ impl ExecutionActor {
         Box::pin(fut::wrap_future::<_, Self>(submitted).map(
             move |outcome, act, ctx| match outcome {
                 // As for any write: the service delivers the command to the current owner.
-                Ok(Outcome::Fenced { current_epoch }) => {
-                    Err(act.stop_outdated(Error::Fenced { current_epoch }, ctx))
-                }
-                Ok(Outcome::VersionConflict { current }) => {
-                    Err(act.stop_outdated(Error::VersionConflict { current }, ctx))
-                }
-                outcome => stored_outcome(outcome.map_err(Error::from), record),
+                Ok(outcome) => stored_outcome(act.outdated(outcome, ctx), record),
+                Err(error) => stored_outcome(Err(Error::from(error)), record),
             },
         ))
     }

@@ -1,7 +1,7 @@
 //! A provider's decision as the machine records it (E-3): `Decision` (a tool call with what
 //! the model said beside it, a reply, or an `Ask` and the wait it opens: W-1, W-6..W-8) and
-//! the JSON texts it is kept as (`ToolArgs`, `decision_text`). Split from `machine_types.rs`.
-//! Pure data.
+//! the JSON texts it is kept as (`ToolArgs`, `decision_text`). Pure
+//! data.
 
 use serde::{Deserialize, Serialize};
 

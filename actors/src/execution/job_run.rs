@@ -1,13 +1,12 @@
 //! The execution actor's side of a Job (J-1, J-2): taking a lease the queue offers (the
 //! claim of an attempt, if none runs, and `LeaseGranted` in one transition), ending
 //! `expired` when the queue deadline passed, and telling the queue what the Job's committed
-//! transitions changed (it waits, it left, a lease is released). Split from `actor.rs`,
-//! whose shell it extends.
+//! transitions changed (it waits, it left, a lease is released).
 
 use std::time::Duration;
 
 use actix::prelude::*;
-use openprogram_storage::{Event, ExecutionState as Status, LeaseId};
+use openprogram_storage::{ExecutionState as Status, LeaseId};
 
 use crate::error::Error;
 use crate::execution::actor::{log_failure, Advance, ExecutionActor};
@@ -70,12 +69,7 @@ impl Handler<Grant> for ExecutionActor {
         let mut events = Vec::with_capacity(2);
         if claims {
             // A parked Job starts an attempt to run under its lease, in the same transition.
-            self.epoch = Some(epoch);
-            events.push(Event::AttemptStarted {
-                attempt_id: self.lease.attempt_id,
-                owner_id: self.env.owner,
-                epoch,
-            });
+            events.push(self.claim());
         }
         events.extend(granted);
         AtomicResponse::new(Box::pin(self.commit(events, Vec::new()).map(

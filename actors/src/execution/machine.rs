@@ -323,7 +323,9 @@ impl Present {
     }
 
     /// Folds one event into the present and says what the shell must do once it is
-    /// committed. A `ModelDecided` is folded from `decision`, else from its text.
+    /// committed. A `ModelDecided` is folded from `decision`, else from its text. The events
+    /// of every step are folded here; the rarer ones by the rules of their part (commands,
+    /// waits, processes, durable functions).
     pub(super) fn fold(
         &mut self,
         event: &Event,
@@ -343,79 +345,6 @@ impl Present {
                 output_tokens: *output_tokens,
                 retries: *retries,
             }),
-            Event::Admitted {
-                kind: openprogram_storage::ExecutionKind::Function,
-                input,
-                parent_message_id,
-                revision_id,
-                ..
-            } => {
-                // Written by the admission from a `FunctionInput`; one that does not read
-                // back leaves a function execution with nothing to run (it fails at once).
-                let function: Option<FunctionInput> = serde_json::from_str(input).ok();
-                if let Some(function) = &function {
-                    self.policy = function.policy;
-                    self.active_revision = function.revision;
-                    self.active_identity.clone_from(&function.identity);
-                }
-                self.function = function.map(std::sync::Arc::new);
-                self.admit(*revision_id, *parent_message_id, AgentInput::default());
-                if self.function.is_none() {
-                    self.status = Some(Status::Failed);
-                }
-            }
-            Event::Admitted {
-                input,
-                parent_message_id,
-                revision_id,
-                ..
-            } => {
-                let parsed = serde_json::from_str(input).unwrap_or_else(|_| AgentInput {
-                    message: input.clone(),
-                    ..AgentInput::default()
-                });
-                self.admit(*revision_id, *parent_message_id, parsed);
-            }
-            Event::AttemptStarted {
-                owner_id,
-                attempt_id,
-                ..
-            } => self.attempt_started(*owner_id, *attempt_id, actions),
-            Event::StateChanged { state, reason } => self.state_changed(*state, reason, actions),
-            Event::ControlAccepted {
-                command_id,
-                control,
-            } => {
-                self.answer_submitted(control);
-                self.pending_commands.push((*command_id, control.clone()));
-            }
-            // Written before `ControlAccepted` existed: the payload-free controls can still
-            // be decided from their kind.
-            Event::CommandAccepted { command_id, kind } => {
-                let control = match kind.as_str() {
-                    "pause" => Some(Control::Pause),
-                    "continue" => Some(Control::Continue),
-                    "step" => Some(Control::Step),
-                    "cancel" => Some(Control::Cancel),
-                    _ => None,
-                };
-                if let Some(control) = control {
-                    self.pending_commands.push((*command_id, control));
-                }
-            }
-            Event::CommandRejected { command_id, .. } => {
-                self.answer_rejected(*command_id);
-                self.pending_commands
-                    .retain(|(pending, _)| pending != command_id);
-            }
-            Event::ControlApplied {
-                command_id,
-                control,
-            } => {
-                self.pending_commands
-                    .retain(|(pending, _)| pending != command_id);
-                self.apply_control(control, seq, actions);
-            }
             Event::ModelDecided { decision: text, .. } => match decision {
                 Some(decision) => self.model_decided(event, Some(decision), actions),
                 None => {
@@ -425,76 +354,70 @@ impl Present {
             },
             Event::ToolDispatched { .. } => self.tool_dispatched(actions),
             Event::ToolFinished { status, .. } => self.tool_finished(*status, seq, actions),
-            Event::WaitOpened {
-                wait_id,
-                kind,
-                prompt,
-                live,
-            } => self.apply_wait_opened(*wait_id, *kind, prompt, *live, seq),
-            Event::WaitChanged { wait_id, status } => {
-                self.apply_wait_changed(*wait_id, *status, actions)
-            }
-            Event::SessionTurn { strategy, behind } => self.apply_session_turn(strategy, *behind),
-            Event::SessionTurnStarted { .. } => self.apply_session_turn_started(),
+            Event::StateChanged { state, reason } => self.state_changed(*state, reason, actions),
+            Event::CheckpointPublished { .. } => self.checkpoint_seq = seq,
             Event::ContextPinned { .. } => self.pin_folded(event, actions),
+            Event::AttemptStarted {
+                owner_id,
+                attempt_id,
+                ..
+            } => self.attempt_started(*owner_id, *attempt_id, actions),
+            Event::Admitted { .. } => self.admitted(event),
+            Event::ControlAccepted { .. }
+            | Event::CommandAccepted { .. }
+            | Event::CommandRejected { .. }
+            | Event::ControlApplied { .. } => self.fold_command(event, seq, actions),
+            Event::WaitOpened { .. } | Event::WaitDetails { .. } | Event::WaitChanged { .. } => {
+                self.fold_wait(event, seq, actions)
+            }
             Event::GrantUsed { grant_id, tool, .. } => {
                 self.granted_next = Some(*grant_id);
                 self.granted_tool = Some(tool.clone());
             }
-            Event::WaitDetails {
-                wait_id,
-                request,
-                timeout_ms,
-                deadline_ms,
-                reopens,
-            } => self.apply_wait_details(
-                *wait_id,
-                request,
-                *timeout_ms,
-                *deadline_ms,
-                *reopens,
-                actions,
-            ),
-            Event::ProcessChanged { process_id, state } => {
-                self.apply_process_changed(*process_id, state)
-            }
-            Event::ProcessOutput {
-                process_id,
-                output_bytes,
-            } => self.apply_process_output(*process_id, *output_bytes),
+            Event::SessionTurn { strategy, behind } => self.apply_session_turn(strategy, *behind),
+            Event::SessionTurnStarted { .. } => self.apply_session_turn_started(),
+            Event::ProcessChanged { .. } | Event::ProcessOutput { .. } => self.fold_process(event),
             Event::Forked { state, .. } => self.apply_forked(state),
-            Event::CheckpointPublished { .. } => self.checkpoint_seq = seq,
-            Event::StepStarted { step_id, effect_id } => {
-                let mut step = PendingTool::new(*effect_id, step_id.clone(), ToolArgs::default());
-                step.dispatched = true;
-                step.dispatched_by = self.attempt_owner;
-                step.dispatched_in = self.attempt_id;
-                self.pending_steps.push(step);
-            }
-            Event::StepFinished {
-                step_id,
-                effect_id,
-                status,
-                ..
-            } => self.step_finished(step_id, *effect_id, *status, seq, actions),
-            Event::RevisionAdopted {
-                revision,
-                identity,
-                steps,
-                ..
-            } => {
-                self.active_revision = *revision;
-                self.active_identity.clone_from(identity);
-                self.step_aliases = steps.iter().cloned().collect();
-                self.differences.clear();
-                if self.status() == Status::Running {
-                    actions.push(Action::Advance);
-                }
-            }
-            Event::VersionConflict { differences, .. } => {
-                self.differences.clone_from(differences);
-            }
+            Event::StepStarted { .. }
+            | Event::StepFinished { .. }
+            | Event::RevisionAdopted { .. }
+            | Event::VersionConflict { .. } => self.fold_function(event, seq, actions),
             _ => {}
+        }
+    }
+
+    /// The admission: an agent turn's input, or what a durable function runs (F-1).
+    fn admitted(&mut self, event: &Event) {
+        let Event::Admitted {
+            kind,
+            input,
+            parent_message_id,
+            revision_id,
+            ..
+        } = event
+        else {
+            return;
+        };
+        if *kind != openprogram_storage::ExecutionKind::Function {
+            let parsed = serde_json::from_str(input).unwrap_or_else(|_| AgentInput {
+                message: input.clone(),
+                ..AgentInput::default()
+            });
+            self.admit(*revision_id, *parent_message_id, parsed);
+            return;
+        }
+        // Written by the admission from a `FunctionInput`; one that does not read back
+        // leaves a function execution with nothing to run (it fails at once).
+        let function: Option<FunctionInput> = serde_json::from_str(input).ok();
+        if let Some(function) = &function {
+            self.policy = function.policy;
+            self.active_revision = function.revision;
+            self.active_identity.clone_from(&function.identity);
+        }
+        self.function = function.map(std::sync::Arc::new);
+        self.admit(*revision_id, *parent_message_id, AgentInput::default());
+        if self.function.is_none() {
+            self.status = Some(Status::Failed);
         }
     }
 

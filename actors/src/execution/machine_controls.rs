@@ -112,25 +112,32 @@ impl Machine {
         expected_version: Option<u64>,
         at: &CommandContext,
     ) -> Result<Accepted, Rejection> {
+        self.accept(command_id, body, expected_version, at)
+            .map_err(|refusal| self.refuse(refusal, at))
+    }
+
+    /// `decide_command` but for the controls a refusal offers.
+    fn accept(
+        &self,
+        command_id: CommandId,
+        body: CommandBody,
+        expected_version: Option<u64>,
+        at: &CommandContext,
+    ) -> Result<Accepted, Refusal> {
         if let Some(expected) = expected_version.filter(|expected| *expected != at.version) {
-            return Err(self.refuse(
-                Refusal::StaleVersion {
-                    expected,
-                    current: at.version,
-                },
-                at,
-            ));
+            return Err(Refusal::StaleVersion {
+                expected,
+                current: at.version,
+            });
         }
         let kind = body.kind();
         if !self.capabilities(at).contains(&kind) {
-            return Err(self.refuse(self.why_not(kind, at), at));
+            return Err(self.why_not(kind, at));
         }
         let control = match body {
             CommandBody::Fork { checkpoint } => {
-                return self
-                    .fork_point(checkpoint)
-                    .map(|checkpoint_seq| Accepted::Fork { checkpoint_seq })
-                    .map_err(|refusal| self.refuse(refusal, at))
+                let checkpoint_seq = self.fork_point(checkpoint)?;
+                return Ok(Accepted::Fork { checkpoint_seq });
             }
             CommandBody::Retry => return Ok(Accepted::Retry),
             CommandBody::Pause => Control::Pause,
@@ -140,33 +147,23 @@ impl Machine {
                     // F-3, K-7: the policy first, in the same transition; a policy is a
                     // function's.
                     if self.function.is_none() {
-                        let refusal = Refusal::FunctionsOnly {
-                            kind: CommandKind::SetPolicy,
-                        };
-                        return Err(self.refuse(refusal, at));
+                        let kind = CommandKind::SetPolicy;
+                        return Err(Refusal::FunctionsOnly { kind });
                     }
+                    let control = Control::SetPolicy { policy };
                     events.push(Event::ControlApplied {
                         command_id,
-                        control: Control::SetPolicy { policy },
+                        control,
                     });
                 }
                 // J-1: a Job continues only with budget left (raised here, if need be).
-                events.extend(
-                    self.decide_budget(budget, at.now_ms)
-                        .map_err(|refusal| self.refuse(refusal, at))?,
-                );
-                events.extend(
-                    self.decide_control(command_id, Control::Continue, at)
-                        .map_err(|refusal| self.refuse(refusal, at))?,
-                );
-                return Ok(Accepted::Control {
-                    control: Control::Continue,
-                    events,
-                });
+                events.extend(self.decide_budget(budget, at.now_ms)?);
+                events.extend(self.decide_control(command_id, Control::Continue, at)?);
+                let control = Control::Continue;
+                return Ok(Accepted::Control { control, events });
             }
             CommandBody::Step => {
-                self.decide_budget(None, at.now_ms)
-                    .map_err(|refusal| self.refuse(refusal, at))?;
+                self.decide_budget(None, at.now_ms)?;
                 Control::Step
             }
             CommandBody::Steer { text } => Control::Steer { text },
@@ -176,16 +173,12 @@ impl Machine {
                 answer,
                 scope,
             } => Control::Answer {
-                wait_id: self
-                    .wait_named(wait)
-                    .map_err(|refusal| self.refuse(refusal, at))?,
+                wait_id: self.wait_named(wait)?,
                 answer,
                 scope,
             },
             CommandBody::Decline { wait } => Control::Decline {
-                wait_id: self
-                    .wait_named(wait)
-                    .map_err(|refusal| self.refuse(refusal, at))?,
+                wait_id: self.wait_named(wait)?,
             },
             CommandBody::Reconcile {
                 effect,
@@ -196,9 +189,7 @@ impl Machine {
                     (EffectRef::Id(effect_id), _) => effect_id,
                     (EffectRef::Unresolved, Some(unresolved)) => unresolved.effect_id,
                     // Offered only while an effect awaits reconciliation (K-3).
-                    (EffectRef::Unresolved, None) => {
-                        return Err(self.refuse(self.why_not(kind, at), at))
-                    }
+                    (EffectRef::Unresolved, None) => return Err(self.why_not(kind, at)),
                 },
                 status: outcome.status(),
                 output: text,
@@ -207,9 +198,7 @@ impl Machine {
             CommandBody::SetPolicy { policy } => Control::SetPolicy { policy },
             CommandBody::Revoke { grant_id } => Control::Revoke { grant_id },
         };
-        let events = self
-            .decide_control(command_id, control.clone(), at)
-            .map_err(|refusal| self.refuse(refusal, at))?;
+        let events = self.decide_control(command_id, control.clone(), at)?;
         Ok(Accepted::Control { control, events })
     }
 
@@ -354,7 +343,46 @@ impl Machine {
 }
 
 impl Present {
-    pub(super) fn apply_control(&mut self, control: &Control, seq: u64, actions: &mut Vec<Action>) {
+    /// A command's events: accepted (its decision pending), rejected, or applied.
+    pub(super) fn fold_command(&mut self, event: &Event, seq: u64, actions: &mut Vec<Action>) {
+        match event {
+            Event::ControlAccepted {
+                command_id,
+                control,
+            } => {
+                self.answer_submitted(control);
+                self.pending_commands.push((*command_id, control.clone()));
+            }
+            // Written before `ControlAccepted` existed: the payload-free controls can still
+            // be decided from their kind.
+            Event::CommandAccepted { command_id, kind } => {
+                let control = match kind.as_str() {
+                    "pause" => Control::Pause,
+                    "continue" => Control::Continue,
+                    "step" => Control::Step,
+                    "cancel" => Control::Cancel,
+                    _ => return,
+                };
+                self.pending_commands.push((*command_id, control));
+            }
+            Event::CommandRejected { command_id, .. } => {
+                self.answer_rejected(*command_id);
+                self.pending_commands
+                    .retain(|(pending, _)| pending != command_id);
+            }
+            Event::ControlApplied {
+                command_id,
+                control,
+            } => {
+                self.pending_commands
+                    .retain(|(pending, _)| pending != command_id);
+                self.apply_control(control, seq, actions);
+            }
+            _ => {}
+        }
+    }
+
+    fn apply_control(&mut self, control: &Control, seq: u64, actions: &mut Vec<Action>) {
         match control {
             Control::Pause => self.pause_requested = true,
             Control::Continue => {

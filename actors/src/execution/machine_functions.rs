@@ -1,4 +1,4 @@
-//! The pure machine's rules for durable functions (F-1..F-7), split from `machine.rs`: what a
+//! The pure machine's rules for durable functions (F-1..F-7): what a
 //! run of the body runs (version policy, `decide_run`), when it stops at a boundary, what a
 //! step's result and the body's return commit, and how committed steps are read back. Like
 //! the rest of the machine: no actix, no sled, no clock.
@@ -276,8 +276,46 @@ impl Machine {
 }
 
 impl Present {
+    /// A durable function's events: an External step dispatched or ended, a revision
+    /// adopted (F-3) or found in conflict with the steps committed.
+    pub(super) fn fold_function(&mut self, event: &Event, seq: u64, actions: &mut Vec<Action>) {
+        match event {
+            Event::StepStarted { step_id, effect_id } => {
+                let mut step = PendingTool::new(*effect_id, step_id.clone(), ToolArgs::default());
+                step.dispatched = true;
+                step.dispatched_by = self.attempt_owner;
+                step.dispatched_in = self.attempt_id;
+                self.pending_steps.push(step);
+            }
+            Event::StepFinished {
+                step_id,
+                effect_id,
+                status,
+                ..
+            } => self.step_finished(step_id, *effect_id, *status, seq, actions),
+            Event::RevisionAdopted {
+                revision,
+                identity,
+                steps,
+                ..
+            } => {
+                self.active_revision = *revision;
+                self.active_identity.clone_from(identity);
+                self.step_aliases = steps.iter().cloned().collect();
+                self.differences.clear();
+                if self.status() == Status::Running {
+                    actions.push(Action::Advance);
+                }
+            }
+            Event::VersionConflict { differences, .. } => {
+                self.differences.clone_from(differences);
+            }
+            _ => {}
+        }
+    }
+
     /// A durable function's step ended: done, or, `Unknown`, in doubt until reconciled.
-    pub(super) fn step_finished(
+    fn step_finished(
         &mut self,
         step_id: &str,
         effect_id: EffectId,

@@ -1,4 +1,4 @@
-//! The machine's history (`Machine` beside its `Present`), split from `machine.rs`: what each
+//! The machine's history (`Machine` beside its `Present`): what each
 //! committed event adds to it — receipts, context turns, results, decided commands, fork
 //! points — read from the present as it was before the event, and ended waits moved out of
 //! the present. Pure, like the rest of the machine.
@@ -58,21 +58,7 @@ impl Machine {
                 effect_id,
                 status,
                 output,
-            } => {
-                // W-7: the receipt of a call that ran on an approval or grant keeps it.
-                let granted = self
-                    .present
-                    .pending_tool
-                    .as_ref()
-                    .filter(|pending| pending.effect_id == *effect_id)
-                    .and_then(|pending| pending.grant);
-                if let Some(grant) = granted {
-                    if !self.relied_on.iter().any(|(effect, _)| effect == effect_id) {
-                        self.relied_on.push((*effect_id, grant));
-                    }
-                }
-                self.record_tool_finished(*effect_id, *status, output)
-            }
+            } => self.record_tool_finished(*effect_id, *status, output),
             // W-7: a grant approved it: the provider is told as of an approval.
             Event::GrantUsed { tool, grant_id, .. } => {
                 std::sync::Arc::make_mut(&mut self.context).push(Turn::WaitResolved {
@@ -124,13 +110,23 @@ impl Machine {
     }
 
     /// A tool call's outcome: its result enters the context, or, `Unknown`, it waits for
-    /// reconciliation with nothing in the context.
+    /// reconciliation with nothing in the context. W-7: the receipt of a call that ran
+    /// on an approval or grant keeps it.
     fn record_tool_finished(&mut self, effect_id: EffectId, status: ReceiptStatus, output: &str) {
-        let tool = self
-            .present
-            .pending_tool
-            .as_ref()
-            .map(|pending| pending.tool.clone());
+        let pending = self.present.pending_tool.as_ref();
+        let granted = pending
+            .filter(|pending| pending.effect_id == effect_id)
+            .and_then(|pending| pending.grant);
+        let tool = pending.map(|pending| pending.tool.clone());
+        if let Some(grant) = granted {
+            if !self
+                .relied_on
+                .iter()
+                .any(|(effect, _)| *effect == effect_id)
+            {
+                self.relied_on.push((effect_id, grant));
+            }
+        }
         if status == ReceiptStatus::Unknown {
             if let Some(tool) = tool {
                 self.receipts.tool(effect_id, &tool, status);

@@ -1,4 +1,4 @@
-//! The pure machine's rules for restart recovery, split from `machine.rs`: resolving an
+//! The pure machine's rules for restart recovery: resolving an
 //! `unknown` effect by reconciliation and the cooperative pause of an orderly shutdown
 //! . Like the rest of the machine: no actix, no sled, no clock.
 

@@ -17,16 +17,16 @@
 //! `OP_SIM_SEED` replays a run; each run prints its seed.
 
 use openprogram_storage::{
-    AttemptId, CommandId, Control, EffectId, Event, ExecutionState as Status, OwnerId,
-    ReceiptStatus,
+    CommandId, Control, EffectId, Event, ExecutionState as Status, OwnerId, ReceiptStatus,
 };
 
 use super::machine::*;
 use super::machine_sim_checks::{
     check_capabilities, check_plan, check_waits_and_grants, control_of, fitting_answer, recovery,
-    Rng,
+    Rng, Seen,
 };
 use super::projection::Projected;
+use crate::attempt_lease::LeaseState;
 
 /// Runs per test and inputs per run.
 const RUNS: u64 = 300;
@@ -45,18 +45,10 @@ struct Sim {
     in_flight: Option<InFlight>,
     /// Tools the script uses: `append` is External.
     epoch: u64,
-    cancel_applied: bool,
-    terminal: Option<Status>,
-    results: std::collections::HashMap<EffectId, usize>,
-    /// Step events committed since the last applied Step, while it runs.
-    steps_since_step: Option<usize>,
     /// A result that was already on its way when its effect was aborted.
     late: Option<InFlight>,
-    /// The attempt (epoch) that dispatched each External effect.
-    dispatched_at: std::collections::HashMap<EffectId, u64>,
-    /// Waits once resolved, with their outcome: it never changes again.
-    resolved:
-        std::collections::HashMap<openprogram_storage::WaitId, openprogram_storage::WaitStatus>,
+    /// What the invariants remember across the run's commits.
+    seen: Seen,
     /// S-8: the machine as a reader rebuilds it from the projection taken at the last
     /// restart, folded with every commit since, as a parked actor's partial machine is.
     partial: Option<Machine>,
@@ -78,13 +70,8 @@ impl Sim {
             log: Vec::new(),
             in_flight: None,
             epoch: 0,
-            cancel_applied: false,
-            terminal: None,
-            results: Default::default(),
-            steps_since_step: None,
             late: None,
-            dispatched_at: Default::default(),
-            resolved: Default::default(),
+            seen: Seen::default(),
             partial: None,
             long: max_iterations > 100,
             now_ms: 1_000_000,
@@ -100,12 +87,7 @@ impl Sim {
         // The old attempt's results are fenced: they never reach this machine.
         self.in_flight = None;
         self.late = None;
-        self.epoch += 1;
-        let started = Event::AttemptStarted {
-            attempt_id: AttemptId::new(),
-            owner_id: OwnerId::new(),
-            epoch: self.epoch,
-        };
+        let started = self.claim();
         self.partial = self.projected();
         if !self.machine.status().is_terminal() {
             self.commit(vec![started], context);
@@ -138,7 +120,7 @@ impl Sim {
     fn commit_decided(&mut self, events: Vec<Event>, decision: Option<Decision>, context: &str) {
         let before = self.machine.status();
         let before_waits: Vec<WaitState> = self.machine.waits().into_iter().cloned().collect();
-        let mut fresh = self.projected();
+        let fresh = self.projected();
         let head = self.head();
         let writer = crate::execution::plan::Writer::Attempt { epoch: self.epoch };
         // The plan as the actor makes it (with the decision), and one from the events'
@@ -146,70 +128,18 @@ impl Sim {
         let plan = self
             .machine
             .plan(&head, events, Vec::new(), decision, writer, 0, recovery);
-        let from_text = self.machine.plan(
-            &head,
-            plan.transition.events.clone(),
-            Vec::new(),
-            None,
-            writer,
-            0,
-            recovery,
-        );
+        let events = plan.transition.events.clone();
+        let from_text =
+            self.machine
+                .plan(&head, events.clone(), Vec::new(), None, writer, 0, recovery);
         let mut decision = plan.after.decision.clone();
         let mut actions = Vec::new();
-        let events = plan.transition.events.clone();
         for event in &events {
             let seq = self.log.len() as u64 + 1;
             self.machine
                 .apply_decided(event, seq, &mut actions, &mut decision);
             self.log.push(event.clone());
-            match event {
-                Event::ControlApplied {
-                    control: Control::Cancel,
-                    ..
-                } => self.cancel_applied = true,
-                Event::ControlApplied {
-                    control: Control::Step,
-                    ..
-                } => self.steps_since_step = Some(0),
-                // A call whose outcome is `Unknown` is no step taken (R-8: reconciled
-                // `NotApplied`, it runs again as the same step).
-                Event::ToolFinished {
-                    status: ReceiptStatus::Unknown,
-                    ..
-                } => {}
-                Event::ModelDecided { .. } | Event::ToolFinished { .. } => {
-                    if let Some(steps) = &mut self.steps_since_step {
-                        *steps += 1;
-                    }
-                }
-                Event::ControlApplied {
-                    control: Control::Continue,
-                    ..
-                }
-                | Event::StateChanged {
-                    state: Status::Paused,
-                    ..
-                } => self.steps_since_step = None,
-                _ => {}
-            }
-            if let Event::ToolDispatched { effect_id, .. } = event {
-                self.dispatched_at.insert(*effect_id, self.epoch);
-            }
-            // One outcome per effect: an `Unknown` one is no outcome (reconciled
-            // `NotApplied`, the same effect runs again and finishes once more).
-            if let Event::ToolFinished {
-                effect_id, status, ..
-            } = event
-            {
-                if *status != ReceiptStatus::Unknown {
-                    *self.results.entry(*effect_id).or_default() += 1;
-                    assert_eq!(
-                        self.results[effect_id], 1,
-                        "{context}: two results for {effect_id}"
-                    );
-                }
-            }
+            self.seen.track(event, self.epoch, context);
         }
         // The machine folded the decision as a value, not from its text.
         assert!(
@@ -219,33 +149,7 @@ impl Sim {
         for plan in [&plan, &from_text] {
             check_plan(&self.machine, plan, &head, &before_waits, &actions, context);
         }
-        if let Some(terminal) = self.terminal {
-            assert_eq!(
-                self.machine.status(),
-                terminal,
-                "{context}: left terminal {terminal} from {before}"
-            );
-        }
-        if self.machine.status().is_terminal() {
-            self.terminal = Some(self.machine.status());
-            if self.cancel_applied {
-                assert_eq!(
-                    self.machine.status(),
-                    Status::Cancelled,
-                    "{context}: cancel did not win"
-                );
-            }
-        }
-        if let Some(steps) = self.steps_since_step {
-            assert!(steps <= 1, "{context}: a Step ran {steps} steps");
-        }
-        for wait in self.machine.waits() {
-            if let Some(was) = self.resolved.get(&wait.wait_id) {
-                assert_eq!(*was, wait.status, "{context}: a resolved wait changed");
-            } else if !wait.status.is_pending() {
-                self.resolved.insert(wait.wait_id, wait.status);
-            }
-        }
+        self.seen.check_state(&self.machine, before, context);
         check_waits_and_grants(
             &self.machine,
             &self.log,
@@ -254,23 +158,28 @@ impl Sim {
             &mut self.revoked,
             context,
         );
-        let mut effects = std::collections::HashSet::new();
-        for receipt in self.machine.receipts.iter() {
-            assert!(
-                effects.insert(receipt.effect_id),
-                "{context}: two receipts for effect {}",
-                receipt.effect_id
-            );
+        self.check_rebuilt(&events, fresh, context);
+        if actions.contains(&Action::AbortEffect) {
+            // The actor aborts it; a result already on its way still arrives.
+            self.late = self.late.or(self.in_flight.take());
         }
+        if actions.contains(&Action::RunDispatched) {
+            if let Some(pending) = &self.machine.pending_tool {
+                self.in_flight = Some(InFlight::Tool(pending.effect_id));
+            }
+        }
+    }
+
+    /// Recovery = apply: the whole log replayed rebuilds the machine. S-8: a machine rebuilt
+    /// from a projection (`fresh`, taken before this commit, or the one of the last restart)
+    /// and folded since reads as the whole history, and offers the same controls.
+    fn check_rebuilt(&mut self, events: &[Event], mut fresh: Option<Machine>, context: &str) {
         let mut replayed = Machine::default();
-        let mut ignored = Vec::new();
         for (index, event) in self.log.iter().enumerate() {
-            replayed.apply(event, index as u64 + 1, &mut ignored);
+            replayed.apply(event, index as u64 + 1, &mut Vec::new());
         }
         assert_eq!(replayed, self.machine, "{context}: replay diverged");
         check_capabilities(&self.machine, self.in_flight.is_some(), context);
-        // S-8: a machine rebuilt from a projection and folded since reads as the whole
-        // history, and offers the same controls.
         let first_seq = self.log.len() - events.len() + 1;
         for partial in [fresh.as_mut(), self.partial.as_mut()]
             .into_iter()
@@ -294,15 +203,6 @@ impl Sim {
                 "{context}: a projection offers other controls"
             );
         }
-        if actions.contains(&Action::AbortEffect) {
-            // The actor aborts it; a result already on its way still arrives.
-            self.late = self.late.or(self.in_flight.take());
-        }
-        if actions.contains(&Action::RunDispatched) {
-            if let Some(pending) = &self.machine.pending_tool {
-                self.in_flight = Some(InFlight::Tool(pending.effect_id));
-            }
-        }
     }
 
     /// The head the actor would hold now: the sim's log and attempt.
@@ -320,17 +220,12 @@ impl Sim {
         head
     }
 
-    /// A new attempt's claim first in `events`, as the actor's `claim_in`.
-    fn claim(&mut self, events: &mut Vec<Event>) {
+    /// A new attempt's claim, built as the shell builds it (`LeaseState::claim`).
+    fn claim(&mut self) -> Event {
         self.epoch += 1;
-        events.insert(
-            0,
-            Event::AttemptStarted {
-                attempt_id: AttemptId::new(),
-                owner_id: OwnerId::new(),
-                epoch: self.epoch,
-            },
-        );
+        let execution_id = openprogram_storage::ExecutionId::new();
+        let ttl = std::time::Duration::from_secs(1);
+        LeaseState::new(execution_id, OwnerId::new(), self.epoch, ttl).claim()
     }
 
     fn decide(&mut self, input: Input, context: &str) {
@@ -356,7 +251,7 @@ impl Sim {
             Next::Persist(events) => self.commit(events, "advance"),
             Next::CallModel { effect_id } => self.in_flight = Some(InFlight::Model(effect_id)),
             Next::RunTool(pending) => {
-                if let Some(epoch) = self.dispatched_at.get(&pending.effect_id) {
+                if let Some(epoch) = self.seen.dispatched_at.get(&pending.effect_id) {
                     assert_eq!(
                         *epoch, self.epoch,
                         "an External effect dispatched by attempt {epoch} was run again"
@@ -483,14 +378,15 @@ impl Sim {
             "a wait expired before its deadline"
         );
         // As the actor does: a parked execution's expiry claims an attempt.
-        self.claim(&mut events);
+        events.insert(0, self.claim());
         self.commit(events, "expire");
         let expired = self.machine.wait(wait.wait_id).expect("the wait");
         assert_eq!(expired.status, openprogram_storage::WaitStatus::Expired);
         assert_eq!(self.machine.status(), Status::Paused);
     }
 
-    fn control(&mut self, rng: &mut Rng) {
+    /// A random control, and the wait an answer or decline names.
+    fn pick_control(&self, rng: &mut Rng) -> (Control, openprogram_storage::WaitId) {
         // An answer names the pending wait or, as a stale client would, any earlier one.
         let target = match rng.below(2) {
             0 => self.machine.pending_wait().map(|wait| wait.wait_id),
@@ -562,6 +458,11 @@ impl Sim {
             _ if self.long && rng.below(20) > 0 => Control::Continue,
             _ => Control::Cancel,
         };
+        (control, target)
+    }
+
+    fn control(&mut self, rng: &mut Rng) {
+        let (control, target) = self.pick_control(rng);
         let kind = control.kind();
         // As the actor does: one transition saves the command (`ControlAccepted` first), claims
         // an attempt if the control moves a parked execution, and records the decision.
@@ -602,7 +503,7 @@ impl Sim {
                     .iter()
                     .any(|e| matches!(e, Event::StateChanged { .. }))
             {
-                self.claim(&mut events);
+                events.insert(0, self.claim());
             }
             events.insert(0, accepted);
             // W-7: the session write the actor adds for this control, at the version read.
@@ -659,7 +560,7 @@ fn simulate(runs: u64, inputs_per_run: usize, max_iterations: u32) {
                 _ => sim.restart("restart"),
             }
         }
-        ended += usize::from(sim.terminal.is_some());
+        ended += usize::from(sim.seen.terminal.is_some());
         for event in &sim.log {
             match event {
                 Event::GrantUsed { .. } => granted += 1,

@@ -1,8 +1,15 @@
 //! What the seeded simulation (`machine_sim.rs`, R10) checks after each commit, apart from
-//! the simulation itself: a transition's plan against the machine's fold, K-3 in the state
-//! reached, the waits and grants (W-2, W-7, W-8); and the answers and controls it sends.
+//! the simulation itself: what the run has seen so far (`Seen`: K-5, terminal states, a
+//! Step's one step, one outcome per effect), a transition's plan against the machine's fold,
+//! K-3 in the state reached, the waits and grants (W-2, W-7, W-8); and the answers and
+//! controls it sends.
 
-use openprogram_storage::{CommandId, Control, Event};
+use std::collections::HashMap;
+
+use openprogram_storage::{
+    CommandId, Control, EffectId, Event, ExecutionState as Status, ReceiptStatus, WaitId,
+    WaitStatus,
+};
 
 use super::machine::*;
 
@@ -25,6 +32,110 @@ impl Rng {
             if float.is_finite() {
                 return float;
             }
+        }
+    }
+}
+
+/// What the invariants of one run remember across its commits.
+#[derive(Default)]
+pub(super) struct Seen {
+    cancel_applied: bool,
+    pub(super) terminal: Option<Status>,
+    /// Outcomes committed per effect: one each.
+    results: HashMap<EffectId, usize>,
+    /// Step events committed since the last applied Step, while it runs.
+    steps_since_step: Option<usize>,
+    /// The attempt (epoch) that dispatched each External effect.
+    pub(super) dispatched_at: HashMap<EffectId, u64>,
+    /// Waits once resolved, with their outcome: it never changes again.
+    resolved: HashMap<WaitId, WaitStatus>,
+}
+
+impl Seen {
+    /// What one committed event tells the invariants: a Cancel applied, the steps of a
+    /// Step, the attempt an effect was dispatched by, one outcome per effect.
+    pub(super) fn track(&mut self, event: &Event, epoch: u64, context: &str) {
+        match event {
+            Event::ControlApplied {
+                control: Control::Cancel,
+                ..
+            } => self.cancel_applied = true,
+            Event::ControlApplied {
+                control: Control::Step,
+                ..
+            } => self.steps_since_step = Some(0),
+            // A call whose outcome is `Unknown` is no step taken (R-8: reconciled
+            // `NotApplied`, it runs again as the same step), and no outcome (the same
+            // effect finishes once more).
+            Event::ToolFinished {
+                status: ReceiptStatus::Unknown,
+                ..
+            } => {}
+            Event::ModelDecided { .. } | Event::ToolFinished { .. } => {
+                if let Some(steps) = &mut self.steps_since_step {
+                    *steps += 1;
+                }
+            }
+            Event::ControlApplied {
+                control: Control::Continue,
+                ..
+            }
+            | Event::StateChanged {
+                state: Status::Paused,
+                ..
+            } => self.steps_since_step = None,
+            Event::ToolDispatched { effect_id, .. } => {
+                self.dispatched_at.insert(*effect_id, epoch);
+            }
+            _ => {}
+        }
+        if let Event::ToolFinished {
+            effect_id, status, ..
+        } = event
+        {
+            if *status != ReceiptStatus::Unknown {
+                *self.results.entry(*effect_id).or_default() += 1;
+                assert_eq!(
+                    self.results[effect_id], 1,
+                    "{context}: two results for {effect_id}"
+                );
+            }
+        }
+    }
+
+    /// K-5, terminal states, a Step's one step, resolved waits and one receipt per effect,
+    /// in the state a commit reached from `before`.
+    pub(super) fn check_state(&mut self, machine: &Machine, before: Status, context: &str) {
+        let status = machine.status();
+        if let Some(terminal) = self.terminal {
+            assert_eq!(
+                status, terminal,
+                "{context}: left terminal {terminal} from {before}"
+            );
+        }
+        if status.is_terminal() {
+            self.terminal = Some(status);
+            if self.cancel_applied {
+                assert_eq!(status, Status::Cancelled, "{context}: cancel did not win");
+            }
+        }
+        if let Some(steps) = self.steps_since_step {
+            assert!(steps <= 1, "{context}: a Step ran {steps} steps");
+        }
+        for wait in machine.waits() {
+            if let Some(was) = self.resolved.get(&wait.wait_id) {
+                assert_eq!(*was, wait.status, "{context}: a resolved wait changed");
+            } else if !wait.status.is_pending() {
+                self.resolved.insert(wait.wait_id, wait.status);
+            }
+        }
+        let mut effects = std::collections::HashSet::new();
+        for receipt in machine.receipts.iter() {
+            assert!(
+                effects.insert(receipt.effect_id),
+                "{context}: two receipts for effect {}",
+                receipt.effect_id
+            );
         }
     }
 }

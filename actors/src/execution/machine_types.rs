@@ -1,4 +1,4 @@
-//! The vocabulary of the execution state machine, split from `machine.rs`: what goes in
+//! The vocabulary of the execution state machine: what goes in
 //! (`Input`, provider `Decision`s), what comes out (`Action`, `Next`, `Rejection`), and the
 //! data it keeps about an agent turn (`AgentInput`, `Turn`, `PendingTool`, `ContextPin`,
 //! a `Grant`, its `SessionTurn`: their rules import the machine, so the data lives here), and how it

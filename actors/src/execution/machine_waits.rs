@@ -1,22 +1,19 @@
-//! The pure machine's rules for waits, live questions and managed processes, split from
-//! `machine.rs`. Like the rest of the machine: no actix, no sled, no clock.
+//! The pure machine's rules for waits and live questions. Like the rest of the machine: no
+//! actix, no sled, no clock.
 //!
 //! - A durable wait (W-1) is opened by a provider's `Ask` decision, right after the
 //!   checkpoint it belongs to; the execution is `waiting` until an `answer` or `decline`
 //!   (W-2) of that very wait, while its checkpoint is still the current one (W-3).
 //! - A live question (W-4) is asked by a running tool call: no checkpoint, no state change;
 //!   it is bound to the attempt and the call, and ends with them.
-//! - A managed process (P-1) is tracked by its id and state; `stop_process` is its own
-//!   control, offered whatever the execution's state (P-2).
 
 use openprogram_storage::{
     AnswerScope, AttemptId, CommandId, Control, Event, ExecutionId, ExecutionState as Status,
-    LiveBinding, ProcessId, ProcessState as ProcState, WaitId, WaitKind, WaitRecord, WaitStatus,
+    LiveBinding, WaitId, WaitKind, WaitRecord, WaitStatus,
 };
 
 use crate::execution::machine::{
-    Action, CommandKind, LiveOutcome, Machine, ManagedProcess, Present, Refusal, Rejection, Turn,
-    WaitState,
+    Action, CommandKind, LiveOutcome, Machine, Present, Refusal, Rejection, Turn, WaitState,
 };
 use crate::execution::wait_types::WaitSpec;
 use crate::wait_request::WaitRequest;
@@ -296,31 +293,6 @@ impl Machine {
         ])
     }
 
-    /// P-2: a running process of this execution can be stopped in any execution state.
-    pub(super) fn decide_stop_process(
-        &self,
-        command_id: CommandId,
-        process_id: ProcessId,
-    ) -> Result<Vec<Event>, Refusal> {
-        match self
-            .processes
-            .iter()
-            .find(|process| process.process_id == process_id)
-        {
-            Some(process) if process.state == ProcState::Running => {
-                Ok(vec![Event::ControlApplied {
-                    command_id,
-                    control: Control::StopProcess { process_id },
-                }])
-            }
-            Some(process) => Err(Refusal::ProcessEnded {
-                process_id,
-                state: process.state.as_str(),
-            }),
-            None => Err(Refusal::UnknownProcess { process_id }),
-        }
-    }
-
     /// `invalidated` for every pending wait that `which` selects.
     pub(super) fn invalidate_waits(&self, which: impl Fn(&WaitState) -> bool) -> Vec<Event> {
         self.active_waits
@@ -416,70 +388,67 @@ impl Present {
         }
     }
 
-    pub(super) fn apply_wait_opened(
-        &mut self,
-        wait_id: WaitId,
-        kind: WaitKind,
-        prompt: &str,
-        live: Option<LiveBinding>,
-        seq: u64,
-    ) {
-        self.active_waits.push(WaitState {
-            wait_id,
-            opened_seq: seq,
-            kind,
-            prompt: prompt.to_owned(),
-            status: WaitStatus::Open,
-            // The checkpoint published just before it, in the same transition.
-            checkpoint_seq: if live.is_some() {
-                0
-            } else {
-                self.checkpoint_seq
-            },
-            answer: None,
-            scope: None,
-            live,
-            request: None,
-            timeout_ms: None,
-            deadline_ms: None,
-            reopens: None,
-        });
-        if live.is_none() {
-            self.expired_wait = None;
-        }
-    }
-
-    /// W-6, W-8: what the wait just opened asks, and its deadline, which the shell watches.
-    pub(super) fn apply_wait_details(
-        &mut self,
-        wait_id: WaitId,
-        request: &Option<String>,
-        timeout_ms: Option<u64>,
-        deadline_ms: Option<u64>,
-        reopens: Option<WaitId>,
-        actions: &mut Vec<Action>,
-    ) {
-        let Some(wait) = self.wait_mut(wait_id) else {
-            return;
-        };
-        wait.request.clone_from(request);
-        wait.timeout_ms = timeout_ms;
-        wait.deadline_ms = deadline_ms;
-        wait.reopens = reopens;
-        if let Some(deadline_ms) = deadline_ms {
-            actions.push(Action::WatchDeadline {
+    /// A wait's events: opened, what it asks and until when (W-6, W-8), and how it ended.
+    pub(super) fn fold_wait(&mut self, event: &Event, seq: u64, actions: &mut Vec<Action>) {
+        match event {
+            Event::WaitOpened {
                 wait_id,
+                kind,
+                prompt,
+                live,
+            } => {
+                self.active_waits.push(WaitState {
+                    wait_id: *wait_id,
+                    opened_seq: seq,
+                    kind: *kind,
+                    prompt: prompt.clone(),
+                    status: WaitStatus::Open,
+                    // The checkpoint published just before it, in the same transition.
+                    checkpoint_seq: if live.is_some() {
+                        0
+                    } else {
+                        self.checkpoint_seq
+                    },
+                    answer: None,
+                    scope: None,
+                    live: *live,
+                    request: None,
+                    timeout_ms: None,
+                    deadline_ms: None,
+                    reopens: None,
+                });
+                if live.is_none() {
+                    self.expired_wait = None;
+                }
+            }
+            Event::WaitDetails {
+                wait_id,
+                request,
+                timeout_ms,
                 deadline_ms,
-            });
+                reopens,
+            } => {
+                let Some(wait) = self.wait_mut(*wait_id) else {
+                    return;
+                };
+                wait.request.clone_from(request);
+                wait.timeout_ms = *timeout_ms;
+                wait.deadline_ms = *deadline_ms;
+                wait.reopens = *reopens;
+                if let Some(deadline_ms) = *deadline_ms {
+                    let wait_id = *wait_id;
+                    actions.push(Action::WatchDeadline {
+                        wait_id,
+                        deadline_ms,
+                    });
+                }
+            }
+            Event::WaitChanged { wait_id, status } => self.wait_changed(*wait_id, *status, actions),
+            _ => {}
         }
     }
 
-    pub(super) fn apply_wait_changed(
-        &mut self,
-        wait_id: WaitId,
-        status: WaitStatus,
-        actions: &mut Vec<Action>,
-    ) {
+    fn wait_changed(&mut self, wait_id: WaitId, status: WaitStatus, actions: &mut Vec<Action>) {
         let Some(wait) = self.wait_mut(wait_id) else {
             return;
         };
@@ -526,37 +495,6 @@ impl Present {
         wait.answer = answer;
         if scope.is_some() {
             wait.scope = scope;
-        }
-    }
-
-    pub(super) fn apply_process_changed(&mut self, process_id: ProcessId, state: &str) {
-        let state = match state {
-            "running" => ProcState::Running,
-            "exited" => ProcState::Exited,
-            "stopped" => ProcState::Stopped,
-            _ => ProcState::Lost,
-        };
-        match self
-            .processes
-            .iter_mut()
-            .find(|process| process.process_id == process_id)
-        {
-            Some(process) => process.state = state,
-            None => self.processes.push(ManagedProcess {
-                process_id,
-                state,
-                output_bytes: 0,
-            }),
-        }
-    }
-
-    pub(super) fn apply_process_output(&mut self, process_id: ProcessId, output_bytes: u64) {
-        if let Some(process) = self
-            .processes
-            .iter_mut()
-            .find(|process| process.process_id == process_id)
-        {
-            process.output_bytes = output_bytes;
         }
     }
 

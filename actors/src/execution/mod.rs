@@ -1,10 +1,11 @@
 //! One execution: the pure state machine (`machine.rs`, its control commands in
-//! `machine_controls.rs`, its restart-recovery rules in `machine_restart.rs`, its waits,
-//! questions and processes in `machine_waits.rs`; the whole plan of a transition in
-//! `plan.rs`) and, around it, the actor shell that persists plans and performs their
-//! actions (`actor.rs`), how it runs a model or
-//! tool call and records its result (`effects.rs`), and how it takes commands
-//! (`commands.rs`), and its part in restart recovery (`restart.rs`).
+//! `machine_controls.rs`, its restart-recovery rules in `machine_restart.rs`, its waits and
+//! questions in `machine_waits.rs`, its managed processes in `machine_processes.rs`; the
+//! whole plan of a transition in `plan.rs`) and, around it, the actor shell that persists
+//! plans and performs their actions (`actor.rs`, its writes in `writes.rs`), how it runs a
+//! model or tool call and records its result (`effects.rs`), how it takes commands
+//! (`commands.rs`), its part in restart recovery (`restart.rs`), and recovery's claim of an
+//! execution (`recovery_claim.rs`).
 
 pub mod actor;
 mod branch_context;
@@ -25,6 +26,7 @@ mod machine_functions;
 pub mod machine_grants;
 mod machine_history;
 mod machine_next;
+mod machine_processes;
 mod machine_restart;
 pub mod machine_session;
 mod machine_types;
@@ -32,11 +34,13 @@ pub mod machine_waits;
 pub mod plan;
 pub mod processes;
 pub mod projection;
+pub(crate) mod recovery_claim;
 mod refusal;
 pub mod restart;
 mod session_turn;
 pub mod wait_expiry;
 mod wait_types;
+mod writes;
 
 #[cfg(test)]
 mod machine_grants_tests;

@@ -156,6 +156,25 @@ impl Machine {
             Transition::new(head.execution_id, events).expect_version(head.version);
         transition.upserts = upserts;
         transition.upserts.extend(receipts);
+        self.add_records(&present, head, &mut transition);
+        if let Some(epoch) = writer.epoch() {
+            transition = transition.by_epoch(epoch).with_head(next.clone());
+        }
+        Plan {
+            transition,
+            after: AfterCommit {
+                head: next,
+                actions,
+                decision,
+                writer,
+            },
+        }
+    }
+
+    /// What a transition writes besides its events and receipts, once its events are
+    /// folded into `present`: the Job's record if its lease changed, the waits that moved,
+    /// now and then a projection (S-8), and the session check of a grant relied on (W-7).
+    fn add_records(&self, present: &Present, head: &ExecutionHead, transition: &mut Transition) {
         if let Some(job) = present.job.as_ref().filter(|job| {
             self.present.job.as_ref().map(|was| was.recorded()) != Some(job.recorded())
         }) {
@@ -195,18 +214,6 @@ impl Machine {
                 expected_version: version,
                 record: None,
             });
-        }
-        if let Some(epoch) = writer.epoch() {
-            transition = transition.by_epoch(epoch).with_head(next.clone());
-        }
-        Plan {
-            transition,
-            after: AfterCommit {
-                head: next,
-                actions,
-                decision,
-                writer,
-            },
         }
     }
 

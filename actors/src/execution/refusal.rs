@@ -1,5 +1,5 @@
 //! Why the machine refuses a command or another input (`Refusal`): each reason with its
-//! stable code (`code`) and what a person reads (`Display`). Split from `machine_types.rs`.
+//! stable code (`code`) and what a person reads (`Display`).
 
 use openprogram_storage::{EffectId, ExecutionState as Status, ProcessId, WaitId};
 

@@ -1,7 +1,6 @@
 //! The execution actor's part in restart recovery: the cooperative pause of an orderly
 //! shutdown, deciding commands a dead attempt accepted, and asking a tool's
-//! reconcile protocol about an unknown effect. Split from `actor.rs`, whose shell it
-//! extends; the decisions are the pure machine's.
+//! reconcile protocol about an unknown effect. The decisions are the pure machine's.
 
 use actix::prelude::*;
 use futures::FutureExt;

@@ -1,8 +1,7 @@
 //! C-2, the execution actor's side of a session's foreground turn: a turn waiting for its
 //! session takes it when it may (`take_session`: the session record and the holder's head
 //! read, the machine decides, the record changed in the same transition); a holder that
-//! ends or pauses wakes the first turn in line (`wake_next_in_session`). Split from
-//! `actor.rs`, whose shell it extends.
+//! ends or pauses wakes the first turn in line (`wake_next_in_session`).
 
 use actix::prelude::*;
 use openprogram_storage::{

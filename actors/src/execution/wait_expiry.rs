@@ -2,7 +2,7 @@
 //! (`wait_deadlines.rs`) says a wait's deadline passed, and the machine decides whether it
 //! expires (`Machine::decide_wait_expiry`); if so, the expiry is committed (claiming an
 //! attempt, if none runs: only an attempt moves the head) and the execution parks, paused
-//! `wait_expired`. Split from `actor.rs`, whose shell it extends.
+//! `wait_expired`.
 
 use actix::prelude::*;
 use openprogram_storage::WaitId;
