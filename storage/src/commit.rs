@@ -5,12 +5,18 @@
 //! view, then its store — and returns a `Verdict`. The sled committer (`log/apply.rs`) and
 //! PostgreSQL's group (`pg/group.rs`) write what the verdict says; nothing else decides.
 //!
-//! It does not encode, size or place anything (a backend's own format), and reads no clock.
+//! What a committing verdict turns into is one shape for both stores too (`Next::frame`:
+//! the head as the committer sets it, the events placed, the records; `Written::fit`: S-8's
+//! size rule). How a frame is encoded, sized and stored is each backend's own; this reads
+//! no clock.
 
 use crate::error::{Error, Result};
+use crate::event::EventEnvelope;
+use crate::frame::Frame;
 use crate::ids::{CommandId, SessionId};
-use crate::records::{CommandRecord, CommandStatus, SessionRecord};
-use crate::transition::{Outcome, Transition, Upsert};
+use crate::record_value::RecordValue;
+use crate::records::{Blob, CommandRecord, CommandStatus, ExecutionHead, SessionRecord};
+use crate::transition::{Committed, Outcome, Transition, Upsert};
 
 /// What a store holds of the execution a transition names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +24,16 @@ pub struct Held {
     pub version: u64,
     pub fencing_epoch: u64,
     pub last_seq: u64,
+}
+
+impl Held {
+    pub fn of(head: &ExecutionHead) -> Self {
+        Self {
+            version: head.version,
+            fencing_epoch: head.fencing_epoch,
+            last_seq: head.last_seq,
+        }
+    }
 }
 
 /// What the rule reads, as the backend's view holds it (what its group wrote, then what is
@@ -58,6 +74,111 @@ pub struct Next {
     pub creates: bool,
     /// The session record it writes, if its session write brings one.
     pub session: Option<SessionRecord>,
+}
+
+/// What a committing transition writes (`Next::frame`).
+pub struct Written {
+    /// The head it leads to, its events and its records.
+    pub frame: Frame,
+    /// The blobs it stores by content.
+    pub blobs: Vec<Blob>,
+    /// Its answer, but for its events, which the backend hands back.
+    pub committed: Committed,
+}
+
+impl Next {
+    /// The frame `transition` becomes: the head it brings, else the one it keeps (`current`,
+    /// asked only then), with what the committer sets on it; its events at their seqs and
+    /// from `first_position`; its records, with the session record the rule decided.
+    pub fn frame(
+        self,
+        transition: Transition,
+        current: impl FnOnce() -> Option<ExecutionHead>,
+        at_ms: u64,
+        first_position: u64,
+    ) -> Result<Written> {
+        let Transition {
+            execution_id,
+            writer_epoch,
+            head,
+            events,
+            upserts,
+            ..
+        } = transition;
+        // Refused by the rule already: a transition that keeps a head of none.
+        let mut head = head
+            .or_else(current)
+            .ok_or(Error::UnknownExecution(execution_id))?;
+        head.version = self.version;
+        head.fencing_epoch = self.fencing_epoch;
+        head.last_activity_ms = at_ms;
+        head.last_seq = self.last_seq;
+        let events: Vec<EventEnvelope> = events
+            .into_iter()
+            .enumerate()
+            .map(|(index, event)| EventEnvelope {
+                execution_id,
+                seq: self.first_seq + index as u64,
+                position: first_position + index as u64,
+                at_ms,
+                writer_epoch: writer_epoch.unwrap_or(0),
+                event,
+            })
+            .collect();
+        let (mut records, mut blobs) = (Vec::new(), Vec::new());
+        for upsert in upserts {
+            match upsert {
+                Upsert::Blob(blob) => blobs.push(blob),
+                upsert => records.extend(upsert.into_record()),
+            }
+        }
+        records.extend(self.session.map(RecordValue::Session));
+        let committed = Committed {
+            version: self.version,
+            seqs: self.first_seq..=self.last_seq,
+            positions: first_position..=first_position + events.len() as u64 - 1,
+            at_ms,
+            events: Vec::new(),
+        };
+        let frame = Frame {
+            head,
+            events,
+            records,
+        };
+        Ok(Written {
+            frame,
+            blobs,
+            committed,
+        })
+    }
+}
+
+impl Written {
+    /// S-8: a projection is a cache: one that makes its transition larger than
+    /// `transition_bytes_max` (at most 4 GiB: a frame carries a u32 length) is left out
+    /// (readers replay), never the reason the transition fails. `size` measures the frame
+    /// as the backend stores it.
+    pub fn fit(
+        &mut self,
+        transition_bytes_max: usize,
+        mut size: impl FnMut(&Frame) -> u64,
+    ) -> Result<()> {
+        let max = transition_bytes_max.min(u32::MAX as usize);
+        let projected = |record: &RecordValue| matches!(record, RecordValue::Projection(_));
+        let mut len = size(&self.frame);
+        if len > max as u64 && self.frame.records.iter().any(projected) {
+            self.frame.records.retain(|record| !projected(record));
+            len = size(&self.frame);
+        }
+        if len > max as u64 {
+            return Err(Error::PayloadTooLarge {
+                what: "transition",
+                len: usize::try_from(len).unwrap_or(usize::MAX),
+                max,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// The rule: what `transition` does against what `view` holds.

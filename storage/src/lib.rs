@@ -12,7 +12,8 @@
 //! - `overlay` — committed state not yet written to its own keys.
 //! - `shared` — what the committer and readers share; `Limits`.
 //! - `open` — lock, log replay, quarantine, incarnation.
-//! - `store` — the `Store` handle, reads, and the `EventStore` trait.
+//! - `event_store` — the API every backend implements (`EventStore`, `EventReader`).
+//! - `store` — sled's `Store` handle and its reads.
 //! - `migrate` — schema versions (S-1).
 //! - `pg` (feature `postgres`) — the PostgreSQL backend of `EventStore`, for several
 //!   runtime nodes on one database.
@@ -29,6 +30,7 @@ pub mod compact;
 pub mod conversation;
 pub mod error;
 pub mod event;
+mod event_store;
 pub mod failpoints;
 mod frame;
 mod head_record;
@@ -51,11 +53,12 @@ pub mod transition;
 pub use conversation::{Compaction, ConversationOutcome, ConversationRecord, ConversationWrite};
 pub use error::{Error, Result};
 pub use event::{Event, EventEnvelope};
+pub use event_store::{EventReader, EventStore, NodeRecord, Nodes, PurgeStep, SweepStep};
 pub use histogram::{Histogram, HistogramSnapshot, NamedHistogram};
 pub use ids::*;
 pub use open::SalvageReport;
 #[cfg(feature = "postgres")]
 pub use pg::PgStore;
 pub use records::*;
-pub use store::{EventReader, EventStore, Incarnation, Limits, MetricsSnapshot, Store};
+pub use store::{Incarnation, Limits, MetricsSnapshot, Store};
 pub use transition::{Committed, Outcome, SessionWrite, Transition, Upsert};

@@ -24,28 +24,27 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use foldhash::{HashMap, HashMapExt};
 use tokio::sync::{mpsc, oneshot};
 
 mod apply;
+mod conversation;
 mod purge;
 
 use crate::acknowledged::Acknowledged;
-use crate::codec::{
-    encode_frame_into, inputs_to_blob, Frame, HeadIdentity, LogRecordWriter, RecordValue,
-    LOG_RECORD_BYTES_MAX,
-};
+use crate::codec::{Frame, LogRecordWriter};
+use crate::conversation::{ConversationOutcome, ConversationRecord, ConversationWrite};
 use crate::error::{Error, Result};
-use crate::event::{Event, EventEnvelope};
+use crate::event_store::{PurgeStep, SweepStep};
 use crate::head_record::HeadIndex;
-use crate::ids::{CommandId, ExecutionId};
+use crate::ids::{CommandId, ExecutionId, SessionId};
 use crate::keys;
-use crate::overlay::{index_state, Overlay, Slice};
-use crate::records::{CommandRecord, ExecutionHead, ExecutionState, PurgeStep, SweepStep};
-use crate::shared::{add_elapsed_micros, Shared};
-use crate::transition::{Committed, Outcome, Transition, Upsert};
+use crate::overlay::{OnDiskNow, Overlay, Slice};
+use crate::records::{CommandRecord, SessionRecord};
+use crate::shared::{add_elapsed_micros, now_ms, Limits, Shared};
+use crate::transition::{Outcome, Transition};
 
 /// What waits in the committer's queue.
 // Nearly every request is a transition; boxing it would cost an allocation per transition
@@ -76,19 +75,106 @@ pub(crate) enum Request {
     },
     /// Issue 37: a conversation record's compare-and-swap.
     Conversation {
-        write: crate::conversation::ConversationWrite,
-        reply: oneshot::Sender<Result<crate::conversation::ConversationOutcome>>,
+        write: ConversationWrite,
+        reply: oneshot::Sender<Result<ConversationOutcome>>,
     },
+}
+
+impl Request {
+    /// Answers it `FailStop` undecided: the store has stopped.
+    fn fail(self, reason: &str) {
+        let failed = || Error::FailStop(reason.to_owned());
+        match self {
+            Request::Transition { reply, .. } => drop(reply.send(Err(failed()))),
+            Request::Purge { reply, .. } => drop(reply.send(Err(failed()))),
+            Request::Sweep { reply, .. } => drop(reply.send(Err(failed()))),
+            Request::Conversation { reply, .. } => drop(reply.send(Err(failed()))),
+            Request::Tick => {}
+        }
+    }
+}
+
+/// A request the group decided, with its answer: sent once the group is durable.
+enum Answer {
+    Transition(oneshot::Sender<Result<Outcome>>, Result<Outcome>),
+    Purge(oneshot::Sender<Result<PurgeStep>>, Result<PurgeStep>),
+    Sweep(oneshot::Sender<Result<SweepStep>>, Result<SweepStep>),
+    Conversation(
+        oneshot::Sender<Result<ConversationOutcome>>,
+        Result<ConversationOutcome>,
+    ),
+}
+
+impl Answer {
+    /// Sends what was decided; a caller that went away needs no answer.
+    fn send(self) {
+        match self {
+            Answer::Transition(reply, answer) => drop(reply.send(answer)),
+            Answer::Purge(reply, answer) => drop(reply.send(answer)),
+            Answer::Sweep(reply, answer) => drop(reply.send(answer)),
+            Answer::Conversation(reply, answer) => drop(reply.send(answer)),
+        }
+    }
+
+    /// The group never became durable: `FailStop` instead of what was decided.
+    fn fail(self, reason: &str) {
+        let failed = || Error::FailStop(reason.to_owned());
+        match self {
+            Answer::Transition(reply, _) => drop(reply.send(Err(failed()))),
+            Answer::Purge(reply, _) => drop(reply.send(Err(failed()))),
+            Answer::Sweep(reply, _) => drop(reply.send(Err(failed()))),
+            Answer::Conversation(reply, _) => drop(reply.send(Err(failed()))),
+        }
+    }
 }
 
 /// A materialization is written in at most this many slices (see `Committer::next_slice`).
 const MATERIALIZE_SLICES_TARGET: usize = 32;
 
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| elapsed.as_millis() as u64)
-        .unwrap_or(0)
+/// Starts the committer thread (`run`) on the store `open` prepared, and the ticker that
+/// keeps it materializing while idle; returns once the replayed tail is materialized (S-6),
+/// with the queue's sender.
+pub(crate) fn spawn(
+    shared: &Arc<Shared>,
+    data_file: File,
+    acknowledged: Acknowledged,
+) -> Result<(mpsc::Sender<Request>, std::thread::JoinHandle<()>)> {
+    let limits = &shared.limits;
+    let io_error = |error: std::io::Error| Error::Io {
+        path: shared.path.clone(),
+        message: error.to_string(),
+    };
+    let (sender, queue) = mpsc::channel(limits.queue_len_max.max(1));
+    let committer_shared = Arc::clone(shared);
+    let (ready, is_ready) = std::sync::mpsc::channel();
+    let committer = std::thread::Builder::new()
+        .name("openprogram-committer".into())
+        .spawn(move || run(committer_shared, queue, data_file, acknowledged, ready))
+        .map_err(io_error)?;
+    is_ready.recv().map_err(|_| Error::Io {
+        path: shared.path.clone(),
+        message: "the committer thread stopped while opening".into(),
+    })??;
+    spawn_ticker(&sender, limits).map_err(io_error)?;
+    Ok((sender, committer))
+}
+
+/// Starts the thread that sends `Request::Tick` to the committer every eighth of the
+/// materialization interval. It holds only a weak sender, so it never keeps the queue open:
+/// once the store closes, its next tick finds the queue gone and it ends.
+fn spawn_ticker(sender: &mpsc::Sender<Request>, limits: &Limits) -> std::io::Result<()> {
+    let weak = sender.downgrade();
+    let tick = Duration::from_millis((limits.materialize_interval_ms / 8).max(5));
+    std::thread::Builder::new()
+        .name("openprogram-ticker".into())
+        .spawn(move || loop {
+            std::thread::sleep(tick);
+            let Some(sender) = weak.upgrade() else { return };
+            if let Err(mpsc::error::TrySendError::Closed(_)) = sender.try_send(Request::Tick) {
+                return;
+            }
+        })?;
+    Ok(())
 }
 
 /// The committer's loop. Returns when every sender is gone, after a last materialization.
@@ -96,7 +182,7 @@ pub(crate) fn now_ms() -> u64 {
 /// It first writes the log tail the open replayed to its own keys and moves the mark, then
 /// tells `ready`: a run killed before its first materialization must not leave the next open
 /// a longer tail to replay (S-6), or repeated crashes would grow it without bound.
-pub(crate) fn run(
+fn run(
     shared: Arc<Shared>,
     mut queue: mpsc::Receiver<Request>,
     data_file: File,
@@ -159,28 +245,34 @@ struct Committer {
     frame_bytes: Vec<u8>,
 }
 
-/// What one group changes, before it is durable.
+/// One group commit: what its requests change before it is durable, and their answers.
 #[derive(Default)]
 struct Group {
+    /// The time stamped on everything the group writes.
+    at_ms: u64,
+    /// What the group writes, in one atomic sled write: its log records, the records a
+    /// rejection or a conversation writes to their own keys, purge and sweep steps.
+    batch: sled::Batch,
+    answers: Vec<Answer>,
     /// The index in `frames` of each execution's newest frame in this group.
     heads: HashMap<ExecutionId, usize>,
     commands: HashMap<CommandId, CommandRecord>,
     /// Session records as this group's transitions left them (issue 37).
-    sessions: HashMap<crate::ids::SessionId, crate::records::SessionRecord>,
+    sessions: HashMap<SessionId, SessionRecord>,
     /// Conversation records as this group's writes left them (issue 37).
-    conversations: HashMap<crate::ids::SessionId, crate::conversation::ConversationRecord>,
+    conversations: HashMap<SessionId, ConversationRecord>,
     /// Committed frames, with what they are merged into the overlay with.
     frames: Vec<GroupFrame>,
-    log_records: Vec<(u64, Vec<u8>)>,
+    /// The log record being filled (its first position, its frames so far).
     writer: Option<(u64, LogRecordWriter)>,
     next_position: u64,
     /// Each frame is encoded here, then copied into its log record (the committer's buffer,
     /// lent to the group).
     frame_bytes: Vec<u8>,
     /// Executions a purge step of this group touched: no transition of theirs commits.
-    purged: std::collections::HashSet<ExecutionId>,
+    purged: HashSet<ExecutionId>,
     /// Executions whose rejection records this group writes: no purge step of theirs runs.
-    recorded: std::collections::HashSet<ExecutionId>,
+    recorded: HashSet<ExecutionId>,
 }
 
 /// A committed frame of the group, merged into the overlay once the group is durable.
@@ -190,64 +282,46 @@ struct GroupFrame {
     record: u64,
     /// What disk says of the execution (for the overlay's new entry): its by-state index
     /// state, and its head record's index if the transition read it from disk.
-    indexed_state: Option<ExecutionState>,
-    disk_index: Option<HeadIndex>,
+    on_disk: OnDiskNow,
     /// Where its answer is in the group's answers.
     answer: usize,
 }
 
-/// What a transition is checked against, read from the head as the group would leave it.
-struct Current {
-    version: u64,
-    fencing_epoch: u64,
-    last_seq: u64,
-    identity: HeadIdentity,
-    indexed_state: Option<ExecutionState>,
-    disk_index: Option<HeadIndex>,
-    /// A copy of the head, if asked for (`copy_head`).
-    head: Option<ExecutionHead>,
-}
-
-impl Current {
-    fn of(head: &ExecutionHead, on_disk: OnDiskState<'_>, copy_head: bool) -> Self {
-        Self {
-            version: head.version,
-            fencing_epoch: head.fencing_epoch,
-            last_seq: head.last_seq,
-            identity: HeadIdentity::of(head),
-            indexed_state: on_disk.indexed_state,
-            disk_index: on_disk.index.cloned(),
-            head: copy_head.then(|| head.clone()),
-        }
-    }
-}
-
-/// What disk says of an execution whose head a transition reads: its by-state index state,
-/// and its head record's index when the head was read from disk.
-#[derive(Clone, Copy)]
-struct OnDiskState<'a> {
-    indexed_state: Option<ExecutionState>,
-    index: Option<&'a HeadIndex>,
-}
-
 impl Committer {
+    /// One group: decided, written with a slice of the materialization, made durable, then
+    /// answered; if the write fails, every request is refused `FailStop` and the store stops.
     fn commit_group(&mut self, requests: Vec<Request>) {
         let started = Instant::now();
         if let Some(reason) = self.shared.failure() {
-            for request in requests {
-                let failed = || Error::FailStop(reason.clone());
-                match request {
-                    Request::Transition { reply, .. } => drop(reply.send(Err(failed()))),
-                    Request::Purge { reply, .. } => drop(reply.send(Err(failed()))),
-                    Request::Sweep { reply, .. } => drop(reply.send(Err(failed()))),
-                    Request::Conversation { reply, .. } => drop(reply.send(Err(failed()))),
-                    Request::Tick => {}
-                }
-            }
-            return;
+            return requests
+                .into_iter()
+                .for_each(|request| request.fail(&reason));
         }
-        let at_ms = now_ms();
+        let mut group = self.decide(requests);
+        let slice = self.next_slice();
+        if group.answers.is_empty() && slice.is_empty() {
+            return; // only ticks, and nothing to materialize
+        }
+        let batch = std::mem::take(&mut group.batch);
+        match self.write(batch, slice, group.next_position - 1) {
+            Ok(written) => self.answer(group, written, started),
+            Err(error) => {
+                let reason = error.to_string();
+                self.shared.fail(reason.clone());
+                group
+                    .answers
+                    .into_iter()
+                    .for_each(|answer| answer.fail(&reason));
+            }
+        }
+    }
+
+    /// Decides the group's requests in order, each against what the ones before it left,
+    /// into the group's batch; nothing is visible to readers yet.
+    fn decide(&mut self, requests: Vec<Request>) -> Group {
         let mut group = Group {
+            at_ms: now_ms(),
+            answers: Vec::with_capacity(requests.len()),
             heads: HashMap::with_capacity(requests.len()),
             frames: Vec::with_capacity(requests.len()),
             next_position: self
@@ -258,65 +332,52 @@ impl Committer {
             frame_bytes: std::mem::take(&mut self.frame_bytes),
             ..Group::default()
         };
-        let mut batch = sled::Batch::default();
-        let mut answers = Vec::with_capacity(requests.len());
-        let mut purges = Vec::new();
-        let mut sweeps = Vec::new();
-        let mut conversations = Vec::new();
         for request in requests {
-            match request {
+            let answer = match request {
                 Request::Transition { transition, reply } => {
-                    let answer =
-                        self.apply(&mut group, &mut batch, transition, at_ms, answers.len());
-                    answers.push((reply, answer));
+                    Answer::Transition(reply, self.apply(&mut group, transition))
                 }
                 Request::Purge {
                     execution_id,
                     ended_key,
                     ended_before,
                     reply,
-                } => {
-                    let when = purge::When {
-                        ended_key,
-                        ended_before,
-                        at_ms,
-                    };
-                    let step = self.purge_step(&mut group, &mut batch, execution_id, when);
-                    purges.push((reply, step));
-                }
+                } => Answer::Purge(
+                    reply,
+                    self.purge_step(&mut group, execution_id, ended_key, ended_before),
+                ),
                 Request::Sweep {
                     from_position,
                     max_records,
                     reply,
-                } => sweeps.push((
+                } => Answer::Sweep(
                     reply,
-                    self.sweep_step(&group, &mut batch, from_position, max_records),
-                )),
-                Request::Conversation { write, reply } => conversations.push((
-                    reply,
-                    self.write_conversation(&mut group, &mut batch, write),
-                )),
-                Request::Tick => {}
-            }
+                    self.sweep_step(&mut group, from_position, max_records),
+                ),
+                Request::Conversation { write, reply } => {
+                    Answer::Conversation(reply, self.write_conversation(&mut group, write))
+                }
+                Request::Tick => continue,
+            };
+            group.answers.push(answer);
         }
         self.frame_bytes = std::mem::take(&mut group.frame_bytes);
         if let Some((first_position, writer)) = group.writer.take() {
-            group
-                .log_records
-                .push((first_position, writer.finish(group.next_position - 1)));
+            let bytes = writer.finish(group.next_position - 1);
+            group.batch.insert(&keys::log(first_position), bytes);
         }
-        for (first_position, bytes) in group.log_records.drain(..) {
-            batch.insert(&keys::log(first_position), bytes);
-        }
-        let mut slice = self.next_slice();
-        if answers.is_empty()
-            && purges.is_empty()
-            && sweeps.is_empty()
-            && conversations.is_empty()
-            && slice.is_empty()
-        {
-            return; // only ticks, and nothing to materialize
-        }
+        group
+    }
+
+    /// Writes the group's batch with a slice of the materialization, flushes and fsyncs,
+    /// then records `last_position` as acknowledged (S-7). Returns what the slice wrote of
+    /// each execution.
+    fn write(
+        &mut self,
+        mut batch: sled::Batch,
+        mut slice: Slice,
+        last_position: u64,
+    ) -> Result<HashMap<ExecutionId, OnDiskNow>> {
         // While a slice is applied to sled, readers cannot combine the overlay with disk: the
         // generation is odd and the slice lock is held until the overlay has dropped the
         // slice. That is the apply alone (sled's own batch lock stops its readers then too),
@@ -349,187 +410,66 @@ impl Committer {
             self.shared.generation.fetch_add(1, Ordering::AcqRel);
             drop(guard);
         }
-        // S-7: the group's last position is recorded as acknowledged once it is durable in
-        // sled and before anyone is answered; a group of rejections or ticks adds none.
-        let last_position = group.next_position - 1;
-        let acknowledged =
-            |committer: &mut Self| match last_position > committer.acknowledged.position() {
-                true => committer.acknowledged.write(last_position),
-                false => Ok(()),
-            };
         let durable = applied.and_then(|()| self.sync());
         // B10: durable in sled, not yet recorded as acknowledged (S-7).
         crate::failpoint!("B10");
-        if let Err(error) = durable.and_then(|()| acknowledged(self)) {
-            let reason = error.to_string();
-            self.shared.fail(reason.clone());
-            for (reply, _) in answers {
-                let _ = reply.send(Err(Error::FailStop(reason.clone())));
-            }
-            for (reply, _) in purges {
-                let _ = reply.send(Err(Error::FailStop(reason.clone())));
-            }
-            for (reply, _) in sweeps {
-                let _ = reply.send(Err(Error::FailStop(reason.clone())));
-            }
-            for (reply, _) in conversations {
-                let _ = reply.send(Err(Error::FailStop(reason.clone())));
-            }
-            return;
+        durable?;
+        // S-7: the group's last position is recorded as acknowledged once it is durable in
+        // sled and before anyone is answered; a group of rejections or ticks adds none.
+        if last_position > self.acknowledged.position() {
+            self.acknowledged.write(last_position)?;
         }
+        Ok(written)
+    }
+
+    /// The group is durable: its frames join the overlay, where readers find them, the
+    /// durable position moves past them, and every request is answered.
+    fn answer(&self, group: Group, mut written: HashMap<ExecutionId, OnDiskNow>, started: Instant) {
         // B03: durable and recorded, no caller answered yet.
         crate::failpoint!("B03");
         self.shared.in_flight_blobs_clear();
+        let Group {
+            frames,
+            mut answers,
+            next_position,
+            ..
+        } = group;
         {
             let mut overlay = self.shared.overlay_write();
             for GroupFrame {
                 frame,
                 record,
-                indexed_state,
-                disk_index,
+                on_disk,
                 answer,
-            } in group.frames
+            } in frames
             {
                 // An execution the slice just wrote is listed on disk under its written
                 // state now, with the head record index it wrote, not what this group's
                 // transition was prepared against.
-                let (indexed_state, disk_index) = match written.remove(&frame.head.execution_id) {
-                    Some(written) => written,
-                    None => (indexed_state, disk_index),
-                };
+                let (indexed_state, disk_index) =
+                    written.remove(&frame.head.execution_id).unwrap_or(on_disk);
                 let events = overlay.merge(frame, record, indexed_state, disk_index);
                 // Handed back to the writer, which folds them and frees them on its own thread.
-                if let Some((_, Ok(Outcome::Committed(committed)))) = answers.get_mut(answer) {
+                if let Some(Answer::Transition(_, Ok(Outcome::Committed(committed)))) =
+                    answers.get_mut(answer)
+                {
                     committed.events = events;
                 }
             }
             self.shared
                 .durable_position
-                .store(group.next_position - 1, Ordering::Release);
+                .store(next_position - 1, Ordering::Release);
         }
         let metrics = &self.shared.metrics;
         let committed = answers
             .iter()
-            .filter(|(_, answer)| matches!(answer, Ok(Outcome::Committed(_))))
+            .filter(|answer| matches!(answer, Answer::Transition(_, Ok(Outcome::Committed(_)))))
             .count() as u64;
         metrics.group_seconds.observe_duration(started.elapsed());
         metrics.group_transitions.observe(committed as f64);
         metrics.groups.fetch_add(1, Ordering::Relaxed);
         metrics.transitions.fetch_add(committed, Ordering::Relaxed);
-        for (reply, answer) in answers {
-            let _ = reply.send(answer);
-        }
-        for (reply, step) in purges {
-            let _ = reply.send(step);
-        }
-        for (reply, step) in sweeps {
-            let _ = reply.send(step);
-        }
-        for (reply, outcome) in conversations {
-            let _ = reply.send(outcome);
-        }
-    }
-
-    /// Issue 37: a conversation record's compare-and-swap, against the record as this group
-    /// leaves it. Written to its own key in the batch; until the group is durable, readers
-    /// get the durable value it had (`in_flight_overwrites`). Nothing else writes that key.
-    fn write_conversation(
-        &self,
-        group: &mut Group,
-        batch: &mut sled::Batch,
-        write: crate::conversation::ConversationWrite,
-    ) -> Result<crate::conversation::ConversationOutcome> {
-        let key = keys::conversation(write.session_id);
-        let current = match group.conversations.get(&write.session_id) {
-            Some(record) => Some(record.clone()),
-            // The batch is applied at the group's end: disk holds the durable value.
-            None => match self.shared.db.get(key)? {
-                Some(bytes) => {
-                    let record = crate::codec::decode(&key, &bytes)?;
-                    self.shared.in_flight_overwrite(key, Some(bytes));
-                    Some(record)
-                }
-                None => {
-                    self.shared.in_flight_overwrite(key, None);
-                    None
-                }
-            },
-        };
-        let record = match write.decide(current.as_ref()) {
-            Ok(record) => record,
-            Err(conflict) => return Ok(conflict),
-        };
-        batch.insert(&key[..], crate::codec::encode(&record));
-        let version = record.version;
-        group.conversations.insert(write.session_id, record);
-        Ok(crate::conversation::ConversationOutcome::Written { version })
-    }
-
-    /// `read` of the execution's head as this group would leave it (the group's own changes,
-    /// then the overlay, then disk) and of what the by-state index on disk says of it; read
-    /// in place, not copied.
-    fn with_head<T>(
-        &self,
-        group: &Group,
-        execution_id: ExecutionId,
-        read: impl FnOnce(&ExecutionHead, OnDiskState<'_>) -> T,
-    ) -> Result<Option<T>> {
-        let in_group = group.heads.get(&execution_id);
-        if let Some(in_group) = in_group.and_then(|&i| group.frames.get(i)) {
-            let on_disk = OnDiskState {
-                indexed_state: in_group.indexed_state,
-                index: in_group.disk_index.as_ref(),
-            };
-            return Ok(Some(read(&in_group.frame.head, on_disk)));
-        }
-        if let Some((head, indexed_state)) = self.shared.overlay_read().current(execution_id) {
-            let on_disk = OnDiskState {
-                indexed_state,
-                index: None,
-            };
-            return Ok(Some(read(head, on_disk)));
-        }
-        // S-8: a purged execution takes no transition, and its id is never created again.
-        if group.purged.contains(&execution_id)
-            || self.shared.db.contains_key(keys::purged(execution_id))?
-        {
-            return Err(Error::Purged(execution_id));
-        }
-        let head = self.shared.head_record_on_disk(execution_id)?;
-        Ok(head.map(|(head, index)| {
-            let on_disk = OnDiskState {
-                indexed_state: index_state(&head),
-                index: Some(&index),
-            };
-            read(&head, on_disk)
-        }))
-    }
-
-    /// A session's record as of this group: staged in it, committed (overlay), or on disk.
-    fn session(
-        &self,
-        group: &Group,
-        session_id: crate::ids::SessionId,
-    ) -> Result<Option<crate::records::SessionRecord>> {
-        if let Some(record) = group.sessions.get(&session_id) {
-            return Ok(Some(record.clone()));
-        }
-        let key = keys::session(session_id);
-        if let Some(RecordValue::Session(record)) = self.shared.overlay_read().record(&key) {
-            return Ok(Some(record.clone()));
-        }
-        self.shared.record_on_disk(&key)
-    }
-
-    fn command(&self, group: &Group, command_id: CommandId) -> Result<Option<CommandRecord>> {
-        if let Some(command) = group.commands.get(&command_id) {
-            return Ok(Some(command.clone()));
-        }
-        let key = keys::command(command_id);
-        if let Some(RecordValue::Command(command)) = self.shared.overlay_read().record(&key) {
-            return Ok(Some(command.clone()));
-        }
-        self.shared.record_on_disk(&key)
+        answers.into_iter().for_each(Answer::send);
     }
 
     /// Starts a materialization when one is due, and picks the part of it this group

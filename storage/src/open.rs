@@ -1,22 +1,86 @@
-//! What happens when a store opens: taking sled's lock, replaying the log tail after the
-//! materialization mark into the overlay (S-6: bounded, never the whole history), loading
-//! and persisting quarantines (S-4), and recording the new incarnation.
+//! What happens when a store opens (`open`): taking sled's lock, migrations, replaying the
+//! log tail after the materialization mark into the overlay (S-6: bounded, never the whole
+//! history), loading and persisting quarantines (S-4), checking the log against what was
+//! acknowledged (S-7, with the salvage an operator may choose), and recording the new
+//! incarnation. The committer it hands the store to is `log.rs`.
 
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::PoisonError;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::codec::{self, DecodedFrame, HeadIdentity};
+use crate::acknowledged::Acknowledged;
+use crate::codec::{self, DecodedFrame, HeadIdentity, StoredFrame};
 use crate::error::{Error, Result};
 use crate::head_record::HeadIndex;
 use crate::ids::{ExecutionId, OwnerId};
 use crate::keys;
-use crate::log::now_ms;
+use crate::migrate;
 use crate::overlay::{index_state, Overlay};
-use crate::shared::Shared;
+use crate::shared::{now_ms, Limits, Shared};
+
+/// An opened store, for its committer to take over: its shared state with the log tail
+/// replayed, sled's data file (the committer fsyncs it), the acknowledged mark, the new
+/// incarnation, and what a salvage found.
+pub(crate) struct Opened {
+    pub shared: Arc<Shared>,
+    pub data_file: File,
+    pub acknowledged: Acknowledged,
+    pub incarnation: Incarnation,
+    pub report: Option<SalvageReport>,
+}
+
+/// Opens (or creates) the store in `path` (`Store::open_with`; `salvaging`:
+/// `Store::open_salvaging`).
+pub(crate) fn open(path: &Path, limits: Limits, salvaging: bool) -> Result<Opened> {
+    limits.validate()?;
+    let io_error = |error: std::io::Error| Error::Io {
+        path: path.to_path_buf(),
+        message: error.to_string(),
+    };
+    std::fs::create_dir_all(path).map_err(io_error)?;
+    let db = open_sled(path, limits.cache_bytes)?;
+    // Read under sled's lock: no other opener is writing it.
+    let (acknowledged, mark_unreadable) = match Acknowledged::read(path) {
+        Err(Error::AcknowledgedUnreadable { .. }) if salvaging => (None, true),
+        read => (read?, false),
+    };
+    let data_file = File::open(path.join("db")).map_err(io_error)?;
+    let mut sync = || {
+        data_file.sync_data().map_err(|error| Error::Io {
+            path: path.join("db"),
+            message: error.to_string(),
+        })
+    };
+    // The directory entries of sled's files must survive a power loss too.
+    File::open(path)
+        .and_then(|dir| dir.sync_all())
+        .map_err(io_error)?;
+    migrate::run(&db, &mut sync)?;
+    let quarantine = load_quarantine(&db)?;
+    let shared = Arc::new(Shared::new(db, path.to_path_buf(), limits, quarantine));
+    replay(&shared, salvaging)?;
+    let report = salvage(&shared, acknowledged, mark_unreadable, salvaging)?;
+    let incarnation = record_incarnation(&shared.db)?;
+    shared.db.flush()?;
+    sync()?;
+    // Written after the sync above, and never raised here: what this open found may
+    // hold a tail that was written and never acknowledged (a crash before its fsync);
+    // only the committer raises the mark, for groups it acknowledges. Lowered only to
+    // what a salvage found.
+    let present = shared.durable_position.load(Ordering::Acquire);
+    let acknowledged = Acknowledged::open(path, acknowledged.unwrap_or(0).min(present))?;
+    Ok(Opened {
+        shared,
+        data_file,
+        acknowledged,
+        incarnation,
+        report,
+    })
+}
 
 /// One start of a runtime on this store.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,13 +160,9 @@ fn remove_unfinished_sled_snapshots(path: &Path) -> Result<usize> {
 
 /// Rebuilds the overlay from the log records after the materialization mark. The tail is
 /// bounded by `Limits::overlay_len_max` and the materialization interval of the last run.
-pub(crate) fn replay(shared: &Shared, salvaging: bool) -> Result<()> {
+fn replay(shared: &Shared, salvaging: bool) -> Result<()> {
     let db = &shared.db;
-    let mark_key = keys::meta(keys::META_MATERIALIZED_THROUGH);
-    let materialized_through = match db.get(&mark_key)? {
-        Some(bytes) => codec::decode::<u64>(&mark_key, &bytes)?,
-        None => 0,
-    };
+    let materialized_through = shared.materialized_through()?;
     let mut durable = materialized_through;
     let mut overlay = Overlay::new(shared.limits.head_frame_refs_max);
     let mut n_frames = 0usize;
@@ -132,67 +192,21 @@ pub(crate) fn replay(shared: &Shared, salvaging: bool) -> Result<()> {
         }
         durable = durable.max(record.last_position);
         for frame in record.frames {
-            let frame = match frame {
-                DecodedFrame::Ok(frame) => frame,
-                DecodedFrame::Corrupt { claimed } => {
-                    shared.quarantine(
-                        claimed,
-                        format!(
-                            "a frame of the log record at {} is corrupted",
-                            keys::display(&key)
-                        ),
-                    );
-                    continue;
+            match frame {
+                DecodedFrame::Ok(frame) => {
+                    let merged = replay_frame(shared, &mut overlay, &key, record_position, *frame)?;
+                    n_frames += usize::from(merged);
                 }
-            };
-            let execution_id = frame.execution_id;
-            // S-8: a purged execution's frames are never replayed (defence in depth: a purge
-            // waits for the materialization that covers them).
-            if shared.check_quarantine(execution_id).is_err()
-                || db.contains_key(keys::purged(execution_id))?
-            {
-                continue;
+                DecodedFrame::Corrupt { claimed } => {
+                    shared.quarantine_frame(claimed, &key, "is corrupted")
+                }
             }
-            // The head before this frame: its identity completes a frame that does not
-            // carry one (codec v2); its index state and head record index are what is on
-            // disk (a materialization cut short may have written this very frame already).
-            let (previous, indexed_state, disk_index) = match overlay.current(execution_id) {
-                // What is on disk is ignored by `merge` for an execution in the overlay.
-                Some((head, _)) => (Some(HeadIdentity::of(head)), None, None),
-                None => match shared.head_record_on_disk(execution_id) {
-                    Ok(Some((head, index))) => (
-                        Some(HeadIdentity::of(&head)),
-                        index_state(&head),
-                        Some(index),
-                    ),
-                    Ok(None) => (None, None, Some(HeadIndex::default())),
-                    Err(Error::Corrupted { .. }) => continue,
-                    Err(error) => return Err(error),
-                },
-            };
-            let Some(frame) = frame.complete(previous) else {
-                shared.quarantine(
-                    execution_id,
-                    format!(
-                        "a frame of the log record at {} continues a head that is not there",
-                        keys::display(&key)
-                    ),
-                );
-                continue;
-            };
-            overlay.merge(frame, record_position, indexed_state, disk_index);
-            n_frames += 1;
         }
     }
     // A quarantined execution's replayed state is partial: never write it anywhere. Its
     // frames stay in the log, and the quarantine is persisted so that moving the mark past
     // them does not make the execution look healthy at the next open.
-    let quarantined = shared
-        .quarantine
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
-    for (execution_id, reason) in quarantined {
+    for (execution_id, reason) in shared.quarantined() {
         overlay.forget(execution_id);
         db.insert(keys::quarantine(execution_id), codec::encode(&reason))?;
     }
@@ -211,8 +225,50 @@ pub(crate) fn replay(shared: &Shared, salvaging: bool) -> Result<()> {
     Ok(())
 }
 
+/// Merges one frame of the log record at `key` into the overlay, unless its execution is
+/// quarantined or purged; whether it did.
+fn replay_frame(
+    shared: &Shared,
+    overlay: &mut Overlay,
+    key: &[u8],
+    record_position: u64,
+    frame: StoredFrame,
+) -> Result<bool> {
+    let execution_id = frame.execution_id;
+    // S-8: a purged execution's frames are never replayed (defence in depth: a purge
+    // waits for the materialization that covers them).
+    if shared.check_quarantine(execution_id).is_err()
+        || shared.db.contains_key(keys::purged(execution_id))?
+    {
+        return Ok(false);
+    }
+    // The head before this frame: its identity completes a frame that does not carry one
+    // (codec v2); its index state and head record index are what is on disk (a
+    // materialization cut short may have written this very frame already).
+    let (previous, indexed_state, disk_index) = match overlay.current(execution_id) {
+        // What is on disk is ignored by `merge` for an execution in the overlay.
+        Some((head, _)) => (Some(HeadIdentity::of(head)), None, None),
+        None => match shared.head_record_on_disk(execution_id) {
+            Ok(Some((head, index))) => (
+                Some(HeadIdentity::of(&head)),
+                index_state(&head),
+                Some(index),
+            ),
+            Ok(None) => (None, None, Some(HeadIndex::default())),
+            Err(Error::Corrupted { .. }) => return Ok(false),
+            Err(error) => return Err(error),
+        },
+    };
+    let Some(frame) = frame.complete(previous) else {
+        shared.quarantine_frame(execution_id, key, "continues a head that is not there");
+        return Ok(false);
+    };
+    overlay.merge(frame, record_position, indexed_state, disk_index);
+    Ok(true)
+}
+
 /// Executions quarantined by an earlier open (S-4).
-pub(crate) fn load_quarantine(db: &sled::Db) -> Result<BTreeMap<ExecutionId, String>> {
+fn load_quarantine(db: &sled::Db) -> Result<BTreeMap<ExecutionId, String>> {
     let mut quarantine = BTreeMap::new();
     for item in db.scan_prefix([keys::QUARANTINE]) {
         let (key, value) = item?;
@@ -229,7 +285,7 @@ pub(crate) fn load_quarantine(db: &sled::Db) -> Result<BTreeMap<ExecutionId, Str
 
 /// Records a new incarnation of the runtime on this store. Written before the committer
 /// starts; the caller flushes and fsyncs.
-pub(crate) fn record_incarnation(db: &sled::Db) -> Result<Incarnation> {
+fn record_incarnation(db: &sled::Db) -> Result<Incarnation> {
     let number = match db
         .range(keys::incarnation(0)..=keys::incarnation(u64::MAX))
         .next_back()
@@ -267,13 +323,33 @@ pub struct SalvageReport {
     pub quarantined: Vec<(ExecutionId, String)>,
 }
 
-/// Reads what the salvage report needs: every execution the by-session index names (a full
-/// scan: an explicit operator's action, never a normal open) and whether its head is there.
-pub(crate) fn salvage_report(
+/// S-7: the log must reach every position acknowledged before: an open refuses to serve
+/// less, unless `salvaging`. Salvage only what was lost: a healthy store opened to salvage
+/// is opened as usual, and its mark never lowered. A salvage reads what its report needs:
+/// every execution the by-session index names (a full scan: an explicit operator's action,
+/// never a normal open) and whether its head is there.
+fn salvage(
     shared: &Shared,
     acknowledged_through: Option<u64>,
-    present_through: u64,
-) -> Result<SalvageReport> {
+    mark_unreadable: bool,
+    salvaging: bool,
+) -> Result<Option<SalvageReport>> {
+    let present_through = shared.durable_position.load(Ordering::Acquire);
+    let lost = acknowledged_through.filter(|acked| *acked > present_through);
+    if let (Some(acknowledged_through), false) = (lost, salvaging) {
+        return Err(Error::AcknowledgedLost {
+            acknowledged_through,
+            present_through,
+        });
+    }
+    if lost.is_none() && !mark_unreadable {
+        return Ok(None);
+    }
+    tracing::error!(
+        acknowledged = ?acknowledged_through,
+        present = present_through,
+        "the store lost acknowledged history; salvaging what remains"
+    );
     let mut lost_executions = Vec::new();
     for item in shared.db.scan_prefix([keys::BY_SESSION]) {
         let (key, _) = item?;
@@ -289,21 +365,14 @@ pub(crate) fn salvage_report(
             Err(error) => return Err(error),
         }
     }
-    let quarantined = shared
-        .quarantine
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .iter()
-        .map(|(execution_id, reason)| (*execution_id, reason.clone()))
-        .collect();
     let report = SalvageReport {
         acknowledged_through,
         present_through,
         lost_positions: acknowledged_through
             .map_or(0, |acked| acked.saturating_sub(present_through)),
         lost_executions,
-        quarantined,
+        quarantined: shared.quarantined(),
     };
     tracing::warn!(?report, "opened to salvage");
-    Ok(report)
+    Ok(Some(report))
 }

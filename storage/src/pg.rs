@@ -40,11 +40,10 @@ use futures::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Result};
+use crate::event_store::{EventStore, NodeRecord, PurgeStep, SweepStep};
 use crate::ids::{ExecutionId, OwnerId};
 use crate::open::Incarnation;
-use crate::records::{NodeRecord, PurgeStep, SweepStep};
 use crate::shared::{Limits, Metrics, MetricsSnapshot};
-use crate::store::EventStore;
 use crate::transition::{Outcome, Transition};
 
 /// Reader threads (each with its own connection).
@@ -232,28 +231,11 @@ impl PgStore {
     }
 
     fn metrics_snapshot(&self) -> MetricsSnapshot {
-        use std::sync::atomic::Ordering::Relaxed;
+        let senders = self.inner.senders.iter();
+        let queued = senders.map(|sender| (sender.max_capacity() - sender.capacity()) as u64);
+        // Of the committers, each busy part of the time: their mean.
         let metrics = &self.shared().metrics;
-        MetricsSnapshot {
-            groups: metrics.groups.load(Relaxed),
-            transitions: metrics.transitions.load(Relaxed),
-            fsyncs: metrics.fsyncs.load(Relaxed),
-            // Of the committers, each busy part of the time: their mean.
-            fsync_micros_total: metrics.fsync_micros_total.load(Relaxed) / COMMITTERS as u64,
-            group_micros_total: metrics.group_micros_total.load(Relaxed) / COMMITTERS as u64,
-            flush_micros_total: 0,
-            materializations: 0,
-            replayed_frames: 0,
-            fenced: metrics.fenced.load(Relaxed),
-            purge_steps: metrics.purge_steps.load(Relaxed),
-            log_records_swept: 0,
-            queued: self
-                .inner
-                .senders
-                .iter()
-                .map(|sender| (sender.max_capacity() - sender.capacity()) as u64)
-                .sum(),
-        }
+        metrics.snapshot(COMMITTERS as u64, queued.sum())
     }
 }
 

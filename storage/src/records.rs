@@ -13,6 +13,34 @@ use crate::ids::{
     RevisionId, RunId, SessionId, TurnId, WaitId,
 };
 
+/// An enum whose variants have fixed names in the HTTP contract, one table for both ways:
+/// `as_str`, and `parse` back. Stored by variant index like the others: never reorder.
+macro_rules! named {
+    ($(#[$meta:meta])* pub enum $name:ident {
+        $($(#[$variant_meta:meta])* $variant:ident => $text:literal,)*
+    }) => {
+        $(#[$meta])*
+        pub enum $name {
+            $($(#[$variant_meta])* $variant,)*
+        }
+
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)*
+                }
+            }
+
+            pub fn parse(text: &str) -> Option<Self> {
+                match text {
+                    $($text => Some($name::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
 /// E-1: what kind of work an execution is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ExecutionKind {
@@ -21,19 +49,21 @@ pub enum ExecutionKind {
     Function,
 }
 
-/// The state of an execution (the `state` field of the HTTP contract).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum ExecutionState {
-    Queued,
-    Running,
-    Paused,
-    Waiting,
-    Cancelling,
-    Cancelled,
-    Completed,
-    Failed,
-    ReconciliationRequired,
-    Expired,
+named! {
+    /// The state of an execution (the `state` field of the HTTP contract).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+    pub enum ExecutionState {
+        Queued => "queued",
+        Running => "running",
+        Paused => "paused",
+        Waiting => "waiting",
+        Cancelling => "cancelling",
+        Cancelled => "cancelled",
+        Completed => "completed",
+        Failed => "failed",
+        ReconciliationRequired => "reconciliation_required",
+        Expired => "expired",
+    }
 }
 
 impl ExecutionState {
@@ -71,21 +101,6 @@ impl ExecutionState {
             ExecutionState::Failed => 8,
             ExecutionState::ReconciliationRequired => 9,
             ExecutionState::Expired => 10,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ExecutionState::Queued => "queued",
-            ExecutionState::Running => "running",
-            ExecutionState::Paused => "paused",
-            ExecutionState::Waiting => "waiting",
-            ExecutionState::Cancelling => "cancelling",
-            ExecutionState::Cancelled => "cancelled",
-            ExecutionState::Completed => "completed",
-            ExecutionState::Failed => "failed",
-            ExecutionState::ReconciliationRequired => "reconciliation_required",
-            ExecutionState::Expired => "expired",
         }
     }
 }
@@ -227,56 +242,31 @@ pub enum Control {
     },
 }
 
-/// F-3: which code a paused or recovered function execution continues on.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum VersionPolicy {
-    /// The revision it runs (the one it started with, or one it adopted): never other code.
-    #[default]
-    KeepOriginal,
-    /// The newest registered revision, through the step correspondence it declares.
-    UseLatest,
-}
-
-impl VersionPolicy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            VersionPolicy::KeepOriginal => "keep_original",
-            VersionPolicy::UseLatest => "use_latest",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "keep_original" => Some(VersionPolicy::KeepOriginal),
-            "use_latest" => Some(VersionPolicy::UseLatest),
-            _ => None,
-        }
+named! {
+    /// F-3: which code a paused or recovered function execution continues on.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum VersionPolicy {
+        /// The revision it runs (the one it started with, or one it adopted): never other code.
+        #[default]
+        KeepOriginal => "keep_original",
+        /// The newest registered revision, through the step correspondence it declares.
+        UseLatest => "use_latest",
     }
 }
 
-/// W-2: what an answer grants. Scopes never widen implicitly: there is no "always".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum AnswerScope {
-    /// Approves (or answers) this one operation only.
-    Operation,
-    /// A discussion reply instead of a decision: nothing is approved.
-    Discussion,
-    /// W-7: approves the approval's tool for the rest of this execution.
-    Tool,
-    /// W-7: approves the approval's tool for every execution of the session.
-    Session,
-}
-
-impl AnswerScope {
-    /// The `scope` of the HTTP contract.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AnswerScope::Operation => "operation",
-            AnswerScope::Discussion => "discussion",
-            AnswerScope::Tool => "tool",
-            AnswerScope::Session => "session",
-        }
+named! {
+    /// W-2: what an answer grants. Scopes never widen implicitly: there is no "always".
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+    pub enum AnswerScope {
+        /// Approves (or answers) this one operation only.
+        Operation => "operation",
+        /// A discussion reply instead of a decision: nothing is approved.
+        Discussion => "discussion",
+        /// W-7: approves the approval's tool for the rest of this execution.
+        Tool => "tool",
+        /// W-7: approves the approval's tool for every execution of the session.
+        Session => "session",
     }
 }
 
@@ -352,50 +342,30 @@ pub struct ReceiptRecord {
     pub output: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum WaitKind {
-    Approval,
-    Question,
-    Form,
-    Permission,
-    Live,
+named! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+    pub enum WaitKind {
+        Approval => "approval",
+        Question => "question",
+        Form => "form",
+        Permission => "permission",
+        Live => "live",
+    }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum WaitStatus {
-    Open,
-    Submitted,
-    Answered,
-    Declined,
-    Expired,
-    Invalidated,
-}
-
-impl WaitKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WaitKind::Approval => "approval",
-            WaitKind::Question => "question",
-            WaitKind::Form => "form",
-            WaitKind::Permission => "permission",
-            WaitKind::Live => "live",
-        }
+named! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+    pub enum WaitStatus {
+        Open => "open",
+        Submitted => "submitted",
+        Answered => "answered",
+        Declined => "declined",
+        Expired => "expired",
+        Invalidated => "invalidated",
     }
 }
 
 impl WaitStatus {
-    /// The `status` of the HTTP contract.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WaitStatus::Open => "open",
-            WaitStatus::Submitted => "submitted",
-            WaitStatus::Answered => "answered",
-            WaitStatus::Declined => "declined",
-            WaitStatus::Expired => "expired",
-            WaitStatus::Invalidated => "invalidated",
-        }
-    }
-
     /// Still waiting for a decision (an accepted answer may still be rejected).
     pub fn is_pending(self) -> bool {
         matches!(self, WaitStatus::Open | WaitStatus::Submitted)
@@ -451,23 +421,13 @@ pub struct WaitRecord {
     pub answer: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ProcessState {
-    Running,
-    Exited,
-    Stopped,
-    Lost,
-}
-
-impl ProcessState {
-    /// The `state` of the HTTP contract.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProcessState::Running => "running",
-            ProcessState::Exited => "exited",
-            ProcessState::Stopped => "stopped",
-            ProcessState::Lost => "lost",
-        }
+named! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+    pub enum ProcessState {
+        Running => "running",
+        Exited => "exited",
+        Stopped => "stopped",
+        Lost => "lost",
     }
 }
 
@@ -552,33 +512,6 @@ pub struct PurgedRecord {
     pub finished: bool,
 }
 
-/// How far one step of a purge got (`EventStore::purge`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PurgeStep {
-    /// Purged, every key it owned gone.
-    Done,
-    /// Purged and unreadable; more of its keys are left for the next step.
-    More,
-    /// The execution has not ended: nothing done.
-    NotEnded,
-    /// Its latest transitions are not yet written to their own keys: nothing done; try
-    /// again after the next materialization.
-    Unsettled,
-    /// No such execution.
-    Unknown,
-}
-
-/// What one step of the log's sweep did (`EventStore::sweep_log`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SweepStep {
-    /// Where the next step starts; `None` once the sweep reached the log's materialized end.
-    pub next_position: Option<u64>,
-    pub records_examined: usize,
-    /// Log records removed: every frame in them was of a purged execution.
-    pub records_deleted: usize,
-    pub bytes_deleted: u64,
-}
-
 /// The address of a blob: BLAKE3 of its bytes.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct BlobHash(pub [u8; 32]);
@@ -631,36 +564,5 @@ impl Blob {
 impl fmt::Debug for Blob {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Blob({:?}, {} bytes)", self.hash, self.bytes.len())
-    }
-}
-
-/// N-2: a runtime node in a shared store's registry. Its lease is renewed in the background;
-/// once it lapses (by the database's clock), other nodes take over the executions whose
-/// attempts carry its `owner_id`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeRecord {
-    pub node_id: String,
-    /// The incarnation running as this node: the owner of the attempts it runs.
-    pub owner_id: OwnerId,
-    pub incarnation: u64,
-    /// Where its HTTP API listens (requests for its executions are forwarded there).
-    pub url: String,
-    pub started_at_ms: u64,
-    pub lease_expires_at_ms: u64,
-}
-
-/// N-2: the nodes registered, and the database's time when they were read.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Nodes {
-    pub now_ms: u64,
-    pub nodes: Vec<NodeRecord>,
-}
-
-impl Nodes {
-    /// The node whose lease holds now and that runs as `owner_id`.
-    pub fn live_owner(&self, owner_id: OwnerId) -> Option<&NodeRecord> {
-        self.nodes
-            .iter()
-            .find(|node| node.owner_id == owner_id && node.lease_expires_at_ms > self.now_ms)
     }
 }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
@@ -21,6 +21,7 @@ use crate::records::{
     BlobHash, CommandRecord, ExecutionHead, JobRecord, ProcessRecord, ProjectionRecord,
     ReceiptRecord, WaitRecord,
 };
+use crate::transition::Outcome;
 
 /// Bounds of the store. Every queue and batch has one.
 #[derive(Debug, Clone)]
@@ -133,6 +134,14 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// An outcome that wrote nothing, counted (`fenced`) on its way to the caller.
+    pub(crate) fn answered(&self, outcome: Outcome) -> Outcome {
+        if let Outcome::Fenced { .. } = outcome {
+            self.fenced.fetch_add(1, Ordering::Relaxed);
+        }
+        outcome
+    }
+
     /// The write path's histograms, as `/metrics` shows them.
     pub fn histograms(&self) -> Vec<NamedHistogram> {
         let named = |name, help, histogram: &Histogram| NamedHistogram {
@@ -159,6 +168,34 @@ impl Metrics {
             ),
         ]
     }
+
+    /// A copy of the counters; a store of several `committers` reports the mean of their
+    /// busy times. `queued`: the requests waiting now.
+    pub(crate) fn snapshot(&self, committers: u64, queued: u64) -> MetricsSnapshot {
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        MetricsSnapshot {
+            groups: read(&self.groups),
+            transitions: read(&self.transitions),
+            fsyncs: read(&self.fsyncs),
+            fsync_micros_total: read(&self.fsync_micros_total) / committers,
+            group_micros_total: read(&self.group_micros_total) / committers,
+            flush_micros_total: read(&self.flush_micros_total),
+            materializations: read(&self.materializations),
+            replayed_frames: read(&self.replayed_frames),
+            fenced: read(&self.fenced),
+            purge_steps: read(&self.purge_steps),
+            log_records_swept: read(&self.log_records_swept),
+            queued,
+        }
+    }
+}
+
+/// The wall clock the stores stamp on what they write (events, heads, incarnations).
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// Adds the time since `since` to a counter of microseconds.
@@ -226,6 +263,30 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The state of a store `open` is opening: nothing replayed yet.
+    pub fn new(
+        db: sled::Db,
+        path: PathBuf,
+        limits: Limits,
+        quarantine: BTreeMap<ExecutionId, String>,
+    ) -> Self {
+        Self {
+            db,
+            path,
+            overlay: RwLock::new(Overlay::new(limits.head_frame_refs_max)),
+            limits,
+            generation: AtomicU64::new(0),
+            slice_lock: RwLock::new(()),
+            durable_position: AtomicU64::new(0),
+            quarantine: Mutex::new(quarantine),
+            failure: Mutex::new(None),
+            in_flight_blobs: Mutex::new(HashSet::new()),
+            in_flight_records: Mutex::new(HashSet::new()),
+            in_flight_overwrites: Mutex::new(HashMap::new()),
+            metrics: Metrics::default(),
+        }
+    }
+
     // A panic while holding these locks cannot leave the data half-updated (each update is
     // one assignment or a completed merge), so a poisoned lock is still usable.
     pub fn overlay_read(&self) -> RwLockReadGuard<'_, Overlay> {
@@ -342,6 +403,28 @@ impl Shared {
             .or_insert(reason);
     }
 
+    /// Quarantines the execution a frame of the log record at `key` is of (as far as its
+    /// header tells): the frame `why`.
+    pub fn quarantine_frame(&self, execution_id: ExecutionId, key: &[u8], why: &str) {
+        let at = keys::display(key);
+        self.quarantine(
+            execution_id,
+            format!("a frame of the log record at {at} {why}"),
+        );
+    }
+
+    /// Executions refused for corrupted records, with the reason (S-4).
+    pub fn quarantined(&self) -> Vec<(ExecutionId, String)> {
+        let quarantine = self
+            .quarantine
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        quarantine
+            .iter()
+            .map(|(id, reason)| (*id, reason.clone()))
+            .collect()
+    }
+
     /// Quarantines the execution when `result` is a corruption of one of its records.
     pub fn quarantine_on_corruption<T>(
         &self,
@@ -352,6 +435,29 @@ impl Shared {
             self.quarantine(execution_id, error.to_string());
         }
         result
+    }
+
+    /// Where the log's materialization reached: every frame up to it is in its own keys.
+    pub fn materialized_through(&self) -> Result<u64> {
+        let key = keys::meta(keys::META_MATERIALIZED_THROUGH);
+        match self.db.get(&key)? {
+            Some(bytes) => codec::decode(&key, &bytes),
+            None => Ok(0),
+        }
+    }
+
+    /// A blob as stored, its hash checked; for readers of durable data only (the blobs of a
+    /// group not yet durable are refused by `EventReader::blob`).
+    pub fn blob_on_disk(&self, hash: BlobHash) -> Result<Option<Vec<u8>>> {
+        let key = keys::blob(hash);
+        match self.db.get(key)? {
+            Some(bytes) if BlobHash::of(&bytes) == hash => Ok(Some(bytes.to_vec())),
+            Some(_) => Err(Error::Corrupted {
+                tree: "blobs",
+                key: keys::display(&key),
+            }),
+            None => Ok(None),
+        }
     }
 
     pub fn head_on_disk(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>> {
@@ -381,21 +487,47 @@ impl Shared {
         self.quarantine_on_corruption(execution_id, result)
     }
 
-    pub fn record_on_disk<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>>
+    pub fn record_on_disk<T>(&self, key: &[u8]) -> Result<Option<T>>
     where
         RecordValue: TryInto<T>,
     {
         match self.db.get(key)? {
-            Some(bytes) => {
-                let record: RecordValue = codec::decode(key, &bytes)?;
-                record.try_into().map(Some).map_err(|_| Error::Corrupted {
-                    tree: keys::tree_name(key),
-                    key: keys::display(key),
-                })
-            }
+            Some(bytes) => typed(key, codec::decode(key, &bytes)?).map(Some),
             None => Ok(None),
         }
     }
+
+    /// A record as committed: the overlay's (`cached`, read by the caller), else disk's.
+    pub fn record_or_disk<T>(&self, key: &[u8], cached: Option<RecordValue>) -> Result<Option<T>>
+    where
+        RecordValue: TryInto<T>,
+    {
+        match cached {
+            Some(record) => typed(key, record).map(Some),
+            None => self.record_on_disk(key),
+        }
+    }
+
+    /// A record as committed, read by the committer (which sees no group in flight but its
+    /// own): the overlay's, else disk's.
+    pub fn committed_record<T>(&self, key: &[u8; 17]) -> Result<Option<T>>
+    where
+        RecordValue: TryInto<T>,
+    {
+        let cached = self.overlay_read().record(key).cloned();
+        self.record_or_disk(key, cached)
+    }
+}
+
+/// `record` as the type its key holds; another is a corruption of that key.
+fn typed<T>(key: &[u8], record: RecordValue) -> Result<T>
+where
+    RecordValue: TryInto<T>,
+{
+    record.try_into().map_err(|_| Error::Corrupted {
+        tree: keys::tree_name(key),
+        key: keys::display(key),
+    })
 }
 
 macro_rules! record_conversion {

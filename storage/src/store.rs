@@ -1,179 +1,39 @@
-//! The store: opening (lock, migrations, log replay, incarnation), the read API, and the
-//! handle that submits transitions to the committer (`log.rs`).
-//!
-//! The public API names no sled type: callers see `Store`, the `EventStore` trait and owned
-//! records, so another backend (PostgreSQL for several runtime nodes) can stand beside this
-//! one without touching `actors/`.
+//! The sled store's handle (`Store`): opened by `open.rs`, it submits transitions and the
+//! other requests to the committer (`log.rs`) and reads (`store/reads.rs`). The API it
+//! implements, and PostgreSQL's store too, is `event_store.rs`.
 
-use std::collections::{BTreeSet, HashSet};
-use std::fs::File;
+use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
 use std::thread::JoinHandle;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::acknowledged::Acknowledged;
 use crate::codec::{self, DecodedFrame, FrameRef, RecordValue};
 use crate::error::{Error, Result};
 use crate::event::EventEnvelope;
+use crate::event_store::{PurgeStep, SweepStep};
 use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, SessionId, WaitId};
 use crate::keys;
 use crate::log::{self, Request};
-use crate::migrate;
-use crate::open::{
-    load_quarantine, open_sled, record_incarnation, replay, salvage_report, SalvageReport,
-};
+use crate::open::{self, Opened, SalvageReport};
 use crate::overlay::Overlay;
 use crate::records::{
-    BlobHash, CommandRecord, ExecutionHead, ExecutionState, JobRecord, NodeRecord, Nodes,
-    ProcessRecord, ProjectionRecord, PurgeStep, PurgedRecord, ReceiptRecord, SweepStep, WaitRecord,
+    BlobHash, CommandRecord, ExecutionHead, ExecutionState, JobRecord, ProcessRecord,
+    ProjectionRecord, PurgedRecord, ReceiptRecord, WaitRecord,
 };
-use crate::shared::{Metrics, Shared};
+use crate::shared::Shared;
 use crate::transition::{Outcome, Transition};
 
 mod reads;
 mod retention;
 
+pub use crate::event_store::{EventReader, EventStore};
 pub use crate::open::{Incarnation, SEGMENT_BYTES};
 pub use crate::shared::{Limits, MetricsSnapshot};
-
-/// Reads and writes of the event log, independent of the engine underneath. Only the
-/// actors write: everything else gets an `EventReader`.
-pub trait EventStore: EventReader {
-    /// Queues a transition for the next group commit: at once when the queue has room,
-    /// else when the future is first polled, waiting while the queue is full. The future
-    /// resolves once the group is fsynced (or rejected). Transitions that must commit in a
-    /// given order are submitted one after the other, each awaited (as the actors do).
-    fn submit(&self, transition: Transition) -> BoxFuture<'static, Result<Outcome>>;
-
-    /// S-8: one step of the purge of an ended execution, written with the next group
-    /// commit: the first makes it unreadable (`purged` from then on), each removes a bounded
-    /// part of what it owned; call again while it answers `More`. `ended_key`: the time of
-    /// its entry in `ended_before`, removed with it. `ended_before`: purge it only if its
-    /// last activity is older (else `NotEnded`).
-    fn purge(
-        &self,
-        execution_id: ExecutionId,
-        ended_key: Option<u64>,
-        ended_before: Option<u64>,
-    ) -> BoxFuture<'static, Result<PurgeStep>>;
-
-    /// S-8: one step of the log's sweep, from `from_position`: removes the log records
-    /// (of at most `max_records` examined) whose every frame is of a purged execution.
-    fn sweep_log(
-        &self,
-        from_position: u64,
-        max_records: usize,
-    ) -> BoxFuture<'static, Result<SweepStep>>;
-
-    /// Issue 37: a compare-and-swap of a session's conversation record (its name and
-    /// compactions), durable before it answers `Written`.
-    fn write_conversation(
-        &self,
-        write: crate::conversation::ConversationWrite,
-    ) -> BoxFuture<'static, Result<crate::conversation::ConversationOutcome>>;
-
-    /// N-2: registers this handle's incarnation as node `node_id`, reachable at `url`, or
-    /// renews its lease: it expires `ttl` from now by the database's clock. Refused
-    /// (`NodeSuperseded`) once a later incarnation registered under the same id, and
-    /// (`SingleNode`) by a store only one process opens. Blocks for one round trip.
-    fn renew_node(&self, node_id: &str, url: &str, ttl: std::time::Duration) -> Result<NodeRecord> {
-        let _ = (node_id, url, ttl);
-        Err(crate::error::Error::SingleNode("sled"))
-    }
-}
-
-/// The reads of the event log: what inspection (HTTP, the debug endpoint, the CLI) may do.
-pub trait EventReader: Send + Sync + 'static {
-    fn head(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>>;
-    /// Events of one execution with `seq > after_seq`, oldest first, at most `limit`.
-    fn events_after(
-        &self,
-        execution_id: ExecutionId,
-        after_seq: u64,
-        limit: usize,
-    ) -> Result<Vec<EventEnvelope>>;
-    /// Events of the whole store with `position > after_position`, at most `limit`, in
-    /// position order; a later call never returns a position below one returned before.
-    /// Positions rise, gapless in sled; in PostgreSQL they have gaps, and the log stops
-    /// below the oldest transaction still running on the server (`pg.rs`).
-    fn log_after(&self, after_position: u64, limit: usize) -> Result<Vec<EventEnvelope>>;
-    fn command(&self, command_id: CommandId) -> Result<Option<CommandRecord>>;
-    fn receipt(&self, effect_id: EffectId) -> Result<Option<ReceiptRecord>>;
-    fn wait(&self, wait_id: WaitId) -> Result<Option<WaitRecord>>;
-    fn process(&self, process_id: ProcessId) -> Result<Option<ProcessRecord>>;
-    /// J-1: a Job's standing with the resource queue; `None` for an execution that is no Job.
-    fn job(&self, job_id: ExecutionId) -> Result<Option<JobRecord>>;
-    /// Issue 37: a session's record (grants, foreground turn); `None` before its first write.
-    fn session(&self, session_id: SessionId) -> Result<Option<crate::records::SessionRecord>>;
-    /// Issue 37: a session's name and compactions; `None` before its first write.
-    fn conversation(
-        &self,
-        session_id: SessionId,
-    ) -> Result<Option<crate::conversation::ConversationRecord>>;
-    /// S-8: the execution's latest projection (`None` before its first).
-    fn projection(&self, execution_id: ExecutionId) -> Result<Option<ProjectionRecord>>;
-    /// S-8: what is left of a purged execution (`None`: never purged).
-    fn purged(&self, execution_id: ExecutionId) -> Result<Option<PurgedRecord>>;
-    /// S-8: executions that ended before `before_ms`, oldest first, at most `limit`, with the
-    /// time each is listed under; listed after the entry `after` if given (a cursor).
-    fn ended_before(
-        &self,
-        before_ms: u64,
-        after: Option<(u64, ExecutionId)>,
-        limit: usize,
-    ) -> Result<Vec<(u64, ExecutionId)>>;
-    /// S-8: purges begun and not finished (a crash between their steps).
-    fn purges_unfinished(&self) -> Result<Vec<ExecutionId>>;
-    /// S-8: the bytes the store's files take on disk now (every file under its directory).
-    fn disk_bytes(&self) -> u64;
-    /// The executions of a session, in id order (ids are time-ordered: admission order).
-    fn executions_in_session(&self, session_id: SessionId) -> Result<Vec<ExecutionId>>;
-    /// Every session with at least one execution, with how many it has, in id order. Reads
-    /// the whole by-session index: one small key per execution (an admin read).
-    fn sessions(&self) -> Result<Vec<(SessionId, usize)>>;
-    /// Every process record (P-3: startup marks those of a dead owner lost). Process
-    /// records are few (one per started process), so this reads them all.
-    fn processes(&self) -> Result<Vec<ProcessRecord>>;
-    fn blob(&self, hash: BlobHash) -> Result<Option<Vec<u8>>>;
-    /// Executions currently in a non-terminal `state`, from the by-state index (S-6).
-    /// Terminal states are not indexed: asking for one returns an empty list.
-    fn executions_in_state(&self, state: ExecutionState) -> Result<Vec<ExecutionId>>;
-    /// Executions refused for corrupted records, with the reason (S-4).
-    fn quarantined(&self) -> Vec<(ExecutionId, String)>;
-    /// The incarnation this handle opened the store as.
-    fn incarnation(&self) -> &Incarnation;
-    /// N-2: the runtime nodes registered in a shared store, with the time by the clock their
-    /// leases are measured on (the database's). A store of one process has none.
-    fn nodes(&self) -> Result<Nodes> {
-        Ok(Nodes::default())
-    }
-    /// Counters of the write path (groups, transitions, fsyncs...).
-    fn metrics(&self) -> MetricsSnapshot;
-    /// The position of the newest event in the whole log (0: none): where a reader that wants
-    /// only what comes next starts. By default read page by page to the end.
-    fn log_end(&self) -> Result<u64> {
-        let mut end = 0;
-        loop {
-            let page = self.log_after(end, 1024)?;
-            match page.last() {
-                Some(last) => end = last.position.max(end + 1),
-                None => return Ok(end),
-            }
-        }
-    }
-    /// Histograms of the write path: group commits' time and size, fsyncs' time.
-    fn histograms(&self) -> Vec<crate::NamedHistogram> {
-        Vec::new()
-    }
-    /// Why the store stopped acknowledging writes (fail-stop after a failed write or
-    /// fsync), if it did.
-    fn failure(&self) -> Option<String>;
-}
 
 /// A handle on an open store. Cheap to clone; the store closes when the last handle drops,
 /// after the committer has written everything queued.
@@ -234,147 +94,37 @@ impl Store {
         limits: Limits,
         salvaging: bool,
     ) -> Result<(Self, Option<SalvageReport>)> {
-        let path = path.to_path_buf();
-        limits.validate()?;
-        let io_error = |error: std::io::Error| Error::Io {
-            path: path.clone(),
-            message: error.to_string(),
-        };
-        std::fs::create_dir_all(&path).map_err(io_error)?;
-        let db = open_sled(&path, limits.cache_bytes)?;
-        // Read under sled's lock: no other opener is writing it.
-        let (acknowledged, mark_unreadable) = match Acknowledged::read(&path) {
-            Err(Error::AcknowledgedUnreadable { .. }) if salvaging => (None, true),
-            read => (read?, false),
-        };
-        let data_file = File::open(path.join("db")).map_err(io_error)?;
-        let mut sync = || {
-            data_file.sync_data().map_err(|error| Error::Io {
-                path: path.join("db"),
-                message: error.to_string(),
-            })
-        };
-        // The directory entries of sled's files must survive a power loss too.
-        File::open(&path)
-            .and_then(|dir| dir.sync_all())
-            .map_err(io_error)?;
-        migrate::run(&db, &mut sync)?;
-
-        let quarantine = load_quarantine(&db)?;
-        let shared = Arc::new(Shared {
-            db,
-            path: path.clone(),
-            limits: limits.clone(),
-            overlay: RwLock::new(Overlay::new(limits.head_frame_refs_max)),
-            generation: AtomicU64::new(0),
-            slice_lock: RwLock::new(()),
-            durable_position: AtomicU64::new(0),
-            quarantine: Mutex::new(quarantine),
-            failure: Mutex::new(None),
-            in_flight_blobs: Mutex::new(HashSet::new()),
-            in_flight_records: Mutex::new(HashSet::new()),
-            in_flight_overwrites: Mutex::new(std::collections::HashMap::new()),
-            metrics: Metrics::default(),
-        });
-        replay(&shared, salvaging)?;
-        // S-7: the log must reach every position acknowledged before: refuse to serve less.
-        let present = shared.durable_position.load(Ordering::Acquire);
-        let lost = acknowledged.filter(|acked| *acked > present);
-        if let Some(acknowledged_through) = lost {
-            if !salvaging {
-                return Err(Error::AcknowledgedLost {
-                    acknowledged_through,
-                    present_through: present,
-                });
-            }
-        }
-        // Salvage only what was lost: a healthy store opened with `accept_loss` is opened
-        // as usual, and its mark never lowered.
-        let report = if lost.is_some() || mark_unreadable {
-            tracing::error!(
-                ?acknowledged,
-                present,
-                "the store lost acknowledged history; salvaging what remains"
-            );
-            Some(salvage_report(&shared, acknowledged, present)?)
-        } else {
-            None
-        };
-        let incarnation = record_incarnation(&shared.db)?;
-        shared.db.flush()?;
-        sync()?;
-        // Written after the sync above, and never raised here: what this open found may
-        // hold a tail that was written and never acknowledged (a crash before its fsync);
-        // only the committer raises the mark, for groups it acknowledges. Lowered only to
-        // what a salvage found.
-        let mark = Acknowledged::open(&path, acknowledged.unwrap_or(0).min(present))?;
-
-        let (sender, queue) = mpsc::channel(limits.queue_len_max.max(1));
-        let committer_shared = Arc::clone(&shared);
-        let (ready, is_ready) = std::sync::mpsc::channel();
-        let committer = std::thread::Builder::new()
-            .name("openprogram-committer".into())
-            .spawn(move || log::run(committer_shared, queue, data_file, mark, ready))
-            .map_err(io_error)?;
+        let Opened {
+            shared,
+            data_file,
+            acknowledged,
+            incarnation,
+            report,
+        } = open::open(path, limits, salvaging)?;
         // The replayed tail is materialized before the store takes work (S-6).
-        is_ready.recv().map_err(|_| Error::Io {
-            path: path.to_path_buf(),
-            message: "the committer thread stopped while opening".into(),
-        })??;
-        spawn_ticker(&sender, &limits).map_err(io_error)?;
+        let (sender, committer) = log::spawn(&shared, data_file, acknowledged)?;
         tracing::info!(path = %path.display(), owner = %incarnation.owner_id, number = incarnation.number, "store opened");
-        let store = Self {
-            inner: Arc::new(Inner {
-                shared,
-                sender: Some(sender),
-                committer: Some(committer),
-                incarnation,
-            }),
+        let inner = Inner {
+            shared,
+            sender: Some(sender),
+            committer: Some(committer),
+            incarnation,
         };
-        Ok((store, report))
+        Ok((
+            Self {
+                inner: Arc::new(inner),
+            },
+            report,
+        ))
     }
 
     fn shared(&self) -> &Shared {
         &self.inner.shared
     }
 
-    /// A blob as stored, its hash checked; for readers of durable data only (the blobs of a
-    /// group not yet durable are refused by `EventStore::blob`).
-    fn blob_on_disk(&self, hash: BlobHash) -> Result<Option<Vec<u8>>> {
-        let key = keys::blob(hash);
-        match self.shared().db.get(key)? {
-            Some(bytes) if BlobHash::of(&bytes) == hash => Ok(Some(bytes.to_vec())),
-            Some(_) => Err(Error::Corrupted {
-                tree: "blobs",
-                key: keys::display(&key),
-            }),
-            None => Ok(None),
-        }
-    }
-
     /// The position of the newest durable event.
     pub fn durable_position(&self) -> u64 {
         self.shared().durable_position.load(Ordering::Acquire)
-    }
-
-    fn metrics_snapshot(&self) -> MetricsSnapshot {
-        let metrics = &self.shared().metrics;
-        MetricsSnapshot {
-            groups: metrics.groups.load(Ordering::Relaxed),
-            transitions: metrics.transitions.load(Ordering::Relaxed),
-            fsyncs: metrics.fsyncs.load(Ordering::Relaxed),
-            fsync_micros_total: metrics.fsync_micros_total.load(Ordering::Relaxed),
-            group_micros_total: metrics.group_micros_total.load(Ordering::Relaxed),
-            flush_micros_total: metrics.flush_micros_total.load(Ordering::Relaxed),
-            materializations: metrics.materializations.load(Ordering::Relaxed),
-            replayed_frames: metrics.replayed_frames.load(Ordering::Relaxed),
-            fenced: metrics.fenced.load(Ordering::Relaxed),
-            purge_steps: metrics.purge_steps.load(Ordering::Relaxed),
-            log_records_swept: metrics.log_records_swept.load(Ordering::Relaxed),
-            queued: self.inner.sender.as_ref().map_or(0, |sender| {
-                (sender.max_capacity() - sender.capacity()) as u64
-            }),
-        }
     }
 
     /// Every incarnation recorded in this store, oldest first.
@@ -694,7 +444,7 @@ impl EventReader for Store {
     fn blob(&self, hash: BlobHash) -> Result<Option<Vec<u8>>> {
         // Read first, then ask whether it is in flight: the other order could miss a blob
         // the committer inserted (not yet durable) between the two.
-        let found = self.blob_on_disk(hash)?;
+        let found = self.shared().blob_on_disk(hash)?;
         let in_flight = self
             .shared()
             .in_flight_blobs
@@ -731,15 +481,7 @@ impl EventReader for Store {
     }
 
     fn quarantined(&self) -> Vec<(ExecutionId, String)> {
-        let quarantine = self
-            .shared()
-            .quarantine
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        quarantine
-            .iter()
-            .map(|(id, reason)| (*id, reason.clone()))
-            .collect()
+        self.shared().quarantined()
     }
 
     fn incarnation(&self) -> &Incarnation {
@@ -747,7 +489,10 @@ impl EventReader for Store {
     }
 
     fn metrics(&self) -> MetricsSnapshot {
-        self.metrics_snapshot()
+        let queued = self.inner.sender.as_ref().map_or(0, |sender| {
+            (sender.max_capacity() - sender.capacity()) as u64
+        });
+        self.shared().metrics.snapshot(1, queued)
     }
 
     fn histograms(&self) -> Vec<crate::NamedHistogram> {
@@ -761,22 +506,4 @@ impl EventReader for Store {
     fn failure(&self) -> Option<String> {
         self.shared().failure()
     }
-}
-
-/// Starts the thread that sends `Request::Tick` to the committer every eighth of the
-/// materialization interval. It holds only a weak sender, so it never keeps the queue open:
-/// once the store closes, its next tick finds the queue gone and it ends.
-fn spawn_ticker(sender: &mpsc::Sender<Request>, limits: &Limits) -> std::io::Result<()> {
-    let weak = sender.downgrade();
-    let tick = std::time::Duration::from_millis((limits.materialize_interval_ms / 8).max(5));
-    std::thread::Builder::new()
-        .name("openprogram-ticker".into())
-        .spawn(move || loop {
-            std::thread::sleep(tick);
-            let Some(sender) = weak.upgrade() else { return };
-            if let Err(mpsc::error::TrySendError::Closed(_)) = sender.try_send(Request::Tick) {
-                return;
-            }
-        })?;
-    Ok(())
 }

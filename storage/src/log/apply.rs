@@ -1,37 +1,23 @@
-//! The committer's validation of one transition (`apply`): its shape, K-4's stored
-//! outcomes, fencing and the expected version, then the frame it becomes, staged into the
-//! group (`stage`); and a rejection written alone (`record_rejection`). Part of the
-//! committer (`log.rs`), whose state it reads.
-
-use std::sync::atomic::Ordering;
+//! The committer's part in one transition (`apply`): the commit rule (`commit::decide`)
+//! read through the committer's view (`SledView`: the group's own writes, then the overlay,
+//! then disk), then what the verdict writes — a committing frame, staged into the group's
+//! open log record (`stage`), or a rejection's command record alone (`record_rejection`).
+//! Part of the committer (`log.rs`), whose state it reads.
 
 use super::*;
-use crate::commit::{self, Held, Verdict, View};
-use crate::records::{Blob, BlobHash};
-
-/// Where a validated frame goes: its execution, its first seq and log position, and what
-/// the overlay needs to list it.
-struct Placement {
-    execution_id: ExecutionId,
-    first_seq: u64,
-    first_position: u64,
-    at_ms: u64,
-    indexed_state: Option<ExecutionState>,
-    disk_index: Option<HeadIndex>,
-    answer: usize,
-}
+use crate::codec::{
+    encode_frame_into, inputs_to_blob, HeadIdentity, RecordValue, LOG_RECORD_BYTES_MAX,
+};
+use crate::commit::{self, Held, Verdict, View, Written};
+use crate::event::Event;
+use crate::overlay::index_state;
+use crate::records::{BlobHash, ExecutionHead};
+use crate::transition::Upsert;
 
 impl Committer {
-    /// Validates one transition against the committer's view and, if it commits, adds its
-    /// frame to the group. Nothing here is visible to readers until the group is durable.
-    pub(super) fn apply(
-        &self,
-        group: &mut Group,
-        batch: &mut sled::Batch,
-        transition: Transition,
-        at_ms: u64,
-        answer: usize,
-    ) -> Result<Outcome> {
+    /// Decides one transition against the committer's view and writes what the verdict says
+    /// into the group. Nothing here is visible to readers until the group is durable.
+    pub(super) fn apply(&self, group: &mut Group, transition: Transition) -> Result<Outcome> {
         let execution_id = transition.execution_id;
         // The head itself is copied only for a transition that brings none (most bring one).
         let mut view = SledView {
@@ -44,134 +30,42 @@ impl Committer {
         let verdict = commit::decide(&transition, &mut view)?;
         let current = view.current.take();
         let next = match verdict {
-            Verdict::Answer(outcome) => {
-                if let Outcome::Fenced { .. } = outcome {
-                    self.shared.metrics.fenced.fetch_add(1, Ordering::Relaxed);
-                }
-                return Ok(outcome);
-            }
+            Verdict::Answer(outcome) => return Ok(self.shared.metrics.answered(outcome)),
             Verdict::Rejection { version } => {
-                return self.record_rejection(
-                    group,
-                    batch,
-                    execution_id,
-                    transition.upserts,
-                    version,
-                )
+                self.record_rejection(group, execution_id, transition.upserts);
+                return Ok(Outcome::Recorded { version });
             }
             Verdict::Commit(next) => next,
         };
-        let Transition {
-            writer_epoch,
-            head,
-            events,
-            upserts,
-            ..
-        } = transition;
-        // A frame carries the head's identity only when it is new or changes (codec v2).
-        let previous_identity = current.as_ref().map(|current| current.identity);
-        let (mut head_next, indexed_state, disk_index) = match (current, head) {
+        let (identity, on_disk, kept) = match current {
+            Some(current) => (Some(current.identity), current.on_disk, current.head),
             // A new execution: nothing of it on disk.
-            (None, Some(head)) => (head, None, Some(HeadIndex::default())),
-            (Some(current), Some(head)) => (head, current.indexed_state, current.disk_index),
-            (Some(current), None) => {
-                let head = current.head.ok_or(Error::UnknownExecution(execution_id))?;
-                (head, current.indexed_state, current.disk_index)
-            }
-            // Refused by the rule.
-            (None, None) => return Err(Error::UnknownExecution(execution_id)),
+            None => (None, (None, Some(HeadIndex::default())), None),
         };
-        head_next.version = next.version;
-        head_next.fencing_epoch = next.fencing_epoch;
-        head_next.last_activity_ms = at_ms;
-        head_next.last_seq = next.last_seq;
-        let first_seq = next.first_seq;
-        let first_position = group.next_position;
-        let envelopes: Vec<EventEnvelope> = events
-            .into_iter()
-            .enumerate()
-            .map(|(index, event)| EventEnvelope {
-                execution_id,
-                seq: first_seq + index as u64,
-                position: first_position + index as u64,
-                at_ms,
-                writer_epoch: writer_epoch.unwrap_or(0),
-                event,
-            })
-            .collect();
-        let session_record = next.session;
-        let mut records = Vec::new();
-        let mut blobs = Vec::new();
-        for upsert in upserts {
-            if let Upsert::Blob(blob) = &upsert {
-                blobs.push(blob.clone());
-            }
-            if let Some(record) = upsert.into_record() {
-                records.push(record);
-            }
-        }
-        records.extend(session_record.map(RecordValue::Session));
-        let mut frame = Frame {
-            head: head_next,
-            events: envelopes,
-            records,
-        };
-        let with_identity = previous_identity != Some(HeadIdentity::of(&frame.head));
+        let mut written = next.frame(transition, || kept, group.at_ms, group.next_position)?;
+        // A frame carries the head's identity only when it is new or changes (codec v2).
+        let with_identity = identity != Some(HeadIdentity::of(&written.frame.head));
         // S-5: a large admission input is stored once, as a blob, and referenced.
-        let blobbed = inputs_to_blob(&frame);
-        encode_frame_into(&mut group.frame_bytes, &frame, with_identity, &blobbed);
-        let limit = self
-            .shared
-            .limits
-            .transition_bytes_max
-            .min(u32::MAX as usize);
-        // S-8: a projection is a cache: one that makes its transition too large is left out
-        // (readers replay), never the reason the transition fails.
-        let projected = |record: &RecordValue| matches!(record, RecordValue::Projection(_));
-        if group.frame_bytes.len() > limit && frame.records.iter().any(projected) {
-            frame.records.retain(|record| !projected(record));
-            encode_frame_into(&mut group.frame_bytes, &frame, with_identity, &blobbed);
-        }
-        let encoded = &group.frame_bytes;
-        if encoded.len() > limit {
-            return Err(Error::PayloadTooLarge {
-                what: "transition",
-                len: encoded.len(),
-                max: limit,
-            });
-        }
-
+        let blobbed = inputs_to_blob(&written.frame);
+        let bytes = &mut group.frame_bytes;
+        written.fit(self.shared.limits.transition_bytes_max, |frame| {
+            encode_frame_into(bytes, frame, with_identity, &blobbed);
+            bytes.len() as u64
+        })?;
         // Committed: from here on the group owns the change.
-        let placement = Placement {
-            execution_id,
-            first_seq,
-            first_position,
-            at_ms,
-            indexed_state,
-            disk_index,
-            answer,
-        };
-        let committed = self.stage(group, batch, frame, &blobs, &blobbed, placement)?;
-        Ok(Outcome::Committed(committed))
+        self.stage(group, written, &blobbed, on_disk)
     }
 
     /// A rejection alone, allowed by the rule (`commit::decide`): its command record goes to
     /// its own key in this group's batch, unreadable until the group is durable
     /// (`in_flight_records`). It never passes through the overlay: nothing else writes a
     /// command id that has a record.
-    fn record_rejection(
-        &self,
-        group: &mut Group,
-        batch: &mut sled::Batch,
-        execution_id: ExecutionId,
-        upserts: Vec<Upsert>,
-        version: u64,
-    ) -> Result<Outcome> {
+    fn record_rejection(&self, group: &mut Group, execution_id: ExecutionId, upserts: Vec<Upsert>) {
         for upsert in upserts {
             if let Upsert::Command(record) = upsert {
                 let key = keys::command(record.command_id);
                 let value = RecordValue::Command(record);
-                crate::overlay::put_record(batch, &key, &value);
+                crate::overlay::put_record(&mut group.batch, &key, &value);
                 group.recorded.insert(execution_id);
                 self.shared.in_flight_record_insert(key);
                 if let RecordValue::Command(record) = value {
@@ -179,31 +73,23 @@ impl Committer {
                 }
             }
         }
-        Ok(Outcome::Recorded { version })
     }
 
-    /// Adds a validated frame to the group: its blobs to the batch, its commands to the
-    /// group's view, its encoded bytes to the open log record, its place in the group.
+    /// Adds a committing frame to the group: its blobs to the batch, its records to the
+    /// group's view, its encoding (`Group::frame_bytes`) to the open log record, its place in
+    /// the group.
     fn stage(
         &self,
         group: &mut Group,
-        batch: &mut sled::Batch,
-        frame: Frame,
-        blobs: &[Blob],
+        written: Written,
         blobbed: &[(u32, BlobHash)],
-        placement: Placement,
-    ) -> Result<Committed> {
-        let Placement {
-            execution_id,
-            first_seq,
-            first_position,
-            at_ms,
-            indexed_state,
-            disk_index,
-            answer,
-        } = placement;
-        let n_events = frame.events.len() as u64;
-        let encoded = &group.frame_bytes;
+        on_disk: OnDiskNow,
+    ) -> Result<Outcome> {
+        let Written {
+            frame,
+            blobs,
+            committed,
+        } = written;
         let inputs = blobbed.iter().filter_map(|(index, hash)| {
             match &frame.events.get(*index as usize)?.event {
                 Event::Admitted { input, .. } => Some((*hash, input.as_bytes())),
@@ -216,7 +102,7 @@ impl Committer {
             // Stored once; a stored copy that differs (damaged) is written again.
             if self.shared.db.get(key)?.as_deref() != Some(bytes) {
                 self.shared.in_flight_blobs_insert(hash);
-                batch.insert(&key[..], bytes);
+                group.batch.insert(&key[..], bytes);
             }
         }
         for record in &frame.records {
@@ -230,16 +116,17 @@ impl Committer {
                 _ => {}
             }
         }
-        group.next_position += n_events;
+        let first_position = group.next_position;
+        group.next_position += frame.events.len() as u64;
+        let encoded = &group.frame_bytes;
         let (record, writer) = match &mut group.writer {
             Some((record, writer)) if writer.len() + encoded.len() <= LOG_RECORD_BYTES_MAX => {
                 (*record, writer)
             }
             slot => {
                 if let Some((position, full)) = slot.take() {
-                    group
-                        .log_records
-                        .push((position, full.finish(first_position - 1)));
+                    let bytes = full.finish(first_position - 1);
+                    group.batch.insert(&keys::log(position), bytes);
                 }
                 (
                     first_position,
@@ -248,23 +135,68 @@ impl Committer {
             }
         };
         writer.push(encoded);
-        let committed = Committed {
-            version: frame.head.version,
-            seqs: first_seq..=frame.head.last_seq,
-            positions: first_position..=first_position + n_events - 1,
-            at_ms,
-            // Filled in once the group is durable.
-            events: Vec::new(),
-        };
-        group.heads.insert(execution_id, group.frames.len());
+        group
+            .heads
+            .insert(frame.head.execution_id, group.frames.len());
         group.frames.push(GroupFrame {
             frame,
             record,
-            indexed_state,
-            disk_index,
-            answer,
+            on_disk,
+            answer: group.answers.len(),
         });
-        Ok(committed)
+        Ok(Outcome::Committed(committed))
+    }
+
+    /// The execution's head as this group would leave it (the group's own frame, then the
+    /// overlay, then disk), with what disk says of it; read in place, copied only if
+    /// `copy_head`.
+    fn current(
+        &self,
+        group: &Group,
+        execution_id: ExecutionId,
+        copy_head: bool,
+    ) -> Result<Option<Current>> {
+        let in_group = group.heads.get(&execution_id);
+        if let Some(in_group) = in_group.and_then(|&i| group.frames.get(i)) {
+            let on_disk = in_group.on_disk.clone();
+            return Ok(Some(Current::of(&in_group.frame.head, on_disk, copy_head)));
+        }
+        if let Some((head, indexed_state)) = self.shared.overlay_read().current(execution_id) {
+            return Ok(Some(Current::of(head, (indexed_state, None), copy_head)));
+        }
+        // S-8: a purged execution takes no transition, and its id is never created again.
+        if group.purged.contains(&execution_id)
+            || self.shared.db.contains_key(keys::purged(execution_id))?
+        {
+            return Err(Error::Purged(execution_id));
+        }
+        let head = self.shared.head_record_on_disk(execution_id)?;
+        Ok(head.map(|(head, index)| {
+            let on_disk = (index_state(&head), Some(index));
+            Current::of(&head, on_disk, copy_head)
+        }))
+    }
+}
+
+/// What the rule reads of an execution's head, and what its frame needs of it.
+struct Current {
+    held: Held,
+    identity: HeadIdentity,
+    /// What disk says of it: its by-state index state, and its head record's index when
+    /// the head was read from disk.
+    on_disk: OnDiskNow,
+    /// A copy of the head, if asked for (`copy_head`).
+    head: Option<ExecutionHead>,
+}
+
+impl Current {
+    fn of(head: &ExecutionHead, on_disk: OnDiskNow, copy_head: bool) -> Self {
+        Self {
+            held: Held::of(head),
+            identity: HeadIdentity::of(head),
+            on_disk,
+            head: copy_head.then(|| head.clone()),
+        }
     }
 }
 
@@ -284,27 +216,28 @@ impl View for SledView<'_> {
     }
 
     fn head(&mut self) -> Result<Option<Held>> {
-        let copy_head = self.copy_head;
-        self.current =
-            self.committer
-                .with_head(self.group, self.execution_id, |head, on_disk| {
-                    Current::of(head, on_disk, copy_head)
-                })?;
-        Ok(self.current.as_ref().map(|current| Held {
-            version: current.version,
-            fencing_epoch: current.fencing_epoch,
-            last_seq: current.last_seq,
-        }))
+        let (group, copy_head) = (self.group, self.copy_head);
+        self.current = self
+            .committer
+            .current(group, self.execution_id, copy_head)?;
+        Ok(self.current.as_ref().map(|current| current.held))
     }
 
     fn command(&self, command_id: CommandId) -> Result<Option<CommandRecord>> {
-        self.committer.command(self.group, command_id)
+        if let Some(command) = self.group.commands.get(&command_id) {
+            return Ok(Some(command.clone()));
+        }
+        self.committer
+            .shared
+            .committed_record(&keys::command(command_id))
     }
 
-    fn session(
-        &self,
-        session_id: crate::ids::SessionId,
-    ) -> Result<Option<crate::records::SessionRecord>> {
-        self.committer.session(self.group, session_id)
+    fn session(&self, session_id: SessionId) -> Result<Option<SessionRecord>> {
+        if let Some(record) = self.group.sessions.get(&session_id) {
+            return Ok(Some(record.clone()));
+        }
+        self.committer
+            .shared
+            .committed_record(&keys::session(session_id))
     }
 }

@@ -16,35 +16,24 @@ use std::sync::atomic::Ordering;
 
 use super::*;
 use crate::codec;
-use crate::records::{PurgeStep, PurgedRecord, SweepStep};
+use crate::event_store::{PurgeStep, SweepStep};
+use crate::records::PurgedRecord;
 
 /// Keys one purge step removes at most (records it owned, index chunks).
 pub(crate) const PURGE_KEYS_MAX: usize = 1024;
 
-/// What a purge step is asked under.
-pub(super) struct When {
-    /// The execution's entry in the retention index, removed with it (the caller found it
-    /// there; an entry of an execution that moved on since is removed all the same).
-    pub ended_key: Option<u64>,
-    /// Purge only an execution whose last activity is before this (retention's cutoff).
-    pub ended_before: Option<u64>,
-    pub at_ms: u64,
-}
-
 impl Committer {
-    /// One step of the purge of `execution_id` (see the module).
+    /// One step of the purge of `execution_id` (see the module). `ended_key`: its entry in
+    /// the retention index, removed with it (the caller found it there; an entry of an
+    /// execution that moved on since is removed all the same). `ended_before`: purge only
+    /// an execution whose last activity is before this (retention's cutoff).
     pub(super) fn purge_step(
         &self,
         group: &mut Group,
-        batch: &mut sled::Batch,
         execution_id: ExecutionId,
-        when: When,
+        ended_key: Option<u64>,
+        ended_before: Option<u64>,
     ) -> Result<PurgeStep> {
-        let When {
-            ended_key,
-            ended_before,
-            at_ms,
-        } = when;
         let db = &self.shared.db;
         // Settled: nothing of it in this group or in memory, and no materialization under
         // way — one writes an execution's head and its records in different slices and moves
@@ -61,7 +50,9 @@ impl Committer {
         }
         drop(overlay);
         if let Some(ended_at_ms) = ended_key {
-            batch.remove(&keys::ended(ended_at_ms, execution_id)[..]);
+            group
+                .batch
+                .remove(&keys::ended(ended_at_ms, execution_id)[..]);
         }
         let tombstone_key = keys::purged(execution_id);
         let mut tombstone = match db.get(tombstone_key)? {
@@ -74,15 +65,19 @@ impl Committer {
                 if !head.state.is_terminal() || recent {
                     return Ok(PurgeStep::NotEnded);
                 }
-                batch.remove(&keys::head(execution_id)[..]);
-                batch.remove(&keys::projection(execution_id)[..]);
-                batch.remove(&keys::job(execution_id)[..]);
-                batch.remove(&keys::by_session(head.session_id, execution_id)[..]);
-                batch.remove(&keys::ended(head.last_activity_ms, execution_id)[..]);
+                group.batch.remove(&keys::head(execution_id)[..]);
+                group.batch.remove(&keys::projection(execution_id)[..]);
+                group.batch.remove(&keys::job(execution_id)[..]);
+                group
+                    .batch
+                    .remove(&keys::by_session(head.session_id, execution_id)[..]);
+                group
+                    .batch
+                    .remove(&keys::ended(head.last_activity_ms, execution_id)[..]);
                 PurgedRecord {
                     execution_id,
                     session_id: head.session_id,
-                    purged_at_ms: at_ms,
+                    purged_at_ms: group.at_ms,
                     finished: false,
                 }
             }
@@ -98,16 +93,16 @@ impl Committer {
             }
             let (key, _) = item?;
             if let Some(record_key) = key.get(17..) {
-                batch.remove(record_key);
+                group.batch.remove(record_key);
             }
-            batch.remove(key);
+            group.batch.remove(key);
             removed += 1;
         }
         for item in db.scan_prefix(keys::events_prefix(execution_id)) {
             if removed >= PURGE_KEYS_MAX {
                 break;
             }
-            batch.remove(item?.0);
+            group.batch.remove(item?.0);
             removed += 1;
         }
         let step = if removed < PURGE_KEYS_MAX {
@@ -116,7 +111,9 @@ impl Committer {
         } else {
             PurgeStep::More
         };
-        batch.insert(&tombstone_key[..], codec::encode(&tombstone));
+        group
+            .batch
+            .insert(&tombstone_key[..], codec::encode(&tombstone));
         self.shared
             .metrics
             .purge_steps
@@ -129,17 +126,12 @@ impl Committer {
     /// at open) and removes each whose every frame is of a purged execution.
     pub(super) fn sweep_step(
         &self,
-        group: &Group,
-        batch: &mut sled::Batch,
+        group: &mut Group,
         from_position: u64,
         max_records: usize,
     ) -> Result<SweepStep> {
         let db = &self.shared.db;
-        let mark_key = keys::meta(keys::META_MATERIALIZED_THROUGH);
-        let mark = match db.get(&mark_key)? {
-            Some(bytes) => codec::decode::<u64>(&mark_key, &bytes)?,
-            None => 0,
-        };
+        let mark = self.shared.materialized_through()?;
         let mut step = SweepStep::default();
         let mut purged: HashMap<ExecutionId, bool> = HashMap::new();
         for item in db.range(keys::log(from_position)..=keys::log(mark)) {
@@ -177,7 +169,7 @@ impl Committer {
                 }
             }
             if all_purged {
-                batch.remove(key);
+                group.batch.remove(key);
                 step.records_deleted += 1;
                 step.bytes_deleted += value.len() as u64;
             }

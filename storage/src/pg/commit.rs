@@ -37,8 +37,8 @@ use super::group::Group;
 use super::statements::{Statements, GROUP_EVENTS_MAX};
 use super::{database, Shared};
 use crate::error::{Error, Result};
+use crate::event_store::PurgeStep;
 use crate::ids::ExecutionId;
-use crate::records::PurgeStep;
 use crate::shared::add_elapsed_micros;
 use crate::transition::{Outcome, Transition};
 

@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
 use postgres::Transaction as SqlTransaction;
+use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
 use super::statements::{
@@ -14,15 +15,15 @@ use super::statements::{
 };
 use super::{database, Shared};
 use crate::codec;
-use crate::commit::{self, Held, Verdict, View};
+use crate::commit::{self, Held, Verdict, View, Written};
 use crate::error::{Error, Result};
-use crate::event::EventEnvelope;
+use crate::event_store::PurgeStep;
 use crate::ids::{CommandId, ExecutionId, SessionId};
 use crate::keys;
-use crate::log::now_ms;
 use crate::record_value::RecordValue;
-use crate::records::{CommandRecord, ExecutionHead, PurgeStep, PurgedRecord, SessionRecord};
-use crate::transition::{Committed, Outcome, Transition, Upsert};
+use crate::records::{CommandRecord, ExecutionHead, PurgedRecord, SessionRecord};
+use crate::shared::now_ms;
+use crate::transition::{Outcome, Transition, Upsert};
 
 mod purge;
 
@@ -42,11 +43,10 @@ pub(super) struct Group {
     purged: HashSet<ExecutionId>,
     /// Executions a transition of this group touched: a purge of one waits (`Unsettled`).
     touched: HashSet<ExecutionId>,
-    commands: HashMap<CommandId, CommandRecord>,
-    corrupt_commands: HashSet<CommandId>,
+    /// K-4: the command records the transitions carry (locked), then as staged.
+    commands: Locked<CommandRecord>,
     /// Issue 37: the session records the transitions name (locked), then as staged.
-    sessions: HashMap<SessionId, SessionRecord>,
-    corrupt_sessions: HashSet<SessionId>,
+    sessions: Locked<SessionRecord>,
     /// Rows to write: a transition's events (execution, first seq, last seq, first
     /// position, envelopes), records by (kind, id), blobs by hash.
     events: Vec<EventsRow>,
@@ -80,22 +80,8 @@ impl Group {
         }
         ids.sort_unstable();
         ids.dedup();
-        let mut group = Group {
-            at_ms: now_ms(),
-            next_position: first_position(transaction, statements)?,
-            heads: HashMap::new(),
-            created: HashSet::new(),
-            dirty: Vec::new(),
-            purged: HashSet::new(),
-            touched: HashSet::new(),
-            commands: HashMap::new(),
-            corrupt_commands: HashSet::new(),
-            sessions: HashMap::new(),
-            corrupt_sessions: HashSet::new(),
-            events: Vec::new(),
-            records: HashMap::new(),
-            blobs: HashMap::new(),
-        };
+        let next_position = first_position(transaction, statements)?;
+        let mut heads = HashMap::new();
         let rows = transaction
             .query(&statements.heads, &[&ids])
             .map_err(database)?;
@@ -103,181 +89,80 @@ impl Group {
             let execution_id = ExecutionId::from_uuid(row.get(0));
             let bytes: &[u8] = row.get(1);
             match codec::decode::<ExecutionHead>(&keys::head(execution_id), bytes) {
-                Ok(head) => {
-                    group.heads.insert(execution_id, head);
-                }
+                Ok(head) => drop(heads.insert(execution_id, head)),
                 Err(error) => quarantine(shared, transaction, execution_id, &error)?,
             }
         }
         let rows = transaction
             .query(&statements.purged, &[&ids])
             .map_err(database)?;
-        group
-            .purged
-            .extend(rows.iter().map(|row| ExecutionId::from_uuid(row.get(0))));
-        if !command_ids.is_empty() {
-            // K-4: a command's record may not exist yet, and a missing row cannot be locked:
-            // a lock on its id (advisory, in key order, held to the commit) makes a second
-            // group carrying the same command — on another committer or node — wait, then
-            // read the record the first one wrote.
-            let mut keys: Vec<i32> = command_ids.iter().map(command_lock_key).collect();
-            keys.sort_unstable();
-            keys.dedup();
-            transaction
-                .execute(&statements.command_locks, &[&COMMAND_LOCK_CLASS, &keys])
-                .map_err(database)?;
-            let rows = transaction
-                .query(&statements.commands, &[&kind::COMMAND, &command_ids])
-                .map_err(database)?;
-            for row in rows {
-                let command_id = CommandId::from_uuid(row.get(0));
-                let bytes: &[u8] = row.get(1);
-                match codec::decode::<CommandRecord>(&keys::command(command_id), bytes) {
-                    Ok(record) => {
-                        group.commands.insert(command_id, record);
-                    }
-                    Err(_) => {
-                        group.corrupt_commands.insert(command_id);
-                    }
-                }
-            }
-        }
-        if !session_ids.is_empty() {
-            // Issue 37: a session's record is read under a lock on its id (advisory, as a
-            // command's: its row may not exist yet), held to the commit, so a second group
-            // writing the same session — on another committer or node — reads what this one
-            // wrote.
-            let mut keys: Vec<i32> = session_ids.iter().map(command_lock_key).collect();
-            keys.sort_unstable();
-            keys.dedup();
-            transaction
-                .execute(&statements.command_locks, &[&SESSION_LOCK_CLASS, &keys])
-                .map_err(database)?;
-            let rows = transaction
-                .query(&statements.commands, &[&kind::SESSION, &session_ids])
-                .map_err(database)?;
-            for row in rows {
-                let session_id = SessionId::from_uuid(row.get(0));
-                let bytes: &[u8] = row.get(1);
-                match codec::decode::<SessionRecord>(&keys::session(session_id), bytes) {
-                    Ok(record) => {
-                        group.sessions.insert(session_id, record);
-                    }
-                    Err(_) => {
-                        group.corrupt_sessions.insert(session_id);
-                    }
-                }
-            }
-        }
-        Ok(group)
+        let purged = rows.iter().map(|row| row.get(0));
+        let commands = Locked::load(transaction, statements, &COMMANDS, &command_ids)?;
+        let sessions = Locked::load(transaction, statements, &SESSIONS, &session_ids)?;
+        Ok(Group {
+            at_ms: now_ms(),
+            next_position,
+            heads,
+            created: HashSet::new(),
+            dirty: Vec::new(),
+            purged: purged.map(ExecutionId::from_uuid).collect(),
+            touched: HashSet::new(),
+            commands,
+            sessions,
+            events: Vec::new(),
+            records: HashMap::new(),
+            blobs: HashMap::new(),
+        })
     }
 
-    /// Decides one transition against the group's view (the sled committer's rules,
-    /// `log/apply.rs`) and, if it commits, stages its rows.
+    /// Decides one transition against the group's view (`commit::decide`) and, if it
+    /// commits, stages its rows.
     pub(super) fn apply(&mut self, shared: &Shared, transition: Transition) -> Result<Outcome> {
         let execution_id = transition.execution_id;
-        let verdict = commit::decide(
-            &transition,
-            &mut PgView {
-                group: self,
-                shared,
-                execution_id,
-            },
-        )?;
-        let next = match verdict {
-            Verdict::Answer(outcome) => {
-                if let Outcome::Fenced { .. } = outcome {
-                    shared.metrics.fenced.fetch_add(1, Ordering::Relaxed);
-                }
-                return Ok(outcome);
-            }
+        let uuid = *execution_id.as_uuid();
+        let mut view = PgView {
+            group: self,
+            shared,
+            execution_id,
+        };
+        let next = match commit::decide(&transition, &mut view)? {
+            Verdict::Answer(outcome) => return Ok(shared.metrics.answered(outcome)),
             Verdict::Rejection { version } => {
                 for upsert in transition.upserts {
                     if let Upsert::Command(record) = upsert {
-                        self.stage_record(*execution_id.as_uuid(), &RecordValue::Command(record));
+                        self.stage_record(uuid, &RecordValue::Command(record));
                     }
                 }
                 return Ok(Outcome::Recorded { version });
             }
             Verdict::Commit(next) => next,
         };
-        let Transition {
-            writer_epoch,
-            head,
-            events,
-            upserts,
-            ..
-        } = transition;
-        let mut head = match (self.heads.get(&execution_id), head) {
-            (_, Some(head)) => head,
-            (Some(current), None) => current.clone(),
-            // Refused by the rule.
-            (None, None) => return Err(Error::UnknownExecution(execution_id)),
-        };
-        head.version = next.version;
-        head.fencing_epoch = next.fencing_epoch;
-        head.last_activity_ms = self.at_ms;
-        head.last_seq = next.last_seq;
-        let first_seq = next.first_seq;
-        let first_position = self.next_position;
-        let envelopes: Vec<EventEnvelope> = events
-            .into_iter()
-            .enumerate()
-            .map(|(index, event)| EventEnvelope {
-                execution_id,
-                seq: first_seq + index as u64,
-                position: first_position + index as u64,
-                at_ms: self.at_ms,
-                writer_epoch: writer_epoch.unwrap_or(0),
-                event,
-            })
-            .collect();
-        let n_events = envelopes.len() as u64;
         let creates = next.creates;
-        let session_record = next.session;
-        let next = head;
-        let mut records = Vec::new();
-        let mut blobs = Vec::new();
-        for upsert in upserts {
-            if let Upsert::Blob(blob) = &upsert {
-                blobs.push(blob.clone());
-            }
-            records.extend(upsert.into_record());
-        }
-        records.extend(session_record.map(RecordValue::Session));
-        // S-8: a projection that makes its transition too large is left out (readers
-        // replay), never the reason the transition fails.
-        let limit = shared.limits.transition_bytes_max.min(u32::MAX as usize) as u64;
-        let size = |records: &[RecordValue]| {
-            codec::encoded_size(&(&next, &envelopes))
+        let heads = &self.heads;
+        let current = || heads.get(&execution_id).cloned();
+        let mut written = next.frame(transition, current, self.at_ms, self.next_position)?;
+        written.fit(shared.limits.transition_bytes_max, |frame| {
+            let records = frame.records.iter();
+            codec::encoded_size(&(&frame.head, &frame.events))
                 + records
-                    .iter()
                     .map(|record| record_row(record).2.len() as u64)
                     .sum::<u64>()
-        };
-        let projected = |record: &RecordValue| matches!(record, RecordValue::Projection(_));
-        if size(&records) > limit && records.iter().any(projected) {
-            records.retain(|record| !projected(record));
-        }
-        let len = size(&records);
-        if len > limit {
-            return Err(Error::PayloadTooLarge {
-                what: "transition",
-                len: len as usize,
-                max: limit as usize,
-            });
-        }
+        })?;
 
         // Committed: from here on the group owns the change.
-        let uuid = *execution_id.as_uuid();
+        let Written {
+            frame,
+            blobs,
+            mut committed,
+        } = written;
         self.events.push(EventsRow {
             execution_id: uuid,
-            first_seq: first_seq as i64,
-            last_seq: next.last_seq as i64,
-            position: first_position as i64,
-            envelopes: codec::encode(&envelopes),
+            first_seq: *committed.seqs.start() as i64,
+            last_seq: *committed.seqs.end() as i64,
+            position: *committed.positions.start() as i64,
+            envelopes: codec::encode(&frame.events),
         });
-        for record in &records {
+        for record in &frame.records {
             self.stage_record(uuid, record);
         }
         for blob in blobs {
@@ -291,15 +176,9 @@ impl Group {
             self.dirty.push(execution_id);
         }
         self.touched.insert(execution_id);
-        self.next_position += n_events;
-        let committed = Committed {
-            version: next.version,
-            seqs: first_seq..=next.last_seq,
-            positions: first_position..=first_position + n_events - 1,
-            at_ms: self.at_ms,
-            events: envelopes,
-        };
-        self.heads.insert(execution_id, next);
+        self.next_position += frame.events.len() as u64;
+        self.heads.insert(execution_id, frame.head);
+        committed.events = frame.events;
         Ok(Outcome::Committed(committed))
     }
 
@@ -307,12 +186,12 @@ impl Group {
         let mut owner = execution_id;
         match record {
             RecordValue::Command(command) => {
-                self.commands.insert(command.command_id, command.clone());
+                self.commands.insert(command.command_id.as_uuid(), command);
             }
             // A session's record belongs to no execution: listed under the session's own
             // id, which no execution has, so a purge never takes it.
             RecordValue::Session(session) => {
-                self.sessions.insert(session.session_id, session.clone());
+                self.sessions.insert(session.session_id.as_uuid(), session);
                 owner = *session.session_id.as_uuid();
             }
             _ => {}
@@ -551,30 +430,97 @@ impl View for PgView<'_> {
     }
 
     fn head(&mut self) -> Result<Option<Held>> {
-        Ok(self.group.heads.get(&self.execution_id).map(|head| Held {
-            version: head.version,
-            fencing_epoch: head.fencing_epoch,
-            last_seq: head.last_seq,
-        }))
+        Ok(self.group.heads.get(&self.execution_id).map(Held::of))
     }
 
     fn command(&self, command_id: CommandId) -> Result<Option<CommandRecord>> {
-        if self.group.corrupt_commands.contains(&command_id) {
-            return Err(Error::Corrupted {
-                tree: "commands",
-                key: keys::display(&keys::command(command_id)),
-            });
-        }
-        Ok(self.group.commands.get(&command_id).cloned())
+        self.group.commands.get(command_id.as_uuid())
     }
 
     fn session(&self, session_id: SessionId) -> Result<Option<SessionRecord>> {
-        if self.group.corrupt_sessions.contains(&session_id) {
+        self.group.sessions.get(session_id.as_uuid())
+    }
+}
+
+/// A kind of record a group reads under advisory locks on their ids.
+struct Lockable {
+    class: i32,
+    kind: i16,
+    tree: &'static str,
+    key: fn(Uuid) -> [u8; 17],
+}
+
+const COMMANDS: Lockable = Lockable {
+    class: COMMAND_LOCK_CLASS,
+    kind: kind::COMMAND,
+    tree: "commands",
+    key: |id| keys::command(CommandId::from_uuid(id)),
+};
+
+const SESSIONS: Lockable = Lockable {
+    class: SESSION_LOCK_CLASS,
+    kind: kind::SESSION,
+    tree: "sessions",
+    key: |id| keys::session(SessionId::from_uuid(id)),
+};
+
+/// Records of one kind as the group read them under their locks, then as it staged them;
+/// a record that did not decode fails the transition that needs it.
+struct Locked<R> {
+    of: &'static Lockable,
+    records: HashMap<Uuid, R>,
+    corrupt: HashSet<Uuid>,
+}
+
+impl<R: DeserializeOwned + Clone> Locked<R> {
+    /// Reads the records with `ids` under an advisory lock on each (in key order, held to
+    /// the commit): a record's row may not exist yet, and a missing row cannot be locked, so
+    /// a second group carrying the same id — on another committer or node — waits, then
+    /// reads what the first one wrote (K-4 for commands, issue 37 for sessions).
+    fn load(
+        transaction: &mut SqlTransaction<'_>,
+        statements: &Statements,
+        of: &'static Lockable,
+        ids: &[Uuid],
+    ) -> Result<Self> {
+        let mut locked = Locked {
+            of,
+            records: HashMap::new(),
+            corrupt: HashSet::new(),
+        };
+        if ids.is_empty() {
+            return Ok(locked);
+        }
+        let mut keys: Vec<i32> = ids.iter().map(command_lock_key).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        transaction
+            .execute(&statements.command_locks, &[&of.class, &keys])
+            .map_err(database)?;
+        let rows = transaction
+            .query(&statements.commands, &[&of.kind, &ids])
+            .map_err(database)?;
+        for row in rows {
+            let id: Uuid = row.get(0);
+            match codec::decode::<R>(&(of.key)(id), row.get(1)) {
+                Ok(record) => drop(locked.records.insert(id, record)),
+                Err(_) => drop(locked.corrupt.insert(id)),
+            }
+        }
+        Ok(locked)
+    }
+
+    fn get(&self, id: &Uuid) -> Result<Option<R>> {
+        if self.corrupt.contains(id) {
             return Err(Error::Corrupted {
-                tree: "sessions",
-                key: keys::display(&keys::session(session_id)),
+                tree: self.of.tree,
+                key: keys::display(&(self.of.key)(*id)),
             });
         }
-        Ok(self.group.sessions.get(&session_id).cloned())
+        Ok(self.records.get(id).cloned())
+    }
+
+    fn insert(&mut self, id: &Uuid, record: &R) {
+        self.records.insert(*id, record.clone());
     }
 }

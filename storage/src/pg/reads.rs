@@ -15,15 +15,15 @@ use super::{database, PgStore, Shared};
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::event::EventEnvelope;
+use crate::event_store::{EventReader, NodeRecord, Nodes};
 use crate::ids::{CommandId, EffectId, ExecutionId, OwnerId, ProcessId, SessionId, WaitId};
 use crate::keys;
 use crate::open::Incarnation;
 use crate::records::{
-    BlobHash, CommandRecord, ExecutionHead, ExecutionState, JobRecord, NodeRecord, Nodes,
-    ProcessRecord, ProjectionRecord, PurgedRecord, ReceiptRecord, WaitRecord,
+    BlobHash, CommandRecord, ExecutionHead, ExecutionState, JobRecord, ProcessRecord,
+    ProjectionRecord, PurgedRecord, ReceiptRecord, WaitRecord,
 };
 use crate::shared::MetricsSnapshot;
-use crate::store::EventReader;
 
 type Job = Box<dyn FnOnce(&mut Option<Client>) + Send>;
 

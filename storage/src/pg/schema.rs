@@ -12,8 +12,8 @@ use postgres::Client;
 use super::database;
 use crate::error::{Error, Result};
 use crate::ids::{ExecutionId, OwnerId};
-use crate::log::now_ms;
 use crate::open::Incarnation;
+use crate::shared::now_ms;
 
 /// The newest schema this build writes.
 pub const SCHEMA_VERSION: u32 = 8;

@@ -1,6 +1,5 @@
 //! The store's reads of histories: an execution's events through its event index, and the
-//! whole log in position order (`EventReader::events_after`, `log_after`). Split from
-//! `store.rs`.
+//! whole log in position order (`EventReader::events_after`, `log_after`).
 
 use std::collections::BTreeSet;
 
@@ -89,7 +88,7 @@ impl Store {
                 let DecodedFrame::Ok(mut frame) = frame else {
                     return Err(corrupted());
                 };
-                if !frame.resolve_blobs(|hash| self.blob_on_disk(hash))? {
+                if !frame.resolve_blobs(|hash| self.shared().blob_on_disk(hash))? {
                     return Err(corrupted());
                 }
                 for event in frame.events {
@@ -151,29 +150,20 @@ impl Store {
                         // A damaged blob, like a missing one, quarantines its execution: the
                         // global log goes on for the others.
                         let resolved =
-                            frame.resolve_blobs(|hash| match self.blob_on_disk(hash) {
+                            frame.resolve_blobs(|hash| match self.shared().blob_on_disk(hash) {
                                 Err(Error::Corrupted { .. }) => Ok(None),
                                 other => other,
                             })?;
                         if !resolved {
-                            shared.quarantine(
-                                frame.execution_id,
-                                format!(
-                                    "a frame of the log record at {} names a blob that is not there",
-                                    keys::display(&key)
-                                ),
-                            );
+                            let why = "names a blob that is not there";
+                            shared.quarantine_frame(frame.execution_id, &key, why);
                             continue;
                         }
                         events.extend(frame.events.into_iter().filter(wanted))
                     }
-                    DecodedFrame::Corrupt { claimed } => shared.quarantine(
-                        claimed,
-                        format!(
-                            "a frame of the log record at {} is corrupted",
-                            keys::display(&key)
-                        ),
-                    ),
+                    DecodedFrame::Corrupt { claimed } => {
+                        shared.quarantine_frame(claimed, &key, "is corrupted")
+                    }
                 }
             }
             if events.len() >= limit {

@@ -1,6 +1,6 @@
 //! S-8, the store's side of retention: its requests to the committer (a purge step, a sweep
 //! step: `log/purge.rs`) and its reads (tombstones, ended executions by time, purges not
-//! finished). Split from `store.rs`.
+//! finished).
 
 use super::*;
 
