@@ -206,6 +206,22 @@ impl RuntimeBuilder {
         self
     }
 
+    /// `set` with `value`, if there is one: an optional setting passed on as it is.
+    pub(crate) fn with<T>(self, value: Option<T>, set: impl FnOnce(Self, T) -> Self) -> Self {
+        match value {
+            Some(value) => set(self, value),
+            None => self,
+        }
+    }
+
+    /// `resource` for each of `resources` (NAME=CAPACITY flags).
+    pub(crate) fn resources(self, resources: &[(String, u32)]) -> Self {
+        let declare = |builder: Self, (name, capacity): &(String, u32)| {
+            builder.resource(name.clone(), *capacity)
+        };
+        resources.iter().fold(self, declare)
+    }
+
     /// Opens the store, starts the actor system and the supervisor, and begins startup
     /// recovery in the background (`Runtime::recovery` waits for its report).
     pub fn open(mut self) -> Result<Runtime> {

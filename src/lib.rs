@@ -47,6 +47,8 @@ pub mod http;
 #[cfg(feature = "server")]
 pub mod load;
 #[cfg(feature = "server")]
+mod load_commands;
+#[cfg(feature = "server")]
 mod load_jobs;
 #[cfg(feature = "server")]
 pub mod load_remote;

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
@@ -22,12 +22,10 @@ use openprogram_actors::service::ScriptElement;
 use openprogram_storage::{ExecutionId, MetricsSnapshot, SessionId};
 use serde_json::json;
 
-use crate::load_report::ms;
+use crate::load_report::{histogram, lock, ms};
 pub use crate::load_report::{LoadOptions, LoadReport};
-use crate::process_stats::{
-    cpu_by_role, peak_rss_mib, process_cpu, rss_kib, thread_times, waited_by_role,
-};
-use crate::{Error, Result, Runtime, StartRequest};
+use crate::process_stats::{peak_rss_mib, rss_kib, Readings, Spent};
+use crate::{Error, Result, Runtime, RuntimeBuilder, StartRequest};
 
 /// Parks `n` executions, each in a session of its own (a session runs one turn at a time,
 /// C-2): each is admitted paused and stepped once (its actor runs one model decision,
@@ -63,130 +61,6 @@ pub async fn park(runtime: &Runtime, n: usize, concurrency: usize) -> Result<()>
     Ok(())
 }
 
-/// Sends Pause/Continue pairs to random running executions until `done`, each pair in its
-/// own task so slow commands do not lower the rate; returns the latencies (µs) of the applied
-/// and of the rejected commands.
-async fn send_commands(
-    runtime: Runtime,
-    running: Arc<Mutex<Vec<(SessionId, ExecutionId)>>>,
-    per_s: f64,
-    done: Arc<std::sync::atomic::AtomicBool>,
-) -> Result<CommandLatencies> {
-    let interval = Duration::from_secs_f64(1.0 / per_s.max(0.001));
-    // xorshift64 picks the targets; which ones does not change what is measured.
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut pairs = Vec::new();
-    // One pair at a time per execution: overlapping pairs could leave it paused.
-    let commanded: Arc<Mutex<std::collections::HashSet<ExecutionId>>> = Arc::default();
-    while !done.load(Ordering::Acquire) {
-        tokio::time::sleep(interval).await;
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        let (session, target) = {
-            let running = running.lock().unwrap_or_else(PoisonError::into_inner);
-            match running.len() {
-                0 => continue,
-                len => running[(state % len as u64) as usize],
-            }
-        };
-        if !commanded
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(target)
-        {
-            continue;
-        }
-        let (runtime, commanded) = (runtime.clone(), commanded.clone());
-        pairs.push(tokio::spawn(async move {
-            let pair = pause_then_continue(runtime, session, target).await;
-            commanded
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&target);
-            pair
-        }));
-    }
-    let mut latencies = CommandLatencies {
-        applied: histogram(),
-        rejected: histogram(),
-    };
-    for pair in pairs {
-        let pair = pair
-            .await
-            .map_err(|error| Error::Internal(format!("a command task panicked: {error}")))??;
-        for (micros, applied) in pair {
-            if applied {
-                latencies.applied.saturating_record(micros);
-            } else {
-                latencies.rejected.saturating_record(micros);
-            }
-        }
-    }
-    Ok(latencies)
-}
-
-/// Command latencies (µs), applied and rejected apart.
-struct CommandLatencies {
-    applied: Histogram<u64>,
-    rejected: Histogram<u64>,
-}
-
-/// How many times a Continue is retried while its execution is still paused.
-const CONTINUE_ATTEMPTS_MAX: usize = 5;
-
-/// Pauses an execution and continues it again (a paused execution would never finish);
-/// returns each command's latency (µs) and whether it was applied.
-async fn pause_then_continue(
-    runtime: Runtime,
-    session: SessionId,
-    target: ExecutionId,
-) -> Result<Vec<(u64, bool)>> {
-    let mut timings = Vec::new();
-    let sent_at = Instant::now();
-    let paused = runtime
-        .command(
-            session,
-            target,
-            crate::Command::new(crate::CommandBody::Pause),
-        )
-        .await?;
-    timings.push((
-        sent_at.elapsed().as_micros() as u64,
-        paused.status == "applied",
-    ));
-    if paused.status != "applied" {
-        return Ok(timings);
-    }
-    for _ in 0..CONTINUE_ATTEMPTS_MAX {
-        let sent_at = Instant::now();
-        let continued = runtime
-            .command(
-                session,
-                target,
-                crate::Command::new(crate::CommandBody::Continue {
-                    policy: None,
-                    budget: None,
-                }),
-            )
-            .await?;
-        timings.push((
-            sent_at.elapsed().as_micros() as u64,
-            continued.status == "applied",
-        ));
-        if continued.status == "applied"
-            || runtime
-                .store()
-                .head(target)?
-                .map(|head| head.state.is_terminal())
-                .unwrap_or(true)
-        {
-            break;
-        }
-    }
-    Ok(timings)
-}
-
 /// `echo`, timing each call against the previous call of the same execution.
 struct TimedEcho {
     clock: Arc<StepClock>,
@@ -195,7 +69,7 @@ struct TimedEcho {
 #[derive(Default)]
 struct StepClock {
     last_call: Mutex<HashMap<ExecutionId, Instant>>,
-    steps_us: Mutex<Option<Histogram<u64>>>,
+    steps_us: Latencies,
     /// Tool calls made: the steps actually run.
     calls: std::sync::atomic::AtomicU64,
 }
@@ -204,21 +78,29 @@ impl StepClock {
     fn mark(&self, execution_id: ExecutionId) {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
-        let previous = self
-            .last_call
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(execution_id, now);
+        let previous = lock(&self.last_call).insert(execution_id, now);
         if let Some(previous) = previous {
-            record(&self.steps_us, now - previous);
+            self.steps_us.record(now - previous);
         }
     }
 }
 
-fn record(histogram: &Mutex<Option<Histogram<u64>>>, elapsed: Duration) {
-    let mut histogram = histogram.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(histogram) = histogram.as_mut() {
-        histogram.saturating_record(elapsed.as_micros() as u64);
+/// A latency histogram (µs) the workers share, taken whole once they are done.
+struct Latencies(Mutex<Histogram<u64>>);
+
+impl Default for Latencies {
+    fn default() -> Self {
+        Self(Mutex::new(histogram()))
+    }
+}
+
+impl Latencies {
+    fn record(&self, elapsed: Duration) {
+        lock(&self.0).saturating_record(elapsed.as_micros() as u64);
+    }
+
+    fn take(&self) -> Histogram<u64> {
+        std::mem::replace(&mut *lock(&self.0), histogram())
     }
 }
 
@@ -240,12 +122,6 @@ impl Tool for TimedEcho {
     }
 }
 
-pub(crate) fn histogram() -> Histogram<u64> {
-    // Three significant digits up to an hour in microseconds: `new_with_bounds` cannot fail
-    // for these constants.
-    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("invariant: valid histogram bounds")
-}
-
 /// The script of every execution of the load, embedded or over HTTP: `steps` `echo` calls
 /// of `payload_bytes`, then a reply.
 pub(crate) fn script(options: &LoadOptions) -> Vec<ScriptElement> {
@@ -260,62 +136,17 @@ pub(crate) fn script(options: &LoadOptions) -> Vec<ScriptElement> {
 pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     validate(&options)?;
     let (temporary, data_dir) = store_dir(&options)?;
-    let clock = Arc::new(StepClock {
-        steps_us: Mutex::new(Some(histogram())),
-        ..StepClock::default()
-    });
-    let mut builder = match &options.postgres {
-        Some(url) => Runtime::builder().store_url(url.clone()),
-        None => Runtime::builder().data_dir(&data_dir),
-    };
-    builder = builder
-        .tool(Arc::new(TimedEcho {
-            clock: Arc::clone(&clock),
-        }))
-        .function(load_function(Arc::clone(&clock)));
-    for (name, capacity) in &options.resources {
-        builder = builder.resource(name.clone(), *capacity);
-    }
-    builder = builder.one_turn_per_session(!options.parallel_turns);
-    if let Some(retain) = options.retain_finished {
-        builder = builder.retain_finished(retain);
-    }
-    let runtime = builder.open()?;
-    let progress = match options.progress {
-        true => indicatif::ProgressBar::new(options.executions as u64),
-        false => indicatif::ProgressBar::hidden(),
-    };
-    let drive = Drive {
-        runtime: runtime.clone(),
-        // Shared by the workers: cloned once per execution (its request owns it).
-        script: Arc::new(script(&options)),
-        next: Arc::default(),
-        failed: Arc::default(),
-        clock: Arc::clone(&clock),
-        executions_us: Arc::new(Mutex::new(Some(histogram()))),
-        progress: progress.clone(),
-        running: Arc::default(),
-        function: options
-            .function
-            .is_some()
-            .then(|| json!({"count": options.steps, "payload_bytes": options.payload_bytes})),
-        job: options.jobs.then(|| crate::JobRequest {
-            resources: options
-                .resources
-                .iter()
-                .map(|(name, _)| (name.clone(), 1))
-                .collect(),
-            ..Default::default()
-        }),
-        queue_waits_us: Arc::new(Mutex::new(Some(histogram()))),
-    };
+    let clock = Arc::new(StepClock::default());
+    let runtime = open(&options, &data_dir, &clock)?;
+    let drive = Drive::new(runtime.clone(), &options, Arc::clone(&clock));
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let commander = options.commands_per_s.map(|per_s| {
-        tokio::spawn(send_commands(
+        let (running, done) = (drive.running.clone(), done.clone());
+        tokio::spawn(crate::load_commands::send(
             runtime.clone(),
-            drive.running.clone(),
+            running,
             per_s,
-            done.clone(),
+            done,
         ))
     });
     let sampler = crate::load_store::start(&options, &runtime, &done);
@@ -335,17 +166,14 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         false => None,
     };
     let store_after = runtime.store().metrics();
-    progress.finish_and_clear();
+    drive.progress.finish_and_clear();
     done.store(true, Ordering::Release);
     let (store_samples, executions_purged) =
         crate::load_store::finish(sampler, &options, &runtime).await?;
-    let commands =
-        match commander {
-            Some(commander) => Some(commander.await.map_err(|error| {
-                Error::Internal(format!("the command sender panicked: {error}"))
-            })??),
-            None => None,
-        };
+    let commands = match commander {
+        Some(commander) => Some(commander.await.map_err(panicked("the command sender"))??),
+        None => None,
+    };
     let parked = match options.park {
         Some(n) => Some(parked_memory(&runtime, n, options.concurrency).await?),
         None => None,
@@ -355,38 +183,17 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     // Before the baseline, whose own sled cache would count otherwise.
     let peak_rss_mib = peak_rss_mib();
     runtime.shutdown().await;
-    let Drive {
-        runtime: driven,
-        failed,
-        executions_us,
-        queue_waits_us,
-        ..
-    } = drive;
     // The store closes with its last handle, the driver's or the runtime's; only then may a
     // temporary directory go (sled 0.34 waits for good on a last flush to deleted files).
-    drop(driven);
+    let (failed, executions_us, queue_waits_us) = drive.finish();
     drop(runtime);
     drop(temporary);
-    let take = |histogram: &Mutex<Option<Histogram<u64>>>| {
-        histogram
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-            .unwrap_or_else(self::histogram)
-    };
-    let steps_us = take(&clock.steps_us);
-    let executions_us = take(&executions_us);
-    let total_steps = clock.calls.load(Ordering::Relaxed);
-    let steps_per_s = total_steps as f64 / wall.as_secs_f64();
     let raw_per_s = match options.baseline {
         Some(duration) => Some(crate::load_store::raw_baseline(&options, duration)?),
         None => None,
     };
-    let busy_pct = |micros: fn(&MetricsSnapshot) -> u64| {
-        let spent = micros(&store_after).saturating_sub(micros(&store_before));
-        Some(spent as f64 / 1e6 / wall.as_secs_f64() * 100.0)
-    };
-    let failed = failed.load(Ordering::Relaxed);
+    let total_steps = clock.calls.load(Ordering::Relaxed);
+    let steps_per_s = total_steps as f64 / wall.as_secs_f64();
     let report = LoadReport {
         total_steps,
         completed: options.executions - failed,
@@ -398,9 +205,6 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         state_loads_parked,
         state_loads_replayed,
         peak_rss_mib,
-        committer_busy_pct: busy_pct(|metrics| metrics.group_micros_total),
-        committer_flush_pct: busy_pct(|metrics| metrics.flush_micros_total),
-        committer_fsync_pct: busy_pct(|metrics| metrics.fsync_micros_total),
         // Durable writes per step: an agent's tool step is two (decision, result), a
         // function's Idempotent step one (its result and checkpoint).
         ratio_to_raw: raw_per_s.map(|raw| {
@@ -412,19 +216,41 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         rss_per_parked_bytes: parked.map(|(_, bytes)| bytes.round()),
         store_samples,
         executions_purged,
-        ..LoadReport::measured("embedded".into(), &options, &steps_us, &executions_us)
+        ..LoadReport::measured(
+            "embedded".into(),
+            &options,
+            &clock.steps_us.take(),
+            &executions_us,
+        )
     };
-    let mut report = spent.into_report(report, total_steps, wall);
-    if let Some((queue, utilisation)) = queue {
-        let waits = take(&queue_waits_us);
-        let stats = &queue.stats;
-        report.admissions = Some(stats.admissions);
-        report.admissions_per_s = Some(stats.admissions as f64 / wall.as_secs_f64());
-        report.queue_wait_p50_ms = Some(ms(&waits, 0.50));
-        report.queue_wait_p99_ms = Some(ms(&waits, 0.99));
-        report.utilisation = utilisation;
-    }
-    Ok(commands_into_report(report, commands.as_ref()))
+    let report = spent_into_report(spent, report, total_steps, wall);
+    let report = committer_into_report(report, &store_before, &store_after, wall);
+    let report = queue_into_report(report, queue, &queue_waits_us, wall);
+    Ok(crate::load_commands::into_report(commands, report))
+}
+
+/// The runtime the load drives: its `echo` and function mark the step clock.
+fn open(
+    options: &LoadOptions,
+    data_dir: &std::path::Path,
+    clock: &Arc<StepClock>,
+) -> Result<Runtime> {
+    Runtime::builder()
+        .data_dir(&data_dir)
+        .with(options.postgres(), RuntimeBuilder::store_url)
+        .tool(Arc::new(TimedEcho {
+            clock: Arc::clone(&clock),
+        }))
+        .function(load_function(Arc::clone(&clock)))
+        .resources(&options.resources)
+        .one_turn_per_session(!options.parallel_turns)
+        .with(options.retain_finished, RuntimeBuilder::retain_finished)
+        .open()
+}
+
+/// What a task that panicked is reported as.
+fn panicked(what: &'static str) -> impl Fn(tokio::task::JoinError) -> Error {
+    move |error| Error::Internal(format!("{what} panicked: {error}"))
 }
 
 /// The name the load registers its function under.
@@ -466,35 +292,28 @@ fn load_function(clock: Arc<StepClock>) -> openprogram_actors::function::Durable
 
 /// Usage errors, before anything is opened.
 fn validate(options: &LoadOptions) -> Result<()> {
+    let invalid = |message: String| Err(Error::InvalidRequest(message));
     if let Some(function) = options.function.as_deref().filter(|name| *name != "steps") {
-        return Err(Error::InvalidRequest(format!(
-            "--function {function}: the load runs `steps`"
-        )));
+        return invalid(format!("--function {function}: the load runs `steps`"));
     }
     if options.baseline.is_some_and(|duration| duration.is_zero()) {
-        return Err(Error::InvalidRequest(
-            "--baseline needs at least 1 second".into(),
-        ));
+        return invalid("--baseline needs at least 1 second".into());
     }
     if options.jobs && options.resources.is_empty() {
-        return Err(Error::InvalidRequest(
-            "--jobs needs at least one --resource NAME=CAPACITY".into(),
-        ));
+        return invalid("--jobs needs at least one --resource NAME=CAPACITY".into());
     }
     if options.executions == 0 || options.concurrency == 0 {
-        return Err(Error::InvalidRequest(
-            "executions and concurrency must be at least 1".into(),
-        ));
+        return invalid("executions and concurrency must be at least 1".into());
     }
     Ok(())
 }
 
 /// The store's directory: `--data`, or a fresh temporary one (kept while the guard lives).
 fn store_dir(options: &LoadOptions) -> Result<(Option<tempfile::TempDir>, std::path::PathBuf)> {
-    match &options.data {
-        Some(dir) => Ok((None, dir.clone())),
+    match options.data_dir() {
+        Some(dir) => Ok((None, dir)),
         // PostgreSQL: no directory is written.
-        None if options.postgres.is_some() => Ok((None, std::path::PathBuf::new())),
+        None if options.postgres().is_some() => Ok((None, std::path::PathBuf::new())),
         None => {
             let dir = tempfile::tempdir().map_err(|error| Error::Unavailable(error.to_string()))?;
             let path = dir.path().to_path_buf();
@@ -512,20 +331,42 @@ struct Drive {
     next: Arc<AtomicUsize>,
     failed: Arc<AtomicUsize>,
     clock: Arc<StepClock>,
-    executions_us: Arc<Mutex<Option<Histogram<u64>>>>,
+    executions_us: Arc<Latencies>,
     progress: indicatif::ProgressBar,
     /// Executions admitted and not yet ended, each in its own session (where the command
     /// sender aims).
-    running: Arc<Mutex<Vec<(SessionId, ExecutionId)>>>,
+    running: crate::load_commands::Running,
     /// `--function`: the input of the load's function, run instead of the script.
     function: Option<serde_json::Value>,
     /// `--jobs`: what each execution asks the queue for.
     job: Option<crate::JobRequest>,
     /// `--jobs`: each Job's wait from admission to its first lease (µs).
-    queue_waits_us: Arc<Mutex<Option<Histogram<u64>>>>,
+    queue_waits_us: Arc<Latencies>,
 }
 
 impl Drive {
+    fn new(runtime: Runtime, options: &LoadOptions, clock: Arc<StepClock>) -> Self {
+        let function = json!({"count": options.steps, "payload_bytes": options.payload_bytes});
+        let resources = options.resources.iter().map(|(name, _)| (name.clone(), 1));
+        Self {
+            runtime,
+            // Shared by the workers: cloned once per execution (its request owns it).
+            script: Arc::new(script(options)),
+            next: Arc::default(),
+            failed: Arc::default(),
+            clock,
+            executions_us: Arc::default(),
+            progress: options.progress_bar(),
+            running: Arc::default(),
+            function: options.function.is_some().then_some(function),
+            job: options.jobs.then(|| crate::JobRequest {
+                resources: resources.collect(),
+                ..Default::default()
+            }),
+            queue_waits_us: Arc::default(),
+        }
+    }
+
     /// `total` executions of `steps` steps, `concurrency` at a time.
     async fn run(&self, total: usize, concurrency: usize, steps: usize) -> Result<()> {
         let workers: Vec<_> = (0..concurrency.min(total))
@@ -540,9 +381,7 @@ impl Drive {
             })
             .collect();
         for worker in workers {
-            worker
-                .await
-                .map_err(|error| Error::Internal(format!("a load worker panicked: {error}")))??;
+            worker.await.map_err(panicked("a load worker"))??;
         }
         Ok(())
     }
@@ -574,31 +413,24 @@ impl Drive {
                 started.execution_id
             }
         };
-        self.running
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((session, execution_id));
+        lock(&self.running).push((session, execution_id));
         let finished = self.runtime.wait_finished(session, execution_id).await;
         {
-            let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut running = lock(&self.running);
             if let Some(index) = running.iter().position(|(_, id)| *id == execution_id) {
                 running.swap_remove(index);
             }
         }
         finished?;
-        record(&self.executions_us, admitted.elapsed());
-        self.clock
-            .last_call
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&execution_id);
+        self.executions_us.record(admitted.elapsed());
+        lock(&self.clock.last_call).remove(&execution_id);
         if self.job.is_some() {
             if let Some(job) = self.runtime.store().job(execution_id)? {
                 let waited = job
                     .admitted_at_ms
                     .map(|at| at.saturating_sub(job.queued_at_ms));
                 if let Some(waited) = waited {
-                    record(&self.queue_waits_us, Duration::from_millis(waited));
+                    self.queue_waits_us.record(Duration::from_millis(waited));
                 }
             }
         }
@@ -609,68 +441,57 @@ impl Drive {
         self.progress.inc(1);
         Ok(())
     }
-}
 
-/// The process's CPU and its threads' times at the start of the run. The threads are read
-/// inside the process's readings, so that their sum stays within it.
-struct Readings {
-    cpu: Option<Duration>,
-    threads: Option<std::collections::BTreeMap<u32, crate::process_stats::ThreadTimes>>,
-}
-
-/// What the run spent: CPU in all and by thread role, and each role's wait for a CPU.
-struct Spent {
-    cpu: Option<Duration>,
-    roles: Option<std::collections::BTreeMap<&'static str, Duration>>,
-    waited: Option<std::collections::BTreeMap<&'static str, Duration>>,
-}
-
-impl Readings {
-    fn now() -> Self {
-        let cpu = process_cpu();
-        Self {
-            cpu,
-            threads: thread_times(),
-        }
-    }
-
-    fn since(self) -> Spent {
-        let threads_after = thread_times();
-        let cpu = process_cpu()
-            .zip(self.cpu)
-            .map(|(after, before)| after.saturating_sub(before));
-        let waited = self
-            .threads
-            .as_ref()
-            .zip(threads_after.as_ref())
-            .and_then(|(before, after)| waited_by_role(before, after));
-        let roles = self
-            .threads
-            .zip(threads_after)
-            .zip(cpu)
-            .map(|((before, after), cpu)| cpu_by_role(&before, &after, cpu));
-        Spent { cpu, roles, waited }
+    /// Drops the driver's runtime handle; the failed executions, the executions' latencies
+    /// and the Jobs' waits.
+    fn finish(self) -> (usize, Histogram<u64>, Histogram<u64>) {
+        let failed = self.failed.load(Ordering::Relaxed);
+        (
+            failed,
+            self.executions_us.take(),
+            self.queue_waits_us.take(),
+        )
     }
 }
 
-impl Spent {
-    /// CPU per step (in all and by role) and the share of the wall each role waited.
-    fn into_report(self, mut report: LoadReport, total_steps: u64, wall: Duration) -> LoadReport {
-        let per_step = |cpu: Duration| cpu.as_secs_f64() * 1e6 / total_steps.max(1) as f64;
-        report.cpu_us_per_step = self.cpu.filter(|_| total_steps > 0).map(per_step);
-        report.cpu_us_per_step_by_role = self.roles.filter(|_| total_steps > 0).map(|roles| {
-            let per_role = roles.into_iter().map(|(role, cpu)| (role, per_step(cpu)));
-            per_role.collect()
-        });
-        report.run_queue_wait_pct_by_role = self.waited.map(|waited| {
-            let pct = |time: Duration| time.as_secs_f64() / wall.as_secs_f64() * 100.0;
-            waited
-                .into_iter()
-                .map(|(role, time)| (role, pct(time)))
-                .collect()
-        });
-        report
-    }
+/// CPU per step (in all and by role) and the share of the wall each role waited.
+fn spent_into_report(
+    spent: Spent,
+    mut report: LoadReport,
+    total_steps: u64,
+    wall: Duration,
+) -> LoadReport {
+    let per_step = |cpu: Duration| cpu.as_secs_f64() * 1e6 / total_steps.max(1) as f64;
+    report.cpu_us_per_step = spent.cpu.filter(|_| total_steps > 0).map(per_step);
+    report.cpu_us_per_step_by_role = spent.roles.filter(|_| total_steps > 0).map(|roles| {
+        let per_role = roles.into_iter().map(|(role, cpu)| (role, per_step(cpu)));
+        per_role.collect()
+    });
+    report.run_queue_wait_pct_by_role = spent.waited.map(|waited| {
+        let pct = |time: Duration| time.as_secs_f64() / wall.as_secs_f64() * 100.0;
+        waited
+            .into_iter()
+            .map(|(role, time)| (role, pct(time)))
+            .collect()
+    });
+    report
+}
+
+/// The share of the wall the committer spent on group commits, in flush and in fsync.
+fn committer_into_report(
+    mut report: LoadReport,
+    before: &MetricsSnapshot,
+    after: &MetricsSnapshot,
+    wall: Duration,
+) -> LoadReport {
+    let busy_pct = |micros: fn(&MetricsSnapshot) -> u64| {
+        let spent = micros(after).saturating_sub(micros(before));
+        Some(spent as f64 / 1e6 / wall.as_secs_f64() * 100.0)
+    };
+    report.committer_busy_pct = busy_pct(|metrics| metrics.group_micros_total);
+    report.committer_flush_pct = busy_pct(|metrics| metrics.flush_micros_total);
+    report.committer_fsync_pct = busy_pct(|metrics| metrics.fsync_micros_total);
+    report
 }
 
 /// Parks `n` executions and measures the memory each holds (bytes).
@@ -681,19 +502,20 @@ async fn parked_memory(runtime: &Runtime, n: usize, concurrency: usize) -> Resul
     Ok((n, grown as f64 / n.max(1) as f64))
 }
 
-/// The command sender's latencies, if it ran.
-fn commands_into_report(mut report: LoadReport, commands: Option<&CommandLatencies>) -> LoadReport {
-    let Some(latencies) = commands else {
+/// With `--jobs`: the queue's admissions, the Jobs' waits and the utilisation.
+fn queue_into_report(
+    mut report: LoadReport,
+    queue: Option<(crate::QueueReport, Option<f64>)>,
+    waits: &Histogram<u64>,
+    wall: Duration,
+) -> LoadReport {
+    let Some((queue, utilisation)) = queue else {
         return report;
     };
-    report.commands = Some(latencies.applied.len() + latencies.rejected.len());
-    report.commands_rejected = Some(latencies.rejected.len());
-    if !latencies.applied.is_empty() {
-        report.command_p50_ms = Some(ms(&latencies.applied, 0.50));
-        report.command_p99_ms = Some(ms(&latencies.applied, 0.99));
-    }
-    if !latencies.rejected.is_empty() {
-        report.rejected_p99_ms = Some(ms(&latencies.rejected, 0.99));
-    }
+    report.admissions = Some(queue.stats.admissions);
+    report.admissions_per_s = Some(queue.stats.admissions as f64 / wall.as_secs_f64());
+    report.queue_wait_p50_ms = Some(ms(waits, 0.50));
+    report.queue_wait_p99_ms = Some(ms(waits, 0.99));
+    report.utilisation = utilisation;
     report
 }

@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 
 use crate::http::client::{Failure, Target};
 use crate::load::{LoadOptions, LoadReport};
+use crate::load_report::lock;
 
 /// How long one execution's stream may stay open.
 const EXECUTION_TIMEOUT: Duration = Duration::from_secs(600);
@@ -69,11 +70,7 @@ pub fn run(options: &LoadOptions, targets: &[Target]) -> Result<LoadReport, Fail
         "script": crate::load::script(options),
         "max_iterations": options.steps + 1,
     });
-    let progress = if options.progress {
-        indicatif::ProgressBar::new(options.executions as u64)
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let progress = options.progress_bar();
     let next = AtomicUsize::new(0);
     let followed: Mutex<Vec<Result<Followed, Failure>>> = Mutex::default();
     let started = Instant::now();
@@ -126,10 +123,6 @@ pub fn run(options: &LoadOptions, targets: &[Target]) -> Result<LoadReport, Fail
     report.first_error = first_error;
     report.store = "server".into();
     Ok(report)
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Admits one execution, in a session of its own, and reads its event stream until it ends.
@@ -256,8 +249,8 @@ fn report(
     before: &ServerMetrics,
     after: &ServerMetrics,
 ) -> LoadReport {
-    let mut steps_us = crate::load::histogram();
-    let mut executions_us = crate::load::histogram();
+    let mut steps_us = crate::load_report::histogram();
+    let mut executions_us = crate::load_report::histogram();
     let (mut completed, mut total_steps) = (0usize, 0u64);
     let (mut first_ms, mut last_ms) = (u64::MAX, 0u64);
     for result in followed {

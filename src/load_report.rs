@@ -7,46 +7,107 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
+use openprogram_actors::resources::Resources;
 use serde::Serialize;
 
-/// What to run.
-#[derive(Debug, Clone)]
+use crate::overview::parse_duration;
+
+/// What to run: `openprogram load`'s command line (the flags' docs are its `--help`).
+#[derive(Debug, Clone, clap::Args)]
 pub struct LoadOptions {
-    /// The store to use; a fresh temporary one when `None` (and no `postgres`).
+    /// The store to use (default: a fresh temporary one).
+    #[arg(long)]
     pub data: Option<PathBuf>,
-    /// N-1: a PostgreSQL database (`--store postgres://…`) instead of sled.
-    pub postgres: Option<String>,
+    /// The store as `serve --store` names it: a directory (sled, as --data) or
+    /// postgres://… (N-1).
+    #[arg(long, conflicts_with_all = ["data", "url"])]
+    pub store: Option<String>,
+    #[arg(long, default_value_t = 1000)]
     pub executions: usize,
     /// Tool steps per execution.
+    #[arg(long, default_value_t = 50)]
     pub steps: usize,
+    #[arg(long, default_value_t = 1000)]
     pub concurrency: usize,
+    #[arg(long, default_value_t = 200)]
     pub payload_bytes: usize,
-    /// Also measure the raw store for this long: sled (batches of 256 + flush + fsync), or
-    /// PostgreSQL (transactions of 256 rows inserted with one statement).
+    /// Also measure the raw store for this many seconds: sled (batches of 256 + flush +
+    /// fsync), or PostgreSQL (transactions of 256 rows inserted by one statement).
+    #[arg(long, num_args = 0..=1, default_missing_value = "3", value_parser = seconds)]
     pub baseline: Option<Duration>,
-    /// Draw a progress bar on stderr.
-    pub progress: bool,
-    /// While the load runs, send this many Pause/Continue pairs per second to random running
-    /// executions and time each command from the call to its `applied` answer.
+    /// Send this many Pause/Continue pairs per second to random running executions and
+    /// report command latency.
+    #[arg(long)]
     pub commands_per_s: Option<f64>,
-    /// After the load, park this many executions (admitted paused, one Step, actor
-    /// released) and report resident memory per parked execution.
+    /// After the load, park this many executions and report memory per parked one.
+    #[arg(long)]
     pub park: Option<usize>,
-    /// F-1: run durable functions instead of agent turns: `steps`, each execution a
-    /// function of `steps` steps (in-memory and Idempotent, like the agent load's `echo`,
-    /// so that the two measure the runtime, not a file's fsyncs).
+    /// Run durable functions instead of agent turns (F-1): `steps`, a function of
+    /// --steps in-memory steps each. Embedded only.
+    #[arg(long, conflicts_with = "url")]
     pub function: Option<String>,
-    /// J-1: admit every execution as a Job asking for 1 of each of `resources` (declared
-    /// with those capacities): they run through the resource queue.
+    /// Admit every execution as a Job through the resource queue (J-1), asking for 1 of
+    /// each --resource. Embedded only.
+    #[arg(long, conflicts_with = "url")]
     pub jobs: bool,
+    /// With --jobs: a resource as NAME=CAPACITY (repeatable; default model=8).
+    #[arg(long = "resource", value_parser = Resources::parse_one, requires = "jobs")]
     pub resources: Vec<(String, u32)>,
-    /// S-8: purge executions ended longer ago than this while the load runs.
+    /// Purge executions ended longer ago than this while the load runs (S-8), and
+    /// sample the store's size on disk (every 10 s unless --sample-store-every).
+    #[arg(long, value_parser = parse_duration, conflicts_with = "url")]
     pub retain_finished: Option<Duration>,
-    /// S-8: sample the store's size on disk this often (with `retain_finished`: 10 s
-    /// unless given).
+    /// Sample the store's size on disk this often (S-8).
+    #[arg(long, value_parser = parse_duration, conflicts_with = "url")]
     pub sample_store_every: Option<Duration>,
-    /// C-2 off (`--parallel-turns`): what one turn per session costs, by difference.
+    /// Run without one turn per session (C-2), to measure what it costs.
+    #[arg(long, conflicts_with = "url")]
     pub parallel_turns: bool,
+    /// One JSON line on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Drive a running server over HTTP instead of an embedded store; several
+    /// (comma-separated) are nodes of one store, dealt the executions round robin.
+    #[arg(long, value_delimiter = ',')]
+    pub url: Vec<String>,
+    /// The admin token for `--url` (else OPENPROGRAM_TOKEN).
+    #[arg(long, requires = "url")]
+    pub token: Option<String>,
+    /// Log lines and spans of the embedded runtime, as `serve` has them (its figure with
+    /// and without them measures their cost).
+    #[command(flatten)]
+    pub observability: crate::observability::ObservabilityArgs,
+}
+
+/// `--baseline`: whole seconds.
+fn seconds(text: &str) -> Result<Duration, std::num::ParseIntError> {
+    text.parse().map(Duration::from_secs)
+}
+
+impl LoadOptions {
+    /// N-1: the PostgreSQL database `--store` names, if it names one.
+    pub fn postgres(&self) -> Option<&str> {
+        self.store
+            .as_deref()
+            .filter(|url| crate::is_postgres_url(url))
+    }
+
+    /// The sled store's directory: `--store`'s or `--data`; `None`: a temporary one, or
+    /// PostgreSQL.
+    pub fn data_dir(&self) -> Option<PathBuf> {
+        match &self.store {
+            Some(directory) if self.postgres().is_none() => Some(PathBuf::from(directory)),
+            _ => self.data.clone(),
+        }
+    }
+
+    /// A progress bar on stderr, unless the output is the JSON line.
+    pub(crate) fn progress_bar(&self) -> indicatif::ProgressBar {
+        match self.json {
+            false => indicatif::ProgressBar::new(self.executions as u64),
+            true => indicatif::ProgressBar::hidden(),
+        }
+    }
 }
 
 /// What was measured (the `--json` line).
@@ -149,6 +210,19 @@ pub struct StoreSample {
     pub examined: u64,
 }
 
+/// A latency histogram in µs: three significant digits up to an hour.
+pub(crate) fn histogram() -> Histogram<u64> {
+    // `new_with_bounds` cannot fail for these constants.
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("invariant: valid histogram bounds")
+}
+
+/// A lock a panicked holder left: what it guards is still whole (counters, samples).
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 pub(crate) fn ms(histogram: &Histogram<u64>, quantile: f64) -> f64 {
     histogram.value_at_quantile(quantile) as f64 / 1000.0
 }
@@ -177,7 +251,7 @@ impl LoadReport {
         Self {
             target,
             kind: options.function.clone().unwrap_or_else(|| "agent".into()),
-            store: match options.postgres {
+            store: match options.postgres() {
                 Some(_) => "postgres".into(),
                 None => "sled".into(),
             },

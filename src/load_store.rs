@@ -64,12 +64,7 @@ pub fn start(
     let every = options
         .sample_store_every
         .or(options.retain_finished.map(|_| Duration::from_secs(10)))?;
-    Some(sample(
-        runtime.clone(),
-        every,
-        done.clone(),
-        options.progress,
-    ))
+    Some(sample(runtime.clone(), every, done.clone(), !options.json))
 }
 
 /// The samples (once `done` is set) and, with retention, the executions it purged.
@@ -97,7 +92,7 @@ pub async fn finish(
 /// PostgreSQL database the load wrote.
 pub(crate) fn raw_baseline(options: &LoadOptions, duration: Duration) -> Result<f64> {
     let payload_bytes = options.payload_bytes.max(1);
-    if let Some(url) = &options.postgres {
+    if let Some(url) = options.postgres() {
         let raw =
             openprogram_storage::pg::baseline::raw_postgres_baseline(url, duration, payload_bytes)?;
         return Ok(raw.per_s());

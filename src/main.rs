@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use openprogram::http::client::{self, Failure, Target};
@@ -12,7 +11,7 @@ use openprogram::http::client_select;
 use openprogram::load::{self, LoadOptions};
 use openprogram::serve::{self, ServeOptions};
 use openprogram::soak;
-use openprogram::{CommandKind, RestartWindow};
+use openprogram::CommandKind;
 
 /// jemalloc rather than glibc malloc: sled and the actors free on one thread memory that
 /// another allocated, and glibc's per-arena locks then made the committer and the actor
@@ -36,10 +35,10 @@ struct Cli {
 enum Command {
     /// Drive concurrent agent turns against an embedded store (or, with --url, a running
     /// server) and report throughput and latency percentiles.
-    Load(LoadArgs),
+    Load(LoadOptions),
     /// Run the runtime with its HTTP API, debug endpoint and page until SIGTERM/SIGINT
     /// (orderly shutdown). Prints the listen URL.
-    Serve(ServeArgs),
+    Serve(ServeOptions),
     /// Start a throwaway PostgreSQL and N nodes on loopback sharing it (N-2), until
     /// SIGINT/SIGTERM; prints the nodes (one JSON line on stdout).
     Cluster(openprogram::cluster::ClusterArgs),
@@ -98,135 +97,6 @@ enum Command {
 }
 
 #[derive(Debug, clap::Args)]
-struct LoadArgs {
-    /// The store to use (default: a fresh temporary one).
-    #[arg(long)]
-    data: Option<PathBuf>,
-    /// The store as `serve --store` names it: a directory (sled, as --data) or
-    /// postgres://… (N-1).
-    #[arg(long, conflicts_with_all = ["data", "url"])]
-    store: Option<String>,
-    #[arg(long, default_value_t = 1000)]
-    executions: usize,
-    /// Tool steps per execution.
-    #[arg(long, default_value_t = 50)]
-    steps: usize,
-    #[arg(long, default_value_t = 1000)]
-    concurrency: usize,
-    #[arg(long, default_value_t = 200)]
-    payload_bytes: usize,
-    /// Also measure the raw store for this many seconds: sled (batches of 256 + flush +
-    /// fsync), or PostgreSQL (transactions of 256 rows inserted by one statement).
-    #[arg(long, num_args = 0..=1, default_missing_value = "3")]
-    baseline: Option<u64>,
-    /// Send this many Pause/Continue pairs per second to random running executions and
-    /// report command latency.
-    #[arg(long)]
-    commands_per_s: Option<f64>,
-    /// After the load, park this many executions and report memory per parked one.
-    #[arg(long)]
-    park: Option<usize>,
-    /// Run durable functions instead of agent turns (F-1): `steps`, a function of
-    /// --steps in-memory steps each. Embedded only.
-    #[arg(long, conflicts_with = "url")]
-    function: Option<String>,
-    /// Admit every execution as a Job through the resource queue (J-1), asking for 1 of
-    /// each --resource. Embedded only.
-    #[arg(long, conflicts_with = "url")]
-    jobs: bool,
-    /// With --jobs: a resource as NAME=CAPACITY (repeatable; default model=8).
-    #[arg(long = "resource", value_parser = resource, requires = "jobs")]
-    resources: Vec<(String, u32)>,
-    /// Purge executions ended longer ago than this while the load runs (S-8), and
-    /// sample the store's size on disk (every 10 s unless --sample-store-every).
-    #[arg(long, value_parser = retain_finished, conflicts_with = "url")]
-    retain_finished: Option<Duration>,
-    /// Sample the store's size on disk this often (S-8).
-    #[arg(long, value_parser = retain_finished, conflicts_with = "url")]
-    sample_store_every: Option<Duration>,
-    /// Run without one turn per session (C-2), to measure what it costs.
-    #[arg(long, conflicts_with = "url")]
-    parallel_turns: bool,
-    /// One JSON line on stdout instead of the table.
-    #[arg(long)]
-    json: bool,
-    /// Drive a running server over HTTP instead of an embedded store; several
-    /// (comma-separated) are nodes of one store, dealt the executions round robin.
-    #[arg(long, value_delimiter = ',')]
-    url: Vec<String>,
-    /// The admin token for `--url` (else OPENPROGRAM_TOKEN).
-    #[arg(long, requires = "url")]
-    token: Option<String>,
-    /// Log lines and spans of the embedded runtime, as `serve` has them (its figure with
-    /// and without them measures their cost).
-    #[command(flatten)]
-    observability: openprogram::observability::ObservabilityArgs,
-}
-
-#[derive(Debug, clap::Args)]
-struct ServeArgs {
-    /// The node's directory: its admin token and session key, and the sled store unless
-    /// --store names another.
-    #[arg(long, default_value = "./openprogram-data")]
-    data: PathBuf,
-    /// The event store: a directory (sled; default --data) or postgres://… (N-1), which
-    /// several nodes may share.
-    #[arg(long)]
-    store: Option<String>,
-    /// -1 (no limit), 0 (no automatic restart) or a duration such as 90s, 15m, 2h.
-    #[arg(long, default_value = "-1", allow_hyphen_values = true)]
-    restart_window: RestartWindow,
-    #[arg(long, default_value = serve::LISTEN_DEFAULT)]
-    listen: String,
-    /// The admin token (else OPENPROGRAM_TOKEN, else DIR/admin.token, generated once).
-    #[arg(long)]
-    token: Option<String>,
-    /// Seed sample sessions into an empty store (once).
-    #[arg(long)]
-    demo: bool,
-    /// Open a store that lost acknowledged history (a damaged or truncated file) and keep
-    /// what remains; prints what was lost (JSON, stderr) before serving (S-7).
-    #[arg(long)]
-    accept_loss: bool,
-    /// How long an attempt whose process stops making progress (SIGSTOP, a frozen VM)
-    /// keeps its execution before a new attempt takes it over: a duration such as 10s
-    /// (the default) or 500ms.
-    #[arg(long, value_parser = lease_ttl)]
-    lease_ttl: Option<Duration>,
-    /// Register exactly these revisions of the built-in functions, as NAME:REVISION
-    /// separated by commas (steps:1,steps:2); default all. How a deployment of new
-    /// code across a restart is simulated (F-3).
-    #[arg(long, value_parser = function_revisions)]
-    function_revisions: Option<FunctionRevisions>,
-    /// Let the turns of a session run side by side. By default a session has one
-    /// foreground turn (C-2): a message sent while another turn of its session runs
-    /// follows its `when_busy` (queue, steer, reject, interrupt).
-    #[arg(long)]
-    parallel_turns: bool,
-    /// Declare a resource Jobs are admitted for, as NAME=CAPACITY (repeatable), such
-    /// as model=8 (J-1).
-    #[arg(long = "resource", value_parser = resource)]
-    resources: Vec<(String, u32)>,
-    /// Purge executions that ended longer ago than this (a duration such as 10s, 30m
-    /// or 7d: `d`, `h`, `m`, `s`, `ms`), with their events, receipts and waits; their
-    /// reads answer 410 purged (S-8). Default: keep everything.
-    #[arg(long, value_parser = retain_finished)]
-    retain_finished: Option<Duration>,
-    /// Run as this node of a shared PostgreSQL store (N-2): its lease is renewed every
-    /// third of --lease-ttl; once it lapses, the other nodes take over its running
-    /// executions. Commands for another node's executions are forwarded to it (N-3).
-    #[arg(long, requires = "store")]
-    node_id: Option<String>,
-    /// The URL other nodes reach this node's API at (default http://LISTEN).
-    #[arg(long, requires = "node_id")]
-    advertise: Option<String>,
-    #[command(flatten)]
-    model: openprogram::model_args::ModelArgs,
-    #[command(flatten)]
-    observability: openprogram::observability::ObservabilityArgs,
-}
-
-#[derive(Debug, clap::Args)]
 struct CtlArgs {
     #[command(flatten)]
     target: TargetArgs,
@@ -244,40 +114,8 @@ struct CtlArgs {
     /// With --where: at most this many executions (default and most: 1,000).
     #[arg(long = "limit", requires = "wheres")]
     where_limit: Option<usize>,
-    /// steer: the instructions; reconcile: the confirmed output.
-    #[arg(long)]
-    text: Option<String>,
-    /// answer, decline: the wait (required unless --expected-version pins the pending
-    /// one).
-    #[arg(long)]
-    wait: Option<String>,
-    /// A UUID; the same id again returns the stored outcome (K-4). Default: a new one.
-    #[arg(long)]
-    command_id: Option<String>,
-    #[arg(long)]
-    expected_version: Option<u64>,
-    /// answer: the answer text.
-    #[arg(long)]
-    answer: Option<String>,
-    /// answer: `operation` (default), `tool`, `session` (W-7) or `discussion`; a
-    /// structured answer is its JSON (`--answer '{"env": "prod"}'`).
-    #[arg(long)]
-    scope: Option<String>,
-    /// revoke: the approval that gave the grant (`wait_…`).
-    #[arg(long)]
-    grant: Option<String>,
-    /// stop-process: the process id.
-    #[arg(long)]
-    process: Option<String>,
-    /// reconcile: `confirmed` or `not_applied`.
-    #[arg(long)]
-    outcome: Option<String>,
-    /// fork: the checkpoint seq to fork from (default: the latest saved point).
-    #[arg(long)]
-    checkpoint: Option<u64>,
-    /// set-policy: `keep_original` or `use_latest` (F-3).
-    #[arg(long)]
-    policy: Option<String>,
+    #[command(flatten)]
+    control: client::Control,
     #[arg(long)]
     json: bool,
 }
@@ -293,18 +131,8 @@ struct InspectArgs {
     /// events: only those after this seq; tail: after this position (default: now).
     #[arg(long)]
     after: Option<u64>,
-    /// executions, across sessions: in this state, of this kind (agent, job, function),
-    /// admitted within DURATION, found by any id, at most N (needs attention first).
-    #[arg(long)]
-    state: Option<String>,
-    #[arg(long)]
-    kind: Option<String>,
-    #[arg(long)]
-    since: Option<String>,
-    #[arg(long)]
-    id: Option<String>,
-    #[arg(long)]
-    limit: Option<usize>,
+    #[command(flatten)]
+    selection: client_select::Selection,
     #[arg(long)]
     json: bool,
 }
@@ -416,108 +244,43 @@ fn main() -> ExitCode {
     }
 }
 
-fn load_command(args: LoadArgs) -> ExitCode {
-    let LoadArgs {
-        data,
-        store,
-        executions,
-        steps,
-        concurrency,
-        payload_bytes,
-        baseline,
-        commands_per_s,
-        park,
-        function,
-        jobs,
-        resources,
-        retain_finished,
-        sample_store_every,
-        parallel_turns,
-        json,
-        url,
-        token,
-        observability,
-    } = args;
-    let _observability = match observability.init() {
+fn load_command(mut options: LoadOptions) -> ExitCode {
+    let _observability = match options.observability.init() {
         Ok(installed) => installed,
         Err(error) => return fail(&error.to_string()),
     };
-    let resources = match (jobs, resources.is_empty()) {
-        (true, true) => vec![("model".to_owned(), 8)],
-        _ => resources,
-    };
-    let (data, postgres) = match store {
-        Some(url) if openprogram::is_postgres_url(&url) => (None, Some(url)),
-        Some(directory) => (Some(PathBuf::from(directory)), None),
-        None => (data, None),
-    };
-    let options = LoadOptions {
-        data,
-        postgres,
-        executions,
-        steps,
-        concurrency,
-        payload_bytes,
-        baseline: baseline.map(Duration::from_secs),
-        progress: !json,
-        commands_per_s,
-        park,
-        function,
-        jobs,
-        resources,
-        retain_finished,
-        sample_store_every,
-        parallel_turns,
-    };
-    if !url.is_empty() {
-        let remote = url
-            .into_iter()
+    if options.jobs && options.resources.is_empty() {
+        options.resources = vec![("model".to_owned(), 8)];
+    }
+    if !options.url.is_empty() {
+        let remote = options
+            .url
+            .iter()
             .map(|url| {
-                let token = token.clone();
+                let (url, token) = (url.clone(), options.token.clone());
                 target_of(TargetArgs { url, token })
             })
             .collect::<Result<Vec<_>, _>>()
             .and_then(|targets| openprogram::load_remote::run(&options, &targets));
         return match remote {
-            Ok(report) => print_report(&report, json),
-            Err(Failure::Usage(message)) => {
-                eprintln!("openprogram: {message}");
-                ExitCode::from(2)
-            }
-            Err(Failure::Failed(message)) => fail(&message),
+            Ok(report) => print_report(&report, options.json),
+            Err(failure) => failed_client(failure),
         };
     }
     let runtime = match tokio_runtime() {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
+    let json = options.json;
     match runtime.block_on(load::run(options)) {
         Ok(report) => print_report(&report, json),
         Err(error) => failed(error),
     }
 }
 
-fn serve_command(args: ServeArgs) -> ExitCode {
-    let ServeArgs {
-        data,
-        store,
-        restart_window,
-        listen,
-        token,
-        demo,
-        accept_loss,
-        lease_ttl,
-        function_revisions,
-        parallel_turns,
-        resources,
-        retain_finished,
-        node_id,
-        advertise,
-        model,
-        observability,
-    } = args;
+fn serve_command(mut options: ServeOptions) -> ExitCode {
     // Flushed (its spans exported) when dropped, after the server stopped.
-    let _observability = match observability.init() {
+    let _observability = match options.observability.init() {
         Ok(installed) => installed,
         Err(error) => return failed(error),
     };
@@ -525,23 +288,9 @@ fn serve_command(args: ServeArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
-    let options = ServeOptions {
-        data,
-        store,
-        restart_window,
-        listen,
-        token: token.or_else(|| std::env::var("OPENPROGRAM_TOKEN").ok()),
-        demo,
-        accept_loss,
-        lease_ttl,
-        function_revisions: function_revisions.map(|revisions| revisions.0),
-        parallel_turns,
-        resources,
-        retain_finished,
-        node_id,
-        advertise,
-        model,
-    };
+    options.token = options
+        .token
+        .or_else(|| std::env::var("OPENPROGRAM_TOKEN").ok());
     match runtime.block_on(serve::run(options)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => failed(error),
@@ -549,51 +298,21 @@ fn serve_command(args: ServeArgs) -> ExitCode {
 }
 
 fn ctl_command(args: CtlArgs) -> ExitCode {
-    let CtlArgs {
-        target,
-        kind,
-        session,
-        execution,
-        text,
-        wait,
-        command_id,
-        expected_version,
-        answer,
-        scope,
-        grant,
-        process,
-        outcome,
-        checkpoint,
-        policy,
-        json,
-        wheres,
-        dry_run,
-        where_limit,
-    } = args;
     let control = client::Control {
-        checkpoint,
-        policy,
-        kind: kind.0.as_str().into(),
-        session: session.unwrap_or_default(),
-        execution: execution.unwrap_or_default(),
-        text,
-        wait,
-        command_id,
-        expected_version,
-        answer,
-        scope,
-        grant,
-        process,
-        outcome,
+        kind: args.kind.0.as_str().into(),
+        session: args.session.unwrap_or_default(),
+        execution: args.execution.unwrap_or_default(),
+        ..args.control
     };
-    if !wheres.is_empty() {
-        return finish(target_of(target).and_then(|target| {
-            let mut selection = client_select::Selection::from_wheres(&wheres)?;
-            selection.limit = Some(where_limit.unwrap_or(1000));
-            client_select::ctl_where(&target, &control, &selection, dry_run, json)
-        }));
-    }
-    finish(target_of(target).and_then(|target| client::ctl(&target, &control, json)))
+    let (wheres, json) = (args.wheres, args.json);
+    finish(target_of(args.target).and_then(|target| {
+        if wheres.is_empty() {
+            return client::ctl(&target, &control, json);
+        }
+        let mut selection = client_select::Selection::from_wheres(&wheres)?;
+        selection.limit = Some(args.where_limit.unwrap_or(1000));
+        client_select::ctl_where(&target, &control, &selection, args.dry_run, json)
+    }))
 }
 
 fn inspect_command(args: InspectArgs) -> ExitCode {
@@ -602,27 +321,16 @@ fn inspect_command(args: InspectArgs) -> ExitCode {
         what,
         ids,
         after,
+        mut selection,
         json,
-        state,
-        kind,
-        since,
-        id,
-        limit,
     } = args;
-    let selection = client_select::Selection {
-        state,
-        kind,
-        session: ids.first().cloned(),
-        since,
-        id,
-        limit,
-    };
+    selection.session = ids.first().cloned();
     let filtered = selection.state.is_some()
         || selection.kind.is_some()
         || selection.since.is_some()
         || selection.id.is_some()
         || selection.limit.is_some();
-    match what {
+    let what = match what {
         InspectWhat::Tail => {
             return finish(
                 target_of(target).and_then(|target| client_select::tail(&target, after, json)),
@@ -633,20 +341,13 @@ fn inspect_command(args: InspectArgs) -> ExitCode {
                 target_of(target).and_then(|target| client_select::list(&target, &selection, json)),
             )
         }
-        _ => {}
-    }
-    let after = after.unwrap_or(0);
-    let what = match what {
-        InspectWhat::Sessions => "sessions",
-        InspectWhat::Executions => "executions",
-        InspectWhat::Execution => "execution",
-        InspectWhat::Events => "events",
-        InspectWhat::Actors => "actors",
-        InspectWhat::Activity => "activity",
-        InspectWhat::Resources => "resources",
-        InspectWhat::Tail => "tail",
+        // Named as the command line names it.
+        what => clap::ValueEnum::to_possible_value(&what)
+            .map(|value| value.get_name().to_owned())
+            .unwrap_or_default(),
     };
-    finish(target_of(target).and_then(|target| client::inspect(&target, what, &ids, after, json)))
+    let after = after.unwrap_or(0);
+    finish(target_of(target).and_then(|target| client::inspect(&target, &what, &ids, after, json)))
 }
 
 fn target_of(args: TargetArgs) -> Result<Target, Failure> {
@@ -667,11 +368,18 @@ fn finish(result: Result<String, Failure>) -> ExitCode {
             print!("{text}");
             ExitCode::SUCCESS
         }
-        Err(Failure::Usage(message)) => {
+        Err(failure) => failed_client(failure),
+    }
+}
+
+/// The exit of a client command's failure: a usage error 2, anything else 1.
+fn failed_client(failure: Failure) -> ExitCode {
+    match failure {
+        Failure::Usage(message) => {
             eprintln!("openprogram: {message}");
             ExitCode::from(2)
         }
-        Err(Failure::Failed(message)) => fail(&message),
+        Failure::Failed(message) => fail(&message),
     }
 }
 
@@ -764,32 +472,6 @@ fn failed(error: openprogram::Error) -> ExitCode {
     }
 }
 
-/// `--function-revisions`: NAME:REVISION, comma separated.
-#[derive(Debug, Clone)]
-struct FunctionRevisions(Vec<(String, u32)>);
-
-/// `--resource NAME=CAPACITY`.
-fn resource(text: &str) -> Result<(String, u32), String> {
-    openprogram::actors::resources::Resources::parse_one(text).map_err(|error| error.to_string())
-}
-
-fn function_revisions(text: &str) -> Result<FunctionRevisions, String> {
-    text.split(',')
-        .filter(|item| !item.trim().is_empty())
-        .map(|item| {
-            let (name, revision) = item
-                .trim()
-                .split_once(':')
-                .ok_or_else(|| format!("`{item}` is not NAME:REVISION"))?;
-            let revision = revision
-                .parse::<u32>()
-                .map_err(|_| format!("`{item}`: the revision is not a number"))?;
-            Ok((name.to_owned(), revision))
-        })
-        .collect::<Result<Vec<_>, String>>()
-        .map(FunctionRevisions)
-}
-
 /// `openprogram compact`: a spinner with the keys copied, then the sizes before and after.
 fn compact(data: &std::path::Path, into: &std::path::Path, json: bool) -> ExitCode {
     let spinner = match json {
@@ -818,20 +500,5 @@ fn compact(data: &std::path::Path, into: &std::path::Path, json: bool) -> ExitCo
             ExitCode::SUCCESS
         }
         Err(error) => fail(&format!("{} ({})", error, error.code())),
-    }
-}
-
-/// `--retain-finished`: a duration such as 0s, 500ms, 10s, 30m, 12h or 7d.
-fn retain_finished(text: &str) -> Result<Duration, String> {
-    openprogram::overview::parse_duration(text)
-}
-
-/// `--lease-ttl`: a positive duration, written as the restart window's are.
-fn lease_ttl(text: &str) -> Result<Duration, String> {
-    match text.parse::<RestartWindow>() {
-        Ok(RestartWindow::Within(ttl)) if !ttl.is_zero() => Ok(ttl),
-        _ => Err(format!(
-            "invalid lease ttl `{text}`: use a positive duration like 10s or 500ms"
-        )),
     }
 }

@@ -171,6 +171,49 @@ pub fn peak_rss_mib() -> f64 {
     proc_status_kib("VmHWM:") as f64 / 1024.0
 }
 
+/// The process's CPU and its threads' times at a start. The threads are read inside the
+/// process's readings, so that their sum stays within it.
+pub(crate) struct Readings {
+    cpu: Option<Duration>,
+    threads: Option<BTreeMap<u32, ThreadTimes>>,
+}
+
+/// What the process spent since its `Readings`: CPU in all and by thread role, and each
+/// role's wait for a CPU.
+pub(crate) struct Spent {
+    pub cpu: Option<Duration>,
+    pub roles: Option<BTreeMap<&'static str, Duration>>,
+    pub waited: Option<BTreeMap<&'static str, Duration>>,
+}
+
+impl Readings {
+    pub(crate) fn now() -> Self {
+        let cpu = process_cpu();
+        Self {
+            cpu,
+            threads: thread_times(),
+        }
+    }
+
+    pub(crate) fn since(self) -> Spent {
+        let threads_after = thread_times();
+        let cpu = process_cpu()
+            .zip(self.cpu)
+            .map(|(after, before)| after.saturating_sub(before));
+        let waited = self
+            .threads
+            .as_ref()
+            .zip(threads_after.as_ref())
+            .and_then(|(before, after)| waited_by_role(before, after));
+        let roles = self
+            .threads
+            .zip(threads_after)
+            .zip(cpu)
+            .map(|((before, after), cpu)| cpu_by_role(&before, &after, cpu));
+        Spent { cpu, roles, waited }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,72 +10,114 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use openprogram_actors::resources::Resources;
+
 use crate::http::{self, auth, Api, Tokens};
-use crate::{Error, RestartWindow, Result, Runtime};
+use crate::observability::say;
+use crate::overview::parse_duration;
+use crate::{Error, RestartWindow, Result, Runtime, RuntimeBuilder};
 
 /// The address `serve` listens on unless told.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:7878";
 
-/// What `serve` needs.
-#[derive(Debug, Clone)]
+/// What `serve` needs: its command line (`openprogram serve`), whose flags' docs are its
+/// `--help`.
+#[derive(Debug, Clone, clap::Args)]
 pub struct ServeOptions {
-    /// The node's directory (tokens), and the sled store's unless `store` names another.
+    /// The node's directory: its admin token and session key, and the sled store unless
+    /// --store names another.
+    #[arg(long, default_value = "./openprogram-data")]
     pub data: PathBuf,
-    /// N-1: the event store, as `--store` names it (a directory, or `postgres://…`).
+    /// The event store: a directory (sled; default --data) or postgres://… (N-1), which
+    /// several nodes may share.
+    #[arg(long)]
     pub store: Option<String>,
+    /// -1 (no limit), 0 (no automatic restart) or a duration such as 90s, 15m, 2h.
+    #[arg(long, default_value = "-1", allow_hyphen_values = true)]
     pub restart_window: RestartWindow,
+    #[arg(long, default_value = LISTEN_DEFAULT)]
     pub listen: String,
-    /// The admin token chosen by the operator (`--token` or `OPENPROGRAM_TOKEN`).
+    /// The admin token (else OPENPROGRAM_TOKEN, else DIR/admin.token, generated once).
+    #[arg(long)]
     pub token: Option<String>,
     /// Seed sample sessions into an empty store (once).
+    #[arg(long)]
     pub demo: bool,
-    /// S-7: open a store that lost acknowledged history, listing what was lost first.
+    /// Open a store that lost acknowledged history (a damaged or truncated file) and keep
+    /// what remains; prints what was lost (JSON, stderr) before serving (S-7).
+    #[arg(long)]
     pub accept_loss: bool,
-    /// the attempt lease's ttl (default `LEASE_TTL_DEFAULT`).
+    /// How long an attempt whose process stops making progress (SIGSTOP, a frozen VM)
+    /// keeps its execution before a new attempt takes it over: a duration such as 10s
+    /// (the default) or 500ms.
+    #[arg(long, value_parser = lease_ttl)]
     pub lease_ttl: Option<Duration>,
-    /// F-3: exactly these revisions of the built-in functions (default all).
-    pub function_revisions: Option<Vec<(String, u32)>>,
-    /// C-2 off: the turns of a session run side by side (`--parallel-turns`).
+    /// Register exactly these revisions of the built-in functions, as NAME:REVISION
+    /// separated by commas (steps:1,steps:2); default all. How a deployment of new
+    /// code across a restart is simulated (F-3).
+    // Spelled out: clap would take a plain `Vec` for a repeated flag.
+    #[arg(long, value_parser = function_revisions)]
+    pub function_revisions: Option<std::vec::Vec<(String, u32)>>,
+    /// Let the turns of a session run side by side. By default a session has one
+    /// foreground turn (C-2): a message sent while another turn of its session runs
+    /// follows its `when_busy` (queue, steer, reject, interrupt).
+    #[arg(long)]
     pub parallel_turns: bool,
-    /// J-1: the resources Jobs are admitted for (`--resource NAME=CAPACITY`).
+    /// Declare a resource Jobs are admitted for, as NAME=CAPACITY (repeatable), such
+    /// as model=8 (J-1).
+    #[arg(long = "resource", value_parser = Resources::parse_one)]
     pub resources: Vec<(String, u32)>,
-    /// S-8: purge executions ended longer ago than this (`--retain-finished`).
+    /// Purge executions that ended longer ago than this (a duration such as 10s, 30m
+    /// or 7d: `d`, `h`, `m`, `s`, `ms`), with their events, receipts and waits; their
+    /// reads answer 410 purged (S-8). Default: keep everything.
+    #[arg(long, value_parser = parse_duration)]
     pub retain_finished: Option<Duration>,
-    /// N-2: run as this node of a shared store (`--node-id`).
+    /// Run as this node of a shared PostgreSQL store (N-2): its lease is renewed every
+    /// third of --lease-ttl; once it lapses, the other nodes take over its running
+    /// executions. Commands for another node's executions are forwarded to it (N-3).
+    #[arg(long, requires = "store")]
     pub node_id: Option<String>,
-    /// N-3: the URL other nodes reach this one at (`--advertise`; default
-    /// `http://LISTEN`).
+    /// The URL other nodes reach this node's API at (default http://LISTEN).
+    #[arg(long, requires = "node_id")]
     pub advertise: Option<String>,
-    /// Issue 35: a real model provider (`--provider …`); the scripted one if none.
+    #[command(flatten)]
     pub model: crate::model_args::ModelArgs,
+    #[command(flatten)]
+    pub observability: crate::observability::ObservabilityArgs,
 }
 
-/// How `serve` runs conversations: one turn per session unless `--parallel-turns`; a
-/// session named by its first words, or by the model (`--name-sessions-with-model`); a
-/// prefix compacted to excerpts of what it replaces; the `--context-budget`.
-fn conversations(
-    builder: crate::RuntimeBuilder,
-    options: &ServeOptions,
-    provider: Option<Arc<dyn openprogram_actors::agent::Provider>>,
-) -> crate::RuntimeBuilder {
-    let namer: Arc<dyn crate::SessionNamer> = match provider {
-        Some(provider) if options.model.name_sessions_with_model => {
-            Arc::new(crate::ModelNamer::new(provider))
-        }
-        _ => Arc::new(crate::FirstWords),
-    };
-    let builder = builder
-        .one_turn_per_session(!options.parallel_turns)
-        .session_namer(namer)
-        .compactor(Arc::new(crate::Excerpts));
-    match options.model.context_budget {
-        Some(tokens) => builder.context_budget(tokens),
-        None => builder,
+/// `--lease-ttl`: a positive duration, written as the restart window's are.
+fn lease_ttl(text: &str) -> std::result::Result<Duration, String> {
+    match text.parse::<RestartWindow>() {
+        Ok(RestartWindow::Within(ttl)) if !ttl.is_zero() => Ok(ttl),
+        _ => Err(format!(
+            "invalid lease ttl `{text}`: use a positive duration like 10s or 500ms"
+        )),
     }
+}
+
+/// `--function-revisions`: NAME:REVISION, comma separated.
+fn function_revisions(text: &str) -> std::result::Result<Vec<(String, u32)>, String> {
+    text.split(',')
+        .filter(|item| !item.trim().is_empty())
+        .map(|item| {
+            let (name, revision) = item
+                .trim()
+                .split_once(':')
+                .ok_or_else(|| format!("`{item}` is not NAME:REVISION"))?;
+            let revision = revision
+                .parse::<u32>()
+                .map_err(|_| format!("`{item}`: the revision is not a number"))?;
+            Ok((name.to_owned(), revision))
+        })
+        .collect()
 }
 
 /// The shortest admin token `serve` accepts from its operator.
 pub const TOKEN_CHARS_MIN: usize = 8;
+
+/// N-2: `serve`'s exit status when its node lost its lease (EX_TEMPFAIL: start it again).
+pub const LEASE_LOST_EXIT: i32 = 75;
 
 /// Runs until SIGTERM or SIGINT, then shuts down in order. The listen URL goes to stdout;
 /// progress lines go to stderr. `InvalidRequest` means a usage error (exit 2).
@@ -83,67 +125,16 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     // Listening before the runtime opens: a SIGTERM during startup recovery is an orderly
     // shutdown too.
     let stop = stop_signal()?;
-    if let Some(token) = &options.token {
-        // An empty `--token ""` or `OPENPROGRAM_TOKEN=` is a mistake, never "no token".
-        if token.trim().len() < TOKEN_CHARS_MIN {
-            return Err(Error::InvalidRequest(format!(
-                "a token must have at least {TOKEN_CHARS_MIN} characters"
-            )));
-        }
-    }
-    if options.token.is_none() && !http::is_loopback(&options.listen) {
-        return Err(Error::InvalidRequest(format!(
-            "refusing to listen on {} without a token: pass --token or set OPENPROGRAM_TOKEN (X-2)",
-            options.listen
-        )));
-    }
-    let mut builder = Runtime::builder();
-    let mut tools = openprogram_actors::agent::ToolRegistry::builtin();
-    for tool in options.model.tools()? {
-        tools.register(tool.clone());
-        builder = builder.tool(tool);
-    }
-    let provider = options.model.provider(&tools)?;
-    if let Some(provider) = &provider {
-        builder = builder.provider(Arc::clone(provider));
-    }
-    builder = conversations(builder, &options, provider);
-    if let Some(revisions) = &options.function_revisions {
-        builder = builder.builtin_function_revisions(revisions.clone());
-    }
-    for (name, capacity) in &options.resources {
-        builder = builder.resource(name.clone(), *capacity);
-    }
-    if let Some(retain) = options.retain_finished {
-        builder = builder.retain_finished(retain);
-    }
-    if let Some(node_id) = &options.node_id {
-        builder = builder.node(node_id.clone(), node_url(&options)?);
-    }
-    builder = match &options.store {
-        Some(store) => builder.store_url(store.clone()),
-        None => builder.data_dir(&options.data),
-    };
-    let runtime = builder
-        .restart_window(options.restart_window)
-        .accept_loss(options.accept_loss)
-        .lease_ttl(options.lease_ttl.unwrap_or(crate::LEASE_TTL_DEFAULT))
-        .open()?;
+    check_token(&options)?;
+    let runtime = runtime(&options)?.open()?;
     if let Some(salvage) = runtime.salvage() {
         // Listed before anything is served (S-7).
-        crate::observability::say(format!(
+        say(format!(
             "openprogram: opened to salvage: {}",
             serde_json::to_string(salvage).unwrap_or_else(|error| error.to_string())
         ));
     }
-    let io = |what: &str, error: std::io::Error| Error::Unavailable(format!("{what}: {error}"));
-    // The node's directory holds its tokens even when the store is elsewhere (PostgreSQL).
-    std::fs::create_dir_all(&options.data).map_err(|e| io("the data directory", e))?;
-    let (admin_token, token_source) = auth::admin_token(&options.data, options.token.clone())
-        .map_err(|e| io("admin token", e))?;
-    let session_key =
-        auth::load_or_create_session_key(&options.data).map_err(|e| io("session key", e))?;
-    let tokens = Tokens::new(&admin_token, session_key);
+    let (tokens, token_source) = tokens(&options)?;
     let demo = Arc::new(OnceLock::new());
     let mut api = Api::new(runtime.clone(), tokens.clone());
     api.demo = Some(Arc::clone(&demo));
@@ -157,12 +148,15 @@ pub async fn run(options: ServeOptions) -> Result<()> {
             )));
         }
     };
-    let handle = server.handle();
-    let server_task = tokio::spawn(server);
+    let serving = Serving {
+        runtime: &runtime,
+        handle: server.handle(),
+        task: tokio::spawn(server),
+    };
     for addr in &addrs {
         println!("http://{addr}");
     }
-    crate::observability::say(format!(
+    say(format!(
         "openprogram: runtime on {} (restart window {}); admin token: {}; SIGTERM or SIGINT stops it in order",
         store_name(&options),
         options.restart_window,
@@ -172,12 +166,12 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     let report = tokio::select! {
         report = runtime.recovery() => report,
         () = &mut stop => {
-            crate::observability::say("openprogram: stopping during startup recovery");
-            return stop_all(&runtime, handle, server_task).await;
+            say("openprogram: stopping during startup recovery");
+            return serving.stop().await;
         }
     };
     match report {
-        Ok(report) => crate::observability::say(format!(
+        Ok(report) => say(format!(
             "openprogram: startup recovery: {} classified, {} resumed, {} expired, {} held, {} reconciling, in {} ms",
             report.classified,
             report.resumed.len(),
@@ -187,7 +181,7 @@ pub async fn run(options: ServeOptions) -> Result<()> {
             report.elapsed.as_millis()
         )),
         Err(error) => {
-            stop_all(&runtime, handle, server_task).await?;
+            serving.stop().await?;
             return Err(error);
         }
     }
@@ -197,10 +191,10 @@ pub async fn run(options: ServeOptions) -> Result<()> {
                 Ok(Some(seeded)) => {
                     let _ = demo.set(seeded);
                 }
-                Ok(None) => crate::observability::say("openprogram: --demo: the store is not empty and was not seeded by --demo; nothing seeded"),
-                Err(error) => crate::observability::say(format!("openprogram: --demo: seeding failed: {error}")),
+                Ok(None) => say("openprogram: --demo: the store is not empty and was not seeded by --demo; nothing seeded"),
+                Err(error) => say(format!("openprogram: --demo: seeding failed: {error}")),
             },
-            () = &mut stop => return stop_all(&runtime, handle, server_task).await,
+            () = &mut stop => return serving.stop().await,
         }
     }
     tokio::select! {
@@ -209,35 +203,105 @@ pub async fn run(options: ServeOptions) -> Result<()> {
             // N-2: other nodes may run this node's executions now, and effects of its old
             // attempts may still be in flight here: no orderly shutdown (it would write),
             // the process ends and its next start is a new incarnation.
-            crate::observability::say(format!("openprogram: this node lost its lease ({reason}); exiting for a clean restart"));
+            say(format!("openprogram: this node lost its lease ({reason}); exiting for a clean restart"));
             std::process::exit(LEASE_LOST_EXIT);
         }
     }
-    stop_all(&runtime, handle, server_task).await
+    serving.stop().await
 }
 
-/// N-2: `serve`'s exit status when its node lost its lease (EX_TEMPFAIL: start it again).
-pub const LEASE_LOST_EXIT: i32 = 75;
+/// a token the operator chose is long enough, and there is one unless the API listens
+/// on loopback only.
+fn check_token(options: &ServeOptions) -> Result<()> {
+    match &options.token {
+        // An empty `--token ""` or `OPENPROGRAM_TOKEN=` is a mistake, never "no token".
+        Some(token) if token.trim().len() < TOKEN_CHARS_MIN => Err(Error::InvalidRequest(format!(
+            "a token must have at least {TOKEN_CHARS_MIN} characters"
+        ))),
+        None if !http::is_loopback(&options.listen) => Err(Error::InvalidRequest(format!(
+            "refusing to listen on {} without a token: pass --token or set OPENPROGRAM_TOKEN (X-2)",
+            options.listen
+        ))),
+        _ => Ok(()),
+    }
+}
 
-/// Stops the HTTP server (no new requests; streams close), then the runtime in order.
-async fn stop_all(
-    runtime: &Runtime,
+/// The runtime as `options` ask for it. Conversations: one turn per session unless
+/// `--parallel-turns`; a session named by its first words, or by the model
+/// (`--name-sessions-with-model`); a prefix compacted to excerpts of what it replaces; the
+/// `--context-budget`.
+fn runtime(options: &ServeOptions) -> Result<RuntimeBuilder> {
+    let mut builder = Runtime::builder();
+    let mut tools = openprogram_actors::agent::ToolRegistry::builtin();
+    for tool in options.model.tools()? {
+        tools.register(tool.clone());
+        builder = builder.tool(tool);
+    }
+    let provider = options.model.provider(&tools)?;
+    let namer: Arc<dyn crate::SessionNamer> = match &provider {
+        Some(provider) if options.model.name_sessions_with_model => {
+            Arc::new(crate::ModelNamer::new(Arc::clone(provider)))
+        }
+        _ => Arc::new(crate::FirstWords),
+    };
+    let node = match &options.node_id {
+        Some(node_id) => Some((node_id.clone(), node_url(options)?)),
+        None => None,
+    };
+    Ok(builder
+        .with(provider, RuntimeBuilder::provider)
+        .one_turn_per_session(!options.parallel_turns)
+        .session_namer(namer)
+        .compactor(Arc::new(crate::Excerpts))
+        .with(options.model.context_budget, RuntimeBuilder::context_budget)
+        .with(
+            options.function_revisions.clone(),
+            RuntimeBuilder::builtin_function_revisions,
+        )
+        .resources(&options.resources)
+        .with(options.retain_finished, RuntimeBuilder::retain_finished)
+        .with(node, |builder, (node_id, url)| builder.node(node_id, url))
+        .data_dir(&options.data)
+        .with(options.store.clone(), RuntimeBuilder::store_url)
+        .restart_window(options.restart_window)
+        .accept_loss(options.accept_loss)
+        .lease_ttl(options.lease_ttl.unwrap_or(crate::LEASE_TTL_DEFAULT)))
+}
+
+/// The node's tokens, and where its admin token came from. Its directory holds them even
+/// when the store is elsewhere (PostgreSQL).
+fn tokens(options: &ServeOptions) -> Result<(Tokens, String)> {
+    let io = |what: &str, error: std::io::Error| Error::Unavailable(format!("{what}: {error}"));
+    std::fs::create_dir_all(&options.data).map_err(|e| io("the data directory", e))?;
+    let (admin_token, token_source) = auth::admin_token(&options.data, options.token.clone())
+        .map_err(|e| io("admin token", e))?;
+    let session_key =
+        auth::load_or_create_session_key(&options.data).map_err(|e| io("session key", e))?;
+    Ok((Tokens::new(&admin_token, session_key), token_source))
+}
+
+/// The HTTP server running beside the runtime.
+struct Serving<'a> {
+    runtime: &'a Runtime,
     handle: actix_web::dev::ServerHandle,
-    server_task: tokio::task::JoinHandle<std::io::Result<()>>,
-) -> Result<()> {
-    crate::observability::say(
-        "openprogram: stopping: HTTP first, then pausing running executions for restart recovery",
-    );
-    handle.stop(true).await;
-    let _ = server_task.await;
-    let stopped = runtime.shutdown().await;
-    crate::observability::say(format!(
-        "openprogram: stopped: {} live, {} left running, in {} ms",
-        stopped.live,
-        stopped.left_running,
-        stopped.elapsed.as_millis()
-    ));
-    Ok(())
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Serving<'_> {
+    /// Stops the HTTP server (no new requests; streams close), then the runtime in order.
+    async fn stop(self) -> Result<()> {
+        say("openprogram: stopping: HTTP first, then pausing running executions for restart recovery");
+        self.handle.stop(true).await;
+        let _ = self.task.await;
+        let stopped = self.runtime.shutdown().await;
+        say(format!(
+            "openprogram: stopped: {} live, {} left running, in {} ms",
+            stopped.live,
+            stopped.left_running,
+            stopped.elapsed.as_millis()
+        ));
+        Ok(())
+    }
 }
 
 /// Registers for SIGTERM and SIGINT now; the future resolves at the first of them.

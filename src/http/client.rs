@@ -90,25 +90,50 @@ impl Target {
     }
 }
 
-/// A control for `ctl`, with the fields SPEC §6 gives it.
-#[derive(Debug, Clone, Default)]
+/// A control for `ctl`, with the fields SPEC §6 gives it; its flags are `ctl`'s (their docs
+/// its `--help`).
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct Control {
     /// The command kind as the API spells it (`stop_process`).
+    #[arg(skip)]
     pub kind: String,
+    #[arg(skip)]
     pub session: String,
+    #[arg(skip)]
     pub execution: String,
+    /// steer: the instructions; reconcile: the confirmed output.
+    #[arg(long)]
     pub text: Option<String>,
+    /// answer, decline: the wait (required unless --expected-version pins the pending
+    /// one).
+    #[arg(long)]
     pub wait: Option<String>,
+    /// A UUID; the same id again returns the stored outcome (K-4). Default: a new one.
+    #[arg(long)]
     pub command_id: Option<String>,
+    #[arg(long)]
     pub expected_version: Option<u64>,
+    /// answer: the answer text.
+    #[arg(long)]
     pub answer: Option<String>,
+    /// answer: `operation` (default), `tool`, `session` (W-7) or `discussion`; a
+    /// structured answer is its JSON (`--answer '{"env": "prod"}'`).
+    #[arg(long)]
     pub scope: Option<String>,
-    /// revoke: the grant (the approval that gave it).
+    /// revoke: the approval that gave the grant (`wait_…`).
+    #[arg(long)]
     pub grant: Option<String>,
+    /// stop-process: the process id.
+    #[arg(long)]
     pub process: Option<String>,
+    /// reconcile: `confirmed` or `not_applied`.
+    #[arg(long)]
     pub outcome: Option<String>,
+    /// fork: the checkpoint seq to fork from (default: the latest saved point).
+    #[arg(long)]
     pub checkpoint: Option<u64>,
-    /// set-policy: `keep_original` or `use_latest`.
+    /// set-policy: `keep_original` or `use_latest` (F-3).
+    #[arg(long)]
     pub policy: Option<String>,
 }
 
@@ -230,7 +255,7 @@ pub fn call(
     ))
 }
 
-/// `openprogram inspect WHAT [IDS]`.
+/// `openprogram inspect WHAT [IDS]`: the answer of the read WHAT names, as JSON or a table.
 pub fn inspect(
     target: &Target,
     what: &str,
@@ -238,133 +263,111 @@ pub fn inspect(
     after: u64,
     as_json: bool,
 ) -> Result<String, Failure> {
-    let need = |count: usize, usage: &str| {
-        if ids.len() < count {
-            Err(Failure::Usage(format!("inspect {what} needs {usage}")))
-        } else {
-            Ok(())
-        }
+    let need = |count: usize, usage: &str| match ids.len() < count {
+        true => Err(Failure::Usage(format!("inspect {what} needs {usage}"))),
+        false => Ok(()),
     };
-    match what {
-        "sessions" => {
-            let body = target.call("GET", "/debug/executions", None)?;
-            let sessions = body["sessions"].as_array().cloned().unwrap_or_default();
-            if as_json {
-                return Ok(format!("{}\n", Value::Array(sessions)));
-            }
-            let rows = sessions
-                .iter()
-                .map(|row| cells(row, &["session_id", "executions"]))
-                .collect();
-            Ok(table(&["SESSION", "EXECUTIONS"], rows))
-        }
-        "executions" if !ids.is_empty() => {
-            let path = format!("/v1/sessions/{}/executions", ids[0]);
-            let snapshots = target.call("GET", &path, None)?;
-            if as_json {
-                return Ok(format!("{snapshots}\n"));
-            }
-            let rows = snapshots
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|row| cells(row, &["execution_id", "state", "version", "text"]))
-                .collect();
-            Ok(table(&["EXECUTION", "STATE", "VERSION", "TEXT"], rows))
-        }
+    let path = match what {
+        "sessions" => "/debug/executions".to_owned(),
+        "executions" if !ids.is_empty() => format!("/v1/sessions/{}/executions", ids[0]),
         "activity" => {
             need(1, "SESSION")?;
-            let path = format!("/v1/sessions/{}/activity", ids[0]);
-            let activity = target.call("GET", &path, None)?;
-            if as_json {
-                return Ok(format!("{activity}\n"));
-            }
-            let mut rows = Vec::new();
-            for section in ["needs_attention", "in_progress", "history"] {
-                for row in activity[section].as_array().into_iter().flatten() {
-                    let mut line = vec![section.to_owned()];
-                    line.extend(cells(row, &["heading", "executions", "status", "label"]));
-                    rows.push(line);
-                }
-            }
-            Ok(table(&["SECTION", "BRANCH", "EXECUTIONS", "STATUS", "LABEL"], rows))
+            format!("/v1/sessions/{}/activity", ids[0])
         }
-        "execution" => {
+        "execution" | "events" => {
             need(2, "SESSION EXECUTION")?;
             let path = format!("/v1/sessions/{}/executions/{}", ids[0], ids[1]);
-            let snapshot = target.call("GET", &path, None)?;
-            if as_json {
-                return Ok(format!("{snapshot}\n"));
+            match what {
+                "events" => format!("{path}/events?after={after}"),
+                _ => path,
             }
-            Ok(describe(&snapshot))
         }
-        "events" => {
-            need(2, "SESSION EXECUTION")?;
-            let path = format!(
-                "/v1/sessions/{}/executions/{}/events?after={after}",
-                ids[0], ids[1]
-            );
-            let events = target.call("GET", &path, None)?;
-            if as_json {
-                return Ok(format!("{events}\n"));
-            }
-            let rows = events
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|event| cells(event, &["seq", "position", "at_ms", "type"]))
-                .collect();
-            Ok(table(&["SEQ", "POSITION", "AT_MS", "TYPE"], rows))
-        }
-        "actors" => {
-            let path = match ids.first() {
-                Some(id) => format!("/debug/actors/{id}"),
-                None => "/debug/actors".into(),
-            };
-            let body = target.call("GET", &path, None)?;
-            if as_json {
-                return Ok(format!("{body}\n"));
-            }
-            let actors = match body {
-                Value::Array(actors) => actors,
-                one => vec![one],
-            };
-            let rows = actors
-                .iter()
-                .map(|actor| cells(actor, &["kind", "id", "handled", "state"]))
-                .collect();
-            Ok(table(&["KIND", "ID", "HANDLED", "STATE"], rows))
-        }
-        "resources" => {
-            let resources = target.call("GET", "/v1/resources", None)?;
-            if as_json {
-                return Ok(format!("{resources}\n"));
-            }
-            let mut rows = Vec::new();
-            for resource in resources.as_array().into_iter().flatten() {
-                let mut row = cells(resource, &["name", "capacity", "in_use", "queued"]);
-                let waiting: Vec<String> = resource["waiting"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|job| job.as_str().map(str::to_owned))
-                    .collect();
-                row.push(match waiting.len() {
-                    0 => "-".to_owned(),
-                    1..=3 => waiting.join(" "),
-                    more => format!("{} … ({more} in all)", waiting[..3].join(" ")),
-                });
-                rows.push(row);
-            }
-            Ok(table(
-                &["RESOURCE", "CAPACITY", "IN_USE", "QUEUED", "NEXT IN LINE"],
-                rows,
-            ))
-        }
-        other => Err(Failure::Usage(format!(
+        "actors" => match ids.first() {
+            Some(id) => format!("/debug/actors/{id}"),
+            None => "/debug/actors".into(),
+        },
+        "resources" => "/v1/resources".to_owned(),
+        other => return Err(Failure::Usage(format!(
             "unknown inspect target `{other}`: sessions, executions, execution, events, activity, actors or resources"
         ))),
+    };
+    let mut body = target.call("GET", &path, None)?;
+    if what == "sessions" {
+        body = Value::Array(body["sessions"].as_array().cloned().unwrap_or_default());
     }
+    if as_json {
+        return Ok(format!("{body}\n"));
+    }
+    let rows = match &body {
+        Value::Array(rows) => rows.clone(),
+        // One actor, asked by its id.
+        one if what == "actors" => vec![one.clone()],
+        _ => Vec::new(),
+    };
+    let listed = |headers: &[&str], columns: &[&str]| {
+        table(
+            headers,
+            rows.iter().map(|row| cells(row, columns)).collect(),
+        )
+    };
+    Ok(match what {
+        "sessions" => listed(&["SESSION", "EXECUTIONS"], &["session_id", "executions"]),
+        "executions" => listed(
+            &["EXECUTION", "STATE", "VERSION", "TEXT"],
+            &["execution_id", "state", "version", "text"],
+        ),
+        "events" => listed(
+            &["SEQ", "POSITION", "AT_MS", "TYPE"],
+            &["seq", "position", "at_ms", "type"],
+        ),
+        "actors" => listed(
+            &["KIND", "ID", "HANDLED", "STATE"],
+            &["kind", "id", "handled", "state"],
+        ),
+        "activity" => activity(&body),
+        "resources" => resources(&rows),
+        _ => describe(&body),
+    })
+}
+
+/// A session's Activity: its branches, section by section.
+fn activity(activity: &Value) -> String {
+    let mut rows = Vec::new();
+    for section in ["needs_attention", "in_progress", "history"] {
+        for row in activity[section].as_array().into_iter().flatten() {
+            let mut line = vec![section.to_owned()];
+            line.extend(cells(row, &["heading", "executions", "status", "label"]));
+            rows.push(line);
+        }
+    }
+    table(
+        &["SECTION", "BRANCH", "EXECUTIONS", "STATUS", "LABEL"],
+        rows,
+    )
+}
+
+/// The resource queue: each resource with the first Jobs waiting for it.
+fn resources(resources: &[Value]) -> String {
+    let mut rows = Vec::new();
+    for resource in resources {
+        let mut row = cells(resource, &["name", "capacity", "in_use", "queued"]);
+        let waiting: Vec<String> = resource["waiting"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|job| job.as_str().map(str::to_owned))
+            .collect();
+        row.push(match waiting.len() {
+            0 => "-".to_owned(),
+            1..=3 => waiting.join(" "),
+            more => format!("{} … ({more} in all)", waiting[..3].join(" ")),
+        });
+        rows.push(row);
+    }
+    table(
+        &["RESOURCE", "CAPACITY", "IN_USE", "QUEUED", "NEXT IN LINE"],
+        rows,
+    )
 }
 
 /// A snapshot in a few readable lines.

@@ -10,14 +10,23 @@ use serde_json::Value;
 
 use super::client::{cells, ctl, plain, table, Control, Failure, Target};
 
-/// What selects executions: `key=value` pairs of `--where` or the inspect flags.
-#[derive(Debug, Clone, Default)]
+/// What selects executions: `key=value` pairs of `--where`, or `inspect`'s flags (their docs
+/// its `--help`).
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct Selection {
+    /// executions, across sessions: in this state, of this kind (agent, job, function),
+    /// admitted within DURATION, found by any id, at most N (needs attention first).
+    #[arg(long)]
     pub state: Option<String>,
+    #[arg(long)]
     pub kind: Option<String>,
+    #[arg(skip)]
     pub session: Option<String>,
+    #[arg(long)]
     pub since: Option<String>,
+    #[arg(long)]
     pub id: Option<String>,
+    #[arg(long)]
     pub limit: Option<usize>,
 }
 
