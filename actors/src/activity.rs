@@ -123,67 +123,12 @@ pub fn project(executions: &[ExecutionFacts]) -> Activity {
             continue;
         };
         let on_branch: Vec<&ExecutionFacts> = path.iter().map(|&at| &executions[at]).collect();
-        let newest = &executions[newest];
         let on = |id: ExecutionId| on_branch.iter().any(|member| member.execution_id == id);
         let active_children = executions.iter().any(|child| {
             child.child_task && child.parent_execution_id.is_some_and(on) && runs(child.state)
         });
-        let waiting = on_branch.iter().any(|member| member.pending_wait);
-        // An unknown effect anywhere on the branch needs a person, however new the rest.
-        let unresolved = on_branch
-            .iter()
-            .any(|member| member.state == ExecutionState::ReconciliationRequired);
-        let processes = on_branch.iter().any(|member| member.running_processes > 0);
-        // An old Cancel does not make it actionable; any other pending control does.
-        let incomplete = newest.response_record_incomplete
-            && newest.pending_controls.iter().all(|kind| *kind == "cancel")
-            && !waiting
-            && !unresolved
-            && !processes;
-        let status = newest.state.as_str();
-        let capabilities = newest.capabilities.clone();
-        let (section, status, label, controls) = if waiting {
-            let label = "Waiting for your response";
-            (Section::Attention, status, label, capabilities)
-        } else if unresolved && !needs_attention(newest.state) {
-            (
-                Section::Attention,
-                status,
-                "Unresolved tool result",
-                capabilities,
-            )
-        } else if incomplete {
-            let controls = if active_children {
-                vec!["cancel"]
-            } else {
-                Vec::new()
-            };
-            let label = "Ended · response record incomplete";
-            (Section::History, "ended", label, controls)
-        } else if needs_attention(newest.state) {
-            (
-                Section::Attention,
-                status,
-                state_label(newest.state),
-                capabilities,
-            )
-        } else if runs(newest.state) || active_children {
-            (
-                Section::Progress,
-                status,
-                state_label(newest.state),
-                capabilities,
-            )
-        } else if processes {
-            (Section::Progress, status, "Process running", capabilities)
-        } else {
-            (
-                Section::History,
-                status,
-                state_label(newest.state),
-                capabilities,
-            )
-        };
+        let (section, status, label, controls) =
+            classify(&on_branch, &executions[newest], active_children);
         let branch_id = graph.branch_id(leaf);
         let number = branch_ids
             .iter()
@@ -209,6 +154,52 @@ pub fn project(executions: &[ExecutionFacts]) -> Activity {
         }
     }
     activity
+}
+
+/// Where a branch's row goes and what it says (B-2..B-4): its section, status, label and
+/// controls, from its executions (oldest first, `newest` last) and whether a child task of
+/// one of them still runs.
+fn classify(
+    on_branch: &[&ExecutionFacts],
+    newest: &ExecutionFacts,
+    active_children: bool,
+) -> (Section, &'static str, &'static str, Vec<&'static str>) {
+    let state = newest.state;
+    let waiting = on_branch.iter().any(|member| member.pending_wait);
+    // An unknown effect anywhere on the branch needs a person, however new the rest.
+    let unresolved = on_branch
+        .iter()
+        .any(|member| member.state == ExecutionState::ReconciliationRequired);
+    let processes = on_branch.iter().any(|member| member.running_processes > 0);
+    // An old Cancel does not make it actionable; any other pending control does.
+    let incomplete = newest.response_record_incomplete
+        && newest.pending_controls.iter().all(|kind| *kind == "cancel")
+        && !waiting
+        && !unresolved
+        && !processes;
+    if incomplete {
+        let controls = if active_children {
+            vec!["cancel"]
+        } else {
+            Vec::new()
+        };
+        let label = "Ended · response record incomplete";
+        return (Section::History, "ended", label, controls);
+    }
+    let (section, label) = if waiting {
+        (Section::Attention, "Waiting for your response")
+    } else if unresolved && !needs_attention(state) {
+        (Section::Attention, "Unresolved tool result")
+    } else if needs_attention(state) {
+        (Section::Attention, state_label(state))
+    } else if runs(state) || active_children {
+        (Section::Progress, state_label(state))
+    } else if processes {
+        (Section::Progress, "Process running")
+    } else {
+        (Section::History, state_label(state))
+    };
+    (section, state.as_str(), label, newest.capabilities.clone())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

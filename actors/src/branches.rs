@@ -5,16 +5,18 @@
 
 use openprogram_storage::{
     CommandRecord, CommandStatus, EffectId, Event, EventEnvelope, ExecutionHead, ExecutionId,
-    ExecutionState, MessageId, Outcome, SessionId, Transition, TurnId, Upsert,
+    ExecutionState, MessageId, Outcome, RevisionId, SessionId, Transition, TurnId, Upsert,
 };
+use std::ops::ControlFlow;
 
 use crate::activity::{self, Activity, ExecutionFacts};
 use crate::command::Command;
 use crate::error::{Error, Result};
 use crate::execution::fork::fork_state;
-use crate::execution::machine::{Accepted, CommandContext, Machine, Rejection};
+use crate::execution::machine::{Accepted, Machine, Rejection};
 use crate::rebuild::load_projected;
 use crate::service::{CommandReply, Service};
+use crate::snapshot::{capabilities, idle_context};
 
 /// Decisions of one Fork or Retry while its parent keeps moving (each a fresh read).
 const FORK_DECISIONS_MAX: usize = 4;
@@ -64,110 +66,114 @@ impl Service {
         let hash = with_parent(command.payload_hash());
         if let Some(stored) = store.command(command.command_id)? {
             // Stored by a build before schema 6, its hash is one of that build's (K-4).
-            let legacy = || {
-                command
-                    .legacy_payload_hashes()
-                    .into_iter()
-                    .any(|legacy| with_parent(legacy) == stored.payload_hash)
-            };
-            if stored.payload_hash != hash && !legacy() {
-                return Err(Error::CommandConflict {
-                    stored: Box::new(stored),
-                });
-            }
-            return Ok(CommandReply::of(&stored));
+            let same = command.matches_payload_with(&stored.payload_hash, with_parent);
+            return same_command(same, stored);
         }
         let record = CommandRecord {
             payload_hash: hash,
             ..command.accepted_record(parent_id)
         };
+        let (parent, checkpoint) = match self.decide_fork(session_id, &command, &record).await? {
+            ControlFlow::Continue(decided) => decided,
+            ControlFlow::Break(refused) => return Ok(refused),
+        };
+        let (transition, record) = self.child(&parent, checkpoint, record)?;
+        match store.submit(transition).await? {
+            Outcome::Committed(_) => Ok(CommandReply::of(&record)),
+            Outcome::DuplicateCommand { stored } => Ok(CommandReply::of(&stored)),
+            // The same fork, committed by a concurrent delivery of this command id first.
+            Outcome::CommandConflict { stored } => {
+                same_command(stored.payload_hash == hash, stored)
+            }
+            other => Err(Error::Internal(format!("creating a child: {other:?}"))),
+        }
+    }
+
+    /// The parent's machine decides a Fork or Retry (K-3, K-4) on the parent as it stands:
+    /// accepted, it continues with the parent's head and the checkpoint to fork from (none
+    /// for a retry); refused, it breaks with the reply of the stored refusal.
+    async fn decide_fork(
+        &self,
+        session_id: SessionId,
+        command: &Command,
+        record: &CommandRecord,
+    ) -> Result<ControlFlow<CommandReply, (ExecutionHead, Option<u64>)>> {
         // Read after recovery: its claims may have moved the original. The state decided on
         // is the one at this head's version: a live parent may move on, its child does not;
         // a refusal is stored only if the parent is still at that version, else decided again.
-        let mut decided = None;
         for _ in 0..FORK_DECISIONS_MAX {
-            let (parent, machine) = self.env().complete_state(parent_id)?;
+            let (parent, machine) = self.env().complete_state(record.execution_id)?;
             if parent.session_id != session_id {
                 return Err(Error::NotFound);
             }
-            let context = CommandContext {
-                version: parent.version,
-                revision: self.env().revision,
-                busy: false,
-                now_ms: self.env().clock.now_ms(),
-                session: None,
-                holds_session: true,
-            };
-            let body = command.body.clone();
-            match machine.decide_command(
-                command.command_id,
-                body,
-                command.expected_version,
-                &context,
-            ) {
+            let now_ms = self.env().clock.now_ms();
+            let context = idle_context(parent.version, self.env().revision, now_ms);
+            let (command_id, body) = (command.command_id, command.body.clone());
+            match machine.decide_command(command_id, body, command.expected_version, &context) {
                 Ok(Accepted::Fork { checkpoint_seq }) => {
-                    decided = Some((parent, Some(checkpoint_seq)));
-                    break;
+                    return Ok(ControlFlow::Continue((parent, Some(checkpoint_seq))))
                 }
-                Ok(Accepted::Retry) => {
-                    decided = Some((parent, None));
-                    break;
-                }
+                Ok(Accepted::Retry) => return Ok(ControlFlow::Continue((parent, None))),
                 Ok(Accepted::Control { .. }) => {
                     return Err(Error::Internal("a fork decided as a control".into()))
                 }
                 Err(rejection) => {
-                    match self
-                        .refuse_fork(record.clone(), &rejection, parent.version)
-                        .await
-                    {
+                    let refused = self.refuse_fork(record.clone(), &rejection, parent.version);
+                    match refused.await {
                         Err(Error::VersionConflict { .. }) => continue,
-                        refused => return refused,
+                        refused => return refused.map(ControlFlow::Break),
                     }
                 }
             }
         }
-        let Some((parent, checkpoint)) = decided else {
-            return Err(Error::Unavailable(
-                "the execution kept moving while a fork or retry was decided".into(),
-            ));
-        };
-        let start = self.child_start(&parent, checkpoint)?;
-        let retry = checkpoint.is_none();
-        let child_id = ExecutionId::new();
-        let mut head = ExecutionHead::new(child_id, session_id, parent.run_id, parent.kind);
-        head.parent_execution_id = Some(parent_id);
-        head.revision_id = parent.revision_id;
-        head.turn_id = TurnId::new();
-        head.user_message_id = parent.user_message_id;
-        head.reply_message_id = MessageId::new();
-        let reason = if retry { "retry" } else { "fork" };
-        head.state = ExecutionState::Paused;
-        head.pause_reason = Some(reason.into());
+        Err(Error::Unavailable(
+            "the execution kept moving while a fork or retry was decided".into(),
+        ))
+    }
+
+    /// The child of a decided Fork (`checkpoint`) or Retry and its command's record, as one
+    /// transition: a new execution of the parent's run and message, paused (K-2).
+    fn child(
+        &self,
+        parent: &ExecutionHead,
+        checkpoint: Option<u64>,
+        record: CommandRecord,
+    ) -> Result<(Transition, CommandRecord)> {
         let ChildStart {
             input,
             parent_message_id,
             forked,
             job,
-        } = start;
-        let admitted = Event::Admitted {
+        } = self.child_start(parent, checkpoint)?;
+        let child_id = ExecutionId::new();
+        let session_id = parent.session_id;
+        let mut head = ExecutionHead::new(child_id, session_id, parent.run_id, parent.kind);
+        head.parent_execution_id = Some(parent.execution_id);
+        head.revision_id = parent.revision_id;
+        head.turn_id = TurnId::new();
+        head.user_message_id = parent.user_message_id;
+        head.reply_message_id = MessageId::new();
+        let reason = if checkpoint.is_none() {
+            "retry"
+        } else {
+            "fork"
+        };
+        head.state = ExecutionState::Paused;
+        head.pause_reason = Some(reason.into());
+        let mut child_events = vec![Event::Admitted {
             kind: head.kind,
             session_id,
             run_id: head.run_id,
-            parent_execution_id: Some(parent_id),
+            parent_execution_id: head.parent_execution_id,
             revision_id: head.revision_id,
             turn_id: head.turn_id,
             user_message_id: head.user_message_id,
             reply_message_id: head.reply_message_id,
             parent_message_id,
             input,
-        };
-        let mut child_events = vec![admitted];
+        }];
         // C-2: an agent's child is a foreground turn of the session once continued.
-        if self.env().one_turn_per_session
-            && head.kind == openprogram_storage::ExecutionKind::AgentTurn
-            && job.is_none()
-        {
+        if self.env().takes_session(head.kind, job.is_some()) {
             child_events.push(crate::execution::machine_session::paused_turn());
         }
         // J-1: a Job's child is a new Job, with what the original asked for (its budget
@@ -189,23 +195,15 @@ impl Service {
             child_execution_id: Some(child_id),
             ..record
         };
-        let mut transition =
-            Transition::create(head, child_events).with(Upsert::Command(record.clone()));
-        if let Some(job_record) = job_record {
-            transition = transition.with(Upsert::Job(job_record));
-        }
-        match store.submit(transition).await? {
-            Outcome::Committed(_) => Ok(CommandReply::of(&record)),
-            Outcome::DuplicateCommand { stored } => Ok(CommandReply::of(&stored)),
-            // The same fork, committed by a concurrent delivery of this command id first.
-            Outcome::CommandConflict { stored } if stored.payload_hash == hash => {
-                Ok(CommandReply::of(&stored))
-            }
-            Outcome::CommandConflict { stored } => Err(Error::CommandConflict {
-                stored: Box::new(stored),
-            }),
-            other => Err(Error::Internal(format!("creating a child: {other:?}"))),
-        }
+        let transition = Transition::create(head, child_events);
+        let transition = transition.with(Upsert::Command(record.clone()));
+        Ok((
+            match job_record {
+                Some(job_record) => transition.with(Upsert::Job(job_record)),
+                None => transition,
+            },
+            record,
+        ))
     }
 
     /// What the child starts from: the parent's admission input, and for a fork
@@ -276,12 +274,9 @@ impl Service {
             Outcome::DuplicateCommand { stored } => Ok(CommandReply::of(&stored)),
             // A concurrent delivery of the same command made the child first (its record
             // lives with the child): that outcome stands (K-4).
-            Outcome::CommandConflict { stored } if stored.payload_hash == hash => {
-                Ok(CommandReply::of(&stored))
+            Outcome::CommandConflict { stored } => {
+                same_command(stored.payload_hash == hash, stored)
             }
-            Outcome::CommandConflict { stored } => Err(Error::CommandConflict {
-                stored: Box::new(stored),
-            }),
             Outcome::VersionConflict { current } => Err(Error::VersionConflict { current }),
             other => Err(Error::Internal(format!("recording a refusal: {other:?}"))),
         }
@@ -407,21 +402,18 @@ fn admission(events: &[EventEnvelope]) -> Option<(String, Option<MessageId>)> {
     })
 }
 
-fn facts_of(
-    head: &ExecutionHead,
-    machine: &Machine,
-    revision: openprogram_storage::RevisionId,
-) -> ExecutionFacts {
-    let context = CommandContext {
-        version: head.version,
-        revision,
-        busy: false,
-        // Capabilities alone are read here: they do not depend on the time. The row's
-        // controls are the execution's own (a session grant's revoke is in its snapshot).
-        now_ms: 0,
-        session: None,
-        holds_session: true,
-    };
+/// K-4: a record of this command id stored already answers for it if it is the same
+/// command; another command under the same id is a conflict.
+fn same_command(same: bool, stored: CommandRecord) -> Result<CommandReply> {
+    match same {
+        true => Ok(CommandReply::of(&stored)),
+        false => Err(Error::CommandConflict {
+            stored: Box::new(stored),
+        }),
+    }
+}
+
+fn facts_of(head: &ExecutionHead, machine: &Machine, revision: RevisionId) -> ExecutionFacts {
     let pending_wait = machine.pending_wait().is_some();
     let declined_wait = machine
         .waits()
@@ -458,11 +450,9 @@ fn facts_of(
             None => machine.input.message.clone(),
         },
         state: head.state,
-        capabilities: machine
-            .capabilities(&context)
-            .into_iter()
-            .map(|kind| kind.as_str())
-            .collect(),
+        // The row's controls are the execution's own (a session grant's revoke is in its
+        // snapshot).
+        capabilities: capabilities(machine, head.version, revision),
         pending_wait,
         declined_wait,
         running_processes: machine

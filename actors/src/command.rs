@@ -17,8 +17,10 @@ use serde_json::{json, Map, Value};
 
 use crate::error::{Error, Result};
 
-/// Every command kind of the HTTP contract (SPEC §6), built or not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Every command kind of the HTTP contract (SPEC §6), built or not. Serialized as its
+/// `as_str`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum CommandKind {
     Pause,
     Continue,
@@ -55,23 +57,28 @@ impl CommandKind {
         CommandKind::Revoke,
     ];
 
+    /// Each kind's name in the HTTP contract and the fields its body may carry besides
+    /// `command_id`, `kind` and `expected_version` (anything else is `unknown_field`, X-3),
+    /// in the order the enum declares the kinds.
+    const TABLE: [(&'static str, &'static [&'static str]); 13] = [
+        ("pause", &[]),
+        ("continue", &["policy", "budget"]),
+        ("step", &[]),
+        ("steer", &["text"]),
+        ("cancel", &[]),
+        ("fork", &["checkpoint"]),
+        ("retry", &[]),
+        ("answer", &["wait_id", "answer", "scope"]),
+        ("decline", &["wait_id"]),
+        ("reconcile", &["outcome", "text", "effect_id"]),
+        ("stop_process", &["process_id"]),
+        ("set_policy", &["policy"]),
+        ("revoke", &["grant_id"]),
+    ];
+
     /// The `kind` of the HTTP contract.
     pub fn as_str(self) -> &'static str {
-        match self {
-            CommandKind::Pause => "pause",
-            CommandKind::Continue => "continue",
-            CommandKind::Step => "step",
-            CommandKind::Steer => "steer",
-            CommandKind::Cancel => "cancel",
-            CommandKind::Fork => "fork",
-            CommandKind::Retry => "retry",
-            CommandKind::Answer => "answer",
-            CommandKind::Decline => "decline",
-            CommandKind::Reconcile => "reconcile",
-            CommandKind::StopProcess => "stop_process",
-            CommandKind::SetPolicy => "set_policy",
-            CommandKind::Revoke => "revoke",
-        }
+        Self::TABLE[self as usize].0
     }
 
     /// Whether this build runs it: the others are refused as `unsupported_kind`. Every
@@ -84,23 +91,8 @@ impl CommandKind {
         Self::ALL.into_iter().find(|known| known.as_str() == kind)
     }
 
-    /// The fields a body of this kind may carry besides `command_id`, `kind` and
-    /// `expected_version`: anything else is `unknown_field`.
     fn fields(self) -> &'static [&'static str] {
-        match self {
-            CommandKind::Pause | CommandKind::Step | CommandKind::Cancel | CommandKind::Retry => {
-                &[]
-            }
-            CommandKind::Continue => &["policy", "budget"],
-            CommandKind::Steer => &["text"],
-            CommandKind::Fork => &["checkpoint"],
-            CommandKind::Answer => &["wait_id", "answer", "scope"],
-            CommandKind::Decline => &["wait_id"],
-            CommandKind::Reconcile => &["outcome", "text", "effect_id"],
-            CommandKind::StopProcess => &["process_id"],
-            CommandKind::SetPolicy => &["policy"],
-            CommandKind::Revoke => &["grant_id"],
-        }
+        Self::TABLE[self as usize].1
     }
 }
 
@@ -113,15 +105,6 @@ impl std::fmt::Display for CommandKind {
 impl PartialEq<&str> for CommandKind {
     fn eq(&self, other: &&str) -> bool {
         self.as_str() == *other
-    }
-}
-
-impl serde::Serialize for CommandKind {
-    fn serialize<S: serde::Serializer>(
-        &self,
-        serializer: S,
-    ) -> std::result::Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
     }
 }
 
@@ -162,6 +145,17 @@ impl ReconcileOutcome {
         match self {
             ReconcileOutcome::Confirmed => "confirmed",
             ReconcileOutcome::NotApplied => "not_applied",
+        }
+    }
+
+    /// A reconcile's `outcome`, which it cannot go without.
+    fn read(reader: &Reader) -> Result<Self> {
+        match reader.text("outcome")?.as_deref() {
+            Some("confirmed") => Ok(ReconcileOutcome::Confirmed),
+            Some("not_applied") => Ok(ReconcileOutcome::NotApplied),
+            _ => Err(Error::InvalidRequest(
+                "reconcile needs `outcome`: `confirmed` or `not_applied`".into(),
+            )),
         }
     }
 }
@@ -287,7 +281,7 @@ pub struct Command {
     pub body: CommandBody,
 }
 
-use crate::command_fields::{budget_of, policy_of, Reader};
+use crate::command_fields::{budget_of, policy_of, required, scope_of, Reader};
 pub use crate::command_fields::{parse_budget, TEXT_BYTES_MAX};
 
 impl Command {
@@ -339,65 +333,54 @@ impl Command {
         Value::Object(body)
     }
 
-    /// Everything but the id: what K-4 compares.
+    /// Everything but the id: what K-4 compares. A field the command leaves out is absent
+    /// (no field is ever `null`).
     fn payload(&self) -> Map<String, Value> {
-        let mut body = Map::new();
-        body.insert("kind".into(), json!(self.kind().as_str()));
-        if let Some(version) = self.expected_version {
-            body.insert("expected_version".into(), json!(version));
-        }
-        let mut put = |name: &str, value: Value| {
-            body.insert(name.into(), value);
+        let wait_id = |wait: &WaitRef| match wait {
+            WaitRef::Id(wait_id) => json!(wait_id),
+            WaitRef::Pending => Value::Null,
         };
-        match &self.body {
-            CommandBody::Pause | CommandBody::Step | CommandBody::Cancel | CommandBody::Retry => {}
-            CommandBody::Continue { policy, budget } => {
-                if let Some(policy) = policy {
-                    put("policy", json!(policy.as_str()));
-                }
-                if let Some(budget) = budget {
-                    put(
-                        "budget",
-                        json!({"steps": budget.steps, "wall_ms": budget.wall_ms}),
-                    );
-                }
+        let fields = match &self.body {
+            CommandBody::Pause | CommandBody::Step | CommandBody::Cancel | CommandBody::Retry => {
+                json!({})
             }
-            CommandBody::Steer { text } => put("text", json!(text)),
-            CommandBody::Fork { checkpoint } => {
-                if let Some(seq) = checkpoint {
-                    put("checkpoint", json!(seq));
-                }
-            }
+            CommandBody::Continue { policy, budget } => json!({
+                "policy": policy.map(VersionPolicy::as_str),
+                "budget": budget.map(|JobBudget { steps, wall_ms }| {
+                    json!({"steps": steps, "wall_ms": wall_ms})
+                }),
+            }),
+            CommandBody::Steer { text } => json!({ "text": text }),
+            CommandBody::Fork { checkpoint } => json!({ "checkpoint": checkpoint }),
             CommandBody::Answer {
                 wait,
                 answer,
                 scope,
-            } => {
-                if let WaitRef::Id(wait_id) = wait {
-                    put("wait_id", json!(wait_id));
-                }
-                put("answer", json!(answer));
-                put("scope", json!(scope.as_str()));
-            }
-            CommandBody::Decline { wait } => {
-                if let WaitRef::Id(wait_id) = wait {
-                    put("wait_id", json!(wait_id));
-                }
-            }
+            } => json!({"wait_id": wait_id(wait), "answer": answer, "scope": scope.as_str()}),
+            CommandBody::Decline { wait } => json!({ "wait_id": wait_id(wait) }),
             CommandBody::Reconcile {
                 effect,
                 outcome,
                 text,
-            } => {
-                if let EffectRef::Id(effect_id) = effect {
-                    put("effect_id", json!(effect_id));
-                }
-                put("outcome", json!(outcome.as_str()));
-                put("text", json!(text));
-            }
-            CommandBody::StopProcess { process_id } => put("process_id", json!(process_id)),
-            CommandBody::SetPolicy { policy } => put("policy", json!(policy.as_str())),
-            CommandBody::Revoke { grant_id } => put("grant_id", json!(grant_id)),
+            } => json!({
+                "effect_id": match effect {
+                    EffectRef::Id(effect_id) => json!(effect_id),
+                    EffectRef::Unresolved => Value::Null,
+                },
+                "outcome": outcome.as_str(),
+                "text": text,
+            }),
+            CommandBody::StopProcess { process_id } => json!({ "process_id": process_id }),
+            CommandBody::SetPolicy { policy } => json!({ "policy": policy.as_str() }),
+            CommandBody::Revoke { grant_id } => json!({ "grant_id": grant_id }),
+        };
+        let Value::Object(mut body) = fields else {
+            unreachable!("each body's fields are written as an object above")
+        };
+        body.retain(|_, value| !value.is_null());
+        body.insert("kind".into(), json!(self.kind().as_str()));
+        if let Some(version) = self.expected_version {
+            body.insert("expected_version".into(), json!(version));
         }
         body
     }
@@ -415,7 +398,18 @@ impl Command {
     /// or one a build before schema 6 gave the same command (a retry across the upgrade of
     /// a command stored then gets its stored outcome, not a conflict).
     pub fn matches_payload(&self, stored: &[u8; 32]) -> bool {
-        self.payload_hash() == *stored || self.legacy_payload_hashes().contains(stored)
+        self.matches_payload_with(stored, |hash| hash)
+    }
+
+    /// `matches_payload` where what is stored is each hash passed through `stored_as` (a
+    /// fork's record also names its parent).
+    pub fn matches_payload_with(
+        &self,
+        stored: &[u8; 32],
+        stored_as: impl Fn([u8; 32]) -> [u8; 32],
+    ) -> bool {
+        let same = |hash: [u8; 32]| stored_as(hash) == *stored;
+        same(self.payload_hash()) || self.legacy_payload_hashes().into_iter().any(same)
     }
 
     /// The payload hashes builds before schema 6 gave this command: they hashed the request
@@ -423,22 +417,17 @@ impl Command {
     /// other field sent, as a string), so a default left out and one spelled out hashed
     /// apart: every way of sending it is a candidate.
     pub fn legacy_payload_hashes(&self) -> Vec<[u8; 32]> {
-        let id = |id: &dyn std::fmt::Display| Some(id.to_string());
-        let either = |text: &str| -> Vec<Option<String>> {
-            if text.is_empty() {
-                vec![None, Some(String::new())]
-            } else {
-                vec![Some(text.to_owned())]
-            }
+        // An empty text was sent as empty or left out; a null field was not sent.
+        let either = |text: &str| match text {
+            "" => vec![Value::Null, json!("")],
+            text => vec![json!(text)],
         };
         let wait_id = |wait: &WaitRef| match wait {
-            WaitRef::Pending => None,
-            WaitRef::Id(wait_id) => id(wait_id),
+            WaitRef::Pending => Value::Null,
+            WaitRef::Id(wait_id) => json!(wait_id.to_string()),
         };
-        // (text, [(field, value)]) for each way of sending it.
-        type Sent = (Option<String>, Vec<(&'static str, Option<String>)>);
-        let mut sent: Vec<Sent> = Vec::new();
-        match &self.body {
+        // The fields of each way of sending it.
+        let sent: Vec<Value> = match &self.body {
             CommandBody::Pause
             | CommandBody::Continue {
                 policy: None,
@@ -446,61 +435,55 @@ impl Command {
             }
             | CommandBody::Step
             | CommandBody::Cancel
-            | CommandBody::Retry => sent.push((None, Vec::new())),
-            // Never sent by a build before schema 6: no earlier hash to match.
-            CommandBody::Continue { .. } => {}
-            CommandBody::Steer { text } => sent.push((Some(text.clone()), Vec::new())),
-            CommandBody::Fork { checkpoint } => sent.push((
-                None,
-                vec![("checkpoint", checkpoint.map(|seq| seq.to_string()))],
-            )),
+            | CommandBody::Retry => vec![json!({})],
+            // Never sent by a build before schema 6 (11 for a revoke): no earlier hash to match.
+            CommandBody::Continue { .. }
+            | CommandBody::SetPolicy { .. }
+            | CommandBody::Revoke { .. } => Vec::new(),
+            CommandBody::Steer { text } => vec![json!({ "text": text })],
+            CommandBody::Fork { checkpoint } => {
+                vec![json!({"checkpoint": checkpoint.map(|seq| seq.to_string())})]
+            }
             CommandBody::Answer {
                 wait,
                 answer,
                 scope,
             } => {
                 let scopes = match scope {
-                    AnswerScope::Operation => vec![None, Some("operation".to_owned())],
-                    AnswerScope::Discussion => vec![Some("discussion".to_owned())],
+                    AnswerScope::Operation => vec![Value::Null, json!("operation")],
+                    AnswerScope::Discussion => vec![json!("discussion")],
                     // Never sent by a build before schema 11: no earlier hash to match.
                     AnswerScope::Tool | AnswerScope::Session => Vec::new(),
                 };
-                for answer in either(answer) {
-                    for scope in &scopes {
-                        sent.push((
-                            None,
-                            vec![
-                                ("wait_id", wait_id(wait)),
-                                ("answer", answer.clone()),
-                                ("scope", scope.clone()),
-                            ],
-                        ));
-                    }
-                }
+                let answers = either(answer).into_iter();
+                answers
+                    .flat_map(|answer| {
+                        let wait_id = wait_id(wait);
+                        scopes.iter().map(move |scope| {
+                            json!({"wait_id": wait_id, "answer": answer, "scope": scope})
+                        })
+                    })
+                    .collect()
             }
-            CommandBody::Decline { wait } => sent.push((None, vec![("wait_id", wait_id(wait))])),
-            CommandBody::Reconcile { outcome, text, .. } => {
-                for text in either(text) {
-                    sent.push((text, vec![("outcome", Some(outcome.as_str().to_owned()))]));
-                }
-            }
+            CommandBody::Decline { wait } => vec![json!({ "wait_id": wait_id(wait) })],
+            CommandBody::Reconcile { outcome, text, .. } => either(text)
+                .into_iter()
+                .map(|text| json!({"text": text, "outcome": outcome.as_str()}))
+                .collect(),
             CommandBody::StopProcess { process_id } => {
-                sent.push((None, vec![("process_id", id(process_id))]))
+                vec![json!({"process_id": process_id.to_string()})]
             }
-            // Never stored by a build before schema 6 (11): no earlier hash to match.
-            CommandBody::SetPolicy { .. } | CommandBody::Revoke { .. } => {}
-        }
+        };
         sent.into_iter()
-            .map(|(text, fields)| {
+            .map(|fields| {
                 let mut canonical = json!({
                     "kind": self.kind().as_str(),
-                    "text": text,
+                    "text": null,
                     "expected_version": self.expected_version,
                 });
-                for (name, value) in fields {
-                    if let Some(value) = value {
-                        canonical[name] = json!(value);
-                    }
+                let fields = fields.as_object().into_iter().flatten();
+                for (name, value) in fields.filter(|(_, value)| !value.is_null()) {
+                    canonical[name] = value.clone();
                 }
                 *blake3::hash(canonical.to_string().as_bytes()).as_bytes()
             })
@@ -535,110 +518,79 @@ impl Command {
             }
         }
         let reader = Reader(fields);
-        let command_id = reader
-            .parsed::<CommandId>("command_id")?
-            .ok_or_else(|| Error::InvalidRequest("a command needs `command_id` (a UUID)".into()))?;
+        let command_id = reader.parsed::<CommandId>("command_id")?;
+        let command_id = required(command_id, "a command needs `command_id` (a UUID)")?;
         let expected_version = reader.u64("expected_version")?;
-        let body = match kind {
-            CommandKind::Pause => CommandBody::Pause,
-            CommandKind::Continue => CommandBody::Continue {
-                policy: policy_of(&reader)?,
-                budget: budget_of(&reader)?,
-            },
-            CommandKind::Step => CommandBody::Step,
-            CommandKind::Cancel => CommandBody::Cancel,
-            CommandKind::Retry => CommandBody::Retry,
-            CommandKind::Steer => match reader.text("text")? {
-                Some(text) if !text.is_empty() => CommandBody::Steer { text },
-                _ => {
-                    return Err(Error::InvalidRequest(
-                        "steer needs a non-empty `text`".into(),
-                    ))
-                }
-            },
-            CommandKind::Fork => CommandBody::Fork {
-                checkpoint: reader.u64("checkpoint")?,
-            },
-            CommandKind::Answer | CommandKind::Decline => {
-                let wait = match reader.parsed::<WaitId>("wait_id")? {
-                    Some(wait_id) => WaitRef::Id(wait_id),
-                    // Without either, an answer meant for one wait could land on a newer one (W-3).
-                    None if expected_version.is_none() => {
-                        return Err(Error::InvalidRequest(format!(
-                            "{kind} needs `wait_id`, or `expected_version` to pin the execution's pending wait"
-                        )))
-                    }
-                    None => WaitRef::Pending,
-                };
-                if kind == CommandKind::Decline {
-                    CommandBody::Decline { wait }
-                } else {
-                    let scope = match reader.text("scope")?.as_deref() {
-                        None | Some("operation") => AnswerScope::Operation,
-                        Some("discussion") => AnswerScope::Discussion,
-                        Some("tool") => AnswerScope::Tool,
-                        Some("session") => AnswerScope::Session,
-                        Some(other) => {
-                            return Err(Error::InvalidRequest(format!(
-                                "unknown scope `{other}`: an answer approves this one `operation`, its `tool` for this execution or the `session`, or is a `discussion` reply"
-                            )))
-                        }
-                    };
-                    CommandBody::Answer {
-                        wait,
-                        answer: reader.text_or_json("answer")?.unwrap_or_default(),
-                        scope,
-                    }
-                }
-            }
-            CommandKind::Reconcile => {
-                let outcome = match reader.text("outcome")?.as_deref() {
-                    Some("confirmed") => ReconcileOutcome::Confirmed,
-                    Some("not_applied") => ReconcileOutcome::NotApplied,
-                    _ => {
-                        return Err(Error::InvalidRequest(
-                            "reconcile needs `outcome`: `confirmed` or `not_applied`".into(),
-                        ))
-                    }
-                };
-                CommandBody::Reconcile {
-                    effect: match reader.parsed::<EffectId>("effect_id")? {
-                        Some(effect_id) => EffectRef::Id(effect_id),
-                        None => EffectRef::Unresolved,
-                    },
-                    outcome,
-                    text: reader.text("text")?.unwrap_or_default(),
-                }
-            }
-            CommandKind::StopProcess => match reader.parsed::<ProcessId>("process_id")? {
-                Some(process_id) => CommandBody::StopProcess { process_id },
-                None => {
-                    return Err(Error::InvalidRequest(
-                        "stop_process needs `process_id`".into(),
-                    ))
-                }
-            },
-            CommandKind::Revoke => match reader.parsed::<WaitId>("grant_id")? {
-                Some(grant_id) => CommandBody::Revoke { grant_id },
-                None => {
-                    return Err(Error::InvalidRequest(
-                        "revoke needs `grant_id` (the approval that granted it)".into(),
-                    ))
-                }
-            },
-            CommandKind::SetPolicy => match policy_of(&reader)? {
-                Some(policy) => CommandBody::SetPolicy { policy },
-                None => {
-                    return Err(Error::InvalidRequest(
-                        "set_policy needs `policy`: keep_original or use_latest".into(),
-                    ))
-                }
-            },
-        };
+        let body = CommandBody::read(kind, &reader, expected_version)?;
         Ok(Self {
             command_id,
             expected_version,
             body,
+        })
+    }
+}
+
+impl CommandBody {
+    /// The body of a `kind` from its fields, checked against the kind's list already; the
+    /// fields are read in the order their errors are reported.
+    fn read(kind: CommandKind, reader: &Reader, expected_version: Option<u64>) -> Result<Self> {
+        let wait = || match reader.parsed::<WaitId>("wait_id")? {
+            Some(wait_id) => Ok(WaitRef::Id(wait_id)),
+            // Without either, an answer meant for one wait could land on a newer one (W-3).
+            None if expected_version.is_none() => Err(Error::InvalidRequest(format!(
+                "{kind} needs `wait_id`, or `expected_version` to pin the execution's pending wait"
+            ))),
+            None => Ok(WaitRef::Pending),
+        };
+        Ok(match kind {
+            CommandKind::Pause => CommandBody::Pause,
+            CommandKind::Continue => CommandBody::Continue {
+                policy: policy_of(reader)?,
+                budget: budget_of(reader)?,
+            },
+            CommandKind::Step => CommandBody::Step,
+            CommandKind::Cancel => CommandBody::Cancel,
+            CommandKind::Retry => CommandBody::Retry,
+            CommandKind::Steer => {
+                let text = reader.text("text")?.filter(|text| !text.is_empty());
+                let text = required(text, "steer needs a non-empty `text`")?;
+                CommandBody::Steer { text }
+            }
+            CommandKind::Fork => CommandBody::Fork {
+                checkpoint: reader.u64("checkpoint")?,
+            },
+            CommandKind::Answer => CommandBody::Answer {
+                wait: wait()?,
+                scope: scope_of(reader)?,
+                answer: reader.text_or_json("answer")?.unwrap_or_default(),
+            },
+            CommandKind::Decline => CommandBody::Decline { wait: wait()? },
+            CommandKind::Reconcile => CommandBody::Reconcile {
+                outcome: ReconcileOutcome::read(reader)?,
+                effect: match reader.parsed::<EffectId>("effect_id")? {
+                    Some(effect_id) => EffectRef::Id(effect_id),
+                    None => EffectRef::Unresolved,
+                },
+                text: reader.text("text")?.unwrap_or_default(),
+            },
+            CommandKind::StopProcess => {
+                let process_id = reader.parsed::<ProcessId>("process_id")?;
+                let process_id = required(process_id, "stop_process needs `process_id`")?;
+                CommandBody::StopProcess { process_id }
+            }
+            CommandKind::Revoke => {
+                let grant_id = reader.parsed::<WaitId>("grant_id")?;
+                let message = "revoke needs `grant_id` (the approval that granted it)";
+                CommandBody::Revoke {
+                    grant_id: required(grant_id, message)?,
+                }
+            }
+            CommandKind::SetPolicy => {
+                let message = "set_policy needs `policy`: keep_original or use_latest";
+                CommandBody::SetPolicy {
+                    policy: required(policy_of(reader)?, message)?,
+                }
+            }
         })
     }
 }

@@ -1,7 +1,8 @@
 //! Reading a command body's fields: typed, bounded, `null` the same as absent; a
-//! `policy` (F-3) and a `budget` (J-1). Split from `command.rs`, which parses the body.
+//! `policy` (F-3), a `budget` (J-1) and an answer's `scope` (W-7). `command.rs` puts them
+//! together into a body.
 
-use openprogram_storage::{JobBudget, VersionPolicy};
+use openprogram_storage::{AnswerScope, JobBudget, VersionPolicy};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
@@ -19,6 +20,24 @@ pub(crate) fn policy_of(reader: &Reader) -> Result<Option<VersionPolicy>> {
             ))
         }),
     }
+}
+
+/// An answer's `scope`: `operation` when absent.
+pub(crate) fn scope_of(reader: &Reader) -> Result<AnswerScope> {
+    match reader.text("scope")?.as_deref() {
+        None | Some("operation") => Ok(AnswerScope::Operation),
+        Some("discussion") => Ok(AnswerScope::Discussion),
+        Some("tool") => Ok(AnswerScope::Tool),
+        Some("session") => Ok(AnswerScope::Session),
+        Some(other) => Err(Error::InvalidRequest(format!(
+            "unknown scope `{other}`: an answer approves this one `operation`, its `tool` for this execution or the `session`, or is a `discussion` reply"
+        ))),
+    }
+}
+
+/// A field a body cannot go without: absent, it is `invalid_request` with `message`.
+pub(crate) fn required<T>(value: Option<T>, message: &str) -> Result<T> {
+    value.ok_or_else(|| Error::InvalidRequest(message.to_owned()))
 }
 
 /// J-1: `budget` — `{"steps": N?, "wall_ms": N?}`, each a total.

@@ -189,3 +189,13 @@ fn j1_a_continue_budget_is_read_strictly() {
     let refused = parse(json!({"command_id": id, "kind": "pause", "budget": {"steps": 1}}));
     assert_eq!(refused.map(|_| ()).unwrap_err().code(), "unknown_field");
 }
+
+/// The kinds' table is in the enum's order: each kind reads back from its own name.
+#[test]
+fn each_kind_reads_back_from_its_name() {
+    for (at, kind) in CommandKind::ALL.into_iter().enumerate() {
+        assert_eq!(kind as usize, at, "{kind}");
+        assert_eq!(CommandKind::parse(kind.as_str()), Some(kind));
+        assert_eq!(json!(kind), json!(kind.as_str()));
+    }
+}

@@ -12,7 +12,9 @@ use std::time::Duration;
 use actix::prelude::*;
 use futures::future::BoxFuture;
 use futures::FutureExt as _;
-use openprogram_storage::{EventStore, ExecutionHead, ExecutionId, OwnerId, ProcessId, RevisionId};
+use openprogram_storage::{
+    EventStore, ExecutionHead, ExecutionId, ExecutionKind, OwnerId, ProcessId, RevisionId,
+};
 
 use crate::agent::{Provider, ToolRegistry};
 use crate::error::{Error, Result};
@@ -157,6 +159,12 @@ impl Env {
             true => RestartWindow::Unlimited,
             false => self.restart_window,
         }
+    }
+
+    /// C-2: whether an agent turn (`kind`) is a foreground turn of its session: with one
+    /// turn per session, every one that is no Job is.
+    pub fn takes_session(&self, kind: ExecutionKind, job: bool) -> bool {
+        self.one_turn_per_session && kind == ExecutionKind::AgentTurn && !job
     }
 
     /// A runtime's shared state. `revision` is derived from the tools (`contract_revision`).

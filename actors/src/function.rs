@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -22,6 +23,10 @@ use serde::Serialize;
 
 pub use crate::agent::Reconciliation;
 pub use crate::execution::machine::{FunctionInput, Recovery, StepConvert, StepMap};
+pub use crate::function_boundary::{
+    AskBoundary, Asked, Boundary, CallStarted, RevisionMissing, StepBoundary, StepDone, StepError,
+    StepRun,
+};
 
 /// A function body: the context, and the input as the start request gave it.
 pub type Body = Arc<
@@ -254,86 +259,6 @@ impl FunctionRegistry {
     }
 }
 
-/// Why a step did not give a result.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StepError {
-    /// The execution pauses or is cancelled at this boundary (or its attempt ended): the
-    /// body must return; a later run continues from here.
-    #[error("the execution is suspended at this step")]
-    Suspended,
-    /// The step ran and failed; its failure is committed like a result.
-    #[error("step failed: {0}")]
-    Failed(String),
-    /// The step's result does not read back as the type asked for.
-    #[error("step result does not decode: {0}")]
-    Decode(String),
-}
-
-/// What running a step gets: its effect id (an idempotency key for the outside world).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StepRun {
-    pub execution_id: ExecutionId,
-    pub effect_id: EffectId,
-    /// The running attempt's fencing epoch (see `ToolCall::epoch`).
-    pub epoch: u64,
-}
-
-/// The execution's answer at a step boundary.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Boundary {
-    /// Committed already: its receipt status and output, never run again (F-4).
-    Committed {
-        status: ReceiptStatus,
-        output: String,
-    },
-    /// Run it as `effect_id` by the attempt at `epoch` (for an External step, its intent is
-    /// durable now).
-    Run { effect_id: EffectId, epoch: u64 },
-    /// Do not run it: the execution pauses, is cancelled, or this run of the body is over.
-    Suspend,
-}
-
-/// Asked by a step before it runs.
-#[derive(Debug, Message)]
-#[rtype(result = "Boundary")]
-pub struct StepBoundary {
-    pub step_id: String,
-    pub recovery: Recovery,
-    /// Which run of the body asks: a run the execution has ended gets `Suspend`.
-    pub run: u64,
-}
-
-/// Sent by a step once it ran: its result to commit. Answered once it is durable.
-#[derive(Debug, Message)]
-#[rtype(result = "bool")]
-pub struct StepDone {
-    pub step_id: String,
-    pub effect_id: EffectId,
-    pub status: ReceiptStatus,
-    pub output: String,
-    pub run: u64,
-}
-
-/// Asked by `ask` (F-1, W-1): the durable wait `ask_id`, opened with `prompt` if it is not
-/// yet.
-#[derive(Debug, Message)]
-#[rtype(result = "Asked")]
-pub struct AskBoundary {
-    pub ask_id: String,
-    pub spec: crate::wait_request::WaitSpec,
-    pub run: u64,
-}
-
-/// The execution's answer to an `ask`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Asked {
-    Answered(String),
-    Declined,
-    /// Opened now (the execution waits for a person), or the run is over: the body returns;
-    /// the run after the answer reads it.
-    Suspend,
-}
-
 /// What a function body runs over: its execution's boundaries.
 #[derive(Clone)]
 pub struct FunctionContext {
@@ -352,26 +277,6 @@ pub struct FunctionContext {
     /// Set once any boundary of this run answered `Suspend`: an error a nested call then
     /// returns is the suspension's, not its own.
     suspended: Arc<std::sync::atomic::AtomicBool>,
-}
-
-/// Sent by a nested `workflow` before its body first runs: its own record (which function,
-/// revision and input), committed once. Answered `false` if the run is over.
-#[derive(Debug, Message)]
-#[rtype(result = "bool")]
-pub struct CallStarted {
-    pub run: u64,
-    pub call_id: String,
-    pub function: String,
-    pub revision: u32,
-    pub input: serde_json::Value,
-}
-
-/// Sent by a nested `workflow` whose function revision is not registered: the execution
-/// pauses `revision_missing` (F-3) and this run stops.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct RevisionMissing {
-    pub run: u64,
 }
 
 impl std::fmt::Debug for FunctionContext {
@@ -427,15 +332,9 @@ impl FunctionContext {
         input: serde_json::Value,
     ) -> Result<serde_json::Value, StepError> {
         let record_id = self.scoped(call_id);
-        let asked = StepBoundary {
-            step_id: record_id.clone(),
-            recovery: Recovery::Idempotent,
-            run: self.run,
-        };
-        let effect_id = match self.boundary.send(asked).await {
-            Ok(Boundary::Committed { status, output }) => return read_back(status, &output),
-            Ok(Boundary::Run { effect_id, .. }) => effect_id,
-            Ok(Boundary::Suspend) | Err(_) => return Err(self.suspend()),
+        let effect_id = match self.boundary(&record_id, Recovery::Idempotent).await {
+            ControlFlow::Continue((effect_id, _)) => effect_id,
+            ControlFlow::Break(committed) => return committed,
         };
         let Some(called) = self.functions.get(function, revision) else {
             let _ = self.missing.send(RevisionMissing { run: self.run }).await;
@@ -458,12 +357,46 @@ impl FunctionContext {
             // Its error is the run's suspension: nothing of it is a result.
             return Err(StepError::Suspended);
         }
-        let (status, output) = match &result {
+        let (status, output) = match result {
             Ok(value) => (ReceiptStatus::Confirmed, value.to_string()),
-            Err(error) => (ReceiptStatus::Failed, error.clone()),
+            Err(error) => (ReceiptStatus::Failed, error),
         };
+        self.commit(record_id, effect_id, status, output).await
+    }
+
+    /// Asks the execution at the boundary of the step `step_id`: continue to run it (as its
+    /// effect id, by the attempt at its epoch), or break with what the body gets instead —
+    /// its committed result, never run again (F-4), or this run's suspension.
+    async fn boundary<T: DeserializeOwned>(
+        &self,
+        step_id: &str,
+        recovery: Recovery,
+    ) -> ControlFlow<Result<T, StepError>, (EffectId, u64)> {
+        let step_id = step_id.to_owned();
+        let asked = StepBoundary {
+            step_id,
+            recovery,
+            run: self.run,
+        };
+        match self.boundary.send(asked).await {
+            Ok(Boundary::Committed { status, output }) => {
+                ControlFlow::Break(read_back(status, &output))
+            }
+            Ok(Boundary::Run { effect_id, epoch }) => ControlFlow::Continue((effect_id, epoch)),
+            Ok(Boundary::Suspend) | Err(_) => ControlFlow::Break(Err(self.suspend())),
+        }
+    }
+
+    /// Commits a step's outcome (E-3) and reads it back as every later run will.
+    async fn commit<T: DeserializeOwned>(
+        &self,
+        step_id: String,
+        effect_id: EffectId,
+        status: ReceiptStatus,
+        output: String,
+    ) -> Result<T, StepError> {
         let done = StepDone {
-            step_id: record_id,
+            step_id,
             effect_id,
             status,
             output: output.clone(),
@@ -574,15 +507,9 @@ impl FunctionContext {
         Fut: Future<Output = Result<T, String>>,
     {
         let step_id = self.scoped(step_id);
-        let asked = StepBoundary {
-            step_id: step_id.clone(),
-            recovery,
-            run: self.run,
-        };
-        let (effect_id, epoch) = match self.boundary.send(asked).await {
-            Ok(Boundary::Committed { status, output }) => return read_back(status, &output),
-            Ok(Boundary::Run { effect_id, epoch }) => (effect_id, epoch),
-            Ok(Boundary::Suspend) | Err(_) => return Err(self.suspend()),
+        let (effect_id, epoch) = match self.boundary(&step_id, recovery).await {
+            ControlFlow::Continue(run) => run,
+            ControlFlow::Break(committed) => return committed,
         };
         let result = run(StepRun {
             execution_id: self.execution_id,
@@ -590,27 +517,15 @@ impl FunctionContext {
             epoch,
         })
         .await;
-        let (status, output) = match &result {
-            Ok(value) => match serde_json::to_string(value) {
-                Ok(text) => (ReceiptStatus::Confirmed, text),
-                Err(error) => (
-                    ReceiptStatus::Failed,
-                    format!("the step's result does not serialize: {error}"),
-                ),
-            },
-            Err(error) => (ReceiptStatus::Failed, error.clone()),
+        let (status, output) = match result.map(|value| serde_json::to_string(&value)) {
+            Ok(Ok(text)) => (ReceiptStatus::Confirmed, text),
+            Ok(Err(error)) => (
+                ReceiptStatus::Failed,
+                format!("the step's result does not serialize: {error}"),
+            ),
+            Err(error) => (ReceiptStatus::Failed, error),
         };
-        let done = StepDone {
-            step_id,
-            effect_id,
-            status,
-            output: output.clone(),
-            run: self.run,
-        };
-        match self.done.send(done).await {
-            Ok(true) => read_back(status, &output),
-            Ok(false) | Err(_) => Err(self.suspend()),
-        }
+        self.commit(step_id, effect_id, status, output).await
     }
 }
 

@@ -3,7 +3,8 @@
 //! - `command` — the typed command (kind, body, payload hash), parsed once;
 //! - `execution::machine` — the pure state machine of an agent turn;
 //! - `execution::actor` — the actor shell around it;
-//! - `agent` — the `Provider` and `Tool` traits and the built-ins of SPEC §6;
+//! - `agent` — the `Provider` and `Tool` traits and the built-ins of SPEC §6; `script`
+//!   reads the scripted provider's elements;
 //! - `providers` — real model providers over HTTP, OpenAI-compatible and Anthropic (feature
 //!   `providers`);
 //! - `http_tool` — the `http` tool, an External effect to the hosts an embedder allows
@@ -60,6 +61,7 @@ pub mod env;
 pub mod error;
 pub mod execution;
 pub mod function;
+mod function_boundary;
 pub mod function_builtin;
 #[cfg(feature = "providers")]
 pub mod http_tool;
@@ -73,6 +75,7 @@ pub mod recovery;
 pub mod resource_queue;
 pub mod resources;
 pub mod retention;
+mod script;
 pub mod service;
 mod session_turns;
 pub mod snapshot;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use futures::future::BoxFuture;
-use openprogram_storage::{EventReader, ExecutionId, ExecutionState, LeaseId};
+use openprogram_storage::{EventReader, ExecutionId, ExecutionState, JobRecord, LeaseId};
 
 use crate::error::Result;
 use crate::recovery::Clock;
@@ -158,79 +158,70 @@ impl ResourceQueue {
 
     fn answered(&mut self, answer: Answer, outcome: Result<Option<u64>>, ctx: &mut Context<Self>) {
         self.account();
+        // Anything but an acceptance leaves a question the Job's record answers: read once.
+        let record = match &outcome {
+            Ok(Some(_)) => None,
+            _ => self.store.job(answer.job_id).ok().flatten(),
+        };
         let epoch = match outcome {
             Ok(epoch) => epoch,
             Err(error) => {
                 // No answer: the Job's record says whether it committed the lease.
                 tracing::warn!(job_id = %answer.job_id, %error, "a lease offer was not answered");
-                self.store
-                    .job(answer.job_id)
-                    .ok()
-                    .flatten()
-                    .and_then(|job| job.lease)
-                    .filter(|lease| lease.lease_id == answer.lease_id)
-                    .map(|lease| lease.epoch)
+                let lease = record.as_ref().and_then(|job| job.lease.as_ref());
+                let lease = lease.filter(|lease| lease.lease_id == answer.lease_id);
+                lease.map(|lease| lease.epoch)
             }
         };
-        match epoch {
-            Some(_) => {
-                self.stats.admissions += 1;
-                let waited_ms = answer.waited / 1000;
-                let bucket = WAIT_BUCKETS_MS
-                    .iter()
-                    .position(|bound| waited_ms <= *bound)
-                    .unwrap_or(WAIT_BUCKETS_MS.len());
-                self.stats.wait_buckets[bucket] += 1;
-                self.stats.wait_sum += Duration::from_micros(answer.waited);
-                self.queue
-                    .answered(answer.job_id, answer.lease_id, epoch, false, self.now());
-            }
-            None => {
-                self.stats.refused += 1;
-                // Refused because it left the queue, or not answered at all: the store says
-                // whether it still waits (then it is offered again a little later).
-                let still_waits = self.still_queued(answer.job_id);
-                self.queue
-                    .answered(answer.job_id, answer.lease_id, None, false, self.now());
-                if still_waits {
-                    ctx.run_later(Duration::from_millis(50), move |act, ctx| {
-                        if act.still_queued(answer.job_id) {
-                            act.wait_again(answer.job_id, ctx);
-                            act.pump(ctx);
-                        }
-                    });
-                }
-            }
+        if epoch.is_some() {
+            self.stats.admissions += 1;
+            let waited_ms = answer.waited / 1000;
+            let bucket = WAIT_BUCKETS_MS
+                .iter()
+                .position(|bound| waited_ms <= *bound)
+                .unwrap_or(WAIT_BUCKETS_MS.len());
+            self.stats.wait_buckets[bucket] += 1;
+            self.stats.wait_sum += Duration::from_micros(answer.waited);
+        } else {
+            self.stats.refused += 1;
+        }
+        // Refused because it left the queue, or not answered at all: the store says whether
+        // it still waits (then it is offered again a little later).
+        let still_waits = epoch.is_none() && self.queued(answer.job_id, record).is_some();
+        let now = self.now();
+        self.queue
+            .answered(answer.job_id, answer.lease_id, epoch, false, now);
+        if still_waits {
+            let again = Duration::from_millis(50);
+            ctx.run_later(again, move |act, ctx| act.requeue(answer.job_id, ctx));
         }
         self.pump(ctx);
     }
 
-    /// Whether the store has `job_id` queued with no lease.
-    fn still_queued(&self, job_id: ExecutionId) -> bool {
-        let queued = self
-            .store
-            .head(job_id)
-            .ok()
-            .flatten()
-            .is_some_and(|head| head.state == ExecutionState::Queued);
-        queued
-            && self
-                .store
-                .job(job_id)
-                .ok()
-                .flatten()
-                .is_some_and(|job| job.lease.is_none())
+    /// `record` (the Job's record as read) if the store has `job_id` queued with no lease.
+    fn queued(&self, job_id: ExecutionId, record: Option<JobRecord>) -> Option<JobRecord> {
+        let head = self.store.head(job_id).ok().flatten();
+        let queued = head.is_some_and(|head| head.state == ExecutionState::Queued);
+        record.filter(|job| queued && job.lease.is_none())
     }
 
-    /// Puts a Job the store has queued back in line, from its record.
-    fn wait_again(&mut self, job_id: ExecutionId, ctx: &mut Context<Self>) {
-        if let Ok(Some(job)) = self.store.job(job_id) {
-            let deadline = job
-                .queue_deadline_ms
-                .filter(|_| job.admitted_at_ms.is_none())
-                .map(|deadline| job.queued_at_ms.saturating_add(deadline));
-            self.enqueue(job_id, job.resources, deadline, ctx);
+    /// Puts a Job back in line if the store still has it queued with no lease, from its
+    /// record, and offers what fits.
+    fn requeue(&mut self, job_id: ExecutionId, ctx: &mut Context<Self>) {
+        let record = self.store.job(job_id).ok().flatten();
+        if let Some(job) = self.queued(job_id, record) {
+            self.wait(job_id, job, ctx);
+            self.pump(ctx);
         }
+    }
+
+    /// Puts a Job in line from its record: its queue deadline holds while it never ran.
+    fn wait(&mut self, job_id: ExecutionId, job: JobRecord, ctx: &mut Context<Self>) {
+        let deadline = job
+            .queue_deadline_ms
+            .filter(|_| job.admitted_at_ms.is_none())
+            .map(|deadline| job.queued_at_ms.saturating_add(deadline));
+        self.enqueue(job_id, job.resources, deadline, ctx);
     }
 
     fn enqueue(
@@ -288,10 +279,7 @@ impl ResourceQueue {
                     if let Err(error) = outcome {
                         tracing::warn!(%job_id, %error, "a queue deadline could not end its Job");
                     }
-                    if act.still_queued(job_id) {
-                        act.wait_again(job_id, ctx);
-                        act.pump(ctx);
-                    }
+                    act.requeue(job_id, ctx);
                 }
             },
         ));
@@ -340,13 +328,7 @@ impl ResourceQueue {
                     {
                         tracing::warn!(%job_id, resources = ?job.resources, "a queued Job asks for what is no longer declared: out of line");
                     }
-                    None if state == ExecutionState::Queued => {
-                        let deadline = job
-                            .queue_deadline_ms
-                            .filter(|_| job.admitted_at_ms.is_none())
-                            .map(|deadline| job.queued_at_ms.saturating_add(deadline));
-                        self.enqueue(job_id, job.resources, deadline, ctx);
-                    }
+                    None if state == ExecutionState::Queued => self.wait(job_id, job, ctx),
                     None => {}
                 }
             }

@@ -1,9 +1,11 @@
 //! What a reader sees of one execution (the snapshot of the HTTP contract, SPEC §6).
 
-use openprogram_storage::{EventStore, ExecutionHead, ExecutionKind, ReceiptStatus, RevisionId};
+use openprogram_storage::{
+    EventStore, ExecutionHead, ExecutionKind, MessageId, ReceiptStatus, RevisionId,
+};
 use serde::Serialize;
 
-use crate::execution::machine::{CommandContext, Machine};
+use crate::execution::machine::{CommandContext, Machine, ManagedProcess, Receipt, WaitState};
 use crate::execution::projection::KEPT;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -262,6 +264,32 @@ pub fn receipt_status(status: ReceiptStatus) -> &'static str {
     }
 }
 
+/// An execution at `version`, idle and holding its session, as a command is decided
+/// against it when what counts is its history alone (a Fork or Retry, the controls offered
+/// now). No session record: the session's grants are added by `with_session`.
+pub(crate) fn idle_context(version: u64, revision: RevisionId, now_ms: u64) -> CommandContext {
+    CommandContext {
+        version,
+        revision,
+        busy: false,
+        now_ms,
+        session: None,
+        holds_session: true,
+    }
+}
+
+/// K-3: the controls `machine` accepts now at `version` in a runtime of `revision`.
+pub(crate) fn capabilities(
+    machine: &Machine,
+    version: u64,
+    revision: RevisionId,
+) -> Vec<&'static str> {
+    // Capabilities alone are read here: they do not depend on the time.
+    let context = idle_context(version, revision, 0);
+    let kinds = machine.capabilities(&context).into_iter();
+    kinds.map(|kind| kind.as_str()).collect()
+}
+
 impl Snapshot {
     /// The snapshot of `head` and its machine, offering the controls accepted now (K-3) by
     /// a runtime of `revision`.
@@ -269,16 +297,6 @@ impl Snapshot {
         let (receipts_total, ended_waits_total, _) = machine.totals();
         let receipts: Vec<_> = machine.receipts.iter().collect();
         let waits = machine.waits();
-        let context = CommandContext {
-            version: head.version,
-            revision,
-            busy: false,
-            // Capabilities alone are read here: they do not depend on the time. The
-            // session's grants are added by `with_session`.
-            now_ms: 0,
-            session: None,
-            holds_session: true,
-        };
         Self {
             execution_id: head.execution_id,
             session_id: head.session_id,
@@ -296,11 +314,7 @@ impl Snapshot {
             pause_reason: head.pause_reason.clone(),
             version: head.version,
             attempt: head.fencing_epoch,
-            capabilities: machine
-                .capabilities(&context)
-                .into_iter()
-                .map(|kind| kind.as_str())
-                .collect(),
+            capabilities: capabilities(machine, head.version, revision),
             text: machine.text.clone(),
             usage: machine.usage,
             session_turn: machine.session_turn.clone(),
@@ -320,54 +334,70 @@ impl Snapshot {
                 .collect(),
             receipts: newest(&receipts)
                 .iter()
-                .map(|receipt| ReceiptView {
-                    effect_id: receipt.effect_id,
-                    tool: receipt.tool.to_string(),
-                    status: receipt_status(receipt.status),
-                    grant: machine
-                        .relied_on
-                        .iter()
-                        .find(|(effect_id, _)| *effect_id == receipt.effect_id)
-                        .map(|(_, grant)| *grant),
-                })
+                .map(|receipt| ReceiptView::of(receipt, machine))
                 .collect(),
             receipts_total,
             waits_total: ended_waits_total + machine.active_waits.len() as u64,
             waits: newest(&waits)
                 .iter()
-                .map(|wait| WaitView {
-                    wait_id: wait.wait_id,
-                    kind: wait.kind.as_str(),
-                    prompt: wait.prompt.clone(),
-                    status: wait.status.as_str(),
-                    answer: wait.answer.clone(),
-                    scope: wait.scope.map(openprogram_storage::AnswerScope::as_str),
-                    request: wait
-                        .request
-                        .as_deref()
-                        .and_then(|text| serde_json::from_str(text).ok()),
-                    deadline_ms: wait.deadline_ms,
-                    reopens: wait.reopens,
-                    message_id: head.reply_message_id,
-                })
+                .map(|wait| WaitView::of(wait, head.reply_message_id))
                 .collect(),
-            processes: machine
-                .processes
-                .iter()
-                .map(|process| ProcessView {
-                    process_id: process.process_id,
-                    state: process.state.as_str(),
-                    exit_code: None,
-                    output_bytes: process.output_bytes,
-                    output_tail: String::new(),
-                })
-                .collect(),
+            processes: machine.processes.iter().map(ProcessView::of).collect(),
             restart_deadline_ms: head
                 .restart_intent
                 .as_ref()
                 .and_then(|intent| intent.deadline_ms),
             function: FunctionView::of(machine),
             job: JobView::of(head, machine),
+        }
+    }
+}
+
+impl ReceiptView {
+    fn of(receipt: &Receipt, machine: &Machine) -> Self {
+        ReceiptView {
+            effect_id: receipt.effect_id,
+            tool: receipt.tool.to_string(),
+            status: receipt_status(receipt.status),
+            grant: machine
+                .relied_on
+                .iter()
+                .find(|(effect_id, _)| *effect_id == receipt.effect_id)
+                .map(|(_, grant)| *grant),
+        }
+    }
+}
+
+impl WaitView {
+    /// A wait of the execution whose reply is `message_id`.
+    fn of(wait: &WaitState, message_id: MessageId) -> Self {
+        WaitView {
+            wait_id: wait.wait_id,
+            kind: wait.kind.as_str(),
+            prompt: wait.prompt.clone(),
+            status: wait.status.as_str(),
+            answer: wait.answer.clone(),
+            scope: wait.scope.map(openprogram_storage::AnswerScope::as_str),
+            request: wait
+                .request
+                .as_deref()
+                .and_then(|text| serde_json::from_str(text).ok()),
+            deadline_ms: wait.deadline_ms,
+            reopens: wait.reopens,
+            message_id,
+        }
+    }
+}
+
+impl ProcessView {
+    /// A process as the machine has it; its record adds the rest (`with_process_records`).
+    fn of(process: &ManagedProcess) -> Self {
+        ProcessView {
+            process_id: process.process_id,
+            state: process.state.as_str(),
+            exit_code: None,
+            output_bytes: process.output_bytes,
+            output_tail: String::new(),
         }
     }
 }

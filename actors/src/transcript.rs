@@ -6,7 +6,8 @@
 //! is stored for it. How pages are read is in `conversation.rs`.
 
 use openprogram_storage::{
-    Control, EffectId, Event, EventEnvelope, ExecutionHead, ExecutionId, MessageId, WaitId,
+    AnswerScope, Control, EffectId, Event, EventEnvelope, ExecutionHead, ExecutionId,
+    ExecutionKind, MessageId, ReceiptStatus, WaitId,
 };
 use serde::Serialize;
 use serde_json::Value;
@@ -131,6 +132,32 @@ pub struct Receipt {
     pub output: String,
 }
 
+impl ForkedFrom {
+    /// The fork an event starts, if it is a `Forked`.
+    fn of(event: &Event) -> Option<ForkedFrom> {
+        match event {
+            Event::Forked {
+                from_execution_id,
+                checkpoint_seq,
+                ..
+            } => Some(ForkedFrom {
+                execution_id: *from_execution_id,
+                checkpoint_seq: *checkpoint_seq,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl Receipt {
+    fn new(status: ReceiptStatus, output: &str) -> Self {
+        Receipt {
+            status: crate::snapshot::receipt_status(status),
+            output: output.to_owned(),
+        }
+    }
+}
+
 /// The user message of an execution, from its admission (`Admitted`, its first event).
 pub fn user_message(head: &ExecutionHead, admitted: &EventEnvelope) -> Option<Message> {
     let Event::Admitted {
@@ -158,10 +185,10 @@ pub fn user_message(head: &ExecutionHead, admitted: &EventEnvelope) -> Option<Me
 }
 
 /// What a person asked: an agent turn's message, or a function's name and input.
-fn request_text(kind: openprogram_storage::ExecutionKind, input: &str) -> String {
+fn request_text(kind: ExecutionKind, input: &str) -> String {
     let parsed: Value = serde_json::from_str(input).unwrap_or(Value::Null);
     match kind {
-        openprogram_storage::ExecutionKind::Function => {
+        ExecutionKind::Function => {
             format!(
                 "{} {}",
                 parsed["function"].as_str().unwrap_or_default(),
@@ -184,7 +211,6 @@ pub fn assistant_message(
     let mut fold = Fold {
         blocks: inherited,
         text: String::new(),
-        at_ms: events.first().map_or(0, |first| first.at_ms),
         forked_from: None,
         granted_next: None,
         granted_tool: None,
@@ -197,7 +223,7 @@ pub fn assistant_message(
         parent_id: Some(head.user_message_id),
         role: "assistant",
         execution_id: head.execution_id,
-        at_ms: fold.at_ms,
+        at_ms: events.first().map_or(0, |first| first.at_ms),
         text: fold.text,
         state: Some(head.state.as_str()),
         blocks: fold.blocks,
@@ -223,23 +249,14 @@ pub fn inherited_blocks(
 
 /// Where a fork started, if the execution is one: its `Forked` event.
 pub fn forked_from(events: &[EventEnvelope]) -> Option<ForkedFrom> {
-    events.iter().find_map(|envelope| match &envelope.event {
-        Event::Forked {
-            from_execution_id,
-            checkpoint_seq,
-            ..
-        } => Some(ForkedFrom {
-            execution_id: *from_execution_id,
-            checkpoint_seq: *checkpoint_seq,
-        }),
-        _ => None,
-    })
+    events
+        .iter()
+        .find_map(|envelope| ForkedFrom::of(&envelope.event))
 }
 
 struct Fold {
     blocks: Vec<Block>,
     text: String,
-    at_ms: u64,
     forked_from: Option<ForkedFrom>,
     /// W-7: the approval or grant the next tool call runs on, and the tool it names (as the
     /// machine keeps them: `Present::granted_next`, `granted_tool`).
@@ -263,81 +280,33 @@ impl Fold {
                 effect_id,
                 decision,
             } => self.decided(seq, *effect_id, decision),
-            Event::ModelFailed { error, .. } => self.push(
-                seq,
-                BlockBody::Error {
-                    text: error.clone(),
-                },
-            ),
+            Event::ModelFailed { error, .. } => {
+                self.push(
+                    seq,
+                    BlockBody::Error {
+                        text: error.clone(),
+                    },
+                );
+            }
             Event::ToolFinished {
                 effect_id,
                 status,
                 output,
-            } => {
-                let receipt = Receipt {
-                    status: crate::snapshot::receipt_status(*status),
-                    output: output.clone(),
-                };
-                // By its effect id; a fork's first call runs under a fresh id: the call
-                // still waiting for its receipt.
-                let is_call = |block: &Block, exact: bool| match &block.body {
-                    BlockBody::ToolCall {
-                        effect_id: id,
-                        receipt,
-                        ..
-                    } => (exact && id == effect_id) || (!exact && receipt.is_none()),
-                    _ => false,
-                };
-                let at = (self.blocks.iter().rposition(|block| is_call(block, true)))
-                    .or_else(|| self.blocks.iter().rposition(|block| is_call(block, false)));
-                if let Some(BlockBody::ToolCall { receipt: slot, .. }) =
-                    at.map(|at| &mut self.blocks[at].body)
-                {
-                    *slot = Some(receipt);
-                }
+            } => self.tool_finished(*effect_id, Receipt::new(*status, output)),
+            Event::StepStarted { step_id, effect_id } => {
+                self.step(seq, step_id, *effect_id, None);
             }
-            Event::StepStarted { step_id, effect_id } => self.push(
-                seq,
-                BlockBody::Step {
-                    step_id: step_id.clone(),
-                    effect_id: *effect_id,
-                    receipt: None,
-                },
-            ),
             Event::StepFinished {
                 step_id,
                 effect_id,
                 status,
                 output,
-            } => {
-                let receipt = Some(Receipt {
-                    status: crate::snapshot::receipt_status(*status),
-                    output: output.clone(),
-                });
-                let started =
-                    self.blocks
-                        .iter_mut()
-                        .rev()
-                        .find_map(|block| match &mut block.body {
-                            BlockBody::Step {
-                                effect_id: id,
-                                receipt,
-                                ..
-                            } if id == effect_id => Some(receipt),
-                            _ => None,
-                        });
-                match started {
-                    Some(slot) => *slot = receipt,
-                    None => self.push(
-                        seq,
-                        BlockBody::Step {
-                            step_id: step_id.clone(),
-                            effect_id: *effect_id,
-                            receipt,
-                        },
-                    ),
-                }
-            }
+            } => self.step(
+                seq,
+                step_id,
+                *effect_id,
+                Some(Receipt::new(*status, output)),
+            ),
             Event::WaitOpened {
                 wait_id,
                 kind,
@@ -359,25 +328,11 @@ impl Fold {
             ),
             Event::WaitDetails {
                 wait_id,
-                request: given,
-                deadline_ms: until,
-                reopens: again,
+                request,
+                deadline_ms,
+                reopens,
                 ..
-            } => {
-                if let Some(BlockBody::Wait {
-                    request,
-                    deadline_ms,
-                    reopens,
-                    ..
-                }) = self.wait(*wait_id)
-                {
-                    *request = given
-                        .as_deref()
-                        .and_then(|text| serde_json::from_str(text).ok());
-                    *deadline_ms = *until;
-                    *reopens = *again;
-                }
-            }
+            } => self.wait_details(*wait_id, request.as_deref(), *deadline_ms, *reopens),
             Event::WaitChanged {
                 wait_id,
                 status: now,
@@ -390,71 +345,136 @@ impl Fold {
                 grant_id,
                 tool,
                 session_version,
-            } => {
-                self.granted_next = Some(*grant_id);
-                self.granted_tool = Some(tool.clone());
-                self.push(
-                    seq,
-                    BlockBody::Grant {
-                        grant_id: *grant_id,
-                        tool: tool.clone(),
-                        scope: if session_version.is_some() {
-                            "session"
-                        } else {
-                            "tool"
-                        },
-                    },
-                );
-            }
+            } => self.grant_used(seq, *grant_id, tool, session_version.is_some()),
             Event::ControlApplied { control, .. } => match control {
                 Control::Answer {
                     wait_id,
-                    answer: given,
-                    scope: granted,
-                } => {
-                    let mut approved = None;
-                    if let Some(BlockBody::Wait {
-                        answer,
-                        scope,
-                        kind,
-                        status,
-                        request,
-                        ..
-                    }) = self.wait(*wait_id)
-                    {
-                        // Only an open approval's answer approves the call after it.
-                        let approval = matches!(*kind, "approval" | "permission");
-                        if approval && *status == "open" {
-                            let tool = request
-                                .as_ref()
-                                .and_then(|request| request["tool"].as_str());
-                            approved = Some(tool.map(str::to_owned));
-                        }
-                        *answer = Some(given.clone());
-                        *scope = Some(granted.as_str());
-                    }
-                    if *granted != openprogram_storage::AnswerScope::Discussion {
-                        if let Some(tool) = approved {
-                            self.granted_next = Some(*wait_id);
-                            self.granted_tool = tool;
-                        }
-                    }
-                }
+                    answer,
+                    scope,
+                } => self.answered(*wait_id, answer, *scope),
                 Control::Steer { text } => self.push(seq, BlockBody::Steer { text: text.clone() }),
                 _ => {}
             },
             Event::Replied { text } => self.text.clone_from(text),
-            Event::Forked {
-                from_execution_id,
-                checkpoint_seq,
-                ..
-            } => {
-                self.forked_from = Some(ForkedFrom {
-                    execution_id: *from_execution_id,
-                    checkpoint_seq: *checkpoint_seq,
-                })
-            }
+            event @ Event::Forked { .. } => self.forked_from = ForkedFrom::of(event),
             _ => {}
+        }
+    }
+
+    /// A tool's receipt, on its call: by its effect id; a fork's first call runs under a
+    /// fresh id: the call still waiting for its receipt.
+    fn tool_finished(&mut self, effect_id: EffectId, receipt: Receipt) {
+        let is_call = |block: &Block, exact: bool| match &block.body {
+            BlockBody::ToolCall {
+                effect_id: id,
+                receipt,
+                ..
+            } => (exact && *id == effect_id) || (!exact && receipt.is_none()),
+            _ => false,
+        };
+        let at = (self.blocks.iter().rposition(|block| is_call(block, true)))
+            .or_else(|| self.blocks.iter().rposition(|block| is_call(block, false)));
+        if let Some(BlockBody::ToolCall { receipt: slot, .. }) =
+            at.map(|at| &mut self.blocks[at].body)
+        {
+            *slot = Some(receipt);
+        }
+    }
+
+    /// A step started (no receipt) or finished: a finish lands on its start's block, or is
+    /// a block of its own when its start is not among these events.
+    fn step(&mut self, seq: u64, step_id: &str, effect_id: EffectId, receipt: Option<Receipt>) {
+        if receipt.is_some() {
+            let started = self
+                .blocks
+                .iter_mut()
+                .rev()
+                .find_map(|block| match &mut block.body {
+                    BlockBody::Step {
+                        effect_id: id,
+                        receipt,
+                        ..
+                    } if *id == effect_id => Some(receipt),
+                    _ => None,
+                });
+            if let Some(slot) = started {
+                *slot = receipt;
+                return;
+            }
+        }
+        let step_id = step_id.to_owned();
+        self.push(
+            seq,
+            BlockBody::Step {
+                step_id,
+                effect_id,
+                receipt,
+            },
+        );
+    }
+
+    /// A wait's request, deadline and the wait it reopens, given after it opened.
+    fn wait_details(
+        &mut self,
+        wait_id: WaitId,
+        given: Option<&str>,
+        until: Option<u64>,
+        again: Option<WaitId>,
+    ) {
+        if let Some(BlockBody::Wait {
+            request,
+            deadline_ms,
+            reopens,
+            ..
+        }) = self.wait(wait_id)
+        {
+            *request = given.and_then(|text| serde_json::from_str(text).ok());
+            *deadline_ms = until;
+            *reopens = again;
+        }
+    }
+
+    /// A grant used instead of a wait: a block, and the grant the next tool call runs on.
+    fn grant_used(&mut self, seq: u64, grant_id: WaitId, tool: &str, session: bool) {
+        self.granted_next = Some(grant_id);
+        self.granted_tool = Some(tool.to_owned());
+        let scope = if session { "session" } else { "tool" };
+        let tool = tool.to_owned();
+        self.push(
+            seq,
+            BlockBody::Grant {
+                grant_id,
+                tool,
+                scope,
+            },
+        );
+    }
+
+    /// An answer, on its wait; only an open approval's answer (not a discussion) approves
+    /// the call after it.
+    fn answered(&mut self, wait_id: WaitId, given: &str, granted: AnswerScope) {
+        let mut approved = None;
+        if let Some(BlockBody::Wait {
+            answer,
+            scope,
+            kind,
+            status,
+            request,
+            ..
+        }) = self.wait(wait_id)
+        {
+            if matches!(*kind, "approval" | "permission") && *status == "open" {
+                let tool = request
+                    .as_ref()
+                    .and_then(|request| request["tool"].as_str());
+                approved = Some(tool.map(str::to_owned));
+            }
+            *answer = Some(given.to_owned());
+            *scope = Some(granted.as_str());
+        }
+        if let Some(tool) = approved.filter(|_| granted != AnswerScope::Discussion) {
+            self.granted_next = Some(wait_id);
+            self.granted_tool = tool;
         }
     }
 

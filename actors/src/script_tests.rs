@@ -1,4 +1,4 @@
-//! The scripted provider's reading of its script elements.
+//! Tests of the scripted provider's reading of its script elements (`script.rs`).
 
 use super::*;
 use serde_json::json;
