@@ -47,7 +47,7 @@ impl Acknowledged {
         let bytes = match std::fs::read(&path) {
             Ok(bytes) => bytes,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(error) => return Err(io_error(&path, error)),
+            Err(error) => return Err(Error::io(&path, error)),
         };
         newest(&bytes)
             .map(|(_, position)| Some(position))
@@ -64,13 +64,13 @@ impl Acknowledged {
                 create(dir, &path)?;
                 0
             }
-            Err(error) => return Err(io_error(&path, error)),
+            Err(error) => return Err(Error::io(&path, error)),
         };
         let file = File::options()
             .read(true)
             .write(true)
             .open(&path)
-            .map_err(|error| io_error(&path, error))?;
+            .map_err(|error| Error::io(&path, error))?;
         let mut acknowledged = Self {
             file,
             path,
@@ -93,7 +93,7 @@ impl Acknowledged {
         self.file
             .write_all_at(&slot, offset)
             .and_then(|()| self.file.sync_data())
-            .map_err(|error| io_error(&self.path, error))?;
+            .map_err(|error| Error::io(&self.path, error))?;
         self.generation = generation;
         self.position = position;
         Ok(())
@@ -106,14 +106,14 @@ fn create(dir: &Path, path: &Path) -> Result<()> {
     let new = dir.join(format!("{FILE_NAME}.new"));
     let mut bytes = slot(0, 0).to_vec();
     bytes.extend_from_slice(&slot(0, 0));
-    let mut file = File::create(&new).map_err(|error| io_error(&new, error))?;
+    let mut file = File::create(&new).map_err(|error| Error::io(&new, error))?;
     file.write_all(&bytes)
         .and_then(|()| file.sync_all())
-        .map_err(|error| io_error(&new, error))?;
-    std::fs::rename(&new, path).map_err(|error| io_error(path, error))?;
+        .map_err(|error| Error::io(&new, error))?;
+    std::fs::rename(&new, path).map_err(|error| Error::io(path, error))?;
     File::open(dir)
         .and_then(|dir| dir.sync_all())
-        .map_err(|error| io_error(dir, error))
+        .map_err(|error| Error::io(dir, error))
 }
 
 fn slot(generation: u64, position: u64) -> [u8; SLOT_BYTES] {
@@ -148,13 +148,6 @@ fn newest(bytes: &[u8]) -> Option<(u64, u64)> {
         .take(2)
         .filter_map(read_slot)
         .max_by_key(|(generation, _)| *generation)
-}
-
-fn io_error(path: &Path, error: std::io::Error) -> Error {
-    Error::Io {
-        path: path.to_path_buf(),
-        message: error.to_string(),
-    }
 }
 
 #[cfg(test)]

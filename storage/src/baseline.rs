@@ -34,10 +34,7 @@ pub fn raw_sled_baseline(
     duration: Duration,
     payload_bytes: usize,
 ) -> Result<RawBaseline> {
-    let io_error = |error: std::io::Error| Error::Io {
-        path: dir.to_path_buf(),
-        message: error.to_string(),
-    };
+    let io_error = |error| Error::io(dir, error);
     let db = sled::Config::new()
         .path(dir)
         .segment_size(SEGMENT_BYTES)

@@ -31,10 +31,6 @@ pub struct CompactReport {
 /// Copies the store in `from` (closed: its lock is taken) into the empty or missing
 /// directory `to`. `progress` is told the keys copied so far after each batch.
 pub fn compact(from: &Path, to: &Path, mut progress: impl FnMut(u64)) -> Result<CompactReport> {
-    let io = |path: &Path, error: std::io::Error| Error::Io {
-        path: path.to_path_buf(),
-        message: error.to_string(),
-    };
     let occupied = std::fs::read_dir(to).is_ok_and(|mut entries| entries.next().is_some());
     if occupied {
         return Err(Error::Io {
@@ -53,9 +49,9 @@ pub fn compact(from: &Path, to: &Path, mut progress: impl FnMut(u64)) -> Result<
     let to = &to.with_file_name(name);
     if to.exists() {
         // What a compaction cut short left: never opened, so never a store.
-        std::fs::remove_dir_all(to).map_err(|error| io(to, error))?;
+        std::fs::remove_dir_all(to).map_err(|error| Error::io(to, error))?;
     }
-    std::fs::create_dir_all(to).map_err(|error| io(to, error))?;
+    std::fs::create_dir_all(to).map_err(|error| Error::io(to, error))?;
     let keys = {
         let source = open_sled(from, CACHE_BYTES)?;
         let target = open_sled(to, CACHE_BYTES)?;
@@ -85,27 +81,27 @@ pub fn compact(from: &Path, to: &Path, mut progress: impl FnMut(u64)) -> Result<
         .map(|entry| entry.path());
     for path in [to.join("db"), to.join("conf")].into_iter().chain(blobs) {
         if let Ok(handle) = std::fs::File::open(&path) {
-            handle.sync_all().map_err(|error| io(&path, error))?;
+            handle.sync_all().map_err(|error| Error::io(&path, error))?;
         }
     }
     if let Ok(dir) = std::fs::File::open(to.join("blobs")) {
-        dir.sync_all().map_err(|error| io(to, error))?;
+        dir.sync_all().map_err(|error| Error::io(to, error))?;
     }
     if let Some(position) = acknowledged {
         Acknowledged::open(to, position)?;
     }
     std::fs::File::open(to)
         .and_then(|dir| dir.sync_all())
-        .map_err(|error| io(to, error))?;
+        .map_err(|error| Error::io(to, error))?;
     let _ = std::fs::remove_dir(&target); // empty if it exists (checked above)
-    std::fs::rename(to, &target).map_err(|error| io(&target, error))?;
+    std::fs::rename(to, &target).map_err(|error| Error::io(&target, error))?;
     if let Some(parent) = target
         .parent()
         .filter(|parent| !parent.as_os_str().is_empty())
     {
         std::fs::File::open(parent)
             .and_then(|dir| dir.sync_all())
-            .map_err(|error| io(parent, error))?;
+            .map_err(|error| Error::io(parent, error))?;
     }
     Ok(CompactReport {
         keys,

@@ -1,7 +1,7 @@
 //! The errors of the storage layer. Business outcomes of a transition (a version conflict, a
 //! fenced writer, a duplicate command) are not errors: they are `Outcome`s (`transition.rs`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::ids::ExecutionId;
 
@@ -89,6 +89,14 @@ pub enum Error {
 }
 
 impl Error {
+    /// `Io`: `error` of an operation on `path`.
+    pub(crate) fn io(path: &Path, error: std::io::Error) -> Self {
+        Error::Io {
+            path: path.to_path_buf(),
+            message: error.to_string(),
+        }
+    }
+
     /// A stable, machine-readable code for transports (`{"code": ..}`).
     pub fn code(&self) -> &'static str {
         match self {

@@ -21,7 +21,6 @@
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fs::File;
-use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -140,10 +139,7 @@ pub(crate) fn spawn(
     acknowledged: Acknowledged,
 ) -> Result<(mpsc::Sender<Request>, std::thread::JoinHandle<()>)> {
     let limits = &shared.limits;
-    let io_error = |error: std::io::Error| Error::Io {
-        path: shared.path.clone(),
-        message: error.to_string(),
-    };
+    let io_error = |error| Error::io(&shared.path, error);
     let (sender, queue) = mpsc::channel(limits.queue_len_max.max(1));
     let committer_shared = Arc::clone(shared);
     let (ready, is_ready) = std::sync::mpsc::channel();
@@ -509,12 +505,6 @@ impl Committer {
         overlay.slice(len_max)
     }
 
-    /// Writes `batch` atomically, flushes and fsyncs.
-    fn write_durably(&mut self, batch: sled::Batch) -> Result<()> {
-        self.shared.db.apply_batch(batch)?;
-        self.sync()
-    }
-
     /// Makes everything applied to sled durable: sled's flush, then an fsync of its data
     /// file (sled's flush alone ends in `sync_file_range`, which is not durable).
     fn sync(&mut self) -> Result<()> {
@@ -527,10 +517,8 @@ impl Committer {
         if crate::planted::planted(crate::planted::Bug::AckBeforeFsync) {
             return Ok(());
         }
-        self.data_file.sync_data().map_err(|error| Error::Io {
-            path: self.shared.path.join("db"),
-            message: error.to_string(),
-        })?;
+        let synced = self.data_file.sync_data();
+        synced.map_err(|error| Error::io(&self.shared.path.join("db"), error))?;
         self.sync_sled_blobs()?;
         self.shared.metrics.fsyncs.fetch_add(1, Ordering::Relaxed);
         add_elapsed_micros(&self.shared.metrics.fsync_micros_total, started);
@@ -554,7 +542,8 @@ impl Committer {
         let shared = Arc::clone(&self.shared);
         let _slice_guard = shared.slice_lock_write();
         shared.generation.fetch_add(1, Ordering::AcqRel);
-        self.write_durably(batch)?;
+        self.shared.db.apply_batch(batch)?;
+        self.sync()?;
         *self.shared.overlay_write() = Overlay::new(self.shared.limits.head_frame_refs_max);
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
         Ok(())
@@ -565,19 +554,15 @@ impl Committer {
     /// new files and the directory before acknowledging.
     fn sync_sled_blobs(&mut self) -> Result<()> {
         let dir = self.shared.path.join("blobs");
-        let io_error = |path: &Path, error: std::io::Error| Error::Io {
-            path: path.to_path_buf(),
-            message: error.to_string(),
-        };
         let entries = match std::fs::read_dir(&dir) {
             Ok(entries) => entries,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(error) => return Err(io_error(&dir, error)),
+            Err(error) => return Err(Error::io(&dir, error)),
         };
         let mut synced_any = false;
         let mut present = HashSet::new();
         for entry in entries {
-            let entry = entry.map_err(|error| io_error(&dir, error))?;
+            let entry = entry.map_err(|error| Error::io(&dir, error))?;
             let name = entry.file_name();
             present.insert(name.clone());
             if self.synced_sled_blobs.contains(&name) {
@@ -585,10 +570,10 @@ impl Committer {
             }
             let path = entry.path();
             match File::open(&path) {
-                Ok(file) => file.sync_all().map_err(|error| io_error(&path, error))?,
+                Ok(file) => file.sync_all().map_err(|error| Error::io(&path, error))?,
                 // sled removed it meanwhile (blob garbage collection).
                 Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(error) => return Err(io_error(&path, error)),
+                Err(error) => return Err(Error::io(&path, error)),
             }
             self.synced_sled_blobs.insert(name);
             synced_any = true;
@@ -598,7 +583,7 @@ impl Committer {
         if synced_any {
             File::open(&dir)
                 .and_then(|dir_file| dir_file.sync_all())
-                .map_err(|error| io_error(&dir, error))?;
+                .map_err(|error| Error::io(&dir, error))?;
         }
         Ok(())
     }

@@ -37,10 +37,7 @@ pub(crate) struct Opened {
 /// `Store::open_salvaging`).
 pub(crate) fn open(path: &Path, limits: Limits, salvaging: bool) -> Result<Opened> {
     limits.validate()?;
-    let io_error = |error: std::io::Error| Error::Io {
-        path: path.to_path_buf(),
-        message: error.to_string(),
-    };
+    let io_error = |error| Error::io(path, error);
     std::fs::create_dir_all(path).map_err(io_error)?;
     let db = open_sled(path, limits.cache_bytes)?;
     // Read under sled's lock: no other opener is writing it.
@@ -50,10 +47,8 @@ pub(crate) fn open(path: &Path, limits: Limits, salvaging: bool) -> Result<Opene
     };
     let data_file = File::open(path.join("db")).map_err(io_error)?;
     let mut sync = || {
-        data_file.sync_data().map_err(|error| Error::Io {
-            path: path.join("db"),
-            message: error.to_string(),
-        })
+        let synced = data_file.sync_data();
+        synced.map_err(|error| Error::io(&path.join("db"), error))
     };
     // The directory entries of sled's files must survive a power loss too.
     File::open(path)
@@ -140,10 +135,7 @@ pub(crate) fn open_sled(path: &Path, cache_bytes: u64) -> Result<sled::Db> {
 
 /// Removes sled's `snap.*.generating` files in `path`; returns how many.
 fn remove_unfinished_sled_snapshots(path: &Path) -> Result<usize> {
-    let io_error = |error: std::io::Error| Error::Io {
-        path: path.to_path_buf(),
-        message: error.to_string(),
-    };
+    let io_error = |error| Error::io(path, error);
     let mut removed = 0;
     for entry in std::fs::read_dir(path).map_err(io_error)? {
         let entry = entry.map_err(io_error)?;

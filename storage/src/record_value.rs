@@ -1,6 +1,6 @@
 //! A record upsert as a transition carries it and the log stores it (`RecordValue`), with
-//! its stored form by variant index: split from `codec.rs` so that the frame and the codec
-//! both use it without importing each other.
+//! its stored form by variant index: its own file, so that the frame and the codec both use
+//! it without importing each other.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,5 +1,5 @@
 //! One step of a purge in a PostgreSQL group (S-8; the sled committer's rules are
-//! `log/purge.rs`). Split from `group.rs`, whose view of the group it works on.
+//! `log/purge.rs`), on the group's view of the heads it locked (`group.rs`).
 
 use super::*;
 
