@@ -70,22 +70,12 @@ impl CallHandle {
         function: String,
         input: serde_json::Value,
     ) -> BoxFuture<'static, Result<String, String>> {
-        let Some(calls) = self.calls.clone() else {
-            let detached = Err(AskError::NoInteraction.to_string());
-            return futures::future::ready(detached).boxed();
-        };
         let message = CallFunction {
             effect_id: self.effect_id,
             function,
             input,
         };
-        async move {
-            calls
-                .send(message)
-                .await
-                .map_err(|error| format!("the execution's actor is gone: {error}"))?
-        }
-        .boxed()
+        send(self.calls.clone(), message)
     }
 
     /// A handle for code that runs outside a managed execution (a reconcile protocol, a
@@ -106,22 +96,12 @@ impl CallHandle {
         program: String,
         args: Vec<String>,
     ) -> BoxFuture<'static, Result<StartedProcess, String>> {
-        let Some(starts) = self.starts.clone() else {
-            let detached = Err(AskError::NoInteraction.to_string());
-            return futures::future::ready(detached).boxed();
-        };
         let message = StartProcess {
             effect_id: self.effect_id,
             program,
             args,
         };
-        async move {
-            starts
-                .send(message)
-                .await
-                .map_err(|error| format!("the execution's actor is gone: {error}"))?
-        }
-        .boxed()
+        send(self.starts.clone(), message)
     }
 
     /// Asks the user a question and waits for the outcome: the answer, a decline, or
@@ -164,6 +144,23 @@ impl CallHandle {
         }
         .boxed()
     }
+}
+
+/// Sends `message` to the execution through `to` and waits for its answer; a detached
+/// handle (no `to`) has nobody to ask (`NoInteraction`).
+fn send<M, R>(to: Option<Recipient<M>>, message: M) -> BoxFuture<'static, Result<R, String>>
+where
+    M: Message<Result = Result<R, String>> + Send + 'static,
+    R: Send + 'static,
+{
+    let Some(to) = to else {
+        return futures::future::ready(Err(AskError::NoInteraction.to_string())).boxed();
+    };
+    async move {
+        (to.send(message).await)
+            .map_err(|error| format!("the execution's actor is gone: {error}"))?
+    }
+    .boxed()
 }
 
 /// A running call asks a live question; the reply is where its outcome will arrive.

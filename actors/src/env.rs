@@ -394,24 +394,26 @@ impl Env {
         holder_version: u64,
         by: ExecutionId,
     ) -> BoxFuture<'static, Result<()>> {
-        match self.hooks() {
-            Ok(hooks) => hooks.interrupt(holder, holder_version, by),
-            Err(error) => futures::future::ready(Err(error)).boxed(),
-        }
+        self.ask_hooks(|hooks| hooks.interrupt(holder, holder_version, by))
     }
 
     /// F-6: cancels a called function's child execution (see `Hooks::cancel_child`).
     pub fn cancel_child(&self, child_id: ExecutionId) -> BoxFuture<'static, Result<()>> {
-        match self.hooks() {
-            Ok(hooks) => hooks.cancel_child(child_id),
-            Err(error) => futures::future::ready(Err(error)).boxed(),
-        }
+        self.ask_hooks(|hooks| hooks.cancel_child(child_id))
     }
 
     /// F-6: admits and starts a child execution (see `Hooks::start_child`).
     pub fn start_child(&self, child: ChildCall) -> BoxFuture<'static, Result<()>> {
+        self.ask_hooks(|hooks| hooks.start_child(child))
+    }
+
+    /// What `ask` of the runtime's `Executions` answers, or that they are gone.
+    fn ask_hooks(
+        &self,
+        ask: impl FnOnce(Arc<dyn Hooks>) -> BoxFuture<'static, Result<()>>,
+    ) -> BoxFuture<'static, Result<()>> {
         match self.hooks() {
-            Ok(hooks) => hooks.start_child(child),
+            Ok(hooks) => ask(hooks),
             Err(error) => futures::future::ready(Err(error)).boxed(),
         }
     }

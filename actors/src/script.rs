@@ -7,38 +7,25 @@ use crate::execution::machine::{AskDetails, AskKind, Decision, ToolArgs};
 /// The keys of a script element the provider reads, each borrowed as its JSON text (`null`
 /// included): a tool's arguments go into the decision as the text they are, never built
 /// into a tree. An element is an object; one naming a key twice is refused.
-#[derive(serde::Deserialize)]
+#[derive(Default, serde::Deserialize)]
+#[serde(default, bound(deserialize = "'de: 'a"))]
 struct Element<'a> {
-    #[serde(borrow, default)]
     tool: Raw<'a>,
-    #[serde(borrow, default)]
     args: Raw<'a>,
-    #[serde(borrow, default)]
     reply: Raw<'a>,
-    #[serde(borrow, default)]
     ask: Raw<'a>,
-    #[serde(borrow, default)]
     call: Raw<'a>,
-    #[serde(borrow, default)]
     input: Raw<'a>,
     /// W-6: `{"question": PROMPT, "items": [...]}`, `{"form": PROMPT, "items": [...]}`,
     /// `{"permission": NAME, "resource": R?}`; any wait may take `timeout_ms` (W-8).
-    #[serde(borrow, default)]
     question: Raw<'a>,
-    #[serde(borrow, default)]
     form: Raw<'a>,
-    #[serde(borrow, default)]
     permission: Raw<'a>,
-    #[serde(borrow, default)]
     resource: Raw<'a>,
-    #[serde(borrow, default)]
     items: Raw<'a>,
-    #[serde(borrow, default)]
     timeout_ms: Raw<'a>,
     /// E-3: what the model said beside a tool call, and its reasoning blocks.
-    #[serde(borrow, default)]
     text: Raw<'a>,
-    #[serde(borrow, default)]
     reasoning: Raw<'a>,
 }
 

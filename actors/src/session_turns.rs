@@ -101,7 +101,7 @@ impl Service {
             else {
                 continue;
             };
-            match self.directory().activate_admitted(head, machine) {
+            match self.actors().activate_admitted(head, machine) {
                 Ok(_) => {}
                 // Admitted, and shutdown began meanwhile: the next start runs it.
                 Err(Error::Unavailable(_)) if self.env().lifecycle.is_stopping() => {}

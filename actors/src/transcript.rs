@@ -326,20 +326,8 @@ impl Fold {
                     reopens: None,
                 },
             ),
-            Event::WaitDetails {
-                wait_id,
-                request,
-                deadline_ms,
-                reopens,
-                ..
-            } => self.wait_details(*wait_id, request.as_deref(), *deadline_ms, *reopens),
-            Event::WaitChanged {
-                wait_id,
-                status: now,
-            } => {
-                if let Some(BlockBody::Wait { status, .. }) = self.wait(*wait_id) {
-                    *status = now.as_str();
-                }
+            Event::WaitDetails { wait_id, .. } | Event::WaitChanged { wait_id, .. } => {
+                self.wait_changed(*wait_id, &envelope.event);
             }
             Event::GrantUsed {
                 grant_id,
@@ -413,24 +401,34 @@ impl Fold {
         );
     }
 
-    /// A wait's request, deadline and the wait it reopens, given after it opened.
-    fn wait_details(
-        &mut self,
-        wait_id: WaitId,
-        given: Option<&str>,
-        until: Option<u64>,
-        again: Option<WaitId>,
-    ) {
-        if let Some(BlockBody::Wait {
+    /// A wait's details, given after it opened (its request, deadline and the wait it
+    /// reopens), or its new status, on its block.
+    fn wait_changed(&mut self, wait_id: WaitId, event: &Event) {
+        let Some(BlockBody::Wait {
             request,
+            status,
             deadline_ms,
             reopens,
             ..
         }) = self.wait(wait_id)
-        {
-            *request = given.and_then(|text| serde_json::from_str(text).ok());
-            *deadline_ms = until;
-            *reopens = again;
+        else {
+            return;
+        };
+        match event {
+            Event::WaitDetails {
+                request: given,
+                deadline_ms: until,
+                reopens: again,
+                ..
+            } => {
+                *request = given
+                    .as_deref()
+                    .and_then(|text| serde_json::from_str(text).ok());
+                *deadline_ms = *until;
+                *reopens = *again;
+            }
+            Event::WaitChanged { status: now, .. } => *status = now.as_str(),
+            _ => {}
         }
     }
 
