@@ -174,6 +174,8 @@ impl World {
         Ok(())
     }
 
+    /// One action: a crash, a command sent again (as it was, or its id with another
+    /// payload), or a command the model decides too.
     async fn act(
         &mut self,
         execution: ExecutionId,
@@ -182,37 +184,29 @@ impl World {
         action: &Action,
         last: &mut Option<(Command, CommandReply)>,
     ) -> Result<(), String> {
-        let version = before.version;
-        let open_wait = before
-            .waits
-            .iter()
-            .find(|wait| wait.status == "open")
-            .map(|wait| json!(wait.wait_id));
-        let body = |kind: &str| json!({"kind": kind, "expected_version": version});
-        let (kind, body) = match action {
-            Action::Crash => {
-                return self.restart().await;
-            }
+        match action {
+            Action::Crash => self.restart().await,
             Action::CrashWhileRunning(ms) => {
-                let reply = self.send(execution, command(body("continue"))?).await?;
+                let body = json!({"kind": "continue", "expected_version": before.version});
+                let reply = self.send(execution, command(body)?).await?;
                 expect_status(model, "continue", &reply)?;
                 if reply.status == "applied" {
                     model.apply("continue", "");
                 }
                 tokio::time::sleep(Duration::from_millis(*ms)).await;
-                return self.restart().await;
+                self.restart().await
             }
             Action::Duplicate => {
                 let Some((sent, reply)) = last.clone() else {
                     return Ok(());
                 };
                 let again = self.send(execution, sent).await?;
-                return match (again.status, again.version) == (reply.status, reply.version) {
+                match (again.status, again.version) == (reply.status, reply.version) {
                     true => Ok(()),
                     false => Err(format!(
                         "K-4: a duplicate answered {again:?}, first {reply:?}"
                     )),
-                };
+                }
             }
             Action::Reuse => {
                 let Some((sent, _)) = last.clone() else {
@@ -225,75 +219,62 @@ impl World {
                     .runtime()?
                     .command(self.session, execution, other)
                     .await;
-                return match reply {
+                match reply {
                     Err(crate::Error::CommandConflict { .. }) => Ok(()),
                     _ => Err(format!("K-4: an id reused with another payload: {reply:?}")),
-                };
-            }
-            Action::Stale if version > 1 => (
-                "stale",
-                json!({"kind": "steer", "text": "stale", "expected_version": version - 1}),
-            ),
-            Action::Stale => return Ok(()),
-            Action::Pause => ("pause", body("pause")),
-            Action::Continue => ("continue", body("continue")),
-            Action::Step => ("step", body("step")),
-            Action::Steer(text) => (
-                "steer",
-                json!({"kind": "steer", "text": text, "expected_version": version}),
-            ),
-            Action::Cancel => ("cancel", body("cancel")),
-            Action::Answer => (
-                "answer",
-                json!({"kind": "answer", "wait_id": open_wait, "answer": "yes", "expected_version": version}),
-            ),
-            Action::Decline => (
-                "decline",
-                json!({"kind": "decline", "wait_id": open_wait, "expected_version": version}),
-            ),
-            Action::Fork => ("fork", body("fork")),
-            Action::Retry => ("retry", body("retry")),
-            Action::Reconcile => (
-                "reconcile",
-                json!({"kind": "reconcile", "outcome": "confirmed", "expected_version": version}),
-            ),
-            Action::StopProcess => (
-                "stop_process",
-                json!({"kind": "stop_process", "process_id": ProcessId::new(), "expected_version": version}),
-            ),
-        };
-        let sent = command(body)?;
-        let reply = self.send(execution, sent.clone()).await?;
-        *last = Some((sent, reply.clone()));
-        if kind == "fork" {
-            // Whether there is a saved point to fork from is the runtime's to say; either
-            // way the original is untouched, and a child starts paused (K-2).
-            if let Some(child) = reply.execution_id {
-                let child = self.snapshot(child).await?;
-                if child.state != "paused" {
-                    return Err(format!("K-2: a fork child is {}", child.state));
                 }
             }
-            return self.unchanged(execution, before).await;
+            _ => match body(action, before) {
+                Some((kind, body)) => {
+                    let sent = command(body)?;
+                    let reply = self.send(execution, sent.clone()).await?;
+                    *last = Some((sent, reply.clone()));
+                    self.decided(execution, model, before, action, kind, reply)
+                        .await
+                }
+                None => Ok(()),
+            },
         }
-        expect_status(model, kind, &reply)?;
-        if reply.status == "rejected" {
-            return self.unchanged(execution, before).await;
+    }
+
+    /// The reply to a command agrees with the model, which then applies it; a fork's or a
+    /// retry's child starts paused (K-2), and the original is untouched.
+    async fn decided(
+        &self,
+        execution: ExecutionId,
+        model: &mut Model,
+        before: &Snapshot,
+        action: &Action,
+        kind: &str,
+        reply: CommandReply,
+    ) -> Result<(), String> {
+        // Whether there is a saved point to fork from is the runtime's to say: a fork is
+        // not the model's.
+        if kind != "fork" {
+            expect_status(model, kind, &reply)?;
         }
-        if kind == "retry" {
-            let child = reply.execution_id.ok_or("retry named no child")?;
+        let child = match kind {
+            "fork" => reply.execution_id,
+            "retry" if reply.status != "rejected" => {
+                Some(reply.execution_id.ok_or("retry named no child")?)
+            }
+            _ if reply.status == "rejected" => return self.unchanged(execution, before).await,
+            _ => {
+                let text = match action {
+                    Action::Steer(text) => text.as_str(),
+                    _ => "",
+                };
+                model.apply(kind, text);
+                return Ok(());
+            }
+        };
+        if let Some(child) = child {
             let child = self.snapshot(child).await?;
             if child.state != "paused" {
-                return Err(format!("K-2: a retry child is {}", child.state));
+                return Err(format!("K-2: a {kind} child is {}", child.state));
             }
-            return self.unchanged(execution, before).await;
         }
-        let text = match action {
-            Action::Steer(text) => text.as_str(),
-            _ => "",
-        };
-        model.apply(kind, text);
-        Ok(())
+        self.unchanged(execution, before).await
     }
 
     /// A rejected command, a fork or a retry leaves the execution as it was.
@@ -329,6 +310,38 @@ impl World {
         }
         Ok(())
     }
+}
+
+/// The command an action sends, by its kind as the model knows it, fenced by the version
+/// the execution is at (a stale one by the version before); `None`: nothing to send.
+fn body(action: &Action, before: &Snapshot) -> Option<(&'static str, Value)> {
+    let version = before.version;
+    let open_wait = before
+        .waits
+        .iter()
+        .find(|wait| wait.status == "open")
+        .map(|wait| json!(wait.wait_id));
+    let (kind, mut body) = match action {
+        Action::Stale if version > 1 => {
+            let body = json!({"kind": "steer", "text": "stale", "expected_version": version - 1});
+            return Some(("stale", body));
+        }
+        Action::Pause => ("pause", json!({})),
+        Action::Continue => ("continue", json!({})),
+        Action::Step => ("step", json!({})),
+        Action::Steer(text) => ("steer", json!({"text": text})),
+        Action::Cancel => ("cancel", json!({})),
+        Action::Answer => ("answer", json!({"wait_id": open_wait, "answer": "yes"})),
+        Action::Decline => ("decline", json!({"wait_id": open_wait})),
+        Action::Fork => ("fork", json!({})),
+        Action::Retry => ("retry", json!({})),
+        Action::Reconcile => ("reconcile", json!({"outcome": "confirmed"})),
+        Action::StopProcess => ("stop_process", json!({"process_id": ProcessId::new()})),
+        _ => return None,
+    };
+    body["kind"] = json!(kind);
+    body["expected_version"] = json!(version);
+    Some((kind, body))
 }
 
 /// The command was accepted exactly when the model offers its kind.
