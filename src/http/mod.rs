@@ -250,7 +250,10 @@ async fn stopped_store(
          disk is healthy",
     );
     let (request, _) = response.into_parts();
-    Ok(actix_web::dev::ServiceResponse::new(request, stopped.error_response()))
+    Ok(actix_web::dev::ServiceResponse::new(
+        request,
+        stopped.error_response(),
+    ))
 }
 
 /// Whether `listen` names only loopback addresses (X-2: anything else needs a token the

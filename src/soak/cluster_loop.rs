@@ -188,6 +188,132 @@ fn free_port() -> Result<u16, String> {
         .map_err(|e| format!("harness: a free port: {e}"))
 }
 
+/// The nodes of a run, the directory they live in, and the token they share.
+struct Cluster<'a> {
+    options: &'a ClusterLoopOptions,
+    root: tempfile::TempDir,
+    token: String,
+    nodes: Vec<Node>,
+    /// Nodes that exited by themselves and were started again.
+    revived: usize,
+}
+
+impl<'a> Cluster<'a> {
+    fn start(options: &'a ClusterLoopOptions, rng: &mut StdRng) -> Result<Self, String> {
+        let root = tempfile::tempdir().map_err(|e| format!("harness: {e}"))?;
+        let token = (0..TOKEN_LEN)
+            .map(|_| char::from(b'a' + rng.gen_range(0..26u8)))
+            .collect();
+        let mut cluster = Self {
+            options,
+            root,
+            token,
+            nodes: Vec::new(),
+            revived: 0,
+        };
+        for index in 0..options.nodes {
+            let mut node = Node {
+                id: format!("n{index}"),
+                listen: format!("127.0.0.1:{}", free_port()?),
+                server: None,
+                starts: 0,
+                owners: Vec::new(),
+            };
+            node.start(options, cluster.root.path(), &cluster.token)?;
+            cluster.nodes.push(node);
+        }
+        Ok(cluster)
+    }
+
+    fn server(&self, index: usize) -> Result<&Server, String> {
+        let node = &self.nodes[index % self.nodes.len()];
+        node.server
+            .as_ref()
+            .ok_or_else(|| format!("node {} is not running", node.id))
+    }
+
+    /// Admits every execution, round robin across the nodes.
+    fn admit(&self, sink: &Path, rng: &mut StdRng) -> Result<Vec<Admitted>, String> {
+        let base = &self.options.base;
+        let sessions = sessions(self.server(0)?, &self.token, base.executions)?;
+        (0..base.executions)
+            .map(|index| {
+                let body = script(index, base, sink, rng);
+                let session = sessions[index / TURNS_PER_SESSION].clone();
+                let path = format!("/v1/sessions/{session}/executions");
+                let reply = self
+                    .server(index)?
+                    .call(&self.token, "POST", &path, Some(&body))?;
+                Ok(Admitted {
+                    index,
+                    session,
+                    reply,
+                })
+            })
+            .collect()
+    }
+
+    fn revive(&mut self) -> Result<(), String> {
+        for node in &mut self.nodes {
+            let revived = node.revive(self.options, self.root.path(), &self.token)?;
+            self.revived += usize::from(revived);
+        }
+        Ok(())
+    }
+
+    /// One fault on a random node; returns when it happened and to which node.
+    fn fault(&mut self, rng: &mut StdRng) -> Result<(u64, usize), String> {
+        let options = self.options;
+        let victim = rng.gen_range(0..self.nodes.len());
+        let at_ms = now_ms();
+        let node = &mut self.nodes[victim];
+        match options.fault {
+            Fault::Kill => {
+                node.server = None; // SIGKILL, reaped
+                                    // Down for up to three leases: the survivors take over some of its
+                                    // executions, the restarted node (a new incarnation) claims the rest.
+                let down = rng.gen_range(0..=3 * options.lease_ttl_ms);
+                std::thread::sleep(Duration::from_millis(down));
+                node.start(options, self.root.path(), &self.token)?;
+            }
+            Fault::Stop => {
+                node.signal("-STOP");
+                std::thread::sleep(Duration::from_millis(2 * options.lease_ttl_ms));
+                node.signal("-CONT");
+            }
+        }
+        Ok((at_ms, victim))
+    }
+
+    /// The `ask`-th read of `path`, from the nodes in turn; a node that exited meanwhile
+    /// is started again every fifty reads.
+    fn read(&mut self, ask: usize, path: &str) -> Result<serde_json::Value, String> {
+        if ask.is_multiple_of(50) {
+            self.revive()?;
+        }
+        Ok(self
+            .server(ask)
+            .and_then(|server| server.call(&self.token, "GET", path, None))
+            .unwrap_or_else(|error| json!({"state": "unreadable", "error": error})))
+    }
+
+    fn stop(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(server) = node.server.take() {
+                server.stop();
+            }
+        }
+    }
+
+    /// The node each incarnation (owner id) ran as.
+    fn node_of_owner(&self) -> std::collections::HashMap<String, usize> {
+        let nodes = self.nodes.iter().enumerate();
+        nodes
+            .flat_map(|(index, node)| node.owners.iter().map(move |owner| (owner.clone(), index)))
+            .collect()
+    }
+}
+
 /// Runs the loop; `progress` is told each fault.
 pub fn run(
     options: &ClusterLoopOptions,
@@ -198,131 +324,44 @@ pub fn run(
         return Err("the cluster loop needs a postgres:// store and at least one node".into());
     }
     let started = Instant::now();
-    let root = tempfile::tempdir().map_err(|e| format!("harness: {e}"))?;
-    let sink = root.path().join("sink");
-    std::fs::write(&sink, "").map_err(|e| format!("harness: {e}"))?;
     let mut rng = StdRng::seed_from_u64(base.seed);
-    let token: String = (0..TOKEN_LEN)
-        .map(|_| char::from(b'a' + rng.gen_range(0..26u8)))
-        .collect();
-    let mut nodes = Vec::new();
-    for index in 0..options.nodes {
-        let mut node = Node {
-            id: format!("n{index}"),
-            listen: format!("127.0.0.1:{}", free_port()?),
-            server: None,
-            starts: 0,
-            owners: Vec::new(),
-        };
-        node.start(options, root.path(), &token)?;
-        nodes.push(node);
-    }
-    let first = nodes[0].server.as_ref().ok_or("node n0 is not running")?;
-    let sessions = sessions(first, &token, base.executions)?;
-    let mut admitted = Vec::new();
-    for index in 0..base.executions {
-        let body = script(index, base, &sink, &mut rng);
-        let node = &nodes[index % nodes.len()];
-        let server = node.server.as_ref().ok_or("a node is not running")?;
-        let session = sessions[index / TURNS_PER_SESSION].clone();
-        let path = format!("/v1/sessions/{session}/executions");
-        let reply = server.call(&token, "POST", &path, Some(&body))?;
-        admitted.push(Admitted {
-            index,
-            session,
-            reply,
-        });
-    }
+    let mut cluster = Cluster::start(options, &mut rng)?;
+    let sink = cluster.root.path().join("sink");
+    std::fs::write(&sink, "").map_err(|e| format!("harness: {e}"))?;
+    let admitted = cluster.admit(&sink, &mut rng)?;
 
-    let mut fault_times_ms = Vec::new();
-    let mut revived = 0;
+    let mut faults = Vec::new();
     for cycle in 0..base.cycles {
         let (low, high) = options.interval_ms;
         std::thread::sleep(Duration::from_millis(rng.gen_range(low..=high.max(low))));
-        for node in &mut nodes {
-            revived += usize::from(node.revive(options, root.path(), &token)?);
-        }
-        let victim = rng.gen_range(0..nodes.len());
-        fault_times_ms.push((now_ms(), victim));
-        match options.fault {
-            Fault::Kill => {
-                nodes[victim].server = None; // SIGKILL, reaped
-                                             // Down for up to three leases: the survivors take over some of its
-                                             // executions, the restarted node (a new incarnation) claims the rest.
-                let down = rng.gen_range(0..=3 * options.lease_ttl_ms);
-                std::thread::sleep(Duration::from_millis(down));
-                nodes[victim].start(options, root.path(), &token)?;
-            }
-            Fault::Stop => {
-                nodes[victim].signal("-STOP");
-                std::thread::sleep(Duration::from_millis(2 * options.lease_ttl_ms));
-                nodes[victim].signal("-CONT");
-            }
-        }
+        cluster.revive()?;
+        faults.push(cluster.fault(&mut rng)?);
         progress(cycle + 1);
     }
 
-    // Quiescence: every execution completes, with its ids (L1, I7), read from any node; a
-    // node that exited meanwhile is started again.
+    // Quiescence: every execution completes, with its ids (L1, I7), read from any node.
     let mut violations = Vec::new();
     let mut ask = 0usize;
-    let unfinished = await_completion(base, &admitted, &mut violations, |path| {
+    let unfinished = await_completion(&admitted, &mut violations, |path| {
         ask += 1;
-        if ask.is_multiple_of(50) {
-            for node in &mut nodes {
-                revived += usize::from(node.revive(options, root.path(), &token)?);
-            }
-        }
-        Ok(nodes[ask % nodes.len()]
-            .server
-            .as_ref()
-            .map(|server| server.call(&token, "GET", path, None))
-            .unwrap_or_else(|| Err("not running".into()))
-            .unwrap_or_else(|error| json!({"state": "unreadable", "error": error})))
+        cluster.read(ask, path)
     })?;
-    for node in &mut nodes {
-        if let Some(server) = node.server.take() {
-            server.stop();
-        }
-    }
+    cluster.stop();
 
-    let node_of_owner: std::collections::HashMap<&str, usize> = nodes
-        .iter()
-        .enumerate()
-        .flat_map(|(index, node)| node.owners.iter().map(move |owner| (owner.as_str(), index)))
-        .collect();
-    let (mut claims, mut takeover_gaps) = (0, Vec::new());
-    let (quarantined, reconciled) =
-        check_store(base, root.path(), &admitted, &mut violations, |events| {
-            for envelope in events {
-                if let Event::AttemptStarted {
-                    epoch, owner_id, ..
-                } = envelope.event
-                {
-                    if epoch == 1 {
-                        continue;
-                    }
-                    claims += 1;
-                    // A takeover: claimed by another node than the last one faulted.
-                    let claimer = node_of_owner.get(owner_id.to_string().as_str());
-                    let fault = fault_times_ms
-                        .iter()
-                        .rev()
-                        .find(|(at, _)| *at <= envelope.at_ms);
-                    if let (Some(claimer), Some((at, victim))) = (claimer, fault) {
-                        if claimer != victim {
-                            takeover_gaps.push((envelope.at_ms - at) as f64);
-                        }
-                    }
-                }
-            }
-        })?;
+    let mut claims = Claims::new(cluster.node_of_owner(), faults);
+    let (quarantined, reconciled) = check_store(
+        base,
+        cluster.root.path(),
+        &admitted,
+        &mut violations,
+        |events| claims.count(events),
+    )?;
     violations.truncate(VIOLATIONS_KEPT);
     let expected: Vec<String> = (0..base.executions)
         .flat_map(|index| (0..base.steps).map(move |step| line(index, step)))
         .collect();
-    let takeovers = takeover_gaps.len();
-    let (p50, _, max) = percentiles(&mut takeover_gaps);
+    let takeovers = claims.takeover_gaps_ms.len();
+    let (p50, _, max) = percentiles(&mut claims.takeover_gaps_ms);
     Ok(ClusterLoopReport {
         seed: base.seed,
         nodes: options.nodes,
@@ -335,14 +374,64 @@ pub fn run(
         reconciled,
         quarantined,
         violations,
-        claims,
-        revived,
+        claims: claims.claims,
+        revived: cluster.revived,
         takeovers,
         takeover_after_fault_ms_p50: p50,
         takeover_after_fault_ms_max: max,
         lease_ttl_ms: options.lease_ttl_ms,
         wall_s: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The claims found in the store: every `AttemptStarted` after the first, and for those by
+/// another node than the one last faulted (a survivor's takeover), the time since the fault.
+struct Claims {
+    node_of_owner: std::collections::HashMap<String, usize>,
+    /// When each fault happened (ms since the epoch) and to which node, oldest first.
+    faults: Vec<(u64, usize)>,
+    claims: usize,
+    takeover_gaps_ms: Vec<f64>,
+}
+
+impl Claims {
+    fn new(
+        node_of_owner: std::collections::HashMap<String, usize>,
+        faults: Vec<(u64, usize)>,
+    ) -> Self {
+        Self {
+            node_of_owner,
+            faults,
+            claims: 0,
+            takeover_gaps_ms: Vec::new(),
+        }
+    }
+
+    fn count(&mut self, events: &[openprogram_storage::EventEnvelope]) {
+        for envelope in events {
+            let Event::AttemptStarted {
+                epoch, owner_id, ..
+            } = envelope.event
+            else {
+                continue;
+            };
+            if epoch == 1 {
+                continue;
+            }
+            self.claims += 1;
+            let claimer = self.node_of_owner.get(&owner_id.to_string());
+            let fault = self
+                .faults
+                .iter()
+                .rev()
+                .find(|(at, _)| *at <= envelope.at_ms);
+            if let (Some(claimer), Some((at, victim))) = (claimer, fault) {
+                if claimer != victim {
+                    self.takeover_gaps_ms.push((envelope.at_ms - at) as f64);
+                }
+            }
+        }
+    }
 }
 
 /// The test's and README's sizes: `faults` faults of `fault` on 3 nodes, 300 executions of

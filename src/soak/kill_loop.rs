@@ -278,7 +278,7 @@ pub fn run(options: &KillLoopOptions, progress: impl Fn(usize)) -> Result<KillLo
 
     // Quiescence: every execution completes, with its ids (L1, I7).
     let mut violations = Vec::new();
-    let unfinished = await_completion(options, &admitted, &mut violations, |path| {
+    let unfinished = await_completion(&admitted, &mut violations, |path| {
         // A transient error (a slow answer) is asked again until the deadline.
         Ok(server
             .call(&token, "GET", path, None)
@@ -315,22 +315,22 @@ pub fn run(options: &KillLoopOptions, progress: impl Fn(usize)) -> Result<KillLo
 }
 
 /// Asks `snapshot(path)` for each execution until it completed with its reply and ids (L1,
-/// I7) or the deadline (the loop's work plus two minutes) passed; returns how many never
-/// completed. `snapshot` turns a transient failure into a snapshot of no state; an `Err` is
-/// the harness's own.
+/// I7); returns how many never did. An execution is given up on when it made no progress
+/// (its snapshot's `version` did not move) for `STALL` — judged by progress, not by a clock
+/// set for the loop's work, so a slow or loaded machine does not fail the run, while one that
+/// is stuck does. `snapshot` turns a transient failure into a snapshot of no state; an `Err`
+/// is the harness's own.
 pub(crate) fn await_completion(
-    options: &KillLoopOptions,
     admitted: &[Admitted],
     violations: &mut Vec<String>,
     mut snapshot: impl FnMut(&str) -> Result<Value, String>,
 ) -> Result<usize, String> {
+    const STALL: Duration = Duration::from_secs(120);
     let mut unfinished = 0;
-    // The turns of a session run one after another.
-    let work_ms = (TURNS_PER_SESSION * options.steps) as u64 * options.sleep_ms.1;
-    let deadline = Instant::now() + Duration::from_millis(work_ms) + Duration::from_secs(120);
     for execution in admitted {
         let id = execution.reply["execution_id"].as_str().unwrap_or_default();
         let path = format!("/v1/sessions/{}/executions/{id}", execution.session);
+        let (mut version, mut moved) = (Value::Null, Instant::now());
         loop {
             let snapshot = snapshot(&path)?;
             if snapshot["state"] == "completed" {
@@ -344,9 +344,15 @@ pub(crate) fn await_completion(
                 }
                 break;
             }
-            if Instant::now() > deadline {
+            if snapshot["version"] != version && !snapshot["version"].is_null() {
+                (version, moved) = (snapshot["version"].clone(), Instant::now());
+            }
+            if moved.elapsed() > STALL {
                 unfinished += 1;
-                violations.push(format!("L1: {id} never completed: {snapshot}"));
+                violations.push(format!(
+                    "L1: {id} made no progress for {} s: {snapshot}",
+                    STALL.as_secs()
+                ));
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
