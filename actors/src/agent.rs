@@ -433,12 +433,8 @@ impl Tool for Shell {
         let program = string_arg(&call.args, "program");
         let args = match call.args.get("args") {
             None => Ok(Vec::new()),
-            Some(serde_json::Value::Array(args)) => args
-                .iter()
-                .map(|arg| arg.as_str().map(str::to_owned))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| String::from("`args` must be an array of strings")),
-            Some(_) => Err(String::from("`args` must be an array of strings")),
+            Some(args) => serde_json::from_value::<Vec<String>>(args.clone())
+                .map_err(|_| String::from("`args` must be an array of strings")),
         };
         let background = call
             .args
