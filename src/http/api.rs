@@ -38,23 +38,18 @@ pub async fn create_session(
 /// The body of `POST /v1/sessions/{sid}/executions`.
 #[derive(Debug, Deserialize)]
 pub struct StartBody {
-    #[serde(default)]
     pub kind: Option<String>,
     pub message: String,
-    #[serde(default)]
     pub parent_message_id: Option<MessageId>,
     /// Kept as the body's own JSON text, element by element (`ScriptElement`).
     #[serde(default)]
     pub script: Vec<openprogram_actors::service::ScriptElement>,
-    #[serde(default)]
     pub max_iterations: Option<u32>,
     #[serde(default)]
     pub start_paused: bool,
     /// J-1: admit it as a background Job.
-    #[serde(default)]
     pub job: Option<crate::JobRequest>,
     /// C-2: `queue` (default), `steer`, `reject` or `interrupt`.
-    #[serde(default)]
     pub when_busy: Option<openprogram_actors::admission::BusyStrategy>,
 }
 
@@ -64,12 +59,10 @@ pub struct FunctionBody {
     pub function: String,
     #[serde(default)]
     pub input: Value,
-    #[serde(default)]
     pub policy: Option<String>,
     #[serde(default)]
     pub start_paused: bool,
     /// J-1: admit it as a background Job.
-    #[serde(default)]
     pub job: Option<crate::JobRequest>,
 }
 
@@ -85,17 +78,22 @@ pub enum Start {
     Function(FunctionBody),
 }
 
+/// a field a start body does not have, named by its path.
+fn unknown_field(field: String) -> ApiError {
+    Error::UnknownField {
+        message: format!("a start body has no field `{field}`"),
+        field,
+    }
+    .into()
+}
+
 /// a field a start body of its kind does not have, refused before anything is stored.
 fn refuse_unknown_fields(
     fields: &BTreeMap<String, IgnoredAny>,
     known: &[&str],
 ) -> Result<(), ApiError> {
     match fields.keys().find(|field| !known.contains(&field.as_str())) {
-        Some(field) => Err(Error::UnknownField {
-            field: field.clone(),
-            message: format!("a start body has no field `{field}`"),
-        }
-        .into()),
+        Some(field) => Err(unknown_field(field.clone())),
         None => Ok(()),
     }
 }
@@ -105,20 +103,12 @@ fn refuse_unknown_fields(
 fn refuse_unknown_job_fields(raw: &RawValue) -> Result<(), ApiError> {
     #[derive(Deserialize)]
     struct Outer {
-        #[serde(default)]
         job: Option<Value>,
     }
-    let Ok(Outer { job: Some(job) }) = serde_json::from_str(raw.get()) else {
-        return Ok(());
-    };
-    let unknown = |path: String| -> Result<(), ApiError> {
-        Err(Error::UnknownField {
-            message: format!("a start body has no field `{path}`"),
-            field: path,
-        }
-        .into())
-    };
-    let Value::Object(fields) = &job else {
+    let Ok(Outer {
+        job: Some(Value::Object(fields)),
+    }) = serde_json::from_str(raw.get())
+    else {
         return Ok(());
     };
     for (name, value) in fields {
@@ -130,11 +120,11 @@ fn refuse_unknown_job_fields(raw: &RawValue) -> Result<(), ApiError> {
                         .keys()
                         .find(|key| !["steps", "wall_ms"].contains(&key.as_str()))
                     {
-                        return unknown(format!("job.budget.{other}"));
+                        return Err(unknown_field(format!("job.budget.{other}")));
                     }
                 }
             }
-            other => return unknown(format!("job.{other}")),
+            other => return Err(unknown_field(format!("job.{other}"))),
         }
     }
     Ok(())
@@ -160,18 +150,16 @@ impl StartBody {
         /// The kind alone: a body of a kind not built is refused as that, whatever it holds.
         #[derive(Deserialize)]
         struct Kind {
-            #[serde(default)]
             kind: Option<String>,
         }
         let fields: BTreeMap<String, IgnoredAny> =
             serde_json::from_str(raw.get()).map_err(|error| {
                 ApiError::bad_request(format!("a start body is a JSON object: {error}"))
             })?;
-        let kind: Kind = serde_json::from_str(raw.get())
-            .map_err(|error| ApiError::bad_request(format!("malformed start body: {error}")))?;
         let malformed = |error: serde_json::Error| {
             ApiError::bad_request(format!("malformed start body: {error}"))
         };
+        let kind: Kind = serde_json::from_str(raw.get()).map_err(malformed)?;
         refuse_unknown_job_fields(raw)?;
         match kind.kind.as_deref() {
             None | Some("agent") => {
@@ -341,12 +329,19 @@ pub async fn command_status(
     Ok(HttpResponse::Ok().json(reply))
 }
 
-#[derive(Debug, Deserialize)]
+/// `?after=SEQ&limit=N`: where a page of events or the log begins, and how long it is.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
 pub struct EventsQuery {
-    #[serde(default)]
     pub after: u64,
-    #[serde(default)]
     pub limit: Option<usize>,
+}
+
+impl EventsQuery {
+    /// `limit` within 1..=`max`; `max` when absent.
+    pub fn page_len(&self, max: usize) -> usize {
+        self.limit.unwrap_or(max).clamp(1, max)
+    }
 }
 
 pub async fn events(
@@ -356,10 +351,7 @@ pub async fn events(
     query: web::Query<EventsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let (session, execution) = api.execution(&request, &path)?;
-    let limit = query
-        .limit
-        .unwrap_or(EVENTS_PAGE_LEN_MAX)
-        .clamp(1, EVENTS_PAGE_LEN_MAX);
+    let limit = query.page_len(EVENTS_PAGE_LEN_MAX);
     let events = api
         .runtime
         .events_page(session, execution, query.after, limit)?;

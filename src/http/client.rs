@@ -148,23 +148,20 @@ pub fn ctl(target: &Target, control: &Control, as_json: bool) -> Result<String, 
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let mut body = json!({"command_id": command_id, "kind": control.kind});
     let fields = [
-        ("text", control.text.clone().map(Value::from)),
-        ("wait_id", control.wait.clone().map(Value::from)),
-        (
-            "expected_version",
-            control.expected_version.map(Value::from),
-        ),
-        ("answer", control.answer.clone().map(Value::from)),
-        ("scope", control.scope.clone().map(Value::from)),
-        ("grant_id", control.grant.clone().map(Value::from)),
-        ("process_id", control.process.clone().map(Value::from)),
-        ("outcome", control.outcome.clone().map(Value::from)),
-        ("checkpoint", control.checkpoint.map(Value::from)),
-        ("policy", control.policy.clone().map(Value::from)),
+        ("text", json!(control.text)),
+        ("wait_id", json!(control.wait)),
+        ("expected_version", json!(control.expected_version)),
+        ("answer", json!(control.answer)),
+        ("scope", json!(control.scope)),
+        ("grant_id", json!(control.grant)),
+        ("process_id", json!(control.process)),
+        ("outcome", json!(control.outcome)),
+        ("checkpoint", json!(control.checkpoint)),
+        ("policy", json!(control.policy)),
     ];
-    for (name, value) in fields {
-        if let Some(value) = value {
-            body[name] = value;
+    for (name, value) in &fields {
+        if !value.is_null() {
+            body[*name] = value.clone();
         }
     }
     let command = openprogram_actors::command::Command::from_json(&body).map_err(|error| {
@@ -183,19 +180,7 @@ pub fn ctl(target: &Target, control: &Control, as_json: bool) -> Result<String, 
             )),
             _ => {
                 let mut message = format!("{} ({})", error, error.code());
-                for field in [
-                    "wait_id",
-                    "process_id",
-                    "expected_version",
-                    "text",
-                    "outcome",
-                    "answer",
-                    "scope",
-                    "grant_id",
-                    "checkpoint",
-                    "command_id",
-                    "policy",
-                ] {
+                for field in fields.iter().map(|(field, _)| *field).chain(["command_id"]) {
                     message = message.replace(&format!("`{field}`"), &format!("`{}`", flag(field)));
                 }
                 Failure::Usage(message)

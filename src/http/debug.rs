@@ -15,6 +15,7 @@ use openprogram_storage::ExecutionState;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use super::api::EventsQuery;
 use super::error::ApiError;
 use super::Api;
 
@@ -109,31 +110,16 @@ async fn list_actors(api: &Api) -> Vec<ActorView> {
     // Its mailbox is busy for the whole of a startup recovery or a shutdown: bounded.
     let supervisor = tokio::time::timeout(ACTOR_ANSWER_TIMEOUT, api.runtime.describe_supervisor())
         .await
-        .unwrap_or_else(|_| {
-            Err(crate::Error::Unavailable(
-                "busy (recovery or shutdown)".into(),
-            ))
+        .map_err(|_| crate::Error::Unavailable("busy (recovery or shutdown)".into()).to_string());
+    let queue = tokio::time::timeout(ACTOR_ANSWER_TIMEOUT, api.runtime.describe_queue())
+        .await
+        .map_err(|_| "busy".to_owned());
+    for (kind, answer) in [("supervisor", supervisor), ("resource_queue", queue)] {
+        actors.push(match answer {
+            Ok(Ok(summary)) => view(summary),
+            Ok(Err(error)) => unanswered(kind, kind.into(), error.to_string()),
+            Err(busy) => unanswered(kind, kind.into(), busy),
         });
-    match supervisor {
-        Ok(summary) => actors.push(view(summary)),
-        Err(error) => actors.push(unanswered(
-            "supervisor",
-            "supervisor".into(),
-            error.to_string(),
-        )),
-    }
-    match tokio::time::timeout(ACTOR_ANSWER_TIMEOUT, api.runtime.describe_queue()).await {
-        Ok(Ok(summary)) => actors.push(view(summary)),
-        Ok(Err(error)) => actors.push(unanswered(
-            "resource_queue",
-            "resource_queue".into(),
-            error.to_string(),
-        )),
-        Err(_) => actors.push(unanswered(
-            "resource_queue",
-            "resource_queue".into(),
-            "busy".into(),
-        )),
     }
     // Asked all at once: N busy actors cost one timeout, not N.
     for described in api
@@ -163,14 +149,6 @@ fn view(summary: ActorSummary) -> ActorView {
     }
 }
 
-#[derive(Debug, Deserialize)]
-pub struct LogQuery {
-    #[serde(default)]
-    pub after: u64,
-    #[serde(default)]
-    pub limit: Option<usize>,
-}
-
 /// N-2: `GET /debug/nodes`: the nodes sharing the store, their leases (by the database's
 /// clock) and how many running executions each owns; a store of one process lists none.
 pub async fn nodes(api: web::Data<Api>, request: HttpRequest) -> Result<HttpResponse, ApiError> {
@@ -183,13 +161,10 @@ pub async fn nodes(api: web::Data<Api>, request: HttpRequest) -> Result<HttpResp
 pub async fn log(
     api: web::Data<Api>,
     request: HttpRequest,
-    query: web::Query<LogQuery>,
+    query: web::Query<EventsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     api.tokens.authorize_admin(&request)?;
-    let limit = query
-        .limit
-        .unwrap_or(LOG_PAGE_LEN_MAX)
-        .clamp(1, LOG_PAGE_LEN_MAX);
+    let limit = query.page_len(LOG_PAGE_LEN_MAX);
     let events = api
         .runtime
         .store()
@@ -222,16 +197,8 @@ pub async fn overview(
 ) -> Result<HttpResponse, ApiError> {
     api.tokens.authorize_admin(&request)?;
     let invalid = |message: String| ApiError::from(crate::Error::InvalidRequest(message));
-    let parsed = |field: &str, value: &Option<String>, parse: &dyn Fn(&str) -> bool| match value {
-        Some(value) if !parse(value) => Err(invalid(format!("unknown {field} `{value}`"))),
-        _ => Ok(()),
-    };
-    parsed("state", &query.state, &|state| {
-        crate::overview::parse_state(state).is_some()
-    })?;
-    parsed("kind", &query.kind, &|kind| {
-        crate::overview::parse_kind(kind).is_some()
-    })?;
+    let state = known("state", &query.state, crate::overview::parse_state)?;
+    let kind = known("kind", &query.kind, crate::overview::parse_kind)?;
     let session = match &query.session {
         None => None,
         Some(session) => Some(
@@ -251,11 +218,8 @@ pub async fn overview(
         }
     };
     let filter = crate::overview::OverviewFilter {
-        state: query
-            .state
-            .as_deref()
-            .and_then(crate::overview::parse_state),
-        kind: query.kind.as_deref().and_then(crate::overview::parse_kind),
+        state,
+        kind,
         session,
         since_ms,
         id: query.id.clone(),
@@ -263,6 +227,17 @@ pub async fn overview(
     };
     let rows = api.runtime.overview(&filter)?;
     Ok(HttpResponse::Ok().json(json!({ "executions": rows })))
+}
+
+/// A filter's value as `parse` reads it; one it does not know is `invalid_request`.
+fn known<T>(
+    field: &str,
+    value: &Option<String>,
+    parse: fn(&str) -> Option<T>,
+) -> Result<Option<T>, ApiError> {
+    let unknown = |value: &str| crate::Error::InvalidRequest(format!("unknown {field} `{value}`"));
+    let parse = |value: &String| parse(value).ok_or_else(|| unknown(value).into());
+    value.as_ref().map(parse).transpose()
 }
 
 /// `GET /debug/executions`: executions in a non-terminal state, from the by-state index

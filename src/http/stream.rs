@@ -15,6 +15,7 @@
 //! follows, holds the whole response; a reconnecting client gets that, not the pieces.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::http::header;
@@ -33,6 +34,9 @@ use super::Api;
 /// Events read per store read while catching up.
 const STREAM_PAGE_LEN_MAX: usize = 256;
 
+/// A stream's first frame: how long a client waits before it reconnects (ms).
+const RETRY: &[u8] = b"retry: 1000\n\n";
+
 pub async fn events_stream(
     api: web::Data<Api>,
     request: HttpRequest,
@@ -40,23 +44,12 @@ pub async fn events_stream(
     query: web::Query<EventsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let (session, execution) = api.execution(&request, &path)?;
-    let from_header = last_event_id(&request);
-    let after = from_header.unwrap_or(query.after);
+    let after = last_event_id(&request).unwrap_or(query.after);
     // Unknown or another session's execution: 404 now, not an empty stream.
     let last_seq = api.runtime.last_seq(session, execution)?;
     let deltas = api.runtime.deltas(session, execution)?;
-    let mut stream = Stream {
-        api: api.into_inner(),
-        source: Source::Execution { session, execution },
-        cursor: after,
-        queued: VecDeque::new(),
-        keepalive_at: Instant::now(),
-        poll_at: Instant::now(),
-        deltas: Some(deltas),
-    };
-    stream
-        .queued
-        .push_back(Bytes::from_static(b"retry: 1000\n\n"));
+    let source = Source::Execution { session, execution };
+    let mut stream = Stream::new(api.into_inner(), source, after, Some(deltas));
     if after > last_seq {
         stream.queued.push_back(frame(
             Some(last_seq),
@@ -65,11 +58,7 @@ pub async fn events_stream(
         ));
         stream.cursor = last_seq;
     }
-    let body = futures::stream::unfold(stream, |mut stream| async move {
-        let bytes = stream.next().await?;
-        Some((Ok::<_, actix_web::Error>(bytes), stream))
-    });
-    Ok(event_stream(body))
+    Ok(stream.respond())
 }
 
 /// Issue 36: `GET /debug/log/stream[?after=POSITION]` (admin): the global log as SSE, `id:`
@@ -86,20 +75,7 @@ pub async fn log_stream(
         // No cursor: from now on.
         None => api.runtime.store().log_end().map_err(crate::Error::from)?,
     };
-    let stream = Stream {
-        api: api.into_inner(),
-        source: Source::Log,
-        cursor,
-        queued: VecDeque::from([Bytes::from_static(b"retry: 1000\n\n")]),
-        keepalive_at: Instant::now(),
-        poll_at: Instant::now(),
-        deltas: None,
-    };
-    let body = futures::stream::unfold(stream, |mut stream| async move {
-        let bytes = stream.next().await?;
-        Some((Ok::<_, actix_web::Error>(bytes), stream))
-    });
-    Ok(event_stream(body))
+    Ok(Stream::new(api.into_inner(), Source::Log, cursor, None).respond())
 }
 
 /// The query of `GET /debug/log/stream`: without `after` (or `Last-Event-ID`), from the log's
@@ -122,7 +98,7 @@ enum Source {
 }
 
 struct Stream {
-    api: std::sync::Arc<Api>,
+    api: Arc<Api>,
     source: Source,
     /// The seq of the last event sent.
     cursor: u64,
@@ -135,6 +111,26 @@ struct Stream {
 }
 
 impl Stream {
+    fn new(api: Arc<Api>, source: Source, cursor: u64, deltas: Option<DeltaWatch>) -> Self {
+        Self {
+            api,
+            source,
+            cursor,
+            queued: VecDeque::from([Bytes::from_static(RETRY)]),
+            keepalive_at: Instant::now(),
+            poll_at: Instant::now(),
+            deltas,
+        }
+    }
+
+    /// The response sending this stream's chunks until it ends.
+    fn respond(self) -> HttpResponse {
+        event_stream(futures::stream::unfold(self, |mut stream| async move {
+            let bytes = stream.next().await?;
+            Some((Ok::<_, actix_web::Error>(bytes), stream))
+        }))
+    }
+
     /// The next chunk to send; `None` ends the stream (the execution is gone).
     async fn next(&mut self) -> Option<Bytes> {
         loop {
@@ -269,12 +265,11 @@ pub async fn session_stream(
     query: web::Query<SessionQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let session = api.session(&request, &path)?;
-    let from_header = last_event_id(&request);
     let state = SessionStream {
         api: api.into_inner(),
         session,
-        cursor: from_header.unwrap_or(query.after),
-        queued: VecDeque::from([Bytes::from_static(b"retry: 1000\n\n")]),
+        cursor: last_event_id(&request).unwrap_or(query.after),
+        queued: VecDeque::from([Bytes::from_static(RETRY)]),
         keepalive_at: Instant::now(),
     };
     let body = futures::stream::unfold(state, |mut stream| async move {
@@ -285,7 +280,7 @@ pub async fn session_stream(
 }
 
 struct SessionStream {
-    api: std::sync::Arc<Api>,
+    api: Arc<Api>,
     session: SessionId,
     /// The position of the last entry sent.
     cursor: u64,

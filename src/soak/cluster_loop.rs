@@ -1,4 +1,4 @@
-//! The multi-node fault loop (N-2, N-3; issue 34): `nodes` runtime nodes (`serve --node-id
+//! The multi-node fault loop (N-2, N-3): `nodes` runtime nodes (`serve --node-id
 //! nI --store postgres://…`, each on its own port) share one PostgreSQL database.
 //! Executions whose steps append to a sink outside the database (the oracle) are admitted
 //! round robin across the nodes. Every 0.5–3 s (seeded) a random node is killed with
@@ -12,21 +12,21 @@
 //! how long after a fault the survivors' takeovers came (fault → claim, which includes the
 //! lease's lapse). A killed node stays down for up to three leases before it restarts.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use openprogram_storage::Event;
+use openprogram_storage::{Event, EventEnvelope};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-use serde_json::json;
 
 use crate::soak::kill_loop::{
-    await_completion, check_store, line, percentiles, script, sessions, Admitted, KillLoopOptions,
-    Server, TOKEN_LEN, TURNS_PER_SESSION, VIOLATIONS_KEPT,
+    admit, await_completion, held, percentiles, sessions, unreadable, Admitted, KillLoopOptions,
+    Server, Setup,
 };
-use crate::soak::oracle::{tally, Tally};
+use crate::soak::oracle::Tally;
 
 /// What is done to a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -85,11 +85,12 @@ pub struct ClusterLoopReport {
 
 impl ClusterLoopReport {
     pub fn clean(&self) -> bool {
-        self.tally.duplicates == 0
-            && self.tally.lost == 0
-            && self.unfinished == 0
-            && self.quarantined == 0
-            && self.violations.is_empty()
+        held(
+            &self.tally,
+            self.unfinished,
+            self.quarantined,
+            &self.violations,
+        )
     }
 }
 
@@ -121,17 +122,11 @@ impl Node {
         for _ in 0..50 {
             let log = root.join(format!("{}-{}.log", self.id, self.starts));
             self.starts += 1;
-            match Server::start_with(
-                &options.base,
-                &root.join(&self.id),
-                token,
-                log,
-                &self.listen,
-                &extra,
-            ) {
+            let data = root.join(&self.id);
+            match Server::start(&options.base, &data, token, log, &self.listen, &extra) {
                 Ok(server) => {
                     // The incarnation it runs as: the owner of the attempts it claims.
-                    let health = server.call(token, "GET", "/health", None)?;
+                    let health = server.call("GET", "/health", None)?;
                     if let Some(owner) = health["owner_id"].as_str() {
                         self.owners.push(owner.to_owned());
                     }
@@ -191,8 +186,7 @@ fn free_port() -> Result<u16, String> {
 /// The nodes of a run, the directory they live in, and the token they share.
 struct Cluster<'a> {
     options: &'a ClusterLoopOptions,
-    root: tempfile::TempDir,
-    token: String,
+    setup: Setup,
     nodes: Vec<Node>,
     /// Nodes that exited by themselves and were started again.
     revived: usize,
@@ -200,14 +194,9 @@ struct Cluster<'a> {
 
 impl<'a> Cluster<'a> {
     fn start(options: &'a ClusterLoopOptions, rng: &mut StdRng) -> Result<Self, String> {
-        let root = tempfile::tempdir().map_err(|e| format!("harness: {e}"))?;
-        let token = (0..TOKEN_LEN)
-            .map(|_| char::from(b'a' + rng.gen_range(0..26u8)))
-            .collect();
         let mut cluster = Self {
             options,
-            root,
-            token,
+            setup: Setup::new(rng)?,
             nodes: Vec::new(),
             revived: 0,
         };
@@ -219,7 +208,7 @@ impl<'a> Cluster<'a> {
                 starts: 0,
                 owners: Vec::new(),
             };
-            node.start(options, cluster.root.path(), &cluster.token)?;
+            node.start(options, cluster.setup.root.path(), &cluster.setup.token)?;
             cluster.nodes.push(node);
         }
         Ok(cluster)
@@ -233,29 +222,16 @@ impl<'a> Cluster<'a> {
     }
 
     /// Admits every execution, round robin across the nodes.
-    fn admit(&self, sink: &Path, rng: &mut StdRng) -> Result<Vec<Admitted>, String> {
+    fn admit(&self, rng: &mut StdRng) -> Result<Vec<Admitted>, String> {
         let base = &self.options.base;
-        let sessions = sessions(self.server(0)?, &self.token, base.executions)?;
-        (0..base.executions)
-            .map(|index| {
-                let body = script(index, base, sink, rng);
-                let session = sessions[index / TURNS_PER_SESSION].clone();
-                let path = format!("/v1/sessions/{session}/executions");
-                let reply = self
-                    .server(index)?
-                    .call(&self.token, "POST", &path, Some(&body))?;
-                Ok(Admitted {
-                    index,
-                    session,
-                    reply,
-                })
-            })
-            .collect()
+        let sessions = sessions(self.server(0)?, base.executions)?;
+        let scripts = self.setup.scripts(base, rng);
+        admit(|index| self.server(index), &sessions, scripts, 1)
     }
 
     fn revive(&mut self) -> Result<(), String> {
         for node in &mut self.nodes {
-            let revived = node.revive(self.options, self.root.path(), &self.token)?;
+            let revived = node.revive(self.options, self.setup.root.path(), &self.setup.token)?;
             self.revived += usize::from(revived);
         }
         Ok(())
@@ -274,7 +250,7 @@ impl<'a> Cluster<'a> {
                                     // executions, the restarted node (a new incarnation) claims the rest.
                 let down = rng.gen_range(0..=3 * options.lease_ttl_ms);
                 std::thread::sleep(Duration::from_millis(down));
-                node.start(options, self.root.path(), &self.token)?;
+                node.start(options, self.setup.root.path(), &self.setup.token)?;
             }
             Fault::Stop => {
                 node.signal("-STOP");
@@ -293,8 +269,8 @@ impl<'a> Cluster<'a> {
         }
         Ok(self
             .server(ask)
-            .and_then(|server| server.call(&self.token, "GET", path, None))
-            .unwrap_or_else(|error| json!({"state": "unreadable", "error": error})))
+            .and_then(|server| server.call("GET", path, None))
+            .unwrap_or_else(unreadable))
     }
 
     fn stop(&mut self) {
@@ -306,7 +282,7 @@ impl<'a> Cluster<'a> {
     }
 
     /// The node each incarnation (owner id) ran as.
-    fn node_of_owner(&self) -> std::collections::HashMap<String, usize> {
+    fn node_of_owner(&self) -> HashMap<String, usize> {
         let nodes = self.nodes.iter().enumerate();
         nodes
             .flat_map(|(index, node)| node.owners.iter().map(move |owner| (owner.clone(), index)))
@@ -323,12 +299,9 @@ pub fn run(
     if base.store.is_none() || options.nodes == 0 {
         return Err("the cluster loop needs a postgres:// store and at least one node".into());
     }
-    let started = Instant::now();
     let mut rng = StdRng::seed_from_u64(base.seed);
     let mut cluster = Cluster::start(options, &mut rng)?;
-    let sink = cluster.root.path().join("sink");
-    std::fs::write(&sink, "").map_err(|e| format!("harness: {e}"))?;
-    let admitted = cluster.admit(&sink, &mut rng)?;
+    let admitted = cluster.admit(&mut rng)?;
 
     let mut faults = Vec::new();
     for cycle in 0..base.cycles {
@@ -348,18 +321,20 @@ pub fn run(
     })?;
     cluster.stop();
 
-    let mut claims = Claims::new(cluster.node_of_owner(), faults);
-    let (quarantined, reconciled) = check_store(
+    let mut claims = Claims {
+        node_of_owner: cluster.node_of_owner(),
+        faults,
+        claims: 0,
+        takeover_gaps_ms: Vec::new(),
+    };
+    let setup = &cluster.setup;
+    let (tally, quarantined, reconciled) = setup.check(
         base,
-        cluster.root.path(),
+        setup.root.path(),
         &admitted,
         &mut violations,
         |events| claims.count(events),
     )?;
-    violations.truncate(VIOLATIONS_KEPT);
-    let expected: Vec<String> = (0..base.executions)
-        .flat_map(|index| (0..base.steps).map(move |step| line(index, step)))
-        .collect();
     let takeovers = claims.takeover_gaps_ms.len();
     let (p50, _, max) = percentiles(&mut claims.takeover_gaps_ms);
     Ok(ClusterLoopReport {
@@ -369,7 +344,7 @@ pub fn run(
         faults: base.cycles,
         executions: base.executions,
         steps: base.steps,
-        tally: tally(&sink, &expected),
+        tally,
         unfinished,
         reconciled,
         quarantined,
@@ -380,14 +355,14 @@ pub fn run(
         takeover_after_fault_ms_p50: p50,
         takeover_after_fault_ms_max: max,
         lease_ttl_ms: options.lease_ttl_ms,
-        wall_s: started.elapsed().as_secs_f64(),
+        wall_s: setup.wall_s(),
     })
 }
 
 /// The claims found in the store: every `AttemptStarted` after the first, and for those by
 /// another node than the one last faulted (a survivor's takeover), the time since the fault.
 struct Claims {
-    node_of_owner: std::collections::HashMap<String, usize>,
+    node_of_owner: HashMap<String, usize>,
     /// When each fault happened (ms since the epoch) and to which node, oldest first.
     faults: Vec<(u64, usize)>,
     claims: usize,
@@ -395,19 +370,7 @@ struct Claims {
 }
 
 impl Claims {
-    fn new(
-        node_of_owner: std::collections::HashMap<String, usize>,
-        faults: Vec<(u64, usize)>,
-    ) -> Self {
-        Self {
-            node_of_owner,
-            faults,
-            claims: 0,
-            takeover_gaps_ms: Vec::new(),
-        }
-    }
-
-    fn count(&mut self, events: &[openprogram_storage::EventEnvelope]) {
+    fn count(&mut self, events: &[EventEnvelope]) {
         for envelope in events {
             let Event::AttemptStarted {
                 epoch, owner_id, ..

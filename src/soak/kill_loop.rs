@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use openprogram_storage::{Control, Event, EventReader, ExecutionId, Store};
+use openprogram_storage::{Control, Event, EventEnvelope, EventReader, ExecutionId, Store};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -71,37 +71,125 @@ pub struct KillLoopReport {
 impl KillLoopReport {
     /// Whether every invariant held.
     pub fn clean(&self) -> bool {
-        self.tally.duplicates == 0
-            && self.tally.lost == 0
-            && self.unfinished == 0
-            && self.quarantined == 0
-            && self.violations.is_empty()
+        held(
+            &self.tally,
+            self.unfinished,
+            self.quarantined,
+            &self.violations,
+        )
     }
 }
 
-pub(crate) const TOKEN_LEN: usize = 32;
-pub(crate) const VIOLATIONS_KEPT: usize = 20;
+/// Whether a loop's counts show every invariant held (I1, I8, L1, and the violations').
+pub(crate) fn held(
+    tally: &Tally,
+    unfinished: usize,
+    quarantined: usize,
+    violations: &[String],
+) -> bool {
+    tally.duplicates == 0
+        && tally.lost == 0
+        && unfinished == 0
+        && quarantined == 0
+        && violations.is_empty()
+}
+
+const TOKEN_LEN: usize = 32;
+const VIOLATIONS_KEPT: usize = 20;
+
+/// A harness's own failure (a file, a thread), told apart from what a server answered.
+pub(crate) fn harness(error: impl std::fmt::Display) -> String {
+    format!("harness: {error}")
+}
+
+/// What both loops start from: their directory, the oracle's sink in it, the token their
+/// servers share and when the run began.
+pub(crate) struct Setup {
+    pub(crate) root: tempfile::TempDir,
+    sink: PathBuf,
+    pub(crate) token: String,
+    started: Instant,
+}
+
+impl Setup {
+    /// The token is the seeded draws' first.
+    pub(crate) fn new(rng: &mut StdRng) -> Result<Self, String> {
+        let started = Instant::now();
+        let root = tempfile::tempdir().map_err(harness)?;
+        let sink = root.path().join("sink");
+        std::fs::write(&sink, "").map_err(harness)?;
+        let token = (0..TOKEN_LEN)
+            .map(|_| char::from(b'a' + rng.gen_range(0..26u8)))
+            .collect();
+        Ok(Self {
+            root,
+            sink,
+            token,
+            started,
+        })
+    }
+
+    /// Each execution's script of appends to the sink with sleeps between them, in order.
+    pub(crate) fn scripts(&self, options: &KillLoopOptions, rng: &mut StdRng) -> Vec<Value> {
+        (0..options.executions)
+            .map(|index| script(index, options, &self.sink, rng))
+            .collect()
+    }
+
+    pub(crate) fn wall_s(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// Once the last server stopped: the store (`data`, or `options.store`) reopened and
+    /// every admitted execution's events checked (I3, I4), each also handed to `each`; the
+    /// violations cut to the first few; the sink counted against every line expected (I1,
+    /// I8). Returns (tally, quarantined, reconciled effects).
+    pub(crate) fn check(
+        &self,
+        options: &KillLoopOptions,
+        data: &Path,
+        admitted: &[Admitted],
+        violations: &mut Vec<String>,
+        mut each: impl FnMut(&[EventEnvelope]),
+    ) -> Result<(Tally, usize, usize), String> {
+        let reopening = |e: openprogram_storage::Error| format!("reopening the store: {e}");
+        let store: Box<dyn EventReader> = match &options.store {
+            Some(url) => Box::new(openprogram_storage::pg::PgStore::open(url).map_err(reopening)?),
+            None => Box::new(Store::open(data).map_err(reopening)?),
+        };
+        let mut reconciled = 0;
+        for execution in admitted {
+            let Some(id) = execution.reply["execution_id"].as_str() else {
+                continue;
+            };
+            let id: ExecutionId = id.parse().map_err(|e| format!("an execution id: {e}"))?;
+            let events = store
+                .events_after(id, 0, usize::MAX)
+                .map_err(|e| format!("events of {id}: {e}"))?;
+            reconciled += check_events(id, &events, violations);
+            each(&events);
+        }
+        violations.truncate(VIOLATIONS_KEPT);
+        let expected: Vec<String> = (0..options.executions)
+            .flat_map(|index| (0..options.steps).map(move |step| line(index, step)))
+            .collect();
+        let tally = tally(&self.sink, &expected);
+        Ok((tally, store.quarantined().len(), reconciled))
+    }
+}
 
 /// A server this harness started, killed by pid on drop.
 pub(crate) struct Server {
     pub(crate) child: Child,
-    pub(crate) url: String,
+    target: Target,
     stderr: PathBuf,
-    pub(crate) spawned: Instant,
+    spawned: Instant,
 }
 
 impl Server {
-    fn start(
-        options: &KillLoopOptions,
-        data: &Path,
-        token: &str,
-        log: PathBuf,
-    ) -> Result<Self, String> {
-        Self::start_with(options, data, token, log, "127.0.0.1:0", &[])
-    }
-
-    /// `serve` listening on `listen`, with `extra` arguments (a node's id and lease).
-    pub(crate) fn start_with(
+    /// `serve` listening on `listen` with `token`, its stderr in `log`, and `extra`
+    /// arguments (a node's id and lease).
+    pub(crate) fn start(
         options: &KillLoopOptions,
         data: &Path,
         token: &str,
@@ -109,7 +197,7 @@ impl Server {
         listen: &str,
         extra: &[String],
     ) -> Result<Self, String> {
-        let stderr = std::fs::File::create(&log).map_err(|e| format!("harness: {e}"))?;
+        let stderr = std::fs::File::create(&log).map_err(harness)?;
         let spawned = Instant::now();
         let store = options
             .store
@@ -128,13 +216,17 @@ impl Server {
         if let Some(stdout) = child.stdout.take() {
             let _ = std::io::BufReader::new(stdout).read_line(&mut url);
         }
+        let target = Target {
+            url: url.trim().to_owned(),
+            token: token.to_owned(),
+        };
         let server = Self {
             child,
-            url: url.trim().to_owned(),
+            target,
             stderr: log,
             spawned,
         };
-        match server.url.starts_with("http://") {
+        match server.target.url.starts_with("http://") {
             true => Ok(server),
             false => Err(format!(
                 "serve printed no URL; its stderr: {}",
@@ -144,12 +236,12 @@ impl Server {
     }
 
     /// Whether its startup recovery has ended (serve says so on stderr).
-    pub(crate) fn recovered(&self) -> bool {
+    fn recovered(&self) -> bool {
         std::fs::read_to_string(&self.stderr).is_ok_and(|log| log.contains("startup recovery:"))
     }
 
     /// The peak resident memory so far (VmHWM), in MiB.
-    pub(crate) fn peak_rss_mib(&self) -> f64 {
+    fn peak_rss_mib(&self) -> f64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()));
         status
             .ok()
@@ -162,25 +254,17 @@ impl Server {
             .map_or(0.0, |kib| kib / 1024.0)
     }
 
-    /// A JSON call with the admin token: the answer's body, or the error the server named.
+    /// A JSON call with the run's token: the answer's body, or the error the server named.
     pub(crate) fn call(
         &self,
-        token: &str,
         method: &str,
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, String> {
-        let target = Target {
-            url: self.url.clone(),
-            token: token.to_owned(),
+        let failed = |(Failure::Usage(message) | Failure::Failed(message))| {
+            format!("{method} {path}: {message}")
         };
-        target
-            .call(method, path, body)
-            .map_err(|failure| match failure {
-                Failure::Usage(message) | Failure::Failed(message) => {
-                    format!("{method} {path}: {message}")
-                }
-            })
+        self.target.call(method, path, body).map_err(failed)
     }
 
     /// SIGTERM, waiting for the orderly shutdown; SIGKILL after a minute.
@@ -205,25 +289,21 @@ impl Drop for Server {
 /// An admitted execution, its session, and the ids it must keep (I7).
 #[derive(Debug, Clone)]
 pub(crate) struct Admitted {
-    pub(crate) index: usize,
-    pub(crate) session: String,
-    pub(crate) reply: Value,
+    index: usize,
+    session: String,
+    reply: Value,
 }
 
 /// Turns admitted into one session: a session runs one turn at a time (C-2), so the second
 /// waits in its session's line, across the kills, until the first ended.
-pub(crate) const TURNS_PER_SESSION: usize = 2;
+const TURNS_PER_SESSION: usize = 2;
 
 /// Creates a session for every `TURNS_PER_SESSION` executions; execution `i` goes to
 /// session `i / TURNS_PER_SESSION`.
-pub(crate) fn sessions(
-    server: &Server,
-    token: &str,
-    executions: usize,
-) -> Result<Vec<String>, String> {
+pub(crate) fn sessions(server: &Server, executions: usize) -> Result<Vec<String>, String> {
     (0..executions.div_ceil(TURNS_PER_SESSION))
         .map(|_| {
-            let session = server.call(token, "POST", "/v1/sessions", None)?;
+            let session = server.call("POST", "/v1/sessions", None)?;
             match session["session_id"].as_str() {
                 Some(id) => Ok(id.to_owned()),
                 None => Err(format!("creating a session: {session}")),
@@ -234,24 +314,19 @@ pub(crate) fn sessions(
 
 /// Runs the loop; `progress` is told each kill.
 pub fn run(options: &KillLoopOptions, progress: impl Fn(usize)) -> Result<KillLoopReport, String> {
-    let started = Instant::now();
-    let root = tempfile::tempdir().map_err(|e| format!("harness: {e}"))?;
-    let (data, sink) = (root.path().join("data"), root.path().join("sink"));
-    std::fs::write(&sink, "").map_err(|e| format!("harness: {e}"))?;
     let mut rng = StdRng::seed_from_u64(options.seed);
-    let token: String = (0..TOKEN_LEN)
-        .map(|_| char::from(b'a' + rng.gen_range(0..26u8)))
-        .collect();
-    let log = |n: usize| root.path().join(format!("serve-{n}.log"));
+    let setup = Setup::new(&mut rng)?;
+    let data = setup.root.path().join("data");
+    let start = |n: usize| {
+        let log = setup.root.path().join(format!("serve-{n}.log"));
+        Server::start(options, &data, &setup.token, log, "127.0.0.1:0", &[])
+    };
 
-    let mut server = Server::start(options, &data, &token, log(0))?;
-    let sessions = sessions(&server, &token, options.executions)?;
-    let scripts: Vec<Value> = (0..options.executions)
-        .map(|index| script(index, options, &sink, &mut rng))
-        .collect();
+    let mut server = start(0)?;
+    let sessions = sessions(&server, options.executions)?;
+    let scripts = setup.scripts(options, &mut rng);
     let admitted = admit(
-        &server,
-        &token,
+        |_| Ok(&server),
         &sessions,
         scripts,
         options.admit_concurrency,
@@ -272,7 +347,7 @@ pub fn run(options: &KillLoopOptions, progress: impl Fn(usize)) -> Result<KillLo
         }
         peak_rss_mib = peak_rss_mib.max(server.peak_rss_mib());
         drop(server); // SIGKILL
-        server = Server::start(options, &data, &token, log(cycle + 1))?;
+        server = start(cycle + 1)?;
         progress(cycle + 1);
     }
 
@@ -280,27 +355,20 @@ pub fn run(options: &KillLoopOptions, progress: impl Fn(usize)) -> Result<KillLo
     let mut violations = Vec::new();
     let unfinished = await_completion(&admitted, &mut violations, |path| {
         // A transient error (a slow answer) is asked again until the deadline.
-        Ok(server
-            .call(&token, "GET", path, None)
-            .unwrap_or_else(|error| json!({"state": "unreadable", "error": error})))
+        Ok(server.call("GET", path, None).unwrap_or_else(unreadable))
     })?;
     peak_rss_mib = peak_rss_mib.max(server.peak_rss_mib());
     server.stop();
 
-    let (quarantined, reconciled) =
-        check_store(options, &data, &admitted, &mut violations, |_| {})?;
-    violations.truncate(VIOLATIONS_KEPT);
-
-    let expected: Vec<String> = (0..options.executions)
-        .flat_map(|index| (0..options.steps).map(move |step| line(index, step)))
-        .collect();
+    let (tally, quarantined, reconciled) =
+        setup.check(options, &data, &admitted, &mut violations, |_| {})?;
     let (p50, p99, max) = percentiles(&mut recovery_ms);
     Ok(KillLoopReport {
         seed: options.seed,
         cycles: options.cycles,
         executions: options.executions,
         steps: options.steps,
-        tally: tally(&sink, &expected),
+        tally,
         unfinished,
         reconciled,
         quarantined,
@@ -310,8 +378,14 @@ pub fn run(options: &KillLoopOptions, progress: impl Fn(usize)) -> Result<KillLo
         recovery_ms_p99: p99,
         recovery_ms_max: max,
         peak_rss_mib,
-        wall_s: started.elapsed().as_secs_f64(),
+        wall_s: setup.wall_s(),
     })
+}
+
+/// A read that failed, as a snapshot of no state: asked again until the execution completes
+/// or stalls.
+pub(crate) fn unreadable(error: String) -> Value {
+    json!({"state": "unreadable", "error": error})
 }
 
 /// Asks `snapshot(path)` for each execution until it completed with its reply and ids (L1,
@@ -361,57 +435,11 @@ pub(crate) fn await_completion(
     Ok(unfinished)
 }
 
-/// Reopens the servers' store once the last one stopped and checks every admitted
-/// execution's events (I3, I4), each also handed to `each`: returns (quarantined,
-/// reconciled effects).
-pub(crate) fn check_store(
-    options: &KillLoopOptions,
-    data: &Path,
-    admitted: &[Admitted],
-    violations: &mut Vec<String>,
-    mut each: impl FnMut(&[openprogram_storage::EventEnvelope]),
-) -> Result<(usize, usize), String> {
-    let store = reopen(options, data)?;
-    let quarantined = store.quarantined().len();
-    let mut reconciled = 0;
-    for execution in admitted {
-        let Some(id) = execution.reply["execution_id"].as_str() else {
-            continue;
-        };
-        let id: ExecutionId = id.parse().map_err(|e| format!("an execution id: {e}"))?;
-        let events = store
-            .events_after(id, 0, usize::MAX)
-            .map_err(|e| format!("events of {id}: {e}"))?;
-        reconciled += check_events(id, &events, violations);
-        each(&events);
-    }
-    Ok((quarantined, reconciled))
-}
-
-/// The servers' store, opened by the harness once the last server stopped.
-pub(crate) fn reopen(
-    options: &KillLoopOptions,
-    data: &Path,
-) -> Result<Box<dyn EventReader>, String> {
-    let reopening = |e: openprogram_storage::Error| format!("reopening the store: {e}");
-    match &options.store {
-        Some(url) => Ok(Box::new(
-            openprogram_storage::pg::PgStore::open(url).map_err(reopening)?,
-        )),
-        None => Ok(Box::new(Store::open(data).map_err(reopening)?)),
-    }
-}
-
-pub(crate) fn line(execution: usize, step: usize) -> String {
+fn line(execution: usize, step: usize) -> String {
     format!("e{execution}-s{step}")
 }
 
-pub(crate) fn script(
-    index: usize,
-    options: &KillLoopOptions,
-    sink: &Path,
-    rng: &mut StdRng,
-) -> Value {
+fn script(index: usize, options: &KillLoopOptions, sink: &Path, rng: &mut StdRng) -> Value {
     let mut script = Vec::new();
     for step in 0..options.steps {
         script.push(json!({"tool": "append", "args": {"path": sink, "line": line(index, step)}}));
@@ -422,18 +450,19 @@ pub(crate) fn script(
     json!({"message": "soak", "script": script, "max_iterations": script.len()})
 }
 
-/// Admits every execution (201, acknowledged) into its session with `concurrency` clients.
-pub(crate) fn admit(
-    server: &Server,
-    token: &str,
+/// Admits every execution (201, acknowledged) into its session through `server(index)`,
+/// `concurrency` clients at once.
+pub(crate) fn admit<'s>(
+    server: impl Fn(usize) -> Result<&'s Server, String> + Sync,
     sessions: &[String],
     scripts: Vec<Value>,
     concurrency: usize,
 ) -> Result<Vec<Admitted>, String> {
     let jobs: Vec<(usize, Value)> = scripts.into_iter().enumerate().collect();
     let chunk = jobs.len().div_ceil(concurrency.max(1)).max(1);
-    let results: Vec<Result<Vec<Admitted>, String>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = jobs
+    let server = &server;
+    std::thread::scope(|scope| {
+        let clients: Vec<_> = jobs
             .chunks(chunk)
             .map(|jobs| {
                 scope.spawn(move || {
@@ -441,39 +470,28 @@ pub(crate) fn admit(
                         .map(|(index, body)| {
                             let session = &sessions[index / TURNS_PER_SESSION];
                             let path = format!("/v1/sessions/{session}/executions");
-                            let reply = server.call(token, "POST", &path, Some(body))?;
+                            let reply = server(*index)?.call("POST", &path, Some(body))?;
                             Ok(Admitted {
                                 index: *index,
                                 session: session.clone(),
                                 reply,
                             })
                         })
-                        .collect()
+                        .collect::<Result<Vec<_>, String>>()
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|handle| {
-                handle
-                    .join()
-                    .unwrap_or_else(|_| Err("an admission client panicked".into()))
-            })
-            .collect()
-    });
-    let mut admitted = Vec::new();
-    for result in results {
-        admitted.extend(result?);
-    }
-    Ok(admitted)
+        let mut admitted = Vec::new();
+        for client in clients {
+            let joined = client.join();
+            admitted.extend(joined.unwrap_or_else(|_| Err("an admission client panicked".into()))?);
+        }
+        Ok(admitted)
+    })
 }
 
 /// I4 and I3 over one execution's events; returns its effects reconciled.
-fn check_events(
-    id: ExecutionId,
-    events: &[openprogram_storage::EventEnvelope],
-    violations: &mut Vec<String>,
-) -> usize {
+fn check_events(id: ExecutionId, events: &[EventEnvelope], violations: &mut Vec<String>) -> usize {
     let mut dispatches: HashMap<_, usize> = HashMap::new();
     let mut newest_epoch = 0;
     let mut reconciled = 0;
