@@ -2,9 +2,10 @@
 //! revisions 1 to 3 (how tests deploy new code across a restart, F-3), `fanout` (named
 //! parallel branches) and `nested` (a nested workflow).
 
+use std::future::Future;
 use std::time::Duration;
 
-use futures::FutureExt as _;
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use crate::agent::{find_record, Reconciliation};
@@ -43,42 +44,54 @@ struct StepsInput {
 /// `append` protocol (External, reconcilable), `sleep_ms` before each; an `ask` (approval)
 /// before step `ask_at` (declined: the step is skipped); result `{"done": K}`.
 pub fn steps_v1() -> DurableFunction {
-    steps_revision(1, "builtin:steps:1", |context, input| {
-        run_steps(context, input, "s", false).boxed()
+    append_function("steps", 1, |context, input| {
+        run_steps(context, input, "s", false)
     })
 }
 
 /// `steps` revision 2: the same steps, then a step `summary` appending
 /// `summary<TAB>EFFECT_ID`; it declares `sI` ↔ `sI` with revision 1 (compatible).
 pub fn steps_v2() -> DurableFunction {
-    steps_revision(2, "builtin:steps:2", |context, input| {
-        run_steps(context, input, "s", true).boxed()
+    append_function("steps", 2, |context, input| {
+        run_steps(context, input, "s", true)
     })
     .corresponds(1, |step| is_numbered(step, "s").then(|| step.to_owned()))
 }
 
 /// `steps` revision 3: the steps renamed `tI`, no declared correspondence (incompatible).
 pub fn steps_v3() -> DurableFunction {
-    steps_revision(3, "builtin:steps:3", |context, input| {
-        run_steps(context, input, "t", false).boxed()
+    append_function("steps", 3, |context, input| {
+        run_steps(context, input, "t", false)
     })
 }
 
-/// A revision of `steps`, with its input check and the `append` protocol's reconciler.
-fn steps_revision<F>(revision: u32, identity: &str, body: F) -> DurableFunction
+/// Revision `revision` of the built-in `name` (identity `builtin:NAME:REVISION`): its body
+/// takes its input decoded as `I`, which admission checks, and the `append` protocol
+/// reconciles its steps.
+fn append_function<I, F, Fut>(name: &str, revision: u32, body: F) -> DurableFunction
 where
-    F: Fn(
-            FunctionContext,
-            serde_json::Value,
-        ) -> futures::future::BoxFuture<'static, Result<serde_json::Value, String>>
-        + Send
-        + Sync
-        + 'static,
+    I: DeserializeOwned,
+    F: Fn(FunctionContext, I) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<serde_json::Value, String>> + Send + 'static,
 {
-    DurableFunction::new("steps", revision, identity, body)
-        .input::<StepsInput>()
-        .reconcile_with(append_protocol)
-        .reconcile_fences()
+    let identity = format!("builtin:{name}:{revision}");
+    DurableFunction::new(name, revision, &identity, move |context, input| {
+        let run = serde_json::from_value(input)
+            .map(|input| body(context, input))
+            .map_err(|error| error.to_string());
+        async move { run?.await }
+    })
+    .input::<I>()
+    .reconcile_with(append_protocol)
+    .reconcile_fences()
+}
+
+/// The wait before each step of `sleep_ms`, at most `SLEEP_MS_MAX`.
+fn sleep_of(sleep_ms: u64) -> Result<Duration, String> {
+    if sleep_ms > SLEEP_MS_MAX {
+        return Err(format!("sleep_ms must be at most {SLEEP_MS_MAX}"));
+    }
+    Ok(Duration::from_millis(sleep_ms))
 }
 
 /// Whether `step` is `PREFIX` and a number (`s3`).
@@ -88,35 +101,27 @@ fn is_numbered(step: &str, prefix: &str) -> bool {
 }
 
 /// The reconciler of every built-in: an `append` step took effect if and only if its line is
-/// in the file the input names (`path`); confirmed, its result is the string `appended`.
+/// in the file the input names (`path`); confirmed, its result is the string `appended`
+/// (as JSON text).
 async fn append_protocol(step: StepRef, input: serde_json::Value) -> Reconciliation {
     let Some(path) = input["path"].as_str().map(str::to_owned) else {
         return Reconciliation::Unknown;
     };
     match find_record(path, step.effect_id, step.epoch).await {
-        Reconciliation::Confirmed(_) => Reconciliation::Confirmed(appended()),
+        Reconciliation::Confirmed(_) => Reconciliation::Confirmed("\"appended\"".into()),
         other => other,
     }
-}
-
-/// A step's result as JSON text: the string `appended`.
-fn appended() -> String {
-    String::from("\"appended\"")
 }
 
 /// `count` steps named `PREFIX1..`, each appending its id, then (`summary`) a step
 /// `summary`; result `{"done": count}`.
 async fn run_steps(
     context: FunctionContext,
-    input: serde_json::Value,
+    input: StepsInput,
     prefix: &'static str,
     summary: bool,
 ) -> Result<serde_json::Value, String> {
-    let input: StepsInput = serde_json::from_value(input).map_err(|error| error.to_string())?;
-    if input.sleep_ms > SLEEP_MS_MAX {
-        return Err(format!("sleep_ms must be at most {SLEEP_MS_MAX}"));
-    }
-    let sleep = Duration::from_millis(input.sleep_ms);
+    let sleep = sleep_of(input.sleep_ms)?;
     for index in 1..=input.count {
         let step_id = format!("{prefix}{index}");
         if input.ask_at == Some(index) {
@@ -128,26 +133,16 @@ async fn run_steps(
                 continue;
             }
         }
-        append_step(&context, &step_id, &input.path, sleep).await?;
+        append_step(&context, &step_id, &step_id, &input.path, sleep).await?;
     }
     if summary {
-        append_step(&context, "summary", &input.path, Duration::ZERO).await?;
+        append_step(&context, "summary", "summary", &input.path, Duration::ZERO).await?;
     }
     Ok(serde_json::json!({ "done": input.count }))
 }
 
-/// An External step appending `STEP<TAB>EFFECT_ID` to `path` after `sleep`.
-async fn append_step(
-    context: &FunctionContext,
-    step_id: &str,
-    path: &str,
-    sleep: Duration,
-) -> Result<(), String> {
-    append_line(context, step_id, step_id, path, sleep).await
-}
-
 /// An External step `step_id` appending `LINE<TAB>EFFECT_ID` to `path` after `sleep`.
-async fn append_line(
+async fn append_step(
     context: &FunctionContext,
     step_id: &str,
     line: &str,
@@ -184,32 +179,22 @@ struct FanoutInput {
 /// `NAME/append`, External), at once; then a step `join` appending `join<TAB>EFFECT_ID`;
 /// result `{"branches": N}`.
 pub fn fanout() -> DurableFunction {
-    DurableFunction::new("fanout", 1, "builtin:fanout:1", |context, input| {
-        run_fanout(context, input).boxed()
-    })
-    .input::<FanoutInput>()
-    .reconcile_with(append_protocol)
-    .reconcile_fences()
+    append_function("fanout", 1, run_fanout)
 }
 
 async fn run_fanout(
     context: FunctionContext,
-    input: serde_json::Value,
+    input: FanoutInput,
 ) -> Result<serde_json::Value, String> {
-    let input: FanoutInput = serde_json::from_value(input).map_err(|error| error.to_string())?;
-    if input.sleep_ms > SLEEP_MS_MAX {
-        return Err(format!("sleep_ms must be at most {SLEEP_MS_MAX}"));
-    }
-    let sleep = Duration::from_millis(input.sleep_ms);
+    let sleep = sleep_of(input.sleep_ms)?;
     let branches = input
         .branches
         .iter()
         .map(|name| {
             let path = input.path.clone();
-            let name = name.clone();
             let line = name.clone();
-            (name, move |branch: FunctionContext| async move {
-                append_line(&branch, "append", &line, &path, sleep).await
+            (name.clone(), move |branch: FunctionContext| async move {
+                append_step(&branch, "append", &line, &path, sleep).await
             })
         })
         .collect();
@@ -220,7 +205,7 @@ async fn run_fanout(
     {
         result?;
     }
-    append_step(&context, "join", &input.path, Duration::ZERO).await?;
+    append_step(&context, "join", "join", &input.path, Duration::ZERO).await?;
     Ok(serde_json::json!({ "branches": input.branches.len() }))
 }
 
@@ -238,19 +223,13 @@ struct NestedInput {
 /// `inner/s1..`), then a step `after` appending `after<TAB>EFFECT_ID`; result `{"inner":
 /// RESULT}`.
 pub fn nested() -> DurableFunction {
-    DurableFunction::new("nested", 1, "builtin:nested:1", |context, input| {
-        run_nested(context, input).boxed()
-    })
-    .input::<NestedInput>()
-    .reconcile_with(append_protocol)
-    .reconcile_fences()
+    append_function("nested", 1, run_nested)
 }
 
 async fn run_nested(
     context: FunctionContext,
-    input: serde_json::Value,
+    input: NestedInput,
 ) -> Result<serde_json::Value, String> {
-    let input: NestedInput = serde_json::from_value(input).map_err(|error| error.to_string())?;
     let steps = serde_json::json!({
         "count": input.count,
         "path": input.path,
@@ -260,6 +239,6 @@ async fn run_nested(
         .workflow("inner", "steps", 1, steps)
         .await
         .map_err(|error| error.to_string())?;
-    append_step(&context, "after", &input.path, Duration::ZERO).await?;
+    append_step(&context, "after", "after", &input.path, Duration::ZERO).await?;
     Ok(serde_json::json!({ "inner": inner }))
 }

@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 
 /// What a durable wait is opened with (W-1, W-6, W-8): its kind and prompt, and optionally
 /// a structured request (checked; its canonical JSON text) and a timeout. Built with
-/// `approval`, `question`, `form` or `permission`, then `with_timeout`.
+/// `approval`, `question` or `form`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct WaitSpec {
     pub kind: Option<openprogram_storage::WaitKind>,
@@ -39,13 +39,6 @@ impl WaitSpec {
         }
     }
 
-    /// W-7: an approval of the call of `tool` that follows; answered with scope `tool` or
-    /// `session`, it grants that tool.
-    pub fn approval_for(prompt: &str, tool: &str) -> Result<Self, String> {
-        let request = serde_json::json!({ "tool": tool });
-        Self::structured(openprogram_storage::WaitKind::Approval, prompt, &request)
-    }
-
     /// A question with the items of `request` (`{"items": [...]}`), checked now.
     pub fn question(prompt: &str, request: &Value) -> Result<Self, String> {
         Self::structured(openprogram_storage::WaitKind::Question, prompt, request)
@@ -54,16 +47,6 @@ impl WaitSpec {
     /// A form with the typed fields of `request` (`{"items": [...]}`), checked now.
     pub fn form(prompt: &str, request: &Value) -> Result<Self, String> {
         Self::structured(openprogram_storage::WaitKind::Form, prompt, request)
-    }
-
-    /// A permission request: `permission` on `resource`.
-    pub fn permission(
-        prompt: &str,
-        permission: &str,
-        resource: Option<&str>,
-    ) -> Result<Self, String> {
-        let request = serde_json::json!({"permission": permission, "resource": resource});
-        Self::structured(openprogram_storage::WaitKind::Permission, prompt, &request)
     }
 
     fn structured(
@@ -85,13 +68,6 @@ impl WaitSpec {
             .ok()
             .flatten()?
             .tool
-    }
-
-    /// W-8: past `timeout` from its opening, the wait is `expired` (never an approval) and
-    /// the execution pauses `wait_expired`.
-    pub fn with_timeout(mut self, timeout: std::time::Duration) -> Self {
-        self.timeout_ms = Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
-        self
     }
 }
 

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use super::config::ProviderConfig;
 use super::response::{clip, Response, ToolCallOut, Usage};
 use super::sse;
-use super::transport::{each_event, read_json, Failure};
+use super::transport::{event_json, read_json, Failure};
 use crate::context::{Message, Part, Role};
 use crate::deltas::DeltaSink;
 
@@ -151,25 +151,9 @@ fn error_failure(error: &Value) -> Failure {
     }
 }
 
-/// Reads a streamed response to its `message_stop`; a stream that ends before it is `Retry`.
-pub(super) async fn read_stream(
-    response: reqwest::Response,
-    deltas: DeltaSink,
-) -> Result<Response, Failure> {
-    let mut stream = Stream {
-        deltas,
-        ..Stream::default()
-    };
-    match each_event(response, |event| stream.take(event)).await? {
-        true => Ok(stream.finish()),
-        false => Err(Failure::retry(
-            "the response stream ended before it was complete",
-        )),
-    }
-}
-
+/// A streamed response as far as it has arrived; whole at its `message_stop`.
 #[derive(Debug, Default)]
-struct Stream {
+pub(super) struct Stream {
     /// Content blocks by index: a text block's text, or a tool call being assembled.
     blocks: Vec<Block>,
     stop_reason: Option<String>,
@@ -186,70 +170,73 @@ struct Block {
     thinking: Option<String>,
 }
 
+impl Block {
+    /// Adds a block's start or one of its deltas.
+    fn add(&mut self, piece: &Value, deltas: &DeltaSink) {
+        match piece["type"].as_str() {
+            Some("text" | "text_delta") => {
+                let text = piece["text"].as_str().unwrap_or_default();
+                deltas.text(text);
+                self.text.push_str(text);
+            }
+            Some("thinking" | "thinking_delta") => {
+                let thinking = piece["thinking"].as_str().unwrap_or_default();
+                deltas.reasoning(thinking);
+                let block = self.thinking.get_or_insert_with(String::new);
+                block.push_str(thinking);
+            }
+            Some("tool_use") => {
+                self.tool = Some(ToolCallOut {
+                    name: piece["name"].as_str().unwrap_or_default().to_owned(),
+                    arguments: String::new(),
+                });
+            }
+            Some("input_json_delta") => {
+                if let Some(tool) = &mut self.tool {
+                    let json = piece["partial_json"].as_str().unwrap_or_default();
+                    tool.arguments.push_str(json);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 impl Stream {
+    pub(super) fn new(deltas: DeltaSink) -> Self {
+        Self {
+            deltas,
+            ..Self::default()
+        }
+    }
+}
+
+impl super::transport::Stream for Stream {
     fn take(&mut self, event: &sse::Event) -> Result<bool, Failure> {
         if event.name == "ping" {
             return Ok(false);
         }
-        let value: Value = serde_json::from_str(&event.data).map_err(|error| {
-            Failure::Fatal(format!(
-                "a stream event is not JSON ({error}): {}",
-                clip(&event.data)
-            ))
-        })?;
-        let deltas = self.deltas.clone();
+        let value = event_json(event)?;
         match value["type"].as_str().unwrap_or(event.name.as_str()) {
             "message_start" => {
                 self.usage.input = value["message"]["usage"]["input_tokens"]
                     .as_u64()
                     .unwrap_or(0);
             }
-            "content_block_start" => {
-                let block = self.block(&value)?;
-                let start = &value["content_block"];
-                match start["type"].as_str() {
-                    Some("tool_use") => {
-                        block.tool = Some(ToolCallOut {
-                            name: start["name"].as_str().unwrap_or_default().to_owned(),
-                            arguments: String::new(),
-                        });
-                    }
-                    Some("text") => {
-                        let text = start["text"].as_str().unwrap_or_default();
-                        deltas.text(text);
-                        block.text.push_str(text);
-                    }
-                    Some("thinking") => {
-                        let thinking = start["thinking"].as_str().unwrap_or_default();
-                        deltas.reasoning(thinking);
-                        block.thinking = Some(thinking.to_owned());
-                    }
-                    _ => {}
+            kind @ ("content_block_start" | "content_block_delta") => {
+                let piece = match kind {
+                    "content_block_start" => &value["content_block"],
+                    _ => &value["delta"],
+                };
+                // The block the event's `index` names, created if new.
+                let index = value["index"].as_u64().unwrap_or(0) as usize;
+                if index >= 1024 {
+                    return Err(Failure::Fatal(format!("a content block index of {index}")));
                 }
-            }
-            "content_block_delta" => {
-                let delta = value["delta"].clone();
-                let block = self.block(&value)?;
-                match (delta["type"].as_str(), &mut block.tool) {
-                    (Some("text_delta"), _) => {
-                        let text = delta["text"].as_str().unwrap_or_default();
-                        deltas.text(text);
-                        block.text.push_str(text);
-                    }
-                    (Some("thinking_delta"), _) => {
-                        let thinking = delta["thinking"].as_str().unwrap_or_default();
-                        deltas.reasoning(thinking);
-                        block
-                            .thinking
-                            .get_or_insert_with(String::new)
-                            .push_str(thinking);
-                    }
-                    (Some("input_json_delta"), Some(tool)) => {
-                        tool.arguments
-                            .push_str(delta["partial_json"].as_str().unwrap_or_default());
-                    }
-                    _ => {}
+                if self.blocks.len() <= index {
+                    self.blocks.resize(index + 1, Block::default());
                 }
+                self.blocks[index].add(piece, &self.deltas);
             }
             "message_delta" => {
                 if let Some(reason) = value["delta"]["stop_reason"].as_str() {
@@ -266,19 +253,11 @@ impl Stream {
         Ok(false)
     }
 
-    /// The block an event's `index` names, created if new.
-    fn block(&mut self, value: &Value) -> Result<&mut Block, Failure> {
-        let index = value["index"].as_u64().unwrap_or(0) as usize;
-        if index >= 1024 {
-            return Err(Failure::Fatal(format!("a content block index of {index}")));
+    /// The whole response, once `message_stop` has `ended` the stream.
+    fn finish(self, ended: bool) -> Option<Response> {
+        if !ended {
+            return None;
         }
-        if self.blocks.len() <= index {
-            self.blocks.resize(index + 1, Block::default());
-        }
-        Ok(&mut self.blocks[index])
-    }
-
-    fn finish(self) -> Response {
         let mut out = Response {
             usage: self.usage,
             ..Response::default()
@@ -296,12 +275,13 @@ impl Stream {
             }
         }
         stop_reason(&mut out, self.stop_reason.as_deref());
-        out
+        Some(out)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::transport::Stream as _;
     use super::*;
 
     #[test]
@@ -326,7 +306,7 @@ mod tests {
             done = state.take(&event).unwrap_or_else(|_| panic!("refused"));
         }
         assert!(done);
-        let out = state.finish();
+        let out = state.finish(done).unwrap_or_else(|| panic!("not whole"));
         assert_eq!(out.text, "Let me look.");
         assert_eq!(out.reasoning, vec!["Look it up.".to_owned()]);
         assert_eq!(out.tool_calls[0].name, "echo");

@@ -18,11 +18,9 @@ pub enum Api {
 impl Api {
     /// `openai` or `anthropic`, as `serve --provider` takes it.
     pub fn parse(name: &str) -> Option<Self> {
-        match name {
-            "openai" => Some(Self::OpenAi),
-            "anthropic" => Some(Self::Anthropic),
-            _ => None,
-        }
+        [Self::OpenAi, Self::Anthropic]
+            .into_iter()
+            .find(|api| api.name() == name)
     }
 
     pub fn name(self) -> &'static str {

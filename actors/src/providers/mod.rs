@@ -182,9 +182,13 @@ impl Inner {
             .is_some_and(|value| value.starts_with("application/json"));
         match (self.config.api, self.config.stream && !json) {
             (Api::OpenAi, false) => openai::read_whole(response).await,
-            (Api::OpenAi, true) => openai::read_stream(response, deltas.clone()).await,
+            (Api::OpenAi, true) => {
+                transport::read_stream(response, openai::Stream::new(deltas.clone())).await
+            }
             (Api::Anthropic, false) => anthropic::read_whole(response).await,
-            (Api::Anthropic, true) => anthropic::read_stream(response, deltas.clone()).await,
+            (Api::Anthropic, true) => {
+                transport::read_stream(response, anthropic::Stream::new(deltas.clone())).await
+            }
         }
     }
 

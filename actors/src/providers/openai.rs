@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use super::config::ProviderConfig;
 use super::response::{clip, Response, ToolCallOut, Usage};
 use super::sse;
-use super::transport::{each_event, read_json, Failure};
+use super::transport::{event_json, read_json, Failure};
 use crate::context::{Message, Part, Role};
 use crate::deltas::DeltaSink;
 
@@ -131,30 +131,10 @@ pub(super) async fn read_whole(response: reqwest::Response) -> Result<Response, 
     Ok(out)
 }
 
-/// Reads a streamed response to its end (`data: [DONE]`, or a finish reason and the end of
-/// the body). A stream that stops before either is `Retry`: its pieces are dropped.
-pub(super) async fn read_stream(
-    response: reqwest::Response,
-    deltas: DeltaSink,
-) -> Result<Response, Failure> {
-    let mut stream = Stream {
-        deltas,
-        ..Stream::default()
-    };
-    each_event(response, |event| stream.take(event)).await?;
-    // `[DONE]` ends the stream whole only after a finish reason (`take`); a body that ends
-    // after one is whole too.
-    match stream.finished {
-        true => Ok(stream.out),
-        false => Err(Failure::retry(
-            "the response stream ended before it was complete",
-        )),
-    }
-}
-
-/// A streamed response as far as it has arrived.
+/// A streamed response as far as it has arrived: whole at `data: [DONE]`, or at a finish
+/// reason and the end of the body.
 #[derive(Debug, Default)]
-struct Stream {
+pub(super) struct Stream {
     out: Response,
     finished: bool,
     /// Where each piece goes as it arrives (E-3).
@@ -162,18 +142,21 @@ struct Stream {
 }
 
 impl Stream {
-    /// Takes one event; true once the stream says it is done.
+    pub(super) fn new(deltas: DeltaSink) -> Self {
+        Self {
+            deltas,
+            ..Self::default()
+        }
+    }
+}
+
+impl super::transport::Stream for Stream {
     fn take(&mut self, event: &sse::Event) -> Result<bool, Failure> {
         if event.data == "[DONE]" {
             // A stream that never said why it stopped is not whole.
             return Ok(self.finished);
         }
-        let chunk: Value = serde_json::from_str(&event.data).map_err(|error| {
-            Failure::Fatal(format!(
-                "a stream event is not JSON ({error}): {}",
-                clip(&event.data)
-            ))
-        })?;
+        let chunk = event_json(event)?;
         if let Some(error) = chunk.get("error") {
             return Err(Failure::retry(format!(
                 "the stream carried an error: {}",
@@ -236,6 +219,10 @@ impl Stream {
         }
         Ok(false)
     }
+
+    fn finish(self, _ended: bool) -> Option<Response> {
+        self.finished.then_some(self.out)
+    }
 }
 
 fn usage(value: &Value) -> Usage {
@@ -246,17 +233,15 @@ fn usage(value: &Value) -> Usage {
 }
 
 fn error_text(error: &Value) -> String {
-    clip(
-        error["message"]
-            .as_str()
-            .map(str::to_owned)
-            .unwrap_or_else(|| error.to_string())
-            .as_str(),
-    )
+    match error["message"].as_str() {
+        Some(message) => clip(message),
+        None => clip(&error.to_string()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::transport::Stream as _;
     use super::*;
 
     fn take_all(stream: &str) -> Result<(Response, bool), Failure> {

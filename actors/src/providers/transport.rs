@@ -271,16 +271,26 @@ pub(super) async fn read_json(
     }
 }
 
-/// Hands each event of a streamed body to `take` as it arrives, until `take` says the stream
-/// is done (`true`) or the body ends (`false`). The bytes read count against
-/// `RESPONSE_BYTES_MAX`; a dropped connection is `Retry`.
-pub(super) async fn each_event(
+/// A streamed response, assembled event by event.
+pub(super) trait Stream {
+    /// Takes one event; true once the stream says it is done.
+    fn take(&mut self, event: &sse::Event) -> Result<bool, Failure>;
+    /// The response, if what arrived is whole (`ended`: `take` said the stream is done).
+    fn finish(self, ended: bool) -> Option<Response>;
+}
+
+/// Reads a streamed body into `stream`, each event as it arrives, until `take` says the
+/// stream is done or the body ends. The bytes read count against `RESPONSE_BYTES_MAX`; a
+/// dropped connection, and a stream that ends before it is whole, is `Retry` (its pieces
+/// are dropped).
+pub(super) async fn read_stream(
     mut response: reqwest::Response,
-    mut take: impl FnMut(&sse::Event) -> Result<bool, Failure>,
-) -> Result<bool, Failure> {
+    mut stream: impl Stream,
+) -> Result<Response, Failure> {
     let mut parser = sse::Parser::default();
     let mut read = 0usize;
-    while let Some(chunk) = response
+    let mut ended = false;
+    'body: while let Some(chunk) = response
         .chunk()
         .await
         .map_err(|error| Failure::retry(describe(error)))?
@@ -292,12 +302,25 @@ pub(super) async fn each_event(
             )));
         }
         for event in parser.push(&chunk) {
-            if take(&event)? {
-                return Ok(true);
+            if stream.take(&event)? {
+                ended = true;
+                break 'body;
             }
         }
     }
-    Ok(false)
+    stream
+        .finish(ended)
+        .ok_or_else(|| Failure::retry("the response stream ended before it was complete"))
+}
+
+/// An event's data as JSON; not JSON is `Fatal`.
+pub(super) fn event_json(event: &sse::Event) -> Result<serde_json::Value, Failure> {
+    serde_json::from_str(&event.data).map_err(|error| {
+        Failure::Fatal(format!(
+            "a stream event is not JSON ({error}): {}",
+            clip(&event.data)
+        ))
+    })
 }
 
 /// A number in [0, 1) from uuid's thread-local CSPRNG.
