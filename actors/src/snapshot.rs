@@ -124,18 +124,12 @@ pub struct JobView {
     pub queue_deadline_ms: Option<u64>,
     /// When it first got a lease.
     pub admitted_at_ms: Option<u64>,
-    pub budget: BudgetView,
+    pub budget: openprogram_storage::JobBudget,
     /// What it used, under a lease only.
     pub budget_used: BudgetUsed,
     /// When the lease it holds was granted (what `budget_used.wall_ms` runs from).
     #[serde(skip)]
     pub lease_granted_at_ms: Option<u64>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct BudgetView {
-    pub steps: Option<u32>,
-    pub wall_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -155,10 +149,7 @@ impl JobView {
             queued_at_ms: job.spec.queued_at_ms,
             queue_deadline_ms: job.spec.queue_deadline_ms,
             admitted_at_ms: job.admitted_at_ms,
-            budget: BudgetView {
-                steps: job.budget.steps,
-                wall_ms: job.budget.wall_ms,
-            },
+            budget: job.budget,
             budget_used: BudgetUsed {
                 steps: job.steps_used,
                 wall_ms: job.wall_used_ms,
@@ -430,8 +421,6 @@ impl FunctionView {
 }
 
 impl Snapshot {
-    /// Adds what only the process records hold: exit codes and output tails. A record or
-    /// tail that cannot be read leaves its fields empty; the state stands.
     /// W-7: the session's grants, and `revoke` among the controls while one stands.
     pub fn with_session(mut self, session: Option<&openprogram_storage::SessionRecord>) -> Self {
         let Some(session) = session else {
@@ -452,6 +441,8 @@ impl Snapshot {
         self
     }
 
+    /// Adds what only the process records hold: exit codes and output tails. A record or
+    /// tail that cannot be read leaves its fields empty; the state stands.
     pub fn with_process_records(mut self, store: &dyn EventStore) -> Self {
         for view in &mut self.processes {
             let Ok(Some(record)) = store.process(view.process_id) else {

@@ -210,10 +210,7 @@ pub fn assistant_message(
 ) -> Message {
     let mut fold = Fold {
         blocks: inherited,
-        text: String::new(),
-        forked_from: None,
-        granted_next: None,
-        granted_tool: None,
+        ..Fold::default()
     };
     for envelope in events {
         fold.event(envelope);
@@ -254,6 +251,7 @@ pub fn forked_from(events: &[EventEnvelope]) -> Option<ForkedFrom> {
         .find_map(|envelope| ForkedFrom::of(&envelope.event))
 }
 
+#[derive(Default)]
 struct Fold {
     blocks: Vec<Block>,
     text: String,
@@ -482,16 +480,16 @@ impl Fold {
         };
         let grant = self.granted_next.take();
         let granted_tool = self.granted_tool.take();
+        if let Decision::Tool { reasoning, .. } | Decision::Reply { reasoning, .. } = &decision {
+            for block in reasoning {
+                let text = block.clone();
+                self.push(seq, BlockBody::Reasoning { text });
+            }
+        }
         match decision {
             Decision::Tool {
-                tool,
-                args,
-                text,
-                reasoning,
+                tool, args, text, ..
             } => {
-                for block in reasoning {
-                    self.push(seq, BlockBody::Reasoning { text: block });
-                }
                 if !text.is_empty() {
                     self.push(seq, BlockBody::Text { text });
                 }
@@ -509,13 +507,8 @@ impl Fold {
                     },
                 );
             }
-            Decision::Reply { reasoning, .. } => {
-                for block in reasoning {
-                    self.push(seq, BlockBody::Reasoning { text: block });
-                }
-            }
-            // The wait it opens is its own block (`WaitOpened`).
-            Decision::Ask { .. } => {}
+            // The wait an `Ask` opens is its own block (`WaitOpened`).
+            Decision::Reply { .. } | Decision::Ask { .. } => {}
         }
     }
 
