@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use actix::prelude::*;
 use openprogram_storage::{ExecutionHead, ExecutionId, ExecutionKind, ExecutionState, Outcome};
@@ -54,8 +54,13 @@ impl Directory {
         }
     }
 
+    /// The live actors by id (a panic while held leaves the map as it was: it is used on).
+    fn entries(&self) -> MutexGuard<'_, HashMap<ExecutionId, Live>> {
+        self.live.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     pub fn live(&self, execution_id: ExecutionId) -> Option<Addr<ExecutionActor>> {
-        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        let live = self.entries();
         live.get(&execution_id)
             .map(|entry| &entry.addr)
             .filter(|addr| addr.connected())
@@ -63,15 +68,12 @@ impl Directory {
     }
 
     pub fn live_len(&self) -> usize {
-        self.live
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        self.entries().len()
     }
 
     /// Forgets an actor that released itself, unless a newer one took its place.
     pub fn forget(&self, execution_id: ExecutionId, token: u64) {
-        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut live = self.entries();
         if live.get(&execution_id).map(|live| live.token) == Some(token) {
             live.remove(&execution_id);
         }
@@ -81,7 +83,7 @@ impl Directory {
 
     /// Every live actor now.
     pub fn all(&self) -> Vec<Addr<ExecutionActor>> {
-        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        let live = self.entries();
         live.values().map(|entry| entry.addr.clone()).collect()
     }
 
@@ -167,12 +169,8 @@ impl Hooks for Executions {
     }
 
     fn wake(&self, execution_id: ExecutionId) {
-        let addr = match self.activate(execution_id) {
-            Ok(addr) => addr,
-            Err(error) => {
-                tracing::warn!(%execution_id, %error, "a turn waiting for its session could not be woken");
-                return;
-            }
+        let Some(addr) = self.woken(execution_id) else {
+            return;
         };
         // The actor may be parking as the wake arrives (it looked a moment ago): if the
         // wake never reached it, a new activation looks again.
@@ -187,11 +185,8 @@ impl Hooks for Executions {
     }
 
     fn wake_once(&self, execution_id: ExecutionId) {
-        match self.activate(execution_id) {
-            Ok(addr) => addr.do_send(crate::execution::actor::Advance),
-            Err(error) => {
-                tracing::warn!(%execution_id, %error, "a turn waiting for its session could not be woken")
-            }
+        if let Some(addr) = self.woken(execution_id) {
+            addr.do_send(crate::execution::actor::Advance);
         }
     }
 }
@@ -202,26 +197,15 @@ impl crate::resource_queue::JobHost for Executions {
         self: Arc<Self>,
         offer: crate::resources::Offer,
     ) -> BoxFuture<'static, Result<Option<u64>>> {
-        async move {
-            let addr = self.activate(offer.job_id)?;
-            let grant = crate::execution::job_run::Grant {
-                lease_id: offer.lease_id,
-            };
-            addr.send(grant)
-                .await
-                .map_err(|error| Error::Unavailable(error.to_string()))?
-        }
-        .boxed()
+        let grant = crate::execution::job_run::Grant {
+            lease_id: offer.lease_id,
+        };
+        async move { self.ask(offer.job_id, grant).await }.boxed()
     }
 
     fn expire(self: Arc<Self>, job_id: ExecutionId) -> BoxFuture<'static, Result<bool>> {
-        async move {
-            let addr = self.activate(job_id)?;
-            addr.send(crate::execution::job_run::ExpireQueued)
-                .await
-                .map_err(|error| Error::Unavailable(error.to_string()))?
-        }
-        .boxed()
+        let expire = crate::execution::job_run::ExpireQueued;
+        async move { self.ask(job_id, expire).await }.boxed()
     }
 }
 
@@ -233,13 +217,8 @@ impl crate::wait_deadlines::DeadlineHost for Executions {
         execution_id: ExecutionId,
         wait_id: openprogram_storage::WaitId,
     ) -> BoxFuture<'static, Result<bool>> {
-        async move {
-            let addr = self.activate(execution_id)?;
-            addr.send(crate::execution::wait_expiry::ExpireWait { wait_id })
-                .await
-                .map_err(|error| Error::Unavailable(error.to_string()))?
-        }
-        .boxed()
+        let expire = crate::execution::wait_expiry::ExpireWait { wait_id };
+        async move { self.ask(execution_id, expire).await }.boxed()
     }
 
     fn pending_deadlines(
@@ -287,16 +266,38 @@ impl Executions {
     /// A command the runtime itself sends to `execution_id`, applied by its actor here.
     async fn apply_here(&self, execution_id: ExecutionId, command: Command) -> Result<()> {
         let accepted = command.accepted_record(execution_id);
-        let addr = self.activate(execution_id)?;
-        match addr.send(ApplyCommand { accepted, command }).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(error)) => Err(error),
-            Err(error) => Err(Error::Unavailable(error.to_string())),
-        }
+        let applied = self.ask(execution_id, ApplyCommand { accepted, command });
+        applied.await.map(|_| ())
     }
-}
 
-impl Executions {
+    /// What the actor of `execution_id`, activated if need be, answers `message`.
+    async fn ask<M, T>(&self, execution_id: ExecutionId, message: M) -> Result<T>
+    where
+        M: Message<Result = Result<T>> + Send + 'static,
+        T: Send + 'static,
+        ExecutionActor: Handler<M>,
+    {
+        let addr = self.activate(execution_id)?;
+        addr.send(message)
+            .await
+            .map_err(|error| Error::Unavailable(error.to_string()))?
+    }
+
+    /// The actor of a turn waiting for its session, to wake; `None` (logged) if it cannot
+    /// be activated.
+    fn woken(&self, execution_id: ExecutionId) -> Option<Addr<ExecutionActor>> {
+        self.activate(execution_id)
+            .map_err(|error| tracing::warn!(%execution_id, %error, "a turn waiting for its session could not be woken"))
+            .ok()
+    }
+
+    /// Whether the caller `parent` ended or is being cancelled (K-5).
+    fn caller_cancelled(&self, parent: ExecutionId) -> Result<bool> {
+        Ok(self.store.head(parent)?.is_some_and(|caller| {
+            caller.state.is_terminal() || caller.state == ExecutionState::Cancelling
+        }))
+    }
+
     /// F-6: the child execution of an agent's call of a function: admitted (the newest
     /// registered revision, the runtime's policy) and started, unless the call made it
     /// before.
@@ -305,10 +306,7 @@ impl Executions {
             return Ok(());
         }
         // A caller cancelled meanwhile starts no function (K-5).
-        let caller = self.store.head(child.parent)?;
-        if caller.is_some_and(|caller| {
-            caller.state.is_terminal() || caller.state == ExecutionState::Cancelling
-        }) {
+        if self.caller_cancelled(child.parent)? {
             return Err(Error::InvalidRequest(
                 "the calling execution is cancelled".into(),
             ));
@@ -346,10 +344,7 @@ impl Executions {
                 self.activate_admitted(head, machine)?;
                 // The caller was cancelled while the child was admitted: its Cancel found
                 // no child, so the child is cancelled now (K-5).
-                let caller = self.store.head(child.parent)?;
-                if caller.is_some_and(|caller| {
-                    caller.state.is_terminal() || caller.state == ExecutionState::Cancelling
-                }) {
+                if self.caller_cancelled(child.parent)? {
                     self.cancel_child_now(child.child_id).await?;
                 }
                 Ok(())
@@ -414,11 +409,7 @@ impl Executions {
         let (head, machine) = state()?;
         // W-8: a pending deadline is watched whenever its execution wakes.
         self.watch_deadline(execution_id, &machine);
-        let mut live = self
-            .directory
-            .live
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut live = self.directory.entries();
         if let Some(entry) = live
             .get(&execution_id)
             .filter(|entry| entry.addr.connected())
@@ -431,36 +422,39 @@ impl Executions {
             head.fencing_epoch + 1,
             self.lease_ttl,
         );
-        let (addr, token) = self.start_actor(head, machine, Arc::clone(&lease), false);
+        let addr = self.start_actor(&mut live, head, machine, lease, false);
         addr.do_send(Activate);
         self.telemetry.activation(started.elapsed());
-        live.insert(
-            execution_id,
-            Live {
-                addr: addr.clone(),
-                lease,
-                token,
-            },
-        );
         Ok(addr)
     }
 
+    /// Starts an execution's actor and enters it in the directory `live`, in place of any
+    /// actor of an older attempt.
     fn start_actor(
         &self,
+        live: &mut HashMap<ExecutionId, Live>,
         head: ExecutionHead,
         machine: Machine,
         lease: Arc<LeaseState>,
         claimed: bool,
-    ) -> (Addr<ExecutionActor>, u64) {
+    ) -> Addr<ExecutionActor> {
         let env = Arc::clone(&self.env);
+        let execution_id = head.execution_id;
         let token = self.next_token.fetch_add(1, Ordering::Relaxed);
         let arbiter = self
             .directory
-            .arbiter_of(head.execution_id, usize::from(claimed));
+            .arbiter_of(execution_id, usize::from(claimed));
+        let actor_lease = Arc::clone(&lease);
         let addr = ExecutionActor::start_in_arbiter(arbiter, move |_| {
-            ExecutionActor::new(env, head, machine, lease, claimed, token)
+            ExecutionActor::new(env, head, machine, actor_lease, claimed, token)
         });
-        (addr, token)
+        let entry = Live {
+            addr: addr.clone(),
+            lease,
+            token,
+        };
+        live.insert(execution_id, entry);
+        addr
     }
 
     /// Replaces every running attempt whose lease lapsed with a new attempt: the claim
@@ -468,11 +462,7 @@ impl Executions {
     /// actor stops. Returns the executions taken over.
     pub async fn reclaim_lapsed(&self) -> Result<Vec<ExecutionId>> {
         let lapsed: Vec<(ExecutionId, Live)> = {
-            let live = self
-                .directory
-                .live
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let live = self.directory.entries();
             live.iter()
                 .filter(|(_, entry)| entry.lease.lapsed())
                 .map(|(id, entry)| (*id, entry.clone()))
@@ -539,23 +529,9 @@ impl Executions {
         machine: Machine,
         lease: Arc<LeaseState>,
     ) -> Addr<ExecutionActor> {
-        let execution_id = head.execution_id;
         // The lease runs from now, not from its claim (recovery claims everything first).
         lease.renew();
-        let (addr, token) = self.start_actor(head, machine, Arc::clone(&lease), true);
-        let mut live = self
-            .directory
-            .live
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        live.insert(
-            execution_id,
-            Live {
-                addr: addr.clone(),
-                lease,
-                token,
-            },
-        );
-        addr
+        let mut live = self.directory.entries();
+        self.start_actor(&mut live, head, machine, lease, true)
     }
 }

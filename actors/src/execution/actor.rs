@@ -41,7 +41,7 @@ pub struct ExecutionActor {
     /// The epoch this actor writes with, once its attempt has started.
     pub(super) epoch: Option<u64>,
     pub(super) in_flight: Option<InFlight>,
-    /// The step in flight (issue 36): when its effect started, which, and its span (a child
+    /// The step in flight: when its effect started, which, and its span (a child
     /// of the attempt's); it ends at the commit of the effect's result.
     pub(super) effect_started: Option<Step>,
     /// The model call in flight and where its provider reports the tokens it used (E-6).
@@ -264,6 +264,12 @@ impl ExecutionActor {
         }
     }
 
+    /// A message handled: counted, and its work inside the attempt's span (I-5).
+    pub(super) fn enter(&mut self) -> tracing::span::EnteredSpan {
+        self.handled += 1;
+        self.span.clone().entered()
+    }
+
     fn snapshot(&self) -> Snapshot {
         Snapshot::of(&self.head, &self.machine, self.env.revision)
     }
@@ -278,8 +284,7 @@ impl Handler<Activate> for ExecutionActor {
     type Result = AtomicResponse<Self, Result<u64, Error>>;
 
     fn handle(&mut self, _: Activate, ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        self.handled += 1;
+        let _span = self.enter();
         if !self.inherited_pending.is_empty() {
             // After this, before any command sent after the activation.
             ctx.notify(DecideInherited);
@@ -287,7 +292,7 @@ impl Handler<Activate> for ExecutionActor {
         if !self.runs() {
             // Nothing to run (paused, waiting, finished, a Job waiting for its lease): no
             // attempt until a control or a lease needs one.
-            return AtomicResponse::new(Box::pin(fut::ready(Ok(self.head.version))));
+            return answer(Ok(self.head.version));
         }
         let started = self.claim();
         let committed = self.commit(vec![started], Vec::new());
@@ -316,19 +321,12 @@ impl Handler<Advance> for ExecutionActor {
     type Result = AtomicResponse<Self, ()>;
 
     fn handle(&mut self, _: Advance, ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        if ctx.waiting() {
-            // actix may run a notified item right after a mailbox message started an atomic
-            // commit (before that wait is merged): take the step after the commit instead.
-            ctx.notify(Advance);
-            return AtomicResponse::new(Box::pin(fut::ready(())));
+        if after_commit(ctx, Advance).is_none() {
+            return answer(());
         }
-        self.handled += 1;
-        if self.in_flight.is_some() || self.epoch.is_none() {
-            return AtomicResponse::new(Box::pin(fut::ready(())));
-        }
-        if !self.complete_history(ctx) {
-            return AtomicResponse::new(Box::pin(fut::ready(())));
+        let _span = self.enter();
+        if self.in_flight.is_some() || self.epoch.is_none() || !self.complete_history(ctx) {
+            return answer(());
         }
         if let Some(deciding) = self.decide_pending() {
             // A command accepted before a crash is decided before anything else.
@@ -348,11 +346,7 @@ impl Handler<Advance> for ExecutionActor {
             |name| env.tools.recovery(name),
             env.clock.now_ms(),
         ) {
-            Next::Persist(events) => {
-                return AtomicResponse::new(Box::pin(
-                    self.commit(events, Vec::new()).map(log_failure),
-                ))
-            }
+            Next::Persist(events) => return AtomicResponse::new(self.progress(events)),
             Next::CallModel { effect_id } => {
                 if let Some(first) = self.before_model_call(ctx) {
                     return AtomicResponse::new(first);
@@ -369,18 +363,49 @@ impl Handler<Advance> for ExecutionActor {
             Next::RunFunction => return AtomicResponse::new(self.start_function(ctx)),
             Next::Idle => {}
         }
-        AtomicResponse::new(Box::pin(fut::ready(())))
+        answer(())
     }
 }
 
-/// A submission that carries no command: anything but a commit is an error.
-pub(super) fn committed(
-    submitted: ResponseActFuture<ExecutionActor, Result<Outcome, Error>>,
-) -> ResponseActFuture<ExecutionActor, Result<u64, Error>> {
-    Box::pin(submitted.map(|outcome, _, _| match outcome? {
+/// The version a submission that carries no command committed: anything but a commit is
+/// an error.
+pub(super) fn committed_version(outcome: Result<Outcome, Error>) -> Result<u64, Error> {
+    match outcome? {
         Outcome::Committed(committed) => Ok(committed.version),
         other => Err(Error::Internal(format!("unexpected outcome {other:?}"))),
-    }))
+    }
+}
+
+/// A handler's answer that commits nothing.
+pub(super) fn answer<T: 'static>(value: T) -> AtomicResponse<ExecutionActor, T> {
+    AtomicResponse::new(Box::pin(fut::ready(value)))
+}
+
+/// actix may run a notified item right after a mailbox message started an atomic commit
+/// (before that wait is merged): such a message is sent again, to be handled after the
+/// commit, and `None` returned; never decide while another commit is pending.
+pub(super) fn after_commit<M>(ctx: &mut Context<ExecutionActor>, message: M) -> Option<M>
+where
+    M: Message + Send + 'static,
+    M::Result: Send,
+    ExecutionActor: Handler<M>,
+{
+    if !ctx.waiting() {
+        return Some(message);
+    }
+    ctx.notify(message);
+    None
+}
+
+/// After a message that activated a parked execution (a command, a Job's offer, a
+/// deadline), its actor is released again if nothing else keeps it.
+pub(super) fn parked<T>(
+    result: T,
+    act: &mut ExecutionActor,
+    ctx: &mut Context<ExecutionActor>,
+) -> T {
+    act.park_if_idle(ctx);
+    result
 }
 
 /// A transition of the execution's own progress failed: the actor cannot tell what is on

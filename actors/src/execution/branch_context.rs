@@ -9,7 +9,7 @@ use actix::prelude::*;
 use futures::future::AbortHandle;
 use openprogram_storage::ExecutionId;
 
-use super::actor::{log_failure, Advance, ExecutionActor, InFlight};
+use super::actor::{Advance, ExecutionActor, InFlight};
 use crate::context_read::{Prepared, Reading};
 use crate::error::Error;
 
@@ -23,9 +23,7 @@ impl ExecutionActor {
     ) -> Option<ResponseActFuture<Self, ()>> {
         match self.prepare_request() {
             Ok(Prepared::Ready) => None,
-            Ok(Prepared::Pin(pin)) => Some(Box::pin(
-                self.commit(vec![pin], Vec::new()).map(log_failure),
-            )),
+            Ok(Prepared::Pin(pin)) => Some(self.progress(vec![pin])),
             Ok(Prepared::Compact(through)) => {
                 self.compact_for_budget(through, ctx);
                 Some(Box::pin(fut::ready(())))

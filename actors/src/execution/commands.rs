@@ -8,7 +8,7 @@ use openprogram_storage::{CommandRecord, CommandStatus, Event, Outcome, Transiti
 
 use crate::command::{Command, CommandBody, WaitRef};
 use crate::error::Error;
-use crate::execution::actor::ExecutionActor;
+use crate::execution::actor::{answer, parked, ExecutionActor};
 use crate::execution::machine::{Accepted, CommandContext, Refusal, Rejection};
 
 /// Whether the transition that decides a command also saves it as accepted.
@@ -58,19 +58,10 @@ impl ExecutionActor {
 
     /// Decides a command and records `applied` with its effect (with `Saved::WithDecision`,
     /// in the same transition that saves it as accepted, K-1), or `rejected`: the command
-    /// record alone, so a refusal changes nothing of the execution (K-4).
+    /// record alone, so a refusal changes nothing of the execution (K-4). Decided again
+    /// (`tries` counts how often) after the session record moved under a control that
+    /// writes it (W-7: a session grant given or revoked): read and decided anew.
     pub(super) fn decide_command(
-        &mut self,
-        accepted: CommandRecord,
-        command: Command,
-        saved: Saved,
-    ) -> ResponseActFuture<Self, Result<CommandRecord, Error>> {
-        self.decide_command_try(accepted, command, saved, 0)
-    }
-
-    /// `decide_command`, again (`tries`) after the session record moved under a control
-    /// that writes it (W-7: a session grant given or revoked): read and decided anew.
-    fn decide_command_try(
         &mut self,
         accepted: CommandRecord,
         command: Command,
@@ -134,19 +125,10 @@ impl ExecutionActor {
         }
         // C-2: a foreground turn that runs again (an answer, a Continue) lets the first turn
         // in its line look again: an interrupt asks it to pause now that it can.
-        let runs_again = self.machine.session_turn.is_some()
-            && events.iter().any(|event| {
-                matches!(
-                    event,
-                    Event::StateChanged {
-                        state: openprogram_storage::ExecutionState::Running,
-                        ..
-                    }
-                )
-            });
+        let runs_again = self.resumes_turn(&events);
         let upsert = Upsert::Command(record.clone());
         Box::pin(
-            self.submit_with_session(events, vec![upsert], session)
+            self.submit_planned(events, vec![upsert], None, session)
                 .then(move |outcome, act, ctx| {
                     if runs_again && matches!(outcome, Ok(Outcome::Committed(_))) {
                         act.wake_first_in_line();
@@ -157,7 +139,7 @@ impl ExecutionActor {
                         }
                         if tries < SESSION_TRIES_MAX {
                             let (accepted, command) = again;
-                            return act.decide_command_try(accepted, command, saved, tries + 1);
+                            return act.decide_command(accepted, command, saved, tries + 1);
                         }
                         // Nothing was written: the same command id may be sent again.
                         return Box::pin(fut::ready(Err(Error::Unavailable(
@@ -178,23 +160,10 @@ impl ExecutionActor {
         claims: bool,
         ctx: &mut Context<Self>,
     ) -> Result<CommandRecord, Error> {
-        let (decided, committed) = match outcome {
-            Ok(Outcome::Committed(_)) => (Ok(record), true),
-            // Decided meanwhile by a newer attempt (K-6): its stored outcome stands, and
-            // nothing of this transition (nor its claim) was written.
-            Ok(Outcome::DuplicateCommand { stored }) => (Ok(stored), false),
-            Ok(Outcome::CommandConflict { stored }) => (
-                Err(Error::CommandConflict {
-                    stored: Box::new(stored),
-                }),
-                false,
-            ),
-            Ok(other) => (
-                Err(Error::Internal(format!("unexpected outcome {other:?}"))),
-                false,
-            ),
-            Err(error) => (Err(error), false),
-        };
+        // Anything but a commit (a duplicate: decided meanwhile by a newer attempt, K-6,
+        // whose stored outcome stands) wrote nothing of this transition, nor its claim.
+        let committed = matches!(outcome, Ok(Outcome::Committed(_)));
+        let decided = stored_outcome(outcome, record);
         if claims && !committed {
             self.epoch = None;
         } else if claims && self.lease_actor.is_none() {
@@ -220,16 +189,7 @@ impl ExecutionActor {
         });
         // C-2: a foreground turn that runs again moves its session's record too, so a turn
         // that read it paused (an interrupt about to take the session) reads again.
-        let resumes = self.machine.session_turn.is_some()
-            && events.iter().any(|event| {
-                matches!(
-                    event,
-                    Event::StateChanged {
-                        state: openprogram_storage::ExecutionState::Running,
-                        ..
-                    }
-                )
-            });
+        let resumes = self.resumes_turn(events);
         let writes = requeued
             || resumes
             || matches!(
@@ -266,6 +226,20 @@ impl ExecutionActor {
             expected_version,
             record: Some(record),
         }))
+    }
+
+    /// C-2: whether `events` run this execution again as its session's foreground turn.
+    fn resumes_turn(&self, events: &[Event]) -> bool {
+        self.machine.session_turn.is_some()
+            && events.iter().any(|event| {
+                matches!(
+                    event,
+                    Event::StateChanged {
+                        state: openprogram_storage::ExecutionState::Running,
+                        ..
+                    }
+                )
+            })
     }
 
     /// A refused command: its record alone (`Transition::rejection`), at the version it was
@@ -314,7 +288,8 @@ impl ExecutionActor {
     }
 }
 
-/// The record a command's write leaves: this one, or the one stored before (K-4).
+/// The record a command's write leaves: this one, or the one stored before (K-4); a
+/// commit of anything else is an error.
 fn stored_outcome(
     outcome: Result<Outcome, Error>,
     record: CommandRecord,
@@ -345,8 +320,7 @@ impl Handler<ApplyCommand> for ExecutionActor {
     type Result = AtomicResponse<Self, Result<CommandRecord, Error>>;
 
     fn handle(&mut self, message: ApplyCommand, ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        self.handled += 1;
+        let _span = self.enter();
         // S-8: a wait older than a projection keeps is decided on the whole history (its
         // refusal says it closed, not that it is unknown).
         let named = match &message.command.body {
@@ -362,10 +336,9 @@ impl Handler<ApplyCommand> for ExecutionActor {
         if named.is_some_and(|wait_id| self.machine.wait(wait_id).is_none())
             && !self.complete_history(ctx)
         {
-            let stopped = Err(Error::Unavailable(
+            return answer(Err(Error::Unavailable(
                 "the execution's history is unreadable".into(),
-            ));
-            return AtomicResponse::new(Box::pin(fut::ready(stopped)));
+            )));
         }
         AtomicResponse::new(self.after_inherited(message))
     }
@@ -394,8 +367,8 @@ impl ExecutionActor {
         };
         match stored {
             None => Box::pin(
-                self.decide_command(accepted, command, Saved::WithDecision)
-                    .map(parked_after),
+                self.decide_command(accepted, command, Saved::WithDecision, 0)
+                    .map(parked),
             ),
             Some(stored)
                 if !command.matches_payload(&stored.payload_hash)
@@ -404,7 +377,7 @@ impl ExecutionActor {
                 let conflict = Err(Error::CommandConflict {
                     stored: Box::new(stored),
                 });
-                Box::pin(ActorFutureExt::map(fut::ready(conflict), parked_after))
+                Box::pin(ActorFutureExt::map(fut::ready(conflict), parked))
             }
             // Accepted before and never decided (a log written when accepting and deciding
             // were two transitions, and a crash came between): it was checked against the
@@ -420,19 +393,12 @@ impl ExecutionActor {
                     ..accepted
                 };
                 Box::pin(
-                    self.decide_command(accepted, command, Saved::Already)
-                        .map(parked_after),
+                    self.decide_command(accepted, command, Saved::Already, 0)
+                        .map(parked),
                 )
             }
             // A redelivery: the stored outcome stands (K-4).
-            Some(stored) => Box::pin(ActorFutureExt::map(fut::ready(Ok(stored)), parked_after)),
+            Some(stored) => Box::pin(ActorFutureExt::map(fut::ready(Ok(stored)), parked)),
         }
     }
-}
-
-/// After a command: an execution activated only for it (paused, finished) releases its
-/// actor again.
-fn parked_after<T>(result: T, act: &mut ExecutionActor, ctx: &mut Context<ExecutionActor>) -> T {
-    act.park_if_idle(ctx);
-    result
 }

@@ -11,7 +11,9 @@ use futures::FutureExt as _;
 use openprogram_storage::{EffectId, Outcome, ReceiptStatus};
 use tracing::Instrument as _;
 
-use super::actor::{committed, log_failure, Advance, ExecutionActor, InFlight, Step};
+use super::actor::{
+    after_commit, answer, committed_version, log_failure, Advance, ExecutionActor, InFlight, Step,
+};
 use crate::agent::{ModelRequest, ToolCall, ToolError, ToolResult, UsageMeter};
 use crate::call::CallHandle;
 use crate::deltas::DeltaSink;
@@ -26,14 +28,11 @@ pub(super) struct EffectDone(pub(super) Input);
 impl Handler<EffectDone> for ExecutionActor {
     type Result = AtomicResponse<Self, ()>;
 
-    fn handle(&mut self, EffectDone(input): EffectDone, ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        if ctx.waiting() {
-            // As for `Advance`: never decide while another commit is pending.
-            ctx.notify(EffectDone(input));
-            return AtomicResponse::new(Box::pin(fut::ready(())));
-        }
-        self.handled += 1;
+    fn handle(&mut self, done: EffectDone, ctx: &mut Context<Self>) -> Self::Result {
+        let Some(EffectDone(input)) = after_commit(ctx, done) else {
+            return answer(());
+        };
+        let _span = self.enter();
         AtomicResponse::new(self.effect_done(input))
     }
 }
@@ -62,10 +61,10 @@ impl ExecutionActor {
             input => (self.machine.decide(input), None),
         };
         match decided {
-            Ok(events) => {
-                let submitted = self.submit_decided(events, Vec::new(), decision);
-                Box::pin(committed(submitted).map(log_failure))
-            }
+            Ok(events) => Box::pin(
+                self.submit_planned(events, Vec::new(), decision, None)
+                    .map(|outcome, act, ctx| log_failure(committed_version(outcome), act, ctx)),
+            ),
             Err(rejection) => {
                 self.effect_started = None;
                 tracing::error!(execution_id = %self.execution_id, ?rejection, "an effect result was refused");
@@ -101,9 +100,9 @@ impl ExecutionActor {
             self.machine
                 .decide_decision(effect_id, decision, now_ms, session.as_ref());
         events.extend(usage);
-        let submitted = self.submit_decided(events, Vec::new(), decision);
+        let submitted = self.submit_planned(events, Vec::new(), decision, None);
         Box::pin(
-            submitted.then(move |outcome, act, _ctx| match (outcome, again) {
+            submitted.then(move |outcome, act, ctx| match (outcome, again) {
                 // The session record moved since it was read (a revoke, a turn admitted):
                 // decided again on the record as it is now. Never given up, or the decision
                 // would be lost; each conflict is another write to the session committed.
@@ -111,13 +110,8 @@ impl ExecutionActor {
                     act.decided_model(effect_id, decision, usage)
                 }
                 (outcome, _) => {
-                    let result = outcome.and_then(|outcome| match outcome {
-                        Outcome::Committed(committed) => Ok(committed.version),
-                        other => Err(crate::Error::Internal(format!(
-                            "unexpected outcome {other:?}"
-                        ))),
-                    });
-                    Box::pin(ActorFutureExt::map(fut::ready(result), log_failure))
+                    log_failure(committed_version(outcome), act, ctx);
+                    Box::pin(fut::ready(()))
                 }
             }),
         )

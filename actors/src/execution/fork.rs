@@ -30,22 +30,13 @@ pub struct ForkedFunction {
     pub revision: u32,
     pub identity: String,
     pub aliases: Vec<(String, u32)>,
-    pub steps: Vec<ForkedStep>,
+    pub steps: Vec<CompletedStep>,
     /// The results as that revision reads them, where its conversion changed them (F-3).
     #[serde(default)]
     pub converted: Vec<(u32, String)>,
     /// The policy it ran under then.
     #[serde(default)]
     pub policy: openprogram_storage::VersionPolicy,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ForkedStep {
-    pub step_id: String,
-    pub effect_id: EffectId,
-    pub status: openprogram_storage::ReceiptStatus,
-    pub output: String,
-    pub revision: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -161,17 +152,7 @@ pub fn fork_state(events: &[EventEnvelope], checkpoint_seq: u64, fresh: EffectId
             .iter()
             .map(|(id, position)| (id.clone(), *position))
             .collect(),
-        steps: machine
-            .completed_steps
-            .iter()
-            .map(|step| ForkedStep {
-                step_id: step.step_id.clone(),
-                effect_id: step.effect_id,
-                status: step.status,
-                output: step.output.clone(),
-                revision: step.revision,
-            })
-            .collect(),
+        steps: machine.completed_steps.clone(),
         converted: machine
             .converted_outputs
             .iter()
@@ -206,13 +187,7 @@ impl Machine {
                 for step in steps {
                     self.step_index
                         .insert(step.step_id.clone(), self.completed_steps.len());
-                    self.completed_steps.push(CompletedStep {
-                        step_id: step.step_id,
-                        revision: step.revision,
-                        effect_id: step.effect_id,
-                        status: step.status,
-                        output: step.output,
-                    });
+                    self.completed_steps.push(step);
                 }
             }
             // Written by `fork_state` and checksummed on disk: unreadable only if this build

@@ -15,7 +15,7 @@ use futures::future::{AbortHandle, Abortable};
 use futures::FutureExt as _;
 use openprogram_storage::{EffectId, Event, WaitId, WaitStatus};
 
-use super::actor::{committed, log_failure, Advance, ExecutionActor, InFlight};
+use super::actor::{after_commit, answer, Advance, ExecutionActor, InFlight};
 use crate::call::CallFunction;
 use crate::env::ChildCall;
 use crate::error::Error;
@@ -65,16 +65,12 @@ impl ExecutionActor {
             RunDecision::Run(revision) => revision,
             RunDecision::Persist(events) => {
                 tracing::info!(execution_id = %self.execution_id, function = %called.function, active, ?events, "the function's revision decided");
-                return Box::pin(self.commit(events, Vec::new()).map(log_failure));
+                return self.progress(events);
             }
         };
         let Some(function) = self.env.functions.get(&called.function, revision) else {
             // Decided runnable from this very registry: not reached; never run other code.
-            let paused = Event::StateChanged {
-                state: openprogram_storage::ExecutionState::Paused,
-                reason: "revision_missing".into(),
-            };
-            return Box::pin(self.commit(vec![paused], Vec::new()).map(log_failure));
+            return self.progress(vec![revision_missing()]);
         };
         self.function_runs += 1;
         self.suspending = false;
@@ -132,15 +128,13 @@ impl Handler<StepBoundary> for ExecutionActor {
     type Result = AtomicResponse<Self, Boundary>;
 
     fn handle(&mut self, asked: StepBoundary, _ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        self.handled += 1;
-        let ready = |boundary| AtomicResponse::new(Box::pin(fut::ready(boundary)));
+        let _span = self.enter();
         if self.function_run() != Some(asked.run) {
-            return ready(Boundary::Suspend);
+            return answer(Boundary::Suspend);
         }
         if let Some((step, output)) = self.machine.completed_step(&asked.step_id) {
             // F-4: committed already, read back, never run again.
-            return ready(Boundary::Committed {
+            return answer(Boundary::Committed {
                 status: step.status,
                 output: output.to_owned(),
             });
@@ -159,30 +153,26 @@ impl Handler<StepBoundary> for ExecutionActor {
         {
             // F-5: the run stops here (a Pause, a used-up Step, a Cancel, an orderly
             // shutdown, R-7).
-            return ready(self.suspend_run());
+            return answer(self.suspend_run());
         }
         let effect_id = EffectId::new();
         let epoch = self.lease.epoch;
         if asked.recovery == Recovery::Idempotent {
-            return ready(Boundary::Run { effect_id, epoch });
+            return answer(Boundary::Run { effect_id, epoch });
         }
         // E-4: an External step's intent is durable before it runs.
         let started = Event::StepStarted {
             step_id: asked.step_id,
             effect_id,
         };
-        let committed = committed(self.submit(vec![started], Vec::new()));
-        AtomicResponse::new(Box::pin(committed.map(
-            move |result, act, ctx| match result {
-                Ok(_) => {
-                    // B05: the step's intent is durable, the step not started.
-                    openprogram_storage::failpoint!("B05");
-                    Boundary::Run { effect_id, epoch }
+        AtomicResponse::new(Box::pin(self.progressed(vec![started]).map(
+            move |committed, _, _| {
+                if !committed {
+                    return Boundary::Suspend;
                 }
-                Err(error) => {
-                    log_failure(Err(error), act, ctx);
-                    Boundary::Suspend
-                }
+                // B05: the step's intent is durable, the step not started.
+                openprogram_storage::failpoint!("B05");
+                Boundary::Run { effect_id, epoch }
             },
         )))
     }
@@ -192,24 +182,16 @@ impl Handler<StepDone> for ExecutionActor {
     type Result = AtomicResponse<Self, bool>;
 
     fn handle(&mut self, done: StepDone, _ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        self.handled += 1;
+        let _span = self.enter();
         // B07: a step's result in hand, its receipt not yet decided or persisted.
         openprogram_storage::failpoint!("B07");
         if self.function_run() != Some(done.run) {
-            return AtomicResponse::new(Box::pin(fut::ready(false)));
+            return answer(false);
         }
         let events =
             self.machine
                 .decide_step_done(done.step_id, done.effect_id, done.status, done.output);
-        let committed = committed(self.submit(events, Vec::new()));
-        AtomicResponse::new(Box::pin(committed.map(|result, act, ctx| match result {
-            Ok(_) => true,
-            Err(error) => {
-                log_failure(Err(error), act, ctx);
-                false
-            }
-        })))
+        AtomicResponse::new(self.progressed(events))
     }
 }
 
@@ -217,16 +199,13 @@ impl Handler<FunctionReturned> for ExecutionActor {
     type Result = AtomicResponse<Self, ()>;
 
     fn handle(&mut self, returned: FunctionReturned, ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        if ctx.waiting() {
-            // As for `Advance`: never decide while another commit is pending.
-            ctx.notify(returned);
-            return AtomicResponse::new(Box::pin(fut::ready(())));
-        }
-        self.handled += 1;
+        let Some(returned) = after_commit(ctx, returned) else {
+            return answer(());
+        };
+        let _span = self.enter();
         if self.function_run() != Some(returned.run) {
             // A run this actor ended already: its return says nothing.
-            return AtomicResponse::new(Box::pin(fut::ready(())));
+            return answer(());
         }
         self.in_flight = None;
         if std::mem::take(&mut self.suspending) {
@@ -234,10 +213,10 @@ impl Handler<FunctionReturned> for ExecutionActor {
             // pause; a waiting execution parks.
             ctx.notify(Advance);
             self.park_if_idle(ctx);
-            return AtomicResponse::new(Box::pin(fut::ready(())));
+            return answer(());
         }
         let events = self.machine.decide_returned(returned.result);
-        AtomicResponse::new(Box::pin(self.commit(events, Vec::new()).map(log_failure)))
+        AtomicResponse::new(self.progress(events))
     }
 }
 
@@ -252,24 +231,22 @@ impl Handler<AskBoundary> for ExecutionActor {
     type Result = AtomicResponse<Self, Asked>;
 
     fn handle(&mut self, asked: AskBoundary, _ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        self.handled += 1;
-        let ready = |asked| AtomicResponse::new(Box::pin(fut::ready(asked)));
+        let _span = self.enter();
         if self.function_run() != Some(asked.run) {
-            return ready(Asked::Suspend);
+            return answer(Asked::Suspend);
         }
         let wait_id = ask_wait(self.execution_id, &asked.ask_id);
         let now_ms = self.env.clock.now_ms();
         let events = match self.machine.decide_ask(wait_id, &asked.spec, now_ms) {
             // Asked and resolved before: its outcome, on every run (W-2).
             Err(wait) if wait.status == WaitStatus::Answered => {
-                return ready(Asked::Answered(wait.answer.clone().unwrap_or_default()))
+                return answer(Asked::Answered(wait.answer.clone().unwrap_or_default()))
             }
-            Err(wait) if wait.status == WaitStatus::Declined => return ready(Asked::Declined),
+            Err(wait) if wait.status == WaitStatus::Declined => return answer(Asked::Declined),
             // Open (asked by another branch of this run), expired or invalidated.
             Err(_) => {
                 self.suspend_run();
-                return ready(Asked::Suspend);
+                return answer(Asked::Suspend);
             }
             Ok(events) => events,
         };
@@ -277,18 +254,14 @@ impl Handler<AskBoundary> for ExecutionActor {
         if self.suspending || self.machine.suspends_at_boundary(self.env.clock.now_ms()) || stopping
         {
             self.suspend_run();
-            return ready(Asked::Suspend);
+            return answer(Asked::Suspend);
         }
         // The run stops at the wait: the execution waits for a person, and parks once the
         // body returned.
         self.suspend_run();
-        let committed = committed(self.submit(events, Vec::new()));
-        AtomicResponse::new(Box::pin(committed.map(|result, act, ctx| {
-            if let Err(error) = result {
-                log_failure(Err(error), act, ctx);
-            }
-            Asked::Suspend
-        })))
+        AtomicResponse::new(Box::pin(
+            self.progressed(events).map(|_, _, _| Asked::Suspend),
+        ))
     }
 }
 
@@ -296,26 +269,19 @@ impl Handler<RevisionMissing> for ExecutionActor {
     type Result = AtomicResponse<Self, ()>;
 
     fn handle(&mut self, missing: RevisionMissing, _ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        self.handled += 1;
+        let _span = self.enter();
         if self.function_run() != Some(missing.run) || self.suspending {
-            return AtomicResponse::new(Box::pin(fut::ready(())));
+            return answer(());
         }
-        if self.machine.suspends_at_boundary(self.env.clock.now_ms()) {
-            // A Cancel or Pause pending wins: the run only stops here.
-            self.suspend_run();
-            return AtomicResponse::new(Box::pin(fut::ready(())));
-        }
-        // F-3: a nested call's revision is gone: the execution pauses, running no other
-        // code; the run stops at its boundaries.
+        // A Cancel or Pause pending wins: the run only stops here. Else F-3: a nested
+        // call's revision is gone: the execution pauses, running no other code; the run
+        // stops at its boundaries.
+        let pending = self.machine.suspends_at_boundary(self.env.clock.now_ms());
         self.suspend_run();
-        let paused = Event::StateChanged {
-            state: openprogram_storage::ExecutionState::Paused,
-            reason: "revision_missing".into(),
-        };
-        AtomicResponse::new(Box::pin(
-            self.commit(vec![paused], Vec::new()).map(log_failure),
-        ))
+        if pending {
+            return answer(());
+        }
+        AtomicResponse::new(self.progress(vec![revision_missing()]))
     }
 }
 
@@ -323,14 +289,13 @@ impl Handler<CallStarted> for ExecutionActor {
     type Result = AtomicResponse<Self, bool>;
 
     fn handle(&mut self, call: CallStarted, _ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        self.handled += 1;
+        let _span = self.enter();
         if self.function_run() != Some(call.run) || self.suspending {
-            return AtomicResponse::new(Box::pin(fut::ready(false)));
+            return answer(false);
         }
         if self.machine.nested_calls.contains_key(&call.call_id) {
             // Recorded by an earlier run: the same call again.
-            return AtomicResponse::new(Box::pin(fut::ready(true)));
+            return answer(true);
         }
         let recorded = Event::WorkflowCalled {
             call_id: call.call_id,
@@ -338,14 +303,15 @@ impl Handler<CallStarted> for ExecutionActor {
             revision: call.revision,
             input: call.input.to_string(),
         };
-        let committed = committed(self.submit(vec![recorded], Vec::new()));
-        AtomicResponse::new(Box::pin(committed.map(|result, act, ctx| match result {
-            Ok(_) => true,
-            Err(error) => {
-                log_failure(Err(error), act, ctx);
-                false
-            }
-        })))
+        AtomicResponse::new(self.progressed(vec![recorded]))
+    }
+}
+
+/// F-3: the execution pauses, its function's revision missing.
+fn revision_missing() -> Event {
+    Event::StateChanged {
+        state: openprogram_storage::ExecutionState::Paused,
+        reason: "revision_missing".into(),
     }
 }
 

@@ -2,10 +2,8 @@
 //! resource queue — and its rules: a Job runs only while it holds a lease; the lease is
 //! given back in the very transition that stops it running (a pause, a wait, an end, a new
 //! attempt); its budget is charged only while it holds one.
-//!
-//! Part of the pure state machine (`machine.rs`): no clock (times are handed in), no queue
-//! (the queue actor decides who gets a lease; the machine decides whether this execution
-//! takes it).
+//! Pure (`machine.rs`): times are handed in; the queue actor decides who gets a lease, the
+//! machine whether this execution takes it.
 
 use std::sync::Arc;
 

@@ -9,7 +9,7 @@ use actix::prelude::*;
 use openprogram_storage::{ExecutionState as Status, LeaseId};
 
 use crate::error::Error;
-use crate::execution::actor::{log_failure, Advance, ExecutionActor};
+use crate::execution::actor::{log_failure, parked, Advance, ExecutionActor};
 use crate::execution::machine::Action;
 
 impl ExecutionActor {
@@ -55,16 +55,12 @@ impl Handler<Grant> for ExecutionActor {
     type Result = AtomicResponse<Self, Result<Option<u64>, Error>>;
 
     fn handle(&mut self, message: Grant, _ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        self.handled += 1;
+        let _span = self.enter();
         let now_ms = self.env.clock.now_ms();
         let claims = self.epoch.is_none();
         let epoch = self.epoch.unwrap_or(self.lease.epoch);
-        let granted = match self.machine.decide_grant(message.lease_id, epoch, now_ms) {
-            Ok(events) => events,
-            Err(_) => {
-                return AtomicResponse::new(Box::pin(fut::ready(Ok(None)).map(parked_after_job)))
-            }
+        let Ok(granted) = self.machine.decide_grant(message.lease_id, epoch, now_ms) else {
+            return AtomicResponse::new(Box::pin(fut::ready(Ok(None)).map(parked)));
         };
         let mut events = Vec::with_capacity(2);
         if claims {
@@ -102,10 +98,9 @@ impl Handler<ExpireQueued> for ExecutionActor {
     type Result = AtomicResponse<Self, Result<bool, Error>>;
 
     fn handle(&mut self, _: ExpireQueued, _ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        self.handled += 1;
+        let _span = self.enter();
         let Some(mut events) = self.machine.decide_queue_expiry(self.env.clock.now_ms()) else {
-            return AtomicResponse::new(Box::pin(fut::ready(Ok(false)).map(parked_after_job)));
+            return AtomicResponse::new(Box::pin(fut::ready(Ok(false)).map(parked)));
         };
         // Only an attempt moves the head: the expiry claims one, in the same transition.
         self.claim_in(&mut events);
@@ -117,14 +112,4 @@ impl Handler<ExpireQueued> for ExecutionActor {
             },
         )))
     }
-}
-
-/// A Job activated only for an offer or a deadline it did not take parks again.
-fn parked_after_job<T>(
-    result: T,
-    act: &mut ExecutionActor,
-    ctx: &mut Context<ExecutionActor>,
-) -> T {
-    act.park_if_idle(ctx);
-    result
 }

@@ -9,26 +9,24 @@ use futures::channel::oneshot;
 use openprogram_storage::{LiveBinding, WaitId};
 
 use crate::call::{AskError, AskLive};
-use crate::execution::actor::ExecutionActor;
+use crate::execution::actor::{answer, ExecutionActor};
 use crate::execution::machine::{Input, LiveOutcome};
 
 impl Handler<AskLive> for ExecutionActor {
     type Result = AtomicResponse<Self, Result<oneshot::Receiver<LiveOutcome>, AskError>>;
 
     fn handle(&mut self, message: AskLive, _ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        self.handled += 1;
+        let _span = self.enter();
         if self.machine.cancel_requested {
             // Cancellation invalidates questions, including one asked while it lands (W-4).
             let (sender, receiver) = oneshot::channel();
             let _ = sender.send(LiveOutcome::Invalidated);
-            return AtomicResponse::new(Box::pin(fut::ready(Ok(receiver))));
+            return answer(Ok(receiver));
         }
         let Some(epoch) = self.epoch else {
-            let refused = Err(AskError::Refused(
+            return answer(Err(AskError::Refused(
                 "the execution has no live attempt".into(),
-            ));
-            return AtomicResponse::new(Box::pin(fut::ready(refused)));
+            )));
         };
         let wait_id = WaitId::new();
         let input = Input::AskLive {
@@ -43,10 +41,7 @@ impl Handler<AskLive> for ExecutionActor {
         };
         let events = match self.machine.decide(input) {
             Ok(events) => events,
-            Err(rejection) => {
-                let refused = Err(AskError::Refused(rejection.reason()));
-                return AtomicResponse::new(Box::pin(fut::ready(refused)));
-            }
+            Err(rejection) => return answer(Err(AskError::Refused(rejection.reason()))),
         };
         AtomicResponse::new(Box::pin(self.commit(events, Vec::new()).map(
             move |committed, act, _ctx| match committed {

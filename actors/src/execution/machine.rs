@@ -7,12 +7,9 @@
 //! - `apply` folds one committed event into the state and returns the actions the shell
 //!   must perform (call the model, run a tool, abort the running effect, ...).
 //!
-//! `next` says what a running, idle execution does next. `plan` (`plan.rs`) turns what
-//! `decide`/`next` return into the whole transition — events with their seqs, receipts,
-//! wait records, the head — and the actions to perform once it is committed, by folding the
-//! events into a copy of the present alone. The actor shell persists the plan, and only
-//! after `Committed` folds the events (`apply`) and performs the plan's actions. Recovery
-//! replays the stored events through the same `apply` and drops the actions.
+//! `next` says what a running, idle execution does next; `plan` (`plan.rs`) turns what
+//! `decide`/`next` return into the whole transition and the actions to perform once it is
+//! committed. Recovery replays the stored events through the same `apply`, actions dropped.
 
 use std::collections::BTreeSet;
 

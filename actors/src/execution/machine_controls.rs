@@ -1,8 +1,6 @@
 //! Commands (K-1..K-5, W-2, P-2, R-8, K-2 Fork/Retry): the one place where a command is
 //! accepted or refused (`decide_command`), the controls offered now (`capabilities`), and
-//! how an applied control changes the state (`apply_control`). Part of the pure state
-//! machine (`machine.rs`); the rules of waits and processes are in `machine_waits.rs`,
-//! reconciliation in `machine_restart.rs`, fork points in `fork.rs`.
+//! how an applied control changes the state (`apply_control`). Pure (`machine.rs`).
 //!
 //! Invariant (K-3, K-4): `decide_command` refuses a stale version first (whatever the kind),
 //! then every kind outside `capabilities`; a kind inside them sent at the current version is

@@ -1,8 +1,7 @@
-//! The vocabulary of the execution state machine: what goes in
-//! (`Input`, provider `Decision`s), what comes out (`Action`, `Next`, `Rejection`), and the
-//! data it keeps about an agent turn (`AgentInput`, `Turn`, `PendingTool`, `ContextPin`,
-//! a `Grant`, its `SessionTurn`: their rules import the machine, so the data lives here), and how it
-//! reads and writes decision and checkpoint texts (`DecisionKind`, `NextAction`). Pure data.
+//! The vocabulary of the execution state machine, pure data: what goes in (`Input`,
+//! provider `Decision`s), what comes out (`Action`, `Next`, `Rejection`), the data it keeps
+//! about an agent turn (their rules import the machine, so the data lives here), and the
+//! checkpoint's text (`NextAction`).
 
 use openprogram_storage::{
     AttemptId, Control, EffectId, Event, OwnerId, ReceiptStatus, RevisionId, WaitStatus,
@@ -37,8 +36,7 @@ pub struct AgentInput {
 
 /// One element of a script, kept as its JSON text: a turn holds its whole script for its
 /// life, and a text is one allocation to make and free where a parsed value is a tree of
-/// them (measured: freeing the parsed scripts of 1,000 turns that ended together held
-/// commands up by ~50 ms). The provider reads the keys of the element it takes (`text`). Two
+/// them. The provider reads the keys of the element it takes (`text`). Two
 /// elements are equal when their texts are: the same value written with other whitespace
 /// or key order is a different element (a replay reads back the text that was stored).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -169,12 +167,11 @@ pub struct Receipt {
 }
 
 /// An execution's receipts, in the order their effects were first recorded. A list, not a
-/// map by effect id: inserting at random effect-id keys into a map that grows with the
-/// execution was a quarter of the time spent folding committed events (perf, `openprogram
-/// load`). One effect is in flight at a time, and no model call starts while a tool call is
-/// pending or unresolved, so a receipt that changes (dispatched, finished, reconciled, run
-/// again) is always the newest one: recording compares the newest only, and is O(1). The
-/// R10 sim checks that no effect gets two receipts.
+/// map by effect id: inserting at random keys into a map that grows with the execution
+/// costs every fold. One effect is in flight at a time, and no model call starts while a
+/// tool call is pending or unresolved, so a receipt that changes (dispatched, finished,
+/// reconciled, run again) is always the newest one: recording compares the newest only.
+/// The R10 sim checks that no effect gets two receipts.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Receipts(Vec<Receipt>);
 

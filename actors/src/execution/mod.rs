@@ -1,11 +1,6 @@
-//! One execution: the pure state machine (`machine.rs`, its control commands in
-//! `machine_controls.rs`, its restart-recovery rules in `machine_restart.rs`, its waits and
-//! questions in `machine_waits.rs`, its managed processes in `machine_processes.rs`; the
-//! whole plan of a transition in `plan.rs`) and, around it, the actor shell that persists
-//! plans and performs their actions (`actor.rs`, its writes in `writes.rs`), how it runs a
-//! model or tool call and records its result (`effects.rs`), how it takes commands
-//! (`commands.rs`), its part in restart recovery (`restart.rs`), and recovery's claim of an
-//! execution (`recovery_claim.rs`).
+//! One execution: the pure state machine (`machine*.rs`, the plan of a transition in
+//! `plan.rs`) and, around it, the actor shell that persists plans and performs their
+//! actions (`actor.rs`, one file per part of its work).
 
 pub mod actor;
 mod branch_context;

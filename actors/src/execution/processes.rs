@@ -9,15 +9,14 @@ use openprogram_storage::{Event, ProcessId, ProcessRecord, ProcessState, Upsert}
 
 use crate::call::{StartProcess, StartedProcess};
 use crate::error::Error;
-use crate::execution::actor::ExecutionActor;
+use crate::execution::actor::{after_commit, answer, ExecutionActor};
 use crate::process::{os, ProcessActor, ProcessProgress, Stop};
 
 impl Handler<StartProcess> for ExecutionActor {
     type Result = AtomicResponse<Self, Result<StartedProcess, String>>;
 
     fn handle(&mut self, message: StartProcess, _ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        self.handled += 1;
+        let _span = self.enter();
         let running_call = self
             .machine
             .pending_tool
@@ -25,14 +24,14 @@ impl Handler<StartProcess> for ExecutionActor {
             .is_some_and(|pending| pending.effect_id == message.effect_id);
         let live = self.epoch.is_some() && !self.machine.cancel_requested;
         if !live || !running_call || self.env.lifecycle.is_stopping() {
-            let refused = Err("only a running call of a live attempt may start a process".into());
-            return AtomicResponse::new(Box::pin(fut::ready(refused)));
+            return answer(Err(
+                "only a running call of a live attempt may start a process".into(),
+            ));
         }
         let spawned = match os::spawn(&message.program, &message.args) {
             Ok(spawned) => spawned,
             Err(error) => {
-                let failed = Err(format!("cannot start `{}`: {error}", message.program));
-                return AtomicResponse::new(Box::pin(fut::ready(failed)));
+                return answer(Err(format!("cannot start `{}`: {error}", message.program)))
             }
         };
         // B14: an OS process spawned, its identity not yet persisted.
@@ -77,18 +76,11 @@ impl Handler<ProcessProgress> for ExecutionActor {
     type Result = AtomicResponse<Self, Result<(), Error>>;
 
     fn handle(&mut self, progress: ProcessProgress, ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        self.handled += 1;
+        let _span = self.enter();
         let process_id = progress.record.process_id;
         let running = self.machine.processes.iter().any(|process| {
             process.process_id == process_id && process.state == ProcessState::Running
         });
-        if !running {
-            // Its end is recorded already: a late report of its output changes nothing. An
-            // execution activated only for it releases again.
-            self.park_if_idle(ctx);
-            return AtomicResponse::new(Box::pin(fut::ready(Ok(()))));
-        }
         let mut events = Vec::new();
         if progress.record.output_bytes != progress.previous_bytes {
             events.push(Event::ProcessOutput {
@@ -102,9 +94,11 @@ impl Handler<ProcessProgress> for ExecutionActor {
                 state: progress.record.state.as_str().into(),
             });
         }
-        if events.is_empty() {
+        if !running || events.is_empty() {
+            // Its end is recorded already: a late report of its output changes nothing. An
+            // execution activated only for it releases again.
             self.park_if_idle(ctx);
-            return AtomicResponse::new(Box::pin(fut::ready(Ok(()))));
+            return answer(Ok(()));
         }
         let upserts = vec![
             Upsert::Blob(progress.blob),
@@ -148,17 +142,15 @@ impl Handler<RecordLost> for ExecutionActor {
         RecordLost(process_id): RecordLost,
         ctx: &mut Context<Self>,
     ) -> Self::Result {
-        if ctx.waiting() {
-            // As for `Advance`: never commit while another commit is pending.
-            ctx.notify(RecordLost(process_id));
-            return AtomicResponse::new(Box::pin(fut::ready(())));
+        if after_commit(ctx, RecordLost(process_id)).is_none() {
+            return answer(());
         }
         self.recording_lost = self.recording_lost.saturating_sub(1);
         let record = match self.env.store.process(process_id) {
             Ok(Some(record)) if record.state == ProcessState::Running => record,
             _ => {
                 self.park_if_idle(ctx);
-                return AtomicResponse::new(Box::pin(fut::ready(())));
+                return answer(());
             }
         };
         tracing::warn!(execution_id = %self.execution_id, %process_id, "a running process has no actor; recorded lost");

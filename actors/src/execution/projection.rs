@@ -1,23 +1,14 @@
 //! S-8, pure: an execution's projection — what a reader needs of its machine as of a seq —
-//! and the partial machine a reader or a parked actor rebuilds from it, so that a snapshot,
-//! a capabilities check or an activation folds only the events after that seq, never the
-//! whole history.
+//! and the partial machine rebuilt from it, so that a snapshot, a capabilities check or an
+//! activation folds only the events after that seq. The plan writes one, of the machine
+//! before a transition, whenever the transition's events cross a multiple of
+//! `EVERY_EVENTS` seqs; it keeps the newest `KEPT` items of each history and counts the
+//! rest (`Projected`). A projection is a cache of the log: one too large for its
+//! transition, or that does not decode, is left out and the events are replayed.
 //!
-//! The plan writes a projection of the machine as it was before a transition whenever the
-//! transition's events cross a multiple of `EVERY_EVENTS` seqs (`Machine::plan`): at most
-//! `EVERY_EVENTS` plus one transition's events are folded on top of it. It holds the present
-//! (all of it but the admission's input, read from the first event), the reply text, the
-//! newest `KEPT` receipts, ended waits and completed steps (without their results), the fork
-//! points a later dispatch may take back (the others are only counted: a reader asks whether
-//! there is one), the kind of the context's last turn (what a fork point's rule reads) and
-//! how many of each it left out. A projection too large for its transition is left out by
-//! storage (readers then replay).
-//!
-//! A partial machine answers reads and decides every command but Fork and Retry, and folds
-//! new events like a complete one; it never runs anything: the actor replays the whole
-//! history before its next step (`ExecutionActor::complete_history`), and a Fork or Retry
-//! is decided on a complete machine (`Env::complete_state`). The projection is a cache of
-//! the log: one that does not decode is ignored and the events are replayed.
+//! A partial machine answers reads and decides every command but Fork and Retry (decided
+//! on a complete machine, `Env::complete_state`); it runs nothing until the actor replays
+//! the whole history (`ExecutionActor::complete_history`).
 
 use openprogram_storage::{EffectId, ExecutionId, ProjectionRecord};
 use serde::{Deserialize, Serialize};
@@ -27,9 +18,8 @@ use super::machine::{
 };
 
 /// The encoding of `Projected` in `ProjectionRecord::state`: JSON (a tool call's arguments
-/// are JSON text, kept as they are). Format 1 lacked `dispatched_unresolved`: such a
-/// projection is ignored (readers replay until the next one is written). Format 2 counted a
-/// context without its steers (`Turn::Steer`, E-8): ignored too.
+/// are JSON text, kept as they are). A projection of another format is ignored: readers
+/// replay until the next one is written.
 pub const FORMAT: u32 = 3;
 
 /// A transition whose events cross a multiple of this many seqs writes a projection.

@@ -7,10 +7,10 @@ use futures::FutureExt;
 use openprogram_storage::planted::{planted, Bug};
 use openprogram_storage::{CommandId, CommandStatus, Event, ReceiptStatus};
 
-use crate::agent::{Reconciliation, ToolCall};
+use crate::agent::Reconciliation;
 use crate::call::CallHandle;
 use crate::command::{Command, CommandBody, EffectRef, ReconcileOutcome};
-use crate::execution::actor::{Advance, DecideInherited, ExecutionActor};
+use crate::execution::actor::{after_commit, answer, Advance, DecideInherited, ExecutionActor};
 use crate::execution::commands::{ApplyCommand, Saved};
 use crate::execution::machine::PendingTool;
 use crate::function::{DurableFunction, StepRef};
@@ -57,7 +57,7 @@ impl ExecutionActor {
             }
         };
         let command = Command::new(control.into()).with_id(accepted.command_id);
-        Some(Box::pin(self.decide_command(accepted, command, Saved::Already).map(
+        Some(Box::pin(self.decide_command(accepted, command, Saved::Already, 0).map(
             |decided, act, ctx| match decided {
                 Ok(_) => {
                     ctx.notify(DecideInherited);
@@ -155,16 +155,8 @@ impl ExecutionActor {
         }
         let tool = self.env.tools.get(&unresolved.tool)?;
         let args = unresolved.args.parse().ok()?;
-        let call = ToolCall {
-            execution_id: self.execution_id,
-            effect_id: unresolved.effect_id,
-            attempt_id: self.lease.attempt_id,
-            owner_id: self.env.owner,
-            epoch: self.lease.epoch,
-            args,
-            handle: CallHandle::detached(unresolved.effect_id),
-        };
-        Some(tool.reconcile(call))
+        let handle = CallHandle::detached(unresolved.effect_id);
+        Some(tool.reconcile(self.tool_call(unresolved.effect_id, args, handle)))
     }
 
     /// Whether the protocol `reconcile_protocol` would ask fences the effect at the
@@ -278,19 +270,15 @@ impl Handler<DecideInherited> for ExecutionActor {
     type Result = AtomicResponse<Self, ()>;
 
     fn handle(&mut self, _: DecideInherited, ctx: &mut Context<Self>) -> Self::Result {
-        if ctx.waiting() {
-            // As for `Advance`: never decide while another commit is pending.
-            ctx.notify(DecideInherited);
-            return AtomicResponse::new(Box::pin(fut::ready(())));
+        if after_commit(ctx, DecideInherited).is_none() {
+            return answer(());
         }
         self.handled += 1;
-        match self.decide_pending() {
-            Some(deciding) => AtomicResponse::new(deciding),
-            None => {
-                self.park_if_idle(ctx);
-                AtomicResponse::new(Box::pin(fut::ready(())))
-            }
+        if let Some(deciding) = self.decide_pending() {
+            return AtomicResponse::new(deciding);
         }
+        self.park_if_idle(ctx);
+        answer(())
     }
 }
 
@@ -347,20 +335,15 @@ impl Handler<RestartPause> for ExecutionActor {
     type Result = AtomicResponse<Self, ()>;
 
     fn handle(&mut self, _: RestartPause, ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        if ctx.waiting() {
-            // As for `Advance`: never decide while another commit is pending.
-            ctx.notify(RestartPause);
-            return AtomicResponse::new(Box::pin(fut::ready(())));
+        if after_commit(ctx, RestartPause).is_none() {
+            return answer(());
         }
-        self.handled += 1;
-        match self.restart_pause() {
-            Some(paused) => AtomicResponse::new(paused),
-            None => {
-                // Not running (paused, waiting, finished): nothing to pause; let it go.
-                self.park_if_idle(ctx);
-                AtomicResponse::new(Box::pin(fut::ready(())))
-            }
+        let _span = self.enter();
+        if let Some(paused) = self.restart_pause() {
+            return AtomicResponse::new(paused);
         }
+        // Not running (paused, waiting, finished): nothing to pause; let it go.
+        self.park_if_idle(ctx);
+        answer(())
     }
 }

@@ -91,7 +91,7 @@ impl ExecutionActor {
             record: Some(after),
         };
         Box::pin(
-            self.submit_with_session(events, Vec::new(), Some(write))
+            self.submit_planned(events, Vec::new(), None, Some(write))
                 .then(move |outcome, act, _ctx| match outcome {
                     // The record moved (another turn admitted, a grant given): read it again.
                     // Never given up, or nobody would wake this turn: each conflict is
@@ -163,41 +163,37 @@ impl ExecutionActor {
     /// C-2: this foreground turn runs again: the first turn in its line looks again (an
     /// interrupt asks it to pause).
     pub(super) fn wake_first_in_line(&self) {
-        let Some((record, state)) = self.session_now() else {
-            return;
-        };
-        let me = self.execution_id;
-        if let Some(first) = line_of(&record.waiting, None, state)
-            .into_iter()
-            .find(|id| *id != me)
-        {
-            self.env.wake(first);
-        }
+        self.wake_line(false);
     }
 
     /// C-2: this turn held its session, or stood in its line, and ended or paused: the first
     /// turn still queued may take it now. (A wake lost to a crash: startup recovery resumes
     /// queued turns, which look again.)
     pub(super) fn wake_next_in_session(&self) {
-        if self.machine.session_turn.is_none() {
-            return;
+        if self.machine.session_turn.is_some() {
+            self.wake_line(true);
         }
+    }
+
+    /// Wakes the first turn but this one in its session's line; `if_in_it`: only if this
+    /// turn holds the session or stands in the line.
+    fn wake_line(&self, if_in_it: bool) {
         let Some((record, state)) = self.session_now() else {
             return;
         };
         let me = self.execution_id;
-        if record.foreground != Some(me) && !record.waiting.contains(&me) {
+        if if_in_it && record.foreground != Some(me) && !record.waiting.contains(&me) {
             return;
         }
-        let next = line_of(&record.waiting, None, state)
+        let first = line_of(&record.waiting, None, state)
             .into_iter()
             .find(|id| *id != me);
-        if let Some(next) = next {
-            self.env.wake(next);
+        if let Some(first) = first {
+            self.env.wake(first);
         }
     }
 
-    /// Issue 37: after a turn a person started completed (its session already free), the
+    /// After a turn a person started completed (its session already free), the
     /// embedder's naming and compaction run beside it, never holding anything up.
     pub(super) fn follow_up(&self) {
         let hooks = &self.env.conversation_hooks;

@@ -8,7 +8,7 @@ use actix::prelude::*;
 use openprogram_storage::WaitId;
 
 use crate::error::Error;
-use crate::execution::actor::ExecutionActor;
+use crate::execution::actor::{parked, ExecutionActor};
 
 /// The deadline of `wait_id` passed. Answers whether the wait expired now.
 #[derive(Debug, Message)]
@@ -21,16 +21,10 @@ impl Handler<ExpireWait> for ExecutionActor {
     type Result = AtomicResponse<Self, Result<bool, Error>>;
 
     fn handle(&mut self, message: ExpireWait, _ctx: &mut Context<Self>) -> Self::Result {
-        let _span = self.span.clone().entered();
-        self.handled += 1;
+        let _span = self.enter();
         let now_ms = self.env.clock.now_ms();
         let Some(mut events) = self.machine.decide_wait_expiry(message.wait_id, now_ms) else {
-            return AtomicResponse::new(Box::pin(fut::ready(Ok(false)).map(
-                |result, act: &mut Self, ctx| {
-                    act.park_if_idle(ctx);
-                    result
-                },
-            )));
+            return AtomicResponse::new(Box::pin(fut::ready(Ok(false)).map(parked)));
         };
         let claims = self.claim_in(&mut events);
         AtomicResponse::new(Box::pin(self.commit(events, Vec::new()).map(

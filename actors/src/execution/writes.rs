@@ -10,7 +10,7 @@ use actix::prelude::*;
 use openprogram_storage::{Event, EventEnvelope, ExecutionState as Status, Outcome, Upsert};
 
 use crate::error::Error;
-use crate::execution::actor::{committed, Advance, ExecutionActor};
+use crate::execution::actor::{committed_version, log_failure, Advance, ExecutionActor};
 use crate::execution::machine::{Action, Decision};
 use crate::execution::plan::{Plan, Writer};
 
@@ -23,32 +23,14 @@ impl ExecutionActor {
         events: Vec<Event>,
         upserts: Vec<Upsert>,
     ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
-        self.submit_decided(events, upserts, None)
+        self.submit_planned(events, upserts, None, None)
     }
 
-    /// `submit` for events decided from a model's `decision` (`Machine::decide_decision`),
-    /// which the machine folds once they are committed.
-    pub(super) fn submit_decided(
-        &mut self,
-        events: Vec<Event>,
-        upserts: Vec<Upsert>,
-        decision: Option<Decision>,
-    ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
-        self.submit_planned(events, upserts, decision, None)
-    }
-
-    /// `submit` with a write of the session's record in the same transition (W-7).
-    pub(super) fn submit_with_session(
-        &mut self,
-        events: Vec<Event>,
-        upserts: Vec<Upsert>,
-        session: Option<openprogram_storage::SessionWrite>,
-    ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
-        self.submit_planned(events, upserts, None, session)
-    }
-
-    /// The plan of the transition appending `events`, as this actor writes it, submitted.
-    fn submit_planned(
+    /// `submit` of the plan of the transition appending `events`, as this actor writes it:
+    /// with the model's `decision` they were decided from (`Machine::decide_decision`),
+    /// which the machine folds once they are committed, and with a write of the session's
+    /// record in the same transition (W-7).
+    pub(super) fn submit_planned(
         &mut self,
         events: Vec<Event>,
         upserts: Vec<Upsert>,
@@ -178,7 +160,24 @@ impl ExecutionActor {
         events: Vec<Event>,
         upserts: Vec<Upsert>,
     ) -> ResponseActFuture<Self, Result<u64, Error>> {
-        committed(self.submit(events, upserts))
+        Box::pin(
+            self.submit(events, upserts)
+                .map(|outcome, _, _| committed_version(outcome)),
+        )
+    }
+
+    /// Commits the execution's own progress; a failed write releases the actor.
+    pub(super) fn progress(&mut self, events: Vec<Event>) -> ResponseActFuture<Self, ()> {
+        Box::pin(self.commit(events, Vec::new()).map(log_failure))
+    }
+
+    /// `progress`, answering whether it committed.
+    pub(super) fn progressed(&mut self, events: Vec<Event>) -> ResponseActFuture<Self, bool> {
+        Box::pin(self.commit(events, Vec::new()).map(|result, act, ctx| {
+            let committed = result.is_ok();
+            log_failure(result, act, ctx);
+            committed
+        }))
     }
 
     /// Performs a committed plan's actions, in order.
