@@ -188,10 +188,10 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     let (failed, executions_us, queue_waits_us) = drive.finish();
     drop(runtime);
     drop(temporary);
-    let raw_per_s = match options.baseline {
-        Some(duration) => Some(crate::load_store::raw_baseline(&options, duration)?),
-        None => None,
-    };
+    let raw_per_s = options
+        .baseline
+        .map(|duration| crate::load_store::raw_baseline(&options, duration))
+        .transpose()?;
     let total_steps = clock.calls.load(Ordering::Relaxed);
     let steps_per_s = total_steps as f64 / wall.as_secs_f64();
     let report = LoadReport {

@@ -205,7 +205,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match cli.command {
+    // A subcommand that fails before it runs exits with `Err`'s code.
+    let exit = match cli.command {
         Command::Load(args) => load_command(args),
         Command::Serve(args) => serve_command(args),
         Command::Soak {
@@ -214,15 +215,13 @@ fn main() -> ExitCode {
             r24_executions,
             seed,
         } => soak(kills, cases, r24_executions, seed),
-        Command::Compact { data, into, json } => compact(&data, &into, json),
-        Command::Cluster(args) => match args
+        Command::Compact { data, into, json } => Ok(compact(&data, &into, json)),
+        Command::Cluster(args) => args
             .options()
             .and_then(|options| openprogram::cluster::run(&options))
-        {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(message) => fail(&message),
-        },
-        Command::Ctl(args) => ctl_command(args),
+            .map(|()| ExitCode::SUCCESS)
+            .map_err(|message| fail(&message)),
+        Command::Ctl(args) => Ok(ctl_command(args)),
         Command::Call {
             target,
             session,
@@ -230,7 +229,7 @@ fn main() -> ExitCode {
             input,
             policy,
             json,
-        } => finish(target_of(target).and_then(|target| {
+        } => Ok(finish(target_of(target).and_then(|target| {
             client::call(
                 &target,
                 &session,
@@ -239,16 +238,17 @@ fn main() -> ExitCode {
                 policy.as_deref(),
                 json,
             )
-        })),
-        Command::Inspect(args) => inspect_command(args),
-    }
+        }))),
+        Command::Inspect(args) => Ok(inspect_command(args)),
+    };
+    exit.unwrap_or_else(|code| code)
 }
 
-fn load_command(mut options: LoadOptions) -> ExitCode {
-    let _observability = match options.observability.init() {
-        Ok(installed) => installed,
-        Err(error) => return fail(&error.to_string()),
-    };
+fn load_command(mut options: LoadOptions) -> Result<ExitCode, ExitCode> {
+    let _observability = options
+        .observability
+        .init()
+        .map_err(|error| fail(&error.to_string()))?;
     if options.jobs && options.resources.is_empty() {
         options.resources = vec![("model".to_owned(), 8)];
     }
@@ -262,39 +262,28 @@ fn load_command(mut options: LoadOptions) -> ExitCode {
             })
             .collect::<Result<Vec<_>, _>>()
             .and_then(|targets| openprogram::load_remote::run(&options, &targets));
-        return match remote {
+        return Ok(match remote {
             Ok(report) => print_report(&report, options.json),
             Err(failure) => failed_client(failure),
-        };
+        });
     }
-    let runtime = match tokio_runtime() {
-        Ok(runtime) => runtime,
-        Err(code) => return code,
-    };
+    let runtime = tokio_runtime()?;
     let json = options.json;
-    match runtime.block_on(load::run(options)) {
+    Ok(match runtime.block_on(load::run(options)) {
         Ok(report) => print_report(&report, json),
         Err(error) => failed(error),
-    }
+    })
 }
 
-fn serve_command(mut options: ServeOptions) -> ExitCode {
+fn serve_command(mut options: ServeOptions) -> Result<ExitCode, ExitCode> {
     // Flushed (its spans exported) when dropped, after the server stopped.
-    let _observability = match options.observability.init() {
-        Ok(installed) => installed,
-        Err(error) => return failed(error),
-    };
-    let runtime = match tokio_runtime() {
-        Ok(runtime) => runtime,
-        Err(code) => return code,
-    };
+    let _observability = options.observability.init().map_err(failed)?;
+    let runtime = tokio_runtime()?;
     options.token = options
         .token
         .or_else(|| std::env::var("OPENPROGRAM_TOKEN").ok());
-    match runtime.block_on(serve::run(options)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => failed(error),
-    }
+    runtime.block_on(serve::run(options)).map_err(failed)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn ctl_command(args: CtlArgs) -> ExitCode {
@@ -385,17 +374,17 @@ fn failed_client(failure: Failure) -> ExitCode {
 
 /// `openprogram soak`: the harnesses in turn, a progress bar each on stderr, the summary
 /// on stdout.
-fn soak(kills: usize, cases: u64, r24_executions: usize, seed: Option<u64>) -> ExitCode {
-    let binary = match std::env::current_exe() {
-        Ok(binary) => binary,
-        Err(error) => return fail(&format!("cannot find this binary: {error}")),
-    };
+fn soak(
+    kills: usize,
+    cases: u64,
+    r24_executions: usize,
+    seed: Option<u64>,
+) -> Result<ExitCode, ExitCode> {
+    let binary = std::env::current_exe()
+        .map_err(|error| fail(&format!("cannot find this binary: {error}")))?;
     let seed = seed.unwrap_or_else(rand::random);
     let options = soak::SoakOptions::new(binary, seed, kills, cases, r24_executions);
-    let runtime = match tokio_runtime() {
-        Ok(runtime) => runtime,
-        Err(code) => return code,
-    };
+    let runtime = tokio_runtime()?;
     let bar = indicatif::ProgressBar::new(0);
     let progress = |harness: &str, done: u64, of: u64| {
         if bar.length() != Some(of) || bar.message() != harness {
@@ -411,18 +400,13 @@ fn soak(kills: usize, cases: u64, r24_executions: usize, seed: Option<u64>) -> E
     };
     let report = runtime.block_on(soak::run(&options, progress));
     bar.finish_and_clear();
-    match report {
-        Ok(report) => {
-            match serde_json::to_string_pretty(&report) {
-                Ok(json) => println!("{json}"),
-                Err(error) => return fail(&format!("cannot print the summary: {error}")),
-            }
-            match report.clean {
-                true => ExitCode::SUCCESS,
-                false => fail("an invariant broke; see the summary"),
-            }
-        }
-        Err(error) => fail(&format!("soak: {error}")),
+    let report = report.map_err(|error| fail(&format!("soak: {error}")))?;
+    let json = serde_json::to_string_pretty(&report)
+        .map_err(|error| fail(&format!("cannot print the summary: {error}")))?;
+    println!("{json}");
+    match report.clean {
+        true => Ok(ExitCode::SUCCESS),
+        false => Err(fail("an invariant broke; see the summary")),
     }
 }
 

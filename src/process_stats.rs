@@ -153,12 +153,12 @@ fn cpu_of_stat(stat: &str) -> Option<Duration> {
 
 /// Resident memory of this process now, in KiB (0 where unknown).
 pub fn rss_kib() -> u64 {
-    proc_status_kib("VmRSS:")
+    status_kib("self", "VmRSS:")
 }
 
-/// A `kB` field of `/proc/self/status` (0 where unknown).
-fn proc_status_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+/// A `kB` field of `/proc/PROCESS/status`, `self` or a pid (0 where unknown).
+pub(crate) fn status_kib(process: &str, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{process}/status")).unwrap_or_default();
     status
         .lines()
         .find_map(|line| line.strip_prefix(field))
@@ -168,7 +168,7 @@ fn proc_status_kib(field: &str) -> u64 {
 
 /// The peak resident memory of this process, from `/proc/self/status` (0 where unknown).
 pub fn peak_rss_mib() -> f64 {
-    proc_status_kib("VmHWM:") as f64 / 1024.0
+    status_kib("self", "VmHWM:") as f64 / 1024.0
 }
 
 /// The process's CPU and its threads' times at a start. The threads are read inside the

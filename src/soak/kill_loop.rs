@@ -242,16 +242,8 @@ impl Server {
 
     /// The peak resident memory so far (VmHWM), in MiB.
     fn peak_rss_mib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()));
-        status
-            .ok()
-            .and_then(|status| {
-                status
-                    .lines()
-                    .find_map(|line| line.strip_prefix("VmHWM:"))
-                    .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-            })
-            .map_or(0.0, |kib| kib / 1024.0)
+        let process = self.child.id().to_string();
+        crate::process_stats::status_kib(&process, "VmHWM:") as f64 / 1024.0
     }
 
     /// A JSON call with the run's token: the answer's body, or the error the server named.

@@ -99,27 +99,19 @@ pub async fn run(
     progress: impl Fn(&str, u64, u64),
 ) -> Result<SoakReport, String> {
     let started = Instant::now();
-    let kill_loop = |name: &'static str, options: KillLoopOptions| {
-        let progress = &progress;
-        let cycles = options.cycles as u64;
-        async move {
-            tokio::task::block_in_place(|| {
-                kill_loop::run(&options, |done| progress(name, done as u64, cycles))
-            })
-        }
+    let kill_loop = |name: &str, options: &Option<KillLoopOptions>| {
+        let run = |options: &KillLoopOptions| {
+            let cycles = options.cycles as u64;
+            kill_loop::run(options, |done| progress(name, done as u64, cycles))
+        };
+        tokio::task::block_in_place(|| options.as_ref().map(run).transpose())
     };
-    let r02 = match options.r02.clone() {
-        Some(r02) => Some(kill_loop("R02", r02).await?),
-        None => None,
-    };
+    let r02 = kill_loop("R02", &options.r02)?;
     let r22 = match options.r22 {
         Some(r22) => Some(model_check::run(r22, |done| progress("R22", done, r22.cases)).await),
         None => None,
     };
-    let r24 = match options.r24.clone() {
-        Some(r24) => Some(kill_loop("R24", r24).await?),
-        None => None,
-    };
+    let r24 = kill_loop("R24", &options.r24)?;
     let clean = r02.as_ref().is_none_or(KillLoopReport::clean)
         && r22.as_ref().is_none_or(|r22| r22.divergences == 0)
         && r24.as_ref().is_none_or(KillLoopReport::clean);
