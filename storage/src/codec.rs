@@ -17,20 +17,15 @@
 //! frame := | len: u32 BE | crc32 of the next 16 + len bytes: u32 BE |
 //!          | execution id: 16 bytes | bincode(WireFrame) (formats 2, 3), bincode(Frame) (1) |
 //! ```
-//! Format changelog: version 1 — the initial format (`bincode(Frame)`: every frame with the
-//! whole head, every event in its own envelope). Version 2 — a frame carries the head's
-//! identity (ids, kind, parent: `HeadIdentity`) only when its transition creates the
-//! execution or changes it, and its events without envelopes: execution, seq, position,
-//! time and epoch are the frame's, as the committer writes them; an admission's input of
-//! `INPUT_BLOB_BYTES_MIN` or more is a blob (S-5), its event stored with an empty input and
-//! the frame listing `(event index, blob hash)`, and readers put it back. ~30% fewer bytes
-//! per transition, which sled writes about 3.4 times over. Version 3 — the same frame in
-//! bincode's variable-length integer encoding: an enum tag, a length or a small number takes
-//! one byte instead of four or eight. ~21% fewer bytes per transition again (1,000 × 50
-//! load: 40.0 MB of log records against 50.6 MB). Versions 1 and 2 are still read. Records
-//! (receipts, index chunks…) stay in record format 1, fixed-length integers: the stored
-//! schema version is one, and an older build must still read it to refuse the store. Head
-//! records have their own format 2 since schema 5 (`head_record.rs`).
+//! Formats: 1 — `bincode(Frame)`, every frame with the whole head and every event in its
+//! own envelope. 2 — a frame carries the head's identity (`HeadIdentity`) only when its
+//! transition creates or changes it, and its events without envelopes (execution, seq,
+//! position, time and epoch are the frame's, as the committer writes them); an admission's
+//! input of `INPUT_BLOB_BYTES_MIN` or more is a blob (S-5), listed by the frame as
+//! `(event index, blob hash)` and put back by readers. 3 — the same frame in bincode's
+//! variable-length integers. All three are read. Records stay in record format 1 (fixed
+//! integers), so that an older build still reads the schema version and refuses the store;
+//! head records have their own format (`head_record.rs`).
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -55,8 +50,7 @@ const FRAME_HEADER_LEN: usize = 4 + 4 + 16;
 const LOG_HEADER_LEN: usize = 1 + 8 + 4;
 /// Log records are cut at this size (the committer starts a new one when a frame would not
 /// fit): sled writes a node bigger than a quarter segment (512 KiB with our 2 MiB segments)
-/// to a separate file, and a leaf holds up to 17 values. Measured: 64 KiB records in 8 MiB
-/// segments gave a worse p99 for the same throughput.
+/// to a separate file, and a leaf holds up to 17 values.
 pub(crate) const LOG_RECORD_BYTES_MAX: usize = 16 * 1024;
 
 /// Records, and frames of log formats 1 and 2: fixed-length integers.
@@ -81,7 +75,6 @@ const RECORD_PRESIZE_MAX: u64 = 1 << 20;
 /// Encodes a record. Serializing our own types into memory cannot fail; if it ever did, it
 /// would be a programming error worth stopping for.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    // Sized up front: growing from empty reallocated a head ~7 times while it was encoded.
     encode_with(RECORD_FORMAT_VERSION, value, bincode_options())
 }
 
@@ -89,19 +82,19 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 pub fn decode<T: DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T> {
     match checked_record(key, bytes)? {
         (RECORD_FORMAT_VERSION, payload) => decode_payload(key, payload, bincode_options()),
-        _ => Err(corrupted(key)),
+        _ => Err(Error::corrupted(key)),
     }
 }
 
 /// The version byte and the payload of a record whose checksum holds.
 pub(crate) fn checked_record<'a>(key: &[u8], bytes: &'a [u8]) -> Result<(u8, &'a [u8])> {
     if bytes.len() < 1 + CRC_LEN {
-        return Err(corrupted(key));
+        return Err(Error::corrupted(key));
     }
     let (body, crc) = bytes.split_at(bytes.len() - CRC_LEN);
-    let stored_crc = u32::from_be_bytes(crc.try_into().map_err(|_| corrupted(key))?);
+    let stored_crc = u32::from_be_bytes(crc.try_into().map_err(|_| Error::corrupted(key))?);
     if crc32fast::hash(body) != stored_crc {
-        return Err(corrupted(key));
+        return Err(Error::corrupted(key));
     }
     Ok((body[0], &body[1..]))
 }
@@ -117,7 +110,7 @@ pub(crate) fn decode_payload<T: DeserializeOwned>(
     options
         .with_limit(payload.len() as u64)
         .deserialize(payload)
-        .map_err(|_| corrupted(key))
+        .map_err(|_| Error::corrupted(key))
 }
 
 /// Encodes a record of format `version` with `options`.
@@ -138,13 +131,6 @@ pub(crate) fn encode_with<T: Serialize>(
     let crc = crc32fast::hash(&bytes);
     bytes.extend_from_slice(&crc.to_be_bytes());
     bytes
-}
-
-fn corrupted(key: &[u8]) -> Error {
-    Error::Corrupted {
-        tree: keys::tree_name(key),
-        key: keys::display(key),
-    }
 }
 
 /// Builds one log record frame by frame.
@@ -275,58 +261,74 @@ pub(crate) fn decode_log_record(key: &[u8], bytes: &[u8]) -> Result<DecodedLogRe
 /// A log record's header, checked (length, format, checksum, positions): its format
 /// version and last position.
 fn log_record_header(key: &[u8], bytes: &[u8]) -> Result<(u8, u64)> {
-    let corrupted = || Error::Corrupted {
-        tree: keys::tree_name(key),
-        key: keys::display(key),
-    };
     if bytes.len() < LOG_HEADER_LEN
         || !matches!(bytes[0], LOG_FORMAT_V1 | LOG_FORMAT_V2 | LOG_FORMAT_VERSION)
     {
-        return Err(corrupted());
+        return Err(Error::corrupted(key));
     }
-    let mut last = [0u8; 8];
-    last.copy_from_slice(&bytes[1..9]);
-    let last_position = u64::from_be_bytes(last);
-    let mut crc = [0u8; 4];
-    crc.copy_from_slice(&bytes[9..LOG_HEADER_LEN]);
-    let first_position = keys::log_position(key).ok_or_else(corrupted)?;
-    if crc32fast::hash(&bytes[..9]) != u32::from_be_bytes(crc) || last_position < first_position {
-        return Err(corrupted());
+    let last_position = u64::from_be_bytes([
+        bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7], bytes[8],
+    ]);
+    let crc = u32::from_be_bytes([bytes[9], bytes[10], bytes[11], bytes[12]]);
+    let first_position = keys::log_position(key).ok_or_else(|| Error::corrupted(key))?;
+    if crc32fast::hash(&bytes[..9]) != crc || last_position < first_position {
+        return Err(Error::corrupted(key));
     }
     Ok((bytes[0], last_position))
+}
+
+/// One frame of a log record, as its header lays it out.
+struct RawFrame<'a> {
+    /// The execution its header names.
+    claimed: ExecutionId,
+    crc: u32,
+    /// What the checksum covers: the execution id, then the payload.
+    checked: &'a [u8],
+}
+
+impl RawFrame<'_> {
+    fn intact(&self) -> bool {
+        crc32fast::hash(self.checked) == self.crc
+    }
+}
+
+/// A log record's header (see `log_record_header`) and its frames, split by their lengths
+/// without being checked or decoded; a length running past the end is an error for the
+/// record.
+fn raw_frames<'a>(key: &[u8], bytes: &'a [u8]) -> Result<(u8, u64, Vec<RawFrame<'a>>)> {
+    let (version, last_position) = log_record_header(key, bytes)?;
+    let mut frames = Vec::new();
+    let mut rest = &bytes[LOG_HEADER_LEN..];
+    while !rest.is_empty() {
+        if rest.len() < FRAME_HEADER_LEN {
+            return Err(Error::corrupted(key));
+        }
+        let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let end = FRAME_HEADER_LEN
+            .checked_add(len)
+            .filter(|end| *end <= rest.len())
+            .ok_or_else(|| Error::corrupted(key))?;
+        frames.push(RawFrame {
+            claimed: keys::execution_at(rest, 8).ok_or_else(|| Error::corrupted(key))?,
+            crc: u32::from_be_bytes([rest[4], rest[5], rest[6], rest[7]]),
+            checked: &rest[8..end],
+        });
+        rest = &rest[end..];
+    }
+    Ok((version, last_position, frames))
 }
 
 /// The last position of a log record and the execution each of its frames claims, read
 /// from the headers, each frame checked against its checksum but not decoded (S-8: the
 /// log's sweep asks whose frames a record holds).
 pub(crate) fn frame_owners(key: &[u8], bytes: &[u8]) -> Result<(u64, Vec<ExecutionId>)> {
-    let corrupted = || Error::Corrupted {
-        tree: keys::tree_name(key),
-        key: keys::display(key),
-    };
-    let (_, last_position) = log_record_header(key, bytes)?;
-    let mut owners = Vec::new();
-    let mut rest = &bytes[LOG_HEADER_LEN..];
-    while !rest.is_empty() {
-        if rest.len() < FRAME_HEADER_LEN {
-            return Err(corrupted());
-        }
-        let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        let end = FRAME_HEADER_LEN
-            .checked_add(len)
-            .filter(|end| *end <= rest.len())
-            .ok_or_else(corrupted)?;
-        // The owner is believed only from a frame that passes its checksum.
-        let crc = u32::from_be_bytes([rest[4], rest[5], rest[6], rest[7]]);
-        if crc32fast::hash(&rest[8..end]) != crc {
-            return Err(corrupted());
-        }
-        let mut id = [0u8; 16];
-        id.copy_from_slice(&rest[8..24]);
-        owners.push(ExecutionId::from_bytes(id));
-        rest = &rest[end..];
-    }
-    Ok((last_position, owners))
+    let (_, last_position, frames) = raw_frames(key, bytes)?;
+    // The owner is believed only from a frame that passes its checksum.
+    let owners = frames.iter().map(|frame| match frame.intact() {
+        true => Ok(frame.claimed),
+        false => Err(Error::corrupted(key)),
+    });
+    Ok((last_position, owners.collect::<Result<_>>()?))
 }
 
 /// Like `decode_log_record`, but decodes only the frames whose header names `only`; the
@@ -336,55 +338,28 @@ pub(crate) fn decode_frames(
     bytes: &[u8],
     only: Option<ExecutionId>,
 ) -> Result<DecodedLogRecord> {
-    use bincode::Options;
-    let corrupted = || Error::Corrupted {
-        tree: keys::tree_name(key),
-        key: keys::display(key),
-    };
-    let (version, last_position) = log_record_header(key, bytes)?;
-    let first_position = keys::log_position(key).ok_or_else(corrupted)?;
-    let mut frames = Vec::new();
-    let mut rest = &bytes[LOG_HEADER_LEN..];
-    while !rest.is_empty() {
-        if rest.len() < FRAME_HEADER_LEN {
-            return Err(corrupted());
-        }
-        let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        let crc = u32::from_be_bytes([rest[4], rest[5], rest[6], rest[7]]);
-        let end = FRAME_HEADER_LEN
-            .checked_add(len)
-            .filter(|end| *end <= rest.len());
-        let Some(end) = end else {
-            return Err(corrupted());
-        };
-        let mut id = [0u8; 16];
-        id.copy_from_slice(&rest[8..24]);
-        let claimed = ExecutionId::from_bytes(id);
-        if only.is_some_and(|only| only != claimed) {
-            rest = &rest[end..];
-            continue;
-        }
-        let payload = &rest[FRAME_HEADER_LEN..end];
-        let decoded = if crc32fast::hash(&rest[8..end]) == crc {
-            // The limit bounds what a hostile length prefix can make the decoder read.
-            let limit = len as u64;
-            let from_wire =
-                |wire: Option<WireFrame>| wire.map(|wire| StoredFrame::from_wire(claimed, wire));
-            match version {
-                LOG_FORMAT_V1 => bincode_options()
-                    .with_limit(limit)
-                    .deserialize::<Frame>(payload)
+    let (version, last_position, raw) = raw_frames(key, bytes)?;
+    let first_position = keys::log_position(key).ok_or_else(|| Error::corrupted(key))?;
+    let frames = raw
+        .into_iter()
+        .filter(|frame| only.is_none_or(|only| only == frame.claimed))
+        .map(|frame| {
+            let claimed = frame.claimed;
+            let payload = &frame.checked[16..];
+            let from_wire = |wire: WireFrame| StoredFrame::from_wire(claimed, wire);
+            let decoded = match version {
+                _ if !frame.intact() => None,
+                LOG_FORMAT_V1 => decode_payload::<Frame>(key, payload, bincode_options())
                     .ok()
                     .map(StoredFrame::from_v1),
-                LOG_FORMAT_V2 => from_wire(
-                    bincode_options()
-                        .with_limit(limit)
-                        .deserialize(payload)
-                        .ok(),
-                ),
-                _ => from_wire(frame_options().with_limit(limit).deserialize(payload).ok()),
-            }
-            .filter(|frame| {
+                LOG_FORMAT_V2 => decode_payload(key, payload, bincode_options())
+                    .ok()
+                    .map(from_wire),
+                _ => decode_payload(key, payload, frame_options())
+                    .ok()
+                    .map(from_wire),
+            };
+            let owned = |frame: &StoredFrame| {
                 frame.execution_id == claimed
                     && frame
                         .identity
@@ -393,16 +368,13 @@ pub(crate) fn decode_frames(
                         event.execution_id == claimed
                             && (first_position..=last_position).contains(&event.position)
                     })
-            })
-        } else {
-            None
-        };
-        frames.push(match decoded {
-            Some(frame) => DecodedFrame::Ok(Box::new(frame)),
-            None => DecodedFrame::Corrupt { claimed },
-        });
-        rest = &rest[end..];
-    }
+            };
+            match decoded.filter(owned) {
+                Some(frame) => DecodedFrame::Ok(Box::new(frame)),
+                None => DecodedFrame::Corrupt { claimed },
+            }
+        })
+        .collect();
     Ok(DecodedLogRecord {
         last_position,
         frames,

@@ -97,6 +97,14 @@ impl Error {
         }
     }
 
+    /// `Corrupted`: the record at `key`, named by its tree (`keys::tree_name`).
+    pub(crate) fn corrupted(key: &[u8]) -> Self {
+        Error::Corrupted {
+            tree: crate::keys::tree_name(key),
+            key: crate::keys::display(key),
+        }
+    }
+
     /// A stable, machine-readable code for transports (`{"code": ..}`).
     pub fn code(&self) -> &'static str {
         match self {

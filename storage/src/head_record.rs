@@ -106,10 +106,7 @@ pub(crate) fn decode(key: &[u8], bytes: &[u8]) -> Result<(ExecutionHead, HeadInd
             };
             Ok((head, index))
         }
-        _ => Err(Error::Corrupted {
-            tree: crate::keys::tree_name(key),
-            key: crate::keys::display(key),
-        }),
+        _ => Err(Error::corrupted(key)),
     }
 }
 

@@ -4,37 +4,31 @@
 //! Invariant: these layouts never change once written. Integers are big-endian so that key
 //! order is numeric order; ids are their 16 UUID bytes.
 //!
-//! | prefix | key                                   | value                       |
-//! |--------|---------------------------------------|-----------------------------|
-//! | 0x01   | meta name (ASCII)                     | codec(u32 / u64)            |
-//! | 0x02   | position u64 (first in the record)    | log record (`codec.rs`)     |
-//! | 0x03   | execution id                          | head record (head_record.rs)|
-//! | 0x04   | execution id, first seq u64           | codec(Vec<FrameRef>): index |
-//! |        |                                       | chunk (refs older than the  |
-//! |        |                                       | head record keeps)          |
-//! | 0x05   | command id                            | codec(CommandRecord)        |
-//! | 0x06   | effect id                             | codec(ReceiptRecord)        |
-//! | 0x07   | wait id                               | codec(WaitRecord)           |
-//! | 0x08   | process id                            | codec(ProcessRecord)        |
-//! | 0x09   | blob hash (32 bytes)                  | raw bytes (content-checked) |
-//! | 0x0A   | state code u8, execution id           | empty: non-terminal index   |
-//! | 0x0B   | incarnation number u64                | codec(Incarnation)          |
-//! | 0x0C   | execution id                          | codec(String): quarantined  |
-//! | 0x0D   | session id, execution id              | empty: executions by session|
-//! | 0x0E   | job id (an execution id)              | codec(JobRecord), schema 7  |
-//! | 0x0F   | execution id                          | codec(ProjectionRecord),    |
-//! |        |                                       | schema 8                    |
-//! | 0x10   | execution id                          | codec(PurgedRecord): purged |
-//! |        |                                       | (S-8), schema 8             |
-//! | 0x11   | execution id, record key (17 bytes)   | empty: records it owns      |
-//! |        |                                       | (commands, receipts, waits, |
-//! |        |                                       | processes), schema 8        |
-//! | 0x12   | ended at ms u64, execution id         | empty: ended executions by  |
-//! |        |                                       | time (retention), schema 8  |
-//! | 0x13   | session id                            | codec(SessionRecord),       |
-//! |        |                                       | schema 11                   |
-//! | 0x14   | session id                            | codec(ConversationRecord),  |
-//! |        |                                       | schema 12                   |
+//! ```text
+//! byte  key                                  value
+//! 0x01  meta name (ASCII)                    codec(u32 / u64)
+//! 0x02  position u64 (first in the record)   log record (`codec.rs`)
+//! 0x03  execution id                         head record (`head_record.rs`)
+//! 0x04  execution id, first seq u64          codec(Vec<FrameRef>): an index chunk (refs older than
+//!                                            the head record keeps)
+//! 0x05  command id                           codec(CommandRecord)
+//! 0x06  effect id                            codec(ReceiptRecord)
+//! 0x07  wait id                              codec(WaitRecord)
+//! 0x08  process id                           codec(ProcessRecord)
+//! 0x09  blob hash (32 bytes)                 raw bytes (content-checked)
+//! 0x0A  state code u8, execution id          empty: non-terminal index
+//! 0x0B  incarnation number u64               codec(Incarnation)
+//! 0x0C  execution id                         codec(String): quarantined
+//! 0x0D  session id, execution id             empty: executions by session
+//! 0x0E  job id (an execution id)             codec(JobRecord), schema 7
+//! 0x0F  execution id                         codec(ProjectionRecord), schema 8
+//! 0x10  execution id                         codec(PurgedRecord): purged (S-8), schema 8
+//! 0x11  execution id, record key (17 bytes)  empty: records it owns (commands, receipts, waits,
+//!                                            processes), schema 8
+//! 0x12  ended at ms u64, execution id        empty: ended executions by time (retention), schema 8
+//! 0x13  session id                           codec(SessionRecord), schema 11
+//! 0x14  session id                           codec(ConversationRecord), schema 12
+//! ```
 
 use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, SessionId, WaitId};
 use crate::records::{BlobHash, ExecutionState};
@@ -93,10 +87,7 @@ pub fn events_prefix(execution_id: ExecutionId) -> [u8; 17] {
 }
 
 pub fn events(execution_id: ExecutionId, first_seq: u64) -> [u8; 25] {
-    let mut key = [0u8; 25];
-    key[..17].copy_from_slice(&events_prefix(execution_id));
-    key[17..].copy_from_slice(&first_seq.to_be_bytes());
-    key
+    join(&[&events_prefix(execution_id), &first_seq.to_be_bytes()])
 }
 
 pub fn command(command_id: CommandId) -> [u8; 17] {
@@ -137,18 +128,11 @@ pub fn owned_prefix(execution_id: ExecutionId) -> [u8; 17] {
 
 /// A record `record_key` (a command, receipt, wait or process key) owned by `execution_id`.
 pub fn owned(execution_id: ExecutionId, record_key: &[u8; 17]) -> [u8; 34] {
-    let mut key = [0u8; 34];
-    key[..17].copy_from_slice(&owned_prefix(execution_id));
-    key[17..].copy_from_slice(record_key);
-    key
+    join(&[&owned_prefix(execution_id), record_key])
 }
 
 pub fn ended(ended_at_ms: u64, execution_id: ExecutionId) -> [u8; 25] {
-    let mut key = [0u8; 25];
-    key[0] = ENDED;
-    key[1..9].copy_from_slice(&ended_at_ms.to_be_bytes());
-    key[9..].copy_from_slice(execution_id.as_bytes());
-    key
+    join(&[&prefixed_u64(ENDED, ended_at_ms), execution_id.as_bytes()])
 }
 
 /// The time and execution of an `ended` key.
@@ -157,8 +141,7 @@ pub fn ended_parts(key: &[u8]) -> Option<(u64, ExecutionId)> {
         return None;
     }
     let at = u64::from_be_bytes(key[1..9].try_into().ok()?);
-    let id: [u8; 16] = key[9..].try_into().ok()?;
-    Some((at, ExecutionId::from_uuid(uuid::Uuid::from_bytes(id))))
+    Some((at, execution_at(key, 9)?))
 }
 
 pub fn process(process_id: ProcessId) -> [u8; 17] {
@@ -166,10 +149,7 @@ pub fn process(process_id: ProcessId) -> [u8; 17] {
 }
 
 pub fn blob(hash: BlobHash) -> [u8; 33] {
-    let mut key = [0u8; 33];
-    key[0] = BLOB;
-    key[1..].copy_from_slice(&hash.0);
-    key
+    join(&[&[BLOB], &hash.0])
 }
 
 pub fn by_state_prefix(state: ExecutionState) -> [u8; 2] {
@@ -177,10 +157,7 @@ pub fn by_state_prefix(state: ExecutionState) -> [u8; 2] {
 }
 
 pub fn by_state(state: ExecutionState, execution_id: ExecutionId) -> [u8; 18] {
-    let mut key = [0u8; 18];
-    key[..2].copy_from_slice(&by_state_prefix(state));
-    key[2..].copy_from_slice(execution_id.as_bytes());
-    key
+    join(&[&by_state_prefix(state), execution_id.as_bytes()])
 }
 
 pub fn by_session_prefix(session_id: SessionId) -> [u8; 17] {
@@ -188,10 +165,7 @@ pub fn by_session_prefix(session_id: SessionId) -> [u8; 17] {
 }
 
 pub fn by_session(session_id: SessionId, execution_id: ExecutionId) -> [u8; 33] {
-    let mut key = [0u8; 33];
-    key[..17].copy_from_slice(&by_session_prefix(session_id));
-    key[17..].copy_from_slice(execution_id.as_bytes());
-    key
+    join(&[&by_session_prefix(session_id), execution_id.as_bytes()])
 }
 
 pub fn quarantine(execution_id: ExecutionId) -> [u8; 17] {
@@ -247,16 +221,23 @@ pub fn display(key: &[u8]) -> String {
 }
 
 fn prefixed_u64(prefix: u8, value: u64) -> [u8; 9] {
-    let mut key = [0u8; 9];
-    key[0] = prefix;
-    key[1..].copy_from_slice(&value.to_be_bytes());
-    key
+    join(&[&[prefix], &value.to_be_bytes()])
 }
 
 fn prefixed_id(prefix: u8, id: &[u8; 16]) -> [u8; 17] {
-    let mut key = [0u8; 17];
-    key[0] = prefix;
-    key[1..].copy_from_slice(id);
+    join(&[&[prefix], id])
+}
+
+/// `parts` one after the other; their lengths add up to `N` (every caller's do).
+#[inline]
+fn join<const N: usize>(parts: &[&[u8]]) -> [u8; N] {
+    let mut key = [0u8; N];
+    let mut at = 0;
+    for part in parts {
+        key[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
+    }
+    debug_assert_eq!(at, N);
     key
 }
 

@@ -222,7 +222,7 @@ fn run(
         committer.commit_group(requests);
         add_elapsed_micros(&committer.shared.metrics.group_micros_total, started);
     }
-    if committer.shared.failure().is_none() {
+    if committer.shared.refusals.failure().is_none() {
         if let Err(error) = committer.materialize_all() {
             tracing::error!(%error, "final materialization failed; the log will be replayed at next open");
         }
@@ -288,7 +288,7 @@ impl Committer {
     /// answered; if the write fails, every request is refused `FailStop` and the store stops.
     fn commit_group(&mut self, requests: Vec<Request>) {
         let started = Instant::now();
-        if let Some(reason) = self.shared.failure() {
+        if let Some(reason) = self.shared.refusals.failure() {
             return requests
                 .into_iter()
                 .for_each(|request| request.fail(&reason));
@@ -303,7 +303,8 @@ impl Committer {
             Ok(written) => self.answer(group, written, started),
             Err(error) => {
                 let reason = error.to_string();
-                self.shared.fail(reason.clone());
+                tracing::error!(%reason, "store entered fail-stop: no more writes are acknowledged");
+                self.shared.refusals.fail(reason.clone());
                 group
                     .answers
                     .into_iter()

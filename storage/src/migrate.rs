@@ -50,75 +50,13 @@ pub const SCHEMA_VERSION: u32 = 13;
 /// One migration: from `from` to `from + 1`, adding its changes to the batch.
 type Step = fn(&sled::Db, &mut sled::Batch) -> Result<()>;
 
-/// Steps by the version they start from. Version 0 is an empty store.
-const STEPS: &[(u32, Step)] = &[
-    (0, initialize),
-    (1, index_by_session),
-    (2, log_format_2),
-    (3, log_format_3),
-    (4, head_records_2),
-    (5, command_records_2),
-    (6, jobs),
-    (7, projections),
-    (8, model_usage),
-    (9, wait_details),
-    (10, session_records),
-    (11, conversation_records),
-    (12, context_pins),
-];
-
-/// 12 → 13: nothing to rewrite (see the changelog).
-fn context_pins(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
-    Ok(())
-}
-
-/// 11 → 12: nothing to rewrite (see the changelog).
-fn conversation_records(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
-    Ok(())
-}
-
-/// 10 → 11: nothing to rewrite (see the changelog).
-fn session_records(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
-    Ok(())
-}
-
-/// 9 → 10: nothing to rewrite (see the changelog).
-fn wait_details(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
-    Ok(())
-}
-
-/// 8 → 9: nothing to rewrite (see the changelog).
-fn model_usage(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
-    Ok(())
-}
-
-fn initialize(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
-    Ok(())
-}
-
-/// 2 → 3: nothing to rewrite (see the changelog).
-fn log_format_2(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
-    Ok(())
-}
-
-/// 3 → 4: nothing to rewrite (see the changelog).
-fn log_format_3(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
-    Ok(())
-}
-
-/// 4 → 5: nothing to rewrite (see the changelog).
-fn head_records_2(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
-    Ok(())
-}
-
-/// 5 → 6: nothing to rewrite (see the changelog).
-fn command_records_2(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
-    Ok(())
-}
-
-/// 6 → 7: nothing to rewrite (see the changelog).
-fn jobs(_db: &sled::Db, _batch: &mut sled::Batch) -> Result<()> {
-    Ok(())
+/// The step from `from`: most versions only mark the store (see the changelog).
+fn step(from: u32) -> Step {
+    match from {
+        1 => index_by_session,
+        7 => projections,
+        _ => |_, _| Ok(()),
+    }
 }
 
 /// 7 → 8: the retention index of every ended execution on disk and the ownership key of
@@ -197,14 +135,8 @@ pub(crate) fn run(db: &sled::Db, sync: &mut dyn FnMut() -> Result<()>) -> Result
     }
     let mut version = found;
     while version < SCHEMA_VERSION {
-        let Some((_, step)) = STEPS.iter().find(|(from, _)| *from == version) else {
-            return Err(Error::UnsupportedSchema {
-                found: version,
-                supported: SCHEMA_VERSION,
-            });
-        };
         let mut batch = sled::Batch::default();
-        step(db, &mut batch)?;
+        step(version)(db, &mut batch)?;
         batch.insert(key.clone(), codec::encode(&(version + 1)));
         db.apply_batch(batch)?;
         db.flush()?;

@@ -163,10 +163,7 @@ fn replay(shared: &Shared, salvaging: bool) -> Result<()> {
         // A record whose framing is broken cannot be attributed to any execution: refuse to
         // open rather than silently drop what it acknowledged.
         let record = codec::decode_log_record(&key, &value)?;
-        let record_position = keys::log_position(&key).ok_or_else(|| Error::Corrupted {
-            tree: "log",
-            key: keys::display(&key),
-        })?;
+        let record_position = keys::log_position(&key).ok_or_else(|| Error::corrupted(&key))?;
         // Positions are gap-free (S-1): a record missing in the middle of the tail is
         // acknowledged history lost, refused like a shortened log (S-7).
         if record_position != durable.saturating_add(1) {
@@ -198,7 +195,7 @@ fn replay(shared: &Shared, salvaging: bool) -> Result<()> {
     // A quarantined execution's replayed state is partial: never write it anywhere. Its
     // frames stay in the log, and the quarantine is persisted so that moving the mark past
     // them does not make the execution look healthy at the next open.
-    for (execution_id, reason) in shared.quarantined() {
+    for (execution_id, reason) in shared.refusals.quarantined() {
         overlay.forget(execution_id);
         db.insert(keys::quarantine(execution_id), codec::encode(&reason))?;
     }
@@ -229,7 +226,7 @@ fn replay_frame(
     let execution_id = frame.execution_id;
     // S-8: a purged execution's frames are never replayed (defence in depth: a purge
     // waits for the materialization that covers them).
-    if shared.check_quarantine(execution_id).is_err()
+    if shared.refusals.check_quarantine(execution_id).is_err()
         || shared.db.contains_key(keys::purged(execution_id))?
     {
         return Ok(false);
@@ -264,10 +261,7 @@ fn load_quarantine(db: &sled::Db) -> Result<BTreeMap<ExecutionId, String>> {
     let mut quarantine = BTreeMap::new();
     for item in db.scan_prefix([keys::QUARANTINE]) {
         let (key, value) = item?;
-        let execution_id = keys::execution_at(&key, 1).ok_or_else(|| Error::Corrupted {
-            tree: "quarantine",
-            key: keys::display(&key),
-        })?;
+        let execution_id = keys::execution_at(&key, 1).ok_or_else(|| Error::corrupted(&key))?;
         let reason = codec::decode::<String>(&key, &value)
             .unwrap_or_else(|_| String::from("quarantined (reason unreadable)"));
         quarantine.insert(execution_id, reason);
@@ -363,7 +357,7 @@ fn salvage(
         lost_positions: acknowledged_through
             .map_or(0, |acked| acked.saturating_sub(present_through)),
         lost_executions,
-        quarantined: shared.quarantined(),
+        quarantined: shared.refusals.quarantined(),
     };
     tracing::warn!(?report, "opened to salvage");
     Ok(Some(report))

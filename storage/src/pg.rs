@@ -31,8 +31,7 @@ mod reads;
 pub mod schema;
 mod statements;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use futures::future::BoxFuture;
@@ -43,7 +42,7 @@ use crate::error::{Error, Result};
 use crate::event_store::{EventStore, NodeRecord, PurgeStep, SweepStep};
 use crate::ids::{ExecutionId, OwnerId};
 use crate::open::Incarnation;
-use crate::shared::{Limits, Metrics, MetricsSnapshot};
+use crate::shared::{Limits, Metrics, MetricsSnapshot, Refusals};
 use crate::transition::{Outcome, Transition};
 
 /// Reader threads (each with its own connection).
@@ -91,43 +90,10 @@ impl Drop for Inner {
 struct Shared {
     url: String,
     limits: Limits,
-    /// Executions refused for a corrupted row, with the reason (S-4); also in
-    /// `op_quarantine`, so every node and every later start refuses them too.
-    quarantine: Mutex<HashMap<ExecutionId, String>>,
-    /// Why the store stopped acknowledging (a commit whose outcome is unknown).
-    failure: Mutex<Option<String>>,
+    /// A quarantine is also in `op_quarantine`, so every node and every later start
+    /// refuses it too; fail-stop follows a commit whose outcome is unknown.
+    refusals: Refusals,
     metrics: Metrics,
-}
-
-impl Shared {
-    fn failure(&self) -> Option<String> {
-        self.failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    fn check_quarantine(&self, execution_id: ExecutionId) -> Result<()> {
-        let quarantine = self
-            .quarantine
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match quarantine.get(&execution_id) {
-            Some(reason) => Err(Error::Quarantined {
-                execution_id,
-                reason: reason.clone(),
-            }),
-            None => Ok(()),
-        }
-    }
-
-    fn quarantine(&self, execution_id: ExecutionId, reason: String) {
-        tracing::error!(%execution_id, %reason, "execution quarantined");
-        self.quarantine
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(execution_id, reason);
-    }
 }
 
 /// A database error, kept as text (errors are `Clone` for every waiter of a group).
@@ -170,8 +136,7 @@ impl PgStore {
         let shared = Arc::new(Shared {
             url: url.to_owned(),
             limits: limits.clone(),
-            quarantine: Mutex::new(quarantine),
-            failure: Mutex::new(None),
+            refusals: Refusals::new(quarantine),
             metrics: Metrics::default(),
         });
         let readers = reads::Readers::start(&shared, "reader", READERS)?;
@@ -212,7 +177,7 @@ impl PgStore {
         &self,
         make: impl FnOnce(oneshot::Sender<Result<T>>) -> commit::Request,
     ) -> BoxFuture<'static, Result<T>> {
-        if let Some(reason) = self.shared().failure() {
+        if let Some(reason) = self.shared().refusals.failure() {
             return futures::future::ready(Err(Error::FailStop(reason))).boxed();
         }
         let (reply, answer) = oneshot::channel();
@@ -247,7 +212,7 @@ impl EventStore for PgStore {
         if let Err(error) = write.check() {
             return futures::future::ready(Err(error)).boxed();
         }
-        if let Some(reason) = self.shared().failure() {
+        if let Some(reason) = self.shared().refusals.failure() {
             return futures::future::ready(Err(Error::FailStop(reason))).boxed();
         }
         let store = self.clone();

@@ -25,6 +25,9 @@ macro_rules! named {
         }
 
         impl $name {
+            /// Every variant, in their (stored) order.
+            pub const ALL: [Self; [$($text),*].len()] = [$($name::$variant),*];
+
             pub fn as_str(self) -> &'static str {
                 match self {
                     $($name::$variant => $text,)*
@@ -67,19 +70,6 @@ named! {
 }
 
 impl ExecutionState {
-    pub const ALL: [ExecutionState; 10] = [
-        ExecutionState::Queued,
-        ExecutionState::Running,
-        ExecutionState::Paused,
-        ExecutionState::Waiting,
-        ExecutionState::Cancelling,
-        ExecutionState::Cancelled,
-        ExecutionState::Completed,
-        ExecutionState::Failed,
-        ExecutionState::ReconciliationRequired,
-        ExecutionState::Expired,
-    ];
-
     /// Terminal states never change again and are not kept in the by-state index.
     pub fn is_terminal(self) -> bool {
         matches!(
@@ -88,20 +78,10 @@ impl ExecutionState {
         )
     }
 
-    /// The byte that names this state in the by-state index key. Fixed forever.
+    /// The byte that names this state in the by-state index key: its place in `ALL`, from
+    /// 1, fixed forever as the order is.
     pub fn code(self) -> u8 {
-        match self {
-            ExecutionState::Queued => 1,
-            ExecutionState::Running => 2,
-            ExecutionState::Paused => 3,
-            ExecutionState::Waiting => 4,
-            ExecutionState::Cancelling => 5,
-            ExecutionState::Cancelled => 6,
-            ExecutionState::Completed => 7,
-            ExecutionState::Failed => 8,
-            ExecutionState::ReconciliationRequired => 9,
-            ExecutionState::Expired => 10,
-        }
+        self as u8 + 1
     }
 }
 

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -232,6 +232,64 @@ pub struct MetricsSnapshot {
     pub queued: u64,
 }
 
+/// A lock whose holder panicked is still usable: no update under the stores' locks can be
+/// left half-done (each is one assignment or a completed merge).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What a store refuses, whichever its engine: the executions quarantined for a corrupted
+/// record (S-4), and every write once it stopped acknowledging (fail-stop).
+#[derive(Debug, Default)]
+pub(crate) struct Refusals {
+    quarantine: Mutex<BTreeMap<ExecutionId, String>>,
+    failure: Mutex<Option<String>>,
+}
+
+impl Refusals {
+    pub fn new(quarantine: BTreeMap<ExecutionId, String>) -> Self {
+        Self {
+            quarantine: Mutex::new(quarantine),
+            failure: Mutex::new(None),
+        }
+    }
+
+    /// Why the store stopped acknowledging, if it did.
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.failure).clone()
+    }
+
+    /// Stops acknowledging from now on; the first reason stays.
+    pub fn fail(&self, reason: String) {
+        lock(&self.failure).get_or_insert(reason);
+    }
+
+    pub fn check_quarantine(&self, execution_id: ExecutionId) -> Result<()> {
+        match lock(&self.quarantine).get(&execution_id) {
+            Some(reason) => Err(Error::Quarantined {
+                execution_id,
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses the execution from now on; the first reason stays.
+    pub fn quarantine(&self, execution_id: ExecutionId, reason: String) {
+        tracing::error!(%execution_id, %reason, "execution quarantined");
+        lock(&self.quarantine).entry(execution_id).or_insert(reason);
+    }
+
+    /// Executions refused for corrupted records, with the reason, in id order.
+    pub fn quarantined(&self) -> Vec<(ExecutionId, String)> {
+        let quarantine = lock(&self.quarantine);
+        quarantine
+            .iter()
+            .map(|(id, why)| (*id, why.clone()))
+            .collect()
+    }
+}
+
 /// State shared by the committer thread and readers.
 #[derive(Debug)]
 pub(crate) struct Shared {
@@ -248,8 +306,7 @@ pub(crate) struct Shared {
     pub(crate) slice_lock: RwLock<()>,
     /// The position of the newest event on disk (fsynced).
     pub durable_position: AtomicU64,
-    pub(crate) quarantine: Mutex<BTreeMap<ExecutionId, String>>,
-    pub(crate) failure: Mutex<Option<String>>,
+    pub refusals: Refusals,
     /// Blobs written by the group being committed: on sled, not yet durable, not readable.
     pub in_flight_blobs: Mutex<HashSet<BlobHash>>,
     /// Records written to their own keys by the group being committed (a rejection's
@@ -278,8 +335,7 @@ impl Shared {
             generation: AtomicU64::new(0),
             slice_lock: RwLock::new(()),
             durable_position: AtomicU64::new(0),
-            quarantine: Mutex::new(quarantine),
-            failure: Mutex::new(None),
+            refusals: Refusals::new(quarantine),
             in_flight_blobs: Mutex::new(HashSet::new()),
             in_flight_records: Mutex::new(HashSet::new()),
             in_flight_overwrites: Mutex::new(HashMap::new()),
@@ -287,8 +343,6 @@ impl Shared {
         }
     }
 
-    // A panic while holding these locks cannot leave the data half-updated (each update is
-    // one assignment or a completed merge), so a poisoned lock is still usable.
     pub fn overlay_read(&self) -> RwLockReadGuard<'_, Overlay> {
         self.overlay.read().unwrap_or_else(PoisonError::into_inner)
     }
@@ -309,120 +363,44 @@ impl Shared {
         self.overlay.write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn failure(&self) -> Option<String> {
-        self.failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    pub fn fail(&self, reason: String) {
-        tracing::error!(%reason, "store entered fail-stop: no more writes are acknowledged");
-        self.failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get_or_insert(reason);
-    }
-
     pub fn in_flight_blobs_insert(&self, hash: BlobHash) {
-        self.in_flight_blobs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(hash);
+        lock(&self.in_flight_blobs).insert(hash);
     }
 
     /// The group is durable: its blobs and records become readable.
     pub fn in_flight_blobs_clear(&self) {
-        self.in_flight_blobs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
-        self.in_flight_records
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
-        self.in_flight_overwrites
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
+        lock(&self.in_flight_blobs).clear();
+        lock(&self.in_flight_records).clear();
+        lock(&self.in_flight_overwrites).clear();
     }
 
     /// `key` is about to be rewritten by the group being committed; `durable` is its value
     /// now (the first one the group saw, if it rewrites the key twice).
     pub fn in_flight_overwrite(&self, key: [u8; 17], durable: Option<sled::IVec>) {
-        self.in_flight_overwrites
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        lock(&self.in_flight_overwrites)
             .entry(key)
             .or_insert(durable);
     }
 
     /// The durable value of a key the group being committed rewrites, if it does.
     pub fn overwritten(&self, key: &[u8; 17]) -> Option<Option<sled::IVec>> {
-        self.in_flight_overwrites
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(key)
-            .cloned()
+        lock(&self.in_flight_overwrites).get(key).cloned()
     }
 
     pub fn in_flight_record_insert(&self, key: [u8; 17]) {
-        self.in_flight_records
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(key);
+        lock(&self.in_flight_records).insert(key);
     }
 
     pub fn is_record_in_flight(&self, key: &[u8; 17]) -> bool {
-        self.in_flight_records
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(key)
-    }
-
-    pub fn check_quarantine(&self, execution_id: ExecutionId) -> Result<()> {
-        let quarantine = self
-            .quarantine
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match quarantine.get(&execution_id) {
-            Some(reason) => Err(Error::Quarantined {
-                execution_id,
-                reason: reason.clone(),
-            }),
-            None => Ok(()),
-        }
-    }
-
-    pub fn quarantine(&self, execution_id: ExecutionId, reason: String) {
-        tracing::error!(%execution_id, %reason, "execution quarantined");
-        self.quarantine
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(execution_id)
-            .or_insert(reason);
+        lock(&self.in_flight_records).contains(key)
     }
 
     /// Quarantines the execution a frame of the log record at `key` is of (as far as its
     /// header tells): the frame `why`.
     pub fn quarantine_frame(&self, execution_id: ExecutionId, key: &[u8], why: &str) {
         let at = keys::display(key);
-        self.quarantine(
-            execution_id,
-            format!("a frame of the log record at {at} {why}"),
-        );
-    }
-
-    /// Executions refused for corrupted records, with the reason (S-4).
-    pub fn quarantined(&self) -> Vec<(ExecutionId, String)> {
-        let quarantine = self
-            .quarantine
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        quarantine
-            .iter()
-            .map(|(id, reason)| (*id, reason.clone()))
-            .collect()
+        let reason = format!("a frame of the log record at {at} {why}");
+        self.refusals.quarantine(execution_id, reason);
     }
 
     /// Quarantines the execution when `result` is a corruption of one of its records.
@@ -432,7 +410,7 @@ impl Shared {
         result: Result<T>,
     ) -> Result<T> {
         if let Err(error @ Error::Corrupted { .. }) = &result {
-            self.quarantine(execution_id, error.to_string());
+            self.refusals.quarantine(execution_id, error.to_string());
         }
         result
     }
@@ -452,10 +430,7 @@ impl Shared {
         let key = keys::blob(hash);
         match self.db.get(key)? {
             Some(bytes) if BlobHash::of(&bytes) == hash => Ok(Some(bytes.to_vec())),
-            Some(_) => Err(Error::Corrupted {
-                tree: "blobs",
-                key: keys::display(&key),
-            }),
+            Some(_) => Err(Error::corrupted(&key)),
             None => Ok(None),
         }
     }
@@ -524,10 +499,7 @@ fn typed<T>(key: &[u8], record: RecordValue) -> Result<T>
 where
     RecordValue: TryInto<T>,
 {
-    record.try_into().map_err(|_| Error::Corrupted {
-        tree: keys::tree_name(key),
-        key: keys::display(key),
-    })
+    record.try_into().map_err(|_| Error::corrupted(key))
 }
 
 macro_rules! record_conversion {

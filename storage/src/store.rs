@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use futures::future::BoxFuture;
@@ -24,7 +24,7 @@ use crate::records::{
     BlobHash, CommandRecord, ExecutionHead, ExecutionState, JobRecord, ProcessRecord,
     ProjectionRecord, PurgedRecord, ReceiptRecord, WaitRecord,
 };
-use crate::shared::Shared;
+use crate::shared::{lock, Shared};
 use crate::transition::{Outcome, Transition};
 
 mod reads;
@@ -144,7 +144,7 @@ impl Store {
         &self,
         make: impl FnOnce(oneshot::Sender<Result<T>>) -> Request,
     ) -> BoxFuture<'static, Result<T>> {
-        if let Some(reason) = self.shared().failure() {
+        if let Some(reason) = self.shared().refusals.failure() {
             return futures::future::ready(Err(Error::FailStop(reason))).boxed();
         }
         let Some(sender) = self.inner.sender.clone() else {
@@ -199,7 +199,7 @@ impl EventStore for Store {
 
     fn submit(&self, transition: Transition) -> BoxFuture<'static, Result<Outcome>> {
         let limits = &self.shared().limits;
-        let checked = match self.shared().failure() {
+        let checked = match self.shared().refusals.failure() {
             Some(reason) => Err(Error::FailStop(reason)),
             None => transition.check_sizes(limits.blob_bytes_max, limits.transition_bytes_max),
         };

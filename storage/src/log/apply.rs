@@ -212,7 +212,10 @@ struct SledView<'a> {
 
 impl View for SledView<'_> {
     fn writable(&self) -> Result<()> {
-        self.committer.shared.check_quarantine(self.execution_id)
+        self.committer
+            .shared
+            .refusals
+            .check_quarantine(self.execution_id)
     }
 
     fn head(&mut self) -> Result<Option<Held>> {

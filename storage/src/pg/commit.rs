@@ -130,7 +130,7 @@ pub(super) fn run(shared: Arc<Shared>, client: Option<Client>, mut queue: mpsc::
             }
             requests.push(request);
         }
-        if let Some(reason) = shared.failure() {
+        if let Some(reason) = shared.refusals.failure() {
             for request in requests {
                 request.fail(Error::FailStop(reason.clone()));
             }
@@ -198,10 +198,7 @@ fn commit_group(
                 Err(error) => {
                     let reason = format!("a commit's outcome is unknown: {error}");
                     tracing::error!(%reason, "the PostgreSQL store stops acknowledging");
-                    *shared
-                        .failure
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reason.clone());
+                    shared.refusals.fail(reason.clone());
                     Error::FailStop(reason)
                 }
             }

@@ -408,7 +408,7 @@ fn quarantine(
             &[execution_id.as_uuid(), &reason],
         )
         .map_err(database)?;
-    shared.quarantine(execution_id, reason);
+    shared.refusals.quarantine(execution_id, reason);
     Ok(())
 }
 
@@ -422,7 +422,7 @@ struct PgView<'a> {
 
 impl View for PgView<'_> {
     fn writable(&self) -> Result<()> {
-        self.shared.check_quarantine(self.execution_id)?;
+        self.shared.refusals.check_quarantine(self.execution_id)?;
         if self.group.purged.contains(&self.execution_id) {
             return Err(Error::Purged(self.execution_id));
         }

@@ -2,9 +2,8 @@
 //! each with its own connection; the caller waits for the answer. A connection that broke
 //! is opened again for the next read.
 
-use std::collections::BTreeMap;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use postgres::Client;
@@ -23,7 +22,7 @@ use crate::records::{
     BlobHash, CommandRecord, ExecutionHead, ExecutionState, JobRecord, ProcessRecord,
     ProjectionRecord, PurgedRecord, ReceiptRecord, WaitRecord,
 };
-use crate::shared::MetricsSnapshot;
+use crate::shared::{lock, MetricsSnapshot};
 
 type Job = Box<dyn FnOnce(&mut Option<Client>) + Send>;
 
@@ -48,10 +47,7 @@ impl Readers {
                 .spawn(move || {
                     let mut client = None;
                     loop {
-                        let job = receiver
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .recv();
+                        let job = lock(&receiver).recv();
                         let Ok(job) = job else { return };
                         if client.as_ref().is_some_and(Client::is_closed) {
                             client = None;
@@ -84,24 +80,17 @@ impl Readers {
             };
             drop(reply.send(result));
         });
-        {
-            let sender = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
-            let Some(sender) = sender.as_ref() else {
-                return Err(Error::Closed);
-            };
-            sender.send(job).map_err(|_| Error::Closed)?;
+        match lock(&self.sender).as_ref() {
+            Some(sender) => sender.send(job).map_err(|_| Error::Closed)?,
+            None => return Err(Error::Closed),
         }
         answer.recv().map_err(|_| Error::Closed)?
     }
 
     /// Stops the readers once the reads queued are done.
     pub(super) fn close(&self) {
-        self.sender
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        let threads =
-            std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
+        lock(&self.sender).take();
+        let threads = std::mem::take(&mut *lock(&self.threads));
         for thread in threads {
             if thread.join().is_err() {
                 tracing::error!("a PostgreSQL reader thread panicked");
@@ -156,7 +145,9 @@ impl PgStore {
                 if let Err(store_error) = stored {
                     tracing::error!(%execution_id, %store_error, "the quarantine was not stored");
                 }
-                self.shared().quarantine(execution_id, reason.clone());
+                self.shared()
+                    .refusals
+                    .quarantine(execution_id, reason.clone());
                 Err(Error::Quarantined {
                     execution_id,
                     reason,
@@ -243,7 +234,7 @@ fn unsigned(value: i64) -> u64 {
 
 impl EventReader for PgStore {
     fn head(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>> {
-        self.shared().check_quarantine(execution_id)?;
+        self.shared().refusals.check_quarantine(execution_id)?;
         let result = self.read(move |client| {
             let row = client
                 .query_opt(
@@ -263,7 +254,7 @@ impl EventReader for PgStore {
         after_seq: u64,
         limit: usize,
     ) -> Result<Vec<EventEnvelope>> {
-        self.shared().check_quarantine(execution_id)?;
+        self.shared().refusals.check_quarantine(execution_id)?;
         let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
         let rows_max = i64::try_from(limit).unwrap_or(i64::MAX);
         let result = self.read(move |client| {
@@ -358,7 +349,7 @@ impl EventReader for PgStore {
     }
 
     fn projection(&self, execution_id: ExecutionId) -> Result<Option<ProjectionRecord>> {
-        self.shared().check_quarantine(execution_id)?;
+        self.shared().refusals.check_quarantine(execution_id)?;
         let key = keys::projection(execution_id);
         self.record(kind::PROJECTION, *execution_id.as_uuid(), key)
     }
@@ -517,10 +508,7 @@ impl EventReader for PgStore {
                     if BlobHash::of(&bytes) == hash {
                         Ok(Some(bytes))
                     } else {
-                        Err(Error::Corrupted {
-                            tree: "blobs",
-                            key: keys::display(&keys::blob(hash)),
-                        })
+                        Err(Error::corrupted(&keys::blob(hash)))
                     }
                 }
             }
@@ -545,16 +533,7 @@ impl EventReader for PgStore {
     }
 
     fn quarantined(&self) -> Vec<(ExecutionId, String)> {
-        let quarantine = self
-            .shared()
-            .quarantine
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let sorted: BTreeMap<_, _> = quarantine
-            .iter()
-            .map(|(id, reason)| (*id, reason.clone()))
-            .collect();
-        sorted.into_iter().collect()
+        self.shared().refusals.quarantined()
     }
 
     fn incarnation(&self) -> &Incarnation {
@@ -570,7 +549,7 @@ impl EventReader for PgStore {
     }
 
     fn failure(&self) -> Option<String> {
-        self.shared().failure()
+        self.shared().refusals.failure()
     }
 }
 

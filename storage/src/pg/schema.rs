@@ -5,7 +5,7 @@
 //! as in sled: a damaged row is detected when read and its execution quarantined (S-4).
 //! The columns beside it (state, session, time ended, position) are what the indexes need.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use postgres::Client;
 
@@ -227,7 +227,7 @@ pub(super) fn record_incarnation(client: &mut Client, owner_id: OwnerId) -> Resu
 }
 
 /// The executions quarantined so far, by any node.
-pub(super) fn load_quarantine(client: &mut Client) -> Result<HashMap<ExecutionId, String>> {
+pub(super) fn load_quarantine(client: &mut Client) -> Result<BTreeMap<ExecutionId, String>> {
     let rows = client
         .query("SELECT execution_id, reason FROM op_quarantine", &[])
         .map_err(database)?;

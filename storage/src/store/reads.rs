@@ -127,10 +127,7 @@ impl Store {
                 continue; // that record's frames of this execution are read already
             }
             let record_key = keys::log(frame_ref.record);
-            let corrupted = || Error::Corrupted {
-                tree: "log",
-                key: keys::display(&record_key),
-            };
+            let corrupted = || Error::corrupted(&record_key);
             let bytes = db.get(record_key)?.ok_or_else(corrupted)?;
             for frame in codec::decode_frames(&record_key, &bytes, Some(execution_id))?.frames {
                 let DecodedFrame::Ok(mut frame) = frame else {
@@ -154,7 +151,7 @@ impl Store {
 
 impl EventReader for Store {
     fn head(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>> {
-        self.shared().check_quarantine(execution_id)?;
+        self.shared().refusals.check_quarantine(execution_id)?;
         self.read_consistent(
             |overlay| overlay.current(execution_id).map(|(head, _)| head.clone()),
             |cached| match cached {
@@ -170,7 +167,7 @@ impl EventReader for Store {
         after_seq: u64,
         limit: usize,
     ) -> Result<Vec<EventEnvelope>> {
-        self.shared().check_quarantine(execution_id)?;
+        self.shared().refusals.check_quarantine(execution_id)?;
         let result = self.read_consistent(
             |overlay| overlay.frame_refs_after(execution_id, after_seq),
             |pending| {
@@ -291,7 +288,7 @@ impl EventReader for Store {
     }
 
     fn projection(&self, execution_id: ExecutionId) -> Result<Option<ProjectionRecord>> {
-        self.shared().check_quarantine(execution_id)?;
+        self.shared().refusals.check_quarantine(execution_id)?;
         self.record(keys::projection(execution_id))
     }
 
@@ -357,10 +354,7 @@ impl EventReader for Store {
                 {
                     let (key, _) = item?;
                     let execution_id =
-                        keys::execution_at(&key, 17).ok_or_else(|| Error::Corrupted {
-                            tree: "by_session",
-                            key: keys::display(&key),
-                        })?;
+                        keys::execution_at(&key, 17).ok_or_else(|| Error::corrupted(&key))?;
                     found.insert(execution_id);
                 }
                 Ok(found.into_iter().collect())
@@ -379,10 +373,7 @@ impl EventReader for Store {
                 }
                 for item in self.shared().db.scan_prefix([keys::BY_SESSION]) {
                     let (key, _) = item?;
-                    let corrupted = || Error::Corrupted {
-                        tree: "by_session",
-                        key: keys::display(&key),
-                    };
+                    let corrupted = || Error::corrupted(&key);
                     let session_id = keys::session_at(&key, 1).ok_or_else(corrupted)?;
                     let execution_id = keys::execution_at(&key, 17).ok_or_else(corrupted)?;
                     found.entry(session_id).or_default().insert(execution_id);
@@ -399,20 +390,14 @@ impl EventReader for Store {
                 for item in self.shared().db.scan_prefix([keys::PROCESS]) {
                     let (key, bytes) = item?;
                     let Ok(key) = <[u8; 17]>::try_from(key.as_ref()) else {
-                        return Err(Error::Corrupted {
-                            tree: "processes",
-                            key: keys::display(&key),
-                        });
+                        return Err(Error::corrupted(&key));
                     };
                     if found.contains_key(&key) {
                         continue; // newer in the overlay
                     }
                     let record: RecordValue = codec::decode(&key, &bytes)?;
                     let RecordValue::Process(process) = record else {
-                        return Err(Error::Corrupted {
-                            tree: "processes",
-                            key: keys::display(&key),
-                        });
+                        return Err(Error::corrupted(&key));
                     };
                     found.insert(key, process);
                 }
@@ -425,12 +410,7 @@ impl EventReader for Store {
         // Read first, then ask whether it is in flight: the other order could miss a blob
         // the committer inserted (not yet durable) between the two.
         let found = self.shared().blob_on_disk(hash)?;
-        let in_flight = self
-            .shared()
-            .in_flight_blobs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(&hash);
+        let in_flight = lock(&self.shared().in_flight_blobs).contains(&hash);
         Ok(found.filter(|_| !in_flight))
     }
 
@@ -445,10 +425,7 @@ impl EventReader for Store {
                 for item in self.shared().db.scan_prefix(keys::by_state_prefix(state)) {
                     let (key, _) = item?;
                     let execution_id =
-                        keys::execution_at(&key, 2).ok_or_else(|| Error::Corrupted {
-                            tree: "by_state",
-                            key: keys::display(&key),
-                        })?;
+                        keys::execution_at(&key, 2).ok_or_else(|| Error::corrupted(&key))?;
                     found.insert(execution_id);
                 }
                 for execution_id in removed {
@@ -461,7 +438,7 @@ impl EventReader for Store {
     }
 
     fn quarantined(&self) -> Vec<(ExecutionId, String)> {
-        self.shared().quarantined()
+        self.shared().refusals.quarantined()
     }
 
     fn incarnation(&self) -> &Incarnation {
@@ -484,6 +461,6 @@ impl EventReader for Store {
     }
 
     fn failure(&self) -> Option<String> {
-        self.shared().failure()
+        self.shared().refusals.failure()
     }
 }
