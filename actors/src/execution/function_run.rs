@@ -19,7 +19,7 @@ use super::actor::{after_commit, answer, Advance, ExecutionActor, InFlight};
 use crate::call::CallFunction;
 use crate::env::ChildCall;
 use crate::error::Error;
-use crate::execution::machine::{Recovery, Registered, RunDecision};
+use crate::execution::machine::{state_changed, Recovery, Registered, RunDecision};
 use crate::function::{
     AskBoundary, Asked, Boundary, CallStarted, FunctionContext, RevisionMissing, StepBoundary,
     StepDone,
@@ -309,10 +309,10 @@ impl Handler<CallStarted> for ExecutionActor {
 
 /// F-3: the execution pauses, its function's revision missing.
 fn revision_missing() -> Event {
-    Event::StateChanged {
-        state: openprogram_storage::ExecutionState::Paused,
-        reason: "revision_missing".into(),
-    }
+    state_changed(
+        openprogram_storage::ExecutionState::Paused,
+        "revision_missing",
+    )
 }
 
 /// F-6: the child execution of a call is this call's: its id derived from the call's effect.

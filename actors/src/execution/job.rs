@@ -11,7 +11,7 @@ use openprogram_storage::{
     Event, ExecutionHead, ExecutionState as Status, JobBudget, JobRecord, LeaseId,
 };
 
-use super::machine::{Action, Machine, Present, Refusal, Rejection};
+use super::machine::{state_changed, Action, Machine, Present, Refusal, Rejection};
 
 /// The pause reason of a Job whose budget is spent.
 pub const BUDGET_EXHAUSTED: &str = "budget_exhausted";
@@ -213,12 +213,8 @@ impl Machine {
         let job = self.job.as_ref()?;
         let deadline = job.spec.queue_deadline_ms?;
         let passed = now_ms >= job.spec.queued_at_ms.saturating_add(deadline);
-        (self.in_queue() && job.admitted_at_ms.is_none() && passed).then(|| {
-            vec![Event::StateChanged {
-                state: Status::Expired,
-                reason: QUEUE_DEADLINE.into(),
-            }]
-        })
+        (self.in_queue() && job.admitted_at_ms.is_none() && passed)
+            .then(|| vec![state_changed(Status::Expired, QUEUE_DEADLINE)])
     }
 
     /// J-1: a Continue's new budget: refused if it is no Job's, or leaves the budget spent.

@@ -577,9 +577,14 @@ impl Present {
 /// pause with this reason and a recorded restart intent resumes automatically.
 pub const RESTART_PAUSE_REASON: &str = "restart_recovery";
 
-pub(super) fn cancelled() -> Event {
+/// The event of a change to `state`, for `reason`.
+pub fn state_changed(state: Status, reason: impl Into<String>) -> Event {
     Event::StateChanged {
-        state: Status::Cancelled,
-        reason: "cancel".into(),
+        state,
+        reason: reason.into(),
     }
+}
+
+pub(super) fn cancelled() -> Event {
+    state_changed(Status::Cancelled, "cancel")
 }

@@ -11,8 +11,8 @@
 use openprogram_storage::{CommandId, Control, Event, ExecutionState as Status};
 
 use super::machine::{
-    cancelled, Accepted, Action, CommandContext, CommandKind, Machine, Present, Refusal, Rejection,
-    Turn,
+    cancelled, state_changed, Accepted, Action, CommandContext, CommandKind, Machine, Present,
+    Refusal, Rejection, Turn,
 };
 use crate::command::{CommandBody, EffectRef, WaitRef};
 use openprogram_storage::ProcessState as ProcState;
@@ -277,10 +277,7 @@ impl Machine {
         let mut events = vec![applied];
         match control {
             Control::Pause if !busy || self.status() == Status::Queued => {
-                events.push(Event::StateChanged {
-                    state: Status::Paused,
-                    reason: "pause".into(),
-                });
+                events.push(state_changed(Status::Paused, "pause"));
             }
             Control::Pause | Control::Steer { .. } => {}
             Control::Continue if self.status() == Status::Running => {}
@@ -288,19 +285,14 @@ impl Machine {
             // C-2: a foreground turn that no longer holds its session waits for it again.
             Control::Continue | Control::Step => match self.reopened_wait(command_id, at.now_ms) {
                 Some(reopened) => events.extend(reopened),
-                None => events.push(self.requeued_for_session(at.holds_session).unwrap_or(
-                    Event::StateChanged {
-                        state: self.run_state(),
-                        reason: kind.into(),
-                    },
-                )),
+                None => events.push(
+                    self.requeued_for_session(at.holds_session)
+                        .unwrap_or(state_changed(self.run_state(), kind)),
+                ),
             },
             Control::Cancel if busy => {
                 events.extend(self.invalidate_waits(|_| true));
-                events.push(Event::StateChanged {
-                    state: Status::Cancelling,
-                    reason: "cancel".into(),
-                });
+                events.push(state_changed(Status::Cancelling, "cancel"));
             }
             Control::Cancel => {
                 events.extend(self.invalidate_waits(|_| true));

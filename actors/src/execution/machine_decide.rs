@@ -6,8 +6,8 @@
 use openprogram_storage::{EffectId, Event, ExecutionState as Status, ReceiptStatus};
 
 use super::machine::{
-    cancelled, decision_text, unreadable, wait_of, Decision, Input, Machine, ModelUsage, Refusal,
-    Rejection,
+    cancelled, decision_text, state_changed, unreadable, wait_of, Decision, Input, Machine,
+    ModelUsage, Refusal, Rejection,
 };
 
 impl Machine {
@@ -56,10 +56,10 @@ impl Machine {
                 } else if status == ReceiptStatus::Unknown {
                     // The tool could not tell whether its effect took place (a request sent,
                     // no answer): never repeated, never guessed.
-                    events.push(Event::StateChanged {
-                        state: Status::ReconciliationRequired,
-                        reason: "unknown external effect".into(),
-                    });
+                    events.push(state_changed(
+                        Status::ReconciliationRequired,
+                        "unknown external effect",
+                    ));
                 }
                 Ok(events)
             }
@@ -70,10 +70,7 @@ impl Machine {
         let ended = if self.cancel_requested {
             cancelled()
         } else {
-            Event::StateChanged {
-                state: Status::Failed,
-                reason: format!("model error: {error}"),
-            }
+            state_changed(Status::Failed, format!("model error: {error}"))
         };
         vec![Event::ModelFailed { effect_id, error }, ended]
     }
@@ -144,10 +141,7 @@ impl Machine {
             }
             events.push(Event::Replied { text: reply });
             events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
-            events.push(Event::StateChanged {
-                state: Status::Completed,
-                reason: "replied".into(),
-            });
+            events.push(state_changed(Status::Completed, "replied"));
         } else {
             events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
         }

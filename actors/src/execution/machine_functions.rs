@@ -8,8 +8,8 @@ use openprogram_storage::{
 };
 
 use super::machine::{
-    cancelled, Action, CompletedStep, FunctionInput, Machine, PendingTool, Present, Registered,
-    RunDecision, StepConvert, StepMap, ToolArgs,
+    cancelled, state_changed, Action, CompletedStep, FunctionInput, Machine, PendingTool, Present,
+    Registered, RunDecision, StepConvert, StepMap, ToolArgs,
 };
 
 impl Machine {
@@ -70,10 +70,7 @@ impl Machine {
         convert: Option<&StepConvert>,
     ) -> RunDecision {
         let active = self.active_revision;
-        let paused = |reason: &str| Event::StateChanged {
-            state: Status::Paused,
-            reason: reason.into(),
-        };
+        let paused = |reason: &str| state_changed(Status::Paused, reason);
         let (latest, latest_identity) = match self.policy {
             VersionPolicy::KeepOriginal if registered.active => return RunDecision::Run(active),
             VersionPolicy::KeepOriginal => {
@@ -186,10 +183,7 @@ impl Machine {
             events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
             events.push(match self.cancel_requested {
                 true => cancelled(),
-                false => Event::StateChanged {
-                    state: Status::ReconciliationRequired,
-                    reason: "unknown external effect".into(),
-                },
+                false => state_changed(Status::ReconciliationRequired, "unknown external effect"),
             });
             return events;
         }
@@ -200,15 +194,12 @@ impl Machine {
             Ok(text) => vec![
                 Event::Replied { text },
                 Event::CheckpointPublished { checkpoint_seq: 0 },
-                Event::StateChanged {
-                    state: Status::Completed,
-                    reason: "returned".into(),
-                },
+                state_changed(Status::Completed, "returned"),
             ],
-            Err(error) => vec![Event::StateChanged {
-                state: Status::Failed,
-                reason: format!("function error: {error}"),
-            }],
+            Err(error) => vec![state_changed(
+                Status::Failed,
+                format!("function error: {error}"),
+            )],
         }
     }
 

@@ -5,7 +5,7 @@
 
 use openprogram_storage::{EffectId, Event, ExecutionState as Status};
 
-use super::machine::{cancelled, Machine, Next, Recovery};
+use super::machine::{cancelled, state_changed, Machine, Next, Recovery};
 
 impl Machine {
     /// What a running execution does when no effect is in flight. `fresh` makes the effect
@@ -38,22 +38,16 @@ impl Machine {
             return Next::Persist(vec![cancelled()]);
         }
         if self.pause_requested {
-            return Next::Persist(vec![Event::StateChanged {
-                state: Status::Paused,
-                reason: "pause".into(),
-            }]);
+            return Next::Persist(vec![state_changed(Status::Paused, "pause")]);
         }
         if self.steps_left == Some(0) {
-            return Next::Persist(vec![Event::StateChanged {
-                state: Status::Paused,
-                reason: "step".into(),
-            }]);
+            return Next::Persist(vec![state_changed(Status::Paused, "step")]);
         }
         if self.job.as_ref().is_some_and(|job| job.spent(now_ms)) {
-            return Next::Persist(vec![Event::StateChanged {
-                state: Status::Paused,
-                reason: super::job::BUDGET_EXHAUSTED.into(),
-            }]);
+            return Next::Persist(vec![state_changed(
+                Status::Paused,
+                super::job::BUDGET_EXHAUSTED,
+            )]);
         }
         if self.function.is_some() {
             return Next::RunFunction;
@@ -69,10 +63,10 @@ impl Machine {
             return Next::RunTool(pending.clone());
         }
         if self.iterations >= self.input.max_iterations {
-            return Next::Persist(vec![Event::StateChanged {
-                state: Status::Failed,
-                reason: format!("iteration limit of {} reached", self.input.max_iterations),
-            }]);
+            return Next::Persist(vec![state_changed(
+                Status::Failed,
+                format!("iteration limit of {} reached", self.input.max_iterations),
+            )]);
         }
         Next::CallModel { effect_id: fresh() }
     }

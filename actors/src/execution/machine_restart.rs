@@ -7,7 +7,7 @@ use openprogram_storage::{
 };
 
 use crate::execution::machine::{
-    Action, Machine, PendingTool, Present, Refusal, Turn, RESTART_PAUSE_REASON,
+    state_changed, Action, Machine, PendingTool, Present, Refusal, Turn, RESTART_PAUSE_REASON,
 };
 
 impl Machine {
@@ -46,10 +46,7 @@ impl Machine {
         }
         Ok(vec![
             Event::CheckpointPublished { checkpoint_seq: 0 },
-            Event::StateChanged {
-                state: self.run_state(),
-                reason: "reconciled".into(),
-            },
+            state_changed(self.run_state(), "reconciled"),
         ])
     }
 
@@ -100,17 +97,11 @@ impl Machine {
             None
         };
         if let Some(reason) = users {
-            return Some(vec![Event::StateChanged {
-                state: Status::Paused,
-                reason: reason.into(),
-            }]);
+            return Some(vec![state_changed(Status::Paused, reason)]);
         }
         Some(vec![
             Event::RestartIntentRecorded { intent },
-            Event::StateChanged {
-                state: Status::Paused,
-                reason: RESTART_PAUSE_REASON.into(),
-            },
+            state_changed(Status::Paused, RESTART_PAUSE_REASON),
         ])
     }
 }

@@ -11,7 +11,7 @@
 
 use openprogram_storage::{Event, ExecutionId, ExecutionState as Status};
 
-use super::machine::{Machine, Present};
+use super::machine::{state_changed, Machine, Present};
 
 /// The reason of the `queued` state of a turn waiting for its session.
 pub const SESSION_QUEUED: &str = "session";
@@ -90,10 +90,7 @@ impl Machine {
         }
         Some(vec![
             Event::SessionTurnStarted { interrupted },
-            Event::StateChanged {
-                state: Status::Running,
-                reason: SESSION_QUEUED.into(),
-            },
+            state_changed(Status::Running, SESSION_QUEUED),
         ])
     }
 
@@ -107,9 +104,7 @@ impl Machine {
     /// C-2: a Continue or Step of a foreground turn that does not hold its session (`holds`,
     /// read by the shell) queues it for the session instead of running it.
     pub(super) fn requeued_for_session(&self, holds: bool) -> Option<Event> {
-        (self.session_turn.is_some() && !holds).then(|| Event::StateChanged {
-            state: Status::Queued,
-            reason: SESSION_QUEUED.into(),
-        })
+        (self.session_turn.is_some() && !holds)
+            .then(|| state_changed(Status::Queued, SESSION_QUEUED))
     }
 }

@@ -13,7 +13,8 @@ use openprogram_storage::{
 };
 
 use crate::execution::machine::{
-    Action, CommandKind, LiveOutcome, Machine, Present, Refusal, Rejection, Turn, WaitState,
+    state_changed, Action, CommandKind, LiveOutcome, Machine, Present, Refusal, Rejection, Turn,
+    WaitState,
 };
 use crate::execution::wait_types::WaitSpec;
 use crate::wait_request::WaitRequest;
@@ -59,14 +60,8 @@ impl Machine {
                 reopens,
             });
         }
-        events.push(Event::StateChanged {
-            state: Status::Waiting,
-            reason: if reopens.is_some() {
-                "wait_reopened".into()
-            } else {
-                kind.as_str().into()
-            },
-        });
+        let reason = reopens.map_or(kind.as_str(), |_| "wait_reopened");
+        events.push(state_changed(Status::Waiting, reason));
         events
     }
 
@@ -116,10 +111,7 @@ impl Machine {
                 status: WaitStatus::Expired,
             },
             Event::CheckpointPublished { checkpoint_seq: 0 },
-            Event::StateChanged {
-                state: Status::Paused,
-                reason: WAIT_EXPIRED.into(),
-            },
+            state_changed(Status::Paused, WAIT_EXPIRED),
         ])
     }
 
@@ -286,10 +278,7 @@ impl Machine {
                 status: resolved,
             },
             Event::CheckpointPublished { checkpoint_seq: 0 },
-            Event::StateChanged {
-                state: self.run_state(),
-                reason: resolved.as_str().into(),
-            },
+            state_changed(self.run_state(), resolved.as_str()),
         ])
     }
 

@@ -16,7 +16,7 @@ use openprogram_storage::{
 use crate::attempt_lease::LeaseState;
 use crate::env::Env;
 use crate::error::{Error, Result};
-use crate::execution::machine::{Machine, RESTART_PAUSE_REASON};
+use crate::execution::machine::{state_changed, Machine, RESTART_PAUSE_REASON};
 use crate::execution::plan;
 use crate::rebuild::project;
 use crate::recovery::{Hold, Plan};
@@ -77,11 +77,6 @@ pub(crate) async fn act_on(env: &Env, head: ExecutionHead, plan: Plan) -> Result
         Done::Expired
     };
     claimed_as(env, &head, &machine, events, done).await
-}
-
-fn state_changed(state: ExecutionState, reason: &str) -> Event {
-    let reason = reason.into();
-    Event::StateChanged { state, reason }
 }
 
 /// The restart intent, recorded unless the head holds one already: an interruption not yet
