@@ -208,10 +208,8 @@ impl RuntimeBuilder {
 
     /// `set` with `value`, if there is one: an optional setting passed on as it is.
     pub(crate) fn with<T>(self, value: Option<T>, set: impl FnOnce(Self, T) -> Self) -> Self {
-        match value {
-            Some(value) => set(self, value),
-            None => self,
-        }
+        let Some(value) = value else { return self };
+        set(self, value)
     }
 
     /// `resource` for each of `resources` (NAME=CAPACITY flags).

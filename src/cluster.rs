@@ -99,6 +99,10 @@ impl Node {
         dir.join(format!("{}.log", self.id))
     }
 
+    fn url(&self) -> String {
+        format!("http://{}", self.listen)
+    }
+
     /// Starts `serve` and waits until it listens (its first stdout line).
     fn start(&mut self, options: &ClusterOptions, dir: &Path, store: &str) -> Result<(), String> {
         let log = std::fs::OpenOptions::new()
@@ -221,10 +225,7 @@ fn serve_nodes(
     share_session_key(dir, options.nodes)?;
     let mut nodes = Vec::with_capacity(options.nodes);
     for index in 1..=options.nodes {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map_err(|error| format!("a free port: {error}"))?
-            .port();
+        let port = free_port().map_err(|error| format!("a free port: {error}"))?;
         nodes.push(Node {
             id: format!("n{index}"),
             listen: format!("127.0.0.1:{port}"),
@@ -244,7 +245,7 @@ fn serve_nodes(
         .map(|node| {
             json!({
                 "id": node.id,
-                "url": format!("http://{}", node.listen),
+                "url": node.url(),
                 "log": node.log(dir).display().to_string(),
             })
         })
@@ -255,17 +256,10 @@ fn serve_nodes(
     );
     eprintln!("openprogram: {} nodes on {store}", nodes.len());
     for node in &nodes {
-        eprintln!(
-            "  {}  http://{}  (log {})",
-            node.id,
-            node.listen,
-            node.log(dir).display()
-        );
+        let (id, url, log) = (&node.id, node.url(), node.log(dir));
+        eprintln!("  {id}  {url}  (log {})", log.display());
     }
-    let urls: Vec<_> = nodes
-        .iter()
-        .map(|node| format!("http://{}", node.listen))
-        .collect();
+    let urls: Vec<_> = nodes.iter().map(Node::url).collect();
     eprintln!("  token: {}", options.token);
     eprintln!(
         "  try: openprogram load --url {} --token {} --executions 300 --steps 20",
@@ -299,6 +293,12 @@ fn serve_nodes(
         }
     });
     Ok(())
+}
+
+/// A free loopback port (bound, read, released: a node binds it next).
+pub(crate) fn free_port() -> std::io::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
 }
 
 /// One session key for every node (`DIR/nK/session.key`), so a session token one node

@@ -38,35 +38,28 @@ pub use builder::{RuntimeBuilder, LEASE_TTL_DEFAULT, SHUTDOWN_TIMEOUT_DEFAULT};
 pub use nodes::{NodeReport, NodesReport};
 pub use stores::is_postgres_url;
 
-// The server's modules (the `server` feature, on by default; an embedder turns it off).
-
-#[cfg(feature = "server")]
-pub mod cluster;
-#[cfg(feature = "server")]
-pub mod http;
-#[cfg(feature = "server")]
-pub mod load;
-#[cfg(feature = "server")]
-mod load_commands;
-#[cfg(feature = "server")]
-mod load_jobs;
-#[cfg(feature = "server")]
-pub mod load_remote;
-#[cfg(feature = "server")]
-mod load_report;
-#[cfg(feature = "server")]
-mod load_store;
-#[cfg(feature = "server")]
-pub mod model_args;
-#[cfg(feature = "server")]
-pub mod observability;
 pub mod overview;
-#[cfg(feature = "server")]
-pub mod process_stats;
-#[cfg(feature = "server")]
-pub mod serve;
-#[cfg(feature = "server")]
-pub mod soak;
+
+/// Items of the server only: the `server` feature, on by default; an embedder turns it off.
+macro_rules! server {
+    ($($item:item)*) => { $(#[cfg(feature = "server")] $item)* };
+}
+
+server! {
+    pub mod cluster;
+    pub mod http;
+    pub mod load;
+    mod load_commands;
+    mod load_jobs;
+    pub mod load_remote;
+    mod load_report;
+    mod load_store;
+    pub mod model_args;
+    pub mod observability;
+    pub mod process_stats;
+    pub mod serve;
+    pub mod soak;
+}
 
 pub use openprogram_actors as actors;
 pub use openprogram_actors::admission::{BudgetRequest, BusyStrategy, JobRequest};

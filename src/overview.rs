@@ -56,14 +56,14 @@ pub fn kind_name(kind: ExecutionKind) -> &'static str {
     }
 }
 
-/// `agent`, `job` or `function`; `None` for anything else.
+/// `agent`, `job` or `function` (`kind_name`'s); `None` for anything else.
 pub fn parse_kind(kind: &str) -> Option<ExecutionKind> {
-    match kind {
-        "agent" => Some(ExecutionKind::AgentTurn),
-        "job" => Some(ExecutionKind::Job),
-        "function" => Some(ExecutionKind::Function),
-        _ => None,
-    }
+    let kinds = [
+        ExecutionKind::AgentTurn,
+        ExecutionKind::Job,
+        ExecutionKind::Function,
+    ];
+    kinds.into_iter().find(|known| kind_name(*known) == kind)
 }
 
 /// A state by its contract name.

@@ -16,7 +16,7 @@
 
 use std::path::Path;
 
-use openprogram_storage::SessionId;
+use openprogram_storage::{ExecutionId, SessionId};
 use serde_json::{json, Value};
 
 use super::auth::{self, Tokens};
@@ -117,7 +117,7 @@ async fn start(
     session: SessionId,
     message: &str,
     script: Value,
-) -> Result<openprogram_storage::ExecutionId> {
+) -> Result<ExecutionId> {
     let script = match script {
         Value::Array(steps) => steps.into_iter().map(Into::into).collect(),
         other => vec![other.into()],
@@ -139,40 +139,25 @@ async fn seed_functions(
     runtime: &Runtime,
     session: SessionId,
     dir: &Path,
-) -> Result<(
-    openprogram_storage::ExecutionId,
-    openprogram_storage::ExecutionId,
-)> {
+) -> Result<(ExecutionId, ExecutionId)> {
     let steps = |file: &str, ask_at: Option<u32>| {
         let path = dir.join(file).display().to_string();
         json!({"count": 3, "path": path, "ask_at": ask_at})
     };
-    let completed = runtime
-        .start_function(
-            session,
-            FunctionStart {
-                function: "steps".into(),
-                input: steps("demo-steps.txt", None),
-                ..Default::default()
-            },
-        )
-        .await?
-        .started
-        .execution_id;
+    let start = |input: Value, revision: Option<u32>| async move {
+        let function = "steps".into();
+        let start = FunctionStart {
+            function,
+            input,
+            revision,
+            ..Default::default()
+        };
+        let started = runtime.start_function(session, start).await?;
+        Ok::<_, Error>(started.started.execution_id)
+    };
+    let completed = start(steps("demo-steps.txt", None), None).await?;
     runtime.wait_finished(session, completed).await?;
-    let conflict = runtime
-        .start_function(
-            session,
-            FunctionStart {
-                function: "steps".into(),
-                input: steps("demo-conflict.txt", Some(2)),
-                revision: Some(1),
-                ..Default::default()
-            },
-        )
-        .await?
-        .started
-        .execution_id;
+    let conflict = start(steps("demo-conflict.txt", Some(2)), Some(1)).await?;
     until(runtime, session, conflict, |snapshot| {
         snapshot.state == "waiting"
     })
@@ -202,7 +187,7 @@ async fn seed_functions(
 async fn until(
     runtime: &Runtime,
     session: SessionId,
-    execution: openprogram_storage::ExecutionId,
+    execution: ExecutionId,
     done: impl Fn(&crate::Snapshot) -> bool,
 ) -> Result<()> {
     for _ in 0..6000 {

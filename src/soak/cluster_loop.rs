@@ -22,9 +22,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::cluster::free_port;
 use crate::soak::kill_loop::{
-    admit, await_completion, held, percentiles, sessions, unreadable, Admitted, KillLoopOptions,
-    Server, Setup,
+    admit, await_completion, harness, held, percentiles, sessions, unreadable, Admitted,
+    KillLoopOptions, Server, Setup,
 };
 use crate::soak::oracle::Tally;
 
@@ -175,14 +176,6 @@ fn now_ms() -> u64 {
         .map_or(0, |elapsed| elapsed.as_millis() as u64)
 }
 
-/// A free loopback port (bound, read, released: the node binds it next).
-fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .map_err(|e| format!("harness: a free port: {e}"))
-}
-
 /// The nodes of a run, the directory they live in, and the token they share.
 struct Cluster<'a> {
     options: &'a ClusterLoopOptions,
@@ -203,7 +196,10 @@ impl<'a> Cluster<'a> {
         for index in 0..options.nodes {
             let mut node = Node {
                 id: format!("n{index}"),
-                listen: format!("127.0.0.1:{}", free_port()?),
+                listen: format!(
+                    "127.0.0.1:{}",
+                    free_port().map_err(|e| harness(format!("a free port: {e}")))?
+                ),
                 server: None,
                 starts: 0,
                 owners: Vec::new(),

@@ -22,6 +22,7 @@ use rand::SeedableRng;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use crate::soak::kill_loop::harness;
 use crate::soak::model::{random_action, random_case, retag, Action, Case, Model, State};
 use crate::soak::oracle::sink_lines;
 use crate::{Command, CommandReply, RestartWindow, Runtime, ScriptElement, Snapshot, StartRequest};
@@ -31,27 +32,24 @@ const AT_REST_WITHIN: Duration = Duration::from_secs(30);
 
 /// The runtime (reopened after each crash), the session of the case it runs, and the oracle.
 struct World {
-    data: tempfile::TempDir,
+    /// The store in `data`, the oracle's sink beside it (outside the data dir).
+    dir: tempfile::TempDir,
     session: SessionId,
     runtime: Option<Runtime>,
     sink: PathBuf,
-    _sink_dir: tempfile::TempDir,
     crashes: usize,
 }
 
 impl World {
     fn new() -> Result<Self, String> {
-        let io = |error: std::io::Error| format!("harness: {error}");
-        let data = tempfile::tempdir().map_err(io)?;
-        let sink_dir = tempfile::tempdir().map_err(io)?;
-        let sink = sink_dir.path().join("sink");
-        std::fs::write(&sink, "").map_err(io)?;
+        let dir = tempfile::tempdir().map_err(harness)?;
+        let sink = dir.path().join("sink");
+        std::fs::write(&sink, "").map_err(harness)?;
         let mut world = Self {
-            data,
+            dir,
             session: SessionId::new(),
             runtime: None,
             sink,
-            _sink_dir: sink_dir,
             crashes: 0,
         };
         world.runtime = Some(world.open()?);
@@ -60,7 +58,7 @@ impl World {
 
     fn open(&self) -> Result<Runtime, String> {
         Runtime::builder()
-            .data_dir(self.data.path())
+            .data_dir(self.dir.path().join("data"))
             .restart_window(RestartWindow::Unlimited)
             .open()
             .map_err(|error| format!("harness: open: {error}"))
@@ -159,12 +157,9 @@ impl World {
         for (index, action) in actions.iter().enumerate() {
             let before = self.at_rest(execution).await?;
             let diverged = |what: String| Err(format!("after action {index} ({action:?}): {what}"));
-            match self
-                .act(execution, &mut model, &before, action, &mut last)
-                .await
-            {
-                Ok(()) => {}
-                Err(what) => return diverged(what),
+            let acted = self.act(execution, &mut model, &before, action, &mut last);
+            if let Err(what) = acted.await {
+                return diverged(what);
             }
             let after = self.at_rest(execution).await?;
             if let Err(what) = self.agree(case, &model, &after) {
@@ -367,7 +362,7 @@ pub struct ModelOptions {
 }
 
 /// What a run did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct ModelReport {
     pub seed: u64,
     pub cases: u64,
@@ -386,12 +381,7 @@ pub async fn run(options: ModelOptions, progress: impl Fn(u64)) -> ModelReport {
     let seed = options.seed;
     let mut report = ModelReport {
         seed,
-        cases: 0,
-        actions: 0,
-        crashes: 0,
-        divergences: 0,
-        divergence: None,
-        wall_s: 0.0,
+        ..ModelReport::default()
     };
     let mut rng = StdRng::seed_from_u64(seed);
     let mut world = match World::new() {
