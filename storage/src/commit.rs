@@ -1,4 +1,4 @@
-//! The commit rule, once for both stores (S-2, A-1, K-4; issue 37's session write): the
+//! The commit rule, once for both stores (S-2, A-1, K-4, and the session write): the
 //! shape a transition must have, a retried command's stored outcome, fencing, the expected
 //! version, the session record's compare-and-swap, and which head a transition may bring.
 //! Pure: it reads what it needs through `View` — each backend answers from its group's
@@ -219,7 +219,7 @@ pub fn decide(transition: &Transition, view: &mut impl View) -> Result<Verdict> 
     if rejection {
         return rejection_of(transition, view, current.version);
     }
-    // Issue 37: the session record is where the transition read it, in this same write.
+    // The session record is where the transition read it, in this same write.
     let session = match &transition.session {
         Some(write) => match write.decide(view.session(write.session_id)?.as_ref()) {
             Ok(record) => record,

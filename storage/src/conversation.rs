@@ -1,4 +1,4 @@
-//! What a conversation keeps beside its executions (issue 37): its name (C-2's naming) and
+//! What a conversation keeps beside its executions: its name (C-2's naming) and
 //! its compactions (C-3), in one record per session. Written by a compare-and-swap of its
 //! own (`ConversationWrite`, `EventStore::write_conversation`), never by an execution's
 //! transition: naming and compaction follow a turn, they are no part of one. Kept apart from

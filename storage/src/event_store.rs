@@ -51,7 +51,7 @@ pub trait EventStore: EventReader {
         max_records: usize,
     ) -> BoxFuture<'static, Result<SweepStep>>;
 
-    /// Issue 37: a compare-and-swap of a session's conversation record (its name and
+    /// A compare-and-swap of a session's conversation record (its name and
     /// compactions), durable before it answers `Written`.
     fn write_conversation(
         &self,
@@ -89,9 +89,9 @@ pub trait EventReader: Send + Sync + 'static {
     fn process(&self, process_id: ProcessId) -> Result<Option<ProcessRecord>>;
     /// J-1: a Job's standing with the resource queue; `None` for an execution that is no Job.
     fn job(&self, job_id: ExecutionId) -> Result<Option<JobRecord>>;
-    /// Issue 37: a session's record (grants, foreground turn); `None` before its first write.
+    /// A session's record (grants, foreground turn); `None` before its first write.
     fn session(&self, session_id: SessionId) -> Result<Option<SessionRecord>>;
-    /// Issue 37: a session's name and compactions; `None` before its first write.
+    /// A session's name and compactions; `None` before its first write.
     fn conversation(&self, session_id: SessionId) -> Result<Option<ConversationRecord>>;
     /// S-8: the execution's latest projection (`None` before its first).
     fn projection(&self, execution_id: ExecutionId) -> Result<Option<ProjectionRecord>>;

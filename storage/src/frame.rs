@@ -59,33 +59,32 @@ impl HeadIdentity {
     }
 }
 
-/// The rest of a head, as a version 2 or 3 frame writes it (`HeadState` reads it back: the same
-/// fields in the same order).
-#[derive(Serialize)]
-pub(crate) struct HeadStateRef<'a> {
+/// The rest of a head, as a version 2 or 3 frame writes it: borrowed from the head when
+/// written (`HeadStateRef`), owned when read back (`HeadState`), one field list for both.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct HeadState<
+    Reason = Option<String>,
+    Attempt = Option<AttemptLease>,
+    Point = Option<Checkpoint>,
+    Intent = Option<RestartIntent>,
+> {
     state: ExecutionState,
-    pause_reason: &'a Option<String>,
+    pause_reason: Reason,
     version: u64,
     last_seq: u64,
     fencing_epoch: u64,
-    attempt: &'a Option<AttemptLease>,
-    checkpoint: &'a Option<Checkpoint>,
-    restart_intent: &'a Option<RestartIntent>,
+    attempt: Attempt,
+    checkpoint: Point,
+    restart_intent: Intent,
     last_activity_ms: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub(crate) struct HeadState {
-    state: ExecutionState,
-    pause_reason: Option<String>,
-    version: u64,
-    last_seq: u64,
-    fencing_epoch: u64,
-    attempt: Option<AttemptLease>,
-    checkpoint: Option<Checkpoint>,
-    restart_intent: Option<RestartIntent>,
-    last_activity_ms: u64,
-}
+pub(crate) type HeadStateRef<'a> = HeadState<
+    &'a Option<String>,
+    &'a Option<AttemptLease>,
+    &'a Option<Checkpoint>,
+    &'a Option<RestartIntent>,
+>;
 
 /// A version 2 or 3 frame as written (`WireFrame` reads it back; the two differ only in
 /// bincode's integer encoding, `codec.rs`).

@@ -72,7 +72,7 @@ pub(crate) enum Request {
         max_records: usize,
         reply: oneshot::Sender<Result<SweepStep>>,
     },
-    /// Issue 37: a conversation record's compare-and-swap.
+    /// A conversation record's compare-and-swap.
     Conversation {
         write: ConversationWrite,
         reply: oneshot::Sender<Result<ConversationOutcome>>,
@@ -253,9 +253,9 @@ struct Group {
     /// The index in `frames` of each execution's newest frame in this group.
     heads: HashMap<ExecutionId, usize>,
     commands: HashMap<CommandId, CommandRecord>,
-    /// Session records as this group's transitions left them (issue 37).
+    /// Session records as this group's transitions left them.
     sessions: HashMap<SessionId, SessionRecord>,
-    /// Conversation records as this group's writes left them (issue 37).
+    /// Conversation records as this group's writes left them.
     conversations: HashMap<SessionId, ConversationRecord>,
     /// Committed frames, with what they are merged into the overlay with.
     frames: Vec<GroupFrame>,

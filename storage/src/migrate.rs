@@ -2,42 +2,34 @@
 //! open, before the committer starts, and the new version is written with the step's
 //! changes in one batch, so a crash during a migration leaves the old version and reruns it.
 //!
-//! Changelog:
+//! Changelog. A step marked "a mark" rewrites nothing (what came before is still read): it
+//! makes an older build refuse the store (`unsupported_schema`) instead of reading what is
+//! new as corrupted.
 //! - 1: the initial layout (`keys.rs`, record format 1, log format 1).
 //! - 2: the executions-by-session index (`0x0D`), backfilled from the heads on disk;
 //!   executions created in the unmaterialized log tail get theirs when it is replayed.
-//! - 3: new log records are written in log format 2 (`codec.rs`); format 1 records are
-//!   still read, so nothing is rewritten. The step only marks the store, so that an older
-//!   build refuses it (`unsupported_schema`) instead of reading its log as corrupted.
-//! - 4: new log records are written in log format 3 (varint frames); formats 1 and 2 are
-//!   still read. Again only a mark, for the same reason.
-//! - 5: new head records are written in head record format 2 (`head_record.rs`: the head
-//!   keeps its newest frame refs, so a materialization writes one key per execution); format
-//!   1 heads are still read, and their chunks with them. Only a mark, for the same reason.
-//! - 6: command records carry `reason_code` (stored as record variant 4, `codec.rs`); the
-//!   old variant 0 is still read. A rejected command may be stored as its record alone (no
-//!   event: a rejection changes nothing of its execution, K-4). Only a mark, for the same
-//!   reason.
+//! - 3: log format 2 (`codec.rs`). A mark.
+//! - 4: log format 3 (varint frames). A mark.
+//! - 5: head record format 2 (`head_record.rs`: the head keeps its newest frame refs, so a
+//!   materialization writes one key per execution; format 1 heads and their chunks are
+//!   still read). A mark.
+//! - 6: command records carry `reason_code` (record variant 4; variant 0 is still read); a
+//!   rejected command may be stored as its record alone (no event, K-4). A mark.
 //! - 7: Jobs (J-1): job records (`0x0E`, record variant 5) and the events `JobQueued`,
-//!   `LeaseGranted`, `LeaseReleased`, `BudgetRaised`. Only a mark, for the same reason.
+//!   `LeaseGranted`, `LeaseReleased`, `BudgetRaised`. A mark.
 //! - 8: projections and retention (S-8): one projection per execution (`0x0F`, record
-//!   variant 6), what a reader needs of its state as of a seq, written by the runtime now
-//!   and then in an ordinary transition (executions without one are read by replaying their
-//!   events, as before, until their next projection); tombstones of purged executions
-//!   (`0x10`); the records each execution owns (`0x11`) and ended executions by time
-//!   (`0x12`), both backfilled from what is on disk.
-//! - 9: the event `ModelUsage` (E-6: a model call's tokens and retries). Only a mark, so that an older
-//!   build refuses the store instead of reading the new event as corrupted.
-//! - 10: the event `WaitDetails` (W-6, W-8: a wait's structured request and deadline). Only a
-//!   mark, for the same reason.
-//! - 11: session records (`0x13`, record variant 7): a session's approval grants (W-7) and
+//!   variant 6), what a reader needs of its state as of a seq (executions without one are
+//!   read by replaying their events); tombstones of purged executions (`0x10`); the records
+//!   each execution owns (`0x11`) and ended executions by time (`0x12`), both backfilled.
+//! - 9: the event `ModelUsage` (E-6). A mark.
+//! - 10: the event `WaitDetails` (W-6, W-8). A mark.
+//! - 11: session records (`0x13`, record variant 7): approval grants (W-7) and the
 //!   foreground turn (C-2), changed by a transition's `SessionWrite`; the event `GrantUsed`,
-//!   the control `Revoke` and the answer scopes `Tool` and `Session` (W-7); the events
-//!   `SessionTurn`, `SessionTurnStarted` (C-2). Only a mark.
-//! - 12: conversation records (`0x14`): a session's name (C-2) and compactions (C-3), written
-//!   by their own compare-and-swap (`EventStore::write_conversation`). Only a mark.
-//! - 13: the event `ContextPinned` (E-8: which earlier turns a turn's model requests carry).
-//!   Only a mark.
+//!   the control `Revoke`, the answer scopes `Tool` and `Session`, the events `SessionTurn`
+//!   and `SessionTurnStarted`. A mark.
+//! - 12: conversation records (`0x14`): a session's name (C-2) and compactions (C-3),
+//!   written by their own compare-and-swap. A mark.
+//! - 13: the event `ContextPinned` (E-8). A mark.
 
 use crate::codec;
 use crate::error::{Error, Result};
@@ -84,14 +76,8 @@ fn projections(db: &sled::Db, batch: &mut sled::Batch) -> Result<()> {
             ) else {
                 continue;
             };
-            let owner = match &record {
-                RecordValue::Command(command) => command.execution_id,
-                RecordValue::Receipt(receipt) => receipt.execution_id,
-                RecordValue::Wait(wait) => wait.execution_id,
-                RecordValue::Process(process) => process.execution_id,
-                RecordValue::Job(_) | RecordValue::Projection(_) | RecordValue::Session(_) => {
-                    continue
-                }
+            let Some(owner) = record.owner() else {
+                continue;
             };
             batch.insert(&keys::owned(owner, &key)[..], &[]);
         }

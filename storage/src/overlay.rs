@@ -495,15 +495,7 @@ fn write_mark(batch: &mut sled::Batch, through: u64) {
 /// or process), lists it under that execution (S-8: a purge finds what to remove there).
 pub(crate) fn put_record(batch: &mut sled::Batch, key: &RecordKey, record: &RecordValue) {
     batch.insert(&key[..], codec::encode(record));
-    let owner = match record {
-        RecordValue::Command(command) => Some(command.execution_id),
-        RecordValue::Receipt(receipt) => Some(receipt.execution_id),
-        RecordValue::Wait(wait) => Some(wait.execution_id),
-        RecordValue::Process(process) => Some(process.execution_id),
-        // A session's record belongs to no execution: a purge never takes it.
-        RecordValue::Job(_) | RecordValue::Projection(_) | RecordValue::Session(_) => None,
-    };
-    if let Some(owner) = owner {
+    if let Some(owner) = record.owner() {
         batch.insert(&keys::owned(owner, key)[..], &[]);
     }
 }

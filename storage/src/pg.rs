@@ -1,5 +1,5 @@
 //! The PostgreSQL backend of `EventStore` (feature `postgres`): the event log of several
-//! runtime nodes on one database (issue 34). Same contract as the sled store (S-2): a
+//! runtime nodes on one database. Same contract as the sled store (S-2): a
 //! transition's version check, fencing check, events, head and records commit in one SQL
 //! transaction, and many transitions share one (group commit), so throughput follows the
 //! database's commit rate rather than one round trip per step.
@@ -48,8 +48,7 @@ use crate::transition::{Outcome, Transition};
 /// Reader threads (each with its own connection).
 const READERS: usize = 4;
 
-/// Committer threads (each with its own connection), whose groups commit side by side; a
-/// third measured no faster on this 2-core machine (benches/HISTORY.md, session 22).
+/// Committer threads (each with its own connection), whose groups commit side by side.
 const COMMITTERS: usize = 2;
 
 /// A handle on an event log in PostgreSQL. Cheap to clone; the committers and the readers

@@ -30,6 +30,20 @@ pub(crate) enum RecordValue {
     Session(SessionRecord),
 }
 
+impl RecordValue {
+    /// The execution that owns the record (`keys::owned`), whose purge removes it. A Job's
+    /// record and a projection are removed by their own keys, a session's never.
+    pub(crate) fn owner(&self) -> Option<ExecutionId> {
+        match self {
+            RecordValue::Command(record) => Some(record.execution_id),
+            RecordValue::Receipt(record) => Some(record.execution_id),
+            RecordValue::Wait(record) => Some(record.execution_id),
+            RecordValue::Process(record) => Some(record.execution_id),
+            RecordValue::Job(_) | RecordValue::Projection(_) | RecordValue::Session(_) => None,
+        }
+    }
+}
+
 /// The command record as schemas 1..=5 wrote it (no `reason_code`).
 #[derive(Deserialize)]
 struct CommandRecordV1 {

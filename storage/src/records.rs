@@ -352,7 +352,7 @@ impl WaitStatus {
     }
 }
 
-/// What a session holds across its executions (issue 37), changed only by a transition that
+/// What a session holds across its executions, changed only by a transition that
 /// names the version it read (`SessionWrite`): its approval grants (W-7), and the foreground
 /// turn with the turns waiting behind it (C-2).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -36,7 +36,7 @@ pub struct Transition {
     pub events: Vec<Event>,
     pub upserts: Vec<Upsert>,
     /// A compare-and-swap on the execution's session record, in the same atomic write
-    /// (issue 37: approval grants, the foreground turn).
+    /// (approval grants, the foreground turn).
     pub session: Option<SessionWrite>,
 }
 

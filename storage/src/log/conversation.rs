@@ -1,4 +1,4 @@
-//! Issue 37: a conversation record's compare-and-swap in the committer, against the record
+//! A conversation record's compare-and-swap in the committer, against the record
 //! as the group leaves it (PostgreSQL's is `pg/conversation.rs`). Part of the committer
 //! (`log.rs`), whose state it reads.
 

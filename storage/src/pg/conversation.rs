@@ -1,4 +1,4 @@
-//! Issue 37: a conversation record's compare-and-swap in PostgreSQL (the sled committer's
+//! A conversation record's compare-and-swap in PostgreSQL (the sled committer's
 //! is `Committer::write_conversation`): read and written in one transaction, under an
 //! advisory lock on the session's id, so that two writers of one session — on one node or
 //! two — never both pass the version check.

@@ -45,7 +45,7 @@ pub(super) struct Group {
     touched: HashSet<ExecutionId>,
     /// K-4: the command records the transitions carry (locked), then as staged.
     commands: Locked<CommandRecord>,
-    /// Issue 37: the session records the transitions name (locked), then as staged.
+    /// The session records the transitions name (locked), then as staged.
     sessions: Locked<SessionRecord>,
     /// Rows to write: a transition's events (execution, first seq, last seq, first
     /// position, envelopes), records by (kind, id), blobs by hash.
@@ -476,7 +476,7 @@ impl<R: DeserializeOwned + Clone> Locked<R> {
     /// Reads the records with `ids` under an advisory lock on each (in key order, held to
     /// the commit): a record's row may not exist yet, and a missing row cannot be locked, so
     /// a second group carrying the same id — on another committer or node — waits, then
-    /// reads what the first one wrote (K-4 for commands, issue 37 for sessions).
+    /// reads what the first one wrote (K-4 for commands, C-2 and W-7 for sessions).
     fn load(
         transaction: &mut SqlTransaction<'_>,
         statements: &Statements,

@@ -107,11 +107,12 @@ impl PgStore {
         self.inner.readers.run(read)
     }
 
-    /// One record of `kind` by id, decoded.
-    fn record<T>(&self, kind: i16, id: Uuid, key: [u8; 17]) -> Result<Option<T>>
+    /// One record of `kind` by its key (`keys`: its id after the prefix byte), decoded.
+    fn record<T>(&self, kind: i16, key: [u8; 17]) -> Result<Option<T>>
     where
         T: serde::de::DeserializeOwned + Send + 'static,
     {
+        let id = Uuid::from_slice(&key[1..]).map_err(|_| Error::corrupted(&key))?;
         self.read(move |client| {
             let row = client
                 .query_opt(
@@ -311,47 +312,39 @@ impl EventReader for PgStore {
     }
 
     fn command(&self, command_id: CommandId) -> Result<Option<CommandRecord>> {
-        let key = keys::command(command_id);
-        self.record(kind::COMMAND, *command_id.as_uuid(), key)
+        self.record(kind::COMMAND, keys::command(command_id))
     }
 
     fn receipt(&self, effect_id: EffectId) -> Result<Option<ReceiptRecord>> {
-        let key = keys::receipt(effect_id);
-        self.record(kind::RECEIPT, *effect_id.as_uuid(), key)
+        self.record(kind::RECEIPT, keys::receipt(effect_id))
     }
 
     fn wait(&self, wait_id: WaitId) -> Result<Option<WaitRecord>> {
-        let key = keys::wait(wait_id);
-        self.record(kind::WAIT, *wait_id.as_uuid(), key)
+        self.record(kind::WAIT, keys::wait(wait_id))
     }
 
     fn process(&self, process_id: ProcessId) -> Result<Option<ProcessRecord>> {
-        let key = keys::process(process_id);
-        self.record(kind::PROCESS, *process_id.as_uuid(), key)
+        self.record(kind::PROCESS, keys::process(process_id))
     }
 
     fn job(&self, job_id: ExecutionId) -> Result<Option<JobRecord>> {
-        let key = keys::job(job_id);
-        self.record(kind::JOB, *job_id.as_uuid(), key)
+        self.record(kind::JOB, keys::job(job_id))
     }
 
     fn session(&self, session_id: SessionId) -> Result<Option<crate::records::SessionRecord>> {
-        let key = keys::session(session_id);
-        self.record(kind::SESSION, *session_id.as_uuid(), key)
+        self.record(kind::SESSION, keys::session(session_id))
     }
 
     fn conversation(
         &self,
         session_id: SessionId,
     ) -> Result<Option<crate::conversation::ConversationRecord>> {
-        let key = keys::conversation(session_id);
-        self.record(kind::CONVERSATION, *session_id.as_uuid(), key)
+        self.record(kind::CONVERSATION, keys::conversation(session_id))
     }
 
     fn projection(&self, execution_id: ExecutionId) -> Result<Option<ProjectionRecord>> {
         self.shared().refusals.check_quarantine(execution_id)?;
-        let key = keys::projection(execution_id);
-        self.record(kind::PROJECTION, *execution_id.as_uuid(), key)
+        self.record(kind::PROJECTION, keys::projection(execution_id))
     }
 
     fn purged(&self, execution_id: ExecutionId) -> Result<Option<PurgedRecord>> {

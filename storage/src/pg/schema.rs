@@ -22,6 +22,9 @@ pub const SCHEMA_VERSION: u32 = 8;
 /// this one spells "opgm").
 const MIGRATION_LOCK: i64 = 0x6f70_676d;
 
+/// A migration that changes nothing but the version.
+const MARK: &str = "SELECT 1;";
+
 /// Migration `n` takes the schema from `n - 1` to `n`.
 const MIGRATIONS: &[(u32, &str)] = &[
     (
@@ -117,35 +120,16 @@ const MIGRATIONS: &[(u32, &str)] = &[
         ALTER COLUMN xid_base SET NOT NULL;
     ",
     ),
-    (
-        4,
-        // The event `ModelUsage` (E-6). Only a mark, as in sled (schema 9): an older build
-        // refuses the database instead of quarantining executions whose events it cannot
-        // decode.
-        "SELECT 1;",
-    ),
-    (
-        5,
-        // The event `WaitDetails` (W-6, W-8). Only a mark, as in sled (schema 10).
-        "SELECT 1;",
-    ),
-    (
-        6,
-        // Session records (issue 37: kind 6 of op_records, listed under the session's own id).
-        // Only a mark, as in sled (schema 11).
-        "SELECT 1;",
-    ),
-    (
-        7,
-        // Conversation records (issue 37: kind 7 of op_records, under the session's own id),
-        // written by their own transaction. Only a mark, as in sled (schema 12).
-        "SELECT 1;",
-    ),
-    (
-        8,
-        // The event `ContextPinned` (E-8). Only a mark, as in sled (schema 13).
-        "SELECT 1;",
-    ),
+    // 4 to 8 only mark the database, as sled's schemas 9 to 13 mark a store (`migrate.rs`),
+    // so that an older build refuses it instead of quarantining executions whose events it
+    // cannot decode: the events `ModelUsage` (E-6), `WaitDetails` (W-6, W-8), session
+    // records (kind 6 of op_records, under the session's own id), conversation records
+    // (kind 7, likewise, written by their own transaction), the event `ContextPinned` (E-8).
+    (4, MARK),
+    (5, MARK),
+    (6, MARK),
+    (7, MARK),
+    (8, MARK),
 ];
 
 /// Brings the schema to `SCHEMA_VERSION`; refuses a newer one.

@@ -15,7 +15,7 @@ pub(super) const GROUP_EVENTS_MAX: usize = 1 << GROUP_EVENTS_BITS;
 /// The first key of a command's advisory lock ("opcm"; the migrations' lock is a single
 /// bigint key, a space of its own).
 pub(super) const COMMAND_LOCK_CLASS: i32 = 0x6f70_636d;
-/// The first key of a session record's advisory lock (issue 37), as for commands.
+/// The first key of a session record's advisory lock, as for commands.
 pub(super) const SESSION_LOCK_CLASS: i32 = 0x6f70_7373;
 /// The advisory lock class of a conversation record's write (its session's id, as a
 /// command's key).
@@ -39,9 +39,9 @@ pub(super) mod kind {
     pub const PROCESS: i16 = 3;
     pub const JOB: i16 = 4;
     pub const PROJECTION: i16 = 5;
-    /// Issue 37, schema 6.
+    /// Schema 6.
     pub const SESSION: i16 = 6;
-    /// Issue 37, schema 7.
+    /// Schema 7.
     pub const CONVERSATION: i16 = 7;
 }
 
