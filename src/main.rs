@@ -313,12 +313,9 @@ fn inspect_command(args: InspectArgs) -> ExitCode {
         mut selection,
         json,
     } = args;
+    // Before the session is set: the flags alone.
+    let filtered = !selection.is_empty() || selection.limit.is_some();
     selection.session = ids.first().cloned();
-    let filtered = selection.state.is_some()
-        || selection.kind.is_some()
-        || selection.since.is_some()
-        || selection.id.is_some()
-        || selection.limit.is_some();
     let what = match what {
         InspectWhat::Tail => {
             return finish(

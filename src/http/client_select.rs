@@ -55,24 +55,26 @@ impl Selection {
         Ok(selection)
     }
 
-    fn is_empty(&self) -> bool {
-        self.state.is_none()
-            && self.kind.is_none()
-            && self.session.is_none()
-            && self.since.is_none()
-            && self.id.is_none()
-    }
-
-    /// `GET /debug/overview?…`, its values percent-encoded.
-    fn path(&self) -> String {
-        let mut query = Vec::new();
-        for (key, value) in [
+    /// The keys that select, with their values.
+    fn keys(&self) -> [(&str, &Option<String>); 5] {
+        [
             ("state", &self.state),
             ("kind", &self.kind),
             ("session", &self.session),
             ("since", &self.since),
             ("id", &self.id),
-        ] {
+        ]
+    }
+
+    /// Whether no key selects (`limit` aside).
+    pub fn is_empty(&self) -> bool {
+        self.keys().iter().all(|(_, value)| value.is_none())
+    }
+
+    /// `GET /debug/overview?…`, its values percent-encoded.
+    fn path(&self) -> String {
+        let mut query = Vec::new();
+        for (key, value) in self.keys() {
             if let Some(value) = value {
                 query.push(format!("{key}={}", encode(value)));
             }
@@ -208,10 +210,7 @@ pub fn ctl_where(
 /// `inspect tail`: the global log from `after` (0: its start; default: its end), one line
 /// per event, following it until interrupted. Reads a page every `poll`.
 pub fn tail(target: &Target, after: Option<u64>, as_json: bool) -> Result<String, Failure> {
-    let mut cursor = match after {
-        Some(after) => after,
-        None => last_position(target)?,
-    };
+    let mut cursor = after.map_or_else(|| last_position(target), Ok)?;
     let poll = Duration::from_millis(250);
     let stdout = std::io::stdout();
     loop {

@@ -3,7 +3,7 @@
 
 use openprogram_storage::{EventReader, ExecutionState, MetricsSnapshot, NamedHistogram};
 
-use crate::{Result, Runtime};
+use crate::{QueueReport, ResourceView, Result, Runtime, WAIT_BUCKETS_MS};
 
 /// The whole `/metrics` text: the runtime's counters, the store's, its histograms and the
 /// runtime's, the indexes, then the resource queue.
@@ -20,8 +20,7 @@ pub(super) async fn text(runtime: &Runtime) -> Result<String> {
         runtime.inspect().live_executions(),
     )?;
     if let Ok(queue) = runtime.resources().await {
-        out.text
-            .push_str(&crate::http::resources::queue_metrics(&queue));
+        queue_metrics(&mut out, &queue);
     }
     Ok(out.text)
 }
@@ -302,4 +301,65 @@ fn index_metrics(out: &mut Prometheus, store: &dyn EventReader, live: usize) -> 
         store.quarantined().len() as f64,
     );
     Ok(())
+}
+
+/// J-1: each resource's capacity, units in use and Jobs waiting; the Jobs the queue
+/// admitted, refused and expired; and how long they waited for a lease.
+fn queue_metrics(out: &mut Prometheus, report: &QueueReport) {
+    let by_resource = |value: fn(&ResourceView) -> f64| {
+        let resources = report.resources.iter();
+        labelled("resource", resources.map(|r| (r.name.as_str(), value(r))))
+    };
+    out.metric(
+        "resource_capacity",
+        "gauge",
+        "Units of the resource declared.",
+        &by_resource(|r| f64::from(r.capacity)),
+    );
+    out.metric(
+        "resource_in_use",
+        "gauge",
+        "Units of the resource leased to Jobs (held, or offered and not yet answered).",
+        &by_resource(|r| f64::from(r.in_use)),
+    );
+    out.metric(
+        "resource_queued",
+        "gauge",
+        "Jobs waiting for the resource (the queue's depth).",
+        &by_resource(|r| r.queued as f64),
+    );
+    let stats = &report.stats;
+    out.counter(
+        "job_admissions_total",
+        "Leases committed by their Jobs.",
+        stats.admissions as f64,
+    );
+    out.counter(
+        "job_offers_refused_total",
+        "Lease offers a Job did not take (it left the queue meanwhile, or was unreachable).",
+        stats.refused as f64,
+    );
+    out.counter(
+        "jobs_expired_total",
+        "Jobs ended `expired` by their queue deadline.",
+        stats.expired as f64,
+    );
+    let name = "job_queue_wait_seconds";
+    out.text.push_str(&format!(
+        "# HELP openprogram_{name} Time a Job waited in the queue before a lease, per admission.\n# TYPE openprogram_{name} histogram\n"
+    ));
+    let mut cumulative = 0;
+    for (bound, count) in WAIT_BUCKETS_MS.iter().zip(&stats.wait_buckets) {
+        cumulative += count;
+        let le = *bound as f64 / 1000.0;
+        out.text.push_str(&format!(
+            "openprogram_{name}_bucket{{le=\"{le}\"}} {cumulative}\n"
+        ));
+    }
+    out.text.push_str(&format!(
+        "openprogram_{name}_bucket{{le=\"+Inf\"}} {}\nopenprogram_{name}_sum {}\nopenprogram_{name}_count {}\n",
+        stats.admissions,
+        stats.wait_sum.as_secs_f64(),
+        stats.admissions
+    ));
 }
