@@ -1,18 +1,12 @@
-//! `openprogram load --url URL[,URL…] --token T`: the load of `load.rs`, driven through
-//! running servers' HTTP API (SPEC §6) instead of an embedded store. The same executions (the
-//! scripted provider issuing `steps` `echo` calls of `payload_bytes`, then a reply), the same
-//! report. Several URLs are several nodes of one PostgreSQL store (N-2): the slots are dealt
-//! round robin across them. Each execution is a conversation of its own: a session runs
-//! one turn at a time (C-2).
-//!
-//! Each concurrency slot is a thread that admits an execution (`POST …/executions`) on its
-//! node and follows its event stream (`…/events/stream`) to its end, then takes the next. Timing
-//! comes from the server's clock, so the client's own delays do not count: a step is the
-//! interval between the `at_ms` of consecutive `tool_finished` events of one execution
-//! (millisecond resolution), an execution spans its first to its last event, and steps/s is
-//! the steps over the span from the first event to the last of the whole run. fsyncs, CPU per
-//! step and the committer's busy time are the servers' summed (busy: the mean across nodes),
-//! peak RSS the largest, from `/metrics` before and after.
+//! `openprogram load --url URL[,URL…] --token T`: `load.rs`'s executions and report, driven
+//! through running servers' HTTP API (SPEC §6). Several URLs are nodes of one PostgreSQL
+//! store (N-2), dealt the slots round robin; each execution is a session of its own (C-2).
+//! Each slot is a thread that admits an execution on its node, follows its event stream to
+//! its end, then takes the next. Timing is the server's clock, so the client's delays do not
+//! count: a step is the interval between consecutive `tool_finished` events' `at_ms`, an
+//! execution spans its first to its last event, steps/s is over the run's first to last
+//! event. fsyncs, CPU and committer time are the servers' summed (busy: the mean across
+//! nodes), peak RSS the largest, from `/metrics` before and after.
 
 use std::io::BufRead as _;
 use std::sync::atomic::{AtomicUsize, Ordering};

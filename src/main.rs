@@ -45,20 +45,7 @@ enum Command {
     /// Run the long fault harnesses (R02 kill -9 loop, R22 model-based test, R24 10,000
     /// executions under a crash loop) and print one JSON summary; exit 1 if an invariant
     /// broke.
-    Soak {
-        /// R02: kills of the server.
-        #[arg(long, default_value_t = 1000)]
-        kills: usize,
-        /// R22: random cases of 30 actions each.
-        #[arg(long, default_value_t = 2000)]
-        cases: u64,
-        /// R24: executions under the crash loop (20 kills).
-        #[arg(long, default_value_t = 10_000)]
-        r24_executions: usize,
-        /// Replays a run (default: random, printed in the summary).
-        #[arg(long)]
-        seed: Option<u64>,
-    },
+    Soak(SoakArgs),
     /// Copy a closed store into a new directory, leaving out the space purged data took
     /// (S-8: sled reuses freed space but never shrinks its file). The old directory is
     /// never written; point `serve --data` at the new one afterwards.
@@ -78,22 +65,43 @@ enum Command {
     Ctl(CtlArgs),
     /// Start a durable function's execution over HTTP (F-1): its newest registered
     /// revision, with `--input` as its input.
-    Call {
-        #[command(flatten)]
-        target: TargetArgs,
-        session: String,
-        function: String,
-        /// The function's input, as JSON.
-        #[arg(long, default_value = "null")]
-        input: String,
-        /// `keep_original` (the server's default) or `use_latest` (F-3).
-        #[arg(long)]
-        policy: Option<String>,
-        #[arg(long)]
-        json: bool,
-    },
+    Call(CallArgs),
     /// Read sessions, executions, events and actors over HTTP.
     Inspect(InspectArgs),
+}
+
+// `soak`'s flags.
+#[derive(Debug, clap::Args)]
+struct SoakArgs {
+    /// R02: kills of the server.
+    #[arg(long, default_value_t = 1000)]
+    kills: usize,
+    /// R22: random cases of 30 actions each.
+    #[arg(long, default_value_t = 2000)]
+    cases: u64,
+    /// R24: executions under the crash loop (20 kills).
+    #[arg(long, default_value_t = 10_000)]
+    r24_executions: usize,
+    /// Replays a run (default: random, printed in the summary).
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+// `call`'s arguments.
+#[derive(Debug, clap::Args)]
+struct CallArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    session: String,
+    function: String,
+    /// The function's input, as JSON.
+    #[arg(long, default_value = "null")]
+    input: String,
+    /// `keep_original` (the server's default) or `use_latest` (F-3).
+    #[arg(long)]
+    policy: Option<String>,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -209,12 +217,7 @@ fn main() -> ExitCode {
     let exit = match cli.command {
         Command::Load(args) => load_command(args),
         Command::Serve(args) => serve_command(args),
-        Command::Soak {
-            kills,
-            cases,
-            r24_executions,
-            seed,
-        } => soak(kills, cases, r24_executions, seed),
+        Command::Soak(args) => soak(args),
         Command::Compact { data, into, json } => Ok(compact(&data, &into, json)),
         Command::Cluster(args) => args
             .options()
@@ -222,21 +225,15 @@ fn main() -> ExitCode {
             .map(|()| ExitCode::SUCCESS)
             .map_err(|message| fail(&message)),
         Command::Ctl(args) => Ok(ctl_command(args)),
-        Command::Call {
-            target,
-            session,
-            function,
-            input,
-            policy,
-            json,
-        } => Ok(finish(target_of(target).and_then(|target| {
+        Command::Call(args) => Ok(finish(target_of(args.target).and_then(|target| {
+            let policy = args.policy.as_deref();
             client::call(
                 &target,
-                &session,
-                &function,
-                &input,
-                policy.as_deref(),
-                json,
+                &args.session,
+                &args.function,
+                &args.input,
+                policy,
+                args.json,
             )
         }))),
         Command::Inspect(args) => Ok(inspect_command(args)),
@@ -371,16 +368,12 @@ fn failed_client(failure: Failure) -> ExitCode {
 
 /// `openprogram soak`: the harnesses in turn, a progress bar each on stderr, the summary
 /// on stdout.
-fn soak(
-    kills: usize,
-    cases: u64,
-    r24_executions: usize,
-    seed: Option<u64>,
-) -> Result<ExitCode, ExitCode> {
+fn soak(args: SoakArgs) -> Result<ExitCode, ExitCode> {
     let binary = std::env::current_exe()
         .map_err(|error| fail(&format!("cannot find this binary: {error}")))?;
-    let seed = seed.unwrap_or_else(rand::random);
-    let options = soak::SoakOptions::new(binary, seed, kills, cases, r24_executions);
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let (kills, cases, r24) = (args.kills, args.cases, args.r24_executions);
+    let options = soak::SoakOptions::new(binary, seed, kills, cases, r24);
     let runtime = tokio_runtime()?;
     let bar = indicatif::ProgressBar::new(0);
     let progress = |harness: &str, done: u64, of: u64| {

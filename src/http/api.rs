@@ -240,8 +240,7 @@ pub async fn list_executions(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let session = api.session(&request, &path)?;
-    let snapshots = api.runtime.executions(session).await?;
-    Ok(HttpResponse::Ok().json(snapshots))
+    Ok(HttpResponse::Ok().json(api.runtime.executions(session).await?))
 }
 
 /// `DELETE /v1/sessions/{sid}` (S-8): purges a session whose executions have all ended
@@ -266,8 +265,7 @@ pub async fn activity(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let session = api.session(&request, &path)?;
-    let activity = api.runtime.activity(session)?;
-    Ok(HttpResponse::Ok().json(activity))
+    Ok(HttpResponse::Ok().json(api.runtime.activity(session)?))
 }
 
 pub async fn snapshot(
@@ -276,8 +274,7 @@ pub async fn snapshot(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (session, execution) = api.execution(&request, &path)?;
-    let snapshot = api.runtime.snapshot(session, execution).await?;
-    Ok(HttpResponse::Ok().json(snapshot))
+    Ok(HttpResponse::Ok().json(api.runtime.snapshot(session, execution).await?))
 }
 
 /// `POST …/commands`: 202 with the reply when the command was applied; 409 with the same
@@ -325,8 +322,7 @@ pub async fn command_status(
 ) -> Result<HttpResponse, ApiError> {
     let session = api.session(&request, &path.0)?;
     let command: CommandId = path.1.parse().map_err(|_| ApiError::not_found())?;
-    let reply = api.runtime.command_status(session, command)?;
-    Ok(HttpResponse::Ok().json(reply))
+    Ok(HttpResponse::Ok().json(api.runtime.command_status(session, command)?))
 }
 
 /// `?after=SEQ&limit=N`: where a page of events or the log begins, and how long it is.
@@ -355,8 +351,12 @@ pub async fn events(
     let events = api
         .runtime
         .events_page(session, execution, query.after, limit)?;
-    let body: Vec<Value> = events.iter().map(event_json).collect();
-    Ok(HttpResponse::Ok().json(body))
+    Ok(events_json(&events))
+}
+
+/// 200 with `events` as the API shows them.
+pub fn events_json(events: &[EventEnvelope]) -> HttpResponse {
+    HttpResponse::Ok().json(events.iter().map(event_json).collect::<Vec<_>>())
 }
 
 /// An event as the API shows it: `seq`, `position`, `at_ms`, `type`, the writer's epoch,

@@ -153,8 +153,7 @@ fn view(summary: ActorSummary) -> ActorView {
 /// clock) and how many running executions each owns; a store of one process lists none.
 pub async fn nodes(api: web::Data<Api>, request: HttpRequest) -> Result<HttpResponse, ApiError> {
     api.tokens.authorize_admin(&request)?;
-    let report = api.runtime.nodes()?;
-    Ok(HttpResponse::Ok().json(report))
+    Ok(HttpResponse::Ok().json(api.runtime.nodes()?))
 }
 
 /// `GET /debug/log?after=POSITION`: the global log, oldest first.
@@ -170,8 +169,7 @@ pub async fn log(
         .store()
         .log_after(query.after, limit)
         .map_err(crate::Error::from)?;
-    let body: Vec<serde_json::Value> = events.iter().map(super::api::event_json).collect();
-    Ok(HttpResponse::Ok().json(body))
+    Ok(super::api::events_json(&events))
 }
 
 /// The query of `GET /debug/overview`; an unknown field is refused.

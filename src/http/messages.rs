@@ -42,8 +42,7 @@ pub async fn messages(
         changed_after: query.changed_after,
         originals: query.originals.unwrap_or(false),
     };
-    let page = api.runtime.messages(session, &query)?;
-    Ok(HttpResponse::Ok().json(page))
+    Ok(HttpResponse::Ok().json(api.runtime.messages(session, &query)?))
 }
 
 /// `GET /v1/sessions/{sid}`: the session's name, foreground turn, turns in line and

@@ -1,18 +1,15 @@
 //! `GET …/events/stream?after=SEQ`: an execution's events as Server-Sent Events, resumable
 //! (I-2, B-6). Each event carries `id: SEQ`; a reconnecting client sends `Last-Event-ID`
-//! (which wins over `after`) and continues where it stopped. A cursor past the newest
-//! event (a store that was reset, a client that kept a cursor too long) is not an error:
-//! the stream sends one `resync` event with the newest seq and continues from there, and
-//! the client reloads the snapshot. A comment line keeps idle connections alive.
+//! (which wins over `after`). A cursor past the newest event (a store that was reset, a
+//! cursor kept too long) is no error: one `resync` event names the newest seq, the stream
+//! continues from there and the client reloads the snapshot. A comment keeps idle
+//! connections alive. The stream polls the store (the library has no push channel for
+//! events): one read per `poll` while nothing is new, bounded pages while catching up.
 //!
-//! The stream polls the store (the library has no push channel for events yet): one read
-//! per `poll` while nothing is new, bounded pages while catching up.
-//!
-//! E-3: between them, the pieces of a model response streaming in on this node are sent as
-//! they arrive, as `event: delta` frames without an `id` (they are not stored, so they move
-//! no cursor): `{"effect_id", "kind": "text"|"reasoning", "offset", "text"}`. A piece at
-//! offset 0 after others means the request was made again. The decision's own event, which
-//! follows, holds the whole response; a reconnecting client gets that, not the pieces.
+//! E-3: between them, the pieces of a model response streaming in on this node go out as
+//! `event: delta` frames without an `id` (not stored, they move no cursor): `{"effect_id",
+//! "kind": "text"|"reasoning", "offset", "text"}`; offset 0 after others means the request
+//! was made again. The decision's event holds the whole response; a reconnect gets that.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -1,16 +1,11 @@
-//! The multi-node fault loop (N-2, N-3): `nodes` runtime nodes (`serve --node-id
-//! nI --store postgres://…`, each on its own port) share one PostgreSQL database.
-//! Executions whose steps append to a sink outside the database (the oracle) are admitted
-//! round robin across the nodes. Every 0.5–3 s (seeded) a random node is killed with
-//! SIGKILL and started again under the same id and port, or stopped with SIGSTOP past its
-//! lease and continued. Survivors take over a dead or stalled node's running executions
-//! once its lease lapses; a stalled node's late writes are fenced.
-//!
-//! Counted as the single-node loop counts (`kill_loop`): deliveries, duplicates (I1), lost
-//! steps (I8), executions that never completed (L1), changed ids (I7), two dispatches of an
-//! effect by one epoch (I4), a write by an older epoch after a newer one claimed (I3); and
-//! how long after a fault the survivors' takeovers came (fault → claim, which includes the
-//! lease's lapse). A killed node stays down for up to three leases before it restarts.
+//! The multi-node fault loop (N-2, N-3): `nodes` nodes (`serve --node-id nI --store
+//! postgres://…`, each on its own port) share one PostgreSQL database; executions whose
+//! steps append to the oracle's sink are admitted round robin across them. Every 0.5–3 s
+//! (seeded) a random node is killed with SIGKILL and, down for up to three leases, started
+//! again under the same id and port; or stopped with SIGSTOP past its lease and continued.
+//! Survivors take over its running executions once its lease lapses; a stalled node's late
+//! writes are fenced. Counted as `kill_loop` counts (I1, I3, I4, I7, I8, L1), with how long
+//! after a fault the survivors' takeovers came (fault → claim, the lease's lapse included).
 
 use std::collections::HashMap;
 use std::path::Path;

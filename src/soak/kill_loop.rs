@@ -1,14 +1,11 @@
-//! The kill -9 loop (RELIABILITY.md R02, and R24 at 10,000 executions): `openprogram
-//! serve` runs executions whose steps append to a sink outside the data dir (the oracle);
-//! it is killed with SIGKILL at random moments and started again, `cycles` times; then it
-//! runs to quiescence. Counted against the oracle and the reopened store: deliveries,
-//! duplicates (I1), lost steps (I8), executions that never completed (L1), changed ids
-//! (I7), more than one dispatch of an effect by one epoch (I4), a write by an older epoch
-//! after a newer one claimed (I3), reconciled effects, quarantined executions, the time from
-//! each start to the end of its startup recovery, and the servers' peak RSS.
-//!
-//! Synchronous: child processes, a blocking HTTP client, and the store read at the end. On
-//! sled by default; on a PostgreSQL database with `store` (N-1).
+//! The kill -9 loop (RELIABILITY.md R02, and R24 at 10,000 executions): `openprogram serve`
+//! runs executions whose steps append to a sink outside the data dir (the oracle), is killed
+//! with SIGKILL at random moments and started again `cycles` times, then runs to quiescence.
+//! Counted against the oracle and the reopened store: deliveries, duplicates (I1), lost steps
+//! (I8), executions never completed (L1), changed ids (I7), an effect dispatched twice by one
+//! epoch (I4), a write by an older epoch after a newer one claimed (I3), reconciled effects,
+//! quarantined executions, each start's time to the end of its recovery, and peak RSS.
+//! Synchronous (child processes, a blocking HTTP client); on sled, or PostgreSQL (N-1).
 
 use std::collections::HashMap;
 use std::io::BufRead;

@@ -1,14 +1,10 @@
-//! R22 (RELIABILITY.md), the check: random scripts and random commands — every control kind,
+//! R22 (RELIABILITY.md), the check: random scripts and commands — every control kind,
 //! duplicates, reused ids, stale versions — with crashes and restarts (at rest, and while a
-//! turn runs), applied to a runtime on a real store and to an in-memory model of
-//! SPEC's rules (K-2 controls, K-3 which are offered where, K-4 idempotence and versions,
-//! W-2 answer and decline, E-5 iteration limits, §6 scripted provider and `append`). After
-//! every action the runtime must agree with the model: state, reply text, open wait, and
-//! the lines the oracle (an `append` sink outside the data dir) received — each exactly once.
-//!
-//! A divergence carries the seed and the history, shrunk: actions are dropped one at a time
-//! while a fresh execution still diverges. `cargo test` runs it small
-//! (tests/it/r22_model.rs); `openprogram soak` runs it large.
+//! turn runs), applied to a runtime on a real store and to an in-memory model of SPEC's
+//! rules (K-2, K-3, K-4, W-2, E-5, §6's scripted provider and `append`). After every action
+//! they must agree: state, reply text, open wait, and the lines the oracle (an `append` sink
+//! outside the data dir) received, each exactly once. A divergence carries the seed and the
+//! history, shrunk (actions dropped one at a time while a fresh execution still diverges).
 //!
 //! A crash here is in-process (`Runtime::halt`): `append` writes within its call's first
 //! poll, so a crash between a dispatch and its delivery is R01's to check (a real abort).
