@@ -22,7 +22,7 @@ use openprogram_actors::service::ScriptElement;
 use openprogram_storage::{ExecutionId, MetricsSnapshot, SessionId};
 use serde_json::json;
 
-use crate::load_report::{histogram, lock, ms};
+use crate::load_report::{histogram, lock, ms, panicked};
 pub use crate::load_report::{LoadOptions, LoadReport};
 use crate::process_stats::{peak_rss_mib, rss_kib, Readings, Spent};
 use crate::{Error, Result, Runtime, RuntimeBuilder, StartRequest};
@@ -246,11 +246,6 @@ fn open(
         .one_turn_per_session(!options.parallel_turns)
         .with(options.retain_finished, RuntimeBuilder::retain_finished)
         .open()
-}
-
-/// What a task that panicked is reported as.
-fn panicked(what: &'static str) -> impl Fn(tokio::task::JoinError) -> Error {
-    move |error| Error::Internal(format!("{what} panicked: {error}"))
 }
 
 /// The name the load registers its function under.

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use openprogram_storage::{ExecutionId, SessionId};
 
-use crate::load_report::{histogram, lock, ms, LoadReport};
-use crate::{Command, CommandBody, Error, Result, Runtime};
+use crate::load_report::{histogram, lock, ms, panicked, LoadReport};
+use crate::{Command, CommandBody, Result, Runtime};
 
 /// Executions admitted and not yet ended, each in its own session: where commands aim.
 pub(crate) type Running = Arc<Mutex<Vec<(SessionId, ExecutionId)>>>;
@@ -68,9 +68,7 @@ pub(crate) async fn send(
         rejected: histogram(),
     };
     for pair in pairs {
-        let pair = pair
-            .await
-            .map_err(|error| Error::Internal(format!("a command task panicked: {error}")))??;
+        let pair = pair.await.map_err(panicked("a command task"))??;
         for (micros, applied) in pair {
             match applied {
                 true => latencies.applied.saturating_record(micros),

@@ -223,6 +223,11 @@ pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, 
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// What a task that panicked is reported as.
+pub(crate) fn panicked(what: &'static str) -> impl Fn(tokio::task::JoinError) -> crate::Error {
+    move |error| crate::Error::Internal(format!("{what} panicked: {error}"))
+}
+
 pub(crate) fn ms(histogram: &Histogram<u64>, quantile: f64) -> f64 {
     histogram.value_at_quantile(quantile) as f64 / 1000.0
 }

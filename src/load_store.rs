@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::load_report::{LoadOptions, StoreSample};
+use crate::load_report::{panicked, LoadOptions, StoreSample};
 use crate::{Error, Result, Runtime};
 
 /// Samples now and every `every` until `done`, then once more; each also printed to
@@ -74,9 +74,7 @@ pub async fn finish(
     runtime: &Runtime,
 ) -> Result<(Vec<StoreSample>, Option<u64>)> {
     let samples = match sampler {
-        Some(sampler) => sampler
-            .await
-            .map_err(|error| Error::Internal(format!("the store sampler panicked: {error}")))?,
+        Some(sampler) => sampler.await.map_err(panicked("the store sampler"))?,
         None => Vec::new(),
     };
     let purged = options.retain_finished.map(|_| {

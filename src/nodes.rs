@@ -42,15 +42,14 @@ impl Runtime {
         if self.inner.node.is_none() {
             return Ok(None);
         }
-        let Some(head) = self.store().head(execution_id)? else {
+        let head = self.store().head(execution_id)?;
+        let here = self.store().incarnation().owner_id;
+        let owner = head
+            .and_then(|head| head.attempt)
+            .map(|attempt| attempt.owner_id);
+        let Some(owner) = owner.filter(|owner| *owner != here) else {
             return Ok(None);
         };
-        let Some(owner) = head.attempt.map(|attempt| attempt.owner_id) else {
-            return Ok(None);
-        };
-        if owner == self.store().incarnation().owner_id {
-            return Ok(None);
-        }
         let nodes = self.store().nodes()?;
         Ok(nodes.live_owner(owner).map(|node| node.url.clone()))
     }

@@ -8,15 +8,14 @@ use openprogram_storage::{EventReader, EventStore, Limits, Store};
 
 use crate::{Error, Result, RuntimeBuilder};
 
+/// A store as the actors write it and the readers read it.
+type Handles = (Arc<dyn EventStore>, Arc<dyn EventReader>);
+
 impl RuntimeBuilder {
     /// The store the builder names: a caller's, a PostgreSQL URL's, or sled's directory.
-    #[allow(clippy::type_complexity)]
     pub(crate) fn open_store(
         &mut self,
-    ) -> Result<(
-        (Arc<dyn EventStore>, Arc<dyn EventReader>),
-        Option<openprogram_storage::SalvageReport>,
-    )> {
+    ) -> Result<(Handles, Option<openprogram_storage::SalvageReport>)> {
         if let Some(store) = self.store.take() {
             return Ok((store, None));
         }
@@ -25,14 +24,9 @@ impl RuntimeBuilder {
                 return Ok((open_postgres(&url, &self.limits)?, None))
             }
             Some(directory) => PathBuf::from(directory),
-            None => match self.data_dir.take() {
-                Some(data_dir) => data_dir,
-                None => {
-                    return Err(Error::InvalidRequest(
-                        "the runtime needs a data_dir or a store".into(),
-                    ))
-                }
-            },
+            None => self.data_dir.take().ok_or_else(|| {
+                Error::InvalidRequest("the runtime needs a data_dir or a store".into())
+            })?,
         };
         let (store, salvage) = match self.accept_loss {
             true => Store::open_salvaging(&data_dir, self.limits.clone())?,
@@ -48,19 +42,13 @@ pub fn is_postgres_url(url: &str) -> bool {
 }
 
 #[cfg(feature = "postgres")]
-fn open_postgres(
-    url: &str,
-    limits: &Limits,
-) -> Result<(Arc<dyn EventStore>, Arc<dyn EventReader>)> {
+fn open_postgres(url: &str, limits: &Limits) -> Result<Handles> {
     let store = openprogram_storage::pg::PgStore::open_with(url, limits.clone())?;
     Ok((Arc::new(store.clone()), Arc::new(store)))
 }
 
 #[cfg(not(feature = "postgres"))]
-fn open_postgres(
-    _url: &str,
-    _limits: &Limits,
-) -> Result<(Arc<dyn EventStore>, Arc<dyn EventReader>)> {
+fn open_postgres(_url: &str, _limits: &Limits) -> Result<Handles> {
     Err(Error::InvalidRequest(
         "this build has no PostgreSQL store: enable the feature `postgres`".into(),
     ))

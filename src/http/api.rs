@@ -5,9 +5,7 @@
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
-use openprogram_storage::{
-    CommandId, EventEnvelope, ExecutionId, MessageId, SessionId, VersionPolicy,
-};
+use openprogram_storage::{CommandId, EventEnvelope, ExecutionId, SessionId, VersionPolicy};
 use std::collections::BTreeMap;
 
 use serde::de::IgnoredAny;
@@ -35,24 +33,6 @@ pub async fn create_session(
     })))
 }
 
-/// The body of `POST /v1/sessions/{sid}/executions`.
-#[derive(Debug, Deserialize)]
-pub struct StartBody {
-    pub kind: Option<String>,
-    pub message: String,
-    pub parent_message_id: Option<MessageId>,
-    /// Kept as the body's own JSON text, element by element (`ScriptElement`).
-    #[serde(default)]
-    pub script: Vec<openprogram_actors::service::ScriptElement>,
-    pub max_iterations: Option<u32>,
-    #[serde(default)]
-    pub start_paused: bool,
-    /// J-1: admit it as a background Job.
-    pub job: Option<crate::JobRequest>,
-    /// C-2: `queue` (default), `steer`, `reject` or `interrupt`.
-    pub when_busy: Option<openprogram_actors::admission::BusyStrategy>,
-}
-
 /// The body of `POST /v1/sessions/{sid}/executions` for `"kind": "function"` (F-1).
 #[derive(Debug, Deserialize)]
 pub struct FunctionBody {
@@ -71,10 +51,10 @@ impl FunctionBody {
         ["kind", "function", "input", "policy", "start_paused", "job"];
 }
 
-/// What a start body asks for.
+/// What a start body asks for: an agent turn's body is the library's own `StartRequest`.
 #[derive(Debug)]
 pub enum Start {
-    Agent(StartBody),
+    Agent(StartRequest),
     Function(FunctionBody),
 }
 
@@ -92,10 +72,8 @@ fn refuse_unknown_fields(
     fields: &BTreeMap<String, IgnoredAny>,
     known: &[&str],
 ) -> Result<(), ApiError> {
-    match fields.keys().find(|field| !known.contains(&field.as_str())) {
-        Some(field) => Err(unknown_field(field.clone())),
-        None => Ok(()),
-    }
+    let unknown = fields.keys().find(|field| !known.contains(&field.as_str()));
+    unknown.map_or(Ok(()), |field| Err(unknown_field(field.clone())))
 }
 
 /// X-3 inside a start body's `job` (J-1): a field it does not have is `unknown_field`,
@@ -130,9 +108,9 @@ fn refuse_unknown_job_fields(raw: &RawValue) -> Result<(), ApiError> {
     Ok(())
 }
 
-impl StartBody {
-    /// Every field a start body may carry (X-3: anything else is `unknown_field`).
-    const FIELDS: [&'static str; 8] = [
+impl Start {
+    /// Every field an agent's start body may carry (X-3: anything else is `unknown_field`).
+    const AGENT_FIELDS: [&'static str; 8] = [
         "kind",
         "message",
         "parent_message_id",
@@ -163,7 +141,7 @@ impl StartBody {
         refuse_unknown_job_fields(raw)?;
         match kind.kind.as_deref() {
             None | Some("agent") => {
-                refuse_unknown_fields(&fields, &Self::FIELDS)?;
+                refuse_unknown_fields(&fields, &Self::AGENT_FIELDS)?;
                 serde_json::from_str(raw.get())
                     .map(Start::Agent)
                     .map_err(malformed)
@@ -198,17 +176,8 @@ pub async fn start_execution(
     body: web::Json<Box<RawValue>>,
 ) -> Result<HttpResponse, ApiError> {
     let session = api.session(&request, &path)?;
-    let reply = match StartBody::read(&body)? {
-        Start::Agent(body) => {
-            let start = StartRequest {
-                message: body.message,
-                parent_message_id: body.parent_message_id,
-                script: body.script,
-                max_iterations: body.max_iterations,
-                start_paused: body.start_paused,
-                job: body.job,
-                when_busy: body.when_busy,
-            };
+    let reply = match Start::read(&body)? {
+        Start::Agent(start) => {
             let reply = api.runtime.start_execution(session, start).await?;
             // C-2: steered into the running turn: nothing was created.
             if reply.steered.is_some() {

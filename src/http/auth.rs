@@ -59,13 +59,8 @@ impl Tokens {
 
     /// Whether `token` may reach `session_id`: the admin token or that session's token.
     pub fn allows_session(&self, token: &str, session_id: SessionId) -> bool {
-        if self.is_admin(token) {
-            return true;
-        }
-        match blake3::Hash::from_hex(token) {
-            Ok(given) => given == self.session_hash(session_id),
-            Err(_) => false,
-        }
+        let given = blake3::Hash::from_hex(token);
+        self.is_admin(token) || given.is_ok_and(|given| given == self.session_hash(session_id))
     }
 
     pub fn authorize_session(

@@ -380,15 +380,10 @@ fn describe(snapshot: &Value) -> String {
         capabilities.join(", ")
     ));
     text.push_str(&format!("{:<14} {}\n", "text", plain(&snapshot["text"])));
-    for (title, key, columns) in [
-        ("receipts", "receipts", &["effect_id", "tool", "status"][..]),
+    for (key, columns) in [
+        ("receipts", &["effect_id", "tool", "status"][..]),
+        ("waits", &["wait_id", "kind", "status", "prompt"][..]),
         (
-            "waits",
-            "waits",
-            &["wait_id", "kind", "status", "prompt"][..],
-        ),
-        (
-            "processes",
             "processes",
             &["process_id", "state", "exit_code", "output_bytes"][..],
         ),
@@ -402,7 +397,7 @@ fn describe(snapshot: &Value) -> String {
         if !rows.is_empty() {
             let headers: Vec<String> = columns.iter().map(|c| c.to_uppercase()).collect();
             let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
-            text.push_str(&format!("\n{title}:\n{}", table(&headers, rows)));
+            text.push_str(&format!("\n{key}:\n{}", table(&headers, rows)));
         }
     }
     text

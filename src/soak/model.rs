@@ -59,8 +59,10 @@ pub(super) enum Action {
     CrashWhileRunning(u64),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) enum State {
+    /// As admitted.
+    #[default]
     Paused,
     Waiting,
     Completed,
@@ -85,7 +87,7 @@ impl State {
 }
 
 /// The model: SPEC's rules over one agent turn, admitted paused.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(super) struct Model {
     pub(super) script: Vec<Element>,
     pub(super) max_iterations: u32,
@@ -107,14 +109,7 @@ impl Model {
         Self {
             script,
             max_iterations,
-            cursor: 0,
-            tool_pending: false,
-            decisions: 0,
-            state: State::Paused,
-            steers: Vec::new(),
-            text: String::new(),
-            delivered: Vec::new(),
-            stepping: false,
+            ..Self::default()
         }
     }
 
@@ -208,15 +203,14 @@ pub(super) struct Case {
 
 pub(super) fn random_case(rng: &mut StdRng, tag: String) -> Case {
     let len = rng.gen_range(1..7);
-    let mut script = Vec::new();
-    for index in 0..len {
-        script.push(match rng.gen_range(0..4) {
+    let mut script: Vec<Element> = (0..len)
+        .map(|index| match rng.gen_range(0..4) {
             0 => Element::Echo,
             1 => Element::Append(format!("{tag}-{index}")),
             2 => Element::Fail,
             _ => Element::Ask,
-        });
-    }
+        })
+        .collect();
     script.push(Element::Reply(format!("done {tag}")));
     // Mostly enough iterations; sometimes too few (E-5).
     let needed = script.len() as u32;
