@@ -346,16 +346,12 @@ impl RuntimeBuilder {
             self.clock.take().unwrap_or_else(|| Arc::new(SystemClock)),
             self.restart_window,
         );
-        if let Some(grace) = self.process_stop_grace {
-            env.process_stop_grace = grace;
-        }
+        env.process_stop_grace = self.process_stop_grace.unwrap_or(env.process_stop_grace);
         env.resources = Resources::new(std::mem::take(&mut self.resources))?;
         env.functions = Arc::new(functions);
         env.one_turn_per_session = !self.parallel_turns;
         env.conversation_hooks = conversation_hooks;
-        if let Some(policy) = self.function_policy {
-            env.function_policy = policy;
-        }
+        env.function_policy = self.function_policy.unwrap_or(env.function_policy);
         env.node = self.node.take();
         if let Some(node) = renew_node(&env)? {
             tracing::info!(node_id = %node.node_id, url = %node.url, "registered as a node");

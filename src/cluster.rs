@@ -1,12 +1,10 @@
-//! `openprogram cluster --nodes N` (N-2, N-3): a local cluster in one command — a throwaway
-//! PostgreSQL (storage's `LocalPostgres`) and N `serve --store postgres://… --node-id nK`
-//! children on loopback ports, each with its own data directory and log, until SIGINT or
-//! SIGTERM. A node that exits meanwhile (one that lost its lease exits 75, N-2) is started
-//! again, as a process supervisor would. At the end the nodes stop in order (SIGTERM), then
-//! the database, and the directory is removed unless `--dir` named it.
-//!
-//! Once every node answers, stdout gets one JSON line — `{"store", "token", "nodes": [{"id",
-//! "url", "log"}]}` — for scripts; stderr says the same for a person.
+//! `openprogram cluster --nodes N` (N-2, N-3): a throwaway PostgreSQL (`LocalPostgres`) and
+//! N `serve --store postgres://… --node-id nK` children on loopback ports, each with its own
+//! data directory and log, until SIGINT or SIGTERM. A node that exits meanwhile (one that
+//! lost its lease exits 75) is started again, as a process supervisor would; at the end the
+//! nodes stop in order (SIGTERM), then the database, and the directory goes unless `--dir`
+//! named it. Once every node answers, stdout gets one JSON line — `{"store", "token",
+//! "nodes": [{"id", "url", "log"}]}` — for scripts; stderr says the same for a person.
 
 use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
@@ -38,11 +36,12 @@ pub struct ClusterArgs {
 
 impl ClusterArgs {
     /// The options, with this binary as the nodes' and the token resolved.
-    pub fn options(self) -> Result<ClusterOptions, String> {
+    pub fn options(mut self) -> Result<ClusterOptions, String> {
         let binary =
             std::env::current_exe().map_err(|error| format!("cannot find this binary: {error}"))?;
         let token = self
             .token
+            .take()
             .or_else(|| std::env::var("OPENPROGRAM_TOKEN").ok())
             .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
         // Refused here, before a database starts, rather than by every node.
@@ -54,25 +53,19 @@ impl ClusterArgs {
         }
         Ok(ClusterOptions {
             binary,
-            nodes: self.nodes,
             token,
-            lease_ttl: self.lease_ttl,
-            dir: self.dir,
+            args: self,
         })
     }
 }
 
-#[derive(Debug, Clone)]
+/// The flags resolved: this binary as the nodes' binary, and the token they share.
+#[derive(Debug)]
 pub struct ClusterOptions {
-    /// The `openprogram` binary the nodes run.
     pub binary: PathBuf,
-    pub nodes: usize,
     pub token: String,
-    /// `serve --lease-ttl` for every node (default: serve's).
-    pub lease_ttl: Option<String>,
-    /// Where the database, the nodes' data and their logs go; kept at the end. Default: a
-    /// new directory under the system's temp dir, removed at the end.
-    pub dir: Option<PathBuf>,
+    /// The rest as given: how many nodes, their lease, their directory.
+    pub args: ClusterArgs,
 }
 
 /// One node: `serve` as a child, stopped when dropped (also on a panic's unwinding).
@@ -115,7 +108,7 @@ impl Node {
             .args(["serve", "--listen", &self.listen, "--token", &options.token])
             .args(["--store", store, "--node-id", &self.id, "--data"])
             .arg(self.data(dir));
-        if let Some(ttl) = &options.lease_ttl {
+        if let Some(ttl) = &options.args.lease_ttl {
             command.args(["--lease-ttl", ttl]);
         }
         let mut child = command
@@ -180,11 +173,11 @@ impl Node {
 
 /// Runs the cluster until SIGINT or SIGTERM.
 pub fn run(options: &ClusterOptions) -> Result<(), String> {
-    if options.nodes == 0 || options.nodes > 16 {
+    if options.args.nodes == 0 || options.args.nodes > 16 {
         return Err("--nodes must be between 1 and 16".into());
     }
     let stop = stop_flag()?;
-    let (dir, remove) = match &options.dir {
+    let (dir, remove) = match &options.args.dir {
         Some(dir) => (dir.clone(), false),
         None => (
             std::env::temp_dir().join(format!("openprogram-cluster-{}", std::process::id())),
@@ -199,14 +192,15 @@ pub fn run(options: &ClusterOptions) -> Result<(), String> {
         .map_err(|error| format!("{}: {error}", dir.display()))?;
     let pg_dir = dir.join("postgres");
     eprintln!("openprogram: starting PostgreSQL in {}", pg_dir.display());
-    let result =
-        LocalPostgres::start(&pg_dir, 100 + 20 * options.nodes as u32).and_then(|mut postgres| {
+    let result = LocalPostgres::start(&pg_dir, 100 + 20 * options.args.nodes as u32).and_then(
+        |mut postgres| {
             let served = serve_nodes(options, &dir, &postgres, &stop);
             eprintln!("openprogram: stopping PostgreSQL");
             // The nodes' failure, if any, says more than the database's.
             let stopped = postgres.stop();
             served.and(stopped)
-        });
+        },
+    );
     if remove {
         if let Err(error) = std::fs::remove_dir_all(&dir) {
             eprintln!("openprogram: removing {}: {error}", dir.display());
@@ -222,9 +216,9 @@ fn serve_nodes(
     stop: &std::sync::atomic::AtomicBool,
 ) -> Result<(), String> {
     let store = postgres.create_database("openprogram")?;
-    share_session_key(dir, options.nodes)?;
-    let mut nodes = Vec::with_capacity(options.nodes);
-    for index in 1..=options.nodes {
+    share_session_key(dir, options.args.nodes)?;
+    let mut nodes = Vec::with_capacity(options.args.nodes);
+    for index in 1..=options.args.nodes {
         let port = free_port().map_err(|error| format!("a free port: {error}"))?;
         nodes.push(Node {
             id: format!("n{index}"),

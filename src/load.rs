@@ -1,12 +1,10 @@
 //! `openprogram load`: drives concurrent agent turns against an embedded store and reports
-//! durable steps per second and latency percentiles, optionally against the raw
-//! storage limit measured in the same run.
-//!
-//! Each execution is the scripted provider issuing `steps` `echo` calls of `payload_bytes`,
-//! then a reply. A *step* is a provider decision and a tool result, each durably
-//! checkpointed; it is timed as the interval between consecutive tool calls of one
-//! execution (so an execution of K steps gives K-1 samples). An execution is timed from
-//! admission to its terminal state. Nothing here asserts a figure: it measures and reports.
+//! durable steps per second and latency percentiles, optionally beside the raw store's
+//! rate measured in the same run. Each execution is the scripted provider issuing `steps`
+//! `echo` calls of `payload_bytes`, then a reply. A *step* (a provider decision and a tool
+//! result, each durably checkpointed) is timed between consecutive tool calls of one
+//! execution (K steps give K-1 samples); an execution, from admission to its terminal
+//! state. Nothing here asserts a figure: it measures and reports.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -410,12 +408,7 @@ impl Drive {
         };
         lock(&self.running).push((session, execution_id));
         let finished = self.runtime.wait_finished(session, execution_id).await;
-        {
-            let mut running = lock(&self.running);
-            if let Some(index) = running.iter().position(|(_, id)| *id == execution_id) {
-                running.swap_remove(index);
-            }
-        }
+        lock(&self.running).retain(|(_, id)| *id != execution_id);
         finished?;
         self.executions_us.record(admitted.elapsed());
         lock(&self.clock.last_call).remove(&execution_id);

@@ -1,14 +1,10 @@
 //! Tokens: the admin token, valid everywhere, and session tokens, each valid for
-//! one session only.
-//!
-//! Session tokens are stateless and durable: a token is the hex of a keyed BLAKE3 hash of
-//! the session id under a 32-byte secret kept in `DIR/session.key` (mode 0600, created on
-//! first start). Nothing is stored per session, and a token stays valid across restarts for
-//! as long as the key file does. Every comparison is made between two BLAKE3 hashes, whose
-//! equality is constant-time, so a wrong guess leaks no prefix through timing.
-//!
-//! This module does not decide what a token may reach: routes ask `authorize_session` or
-//! `authorize_admin`.
+//! one session. A session token is the hex of a keyed BLAKE3 hash of the session id under a
+//! 32-byte secret in `DIR/session.key` (mode 0600, made on first start): nothing is stored
+//! per session, and tokens stay valid across restarts while the key file does. Every
+//! comparison is between two BLAKE3 hashes, whose equality is constant-time, so a wrong
+//! guess leaks no prefix through timing. Routes decide what a token may reach
+//! (`authorize_session`, `authorize_admin`).
 
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;

@@ -1,18 +1,15 @@
-//! What `serve --demo` seeds, through the library only, so the page has something to show:
-//! a completed turn and a fork of it (a second branch, paused until Continue), a turn
-//! waiting for approval (the scripted `ask`), a turn that left a managed process running
-//! (`sleep 3600`, in the background), and durable functions: a completed run of `steps`,
-//! and one paused on a version conflict (started on revision 1, one step done, then moved
-//! to `use_latest` with revision 3 deployed, which accounts for none of its steps).
+//! What `serve --demo` seeds through the library, so the page has something to show: a
+//! completed turn and a fork of it (a second branch, paused), a turn waiting for approval, a
+//! turn that left a managed process running (`sleep 3600`), and durable functions: a
+//! completed run of `steps`, and one paused on a version conflict (started on revision 1,
+//! one step done, then moved to `use_latest` with revision 3 deployed, which accounts for
+//! none of its steps).
 //!
-//! Seeding happens once: into an empty store, recorded in `DIR/demo.json` (mode 0600: it
-//! holds the demo sessions' tokens). A later start with `--demo` reads that file instead of
-//! seeding again; a store with other content is never seeded.
-//!
-//! The demo process keeps running until someone stops it: the Stop button of the page, or
-//! `openprogram ctl … stop-process SESSION EXECUTION --process PROCESS_ID`. If `serve` stops
-//! first, the process outlives it, the next start records it `lost` and never signals it
-//! (P-3); end it with `kill` and the pid `/debug/actors` showed.
+//! Seeded once, into an empty store, and recorded in `DIR/demo.json` (mode 0600: it holds the
+//! sessions' tokens), which a later `--demo` start reads instead; other content is never
+//! seeded over. The process runs until stopped (the page's Stop, or `ctl stop-process`); if
+//! `serve` stops first it outlives it, and the next start records it `lost` and never signals
+//! it (P-3): end it with `kill` and the pid `/debug/actors` showed.
 
 use std::path::Path;
 

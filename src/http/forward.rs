@@ -1,13 +1,10 @@
-//! N-3: a command for an execution that another live node runs is forwarded to that node,
-//! whose answer (status and body) is relayed as it is: the client sees the owner's
-//! accepted/applied semantics whichever node it asked. A command for an execution whose
-//! owner's lease lapsed, or that no attempt runs, is decided here. The caller's
-//! `Authorization` header goes to the owner over plain HTTP: nodes belong on a trusted
-//! network.
-//!
-//! A forwarded request carries `X-OpenProgram-Forwarded` and is never forwarded again: if
-//! another live node runs the execution by the time it arrives (ownership moved, or a
-//! client set the header), it is answered `503 owner_moved` rather than decided here.
+//! N-3: a command for an execution another live node runs is forwarded to that node and its
+//! answer (status and body) relayed as it is: the client sees the owner's accepted/applied
+//! semantics whichever node it asked. One whose owner's lease lapsed, or that no attempt
+//! runs, is decided here. The caller's `Authorization` goes to the owner over plain HTTP:
+//! nodes belong on a trusted network. A forwarded request carries `X-OpenProgram-Forwarded`
+//! and is never forwarded again: if another node runs the execution by then (ownership
+//! moved, or a client set the header), it is answered `503 owner_moved`.
 
 use std::time::Duration;
 
