@@ -56,8 +56,7 @@ pub struct RuntimeBuilder {
 /// How long an attempt keeps its lease without a heartbeat, unless configured.
 pub const LEASE_TTL_DEFAULT: Duration = Duration::from_secs(10);
 
-/// How long an orderly shutdown waits for running effects to reach a safe point, unless
-/// configured.
+/// How long an orderly shutdown waits for running effects to reach a safe point, unless configured.
 pub const SHUTDOWN_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -69,27 +68,24 @@ impl std::fmt::Debug for RuntimeBuilder {
 }
 
 impl RuntimeBuilder {
-    /// A store opened by the caller, instead of `data_dir` (which is then not needed, nor
-    /// `limits` and `accept_loss`, which the caller's open decided). The caller keeps its own
-    /// handle; the runtime's actors write through theirs, and `Runtime::store` reads.
-    /// Any `EventStore` serves: the embedded `Store` (sled) or, with the feature `postgres`,
-    /// a `storage::pg::PgStore`.
+    /// A store opened by the caller, instead of `data_dir` (which is then not needed, nor `limits`
+    /// and `accept_loss`, which the caller's open decided). The caller keeps its own handle; the
+    /// runtime's actors write through theirs, and `Runtime::store` reads. Any `EventStore` serves:
+    /// the embedded `Store` (sled) or, with the feature `postgres`, a `storage::pg::PgStore`.
     pub fn store<S: EventStore + Clone>(mut self, store: S) -> Self {
         self.store = Some((Arc::new(store.clone()), Arc::new(store)));
         self
     }
 
-    /// N-1: the store named as `serve --store` names it: `postgres://…` (or
-    /// `postgresql://…`) is a PostgreSQL database, which needs the feature `postgres`
-    /// (`invalid_request` without it); anything else is the sled store's directory, as
-    /// `data_dir`.
+    /// N-1: the store named as `serve --store` names it: `postgres://…` (or `postgresql://…`) is a
+    /// PostgreSQL database, which needs the feature `postgres` (`invalid_request` without it);
+    /// anything else is the sled store's directory, as `data_dir`.
     pub fn store_url(mut self, url: impl Into<String>) -> Self {
         self.store_url = Some(url.into());
         self
     }
 
-    /// Where the embedded sled store lives. Required, unless `store` or `store_url` gives
-    /// one.
+    /// Where the embedded sled store lives. Required, unless `store` or `store_url` gives one.
     pub fn data_dir(mut self, path: impl Into<PathBuf>) -> Self {
         self.data_dir = Some(path.into());
         self
@@ -162,8 +158,7 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Time between SIGTERM and SIGKILL when `stop_process` stops a managed process.
-    /// Default 5 s.
+    /// Time between SIGTERM and SIGKILL when `stop_process` stops a managed process. Default 5 s.
     pub fn process_stop_grace(mut self, grace: Duration) -> Self {
         self.process_stop_grace = Some(grace);
         self
@@ -197,10 +192,9 @@ impl RuntimeBuilder {
         self
     }
 
-    /// S-7: open a store that lost acknowledged history (a damaged or truncated file) and
-    /// keep what remains, instead of refusing it (`acknowledged_lost`). `Runtime::salvage`
-    /// then says what was lost. An operator's explicit choice; never needed for a healthy
-    /// store.
+    /// S-7: open a store that lost acknowledged history (a damaged or truncated file) and keep what
+    /// remains, instead of refusing it (`acknowledged_lost`). `Runtime::salvage` then says what was
+    /// lost. An operator's explicit choice; never needed for a healthy store.
     pub fn accept_loss(mut self, accept: bool) -> Self {
         self.accept_loss = accept;
         self
@@ -310,8 +304,7 @@ impl RuntimeBuilder {
         })
     }
 
-    /// The built-in functions (those `builtin_function_revisions` keeps) and the registered
-    /// ones.
+    /// The built-in functions (those `builtin_function_revisions` keeps) and the registered ones.
     fn function_registry(&mut self) -> Result<FunctionRegistry> {
         let mut functions = openprogram_actors::function_builtin::builtin();
         if let Some(keep) = &self.builtin_revisions {

@@ -184,9 +184,8 @@ pub fn run(options: &ClusterOptions) -> Result<(), String> {
             true,
         ),
     };
-    // Not a private temp dir: the database may run as the `postgres` user, who must reach
-    // its directory inside.
-    // Absolute: the server resolves its socket directory from its data directory.
+    // Not a private temp dir: the database may run as the `postgres` user, who must reach its
+    // directory inside. Absolute: the server resolves its socket directory from its data directory.
     let dir = std::fs::create_dir_all(dir.join("postgres"))
         .and_then(|()| dir.canonicalize())
         .map_err(|error| format!("{}: {error}", dir.display()))?;

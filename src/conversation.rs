@@ -14,8 +14,7 @@ use openprogram_storage::{Compaction, MessageId, SessionId};
 use crate::{Error, Result, Runtime, RuntimeBuilder};
 
 impl Runtime {
-    /// B-2..B-5: the session's conversation branches, in Needs attention, In progress and
-    /// History.
+    /// B-2..B-5: the session's conversation branches, in Needs attention, In progress and History.
     pub fn activity(&self, session: SessionId) -> Result<openprogram_actors::activity::Activity> {
         self.inner.service.activity(session)
     }
@@ -86,12 +85,11 @@ impl RuntimeBuilder {
         self
     }
 
-    /// E-8: the tokens a model request may hold, as estimated before it is made (the
-    /// provider's count of the turn's last request, plus a token per four bytes added
-    /// since). Past it, the `compactor` summarizes the branch's earlier turns (all but the
-    /// `compaction_policy`'s newest `keep`); without one, or still past it, the oldest earlier
-    /// turns are left out whole and the request says so. A turn's own progress is never cut.
-    /// Default: no limit.
+    /// E-8: the tokens a model request may hold, as estimated before it is made (the provider's
+    /// count of the turn's last request, plus a token per four bytes added since). Past it, the
+    /// `compactor` summarizes the branch's earlier turns (all but the `compaction_policy`'s newest
+    /// `keep`); without one, or still past it, the oldest earlier turns are left out whole and the
+    /// request says so. A turn's own progress is never cut. Default: no limit.
     pub fn context_budget(mut self, tokens: u64) -> Self {
         self.conversation_hooks.context_budget = Some(tokens);
         self

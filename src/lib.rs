@@ -209,8 +209,7 @@ impl Runtime {
             .events(session, execution, after, usize::MAX)
     }
 
-    /// S-7: what the open found lost, when it was opened with `accept_loss` and something
-    /// was.
+    /// S-7: what the open found lost, when it was opened with `accept_loss` and something was.
     pub fn salvage(&self) -> Option<&openprogram_storage::SalvageReport> {
         self.inner.salvage.as_ref()
     }

@@ -1,6 +1,5 @@
-//! What `openprogram load` runs (`LoadOptions`) and measured (`LoadReport`): the `--json`
-//! line and the readable table, for a load embedded (`load.rs`) or driven over HTTP
-//! (`load_remote.rs`).
+//! What `openprogram load` runs (`LoadOptions`) and measured (`LoadReport`): the `--json` line and
+//! the readable table, for a load embedded (`load.rs`) or driven over HTTP (`load_remote.rs`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -92,8 +91,7 @@ impl LoadOptions {
             .filter(|url| crate::is_postgres_url(url))
     }
 
-    /// The sled store's directory: `--store`'s or `--data`; `None`: a temporary one, or
-    /// PostgreSQL.
+    /// The sled store's directory: `--store`'s or `--data`; `None`: a temporary one, or PostgreSQL.
     pub fn data_dir(&self) -> Option<PathBuf> {
         match &self.store {
             Some(directory) if self.postgres().is_none() => Some(PathBuf::from(directory)),
@@ -157,11 +155,10 @@ pub struct LoadReport {
     /// (the server's threads are not this process's).
     pub run_queue_wait_pct_by_role: Option<BTreeMap<&'static str, f64>>,
     /// Share of the run's wall time the store's one writer spent on group commits (%), and the
-    /// shares of the wall it spent in sled's `flush()` and in fsync (both within the first):
-    /// near 100, the committer is what limits the load. flush and fsync are mostly waits on
-    /// the disk; sled's `flush()` also writes its buffer itself when no IO thread has. All
-    /// three are wall time: they include the committer's waits for a CPU
-    /// (`run_queue_wait_pct_by_role`).
+    /// shares of the wall it spent in sled's `flush()` and in fsync (both within the first): near
+    /// 100, the committer is what limits the load. flush and fsync are mostly waits on the disk;
+    /// sled's `flush()` also writes its buffer itself when no IO thread has. All three are wall
+    /// time: they include the committer's waits for a CPU (`run_queue_wait_pct_by_role`).
     pub committer_busy_pct: Option<f64>,
     pub committer_flush_pct: Option<f64>,
     pub committer_fsync_pct: Option<f64>,
@@ -199,8 +196,8 @@ pub struct LoadReport {
     pub executions_purged: Option<u64>,
 }
 
-/// S-8: one sample of the store while a load runs: seconds since the load started, the store's bytes on disk, executions
-/// purged and log records swept so far.
+/// S-8: one sample of the store while a load runs: seconds since the load started, the store's
+/// bytes on disk, executions purged and log records swept so far.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct StoreSample {
     pub at_s: f64,

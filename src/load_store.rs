@@ -1,7 +1,6 @@
 //! What `load` measures of its store: the size on disk, sampled while the load runs (S-8,
-//! `--retain-finished`, `--sample-store-every`, 10 s by default) with what retention purged
-//! and swept by then; and the raw store's rate (`--baseline`), the ceiling a run compares
-//! with.
+//! `--retain-finished`, `--sample-store-every`, 10 s by default) with what retention purged and
+//! swept by then; and the raw store's rate (`--baseline`), the ceiling a run compares with.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

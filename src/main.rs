@@ -13,10 +13,9 @@ use openprogram::serve::{self, ServeOptions};
 use openprogram::soak;
 use openprogram::CommandKind;
 
-/// jemalloc rather than glibc malloc: sled and the actors free on one thread memory that
-/// another allocated, and glibc's per-arena locks then made the committer and the actor
-/// threads wait on each other (README, "Figures"). The library sets no allocator: an
-/// embedder chooses its own.
+/// jemalloc rather than glibc malloc: sled and the actors free on one thread memory that another
+/// allocated, and glibc's per-arena locks then made the committer and the actor threads wait on
+/// each other (README, "Figures"). The library sets no allocator: an embedder chooses its own.
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -366,8 +365,7 @@ fn failed_client(failure: Failure) -> ExitCode {
     }
 }
 
-/// `openprogram soak`: the harnesses in turn, a progress bar each on stderr, the summary
-/// on stdout.
+/// `openprogram soak`: the harnesses in turn, a progress bar each on stderr, the summary on stdout.
 fn soak(args: SoakArgs) -> Result<ExitCode, ExitCode> {
     let binary = std::env::current_exe()
         .map_err(|error| fail(&format!("cannot find this binary: {error}")))?;

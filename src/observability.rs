@@ -1,9 +1,8 @@
-//! `serve --log-format text|json` and `--otlp-endpoint URL` (issue 36): the server's log
-//! lines go to stderr (level from `RUST_LOG`, default none; its `openprogram: …` progress
-//! lines always), and with an endpoint its
-//! spans — execution, attempt, step, model call, tool call, commit, each with its ids (I-5)
-//! — go to an OpenTelemetry collector over OTLP/HTTP (protobuf), batched on the exporter's
-//! own thread. Spans still buffered when `serve` stops in order are flushed then.
+//! `serve --log-format text|json` and `--otlp-endpoint URL` (issue 36): the server's log lines go
+//! to stderr (level from `RUST_LOG`, default none; its `openprogram: …` progress lines always), and
+//! with an endpoint its spans — execution, attempt, step, model call, tool call, commit, each with
+//! its ids (I-5) — go to an OpenTelemetry collector over OTLP/HTTP (protobuf), batched on the
+//! exporter's own thread. Spans still buffered when `serve` stops in order are flushed then.
 
 use std::io::IsTerminal as _;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -23,10 +23,9 @@ pub struct ThreadTimes {
     pub waited: Option<Duration>,
 }
 
-/// One reading of this process's live threads, by thread id; `None` where unknown. The CPU
-/// time is `schedstat`'s nanoseconds where the kernel keeps them, else `stat`'s user and
-/// system ticks (10 ms each, each rounded down: too coarse for a thread that ran a few
-/// milliseconds).
+/// One reading of this process's live threads, by thread id; `None` where unknown. The CPU time is
+/// `schedstat`'s nanoseconds where the kernel keeps them, else `stat`'s user and system ticks (10
+/// ms each, each rounded down: too coarse for a thread that ran a few milliseconds).
 pub fn thread_times() -> Option<BTreeMap<u32, ThreadTimes>> {
     let mut threads = BTreeMap::new();
     let has_schedstat = std::path::Path::new("/proc/self/schedstat").exists();
@@ -75,12 +74,11 @@ pub fn cpu_by_role(
     spent
 }
 
-/// Time spent waiting for a CPU by thread role between two readings of `thread_times`,
-/// summed over the role's threads still live at the second (two threads of a role each
-/// waiting half the time add up to all of it); a thread whose wait is unknown is left out,
-/// and `None` if no thread's is known (no `schedstat`).
-/// A thread busy on a machine with fewer cores than runnable threads waits here: when it is
-/// the committer, every commit waits with it.
+/// Time spent waiting for a CPU by thread role between two readings of `thread_times`, summed over
+/// the role's threads still live at the second (two threads of a role each waiting half the time
+/// add up to all of it); a thread whose wait is unknown is left out, and `None` if no thread's is
+/// known (no `schedstat`). A thread busy on a machine with fewer cores than runnable threads waits
+/// here: when it is the committer, every commit waits with it.
 pub fn waited_by_role(
     before: &BTreeMap<u32, ThreadTimes>,
     after: &BTreeMap<u32, ThreadTimes>,
@@ -109,11 +107,10 @@ fn times_of_schedstat(schedstat: &str) -> Option<(Duration, Duration)> {
     Some((Duration::from_nanos(cpu), Duration::from_nanos(waited)))
 }
 
-/// What a thread of this runtime does, from its name (as Linux keeps it, cut to 15 bytes):
-/// `actors` (the actix system and its arbiters), `committer` (the store's one writer),
-/// `sled_io` (sled's IO pool, writing its log buffers), `tokio` (a tokio runtime's workers
-/// and blocking threads: under `openprogram load` the load driver, and any tool that runs
-/// blocking work), and `other`.
+/// What a thread of this runtime does, from its name (as Linux keeps it, cut to 15 bytes): `actors`
+/// (the actix system and its arbiters), `committer` (the store's one writer), `sled_io` (sled's IO
+/// pool, writing its log buffers), `tokio` (a tokio runtime's workers and blocking threads: under
+/// `openprogram load` the load driver, and any tool that runs blocking work), and `other`.
 pub fn thread_role(name: &str) -> &'static str {
     if name.starts_with("actix-rt") || name.starts_with("openprogram-act") {
         "actors"

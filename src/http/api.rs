@@ -1,7 +1,6 @@
-//! The session-scoped API under `/v1` (SPEC §6, I-2): sessions, executions, snapshots,
-//! commands, command status and events. Every handler checks the token against the
-//! session in its path first; the library then answers another session's ids as
-//! not found.
+//! The session-scoped API under `/v1` (SPEC §6, I-2): sessions, executions, snapshots, commands,
+//! command status and events. Every handler checks the token against the session in its path first
+//! the library then answers another session's ids as not found.
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};

@@ -1,10 +1,9 @@
-//! Tokens: the admin token, valid everywhere, and session tokens, each valid for
-//! one session. A session token is the hex of a keyed BLAKE3 hash of the session id under a
-//! 32-byte secret in `DIR/session.key` (mode 0600, made on first start): nothing is stored
-//! per session, and tokens stay valid across restarts while the key file does. Every
-//! comparison is between two BLAKE3 hashes, whose equality is constant-time, so a wrong
-//! guess leaks no prefix through timing. Routes decide what a token may reach
-//! (`authorize_session`, `authorize_admin`).
+//! Tokens: the admin token, valid everywhere, and session tokens, each valid for one
+//! session. A session token is the hex of a keyed BLAKE3 hash of the session id under a 32-byte
+//! secret in `DIR/session.key` (mode 0600, made on first start): nothing is stored per session, and
+//! tokens stay valid across restarts while the key file does. Every comparison is between two
+//! BLAKE3 hashes, whose equality is constant-time, so a wrong guess leaks no prefix through timing.
+//! Routes decide what a token may reach (`authorize_session`, `authorize_admin`).
 
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
@@ -116,8 +115,7 @@ pub fn load_or_create_session_key(dir: &Path) -> std::io::Result<[u8; 32]> {
 }
 
 /// The admin token: `given` (from `--token` or `OPENPROGRAM_TOKEN`), else the one in
-/// `DIR/admin.token`, else a new one written there (mode 0600). Returns it and where it
-/// came from.
+/// `DIR/admin.token`, else a new one written there (mode 0600). Returns it and where it came from.
 pub fn admin_token(dir: &Path, given: Option<String>) -> std::io::Result<(String, String)> {
     if let Some(token) = given.filter(|token| !token.trim().is_empty()) {
         return Ok((token.trim().to_string(), "given".into()));

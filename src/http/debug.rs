@@ -238,9 +238,8 @@ fn known<T>(
     value.as_ref().map(parse).transpose()
 }
 
-/// `GET /debug/executions`: executions in a non-terminal state, from the by-state index
-/// (S-6), with their session; and quarantined ones (S-4). Ended executions are not indexed
-/// and not listed.
+/// `GET /debug/executions`: executions in a non-terminal state, from the by-state index (S-6), with
+/// their session; and quarantined ones (S-4). Ended executions are not indexed and not listed.
 pub async fn executions(
     api: web::Data<Api>,
     request: HttpRequest,

@@ -1,9 +1,8 @@
-//! What `serve --demo` seeds through the library, so the page has something to show: a
-//! completed turn and a fork of it (a second branch, paused), a turn waiting for approval, a
-//! turn that left a managed process running (`sleep 3600`), and durable functions: a
-//! completed run of `steps`, and one paused on a version conflict (started on revision 1,
-//! one step done, then moved to `use_latest` with revision 3 deployed, which accounts for
-//! none of its steps).
+//! What `serve --demo` seeds through the library, so the page has something to show: a completed
+//! turn and a fork of it (a second branch, paused), a turn waiting for approval, a turn that left a
+//! managed process running (`sleep 3600`), and durable functions: a completed run of `steps`, and
+//! one paused on a version conflict (started on revision 1, one step done, then moved to
+//! `use_latest` with revision 3 deployed, which accounts for none of its steps).
 //!
 //! Seeded once, into an empty store, and recorded in `DIR/demo.json` (mode 0600: it holds the
 //! sessions' tokens), which a later `--demo` start reads instead; other content is never

@@ -45,8 +45,7 @@ pub async fn messages(
     Ok(HttpResponse::Ok().json(api.runtime.messages(session, &query)?))
 }
 
-/// `GET /v1/sessions/{sid}`: the session's name, foreground turn, turns in line and
-/// compactions.
+/// `GET /v1/sessions/{sid}`: the session's name, foreground turn, turns in line and compactions.
 pub async fn session(
     api: web::Data<Api>,
     request: HttpRequest,

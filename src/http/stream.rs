@@ -75,8 +75,7 @@ pub async fn log_stream(
     Ok(Stream::new(api.into_inner(), Source::Log, cursor, None).respond())
 }
 
-/// The query of `GET /debug/log/stream`: without `after` (or `Last-Event-ID`), from the log's
-/// end.
+/// The query of `GET /debug/log/stream`: without `after` (or `Last-Event-ID`), from the log's end.
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogStreamQuery {
@@ -176,8 +175,7 @@ impl Stream {
                     }
                     Ok(_) => {}
                     Err(crate::Error::NotFound | crate::Error::Purged(_)) => return None,
-                    // A failed read is retried at the next poll; the client keeps its data
-                    // (B-6).
+                    // A failed read is retried at the next poll; the client keeps its data (B-6).
                     Err(error) => tracing::warn!(%error, "event stream read failed"),
                 }
             }

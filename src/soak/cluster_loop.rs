@@ -236,9 +236,9 @@ impl<'a> Cluster<'a> {
         let node = &mut self.nodes[victim];
         match options.fault {
             Fault::Kill => {
-                node.server = None; // SIGKILL, reaped
-                                    // Down for up to three leases: the survivors take over some of its
-                                    // executions, the restarted node (a new incarnation) claims the rest.
+                // SIGKILL, reaped. Down for up to three leases: the survivors take over some
+                // of its executions, the restarted node (a new incarnation) claims the rest.
+                node.server = None;
                 let down = rng.gen_range(0..=3 * options.lease_ttl_ms);
                 std::thread::sleep(Duration::from_millis(down));
                 node.start(options, self.setup.root.path(), &self.setup.token)?;
@@ -388,10 +388,9 @@ impl Claims {
     }
 }
 
-/// The test's and README's sizes: `faults` faults of `fault` on 3 nodes, 300 executions of
-/// appends with sleeps of 200–1,500 ms between them, as many as keep the executions running
-/// until the last fault (so that the faults land on work in progress), a fault every
-/// 0.5–3 s, leases of 2 s.
+/// The test's and README's sizes: `faults` faults of `fault` on 3 nodes, 300 executions of appends
+/// with sleeps of 200–1,500 ms between them, as many as keep the executions running until the last
+/// fault (so that the faults land on work in progress), a fault every 0.5–3 s, leases of 2 s.
 pub fn options(
     binary: std::path::PathBuf,
     store: String,

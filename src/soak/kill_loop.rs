@@ -377,12 +377,11 @@ pub(crate) fn unreadable(error: String) -> Value {
     json!({"state": "unreadable", "error": error})
 }
 
-/// Asks `snapshot(path)` for each execution until it completed with its reply and ids (L1,
-/// I7); returns how many never did. An execution is given up on when it made no progress
-/// (its snapshot's `version` did not move) for `STALL` — judged by progress, not by a clock
-/// set for the loop's work, so a slow or loaded machine does not fail the run, while one that
-/// is stuck does. `snapshot` turns a transient failure into a snapshot of no state; an `Err`
-/// is the harness's own.
+/// Asks `snapshot(path)` for each execution until it completed with its reply and ids (L1, I7);
+/// returns how many never did. An execution is given up on when it made no progress (its snapshot's
+/// `version` did not move) for `STALL` — judged by progress, not by a clock set for the loop's
+/// work, so a slow or loaded machine does not fail the run, while one that is stuck does.
+/// `snapshot` turns a transient failure into a snapshot of no state; an `Err` is the harness's own.
 pub(crate) fn await_completion(
     admitted: &[Admitted],
     violations: &mut Vec<String>,

@@ -1,8 +1,7 @@
-//! `openprogram soak`: the long versions of the fault harnesses (RELIABILITY.md), with one
-//! JSON summary — R02 (the kill -9 loop, 1,000 kills), R22 (the model-based test, large) and
-//! R24 (10,000 executions under a crash loop). `cargo test` runs the same harnesses small
-//! (tests/it/kill9.rs, tests/it/r22_model.rs). README's reliability table quotes a run
-//! committed under `benches/`.
+//! `openprogram soak`: the long versions of the fault harnesses (RELIABILITY.md), with one JSON
+//! summary — R02 (the kill -9 loop, 1,000 kills), R22 (the model-based test, large) and R24 (10,000
+//! executions under a crash loop). `cargo test` runs the same harnesses small (tests/it/kill9.rs,
+//! tests/it/r22_model.rs). README's reliability table quotes a run committed under `benches/`.
 
 pub mod cluster_loop;
 pub mod kill_loop;
@@ -30,10 +29,9 @@ pub struct SoakOptions {
 }
 
 impl SoakOptions {
-    /// RELIABILITY.md's soak sizes: R02 with `kills` kills of 50 executions (their work
-    /// grows with the kills, so the kills keep landing on work in progress), R22 with
-    /// `cases` cases of 30 actions, R24 with `r24_executions` executions of 10 appends and
-    /// 20 kills.
+    /// RELIABILITY.md's soak sizes: R02 with `kills` kills of 50 executions (their work grows with
+    /// the kills, so the kills keep landing on work in progress), R22 with `cases` cases of 30
+    /// actions, R24 with `r24_executions` executions of 10 appends and 20 kills.
     pub fn new(
         binary: PathBuf,
         seed: u64,
@@ -52,10 +50,9 @@ impl SoakOptions {
             admit_concurrency: 4,
             store: None,
         };
-        // A server lives 6–12 s: recovering 10,000 executions while they run takes ~7 s
-        // here, so most kills come after a recovery, and some during one. Each execution
-        // sleeps ~17 s in all between its appends, so the kills keep landing on thousands
-        // of executions in flight.
+        // A server lives 6–12 s: recovering 10,000 executions while they run takes ~7 s here, so
+        // most kills come after a recovery, and some during one. Each execution sleeps ~17 s in all
+        // between its appends, so the kills keep landing on thousands of executions in flight.
         let r24 = KillLoopOptions {
             executions: r24_executions,
             steps: 10,
