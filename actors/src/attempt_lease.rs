@@ -1,10 +1,7 @@
 //! Attempt leases: one actor per active attempt holds its owner, fencing epoch and
-//! expiry on the monotonic clock. The execution actor renews it on a heartbeat; an attempt
-//! whose worker stops making progress (a paused process, a frozen thread) lets it lapse, and
-//! a lapsed attempt may be replaced by a new one with a higher epoch (`Executions::reclaim_lapsed`).
-//!
-//! A lease is never permission to write: storage fences every write by epoch. The lease only
-//! says when taking the execution over is allowed.
+//! monotonic expiry, renewed on a heartbeat; a lapsed attempt may be replaced by one with a
+//! higher epoch (`Executions::reclaim_lapsed`). A lease is never permission to write
+//! (storage fences every write by epoch): it only says when a takeover is allowed.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};

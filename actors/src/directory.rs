@@ -1,9 +1,7 @@
-//! The execution actors a runtime runs, over its shared `Env`: the directory of live actors
-//! by execution id, with their attempt's lease; activation on demand (loading the head and
-//! replaying the events through the pure machine, actions off) on the arbiter the id shards
-//! to; and the takeover of attempts whose lease lapsed. Apart from `env.rs`, which the
-//! actors hold: this module starts them, so they cannot import it; they reach it through
-//! `env::Hooks` (an actor that released itself, the actor a process reports to).
+//! The execution actors a runtime runs: the directory of live actors (with their lease),
+//! activation on demand (the head and its events replayed, actions off) on the arbiter the
+//! id shards to, and the takeover of lapsed attempts. Apart from `env.rs`: this starts
+//! the actors, which reach it only through `env::Hooks`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,11 +1,7 @@
-//! The supervisor actor (R-1..R-8, A-1..A-3): reconciles what earlier incarnations left
-//! behind when the runtime starts, takes over attempts whose lease lapsed, and runs the
-//! orderly shutdown.
-//!
-//! Startup reads the non-terminal index (never the whole log, S-6), classifies every
-//! execution with the pure `recovery::classify`, then acts on each with one claim
-//! (`execution/recovery_claim.rs`). The resumed attempt is an ordinary execution actor:
-//! recovery has no second scheduler, store or permission path.
+//! The supervisor actor (R-1..R-8, A-1..A-3): at startup it classifies every non-terminal
+//! execution (the index, never the whole log, S-6) and acts on each with one claim
+//! (`execution/recovery_claim.rs`); it takes over lapsed attempts and runs the shutdown. A
+//! resumed attempt is an ordinary execution actor: no second scheduler or path.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,13 +9,14 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use futures::StreamExt;
 use openprogram_storage::{
-    Event, ExecutionHead, ExecutionId, ExecutionState, Outcome, ProcessId, ProcessState,
-    RestartIntent, Transition, Upsert,
+    ExecutionHead, ExecutionId, ExecutionState, Outcome, ProcessId, ProcessState, RestartIntent,
+    Transition, Upsert,
 };
 
 use crate::directory::Executions;
 use crate::env::Env;
 use crate::error::{Error, Result};
+use crate::execution::machine::process_changed;
 use crate::execution::recovery_claim::{act_on, Done, Resumed};
 use crate::execution::restart::{ReconcileUnknown, RestartPause};
 use crate::recovery::{classify, Plan};
@@ -450,10 +447,7 @@ async fn mark_lost_processes(env: &Arc<Executions>) -> Vec<ProcessId> {
         record.state = ProcessState::Lost;
         let transition = Transition::new(
             record.execution_id,
-            vec![Event::ProcessChanged {
-                process_id,
-                state: ProcessState::Lost.as_str().into(),
-            }],
+            vec![process_changed(process_id, ProcessState::Lost)],
         )
         .expect_version(head.version)
         .with(Upsert::Process(record));

@@ -1,13 +1,8 @@
-//! The execution actor: a thin shell around the pure `Machine`. It applies its messages in
-//! mailbox order (every handler that commits is an `AtomicResponse`, so the next message
-//! waits for the commit), submits the machine's plan of each decision (`Machine::plan`:
-//! the transition with its head and records) as it is, and only after `Committed` folds
-//! the events into the machine and performs the plan's actions: call the provider, run a
-//! tool, abort the effect in flight, release itself.
-//!
-//! Invariant: the actor never changes its machine or head except by applying events that
-//! storage acknowledged. A `Fenced` or `VersionConflict` answer means another attempt owns
-//! the execution: the actor stops without touching anything.
+//! The execution actor: a thin shell around the pure `Machine`. Every handler that commits
+//! is an `AtomicResponse`, so the next message waits for the commit; it submits the
+//! machine's plan as it is and, only after `Committed`, folds the events and performs the
+//! plan's actions. Invariant: machine and head change only by events storage acknowledged;
+//! a `Fenced` or `VersionConflict` answer stops the actor untouched.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -226,7 +221,7 @@ impl ExecutionActor {
         matches!(
             self.machine.status(),
             Status::Queued | Status::Running | Status::Cancelling
-        ) && !self.waits_for_lease()
+        ) && !self.machine.in_queue()
     }
 
     pub(super) fn release(&mut self, ctx: &mut Context<Self>) {

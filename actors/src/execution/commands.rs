@@ -1,7 +1,6 @@
 //! Commands at the execution (K-1..K-6): the `ApplyCommand` message, and how the actor
-//! records what the pure machine decides (`Machine::decide_command`: version, capabilities
-//! and arguments, all in one place): an applied command with its effect in one transition,
-//! a rejected one as its record alone.
+//! records what `Machine::decide_command` decides: an applied command with its effect in
+//! one transition, a rejected one as its record alone.
 
 use actix::prelude::*;
 use openprogram_storage::{CommandRecord, CommandStatus, Event, Outcome, Transition, Upsert};
@@ -26,24 +25,20 @@ impl ExecutionActor {
     /// The machine's context for a command now (K-3, K-4).
     pub(crate) fn command_context(&self) -> CommandContext {
         // Read once: the record a decision may rely on, and whether this turn holds it.
-        let read = self.env.store.session(self.head.session_id);
-        let me = self.execution_id;
         // C-2: a foreground turn holds its session only where the record names it: one
         // admitted paused (a paused start, a fork, a retry) takes it when continued, so a
         // message sent meanwhile waits behind it instead of running beside it. (A record that
         // cannot be read: it runs, as it would have, rather than queue behind a line it
         // cannot see.)
-        let holds_session = match &read {
-            Ok(record) => record
-                .as_ref()
-                .is_some_and(|record| record.foreground == Some(me)),
-            Err(_) => true,
-        };
-        let session = match read {
-            Ok(record) => record.map(std::sync::Arc::new),
+        let (session, holds_session) = match self.env.store.session(self.head.session_id) {
+            Ok(record) => {
+                let foreground = record.as_ref().and_then(|record| record.foreground);
+                let holds = foreground == Some(self.execution_id);
+                (record.map(std::sync::Arc::new), holds)
+            }
             Err(error) => {
                 tracing::warn!(session_id = %self.head.session_id, %error, "the session's record could not be read");
-                None
+                (None, true)
             }
         };
         CommandContext {
@@ -304,10 +299,7 @@ fn stored_outcome(
     }
 }
 
-/// A command from the command service (K-1): the execution decides it and records
-/// `applied` (saving it as accepted, `ControlAccepted`, first in the same transition: one
-/// durable commit, and no other write of this execution between them) or `rejected` (its
-/// record alone: nothing of the execution changes).
+/// A command from the command service (K-1), decided and recorded by `decide_command`.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<CommandRecord, Error>")]
 pub struct ApplyCommand {

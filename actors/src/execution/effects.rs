@@ -1,9 +1,7 @@
-//! How the execution actor runs an effect, a model call or a tool call, and records its
-//! result. An effect whose future is ready when first polled (a scripted decision, a tool
-//! that answers without waiting) is recorded at once: by the `Advance` handler that started
-//! it, in its own atomic response, or, for an External tool started once its dispatch is
-//! committed, before anything else is taken from the mailbox (`ctx.wait`). Any other effect
-//! runs as a spawned, abortable future whose result comes back as `EffectDone`.
+//! How the execution actor runs an effect (a model or tool call) and records its result.
+//! An effect ready when first polled is recorded at once, by the handler that started it
+//! (an External tool's before anything else leaves the mailbox, `ctx.wait`); any other runs
+//! as a spawned, abortable future whose result comes back as `EffectDone`.
 
 use actix::prelude::*;
 use futures::future::{AbortHandle, Abortable, BoxFuture};
@@ -18,6 +16,7 @@ use crate::agent::{ModelRequest, ToolCall, ToolError, ToolResult, UsageMeter};
 use crate::call::CallHandle;
 use crate::deltas::DeltaSink;
 use crate::execution::machine::{Decision, Input, Machine, PendingTool, Recovery};
+use crate::execution::machine_waits::truncate;
 use crate::telemetry::StepKind;
 
 /// A provider or tool finished.
@@ -42,7 +41,7 @@ impl ExecutionActor {
     /// returns the commit as its `AtomicResponse`.
     pub(super) fn effect_done(&mut self, input: Input) -> ResponseActFuture<Self, ()> {
         self.in_flight = None;
-        let (decided, decision) = match input {
+        let decided = match input {
             Input::ModelDecided {
                 effect_id,
                 decision,
@@ -50,19 +49,16 @@ impl ExecutionActor {
                 let usage = self.model_usage(effect_id);
                 return self.decided_model(effect_id, decision, usage);
             }
-            Input::ModelFailed { effect_id, error } => {
-                let decided = self.machine.decide(Input::ModelFailed { effect_id, error });
+            input @ Input::ModelFailed { effect_id, .. } => {
                 let usage = self.model_usage(effect_id);
-                (
-                    decided.map(|events| events.into_iter().chain(usage).collect()),
-                    None,
-                )
+                let decided = self.machine.decide(input);
+                decided.map(|events| events.into_iter().chain(usage).collect())
             }
-            input => (self.machine.decide(input), None),
+            input => self.machine.decide(input),
         };
         match decided {
             Ok(events) => Box::pin(
-                self.submit_planned(events, Vec::new(), decision, None)
+                self.submit_planned(events, Vec::new(), None, None)
                     .map(|outcome, act, ctx| log_failure(committed_version(outcome), act, ctx)),
             ),
             Err(rejection) => {
@@ -137,12 +133,14 @@ impl ExecutionActor {
 
     /// Starts a step's clock and span (I-5); the span of its call, a child of the step's.
     fn start_step(&mut self, kind: StepKind, effect_id: EffectId, name: &str) -> tracing::Span {
+        let started = std::time::Instant::now();
         if self.span.is_none() {
             // Not in the span sample (or no subscriber wants spans).
+            let span = tracing::Span::none();
             self.effect_started = Some(Step {
-                started: std::time::Instant::now(),
+                started,
                 kind,
-                span: tracing::Span::none(),
+                span,
             });
             return tracing::Span::none();
         }
@@ -170,10 +168,11 @@ impl ExecutionActor {
                 tool = name,
             ),
         };
+        let span = step;
         self.effect_started = Some(Step {
-            started: std::time::Instant::now(),
+            started,
             kind,
-            span: step,
+            span,
         });
         call
     }
@@ -330,12 +329,7 @@ fn tool_result(effect_id: EffectId, recovery: Recovery, result: Result<ToolResul
 const TOOL_OUTPUT_BYTES_MAX: usize = 64 * 1024;
 
 fn bounded(mut output: String) -> String {
-    if output.len() > TOOL_OUTPUT_BYTES_MAX {
-        let mut cut = TOOL_OUTPUT_BYTES_MAX;
-        while !output.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        output.truncate(cut);
+    if truncate(&mut output, TOOL_OUTPUT_BYTES_MAX) {
         output.push_str("…[truncated]");
     }
     output

@@ -146,18 +146,9 @@ pub fn fork_state(events: &[EventEnvelope], checkpoint_seq: u64, fresh: EffectId
     let function = machine.present.function.as_ref().map(|_| ForkedFunction {
         revision: machine.present.active_revision,
         identity: machine.present.active_identity.clone(),
-        aliases: machine
-            .present
-            .step_aliases
-            .iter()
-            .map(|(id, position)| (id.clone(), *position))
-            .collect(),
+        aliases: machine.present.step_aliases.clone().into_iter().collect(),
         steps: machine.completed_steps.clone(),
-        converted: machine
-            .converted_outputs
-            .iter()
-            .map(|(position, output)| (*position, output.clone()))
-            .collect(),
+        converted: machine.converted_outputs.clone().into_iter().collect(),
         policy: machine.present.policy,
     });
     ForkState {

@@ -1,11 +1,8 @@
-//! The execution actor's side of a durable function (F-1, F-4, F-5): it runs the body as
-//! one abortable future per run and answers its boundaries in mailbox order. At each step
-//! boundary the machine decides: a committed step's result is handed back without running
-//! it; a Pause, a used-up Step or a Cancel ends the run there (the body is dropped and the
-//! execution pauses or ends, committed by `next`); otherwise the step runs — an External
-//! one only once its intent is durable (`StepStarted`) — and its result is committed with
-//! the checkpoint after it before the body goes on. A later run (Continue, a restart)
-//! starts the body from the beginning and reads every committed step back.
+//! The execution actor's side of a durable function (F-1, F-4, F-5): one abortable run of
+//! the body, its boundaries answered in mailbox order. At a step a committed result is
+//! handed back without running; a Pause, used-up Step or Cancel ends the run; else the step
+//! runs (an External one once `StepStarted` is durable) and its result is committed with
+//! the checkpoint after it. A later run starts the body afresh and reads the steps back.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;

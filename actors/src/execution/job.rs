@@ -1,9 +1,6 @@
-//! J-1, J-2: what the pure machine knows of a Job — an execution admitted through the
-//! resource queue — and its rules: a Job runs only while it holds a lease; the lease is
-//! given back in the very transition that stops it running (a pause, a wait, an end, a new
-//! attempt); its budget is charged only while it holds one.
-//! Pure (`machine.rs`): times are handed in; the queue actor decides who gets a lease, the
-//! machine whether this execution takes it.
+//! J-1, J-2: what the pure machine knows of a Job (an execution admitted through the
+//! resource queue): it runs only while it holds a lease, gives the lease back in the very
+//! transition that stops it running, and is charged budget only while holding one.
 
 use std::sync::Arc;
 
@@ -188,21 +185,17 @@ impl Machine {
         epoch: u64,
         now_ms: u64,
     ) -> Result<Vec<Event>, Rejection> {
-        if !self.in_queue() {
+        // Only a Job is in the queue.
+        let Some(job) = self.job.as_ref().filter(|_| self.in_queue()) else {
             return Err(self.reject(Refusal::Invalid(format!(
                 "no lease is taken while the execution is {}",
                 self.status()
             ))));
-        }
-        let resources = self
-            .job
-            .as_ref()
-            .map(|job| job.spec.resources.clone())
-            .unwrap_or_default();
+        };
         Ok(vec![Event::LeaseGranted {
             lease_id,
             epoch,
-            resources,
+            resources: job.spec.resources.clone(),
             granted_at_ms: now_ms,
         }])
     }

@@ -1,7 +1,6 @@
-//! The execution actor's side of a Job (J-1, J-2): taking a lease the queue offers (the
-//! claim of an attempt, if none runs, and `LeaseGranted` in one transition), ending
-//! `expired` when the queue deadline passed, and telling the queue what the Job's committed
-//! transitions changed (it waits, it left, a lease is released).
+//! The execution actor's side of a Job (J-1, J-2): taking a lease the queue offers (with
+//! the claim of an attempt, if none runs, in one transition), ending `expired` past the
+//! queue deadline, and telling the queue what committed transitions changed.
 
 use std::time::Duration;
 
@@ -13,11 +12,6 @@ use crate::execution::actor::{log_failure, parked, Advance, ExecutionActor};
 use crate::execution::machine::Action;
 
 impl ExecutionActor {
-    /// A queued Job waits for a lease: it holds no attempt and no actor meanwhile.
-    pub(super) fn waits_for_lease(&self) -> bool {
-        self.machine.in_queue()
-    }
-
     /// Tells the queue what a committed transition changed for this Job.
     pub(super) fn perform_job(&mut self, action: &Action, ctx: &mut Context<Self>) {
         match action {

@@ -1,15 +1,8 @@
-//! The execution state machine of an agent turn: pure — no actix, no sled, no clock, no
-//! randomness. Ids it needs are handed in.
-//!
-//! Two functions carry all the logic:
-//! - `decide` turns an input (a control command, a model decision, a tool result) into the
-//!   events to persist, or a rejection;
-//! - `apply` folds one committed event into the state and returns the actions the shell
-//!   must perform (call the model, run a tool, abort the running effect, ...).
-//!
-//! `next` says what a running, idle execution does next; `plan` (`plan.rs`) turns what
-//! `decide`/`next` return into the whole transition and the actions to perform once it is
-//! committed. Recovery replays the stored events through the same `apply`, actions dropped.
+//! The execution state machine of an agent turn: pure (no actix, no sled, no clock, no
+//! randomness; ids are handed in). `decide` turns an input into events or a rejection;
+//! `apply` folds a committed event into the state and returns the shell's actions; `next`
+//! says what a running, idle execution does next; `plan` (`plan.rs`) makes the transition.
+//! Recovery replays stored events through the same `apply`, actions dropped.
 
 use std::collections::BTreeSet;
 
@@ -21,7 +14,7 @@ use openprogram_storage::{
 pub use super::function_types::*;
 use super::machine_types::default_max_iterations;
 pub use super::machine_types::*;
-pub use super::wait_types::{wait_of, LiveOutcome, ManagedProcess, WaitState};
+pub use super::wait_types::{process_changed, wait_of, LiveOutcome, ManagedProcess, WaitState};
 
 /// The state of one agent turn, rebuilt from its events: the present, which decides what
 /// comes next, and the history, which only grows and is read by snapshots, forks and model

@@ -1,12 +1,8 @@
-//! Commands (K-1..K-5, W-2, P-2, R-8, K-2 Fork/Retry): the one place where a command is
-//! accepted or refused (`decide_command`), the controls offered now (`capabilities`), and
-//! how an applied control changes the state (`apply_control`). Pure (`machine.rs`).
-//!
-//! Invariant (K-3, K-4): `decide_command` refuses a stale version first (whatever the kind),
-//! then every kind outside `capabilities`; a kind inside them sent at the current version is
-//! refused only for its arguments (a wait, process, effect or checkpoint it names). The
-//! property test `k3_capabilities_are_exactly_what_is_accepted_and_a_rejection_changes_
-//! nothing` (tests/it/k3_property.rs) and the machine simulation check it.
+//! Commands (K-1..K-5, W-2, P-2, R-8, K-2): where a command is accepted or refused
+//! (`decide_command`), the controls offered now (`capabilities`), and how an applied control
+//! changes the state (`apply_control`). Invariant (K-3, K-4): a stale version is refused
+//! first, then every kind outside `capabilities`; a kind inside them at the current version
+//! is refused only for its arguments (tests/it/k3_property.rs and the simulation check it).
 
 use openprogram_storage::{CommandId, Control, Event, ExecutionState as Status};
 
@@ -111,7 +107,10 @@ impl Machine {
         at: &CommandContext,
     ) -> Result<Accepted, Rejection> {
         self.accept(command_id, body, expected_version, at)
-            .map_err(|refusal| self.refuse(refusal, at))
+            .map_err(|refusal| Rejection {
+                refusal,
+                capabilities: self.capabilities(at),
+            })
     }
 
     /// `decide_command` but for the controls a refusal offers.
@@ -229,13 +228,6 @@ impl Machine {
                 kind,
                 state: self.status(),
             },
-        }
-    }
-
-    fn refuse(&self, refusal: Refusal, at: &CommandContext) -> Rejection {
-        Rejection {
-            refusal,
-            capabilities: self.capabilities(at),
         }
     }
 

@@ -1,12 +1,8 @@
-//! W-7, approval scopes, in the pure machine. An approval may name the tool it guards
-//! (its request's `tool`); answered with scope `tool`, it approves that tool for the rest of
-//! this execution; with scope `session`, for every execution of the session (the grant lives
-//! in the session's record, written in the answer's own transition). A later `Ask` for a
-//! granted tool opens no wait: `GrantUsed` records the grant relied on — for a session grant,
-//! with the session record's version, which the committer checks in the same write — and the
-//! tool call that follows keeps it (`PendingTool::grant`, `Machine::relied_on`). Scopes never
-//! widen: an `operation` answer approves the one call after it, nothing more; a grant is for
-//! its one tool. `revoke` ends a grant; a revoked grant never approves again.
+//! W-7, approval scopes, in the pure machine. An approval answered with scope `tool`
+//! approves its tool for the rest of this execution; with `session`, for the session (the
+//! grant lives in the session's record). A later `Ask` for a granted tool opens no wait:
+//! `GrantUsed` records the grant relied on (a session grant with the record's version, which
+//! the committer checks). Scopes never widen; a revoked grant never approves again.
 
 use openprogram_storage::{
     AnswerScope, CommandId, Control, Event, ExecutionId, SessionGrant, SessionRecord, WaitId,

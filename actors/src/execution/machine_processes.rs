@@ -38,12 +38,7 @@ impl Present {
     pub(super) fn fold_process(&mut self, event: &Event) {
         match event {
             Event::ProcessChanged { process_id, state } => {
-                let state = match state.as_str() {
-                    "running" => ProcState::Running,
-                    "exited" => ProcState::Exited,
-                    "stopped" => ProcState::Stopped,
-                    _ => ProcState::Lost,
-                };
+                let state = ProcState::parse(state).unwrap_or(ProcState::Lost);
                 match self.process_mut(*process_id) {
                     Some(process) => process.state = state,
                     None => self.processes.push(ManagedProcess {

@@ -1,13 +1,8 @@
-//! C-2, one foreground turn per session, in the pure machine. An agent turn a person starts
-//! is its session's foreground turn (`SessionTurn` at admission). While another holds the
-//! session, a new message follows its declared strategy (decided at admission, in the
-//! service): `queue` (default) admits it queued behind, `interrupt` admits it first in line
-//! and pauses the holder; `steer` and `reject` admit nothing. A queued turn stays `queued`,
-//! running nothing, until it takes the session (`SessionTurnStarted`, in the same transition
-//! as the session record's change): when the holder has ended, or (an interrupt) paused.
-//! A turn that does not hold its session any more (it was interrupted) is queued again by
-//! Continue or Step. Which turn may take the session, and when, the shell reads from the
-//! session record and the holder's head; what a take writes is decided here.
+//! C-2, one foreground turn per session, in the pure machine. While another turn holds the
+//! session, a new message follows its strategy (decided at admission, in the service):
+//! `queue` admits it queued behind, `interrupt` first in line, pausing the holder. A queued
+//! turn runs nothing until it takes the session (`SessionTurnStarted`, with the session
+//! record's change); an interrupted one is queued again by Continue or Step.
 
 use openprogram_storage::{Event, ExecutionId, ExecutionState as Status};
 

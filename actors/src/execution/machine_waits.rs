@@ -1,11 +1,7 @@
-//! The pure machine's rules for waits and live questions. Like the rest of the machine: no
-//! actix, no sled, no clock.
-//!
-//! - A durable wait (W-1) is opened by a provider's `Ask` decision, right after the
-//!   checkpoint it belongs to; the execution is `waiting` until an `answer` or `decline`
-//!   (W-2) of that very wait, while its checkpoint is still the current one (W-3).
-//! - A live question (W-4) is asked by a running tool call: no checkpoint, no state change;
-//!   it is bound to the attempt and the call, and ends with them.
+//! The pure machine's rules for waits. A durable wait (W-1) opens right after its
+//! checkpoint; the execution is `waiting` until an `answer` or `decline` (W-2) of that wait
+//! while its checkpoint is current (W-3). A live question (W-4) is asked by a running tool
+//! call: no checkpoint, no state change; it ends with its attempt and call.
 
 use openprogram_storage::{
     AnswerScope, AttemptId, CommandId, Control, Event, ExecutionId, ExecutionState as Status,
@@ -255,17 +251,15 @@ impl Machine {
                 status: wait.status.as_str(),
             });
         }
+        let changed = Event::WaitChanged {
+            wait_id,
+            status: resolved,
+        };
         if let Some(live) = wait.live {
             if self.attempt_id != Some(live.attempt_id) {
                 return Err(Refusal::WaitNotCurrent { wait_id });
             }
-            return Ok(vec![
-                applied,
-                Event::WaitChanged {
-                    wait_id,
-                    status: resolved,
-                },
-            ]);
+            return Ok(vec![applied, changed]);
         }
         // W-3: only the wait of the current checkpoint can move the execution.
         if self.status() != Status::Waiting || wait.checkpoint_seq != self.checkpoint_seq {
@@ -273,10 +267,7 @@ impl Machine {
         }
         Ok(vec![
             applied,
-            Event::WaitChanged {
-                wait_id,
-                status: resolved,
-            },
+            changed,
             Event::CheckpointPublished { checkpoint_seq: 0 },
             state_changed(self.run_state(), resolved.as_str()),
         ])
@@ -446,8 +437,7 @@ impl Present {
             actions.push(Action::UnwatchDeadline { wait_id });
         }
         if status == WaitStatus::Expired && wait.live.is_none() {
-            let expired = wait.clone();
-            self.expired_wait = Some(expired);
+            self.expired_wait = Some(wait.clone());
             return;
         }
         if wait.live.is_some() {
@@ -531,12 +521,15 @@ pub fn changed_wait_records(
         .collect()
 }
 
-fn truncate(text: &mut String, max: usize) {
-    if text.len() > max {
-        let mut cut = max;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
+/// Cuts `text` to at most `max` bytes, at a character boundary; whether it cut.
+pub(super) fn truncate(text: &mut String, max: usize) -> bool {
+    if text.len() <= max {
+        return false;
     }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    true
 }

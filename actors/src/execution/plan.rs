@@ -1,11 +1,7 @@
 //! The plan of one transition, decided by the pure machine: the events with their seqs, the
-//! records they change (receipts, waits), the head they lead to, and what the shell must do
-//! once storage acknowledged them. The shell (the execution actor, recovery's claims)
-//! persists `transition` as it is and, only after `Committed`, folds the events into its
-//! machine (`Machine::apply_committed`) and performs `actions`.
-//!
-//! The plan folds the events into a copy of the machine's present only (`Present`), never its
-//! history, so planning costs the same at the first step and the ten-thousandth.
+//! records they change, the head they lead to, and the actions once storage acknowledged
+//! them. It folds into a copy of the present only, never the history, so planning costs the
+//! same at the first step and the ten-thousandth.
 
 use openprogram_storage::{
     AttemptLease, Checkpoint, Committed, Control, Event, EventEnvelope, ExecutionHead,

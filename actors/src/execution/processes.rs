@@ -1,7 +1,6 @@
 //! The execution's side of its managed processes (P-1, P-2): starting one for a running
-//! call, committing what its process actor reports, and forwarding `stop_process`.
-//! The execution actor is the only writer of its version, so every process record change
-//! is one of its transitions.
+//! call, committing what its process actor reports, and forwarding `stop_process`. Every
+//! process record change is a transition of the execution, the only writer of its version.
 
 use actix::prelude::*;
 use futures::channel::oneshot;
@@ -10,6 +9,7 @@ use openprogram_storage::{Event, ProcessId, ProcessRecord, ProcessState, Upsert}
 use crate::call::{StartProcess, StartedProcess};
 use crate::error::Error;
 use crate::execution::actor::{after_commit, answer, ExecutionActor};
+use crate::execution::machine::process_changed;
 use crate::process::{os, ProcessActor, ProcessProgress, Stop};
 
 impl Handler<StartProcess> for ExecutionActor {
@@ -52,10 +52,7 @@ impl Handler<StartProcess> for ExecutionActor {
             output_bytes: 0,
             output_chunks: Vec::new(),
         };
-        let events = vec![Event::ProcessChanged {
-            process_id,
-            state: ProcessState::Running.as_str().into(),
-        }];
+        let events = vec![process_changed(process_id, ProcessState::Running)];
         let committed = self.commit(events, vec![Upsert::Process(record.clone())]);
         AtomicResponse::new(Box::pin(committed.map(move |committed, act, _ctx| {
             if let Err(error) = committed {
@@ -89,10 +86,7 @@ impl Handler<ProcessProgress> for ExecutionActor {
             });
         }
         if progress.state_changed {
-            events.push(Event::ProcessChanged {
-                process_id,
-                state: progress.record.state.as_str().into(),
-            });
+            events.push(process_changed(process_id, progress.record.state));
         }
         if !running || events.is_empty() {
             // Its end is recorded already: a late report of its output changes nothing. An
@@ -154,10 +148,7 @@ impl Handler<RecordLost> for ExecutionActor {
             }
         };
         tracing::warn!(execution_id = %self.execution_id, %process_id, "a running process has no actor; recorded lost");
-        let events = vec![Event::ProcessChanged {
-            process_id,
-            state: ProcessState::Lost.as_str().into(),
-        }];
+        let events = vec![process_changed(process_id, ProcessState::Lost)];
         let upsert = Upsert::Process(ProcessRecord {
             state: ProcessState::Lost,
             ..record

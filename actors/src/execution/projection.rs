@@ -1,14 +1,9 @@
-//! S-8, pure: an execution's projection — what a reader needs of its machine as of a seq —
-//! and the partial machine rebuilt from it, so that a snapshot, a capabilities check or an
-//! activation folds only the events after that seq. The plan writes one, of the machine
-//! before a transition, whenever the transition's events cross a multiple of
-//! `EVERY_EVENTS` seqs; it keeps the newest `KEPT` items of each history and counts the
-//! rest (`Projected`). A projection is a cache of the log: one too large for its
-//! transition, or that does not decode, is left out and the events are replayed.
-//!
-//! A partial machine answers reads and decides every command but Fork and Retry (decided
-//! on a complete machine, `Env::complete_state`); it runs nothing until the actor replays
-//! the whole history (`ExecutionActor::complete_history`).
+//! S-8, pure: an execution's projection (what a reader needs of its machine as of a seq)
+//! and the partial machine rebuilt from it, so a read folds only the events after it. The
+//! plan writes one every `EVERY_EVENTS` seqs, keeping the newest `KEPT` items of each
+//! history; it is a cache: one too large or undecodable is left out and events replayed.
+//! A partial machine decides every command but Fork and Retry, and runs nothing until the
+//! actor replays the whole history (`ExecutionActor::complete_history`).
 
 use openprogram_storage::{EffectId, ExecutionId, ProjectionRecord};
 use serde::{Deserialize, Serialize};

@@ -1,10 +1,7 @@
-//! Restart recovery's claim of one execution (R-3..R-8, A-3), as the supervisor planned it
-//! (`recovery::classify`): one transition under a fixed command identity (the execution
-//! and the version it was found at), fenced with a higher epoch, so a second startup — or
-//! one after a crash in the middle of this one — claims nothing twice. It pauses the
-//! execution under a hold, expires it, says an effect of the dead attempt is unknown, or
-//! claims it for a new attempt, whose actor the supervisor starts once every claim is
-//! durable.
+//! Restart recovery's claim of one execution (R-3..R-8, A-3), as `recovery::classify`
+//! planned it: one transition under a fixed command identity (the execution and its found
+//! version), fenced with a higher epoch, so no startup claims anything twice. It pauses,
+//! expires, marks an effect unknown, or claims for a new attempt (started once durable).
 
 use std::sync::Arc;
 

@@ -1,8 +1,6 @@
-//! W-8: the execution actor's side of a wait deadline: the deadlines actor
-//! (`wait_deadlines.rs`) says a wait's deadline passed, and the machine decides whether it
-//! expires (`Machine::decide_wait_expiry`); if so, the expiry is committed (claiming an
-//! attempt, if none runs: only an attempt moves the head) and the execution parks, paused
-//! `wait_expired`.
+//! W-8: the actor's side of a wait deadline: told it passed (`wait_deadlines.rs`), the
+//! machine decides the expiry, which is committed (claiming an attempt if none runs) before
+//! the execution parks, paused `wait_expired`.
 
 use actix::prelude::*;
 use openprogram_storage::WaitId;

@@ -5,8 +5,8 @@
 
 pub use crate::wait_request::WaitSpec;
 use openprogram_storage::{
-    AnswerScope, EffectId, LiveBinding, ProcessId, ProcessState as ProcState, WaitId, WaitKind,
-    WaitStatus,
+    AnswerScope, EffectId, Event, LiveBinding, ProcessId, ProcessState as ProcState, WaitId,
+    WaitKind, WaitStatus,
 };
 
 /// One wait or live question, as the machine knows it.
@@ -54,6 +54,12 @@ pub struct ManagedProcess {
     pub process_id: ProcessId,
     pub state: ProcState,
     pub output_bytes: u64,
+}
+
+/// The event of a managed process's change to `state`.
+pub fn process_changed(process_id: ProcessId, state: ProcState) -> Event {
+    let state = state.as_str().into();
+    Event::ProcessChanged { process_id, state }
 }
 
 /// The wait id of the approval a model decision asks for: derived, so a replay or a

@@ -1,8 +1,6 @@
-//! How the execution actor writes (the invariant of `actor.rs`): every transition is the
-//! machine's plan (`Machine::plan`), submitted as it is; only once storage acknowledged it
-//! are its events folded into the machine, counted, and its actions performed. A transition
-//! that moves a parked execution claims an attempt in the same write, and a write
-//! refused as fenced or conflicting stops the actor.
+//! How the execution actor writes: every transition is the machine's plan, submitted as it
+//! is; once acknowledged, its events are folded, counted, and its actions performed. A
+//! transition that moves a parked execution claims an attempt in the same write.
 
 use std::sync::atomic::Ordering;
 
