@@ -12,9 +12,8 @@
 //! its parent's oldest child; the node where that stops (or the root) names the branch.
 //!
 //! Fork and Retry children are independent executions on branches of their own. "Child
-//! tasks" (executions an execution starts to do part of its work) keep a parent's branch In
-//! progress, and are what Cancel on an incomplete-response row may still reach (B-4). This
-//! runtime starts no child tasks yet: that part is exercised by table tests only.
+//! tasks" (the functions an agent's calls start, F-6) keep a parent's branch In progress,
+//! and are what Cancel on an incomplete-response row may still reach (B-4).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -142,10 +141,7 @@ pub fn project(executions: &[ExecutionFacts]) -> Activity {
             status,
             label: label.to_owned(),
             controls,
-            details: on_branch
-                .iter()
-                .map(|member| execution_row(member))
-                .collect(),
+            details: on_branch.iter().copied().map(execution_row).collect(),
         };
         match section {
             Section::Attention => activity.needs_attention.push(row),
@@ -178,11 +174,7 @@ fn classify(
         && !unresolved
         && !processes;
     if incomplete {
-        let controls = if active_children {
-            vec!["cancel"]
-        } else {
-            Vec::new()
-        };
+        let controls = active_children.then_some("cancel").into_iter().collect();
         let label = "Ended · response record incomplete";
         return (Section::History, "ended", label, controls);
     }
@@ -261,6 +253,7 @@ fn execution_row(facts: &ExecutionFacts) -> ExecutionRow {
 }
 
 /// The message graph of a session.
+#[derive(Default)]
 struct Graph {
     /// Each message's parent, if recorded.
     parent: HashMap<MessageId, MessageId>,
@@ -282,12 +275,7 @@ impl Graph {
     }
 
     fn of_links(executions: impl Iterator<Item = MessageLinks>) -> Self {
-        let mut graph = Graph {
-            parent: HashMap::new(),
-            children: HashMap::new(),
-            order: Vec::new(),
-            reply_of: HashMap::new(),
-        };
+        let mut graph = Graph::default();
         for (index, links) in executions.enumerate() {
             if let Some(parent) = links.parent_message_id {
                 graph.link(parent, links.user_message_id);

@@ -153,11 +153,7 @@ impl Service {
         head.turn_id = TurnId::new();
         head.user_message_id = parent.user_message_id;
         head.reply_message_id = MessageId::new();
-        let reason = if checkpoint.is_none() {
-            "retry"
-        } else {
-            "fork"
-        };
+        let reason = checkpoint.map_or("retry", |_| "fork");
         head.state = ExecutionState::Paused;
         head.pause_reason = Some(reason.into());
         let mut child_events = vec![Event::Admitted {
@@ -195,15 +191,12 @@ impl Service {
             child_execution_id: Some(child_id),
             ..record
         };
-        let transition = Transition::create(head, child_events);
-        let transition = transition.with(Upsert::Command(record.clone()));
-        Ok((
-            match job_record {
-                Some(job_record) => transition.with(Upsert::Job(job_record)),
-                None => transition,
-            },
-            record,
-        ))
+        let mut transition =
+            Transition::create(head, child_events).with(Upsert::Command(record.clone()));
+        if let Some(job_record) = job_record {
+            transition = transition.with(Upsert::Job(job_record));
+        }
+        Ok((transition, record))
     }
 
     /// What the child starts from: the parent's admission input, and for a fork
@@ -322,8 +315,7 @@ impl Service {
         // reader goes on from `scanned_through` at its next call.
         const PAGES_MAX: usize = 8;
         let store = self.env().store.as_ref();
-        let mut sessions: std::collections::HashMap<ExecutionId, bool> =
-            std::collections::HashMap::new();
+        let mut sessions = std::collections::HashMap::<ExecutionId, bool>::new();
         let mut entries = Vec::new();
         let mut after = after_position;
         let mut pages = 0;
@@ -338,37 +330,32 @@ impl Service {
                     break;
                 }
                 after = envelope.position;
-                let mine = match sessions.get(&envelope.execution_id) {
-                    Some(mine) => *mine,
-                    None => {
-                        // A quarantined execution is nobody's: it must not stop the stream.
-                        let mine = match store.head(envelope.execution_id) {
-                            Ok(head) => head.is_some_and(|head| head.session_id == session_id),
-                            Err(error) => {
-                                tracing::warn!(execution_id = %envelope.execution_id, %error, "left out of the session feed");
-                                false
-                            }
-                        };
-                        sessions.insert(envelope.execution_id, mine);
-                        mine
-                    }
-                };
+                let execution_id = envelope.execution_id;
+                // A quarantined execution is nobody's: it must not stop the stream.
+                let mine = *sessions.entry(execution_id).or_insert_with(|| {
+                    store.head(execution_id).map_or_else(
+                        |error| {
+                            tracing::warn!(%execution_id, %error, "left out of the session feed");
+                            false
+                        },
+                        |head| head.is_some_and(|head| head.session_id == session_id),
+                    )
+                });
                 if !mine {
                     continue;
                 }
                 let ended = matches!(&envelope.event, Event::StateChanged { state, .. } if state.is_terminal());
-                entries.push(SessionEntry {
+                let entry = SessionEntry {
                     position: envelope.position,
-                    execution_id: envelope.execution_id,
+                    execution_id,
                     seq: envelope.seq,
                     kind: envelope.event.type_name(),
-                });
+                };
+                entries.push(entry.clone());
                 if ended {
                     entries.push(SessionEntry {
-                        position: envelope.position,
-                        execution_id: envelope.execution_id,
-                        seq: envelope.seq,
                         kind: "session_reload",
+                        ..entry
                     });
                 }
             }

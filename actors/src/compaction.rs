@@ -87,22 +87,23 @@ pub fn fold<'a>(
     }
     let mut emitted = vec![false; shown.len()];
     let mut items = Vec::with_capacity(list.len());
+    // Each summary shows once, where the first execution it stands for would.
+    let mut summary = |at: usize, items: &mut Vec<Item<'a>>| {
+        if !std::mem::replace(&mut emitted[at], true) {
+            items.push(Item::Summary(shown[at]));
+        }
+    };
     for execution_id in list {
         if let Some(parent) = anchors.get(execution_id) {
             let stands_for = shown
                 .iter()
                 .position(|compaction| compaction.messages.last() == Some(parent));
-            if let Some(at) = stands_for.filter(|at| !emitted[*at]) {
-                emitted[at] = true;
-                items.push(Item::Summary(shown[at]));
+            if let Some(at) = stands_for {
+                summary(at, &mut items);
             }
         }
         match covered.get(execution_id) {
-            Some(&at) if !emitted[at] => {
-                emitted[at] = true;
-                items.push(Item::Summary(shown[at]));
-            }
-            Some(_) => {}
+            Some(&at) => summary(at, &mut items),
             None => items.push(Item::Execution(*execution_id)),
         }
     }

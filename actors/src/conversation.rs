@@ -18,7 +18,7 @@ use serde::Serialize;
 use crate::activity::branch_executions;
 use crate::compaction::{fold, Item};
 use crate::conversation_read::{
-    anchors_of, assistant, execution_messages, item_messages, links_of, record_of,
+    anchors_of, assistant, execution_messages, item_messages, links_all, record_of,
 };
 use crate::error::{Error, Result};
 use crate::service::Service;
@@ -90,10 +90,7 @@ impl Service {
             .iter()
             .any(|compaction| !present.contains(&compaction.through));
         let links = match query.branch.is_some() || purged_through {
-            true => all
-                .iter()
-                .map(|execution_id| links_of(store, *execution_id))
-                .collect::<Result<Vec<_>>>()?,
+            true => links_all(store, &all)?,
             false => Vec::new(),
         };
         let anchors = match purged_through {
@@ -146,13 +143,13 @@ impl Service {
         let store = self.env().store.as_ref();
         let feed =
             self.session_feed(session_id, position, limit.unwrap_or(1000).clamp(1, 10_000))?;
-        let mut changed: Vec<ExecutionId> = Vec::new();
-        for entry in &feed.entries {
-            if !changed.contains(&entry.execution_id) {
-                changed.push(entry.execution_id);
-            }
-        }
+        let mut changed: Vec<ExecutionId> = feed
+            .entries
+            .iter()
+            .map(|entry| entry.execution_id)
+            .collect();
         changed.sort();
+        changed.dedup();
         let mut messages = Vec::new();
         for execution_id in changed {
             messages.extend(execution_messages(store, execution_id, |_| true)?);

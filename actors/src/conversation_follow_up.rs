@@ -1,4 +1,4 @@
-//! Issue 37's optional work on a conversation, with the embedder's hooks: compacting it
+//! Optional work on a conversation, with the embedder's hooks: compacting it
 //! through one of its turns (C-3, `compact`), and what follows a completed turn once it freed
 //! its session (C-2, `follow_up`): a name for the session, a compaction the policy asks for.
 //! Both write the session's conversation record by compare-and-swap; the executions, their
@@ -12,7 +12,7 @@ use openprogram_storage::{ConversationOutcome, ExecutionId, MessageId, SessionId
 use crate::activity::executions_to;
 use crate::compaction::fold;
 use crate::conversation_read::{
-    anchors_of, execution_messages, item_messages, links_of, record_of,
+    anchors_of, execution_messages, item_messages, links_all, record_of,
 };
 use crate::env::Env;
 use crate::error::{Error, Result};
@@ -48,10 +48,7 @@ impl Prefix {
                 head.state.as_str()
             )));
         }
-        let links = all
-            .iter()
-            .map(|execution_id| links_of(store, *execution_id))
-            .collect::<Result<Vec<_>>>()?;
+        let links = links_all(store, &all)?;
         let path = executions_to(&links, links[at].reply_message_id);
         Ok(Self {
             replaces: path.iter().map(|index| all[*index]).collect(),
@@ -131,17 +128,12 @@ pub async fn compact(env: &Env, session_id: SessionId, through: ExecutionId) -> 
             _ => compactor
                 .summarize(session_id, shown)
                 .await
-                .map_err(|message| Error::HookFailed {
-                    hook: "compactor",
-                    message,
-                })?,
+                .map_err(hook_failed("compactor"))?,
         };
         let bound = openprogram_storage::conversation::SUMMARY_BYTES_MAX;
         if summary.len() > bound {
-            return Err(Error::HookFailed {
-                hook: "compactor",
-                message: format!("a summary of {} bytes (at most {bound})", summary.len()),
-            });
+            let message = format!("a summary of {} bytes (at most {bound})", summary.len());
+            return Err(hook_failed("compactor")(message));
         }
         summarized = Some((shown_ids, summary.clone()));
         let compaction = Compaction {
@@ -207,10 +199,7 @@ async fn name_session(env: &Env, session_id: SessionId, execution_id: ExecutionI
     let name = namer
         .name(session_id, turn)
         .await
-        .map_err(|message| Error::HookFailed {
-            hook: "namer",
-            message,
-        })?;
+        .map_err(hook_failed("namer"))?;
     let Some(name) = name
         .map(|name| bounded(name.trim()))
         .filter(|name| !name.is_empty())
@@ -237,6 +226,11 @@ async fn name_session(env: &Env, session_id: SessionId, execution_id: ExecutionI
         record = record_of(store, session_id)?;
     }
     Err(Error::Unavailable("the conversation kept changing".into()))
+}
+
+/// An embedder's hook answered `Err(message)`, or what it answered is refused.
+fn hook_failed(hook: &'static str) -> impl FnOnce(String) -> Error {
+    move |message| Error::HookFailed { hook, message }
 }
 
 /// `name` cut to the bound a name has, at a character boundary.

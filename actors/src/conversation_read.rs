@@ -54,6 +54,11 @@ pub(crate) fn links_of(store: &dyn EventStore, execution_id: ExecutionId) -> Res
     })
 }
 
+/// The places on the graph of `all` (a session's executions), in that order.
+pub(crate) fn links_all(store: &dyn EventStore, all: &[ExecutionId]) -> Result<Vec<MessageLinks>> {
+    all.iter().map(|id| links_of(store, *id)).collect()
+}
+
 /// A session's conversation record, or its empty one.
 pub fn record_of(store: &dyn EventStore, session_id: SessionId) -> Result<ConversationRecord> {
     Ok(store

@@ -77,7 +77,7 @@ pub struct Env {
     pub function_policy: openprogram_storage::VersionPolicy,
     /// C-2: one foreground turn per session (`RuntimeBuilder::one_turn_per_session`).
     pub one_turn_per_session: bool,
-    /// Issue 37: the embedder's naming and compaction hooks.
+    /// The embedder's naming and compaction hooks.
     pub conversation_hooks: crate::conversation_hooks::ConversationHooks,
     pub owner: OwnerId,
     /// How long an attempt keeps its lease without a heartbeat.
@@ -102,7 +102,7 @@ pub struct Env {
     pub model_tokens: [std::sync::atomic::AtomicU64; 2],
     /// E-3: streamed model output, to whoever watches an execution.
     pub deltas: Arc<crate::deltas::DeltaHub>,
-    /// Issue 36: histograms of steps, activations and commands; rejections, reconciliations.
+    /// Histograms of steps, activations and commands; rejections, reconciliations.
     pub telemetry: crate::telemetry::Telemetry,
     /// The states of the executions that parked last (`keep_parked`).
     parked: Mutex<std::collections::VecDeque<(ExecutionHead, Machine)>>,

@@ -372,9 +372,8 @@ impl FunctionContext {
         step_id: &str,
         recovery: Recovery,
     ) -> ControlFlow<Result<T, StepError>, (EffectId, u64)> {
-        let step_id = step_id.to_owned();
         let asked = StepBoundary {
-            step_id,
+            step_id: step_id.to_owned(),
             recovery,
             run: self.run,
         };

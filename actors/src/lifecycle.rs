@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 /// Told once an execution ends (`Ok`), or stops without ending (`Err`).
 pub type FinishedWaiter = tokio::sync::oneshot::Sender<Result<()>>;
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Lifecycle {
     /// Orderly shutdown began: no new activation or dispatch; the intent running
     /// executions record as they pause.
@@ -30,19 +30,6 @@ pub struct Lifecycle {
     /// N-2: why this node lost its lease (it lapsed, or a later incarnation took its id):
     /// other nodes may run its executions now, so this process must stop.
     lease_lost: tokio::sync::watch::Sender<Option<String>>,
-}
-
-impl Default for Lifecycle {
-    fn default() -> Self {
-        Self {
-            stopping: Mutex::new(None),
-            stopping_flag: AtomicBool::new(false),
-            halted: AtomicBool::new(false),
-            recovered: tokio::sync::watch::Sender::new(false),
-            finished_waiters: Mutex::new(HashMap::new()),
-            lease_lost: tokio::sync::watch::Sender::new(None),
-        }
-    }
 }
 
 impl Lifecycle {
@@ -65,11 +52,12 @@ impl Lifecycle {
     /// N-2: resolves with the reason once this node lost its lease.
     pub async fn until_lease_lost(&self) -> String {
         let mut lost = self.lease_lost.subscribe();
-        let reason = match lost.wait_for(Option::is_some).await {
-            Ok(reason) => reason.clone(),
-            // The sender lives as long as `self`: never reached while anyone waits.
-            Err(_) => None,
-        };
+        // The sender lives as long as `self`: it fails never while anyone waits.
+        let reason = lost
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|r| r.clone());
         match reason {
             Some(reason) => reason,
             None => std::future::pending().await,

@@ -228,7 +228,7 @@ pub fn classify(
         .restart_intent
         .clone()
         .unwrap_or_else(|| RestartIntent {
-            deadline_ms: window.deadline_from(head.last_activity_ms),
+            deadline_ms,
             recorded_at_ms: now_ms,
             reason: "abandoned by an earlier owner".into(),
         });
@@ -240,11 +240,7 @@ pub fn classify(
     }
     // A disabled window stops even an unlimited intent: the operator said no automatic
     // restarts. Otherwise the recorded deadline rules.
-    let expired = window == RestartWindow::Disabled
-        || intent
-            .deadline_ms
-            .is_some_and(|deadline| now_ms >= deadline);
-    if expired {
+    if window == RestartWindow::Disabled || expired_intent {
         Plan::Expire { intent }
     } else {
         Plan::Resume { intent }

@@ -334,10 +334,7 @@ impl ResourceQueue {
             }
         }
         self.loaded = true;
-        match unread {
-            Some(error) => Err(error.into()),
-            None => Ok(()),
-        }
+        unread.map_or(Ok(()), |error| Err(error.into()))
     }
 }
 

@@ -179,12 +179,10 @@ impl Queue {
         now: u64,
     ) -> Option<LeaseId> {
         if let Some(lease) = self.leases.get(&job_id) {
-            match lease.epoch {
-                None => {
-                    self.requeue.insert(job_id);
-                }
-                Some(_) => return Some(lease.lease_id),
+            if lease.epoch.is_some() {
+                return Some(lease.lease_id);
             }
+            self.requeue.insert(job_id);
             return None;
         }
         self.waiting.entry(job_id).or_insert(Waiting {
@@ -323,7 +321,7 @@ impl Queue {
                 other
                     .resources
                     .iter()
-                    .any(|(name, _)| mine.resources.iter().any(|(own, _)| own == name))
+                    .any(|(name, _)| amount(&mine.resources, name).is_some())
             })
             .count();
         Some(ahead + 1)
@@ -348,20 +346,13 @@ impl Queue {
                 let mut leases: Vec<(Lease, u32)> = self
                     .leases
                     .values()
-                    .filter_map(|lease| {
-                        let amount = lease
-                            .resources
-                            .iter()
-                            .find(|(own, _)| own == name)
-                            .map(|(_, amount)| *amount)?;
-                        Some((lease.clone(), amount))
-                    })
+                    .filter_map(|lease| Some((lease.clone(), amount(&lease.resources, name)?)))
                     .collect();
                 leases.sort_by_key(|(lease, _)| lease.job_id);
                 let waiting: Vec<ExecutionId> = self
                     .waiting
                     .iter()
-                    .filter(|(_, waiting)| waiting.resources.iter().any(|(own, _)| own == name))
+                    .filter(|(_, waiting)| amount(&waiting.resources, name).is_some())
                     .map(|(job_id, _)| *job_id)
                     .collect();
                 ResourceView {
@@ -386,6 +377,14 @@ impl Queue {
             };
         }
     }
+}
+
+/// How much of `name` `resources` asks for, if any.
+fn amount(resources: &[(String, u32)], name: &str) -> Option<u32> {
+    resources
+        .iter()
+        .find(|(own, _)| own == name)
+        .map(|(_, amount)| *amount)
 }
 
 #[cfg(test)]

@@ -38,19 +38,18 @@ pub struct RetentionStats {
     pub rounds: AtomicU64,
 }
 
-/// Purges `execution_id` to the end. `Ok(false)`: not settled yet (its latest transitions
-/// are still in memory), nothing done; try later.
+/// Purges `execution_id` to the end: its last step, never `More`. `Unsettled`: its latest
+/// transitions are still in memory, nothing done; try later.
 pub async fn purge_fully(
     store: &dyn EventStore,
     execution_id: ExecutionId,
     ended_key: Option<u64>,
     ended_before: Option<u64>,
-) -> Result<bool> {
+) -> Result<PurgeStep> {
     loop {
         match store.purge(execution_id, ended_key, ended_before).await? {
             PurgeStep::More => continue,
-            PurgeStep::Unsettled => return Ok(false),
-            PurgeStep::Done | PurgeStep::NotEnded | PurgeStep::Unknown => return Ok(true),
+            last => return Ok(last),
         }
     }
 }
@@ -116,8 +115,8 @@ impl Retention {
             if resume {
                 for execution_id in store.purges_unfinished()? {
                     match purge_fully(store.as_ref(), execution_id, None, None).await {
-                        Ok(true) => {}
-                        Ok(false) => resumed = false,
+                        Ok(PurgeStep::Unsettled) => resumed = false,
+                        Ok(_) => {}
                         Err(error) => {
                             resumed = false;
                             tracing::warn!(%execution_id, %error, "an unfinished purge failed");
@@ -174,11 +173,11 @@ async fn purge_ended(store: &dyn EventStore, cutoff: u64, stats: &RetentionStats
             .zip(&purgeable)
         {
             match purged {
-                Ok(true) => {
+                Ok(PurgeStep::Unsettled) => settled = false,
+                Ok(_) => {
                     stats.executions_purged.fetch_add(1, Ordering::Relaxed);
                     done += 1;
                 }
-                Ok(false) => settled = false,
                 Err(error) => {
                     tracing::warn!(%execution_id, %error, "not purged; passed over");
                 }
@@ -228,19 +227,6 @@ async fn sweep(store: &dyn EventStore, mut from: u64, stats: &RetentionStats) ->
     Ok(from)
 }
 
-/// One execution of a session to the end of its purge: `Ok(false)` while it is not settled.
-async fn purge_session_member(store: &dyn EventStore, execution_id: ExecutionId) -> Result<bool> {
-    loop {
-        match store.purge(execution_id, None, None).await? {
-            PurgeStep::More => continue,
-            PurgeStep::Unsettled => return Ok(false),
-            PurgeStep::Done | PurgeStep::Unknown => return Ok(true),
-            // It moved on since the check (a command, a fork's child): refused as a whole.
-            PurgeStep::NotEnded => return Err(Error::ActiveExecutions(1)),
-        }
-    }
-}
-
 impl Actor for Retention {
     type Context = Context<Self>;
 
@@ -269,13 +255,20 @@ pub async fn purge_session(
     }
     let deadline = tokio::time::Instant::now() + settle;
     for execution_id in &executions {
-        while !purge_session_member(store, *execution_id).await? {
-            if tokio::time::Instant::now() >= deadline {
-                return Err(Error::Unavailable(
-                    "the session's latest changes are not settled yet; try again".into(),
-                ));
+        loop {
+            match purge_fully(store, *execution_id, None, None).await? {
+                PurgeStep::Unsettled if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                PurgeStep::Unsettled => {
+                    return Err(Error::Unavailable(
+                        "the session's latest changes are not settled yet; try again".into(),
+                    ))
+                }
+                // It moved on since the check (a command, a fork's child): refused as a whole.
+                PurgeStep::NotEnded => return Err(Error::ActiveExecutions(1)),
+                PurgeStep::Done | PurgeStep::Unknown | PurgeStep::More => break,
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
     Ok(executions.len())
