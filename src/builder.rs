@@ -201,12 +201,14 @@ impl RuntimeBuilder {
     }
 
     /// `set` with `value`, if there is one: an optional setting passed on as it is.
+    #[cfg(feature = "server")]
     pub(crate) fn with<T>(self, value: Option<T>, set: impl FnOnce(Self, T) -> Self) -> Self {
         let Some(value) = value else { return self };
         set(self, value)
     }
 
     /// `resource` for each of `resources` (NAME=CAPACITY flags).
+    #[cfg(feature = "server")]
     pub(crate) fn resources(self, resources: &[(String, u32)]) -> Self {
         let declare = |builder: Self, (name, capacity): &(String, u32)| {
             builder.resource(name.clone(), *capacity)
