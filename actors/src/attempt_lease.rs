@@ -3,7 +3,7 @@
 //! higher epoch (`Executions::reclaim_lapsed`). A lease is never permission to write
 //! (storage fences every write by epoch): it only says when a takeover is allowed.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -51,20 +51,14 @@ impl LeaseState {
 
     /// Starts the lease afresh from now: when its attempt starts running.
     pub fn renew(&self) {
-        *self
-            .expires_at
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Instant::now() + self.ttl;
+        *self.expires_at() = Instant::now() + self.ttl;
     }
 
     /// Extends a lease that has not lapsed (the attempt's heartbeat). A lapsed lease stays
     /// lapsed: an attempt whose process was stopped past its lease (SIGSTOP, a frozen VM)
     /// may be replaced however soon its heartbeat runs again (R06).
     pub fn extend(&self) -> bool {
-        let mut expires_at = self
-            .expires_at
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut expires_at = self.expires_at();
         let now = Instant::now();
         if now >= *expires_at {
             return false;
@@ -79,11 +73,15 @@ impl LeaseState {
 
     /// Time left on the lease, zero once lapsed.
     pub fn remaining(&self) -> Duration {
-        let expires_at = *self
-            .expires_at
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let expires_at = *self.expires_at();
         expires_at.saturating_duration_since(Instant::now())
+    }
+
+    /// The expiry (a panic while it was held cannot leave it half-written: it is used on).
+    fn expires_at(&self) -> MutexGuard<'_, Instant> {
+        self.expires_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -17,8 +17,7 @@ use crate::env::{ChildCall, Env, Hooks};
 use crate::error::{Error, Result};
 use crate::execution::actor::{Activate, ExecutionActor, Superseded};
 use crate::execution::commands::ApplyCommand;
-use crate::execution::machine::FunctionInput;
-use crate::execution::machine::Machine;
+use crate::execution::machine::{derived_command_id, FunctionInput, Machine};
 use crate::execution::plan::{Plan, Writer};
 use crate::process::ProcessProgress;
 use crate::rebuild::project;
@@ -156,10 +155,7 @@ impl Hooks for Executions {
         async move {
             // After startup recovery has classified what it resumes, as for any command.
             self.lifecycle.until_recovered().await;
-            let mut name = b"interrupts at ".to_vec();
-            name.extend_from_slice(&holder_version.to_be_bytes());
-            let command_id =
-                openprogram_storage::CommandId::from_uuid(uuid::Uuid::new_v5(by.as_uuid(), &name));
+            let command_id = derived_command_id(by.as_uuid(), b"interrupts at ", holder_version);
             let command = Command::new(CommandBody::Pause).with_id(command_id);
             self.apply_here(holder, command).await
         }

@@ -79,24 +79,18 @@ impl Supervisor {
 /// N-2: registers this node or renews its lease (blocks for one round trip): the lease as
 /// renewed, `None` for a runtime that is no node.
 pub fn renew_node(env: &Env) -> Result<Option<openprogram_storage::NodeRecord>> {
-    let Some(node) = &env.node else {
-        return Ok(None);
-    };
-    Ok(Some(env.store.renew_node(
-        &node.node_id,
-        &node.url,
-        env.lease_ttl,
-    )?))
+    let renewed = env.node.as_ref().map(|node| {
+        env.store
+            .renew_node(&node.node_id, &node.url, env.lease_ttl)
+    });
+    Ok(renewed.transpose()?)
 }
 
-/// N-2: renews this node's lease three times a ttl on a thread of its own — never starved
-/// by the actors' work or a long takeover round — until the runtime is gone or its actors
-/// stopped (through an orderly shutdown).
-/// A renewal that comes after the previous lease ran out (by the database's clock) means
-/// this node was dead to the others meanwhile (a stall, a partition) and they may have taken
-/// its executions over while effects of its old attempts may still be in flight here: the
-/// node has lost its lease and must stop (its next incarnation starts clean). So has a node
-/// whose id a later incarnation registered.
+/// N-2: renews this node's lease three times a ttl on a thread of its own (never starved by
+/// the actors' work or a takeover round) until the runtime is gone or halted. A renewal after
+/// the previous lease ran out (by the database's clock) means the others may have taken its
+/// executions over while its old attempts' effects may still be in flight: the node has lost
+/// its lease and must stop. So has a node whose id a later incarnation registered.
 pub fn keep_node_lease(env: std::sync::Weak<Env>) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("openprogram-node-lease".into())
@@ -163,10 +157,8 @@ impl Actor for Supervisor {
         if self.env.node.is_some() {
             let every = (self.env.lease_ttl / 3).max(Duration::from_millis(10));
             ctx.run_interval(every, |act, ctx| {
-                if act.env.lifecycle.is_stopping() || act.taking_over {
-                    return;
-                }
-                if !act.env.lifecycle.is_recovered() {
+                let lifecycle = &act.env.lifecycle;
+                if lifecycle.is_stopping() || act.taking_over || !lifecycle.is_recovered() {
                     return;
                 }
                 act.taking_over = true;
@@ -430,9 +422,8 @@ async fn mark_lost_processes(env: &Arc<Executions>) -> Vec<ProcessId> {
             return lost;
         }
     };
-    let nodes = &nodes;
     for mut record in records {
-        if record.state != ProcessState::Running || env.owner_alive(nodes, record.owner_id) {
+        if record.state != ProcessState::Running || env.owner_alive(&nodes, record.owner_id) {
             continue;
         }
         let head = match env.store.head(record.execution_id) {
@@ -456,9 +447,7 @@ async fn mark_lost_processes(env: &Arc<Executions>) -> Vec<ProcessId> {
                 tracing::warn!(%process_id, execution_id = %head.execution_id, "a process of a dead incarnation is recorded lost; it is never signalled");
                 lost.push(process_id);
             }
-            other => {
-                tracing::error!(%process_id, ?other, "recording a lost process failed");
-            }
+            other => tracing::error!(%process_id, ?other, "recording a lost process failed"),
         }
     }
     lost

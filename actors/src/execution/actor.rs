@@ -21,12 +21,6 @@ use crate::execution::machine::{LiveOutcome, Machine, Next};
 use crate::snapshot::Snapshot;
 use openprogram_storage::planted::{planted, Bug};
 
-/// The effect the actor is waiting for.
-#[derive(Debug)]
-pub(super) struct InFlight {
-    pub(super) abort: AbortHandle,
-}
-
 pub struct ExecutionActor {
     pub(super) env: Arc<Env>,
     pub(super) execution_id: ExecutionId,
@@ -35,7 +29,8 @@ pub struct ExecutionActor {
     pub(super) machine: Machine,
     /// The epoch this actor writes with, once its attempt has started.
     pub(super) epoch: Option<u64>,
-    pub(super) in_flight: Option<InFlight>,
+    /// Aborts the effect the actor is waiting for.
+    pub(super) in_flight: Option<AbortHandle>,
     /// The step in flight: when its effect started, which, and its span (a child
     /// of the attempt's); it ends at the commit of the effect's result.
     pub(super) effect_started: Option<Step>,
@@ -264,10 +259,6 @@ impl ExecutionActor {
         self.handled += 1;
         self.span.clone().entered()
     }
-
-    fn snapshot(&self) -> Snapshot {
-        Snapshot::of(&self.head, &self.machine, self.env.revision)
-    }
 }
 
 /// Start a new attempt and run. Sent once when the actor is activated.
@@ -463,7 +454,7 @@ impl Handler<Superseded> for ExecutionActor {
     fn handle(&mut self, _: Superseded, ctx: &mut Context<Self>) {
         self.handled += 1;
         if let Some(in_flight) = self.in_flight.take() {
-            in_flight.abort.abort();
+            in_flight.abort();
         }
         for (_, asker) in std::mem::take(&mut self.live_askers) {
             let _ = asker.send(LiveOutcome::Invalidated);
@@ -482,6 +473,6 @@ impl Handler<GetSnapshot> for ExecutionActor {
 
     fn handle(&mut self, _: GetSnapshot, _ctx: &mut Context<Self>) -> Self::Result {
         self.handled += 1;
-        MessageResult(self.snapshot())
+        MessageResult(Snapshot::of(&self.head, &self.machine, self.env.revision))
     }
 }

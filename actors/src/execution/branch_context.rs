@@ -9,7 +9,7 @@ use actix::prelude::*;
 use futures::future::AbortHandle;
 use openprogram_storage::ExecutionId;
 
-use super::actor::{Advance, ExecutionActor, InFlight};
+use super::actor::{Advance, ExecutionActor};
 use crate::context_read::{Prepared, Reading};
 use crate::error::Error;
 
@@ -62,7 +62,7 @@ impl ExecutionActor {
         let env = Arc::clone(&self.env);
         let session_id = self.head.session_id;
         let (abort, registration) = AbortHandle::new_pair();
-        self.in_flight = Some(InFlight { abort });
+        self.in_flight = Some(abort);
         let compacting = futures::future::Abortable::new(
             async move { crate::conversation_follow_up::compact(&env, session_id, through).await },
             registration,

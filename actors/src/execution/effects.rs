@@ -10,7 +10,7 @@ use openprogram_storage::{EffectId, Outcome, ReceiptStatus};
 use tracing::Instrument as _;
 
 use super::actor::{
-    after_commit, answer, committed_version, log_failure, Advance, ExecutionActor, InFlight, Step,
+    after_commit, answer, committed_version, log_failure, Advance, ExecutionActor, Step,
 };
 use crate::agent::{ModelRequest, ToolCall, ToolError, ToolResult, UsageMeter};
 use crate::call::CallHandle;
@@ -212,7 +212,7 @@ impl ExecutionActor {
             return Some(model_result(effect_id, result));
         }
         let (abort, registration) = AbortHandle::new_pair();
-        self.in_flight = Some(InFlight { abort });
+        self.in_flight = Some(abort);
         let decided = Abortable::new(deciding, registration);
         ctx.spawn(
             fut::wrap_future::<_, Self>(decided).map(move |result, act, ctx| match result {
@@ -277,7 +277,7 @@ impl ExecutionActor {
             return Some(tool_result(effect_id, recovery, Ok(result)));
         }
         let (abort, registration) = AbortHandle::new_pair();
-        self.in_flight = Some(InFlight { abort });
+        self.in_flight = Some(abort);
         let ran = Abortable::new(running, registration);
         ctx.spawn(
             fut::wrap_future::<_, Self>(ran).map(move |result, _act, ctx| {

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use actix::prelude::*;
 use futures::future::{AbortHandle, Abortable};
 use futures::FutureExt as _;
-use openprogram_storage::{EffectId, Event, WaitId, WaitStatus};
+use openprogram_storage::{EffectId, Event, ExecutionState, WaitId, WaitStatus};
 
-use super::actor::{after_commit, answer, Advance, ExecutionActor, InFlight};
+use super::actor::{after_commit, answer, Advance, ExecutionActor};
 use crate::call::CallFunction;
 use crate::env::ChildCall;
 use crate::error::Error;
@@ -80,17 +80,15 @@ impl ExecutionActor {
         );
         let body = AssertUnwindSafe(function.run(context, called.input.clone())).catch_unwind();
         let (abort, registration) = AbortHandle::new_pair();
-        self.in_flight = Some(InFlight { abort });
+        self.in_flight = Some(abort);
         ctx.spawn(
             fut::wrap_future::<_, Self>(Abortable::new(body, registration)).map(
                 move |outcome, act, ctx| match outcome {
-                    Ok(Ok(result)) => ctx.notify(FunctionReturned {
+                    Ok(returned) => ctx.notify(FunctionReturned {
                         run,
-                        result: result.map(|value| value.to_string()),
-                    }),
-                    Ok(Err(_panic)) => ctx.notify(FunctionReturned {
-                        run,
-                        result: Err("the function panicked".into()),
+                        result: returned
+                            .unwrap_or_else(|_panic| Err("the function panicked".into()))
+                            .map(|value| value.to_string()),
                     }),
                     // Aborted by a cancel: `next` records what it stopped and ends it.
                     Err(_aborted) => {
@@ -247,15 +245,15 @@ impl Handler<AskBoundary> for ExecutionActor {
             }
             Ok(events) => events,
         };
-        let stopping = self.env.lifecycle.is_stopping();
-        if self.suspending || self.machine.suspends_at_boundary(self.env.clock.now_ms()) || stopping
-        {
-            self.suspend_run();
+        let stops = self.suspending
+            || self.machine.suspends_at_boundary(self.env.clock.now_ms())
+            || self.env.lifecycle.is_stopping();
+        // The run stops at the wait in any case: else the execution waits for a person, and
+        // parks once the body returned.
+        self.suspend_run();
+        if stops {
             return answer(Asked::Suspend);
         }
-        // The run stops at the wait: the execution waits for a person, and parks once the
-        // body returned.
-        self.suspend_run();
         AtomicResponse::new(Box::pin(
             self.progressed(events).map(|_, _, _| Asked::Suspend),
         ))
@@ -306,10 +304,7 @@ impl Handler<CallStarted> for ExecutionActor {
 
 /// F-3: the execution pauses, its function's revision missing.
 fn revision_missing() -> Event {
-    state_changed(
-        openprogram_storage::ExecutionState::Paused,
-        "revision_missing",
-    )
+    state_changed(ExecutionState::Paused, "revision_missing")
 }
 
 /// F-6: the child execution of a call is this call's: its id derived from the call's effect.
@@ -353,12 +348,10 @@ impl Handler<CallFunction> for ExecutionActor {
                 // taken over; wait for its end again.
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
-            let (head, machine) = match crate::rebuild::load(store, child_id) {
-                Ok(loaded) => loaded,
-                Err(error) => return Err(format!("reading the call's result: {error}")),
-            };
+            let (head, machine) = crate::rebuild::load(store, child_id)
+                .map_err(|error| format!("reading the call's result: {error}"))?;
             match head.state {
-                openprogram_storage::ExecutionState::Completed => Ok(machine.text.clone()),
+                ExecutionState::Completed => Ok(machine.text.clone()),
                 state => Err(format!(
                     "the function's execution {child_id} ended {state}: {}",
                     machine.text

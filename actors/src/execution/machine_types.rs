@@ -4,7 +4,7 @@
 //! checkpoint's text (`NextAction`).
 
 use openprogram_storage::{
-    AttemptId, Control, EffectId, Event, OwnerId, ReceiptStatus, RevisionId, WaitStatus,
+    AttemptId, CommandId, Control, EffectId, Event, OwnerId, ReceiptStatus, RevisionId, WaitStatus,
 };
 use serde::{Deserialize, Serialize};
 
@@ -456,6 +456,12 @@ pub(super) enum NextAction<'a> {
 /// id (UUID v5 of the decision's id).
 pub fn tool_effect(decision: EffectId) -> EffectId {
     EffectId::from_uuid(uuid_v5(decision.as_uuid(), b"tool"))
+}
+
+/// A command id the runtime derives for its own command (from `of`, `tag` and `at`), so
+/// the command is decided once however often it is sent.
+pub fn derived_command_id(of: &uuid::Uuid, tag: &[u8], at: u64) -> CommandId {
+    CommandId::from_uuid(uuid::Uuid::new_v5(of, &[tag, &at.to_be_bytes()].concat()))
 }
 
 /// `uuid::Uuid::new_v5`, with a SHA-1 that uses the CPU's SHA instructions where it has them.

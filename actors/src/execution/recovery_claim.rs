@@ -6,24 +6,16 @@
 use std::sync::Arc;
 
 use openprogram_storage::{
-    CommandId, Event, EventEnvelope, ExecutionHead, ExecutionId, ExecutionState, Outcome,
-    RestartIntent,
+    Event, EventEnvelope, ExecutionHead, ExecutionState, Outcome, RestartIntent,
 };
 
 use crate::attempt_lease::LeaseState;
 use crate::env::Env;
 use crate::error::{Error, Result};
-use crate::execution::machine::{state_changed, Machine, RESTART_PAUSE_REASON};
+use crate::execution::machine::{derived_command_id, state_changed, Machine, RESTART_PAUSE_REASON};
 use crate::execution::plan;
 use crate::rebuild::project;
 use crate::recovery::{Hold, Plan};
-
-/// The fixed identity of recovery's write for an execution found at `version`.
-pub fn recovery_command_id(execution_id: ExecutionId, version: u64) -> CommandId {
-    let mut name = b"restart-claim:".to_vec();
-    name.extend_from_slice(&version.to_be_bytes());
-    CommandId::from_uuid(uuid::Uuid::new_v5(execution_id.as_uuid(), &name))
-}
 
 /// An execution claimed for a new attempt: its actor starts from these.
 pub(crate) type Resumed = Box<(ExecutionHead, Machine, Arc<LeaseState>)>;
@@ -117,7 +109,8 @@ async fn resume(env: &Env, head: ExecutionHead, intent: RestartIntent) -> Result
         env.lease_ttl,
     );
     let mut events = vec![Event::Resumed {
-        command_id: recovery_command_id(execution_id, head.version),
+        // the fixed identity of recovery's write for the execution at its version.
+        command_id: derived_command_id(execution_id.as_uuid(), b"restart-claim:", head.version),
         abandoned_epoch: head.fencing_epoch,
         // exactly the checkpoint it continues from; a second interruption before a new
         // effect finds the same one.

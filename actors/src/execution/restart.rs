@@ -5,14 +5,14 @@
 use actix::prelude::*;
 use futures::FutureExt;
 use openprogram_storage::planted::{planted, Bug};
-use openprogram_storage::{CommandId, CommandStatus, Event, ReceiptStatus};
+use openprogram_storage::{CommandStatus, Event, ReceiptStatus};
 
 use crate::agent::Reconciliation;
 use crate::call::CallHandle;
 use crate::command::{Command, CommandBody, EffectRef, ReconcileOutcome};
 use crate::execution::actor::{after_commit, answer, Advance, DecideInherited, ExecutionActor};
 use crate::execution::commands::{ApplyCommand, Saved};
-use crate::execution::machine::PendingTool;
+use crate::execution::machine::{derived_command_id, PendingTool};
 use crate::function::{DurableFunction, StepRef};
 
 impl ExecutionActor {
@@ -248,9 +248,7 @@ fn reconcile_command(
     status: ReceiptStatus,
     output: String,
 ) -> ApplyCommand {
-    let mut name = b"reconcile:".to_vec();
-    name.extend_from_slice(&round.to_be_bytes());
-    let command_id = CommandId::from_uuid(uuid::Uuid::new_v5(effect_id.as_uuid(), &name));
+    let command_id = derived_command_id(effect_id.as_uuid(), b"reconcile:", round);
     let command = Command::new(CommandBody::Reconcile {
         effect: EffectRef::Id(effect_id),
         outcome: match status {

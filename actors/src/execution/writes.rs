@@ -187,7 +187,7 @@ impl ExecutionActor {
                     // B12: the cancel is recorded, the effect in flight not yet told.
                     openprogram_storage::failpoint!("B12");
                     if let Some(in_flight) = &self.in_flight {
-                        in_flight.abort.abort();
+                        in_flight.abort();
                     }
                     self.cancel_called_function(ctx);
                 }
