@@ -1,11 +1,8 @@
-//! S-8, disk given back: offline compaction. sled 0.34 reuses the space of removed keys for
-//! new writes, but never shrinks its file: after a purge the store keeps its size. A
-//! compaction copies every key of a closed store into a new directory, in batches (memory
-//! bounded by `BATCH_BYTES` and sled's cache, not by the store's size), fsyncs it, and
-//! records there the position the old store acknowledged (S-7). It writes into
-//! `NEW.compacting` and renames that to `NEW` only once everything is durable, so a
-//! compaction cut short leaves no `NEW` that would open as a store; the old directory is
-//! never written.
+//! S-8, disk given back: offline compaction (sled reuses the space of removed keys but never
+//! shrinks its file). Copies every key of a closed store into a new directory in bounded
+//! batches, fsyncs it, records there the position the old store acknowledged (S-7), and
+//! renames `NEW.compacting` to `NEW` only once all is durable, so a compaction cut short
+//! leaves nothing that opens as a store. The old directory is never written.
 
 use std::path::Path;
 

@@ -1,11 +1,8 @@
-//! The canonical event of an execution and its envelope.
+//! The canonical event of an execution (a fact, appended and never rewritten) and its
+//! envelope: their shape only; the committer and the actors decide who appends what, when.
 //!
-//! Events are facts, appended and never rewritten. This module owns their shape only: who may
-//! append them, and in which order, is decided by the committer (`log.rs`) and the actors.
-//!
-//! Encoding: bincode stores enum variants by index. Append new variants at the end, never
-//! reorder, rename or change the fields of an existing one; a change of shape needs a new
-//! record format version and a migration (`migrate.rs`).
+//! bincode stores enum variants by index: append new variants, never reorder, rename or
+//! reshape one; a change of shape needs a new record format and a migration (`migrate.rs`).
 
 use serde::{Deserialize, Serialize};
 
@@ -120,10 +117,9 @@ pub enum Event {
         abandoned_epoch: u64,
         inherited_checkpoint_seq: Option<u64>,
     },
-    /// A control command was saved (K-1), with its payload; its decision follows in the
-    /// same transition. In logs written before that, it may stand alone (a crash before the
-    /// decision), and the attempt that resumes decides it first. Replaces
-    /// `CommandAccepted` for controls.
+    /// A control command was saved (K-1) with its payload; replaces `CommandAccepted` for
+    /// controls. Its decision follows in the same transition; in older logs it may stand
+    /// alone (a crash before the decision), and the attempt that resumes decides it.
     ControlAccepted {
         command_id: CommandId,
         control: Control,
@@ -195,10 +191,8 @@ pub enum Event {
         revision: u32,
         differences: Vec<String>,
     },
-    /// J-1: the execution is a background Job, admitted through the resource queue: it
-    /// runs only while it holds a lease of `resources`. Its place in the queue is its id
-    /// (UUID v7: admission order), kept across pauses and restarts. Written once, at
-    /// admission.
+    /// J-1, written once at admission: the execution is a background Job that runs only while
+    /// it holds a lease of `resources`; its place in the queue is its id (admission order).
     JobQueued {
         resources: Vec<(String, u32)>,
         queued_at_ms: u64,
@@ -261,9 +255,8 @@ pub enum Event {
     /// `interrupted` the turn that held it, paused, if it did.
     SessionTurnStarted { interrupted: Option<ExecutionId> },
     /// E-8: which earlier turns of its branch this turn's model requests carry, fixed before
-    /// its first model request (and again whenever that changes), so that a request
-    /// regenerated after a restart is the one made before it. The branch's ended turns
-    /// never change; what could is fixed here.
+    /// its first model request (and whenever that changes), so that a request regenerated
+    /// after a restart is the one made before it.
     ContextPinned {
         /// The compaction summaries standing for the branch's oldest turns, as they read
         /// then (a later compaction may drop one from the conversation record): each one's

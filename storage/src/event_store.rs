@@ -1,10 +1,7 @@
-//! The event log's API, whatever the engine underneath: `EventStore` writes (only the actors
-//! hold one), `EventReader` reads (inspection: HTTP, the debug endpoint, the CLI); with the
-//! answers only this API gives — a purge's and a sweep's steps (S-8), the registry of
-//! runtime nodes (N-2). `Store` (sled, `store.rs`) and `PgStore` (`pg.rs`) implement it.
-//!
-//! It names no engine's type: callers see the traits and owned records, so another backend
-//! stands beside these without touching `actors/`.
+//! The event log's API, whatever the engine underneath (`Store`, sled; `PgStore`): `EventStore`
+//! writes (only the actors hold one), `EventReader` reads (inspection), with the answers only
+//! this API gives: purge and sweep steps (S-8), the node registry (N-2). It names no engine's
+//! type, so another backend stands beside these without touching `actors/`.
 
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};

@@ -1,7 +1,6 @@
-//! What a log frame holds (codec.rs frames it): one committed transition's head, events and
-//! records in memory (`Frame`), as log formats 2 and 3 write them (`WireFrameRef`, read back as
-//! `WireFrame`), and as read back (`StoredFrame`, whose head is completed with its
-//! identity and whose blob-stored admission inputs are put back by the reader).
+//! What a log frame holds (codec.rs frames it): one committed transition in memory (`Frame`),
+//! as formats 2 and 3 write it (`WireFrameRef`, read as `WireFrame`), and as read back
+//! (`StoredFrame`, completed with its head's identity and its blobbed inputs).
 
 use std::borrow::Cow;
 
@@ -274,32 +273,11 @@ pub(crate) fn inputs_to_blob(frame: &Frame) -> Vec<(u32, BlobHash)> {
 
 /// `event` without its admission input (stored as a blob).
 fn without_input(event: &Event) -> Event {
-    match event {
-        Event::Admitted {
-            kind,
-            session_id,
-            run_id,
-            parent_execution_id,
-            revision_id,
-            turn_id,
-            user_message_id,
-            reply_message_id,
-            parent_message_id,
-            input: _,
-        } => Event::Admitted {
-            kind: *kind,
-            session_id: *session_id,
-            run_id: *run_id,
-            parent_execution_id: *parent_execution_id,
-            revision_id: *revision_id,
-            turn_id: *turn_id,
-            user_message_id: *user_message_id,
-            reply_message_id: *reply_message_id,
-            parent_message_id: *parent_message_id,
-            input: String::new(),
-        },
-        other => other.clone(),
+    let mut event = event.clone();
+    if let Event::Admitted { input, .. } = &mut event {
+        input.clear();
     }
+    event
 }
 
 /// A frame as versions 2 and 3 write it (see `codec::encode_frame`).

@@ -3,9 +3,8 @@
 //! Each id prints with a fixed prefix (`ex_0190…`) so a log line or a URL says what it names.
 //! Parsing accepts the prefixed form and, for ids that clients generate themselves (a
 //! `command_id` is a client UUID in the HTTP contract), the bare UUID form.
-//! Encoding: in binary formats (bincode) an id is its 16 UUID bytes; in human-readable
-//! formats (JSON) it is its prefixed string. This module does not know how ids are keyed on
-//! disk (see `keys.rs`).
+//! Encoding: its 16 UUID bytes in binary formats (bincode), its prefixed string in
+//! human-readable ones (JSON). How ids are keyed on disk is `keys.rs`'s.
 
 use std::fmt;
 use std::str::FromStr;
@@ -26,8 +25,7 @@ pub struct ParseIdError {
 const PRINTED_BYTES_MAX: usize = 48;
 
 /// An id's printed form, written into `buffer`: what `Display` prints, and what JSON
-/// serializes as one string (`collect_str` escaped each piece of the `Display` output
-/// separately, ~1k instructions per id, with ids in every checkpoint's next action).
+/// serializes as one string (not `collect_str`, which escapes each piece separately).
 fn printed<'b>(
     prefix: &str,
     uuid: &Uuid,
@@ -42,7 +40,7 @@ fn printed<'b>(
 }
 
 macro_rules! define_id {
-    ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
+    ($($(#[$doc:meta])* $name:ident, $prefix:literal;)*) => {$(
         $(#[$doc])*
         #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub struct $name(Uuid);
@@ -134,62 +132,38 @@ macro_rules! define_id {
                 }
             }
         }
-    };
+    )*};
 }
 
-define_id!(
+define_id! {
     /// A conversation: the scope of authorization. Never a control target.
-    SessionId, "ses"
-);
-define_id!(
+    SessionId, "ses";
     /// Groups an original execution with its forks and retries.
-    RunId, "run"
-);
-define_id!(
+    RunId, "run";
     /// Names one execution for its whole life, across restarts and attempts; the exact
     /// target of a control. For Jobs, the job id is the execution id.
-    ExecutionId, "ex"
-);
-define_id!(
+    ExecutionId, "ex";
     /// One activation of an execution by an owner.
-    AttemptId, "att"
-);
-define_id!(
+    AttemptId, "att";
     /// An immutable version of the program and its contract (provider, tools, function code).
-    RevisionId, "rev"
-);
-define_id!(
+    RevisionId, "rev";
     /// De-duplicates commands: the same id with the same payload returns the stored outcome.
-    CommandId, "cmd"
-);
-define_id!(
+    CommandId, "cmd";
     /// The user message an execution answers; stable across resume.
-    TurnId, "turn"
-);
-define_id!(
+    TurnId, "turn";
     /// A message of the conversation graph (the user message or the assistant reply).
-    MessageId, "msg"
-);
-define_id!(
+    MessageId, "msg";
     /// An approval, question, form or permission request.
-    WaitId, "wait"
-);
-define_id!(
+    WaitId, "wait";
     /// One model request or tool call; the key of its receipt.
-    EffectId, "eff"
-);
-define_id!(
+    EffectId, "eff";
     /// A managed process. Never the OS pid.
-    ProcessId, "proc"
-);
-define_id!(
+    ProcessId, "proc";
     /// One runtime incarnation: a new one at every start of the process.
-    OwnerId, "own"
-);
-define_id!(
+    OwnerId, "own";
     /// J-1: one lease of resources held by a Job's attempt, from its grant to its release.
-    LeaseId, "lease"
-);
+    LeaseId, "lease";
+}
 
 #[cfg(test)]
 mod tests {

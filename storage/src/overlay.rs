@@ -1,24 +1,18 @@
-//! The committed state that is not yet written to its own keys.
+//! The committed state that is not yet written to its own keys: a group commit writes log
+//! records only; heads (with their newest frame refs, `head_record.rs`), event-index chunks
+//! and records wait here until a *materialization* writes many transitions of an execution
+//! as one head record write.
 //!
-//! The hot path writes each group of transitions as log records only (one sled insert per
-//! ~16 KiB of frames). Heads, event-index chunks and records are kept here and written to
-//! their own keys later by a *materialization*, which coalesces many transitions of one
-//! execution into one head record write (its newest frame refs included: `head_record.rs`),
-//! and an index chunk when those refs outgrow the head record.
+//! New commits go to `active`. A materialization *freezes* it (as `frozen`, with the log
+//! position it covers) and writes `frozen` a slice per group commit, so no group pays for
+//! the whole overlay; the last slice's batch moves the materialization mark.
 //!
-//! Two layers: new commits go to `active`. A materialization *freezes* `active` (it becomes
-//! `frozen`, with the log position it covers) and then writes `frozen` to disk a slice per
-//! group commit, so no single group pays for the whole overlay. When the last slice is
-//! written, the same batch moves the materialization mark to the frozen position.
-//!
-//! Invariant: only the committer thread mutates the overlay, and only after the group that
-//! produced the change is durable. Invariant: a slice is applied to sled before it leaves
-//! `frozen` (applied, not yet fsynced: what it holds is durable in the log already), and it
-//! leaves under the write lock with `generation` bumped, so a reader that
-//! reads the overlay, then sled, and sees the same generation before and after, saw a
-//! consistent state (`Store::read_consistent`). Invariant: a partly written materialization
-//! is harmless: the mark has not moved, the replay rebuilds the same heads and records and
-//! writes them again; refs a head record on disk already covers are not added again.
+//! Invariants: only the committer thread mutates the overlay, after the group that made the
+//! change is durable. A slice is applied to sled before it leaves `frozen`, under the write
+//! lock with `generation` bumped, so a reader that sees the same generation before and after
+//! reading the overlay then sled saw a consistent state (`Store::read_consistent`). A partly
+//! written materialization is harmless: the mark has not moved, the replay writes the same
+//! heads and records again, and refs a head record already covers are not added again.
 
 use std::borrow::Cow;
 use std::collections::hash_map::Entry;
@@ -39,8 +33,8 @@ pub(crate) struct Dirty {
     pub head: ExecutionHead,
     /// The state under which the by-state index on disk lists this execution, if any.
     pub indexed_state: Option<ExecutionState>,
-    /// Where the events committed since are in the log, in seq order: what the event index
-    /// gets. The events themselves are read from the log, never kept here twice.
+    /// Where the events committed since are in the log (not the events: they are read from
+    /// there), in seq order: what the event index gets.
     pub frame_refs: Vec<FrameRef>,
     /// The head record's index on disk before this entry is written (as an earlier entry
     /// being written will leave it), when known without a read; else read when written.
@@ -125,11 +119,9 @@ impl Overlay {
 
     /// The executions of a session held here (new ones are not on disk yet).
     pub fn in_session(&self, session_id: crate::ids::SessionId) -> Vec<ExecutionId> {
-        [&self.frozen, &self.active]
-            .into_iter()
-            .flat_map(|layer| layer.execs.iter())
-            .filter(|(_, dirty)| dirty.head.session_id == session_id)
-            .map(|(execution_id, _)| *execution_id)
+        let sessions = self.sessions().into_iter();
+        sessions
+            .filter_map(|(session, execution_id)| (session == session_id).then_some(execution_id))
             .collect()
     }
 
@@ -144,15 +136,15 @@ impl Overlay {
 
     /// Every process record held here, the newest version of each.
     pub fn processes(&self) -> HashMap<RecordKey, crate::records::ProcessRecord> {
-        let mut found = HashMap::new();
-        for layer in [&self.frozen, &self.active] {
-            for (key, value) in &layer.records {
-                if let RecordValue::Process(process) = value {
-                    found.insert(*key, process.clone());
-                }
-            }
-        }
-        found
+        // Collected frozen first, so the active version of a record wins.
+        [&self.frozen, &self.active]
+            .into_iter()
+            .flat_map(|layer| &layer.records)
+            .filter_map(|(key, value)| match value {
+                RecordValue::Process(process) => Some((*key, process.clone())),
+                _ => None,
+            })
+            .collect()
     }
 
     pub fn record(&self, key: &RecordKey) -> Option<&RecordValue> {
@@ -183,22 +175,14 @@ impl Overlay {
     /// Executions that are in `state` now but not listed so on disk, and those listed so on
     /// disk but no longer in it.
     pub fn state_changes(&self, state: ExecutionState) -> (Vec<ExecutionId>, Vec<ExecutionId>) {
-        let mut added = Vec::new();
-        let mut removed = Vec::new();
-        let ids = self.frozen.execs.keys().chain(
-            self.active
-                .execs
-                .keys()
-                .filter(|id| !self.frozen.execs.contains_key(id)),
-        );
-        for execution_id in ids {
-            let Some((head, indexed_state)) = self.current(*execution_id) else {
-                continue;
-            };
-            if head.state == state {
-                added.push(*execution_id);
-            } else if indexed_state == Some(state) {
-                removed.push(*execution_id);
+        let (mut added, mut removed) = (Vec::new(), Vec::new());
+        let active = self.active.execs.keys();
+        let ids = active.filter(|id| !self.frozen.execs.contains_key(id));
+        for execution_id in self.frozen.execs.keys().chain(ids) {
+            match self.current(*execution_id) {
+                Some((head, _)) if head.state == state => added.push(*execution_id),
+                Some((_, indexed)) if indexed == Some(state) => removed.push(*execution_id),
+                _ => {}
             }
         }
         (added, removed)
@@ -234,10 +218,7 @@ impl Overlay {
                 // A frozen entry still to be written decides what the index on disk becomes:
                 // `finish_slice` hands this entry the index it wrote (and `write_all` uses
                 // what it leaves), so it is not worked out here a second time.
-                let base = match self.frozen.execs.contains_key(entry.key()) {
-                    true => None,
-                    false => disk_index,
-                };
+                let base = disk_index.filter(|_| !self.frozen.execs.contains_key(entry.key()));
                 entry.insert(Dirty {
                     head: frame.head,
                     indexed_state,
@@ -342,10 +323,9 @@ impl Overlay {
         for (execution_id, dirty) in &self.active.execs {
             // Later writes of the same key in one batch win: the active head replaces the
             // frozen one, and the index moves on from where the frozen write left it.
-            let indexed_state = match self.frozen.execs.get(execution_id) {
-                Some(frozen) => index_state(&frozen.head),
-                None => dirty.indexed_state,
-            };
+            let frozen = self.frozen.execs.get(execution_id);
+            let indexed_state =
+                frozen.map_or(dirty.indexed_state, |frozen| index_state(&frozen.head));
             let base = match left.remove(execution_id) {
                 Some(base) => Some(Cow::Owned(base)),
                 None => resolve_base(dirty, *execution_id, on_disk, batch)?,
@@ -376,16 +356,10 @@ impl Overlay {
         let Some(base) = resolve_base(dirty, execution_id, on_disk, batch)? else {
             return Ok(None);
         };
-        let refs_max = self.head_frame_refs_max;
         let indexed = dirty.indexed_state;
-        Ok(Some(write_dirty(
-            batch,
-            execution_id,
-            dirty,
-            indexed,
-            &base,
-            refs_max,
-        )))
+        let refs_max = self.head_frame_refs_max;
+        let written = write_dirty(batch, execution_id, dirty, indexed, &base, refs_max);
+        Ok(Some(written))
     }
 }
 

@@ -42,6 +42,19 @@ impl RecordValue {
             RecordValue::Job(_) | RecordValue::Projection(_) | RecordValue::Session(_) => None,
         }
     }
+
+    /// The record's id: its key's after the prefix (`keys`), its row's in PostgreSQL.
+    pub(crate) fn id(&self) -> uuid::Uuid {
+        *match self {
+            RecordValue::Command(record) => record.command_id.as_uuid(),
+            RecordValue::Receipt(record) => record.effect_id.as_uuid(),
+            RecordValue::Wait(record) => record.wait_id.as_uuid(),
+            RecordValue::Process(record) => record.process_id.as_uuid(),
+            RecordValue::Job(record) => record.job_id.as_uuid(),
+            RecordValue::Projection(record) => record.execution_id.as_uuid(),
+            RecordValue::Session(record) => record.session_id.as_uuid(),
+        }
+    }
 }
 
 /// The command record as schemas 1..=5 wrote it (no `reason_code`).

@@ -363,36 +363,11 @@ impl Shared {
         self.overlay.write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn in_flight_blobs_insert(&self, hash: BlobHash) {
-        lock(&self.in_flight_blobs).insert(hash);
-    }
-
     /// The group is durable: its blobs and records become readable.
     pub fn in_flight_blobs_clear(&self) {
         lock(&self.in_flight_blobs).clear();
         lock(&self.in_flight_records).clear();
         lock(&self.in_flight_overwrites).clear();
-    }
-
-    /// `key` is about to be rewritten by the group being committed; `durable` is its value
-    /// now (the first one the group saw, if it rewrites the key twice).
-    pub fn in_flight_overwrite(&self, key: [u8; 17], durable: Option<sled::IVec>) {
-        lock(&self.in_flight_overwrites)
-            .entry(key)
-            .or_insert(durable);
-    }
-
-    /// The durable value of a key the group being committed rewrites, if it does.
-    pub fn overwritten(&self, key: &[u8; 17]) -> Option<Option<sled::IVec>> {
-        lock(&self.in_flight_overwrites).get(key).cloned()
-    }
-
-    pub fn in_flight_record_insert(&self, key: [u8; 17]) {
-        lock(&self.in_flight_records).insert(key);
-    }
-
-    pub fn is_record_in_flight(&self, key: &[u8; 17]) -> bool {
-        lock(&self.in_flight_records).contains(key)
     }
 
     /// Quarantines the execution a frame of the log record at `key` is of (as far as its

@@ -87,15 +87,9 @@ impl Transition {
 
     /// Creates the execution described by `head`.
     pub fn create(head: ExecutionHead, events: Vec<Event>) -> Self {
-        Self {
-            execution_id: head.execution_id,
-            expected_version: Some(0),
-            writer_epoch: None,
-            head: Some(head),
-            events,
-            upserts: Vec::new(),
-            session: None,
-        }
+        Self::new(head.execution_id, events)
+            .expect_version(0)
+            .with_head(head)
     }
 
     /// K-1, K-4: saves a command `Rejected` and nothing else. The execution's head, version,
@@ -107,14 +101,12 @@ impl Transition {
     /// `VersionConflict` or `Fenced` and nothing is written, so a stale owner never stores a
     /// refusal the current one would not make.
     pub fn rejection(record: CommandRecord, version: u64, epoch: Option<u64>) -> Self {
+        let transition = Self::new(record.execution_id, Vec::new());
         Self {
-            execution_id: record.execution_id,
-            expected_version: Some(version),
             writer_epoch: epoch,
-            head: None,
-            events: Vec::new(),
-            upserts: vec![Upsert::Command(record)],
-            session: None,
+            ..transition
+                .expect_version(version)
+                .with(Upsert::Command(record))
         }
     }
 

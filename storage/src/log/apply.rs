@@ -12,6 +12,7 @@ use crate::commit::{self, Held, Verdict, View, Written};
 use crate::event::Event;
 use crate::overlay::index_state;
 use crate::records::{BlobHash, ExecutionHead};
+use crate::shared::lock;
 use crate::transition::Upsert;
 
 impl Committer {
@@ -67,7 +68,7 @@ impl Committer {
                 let value = RecordValue::Command(record);
                 crate::overlay::put_record(&mut group.batch, &key, &value);
                 group.recorded.insert(execution_id);
-                self.shared.in_flight_record_insert(key);
+                lock(&self.shared.in_flight_records).insert(key);
                 if let RecordValue::Command(record) = value {
                     group.commands.insert(record.command_id, record);
                 }
@@ -101,7 +102,7 @@ impl Committer {
             let key = keys::blob(hash);
             // Stored once; a stored copy that differs (damaged) is written again.
             if self.shared.db.get(key)?.as_deref() != Some(bytes) {
-                self.shared.in_flight_blobs_insert(hash);
+                lock(&self.shared.in_flight_blobs).insert(hash);
                 group.batch.insert(&key[..], bytes);
             }
         }

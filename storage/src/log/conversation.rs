@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::codec;
+use crate::shared::lock;
 
 impl Committer {
     /// Written to its own key in the batch; until the group is durable, readers get the
@@ -19,11 +20,14 @@ impl Committer {
             // The batch is applied at the group's end: disk holds the durable value.
             None => {
                 let bytes = self.shared.db.get(key)?;
-                let record: Option<ConversationRecord> = match &bytes {
-                    Some(bytes) => Some(codec::decode(&key, bytes)?),
-                    None => None,
-                };
-                self.shared.in_flight_overwrite(key, bytes);
+                let record: Option<ConversationRecord> = bytes
+                    .as_ref()
+                    .map(|bytes| codec::decode(&key, bytes))
+                    .transpose()?;
+                // The first value the group saw, if it rewrites the key twice.
+                lock(&self.shared.in_flight_overwrites)
+                    .entry(key)
+                    .or_insert(bytes);
                 record
             }
         };

@@ -1,16 +1,13 @@
 //! S-8, the committer's half of retention: one step of an execution's purge, and one step of
-//! the log's sweep. Each is part of a group's batch, like a transition: atomic, durable
-//! before it is answered, and bounded (`PURGE_KEYS_MAX`, the sweep's `max_records`), so no
-//! group waits on a whole history. Part of the committer (`log.rs`), whose state it reads.
+//! the log's sweep, each part of a group's batch like a transition (atomic, durable before
+//! it is answered) and bounded, so no group waits on a whole history.
 //!
-//! A purge's first step makes the execution unreadable at once: it writes the tombstone
-//! (`PurgedRecord`) and removes the head record (and with it the newest event refs), its
-//! projection, Job record, session listing and retention entry. Later steps remove what is
-//! left — the records it owned (`keys::owned`) and its index chunks — until the tombstone
-//! says `finished`. A crash between steps leaves a tombstone not finished: the next step,
-//! after the reopen too, goes on from what is still there. Its events stay in the log
-//! records they share with other executions until the sweep finds a record whose every
-//! frame is of a purged execution and removes it.
+//! A purge's first step makes the execution unreadable: it writes the tombstone
+//! (`PurgedRecord`) and removes the head record, projection, Job record, session listing and
+//! retention entry. Later steps remove the records it owned (`keys::owned`) and its index
+//! chunks until the tombstone says `finished`; after a crash, the next step goes on from
+//! what is left. Its events stay in shared log records until the sweep removes a record
+//! whose every frame is of a purged execution.
 
 use std::sync::atomic::Ordering;
 

@@ -362,35 +362,16 @@ impl HeadRows {
 
 /// A record's row: its kind, its id, its stored bytes.
 pub(super) fn record_row(record: &RecordValue) -> (i16, Uuid, Vec<u8>) {
-    match record {
-        RecordValue::Command(record) => (
-            kind::COMMAND,
-            *record.command_id.as_uuid(),
-            codec::encode(record),
-        ),
-        RecordValue::Receipt(record) => (
-            kind::RECEIPT,
-            *record.effect_id.as_uuid(),
-            codec::encode(record),
-        ),
-        RecordValue::Wait(record) => (kind::WAIT, *record.wait_id.as_uuid(), codec::encode(record)),
-        RecordValue::Process(record) => (
-            kind::PROCESS,
-            *record.process_id.as_uuid(),
-            codec::encode(record),
-        ),
-        RecordValue::Job(record) => (kind::JOB, *record.job_id.as_uuid(), codec::encode(record)),
-        RecordValue::Projection(record) => (
-            kind::PROJECTION,
-            *record.execution_id.as_uuid(),
-            codec::encode(record),
-        ),
-        RecordValue::Session(record) => (
-            kind::SESSION,
-            *record.session_id.as_uuid(),
-            codec::encode(record),
-        ),
-    }
+    let (kind, bytes) = match record {
+        RecordValue::Command(record) => (kind::COMMAND, codec::encode(record)),
+        RecordValue::Receipt(record) => (kind::RECEIPT, codec::encode(record)),
+        RecordValue::Wait(record) => (kind::WAIT, codec::encode(record)),
+        RecordValue::Process(record) => (kind::PROCESS, codec::encode(record)),
+        RecordValue::Job(record) => (kind::JOB, codec::encode(record)),
+        RecordValue::Projection(record) => (kind::PROJECTION, codec::encode(record)),
+        RecordValue::Session(record) => (kind::SESSION, codec::encode(record)),
+    };
+    (kind, record.id(), bytes)
 }
 
 /// S-4: refuses an execution whose stored head is damaged, on every node from now on.

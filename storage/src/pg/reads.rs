@@ -1,6 +1,5 @@
-//! The PostgreSQL store's reads (`EventReader`): each runs on one of a few reader threads,
-//! each with its own connection; the caller waits for the answer. A connection that broke
-//! is opened again for the next read.
+//! The PostgreSQL store's reads (`EventReader`), each on one of a few reader threads with a
+//! connection of its own (opened again after it broke); the caller waits for the answer.
 
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -233,6 +232,11 @@ fn unsigned(value: i64) -> u64 {
     u64::try_from(value).unwrap_or(0)
 }
 
+/// A count or position for the database: beyond `i64::MAX`, as large as it holds.
+fn signed(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
 impl EventReader for PgStore {
     fn head(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>> {
         self.shared().refusals.check_quarantine(execution_id)?;
@@ -256,8 +260,8 @@ impl EventReader for PgStore {
         limit: usize,
     ) -> Result<Vec<EventEnvelope>> {
         self.shared().refusals.check_quarantine(execution_id)?;
-        let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
-        let rows_max = i64::try_from(limit).unwrap_or(i64::MAX);
+        let after = signed(after_seq);
+        let rows_max = signed(limit as u64);
         let result = self.read(move |client| {
             // The row holding `after_seq` (it may hold later events too), then the rows
             // after it: each holds at least one event, so `limit` rows are enough.
@@ -281,8 +285,8 @@ impl EventReader for PgStore {
     }
 
     fn log_after(&self, after_position: u64, limit: usize) -> Result<Vec<EventEnvelope>> {
-        let after = i64::try_from(after_position).unwrap_or(i64::MAX);
-        let rows_max = i64::try_from(limit).unwrap_or(i64::MAX);
+        let after = signed(after_position);
+        let rows_max = signed(limit as u64);
         self.read(move |client| {
             // As `events_after`, by position across executions, and only below the first
             // position of the oldest transaction still running: a group numbers its events
@@ -366,15 +370,11 @@ impl EventReader for PgStore {
         after: Option<(u64, ExecutionId)>,
         limit: usize,
     ) -> Result<Vec<(u64, ExecutionId)>> {
-        let before = i64::try_from(before_ms).unwrap_or(i64::MAX);
-        let (after_ms, after_id) = match after {
-            Some((at, execution_id)) => (
-                i64::try_from(at).unwrap_or(i64::MAX),
-                *execution_id.as_uuid(),
-            ),
-            None => (-1, Uuid::nil()),
-        };
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let before = signed(before_ms);
+        let (after_ms, after_id) = after.map_or((-1, Uuid::nil()), |(at, execution_id)| {
+            (signed(at), *execution_id.as_uuid())
+        });
+        let limit = signed(limit as u64);
         self.read(move |client| {
             let rows = client
                 .query(
@@ -494,16 +494,11 @@ impl EventReader for PgStore {
                     &[&&hash.0[..]],
                 )
                 .map_err(database)?;
-            match row {
-                None => Ok(None),
-                Some(row) => {
-                    let bytes: Vec<u8> = row.get(0);
-                    if BlobHash::of(&bytes) == hash {
-                        Ok(Some(bytes))
-                    } else {
-                        Err(Error::corrupted(&keys::blob(hash)))
-                    }
+            match row.map(|row| row.get::<_, Vec<u8>>(0)) {
+                Some(bytes) if BlobHash::of(&bytes) != hash => {
+                    Err(Error::corrupted(&keys::blob(hash)))
                 }
+                bytes => Ok(bytes),
             }
         })
     }

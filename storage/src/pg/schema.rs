@@ -25,11 +25,9 @@ const MIGRATION_LOCK: i64 = 0x6f70_676d;
 /// A migration that changes nothing but the version.
 const MARK: &str = "SELECT 1;";
 
-/// Migration `n` takes the schema from `n - 1` to `n`.
-const MIGRATIONS: &[(u32, &str)] = &[
-    (
-        1,
-        "
+/// The `n`th migration takes the schema from `n - 1` to `n`.
+const MIGRATIONS: &[&str] = &[
+    "
     CREATE TABLE op_meta (
         id smallint PRIMARY KEY CHECK (id = 1),
         next_position bigint NOT NULL
@@ -82,11 +80,8 @@ const MIGRATIONS: &[(u32, &str)] = &[
         reason text NOT NULL
     );
     ",
-    ),
-    (
-        2,
-        // N-2: the nodes sharing the store, with their leases (by the database's clock).
-        "
+    // N-2: the nodes sharing the store, with their leases (by the database's clock).
+    "
     CREATE TABLE op_nodes (
         node_id text PRIMARY KEY,
         owner_id uuid NOT NULL,
@@ -96,21 +91,18 @@ const MIGRATIONS: &[(u32, &str)] = &[
         lease_expires_at_ms bigint NOT NULL
     );
     ",
-    ),
-    (
-        3,
-        // A row of `op_events` holds a transition's events, `seq..=last_seq` from
-        // `position` on, encoded together (half the rows and index entries of a step). A
-        // row written before has no `last_seq` and holds one event, as it did.
-        // And room in each page of `op_heads` for a head's next version, so that its
-        // update (one per transition) is a heap-only tuple: no new index entries.
-        //
-        // Positions without a lock (N-2): a group numbers its events from its transaction
-        // id, `position_base + ((xid - xid_base) << 16) + offset`, so groups of every
-        // node commit side by side; readers of the whole log stop below the oldest
-        // transaction still running (`reads.rs`). The bases continue the positions handed
-        // out before.
-        "
+    // A row of `op_events` holds a transition's events, `seq..=last_seq` from
+    // `position` on, encoded together (half the rows and index entries of a step). A
+    // row written before has no `last_seq` and holds one event, as it did.
+    // And room in each page of `op_heads` for a head's next version, so that its
+    // update (one per transition) is a heap-only tuple: no new index entries.
+    //
+    // Positions without a lock (N-2): a group numbers its events from its transaction
+    // id, `position_base + ((xid - xid_base) << 16) + offset`, so groups of every
+    // node commit side by side; readers of the whole log stop below the oldest
+    // transaction still running (`reads.rs`). The bases continue the positions handed
+    // out before.
+    "
     ALTER TABLE op_events ADD COLUMN last_seq bigint;
     ALTER TABLE op_heads SET (fillfactor = 50);
     ALTER TABLE op_meta ADD COLUMN position_base bigint, ADD COLUMN xid_base bigint;
@@ -119,17 +111,16 @@ const MIGRATIONS: &[(u32, &str)] = &[
     ALTER TABLE op_meta ALTER COLUMN position_base SET NOT NULL,
         ALTER COLUMN xid_base SET NOT NULL;
     ",
-    ),
     // 4 to 8 only mark the database, as sled's schemas 9 to 13 mark a store (`migrate.rs`),
     // so that an older build refuses it instead of quarantining executions whose events it
     // cannot decode: the events `ModelUsage` (E-6), `WaitDetails` (W-6, W-8), session
     // records (kind 6 of op_records, under the session's own id), conversation records
     // (kind 7, likewise, written by their own transaction), the event `ContextPinned` (E-8).
-    (4, MARK),
-    (5, MARK),
-    (6, MARK),
-    (7, MARK),
-    (8, MARK),
+    MARK,
+    MARK,
+    MARK,
+    MARK,
+    MARK,
 ];
 
 /// Brings the schema to `SCHEMA_VERSION`; refuses a newer one.
@@ -163,11 +154,11 @@ pub(super) fn migrate(client: &mut Client) -> Result<()> {
             supported: SCHEMA_VERSION,
         });
     }
-    for (version, sql) in MIGRATIONS.iter().filter(|(version, _)| *version > found) {
+    for (version, sql) in (1u32..).zip(MIGRATIONS).skip(found as usize) {
         tracing::info!(version, "migrating the PostgreSQL store");
         transaction.batch_execute(sql).map_err(database)?;
         transaction
-            .execute("UPDATE op_schema SET version = $1", &[&(*version as i32)])
+            .execute("UPDATE op_schema SET version = $1", &[&(version as i32)])
             .map_err(database)?;
     }
     // A database restored from a dump counts transaction ids from elsewhere (lower than the

@@ -1,9 +1,9 @@
-//! The sled store's reads (`EventReader`): the overlay, then disk, read consistently
-//! (`read_consistent`), so a materialization slice written meanwhile is never seen half;
-//! records not yet durable (a group in flight) are not read. An execution's events come
-//! through its event index (`events_after`), the whole log in position order (`log_after`,
-//! which skips purged executions, S-8).
+//! The sled store's reads (`EventReader`): the overlay, then disk, read consistently, so a
+//! materialization slice written meanwhile is never seen half; what a group in flight wrote
+//! is not read. An execution's events come through its event index, the log's in position
+//! order without purged executions (S-8).
 
+use std::collections::hash_map::Entry;
 use std::collections::BTreeSet;
 
 use super::*;
@@ -49,15 +49,15 @@ impl Store {
                 // yet: absent until it is. Disk first, then the in-flight set (which holds the
                 // key from before the batch is applied until after the fsync), so a record
                 // read from disk is checked against the set as it is afterwards.
-                Ok(found.filter(|_| !(on_disk && self.shared().is_record_in_flight(&key))))
+                Ok(found.filter(|_| {
+                    !(on_disk && lock(&self.shared().in_flight_records).contains(&key))
+                }))
             },
         )
     }
 
-    /// Where the events of one execution with `seq > after_seq` are, from its event index
-    /// on disk.
-    /// Stops once the refs cover `limit` events, so paging through a long history costs
-    /// what a page holds.
+    /// Where the events of one execution with `seq > after_seq` are, from its event index on
+    /// disk; stops once they cover `limit` events, so a page costs what it holds.
     pub(super) fn frame_refs_on_disk(
         &self,
         execution_id: ExecutionId,
@@ -186,13 +186,11 @@ impl EventReader for Store {
             return Ok(Vec::new());
         }
         let db = &shared.db;
-        let start = match db
+        let start = db
             .range(keys::log(0)..=keys::log(after_position + 1))
-            .next_back()
-        {
-            Some(item) => item?.0,
-            None => sled::IVec::from(&keys::log(0)[..]),
-        };
+            .next_back();
+        let start = start.transpose()?.map(|(key, _)| key);
+        let start = start.unwrap_or_else(|| sled::IVec::from(&keys::log(0)[..]));
         let mut events = Vec::new();
         let mut purged = std::collections::HashMap::new();
         for item in db.range(start..=sled::IVec::from(&keys::log(durable)[..])) {
@@ -206,12 +204,10 @@ impl EventReader for Store {
                         if !frame.events.iter().any(wanted) {
                             continue;
                         }
-                        let gone = match purged.get(&frame.execution_id) {
-                            Some(gone) => *gone,
-                            None => {
-                                let gone = db.contains_key(keys::purged(frame.execution_id))?;
-                                purged.insert(frame.execution_id, gone);
-                                gone
+                        let gone = match purged.entry(frame.execution_id) {
+                            Entry::Occupied(known) => *known.get(),
+                            Entry::Vacant(entry) => {
+                                *entry.insert(db.contains_key(keys::purged(frame.execution_id))?)
                             }
                         };
                         if gone {
@@ -277,14 +273,9 @@ impl EventReader for Store {
         // dropped after the fsync): while it rewrites the record, its durable value is read.
         let key = keys::conversation(session_id);
         let on_disk = self.shared().db.get(key)?;
-        let bytes = match self.shared().overwritten(&key) {
-            Some(durable) => durable,
-            None => on_disk,
-        };
-        match bytes {
-            Some(bytes) => crate::codec::decode(&key, &bytes).map(Some),
-            None => Ok(None),
-        }
+        let overwritten = lock(&self.shared().in_flight_overwrites).get(&key).cloned();
+        let bytes = overwritten.unwrap_or(on_disk);
+        bytes.map(|bytes| codec::decode(&key, &bytes)).transpose()
     }
 
     fn projection(&self, execution_id: ExecutionId) -> Result<Option<ProjectionRecord>> {
@@ -294,10 +285,8 @@ impl EventReader for Store {
 
     fn purged(&self, execution_id: ExecutionId) -> Result<Option<PurgedRecord>> {
         let key = keys::purged(execution_id);
-        match self.shared().db.get(key)? {
-            Some(bytes) => codec::decode(&key, &bytes).map(Some),
-            None => Ok(None),
-        }
+        let bytes = self.shared().db.get(key)?;
+        bytes.map(|bytes| codec::decode(&key, &bytes)).transpose()
     }
 
     fn ended_before(
@@ -307,11 +296,10 @@ impl EventReader for Store {
         limit: usize,
     ) -> Result<Vec<(u64, ExecutionId)>> {
         let db = &self.shared().db;
-        let end = keys::ended(before_ms, ExecutionId::from_uuid(uuid::Uuid::nil()));
-        let start = match after {
-            Some((at, execution_id)) => keys::ended(at, execution_id),
-            None => keys::ended(0, ExecutionId::from_uuid(uuid::Uuid::nil())),
-        };
+        let nil = ExecutionId::from_uuid(uuid::Uuid::nil());
+        let end = keys::ended(before_ms, nil);
+        let (at, execution_id) = after.unwrap_or((0, nil));
+        let start = keys::ended(at, execution_id);
         let mut ended = Vec::new();
         for item in db.range(&start[..]..&end[..]) {
             if ended.len() >= limit {
