@@ -18,22 +18,18 @@ use crate::execution::machine::{AgentInput, Machine};
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct StartRequest {
     pub message: String,
-    #[serde(default)]
     pub parent_message_id: Option<MessageId>,
     /// For the scripted provider: each element as the JSON text it was given (over HTTP,
     /// the body's own text), built from a value with `json!(…).into()`.
     #[serde(default)]
     pub script: Vec<ScriptElement>,
-    #[serde(default)]
     pub max_iterations: Option<u32>,
     /// Admit the turn paused: it waits for Continue or Step (as Agent forks do, K-2).
     #[serde(default)]
     pub start_paused: bool,
     /// J-1: admit it as a background Job, through the resource queue.
-    #[serde(default)]
     pub job: Option<JobRequest>,
     /// C-2: what this message does while another turn of the session runs (default `queue`).
-    #[serde(default)]
     pub when_busy: Option<BusyStrategy>,
 }
 
@@ -70,9 +66,7 @@ pub struct JobRequest {
     /// Amounts by resource name: all leased at once, or none.
     pub resources: BTreeMap<String, u32>,
     /// Not leased within this many milliseconds of admission: it ends `expired`, never run.
-    #[serde(default)]
     pub queue_deadline_ms: Option<u64>,
-    #[serde(default)]
     pub budget: Option<BudgetRequest>,
 }
 
@@ -80,9 +74,7 @@ pub struct JobRequest {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetRequest {
-    #[serde(default)]
     pub steps: Option<u32>,
-    #[serde(default)]
     pub wall_ms: Option<u64>,
 }
 

@@ -294,8 +294,8 @@ impl Provider for Scripted {
 }
 
 fn string_arg(args: &serde_json::Value, name: &str) -> Result<String, String> {
-    args.get(name)
-        .and_then(|value| value.as_str())
+    args[name]
+        .as_str()
         .map(str::to_owned)
         .ok_or_else(|| format!("missing string argument `{name}`"))
 }
@@ -351,7 +351,7 @@ impl Tool for Sleep {
         })
     }
     fn call(&self, call: ToolCall) -> BoxFuture<'static, ToolResult> {
-        let ms = call.args.get("ms").and_then(|ms| ms.as_u64());
+        let ms = call.args["ms"].as_u64();
         async move {
             let ms = ms.ok_or("missing integer argument `ms`")?;
             if ms > SLEEP_MS_MAX {
@@ -436,10 +436,7 @@ impl Tool for Shell {
             Some(args) => serde_json::from_value::<Vec<String>>(args.clone())
                 .map_err(|_| String::from("`args` must be an array of strings")),
         };
-        let background = call
-            .args
-            .get("background")
-            .and_then(|value| value.as_bool());
+        let background = call.args["background"].as_bool();
         let handle = call.handle;
         async move {
             let started = handle.start_process(program?, args?).await?;
@@ -501,11 +498,7 @@ impl Tool for Call {
             Ok(function) => function,
             Err(error) => return futures::future::ready(Err(error.into())).boxed(),
         };
-        let input = call
-            .args
-            .get("input")
-            .cloned()
-            .unwrap_or(serde_json::Value::Null);
+        let input = call.args["input"].clone();
         let running = call.handle.call_function(function, input);
         async move { Ok(running.await?) }.boxed()
     }

@@ -43,16 +43,15 @@ const CHANNEL_LEN: usize = 256;
 /// The executions being watched, and their channels.
 #[derive(Debug, Default)]
 pub struct DeltaHub {
-    channels: Mutex<HashMap<ExecutionId, broadcast::Sender<Arc<Delta>>>>,
+    channels: Mutex<Channels>,
 }
+
+type Channels = HashMap<ExecutionId, broadcast::Sender<Arc<Delta>>>;
 
 impl DeltaHub {
     /// The deltas of `execution_id` from now on, until the watch is dropped.
     pub fn subscribe(self: &Arc<Self>, execution_id: ExecutionId) -> DeltaWatch {
-        let mut channels = self
-            .channels
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut channels = self.channels();
         // Channels whose watchers left at the same moment (each saw the other) go here.
         channels.retain(|_, sender| sender.receiver_count() > 0);
         let receiver = channels
@@ -68,17 +67,17 @@ impl DeltaHub {
 
     /// How many executions are watched now.
     pub fn watched(&self) -> usize {
+        self.channels().len()
+    }
+
+    fn channels(&self) -> std::sync::MutexGuard<'_, Channels> {
         self.channels
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .len()
     }
 
     fn publish(&self, execution_id: ExecutionId, delta: impl FnOnce() -> Delta) {
-        let mut channels = self
-            .channels
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut channels = self.channels();
         let Some(sender) = channels.get(&execution_id) else {
             return;
         };
@@ -113,11 +112,7 @@ impl DeltaWatch {
 
 impl Drop for DeltaWatch {
     fn drop(&mut self) {
-        let mut channels = self
-            .hub
-            .channels
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut channels = self.hub.channels();
         // This watch's receiver is still counted: it is dropped after this.
         if channels
             .get(&self.execution_id)

@@ -36,7 +36,6 @@ struct StepsInput {
     #[serde(default)]
     sleep_ms: u64,
     /// An approval before step `ask_at`: declined, that step is skipped.
-    #[serde(default)]
     ask_at: Option<u32>,
 }
 

@@ -137,16 +137,14 @@ impl HttpTool {
     /// The request `args` ask for, or why it is refused (nothing sent).
     fn request(&self, call: &ToolCall) -> Result<reqwest::RequestBuilder, String> {
         let args = &call.args;
-        let method = args
-            .get("method")
-            .and_then(Value::as_str)
+        let method = args["method"]
+            .as_str()
             .unwrap_or("GET")
             .to_ascii_uppercase();
         let method = reqwest::Method::from_bytes(method.as_bytes())
             .map_err(|_| format!("`{method}` is not an HTTP method"))?;
-        let url = args
-            .get("url")
-            .and_then(Value::as_str)
+        let url = args["url"]
+            .as_str()
             .ok_or("missing string argument `url`")?;
         let url = reqwest::Url::parse(url).map_err(|error| format!("`{url}`: {error}"))?;
         if !matches!(url.scheme(), "http" | "https") {

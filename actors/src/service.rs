@@ -34,16 +34,13 @@ pub struct FunctionStart {
     #[serde(default)]
     pub input: serde_json::Value,
     /// F-3: its version policy; the runtime's default if none.
-    #[serde(default)]
     pub policy: Option<openprogram_storage::VersionPolicy>,
     /// A registered revision to run instead of the newest (library only).
-    #[serde(default)]
     pub revision: Option<u32>,
     /// Admit it paused: it waits for Continue or Step.
     #[serde(default)]
     pub start_paused: bool,
     /// J-1: admit it as a background Job, through the resource queue.
-    #[serde(default)]
     pub job: Option<crate::admission::JobRequest>,
 }
 

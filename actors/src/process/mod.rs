@@ -314,10 +314,7 @@ impl Actor for ProcessActor {
         ctx.spawn(
             fut::wrap_future::<_, Self>(async move { child.wait().await }).map(
                 |status, act, ctx| {
-                    act.exit_code = Some(match status {
-                        Ok(status) => os::exit_code(status),
-                        Err(_) => -1,
-                    });
+                    act.exit_code = Some(status.map_or(-1, os::exit_code));
                     if !act.output_closed {
                         ctx.run_later(OUTPUT_DRAIN, |act, ctx| {
                             act.output_closed = true;

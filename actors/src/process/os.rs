@@ -166,17 +166,19 @@ fn from_os_error(err: io::Error) -> SignalError {
     }
 }
 
+/// `pid` as the OS names it: 0 would mean our own process (group) and a value past i32::MAX
+/// a negative one, never a child's.
+fn pid_of(pid: u32) -> Option<Pid> {
+    i32::try_from(pid).ok().and_then(Pid::from_raw)
+}
+
 /// Sends `signal` to the process group whose id is `pid`.
 fn killpg(pid: u32, signal: StopSignal) -> Result<(), SignalError> {
-    // 0 would mean our own group and a value past i32::MAX a negative one: never a child's.
-    let pgrp = match i32::try_from(pid).ok().and_then(Pid::from_raw) {
-        Some(pgrp) => pgrp,
-        None => {
-            return Err(SignalError::Io(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{pid} is not a process group id"),
-            )))
-        }
+    let Some(pgrp) = pid_of(pid) else {
+        return Err(SignalError::Io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{pid} is not a process group id"),
+        )));
     };
     kill_process_group(pgrp, signal.rustix()).map_err(|errno| from_os_error(errno.into()))
 }
@@ -212,10 +214,7 @@ impl Signaller {
     /// Opens a pidfd for `identity.pid`. Any failure (ENOSYS on an old kernel, a seccomp
     /// filter) leaves it out: the verified identity is the fallback, not an error.
     fn open(identity: OsIdentity) -> Self {
-        let pidfd = i32::try_from(identity.pid)
-            .ok()
-            .and_then(Pid::from_raw)
-            .and_then(|pid| pidfd_open(pid, PidfdFlags::empty()).ok());
+        let pidfd = pid_of(identity.pid).and_then(|pid| pidfd_open(pid, PidfdFlags::empty()).ok());
         Self { identity, pidfd }
     }
 
@@ -270,19 +269,16 @@ pub fn spawn(program: &str, args: &[String]) -> io::Result<Spawned> {
     let identity = child
         .id()
         .ok_or_else(|| io::Error::other("the child has no pid right after spawn"))
-        .and_then(identity_of);
-    match identity {
-        Ok(identity) => Ok(Spawned {
-            signaller: Signaller::open(identity),
-            child,
-        }),
-        Err(err) => {
+        .and_then(identity_of)
+        .inspect_err(|_| {
             // Unrecorded, it could never be stopped later: end it now. It is unreaped,
             // so its pid is still its own.
             let _ = child.start_kill();
-            Err(err)
-        }
-    }
+        })?;
+    Ok(Spawned {
+        signaller: Signaller::open(identity),
+        child,
+    })
 }
 
 /// Reads once from `reader`; a closed (None) one never completes, so its select! branch
