@@ -126,7 +126,7 @@ impl ExecutionActor {
             self.submit_planned(events, vec![upsert], None, session)
                 .then(move |outcome, act, ctx| {
                     if runs_again && matches!(outcome, Ok(Outcome::Committed(_))) {
-                        act.wake_first_in_line();
+                        act.wake_line(false);
                     }
                     if let Ok(Outcome::SessionConflict { .. }) = outcome {
                         if claims {

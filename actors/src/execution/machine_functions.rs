@@ -1,7 +1,6 @@
-//! The pure machine's rules for durable functions (F-1..F-7): what a
-//! run of the body runs (version policy, `decide_run`), when it stops at a boundary, what a
-//! step's result and the body's return commit, and how committed steps are read back. Like
-//! the rest of the machine: no actix, no sled, no clock.
+//! The pure machine's rules for durable functions (F-1..F-7): what a run of the body runs
+//! (version policy, `decide_run`), when it stops at a boundary, what a step's result and the
+//! body's return commit, and how committed steps are read back.
 
 use openprogram_storage::{
     EffectId, Event, ExecutionState as Status, ReceiptStatus, VersionPolicy,
@@ -104,10 +103,10 @@ impl Machine {
         for (position, step) in (0u32..).zip(&self.completed_steps) {
             // Its id in the active revision: an adopted alias, or its own if the active
             // revision ran it; a step the active revision does not stand for is none.
-            let active_id = match active_ids.get(&position) {
-                Some(alias) => Some(*alias),
-                None => (step.revision == active).then_some(step.step_id.as_str()),
-            };
+            let active_id = active_ids
+                .get(&position)
+                .copied()
+                .or_else(|| (step.revision == active).then_some(step.step_id.as_str()));
             match active_id
                 .zip(correspond)
                 .and_then(|(active_id, correspond)| correspond(active_id))
@@ -117,9 +116,7 @@ impl Machine {
                     let earlier = self.step_output(position);
                     let converting = convert.filter(|_| step.status == ReceiptStatus::Confirmed);
                     match converting.map(|convert| convert(&new_id, earlier)) {
-                        Some(Ok(output)) if output != earlier => {
-                            converted.push((position, output));
-                        }
+                        Some(Ok(output)) if output != earlier => converted.push((position, output)),
                         Some(Err(why)) => differences.push(format!(
                             "the result of step `{}` does not convert to revision {latest}: {why}",
                             step.step_id

@@ -1,7 +1,6 @@
 //! The vocabulary of the execution state machine, pure data: what goes in (`Input`,
-//! provider `Decision`s), what comes out (`Action`, `Next`, `Rejection`), the data it keeps
-//! about an agent turn (their rules import the machine, so the data lives here), and the
-//! checkpoint's text (`NextAction`).
+//! `Decision`s), what comes out (`Action`, `Next`, `Rejection`), the data it keeps about an
+//! agent turn (apart from the rules, which import the machine), and `NextAction`.
 
 use openprogram_storage::{
     AttemptId, CommandId, Control, EffectId, Event, OwnerId, ReceiptStatus, RevisionId, WaitStatus,
@@ -166,12 +165,10 @@ pub struct Receipt {
     pub status: ReceiptStatus,
 }
 
-/// An execution's receipts, in the order their effects were first recorded. A list, not a
-/// map by effect id: inserting at random keys into a map that grows with the execution
-/// costs every fold. One effect is in flight at a time, and no model call starts while a
-/// tool call is pending or unresolved, so a receipt that changes (dispatched, finished,
-/// reconciled, run again) is always the newest one: recording compares the newest only.
-/// The R10 sim checks that no effect gets two receipts.
+/// An execution's receipts, in the order their effects were first recorded: a list, as a
+/// map growing with the execution would cost every fold. One effect is in flight at a time
+/// (no model call while a tool call is pending or unresolved), so a receipt that changes is
+/// always the newest: recording compares the newest only (the R10 sim checks it).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Receipts(Vec<Receipt>);
 
@@ -192,19 +189,14 @@ impl Receipts {
         tool: std::borrow::Cow<'static, str>,
         status: ReceiptStatus,
     ) {
+        let receipt = Receipt {
+            effect_id,
+            tool,
+            status,
+        };
         match self.0.last_mut().filter(|r| r.effect_id == effect_id) {
-            Some(newest) => {
-                *newest = Receipt {
-                    effect_id,
-                    tool,
-                    status,
-                }
-            }
-            None => self.0.push(Receipt {
-                effect_id,
-                tool,
-                status,
-            }),
+            Some(newest) => *newest = receipt,
+            None => self.0.push(receipt),
         }
     }
 

@@ -227,25 +227,13 @@ impl Machine {
 fn head_follows(head: &mut ExecutionHead, event: &Event) {
     match event {
         Event::RestartIntentRecorded { intent } => head.restart_intent = Some(intent.clone()),
-        // A new effect, or a person continuing it, ends the interruption the intent was
-        // about.
+        // A new effect (not one still in doubt), or a person continuing it, ends the
+        // interruption the intent was about.
+        Event::ToolFinished { status, .. } | Event::StepFinished { status, .. }
+            if matches!(status, ReceiptStatus::Dispatched | ReceiptStatus::Unknown) => {}
         Event::ModelDecided { .. }
-        | Event::ToolFinished {
-            status:
-                ReceiptStatus::Confirmed
-                | ReceiptStatus::Failed
-                | ReceiptStatus::NotStarted
-                | ReceiptStatus::NotApplied,
-            ..
-        }
-        | Event::StepFinished {
-            status:
-                ReceiptStatus::Confirmed
-                | ReceiptStatus::Failed
-                | ReceiptStatus::NotStarted
-                | ReceiptStatus::NotApplied,
-            ..
-        }
+        | Event::ToolFinished { .. }
+        | Event::StepFinished { .. }
         | Event::ControlApplied {
             control: Control::Continue | Control::Step,
             ..
@@ -301,12 +289,7 @@ fn receipt_of(
         }
         // A durable function's External steps: only those have an intent (`StepStarted`).
         Event::StepStarted { step_id, effect_id } => {
-            return Some(receipt(
-                *effect_id,
-                step_id.clone(),
-                ReceiptStatus::Dispatched,
-                None,
-            ));
+            (*effect_id, step_id.clone(), ReceiptStatus::Dispatched, None)
         }
         Event::StepFinished {
             step_id,
@@ -318,12 +301,7 @@ fn receipt_of(
                 .pending_steps
                 .iter()
                 .find(|pending| pending.effect_id == *effect_id)?;
-            return Some(receipt(
-                *effect_id,
-                step_id.clone(),
-                *status,
-                Some(output.clone()),
-            ));
+            (*effect_id, step_id.clone(), *status, Some(output.clone()))
         }
         Event::ControlApplied {
             control:
@@ -339,6 +317,7 @@ fn receipt_of(
         }
         _ => return None,
     };
+    // A function's receipts are all its External steps'.
     if present.function.is_none() && recovery(&tool) != Recovery::External {
         return None;
     }

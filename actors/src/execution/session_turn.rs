@@ -1,7 +1,6 @@
 //! C-2, the execution actor's side of a session's foreground turn: a turn waiting for its
-//! session takes it when it may (`take_session`: the session record and the holder's head
-//! read, the machine decides, the record changed in the same transition); a holder that
-//! ends or pauses wakes the first turn in line (`wake_next_in_session`).
+//! session takes it when it may (`take_session`, the record changed in the same
+//! transition); a holder that ends or pauses wakes the first in line.
 
 use actix::prelude::*;
 use openprogram_storage::{
@@ -26,11 +25,8 @@ impl ExecutionActor {
             }
         };
         let store = std::sync::Arc::clone(&self.env.store);
-        let state = move |execution_id: ExecutionId| match store.head(execution_id) {
-            Ok(head) => head.map(|head| head.state),
-            // Unreadable (quarantined): it holds nothing up.
-            Err(_) => None,
-        };
+        // Unreadable (quarantined): it holds nothing up.
+        let state = move |execution_id: ExecutionId| Some(store.head(execution_id).ok()??.state);
         Some((record, state))
     }
 
@@ -160,12 +156,6 @@ impl ExecutionActor {
         });
     }
 
-    /// C-2: this foreground turn runs again: the first turn in its line looks again (an
-    /// interrupt asks it to pause).
-    pub(super) fn wake_first_in_line(&self) {
-        self.wake_line(false);
-    }
-
     /// C-2: this turn held its session, or stood in its line, and ended or paused: the first
     /// turn still queued may take it now. (A wake lost to a crash: startup recovery resumes
     /// queued turns, which look again.)
@@ -175,9 +165,10 @@ impl ExecutionActor {
         }
     }
 
-    /// Wakes the first turn but this one in its session's line; `if_in_it`: only if this
-    /// turn holds the session or stands in the line.
-    fn wake_line(&self, if_in_it: bool) {
+    /// Wakes the first turn but this one in its session's line (when this turn runs again,
+    /// an interrupt so asks it to pause); `if_in_it`: only if this turn holds the session or
+    /// stands in the line.
+    pub(super) fn wake_line(&self, if_in_it: bool) {
         let Some((record, state)) = self.session_now() else {
             return;
         };
