@@ -266,7 +266,7 @@ impl ExecutionActor {
             };
             let upsert = Upsert::Command(record.clone());
             return Box::pin(
-                self.submit(events, vec![upsert])
+                self.submit_planned(events, vec![upsert], None, None)
                     .map(move |outcome, _, _| stored_outcome(outcome, record)),
             );
         }

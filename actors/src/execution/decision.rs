@@ -1,7 +1,6 @@
 //! A provider's decision as the machine records it (E-3): `Decision` (a tool call with what
 //! the model said beside it, a reply, or an `Ask` and the wait it opens: W-1, W-6..W-8) and
-//! the JSON texts it is kept as (`ToolArgs`, `decision_text`). Pure
-//! data.
+//! the JSON texts it is kept as (`ToolArgs`, `decision_text`). Pure data.
 
 use serde::{Deserialize, Serialize};
 
@@ -10,20 +9,9 @@ use serde::{Deserialize, Serialize};
 /// share it, and the tool gets it parsed once (`ToolCall::args`). Built from a value
 /// (`From<serde_json::Value>`), from text (`from_text`) or from a `RawValue` (`from_raw`).
 /// Two are equal when their texts are, as for `ScriptElement`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct ToolArgs(std::sync::Arc<serde_json::value::RawValue>);
-
-impl Serialize for ToolArgs {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(serializer)
-    }
-}
-
-impl<'de> Deserialize<'de> for ToolArgs {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Box::<serde_json::value::RawValue>::deserialize(deserializer).map(|raw| Self(raw.into()))
-    }
-}
 
 impl ToolArgs {
     /// Arguments from JSON text; an error if it is not JSON.
@@ -161,9 +149,7 @@ impl Decision {
             timeout_ms: details.timeout_ms,
         }))
     }
-}
 
-impl Decision {
     /// Call `tool` with `args`.
     pub fn tool(tool: String, args: ToolArgs) -> Self {
         Self::Tool {

@@ -83,11 +83,8 @@ impl Projected {
             .iter()
             .partition(|point| point.next_effect.is_some() && point.next_effect == pending);
         let points_out = settled.len() as u64;
-        let dispatched_pending = machine
-            .pending_tool
-            .as_ref()
-            .map(|pending| pending.effect_id)
-            .filter(|effect_id| machine.dispatched_externals.contains(effect_id));
+        let dispatched_pending =
+            pending.filter(|effect_id| machine.dispatched_externals.contains(effect_id));
         let dispatched_unresolved = machine
             .unresolved
             .iter()

@@ -13,21 +13,11 @@ use crate::execution::machine::{Action, Decision};
 use crate::execution::plan::{Plan, Writer};
 
 impl ExecutionActor {
-    /// Submits `events` and, once committed, applies them and performs the actions.
-    /// Resolves to the storage outcome: `Committed`, or a command duplicate or conflict
-    /// (nothing applied). A fenced or conflicting write stops the actor.
-    pub(super) fn submit(
-        &mut self,
-        events: Vec<Event>,
-        upserts: Vec<Upsert>,
-    ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
-        self.submit_planned(events, upserts, None, None)
-    }
-
-    /// `submit` of the plan of the transition appending `events`, as this actor writes it:
-    /// with the model's `decision` they were decided from (`Machine::decide_decision`),
-    /// which the machine folds once they are committed, and with a write of the session's
-    /// record in the same transition (W-7).
+    /// Submits the plan of the transition appending `events` and, once committed, applies
+    /// them and performs the actions. Resolves to the storage outcome: `Committed`, or a
+    /// command duplicate or conflict (nothing applied); a fenced or conflicting write stops
+    /// the actor. `decision`: the model's decision they were decided from, folded with
+    /// them; `session`: a write of the session's record in the same transition (W-7).
     pub(super) fn submit_planned(
         &mut self,
         events: Vec<Event>,
@@ -35,10 +25,9 @@ impl ExecutionActor {
         decision: Option<Decision>,
         session: Option<openprogram_storage::SessionWrite>,
     ) -> ResponseActFuture<Self, Result<Outcome, Error>> {
-        let writer = match self.epoch {
-            Some(epoch) => Writer::Attempt { epoch },
-            None => Writer::Unclaimed,
-        };
+        let writer = self
+            .epoch
+            .map_or(Writer::Unclaimed, |epoch| Writer::Attempt { epoch });
         let (tools, now_ms) = (&self.env.tools, self.env.clock.now_ms());
         let recovery = |tool: &str| tools.recovery(tool);
         let Plan {
@@ -152,14 +141,15 @@ impl ExecutionActor {
         true
     }
 
-    /// `submit` for transitions that carry no command: anything but a commit is an error.
+    /// `submit_planned` for transitions that carry no command: anything but a commit is an
+    /// error.
     pub(super) fn commit(
         &mut self,
         events: Vec<Event>,
         upserts: Vec<Upsert>,
     ) -> ResponseActFuture<Self, Result<u64, Error>> {
         Box::pin(
-            self.submit(events, upserts)
+            self.submit_planned(events, upserts, None, None)
                 .map(|outcome, _, _| committed_version(outcome)),
         )
     }
@@ -222,14 +212,13 @@ impl ExecutionActor {
                 Action::RunDispatched => {
                     // B05: the intent (`ToolDispatched`) is durable, the tool not started.
                     openprogram_storage::failpoint!("B05");
-                    if let Some(pending) = self.machine.pending_tool.clone() {
-                        if self.in_flight.is_none() {
-                            if let Some(done) = self.start_tool(pending, ctx) {
-                                // Recorded before anything else is taken from the mailbox:
-                                // a command that arrived during the dispatch's commit must
-                                // not find the execution idle and drop a finished result.
-                                ctx.wait(self.effect_done(done));
-                            }
+                    let idle = self.in_flight.is_none();
+                    if let Some(pending) = self.machine.pending_tool.clone().filter(|_| idle) {
+                        if let Some(done) = self.start_tool(pending, ctx) {
+                            // Recorded before anything else is taken from the mailbox: a
+                            // command that arrived during the dispatch's commit must not
+                            // find the execution idle and drop a finished result.
+                            ctx.wait(self.effect_done(done));
                         }
                     }
                 }
