@@ -1,19 +1,18 @@
-//! The Activity projection (B-1..B-5), pure: from what is recorded about a session's
-//! executions to rows per conversation branch, in three sections.
+//! The Activity projection (B-1..B-5), pure: from what is recorded about a session's executions
+//! to rows per conversation branch, in three sections.
 //!
-//! The conversation graph has a node per message: each execution's user message (whose
-//! parent is the admission's `parent_message_id`) and its reply (whose parent is the user
-//! message; a fork or retry adds another reply to the same user message). A branch is a
-//! path from a root to a leaf: Activity counts leaves, never executions. A parent that was
-//! never recorded stays a node of its own with no parent: missing records never guess a
-//! branch (B-1).
+//! The conversation graph has a node per message: each execution's user message (whose parent
+//! is the admission's `parent_message_id`) and its reply (whose parent is the user message; a
+//! fork or retry adds another reply to the same user message). A branch is a path from a root
+//! to a leaf: Activity counts leaves, never executions. A parent that was never recorded stays
+//! a node of its own with no parent: missing records never guess a branch (B-1).
 //!
-//! A branch's id is stable as it grows and forks: from its leaf, go up while the node is
-//! its parent's oldest child; the node where that stops (or the root) names the branch.
+//! A branch's id is stable as it grows and forks: from its leaf, go up while the node is its
+//! parent's oldest child; the node where that stops (or the root) names the branch.
 //!
-//! Fork and Retry children are independent executions on branches of their own. "Child
-//! tasks" (the functions an agent's calls start, F-6) keep a parent's branch In progress,
-//! and are what Cancel on an incomplete-response row may still reach (B-4).
+//! Fork and Retry children are independent executions on branches of their own. "Child tasks"
+//! (the functions an agent's calls start, F-6) keep a parent's branch In progress, and are what
+//! Cancel on an incomplete-response row may still reach (B-4).
 
 use std::collections::{BTreeSet, HashMap};
 

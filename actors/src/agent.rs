@@ -169,7 +169,7 @@ pub trait Tool: Send + Sync + 'static {
         false
     }
 
-    /// What a model is told the tool does, when a real provider offers it (issue 35).
+    /// What a model is told the tool does, when a real provider offers it.
     /// Default: nothing beyond its name.
     fn description(&self) -> String {
         String::new()

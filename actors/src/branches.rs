@@ -274,31 +274,7 @@ impl Service {
             other => Err(Error::Internal(format!("recording a refusal: {other:?}"))),
         }
     }
-}
 
-/// One entry of a session's stream (B-6): an event of one of its executions, or, right after
-/// an event that ended an execution, a `session_reload` marker at the same position.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct SessionEntry {
-    /// The global log position: the stream's resumable cursor.
-    pub position: u64,
-    pub execution_id: ExecutionId,
-    pub seq: u64,
-    /// The event's type, or `session_reload`.
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-}
-
-/// A page of a session's stream, and how far the global log was read for it: a reader
-/// resumes from `scanned_through`, so a quiet session's cursor still moves past what other
-/// sessions wrote.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SessionFeed {
-    pub entries: Vec<SessionEntry>,
-    pub scanned_through: u64,
-}
-
-impl Service {
     /// B-6: the session's entries after `after_position`, `limit` of them or one more: an
     /// event and its `session_reload` are never split, so a cursor never skips a reload. A
     /// terminal outcome is followed by `session_reload` only once it is committed: the log
@@ -365,6 +341,28 @@ impl Service {
             scanned_through: after,
         })
     }
+}
+
+/// One entry of a session's stream (B-6): an event of one of its executions, or, right after
+/// an event that ended an execution, a `session_reload` marker at the same position.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SessionEntry {
+    /// The global log position: the stream's resumable cursor.
+    pub position: u64,
+    pub execution_id: ExecutionId,
+    pub seq: u64,
+    /// The event's type, or `session_reload`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+}
+
+/// A page of a session's stream, and how far the global log was read for it: a reader
+/// resumes from `scanned_through`, so a quiet session's cursor still moves past what other
+/// sessions wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionFeed {
+    pub entries: Vec<SessionEntry>,
+    pub scanned_through: u64,
 }
 
 /// What a child starts from: the original's input and parent message, and for a fork its

@@ -1,5 +1,5 @@
 //! What a running tool call can ask of its execution — the plug-in side of a call, apart
-//! from the actors (issue 30): a `CallHandle` bound to the call's execution and effect asks
+//! from the actors: a `CallHandle` bound to the call's execution and effect asks
 //! live questions (W-4) and starts managed processes (P-1) through the messages here, which
 //! the execution actor handles (`execution/live.rs`, `execution/processes.rs`). Imports no
 //! actor: a `Tool` sees only this module and `agent.rs`.

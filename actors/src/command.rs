@@ -225,6 +225,68 @@ impl CommandBody {
             CommandBody::Revoke { .. } => CommandKind::Revoke,
         }
     }
+
+    /// The body of a `kind` from its fields, checked against the kind's list already; the
+    /// fields are read in the order their errors are reported.
+    fn read(kind: CommandKind, reader: &Reader, expected_version: Option<u64>) -> Result<Self> {
+        let wait = || match reader.parsed::<WaitId>("wait_id")? {
+            Some(wait_id) => Ok(WaitRef::Id(wait_id)),
+            // Without either, an answer meant for one wait could land on a newer one (W-3).
+            None if expected_version.is_none() => Err(Error::InvalidRequest(format!(
+                "{kind} needs `wait_id`, or `expected_version` to pin the execution's pending wait"
+            ))),
+            None => Ok(WaitRef::Pending),
+        };
+        Ok(match kind {
+            CommandKind::Pause => CommandBody::Pause,
+            CommandKind::Continue => CommandBody::Continue {
+                policy: policy_of(reader)?,
+                budget: budget_of(reader)?,
+            },
+            CommandKind::Step => CommandBody::Step,
+            CommandKind::Cancel => CommandBody::Cancel,
+            CommandKind::Retry => CommandBody::Retry,
+            CommandKind::Steer => {
+                let text = reader.text("text")?.filter(|text| !text.is_empty());
+                let text = required(text, "steer needs a non-empty `text`")?;
+                CommandBody::Steer { text }
+            }
+            CommandKind::Fork => CommandBody::Fork {
+                checkpoint: reader.u64("checkpoint")?,
+            },
+            CommandKind::Answer => CommandBody::Answer {
+                wait: wait()?,
+                scope: scope_of(reader)?,
+                answer: reader.text_or_json("answer")?.unwrap_or_default(),
+            },
+            CommandKind::Decline => CommandBody::Decline { wait: wait()? },
+            CommandKind::Reconcile => CommandBody::Reconcile {
+                outcome: ReconcileOutcome::read(reader)?,
+                effect: reader
+                    .parsed("effect_id")?
+                    .map_or(EffectRef::Unresolved, EffectRef::Id),
+                text: reader.text("text")?.unwrap_or_default(),
+            },
+            CommandKind::StopProcess => {
+                let process_id = reader.parsed::<ProcessId>("process_id")?;
+                let process_id = required(process_id, "stop_process needs `process_id`")?;
+                CommandBody::StopProcess { process_id }
+            }
+            CommandKind::Revoke => {
+                let grant_id = reader.parsed::<WaitId>("grant_id")?;
+                let message = "revoke needs `grant_id` (the approval that granted it)";
+                CommandBody::Revoke {
+                    grant_id: required(grant_id, message)?,
+                }
+            }
+            CommandKind::SetPolicy => {
+                let message = "set_policy needs `policy`: keep_original or use_latest";
+                CommandBody::SetPolicy {
+                    policy: required(policy_of(reader)?, message)?,
+                }
+            }
+        })
+    }
 }
 
 /// A control already resolved against its execution (stored in `ControlAccepted`) is the
@@ -526,71 +588,6 @@ impl Command {
             command_id,
             expected_version,
             body,
-        })
-    }
-}
-
-impl CommandBody {
-    /// The body of a `kind` from its fields, checked against the kind's list already; the
-    /// fields are read in the order their errors are reported.
-    fn read(kind: CommandKind, reader: &Reader, expected_version: Option<u64>) -> Result<Self> {
-        let wait = || match reader.parsed::<WaitId>("wait_id")? {
-            Some(wait_id) => Ok(WaitRef::Id(wait_id)),
-            // Without either, an answer meant for one wait could land on a newer one (W-3).
-            None if expected_version.is_none() => Err(Error::InvalidRequest(format!(
-                "{kind} needs `wait_id`, or `expected_version` to pin the execution's pending wait"
-            ))),
-            None => Ok(WaitRef::Pending),
-        };
-        Ok(match kind {
-            CommandKind::Pause => CommandBody::Pause,
-            CommandKind::Continue => CommandBody::Continue {
-                policy: policy_of(reader)?,
-                budget: budget_of(reader)?,
-            },
-            CommandKind::Step => CommandBody::Step,
-            CommandKind::Cancel => CommandBody::Cancel,
-            CommandKind::Retry => CommandBody::Retry,
-            CommandKind::Steer => {
-                let text = reader.text("text")?.filter(|text| !text.is_empty());
-                let text = required(text, "steer needs a non-empty `text`")?;
-                CommandBody::Steer { text }
-            }
-            CommandKind::Fork => CommandBody::Fork {
-                checkpoint: reader.u64("checkpoint")?,
-            },
-            CommandKind::Answer => CommandBody::Answer {
-                wait: wait()?,
-                scope: scope_of(reader)?,
-                answer: reader.text_or_json("answer")?.unwrap_or_default(),
-            },
-            CommandKind::Decline => CommandBody::Decline { wait: wait()? },
-            CommandKind::Reconcile => CommandBody::Reconcile {
-                outcome: ReconcileOutcome::read(reader)?,
-                effect: match reader.parsed::<EffectId>("effect_id")? {
-                    Some(effect_id) => EffectRef::Id(effect_id),
-                    None => EffectRef::Unresolved,
-                },
-                text: reader.text("text")?.unwrap_or_default(),
-            },
-            CommandKind::StopProcess => {
-                let process_id = reader.parsed::<ProcessId>("process_id")?;
-                let process_id = required(process_id, "stop_process needs `process_id`")?;
-                CommandBody::StopProcess { process_id }
-            }
-            CommandKind::Revoke => {
-                let grant_id = reader.parsed::<WaitId>("grant_id")?;
-                let message = "revoke needs `grant_id` (the approval that granted it)";
-                CommandBody::Revoke {
-                    grant_id: required(grant_id, message)?,
-                }
-            }
-            CommandKind::SetPolicy => {
-                let message = "set_policy needs `policy`: keep_original or use_latest";
-                CommandBody::SetPolicy {
-                    policy: required(policy_of(reader)?, message)?,
-                }
-            }
         })
     }
 }

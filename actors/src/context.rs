@@ -43,6 +43,14 @@ pub enum Earlier {
 }
 
 impl Earlier {
+    /// The earlier turn it is, unless it is a summary.
+    pub fn turn(&self) -> Option<&Arc<EarlierTurn>> {
+        match self {
+            Earlier::Turn(turn) => Some(turn),
+            Earlier::Summary { .. } => None,
+        }
+    }
+
     /// The bytes of text it adds to a request, roughly (the context budget's estimate).
     fn bytes(&self) -> usize {
         match self {
@@ -143,9 +151,7 @@ impl Branch {
     pub fn newest(&self) -> Option<&Earlier> {
         self.0.as_deref().map(|node| &node.entry)
     }
-}
 
-impl Branch {
     /// This branch without its `n` oldest entries (all of them, if it has fewer).
     pub fn without_oldest(&self, n: usize) -> Branch {
         if n == 0 {
@@ -215,10 +221,7 @@ pub fn over_budget(
     if let Some(keep) = compact_keep {
         let turns: Vec<ExecutionId> = entries
             .iter()
-            .filter_map(|entry| match entry {
-                Earlier::Turn(turn) => Some(turn.execution_id),
-                Earlier::Summary { .. } => None,
-            })
+            .filter_map(|entry| Some(entry.turn()?.execution_id))
             .collect();
         if turns.len() > keep {
             return Some(OverBudget::Compact {
@@ -245,6 +248,16 @@ pub fn over_budget(
 pub enum Role {
     User,
     Assistant,
+}
+
+impl Role {
+    /// Its name in both APIs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -458,10 +471,7 @@ fn wait_name(status: WaitStatus) -> String {
 pub fn digest(messages: &[Message]) -> String {
     let mut lines = Vec::new();
     for message in messages {
-        let role = match message.role {
-            Role::User => "user",
-            Role::Assistant => "assistant",
-        };
+        let role = message.role.as_str();
         for part in &message.parts {
             lines.push(match part {
                 Part::Text(text) => format!("{role}: {text}"),

@@ -291,10 +291,7 @@ fn turns_of(whole: &Branch) -> Vec<&Arc<EarlierTurn>> {
     whole
         .entries()
         .into_iter()
-        .filter_map(|entry| match entry {
-            Earlier::Turn(turn) => Some(turn),
-            Earlier::Summary { .. } => None,
-        })
+        .filter_map(Earlier::turn)
         .collect()
 }
 

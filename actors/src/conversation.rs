@@ -161,24 +161,7 @@ impl Service {
             conversation_version: record_of(store, session_id)?.version,
         })
     }
-}
 
-/// A session as `GET /v1/sessions/{sid}` shows it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct SessionView {
-    pub session_id: SessionId,
-    /// Given by the naming hook after a completed turn.
-    pub name: Option<String>,
-    /// The version of the name and compactions (`conversation_version` of a messages page).
-    pub conversation_version: u64,
-    /// C-2: the turn holding the session (it may have ended since), and the turns in line.
-    pub foreground: Option<ExecutionId>,
-    pub waiting: Vec<ExecutionId>,
-    pub executions: usize,
-    pub compactions: Vec<Compaction>,
-}
-
-impl Service {
     /// `DELETE` of a session, after its executions were purged: its name and summaries.
     pub async fn forget_conversation(&self, session_id: SessionId) -> Result<()> {
         crate::conversation_follow_up::forget(self.env(), session_id).await
@@ -223,4 +206,19 @@ impl Service {
         let through = found.ok_or(Error::NotFound)?;
         crate::conversation_follow_up::compact(self.env(), session_id, through).await
     }
+}
+
+/// A session as `GET /v1/sessions/{sid}` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SessionView {
+    pub session_id: SessionId,
+    /// Given by the naming hook after a completed turn.
+    pub name: Option<String>,
+    /// The version of the name and compactions (`conversation_version` of a messages page).
+    pub conversation_version: u64,
+    /// C-2: the turn holding the session (it may have ended since), and the turns in line.
+    pub foreground: Option<ExecutionId>,
+    pub waiting: Vec<ExecutionId>,
+    pub executions: usize,
+    pub compactions: Vec<Compaction>,
 }

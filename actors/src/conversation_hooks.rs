@@ -1,4 +1,4 @@
-//! The embedder's hooks on a conversation (issue 37), and its context budget (E-8): naming a session after a turn ended
+//! The embedder's hooks on a conversation, and its context budget (E-8): naming a session after a turn ended
 //! (C-2's follow-up work, run once the turn has freed its session) and summarizing a prefix
 //! of a conversation (C-3's compaction). Both are optional; `serve` uses the two plain ones
 //! here, which call no model.

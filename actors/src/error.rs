@@ -64,10 +64,10 @@ pub enum Error {
     VersionConflict { current: u64 },
     #[error(transparent)]
     Storage(#[from] openprogram_storage::Error),
-    /// Issue 37: the runtime was built without the hook this needs (`compactor`).
+    /// The runtime was built without the hook this needs (`compactor`).
     #[error("no {0} is configured")]
     HookMissing(&'static str),
-    /// Issue 37: the embedder's hook (`compactor`, `namer`) failed; nothing was written.
+    /// The embedder's hook (`compactor`, `namer`) failed; nothing was written.
     #[error("the {hook} failed: {message}")]
     HookFailed { hook: &'static str, message: String },
     /// The actor system is stopping or stopped.

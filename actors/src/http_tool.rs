@@ -1,4 +1,4 @@
-//! The `http` tool (issue 35, feature `providers`): a model's or a script's HTTP request to a
+//! The `http` tool (feature `providers`): a model's or a script's HTTP request to a
 //! host the embedder allowed, as an `External` effect.
 //!
 //! `http {method, url, headers?, body?, timeout_ms?}` → `{status, headers, body,

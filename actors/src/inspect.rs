@@ -1,4 +1,4 @@
-//! A read-only view of a running runtime (issue 30): what the HTTP layer, the debug endpoint
+//! A read-only view of a running runtime: what the HTTP layer, the debug endpoint
 //! and the CLI may read — the store's reads (snapshots, events, the log, metrics), the live
 //! actors' own accounts, and the shared counters. It hands out no store that can submit,
 //! no actor address and no `Env`: nothing reached through it can write.
@@ -78,7 +78,7 @@ impl Inspector {
         self.actors.deltas.subscribe(execution_id)
     }
 
-    /// Issue 36: the runtime's histograms and counters (steps, activations, commands).
+    /// The runtime's histograms and counters (steps, activations, commands).
     pub fn telemetry(&self) -> &crate::telemetry::Telemetry {
         &self.actors.telemetry
     }

@@ -104,16 +104,11 @@ impl CommandReply {
                 CommandStatus::Rejected => "rejected",
             },
             reason: record.reason.clone(),
-            code: match record.status {
-                // Rejected before reasons were typed (schema 5): the one code there was.
-                CommandStatus::Rejected => Some(
-                    record
-                        .reason_code
-                        .clone()
-                        .unwrap_or_else(|| "command_rejected".into()),
-                ),
-                _ => None,
-            },
+            // Rejected before reasons were typed (schema 5): the one code there was.
+            code: (record.status == CommandStatus::Rejected).then(|| {
+                let code = record.reason_code.clone();
+                code.unwrap_or_else(|| "command_rejected".into())
+            }),
             version: record.result_version.unwrap_or(0),
             execution_id: record.child_execution_id,
         }

@@ -342,6 +342,43 @@ impl Snapshot {
             job: JobView::of(head, machine),
         }
     }
+
+    /// W-7: the session's grants, and `revoke` among the controls while one stands.
+    pub fn with_session(mut self, session: Option<&openprogram_storage::SessionRecord>) -> Self {
+        let Some(session) = session else {
+            return self;
+        };
+        self.grants
+            .extend(session.grants.iter().map(|grant| GrantView {
+                grant_id: grant.grant_id,
+                tool: grant.tool.clone(),
+                scope: "session",
+                revoked: grant.revoked,
+                granted_by: grant.granted_by,
+            }));
+        let standing = session.grants.iter().any(|grant| !grant.revoked);
+        if standing && !self.capabilities.contains(&"revoke") {
+            self.capabilities.push("revoke");
+        }
+        self
+    }
+
+    /// Adds what only the process records hold: exit codes and output tails. A record or
+    /// tail that cannot be read leaves its fields empty; the state stands.
+    pub fn with_process_records(mut self, store: &dyn EventStore) -> Self {
+        for view in &mut self.processes {
+            let Ok(Some(record)) = store.process(view.process_id) else {
+                continue;
+            };
+            view.exit_code = record.exit_code;
+            view.output_bytes = view.output_bytes.max(record.output_bytes);
+            if let Some(Ok(Some(tail))) = record.output_chunks.last().map(|hash| store.blob(*hash))
+            {
+                view.output_tail = String::from_utf8_lossy(&tail).into_owned();
+            }
+        }
+        self
+    }
 }
 
 impl ReceiptView {
@@ -417,44 +454,5 @@ impl FunctionView {
             next_position: machine.steps_done,
             differences: machine.differences.clone(),
         })
-    }
-}
-
-impl Snapshot {
-    /// W-7: the session's grants, and `revoke` among the controls while one stands.
-    pub fn with_session(mut self, session: Option<&openprogram_storage::SessionRecord>) -> Self {
-        let Some(session) = session else {
-            return self;
-        };
-        self.grants
-            .extend(session.grants.iter().map(|grant| GrantView {
-                grant_id: grant.grant_id,
-                tool: grant.tool.clone(),
-                scope: "session",
-                revoked: grant.revoked,
-                granted_by: grant.granted_by,
-            }));
-        let standing = session.grants.iter().any(|grant| !grant.revoked);
-        if standing && !self.capabilities.contains(&"revoke") {
-            self.capabilities.push("revoke");
-        }
-        self
-    }
-
-    /// Adds what only the process records hold: exit codes and output tails. A record or
-    /// tail that cannot be read leaves its fields empty; the state stands.
-    pub fn with_process_records(mut self, store: &dyn EventStore) -> Self {
-        for view in &mut self.processes {
-            let Ok(Some(record)) = store.process(view.process_id) else {
-                continue;
-            };
-            view.exit_code = record.exit_code;
-            view.output_bytes = view.output_bytes.max(record.output_bytes);
-            if let Some(Ok(Some(tail))) = record.output_chunks.last().map(|hash| store.blob(*hash))
-            {
-                view.output_tail = String::from_utf8_lossy(&tail).into_owned();
-            }
-        }
-        self
     }
 }

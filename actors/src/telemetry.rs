@@ -1,4 +1,4 @@
-//! What the runtime measures of itself for `/metrics` (issue 36): histograms of steps,
+//! What the runtime measures of itself for `/metrics`: histograms of steps,
 //! activations and commands, and counters of rejections by code and of reconciliations.
 //! Written by the actors and the command service with relaxed atomics; read by the server.
 

@@ -273,9 +273,7 @@ impl WaitRequest {
             field: "answer".into(),
             message: message.into(),
         };
-        let value: Value = serde_json::from_str(answer)
-            .map_err(|_| whole("an object of item id → value is expected"))?;
-        let Value::Object(given) = value else {
+        let Ok(Value::Object(given)) = serde_json::from_str(answer) else {
             return Err(whole("an object of item id → value is expected"));
         };
         if let Some(unknown) = given

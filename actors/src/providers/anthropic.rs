@@ -6,7 +6,7 @@ use super::config::ProviderConfig;
 use super::response::{clip, Response, ToolCallOut, Usage};
 use super::sse;
 use super::transport::{event_json, read_json, Failure};
-use crate::context::{Message, Part, Role};
+use crate::context::{Message, Part};
 use crate::deltas::DeltaSink;
 
 /// The response's token limit when the configuration sets none (the API requires one).
@@ -16,10 +16,7 @@ pub(super) fn request_body(config: &ProviderConfig, conversation: &[Message]) ->
     let messages: Vec<Value> = conversation
         .iter()
         .map(|message| {
-            let role = match message.role {
-                Role::User => "user",
-                Role::Assistant => "assistant",
-            };
+            let role = message.role.as_str();
             let mut blocks: Vec<Value> = message.parts.iter().filter_map(block).collect();
             if blocks.is_empty() {
                 // The API refuses a message without content, and an empty text block.

@@ -1,4 +1,4 @@
-//! Real model providers (issue 35, feature `providers`): an OpenAI-compatible chat-completions
+//! Real model providers (feature `providers`): an OpenAI-compatible chat-completions
 //! provider (any base URL: OpenAI, vLLM, llama.cpp's server, Ollama, most gateways) and an
 //! Anthropic Messages provider, behind the `Provider` trait.
 //!

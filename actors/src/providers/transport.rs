@@ -102,16 +102,14 @@ where
     let mut retry = 0u32;
     loop {
         *retries = retry;
-        let failure = match try_once(client, url, headers, &body).await {
-            Ok(response) => match read(response).await {
-                Ok(response) => return Ok(response),
-                Err(failure) => failure,
-            },
-            Err(failure) => failure,
+        let tried = match try_once(client, url, headers, &body).await {
+            Ok(response) => read(response).await,
+            Err(failure) => Err(failure),
         };
-        let (reason, after) = match failure {
-            Failure::Fatal(error) => return Err(error),
-            Failure::Retry { reason, after } => (reason, after),
+        let (reason, after) = match tried {
+            Ok(response) => return Ok(response),
+            Err(Failure::Fatal(error)) => return Err(error),
+            Err(Failure::Retry { reason, after }) => (reason, after),
         };
         if retry >= policy.max_retries {
             return Err(format!("{reason} (gave up after {} tries)", retry + 1));
