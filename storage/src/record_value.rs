@@ -43,7 +43,8 @@ impl RecordValue {
         }
     }
 
-    /// The record's id: its key's after the prefix (`keys`), its row's in PostgreSQL.
+    /// The record's id: its row's in PostgreSQL.
+    #[cfg(feature = "postgres")]
     pub(crate) fn id(&self) -> uuid::Uuid {
         *match self {
             RecordValue::Command(record) => record.command_id.as_uuid(),
