@@ -132,11 +132,6 @@ impl ProviderConfig {
         self
     }
 
-    pub fn max_tokens(mut self, max_tokens: u32) -> Self {
-        self.max_tokens = Some(max_tokens);
-        self
-    }
-
     pub fn stream(mut self, stream: bool) -> Self {
         self.stream = stream;
         self
