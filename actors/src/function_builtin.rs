@@ -21,7 +21,15 @@ const SLEEP_MS_MAX: u64 = 60_000;
 pub fn builtin() -> FunctionRegistry {
     let mut registry = FunctionRegistry::default();
     // Built-ins have distinct names and revisions: nothing to conflict with.
-    for function in [steps_v1(), steps_v2(), steps_v3(), fanout(), nested()] {
+    let functions = [
+        steps(1, "s", false),
+        // Revision 2 declares `sI` ↔ `sI` with revision 1 (compatible); 3 declares nothing.
+        steps(2, "s", true).corresponds(1, |step| is_numbered(step, "s").then(|| step.to_owned())),
+        steps(3, "t", false),
+        append_function("fanout", 1, run_fanout),
+        append_function("nested", 1, run_nested),
+    ];
+    for function in functions {
         let _ = registry.register(function);
     }
     registry
@@ -39,28 +47,14 @@ struct StepsInput {
     ask_at: Option<u32>,
 }
 
-/// `steps` revision 1: steps `s1..sK`, each appending `sI<TAB>EFFECT_ID` to FILE with the
-/// `append` protocol (External, reconcilable), `sleep_ms` before each; an `ask` (approval)
-/// before step `ask_at` (declined: the step is skipped); result `{"done": K}`.
-pub fn steps_v1() -> DurableFunction {
-    append_function("steps", 1, |context, input| {
-        run_steps(context, input, "s", false)
-    })
-}
-
-/// `steps` revision 2: the same steps, then a step `summary` appending
-/// `summary<TAB>EFFECT_ID`; it declares `sI` ↔ `sI` with revision 1 (compatible).
-pub fn steps_v2() -> DurableFunction {
-    append_function("steps", 2, |context, input| {
-        run_steps(context, input, "s", true)
-    })
-    .corresponds(1, |step| is_numbered(step, "s").then(|| step.to_owned()))
-}
-
-/// `steps` revision 3: the steps renamed `tI`, no declared correspondence (incompatible).
-pub fn steps_v3() -> DurableFunction {
-    append_function("steps", 3, |context, input| {
-        run_steps(context, input, "t", false)
+/// `steps` revision `revision`: steps `PREFIX1..PREFIXK` (`s` in revisions 1 and 2, `t` in
+/// 3), each appending `PREFIXI<TAB>EFFECT_ID` to FILE with the `append` protocol (External,
+/// reconcilable), `sleep_ms` before each; an `ask` (approval) before step `ask_at` (declined:
+/// the step is skipped); with `summary` (revision 2), then a step `summary` appending
+/// `summary<TAB>EFFECT_ID`; result `{"done": K}`.
+fn steps(revision: u32, prefix: &'static str, summary: bool) -> DurableFunction {
+    append_function("steps", revision, move |context, input| {
+        run_steps(context, input, prefix, summary)
     })
 }
 
@@ -177,10 +171,6 @@ struct FanoutInput {
 /// `fanout`: named `parallel` branches, each appending `NAME<TAB>EFFECT_ID` (its step
 /// `NAME/append`, External), at once; then a step `join` appending `join<TAB>EFFECT_ID`;
 /// result `{"branches": N}`.
-pub fn fanout() -> DurableFunction {
-    append_function("fanout", 1, run_fanout)
-}
-
 async fn run_fanout(
     context: FunctionContext,
     input: FanoutInput,
@@ -221,10 +211,6 @@ struct NestedInput {
 /// `nested`: calls `steps` revision 1 as a nested workflow (`inner`: its steps are
 /// `inner/s1..`), then a step `after` appending `after<TAB>EFFECT_ID`; result `{"inner":
 /// RESULT}`.
-pub fn nested() -> DurableFunction {
-    append_function("nested", 1, run_nested)
-}
-
 async fn run_nested(
     context: FunctionContext,
     input: NestedInput,

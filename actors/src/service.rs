@@ -22,6 +22,7 @@ use crate::env::Env;
 use crate::error::{Error, Result};
 use crate::execution::actor::GetSnapshot;
 use crate::execution::commands::ApplyCommand;
+use crate::execution::machine::Machine;
 pub use crate::execution::machine::ScriptElement;
 use crate::process::Summarize;
 use crate::snapshot::Snapshot;
@@ -232,15 +233,18 @@ impl Service {
                 });
             }
         } else if !start_paused {
-            match self.env.activate_admitted(head, machine) {
-                Ok(_) => {}
-                // Admitted, and shutdown began meanwhile: the next start runs it (a failure
-                // here would make a client retry admit it twice).
-                Err(Error::Unavailable(_)) if self.env.lifecycle.is_stopping() => {}
-                Err(error) => return Err(error),
-            }
+            self.start_admitted(head, machine)?;
         }
         Ok(StartReply { version, ..reply })
+    }
+
+    /// Starts the actor of an execution just admitted. Shutdown began meanwhile: the next
+    /// start runs it (a failure here would make a client retry admit it twice).
+    pub(crate) fn start_admitted(&self, head: ExecutionHead, machine: Machine) -> Result<()> {
+        match self.env.activate_admitted(head, machine) {
+            Err(Error::Unavailable(_)) if self.env.lifecycle.is_stopping() => Ok(()),
+            started => started.map(|_| ()),
+        }
     }
 
     /// F-1: admits an execution of the newest registered revision of a durable function (or

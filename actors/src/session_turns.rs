@@ -68,11 +68,7 @@ impl Service {
                 }
             };
             let after = SessionRecord {
-                foreground: if behind.is_none() {
-                    Some(execution_id)
-                } else {
-                    record.foreground
-                },
+                foreground: behind.map_or(Some(execution_id), |_| record.foreground),
                 waiting: line,
                 ..record.clone()
             };
@@ -101,12 +97,7 @@ impl Service {
             else {
                 continue;
             };
-            match self.actors().activate_admitted(head, machine) {
-                Ok(_) => {}
-                // Admitted, and shutdown began meanwhile: the next start runs it.
-                Err(Error::Unavailable(_)) if self.env().lifecycle.is_stopping() => {}
-                Err(error) => return Err(error),
-            }
+            self.start_admitted(head, machine)?;
             return Ok(StartReply { version, ..reply });
         }
         Err(Error::Unavailable(
