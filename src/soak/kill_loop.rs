@@ -378,9 +378,9 @@ pub(crate) fn unreadable(error: String) -> Value {
 }
 
 /// Asks `snapshot(path)` for each execution until it completed with its reply and ids (L1, I7);
-/// returns how many never did. An execution is given up on when it made no progress (its snapshot's
-/// `version` did not move) for `STALL` — judged by progress, not by a clock set for the loop's
-/// work, so a slow or loaded machine does not fail the run, while one that is stuck does.
+/// returns how many never did. An execution is given up on when it made no progress (no node
+/// showed a newer `version`) for `STALL` — judged by progress, not by a clock set for the
+/// loop's work, so a slow or loaded machine does not fail the run, while one that is stuck does.
 /// `snapshot` turns a transient failure into a snapshot of no state; an `Err` is the harness's own.
 pub(crate) fn await_completion(
     admitted: &[Admitted],
@@ -392,7 +392,7 @@ pub(crate) fn await_completion(
     for execution in admitted {
         let id = execution.reply["execution_id"].as_str().unwrap_or_default();
         let path = format!("/v1/sessions/{}/executions/{id}", execution.session);
-        let (mut version, mut moved) = (Value::Null, Instant::now());
+        let (mut newest, mut moved) = (0, Instant::now());
         loop {
             let snapshot = snapshot(&path)?;
             if snapshot["state"] == "completed" {
@@ -406,8 +406,9 @@ pub(crate) fn await_completion(
                 }
                 break;
             }
-            if snapshot["version"] != version && !snapshot["version"].is_null() {
-                (version, moved) = (snapshot["version"].clone(), Instant::now());
+            // The newest version any node showed: a node may answer from an older view.
+            if let Some(version) = snapshot["version"].as_u64().filter(|v| *v > newest) {
+                (newest, moved) = (version, Instant::now());
             }
             if moved.elapsed() > STALL {
                 unfinished += 1;
