@@ -516,16 +516,25 @@ impl Executions {
     }
 
     /// Starts the actor of an attempt whose claim is committed (a takeover or a restart
-    /// recovery): it runs at once. Replaces any actor of an older attempt in the directory.
+    /// recovery): it runs at once. Replaces any actor of an older attempt in the directory,
+    /// never a newer one: recovery claims everything before it starts any actor, and a wake
+    /// may activate (and claim) one of them in between. That newer attempt keeps the
+    /// execution; an actor of the older claim would run a stale state beside it, outside
+    /// the directory, where no takeover reaches it once its lease lapses.
     pub fn start_claimed(
         &self,
         head: ExecutionHead,
         machine: Machine,
         lease: Arc<LeaseState>,
-    ) -> Addr<ExecutionActor> {
-        // The lease runs from now, not from its claim (recovery claims everything first).
-        lease.renew();
+    ) {
         let mut live = self.directory.entries();
-        self.start_actor(&mut live, head, machine, lease, true)
+        let newer = live.get(&head.execution_id).filter(|entry| {
+            entry.lease.epoch > lease.epoch && entry.addr.connected()
+        });
+        if newer.is_none() {
+            // The lease runs from now, not from its claim (recovery claims everything first).
+            lease.renew();
+            self.start_actor(&mut live, head, machine, lease, true);
+        }
     }
 }

@@ -30,12 +30,25 @@ impl ExecutionActor {
         Some((record, state))
     }
 
+    /// Whether the stored head moved past the one this actor holds: only another writer moves
+    /// it while this actor waits. Unreadable: not known to have moved.
+    fn moved_elsewhere(&self) -> bool {
+        let stored = self.env.store.head(self.execution_id).ok().flatten();
+        stored.is_some_and(|stored| stored.version != self.head.version)
+    }
+
     /// C-2: takes the session if this turn is the first in line and the holder has ended
     /// (or, for an interrupt, paused). Else it stays `queued` and parks: the holder's end
     /// wakes it.
     pub(super) fn take_session(&mut self) -> ResponseActFuture<Self, ()> {
         let me = self.execution_id;
         self.session_looked = false;
+        if self.moved_elsewhere() {
+            // Looking writes nothing, so no fence would ever stop this actor: a head another
+            // writer moved (a newer attempt, here or on another node) makes it stale.
+            tracing::info!(execution_id = %me, "its execution moved on without it; stopping");
+            return Box::pin(fut::ready(()).map(|(), act: &mut Self, ctx| act.release(ctx)));
+        }
         let Some((record, state)) = self.session_now() else {
             return Box::pin(fut::ready(()));
         };
