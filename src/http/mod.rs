@@ -224,9 +224,10 @@ async fn token_first(
     Ok(request.into_response(response))
 }
 
-/// Once the store has stopped (a write or fsync failed), a read that meets the storage
-/// engine's error answers 503 `fail_stop` as the writes do, not a 500: sled reorganises its
-/// index as it reads (a node split is a write), so a read can need the disk that failed.
+/// Once the store has stopped (a write or fsync failed), a request that meets the storage
+/// engine's error answers 503 `fail_stop` as the refused writes do, not a 500: sled
+/// reorganises its index as it reads (a node split is a write), so even a read can need the
+/// disk that failed.
 async fn stopped_store(
     request: actix_web::dev::ServiceRequest,
     next: actix_web::middleware::Next<impl actix_web::body::MessageBody + 'static>,
@@ -245,9 +246,9 @@ async fn stopped_store(
     let stopped = error::ApiError::new(
         actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
         "fail_stop",
-        "the store stopped after a failed write or fsync, and this read needed a write (the \
-         storage engine reorganises its index as it reads); restart the process once the \
-         disk is healthy",
+        "the store stopped after a failed write or fsync, and this request needed the disk \
+         (the storage engine also writes as it reads); restart the process once the disk is \
+         healthy",
     );
     let (request, _) = response.into_parts();
     Ok(actix_web::dev::ServiceResponse::new(

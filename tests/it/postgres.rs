@@ -287,6 +287,50 @@ async fn n2_a_node_keeps_its_lease_through_an_orderly_shutdown() {
     assert!(looked >= 9, "{looked}");
 }
 
+/// N-2, C-2: a turn waiting for its session on a node of a shared store looks at the session
+/// again each lease; it writes nothing while it waits, so no fence stops it. Once another
+/// node moved its execution (here a Cancel applied there), the actor on the first node stops
+/// instead of looking for ever, and that node's reads show the execution as it is, not the
+/// actor's old view.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL (apt-get install postgresql); run with \
+            `cargo test --workspace -- --include-ignored`"]
+async fn n2_a_turn_waiting_for_its_session_stops_once_another_node_moved_it() {
+    use std::time::Duration;
+    let ttl = Duration::from_millis(300);
+    let restarts = Restarts::on_postgres();
+    let open = |node: &str| {
+        restarts.open_with(|builder| {
+            builder
+                .node(node, "http://127.0.0.1:9")
+                .lease_ttl(ttl)
+                .tool(std::sync::Arc::new(Hold(Duration::from_secs(60))))
+        })
+    };
+    let first = open("n1");
+    let hold = serde_json::json!({"tool": "hold", "args": {}});
+    let holder = restarts.start(&first, vec![hold, crate::support::reply("held")]);
+    let holder = holder.await.execution_id;
+    restarts.wait_state(&first, holder, "running").await;
+    let second_turn = vec![crate::support::reply("second")];
+    let queued = restarts.start(&first, second_turn).await.execution_id;
+    restarts.wait_state(&first, queued, "queued").await;
+    // It has looked at its session (and will again each lease) on the first node.
+    tokio::time::sleep(ttl * 2).await;
+
+    let other = open("n2");
+    let cancel = crate::support::command_of(serde_json::json!({"kind": "cancel"}));
+    let reply = other
+        .command(restarts.session, queued, cancel)
+        .await
+        .expect("cancel on the other node");
+    assert_eq!(reply.status, "applied", "{reply:?}");
+    // Without the stop, the first node's actor kept answering `queued` for ever.
+    restarts.wait_state(&first, queued, "cancelled").await;
+    other.halt();
+    first.halt();
+}
+
 /// An External call that takes its time: recorded as dispatched before it runs, so a test
 /// knows it is in flight.
 struct Hold(std::time::Duration);
