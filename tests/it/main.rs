@@ -46,6 +46,7 @@ mod planted;
 mod postgres;
 mod processes;
 mod providers;
+mod providers_errors;
 mod providers_stream;
 mod questions;
 mod r01_failpoints;
