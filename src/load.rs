@@ -234,12 +234,12 @@ fn open(
     clock: &Arc<StepClock>,
 ) -> Result<Runtime> {
     Runtime::builder()
-        .data_dir(&data_dir)
+        .data_dir(data_dir)
         .with(options.postgres(), RuntimeBuilder::store_url)
         .tool(Arc::new(TimedEcho {
-            clock: Arc::clone(&clock),
+            clock: Arc::clone(clock),
         }))
-        .function(load_function(Arc::clone(&clock)))
+        .function(load_function(Arc::clone(clock)))
         .resources(&options.resources)
         .one_turn_per_session(!options.parallel_turns)
         .with(options.retain_finished, RuntimeBuilder::retain_finished)

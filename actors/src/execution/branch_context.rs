@@ -51,9 +51,8 @@ impl ExecutionActor {
                 .as_ref()
                 .map(|_| hooks.policy.map_or(0, |policy| policy.keep)),
         };
-        Ok(self
-            .context
-            .prepare(reading, self.head.session_id, &self.machine)?)
+        self.context
+            .prepare(reading, self.head.session_id, &self.machine)
     }
 
     /// E-8: the compactor summarizes the branch through `through` before the next request,
