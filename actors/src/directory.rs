@@ -521,16 +521,11 @@ impl Executions {
     /// may activate (and claim) one of them in between. That newer attempt keeps the
     /// execution; an actor of the older claim would run a stale state beside it, outside
     /// the directory, where no takeover reaches it once its lease lapses.
-    pub fn start_claimed(
-        &self,
-        head: ExecutionHead,
-        machine: Machine,
-        lease: Arc<LeaseState>,
-    ) {
+    pub fn start_claimed(&self, head: ExecutionHead, machine: Machine, lease: Arc<LeaseState>) {
         let mut live = self.directory.entries();
-        let newer = live.get(&head.execution_id).filter(|entry| {
-            entry.lease.epoch > lease.epoch && entry.addr.connected()
-        });
+        let newer = live
+            .get(&head.execution_id)
+            .filter(|entry| entry.lease.epoch > lease.epoch && entry.addr.connected());
         if newer.is_none() {
             // The lease runs from now, not from its claim (recovery claims everything first).
             lease.renew();
