@@ -271,13 +271,35 @@ pub(crate) fn inputs_to_blob(frame: &Frame) -> Vec<(u32, BlobHash)> {
         .collect()
 }
 
-/// `event` without its admission input (stored as a blob).
+/// `event` without its admission input (stored as a blob), which is never copied: it may be
+/// as large as a blob may be, and this runs on the committer's thread.
 fn without_input(event: &Event) -> Event {
-    let mut event = event.clone();
-    if let Event::Admitted { input, .. } = &mut event {
-        input.clear();
+    match event {
+        Event::Admitted {
+            kind,
+            session_id,
+            run_id,
+            parent_execution_id,
+            revision_id,
+            turn_id,
+            user_message_id,
+            reply_message_id,
+            parent_message_id,
+            input: _,
+        } => Event::Admitted {
+            kind: *kind,
+            session_id: *session_id,
+            run_id: *run_id,
+            parent_execution_id: *parent_execution_id,
+            revision_id: *revision_id,
+            turn_id: *turn_id,
+            user_message_id: *user_message_id,
+            reply_message_id: *reply_message_id,
+            parent_message_id: *parent_message_id,
+            input: String::new(),
+        },
+        other => other.clone(),
     }
-    event
 }
 
 /// A frame as versions 2 and 3 write it (see `codec::encode_frame`).
