@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use futures::FutureExt as _;
-use openprogram::actors::execution::machine::{Decision, ToolArgs, Turn};
+use openprogram::actors::machine::{Decision, ToolArgs, Turn};
 use openprogram::agent::{ModelRequest, Provider};
 use openprogram::storage::{ExecutionId, SessionId};
 use openprogram::{Command, CommandBody, Runtime, StartRequest, WaitRef};

@@ -15,7 +15,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use hdrhistogram::Histogram;
 use openprogram_actors::agent::{Tool, ToolCall};
-use openprogram_actors::execution::machine::Recovery;
+use openprogram_actors::machine::Recovery;
 use openprogram_actors::service::ScriptElement;
 use openprogram_storage::{ExecutionId, MetricsSnapshot, SessionId};
 use serde_json::json;

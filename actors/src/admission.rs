@@ -11,8 +11,8 @@ use openprogram_storage::{
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::execution::machine::ScriptElement;
-use crate::execution::machine::{AgentInput, Machine};
+use crate::machine::ScriptElement;
+use crate::machine::{AgentInput, Machine};
 
 /// A new agent turn.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -171,7 +171,7 @@ impl Admission {
             queue_deadline_ms: request.queue_deadline_ms,
             budget: request.budget.map(JobBudget::from).unwrap_or_default(),
         };
-        self.job = crate::execution::job::queued_record(&self.head, &queued);
+        self.job = crate::machine::job::queued_record(&self.head, &queued);
         // After `Admitted`, before a paused start: the machine knows it is a Job first.
         self.events.insert(1, queued);
         self

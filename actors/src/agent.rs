@@ -18,7 +18,7 @@ use crate::append_file::{append, look_up};
 use crate::script::{is_digest, scripted_decision};
 
 pub use crate::call::{AskError, CallHandle, ProcessExit, StartedProcess};
-pub use crate::execution::machine::{
+pub use crate::machine::{
     AgentInput, AskDetails, AskKind, Decision, ModelUsage, Recovery, ToolArgs, Turn,
 };
 

@@ -12,8 +12,8 @@ use std::ops::ControlFlow;
 use crate::activity::{self, Activity, ExecutionFacts};
 use crate::command::Command;
 use crate::error::{Error, Result};
-use crate::execution::fork::fork_state;
-use crate::execution::machine::{Accepted, Machine, Rejection};
+use crate::machine::fork::fork_state;
+use crate::machine::{Accepted, Machine, Rejection};
 use crate::rebuild::load_projected;
 use crate::service::{CommandReply, Service};
 use crate::snapshot::{capabilities, idle_context};
@@ -170,13 +170,13 @@ impl Service {
         }];
         // C-2: an agent's child is a foreground turn of the session once continued.
         if self.env().takes_session(head.kind, job.is_some()) {
-            child_events.push(crate::execution::machine_session::paused_turn());
+            child_events.push(crate::machine::session::paused_turn());
         }
         // J-1: a Job's child is a new Job, with what the original asked for (its budget
         // unspent): it goes through the queue once continued.
         let job_record = job
             .as_ref()
-            .and_then(|queued| crate::execution::job::queued_record(&head, queued));
+            .and_then(|queued| crate::machine::job::queued_record(&head, queued));
         child_events.extend(job);
         child_events.extend(forked);
         // Agent children start paused and need Continue (K-2).

@@ -10,7 +10,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt as _;
 use openprogram_storage::{EffectId, ProcessId, ProcessState};
 
-use crate::execution::machine::LiveOutcome;
+use crate::machine::LiveOutcome;
 
 /// Why a live question got no outcome. Never a silent "unanswered" or "declined" (W-4).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

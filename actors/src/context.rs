@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use openprogram_storage::{ExecutionId, MessageId, ReceiptStatus, WaitStatus};
 
-use crate::execution::machine::{Decision, LastPrompt, Turn};
+use crate::machine::{Decision, LastPrompt, Turn};
 
 /// One earlier turn of a branch as a model is shown it.
 #[derive(Debug, Clone, PartialEq)]

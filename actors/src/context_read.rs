@@ -23,7 +23,7 @@ use crate::compaction::{fold, Item};
 use crate::context::{estimate_tokens, over_budget, Branch, Earlier, EarlierTurn, OverBudget};
 use crate::conversation_read::{links_of, record_of};
 use crate::error::Result;
-use crate::execution::machine::{ContextPin, Machine};
+use crate::machine::{ContextPin, Machine};
 
 /// Branches the cache keeps, at most.
 const CACHED_BRANCHES_MAX: usize = 1024;

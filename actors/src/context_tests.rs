@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::agent::{AgentInput, ModelRequest, ToolArgs};
-use crate::execution::machine::LastPrompt;
+use crate::machine::LastPrompt;
 use openprogram_storage::{EffectId, ExecutionId};
 
 fn request(earlier: Branch, context: Vec<Turn>) -> ModelRequest {

@@ -18,9 +18,9 @@ use openprogram_storage::{
 
 use crate::agent::{Provider, ToolRegistry};
 use crate::error::{Error, Result};
-use crate::execution::machine::{Action, Machine, Recovery};
 use crate::function::FunctionRegistry;
 use crate::lifecycle::Lifecycle;
+use crate::machine::{Action, Machine, Recovery};
 use crate::process::{ProcessHost, ProcessProgress, Processes};
 use crate::rebuild::{project, replay};
 use crate::recovery::{Clock, RestartWindow};

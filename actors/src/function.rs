@@ -22,11 +22,11 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use crate::agent::Reconciliation;
-pub use crate::execution::machine::{FunctionInput, Recovery, StepConvert, StepMap};
 pub use crate::function_boundary::{
     AskBoundary, Asked, Boundary, CallStarted, RevisionMissing, StepBoundary, StepDone, StepError,
     StepRun,
 };
+pub use crate::machine::{FunctionInput, Recovery, StepConvert, StepMap};
 
 /// A function body: the context, and the input as the start request gave it.
 pub type Body = Arc<

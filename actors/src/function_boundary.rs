@@ -5,7 +5,7 @@
 use actix::prelude::*;
 use openprogram_storage::{EffectId, ExecutionId, ReceiptStatus};
 
-use crate::execution::machine::Recovery;
+use crate::machine::Recovery;
 
 /// Why a step did not give a result.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

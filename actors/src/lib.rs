@@ -39,6 +39,7 @@ pub mod function_builtin;
 pub mod http_tool;
 pub mod inspect;
 pub mod lifecycle;
+pub mod machine;
 pub mod process;
 #[cfg(feature = "providers")]
 pub mod providers;

@@ -6,8 +6,8 @@
 use openprogram_storage::{EventStore, ExecutionHead, ExecutionId};
 
 use crate::error::{Error, Result};
-use crate::execution::machine::Machine;
-use crate::execution::projection::Projected;
+use crate::machine::projection::Projected;
+use crate::machine::Machine;
 
 /// Rebuilds an execution's machine from its events (recovery: actions are dropped).
 pub fn load(store: &dyn EventStore, execution_id: ExecutionId) -> Result<(ExecutionHead, Machine)> {

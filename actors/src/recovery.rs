@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use openprogram_storage::{ExecutionHead, ExecutionState, OwnerId, RestartIntent, RevisionId};
 
-use crate::execution::machine::RESTART_PAUSE_REASON;
+use crate::machine::RESTART_PAUSE_REASON;
 
 /// Wall-clock time in milliseconds since the Unix epoch. Restart deadlines are wall-clock
 /// facts that outlive the process; leases never use this (they use `Instant`, R21).

@@ -2,7 +2,7 @@
 //! sent, decides — a tool call, a reply, an approval or structured wait (W-6, W-7), a
 //! function call (F-6) — or `{"digest": true}`, which `agent::Scripted` answers itself.
 
-use crate::execution::machine::{AskDetails, AskKind, Decision, ToolArgs};
+use crate::machine::{AskDetails, AskKind, Decision, ToolArgs};
 
 /// The keys of a script element the provider reads, each borrowed as its JSON text (`null`
 /// included): a tool's arguments go into the decision as the text they are, never built

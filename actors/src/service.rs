@@ -22,8 +22,8 @@ use crate::env::Env;
 use crate::error::{Error, Result};
 use crate::execution::actor::GetSnapshot;
 use crate::execution::commands::ApplyCommand;
-use crate::execution::machine::Machine;
-pub use crate::execution::machine::ScriptElement;
+use crate::machine::Machine;
+pub use crate::machine::ScriptElement;
 use crate::process::Summarize;
 use crate::snapshot::Snapshot;
 
@@ -218,7 +218,7 @@ impl Service {
         // C-2: an agent turn admitted paused is a foreground turn too: it holds nothing
         // now, and once continued it waits in its session's line like any message.
         if start_paused && foreground {
-            admission = admission.as_session_turn(crate::execution::machine_session::paused_turn());
+            admission = admission.as_session_turn(crate::machine::session::paused_turn());
         }
         let (head, machine, version) = admission.commit(self.env.store.as_ref()).await?;
         if let Some((resources, job)) = job.filter(|_| !start_paused) {
@@ -265,7 +265,7 @@ impl Service {
             .check_input(&request.input)
             .map_err(Error::InvalidInput)?;
         let revision = function.revision;
-        let called = crate::execution::machine::FunctionInput {
+        let called = crate::machine::FunctionInput {
             function: request.function,
             revision,
             input: request.input,

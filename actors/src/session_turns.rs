@@ -38,7 +38,7 @@ impl Service {
             let holder = record
                 .foreground
                 .filter(|holder| state(*holder).is_some_and(|state| !state.is_terminal()));
-            let mut line = crate::execution::machine_session::line_of(&record.waiting, None, state);
+            let mut line = crate::machine::session::line_of(&record.waiting, None, state);
             let ahead = holder.or(line.first().copied());
             let (name, behind) = match (ahead, strategy) {
                 (None, _) => ("immediate", None),

@@ -5,8 +5,8 @@ use openprogram_storage::{
 };
 use serde::Serialize;
 
-use crate::execution::machine::{CommandContext, Machine, ManagedProcess, Receipt, WaitState};
-use crate::execution::projection::KEPT;
+use crate::machine::projection::KEPT;
+use crate::machine::{CommandContext, Machine, ManagedProcess, Receipt, WaitState};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Snapshot {
@@ -43,14 +43,14 @@ pub struct Snapshot {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub job: Option<JobView>,
     /// E-6: the tokens its model calls used, summed, as their providers reported them.
-    pub usage: crate::execution::machine::ModelUsage,
+    pub usage: crate::machine::ModelUsage,
     /// W-7: the grants its approvals gave (a tool, for this execution or the session).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub grants: Vec<GrantView>,
     /// C-2: as its session's foreground turn, how it was admitted (`immediate`, `queue`,
     /// `interrupt`) and whether it waits for its session (`queued`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub session_turn: Option<crate::execution::machine_session::SessionTurn>,
+    pub session_turn: Option<crate::machine::session::SessionTurn>,
     /// E-8: what its model requests carry of its conversation, once it has earlier turns or
     /// made a request.
     #[serde(skip_serializing_if = "Option::is_none")]

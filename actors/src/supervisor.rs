@@ -16,9 +16,9 @@ use openprogram_storage::{
 use crate::directory::Executions;
 use crate::env::Env;
 use crate::error::{Error, Result};
-use crate::execution::machine::process_changed;
 use crate::execution::recovery_claim::{act_on, Done, Resumed};
 use crate::execution::restart::{ReconcileUnknown, RestartPause};
+use crate::machine::process_changed;
 use crate::recovery::{classify, Plan};
 
 /// Claims in flight at once during startup: enough to fill the committer's groups.

@@ -12,7 +12,7 @@ use openprogram_storage::{
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::execution::machine::{tool_effect, Decision};
+use crate::machine::{tool_effect, Decision};
 
 /// One message of a conversation.
 #[derive(Debug, Clone, PartialEq, Serialize)]

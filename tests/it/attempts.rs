@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use openprogram::actors::execution::machine::Decision;
+use openprogram::actors::machine::Decision;
 use openprogram::agent::{ModelRequest, Provider, Scripted};
 use openprogram::storage::{Event, SessionId};
 
@@ -129,8 +129,8 @@ impl openprogram::agent::Tool for FreezeOnFirstCall {
     fn name(&self) -> &str {
         "freeze"
     }
-    fn recovery(&self) -> openprogram::actors::execution::machine::Recovery {
-        openprogram::actors::execution::machine::Recovery::Idempotent
+    fn recovery(&self) -> openprogram::actors::machine::Recovery {
+        openprogram::actors::machine::Recovery::Idempotent
     }
     fn call(
         &self,
@@ -266,8 +266,8 @@ impl openprogram::agent::Tool for FreezeInEffect {
     fn name(&self) -> &str {
         "ext"
     }
-    fn recovery(&self) -> openprogram::actors::execution::machine::Recovery {
-        openprogram::actors::execution::machine::Recovery::External
+    fn recovery(&self) -> openprogram::actors::machine::Recovery {
+        openprogram::actors::machine::Recovery::External
     }
     fn call(
         &self,

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use openprogram::actors::execution::machine::Recovery;
+use openprogram::actors::machine::Recovery;
 use openprogram::agent::{Tool, ToolCall};
 use openprogram::storage::{AttemptId, Event, ExecutionId, ReceiptStatus};
 use openprogram::Runtime;

@@ -11,8 +11,8 @@ impl openprogram::agent::Tool for StartedSleep {
     fn name(&self) -> &str {
         "sleep"
     }
-    fn recovery(&self) -> openprogram::actors::execution::machine::Recovery {
-        openprogram::actors::execution::machine::Recovery::Idempotent
+    fn recovery(&self) -> openprogram::actors::machine::Recovery {
+        openprogram::actors::machine::Recovery::Idempotent
     }
     fn call(
         &self,

@@ -550,3 +550,63 @@ fn the_commit_rule_is_decided_in_one_place() {
         hits.join("\n")
     );
 }
+
+/// Issue 51: the execution core (`actors/src/machine/`) decides without I/O. Its files
+/// import no actor, store, runtime or clock; the only files of the package they reach
+/// besides each other are the plain data of commands and wait requests. (Its tests, and
+/// the seeded simulation that drives it as the actor would, may reach further.)
+#[test]
+fn the_execution_core_imports_no_effect() {
+    let src = root().join("actors/src");
+    let edges = edges(&src);
+    let core = |module: &str| module == "machine" || module.starts_with("machine::");
+    let test_only = |module: &str| {
+        module.ends_with("tests") || module.ends_with("::sim") || module.ends_with("sim_checks")
+    };
+    let data = ["command", "command_fields", "wait_request", "error"];
+    let forbidden = [
+        "actix",
+        "tokio",
+        "futures",
+        "sled",
+        "reqwest",
+        "EventStore",
+        ".await",
+        "Instant::",
+        "SystemTime",
+        "std::fs",
+        "std::thread",
+        "rand::",
+    ];
+    let mut found = Vec::new();
+    let mut files = 0;
+    for (module, imports) in edges
+        .iter()
+        .filter(|(module, _)| core(module) && !test_only(module))
+    {
+        files += 1;
+        for import in imports
+            .iter()
+            .filter(|import| !core(import) && !data.contains(&import.as_str()))
+        {
+            found.push(format!("{module} imports {import}"));
+        }
+        let path = match module.as_str() {
+            "machine" => src.join("machine/mod.rs"),
+            _ => src.join(format!("{}.rs", module.replace("::", "/"))),
+        };
+        let text = std::fs::read_to_string(&path).expect("a core file");
+        for (number, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            for word in forbidden.iter().filter(|word| code.contains(*word)) {
+                found.push(format!("{}:{}: {word}", path.display(), number + 1));
+            }
+        }
+    }
+    assert!(files >= 15, "too few core files: {files}");
+    assert!(
+        found.is_empty(),
+        "the execution core reaches effects:\n{}",
+        found.join("\n")
+    );
+}

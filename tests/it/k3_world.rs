@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use openprogram::actors::execution::machine::{LiveOutcome, Recovery};
+use openprogram::actors::machine::{LiveOutcome, Recovery};
 use openprogram::agent::{Tool, ToolCall};
 use openprogram::storage::{CommandId, Event, ExecutionId, ProcessId, WaitId};
 use openprogram::{CommandKind, CommandReply, RestartWindow, Runtime, Snapshot, StartRequest};

@@ -339,8 +339,8 @@ impl openprogram::agent::Tool for Hold {
     fn name(&self) -> &str {
         "hold"
     }
-    fn recovery(&self) -> openprogram::actors::execution::machine::Recovery {
-        openprogram::actors::execution::machine::Recovery::External
+    fn recovery(&self) -> openprogram::actors::machine::Recovery {
+        openprogram::actors::machine::Recovery::External
     }
     fn call(
         &self,

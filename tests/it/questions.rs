@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use openprogram::actors::call::{AskError, CallHandle};
-use openprogram::actors::execution::machine::{LiveOutcome, Recovery};
+use openprogram::actors::machine::{LiveOutcome, Recovery};
 use openprogram::agent::{Tool, ToolCall};
 use openprogram::storage::{CommandId, EffectId, ExecutionId, WaitId, WaitStatus};
 use openprogram::{Runtime, StartRequest};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use openprogram::actors::execution::machine::Recovery;
+use openprogram::actors::machine::Recovery;
 use openprogram::agent::{Tool, ToolCall};
 use openprogram::storage::Event;
 use openprogram::StartRequest;

@@ -423,8 +423,8 @@ impl openprogram::agent::Tool for Extra {
     fn name(&self) -> &str {
         "extra"
     }
-    fn recovery(&self) -> openprogram::actors::execution::machine::Recovery {
-        openprogram::actors::execution::machine::Recovery::Idempotent
+    fn recovery(&self) -> openprogram::actors::machine::Recovery {
+        openprogram::actors::machine::Recovery::Idempotent
     }
     fn call(
         &self,

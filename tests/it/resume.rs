@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use openprogram::actors::execution::machine::Recovery;
+use openprogram::actors::machine::Recovery;
 use openprogram::agent::{Tool, ToolCall};
 use openprogram::storage::{
     Event, EventStore, ExecutionHead, ExecutionKind, ExecutionState, RunId, Store, Transition,

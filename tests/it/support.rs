@@ -304,10 +304,8 @@ impl openprogram::agent::Provider for FreezeAfter {
     fn decide(
         &self,
         request: openprogram::agent::ModelRequest,
-    ) -> futures::future::BoxFuture<
-        'static,
-        Result<openprogram::actors::execution::machine::Decision, String>,
-    > {
+    ) -> futures::future::BoxFuture<'static, Result<openprogram::actors::machine::Decision, String>>
+    {
         use futures::FutureExt;
         if request.iterations >= self.0 {
             return futures::future::pending().boxed();

@@ -337,8 +337,8 @@ impl openprogram::agent::Tool for Chooser {
     fn name(&self) -> &str {
         "chooser"
     }
-    fn recovery(&self) -> openprogram::actors::execution::machine::Recovery {
-        openprogram::actors::execution::machine::Recovery::Idempotent
+    fn recovery(&self) -> openprogram::actors::machine::Recovery {
+        openprogram::actors::machine::Recovery::Idempotent
     }
     fn call(
         &self,
@@ -352,9 +352,7 @@ impl openprogram::agent::Tool for Chooser {
                 &json!({"items": [{"id": "colour", "type": "choice", "options": ["red", "blue"]}]}),
             )?;
             match handle.ask_with(spec).await {
-                Ok(openprogram::actors::execution::machine::LiveOutcome::Answered(answer)) => {
-                    Ok(answer)
-                }
+                Ok(openprogram::actors::machine::LiveOutcome::Answered(answer)) => Ok(answer),
                 other => Err(format!("{other:?}").into()),
             }
         }

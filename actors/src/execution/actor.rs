@@ -17,7 +17,7 @@ use openprogram_storage::{
 use crate::attempt_lease::{AttemptLeaseActor, LeaseState, Release, Renew};
 use crate::env::Env;
 use crate::error::Error;
-use crate::execution::machine::{LiveOutcome, Machine, Next};
+use crate::machine::{LiveOutcome, Machine, Next};
 use crate::snapshot::Snapshot;
 use openprogram_storage::planted::{planted, Bug};
 

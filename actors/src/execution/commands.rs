@@ -8,7 +8,7 @@ use openprogram_storage::{CommandRecord, CommandStatus, Event, Outcome, Transiti
 use crate::command::{Command, CommandBody, WaitRef};
 use crate::error::Error;
 use crate::execution::actor::{answer, parked, ExecutionActor};
-use crate::execution::machine::{Accepted, CommandContext, Refusal, Rejection};
+use crate::machine::{Accepted, CommandContext, Refusal, Rejection};
 
 /// Whether the transition that decides a command also saves it as accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,7 +180,7 @@ impl ExecutionActor {
         // C-2: a turn queued for its session again by this control takes its place in line.
         let requeued = events.iter().any(|event| {
             matches!(event, Event::StateChanged { state: openprogram_storage::ExecutionState::Queued, reason }
-                if reason == crate::execution::machine_session::SESSION_QUEUED)
+                if reason == crate::machine::session::SESSION_QUEUED)
         });
         // C-2: a foreground turn that runs again moves its session's record too, so a turn
         // that read it paused (an interrupt about to take the session) reads again.

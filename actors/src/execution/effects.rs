@@ -15,8 +15,8 @@ use super::actor::{
 use crate::agent::{ModelRequest, ToolCall, ToolError, ToolResult, UsageMeter};
 use crate::call::CallHandle;
 use crate::deltas::DeltaSink;
-use crate::execution::machine::{Decision, Input, Machine, PendingTool, Recovery};
-use crate::execution::machine_waits::truncate;
+use crate::machine::waits::truncate;
+use crate::machine::{Decision, Input, Machine, PendingTool, Recovery};
 use crate::telemetry::StepKind;
 
 /// A provider or tool finished.

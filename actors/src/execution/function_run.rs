@@ -16,11 +16,11 @@ use super::actor::{after_commit, answer, Advance, ExecutionActor};
 use crate::call::CallFunction;
 use crate::env::ChildCall;
 use crate::error::Error;
-use crate::execution::machine::{state_changed, Recovery, Registered, RunDecision};
 use crate::function::{
     AskBoundary, Asked, Boundary, CallStarted, FunctionContext, RevisionMissing, StepBoundary,
     StepDone,
 };
+use crate::machine::{state_changed, Recovery, Registered, RunDecision};
 
 /// A run of the body ended with its result (or error), or it panicked.
 #[derive(Debug, Message)]

@@ -9,7 +9,7 @@ use openprogram_storage::{ExecutionState as Status, LeaseId};
 
 use crate::error::Error;
 use crate::execution::actor::{log_failure, parked, Advance, ExecutionActor};
-use crate::execution::machine::Action;
+use crate::machine::Action;
 
 impl ExecutionActor {
     /// Tells the queue what a committed transition changed for this Job.

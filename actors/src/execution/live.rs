@@ -10,7 +10,7 @@ use openprogram_storage::{LiveBinding, WaitId};
 
 use crate::call::{AskError, AskLive};
 use crate::execution::actor::{answer, ExecutionActor};
-use crate::execution::machine::{Input, LiveOutcome};
+use crate::machine::{Input, LiveOutcome};
 
 impl Handler<AskLive> for ExecutionActor {
     type Result = AtomicResponse<Self, Result<oneshot::Receiver<LiveOutcome>, AskError>>;

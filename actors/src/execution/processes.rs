@@ -9,7 +9,7 @@ use openprogram_storage::{Event, ProcessId, ProcessRecord, ProcessState, Upsert}
 use crate::call::{StartProcess, StartedProcess};
 use crate::error::Error;
 use crate::execution::actor::{after_commit, answer, ExecutionActor};
-use crate::execution::machine::process_changed;
+use crate::machine::process_changed;
 use crate::process::{os, ProcessActor, ProcessProgress, Stop};
 
 impl Handler<StartProcess> for ExecutionActor {

@@ -12,8 +12,8 @@ use openprogram_storage::{
 use crate::attempt_lease::LeaseState;
 use crate::env::Env;
 use crate::error::{Error, Result};
-use crate::execution::machine::{derived_command_id, state_changed, Machine, RESTART_PAUSE_REASON};
-use crate::execution::plan;
+use crate::machine::plan;
+use crate::machine::{derived_command_id, state_changed, Machine, RESTART_PAUSE_REASON};
 use crate::rebuild::project;
 use crate::recovery::{Hold, Plan};
 

@@ -12,8 +12,8 @@ use crate::call::CallHandle;
 use crate::command::{Command, CommandBody, EffectRef, ReconcileOutcome};
 use crate::execution::actor::{after_commit, answer, Advance, DecideInherited, ExecutionActor};
 use crate::execution::commands::{ApplyCommand, Saved};
-use crate::execution::machine::{derived_command_id, PendingTool};
 use crate::function::{DurableFunction, StepRef};
+use crate::machine::{derived_command_id, PendingTool};
 
 impl ExecutionActor {
     /// While the runtime stops: the restart-recovery pause of a running execution with

@@ -8,7 +8,7 @@ use openprogram_storage::{
 };
 
 use crate::execution::actor::{log_failure, ExecutionActor};
-use crate::execution::machine_session::line_of;
+use crate::machine::session::line_of;
 
 impl ExecutionActor {
     /// The session's record and the state of each execution it names, as read now.

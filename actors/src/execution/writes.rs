@@ -9,8 +9,8 @@ use openprogram_storage::{Event, EventEnvelope, ExecutionState as Status, Outcom
 
 use crate::error::Error;
 use crate::execution::actor::{committed_version, log_failure, Advance, ExecutionActor};
-use crate::execution::machine::{Action, Decision};
-use crate::execution::plan::{Plan, Writer};
+use crate::machine::plan::{Plan, Writer};
+use crate::machine::{Action, Decision};
 
 impl ExecutionActor {
     /// Submits the plan of the transition appending `events` and, once committed, applies

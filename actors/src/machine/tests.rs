@@ -7,10 +7,10 @@ use openprogram_storage::{
     MessageId, OwnerId, ReceiptStatus, RevisionId, RunId, SessionId, TurnId,
 };
 
-use super::machine::*;
+use super::*;
 
 /// An admission with an empty script; shared with the simulation (`machine_sim.rs`).
-pub(super) fn admitted(max_iterations: u32) -> Event {
+pub(crate) fn admitted(max_iterations: u32) -> Event {
     let input =
         serde_json::json!({"message": "hi", "script": [], "max_iterations": max_iterations});
     Event::Admitted {
@@ -27,7 +27,7 @@ pub(super) fn admitted(max_iterations: u32) -> Event {
     }
 }
 
-pub(super) fn attempt() -> Event {
+pub(crate) fn attempt() -> Event {
     Event::AttemptStarted {
         attempt_id: AttemptId::new(),
         owner_id: OwnerId::new(),
@@ -36,7 +36,7 @@ pub(super) fn attempt() -> Event {
 }
 
 /// Applies events as the shell does after a commit; returns the actions.
-pub(super) fn commit(machine: &mut Machine, events: &[Event]) -> Vec<Action> {
+pub(crate) fn commit(machine: &mut Machine, events: &[Event]) -> Vec<Action> {
     let mut actions = Vec::new();
     for event in events {
         let seq = machine.checkpoint_seq + 1;
@@ -45,7 +45,7 @@ pub(super) fn commit(machine: &mut Machine, events: &[Event]) -> Vec<Action> {
     actions
 }
 
-pub(super) fn running(max_iterations: u32) -> Machine {
+pub(crate) fn running(max_iterations: u32) -> Machine {
     let mut machine = Machine::default();
     commit(&mut machine, &[admitted(max_iterations), attempt()]);
     assert_eq!(machine.status(), Status::Running);
@@ -54,7 +54,7 @@ pub(super) fn running(max_iterations: u32) -> Machine {
 
 /// What the shell decides a command against: the machine's own revision (so Fork and
 /// Retry are loadable), `busy` as given, and no version check.
-pub(super) fn at(machine: &Machine, busy: bool) -> CommandContext {
+pub(crate) fn at(machine: &Machine, busy: bool) -> CommandContext {
     CommandContext {
         version: 0,
         revision: machine.revision_id.unwrap_or_default(),
@@ -66,12 +66,12 @@ pub(super) fn at(machine: &Machine, busy: bool) -> CommandContext {
 }
 
 /// The controls the machine offers now (K-3), as the shell asks.
-pub(super) fn offered(machine: &Machine) -> Vec<CommandKind> {
+pub(crate) fn offered(machine: &Machine) -> Vec<CommandKind> {
     machine.capabilities(&at(machine, false))
 }
 
 /// Decides a control of this execution as the shell does (`decide_command`).
-pub(super) fn control(
+pub(crate) fn control(
     machine: &Machine,
     control: Control,
     busy: bool,
@@ -83,13 +83,13 @@ pub(super) fn control(
 }
 
 /// Decides a control and commits it, as the shell does.
-pub(super) fn ctl(machine: &mut Machine, c: Control, busy: bool) -> Vec<Action> {
+pub(crate) fn ctl(machine: &mut Machine, c: Control, busy: bool) -> Vec<Action> {
     let events = control(machine, c, busy).expect("control accepted");
     commit(machine, &events)
 }
 
 /// Decides an input and commits it, as the shell does.
-pub(super) fn run(machine: &mut Machine, input: Input, _busy: bool) -> Vec<Action> {
+pub(crate) fn run(machine: &mut Machine, input: Input, _busy: bool) -> Vec<Action> {
     let events = machine.decide(input).expect("input accepted");
     commit(machine, &events)
 }
@@ -98,7 +98,7 @@ fn idempotent(_: &str) -> Recovery {
     Recovery::Idempotent
 }
 
-pub(super) fn tool_decision(tool: &str) -> Decision {
+pub(crate) fn tool_decision(tool: &str) -> Decision {
     Decision::tool(tool.into(), serde_json::json!({"text": "x"}).into())
 }
 
@@ -143,7 +143,7 @@ fn in_situation(situation: &str) -> (Machine, bool) {
     (machine, busy)
 }
 
-pub(super) fn steer() -> Control {
+pub(crate) fn steer() -> Control {
     Control::Steer {
         text: "be brief".into(),
     }
@@ -561,23 +561,18 @@ fn e3_a_decision_that_could_not_be_read_back_fails_the_model_call() {
         })
     };
     // As deep as allowed: recorded, and its text reads back as the same decision.
-    let events = decide(nested_decision(
-        super::machine_types::DECISION_ARGS_DEPTH_MAX,
-    ))
-    .expect("decided");
+    let events = decide(nested_decision(super::types::DECISION_ARGS_DEPTH_MAX)).expect("decided");
     let Some(Event::ModelDecided { decision, .. }) = events.first() else {
         panic!("no decision recorded: {events:?}");
     };
     let read_back: Decision = serde_json::from_str(decision).expect("reads back");
     assert_eq!(
         read_back,
-        nested_decision(super::machine_types::DECISION_ARGS_DEPTH_MAX)
+        nested_decision(super::types::DECISION_ARGS_DEPTH_MAX)
     );
     // One level deeper: the model call fails with the reason, nothing is recorded as decided.
-    let events = decide(nested_decision(
-        super::machine_types::DECISION_ARGS_DEPTH_MAX + 1,
-    ))
-    .expect("decided");
+    let events =
+        decide(nested_decision(super::types::DECISION_ARGS_DEPTH_MAX + 1)).expect("decided");
     assert!(
         matches!(&events[..], [Event::ModelFailed { error, .. }, Event::StateChanged { state: Status::Failed, .. }]
             if error.contains("nest deeper")),
@@ -612,8 +607,8 @@ fn e3_a_tool_gets_the_numbers_the_provider_decided() {
 
 #[test]
 fn e3_nesting_is_counted_outside_strings_only() {
-    use super::machine_types::nesting;
-    let deep = "[".repeat(super::machine_types::DECISION_ARGS_DEPTH_MAX + 1);
+    use super::types::nesting;
+    let deep = "[".repeat(super::types::DECISION_ARGS_DEPTH_MAX + 1);
     let cases = [
         (r#""text""#.to_owned(), 0),
         ("[]".to_owned(), 1),

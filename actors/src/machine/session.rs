@@ -6,7 +6,7 @@
 
 use openprogram_storage::{Event, ExecutionId, ExecutionState as Status};
 
-use super::machine::{state_changed, Machine, Present};
+use super::{state_changed, Machine, Present};
 
 /// The reason of the `queued` state of a turn waiting for its session.
 pub const SESSION_QUEUED: &str = "session";
@@ -35,7 +35,7 @@ pub fn line_of(
         .collect()
 }
 
-pub use super::machine_types::SessionTurn;
+pub use super::types::SessionTurn;
 
 impl Present {
     /// A foreground turn waiting for its session (C-2).
@@ -45,7 +45,7 @@ impl Present {
             && !self.cancel_requested
     }
 
-    pub(super) fn apply_session_turn(&mut self, strategy: &str, behind: Option<ExecutionId>) {
+    pub(crate) fn apply_session_turn(&mut self, strategy: &str, behind: Option<ExecutionId>) {
         self.session_turn = Some(SessionTurn {
             strategy: strategy.to_owned(),
             queued: behind.is_some(),
@@ -53,7 +53,7 @@ impl Present {
     }
 
     /// It took its session: it may run.
-    pub(super) fn apply_session_turn_started(&mut self) {
+    pub(crate) fn apply_session_turn_started(&mut self) {
         if let Some(turn) = &mut self.session_turn {
             turn.queued = false;
         }
@@ -61,16 +61,16 @@ impl Present {
 
     /// `queued` for its session again (a Continue of a turn that no longer holds it): the
     /// shell looks whether it may take it.
-    pub(super) fn session_queued_again(
+    pub(crate) fn session_queued_again(
         &mut self,
         state: Status,
         reason: &str,
-        actions: &mut Vec<super::machine::Action>,
+        actions: &mut Vec<super::Action>,
     ) {
         if state == Status::Queued && reason == SESSION_QUEUED {
             if let Some(turn) = &mut self.session_turn {
                 turn.queued = true;
-                actions.push(super::machine::Action::Advance);
+                actions.push(super::Action::Advance);
             }
         }
     }
@@ -98,7 +98,7 @@ impl Machine {
 
     /// C-2: a Continue or Step of a foreground turn that does not hold its session (`holds`,
     /// read by the shell) queues it for the session instead of running it.
-    pub(super) fn requeued_for_session(&self, holds: bool) -> Option<Event> {
+    pub(crate) fn requeued_for_session(&self, holds: bool) -> Option<Event> {
         (self.session_turn.is_some() && !holds)
             .then(|| state_changed(Status::Queued, SESSION_QUEUED))
     }

@@ -6,10 +6,8 @@ use openprogram_storage::{
     CommandId, Control, EffectId, Event, ExecutionState as Status, ReceiptStatus,
 };
 
-use super::machine::*;
-use super::machine_tests::{
-    attempt, commit, control, ctl, offered, run, running, steer, tool_decision,
-};
+use super::tests::{attempt, commit, control, ctl, offered, run, running, steer, tool_decision};
+use super::*;
 
 /// A machine left `reconciliation_required` by an External tool whose dispatch an earlier
 /// attempt never finished; returns it and the unknown effect.

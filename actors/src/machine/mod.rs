@@ -4,6 +4,40 @@
 //! says what a running, idle execution does next; `plan` (`plan.rs`) makes the transition.
 //! Recovery replays stored events through the same `apply`, actions dropped.
 
+mod controls;
+mod decide;
+mod decision;
+pub mod fork;
+mod function_types;
+mod functions;
+pub mod grants;
+mod history;
+pub mod job;
+mod job_state;
+mod next;
+pub mod plan;
+mod processes;
+pub mod projection;
+mod refusal;
+mod restart;
+pub mod session;
+mod types;
+mod wait_types;
+pub mod waits;
+
+#[cfg(test)]
+mod grants_tests;
+#[cfg(test)]
+mod restart_tests;
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod sim_checks;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod waits_tests;
+
 use std::collections::BTreeSet;
 
 use openprogram_storage::{
@@ -11,10 +45,10 @@ use openprogram_storage::{
     RevisionId,
 };
 
-pub use super::function_types::*;
-use super::machine_types::default_max_iterations;
-pub use super::machine_types::*;
-pub use super::wait_types::{process_changed, wait_of, LiveOutcome, ManagedProcess, WaitState};
+pub use self::function_types::*;
+use self::types::default_max_iterations;
+pub use self::types::*;
+pub use self::wait_types::{process_changed, wait_of, LiveOutcome, ManagedProcess, WaitState};
 
 /// The state of one agent turn, rebuilt from its events: the present, which decides what
 /// comes next, and the history, which only grows and is read by snapshots, forks and model
@@ -128,7 +162,7 @@ pub struct Present {
     /// them (paused `version_conflict`).
     pub differences: Vec<String>,
     /// J-1: a Job's standing (`job.rs`); `None` for an execution that is no Job.
-    pub job: Option<super::job_state::JobState>,
+    pub job: Option<self::job_state::JobState>,
     /// E-6: what its model calls used, summed (`ModelUsage` events): tokens and retries.
     #[serde(default)]
     pub usage: ModelUsage,
@@ -193,7 +227,7 @@ impl Present {
 impl Machine {
     /// A refusal of an input that is not a command (a result, a question): no controls are
     /// part of its answer.
-    pub(super) fn reject(&self, refusal: Refusal) -> Rejection {
+    pub(crate) fn reject(&self, refusal: Refusal) -> Rejection {
         Rejection {
             refusal,
             capabilities: Vec::new(),
@@ -316,7 +350,7 @@ impl Present {
     /// committed. A `ModelDecided` is folded from `decision`, else from its text. The events
     /// of every step are folded here; the rarer ones by the rules of their part (commands,
     /// waits, processes, durable functions).
-    pub(super) fn fold(
+    pub(crate) fn fold(
         &mut self,
         event: &Event,
         seq: u64,
@@ -530,7 +564,7 @@ impl Present {
     }
 
     /// One declared step finished: count it against a Step, and go on if still running.
-    pub(super) fn step_taken(&mut self, actions: &mut Vec<Action>) {
+    pub(crate) fn step_taken(&mut self, actions: &mut Vec<Action>) {
         if let Some(left) = &mut self.steps_left {
             *left = left.saturating_sub(1);
         }
@@ -578,6 +612,6 @@ pub fn state_changed(state: Status, reason: impl Into<String>) -> Event {
     }
 }
 
-pub(super) fn cancelled() -> Event {
+pub(crate) fn cancelled() -> Event {
     state_changed(Status::Cancelled, "cancel")
 }

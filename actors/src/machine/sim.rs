@@ -20,12 +20,12 @@ use openprogram_storage::{
     CommandId, Control, EffectId, Event, ExecutionState as Status, OwnerId, ReceiptStatus,
 };
 
-use super::machine::*;
-use super::machine_sim_checks::{
+use super::projection::Projected;
+use super::sim_checks::{
     check_capabilities, check_plan, check_waits_and_grants, control_of, fitting_answer, recovery,
     Rng, Seen,
 };
-use super::projection::Projected;
+use super::*;
 use crate::attempt_lease::LeaseState;
 
 /// Runs per test and inputs per run.
@@ -64,7 +64,7 @@ struct Sim {
 
 impl Sim {
     fn new(max_iterations: u32) -> Self {
-        let admitted = super::machine_tests::admitted(max_iterations);
+        let admitted = super::tests::admitted(max_iterations);
         let mut sim = Sim {
             machine: Machine::default(),
             log: Vec::new(),
@@ -122,7 +122,7 @@ impl Sim {
         let before_waits: Vec<WaitState> = self.machine.waits().into_iter().cloned().collect();
         let fresh = self.projected();
         let head = self.head();
-        let writer = crate::execution::plan::Writer::Attempt { epoch: self.epoch };
+        let writer = crate::machine::plan::Writer::Attempt { epoch: self.epoch };
         // The plan as the actor makes it (with the decision), and one from the events'
         // text alone: the same transition.
         let plan = self
@@ -196,7 +196,7 @@ impl Sim {
                     "{context}: a projection diverged"
                 );
             }
-            let at = super::machine_tests::at(&self.machine, self.in_flight.is_some());
+            let at = super::tests::at(&self.machine, self.in_flight.is_some());
             assert_eq!(
                 partial.capabilities(&at),
                 self.machine.capabilities(&at),
@@ -293,14 +293,14 @@ impl Sim {
                         decision: Decision::Ask {
                             prompt: "go?".into(),
                             wait: match if granted { 1 } else { rng.below(4) } {
-                                0 => Some(super::machine::AskDetails {
-                                    kind: super::machine::AskKind::Question,
+                                0 => Some(super::AskDetails {
+                                    kind: super::AskKind::Question,
                                     request: Some(serde_json::json!({"items": [
                                         {"id": "ok", "type": "boolean"}]})),
                                     timeout_ms: Some(1 + rng.below(3_000)),
                                 }),
-                                1 | 2 => Some(super::machine::AskDetails {
-                                    kind: super::machine::AskKind::Approval,
+                                1 | 2 => Some(super::AskDetails {
+                                    kind: super::AskKind::Approval,
                                     request: Some(serde_json::json!({"tool": "append"})),
                                     timeout_ms: None,
                                 }),
@@ -472,7 +472,7 @@ impl Sim {
             command_id,
             control: control.clone(),
         };
-        let mut at = super::machine_tests::at(&self.machine, busy);
+        let mut at = super::tests::at(&self.machine, busy);
         at.now_ms = self.now_ms;
         at.session = Some(std::sync::Arc::new(self.session.clone()));
         let decided = self

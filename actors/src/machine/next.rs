@@ -5,7 +5,7 @@
 
 use openprogram_storage::{EffectId, Event, ExecutionState as Status};
 
-use super::machine::{cancelled, state_changed, Machine, Next, Recovery};
+use super::{cancelled, state_changed, Machine, Next, Recovery};
 
 impl Machine {
     /// What a running execution does when no effect is in flight. `fresh` makes the effect

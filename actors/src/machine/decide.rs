@@ -5,7 +5,7 @@
 
 use openprogram_storage::{EffectId, Event, ExecutionState as Status, ReceiptStatus};
 
-use super::machine::{
+use super::{
     cancelled, decision_text, state_changed, unreadable, wait_of, Decision, Input, Machine,
     ModelUsage, Refusal, Rejection,
 };

@@ -5,9 +5,9 @@ use openprogram_storage::{
     SessionRecord, WaitId,
 };
 
-use super::machine::*;
-use super::machine_tests::{commit, control, ctl, offered, running, tool_decision};
+use super::tests::{commit, control, ctl, offered, running, tool_decision};
 use super::wait_types::wait_of;
+use super::*;
 
 /// The model asks approval for `tool` (its request names it); the events, as decided.
 fn ask_for(machine: &mut Machine, tool: &str, session: Option<&SessionRecord>) -> Vec<Event> {

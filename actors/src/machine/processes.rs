@@ -4,11 +4,11 @@
 
 use openprogram_storage::{CommandId, Control, Event, ProcessId, ProcessState as ProcState};
 
-use crate::execution::machine::{Machine, ManagedProcess, Present, Refusal};
+use crate::machine::{Machine, ManagedProcess, Present, Refusal};
 
 impl Machine {
     /// P-2: a running process of this execution can be stopped in any execution state.
-    pub(super) fn decide_stop_process(
+    pub(crate) fn decide_stop_process(
         &self,
         command_id: CommandId,
         process_id: ProcessId,
@@ -35,7 +35,7 @@ impl Machine {
 
 impl Present {
     /// A process's events: its state changed (the first change lists it), or its output grew.
-    pub(super) fn fold_process(&mut self, event: &Event) {
+    pub(crate) fn fold_process(&mut self, event: &Event) {
         match event {
             Event::ProcessChanged { process_id, state } => {
                 let state = ProcState::parse(state).unwrap_or(ProcState::Lost);

@@ -8,7 +8,7 @@ use openprogram_storage::{
     Event, ExecutionHead, ExecutionState as Status, JobBudget, JobRecord, LeaseId,
 };
 
-use super::machine::{state_changed, Action, Machine, Present, Refusal, Rejection};
+use super::{state_changed, Action, Machine, Present, Refusal, Rejection};
 
 /// The pause reason of a Job whose budget is spent.
 pub const BUDGET_EXHAUSTED: &str = "budget_exhausted";
@@ -80,7 +80,7 @@ impl Present {
     }
 
     /// Folds a Job's own events; counts a step taken under a lease.
-    pub(super) fn fold_job(&mut self, event: &Event, actions: &mut Vec<Action>) {
+    pub(crate) fn fold_job(&mut self, event: &Event, actions: &mut Vec<Action>) {
         match event {
             Event::JobQueued {
                 resources,
@@ -156,7 +156,7 @@ impl Present {
 
     /// A Job's side of a state change from `before`: it leaves or joins the queue; a queue
     /// deadline that passed ends it for good.
-    pub(super) fn job_state_changed(
+    pub(crate) fn job_state_changed(
         &mut self,
         before: Status,
         reason: &str,
@@ -211,7 +211,7 @@ impl Machine {
     }
 
     /// J-1: a Continue's new budget: refused if it is no Job's, or leaves the budget spent.
-    pub(super) fn decide_budget(
+    pub(crate) fn decide_budget(
         &self,
         budget: Option<JobBudget>,
         now_ms: u64,

@@ -7,7 +7,7 @@ use openprogram_storage::{
     EffectId, Event, ExecutionState as Status, ReceiptStatus, VersionPolicy,
 };
 
-use super::machine::{FunctionInput, Machine, Turn, WaitState};
+use super::{FunctionInput, Machine, Turn, WaitState};
 
 impl Machine {
     /// The wait or live question `wait_id`, pending or ended.
@@ -21,7 +21,7 @@ impl Machine {
 
     /// The history an event adds (a model decision's turn aside), read from the present as
     /// it was before the event: the call a result finishes, the wait an answer resolves.
-    pub(super) fn record(&mut self, event: &Event, seq: u64) {
+    pub(crate) fn record(&mut self, event: &Event, seq: u64) {
         match event {
             Event::StateChanged {
                 state: Status::Failed,
@@ -143,7 +143,7 @@ impl Machine {
     }
 
     /// Waits that ended leave the present for the history: they never change again.
-    pub(super) fn retire_waits(&mut self) {
+    pub(crate) fn retire_waits(&mut self) {
         if self
             .present
             .active_waits

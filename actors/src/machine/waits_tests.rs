@@ -5,9 +5,9 @@ use openprogram_storage::{
     LiveBinding, OwnerId, ProcessId, WaitId, WaitKind, WaitStatus,
 };
 
-use super::machine::*;
-use super::machine_tests::{commit, control, ctl, offered, run, running, tool_decision};
+use super::tests::{commit, control, ctl, offered, run, running, tool_decision};
 use super::wait_types::{wait_of, WaitSpec};
+use super::*;
 
 /// A running machine that asked for approval: `waiting`, with one open wait.
 fn asking(prompt: &str) -> (Machine, WaitId) {
@@ -362,7 +362,7 @@ fn asking_structured(now_ms: u64, timeout_ms: u64) -> (Machine, WaitId) {
 
 /// Decides a control at `now_ms` and commits it.
 fn ctl_at(machine: &mut Machine, control: Control, now_ms: u64) -> Result<Vec<Action>, Rejection> {
-    let mut at = super::machine_tests::at(machine, false);
+    let mut at = super::tests::at(machine, false);
     at.now_ms = now_ms;
     match machine.decide_command(CommandId::new(), control.into(), None, &at)? {
         Accepted::Control { events, .. } => Ok(commit(machine, &events)),

@@ -91,6 +91,6 @@ impl JobState {
 }
 
 /// Milliseconds `lease` has been held at `now_ms`.
-pub(super) fn held(lease: &HeldLease, now_ms: u64) -> u64 {
+pub(crate) fn held(lease: &HeldLease, now_ms: u64) -> u64 {
     now_ms.saturating_sub(lease.granted_at_ms)
 }

@@ -9,9 +9,9 @@ use openprogram_storage::{
     WaitKind,
 };
 
-use super::machine::{Machine, Present, Refusal, WaitState};
+use super::{Machine, Present, Refusal, WaitState};
 
-pub use super::machine_types::Grant;
+pub use super::types::Grant;
 
 impl WaitState {
     /// The tool an approval guards, if its request names one.
@@ -24,7 +24,7 @@ impl WaitState {
 impl Machine {
     /// The approval an `Ask` for `tool` gets without a new wait, if a grant covers it: this
     /// execution's, else the session's (as `session` stands, at its version).
-    pub(super) fn grant_for(&self, tool: &str, session: Option<&SessionRecord>) -> Option<Event> {
+    pub(crate) fn grant_for(&self, tool: &str, session: Option<&SessionRecord>) -> Option<Event> {
         let own = self
             .grants
             .iter()
@@ -50,7 +50,7 @@ impl Machine {
 
     /// W-7: `tool` and `session` scopes grant the tool an approval names; nothing else may
     /// take them (a question's answer approves no tool).
-    pub(super) fn check_scope(wait: &WaitState, scope: AnswerScope) -> Result<(), Refusal> {
+    pub(crate) fn check_scope(wait: &WaitState, scope: AnswerScope) -> Result<(), Refusal> {
         if !matches!(scope, AnswerScope::Tool | AnswerScope::Session) {
             return Ok(());
         }
@@ -71,7 +71,7 @@ impl Machine {
 
     /// W-7: `revoke` of a grant that stands: one of this execution's own, or one of its
     /// session's (`session`, as read for the command), whichever execution gave it.
-    pub(super) fn decide_revoke(
+    pub(crate) fn decide_revoke(
         &self,
         command_id: CommandId,
         grant_id: WaitId,
@@ -161,7 +161,7 @@ impl Present {
     /// An applied answer of a durable approval: with a `tool` or `session` scope, the grant
     /// (read before the answer's `WaitChanged`); any approving answer is what the next tool
     /// call relies on.
-    pub(super) fn note_approval(&mut self, control: &Control) {
+    pub(crate) fn note_approval(&mut self, control: &Control) {
         let Control::Answer { wait_id, scope, .. } = control else {
             return;
         };
@@ -192,7 +192,7 @@ impl Present {
         self.granted_tool = tool;
     }
 
-    pub(super) fn apply_revoke(&mut self, grant_id: WaitId) {
+    pub(crate) fn apply_revoke(&mut self, grant_id: WaitId) {
         for grant in &mut self.grants {
             if grant.grant_id == grant_id {
                 grant.revoked = true;

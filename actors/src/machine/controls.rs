@@ -6,7 +6,7 @@
 
 use openprogram_storage::{CommandId, Control, Event, ExecutionState as Status};
 
-use super::machine::{
+use super::{
     cancelled, state_changed, Accepted, Action, CommandContext, CommandKind, Machine, Present,
     Refusal, Rejection, Turn,
 };
@@ -307,7 +307,7 @@ impl Machine {
 
     /// The history an applied control adds: a reconciled effect's receipt and result, a
     /// durable wait's outcome. Read before the present folds it.
-    pub(super) fn record_control(&mut self, control: &Control) {
+    pub(crate) fn record_control(&mut self, control: &Control) {
         match control {
             Control::Reconcile {
                 effect_id,
@@ -326,7 +326,7 @@ impl Machine {
 
 impl Present {
     /// A command's events: accepted (its decision pending), rejected, or applied.
-    pub(super) fn fold_command(&mut self, event: &Event, seq: u64, actions: &mut Vec<Action>) {
+    pub(crate) fn fold_command(&mut self, event: &Event, seq: u64, actions: &mut Vec<Action>) {
         match event {
             Event::ControlAccepted {
                 command_id,

@@ -11,22 +11,22 @@ use openprogram_storage::{
     WaitStatus,
 };
 
-use super::machine::*;
+use super::*;
 
-pub(super) struct Rng(pub(super) u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    pub(super) fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0
     }
-    pub(super) fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
     /// A finite f64 of any magnitude and precision.
-    pub(super) fn float(&mut self) -> f64 {
+    pub(crate) fn float(&mut self) -> f64 {
         loop {
             let float = f64::from_bits(self.next());
             if float.is_finite() {
@@ -38,15 +38,15 @@ impl Rng {
 
 /// What the invariants of one run remember across its commits.
 #[derive(Default)]
-pub(super) struct Seen {
+pub(crate) struct Seen {
     cancel_applied: bool,
-    pub(super) terminal: Option<Status>,
+    pub(crate) terminal: Option<Status>,
     /// Outcomes committed per effect: one each.
     results: HashMap<EffectId, usize>,
     /// Step events committed since the last applied Step, while it runs.
     steps_since_step: Option<usize>,
     /// The attempt (epoch) that dispatched each External effect.
-    pub(super) dispatched_at: HashMap<EffectId, u64>,
+    pub(crate) dispatched_at: HashMap<EffectId, u64>,
     /// Waits once resolved, with their outcome: it never changes again.
     resolved: HashMap<WaitId, WaitStatus>,
 }
@@ -54,7 +54,7 @@ pub(super) struct Seen {
 impl Seen {
     /// What one committed event tells the invariants: a Cancel applied, the steps of a
     /// Step, the attempt an effect was dispatched by, one outcome per effect.
-    pub(super) fn track(&mut self, event: &Event, epoch: u64, context: &str) {
+    pub(crate) fn track(&mut self, event: &Event, epoch: u64, context: &str) {
         match event {
             Event::ControlApplied {
                 control: Control::Cancel,
@@ -105,7 +105,7 @@ impl Seen {
 
     /// K-5, terminal states, a Step's one step, resolved waits and one receipt per effect,
     /// in the state a commit reached from `before`.
-    pub(super) fn check_state(&mut self, machine: &Machine, before: Status, context: &str) {
+    pub(crate) fn check_state(&mut self, machine: &Machine, before: Status, context: &str) {
         let status = machine.status();
         if let Some(terminal) = self.terminal {
             assert_eq!(
@@ -140,7 +140,7 @@ impl Seen {
     }
 }
 
-pub(super) fn recovery(tool: &str) -> Recovery {
+pub(crate) fn recovery(tool: &str) -> Recovery {
     if tool == "append" {
         Recovery::External
     } else {
@@ -150,9 +150,9 @@ pub(super) fn recovery(tool: &str) -> Recovery {
 
 /// The plan of a transition, once the machine folded its events: its head, wait records
 /// and actions are what the machine itself reached.
-pub(super) fn check_plan(
+pub(crate) fn check_plan(
     machine: &Machine,
-    plan: &crate::execution::plan::Plan,
+    plan: &crate::machine::plan::Plan,
     head: &openprogram_storage::ExecutionHead,
     before_waits: &[WaitState],
     actions: &[Action],
@@ -194,7 +194,7 @@ pub(super) fn check_plan(
 /// W-2, W-7, W-8 after a commit of `events`: a grant approves only while it stands (never once
 /// revoked; a session's only at the version its record is at), and every outcome the provider
 /// was told of is a wait a person resolved or a grant used (an expired wait tells it nothing).
-pub(super) fn check_waits_and_grants(
+pub(crate) fn check_waits_and_grants(
     machine: &Machine,
     log: &[Event],
     events: &[Event],
@@ -261,7 +261,7 @@ pub(super) fn check_waits_and_grants(
 }
 
 /// The control a command's transition applied (its `ControlAccepted`, first).
-pub(super) fn control_of(events: &[Event]) -> Control {
+pub(crate) fn control_of(events: &[Event]) -> Control {
     events
         .iter()
         .find_map(|event| match event {
@@ -272,7 +272,7 @@ pub(super) fn control_of(events: &[Event]) -> Control {
 }
 
 /// An answer that fits the request of `wait_id` (the simulation asks only `ok`, a boolean).
-pub(super) fn fitting_answer(machine: &Machine, wait_id: openprogram_storage::WaitId) -> String {
+pub(crate) fn fitting_answer(machine: &Machine, wait_id: openprogram_storage::WaitId) -> String {
     match machine.wait(wait_id).and_then(|wait| wait.request.as_ref()) {
         Some(_) => r#"{"ok": true}"#.into(),
         None => "yes".into(),
@@ -282,9 +282,9 @@ pub(super) fn fitting_answer(machine: &Machine, wait_id: openprogram_storage::Wa
 /// K-3 in every state the simulation reaches: a kind is offered exactly when
 /// `decide_command` accepts it with valid arguments and the current version; any kind with
 /// a stale version is refused as such. (Deciding is pure: a refusal changes nothing.)
-pub(super) fn check_capabilities(machine: &Machine, busy: bool, context: &str) {
+pub(crate) fn check_capabilities(machine: &Machine, busy: bool, context: &str) {
     use crate::command::{CommandBody, CommandKind, EffectRef, ReconcileOutcome, WaitRef};
-    let at = super::machine_tests::at(machine, busy);
+    let at = super::tests::at(machine, busy);
     let offered = machine.capabilities(&at);
     let wait = machine
         .active_waits

@@ -6,7 +6,7 @@ use openprogram_storage::{
     EffectId, Event, ExecutionState as Status, ReceiptStatus, VersionPolicy,
 };
 
-use super::machine::{
+use super::{
     cancelled, state_changed, Action, CompletedStep, FunctionInput, Machine, PendingTool, Present,
     Registered, RunDecision, StepConvert, StepMap, ToolArgs,
 };
@@ -202,7 +202,7 @@ impl Machine {
 
     /// A step's result or error is what every later run of the function reads (F-4); an
     /// unknown or not-applied outcome is none.
-    pub(super) fn step_completed(
+    pub(crate) fn step_completed(
         &mut self,
         step_id: &str,
         effect_id: EffectId,
@@ -266,7 +266,7 @@ impl Machine {
 impl Present {
     /// A durable function's events: an External step dispatched or ended, a revision
     /// adopted (F-3) or found in conflict with the steps committed.
-    pub(super) fn fold_function(&mut self, event: &Event, seq: u64, actions: &mut Vec<Action>) {
+    pub(crate) fn fold_function(&mut self, event: &Event, seq: u64, actions: &mut Vec<Action>) {
         match event {
             Event::StepStarted { step_id, effect_id } => {
                 let mut step = PendingTool::new(*effect_id, step_id.clone(), ToolArgs::default());

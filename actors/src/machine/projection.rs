@@ -8,7 +8,7 @@
 use openprogram_storage::{EffectId, ExecutionId, ProjectionRecord};
 use serde::{Deserialize, Serialize};
 
-use super::machine::{
+use super::{
     CompletedStep, Decision, Dropped, ForkPoint, Machine, Present, Receipt, Turn, WaitState,
 };
 

@@ -8,11 +8,11 @@ use openprogram_storage::{
     LiveBinding, WaitId, WaitKind, WaitRecord, WaitStatus,
 };
 
-use crate::execution::machine::{
+use crate::machine::wait_types::WaitSpec;
+use crate::machine::{
     state_changed, Action, CommandKind, LiveOutcome, Machine, Present, Refusal, Rejection, Turn,
     WaitState,
 };
-use crate::execution::wait_types::WaitSpec;
 use crate::wait_request::WaitRequest;
 
 /// The pause reason of an execution whose wait expired (W-8).
@@ -26,7 +26,7 @@ impl Machine {
     /// the wait, what it asks and until when (W-6, W-8), and the `waiting` state. `now_ms`
     /// is the time of the decision: a timeout runs from it. `reopens`: the expired wait a
     /// Continue opens again.
-    pub(super) fn open_wait(
+    pub(crate) fn open_wait(
         &self,
         wait_id: WaitId,
         spec: &WaitSpec,
@@ -113,7 +113,7 @@ impl Machine {
 
     /// W-8: a Continue or Step of an execution paused `wait_expired` opens the expired wait
     /// again, as a fresh wait (a new id, derived from the command's) with a new deadline.
-    pub(super) fn reopened_wait(&self, command_id: CommandId, now_ms: u64) -> Option<Vec<Event>> {
+    pub(crate) fn reopened_wait(&self, command_id: CommandId, now_ms: u64) -> Option<Vec<Event>> {
         if self.status() != Status::Paused || self.pause_reason.as_deref() != Some(WAIT_EXPIRED) {
             return None;
         }
@@ -129,7 +129,7 @@ impl Machine {
     }
 
     /// W-4: only the live attempt's running call may ask.
-    pub(super) fn decide_live_question(
+    pub(crate) fn decide_live_question(
         &self,
         wait_id: WaitId,
         prompt: String,
@@ -180,7 +180,7 @@ impl Machine {
     }
 
     /// `answer` and `decline` (W-2..W-4): they name their wait, and only a pending one.
-    pub(super) fn decide_wait_control(
+    pub(crate) fn decide_wait_control(
         &self,
         command_id: CommandId,
         control: Control,
@@ -274,7 +274,7 @@ impl Machine {
     }
 
     /// `invalidated` for every pending wait that `which` selects.
-    pub(super) fn invalidate_waits(&self, which: impl Fn(&WaitState) -> bool) -> Vec<Event> {
+    pub(crate) fn invalidate_waits(&self, which: impl Fn(&WaitState) -> bool) -> Vec<Event> {
         self.active_waits
             .iter()
             .filter(|wait| wait.status.is_pending() && which(wait))
@@ -287,7 +287,7 @@ impl Machine {
 
     /// The context turn of an applied `answer` or `decline` of a durable wait: its outcome
     /// enters the context the provider decides from. Read before the present folds it.
-    pub(super) fn record_wait_control(&mut self, control: &Control) {
+    pub(crate) fn record_wait_control(&mut self, control: &Control) {
         let (wait_id, status, answer, discussion) = match control {
             Control::Answer {
                 wait_id,
@@ -325,7 +325,7 @@ impl Machine {
 
 impl Present {
     /// A new attempt: live questions of earlier attempts will never be answered (W-4).
-    pub(super) fn invalidate_live_of_other_attempts(&mut self, attempt_id: AttemptId) {
+    pub(crate) fn invalidate_live_of_other_attempts(&mut self, attempt_id: AttemptId) {
         for wait in &mut self.active_waits {
             if wait.status.is_pending()
                 && wait.live.is_some_and(|live| live.attempt_id != attempt_id)
@@ -336,7 +336,7 @@ impl Present {
     }
 
     /// An accepted answer reads `submitted`, with the answer, until it is decided (W-2).
-    pub(super) fn answer_submitted(&mut self, control: &Control) {
+    pub(crate) fn answer_submitted(&mut self, control: &Control) {
         if let Control::Answer {
             wait_id, answer, ..
         } = control
@@ -351,7 +351,7 @@ impl Present {
     }
 
     /// A rejected answer leaves its wait open again.
-    pub(super) fn answer_rejected(&mut self, command_id: CommandId) {
+    pub(crate) fn answer_rejected(&mut self, command_id: CommandId) {
         let rejected = self
             .pending_commands
             .iter()
@@ -369,7 +369,7 @@ impl Present {
     }
 
     /// A wait's events: opened, what it asks and until when (W-6, W-8), and how it ended.
-    pub(super) fn fold_wait(&mut self, event: &Event, seq: u64, actions: &mut Vec<Action>) {
+    pub(crate) fn fold_wait(&mut self, event: &Event, seq: u64, actions: &mut Vec<Action>) {
         match event {
             Event::WaitOpened {
                 wait_id,
@@ -455,7 +455,7 @@ impl Present {
 
     /// An applied `answer` or `decline` records the answer and what it granted (the
     /// `WaitChanged` after it sets the status).
-    pub(super) fn apply_wait_control(&mut self, control: &Control) {
+    pub(crate) fn apply_wait_control(&mut self, control: &Control) {
         let (wait_id, answer, scope) = match control {
             Control::Answer {
                 wait_id,
@@ -522,7 +522,7 @@ pub fn changed_wait_records(
 }
 
 /// Cuts `text` to at most `max` bytes, at a character boundary; whether it cut.
-pub(super) fn truncate(text: &mut String, max: usize) -> bool {
+pub(crate) fn truncate(text: &mut String, max: usize) -> bool {
     if text.len() <= max {
         return false;
     }

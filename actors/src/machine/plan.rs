@@ -8,9 +8,9 @@ use openprogram_storage::{
     ReceiptRecord, ReceiptStatus, Transition, Upsert,
 };
 
-use super::machine::{Action, Decision, Machine, Present, Recovery};
-use super::machine_waits::changed_wait_records;
 use super::projection::Projected;
+use super::waits::changed_wait_records;
+use super::{Action, Decision, Machine, Present, Recovery};
 
 /// Who writes a transition, which decides what its head says about the attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,14 +6,14 @@ use openprogram_storage::{
     EffectId, Event, ExecutionState as Status, ReceiptStatus, RestartIntent,
 };
 
-use crate::execution::machine::{
+use crate::machine::{
     state_changed, Action, Machine, PendingTool, Present, Refusal, Turn, RESTART_PAUSE_REASON,
 };
 
 impl Machine {
     /// The events after a `reconcile` control's `ControlApplied`: it must name the effect
     /// awaiting reconciliation and resolve it `confirmed` or `not_applied`.
-    pub(super) fn decide_reconcile(
+    pub(crate) fn decide_reconcile(
         &self,
         effect_id: EffectId,
         status: ReceiptStatus,
@@ -52,7 +52,7 @@ impl Machine {
 
     /// The history of an applied `reconcile`: the effect's receipt and, `confirmed`, its
     /// output in the context. Read before the present folds it.
-    pub(super) fn record_reconcile(
+    pub(crate) fn record_reconcile(
         &mut self,
         effect_id: EffectId,
         status: ReceiptStatus,
@@ -109,7 +109,7 @@ impl Machine {
 impl Present {
     /// Folds an applied `reconcile`: the effect is resolved; `not_applied` makes it pending
     /// again, under the same effect id.
-    pub(super) fn apply_reconcile(
+    pub(crate) fn apply_reconcile(
         &mut self,
         effect_id: EffectId,
         status: ReceiptStatus,

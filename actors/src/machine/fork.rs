@@ -5,7 +5,7 @@
 use openprogram_storage::{EffectId, EventEnvelope};
 use serde::{Deserialize, Serialize};
 
-use crate::execution::machine::{
+use crate::machine::{
     CompletedStep, Decision, ForkPoint, Machine, PendingTool, Present, Refusal, ToolArgs, Turn,
 };
 
@@ -57,7 +57,7 @@ fn allowed(machine: &Machine) -> bool {
 }
 
 /// The context's last turn that is a step (a steer is none: it only shapes the next one).
-pub(super) fn last_step(context: &[Turn]) -> Option<&Turn> {
+pub(crate) fn last_step(context: &[Turn]) -> Option<&Turn> {
     context
         .iter()
         .rev()
@@ -66,7 +66,7 @@ pub(super) fn last_step(context: &[Turn]) -> Option<&Turn> {
 
 /// Whether a turn is a decision for people (a reply, a question) or a person's answer: no
 /// fork starts right after one. All a projection keeps of the context's last turn.
-pub(super) fn for_people(turn: &Turn) -> bool {
+pub(crate) fn for_people(turn: &Turn) -> bool {
     matches!(
         turn,
         Turn::Decided(Decision::Reply { .. } | Decision::Ask { .. }) | Turn::WaitResolved { .. }
@@ -76,7 +76,7 @@ pub(super) fn for_people(turn: &Turn) -> bool {
 impl Machine {
     /// Notes the checkpoint just published at `seq` if a fork may start from it: an
     /// allowed point whose next step is not an External call dispatched already.
-    pub(super) fn note_fork_point(&mut self, seq: u64) {
+    pub(crate) fn note_fork_point(&mut self, seq: u64) {
         if self.present.function.is_some() {
             // A function's saved point: its steps so far committed, none in flight or in
             // doubt, no person asked.
@@ -112,7 +112,7 @@ impl Machine {
     /// from, else the latest one when none is requested. An External call is dispatched
     /// only after the checkpoint that names it, so a point stops being one when its next
     /// call is dispatched (`ToolDispatched`), never later.
-    pub(super) fn fork_point(&self, requested: Option<u64>) -> Result<u64, Refusal> {
+    pub(crate) fn fork_point(&self, requested: Option<u64>) -> Result<u64, Refusal> {
         match requested {
             Some(seq) => self
                 .fork_points
@@ -166,7 +166,7 @@ pub fn fork_state(events: &[EventEnvelope], checkpoint_seq: u64, fresh: EffectId
 
 impl Machine {
     /// The history of a `Forked` event: the child's context is the copied one.
-    pub(super) fn record_forked(&mut self, state: &str) {
+    pub(crate) fn record_forked(&mut self, state: &str) {
         match serde_json::from_str::<ForkState>(state) {
             Ok(state) => {
                 self.context = std::sync::Arc::new(state.context);
@@ -190,7 +190,7 @@ impl Machine {
 
 impl Present {
     /// Folds a `Forked` event: the child resumes from the copied state.
-    pub(super) fn apply_forked(&mut self, state: &str) {
+    pub(crate) fn apply_forked(&mut self, state: &str) {
         let Ok(state) = serde_json::from_str::<ForkState>(state) else {
             return;
         };

@@ -75,7 +75,7 @@ impl PartialEq for ScriptElement {
     }
 }
 
-pub(super) fn default_max_iterations() -> u32 {
+pub(crate) fn default_max_iterations() -> u32 {
     50
 }
 
@@ -174,12 +174,12 @@ pub struct Receipts(Vec<Receipt>);
 
 impl Receipts {
     /// A model call's receipt: its effect id was drawn for that call (`Machine::next`).
-    pub(super) fn model(&mut self, effect_id: EffectId, status: ReceiptStatus) {
+    pub(crate) fn model(&mut self, effect_id: EffectId, status: ReceiptStatus) {
         self.record(effect_id, std::borrow::Cow::Borrowed("model"), status);
     }
 
     /// A tool call's receipt, new or updated.
-    pub(super) fn tool(&mut self, effect_id: EffectId, tool: &str, status: ReceiptStatus) {
+    pub(crate) fn tool(&mut self, effect_id: EffectId, tool: &str, status: ReceiptStatus) {
         self.record(effect_id, std::borrow::Cow::Owned(tool.to_owned()), status);
     }
 
@@ -201,7 +201,7 @@ impl Receipts {
     }
 
     /// Puts back a receipt a projection kept (oldest first).
-    pub(super) fn restore(&mut self, receipt: Receipt) {
+    pub(crate) fn restore(&mut self, receipt: Receipt) {
         self.0.push(receipt);
     }
 
@@ -242,7 +242,7 @@ pub struct PendingTool {
 
 impl PendingTool {
     /// A decided call not dispatched yet.
-    pub(super) fn new(effect_id: EffectId, tool: String, args: ToolArgs) -> Self {
+    pub(crate) fn new(effect_id: EffectId, tool: String, args: ToolArgs) -> Self {
         Self {
             effect_id,
             tool,
@@ -425,7 +425,7 @@ pub enum Input {
 /// with every transition, does not carry it twice.
 #[derive(serde::Serialize)]
 #[serde(tag = "next", rename_all = "lowercase")]
-pub(super) enum NextAction<'a> {
+pub(crate) enum NextAction<'a> {
     None,
     Wait {
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -470,11 +470,11 @@ fn uuid_v5(namespace: &uuid::Uuid, name: &[u8]) -> uuid::Uuid {
 
 /// Arguments may nest this deep: the decision text adds two levels, and serde_json reads back
 /// at most 128.
-pub(super) const DECISION_ARGS_DEPTH_MAX: usize = 100;
+pub(crate) const DECISION_ARGS_DEPTH_MAX: usize = 100;
 
 /// Why a decision cannot be recorded, if it cannot: its text must read back as the same
 /// decision on replay, so arguments nested deeper than `DECISION_ARGS_DEPTH_MAX` are refused.
-pub(super) fn unreadable(decision: &Decision) -> Option<String> {
+pub(crate) fn unreadable(decision: &Decision) -> Option<String> {
     if let Some(Err(error)) = decision.wait_spec() {
         return Some(error);
     }
@@ -489,7 +489,7 @@ pub(super) fn unreadable(decision: &Decision) -> Option<String> {
 /// pass over its bytes without building anything. Every tool decision is checked, and its
 /// arguments are mostly string contents: those are skipped with `memchr` to the next quote or
 /// backslash, not looked at byte by byte.
-pub(super) fn nesting(json: &str) -> usize {
+pub(crate) fn nesting(json: &str) -> usize {
     let bytes = json.as_bytes();
     let (mut depth, mut deepest, mut at) = (0usize, 0usize, 0usize);
     while let Some(byte) = bytes.get(at) {
