@@ -399,7 +399,7 @@ fn same_command(same: bool, stored: CommandRecord) -> Result<CommandReply> {
 }
 
 fn facts_of(head: &ExecutionHead, machine: &Machine, revision: RevisionId) -> ExecutionFacts {
-    let pending_wait = machine.pending_wait().is_some();
+    let pending_wait = machine.present.pending_wait().is_some();
     let declined_wait = machine
         .waits()
         .into_iter()
@@ -407,6 +407,8 @@ fn facts_of(head: &ExecutionHead, machine: &Machine, revision: RevisionId) -> Ex
         .find(|wait| wait.live.is_none())
         .is_some_and(|wait| wait.status == openprogram_storage::WaitStatus::Declined);
     let pending_controls = machine
+        .present
+        .run
         .pending_commands
         .iter()
         .map(|(_, control)| control.kind())
@@ -414,25 +416,25 @@ fn facts_of(head: &ExecutionHead, machine: &Machine, revision: RevisionId) -> Ex
     // B-4: the owner ended (the execution is not running and will not by itself) and all
     // that is missing is the model's response: no tool call, effect, wait or reply pending.
     let response_record_incomplete = head.state == ExecutionState::Expired
-        && machine.pending_tool.is_none()
-        && machine.pending_steps.is_empty()
-        && machine.unresolved.is_none()
+        && machine.present.calls.pending_tool.is_none()
+        && machine.present.calls.pending_steps.is_empty()
+        && machine.present.calls.unresolved.is_none()
         && !pending_wait;
     ExecutionFacts {
         execution_id: head.execution_id,
         parent_execution_id: head.parent_execution_id,
         // Fork and Retry children are independent; a function an agent's call started is
         // that agent's child task (F-6).
-        child_task: machine.function.as_ref().is_some_and(|called| {
-            called.called_by.is_some() && called.called_by == head.parent_execution_id
+        child_task: machine.present.function.as_ref().is_some_and(|run| {
+            run.input.called_by.is_some() && run.input.called_by == head.parent_execution_id
         }),
         user_message_id: head.user_message_id,
         reply_message_id: head.reply_message_id,
-        parent_message_id: machine.parent_message_id,
+        parent_message_id: machine.present.turn.parent_message_id,
         // A durable function's request is its call: the function and its input.
-        request: match &machine.function {
-            Some(called) => format!("{} {}", called.function, called.input),
-            None => machine.input.message.clone(),
+        request: match &machine.present.function {
+            Some(run) => format!("{} {}", run.input.function, run.input.input),
+            None => machine.present.turn.input.message.clone(),
         },
         state: head.state,
         // The row's controls are the execution's own (a session grant's revoke is in its
@@ -441,6 +443,7 @@ fn facts_of(head: &ExecutionHead, machine: &Machine, revision: RevisionId) -> Ex
         pending_wait,
         declined_wait,
         running_processes: machine
+            .present
             .processes
             .iter()
             .filter(|process| process.state == openprogram_storage::ProcessState::Running)

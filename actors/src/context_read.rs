@@ -154,8 +154,10 @@ impl TurnContext {
                     reading.store,
                     reading.cache,
                     session_id,
-                    machine.parent_message_id,
-                    pinned.as_ref().or(machine.context_pin.as_ref()),
+                    machine.present.turn.parent_message_id,
+                    pinned
+                        .as_ref()
+                        .or(machine.present.turn.context_pin.as_ref()),
                 )?
             }
         };
@@ -163,9 +165,9 @@ impl TurnContext {
         if let Some(budget) = reading.budget {
             let estimate = estimate_tokens(
                 &loaded.earlier,
-                &machine.input.message,
+                &machine.present.turn.input.message,
                 &machine.context,
-                machine.last_prompt,
+                machine.present.turn.last_prompt,
             );
             let keep = reading.compact_keep.filter(|_| !self.compacted);
             match over_budget(budget, estimate, &loaded.earlier, keep) {
@@ -274,14 +276,14 @@ pub fn earlier_turn(
     execution_id: ExecutionId,
     reply_message_id: MessageId,
 ) -> Option<EarlierTurn> {
-    if machine.function.is_some() {
+    if machine.present.function.is_some() {
         return None;
     }
     Some(EarlierTurn {
         execution_id,
-        parent_message_id: machine.parent_message_id,
+        parent_message_id: machine.present.turn.parent_message_id,
         reply_message_id,
-        message: machine.input.message.clone(),
+        message: machine.present.turn.input.message.clone(),
         turns: machine.context.clone(),
     })
 }

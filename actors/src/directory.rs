@@ -229,7 +229,7 @@ impl crate::wait_deadlines::DeadlineHost for Executions {
                     }
                 };
                 let deadline = machine
-                    .pending_wait()
+                    .present.pending_wait()
                     .and_then(|wait| Some((wait.wait_id, wait.deadline_ms?)));
                 if let Some((wait_id, deadline_ms)) = deadline {
                     found.push(crate::wait_deadlines::Watch {

@@ -233,7 +233,12 @@ impl Env {
         for action in actions {
             match action {
                 Action::Enqueue => {
-                    let Some(job) = machine.job.as_ref().filter(|_| machine.in_queue()) else {
+                    let Some(job) = machine
+                        .present
+                        .job
+                        .as_ref()
+                        .filter(|_| machine.present.in_queue())
+                    else {
                         continue;
                     };
                     let deadline_at_ms = job
@@ -272,6 +277,7 @@ impl Env {
     /// W-8: the pending durable wait of `machine` expires at its deadline, if it has one.
     pub fn watch_deadline(&self, execution_id: ExecutionId, machine: &Machine) {
         let open = machine
+            .present
             .pending_wait()
             .filter(|wait| wait.status == openprogram_storage::WaitStatus::Open);
         let (Some(deadlines), Some(wait)) = (self.deadlines(), open) else {

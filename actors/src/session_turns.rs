@@ -6,9 +6,7 @@
 //! session's record changes in the admission's own transition (a compare-and-swap, read
 //! again when it moved). Which turn takes the session, and when, is `execution/session_turn.rs`.
 
-use openprogram_storage::{
-    Event, ExecutionId, ExecutionKind, SessionId, SessionRecord, SessionWrite,
-};
+use openprogram_storage::{Event, ExecutionId, ExecutionKind, SessionId, SessionRecord};
 
 use crate::admission::{Admission, BusyStrategy, StartRequest};
 use crate::command::{Command, CommandBody};
@@ -67,11 +65,6 @@ impl Service {
                     ("interrupt", Some(busy))
                 }
             };
-            let after = SessionRecord {
-                foreground: behind.map_or(Some(execution_id), |_| record.foreground),
-                waiting: line,
-                ..record.clone()
-            };
             let turn = Event::SessionTurn {
                 strategy: name.into(),
                 behind,
@@ -88,11 +81,7 @@ impl Service {
                 session_turn: Some(name),
                 ..StartReply::of(&admission.head)
             };
-            let write = SessionWrite {
-                session_id,
-                expected_version: record.version,
-                record: Some(after),
-            };
+            let write = crate::machine::session::admitted(&record, execution_id, behind, line);
             let Some((head, machine, version)) = admission.commit_with(store, Some(write)).await?
             else {
                 continue;

@@ -70,14 +70,19 @@ pub struct ContextView {
 
 impl ContextView {
     fn of(machine: &Machine) -> Option<Self> {
-        if machine.context_pin.is_none() && machine.last_prompt.is_none() {
+        if machine.present.turn.context_pin.is_none() && machine.present.turn.last_prompt.is_none()
+        {
             return None;
         }
-        let pin = machine.context_pin.clone().unwrap_or_default();
+        let pin = machine.present.turn.context_pin.clone().unwrap_or_default();
         Some(Self {
             summary: pin.summaries.last().map(|(message_id, _)| *message_id),
             left_out: pin.left_out,
-            prompt_tokens: machine.last_prompt.map(|last| last.input_tokens),
+            prompt_tokens: machine
+                .present
+                .turn
+                .last_prompt
+                .map(|last| last.input_tokens),
         })
     }
 }
@@ -140,7 +145,7 @@ pub struct BudgetUsed {
 
 impl JobView {
     fn of(head: &ExecutionHead, machine: &Machine) -> Option<Self> {
-        let job = machine.job.as_ref()?;
+        let job = machine.present.job.as_ref()?;
         Some(Self {
             job_id: head.execution_id,
             resources: job.spec.resources.iter().cloned().collect(),
@@ -307,11 +312,13 @@ impl Snapshot {
             attempt: head.fencing_epoch,
             capabilities: capabilities(machine, head.version, revision),
             text: machine.text.clone(),
-            usage: machine.usage,
-            session_turn: machine.session_turn.clone(),
+            usage: machine.present.turn.usage,
+            session_turn: machine.present.turn.session_turn.clone(),
             context: ContextView::of(machine),
             // Its own tool grants; the session's are added by `with_session`.
             grants: machine
+                .present
+                .waits
                 .grants
                 .iter()
                 .filter(|grant| !grant.session)
@@ -328,12 +335,17 @@ impl Snapshot {
                 .map(|receipt| ReceiptView::of(receipt, machine))
                 .collect(),
             receipts_total,
-            waits_total: ended_waits_total + machine.active_waits.len() as u64,
+            waits_total: ended_waits_total + machine.present.waits.active.len() as u64,
             waits: newest(&waits)
                 .iter()
                 .map(|wait| WaitView::of(wait, head.reply_message_id))
                 .collect(),
-            processes: machine.processes.iter().map(ProcessView::of).collect(),
+            processes: machine
+                .present
+                .processes
+                .iter()
+                .map(ProcessView::of)
+                .collect(),
             restart_deadline_ms: head
                 .restart_intent
                 .as_ref()
@@ -438,11 +450,11 @@ fn newest<T>(items: &[T]) -> &[T] {
 
 impl FunctionView {
     fn of(machine: &Machine) -> Option<Self> {
-        let called = machine.function.as_ref()?;
+        let run = machine.present.function.as_ref()?;
         Some(Self {
-            name: called.function.clone(),
-            revision: machine.active_revision,
-            policy: machine.policy.as_str(),
+            name: run.input.function.clone(),
+            revision: run.active_revision,
+            policy: run.policy.as_str(),
             completed_steps: newest(&machine.completed_steps)
                 .iter()
                 .map(|step| StepView {
@@ -451,8 +463,8 @@ impl FunctionView {
                     revision: step.revision,
                 })
                 .collect(),
-            next_position: machine.steps_done,
-            differences: machine.differences.clone(),
+            next_position: run.steps_done,
+            differences: run.differences.clone(),
         })
     }
 }

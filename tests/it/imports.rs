@@ -610,3 +610,41 @@ fn the_execution_core_imports_no_effect() {
         found.join("\n")
     );
 }
+
+/// Issue 51: the session's record changes only as the machine plans it: every write of it
+/// (`SessionWrite`) is built in `actors/src/machine/` (C-2's line, W-7's grants), and the
+/// shell and the service submit what it returns.
+#[test]
+fn the_session_record_write_is_built_by_the_machine() {
+    let built = concat!("SessionWrite", " {");
+    let mut found = Vec::new();
+    let mut in_core = 0;
+    let mut stack = vec![root().join("actors/src"), root().join("src")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("a source folder").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let count = text
+                .lines()
+                .filter(|line| line.split("//").next().unwrap_or_default().contains(built))
+                .count();
+            match path.to_string_lossy().contains("actors/src/machine/") {
+                true => in_core += count,
+                false if count > 0 => found.push(path.display().to_string()),
+                false => {}
+            }
+        }
+    }
+    assert!(
+        in_core > 0,
+        "the machine no longer builds {built}: update this check"
+    );
+    assert!(
+        found.is_empty(),
+        "a session write built outside the machine: {found:?}"
+    );
+}

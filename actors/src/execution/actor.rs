@@ -153,6 +153,8 @@ impl ExecutionActor {
             failed_write: false,
             reconciling: false,
             inherited_pending: machine
+                .present
+                .run
                 .pending_commands
                 .iter()
                 .map(|(command_id, _)| *command_id)
@@ -195,7 +197,7 @@ impl ExecutionActor {
         let runs = self.runs()
             // C-2: a turn waiting for its session parks once it looked, but on a node of a
             // shared store it stays and looks again (`take_session`), unless stopping.
-            && !(self.machine.waits_for_session()
+            && !(self.machine.present.waits_for_session()
                 && self.session_looked
                 && (self.env.node.is_none() || self.env.lifecycle.is_stopping()));
         // Commands inherited from a dead attempt are decided first (`DecideInherited`).
@@ -216,7 +218,7 @@ impl ExecutionActor {
         matches!(
             self.machine.status(),
             Status::Queued | Status::Running | Status::Cancelling
-        ) && !self.machine.in_queue()
+        ) && !self.machine.present.in_queue()
     }
 
     pub(super) fn release(&mut self, ctx: &mut Context<Self>) {
@@ -322,7 +324,7 @@ impl Handler<Advance> for ExecutionActor {
             // Orderly shutdown: no new dispatch; pause here under the restart intent.
             return AtomicResponse::new(Box::pin(paused));
         }
-        if self.machine.waits_for_session() {
+        if self.machine.present.waits_for_session() {
             // C-2: a turn waiting for its session runs nothing until it takes it.
             return AtomicResponse::new(self.take_session());
         }

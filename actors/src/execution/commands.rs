@@ -120,7 +120,7 @@ impl ExecutionActor {
         }
         // C-2: a foreground turn that runs again (an answer, a Continue) lets the first turn
         // in its line look again: an interrupt asks it to pause now that it can.
-        let runs_again = self.resumes_turn(&events);
+        let runs_again = self.machine.resumes_turn(&events);
         let upsert = Upsert::Command(record.clone());
         Box::pin(
             self.submit_planned(events, vec![upsert], None, session)
@@ -169,72 +169,24 @@ impl ExecutionActor {
         decided
     }
 
-    /// W-7: the session write an applied control makes, if any: the session's record as
-    /// read now, and as the control leaves it.
+    /// W-7, C-2: the session write an applied control makes, if any (`Machine::
+    /// session_write`), from the session's record as read now.
     fn session_write(
         &self,
         control: &openprogram_storage::Control,
         events: &[Event],
     ) -> Result<Option<openprogram_storage::SessionWrite>, Error> {
-        use openprogram_storage::{AnswerScope, Control, SessionRecord, SessionWrite};
-        // C-2: a turn queued for its session again by this control takes its place in line.
-        let requeued = events.iter().any(|event| {
-            matches!(event, Event::StateChanged { state: openprogram_storage::ExecutionState::Queued, reason }
-                if reason == crate::machine::session::SESSION_QUEUED)
-        });
-        // C-2: a foreground turn that runs again moves its session's record too, so a turn
-        // that read it paused (an interrupt about to take the session) reads again.
-        let resumes = self.resumes_turn(events);
-        let writes = requeued
-            || resumes
-            || matches!(
-                control,
-                Control::Answer {
-                    scope: AnswerScope::Session,
-                    ..
-                } | Control::Revoke { .. }
-            );
-        if !writes {
+        if !self.machine.touches_session(control, events) {
             return Ok(None);
         }
-        let session_id = self.head.session_id;
-        let stored = self.env.store.session(session_id)?;
-        let expected_version = stored.as_ref().map_or(0, |record| record.version);
-        let read = stored.unwrap_or(SessionRecord {
-            session_id,
-            ..SessionRecord::default()
-        });
-        // What the control grants or revokes, and then the turn's place: an answer for the
-        // session that also resumes a foreground turn does both in one write.
-        let granted = self
-            .machine
-            .session_after(control, self.execution_id, read.clone());
-        if granted.is_none() && !(requeued || resumes) {
-            return Ok(None);
-        }
-        let mut record = granted.unwrap_or(read);
-        if requeued && !record.waiting.contains(&self.execution_id) {
-            record.waiting.push(self.execution_id);
-        }
-        Ok(Some(SessionWrite {
-            session_id,
-            expected_version,
-            record: Some(record),
-        }))
-    }
-
-    /// C-2: whether `events` run this execution again as its session's foreground turn.
-    fn resumes_turn(&self, events: &[Event]) -> bool {
-        self.machine.session_turn.is_some()
-            && events.iter().any(|event| {
-                matches!(
-                    event,
-                    Event::StateChanged {
-                        state: openprogram_storage::ExecutionState::Running,
-                        ..
-                    }
-                )
-            })
+        let stored = self.env.store.session(self.head.session_id)?;
+        Ok(self.machine.session_write(
+            control,
+            events,
+            self.execution_id,
+            self.head.session_id,
+            stored,
+        ))
     }
 
     /// A refused command: its record alone (`Transition::rejection`), at the version it was

@@ -198,12 +198,12 @@ impl ExecutionActor {
         let request = ModelRequest {
             execution_id: self.execution_id,
             effect_id,
-            input: self.machine.input.clone(),
+            input: self.machine.present.turn.input.clone(),
             context: self.machine.context.clone(),
             earlier,
             left_out,
-            iterations: self.machine.iterations,
-            used: self.machine.usage,
+            iterations: self.machine.present.turn.iterations,
+            used: self.machine.present.turn.usage,
             usage,
             deltas: DeltaSink::new(self.env.deltas.clone(), self.execution_id, effect_id),
         };

@@ -37,15 +37,16 @@ impl ExecutionActor {
         &mut self,
         ctx: &mut Context<Self>,
     ) -> ResponseActFuture<Self, ()> {
-        let Some(called) = self.machine.function.clone() else {
+        let Some(run) = self.machine.present.function.clone() else {
             return Box::pin(fut::ready(()));
         };
+        let called = &run.input;
         let functions = &self.env.functions;
-        let active = self.machine.active_revision;
+        let active = run.active_revision;
         let latest = functions.latest(&called.function);
         // F-7: the active revision is registered only with the code it ran (an execution
         // admitted before identities were recorded has none to compare).
-        let recorded = &self.machine.active_identity;
+        let recorded = &run.active_identity;
         let registered = Registered {
             active: functions
                 .get(&called.function, active)
@@ -55,6 +56,7 @@ impl ExecutionActor {
         let correspond = latest.and_then(|function| function.correspondence(active));
         let convert = latest.and_then(|function| function.conversion(active));
         let revision = match self.machine.decide_run(
+            &run,
             &registered,
             correspond.map(|map| map.as_ref() as _),
             convert.map(|convert| convert.as_ref() as _),
@@ -138,6 +140,8 @@ impl Handler<StepBoundary> for ExecutionActor {
         // A step of this id still running: the body asks for one step twice at once.
         let twice = self
             .machine
+            .present
+            .calls
             .pending_steps
             .iter()
             .any(|pending| pending.tool == asked.step_id);
@@ -367,6 +371,8 @@ impl ExecutionActor {
     pub(super) fn cancel_called_function(&mut self, ctx: &mut Context<Self>) {
         let Some(call) = self
             .machine
+            .present
+            .calls
             .pending_tool
             .as_ref()
             .filter(|call| call.tool == "call")

@@ -21,6 +21,7 @@ impl ExecutionActor {
                 let now_ms = self.env.clock.now_ms();
                 if let Some(left) = self
                     .machine
+                    .present
                     .job
                     .as_ref()
                     .and_then(|job| job.wall_left(now_ms))

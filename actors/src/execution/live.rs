@@ -17,7 +17,7 @@ impl Handler<AskLive> for ExecutionActor {
 
     fn handle(&mut self, message: AskLive, _ctx: &mut Context<Self>) -> Self::Result {
         let _span = self.enter();
-        if self.machine.cancel_requested {
+        if self.machine.present.run.cancel_requested {
             // Cancellation invalidates questions, including one asked while it lands (W-4).
             let (sender, receiver) = oneshot::channel();
             let _ = sender.send(LiveOutcome::Invalidated);

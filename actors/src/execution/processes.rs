@@ -19,10 +19,12 @@ impl Handler<StartProcess> for ExecutionActor {
         let _span = self.enter();
         let running_call = self
             .machine
+            .present
+            .calls
             .pending_tool
             .as_ref()
             .is_some_and(|pending| pending.effect_id == message.effect_id);
-        let live = self.epoch.is_some() && !self.machine.cancel_requested;
+        let live = self.epoch.is_some() && !self.machine.present.run.cancel_requested;
         if !live || !running_call || self.env.lifecycle.is_stopping() {
             return answer(Err(
                 "only a running call of a live attempt may start a process".into(),
@@ -75,7 +77,7 @@ impl Handler<ProcessProgress> for ExecutionActor {
     fn handle(&mut self, progress: ProcessProgress, ctx: &mut Context<Self>) -> Self::Result {
         let _span = self.enter();
         let process_id = progress.record.process_id;
-        let running = self.machine.processes.iter().any(|process| {
+        let running = self.machine.present.processes.iter().any(|process| {
             process.process_id == process_id && process.state == ProcessState::Running
         });
         let mut events = Vec::new();

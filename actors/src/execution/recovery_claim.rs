@@ -96,7 +96,9 @@ async fn resume(env: &Env, head: ExecutionHead, intent: RestartIntent) -> Result
         .as_ref()
         .map_or(0, |checkpoint| checkpoint.seq);
     // A cancel is finished whatever its checkpoint says: finishing runs no work.
-    if found_checkpoint != machine.checkpoint_seq && head.state != ExecutionState::Cancelling {
+    if found_checkpoint != machine.present.run.checkpoint_seq
+        && head.state != ExecutionState::Cancelling
+    {
         // The head and the log disagree about where to continue from: never guess.
         let hold = Hold::StaleCheckpoint;
         let events = vec![state_changed(ExecutionState::Paused, hold.reason())];
@@ -119,7 +121,10 @@ async fn resume(env: &Env, head: ExecutionHead, intent: RestartIntent) -> Result
     events.extend(intent_recorded(&head, Some(intent)));
     if head.state == ExecutionState::Paused {
         // A Job goes back to the queue (J-2).
-        events.push(state_changed(machine.run_state(), RESTART_PAUSE_REASON));
+        events.push(state_changed(
+            machine.present.run_state(),
+            RESTART_PAUSE_REASON,
+        ));
     }
     events.push(lease.claim());
     let Some((head, committed)) = claim(env, &head, &machine, events).await? else {

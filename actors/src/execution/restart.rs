@@ -45,6 +45,8 @@ impl ExecutionActor {
             self.inherited_pending.remove(0);
             let control = self
                 .machine
+                .present
+                .run
                 .pending_commands
                 .iter()
                 .find(|(pending, _)| *pending == command_id)
@@ -77,7 +79,7 @@ impl ExecutionActor {
         if self.reconciling {
             return;
         }
-        let Some(unresolved) = self.machine.unresolved.clone() else {
+        let Some(unresolved) = self.machine.present.calls.unresolved.clone() else {
             return;
         };
         // S-8: a nested call's step is judged with that call's input (the whole history).
@@ -105,7 +107,7 @@ impl ExecutionActor {
         };
         self.reconciling = true;
         let effect_id = unresolved.effect_id;
-        let round = self.machine.unresolved_seq;
+        let round = self.machine.present.calls.unresolved_seq;
         let asked = match planted(Bug::FabricateReceipt) {
             true => futures::future::ready(Reconciliation::Confirmed("appended".into())).boxed(),
             false => asking,
@@ -144,7 +146,7 @@ impl ExecutionActor {
         &self,
         unresolved: &PendingTool,
     ) -> Option<futures::future::BoxFuture<'static, Reconciliation>> {
-        if self.machine.function.is_some() {
+        if self.machine.present.function.is_some() {
             let (function, input, step_id) = self.step_judge(unresolved)?;
             let step = StepRef {
                 step_id: step_id.to_owned(),
@@ -163,7 +165,7 @@ impl ExecutionActor {
     /// resource, so that its answer stands while an older attempt of this process may still
     /// run the effect (`Tool::reconcile_fences`).
     fn protocol_fences(&self, unresolved: &PendingTool) -> bool {
-        match self.machine.function {
+        match self.machine.present.function {
             Some(_) => self
                 .step_judge(unresolved)
                 .is_some_and(|(function, _, _)| function.reconciler_fences()),
@@ -181,7 +183,8 @@ impl ExecutionActor {
         &'a self,
         unresolved: &'a PendingTool,
     ) -> Option<(&'a DurableFunction, &'a serde_json::Value, &'a str)> {
-        let called = self.machine.function.as_ref()?;
+        let run = self.machine.present.function.as_ref()?;
+        let called = &run.input;
         let (function, revision, input, step_id) = match self
             .machine
             .nested_call_of(&unresolved.tool)
@@ -189,7 +192,7 @@ impl ExecutionActor {
             Some((nested, step_id)) => (&nested.function, nested.revision, &nested.input, step_id),
             None => (
                 &called.function,
-                self.machine.active_revision,
+                run.active_revision,
                 &called.input,
                 unresolved.tool.as_str(),
             ),

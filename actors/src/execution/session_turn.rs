@@ -3,9 +3,7 @@
 //! transition); a holder that ends or pauses wakes the first in line.
 
 use actix::prelude::*;
-use openprogram_storage::{
-    ExecutionId, ExecutionState as Status, Outcome, SessionRecord, SessionWrite,
-};
+use openprogram_storage::{ExecutionId, ExecutionState as Status, Outcome, SessionRecord};
 
 use crate::execution::actor::{log_failure, ExecutionActor};
 use crate::machine::session::line_of;
@@ -63,11 +61,14 @@ impl ExecutionActor {
         };
         let first = waiting.first() == Some(&me);
         let interrupted = holder.filter(|_| holder_state == Some(Status::Paused));
-        let events = match (free && first)
-            .then(|| self.machine.decide_take_session(interrupted))
+        let (events, write) = match (free && first)
+            .then(|| {
+                self.machine
+                    .decide_take_session(me, &record, waiting, interrupted)
+            })
             .flatten()
         {
-            Some(events) => events,
+            Some(taken) => taken,
             None => {
                 // An interrupt first in line asks the running holder to pause at its next
                 // safe point (again after a restart, or once a holder that was waiting for a
@@ -88,16 +89,6 @@ impl ExecutionActor {
                     act.wait_for_session(ctx)
                 }));
             }
-        };
-        let after = SessionRecord {
-            foreground: Some(me),
-            waiting: waiting.into_iter().filter(|id| *id != me).collect(),
-            ..record.clone()
-        };
-        let write = SessionWrite {
-            session_id: record.session_id,
-            expected_version: record.version,
-            record: Some(after),
         };
         Box::pin(
             self.submit_planned(events, Vec::new(), None, Some(write))
@@ -173,7 +164,7 @@ impl ExecutionActor {
     /// turn still queued may take it now. (A wake lost to a crash: startup recovery resumes
     /// queued turns, which look again.)
     pub(super) fn wake_next_in_session(&self) {
-        if self.machine.session_turn.is_some() {
+        if self.machine.present.turn.session_turn.is_some() {
             self.wake_line(true);
         }
     }
@@ -201,8 +192,8 @@ impl ExecutionActor {
     /// embedder's naming and compaction run beside it, never holding anything up.
     pub(super) fn follow_up(&self) {
         let hooks = &self.env.conversation_hooks;
-        let person_started = self.machine.session_turn.is_some()
-            || (self.head.parent_execution_id.is_none() && self.machine.job.is_none());
+        let person_started = self.machine.present.turn.session_turn.is_some()
+            || (self.head.parent_execution_id.is_none() && self.machine.present.job.is_none());
         if self.machine.status() != Status::Completed
             || !person_started
             || (hooks.namer.is_none() && hooks.policy.is_none())

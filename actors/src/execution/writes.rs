@@ -213,7 +213,14 @@ impl ExecutionActor {
                     // B05: the intent (`ToolDispatched`) is durable, the tool not started.
                     openprogram_storage::failpoint!("B05");
                     let idle = self.in_flight.is_none();
-                    if let Some(pending) = self.machine.pending_tool.clone().filter(|_| idle) {
+                    if let Some(pending) = self
+                        .machine
+                        .present
+                        .calls
+                        .pending_tool
+                        .clone()
+                        .filter(|_| idle)
+                    {
                         if let Some(done) = self.start_tool(pending, ctx) {
                             // Recorded before anything else is taken from the mailbox: a
                             // command that arrived during the dispatch's commit must not

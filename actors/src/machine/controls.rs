@@ -18,18 +18,20 @@ impl Machine {
     /// accepts with valid arguments and the current version.
     pub fn capabilities(&self, at: &CommandContext) -> Vec<CommandKind> {
         let mut kinds = self.control_capabilities();
-        if self.function.is_some() {
+        if self.present.function.is_some() {
             kinds.retain(|kind| !for_agents_only(*kind));
             // K-7: a function's version policy, while it can still run again.
-            if !self.status().is_terminal() && !self.cancel_requested {
+            if !self.status().is_terminal() && !self.present.run.cancel_requested {
                 kinds.push(CommandKind::SetPolicy);
             }
         }
         let live_question = self
-            .active_waits
+            .present
+            .waits
+            .active
             .iter()
             .any(|wait| wait.live.is_some() && wait.status.is_pending());
-        if live_question && !self.cancel_requested {
+        if live_question && !self.present.run.cancel_requested {
             for kind in [CommandKind::Answer, CommandKind::Decline] {
                 if !kinds.contains(&kind) {
                     kinds.push(kind);
@@ -37,11 +39,12 @@ impl Machine {
             }
         }
         // W-7: a grant it gave can be revoked whatever the execution's state.
-        if self.has_grant(at.session.as_deref()) {
+        if self.present.waits.has_grant(at.session.as_deref()) {
             kinds.push(CommandKind::Revoke);
         }
         // A process has its own control, whatever the execution's state (P-2).
         if self
+            .present
             .processes
             .iter()
             .any(|process| process.state == ProcState::Running)
@@ -62,26 +65,34 @@ impl Machine {
 
     fn control_capabilities(&self) -> Vec<CommandKind> {
         use CommandKind::*;
-        if self.cancel_requested {
+        if self.present.run.cancel_requested {
             return Vec::new();
         }
         match self.status() {
             Status::Queued => vec![Pause, Steer, Cancel],
-            Status::Running if self.pause_requested => vec![Continue, Steer, Cancel],
+            Status::Running if self.present.run.pause_requested => vec![Continue, Steer, Cancel],
             Status::Running => vec![Pause, Steer, Cancel],
             // A Job whose queue deadline passed ended there: it never ran (J-1).
-            Status::Expired if self.job.as_ref().is_some_and(|job| job.expired_in_queue) => {
+            Status::Expired
+                if self
+                    .present
+                    .job
+                    .as_ref()
+                    .is_some_and(|job| job.expired_in_queue) =>
+            {
                 vec![Cancel]
             }
             // A Job whose budget is spent continues only with more (Continue's `budget`):
             // a Step has none to give (J-1).
-            Status::Paused | Status::Expired if self.budget_spent() => {
+            Status::Paused | Status::Expired if self.present.budget_spent() => {
                 vec![Continue, Steer, Cancel]
             }
             // Expiry keeps everything for a manual Continue.
             Status::Paused | Status::Expired => vec![Continue, Step, Steer, Cancel],
             // Reconcile resolves the effect awaiting it: none, nothing to reconcile.
-            Status::ReconciliationRequired if self.unresolved.is_some() => vec![Reconcile, Cancel],
+            Status::ReconciliationRequired if self.present.calls.unresolved.is_some() => {
+                vec![Reconcile, Cancel]
+            }
             Status::ReconciliationRequired => vec![Cancel],
             Status::Waiting => vec![Answer, Decline, Steer, Cancel],
             Status::Cancelling | Status::Cancelled | Status::Completed | Status::Failed => {
@@ -93,7 +104,9 @@ impl Machine {
     /// Whether a child of this execution would run the program it ran (K-2). An execution
     /// with no recorded revision (a machine built in a test) is taken as current.
     fn revision_loadable(&self, at: &CommandContext) -> bool {
-        self.revision_id
+        self.present
+            .turn
+            .revision_id
             .is_none_or(|revision| revision == at.revision)
     }
 
@@ -143,7 +156,7 @@ impl Machine {
                 if let Some(policy) = policy {
                     // F-3, K-7: the policy first, in the same transition; a policy is a
                     // function's.
-                    if self.function.is_none() {
+                    if self.present.function.is_none() {
                         let kind = CommandKind::SetPolicy;
                         return Err(Refusal::FunctionsOnly { kind });
                     }
@@ -182,7 +195,7 @@ impl Machine {
                 outcome,
                 text,
             } => Control::Reconcile {
-                effect_id: match (effect, &self.unresolved) {
+                effect_id: match (effect, &self.present.calls.unresolved) {
                     (EffectRef::Id(effect_id), _) => effect_id,
                     (EffectRef::Unresolved, Some(unresolved)) => unresolved.effect_id,
                     // Offered only while an effect awaits reconciliation (K-3).
@@ -202,16 +215,20 @@ impl Machine {
     /// A command of a kind the execution does not offer now: the most specific reason.
     fn why_not(&self, kind: CommandKind, at: &CommandContext) -> Refusal {
         match kind {
-            _ if self.function.is_some() && for_agents_only(kind) => {
+            _ if self.present.function.is_some() && for_agents_only(kind) => {
                 Refusal::NotForFunctions { kind }
             }
-            CommandKind::SetPolicy if self.function.is_none() => Refusal::FunctionsOnly { kind },
+            CommandKind::SetPolicy if self.present.function.is_none() => {
+                Refusal::FunctionsOnly { kind }
+            }
             CommandKind::Fork | CommandKind::Retry if !self.revision_loadable(at) => {
                 Refusal::RevisionChanged { kind }
             }
             CommandKind::Fork => Refusal::NoForkPoint,
-            CommandKind::Step if self.budget_spent() && !self.cancel_requested => {
-                let job = self.job.as_ref().expect("a Job's budget");
+            CommandKind::Step
+                if self.present.budget_spent() && !self.present.run.cancel_requested =>
+            {
+                let job = self.present.job.as_ref().expect("a Job's budget");
                 Refusal::BudgetExhausted {
                     steps_used: job.steps_used,
                     wall_used_ms: job.wall_used_ms,
@@ -223,7 +240,7 @@ impl Machine {
                     state: self.status(),
                 }
             }
-            _ if self.cancel_requested => Refusal::Cancelling { kind },
+            _ if self.present.run.cancel_requested => Refusal::Cancelling { kind },
             _ => Refusal::NotAvailable {
                 kind,
                 state: self.status(),
@@ -236,6 +253,7 @@ impl Machine {
         match wait {
             WaitRef::Id(wait_id) => Ok(wait_id),
             WaitRef::Pending => self
+                .present
                 .pending_wait()
                 .map(|pending| pending.wait_id)
                 .ok_or(Refusal::NoPendingWait),
@@ -258,7 +276,11 @@ impl Machine {
                 return self.decide_stop_process(command_id, process_id)
             }
             Control::Revoke { grant_id } => {
-                return self.decide_revoke(command_id, grant_id, at.session.as_deref())
+                return self.present.waits.decide_revoke(
+                    command_id,
+                    grant_id,
+                    at.session.as_deref(),
+                )
             }
             _ => {}
         }
@@ -279,7 +301,7 @@ impl Machine {
                 Some(reopened) => events.extend(reopened),
                 None => events.push(
                     self.requeued_for_session(at.holds_session)
-                        .unwrap_or(state_changed(self.run_state(), kind)),
+                        .unwrap_or(state_changed(self.present.run_state(), kind)),
                 ),
             },
             Control::Cancel if busy => {
@@ -333,7 +355,9 @@ impl Present {
                 control,
             } => {
                 self.answer_submitted(control);
-                self.pending_commands.push((*command_id, control.clone()));
+                self.run
+                    .pending_commands
+                    .push((*command_id, control.clone()));
             }
             // Written before `ControlAccepted` existed: the payload-free controls can still
             // be decided from their kind.
@@ -345,18 +369,20 @@ impl Present {
                     "cancel" => Control::Cancel,
                     _ => return,
                 };
-                self.pending_commands.push((*command_id, control));
+                self.run.pending_commands.push((*command_id, control));
             }
             Event::CommandRejected { command_id, .. } => {
                 self.answer_rejected(*command_id);
-                self.pending_commands
+                self.run
+                    .pending_commands
                     .retain(|(pending, _)| pending != command_id);
             }
             Event::ControlApplied {
                 command_id,
                 control,
             } => {
-                self.pending_commands
+                self.run
+                    .pending_commands
                     .retain(|(pending, _)| pending != command_id);
                 self.apply_control(control, seq, actions);
             }
@@ -366,32 +392,36 @@ impl Present {
 
     fn apply_control(&mut self, control: &Control, seq: u64, actions: &mut Vec<Action>) {
         match control {
-            Control::Pause => self.pause_requested = true,
+            Control::Pause => self.run.pause_requested = true,
             Control::Continue => {
-                self.pause_requested = false;
-                self.steps_left = None;
+                self.run.pause_requested = false;
+                self.run.steps_left = None;
             }
             Control::Step => {
-                self.pause_requested = false;
-                self.steps_left = Some(1);
+                self.run.pause_requested = false;
+                self.run.steps_left = Some(1);
             }
-            Control::Steer { text } => self.steers.push(text.clone()),
+            Control::Steer { text } => self.run.steers.push(text.clone()),
             Control::Cancel => {
-                self.cancel_requested = true;
+                self.run.cancel_requested = true;
                 actions.push(Action::AbortEffect);
             }
             Control::Reconcile {
                 effect_id, status, ..
             } => self.apply_reconcile(*effect_id, *status, seq, actions),
             Control::Answer { .. } | Control::Decline { .. } => {
-                self.note_approval(control);
+                self.waits.note_approval(control);
                 self.apply_wait_control(control);
             }
-            Control::Revoke { grant_id } => self.apply_revoke(*grant_id),
+            Control::Revoke { grant_id } => self.waits.apply_revoke(*grant_id),
             Control::StopProcess { process_id } => actions.push(Action::StopProcess {
                 process_id: *process_id,
             }),
-            Control::SetPolicy { policy } => self.policy = *policy,
+            Control::SetPolicy { policy } => {
+                if let Some(function) = &mut self.function {
+                    function.policy = *policy;
+                }
+            }
         }
     }
 }

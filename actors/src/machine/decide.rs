@@ -33,7 +33,14 @@ impl Machine {
                 status,
                 output,
             } => {
-                if self.pending_tool.as_ref().map(|pending| pending.effect_id) != Some(effect_id) {
+                if self
+                    .present
+                    .calls
+                    .pending_tool
+                    .as_ref()
+                    .map(|pending| pending.effect_id)
+                    != Some(effect_id)
+                {
                     return Err(self.reject(Refusal::Invalid(format!(
                         "no tool call {effect_id} is pending"
                     ))));
@@ -50,7 +57,7 @@ impl Machine {
                     },
                     Event::CheckpointPublished { checkpoint_seq: 0 },
                 ]);
-                if self.cancel_requested {
+                if self.present.run.cancel_requested {
                     // A late result is recorded, not acted on (K-5).
                     events.push(cancelled());
                 } else if status == ReceiptStatus::Unknown {
@@ -67,7 +74,7 @@ impl Machine {
     }
 
     fn model_failed(&self, effect_id: EffectId, error: String) -> Vec<Event> {
-        let ended = if self.cancel_requested {
+        let ended = if self.present.run.cancel_requested {
             cancelled()
         } else {
             state_changed(Status::Failed, format!("model error: {error}"))
@@ -120,13 +127,15 @@ impl Machine {
             effect_id,
             decision: text,
         }];
-        if self.cancel_requested {
+        if self.present.run.cancel_requested {
             // A late decision is recorded, not acted on (K-5).
             events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
             events.push(cancelled());
         } else if let Some(Ok(spec)) = decision.wait_spec() {
             // W-7: a granted tool is approved without a new wait.
-            let granted = spec.tool().and_then(|tool| self.grant_for(&tool, session));
+            let granted = spec
+                .tool()
+                .and_then(|tool| self.present.waits.grant_for(&tool, session));
             match granted {
                 Some(used) => {
                     events.extend([used, Event::CheckpointPublished { checkpoint_seq: 0 }])
@@ -135,7 +144,7 @@ impl Machine {
             }
         } else if let Decision::Reply { text, .. } = decision {
             let mut reply = text.clone();
-            for steer in &self.steers {
+            for steer in &self.present.run.steers {
                 reply.push_str("\n[steer] ");
                 reply.push_str(steer);
             }

@@ -53,7 +53,9 @@ pub struct ForkedTool {
 /// effect awaiting reconciliation.
 fn allowed(machine: &Machine) -> bool {
     let after_a_decision_for_people = last_step(&machine.context).is_some_and(for_people);
-    !after_a_decision_for_people && machine.unresolved.is_none() && machine.pending_wait().is_none()
+    !after_a_decision_for_people
+        && machine.present.calls.unresolved.is_none()
+        && machine.present.pending_wait().is_none()
 }
 
 /// The context's last turn that is a step (a steer is none: it only shapes the next one).
@@ -80,8 +82,8 @@ impl Machine {
         if self.present.function.is_some() {
             // A function's saved point: its steps so far committed, none in flight or in
             // doubt, no person asked.
-            let settled = self.present.pending_steps.is_empty()
-                && self.present.unresolved.is_none()
+            let settled = self.present.calls.pending_steps.is_empty()
+                && self.present.calls.unresolved.is_none()
                 && self.present.pending_wait().is_none();
             if settled {
                 self.fork_points.push(ForkPoint {
@@ -91,10 +93,17 @@ impl Machine {
             }
             return;
         }
-        let next_effect = self.pending_tool.as_ref().map(|next| next.effect_id);
+        let next_effect = self
+            .present
+            .calls
+            .pending_tool
+            .as_ref()
+            .map(|next| next.effect_id);
         // A call of a function (F-6) starts a child whose steps take effect: a fork whose
         // next step is that call would run them all again under a new child.
         let calls_a_function = self
+            .present
+            .calls
             .pending_tool
             .as_ref()
             .is_some_and(|next| next.tool == "call");
@@ -143,24 +152,28 @@ pub fn fork_state(events: &[EventEnvelope], checkpoint_seq: u64, fresh: EffectId
         machine.apply(&envelope.event, envelope.seq, &mut ignored);
         ignored.clear();
     }
-    let function = machine.present.function.as_ref().map(|_| ForkedFunction {
-        revision: machine.present.active_revision,
-        identity: machine.present.active_identity.clone(),
-        aliases: machine.present.step_aliases.clone().into_iter().collect(),
+    let function = machine.present.function.as_ref().map(|run| ForkedFunction {
+        revision: run.active_revision,
+        identity: run.active_identity.clone(),
+        aliases: run.step_aliases.clone().into_iter().collect(),
         steps: machine.completed_steps.clone(),
         converted: machine.converted_outputs.clone().into_iter().collect(),
-        policy: machine.present.policy,
+        policy: run.policy,
     });
     ForkState {
         function,
         context: machine.context.as_ref().clone(),
-        iterations: machine.iterations,
-        steers: machine.steers.clone(),
-        next_tool: machine.present.pending_tool.map(|pending| ForkedTool {
-            effect_id: fresh,
-            tool: pending.tool,
-            args: pending.args,
-        }),
+        iterations: machine.present.turn.iterations,
+        steers: machine.present.run.steers.clone(),
+        next_tool: machine
+            .present
+            .calls
+            .pending_tool
+            .map(|pending| ForkedTool {
+                effect_id: fresh,
+                tool: pending.tool,
+                args: pending.args,
+            }),
     }
 }
 
@@ -194,16 +207,17 @@ impl Present {
         let Ok(state) = serde_json::from_str::<ForkState>(state) else {
             return;
         };
-        self.iterations = state.iterations;
-        self.steers = state.steers;
-        if let Some(function) = state.function {
-            self.active_revision = function.revision;
-            self.active_identity = function.identity;
-            self.policy = function.policy;
-            self.step_aliases = function.aliases.into_iter().collect();
-            self.steps_done = u32::try_from(function.steps.len()).unwrap_or(u32::MAX);
+        self.turn.iterations = state.iterations;
+        self.run.steers = state.steers;
+        // A function's child was admitted with the function it runs.
+        if let (Some(function), Some(run)) = (state.function, &mut self.function) {
+            run.active_revision = function.revision;
+            run.active_identity = function.identity;
+            run.policy = function.policy;
+            run.step_aliases = function.aliases.into_iter().collect();
+            run.steps_done = u32::try_from(function.steps.len()).unwrap_or(u32::MAX);
         }
-        self.pending_tool = state
+        self.calls.pending_tool = state
             .next_tool
             .map(|next| PendingTool::new(next.effect_id, next.tool, next.args));
     }

@@ -7,8 +7,8 @@ use openprogram_storage::{
 };
 
 use super::{
-    cancelled, state_changed, Action, CompletedStep, FunctionInput, Machine, PendingTool, Present,
-    Registered, RunDecision, StepConvert, StepMap, ToolArgs,
+    cancelled, state_changed, Action, CompletedStep, FunctionInput, FunctionRun, Machine,
+    PendingTool, Present, Registered, RunDecision, StepConvert, StepMap, ToolArgs,
 };
 
 impl Machine {
@@ -21,8 +21,10 @@ impl Machine {
             true => "dispatched by an earlier attempt; its outcome is unknown".to_owned(),
             false => "its run ended before its result was recorded; its outcome is unknown".into(),
         };
-        if self.function.is_some() {
+        if self.present.function.is_some() {
             let events: Vec<Event> = self
+                .present
+                .calls
                 .pending_steps
                 .iter()
                 .map(|pending| Event::StepFinished {
@@ -35,6 +37,8 @@ impl Machine {
             return (!events.is_empty()).then_some(events);
         }
         let pending = self
+            .present
+            .calls
             .pending_tool
             .as_ref()
             .filter(|pending| pending.uncertain || (new_attempt && pending.dispatched))?;
@@ -50,10 +54,14 @@ impl Machine {
     /// cancelled, or does not run.
     pub fn suspends_at_boundary(&self, now_ms: u64) -> bool {
         self.status() != Status::Running
-            || self.cancel_requested
-            || self.pause_requested
-            || self.steps_left == Some(0)
-            || self.job.as_ref().is_some_and(|job| job.spent(now_ms))
+            || self.present.run.cancel_requested
+            || self.present.run.pause_requested
+            || self.present.run.steps_left == Some(0)
+            || self
+                .present
+                .job
+                .as_ref()
+                .is_some_and(|job| job.spent(now_ms))
     }
 
     /// F-3: which revision a run of the function's body runs, decided at its start from the
@@ -64,13 +72,14 @@ impl Machine {
     /// pause. Never other code silently, never a fresh start.
     pub fn decide_run(
         &self,
+        run: &FunctionRun,
         registered: &Registered,
         correspond: Option<&StepMap>,
         convert: Option<&StepConvert>,
     ) -> RunDecision {
-        let active = self.active_revision;
+        let active = run.active_revision;
         let paused = |reason: &str| state_changed(Status::Paused, reason);
-        let (latest, latest_identity) = match self.policy {
+        let (latest, latest_identity) = match run.policy {
             VersionPolicy::KeepOriginal if registered.active => return RunDecision::Run(active),
             VersionPolicy::KeepOriginal => {
                 return RunDecision::Persist(vec![paused("revision_missing")])
@@ -87,7 +96,7 @@ impl Machine {
         };
         // Each committed step, by its id in the active revision, must be one of the newest
         // revision's steps.
-        let active_ids: std::collections::BTreeMap<u32, &str> = self
+        let active_ids: std::collections::BTreeMap<u32, &str> = run
             .step_aliases
             .iter()
             .map(|(active_id, position)| (*position, active_id.as_str()))
@@ -178,13 +187,13 @@ impl Machine {
     pub fn decide_returned(&self, result: Result<String, String>) -> Vec<Event> {
         if let Some(mut events) = self.in_doubt(false) {
             events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
-            events.push(match self.cancel_requested {
+            events.push(match self.present.run.cancel_requested {
                 true => cancelled(),
                 false => state_changed(Status::ReconciliationRequired, "unknown external effect"),
             });
             return events;
         }
-        if self.cancel_requested {
+        if self.present.run.cancel_requested {
             return vec![cancelled()];
         }
         match result {
@@ -216,7 +225,11 @@ impl Machine {
             .insert(step_id.to_owned(), self.completed_steps.len());
         self.completed_steps.push(CompletedStep {
             step_id: step_id.to_owned(),
-            revision: self.present.active_revision,
+            revision: self
+                .present
+                .function
+                .as_ref()
+                .map_or(0, |run| run.active_revision),
             effect_id,
             status,
             output: output.to_owned(),
@@ -227,14 +240,15 @@ impl Machine {
     /// ran itself, or one an adoption mapped it to (F-3) — with the result as that revision
     /// reads it (converted, where its conversion changed it).
     pub fn completed_step(&self, step_id: &str) -> Option<(&CompletedStep, &str)> {
-        if let Some(position) = self.step_aliases.get(step_id) {
+        let run = self.present.function.as_ref()?;
+        if let Some(position) = run.step_aliases.get(step_id) {
             let step = self.completed_steps.get(*position as usize)?;
             return Some((step, self.step_output(*position)));
         }
         self.step_index
             .get(step_id)
             .and_then(|at| self.completed_steps.get(*at))
-            .filter(|step| step.revision == self.active_revision)
+            .filter(|step| step.revision == run.active_revision)
             .map(|step| (step, step.output.as_str()))
     }
 
@@ -271,9 +285,9 @@ impl Present {
             Event::StepStarted { step_id, effect_id } => {
                 let mut step = PendingTool::new(*effect_id, step_id.clone(), ToolArgs::default());
                 step.dispatched = true;
-                step.dispatched_by = self.attempt_owner;
-                step.dispatched_in = self.attempt_id;
-                self.pending_steps.push(step);
+                step.dispatched_by = self.attempt.owner;
+                step.dispatched_in = self.attempt.id;
+                self.calls.pending_steps.push(step);
             }
             Event::StepFinished {
                 step_id,
@@ -287,16 +301,17 @@ impl Present {
                 steps,
                 ..
             } => {
-                self.active_revision = *revision;
-                self.active_identity.clone_from(identity);
-                self.step_aliases = steps.iter().cloned().collect();
-                self.differences.clear();
+                if let Some(run) = &mut self.function {
+                    run.adopted(*revision, identity, steps);
+                }
                 if self.status() == Status::Running {
                     actions.push(Action::Advance);
                 }
             }
             Event::VersionConflict { differences, .. } => {
-                self.differences.clone_from(differences);
+                if let Some(run) = &mut self.function {
+                    run.differences.clone_from(differences);
+                }
             }
             _ => {}
         }
@@ -312,25 +327,30 @@ impl Present {
         actions: &mut Vec<Action>,
     ) {
         let at = self
+            .calls
             .pending_steps
             .iter()
             .position(|pending| pending.effect_id == effect_id);
-        let pending = at.map(|at| self.pending_steps.remove(at));
+        let pending = at.map(|at| self.calls.pending_steps.remove(at));
         if status == ReceiptStatus::Unknown {
             let step = pending.unwrap_or_else(|| {
                 PendingTool::new(effect_id, step_id.to_owned(), ToolArgs::default())
             });
-            match self.unresolved {
+            match self.calls.unresolved {
                 None => {
-                    self.unresolved = Some(step);
-                    self.unresolved_seq = seq;
+                    self.calls.unresolved = Some(step);
+                    self.calls.unresolved_seq = seq;
                 }
-                Some(_) => self.unresolved_queue.push(step),
+                Some(_) => self.calls.unresolved_queue.push(step),
             }
             return;
         }
-        if matches!(status, ReceiptStatus::Confirmed | ReceiptStatus::Failed) {
-            self.steps_done += 1;
+        if let Some(run) = self
+            .function
+            .as_mut()
+            .filter(|_| matches!(status, ReceiptStatus::Confirmed | ReceiptStatus::Failed))
+        {
+            run.steps_done += 1;
         }
         self.step_taken(actions);
     }

@@ -9,7 +9,7 @@ use openprogram_storage::{
     WaitKind,
 };
 
-use super::{Machine, Present, Refusal, WaitState};
+use super::{Machine, Refusal, WaitState, Waits};
 
 pub use super::types::Grant;
 
@@ -21,7 +21,7 @@ impl WaitState {
     }
 }
 
-impl Machine {
+impl Waits {
     /// The approval an `Ask` for `tool` gets without a new wait, if a grant covers it: this
     /// execution's, else the session's (as `session` stands, at its version).
     pub(crate) fn grant_for(&self, tool: &str, session: Option<&SessionRecord>) -> Option<Event> {
@@ -45,27 +45,6 @@ impl Machine {
             grant_id: grant.grant_id,
             tool: tool.to_owned(),
             session_version: Some(session.version),
-        })
-    }
-
-    /// W-7: `tool` and `session` scopes grant the tool an approval names; nothing else may
-    /// take them (a question's answer approves no tool).
-    pub(crate) fn check_scope(wait: &WaitState, scope: AnswerScope) -> Result<(), Refusal> {
-        if !matches!(scope, AnswerScope::Tool | AnswerScope::Session) {
-            return Ok(());
-        }
-        let approval = matches!(wait.kind, WaitKind::Approval | WaitKind::Permission);
-        if approval && wait.live.is_none() && wait.tool().is_some() {
-            return Ok(());
-        }
-        Err(Refusal::InvalidAnswer {
-            wait_id: wait.wait_id,
-            field: "scope".into(),
-            message: format!(
-                "`{}` grants the tool an approval names; this {} names none",
-                scope.as_str(),
-                wait.kind.as_str()
-            ),
         })
     }
 
@@ -98,6 +77,82 @@ impl Machine {
             }]),
             None => Err(Refusal::UnknownGrant { grant_id }),
         }
+    }
+
+    /// Whether a `revoke` has anything to revoke (K-3): a grant of its own, or one of the
+    /// session's that stands.
+    pub fn has_grant(&self, session: Option<&SessionRecord>) -> bool {
+        let own = self
+            .grants
+            .iter()
+            .any(|grant| !grant.session && !grant.revoked);
+        own || session.is_some_and(|session| session.grants.iter().any(|grant| !grant.revoked))
+    }
+
+    /// An applied answer of a durable approval: with a `tool` or `session` scope, the grant
+    /// (read before the answer's `WaitChanged`); any approving answer is what the next tool
+    /// call relies on.
+    pub(crate) fn note_approval(&mut self, control: &Control) {
+        let Control::Answer { wait_id, scope, .. } = control else {
+            return;
+        };
+        if *scope == AnswerScope::Discussion {
+            return;
+        }
+        let Some(wait) = self.active.iter().find(|wait| {
+            wait.wait_id == *wait_id && wait.status.is_pending() && wait.live.is_none()
+        }) else {
+            return;
+        };
+        // Only an approval approves an operation; a question's answer approves nothing.
+        if !matches!(wait.kind, WaitKind::Approval | WaitKind::Permission) {
+            return;
+        }
+        let tool = wait.tool();
+        if matches!(scope, AnswerScope::Tool | AnswerScope::Session) {
+            if let Some(tool) = &tool {
+                self.grants.push(Grant {
+                    grant_id: *wait_id,
+                    tool: tool.clone(),
+                    session: *scope == AnswerScope::Session,
+                    revoked: false,
+                });
+            }
+        }
+        self.granted_next = Some(*wait_id);
+        self.granted_tool = tool;
+    }
+
+    /// A grant revoked: it never approves again.
+    pub(crate) fn apply_revoke(&mut self, grant_id: WaitId) {
+        for grant in &mut self.grants {
+            if grant.grant_id == grant_id {
+                grant.revoked = true;
+            }
+        }
+    }
+}
+
+impl Machine {
+    /// W-7: `tool` and `session` scopes grant the tool an approval names; nothing else may
+    /// take them (a question's answer approves no tool).
+    pub(crate) fn check_scope(wait: &WaitState, scope: AnswerScope) -> Result<(), Refusal> {
+        if !matches!(scope, AnswerScope::Tool | AnswerScope::Session) {
+            return Ok(());
+        }
+        let approval = matches!(wait.kind, WaitKind::Approval | WaitKind::Permission);
+        if approval && wait.live.is_none() && wait.tool().is_some() {
+            return Ok(());
+        }
+        Err(Refusal::InvalidAnswer {
+            wait_id: wait.wait_id,
+            field: "scope".into(),
+            message: format!(
+                "`{}` grants the tool an approval names; this {} names none",
+                scope.as_str(),
+                wait.kind.as_str()
+            ),
+        })
     }
 
     /// The session's record once `control` (applied by this execution) is: a session grant
@@ -143,60 +198,6 @@ impl Machine {
                 Some(after)
             }
             _ => None,
-        }
-    }
-
-    /// Whether a `revoke` has anything to revoke (K-3): a grant of its own, or one of the
-    /// session's that stands.
-    pub fn has_grant(&self, session: Option<&SessionRecord>) -> bool {
-        let own = self
-            .grants
-            .iter()
-            .any(|grant| !grant.session && !grant.revoked);
-        own || session.is_some_and(|session| session.grants.iter().any(|grant| !grant.revoked))
-    }
-}
-
-impl Present {
-    /// An applied answer of a durable approval: with a `tool` or `session` scope, the grant
-    /// (read before the answer's `WaitChanged`); any approving answer is what the next tool
-    /// call relies on.
-    pub(crate) fn note_approval(&mut self, control: &Control) {
-        let Control::Answer { wait_id, scope, .. } = control else {
-            return;
-        };
-        if *scope == AnswerScope::Discussion {
-            return;
-        }
-        let Some(wait) = self.active_waits.iter().find(|wait| {
-            wait.wait_id == *wait_id && wait.status.is_pending() && wait.live.is_none()
-        }) else {
-            return;
-        };
-        // Only an approval approves an operation; a question's answer approves nothing.
-        if !matches!(wait.kind, WaitKind::Approval | WaitKind::Permission) {
-            return;
-        }
-        let tool = wait.tool();
-        if matches!(scope, AnswerScope::Tool | AnswerScope::Session) {
-            if let Some(tool) = &tool {
-                self.grants.push(Grant {
-                    grant_id: *wait_id,
-                    tool: tool.clone(),
-                    session: *scope == AnswerScope::Session,
-                    revoked: false,
-                });
-            }
-        }
-        self.granted_next = Some(*wait_id);
-        self.granted_tool = tool;
-    }
-
-    pub(crate) fn apply_revoke(&mut self, grant_id: WaitId) {
-        for grant in &mut self.grants {
-            if grant.grant_id == grant_id {
-                grant.revoked = true;
-            }
         }
     }
 }

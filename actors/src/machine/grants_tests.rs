@@ -28,7 +28,13 @@ fn ask_for(machine: &mut Machine, tool: &str, session: Option<&SessionRecord>) -
 fn call(machine: &mut Machine, tool: &str) -> EffectId {
     let (events, _) = machine.decide_decision(EffectId::new(), tool_decision(tool), 0, None);
     commit(machine, &events);
-    let effect_id = machine.pending_tool.as_ref().expect("pending").effect_id;
+    let effect_id = machine
+        .present
+        .calls
+        .pending_tool
+        .as_ref()
+        .expect("pending")
+        .effect_id;
     let events = machine
         .decide(Input::ToolFinished {
             effect_id,
@@ -60,7 +66,7 @@ fn grant_used(events: &[Event]) -> Option<(WaitId, Option<u64>)> {
 }
 
 fn pending_wait(machine: &Machine) -> WaitId {
-    machine.pending_wait().expect("a wait").wait_id
+    machine.present.pending_wait().expect("a wait").wait_id
 }
 
 #[test]
@@ -80,7 +86,7 @@ fn w7_a_tool_scope_approves_that_tool_for_the_execution_and_nothing_wider() {
     let events = ask_for(&mut machine, "append", None);
     assert_eq!(grant_used(&events), Some((first, None)));
     assert_eq!(machine.status(), Status::Running);
-    assert!(machine.pending_wait().is_none());
+    assert!(machine.present.pending_wait().is_none());
     let again = call(&mut machine, "append");
     assert_eq!(machine.relied_on.last(), Some(&(again, first)));
 
@@ -113,7 +119,11 @@ fn w7_a_revoked_grant_never_approves_again() {
         twice.map_err(|rejection| rejection.code()),
         Err("not_available")
     );
-    let unknown = machine.decide_revoke(openprogram_storage::CommandId::new(), WaitId::new(), None);
+    let unknown = machine.present.waits.decide_revoke(
+        openprogram_storage::CommandId::new(),
+        WaitId::new(),
+        None,
+    );
     assert_eq!(
         unknown.map_err(|refusal| refusal.code()),
         Err("unknown_grant")
@@ -149,17 +159,23 @@ fn w7_a_session_grant_covers_the_sessions_other_executions_at_the_version_read()
     let events = ask_for(&mut other, "append", Some(&session));
     assert_eq!(grant_used(&events), Some((grant, Some(4))));
     // Any execution of the session may revoke it (the one that gave it may be purged).
-    let offered_to_other = |session: &SessionRecord| other.has_grant(Some(session));
+    let offered_to_other = |session: &SessionRecord| other.present.waits.has_grant(Some(session));
     assert!(offered_to_other(&session));
     let revoke = Control::Revoke { grant_id: grant };
     let command = openprogram_storage::CommandId::new();
-    assert!(other.decide_revoke(command, grant, Some(&session)).is_ok());
+    assert!(other
+        .present
+        .waits
+        .decide_revoke(command, grant, Some(&session))
+        .is_ok());
     session = other
         .session_after(&revoke, ExecutionId::new(), session)
         .expect("revoked");
     assert!(!offered_to_other(&session));
     assert_eq!(
         other
+            .present
+            .waits
             .decide_revoke(command, grant, Some(&session))
             .map_err(|refusal| refusal.code()),
         Err("grant_revoked")

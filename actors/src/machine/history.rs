@@ -13,7 +13,8 @@ impl Machine {
     /// The wait or live question `wait_id`, pending or ended.
     pub fn wait(&self, wait_id: openprogram_storage::WaitId) -> Option<&WaitState> {
         self.present
-            .active_waits
+            .waits
+            .active
             .iter()
             .chain(&self.ended_waits)
             .find(|wait| wait.wait_id == wait_id)
@@ -113,7 +114,7 @@ impl Machine {
     /// reconciliation with nothing in the context. W-7: the receipt of a call that ran
     /// on an approval or grant keeps it.
     fn record_tool_finished(&mut self, effect_id: EffectId, status: ReceiptStatus, output: &str) {
-        let pending = self.present.pending_tool.as_ref();
+        let pending = self.present.calls.pending_tool.as_ref();
         let granted = pending
             .filter(|pending| pending.effect_id == effect_id)
             .and_then(|pending| pending.grant);
@@ -146,16 +147,17 @@ impl Machine {
     pub(crate) fn retire_waits(&mut self) {
         if self
             .present
-            .active_waits
+            .waits
+            .active
             .iter()
             .all(|wait| wait.status.is_pending())
         {
             return;
         }
-        let (pending, ended) = std::mem::take(&mut self.present.active_waits)
+        let (pending, ended) = std::mem::take(&mut self.present.waits.active)
             .into_iter()
             .partition(|wait| wait.status.is_pending());
-        self.present.active_waits = pending;
+        self.present.waits.active = pending;
         self.ended_waits.extend::<Vec<WaitState>>(ended);
     }
 }

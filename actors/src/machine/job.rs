@@ -41,7 +41,11 @@ impl Present {
     /// without a lease, `queued` (it runs once the queue leases it its resources).
     pub fn run_state(&self) -> Status {
         // C-2: a foreground turn waiting for its session is `queued` too.
-        let waits = self.session_turn.as_ref().is_some_and(|turn| turn.queued);
+        let waits = self
+            .turn
+            .session_turn
+            .as_ref()
+            .is_some_and(|turn| turn.queued);
         if self.needs_lease() || waits {
             Status::Queued
         } else {
@@ -59,7 +63,7 @@ impl Present {
 
     /// A Job waiting in the resource queue now.
     pub fn in_queue(&self) -> bool {
-        self.needs_lease() && self.status() == Status::Queued && !self.cancel_requested
+        self.needs_lease() && self.status() == Status::Queued && !self.run.cancel_requested
     }
 
     /// The release of the lease this present holds, if it holds one it may not keep: a
@@ -116,7 +120,7 @@ impl Present {
                     granted_at_ms: *granted_at_ms,
                 });
                 job.admitted_at_ms.get_or_insert(*granted_at_ms);
-                self.status = Some(Status::Running);
+                self.run.status = Some(Status::Running);
                 actions.push(Action::LeaseHeld);
                 actions.push(Action::Advance);
             }
@@ -133,7 +137,7 @@ impl Present {
                     lease_id: *lease_id,
                 });
                 if self.status() == Status::Running {
-                    self.status = Some(Status::Queued);
+                    self.run.status = Some(Status::Queued);
                     actions.retain(|action| *action != Action::Advance);
                     actions.push(Action::Enqueue);
                 }
@@ -163,7 +167,7 @@ impl Present {
         actions: &mut Vec<Action>,
     ) {
         let Some(job) = &mut self.job else { return };
-        let now = self.status.unwrap_or(Status::Queued);
+        let now = self.run.status.unwrap_or(Status::Queued);
         if job.lease.is_none() && before == Status::Queued && now != Status::Queued {
             actions.push(Action::Dequeue);
             if now == Status::Expired && reason == QUEUE_DEADLINE {
@@ -186,7 +190,12 @@ impl Machine {
         now_ms: u64,
     ) -> Result<Vec<Event>, Rejection> {
         // Only a Job is in the queue.
-        let Some(job) = self.job.as_ref().filter(|_| self.in_queue()) else {
+        let Some(job) = self
+            .present
+            .job
+            .as_ref()
+            .filter(|_| self.present.in_queue())
+        else {
             return Err(self.reject(Refusal::Invalid(format!(
                 "no lease is taken while the execution is {}",
                 self.status()
@@ -203,10 +212,10 @@ impl Machine {
     /// J-1: a Job still in the queue, never run, whose queue deadline passed by `now_ms`
     /// ends `expired`.
     pub fn decide_queue_expiry(&self, now_ms: u64) -> Option<Vec<Event>> {
-        let job = self.job.as_ref()?;
+        let job = self.present.job.as_ref()?;
         let deadline = job.spec.queue_deadline_ms?;
         let passed = now_ms >= job.spec.queued_at_ms.saturating_add(deadline);
-        (self.in_queue() && job.admitted_at_ms.is_none() && passed)
+        (self.present.in_queue() && job.admitted_at_ms.is_none() && passed)
             .then(|| vec![state_changed(Status::Expired, QUEUE_DEADLINE)])
     }
 
@@ -216,7 +225,7 @@ impl Machine {
         budget: Option<JobBudget>,
         now_ms: u64,
     ) -> Result<Vec<Event>, Refusal> {
-        let Some(job) = &self.job else {
+        let Some(job) = &self.present.job else {
             return match budget {
                 Some(_) => Err(Refusal::JobsOnly),
                 None => Ok(Vec::new()),

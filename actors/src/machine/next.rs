@@ -22,7 +22,7 @@ impl Machine {
         }
         // Never repeated, never guessed: record it unknown and stop for reconciliation.
         if let Some(mut events) = self.in_doubt(false) {
-            let state = if self.cancel_requested {
+            let state = if self.present.run.cancel_requested {
                 Status::Cancelled
             } else {
                 Status::ReconciliationRequired
@@ -34,25 +34,30 @@ impl Machine {
             });
             return Next::Persist(events);
         }
-        if self.cancel_requested {
+        if self.present.run.cancel_requested {
             return Next::Persist(vec![cancelled()]);
         }
-        if self.pause_requested {
+        if self.present.run.pause_requested {
             return Next::Persist(vec![state_changed(Status::Paused, "pause")]);
         }
-        if self.steps_left == Some(0) {
+        if self.present.run.steps_left == Some(0) {
             return Next::Persist(vec![state_changed(Status::Paused, "step")]);
         }
-        if self.job.as_ref().is_some_and(|job| job.spent(now_ms)) {
+        if self
+            .present
+            .job
+            .as_ref()
+            .is_some_and(|job| job.spent(now_ms))
+        {
             return Next::Persist(vec![state_changed(
                 Status::Paused,
                 super::job::BUDGET_EXHAUSTED,
             )]);
         }
-        if self.function.is_some() {
+        if self.present.function.is_some() {
             return Next::RunFunction;
         }
-        if let Some(pending) = &self.pending_tool {
+        if let Some(pending) = &self.present.calls.pending_tool {
             if recovery(&pending.tool) == Recovery::External && !pending.dispatched {
                 return Next::Persist(vec![Event::ToolDispatched {
                     effect_id: pending.effect_id,
@@ -62,10 +67,13 @@ impl Machine {
             }
             return Next::RunTool(pending.clone());
         }
-        if self.iterations >= self.input.max_iterations {
+        if self.present.turn.iterations >= self.present.turn.input.max_iterations {
             return Next::Persist(vec![state_changed(
                 Status::Failed,
-                format!("iteration limit of {} reached", self.input.max_iterations),
+                format!(
+                    "iteration limit of {} reached",
+                    self.present.turn.input.max_iterations
+                ),
             )]);
         }
         Next::CallModel { effect_id: fresh() }

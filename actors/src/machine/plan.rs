@@ -147,7 +147,7 @@ impl Machine {
             checkpoint.next_action = present.next_action();
         }
         next.state = present.status();
-        next.pause_reason.clone_from(&present.pause_reason);
+        next.pause_reason.clone_from(&present.run.pause_reason);
         let mut transition =
             Transition::new(head.execution_id, events).expect_version(head.version);
         transition.upserts = upserts;
@@ -178,8 +178,8 @@ impl Machine {
         }
         transition.upserts.extend(
             changed_wait_records(
-                &self.present.active_waits,
-                &present.active_waits,
+                &self.present.waits.active,
+                &present.waits.active,
                 head.execution_id,
             )
             .into_iter()
@@ -284,7 +284,7 @@ fn receipt_of(
             status,
             output,
         } => {
-            let tool = present.pending_tool.as_ref()?.tool.clone();
+            let tool = present.calls.pending_tool.as_ref()?.tool.clone();
             (*effect_id, tool, *status, Some(output.clone()))
         }
         // A durable function's External steps: only those have an intent (`StepStarted`).
@@ -298,6 +298,7 @@ fn receipt_of(
             output,
         } => {
             present
+                .calls
                 .pending_steps
                 .iter()
                 .find(|pending| pending.effect_id == *effect_id)?;
@@ -312,7 +313,7 @@ fn receipt_of(
                 },
             ..
         } => {
-            let tool = present.unresolved.as_ref()?.tool.clone();
+            let tool = present.calls.unresolved.as_ref()?.tool.clone();
             (*effect_id, tool, *status, Some(output.clone()))
         }
         _ => return None,

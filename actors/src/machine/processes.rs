@@ -14,6 +14,7 @@ impl Machine {
         process_id: ProcessId,
     ) -> Result<Vec<Event>, Refusal> {
         match self
+            .present
             .processes
             .iter()
             .find(|process| process.process_id == process_id)

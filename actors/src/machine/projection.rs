@@ -15,7 +15,7 @@ use super::{
 /// The encoding of `Projected` in `ProjectionRecord::state`: JSON (a tool call's arguments
 /// are JSON text, kept as they are). A projection of another format is ignored: readers
 /// replay until the next one is written.
-pub const FORMAT: u32 = 3;
+pub const FORMAT: u32 = 4;
 
 /// A transition whose events cross a multiple of this many seqs writes a projection.
 pub const EVERY_EVENTS: u64 = 128;
@@ -23,7 +23,7 @@ pub const EVERY_EVENTS: u64 = 128;
 /// How many of the newest receipts, ended waits and completed steps a projection keeps — and a snapshot shows.
 pub const KEPT: usize = 20;
 
-/// The stored state of a projection (`FORMAT` 3).
+/// The stored state of a projection (`FORMAT` 4).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Projected {
     present: Present,
@@ -75,6 +75,8 @@ impl Projected {
         // Only a point whose next step is the pending call can be taken back (when that call
         // is dispatched, `ToolDispatched`); every other one is kept for good, and counted.
         let pending = machine
+            .present
+            .calls
             .pending_tool
             .as_ref()
             .map(|pending| pending.effect_id);
@@ -86,9 +88,11 @@ impl Projected {
         let dispatched_pending =
             pending.filter(|effect_id| machine.dispatched_externals.contains(effect_id));
         let dispatched_unresolved = machine
+            .present
+            .calls
             .unresolved
             .iter()
-            .chain(&machine.unresolved_queue)
+            .chain(&machine.present.calls.unresolved_queue)
             .map(|unresolved| unresolved.effect_id)
             .filter(|effect_id| machine.dispatched_externals.contains(effect_id))
             .collect();
@@ -143,9 +147,9 @@ impl Projected {
     /// the execution's first event (the admission, with its input).
     pub fn into_machine(self, admitted: Machine) -> Machine {
         let mut machine = Machine::default();
-        let input = admitted.present.input;
+        let input = admitted.present.turn.input;
         machine.present = self.present;
-        machine.present.input = input;
+        machine.present.turn.input = input;
         machine.text = self.text;
         // A turn of the same kind stands for the last one (what the fork rule reads).
         let last_turn = self

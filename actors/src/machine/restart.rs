@@ -20,6 +20,8 @@ impl Machine {
         output: &str,
     ) -> Result<Vec<Event>, Refusal> {
         if self
+            .present
+            .calls
             .unresolved
             .as_ref()
             .map(|unresolved| unresolved.effect_id)
@@ -35,18 +37,21 @@ impl Machine {
         // A function's step confirmed by hand: its output is the step's result, which the
         // body reads back as JSON (F-4).
         let unreadable = |output: &str| serde_json::from_str::<serde_json::Value>(output).is_err();
-        if self.function.is_some() && status == ReceiptStatus::Confirmed && unreadable(output) {
+        if self.present.function.is_some()
+            && status == ReceiptStatus::Confirmed
+            && unreadable(output)
+        {
             return Err(Refusal::Invalid(
                 "a durable function's step confirmed by reconcile needs its result as JSON in `text` (for the built-in functions: \"appended\")".into(),
             ));
         }
-        if !self.unresolved_queue.is_empty() {
+        if !self.present.calls.unresolved_queue.is_empty() {
             // Another step of the function is still in doubt: reconciled next.
             return Ok(vec![Event::CheckpointPublished { checkpoint_seq: 0 }]);
         }
         Ok(vec![
             Event::CheckpointPublished { checkpoint_seq: 0 },
-            state_changed(self.run_state(), "reconciled"),
+            state_changed(self.present.run_state(), "reconciled"),
         ])
     }
 
@@ -60,6 +65,7 @@ impl Machine {
     ) {
         let Some(unresolved) = self
             .present
+            .calls
             .unresolved
             .as_ref()
             .filter(|unresolved| unresolved.effect_id == effect_id)
@@ -86,12 +92,12 @@ impl Machine {
     /// nothing in flight. It records the restart intent in the same transition. A
     /// user's Pause or Step in progress wins: that pause is the user's, and stays explicit.
     pub fn restart_pause(&self, intent: RestartIntent) -> Option<Vec<Event>> {
-        if self.status() != Status::Running || self.cancel_requested {
+        if self.status() != Status::Running || self.present.run.cancel_requested {
             return None;
         }
-        let users = if self.pause_requested {
+        let users = if self.present.run.pause_requested {
             Some("pause")
-        } else if self.steps_left.is_some() {
+        } else if self.present.run.steps_left.is_some() {
             Some("step")
         } else {
             None
@@ -117,25 +123,26 @@ impl Present {
         actions: &mut Vec<Action>,
     ) {
         let Some(unresolved) = self
+            .calls
             .unresolved
             .take_if(|unresolved| unresolved.effect_id == effect_id)
         else {
             return;
         };
-        if self.function.is_some() {
+        if let Some(function) = &mut self.function {
             // A durable function's step: the body runs it again when it gets there, or
             // reads its result. The next step in doubt, if any, is asked about next.
-            self.steps_done += u32::from(status == ReceiptStatus::Confirmed);
-            if !self.unresolved_queue.is_empty() {
-                self.unresolved = Some(self.unresolved_queue.remove(0));
-                self.unresolved_seq = seq;
+            function.steps_done += u32::from(status == ReceiptStatus::Confirmed);
+            if !self.calls.unresolved_queue.is_empty() {
+                self.calls.unresolved = Some(self.calls.unresolved_queue.remove(0));
+                self.calls.unresolved_seq = seq;
                 actions.push(Action::Reconcile);
             }
             return;
         }
         if status == ReceiptStatus::NotApplied {
             // Proven never to have taken effect: it may run again, same effect id.
-            self.pending_tool = Some(PendingTool::new(
+            self.calls.pending_tool = Some(PendingTool::new(
                 unresolved.effect_id,
                 unresolved.tool,
                 unresolved.args,

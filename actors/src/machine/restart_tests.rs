@@ -80,7 +80,10 @@ fn r8_confirmed_continues_with_the_result_and_not_applied_runs_the_effect_again(
         confirmed.receipts.get(effect).map(|r| r.status),
         Some(ReceiptStatus::Confirmed)
     );
-    assert!(confirmed.unresolved.is_none() && confirmed.pending_tool.is_none());
+    assert!(
+        confirmed.present.calls.unresolved.is_none()
+            && confirmed.present.calls.pending_tool.is_none()
+    );
     assert!(matches!(
         confirmed.next(EffectId::new, |_| Recovery::External, 0),
         Next::CallModel { .. }
@@ -119,7 +122,10 @@ fn r7_the_restart_pause_records_its_intent_and_applies_only_to_running_work() {
     assert!(matches!(events[0], Event::RestartIntentRecorded { .. }));
     let actions = commit(&mut machine, &events);
     assert!(actions.contains(&Action::Park));
-    assert_eq!(machine.pause_reason.as_deref(), Some(RESTART_PAUSE_REASON));
+    assert_eq!(
+        machine.present.run.pause_reason.as_deref(),
+        Some(RESTART_PAUSE_REASON)
+    );
     assert!(
         machine.restart_pause(intent.clone()).is_none(),
         "paused already"
@@ -136,7 +142,10 @@ fn r7_the_restart_pause_records_its_intent_and_applies_only_to_running_work() {
         "{events:?}"
     );
     commit(&mut user_paused, &events);
-    assert_eq!(user_paused.pause_reason.as_deref(), Some("pause"));
+    assert_eq!(
+        user_paused.present.run.pause_reason.as_deref(),
+        Some("pause")
+    );
     let mut stepping = running(50);
     commit(
         &mut stepping,
@@ -149,7 +158,7 @@ fn r7_the_restart_pause_records_its_intent_and_applies_only_to_running_work() {
     let events = stepping.restart_pause(intent.clone()).expect("pauses");
     commit(&mut stepping, &events);
     assert_eq!(
-        stepping.pause_reason.as_deref(),
+        stepping.present.run.pause_reason.as_deref(),
         Some("step"),
         "a Step never becomes a free run"
     );
@@ -187,7 +196,10 @@ fn r5_commands_accepted_and_never_decided_are_pending_until_decided() {
             control: Control::Pause,
         }],
     );
-    assert_eq!(machine.pending_commands, vec![(command_id, Control::Pause)]);
+    assert_eq!(
+        machine.present.run.pending_commands,
+        vec![(command_id, Control::Pause)]
+    );
     commit(
         &mut machine,
         &[Event::ControlApplied {
@@ -195,5 +207,5 @@ fn r5_commands_accepted_and_never_decided_are_pending_until_decided() {
             control: Control::Pause,
         }],
     );
-    assert!(machine.pending_commands.is_empty());
+    assert!(machine.present.run.pending_commands.is_empty());
 }

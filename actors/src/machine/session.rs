@@ -4,7 +4,10 @@
 //! turn runs nothing until it takes the session (`SessionTurnStarted`, with the session
 //! record's change); an interrupted one is queued again by Continue or Step.
 
-use openprogram_storage::{Event, ExecutionId, ExecutionState as Status};
+use openprogram_storage::{
+    AnswerScope, Control, Event, ExecutionId, ExecutionState as Status, SessionId, SessionRecord,
+    SessionWrite,
+};
 
 use super::{state_changed, Machine, Present};
 
@@ -37,16 +40,45 @@ pub fn line_of(
 
 pub use super::types::SessionTurn;
 
+/// The write of `after` over the session's record as it was read (`read`): a
+/// compare-and-swap at that version, in the transition that changes it.
+fn replacing(read: &SessionRecord, after: SessionRecord) -> SessionWrite {
+    SessionWrite {
+        session_id: read.session_id,
+        expected_version: read.version,
+        record: Some(after),
+    }
+}
+
+/// C-2: a turn admitted into its session's line (`line`: the turns waiting, itself among
+/// them if it waits), behind the turn `behind`, or holding the session (`None`).
+pub fn admitted(
+    read: &SessionRecord,
+    me: ExecutionId,
+    behind: Option<ExecutionId>,
+    line: Vec<ExecutionId>,
+) -> SessionWrite {
+    let after = SessionRecord {
+        foreground: behind.map_or(Some(me), |_| read.foreground),
+        waiting: line,
+        ..read.clone()
+    };
+    replacing(read, after)
+}
+
 impl Present {
     /// A foreground turn waiting for its session (C-2).
     pub fn waits_for_session(&self) -> bool {
-        self.session_turn.as_ref().is_some_and(|turn| turn.queued)
+        self.turn
+            .session_turn
+            .as_ref()
+            .is_some_and(|turn| turn.queued)
             && self.status() == Status::Queued
-            && !self.cancel_requested
+            && !self.run.cancel_requested
     }
 
     pub(crate) fn apply_session_turn(&mut self, strategy: &str, behind: Option<ExecutionId>) {
-        self.session_turn = Some(SessionTurn {
+        self.turn.session_turn = Some(SessionTurn {
             strategy: strategy.to_owned(),
             queued: behind.is_some(),
         });
@@ -54,7 +86,7 @@ impl Present {
 
     /// It took its session: it may run.
     pub(crate) fn apply_session_turn_started(&mut self) {
-        if let Some(turn) = &mut self.session_turn {
+        if let Some(turn) = &mut self.turn.session_turn {
             turn.queued = false;
         }
     }
@@ -68,7 +100,7 @@ impl Present {
         actions: &mut Vec<super::Action>,
     ) {
         if state == Status::Queued && reason == SESSION_QUEUED {
-            if let Some(turn) = &mut self.session_turn {
+            if let Some(turn) = &mut self.turn.session_turn {
                 turn.queued = true;
                 actions.push(super::Action::Advance);
             }
@@ -77,21 +109,98 @@ impl Present {
 }
 
 impl Machine {
-    /// C-2: the events of taking the session: it runs from here. `interrupted`: the turn it
-    /// interrupted, paused. `None` if it is not a turn waiting for its session.
-    pub fn decide_take_session(&self, interrupted: Option<ExecutionId>) -> Option<Vec<Event>> {
-        if !self.waits_for_session() {
+    /// C-2: the events of taking the session, and the session's record as it leaves it
+    /// (`me` holds it, out of the line `waiting`): it runs from here. `interrupted`: the turn
+    /// it interrupted, paused. `None` if it is not a turn waiting for its session.
+    pub fn decide_take_session(
+        &self,
+        me: ExecutionId,
+        read: &SessionRecord,
+        waiting: Vec<ExecutionId>,
+        interrupted: Option<ExecutionId>,
+    ) -> Option<(Vec<Event>, SessionWrite)> {
+        if !self.present.waits_for_session() {
             return None;
         }
-        Some(vec![
+        let events = vec![
             Event::SessionTurnStarted { interrupted },
             state_changed(Status::Running, SESSION_QUEUED),
-        ])
+        ];
+        let after = SessionRecord {
+            foreground: Some(me),
+            waiting: waiting.into_iter().filter(|id| *id != me).collect(),
+            ..read.clone()
+        };
+        Some((events, replacing(read, after)))
+    }
+
+    /// C-2: whether `events` run this execution again as its session's foreground turn.
+    pub fn resumes_turn(&self, events: &[Event]) -> bool {
+        self.present.turn.session_turn.is_some()
+            && events.iter().any(|event| {
+                matches!(
+                    event,
+                    Event::StateChanged {
+                        state: Status::Running,
+                        ..
+                    }
+                )
+            })
+    }
+
+    /// W-7, C-2: whether applying `control` (its `events`) changes the session's record:
+    /// a session grant given or revoked, a turn queued for its session again, or a
+    /// foreground turn that runs again.
+    pub fn touches_session(&self, control: &Control, events: &[Event]) -> bool {
+        requeued(events)
+            || self.resumes_turn(events)
+            || matches!(
+                control,
+                Control::Answer {
+                    scope: AnswerScope::Session,
+                    ..
+                } | Control::Revoke { .. }
+            )
+    }
+
+    /// W-7, C-2: the write of the session's record that applying `control` (its `events`)
+    /// makes in the same transition, from the record as read (`stored`; `None`: none yet):
+    /// what it grants or revokes, then the turn's place. An answer for the session that also
+    /// resumes a foreground turn does both in one write; a foreground turn that runs again
+    /// moves the record too, so a turn that read it paused (an interrupt about to take the
+    /// session) reads again. `None`: it changes nothing.
+    pub fn session_write(
+        &self,
+        control: &Control,
+        events: &[Event],
+        me: ExecutionId,
+        session_id: SessionId,
+        stored: Option<SessionRecord>,
+    ) -> Option<SessionWrite> {
+        if !self.touches_session(control, events) {
+            return None;
+        }
+        let read = stored.unwrap_or(SessionRecord {
+            session_id,
+            ..SessionRecord::default()
+        });
+        let requeued = requeued(events);
+        let granted = self.session_after(control, me, read.clone());
+        if granted.is_none() && !(requeued || self.resumes_turn(events)) {
+            return None;
+        }
+        let mut after = granted.unwrap_or_else(|| read.clone());
+        if requeued && !after.waiting.contains(&me) {
+            after.waiting.push(me);
+        }
+        Some(replacing(&read, after))
     }
 
     /// Whether it was admitted to interrupt the turn ahead of it.
     pub fn interrupts(&self) -> bool {
-        self.session_turn
+        self.present
+            .turn
+            .session_turn
             .as_ref()
             .is_some_and(|turn| turn.strategy == "interrupt")
     }
@@ -99,7 +208,14 @@ impl Machine {
     /// C-2: a Continue or Step of a foreground turn that does not hold its session (`holds`,
     /// read by the shell) queues it for the session instead of running it.
     pub(crate) fn requeued_for_session(&self, holds: bool) -> Option<Event> {
-        (self.session_turn.is_some() && !holds)
+        (self.present.turn.session_turn.is_some() && !holds)
             .then(|| state_changed(Status::Queued, SESSION_QUEUED))
     }
+}
+
+/// C-2: whether `events` queue a turn for its session again: it takes its place in line.
+fn requeued(events: &[Event]) -> bool {
+    events.iter().any(|event| {
+        matches!(event, Event::StateChanged { state: Status::Queued, reason } if reason == SESSION_QUEUED)
+    })
 }

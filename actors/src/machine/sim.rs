@@ -164,7 +164,7 @@ impl Sim {
             self.late = self.late.or(self.in_flight.take());
         }
         if actions.contains(&Action::RunDispatched) {
-            if let Some(pending) = &self.machine.pending_tool {
+            if let Some(pending) = &self.machine.present.calls.pending_tool {
                 self.in_flight = Some(InFlight::Tool(pending.effect_id));
             }
         }
@@ -279,7 +279,8 @@ impl Sim {
                 // A long run's model mostly calls `echo`: its turn outgrows a projection.
                 let pick = rng.below(if self.long { 70 } else { 7 });
                 // W-7: once a grant was given, the model asks for its tool again often.
-                let granted = !self.machine.grants.is_empty() || !self.session.grants.is_empty();
+                let granted = !self.machine.present.waits.grants.is_empty()
+                    || !self.session.grants.is_empty();
                 let pick = if granted && rng.below(2) == 0 {
                     6
                 } else {
@@ -354,7 +355,7 @@ impl Sim {
     /// asks the execution to expire it (now and then too early, as a stray timer would).
     fn expire(&mut self, rng: &mut Rng) {
         self.now_ms += rng.below(2_000);
-        let Some(wait) = self.machine.pending_wait().cloned() else {
+        let Some(wait) = self.machine.present.pending_wait().cloned() else {
             return;
         };
         let Some(deadline) = wait.deadline_ms else {
@@ -367,7 +368,7 @@ impl Sim {
         let Some(mut events) = self.machine.decide_wait_expiry(wait.wait_id, self.now_ms) else {
             assert!(
                 self.now_ms < deadline
-                    || self.machine.cancel_requested
+                    || self.machine.present.run.cancel_requested
                     || wait.status != openprogram_storage::WaitStatus::Open,
                 "a wait past its deadline did not expire"
             );
@@ -389,7 +390,7 @@ impl Sim {
     fn pick_control(&self, rng: &mut Rng) -> (Control, openprogram_storage::WaitId) {
         // An answer names the pending wait or, as a stale client would, any earlier one.
         let target = match rng.below(2) {
-            0 => self.machine.pending_wait().map(|wait| wait.wait_id),
+            0 => self.machine.present.pending_wait().map(|wait| wait.wait_id),
             _ => None,
         }
         .or_else(|| {
@@ -401,12 +402,15 @@ impl Sim {
         // effect id); some other effect, refused.
         let doubted = self
             .machine
+            .present
+            .calls
             .unresolved
             .as_ref()
             .map_or_else(EffectId::new, |unresolved| unresolved.effect_id);
         // A waiting execution is answered often: approvals and their grants get used.
         let waiting = self.machine.status() == Status::Waiting && rng.below(2) == 0;
-        let revoking = self.machine.has_grant(Some(&self.session)) && rng.below(8) == 0;
+        let revoking =
+            self.machine.present.waits.has_grant(Some(&self.session)) && rng.below(8) == 0;
         let pick = match (waiting, revoking) {
             (true, _) => 5,
             (_, true) => 4,
@@ -441,6 +445,8 @@ impl Sim {
             4 if revoking || rng.below(2) == 0 => Control::Revoke {
                 grant_id: self
                     .machine
+                    .present
+                    .waits
                     .grants
                     .iter()
                     .find(|grant| !grant.revoked)
@@ -486,7 +492,7 @@ impl Sim {
                     ..
                 })
             ) {
-                let pending = self.machine.pending_wait();
+                let pending = self.machine.present.pending_wait();
                 assert_eq!(
                     pending.map(|wait| wait.wait_id),
                     Some(target),
@@ -494,7 +500,7 @@ impl Sim {
                 );
                 assert_eq!(
                     pending.map(|wait| wait.checkpoint_seq),
-                    Some(self.machine.checkpoint_seq),
+                    Some(self.machine.present.run.checkpoint_seq),
                     "{kind} applied to a wait of an earlier checkpoint"
                 );
             }

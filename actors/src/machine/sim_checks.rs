@@ -161,11 +161,21 @@ pub(crate) fn check_plan(
     let diverged = format!("{context}: the plan diverged");
     let planned = &plan.after.head;
     assert_eq!(planned.state, machine.status(), "{diverged}");
-    assert_eq!(planned.pause_reason, machine.pause_reason, "{diverged}");
-    if machine.checkpoint_seq > head.last_seq {
+    assert_eq!(
+        planned.pause_reason, machine.present.run.pause_reason,
+        "{diverged}"
+    );
+    if machine.present.run.checkpoint_seq > head.last_seq {
         let checkpoint = planned.checkpoint.as_ref().expect("a planned checkpoint");
-        assert_eq!(checkpoint.seq, machine.checkpoint_seq, "{diverged}");
-        assert_eq!(checkpoint.next_action, machine.next_action(), "{diverged}");
+        assert_eq!(
+            checkpoint.seq, machine.present.run.checkpoint_seq,
+            "{diverged}"
+        );
+        assert_eq!(
+            checkpoint.next_action,
+            machine.present.next_action(),
+            "{diverged}"
+        );
     } else {
         assert_eq!(planned.checkpoint, head.checkpoint, "{diverged}");
     }
@@ -287,11 +297,14 @@ pub(crate) fn check_capabilities(machine: &Machine, busy: bool, context: &str) {
     let at = super::tests::at(machine, busy);
     let offered = machine.capabilities(&at);
     let wait = machine
-        .active_waits
+        .present
+        .waits
+        .active
         .iter()
         .find(|wait| wait.status.is_pending())
         .map_or(WaitRef::Pending, |wait| WaitRef::Id(wait.wait_id));
     let process_id = machine
+        .present
         .processes
         .iter()
         .find(|process| process.state == openprogram_storage::ProcessState::Running)
@@ -329,6 +342,8 @@ pub(crate) fn check_capabilities(machine: &Machine, busy: bool, context: &str) {
             CommandKind::SetPolicy => continue,
             CommandKind::Revoke => CommandBody::Revoke {
                 grant_id: machine
+                    .present
+                    .waits
                     .grants
                     .iter()
                     .find(|grant| !grant.revoked)

@@ -39,7 +39,7 @@ pub(crate) fn attempt() -> Event {
 pub(crate) fn commit(machine: &mut Machine, events: &[Event]) -> Vec<Action> {
     let mut actions = Vec::new();
     for event in events {
-        let seq = machine.checkpoint_seq + 1;
+        let seq = machine.present.run.checkpoint_seq + 1;
         machine.apply(event, seq, &mut actions);
     }
     actions
@@ -57,7 +57,7 @@ pub(crate) fn running(max_iterations: u32) -> Machine {
 pub(crate) fn at(machine: &Machine, busy: bool) -> CommandContext {
     CommandContext {
         version: 0,
-        revision: machine.revision_id.unwrap_or_default(),
+        revision: machine.present.turn.revision_id.unwrap_or_default(),
         busy,
         now_ms: 0,
         session: None,
@@ -283,7 +283,7 @@ fn k2_step_runs_exactly_one_step_then_pauses() {
         other => panic!("expected the pause, got {other:?}"),
     }
     assert_eq!(machine.status(), Status::Paused);
-    assert_eq!(machine.pause_reason.as_deref(), Some("step"));
+    assert_eq!(machine.present.run.pause_reason.as_deref(), Some("step"));
     // A second Step runs the tool and nothing more.
     ctl(&mut machine, Control::Step, false);
     let Next::RunTool(pending) = machine.next(EffectId::new, idempotent, 0) else {
@@ -647,13 +647,13 @@ fn k1_a_pause_reason_says_why_a_paused_execution_is_paused_and_goes_with_the_pau
         reason: reason.into(),
     };
     commit(&mut machine, &[changed(Status::Paused, "pause")]);
-    assert_eq!(machine.pause_reason.as_deref(), Some("pause"));
+    assert_eq!(machine.present.run.pause_reason.as_deref(), Some("pause"));
     // A restart-recovery pause that expires, or is cancelled, is not paused any more.
     commit(
         &mut machine,
         &[changed(Status::Expired, "restart window expired")],
     );
-    assert_eq!(machine.pause_reason, None);
+    assert_eq!(machine.present.run.pause_reason, None);
 }
 
 /// a tool that reports its outcome unknown while it runs (a request sent, no answer)

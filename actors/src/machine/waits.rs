@@ -92,13 +92,13 @@ impl Machine {
     /// approval — and the execution pauses `wait_expired`. `None` if that is not so (resolved
     /// meanwhile, not yet due, no longer the current checkpoint's).
     pub fn decide_wait_expiry(&self, wait_id: WaitId, now_ms: u64) -> Option<Vec<Event>> {
-        let wait = self.active_waits.iter().find(|wait| {
+        let wait = self.present.waits.active.iter().find(|wait| {
             wait.wait_id == wait_id && wait.live.is_none() && wait.status == WaitStatus::Open
         })?;
         let due = wait.deadline_ms.is_some_and(|deadline| deadline <= now_ms);
-        let current =
-            self.status() == Status::Waiting && wait.checkpoint_seq == self.checkpoint_seq;
-        if !due || !current || self.cancel_requested {
+        let current = self.status() == Status::Waiting
+            && wait.checkpoint_seq == self.present.run.checkpoint_seq;
+        if !due || !current || self.present.run.cancel_requested {
             return None;
         }
         Some(vec![
@@ -114,10 +114,12 @@ impl Machine {
     /// W-8: a Continue or Step of an execution paused `wait_expired` opens the expired wait
     /// again, as a fresh wait (a new id, derived from the command's) with a new deadline.
     pub(crate) fn reopened_wait(&self, command_id: CommandId, now_ms: u64) -> Option<Vec<Event>> {
-        if self.status() != Status::Paused || self.pause_reason.as_deref() != Some(WAIT_EXPIRED) {
+        if self.status() != Status::Paused
+            || self.present.run.pause_reason.as_deref() != Some(WAIT_EXPIRED)
+        {
             return None;
         }
-        let expired = self.expired_wait.as_ref()?;
+        let expired = self.present.waits.expired.as_ref()?;
         let spec = WaitSpec {
             kind: Some(expired.kind),
             prompt: expired.prompt.clone(),
@@ -136,14 +138,19 @@ impl Machine {
         request: Option<String>,
         binding: LiveBinding,
     ) -> Result<Vec<Event>, Rejection> {
-        if self.cancel_requested || self.status() != Status::Running {
+        if self.present.run.cancel_requested || self.status() != Status::Running {
             return Err(self.reject(Refusal::Invalid(format!(
                 "a question cannot be asked while the execution is {}",
                 self.status()
             ))));
         }
-        if self.attempt_id != Some(binding.attempt_id)
-            || self.pending_tool.as_ref().map(|pending| pending.effect_id)
+        if self.present.attempt.id != Some(binding.attempt_id)
+            || self
+                .present
+                .calls
+                .pending_tool
+                .as_ref()
+                .map(|pending| pending.effect_id)
                 != Some(binding.effect_id)
         {
             return Err(self.reject(Refusal::Invalid(
@@ -225,7 +232,7 @@ impl Machine {
                 }
             }
         }
-        if self.cancel_requested {
+        if self.present.run.cancel_requested {
             return Err(Refusal::Cancelling {
                 kind: CommandKind::parse(control.kind()).unwrap_or(CommandKind::Answer),
             });
@@ -256,26 +263,30 @@ impl Machine {
             status: resolved,
         };
         if let Some(live) = wait.live {
-            if self.attempt_id != Some(live.attempt_id) {
+            if self.present.attempt.id != Some(live.attempt_id) {
                 return Err(Refusal::WaitNotCurrent { wait_id });
             }
             return Ok(vec![applied, changed]);
         }
         // W-3: only the wait of the current checkpoint can move the execution.
-        if self.status() != Status::Waiting || wait.checkpoint_seq != self.checkpoint_seq {
+        if self.status() != Status::Waiting
+            || wait.checkpoint_seq != self.present.run.checkpoint_seq
+        {
             return Err(Refusal::WaitNotCurrent { wait_id });
         }
         Ok(vec![
             applied,
             changed,
             Event::CheckpointPublished { checkpoint_seq: 0 },
-            state_changed(self.run_state(), resolved.as_str()),
+            state_changed(self.present.run_state(), resolved.as_str()),
         ])
     }
 
     /// `invalidated` for every pending wait that `which` selects.
     pub(crate) fn invalidate_waits(&self, which: impl Fn(&WaitState) -> bool) -> Vec<Event> {
-        self.active_waits
+        self.present
+            .waits
+            .active
             .iter()
             .filter(|wait| wait.status.is_pending() && which(wait))
             .map(|wait| Event::WaitChanged {
@@ -304,7 +315,8 @@ impl Machine {
         };
         let Some(wait) = self
             .present
-            .active_waits
+            .waits
+            .active
             .iter()
             .find(|wait| wait.wait_id == wait_id)
         else {
@@ -326,7 +338,7 @@ impl Machine {
 impl Present {
     /// A new attempt: live questions of earlier attempts will never be answered (W-4).
     pub(crate) fn invalidate_live_of_other_attempts(&mut self, attempt_id: AttemptId) {
-        for wait in &mut self.active_waits {
+        for wait in &mut self.waits.active {
             if wait.status.is_pending()
                 && wait.live.is_some_and(|live| live.attempt_id != attempt_id)
             {
@@ -353,6 +365,7 @@ impl Present {
     /// A rejected answer leaves its wait open again.
     pub(crate) fn answer_rejected(&mut self, command_id: CommandId) {
         let rejected = self
+            .run
             .pending_commands
             .iter()
             .find(|(pending, _)| *pending == command_id)
@@ -377,7 +390,7 @@ impl Present {
                 prompt,
                 live,
             } => {
-                self.active_waits.push(WaitState {
+                self.waits.active.push(WaitState {
                     wait_id: *wait_id,
                     opened_seq: seq,
                     kind: *kind,
@@ -387,7 +400,7 @@ impl Present {
                     checkpoint_seq: if live.is_some() {
                         0
                     } else {
-                        self.checkpoint_seq
+                        self.run.checkpoint_seq
                     },
                     answer: None,
                     scope: None,
@@ -398,7 +411,7 @@ impl Present {
                     reopens: None,
                 });
                 if live.is_none() {
-                    self.expired_wait = None;
+                    self.waits.expired = None;
                 }
             }
             Event::WaitDetails {
@@ -437,7 +450,7 @@ impl Present {
             actions.push(Action::UnwatchDeadline { wait_id });
         }
         if status == WaitStatus::Expired && wait.live.is_none() {
-            self.expired_wait = Some(wait.clone());
+            self.waits.expired = Some(wait.clone());
             return;
         }
         if wait.live.is_some() {
@@ -479,14 +492,16 @@ impl Present {
 
     /// The pending wait `wait_id`: an ended wait never changes again.
     fn wait_mut(&mut self, wait_id: WaitId) -> Option<&mut WaitState> {
-        self.active_waits
+        self.waits
+            .active
             .iter_mut()
             .find(|wait| wait.wait_id == wait_id && wait.status.is_pending())
     }
 
     /// The pending durable wait, if the execution is waiting for one.
     pub fn pending_wait(&self) -> Option<&WaitState> {
-        self.active_waits
+        self.waits
+            .active
             .iter()
             .find(|wait| wait.live.is_none() && wait.status.is_pending())
     }

@@ -46,13 +46,13 @@ fn w1_an_ask_opens_a_wait_at_the_checkpoint_published_with_it() {
     let opened = wait(&machine, wait_id);
     assert_eq!(opened.kind, WaitKind::Approval);
     assert_eq!(opened.status, WaitStatus::Open);
-    assert_eq!(opened.checkpoint_seq, machine.checkpoint_seq);
+    assert_eq!(opened.checkpoint_seq, machine.present.run.checkpoint_seq);
     // No fork (K-3): the only saved point is the approval itself.
     assert_eq!(
         offered(&machine),
         vec!["answer", "decline", "steer", "cancel"]
     );
-    assert!(machine.next_action().contains("\"wait\""));
+    assert!(machine.present.next_action().contains("\"wait\""));
 }
 
 #[test]
@@ -188,7 +188,7 @@ fn calling() -> (Machine, LiveBinding) {
         false,
     );
     let binding = LiveBinding {
-        attempt_id: machine.attempt_id.expect("an attempt"),
+        attempt_id: machine.present.attempt.id.expect("an attempt"),
         epoch: 1,
         effect_id: tool_effect(decision),
     };
@@ -334,7 +334,7 @@ fn p2_stop_process_is_its_own_control_in_any_state_and_cancel_leaves_processes_a
     ctl(&mut machine, Control::Cancel, false);
     assert_eq!(machine.status(), Status::Cancelled);
     assert_eq!(
-        machine.processes[0].state,
+        machine.present.processes[0].state,
         openprogram_storage::ProcessState::Running
     );
     assert_eq!(offered(&machine), vec!["stop_process", "retry"]);
@@ -449,7 +449,10 @@ fn w8_a_deadline_runs_from_the_decision_and_expiry_never_approves() {
     assert!(actions.contains(&Action::Park));
     assert_eq!(wait(&machine, wait_id).status, WaitStatus::Expired);
     assert_eq!(machine.status(), Status::Paused);
-    assert_eq!(machine.pause_reason.as_deref(), Some("wait_expired"));
+    assert_eq!(
+        machine.present.run.pause_reason.as_deref(),
+        Some("wait_expired")
+    );
     assert!(
         !machine
             .context
@@ -495,7 +498,11 @@ fn w8_continue_reopens_a_fresh_wait_with_a_new_deadline_that_an_answer_resolves(
     commit(&mut machine, &events);
     ctl_at(&mut machine, Control::Continue, 20_000).expect("continue");
     assert_eq!(machine.status(), Status::Waiting);
-    let fresh = machine.pending_wait().expect("a fresh wait").clone();
+    let fresh = machine
+        .present
+        .pending_wait()
+        .expect("a fresh wait")
+        .clone();
     assert_ne!(fresh.wait_id, first);
     assert_eq!(fresh.reopens, Some(first));
     assert_eq!(
@@ -504,7 +511,7 @@ fn w8_continue_reopens_a_fresh_wait_with_a_new_deadline_that_an_answer_resolves(
         "from the Continue, with the same timeout"
     );
     assert_eq!(fresh.request, wait(&machine, first).request);
-    assert_eq!(fresh.checkpoint_seq, machine.checkpoint_seq);
+    assert_eq!(fresh.checkpoint_seq, machine.present.run.checkpoint_seq);
     assert!(control(&machine, answer(first, r#"{"env": "prod"}"#), false).is_err());
     ctl(
         &mut machine,
@@ -517,7 +524,7 @@ fn w8_continue_reopens_a_fresh_wait_with_a_new_deadline_that_an_answer_resolves(
     ctl(&mut paused, Control::Pause, false);
     ctl_at(&mut paused, Control::Continue, 1).expect("continue");
     assert_eq!(paused.status(), Status::Running);
-    assert!(paused.pending_wait().is_none());
+    assert!(paused.present.pending_wait().is_none());
 }
 
 #[test]
@@ -534,7 +541,7 @@ fn w8_an_answer_before_the_deadline_leaves_nothing_to_expire() {
     let events = asked.decide_wait_expiry(first, 10).expect("due");
     commit(&mut asked, &events);
     ctl_at(&mut asked, Control::Continue, 100).expect("continue");
-    let fresh = asked.pending_wait().expect("fresh").wait_id;
+    let fresh = asked.present.pending_wait().expect("fresh").wait_id;
     let spec = WaitSpec::approval("again?");
     let found = asked
         .decide_ask(first, &spec, 200)
