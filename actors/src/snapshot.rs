@@ -6,7 +6,9 @@ use openprogram_storage::{
 use serde::Serialize;
 
 use crate::machine::projection::KEPT;
-use crate::machine::{CommandContext, Machine, ManagedProcess, Receipt, WaitState};
+use crate::machine::{
+    CommandContext, Machine, ManagedProcess, Present, Receipt, TurnState, WaitState,
+};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Snapshot {
@@ -69,20 +71,15 @@ pub struct ContextView {
 }
 
 impl ContextView {
-    fn of(machine: &Machine) -> Option<Self> {
-        if machine.present.turn.context_pin.is_none() && machine.present.turn.last_prompt.is_none()
-        {
+    fn of(turn: &TurnState) -> Option<Self> {
+        if turn.context_pin.is_none() && turn.last_prompt.is_none() {
             return None;
         }
-        let pin = machine.present.turn.context_pin.clone().unwrap_or_default();
+        let pin = turn.context_pin.clone().unwrap_or_default();
         Some(Self {
             summary: pin.summaries.last().map(|(message_id, _)| *message_id),
             left_out: pin.left_out,
-            prompt_tokens: machine
-                .present
-                .turn
-                .last_prompt
-                .map(|last| last.input_tokens),
+            prompt_tokens: turn.last_prompt.map(|last| last.input_tokens),
         })
     }
 }
@@ -293,6 +290,10 @@ impl Snapshot {
         let (receipts_total, ended_waits_total, _) = machine.totals();
         let receipts: Vec<_> = machine.receipts.iter().collect();
         let waits = machine.waits();
+        let own_grants = machine.present.waits.grants.iter();
+        let Present {
+            turn, processes, ..
+        } = &machine.present;
         Self {
             execution_id: head.execution_id,
             session_id: head.session_id,
@@ -312,15 +313,11 @@ impl Snapshot {
             attempt: head.fencing_epoch,
             capabilities: capabilities(machine, head.version, revision),
             text: machine.text.clone(),
-            usage: machine.present.turn.usage,
-            session_turn: machine.present.turn.session_turn.clone(),
-            context: ContextView::of(machine),
+            usage: turn.usage,
+            session_turn: turn.session_turn.clone(),
+            context: ContextView::of(turn),
             // Its own tool grants; the session's are added by `with_session`.
-            grants: machine
-                .present
-                .waits
-                .grants
-                .iter()
+            grants: own_grants
                 .filter(|grant| !grant.session)
                 .map(|grant| GrantView {
                     grant_id: grant.grant_id,
@@ -340,12 +337,7 @@ impl Snapshot {
                 .iter()
                 .map(|wait| WaitView::of(wait, head.reply_message_id))
                 .collect(),
-            processes: machine
-                .present
-                .processes
-                .iter()
-                .map(ProcessView::of)
-                .collect(),
+            processes: processes.iter().map(ProcessView::of).collect(),
             restart_deadline_ms: head
                 .restart_intent
                 .as_ref()

@@ -17,13 +17,7 @@ impl Handler<StartProcess> for ExecutionActor {
 
     fn handle(&mut self, message: StartProcess, _ctx: &mut Context<Self>) -> Self::Result {
         let _span = self.enter();
-        let running_call = self
-            .machine
-            .present
-            .calls
-            .pending_tool
-            .as_ref()
-            .is_some_and(|pending| pending.effect_id == message.effect_id);
+        let running_call = self.machine.present.calls.pending_effect() == Some(message.effect_id);
         let live = self.epoch.is_some() && !self.machine.present.run.cancel_requested;
         if !live || !running_call || self.env.lifecycle.is_stopping() {
             return answer(Err(

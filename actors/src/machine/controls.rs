@@ -8,7 +8,7 @@ use openprogram_storage::{CommandId, Control, Event, ExecutionState as Status};
 
 use super::{
     cancelled, state_changed, Accepted, Action, CommandContext, CommandKind, Machine, Present,
-    Refusal, Rejection, Turn,
+    Refusal, Rejection, Turn, WaitState,
 };
 use crate::command::{CommandBody, EffectRef, WaitRef};
 use openprogram_storage::ProcessState as ProcState;
@@ -17,21 +17,23 @@ impl Machine {
     /// The controls this execution offers now (K-3): exactly the kinds `decide_command`
     /// accepts with valid arguments and the current version.
     pub fn capabilities(&self, at: &CommandContext) -> Vec<CommandKind> {
-        let mut kinds = self.control_capabilities();
-        if self.present.function.is_some() {
+        let Present {
+            run,
+            waits,
+            function,
+            processes,
+            ..
+        } = &self.present;
+        let mut kinds = self.present.control_capabilities();
+        if function.is_some() {
             kinds.retain(|kind| !for_agents_only(*kind));
             // K-7: a function's version policy, while it can still run again.
-            if !self.status().is_terminal() && !self.present.run.cancel_requested {
+            if !self.status().is_terminal() && !run.cancel_requested {
                 kinds.push(CommandKind::SetPolicy);
             }
         }
-        let live_question = self
-            .present
-            .waits
-            .active
-            .iter()
-            .any(|wait| wait.live.is_some() && wait.status.is_pending());
-        if live_question && !self.present.run.cancel_requested {
+        let live = |wait: &WaitState| wait.live.is_some() && wait.status.is_pending();
+        if waits.active.iter().any(live) && !run.cancel_requested {
             for kind in [CommandKind::Answer, CommandKind::Decline] {
                 if !kinds.contains(&kind) {
                     kinds.push(kind);
@@ -39,13 +41,11 @@ impl Machine {
             }
         }
         // W-7: a grant it gave can be revoked whatever the execution's state.
-        if self.present.waits.has_grant(at.session.as_deref()) {
+        if waits.has_grant(at.session.as_deref()) {
             kinds.push(CommandKind::Revoke);
         }
         // A process has its own control, whatever the execution's state (P-2).
-        if self
-            .present
-            .processes
+        if processes
             .iter()
             .any(|process| process.state == ProcState::Running)
         {
@@ -63,51 +63,11 @@ impl Machine {
         kinds
     }
 
-    fn control_capabilities(&self) -> Vec<CommandKind> {
-        use CommandKind::*;
-        if self.present.run.cancel_requested {
-            return Vec::new();
-        }
-        match self.status() {
-            Status::Queued => vec![Pause, Steer, Cancel],
-            Status::Running if self.present.run.pause_requested => vec![Continue, Steer, Cancel],
-            Status::Running => vec![Pause, Steer, Cancel],
-            // A Job whose queue deadline passed ended there: it never ran (J-1).
-            Status::Expired
-                if self
-                    .present
-                    .job
-                    .as_ref()
-                    .is_some_and(|job| job.expired_in_queue) =>
-            {
-                vec![Cancel]
-            }
-            // A Job whose budget is spent continues only with more (Continue's `budget`):
-            // a Step has none to give (J-1).
-            Status::Paused | Status::Expired if self.present.budget_spent() => {
-                vec![Continue, Steer, Cancel]
-            }
-            // Expiry keeps everything for a manual Continue.
-            Status::Paused | Status::Expired => vec![Continue, Step, Steer, Cancel],
-            // Reconcile resolves the effect awaiting it: none, nothing to reconcile.
-            Status::ReconciliationRequired if self.present.calls.unresolved.is_some() => {
-                vec![Reconcile, Cancel]
-            }
-            Status::ReconciliationRequired => vec![Cancel],
-            Status::Waiting => vec![Answer, Decline, Steer, Cancel],
-            Status::Cancelling | Status::Cancelled | Status::Completed | Status::Failed => {
-                Vec::new()
-            }
-        }
-    }
-
     /// Whether a child of this execution would run the program it ran (K-2). An execution
     /// with no recorded revision (a machine built in a test) is taken as current.
     fn revision_loadable(&self, at: &CommandContext) -> bool {
-        self.present
-            .turn
-            .revision_id
-            .is_none_or(|revision| revision == at.revision)
+        let revision = self.present.turn.revision_id;
+        revision.is_none_or(|revision| revision == at.revision)
     }
 
     /// The one decision on a command: the version it was sent against, whether its kind is
@@ -347,6 +307,40 @@ impl Machine {
 }
 
 impl Present {
+    /// The controls its state offers, before what its waits, grants, processes and saved
+    /// points add.
+    fn control_capabilities(&self) -> Vec<CommandKind> {
+        use CommandKind::*;
+        if self.run.cancel_requested {
+            return Vec::new();
+        }
+        match self.status() {
+            Status::Queued => vec![Pause, Steer, Cancel],
+            Status::Running if self.run.pause_requested => vec![Continue, Steer, Cancel],
+            Status::Running => vec![Pause, Steer, Cancel],
+            // A Job whose queue deadline passed ended there: it never ran (J-1).
+            Status::Expired if self.job.as_ref().is_some_and(|job| job.expired_in_queue) => {
+                vec![Cancel]
+            }
+            // A Job whose budget is spent continues only with more (Continue's `budget`):
+            // a Step has none to give (J-1).
+            Status::Paused | Status::Expired if self.budget_spent() => {
+                vec![Continue, Steer, Cancel]
+            }
+            // Expiry keeps everything for a manual Continue.
+            Status::Paused | Status::Expired => vec![Continue, Step, Steer, Cancel],
+            // Reconcile resolves the effect awaiting it: none, nothing to reconcile.
+            Status::ReconciliationRequired if self.calls.unresolved.is_some() => {
+                vec![Reconcile, Cancel]
+            }
+            Status::ReconciliationRequired => vec![Cancel],
+            Status::Waiting => vec![Answer, Decline, Steer, Cancel],
+            Status::Cancelling | Status::Cancelled | Status::Completed | Status::Failed => {
+                Vec::new()
+            }
+        }
+    }
+
     /// A command's events: accepted (its decision pending), rejected, or applied.
     pub(crate) fn fold_command(&mut self, event: &Event, seq: u64, actions: &mut Vec<Action>) {
         match event {

@@ -33,14 +33,7 @@ impl Machine {
                 status,
                 output,
             } => {
-                if self
-                    .present
-                    .calls
-                    .pending_tool
-                    .as_ref()
-                    .map(|pending| pending.effect_id)
-                    != Some(effect_id)
-                {
+                if self.present.calls.pending_effect() != Some(effect_id) {
                     return Err(self.reject(Refusal::Invalid(format!(
                         "no tool call {effect_id} is pending"
                     ))));

@@ -93,17 +93,11 @@ impl Machine {
             }
             return;
         }
-        let next_effect = self
-            .present
-            .calls
-            .pending_tool
-            .as_ref()
-            .map(|next| next.effect_id);
+        let calls = &self.present.calls;
+        let next_effect = calls.pending_effect();
         // A call of a function (F-6) starts a child whose steps take effect: a fork whose
         // next step is that call would run them all again under a new child.
-        let calls_a_function = self
-            .present
-            .calls
+        let calls_a_function = calls
             .pending_tool
             .as_ref()
             .is_some_and(|next| next.tool == "call");

@@ -21,10 +21,9 @@ impl Machine {
             true => "dispatched by an earlier attempt; its outcome is unknown".to_owned(),
             false => "its run ended before its result was recorded; its outcome is unknown".into(),
         };
+        let Present { calls, .. } = &self.present;
         if self.present.function.is_some() {
-            let events: Vec<Event> = self
-                .present
-                .calls
+            let events: Vec<Event> = calls
                 .pending_steps
                 .iter()
                 .map(|pending| Event::StepFinished {
@@ -36,9 +35,7 @@ impl Machine {
                 .collect();
             return (!events.is_empty()).then_some(events);
         }
-        let pending = self
-            .present
-            .calls
+        let pending = calls
             .pending_tool
             .as_ref()
             .filter(|pending| pending.uncertain || (new_attempt && pending.dispatched))?;
@@ -53,15 +50,13 @@ impl Machine {
     /// execution pauses (a Pause, a Step used up, a Job's budget spent by `now_ms`), is
     /// cancelled, or does not run.
     pub fn suspends_at_boundary(&self, now_ms: u64) -> bool {
+        let Present { run, job, .. } = &self.present;
+        let spent = job.as_ref().is_some_and(|job| job.spent(now_ms));
         self.status() != Status::Running
-            || self.present.run.cancel_requested
-            || self.present.run.pause_requested
-            || self.present.run.steps_left == Some(0)
-            || self
-                .present
-                .job
-                .as_ref()
-                .is_some_and(|job| job.spent(now_ms))
+            || run.cancel_requested
+            || run.pause_requested
+            || run.steps_left == Some(0)
+            || spent
     }
 
     /// F-3: which revision a run of the function's body runs, decided at its start from the
@@ -229,7 +224,7 @@ impl Machine {
                 .present
                 .function
                 .as_ref()
-                .map_or(0, |run| run.active_revision),
+                .map_or(0, |f| f.active_revision),
             effect_id,
             status,
             output: output.to_owned(),

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use openprogram_storage::{
-    AttemptId, CommandId, Control, Event, ExecutionState as Status, MessageId, OwnerId, RevisionId,
-    VersionPolicy, WaitId,
+    AttemptId, CommandId, Control, EffectId, Event, ExecutionState as Status, MessageId, OwnerId,
+    RevisionId, VersionPolicy, WaitId,
 };
 use serde::{Deserialize, Serialize};
 
@@ -86,6 +86,18 @@ pub struct Calls {
 }
 
 impl Calls {
+    /// The effect of the agent's tool call decided and not finished, if any.
+    pub fn pending_effect(&self) -> Option<EffectId> {
+        self.pending_tool.as_ref().map(|pending| pending.effect_id)
+    }
+
+    /// The effect in doubt reconciled first, if any.
+    pub fn unresolved_effect(&self) -> Option<EffectId> {
+        self.unresolved
+            .as_ref()
+            .map(|unresolved| unresolved.effect_id)
+    }
+
     /// The intent of the pending tool call is durable, written by `attempt`: it may run.
     pub(crate) fn dispatched(&mut self, attempt: Attempt) {
         if let Some(pending) = &mut self.pending_tool {

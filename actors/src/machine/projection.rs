@@ -74,12 +74,8 @@ impl Projected {
             .collect::<Vec<_>>();
         // Only a point whose next step is the pending call can be taken back (when that call
         // is dispatched, `ToolDispatched`); every other one is kept for good, and counted.
-        let pending = machine
-            .present
-            .calls
-            .pending_tool
-            .as_ref()
-            .map(|pending| pending.effect_id);
+        let calls = &machine.present.calls;
+        let pending = calls.pending_effect();
         let (fork_points, settled): (Vec<ForkPoint>, Vec<ForkPoint>) = machine
             .fork_points
             .iter()
@@ -87,12 +83,10 @@ impl Projected {
         let points_out = settled.len() as u64;
         let dispatched_pending =
             pending.filter(|effect_id| machine.dispatched_externals.contains(effect_id));
-        let dispatched_unresolved = machine
-            .present
-            .calls
+        let dispatched_unresolved = calls
             .unresolved
             .iter()
-            .chain(&machine.present.calls.unresolved_queue)
+            .chain(&calls.unresolved_queue)
             .map(|unresolved| unresolved.effect_id)
             .filter(|effect_id| machine.dispatched_externals.contains(effect_id))
             .collect();

@@ -19,14 +19,7 @@ impl Machine {
         status: ReceiptStatus,
         output: &str,
     ) -> Result<Vec<Event>, Refusal> {
-        if self
-            .present
-            .calls
-            .unresolved
-            .as_ref()
-            .map(|unresolved| unresolved.effect_id)
-            != Some(effect_id)
-        {
+        if self.present.calls.unresolved_effect() != Some(effect_id) {
             return Err(Refusal::NotUnresolved { effect_id });
         }
         if !matches!(status, ReceiptStatus::Confirmed | ReceiptStatus::NotApplied) {

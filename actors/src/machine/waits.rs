@@ -145,13 +145,7 @@ impl Machine {
             ))));
         }
         if self.present.attempt.id != Some(binding.attempt_id)
-            || self
-                .present
-                .calls
-                .pending_tool
-                .as_ref()
-                .map(|pending| pending.effect_id)
-                != Some(binding.effect_id)
+            || self.present.calls.pending_effect() != Some(binding.effect_id)
         {
             return Err(self.reject(Refusal::Invalid(
                 "only the running call of the live attempt may ask".into(),
