@@ -252,12 +252,8 @@ impl Runtime {
         // Stop new work now; the supervisor may still be busy with startup recovery, which
         // sees the flag and claims nothing more.
         begin_shutdown(self.inner.service.env());
-        let report = self
-            .inner
-            .supervisor
-            .send(Shutdown { timeout })
-            .await
-            .unwrap_or_default();
+        let asked = self.inner.supervisor.send(Shutdown { timeout });
+        let report = asked.await.unwrap_or_default();
         self.halt();
         report
     }
@@ -356,9 +352,11 @@ impl Runtime {
 
     /// The supervisor's own account of itself (debug endpoint).
     pub async fn describe_supervisor(&self) -> Result<openprogram_actors::describe::ActorSummary> {
-        self.inner
+        let asked = self
+            .inner
             .supervisor
-            .send(openprogram_actors::describe::Describe)
+            .send(openprogram_actors::describe::Describe);
+        asked
             .await
             .map_err(|error| Error::Unavailable(error.to_string()))
     }

@@ -227,7 +227,8 @@ impl Admission {
         // The first event is `Admitted` (`Admission::new`): an agent's input is at hand.
         let folded = match self.head.kind {
             ExecutionKind::AgentTurn => {
-                machine.admit(self.head.revision_id, self.parent_message_id, self.input);
+                let (revision, parent) = (self.head.revision_id, self.parent_message_id);
+                machine.present.admit(revision, parent, self.input);
                 1
             }
             _ => 0,

@@ -399,20 +399,15 @@ fn same_command(same: bool, stored: CommandRecord) -> Result<CommandReply> {
 }
 
 fn facts_of(head: &ExecutionHead, machine: &Machine, revision: RevisionId) -> ExecutionFacts {
-    let pending_wait = machine.present.pending_wait().is_some();
+    let pending_wait = machine.present.waits.pending_wait().is_some();
     let declined_wait = machine
         .waits()
         .into_iter()
         .rev()
         .find(|wait| wait.live.is_none())
         .is_some_and(|wait| wait.status == openprogram_storage::WaitStatus::Declined);
-    let pending_controls = machine
-        .present
-        .run
-        .pending_commands
-        .iter()
-        .map(|(_, control)| control.kind())
-        .collect();
+    let pending = machine.present.run.pending_commands.iter();
+    let pending_controls = pending.map(|(_, control)| control.kind()).collect();
     // B-4: the owner ended (the execution is not running and will not by itself) and all
     // that is missing is the model's response: no tool call, effect, wait or reply pending.
     let response_record_incomplete = head.state == ExecutionState::Expired
@@ -442,12 +437,7 @@ fn facts_of(head: &ExecutionHead, machine: &Machine, revision: RevisionId) -> Ex
         capabilities: capabilities(machine, head.version, revision),
         pending_wait,
         declined_wait,
-        running_processes: machine
-            .present
-            .processes
-            .iter()
-            .filter(|process| process.state == openprogram_storage::ProcessState::Running)
-            .count(),
+        running_processes: machine.present.running_processes().count(),
         response_record_incomplete,
         pending_controls,
     }

@@ -229,7 +229,7 @@ impl crate::wait_deadlines::DeadlineHost for Executions {
                     }
                 };
                 let deadline = machine
-                    .present.pending_wait()
+                    .present.waits.pending_wait()
                     .and_then(|wait| Some((wait.wait_id, wait.deadline_ms?)));
                 if let Some((wait_id, deadline_ms)) = deadline {
                     found.push(crate::wait_deadlines::Watch {
@@ -402,7 +402,7 @@ impl Executions {
         let started = std::time::Instant::now();
         let (head, machine) = state()?;
         // W-8: a pending deadline is watched whenever its execution wakes.
-        self.watch_deadline(execution_id, &machine);
+        self.watch_deadline(execution_id, &machine.present);
         let mut live = self.directory.entries();
         if let Some(entry) = live
             .get(&execution_id)
@@ -502,7 +502,7 @@ impl Executions {
             };
             machine.apply_committed(&std::mem::take(&mut committed.events), None);
             // J-2: a Job's old lease was released in the claim; it waits in line again.
-            self.tell_queue(execution_id, &machine, &after.actions);
+            self.tell_queue(execution_id, &machine.present, &after.actions);
             let head = after.committed_head(&committed);
             tracing::warn!(%execution_id, epoch, "lapsed attempt replaced by a new one");
             self.start_claimed(head, machine, lease);

@@ -20,7 +20,7 @@ use crate::agent::{Provider, ToolRegistry};
 use crate::error::{Error, Result};
 use crate::function::FunctionRegistry;
 use crate::lifecycle::Lifecycle;
-use crate::machine::{Action, Machine, Recovery};
+use crate::machine::{Action, Machine, Present, Recovery};
 use crate::process::{ProcessHost, ProcessProgress, Processes};
 use crate::rebuild::{project, replay};
 use crate::recovery::{Clock, RestartWindow};
@@ -225,7 +225,7 @@ impl Env {
     /// (`actions` of its plan, `machine` folded through it): the Job waits, left the queue,
     /// or released a lease. Every writer of a Job's transition calls this after the commit
     /// (the execution actor; a takeover of a lapsed attempt).
-    pub fn tell_queue(&self, execution_id: ExecutionId, machine: &Machine, actions: &[Action]) {
+    pub fn tell_queue(&self, execution_id: ExecutionId, present: &Present, actions: &[Action]) {
         use crate::resource_queue::{Dequeue, Enqueue, Release};
         let Some(queue) = self.queue() else {
             return;
@@ -233,12 +233,7 @@ impl Env {
         for action in actions {
             match action {
                 Action::Enqueue => {
-                    let Some(job) = machine
-                        .present
-                        .job
-                        .as_ref()
-                        .filter(|_| machine.present.in_queue())
-                    else {
+                    let Some(job) = present.queued_job() else {
                         continue;
                     };
                     let deadline_at_ms = job
@@ -274,10 +269,10 @@ impl Env {
         self.deadlines.get()
     }
 
-    /// W-8: the pending durable wait of `machine` expires at its deadline, if it has one.
-    pub fn watch_deadline(&self, execution_id: ExecutionId, machine: &Machine) {
-        let open = machine
-            .present
+    /// W-8: the pending durable wait expires at its deadline, if it has one.
+    pub fn watch_deadline(&self, execution_id: ExecutionId, present: &Present) {
+        let open = present
+            .waits
             .pending_wait()
             .filter(|wait| wait.status == openprogram_storage::WaitStatus::Open);
         let (Some(deadlines), Some(wait)) = (self.deadlines(), open) else {

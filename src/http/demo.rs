@@ -77,28 +77,17 @@ pub async fn seed_once(runtime: &Runtime, tokens: &Tokens, dir: &Path) -> Result
     .await?;
     let third = SessionId::new();
     let (function_run, conflict) = seed_functions(runtime, third, dir).await?;
-    let seeded = json!({
-        "sessions": [
-            {
-                "session_id": first,
-                "token": tokens.session_token(first),
-                "label": "demo: a completed turn, a fork of it, and a turn waiting for approval",
-                "executions": [completed, forked, waiting],
-            },
-            {
-                "session_id": second,
-                "token": tokens.session_token(second),
-                "label": "demo: a turn that left a managed process running",
-                "executions": [process],
-            },
-            {
-                "session_id": third,
-                "token": tokens.session_token(third),
-                "label": "demo: durable functions, one completed, one paused on a version conflict",
-                "executions": [function_run, conflict],
-            }
-        ]
-    });
+    let session = |session_id, label: &str, executions: &[ExecutionId]| {
+        let token = tokens.session_token(session_id);
+        json!({"session_id": session_id, "token": token, "label": label, "executions": executions})
+    };
+    let seeded = json!({ "sessions": [
+        session(first, "demo: a completed turn, a fork of it, and a turn waiting for approval",
+            &[completed, forked, waiting]),
+        session(second, "demo: a turn that left a managed process running", &[process]),
+        session(third, "demo: durable functions, one completed, one paused on a version conflict",
+            &[function_run, conflict]),
+    ]});
     auth::write_secret(&marker, &seeded.to_string())
         .map_err(|error| Error::Unavailable(format!("{}: {error}", marker.display())))?;
     eprintln!(

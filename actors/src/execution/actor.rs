@@ -146,19 +146,15 @@ impl ExecutionActor {
             }
             false => tracing::Span::none(),
         };
+        let pending = machine.present.run.pending_commands.iter();
+        let inherited_pending = pending.map(|(command_id, _)| *command_id).collect();
         Self {
             env,
             execution_id: head.execution_id,
             span,
             failed_write: false,
             reconciling: false,
-            inherited_pending: machine
-                .present
-                .run
-                .pending_commands
-                .iter()
-                .map(|(command_id, _)| *command_id)
-                .collect(),
+            inherited_pending,
             head,
             machine,
             epoch: claimed.then_some(lease.epoch),

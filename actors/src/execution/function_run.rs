@@ -138,13 +138,8 @@ impl Handler<StepBoundary> for ExecutionActor {
         }
         let stopping = self.env.lifecycle.is_stopping();
         // A step of this id still running: the body asks for one step twice at once.
-        let twice = self
-            .machine
-            .present
-            .calls
-            .pending_steps
-            .iter()
-            .any(|pending| pending.tool == asked.step_id);
+        let running = &self.machine.present.calls.pending_steps;
+        let twice = running.iter().any(|pending| pending.tool == asked.step_id);
         if self.suspending
             || self.machine.suspends_at_boundary(self.env.clock.now_ms())
             || stopping
@@ -369,14 +364,7 @@ impl ExecutionActor {
     /// F-6, K-5: a Cancel of an agent whose call of a function runs cancels that function's
     /// execution too (cancel wins); a Pause lets the call finish, as any tool call.
     pub(super) fn cancel_called_function(&mut self, ctx: &mut Context<Self>) {
-        let Some(call) = self
-            .machine
-            .present
-            .calls
-            .pending_tool
-            .as_ref()
-            .filter(|call| call.tool == "call")
-        else {
+        let Some(call) = self.machine.present.calls.function_call() else {
             return;
         };
         let child_id = child_of(call.effect_id);

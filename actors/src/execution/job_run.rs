@@ -19,21 +19,16 @@ impl ExecutionActor {
                 // The wall budget runs out while the Job holds its lease: it pauses at the
                 // next step boundary (`Machine::next`).
                 let now_ms = self.env.clock.now_ms();
-                if let Some(left) = self
-                    .machine
-                    .present
-                    .job
-                    .as_ref()
-                    .and_then(|job| job.wall_left(now_ms))
-                {
+                let job = self.machine.present.job.as_ref();
+                if let Some(left) = job.and_then(|job| job.wall_left(now_ms)) {
                     ctx.run_later(Duration::from_millis(left), |_act, ctx| ctx.notify(Advance));
                 }
             }
-            other => self.env.tell_queue(
-                self.execution_id,
-                &self.machine,
-                std::slice::from_ref(other),
-            ),
+            other => {
+                let other = std::slice::from_ref(other);
+                self.env
+                    .tell_queue(self.execution_id, &self.machine.present, other)
+            }
         }
     }
 }

@@ -43,14 +43,7 @@ impl ExecutionActor {
         let (accepted, control) = loop {
             let command_id = *self.inherited_pending.first()?;
             self.inherited_pending.remove(0);
-            let control = self
-                .machine
-                .present
-                .run
-                .pending_commands
-                .iter()
-                .find(|(pending, _)| *pending == command_id)
-                .map(|(_, control)| control.clone());
+            let control = self.machine.present.run.pending(command_id).cloned();
             match (control, self.env.store.command(command_id)) {
                 (Some(control), Ok(Some(record))) if record.status == CommandStatus::Accepted => {
                     break (record, control)

@@ -200,9 +200,9 @@ impl ExecutionActor {
                 }
                 Action::Reconcile => self.start_reconcile(ctx),
                 Action::LiveResolved { wait_id, outcome } => self.live_resolved(wait_id, outcome),
-                Action::WatchDeadline { .. } => {
-                    self.env.watch_deadline(self.execution_id, &self.machine)
-                }
+                Action::WatchDeadline { .. } => self
+                    .env
+                    .watch_deadline(self.execution_id, &self.machine.present),
                 Action::UnwatchDeadline { wait_id } => self.env.unwatch_deadline(wait_id),
                 Action::StopProcess { process_id } => self.stop_process(process_id, ctx),
                 Action::Enqueue
@@ -213,14 +213,8 @@ impl ExecutionActor {
                     // B05: the intent (`ToolDispatched`) is durable, the tool not started.
                     openprogram_storage::failpoint!("B05");
                     let idle = self.in_flight.is_none();
-                    if let Some(pending) = self
-                        .machine
-                        .present
-                        .calls
-                        .pending_tool
-                        .clone()
-                        .filter(|_| idle)
-                    {
+                    let pending = self.machine.present.calls.pending_tool.clone();
+                    if let Some(pending) = pending.filter(|_| idle) {
                         if let Some(done) = self.start_tool(pending, ctx) {
                             // Recorded before anything else is taken from the mailbox: a
                             // command that arrived during the dispatch's commit must not

@@ -11,21 +11,14 @@ use super::{
     Refusal, Rejection, Turn, WaitState,
 };
 use crate::command::{CommandBody, EffectRef, WaitRef};
-use openprogram_storage::ProcessState as ProcState;
 
 impl Machine {
     /// The controls this execution offers now (K-3): exactly the kinds `decide_command`
     /// accepts with valid arguments and the current version.
     pub fn capabilities(&self, at: &CommandContext) -> Vec<CommandKind> {
-        let Present {
-            run,
-            waits,
-            function,
-            processes,
-            ..
-        } = &self.present;
+        let (run, waits) = (&self.present.run, &self.present.waits);
         let mut kinds = self.present.control_capabilities();
-        if function.is_some() {
+        if self.present.function.is_some() {
             kinds.retain(|kind| !for_agents_only(*kind));
             // K-7: a function's version policy, while it can still run again.
             if !self.status().is_terminal() && !run.cancel_requested {
@@ -45,10 +38,7 @@ impl Machine {
             kinds.push(CommandKind::Revoke);
         }
         // A process has its own control, whatever the execution's state (P-2).
-        if processes
-            .iter()
-            .any(|process| process.state == ProcState::Running)
-        {
+        if self.present.running_processes().next().is_some() {
             kinds.push(CommandKind::StopProcess);
         }
         // K-2: new child executions of the same program; the original is untouched.
@@ -212,11 +202,12 @@ impl Machine {
     fn wait_named(&self, wait: WaitRef) -> Result<openprogram_storage::WaitId, Refusal> {
         match wait {
             WaitRef::Id(wait_id) => Ok(wait_id),
-            WaitRef::Pending => self
-                .present
-                .pending_wait()
-                .map(|pending| pending.wait_id)
-                .ok_or(Refusal::NoPendingWait),
+            WaitRef::Pending => {
+                let pending = self.present.waits.pending_wait();
+                pending
+                    .map(|wait| wait.wait_id)
+                    .ok_or(Refusal::NoPendingWait)
+            }
         }
     }
 
@@ -348,10 +339,8 @@ impl Present {
                 command_id,
                 control,
             } => {
-                self.answer_submitted(control);
-                self.run
-                    .pending_commands
-                    .push((*command_id, control.clone()));
+                self.waits.answer_submitted(control);
+                self.run.accepted(*command_id, control.clone());
             }
             // Written before `ControlAccepted` existed: the payload-free controls can still
             // be decided from their kind.
@@ -363,21 +352,17 @@ impl Present {
                     "cancel" => Control::Cancel,
                     _ => return,
                 };
-                self.run.pending_commands.push((*command_id, control));
+                self.run.accepted(*command_id, control);
             }
             Event::CommandRejected { command_id, .. } => {
                 self.answer_rejected(*command_id);
-                self.run
-                    .pending_commands
-                    .retain(|(pending, _)| pending != command_id);
+                self.run.decided(*command_id);
             }
             Event::ControlApplied {
                 command_id,
                 control,
             } => {
-                self.run
-                    .pending_commands
-                    .retain(|(pending, _)| pending != command_id);
+                self.run.decided(*command_id);
                 self.apply_control(control, seq, actions);
             }
             _ => {}
@@ -405,7 +390,7 @@ impl Present {
             } => self.apply_reconcile(*effect_id, *status, seq, actions),
             Control::Answer { .. } | Control::Decline { .. } => {
                 self.waits.note_approval(control);
-                self.apply_wait_control(control);
+                self.waits.apply_wait_control(control);
             }
             Control::Revoke { grant_id } => self.waits.apply_revoke(*grant_id),
             Control::StopProcess { process_id } => actions.push(Action::StopProcess {

@@ -55,7 +55,7 @@ fn allowed(machine: &Machine) -> bool {
     let after_a_decision_for_people = last_step(&machine.context).is_some_and(for_people);
     !after_a_decision_for_people
         && machine.present.calls.unresolved.is_none()
-        && machine.present.pending_wait().is_none()
+        && machine.present.waits.pending_wait().is_none()
 }
 
 /// The context's last turn that is a step (a steer is none: it only shapes the next one).
@@ -84,7 +84,7 @@ impl Machine {
             // doubt, no person asked.
             let settled = self.present.calls.pending_steps.is_empty()
                 && self.present.calls.unresolved.is_none()
-                && self.present.pending_wait().is_none();
+                && self.present.waits.pending_wait().is_none();
             if settled {
                 self.fork_points.push(ForkPoint {
                     checkpoint_seq: seq,
@@ -97,11 +97,7 @@ impl Machine {
         let next_effect = calls.pending_effect();
         // A call of a function (F-6) starts a child whose steps take effect: a fork whose
         // next step is that call would run them all again under a new child.
-        let calls_a_function = calls
-            .pending_tool
-            .as_ref()
-            .is_some_and(|next| next.tool == "call");
-        let repeats_an_effect = calls_a_function
+        let repeats_an_effect = calls.function_call().is_some()
             || next_effect.is_some_and(|effect_id| self.dispatched_externals.contains(&effect_id));
         if allowed(self) && !repeats_an_effect {
             self.fork_points.push(ForkPoint {
@@ -154,20 +150,17 @@ pub fn fork_state(events: &[EventEnvelope], checkpoint_seq: u64, fresh: EffectId
         converted: machine.converted_outputs.clone().into_iter().collect(),
         policy: run.policy,
     });
+    let forked = |pending: PendingTool| ForkedTool {
+        effect_id: fresh,
+        tool: pending.tool,
+        args: pending.args,
+    };
     ForkState {
         function,
         context: machine.context.as_ref().clone(),
         iterations: machine.present.turn.iterations,
         steers: machine.present.run.steers.clone(),
-        next_tool: machine
-            .present
-            .calls
-            .pending_tool
-            .map(|pending| ForkedTool {
-                effect_id: fresh,
-                tool: pending.tool,
-                args: pending.args,
-            }),
+        next_tool: machine.present.calls.pending_tool.map(forked),
     }
 }
 

@@ -50,13 +50,12 @@ impl Machine {
     /// execution pauses (a Pause, a Step used up, a Job's budget spent by `now_ms`), is
     /// cancelled, or does not run.
     pub fn suspends_at_boundary(&self, now_ms: u64) -> bool {
-        let Present { run, job, .. } = &self.present;
-        let spent = job.as_ref().is_some_and(|job| job.spent(now_ms));
+        let run = &self.present.run;
         self.status() != Status::Running
             || run.cancel_requested
             || run.pause_requested
             || run.steps_left == Some(0)
-            || spent
+            || self.present.job_spent(now_ms)
     }
 
     /// F-3: which revision a run of the function's body runs, decided at its start from the
@@ -220,11 +219,7 @@ impl Machine {
             .insert(step_id.to_owned(), self.completed_steps.len());
         self.completed_steps.push(CompletedStep {
             step_id: step_id.to_owned(),
-            revision: self
-                .present
-                .function
-                .as_ref()
-                .map_or(0, |f| f.active_revision),
+            revision: self.present.active_revision(),
             effect_id,
             status,
             output: output.to_owned(),
@@ -321,12 +316,9 @@ impl Present {
         seq: u64,
         actions: &mut Vec<Action>,
     ) {
-        let at = self
-            .calls
-            .pending_steps
-            .iter()
-            .position(|pending| pending.effect_id == effect_id);
-        let pending = at.map(|at| self.calls.pending_steps.remove(at));
+        let steps = &mut self.calls.pending_steps;
+        let at = steps.iter().position(|step| step.effect_id == effect_id);
+        let pending = at.map(|at| steps.remove(at));
         if status == ReceiptStatus::Unknown {
             let step = pending.unwrap_or_else(|| {
                 PendingTool::new(effect_id, step_id.to_owned(), ToolArgs::default())
@@ -340,11 +332,8 @@ impl Present {
             }
             return;
         }
-        if let Some(run) = self
-            .function
-            .as_mut()
-            .filter(|_| matches!(status, ReceiptStatus::Confirmed | ReceiptStatus::Failed))
-        {
+        let counted = matches!(status, ReceiptStatus::Confirmed | ReceiptStatus::Failed);
+        if let Some(run) = self.function.as_mut().filter(|_| counted) {
             run.steps_done += 1;
         }
         self.step_taken(actions);

@@ -25,10 +25,7 @@ impl Waits {
     /// The approval an `Ask` for `tool` gets without a new wait, if a grant covers it: this
     /// execution's, else the session's (as `session` stands, at its version).
     pub(crate) fn grant_for(&self, tool: &str, session: Option<&SessionRecord>) -> Option<Event> {
-        let own = self
-            .grants
-            .iter()
-            .find(|grant| !grant.session && !grant.revoked && grant.tool == tool);
+        let own = self.standing_own().find(|grant| grant.tool == tool);
         if let Some(grant) = own {
             return Some(Event::GrantUsed {
                 grant_id: grant.grant_id,
@@ -79,13 +76,17 @@ impl Waits {
         }
     }
 
+    /// Its own grants (of a tool, for this execution) that stand.
+    fn standing_own(&self) -> impl Iterator<Item = &Grant> {
+        self.grants
+            .iter()
+            .filter(|grant| !grant.session && !grant.revoked)
+    }
+
     /// Whether a `revoke` has anything to revoke (K-3): a grant of its own, or one of the
     /// session's that stands.
     pub fn has_grant(&self, session: Option<&SessionRecord>) -> bool {
-        let own = self
-            .grants
-            .iter()
-            .any(|grant| !grant.session && !grant.revoked);
+        let own = self.standing_own().next().is_some();
         own || session.is_some_and(|session| session.grants.iter().any(|grant| !grant.revoked))
     }
 

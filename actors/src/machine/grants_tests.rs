@@ -66,7 +66,12 @@ fn grant_used(events: &[Event]) -> Option<(WaitId, Option<u64>)> {
 }
 
 fn pending_wait(machine: &Machine) -> WaitId {
-    machine.present.pending_wait().expect("a wait").wait_id
+    machine
+        .present
+        .waits
+        .pending_wait()
+        .expect("a wait")
+        .wait_id
 }
 
 #[test]
@@ -86,7 +91,7 @@ fn w7_a_tool_scope_approves_that_tool_for_the_execution_and_nothing_wider() {
     let events = ask_for(&mut machine, "append", None);
     assert_eq!(grant_used(&events), Some((first, None)));
     assert_eq!(machine.status(), Status::Running);
-    assert!(machine.present.pending_wait().is_none());
+    assert!(machine.present.waits.pending_wait().is_none());
     let again = call(&mut machine, "append");
     assert_eq!(machine.relied_on.last(), Some(&(again, first)));
 

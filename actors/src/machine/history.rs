@@ -12,10 +12,8 @@ use super::{FunctionInput, Machine, Turn, WaitState};
 impl Machine {
     /// The wait or live question `wait_id`, pending or ended.
     pub fn wait(&self, wait_id: openprogram_storage::WaitId) -> Option<&WaitState> {
-        self.present
-            .waits
-            .active
-            .iter()
+        let active = self.present.waits.active.iter();
+        active
             .chain(&self.ended_waits)
             .find(|wait| wait.wait_id == wait_id)
     }
@@ -145,13 +143,8 @@ impl Machine {
 
     /// Waits that ended leave the present for the history: they never change again.
     pub(crate) fn retire_waits(&mut self) {
-        if self
-            .present
-            .waits
-            .active
-            .iter()
-            .all(|wait| wait.status.is_pending())
-        {
+        let active = &self.present.waits.active;
+        if active.iter().all(|wait| wait.status.is_pending()) {
             return;
         }
         let (pending, ended) = std::mem::take(&mut self.present.waits.active)

@@ -32,6 +32,11 @@ pub fn queued_record(head: &ExecutionHead, queued: &Event) -> Option<JobRecord> 
 }
 
 impl Present {
+    /// A Job whose budget is spent by `now_ms`: it pauses at its next step boundary.
+    pub fn job_spent(&self, now_ms: u64) -> bool {
+        self.job.as_ref().is_some_and(|job| job.spent(now_ms))
+    }
+
     /// A Job without a lease: it may not run.
     pub fn needs_lease(&self) -> bool {
         self.job.as_ref().is_some_and(|job| job.lease.is_none())
@@ -41,12 +46,7 @@ impl Present {
     /// without a lease, `queued` (it runs once the queue leases it its resources).
     pub fn run_state(&self) -> Status {
         // C-2: a foreground turn waiting for its session is `queued` too.
-        let waits = self
-            .turn
-            .session_turn
-            .as_ref()
-            .is_some_and(|turn| turn.queued);
-        if self.needs_lease() || waits {
+        if self.needs_lease() || self.turn.queued_for_session() {
             Status::Queued
         } else {
             Status::Running
@@ -63,7 +63,15 @@ impl Present {
 
     /// A Job waiting in the resource queue now.
     pub fn in_queue(&self) -> bool {
-        self.needs_lease() && self.status() == Status::Queued && !self.run.cancel_requested
+        self.queued_job().is_some()
+    }
+
+    /// The Job, while it waits in the resource queue.
+    pub fn queued_job(&self) -> Option<&JobState> {
+        let waiting = self.status() == Status::Queued && !self.run.cancel_requested;
+        self.job
+            .as_ref()
+            .filter(|job| job.lease.is_none() && waiting)
     }
 
     /// The release of the lease this present holds, if it holds one it may not keep: a
@@ -190,12 +198,7 @@ impl Machine {
         now_ms: u64,
     ) -> Result<Vec<Event>, Rejection> {
         // Only a Job is in the queue.
-        let Some(job) = self
-            .present
-            .job
-            .as_ref()
-            .filter(|_| self.present.in_queue())
-        else {
+        let Some(job) = self.present.queued_job() else {
             return Err(self.reject(Refusal::Invalid(format!(
                 "no lease is taken while the execution is {}",
                 self.status()
@@ -212,10 +215,10 @@ impl Machine {
     /// J-1: a Job still in the queue, never run, whose queue deadline passed by `now_ms`
     /// ends `expired`.
     pub fn decide_queue_expiry(&self, now_ms: u64) -> Option<Vec<Event>> {
-        let job = self.present.job.as_ref()?;
+        let job = self.present.queued_job()?;
         let deadline = job.spec.queue_deadline_ms?;
         let passed = now_ms >= job.spec.queued_at_ms.saturating_add(deadline);
-        (self.present.in_queue() && job.admitted_at_ms.is_none() && passed)
+        (job.admitted_at_ms.is_none() && passed)
             .then(|| vec![state_changed(Status::Expired, QUEUE_DEADLINE)])
     }
 

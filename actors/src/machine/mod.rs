@@ -103,11 +103,8 @@ impl Machine {
 
     /// Every wait and live question, oldest first.
     pub fn waits(&self) -> Vec<&WaitState> {
-        let mut waits: Vec<&WaitState> = self
-            .ended_waits
-            .iter()
-            .chain(&self.present.waits.active)
-            .collect();
+        let ended = self.ended_waits.iter();
+        let mut waits: Vec<&WaitState> = ended.chain(&self.present.waits.active).collect();
         waits.sort_by_key(|wait| wait.opened_seq);
         waits
     }
@@ -121,18 +118,6 @@ impl Machine {
             refusal,
             capabilities: Vec::new(),
         }
-    }
-
-    /// What `apply` does with an `Admitted` event whose input parses to `input`. The
-    /// admission calls it directly with the input it just serialized into that event, so a
-    /// new execution starts without reading its events back or parsing its input again.
-    pub fn admit(
-        &mut self,
-        revision_id: RevisionId,
-        parent_message_id: Option<openprogram_storage::MessageId>,
-        input: AgentInput,
-    ) {
-        self.present.admit(revision_id, parent_message_id, input);
     }
 
     /// `apply` for an event of a transition decided by `decide_decision`: its `ModelDecided`
@@ -183,8 +168,10 @@ impl Machine {
 }
 
 impl Present {
-    /// See `Machine::admit`.
-    fn admit(
+    /// What folding an `Admitted` event whose input parses to `input` does. The admission
+    /// calls it directly with the input it just serialized into that event, so a new
+    /// execution starts without reading its events back or parsing its input again.
+    pub fn admit(
         &mut self,
         revision_id: RevisionId,
         parent_message_id: Option<openprogram_storage::MessageId>,
@@ -245,7 +232,8 @@ impl Present {
             | Event::CommandRejected { .. }
             | Event::ControlApplied { .. } => self.fold_command(event, seq, actions),
             Event::WaitOpened { .. } | Event::WaitDetails { .. } | Event::WaitChanged { .. } => {
-                self.fold_wait(event, seq, actions)
+                self.waits
+                    .fold(event, seq, self.run.checkpoint_seq, actions)
             }
             Event::GrantUsed { grant_id, tool, .. } => {
                 self.waits.granted_next = Some(*grant_id);
@@ -304,7 +292,7 @@ impl Present {
         self.attempt.owner = Some(owner_id);
         self.attempt.id = Some(attempt_id);
         // Live questions are never replayed: a new attempt ends the old ones (W-4).
-        self.invalidate_live_of_other_attempts(attempt_id);
+        self.waits.invalidate_live_of_other_attempts(attempt_id);
         self.calls.left_in_doubt();
         match self.status() {
             // A Job without a lease waits in the queue (J-1).
@@ -313,15 +301,7 @@ impl Present {
                 actions.push(Action::Enqueue);
             }
             // A turn waiting for its session: the shell sees whether it may take it (C-2).
-            Status::Queued
-                if self
-                    .turn
-                    .session_turn
-                    .as_ref()
-                    .is_some_and(|turn| turn.queued) =>
-            {
-                actions.push(Action::Advance);
-            }
+            Status::Queued if self.turn.queued_for_session() => actions.push(Action::Advance),
             Status::Queued | Status::Running => {
                 self.run.status = Some(Status::Running);
                 actions.push(Action::Advance);
@@ -424,12 +404,7 @@ impl Present {
                 next_position: function.steps_done,
             },
             (_, Status::Waiting) => NextAction::Wait {
-                wait_id: self
-                    .waits
-                    .active
-                    .iter()
-                    .find(|wait| wait.status.is_pending())
-                    .map(|wait| wait.wait_id),
+                wait_id: self.waits.first_pending().map(|wait| wait.wait_id),
             },
             (Some(pending), _) => NextAction::Tool {
                 effect_id: pending.effect_id,

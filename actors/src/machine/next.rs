@@ -43,12 +43,7 @@ impl Machine {
         if self.present.run.steps_left == Some(0) {
             return Next::Persist(vec![state_changed(Status::Paused, "step")]);
         }
-        if self
-            .present
-            .job
-            .as_ref()
-            .is_some_and(|job| job.spent(now_ms))
-        {
+        if self.present.job_spent(now_ms) {
             return Next::Persist(vec![state_changed(
                 Status::Paused,
                 super::job::BUDGET_EXHAUSTED,

@@ -176,15 +176,11 @@ impl Machine {
         }) {
             transition.upserts.push(Upsert::Job(job.record(head)));
         }
-        transition.upserts.extend(
-            changed_wait_records(
-                &self.present.waits.active,
-                &present.waits.active,
-                head.execution_id,
-            )
-            .into_iter()
-            .map(Upsert::Wait),
-        );
+        let (before, after) = (&self.present.waits.active, &present.waits.active);
+        let waits = changed_wait_records(before, after, head.execution_id);
+        transition
+            .upserts
+            .extend(waits.into_iter().map(Upsert::Wait));
         // S-8: now and then, the projection of the machine as it is before these events.
         if super::projection::due(head.last_seq, transition.events.len()) {
             transition

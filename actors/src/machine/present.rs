@@ -59,6 +59,27 @@ pub struct Run {
     pub checkpoint_seq: u64,
 }
 
+impl Run {
+    /// A command accepted, to be decided before the next step.
+    pub(crate) fn accepted(&mut self, command_id: CommandId, control: Control) {
+        self.pending_commands.push((command_id, control));
+    }
+
+    /// The control of the command `command_id`, while it is pending.
+    pub fn pending(&self, command_id: CommandId) -> Option<&Control> {
+        let mut pending = self.pending_commands.iter();
+        pending
+            .find(|(id, _)| *id == command_id)
+            .map(|(_, control)| control)
+    }
+
+    /// A command decided (applied or rejected): no longer pending.
+    pub(crate) fn decided(&mut self, command_id: CommandId) {
+        self.pending_commands
+            .retain(|(pending, _)| *pending != command_id);
+    }
+}
+
 /// The newest attempt: who runs the execution. Live questions are bound to it (W-4).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Attempt {
@@ -88,14 +109,19 @@ pub struct Calls {
 impl Calls {
     /// The effect of the agent's tool call decided and not finished, if any.
     pub fn pending_effect(&self) -> Option<EffectId> {
-        self.pending_tool.as_ref().map(|pending| pending.effect_id)
+        self.pending_tool.as_ref().map(|call| call.effect_id)
+    }
+
+    /// F-6: the pending tool call, if it is a call of a durable function (the `call` tool),
+    /// which starts a child execution.
+    pub fn function_call(&self) -> Option<&PendingTool> {
+        let pending = self.pending_tool.as_ref();
+        pending.filter(|call| call.tool == "call")
     }
 
     /// The effect in doubt reconciled first, if any.
     pub fn unresolved_effect(&self) -> Option<EffectId> {
-        self.unresolved
-            .as_ref()
-            .map(|unresolved| unresolved.effect_id)
+        self.unresolved.as_ref().map(|call| call.effect_id)
     }
 
     /// The intent of the pending tool call is durable, written by `attempt`: it may run.
@@ -109,11 +135,11 @@ impl Calls {
 
     /// A new attempt took over: whatever the old one dispatched may or may not have run.
     pub(crate) fn left_in_doubt(&mut self) {
-        let dispatched = self
-            .pending_tool
-            .iter_mut()
-            .filter(|pending| pending.dispatched);
-        for call in dispatched.chain(&mut self.pending_steps) {
+        let pending = self.pending_tool.iter_mut();
+        for call in pending
+            .filter(|call| call.dispatched)
+            .chain(&mut self.pending_steps)
+        {
             call.uncertain = true;
         }
     }
@@ -144,6 +170,11 @@ pub struct TurnState {
 }
 
 impl TurnState {
+    /// C-2: a foreground turn in its session's line, not holding the session.
+    pub fn queued_for_session(&self) -> bool {
+        self.session_turn.as_ref().is_some_and(|turn| turn.queued)
+    }
+
     /// E-6, E-8: what a model call used, summed; its prompt's size is the budget's next
     /// estimate's start.
     #[inline]
@@ -246,6 +277,11 @@ impl FunctionRun {
 }
 
 impl Present {
+    /// The revision a durable function runs now (0 for an agent turn).
+    pub fn active_revision(&self) -> u32 {
+        self.function.as_ref().map_or(0, |run| run.active_revision)
+    }
+
     pub fn status(&self) -> Status {
         self.run.status.unwrap_or(Status::Queued)
     }

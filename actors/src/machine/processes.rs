@@ -13,12 +13,7 @@ impl Machine {
         command_id: CommandId,
         process_id: ProcessId,
     ) -> Result<Vec<Event>, Refusal> {
-        match self
-            .present
-            .processes
-            .iter()
-            .find(|process| process.process_id == process_id)
-        {
+        match self.present.process(process_id) {
             Some(process) if process.state == ProcState::Running => {
                 Ok(vec![Event::ControlApplied {
                     command_id,
@@ -35,6 +30,12 @@ impl Machine {
 }
 
 impl Present {
+    /// Its managed processes still running.
+    pub fn running_processes(&self) -> impl Iterator<Item = &ManagedProcess> {
+        let running = |process: &&ManagedProcess| process.state == ProcState::Running;
+        self.processes.iter().filter(running)
+    }
+
     /// A process's events: its state changed (the first change lists it), or its output grew.
     pub(crate) fn fold_process(&mut self, event: &Event) {
         match event {
@@ -61,9 +62,15 @@ impl Present {
         }
     }
 
-    fn process_mut(&mut self, process_id: ProcessId) -> Option<&mut ManagedProcess> {
+    /// The managed process `process_id` of this execution.
+    pub fn process(&self, process_id: ProcessId) -> Option<&ManagedProcess> {
         self.processes
-            .iter_mut()
+            .iter()
             .find(|process| process.process_id == process_id)
+    }
+
+    fn process_mut(&mut self, process_id: ProcessId) -> Option<&mut ManagedProcess> {
+        let mut processes = self.processes.iter_mut();
+        processes.find(|process| process.process_id == process_id)
     }
 }

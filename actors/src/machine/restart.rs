@@ -56,12 +56,8 @@ impl Machine {
         status: ReceiptStatus,
         output: &str,
     ) {
-        let Some(unresolved) = self
-            .present
-            .calls
-            .unresolved
-            .as_ref()
-            .filter(|unresolved| unresolved.effect_id == effect_id)
+        let unresolved = self.present.calls.unresolved.as_ref();
+        let Some(unresolved) = unresolved.filter(|unresolved| unresolved.effect_id == effect_id)
         else {
             return;
         };

@@ -69,10 +69,7 @@ pub fn admitted(
 impl Present {
     /// A foreground turn waiting for its session (C-2).
     pub fn waits_for_session(&self) -> bool {
-        self.turn
-            .session_turn
-            .as_ref()
-            .is_some_and(|turn| turn.queued)
+        self.turn.queued_for_session()
             && self.status() == Status::Queued
             && !self.run.cancel_requested
     }
@@ -136,23 +133,13 @@ impl Machine {
 
     /// C-2: whether `events` run this execution again as its session's foreground turn.
     pub fn resumes_turn(&self, events: &[Event]) -> bool {
-        self.present.turn.session_turn.is_some()
-            && events.iter().any(|event| {
-                matches!(
-                    event,
-                    Event::StateChanged {
-                        state: Status::Running,
-                        ..
-                    }
-                )
-            })
+        self.present.turn.session_turn.is_some() && moves_to(events, Status::Running, None)
     }
 
     /// W-7, C-2: whether applying `control` (its `events`) changes the session's record:
-    /// a session grant given or revoked, a turn queued for its session again, or a
-    /// foreground turn that runs again.
+    /// a session grant given or revoked, a turn queued again, a foreground turn run again.
     pub fn touches_session(&self, control: &Control, events: &[Event]) -> bool {
-        requeued(events)
+        moves_to(events, Status::Queued, Some(SESSION_QUEUED))
             || self.resumes_turn(events)
             || matches!(
                 control,
@@ -165,10 +152,9 @@ impl Machine {
 
     /// W-7, C-2: the write of the session's record that applying `control` (its `events`)
     /// makes in the same transition, from the record as read (`stored`; `None`: none yet):
-    /// what it grants or revokes, then the turn's place. An answer for the session that also
-    /// resumes a foreground turn does both in one write; a foreground turn that runs again
-    /// moves the record too, so a turn that read it paused (an interrupt about to take the
-    /// session) reads again. `None`: it changes nothing.
+    /// what it grants or revokes, then the turn's place, in one write. A foreground turn
+    /// that runs again moves the record, so a turn that read it paused (an interrupt about
+    /// to take the session) reads again. `None`: it changes nothing.
     pub fn session_write(
         &self,
         control: &Control,
@@ -184,7 +170,7 @@ impl Machine {
             session_id,
             ..SessionRecord::default()
         });
-        let requeued = requeued(events);
+        let requeued = moves_to(events, Status::Queued, Some(SESSION_QUEUED));
         let granted = self.session_after(control, me, read.clone());
         if granted.is_none() && !(requeued || self.resumes_turn(events)) {
             return None;
@@ -198,11 +184,8 @@ impl Machine {
 
     /// Whether it was admitted to interrupt the turn ahead of it.
     pub fn interrupts(&self) -> bool {
-        self.present
-            .turn
-            .session_turn
-            .as_ref()
-            .is_some_and(|turn| turn.strategy == "interrupt")
+        let turn = self.present.turn.session_turn.as_ref();
+        turn.is_some_and(|turn| turn.strategy == "interrupt")
     }
 
     /// C-2: a Continue or Step of a foreground turn that does not hold its session (`holds`,
@@ -213,9 +196,13 @@ impl Machine {
     }
 }
 
-/// C-2: whether `events` queue a turn for its session again: it takes its place in line.
-fn requeued(events: &[Event]) -> bool {
-    events.iter().any(|event| {
-        matches!(event, Event::StateChanged { state: Status::Queued, reason } if reason == SESSION_QUEUED)
-    })
+/// Whether `events` move the execution to `to` (for the reason `why`, if one is given).
+fn moves_to(events: &[Event], to: Status, why: Option<&str>) -> bool {
+    let moves = |event: &Event| match event {
+        Event::StateChanged { state, reason } => {
+            *state == to && why.is_none_or(|why| why == reason)
+        }
+        _ => false,
+    };
+    events.iter().any(moves)
 }

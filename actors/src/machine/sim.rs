@@ -355,7 +355,7 @@ impl Sim {
     /// asks the execution to expire it (now and then too early, as a stray timer would).
     fn expire(&mut self, rng: &mut Rng) {
         self.now_ms += rng.below(2_000);
-        let Some(wait) = self.machine.present.pending_wait().cloned() else {
+        let Some(wait) = self.machine.present.waits.pending_wait().cloned() else {
             return;
         };
         let Some(deadline) = wait.deadline_ms else {
@@ -390,7 +390,12 @@ impl Sim {
     fn pick_control(&self, rng: &mut Rng) -> (Control, openprogram_storage::WaitId) {
         // An answer names the pending wait or, as a stale client would, any earlier one.
         let target = match rng.below(2) {
-            0 => self.machine.present.pending_wait().map(|wait| wait.wait_id),
+            0 => self
+                .machine
+                .present
+                .waits
+                .pending_wait()
+                .map(|wait| wait.wait_id),
             _ => None,
         }
         .or_else(|| {
@@ -492,7 +497,7 @@ impl Sim {
                     ..
                 })
             ) {
-                let pending = self.machine.present.pending_wait();
+                let pending = self.machine.present.waits.pending_wait();
                 assert_eq!(
                     pending.map(|wait| wait.wait_id),
                     Some(target),

@@ -11,7 +11,7 @@ use openprogram_storage::{
 use crate::machine::wait_types::WaitSpec;
 use crate::machine::{
     state_changed, Action, CommandKind, LiveOutcome, Machine, Present, Refusal, Rejection, Turn,
-    WaitState,
+    WaitState, Waits,
 };
 use crate::wait_request::WaitRequest;
 
@@ -278,10 +278,8 @@ impl Machine {
 
     /// `invalidated` for every pending wait that `which` selects.
     pub(crate) fn invalidate_waits(&self, which: impl Fn(&WaitState) -> bool) -> Vec<Event> {
-        self.present
-            .waits
-            .active
-            .iter()
+        let active = self.present.waits.active.iter();
+        active
             .filter(|wait| wait.status.is_pending() && which(wait))
             .map(|wait| Event::WaitChanged {
                 wait_id: wait.wait_id,
@@ -307,18 +305,10 @@ impl Machine {
             Control::Decline { wait_id } => (*wait_id, WaitStatus::Declined, None, false),
             _ => return,
         };
-        let Some(wait) = self
-            .present
-            .waits
-            .active
-            .iter()
-            .find(|wait| wait.wait_id == wait_id)
-        else {
+        let pending = self.present.waits.pending(wait_id);
+        let Some(wait) = pending.filter(|wait| wait.live.is_none()) else {
             return;
         };
-        if !wait.status.is_pending() || wait.live.is_some() {
-            return;
-        }
         let prompt = wait.prompt.clone();
         std::sync::Arc::make_mut(&mut self.context).push(Turn::WaitResolved {
             prompt,
@@ -329,10 +319,10 @@ impl Machine {
     }
 }
 
-impl Present {
+impl Waits {
     /// A new attempt: live questions of earlier attempts will never be answered (W-4).
     pub(crate) fn invalidate_live_of_other_attempts(&mut self, attempt_id: AttemptId) {
-        for wait in &mut self.waits.active {
+        for wait in &mut self.active {
             if wait.status.is_pending()
                 && wait.live.is_some_and(|live| live.attempt_id != attempt_id)
             {
@@ -356,27 +346,14 @@ impl Present {
         }
     }
 
-    /// A rejected answer leaves its wait open again.
-    pub(crate) fn answer_rejected(&mut self, command_id: CommandId) {
-        let rejected = self
-            .run
-            .pending_commands
-            .iter()
-            .find(|(pending, _)| *pending == command_id)
-            .and_then(|(_, control)| match control {
-                Control::Answer { wait_id, .. } => Some(*wait_id),
-                _ => None,
-            });
-        if let Some(wait) = rejected.and_then(|wait_id| self.wait_mut(wait_id)) {
-            if wait.status == WaitStatus::Submitted {
-                wait.status = WaitStatus::Open;
-                wait.answer = None;
-            }
-        }
-    }
-
-    /// A wait's events: opened, what it asks and until when (W-6, W-8), and how it ended.
-    pub(crate) fn fold_wait(&mut self, event: &Event, seq: u64, actions: &mut Vec<Action>) {
+    /// A wait's events (`checkpoint_seq`: the execution's, which a durable wait is at): opened, what it asks and until when (W-6, W-8), and how it ended.
+    pub(crate) fn fold(
+        &mut self,
+        event: &Event,
+        seq: u64,
+        checkpoint_seq: u64,
+        actions: &mut Vec<Action>,
+    ) {
         match event {
             Event::WaitOpened {
                 wait_id,
@@ -384,18 +361,14 @@ impl Present {
                 prompt,
                 live,
             } => {
-                self.waits.active.push(WaitState {
+                self.active.push(WaitState {
                     wait_id: *wait_id,
                     opened_seq: seq,
                     kind: *kind,
                     prompt: prompt.clone(),
                     status: WaitStatus::Open,
                     // The checkpoint published just before it, in the same transition.
-                    checkpoint_seq: if live.is_some() {
-                        0
-                    } else {
-                        self.run.checkpoint_seq
-                    },
+                    checkpoint_seq: if live.is_some() { 0 } else { checkpoint_seq },
                     answer: None,
                     scope: None,
                     live: *live,
@@ -405,7 +378,7 @@ impl Present {
                     reopens: None,
                 });
                 if live.is_none() {
-                    self.waits.expired = None;
+                    self.expired = None;
                 }
             }
             Event::WaitDetails {
@@ -444,7 +417,7 @@ impl Present {
             actions.push(Action::UnwatchDeadline { wait_id });
         }
         if status == WaitStatus::Expired && wait.live.is_none() {
-            self.waits.expired = Some(wait.clone());
+            self.expired = Some(wait.clone());
             return;
         }
         if wait.live.is_some() {
@@ -484,20 +457,46 @@ impl Present {
         }
     }
 
+    /// The oldest pending wait or live question.
+    pub fn first_pending(&self) -> Option<&WaitState> {
+        self.active.iter().find(|wait| wait.status.is_pending())
+    }
+
+    /// The pending wait `wait_id`.
+    pub fn pending(&self, wait_id: WaitId) -> Option<&WaitState> {
+        let pending = |wait: &&WaitState| wait.wait_id == wait_id && wait.status.is_pending();
+        self.active.iter().find(pending)
+    }
+
     /// The pending wait `wait_id`: an ended wait never changes again.
     fn wait_mut(&mut self, wait_id: WaitId) -> Option<&mut WaitState> {
-        self.waits
-            .active
+        self.active
             .iter_mut()
             .find(|wait| wait.wait_id == wait_id && wait.status.is_pending())
     }
 
     /// The pending durable wait, if the execution is waiting for one.
     pub fn pending_wait(&self) -> Option<&WaitState> {
-        self.waits
-            .active
+        self.active
             .iter()
             .find(|wait| wait.live.is_none() && wait.status.is_pending())
+    }
+}
+
+impl Present {
+    /// A rejected answer leaves its wait open again.
+    pub(crate) fn answer_rejected(&mut self, command_id: CommandId) {
+        let pending = self.run.pending(command_id);
+        let rejected = pending.and_then(|control| match control {
+            Control::Answer { wait_id, .. } => Some(*wait_id),
+            _ => None,
+        });
+        if let Some(wait) = rejected.and_then(|wait_id| self.waits.wait_mut(wait_id)) {
+            if wait.status == WaitStatus::Submitted {
+                wait.status = WaitStatus::Open;
+                wait.answer = None;
+            }
+        }
     }
 }
 

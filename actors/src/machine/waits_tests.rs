@@ -500,6 +500,7 @@ fn w8_continue_reopens_a_fresh_wait_with_a_new_deadline_that_an_answer_resolves(
     assert_eq!(machine.status(), Status::Waiting);
     let fresh = machine
         .present
+        .waits
         .pending_wait()
         .expect("a fresh wait")
         .clone();
@@ -524,7 +525,7 @@ fn w8_continue_reopens_a_fresh_wait_with_a_new_deadline_that_an_answer_resolves(
     ctl(&mut paused, Control::Pause, false);
     ctl_at(&mut paused, Control::Continue, 1).expect("continue");
     assert_eq!(paused.status(), Status::Running);
-    assert!(paused.present.pending_wait().is_none());
+    assert!(paused.present.waits.pending_wait().is_none());
 }
 
 #[test]
@@ -541,7 +542,7 @@ fn w8_an_answer_before_the_deadline_leaves_nothing_to_expire() {
     let events = asked.decide_wait_expiry(first, 10).expect("due");
     commit(&mut asked, &events);
     ctl_at(&mut asked, Control::Continue, 100).expect("continue");
-    let fresh = asked.present.pending_wait().expect("fresh").wait_id;
+    let fresh = asked.present.waits.pending_wait().expect("fresh").wait_id;
     let spec = WaitSpec::approval("again?");
     let found = asked
         .decide_ask(first, &spec, 200)
