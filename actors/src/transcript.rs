@@ -257,7 +257,7 @@ struct Fold {
     text: String,
     forked_from: Option<ForkedFrom>,
     /// W-7: the approval or grant the next tool call runs on, and the tool it names (as the
-    /// machine keeps them: `Present::granted_next`, `granted_tool`).
+    /// machine keeps them: `Waits::granted_next`, `granted_tool`).
     granted_next: Option<WaitId>,
     granted_tool: Option<String>,
 }

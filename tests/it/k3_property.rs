@@ -10,7 +10,7 @@
 //! `CommandKind` has it.
 //!
 //! `cancelling` is not here: in the runtime it lasts only until the effect in flight is
-//! aborted (immediately). The machine-level property (`machine_sim.rs`, R10) checks (a) in
+//! aborted (immediately). The machine-level property (`machine/sim.rs`, R10) checks (a) in
 //! every state the seeded simulation reaches, `cancelling` among them.
 
 use futures::FutureExt;

@@ -1,7 +1,7 @@
-//! `decide` for what is not a command (`machine_controls.rs` decides those): a model's
+//! `decide` for what is not a command (`controls.rs` decides those): a model's
 //! decision (E-3; the wait an `Ask` opens, or the grant that spares it one: W-1, W-6..W-8),
 //! a model's error (E-6), a tool's result, a live question. Part of the pure state machine
-//! (`machine.rs`).
+//! (`mod.rs`).
 
 use openprogram_storage::{EffectId, Event, ExecutionState as Status, ReceiptStatus};
 

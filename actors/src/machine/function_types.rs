@@ -1,6 +1,6 @@
 //! What the pure machine knows of durable functions (F-1..F-7): what an execution was
 //! admitted with, its committed steps, and what version policy decides from. Apart from
-//! `machine_types.rs`; `machine.rs` re-exports both.
+//! `types.rs`; `mod.rs` re-exports both.
 
 use openprogram_storage::{EffectId, Event, ReceiptStatus};
 use serde::{Deserialize, Serialize};

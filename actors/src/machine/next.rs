@@ -1,7 +1,7 @@
 //! What a running, idle execution does next (`Machine::next`): persist a state change (a
 //! pause, a Step used up, a spent Job budget, a cancel, an effect in doubt), run the
 //! function's body, dispatch or run the pending tool, or call the model. Part of the pure
-//! state machine (`machine.rs`).
+//! state machine (`mod.rs`).
 
 use openprogram_storage::{EffectId, Event, ExecutionState as Status};
 

@@ -1,6 +1,6 @@
 //! Table tests of the pure machine's part in restart recovery: reconciliation of unknown
 //! effects, the restart pause, expiry and commands pending across a crash
-//! . Shares the helpers of `machine_tests.rs`.
+//! . Shares the helpers of `tests.rs`.
 
 use openprogram_storage::{
     CommandId, Control, EffectId, Event, ExecutionState as Status, ReceiptStatus,

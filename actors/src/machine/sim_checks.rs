@@ -1,4 +1,4 @@
-//! What the seeded simulation (`machine_sim.rs`, R10) checks after each commit, apart from
+//! What the seeded simulation (`sim.rs`, R10) checks after each commit, apart from
 //! the simulation itself: what the run has seen so far (`Seen`: K-5, terminal states, a
 //! Step's one step, one outcome per effect), a transition's plan against the machine's fold,
 //! K-3 in the state reached, the waits and grants (W-2, W-7, W-8); and the answers and

@@ -9,7 +9,7 @@ use openprogram_storage::{
 
 use super::*;
 
-/// An admission with an empty script; shared with the simulation (`machine_sim.rs`).
+/// An admission with an empty script; shared with the simulation (`sim.rs`).
 pub(crate) fn admitted(max_iterations: u32) -> Event {
     let input =
         serde_json::json!({"message": "hi", "script": [], "max_iterations": max_iterations});

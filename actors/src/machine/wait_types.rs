@@ -1,6 +1,6 @@
 //! What the pure machine knows of waits, live questions and managed processes: the types
 //! (`WaitState`, `LiveOutcome`, `ManagedProcess`) and the derived wait id. Their rules are
-//! in `machine_waits.rs`; apart, so that `machine.rs` holds them without importing the
+//! in `waits.rs`; apart, so that `mod.rs` holds them without importing the
 //! rules that work on the machine.
 
 pub use crate::wait_request::WaitSpec;
