@@ -159,7 +159,7 @@ impl Admission {
 
     /// J-1: the execution is a Job asking for `resources` (checked against the runtime's
     /// declared ones), queued at `now_ms`: it runs once the queue leases them.
-    pub(crate) fn as_job(
+    pub(crate) fn into_job(
         mut self,
         resources: Vec<(String, u32)>,
         request: &JobRequest,
@@ -192,7 +192,7 @@ impl Admission {
 
     /// C-2: the execution is its session's foreground turn (`turn`: its `SessionTurn`), and
     /// the session record changes in the admission's own transition.
-    pub(crate) fn as_session_turn(mut self, turn: Event) -> Self {
+    pub(crate) fn into_session_turn(mut self, turn: Event) -> Self {
         if let Event::SessionTurn {
             behind: Some(_), ..
         } = &turn

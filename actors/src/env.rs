@@ -222,7 +222,7 @@ impl Env {
     }
 
     /// J-1: tells the resource queue what a committed transition of `execution_id` changed
-    /// (`actions` of its plan, `machine` folded through it): the Job waits, left the queue,
+    /// (`actions` of its plan, `present` folded through it): the Job waits, left the queue,
     /// or released a lease. Every writer of a Job's transition calls this after the commit
     /// (the execution actor; a takeover of a lapsed attempt).
     pub fn tell_queue(&self, execution_id: ExecutionId, present: &Present, actions: &[Action]) {

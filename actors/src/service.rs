@@ -208,7 +208,7 @@ impl Service {
             Admission::new(execution_id, session_id, self.env.revision, request, kind)?;
         let now_ms = self.env.clock.now_ms();
         if let Some((resources, job)) = &job {
-            admission = admission.as_job(resources.clone(), job, now_ms);
+            admission = admission.into_job(resources.clone(), job, now_ms);
         }
         let reply = StartReply {
             job_id: job.is_some().then_some(execution_id),
@@ -218,7 +218,7 @@ impl Service {
         // C-2: an agent turn admitted paused is a foreground turn too: it holds nothing
         // now, and once continued it waits in its session's line like any message.
         if start_paused && foreground {
-            admission = admission.as_session_turn(crate::machine::session::paused_turn());
+            admission = admission.into_session_turn(crate::machine::session::paused_turn());
         }
         let (head, machine, version) = admission.commit(self.env.store.as_ref()).await?;
         if let Some((resources, job)) = job.filter(|_| !start_paused) {

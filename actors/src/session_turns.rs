@@ -76,7 +76,7 @@ impl Service {
                 request.clone(),
                 ExecutionKind::AgentTurn,
             )?
-            .as_session_turn(turn);
+            .into_session_turn(turn);
             let reply = StartReply {
                 session_turn: Some(name),
                 ..StartReply::of(&admission.head)

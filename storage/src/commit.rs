@@ -223,7 +223,7 @@ pub fn decide(transition: &Transition, view: &mut impl View) -> Result<Verdict> 
     let session = match &transition.session {
         Some(write) => match write.decide(view.session(write.session_id)?.as_ref()) {
             Ok(record) => record,
-            Err(conflict) => return Ok(Verdict::Answer(conflict)),
+            Err(current) => return Ok(Verdict::Answer(Outcome::SessionConflict { current })),
         },
         None => None,
     };

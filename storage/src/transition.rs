@@ -53,15 +53,15 @@ pub struct SessionWrite {
 
 impl SessionWrite {
     /// Every store's rule: the record must be at the version the writer read (`current`,
-    /// `None`: none yet), else `SessionConflict`; then the record to write, if any, at the
-    /// next version.
+    /// `None`: none yet), else the version it is at (a `SessionConflict`); then the record
+    /// to write, if any, at the next version.
     pub(crate) fn decide(
         &self,
         current: Option<&SessionRecord>,
-    ) -> std::result::Result<Option<SessionRecord>, Outcome> {
+    ) -> std::result::Result<Option<SessionRecord>, u64> {
         let version = current.map_or(0, |record| record.version);
         if version != self.expected_version {
-            return Err(Outcome::SessionConflict { current: version });
+            return Err(version);
         }
         Ok(self.record.clone().map(|mut record| {
             record.session_id = self.session_id;

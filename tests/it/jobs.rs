@@ -44,11 +44,14 @@ pub async fn start_job(harness: &Harness, script: Vec<Value>, job_body: Value) -
         .execution_id
 }
 
+/// Resources by name, with the amount of each.
+type Amounts = Vec<(String, u32)>;
+
 /// What the whole log says about leases.
 #[derive(Debug, Default)]
 pub struct Audit {
     /// Leases granted, with their Job and resources, in log order.
-    pub granted: Vec<(LeaseId, ExecutionId, Vec<(String, u32)>)>,
+    pub granted: Vec<(LeaseId, ExecutionId, Amounts)>,
     /// Releases, in log order, with their reason.
     pub released: Vec<(LeaseId, String)>,
     /// The most of each resource in use at once.

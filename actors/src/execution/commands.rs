@@ -169,8 +169,8 @@ impl ExecutionActor {
         decided
     }
 
-    /// W-7, C-2: the session write an applied control makes, if any (`Machine::
-    /// session_write`), from the session's record as read now.
+    /// W-7, C-2: the session write an applied control makes, if any, from the session's
+    /// record as read now (`Machine::session_write`).
     fn session_write(
         &self,
         control: &openprogram_storage::Control,

@@ -37,16 +37,16 @@ impl ExecutionActor {
         &mut self,
         ctx: &mut Context<Self>,
     ) -> ResponseActFuture<Self, ()> {
-        let Some(run) = self.machine.present.function.clone() else {
+        let Some(function_run) = self.machine.present.function.clone() else {
             return Box::pin(fut::ready(()));
         };
-        let called = &run.input;
+        let called = &function_run.input;
         let functions = &self.env.functions;
-        let active = run.active_revision;
+        let active = function_run.active_revision;
         let latest = functions.latest(&called.function);
         // F-7: the active revision is registered only with the code it ran (an execution
         // admitted before identities were recorded has none to compare).
-        let recorded = &run.active_identity;
+        let recorded = &function_run.active_identity;
         let registered = Registered {
             active: functions
                 .get(&called.function, active)
@@ -56,7 +56,7 @@ impl ExecutionActor {
         let correspond = latest.and_then(|function| function.correspondence(active));
         let convert = latest.and_then(|function| function.conversion(active));
         let revision = match self.machine.decide_run(
-            &run,
+            &function_run,
             &registered,
             correspond.map(|map| map.as_ref() as _),
             convert.map(|convert| convert.as_ref() as _),

@@ -398,19 +398,19 @@ impl Present {
 
     /// The checkpoint's next action, as JSON text for the execution head (E-3).
     pub fn next_action(&self) -> String {
-        let next = match (&self.calls.pending_tool, self.status()) {
-            (_, status) if status.is_terminal() => NextAction::None,
-            _ if let Some(function) = &self.function => NextAction::Function {
+        let next = match (&self.calls.pending_tool, self.status(), &self.function) {
+            (_, status, _) if status.is_terminal() => NextAction::None,
+            (_, _, Some(function)) => NextAction::Function {
                 next_position: function.steps_done,
             },
-            (_, Status::Waiting) => NextAction::Wait {
+            (_, Status::Waiting, None) => NextAction::Wait {
                 wait_id: self.waits.first_pending().map(|wait| wait.wait_id),
             },
-            (Some(pending), _) => NextAction::Tool {
+            (Some(pending), _, None) => NextAction::Tool {
                 effect_id: pending.effect_id,
                 tool: &pending.tool,
             },
-            (None, _) => NextAction::Model {
+            (None, _, None) => NextAction::Model {
                 iterations: self.turn.iterations,
             },
         };

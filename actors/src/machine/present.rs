@@ -2,8 +2,8 @@
 //! standing under control (`Run`), the attempt that holds it (`Attempt`), the calls in
 //! flight or in doubt (`Calls`), what the turn was admitted with and has used (`TurnState`),
 //! its waits and grants (`Waits`), a durable function's run (`FunctionRun`), a Job's
-//! standing and its managed processes. Pure data; the rules that change each part live in
-//! the files named beside it.
+//! standing and its managed processes. A part's own rules are its methods here; the rules
+//! that read or change several parts live in the files named beside each.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -346,7 +346,8 @@ impl Waits {
         }
     }
 
-    /// A wait's events (`checkpoint_seq`: the execution's, which a durable wait is at): opened, what it asks and until when (W-6, W-8), and how it ended.
+    /// A wait's events: opened (a durable one at the execution's `checkpoint_seq`), what it
+    /// asks and until when (W-6, W-8), and how it ended.
     pub(crate) fn fold(
         &mut self,
         event: &Event,
