@@ -177,6 +177,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         None => None,
     };
     let fsyncs = runtime.store().metrics().fsyncs - store_before.fsyncs;
+    let stored = runtime.store().disk_bytes();
     let (state_loads_parked, state_loads_replayed) = runtime.inspect().state_loads();
     // Before the baseline, whose own sled cache would count otherwise.
     let peak_rss_mib = peak_rss_mib();
@@ -214,6 +215,8 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         rss_per_parked_bytes: parked.map(|(_, bytes)| bytes.round()),
         store_samples,
         executions_purged,
+        disk_bytes_stored_per_step: (total_steps > 0 && options.postgres().is_none())
+            .then(|| stored as f64 / total_steps as f64),
         ..LoadReport::measured(
             "embedded".into(),
             &options,
@@ -451,6 +454,9 @@ fn spent_into_report(
 ) -> LoadReport {
     let per_step = |cpu: Duration| cpu.as_secs_f64() * 1e6 / total_steps.max(1) as f64;
     report.cpu_us_per_step = spent.cpu.filter(|_| total_steps > 0).map(per_step);
+    // What this process writes; a PostgreSQL store's writes are its server's.
+    let written = spent.written.filter(|_| total_steps > 0 && report.store == "sled");
+    report.disk_bytes_written_per_step = written.map(|bytes| bytes as f64 / total_steps as f64);
     report.cpu_us_per_step_by_role = spent.roles.filter(|_| total_steps > 0).map(|roles| {
         let per_role = roles.into_iter().map(|(role, cpu)| (role, per_step(cpu)));
         per_role.collect()

@@ -145,6 +145,13 @@ pub struct LoadReport {
     /// step; `None` where `/proc/self/stat` cannot be read. Steadier than steps/s on a
     /// machine whose speed varies: it does not count time spent waiting.
     pub cpu_us_per_step: Option<f64>,
+    /// Bytes the process wrote to the disk per step while the load ran (its log, sled's
+    /// pages, fsyncs' metadata), where the kernel says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_bytes_written_per_step: Option<f64>,
+    /// The store's size on disk when the load ended, per step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_bytes_stored_per_step: Option<f64>,
     /// `cpu_us_per_step` by thread role (`process_stats::thread_role`: actors, committer,
     /// sled_io, tokio, other); a thread that ended during the run counts as `other`.
     pub cpu_us_per_step_by_role: Option<BTreeMap<&'static str, f64>>,
@@ -315,6 +322,13 @@ impl LoadReport {
         ];
         if let Some(cpu) = self.cpu_us_per_step {
             rows.push(("CPU per step", format!("{cpu:.1} µs (all threads)")));
+        }
+        if let (Some(written), Some(stored)) = (
+            self.disk_bytes_written_per_step,
+            self.disk_bytes_stored_per_step,
+        ) {
+            let shown = format!("{written:.0} / {stored:.0} bytes");
+            rows.push(("disk written / stored per step", shown));
         }
         if let Some(roles) = &self.cpu_us_per_step_by_role {
             rows.push(("  by thread (µs)", by_role(roles, |us| format!("{us:.1}"))));

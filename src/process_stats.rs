@@ -11,6 +11,15 @@ pub fn process_cpu() -> Option<Duration> {
     cpu_of_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)
 }
 
+/// Bytes this process has caused to be written to the disk so far (`/proc/self/io`'s
+/// `write_bytes`: what reached the block layer, not what sits in the page cache); `None`
+/// where unknown.
+pub fn disk_written() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    let line = io.lines().find_map(|line| line.strip_prefix("write_bytes:"))?;
+    line.trim().parse().ok()
+}
+
 /// One thread in a reading of `thread_times`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ThreadTimes {
@@ -173,6 +182,7 @@ pub fn peak_rss_mib() -> f64 {
 pub(crate) struct Readings {
     cpu: Option<Duration>,
     threads: Option<BTreeMap<u32, ThreadTimes>>,
+    written: Option<u64>,
 }
 
 /// What the process spent since its `Readings`: CPU in all and by thread role, and each
@@ -181,6 +191,8 @@ pub(crate) struct Spent {
     pub cpu: Option<Duration>,
     pub roles: Option<BTreeMap<&'static str, Duration>>,
     pub waited: Option<BTreeMap<&'static str, Duration>>,
+    /// Bytes this process caused to be written to the disk (`/proc/self/io`'s `write_bytes`).
+    pub written: Option<u64>,
 }
 
 impl Readings {
@@ -189,6 +201,7 @@ impl Readings {
         Self {
             cpu,
             threads: thread_times(),
+            written: disk_written(),
         }
     }
 
@@ -207,7 +220,15 @@ impl Readings {
             .zip(threads_after)
             .zip(cpu)
             .map(|((before, after), cpu)| cpu_by_role(&before, &after, cpu));
-        Spent { cpu, roles, waited }
+        let written = disk_written()
+            .zip(self.written)
+            .map(|(after, before)| after.saturating_sub(before));
+        Spent {
+            cpu,
+            roles,
+            waited,
+            written,
+        }
     }
 }
 

@@ -97,6 +97,14 @@ fn i4_load_json_reports_every_execution_and_step() {
     );
     // Every step is two durable transitions, so there was at least one fsync.
     assert!(report["fsyncs"].as_u64().unwrap_or(0) > 0, "{report}");
+    // The store holds every step; what reached the disk is read from /proc/self/io (on a
+    // temporary directory in memory it may be nothing).
+    let stored = report["disk_bytes_stored_per_step"].as_f64().unwrap_or(0.0);
+    assert!(stored > 0.0, "{report}");
+    if std::fs::read_to_string("/proc/self/io").is_ok() {
+        let written = report["disk_bytes_written_per_step"].as_f64();
+        assert!(written.is_some_and(|bytes| bytes >= 0.0), "{report}");
+    }
 }
 
 #[test]
