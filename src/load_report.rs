@@ -323,10 +323,8 @@ impl LoadReport {
         if let Some(cpu) = self.cpu_us_per_step {
             rows.push(("CPU per step", format!("{cpu:.1} µs (all threads)")));
         }
-        if let (Some(written), Some(stored)) = (
-            self.disk_bytes_written_per_step,
-            self.disk_bytes_stored_per_step,
-        ) {
+        let disk = (self.disk_bytes_written_per_step, self.disk_bytes_stored_per_step);
+        if let (Some(written), Some(stored)) = disk {
             let shown = format!("{written:.0} / {stored:.0} bytes");
             rows.push(("disk written / stored per step", shown));
         }

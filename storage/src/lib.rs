@@ -36,6 +36,7 @@ mod frame;
 mod head_record;
 pub mod histogram;
 pub mod ids;
+mod journal;
 pub mod keys;
 mod log;
 pub mod migrate;

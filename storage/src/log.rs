@@ -3,23 +3,23 @@
 //! Callers submit transitions through a bounded queue (`Limits::queue_len_max`). The
 //! committer takes everything queued, up to `Limits::batch_len_max`, validates each
 //! transition against its own view (it is the only writer, so the view is consistent),
-//! writes the whole group as one sled `Batch`, calls `flush()` **and then fsyncs sled's data
-//! file itself** — sled 0.34.7's `flush()` ends in `sync_file_range`, which does not make
-//! data durable — and only then answers each caller.
+//! applies the whole group to sled as one `Batch` (in memory), appends the same writes to
+//! the journal and fdatasyncs it — one device wait per group (`journal.rs`) — and only then
+//! answers each caller. sled is flushed and fsynced in the background (`log/flusher.rs`;
+//! sled 0.34.7's own `flush()` ends in `sync_file_range`, which does not make data durable).
 //!
 //! Why one log record per ~16 KiB of frames, not a record per event and a record per head:
 //! sled tops out near 100–180k inserts/s on two cores however it is batched, and a step is
 //! two transitions. Heads, events and records are written to their own keys later, many
 //! transitions at once (`overlay.rs`).
 //!
-//! Invariant: nothing is answered before the group that carries it is fsynced; a failed
-//! write, flush or fsync answers every waiter with `FailStop` and the store takes no more
+//! Invariant: nothing is answered before the journal frame that carries it is fsynced; a
+//! failed write, flush or fsync answers every waiter with `FailStop` and the store takes no more
 //! writes until it is reopened (fail-stop: after a failed fsync the page cache cannot be
 //! trusted to say what is on disk).
 //! This module does not read on behalf of callers; see `store.rs`.
 
 use std::collections::HashSet;
-use std::ffi::OsString;
 use std::fs::File;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -30,15 +30,17 @@ use tokio::sync::{mpsc, oneshot};
 
 mod apply;
 mod conversation;
+mod flusher;
 mod purge;
 
 use crate::acknowledged::Acknowledged;
-use crate::codec::{Frame, LogRecordWriter};
+use crate::codec::{self, Frame, LogRecordWriter};
 use crate::conversation::{ConversationOutcome, ConversationRecord, ConversationWrite};
 use crate::error::{Error, Result};
 use crate::event_store::{PurgeStep, SweepStep};
 use crate::head_record::HeadIndex;
 use crate::ids::{CommandId, ExecutionId, SessionId};
+use crate::journal::{Journal, Writes};
 use crate::keys;
 use crate::overlay::{OnDiskNow, Overlay, Slice};
 use crate::records::{CommandRecord, SessionRecord};
@@ -137,15 +139,27 @@ pub(crate) fn spawn(
     shared: &Arc<Shared>,
     data_file: File,
     acknowledged: Acknowledged,
+    journal: Journal,
 ) -> Result<(mpsc::Sender<Request>, std::thread::JoinHandle<()>)> {
     let limits = &shared.limits;
     let io_error = |error| Error::io(&shared.path, error);
     let (sender, queue) = mpsc::channel(limits.queue_len_max.max(1));
     let committer_shared = Arc::clone(shared);
     let (ready, is_ready) = std::sync::mpsc::channel();
+    // What the open replayed is synced: sled holds every frame before the next.
+    let flushing = flusher::Flushing::new(data_file, acknowledged, journal.next_seq() - 1);
+    flusher::spawn(Arc::clone(shared), Arc::clone(&flushing)).map_err(io_error)?;
+    let committer = Committer {
+        shared: committer_shared,
+        journal,
+        flushing,
+        journal_bytes: 0,
+        last_materialization: Instant::now(),
+        frame_bytes: Vec::new(),
+    };
     let committer = std::thread::Builder::new()
         .name("openprogram-committer".into())
-        .spawn(move || run(committer_shared, queue, data_file, acknowledged, ready))
+        .spawn(move || run(committer, queue, ready))
         .map_err(io_error)?;
     is_ready.recv().map_err(|_| Error::Io {
         path: shared.path.clone(),
@@ -179,20 +193,10 @@ fn spawn_ticker(sender: &mpsc::Sender<Request>, limits: &Limits) -> std::io::Res
 /// tells `ready`: a run killed before its first materialization must not leave the next open
 /// a longer tail to replay (S-6), or repeated crashes would grow it without bound.
 fn run(
-    shared: Arc<Shared>,
+    mut committer: Committer,
     mut queue: mpsc::Receiver<Request>,
-    data_file: File,
-    acknowledged: Acknowledged,
     ready: std::sync::mpsc::Sender<Result<()>>,
 ) {
-    let mut committer = Committer {
-        shared,
-        data_file,
-        acknowledged,
-        synced_sled_blobs: HashSet::new(),
-        last_materialization: Instant::now(),
-        frame_bytes: Vec::new(),
-    };
     let replayed = {
         let overlay = committer.shared.overlay_read();
         overlay.active_len() > 0 || overlay.is_materializing()
@@ -204,6 +208,7 @@ fn run(
     };
     let failed = materialized.is_err();
     if ready.send(materialized).is_err() || failed {
+        committer.flushing.stop();
         return;
     }
     while let Some(first) = queue.blocking_recv() {
@@ -222,20 +227,26 @@ fn run(
         committer.commit_group(requests);
         add_elapsed_micros(&committer.shared.metrics.group_micros_total, started);
     }
+    committer.flushing.stop();
     if committer.shared.refusals.failure().is_none() {
-        if let Err(error) = committer.materialize_all() {
-            tracing::error!(%error, "final materialization failed; the log will be replayed at next open");
+        // Everything in sled and durable, the journal is not needed at the next open.
+        let closed = committer
+            .materialize_all()
+            .and_then(|()| committer.journal.reset());
+        if let Err(error) = closed {
+            tracing::error!(%error, "final materialization failed; the journal and log will be replayed at next open");
         }
     }
 }
 
 struct Committer {
     shared: Arc<Shared>,
-    data_file: File,
-    /// S-7: the highest position acknowledged, kept apart from sled's files.
-    acknowledged: Acknowledged,
-    /// Files sled wrote under `blobs/` that we have fsynced already.
-    synced_sled_blobs: HashSet<OsString>,
+    /// Each group's writes, fdatasynced before it is answered.
+    journal: Journal,
+    /// sled made durable in the background, and what it holds.
+    flushing: Arc<flusher::Flushing>,
+    /// Journal bytes written since the flusher was last asked to flush.
+    journal_bytes: u64,
     last_materialization: Instant,
     /// The frame encoding buffer, kept between groups (see `Group::frame_bytes`).
     frame_bytes: Vec<u8>,
@@ -246,9 +257,10 @@ struct Committer {
 struct Group {
     /// The time stamped on everything the group writes.
     at_ms: u64,
-    /// What the group writes, in one atomic sled write: its log records, the records a
-    /// rejection or a conversation writes to their own keys, purge and sweep steps.
-    batch: sled::Batch,
+    /// What the group writes, in one atomic sled write and one journal frame: its log
+    /// records, the records a rejection or a conversation writes to their own keys, purge
+    /// and sweep steps.
+    batch: Writes,
     answers: Vec<Answer>,
     /// The index in `frames` of each execution's newest frame in this group.
     heads: HashMap<ExecutionId, usize>,
@@ -366,20 +378,20 @@ impl Committer {
         group
     }
 
-    /// Writes the group's batch with a slice of the materialization, flushes and fsyncs,
-    /// then records `last_position` as acknowledged (S-7). Returns what the slice wrote of
-    /// each execution.
+    /// Writes the group's batch with a slice of the materialization to sled (in memory) and
+    /// to the journal, and fdatasyncs the journal: the group is durable. Returns what the
+    /// slice wrote of each execution.
     fn write(
         &mut self,
-        mut batch: sled::Batch,
+        mut batch: Writes,
         mut slice: Slice,
         last_position: u64,
     ) -> Result<HashMap<ExecutionId, OnDiskNow>> {
         // While a slice is applied to sled, readers cannot combine the overlay with disk: the
         // generation is odd and the slice lock is held until the overlay has dropped the
         // slice. That is the apply alone (sled's own batch lock stops its readers then too),
-        // not the flush and fsync: the slice holds only what earlier, durable groups
-        // committed, so reading it from sled before this group's fsync reads nothing
+        // not the journal's fdatasync: the slice holds only what earlier, durable groups
+        // committed, so reading it from sled before this group is durable reads nothing
         // unacknowledged, and a crash leaves the mark unmoved (the replay writes it again).
         let shared = Arc::clone(&self.shared);
         let on_disk = |execution_id| shared.head_index_on_disk(execution_id);
@@ -394,10 +406,15 @@ impl Committer {
             shared.generation.fetch_add(1, Ordering::AcqRel);
             guard
         });
+        // The journal seq sled holds once it holds this group: an open replays the frames
+        // after it.
+        let seq = self.journal.next_seq();
+        batch.insert(keys::meta(keys::META_JOURNAL_APPLIED), codec::encode(&seq));
+        let (batch, ops) = batch.split();
         // B09: the group is decided, nothing of it written.
         crate::failpoint!("B09");
         let applied = sliced.and_then(|()| self.shared.db.apply_batch(batch).map_err(Error::from));
-        // B02: the group is in sled's memory, not flushed.
+        // B02: the group is in sled's memory, not in the journal.
         crate::failpoint!("B02");
         let mut written = HashMap::new();
         if let Some(guard) = slice_guard {
@@ -407,22 +424,47 @@ impl Committer {
             self.shared.generation.fetch_add(1, Ordering::AcqRel);
             drop(guard);
         }
-        let durable = applied.and_then(|()| self.sync());
-        // B10: durable in sled, not yet recorded as acknowledged (S-7).
-        crate::failpoint!("B10");
-        durable?;
-        // S-7: the group's last position is recorded as acknowledged once it is durable in
-        // sled and before anyone is answered; a group of rejections or ticks adds none.
-        if last_position > self.acknowledged.position() {
-            self.acknowledged.write(last_position)?;
-        }
+        applied?;
+        self.journal_append(last_position, &ops)?;
+        self.flushing.applied(seq, last_position);
         Ok(written)
+    }
+
+    /// Appends the group's writes to the journal and fdatasyncs it; asks the flusher to
+    /// flush sled when the journal grew enough, and drops what sled already holds.
+    fn journal_append(
+        &mut self,
+        last_position: u64,
+        ops: &[(sled::IVec, Option<sled::IVec>)],
+    ) -> Result<()> {
+        let metrics = &self.shared.metrics;
+        let started = Instant::now();
+        let before = self.journal.next_seq();
+        self.journal.write(last_position, ops)?;
+        debug_assert_eq!(self.journal.next_seq(), before + 1);
+        add_elapsed_micros(&metrics.flush_micros_total, started);
+        // B08: the group is in the journal, not yet fdatasynced.
+        crate::failpoint!("B08");
+        let started = Instant::now();
+        self.journal.sync()?;
+        metrics.fsyncs.fetch_add(1, Ordering::Relaxed);
+        add_elapsed_micros(&metrics.fsync_micros_total, started);
+        metrics.fsync_seconds.observe_duration(started.elapsed());
+        self.journal_bytes += ops
+            .iter()
+            .map(|(key, value)| key.len() + value.as_ref().map_or(0, |value| value.len()))
+            .sum::<usize>() as u64;
+        if self.journal_bytes >= flusher::FLUSH_JOURNAL_BYTES {
+            self.journal_bytes = 0;
+            self.flushing.nudge();
+        }
+        self.journal.drop_through(self.flushing.durable_seq())
     }
 
     /// The group is durable: its frames join the overlay, where readers find them, the
     /// durable position moves past them, and every request is answered.
     fn answer(&self, group: Group, mut written: HashMap<ExecutionId, OnDiskNow>, started: Instant) {
-        // B03: durable and recorded, no caller answered yet.
+        // B03: the group is durable (its journal frame fdatasynced), no caller answered yet.
         crate::failpoint!("B03");
         self.shared.in_flight_blobs_clear();
         let Group {
@@ -506,34 +548,10 @@ impl Committer {
         overlay.slice(len_max)
     }
 
-    /// Makes everything applied to sled durable: sled's flush, then an fsync of its data
-    /// file (sled's flush alone ends in `sync_file_range`, which is not durable).
-    fn sync(&mut self) -> Result<()> {
-        let started = Instant::now();
-        self.shared.db.flush()?;
-        // B08: sled flushed (`sync_file_range`), not fsynced.
-        crate::failpoint!("B08");
-        add_elapsed_micros(&self.shared.metrics.flush_micros_total, started);
-        let started = Instant::now();
-        if crate::planted::planted(crate::planted::Bug::AckBeforeFsync) {
-            return Ok(());
-        }
-        let synced = self.data_file.sync_data();
-        synced.map_err(|error| Error::io(&self.shared.path.join("db"), error))?;
-        self.sync_sled_blobs()?;
-        self.shared.metrics.fsyncs.fetch_add(1, Ordering::Relaxed);
-        add_elapsed_micros(&self.shared.metrics.fsync_micros_total, started);
-        self.shared
-            .metrics
-            .fsync_seconds
-            .observe_duration(started.elapsed());
-        Ok(())
-    }
-
     /// Writes everything the overlay holds (when the store closes), so the next open
     /// replays nothing.
     fn materialize_all(&mut self) -> Result<()> {
-        let mut batch = sled::Batch::default();
+        let mut batch = Writes::default();
         let through = self.shared.durable_position.load(Ordering::Acquire);
         let shared = Arc::clone(&self.shared);
         let on_disk = |execution_id| shared.head_index_on_disk(execution_id);
@@ -543,49 +561,10 @@ impl Committer {
         let shared = Arc::clone(&self.shared);
         let _slice_guard = shared.slice_lock_write();
         shared.generation.fetch_add(1, Ordering::AcqRel);
-        self.shared.db.apply_batch(batch)?;
-        self.sync()?;
+        self.shared.db.apply_batch(batch.split().0)?;
+        self.flushing.sync(&self.shared)?;
         *self.shared.overlay_write() = Overlay::new(self.shared.limits.head_frame_refs_max);
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
-        Ok(())
-    }
-
-    /// sled writes a value or node larger than a quarter segment to its own file under
-    /// `blobs/` and never fsyncs it. Our limits keep that rare; when it happens, fsync the
-    /// new files and the directory before acknowledging.
-    fn sync_sled_blobs(&mut self) -> Result<()> {
-        let dir = self.shared.path.join("blobs");
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(entries) => entries,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(error) => return Err(Error::io(&dir, error)),
-        };
-        let mut synced_any = false;
-        let mut present = HashSet::new();
-        for entry in entries {
-            let entry = entry.map_err(|error| Error::io(&dir, error))?;
-            let name = entry.file_name();
-            present.insert(name.clone());
-            if self.synced_sled_blobs.contains(&name) {
-                continue;
-            }
-            let path = entry.path();
-            match File::open(&path) {
-                Ok(file) => file.sync_all().map_err(|error| Error::io(&path, error))?,
-                // sled removed it meanwhile (blob garbage collection).
-                Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(error) => return Err(Error::io(&path, error)),
-            }
-            self.synced_sled_blobs.insert(name);
-            synced_any = true;
-        }
-        // Forget files sled has garbage-collected.
-        self.synced_sled_blobs.retain(|name| present.contains(name));
-        if synced_any {
-            File::open(&dir)
-                .and_then(|dir_file| dir_file.sync_all())
-                .map_err(|error| Error::io(&dir, error))?;
-        }
         Ok(())
     }
 }

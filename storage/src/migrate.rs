@@ -30,6 +30,9 @@
 //! - 12: conversation records (`0x14`): a session's name (C-2) and compactions (C-3),
 //!   written by their own compare-and-swap. A mark.
 //! - 13: the event `ContextPinned` (E-8). A mark.
+//! - 14: the journal (`DIR/journal/`, `journal_applied`): sled may lag the acknowledged
+//!   groups, which only an open that replays the journal finds. A mark, so that an older
+//!   build refuses the store instead of serving without them.
 
 use crate::codec;
 use crate::error::{Error, Result};
@@ -37,7 +40,7 @@ use crate::keys;
 use crate::record_value::RecordValue;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 13;
+pub const SCHEMA_VERSION: u32 = 14;
 
 /// One migration: from `from` to `from + 1`, adding its changes to the batch.
 type Step = fn(&sled::Db, &mut sled::Batch) -> Result<()>;

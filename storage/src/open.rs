@@ -1,4 +1,5 @@
-//! What happens when a store opens (`open`): taking sled's lock, migrations, replaying the
+//! What happens when a store opens (`open`): taking sled's lock, replaying the journal's
+//! frames sled does not hold (`journal.rs`), migrations, replaying the
 //! log tail after the materialization mark into the overlay (S-6: bounded, never the whole
 //! history), loading and persisting quarantines (S-4), checking the log against what was
 //! acknowledged (S-7, with the salvage an operator may choose), and recording the new
@@ -17,6 +18,7 @@ use crate::codec::{self, DecodedFrame, HeadIdentity, StoredFrame};
 use crate::error::{Error, Result};
 use crate::head_record::HeadIndex;
 use crate::ids::{ExecutionId, OwnerId};
+use crate::journal::Journal;
 use crate::keys;
 use crate::migrate;
 use crate::overlay::{index_state, Overlay};
@@ -29,6 +31,7 @@ pub(crate) struct Opened {
     pub shared: Arc<Shared>,
     pub data_file: File,
     pub acknowledged: Acknowledged,
+    pub journal: Journal,
     pub incarnation: Incarnation,
     pub report: Option<SalvageReport>,
 }
@@ -54,6 +57,12 @@ pub(crate) fn open(path: &Path, limits: Limits, salvaging: bool) -> Result<Opene
     File::open(path)
         .and_then(|dir| dir.sync_all())
         .map_err(io_error)?;
+    let (journal, journal_mark) = replay_journal(&db, path, &mut sync)?;
+    // S-7: the journal's last frame was acknowledged, whatever the mark's file says.
+    let acknowledged = match (acknowledged, journal_mark) {
+        (Some(file), Some(journal)) => Some(file.max(journal)),
+        (file, journal) => file.or(journal),
+    };
     migrate::run(&db, &mut sync)?;
     let quarantine = load_quarantine(&db)?;
     let shared = Arc::new(Shared::new(db, path.to_path_buf(), limits, quarantine));
@@ -72,9 +81,37 @@ pub(crate) fn open(path: &Path, limits: Limits, salvaging: bool) -> Result<Opene
         shared,
         data_file,
         acknowledged,
+        journal,
         incarnation,
         report,
     })
+}
+
+/// Applies to sled the journal's frames it does not hold (a crash before the flusher made
+/// them durable in sled), then makes sled durable. Returns the journal, and the last log
+/// position its frames acknowledged.
+fn replay_journal(
+    db: &sled::Db,
+    path: &Path,
+    sync: &mut dyn FnMut() -> Result<()>,
+) -> Result<(Journal, Option<u64>)> {
+    let key = keys::meta(keys::META_JOURNAL_APPLIED);
+    let applied = match db.get(&key)? {
+        Some(bytes) => codec::decode::<u64>(&key, &bytes)?,
+        None => 0,
+    };
+    let (journal, frames) = Journal::open(&path.join("journal"), applied)?;
+    let mark = frames.last().map(|frame| frame.last_position);
+    let missing: Vec<_> = frames.iter().filter(|frame| frame.seq > applied).collect();
+    for frame in &missing {
+        db.apply_batch(frame.batch())?;
+    }
+    if !missing.is_empty() {
+        db.flush()?;
+        sync()?;
+        tracing::info!(frames = missing.len(), "replayed the journal into sled");
+    }
+    Ok((journal, mark))
 }
 
 /// One start of a runtime on this store.

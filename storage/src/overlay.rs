@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 use crate::event::EventEnvelope;
 use crate::head_record::{self, HeadIndex};
 use crate::ids::ExecutionId;
+use crate::journal::Writes;
 use crate::keys;
 use crate::records::{ExecutionHead, ExecutionState};
 
@@ -259,7 +260,7 @@ impl Overlay {
     pub fn write_slice(
         &self,
         slice: &mut Slice,
-        batch: &mut sled::Batch,
+        batch: &mut Writes,
         on_disk: &OnDisk<'_>,
     ) -> Result<()> {
         for execution_id in &slice.execs {
@@ -303,12 +304,7 @@ impl Overlay {
 
     /// Adds everything held here to `batch`, with the mark at `through` (the last
     /// materialization, when the store closes).
-    pub fn write_all(
-        &self,
-        batch: &mut sled::Batch,
-        through: u64,
-        on_disk: &OnDisk<'_>,
-    ) -> Result<()> {
+    pub fn write_all(&self, batch: &mut Writes, through: u64, on_disk: &OnDisk<'_>) -> Result<()> {
         let refs_max = self.head_frame_refs_max;
         // What the frozen writes leave: the batch is not applied yet, so disk does not say.
         let mut left = HashMap::new();
@@ -347,7 +343,7 @@ impl Overlay {
     fn write_frozen(
         &self,
         execution_id: ExecutionId,
-        batch: &mut sled::Batch,
+        batch: &mut Writes,
         on_disk: &OnDisk<'_>,
     ) -> Result<Option<HeadIndex>> {
         let Some(dirty) = self.frozen.execs.get(&execution_id) else {
@@ -378,7 +374,7 @@ fn resolve_base<'a>(
     dirty: &'a Dirty,
     execution_id: ExecutionId,
     on_disk: &OnDisk<'_>,
-    batch: &mut sled::Batch,
+    batch: &mut Writes,
 ) -> Result<Option<Cow<'a, HeadIndex>>> {
     if let Some(base) = &dirty.base {
         return Ok(Some(Cow::Borrowed(base)));
@@ -415,7 +411,7 @@ fn written_index(
 /// chunk when they outgrow the head) and its by-state index change. Returns the index
 /// written.
 fn write_dirty(
-    batch: &mut sled::Batch,
+    batch: &mut Writes,
     execution_id: ExecutionId,
     dirty: &Dirty,
     indexed_on_disk: Option<ExecutionState>,
@@ -458,7 +454,7 @@ fn write_dirty(
     index
 }
 
-fn write_mark(batch: &mut sled::Batch, through: u64) {
+fn write_mark(batch: &mut Writes, through: u64) {
     batch.insert(
         keys::meta(keys::META_MATERIALIZED_THROUGH),
         codec::encode(&through),
@@ -467,7 +463,7 @@ fn write_mark(batch: &mut sled::Batch, through: u64) {
 
 /// Writes a record to its key and, for a record an execution owns (a command, receipt, wait
 /// or process), lists it under that execution (S-8: a purge finds what to remove there).
-pub(crate) fn put_record(batch: &mut sled::Batch, key: &RecordKey, record: &RecordValue) {
+pub(crate) fn put_record(batch: &mut Writes, key: &RecordKey, record: &RecordValue) {
     batch.insert(&key[..], codec::encode(record));
     if let Some(owner) = record.owner() {
         batch.insert(&keys::owned(owner, key)[..], &[]);
@@ -534,10 +530,10 @@ mod tests {
     }
 
     /// `batch` applied to a new sled database (kept alive by the returned directory).
-    fn applied(batch: sled::Batch) -> (tempfile::TempDir, sled::Db) {
+    fn applied(batch: Writes) -> (tempfile::TempDir, sled::Db) {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("sled");
-        db.apply_batch(batch).expect("apply");
+        db.apply_batch(batch.split().0).expect("apply");
         (dir, db)
     }
 
@@ -551,7 +547,7 @@ mod tests {
             })
         };
         let mut slice = overlay.slice(usize::MAX);
-        let mut batch = sled::Batch::default();
+        let mut batch = Writes::default();
         overlay
             .write_slice(&mut slice, &mut batch, &corrupted)
             .expect("the slice is written without it");
@@ -583,7 +579,7 @@ mod tests {
             })
         };
         let mut slice = overlay.slice(usize::MAX);
-        let mut batch = sled::Batch::default();
+        let mut batch = Writes::default();
         let written = overlay.write_slice(&mut slice, &mut batch, &unreadable);
         assert!(matches!(written, Err(Error::Io { .. })), "{written:?}");
     }
@@ -604,7 +600,7 @@ mod tests {
             }))
         };
         let mut slice = overlay.slice(usize::MAX);
-        let mut batch = sled::Batch::default();
+        let mut batch = Writes::default();
         overlay
             .write_slice(&mut slice, &mut batch, &on_disk)
             .expect("written");

@@ -93,7 +93,7 @@ impl Limits {
 pub(crate) struct Metrics {
     /// Each group commit's wall time, from taking the group to its fsync.
     pub group_seconds: Histogram,
-    /// Each fsync's (sled: of the data file; PostgreSQL: the COMMIT, its WAL flush).
+    /// Each group's fsync (sled: the journal's fdatasync; PostgreSQL: the COMMIT, its WAL flush).
     pub fsync_seconds: Histogram,
     /// Transitions per group commit.
     pub group_transitions: Histogram,
@@ -103,7 +103,7 @@ pub(crate) struct Metrics {
     pub fsync_micros_total: AtomicU64,
     /// Wall time the committer spent on group commits, from taking a group to answering it.
     pub group_micros_total: AtomicU64,
-    /// Wall time in sled's `flush()`, which writes sled's buffers and waits for them.
+    /// Wall time writing each group's journal frame (and the flusher's sled `flush()`).
     pub flush_micros_total: AtomicU64,
     pub materializations: AtomicU64,
     pub replayed_frames: AtomicU64,
@@ -158,7 +158,7 @@ impl Metrics {
             ),
             named(
                 "fsync_seconds",
-                "Each fsync of the store (sled: its data file; PostgreSQL: the COMMIT, which waits for the WAL flush).",
+                "Each group commit's fsync (embedded store: the journal's; PostgreSQL: the COMMIT, which waits for the WAL flush).",
                 &self.fsync_seconds,
             ),
             named(

@@ -96,11 +96,12 @@ impl Store {
             shared,
             data_file,
             acknowledged,
+            journal,
             incarnation,
             report,
         } = open::open(path, limits, salvaging)?;
         // The replayed tail is materialized before the store takes work (S-6).
-        let (sender, committer) = log::spawn(&shared, data_file, acknowledged)?;
+        let (sender, committer) = log::spawn(&shared, data_file, acknowledged, journal)?;
         tracing::info!(path = %path.display(), owner = %incarnation.owner_id, number = incarnation.number, "store opened");
         let inner = Inner {
             shared,

@@ -233,7 +233,7 @@ fn store_metrics(out: &mut Prometheus, counters: &MetricsSnapshot) {
     );
     out.counter(
         "fsyncs_total",
-        "fsyncs of the store's data file.",
+        "fsyncs that made group commits durable (the embedded store: its journal's).",
         counters.fsyncs as f64,
     );
     out.counter(
