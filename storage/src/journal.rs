@@ -1,8 +1,8 @@
 //! One device wait per group commit (S-3, issue 56): the committer appends each group's
-//! writes to this journal and fdatasyncs it once, then answers; sled takes the same writes in
-//! memory and is flushed and fsynced in the background (`flusher.rs`). An open replays the
-//! frames sled does not hold yet (`META_JOURNAL_APPLIED`, written in each group's own
-//! writes), and the last frame is the acknowledged mark (S-7) until the flusher records it.
+//! writes to this journal and fdatasyncs it once, then applies them to sled in memory and
+//! answers; sled is flushed and fsynced in the background (`log/flusher.rs`), after which
+//! the segments it holds go. An open replays every frame kept (`open.rs`), and the last
+//! frame is the acknowledged mark (S-7) until the flusher records it.
 //!
 //! Files: `DIR/journal/{first seq:020}.wal`, each preallocated to its size. A segment is
 //! `b"OPJL"`, the format byte, 3 zero bytes, then frames: the payload's length (u32,
@@ -96,8 +96,8 @@ pub(crate) struct Journal {
 
 impl Journal {
     /// Opens the journal in `dir` (created if missing): its frames, oldest first, and the
-    /// journal to append to, its next seq after `at_least` and every frame.
-    pub fn open(dir: &Path, at_least: u64) -> Result<(Self, Vec<JournalFrame>)> {
+    /// journal to append to, its next seq after every frame and segment.
+    pub fn open(dir: &Path) -> Result<(Self, Vec<JournalFrame>)> {
         std::fs::create_dir_all(dir).map_err(|error| Error::io(dir, error))?;
         let mut names: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
             .map_err(|error| Error::io(dir, error))?
@@ -126,11 +126,11 @@ impl Journal {
         if end.is_none() {
             names.pop_if(|(_, path)| !path.exists());
         }
+        // A segment's name is the seq of its first frame, written or to come.
+        let named = names.last().map_or(1, |(first, _)| *first);
         let next_seq = frames
             .last()
-            .map_or(0, |frame: &JournalFrame| frame.seq)
-            .max(at_least)
-            + 1;
+            .map_or(named, |frame: &JournalFrame| frame.seq + 1);
         let journal = match (names.last(), end) {
             (Some((_, path)), Some(offset)) => Journal {
                 file: open_rw(path)?,
@@ -380,14 +380,14 @@ mod tests {
     #[test]
     fn s3_frames_read_back_in_order_across_a_reopen() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (mut journal, frames) = Journal::open(dir.path(), 0).expect("open");
+        let (mut journal, frames) = Journal::open(dir.path()).expect("open");
         assert!(frames.is_empty());
         for n in 1..=3 {
             let seq = journal.append(u64::from(n) * 10, &ops(n)).expect("append");
             assert_eq!(seq, u64::from(n));
         }
         drop(journal);
-        let (journal, frames) = Journal::open(dir.path(), 0).expect("reopen");
+        let (journal, frames) = Journal::open(dir.path()).expect("reopen");
         assert_eq!(frames.len(), 3);
         assert_eq!(frames[2].seq, 3);
         assert_eq!(frames[2].last_position, 30);
@@ -399,7 +399,7 @@ mod tests {
     #[test]
     fn s3_a_cut_last_frame_ends_the_journal_and_one_in_an_older_segment_refuses() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (mut journal, _) = Journal::open(dir.path(), 0).expect("open");
+        let (mut journal, _) = Journal::open(dir.path()).expect("open");
         journal.append(1, &ops(1)).expect("append");
         journal.append(2, &ops(2)).expect("append");
         let path = journal.segments[0].1.clone();
@@ -410,11 +410,11 @@ mod tests {
         let file = open_rw(&path).expect("open");
         file.write_all_at(&[bytes[end] ^ 0xFF], end as u64)
             .expect("flip");
-        let (mut journal, frames) = Journal::open(dir.path(), 0).expect("reopen");
+        let (mut journal, frames) = Journal::open(dir.path()).expect("reopen");
         assert_eq!(frames.len(), 1);
         // Appended after: the cut frame is overwritten.
         journal.append(3, &ops(3)).expect("append");
-        let (mut journal, frames) = Journal::open(dir.path(), 0).expect("reopen");
+        let (mut journal, frames) = Journal::open(dir.path()).expect("reopen");
         assert_eq!(
             frames.iter().map(|frame| frame.seq).collect::<Vec<_>>(),
             [1, 2]
@@ -429,7 +429,7 @@ mod tests {
         let file = open_rw(&copy).expect("open");
         file.write_all_at(&[bytes[20] ^ 0xFF], 20).expect("flip");
         assert!(matches!(
-            Journal::open(dir.path(), 0),
+            Journal::open(dir.path()),
             Err(Error::Corrupted { .. })
         ));
         std::fs::remove_file(&copy).expect("remove");
@@ -439,7 +439,7 @@ mod tests {
     #[test]
     fn s3_segments_sled_holds_are_removed_and_never_the_newest() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (mut journal, _) = Journal::open(dir.path(), 0).expect("open");
+        let (mut journal, _) = Journal::open(dir.path()).expect("open");
         let big = vec![(IVec::from(&b"k"[..]), Some(IVec::from(vec![7u8; 20 << 20])))];
         for position in 1..=5 {
             journal.append(position, &big).expect("append");
@@ -449,7 +449,7 @@ mod tests {
         journal.drop_through(u64::MAX).expect("drop");
         assert_eq!(journal.segments, std::slice::from_ref(&newest));
         assert!(newest.1.exists());
-        let (_, frames) = Journal::open(dir.path(), 0).expect("reopen");
+        let (_, frames) = Journal::open(dir.path()).expect("reopen");
         assert!(frames.iter().all(|frame| frame.seq >= newest.0));
         assert_eq!(frames.last().map(|frame| frame.seq), Some(5));
     }

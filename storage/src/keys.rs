@@ -58,9 +58,6 @@ pub const META_SCHEMA_VERSION: &str = "schema_version";
 /// Position of the last event whose head, events and records are written to their own keys.
 /// Log records after it are replayed at open.
 pub const META_MATERIALIZED_THROUGH: &str = "materialized_through";
-/// The journal seq of the newest group sled holds: an open replays the journal's frames
-/// after it (`journal.rs`).
-pub const META_JOURNAL_APPLIED: &str = "journal_applied";
 
 pub fn meta(name: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(1 + name.len());

@@ -34,7 +34,7 @@ mod flusher;
 mod purge;
 
 use crate::acknowledged::Acknowledged;
-use crate::codec::{self, Frame, LogRecordWriter};
+use crate::codec::{Frame, LogRecordWriter};
 use crate::conversation::{ConversationOutcome, ConversationRecord, ConversationWrite};
 use crate::error::{Error, Result};
 use crate::event_store::{PurgeStep, SweepStep};
@@ -257,10 +257,11 @@ struct Committer {
 struct Group {
     /// The time stamped on everything the group writes.
     at_ms: u64,
-    /// What the group writes, in one atomic sled write and one journal frame: its log
-    /// records, the records a rejection or a conversation writes to their own keys, purge
-    /// and sweep steps.
+    /// What the group writes, in one journal frame: its log records, the records a
+    /// rejection or a conversation writes to their own keys, purge and sweep steps.
     batch: Writes,
+    /// It holds a purge or sweep step: sled takes it as one batch, which readers see whole.
+    atomic: bool,
     answers: Vec<Answer>,
     /// The index in `frames` of each execution's newest frame in this group.
     heads: HashMap<ExecutionId, usize>,
@@ -311,7 +312,7 @@ impl Committer {
             return; // only ticks, and nothing to materialize
         }
         let batch = std::mem::take(&mut group.batch);
-        match self.write(batch, slice, group.next_position - 1) {
+        match self.write(batch, slice, group.next_position - 1, group.atomic) {
             Ok(written) => self.answer(group, written, started),
             Err(error) => {
                 let reason = error.to_string();
@@ -342,6 +343,7 @@ impl Committer {
             ..Group::default()
         };
         for request in requests {
+            group.atomic |= matches!(request, Request::Purge { .. } | Request::Sweep { .. });
             let answer = match request {
                 Request::Transition { transition, reply } => {
                     Answer::Transition(reply, self.apply(&mut group, transition))
@@ -378,70 +380,68 @@ impl Committer {
         group
     }
 
-    /// Writes the group's batch with a slice of the materialization to sled (in memory) and
-    /// to the journal, and fdatasyncs the journal: the group is durable. Returns what the
-    /// slice wrote of each execution.
+    /// Writes the group's batch with a slice of the materialization to the journal and
+    /// fdatasyncs it — the group is durable — then applies it to sled (in memory; the flusher
+    /// makes it durable there). sled never holds what the journal does not. `atomic`: apply
+    /// it as one sled batch, which readers see whole (purge and sweep steps); otherwise key by
+    /// key, which spares sled's batch its two waits on the device (it writes out its log
+    /// buffer before and after each batch). Returns what the slice wrote of each execution.
     fn write(
         &mut self,
         mut batch: Writes,
         mut slice: Slice,
         last_position: u64,
+        atomic: bool,
     ) -> Result<HashMap<ExecutionId, OnDiskNow>> {
-        // While a slice is applied to sled, readers cannot combine the overlay with disk: the
-        // generation is odd and the slice lock is held until the overlay has dropped the
-        // slice. That is the apply alone (sled's own batch lock stops its readers then too),
-        // not the journal's fdatasync: the slice holds only what earlier, durable groups
-        // committed, so reading it from sled before this group is durable reads nothing
-        // unacknowledged, and a crash leaves the mark unmoved (the replay writes it again).
         let shared = Arc::clone(&self.shared);
         let on_disk = |execution_id| shared.head_index_on_disk(execution_id);
-        let sliced = match slice.is_empty() {
-            true => Ok(()),
-            false => shared
+        if !slice.is_empty() {
+            shared
                 .overlay_read()
-                .write_slice(&mut slice, &mut batch, &on_disk),
-        };
-        let slice_guard = (!slice.is_empty() && sliced.is_ok()).then(|| {
+                .write_slice(&mut slice, &mut batch, &on_disk)?;
+        }
+        let (batch, ops) = batch.split();
+        // B09: the group is decided, nothing of it written.
+        crate::failpoint!("B09");
+        let seq = self.journal_append(last_position, &ops)?;
+        // B02: the group is durable in the journal, not applied to sled.
+        crate::failpoint!("B02");
+        // While a slice is applied to sled, readers cannot combine the overlay with disk: the
+        // generation is odd and the slice lock is held until the overlay has dropped the
+        // slice.
+        let slice_guard = (!slice.is_empty()).then(|| {
             let guard = shared.slice_lock_write();
             shared.generation.fetch_add(1, Ordering::AcqRel);
             guard
         });
-        // The journal seq sled holds once it holds this group: an open replays the frames
-        // after it.
-        let seq = self.journal.next_seq();
-        batch.insert(keys::meta(keys::META_JOURNAL_APPLIED), codec::encode(&seq));
-        let (batch, ops) = batch.split();
-        // B09: the group is decided, nothing of it written.
-        crate::failpoint!("B09");
-        let applied = sliced.and_then(|()| self.shared.db.apply_batch(batch).map_err(Error::from));
-        // B02: the group is in sled's memory, not in the journal.
-        crate::failpoint!("B02");
+        let applied = match atomic {
+            true => shared.db.apply_batch(batch).map_err(Error::from),
+            false => apply_each(&shared.db, &ops),
+        };
         let mut written = HashMap::new();
         if let Some(guard) = slice_guard {
             if applied.is_ok() {
-                written = self.shared.overlay_write().finish_slice(slice);
+                written = shared.overlay_write().finish_slice(slice);
             }
-            self.shared.generation.fetch_add(1, Ordering::AcqRel);
+            shared.generation.fetch_add(1, Ordering::AcqRel);
             drop(guard);
         }
         applied?;
-        self.journal_append(last_position, &ops)?;
         self.flushing.applied(seq, last_position);
         Ok(written)
     }
 
     /// Appends the group's writes to the journal and fdatasyncs it; asks the flusher to
-    /// flush sled when the journal grew enough, and drops what sled already holds.
+    /// flush sled when the journal grew enough, and drops what sled already holds. Returns
+    /// the frame's seq.
     fn journal_append(
         &mut self,
         last_position: u64,
         ops: &[(sled::IVec, Option<sled::IVec>)],
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let metrics = &self.shared.metrics;
         let started = Instant::now();
-        let before = self.journal.next_seq();
-        self.journal.write(last_position, ops)?;
-        debug_assert_eq!(self.journal.next_seq(), before + 1);
+        let seq = self.journal.write(last_position, ops)?;
         add_elapsed_micros(&metrics.flush_micros_total, started);
         // B08: the group is in the journal, not yet fdatasynced.
         crate::failpoint!("B08");
@@ -458,7 +458,8 @@ impl Committer {
             self.journal_bytes = 0;
             self.flushing.nudge();
         }
-        self.journal.drop_through(self.flushing.durable_seq())
+        self.journal.drop_through(self.flushing.durable_seq())?;
+        Ok(seq)
     }
 
     /// The group is durable: its frames join the overlay, where readers find them, the
@@ -567,4 +568,15 @@ impl Committer {
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
+}
+
+/// Applies a group's writes to sled one key at a time, in the order they were made.
+fn apply_each(db: &sled::Db, ops: &[(sled::IVec, Option<sled::IVec>)]) -> Result<()> {
+    for (key, value) in ops {
+        match value {
+            Some(value) => db.insert(key, value.clone())?,
+            None => db.remove(key)?,
+        };
+    }
+    Ok(())
 }

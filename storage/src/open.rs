@@ -57,12 +57,7 @@ pub(crate) fn open(path: &Path, limits: Limits, salvaging: bool) -> Result<Opene
     File::open(path)
         .and_then(|dir| dir.sync_all())
         .map_err(io_error)?;
-    let (journal, journal_mark) = replay_journal(&db, path, &mut sync)?;
-    // S-7: the journal's last frame was acknowledged, whatever the mark's file says.
-    let acknowledged = match (acknowledged, journal_mark) {
-        (Some(file), Some(journal)) => Some(file.max(journal)),
-        (file, journal) => file.or(journal),
-    };
+    let (journal, acknowledged) = replay_journal(&db, path, acknowledged, &mut sync)?;
     migrate::run(&db, &mut sync)?;
     let quarantine = load_quarantine(&db)?;
     let shared = Arc::new(Shared::new(db, path.to_path_buf(), limits, quarantine));
@@ -87,31 +82,36 @@ pub(crate) fn open(path: &Path, limits: Limits, salvaging: bool) -> Result<Opene
     })
 }
 
-/// Applies to sled the journal's frames it does not hold (a crash before the flusher made
-/// them durable in sled), then makes sled durable. Returns the journal, and the last log
-/// position its frames acknowledged.
+/// Applies the journal's frames to sled, oldest first, makes sled durable, records the last
+/// frame's position as acknowledged (S-7; `acknowledged`: the mark's file), then empties
+/// the journal. The journal keeps every frame sled may not hold durably (segments go once
+/// sled is synced past them), and sled never holds a group the journal does not (the
+/// committer writes the journal first): whatever part of them sled recovered, each key ends
+/// as the newest frame left it. Emptied here, before anything writes to sled directly
+/// (migrations, materializations), no later open replays a frame over a newer write.
+/// Returns the journal and the acknowledged mark.
 fn replay_journal(
     db: &sled::Db,
     path: &Path,
+    acknowledged: Option<u64>,
     sync: &mut dyn FnMut() -> Result<()>,
 ) -> Result<(Journal, Option<u64>)> {
-    let key = keys::meta(keys::META_JOURNAL_APPLIED);
-    let applied = match db.get(&key)? {
-        Some(bytes) => codec::decode::<u64>(&key, &bytes)?,
-        None => 0,
+    let (mut journal, frames) = Journal::open(&path.join("journal"))?;
+    let Some(last) = frames.last() else {
+        return Ok((journal, acknowledged));
     };
-    let (journal, frames) = Journal::open(&path.join("journal"), applied)?;
-    let mark = frames.last().map(|frame| frame.last_position);
-    let missing: Vec<_> = frames.iter().filter(|frame| frame.seq > applied).collect();
-    for frame in &missing {
+    for frame in &frames {
         db.apply_batch(frame.batch())?;
     }
-    if !missing.is_empty() {
-        db.flush()?;
-        sync()?;
-        tracing::info!(frames = missing.len(), "replayed the journal into sled");
+    db.flush()?;
+    sync()?;
+    let mark = acknowledged.map_or(last.last_position, |file| file.max(last.last_position));
+    if Some(mark) != acknowledged {
+        Acknowledged::open(path, mark)?;
     }
-    Ok((journal, mark))
+    journal.reset()?;
+    tracing::info!(frames = frames.len(), "replayed the journal into sled");
+    Ok((journal, Some(mark)))
 }
 
 /// One start of a runtime on this store.
