@@ -47,6 +47,9 @@ use crate::records::{CommandRecord, SessionRecord};
 use crate::shared::{add_elapsed_micros, now_ms, Limits, Shared};
 use crate::transition::{Outcome, Transition};
 
+/// Writes of a group small enough to go to sled key by key (see `Committer::write`).
+const SMALL_GROUP_WRITES: usize = 64;
+
 /// What waits in the committer's queue.
 // Nearly every request is a transition; boxing it would cost an allocation per transition
 // to make the rare `Tick` smaller.
@@ -382,10 +385,12 @@ impl Committer {
 
     /// Writes the group's batch with a slice of the materialization to the journal and
     /// fdatasyncs it — the group is durable — then applies it to sled (in memory; the flusher
-    /// makes it durable there). sled never holds what the journal does not. `atomic`: apply
-    /// it as one sled batch, which readers see whole (purge and sweep steps); otherwise key by
-    /// key, which spares sled's batch its two waits on the device (it writes out its log
-    /// buffer before and after each batch). Returns what the slice wrote of each execution.
+    /// makes it durable there). sled never holds what the journal does not. A small group
+    /// goes to sled key by key: sled's batch writes out its log buffer before and after
+    /// itself, waiting on the device each time, which would triple a lone transition's
+    /// latency; a large one, or one with purge or sweep steps (`atomic`: readers see it
+    /// whole), as one batch, whose fixed waits cost less than taking sled's locks key by key.
+    /// Returns what the slice wrote of each execution.
     fn write(
         &mut self,
         mut batch: Writes,
@@ -414,7 +419,7 @@ impl Committer {
             shared.generation.fetch_add(1, Ordering::AcqRel);
             guard
         });
-        let applied = match atomic {
+        let applied = match atomic || ops.len() > SMALL_GROUP_WRITES {
             true => shared.db.apply_batch(batch).map_err(Error::from),
             false => apply_each(&shared.db, &ops),
         };
