@@ -498,9 +498,11 @@ record_conversion!(Job, JobRecord);
 record_conversion!(Projection, ProjectionRecord);
 record_conversion!(Session, crate::records::SessionRecord);
 
-/// The bytes of every file under `dir` (what `du --apparent-size` counts), recursively; a
-/// file that vanishes meanwhile counts 0.
+/// The bytes the files under `dir` take on disk (what `du` counts: allocated blocks, so a
+/// preallocated journal segment counts what is written in it), recursively; a file that
+/// vanishes meanwhile counts 0.
 pub(crate) fn disk_bytes(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
@@ -508,7 +510,7 @@ pub(crate) fn disk_bytes(dir: &std::path::Path) -> u64 {
         .flatten()
         .map(|entry| match entry.metadata() {
             Ok(meta) if meta.is_dir() => disk_bytes(&entry.path()),
-            Ok(meta) => meta.len(),
+            Ok(meta) => meta.blocks() * 512,
             Err(_) => 0,
         })
         .sum()
