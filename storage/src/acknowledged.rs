@@ -3,9 +3,10 @@
 //! first bad checksum and serves what is left, without a word: a damaged or truncated data
 //! file would otherwise lose acknowledged executions silently.
 //!
-//! The file `acknowledged` beside sled's holds the highest log position ever acknowledged,
-//! written by the committer after the group that reaches it is fsynced in sled and before
-//! any caller of that group is answered, and fsynced itself. At open, a store whose log ends
+//! The file `acknowledged` beside sled's holds the highest log position acknowledged and
+//! durable in sled, written and fsynced by the flusher once sled is synced through it (the
+//! journal's last frame is the mark until then: an open counts both, `open.rs`, and raises
+//! the file to it before the journal goes). At open, a store whose log ends
 //! before that position refuses to open (`Error::AcknowledgedLost`) unless it is opened to
 //! salvage (`Store::open_salvaging`), which lists what it can name and moves the mark down.
 //!

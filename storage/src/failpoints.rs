@@ -17,14 +17,14 @@ static TARGET: OnceLock<(String, u64)> = OnceLock::new();
 static HITS: AtomicU64 = AtomicU64::new(0);
 
 /// Every boundary's name, as RELIABILITY.md numbers them. Where each sits here:
-/// B01 a command received, nothing persisted (service) · B02 a group applied to sled, not in
-/// the journal · B03 the group's journal frame fdatasynced, no caller answered (committer) ·
+/// B01 a command received, nothing persisted (service) · B02 a group durable in the journal,
+/// not applied to sled · B03 the group applied, no caller answered (committer) ·
 /// B04 an attempt's claim durable, its lease actor not started · B05 `ToolDispatched`
 /// durable, the tool not started · B06 `append`'s line written and fsynced, its response not
 /// returned · B07 a tool's response in hand, its receipt not decided · B08 a group written
 /// to the journal, not fdatasynced · B09 a group decided, nothing written · B10 sled made
 /// durable behind the journal (the flusher), the acknowledged mark not yet recorded (S-7) —
-/// B08–B10 are inside one group's commit, which must be atomic ·
+/// B02, B08 and B09 are inside one group's commit, which must be atomic ·
 /// B11 an admission's or command's outcome durable, its HTTP reply not sent · B12 a cancel
 /// durable, the effect in flight not told · B13 inside startup recovery, one claim durable ·
 /// B14 an OS process spawned, its identity not persisted.

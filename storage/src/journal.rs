@@ -4,7 +4,7 @@
 //! the segments it holds go. An open replays every frame kept (`open.rs`), and the last
 //! frame is the acknowledged mark (S-7) until the flusher records it.
 //!
-//! Files: `DIR/journal/{first seq:020}.wal`, each preallocated to its size. A segment is
+//! Files: `DIR/journal/{first seq:020}.wal`, each sized up front (sparse). A segment is
 //! `b"OPJL"`, the format byte, 3 zero bytes, then frames: the payload's length (u32,
 //! little-endian; 0 ends the segment), the CRC-32 of the payload (u32, little-endian), the
 //! payload: the group's seq (u64), its last log position (u64), the number of writes (u32),
@@ -27,7 +27,7 @@ const FORMAT: u8 = 1;
 const HEADER_BYTES: u64 = 8;
 /// A frame's length and CRC, before its payload.
 const FRAME_HEADER_BYTES: u64 = 8;
-/// A segment's size on disk (preallocated, so an fdatasync writes data and no size).
+/// A segment's size, set when it is created, so a frame's fdatasync changes no file size.
 pub(crate) const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// A group's writes: the sled batch the committer applies, and the same writes in the order
@@ -112,10 +112,27 @@ impl Journal {
         let mut frames = Vec::new();
         // Where the newest segment's next frame goes; `None`: a new segment is made.
         let mut end = None;
-        for (index, (_, path)) in names.iter().enumerate() {
+        for (index, (first, path)) in names.iter().enumerate() {
             let newest = index + 1 == names.len();
             match read_segment(path, newest)? {
                 Some((read, offset)) => {
+                    // Seqs follow one another, within and across segments, from the name.
+                    let expected = frames
+                        .last()
+                        .map_or(*first, |last: &JournalFrame| last.seq + 1);
+                    let gap = read
+                        .first()
+                        .is_some_and(|frame| frame.seq != expected || frame.seq != *first)
+                        || read.windows(2).any(|pair| pair[1].seq != pair[0].seq + 1);
+                    if gap {
+                        return Err(Error::Corrupted {
+                            tree: "journal",
+                            key: format!(
+                                "{}: its frames do not follow the journal's",
+                                path.display()
+                            ),
+                        });
+                    }
                     frames.extend(read);
                     end = newest.then_some(offset);
                 }
@@ -149,6 +166,8 @@ impl Journal {
     fn create(dir: &Path, next_seq: u64, mut segments: Vec<(u64, PathBuf)>) -> Result<Self> {
         let path = dir.join(format!("{next_seq:020}.wal"));
         let file = open_rw(&path)?;
+        // Whatever a file of that name held (a segment left with no whole frame) goes.
+        file.set_len(0).map_err(|error| Error::io(&path, error))?;
         let mut header = [0u8; HEADER_BYTES as usize];
         header[..4].copy_from_slice(MAGIC);
         header[4] = FORMAT;
@@ -159,14 +178,12 @@ impl Journal {
             // A file size limit below a segment: the file grows as frames are written, and
             // a write past the limit fails (fail-stop) as on a full disk.
             Err(error) if error.kind() == std::io::ErrorKind::FileTooLarge => {
-                tracing::warn!(path = %path.display(), "the journal segment is not preallocated: the file size limit is lower")
+                tracing::warn!(path = %path.display(), "the journal segment is not sized up front: the file size limit is lower")
             }
             Err(error) => return Err(io(error)),
         }
         file.sync_all().map_err(io)?;
-        File::open(dir)
-            .and_then(|dir| dir.sync_all())
-            .map_err(|error| Error::io(dir, error))?;
+        sync_dir(dir)?;
         segments.push((next_seq, path));
         Ok(Journal {
             dir: dir.to_path_buf(),
@@ -215,7 +232,7 @@ impl Journal {
     }
 
     /// Makes every frame written so far durable: one fdatasync (the segment's size is
-    /// preallocated, so it writes the data alone).
+    /// set up front, so it writes no file size).
     pub fn sync(&mut self) -> Result<()> {
         if crate::planted::planted(crate::planted::Bug::AckBeforeFsync) {
             return Ok(());
@@ -229,24 +246,28 @@ impl Journal {
     /// Removes the segments whose every frame is at or below `durable_seq` (sled holds them
     /// durably), never the one being appended to.
     pub fn drop_through(&mut self, durable_seq: u64) -> Result<()> {
+        let mut dropped = false;
         while self.segments.len() > 1 && self.segments[1].0 <= durable_seq.saturating_add(1) {
             let (_, path) = self.segments.remove(0);
             std::fs::remove_file(&path).map_err(|error| Error::io(&path, error))?;
+            dropped = true;
         }
-        Ok(())
+        match dropped {
+            true => sync_dir(&self.dir),
+            false => Ok(()),
+        }
     }
 
     /// Starts afresh after everything before `next_seq` is durable in sled (a clean close):
     /// one empty segment.
+    /// The segments go oldest first and the directory is synced before the new one exists:
+    /// cut short, what is left is still a journal whose newest segment is its newest.
     pub fn reset(&mut self) -> Result<()> {
-        let old = std::mem::take(&mut self.segments);
-        *self = Journal::create(&self.dir, self.next_seq, Vec::new())?;
-        for (_, path) in old
-            .into_iter()
-            .filter(|(_, path)| *path != self.segments[0].1)
-        {
+        for (_, path) in std::mem::take(&mut self.segments) {
             std::fs::remove_file(&path).map_err(|error| Error::io(&path, error))?;
         }
+        sync_dir(&self.dir)?;
+        *self = Journal::create(&self.dir, self.next_seq, Vec::new())?;
         Ok(())
     }
 }
@@ -259,6 +280,13 @@ fn open_rw(path: &Path) -> Result<File> {
         .truncate(false)
         .open(path)
         .map_err(|error| Error::io(path, error))
+}
+
+/// Makes the directory's entries (segments created or removed) durable.
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|error| Error::io(dir, error))
 }
 
 /// Encodes a frame into `buffer` (cleared first).
@@ -315,11 +343,27 @@ fn read_segment(path: &Path, newest: bool) -> Result<Option<(Vec<JournalFrame>, 
                 frames.push(frame);
                 at = start + len;
             }
-            None if newest => break,
+            // Frames are written one after another, each fdatasynced before the next: only
+            // the last written can be cut, so a whole frame after it is damage, not a cut.
+            None if newest && !whole_frame_at(&bytes, start + len) => break,
             None => return Err(corrupt(format!("frame at {at} is cut or damaged"))),
         }
     }
     Ok(Some((frames, at as u64)))
+}
+
+/// Whether a whole frame (its CRC holds) starts at `at`.
+fn whole_frame_at(bytes: &[u8], at: usize) -> bool {
+    let Some(header) = bytes.get(at..at.saturating_add(FRAME_HEADER_BYTES as usize)) else {
+        return false;
+    };
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+    let start = at + FRAME_HEADER_BYTES as usize;
+    len > 0
+        && bytes
+            .get(start..start.saturating_add(len))
+            .is_some_and(|payload| crc32fast::hash(payload) == crc)
 }
 
 fn decode(payload: &[u8]) -> Option<JournalFrame> {
@@ -434,6 +478,29 @@ mod tests {
         ));
         std::fs::remove_file(&copy).expect("remove");
         assert!(old.exists());
+    }
+
+    #[test]
+    fn s7_a_damaged_frame_followed_by_a_whole_one_refuses_even_in_the_newest_segment() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut journal, _) = Journal::open(dir.path()).expect("open");
+        for n in 1..=3 {
+            journal.append(u64::from(n), &ops(n)).expect("append");
+        }
+        let path = journal.segments[0].1.clone();
+        drop(journal);
+        // A byte of the first frame's payload: frames 2 and 3 are whole after it, so it was
+        // not cut by a crash (only the last written can be); acknowledged frames would be lost.
+        let at = (HEADER_BYTES + FRAME_HEADER_BYTES + 2) as usize;
+        let bytes = std::fs::read(&path).expect("read");
+        open_rw(&path)
+            .expect("open")
+            .write_all_at(&[bytes[at] ^ 0xFF], at as u64)
+            .expect("flip");
+        assert!(matches!(
+            Journal::open(dir.path()),
+            Err(Error::Corrupted { .. })
+        ));
     }
 
     #[test]

@@ -3,10 +3,10 @@
 //! Callers submit transitions through a bounded queue (`Limits::queue_len_max`). The
 //! committer takes everything queued, up to `Limits::batch_len_max`, validates each
 //! transition against its own view (it is the only writer, so the view is consistent),
-//! applies the whole group to sled as one `Batch` (in memory), appends the same writes to
-//! the journal and fdatasyncs it — one device wait per group (`journal.rs`) — and only then
-//! answers each caller. sled is flushed and fsynced in the background (`log/flusher.rs`;
-//! sled 0.34.7's own `flush()` ends in `sync_file_range`, which does not make data durable).
+//! appends the group's writes to the journal and fdatasyncs it — one device wait per group
+//! (`journal.rs`) — then applies them to sled in memory, and only then answers each caller.
+//! sled is flushed and fsynced in the background (`log/flusher.rs`; sled 0.34.7's own
+//! `flush()` ends in `sync_file_range`, which does not make data durable).
 //!
 //! Why one log record per ~16 KiB of frames, not a record per event and a record per head:
 //! sled tops out near 100–180k inserts/s on two cores however it is batched, and a step is
@@ -232,10 +232,13 @@ fn run(
     }
     committer.flushing.stop();
     if committer.shared.refusals.failure().is_none() {
-        // Everything in sled and durable, the journal is not needed at the next open.
+        // Every group durable in sled, the journal emptied, and only then the direct write
+        // of the materialization: no later open replays a frame over it.
         let closed = committer
-            .materialize_all()
-            .and_then(|()| committer.journal.reset());
+            .flushing
+            .sync(&committer.shared)
+            .and_then(|_| committer.journal.reset())
+            .and_then(|()| committer.materialize_all());
         if let Err(error) = closed {
             tracing::error!(%error, "final materialization failed; the journal and log will be replayed at next open");
         }

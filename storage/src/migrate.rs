@@ -30,7 +30,7 @@
 //! - 12: conversation records (`0x14`): a session's name (C-2) and compactions (C-3),
 //!   written by their own compare-and-swap. A mark.
 //! - 13: the event `ContextPinned` (E-8). A mark.
-//! - 14: the journal (`DIR/journal/`, `journal_applied`): sled may lag the acknowledged
+//! - 14: the journal (`DIR/journal/`): sled may lag the acknowledged
 //!   groups, which only an open that replays the journal finds. A mark, so that an older
 //!   build refuses the store instead of serving without them.
 

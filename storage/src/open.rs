@@ -25,7 +25,7 @@ use crate::overlay::{index_state, Overlay};
 use crate::shared::{now_ms, Limits, Shared};
 
 /// An opened store, for its committer to take over: its shared state with the log tail
-/// replayed, sled's data file (the committer fsyncs it), the acknowledged mark, the new
+/// replayed, sled's data file (the flusher fsyncs it), the acknowledged mark, the journal, the new
 /// incarnation, and what a salvage found.
 pub(crate) struct Opened {
     pub shared: Arc<Shared>,
@@ -105,6 +105,8 @@ fn replay_journal(
     }
     db.flush()?;
     sync()?;
+    // Values sled put in files of their own: durable too before the journal goes.
+    crate::shared::sync_sled_blobs(path, &mut Default::default())?;
     let mark = acknowledged.map_or(last.last_position, |file| file.max(last.last_position));
     if Some(mark) != acknowledged {
         Acknowledged::open(path, mark)?;

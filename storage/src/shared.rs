@@ -515,3 +515,46 @@ pub(crate) fn disk_bytes(dir: &std::path::Path) -> u64 {
         })
         .sum()
 }
+
+/// sled writes a value or node larger than a quarter segment to its own file under `blobs/`
+/// and never fsyncs it. Our limits keep that rare; when it happens, fsync the new files and
+/// the directory before the journal that covers them may go. `synced`: the files synced
+/// already (sled removes files it no longer needs; they are forgotten).
+pub(crate) fn sync_sled_blobs(
+    path: &std::path::Path,
+    synced: &mut std::collections::HashSet<std::ffi::OsString>,
+) -> Result<()> {
+    let dir = path.join("blobs");
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(Error::io(&dir, error)),
+    };
+    let mut synced_any = false;
+    let mut present = std::collections::HashSet::new();
+    for entry in entries {
+        let entry = entry.map_err(|error| Error::io(&dir, error))?;
+        let name = entry.file_name();
+        present.insert(name.clone());
+        if synced.contains(&name) {
+            continue;
+        }
+        let path = entry.path();
+        match std::fs::File::open(&path) {
+            Ok(file) => file.sync_all().map_err(|error| Error::io(&path, error))?,
+            // sled removed it meanwhile (blob garbage collection).
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(error) => return Err(Error::io(&path, error)),
+        }
+        synced.insert(name);
+        synced_any = true;
+    }
+    // Forget files sled has garbage-collected.
+    synced.retain(|name| present.contains(name));
+    if synced_any {
+        std::fs::File::open(&dir)
+            .and_then(|dir_file| dir_file.sync_all())
+            .map_err(|error| Error::io(&dir, error))?;
+    }
+    Ok(())
+}

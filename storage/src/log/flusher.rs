@@ -91,7 +91,7 @@ impl Flushing {
         sled.data_file
             .sync_data()
             .map_err(|error| Error::io(&path, error))?;
-        sync_sled_blobs(shared, &mut sled.synced_blobs)?;
+        crate::shared::sync_sled_blobs(&shared.path, &mut sled.synced_blobs)?;
         // B10: sled durable through the group, its acknowledged mark not yet recorded.
         crate::failpoint!("B10");
         if position > sled.acknowledged.position() {
@@ -136,43 +136,4 @@ pub(super) fn spawn(shared: Arc<Shared>, flushing: Arc<Flushing>) -> std::io::Re
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// sled writes a value or node larger than a quarter segment to its own file under `blobs/`
-/// and never fsyncs it. Our limits keep that rare; when it happens, fsync the new files and
-/// the directory before the journal that covers them may go.
-fn sync_sled_blobs(shared: &Shared, synced: &mut HashSet<OsString>) -> Result<()> {
-    let dir = shared.path.join("blobs");
-    let entries = match std::fs::read_dir(&dir) {
-        Ok(entries) => entries,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(error) => return Err(Error::io(&dir, error)),
-    };
-    let mut synced_any = false;
-    let mut present = HashSet::new();
-    for entry in entries {
-        let entry = entry.map_err(|error| Error::io(&dir, error))?;
-        let name = entry.file_name();
-        present.insert(name.clone());
-        if synced.contains(&name) {
-            continue;
-        }
-        let path = entry.path();
-        match File::open(&path) {
-            Ok(file) => file.sync_all().map_err(|error| Error::io(&path, error))?,
-            // sled removed it meanwhile (blob garbage collection).
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(error) => return Err(Error::io(&path, error)),
-        }
-        synced.insert(name);
-        synced_any = true;
-    }
-    // Forget files sled has garbage-collected.
-    synced.retain(|name| present.contains(name));
-    if synced_any {
-        File::open(&dir)
-            .and_then(|dir_file| dir_file.sync_all())
-            .map_err(|error| Error::io(&dir, error))?;
-    }
-    Ok(())
 }
