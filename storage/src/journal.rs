@@ -30,31 +30,37 @@ const FRAME_HEADER_BYTES: u64 = 8;
 /// A segment's size, set when it is created, so a frame's fdatasync changes no file size.
 pub(crate) const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 
-/// A group's writes: the sled batch the committer applies, and the same writes in the order
-/// they were made, for the journal.
+/// A group's writes, in the order they were made: a journal frame, then sled's (key by key,
+/// or as one batch, `batch_of`).
 #[derive(Debug, Default)]
 pub(crate) struct Writes {
-    batch: sled::Batch,
     ops: Vec<(IVec, Option<IVec>)>,
 }
 
 impl Writes {
     pub fn insert<K: Into<IVec>, V: Into<IVec>>(&mut self, key: K, value: V) {
-        let (key, value) = (key.into(), value.into());
-        self.ops.push((key.clone(), Some(value.clone())));
-        self.batch.insert(key, value);
+        self.ops.push((key.into(), Some(value.into())));
     }
 
     pub fn remove<K: Into<IVec>>(&mut self, key: K) {
-        let key = key.into();
-        self.ops.push((key.clone(), None));
-        self.batch.remove(key);
+        self.ops.push((key.into(), None));
     }
 
-    /// The batch for sled, and the writes for the journal.
-    pub fn split(self) -> (sled::Batch, Vec<(IVec, Option<IVec>)>) {
-        (self.batch, self.ops)
+    pub fn into_ops(self) -> Vec<(IVec, Option<IVec>)> {
+        self.ops
     }
+}
+
+/// Writes as one sled batch (a later write of a key wins, as when applied one by one).
+pub(crate) fn batch_of<K: AsRef<[u8]>, V: AsRef<[u8]>>(ops: &[(K, Option<V>)]) -> sled::Batch {
+    let mut batch = sled::Batch::default();
+    for (key, value) in ops {
+        match value {
+            Some(value) => batch.insert(key.as_ref(), value.as_ref()),
+            None => batch.remove(key.as_ref()),
+        }
+    }
+    batch
 }
 
 /// One frame read back: a group's writes.
@@ -63,20 +69,6 @@ pub(crate) struct JournalFrame {
     pub seq: u64,
     pub last_position: u64,
     pub ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-}
-
-impl JournalFrame {
-    /// The frame's writes as one sled batch.
-    pub fn batch(&self) -> sled::Batch {
-        let mut batch = sled::Batch::default();
-        for (key, value) in &self.ops {
-            match value {
-                Some(value) => batch.insert(&key[..], &value[..]),
-                None => batch.remove(&key[..]),
-            }
-        }
-        batch
-    }
 }
 
 /// The segment being appended to, and the older ones still needed.
@@ -203,14 +195,18 @@ impl Journal {
     /// Appends a group's writes as the next frame and makes it durable (`write`, then `sync`).
     #[cfg(test)]
     pub fn append(&mut self, last_position: u64, ops: &[(IVec, Option<IVec>)]) -> Result<u64> {
-        let seq = self.write(last_position, ops)?;
+        let (seq, _) = self.write(last_position, ops)?;
         self.sync()?;
         Ok(seq)
     }
 
     /// Writes a group's writes as the next frame (a new segment when this one is full), not
-    /// yet durable. Returns the frame's seq.
-    pub fn write(&mut self, last_position: u64, ops: &[(IVec, Option<IVec>)]) -> Result<u64> {
+    /// yet durable. Returns the frame's seq and size in bytes.
+    pub fn write(
+        &mut self,
+        last_position: u64,
+        ops: &[(IVec, Option<IVec>)],
+    ) -> Result<(u64, u64)> {
         let seq = self.next_seq;
         encode(&mut self.buffer, seq, last_position, ops);
         let frame_bytes = self.buffer.len() as u64;
@@ -228,7 +224,7 @@ impl Journal {
             .map_err(io)?;
         self.offset += frame_bytes;
         self.next_seq += 1;
-        Ok(seq)
+        Ok((seq, frame_bytes))
     }
 
     /// Makes every frame written so far durable: one fdatasync (the segment's size is

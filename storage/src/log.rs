@@ -40,7 +40,7 @@ use crate::error::{Error, Result};
 use crate::event_store::{PurgeStep, SweepStep};
 use crate::head_record::HeadIndex;
 use crate::ids::{CommandId, ExecutionId, SessionId};
-use crate::journal::{Journal, Writes};
+use crate::journal::{batch_of, Journal, Writes};
 use crate::keys;
 use crate::overlay::{OnDiskNow, Overlay, Slice};
 use crate::records::{CommandRecord, SessionRecord};
@@ -408,7 +408,7 @@ impl Committer {
                 .overlay_read()
                 .write_slice(&mut slice, &mut batch, &on_disk)?;
         }
-        let (batch, ops) = batch.split();
+        let ops = batch.into_ops();
         // B09: the group is decided, nothing of it written.
         crate::failpoint!("B09");
         let seq = self.journal_append(last_position, &ops)?;
@@ -423,7 +423,7 @@ impl Committer {
             guard
         });
         let applied = match atomic || ops.len() > SMALL_GROUP_WRITES {
-            true => shared.db.apply_batch(batch).map_err(Error::from),
+            true => shared.db.apply_batch(batch_of(&ops)).map_err(Error::from),
             false => apply_each(&shared.db, &ops),
         };
         let mut written = HashMap::new();
@@ -449,7 +449,7 @@ impl Committer {
     ) -> Result<u64> {
         let metrics = &self.shared.metrics;
         let started = Instant::now();
-        let seq = self.journal.write(last_position, ops)?;
+        let (seq, frame_bytes) = self.journal.write(last_position, ops)?;
         add_elapsed_micros(&metrics.flush_micros_total, started);
         // B08: the group is in the journal, not yet fdatasynced.
         crate::failpoint!("B08");
@@ -458,10 +458,7 @@ impl Committer {
         metrics.fsyncs.fetch_add(1, Ordering::Relaxed);
         add_elapsed_micros(&metrics.fsync_micros_total, started);
         metrics.fsync_seconds.observe_duration(started.elapsed());
-        self.journal_bytes += ops
-            .iter()
-            .map(|(key, value)| key.len() + value.as_ref().map_or(0, |value| value.len()))
-            .sum::<usize>() as u64;
+        self.journal_bytes += frame_bytes;
         if self.journal_bytes >= flusher::FLUSH_JOURNAL_BYTES {
             self.journal_bytes = 0;
             self.flushing.nudge();
@@ -570,7 +567,7 @@ impl Committer {
         let shared = Arc::clone(&self.shared);
         let _slice_guard = shared.slice_lock_write();
         shared.generation.fetch_add(1, Ordering::AcqRel);
-        self.shared.db.apply_batch(batch.split().0)?;
+        self.shared.db.apply_batch(batch_of(&batch.into_ops()))?;
         self.flushing.sync(&self.shared)?;
         *self.shared.overlay_write() = Overlay::new(self.shared.limits.head_frame_refs_max);
         self.shared.generation.fetch_add(1, Ordering::AcqRel);

@@ -101,7 +101,7 @@ fn replay_journal(
         return Ok((journal, acknowledged));
     };
     for frame in &frames {
-        db.apply_batch(frame.batch())?;
+        db.apply_batch(crate::journal::batch_of(&frame.ops))?;
     }
     db.flush()?;
     sync()?;

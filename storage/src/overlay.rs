@@ -533,7 +533,8 @@ mod tests {
     fn applied(batch: Writes) -> (tempfile::TempDir, sled::Db) {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("sled");
-        db.apply_batch(batch.split().0).expect("apply");
+        db.apply_batch(crate::journal::batch_of(&batch.into_ops()))
+            .expect("apply");
         (dir, db)
     }
 
