@@ -284,6 +284,8 @@ struct RawFrame<'a> {
     crc: u32,
     /// What the checksum covers: the execution id, then the payload.
     checked: &'a [u8],
+    /// The whole frame, its header included.
+    whole: &'a [u8],
 }
 
 impl RawFrame<'_> {
@@ -312,6 +314,7 @@ fn raw_frames<'a>(key: &[u8], bytes: &'a [u8]) -> Result<(u8, u64, Vec<RawFrame<
             claimed: keys::execution_at(rest, 8).ok_or_else(|| Error::corrupted(key))?,
             crc: u32::from_be_bytes([rest[4], rest[5], rest[6], rest[7]]),
             checked: &rest[8..end],
+            whole: &rest[..end],
         });
         rest = &rest[end..];
     }
@@ -329,6 +332,26 @@ pub(crate) fn frame_owners(key: &[u8], bytes: &[u8]) -> Result<(u64, Vec<Executi
         false => Err(Error::corrupted(key)),
     });
     Ok((last_position, owners.collect::<Result<_>>()?))
+}
+
+/// The log record without the frames whose execution `keep` refuses (S-8: a record copied
+/// forward leaves its purged executions' frames behind), and how many frames it kept. A
+/// frame that fails its checksum is kept: its owner is not known.
+pub(crate) fn retain_frames(
+    key: &[u8],
+    bytes: &[u8],
+    mut keep: impl FnMut(ExecutionId) -> Result<bool>,
+) -> Result<(Vec<u8>, usize)> {
+    let (_, _, frames) = raw_frames(key, bytes)?;
+    let mut kept = bytes[..LOG_HEADER_LEN].to_vec();
+    let mut count = 0;
+    for frame in frames {
+        if !frame.intact() || keep(frame.claimed)? {
+            kept.extend_from_slice(frame.whole);
+            count += 1;
+        }
+    }
+    Ok((kept, count))
 }
 
 /// Like `decode_log_record`, but decodes only the frames whose header names `only`; the

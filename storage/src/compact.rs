@@ -1,13 +1,19 @@
 //! S-8, disk given back: offline compaction (sled reuses the space of removed keys but never
 //! shrinks its file). Copies every key of a closed store into a new directory in bounded
-//! batches, fsyncs it, records there the position the old store acknowledged (S-7), and
+//! batches (its log records into the new journal, `history.rs`), fsyncs it, records there the position the old store acknowledged (S-7), and
 //! renames `NEW.compacting` to `NEW` only once all is durable, so a compaction cut short
 //! leaves nothing that opens as a store. The old directory is never written.
 
 use std::path::Path;
 
+use sled::IVec;
+
 use crate::acknowledged::Acknowledged;
+use crate::codec;
 use crate::error::{Error, Result};
+use crate::history::{self, Segments};
+use crate::journal::{batch_of, Journal};
+use crate::keys;
 use crate::open::open_sled;
 use crate::shared::disk_bytes;
 use crate::store::Store;
@@ -49,27 +55,7 @@ pub fn compact(from: &Path, to: &Path, mut progress: impl FnMut(u64)) -> Result<
         std::fs::remove_dir_all(to).map_err(|error| Error::io(to, error))?;
     }
     std::fs::create_dir_all(to).map_err(|error| Error::io(to, error))?;
-    let keys = {
-        let source = open_sled(from, CACHE_BYTES)?;
-        let target = open_sled(to, CACHE_BYTES)?;
-        let mut batch = sled::Batch::default();
-        let (mut keys, mut bytes) = (0u64, 0usize);
-        for item in source.iter() {
-            let (key, value) = item?;
-            bytes += key.len() + value.len();
-            batch.insert(key, value);
-            keys += 1;
-            if bytes >= BATCH_BYTES {
-                target.apply_batch(std::mem::take(&mut batch))?;
-                bytes = 0;
-                progress(keys);
-            }
-        }
-        target.apply_batch(batch)?;
-        target.flush()?;
-        progress(keys);
-        keys
-    };
+    let keys = copy(from, to, &mut progress)?;
     // sled's flush ends in sync_file_range (see `log.rs`): the file itself is fsynced.
     let blobs = std::fs::read_dir(to.join("blobs"))
         .into_iter()
@@ -105,4 +91,58 @@ pub fn compact(from: &Path, to: &Path, mut progress: impl FnMut(u64)) -> Result<
         bytes_before,
         bytes_after: disk_bytes(&target),
     })
+}
+
+/// Copies every key of the sled store in `from` into `to`, in batches of `BATCH_BYTES`:
+/// each log record into `to`'s journal (sled there keeps its location, `history.rs`), the
+/// rest into `to`'s sled. Returns how many keys.
+fn copy(from: &Path, to: &Path, progress: &mut impl FnMut(u64)) -> Result<u64> {
+    let source = open_sled(from, CACHE_BYTES)?;
+    let history = Segments::open(&from.join("journal"))?;
+    let target = open_sled(to, CACHE_BYTES)?;
+    let (mut journal, _) = Journal::open(&to.join("journal"), 0)?;
+    let mut batch: Vec<(IVec, Option<IVec>)> = Vec::new();
+    let (mut keys, mut bytes) = (0u64, 0usize);
+    for item in source.iter() {
+        let (key, value) = item?;
+        let value = match key.first() {
+            Some(&keys::LOG) => match history.record(&source, &key, value)? {
+                Some(record) => record,
+                None => continue,
+            },
+            // The target's own is written below.
+            _ if key == keys::meta(keys::META_JOURNAL_SEQ) => continue,
+            _ => value,
+        };
+        bytes += key.len() + value.len();
+        batch.push((key, Some(value)));
+        keys += 1;
+        if bytes >= BATCH_BYTES {
+            write(&target, &mut journal, std::mem::take(&mut batch))?;
+            bytes = 0;
+            progress(keys);
+        }
+    }
+    write(&target, &mut journal, batch)?;
+    let held = journal.next_seq() - 1;
+    let key = keys::meta(keys::META_JOURNAL_SEQ);
+    target.insert(key, codec::encode(&held))?;
+    target.flush()?;
+    progress(keys);
+    Ok(keys)
+}
+
+/// Writes a batch of copied keys: its log records to the journal (fdatasynced), then all
+/// of it to sled.
+fn write(target: &sled::Db, journal: &mut Journal, batch: Vec<(IVec, Option<IVec>)>) -> Result<()> {
+    let (records, rest): (Vec<_>, Vec<_>) = batch
+        .into_iter()
+        .partition(|(key, _)| key.first() == Some(&keys::LOG));
+    if !records.is_empty() {
+        let written = journal.write(0, &records)?;
+        journal.sync()?;
+        target.apply_batch(batch_of(&history::sled_ops(&records, &written.locations)))?;
+    }
+    target.apply_batch(batch_of(&rest))?;
+    Ok(())
 }

@@ -1,29 +1,37 @@
-//! One device wait per group commit (S-3, issue 56): the committer appends each group's
-//! writes to this journal and fdatasyncs it once, then applies them to sled in memory and
-//! answers; sled is flushed and fsynced in the background (`log/flusher.rs`), after which
-//! the segments it holds go. An open replays every frame kept (`open.rs`), and the last
-//! frame is the acknowledged mark (S-7) until the flusher records it.
+//! One device wait per group commit (S-3, issue 56), and the home of the log's history (S-9):
+//! the committer appends each group's writes to this journal and fdatasyncs it once, then
+//! applies them to sled in memory and answers; sled is flushed and fsynced in the background
+//! (`log/flusher.rs`), which records in sled the newest frame it holds (`keys::
+//! META_JOURNAL_SEQ`). An open replays the frames after it (`open.rs`). A log record stays
+//! where its frame put it and sled keeps its location (`history.rs`): a segment goes once
+//! sled holds all its frames and no record lives in it.
 //!
 //! Files: `DIR/journal/{first seq:020}.wal`, each sized up front (sparse). A segment is
 //! `b"OPJL"`, the format byte, 3 zero bytes, then frames: the payload's length (u32,
 //! little-endian; 0 ends the segment), the CRC-32 of the payload (u32, little-endian), the
 //! payload: the group's seq (u64), its last log position (u64), the number of writes (u32),
 //! each write a tag (1 insert, 0 remove), the key's length (u32) and key, and for an insert
-//! the value's length (u32) and value — all little-endian. A frame that ends the newest
-//! segment short or fails its CRC is a write a crash cut: it was never fsynced, so never
-//! acknowledged, and the journal ends before it. The same in any earlier place refuses the
-//! open (`Error::Corrupted`).
+//! the value's length (u32) and value — all little-endian. Format 2 is format 1 whose
+//! segments may hold history (a build that reads only format 1 refuses them instead of
+//! dropping them). A frame that ends the newest segment short or fails its CRC is a write a
+//! crash cut: it was never fsynced, so never acknowledged, and the journal ends before it.
+//! The same in any earlier place refuses the open (`Error::Corrupted`).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use sled::IVec;
 
 use crate::error::{Error, Result};
+use crate::history::{Liveness, Location, Segments};
 
 const MAGIC: &[u8; 4] = b"OPJL";
-const FORMAT: u8 = 1;
+const FORMAT: u8 = 2;
+/// Segments of format 1 (schema 14) are read alike: they hold only frames to replay.
+const FORMAT_1: u8 = 1;
 const HEADER_BYTES: u64 = 8;
 /// A frame's length and CRC, before its payload.
 const FRAME_HEADER_BYTES: u64 = 8;
@@ -46,6 +54,10 @@ impl Writes {
         self.ops.push((key.into(), None));
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
     pub fn into_ops(self) -> Vec<(IVec, Option<IVec>)> {
         self.ops
     }
@@ -63,33 +75,48 @@ pub(crate) fn batch_of<K: AsRef<[u8]>, V: AsRef<[u8]>>(ops: &[(K, Option<V>)]) -
     batch
 }
 
-/// One frame read back: a group's writes.
+/// One frame read back: a group's writes, and where each value lies.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct JournalFrame {
     pub seq: u64,
     pub last_position: u64,
     pub ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// One per write: where its value lies (`None` for a removal).
+    pub locations: Vec<Option<Location>>,
+}
+
+/// A frame written: its seq, its size in bytes, and where each write's value lies.
+#[derive(Debug)]
+pub(crate) struct Written {
+    pub seq: u64,
+    pub bytes: u64,
+    pub locations: Vec<Option<Location>>,
 }
 
 /// The segment being appended to, and the older ones still needed.
 #[derive(Debug)]
 pub(crate) struct Journal {
     dir: PathBuf,
-    file: File,
+    file: Arc<File>,
     /// Where the next frame goes in `file`.
     offset: u64,
     /// Every segment, oldest first: its first seq and path (the last is `file`'s).
     segments: Vec<(u64, PathBuf)>,
+    /// The same segments, open for readers of history.
+    readable: Arc<Segments>,
     /// The seq of the next frame.
     next_seq: u64,
-    /// The encoding buffer, kept between frames.
+    /// The encoding buffer, and where each value starts in it, kept between frames.
     buffer: Vec<u8>,
+    values_at: Vec<Option<(u64, u32)>>,
 }
 
 impl Journal {
-    /// Opens the journal in `dir` (created if missing): its frames, oldest first, and the
-    /// journal to append to, its next seq after every frame and segment.
-    pub fn open(dir: &Path) -> Result<(Self, Vec<JournalFrame>)> {
+    /// Opens the journal in `dir` (created if missing): the frames after `replay_after` (the
+    /// newest one sled holds), oldest first, and the journal to append to. A segment whose
+    /// frames all come before is not read, only checked to be a segment: sled holds them,
+    /// and its records are read where sled locates them.
+    pub fn open(dir: &Path, replay_after: u64) -> Result<(Self, Vec<JournalFrame>)> {
         std::fs::create_dir_all(dir).map_err(|error| Error::io(dir, error))?;
         let mut names: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
             .map_err(|error| Error::io(dir, error))?
@@ -101,61 +128,81 @@ impl Journal {
             })
             .collect();
         names.sort();
+        let readable = Segments::new(dir.to_path_buf());
         let mut frames = Vec::new();
+        // The seq the next frame to replay must have, and the next after every frame read.
+        let (mut expected, mut next_seq) = (replay_after + 1, 1);
         // Where the newest segment's next frame goes; `None`: a new segment is made.
         let mut end = None;
         for (index, (first, path)) in names.iter().enumerate() {
             let newest = index + 1 == names.len();
-            match read_segment(path, newest)? {
-                Some((read, offset)) => {
-                    // Seqs follow one another, within and across segments, from the name.
-                    let expected = frames
-                        .last()
-                        .map_or(*first, |last: &JournalFrame| last.seq + 1);
-                    let gap = read
-                        .first()
-                        .is_some_and(|frame| frame.seq != expected || frame.seq != *first)
-                        || read.windows(2).any(|pair| pair[1].seq != pair[0].seq + 1);
-                    if gap {
-                        return Err(Error::Corrupted {
-                            tree: "journal",
-                            key: format!(
-                                "{}: its frames do not follow the journal's",
-                                path.display()
-                            ),
-                        });
-                    }
-                    frames.extend(read);
-                    end = newest.then_some(offset);
-                }
-                // Created and not yet written whole (a crash then): made again below.
-                None => std::fs::remove_file(path).map_err(|error| Error::io(path, error))?,
+            let held = names
+                .get(index + 1)
+                .is_some_and(|(next, _)| *next <= replay_after.saturating_add(1));
+            // A segment's name is the seq of its first frame, written or to come.
+            next_seq = next_seq.max(*first);
+            if held {
+                read_header(path)?;
+                readable.add(*first, Arc::new(open_rw(path)?));
+                continue;
             }
+            let Some(read) = read_segment(path, *first, newest, replay_after)? else {
+                // Created and not yet written whole (a crash then): made again below.
+                std::fs::remove_file(path).map_err(|error| Error::io(path, error))?;
+                continue;
+            };
+            // The frames to replay follow one another from the newest frame sled holds on.
+            for frame in read
+                .frames
+                .into_iter()
+                .filter(|frame| frame.seq > replay_after)
+            {
+                if frame.seq != expected {
+                    return Err(Error::Corrupted {
+                        tree: "journal",
+                        key: format!("{}: its frames do not follow the journal's", path.display()),
+                    });
+                }
+                expected = frame.seq + 1;
+                frames.push(frame);
+            }
+            readable.add(*first, Arc::new(open_rw(path)?));
+            next_seq = next_seq.max(read.next_seq);
+            end = newest.then_some(read.end);
         }
-        if end.is_none() {
-            names.pop_if(|(_, path)| !path.exists());
+        names.retain(|(_, path)| path.exists());
+        if next_seq <= replay_after {
+            return Err(Error::Corrupted {
+                tree: "journal",
+                key: format!(
+                    "{}: frames through {replay_after}, which sled holds, are missing",
+                    dir.display()
+                ),
+            });
         }
-        // A segment's name is the seq of its first frame, written or to come.
-        let named = names.last().map_or(1, |(first, _)| *first);
-        let next_seq = frames
-            .last()
-            .map_or(named, |frame: &JournalFrame| frame.seq + 1);
         let journal = match (names.last(), end) {
             (Some((_, path)), Some(offset)) => Journal {
-                file: open_rw(path)?,
+                file: Arc::new(open_rw(path)?),
                 dir: dir.to_path_buf(),
                 offset,
                 segments: names,
+                readable,
                 next_seq,
                 buffer: Vec::new(),
+                values_at: Vec::new(),
             },
-            _ => Journal::create(dir, next_seq, names)?,
+            _ => Journal::create(dir, next_seq, names, readable)?,
         };
         Ok((journal, frames))
     }
 
     /// A journal whose newest segment is a new one starting at `next_seq`.
-    fn create(dir: &Path, next_seq: u64, mut segments: Vec<(u64, PathBuf)>) -> Result<Self> {
+    fn create(
+        dir: &Path,
+        next_seq: u64,
+        mut segments: Vec<(u64, PathBuf)>,
+        readable: Arc<Segments>,
+    ) -> Result<Self> {
         let path = dir.join(format!("{next_seq:020}.wal"));
         let file = open_rw(&path)?;
         // Whatever a file of that name held (a segment left with no whole frame) goes.
@@ -176,15 +223,24 @@ impl Journal {
         }
         file.sync_all().map_err(io)?;
         sync_dir(dir)?;
+        let file = Arc::new(file);
+        readable.add(next_seq, Arc::clone(&file));
         segments.push((next_seq, path));
         Ok(Journal {
             dir: dir.to_path_buf(),
             file,
             offset: HEADER_BYTES,
             segments,
+            readable,
             next_seq,
             buffer: Vec::new(),
+            values_at: Vec::new(),
         })
+    }
+
+    /// The segments, for readers of history.
+    pub fn readable(&self) -> Arc<Segments> {
+        Arc::clone(&self.readable)
     }
 
     /// The seq the next appended frame gets.
@@ -192,39 +248,77 @@ impl Journal {
         self.next_seq
     }
 
+    /// The segments other than the one being appended to, oldest first: each one's first
+    /// seq, and whether sled holds all its frames (given the newest frame it holds).
+    pub fn sealed(&self, durable_seq: u64) -> impl Iterator<Item = (u64, bool)> + '_ {
+        self.segments
+            .windows(2)
+            .map(move |pair| (pair[0].0, pair[1].0 <= durable_seq.saturating_add(1)))
+    }
+
+    /// Refuses a journal that lacks a segment sled locates a record in: history lost.
+    pub fn check_present(&self, liveness: &Liveness) -> Result<()> {
+        let present = |segment| self.segments.iter().any(|(first, _)| *first == segment);
+        match liveness.segments().find(|segment| !present(*segment)) {
+            None => Ok(()),
+            Some(missing) => Err(Error::Corrupted {
+                tree: "journal",
+                key: format!(
+                    "{}: segment {missing:020}.wal, where history lives, is missing",
+                    self.dir.display()
+                ),
+            }),
+        }
+    }
+
     /// Appends a group's writes as the next frame and makes it durable (`write`, then `sync`).
     #[cfg(test)]
     pub fn append(&mut self, last_position: u64, ops: &[(IVec, Option<IVec>)]) -> Result<u64> {
-        let (seq, _) = self.write(last_position, ops)?;
+        let written = self.write(last_position, ops)?;
         self.sync()?;
-        Ok(seq)
+        Ok(written.seq)
     }
 
     /// Writes a group's writes as the next frame (a new segment when this one is full), not
-    /// yet durable. Returns the frame's seq and size in bytes.
-    pub fn write(
-        &mut self,
-        last_position: u64,
-        ops: &[(IVec, Option<IVec>)],
-    ) -> Result<(u64, u64)> {
+    /// yet durable.
+    pub fn write(&mut self, last_position: u64, ops: &[(IVec, Option<IVec>)]) -> Result<Written> {
         let seq = self.next_seq;
-        encode(&mut self.buffer, seq, last_position, ops);
+        encode(
+            &mut self.buffer,
+            &mut self.values_at,
+            seq,
+            last_position,
+            ops,
+        );
         let frame_bytes = self.buffer.len() as u64;
         if self.offset + frame_bytes > SEGMENT_BYTES && self.offset > HEADER_BYTES {
             let segments = std::mem::take(&mut self.segments);
-            let buffer = std::mem::take(&mut self.buffer);
-            *self = Journal::create(&self.dir, seq, segments)?;
-            self.buffer = buffer;
+            let (buffer, values_at) = (
+                std::mem::take(&mut self.buffer),
+                std::mem::take(&mut self.values_at),
+            );
+            *self = Journal::create(&self.dir, seq, segments, Arc::clone(&self.readable))?;
+            (self.buffer, self.values_at) = (buffer, values_at);
         }
         // A group larger than a segment grows the file (its size is synced with it).
-        let path = &self.segments[self.segments.len() - 1].1;
+        let (segment, path) = &self.segments[self.segments.len() - 1];
         let io = |error| Error::io(path, error);
         self.file
             .write_all_at(&self.buffer, self.offset)
             .map_err(io)?;
+        let at = |(start, len)| Location {
+            segment: *segment,
+            offset: self.offset + start,
+            len,
+        };
+        let locations = self.values_at.iter().map(|value| value.map(at)).collect();
         self.offset += frame_bytes;
         self.next_seq += 1;
-        Ok((seq, frame_bytes))
+        Ok(Written {
+            seq,
+            bytes: frame_bytes,
+            locations,
+        })
     }
 
     /// Makes every frame written so far durable: one fdatasync (the segment's size is
@@ -239,32 +333,25 @@ impl Journal {
             .map_err(|error| Error::io(path, error))
     }
 
-    /// Removes the segments whose every frame is at or below `durable_seq` (sled holds them
-    /// durably), never the one being appended to.
-    pub fn drop_through(&mut self, durable_seq: u64) -> Result<()> {
-        let mut dropped = false;
-        while self.segments.len() > 1 && self.segments[1].0 <= durable_seq.saturating_add(1) {
-            let (_, path) = self.segments.remove(0);
-            std::fs::remove_file(&path).map_err(|error| Error::io(&path, error))?;
-            dropped = true;
+    /// Removes each segment, never the newest, whose frames sled all holds (through
+    /// `durable_seq`) and in which no record lives (`live`, by the segment's first seq).
+    pub fn drop_dead(&mut self, durable_seq: u64, live: impl Fn(u64) -> bool) -> Result<()> {
+        let dead: Vec<u64> = self
+            .sealed(durable_seq)
+            .filter(|(first, held)| *held && !live(*first))
+            .map(|(first, _)| first)
+            .collect();
+        if dead.is_empty() {
+            return Ok(());
         }
-        match dropped {
-            true => sync_dir(&self.dir),
-            false => Ok(()),
-        }
-    }
-
-    /// Starts afresh after everything before `next_seq` is durable in sled (a clean close):
-    /// one empty segment.
-    /// The segments go oldest first and the directory is synced before the new one exists:
-    /// cut short, what is left is still a journal whose newest segment is its newest.
-    pub fn reset(&mut self) -> Result<()> {
-        for (_, path) in std::mem::take(&mut self.segments) {
+        for first in dead {
+            let index = self.segments.iter().position(|(seq, _)| *seq == first);
+            let Some(index) = index else { continue };
+            let (_, path) = self.segments.remove(index);
+            self.readable.remove(first);
             std::fs::remove_file(&path).map_err(|error| Error::io(&path, error))?;
         }
-        sync_dir(&self.dir)?;
-        *self = Journal::create(&self.dir, self.next_seq, Vec::new())?;
-        Ok(())
+        sync_dir(&self.dir)
     }
 }
 
@@ -285,9 +372,17 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(|error| Error::io(dir, error))
 }
 
-/// Encodes a frame into `buffer` (cleared first).
-fn encode(buffer: &mut Vec<u8>, seq: u64, last_position: u64, ops: &[(IVec, Option<IVec>)]) {
+/// Encodes a frame into `buffer` (cleared first), and where each value starts in it and its
+/// length into `values_at` (`None` for a removal).
+fn encode(
+    buffer: &mut Vec<u8>,
+    values_at: &mut Vec<Option<(u64, u32)>>,
+    seq: u64,
+    last_position: u64,
+    ops: &[(IVec, Option<IVec>)],
+) {
     buffer.clear();
+    values_at.clear();
     buffer.extend_from_slice(&[0u8; FRAME_HEADER_BYTES as usize]);
     buffer.extend_from_slice(&seq.to_le_bytes());
     buffer.extend_from_slice(&last_position.to_le_bytes());
@@ -296,10 +391,12 @@ fn encode(buffer: &mut Vec<u8>, seq: u64, last_position: u64, ops: &[(IVec, Opti
         buffer.push(u8::from(value.is_some()));
         buffer.extend_from_slice(&(key.len() as u32).to_le_bytes());
         buffer.extend_from_slice(key);
-        if let Some(value) = value {
+        values_at.push(value.as_ref().map(|value| {
             buffer.extend_from_slice(&(value.len() as u32).to_le_bytes());
+            let start = buffer.len() as u64;
             buffer.extend_from_slice(value);
-        }
+            (start, value.len() as u32)
+        }));
     }
     let payload_len = (buffer.len() as u64 - FRAME_HEADER_BYTES) as u32;
     let crc = crc32fast::hash(&buffer[FRAME_HEADER_BYTES as usize..]);
@@ -307,24 +404,56 @@ fn encode(buffer: &mut Vec<u8>, seq: u64, last_position: u64, ops: &[(IVec, Opti
     buffer[4..8].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// The frames of one segment, and where the next would go. `newest`: a cut frame ends it
-/// (a crash before its fsync), and `None` is a segment created and never written whole;
-/// elsewhere either refuses the open.
-fn read_segment(path: &Path, newest: bool) -> Result<Option<(Vec<JournalFrame>, u64)>> {
+/// Checks that `path` starts as a journal segment.
+fn read_header(path: &Path) -> Result<()> {
+    let mut header = [0u8; HEADER_BYTES as usize];
+    let file = File::open(path).map_err(|error| Error::io(path, error))?;
+    file.read_exact_at(&mut header, 0)
+        .map_err(|error| Error::io(path, error))?;
+    match &header[..4] == MAGIC && matches!(header[4], FORMAT | FORMAT_1) {
+        true => Ok(()),
+        false => Err(Error::Corrupted {
+            tree: "journal",
+            key: format!("{}: not a journal segment", path.display()),
+        }),
+    }
+}
+
+/// A segment read back: its frames, where the next would go and the seq it would have.
+struct ReadSegment {
+    frames: Vec<JournalFrame>,
+    end: u64,
+    next_seq: u64,
+}
+
+/// The frames of the segment at `path`, named `first` (the seq of its first frame). A frame
+/// that fails its CRC is, in order:
+/// - a frame sled holds (its seq at or below `held`) followed by a whole frame or by the
+///   segment's end: skipped. Its writes are in sled; only the log records in it are
+///   damaged, which their own checksums find where they are read (S-4).
+/// - in the newest segment with no whole frame after it: a write a crash cut before its
+///   fsync, never acknowledged; the segment ends before it.
+/// - anything else: damage that would lose acknowledged frames, which refuses the open.
+///
+/// `None`: the newest segment, created and never written whole.
+fn read_segment(path: &Path, first: u64, newest: bool, held: u64) -> Result<Option<ReadSegment>> {
     let bytes = std::fs::read(path).map_err(|error| Error::io(path, error))?;
     let corrupt = |reason: String| Error::Corrupted {
         tree: "journal",
         key: format!("{}: {reason}", path.display()),
     };
-    if bytes.len() < HEADER_BYTES as usize || &bytes[..4] != MAGIC || bytes[4] != FORMAT {
+    if bytes.len() < HEADER_BYTES as usize
+        || &bytes[..4] != MAGIC
+        || !matches!(bytes[4], FORMAT | FORMAT_1)
+    {
         return match newest && bytes.iter().all(|byte| *byte == 0) {
             // Created, not yet written whole: nothing in it was acknowledged.
             true => Ok(None),
-            false => Err(corrupt("not a journal segment of format 1".into())),
+            false => Err(corrupt("not a journal segment".into())),
         };
     }
     let mut frames = Vec::new();
-    let mut at = HEADER_BYTES as usize;
+    let (mut at, mut seq) = (HEADER_BYTES as usize, first);
     while let Some(header) = bytes.get(at..at + FRAME_HEADER_BYTES as usize) {
         let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
         if len == 0 {
@@ -335,17 +464,37 @@ fn read_segment(path: &Path, newest: bool) -> Result<Option<(Vec<JournalFrame>, 
         let payload = bytes.get(start..start + len);
         match payload.filter(|payload| crc32fast::hash(payload) == crc) {
             Some(payload) => {
-                let frame = decode(payload).ok_or_else(|| corrupt(format!("frame at {at}")))?;
+                let payload_at = Location {
+                    segment: first,
+                    offset: start as u64,
+                    len: 0,
+                };
+                let frame = decode(payload, payload_at)
+                    .filter(|frame| frame.seq == seq)
+                    .ok_or_else(|| corrupt(format!("frame at {at} does not follow")))?;
                 frames.push(frame);
-                at = start + len;
             }
+            None if seq <= held && payload.is_some() && ends_or_whole_at(&bytes, start + len) => {}
             // Frames are written one after another, each fdatasynced before the next: only
             // the last written can be cut, so a whole frame after it is damage, not a cut.
             None if newest && !whole_frame_at(&bytes, start + len) => break,
             None => return Err(corrupt(format!("frame at {at} is cut or damaged"))),
         }
+        (at, seq) = (start + len, seq + 1);
     }
-    Ok(Some((frames, at as u64)))
+    Ok(Some(ReadSegment {
+        frames,
+        end: at as u64,
+        next_seq: seq,
+    }))
+}
+
+/// Whether the segment ends (a zero length, or its last byte) or a whole frame starts at `at`.
+fn ends_or_whole_at(bytes: &[u8], at: usize) -> bool {
+    match bytes.get(at..at.saturating_add(4)) {
+        None => at == bytes.len(),
+        Some(len) => len == [0; 4] || whole_frame_at(bytes, at),
+    }
 }
 
 /// Whether a whole frame (its CRC holds) starts at `at`.
@@ -362,22 +511,32 @@ fn whole_frame_at(bytes: &[u8], at: usize) -> bool {
             .is_some_and(|payload| crc32fast::hash(payload) == crc)
 }
 
-fn decode(payload: &[u8]) -> Option<JournalFrame> {
+/// A frame's payload, which starts at `payload_at` (its segment and offset).
+fn decode(payload: &[u8], payload_at: Location) -> Option<JournalFrame> {
     let mut reader = Reader(payload);
     let seq = reader.u64()?;
     let last_position = reader.u64()?;
     let count = reader.u32()? as usize;
     let mut ops = Vec::with_capacity(count.min(payload.len()));
+    let mut locations = Vec::with_capacity(count.min(payload.len()));
     for _ in 0..count {
         let insert = reader.take(1)?[0] == 1;
         let key_len = reader.u32()? as usize;
         let key = reader.take(key_len)?.to_vec();
         let value = match insert {
             true => {
-                let value_len = reader.u32()? as usize;
-                Some(reader.take(value_len)?.to_vec())
+                let value_len = reader.u32()?;
+                locations.push(Some(Location {
+                    len: value_len,
+                    offset: payload_at.offset + (payload.len() - reader.0.len()) as u64,
+                    ..payload_at
+                }));
+                Some(reader.take(value_len as usize)?.to_vec())
             }
-            false => None,
+            false => {
+                locations.push(None);
+                None
+            }
         };
         ops.push((key, value));
     }
@@ -385,6 +544,7 @@ fn decode(payload: &[u8]) -> Option<JournalFrame> {
         seq,
         last_position,
         ops,
+        locations,
     })
 }
 
@@ -420,14 +580,14 @@ mod tests {
     #[test]
     fn s3_frames_read_back_in_order_across_a_reopen() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (mut journal, frames) = Journal::open(dir.path()).expect("open");
+        let (mut journal, frames) = Journal::open(dir.path(), 0).expect("open");
         assert!(frames.is_empty());
         for n in 1..=3 {
             let seq = journal.append(u64::from(n) * 10, &ops(n)).expect("append");
             assert_eq!(seq, u64::from(n));
         }
         drop(journal);
-        let (journal, frames) = Journal::open(dir.path()).expect("reopen");
+        let (journal, frames) = Journal::open(dir.path(), 0).expect("reopen");
         assert_eq!(frames.len(), 3);
         assert_eq!(frames[2].seq, 3);
         assert_eq!(frames[2].last_position, 30);
@@ -437,9 +597,9 @@ mod tests {
     }
 
     #[test]
-    fn s3_a_cut_last_frame_ends_the_journal_and_one_in_an_older_segment_refuses() {
+    fn s3_a_cut_last_frame_ends_the_journal() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (mut journal, _) = Journal::open(dir.path()).expect("open");
+        let (mut journal, _) = Journal::open(dir.path(), 0).expect("open");
         journal.append(1, &ops(1)).expect("append");
         journal.append(2, &ops(2)).expect("append");
         let path = journal.segments[0].1.clone();
@@ -450,36 +610,47 @@ mod tests {
         let file = open_rw(&path).expect("open");
         file.write_all_at(&[bytes[end] ^ 0xFF], end as u64)
             .expect("flip");
-        let (mut journal, frames) = Journal::open(dir.path()).expect("reopen");
+        let (mut journal, frames) = Journal::open(dir.path(), 0).expect("reopen");
         assert_eq!(frames.len(), 1);
         // Appended after: the cut frame is overwritten.
         journal.append(3, &ops(3)).expect("append");
-        let (mut journal, frames) = Journal::open(dir.path()).expect("reopen");
+        let (_, frames) = Journal::open(dir.path(), 0).expect("reopen");
         assert_eq!(
             frames.iter().map(|frame| frame.seq).collect::<Vec<_>>(),
             [1, 2]
         );
-        // In a segment that is not the newest, the same damage refuses the open.
-        journal.reset().expect("reset");
-        journal.append(4, &ops(4)).expect("append");
-        let old = journal.segments[0].1.clone();
-        let copy = dir.path().join(format!("{:020}.wal", 0));
-        std::fs::copy(&old, &copy).expect("an older segment");
-        let bytes = std::fs::read(&copy).expect("read");
-        let file = open_rw(&copy).expect("open");
-        file.write_all_at(&[bytes[20] ^ 0xFF], 20).expect("flip");
+    }
+
+    #[test]
+    fn s3_damage_in_an_older_segment_refuses_unless_sled_holds_its_frames() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut journal, _) = Journal::open(dir.path(), 0).expect("open");
+        let big = vec![(IVec::from(&b"k"[..]), Some(IVec::from(vec![7u8; 20 << 20])))];
+        for position in 1..=5 {
+            journal.append(position, &big).expect("append");
+        }
+        let (older, newest) = (journal.segments[0].clone(), journal.segments[1].0);
+        drop(journal);
+        let at = HEADER_BYTES + FRAME_HEADER_BYTES + 40;
+        let file = open_rw(&older.1).expect("open");
+        let mut byte = [0u8];
+        file.read_exact_at(&mut byte, at).expect("read");
+        file.write_all_at(&[byte[0] ^ 0xFF], at).expect("flip");
         assert!(matches!(
-            Journal::open(dir.path()),
+            Journal::open(dir.path(), 0),
             Err(Error::Corrupted { .. })
         ));
-        std::fs::remove_file(&copy).expect("remove");
-        assert!(old.exists());
+        // Held by sled, the segment is not replayed, so not read: its records are checked
+        // where they are read (their own checksums).
+        let (_, frames) = Journal::open(dir.path(), newest - 1).expect("held");
+        assert_eq!(frames.first().map(|frame| frame.seq), Some(newest));
+        assert!(older.1.exists());
     }
 
     #[test]
     fn s7_a_damaged_frame_followed_by_a_whole_one_refuses_even_in_the_newest_segment() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (mut journal, _) = Journal::open(dir.path()).expect("open");
+        let (mut journal, _) = Journal::open(dir.path(), 0).expect("open");
         for n in 1..=3 {
             journal.append(u64::from(n), &ops(n)).expect("append");
         }
@@ -494,26 +665,73 @@ mod tests {
             .write_all_at(&[bytes[at] ^ 0xFF], at as u64)
             .expect("flip");
         assert!(matches!(
-            Journal::open(dir.path()),
+            Journal::open(dir.path(), 0),
+            Err(Error::Corrupted { .. })
+        ));
+        // A frame sled holds is skipped: only the records in it are damaged, and their own
+        // checksums find that where they are read (S-4).
+        let (mut journal, frames) = Journal::open(dir.path(), 1).expect("held");
+        assert_eq!(
+            frames.iter().map(|frame| frame.seq).collect::<Vec<_>>(),
+            [2, 3]
+        );
+        assert_eq!(journal.append(4, &ops(4)).expect("append"), 4);
+    }
+
+    #[test]
+    fn s9_segments_go_once_sled_holds_them_and_nothing_lives_in_them_never_the_newest() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut journal, _) = Journal::open(dir.path(), 0).expect("open");
+        let big = vec![(IVec::from(&b"k"[..]), Some(IVec::from(vec![7u8; 20 << 20])))];
+        for position in 1..=8 {
+            journal.append(position, &big).expect("append");
+        }
+        let segments = journal.segments.clone();
+        assert!(segments.len() >= 3, "{segments:?}");
+        let (first, second) = (segments[0].0, segments[1].0);
+        // Not yet held by sled: nothing goes.
+        journal.drop_dead(first, |_| false).expect("drop");
+        assert_eq!(journal.segments, segments);
+        // Held: the dead ones go, the one a record lives in stays, the newest stays.
+        journal
+            .drop_dead(u64::MAX, |segment| segment == second)
+            .expect("drop");
+        let newest = segments.last().cloned().expect("newest");
+        assert_eq!(journal.segments, vec![segments[1].clone(), newest.clone()]);
+        assert!(!segments[0].1.exists() && newest.1.exists());
+        assert!(journal
+            .readable
+            .read(Location {
+                segment: first,
+                offset: 8,
+                len: 1
+            })
+            .expect("read")
+            .is_none());
+        // Reopened after what sled holds: only the frames after it.
+        let (_, frames) = Journal::open(dir.path(), newest.0 - 1).expect("reopen");
+        assert!(frames.iter().all(|frame| frame.seq >= newest.0));
+        assert_eq!(frames.last().map(|frame| frame.seq), Some(8));
+        // sled holds frames the journal has lost: refused.
+        assert!(matches!(
+            Journal::open(dir.path(), 20),
             Err(Error::Corrupted { .. })
         ));
     }
 
     #[test]
-    fn s3_segments_sled_holds_are_removed_and_never_the_newest() {
+    fn s9_a_value_is_read_where_its_write_and_its_reopen_locate_it() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (mut journal, _) = Journal::open(dir.path()).expect("open");
-        let big = vec![(IVec::from(&b"k"[..]), Some(IVec::from(vec![7u8; 20 << 20])))];
-        for position in 1..=5 {
-            journal.append(position, &big).expect("append");
-        }
-        assert!(journal.segments.len() >= 2, "{:?}", journal.segments);
-        let newest = journal.segments.last().cloned().expect("newest");
-        journal.drop_through(u64::MAX).expect("drop");
-        assert_eq!(journal.segments, std::slice::from_ref(&newest));
-        assert!(newest.1.exists());
-        let (_, frames) = Journal::open(dir.path()).expect("reopen");
-        assert!(frames.iter().all(|frame| frame.seq >= newest.0));
-        assert_eq!(frames.last().map(|frame| frame.seq), Some(5));
+        let (mut journal, _) = Journal::open(dir.path(), 0).expect("open");
+        journal.append(1, &ops(1)).expect("append");
+        let written = journal.write(2, &ops(2)).expect("write");
+        journal.sync().expect("sync");
+        let location = written.locations[0].expect("an insert");
+        assert_eq!(written.locations[1], None);
+        let readable = journal.readable();
+        assert_eq!(readable.read(location).expect("read"), Some(vec![2u8; 40]));
+        drop(journal);
+        let (_, frames) = Journal::open(dir.path(), 0).expect("reopen");
+        assert_eq!(frames[1].locations, written.locations);
     }
 }

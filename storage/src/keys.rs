@@ -7,7 +7,8 @@
 //! ```text
 //! byte  key                                  value
 //! 0x01  meta name (ASCII)                    codec(u32 / u64)
-//! 0x02  position u64 (first in the record)   log record (`codec.rs`)
+//! 0x02  position u64 (first in the record)   the log record's location in the journal
+//!                                            (`history.rs`), or the record (`codec.rs`)
 //! 0x03  execution id                         head record (`head_record.rs`)
 //! 0x04  execution id, first seq u64          codec(Vec<FrameRef>): an index chunk (refs older than
 //!                                            the head record keeps)
@@ -58,6 +59,10 @@ pub const META_SCHEMA_VERSION: &str = "schema_version";
 /// Position of the last event whose head, events and records are written to their own keys.
 /// Log records after it are replayed at open.
 pub const META_MATERIALIZED_THROUGH: &str = "materialized_through";
+
+/// The newest journal frame sled holds durably (written by the flusher before it syncs
+/// sled): an open replays the frames after it.
+pub const META_JOURNAL_SEQ: &str = "journal_seq";
 
 pub fn meta(name: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(1 + name.len());

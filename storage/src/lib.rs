@@ -35,6 +35,7 @@ pub mod failpoints;
 mod frame;
 mod head_record;
 pub mod histogram;
+mod history;
 pub mod ids;
 mod journal;
 pub mod keys;

@@ -39,6 +39,7 @@ use crate::conversation::{ConversationOutcome, ConversationRecord, ConversationW
 use crate::error::{Error, Result};
 use crate::event_store::{PurgeStep, SweepStep};
 use crate::head_record::HeadIndex;
+use crate::history::{self, Liveness, Location};
 use crate::ids::{CommandId, ExecutionId, SessionId};
 use crate::journal::{batch_of, Journal, Writes};
 use crate::keys;
@@ -151,10 +152,13 @@ pub(crate) fn spawn(
     let (ready, is_ready) = std::sync::mpsc::channel();
     // What the open replayed is synced: sled holds every frame before the next.
     let flushing = flusher::Flushing::new(data_file, acknowledged, journal.next_seq() - 1);
+    let liveness = Liveness::read(&shared.db)?;
+    journal.check_present(&liveness)?;
     flusher::spawn(Arc::clone(shared), Arc::clone(&flushing)).map_err(io_error)?;
     let committer = Committer {
         shared: committer_shared,
         journal,
+        liveness,
         flushing,
         journal_bytes: 0,
         last_materialization: Instant::now(),
@@ -232,13 +236,12 @@ fn run(
     }
     committer.flushing.stop();
     if committer.shared.refusals.failure().is_none() {
-        // Every group durable in sled, the journal emptied, and only then the direct write
-        // of the materialization: no later open replays a frame over it.
+        // Every group durable in sled, and only then the direct write of the
+        // materialization: no later open replays a frame over it.
         let closed = committer
             .flushing
             .sync(&committer.shared)
-            .and_then(|_| committer.journal.reset())
-            .and_then(|()| committer.materialize_all());
+            .and_then(|_| committer.materialize_all());
         if let Err(error) = closed {
             tracing::error!(%error, "final materialization failed; the journal and log will be replayed at next open");
         }
@@ -247,8 +250,10 @@ fn run(
 
 struct Committer {
     shared: Arc<Shared>,
-    /// Each group's writes, fdatasynced before it is answered.
+    /// Each group's writes, fdatasynced before it is answered; the home of history.
     journal: Journal,
+    /// What lives in each journal segment.
+    liveness: Liveness,
     /// sled made durable in the background, and what it holds.
     flushing: Arc<flusher::Flushing>,
     /// Journal bytes written since the flusher was last asked to flush.
@@ -313,9 +318,10 @@ impl Committer {
                 .for_each(|request| request.fail(&reason));
         }
         let mut group = self.decide(requests);
+        self.relocate(&mut group);
         let slice = self.next_slice();
-        if group.answers.is_empty() && slice.is_empty() {
-            return; // only ticks, and nothing to materialize
+        if group.answers.is_empty() && slice.is_empty() && group.batch.is_empty() {
+            return; // only ticks, and nothing to materialize or copy forward
         }
         let batch = std::mem::take(&mut group.batch);
         match self.write(batch, slice, group.next_position - 1, group.atomic) {
@@ -411,7 +417,8 @@ impl Committer {
         let ops = batch.into_ops();
         // B09: the group is decided, nothing of it written.
         crate::failpoint!("B09");
-        let seq = self.journal_append(last_position, &ops)?;
+        let (seq, locations) = self.journal_append(last_position, &ops)?;
+        let ops = history::sled_ops(&ops, &locations);
         // B02: the group is durable in the journal, not applied to sled.
         crate::failpoint!("B02");
         // While a slice is applied to sled, readers cannot combine the overlay with disk: the
@@ -435,21 +442,23 @@ impl Committer {
             drop(guard);
         }
         applied?;
+        self.liveness.apply(&ops)?;
         self.flushing.applied(seq, last_position);
         Ok(written)
     }
 
     /// Appends the group's writes to the journal and fdatasyncs it; asks the flusher to
-    /// flush sled when the journal grew enough, and drops what sled already holds. Returns
-    /// the frame's seq.
+    /// flush sled when the journal grew enough, and drops the segments sled holds in which
+    /// nothing lives. Returns the frame's seq and where each value lies.
     fn journal_append(
         &mut self,
         last_position: u64,
         ops: &[(sled::IVec, Option<sled::IVec>)],
-    ) -> Result<u64> {
+    ) -> Result<(u64, Vec<Option<Location>>)> {
         let metrics = &self.shared.metrics;
         let started = Instant::now();
-        let (seq, frame_bytes) = self.journal.write(last_position, ops)?;
+        let written = self.journal.write(last_position, ops)?;
+        let (seq, frame_bytes) = (written.seq, written.bytes);
         add_elapsed_micros(&metrics.flush_micros_total, started);
         // B08: the group is in the journal, not yet fdatasynced.
         crate::failpoint!("B08");
@@ -463,8 +472,12 @@ impl Committer {
             self.journal_bytes = 0;
             self.flushing.nudge();
         }
-        self.journal.drop_through(self.flushing.durable_seq())?;
-        Ok(seq)
+        let liveness = &self.liveness;
+        self.journal
+            .drop_dead(self.flushing.durable_seq(), |segment| {
+                liveness.live_bytes(segment) > 0
+            })?;
+        Ok((seq, written.locations))
     }
 
     /// The group is durable: its frames join the overlay, where readers find them, the

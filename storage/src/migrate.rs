@@ -33,6 +33,9 @@
 //! - 14: the journal (`DIR/journal/`): sled may lag the acknowledged
 //!   groups, which only an open that replays the journal finds. A mark, so that an older
 //!   build refuses the store instead of serving without them.
+//! - 15: history in the journal (`history.rs`): a log record's value in sled may be its
+//!   location in a journal segment (format 2), which segments are kept for. A mark; records
+//!   kept in sled are still read.
 
 use crate::codec;
 use crate::error::{Error, Result};
@@ -40,7 +43,7 @@ use crate::keys;
 use crate::record_value::RecordValue;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 14;
+pub const SCHEMA_VERSION: u32 = 15;
 
 /// One migration: from `from` to `from + 1`, adding its changes to the batch.
 type Step = fn(&sled::Db, &mut sled::Batch) -> Result<()>;

@@ -12,13 +12,15 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use sled::IVec;
 
 use crate::acknowledged::Acknowledged;
 use crate::codec::{self, DecodedFrame, HeadIdentity, StoredFrame};
 use crate::error::{Error, Result};
 use crate::head_record::HeadIndex;
+use crate::history;
 use crate::ids::{ExecutionId, OwnerId};
-use crate::journal::Journal;
+use crate::journal::{batch_of, Journal};
 use crate::keys;
 use crate::migrate;
 use crate::overlay::{index_state, Overlay};
@@ -60,7 +62,14 @@ pub(crate) fn open(path: &Path, limits: Limits, salvaging: bool) -> Result<Opene
     let (journal, acknowledged) = replay_journal(&db, path, acknowledged, &mut sync)?;
     migrate::run(&db, &mut sync)?;
     let quarantine = load_quarantine(&db)?;
-    let shared = Arc::new(Shared::new(db, path.to_path_buf(), limits, quarantine));
+    let history = journal.readable();
+    let shared = Arc::new(Shared::new(
+        db,
+        path.to_path_buf(),
+        limits,
+        quarantine,
+        history,
+    ));
     replay(&shared, salvaging)?;
     let report = salvage(&shared, acknowledged, mark_unreadable, salvaging)?;
     let incarnation = record_incarnation(&shared.db)?;
@@ -82,36 +91,45 @@ pub(crate) fn open(path: &Path, limits: Limits, salvaging: bool) -> Result<Opene
     })
 }
 
-/// Applies the journal's frames to sled, oldest first, makes sled durable, records the last
-/// frame's position as acknowledged (S-7; `acknowledged`: the mark's file), then empties
-/// the journal. The journal keeps every frame sled may not hold durably (segments go once
-/// sled is synced past them), and sled never holds a group the journal does not (the
-/// committer writes the journal first): whatever part of them sled recovered, each key ends
-/// as the newest frame left it. Emptied here, before anything writes to sled directly
-/// (migrations, materializations), no later open replays a frame over a newer write.
-/// Returns the journal and the acknowledged mark.
+/// Applies the journal's frames after the newest one sled holds (`keys::META_JOURNAL_SEQ`)
+/// to sled, oldest first, each log record as its location (`history.rs`), makes sled
+/// durable, records the newest frame there, and records the last frame's position as
+/// acknowledged (S-7; `acknowledged`: the mark's file). sled never holds a group the journal
+/// does not (the committer writes the journal first): whatever part of those groups sled
+/// recovered, each key ends as the newest frame left it. Returns the journal and the
+/// acknowledged mark.
 fn replay_journal(
     db: &sled::Db,
     path: &Path,
     acknowledged: Option<u64>,
     sync: &mut dyn FnMut() -> Result<()>,
 ) -> Result<(Journal, Option<u64>)> {
-    let (mut journal, frames) = Journal::open(&path.join("journal"))?;
+    let key = keys::meta(keys::META_JOURNAL_SEQ);
+    let held = match db.get(&key)? {
+        Some(bytes) => codec::decode::<u64>(&key, &bytes)?,
+        None => 0,
+    };
+    let (journal, frames) = Journal::open(&path.join("journal"), held)?;
     let Some(last) = frames.last() else {
         return Ok((journal, acknowledged));
     };
     for frame in &frames {
-        db.apply_batch(crate::journal::batch_of(&frame.ops))?;
+        let ops: Vec<(IVec, Option<IVec>)> = frame
+            .ops
+            .iter()
+            .map(|(key, value)| (IVec::from(&key[..]), value.as_deref().map(IVec::from)))
+            .collect();
+        db.apply_batch(batch_of(&history::sled_ops(&ops, &frame.locations)))?;
     }
+    db.insert(&key, codec::encode(&last.seq))?;
     db.flush()?;
     sync()?;
-    // Values sled put in files of their own: durable too before the journal goes.
+    // Values sled put in files of their own: durable too.
     crate::shared::sync_sled_blobs(path, &mut Default::default())?;
     let mark = acknowledged.map_or(last.last_position, |file| file.max(last.last_position));
     if Some(mark) != acknowledged {
         Acknowledged::open(path, mark)?;
     }
-    journal.reset()?;
     tracing::info!(frames = frames.len(), "replayed the journal into sled");
     Ok((journal, Some(mark)))
 }
@@ -199,6 +217,8 @@ fn replay(shared: &Shared, salvaging: bool) -> Result<()> {
     let mut n_frames = 0usize;
     for item in db.range(keys::log(materialized_through.saturating_add(1))..=keys::log(u64::MAX)) {
         let (key, value) = item?;
+        let value = shared.history.record(db, &key, value)?;
+        let value = value.ok_or_else(|| Error::corrupted(&key))?;
         // A record whose framing is broken cannot be attributed to any execution: refuse to
         // open rather than silently drop what it acknowledged.
         let record = codec::decode_log_record(&key, &value)?;
@@ -263,8 +283,8 @@ fn replay_frame(
     frame: StoredFrame,
 ) -> Result<bool> {
     let execution_id = frame.execution_id;
-    // S-8: a purged execution's frames are never replayed (defence in depth: a purge
-    // waits for the materialization that covers them).
+    // S-8: a purged execution's frames are never replayed: a purge waits until nothing of
+    // its execution is in memory, not for the materialization mark to pass its frames.
     if shared.refusals.check_quarantine(execution_id).is_err()
         || shared.db.contains_key(keys::purged(execution_id))?
     {

@@ -48,11 +48,35 @@ pub(crate) type RecordKey = [u8; 17];
 struct Layer {
     execs: HashMap<ExecutionId, Dirty>,
     records: HashMap<RecordKey, RecordValue>,
+    /// How many of `records` each execution's purge removes (`RecordValue::purged_with`).
+    owners: HashMap<ExecutionId, usize>,
 }
 
 impl Layer {
     fn len(&self) -> usize {
         self.execs.len() + self.records.len()
+    }
+
+    fn insert_record(&mut self, record: RecordValue) {
+        let owner = record.purged_with();
+        if self.records.insert(record_key(&record), record).is_none() {
+            if let Some(owner) = owner {
+                *self.owners.entry(owner).or_default() += 1;
+            }
+        }
+    }
+
+    fn remove_record(&mut self, key: &RecordKey) {
+        let removed = self.records.remove(key);
+        let Some(owner) = removed.and_then(|record| record.purged_with()) else {
+            return;
+        };
+        if let Entry::Occupied(mut count) = self.owners.entry(owner) {
+            *count.get_mut() -= 1;
+            if *count.get() == 0 {
+                count.remove();
+            }
+        }
     }
 }
 
@@ -116,6 +140,14 @@ impl Overlay {
         let newest = self.active.execs.get(&execution_id).or(frozen)?;
         let indexed_state = frozen.map_or(newest.indexed_state, |dirty| dirty.indexed_state);
         Some((&newest.head, indexed_state))
+    }
+
+    /// Whether anything of the execution is held here: its head, or a record its purge
+    /// removes.
+    pub fn holds(&self, execution_id: ExecutionId) -> bool {
+        [&self.active, &self.frozen].into_iter().any(|layer| {
+            layer.execs.contains_key(&execution_id) || layer.owners.contains_key(&execution_id)
+        })
     }
 
     /// The executions of a session held here (new ones are not on disk yet).
@@ -202,7 +234,7 @@ impl Overlay {
         disk_index: Option<HeadIndex>,
     ) -> Vec<EventEnvelope> {
         for record in frame.records {
-            self.active.records.insert(record_key(&record), record);
+            self.active.insert_record(record);
         }
         let frame_ref = FrameRef {
             first_seq: frame.events.first().map_or(0, |event| event.seq),
@@ -297,7 +329,7 @@ impl Overlay {
             }
         }
         for key in slice.records {
-            self.frozen.records.remove(&key);
+            self.frozen.remove_record(&key);
         }
         indexed
     }
@@ -527,6 +559,45 @@ mod tests {
         overlay.merge(frame, 1, None, None);
         overlay.freeze(1);
         (overlay, execution_id)
+    }
+
+    /// S-8: a purge waits for everything of its execution in memory, its head and the
+    /// records it owns, which a materialization may write in a later slice than the head.
+    #[test]
+    fn s8_an_execution_is_held_until_its_records_are_written_too() {
+        let (mut overlay, execution_id) = overlay_with_one_unread_entry(1);
+        let command = crate::records::CommandRecord {
+            command_id: crate::ids::CommandId::new(),
+            execution_id,
+            kind: "pause".into(),
+            payload_hash: [0; 32],
+            status: crate::records::CommandStatus::Rejected,
+            reason: None,
+            reason_code: None,
+            result_version: None,
+            child_execution_id: None,
+            accepted_at_ms: 0,
+        };
+        overlay.active.insert_record(RecordValue::Command(command));
+        overlay
+            .frozen
+            .records
+            .extend(overlay.active.records.drain());
+        overlay.frozen.owners.extend(overlay.active.owners.drain());
+        let other = ExecutionId::new();
+        assert!(overlay.holds(execution_id) && !overlay.holds(other));
+        // The head's slice first: the head is written, the record is not.
+        let head_only = overlay.slice(1);
+        assert!(head_only.records.is_empty());
+        overlay.finish_slice(head_only);
+        assert!(overlay.current(execution_id).is_none());
+        assert!(
+            overlay.holds(execution_id),
+            "its record is still to be written"
+        );
+        let records = overlay.slice(1);
+        overlay.finish_slice(records);
+        assert!(!overlay.holds(execution_id));
     }
 
     /// `batch` applied to a new sled database (kept alive by the returned directory).

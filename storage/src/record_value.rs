@@ -43,6 +43,16 @@ impl RecordValue {
         }
     }
 
+    /// The execution whose purge removes the record: its owner, or the execution a Job's
+    /// record or a projection is of.
+    pub(crate) fn purged_with(&self) -> Option<ExecutionId> {
+        match self {
+            RecordValue::Job(record) => Some(record.job_id),
+            RecordValue::Projection(record) => Some(record.execution_id),
+            _ => self.owner(),
+        }
+    }
+
     /// The record's id: its row's in PostgreSQL.
     #[cfg(feature = "postgres")]
     pub(crate) fn id(&self) -> uuid::Uuid {

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -14,6 +14,7 @@ use crate::codec::{self, RecordValue};
 use crate::error::{Error, Result};
 use crate::head_record::{self, HeadIndex};
 use crate::histogram::{Histogram, NamedHistogram};
+use crate::history::Segments;
 use crate::ids::ExecutionId;
 use crate::keys;
 use crate::overlay::Overlay;
@@ -304,6 +305,8 @@ pub(crate) struct Shared {
     /// Held (write) by the committer from applying a slice to sled until the overlay has
     /// dropped it; readers that keep missing a stable generation take it (read) instead.
     pub(crate) slice_lock: RwLock<()>,
+    /// Where the log records live (`history.rs`): read through `Segments::record`.
+    pub history: Arc<Segments>,
     /// The position of the newest event on disk (fsynced).
     pub durable_position: AtomicU64,
     pub refusals: Refusals,
@@ -326,10 +329,12 @@ impl Shared {
         path: PathBuf,
         limits: Limits,
         quarantine: BTreeMap<ExecutionId, String>,
+        history: Arc<Segments>,
     ) -> Self {
         Self {
             db,
             path,
+            history,
             overlay: RwLock::new(Overlay::new(limits.head_frame_refs_max)),
             limits,
             generation: AtomicU64::new(0),

@@ -84,6 +84,9 @@ impl Flushing {
     pub fn sync(&self, shared: &Shared) -> Result<u64> {
         let mut sled = lock(&self.sled);
         let (seq, position) = *lock(&self.applied);
+        // Written before the flush, so sled holds it only with every group before it.
+        let key = crate::keys::meta(crate::keys::META_JOURNAL_SEQ);
+        shared.db.insert(key, crate::codec::encode(&seq))?;
         let started = Instant::now();
         shared.db.flush()?;
         add_elapsed_micros(&shared.metrics.flush_micros_total, started);

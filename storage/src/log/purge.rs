@@ -7,9 +7,12 @@
 //! retention entry. Later steps remove the records it owned (`keys::owned`) and its index
 //! chunks until the tombstone says `finished`; after a crash, the next step goes on from
 //! what is left. Its events stay in shared log records until the sweep removes a record
-//! whose every frame is of a purged execution.
+//! whose every frame is of a purged execution. A record still living in a journal segment
+//! that is mostly dead is copied forward without its purged executions' frames (`relocate`),
+//! so that the segment goes (`history.rs`).
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use super::*;
 use crate::codec;
@@ -18,6 +21,12 @@ use crate::records::PurgedRecord;
 
 /// Keys one purge step removes at most (records it owned, index chunks).
 pub(crate) const PURGE_KEYS_MAX: usize = 1024;
+/// Log records a group copies forward at most.
+const RELOCATE_RECORDS_MAX: usize = 16;
+/// A segment whose live records fill less than this share of it has them copied forward...
+const RELOCATE_BELOW_SHARE: f64 = 0.5;
+/// ...once none has left it for this long.
+const RELOCATE_SETTLED: Duration = Duration::from_secs(30);
 
 impl Committer {
     /// One step of the purge of `execution_id` (see the module). `ended_key`: its entry in
@@ -32,20 +41,17 @@ impl Committer {
         ended_before: Option<u64>,
     ) -> Result<PurgeStep> {
         let db = &self.shared.db;
-        // Settled: nothing of it in this group or in memory, and no materialization under
-        // way — one writes an execution's head and its records in different slices and moves
-        // the mark only with its last, so until it ends a record could still land after the
-        // purge, or a crash replay the execution's frames from before the mark.
-        let overlay = self.shared.overlay_read();
+        // Settled: nothing of it in this group or in memory — neither its head nor a record
+        // it owns, which a materialization may write in a later slice than its head (it
+        // would land after the purge). Its frames may still come after the materialization
+        // mark: a crash then replays none of them, as it is purged (`open.rs`).
         if group.heads.contains_key(&execution_id)
             || group.purged.contains(&execution_id)
             || group.recorded.contains(&execution_id)
-            || overlay.is_materializing()
-            || overlay.current(execution_id).is_some()
+            || self.shared.overlay_read().holds(execution_id)
         {
             return Ok(PurgeStep::Unsettled);
         }
-        drop(overlay);
         if let Some(ended_at_ms) = ended_key {
             group
                 .batch
@@ -140,6 +146,9 @@ impl Committer {
                 continue;
             };
             step.records_examined += 1;
+            let Some(value) = self.shared.history.record(db, &key, value)? else {
+                continue;
+            };
             step.next_position = Some(first.saturating_add(1));
             // A record it cannot read is left as it is: the sweep removes only what it knows.
             let Ok((last, owners)) = codec::frame_owners(&key, &value) else {
@@ -149,7 +158,8 @@ impl Committer {
                 step.next_position = None;
                 break;
             }
-            let mut all_purged = !owners.is_empty();
+            // A record with no frame left was copied forward without its purged ones.
+            let mut all_purged = true;
             for owner in owners {
                 let gone = match purged.get(&owner) {
                     Some(gone) => *gone,
@@ -179,5 +189,59 @@ impl Committer {
             .log_records_swept
             .fetch_add(step.records_deleted as u64, Ordering::Relaxed);
         Ok(step)
+    }
+}
+
+impl Committer {
+    /// Copies forward, into this group's frame, up to `RELOCATE_RECORDS_MAX` records still
+    /// living in the oldest segment sled holds that is mostly dead (`Liveness::sparse`),
+    /// without the frames of purged executions; a record left with none is removed if the
+    /// materialization mark covers it (an open replays the records after the mark, which
+    /// must follow one another). Not beside a sweep, which may remove the same records in
+    /// this group. A record it cannot read is left where it is.
+    pub(super) fn relocate(&self, group: &mut Group) {
+        if group.atomic {
+            return;
+        }
+        let durable_seq = self.flushing.durable_seq();
+        let segment_bytes = crate::journal::SEGMENT_BYTES;
+        let sparse = self.journal.sealed(durable_seq).find(|(segment, held)| {
+            *held
+                && self.liveness.sparse(
+                    *segment,
+                    segment_bytes,
+                    RELOCATE_BELOW_SHARE,
+                    RELOCATE_SETTLED,
+                )
+        });
+        let Some((segment, _)) = sparse else {
+            return;
+        };
+        let Ok(mark) = self.shared.materialized_through() else {
+            return;
+        };
+        for (position, location) in self.liveness.records_in(segment, RELOCATE_RECORDS_MAX) {
+            let key = keys::log(position);
+            match self.without_purged(&key, location) {
+                Ok((_, 0, last)) if last <= mark => group.batch.remove(&key[..]),
+                Ok((kept, _, _)) => group.batch.insert(&key[..], kept),
+                Err(error) => {
+                    tracing::warn!(%error, position, "a log record was not copied forward");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The record at `location` without its purged executions' frames, how many frames it
+    /// kept, and its last position.
+    fn without_purged(&self, key: &[u8], location: Location) -> Result<(Vec<u8>, usize, u64)> {
+        let shared = &self.shared;
+        let bytes = shared.history.read(location)?;
+        let bytes = bytes.ok_or_else(|| Error::corrupted(key))?;
+        let (last, _) = codec::frame_owners(key, &bytes)?;
+        let purged = |owner| Ok(!shared.db.contains_key(keys::purged(owner))?);
+        let (kept, count) = codec::retain_frames(key, &bytes, purged)?;
+        Ok((kept, count, last))
     }
 }

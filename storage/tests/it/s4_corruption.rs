@@ -97,18 +97,24 @@ async fn s4_corrupt_log_frame_in_the_replayed_tail_quarantines_only_its_executio
         // Make the whole log the unmaterialized tail, then damage one of a's frames.
         let db = raw_open(dir.path());
         replay_everything(&db);
-        let (key, value) = db
+        let record = db
             .scan_prefix([keys::LOG])
-            .map(|item| item.expect("log record"))
-            .find(|(_, value)| value.windows(16).any(|window| window == a.as_bytes()))
+            .map(|item| LocatedRecord::read(dir.path(), &item.expect("log record").1))
+            .find(|record| {
+                record
+                    .bytes
+                    .windows(16)
+                    .any(|window| window == a.as_bytes())
+            })
             .expect("a log record with a frame of a");
-        let at = value
+        let at = record
+            .bytes
             .windows(16)
             .position(|window| window == a.as_bytes())
-            .expect("frame");
-        let mut value = value.to_vec();
-        value[at + 16 + 10] ^= 0x5a;
-        db.insert(key, value).expect("insert");
+            .expect("frame")
+            + 16
+            + 10;
+        record.write_byte(at, record.bytes[at] ^ 0x5a);
         db.flush().expect("flush");
     }
     {
@@ -132,12 +138,14 @@ async fn s4_broken_log_framing_refuses_to_open_instead_of_dropping_acknowledged_
     {
         let db = raw_open(dir.path());
         replay_everything(&db);
-        let (key, value) = db
+        let (_, value) = db
             .scan_prefix([keys::LOG])
             .next()
             .expect("a log record")
             .expect("read");
-        db.insert(key, &value[..value.len() - 3]).expect("truncate");
+        // The first frame's length (after the record's 13-byte header) runs past the end.
+        let record = LocatedRecord::read(dir.path(), &value);
+        record.write_byte(13, 0x7f);
         db.flush().expect("flush");
     }
     match Store::open_with(dir.path(), Limits::default()) {

@@ -140,3 +140,42 @@ pub fn replay_everything(db: &sled::Db) {
     )
     .expect("reset the mark");
 }
+
+/// A log record as the store keeps it: its bytes in a journal segment, which sled's value at
+/// its key locates (`0xF1`, the segment's first seq, the offset, the length, big-endian).
+pub struct LocatedRecord {
+    pub segment: std::path::PathBuf,
+    pub offset: u64,
+    pub bytes: Vec<u8>,
+}
+
+impl LocatedRecord {
+    /// The record sled's `value` locates in the journal of the store in `dir`.
+    pub fn read(dir: &std::path::Path, value: &[u8]) -> Self {
+        use std::os::unix::fs::FileExt;
+        assert!(value.len() == 21 && value[0] == 0xF1, "not a location");
+        let word = |at: usize| u64::from_be_bytes(value[at..at + 8].try_into().expect("8"));
+        let len = u32::from_be_bytes(value[17..21].try_into().expect("4")) as usize;
+        let segment = dir.join("journal").join(format!("{:020}.wal", word(1)));
+        let mut bytes = vec![0u8; len];
+        let file = std::fs::File::open(&segment).expect("segment");
+        file.read_exact_at(&mut bytes, word(9)).expect("read");
+        LocatedRecord {
+            segment,
+            offset: word(9),
+            bytes,
+        }
+    }
+
+    /// Writes byte `at` of the record, in place.
+    pub fn write_byte(&self, at: usize, byte: u8) {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.segment)
+            .expect("segment");
+        file.write_all_at(&[byte], self.offset + at as u64)
+            .expect("write");
+        file.sync_all().expect("sync");
+    }
+}
