@@ -11,10 +11,11 @@ use sled::IVec;
 use crate::acknowledged::Acknowledged;
 use crate::codec;
 use crate::error::{Error, Result};
+use crate::generation;
 use crate::history::{self, Segments};
 use crate::journal::{batch_of, Journal};
 use crate::keys;
-use crate::open::open_sled;
+use crate::open::{lock_store, open_sled};
 use crate::shared::disk_bytes;
 use crate::store::Store;
 
@@ -97,7 +98,9 @@ pub fn compact(from: &Path, to: &Path, mut progress: impl FnMut(u64)) -> Result<
 /// each log record into `to`'s journal (sled there keeps its location, `history.rs`), the
 /// rest into `to`'s sled. Returns how many keys.
 fn copy(from: &Path, to: &Path, progress: &mut impl FnMut(u64)) -> Result<u64> {
-    let source = open_sled(from, CACHE_BYTES)?;
+    let _lock = lock_store(from)?;
+    let generation = generation::current(from)?;
+    let source = open_sled(&generation::dir_of(from, generation), CACHE_BYTES)?;
     let history = Segments::open(&from.join("journal"))?;
     let target = open_sled(to, CACHE_BYTES)?;
     let (mut journal, _) = Journal::open(&to.join("journal"), 0)?;

@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 mod apply;
 mod conversation;
 mod flusher;
+mod generations;
 mod purge;
 
 use crate::acknowledged::Acknowledged;
@@ -152,10 +153,11 @@ pub(crate) fn spawn(
     let (ready, is_ready) = std::sync::mpsc::channel();
     // What the open replayed is synced: sled holds every frame before the next.
     let flushing = flusher::Flushing::new(data_file, acknowledged, journal.next_seq() - 1);
-    let liveness = Liveness::read(&shared.db)?;
+    let liveness = Liveness::read(&shared.db())?;
     journal.check_present(&liveness)?;
     flusher::spawn(Arc::clone(shared), Arc::clone(&flushing)).map_err(io_error)?;
     let committer = Committer {
+        generations: generations::Generations::new(shared),
         shared: committer_shared,
         journal,
         liveness,
@@ -235,6 +237,7 @@ fn run(
         add_elapsed_micros(&committer.shared.metrics.group_micros_total, started);
     }
     committer.flushing.stop();
+    committer.generations.abandon();
     if committer.shared.refusals.failure().is_none() {
         // Every group durable in sled, and only then the direct write of the
         // materialization: no later open replays a frame over it.
@@ -254,6 +257,8 @@ struct Committer {
     journal: Journal,
     /// What lives in each journal segment.
     liveness: Liveness,
+    /// sled's generations: a copy under way, and when the next is due.
+    generations: generations::Generations,
     /// sled made durable in the background, and what it holds.
     flushing: Arc<flusher::Flushing>,
     /// Journal bytes written since the flusher was last asked to flush.
@@ -312,6 +317,11 @@ impl Committer {
     /// answered; if the write fails, every request is refused `FailStop` and the store stops.
     fn commit_group(&mut self, requests: Vec<Request>) {
         let started = Instant::now();
+        if let Err(error) = self.tend_generations() {
+            let reason = error.to_string();
+            tracing::error!(%reason, "store entered fail-stop: sled's new generation failed");
+            self.shared.refusals.fail(reason);
+        }
         if let Some(reason) = self.shared.refusals.failure() {
             return requests
                 .into_iter()
@@ -422,26 +432,27 @@ impl Committer {
         // B02: the group is durable in the journal, not applied to sled.
         crate::failpoint!("B02");
         // While a slice is applied to sled, readers cannot combine the overlay with disk: the
-        // generation is odd and the slice lock is held until the overlay has dropped the
+        // seqlock is odd and the slice lock is held until the overlay has dropped the
         // slice.
         let slice_guard = (!slice.is_empty()).then(|| {
             let guard = shared.slice_lock_write();
-            shared.generation.fetch_add(1, Ordering::AcqRel);
+            shared.seqlock.fetch_add(1, Ordering::AcqRel);
             guard
         });
         let applied = match atomic || ops.len() > SMALL_GROUP_WRITES {
-            true => shared.db.apply_batch(batch_of(&ops)).map_err(Error::from),
-            false => apply_each(&shared.db, &ops),
+            true => shared.db().apply_batch(batch_of(&ops)).map_err(Error::from),
+            false => apply_each(&shared.db(), &ops),
         };
         let mut written = HashMap::new();
         if let Some(guard) = slice_guard {
             if applied.is_ok() {
                 written = shared.overlay_write().finish_slice(slice);
             }
-            shared.generation.fetch_add(1, Ordering::AcqRel);
+            shared.seqlock.fetch_add(1, Ordering::AcqRel);
             drop(guard);
         }
         applied?;
+        self.generations.forward(&ops);
         self.liveness.apply(&ops)?;
         self.flushing.applied(seq, last_position);
         Ok(written)
@@ -579,11 +590,11 @@ impl Committer {
             .write_all(&mut batch, through, &on_disk)?;
         let shared = Arc::clone(&self.shared);
         let _slice_guard = shared.slice_lock_write();
-        shared.generation.fetch_add(1, Ordering::AcqRel);
-        self.shared.db.apply_batch(batch_of(&batch.into_ops()))?;
+        shared.seqlock.fetch_add(1, Ordering::AcqRel);
+        self.shared.db().apply_batch(batch_of(&batch.into_ops()))?;
         self.flushing.sync(&self.shared)?;
         *self.shared.overlay_write() = Overlay::new(self.shared.limits.head_frame_refs_max);
-        self.shared.generation.fetch_add(1, Ordering::AcqRel);
+        self.shared.seqlock.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 }

@@ -44,27 +44,31 @@ pub(crate) fn open(path: &Path, limits: Limits, salvaging: bool) -> Result<Opene
     limits.validate()?;
     let io_error = |error| Error::io(path, error);
     std::fs::create_dir_all(path).map_err(io_error)?;
-    let db = open_sled(path, limits.cache_bytes)?;
-    // Read under sled's lock: no other opener is writing it.
+    let lock = lock_store(path)?;
+    // Under the store's lock: no other opener is writing it.
+    let generation = crate::generation::current(path)?;
+    let sled_dir = crate::generation::dir_of(path, generation);
+    let db = open_sled(&sled_dir, limits.cache_bytes)?;
     let (acknowledged, mark_unreadable) = match Acknowledged::read(path) {
         Err(Error::AcknowledgedUnreadable { .. }) if salvaging => (None, true),
         read => (read?, false),
     };
-    let data_file = File::open(path.join("db")).map_err(io_error)?;
+    let data_path = sled_dir.join("db");
+    let data_file = File::open(&data_path).map_err(io_error)?;
     let mut sync = || {
         let synced = data_file.sync_data();
-        synced.map_err(|error| Error::io(&path.join("db"), error))
+        synced.map_err(|error| Error::io(&data_path, error))
     };
     // The directory entries of sled's files must survive a power loss too.
     File::open(path)
         .and_then(|dir| dir.sync_all())
         .map_err(io_error)?;
-    let (journal, acknowledged) = replay_journal(&db, path, acknowledged, &mut sync)?;
+    let (journal, acknowledged) = replay_journal(&db, path, &sled_dir, acknowledged, &mut sync)?;
     migrate::run(&db, &mut sync)?;
     let quarantine = load_quarantine(&db)?;
     let history = journal.readable();
     let shared = Arc::new(Shared::new(
-        db,
+        (db, generation, lock),
         path.to_path_buf(),
         limits,
         quarantine,
@@ -72,8 +76,8 @@ pub(crate) fn open(path: &Path, limits: Limits, salvaging: bool) -> Result<Opene
     ));
     replay(&shared, salvaging)?;
     let report = salvage(&shared, acknowledged, mark_unreadable, salvaging)?;
-    let incarnation = record_incarnation(&shared.db)?;
-    shared.db.flush()?;
+    let incarnation = record_incarnation(&shared.db())?;
+    shared.db().flush()?;
     sync()?;
     // Written after the sync above, and never raised here: what this open found may
     // hold a tail that was written and never acknowledged (a crash before its fsync);
@@ -101,6 +105,7 @@ pub(crate) fn open(path: &Path, limits: Limits, salvaging: bool) -> Result<Opene
 fn replay_journal(
     db: &sled::Db,
     path: &Path,
+    sled_dir: &Path,
     acknowledged: Option<u64>,
     sync: &mut dyn FnMut() -> Result<()>,
 ) -> Result<(Journal, Option<u64>)> {
@@ -125,7 +130,7 @@ fn replay_journal(
     db.flush()?;
     sync()?;
     // Values sled put in files of their own: durable too.
-    crate::shared::sync_sled_blobs(path, &mut Default::default())?;
+    crate::shared::sync_sled_blobs(sled_dir, &mut Default::default())?;
     let mark = acknowledged.map_or(last.last_position, |file| file.max(last.last_position));
     if Some(mark) != acknowledged {
         Acknowledged::open(path, mark)?;
@@ -190,6 +195,34 @@ pub(crate) fn open_sled(path: &Path, cache_bytes: u64) -> Result<sled::Db> {
     }
 }
 
+/// Takes the store's lock (`DIR/lock`): one opener at a time, whichever generation of sled
+/// it holds (`generation.rs`). Held until the store is dropped.
+pub(crate) fn lock_store(path: &Path) -> Result<File> {
+    let lock_path = path.join("lock");
+    let file = File::options()
+        .create(true)
+        .write(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(|error| Error::io(&lock_path, error))?;
+    let mut waited_ms = 0;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) if waited_ms < LOCK_WAIT_MS => {
+                std::thread::sleep(std::time::Duration::from_millis(LOCK_RETRY_MS));
+                waited_ms += LOCK_RETRY_MS;
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::Locked {
+                    path: path.to_path_buf(),
+                })
+            }
+            Err(std::fs::TryLockError::Error(error)) => return Err(Error::io(&lock_path, error)),
+        }
+    }
+}
+
 /// Removes sled's `snap.*.generating` files in `path`; returns how many.
 fn remove_unfinished_sled_snapshots(path: &Path) -> Result<usize> {
     let io_error = |error| Error::io(path, error);
@@ -210,7 +243,7 @@ fn remove_unfinished_sled_snapshots(path: &Path) -> Result<usize> {
 /// Rebuilds the overlay from the log records after the materialization mark. The tail is
 /// bounded by `Limits::overlay_len_max` and the materialization interval of the last run.
 fn replay(shared: &Shared, salvaging: bool) -> Result<()> {
-    let db = &shared.db;
+    let db = &shared.db();
     let materialized_through = shared.materialized_through()?;
     let mut durable = materialized_through;
     let mut overlay = Overlay::new(shared.limits.head_frame_refs_max);
@@ -286,7 +319,7 @@ fn replay_frame(
     // S-8: a purged execution's frames are never replayed: a purge waits until nothing of
     // its execution is in memory, not for the materialization mark to pass its frames.
     if shared.refusals.check_quarantine(execution_id).is_err()
-        || shared.db.contains_key(keys::purged(execution_id))?
+        || shared.db().contains_key(keys::purged(execution_id))?
     {
         return Ok(false);
     }
@@ -396,7 +429,7 @@ fn salvage(
         "the store lost acknowledged history; salvaging what remains"
     );
     let mut lost_executions = Vec::new();
-    for item in shared.db.scan_prefix([keys::BY_SESSION]) {
+    for item in shared.db().scan_prefix([keys::BY_SESSION]) {
         let (key, _) = item?;
         let Some(execution_id) = keys::execution_at(&key, 17) else {
             continue;

@@ -9,7 +9,7 @@
 //!
 //! Invariants: only the committer thread mutates the overlay, after the group that made the
 //! change is durable. A slice is applied to sled before it leaves `frozen`, under the write
-//! lock with `generation` bumped, so a reader that sees the same generation before and after
+//! lock with `seqlock` bumped, so a reader that sees the same seqlock before and after
 //! reading the overlay then sled saw a consistent state (`Store::read_consistent`). A partly
 //! written materialization is harmless: the mark has not moved, the replay writes the same
 //! heads and records again, and refs a head record already covers are not added again.

@@ -53,6 +53,13 @@ pub struct Limits {
     /// execution instead of two. 0: every materialization writes a chunk. Every read of a
     /// head decodes them, so a few dozen at most.
     pub head_frame_refs_max: usize,
+    /// sled's files are copied into a new generation (`generation.rs`) once they have grown
+    /// by this share (in percent) of their size after the last copy...
+    pub sled_copy_growth_percent: u64,
+    /// ...and by at least this many bytes.
+    pub sled_copy_min_growth_bytes: u64,
+    /// How often the committer looks at the size of sled's files.
+    pub sled_copy_check_ms: u64,
 }
 
 impl Default for Limits {
@@ -67,6 +74,9 @@ impl Default for Limits {
             materialize_slice_len: 32,
             cache_bytes: 64 * 1024 * 1024,
             head_frame_refs_max: 16,
+            sled_copy_growth_percent: 100,
+            sled_copy_min_growth_bytes: 64 * 1024 * 1024,
+            sled_copy_check_ms: 2_000,
         }
     }
 }
@@ -111,6 +121,7 @@ pub(crate) struct Metrics {
     pub fenced: AtomicU64,
     pub purge_steps: AtomicU64,
     pub log_records_swept: AtomicU64,
+    pub sled_generations: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -130,6 +141,7 @@ impl Default for Metrics {
             fenced: AtomicU64::default(),
             purge_steps: AtomicU64::default(),
             log_records_swept: AtomicU64::default(),
+            sled_generations: AtomicU64::default(),
         }
     }
 }
@@ -186,6 +198,7 @@ impl Metrics {
             fenced: read(&self.fenced),
             purge_steps: read(&self.purge_steps),
             log_records_swept: read(&self.log_records_swept),
+            sled_generations: read(&self.sled_generations),
             queued,
         }
     }
@@ -229,6 +242,8 @@ pub struct MetricsSnapshot {
     /// S-8: purge steps written, and log records the sweep removed.
     pub purge_steps: u64,
     pub log_records_swept: u64,
+    /// Times sled was copied into a new generation, which it then used (S-9).
+    pub sled_generations: u64,
     /// Requests waiting in the committer's queue now (its mailbox depth).
     pub queued: u64,
 }
@@ -294,16 +309,19 @@ impl Refusals {
 /// State shared by the committer thread and readers.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub db: sled::Db,
+    /// sled, and which generation of it (`generation.rs`): read through `db()`.
+    sled: RwLock<(sled::Db, u64)>,
+    /// The store's lock (`open.rs`), held while the store is open.
+    _lock: std::fs::File,
     pub path: PathBuf,
     pub limits: Limits,
     pub(crate) overlay: RwLock<Overlay>,
     /// Odd while a materialization slice is being applied to sled and the overlay has not
     /// dropped it yet; bumped before and after. Readers that see the same even value before and
     /// after reading the overlay and then disk saw a consistent state.
-    pub generation: AtomicU64,
+    pub seqlock: AtomicU64,
     /// Held (write) by the committer from applying a slice to sled until the overlay has
-    /// dropped it; readers that keep missing a stable generation take it (read) instead.
+    /// dropped it; readers that keep missing a stable seqlock take it (read) instead.
     pub(crate) slice_lock: RwLock<()>,
     /// Where the log records live (`history.rs`): read through `Segments::record`.
     pub history: Arc<Segments>,
@@ -325,19 +343,20 @@ pub(crate) struct Shared {
 impl Shared {
     /// The state of a store `open` is opening: nothing replayed yet.
     pub fn new(
-        db: sled::Db,
+        (db, generation, lock): (sled::Db, u64, std::fs::File),
         path: PathBuf,
         limits: Limits,
         quarantine: BTreeMap<ExecutionId, String>,
         history: Arc<Segments>,
     ) -> Self {
         Self {
-            db,
+            sled: RwLock::new((db, generation)),
+            _lock: lock,
             path,
             history,
             overlay: RwLock::new(Overlay::new(limits.head_frame_refs_max)),
             limits,
-            generation: AtomicU64::new(0),
+            seqlock: AtomicU64::new(0),
             slice_lock: RwLock::new(()),
             durable_position: AtomicU64::new(0),
             refusals: Refusals::new(quarantine),
@@ -346,6 +365,28 @@ impl Shared {
             in_flight_overwrites: Mutex::new(HashMap::new()),
             metrics: Metrics::default(),
         }
+    }
+
+    /// The store's sled (a handle: it stays readable after a switch of generation).
+    pub fn db(&self) -> sled::Db {
+        self.sled
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+            .clone()
+    }
+
+    /// The generation of sled in use, and its directory.
+    pub fn generation_of_sled(&self) -> (u64, PathBuf) {
+        let number = self.sled.read().unwrap_or_else(PoisonError::into_inner).1;
+        (number, crate::generation::dir_of(&self.path, number))
+    }
+
+    /// Makes `db`, generation `number`, the store's sled (`generation.rs`); between two
+    /// groups, with `seqlock` bumped so that a reader across it reads again.
+    pub fn switch_sled(&self, db: sled::Db, number: u64) {
+        self.seqlock.fetch_add(2, Ordering::AcqRel);
+        *self.sled.write().unwrap_or_else(PoisonError::into_inner) = (db, number);
     }
 
     pub fn overlay_read(&self) -> RwLockReadGuard<'_, Overlay> {
@@ -398,7 +439,7 @@ impl Shared {
     /// Where the log's materialization reached: every frame up to it is in its own keys.
     pub fn materialized_through(&self) -> Result<u64> {
         let key = keys::meta(keys::META_MATERIALIZED_THROUGH);
-        match self.db.get(&key)? {
+        match self.db().get(&key)? {
             Some(bytes) => codec::decode(&key, &bytes),
             None => Ok(0),
         }
@@ -408,7 +449,7 @@ impl Shared {
     /// group not yet durable are refused by `EventReader::blob`).
     pub fn blob_on_disk(&self, hash: BlobHash) -> Result<Option<Vec<u8>>> {
         let key = keys::blob(hash);
-        match self.db.get(key)? {
+        match self.db().get(key)? {
             Some(bytes) if BlobHash::of(&bytes) == hash => Ok(Some(bytes.to_vec())),
             Some(_) => Err(Error::corrupted(&key)),
             None => Ok(None),
@@ -435,7 +476,7 @@ impl Shared {
         execution_id: ExecutionId,
     ) -> Result<Option<(ExecutionHead, HeadIndex)>> {
         let key = keys::head(execution_id);
-        let result = match self.db.get(key)? {
+        let result = match self.db().get(key)? {
             Some(bytes) => head_record::decode(&key, &bytes).map(Some),
             None => Ok(None),
         };
@@ -446,7 +487,7 @@ impl Shared {
     where
         RecordValue: TryInto<T>,
     {
-        match self.db.get(key)? {
+        match self.db().get(key)? {
             Some(bytes) => typed(key, codec::decode(key, &bytes)?).map(Some),
             None => Ok(None),
         }
@@ -507,18 +548,23 @@ record_conversion!(Session, crate::records::SessionRecord);
 /// preallocated journal segment counts what is written in it), recursively; a file that
 /// vanishes meanwhile counts 0.
 pub(crate) fn disk_bytes(dir: &std::path::Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
     entries
         .flatten()
-        .map(|entry| match entry.metadata() {
-            Ok(meta) if meta.is_dir() => disk_bytes(&entry.path()),
-            Ok(meta) => meta.blocks() * 512,
-            Err(_) => 0,
-        })
+        .map(|entry| disk_bytes_of(&entry.path()))
         .sum()
+}
+
+/// The bytes a file, or a directory and everything in it, takes on disk.
+pub(crate) fn disk_bytes_of(path: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_dir() => disk_bytes(path),
+        Ok(meta) => meta.blocks() * 512,
+        Err(_) => 0,
+    }
 }
 
 /// sled writes a value or node larger than a quarter segment to its own file under `blobs/`

@@ -131,7 +131,7 @@ impl Store {
         let start = keys::incarnation(0);
         let end = keys::incarnation(u64::MAX);
         self.shared()
-            .db
+            .db()
             .range(start..=end)
             .map(|item| {
                 let (key, value) = item?;

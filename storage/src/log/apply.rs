@@ -101,7 +101,7 @@ impl Committer {
         for (hash, bytes) in upserted.chain(inputs) {
             let key = keys::blob(hash);
             // Stored once; a stored copy that differs (damaged) is written again.
-            if self.shared.db.get(key)?.as_deref() != Some(bytes) {
+            if self.shared.db().get(key)?.as_deref() != Some(bytes) {
                 lock(&self.shared.in_flight_blobs).insert(hash);
                 group.batch.insert(&key[..], bytes);
             }
@@ -167,7 +167,7 @@ impl Committer {
         }
         // S-8: a purged execution takes no transition, and its id is never created again.
         if group.purged.contains(&execution_id)
-            || self.shared.db.contains_key(keys::purged(execution_id))?
+            || self.shared.db().contains_key(keys::purged(execution_id))?
         {
             return Err(Error::Purged(execution_id));
         }

@@ -78,6 +78,27 @@ impl Flushing {
         self.wake.notify_one();
     }
 
+    /// The newest group applied to sled: its journal seq and last log position.
+    pub fn applied_now(&self) -> (u64, u64) {
+        *lock(&self.applied)
+    }
+
+    /// Makes `db`, generation `number` — durable through journal seq `seq`, its data file
+    /// `data_file` — the store's sled, between two flushes (`generation.rs`).
+    pub fn switch(
+        &self,
+        shared: &Shared,
+        (db, number): (sled::Db, u64),
+        data_file: File,
+        seq: u64,
+    ) {
+        let mut sled = lock(&self.sled);
+        shared.switch_sled(db, number);
+        sled.data_file = data_file;
+        sled.synced_blobs.clear();
+        self.durable_seq.fetch_max(seq, Ordering::AcqRel);
+    }
+
     /// Makes everything applied to sled so far durable: sled's flush, an fsync of its data
     /// file and of new files under `blobs/`, then the acknowledged mark. Returns the journal
     /// seq sled now holds.
@@ -86,15 +107,16 @@ impl Flushing {
         let (seq, position) = *lock(&self.applied);
         // Written before the flush, so sled holds it only with every group before it.
         let key = crate::keys::meta(crate::keys::META_JOURNAL_SEQ);
-        shared.db.insert(key, crate::codec::encode(&seq))?;
+        let db = shared.db();
+        db.insert(key, crate::codec::encode(&seq))?;
         let started = Instant::now();
-        shared.db.flush()?;
+        db.flush()?;
         add_elapsed_micros(&shared.metrics.flush_micros_total, started);
-        let path = shared.path.join("db");
+        let (_, dir) = shared.generation_of_sled();
         sled.data_file
             .sync_data()
-            .map_err(|error| Error::io(&path, error))?;
-        crate::shared::sync_sled_blobs(&shared.path, &mut sled.synced_blobs)?;
+            .map_err(|error| Error::io(&dir.join("db"), error))?;
+        crate::shared::sync_sled_blobs(&dir, &mut sled.synced_blobs)?;
         // B10: sled durable through the group, its acknowledged mark not yet recorded.
         crate::failpoint!("B10");
         if position > sled.acknowledged.position() {

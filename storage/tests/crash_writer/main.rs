@@ -4,7 +4,9 @@
 //! after its transition is `Committed`, so every printed line is an acknowledgement. Each
 //! transition also moves the execution between Running (odd versions) and Paused (even), so
 //! the by-state index changes all the time. Optional arguments set the materialization
-//! slice and interval, to keep partial materializations in flight when the kill lands.
+//! slice and interval, to keep partial materializations in flight when the kill lands, and
+//! how often sled's size is checked for a copy into a new generation (S-9), to keep copies
+//! and switches in flight too.
 //!
 //! Not a tool for users: it exists so the crash test can kill a real process.
 
@@ -25,7 +27,9 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let (Some(dir), Some(writers)) = (args.get(1), args.get(2).and_then(|n| n.parse::<u64>().ok()))
     else {
-        eprintln!("usage: storage-crash-writer DIR WRITERS [SLICE_LEN INTERVAL_MS]");
+        eprintln!(
+            "usage: storage-crash-writer DIR WRITERS [SLICE_LEN INTERVAL_MS [COPY_CHECK_MS]]"
+        );
         return ExitCode::from(2);
     };
     let mut limits = Limits::default();
@@ -34,6 +38,12 @@ fn main() -> ExitCode {
     }
     if let Some(interval_ms) = args.get(4).and_then(|n| n.parse().ok()) {
         limits.materialize_interval_ms = interval_ms;
+    }
+    // Copies sled into a new generation whenever it grew at all, looking this often.
+    if let Some(check_ms) = args.get(5).and_then(|n| n.parse().ok()) {
+        limits.sled_copy_check_ms = check_ms;
+        limits.sled_copy_growth_percent = 1;
+        limits.sled_copy_min_growth_bytes = 0;
     }
     let store = match Store::open_with(dir, limits) {
         Ok(store) => store,

@@ -25,3 +25,4 @@ mod s6_startup;
 mod s7_acknowledged;
 mod s8_projections;
 mod s8_purge;
+mod s9_generations;

@@ -21,6 +21,8 @@ const CYCLES_DEFAULT: u64 = 20;
 /// Materialization slice and interval of the children: a materialization spans many groups.
 const CHILD_SLICE_LEN: &str = "16";
 const CHILD_INTERVAL_MS: &str = "20";
+/// How often a child checks whether sled doubled, to copy it into a new generation (S-9).
+const CHILD_COPY_CHECK_MS: &str = "10";
 /// How long a child may take to open the store and say it is ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -51,6 +53,7 @@ fn run_and_kill(dir: &std::path::Path, kill_after: Duration, early: bool) -> Vec
         .arg(WRITERS.to_string())
         .arg(CHILD_SLICE_LEN)
         .arg(CHILD_INTERVAL_MS)
+        .arg(CHILD_COPY_CHECK_MS)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -211,8 +214,16 @@ fn s3_acknowledged_transitions_survive_kill_9() {
         total_acks > 0,
         "seed {seed}: the children acknowledged nothing"
     );
+    // The children copied sled into new generations (S-9) between the kills: the newest.
+    let generation = std::fs::read_dir(dir.path().join("generations"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
     eprintln!(
-        "s3 crash test: seed {seed}: {cycles} kills, {total_acks} acknowledgements verified in {:.1?}",
+        "s3 crash test: seed {seed}: {cycles} kills, {total_acks} acknowledgements verified, sled in generation {generation}, in {:.1?}",
         started.elapsed()
     );
 }
