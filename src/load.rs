@@ -176,6 +176,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         Some(n) => Some(parked_memory(&runtime, n, options.concurrency).await?),
         None => None,
     };
+    let retention_backlog = crate::load_store::retention_backlog(&options, &runtime)?;
     let fsyncs = runtime.store().metrics().fsyncs - store_before.fsyncs;
     let stored = runtime.store().disk_bytes();
     let (state_loads_parked, state_loads_replayed) = runtime.inspect().state_loads();
@@ -186,6 +187,8 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     // temporary directory go (sled 0.34 waits for good on a last flush to deleted files).
     let (failed, executions_us, queue_waits_us) = drive.finish();
     drop(runtime);
+    let (store_bytes_compacted, drain_samples, drain_bytes_compacted) =
+        crate::load_store::drain(&options, &data_dir, || open(&options, &data_dir, &clock)).await?;
     drop(temporary);
     let raw_per_s = options
         .baseline
@@ -215,6 +218,10 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
         rss_per_parked_bytes: parked.map(|(_, bytes)| bytes.round()),
         store_samples,
         executions_purged,
+        retention_backlog,
+        store_bytes_compacted,
+        drain_samples,
+        drain_bytes_compacted,
         disk_bytes_stored_per_step: (total_steps > 0 && options.postgres().is_none())
             .then(|| stored as f64 / total_steps as f64),
         ..LoadReport::measured(

@@ -59,6 +59,11 @@ pub struct LoadOptions {
     /// Sample the store's size on disk this often (S-8).
     #[arg(long, value_parser = parse_duration, conflicts_with = "url")]
     pub sample_store_every: Option<Duration>,
+    /// With --retain-finished: after the load, report what `compact` would keep of the
+    /// store, then reopen it for this long while retention purges what the load left,
+    /// sampling its size, and report what `compact` keeps of that too.
+    #[arg(long, value_parser = parse_duration, requires = "retain_finished")]
+    pub drain: Option<Duration>,
     /// Run without one turn per session (C-2), to measure what it costs.
     #[arg(long, conflicts_with = "url")]
     pub parallel_turns: bool,
@@ -201,6 +206,16 @@ pub struct LoadReport {
     pub store_samples: Vec<StoreSample>,
     /// S-8: executions retention purged while the load ran.
     pub executions_purged: Option<u64>,
+    /// S-9, with retention: executions that ended longer ago than the retention period
+    /// and one retention round when the load ended, and were not purged yet.
+    pub retention_backlog: Option<u64>,
+    /// S-9, with `--drain`: the bytes `compact` keeps of the store as the load left it.
+    pub store_bytes_compacted: Option<u64>,
+    /// S-9, with `--drain`: the store's bytes on disk while retention purged what the load
+    /// left (seconds since the drain began), and what `compact` keeps after it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub drain_samples: Vec<StoreSample>,
+    pub drain_bytes_compacted: Option<u64>,
 }
 
 /// S-8: one sample of the store while a load runs: seconds since the load started, the store's
@@ -375,8 +390,31 @@ impl LoadReport {
             rows.push(("raw records/s (same store)", format!("{raw:.0}")));
             rows.push(("transitions / raw", format!("{ratio:.2}")));
         }
+        rows.extend(self.retention_rows());
         rows.iter()
             .map(|(name, value)| format!("{name:<30} {value}\n"))
             .collect()
+    }
+}
+
+impl LoadReport {
+    /// With retention: what it purged and left behind, and the store against what
+    /// `compact` keeps of it.
+    fn retention_rows(&self) -> Vec<(&'static str, String)> {
+        let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / 1048576.0);
+        let mut rows = Vec::new();
+        if let (Some(purged), Some(backlog)) = (self.executions_purged, self.retention_backlog) {
+            let shown = format!("{purged} ({backlog} past the period not yet)");
+            rows.push(("executions purged", shown));
+        }
+        if let (Some(last), Some(kept)) = (self.store_samples.last(), self.store_bytes_compacted) {
+            let shown = format!("{} ({} after compact)", mib(last.bytes), mib(kept));
+            rows.push(("store at the end", shown));
+        }
+        if let (Some(last), Some(kept)) = (self.drain_samples.last(), self.drain_bytes_compacted) {
+            let shown = format!("{} ({} after compact)", mib(last.bytes), mib(kept));
+            rows.push(("store after the drain", shown));
+        }
+        rows
     }
 }

@@ -85,6 +85,62 @@ pub async fn finish(
     Ok((samples, purged))
 }
 
+/// S-9, with retention: how many executions ended longer ago than the retention period and
+/// one retention round, and are not purged yet.
+pub fn retention_backlog(options: &LoadOptions, runtime: &Runtime) -> Result<Option<u64>> {
+    let Some(retain) = options.retain_finished else {
+        return Ok(None);
+    };
+    let slack = retain + openprogram_actors::retention::ROUND_EVERY;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64);
+    let cutoff = now_ms.saturating_sub(slack.as_millis() as u64);
+    let (mut count, mut after) = (0, None);
+    loop {
+        let page = runtime.store().ended_before(cutoff, after, 10_000)?;
+        count += page.len() as u64;
+        match page.last() {
+            Some(last) => after = Some(*last),
+            None => return Ok(Some(count)),
+        }
+    }
+}
+
+/// S-9, `--drain`: what `compact` keeps of the closed store in `data_dir`; then the store
+/// reopened (`open`) for the drain period while retention purges what the load left,
+/// sampled, and what `compact` keeps after. `None`s without `--drain`.
+pub async fn drain(
+    options: &LoadOptions,
+    data_dir: &std::path::Path,
+    open: impl Fn() -> Result<Runtime>,
+) -> Result<(Option<u64>, Vec<StoreSample>, Option<u64>)> {
+    let Some(period) = options.drain else {
+        return Ok((None, Vec::new(), None));
+    };
+    let at_end = compacted_bytes(data_dir)?;
+    let runtime = open()?;
+    let done = Arc::new(AtomicBool::new(false));
+    let every = options.sample_store_every.unwrap_or(Duration::from_secs(10));
+    let sampler = sample(runtime.clone(), every, done.clone(), !options.json);
+    tokio::time::sleep(period).await;
+    done.store(true, Ordering::Release);
+    let samples = sampler.await.map_err(panicked("the store sampler"))?;
+    runtime.shutdown().await;
+    drop(runtime);
+    Ok((Some(at_end), samples, Some(compacted_bytes(data_dir)?)))
+}
+
+/// The bytes `compact` keeps of the closed store in `data_dir` (a copy beside it, removed).
+fn compacted_bytes(data_dir: &std::path::Path) -> Result<u64> {
+    let parent = data_dir.parent().unwrap_or(data_dir);
+    let unavailable = |error: std::io::Error| Error::Unavailable(error.to_string());
+    let copy = tempfile::tempdir_in(parent).map_err(unavailable)?;
+    let into = copy.path().join("compacted");
+    let report = openprogram_storage::compact::compact(data_dir, &into, |_| {})?;
+    Ok(report.bytes_after)
+}
+
 /// The raw store, for `duration`: records per second. Sled in this process, or the same
 /// PostgreSQL database the load wrote.
 pub(crate) fn raw_baseline(options: &LoadOptions, duration: Duration) -> Result<f64> {

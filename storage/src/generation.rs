@@ -230,11 +230,9 @@ pub(crate) fn complete(store_dir: &Path, built: &Built, last: Ops) -> Result<Fil
         .sync_all()
         .map_err(|error| Error::io(&dir, error))?;
     crate::shared::sync_sled_blobs(&dir, &mut Default::default())?;
-    for name in ["conf"] {
-        let path = dir.join(name);
-        if let Ok(file) = File::open(&path) {
-            file.sync_all().map_err(|error| Error::io(&path, error))?;
-        }
+    let conf = dir.join("conf");
+    if let Ok(file) = File::open(&conf) {
+        file.sync_all().map_err(|error| Error::io(&conf, error))?;
     }
     sync_dir(&dir)?;
     let marker = dir.join(COMPLETE);

@@ -29,6 +29,8 @@
 //! 0x12  ended at ms u64, execution id        empty: ended executions by time (retention), schema 8
 //! 0x13  session id                           codec(SessionRecord), schema 11
 //! 0x14  session id                           codec(ConversationRecord), schema 12
+//! 0x15  blob hash (32 bytes), execution id     empty: an execution that uses the blob, schema 15
+//! 0x16  execution id, blob hash (32 bytes)     empty: a blob the execution uses, schema 15
 //! ```
 
 use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, SessionId, WaitId};
@@ -54,6 +56,8 @@ pub const OWNED: u8 = 0x11;
 pub const ENDED: u8 = 0x12;
 pub const SESSION: u8 = 0x13;
 pub const CONVERSATION: u8 = 0x14;
+pub const BLOB_USER: u8 = 0x15;
+pub const USED_BLOB: u8 = 0x16;
 
 pub const META_SCHEMA_VERSION: &str = "schema_version";
 /// Position of the last event whose head, events and records are written to their own keys.
@@ -157,6 +161,23 @@ pub fn blob(hash: BlobHash) -> [u8; 33] {
     join(&[&[BLOB], &hash.0])
 }
 
+pub fn blob_users_prefix(hash: BlobHash) -> [u8; 33] {
+    join(&[&[BLOB_USER], &hash.0])
+}
+
+/// Execution `execution_id` uses blob `hash` (S-9: a blob goes with its last user's purge).
+pub fn blob_user(hash: BlobHash, execution_id: ExecutionId) -> [u8; 49] {
+    join(&[&blob_users_prefix(hash), execution_id.as_bytes()])
+}
+
+pub fn used_blobs_prefix(execution_id: ExecutionId) -> [u8; 17] {
+    prefixed_id(USED_BLOB, execution_id.as_bytes())
+}
+
+pub fn used_blob(execution_id: ExecutionId, hash: BlobHash) -> [u8; 49] {
+    join(&[&used_blobs_prefix(execution_id), &hash.0])
+}
+
 pub fn by_state_prefix(state: ExecutionState) -> [u8; 2] {
     [BY_STATE, state.code()]
 }
@@ -216,6 +237,7 @@ pub fn tree_name(key: &[u8]) -> &'static str {
         Some(&ENDED) => "ended",
         Some(&SESSION) => "sessions",
         Some(&CONVERSATION) => "conversations",
+        Some(&BLOB_USER) | Some(&USED_BLOB) => "blob users",
         _ => "unknown",
     }
 }

@@ -45,7 +45,7 @@ use crate::ids::{CommandId, ExecutionId, SessionId};
 use crate::journal::{batch_of, Journal, Writes};
 use crate::keys;
 use crate::overlay::{OnDiskNow, Overlay, Slice};
-use crate::records::{CommandRecord, SessionRecord};
+use crate::records::{BlobHash, CommandRecord, SessionRecord};
 use crate::shared::{add_elapsed_micros, now_ms, Limits, Shared};
 use crate::transition::{Outcome, Transition};
 
@@ -298,6 +298,11 @@ struct Group {
     purged: HashSet<ExecutionId>,
     /// Executions whose rejection records this group writes: no purge step of theirs runs.
     recorded: HashSet<ExecutionId>,
+    /// Blobs this group's transitions use: no purge of this group removes them.
+    blobs_used: HashSet<BlobHash>,
+    /// Blobs this group's purges remove: a transition of this group that uses one writes it
+    /// again.
+    blobs_removed: HashSet<BlobHash>,
 }
 
 /// A committed frame of the group, merged into the overlay once the group is durable.

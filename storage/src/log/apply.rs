@@ -98,13 +98,20 @@ impl Committer {
             }
         });
         let upserted = blobs.iter().map(|blob| (blob.hash(), blob.bytes()));
+        let user = frame.head.execution_id;
         for (hash, bytes) in upserted.chain(inputs) {
             let key = keys::blob(hash);
-            // Stored once; a stored copy that differs (damaged) is written again.
-            if self.shared.db().get(key)?.as_deref() != Some(bytes) {
+            // Stored once; a stored copy that differs (damaged), or one a purge of this
+            // group removes, is written again.
+            let stored = self.shared.db().get(key)?;
+            if stored.as_deref() != Some(bytes) || group.blobs_removed.contains(&hash) {
                 lock(&self.shared.in_flight_blobs).insert(hash);
                 group.batch.insert(&key[..], bytes);
             }
+            // S-9: its users, so that it goes with the last one's purge (`purge.rs`).
+            group.batch.insert(&keys::blob_user(hash, user)[..], &[]);
+            group.batch.insert(&keys::used_blob(user, hash)[..], &[]);
+            group.blobs_used.insert(hash);
         }
         for record in &frame.records {
             match record {

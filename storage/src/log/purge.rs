@@ -4,9 +4,9 @@
 //!
 //! A purge's first step makes the execution unreadable: it writes the tombstone
 //! (`PurgedRecord`) and removes the head record, projection, Job record, session listing and
-//! retention entry. Later steps remove the records it owned (`keys::owned`) and its index
-//! chunks until the tombstone says `finished`; after a crash, the next step goes on from
-//! what is left. Its events stay in shared log records until the sweep removes a record
+//! retention entry. Later steps remove the records it owned (`keys::owned`), its index
+//! chunks, and the blobs no other execution uses (S-9), until the tombstone says `finished`;
+//! after a crash, the next step goes on from what is left. Its events stay in shared log records until the sweep removes a record
 //! whose every frame is of a purged execution. A record still living in a journal segment
 //! that is mostly dead is copied forward without its purged executions' frames (`relocate`),
 //! so that the segment goes (`history.rs`).
@@ -17,7 +17,7 @@ use std::time::Duration;
 use super::*;
 use crate::codec;
 use crate::event_store::{PurgeStep, SweepStep};
-use crate::records::PurgedRecord;
+use crate::records::{BlobHash, PurgedRecord};
 
 /// Keys one purge step removes at most (records it owned, index chunks).
 pub(crate) const PURGE_KEYS_MAX: usize = 1024;
@@ -108,6 +108,15 @@ impl Committer {
             group.batch.remove(item?.0);
             removed += 1;
         }
+        for item in db.scan_prefix(keys::used_blobs_prefix(execution_id)) {
+            if removed >= PURGE_KEYS_MAX {
+                break;
+            }
+            let (key, _) = item?;
+            self.release_blob(group, execution_id, &key)?;
+            group.batch.remove(key);
+            removed += 1;
+        }
         let step = if removed < PURGE_KEYS_MAX {
             tombstone.finished = true;
             PurgeStep::Done
@@ -122,6 +131,38 @@ impl Committer {
             .purge_steps
             .fetch_add(1, Ordering::Relaxed);
         Ok(step)
+    }
+
+    /// S-9: the execution no longer uses the blob its `keys::used_blob` key names; the blob
+    /// goes too when no other execution does — none but executions this group purges, and
+    /// no transition of this group.
+    fn release_blob(&self, group: &mut Group, execution_id: ExecutionId, key: &[u8]) -> Result<()> {
+        let Some(hash) = key
+            .get(17..)
+            .and_then(|hash| <[u8; 32]>::try_from(hash).ok())
+        else {
+            return Ok(());
+        };
+        let hash = BlobHash(hash);
+        group.batch.remove(&keys::blob_user(hash, execution_id)[..]);
+        let mut used = group.blobs_used.contains(&hash);
+        for user in self
+            .shared
+            .db()
+            .scan_prefix(keys::blob_users_prefix(hash))
+            .keys()
+        {
+            let user = keys::execution_at(&user?, 33);
+            if used || user.is_none_or(|user| !group.purged.contains(&user)) {
+                used = true;
+                break;
+            }
+        }
+        if !used {
+            group.batch.remove(&keys::blob(hash)[..]);
+            group.blobs_removed.insert(hash);
+        }
+        Ok(())
     }
 
     /// One step of the log's sweep: examines at most `max_records` log records from

@@ -5,7 +5,7 @@
 //! execution: the others read on, across a reopen.
 
 use openprogram_storage::{
-    CommandId, CommandRecord, CommandStatus, Error, EventReader, EventStore, ExecutionId,
+    Blob, CommandId, CommandRecord, CommandStatus, Error, EventReader, EventStore, ExecutionId,
     ExecutionState, Outcome, PurgeStep, Store, Transition, Upsert, WaitId, WaitKind, WaitRecord,
     WaitStatus,
 };
@@ -294,4 +294,48 @@ async fn s8_compaction_copies_what_is_kept_into_a_smaller_store() {
     drop(store);
     assert!(Store::open(&from).is_ok());
     assert!(openprogram_storage::compact::compact(&from, &to, |_| {}).is_err());
+}
+
+/// S-9: a blob goes with the purge of the last execution that uses it, and not before.
+#[tokio::test]
+async fn s9_a_blob_goes_with_the_last_execution_that_uses_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (shared, own) = (
+        Blob::new(b"used by both".to_vec()),
+        Blob::new(b"used by one".to_vec()),
+    );
+    let (a, b) = {
+        let store = Store::open_with(dir.path(), eager_limits()).expect("open");
+        let (a, b) = (create(&store).await, create(&store).await);
+        for (execution_id, blobs) in [(a, vec![&shared, &own]), (b, vec![&shared])] {
+            let mut transition = Transition::new(execution_id, vec![decided("output")]);
+            for blob in blobs {
+                transition = transition.with(Upsert::Blob(blob.clone()));
+            }
+            committed(
+                store
+                    .submit(transition.expect_version(1))
+                    .await
+                    .expect("blob"),
+            );
+            set_state(&store, execution_id, 2, ExecutionState::Completed).await;
+        }
+        (a, b)
+    };
+    // Reopened: everything written to its own keys, so the purges are settled.
+    let store = Store::open(dir.path()).expect("reopen");
+    assert!(store.blob(own.hash()).expect("read").is_some());
+    purge_fully(&store, a).await;
+    assert_eq!(
+        store.blob(own.hash()).expect("read"),
+        None,
+        "only a used it"
+    );
+    assert_eq!(
+        store.blob(shared.hash()).expect("read").as_deref(),
+        Some(shared.bytes()),
+        "b still uses it"
+    );
+    purge_fully(&store, b).await;
+    assert_eq!(store.blob(shared.hash()).expect("read"), None);
 }
