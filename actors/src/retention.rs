@@ -25,8 +25,11 @@ const ROUND_PURGES_MAX: usize = 8192;
 const PURGES_TOGETHER: usize = 256;
 /// Log records one sweep step examines.
 const SWEEP_STEP_RECORDS: usize = 256;
-/// Log records one round examines at most.
+/// Log records one round examines at most...
 const ROUND_SWEEP_RECORDS: usize = 65_536;
+/// ...and the time it spends on them: each step is a group commit, and a round that swept
+/// for seconds would leave the purges of the next waiting behind the load.
+const ROUND_SWEEP_TIME: Duration = Duration::from_millis(250);
 
 /// What retention did since the runtime opened (for `/metrics`).
 #[derive(Debug, Default)]
@@ -202,12 +205,13 @@ fn parent_runs(store: &dyn EventStore, execution_id: ExecutionId) -> bool {
     )
 }
 
-/// Sweeps up to `ROUND_SWEEP_RECORDS` log records from `from`; returns where the next
-/// round goes on (0: from the start again, the end was reached). Every record is examined
-/// once a pass: a kept session's old records do not hide newer ones a purge freed.
+/// Sweeps up to `ROUND_SWEEP_RECORDS` log records from `from`, for `ROUND_SWEEP_TIME` at
+/// most; returns where the next round goes on (0: from the start again, the end was
+/// reached). Every record is examined once a pass: a kept session's old records do not hide
+/// newer ones a purge freed.
 async fn sweep(store: &dyn EventStore, mut from: u64, stats: &RetentionStats) -> Result<u64> {
-    let mut examined = 0;
-    while examined < ROUND_SWEEP_RECORDS {
+    let (mut examined, started) = (0, std::time::Instant::now());
+    while examined < ROUND_SWEEP_RECORDS && started.elapsed() < ROUND_SWEEP_TIME {
         let step = store.sweep_log(from, SWEEP_STEP_RECORDS).await?;
         examined += step.records_examined;
         stats

@@ -13,7 +13,7 @@ use crate::codec;
 use crate::error::{Error, Result};
 use crate::generation;
 use crate::history::{self, Segments};
-use crate::journal::{batch_of, Journal};
+use crate::journal::{batch_of, Journal, SEGMENT_BYTES};
 use crate::keys;
 use crate::open::{lock_store, open_sled};
 use crate::shared::disk_bytes;
@@ -99,17 +99,17 @@ pub fn compact(from: &Path, to: &Path, mut progress: impl FnMut(u64)) -> Result<
 /// rest into `to`'s sled. Returns how many keys.
 fn copy(from: &Path, to: &Path, progress: &mut impl FnMut(u64)) -> Result<u64> {
     let _lock = lock_store(from)?;
-    let generation = generation::current(from)?;
+    let (generation, _) = generation::newest(from)?;
     let source = open_sled(&generation::dir_of(from, generation), CACHE_BYTES)?;
     let history = Segments::open(&from.join("journal"))?;
     let target = open_sled(to, CACHE_BYTES)?;
-    let (mut journal, _) = Journal::open(&to.join("journal"), 0)?;
+    let (mut journal, _) = Journal::open(&to.join("journal"), Some(0), SEGMENT_BYTES)?;
     let mut batch: Vec<(IVec, Option<IVec>)> = Vec::new();
     let (mut keys, mut bytes) = (0u64, 0usize);
     for item in source.iter() {
         let (key, value) = item?;
         let value = match key.first() {
-            Some(&keys::LOG) => match history.record(&source, &key, value)? {
+            Some(&keys::LOG) => match history.record(&|key| Ok(source.get(key)?), &key, value)? {
                 Some(record) => record,
                 None => continue,
             },

@@ -44,8 +44,20 @@ pub(crate) fn dir_of(store_dir: &Path, number: u64) -> PathBuf {
 /// The newest complete generation of the store in `store_dir` (0 when there is none), after
 /// removing every other one and any copy cut short.
 pub(crate) fn current(store_dir: &Path) -> Result<u64> {
+    let (current, others) = newest(store_dir)?;
+    for number in others {
+        remove(store_dir, number)?;
+    }
+    if current > 0 {
+        remove(store_dir, 0)?;
+    }
+    Ok(current)
+}
+
+/// The newest complete generation of the store in `store_dir` (0 when there is none), and
+/// the other generations' numbers, without removing anything.
+pub(crate) fn newest(store_dir: &Path) -> Result<(u64, Vec<u64>)> {
     let parent = store_dir.join(DIR);
-    let io = |error| Error::io(&parent, error);
     let mut numbers: Vec<(u64, bool)> = match std::fs::read_dir(&parent) {
         Ok(entries) => entries
             .flatten()
@@ -54,8 +66,8 @@ pub(crate) fn current(store_dir: &Path) -> Result<u64> {
                 Some((number, entry.path().join(COMPLETE).exists()))
             })
             .collect(),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(error) => return Err(io(error)),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok((0, Vec::new())),
+        Err(error) => return Err(Error::io(&parent, error)),
     };
     numbers.sort();
     let current = numbers
@@ -63,13 +75,11 @@ pub(crate) fn current(store_dir: &Path) -> Result<u64> {
         .rev()
         .find(|(_, complete)| *complete)
         .map_or(0, |(number, _)| *number);
-    for (number, _) in numbers.iter().filter(|(number, _)| *number != current) {
-        remove(store_dir, *number)?;
-    }
-    if current > 0 {
-        remove(store_dir, 0)?;
-    }
-    Ok(current)
+    let others = numbers.into_iter().map(|(number, _)| number);
+    Ok((
+        current,
+        others.filter(|number| *number != current).collect(),
+    ))
 }
 
 /// Removes generation `number`'s files.
@@ -186,6 +196,10 @@ fn copy(
     forwarded: &mpsc::Receiver<Ops>,
     abort: &AtomicBool,
 ) -> Result<sled::Db> {
+    // What a copy that failed before left: never complete, never read.
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(|error| Error::io(dir, error))?;
+    }
     std::fs::create_dir_all(dir).map_err(|error| Error::io(dir, error))?;
     let db = crate::open::open_sled(dir, cache_bytes)?;
     let (mut batch, mut bytes) = (sled::Batch::default(), 0);
@@ -213,6 +227,11 @@ fn copy(
         }
         db.flush()?;
     }
+    // Most of the copy durable here, so that the switch, between two groups, fsyncs little.
+    let data = dir.join("db");
+    File::open(&data)
+        .and_then(|file| file.sync_data())
+        .map_err(|error| Error::io(&data, error))?;
     Ok(db)
 }
 
@@ -241,6 +260,7 @@ pub(crate) fn complete(store_dir: &Path, built: &Built, last: Ops) -> Result<Fil
         .map_err(|error| Error::io(&marker, error))?;
     sync_dir(&dir)?;
     sync_dir(&store_dir.join(DIR))?;
+    sync_dir(store_dir)?;
     Ok(data_file)
 }
 

@@ -11,7 +11,7 @@
 //! log format, 1 to 3): both are read (`Shared::log_record`).
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -142,6 +142,17 @@ impl Segments {
         let Some(file) = file else {
             return Ok(None);
         };
+        let io = |error| Error::io(&self.dir, error);
+        let file_len = file.metadata().map_err(io)?.len();
+        if location.offset.saturating_add(u64::from(location.len)) > file_len {
+            return Err(Error::Corrupted {
+                tree: "log",
+                key: format!(
+                    "a location past the end of segment {:020}",
+                    location.segment
+                ),
+            });
+        }
         let mut bytes = vec![0u8; location.len as usize];
         file.read_exact_at(&mut bytes, location.offset)
             .map_err(|error| Error::io(&self.dir, error))?;
@@ -152,9 +163,15 @@ impl Segments {
 impl Segments {
     /// The log record at `key`, whose value sled gave as `value`: read where it is located,
     /// or the value itself (a record kept in sled). A record whose segment is gone is looked
-    /// up again, as it moved or went since `value` was read: `Ok(None)` if sled no longer
-    /// has it; the same location again is history lost (`Error::Corrupted`).
-    pub fn record(&self, db: &sled::Db, key: &[u8], value: IVec) -> Result<Option<IVec>> {
+    /// up again in the store's sled now (`lookup`: it may have changed generation since), as
+    /// it moved or went since `value` was read: `Ok(None)` if sled no longer has it; the same
+    /// location again is history lost (`Error::Corrupted`).
+    pub fn record(
+        &self,
+        lookup: &dyn Fn(&[u8]) -> Result<Option<IVec>>,
+        key: &[u8],
+        value: IVec,
+    ) -> Result<Option<IVec>> {
         let mut value = value;
         loop {
             let Some(location) = Location::decode(key, &value)? else {
@@ -163,7 +180,7 @@ impl Segments {
             if let Some(bytes) = self.read(location)? {
                 return Ok(Some(IVec::from(bytes)));
             }
-            match db.get(key)? {
+            match lookup(key)? {
                 None => return Ok(None),
                 Some(now) if now != value => value = now,
                 Some(_) => return Err(Error::corrupted(key)),
@@ -178,6 +195,8 @@ impl Segments {
 pub(crate) struct Liveness {
     records: HashMap<u64, Location>,
     segments: HashMap<u64, Live>,
+    /// Records that could not be read to be copied forward: not tried again.
+    unmovable: HashSet<u64>,
 }
 
 /// What lives in one segment.
@@ -185,7 +204,7 @@ pub(crate) struct Liveness {
 struct Live {
     bytes: u64,
     positions: BTreeSet<u64>,
-    /// When a record last left it.
+    /// When a record in it last died (was removed, not copied forward).
     changed: Instant,
 }
 
@@ -215,7 +234,10 @@ impl Liveness {
                 let live_now = live.get_mut();
                 live_now.bytes = live_now.bytes.saturating_sub(u64::from(old.len));
                 live_now.positions.remove(&position);
-                live_now.changed = Instant::now();
+                // A record that died; one copied forward says nothing of the others.
+                if location.is_none() {
+                    live_now.changed = Instant::now();
+                }
                 if live_now.positions.is_empty() {
                     live.remove();
                 }
@@ -268,17 +290,23 @@ impl Liveness {
         })
     }
 
-    /// The records living in `segment`, oldest first, at most `max`.
+    /// The records living in `segment` that can be copied forward, oldest first, at most
+    /// `max`.
     pub fn records_in(&self, segment: u64, max: usize) -> Vec<(u64, Location)> {
         let Some(live) = self.segments.get(&segment) else {
             return Vec::new();
         };
-        let located = |position: &u64| Some((*position, *self.records.get(position)?));
-        live.positions
+        let movable = live
+            .positions
             .iter()
-            .take(max)
-            .filter_map(located)
-            .collect()
+            .filter(|at| !self.unmovable.contains(at));
+        let located = |position: &u64| Some((*position, *self.records.get(position)?));
+        movable.take(max).filter_map(located).collect()
+    }
+
+    /// The record at `position` could not be read to be copied forward.
+    pub fn unmovable(&mut self, position: u64) {
+        self.unmovable.insert(position);
     }
 }
 

@@ -35,7 +35,8 @@ const FORMAT_1: u8 = 1;
 const HEADER_BYTES: u64 = 8;
 /// A frame's length and CRC, before its payload.
 const FRAME_HEADER_BYTES: u64 = 8;
-/// A segment's size, set when it is created, so a frame's fdatasync changes no file size.
+/// A segment's size by default (`Limits::journal_segment_bytes`), set when it is created, so
+/// a frame's fdatasync changes no file size.
 pub(crate) const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// A group's writes, in the order they were made: a journal frame, then sled's (key by key,
@@ -106,28 +107,28 @@ pub(crate) struct Journal {
     readable: Arc<Segments>,
     /// The seq of the next frame.
     next_seq: u64,
+    /// A segment's size.
+    segment_bytes: u64,
     /// The encoding buffer, and where each value starts in it, kept between frames.
     buffer: Vec<u8>,
     values_at: Vec<Option<(u64, u32)>>,
 }
 
 impl Journal {
-    /// Opens the journal in `dir` (created if missing): the frames after `replay_after` (the
-    /// newest one sled holds), oldest first, and the journal to append to. A segment whose
-    /// frames all come before is not read, only checked to be a segment: sled holds them,
-    /// and its records are read where sled locates them.
-    pub fn open(dir: &Path, replay_after: u64) -> Result<(Self, Vec<JournalFrame>)> {
-        std::fs::create_dir_all(dir).map_err(|error| Error::io(dir, error))?;
-        let mut names: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
-            .map_err(|error| Error::io(dir, error))?
-            .flatten()
-            .filter_map(|entry| {
-                let name = entry.file_name();
-                let first = name.to_str()?.strip_suffix(".wal")?.parse().ok()?;
-                Some((first, entry.path()))
-            })
-            .collect();
-        names.sort();
+    /// Opens the journal in `dir` (created if missing): the frames after `held` (the newest
+    /// one sled holds; `None`: a store from before schema 15, whose every frame kept is
+    /// replayed), oldest first, and the journal to append to. A segment whose frames all
+    /// come before is not read, only checked to be a segment: sled holds them, and its
+    /// records are read where sled locates them. Refused: frames sled holds or needs that are
+    /// missing, and damage (see `read_segment`).
+    pub fn open(
+        dir: &Path,
+        held: Option<u64>,
+        segment_bytes: u64,
+    ) -> Result<(Self, Vec<JournalFrame>)> {
+        let mut names = list(dir)?;
+        let first_kept = names.first().map_or(1, |(first, _)| *first);
+        let replay_after = held.unwrap_or(first_kept.saturating_sub(1));
         let readable = Segments::new(dir.to_path_buf());
         let mut frames = Vec::new();
         // The seq the next frame to replay must have, and the next after every frame read.
@@ -146,7 +147,7 @@ impl Journal {
                 readable.add(*first, Arc::new(open_rw(path)?));
                 continue;
             }
-            let Some(read) = read_segment(path, *first, newest, replay_after)? else {
+            let Some(read) = read_segment(path, (*first, replay_after), newest)? else {
                 // Created and not yet written whole (a crash then): made again below.
                 std::fs::remove_file(path).map_err(|error| Error::io(path, error))?;
                 continue;
@@ -158,10 +159,7 @@ impl Journal {
                 .filter(|frame| frame.seq > replay_after)
             {
                 if frame.seq != expected {
-                    return Err(Error::Corrupted {
-                        tree: "journal",
-                        key: format!("{}: its frames do not follow the journal's", path.display()),
-                    });
+                    return Err(damaged(path, "its frames do not follow the journal's"));
                 }
                 expected = frame.seq + 1;
                 frames.push(frame);
@@ -171,14 +169,9 @@ impl Journal {
             end = newest.then_some(read.end);
         }
         names.retain(|(_, path)| path.exists());
-        if next_seq <= replay_after {
-            return Err(Error::Corrupted {
-                tree: "journal",
-                key: format!(
-                    "{}: frames through {replay_after}, which sled holds, are missing",
-                    dir.display()
-                ),
-            });
+        if next_seq != expected {
+            let missing = format!("frames {expected} to {next_seq} are missing");
+            return Err(damaged(dir, &missing));
         }
         let journal = match (names.last(), end) {
             (Some((_, path)), Some(offset)) => Journal {
@@ -188,10 +181,11 @@ impl Journal {
                 segments: names,
                 readable,
                 next_seq,
+                segment_bytes,
                 buffer: Vec::new(),
                 values_at: Vec::new(),
             },
-            _ => Journal::create(dir, next_seq, names, readable)?,
+            _ => Journal::create(dir, (next_seq, segment_bytes), names, readable)?,
         };
         Ok((journal, frames))
     }
@@ -199,7 +193,7 @@ impl Journal {
     /// A journal whose newest segment is a new one starting at `next_seq`.
     fn create(
         dir: &Path,
-        next_seq: u64,
+        (next_seq, segment_bytes): (u64, u64),
         mut segments: Vec<(u64, PathBuf)>,
         readable: Arc<Segments>,
     ) -> Result<Self> {
@@ -212,7 +206,7 @@ impl Journal {
         header[4] = FORMAT;
         let io = |error| Error::io(&path, error);
         file.write_all_at(&header, 0).map_err(io)?;
-        match file.set_len(SEGMENT_BYTES) {
+        match file.set_len(segment_bytes) {
             Ok(()) => {}
             // A file size limit below a segment: the file grows as frames are written, and
             // a write past the limit fails (fail-stop) as on a full disk.
@@ -233,9 +227,15 @@ impl Journal {
             segments,
             readable,
             next_seq,
+            segment_bytes,
             buffer: Vec::new(),
             values_at: Vec::new(),
         })
+    }
+
+    /// A segment's size.
+    pub fn segment_bytes(&self) -> u64 {
+        self.segment_bytes
     }
 
     /// The segments, for readers of history.
@@ -291,13 +291,14 @@ impl Journal {
             ops,
         );
         let frame_bytes = self.buffer.len() as u64;
-        if self.offset + frame_bytes > SEGMENT_BYTES && self.offset > HEADER_BYTES {
+        if self.offset + frame_bytes > self.segment_bytes && self.offset > HEADER_BYTES {
             let segments = std::mem::take(&mut self.segments);
             let (buffer, values_at) = (
                 std::mem::take(&mut self.buffer),
                 std::mem::take(&mut self.values_at),
             );
-            *self = Journal::create(&self.dir, seq, segments, Arc::clone(&self.readable))?;
+            let sizes = (seq, self.segment_bytes);
+            *self = Journal::create(&self.dir, sizes, segments, Arc::clone(&self.readable))?;
             (self.buffer, self.values_at) = (buffer, values_at);
         }
         // A group larger than a segment grows the file (its size is synced with it).
@@ -352,6 +353,30 @@ impl Journal {
             std::fs::remove_file(&path).map_err(|error| Error::io(&path, error))?;
         }
         sync_dir(&self.dir)
+    }
+}
+
+/// The segments in `dir` (created if missing), oldest first: each one's first seq and path.
+fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    std::fs::create_dir_all(dir).map_err(|error| Error::io(dir, error))?;
+    let mut names: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .map_err(|error| Error::io(dir, error))?
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            let first = name.to_str()?.strip_suffix(".wal")?.parse().ok()?;
+            Some((first, entry.path()))
+        })
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// The journal at `path` is damaged: `reason`.
+fn damaged(path: &Path, reason: &str) -> Error {
+    Error::Corrupted {
+        tree: "journal",
+        key: format!("{}: {reason}", path.display()),
     }
 }
 
@@ -436,12 +461,13 @@ struct ReadSegment {
 /// - anything else: damage that would lose acknowledged frames, which refuses the open.
 ///
 /// `None`: the newest segment, created and never written whole.
-fn read_segment(path: &Path, first: u64, newest: bool, held: u64) -> Result<Option<ReadSegment>> {
+fn read_segment(
+    path: &Path,
+    (first, held): (u64, u64),
+    newest: bool,
+) -> Result<Option<ReadSegment>> {
     let bytes = std::fs::read(path).map_err(|error| Error::io(path, error))?;
-    let corrupt = |reason: String| Error::Corrupted {
-        tree: "journal",
-        key: format!("{}: {reason}", path.display()),
-    };
+    let corrupt = |reason: String| damaged(path, &reason);
     if bytes.len() < HEADER_BYTES as usize
         || &bytes[..4] != MAGIC
         || !matches!(bytes[4], FORMAT | FORMAT_1)
@@ -474,10 +500,10 @@ fn read_segment(path: &Path, first: u64, newest: bool, held: u64) -> Result<Opti
                     .ok_or_else(|| corrupt(format!("frame at {at} does not follow")))?;
                 frames.push(frame);
             }
-            None if seq <= held && payload.is_some() && ends_or_whole_at(&bytes, start + len) => {}
+            None if seq <= held && payload.is_some() && skippable(&bytes, start, len, held) => {}
             // Frames are written one after another, each fdatasynced before the next: only
             // the last written can be cut, so a whole frame after it is damage, not a cut.
-            None if newest && !whole_frame_at(&bytes, start + len) => break,
+            None if newest && !frame_after(&bytes, start, seq) => break,
             None => return Err(corrupt(format!("frame at {at} is cut or damaged"))),
         }
         (at, seq) = (start + len, seq + 1);
@@ -489,12 +515,31 @@ fn read_segment(path: &Path, first: u64, newest: bool, held: u64) -> Result<Opti
     }))
 }
 
-/// Whether the segment ends (a zero length, or its last byte) or a whole frame starts at `at`.
-fn ends_or_whole_at(bytes: &[u8], at: usize) -> bool {
-    match bytes.get(at..at.saturating_add(4)) {
-        None => at == bytes.len(),
-        Some(len) => len == [0; 4] || whole_frame_at(bytes, at),
-    }
+/// Whether a damaged frame sled holds, whose payload of `len` bytes starts at `start`, can
+/// be passed over: a whole frame follows it, or the segment ends there (a zero length, or
+/// its last byte) with no whole frame of a seq sled lacks hiding after it.
+fn skippable(bytes: &[u8], start: usize, len: usize, held: u64) -> bool {
+    let next = start + len;
+    let ends = match bytes.get(next..next.saturating_add(4)) {
+        None => next == bytes.len(),
+        Some(len) => len == [0; 4],
+    };
+    whole_frame_at(bytes, next) || (ends && !frame_after(bytes, start, held))
+}
+
+/// Whether a whole frame of a seq above `seq` starts anywhere after `from`: what a damaged
+/// length would hide behind a frame that looks cut. Looked for only when one does.
+fn frame_after(bytes: &[u8], from: usize, seq: u64) -> bool {
+    let header = FRAME_HEADER_BYTES as usize;
+    (from..bytes.len().saturating_sub(header + 8)).any(|at| {
+        let seq_at = at + header;
+        let later = bytes
+            .get(seq_at..seq_at + 8)
+            .and_then(|word| <[u8; 8]>::try_from(word).ok())
+            .map(u64::from_le_bytes)
+            .is_some_and(|found| found > seq && found - seq < 1 << 32);
+        later && whole_frame_at(bytes, at)
+    })
 }
 
 /// Whether a whole frame (its CRC holds) starts at `at`.
@@ -580,14 +625,15 @@ mod tests {
     #[test]
     fn s3_frames_read_back_in_order_across_a_reopen() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (mut journal, frames) = Journal::open(dir.path(), 0).expect("open");
+        let (mut journal, frames) =
+            Journal::open(dir.path(), Some(0), SEGMENT_BYTES).expect("open");
         assert!(frames.is_empty());
         for n in 1..=3 {
             let seq = journal.append(u64::from(n) * 10, &ops(n)).expect("append");
             assert_eq!(seq, u64::from(n));
         }
         drop(journal);
-        let (journal, frames) = Journal::open(dir.path(), 0).expect("reopen");
+        let (journal, frames) = Journal::open(dir.path(), Some(0), SEGMENT_BYTES).expect("reopen");
         assert_eq!(frames.len(), 3);
         assert_eq!(frames[2].seq, 3);
         assert_eq!(frames[2].last_position, 30);
@@ -599,7 +645,7 @@ mod tests {
     #[test]
     fn s3_a_cut_last_frame_ends_the_journal() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (mut journal, _) = Journal::open(dir.path(), 0).expect("open");
+        let (mut journal, _) = Journal::open(dir.path(), Some(0), SEGMENT_BYTES).expect("open");
         journal.append(1, &ops(1)).expect("append");
         journal.append(2, &ops(2)).expect("append");
         let path = journal.segments[0].1.clone();
@@ -610,11 +656,12 @@ mod tests {
         let file = open_rw(&path).expect("open");
         file.write_all_at(&[bytes[end] ^ 0xFF], end as u64)
             .expect("flip");
-        let (mut journal, frames) = Journal::open(dir.path(), 0).expect("reopen");
+        let (mut journal, frames) =
+            Journal::open(dir.path(), Some(0), SEGMENT_BYTES).expect("reopen");
         assert_eq!(frames.len(), 1);
         // Appended after: the cut frame is overwritten.
         journal.append(3, &ops(3)).expect("append");
-        let (_, frames) = Journal::open(dir.path(), 0).expect("reopen");
+        let (_, frames) = Journal::open(dir.path(), Some(0), SEGMENT_BYTES).expect("reopen");
         assert_eq!(
             frames.iter().map(|frame| frame.seq).collect::<Vec<_>>(),
             [1, 2]
@@ -624,7 +671,7 @@ mod tests {
     #[test]
     fn s3_damage_in_an_older_segment_refuses_unless_sled_holds_its_frames() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (mut journal, _) = Journal::open(dir.path(), 0).expect("open");
+        let (mut journal, _) = Journal::open(dir.path(), Some(0), SEGMENT_BYTES).expect("open");
         let big = vec![(IVec::from(&b"k"[..]), Some(IVec::from(vec![7u8; 20 << 20])))];
         for position in 1..=5 {
             journal.append(position, &big).expect("append");
@@ -637,12 +684,12 @@ mod tests {
         file.read_exact_at(&mut byte, at).expect("read");
         file.write_all_at(&[byte[0] ^ 0xFF], at).expect("flip");
         assert!(matches!(
-            Journal::open(dir.path(), 0),
+            Journal::open(dir.path(), Some(0), SEGMENT_BYTES),
             Err(Error::Corrupted { .. })
         ));
         // Held by sled, the segment is not replayed, so not read: its records are checked
         // where they are read (their own checksums).
-        let (_, frames) = Journal::open(dir.path(), newest - 1).expect("held");
+        let (_, frames) = Journal::open(dir.path(), Some(newest - 1), SEGMENT_BYTES).expect("held");
         assert_eq!(frames.first().map(|frame| frame.seq), Some(newest));
         assert!(older.1.exists());
     }
@@ -650,7 +697,7 @@ mod tests {
     #[test]
     fn s7_a_damaged_frame_followed_by_a_whole_one_refuses_even_in_the_newest_segment() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (mut journal, _) = Journal::open(dir.path(), 0).expect("open");
+        let (mut journal, _) = Journal::open(dir.path(), Some(0), SEGMENT_BYTES).expect("open");
         for n in 1..=3 {
             journal.append(u64::from(n), &ops(n)).expect("append");
         }
@@ -665,12 +712,13 @@ mod tests {
             .write_all_at(&[bytes[at] ^ 0xFF], at as u64)
             .expect("flip");
         assert!(matches!(
-            Journal::open(dir.path(), 0),
+            Journal::open(dir.path(), Some(0), SEGMENT_BYTES),
             Err(Error::Corrupted { .. })
         ));
         // A frame sled holds is skipped: only the records in it are damaged, and their own
         // checksums find that where they are read (S-4).
-        let (mut journal, frames) = Journal::open(dir.path(), 1).expect("held");
+        let (mut journal, frames) =
+            Journal::open(dir.path(), Some(1), SEGMENT_BYTES).expect("held");
         assert_eq!(
             frames.iter().map(|frame| frame.seq).collect::<Vec<_>>(),
             [2, 3]
@@ -681,7 +729,7 @@ mod tests {
     #[test]
     fn s9_segments_go_once_sled_holds_them_and_nothing_lives_in_them_never_the_newest() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (mut journal, _) = Journal::open(dir.path(), 0).expect("open");
+        let (mut journal, _) = Journal::open(dir.path(), Some(0), SEGMENT_BYTES).expect("open");
         let big = vec![(IVec::from(&b"k"[..]), Some(IVec::from(vec![7u8; 20 << 20])))];
         for position in 1..=8 {
             journal.append(position, &big).expect("append");
@@ -709,12 +757,13 @@ mod tests {
             .expect("read")
             .is_none());
         // Reopened after what sled holds: only the frames after it.
-        let (_, frames) = Journal::open(dir.path(), newest.0 - 1).expect("reopen");
+        let (_, frames) =
+            Journal::open(dir.path(), Some(newest.0 - 1), SEGMENT_BYTES).expect("reopen");
         assert!(frames.iter().all(|frame| frame.seq >= newest.0));
         assert_eq!(frames.last().map(|frame| frame.seq), Some(8));
         // sled holds frames the journal has lost: refused.
         assert!(matches!(
-            Journal::open(dir.path(), 20),
+            Journal::open(dir.path(), Some(20), SEGMENT_BYTES),
             Err(Error::Corrupted { .. })
         ));
     }
@@ -722,7 +771,7 @@ mod tests {
     #[test]
     fn s9_a_value_is_read_where_its_write_and_its_reopen_locate_it() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (mut journal, _) = Journal::open(dir.path(), 0).expect("open");
+        let (mut journal, _) = Journal::open(dir.path(), Some(0), SEGMENT_BYTES).expect("open");
         journal.append(1, &ops(1)).expect("append");
         let written = journal.write(2, &ops(2)).expect("write");
         journal.sync().expect("sync");
@@ -731,7 +780,63 @@ mod tests {
         let readable = journal.readable();
         assert_eq!(readable.read(location).expect("read"), Some(vec![2u8; 40]));
         drop(journal);
-        let (_, frames) = Journal::open(dir.path(), 0).expect("reopen");
+        let (_, frames) = Journal::open(dir.path(), Some(0), SEGMENT_BYTES).expect("reopen");
         assert_eq!(frames[1].locations, written.locations);
+    }
+
+    #[test]
+    fn s7_a_length_damaged_to_look_like_the_end_does_not_hide_the_frames_after_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut journal, _) = Journal::open(dir.path(), Some(0), SEGMENT_BYTES).expect("open");
+        let mut at = Vec::new();
+        for n in 1..=3 {
+            at.push(journal.offset);
+            journal.append(u64::from(n), &ops(n)).expect("append");
+        }
+        let path = journal.segments[0].1.clone();
+        drop(journal);
+        // Frame 2's length now runs into the zeros after the last frame: it looks cut, and
+        // the journal would end before it, losing frame 3, which was acknowledged.
+        let len = (SEGMENT_BYTES / 2) as u32;
+        open_rw(&path)
+            .expect("open")
+            .write_all_at(&len.to_le_bytes(), at[1])
+            .expect("damage");
+        assert!(matches!(
+            Journal::open(dir.path(), Some(0), SEGMENT_BYTES),
+            Err(Error::Corrupted { .. })
+        ));
+    }
+
+    #[test]
+    fn s9_a_journal_from_before_schema_15_replays_every_frame_it_kept_and_gaps_refuse() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Schema 14 dropped the segments sled held: what is left starts at 5.
+        let readable = Segments::new(dir.path().to_path_buf());
+        let mut journal =
+            Journal::create(dir.path(), (5, SEGMENT_BYTES), Vec::new(), readable).expect("create");
+        journal.append(5, &ops(5)).expect("append");
+        journal.append(6, &ops(6)).expect("append");
+        drop(journal);
+        let (journal, frames) = Journal::open(dir.path(), None, SEGMENT_BYTES).expect("open");
+        assert_eq!(
+            frames.iter().map(|frame| frame.seq).collect::<Vec<_>>(),
+            [5, 6]
+        );
+        assert_eq!(journal.next_seq(), 7);
+        drop(journal);
+        // sled holds through 2: frames 3 and 4 are gone.
+        assert!(matches!(
+            Journal::open(dir.path(), Some(2), SEGMENT_BYTES),
+            Err(Error::Corrupted { .. })
+        ));
+        // A newest segment after a gap: frames 7 to 9 are gone.
+        let readable = Segments::new(dir.path().to_path_buf());
+        let segments = list(dir.path()).expect("list");
+        drop(Journal::create(dir.path(), (10, SEGMENT_BYTES), segments, readable).expect("create"));
+        assert!(matches!(
+            Journal::open(dir.path(), Some(6), SEGMENT_BYTES),
+            Err(Error::Corrupted { .. })
+        ));
     }
 }

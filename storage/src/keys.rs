@@ -31,6 +31,8 @@
 //! 0x14  session id                           codec(ConversationRecord), schema 12
 //! 0x15  blob hash (32 bytes), execution id     empty: an execution that uses the blob, schema 15
 //! 0x16  execution id, blob hash (32 bytes)     empty: a blob the execution uses, schema 15
+//! 0x17  blob hash (32 bytes)                   empty: a blob kept for good (stored before
+//!                                            schema 15, its users unknown)
 //! ```
 
 use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, SessionId, WaitId};
@@ -58,6 +60,7 @@ pub const SESSION: u8 = 0x13;
 pub const CONVERSATION: u8 = 0x14;
 pub const BLOB_USER: u8 = 0x15;
 pub const USED_BLOB: u8 = 0x16;
+pub const PINNED_BLOB: u8 = 0x17;
 
 pub const META_SCHEMA_VERSION: &str = "schema_version";
 /// Position of the last event whose head, events and records are written to their own keys.
@@ -170,6 +173,10 @@ pub fn blob_user(hash: BlobHash, execution_id: ExecutionId) -> [u8; 49] {
     join(&[&blob_users_prefix(hash), execution_id.as_bytes()])
 }
 
+pub fn pinned_blob(hash: BlobHash) -> [u8; 33] {
+    join(&[&[PINNED_BLOB], &hash.0])
+}
+
 pub fn used_blobs_prefix(execution_id: ExecutionId) -> [u8; 17] {
     prefixed_id(USED_BLOB, execution_id.as_bytes())
 }
@@ -237,7 +244,7 @@ pub fn tree_name(key: &[u8]) -> &'static str {
         Some(&ENDED) => "ended",
         Some(&SESSION) => "sessions",
         Some(&CONVERSATION) => "conversations",
-        Some(&BLOB_USER) | Some(&USED_BLOB) => "blob users",
+        Some(&BLOB_USER) | Some(&USED_BLOB) | Some(&PINNED_BLOB) => "blob users",
         _ => "unknown",
     }
 }

@@ -322,12 +322,15 @@ impl Committer {
     /// answered; if the write fails, every request is refused `FailStop` and the store stops.
     fn commit_group(&mut self, requests: Vec<Request>) {
         let started = Instant::now();
+        if let Some(reason) = self.shared.refusals.failure() {
+            return requests
+                .into_iter()
+                .for_each(|request| request.fail(&reason));
+        }
         if let Err(error) = self.tend_generations() {
             let reason = error.to_string();
             tracing::error!(%reason, "store entered fail-stop: sled's new generation failed");
-            self.shared.refusals.fail(reason);
-        }
-        if let Some(reason) = self.shared.refusals.failure() {
+            self.shared.refusals.fail(reason.clone());
             return requests
                 .into_iter()
                 .for_each(|request| request.fail(&reason));
@@ -340,7 +343,10 @@ impl Committer {
         }
         let batch = std::mem::take(&mut group.batch);
         match self.write(batch, slice, group.next_position - 1, group.atomic) {
-            Ok(written) => self.answer(group, written, started),
+            Ok(written) => {
+                self.answer(group, written, started);
+                self.drop_dead_segments();
+            }
             Err(error) => {
                 let reason = error.to_string();
                 tracing::error!(%reason, "store entered fail-stop: no more writes are acknowledged");
@@ -464,8 +470,8 @@ impl Committer {
     }
 
     /// Appends the group's writes to the journal and fdatasyncs it; asks the flusher to
-    /// flush sled when the journal grew enough, and drops the segments sled holds in which
-    /// nothing lives. Returns the frame's seq and where each value lies.
+    /// flush sled when the journal grew enough. Returns the frame's seq and where each value
+    /// lies.
     fn journal_append(
         &mut self,
         last_position: u64,
@@ -488,11 +494,6 @@ impl Committer {
             self.journal_bytes = 0;
             self.flushing.nudge();
         }
-        let liveness = &self.liveness;
-        self.journal
-            .drop_dead(self.flushing.durable_seq(), |segment| {
-                liveness.live_bytes(segment) > 0
-            })?;
         Ok((seq, written.locations))
     }
 

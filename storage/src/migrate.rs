@@ -34,8 +34,9 @@
 //!   groups, which only an open that replays the journal finds. A mark, so that an older
 //!   build refuses the store instead of serving without them.
 //! - 15: history in the journal (`history.rs`): a log record's value in sled may be its
-//!   location in a journal segment (format 2), which segments are kept for. A mark; records
-//!   kept in sled are still read.
+//!   location in a journal segment (format 2), which segments are kept for (records kept in
+//!   sled are still read); the users of each blob (`0x15`, `0x16`), so that a blob goes with
+//!   the last one's purge: every blob stored before is pinned (`0x17`), its users unknown.
 
 use crate::codec;
 use crate::error::{Error, Result};
@@ -53,6 +54,7 @@ fn step(from: u32) -> Step {
     match from {
         1 => index_by_session,
         7 => projections,
+        14 => pin_blobs,
         _ => |_, _| Ok(()),
     }
 }
@@ -86,6 +88,21 @@ fn projections(db: &sled::Db, batch: &mut sled::Batch) -> Result<()> {
                 continue;
             };
             batch.insert(&keys::owned(owner, &key)[..], &[]);
+        }
+    }
+    Ok(())
+}
+
+/// 14 → 15: every blob stored so far is kept for good: which executions use it is not
+/// known, so no purge may take it.
+fn pin_blobs(db: &sled::Db, batch: &mut sled::Batch) -> Result<()> {
+    for item in db.scan_prefix([keys::BLOB]).keys() {
+        let key = item?;
+        if let Some(hash) = key
+            .get(1..)
+            .and_then(|hash| <[u8; 32]>::try_from(hash).ok())
+        {
+            batch.insert(&keys::pinned_blob(crate::records::BlobHash(hash))[..], &[]);
         }
     }
     Ok(())

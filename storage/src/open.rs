@@ -63,7 +63,10 @@ pub(crate) fn open(path: &Path, limits: Limits, salvaging: bool) -> Result<Opene
     File::open(path)
         .and_then(|dir| dir.sync_all())
         .map_err(io_error)?;
-    let (journal, acknowledged) = replay_journal(&db, path, &sled_dir, acknowledged, &mut sync)?;
+    let segment_bytes = limits.journal_segment_bytes;
+    let dirs = (path, sled_dir.as_path());
+    let (journal, acknowledged) =
+        replay_journal(&db, dirs, segment_bytes, acknowledged, &mut sync)?;
     migrate::run(&db, &mut sync)?;
     let quarantine = load_quarantine(&db)?;
     let history = journal.readable();
@@ -104,17 +107,18 @@ pub(crate) fn open(path: &Path, limits: Limits, salvaging: bool) -> Result<Opene
 /// acknowledged mark.
 fn replay_journal(
     db: &sled::Db,
-    path: &Path,
-    sled_dir: &Path,
+    (path, sled_dir): (&Path, &Path),
+    segment_bytes: u64,
     acknowledged: Option<u64>,
     sync: &mut dyn FnMut() -> Result<()>,
 ) -> Result<(Journal, Option<u64>)> {
     let key = keys::meta(keys::META_JOURNAL_SEQ);
+    // None: a store of schema 14, whose journal holds only frames sled may lack.
     let held = match db.get(&key)? {
-        Some(bytes) => codec::decode::<u64>(&key, &bytes)?,
-        None => 0,
+        Some(bytes) => Some(codec::decode::<u64>(&key, &bytes)?),
+        None => None,
     };
-    let (journal, frames) = Journal::open(&path.join("journal"), held)?;
+    let (journal, frames) = Journal::open(&path.join("journal"), held, segment_bytes)?;
     let Some(last) = frames.last() else {
         return Ok((journal, acknowledged));
     };
@@ -250,7 +254,7 @@ fn replay(shared: &Shared, salvaging: bool) -> Result<()> {
     let mut n_frames = 0usize;
     for item in db.range(keys::log(materialized_through.saturating_add(1))..=keys::log(u64::MAX)) {
         let (key, value) = item?;
-        let value = shared.history.record(db, &key, value)?;
+        let value = shared.history.record(&|key| shared.get(key), &key, value)?;
         let value = value.ok_or_else(|| Error::corrupted(&key))?;
         // A record whose framing is broken cannot be attributed to any execution: refuse to
         // open rather than silently drop what it acknowledged.

@@ -60,6 +60,11 @@ pub struct Limits {
     pub sled_copy_min_growth_bytes: u64,
     /// How often the committer looks at the size of sled's files.
     pub sled_copy_check_ms: u64,
+    /// The size of a journal segment, where history lives (`history.rs`).
+    pub journal_segment_bytes: u64,
+    /// How long no record has left a mostly dead journal segment before the records still
+    /// living in it are copied forward, so that it goes (what is dying soon is left to die).
+    pub relocate_settled_ms: u64,
 }
 
 impl Default for Limits {
@@ -77,6 +82,8 @@ impl Default for Limits {
             sled_copy_growth_percent: 100,
             sled_copy_min_growth_bytes: 64 * 1024 * 1024,
             sled_copy_check_ms: 2_000,
+            journal_segment_bytes: crate::journal::SEGMENT_BYTES,
+            relocate_settled_ms: 30_000,
         }
     }
 }
@@ -92,9 +99,14 @@ impl Limits {
             ("overlay_len_max", self.overlay_len_max),
             ("materialize_slice_len", self.materialize_slice_len),
         ];
-        match bounds.iter().find(|(_, value)| *value == 0) {
-            Some((name, _)) => Err(Error::InvalidLimits(format!("{name} must be at least 1"))),
-            None => Ok(()),
+        if let Some((name, _)) = bounds.iter().find(|(_, value)| *value == 0) {
+            return Err(Error::InvalidLimits(format!("{name} must be at least 1")));
+        }
+        match self.journal_segment_bytes < 64 * 1024 {
+            true => Err(Error::InvalidLimits(
+                "journal_segment_bytes must be at least 64 KiB".into(),
+            )),
+            false => Ok(()),
         }
     }
 }
@@ -374,6 +386,11 @@ impl Shared {
             .unwrap_or_else(PoisonError::into_inner)
             .0
             .clone()
+    }
+
+    /// The value at `key` in the store's sled now.
+    pub fn get(&self, key: &[u8]) -> Result<Option<sled::IVec>> {
+        Ok(self.db().get(key)?)
     }
 
     /// The generation of sled in use, and its directory.

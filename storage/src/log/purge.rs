@@ -23,10 +23,9 @@ use crate::records::{BlobHash, PurgedRecord};
 pub(crate) const PURGE_KEYS_MAX: usize = 1024;
 /// Log records a group copies forward at most.
 const RELOCATE_RECORDS_MAX: usize = 16;
-/// A segment whose live records fill less than this share of it has them copied forward...
+/// A segment whose live records fill less than this share of it has them copied forward,
+/// once none has left it for `Limits::relocate_settled_ms`.
 const RELOCATE_BELOW_SHARE: f64 = 0.5;
-/// ...once none has left it for this long.
-const RELOCATE_SETTLED: Duration = Duration::from_secs(30);
 
 impl Committer {
     /// One step of the purge of `execution_id` (see the module). `ended_key`: its entry in
@@ -135,7 +134,7 @@ impl Committer {
 
     /// S-9: the execution no longer uses the blob its `keys::used_blob` key names; the blob
     /// goes too when no other execution does — none but executions this group purges, and
-    /// no transition of this group.
+    /// no transition of this group — unless it is pinned (stored before schema 15).
     fn release_blob(&self, group: &mut Group, execution_id: ExecutionId, key: &[u8]) -> Result<()> {
         let Some(hash) = key
             .get(17..)
@@ -145,13 +144,10 @@ impl Committer {
         };
         let hash = BlobHash(hash);
         group.batch.remove(&keys::blob_user(hash, execution_id)[..]);
-        let mut used = group.blobs_used.contains(&hash);
-        for user in self
-            .shared
-            .db()
-            .scan_prefix(keys::blob_users_prefix(hash))
-            .keys()
-        {
+        let db = self.shared.db();
+        let pinned = db.contains_key(keys::pinned_blob(hash))?;
+        let mut used = pinned || group.blobs_used.contains(&hash);
+        for user in db.scan_prefix(keys::blob_users_prefix(hash)).keys() {
             let user = keys::execution_at(&user?, 33);
             if used || user.is_none_or(|user| !group.purged.contains(&user)) {
                 used = true;
@@ -187,7 +183,11 @@ impl Committer {
                 continue;
             };
             step.records_examined += 1;
-            let Some(value) = self.shared.history.record(db, &key, value)? else {
+            let Some(value) =
+                self.shared
+                    .history
+                    .record(&|key| self.shared.get(key), &key, value)?
+            else {
                 continue;
             };
             step.next_position = Some(first.saturating_add(1));
@@ -234,26 +234,38 @@ impl Committer {
 }
 
 impl Committer {
+    /// Removes the journal segments sled holds in which nothing lives, once the group is
+    /// answered (off its latency); one that cannot be removed now is tried after the next.
+    pub(super) fn drop_dead_segments(&mut self) {
+        let liveness = &self.liveness;
+        let dropped = self
+            .journal
+            .drop_dead(self.flushing.durable_seq(), |segment| {
+                liveness.live_bytes(segment) > 0
+            });
+        if let Err(error) = dropped {
+            tracing::warn!(%error, "a journal segment nothing lives in was not removed");
+        }
+    }
+
     /// Copies forward, into this group's frame, up to `RELOCATE_RECORDS_MAX` records still
     /// living in the oldest segment sled holds that is mostly dead (`Liveness::sparse`),
     /// without the frames of purged executions; a record left with none is removed if the
     /// materialization mark covers it (an open replays the records after the mark, which
     /// must follow one another). Not beside a sweep, which may remove the same records in
     /// this group. A record it cannot read is left where it is.
-    pub(super) fn relocate(&self, group: &mut Group) {
+    pub(super) fn relocate(&mut self, group: &mut Group) {
         if group.atomic {
             return;
         }
         let durable_seq = self.flushing.durable_seq();
-        let segment_bytes = crate::journal::SEGMENT_BYTES;
+        let segment_bytes = self.journal.segment_bytes();
+        let settled = Duration::from_millis(self.shared.limits.relocate_settled_ms);
         let sparse = self.journal.sealed(durable_seq).find(|(segment, held)| {
             *held
-                && self.liveness.sparse(
-                    *segment,
-                    segment_bytes,
-                    RELOCATE_BELOW_SHARE,
-                    RELOCATE_SETTLED,
-                )
+                && self
+                    .liveness
+                    .sparse(*segment, segment_bytes, RELOCATE_BELOW_SHARE, settled)
         });
         let Some((segment, _)) = sparse else {
             return;
@@ -266,9 +278,14 @@ impl Committer {
             match self.without_purged(&key, location) {
                 Ok((_, 0, last)) if last <= mark => group.batch.remove(&key[..]),
                 Ok((kept, _, _)) => group.batch.insert(&key[..], kept),
+                // Copied whole: its checksums say what is wrong where it is read.
                 Err(error) => {
-                    tracing::warn!(%error, position, "a log record was not copied forward");
-                    return;
+                    tracing::warn!(%error, position, "a log record copied forward as it was");
+                    match self.shared.history.read(location) {
+                        Ok(Some(bytes)) => group.batch.insert(&key[..], bytes),
+                        // Unreadable: left where it is, and not tried again.
+                        _ => self.liveness.unmovable(position),
+                    }
                 }
             }
         }

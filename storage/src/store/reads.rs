@@ -129,9 +129,10 @@ impl Store {
             let record_key = keys::log(frame_ref.record);
             let corrupted = || Error::corrupted(&record_key);
             let value = db.get(record_key)?.ok_or_else(corrupted)?;
-            let history = &self.shared().history;
-            let bytes = history
-                .record(db, &record_key, value)?
+            let shared = self.shared();
+            let bytes = shared
+                .history
+                .record(&|key| shared.get(key), &record_key, value)?
                 .ok_or_else(corrupted)?;
             for frame in codec::decode_frames(&record_key, &bytes, Some(execution_id))?.frames {
                 let DecodedFrame::Ok(mut frame) = frame else {
@@ -200,7 +201,7 @@ impl EventReader for Store {
         for item in db.range(start..=sled::IVec::from(&keys::log(durable)[..])) {
             let (key, value) = item?;
             // Gone since the range was read: swept, its executions purged.
-            let Some(value) = shared.history.record(db, &key, value)? else {
+            let Some(value) = shared.history.record(&|key| shared.get(key), &key, value)? else {
                 continue;
             };
             for frame in codec::decode_log_record(&key, &value)?.frames {

@@ -2,11 +2,14 @@
 //! store copies every key into a new generation while it keeps committing, switches to it
 //! between two groups and removes the old one; everything committed before, during and
 //! after the copy reads back, before and after a reopen. (Kills during copies and switches:
-//! `s3_crash.rs`, whose children copy whenever sled grew.)
+//! `s3_crash.rs`, whose children copy whenever sled grew.) And history in the journal: a
+//! segment that a few long-lived records keep alive is copied forward and goes.
 
 use std::time::{Duration, Instant};
 
-use openprogram_storage::{EventReader, ExecutionId, Limits, Store};
+use openprogram_storage::{
+    EventReader, EventStore, ExecutionId, ExecutionState, Limits, PurgeStep, Store,
+};
 
 use crate::support::*;
 
@@ -96,4 +99,68 @@ async fn s9_a_copy_cut_short_is_removed_and_the_store_opens_as_it_was() {
     let store = Store::open(dir.path()).expect("reopen");
     assert!(!cut.exists(), "the copy cut short is removed");
     assert_eq!(all_events(&store, execution_id).len(), 2);
+}
+
+/// S-9: a journal segment that only a few long-lived records keep alive goes: once the others
+/// in it are purged and swept, what still lives there is copied forward (without the purged
+/// executions' frames) and the segment is removed; the long-lived execution reads on, across
+/// a reopen.
+#[tokio::test]
+async fn s9_a_segment_kept_alive_by_a_few_records_is_copied_forward_and_goes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let limits = Limits {
+        journal_segment_bytes: 256 * 1024,
+        relocate_settled_ms: 0,
+        ..eager_limits()
+    };
+    let journal = dir.path().join("journal");
+    let first_segment = journal.join(format!("{:020}.wal", 1));
+    let store = Store::open_with(dir.path(), limits.clone()).expect("open");
+    let kept = create(&store).await;
+    append(&store, kept, 1, "kept").await;
+    // Enough short-lived executions to fill several segments after the first.
+    let mut gone = Vec::new();
+    let payload = "x".repeat(2_000);
+    while std::fs::read_dir(&journal).expect("journal").count() < 4 {
+        let execution_id = create(&store).await;
+        append(&store, execution_id, 1, &payload).await;
+        set_state(&store, execution_id, 2, ExecutionState::Completed).await;
+        gone.push(execution_id);
+    }
+    drop(store);
+    // Reopened: everything written to its own keys, so the purges are settled.
+    let store = Store::open_with(dir.path(), limits).expect("reopen");
+    for execution_id in &gone {
+        while store.purge(*execution_id, None, None).await.expect("purge") == PurgeStep::More {}
+    }
+    let mut from = 0;
+    loop {
+        let step = store.sweep_log(from, 256).await.expect("sweep");
+        match step.next_position {
+            Some(next) => from = next,
+            None => break,
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while first_segment.exists() {
+        assert!(Instant::now() < deadline, "the first segment stayed");
+        // Groups go on (the copy rides on them) and the flusher makes sled hold them.
+        append(
+            &store,
+            kept,
+            store.head(kept).unwrap().unwrap().version,
+            "on",
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let version = store.head(kept).unwrap().unwrap().version;
+    assert_eq!(all_events(&store, kept).len() as u64, version);
+    drop(store);
+    let store = Store::open(dir.path()).expect("reopen");
+    let events = all_events(&store, kept);
+    assert_eq!(events.len() as u64, version);
+    assert!(
+        matches!(&events[1].event, openprogram_storage::Event::ModelDecided { decision, .. } if decision == "kept")
+    );
 }
