@@ -15,8 +15,9 @@ use crate::generation;
 use crate::history::{self, Segments};
 use crate::journal::{batch_of, Journal, SEGMENT_BYTES};
 use crate::keys;
-use crate::open::{lock_store, open_sled};
-use crate::shared::disk_bytes;
+use crate::open::lock_store;
+use crate::sled_db::disk_bytes;
+use crate::sled_db::open_sled;
 use crate::store::Store;
 
 /// Bytes of keys and values copied per batch.

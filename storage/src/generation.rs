@@ -114,7 +114,7 @@ pub(crate) fn remove(store_dir: &Path, number: u64) -> Result<()> {
 pub(crate) fn sled_bytes(store_dir: &Path, number: u64) -> u64 {
     let dir = dir_of(store_dir, number);
     if number > 0 {
-        return crate::shared::disk_bytes(&dir);
+        return crate::sled_db::disk_bytes(&dir);
     }
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return 0;
@@ -123,7 +123,7 @@ pub(crate) fn sled_bytes(store_dir: &Path, number: u64) -> u64 {
     entries
         .flatten()
         .filter(|entry| sled_file(&entry.file_name().to_string_lossy()))
-        .map(|entry| crate::shared::disk_bytes_of(&entry.path()))
+        .map(|entry| crate::sled_db::disk_bytes_of(&entry.path()))
         .sum()
 }
 
@@ -201,7 +201,7 @@ fn copy(
         std::fs::remove_dir_all(dir).map_err(|error| Error::io(dir, error))?;
     }
     std::fs::create_dir_all(dir).map_err(|error| Error::io(dir, error))?;
-    let db = crate::open::open_sled(dir, cache_bytes)?;
+    let db = crate::sled_db::open_sled(dir, cache_bytes)?;
     let (mut batch, mut bytes) = (sled::Batch::default(), 0);
     for item in from.iter() {
         if abort.load(Ordering::Acquire) {
@@ -248,7 +248,7 @@ pub(crate) fn complete(store_dir: &Path, built: &Built, last: Ops) -> Result<Fil
     data_file
         .sync_all()
         .map_err(|error| Error::io(&dir, error))?;
-    crate::shared::sync_sled_blobs(&dir, &mut Default::default())?;
+    crate::sled_db::sync_sled_blobs(&dir, &mut Default::default())?;
     let conf = dir.join("conf");
     if let Ok(file) = File::open(&conf) {
         file.sync_all().map_err(|error| Error::io(&conf, error))?;

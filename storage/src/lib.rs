@@ -50,6 +50,7 @@ pub mod planted;
 mod record_value;
 pub mod records;
 mod shared;
+mod sled_db;
 pub mod store;
 pub mod transition;
 

@@ -25,6 +25,7 @@ use crate::keys;
 use crate::migrate;
 use crate::overlay::{index_state, Overlay};
 use crate::shared::{now_ms, Limits, Shared};
+use crate::sled_db::{open_sled, LOCK_RETRY_MS, LOCK_WAIT_MS};
 
 /// An opened store, for its committer to take over: its shared state with the log tail
 /// replayed, sled's data file (the flusher fsyncs it), the acknowledged mark, the journal, the new
@@ -134,7 +135,7 @@ fn replay_journal(
     db.flush()?;
     sync()?;
     // Values sled put in files of their own: durable too.
-    crate::shared::sync_sled_blobs(sled_dir, &mut Default::default())?;
+    crate::sled_db::sync_sled_blobs(sled_dir, &mut Default::default())?;
     let mark = acknowledged.map_or(last.last_position, |file| file.max(last.last_position));
     if Some(mark) != acknowledged {
         Acknowledged::open(path, mark)?;
@@ -149,54 +150,6 @@ pub struct Incarnation {
     pub number: u64,
     pub owner_id: OwnerId,
     pub started_at_ms: u64,
-}
-
-/// sled's segment size. Values or nodes above a quarter of it (512 KiB) go to separate files,
-/// so log records stay at 16 KiB (a leaf holds up to 17). Part of the on-disk format: sled
-/// refuses to open a store with another value.
-pub const SEGMENT_BYTES: usize = 2 * 1024 * 1024;
-/// How long `open` waits for the file lock. sled's background IO threads can hold the
-/// database a few milliseconds after the last handle dropped, so a reopen in the same process
-/// may briefly see it locked; a real second opener is refused after this wait.
-const LOCK_WAIT_MS: u64 = 2_000;
-const LOCK_RETRY_MS: u64 = 10;
-
-pub(crate) fn open_sled(path: &Path, cache_bytes: u64) -> Result<sled::Db> {
-    let mut waited_ms = 0;
-    let mut cleared_snapshots = false;
-    loop {
-        let opened = sled::Config::new()
-            .path(path)
-            .segment_size(SEGMENT_BYTES)
-            .cache_capacity(cache_bytes)
-            .flush_every_ms(None)
-            .open();
-        match opened {
-            Ok(db) => return Ok(db),
-            Err(sled::Error::Io(io)) if io.to_string().contains("could not acquire lock") => {
-                if waited_ms >= LOCK_WAIT_MS {
-                    return Err(Error::Locked {
-                        path: path.to_path_buf(),
-                    });
-                }
-                std::thread::sleep(std::time::Duration::from_millis(LOCK_RETRY_MS));
-                waited_ms += LOCK_RETRY_MS;
-            }
-            // sled 0.34.7 writes a snapshot to `snap.<lsn>.generating`, fsyncs it and renames
-            // it, but its reader also picks `.generating` files: a crash while one is being
-            // written leaves a store that refuses to open (sled issue #1527). Such a file is
-            // incomplete by construction (a finished one is renamed), so it is removed and
-            // the open retried once; sled rebuilds from the previous snapshot and its log.
-            // The failed open held sled's lock, so no live process is writing that file.
-            Err(sled::Error::Corruption { .. }) if !cleared_snapshots => {
-                cleared_snapshots = true;
-                if remove_unfinished_sled_snapshots(path)? == 0 {
-                    return opened.map_err(Error::from);
-                }
-            }
-            Err(other) => return Err(Error::from(other)),
-        }
-    }
 }
 
 /// Takes the store's lock (`DIR/lock`): one opener at a time, whichever generation of sled
@@ -225,23 +178,6 @@ pub(crate) fn lock_store(path: &Path) -> Result<File> {
             Err(std::fs::TryLockError::Error(error)) => return Err(Error::io(&lock_path, error)),
         }
     }
-}
-
-/// Removes sled's `snap.*.generating` files in `path`; returns how many.
-fn remove_unfinished_sled_snapshots(path: &Path) -> Result<usize> {
-    let io_error = |error| Error::io(path, error);
-    let mut removed = 0;
-    for entry in std::fs::read_dir(path).map_err(io_error)? {
-        let entry = entry.map_err(io_error)?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with("snap.") && name.ends_with(".generating") {
-            tracing::warn!(file = %name, "removing sled's unfinished snapshot left by a crash");
-            std::fs::remove_file(entry.path()).map_err(io_error)?;
-            removed += 1;
-        }
-    }
-    Ok(removed)
 }
 
 /// Rebuilds the overlay from the log records after the materialization mark. The tail is

@@ -30,8 +30,9 @@ use crate::transition::{Outcome, Transition};
 mod reads;
 
 pub use crate::event_store::{EventReader, EventStore};
-pub use crate::open::{Incarnation, SEGMENT_BYTES};
+pub use crate::open::Incarnation;
 pub use crate::shared::{Limits, MetricsSnapshot};
+pub use crate::sled_db::SEGMENT_BYTES;
 
 /// A handle on an open store. Cheap to clone; the store closes when the last handle drops,
 /// after the committer has written everything queued.

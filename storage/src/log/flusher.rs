@@ -116,7 +116,7 @@ impl Flushing {
         sled.data_file
             .sync_data()
             .map_err(|error| Error::io(&dir.join("db"), error))?;
-        crate::shared::sync_sled_blobs(&dir, &mut sled.synced_blobs)?;
+        crate::sled_db::sync_sled_blobs(&dir, &mut sled.synced_blobs)?;
         // B10: sled durable through the group, its acknowledged mark not yet recorded.
         crate::failpoint!("B10");
         if position > sled.acknowledged.position() {

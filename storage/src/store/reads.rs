@@ -336,7 +336,7 @@ impl EventReader for Store {
     }
 
     fn disk_bytes(&self) -> u64 {
-        crate::shared::disk_bytes(&self.shared().path)
+        crate::sled_db::disk_bytes(&self.shared().path)
     }
 
     fn executions_in_session(&self, session_id: SessionId) -> Result<Vec<ExecutionId>> {
