@@ -138,15 +138,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     let runtime = open(&options, &data_dir, &clock)?;
     let drive = Drive::new(runtime.clone(), &options, Arc::clone(&clock));
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let commander = options.commands_per_s.map(|per_s| {
-        let (running, done) = (drive.running.clone(), done.clone());
-        tokio::spawn(crate::load_commands::send(
-            runtime.clone(),
-            running,
-            per_s,
-            done,
-        ))
-    });
+    let commander = commander(&options, &drive, &runtime, &done);
     let sampler = crate::load_store::start(&options, &runtime, &done);
     let store_before = runtime.store().metrics();
     let before = Readings::now();
@@ -235,6 +227,19 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     let report = committer_into_report(report, &store_before, &store_after, wall);
     let report = queue_into_report(report, queue, &queue_waits_us, wall);
     Ok(crate::load_commands::into_report(commands, report))
+}
+
+/// With `--commands-per-s`: Pause/Continue pairs sent to running executions until `done`.
+fn commander(
+    options: &LoadOptions,
+    drive: &Drive,
+    runtime: &Runtime,
+    done: &Arc<std::sync::atomic::AtomicBool>,
+) -> Option<tokio::task::JoinHandle<Result<crate::load_commands::CommandLatencies>>> {
+    options.commands_per_s.map(|per_s| {
+        let (running, done) = (drive.running.clone(), done.clone());
+        tokio::spawn(crate::load_commands::send(runtime.clone(), running, per_s, done))
+    })
 }
 
 /// The runtime the load drives: its `echo` and function mark the step clock.

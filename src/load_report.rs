@@ -360,6 +360,18 @@ impl LoadReport {
                 format!("{busy:.0}% of wall (in flush {flush:.0}%, in fsync {fsync:.0}% of wall)"),
             ));
         }
+        rows.extend(self.work_rows());
+        rows.extend(self.retention_rows());
+        rows.iter()
+            .map(|(name, value)| format!("{name:<30} {value}\n"))
+            .collect()
+    }
+}
+
+impl LoadReport {
+    /// Commands, parked executions, Jobs and the raw baseline, where the load measured them.
+    fn work_rows(&self) -> Vec<(&'static str, String)> {
+        let mut rows = Vec::new();
         if let Some(sent) = self.commands {
             let rejected = self.commands_rejected.unwrap_or(0);
             rows.push(("commands (rejected)", format!("{sent} ({rejected})")));
@@ -390,14 +402,9 @@ impl LoadReport {
             rows.push(("raw records/s (same store)", format!("{raw:.0}")));
             rows.push(("transitions / raw", format!("{ratio:.2}")));
         }
-        rows.extend(self.retention_rows());
-        rows.iter()
-            .map(|(name, value)| format!("{name:<30} {value}\n"))
-            .collect()
+        rows
     }
-}
 
-impl LoadReport {
     /// With retention: what it purged and left behind, and the store against what
     /// `compact` keeps of it.
     fn retention_rows(&self) -> Vec<(&'static str, String)> {

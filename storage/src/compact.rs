@@ -13,12 +13,13 @@ use crate::codec;
 use crate::error::{Error, Result};
 use crate::generation;
 use crate::history::{self, Segments};
-use crate::journal::{batch_of, Journal, SEGMENT_BYTES};
+use crate::journal::{Journal, SEGMENT_BYTES};
 use crate::keys;
 use crate::open::lock_store;
 use crate::sled_db::disk_bytes;
 use crate::sled_db::open_sled;
 use crate::store::Store;
+use crate::writes::batch_of;
 
 /// Bytes of keys and values copied per batch.
 const BATCH_BYTES: usize = 8 * 1024 * 1024;

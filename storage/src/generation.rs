@@ -21,7 +21,7 @@ use std::sync::{mpsc, Arc};
 use sled::IVec;
 
 use crate::error::{Error, Result};
-use crate::journal::batch_of;
+use crate::writes::batch_of;
 
 /// A group's writes as sled took them.
 pub(crate) type Ops = Vec<(IVec, Option<IVec>)>;

@@ -53,6 +53,7 @@ mod shared;
 mod sled_db;
 pub mod store;
 pub mod transition;
+mod writes;
 
 pub use conversation::{Compaction, ConversationOutcome, ConversationRecord, ConversationWrite};
 pub use error::{Error, Result};

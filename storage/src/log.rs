@@ -32,6 +32,7 @@ mod apply;
 mod conversation;
 mod flusher;
 mod generations;
+mod materialize;
 mod purge;
 
 use crate::acknowledged::Acknowledged;
@@ -42,12 +43,13 @@ use crate::event_store::{PurgeStep, SweepStep};
 use crate::head_record::HeadIndex;
 use crate::history::{self, Liveness, Location};
 use crate::ids::{CommandId, ExecutionId, SessionId};
-use crate::journal::{batch_of, Journal, Writes};
+use crate::journal::Journal;
 use crate::keys;
 use crate::overlay::{OnDiskNow, Overlay, Slice};
 use crate::records::{BlobHash, CommandRecord, SessionRecord};
 use crate::shared::{add_elapsed_micros, now_ms, Limits, Shared};
 use crate::transition::{Outcome, Transition};
+use crate::writes::{batch_of, Writes};
 
 /// Writes of a group small enough to go to sled key by key (see `Committer::write`).
 const SMALL_GROUP_WRITES: usize = 64;
@@ -133,9 +135,6 @@ impl Answer {
         }
     }
 }
-
-/// A materialization is written in at most this many slices (see `Committer::next_slice`).
-const MATERIALIZE_SLICES_TARGET: usize = 32;
 
 /// Starts the committer thread (`run`) on the store `open` prepared, and the ticker that
 /// keeps it materializing while idle; returns once the replayed tail is materialized (S-6),
@@ -545,63 +544,6 @@ impl Committer {
         metrics.groups.fetch_add(1, Ordering::Relaxed);
         metrics.transitions.fetch_add(committed, Ordering::Relaxed);
         answers.into_iter().for_each(Answer::send);
-    }
-
-    /// Starts a materialization when one is due, and picks the part of it this group
-    /// writes: `materialize_slice_len` entries or a 32nd of the materialization,
-    /// whichever is more, or all of it when new commits have filled `active` to
-    /// `overlay_len_max` meanwhile (the bound on the overlay's memory wins over a smooth
-    /// latency).
-    fn next_slice(&mut self) -> Slice {
-        let limits = &self.shared.limits;
-        let due = {
-            let overlay = self.shared.overlay_read();
-            !overlay.is_materializing()
-                && overlay.active_len() > 0
-                && (overlay.active_len() >= limits.overlay_len_max
-                    || self.last_materialization.elapsed()
-                        >= Duration::from_millis(limits.materialize_interval_ms))
-        };
-        if due {
-            let through = self.shared.durable_position.load(Ordering::Acquire);
-            self.shared.overlay_write().freeze(through);
-            self.shared
-                .metrics
-                .materializations
-                .fetch_add(1, Ordering::Relaxed);
-            self.last_materialization = Instant::now();
-        }
-        let overlay = self.shared.overlay_read();
-        let len_max = if overlay.active_len() >= limits.overlay_len_max {
-            usize::MAX
-        } else {
-            // Fast enough that a materialization ends within a few groups even when many
-            // executions are dirty; small enough that no single group pays for all of it.
-            limits
-                .materialize_slice_len
-                .max(overlay.frozen_len_at_freeze() / MATERIALIZE_SLICES_TARGET)
-        };
-        overlay.slice(len_max)
-    }
-
-    /// Writes everything the overlay holds (when the store closes), so the next open
-    /// replays nothing.
-    fn materialize_all(&mut self) -> Result<()> {
-        let mut batch = Writes::default();
-        let through = self.shared.durable_position.load(Ordering::Acquire);
-        let shared = Arc::clone(&self.shared);
-        let on_disk = |execution_id| shared.head_index_on_disk(execution_id);
-        shared
-            .overlay_read()
-            .write_all(&mut batch, through, &on_disk)?;
-        let shared = Arc::clone(&self.shared);
-        let _slice_guard = shared.slice_lock_write();
-        shared.seqlock.fetch_add(1, Ordering::AcqRel);
-        self.shared.db().apply_batch(batch_of(&batch.into_ops()))?;
-        self.flushing.sync(&self.shared)?;
-        *self.shared.overlay_write() = Overlay::new(self.shared.limits.head_frame_refs_max);
-        self.shared.seqlock.fetch_add(1, Ordering::AcqRel);
-        Ok(())
     }
 }
 

@@ -20,12 +20,13 @@ use crate::error::{Error, Result};
 use crate::head_record::HeadIndex;
 use crate::history;
 use crate::ids::{ExecutionId, OwnerId};
-use crate::journal::{batch_of, Journal};
+use crate::journal::Journal;
 use crate::keys;
 use crate::migrate;
 use crate::overlay::{index_state, Overlay};
 use crate::shared::{now_ms, Limits, Shared};
 use crate::sled_db::{open_sled, LOCK_RETRY_MS, LOCK_WAIT_MS};
+use crate::writes::batch_of;
 
 /// An opened store, for its committer to take over: its shared state with the log tail
 /// replayed, sled's data file (the flusher fsyncs it), the acknowledged mark, the journal, the new

@@ -24,9 +24,9 @@ use crate::error::{Error, Result};
 use crate::event::EventEnvelope;
 use crate::head_record::{self, HeadIndex};
 use crate::ids::ExecutionId;
-use crate::journal::Writes;
 use crate::keys;
 use crate::records::{ExecutionHead, ExecutionState};
+use crate::writes::Writes;
 
 /// An execution changed since it was last written to its own keys.
 #[derive(Debug, Clone)]
@@ -604,7 +604,7 @@ mod tests {
     fn applied(batch: Writes) -> (tempfile::TempDir, sled::Db) {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("sled");
-        db.apply_batch(crate::journal::batch_of(&batch.into_ops()))
+        db.apply_batch(crate::writes::batch_of(&batch.into_ops()))
             .expect("apply");
         (dir, db)
     }
