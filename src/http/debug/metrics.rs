@@ -211,6 +211,11 @@ fn retention_metrics(out: &mut Prometheus, runtime: &Runtime) {
         "S-8: the bytes the store's files take on disk.",
         runtime.store().disk_bytes() as f64,
     );
+    out.counter(
+        "store_sled_copies_total",
+        "Times the embedded store copied its key files into a new generation to give back the space they had grown into.",
+        runtime.store().metrics().sled_generations as f64,
+    );
 }
 
 /// The write path's counters (`MetricsSnapshot`).
