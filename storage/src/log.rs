@@ -156,7 +156,7 @@ pub(crate) fn spawn(
     journal.check_present(&liveness)?;
     flusher::spawn(Arc::clone(shared), Arc::clone(&flushing)).map_err(io_error)?;
     let committer = Committer {
-        generations: generations::Generations::new(shared),
+        generations: generations::Generations::new(),
         shared: committer_shared,
         journal,
         liveness,

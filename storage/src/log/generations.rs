@@ -12,17 +12,19 @@ use crate::generation::{self, Built, Copying, Ops};
 /// What the committer knows of sled's generations.
 pub(super) struct Generations {
     copying: Option<Copying>,
-    /// The size of sled's files after the last copy (or at open).
+    /// The size of sled's files after the last copy (0 before the first).
     base_bytes: u64,
     checked: Instant,
 }
 
 impl Generations {
-    pub fn new(shared: &Shared) -> Self {
-        let (number, _) = shared.generation_of_sled();
+    /// At open, how much of sled's files is live is not known (a store upgraded from before
+    /// generations may be mostly garbage): the first copy comes once they pass
+    /// `Limits::sled_copy_min_growth_bytes`, and tells.
+    pub fn new() -> Self {
         Generations {
             copying: None,
-            base_bytes: generation::sled_bytes(&shared.path, number),
+            base_bytes: 0,
             checked: Instant::now(),
         }
     }

@@ -226,6 +226,10 @@ fn s3_acknowledged_transitions_survive_kill_9() {
         "s3 crash test: seed {seed}: {cycles} kills, {total_acks} acknowledgements verified, sled in generation {generation}, in {:.1?}",
         started.elapsed()
     );
+    assert!(
+        generation > 0 || cycles < 10,
+        "seed {seed}: no child switched sled to a new generation: the kills tested no switch"
+    );
 }
 
 #[test]
