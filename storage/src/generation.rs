@@ -1,12 +1,14 @@
 //! sled in generations (S-9): sled 0.34.7 gives space back only as fast as its pages are
 //! replaced (shared/GUIDE.md), so under the churn of this store's small records (heads,
 //! indexes, records, tombstones) its file grows without bound, while a copy of the same keys
-//! into a new sled is compact. So, once sled's files have doubled since the last copy (and
-//! grown by `Limits::sled_copy_min_growth_bytes`), a thread copies every key into a new
-//! generation while the committer goes on and forwards it each group's writes; between two
-//! groups, the committer applies the last of them, makes the copy durable, marks it complete
-//! and makes it the store's sled; the old one is removed. The copy costs what is live, once
-//! per doubling; nothing waits for it but the few writes left at the switch.
+//! into a new sled is compact. So, once sled's files have doubled since the last copy (by
+//! default) and grown by `Limits::sled_copy_min_growth_bytes` (the first copy after an open:
+//! once they pass that), a thread copies every key into a new generation while the committer
+//! goes on and forwards it each group's writes; between two groups, the committer applies
+//! the last of them, makes the copy durable, marks it complete and makes it the store's sled;
+//! the old one is removed. The copy costs what is live, once per doubling; nothing waits for
+//! it but the few writes left at the switch. It costs the disk more: a sled made by a copy
+//! writes 2–5× more bytes under the same updates than one that grew (benches/HISTORY.md).
 //!
 //! Files: generation 0 is sled's files in the store's directory (`db`, `conf`, `blobs/`,
 //! `snap.*`); generation N ≥ 1 is `DIR/generations/{N:020}/`, complete once the file
