@@ -48,9 +48,9 @@ impl Generations {
 impl Committer {
     /// Between two groups: switches to a finished copy, or starts one when sled's files have
     /// grown since the last by `Limits::sled_copy_growth_percent` and
-    /// `Limits::sled_copy_min_growth_bytes`. A copy that
-    /// failed or did not start is logged and dropped (the next open removes its files); a
-    /// switch that failed stops the store, as a failed write does.
+    /// `Limits::sled_copy_min_growth_bytes`. A copy that failed or did not start is logged
+    /// and dropped (the next copy or open removes its files); a switch that failed stops the
+    /// store, as a failed write does.
     pub(super) fn tend_generations(&mut self) -> Result<()> {
         let generations = &mut self.generations;
         if let Some(copying) = &generations.copying {
