@@ -140,13 +140,14 @@ fn copy(from: &Path, to: &Path, progress: &mut impl FnMut(u64)) -> Result<u64> {
 /// Writes a batch of copied keys: its log records to the journal (fdatasynced), then all
 /// of it to sled.
 fn write(target: &sled::Db, journal: &mut Journal, batch: Vec<(IVec, Option<IVec>)>) -> Result<()> {
-    let (records, rest): (Vec<_>, Vec<_>) = batch
+    let (mut records, rest): (Vec<_>, Vec<_>) = batch
         .into_iter()
         .partition(|(key, _)| key.first() == Some(&keys::LOG));
     if !records.is_empty() {
         let written = journal.write(0, &records)?;
         journal.sync()?;
-        target.apply_batch(batch_of(&history::sled_ops(&records, &written.locations)))?;
+        history::locate(&mut records, &written.locations);
+        target.apply_batch(batch_of(&records))?;
     }
     target.apply_batch(batch_of(&rest))?;
     Ok(())

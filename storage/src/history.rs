@@ -67,23 +67,15 @@ impl Location {
     }
 }
 
-/// A group's writes as sled takes them: each log record's value replaced by its location in
-/// the journal frame that holds it (`locations`, one per write, from `Journal::write`).
-pub(crate) fn sled_ops(
-    ops: &[(IVec, Option<IVec>)],
-    locations: &[Option<Location>],
-) -> Vec<(IVec, Option<IVec>)> {
-    ops.iter()
-        .zip(locations)
-        .map(
-            |((key, value), location)| match (key.first(), value, location) {
-                (Some(&keys::LOG), Some(_), Some(location)) => {
-                    (key.clone(), Some(IVec::from(&location.encode()[..])))
-                }
-                _ => (key.clone(), value.clone()),
-            },
-        )
-        .collect()
+/// Makes a group's writes what sled takes, in place: each log record's value becomes its
+/// location in the journal frame that holds it (`locations`, one per write, from
+/// `Journal::write`).
+pub(crate) fn locate(ops: &mut [(IVec, Option<IVec>)], locations: &[Option<Location>]) {
+    for ((key, value), location) in ops.iter_mut().zip(locations) {
+        if let (Some(&keys::LOG), Some(value), Some(location)) = (key.first(), value, location) {
+            *value = IVec::from(&location.encode()[..]);
+        }
+    }
 }
 
 /// The journal's segments, open for reading: shared by the journal (which adds and removes
@@ -257,7 +249,7 @@ impl Liveness {
         }
     }
 
-    /// Follows a group's writes as sled takes them (`sled_ops`).
+    /// Follows a group's writes as sled takes them (`locate`).
     pub fn apply(&mut self, ops: &[(IVec, Option<IVec>)]) -> Result<()> {
         for (key, value) in ops {
             let Some(position) = keys::log_position(key) else {

@@ -434,11 +434,11 @@ impl Committer {
                 .overlay_read()
                 .write_slice(&mut slice, &mut batch, &on_disk)?;
         }
-        let ops = batch.into_ops();
+        let mut ops = batch.into_ops();
         // B09: the group is decided, nothing of it written.
         crate::failpoint!("B09");
         let (seq, locations) = self.journal_append(last_position, &ops)?;
-        let ops = history::sled_ops(&ops, &locations);
+        history::locate(&mut ops, &locations);
         // B02: the group is durable in the journal, not applied to sled.
         crate::failpoint!("B02");
         // While a slice is applied to sled, readers cannot combine the overlay with disk: the

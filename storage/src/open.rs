@@ -125,12 +125,13 @@ fn replay_journal(
         return Ok((journal, acknowledged));
     };
     for frame in &frames {
-        let ops: Vec<(IVec, Option<IVec>)> = frame
+        let mut ops: Vec<(IVec, Option<IVec>)> = frame
             .ops
             .iter()
             .map(|(key, value)| (IVec::from(&key[..]), value.as_deref().map(IVec::from)))
             .collect();
-        db.apply_batch(batch_of(&history::sled_ops(&ops, &frame.locations)))?;
+        history::locate(&mut ops, &frame.locations);
+        db.apply_batch(batch_of(&ops))?;
     }
     db.insert(&key, codec::encode(&last.seq))?;
     db.flush()?;
