@@ -123,7 +123,7 @@ async fn prepare(dir: &std::path::Path, n: usize) {
             owner_id: dead_owner,
             epoch: 1,
         };
-        head.attempt = Some(attempt.clone());
+        head.attempt = Some(attempt);
         let events = vec![
             Event::Admitted {
                 kind: head.kind,

@@ -15,7 +15,7 @@
 //! | version: 1 byte | last position: u64 BE | crc32 of the 9 bytes before: u32 BE |
 //! | frame | frame | ...
 //! frame := | len: u32 BE | crc32 of the next 16 + len bytes: u32 BE |
-//!          | execution id: 16 bytes | bincode(WireFrame) (formats 2, 3), bincode(Frame) (1) |
+//!          | execution id: 16 bytes | bincode(WireFrame) (4), (WireFrameV3) (2, 3), (Frame) (1) |
 //! ```
 //! Formats: 1 — `bincode(Frame)`, every frame with the whole head and every event in its
 //! own envelope. 2 — a frame carries the head's identity (`HeadIdentity`) only when its
@@ -23,7 +23,9 @@
 //! position, time and epoch are the frame's, as the committer writes them); an admission's
 //! input of `INPUT_BLOB_BYTES_MIN` or more is a blob (S-5), listed by the frame as
 //! `(event index, blob hash)` and put back by readers. 3 — the same frame in bincode's
-//! variable-length integers. All three are read. Records stay in record format 1 (fixed
+//! variable-length integers. 4 — the attempt is part of the identity, so a frame carries it
+//! only when it changes, and the head's last seq and last activity are the frame's last
+//! event's seq and time, not written again (`frame.rs`). All four are read (`frame_v3.rs`). Records stay in record format 1 (fixed
 //! integers), so that an older build still reads the schema version and refuses the store;
 //! head records have their own format (`head_record.rs`).
 
@@ -33,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::frame::WireFrame;
 pub(crate) use crate::frame::{inputs_to_blob, Frame, HeadIdentity, StoredFrame};
+use crate::frame_v3::WireFrameV3;
 use crate::ids::ExecutionId;
 use crate::keys;
 pub(crate) use crate::record_value::RecordValue;
@@ -40,10 +43,11 @@ use crate::records::BlobHash;
 
 /// The format version written in front of every record.
 pub const RECORD_FORMAT_VERSION: u8 = 1;
-/// The format version written in front of every log record (3); 1 and 2 are still read.
-pub const LOG_FORMAT_VERSION: u8 = 3;
+/// The format version written in front of every log record (4); 1 to 3 are still read.
+pub const LOG_FORMAT_VERSION: u8 = 4;
 const LOG_FORMAT_V1: u8 = 1;
 const LOG_FORMAT_V2: u8 = 2;
+const LOG_FORMAT_V3: u8 = 3;
 
 const CRC_LEN: usize = 4;
 const FRAME_HEADER_LEN: usize = 4 + 4 + 16;
@@ -61,7 +65,7 @@ pub(crate) fn bincode_options() -> impl bincode::Options + Copy {
         .reject_trailing_bytes()
 }
 
-/// Frames of log format 3 and head records of format 2: variable-length integers.
+/// Frames of log formats 3 and 4 and head records of format 2: variable-length integers.
 pub(crate) fn frame_options() -> impl bincode::Options + Copy {
     use bincode::Options;
     bincode::DefaultOptions::new()
@@ -173,10 +177,11 @@ pub(crate) fn encoded_size<T: Serialize>(value: &T) -> u64 {
     bincode_options().serialized_size(value).unwrap_or(u64::MAX)
 }
 
-/// Encodes a frame with its header, in the current format (version 3): with the head's
+/// Encodes a frame with its header, in the current format (version 4): with the head's
 /// identity only if `with_identity`, and without the admission inputs `blobbed` names
 /// (`inputs_to_blob`; the caller stores them). The committer writes a frame's events with
-/// one execution, time and epoch and consecutive seqs and positions; the format relies on it.
+/// one execution, time and epoch and consecutive seqs and positions, at least one, and sets
+/// the head's last seq and last activity from them; the format relies on it.
 #[cfg(test)]
 pub(crate) fn encode_frame(
     frame: &Frame,
@@ -208,6 +213,10 @@ pub(crate) fn encode_frame_into(
                 && event.writer_epoch == first.writer_epoch
         })
     }));
+    debug_assert!(frame
+        .events
+        .last()
+        .is_some_and(|last| { last.seq == head.last_seq && last.at_ms == head.last_activity_ms }));
     let wire = crate::frame::wire(frame, with_identity, blobbed);
     bytes.clear();
     bytes.resize(FRAME_HEADER_LEN, 0);
@@ -262,7 +271,10 @@ pub(crate) fn decode_log_record(key: &[u8], bytes: &[u8]) -> Result<DecodedLogRe
 /// version and last position.
 fn log_record_header(key: &[u8], bytes: &[u8]) -> Result<(u8, u64)> {
     if bytes.len() < LOG_HEADER_LEN
-        || !matches!(bytes[0], LOG_FORMAT_V1 | LOG_FORMAT_V2 | LOG_FORMAT_VERSION)
+        || !matches!(
+            bytes[0],
+            LOG_FORMAT_V1 | LOG_FORMAT_V2 | LOG_FORMAT_V3 | LOG_FORMAT_VERSION
+        )
     {
         return Err(Error::corrupted(key));
     }
@@ -369,7 +381,7 @@ pub(crate) fn decode_frames(
         .map(|frame| {
             let claimed = frame.claimed;
             let payload = &frame.checked[16..];
-            let from_wire = |wire: WireFrame| StoredFrame::from_wire(claimed, wire);
+            let from_v3 = |wire: WireFrameV3| StoredFrame::from_v3(claimed, wire);
             let decoded = match version {
                 _ if !frame.intact() => None,
                 LOG_FORMAT_V1 => decode_payload::<Frame>(key, payload, bincode_options())
@@ -377,10 +389,13 @@ pub(crate) fn decode_frames(
                     .map(StoredFrame::from_v1),
                 LOG_FORMAT_V2 => decode_payload(key, payload, bincode_options())
                     .ok()
-                    .map(from_wire),
+                    .map(from_v3),
+                LOG_FORMAT_V3 => decode_payload(key, payload, frame_options())
+                    .ok()
+                    .map(from_v3),
                 _ => decode_payload(key, payload, frame_options())
                     .ok()
-                    .map(from_wire),
+                    .map(|wire: WireFrame| StoredFrame::from_wire(claimed, wire)),
             };
             let owned = |frame: &StoredFrame| {
                 frame.execution_id == claimed

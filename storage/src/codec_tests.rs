@@ -45,6 +45,11 @@ fn r16_decoders_refuse_random_and_mutated_bytes_without_a_panic() {
     }));
     let head_record = crate::head_record::encode(&head, &crate::head_record::HeadIndex::default());
     let mut writer = LogRecordWriter::new();
+    let head = ExecutionHead {
+        last_seq: 1,
+        last_activity_ms: 1,
+        ..head
+    };
     let frame = Frame {
         head: head.clone(),
         events: vec![EventEnvelope {
@@ -182,12 +187,24 @@ fn log_record_frames_fail_one_at_a_time() {
                 ExecutionKind::Job,
             );
             head.version = n;
+            head.last_seq = 1;
             head
         },
-        events: vec![],
+        events: vec![EventEnvelope {
+            execution_id: ExecutionId::from_bytes([0; 16]),
+            seq: 1,
+            position: n + 5,
+            at_ms: 0,
+            writer_epoch: 0,
+            event: Event::Replied { text: "hi".into() },
+        }],
         records: vec![],
     };
-    let (first, second) = (frame(1), frame(2));
+    let owned = |mut frame: Frame| {
+        frame.events[0].execution_id = frame.head.execution_id;
+        frame
+    };
+    let (first, second) = (owned(frame(1)), owned(frame(2)));
     let mut writer = LogRecordWriter::new();
     writer.push(&encode_frame(&first, true, &[]));
     let first_len = writer.len();
@@ -228,6 +245,7 @@ fn frame_with_events(n: u64) -> Frame {
     );
     head.version = 3;
     head.last_seq = 4 + n;
+    head.last_activity_ms = 1_700;
     head.pause_reason = Some("step".into());
     let events = (0..n)
         .map(|index| EventEnvelope {
@@ -321,7 +339,15 @@ fn fixed_frame() -> Frame {
     frame
 }
 
-/// `fixed_frame()` as log format 1 wrote it (`bincode(Frame)` with its frame header),
+/// `fixed_frame()` as formats 1–3 were recorded: its last activity not set (those formats
+/// wrote it in every frame, as they found it).
+fn recorded_frame() -> Frame {
+    let mut frame = fixed_frame();
+    frame.head.last_activity_ms = 0;
+    frame
+}
+
+/// `recorded_frame()` as log format 1 wrote it (`bincode(Frame)` with its frame header),
 /// recorded from the format 1 encoder (commit 4ac7142's `encode_frame`).
 const V1_FIXTURE_HEX: &str = concat!(
     "000001315fdc50d6010101010101010101010101010101010101010101010101010101010101010102020202",
@@ -334,7 +360,7 @@ const V1_FIXTURE_HEX: &str = concat!(
     "000a00000006000000000000000000000000000000",
 );
 
-/// `fixed_frame()` as log format 2 wrote it, with and without the head's identity,
+/// `recorded_frame()` as log format 2 wrote it, with and without the head's identity,
 /// recorded from the format 2 encoder (commit 5724873's `encode_frame`).
 const V2_FIXTURE_HEX: &str = concat!(
     "000000fa0a712d0d010101010101010101010101010101010101010101010101010101010101010101020202",
@@ -361,7 +387,7 @@ fn from_hex(hex: &str) -> Vec<u8> {
 
 #[test]
 fn s6_a_version_2_log_record_still_decodes() {
-    let frame = fixed_frame();
+    let frame = recorded_frame();
     let identity = HeadIdentity::of(&frame.head);
     let with = decode_one(LOG_FORMAT_V2, &from_hex(V2_FIXTURE_HEX));
     assert_eq!(with.complete(None), Some(frame.clone()));
@@ -370,20 +396,36 @@ fn s6_a_version_2_log_record_still_decodes() {
 }
 
 #[test]
-fn s6_format_3_writes_the_same_frame_in_fewer_bytes_and_reads_it_back() {
+fn s6_a_version_3_log_record_still_decodes() {
+    let frame = recorded_frame();
+    let with = decode_one(LOG_FORMAT_V3, &from_hex(V3_FIXTURE_HEX));
+    assert_eq!(with.complete(None), Some(frame.clone()));
+    let without = decode_one(LOG_FORMAT_V3, &from_hex(V3_FIXTURE_WITHOUT_IDENTITY_HEX));
+    // A format 3 frame carries its own attempt: the previous head's is not taken.
+    let mut previous = HeadIdentity::of(&frame.head);
+    previous.attempt = Some(crate::records::AttemptLease {
+        attempt_id: crate::ids::AttemptId::new(),
+        owner_id: crate::ids::OwnerId::new(),
+        epoch: 9,
+    });
+    assert_eq!(without.complete(Some(previous)), Some(frame));
+}
+
+#[test]
+fn s6_format_4_writes_the_same_frame_in_fewer_bytes_and_reads_it_back() {
     let frame = fixed_frame();
-    for (with_identity, v2_hex) in [
-        (true, V2_FIXTURE_HEX),
-        (false, V2_FIXTURE_WITHOUT_IDENTITY_HEX),
+    for (with_identity, v3_hex) in [
+        (true, V3_FIXTURE_HEX),
+        (false, V3_FIXTURE_WITHOUT_IDENTITY_HEX),
     ] {
-        let v3 = encode_frame(&frame, with_identity, &[]);
-        let v2_len = v2_hex.len() / 2;
-        assert!(v3.len() < v2_len, "{} bytes, format 2 {v2_len}", v3.len());
-        let stored = decode_one(LOG_FORMAT_VERSION, &v3);
+        let v4 = encode_frame(&frame, with_identity, &[]);
+        let v3_len = v3_hex.len() / 2;
+        assert!(v4.len() < v3_len, "{} bytes, format 3 {v3_len}", v4.len());
+        let stored = decode_one(LOG_FORMAT_VERSION, &v4);
         let identity = (!with_identity).then(|| HeadIdentity::of(&frame.head));
         assert_eq!(stored.complete(identity), Some(frame.clone()));
-        // Read as format 2, the same bytes are not that frame: the version byte decides.
-        match decode_one_frame(LOG_FORMAT_V2, &v3) {
+        // Read as format 3, the same bytes are not that frame: the version byte decides.
+        match decode_one_frame(LOG_FORMAT_V3, &v4) {
             DecodedFrame::Corrupt { claimed } => assert_eq!(claimed, frame.head.execution_id),
             DecodedFrame::Ok(misread) => {
                 assert_ne!(misread.complete(identity), Some(frame.clone()))
@@ -404,7 +446,52 @@ fn s6_format_3_writes_the_same_frame_in_fewer_bytes_and_reads_it_back() {
 }
 
 #[test]
+fn s6_format_4_carries_the_attempt_only_with_the_identity() {
+    let mut frame = fixed_frame();
+    frame.head.attempt = Some(crate::records::AttemptLease {
+        attempt_id: crate::ids::AttemptId::from_bytes([8; 16]),
+        owner_id: crate::ids::OwnerId::from_bytes([9; 16]),
+        epoch: 2,
+    });
+    let with = encode_frame(&frame, true, &[]);
+    let without = encode_frame(&frame, false, &[]);
+    let bare = encode_frame(&fixed_frame(), false, &[]);
+    assert_eq!(
+        without.len(),
+        bare.len(),
+        "no attempt in a frame without identity"
+    );
+    assert_eq!(
+        decode_one(LOG_FORMAT_VERSION, &with).complete(None),
+        Some(frame.clone())
+    );
+    // Without the identity, the attempt is the previous head's.
+    let stored = decode_one(LOG_FORMAT_VERSION, &without);
+    let previous = HeadIdentity::of(&frame.head);
+    assert_eq!(stored.clone().complete(Some(previous)), Some(frame.clone()));
+    let before = HeadIdentity::of(&fixed_frame().head);
+    let completed = stored.complete(Some(before)).expect("same execution");
+    assert_eq!(
+        completed.head.attempt, None,
+        "the attempt the head had before"
+    );
+}
+
+#[test]
 fn s6_a_version_1_log_record_still_decodes() {
     let stored = decode_one(LOG_FORMAT_V1, &from_hex(V1_FIXTURE_HEX));
-    assert_eq!(stored.complete(None), Some(fixed_frame()));
+    assert_eq!(stored.complete(None), Some(recorded_frame()));
 }
+
+/// `recorded_frame()` as log format 3 wrote it, with and without the head's identity,
+/// recorded from the format 3 encoder (commit 56106e9's `encode_frame`).
+const V3_FIXTURE_HEX: &str = concat!(
+    "0000008eeb022625010101010101010101010101010101010101010101010101010101010101010101020202",
+    "0202020202020202020202020203030303030303030303030303030303000004040404040404040404040404",
+    "0404040505050505050505050505050505050506060606060606060606060606060606070707070707070707",
+    "0707070707070700010473746570030600000000000528fba40602020a050a060000",
+);
+const V3_FIXTURE_WITHOUT_IDENTITY_HEX: &str = concat!(
+    "0000001cf8d66787010101010101010101010101010101010000010473746570030600000000000528fba406",
+    "02020a050a060000",
+);

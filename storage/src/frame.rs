@@ -1,6 +1,7 @@
 //! What a log frame holds (codec.rs frames it): one committed transition in memory (`Frame`),
-//! as formats 2 and 3 write it (`WireFrameRef`, read as `WireFrame`), and as read back
-//! (`StoredFrame`, completed with its head's identity and its blobbed inputs).
+//! as format 4 writes it (`WireFrameRef`, read as `WireFrame`), and as read back
+//! (`StoredFrame`, completed with its head's identity and its blobbed inputs). What formats
+//! 1–3 wrote is read by `frame_v3.rs`.
 
 use std::borrow::Cow;
 
@@ -27,19 +28,22 @@ pub(crate) struct Frame {
     pub records: Vec<RecordValue>,
 }
 
-/// The fields of a head set when its execution is created (a writer may replace them; the
-/// frame that does carries them).
+/// The fields of a head that stay the same from frame to frame: those set when its
+/// execution is created, and the attempt that owns it. A frame carries them only when its
+/// transition sets or changes one (a new attempt); the others take them from the head
+/// before them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct HeadIdentity {
     pub execution_id: ExecutionId,
-    session_id: SessionId,
-    run_id: RunId,
-    parent_execution_id: Option<ExecutionId>,
-    kind: ExecutionKind,
-    revision_id: RevisionId,
-    turn_id: TurnId,
-    user_message_id: MessageId,
-    reply_message_id: MessageId,
+    pub(crate) session_id: SessionId,
+    pub(crate) run_id: RunId,
+    pub(crate) parent_execution_id: Option<ExecutionId>,
+    pub(crate) kind: ExecutionKind,
+    pub(crate) revision_id: RevisionId,
+    pub(crate) turn_id: TurnId,
+    pub(crate) user_message_id: MessageId,
+    pub(crate) reply_message_id: MessageId,
+    pub(crate) attempt: Option<AttemptLease>,
 }
 
 impl HeadIdentity {
@@ -54,39 +58,33 @@ impl HeadIdentity {
             turn_id: head.turn_id,
             user_message_id: head.user_message_id,
             reply_message_id: head.reply_message_id,
+            attempt: head.attempt,
         }
     }
 }
 
-/// The rest of a head, as a version 2 or 3 frame writes it: borrowed from the head when
-/// written (`HeadStateRef`), owned when read back (`HeadState`), one field list for both.
+/// The rest of a head, as a format 4 frame writes it: borrowed from the head when written
+/// (`HeadStateRef`), owned when read back (`HeadState`), one field list for both. Its last
+/// seq and last activity are the frame's last event's seq and its time (the committer sets
+/// them so), not written again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct HeadState<
     Reason = Option<String>,
-    Attempt = Option<AttemptLease>,
     Point = Option<Checkpoint>,
     Intent = Option<RestartIntent>,
 > {
-    state: ExecutionState,
-    pause_reason: Reason,
-    version: u64,
-    last_seq: u64,
-    fencing_epoch: u64,
-    attempt: Attempt,
-    checkpoint: Point,
-    restart_intent: Intent,
-    last_activity_ms: u64,
+    pub(crate) state: ExecutionState,
+    pub(crate) pause_reason: Reason,
+    pub(crate) version: u64,
+    pub(crate) fencing_epoch: u64,
+    pub(crate) checkpoint: Point,
+    pub(crate) restart_intent: Intent,
 }
 
-pub(crate) type HeadStateRef<'a> = HeadState<
-    &'a Option<String>,
-    &'a Option<AttemptLease>,
-    &'a Option<Checkpoint>,
-    &'a Option<RestartIntent>,
->;
+pub(crate) type HeadStateRef<'a> =
+    HeadState<&'a Option<String>, &'a Option<Checkpoint>, &'a Option<RestartIntent>>;
 
-/// A version 2 or 3 frame as written (`WireFrame` reads it back; the two differ only in
-/// bincode's integer encoding, `codec.rs`).
+/// A format 4 frame as written (`WireFrame` reads it back).
 #[derive(Serialize)]
 pub(crate) struct WireFrameRef<'a> {
     identity: Option<HeadIdentity>,
@@ -113,6 +111,15 @@ pub(crate) struct WireFrame {
     records: Vec<RecordValue>,
 }
 
+/// What formats 1–3 wrote in every frame, and format 4 takes from elsewhere: the attempt
+/// from the identity, the last seq and last activity from the events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Kept {
+    pub(crate) attempt: Option<AttemptLease>,
+    pub(crate) last_seq: u64,
+    pub(crate) last_activity_ms: u64,
+}
+
 /// A frame read back from the log. Its head is whole once `complete` has the identity:
 /// from the frame itself (the creating transition, one that changed it, every version 1
 /// frame), else from the execution's head before the frame.
@@ -120,10 +127,12 @@ pub(crate) struct WireFrame {
 pub(crate) struct StoredFrame {
     pub execution_id: ExecutionId,
     pub(crate) identity: Option<HeadIdentity>,
-    head: HeadState,
+    pub(crate) head: HeadState,
+    /// Formats 1–3 only.
+    pub(crate) kept: Option<Kept>,
     pub events: Vec<EventEnvelope>,
     /// Events stored without their admission input: (index in `events`, the input's blob).
-    blobbed: Vec<(u32, BlobHash)>,
+    pub(crate) blobbed: Vec<(u32, BlobHash)>,
     pub records: Vec<RecordValue>,
 }
 
@@ -161,16 +170,22 @@ impl StoredFrame {
             .identity
             .or(previous)
             .filter(|identity| identity.execution_id == self.execution_id)?;
+        let Kept {
+            attempt,
+            last_seq,
+            last_activity_ms,
+        } = self.kept.unwrap_or_else(|| Kept {
+            attempt: identity.attempt,
+            last_seq: self.events.last().map_or(0, |event| event.seq),
+            last_activity_ms: self.events.first().map_or(0, |event| event.at_ms),
+        });
         let HeadState {
             state,
             pause_reason,
             version,
-            last_seq,
             fencing_epoch,
-            attempt,
             checkpoint,
             restart_intent,
-            last_activity_ms,
         } = self.head;
         let head = ExecutionHead {
             execution_id: identity.execution_id,
@@ -199,28 +214,7 @@ impl StoredFrame {
         })
     }
 
-    pub(crate) fn from_v1(frame: Frame) -> Self {
-        let head = frame.head;
-        Self {
-            execution_id: head.execution_id,
-            identity: Some(HeadIdentity::of(&head)),
-            head: HeadState {
-                state: head.state,
-                pause_reason: head.pause_reason,
-                version: head.version,
-                last_seq: head.last_seq,
-                fencing_epoch: head.fencing_epoch,
-                attempt: head.attempt,
-                checkpoint: head.checkpoint,
-                restart_intent: head.restart_intent,
-                last_activity_ms: head.last_activity_ms,
-            },
-            events: frame.events,
-            blobbed: Vec::new(),
-            records: frame.records,
-        }
-    }
-
+    /// A format 4 frame read back.
     pub(crate) fn from_wire(execution_id: ExecutionId, wire: WireFrame) -> Self {
         let WireFrame {
             identity,
@@ -249,6 +243,7 @@ impl StoredFrame {
             execution_id,
             identity,
             head,
+            kept: None,
             events,
             blobbed,
             records,
@@ -302,7 +297,7 @@ fn without_input(event: &Event) -> Event {
     }
 }
 
-/// A frame as versions 2 and 3 write it (see `codec::encode_frame`).
+/// A frame as format 4 writes it (see `codec::encode_frame`).
 pub(crate) fn wire<'a>(
     frame: &'a Frame,
     with_identity: bool,
@@ -316,12 +311,9 @@ pub(crate) fn wire<'a>(
             state: head.state,
             pause_reason: &head.pause_reason,
             version: head.version,
-            last_seq: head.last_seq,
             fencing_epoch: head.fencing_epoch,
-            attempt: &head.attempt,
             checkpoint: &head.checkpoint,
             restart_intent: &head.restart_intent,
-            last_activity_ms: head.last_activity_ms,
         },
         first_seq: first.map_or(0, |event| event.seq),
         first_position: first.map_or(0, |event| event.position),
@@ -410,7 +402,7 @@ mod tests {
         }
     }
 
-    /// `frame()` with its identity as log format 3 writes it, recorded from commit 8a04c11's
+    /// `frame()` with its identity as log format 3 wrote it, recorded from commit 8a04c11's
     /// `encode_frame`: an admission input stored as a blob and a record, which the fixtures
     /// of `codec.rs` do not have.
     const V3_FIXTURE_HEX: &str = concat!(
@@ -424,18 +416,15 @@ mod tests {
         "080808080808080808080808080808080101010101010101010101010101010100066d617920493f00020000",
     );
 
-    #[test]
-    fn s6_format_3_writes_a_blobbed_input_and_a_record_as_it_always_did() {
-        let frame = frame();
-        let blobbed = inputs_to_blob(&frame);
-        assert_eq!(blobbed.len(), 1, "the large admission input is a blob");
-        let bytes = encode_frame(&frame, true, &blobbed);
-        let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
-        assert_eq!(hex, V3_FIXTURE_HEX, "not the bytes format 3 wrote");
-        // And it reads back from a log record as the frame, its input put back from the blob.
+    /// The frame in `bytes`, the one frame of a log record of format `version`, its blobbed
+    /// input put back.
+    fn read_back(version: u8, bytes: &[u8], blobbed: &[(u32, BlobHash)]) -> StoredFrame {
         let mut writer = LogRecordWriter::new();
-        writer.push(&bytes);
-        let record = writer.finish(12);
+        writer.push(bytes);
+        let mut record = writer.finish(12);
+        record[0] = version;
+        let crc = crc32fast::hash(&record[..9]);
+        record[9..13].copy_from_slice(&crc.to_be_bytes());
         let decoded = decode_log_record(&keys::log(11), &record).expect("framing");
         let Some(DecodedFrame::Ok(mut stored)) = decoded.frames.into_iter().next() else {
             panic!("the frame does not decode");
@@ -446,6 +435,25 @@ mod tests {
             Ok(Some(input.clone()))
         });
         assert!(resolved.expect("blob read"));
+        *stored
+    }
+
+    #[test]
+    fn s6_a_format_3_frame_with_a_blobbed_input_and_a_record_still_reads() {
+        let frame = frame();
+        let blobbed = inputs_to_blob(&frame);
+        assert_eq!(blobbed.len(), 1, "the large admission input is a blob");
+        let hex = V3_FIXTURE_HEX.as_bytes();
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|at| u8::from_str_radix(&V3_FIXTURE_HEX[at..at + 2], 16).expect("hex"))
+            .collect();
+        let stored = read_back(3, &bytes, &blobbed);
+        assert_eq!(stored.complete(None), Some(frame.clone()));
+        // Format 4 writes it in fewer bytes and reads it back the same.
+        let v4 = encode_frame(&frame, true, &blobbed);
+        assert!(v4.len() < bytes.len(), "{} vs {}", v4.len(), bytes.len());
+        let stored = read_back(crate::codec::LOG_FORMAT_VERSION, &v4, &blobbed);
         assert_eq!(stored.complete(None), Some(frame));
     }
 }

@@ -33,6 +33,7 @@ pub mod event;
 mod event_store;
 pub mod failpoints;
 mod frame;
+mod frame_v3;
 mod generation;
 mod head_record;
 pub mod histogram;

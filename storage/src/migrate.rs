@@ -37,6 +37,7 @@
 //!   location in a journal segment (format 2), which segments are kept for (records kept in
 //!   sled are still read); the users of each blob (`0x15`, `0x16`), so that a blob goes with
 //!   the last one's purge: every blob stored before is pinned (`0x17`), its users unknown.
+//! - 16: log format 4 (`codec.rs`: a frame carries the attempt only when it changes). A mark.
 
 use crate::codec;
 use crate::error::{Error, Result};
@@ -44,7 +45,7 @@ use crate::keys;
 use crate::record_value::RecordValue;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 15;
+pub const SCHEMA_VERSION: u32 = 16;
 
 /// One migration: from `from` to `from + 1`, adding its changes to the batch.
 type Step = fn(&sled::Db, &mut sled::Batch) -> Result<()>;

@@ -92,7 +92,7 @@ impl fmt::Display for ExecutionState {
 }
 
 /// The attempt that currently owns an execution.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttemptLease {
     pub attempt_id: AttemptId,
     pub owner_id: OwnerId,

@@ -146,3 +146,58 @@ async fn s6_reads_stay_consistent_while_materializations_run() {
     reader.await.expect("reader");
     assert!(store.metrics().materializations > 1);
 }
+
+/// Commits a new attempt of `execution_id` at `version`, by epoch `epoch`: the head carries
+/// its lease, as an activation writes it.
+async fn start_attempt(store: &Store, execution_id: ExecutionId, version: u64, epoch: u64) {
+    use openprogram_storage::{AttemptId, AttemptLease, Event, EventStore, OwnerId, Transition};
+    let lease = AttemptLease {
+        attempt_id: AttemptId::new(),
+        owner_id: OwnerId::new(),
+        epoch,
+    };
+    let mut head = store.head(execution_id).expect("head").expect("exists");
+    head.attempt = Some(lease);
+    let event = Event::AttemptStarted {
+        attempt_id: lease.attempt_id,
+        owner_id: lease.owner_id,
+        epoch,
+    };
+    let transition = Transition::new(execution_id, vec![event])
+        .expect_version(version)
+        .by_epoch(epoch)
+        .with_head(head);
+    committed(store.submit(transition).await.expect("attempt"));
+}
+
+#[tokio::test]
+async fn s6_a_replayed_log_rebuilds_each_attempt_of_the_head() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let a = create(&store).await;
+    start_attempt(&store, a, 1, 1).await;
+    drop(store);
+    let first_session = raw_open(dir.path())
+        .get(openprogram_storage::keys::head(a))
+        .expect("get")
+        .expect("head record");
+    let store = Store::open(dir.path()).expect("reopen");
+    start_attempt(&store, a, 2, 2).await;
+    append(&store, a, 3, "by the second attempt").await;
+    let before = store.head(a).expect("head").expect("exists");
+    drop(store);
+    {
+        // As after a crash in the second session's materialization: the head on disk is
+        // the first session's, and the replay brings every frame.
+        let db = raw_open(dir.path());
+        db.insert(openprogram_storage::keys::head(a), first_session)
+            .expect("restore");
+        replay_everything(&db);
+        db.flush().expect("flush");
+    }
+    let store = Store::open(dir.path()).expect("reopen");
+    assert_eq!(store.metrics().replayed_frames, 4);
+    let after = store.head(a).expect("head").expect("exists");
+    assert_eq!(after.attempt.map(|lease| lease.epoch), Some(2));
+    assert_eq!(after, before, "the head the frames lead to");
+}
