@@ -339,7 +339,9 @@ pub(crate) fn wire<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::{decode_log_record, encode_frame, DecodedFrame, LogRecordWriter};
+    use crate::codec::{
+        decode_log_record, encode_frame, DecodedFrame, LogRecordWriter, LOG_FORMAT_VERSION,
+    };
     use crate::keys;
 
     /// An admission whose input is stored as a blob, an event after it, and a record; every
@@ -453,7 +455,7 @@ mod tests {
         // Format 4 writes it in fewer bytes and reads it back the same.
         let v4 = encode_frame(&frame, true, &blobbed);
         assert!(v4.len() < bytes.len(), "{} vs {}", v4.len(), bytes.len());
-        let stored = read_back(crate::codec::LOG_FORMAT_VERSION, &v4, &blobbed);
+        let stored = read_back(LOG_FORMAT_VERSION, &v4, &blobbed);
         assert_eq!(stored.complete(None), Some(frame));
     }
 }
