@@ -4,7 +4,9 @@
 //! lost its lease exits 75) is started again, as a process supervisor would; at the end the
 //! nodes stop in order (SIGTERM), then the database, and the directory goes unless `--dir`
 //! named it. Once every node answers, stdout gets one JSON line — `{"store", "token",
-//! "nodes": [{"id", "url", "log"}]}` — for scripts; stderr says the same for a person.
+//! "nodes": [{"id", "url", "log", "pid"}]}` — for scripts; stderr says the same for a
+//! person. `--cpu-per-node` caps each node at a share of a core (`cpu_cap.rs`), PostgreSQL
+//! left uncapped, as if each node ran on a machine of its own.
 
 use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
@@ -13,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use openprogram_storage::pg::local::LocalPostgres;
 use serde_json::json;
+
+use crate::cpu_cap::CpuCap;
 
 /// How long a node may take to start listening, and to stop after SIGTERM.
 const NODE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -32,6 +36,10 @@ pub struct ClusterArgs {
     /// Keep the database, data and logs here (default: a temporary directory, removed).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Cap each node at this share of one core (0.3: 30%), as if each ran on a small
+    /// machine of its own; the database is not capped. Needs root (cgroup v1 `cpu`).
+    #[arg(long, value_name = "CORES")]
+    pub cpu_per_node: Option<f64>,
 }
 
 impl ClusterArgs {
@@ -75,6 +83,8 @@ struct Node {
     child: Option<Child>,
     /// When a node that is not running may be started again.
     retry_at: Instant,
+    /// Its share of a core (`--cpu-per-node`), dropped after the node has stopped.
+    cap: Option<CpuCap>,
 }
 
 impl Drop for Node {
@@ -94,6 +104,10 @@ impl Node {
 
     fn url(&self) -> String {
         format!("http://{}", self.listen)
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// Starts `serve` and waits until it listens (its first stdout line).
@@ -117,6 +131,11 @@ impl Node {
             .stderr(log)
             .spawn()
             .map_err(|error| format!("starting {}: {error}", options.binary.display()))?;
+        if let Some(Err(error)) = self.cap.as_ref().map(|cap| cap.join(child.id())) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(error);
+        }
         // Its first line, read on a thread of its own so that a node that never says it
         // listens is given up after NODE_TIMEOUT; the rest is drained there, so it never
         // blocks on a full pipe.
@@ -219,11 +238,20 @@ fn serve_nodes(
     let mut nodes = Vec::with_capacity(options.args.nodes);
     for index in 1..=options.args.nodes {
         let port = free_port().map_err(|error| format!("a free port: {error}"))?;
+        let id = format!("n{index}");
+        let cap = match options.args.cpu_per_node {
+            Some(share) => {
+                let name = format!("openprogram-{}-{id}", std::process::id());
+                Some(CpuCap::new(&name, share)?)
+            }
+            None => None,
+        };
         nodes.push(Node {
-            id: format!("n{index}"),
+            id,
             listen: format!("127.0.0.1:{port}"),
             child: None,
             retry_at: Instant::now(),
+            cap,
         });
     }
     let started = nodes
@@ -240,6 +268,8 @@ fn serve_nodes(
                 "id": node.id,
                 "url": node.url(),
                 "log": node.log(dir).display().to_string(),
+                "pid": node.pid(),
+                "cpu_per_node": options.args.cpu_per_node,
             })
         })
         .collect();
@@ -280,6 +310,13 @@ fn serve_nodes(
         }
     }
     eprintln!("openprogram: stopping the nodes");
+    for node in &nodes {
+        if let Some(cap) = &node.cap {
+            let held = cap.throttling();
+            let (id, throttled, periods) = (&node.id, held.throttled, held.periods);
+            eprintln!("  {id}: held back at its CPU cap in {throttled} of {periods} periods");
+        }
+    }
     std::thread::scope(|scope| {
         for node in &mut nodes {
             scope.spawn(|| node.stop());

@@ -47,6 +47,7 @@ macro_rules! server {
 
 server! {
     pub mod cluster;
+    pub mod cpu_cap;
     pub mod http;
     pub mod load;
     mod load_commands;
