@@ -4,21 +4,40 @@
 For each round and each node count (1, 2, 3 by default, in a rotating order), starts
 `openprogram cluster --nodes N --cpu-per-node SHARE` (a throwaway PostgreSQL, not capped),
 runs `openprogram load --url n1,…` against every node, and prints one JSON line: steps/s,
-step p99, each node's CPU seconds and where they went (by thread name), PostgreSQL's CPU
-share of the run, and how often the nodes were held back at their cap.
+step p99, each node's CPU seconds and where they went (by thread name), the CPU share of
+PostgreSQL and of the load's client, and how often the nodes were held back at their cap.
 
     sudo benches/scale_out.py target/release/openprogram [--share 0.3] [--rounds 5]
         [--nodes 1,2,3] [--executions 1000] [--steps 50] [--concurrency 1000]
 
 Needs root (cgroup v1 cpu) and PostgreSQL's server programs (apt-get install postgresql).
 """
-import argparse, collections, json, os, signal, subprocess, sys, tempfile, time
+import argparse, collections, json, os, resource, signal, subprocess, sys, tempfile, time
 
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid):
-    """CPU seconds of a process's threads by thread name (role), read from /proc."""
+def stat_fields(path):
+    """The fields of a /proc stat file after the command name (field 3 onward)."""
+    with open(path) as f:
+        stat = f.read()
+    return stat[stat.rindex(")") + 2 :].split(), stat[stat.index("(") + 1 : stat.rindex(")")]
+
+
+def process_seconds(pid, reaped=False):
+    """CPU seconds of a process, its ended threads included (and its reaped children's)."""
+    try:
+        fields, _ = stat_fields(f"/proc/{pid}/stat")
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / TICK
+
+
+def thread_seconds(pid):
+    """CPU seconds of a process's live threads by thread name (role): where its time went."""
     roles = collections.Counter()
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -26,12 +45,9 @@ def cpu_seconds(pid):
         return roles
     for tid in tids:
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                stat = f.read()
+            fields, name = stat_fields(f"/proc/{pid}/task/{tid}/stat")
         except OSError:
             continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
         role = name.rstrip("0123456789-").rstrip("-") or name
         roles[role] += (int(fields[11]) + int(fields[12])) / TICK
     return roles
@@ -42,19 +58,19 @@ def children(pid):
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/stat") as f:
-                    stat = f.read()
+                fields, _ = stat_fields(f"/proc/{entry}/stat")
             except OSError:
                 continue
-            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+            if int(fields[1]) == pid:
                 found.append(int(entry))
     return found
 
 
 def postgres_seconds(data_dir):
+    """The server's CPU seconds: the postmaster with its ended backends, and the live ones."""
     with open(os.path.join(data_dir, "postmaster.pid")) as f:
         master = int(f.readline())
-    return sum(sum(cpu_seconds(pid).values()) for pid in [master] + children(master))
+    return process_seconds(master, reaped=True) + sum(process_seconds(pid) for pid in children(master))
 
 
 def one_run(args, nodes):
@@ -80,8 +96,9 @@ def one_run(args, nodes):
                 time.sleep(0.1)
             pg_data = os.path.join(cluster_dir, "postgres", "data")
             pids = [node["pid"] for node in described["nodes"]]
-            before = [cpu_seconds(pid) for pid in pids]
+            before = [(process_seconds(pid), thread_seconds(pid)) for pid in pids]
             pg_before, started = postgres_seconds(pg_data), time.time()
+            client = resource.getrusage(resource.RUSAGE_CHILDREN)
             load = subprocess.run(
                 [args.binary, "load", "--url", ",".join(n["url"] for n in described["nodes"]),
                  "--token", described["token"], "--executions", str(args.executions),
@@ -89,22 +106,36 @@ def one_run(args, nodes):
                 capture_output=True, text=True)
             wall = time.time() - started
             pg_cpu = postgres_seconds(pg_data) - pg_before
-            after = [cpu_seconds(pid) for pid in pids]
-            report = json.loads(load.stdout.strip().splitlines()[-1])
+            reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+            client_cpu = (reaped.ru_utime + reaped.ru_stime) - (client.ru_utime + client.ru_stime)
+            after = [(process_seconds(pid), thread_seconds(pid)) for pid in pids]
+            lines = load.stdout.strip().splitlines()
+            if load.returncode != 0 or not lines:
+                sys.exit(f"load failed ({load.returncode}): {load.stderr[-2000:]}")
+            report = json.loads(lines[-1])
         finally:
             cluster.send_signal(signal.SIGTERM)
-            cluster.wait(timeout=120)
+            try:
+                cluster.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                cluster.kill()
+                cluster.wait()
         err.close()
-        held = [line.strip() for line in open(err.name) if "held back" in line]
-        node_roles = [{role: round(a[role] - b.get(role, 0), 2) for role in a if a[role] - b.get(role, 0) >= 0.05}
-                      for a, b in zip(after, before)]
+        log = open(err.name).read()
+        held = [line.strip() for line in log.splitlines() if "held back" in line]
+        node_cpu = [a[0] - b[0] for a, b in zip(after, before)]
+        node_roles = [{role: round(a[1][role] - b[1].get(role, 0), 2) for role in a[1]
+                       if a[1][role] - b[1].get(role, 0) >= 0.05} for a, b in zip(after, before)]
         return {
             "nodes": nodes, "cpu_per_node": args.share,
             "steps_per_s": report.get("steps_per_s"), "step_p99_ms": report.get("step_p99_ms"),
             "failed": report.get("failed"), "wall_s": round(wall, 2),
             "postgres_cpu_share": round(pg_cpu / wall, 3),
-            "node_cpu_share": [round(sum(r.values()) / wall, 3) for r in node_roles],
+            "client_cpu_share": round(client_cpu / wall, 3),
+            "node_cpu_share": [round(seconds / wall, 3) for seconds in node_cpu],
             "node_cpu_s_by_thread": node_roles, "held_back": held,
+            # A node started again has a new pid, whose time before is not counted.
+            "nodes_restarted": log.count("starting node"),
         }
 
 

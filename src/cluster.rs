@@ -4,8 +4,8 @@
 //! lost its lease exits 75) is started again, as a process supervisor would; at the end the
 //! nodes stop in order (SIGTERM), then the database, and the directory goes unless `--dir`
 //! named it. Once every node answers, stdout gets one JSON line — `{"store", "token",
-//! "nodes": [{"id", "url", "log", "pid"}]}` — for scripts; stderr says the same for a
-//! person. `--cpu-per-node` caps each node at a share of a core (`cpu_cap.rs`), PostgreSQL
+//! "cpu_per_node", "nodes": [{"id", "url", "log", "pid"}]}` — for scripts; stderr says the
+//! same for a person. `--cpu-per-node` caps each node at a share of a core (`cpu_cap.rs`), PostgreSQL
 //! left uncapped, as if each node ran on a machine of its own.
 
 use std::io::BufRead as _;
@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use openprogram_storage::pg::local::LocalPostgres;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::cpu_cap::CpuCap;
 
@@ -53,6 +53,9 @@ impl ClusterArgs {
             .or_else(|| std::env::var("OPENPROGRAM_TOKEN").ok())
             .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
         // Refused here, before a database starts, rather than by every node.
+        if let Some(share) = self.cpu_per_node {
+            CpuCap::check(share)?;
+        }
         if token.trim().len() < crate::serve::TOKEN_CHARS_MIN {
             return Err(format!(
                 "a token must have at least {} characters",
@@ -261,22 +264,7 @@ fn serve_nodes(
         nodes.iter_mut().for_each(Node::stop);
         return Err(error);
     }
-    let described: Vec<_> = nodes
-        .iter()
-        .map(|node| {
-            json!({
-                "id": node.id,
-                "url": node.url(),
-                "log": node.log(dir).display().to_string(),
-                "pid": node.pid(),
-                "cpu_per_node": options.args.cpu_per_node,
-            })
-        })
-        .collect();
-    println!(
-        "{}",
-        json!({"store": store, "token": options.token, "nodes": described})
-    );
+    println!("{}", describe(options, dir, &store, &nodes));
     eprintln!("openprogram: {} nodes on {store}", nodes.len());
     for node in &nodes {
         let (id, url, log) = (&node.id, node.url(), node.log(dir));
@@ -314,7 +302,7 @@ fn serve_nodes(
         if let Some(cap) = &node.cap {
             let held = cap.throttling();
             let (id, throttled, periods) = (&node.id, held.throttled, held.periods);
-            eprintln!("  {id}: held back at its CPU cap in {throttled} of {periods} periods");
+            eprintln!("  {id}: held back at its CPU cap in {throttled} of {periods} periods since it started");
         }
     }
     std::thread::scope(|scope| {
@@ -323,6 +311,27 @@ fn serve_nodes(
         }
     });
     Ok(())
+}
+
+/// The line for scripts: the store, the token, the CPU cap and each node.
+fn describe(options: &ClusterOptions, dir: &Path, store: &str, nodes: &[Node]) -> Value {
+    let described: Vec<_> = nodes
+        .iter()
+        .map(|node| {
+            json!({
+                "id": node.id,
+                "url": node.url(),
+                "log": node.log(dir).display().to_string(),
+                "pid": node.pid(),
+            })
+        })
+        .collect();
+    json!({
+        "store": store,
+        "token": options.token,
+        "cpu_per_node": options.args.cpu_per_node,
+        "nodes": described,
+    })
 }
 
 /// A free loopback port (bound, read, released: a node binds it next).

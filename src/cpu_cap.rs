@@ -26,19 +26,29 @@ pub struct Throttling {
 }
 
 impl CpuCap {
-    /// A new group `name` allowed `share` of a core (0.01–64).
-    pub fn new(name: &str, share: f64) -> Result<Self, String> {
+    /// Whether a group of `share` of a core (0.01–64) can be made here: the share in range,
+    /// the cgroup v1 `cpu` controller mounted at `/sys/fs/cgroup/cpu`, and the right to
+    /// write there (root).
+    pub fn check(share: f64) -> Result<(), String> {
         if !(0.01..=64.0).contains(&share) {
             return Err(format!(
                 "a CPU share must be between 0.01 and 64 cores, not {share}"
             ));
         }
+        let period = PathBuf::from(ROOT).join("cpu.cfs_period_us");
+        let writable = std::fs::OpenOptions::new().write(true).open(&period);
+        writable.map(drop).map_err(|error| {
+            format!("capping CPU needs root and the cgroup v1 cpu controller at {ROOT} ({}: {error})", period.display())
+        })
+    }
+
+    /// A new group `name` allowed `share` of a core (see `check`).
+    pub fn new(name: &str, share: f64) -> Result<Self, String> {
+        Self::check(share)?;
         let dir = PathBuf::from(ROOT).join(name);
         let shown = dir.display().to_string();
-        let needs = |error: std::io::Error| {
-            format!("capping CPU needs root and the cgroup v1 cpu controller at {ROOT} ({shown}: {error})")
-        };
-        std::fs::create_dir_all(&dir).map_err(needs)?;
+        let needs = |error: std::io::Error| format!("making the CPU group {shown}: {error}");
+        std::fs::create_dir(&dir).map_err(needs)?;
         let cap = Self { dir };
         let quota = (share * PERIOD_US as f64).round() as u64;
         cap.write("cpu.cfs_period_us", &PERIOD_US.to_string())

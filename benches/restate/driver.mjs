@@ -8,9 +8,13 @@ async function worker() {
   while (next < n) {
     next++;
     const t = performance.now();
-    const r = await fetch(`${url}/Steps/run`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(steps) });
-    await r.text();
-    if (r.ok) done++; else failed++;
+    try {
+      const r = await fetch(`${url}/Steps/run`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(steps) });
+      await r.text();
+      if (r.ok) done++; else failed++;
+    } catch (error) {
+      failed++;
+    }
     lat.push(performance.now() - t);
   }
 }

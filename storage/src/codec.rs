@@ -18,14 +18,15 @@
 //!          | execution id: 16 bytes | bincode(WireFrame) (4), (WireFrameV3) (2, 3), (Frame) (1) |
 //! ```
 //! Formats: 1 — `bincode(Frame)`, every frame with the whole head and every event in its
-//! own envelope. 2 — a frame carries the head's identity (`HeadIdentity`) only when its
-//! transition creates or changes it, and its events without envelopes (execution, seq,
+//! own envelope. 2 — a frame carries the head's identity (its ids, set at creation) only when
+//! its transition creates or changes it, and its events without envelopes (execution, seq,
 //! position, time and epoch are the frame's, as the committer writes them); an admission's
 //! input of `INPUT_BLOB_BYTES_MIN` or more is a blob (S-5), listed by the frame as
 //! `(event index, blob hash)` and put back by readers. 3 — the same frame in bincode's
-//! variable-length integers. 4 — the attempt is part of the identity, so a frame carries it
-//! only when it changes, and the head's last seq and last activity are the frame's last
-//! event's seq and time, not written again (`frame.rs`). All four are read (`frame_v3.rs`). Records stay in record format 1 (fixed
+//! variable-length integers. 4 — the attempt is part of the identity (`HeadIdentity`), so a
+//! frame carries it only when it changes, and the head's last seq and last activity are the
+//! frame's last event's seq and time, not written again (`frame.rs`). All four are read
+//! (1–3 by `frame_v3.rs`). Records stay in record format 1 (fixed
 //! integers), so that an older build still reads the schema version and refuses the store;
 //! head records have their own format (`head_record.rs`).
 
@@ -393,9 +394,11 @@ pub(crate) fn decode_frames(
                 LOG_FORMAT_V3 => decode_payload(key, payload, frame_options())
                     .ok()
                     .map(from_v3),
+                // Every frame has an event; format 4 takes its head's last seq from them.
                 _ => decode_payload(key, payload, frame_options())
                     .ok()
-                    .map(|wire: WireFrame| StoredFrame::from_wire(claimed, wire)),
+                    .map(|wire: WireFrame| StoredFrame::from_wire(claimed, wire))
+                    .filter(|frame| !frame.events.is_empty()),
             };
             let owned = |frame: &StoredFrame| {
                 frame.execution_id == claimed

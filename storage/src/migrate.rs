@@ -37,7 +37,8 @@
 //!   location in a journal segment (format 2), which segments are kept for (records kept in
 //!   sled are still read); the users of each blob (`0x15`, `0x16`), so that a blob goes with
 //!   the last one's purge: every blob stored before is pinned (`0x17`), its users unknown.
-//! - 16: log format 4 (`codec.rs`: a frame carries the attempt only when it changes). A mark.
+//! - 16: log format 4 (`codec.rs`: a frame carries the attempt only when it changes, and no
+//!   longer the head's last seq and last activity, which its events give). A mark.
 
 use crate::codec;
 use crate::error::{Error, Result};

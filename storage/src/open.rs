@@ -265,9 +265,11 @@ fn replay_frame(
     {
         return Ok(false);
     }
-    // The head before this frame: its identity completes a frame that does not carry one
-    // (codec v2); its index state and head record index are what is on disk (a
-    // materialization cut short may have written this very frame already).
+    // The head before this frame: its identity (with its attempt) completes a frame that
+    // does not carry one; its index state and head record index are what is on disk (a
+    // materialization cut short may have written this very frame already). A head on disk
+    // may be ahead of the frame: an identity changed since is carried by a later frame of
+    // this replay, which puts it right, so the last head replayed is the true one.
     let (previous, indexed_state, disk_index) = match overlay.current(execution_id) {
         // What is on disk is ignored by `merge` for an execution in the overlay.
         Some((head, _)) => (Some(HeadIdentity::of(head)), None, None),

@@ -118,7 +118,9 @@ fn cluster(fault: openprogram::soak::cluster_loop::Fault) {
 /// N-2's local cluster in one command: `openprogram cluster --nodes 3` starts a throwaway
 /// PostgreSQL and three nodes, says where they are (one JSON line), runs an execution
 /// admitted on one node and read on another, lists three live nodes, and on SIGTERM stops
-/// the nodes and the database and removes its directory.
+/// the nodes and the database and removes its directory. Where this machine lets it (root,
+/// cgroup v1 `cpu`), each node runs capped (`--cpu-per-node 0.5`, N-4's bench): in a group
+/// of its own with that quota, removed when the node stops.
 #[test]
 #[ignore = "needs PostgreSQL (apt-get install postgresql); run with \
             `cargo test --workspace -- --include-ignored`"]
@@ -128,6 +130,21 @@ fn n2_openprogram_cluster_runs_three_nodes_on_a_throwaway_database() {
     crate::pg_cluster::database();
     let dir = tempfile::tempdir().expect("temp dir");
     let cluster_dir = dir.path().join("cluster");
+    let cgroups = std::path::Path::new("/sys/fs/cgroup/cpu");
+    let capped = std::fs::OpenOptions::new()
+        .write(true)
+        .open(cgroups.join("cpu.cfs_period_us"))
+        .is_ok();
+    if !capped {
+        eprintln!(
+            "N-4's CPU cap not checked: /sys/fs/cgroup/cpu is not writable here (root, cgroup v1)"
+        );
+    }
+    let cap: &[&str] = if capped {
+        &["--cpu-per-node", "0.5"]
+    } else {
+        &[]
+    };
     let mut cluster = std::process::Command::new(env!("CARGO_BIN_EXE_openprogram"))
         .args([
             "cluster",
@@ -138,10 +155,23 @@ fn n2_openprogram_cluster_runs_three_nodes_on_a_throwaway_database() {
             "--dir",
         ])
         .arg(&cluster_dir)
+        .args(cap)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
         .spawn()
         .expect("spawn cluster");
+    // A failed assertion stops the cluster (SIGTERM: its nodes and database go too).
+    struct StopOnPanic(u32);
+    impl Drop for StopOnPanic {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                let _ = std::process::Command::new("kill")
+                    .args(["-TERM", &self.0.to_string()])
+                    .status();
+            }
+        }
+    }
+    let _stop = StopOnPanic(cluster.id());
     let mut line = String::new();
     let stdout = cluster.stdout.take().expect("stdout");
     std::io::BufReader::new(stdout)
@@ -155,6 +185,28 @@ fn n2_openprogram_cluster_runs_three_nodes_on_a_throwaway_database() {
         .map(|node| node["url"].as_str().expect("url").to_owned())
         .collect();
     assert_eq!(urls.len(), 3, "{described}");
+    let groups: Vec<_> = (1..=3)
+        .map(|index| cgroups.join(format!("openprogram-{}-n{index}", cluster.id())))
+        .collect();
+    if capped {
+        for (group, node) in groups
+            .iter()
+            .zip(described["nodes"].as_array().expect("nodes"))
+        {
+            let read = |file: &str| std::fs::read_to_string(group.join(file)).expect(file);
+            assert_eq!(
+                read("cpu.cfs_quota_us").trim(),
+                "50000",
+                "{}",
+                group.display()
+            );
+            let pid = node["pid"].as_u64().expect("pid").to_string();
+            assert!(
+                read("cgroup.procs").lines().any(|line| line == pid),
+                "{pid} not capped"
+            );
+        }
+    }
     assert!(described["store"]
         .as_str()
         .is_some_and(|store| store.starts_with("postgres://")));
@@ -220,6 +272,9 @@ fn n2_openprogram_cluster_runs_three_nodes_on_a_throwaway_database() {
     assert!(status.success());
     let exit = cluster.wait().expect("the cluster ends");
     assert!(exit.success(), "{exit}");
+    for group in &groups {
+        assert!(!group.exists(), "{} left behind", group.display());
+    }
     for url in &urls {
         let answered = crate::http::try_call_raw(url, "GET", "/health", None, None);
         assert!(

@@ -44,7 +44,8 @@ impl Committer {
             None => (None, (None, Some(HeadIndex::default())), None),
         };
         let mut written = next.frame(transition, || kept, group.at_ms, group.next_position)?;
-        // A frame carries the head's identity only when it is new or changes (codec v2).
+        // A frame carries the head's identity (its ids and attempt) only when it is new or
+        // changes (log formats 2 and 4).
         let with_identity = identity != Some(HeadIdentity::of(&written.frame.head));
         // S-5: a large admission input is stored once, as a blob, and referenced.
         let blobbed = inputs_to_blob(&written.frame);
