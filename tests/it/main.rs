@@ -42,6 +42,7 @@ mod k3_world;
 mod kill9;
 mod metrics;
 mod model_stub;
+mod n3_forwarded;
 mod planted;
 mod postgres;
 mod processes;
