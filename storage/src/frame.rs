@@ -111,6 +111,37 @@ pub(crate) struct WireFrame {
     records: Vec<RecordValue>,
 }
 
+/// What a frame of format 2 or later writes once for all its events: the committer gives
+/// them one execution, time and epoch, and consecutive seqs and positions.
+pub(crate) struct Stamp {
+    pub(crate) first_seq: u64,
+    pub(crate) first_position: u64,
+    pub(crate) at_ms: u64,
+    pub(crate) writer_epoch: u64,
+}
+
+impl Stamp {
+    /// `events` in their envelopes, as the committer wrote them.
+    pub(crate) fn envelopes(
+        &self,
+        execution_id: ExecutionId,
+        events: Vec<Event>,
+    ) -> Vec<EventEnvelope> {
+        events
+            .into_iter()
+            .zip(0u64..)
+            .map(|(event, index)| EventEnvelope {
+                execution_id,
+                seq: self.first_seq.saturating_add(index),
+                position: self.first_position.saturating_add(index),
+                at_ms: self.at_ms,
+                writer_epoch: self.writer_epoch,
+                event,
+            })
+            .collect()
+    }
+}
+
 /// What formats 1–3 wrote in every frame, and format 4 takes from elsewhere: the attempt
 /// from the identity, the last seq and last activity from the events.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -227,18 +258,13 @@ impl StoredFrame {
             blobbed,
             records,
         } = wire;
-        let events = events
-            .into_iter()
-            .zip(0u64..)
-            .map(|(event, index)| EventEnvelope {
-                execution_id,
-                seq: first_seq.saturating_add(index),
-                position: first_position.saturating_add(index),
-                at_ms,
-                writer_epoch,
-                event,
-            })
-            .collect();
+        let stamp = Stamp {
+            first_seq,
+            first_position,
+            at_ms,
+            writer_epoch,
+        };
+        let events = stamp.envelopes(execution_id, events);
         Self {
             execution_id,
             identity,

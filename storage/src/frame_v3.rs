@@ -5,8 +5,8 @@
 
 use serde::Deserialize;
 
-use crate::event::{Event, EventEnvelope};
-use crate::frame::{Frame, HeadIdentity, HeadState, Kept, StoredFrame};
+use crate::event::Event;
+use crate::frame::{Frame, HeadIdentity, HeadState, Kept, Stamp, StoredFrame};
 use crate::ids::{ExecutionId, MessageId, RevisionId, RunId, SessionId, TurnId};
 use crate::record_value::RecordValue;
 use crate::records::{
@@ -94,18 +94,13 @@ impl StoredFrame {
             blobbed,
             records,
         } = wire;
-        let events = events
-            .into_iter()
-            .zip(0u64..)
-            .map(|(event, index)| EventEnvelope {
-                execution_id,
-                seq: first_seq.saturating_add(index),
-                position: first_position.saturating_add(index),
-                at_ms,
-                writer_epoch,
-                event,
-            })
-            .collect();
+        let stamp = Stamp {
+            first_seq,
+            first_position,
+            at_ms,
+            writer_epoch,
+        };
+        let events = stamp.envelopes(execution_id, events);
         Self {
             execution_id,
             identity: identity.map(|identity| HeadIdentity {
