@@ -18,7 +18,7 @@ pub struct LoadOptions {
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// The store as `serve --store` names it: a directory (sled, as --data) or
-    /// postgres://… (N-1).
+    /// postgres://….
     #[arg(long, conflicts_with_all = ["data", "url"])]
     pub store: Option<String>,
     #[arg(long, default_value_t = 1000)]
@@ -41,22 +41,22 @@ pub struct LoadOptions {
     /// After the load, park this many executions and report memory per parked one.
     #[arg(long)]
     pub park: Option<usize>,
-    /// Run durable functions instead of agent turns (F-1): `steps`, a function of
+    /// Run durable functions instead of agent turns: `steps`, a function of
     /// --steps in-memory steps each. Embedded only.
     #[arg(long, conflicts_with = "url")]
     pub function: Option<String>,
-    /// Admit every execution as a Job through the resource queue (J-1), asking for 1 of
+    /// Admit every execution as a Job through the resource queue, asking for 1 of
     /// each --resource. Embedded only.
     #[arg(long, conflicts_with = "url")]
     pub jobs: bool,
     /// With --jobs: a resource as NAME=CAPACITY (repeatable; default model=8).
     #[arg(long = "resource", value_parser = Resources::parse_one, requires = "jobs")]
     pub resources: Vec<(String, u32)>,
-    /// Purge executions ended longer ago than this while the load runs (S-8), and
+    /// Purge executions ended longer ago than this while the load runs, and
     /// sample the store's size on disk (every 10 s unless --sample-store-every).
     #[arg(long, value_parser = parse_duration, conflicts_with = "url")]
     pub retain_finished: Option<Duration>,
-    /// Sample the store's size on disk this often (S-8).
+    /// Sample the store's size on disk this often.
     #[arg(long, value_parser = parse_duration, conflicts_with = "url")]
     pub sample_store_every: Option<Duration>,
     /// With --retain-finished: after the load, report what `compact` would keep of the
@@ -64,7 +64,7 @@ pub struct LoadOptions {
     /// sampling its size, and report what `compact` keeps of that too.
     #[arg(long, value_parser = parse_duration, requires = "retain_finished")]
     pub drain: Option<Duration>,
-    /// Run without one turn per session (C-2), to measure what it costs.
+    /// Run without one turn per session, to measure what it costs.
     #[arg(long, conflicts_with = "url")]
     pub parallel_turns: bool,
     /// One JSON line on stdout instead of the table.

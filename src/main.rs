@@ -38,7 +38,7 @@ enum Command {
     /// Run the runtime with its HTTP API, debug endpoint and page until SIGTERM/SIGINT
     /// (orderly shutdown). Prints the listen URL.
     Serve(ServeOptions),
-    /// Start a throwaway PostgreSQL and N nodes on loopback sharing it (N-2), until
+    /// Start a throwaway PostgreSQL and N nodes on loopback sharing it, until
     /// SIGINT/SIGTERM; prints the nodes (one JSON line on stdout).
     Cluster(openprogram::cluster::ClusterArgs),
     /// Run the long fault harnesses (R02 kill -9 loop, R22 model-based test, R24 10,000
@@ -46,7 +46,7 @@ enum Command {
     /// broke.
     Soak(SoakArgs),
     /// Copy a closed store into a new directory, leaving out the space purged data took
-    /// (S-8: sled reuses freed space but never shrinks its file). The old directory is
+    /// (sled reuses freed space but never shrinks its file). The old directory is
     /// never written; point `serve --data` at the new one afterwards.
     Compact {
         /// The store to compact (no server may have it open).
@@ -62,7 +62,7 @@ enum Command {
     /// Send a control to an execution over HTTP, or with --where to every execution selected
     /// (each fenced by the version it was listed at; --dry-run lists them).
     Ctl(CtlArgs),
-    /// Start a durable function's execution over HTTP (F-1): its newest registered
+    /// Start a durable function's execution over HTTP: its newest registered
     /// revision, with `--input` as its input.
     Call(CallArgs),
     /// Read sessions, executions, events and actors over HTTP.
@@ -96,7 +96,7 @@ struct CallArgs {
     /// The function's input, as JSON.
     #[arg(long, default_value = "null")]
     input: String,
-    /// `keep_original` (the server's default) or `use_latest` (F-3).
+    /// `keep_original` (the server's default) or `use_latest`.
     #[arg(long)]
     policy: Option<String>,
     #[arg(long)]
@@ -133,7 +133,7 @@ struct InspectArgs {
     target: TargetArgs,
     what: InspectWhat,
     /// execution, events: SESSION EXECUTION; executions: [SESSION]; activity: SESSION;
-    /// actors: [ID]; resources: the resource queue (J-1); tail: the global log, followed.
+    /// actors: [ID]; resources: the resource queue; tail: the global log, followed.
     ids: Vec<String>,
     /// events: only those after this seq; tail: after this position (default: now).
     #[arg(long)]

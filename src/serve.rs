@@ -28,7 +28,7 @@ pub struct ServeOptions {
     /// --store names another.
     #[arg(long, default_value = "./openprogram-data")]
     pub data: PathBuf,
-    /// The event store: a directory (sled; default --data) or postgres://… (N-1), which
+    /// The event store: a directory (sled; default --data) or postgres://…, which
     /// several nodes may share.
     #[arg(long)]
     pub store: Option<String>,
@@ -44,37 +44,37 @@ pub struct ServeOptions {
     #[arg(long)]
     pub demo: bool,
     /// Open a store that lost acknowledged history (a damaged or truncated file) and keep
-    /// what remains; prints what was lost (JSON, stderr) before serving (S-7).
+    /// what remains; prints what was lost (JSON, stderr) before serving.
     #[arg(long)]
     pub accept_loss: bool,
     /// How long an attempt whose process stops making progress (SIGSTOP, a frozen VM)
     /// keeps its execution before a new attempt takes it over: a duration such as 10s
-    /// (the default) or 500ms.
+    /// (the default) or 500ms.
     #[arg(long, value_parser = lease_ttl)]
     pub lease_ttl: Option<Duration>,
     /// Register exactly these revisions of the built-in functions, as NAME:REVISION
     /// separated by commas (steps:1,steps:2); default all. How a deployment of new
-    /// code across a restart is simulated (F-3).
+    /// code across a restart is simulated.
     // Spelled out: clap would take a plain `Vec` for a repeated flag.
     #[arg(long, value_parser = function_revisions)]
     pub function_revisions: Option<std::vec::Vec<(String, u32)>>,
     /// Let the turns of a session run side by side. By default a session has one
-    /// foreground turn (C-2): a message sent while another turn of its session runs
+    /// foreground turn: a message sent while another turn of its session runs
     /// follows its `when_busy` (queue, steer, reject, interrupt).
     #[arg(long)]
     pub parallel_turns: bool,
     /// Declare a resource Jobs are admitted for, as NAME=CAPACITY (repeatable), such
-    /// as model=8 (J-1).
+    /// as model=8.
     #[arg(long = "resource", value_parser = Resources::parse_one)]
     pub resources: Vec<(String, u32)>,
     /// Purge executions that ended longer ago than this (a duration such as 10s, 30m
     /// or 7d: `d`, `h`, `m`, `s`, `ms`), with their events, receipts and waits; their
-    /// reads answer 410 purged (S-8). Default: keep everything.
+    /// reads answer 410 purged. Default: keep everything.
     #[arg(long, value_parser = parse_duration)]
     pub retain_finished: Option<Duration>,
-    /// Run as this node of a shared PostgreSQL store (N-2): its lease is renewed every
+    /// Run as this node of a shared PostgreSQL store: its lease is renewed every
     /// third of --lease-ttl; once it lapses, the other nodes take over its running
-    /// executions. Commands for another node's executions are forwarded to it (N-3).
+    /// executions. Commands for another node's executions are forwarded to it.
     #[arg(long, requires = "store")]
     pub node_id: Option<String>,
     /// The URL other nodes reach this node's API at (default http://LISTEN).

@@ -108,7 +108,7 @@ pub struct Control {
     /// one).
     #[arg(long)]
     pub wait: Option<String>,
-    /// A UUID; the same id again returns the stored outcome (K-4). Default: a new one.
+    /// A UUID; the same id again returns the stored outcome. Default: a new one.
     #[arg(long)]
     pub command_id: Option<String>,
     #[arg(long)]
@@ -116,7 +116,7 @@ pub struct Control {
     /// answer: the answer text.
     #[arg(long)]
     pub answer: Option<String>,
-    /// answer: `operation` (default), `tool`, `session` (W-7) or `discussion`; a
+    /// answer: `operation` (default), `tool`, `session` or `discussion`; a
     /// structured answer is its JSON (`--answer '{"env": "prod"}'`).
     #[arg(long)]
     pub scope: Option<String>,
@@ -132,7 +132,7 @@ pub struct Control {
     /// fork: the checkpoint seq to fork from (default: the latest saved point).
     #[arg(long)]
     pub checkpoint: Option<u64>,
-    /// set-policy: `keep_original` or `use_latest` (F-3).
+    /// set-policy: `keep_original` or `use_latest`.
     #[arg(long)]
     pub policy: Option<String>,
 }

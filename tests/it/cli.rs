@@ -199,3 +199,35 @@ fn i4_load_function_steps_reports_every_function_step() {
     let output = openprogram(&["load", "--function", "fanout", "--executions", "1"]);
     assert_eq!(output.status.code(), Some(2), "{output:?}");
 }
+
+/// What users read says what a flag does, not which requirement it serves: no `--help`
+/// names a requirement id (such as S-8 or K-4).
+#[test]
+fn i4_help_names_no_requirement_id() {
+    let commands = [
+        "load", "serve", "cluster", "soak", "compact", "ctl", "call", "inspect",
+    ];
+    for args in
+        std::iter::once(vec!["--help"]).chain(commands.map(|command| vec![command, "--help"]))
+    {
+        let output = openprogram(&args);
+        assert!(output.status.success(), "{args:?}");
+        let text = String::from_utf8_lossy(&output.stdout);
+        let ids: Vec<&str> = text
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+            .filter(|word| {
+                word.split_once('-').is_some_and(|(letters, digits)| {
+                    (1..=2).contains(&letters.len())
+                        && letters.chars().all(|c| c.is_ascii_uppercase())
+                        && !digits.is_empty()
+                        && digits.chars().all(|c| c.is_ascii_digit())
+                })
+            })
+            .collect();
+        assert!(
+            ids.is_empty(),
+            "`openprogram {}` names {ids:?}",
+            args.join(" ")
+        );
+    }
+}
