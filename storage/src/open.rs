@@ -272,19 +272,26 @@ fn replay_frame(
     // this replay, which puts it right, so the last head replayed is the true one.
     let (previous, indexed_state, disk_index) = match overlay.current(execution_id) {
         // What is on disk is ignored by `merge` for an execution in the overlay.
-        Some((head, _)) => (Some(HeadIdentity::of(head)), None, None),
+        Some((head, _)) => (Some((HeadIdentity::of(head), head.last_seq)), None, None),
         None => match shared.head_record_on_disk(execution_id) {
-            Ok(Some((head, index))) => (
-                Some(HeadIdentity::of(&head)),
-                index_state(&head),
-                Some(index),
-            ),
+            Ok(Some((head, index))) => {
+                let previous = (HeadIdentity::of(&head), head.last_seq);
+                (Some(previous), index_state(&head), Some(index))
+            }
             Ok(None) => (None, None, Some(HeadIndex::default())),
             Err(Error::Corrupted { .. }) => return Ok(false),
             Err(error) => return Err(error),
         },
     };
-    let Some(frame) = frame.complete(previous) else {
+    // Without its identity, a frame after a gap (frames lost, opened to salvage) would
+    // take an attempt from before the gap that a lost frame may have changed.
+    let first_seq = frame.events.first().map_or(0, |event| event.seq);
+    let after_gap = previous.is_some_and(|(_, last_seq)| first_seq > last_seq.saturating_add(1));
+    if frame.identity.is_none() && after_gap {
+        shared.quarantine_frame(execution_id, key, "follows frames that are lost");
+        return Ok(false);
+    }
+    let Some(frame) = frame.complete(previous.map(|(identity, _)| identity)) else {
         shared.quarantine_frame(execution_id, key, "continues a head that is not there");
         return Ok(false);
     };

@@ -149,7 +149,12 @@ async fn s6_reads_stay_consistent_while_materializations_run() {
 
 /// Commits a new attempt of `execution_id` at `version`, by epoch `epoch`: the head carries
 /// its lease, as an activation writes it.
-async fn start_attempt(store: &Store, execution_id: ExecutionId, version: u64, epoch: u64) {
+async fn start_attempt(
+    store: &Store,
+    execution_id: ExecutionId,
+    version: u64,
+    epoch: u64,
+) -> openprogram_storage::transition::Committed {
     use openprogram_storage::{AttemptId, AttemptLease, Event, EventStore, OwnerId, Transition};
     let lease = AttemptLease {
         attempt_id: AttemptId::new(),
@@ -167,7 +172,7 @@ async fn start_attempt(store: &Store, execution_id: ExecutionId, version: u64, e
         .expect_version(version)
         .by_epoch(epoch)
         .with_head(head);
-    committed(store.submit(transition).await.expect("attempt"));
+    committed(store.submit(transition).await.expect("attempt"))
 }
 
 #[tokio::test]
@@ -200,4 +205,49 @@ async fn s6_a_replayed_log_rebuilds_each_attempt_of_the_head() {
     let after = store.head(a).expect("head").expect("exists");
     assert_eq!(after.attempt.map(|lease| lease.epoch), Some(2));
     assert_eq!(after, before, "the head the frames lead to");
+}
+
+#[tokio::test]
+async fn s4_a_frame_after_lost_frames_quarantines_its_execution_not_a_stale_attempt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let a = create(&store).await;
+    start_attempt(&store, a, 1, 1).await;
+    append(&store, a, 2, "by the first attempt").await;
+    drop(store);
+    let first_session = raw_open(dir.path())
+        .get(openprogram_storage::keys::head(a))
+        .expect("get")
+        .expect("head record");
+    let store = Store::open(dir.path()).expect("reopen");
+    let second = start_attempt(&store, a, 3, 2).await;
+    append(&store, a, 4, "by the second attempt").await;
+    drop(store);
+    {
+        // The frame of the second attempt is lost (its log record gone), the head on disk
+        // is the first session's, and the replay brings every frame left.
+        let db = raw_open(dir.path());
+        db.insert(openprogram_storage::keys::head(a), first_session)
+            .expect("restore");
+        db.remove(openprogram_storage::keys::log(*second.positions.start()))
+            .expect("remove")
+            .expect("the second attempt's log record");
+        replay_everything(&db);
+        db.flush().expect("flush");
+    }
+    // A hole in the log: refused, then opened to salvage. The last frame carries no
+    // identity: completed from before the gap, it would name the first attempt. Its
+    // execution is quarantined instead.
+    assert!(
+        Store::open(dir.path()).is_err(),
+        "a lost frame refuses the open"
+    );
+    let (store, _) = Store::open_salvaging(dir.path(), Limits::default()).expect("salvage");
+    let quarantined = store.quarantined();
+    assert!(
+        quarantined
+            .iter()
+            .any(|(id, reason)| *id == a && reason.contains("lost")),
+        "{quarantined:?}"
+    );
 }
