@@ -98,10 +98,12 @@ pub(crate) struct WireFrameRef<'a> {
     records: &'a [RecordValue],
 }
 
+/// A frame of format 2 or later read back, by the identity and head state its format writes
+/// (format 4's by default; `frame_v3.rs` names formats 2 and 3's).
 #[derive(Deserialize)]
-pub(crate) struct WireFrame {
-    identity: Option<HeadIdentity>,
-    head: HeadState,
+pub(crate) struct WireFrame<Identity = HeadIdentity, Head = HeadState> {
+    identity: Option<Identity>,
+    head: Head,
     first_seq: u64,
     first_position: u64,
     at_ms: u64,
@@ -111,34 +113,41 @@ pub(crate) struct WireFrame {
     records: Vec<RecordValue>,
 }
 
-/// What a frame of format 2 or later writes once for all its events: the committer gives
-/// them one execution, time and epoch, and consecutive seqs and positions.
-pub(crate) struct Stamp {
-    pub(crate) first_seq: u64,
-    pub(crate) first_position: u64,
-    pub(crate) at_ms: u64,
-    pub(crate) writer_epoch: u64,
+/// A frame read back with its events in their envelopes: what every format from 2 on shares.
+pub(crate) struct Unpacked<Identity, Head> {
+    pub(crate) identity: Option<Identity>,
+    pub(crate) head: Head,
+    pub(crate) events: Vec<EventEnvelope>,
+    pub(crate) blobbed: Vec<(u32, BlobHash)>,
+    pub(crate) records: Vec<RecordValue>,
 }
 
-impl Stamp {
-    /// `events` in their envelopes, as the committer wrote them.
-    pub(crate) fn envelopes(
-        &self,
-        execution_id: ExecutionId,
-        events: Vec<Event>,
-    ) -> Vec<EventEnvelope> {
-        events
+impl<Identity, Head> WireFrame<Identity, Head> {
+    /// The frame with its events in their envelopes, as the committer wrote them: one
+    /// execution, time and epoch, and consecutive seqs and positions from the frame's first.
+    pub(crate) fn unpack(self, execution_id: ExecutionId) -> Unpacked<Identity, Head> {
+        let (first_seq, first_position) = (self.first_seq, self.first_position);
+        let (at_ms, writer_epoch) = (self.at_ms, self.writer_epoch);
+        let events = self
+            .events
             .into_iter()
             .zip(0u64..)
             .map(|(event, index)| EventEnvelope {
                 execution_id,
-                seq: self.first_seq.saturating_add(index),
-                position: self.first_position.saturating_add(index),
-                at_ms: self.at_ms,
-                writer_epoch: self.writer_epoch,
+                seq: first_seq.saturating_add(index),
+                position: first_position.saturating_add(index),
+                at_ms,
+                writer_epoch,
                 event,
             })
-            .collect()
+            .collect();
+        Unpacked {
+            identity: self.identity,
+            head: self.head,
+            events,
+            blobbed: self.blobbed,
+            records: self.records,
+        }
     }
 }
 
@@ -247,24 +256,13 @@ impl StoredFrame {
 
     /// A format 4 frame read back.
     pub(crate) fn from_wire(execution_id: ExecutionId, wire: WireFrame) -> Self {
-        let WireFrame {
+        let Unpacked {
             identity,
             head,
-            first_seq,
-            first_position,
-            at_ms,
-            writer_epoch,
             events,
             blobbed,
             records,
-        } = wire;
-        let stamp = Stamp {
-            first_seq,
-            first_position,
-            at_ms,
-            writer_epoch,
-        };
-        let events = stamp.envelopes(execution_id, events);
+        } = wire.unpack(execution_id);
         Self {
             execution_id,
             identity,

@@ -5,17 +5,13 @@
 
 use serde::Deserialize;
 
-use crate::event::Event;
-use crate::frame::{Frame, HeadIdentity, HeadState, Kept, Stamp, StoredFrame};
+use crate::frame::{Frame, HeadIdentity, HeadState, Kept, StoredFrame, Unpacked, WireFrame};
 use crate::ids::{ExecutionId, MessageId, RevisionId, RunId, SessionId, TurnId};
-use crate::record_value::RecordValue;
-use crate::records::{
-    AttemptLease, BlobHash, Checkpoint, ExecutionKind, ExecutionState, RestartIntent,
-};
+use crate::records::{AttemptLease, Checkpoint, ExecutionKind, ExecutionState, RestartIntent};
 
 /// The identity as formats 2 and 3 wrote it: without the attempt.
 #[derive(Deserialize)]
-struct IdentityV3 {
+pub(crate) struct IdentityV3 {
     execution_id: ExecutionId,
     session_id: SessionId,
     run_id: RunId,
@@ -29,7 +25,7 @@ struct IdentityV3 {
 
 /// The rest of the head as formats 2 and 3 wrote it, in every frame.
 #[derive(Deserialize)]
-struct HeadStateV3 {
+pub(crate) struct HeadStateV3 {
     state: ExecutionState,
     pause_reason: Option<String>,
     version: u64,
@@ -42,18 +38,7 @@ struct HeadStateV3 {
 }
 
 /// A frame of format 2 or 3.
-#[derive(Deserialize)]
-pub(crate) struct WireFrameV3 {
-    identity: Option<IdentityV3>,
-    head: HeadStateV3,
-    first_seq: u64,
-    first_position: u64,
-    at_ms: u64,
-    writer_epoch: u64,
-    events: Vec<Event>,
-    blobbed: Vec<(u32, BlobHash)>,
-    records: Vec<RecordValue>,
-}
+pub(crate) type WireFrameV3 = WireFrame<IdentityV3, HeadStateV3>;
 
 impl StoredFrame {
     /// A format 1 frame read back: it carries its whole head.
@@ -83,24 +68,13 @@ impl StoredFrame {
 
     /// A format 2 or 3 frame read back.
     pub(crate) fn from_v3(execution_id: ExecutionId, wire: WireFrameV3) -> Self {
-        let WireFrameV3 {
+        let Unpacked {
             identity,
             head,
-            first_seq,
-            first_position,
-            at_ms,
-            writer_epoch,
             events,
             blobbed,
             records,
-        } = wire;
-        let stamp = Stamp {
-            first_seq,
-            first_position,
-            at_ms,
-            writer_epoch,
-        };
-        let events = stamp.envelopes(execution_id, events);
+        } = wire.unpack(execution_id);
         Self {
             execution_id,
             identity: identity.map(|identity| HeadIdentity {

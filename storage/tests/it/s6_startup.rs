@@ -175,6 +175,34 @@ async fn start_attempt(
     committed(store.submit(transition).await.expect("attempt"))
 }
 
+/// The head record of `execution_id` in the closed store in `dir`.
+fn head_on_disk(dir: &std::path::Path, execution_id: ExecutionId) -> sled::IVec {
+    raw_open(dir)
+        .get(openprogram_storage::keys::head(execution_id))
+        .expect("get")
+        .expect("head record")
+}
+
+/// The closed store in `dir` with `head` as `execution_id`'s head record on disk and the log
+/// record at `lost` gone, so that its next open replays every frame left over that head.
+fn replay_over(
+    dir: &std::path::Path,
+    execution_id: ExecutionId,
+    head: sled::IVec,
+    lost: Option<u64>,
+) {
+    let db = raw_open(dir);
+    db.insert(openprogram_storage::keys::head(execution_id), head)
+        .expect("restore");
+    if let Some(position) = lost {
+        db.remove(openprogram_storage::keys::log(position))
+            .expect("remove")
+            .expect("the log record to lose");
+    }
+    replay_everything(&db);
+    db.flush().expect("flush");
+}
+
 #[tokio::test]
 async fn s6_a_replayed_log_rebuilds_each_attempt_of_the_head() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -182,24 +210,15 @@ async fn s6_a_replayed_log_rebuilds_each_attempt_of_the_head() {
     let a = create(&store).await;
     start_attempt(&store, a, 1, 1).await;
     drop(store);
-    let first_session = raw_open(dir.path())
-        .get(openprogram_storage::keys::head(a))
-        .expect("get")
-        .expect("head record");
+    let first_session = head_on_disk(dir.path(), a);
     let store = Store::open(dir.path()).expect("reopen");
     start_attempt(&store, a, 2, 2).await;
     append(&store, a, 3, "by the second attempt").await;
     let before = store.head(a).expect("head").expect("exists");
     drop(store);
-    {
-        // As after a crash in the second session's materialization: the head on disk is
-        // the first session's, and the replay brings every frame.
-        let db = raw_open(dir.path());
-        db.insert(openprogram_storage::keys::head(a), first_session)
-            .expect("restore");
-        replay_everything(&db);
-        db.flush().expect("flush");
-    }
+    // As after a crash in the second session's materialization: the head on disk is the
+    // first session's, and the replay brings every frame.
+    replay_over(dir.path(), a, first_session, None);
     let store = Store::open(dir.path()).expect("reopen");
     assert_eq!(store.metrics().replayed_frames, 4);
     let after = store.head(a).expect("head").expect("exists");
@@ -215,26 +234,19 @@ async fn s4_a_frame_after_lost_frames_quarantines_its_execution_not_a_stale_atte
     start_attempt(&store, a, 1, 1).await;
     append(&store, a, 2, "by the first attempt").await;
     drop(store);
-    let first_session = raw_open(dir.path())
-        .get(openprogram_storage::keys::head(a))
-        .expect("get")
-        .expect("head record");
+    let first_session = head_on_disk(dir.path(), a);
     let store = Store::open(dir.path()).expect("reopen");
     let second = start_attempt(&store, a, 3, 2).await;
     append(&store, a, 4, "by the second attempt").await;
     drop(store);
-    {
-        // The frame of the second attempt is lost (its log record gone), the head on disk
-        // is the first session's, and the replay brings every frame left.
-        let db = raw_open(dir.path());
-        db.insert(openprogram_storage::keys::head(a), first_session)
-            .expect("restore");
-        db.remove(openprogram_storage::keys::log(*second.positions.start()))
-            .expect("remove")
-            .expect("the second attempt's log record");
-        replay_everything(&db);
-        db.flush().expect("flush");
-    }
+    // The frame of the second attempt is lost (its log record gone), the head on disk is
+    // the first session's, and the replay brings every frame left.
+    replay_over(
+        dir.path(),
+        a,
+        first_session,
+        Some(*second.positions.start()),
+    );
     // A hole in the log: refused, then opened to salvage. The last frame carries no
     // identity: completed from before the gap, it would name the first attempt. Its
     // execution is quarantined instead.
