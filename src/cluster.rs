@@ -5,8 +5,8 @@
 //! nodes stop in order (SIGTERM), then the database, and the directory goes unless `--dir`
 //! named it. Once every node answers, stdout gets one JSON line — `{"store", "token",
 //! "cpu_per_node", "nodes": [{"id", "url", "log", "pid"}]}` — for scripts; stderr says the
-//! same for a person. `--cpu-per-node` caps each node at a share of a core (`cpu_cap.rs`), PostgreSQL
-//! left uncapped, as if each node ran on a machine of its own.
+//! same for a person. `--cpu-per-node` caps each node at a share of a core (`cpu_cap.rs`),
+//! PostgreSQL left uncapped, as if each node ran on a machine of its own.
 
 use std::io::BufRead as _;
 use std::path::{Path, PathBuf};

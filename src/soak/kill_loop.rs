@@ -341,12 +341,14 @@ pub fn run(options: &KillLoopOptions, progress: impl Fn(usize)) -> Result<KillLo
     }
     // The last server is not killed: its recovery counts once it ends (on a slow hour
     // every kill may land inside a recovery).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while options.cycles > 0 && !server.recovered() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    if options.cycles > 0 && server.recovered() {
-        recovery_ms.push(server.spawned.elapsed().as_secs_f64() * 1e3);
+    if options.cycles > 0 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !server.recovered() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        if server.recovered() {
+            recovery_ms.push(server.spawned.elapsed().as_secs_f64() * 1e3);
+        }
     }
 
     // Quiescence: every execution completes, with its ids (L1, I7).
