@@ -79,7 +79,9 @@ impl RuntimeBuilder {
 
     /// N-1: the store named as `serve --store` names it: `postgres://…` (or `postgresql://…`) is a
     /// PostgreSQL database, which needs the feature `postgres` (`invalid_request` without it);
-    /// anything else is the sled store's directory, as `data_dir`.
+    /// anything else is the sled store's directory, as `data_dir`. With a database, `data_dir`
+    /// is this node's own directory, where it keeps the highest position it saw acknowledged,
+    /// to refuse a database restored from an older dump (S-7); without one, nothing is kept.
     pub fn store_url(mut self, url: impl Into<String>) -> Self {
         self.store_url = Some(url.into());
         self
@@ -192,9 +194,10 @@ impl RuntimeBuilder {
         self
     }
 
-    /// S-7: open a store that lost acknowledged history (a damaged or truncated file) and keep what
-    /// remains, instead of refusing it (`acknowledged_lost`). `Runtime::salvage` then says what was
-    /// lost. An operator's explicit choice; never needed for a healthy store.
+    /// S-7: open a store that lost acknowledged history (a damaged or truncated file, a database
+    /// restored from an older dump) and keep what remains, instead of refusing it
+    /// (`acknowledged_lost`). `Runtime::salvage` then says what was lost. An operator's explicit
+    /// choice; never needed for a healthy store.
     pub fn accept_loss(mut self, accept: bool) -> Self {
         self.accept_loss = accept;
         self

@@ -433,14 +433,15 @@ fn fail(message: &str) -> ExitCode {
     ExitCode::from(1)
 }
 
-/// The exit of a runtime error: a usage error (`InvalidRequest`) 2, anything else 1.
+/// The exit of a runtime error: a usage error (`InvalidRequest`) 2, anything else 1 (its
+/// message with its stable code).
 fn failed(error: openprogram::Error) -> ExitCode {
     match error {
         openprogram::Error::InvalidRequest(message) => {
             eprintln!("openprogram: {message}");
             ExitCode::from(2)
         }
-        error => fail(&error.to_string()),
+        error => fail(&format!("{error} ({})", error.code())),
     }
 }
 

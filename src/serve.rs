@@ -24,8 +24,8 @@ pub const LISTEN_DEFAULT: &str = "127.0.0.1:7878";
 /// `--help`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeOptions {
-    /// The node's directory: its admin token and session key, and the sled store unless
-    /// --store names another.
+    /// The node's directory: its admin token and session key, the sled store unless
+    /// --store names another, and with a database, the newest position it saw written there.
     #[arg(long, default_value = "./openprogram-data")]
     pub data: PathBuf,
     /// The event store: a directory (sled; default --data) or postgres://…, which
@@ -43,8 +43,9 @@ pub struct ServeOptions {
     /// Seed sample sessions into an empty store (once).
     #[arg(long)]
     pub demo: bool,
-    /// Open a store that lost acknowledged history (a damaged or truncated file) and keep
-    /// what remains; prints what was lost (JSON, stderr) before serving.
+    /// Open a store that lost acknowledged history (a damaged or truncated file, or a
+    /// database restored from an older dump) and keep what remains; prints what was lost
+    /// (JSON, stderr) before serving.
     #[arg(long)]
     pub accept_loss: bool,
     /// How long an attempt whose process stops making progress (SIGSTOP, a frozen VM)

@@ -21,7 +21,8 @@ impl RuntimeBuilder {
         }
         let data_dir = match self.store_url.take() {
             Some(url) if is_postgres_url(&url) => {
-                return Ok((open_postgres(&url, &self.limits)?, None))
+                let node = self.data_dir.take().map(|dir| (dir, self.accept_loss));
+                return open_postgres(&url, &self.limits, node);
             }
             Some(directory) => PathBuf::from(directory),
             None => self.data_dir.take().ok_or_else(|| {
@@ -41,14 +42,30 @@ pub fn is_postgres_url(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
 
+/// A node's data directory and whether it accepts a database that lost history it
+/// acknowledged (S-7, N-4).
+type Node = Option<(PathBuf, bool)>;
+
 #[cfg(feature = "postgres")]
-fn open_postgres(url: &str, limits: &Limits) -> Result<Handles> {
-    let store = openprogram_storage::pg::PgStore::open_with(url, limits.clone())?;
-    Ok((Arc::new(store.clone()), Arc::new(store)))
+fn open_postgres(
+    url: &str,
+    limits: &Limits,
+    node: Node,
+) -> Result<(Handles, Option<openprogram_storage::SalvageReport>)> {
+    use openprogram_storage::pg::PgStore;
+    let (store, salvage) = match node {
+        Some((dir, accept_loss)) => PgStore::open_node(url, limits.clone(), &dir, accept_loss)?,
+        None => (PgStore::open_with(url, limits.clone())?, None),
+    };
+    Ok(((Arc::new(store.clone()), Arc::new(store)), salvage))
 }
 
 #[cfg(not(feature = "postgres"))]
-fn open_postgres(_url: &str, _limits: &Limits) -> Result<Handles> {
+fn open_postgres(
+    _url: &str,
+    _limits: &Limits,
+    _node: Node,
+) -> Result<(Handles, Option<openprogram_storage::SalvageReport>)> {
     Err(Error::InvalidRequest(
         "this build has no PostgreSQL store: enable the feature `postgres`".into(),
     ))

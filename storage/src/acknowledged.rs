@@ -27,10 +27,33 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
-pub(crate) const FILE_NAME: &str = "acknowledged";
+const FILE_NAME: &str = "acknowledged";
 const MAGIC: &[u8; 4] = b"OPAK";
 const FORMAT: u8 = 1;
 const SLOT_BYTES: usize = 32;
+
+/// The mark's file of the sled store in `dir`.
+pub(crate) fn in_store(dir: &Path) -> PathBuf {
+    dir.join(FILE_NAME)
+}
+
+/// S-7's rule, for every store: a log that ends at `present_through`, before a position
+/// `acknowledged`, lost acknowledged history and is refused, unless it is opened to salvage.
+/// Returns the acknowledged position lost, if any.
+pub(crate) fn check(
+    acknowledged: Option<u64>,
+    present_through: u64,
+    salvaging: bool,
+) -> Result<Option<u64>> {
+    let lost = acknowledged.filter(|acknowledged| *acknowledged > present_through);
+    match (lost, salvaging) {
+        (Some(acknowledged_through), false) => Err(Error::AcknowledgedLost {
+            acknowledged_through,
+            present_through,
+        }),
+        _ => Ok(lost),
+    }
+}
 
 /// The acknowledged mark, and the file it is kept in.
 #[derive(Debug)]
@@ -42,39 +65,39 @@ pub(crate) struct Acknowledged {
 }
 
 impl Acknowledged {
-    /// Reads the mark of the store in `dir`: `None` if there is no file yet.
-    pub fn read(dir: &Path) -> Result<Option<u64>> {
-        let path = dir.join(FILE_NAME);
-        let bytes = match std::fs::read(&path) {
+    /// Reads the mark in the file `path`: `None` if there is no file yet.
+    pub fn read(path: &Path) -> Result<Option<u64>> {
+        let bytes = match std::fs::read(path) {
             Ok(bytes) => bytes,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(error) => return Err(Error::io(&path, error)),
+            Err(error) => return Err(Error::io(path, error)),
         };
         newest(&bytes)
             .map(|(_, position)| Some(position))
-            .ok_or(Error::AcknowledgedUnreadable { path })
+            .ok_or_else(|| Error::AcknowledgedUnreadable {
+                path: path.to_path_buf(),
+            })
     }
 
-    /// Opens the file for the committer, writing `position` as the mark (a new file is
-    /// created whole). Durable when this returns.
-    pub fn open(dir: &Path, position: u64) -> Result<Self> {
-        let path = dir.join(FILE_NAME);
-        let generation = match std::fs::read(&path) {
+    /// Opens the file `path` for the committer, writing `position` as the mark (a new file
+    /// is created whole). Durable when this returns.
+    pub fn open(path: &Path, position: u64) -> Result<Self> {
+        let generation = match std::fs::read(path) {
             Ok(bytes) => newest(&bytes).map_or(0, |(generation, _)| generation),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                create(dir, &path)?;
+                create(path)?;
                 0
             }
-            Err(error) => return Err(Error::io(&path, error)),
+            Err(error) => return Err(Error::io(path, error)),
         };
         let file = File::options()
             .read(true)
             .write(true)
-            .open(&path)
-            .map_err(|error| Error::io(&path, error))?;
+            .open(path)
+            .map_err(|error| Error::io(path, error))?;
         let mut acknowledged = Self {
             file,
-            path,
+            path: path.to_path_buf(),
             generation,
             position,
         };
@@ -103,8 +126,11 @@ impl Acknowledged {
 
 /// Creates the file whole: two empty slots, written beside it, fsynced and renamed, and the
 /// directory fsynced.
-fn create(dir: &Path, path: &Path) -> Result<()> {
-    let new = dir.join(format!("{FILE_NAME}.new"));
+fn create(path: &Path) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut new = path.as_os_str().to_owned();
+    new.push(".new");
+    let new = PathBuf::from(new);
     let mut bytes = slot(0, 0).to_vec();
     bytes.extend_from_slice(&slot(0, 0));
     let mut file = File::create(&new).map_err(|error| Error::io(&new, error))?;
@@ -160,22 +186,22 @@ mod tests {
     #[test]
     fn s7_the_mark_is_read_back_and_a_damaged_slot_falls_back() {
         let dir = tempfile::tempdir().expect("tempdir");
-        assert_eq!(Acknowledged::read(dir.path()).expect("read"), None);
-        let mut mark = Acknowledged::open(dir.path(), 5).expect("open");
+        let path = in_store(dir.path());
+        assert_eq!(Acknowledged::read(&path).expect("read"), None);
+        let mut mark = Acknowledged::open(&path, 5).expect("open");
         mark.write(9).expect("write");
         mark.write(12).expect("write");
         drop(mark);
-        assert_eq!(Acknowledged::read(dir.path()).expect("read"), Some(12));
-        let path = dir.path().join(FILE_NAME);
+        assert_eq!(Acknowledged::read(&path).expect("read"), Some(12));
         let mut bytes = std::fs::read(&path).expect("bytes");
         // The newest slot (generation 3: offset 32) flipped: the one before it stands.
         bytes[32 + 17] ^= 0x40;
         std::fs::write(&path, &bytes).expect("write");
-        assert_eq!(Acknowledged::read(dir.path()).expect("read"), Some(9));
+        assert_eq!(Acknowledged::read(&path).expect("read"), Some(9));
         bytes[17] ^= 0x40;
         std::fs::write(&path, &bytes).expect("write");
         assert!(matches!(
-            Acknowledged::read(dir.path()),
+            Acknowledged::read(&path),
             Err(Error::AcknowledgedUnreadable { .. })
         ));
     }

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use sled::IVec;
 
-use crate::acknowledged::Acknowledged;
+use crate::acknowledged::{self, Acknowledged};
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::generation;
@@ -47,7 +47,7 @@ pub fn compact(from: &Path, to: &Path, mut progress: impl FnMut(u64)) -> Result<
     // A healthy store at the current schema, its log tail written to its own keys (an open
     // does all of that, and refuses a store that lost acknowledged history).
     drop(Store::open(from)?);
-    let acknowledged = Acknowledged::read(from)?;
+    let acknowledged = Acknowledged::read(&acknowledged::in_store(from))?;
     let bytes_before = disk_bytes(from);
     let target = to.to_path_buf();
     let mut name = to.file_name().unwrap_or_default().to_os_string();
@@ -74,7 +74,7 @@ pub fn compact(from: &Path, to: &Path, mut progress: impl FnMut(u64)) -> Result<
         dir.sync_all().map_err(|error| Error::io(to, error))?;
     }
     if let Some(position) = acknowledged {
-        Acknowledged::open(to, position)?;
+        Acknowledged::open(&acknowledged::in_store(to), position)?;
     }
     std::fs::File::open(to)
         .and_then(|dir| dir.sync_all())

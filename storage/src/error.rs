@@ -68,12 +68,14 @@ pub enum Error {
     #[error("the store is closed")]
     Closed,
     /// S-7: the store's log ends before a position it acknowledged: a damaged or truncated
-    /// file lost acknowledged history. Nothing is served; `--accept-loss` salvages.
+    /// file lost acknowledged history, or a database was restored from an older dump (N-4).
+    /// Nothing is served; `--accept-loss` salvages.
     #[error(
         "the store lost acknowledged history: log positions {}..={acknowledged_through} were \
-         acknowledged but the store ends at {present_through} (a damaged or truncated file?). \
-         Nothing was served. To inspect what remains and keep it, open it with --accept-loss \
-         (`Store::open_salvaging`): it lists every execution that lost history",
+         acknowledged but the store ends at {present_through} (a damaged or truncated file, or \
+         a database restored from an older dump?). \
+         Nothing was served. To keep what remains, open it with --accept-loss (`accept_loss`), \
+         which reports what was lost before serving",
         present_through + 1
     )]
     AcknowledgedLost {

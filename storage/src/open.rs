@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use sled::IVec;
 
-use crate::acknowledged::Acknowledged;
+use crate::acknowledged::{self, Acknowledged};
 use crate::codec::{self, DecodedFrame, HeadIdentity, StoredFrame};
 use crate::error::{Error, Result};
 use crate::head_record::HeadIndex;
@@ -51,7 +51,7 @@ pub(crate) fn open(path: &Path, limits: Limits, salvaging: bool) -> Result<Opene
     let generation = crate::generation::current(path)?;
     let sled_dir = crate::generation::dir_of(path, generation);
     let db = open_sled(&sled_dir, limits.cache_bytes)?;
-    let (acknowledged, mark_unreadable) = match Acknowledged::read(path) {
+    let (acknowledged, mark_unreadable) = match Acknowledged::read(&acknowledged::in_store(path)) {
         Err(Error::AcknowledgedUnreadable { .. }) if salvaging => (None, true),
         read => (read?, false),
     };
@@ -89,7 +89,8 @@ pub(crate) fn open(path: &Path, limits: Limits, salvaging: bool) -> Result<Opene
     // only the committer raises the mark, for groups it acknowledges. Lowered only to
     // what a salvage found.
     let present = shared.durable_position.load(Ordering::Acquire);
-    let acknowledged = Acknowledged::open(path, acknowledged.unwrap_or(0).min(present))?;
+    let mark = acknowledged.unwrap_or(0).min(present);
+    let acknowledged = Acknowledged::open(&acknowledged::in_store(path), mark)?;
     Ok(Opened {
         shared,
         data_file,
@@ -140,7 +141,7 @@ fn replay_journal(
     crate::sled_db::sync_sled_blobs(sled_dir, &mut Default::default())?;
     let mark = acknowledged.map_or(last.last_position, |file| file.max(last.last_position));
     if Some(mark) != acknowledged {
-        Acknowledged::open(path, mark)?;
+        Acknowledged::open(&acknowledged::in_store(path), mark)?;
     }
     tracing::info!(frames = frames.len(), "replayed the journal into sled");
     Ok((journal, Some(mark)))
@@ -364,13 +365,7 @@ fn salvage(
     salvaging: bool,
 ) -> Result<Option<SalvageReport>> {
     let present_through = shared.durable_position.load(Ordering::Acquire);
-    let lost = acknowledged_through.filter(|acked| *acked > present_through);
-    if let (Some(acknowledged_through), false) = (lost, salvaging) {
-        return Err(Error::AcknowledgedLost {
-            acknowledged_through,
-            present_through,
-        });
-    }
+    let lost = acknowledged::check(acknowledged_through, present_through, salvaging)?;
     if lost.is_none() && !mark_unreadable {
         return Ok(None);
     }

@@ -9,6 +9,7 @@
 //! - `pg/group.rs` — a group: what it reads and locks, its decisions, the rows it writes.
 //! - `pg/statements.rs` — the group's prepared statements and the numbers readers share.
 //! - `pg/reads.rs` — `EventReader`, served by a small pool of reader threads.
+//! - `pg/mark.rs` — the highest position a node saw acknowledged, kept beside its data (S-7).
 //! - `pg/baseline.rs` — the database's raw insert rate, the ceiling `load` compares with.
 //!
 //! Threads, not tasks: each committer and each reader own a blocking client (the `postgres`
@@ -27,10 +28,13 @@ mod commit;
 mod conversation;
 mod group;
 pub mod local;
+mod mark;
 mod reads;
 pub mod schema;
 mod statements;
 
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -41,7 +45,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::{Error, Result};
 use crate::event_store::{EventStore, NodeRecord, PurgeStep, SweepStep};
 use crate::ids::{ExecutionId, OwnerId};
-use crate::open::Incarnation;
+use crate::open::{Incarnation, SalvageReport};
 use crate::shared::{Limits, Metrics, MetricsSnapshot, Refusals};
 use crate::transition::{Outcome, Transition};
 
@@ -69,6 +73,8 @@ struct Inner {
     /// takeover's scan, a recovery, a client's long page), whose wait would let it lapse.
     lease: reads::Readers,
     incarnation: Incarnation,
+    /// S-7: the node's mark, written as its groups commit (when opened with a directory).
+    mark: Option<mark::Writer>,
 }
 
 impl Drop for Inner {
@@ -79,6 +85,8 @@ impl Drop for Inner {
                 tracing::error!("a PostgreSQL committer thread panicked");
             }
         }
+        // After the committers: the mark's last write covers their last groups.
+        self.mark.take();
         self.readers.close();
         self.lease.close();
     }
@@ -93,6 +101,8 @@ struct Shared {
     /// refuses it too; fail-stop follows a commit whose outcome is unknown.
     refusals: Refusals,
     metrics: Metrics,
+    /// The last position of this node's newest committed group (S-7, `pg/mark.rs`).
+    acknowledged: Arc<AtomicU64>,
 }
 
 /// A database error, kept as text (errors are `Clone` for every waiter of a group).
@@ -113,8 +123,30 @@ impl PgStore {
 
     /// Opens the event log: migrates the schema (once, under an advisory lock, whichever
     /// node gets there first), records a new incarnation, loads the quarantine, and starts
-    /// the committer and the readers.
+    /// the committer and the readers. Keeps no mark of what it acknowledged: a node should
+    /// open with `open_node`.
     pub fn open_with(url: &str, limits: Limits) -> Result<Self> {
+        Self::open_inner(url, limits, None).map(|(store, _)| store)
+    }
+
+    /// Opens the event log as `open_with` does, as a node whose own data is in `dir` (S-7,
+    /// N-4): it keeps there the highest position it saw acknowledged, and refuses a database
+    /// that holds less (`Error::AcknowledgedLost`: restored from an older dump) unless
+    /// `accept_loss`, which serves it and returns what was lost.
+    pub fn open_node(
+        url: &str,
+        limits: Limits,
+        dir: &Path,
+        accept_loss: bool,
+    ) -> Result<(Self, Option<SalvageReport>)> {
+        Self::open_inner(url, limits, Some((dir.to_path_buf(), accept_loss)))
+    }
+
+    fn open_inner(
+        url: &str,
+        limits: Limits,
+        node: Option<(PathBuf, bool)>,
+    ) -> Result<(Self, Option<SalvageReport>)> {
         limits.validate()?;
         // On a thread of its own: the blocking client refuses to run on a runtime thread
         // (`open` may be called from async code), and the client moves on to the committer.
@@ -124,20 +156,33 @@ impl PgStore {
             .spawn(move || -> Result<_> {
                 let mut client = connect(&target)?;
                 schema::migrate(&mut client)?;
-                let incarnation = schema::record_incarnation(&mut client, OwnerId::new())?;
                 let quarantine = schema::load_quarantine(&mut client)?;
-                Ok((client, incarnation, quarantine))
+                let marked = match node {
+                    Some((dir, accept_loss)) => {
+                        let quarantined = quarantine.clone().into_iter().collect();
+                        let (mark, report) =
+                            mark::open(&mut client, &dir, accept_loss, quarantined)?;
+                        (Some(mark), report)
+                    }
+                    None => (None, None),
+                };
+                let incarnation = schema::record_incarnation(&mut client, OwnerId::new())?;
+                Ok((client, incarnation, quarantine, marked))
             })
             .map_err(|error| Error::Database(format!("opening: {error}")))?
             .join()
             .map_err(|_| Error::Database("opening: the thread panicked".into()))?;
-        let (client, incarnation, quarantine) = opened?;
+        let (client, incarnation, quarantine, (mark, report)) = opened?;
         let shared = Arc::new(Shared {
             url: url.to_owned(),
             limits: limits.clone(),
             refusals: Refusals::new(quarantine),
             metrics: Metrics::default(),
+            acknowledged: Arc::new(AtomicU64::new(0)),
         });
+        let mark = mark
+            .map(|mark| mark::Writer::start(mark, Arc::clone(&shared.acknowledged)))
+            .transpose()?;
         let readers = reads::Readers::start(&shared, "reader", READERS)?;
         let lease = reads::Readers::start(&shared, "lease", 1)?;
         let (mut senders, mut committers) = (Vec::new(), Vec::new());
@@ -155,16 +200,21 @@ impl PgStore {
             committers.push(committer);
         }
         tracing::info!(owner = %incarnation.owner_id, number = incarnation.number, "PostgreSQL store opened");
-        Ok(Self {
-            inner: Arc::new(Inner {
-                shared,
-                senders,
-                committers,
-                readers,
-                lease,
-                incarnation,
-            }),
-        })
+        let inner = Inner {
+            shared,
+            senders,
+            committers,
+            readers,
+            lease,
+            incarnation,
+            mark,
+        };
+        Ok((
+            Self {
+                inner: Arc::new(inner),
+            },
+            report,
+        ))
     }
 
     fn shared(&self) -> &Shared {

@@ -43,6 +43,7 @@ mod kill9;
 mod metrics;
 mod model_stub;
 mod n3_forwarded;
+mod n4_restored;
 mod planted;
 mod postgres;
 mod processes;

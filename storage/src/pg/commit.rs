@@ -173,10 +173,13 @@ fn commit_group(
     let mut remaining = requests.into_iter();
     let decided = decide(shared, client, statements, &mut remaining, &mut answers);
     let error = match decided {
-        Ok(transaction) => {
+        Ok((transaction, last_position)) => {
             let started = Instant::now();
             match transaction.commit() {
                 Ok(()) => {
+                    if let Some(position) = last_position {
+                        shared.acknowledged.fetch_max(position, Ordering::Relaxed);
+                    }
                     add_elapsed_micros(&shared.metrics.fsync_micros_total, started);
                     let metrics = &shared.metrics;
                     // Only a committed group, as `groups` counts: its time to the COMMIT.
@@ -215,14 +218,15 @@ fn commit_group(
 }
 
 /// Opens the group's transaction, decides every request (taken from `requests` one by one,
-/// its answer pushed to `answers`) and writes what committed; the caller commits.
+/// its answer pushed to `answers`) and writes what committed; the caller commits. Returns
+/// the transaction and the last position it writes, if it writes events.
 fn decide<'a>(
     shared: &Shared,
     client: &'a mut Client,
     statements: &Statements,
     requests: &mut std::vec::IntoIter<Request>,
     answers: &mut Vec<Answer>,
-) -> Result<SqlTransaction<'a>> {
+) -> Result<(SqlTransaction<'a>, Option<u64>)> {
     let mut transaction = client.transaction().map_err(database)?;
     let (mut transitions, mut purges) = (Vec::new(), Vec::new());
     for request in requests.as_slice() {
@@ -252,6 +256,7 @@ fn decide<'a>(
             }
         }
     }
+    let last_position = group.last_position();
     group.write(&mut transaction, statements)?;
-    Ok(transaction)
+    Ok((transaction, last_position))
 }

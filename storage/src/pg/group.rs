@@ -200,6 +200,11 @@ impl Group {
         self.records.insert((kind, id), (owner, bytes));
     }
 
+    /// The last position of the events staged, if any.
+    pub(super) fn last_position(&self) -> Option<u64> {
+        (!self.events.is_empty()).then(|| self.next_position - 1)
+    }
+
     /// Writes what committed: one statement per table.
     pub(super) fn write(
         mut self,

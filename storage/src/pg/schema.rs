@@ -16,7 +16,7 @@ use crate::open::Incarnation;
 use crate::shared::now_ms;
 
 /// The newest schema this build writes.
-pub const SCHEMA_VERSION: u32 = 8;
+pub const SCHEMA_VERSION: u32 = 9;
 
 /// The advisory lock migrations hold (any value no other component of the database uses;
 /// this one spells "opgm").
@@ -121,7 +121,24 @@ const MIGRATIONS: &[&str] = &[
     MARK,
     MARK,
     MARK,
+    // S-7 (N-4): the database's identity, kept by a dump, under which each node keeps the
+    // highest position it saw acknowledged (`pg/mark.rs`); and a purged execution's last
+    // position, so that the highest position the database held never goes down when a
+    // purge takes the newest events (`PRESENT_THROUGH`).
+    "
+    ALTER TABLE op_meta ADD COLUMN database_id uuid NOT NULL DEFAULT gen_random_uuid();
+    ALTER TABLE op_purged ADD COLUMN last_position bigint;
+    CREATE INDEX op_purged_last_position ON op_purged (last_position)
+        WHERE last_position IS NOT NULL;
+    ",
 ];
+
+/// The highest position the database holds or held: its newest event's, or a purged
+/// execution's last, whichever is higher (0 in an empty store).
+const PRESENT_THROUGH: &str = "SELECT GREATEST( \
+     COALESCE((SELECT position + COALESCE(last_seq - seq, 0) FROM op_events \
+               ORDER BY position DESC LIMIT 1), 0), \
+     COALESCE((SELECT max(last_position) FROM op_purged), 0))";
 
 /// Brings the schema to `SCHEMA_VERSION`; refuses a newer one.
 pub(super) fn migrate(client: &mut Client) -> Result<()> {
@@ -161,25 +178,69 @@ pub(super) fn migrate(client: &mut Client) -> Result<()> {
             .execute("UPDATE op_schema SET version = $1", &[&(version as i32)])
             .map_err(database)?;
     }
-    // A database restored from a dump counts transaction ids from elsewhere (lower than the
-    // store's base, or inside the range it numbered from): positions go on past the highest
-    // stored, from this transaction's id. Nodes restart after a restore.
+    renumber(&mut transaction, 0)?;
+    transaction.commit().map_err(database)
+}
+
+/// Moves the numbering past what the database holds and past `floor`, when the next group
+/// would number at or below either: a database restored from a dump counts transaction
+/// ids from elsewhere (lower than the store's base, or inside the range it numbered from),
+/// and a node that accepted a loss has acknowledged positions up to `floor` that must never
+/// name other events. Positions go on from this transaction's id. Nodes restart after a
+/// restore. Runs in a transaction holding the migration lock.
+fn renumber(transaction: &mut postgres::Transaction<'_>, floor: u64) -> Result<()> {
+    let floor = i64::try_from(floor).map_err(|_| Error::Database(format!("position {floor}")))?;
     let renumbered = transaction
         .execute(
-            "UPDATE op_meta SET xid_base = pg_current_xact_id()::text::bigint, \
-                 position_base = GREATEST(position_base, 1 + COALESCE( \
-                     (SELECT position + COALESCE(last_seq - seq, 0) FROM op_events \
-                      ORDER BY position DESC LIMIT 1), 0)) \
-             WHERE id = 1 AND (pg_current_xact_id()::text::bigint < xid_base \
-                 OR position_base + (pg_current_xact_id()::text::bigint - xid_base) * $1 \
-                     <= (SELECT position + COALESCE(last_seq - seq, 0) FROM op_events \
-                         ORDER BY position DESC LIMIT 1))",
-            &[&(1i64 << super::statements::GROUP_EVENTS_BITS)],
+            &format!(
+                "WITH floor AS (SELECT GREATEST(({PRESENT_THROUGH}), $2) AS position) \
+                 UPDATE op_meta SET xid_base = pg_current_xact_id()::text::bigint, \
+                     position_base = GREATEST(position_base, 1 + floor.position) \
+                 FROM floor \
+                 WHERE id = 1 AND (pg_current_xact_id()::text::bigint < xid_base \
+                     OR position_base + (pg_current_xact_id()::text::bigint - xid_base) * $1 \
+                         <= floor.position)"
+            ),
+            &[&(1i64 << super::statements::GROUP_EVENTS_BITS), &floor],
         )
         .map_err(database)?;
     if renumbered > 0 {
-        tracing::warn!("transaction ids went back (a restored database?): positions renumbered");
+        tracing::warn!("positions renumbered past what the database holds (a restored database?)");
     }
+    Ok(())
+}
+
+/// What a node needs to tell whether the database lost history it acknowledged (S-7, N-4):
+/// the database's identity and the highest position it holds or held.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Present {
+    pub database_id: uuid::Uuid,
+    pub through: u64,
+}
+
+/// Reads the database's `Present`.
+pub(super) fn present(client: &mut Client) -> Result<Present> {
+    let row = client
+        .query_one(
+            &format!("SELECT database_id, ({PRESENT_THROUGH}) FROM op_meta WHERE id = 1"),
+            &[],
+        )
+        .map_err(database)?;
+    let through: i64 = row.get(1);
+    Ok(Present {
+        database_id: row.get(0),
+        through: u64::try_from(through).unwrap_or(0),
+    })
+}
+
+/// After a node accepted a loss (`--accept-loss`): positions go on past `floor`, the
+/// highest it acknowledged, under the migration lock.
+pub(super) fn number_past(client: &mut Client, floor: u64) -> Result<()> {
+    let mut transaction = client.transaction().map_err(database)?;
+    transaction
+        .execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .map_err(database)?;
+    renumber(&mut transaction, floor)?;
     transaction.commit().map_err(database)
 }
 

@@ -10,6 +10,7 @@ mod conformance_backends;
 mod conformance_conversations;
 mod conformance_sessions;
 mod k4_commands;
+mod n4_restored_dump;
 mod pg_positions;
 mod planted;
 mod r07_locking;

@@ -71,6 +71,20 @@ pub fn database() -> String {
     format!("{}/{name}", cluster.url)
 }
 
+/// Runs one of PostgreSQL's client programs (`pg_dump`, `psql`) and checks it succeeded.
+pub fn client_program(program: &str, args: &[&str]) {
+    let bin = LocalPostgres::bin_dir().expect("PostgreSQL's programs");
+    let output = Command::new(bin.join(program))
+        .args(args)
+        .output()
+        .unwrap_or_else(|error| panic!("{program}: {error}"));
+    assert!(
+        output.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 fn start() -> Result<Cluster, String> {
     let bin = LocalPostgres::bin_dir()?;
     if std::env::var_os("OP_TEST_POSTGRES").is_some() {

@@ -25,6 +25,8 @@ impl Group {
                 &[&uuid],
             )
             .map_err(database)?;
+        // The first step records the execution's last position with its tombstone (S-7).
+        let mut last_position: Option<i64> = None;
         let mut tombstone = match stored {
             Some(row) => codec::decode::<PurgedRecord>(&keys::purged(execution_id), row.get(0))?,
             None => {
@@ -41,6 +43,14 @@ impl Group {
                     purged_at_ms: self.at_ms,
                     finished: false,
                 };
+                last_position = transaction
+                    .query_opt(
+                        "SELECT position + COALESCE(last_seq - seq, 0) FROM op_events \
+                         WHERE execution_id = $1 ORDER BY seq DESC LIMIT 1",
+                        &[&uuid],
+                    )
+                    .map_err(database)?
+                    .map(|row| row.get(0));
                 transaction
                     .execute("DELETE FROM op_heads WHERE execution_id = $1", &[&uuid])
                     .map_err(database)?;
@@ -84,10 +94,15 @@ impl Group {
         };
         transaction
             .execute(
-                "INSERT INTO op_purged (execution_id, finished, record) VALUES ($1, $2, $3) \
-                 ON CONFLICT (execution_id) DO UPDATE \
+                "INSERT INTO op_purged (execution_id, finished, record, last_position) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (execution_id) DO UPDATE \
                  SET finished = excluded.finished, record = excluded.record",
-                &[&uuid, &tombstone.finished, &codec::encode(&tombstone)],
+                &[
+                    &uuid,
+                    &tombstone.finished,
+                    &codec::encode(&tombstone),
+                    &last_position,
+                ],
             )
             .map_err(database)?;
         Ok(step)
