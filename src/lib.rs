@@ -87,6 +87,7 @@ pub use openprogram_actors::service::{
 };
 pub use openprogram_actors::transcript::{Block, BlockBody, Message};
 pub use openprogram_actors::wait_request::{InvalidAnswer, WaitRequest, WaitSpec};
+pub use openprogram_actors::watchers::CommitWatch;
 pub use openprogram_macros::{durable_function, durable_helper};
 pub use openprogram_storage::JobBudget;
 pub use openprogram_storage::VersionPolicy;
@@ -314,6 +315,13 @@ impl Runtime {
     pub fn deltas(&self, session: SessionId, execution: ExecutionId) -> Result<DeltaWatch> {
         self.inner.service.check_session(session, execution)?;
         Ok(self.inner.inspector.deltas(execution))
+    }
+
+    /// The events the actor of an execution running on this node commits, from now on, as
+    /// each transition commits (what other writers and nodes commit is only in the store).
+    pub fn commits(&self, session: SessionId, execution: ExecutionId) -> Result<CommitWatch> {
+        self.inner.service.check_session(session, execution)?;
+        Ok(self.inner.inspector.commits(execution))
     }
 
     /// Issue 36: executions across sessions, as `filter` selects them, needs attention

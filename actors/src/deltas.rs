@@ -7,14 +7,14 @@
 //! drop what it showed. Deltas live on the node that runs the call; a watcher that misses
 //! some (it lagged, it reconnected) gets the whole text with the decision's event.
 //!
-//! Cost when nobody watches: a map lookup per piece, no allocation.
+//! Cost when nobody watches: an atomic load per piece, no allocation.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use openprogram_storage::{EffectId, ExecutionId};
 use serde::Serialize;
-use tokio::sync::broadcast;
+
+use crate::watchers::{Hub, Watch};
 
 /// What a piece is part of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -36,92 +36,12 @@ pub struct Delta {
     pub text: String,
 }
 
-/// How many pieces a slow watcher may fall behind before it misses some (the channel's
-/// buffer is allocated whole when the first watcher arrives).
-const CHANNEL_LEN: usize = 256;
+/// The executions whose deltas are watched (`watchers.rs`).
+pub type DeltaHub = Hub<Delta>;
 
-/// The executions being watched, and their channels.
-#[derive(Debug, Default)]
-pub struct DeltaHub {
-    channels: Mutex<Channels>,
-}
-
-type Channels = HashMap<ExecutionId, broadcast::Sender<Arc<Delta>>>;
-
-impl DeltaHub {
-    /// The deltas of `execution_id` from now on, until the watch is dropped.
-    pub fn subscribe(self: &Arc<Self>, execution_id: ExecutionId) -> DeltaWatch {
-        let mut channels = self.channels();
-        // Channels whose watchers left at the same moment (each saw the other) go here.
-        channels.retain(|_, sender| sender.receiver_count() > 0);
-        let receiver = channels
-            .entry(execution_id)
-            .or_insert_with(|| broadcast::channel(CHANNEL_LEN).0)
-            .subscribe();
-        DeltaWatch {
-            receiver,
-            hub: Arc::clone(self),
-            execution_id,
-        }
-    }
-
-    /// How many executions are watched now.
-    pub fn watched(&self) -> usize {
-        self.channels().len()
-    }
-
-    fn channels(&self) -> std::sync::MutexGuard<'_, Channels> {
-        self.channels
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn publish(&self, execution_id: ExecutionId, delta: impl FnOnce() -> Delta) {
-        let mut channels = self.channels();
-        let Some(sender) = channels.get(&execution_id) else {
-            return;
-        };
-        if sender.receiver_count() == 0 {
-            channels.remove(&execution_id);
-            return;
-        }
-        let _ = sender.send(Arc::new(delta()));
-    }
-}
-
-/// A watcher of one execution's deltas; its channel goes when its last watcher does.
-#[derive(Debug)]
-pub struct DeltaWatch {
-    receiver: broadcast::Receiver<Arc<Delta>>,
-    hub: Arc<DeltaHub>,
-    execution_id: ExecutionId,
-}
-
-impl DeltaWatch {
-    /// The next piece; `Err(Lagged(n))` if this watcher fell `n` pieces behind (the
-    /// decision's event holds the whole response).
-    pub async fn recv(&mut self) -> Result<Arc<Delta>, broadcast::error::RecvError> {
-        self.receiver.recv().await
-    }
-
-    /// The next piece if one is waiting.
-    pub fn try_recv(&mut self) -> Result<Arc<Delta>, broadcast::error::TryRecvError> {
-        self.receiver.try_recv()
-    }
-}
-
-impl Drop for DeltaWatch {
-    fn drop(&mut self) {
-        let mut channels = self.hub.channels();
-        // This watch's receiver is still counted: it is dropped after this.
-        if channels
-            .get(&self.execution_id)
-            .is_some_and(|sender| sender.receiver_count() <= 1)
-        {
-            channels.remove(&self.execution_id);
-        }
-    }
-}
+/// A watcher of one execution's deltas. `recv` fails with `Lagged(n)` if it fell `n` pieces
+/// behind: the decision's event holds the whole response.
+pub type DeltaWatch = Watch<Delta>;
 
 /// Where a provider publishes the pieces of one model call (`ModelRequest::deltas`). A
 /// default sink publishes nowhere.
@@ -182,11 +102,13 @@ impl DeltaSink {
             }
             Err(_) => return,
         };
-        hub.publish(*execution_id, || Delta {
-            effect_id: *effect_id,
-            kind,
-            offset,
-            text: piece.to_owned(),
+        hub.publish(*execution_id, || {
+            Arc::new(Delta {
+                effect_id: *effect_id,
+                kind,
+                offset,
+                text: piece.to_owned(),
+            })
         });
     }
 }

@@ -102,6 +102,8 @@ pub struct Env {
     pub model_tokens: [std::sync::atomic::AtomicU64; 2],
     /// E-3: streamed model output, to whoever watches an execution.
     pub deltas: Arc<crate::deltas::DeltaHub>,
+    /// The events each actor commits, to whoever watches its execution.
+    pub commits: Arc<crate::watchers::CommitHub>,
     /// Histograms of steps, activations and commands; rejections, reconciliations.
     pub telemetry: crate::telemetry::Telemetry,
     /// The states of the executions that parked last (`keep_parked`).
@@ -199,6 +201,7 @@ impl Env {
             steps: std::sync::atomic::AtomicU64::new(0),
             model_tokens: Default::default(),
             deltas: Default::default(),
+            commits: Default::default(),
             telemetry: Default::default(),
             parked: Mutex::default(),
             branches: Default::default(),

@@ -78,6 +78,11 @@ impl Inspector {
         self.actors.deltas.subscribe(execution_id)
     }
 
+    /// The events `execution_id`'s actor on this node commits, from now on.
+    pub fn commits(&self, execution_id: ExecutionId) -> crate::watchers::CommitWatch {
+        self.actors.commits.subscribe(execution_id)
+    }
+
     /// The runtime's histograms and counters (steps, activations, commands).
     pub fn telemetry(&self) -> &crate::telemetry::Telemetry {
         &self.actors.telemetry

@@ -58,6 +58,7 @@ pub mod telemetry;
 pub mod transcript;
 pub mod wait_deadlines;
 pub mod wait_request;
+pub mod watchers;
 
 pub use error::{Error, Result};
 pub use openprogram_storage as storage;

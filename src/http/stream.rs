@@ -3,8 +3,10 @@
 //! (which wins over `after`). A cursor past the newest event (a store that was reset, a
 //! cursor kept too long) is no error: one `resync` event names the newest seq, the stream
 //! continues from there and the client reloads the snapshot. A comment keeps idle
-//! connections alive. The stream polls the store (the library has no push channel for
-//! events): one read per `poll` while nothing is new, bounded pages while catching up.
+//! connections alive. The events an execution's actor commits on this node reach its stream
+//! as they commit (`Runtime::commits`), without a read of the store; the stream reads the
+//! store when they do not follow its cursor (another writer, another node, a watcher that
+//! fell behind), in bounded pages while catching up, and once per `poll` when nothing came.
 //!
 //! E-3: between them, the pieces of a model response streaming in on this node go out as
 //! `event: delta` frames without an `id` (not stored, they move no cursor): `{"effect_id",
@@ -19,6 +21,8 @@ use actix_web::http::header;
 use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse};
 use openprogram_actors::deltas::DeltaWatch;
+use openprogram_actors::watchers::{CommitWatch, Watch};
+use openprogram_storage::EventEnvelope;
 use openprogram_storage::{ExecutionId, SessionId};
 use serde_json::json;
 use tokio::sync::broadcast;
@@ -45,8 +49,9 @@ pub async fn events_stream(
     // Unknown or another session's execution: 404 now, not an empty stream.
     let last_seq = api.runtime.last_seq(session, execution)?;
     let deltas = api.runtime.deltas(session, execution)?;
+    let commits = api.runtime.commits(session, execution)?;
     let source = Source::Execution { session, execution };
-    let mut stream = Stream::new(api.into_inner(), source, after, Some(deltas));
+    let mut stream = Stream::new(api.into_inner(), source, after, Some((deltas, commits)));
     if after > last_seq {
         stream.queued.push_back(frame(
             Some(last_seq),
@@ -104,10 +109,18 @@ struct Stream {
     poll_at: Instant,
     /// E-3: streamed model output on this node (`None` once its channel closed).
     deltas: Option<DeltaWatch>,
+    /// The events the execution's actor commits on this node (`None` once closed).
+    commits: Option<CommitWatch>,
 }
 
 impl Stream {
-    fn new(api: Arc<Api>, source: Source, cursor: u64, deltas: Option<DeltaWatch>) -> Self {
+    fn new(
+        api: Arc<Api>,
+        source: Source,
+        cursor: u64,
+        watches: Option<(DeltaWatch, CommitWatch)>,
+    ) -> Self {
+        let (deltas, commits) = watches.unzip();
         Self {
             api,
             source,
@@ -116,6 +129,7 @@ impl Stream {
             keepalive_at: Instant::now(),
             poll_at: Instant::now(),
             deltas,
+            commits,
         }
     }
 
@@ -150,27 +164,15 @@ impl Stream {
                         .log_after(self.cursor, STREAM_PAGE_LEN_MAX)
                         .map_err(crate::Error::from),
                 };
-                // A piece is published before its decision commits: every piece of a
-                // decision just read is in the channel now, and goes out before it.
-                while let Some(Ok(delta)) = self.deltas.as_mut().map(DeltaWatch::try_recv) {
-                    self.queued
-                        .push_back(frame(None, Some("delta"), &json!(*delta)));
-                }
+                self.queue_deltas();
                 match read {
                     Ok(events) if !events.is_empty() => {
-                        for envelope in &events {
-                            self.cursor = match self.source {
-                                Source::Execution { .. } => envelope.seq,
-                                Source::Log => envelope.position,
-                            };
-                            self.queued.push_back(frame(
-                                Some(self.cursor),
-                                None,
-                                &event_json(envelope),
-                            ));
-                        }
+                        let full = events.len() >= STREAM_PAGE_LEN_MAX;
+                        self.queue_events(&events);
                         // Catching up: the next page at once.
-                        self.poll_at = Instant::now();
+                        if full {
+                            self.poll_at = Instant::now();
+                        }
                         continue;
                     }
                     Ok(_) => {}
@@ -185,13 +187,9 @@ impl Stream {
                 continue;
             }
             let until = self.poll_at.min(self.keepalive_at);
-            let Some(deltas) = &mut self.deltas else {
-                tokio::time::sleep_until(until).await;
-                continue;
-            };
             tokio::select! {
                 () = tokio::time::sleep_until(until) => {}
-                received = deltas.recv() => match received {
+                received = recv(&mut self.deltas) => match received {
                     Ok(delta) => self.queued.push_back(frame(None, Some("delta"), &json!(*delta))),
                     // Missed pieces: the decision's event holds the whole response.
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
@@ -199,8 +197,66 @@ impl Stream {
                     }
                     Err(broadcast::error::RecvError::Closed) => self.deltas = None,
                 },
+                received = recv(&mut self.commits) => match received {
+                    Ok(events) => self.committed(&events),
+                    // Missed events: the store has them.
+                    Err(broadcast::error::RecvError::Lagged(_)) => self.poll_at = Instant::now(),
+                    Err(broadcast::error::RecvError::Closed) => self.commits = None,
+                },
             }
         }
+    }
+
+    /// Events the execution's actor committed: sent if they follow the cursor (the store is
+    /// read only after `poll` without more); else the store is read now for what is between.
+    fn committed(&mut self, events: &[EventEnvelope]) {
+        let first = events.first().map_or(u64::MAX, |envelope| envelope.seq);
+        if first > self.cursor + 1 {
+            self.poll_at = Instant::now();
+            return;
+        }
+        self.queue_deltas();
+        let new: Vec<&EventEnvelope> = events
+            .iter()
+            .filter(|envelope| envelope.seq > self.cursor)
+            .collect();
+        for envelope in new {
+            self.cursor = envelope.seq;
+            self.queued
+                .push_back(frame(Some(self.cursor), None, &event_json(envelope)));
+        }
+        self.poll_at = Instant::now() + self.api.poll;
+    }
+
+    /// A piece is published before its decision commits: every piece of a decision just read
+    /// is in the channel now, and goes out before it.
+    fn queue_deltas(&mut self) {
+        while let Some(Ok(delta)) = self.deltas.as_mut().map(DeltaWatch::try_recv) {
+            self.queued
+                .push_back(frame(None, Some("delta"), &json!(*delta)));
+        }
+    }
+
+    /// Events read from the store, after the cursor, in order.
+    fn queue_events(&mut self, events: &[EventEnvelope]) {
+        for envelope in events {
+            self.cursor = match self.source {
+                Source::Execution { .. } => envelope.seq,
+                Source::Log => envelope.position,
+            };
+            self.queued
+                .push_back(frame(Some(self.cursor), None, &event_json(envelope)));
+        }
+    }
+}
+
+/// The next message of `watch`; never, without one.
+async fn recv<T: ?Sized + Send + Sync>(
+    watch: &mut Option<Watch<T>>,
+) -> Result<Arc<T>, broadcast::error::RecvError> {
+    match watch {
+        Some(watch) => watch.recv().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -30,6 +30,7 @@ mod http_cli;
 mod http_commands;
 mod http_debug;
 mod http_script;
+mod http_stream;
 mod http_tool;
 mod imports;
 mod jobs;

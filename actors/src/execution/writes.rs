@@ -62,6 +62,9 @@ impl ExecutionActor {
                     let steps = act.count_steps(&events);
                     act.machine.apply_committed(&events, after.decision);
                     act.env.steps.fetch_add(steps, Ordering::Relaxed);
+                    act.env
+                        .commits
+                        .publish(act.execution_id, || std::sync::Arc::new(events));
                     act.perform(after.actions, ctx);
                     Ok(Outcome::Committed(committed))
                 }
