@@ -88,6 +88,14 @@ pub use openprogram_actors::service::{
 pub use openprogram_actors::transcript::{Block, BlockBody, Message};
 pub use openprogram_actors::wait_request::{InvalidAnswer, WaitRequest, WaitSpec};
 pub use openprogram_actors::watchers::CommitWatch;
+
+/// What `Runtime::follow` returns: an execution's newest seq, and its watches from then on.
+#[derive(Debug)]
+pub struct Following {
+    pub last_seq: u64,
+    pub deltas: DeltaWatch,
+    pub commits: CommitWatch,
+}
 pub use openprogram_macros::{durable_function, durable_helper};
 pub use openprogram_storage::JobBudget;
 pub use openprogram_storage::VersionPolicy;
@@ -317,11 +325,17 @@ impl Runtime {
         Ok(self.inner.inspector.deltas(execution))
     }
 
-    /// The events the actor of an execution running on this node commits, from now on, as
-    /// each transition commits (what other writers and nodes commit is only in the store).
-    pub fn commits(&self, session: SessionId, execution: ExecutionId) -> Result<CommitWatch> {
-        self.inner.service.check_session(session, execution)?;
-        Ok(self.inner.inspector.commits(execution))
+    /// What following an execution live takes, with one read of the store: its newest seq now,
+    /// and from now on the pieces of its model responses (as `deltas`) and the events its
+    /// actor on this node commits, as each transition commits (what other writers and nodes
+    /// commit is only in the store).
+    pub fn follow(&self, session: SessionId, execution: ExecutionId) -> Result<Following> {
+        let last_seq = self.inner.service.last_seq(session, execution)?;
+        Ok(Following {
+            last_seq,
+            deltas: self.inner.inspector.deltas(execution),
+            commits: self.inner.inspector.commits(execution),
+        })
     }
 
     /// Issue 36: executions across sessions, as `filter` selects them, needs attention
@@ -335,12 +349,7 @@ impl Runtime {
 
     /// The seq of the newest event of an execution of `session` (0: none yet).
     pub fn last_seq(&self, session: SessionId, execution: ExecutionId) -> Result<u64> {
-        self.inner.service.check_session(session, execution)?;
-        let head = self
-            .store()
-            .head(execution)?
-            .ok_or(Error::Purged(execution))?;
-        Ok(head.last_seq)
+        self.inner.service.last_seq(session, execution)
     }
 
     /// J-1: the resource queue now: each resource's capacity, units in use, the leases and

@@ -144,6 +144,12 @@ impl Service {
         self.head_in(session_id, execution_id).map(|_| ())
     }
 
+    /// The newest seq of an execution of this session, as `check_session` checks it.
+    pub fn last_seq(&self, session_id: SessionId, execution_id: ExecutionId) -> Result<u64> {
+        self.head_in(session_id, execution_id)
+            .map(|head| head.last_seq)
+    }
+
     /// The head of an execution of this session.
     pub(crate) fn head_in(
         &self,

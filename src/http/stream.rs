@@ -32,6 +32,9 @@ use super::api::{event_json, EventsQuery};
 use super::error::ApiError;
 use super::Api;
 
+/// How many idle polls a stream waits while its execution's actor pushes what it commits.
+const PUSHED_POLL_FACTOR: u32 = 5;
+
 /// Events read per store read while catching up.
 const STREAM_PAGE_LEN_MAX: usize = 256;
 
@@ -47,11 +50,11 @@ pub async fn events_stream(
     let (session, execution) = api.execution(&request, &path)?;
     let after = last_event_id(&request).unwrap_or(query.after);
     // Unknown or another session's execution: 404 now, not an empty stream.
-    let last_seq = api.runtime.last_seq(session, execution)?;
-    let deltas = api.runtime.deltas(session, execution)?;
-    let commits = api.runtime.commits(session, execution)?;
+    let following = api.runtime.follow(session, execution)?;
+    let last_seq = following.last_seq;
     let source = Source::Execution { session, execution };
-    let mut stream = Stream::new(api.into_inner(), source, after, Some((deltas, commits)));
+    let watches = Some((following.deltas, following.commits));
+    let mut stream = Stream::new(api.into_inner(), source, after, watches);
     if after > last_seq {
         stream.queued.push_back(frame(
             Some(last_seq),
@@ -207,8 +210,10 @@ impl Stream {
         }
     }
 
-    /// Events the execution's actor committed: sent if they follow the cursor (the store is
-    /// read only after `poll` without more); else the store is read now for what is between.
+    /// Events the execution's actor committed: sent if they follow the cursor; else the store
+    /// is read now for what is between. While they come, the store is read only after
+    /// `PUSHED_POLL_FACTOR` polls without them: another writer's event waits at most that
+    /// long, or until the actor's next commit shows the gap.
     fn committed(&mut self, events: &[EventEnvelope]) {
         let first = events.first().map_or(u64::MAX, |envelope| envelope.seq);
         if first > self.cursor + 1 {
@@ -225,7 +230,7 @@ impl Stream {
             self.queued
                 .push_back(frame(Some(self.cursor), None, &event_json(envelope)));
         }
-        self.poll_at = Instant::now() + self.api.poll;
+        self.poll_at = Instant::now() + self.api.poll * PUSHED_POLL_FACTOR;
     }
 
     /// A piece is published before its decision commits: every piece of a decision just read
