@@ -515,7 +515,10 @@ impl Service {
         after: u64,
         limit: usize,
     ) -> Result<Vec<EventEnvelope>> {
-        self.head_in(session_id, execution_id)?;
+        // Nothing after the newest seq: no read of the events (an idle stream's poll).
+        if self.head_in(session_id, execution_id)?.last_seq <= after {
+            return Ok(Vec::new());
+        }
         Ok(self.env.store.events_after(execution_id, after, limit)?)
     }
 }

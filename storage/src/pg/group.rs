@@ -93,9 +93,19 @@ impl Group {
                 Err(error) => quarantine(shared, transaction, execution_id, &error)?,
             }
         }
-        let rows = transaction
-            .query(&statements.purged, &[&ids])
-            .map_err(database)?;
+        // A purge deletes the head with the tombstone's writing: only an execution without a
+        // head row may have one (usually none: a round trip saved).
+        let headless: Vec<Uuid> = ids
+            .iter()
+            .filter(|id| !heads.contains_key(&ExecutionId::from_uuid(**id)))
+            .copied()
+            .collect();
+        let rows = match headless.is_empty() {
+            true => Vec::new(),
+            false => transaction
+                .query(&statements.purged, &[&headless])
+                .map_err(database)?,
+        };
         let purged = rows.iter().map(|row| row.get(0));
         let commands = Locked::load(transaction, statements, &COMMANDS, &command_ids)?;
         let sessions = Locked::load(transaction, statements, &SESSIONS, &session_ids)?;

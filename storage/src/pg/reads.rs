@@ -1,11 +1,13 @@
 //! The PostgreSQL store's reads (`EventReader`), each on one of a few reader threads with a
 //! connection of its own (opened again after it broke); the caller waits for the answer.
 
+use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use postgres::Client;
+use postgres::{Client, Statement};
 use uuid::Uuid;
 
 use super::statements::{kind, GROUP_EVENTS_BITS};
@@ -23,7 +25,47 @@ use crate::records::{
 };
 use crate::shared::{lock, MetricsSnapshot};
 
-type Job = Box<dyn FnOnce(&mut Option<Client>) + Send>;
+type Job = Box<dyn FnOnce(&mut Option<Connection>) + Send>;
+
+/// A reader's connection and the reads prepared on it: a read given as text costs a round
+/// trip to prepare (and a plan) each time, a prepared one runs in one round trip.
+pub(super) struct Connection {
+    client: Client,
+    prepared: HashMap<String, Statement>,
+}
+
+impl Connection {
+    fn new(client: Client) -> Self {
+        Self {
+            client,
+            prepared: HashMap::new(),
+        }
+    }
+
+    /// `sql` prepared on this connection, once (for the few reads every step makes).
+    pub(super) fn prepared(&mut self, sql: &str) -> Result<Statement> {
+        if let Some(statement) = self.prepared.get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self.client.prepare(sql).map_err(database)?;
+        self.prepared.insert(sql.to_owned(), statement.clone());
+        Ok(statement)
+    }
+}
+
+impl Deref for Connection {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl DerefMut for Connection {
+    fn deref_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
+}
 
 /// The reader threads and the queue they take reads from.
 #[derive(Debug)]
@@ -48,11 +90,14 @@ impl Readers {
                     loop {
                         let job = lock(&receiver).recv();
                         let Ok(job) = job else { return };
-                        if client.as_ref().is_some_and(Client::is_closed) {
+                        if client
+                            .as_ref()
+                            .is_some_and(|open: &Connection| open.is_closed())
+                        {
                             client = None;
                         }
                         if client.is_none() {
-                            client = super::connect(&shared.url).ok();
+                            client = super::connect(&shared.url).ok().map(Connection::new);
                         }
                         job(&mut client);
                     }
@@ -69,7 +114,7 @@ impl Readers {
     /// Runs `read` on a reader's connection and waits for it.
     pub(super) fn run<T: Send + 'static>(
         &self,
-        read: impl FnOnce(&mut Client) -> Result<T> + Send + 'static,
+        read: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let (reply, answer) = mpsc::sync_channel(1);
         let job: Job = Box::new(move |client| {
@@ -101,7 +146,7 @@ impl Readers {
 impl PgStore {
     fn read<T: Send + 'static>(
         &self,
-        read: impl FnOnce(&mut Client) -> Result<T> + Send + 'static,
+        read: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         self.inner.readers.run(read)
     }
@@ -113,11 +158,10 @@ impl PgStore {
     {
         let id = Uuid::from_slice(&key[1..]).map_err(|_| Error::corrupted(&key))?;
         self.read(move |client| {
+            let statement =
+                client.prepared("SELECT value FROM op_records WHERE kind = $1 AND id = $2")?;
             let row = client
-                .query_opt(
-                    "SELECT value FROM op_records WHERE kind = $1 AND id = $2",
-                    &[&kind, &id],
-                )
+                .query_opt(&statement, &[&kind, &id])
                 .map_err(database)?;
             row.map(|row| codec::decode(&key, row.get(0))).transpose()
         })
@@ -241,11 +285,9 @@ impl EventReader for PgStore {
     fn head(&self, execution_id: ExecutionId) -> Result<Option<ExecutionHead>> {
         self.shared().refusals.check_quarantine(execution_id)?;
         let result = self.read(move |client| {
+            let statement = client.prepared("SELECT head FROM op_heads WHERE execution_id = $1")?;
             let row = client
-                .query_opt(
-                    "SELECT head FROM op_heads WHERE execution_id = $1",
-                    &[execution_id.as_uuid()],
-                )
+                .query_opt(&statement, &[execution_id.as_uuid()])
                 .map_err(database)?;
             row.map(|row| codec::decode(&keys::head(execution_id), row.get(0)))
                 .transpose()
@@ -265,19 +307,17 @@ impl EventReader for PgStore {
         let result = self.read(move |client| {
             // The row holding `after_seq` (it may hold later events too), then the rows
             // after it: each holds at least one event, so `limit` rows are enough.
+            let statement = client.prepared(&format!(
+                "SELECT * FROM ( \
+                 (SELECT {EVENT_COLUMNS} FROM op_events \
+                  WHERE execution_id = $1 AND seq <= $2 ORDER BY seq DESC LIMIT 1) \
+                 UNION ALL \
+                 (SELECT {EVENT_COLUMNS} FROM op_events \
+                  WHERE execution_id = $1 AND seq > $2 ORDER BY seq LIMIT $3) \
+                 ) AS rows ORDER BY seq"
+            ))?;
             let rows = client
-                .query(
-                    &format!(
-                        "SELECT * FROM ( \
-                         (SELECT {EVENT_COLUMNS} FROM op_events \
-                          WHERE execution_id = $1 AND seq <= $2 ORDER BY seq DESC LIMIT 1) \
-                         UNION ALL \
-                         (SELECT {EVENT_COLUMNS} FROM op_events \
-                          WHERE execution_id = $1 AND seq > $2 ORDER BY seq LIMIT $3) \
-                         ) AS rows ORDER BY seq"
-                    ),
-                    &[execution_id.as_uuid(), &after, &rows_max],
-                )
+                .query(&statement, &[execution_id.as_uuid(), &after, &rows_max])
                 .map_err(database)?;
             envelopes(&rows, |event| event.seq > after_seq, limit)
         });
