@@ -40,6 +40,10 @@ pub struct ClusterArgs {
     /// machine of its own; the database is not capped. Needs root (cgroup v1 `cpu`).
     #[arg(long, value_name = "CORES")]
     pub cpu_per_node: Option<f64>,
+    /// A setting of the database server, such as
+    /// shared_preload_libraries=pg_stat_statements (repeatable).
+    #[arg(long, value_name = "NAME=VALUE")]
+    pub pg_setting: Vec<String>,
 }
 
 impl ClusterArgs {
@@ -213,7 +217,11 @@ pub fn run(options: &ClusterOptions) -> Result<(), String> {
         .map_err(|error| format!("{}: {error}", dir.display()))?;
     let pg_dir = dir.join("postgres");
     eprintln!("openprogram: starting PostgreSQL in {}", pg_dir.display());
-    let result = LocalPostgres::start(&pg_dir, 100 + 20 * options.args.nodes as u32).and_then(
+    let result = LocalPostgres::start_with(
+        &pg_dir,
+        100 + 20 * options.args.nodes as u32,
+        &options.args.pg_setting,
+    ).and_then(
         |mut postgres| {
             let served = serve_nodes(options, &dir, &postgres, &stop);
             eprintln!("openprogram: stopping PostgreSQL");

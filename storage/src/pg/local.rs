@@ -56,6 +56,23 @@ impl LocalPostgres {
     /// Makes a cluster in `dir` (which must exist and be empty of a cluster) and starts it
     /// on a free loopback port. `max_connections` bounds the clients it admits.
     pub fn start(dir: &Path, max_connections: u32) -> Result<Self, Failure> {
+        Self::start_with(dir, max_connections, &[])
+    }
+
+    /// `start`, with server settings (`name=value`, as `postgres -c` takes them) added.
+    pub fn start_with(
+        dir: &Path,
+        max_connections: u32,
+        settings: &[String],
+    ) -> Result<Self, Failure> {
+        if let Some(bad) = settings
+            .iter()
+            .find(|setting| setting.contains(char::is_whitespace) || !setting.contains('='))
+        {
+            return Err(format!(
+                "a server setting is name=value, without spaces: {bad:?}"
+            ));
+        }
         let bin = Self::bin_dir()?;
         let root = Command::new("id")
             .arg("-u")
@@ -98,10 +115,18 @@ impl LocalPostgres {
             .and_then(|listener| listener.local_addr())
             .map_err(|error| format!("a free port: {error}"))?
             .port();
-        let options = format!(
+        let mut options = format!(
             "-p {port} -k {} -c listen_addresses=127.0.0.1 -c max_connections={max_connections}",
             dir.display()
         );
+        for setting in settings {
+            if setting.contains(char::is_whitespace) || !setting.contains('=') {
+                return Err(format!(
+                    "a server setting is name=value, without spaces: {setting:?}"
+                ));
+            }
+            options.push_str(&format!(" -c {setting}"));
+        }
         let log = dir.join("log");
         let started = run_as(as_user, &bin.join("pg_ctl"))
             .args(["-w", "-D"])
@@ -209,5 +234,25 @@ pub fn run_as(user: Option<&str>, program: &Path) -> Command {
             command
         }
         None => Command::new(program),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn n4_a_server_setting_that_is_not_name_equals_value_is_refused_before_anything_starts() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for bad in ["work_mem", "work_mem=1 -c fsync=off"] {
+            let refused = LocalPostgres::start_with(dir.path(), 10, &[bad.to_owned()]);
+            assert!(
+                refused
+                    .as_ref()
+                    .is_err_and(|error| error.contains("name=value")),
+                "{bad}: {refused:?}"
+            );
+        }
+        assert!(!dir.path().join("data").exists(), "nothing was made");
     }
 }
