@@ -89,13 +89,6 @@ pub use openprogram_actors::transcript::{Block, BlockBody, Message};
 pub use openprogram_actors::wait_request::{InvalidAnswer, WaitRequest, WaitSpec};
 pub use openprogram_actors::watchers::CommitWatch;
 
-/// What `Runtime::follow` returns: an execution's newest seq, and its watches from then on.
-#[derive(Debug)]
-pub struct Following {
-    pub last_seq: u64,
-    pub deltas: DeltaWatch,
-    pub commits: CommitWatch,
-}
 pub use openprogram_macros::{durable_function, durable_helper};
 pub use openprogram_storage::JobBudget;
 pub use openprogram_storage::VersionPolicy;
@@ -111,6 +104,17 @@ pub use openprogram_actors::snapshot::Snapshot;
 pub use openprogram_actors::supervisor::{RecoveryReport, ShutdownReport};
 pub use openprogram_actors::{Error, Result};
 pub use openprogram_storage as storage;
+
+/// What `Runtime::follow` returns: an execution's newest seq, and its watches from then on.
+#[derive(Debug)]
+pub struct Following {
+    /// The execution's newest event's seq when it was followed.
+    pub last_seq: u64,
+    /// The pieces of its model responses streaming in on this node (E-3).
+    pub deltas: DeltaWatch,
+    /// The events its actor on this node commits, each transition's as it commits.
+    pub commits: CommitWatch,
+}
 
 /// A running runtime: `Send + Sync + Clone`, usable from any tokio runtime.
 #[derive(Debug, Clone)]

@@ -4,7 +4,7 @@
 //! cursor kept too long) is no error: one `resync` event names the newest seq, the stream
 //! continues from there and the client reloads the snapshot. A comment keeps idle
 //! connections alive. The events an execution's actor commits on this node reach its stream
-//! as they commit (`Runtime::commits`), without a read of the store; the stream reads the
+//! as they commit (`Runtime::follow`), without a read of the store; the stream reads the
 //! store when they do not follow its cursor (another writer, another node, a watcher that
 //! fell behind), in bounded pages while catching up, and once per `poll` when nothing came.
 //!

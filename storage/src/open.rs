@@ -345,7 +345,9 @@ pub struct SalvageReport {
     pub acknowledged_through: Option<u64>,
     /// The highest position the store holds.
     pub present_through: u64,
-    /// Acknowledged positions the store no longer holds (each an event).
+    /// Acknowledged positions the store no longer holds: in sled each an event; in
+    /// PostgreSQL, whose positions are counted from transaction ids, the span between the
+    /// two positions above, not a count of events.
     pub lost_positions: u64,
     /// Executions the by-session index names whose head is gone or unreadable.
     pub lost_executions: Vec<ExecutionId>,

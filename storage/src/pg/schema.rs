@@ -20,7 +20,7 @@ pub const SCHEMA_VERSION: u32 = 9;
 
 /// The advisory lock migrations hold (any value no other component of the database uses;
 /// this one spells "opgm").
-const MIGRATION_LOCK: i64 = 0x6f70_676d;
+pub(super) const MIGRATION_LOCK: i64 = 0x6f70_676d;
 
 /// A migration that changes nothing but the version.
 const MARK: &str = "SELECT 1;";
@@ -125,17 +125,29 @@ const MIGRATIONS: &[&str] = &[
     // highest position it saw acknowledged (`pg/mark.rs`); and a purged execution's last
     // position, so that the highest position the database held never goes down when a
     // purge takes the newest events (`PRESENT_THROUGH`).
+    // A purge under way (by an older build) has its last position from the events it has
+    // left. And the identities retired by a node that accepted a loss, with what the
+    // database held then: a node whose mark names one of them lost what it acknowledged
+    // after that.
     "
     ALTER TABLE op_meta ADD COLUMN database_id uuid NOT NULL DEFAULT gen_random_uuid();
     ALTER TABLE op_purged ADD COLUMN last_position bigint;
+    UPDATE op_purged AS p SET last_position = (
+        SELECT max(position + COALESCE(last_seq - seq, 0)) FROM op_events AS e
+        WHERE e.execution_id = p.execution_id) WHERE NOT finished;
     CREATE INDEX op_purged_last_position ON op_purged (last_position)
         WHERE last_position IS NOT NULL;
+    CREATE TABLE op_retired_identities (
+        database_id uuid PRIMARY KEY,
+        present_through bigint NOT NULL,
+        retired_at_ms bigint NOT NULL
+    );
     ",
 ];
 
 /// The highest position the database holds or held: its newest event's, or a purged
 /// execution's last, whichever is higher (0 in an empty store).
-const PRESENT_THROUGH: &str = "SELECT GREATEST( \
+pub(super) const PRESENT_THROUGH: &str = "SELECT GREATEST( \
      COALESCE((SELECT position + COALESCE(last_seq - seq, 0) FROM op_events \
                ORDER BY position DESC LIMIT 1), 0), \
      COALESCE((SELECT max(last_position) FROM op_purged), 0))";
@@ -188,7 +200,7 @@ pub(super) fn migrate(client: &mut Client) -> Result<()> {
 /// and a node that accepted a loss has acknowledged positions up to `floor` that must never
 /// name other events. Positions go on from this transaction's id. Nodes restart after a
 /// restore. Runs in a transaction holding the migration lock.
-fn renumber(transaction: &mut postgres::Transaction<'_>, floor: u64) -> Result<()> {
+pub(super) fn renumber(transaction: &mut postgres::Transaction<'_>, floor: u64) -> Result<()> {
     let floor = i64::try_from(floor).map_err(|_| Error::Database(format!("position {floor}")))?;
     let renumbered = transaction
         .execute(
@@ -208,40 +220,6 @@ fn renumber(transaction: &mut postgres::Transaction<'_>, floor: u64) -> Result<(
         tracing::warn!("positions renumbered past what the database holds (a restored database?)");
     }
     Ok(())
-}
-
-/// What a node needs to tell whether the database lost history it acknowledged (S-7, N-4):
-/// the database's identity and the highest position it holds or held.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Present {
-    pub database_id: uuid::Uuid,
-    pub through: u64,
-}
-
-/// Reads the database's `Present`.
-pub(super) fn present(client: &mut Client) -> Result<Present> {
-    let row = client
-        .query_one(
-            &format!("SELECT database_id, ({PRESENT_THROUGH}) FROM op_meta WHERE id = 1"),
-            &[],
-        )
-        .map_err(database)?;
-    let through: i64 = row.get(1);
-    Ok(Present {
-        database_id: row.get(0),
-        through: u64::try_from(through).unwrap_or(0),
-    })
-}
-
-/// After a node accepted a loss (`--accept-loss`): positions go on past `floor`, the
-/// highest it acknowledged, under the migration lock.
-pub(super) fn number_past(client: &mut Client, floor: u64) -> Result<()> {
-    let mut transaction = client.transaction().map_err(database)?;
-    transaction
-        .execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-        .map_err(database)?;
-    renumber(&mut transaction, floor)?;
-    transaction.commit().map_err(database)
 }
 
 /// Records this opening as a new incarnation (its number is the database's sequence).

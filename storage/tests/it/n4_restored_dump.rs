@@ -39,6 +39,12 @@ async fn purge(store: &PgStore, execution_id: openprogram_storage::ExecutionId) 
 async fn n4_a_node_refuses_a_database_restored_from_an_older_dump() {
     let url = pg_cluster::database();
     let node = tempfile::tempdir().expect("node dir");
+    // Two more nodes of the same database: one that works after the dump too, one that
+    // does not.
+    let (second, third) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
     let dump = node.path().join("dump.sql");
     let a = {
         let store = open_node(&url, node.path(), false).expect("open");
@@ -46,7 +52,13 @@ async fn n4_a_node_refuses_a_database_restored_from_an_older_dump() {
         append(&store, a, 1, "before the dump").await;
         a
     };
+    drop(open_node(&url, third.path(), false).expect("the third node"));
     client_program("pg_dump", &["-f", dump.to_str().expect("path"), &url]);
+    {
+        let store = open_node(&url, second.path(), false).expect("the second node");
+        let c = create(&store).await;
+        append(&store, c, 1, "on the second node, after the dump").await;
+    }
     let acknowledged = {
         let store = open_node(&url, node.path(), false).expect("reopen");
         append(&store, a, 2, "after the dump").await;
@@ -118,6 +130,17 @@ async fn n4_a_node_refuses_a_database_restored_from_an_older_dump() {
     );
     drop(store);
     drop(open_node(&restored, node.path(), false).expect("the loss was accepted once"));
+
+    // The second node acknowledged after the dump too: it finds its loss under the
+    // database's retired identity, and refuses in turn. The third lost nothing it answered.
+    let refused = open_node(&restored, second.path(), false).map(|_| ());
+    assert!(
+        matches!(refused, Err(Error::AcknowledgedLost { .. })),
+        "the second node lost history too: {refused:?}"
+    );
+    drop(open_node(&restored, third.path(), false).expect("the third node lost nothing"));
+    drop(open_node(&restored, second.path(), true).expect("the second node accepts"));
+    drop(open_node(&restored, second.path(), false).expect("and serves on"));
 
     // Another database is another database: its mark starts from what it holds.
     drop(open_node(&pg_cluster::database(), node.path(), false).expect("a new database"));
