@@ -316,12 +316,11 @@ fn validate(options: &LoadOptions) -> Result<()> {
     Ok(())
 }
 
-/// The store's directory: `--data`, or a fresh temporary one (kept while the guard lives).
+/// The store's directory (on PostgreSQL, the node's: its mark of what it acknowledged):
+/// `--data`, or a fresh temporary one (kept while the guard lives).
 fn store_dir(options: &LoadOptions) -> Result<(Option<tempfile::TempDir>, std::path::PathBuf)> {
     match options.data_dir() {
         Some(dir) => Ok((None, dir)),
-        // PostgreSQL: no directory is written.
-        None if options.postgres().is_some() => Ok((None, std::path::PathBuf::new())),
         None => {
             let dir = tempfile::tempdir().map_err(|error| Error::Unavailable(error.to_string()))?;
             let path = dir.path().to_path_buf();

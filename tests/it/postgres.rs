@@ -408,3 +408,32 @@ impl openprogram::agent::Tool for Hold {
         })
     }
 }
+
+/// N-1, I-4: `openprogram load --store postgres://…` runs the load on a database (the node's
+/// mark in a temporary directory of its own) and reports every step.
+#[test]
+#[ignore = "needs PostgreSQL (apt-get install postgresql); run with \
+            `cargo test --workspace -- --include-ignored`"]
+fn n1_load_runs_on_a_database() {
+    let url = crate::pg_cluster::database();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_openprogram"))
+        .args([
+            "load",
+            "--store",
+            &url,
+            "--executions",
+            "20",
+            "--steps",
+            "3",
+        ])
+        .args(["--concurrency", "10", "--json"])
+        .output()
+        .expect("run load");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("one JSON line")).expect("JSON");
+    assert_eq!(report["total_steps"], 60, "{report}");
+    assert_eq!(report["completed"], 20, "{report}");
+}
