@@ -80,14 +80,20 @@ impl Group {
         }
         ids.sort_unstable();
         ids.dedup();
-        let next_position = first_position(transaction, statements)?;
         let mut heads = HashMap::new();
         let rows = transaction
             .query(&statements.heads, &[&ids])
             .map_err(database)?;
-        for row in rows {
-            let execution_id = ExecutionId::from_uuid(row.get(0));
-            let bytes: &[u8] = row.get(1);
+        let numbering = rows
+            .first()
+            .ok_or_else(|| Error::Database("no op_meta row".into()))?;
+        let next_position = first_position(numbering.get(0), numbering.get(1), numbering.get(2))?;
+        for row in &rows {
+            let Some(id) = row.get::<_, Option<Uuid>>(3) else {
+                continue; // no head stored
+            };
+            let execution_id = ExecutionId::from_uuid(id);
+            let bytes: &[u8] = row.get(4);
             match codec::decode::<ExecutionHead>(&keys::head(execution_id), bytes) {
                 Ok(head) => drop(heads.insert(execution_id, head)),
                 Err(error) => quarantine(shared, transaction, execution_id, &error)?,
@@ -310,15 +316,11 @@ impl Group {
     }
 }
 
-/// The first position of the group in `transaction`: counted from its transaction id (N-2),
+/// The first position of a group whose transaction has the id `xid`: counted from it (N-2),
 /// so that groups on every connection and node number their events without waiting for
 /// each other, and a reader that stops below the oldest transaction still running never
 /// skips a position committed later (`reads.rs`).
-fn first_position(transaction: &mut SqlTransaction<'_>, statements: &Statements) -> Result<u64> {
-    let row = transaction
-        .query_one(&statements.numbering, &[])
-        .map_err(database)?;
-    let (xid, position_base, xid_base): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+fn first_position(xid: i64, position_base: i64, xid_base: i64) -> Result<u64> {
     if xid < xid_base {
         // A database restored from a dump counts its transactions from lower again: the
         // next opening of the store moves the bases past what is stored (`schema.rs`).

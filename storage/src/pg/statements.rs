@@ -57,17 +57,23 @@ pub(super) struct Statements {
     pub(super) records: Statement,
     pub(super) blobs: Statement,
     pub(super) events: Statement,
-    pub(super) numbering: Statement,
 }
 
 impl Statements {
     pub(super) fn prepare(mut client: Client) -> Result<(Client, Self)> {
         let mut prepare = |sql: &str| client.prepare(sql).map_err(database);
         let statements = Self {
-            // In id order, so two groups locking overlapping sets never deadlock.
+            // The group's transaction id (assigned here) and the bases its positions are
+            // counted from (schema 3), then the heads it names, locked in id order, so two
+            // groups locking overlapping sets never deadlock: one round trip (a row with
+            // no head when none is stored).
             heads: prepare(
-                "SELECT execution_id, head FROM op_heads WHERE execution_id = ANY($1) \
-                 ORDER BY execution_id FOR UPDATE",
+                "SELECT n.xid, n.position_base, n.xid_base, h.execution_id, h.head \
+                 FROM (SELECT pg_current_xact_id()::text::bigint AS xid, position_base, \
+                       xid_base FROM op_meta WHERE id = 1) AS n \
+                 LEFT JOIN LATERAL (SELECT execution_id, head FROM op_heads \
+                       WHERE execution_id = ANY($1) ORDER BY execution_id FOR UPDATE) AS h \
+                 ON true",
             )?,
             purged: prepare("SELECT execution_id FROM op_purged WHERE execution_id = ANY($1)")?,
             command_locks: prepare(
@@ -104,12 +110,6 @@ impl Statements {
                 "INSERT INTO op_events (execution_id, seq, last_seq, position, envelope) \
                  SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::int8[], \
                      $5::bytea[])",
-            )?,
-            // The group's transaction id (assigned here) and the bases its positions
-            // are counted from (schema 3).
-            numbering: prepare(
-                "SELECT pg_current_xact_id()::text::bigint, position_base, xid_base \
-                 FROM op_meta WHERE id = 1",
             )?,
         };
         Ok((client, statements))
