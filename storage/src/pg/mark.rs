@@ -17,7 +17,10 @@
 //! trails nothing it acknowledged).
 //!
 //! A database this node never served, under any identity, is another database: its mark
-//! starts from what it holds.
+//! starts from what it holds. A node that served the restored database before another node
+//! retired its identity, and committed after that, finds its mark beyond what was recorded
+//! and refuses at its next start although it lost nothing: a refusal too many, never one
+//! too few; `--accept-loss` moves it on.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -63,6 +66,8 @@ struct Found {
     /// What the database holds of it: now, or when its identity was retired.
     present_through: u64,
     unreadable: bool,
+    /// The mark's file, if the node has one for this database.
+    path: Option<PathBuf>,
     /// Whether the mark names this identity (not a retired one).
     current: bool,
 }
@@ -96,7 +101,12 @@ pub(super) fn open(
             "serving what the database holds, as told (--accept-loss)"
         );
     }
-    let mark = Acknowledged::open(&path(dir, present.database_id), present.through)?;
+    let new = path(dir, present.database_id);
+    let mark = Acknowledged::open(&new, present.through)?;
+    // The mark of a retired identity goes once this one is written.
+    if let Some(old) = found.path.filter(|old| *old != new) {
+        std::fs::remove_file(&old).map_err(|error| Error::io(&old, error))?;
+    }
     Ok((mark, report))
 }
 
@@ -106,29 +116,35 @@ fn find(client: &mut Client, dir: &Path, present: Present, salvaging: bool) -> R
         Err(Error::AcknowledgedUnreadable { .. }) if salvaging => Ok((None, true)),
         read => read.map(|mark| (mark, false)),
     };
-    let (acknowledged_through, unreadable) = read(&path(dir, present.database_id))?;
+    let current = path(dir, present.database_id);
+    let (acknowledged_through, unreadable) = read(&current)?;
     if acknowledged_through.is_some() || unreadable {
         return Ok(Found {
             acknowledged_through,
             present_through: present.through,
             unreadable,
+            path: Some(current),
             current: true,
         });
     }
+    // A node keeps one mark per database: moving on under a new identity removes the old.
     let rows = client
         .query(
-            "SELECT database_id, present_through FROM op_retired_identities",
+            "SELECT database_id, present_through FROM op_retired_identities \
+             ORDER BY retired_at_ms DESC",
             &[],
         )
         .map_err(database)?;
     for row in rows {
-        let (acknowledged_through, unreadable) = read(&path(dir, row.get(0)))?;
+        let retired = path(dir, row.get(0));
+        let (acknowledged_through, unreadable) = read(&retired)?;
         if acknowledged_through.is_some() || unreadable {
             let through: i64 = row.get(1);
             return Ok(Found {
                 acknowledged_through,
                 present_through: u64::try_from(through).unwrap_or(0),
                 unreadable,
+                path: Some(retired),
                 current: false,
             });
         }
@@ -138,6 +154,7 @@ fn find(client: &mut Client, dir: &Path, present: Present, salvaging: bool) -> R
         acknowledged_through: None,
         present_through: present.through,
         unreadable: false,
+        path: None,
         current: true,
     })
 }
@@ -172,14 +189,15 @@ fn accept(client: &mut Client, present: Present, lost: u64, current: bool) -> Re
         transaction.commit().map_err(database)?;
         return self::present(client);
     }
+    // What the database holds now, under the lock: another node may have served it since
+    // this one opened.
     transaction
         .execute(
-            "INSERT INTO op_retired_identities VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-            &[
-                &present.database_id,
-                &(present.through as i64),
-                &(now_ms() as i64),
-            ],
+            &format!(
+                "INSERT INTO op_retired_identities SELECT $1, ({PRESENT_THROUGH}), $2 \
+                 ON CONFLICT DO NOTHING"
+            ),
+            &[&present.database_id, &(now_ms() as i64)],
         )
         .map_err(database)?;
     transaction

@@ -16,7 +16,7 @@ use crate::open::Incarnation;
 use crate::shared::now_ms;
 
 /// The newest schema this build writes.
-pub const SCHEMA_VERSION: u32 = 9;
+pub const SCHEMA_VERSION: u32 = 10;
 
 /// The advisory lock migrations hold (any value no other component of the database uses;
 /// this one spells "opgm").
@@ -125,18 +125,20 @@ const MIGRATIONS: &[&str] = &[
     // highest position it saw acknowledged (`pg/mark.rs`); and a purged execution's last
     // position, so that the highest position the database held never goes down when a
     // purge takes the newest events (`PRESENT_THROUGH`).
+    "
+    ALTER TABLE op_meta ADD COLUMN database_id uuid NOT NULL DEFAULT gen_random_uuid();
+    ALTER TABLE op_purged ADD COLUMN last_position bigint;
+    CREATE INDEX op_purged_last_position ON op_purged (last_position)
+        WHERE last_position IS NOT NULL;
+    ",
     // A purge under way (by an older build) has its last position from the events it has
     // left. And the identities retired by a node that accepted a loss, with what the
     // database held then: a node whose mark names one of them lost what it acknowledged
     // after that.
     "
-    ALTER TABLE op_meta ADD COLUMN database_id uuid NOT NULL DEFAULT gen_random_uuid();
-    ALTER TABLE op_purged ADD COLUMN last_position bigint;
     UPDATE op_purged AS p SET last_position = (
         SELECT max(position + COALESCE(last_seq - seq, 0)) FROM op_events AS e
-        WHERE e.execution_id = p.execution_id) WHERE NOT finished;
-    CREATE INDEX op_purged_last_position ON op_purged (last_position)
-        WHERE last_position IS NOT NULL;
+        WHERE e.execution_id = p.execution_id) WHERE NOT finished AND last_position IS NULL;
     CREATE TABLE op_retired_identities (
         database_id uuid PRIMARY KEY,
         present_through bigint NOT NULL,

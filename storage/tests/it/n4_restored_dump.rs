@@ -141,6 +141,22 @@ async fn n4_a_node_refuses_a_database_restored_from_an_older_dump() {
     drop(open_node(&restored, third.path(), false).expect("the third node lost nothing"));
     drop(open_node(&restored, second.path(), true).expect("the second node accepts"));
     drop(open_node(&restored, second.path(), false).expect("and serves on"));
+    for dir in [&node, &second, &third] {
+        let marks = std::fs::read_dir(dir.path())
+            .expect("the node's directory")
+            .flatten()
+            .filter(|entry| {
+                entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("acknowledged-")
+            })
+            .count();
+        assert_eq!(
+            marks, 1,
+            "one mark a node, under the database's new identity"
+        );
+    }
 
     // Another database is another database: its mark starts from what it holds.
     drop(open_node(&pg_cluster::database(), node.path(), false).expect("a new database"));
