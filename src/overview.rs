@@ -100,10 +100,11 @@ fn rank(row: &OverviewRow, state: ExecutionState) -> (u8, std::cmp::Reverse<u64>
 pub fn overview(store: &dyn EventReader, filter: &OverviewFilter) -> Result<Vec<OverviewRow>> {
     let limit = filter.limit.clamp(1, OVERVIEW_LIMIT_MAX);
     let mut rows: Vec<((u8, std::cmp::Reverse<u64>), OverviewRow)> = Vec::new();
-    let push = |head: &ExecutionHead, rows: &mut Vec<_>| {
-        if let Some(row) = row_if(head, filter) {
+    let push = |head: &ExecutionHead, rows: &mut Vec<_>| -> Result<()> {
+        if let Some(row) = row_if(head, kind_of(store, head)?, filter) {
             rows.push((rank(&row, head.state), row));
         }
+        Ok(())
     };
     let unfinished: Vec<ExecutionState> = ExecutionState::ALL
         .into_iter()
@@ -114,7 +115,7 @@ pub fn overview(store: &dyn EventReader, filter: &OverviewFilter) -> Result<Vec<
         for state in &unfinished {
             for execution_id in store.executions_in_state(*state)? {
                 if let Some(head) = store.head(execution_id)? {
-                    push(&head, &mut rows);
+                    push(&head, &mut rows)?;
                 }
             }
         }
@@ -131,7 +132,7 @@ pub fn overview(store: &dyn EventReader, filter: &OverviewFilter) -> Result<Vec<
                 continue; // read from the state index above
             }
             let before = rows.len();
-            push(&head, &mut rows);
+            push(&head, &mut rows)?;
             if rows.len() > before && head.state.is_terminal() {
                 ended += 1;
             }
@@ -156,10 +157,23 @@ fn admitted_ms(head: &ExecutionHead) -> u64 {
         })
 }
 
-fn row_if(head: &ExecutionHead, filter: &OverviewFilter) -> Option<OverviewRow> {
+/// What the overview calls an execution: a Job if it was admitted as one (it keeps the
+/// kind of what it runs, an agent turn or a function, and has a Job record), else its kind.
+fn kind_of(store: &dyn EventReader, head: &ExecutionHead) -> Result<ExecutionKind> {
+    if head.kind == ExecutionKind::Job || store.job(head.execution_id)?.is_some() {
+        return Ok(ExecutionKind::Job);
+    }
+    Ok(head.kind)
+}
+
+fn row_if(
+    head: &ExecutionHead,
+    kind: ExecutionKind,
+    filter: &OverviewFilter,
+) -> Option<OverviewRow> {
     let admitted_ms = admitted_ms(head);
     let keep = filter.state.is_none_or(|state| state == head.state)
-        && filter.kind.is_none_or(|kind| kind == head.kind)
+        && filter.kind.is_none_or(|want| want == kind)
         && filter
             .session
             .is_none_or(|session| session == head.session_id)
@@ -167,7 +181,7 @@ fn row_if(head: &ExecutionHead, filter: &OverviewFilter) -> Option<OverviewRow> 
     keep.then(|| OverviewRow {
         execution_id: head.execution_id,
         session_id: head.session_id,
-        kind: kind_name(head.kind),
+        kind: kind_name(kind),
         state: head.state.as_str(),
         pause_reason: head.pause_reason.clone(),
         version: head.version,

@@ -70,11 +70,6 @@ fn i4_inspect_executions_across_sessions_needs_attention_first() {
     ));
     assert_eq!(ids(&completed).len(), 2);
     assert!(finished.iter().all(|id| ids(&completed).contains(id)));
-    let jobs = json_of(&openprogram(
-        &server,
-        &["inspect", "executions", "--kind", "job", "--json"],
-    ));
-    assert!(ids(&jobs).is_empty(), "{jobs}");
     let by_session = json_of(&openprogram(
         &server,
         &["inspect", "executions", "--id", &second.0, "--json"],
@@ -253,4 +248,50 @@ fn i4_inspect_tail_follows_the_global_log() {
         positions.windows(2).all(|pair| pair[0] < pair[1]),
         "{seen:?}"
     );
+}
+
+/// Jobs keep the kind of what they run (an agent turn here) and have a Job record: the
+/// overview calls them jobs, so `inspect executions --kind job`, `ctl --where kind=job` and
+/// the page's Kind filter (`/debug/overview?kind=job`) find them, and only them.
+#[test]
+fn i3_an_execution_admitted_as_a_job_is_found_by_kind_job() {
+    let server = TestServer::on(
+        tempfile::tempdir().expect("tempdir"),
+        |builder| builder.resource("model", 1),
+        |_| {},
+    );
+    let session = server.session();
+    let agent = server.start(&session, done());
+    let agent = agent["execution_id"].as_str().expect("id").to_owned();
+    let mut job = done();
+    job["job"] = json!({"resources": {"model": 1}});
+    let job = server.start(&session, job);
+    let job = job["execution_id"].as_str().expect("id").to_owned();
+    server.wait_state(&session, &agent, "completed");
+    server.wait_state(&session, &job, "completed");
+
+    let jobs = json_of(&openprogram(
+        &server,
+        &["inspect", "executions", "--kind", "job", "--json"],
+    ));
+    assert_eq!(ids(&jobs), vec![job.clone()], "{jobs}");
+    assert_eq!(jobs[0]["kind"], "job");
+    let agents = json_of(&openprogram(
+        &server,
+        &["inspect", "executions", "--kind", "agent", "--json"],
+    ));
+    assert_eq!(ids(&agents), vec![agent.clone()], "{agents}");
+    let dry = openprogram(
+        &server,
+        &["ctl", "cancel", "--where", "kind=job", "--dry-run"],
+    );
+    let listed = String::from_utf8_lossy(&dry.stdout).into_owned();
+    assert!(dry.status.success(), "{dry:?}");
+    assert!(
+        listed.contains(&job) && !listed.contains(&agent),
+        "{listed}"
+    );
+    let (status, page) = server.call("GET", "/debug/overview?kind=job", Some(ADMIN), None);
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(ids(&page["executions"]), vec![job], "{page}");
 }
