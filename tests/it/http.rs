@@ -111,6 +111,24 @@ impl TestServer {
         body
     }
 
+    /// `GET …/events/stream` of an execution, with its session's token: the SSE lines.
+    pub fn events_stream(
+        &self,
+        session: &(String, String),
+        execution: &str,
+    ) -> std::io::BufReader<Box<dyn std::io::Read + Send + Sync>> {
+        let path = format!(
+            "{}/v1/sessions/{}/executions/{execution}/events/stream",
+            self.url, session.0
+        );
+        let response = ureq::get(&path)
+            .set("Authorization", &format!("Bearer {}", session.1))
+            .timeout(DEADLINE)
+            .call()
+            .expect("stream");
+        std::io::BufReader::new(response.into_reader())
+    }
+
     pub fn command(
         &self,
         session: &(String, String),

@@ -2,13 +2,12 @@
 //! waiting for a read of the store: with the idle poll set to an hour, every event of a turn
 //! of several steps still arrives, in order, each once.
 
-use std::io::{BufRead as _, BufReader};
+use std::io::BufRead as _;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use crate::http::TestServer;
-use crate::support::DEADLINE;
 
 #[test]
 fn i2_a_stream_follows_its_execution_as_it_commits_without_polling_the_store() {
@@ -22,16 +21,7 @@ fn i2_a_stream_follows_its_execution_as_it_commits_without_polling_the_store() {
     script.push(json!({"reply": "done"}));
     let started = server.start(&session, json!({"message": "m", "script": script}));
     let execution = started["execution_id"].as_str().expect("execution id");
-    let path = format!(
-        "{}/v1/sessions/{}/executions/{execution}/events/stream",
-        server.url, session.0
-    );
-    let response = ureq::get(&path)
-        .set("Authorization", &format!("Bearer {}", session.1))
-        .timeout(DEADLINE)
-        .call()
-        .expect("stream");
-    let mut reader = BufReader::new(response.into_reader());
+    let mut reader = server.events_stream(&session, execution);
     let (mut ids, mut last) = (Vec::new(), Value::Null);
     while last["type"] != "replied" {
         let mut line = String::new();

@@ -2,7 +2,7 @@
 //! the library's `Runtime::deltas` and the HTTP event stream — while only the whole response
 //! is recorded; and K-2: a Pause sent while the response streams stops at the next safe point.
 
-use std::io::{BufRead as _, BufReader};
+use std::io::BufRead as _;
 use std::sync::Arc;
 
 use openprogram::providers::{Api, HttpProvider};
@@ -78,18 +78,9 @@ fn e3_the_event_stream_sends_the_pieces_before_the_decision() {
     let started = server.start(&session, json!({"message": "hi"}));
     let execution = started["execution_id"].as_str().expect("execution id");
     stub.wait_requests(1);
-    let path = format!(
-        "{}/v1/sessions/{}/executions/{execution}/events/stream",
-        server.url, session.0
-    );
-    let response = ureq::get(&path)
-        .set("Authorization", &format!("Bearer {}", session.1))
-        .timeout(DEADLINE)
-        .call()
-        .expect("stream");
+    let mut reader = server.events_stream(&session, execution);
     // The stream watches from its start: the gate opens once it answered.
     stub.open_gate();
-    let mut reader = BufReader::new(response.into_reader());
     let mut frames: Vec<(Option<String>, Value)> = Vec::new();
     let (mut event, mut has_id) = (None, false);
     loop {
