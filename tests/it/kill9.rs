@@ -206,6 +206,45 @@ pub(crate) fn r02_on(store: Option<String>) {
     assert!(report.recoveries > 0, "{report:#?}");
 }
 
+/// R24, small: many executions in flight under a crash loop — `openprogram soak`'s R24 harness
+/// (10,000 executions, 20 kills) at 1,000 executions and 4 kills, each server killed 1.5–3 s
+/// after it started, so kills land during recoveries and on work in progress. Nothing
+/// delivered twice or lost, every execution completes; recovery time and RSS are reported.
+/// `OP_R24_EXECUTIONS`, `OP_KILL_SEED` size and replay it.
+#[test]
+fn r24_many_executions_under_a_crash_loop_lose_and_repeat_nothing() {
+    let seed = std::env::var("OP_KILL_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    let executions = std::env::var("OP_R24_EXECUTIONS")
+        .ok()
+        .and_then(|executions| executions.parse().ok())
+        .unwrap_or(1000);
+    eprintln!("r24: OP_KILL_SEED={seed} OP_R24_EXECUTIONS={executions}");
+    let binary = env!("CARGO_BIN_EXE_openprogram").into();
+    let soak = openprogram::soak::SoakOptions::new(binary, seed, 0, 0, executions);
+    let mut options = soak.r24.expect("R24 runs");
+    options.cycles = 4;
+    options.kill_after_ms = (1_500, 3_000);
+    options.sleep_ms = (50, 400);
+    let report = openprogram::soak::kill_loop::run(&options, |_| {}).expect("the harness");
+    eprintln!("r24: {}", serde_json::to_string(&report).expect("json"));
+    assert_eq!(report.tally.duplicates, 0, "I1: {report:#?}");
+    assert_eq!(report.tally.lost, 0, "I8: {report:#?}");
+    assert_eq!(
+        report.tally.deliveries,
+        report.executions * report.steps,
+        "{report:#?}"
+    );
+    assert_eq!(report.unfinished, 0, "L1: {report:#?}");
+    assert!(report.clean(), "{report:#?}");
+    assert!(
+        report.recoveries > 0 && report.peak_rss_mib > 0.0,
+        "{report:#?}"
+    );
+}
+
 /// R11: startups crash in the middle of their recovery (killed a few ms after the
 /// store is open, the supervisor claiming behind it; the delay grows by a quarter until a
 /// kill lands inside a recovery, twice); then a startup runs to the end. A crashed recovery dispatched nothing
