@@ -159,6 +159,26 @@ pub(crate) async fn assert_all_completed_exactly_once(
     reconciled
 }
 
+/// The environment variable `name` parsed, else `default` (a test's size or seed).
+pub(crate) fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+/// I1, I8, L1 of a kill loop's report: every effect delivered once, every execution ended.
+fn assert_every_effect_once(report: &openprogram::soak::kill_loop::KillLoopReport) {
+    assert_eq!(report.tally.duplicates, 0, "I1: {report:#?}");
+    assert_eq!(report.tally.lost, 0, "I8: {report:#?}");
+    assert_eq!(
+        report.tally.deliveries,
+        report.executions * report.steps,
+        "{report:#?}"
+    );
+    assert_eq!(report.unfinished, 0, "L1: {report:#?}");
+}
+
 /// R02: 50 executions appending to the sink; `openprogram serve` is killed with SIGKILL at
 /// random moments (50–500 ms) and started again; then it runs to quiescence. The harness is
 /// the one `openprogram soak` runs with 1,000 kills (`openprogram::soak::kill_loop`).
@@ -169,14 +189,8 @@ fn r02_kill9_loop_delivers_every_effect_exactly_once_with_the_original_ids() {
 
 /// The R02 loop on the sled store (`None`) or on a PostgreSQL database (N-1: `postgres.rs`).
 pub(crate) fn r02_on(store: Option<String>) {
-    let seed = std::env::var("OP_KILL_SEED")
-        .ok()
-        .and_then(|seed| seed.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    let cycles: usize = std::env::var("OP_KILL_CYCLES")
-        .ok()
-        .and_then(|cycles| cycles.parse().ok())
-        .unwrap_or(20);
+    let seed = env_or("OP_KILL_SEED", rand::random::<u64>());
+    let cycles: usize = env_or("OP_KILL_CYCLES", 20);
     eprintln!("r02: OP_KILL_SEED={seed} OP_KILL_CYCLES={cycles}");
     let mut options = openprogram::soak::SoakOptions::new(
         env!("CARGO_BIN_EXE_openprogram").into(),
@@ -190,14 +204,7 @@ pub(crate) fn r02_on(store: Option<String>) {
     options.store = store;
     let report = openprogram::soak::kill_loop::run(&options, |_| {}).expect("the harness");
     eprintln!("r02: {}", serde_json::to_string(&report).expect("json"));
-    assert_eq!(report.tally.duplicates, 0, "I1: {report:#?}");
-    assert_eq!(report.tally.lost, 0, "I8: {report:#?}");
-    assert_eq!(
-        report.tally.deliveries,
-        report.executions * report.steps,
-        "{report:#?}"
-    );
-    assert_eq!(report.unfinished, 0, "L1: {report:#?}");
+    assert_every_effect_once(&report);
     assert_eq!(report.quarantined, 0, "{report:#?}");
     assert!(report.violations.is_empty(), "I3, I4, I7: {report:#?}");
     // Startup recovery ran to its end after kills (the last server's always can; the others
@@ -213,14 +220,8 @@ pub(crate) fn r02_on(store: Option<String>) {
 /// `OP_R24_EXECUTIONS`, `OP_KILL_SEED` size and replay it.
 #[test]
 fn r24_many_executions_under_a_crash_loop_lose_and_repeat_nothing() {
-    let seed = std::env::var("OP_KILL_SEED")
-        .ok()
-        .and_then(|seed| seed.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    let executions = std::env::var("OP_R24_EXECUTIONS")
-        .ok()
-        .and_then(|executions| executions.parse().ok())
-        .unwrap_or(1000);
+    let seed = env_or("OP_KILL_SEED", rand::random::<u64>());
+    let executions = env_or("OP_R24_EXECUTIONS", 1000);
     eprintln!("r24: OP_KILL_SEED={seed} OP_R24_EXECUTIONS={executions}");
     let binary = env!("CARGO_BIN_EXE_openprogram").into();
     let soak = openprogram::soak::SoakOptions::new(binary, seed, 0, 0, executions);
@@ -230,14 +231,7 @@ fn r24_many_executions_under_a_crash_loop_lose_and_repeat_nothing() {
     options.sleep_ms = (50, 400);
     let report = openprogram::soak::kill_loop::run(&options, |_| {}).expect("the harness");
     eprintln!("r24: {}", serde_json::to_string(&report).expect("json"));
-    assert_eq!(report.tally.duplicates, 0, "I1: {report:#?}");
-    assert_eq!(report.tally.lost, 0, "I8: {report:#?}");
-    assert_eq!(
-        report.tally.deliveries,
-        report.executions * report.steps,
-        "{report:#?}"
-    );
-    assert_eq!(report.unfinished, 0, "L1: {report:#?}");
+    assert_every_effect_once(&report);
     assert!(report.clean(), "{report:#?}");
     assert!(
         report.recoveries > 0 && report.peak_rss_mib > 0.0,

@@ -76,14 +76,8 @@ fn n3_r06_three_nodes_stopped_past_their_lease_deliver_every_effect_exactly_once
 }
 
 fn cluster(fault: openprogram::soak::cluster_loop::Fault) {
-    let seed = std::env::var("OP_KILL_SEED")
-        .ok()
-        .and_then(|seed| seed.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    let faults = std::env::var("OP_CLUSTER_FAULTS")
-        .ok()
-        .and_then(|faults| faults.parse().ok())
-        .unwrap_or(10);
+    let seed = crate::kill9::env_or("OP_KILL_SEED", rand::random::<u64>());
+    let faults = crate::kill9::env_or("OP_CLUSTER_FAULTS", 10);
     eprintln!("n2 {fault:?}: OP_KILL_SEED={seed} OP_CLUSTER_FAULTS={faults}");
     let options = openprogram::soak::cluster_loop::options(
         env!("CARGO_BIN_EXE_openprogram").into(),
