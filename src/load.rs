@@ -141,7 +141,7 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     let commander = commander(&options, &drive, &runtime, &done);
     let sampler = crate::load_store::start(&options, &runtime, &done);
     let store_before = runtime.store().metrics();
-    let before = Readings::now();
+    let before = Readings::now(&data_dir);
     let started = Instant::now();
     drive
         .run(options.executions, options.concurrency, options.steps)
@@ -465,7 +465,7 @@ fn spent_into_report(
 ) -> LoadReport {
     let per_step = |cpu: Duration| cpu.as_secs_f64() * 1e6 / total_steps.max(1) as f64;
     report.cpu_us_per_step = spent.cpu.filter(|_| total_steps > 0).map(per_step);
-    // What this process writes; a PostgreSQL store's writes are its server's.
+    // What the store's device got; a PostgreSQL store's writes are its server's.
     let written = spent.written.filter(|_| total_steps > 0 && report.store == "sled");
     report.disk_bytes_written_per_step = written.map(|bytes| bytes as f64 / total_steps as f64);
     report.cpu_us_per_step_by_role = spent.roles.filter(|_| total_steps > 0).map(|roles| {

@@ -150,8 +150,9 @@ pub struct LoadReport {
     /// step; `None` where `/proc/self/stat` cannot be read. Steadier than steps/s on a
     /// machine whose speed varies: it does not count time spent waiting.
     pub cpu_us_per_step: Option<f64>,
-    /// Bytes the process wrote to the disk per step while the load ran (its log, sled's
-    /// pages, fsyncs' metadata), where the kernel says.
+    /// Bytes written per step to the device that holds the store while the load ran (its
+    /// journal and the zeros ahead of it, sled's pages, the file system's metadata; other
+    /// processes' writes to that device too), where the kernel says.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disk_bytes_written_per_step: Option<f64>,
     /// The store's size on disk when the load ended, per step.

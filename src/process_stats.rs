@@ -3,6 +3,7 @@
 //! unknown (`None` or 0).
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// CPU time this process has used so far, all threads, user and system
@@ -11,13 +12,18 @@ pub fn process_cpu() -> Option<Duration> {
     cpu_of_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)
 }
 
-/// Bytes this process has caused to be written to the disk so far (`/proc/self/io`'s
-/// `write_bytes`: what reached the block layer, not what sits in the page cache); `None`
-/// where unknown.
-pub fn disk_written() -> Option<u64> {
-    let io = std::fs::read_to_string("/proc/self/io").ok()?;
-    let line = io.lines().find_map(|line| line.strip_prefix("write_bytes:"))?;
-    line.trim().parse().ok()
+/// Bytes written so far to the block device that holds `dir` (the sectors written of
+/// `/sys/dev/block/MAJOR:MINOR/stat`): what reached the device, from every process. Not
+/// `/proc/self/io`'s `write_bytes`, which counts a page cache folio whole when a write dirties
+/// part of it: the journal's frames overwrite zeros cached in large folios, and were counted
+/// ten times over. `None` where unknown (no block device of its own, not Linux).
+pub fn disk_written(dir: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let device = std::fs::metadata(dir).ok()?.dev();
+    let (major, minor) = (rustix::fs::major(device), rustix::fs::minor(device));
+    let stat = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/stat")).ok()?;
+    let sectors: u64 = stat.split_whitespace().nth(6)?.parse().ok()?;
+    Some(sectors * 512)
 }
 
 /// One thread in a reading of `thread_times`.
@@ -182,7 +188,8 @@ pub fn peak_rss_mib() -> f64 {
 pub(crate) struct Readings {
     cpu: Option<Duration>,
     threads: Option<BTreeMap<u32, ThreadTimes>>,
-    written: Option<u64>,
+    /// The store's directory, and what its device had written.
+    disk: (PathBuf, Option<u64>),
 }
 
 /// What the process spent since its `Readings`: CPU in all and by thread role, and each
@@ -191,17 +198,18 @@ pub(crate) struct Spent {
     pub cpu: Option<Duration>,
     pub roles: Option<BTreeMap<&'static str, Duration>>,
     pub waited: Option<BTreeMap<&'static str, Duration>>,
-    /// Bytes this process caused to be written to the disk (`/proc/self/io`'s `write_bytes`).
+    /// Bytes written to the store's device (`disk_written`).
     pub written: Option<u64>,
 }
 
 impl Readings {
-    pub(crate) fn now() -> Self {
+    /// Readings now, the disk's of the device that holds `dir`.
+    pub(crate) fn now(dir: &Path) -> Self {
         let cpu = process_cpu();
         Self {
             cpu,
             threads: thread_times(),
-            written: disk_written(),
+            disk: (dir.to_path_buf(), disk_written(dir)),
         }
     }
 
@@ -220,8 +228,9 @@ impl Readings {
             .zip(threads_after)
             .zip(cpu)
             .map(|((before, after), cpu)| cpu_by_role(&before, &after, cpu));
-        let written = disk_written()
-            .zip(self.written)
+        let (dir, written_before) = self.disk;
+        let written = disk_written(&dir)
+            .zip(written_before)
             .map(|(after, before)| after.saturating_sub(before));
         Spent {
             cpu,

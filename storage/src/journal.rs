@@ -27,6 +27,7 @@ use sled::IVec;
 
 use crate::error::{Error, Result};
 use crate::history::{Liveness, Location, Segments};
+use crate::zero_ahead::ZeroAhead;
 
 const MAGIC: &[u8; 4] = b"OPJL";
 const FORMAT: u8 = 2;
@@ -75,6 +76,8 @@ pub(crate) struct Journal {
     /// The encoding buffer, and where each value starts in it, kept between frames.
     buffer: Vec<u8>,
     values_at: Vec<Option<(u64, u32)>>,
+    /// Writes zeros ahead of the frames, so that their fdatasync allocates no blocks.
+    zero: Option<ZeroAhead>,
 }
 
 impl Journal {
@@ -147,9 +150,16 @@ impl Journal {
                 segment_bytes,
                 buffer: Vec::new(),
                 values_at: Vec::new(),
+                zero: ZeroAhead::start(),
             },
-            _ => Journal::create(dir, (next_seq, segment_bytes), names, readable)?,
+            _ => {
+                let sizes = (next_seq, segment_bytes);
+                Journal::create(dir, sizes, names, readable, ZeroAhead::start())?
+            }
         };
+        if let Some(zero) = &journal.zero {
+            zero.segment(Arc::clone(&journal.file), segment_bytes, journal.offset);
+        }
         Ok((journal, frames))
     }
 
@@ -159,6 +169,7 @@ impl Journal {
         (next_seq, segment_bytes): (u64, u64),
         mut segments: Vec<(u64, PathBuf)>,
         readable: Arc<Segments>,
+        zero: Option<ZeroAhead>,
     ) -> Result<Self> {
         let path = dir.join(format!("{next_seq:020}.wal"));
         let file = open_rw(&path)?;
@@ -193,6 +204,7 @@ impl Journal {
             segment_bytes,
             buffer: Vec::new(),
             values_at: Vec::new(),
+            zero,
         })
     }
 
@@ -260,9 +272,16 @@ impl Journal {
                 std::mem::take(&mut self.buffer),
                 std::mem::take(&mut self.values_at),
             );
-            let sizes = (seq, self.segment_bytes);
-            *self = Journal::create(&self.dir, sizes, segments, Arc::clone(&self.readable))?;
+            let (sizes, readable) = ((seq, self.segment_bytes), Arc::clone(&self.readable));
+            let zero = self.zero.take();
+            *self = Journal::create(&self.dir, sizes, segments, readable, zero)?;
             (self.buffer, self.values_at) = (buffer, values_at);
+            if let Some(zero) = &self.zero {
+                zero.segment(Arc::clone(&self.file), self.segment_bytes, self.offset);
+            }
+        }
+        if let Some(zero) = &self.zero {
+            zero.reserve(self.offset, self.offset + frame_bytes);
         }
         // A group larger than a segment grows the file (its size is synced with it).
         let (segment, path) = &self.segments[self.segments.len() - 1];

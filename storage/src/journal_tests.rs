@@ -1,5 +1,7 @@
 //! Tests of the journal: frames read back, cuts and damage, held segments, dropping.
 
+use std::os::unix::fs::MetadataExt;
+
 use super::*;
 
 fn ops(n: u8) -> Vec<(IVec, Option<IVec>)> {
@@ -26,6 +28,42 @@ fn s3_frames_read_back_in_order_across_a_reopen() {
     assert_eq!(frames[2].ops[0], (vec![3], Some(vec![3; 40])));
     assert_eq!(frames[2].ops[1], (vec![3, 1], None));
     assert_eq!(journal.next_seq(), 4);
+}
+
+#[test]
+fn s3_zeros_go_ahead_of_the_frames_and_never_over_them() {
+    // 1 MiB segments: the zeros run to each segment's end while frames of many sizes are
+    // written into it, across several rolls.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let segment_bytes = 1 << 20;
+    let (mut journal, _) = Journal::open(dir.path(), Some(0), segment_bytes).expect("open");
+    let frame = |n: u16| {
+        let value = vec![n as u8; usize::from(n) * 397 % 30_000];
+        vec![(IVec::from(&n.to_be_bytes()[..]), Some(IVec::from(value)))]
+    };
+    for n in 1..=400u16 {
+        journal.append(u64::from(n), &frame(n)).expect("append");
+    }
+    assert!(
+        journal.segments.len() > 3,
+        "{} segments",
+        journal.segments.len()
+    );
+    journal.zero.as_ref().expect("zeros ahead").settle();
+    // Every block of the segment being written is allocated: a frame's fdatasync writes
+    // no block map.
+    let allocated = journal.file.metadata().expect("metadata").blocks() * 512;
+    assert!(allocated >= segment_bytes, "{allocated} bytes allocated");
+    drop(journal);
+    let (_, frames) = Journal::open(dir.path(), Some(0), segment_bytes).expect("reopen");
+    assert_eq!(frames.len(), 400);
+    for (frame_read, n) in frames.iter().zip(1..) {
+        let written: Vec<_> = frame(n)
+            .into_iter()
+            .map(|(key, value)| (key.to_vec(), value.map(|v| v.to_vec())))
+            .collect();
+        assert_eq!((frame_read.seq, &frame_read.ops), (u64::from(n), &written));
+    }
 }
 
 #[test]
@@ -196,8 +234,8 @@ fn s9_a_journal_from_before_schema_15_replays_every_frame_it_kept_and_gaps_refus
     let dir = tempfile::tempdir().expect("tempdir");
     // Schema 14 dropped the segments sled held: what is left starts at 5.
     let readable = Segments::new(dir.path().to_path_buf());
-    let mut journal =
-        Journal::create(dir.path(), (5, SEGMENT_BYTES), Vec::new(), readable).expect("create");
+    let mut journal = Journal::create(dir.path(), (5, SEGMENT_BYTES), Vec::new(), readable, None)
+        .expect("create");
     journal.append(5, &ops(5)).expect("append");
     journal.append(6, &ops(6)).expect("append");
     drop(journal);
@@ -216,7 +254,9 @@ fn s9_a_journal_from_before_schema_15_replays_every_frame_it_kept_and_gaps_refus
     // A newest segment after a gap: frames 7 to 9 are gone.
     let readable = Segments::new(dir.path().to_path_buf());
     let segments = list(dir.path()).expect("list");
-    drop(Journal::create(dir.path(), (10, SEGMENT_BYTES), segments, readable).expect("create"));
+    drop(
+        Journal::create(dir.path(), (10, SEGMENT_BYTES), segments, readable, None).expect("create"),
+    );
     assert!(matches!(
         Journal::open(dir.path(), Some(6), SEGMENT_BYTES),
         Err(Error::Corrupted { .. })

@@ -55,6 +55,7 @@ mod sled_db;
 pub mod store;
 pub mod transition;
 mod writes;
+mod zero_ahead;
 
 pub use conversation::{Compaction, ConversationOutcome, ConversationRecord, ConversationWrite};
 pub use error::{Error, Result};
