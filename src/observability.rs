@@ -8,7 +8,8 @@ use std::io::IsTerminal as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing_subscriber::layer::SubscriberExt as _;
-use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::layer::Layered;
+use tracing_subscriber::registry::Registry;
 use tracing_subscriber::{EnvFilter, Layer as _};
 
 use crate::{Error, Result};
@@ -115,12 +116,26 @@ impl ObservabilityArgs {
                 (Some(layer), Some(provider))
             }
         };
-        tracing_subscriber::registry()
-            .with(logs)
-            .with(spans)
-            .try_init()
+        tracing::dispatcher::set_global_default(dispatch(logs, spans.map(tracing_subscriber::Layer::boxed)))
             .map_err(|error| Error::Unavailable(format!("installing the logger: {error}")))?;
         Ok(Observability { provider })
+    }
+}
+
+/// The logs' layer, over the registry.
+type Logs = Box<dyn tracing_subscriber::Layer<Registry> + Send + Sync>;
+/// The spans' layer, over the logs'.
+type Spans = Box<dyn tracing_subscriber::Layer<Layered<Logs, Registry>> + Send + Sync>;
+
+/// The process's subscriber: the logs, and the spans when they are exported. Not `.with` an
+/// `Option` of the spans: a `None` layer says it wants every span, so each of the runtime's
+/// spans would be made and dropped for no layer (a seventh of an actor thread's time under
+/// load).
+fn dispatch(logs: Logs, spans: Option<Spans>) -> tracing::Dispatch {
+    let logged = tracing_subscriber::registry().with(logs);
+    match spans {
+        Some(spans) => tracing::Dispatch::new(logged.with(spans)),
+        None => tracing::Dispatch::new(logged),
     }
 }
 
@@ -159,4 +174,24 @@ fn reqwest_url(endpoint: &str) -> Result<String> {
         return Err(usage());
     }
     Ok(endpoint.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn i5_no_span_is_made_when_no_layer_takes_spans() {
+        let logs = || {
+            let layer = tracing_subscriber::fmt::layer().with_writer(std::io::sink);
+            let filter = EnvFilter::new(format!("{DEFAULT_FILTER},{PROGRESS}=info"));
+            layer.with_filter(filter).boxed()
+        };
+        let step = || tracing::info_span!(target: "openprogram_actors::execution", "step");
+        let quiet = dispatch(logs(), None);
+        tracing::dispatcher::with_default(&quiet, || assert!(step().is_disabled()));
+        let spans = tracing_subscriber::fmt::layer().with_writer(std::io::sink);
+        let exported = dispatch(logs(), Some(spans.with_filter(EnvFilter::new("info")).boxed()));
+        tracing::dispatcher::with_default(&exported, || assert!(!step().is_disabled()));
+    }
 }

@@ -30,12 +30,13 @@ trap 'kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null; [ -n "$DATA" ] && rm -rf 
 PIDS+=($!)
 (cd "$WORK" && RESTATE_LOGGING=WARN PORT=9080 exec node service.mjs >"$WORK/service.log" 2>&1) &
 PIDS+=($!)
+# wait_for URL [CURL ARGS]: until the URL answers (the service speaks HTTP/2 only).
 wait_for() {
-  for _ in $(seq 1 150); do curl -s -o /dev/null "$1" && return 0; sleep 0.2; done
+  for _ in $(seq 1 150); do curl -s -o /dev/null "${@:2}" "$1" && return 0; sleep 0.2; done
   echo "run.sh: $1 did not answer (see $WORK/*.log)" >&2; exit 1
 }
 wait_for localhost:9070/health
-wait_for localhost:9080/
+wait_for localhost:9080/ --http2-prior-knowledge
 curl -sf localhost:9070/deployments -H 'content-type: application/json' \
   -d '{"uri":"http://localhost:9080"}' >/dev/null
 # Restate warms up over its first runs (its service is JIT-compiled): one run, not reported.
