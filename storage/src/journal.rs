@@ -6,7 +6,8 @@
 //! where its frame put it and sled keeps its location (`history.rs`): a segment goes once
 //! sled holds all its frames and no record lives in it.
 //!
-//! Files: `DIR/journal/{first seq:020}.wal`, each sized up front (sparse). A segment is
+//! Files: `DIR/journal/{first seq:020}.wal`, each sized up front, sparse; zeros are written a
+//! little ahead of the frames (`zero_ahead.rs`), and read as its holes do. A segment is
 //! `b"OPJL"`, the format byte, 3 zero bytes, then frames: the payload's length (u32,
 //! little-endian; 0 ends the segment), the CRC-32 of the payload (u32, little-endian), the
 //! payload: the group's seq (u64), its last log position (u64), the number of writes (u32),
