@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use actix::Actor as _;
 use futures::FutureExt as _;
-use openprogram_actors::agent::{Provider, Scripted, Tool, ToolRegistry};
+use openprogram_actors::agent::{Provider, QuestionHandler, Scripted, Tool, ToolRegistry};
 use openprogram_actors::conversation_hooks::ConversationHooks;
 use openprogram_actors::directory::{Directory, Executions};
 use openprogram_actors::env::{Env, NodeIdentity};
@@ -51,6 +51,7 @@ pub struct RuntimeBuilder {
     resources: Vec<(String, u32)>,
     retain_finished: Option<Duration>,
     node: Option<NodeIdentity>,
+    question_handler: Option<Arc<dyn QuestionHandler>>,
 }
 
 /// How long an attempt keeps its lease without a heartbeat, unless configured.
@@ -145,6 +146,14 @@ impl RuntimeBuilder {
     /// `RestartWindow::Unlimited` (`-1`).
     pub fn restart_window(mut self, window: RestartWindow) -> Self {
         self.restart_window = window;
+        self
+    }
+
+    /// Who answers the questions code asks outside a managed execution (a tool's reconcile
+    /// protocol at startup, a tool the embedder calls itself with `Runtime::outside_call`):
+    /// a headless service's policy or prompt. Without one they get `AskError::NoInteraction`.
+    pub fn question_handler(mut self, handler: Arc<dyn QuestionHandler>) -> Self {
+        self.question_handler = Some(handler);
         self
     }
 
@@ -351,6 +360,7 @@ impl RuntimeBuilder {
         env.conversation_hooks = conversation_hooks;
         env.function_policy = self.function_policy.unwrap_or(env.function_policy);
         env.node = self.node.take();
+        env.question_handler = self.question_handler.take();
         if let Some(node) = renew_node(&env)? {
             tracing::info!(node_id = %node.node_id, url = %node.url, "registered as a node");
         }

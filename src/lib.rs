@@ -245,6 +245,13 @@ impl Runtime {
         self.inner.inspector.live_executions()
     }
 
+    /// W-4: a handle for a tool call the embedder makes itself, outside any execution: its
+    /// questions go to the `question_handler` (or get `AskError::NoInteraction`); it starts
+    /// no process and calls no function.
+    pub fn outside_call(&self, effect_id: openprogram_storage::EffectId) -> agent::CallHandle {
+        self.inner.service.env().outside_call(effect_id)
+    }
+
     /// The store underneath, read-only: only the runtime's actors write.
     pub fn store(&self) -> &Arc<dyn EventReader> {
         self.inner.inspector.store()

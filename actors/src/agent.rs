@@ -17,10 +17,11 @@ use openprogram_storage::{AttemptId, EffectId, ExecutionId, OwnerId};
 use crate::append_file::{append, look_up};
 use crate::script::{is_digest, scripted_decision};
 
-pub use crate::call::{AskError, CallHandle, ProcessExit, StartedProcess};
+pub use crate::call::{AskError, CallHandle, ProcessExit, QuestionHandler, StartedProcess};
 pub use crate::machine::{
-    AgentInput, AskDetails, AskKind, Decision, ModelUsage, Recovery, ToolArgs, Turn,
+    AgentInput, AskDetails, AskKind, Decision, LiveOutcome, ModelUsage, Recovery, ToolArgs, Turn,
 };
+pub use crate::wait_request::WaitSpec;
 
 /// What a provider decides from: the immutable input and the committed context.
 #[derive(Debug, Clone)]

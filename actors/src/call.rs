@@ -4,6 +4,8 @@
 //! the execution actor handles (`execution/live.rs`, `execution/processes.rs`). Imports no
 //! actor: a `Tool` sees only this module and `agent.rs`.
 
+use std::sync::Arc;
+
 use actix::prelude::*;
 use futures::channel::oneshot;
 use futures::future::BoxFuture;
@@ -11,6 +13,40 @@ use futures::FutureExt as _;
 use openprogram_storage::{EffectId, ProcessId, ProcessState};
 
 use crate::machine::LiveOutcome;
+
+/// W-4: answers the live questions of code that runs outside a managed execution — a tool
+/// called by the embedder itself, a reconcile protocol at startup — where no person watches
+/// an execution (a headless service: a policy, a terminal prompt, another system). Registered
+/// with `RuntimeBuilder::question_handler`; without one such a question gets
+/// `AskError::NoInteraction`. A closure `Fn(EffectId, WaitSpec) -> BoxFuture<…>` is one.
+pub trait QuestionHandler: Send + Sync + 'static {
+    /// The outcome of the question the call `effect_id` asks: an answer (JSON text for a
+    /// structured request), a decline, or an error of the handler's own.
+    fn ask(
+        &self,
+        effect_id: EffectId,
+        spec: crate::wait_request::WaitSpec,
+    ) -> BoxFuture<'static, Result<LiveOutcome, AskError>>;
+}
+
+impl<F> QuestionHandler for F
+where
+    F: Fn(
+            EffectId,
+            crate::wait_request::WaitSpec,
+        ) -> BoxFuture<'static, Result<LiveOutcome, AskError>>
+        + Send
+        + Sync
+        + 'static,
+{
+    fn ask(
+        &self,
+        effect_id: EffectId,
+        spec: crate::wait_request::WaitSpec,
+    ) -> BoxFuture<'static, Result<LiveOutcome, AskError>> {
+        self(effect_id, spec)
+    }
+}
 
 /// Why a live question got no outcome. Never a silent "unanswered" or "declined" (W-4).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -33,6 +69,8 @@ pub struct CallHandle {
     actor: Option<Recipient<AskLive>>,
     starts: Option<Recipient<StartProcess>>,
     calls: Option<Recipient<CallFunction>>,
+    /// Outside a managed execution: who answers its questions (W-4).
+    headless: Option<Arc<dyn QuestionHandler>>,
 }
 
 impl std::fmt::Debug for CallHandle {
@@ -40,6 +78,7 @@ impl std::fmt::Debug for CallHandle {
         f.debug_struct("CallHandle")
             .field("effect_id", &self.effect_id)
             .field("managed", &self.actor.is_some())
+            .field("headless", &self.headless.is_some())
             .finish()
     }
 }
@@ -57,6 +96,7 @@ impl CallHandle {
             actor: Some(asks),
             starts: Some(starts),
             calls: Some(calls),
+            headless: None,
         }
     }
 
@@ -86,6 +126,17 @@ impl CallHandle {
             actor: None,
             starts: None,
             calls: None,
+            headless: None,
+        }
+    }
+
+    /// W-4: a handle for code that runs outside a managed execution, whose questions
+    /// `handler` answers (`None`: `AskError::NoInteraction`, as `detached`). It starts no
+    /// process and calls no function: those belong to an execution.
+    pub fn headless(effect_id: EffectId, handler: Option<Arc<dyn QuestionHandler>>) -> Self {
+        Self {
+            headless: handler,
+            ..Self::detached(effect_id)
         }
     }
 
@@ -126,7 +177,10 @@ impl CallHandle {
         spec: crate::wait_request::WaitSpec,
     ) -> BoxFuture<'static, Result<LiveOutcome, AskError>> {
         let Some(actor) = self.actor.clone() else {
-            return futures::future::ready(Err(AskError::NoInteraction)).boxed();
+            return match &self.headless {
+                Some(handler) => handler.ask(self.effect_id, spec),
+                None => futures::future::ready(Err(AskError::NoInteraction)).boxed(),
+            };
         };
         let message = AskLive {
             effect_id: self.effect_id,
@@ -206,4 +260,36 @@ pub struct CallFunction {
     pub effect_id: EffectId,
     pub function: String,
     pub input: serde_json::Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn w4_a_question_outside_an_execution_goes_to_the_embedders_handler_or_gets_no_interaction() {
+        let effect_id = EffectId::new();
+        let handler: Arc<dyn QuestionHandler> = Arc::new(
+            move |asker: EffectId, spec: crate::wait_request::WaitSpec| {
+                let answer = format!("{} for {}", spec.prompt, asker == effect_id);
+                futures::future::ready(Ok(LiveOutcome::Answered(answer))).boxed()
+            },
+        );
+        let headless = CallHandle::headless(effect_id, Some(handler));
+        let answered = futures::executor::block_on(headless.ask("proceed?"));
+        assert_eq!(
+            answered,
+            Ok(LiveOutcome::Answered("proceed? for true".into()))
+        );
+        for nobody in [
+            CallHandle::detached(effect_id),
+            CallHandle::headless(effect_id, None),
+        ] {
+            let unanswered = futures::executor::block_on(nobody.ask("proceed?"));
+            assert_eq!(unanswered, Err(AskError::NoInteraction));
+        }
+        // A headless handle belongs to no execution: it starts no process.
+        let started = futures::executor::block_on(headless.start_process("true".into(), vec![]));
+        assert!(started.is_err_and(|error| error.contains("no_interaction")));
+    }
 }

@@ -79,6 +79,8 @@ pub struct Env {
     pub one_turn_per_session: bool,
     /// The embedder's naming and compaction hooks.
     pub conversation_hooks: crate::conversation_hooks::ConversationHooks,
+    /// W-4: who answers questions asked outside a managed execution (`None`: nobody).
+    pub question_handler: Option<Arc<dyn crate::call::QuestionHandler>>,
     pub owner: OwnerId,
     /// How long an attempt keeps its lease without a heartbeat.
     pub lease_ttl: Duration,
@@ -163,6 +165,15 @@ impl Env {
         }
     }
 
+    /// W-4: the handle of a call made outside its execution's attempt (a reconcile
+    /// protocol): its questions go to the embedder's handler, if any.
+    pub fn outside_call(
+        &self,
+        effect_id: openprogram_storage::EffectId,
+    ) -> crate::call::CallHandle {
+        crate::call::CallHandle::headless(effect_id, self.question_handler.clone())
+    }
+
     /// C-2: whether an agent turn (`kind`) is a foreground turn of its session: with one
     /// turn per session, every one that is no Job is.
     pub fn takes_session(&self, kind: ExecutionKind, job: bool) -> bool {
@@ -189,6 +200,7 @@ impl Env {
             function_policy: openprogram_storage::VersionPolicy::KeepOriginal,
             one_turn_per_session: true,
             conversation_hooks: Default::default(),
+            question_handler: None,
             owner,
             lease_ttl,
             clock,

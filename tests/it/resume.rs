@@ -647,3 +647,86 @@ async fn r5_a_cancel_accepted_for_a_parked_execution_is_decided_at_its_next_acti
     );
     runtime.halt();
 }
+
+/// W-4: an `External` tool whose first call never returns (its worker dies in it) and whose
+/// reconcile protocol asks a person whether the effect went through — asked outside any
+/// attempt, at the next runtime's startup.
+struct AskingTool {
+    calls: AtomicUsize,
+}
+
+impl Tool for AskingTool {
+    fn name(&self) -> &str {
+        "transfer"
+    }
+    fn recovery(&self) -> Recovery {
+        Recovery::External
+    }
+    fn call(&self, _call: ToolCall) -> BoxFuture<'static, openprogram::agent::ToolResult> {
+        let first = self.calls.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            if first {
+                futures::future::pending::<()>().await;
+            }
+            Ok("sent".into())
+        }
+        .boxed()
+    }
+    fn reconcile(&self, call: ToolCall) -> BoxFuture<'static, openprogram::agent::Reconciliation> {
+        use openprogram::agent::{LiveOutcome, Reconciliation};
+        let asked = call.handle.ask("did the transfer go through?");
+        async move {
+            match asked.await {
+                Ok(LiveOutcome::Answered(answer)) if answer == "no" => Reconciliation::NotApplied,
+                Ok(LiveOutcome::Answered(answer)) => Reconciliation::Confirmed(answer),
+                _ => Reconciliation::Unknown,
+            }
+        }
+        .boxed()
+    }
+}
+
+/// W-4: a question asked outside a managed execution (a reconcile protocol at startup) goes
+/// to the embedder's handler; its answer resolves the effect. Without the handler the
+/// protocol gets `no_interaction` and the effect waits for an operator.
+#[tokio::test]
+async fn w4_a_reconcile_protocol_at_startup_asks_the_embedders_question_handler() {
+    let restarts = Restarts::new();
+    let tool = Arc::new(AskingTool {
+        calls: AtomicUsize::new(0),
+    });
+    let runtime = restarts.open_with(|builder| builder.tool(tool.clone()));
+    let script = vec![json!({"tool": "transfer", "args": {}}), reply("done")];
+    let execution = restarts.start(&runtime, script).await.execution_id;
+    restarts
+        .wait_events(&runtime, execution, "the dispatch", 1, is_dispatch)
+        .await;
+    crash(runtime);
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let heard = asked.clone();
+    let handler = move |_effect, spec: openprogram::agent::WaitSpec| {
+        heard.lock().expect("asked").push(spec.prompt);
+        let answer = openprogram::agent::LiveOutcome::Answered("no".into());
+        futures::future::ready(Ok(answer)).boxed()
+    };
+    let runtime = restarts.open_with(|builder| {
+        builder
+            .tool(tool.clone())
+            .restart_window(RestartWindow::Unlimited)
+            .question_handler(Arc::new(handler))
+    });
+    runtime.recovery().await.expect("recovery");
+    let finished = runtime.wait_finished(restarts.session, execution);
+    tokio::time::timeout(DEADLINE, finished)
+        .await
+        .expect("the handler's answer resolved the effect")
+        .expect("finished");
+    assert_eq!(restarts.snapshot(&runtime, execution).await.text, "done");
+    assert_eq!(
+        *asked.lock().expect("asked"),
+        ["did the transfer go through?"]
+    );
+    // "Not applied": the transfer ran again, once.
+    assert_eq!(tool.calls.load(Ordering::SeqCst), 2);
+    runtime.halt();
+}

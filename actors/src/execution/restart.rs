@@ -8,7 +8,6 @@ use openprogram_storage::planted::{planted, Bug};
 use openprogram_storage::{CommandStatus, Event, ReceiptStatus};
 
 use crate::agent::Reconciliation;
-use crate::call::CallHandle;
 use crate::command::{Command, CommandBody, EffectRef, ReconcileOutcome};
 use crate::execution::actor::{after_commit, answer, Advance, DecideInherited, ExecutionActor};
 use crate::execution::commands::{ApplyCommand, Saved};
@@ -150,7 +149,7 @@ impl ExecutionActor {
         }
         let tool = self.env.tools.get(&unresolved.tool)?;
         let args = unresolved.args.parse().ok()?;
-        let handle = CallHandle::detached(unresolved.effect_id);
+        let handle = self.env.outside_call(unresolved.effect_id);
         Some(tool.reconcile(self.tool_call(unresolved.effect_id, args, handle)))
     }
 
@@ -229,7 +228,11 @@ impl ExecutionActor {
         let (Some(tool), Ok(args)) = (self.env.tools.get(&tool), args.parse()) else {
             return;
         };
-        let call = self.tool_call(effect_id, args, CallHandle::detached(effect_id));
+        let call = self.tool_call(
+            effect_id,
+            args,
+            crate::call::CallHandle::detached(effect_id),
+        );
         ctx.spawn(fut::wrap_future::<_, Self>(tool.call(call)).map(|_, _, _| ()));
     }
 }
