@@ -277,6 +277,32 @@ pub struct FunctionContext {
     /// Set once any boundary of this run answered `Suspend`: an error a nested call then
     /// returns is the suspension's, not its own.
     suspended: Arc<std::sync::atomic::AtomicBool>,
+    /// F-5: the steps this run started.
+    started: Arc<StartedSteps>,
+}
+
+/// F-5: the steps a run of the body started (their code called), by effect id. One whose
+/// intent is durable but which is not here when the run ends never ran.
+#[derive(Debug, Default)]
+pub struct StartedSteps(std::sync::Mutex<std::collections::HashSet<EffectId>>);
+
+impl StartedSteps {
+    fn insert(&self, effect_id: EffectId) {
+        let mut started = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        started.insert(effect_id);
+    }
+
+    /// Whether the step `effect_id` started.
+    pub fn contains(&self, effect_id: EffectId) -> bool {
+        let started = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        started.contains(&effect_id)
+    }
 }
 
 impl std::fmt::Debug for FunctionContext {
@@ -316,7 +342,13 @@ impl FunctionContext {
             scope: String::new(),
             functions,
             suspended: Arc::default(),
+            started: Arc::default(),
         }
+    }
+
+    /// F-5: the steps this run starts, as they start.
+    pub fn started_steps(&self) -> Arc<StartedSteps> {
+        Arc::clone(&self.started)
     }
 
     /// F-1, F-4: a nested call of revision `revision` of the function `function`, recorded
@@ -510,6 +542,7 @@ impl FunctionContext {
             ControlFlow::Continue(run) => run,
             ControlFlow::Break(committed) => return committed,
         };
+        self.started.insert(effect_id);
         let result = run(StepRun {
             execution_id: self.execution_id,
             effect_id,

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use openprogram::agent::Recovery;
-use openprogram::storage::{Event, ExecutionId};
+use openprogram::storage::{Event, ExecutionId, ReceiptStatus};
 use openprogram::{DurableFunction, FunctionStart, Runtime, StepError};
 use serde_json::json;
 
@@ -583,4 +583,55 @@ async fn k2_fork_from_a_completed_step_reuses_the_prefix_and_retry_runs_afresh()
     harness.command(fresh, "continue", None).await;
     harness.wait_for_state(fresh, "completed").await;
     assert_eq!(lines(&path).len(), 10, "the retry ran all four afresh");
+}
+
+/// F-5: only a step that never started is `not_started`: a cancel that stops an External
+/// step while its code runs leaves it `unknown` (it may have taken effect), and the
+/// execution `cancelled`. (The machine's tests cover the step that never started: here
+/// the body calls a step's code in the same poll that learns it may run.)
+#[tokio::test]
+async fn f5_a_step_cancelled_while_it_runs_is_unknown_not_not_started() {
+    let running = Arc::new(tokio::sync::Notify::new());
+    let told = Arc::clone(&running);
+    let stuck = DurableFunction::new("stuck", 1, "stuck:v1", move |context, _input| {
+        let told = Arc::clone(&told);
+        async move {
+            let step = |_| async move {
+                told.notify_one();
+                futures::future::pending::<Result<bool, String>>().await
+            };
+            context
+                .step("s", Recovery::External, step)
+                .await
+                .map_err(|error: StepError| error.to_string())?;
+            Ok(json!("done"))
+        }
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = Runtime::builder()
+        .data_dir(dir.path())
+        .function(stuck)
+        .open()
+        .expect("open");
+    let harness = Harness::with_runtime(runtime, dir);
+    let start = FunctionStart {
+        function: "stuck".into(),
+        ..Default::default()
+    };
+    let started = harness.runtime.start_function(harness.session, start);
+    let execution = started.await.expect("start").started.execution_id;
+    tokio::time::timeout(DEADLINE, running.notified())
+        .await
+        .expect("the step's code runs");
+    let cancelled = harness.command(execution, "cancel", None).await;
+    assert_eq!(cancelled.status, "applied", "{cancelled:?}");
+    harness.wait_for_state(execution, "cancelled").await;
+    let receipt = harness
+        .events(execution)
+        .into_iter()
+        .find_map(|e| match e.event {
+            Event::StepFinished { status, .. } => Some(status),
+            _ => None,
+        });
+    assert_eq!(receipt, Some(ReceiptStatus::Unknown));
 }

@@ -70,6 +70,8 @@ pub struct ExecutionActor {
     /// The run in flight stops at its boundaries (a Pause, a wait opened): once the body
     /// returns, its result is none.
     pub(super) suspending: bool,
+    /// F-5: the steps the run in flight was told to run, and those it started.
+    pub(super) run_steps: super::function_run::RunSteps,
     /// E-8: the earlier turns of its branch, read at its first model request of this
     /// activation and kept within the context budget.
     pub(super) context: crate::context_read::TurnContext,
@@ -171,6 +173,7 @@ impl ExecutionActor {
             token,
             function_runs: 0,
             suspending: false,
+            run_steps: Default::default(),
             context: Default::default(),
         }
     }

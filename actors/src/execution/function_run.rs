@@ -4,6 +4,7 @@
 //! runs (an External one once `StepStarted` is durable) and its result is committed with
 //! the checkpoint after it. A later run starts the body afresh and reads the steps back.
 
+use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
@@ -17,10 +18,35 @@ use crate::call::CallFunction;
 use crate::env::ChildCall;
 use crate::error::Error;
 use crate::function::{
-    AskBoundary, Asked, Boundary, CallStarted, FunctionContext, RevisionMissing, StepBoundary,
-    StepDone,
+    AskBoundary, Asked, Boundary, CallStarted, FunctionContext, RevisionMissing, StartedSteps,
+    StepBoundary, StepDone,
 };
 use crate::machine::{state_changed, Recovery, Registered, RunDecision};
+
+/// F-5: the External steps a run of the body was told to run (their intent committed), and
+/// the ones it started. When the run ends, the rest never ran.
+#[derive(Debug, Default)]
+pub(crate) struct RunSteps {
+    told: HashSet<EffectId>,
+    started: Arc<StartedSteps>,
+}
+
+impl RunSteps {
+    /// A new run, whose body marks its steps in `started`.
+    fn begin(&mut self, started: Arc<StartedSteps>) {
+        self.told.clear();
+        self.started = started;
+    }
+
+    /// The run ended: the steps it was told to run and never started.
+    fn never_started(&mut self) -> HashSet<EffectId> {
+        let started = &self.started;
+        let told = std::mem::take(&mut self.told);
+        told.into_iter()
+            .filter(|effect_id| !started.contains(*effect_id))
+            .collect()
+    }
+}
 
 /// A run of the body ended with its result (or error), or it panicked.
 #[derive(Debug, Message)]
@@ -80,6 +106,7 @@ impl ExecutionActor {
             &ctx.address(),
             Arc::clone(&self.env.functions),
         );
+        self.run_steps.begin(context.started_steps());
         let body = AssertUnwindSafe(function.run(context, called.input.clone())).catch_unwind();
         let (abort, registration) = AbortHandle::new_pair();
         self.in_flight = Some(abort);
@@ -97,6 +124,7 @@ impl ExecutionActor {
                         if act.function_run() == Some(run) {
                             act.in_flight = None;
                             act.suspending = false;
+                            act.run_ended();
                         }
                         ctx.notify(Advance);
                         act.park_if_idle(ctx);
@@ -105,6 +133,13 @@ impl ExecutionActor {
             ),
         );
         Box::pin(fut::ready(()))
+    }
+
+    /// F-5: the run ended: the steps it was told to run and never started are recorded so
+    /// (`NotStarted`), not left in doubt.
+    fn run_ended(&mut self) {
+        let never_started = self.run_steps.never_started();
+        self.machine.steps_not_started(&never_started);
     }
 
     /// The run in progress, if the body is running.
@@ -160,12 +195,13 @@ impl Handler<StepBoundary> for ExecutionActor {
             effect_id,
         };
         AtomicResponse::new(Box::pin(self.progressed(vec![started]).map(
-            move |committed, _, _| {
+            move |committed, act, _| {
                 if !committed {
                     return Boundary::Suspend;
                 }
                 // B05: the step's intent is durable, the step not started.
                 openprogram_storage::failpoint!("B05");
+                act.run_steps.told.insert(effect_id);
                 Boundary::Run { effect_id, epoch }
             },
         )))
@@ -202,6 +238,7 @@ impl Handler<FunctionReturned> for ExecutionActor {
             return answer(());
         }
         self.in_flight = None;
+        self.run_ended();
         if std::mem::take(&mut self.suspending) {
             // Suspended at a boundary: what it returned is no result. `Advance` commits the
             // pause; a waiting execution parks.

@@ -16,6 +16,8 @@ impl Machine {
     /// agent's tool call dispatched by an earlier attempt (any dispatched one, `new_attempt`:
     /// as a claim for a new attempt sees them); a function's External steps dispatched with
     /// no run of its body going on (a crash, a cancel, a lost run). `None`: none is.
+    /// F-5: a function's step this attempt saw end before it started gets `NotStarted`
+    /// instead (`steps_not_started`): it may run again.
     pub fn in_doubt(&self, new_attempt: bool) -> Option<Vec<Event>> {
         let output = |pending: &PendingTool| match pending.uncertain || new_attempt {
             true => "dispatched by an earlier attempt; its outcome is unknown".to_owned(),
@@ -23,14 +25,27 @@ impl Machine {
         };
         let Present { calls, .. } = &self.present;
         if self.present.function.is_some() {
+            let receipt = |pending: &PendingTool| match pending.not_started
+                && !pending.uncertain
+                && !new_attempt
+            {
+                true => (
+                    ReceiptStatus::NotStarted,
+                    "its run ended before it started".into(),
+                ),
+                false => (ReceiptStatus::Unknown, output(pending)),
+            };
             let events: Vec<Event> = calls
                 .pending_steps
                 .iter()
-                .map(|pending| Event::StepFinished {
-                    step_id: pending.tool.clone(),
-                    effect_id: pending.effect_id,
-                    status: ReceiptStatus::Unknown,
-                    output: output(pending),
+                .map(|pending| {
+                    let (status, output) = receipt(pending);
+                    Event::StepFinished {
+                        step_id: pending.tool.clone(),
+                        effect_id: pending.effect_id,
+                        status,
+                        output,
+                    }
                 })
                 .collect();
             return (!events.is_empty()).then_some(events);
@@ -179,7 +194,8 @@ impl Machine {
     /// it left running (a panic inside one, a dropped step future) are in doubt: the
     /// execution needs reconciliation, never an end that hides them.
     pub fn decide_returned(&self, result: Result<String, String>) -> Vec<Event> {
-        if let Some(mut events) = self.in_doubt(false) {
+        let (not_started, unknown) = self.doubt();
+        if let Some(mut events) = unknown {
             events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
             events.push(match self.present.run.cancel_requested {
                 true => cancelled(),
@@ -187,6 +203,47 @@ impl Machine {
             });
             return events;
         }
+        let mut events = not_started;
+        events.extend(self.returned(result));
+        events
+    }
+
+    /// F-5: the receipts `in_doubt` gives now, as the steps that never started (none, or
+    /// all of them: `NotStarted` receipts, which need no reconciliation) or as effects in
+    /// doubt (`Unknown` among them).
+    pub(crate) fn doubt(&self) -> (Vec<Event>, Option<Vec<Event>>) {
+        let Some(events) = self.in_doubt(false) else {
+            return (Vec::new(), None);
+        };
+        let unknown = |event: &Event| {
+            matches!(
+                event,
+                Event::StepFinished {
+                    status: ReceiptStatus::Unknown,
+                    ..
+                } | Event::ToolFinished {
+                    status: ReceiptStatus::Unknown,
+                    ..
+                }
+            )
+        };
+        match events.iter().any(unknown) {
+            true => (Vec::new(), Some(events)),
+            false => (events, None),
+        }
+    }
+
+    /// F-5: the pending steps among `effects` never started (their run ended first, as this
+    /// attempt saw): `in_doubt` records them `NotStarted`.
+    pub fn steps_not_started(&mut self, effects: &std::collections::HashSet<EffectId>) {
+        let steps = self.present.calls.pending_steps.iter_mut();
+        for step in steps.filter(|step| effects.contains(&step.effect_id)) {
+            step.not_started = true;
+        }
+    }
+
+    /// The events of a body's return with no step in doubt.
+    fn returned(&self, result: Result<String, String>) -> Vec<Event> {
         if self.present.run.cancel_requested {
             return vec![cancelled()];
         }
@@ -329,6 +386,14 @@ impl Present {
                     self.calls.unresolved_seq = seq;
                 }
                 Some(_) => self.calls.unresolved_queue.push(step),
+            }
+            return;
+        }
+        // F-5: a step that never started took no step (of a Step command's budget either);
+        // what stopped its run (a pause, a cancel) is decided next.
+        if status == ReceiptStatus::NotStarted {
+            if matches!(self.status(), Status::Running | Status::Cancelling) {
+                actions.push(Action::Advance);
             }
             return;
         }

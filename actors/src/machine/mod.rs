@@ -27,6 +27,8 @@ mod wait_types;
 pub mod waits;
 
 #[cfg(test)]
+mod functions_tests;
+#[cfg(test)]
 mod grants_tests;
 #[cfg(test)]
 mod restart_tests;
