@@ -74,7 +74,11 @@ fn f5_a_step_its_attempt_saw_end_before_it_started_is_not_started_and_cancel_win
     assert_eq!(state(&events), None);
     let actions = commit(&mut machine, &events);
     assert!(machine.present.calls.pending_steps.is_empty());
-    assert_eq!(actions, [Action::Advance], "what stopped the run is decided next");
+    assert_eq!(
+        actions,
+        [Action::Advance],
+        "what stopped the run is decided next"
+    );
     assert_eq!(state(&next(&machine)), Some(Status::Cancelled));
 }
 
