@@ -11,8 +11,10 @@
 //! parent's oldest child; the node where that stops (or the root) names the branch.
 //!
 //! Fork and Retry children are independent executions on branches of their own. "Child tasks"
-//! (the functions an agent's calls start, F-6) keep a parent's branch In progress, and are what
-//! Cancel on an incomplete-response row may still reach (B-4).
+//! (the functions an agent's calls start, F-6) are no branch of their own (B-2): they are
+//! listed under their caller's branch (`child_tasks`, details with `child_of`), keep it In
+//! progress while they run, and are what Cancel on an incomplete-response row may still reach
+//! (B-4). A child task whose caller is not recorded in the session stays a branch of its own.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -52,6 +54,9 @@ pub struct ExecutionRow {
     pub request: String,
     pub state: &'static str,
     pub label: String,
+    /// B-2: the execution on the branch whose call started this child task.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub child_of: Option<ExecutionId>,
 }
 
 /// One conversation branch (the `activity` rows of SPEC §6, with its details).
@@ -60,8 +65,10 @@ pub struct BranchRow {
     pub branch_id: MessageId,
     /// Short, and never the request (B-5).
     pub heading: String,
-    /// How many executions the branch holds.
+    /// How many executions the branch holds (its child tasks not among them).
     pub executions: usize,
+    /// B-2: how many child tasks its executions started (in `details`, with `child_of`).
+    pub child_tasks: usize,
     /// The newest execution's state; `ended` for an incomplete response record, which never
     /// claims `completed` (B-4).
     pub status: &'static str,
@@ -69,7 +76,7 @@ pub struct BranchRow {
     /// The controls the row offers (the newest execution's, except B-4: Cancel only while a
     /// child task is active).
     pub controls: Vec<&'static str>,
-    /// Oldest first.
+    /// Oldest first, each execution's child tasks after it.
     pub details: Vec<ExecutionRow>,
 }
 
@@ -107,8 +114,16 @@ pub fn executions_to(executions: &[MessageLinks], message: MessageId) -> Vec<usi
 }
 
 /// B-1..B-5: `executions` in admission order.
-pub fn project(executions: &[ExecutionFacts]) -> Activity {
-    let graph = Graph::of(executions);
+pub fn project(all: &[ExecutionFacts]) -> Activity {
+    // B-2: a child task is on its caller's branch, not on one of its own.
+    let recorded = |id: ExecutionId| all.iter().any(|facts| facts.execution_id == id);
+    let caller = |facts: &ExecutionFacts| facts.parent_execution_id.filter(|_| facts.child_task);
+    let child_of = |facts: &ExecutionFacts| caller(facts).filter(|id| recorded(*id));
+    let executions: Vec<&ExecutionFacts> = all
+        .iter()
+        .filter(|facts| child_of(facts).is_none())
+        .collect();
+    let graph = Graph::of(&executions);
     let leaves = graph.leaves();
     // Headings number branches in the order their naming nodes were first recorded, so a
     // branch keeps its number as others grow.
@@ -120,13 +135,15 @@ pub fn project(executions: &[ExecutionFacts]) -> Activity {
         let Some(&newest) = path.last() else {
             continue;
         };
-        let on_branch: Vec<&ExecutionFacts> = path.iter().map(|&at| &executions[at]).collect();
+        let on_branch: Vec<&ExecutionFacts> = path.iter().map(|&at| executions[at]).collect();
         let on = |id: ExecutionId| on_branch.iter().any(|member| member.execution_id == id);
-        let active_children = executions.iter().any(|child| {
-            child.child_task && child.parent_execution_id.is_some_and(on) && runs(child.state)
-        });
+        let children: Vec<&ExecutionFacts> = all
+            .iter()
+            .filter(|child| child_of(child).is_some_and(on))
+            .collect();
+        let active_children = children.iter().any(|child| runs(child.state));
         let (section, status, label, controls) =
-            classify(&on_branch, &executions[newest], active_children);
+            classify(&on_branch, executions[newest], active_children);
         let branch_id = graph.branch_id(leaf);
         let number = branch_ids
             .iter()
@@ -137,10 +154,11 @@ pub fn project(executions: &[ExecutionFacts]) -> Activity {
             branch_id,
             heading: format!("Branch {number}"),
             executions: on_branch.len(),
+            child_tasks: children.len(),
             status,
             label: label.to_owned(),
             controls,
-            details: on_branch.iter().copied().map(execution_row).collect(),
+            details: details(&on_branch, &children),
         };
         match section {
             Section::Attention => activity.needs_attention.push(row),
@@ -233,6 +251,23 @@ fn state_label(state: ExecutionState) -> &'static str {
     }
 }
 
+/// A branch's details: its executions, oldest first, each followed by its child tasks.
+fn details(on_branch: &[&ExecutionFacts], children: &[&ExecutionFacts]) -> Vec<ExecutionRow> {
+    let mut rows = Vec::new();
+    for member in on_branch {
+        rows.push(execution_row(member));
+        let called =
+            |child: &&&ExecutionFacts| child.parent_execution_id == Some(member.execution_id);
+        for child in children.iter().filter(called) {
+            rows.push(ExecutionRow {
+                child_of: Some(member.execution_id),
+                ..execution_row(child)
+            });
+        }
+    }
+    rows
+}
+
 fn execution_row(facts: &ExecutionFacts) -> ExecutionRow {
     let label = if facts.pending_wait {
         "Waiting for your response"
@@ -248,6 +283,7 @@ fn execution_row(facts: &ExecutionFacts) -> ExecutionRow {
         request: facts.request.clone(),
         state: facts.state.as_str(),
         label: label.to_owned(),
+        child_of: None,
     }
 }
 
@@ -265,7 +301,7 @@ struct Graph {
 }
 
 impl Graph {
-    fn of(executions: &[ExecutionFacts]) -> Self {
+    fn of(executions: &[&ExecutionFacts]) -> Self {
         Self::of_links(executions.iter().map(|facts| MessageLinks {
             user_message_id: facts.user_message_id,
             reply_message_id: facts.reply_message_id,

@@ -268,3 +268,33 @@ fn b5_the_request_appears_only_in_its_execution_row_and_declined_reads_declined(
     assert_eq!(row.details[0].request, declined.request);
     assert_eq!(row.details[0].label, "Declined");
 }
+
+/// B-2: a function an agent's call started is a child task on its caller's branch, never a
+/// branch of its own; the row counts it apart and lists it after its caller. One whose
+/// caller is not recorded in the session stays a branch (missing records never guess).
+#[test]
+fn b2_a_child_task_is_listed_under_its_callers_branch_and_is_no_branch() {
+    let caller = turn(None, Completed);
+    let task = ExecutionFacts {
+        parent_execution_id: Some(caller.execution_id),
+        child_task: true,
+        ..turn(None, Running)
+    };
+    let later = turn(Some(caller.reply_message_id), Completed);
+    let activity = project(&[caller.clone(), task.clone(), later.clone()]);
+    assert_eq!(counts(&activity), (0, 1, 0), "{activity:#?}");
+    let row = &activity.in_progress[0];
+    assert_eq!((row.executions, row.child_tasks), (2, 1));
+    let details: Vec<_> = row
+        .details
+        .iter()
+        .map(|detail| (detail.execution_id, detail.child_of))
+        .collect();
+    let expected = [
+        (caller.execution_id, None),
+        (task.execution_id, Some(caller.execution_id)),
+        (later.execution_id, None),
+    ];
+    assert_eq!(details, expected);
+    assert_eq!(counts(&project(&[task])), (0, 1, 0));
+}

@@ -321,12 +321,12 @@ fn activity(activity: &Value) -> String {
     for section in ["needs_attention", "in_progress", "history"] {
         for row in activity[section].as_array().into_iter().flatten() {
             let mut line = vec![section.to_owned()];
-            line.extend(cells(row, &["heading", "executions", "status", "label"]));
+            line.extend(cells(row, &["heading", "executions", "child_tasks", "status", "label"]));
             rows.push(line);
         }
     }
     table(
-        &["SECTION", "BRANCH", "EXECUTIONS", "STATUS", "LABEL"],
+        &["SECTION", "BRANCH", "EXECUTIONS", "CHILD TASKS", "STATUS", "LABEL"],
         rows,
     )
 }

@@ -302,6 +302,19 @@ async fn f6_an_agent_calls_a_function_and_gets_its_result_at_the_call() {
     assert_eq!(child.parent_execution_id, Some(agent));
     assert_eq!(child.state, "completed");
     assert_eq!(child.function.as_ref().map(|f| f.next_position), Some(3));
+    // B-2: Activity lists the child task under its caller's branch; it is no branch.
+    let activity = harness.runtime.activity(harness.session).expect("activity");
+    assert_eq!(activity.history.len(), 1, "{activity:?}");
+    let row = &activity.history[0];
+    assert_eq!((row.executions, row.child_tasks), (1, 1), "{row:?}");
+    let called = row
+        .details
+        .iter()
+        .find(|detail| detail.child_of == Some(agent));
+    assert_eq!(
+        called.map(|detail| detail.execution_id),
+        Some(child.execution_id)
+    );
 }
 
 /// F-6 with real processes: `serve` killed with SIGKILL twice while the function an agent
