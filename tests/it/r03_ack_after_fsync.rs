@@ -93,11 +93,12 @@ fn traced_run(data: &Path, trace: &Path, eat_my_data: bool) -> Trace {
     Trace { text, zeroing }
 }
 
-/// The ids of a process's threads of that name.
+/// The ids of a process's threads of that name (the kernel keeps its first 15 bytes).
 fn threads_named(pid: &str, name: &str) -> HashSet<String> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the server's threads");
+    let kept = &name[..name.len().min(15)];
     let named = |task: &std::fs::DirEntry| {
-        std::fs::read_to_string(task.path().join("comm")).is_ok_and(|comm| comm.trim() == name)
+        std::fs::read_to_string(task.path().join("comm")).is_ok_and(|comm| comm.trim() == kept)
     };
     let tasks = tasks.filter_map(Result::ok).filter(named);
     tasks
