@@ -154,6 +154,8 @@ impl Service {
         head.user_message_id = parent.user_message_id;
         head.reply_message_id = MessageId::new();
         let reason = checkpoint.map_or("retry", |_| "fork");
+        let called_by_agent = serde_json::from_str::<crate::machine::FunctionInput>(&input)
+            .is_ok_and(|called| called.called_by.is_some());
         head.state = ExecutionState::Paused;
         head.pause_reason = Some(reason.into());
         let mut child_events = vec![Event::Admitted {
@@ -168,8 +170,12 @@ impl Service {
             parent_message_id,
             input,
         }];
-        // C-2: an agent's child is a foreground turn of the session once continued.
-        if self.env().takes_session(head.kind, job.is_some()) {
+        // C-2: a turn's child is a foreground turn of the session once continued (F-6: not
+        // the child of a function an agent's call started).
+        if self
+            .env()
+            .takes_session(head.kind, job.is_some(), called_by_agent)
+        {
             child_events.push(crate::machine::session::paused_turn());
         }
         // J-1: a Job's child is a new Job, with what the original asked for (its budget

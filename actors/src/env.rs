@@ -174,10 +174,16 @@ impl Env {
         crate::call::CallHandle::headless(effect_id, self.question_handler.clone())
     }
 
-    /// C-2: whether an agent turn (`kind`) is a foreground turn of its session: with one
-    /// turn per session, every one that is no Job is.
-    pub fn takes_session(&self, kind: ExecutionKind, job: bool) -> bool {
-        self.one_turn_per_session && kind == ExecutionKind::AgentTurn && !job
+    /// C-2, F-6: whether an execution of `kind` is a foreground turn of its session: with
+    /// one turn per session, an agent turn or a function a person started, never a Job nor
+    /// a function an agent's call started (its caller holds the session).
+    pub fn takes_session(&self, kind: ExecutionKind, job: bool, called_by_agent: bool) -> bool {
+        let turn = match kind {
+            ExecutionKind::AgentTurn => true,
+            ExecutionKind::Function => !called_by_agent,
+            ExecutionKind::Job => false,
+        };
+        self.one_turn_per_session && turn && !job
     }
 
     /// A runtime's shared state. `revision` is derived from the tools (`contract_revision`).

@@ -200,14 +200,17 @@ impl Service {
             Some(job) => Some((self.env.resources.check(&job.resources)?, job.clone())),
             None => None,
         };
-        // C-2: an agent turn a person starts is its session's foreground turn.
-        let foreground = self.env.takes_session(kind, job.is_some());
+        // C-2, F-6: an agent turn or a function a person starts is its session's foreground
+        // turn (an agent's call of a function is admitted as its child, not here).
+        let foreground = self.env.takes_session(kind, job.is_some(), false);
         if foreground && !request.start_paused {
-            return self.admit_turn(session_id, execution_id, request).await;
+            return self
+                .admit_turn(session_id, execution_id, request, kind)
+                .await;
         }
         if request.when_busy.is_some() {
             return Err(Error::InvalidRequest(
-                "`when_busy` is for an agent turn a person starts, with one turn per session (not `serve --parallel-turns`), not a Job or a paused start".into(),
+                "`when_busy` is for a turn a person starts, with one turn per session (not `serve --parallel-turns`), not a Job or a paused start".into(),
             ));
         }
         let mut admission =
@@ -221,7 +224,7 @@ impl Service {
             ..StartReply::of(&admission.head)
         };
         let start_paused = admission.start_paused;
-        // C-2: an agent turn admitted paused is a foreground turn too: it holds nothing
+        // C-2: a turn admitted paused is a foreground turn too: it holds nothing
         // now, and once continued it waits in its session's line like any message.
         if start_paused && foreground {
             admission = admission.into_session_turn(crate::machine::session::paused_turn());

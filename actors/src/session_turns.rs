@@ -23,6 +23,7 @@ impl Service {
         session_id: SessionId,
         execution_id: ExecutionId,
         request: StartRequest,
+        kind: ExecutionKind,
     ) -> Result<StartReply> {
         let strategy = request.when_busy.unwrap_or_default();
         let store = self.env().store.as_ref();
@@ -74,7 +75,7 @@ impl Service {
                 session_id,
                 self.env().revision,
                 request.clone(),
-                ExecutionKind::AgentTurn,
+                kind,
             )?
             .into_session_turn(turn);
             let reply = StartReply {

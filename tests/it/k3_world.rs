@@ -166,12 +166,17 @@ impl World {
             start_paused: paused,
             ..Default::default()
         };
-        self.runtime()
-            .start_function(self.restarts.session, request)
+        // A session of its own, as `start`'s: a function a person starts is a turn (F-6).
+        let session = openprogram::storage::SessionId::new();
+        let execution_id = self
+            .runtime()
+            .start_function(session, request)
             .await
             .expect("start a function")
             .started
-            .execution_id
+            .execution_id;
+        self.restarts.apart.admitted(execution_id, session);
+        execution_id
     }
 
     pub(crate) async fn snapshot(&self, execution: ExecutionId) -> Snapshot {

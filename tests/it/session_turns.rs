@@ -694,3 +694,57 @@ async fn c2_an_interrupt_continued_later_interrupts_no_one_else() {
     let first_done = wait_state(&runtime, session, first.execution_id, "completed").await;
     assert_eq!(first_done.text, "first");
 }
+
+/// F-6: a function a person starts is a turn of its session, as a message is: started while
+/// an agent turn runs, it waits in line and runs after it, and a message sent while it
+/// waits or runs waits behind it. (A function an agent's call starts is its caller's child,
+/// not a turn: `functions_crash.rs`.)
+#[tokio::test]
+async fn f6_a_function_a_person_starts_takes_its_turn_in_the_session() {
+    let (dir, runtime, session) = fresh();
+    let first = send(
+        &runtime,
+        session,
+        "first",
+        vec![sleep(300), reply("one")],
+        None,
+    )
+    .await
+    .expect("first");
+    let start = openprogram::FunctionStart {
+        function: "steps".into(),
+        input: json!({"count": 2, "path": dir.path().join("steps.log")}),
+        ..Default::default()
+    };
+    let function = runtime
+        .start_function(session, start)
+        .await
+        .expect("function")
+        .started;
+    assert_eq!(function.session_turn, Some("queue"));
+    let after = send(&runtime, session, "after", vec![reply("two")], None)
+        .await
+        .expect("after");
+    assert_eq!(after.session_turn, Some("queue"));
+    for execution in [
+        after.execution_id,
+        function.execution_id,
+        first.execution_id,
+    ] {
+        wait_state(&runtime, session, execution, "completed").await;
+    }
+    let started = |execution| first_position(&runtime, session, execution, "session_turn_started");
+    let (first_end, function_start) = (
+        end_position(&runtime, session, first.execution_id),
+        started(function.execution_id),
+    );
+    let (function_end, after_start) = (
+        end_position(&runtime, session, function.execution_id),
+        started(after.execution_id),
+    );
+    assert!(
+        first_end < function_start && function_end < after_start,
+        "{first_end} {function_start} {function_end} {after_start}"
+    );
+    runtime.shutdown().await;
+}

@@ -71,7 +71,7 @@ pub struct ExecutionActor {
     /// returns, its result is none.
     pub(super) suspending: bool,
     /// F-5: the steps the run in flight was told to run, and those it started.
-    pub(super) run_steps: super::function_run::RunSteps,
+    pub(super) run_steps: super::run_steps::RunSteps,
     /// E-8: the earlier turns of its branch, read at its first model request of this
     /// activation and kept within the context budget.
     pub(super) context: crate::context_read::TurnContext,

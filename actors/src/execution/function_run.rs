@@ -4,7 +4,6 @@
 //! runs (an External one once `StepStarted` is durable) and its result is committed with
 //! the checkpoint after it. A later run starts the body afresh and reads the steps back.
 
-use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
@@ -18,35 +17,10 @@ use crate::call::CallFunction;
 use crate::env::ChildCall;
 use crate::error::Error;
 use crate::function::{
-    AskBoundary, Asked, Boundary, CallStarted, FunctionContext, RevisionMissing, StartedSteps,
-    StepBoundary, StepDone,
+    AskBoundary, Asked, Boundary, CallStarted, FunctionContext, RevisionMissing, StepBoundary,
+    StepDone,
 };
 use crate::machine::{state_changed, Recovery, Registered, RunDecision};
-
-/// F-5: the External steps a run of the body was told to run (their intent committed), and
-/// the ones it started. When the run ends, the rest never ran.
-#[derive(Debug, Default)]
-pub(crate) struct RunSteps {
-    told: HashSet<EffectId>,
-    started: Arc<StartedSteps>,
-}
-
-impl RunSteps {
-    /// A new run, whose body marks its steps in `started`.
-    fn begin(&mut self, started: Arc<StartedSteps>) {
-        self.told.clear();
-        self.started = started;
-    }
-
-    /// The run ended: the steps it was told to run and never started.
-    fn never_started(&mut self) -> HashSet<EffectId> {
-        let started = &self.started;
-        let told = std::mem::take(&mut self.told);
-        told.into_iter()
-            .filter(|effect_id| !started.contains(*effect_id))
-            .collect()
-    }
-}
 
 /// A run of the body ended with its result (or error), or it panicked.
 #[derive(Debug, Message)]
@@ -201,7 +175,7 @@ impl Handler<StepBoundary> for ExecutionActor {
                 }
                 // B05: the step's intent is durable, the step not started.
                 openprogram_storage::failpoint!("B05");
-                act.run_steps.told.insert(effect_id);
+                act.run_steps.told(effect_id);
                 Boundary::Run { effect_id, epoch }
             },
         )))

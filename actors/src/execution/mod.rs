@@ -12,6 +12,7 @@ pub mod live;
 pub mod processes;
 pub(crate) mod recovery_claim;
 pub mod restart;
+mod run_steps;
 mod session_turn;
 pub mod wait_expiry;
 mod writes;
