@@ -116,7 +116,9 @@ pub fn executions_to(executions: &[MessageLinks], message: MessageId) -> Vec<usi
 /// B-1..B-5: `executions` in admission order.
 pub fn project(all: &[ExecutionFacts]) -> Activity {
     // B-2: a child task is on its caller's branch, not on one of its own.
-    let recorded = |id: ExecutionId| all.iter().any(|facts| facts.execution_id == id);
+    let ids: std::collections::HashSet<ExecutionId> =
+        all.iter().map(|facts| facts.execution_id).collect();
+    let recorded = |id: ExecutionId| ids.contains(&id);
     let caller = |facts: &ExecutionFacts| facts.parent_execution_id.filter(|_| facts.child_task);
     let child_of = |facts: &ExecutionFacts| caller(facts).filter(|id| recorded(*id));
     let executions: Vec<&ExecutionFacts> = all
@@ -141,9 +143,8 @@ pub fn project(all: &[ExecutionFacts]) -> Activity {
             .iter()
             .filter(|child| child_of(child).is_some_and(on))
             .collect();
-        let active_children = children.iter().any(|child| runs(child.state));
         let (section, status, label, controls) =
-            classify(&on_branch, executions[newest], active_children);
+            classify(&on_branch, executions[newest], &children);
         let branch_id = graph.branch_id(leaf);
         let number = branch_ids
             .iter()
@@ -170,19 +171,22 @@ pub fn project(all: &[ExecutionFacts]) -> Activity {
 }
 
 /// Where a branch's row goes and what it says (B-2..B-4): its section, status, label and
-/// controls, from its executions (oldest first, `newest` last) and whether a child task of
-/// one of them still runs.
+/// controls, from its executions (oldest first, `newest` last) and their child tasks: a
+/// child task that waits for a person, is paused or has an unknown effect needs one as much
+/// as the branch's own executions do, and one that runs keeps the branch in progress.
 fn classify(
     on_branch: &[&ExecutionFacts],
     newest: &ExecutionFacts,
-    active_children: bool,
+    children: &[&ExecutionFacts],
 ) -> (Section, &'static str, &'static str, Vec<&'static str>) {
     let state = newest.state;
-    let waiting = on_branch.iter().any(|member| member.pending_wait);
+    let active_children = children.iter().any(|child| runs(child.state));
+    let everyone = || on_branch.iter().chain(children);
+    let waiting = everyone().any(|member| member.pending_wait);
     // An unknown effect anywhere on the branch needs a person, however new the rest.
-    let unresolved = on_branch
-        .iter()
-        .any(|member| member.state == ExecutionState::ReconciliationRequired);
+    let unresolved =
+        everyone().any(|member| member.state == ExecutionState::ReconciliationRequired);
+    let child_needs = children.iter().find(|child| needs_attention(child.state));
     let processes = on_branch.iter().any(|member| member.running_processes > 0);
     // An old Cancel does not make it actionable; any other pending control does.
     let incomplete = newest.response_record_incomplete
@@ -201,6 +205,8 @@ fn classify(
         (Section::Attention, "Unresolved tool result")
     } else if needs_attention(state) {
         (Section::Attention, state_label(state))
+    } else if let Some(child) = child_needs {
+        (Section::Attention, child_label(child.state))
     } else if runs(state) || active_children {
         (Section::Progress, state_label(state))
     } else if processes {
@@ -234,6 +240,15 @@ fn runs(state: ExecutionState) -> bool {
         state,
         ExecutionState::Queued | ExecutionState::Running | ExecutionState::Cancelling
     )
+}
+
+/// A row's label when a child task needs a person (B-2, B-3).
+fn child_label(state: ExecutionState) -> &'static str {
+    match state {
+        ExecutionState::Paused => "Child task paused",
+        ExecutionState::Expired => "Child task expired · Continue to resume",
+        _ => state_label(state),
+    }
 }
 
 fn state_label(state: ExecutionState) -> &'static str {

@@ -298,3 +298,31 @@ fn b2_a_child_task_is_listed_under_its_callers_branch_and_is_no_branch() {
     assert_eq!(details, expected);
     assert_eq!(counts(&project(&[task])), (0, 1, 0));
 }
+
+/// B-2 with B-3: a child task that waits for a person, is paused or has an unknown effect
+/// puts its caller's branch in Needs attention, though its caller only waits for the call.
+#[test]
+fn b2_a_child_task_that_needs_a_person_puts_its_callers_branch_in_attention() {
+    let caller = turn(None, Running);
+    let child = |state| ExecutionFacts {
+        parent_execution_id: Some(caller.execution_id),
+        child_task: true,
+        ..turn(None, state)
+    };
+    let asking = ExecutionFacts {
+        pending_wait: true,
+        ..child(ExecutionState::Waiting)
+    };
+    for (task, label) in [
+        (asking, "Waiting for your response"),
+        (child(ExecutionState::Paused), "Child task paused"),
+        (
+            child(ExecutionState::ReconciliationRequired),
+            "Unresolved tool result",
+        ),
+    ] {
+        let activity = project(&[caller.clone(), task]);
+        assert_eq!(counts(&activity), (1, 0, 0), "{activity:#?}");
+        assert_eq!(activity.needs_attention[0].label, label);
+    }
+}

@@ -178,7 +178,7 @@ impl CallHandle {
     ) -> BoxFuture<'static, Result<LiveOutcome, AskError>> {
         let Some(actor) = self.actor.clone() else {
             return match &self.headless {
-                Some(handler) => handler.ask(self.effect_id, spec),
+                Some(handler) => ask_headless(handler.as_ref(), self.effect_id, spec),
                 None => futures::future::ready(Err(AskError::NoInteraction)).boxed(),
             };
         };
@@ -198,6 +198,38 @@ impl CallHandle {
         }
         .boxed()
     }
+}
+
+/// W-4, W-6: a question outside an execution, to the embedder's handler: a request that is
+/// no question is refused before it is asked, and an answer must fit it, as an answer to a
+/// question inside an execution must (`WaitRequest::validate`).
+fn ask_headless(
+    handler: &dyn QuestionHandler,
+    effect_id: EffectId,
+    spec: crate::wait_request::WaitSpec,
+) -> BoxFuture<'static, Result<LiveOutcome, AskError>> {
+    let request = spec
+        .request
+        .as_deref()
+        .map(crate::wait_request::WaitRequest::from_text);
+    let request = match request.transpose() {
+        Ok(request) => request.flatten(),
+        Err(error) => return futures::future::ready(Err(AskError::Refused(error))).boxed(),
+    };
+    let asked = handler.ask(effect_id, spec);
+    async move {
+        match (asked.await?, request) {
+            (LiveOutcome::Answered(answer), Some(request)) => match request.validate(&answer) {
+                Ok(canonical) => Ok(LiveOutcome::Answered(canonical)),
+                Err(invalid) => Err(AskError::Refused(format!(
+                    "the handler's answer does not fit the question: {}: {}",
+                    invalid.field, invalid.message
+                ))),
+            },
+            (outcome, _) => Ok(outcome),
+        }
+    }
+    .boxed()
 }
 
 /// Sends `message` to the execution through `to` and waits for its answer; a detached
@@ -288,6 +320,12 @@ mod tests {
             let unanswered = futures::executor::block_on(nobody.ask("proceed?"));
             assert_eq!(unanswered, Err(AskError::NoInteraction));
         }
+        // An answer must fit a structured question, as inside an execution.
+        let items =
+            serde_json::json!({"items": [{"id": "n", "type": "choice", "options": ["a", "b"]}]});
+        let spec = crate::wait_request::WaitSpec::question("which?", &items).expect("a question");
+        let refused = futures::executor::block_on(headless.ask_with(spec));
+        assert!(matches!(refused, Err(AskError::Refused(_))), "{refused:?}");
         // A headless handle belongs to no execution: it starts no process.
         let started = futures::executor::block_on(headless.start_process("true".into(), vec![]));
         assert!(started.is_err_and(|error| error.contains("no_interaction")));

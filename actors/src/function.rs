@@ -282,26 +282,34 @@ pub struct FunctionContext {
 }
 
 /// F-5: the steps a run of the body started (their code called), by effect id. One whose
-/// intent is durable but which is not here when the run ends never ran.
+/// intent is durable but which is not here when the run ends never ran. Closed when the
+/// actor judges the run ended: a step told to run after that (a task the body spawned,
+/// late) does not start.
 #[derive(Debug, Default)]
-pub struct StartedSteps(std::sync::Mutex<std::collections::HashSet<EffectId>>);
+pub(crate) struct StartedSteps(std::sync::Mutex<(std::collections::HashSet<EffectId>, bool)>);
 
 impl StartedSteps {
-    fn insert(&self, effect_id: EffectId) {
-        let mut started = self
+    /// Marks the step started; `false` once closed (the step must not start).
+    fn start(&self, effect_id: EffectId) -> bool {
+        let mut steps = self
             .0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        started.insert(effect_id);
+        let (started, closed) = &mut *steps;
+        !*closed && started.insert(effect_id)
     }
 
-    /// Whether the step `effect_id` started.
-    pub fn contains(&self, effect_id: EffectId) -> bool {
-        let started = self
+    /// Closes the run: of `told`, the steps that never started (and now never will).
+    pub(crate) fn close(&self, told: std::collections::HashSet<EffectId>) -> Vec<EffectId> {
+        let mut steps = self
             .0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        started.contains(&effect_id)
+        let (started, closed) = &mut *steps;
+        *closed = true;
+        told.into_iter()
+            .filter(|step| !started.contains(step))
+            .collect()
     }
 }
 
@@ -347,7 +355,7 @@ impl FunctionContext {
     }
 
     /// F-5: the steps this run starts, as they start.
-    pub fn started_steps(&self) -> Arc<StartedSteps> {
+    pub(crate) fn started_steps(&self) -> Arc<StartedSteps> {
         Arc::clone(&self.started)
     }
 
@@ -542,7 +550,10 @@ impl FunctionContext {
             ControlFlow::Continue(run) => run,
             ControlFlow::Break(committed) => return committed,
         };
-        self.started.insert(effect_id);
+        if !self.started.start(effect_id) {
+            // F-5: the run ended before the step started: it never will, in this run.
+            return Err(self.suspend());
+        }
         let result = run(StepRun {
             execution_id: self.execution_id,
             effect_id,

@@ -158,8 +158,8 @@ impl Journal {
                 Journal::create(dir, sizes, names, readable, ZeroAhead::start())?
             }
         };
-        if let Some(zero) = &journal.zero {
-            zero.segment(Arc::clone(&journal.file), segment_bytes, journal.offset);
+        if let Some((zero, (_, path))) = journal.zero.as_ref().zip(journal.segments.last()) {
+            zero.segment(path, segment_bytes, journal.offset);
         }
         Ok((journal, frames))
     }
@@ -207,6 +207,11 @@ impl Journal {
             values_at: Vec::new(),
             zero,
         })
+    }
+
+    /// No zeros ahead of the frames from now on (`Limits::journal_zero_ahead`).
+    pub fn stop_zeros(&mut self) {
+        self.zero = None;
     }
 
     /// A segment's size.
@@ -277,8 +282,8 @@ impl Journal {
             let zero = self.zero.take();
             *self = Journal::create(&self.dir, sizes, segments, readable, zero)?;
             (self.buffer, self.values_at) = (buffer, values_at);
-            if let Some(zero) = &self.zero {
-                zero.segment(Arc::clone(&self.file), self.segment_bytes, self.offset);
+            if let Some((zero, (_, path))) = self.zero.as_ref().zip(self.segments.last()) {
+                zero.segment(path, self.segment_bytes, self.offset);
             }
         }
         if let Some(zero) = &self.zero {

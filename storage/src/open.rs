@@ -67,8 +67,11 @@ pub(crate) fn open(path: &Path, limits: Limits, salvaging: bool) -> Result<Opene
         .map_err(io_error)?;
     let segment_bytes = limits.journal_segment_bytes;
     let dirs = (path, sled_dir.as_path());
-    let (journal, acknowledged) =
+    let (mut journal, acknowledged) =
         replay_journal(&db, dirs, segment_bytes, acknowledged, &mut sync)?;
+    if !limits.journal_zero_ahead {
+        journal.stop_zeros();
+    }
     migrate::run(&db, &mut sync)?;
     let quarantine = load_quarantine(&db)?;
     let history = journal.readable();

@@ -62,6 +62,10 @@ pub struct Limits {
     pub sled_copy_check_ms: u64,
     /// The size of a journal segment, where history lives (`history.rs`).
     pub journal_segment_bytes: u64,
+    /// Zeros are written a little ahead of the journal's frames (`zero_ahead.rs`), so that a
+    /// group's fdatasync allocates no blocks. Off where that gains nothing: a copy-on-write
+    /// file system (btrfs, ZFS) only writes them twice.
+    pub journal_zero_ahead: bool,
     /// How long no record has left a mostly dead journal segment before the records still
     /// living in it are copied forward, so that it goes (what is dying soon is left to die).
     pub relocate_settled_ms: u64,
@@ -83,6 +87,7 @@ impl Default for Limits {
             sled_copy_min_growth_bytes: 64 * 1024 * 1024,
             sled_copy_check_ms: 2_000,
             journal_segment_bytes: crate::journal::SEGMENT_BYTES,
+            journal_zero_ahead: true,
             relocate_settled_ms: 30_000,
         }
     }

@@ -7,11 +7,16 @@
 //!
 //! Zeros read as a hole does, so a crash at any point leaves the segment as readable as
 //! before. The thread never writes where a frame was or is being written: the committer
-//! reserves its frame's bytes first, and waits only when the thread is writing there (the
-//! thread fell behind).
+//! reserves its frame's bytes first, and the zeros keep `LEAD_BYTES` past the frames, so a
+//! frame waits for them only if it is larger than that and the thread is writing there.
+//!
+//! The thread opens each segment itself: a write-back error its fdatasync reports is then
+//! reported again to the committer's own fdatasync (Linux reports an error once per open
+//! file), never swallowed on the way to an acknowledgement.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -19,6 +24,9 @@ use std::thread::JoinHandle;
 const AHEAD_BYTES: u64 = 4 * 1024 * 1024;
 /// Zeros written and fdatasynced at a time.
 const CHUNK_BYTES: u64 = 512 * 1024;
+/// How near the frames zeros may start: the frames of a new segment (or after the thread
+/// fell behind) do not wait for a chunk written where they are about to go.
+pub(crate) const LEAD_BYTES: u64 = CHUNK_BYTES;
 /// The file system's block, to which zeros are aligned.
 const BLOCK_BYTES: u64 = 4096;
 
@@ -37,14 +45,17 @@ struct Shared {
 
 #[derive(Debug, Default)]
 struct State {
-    /// The segment being appended to, and its size.
+    /// The segment being appended to (the thread's own open of it), and its size.
     segment: Option<(Arc<File>, u64)>,
+    /// Counts the segments: a chunk of an older one says nothing of this one.
+    generation: u64,
     /// The end of the frames written or being written.
     frames_end: u64,
     /// Where zeros end (written and fdatasynced, or being written: `busy`).
     zeroed: u64,
-    /// The bytes the thread is writing zeros to.
-    busy: Option<(u64, u64)>,
+    /// The bytes of the segment of that generation the thread is writing zeros to.
+    busy: Option<(u64, u64, u64)>,
+    /// Stopped: dropped, or a write of its own failed.
     stop: bool,
 }
 
@@ -69,10 +80,19 @@ impl ZeroAhead {
         }
     }
 
-    /// Frames now go to `file` (of `size` bytes) from `offset`.
-    pub fn segment(&self, file: Arc<File>, size: u64, offset: u64) {
-        let mut state = self.shared.wait_while_busy(|_| true);
-        state.segment = Some((file, size));
+    /// Frames now go to the segment at `path` (of `size` bytes) from `offset`.
+    pub fn segment(&self, path: &Path, size: u64, offset: u64) {
+        let opened = std::fs::OpenOptions::new().write(true).open(path);
+        let mut state = self.shared.lock();
+        state.generation += 1;
+        state.segment = match opened {
+            Ok(file) => Some((Arc::new(file), size)),
+            Err(error) => {
+                let path = path.display();
+                tracing::warn!(%error, %path, "no zeros ahead in this journal segment");
+                None
+            }
+        };
         (state.frames_end, state.zeroed) = (offset, offset);
         self.shared.changed.notify_all();
     }
@@ -80,26 +100,18 @@ impl ZeroAhead {
     /// A frame is about to be written to `start..end` of the current segment: waits while
     /// zeros are being written there.
     pub fn reserve(&self, start: u64, end: u64) {
-        let mut state = self
-            .shared
-            .wait_while_busy(|(from, to)| from < end && start < to);
+        let mut state = self.shared.lock();
+        loop {
+            let generation = state.generation;
+            let overlaps =
+                |(of, from, to): (u64, u64, u64)| of == generation && from < end && start < to;
+            if !state.busy.is_some_and(overlaps) {
+                break;
+            }
+            state = self.shared.wait(state);
+        }
         state.frames_end = state.frames_end.max(end);
         self.shared.changed.notify_all();
-    }
-}
-
-#[cfg(test)]
-impl ZeroAhead {
-    /// Waits until the zeros are as far ahead as they go.
-    pub fn settle(&self) {
-        let mut state = self.shared.lock();
-        while state.busy.is_some() || next_chunk(&mut state).is_some() {
-            state = self
-                .shared
-                .changed
-                .wait(state)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-        }
     }
 }
 
@@ -120,16 +132,10 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The state, once no zeros are being written to bytes `overlaps` says it cares about.
-    fn wait_while_busy(&self, overlaps: impl Fn((u64, u64)) -> bool) -> MutexGuard<'_, State> {
-        let mut state = self.lock();
-        while state.busy.is_some_and(&overlaps) {
-            state = self
-                .changed
-                .wait(state)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-        }
-        state
+    fn wait<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.changed
+            .wait(state)
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn run(&self) {
@@ -139,44 +145,55 @@ impl Shared {
             if state.stop {
                 return;
             }
-            let Some((file, start, end)) = next_chunk(&mut state) else {
-                state = self
-                    .changed
-                    .wait(state)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let Some((file, start, end)) = next_chunk(&state) else {
+                state = self.wait(state);
                 continue;
             };
-            state.busy = Some((start, end));
+            let generation = state.generation;
+            state.busy = Some((generation, start, end));
             drop(state);
             let written = file
                 .write_all_at(&zeros[..(end - start) as usize], start)
                 .and_then(|()| file.sync_data());
             state = self.lock();
-            if written.is_ok() {
+            if written.is_ok() && state.generation == generation {
                 state.zeroed = state.zeroed.max(end);
             }
             state.busy = None;
-            self.changed.notify_all();
             if let Err(error) = written {
-                // The frames' own writes meet the same device and report it.
+                // The committer's own writes and fdatasyncs meet the same device and report
+                // it themselves (its own open of the file sees the error too).
                 tracing::warn!(%error, "the journal stops writing zeros ahead of its frames");
-                return;
+                state.stop = true;
             }
+            self.changed.notify_all();
         }
     }
 }
 
 /// The next bytes to zero, if the zeros are less than `AHEAD_BYTES` past the frames: from
-/// the first whole block after both, up to a chunk, within the segment.
-fn next_chunk(state: &mut State) -> Option<(Arc<File>, u64, u64)> {
+/// the first whole block at least `LEAD_BYTES` past the frames and after the zeros, up to a
+/// chunk, within the segment.
+fn next_chunk(state: &State) -> Option<(Arc<File>, u64, u64)> {
     let (file, size) = state.segment.as_ref()?;
     let start = state
         .zeroed
-        .max(state.frames_end)
+        .max(state.frames_end + LEAD_BYTES)
         .next_multiple_of(BLOCK_BYTES);
     let end = (start + CHUNK_BYTES).min(*size);
     let wanted = start < state.frames_end + AHEAD_BYTES && start < end;
     wanted.then(|| (Arc::clone(file), start, end))
+}
+
+#[cfg(test)]
+impl ZeroAhead {
+    /// Waits until the zeros are as far ahead as they go (or the thread stopped).
+    pub fn settle(&self) {
+        let mut state = self.shared.lock();
+        while !state.stop && (state.busy.is_some() || next_chunk(&state).is_some()) {
+            state = self.shared.wait(state);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -190,25 +207,55 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("segment");
         let options = File::options().read(true).write(true).create(true).clone();
-        let file = Arc::new(options.open(&path).expect("file"));
+        let file = options.open(&path).expect("file");
         let size = 64 << 20;
         file.set_len(size).expect("size");
         let zero = ZeroAhead::start().expect("thread");
-        zero.segment(Arc::clone(&file), size, 8);
-        // Caught writing zeros (eight chunks with an fdatasync each: milliseconds).
+        zero.segment(&path, size, 8);
+        // Caught writing zeros (seven chunks with an fdatasync each: milliseconds).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let busy = loop {
+            if let Some((_, from, _)) = zero.shared.lock().busy {
+                break from;
+            }
+            assert!(Instant::now() < deadline, "no zeros written");
+            std::thread::yield_now();
+        };
+        // Zeros keep their lead on the frames: never nearer than it.
+        assert!(busy >= 8 + LEAD_BYTES, "{busy}");
+        let frame_end = 2 << 20;
+        zero.reserve(8, frame_end);
+        let state = zero.shared.lock();
+        assert!(
+            state.busy.is_none_or(|(_, from, _)| from >= frame_end),
+            "zeros being written over the frame: {:?}",
+            state.busy
+        );
+        assert_eq!(state.frames_end, frame_end);
+    }
+
+    #[test]
+    fn s3_a_chunk_of_an_older_segment_holds_no_frame_of_the_next() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (old, new) = (dir.path().join("old"), dir.path().join("new"));
+        let size = 64 << 20;
+        for path in [&old, &new] {
+            let file = File::create(path).expect("file");
+            file.set_len(size).expect("size");
+        }
+        let zero = ZeroAhead::start().expect("thread");
+        zero.segment(&old, size, 8);
         let deadline = Instant::now() + Duration::from_secs(10);
         while zero.shared.lock().busy.is_none() {
             assert!(Instant::now() < deadline, "no zeros written");
             std::thread::yield_now();
         }
-        let frame_end = 2 << 20;
-        zero.reserve(8, frame_end);
+        // A roll while the old segment's chunk is in flight: the new segment's first frame,
+        // where that chunk's bytes would be in the old file, goes on at once.
+        zero.segment(&new, size, 8);
+        zero.reserve(8, 4 << 20);
         let state = zero.shared.lock();
-        assert!(
-            state.busy.is_none_or(|(from, _)| from >= frame_end),
-            "zeros being written over the frame: {:?}",
-            state.busy
-        );
-        assert_eq!(state.frames_end, frame_end);
+        assert_eq!(state.frames_end, 4 << 20);
+        assert!(state.zeroed <= 8 || state.zeroed >= state.frames_end + LEAD_BYTES);
     }
 }

@@ -101,22 +101,10 @@ fn i4_load_json_reports_every_execution_and_step() {
     // from /sys/dev/block, where the temporary directory's file system has a device.
     let stored = report["disk_bytes_stored_per_step"].as_f64().unwrap_or(0.0);
     assert!(stored > 0.0, "{report}");
-    if has_block_device(&std::env::temp_dir()) {
+    if openprogram::process_stats::disk_written(&std::env::temp_dir()).is_some() {
         let written = report["disk_bytes_written_per_step"].as_f64();
         assert!(written.is_some_and(|bytes| bytes > 0.0), "{report}");
     }
-}
-
-/// Whether the kernel keeps write counts for the device of `dir`'s file system (Linux's
-/// encoding of a device number).
-fn has_block_device(dir: &std::path::Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(device) = std::fs::metadata(dir).map(|metadata| metadata.dev()) else {
-        return false;
-    };
-    let major = ((device >> 8) & 0xfff) | ((device >> 32) & !0xfff);
-    let minor = (device & 0xff) | ((device >> 12) & !0xff);
-    std::path::Path::new(&format!("/sys/dev/block/{major}:{minor}/stat")).exists()
 }
 
 #[test]

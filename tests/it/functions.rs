@@ -635,3 +635,60 @@ async fn f5_a_step_cancelled_while_it_runs_is_unknown_not_not_started() {
         });
     assert_eq!(receipt, Some(ReceiptStatus::Unknown));
 }
+
+/// F-5 through the actor: a body that drops a step after the runtime committed its intent
+/// and told it to run, but before it started (polled once, so its boundary is asked; then
+/// the next step's boundary, answered after it in mailbox order; then dropped), never runs
+/// it. The step is `not_started` and the function completes; it is never `unknown` waiting
+/// for an operator.
+#[tokio::test]
+async fn f5_a_step_dropped_before_it_started_is_not_started_and_the_function_completes() {
+    let ran = Arc::new(AtomicU32::new(0));
+    let marks = Arc::clone(&ran);
+    let dropping = DurableFunction::new("dropping", 1, "dropping:v1", move |context, _input| {
+        let marks = Arc::clone(&marks);
+        async move {
+            let mut step = Box::pin(context.step("s", Recovery::External, |_| async move {
+                marks.fetch_add(1, Ordering::SeqCst);
+                Ok(true)
+            }));
+            let asked: std::task::Poll<Result<bool, StepError>> = futures::poll!(step.as_mut());
+            assert!(asked.is_pending(), "the step's boundary is asked");
+            let after = context.step("t", Recovery::Idempotent, |_| async { Ok(1) });
+            let _: u32 = after.await.map_err(|error: StepError| error.to_string())?;
+            drop(step);
+            Ok(json!("done"))
+        }
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = Runtime::builder()
+        .data_dir(dir.path())
+        .function(dropping)
+        .open()
+        .expect("open");
+    let harness = Harness::with_runtime(runtime, dir);
+    let start = FunctionStart {
+        function: "dropping".into(),
+        ..Default::default()
+    };
+    let started = harness.runtime.start_function(harness.session, start);
+    let execution = started.await.expect("start").started.execution_id;
+    harness.wait_for_state(execution, "completed").await;
+    let receipts: Vec<(String, ReceiptStatus)> = harness
+        .events(execution)
+        .into_iter()
+        .filter_map(|e| match e.event {
+            Event::StepFinished {
+                step_id, status, ..
+            } => Some((step_id, status)),
+            _ => None,
+        })
+        .collect();
+    let s = receipts.iter().find(|(step, _)| step == "s");
+    assert_eq!(
+        s.map(|(_, status)| *status),
+        Some(ReceiptStatus::NotStarted),
+        "{receipts:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "the dropped step never ran");
+}

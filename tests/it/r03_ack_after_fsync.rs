@@ -4,8 +4,9 @@
 //! between the read of each request and the write of its 2xx response, the journal is
 //! fdatasync'd exactly once: one device wait per acknowledged group (sled's own files are
 //! synced in the background, off that path; so are the zeros the journal's own thread writes
-//! ahead of its frames, whose fdatasyncs no group waits for). The negative control runs the same under
-//! `eatmydata` (fsync made a no-op): the check must fail there, or it proves nothing.
+//! ahead of its frames, whose fdatasyncs no group waits for). The negative control runs the
+//! same under `eatmydata` (fsync made a no-op): the check must fail there, or it proves
+//! nothing.
 
 use std::collections::{HashMap, HashSet};
 use std::io::BufRead;

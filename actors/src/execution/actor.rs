@@ -327,6 +327,11 @@ impl Handler<Advance> for ExecutionActor {
             // C-2: a turn waiting for its session runs nothing until it takes it.
             return AtomicResponse::new(self.take_session());
         }
+        // F-5: the steps a run ended before starting get their receipts first.
+        let never_started = self.run_steps.take_never_started();
+        if let Some(receipts) = self.machine.not_started(&never_started) {
+            return AtomicResponse::new(self.progress(receipts));
+        }
         let env = Arc::clone(&self.env);
         match self.machine.next(
             EffectId::new,

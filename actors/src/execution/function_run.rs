@@ -98,7 +98,7 @@ impl ExecutionActor {
                         if act.function_run() == Some(run) {
                             act.in_flight = None;
                             act.suspending = false;
-                            act.run_ended();
+                            act.run_steps.end();
                         }
                         ctx.notify(Advance);
                         act.park_if_idle(ctx);
@@ -107,13 +107,6 @@ impl ExecutionActor {
             ),
         );
         Box::pin(fut::ready(()))
-    }
-
-    /// F-5: the run ended: the steps it was told to run and never started are recorded so
-    /// (`NotStarted`), not left in doubt.
-    fn run_ended(&mut self) {
-        let never_started = self.run_steps.never_started();
-        self.machine.steps_not_started(&never_started);
     }
 
     /// The run in progress, if the body is running.
@@ -212,7 +205,7 @@ impl Handler<FunctionReturned> for ExecutionActor {
             return answer(());
         }
         self.in_flight = None;
-        self.run_ended();
+        self.run_steps.end();
         if std::mem::take(&mut self.suspending) {
             // Suspended at a boundary: what it returned is no result. `Advance` commits the
             // pause; a waiting execution parks.
@@ -220,7 +213,10 @@ impl Handler<FunctionReturned> for ExecutionActor {
             self.park_if_idle(ctx);
             return answer(());
         }
-        let events = self.machine.decide_returned(returned.result);
+        let never_started = self.run_steps.take_never_started();
+        let events = self
+            .machine
+            .decide_returned(returned.result, &never_started);
         AtomicResponse::new(self.progress(events))
     }
 }

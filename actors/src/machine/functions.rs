@@ -2,6 +2,8 @@
 //! (version policy, `decide_run`), when it stops at a boundary, what a step's result and the
 //! body's return commit, and how committed steps are read back.
 
+use std::collections::HashSet;
+
 use openprogram_storage::{
     EffectId, Event, ExecutionState as Status, ReceiptStatus, VersionPolicy,
 };
@@ -16,8 +18,6 @@ impl Machine {
     /// agent's tool call dispatched by an earlier attempt (any dispatched one, `new_attempt`:
     /// as a claim for a new attempt sees them); a function's External steps dispatched with
     /// no run of its body going on (a crash, a cancel, a lost run). `None`: none is.
-    /// F-5: a function's step this attempt saw end before it started gets `NotStarted`
-    /// instead (`steps_not_started`): it may run again.
     pub fn in_doubt(&self, new_attempt: bool) -> Option<Vec<Event>> {
         let output = |pending: &PendingTool| match pending.uncertain || new_attempt {
             true => "dispatched by an earlier attempt; its outcome is unknown".to_owned(),
@@ -25,27 +25,14 @@ impl Machine {
         };
         let Present { calls, .. } = &self.present;
         if self.present.function.is_some() {
-            let receipt = |pending: &PendingTool| match pending.not_started
-                && !pending.uncertain
-                && !new_attempt
-            {
-                true => (
-                    ReceiptStatus::NotStarted,
-                    "its run ended before it started".into(),
-                ),
-                false => (ReceiptStatus::Unknown, output(pending)),
-            };
             let events: Vec<Event> = calls
                 .pending_steps
                 .iter()
-                .map(|pending| {
-                    let (status, output) = receipt(pending);
-                    Event::StepFinished {
-                        step_id: pending.tool.clone(),
-                        effect_id: pending.effect_id,
-                        status,
-                        output,
-                    }
+                .map(|pending| Event::StepFinished {
+                    step_id: pending.tool.clone(),
+                    effect_id: pending.effect_id,
+                    status: ReceiptStatus::Unknown,
+                    output: output(pending),
                 })
                 .collect();
             return (!events.is_empty()).then_some(events);
@@ -193,9 +180,20 @@ impl Machine {
     /// The events of a function body's return: its result as the reply, or its error. Steps
     /// it left running (a panic inside one, a dropped step future) are in doubt: the
     /// execution needs reconciliation, never an end that hides them.
-    pub fn decide_returned(&self, result: Result<String, String>) -> Vec<Event> {
-        let (not_started, unknown) = self.doubt();
-        if let Some(mut events) = unknown {
+    pub fn decide_returned(
+        &self,
+        result: Result<String, String>,
+        never_started: &HashSet<EffectId>,
+    ) -> Vec<Event> {
+        let mut events = self.not_started(never_started).unwrap_or_default();
+        let left: Vec<Event> = self
+            .in_doubt(false)
+            .into_iter()
+            .flatten()
+            .filter(|event| !is_step_of(event, never_started))
+            .collect();
+        if !left.is_empty() {
+            events.extend(left);
             events.push(Event::CheckpointPublished { checkpoint_seq: 0 });
             events.push(match self.present.run.cancel_requested {
                 true => cancelled(),
@@ -203,43 +201,25 @@ impl Machine {
             });
             return events;
         }
-        let mut events = not_started;
         events.extend(self.returned(result));
         events
     }
 
-    /// F-5: the receipts `in_doubt` gives now, as the steps that never started (none, or
-    /// all of them: `NotStarted` receipts, which need no reconciliation) or as effects in
-    /// doubt (`Unknown` among them).
-    pub(crate) fn doubt(&self) -> (Vec<Event>, Option<Vec<Event>>) {
-        let Some(events) = self.in_doubt(false) else {
-            return (Vec::new(), None);
-        };
-        let unknown = |event: &Event| {
-            matches!(
-                event,
-                Event::StepFinished {
-                    status: ReceiptStatus::Unknown,
-                    ..
-                } | Event::ToolFinished {
-                    status: ReceiptStatus::Unknown,
-                    ..
-                }
-            )
-        };
-        match events.iter().any(unknown) {
-            true => (Vec::new(), Some(events)),
-            false => (events, None),
-        }
-    }
-
-    /// F-5: the pending steps among `effects` never started (their run ended first, as this
-    /// attempt saw): `in_doubt` records them `NotStarted`.
-    pub fn steps_not_started(&mut self, effects: &std::collections::HashSet<EffectId>) {
-        let steps = self.present.calls.pending_steps.iter_mut();
-        for step in steps.filter(|step| effects.contains(&step.effect_id)) {
-            step.not_started = true;
-        }
+    /// F-5: the receipts of the pending steps among `never_started` — steps this attempt told
+    /// its run to run and saw end before they started: `NotStarted`, so they may run again
+    /// and need no reconciliation. `None`: none is pending.
+    pub fn not_started(&self, never_started: &HashSet<EffectId>) -> Option<Vec<Event>> {
+        let steps = self.present.calls.pending_steps.iter();
+        let events: Vec<Event> = steps
+            .filter(|step| !step.uncertain && never_started.contains(&step.effect_id))
+            .map(|step| Event::StepFinished {
+                step_id: step.tool.clone(),
+                effect_id: step.effect_id,
+                status: ReceiptStatus::NotStarted,
+                output: "its run ended before it started".into(),
+            })
+            .collect();
+        (!events.is_empty()).then_some(events)
     }
 
     /// The events of a body's return with no step in doubt.
@@ -403,4 +383,9 @@ impl Present {
         }
         self.step_taken(actions);
     }
+}
+
+/// Whether `event` is the `Unknown` receipt of a step among `effects`.
+fn is_step_of(event: &Event, effects: &HashSet<EffectId>) -> bool {
+    matches!(event, Event::StepFinished { effect_id, .. } if effects.contains(effect_id))
 }

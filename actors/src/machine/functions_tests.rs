@@ -67,9 +67,8 @@ fn f5_a_step_its_attempt_saw_end_before_it_started_is_not_started_and_cancel_win
     let effect_id = EffectId::new();
     let mut machine = at_a_step(effect_id);
     ctl(&mut machine, Control::Cancel, true);
-    machine.steps_not_started(&[effect_id].into());
     // The receipt first, alone: it needs no reconciliation.
-    let events = next(&machine);
+    let events = machine.not_started(&[effect_id].into()).expect("receipts");
     assert_eq!(receipt(&events), Some(ReceiptStatus::NotStarted));
     assert_eq!(state(&events), None);
     let actions = commit(&mut machine, &events);
@@ -80,6 +79,8 @@ fn f5_a_step_its_attempt_saw_end_before_it_started_is_not_started_and_cancel_win
         "what stopped the run is decided next"
     );
     assert_eq!(state(&next(&machine)), Some(Status::Cancelled));
+    // Another effect id, or none pending: no receipt.
+    assert_eq!(machine.not_started(&[effect_id].into()), None);
 }
 
 #[test]
@@ -87,22 +88,21 @@ fn f5_a_step_that_may_have_run_stays_unknown() {
     // Nobody saw it not start (its run ended mid-step, or a crash): unknown, reconciled.
     let effect_id = EffectId::new();
     let machine = at_a_step(effect_id);
+    assert_eq!(machine.not_started(&[EffectId::new()].into()), None);
     let events = next(&machine);
     assert_eq!(receipt(&events), Some(ReceiptStatus::Unknown));
     assert_eq!(state(&events), Some(Status::ReconciliationRequired));
-    // A new attempt never trusts what an earlier one saw.
-    let mut machine = at_a_step(effect_id);
-    machine.steps_not_started(&[effect_id].into());
-    let events = machine.in_doubt(true).expect("in doubt");
-    assert_eq!(receipt(&events), Some(ReceiptStatus::Unknown));
 }
 
 #[test]
 fn f5_a_body_that_returned_past_a_step_that_never_started_completes() {
     let effect_id = EffectId::new();
-    let mut machine = at_a_step(effect_id);
-    machine.steps_not_started(&[effect_id].into());
-    let events = machine.decide_returned(Ok("\"done\"".into()));
+    let machine = at_a_step(effect_id);
+    let events = machine.decide_returned(Ok("\"done\"".into()), &[effect_id].into());
     assert_eq!(receipt(&events), Some(ReceiptStatus::NotStarted));
     assert_eq!(state(&events), Some(Status::Completed));
+    // Nothing seen: the step is in doubt, the return no result.
+    let events = machine.decide_returned(Ok("\"done\"".into()), &Default::default());
+    assert_eq!(receipt(&events), Some(ReceiptStatus::Unknown));
+    assert_eq!(state(&events), Some(Status::ReconciliationRequired));
 }

@@ -20,13 +20,8 @@ impl Machine {
         if self.status() != Status::Running && self.status() != Status::Cancelling {
             return Next::Idle;
         }
-        // F-5: a step that never started gets its receipt first; `next` then decides again.
-        let (not_started, unknown) = self.doubt();
-        if !not_started.is_empty() {
-            return Next::Persist(not_started);
-        }
         // Never repeated, never guessed: record it unknown and stop for reconciliation.
-        if let Some(mut events) = unknown {
+        if let Some(mut events) = self.in_doubt(false) {
             let state = if self.present.run.cancel_requested {
                 Status::Cancelled
             } else {

@@ -238,10 +238,6 @@ pub struct PendingTool {
     /// W-7: the approval or grant it runs on, if it needed one.
     #[serde(default)]
     pub grant: Option<openprogram_storage::WaitId>,
-    /// F-5: a durable function's step whose intent this attempt committed and whose run
-    /// ended before the step started (the attempt saw it): it never ran.
-    #[serde(default)]
-    pub not_started: bool,
 }
 
 impl PendingTool {
@@ -256,7 +252,6 @@ impl PendingTool {
             dispatched_by: None,
             dispatched_in: None,
             grant: None,
-            not_started: false,
         }
     }
 }
