@@ -180,6 +180,15 @@ pub trait Tool: Send + Sync + 'static {
     fn parameters(&self) -> serde_json::Value {
         serde_json::json!({"type": "object"})
     }
+
+    /// E-7: the attempt `attempt_id` of `execution_id` ended — its execution completed,
+    /// failed, was cancelled, paused or waits for a person, or another attempt took it over:
+    /// what this tool bound to that attempt (a browser page, a token it issued) can go, as
+    /// no call of that attempt comes any more. A crashed process's attempts are not told:
+    /// the next attempt's calls name an attempt of their own. Default: nothing bound.
+    fn release(&self, execution_id: ExecutionId, attempt_id: AttemptId) {
+        let _ = (execution_id, attempt_id);
+    }
 }
 
 /// What a model is told about a tool it may call: its name, what it does and the JSON Schema
@@ -234,6 +243,13 @@ impl ToolRegistry {
 
     pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
         self.tools.get(name).cloned()
+    }
+
+    /// E-7: tells every tool that the attempt `attempt_id` of `execution_id` ended.
+    pub fn release(&self, execution_id: ExecutionId, attempt_id: AttemptId) {
+        for tool in self.tools.values() {
+            tool.release(execution_id, attempt_id);
+        }
     }
 
     /// Every tool's name and recovery, in name order: the runtime's contract revision.

@@ -105,6 +105,13 @@ impl Actor for ExecutionActor {
         if let Some(lease_actor) = self.lease_actor.take() {
             lease_actor.do_send(Release);
         }
+        // E-7: its attempt ended (completed, failed, parked while paused or waiting, or
+        // superseded): what the tools bound to it goes.
+        if self.epoch.is_some() {
+            self.env
+                .tools
+                .release(self.execution_id, self.lease.attempt_id);
+        }
     }
 }
 
