@@ -140,27 +140,22 @@ impl Journal {
             let missing = format!("frames {expected} to {next_seq} are missing");
             return Err(damaged(dir, &missing));
         }
+        let zero = ZeroAhead::start();
         let journal = match (names.last(), end) {
             (Some((_, path)), Some(offset)) => Journal {
                 file: Arc::new(open_rw(path)?),
                 dir: dir.to_path_buf(),
                 offset,
+                zero: zero.inspect(|zero| zero.segment(path, segment_bytes, offset)),
                 segments: names,
                 readable,
                 next_seq,
                 segment_bytes,
                 buffer: Vec::new(),
                 values_at: Vec::new(),
-                zero: ZeroAhead::start(),
             },
-            _ => {
-                let sizes = (next_seq, segment_bytes);
-                Journal::create(dir, sizes, names, readable, ZeroAhead::start())?
-            }
+            _ => Journal::create(dir, (next_seq, segment_bytes), names, readable, zero)?,
         };
-        if let Some((zero, (_, path))) = journal.zero.as_ref().zip(journal.segments.last()) {
-            zero.segment(path, segment_bytes, journal.offset);
-        }
         Ok((journal, frames))
     }
 
@@ -194,6 +189,9 @@ impl Journal {
         sync_dir(dir)?;
         let file = Arc::new(file);
         readable.add(next_seq, Arc::clone(&file));
+        if let Some(zero) = &zero {
+            zero.segment(&path, segment_bytes, HEADER_BYTES);
+        }
         segments.push((next_seq, path));
         Ok(Journal {
             dir: dir.to_path_buf(),
@@ -282,9 +280,6 @@ impl Journal {
             let zero = self.zero.take();
             *self = Journal::create(&self.dir, sizes, segments, readable, zero)?;
             (self.buffer, self.values_at) = (buffer, values_at);
-            if let Some((zero, (_, path))) = self.zero.as_ref().zip(self.segments.last()) {
-                zero.segment(path, self.segment_bytes, self.offset);
-            }
         }
         if let Some(zero) = &self.zero {
             zero.reserve(self.offset, self.offset + frame_bytes);
