@@ -29,6 +29,9 @@ const CHUNK_BYTES: u64 = 512 * 1024;
 pub(crate) const LEAD_BYTES: u64 = CHUNK_BYTES;
 /// The file system's block, to which zeros are aligned.
 const BLOCK_BYTES: u64 = 4096;
+/// Zeros only while the disk has this much free: on a nearly full disk they would take the
+/// space frames and sled need, and fill it first.
+const FREE_BYTES_MIN: u64 = 64 * 1024 * 1024;
 
 /// The zeroing thread of one journal; stopped when dropped.
 #[derive(Debug)]
@@ -150,6 +153,11 @@ impl Shared {
                 continue;
             };
             let generation = state.generation;
+            if !has_room(&file) {
+                // This segment's frames allocate their own blocks; the next one looks again.
+                state.zeroed = state.segment.as_ref().map_or(end, |(_, size)| *size);
+                continue;
+            }
             state.busy = Some((generation, start, end));
             drop(state);
             let written = file
@@ -169,6 +177,13 @@ impl Shared {
             self.changed.notify_all();
         }
     }
+}
+
+/// Whether the file's disk has room for zeros (`FREE_BYTES_MIN`); unknown counts as room.
+fn has_room(file: &File) -> bool {
+    rustix::fs::fstatvfs(file).map_or(true, |disk| {
+        disk.f_bavail.saturating_mul(disk.f_frsize) >= FREE_BYTES_MIN
+    })
 }
 
 /// The next bytes to zero, if the zeros are less than `AHEAD_BYTES` past the frames: from
