@@ -185,7 +185,8 @@ pub trait Tool: Send + Sync + 'static {
     /// failed, was cancelled, paused or waits for a person, or another attempt took it over:
     /// what this tool bound to that attempt (a browser page, a token it issued) can go, as
     /// no call of that attempt comes any more. A crashed process's attempts are not told:
-    /// the next attempt's calls name an attempt of their own. Default: nothing bound.
+    /// the next attempt's calls name an attempt of their own. Called on the execution's
+    /// actor thread: return at once (hand slow work to a task). Default: nothing bound.
     fn release(&self, execution_id: ExecutionId, attempt_id: AttemptId) {
         let _ = (execution_id, attempt_id);
     }
