@@ -114,7 +114,10 @@ impl ZeroAhead {
             state = self.shared.wait(state);
         }
         state.frames_end = state.frames_end.max(end);
-        self.shared.changed.notify_all();
+        // The thread is woken only when the frames moved it to a chunk, not every group.
+        if state.busy.is_none() && next_range(&state).is_some() {
+            self.shared.changed.notify_all();
+        }
     }
 }
 
@@ -190,14 +193,21 @@ fn has_room(file: &File) -> bool {
 /// the first whole block at least `LEAD_BYTES` past the frames and after the zeros, up to a
 /// chunk, within the segment.
 fn next_chunk(state: &State) -> Option<(Arc<File>, u64, u64)> {
-    let (file, size) = state.segment.as_ref()?;
+    let (start, end) = next_range(state)?;
+    let (file, _) = state.segment.as_ref()?;
+    Some((Arc::clone(file), start, end))
+}
+
+/// `next_chunk`'s bytes.
+fn next_range(state: &State) -> Option<(u64, u64)> {
+    let (_, size) = state.segment.as_ref()?;
     let start = state
         .zeroed
         .max(state.frames_end + LEAD_BYTES)
         .next_multiple_of(BLOCK_BYTES);
     let end = (start + CHUNK_BYTES).min(*size);
     let wanted = start < state.frames_end + AHEAD_BYTES && start < end;
-    wanted.then(|| (Arc::clone(file), start, end))
+    wanted.then_some((start, end))
 }
 
 #[cfg(test)]

@@ -294,30 +294,35 @@ pub(crate) fn counting(runs: Arc<AtomicU32>, identity: &str) -> DurableFunction 
 #[tokio::test]
 async fn f1_an_embedders_function_runs_its_steps_through_the_runtime() {
     let runs = Arc::new(AtomicU32::new(0));
+    let counting = counting(Arc::clone(&runs), "counting:v1");
+    let (harness, execution) = started_function(counting, json!(3)).await;
+    let snapshot = harness.wait_for_state(execution, "completed").await;
+    assert_eq!(snapshot.text, r#"{"total":6}"#);
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+/// A runtime on a new store with `function` registered, and an execution of it started
+/// with `input` (its newest revision).
+async fn started_function(
+    function: DurableFunction,
+    input: serde_json::Value,
+) -> (Harness, ExecutionId) {
+    let name = function.name.clone();
     let dir = tempfile::tempdir().expect("tempdir");
     let runtime = Runtime::builder()
         .data_dir(dir.path())
-        .function(counting(Arc::clone(&runs), "counting:v1"))
+        .function(function)
         .open()
         .expect("open");
     let harness = Harness::with_runtime(runtime, dir);
-    let started = harness
-        .runtime
-        .start_function(
-            harness.session,
-            FunctionStart {
-                function: "counting".into(),
-                input: json!(3),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("start");
-    let snapshot = harness
-        .wait_for_state(started.started.execution_id, "completed")
-        .await;
-    assert_eq!(snapshot.text, r#"{"total":6}"#);
-    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    let start = FunctionStart {
+        function: name,
+        input,
+        ..Default::default()
+    };
+    let started = harness.runtime.start_function(harness.session, start);
+    let execution = started.await.expect("start").started.execution_id;
+    (harness, execution)
 }
 
 /// A runtime on the restarts' dir with exactly these revisions of `steps`.
@@ -607,19 +612,7 @@ async fn f5_a_step_cancelled_while_it_runs_is_unknown_not_not_started() {
             Ok(json!("done"))
         }
     });
-    let dir = tempfile::tempdir().expect("tempdir");
-    let runtime = Runtime::builder()
-        .data_dir(dir.path())
-        .function(stuck)
-        .open()
-        .expect("open");
-    let harness = Harness::with_runtime(runtime, dir);
-    let start = FunctionStart {
-        function: "stuck".into(),
-        ..Default::default()
-    };
-    let started = harness.runtime.start_function(harness.session, start);
-    let execution = started.await.expect("start").started.execution_id;
+    let (harness, execution) = started_function(stuck, json!(null)).await;
     tokio::time::timeout(DEADLINE, running.notified())
         .await
         .expect("the step's code runs");
@@ -660,19 +653,7 @@ async fn f5_a_step_dropped_before_it_started_is_not_started_and_the_function_com
             Ok(json!("done"))
         }
     });
-    let dir = tempfile::tempdir().expect("tempdir");
-    let runtime = Runtime::builder()
-        .data_dir(dir.path())
-        .function(dropping)
-        .open()
-        .expect("open");
-    let harness = Harness::with_runtime(runtime, dir);
-    let start = FunctionStart {
-        function: "dropping".into(),
-        ..Default::default()
-    };
-    let started = harness.runtime.start_function(harness.session, start);
-    let execution = started.await.expect("start").started.execution_id;
+    let (harness, execution) = started_function(dropping, json!(null)).await;
     harness.wait_for_state(execution, "completed").await;
     let receipts: Vec<(String, ReceiptStatus)> = harness
         .events(execution)

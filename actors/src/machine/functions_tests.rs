@@ -2,11 +2,10 @@
 //! before it started (F-5). Shares the helpers of `tests.rs`.
 
 use openprogram_storage::{
-    Control, EffectId, Event, ExecutionKind, ExecutionState as Status, MessageId, ReceiptStatus,
-    RevisionId, RunId, SessionId, TurnId,
+    Control, EffectId, Event, ExecutionKind, ExecutionState as Status, ReceiptStatus,
 };
 
-use super::tests::{attempt, commit, ctl};
+use super::tests::{admitted_as, attempt, commit, ctl};
 use super::*;
 
 /// A function execution running, its step `s` intent committed (External).
@@ -19,18 +18,8 @@ fn at_a_step(effect_id: EffectId) -> Machine {
         identity: String::new(),
         called_by: None,
     };
-    let admitted = Event::Admitted {
-        kind: ExecutionKind::Function,
-        session_id: SessionId::new(),
-        run_id: RunId::new(),
-        parent_execution_id: None,
-        revision_id: RevisionId::new(),
-        turn_id: TurnId::new(),
-        user_message_id: MessageId::new(),
-        reply_message_id: MessageId::new(),
-        parent_message_id: None,
-        input: serde_json::to_string(&input).expect("input"),
-    };
+    let input = serde_json::to_string(&input).expect("input");
+    let admitted = admitted_as(ExecutionKind::Function, input);
     let mut machine = Machine::default();
     let started = Event::StepStarted {
         step_id: "s".into(),

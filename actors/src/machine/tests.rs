@@ -13,8 +13,13 @@ use super::*;
 pub(crate) fn admitted(max_iterations: u32) -> Event {
     let input =
         serde_json::json!({"message": "hi", "script": [], "max_iterations": max_iterations});
+    admitted_as(ExecutionKind::AgentTurn, input.to_string())
+}
+
+/// An admission of `kind` with `input` (its JSON text), in a new session.
+pub(crate) fn admitted_as(kind: ExecutionKind, input: String) -> Event {
     Event::Admitted {
-        kind: ExecutionKind::AgentTurn,
+        kind,
         session_id: SessionId::new(),
         run_id: RunId::new(),
         parent_execution_id: None,
@@ -23,7 +28,7 @@ pub(crate) fn admitted(max_iterations: u32) -> Event {
         user_message_id: MessageId::new(),
         reply_message_id: MessageId::new(),
         parent_message_id: None,
-        input: input.to_string(),
+        input,
     }
 }
 
