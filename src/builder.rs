@@ -14,6 +14,7 @@ use openprogram_actors::directory::{Directory, Executions};
 use openprogram_actors::env::{Env, NodeIdentity};
 use openprogram_actors::function::FunctionRegistry;
 use openprogram_actors::inspect::Inspector;
+use openprogram_actors::mailbox::Mailbox;
 use openprogram_actors::recovery::{Clock, SystemClock};
 use openprogram_actors::resource_queue::{JobHost, Load, ResourceQueue};
 use openprogram_actors::resources::Resources;
@@ -247,13 +248,14 @@ impl RuntimeBuilder {
         // J-1: the resource queue; it leases nothing before recovery is over (`Load`).
         let queue = {
             let host: Weak<dyn JobHost> = host();
-            let queue = ResourceQueue::new(
+            let (resources, reader, clock) = (
                 env.resources.clone(),
-                host,
                 Arc::clone(&reader),
                 Arc::clone(&env.clock),
             );
-            ResourceQueue::start_in_arbiter(arbiter, move |_| queue)
+            Mailbox::start_in(arbiter, move |mailbox| {
+                ResourceQueue::new(resources, host, reader, clock, mailbox)
+            })
         };
         env.set_queue(queue.clone());
         // W-8: the wait deadlines; pending ones are read once recovery is over (`Load`).
@@ -274,8 +276,9 @@ impl RuntimeBuilder {
         );
         Retention::start_in_arbiter(arbiter, move |_| retention);
         let supervisor_env = Arc::clone(&env);
-        let supervisor =
-            Supervisor::start_in_arbiter(arbiter, move |_| Supervisor::new(supervisor_env));
+        let supervisor = Mailbox::start_in(arbiter, move |mailbox| {
+            Supervisor::new(supervisor_env, mailbox)
+        });
         let recovered = {
             let (recovery, env) = (supervisor.send(Recover), Arc::clone(&env));
             async move {

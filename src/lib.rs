@@ -126,7 +126,7 @@ struct Inner {
     service: Service,
     inspector: Inspector,
     system: Mutex<Option<ActorSystem>>,
-    supervisor: actix::Addr<Supervisor>,
+    supervisor: openprogram_actors::mailbox::Mailbox<Supervisor>,
     recovered: futures::future::Shared<futures::future::BoxFuture<'static, Result<RecoveryReport>>>,
     shutdown_timeout: Duration,
     /// What an open with `accept_loss` found.

@@ -90,13 +90,20 @@ impl LeaseState {
 pub struct AttemptLeaseActor {
     state: Arc<LeaseState>,
     handled: u64,
+    mailbox: crate::mailbox::Depth,
 }
 
 impl AttemptLeaseActor {
-    pub fn new(state: Arc<LeaseState>) -> Self {
-        Self { state, handled: 0 }
+    pub fn new(state: Arc<LeaseState>, mailbox: crate::mailbox::Depth) -> Self {
+        Self {
+            state,
+            handled: 0,
+            mailbox,
+        }
     }
 }
+
+crate::mailbox::counted_mailbox!(AttemptLeaseActor);
 
 impl Actor for AttemptLeaseActor {
     type Context = Context<Self>;
@@ -127,6 +134,7 @@ impl Handler<crate::describe::Describe> for AttemptLeaseActor {
             id: self.state.attempt_id.to_string(),
             arbiter: crate::describe::arbiter_name(),
             handled: self.handled,
+            mailbox_len: self.mailbox.get(),
             state: format!(
                 "execution {}, epoch {}, {}",
                 self.state.execution_id,

@@ -13,6 +13,7 @@ use futures::FutureExt as _;
 use openprogram_storage::{EffectId, ProcessId, ProcessState};
 
 use crate::machine::LiveOutcome;
+use crate::mailbox::CountedRecipient;
 
 /// W-4: answers the live questions of code that runs outside a managed execution — a tool
 /// called by the embedder itself, a reconcile protocol at startup — where no person watches
@@ -66,9 +67,9 @@ pub enum AskError {
 #[derive(Clone)]
 pub struct CallHandle {
     effect_id: EffectId,
-    actor: Option<Recipient<AskLive>>,
-    starts: Option<Recipient<StartProcess>>,
-    calls: Option<Recipient<CallFunction>>,
+    actor: Option<CountedRecipient<AskLive>>,
+    starts: Option<CountedRecipient<StartProcess>>,
+    calls: Option<CountedRecipient<CallFunction>>,
     /// Outside a managed execution: who answers its questions (W-4).
     headless: Option<Arc<dyn QuestionHandler>>,
 }
@@ -87,9 +88,9 @@ impl CallHandle {
     /// A handle bound to its execution: where its questions and its processes go.
     pub fn new(
         effect_id: EffectId,
-        asks: Recipient<AskLive>,
-        starts: Recipient<StartProcess>,
-        calls: Recipient<CallFunction>,
+        asks: CountedRecipient<AskLive>,
+        starts: CountedRecipient<StartProcess>,
+        calls: CountedRecipient<CallFunction>,
     ) -> Self {
         Self {
             effect_id,
@@ -234,7 +235,7 @@ fn ask_headless(
 
 /// Sends `message` to the execution through `to` and waits for its answer; a detached
 /// handle (no `to`) has nobody to ask (`NoInteraction`).
-fn send<M, R>(to: Option<Recipient<M>>, message: M) -> BoxFuture<'static, Result<R, String>>
+fn send<M, R>(to: Option<CountedRecipient<M>>, message: M) -> BoxFuture<'static, Result<R, String>>
 where
     M: Message<Result = Result<R, String>> + Send + 'static,
     R: Send + 'static,

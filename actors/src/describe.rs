@@ -1,5 +1,5 @@
 //! What a live actor says about itself, for the debug endpoint (I-3): the same shape for
-//! every kind. The mailbox depth is not here: actix does not expose it.
+//! every kind, with the messages waiting in its mailbox (counted by `mailbox::Depth`).
 
 use actix::prelude::*;
 
@@ -12,6 +12,8 @@ pub struct ActorSummary {
     pub arbiter: String,
     /// Messages it has handled.
     pub handled: u64,
+    /// Messages sent to it that wait for their handler.
+    pub mailbox_len: u64,
     pub state: String,
 }
 

@@ -19,6 +19,7 @@ use crate::execution::actor::{Activate, ExecutionActor, Superseded};
 use crate::execution::commands::ApplyCommand;
 use crate::machine::plan::{Plan, Writer};
 use crate::machine::{derived_command_id, FunctionInput, Machine};
+use crate::mailbox::Mailbox;
 use crate::process::ProcessProgress;
 use crate::rebuild::project;
 use futures::future::BoxFuture;
@@ -35,7 +36,7 @@ pub struct Directory {
 
 #[derive(Debug, Clone)]
 struct Live {
-    addr: Addr<ExecutionActor>,
+    addr: Mailbox<ExecutionActor>,
     lease: Arc<LeaseState>,
     /// Which start of the execution's actor this is (`Executions::start_actor`).
     token: u64,
@@ -56,7 +57,7 @@ impl Directory {
         self.live.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn live(&self, execution_id: ExecutionId) -> Option<Addr<ExecutionActor>> {
+    pub fn live(&self, execution_id: ExecutionId) -> Option<Mailbox<ExecutionActor>> {
         let live = self.entries();
         live.get(&execution_id)
             .map(|entry| &entry.addr)
@@ -78,8 +79,16 @@ impl Directory {
         self.released.notify_waiters();
     }
 
+    /// Messages waiting in every live actor's mailbox.
+    pub fn mailbox_messages(&self) -> u64 {
+        self.entries()
+            .values()
+            .map(|entry| entry.addr.waiting())
+            .sum()
+    }
+
     /// Every live actor now.
-    pub fn all(&self) -> Vec<Addr<ExecutionActor>> {
+    pub fn all(&self) -> Vec<Mailbox<ExecutionActor>> {
         let live = self.entries();
         live.values().map(|entry| entry.addr.clone()).collect()
     }
@@ -134,7 +143,10 @@ impl Hooks for Executions {
         self.directory.forget(execution_id, token);
     }
 
-    fn progress_to(&self, execution_id: ExecutionId) -> Result<Recipient<ProcessProgress>> {
+    fn progress_to(
+        &self,
+        execution_id: ExecutionId,
+    ) -> Result<crate::mailbox::CountedRecipient<ProcessProgress>> {
         Ok(self.activate(execution_id)?.recipient())
     }
 
@@ -279,7 +291,7 @@ impl Executions {
 
     /// The actor of a turn waiting for its session, to wake; `None` (logged) if it cannot
     /// be activated.
-    fn woken(&self, execution_id: ExecutionId) -> Option<Addr<ExecutionActor>> {
+    fn woken(&self, execution_id: ExecutionId) -> Option<Mailbox<ExecutionActor>> {
         self.activate(execution_id)
             .map_err(|error| tracing::warn!(%execution_id, %error, "a turn waiting for its session could not be woken"))
             .ok()
@@ -371,7 +383,7 @@ impl Executions {
 
     /// The live actor of an execution, activating it if needed. A new actor first starts
     /// an attempt (`Activate`), before any message sent after this returns.
-    pub fn activate(&self, execution_id: ExecutionId) -> Result<Addr<ExecutionActor>> {
+    pub fn activate(&self, execution_id: ExecutionId) -> Result<Mailbox<ExecutionActor>> {
         self.activate_from(execution_id, || self.latest_state(execution_id, true))
     }
 
@@ -382,7 +394,7 @@ impl Executions {
         &self,
         head: ExecutionHead,
         machine: Machine,
-    ) -> Result<Addr<ExecutionActor>> {
+    ) -> Result<Mailbox<ExecutionActor>> {
         self.activate_from(head.execution_id, move || Ok((head, machine)))
     }
 
@@ -390,7 +402,7 @@ impl Executions {
         &self,
         execution_id: ExecutionId,
         state: impl FnOnce() -> Result<(ExecutionHead, Machine)>,
-    ) -> Result<Addr<ExecutionActor>> {
+    ) -> Result<Mailbox<ExecutionActor>> {
         if let Some(addr) = self.directory.live(execution_id) {
             return Ok(addr);
         }
@@ -431,7 +443,7 @@ impl Executions {
         machine: Machine,
         lease: Arc<LeaseState>,
         claimed: bool,
-    ) -> Addr<ExecutionActor> {
+    ) -> Mailbox<ExecutionActor> {
         let env = Arc::clone(&self.env);
         let execution_id = head.execution_id;
         let token = self.next_token.fetch_add(1, Ordering::Relaxed);
@@ -439,8 +451,8 @@ impl Executions {
             .directory
             .arbiter_of(execution_id, usize::from(claimed));
         let actor_lease = Arc::clone(&lease);
-        let addr = ExecutionActor::start_in_arbiter(arbiter, move |_| {
-            ExecutionActor::new(env, head, machine, actor_lease, claimed, token)
+        let addr = Mailbox::start_in(arbiter, move |mailbox| {
+            ExecutionActor::new(env, head, machine, actor_lease, claimed, token, mailbox)
         });
         let entry = Live {
             addr: addr.clone(),

@@ -33,7 +33,10 @@ pub trait Hooks: Send + Sync {
     /// An execution actor released itself (`token`: which start of it).
     fn released(&self, execution_id: ExecutionId, token: u64);
     /// The live actor of an execution a managed process reports to, activated if parked.
-    fn progress_to(&self, execution_id: ExecutionId) -> Result<Recipient<ProcessProgress>>;
+    fn progress_to(
+        &self,
+        execution_id: ExecutionId,
+    ) -> Result<crate::mailbox::CountedRecipient<ProcessProgress>>;
     /// F-6: admits and starts `child` unless it exists already (a call asked again).
     fn start_child(self: Arc<Self>, child: ChildCall) -> BoxFuture<'static, Result<()>>;
     /// F-6: cancels the child execution of a cancelled agent's call (K-5: cancel wins),
@@ -117,7 +120,7 @@ pub struct Env {
     /// J-1: the resources Jobs are admitted for, and the queue that leases them (once
     /// started).
     pub resources: Resources,
-    queue: OnceLock<Addr<ResourceQueue>>,
+    queue: OnceLock<crate::mailbox::Mailbox<ResourceQueue>>,
     /// W-8: the actor that expires waits past their deadline (once started).
     deadlines: OnceLock<Addr<crate::wait_deadlines::WaitDeadlines>>,
     /// N-2: this runtime as a node of a shared store (`None`: the store's only runtime).
@@ -238,7 +241,7 @@ impl Env {
     }
 
     /// J-1: the runtime's resource queue, once started (`set_queue`).
-    pub fn queue(&self) -> Option<&Addr<ResourceQueue>> {
+    pub fn queue(&self) -> Option<&crate::mailbox::Mailbox<ResourceQueue>> {
         self.queue.get()
     }
 
@@ -316,7 +319,7 @@ impl Env {
     }
 
     /// Tells the shared state where the resource queue runs (once, at start).
-    pub fn set_queue(&self, queue: Addr<ResourceQueue>) {
+    pub fn set_queue(&self, queue: crate::mailbox::Mailbox<ResourceQueue>) {
         let _ = self.queue.set(queue);
     }
 
@@ -468,7 +471,10 @@ pub fn contract_revision(tools: &ToolRegistry) -> RevisionId {
 
 /// A managed process's actor reaches its runtime through the shared state.
 impl ProcessHost for Env {
-    fn progress_to(&self, execution_id: ExecutionId) -> Result<Recipient<ProcessProgress>> {
+    fn progress_to(
+        &self,
+        execution_id: ExecutionId,
+    ) -> Result<crate::mailbox::CountedRecipient<ProcessProgress>> {
         self.hooks()?.progress_to(execution_id)
     }
 

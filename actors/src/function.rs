@@ -21,6 +21,8 @@ use openprogram_storage::{EffectId, ExecutionId, ReceiptStatus};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::mailbox::{Counted, CountedRecipient, Mailbox};
+
 pub use crate::agent::Reconciliation;
 pub use crate::function_boundary::{
     AskBoundary, Asked, Boundary, CallStarted, RevisionMissing, StepBoundary, StepDone, StepError,
@@ -264,11 +266,11 @@ impl FunctionRegistry {
 pub struct FunctionContext {
     execution_id: ExecutionId,
     run: u64,
-    boundary: Recipient<StepBoundary>,
-    done: Recipient<StepDone>,
-    ask: Recipient<AskBoundary>,
-    missing: Recipient<RevisionMissing>,
-    called: Recipient<CallStarted>,
+    boundary: CountedRecipient<StepBoundary>,
+    done: CountedRecipient<StepDone>,
+    ask: CountedRecipient<AskBoundary>,
+    missing: CountedRecipient<RevisionMissing>,
+    called: CountedRecipient<CallStarted>,
     /// The branch or nested call this context runs in (`a/b/`), prefixed to its step and
     /// ask ids.
     scope: String,
@@ -328,25 +330,25 @@ impl FunctionContext {
     pub fn new<A>(
         execution_id: ExecutionId,
         run: u64,
-        actor: &Addr<A>,
+        actor: &Mailbox<A>,
         functions: Arc<FunctionRegistry>,
     ) -> Self
     where
         A: Actor<Context = Context<A>>
-            + Handler<StepBoundary>
-            + Handler<StepDone>
-            + Handler<AskBoundary>
-            + Handler<RevisionMissing>
-            + Handler<CallStarted>,
+            + Handler<Counted<StepBoundary>>
+            + Handler<Counted<StepDone>>
+            + Handler<Counted<AskBoundary>>
+            + Handler<Counted<RevisionMissing>>
+            + Handler<Counted<CallStarted>>,
     {
         Self {
             execution_id,
             run,
-            boundary: actor.clone().recipient(),
-            done: actor.clone().recipient(),
-            ask: actor.clone().recipient(),
-            missing: actor.clone().recipient(),
-            called: actor.clone().recipient(),
+            boundary: actor.recipient(),
+            done: actor.recipient(),
+            ask: actor.recipient(),
+            missing: actor.recipient(),
+            called: actor.recipient(),
             scope: String::new(),
             functions,
             suspended: Arc::default(),

@@ -58,6 +58,11 @@ impl Inspector {
     }
 
     /// Whether an execution has a live actor.
+    /// Messages waiting in the live execution actors' mailboxes (I-3).
+    pub fn execution_mailbox_messages(&self) -> u64 {
+        self.actors.directory.mailbox_messages()
+    }
+
     pub fn is_live(&self, execution_id: ExecutionId) -> bool {
         self.actors.directory.live(execution_id).is_some()
     }

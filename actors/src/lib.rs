@@ -40,6 +40,9 @@ pub mod http_tool;
 pub mod inspect;
 pub mod lifecycle;
 pub mod machine;
+pub mod mailbox;
+#[cfg(test)]
+mod mailbox_tests;
 pub mod process;
 #[cfg(feature = "providers")]
 pub mod providers;

@@ -77,6 +77,7 @@ pub struct ResourceQueue {
     busy_since: Duration,
     deadlines: HashMap<ExecutionId, SpawnHandle>,
     handled: u64,
+    mailbox: crate::mailbox::Depth,
 }
 
 impl std::fmt::Debug for ResourceQueue {
@@ -94,6 +95,7 @@ impl ResourceQueue {
         host: Weak<dyn JobHost>,
         store: Arc<dyn EventReader>,
         clock: Arc<dyn Clock>,
+        mailbox: crate::mailbox::Depth,
     ) -> Self {
         Self {
             queue: Queue::new(resources),
@@ -109,6 +111,7 @@ impl ResourceQueue {
             busy_since: Duration::ZERO,
             deadlines: HashMap::new(),
             handled: 0,
+            mailbox,
         }
     }
 
@@ -346,6 +349,8 @@ struct Answer {
     waited: u64,
 }
 
+crate::mailbox::counted_mailbox!(ResourceQueue);
+
 impl Actor for ResourceQueue {
     type Context = Context<Self>;
 }
@@ -487,6 +492,7 @@ impl Handler<crate::describe::Describe> for ResourceQueue {
             id: "resource_queue".into(),
             arbiter: crate::describe::arbiter_name(),
             handled: self.handled,
+            mailbox_len: self.mailbox.get(),
             state: format!(
                 "{}{} waiting, {used} of {capacity} units in use, {} admitted",
                 if self.loaded { "" } else { "loading: " },

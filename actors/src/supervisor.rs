@@ -62,15 +62,17 @@ pub struct ShutdownReport {
 pub struct Supervisor {
     env: Arc<Executions>,
     handled: u64,
+    mailbox: crate::mailbox::Depth,
     /// N-2: a takeover round is running (rounds never overlap).
     taking_over: bool,
 }
 
 impl Supervisor {
-    pub fn new(env: Arc<Executions>) -> Self {
+    pub fn new(env: Arc<Executions>, mailbox: crate::mailbox::Depth) -> Self {
         Self {
             env,
             handled: 0,
+            mailbox,
             taking_over: false,
         }
     }
@@ -135,6 +137,8 @@ pub fn keep_node_lease(env: std::sync::Weak<Env>) -> std::io::Result<()> {
         .map(|_| ())
 }
 
+crate::mailbox::counted_mailbox!(Supervisor);
+
 impl Actor for Supervisor {
     type Context = Context<Self>;
 
@@ -198,6 +202,7 @@ impl Handler<crate::describe::Describe> for Supervisor {
             id: "supervisor".into(),
             arbiter: crate::describe::arbiter_name(),
             handled: self.handled,
+            mailbox_len: self.mailbox.get(),
             state: state.into(),
         })
     }

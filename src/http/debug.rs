@@ -3,8 +3,8 @@
 //!
 //! Every live actor describes itself (`Describe`): the supervisor, each execution, the
 //! attempt lease it holds, each managed process — kind, id, the arbiter thread it runs on,
-//! messages handled, a state summary. It shows nothing it would have to guess: actix does
-//! not expose a mailbox's depth, so `mailbox_len` is `null`.
+//! messages handled and waiting in its mailbox, a state summary. An actor that did not
+//! answer in time shows `null` for what only it knows.
 
 use std::time::Duration;
 
@@ -136,14 +136,13 @@ async fn list_actors(api: &Api) -> Vec<ActorView> {
     actors
 }
 
-/// An actor's own account, as the endpoint shows it. actix does not expose a mailbox's
-/// depth, so `mailbox_len` stays `null` rather than a guess.
+/// An actor's own account, as the endpoint shows it.
 fn view(summary: ActorSummary) -> ActorView {
     ActorView {
         kind: summary.kind,
         id: summary.id,
         arbiter: Some(summary.arbiter),
-        mailbox_len: None,
+        mailbox_len: Some(summary.mailbox_len),
         handled: Some(summary.handled),
         state: summary.state,
     }

@@ -174,6 +174,8 @@ fn i3_debug_actors_log_executions_and_metrics() {
         for field in ["kind", "id", "arbiter", "mailbox_len", "handled", "state"] {
             assert!(actor.get(field).is_some(), "{field} missing in {actor}");
         }
+        // Every actor that answered counts what waits in its mailbox.
+        assert!(actor["mailbox_len"].is_u64(), "{actor}");
     }
     assert!(actors.iter().any(|actor| actor["kind"] == "supervisor"));
     let live = actors
@@ -269,6 +271,7 @@ fn i3_debug_actors_log_executions_and_metrics() {
         "openprogram_committer_queue_depth ",
         "openprogram_state_loads_total{from=\"replay\"} ",
         "openprogram_live_actors{kind=\"execution\"} 1",
+        "openprogram_execution_mailbox_messages 0\n",
         "openprogram_executions{state=\"running\"} 1",
         "# TYPE openprogram_commits_total counter",
     ] {

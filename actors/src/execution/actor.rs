@@ -18,6 +18,7 @@ use crate::attempt_lease::{AttemptLeaseActor, LeaseState, Release, Renew};
 use crate::env::Env;
 use crate::error::Error;
 use crate::machine::{LiveOutcome, Machine, Next};
+use crate::mailbox::Mailbox;
 use crate::snapshot::Snapshot;
 use openprogram_storage::planted::{planted, Bug};
 
@@ -38,9 +39,10 @@ pub struct ExecutionActor {
     pub(super) usage_meter: Option<(EffectId, crate::agent::UsageMeter)>,
     /// The lease of this actor's attempt, and the actor holding it once the attempt started.
     pub(super) lease: Arc<LeaseState>,
-    pub(super) lease_actor: Option<Addr<AttemptLeaseActor>>,
-    /// Messages handled, for the debug endpoint.
+    pub(super) lease_actor: Option<Mailbox<AttemptLeaseActor>>,
+    /// Messages handled, and those waiting in its mailbox, for the debug endpoint.
     pub(super) handled: u64,
+    pub(super) mailbox: crate::mailbox::Depth,
     /// Every log line of this actor carries the execution and attempt (I-5).
     pub(super) span: tracing::Span,
     /// A progress write failed: waiters for this execution's end are told it stopped.
@@ -87,6 +89,8 @@ impl std::fmt::Debug for ExecutionActor {
     }
 }
 
+crate::mailbox::counted_mailbox!(ExecutionActor);
+
 impl Actor for ExecutionActor {
     type Context = Context<Self>;
 
@@ -132,6 +136,7 @@ impl ExecutionActor {
         lease: Arc<LeaseState>,
         claimed: bool,
         token: u64,
+        mailbox: crate::mailbox::Depth,
     ) -> Self {
         // I-5: the execution, then this actor's attempt of it; steps, calls and commits are
         // the attempt's children, and every span carries both ids.
@@ -173,6 +178,7 @@ impl ExecutionActor {
             lease,
             lease_actor: None,
             handled: 0,
+            mailbox,
             live_askers: HashMap::new(),
             recording_lost: 0,
             session_looked: false,
@@ -185,11 +191,18 @@ impl ExecutionActor {
         }
     }
 
+    /// This actor's address, counting what it sends itself in its mailbox's depth.
+    pub(super) fn own_mailbox(&self, ctx: &Context<Self>) -> Mailbox<Self> {
+        Mailbox::new(ctx.address(), self.mailbox.clone())
+    }
+
     /// Starts the lease actor of this attempt and renews it every third of its ttl while
     /// this actor's thread makes progress.
     pub(super) fn hold_lease(&mut self, ctx: &mut Context<Self>) {
         self.lease.renew();
-        self.lease_actor = Some(AttemptLeaseActor::new(Arc::clone(&self.lease)).start());
+        let lease = Arc::clone(&self.lease);
+        let lease_actor = Mailbox::start_with(|mailbox| AttemptLeaseActor::new(lease, mailbox));
+        self.lease_actor = Some(lease_actor);
         ctx.run_interval(self.lease.ttl / 3, |act, _ctx| {
             if let Some(lease_actor) = &act.lease_actor {
                 lease_actor.do_send(Renew);
@@ -425,7 +438,7 @@ pub(super) fn log_failure(
 /// What the execution actor says about itself, with its attempt-lease actor (if it holds a
 /// running attempt) for the debug endpoint to ask in turn.
 #[derive(Debug, Message)]
-#[rtype(result = "(crate::describe::ActorSummary, Option<Addr<AttemptLeaseActor>>)")]
+#[rtype(result = "(crate::describe::ActorSummary, Option<Mailbox<AttemptLeaseActor>>)")]
 pub struct DescribeExecution;
 
 impl Handler<DescribeExecution> for ExecutionActor {
@@ -438,6 +451,7 @@ impl Handler<DescribeExecution> for ExecutionActor {
             id: self.execution_id.to_string(),
             arbiter: crate::describe::arbiter_name(),
             handled: self.handled,
+            mailbox_len: self.mailbox.get(),
             state: format!(
                 "{} (version {}, epoch {}, {}{} live questions)",
                 self.machine.status(),

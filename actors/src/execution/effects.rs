@@ -256,11 +256,12 @@ impl ExecutionActor {
         };
         let (recovery, running) = match (self.env.tools.get(&pending.tool), pending.args.parse()) {
             (Some(tool), Ok(args)) => {
+                let mailbox = self.own_mailbox(ctx);
                 let handle = CallHandle::new(
                     effect_id,
-                    ctx.address().recipient(),
-                    ctx.address().recipient(),
-                    ctx.address().recipient(),
+                    mailbox.recipient(),
+                    mailbox.recipient(),
+                    mailbox.recipient(),
                 );
                 (
                     tool.recovery(),

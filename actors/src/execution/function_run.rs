@@ -77,7 +77,7 @@ impl ExecutionActor {
         let context = FunctionContext::new(
             self.execution_id,
             run,
-            &ctx.address(),
+            &self.own_mailbox(ctx),
             Arc::clone(&self.env.functions),
         );
         self.run_steps.begin(context.started_steps());

@@ -58,7 +58,9 @@ impl Handler<StartProcess> for ExecutionActor {
             }
             let (sender, exit) = oneshot::channel();
             let host = std::sync::Arc::clone(&act.env);
-            let addr = ProcessActor::new(host, record, spawned, sender).start();
+            let addr = crate::mailbox::Mailbox::start_with(|mailbox| {
+                ProcessActor::new(host, record, spawned, sender, mailbox)
+            });
             act.env.processes.insert(process_id, addr);
             Ok(StartedProcess { process_id, exit })
         })))

@@ -122,7 +122,7 @@ impl ExecutionActor {
                 tracing::info!(execution_id = %act.execution_id, %effect_id, ?status, "reconciled by the tool's protocol");
                 // Through the mailbox, like any command: never beside one in progress. The
                 // actor stays (`reconciling`) until the answer is applied.
-                ctx.address().do_send(ReconcileAnswer(reconcile_command(
+                act.own_mailbox(ctx).do_send(ReconcileAnswer(reconcile_command(
                     act, effect_id, round, status, output,
                 )));
             }),

@@ -24,6 +24,7 @@ use futures::channel::oneshot;
 use openprogram_storage::{Blob, ProcessId, ProcessRecord, ProcessState};
 
 use crate::call::ProcessExit;
+use crate::mailbox::Mailbox;
 
 /// The output tail kept in memory and persisted (P-1: bounded, whatever the process prints).
 pub const OUTPUT_TAIL_BYTES: usize = 64 * 1024;
@@ -57,22 +58,22 @@ pub struct ProcessProgress {
 /// The live process actors of a runtime, by process id.
 #[derive(Debug, Default)]
 pub struct Processes {
-    live: Mutex<HashMap<ProcessId, Addr<ProcessActor>>>,
+    live: Mutex<HashMap<ProcessId, Mailbox<ProcessActor>>>,
 }
 
 impl Processes {
-    pub fn get(&self, process_id: ProcessId) -> Option<Addr<ProcessActor>> {
+    pub fn get(&self, process_id: ProcessId) -> Option<Mailbox<ProcessActor>> {
         self.lock().get(&process_id).cloned()
     }
 
-    pub fn all(&self) -> Vec<(ProcessId, Addr<ProcessActor>)> {
+    pub fn all(&self) -> Vec<(ProcessId, Mailbox<ProcessActor>)> {
         self.lock()
             .iter()
             .map(|(id, addr)| (*id, addr.clone()))
             .collect()
     }
 
-    pub(crate) fn insert(&self, process_id: ProcessId, addr: Addr<ProcessActor>) {
+    pub(crate) fn insert(&self, process_id: ProcessId, addr: Mailbox<ProcessActor>) {
         self.lock().insert(process_id, addr);
     }
 
@@ -80,7 +81,7 @@ impl Processes {
         self.lock().remove(&process_id);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ProcessId, Addr<ProcessActor>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ProcessId, Mailbox<ProcessActor>>> {
         self.live.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -93,7 +94,7 @@ pub trait ProcessHost: Send + Sync {
     fn progress_to(
         &self,
         execution_id: openprogram_storage::ExecutionId,
-    ) -> crate::Result<Recipient<ProcessProgress>>;
+    ) -> crate::Result<crate::mailbox::CountedRecipient<ProcessProgress>>;
     /// The process ended: it leaves the registry of live processes.
     fn ended(&self, process_id: ProcessId);
     fn stop_grace(&self) -> Duration;
@@ -116,6 +117,7 @@ pub struct ProcessActor {
     finishing: bool,
     exit_watcher: Option<oneshot::Sender<ProcessExit>>,
     handled: u64,
+    mailbox: crate::mailbox::Depth,
 }
 
 impl std::fmt::Debug for ProcessActor {
@@ -133,6 +135,7 @@ impl ProcessActor {
         record: ProcessRecord,
         spawned: os::Spawned,
         exit_watcher: oneshot::Sender<ProcessExit>,
+        mailbox: crate::mailbox::Depth,
     ) -> Self {
         Self {
             host,
@@ -147,6 +150,7 @@ impl ProcessActor {
             finishing: false,
             exit_watcher: Some(exit_watcher),
             handled: 0,
+            mailbox,
         }
     }
 
@@ -288,6 +292,8 @@ impl ProcessActor {
     }
 }
 
+crate::mailbox::counted_mailbox!(ProcessActor);
+
 impl Actor for ProcessActor {
     type Context = Context<Self>;
 
@@ -362,6 +368,7 @@ impl Handler<crate::describe::Describe> for ProcessActor {
             id: self.record.process_id.to_string(),
             arbiter: crate::describe::arbiter_name(),
             handled: self.handled,
+            mailbox_len: self.mailbox.get(),
             state: format!(
                 "pid {} of execution {}, {} output bytes{}",
                 self.signaller.identity().pid,

@@ -190,6 +190,12 @@ fn runtime_metrics(out: &mut Prometheus, runtime: &Runtime) {
             ],
         ),
     );
+    out.gauge(
+        "execution_mailbox_messages",
+        "Messages waiting in the mailboxes of this node's execution actors: commands, answers \
+         and wakes sent and not yet handled. /debug/actors shows each actor's.",
+        inspect.execution_mailbox_messages() as f64,
+    );
 }
 
 /// S-8: what retention purged and swept, and the store's size on disk.
@@ -295,9 +301,7 @@ fn index_metrics(out: &mut Prometheus, store: &dyn EventReader, live: usize) -> 
         "parked_executions",
         "Executions not ended and without a live actor on this node (waiting, paused, queued, \
          idle; on a cluster, those other nodes run too): \
-         they cost no memory until a command, an answer or a lease activates them. Actor \
-         mailboxes are not measured (actix does not expose their depth); the committer's is \
-         committer_queue_depth.",
+         they cost no memory until a command, an answer or a lease activates them.",
         unfinished.saturating_sub(live) as f64,
     );
     out.gauge(
