@@ -79,7 +79,7 @@ pub use openprogram_actors::function::{DurableFunction, FunctionContext, StepErr
 pub use openprogram_actors::http_tool;
 #[cfg(feature = "providers")]
 pub use openprogram_actors::providers;
-pub use openprogram_actors::recovery::{ManualClock, RestartWindow};
+pub use openprogram_actors::recovery::{Clock, ManualClock, RestartWindow};
 pub use openprogram_actors::resource_queue::{QueueReport, QueueStats, WAIT_BUCKETS_MS};
 pub use openprogram_actors::resources::{Lease, ResourceView};
 pub use openprogram_actors::service::{

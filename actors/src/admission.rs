@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use openprogram_storage::{
     Event, EventStore, ExecutionHead, ExecutionId, ExecutionKind, ExecutionState, JobBudget,
-    JobRecord, MessageId, Outcome, RunId, SessionId, Transition, Upsert,
+    JobRecord, MessageId, Outcome, RestartWindow, RunId, SessionId, Transition, Upsert,
 };
 use serde::Deserialize;
 
@@ -31,6 +31,20 @@ pub struct StartRequest {
     pub job: Option<JobRequest>,
     /// C-2: what this message does while another turn of the session runs (default `queue`).
     pub when_busy: Option<BusyStrategy>,
+    /// K-7: its own restart window, in place of the runtime's: `-1`, `0` or a duration.
+    #[serde(default, deserialize_with = "restart_window_field")]
+    pub restart_window: Option<RestartWindow>,
+}
+
+/// K-7: a start body's `restart_window`, as a command's is read (a serde field reader).
+pub fn restart_window_field<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Option<RestartWindow>, D::Error> {
+    let value = Option::<serde_json::Value>::deserialize(deserializer)?;
+    value
+        .map(|value| crate::command_fields::restart_window(&value))
+        .transpose()
+        .map_err(serde::de::Error::custom)
 }
 
 /// C-2: what a message does while another turn holds its session.
@@ -138,6 +152,12 @@ impl Admission {
             parent_message_id: request.parent_message_id,
             input: encoded,
         }];
+        if let Some(window) = request.restart_window {
+            events.push(crate::machine::restart::window_at_start(
+                execution_id,
+                window,
+            ));
+        }
         if request.start_paused {
             let reason = String::from("start_paused");
             head.state = ExecutionState::Paused;
@@ -236,7 +256,12 @@ impl Admission {
         for (event, seq) in self.events.iter().zip(1..).skip(folded) {
             machine.apply(event, seq, &mut ignored);
         }
+        let policy =
+            crate::machine::restart::policy_record(self.head.execution_id, self.events.iter());
         let mut transition = Transition::create(self.head, self.events);
+        if let Some(policy) = policy {
+            transition = transition.with(Upsert::Policy(policy));
+        }
         if let Some(job) = self.job {
             transition = transition.with(Upsert::Job(job));
         }

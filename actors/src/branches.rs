@@ -77,9 +77,18 @@ impl Service {
             ControlFlow::Continue(decided) => decided,
             ControlFlow::Break(refused) => return Ok(refused),
         };
-        let (transition, record) = self.child(&parent, checkpoint, record)?;
+        let (transition, record, queued) = self.child(&parent, checkpoint, record)?;
+        let child_id = transition.execution_id;
         match store.submit(transition).await? {
-            Outcome::Committed(_) => Ok(CommandReply::of(&record)),
+            Outcome::Committed(_) => {
+                // K-3: a Job's child follows its scheduler: it waits in the resource queue.
+                if let Some(queued) = queued {
+                    let queued = crate::machine::job::queued_job(&queued);
+                    let enqueue = [crate::machine::Action::Enqueue];
+                    self.env().tell_queue(child_id, &queued, &enqueue);
+                }
+                Ok(CommandReply::of(&record))
+            }
             Outcome::DuplicateCommand { stored } => Ok(CommandReply::of(&stored)),
             // The same fork, committed by a concurrent delivery of this command id first.
             Outcome::CommandConflict { stored } => {
@@ -132,18 +141,21 @@ impl Service {
     }
 
     /// The child of a decided Fork (`checkpoint`) or Retry and its command's record, as one
-    /// transition: a new execution of the parent's run and message, paused (K-2).
+    /// transition: a new execution of the parent's run and message. An agent's child, or a
+    /// person's function (a foreground turn too), starts paused and needs Continue (K-2); a
+    /// Job's follows its scheduler (K-3): queued, its `JobQueued` returned for the queue.
     fn child(
         &self,
         parent: &ExecutionHead,
         checkpoint: Option<u64>,
         record: CommandRecord,
-    ) -> Result<(Transition, CommandRecord)> {
+    ) -> Result<(Transition, CommandRecord, Option<Event>)> {
         let ChildStart {
             input,
             parent_message_id,
             forked,
             job,
+            restart_window,
         } = self.child_start(parent, checkpoint)?;
         let child_id = ExecutionId::new();
         let session_id = parent.session_id;
@@ -156,8 +168,11 @@ impl Service {
         let reason = checkpoint.map_or("retry", |_| "fork");
         let called_by_agent = serde_json::from_str::<crate::machine::FunctionInput>(&input)
             .is_ok_and(|called| called.called_by.is_some());
-        head.state = ExecutionState::Paused;
-        head.pause_reason = Some(reason.into());
+        let paused = job.is_none();
+        if paused {
+            head.state = ExecutionState::Paused;
+            head.pause_reason = Some(reason.into());
+        }
         let mut child_events = vec![Event::Admitted {
             kind: head.kind,
             session_id,
@@ -183,13 +198,18 @@ impl Service {
         let job_record = job
             .as_ref()
             .and_then(|queued| crate::machine::job::queued_record(&head, queued));
-        child_events.extend(job);
+        child_events.extend(job.clone());
         child_events.extend(forked);
-        // Agent children start paused and need Continue (K-2).
-        child_events.push(Event::StateChanged {
-            state: ExecutionState::Paused,
-            reason: reason.into(),
-        });
+        let window =
+            restart_window.map(|window| crate::machine::restart::window_at_start(child_id, window));
+        child_events.extend(window);
+        let policy = crate::machine::restart::policy_record(child_id, child_events.iter());
+        if paused {
+            child_events.push(Event::StateChanged {
+                state: ExecutionState::Paused,
+                reason: reason.into(),
+            });
+        }
         let record = CommandRecord {
             execution_id: child_id,
             status: CommandStatus::Applied,
@@ -202,7 +222,10 @@ impl Service {
         if let Some(job_record) = job_record {
             transition = transition.with(Upsert::Job(job_record));
         }
-        Ok((transition, record))
+        if let Some(policy) = policy {
+            transition = transition.with(Upsert::Policy(policy));
+        }
+        Ok((transition, record, job))
     }
 
     /// What the child starts from: the parent's admission input, and for a fork
@@ -242,11 +265,16 @@ impl Service {
             }),
             _ => None,
         });
+        // K-7: the child keeps the original's own restart window.
+        let parent_events = events.iter().map(|envelope| &envelope.event);
+        let restart_window = crate::machine::restart::policy_record(parent_id, parent_events)
+            .map(|policy| policy.restart_window);
         Ok(ChildStart {
             input,
             parent_message_id,
             forked,
             job,
+            restart_window,
         })
     }
 
@@ -379,6 +407,8 @@ struct ChildStart {
     forked: Vec<Event>,
     /// J-1: the original's `JobQueued`, anew for the child, if the original is a Job.
     job: Option<Event>,
+    /// K-7: the original's own restart window, if it has one.
+    restart_window: Option<openprogram_storage::RestartWindow>,
 }
 
 /// The admission input (JSON text) and parent message of an execution's events.

@@ -11,7 +11,7 @@
 
 use openprogram_storage::{
     AnswerScope, CommandId, CommandRecord, CommandStatus, Control, EffectId, ExecutionId,
-    JobBudget, ProcessId, ReceiptStatus, VersionPolicy, WaitId,
+    JobBudget, ProcessId, ReceiptStatus, RestartWindow, VersionPolicy, WaitId,
 };
 use serde_json::{json, Map, Value};
 
@@ -72,7 +72,7 @@ impl CommandKind {
         ("decline", &["wait_id"]),
         ("reconcile", &["outcome", "text", "effect_id"]),
         ("stop_process", &["process_id"]),
-        ("set_policy", &["policy"]),
+        ("set_policy", &["policy", "restart_window"]),
         ("revoke", &["grant_id"]),
     ];
 
@@ -197,9 +197,11 @@ pub enum CommandBody {
     StopProcess {
         process_id: ProcessId,
     },
-    /// F-3, K-7: a durable function's version policy from now on.
+    /// F-3, K-7: a durable function's version policy, and the execution's own restart
+    /// window, from now on (at least one of them).
     SetPolicy {
-        policy: VersionPolicy,
+        policy: Option<VersionPolicy>,
+        restart_window: Option<RestartWindow>,
     },
     /// W-7: the grant of the approval `grant_id` approves nothing from now on.
     Revoke {
@@ -280,9 +282,17 @@ impl CommandBody {
                 }
             }
             CommandKind::SetPolicy => {
-                let message = "set_policy needs `policy`: keep_original or use_latest";
+                let (policy, restart_window) = (policy_of(reader)?, restart_window_of(reader)?);
+                if policy.is_none() && restart_window.is_none() {
+                    return Err(Error::InvalidRequest(
+                        "set_policy needs `policy` (keep_original or use_latest) or \
+                         `restart_window` (-1, 0 or a duration like \"2h\")"
+                            .into(),
+                    ));
+                }
                 CommandBody::SetPolicy {
-                    policy: required(policy_of(reader)?, message)?,
+                    policy,
+                    restart_window,
                 }
             }
         })
@@ -325,7 +335,17 @@ impl From<Control> for CommandBody {
                 answer,
                 scope,
             },
-            Control::SetPolicy { policy } => CommandBody::SetPolicy { policy },
+            Control::SetPolicy { policy } => CommandBody::SetPolicy {
+                policy: Some(policy),
+                restart_window: None,
+            },
+            Control::SetExecutionPolicy {
+                version_policy,
+                restart_window,
+            } => CommandBody::SetPolicy {
+                policy: version_policy,
+                restart_window: Some(restart_window),
+            },
             Control::Decline { wait_id } => CommandBody::Decline {
                 wait: WaitRef::Id(wait_id),
             },
@@ -343,7 +363,7 @@ pub struct Command {
     pub body: CommandBody,
 }
 
-use crate::command_fields::{budget_of, policy_of, required, scope_of, Reader};
+use crate::command_fields::{budget_of, policy_of, required, restart_window_of, scope_of, Reader};
 pub use crate::command_fields::{parse_budget, TEXT_BYTES_MAX};
 
 impl Command {
@@ -433,7 +453,13 @@ impl Command {
                 "text": text,
             }),
             CommandBody::StopProcess { process_id } => json!({ "process_id": process_id }),
-            CommandBody::SetPolicy { policy } => json!({ "policy": policy.as_str() }),
+            CommandBody::SetPolicy {
+                policy,
+                restart_window,
+            } => json!({
+                "policy": policy.map(VersionPolicy::as_str),
+                "restart_window": restart_window.map(|window| window.to_string()),
+            }),
             CommandBody::Revoke { grant_id } => json!({ "grant_id": grant_id }),
         };
         let Value::Object(mut body) = fields else {

@@ -1,8 +1,9 @@
 //! Reading a command body's fields: typed, bounded, `null` the same as absent; a
-//! `policy` (F-3), a `budget` (J-1) and an answer's `scope` (W-7). `command.rs` puts them
+//! `policy` (F-3), a `restart_window` (K-7), a `budget` (J-1) and an answer's `scope` (W-7).
+//! `command.rs` puts them
 //! together into a body.
 
-use openprogram_storage::{AnswerScope, JobBudget, VersionPolicy};
+use openprogram_storage::{AnswerScope, JobBudget, RestartWindow, VersionPolicy};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
@@ -20,6 +21,24 @@ pub(crate) fn policy_of(reader: &Reader) -> Result<Option<VersionPolicy>> {
             ))
         }),
     }
+}
+
+/// K-7: a restart window as JSON gives it: `-1` (no limit), `0` (no automatic restart), or
+/// a duration (`"90s"`, `"15m"`, `"2h"`, `"1d"`, `"500ms"`; a bare number is seconds).
+pub(crate) fn restart_window(value: &Value) -> std::result::Result<RestartWindow, String> {
+    match value {
+        Value::String(text) => text.parse(),
+        Value::Number(number) => number.to_string().parse(),
+        _ => Err("a restart window is -1, 0 or a duration like \"90s\" or \"2h\"".into()),
+    }
+}
+
+/// K-7: the `restart_window` of a command body, if any.
+pub(crate) fn restart_window_of(reader: &Reader) -> Result<Option<RestartWindow>> {
+    reader
+        .get("restart_window")
+        .map(|value| restart_window(value).map_err(Error::InvalidRequest))
+        .transpose()
 }
 
 /// An answer's `scope`: `operation` when absent.

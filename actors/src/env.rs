@@ -153,8 +153,12 @@ impl std::fmt::Debug for Env {
 impl Env {
     /// The restart window recovery applies to `head`: unlimited for a turn waiting in its
     /// session's line (C-2: it ran nothing; resumed, it looks whether it may take its
-    /// session), else the runtime's.
-    pub fn restart_window_of(&self, head: &ExecutionHead) -> RestartWindow {
+    /// session), else its `own` (K-7), else the runtime's.
+    pub fn restart_window_of(
+        &self,
+        head: &ExecutionHead,
+        own: Option<RestartWindow>,
+    ) -> RestartWindow {
         let in_line = head.state == openprogram_storage::ExecutionState::Queued
             && self
                 .store
@@ -164,7 +168,7 @@ impl Env {
                 .is_some_and(|session| session.waiting.contains(&head.execution_id));
         match in_line {
             true => RestartWindow::Unlimited,
-            false => self.restart_window,
+            false => own.unwrap_or(self.restart_window),
         }
     }
 

@@ -4,10 +4,10 @@
 //! performs the plan.
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+pub use openprogram_storage::RestartWindow;
 use openprogram_storage::{ExecutionHead, ExecutionState, OwnerId, RestartIntent, RevisionId};
 
 use crate::machine::RESTART_PAUSE_REASON;
@@ -58,90 +58,6 @@ impl Default for ManualClock {
 impl Clock for ManualClock {
     fn now_ms(&self) -> u64 {
         self.now_ms.load(Ordering::SeqCst)
-    }
-}
-
-/// how long after an interruption an execution may still continue by itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum RestartWindow {
-    /// `-1`, the default: no time limit (a null deadline).
-    #[default]
-    Unlimited,
-    /// `0`: no automatic restart.
-    Disabled,
-    /// A deadline this long after the shutdown intent or the last durable activity.
-    Within(Duration),
-}
-
-impl RestartWindow {
-    /// The deadline of an interruption at `since_ms` (the shutdown intent, or the abandoned
-    /// attempt's last durable activity — never the next startup).
-    pub fn deadline_from(self, since_ms: u64) -> Option<u64> {
-        match self {
-            RestartWindow::Unlimited => None,
-            RestartWindow::Disabled => Some(since_ms),
-            RestartWindow::Within(window) => {
-                Some(since_ms.saturating_add(window.as_millis() as u64))
-            }
-        }
-    }
-}
-
-/// Parses `-1`, `0`, or a duration: `90s`, `15m`, `2h`, `1d`, `500ms`, or plain seconds.
-impl FromStr for RestartWindow {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, String> {
-        let text = text.trim();
-        match text {
-            "-1" => return Ok(RestartWindow::Unlimited),
-            "0" => return Ok(RestartWindow::Disabled),
-            _ => {}
-        }
-        let split = text
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len());
-        let (number, unit) = text.split_at(split);
-        let invalid =
-            || format!("invalid restart window `{text}`: use -1, 0 or a duration like 90s, 2h");
-        let number: u64 = number.parse().map_err(|_| invalid())?;
-        let millis = match unit {
-            "ms" => Some(number),
-            "" | "s" => number.checked_mul(1_000),
-            "m" => number.checked_mul(60_000),
-            "h" => number.checked_mul(3_600_000),
-            "d" => number.checked_mul(86_400_000),
-            _ => None,
-        }
-        .ok_or_else(invalid)?;
-        Ok(match millis {
-            0 => RestartWindow::Disabled,
-            millis => RestartWindow::Within(Duration::from_millis(millis)),
-        })
-    }
-}
-
-impl fmt::Display for RestartWindow {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RestartWindow::Unlimited => f.write_str("-1"),
-            RestartWindow::Disabled => f.write_str("0"),
-            RestartWindow::Within(window) => {
-                let ms = window.as_millis();
-                match [
-                    (86_400_000, "d"),
-                    (3_600_000, "h"),
-                    (60_000, "m"),
-                    (1_000, "s"),
-                ]
-                .into_iter()
-                .find(|(unit, _)| ms % unit == 0)
-                {
-                    Some((unit, name)) => write!(f, "{}{name}", ms / unit),
-                    None => write!(f, "{ms}ms"),
-                }
-            }
-        }
     }
 }
 

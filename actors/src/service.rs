@@ -43,6 +43,9 @@ pub struct FunctionStart {
     pub start_paused: bool,
     /// J-1: admit it as a background Job, through the resource queue.
     pub job: Option<crate::admission::JobRequest>,
+    /// K-7: its own restart window, in place of the runtime's.
+    #[serde(default, deserialize_with = "crate::admission::restart_window_field")]
+    pub restart_window: Option<openprogram_storage::RestartWindow>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -288,6 +291,7 @@ impl Service {
             message: encoded,
             start_paused: request.start_paused,
             job: request.job,
+            restart_window: request.restart_window,
             ..StartRequest::default()
         };
         let reply = self

@@ -40,6 +40,7 @@ async fn r5_an_admission_starts_from_the_state_a_restart_replays() {
                     start_paused,
                     job: None,
                     when_busy: None,
+                    restart_window: None,
                 }
             } else {
                 from_body.clone()

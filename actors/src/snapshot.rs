@@ -38,6 +38,10 @@ pub struct Snapshot {
     pub waits_total: u64,
     pub processes: Vec<ProcessView>,
     pub restart_deadline_ms: Option<u64>,
+    /// K-7: its own restart window (`-1`, `0` or a duration), if it has one; the runtime's
+    /// applies otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restart_window: Option<String>,
     /// A durable function's execution (F-2): what it runs and how far it got.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub function: Option<FunctionView>,
@@ -342,6 +346,7 @@ impl Snapshot {
                 .restart_intent
                 .as_ref()
                 .and_then(|intent| intent.deadline_ms),
+            restart_window: (machine.present.run.restart_window).map(|window| window.to_string()),
             function: FunctionView::of(machine),
             job: JobView::of(head, machine),
         }

@@ -320,6 +320,10 @@ fn plans(
 ) -> Result<Vec<(ExecutionHead, Plan)>> {
     let now_ms = env.clock.now_ms();
     let mut plans = Vec::new();
+    // K-7: the executions with a restart window of their own, in one read.
+    let own_windows: std::collections::HashMap<_, _> = (env.store.policies()?.into_iter())
+        .map(|policy| (policy.execution_id, policy.restart_window))
+        .collect();
     for state in ExecutionState::ALL
         .into_iter()
         .filter(|state| !state.is_terminal())
@@ -358,7 +362,8 @@ fn plans(
                     }
                 };
             // C-2: a turn waiting in its session's line ran nothing either.
-            let window = env.restart_window_of(&head);
+            let own = own_windows.get(&execution_id).copied();
+            let window = env.restart_window_of(&head, own);
             let plan = if waits_in_queue {
                 Plan::Stay
             } else {

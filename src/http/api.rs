@@ -43,11 +43,24 @@ pub struct FunctionBody {
     pub start_paused: bool,
     /// J-1: admit it as a background Job.
     pub job: Option<crate::JobRequest>,
+    /// K-7: its own restart window: `-1`, `0` or a duration.
+    #[serde(
+        default,
+        deserialize_with = "openprogram_actors::admission::restart_window_field"
+    )]
+    pub restart_window: Option<openprogram_storage::RestartWindow>,
 }
 
 impl FunctionBody {
-    const FIELDS: [&'static str; 6] =
-        ["kind", "function", "input", "policy", "start_paused", "job"];
+    const FIELDS: [&'static str; 7] = [
+        "kind",
+        "function",
+        "input",
+        "policy",
+        "start_paused",
+        "job",
+        "restart_window",
+    ];
 }
 
 /// What a start body asks for: an agent turn's body is the library's own `StartRequest`.
@@ -109,7 +122,7 @@ fn refuse_unknown_job_fields(raw: &RawValue) -> Result<(), ApiError> {
 
 impl Start {
     /// Every field an agent's start body may carry (X-3: anything else is `unknown_field`).
-    const AGENT_FIELDS: [&'static str; 8] = [
+    const AGENT_FIELDS: [&'static str; 9] = [
         "kind",
         "message",
         "parent_message_id",
@@ -118,6 +131,7 @@ impl Start {
         "start_paused",
         "job",
         "when_busy",
+        "restart_window",
     ];
 
     /// Reads a start body (SPEC §6), refusing what this build does not understand
@@ -192,6 +206,7 @@ pub async fn start_execution(
                 revision: None,
                 start_paused: body.start_paused,
                 job: body.job,
+                restart_window: body.restart_window,
             };
             json!(api.runtime.start_function(session, start).await?)
         }

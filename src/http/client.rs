@@ -132,9 +132,13 @@ pub struct Control {
     /// fork: the checkpoint seq to fork from (default: the latest saved point).
     #[arg(long)]
     pub checkpoint: Option<u64>,
-    /// set-policy: `keep_original` or `use_latest`.
+    /// set-policy: `keep_original` or `use_latest` (durable functions).
     #[arg(long)]
     pub policy: Option<String>,
+    /// set-policy: how long after an interruption this execution may still continue by
+    /// itself: -1 (no limit), 0 (never) or a duration like 2h.
+    #[arg(long, allow_hyphen_values = true)]
+    pub restart_window: Option<String>,
 }
 
 /// `openprogram ctl`: sends the command, prints its reply. A refused command fails. The
@@ -158,6 +162,7 @@ pub fn ctl(target: &Target, control: &Control, as_json: bool) -> Result<String, 
         ("outcome", json!(control.outcome)),
         ("checkpoint", json!(control.checkpoint)),
         ("policy", json!(control.policy)),
+        ("restart_window", json!(control.restart_window)),
     ];
     for (name, value) in &fields {
         if !value.is_null() {

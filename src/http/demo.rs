@@ -149,7 +149,8 @@ async fn seed_functions(
     .await?;
     for body in [
         crate::CommandBody::SetPolicy {
-            policy: crate::VersionPolicy::UseLatest,
+            policy: Some(crate::VersionPolicy::UseLatest),
+            restart_window: None,
         },
         crate::CommandBody::Answer {
             wait: crate::WaitRef::Pending,

@@ -33,6 +33,7 @@
 //! 0x16  execution id, blob hash (32 bytes)     empty: a blob the execution uses, schema 15
 //! 0x17  blob hash (32 bytes)                   empty: a blob kept for good (stored before
 //!                                            schema 15, its users unknown)
+//! 0x18  execution id                         codec(PolicyRecord): its own restart window, schema 17
 //! ```
 
 use crate::ids::{CommandId, EffectId, ExecutionId, ProcessId, SessionId, WaitId};
@@ -61,6 +62,7 @@ pub const CONVERSATION: u8 = 0x14;
 pub const BLOB_USER: u8 = 0x15;
 pub const USED_BLOB: u8 = 0x16;
 pub const PINNED_BLOB: u8 = 0x17;
+pub const POLICY: u8 = 0x18;
 
 pub const META_SCHEMA_VERSION: &str = "schema_version";
 /// Position of the last event whose head, events and records are written to their own keys.
@@ -128,6 +130,10 @@ pub fn job(job_id: ExecutionId) -> [u8; 17] {
 
 pub fn projection(execution_id: ExecutionId) -> [u8; 17] {
     prefixed_id(PROJECTION, execution_id.as_bytes())
+}
+
+pub fn policy(execution_id: ExecutionId) -> [u8; 17] {
+    prefixed_id(POLICY, execution_id.as_bytes())
 }
 
 pub fn purged(execution_id: ExecutionId) -> [u8; 17] {
@@ -245,6 +251,7 @@ pub fn tree_name(key: &[u8]) -> &'static str {
         Some(&SESSION) => "sessions",
         Some(&CONVERSATION) => "conversations",
         Some(&BLOB_USER) | Some(&USED_BLOB) | Some(&PINNED_BLOB) => "blob users",
+        Some(&POLICY) => "policies",
         _ => "unknown",
     }
 }

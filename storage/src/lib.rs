@@ -48,6 +48,7 @@ mod overlay;
 #[cfg(feature = "postgres")]
 pub mod pg;
 pub mod planted;
+pub mod policy;
 mod record_value;
 pub mod records;
 mod shared;
@@ -66,6 +67,7 @@ pub use ids::*;
 pub use open::SalvageReport;
 #[cfg(feature = "postgres")]
 pub use pg::PgStore;
+pub use policy::{PolicyRecord, RestartWindow};
 pub use records::*;
 pub use store::{Incarnation, Limits, MetricsSnapshot, Store};
 pub use transition::{Committed, Outcome, SessionWrite, Transition, Upsert};

@@ -39,6 +39,8 @@
 //!   the last one's purge: every blob stored before is pinned (`0x17`), its users unknown.
 //! - 16: log format 4 (`codec.rs`: a frame carries the attempt only when it changes, and no
 //!   longer the head's last seq and last activity, which its events give). A mark.
+//! - 17: an execution's own restart window (K-7): policy records (`0x18`) and the control
+//!   `SetExecutionPolicy`. A mark.
 
 use crate::codec;
 use crate::error::{Error, Result};
@@ -46,7 +48,7 @@ use crate::keys;
 use crate::record_value::RecordValue;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 16;
+pub const SCHEMA_VERSION: u32 = 17;
 
 /// One migration: from `from` to `from + 1`, adding its changes to the batch.
 type Step = fn(&sled::Db, &mut sled::Batch) -> Result<()>;

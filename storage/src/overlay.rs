@@ -168,15 +168,13 @@ impl Overlay {
     }
 
     /// Every process record held here, the newest version of each.
-    pub fn processes(&self) -> HashMap<RecordKey, crate::records::ProcessRecord> {
+    /// The records held here that `pick` takes, by key.
+    pub fn records<T>(&self, pick: fn(&RecordValue) -> Option<T>) -> HashMap<RecordKey, T> {
         // Collected frozen first, so the active version of a record wins.
         [&self.frozen, &self.active]
             .into_iter()
             .flat_map(|layer| &layer.records)
-            .filter_map(|(key, value)| match value {
-                RecordValue::Process(process) => Some((*key, process.clone())),
-                _ => None,
-            })
+            .filter_map(|(key, value)| Some((*key, pick(value)?)))
             .collect()
     }
 
@@ -512,6 +510,7 @@ pub(crate) fn record_key(record: &RecordValue) -> RecordKey {
         RecordValue::Job(job) => keys::job(job.job_id),
         RecordValue::Projection(projection) => keys::projection(projection.execution_id),
         RecordValue::Session(session) => keys::session(session.session_id),
+        RecordValue::Policy(policy) => keys::policy(policy.execution_id),
     }
 }
 

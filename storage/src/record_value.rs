@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::ExecutionId;
+use crate::policy::PolicyRecord;
 use crate::records::{
     CommandRecord, JobRecord, ProcessRecord, ProjectionRecord, ReceiptRecord, SessionRecord,
     WaitRecord,
@@ -28,6 +29,8 @@ pub(crate) enum RecordValue {
     /// Since schema 11 (stored variant 7): written by the committer from a transition's
     /// `SessionWrite`, never carried as an upsert.
     Session(SessionRecord),
+    /// K-7, since schema 17 (stored variant 8): an execution's own restart window.
+    Policy(PolicyRecord),
 }
 
 impl RecordValue {
@@ -39,6 +42,7 @@ impl RecordValue {
             RecordValue::Receipt(record) => Some(record.execution_id),
             RecordValue::Wait(record) => Some(record.execution_id),
             RecordValue::Process(record) => Some(record.execution_id),
+            RecordValue::Policy(record) => Some(record.execution_id),
             RecordValue::Job(_) | RecordValue::Projection(_) | RecordValue::Session(_) => None,
         }
     }
@@ -64,6 +68,7 @@ impl RecordValue {
             RecordValue::Job(record) => record.job_id.as_uuid(),
             RecordValue::Projection(record) => record.execution_id.as_uuid(),
             RecordValue::Session(record) => record.session_id.as_uuid(),
+            RecordValue::Policy(record) => record.execution_id.as_uuid(),
         }
     }
 }
@@ -93,6 +98,7 @@ enum WireRecord {
     Job(JobRecord),
     Projection(ProjectionRecord),
     Session(SessionRecord),
+    Policy(PolicyRecord),
 }
 
 /// What `RecordValue` is stored as, written (the same indexes; index 0 is never written).
@@ -107,6 +113,7 @@ enum WireRecordRef<'a> {
     Job(&'a JobRecord),
     Projection(&'a ProjectionRecord),
     Session(&'a SessionRecord),
+    Policy(&'a PolicyRecord),
 }
 
 impl Serialize for RecordValue {
@@ -122,6 +129,7 @@ impl Serialize for RecordValue {
             RecordValue::Job(record) => WireRecordRef::Job(record),
             RecordValue::Projection(record) => WireRecordRef::Projection(record),
             RecordValue::Session(record) => WireRecordRef::Session(record),
+            RecordValue::Policy(record) => WireRecordRef::Policy(record),
         }
         .serialize(serializer)
     }
@@ -151,6 +159,7 @@ impl<'de> Deserialize<'de> for RecordValue {
             WireRecord::Job(record) => RecordValue::Job(record),
             WireRecord::Projection(record) => RecordValue::Projection(record),
             WireRecord::Session(record) => RecordValue::Session(record),
+            WireRecord::Policy(record) => RecordValue::Policy(record),
         })
     }
 }

@@ -220,6 +220,12 @@ pub enum Control {
     Revoke {
         grant_id: WaitId,
     },
+    /// K-7: the execution's own restart window from now on, and a function's version
+    /// policy with it if given (schema 17). Starts nothing.
+    SetExecutionPolicy {
+        version_policy: Option<VersionPolicy>,
+        restart_window: crate::policy::RestartWindow,
+    },
 }
 
 named! {
@@ -263,7 +269,7 @@ impl Control {
             Control::Answer { .. } => "answer",
             Control::Decline { .. } => "decline",
             Control::StopProcess { .. } => "stop_process",
-            Control::SetPolicy { .. } => "set_policy",
+            Control::SetPolicy { .. } | Control::SetExecutionPolicy { .. } => "set_policy",
             Control::Revoke { .. } => "revoke",
         }
     }

@@ -161,6 +161,8 @@ pub enum Upsert {
     Process(ProcessRecord),
     /// J-1: a Job's standing with the resource queue and its lease.
     Job(JobRecord),
+    /// K-7: the execution's own restart window, with the transition that set it.
+    Policy(crate::policy::PolicyRecord),
     /// S-8: the execution's projection as of a seq (replaces the one before).
     Projection(ProjectionRecord),
     /// Stored once by content; written in the same group as the transition.
@@ -175,6 +177,7 @@ impl Upsert {
             Upsert::Wait(record) => Some(RecordValue::Wait(record)),
             Upsert::Process(record) => Some(RecordValue::Process(record)),
             Upsert::Job(record) => Some(RecordValue::Job(record)),
+            Upsert::Policy(record) => Some(RecordValue::Policy(record)),
             Upsert::Projection(record) => Some(RecordValue::Projection(record)),
             Upsert::Blob(_) => None,
         }
@@ -243,6 +246,7 @@ impl Transition {
                 Upsert::Wait(record) => codec::encoded_size(record),
                 Upsert::Process(record) => codec::encoded_size(record),
                 Upsert::Job(record) => codec::encoded_size(record),
+                Upsert::Policy(record) => codec::encoded_size(record),
                 // A projection too large for its transition is left out at commit (S-8).
                 Upsert::Projection(_) => 0,
                 Upsert::Blob(_) => 0,

@@ -370,7 +370,7 @@ async fn k3_a_control_outside_the_capabilities_is_rejected_with_the_list() {
     assert_eq!(rejected.status, "rejected");
     let reason = rejected.reason.unwrap_or_default();
     assert!(
-        reason.contains("available: [pause, steer, cancel, fork]"),
+        reason.contains("available: [pause, steer, cancel, set_policy, fork]"),
         "{reason}"
     );
 }
@@ -386,7 +386,7 @@ async fn k2_a_turn_admitted_paused_waits_for_step_or_continue() {
     );
     assert_eq!(
         snapshot.capabilities,
-        vec!["continue", "step", "steer", "cancel"]
+        vec!["continue", "step", "steer", "cancel", "set_policy"]
     );
     assert_eq!(
         harness.runtime.live_executions(),

@@ -317,6 +317,53 @@ async fn f6_an_agent_calls_a_function_and_gets_its_result_at_the_call() {
     );
 }
 
+/// K-3: a function an agent's call started answers to that call: it offers no Fork or
+/// Retry (a child would run it again for nobody), and refuses them naming its caller.
+#[tokio::test]
+async fn k3_a_function_an_agent_called_offers_no_fork_or_retry() {
+    let harness = steps_harness();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("called.log");
+    let agent = harness
+        .start(
+            vec![
+                json!({"call": "steps", "input": {"count": 2, "path": path}}),
+                reply("called"),
+            ],
+            None,
+        )
+        .await;
+    let done = harness.wait_for_state(agent, "completed").await;
+    assert!(done.capabilities.contains(&"retry"), "{done:?}");
+    let executions = harness
+        .runtime
+        .executions(harness.session)
+        .await
+        .expect("executions");
+    let child = executions
+        .iter()
+        .find(|snapshot| snapshot.kind == "function")
+        .expect("the child");
+    assert_eq!(child.state, "completed");
+    assert!(
+        !child.capabilities.contains(&"retry") && !child.capabilities.contains(&"fork"),
+        "{child:?}"
+    );
+    let body = json!({"command_id": openprogram::storage::CommandId::new(), "kind": "retry"});
+    let refused = harness.send(child.execution_id, body).await;
+    assert_eq!(refused.status, "rejected");
+    assert_eq!(
+        refused.code.as_deref(),
+        Some("spawned_child"),
+        "{refused:?}"
+    );
+    assert!(refused
+        .reason
+        .unwrap_or_default()
+        .contains(&agent.to_string()));
+    assert_each_step_once(&path, 2);
+}
+
 /// F-6 with real processes: `serve` killed with SIGKILL twice while the function an agent
 /// called runs; the agent continues the same call, which finds the same child, and gets its
 /// result at the call's position: every step once, one child.

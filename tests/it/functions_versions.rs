@@ -220,8 +220,9 @@ async fn f3_its_revision_unregistered_a_keep_original_execution_pauses_revision_
 #[tokio::test]
 async fn k7_set_policy_is_a_functions_command() {
     let harness = steps_harness();
-    let agent = harness.start(vec![reply("hi")], None).await;
-    harness.wait_for_state(agent, "completed").await;
+    // An agent offers set_policy (its restart window) while it can still run; a version
+    // policy is still a function's.
+    let agent = harness.start_paused(vec![reply("hi")]).await;
     let body = json!({"command_id": openprogram::storage::CommandId::new(), "kind": "set_policy", "policy": "use_latest"});
     let refused = harness.send(agent, body).await;
     assert_eq!(refused.status, "rejected");

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use openprogram::storage::{Event, EventReader, ExecutionId, LeaseId};
+use openprogram::storage::{Event, EventReader, ExecutionId, ExecutionState, LeaseId};
 use openprogram::{Runtime, StartRequest};
 use serde_json::{json, Value};
 
@@ -178,7 +178,10 @@ async fn j1_jobs_wait_their_turn_and_run_one_at_a_time_under_a_lease() {
         })
         .await;
     assert_eq!(waiting.state, "queued");
-    assert_eq!(waiting.capabilities, vec!["pause", "steer", "cancel"]);
+    assert_eq!(
+        waiting.capabilities,
+        vec!["pause", "steer", "cancel", "set_policy"]
+    );
     let job = waiting.job.expect("a job view");
     assert_eq!(job.job_id, third, "job_id is execution_id");
     assert_eq!(job.lease_id, None);
@@ -428,7 +431,7 @@ async fn j1_a_passed_queue_deadline_ends_the_job_expired_never_run() {
     )
     .await;
     let expired = harness.wait_for_state(late, "expired").await;
-    assert_eq!(expired.capabilities, vec!["cancel"]);
+    assert_eq!(expired.capabilities, vec!["cancel", "set_policy"]);
     assert!(leases_of(&harness.events(late)).is_empty(), "never leased");
     assert_eq!(
         harness.command(late, "cancel", None).await.status,
@@ -542,7 +545,7 @@ async fn j1_a_function_execution_runs_as_a_job() {
 /// original asked for and its budget unspent; continued, it waits for and runs under a lease
 /// of its own.
 #[tokio::test]
-async fn j1_a_retry_of_a_job_is_a_new_job_admitted_by_the_queue() {
+async fn j1_k3_a_retry_of_a_job_is_a_new_job_the_queue_runs_without_a_continue() {
     let harness = harness(&[("model", 1)]);
     let original = start_job(
         &harness,
@@ -554,17 +557,24 @@ async fn j1_a_retry_of_a_job_is_a_new_job_admitted_by_the_queue() {
     let reply = harness.command(original, "retry", None).await;
     assert_eq!(reply.status, "applied", "{reply:?}");
     let child = reply.execution_id.expect("a child");
-    let paused = harness.snapshot(child).await;
-    assert_eq!(paused.state, "paused", "{paused:?}");
-    let job = paused.job.expect("a Job");
+    // K-3: not paused like an agent's child: it follows its scheduler, the queue.
+    let done = harness.wait_for_state(child, "completed").await;
+    let job = done.job.expect("a Job");
     assert_eq!(job.job_id, child);
-    assert_eq!((job.budget.steps, job.budget_used.steps), (Some(10), 0));
-    assert_eq!(job.admitted_at_ms, None);
+    let original = harness.snapshot(original).await.job.expect("a Job");
     assert_eq!(
-        harness.command(child, "continue", None).await.status,
-        "applied"
+        job.budget.steps,
+        Some(10),
+        "the original's budget, unspent at first"
     );
-    harness.wait_for_state(child, "completed").await;
+    assert_eq!(
+        job.budget_used.steps, original.budget_used.steps,
+        "the same steps again"
+    );
+    let paused = harness.events(child).iter().any(|envelope| {
+        matches!(&envelope.event, Event::StateChanged { state, .. } if *state == ExecutionState::Paused)
+    });
+    assert!(!paused, "a Job's retry never waits paused");
     assert_eq!(
         leases_of(&harness.events(child)),
         vec!["granted", "released:completed"]

@@ -347,7 +347,13 @@ impl World {
                     .map_or_else(ProcessId::new, |process| process.process_id);
                 body["process_id"] = json!(running);
             }
-            CommandKind::SetPolicy => body["policy"] = json!("use_latest"),
+            // K-7: a restart window is every execution's; a version policy a function's.
+            CommandKind::SetPolicy => {
+                body["restart_window"] = json!("2h");
+                if now.function.is_some() {
+                    body["policy"] = json!("use_latest");
+                }
+            }
             // W-7: a grant it gave, not revoked yet.
             CommandKind::Revoke => {
                 let grant = now
@@ -410,11 +416,17 @@ impl World {
     ) {
         let case = format!("{case}: {kind}");
         if matches!(kind, CommandKind::Fork | CommandKind::Retry) {
-            // A new paused child in the same run; the original is untouched.
+            // A new child in the same run, paused (a Job's follows the queue instead, K-3);
+            // the original is untouched.
             let child = reply.execution_id.expect("a child");
             let child = self.snapshot(child).await;
-            assert_eq!(child.state, "paused", "{case}");
-            assert_eq!(child.pause_reason.as_deref(), Some(kind.as_str()), "{case}");
+            if before.job.is_some() {
+                assert_ne!(child.state, "paused", "{case}");
+                assert!(child.job.is_some(), "{case}");
+            } else {
+                assert_eq!(child.state, "paused", "{case}");
+                assert_eq!(child.pause_reason.as_deref(), Some(kind.as_str()), "{case}");
+            }
             assert_eq!(child.run_id, before.run_id, "{case}");
             assert_eq!(child.parent_execution_id, Some(execution), "{case}");
             assert_eq!(
@@ -524,10 +536,13 @@ impl World {
                 .await;
             }
             CommandKind::SetPolicy => {
-                // K-7: the policy changes; nothing else does (a change starts nothing).
+                // K-7: the policies change; nothing else does (a change starts nothing).
                 let now = self.snapshot(execution).await;
-                let policy = now.function.as_ref().map(|function| function.policy);
-                assert_eq!(policy, Some("use_latest"), "{case}");
+                if before.function.is_some() {
+                    let policy = now.function.as_ref().map(|function| function.policy);
+                    assert_eq!(policy, Some("use_latest"), "{case}");
+                }
+                assert_eq!(now.restart_window.as_deref(), Some("2h"), "{case}");
                 if before.state != "running" {
                     assert_eq!(
                         now.state, before.state,

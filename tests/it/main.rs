@@ -40,6 +40,7 @@ mod jobs_restart;
 mod k3_property;
 mod k3_states;
 mod k3_world;
+mod k7_restart_window;
 mod kill9;
 mod metrics;
 mod model_stub;

@@ -26,6 +26,8 @@ on_postgres!(
         crate::restart_window::r2_a_restart_inside_the_window_continues_with_the_original_ids_and_e6_adds_no_text_on,
     n1_r2_a_restart_beyond_the_window_expires_and_keeps_everything =>
         crate::restart_window::r2_a_restart_beyond_the_window_expires_and_r6_keeps_everything_for_a_manual_continue_on,
+    n1_k7_recovery_applies_each_executions_own_window =>
+        crate::k7_restart_window::k7_recovery_applies_each_executions_own_window_on,
     n1_r4_a_user_pause_stays_paused =>
         crate::restart_window::r4_a_user_pause_stays_paused_on,
     n1_r4_an_abandoned_cancellation_ends_cancelled =>

@@ -438,7 +438,10 @@ async fn r8_an_operator_reconcile_resolves_an_effect_without_a_protocol() {
             .wait_state(&runtime, execution, "reconciliation_required")
             .await;
         // No fork: the only saved point's next step is the unknown effect (K-3).
-        assert_eq!(snapshot.capabilities, vec!["reconcile", "cancel"]);
+        assert_eq!(
+            snapshot.capabilities,
+            vec!["reconcile", "cancel", "set_policy"]
+        );
         let refused = runtime
             .command(restarts.session, execution, command("continue", None, None))
             .await

@@ -422,6 +422,11 @@ impl Restarts {
         self.apart.session_of(execution, self.session)
     }
 
+    /// Notes that the test admitted `execution` into a `session` of its own.
+    pub fn admitted_apart(&self, execution: ExecutionId, session: SessionId) {
+        self.apart.admitted(execution, session);
+    }
+
     /// Admits a turn paused (as a user's pause leaves it): it waits for Continue or Step.
     pub async fn start_paused(&self, runtime: &Runtime, script: Vec<Value>) -> ExecutionId {
         let request = StartRequest {

@@ -24,7 +24,8 @@ impl ExecutionActor {
         }
         let stopping = self.env.lifecycle.stopping_intent()?;
         // An interruption not yet over keeps its deadline: restarts never extend it.
-        let intent = self.head.restart_intent.clone().unwrap_or(stopping);
+        let intent =
+            (self.head.restart_intent.clone()).unwrap_or_else(|| self.machine.own_intent(stopping));
         let events = self.machine.restart_pause(intent)?;
         Some(Box::pin(self.commit(events, Vec::new()).map(
             |committed, act, ctx| {

@@ -20,10 +20,11 @@ impl Machine {
         let mut kinds = self.present.control_capabilities();
         if self.present.function.is_some() {
             kinds.retain(|kind| !for_agents_only(*kind));
-            // K-7: a function's version policy, while it can still run again.
-            if !self.status().is_terminal() && !run.cancel_requested {
-                kinds.push(CommandKind::SetPolicy);
-            }
+        }
+        // K-7: its restart window (and a function's version policy), while it can still run
+        // again.
+        if !self.status().is_terminal() && !run.cancel_requested {
+            kinds.push(CommandKind::SetPolicy);
         }
         let live = |wait: &WaitState| wait.live.is_some() && wait.status.is_pending();
         if waits.active.iter().any(live) && !run.cancel_requested {
@@ -41,8 +42,9 @@ impl Machine {
         if self.present.running_processes().next().is_some() {
             kinds.push(CommandKind::StopProcess);
         }
-        // K-2: new child executions of the same program; the original is untouched.
-        if self.revision_loadable(at) {
+        // K-2: new child executions of the same program; the original is untouched. Not of
+        // a spawned child (K-3): its result belongs to its caller's call.
+        if self.revision_loadable(at) && self.spawned_by().is_none() {
             if self.has_fork_point() {
                 kinds.push(CommandKind::Fork);
             }
@@ -51,6 +53,11 @@ impl Machine {
             }
         }
         kinds
+    }
+
+    /// K-3: the agent whose call started this function execution, if one did.
+    fn spawned_by(&self) -> Option<openprogram_storage::ExecutionId> {
+        self.present.function.as_ref()?.input.called_by
     }
 
     /// Whether a child of this execution would run the program it ran (K-2). An execution
@@ -155,7 +162,22 @@ impl Machine {
                 output: text,
             },
             CommandBody::StopProcess { process_id } => Control::StopProcess { process_id },
-            CommandBody::SetPolicy { policy } => Control::SetPolicy { policy },
+            CommandBody::SetPolicy {
+                policy,
+                restart_window,
+            } => match (policy, restart_window) {
+                // F-3: a version policy is a function's.
+                (Some(_), _) if self.present.function.is_none() => {
+                    return Err(Refusal::FunctionsOnly { kind });
+                }
+                (Some(policy), None) => Control::SetPolicy { policy },
+                (version_policy, Some(restart_window)) => Control::SetExecutionPolicy {
+                    version_policy,
+                    restart_window,
+                },
+                // The body is read with one of them at least (`command.rs`).
+                (None, None) => return Err(self.why_not(kind, at)),
+            },
             CommandBody::Revoke { grant_id } => Control::Revoke { grant_id },
         };
         let events = self.decide_control(command_id, control.clone(), at)?;
@@ -164,12 +186,12 @@ impl Machine {
 
     /// A command of a kind the execution does not offer now: the most specific reason.
     fn why_not(&self, kind: CommandKind, at: &CommandContext) -> Refusal {
+        if let (CommandKind::Fork | CommandKind::Retry, Some(caller)) = (kind, self.spawned_by()) {
+            return Refusal::SpawnedChild { kind, caller };
+        }
         match kind {
             _ if self.present.function.is_some() && for_agents_only(kind) => {
                 Refusal::NotForFunctions { kind }
-            }
-            CommandKind::SetPolicy if self.present.function.is_none() => {
-                Refusal::FunctionsOnly { kind }
             }
             CommandKind::Fork | CommandKind::Retry if !self.revision_loadable(at) => {
                 Refusal::RevisionChanged { kind }
@@ -273,6 +295,7 @@ impl Machine {
             | Control::Decline { .. }
             | Control::StopProcess { .. }
             | Control::SetPolicy { .. }
+            | Control::SetExecutionPolicy { .. }
             | Control::Revoke { .. } => {}
         }
         Ok(events)
@@ -400,6 +423,15 @@ impl Present {
                 if let Some(function) = &mut self.function {
                     function.policy = *policy;
                 }
+            }
+            Control::SetExecutionPolicy {
+                version_policy,
+                restart_window,
+            } => {
+                if let (Some(function), Some(policy)) = (&mut self.function, version_policy) {
+                    function.policy = *policy;
+                }
+                self.run.restart_window = Some(*restart_window);
             }
         }
     }

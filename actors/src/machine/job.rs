@@ -26,9 +26,14 @@ fn holds_lease(status: Status) -> bool {
 /// The record of a Job just queued by `queued` (its `JobQueued` event), for the execution
 /// `head` describes: what admission and a Job's Fork or Retry write with it.
 pub fn queued_record(head: &ExecutionHead, queued: &Event) -> Option<JobRecord> {
+    queued_job(queued).job.map(|job| job.record(head))
+}
+
+/// A new Job's standing from its `JobQueued` alone: what the resource queue is told.
+pub fn queued_job(queued: &Event) -> Present {
     let mut present = Present::default();
     present.fold_job(queued, &mut Vec::new());
-    present.job.map(|job| job.record(head))
+    present
 }
 
 impl Present {

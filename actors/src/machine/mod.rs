@@ -20,7 +20,7 @@ mod present;
 mod processes;
 pub mod projection;
 mod refusal;
-mod restart;
+pub(crate) mod restart;
 pub mod session;
 mod types;
 mod wait_types;

@@ -176,6 +176,9 @@ impl Machine {
         }) {
             transition.upserts.push(Upsert::Job(job.record(head)));
         }
+        // K-7: its own restart window, where recovery reads it.
+        let policy = super::restart::policy_record(head.execution_id, transition.events.iter());
+        transition.upserts.extend(policy.map(Upsert::Policy));
         let (before, after) = (&self.present.waits.active, &present.waits.active);
         let waits = changed_wait_records(before, after, head.execution_id);
         transition

@@ -57,6 +57,9 @@ pub struct Run {
     pub pending_commands: Vec<(CommandId, Control)>,
     /// The seq of the latest published checkpoint.
     pub checkpoint_seq: u64,
+    /// K-7: its own restart window, if it was given one (else the runtime's applies).
+    #[serde(default)]
+    pub restart_window: Option<openprogram_storage::RestartWindow>,
 }
 
 impl Run {

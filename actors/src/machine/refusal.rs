@@ -73,6 +73,13 @@ pub enum Refusal {
     /// it takes steering yet).
     #[error("{kind} is refused: a durable function's execution does not take it (the function declares no steering)")]
     NotForFunctions { kind: CommandKind },
+    /// K-3: a function an agent's call started answers to that call: a child of it would
+    /// run the function again for nobody.
+    #[error("{kind} is refused: this execution is the function call of agent {caller}, whose result goes to that call; {kind} the agent's execution instead")]
+    SpawnedChild {
+        kind: CommandKind,
+        caller: openprogram_storage::ExecutionId,
+    },
     /// K-7: a version policy belongs to durable functions' executions only.
     #[error("{kind} is refused: only a durable function's execution has a version policy")]
     FunctionsOnly { kind: CommandKind },
@@ -111,6 +118,7 @@ impl Refusal {
             Refusal::NotUnresolved { .. } => "not_unresolved",
             Refusal::NotForFunctions { .. } => "not_for_functions",
             Refusal::FunctionsOnly { .. } => "functions_only",
+            Refusal::SpawnedChild { .. } => "spawned_child",
             Refusal::JobsOnly => "jobs_only",
             Refusal::BudgetExhausted { .. } => "budget_exhausted",
             Refusal::Invalid(_) => "invalid_input",

@@ -1,14 +1,47 @@
 //! The pure machine's rules for restart recovery: resolving an
-//! `unknown` effect by reconciliation and the cooperative pause of an orderly shutdown
-//! . Like the rest of the machine: no actix, no sled, no clock.
+//! `unknown` effect by reconciliation, the cooperative pause of an orderly shutdown
+//! and an execution's own restart window (K-7). Like the rest of the machine: no
+//! actix, no sled, no clock.
 
 use openprogram_storage::{
-    EffectId, Event, ExecutionState as Status, ReceiptStatus, RestartIntent,
+    Control, EffectId, Event, ExecutionId, ExecutionState as Status, PolicyRecord, ReceiptStatus,
+    RestartIntent, RestartWindow,
 };
 
 use crate::machine::{
     state_changed, Action, Machine, PendingTool, Present, Refusal, Turn, RESTART_PAUSE_REASON,
 };
+
+/// K-7: the event that gives a new execution `execution_id` its own restart window, in its
+/// admission (under a command id derived from it: no command asked for it).
+pub(crate) fn window_at_start(execution_id: ExecutionId, restart_window: RestartWindow) -> Event {
+    Event::ControlApplied {
+        command_id: super::derived_command_id(execution_id.as_uuid(), b"restart window", 0),
+        control: Control::SetExecutionPolicy {
+            version_policy: None,
+            restart_window,
+        },
+    }
+}
+
+/// K-7: the record a transition writes beside `events`, where recovery reads an execution's
+/// own restart window: the newest one they set, if any. Every transition that sets one
+/// carries it (an admission, a `set_policy`), whoever builds it.
+pub fn policy_record<'a>(
+    execution_id: ExecutionId,
+    events: impl DoubleEndedIterator<Item = &'a Event>,
+) -> Option<PolicyRecord> {
+    events.rev().find_map(|event| match event {
+        Event::ControlApplied {
+            control: Control::SetExecutionPolicy { restart_window, .. },
+            ..
+        } => Some(PolicyRecord {
+            execution_id,
+            restart_window: *restart_window,
+        }),
+        _ => None,
+    })
+}
 
 impl Machine {
     /// The events after a `reconcile` control's `ControlApplied`: it must name the effect
@@ -74,6 +107,18 @@ impl Machine {
                 status,
                 output: output.to_owned(),
             });
+        }
+    }
+
+    /// K-7: the runtime's shutdown intent as this execution takes it: its deadline from its
+    /// own restart window, if it has one.
+    pub fn own_intent(&self, stopping: RestartIntent) -> RestartIntent {
+        match self.present.run.restart_window {
+            Some(own) => RestartIntent {
+                deadline_ms: own.deadline_from(stopping.recorded_at_ms),
+                ..stopping
+            },
+            None => stopping,
         }
     }
 

@@ -49,7 +49,7 @@ fn reconcile(effect_id: EffectId, status: ReceiptStatus) -> Control {
 fn r8_only_reconcile_or_cancel_moves_an_unknown_effect() {
     let (machine, _) = unknown_effect();
     // No fork (K-3): the only saved point's next step is the unknown effect itself.
-    assert_eq!(offered(&machine), vec!["reconcile", "cancel"]);
+    assert_eq!(offered(&machine), vec!["reconcile", "cancel", "set_policy"]);
     for c in [Control::Pause, Control::Continue, Control::Step, steer()] {
         assert!(control(&machine, c, false).is_err());
     }

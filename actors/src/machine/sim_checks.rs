@@ -338,8 +338,10 @@ pub(crate) fn check_capabilities(machine: &Machine, busy: bool, context: &str) {
                 text: "ok".into(),
             },
             CommandKind::StopProcess => CommandBody::StopProcess { process_id },
-            // Refused by the parser before any state is looked at (`command.rs`).
-            CommandKind::SetPolicy => continue,
+            CommandKind::SetPolicy => CommandBody::SetPolicy {
+                policy: None,
+                restart_window: Some(openprogram_storage::RestartWindow::Disabled),
+            },
             CommandKind::Revoke => CommandBody::Revoke {
                 grant_id: machine
                     .present

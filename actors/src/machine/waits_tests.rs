@@ -50,7 +50,7 @@ fn w1_an_ask_opens_a_wait_at_the_checkpoint_published_with_it() {
     // No fork (K-3): the only saved point is the approval itself.
     assert_eq!(
         offered(&machine),
-        vec!["answer", "decline", "steer", "cancel"]
+        vec!["answer", "decline", "steer", "cancel", "set_policy"]
     );
     assert!(machine.present.next_action().contains("\"wait\""));
 }

@@ -385,6 +385,7 @@ pub(super) fn record_row(record: &RecordValue) -> (i16, Uuid, Vec<u8>) {
         RecordValue::Wait(record) => (kind::WAIT, codec::encode(record)),
         RecordValue::Process(record) => (kind::PROCESS, codec::encode(record)),
         RecordValue::Job(record) => (kind::JOB, codec::encode(record)),
+        RecordValue::Policy(record) => (kind::POLICY, codec::encode(record)),
         RecordValue::Projection(record) => (kind::PROJECTION, codec::encode(record)),
         RecordValue::Session(record) => (kind::SESSION, codec::encode(record)),
     };

@@ -526,6 +526,23 @@ impl EventReader for PgStore {
         })
     }
 
+    fn policies(&self) -> Result<Vec<crate::policy::PolicyRecord>> {
+        self.read(|client| {
+            let rows = client
+                .query(
+                    "SELECT id, value FROM op_records WHERE kind = $1 ORDER BY id",
+                    &[&kind::POLICY],
+                )
+                .map_err(database)?;
+            rows.iter()
+                .map(|row| {
+                    let key = keys::policy(ExecutionId::from_uuid(row.get(0)));
+                    codec::decode(&key, row.get(1))
+                })
+                .collect()
+        })
+    }
+
     fn blob(&self, hash: BlobHash) -> Result<Option<Vec<u8>>> {
         self.read(move |client| {
             let row = client

@@ -16,7 +16,7 @@ use crate::open::Incarnation;
 use crate::shared::now_ms;
 
 /// The newest schema this build writes.
-pub const SCHEMA_VERSION: u32 = 10;
+pub const SCHEMA_VERSION: u32 = 11;
 
 /// The advisory lock migrations hold (any value no other component of the database uses;
 /// this one spells "opgm").
@@ -145,6 +145,9 @@ const MIGRATIONS: &[&str] = &[
         retired_at_ms bigint NOT NULL
     );
     ",
+    // An execution's own restart window (K-7): policy records (kind 8 of op_records) and
+    // the control `SetExecutionPolicy`, which an older build cannot decode. A mark.
+    MARK,
 ];
 
 /// The highest position the database holds or held: its newest event's, or a purged

@@ -43,6 +43,8 @@ pub(super) mod kind {
     pub const SESSION: i16 = 6;
     /// Schema 7.
     pub const CONVERSATION: i16 = 7;
+    /// Schema 8.
+    pub const POLICY: i16 = 8;
 }
 
 /// The group's statements, prepared once per connection (parsed and planned by the server

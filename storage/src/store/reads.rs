@@ -56,6 +56,27 @@ impl Store {
         )
     }
 
+    /// Every record under the key `prefix` that `pick` takes, the overlay's version first.
+    fn records_of<T>(&self, prefix: u8, pick: fn(&RecordValue) -> Option<T>) -> Result<Vec<T>> {
+        self.read_consistent(
+            |overlay| overlay.records(pick),
+            |mut found| {
+                for item in self.shared().db().scan_prefix([prefix]) {
+                    let (key, bytes) = item?;
+                    let Ok(key) = <[u8; 17]>::try_from(key.as_ref()) else {
+                        return Err(Error::corrupted(&key));
+                    };
+                    if found.contains_key(&key) {
+                        continue; // newer in the overlay
+                    }
+                    let record: RecordValue = codec::decode(&key, &bytes)?;
+                    found.insert(key, pick(&record).ok_or_else(|| Error::corrupted(&key))?);
+                }
+                Ok(found.into_values().collect())
+            },
+        )
+    }
+
     /// Where the events of one execution with `seq > after_seq` are, from its event index on
     /// disk; stops once they cover `limit` events, so a page costs what it holds.
     pub(super) fn frame_refs_on_disk(
@@ -381,26 +402,17 @@ impl EventReader for Store {
     }
 
     fn processes(&self) -> Result<Vec<ProcessRecord>> {
-        self.read_consistent(
-            |overlay| overlay.processes(),
-            |mut found| {
-                for item in self.shared().db().scan_prefix([keys::PROCESS]) {
-                    let (key, bytes) = item?;
-                    let Ok(key) = <[u8; 17]>::try_from(key.as_ref()) else {
-                        return Err(Error::corrupted(&key));
-                    };
-                    if found.contains_key(&key) {
-                        continue; // newer in the overlay
-                    }
-                    let record: RecordValue = codec::decode(&key, &bytes)?;
-                    let RecordValue::Process(process) = record else {
-                        return Err(Error::corrupted(&key));
-                    };
-                    found.insert(key, process);
-                }
-                Ok(found.into_values().collect())
-            },
-        )
+        self.records_of(keys::PROCESS, |record| match record {
+            RecordValue::Process(process) => Some(process.clone()),
+            _ => None,
+        })
+    }
+
+    fn policies(&self) -> Result<Vec<crate::policy::PolicyRecord>> {
+        self.records_of(keys::POLICY, |record| match record {
+            RecordValue::Policy(policy) => Some(policy.clone()),
+            _ => None,
+        })
     }
 
     fn blob(&self, hash: BlobHash) -> Result<Option<Vec<u8>>> {
