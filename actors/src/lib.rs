@@ -19,6 +19,7 @@ pub mod branches;
 pub mod call;
 pub mod command;
 mod command_fields;
+mod command_hash;
 pub mod compaction;
 pub mod context;
 pub mod context_read;

@@ -29,6 +29,7 @@ mod conversation;
 mod group;
 pub mod local;
 mod mark;
+mod readers;
 mod reads;
 pub mod schema;
 mod statements;
@@ -68,10 +69,10 @@ struct Inner {
     /// One queue per committer; an execution's requests go to `senders[shard(id)]`.
     senders: Vec<mpsc::Sender<commit::Request>>,
     committers: Vec<JoinHandle<()>>,
-    readers: reads::Readers,
+    readers: readers::Readers,
     /// The node lease's own connection (N-2): a renewal never queues behind reads (a
     /// takeover's scan, a recovery, a client's long page), whose wait would let it lapse.
-    lease: reads::Readers,
+    lease: readers::Readers,
     incarnation: Incarnation,
     /// S-7: the node's mark, written as its groups commit (when opened with a directory).
     mark: Option<mark::Writer>,
@@ -183,8 +184,8 @@ impl PgStore {
         let mark = mark
             .map(|mark| mark::Writer::start(mark, Arc::clone(&shared.acknowledged)))
             .transpose()?;
-        let readers = reads::Readers::start(&shared, "reader", READERS)?;
-        let lease = reads::Readers::start(&shared, "lease", 1)?;
+        let readers = readers::Readers::start(&shared, "reader", READERS)?;
+        let lease = readers::Readers::start(&shared, "lease", 1)?;
         let (mut senders, mut committers) = (Vec::new(), Vec::new());
         // The first committer takes the opening's connection; the others connect themselves.
         let mut client = Some(client);

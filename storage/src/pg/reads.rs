@@ -1,17 +1,11 @@
-//! The PostgreSQL store's reads (`EventReader`), each on one of a few reader threads with a
-//! connection of its own (opened again after it broke); the caller waits for the answer.
+//! The PostgreSQL store's reads (`EventReader`), each on one of the reader threads
+//! (`readers.rs`); the caller waits for the answer.
 
-use std::collections::HashMap;
-use std::ops::{Deref, DerefMut};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-
-use postgres::{Client, Statement};
 use uuid::Uuid;
 
+use super::readers::Connection;
 use super::statements::{kind, GROUP_EVENTS_BITS};
-use super::{database, PgStore, Shared};
+use super::{database, PgStore};
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::event::EventEnvelope;
@@ -23,125 +17,7 @@ use crate::records::{
     BlobHash, CommandRecord, ExecutionHead, ExecutionState, JobRecord, ProcessRecord,
     ProjectionRecord, PurgedRecord, ReceiptRecord, WaitRecord,
 };
-use crate::shared::{lock, MetricsSnapshot};
-
-type Job = Box<dyn FnOnce(&mut Option<Connection>) + Send>;
-
-/// A reader's connection and the reads prepared on it: a read given as text costs a round
-/// trip to prepare (and a plan) each time, a prepared one runs in one round trip.
-pub(super) struct Connection {
-    client: Client,
-    prepared: HashMap<String, Statement>,
-}
-
-impl Connection {
-    fn new(client: Client) -> Self {
-        Self {
-            client,
-            prepared: HashMap::new(),
-        }
-    }
-
-    /// `sql` prepared on this connection, once (for the few reads every step makes).
-    pub(super) fn prepared(&mut self, sql: &str) -> Result<Statement> {
-        if let Some(statement) = self.prepared.get(sql) {
-            return Ok(statement.clone());
-        }
-        let statement = self.client.prepare(sql).map_err(database)?;
-        self.prepared.insert(sql.to_owned(), statement.clone());
-        Ok(statement)
-    }
-}
-
-impl Deref for Connection {
-    type Target = Client;
-
-    fn deref(&self) -> &Client {
-        &self.client
-    }
-}
-
-impl DerefMut for Connection {
-    fn deref_mut(&mut self) -> &mut Client {
-        &mut self.client
-    }
-}
-
-/// The reader threads and the queue they take reads from.
-#[derive(Debug)]
-pub(super) struct Readers {
-    sender: Mutex<Option<mpsc::Sender<Job>>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
-}
-
-impl Readers {
-    /// `count` threads named `openprogram-pg-{name}-N`, each connecting at its first job.
-    pub(super) fn start(shared: &Arc<Shared>, name: &str, count: usize) -> Result<Self> {
-        let (sender, receiver) = mpsc::channel::<Job>();
-        let receiver = Arc::new(Mutex::new(receiver));
-        let mut threads = Vec::with_capacity(count);
-        for index in 0..count {
-            let receiver = Arc::clone(&receiver);
-            let shared = Arc::clone(shared);
-            let thread = std::thread::Builder::new()
-                .name(format!("openprogram-pg-{name}-{index}"))
-                .spawn(move || {
-                    let mut client = None;
-                    loop {
-                        let job = lock(&receiver).recv();
-                        let Ok(job) = job else { return };
-                        if client
-                            .as_ref()
-                            .is_some_and(|open: &Connection| open.is_closed())
-                        {
-                            client = None;
-                        }
-                        if client.is_none() {
-                            client = super::connect(&shared.url).ok().map(Connection::new);
-                        }
-                        job(&mut client);
-                    }
-                })
-                .map_err(|error| Error::Database(format!("starting a {name}: {error}")))?;
-            threads.push(thread);
-        }
-        Ok(Self {
-            sender: Mutex::new(Some(sender)),
-            threads: Mutex::new(threads),
-        })
-    }
-
-    /// Runs `read` on a reader's connection and waits for it.
-    pub(super) fn run<T: Send + 'static>(
-        &self,
-        read: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
-    ) -> Result<T> {
-        let (reply, answer) = mpsc::sync_channel(1);
-        let job: Job = Box::new(move |client| {
-            let result = match client {
-                Some(client) => read(client),
-                None => Err(Error::Database("no connection to the database".into())),
-            };
-            drop(reply.send(result));
-        });
-        match lock(&self.sender).as_ref() {
-            Some(sender) => sender.send(job).map_err(|_| Error::Closed)?,
-            None => return Err(Error::Closed),
-        }
-        answer.recv().map_err(|_| Error::Closed)?
-    }
-
-    /// Stops the readers once the reads queued are done.
-    pub(super) fn close(&self) {
-        lock(&self.sender).take();
-        let threads = std::mem::take(&mut *lock(&self.threads));
-        for thread in threads {
-            if thread.join().is_err() {
-                tracing::error!("a PostgreSQL reader thread panicked");
-            }
-        }
-    }
-}
+use crate::shared::MetricsSnapshot;
 
 impl PgStore {
     fn read<T: Send + 'static>(
@@ -164,6 +40,24 @@ impl PgStore {
                 .query_opt(&statement, &[&kind, &id])
                 .map_err(database)?;
             row.map(|row| codec::decode(&key, row.get(0))).transpose()
+        })
+    }
+
+    /// Every record of `kind`, by id, each checked against its key (`key_of` its id).
+    fn records_of<T>(&self, kind: i16, key_of: fn(Uuid) -> [u8; 17]) -> Result<Vec<T>>
+    where
+        T: serde::de::DeserializeOwned + Send + 'static,
+    {
+        self.read(move |client| {
+            let rows = client
+                .query(
+                    "SELECT id, value FROM op_records WHERE kind = $1 ORDER BY id",
+                    &[&kind],
+                )
+                .map_err(database)?;
+            rows.iter()
+                .map(|row| codec::decode(&key_of(row.get(0)), row.get(1)))
+                .collect()
         })
     }
 
@@ -510,37 +404,11 @@ impl EventReader for PgStore {
     }
 
     fn processes(&self) -> Result<Vec<ProcessRecord>> {
-        self.read(|client| {
-            let rows = client
-                .query(
-                    "SELECT id, value FROM op_records WHERE kind = $1 ORDER BY id",
-                    &[&kind::PROCESS],
-                )
-                .map_err(database)?;
-            rows.iter()
-                .map(|row| {
-                    let key = keys::process(ProcessId::from_uuid(row.get(0)));
-                    codec::decode(&key, row.get(1))
-                })
-                .collect()
-        })
+        self.records_of(kind::PROCESS, |id| keys::process(ProcessId::from_uuid(id)))
     }
 
     fn policies(&self) -> Result<Vec<crate::policy::PolicyRecord>> {
-        self.read(|client| {
-            let rows = client
-                .query(
-                    "SELECT id, value FROM op_records WHERE kind = $1 ORDER BY id",
-                    &[&kind::POLICY],
-                )
-                .map_err(database)?;
-            rows.iter()
-                .map(|row| {
-                    let key = keys::policy(ExecutionId::from_uuid(row.get(0)));
-                    codec::decode(&key, row.get(1))
-                })
-                .collect()
-        })
+        self.records_of(kind::POLICY, |id| keys::policy(ExecutionId::from_uuid(id)))
     }
 
     fn blob(&self, hash: BlobHash) -> Result<Option<Vec<u8>>> {
