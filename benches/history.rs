@@ -58,6 +58,11 @@ impl Provider for LongTurn {
         };
         futures::future::ready(Ok(decision)).boxed()
     }
+
+    /// The built-in script's decisions: the same contract as `Scripted` (K-2).
+    fn contract(&self) -> String {
+        openprogram::agent::Provider::contract(&openprogram::agent::Scripted)
+    }
 }
 
 fn env_list(name: &str, default: &str) -> Vec<u32> {

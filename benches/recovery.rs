@@ -104,8 +104,9 @@ fn main() {
 /// Writes `n` executions as an owner that died mid-request leaves them.
 async fn prepare(dir: &std::path::Path, n: usize) {
     let store = Store::open(dir).expect("store");
-    let revision =
-        openprogram::actors::env::contract_revision(&openprogram::agent::ToolRegistry::builtin());
+    let tools = openprogram::agent::ToolRegistry::builtin();
+    let scripted = openprogram::agent::Scripted;
+    let revision = openprogram::actors::env::contract_of(&scripted, &tools).revision;
     let dead_owner = OwnerId::new();
     let session = SessionId::new();
     let input = json!({"message": "hi", "script": [{"reply": "done"}]}).to_string();

@@ -90,6 +90,52 @@ pub use openprogram_actors::wait_request::{InvalidAnswer, WaitRequest, WaitSpec}
 pub use openprogram_actors::watchers::CommitWatch;
 
 pub use openprogram_macros::{durable_function, durable_helper};
+
+/// How the runtime knows which code a durable function's revision is.
+///
+/// `#[durable_function]` identifies a revision by its code and the code of the helpers it
+/// declares, each marked `#[durable_helper]`: an execution started on a revision whose code
+/// has changed since waits (`revision_missing`) instead of running other code under its name.
+/// So a body must declare every function of its crate it calls; one it does not declare is
+/// a compile error:
+///
+/// ```compile_fail
+/// #[openprogram::durable_helper]
+/// fn amount(input: &serde_json::Value) -> u64 {
+///     input["amount"].as_u64().unwrap_or(0)
+/// }
+///
+/// #[openprogram::durable_function(name = "refund", revision = 1)]
+/// async fn refund(
+///     _ctx: openprogram::FunctionContext,
+///     input: serde_json::Value,
+/// ) -> Result<serde_json::Value, String> {
+///     Ok(serde_json::json!(amount(&input)))
+/// }
+/// ```
+///
+/// Declared, it compiles, and a change to `amount` is a change of `refund`'s identity:
+///
+/// ```
+/// #[openprogram::durable_helper]
+/// fn amount(input: &serde_json::Value) -> u64 {
+///     input["amount"].as_u64().unwrap_or(0)
+/// }
+///
+/// #[openprogram::durable_function(name = "refund", revision = 1, helpers(amount))]
+/// async fn refund(
+///     _ctx: openprogram::FunctionContext,
+///     input: serde_json::Value,
+/// ) -> Result<serde_json::Value, String> {
+///     Ok(serde_json::json!(amount(&input)))
+/// }
+///
+/// let _runtime_registers = refund_durable();
+/// ```
+///
+/// A function of another crate is called by its path (`serde_json::to_string`); one of this
+/// crate through a module path is not seen by the check, so call it by its `crate::` path.
+pub mod identity {}
 pub use openprogram_storage::JobBudget;
 pub use openprogram_storage::VersionPolicy;
 

@@ -267,7 +267,7 @@ const LOAD_FUNCTION: &str = "load_steps";
 /// The function of `--function steps`: `count` Idempotent steps, each returning the payload
 /// from memory and marking the step clock, then `{"done": count}`.
 fn load_function(clock: Arc<StepClock>) -> openprogram_actors::function::DurableFunction {
-    openprogram_actors::function::DurableFunction::new(
+    openprogram_actors::function::DurableFunction::with_identity(
         LOAD_FUNCTION,
         1,
         "load:steps:1",

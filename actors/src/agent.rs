@@ -87,6 +87,14 @@ impl UsageMeter {
 /// fails the execution (E-6).
 pub trait Provider: Send + Sync + 'static {
     fn decide(&self, request: ModelRequest) -> BoxFuture<'static, Result<Decision, String>>;
+
+    /// What of this provider decides what an execution does, as text: its API, model and
+    /// system text (K-2). It is part of the runtime's contract revision: a change of it is
+    /// a new contract, under which recovery holds what ran under the old one for a person
+    /// to continue. Empty (the default) for a provider whose decisions nothing configures.
+    fn contract(&self) -> String {
+        String::new()
+    }
 }
 
 /// One tool call. A tool that hands out capabilities (a page token, a session) binds them
@@ -253,14 +261,15 @@ impl ToolRegistry {
         }
     }
 
-    /// Every tool's name and recovery, in name order: the runtime's contract revision.
-    pub fn contract(&self) -> Vec<(String, Recovery)> {
+    /// Every tool's spec and recovery, in name order: what the runtime's contract revision
+    /// covers of its tools (K-2).
+    pub fn contract(&self) -> Vec<(ToolSpec, Recovery)> {
         let mut contract: Vec<_> = self
             .tools
-            .iter()
-            .map(|(name, tool)| (name.clone(), tool.recovery()))
+            .values()
+            .map(|tool| (ToolSpec::of(tool.as_ref()), tool.recovery()))
             .collect();
-        contract.sort_by(|a, b| a.0.cmp(&b.0));
+        contract.sort_by(|a, b| a.0.name.cmp(&b.0.name));
         contract
     }
 
@@ -308,6 +317,11 @@ impl Provider for Scripted {
             Some(element) => scripted_decision(element.text()),
         };
         futures::future::ready(decision).boxed()
+    }
+
+    /// Its decisions come from each execution's script: nothing else configures them.
+    fn contract(&self) -> String {
+        "scripted".into()
     }
 }
 

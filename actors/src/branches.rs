@@ -5,7 +5,7 @@
 
 use openprogram_storage::{
     CommandRecord, CommandStatus, EffectId, Event, EventEnvelope, ExecutionHead, ExecutionId,
-    ExecutionState, MessageId, Outcome, RevisionId, SessionId, Transition, TurnId, Upsert,
+    ExecutionState, MessageId, Outcome, SessionId, Transition, TurnId, Upsert,
 };
 use std::ops::ControlFlow;
 
@@ -13,7 +13,7 @@ use crate::activity::{self, Activity, ExecutionFacts};
 use crate::command::Command;
 use crate::error::{Error, Result};
 use crate::machine::fork::fork_state;
-use crate::machine::{Accepted, Machine, Rejection};
+use crate::machine::{Accepted, Contract, Machine, Rejection};
 use crate::rebuild::load_projected;
 use crate::service::{CommandReply, Service};
 use crate::snapshot::{capabilities, idle_context};
@@ -29,7 +29,7 @@ impl Service {
         for execution_id in store.executions_in_session(session_id)? {
             match load_projected(store, execution_id) {
                 Ok((head, machine)) if head.session_id == session_id => {
-                    facts.push(facts_of(&head, &machine, self.env().revision));
+                    facts.push(facts_of(&head, &machine, self.env().contract));
                 }
                 Ok(_) => {}
                 // A quarantined execution is left out, never guessed into a branch (B-1).
@@ -116,7 +116,7 @@ impl Service {
                 return Err(Error::NotFound);
             }
             let now_ms = self.env().clock.now_ms();
-            let context = idle_context(parent.version, self.env().revision, now_ms);
+            let context = idle_context(parent.version, self.env().contract, now_ms);
             let (command_id, body) = (command.command_id, command.body.clone());
             match machine.decide_command(command_id, body, command.expected_version, &context) {
                 Ok(Accepted::Fork { checkpoint_seq }) => {
@@ -434,7 +434,7 @@ fn same_command(same: bool, stored: CommandRecord) -> Result<CommandReply> {
     }
 }
 
-fn facts_of(head: &ExecutionHead, machine: &Machine, revision: RevisionId) -> ExecutionFacts {
+fn facts_of(head: &ExecutionHead, machine: &Machine, contract: Contract) -> ExecutionFacts {
     let pending_wait = machine.present.waits.pending_wait().is_some();
     let declined_wait = machine
         .waits()
@@ -470,7 +470,7 @@ fn facts_of(head: &ExecutionHead, machine: &Machine, revision: RevisionId) -> Ex
         state: head.state,
         // The row's controls are the execution's own (a session grant's revoke is in its
         // snapshot).
-        capabilities: capabilities(machine, head.version, revision),
+        capabilities: capabilities(machine, head.version, contract),
         pending_wait,
         declined_wait,
         running_processes: machine.present.running_processes().count(),

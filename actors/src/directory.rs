@@ -340,7 +340,7 @@ impl Executions {
         let admission = Admission::new(
             child.child_id,
             child.session_id,
-            self.revision,
+            self.contract.revision,
             request,
             ExecutionKind::Function,
         )?

@@ -20,6 +20,7 @@ use crate::agent::{Provider, ToolRegistry};
 use crate::error::{Error, Result};
 use crate::function::FunctionRegistry;
 use crate::lifecycle::Lifecycle;
+use crate::machine::Contract;
 use crate::machine::{Action, Machine, Present, Recovery};
 use crate::process::{ProcessHost, ProcessProgress, Processes};
 use crate::rebuild::{project, replay};
@@ -92,9 +93,9 @@ pub struct Env {
     pub restart_window: RestartWindow,
     /// Recovered, stopping, and who waits for which execution to end.
     pub lifecycle: Lifecycle,
-    /// This runtime's contract (tools and their recovery); executions admitted under another
-    /// one are not continued automatically.
-    pub revision: RevisionId,
+    /// This runtime's contract (K-2: provider, model, system text, tools); executions
+    /// admitted under another one are not continued automatically.
+    pub contract: Contract,
     /// Live managed processes (P-1).
     pub processes: Processes,
     /// The runtime's `Executions`, once they exist.
@@ -193,7 +194,8 @@ impl Env {
         self.one_turn_per_session && turn && !job
     }
 
-    /// A runtime's shared state. `revision` is derived from the tools (`contract_revision`).
+    /// A runtime's shared state. Its contract is derived from the provider and the tools
+    /// (`contract_of`).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         store: Arc<dyn EventStore>,
@@ -204,7 +206,7 @@ impl Env {
         clock: Arc<dyn Clock>,
         restart_window: RestartWindow,
     ) -> Self {
-        let revision = contract_revision(&tools);
+        let contract = contract_of(provider.as_ref(), &tools);
         Self {
             store,
             provider,
@@ -219,7 +221,7 @@ impl Env {
             clock,
             restart_window,
             lifecycle: Lifecycle::default(),
-            revision,
+            contract,
             processes: Processes::default(),
             hooks: OnceLock::new(),
             process_stop_grace: crate::process::STOP_GRACE_DEFAULT,
@@ -456,21 +458,35 @@ impl Env {
     }
 }
 
-/// The revision of a runtime contract (R-4, E-7): a name-based UUID over its tools and how
-/// each recovers, in name order. The same tools give the same revision on every start.
-pub fn contract_revision(tools: &ToolRegistry) -> RevisionId {
-    let mut contract = String::from("openprogram-contract-v1");
-    for (name, recovery) in tools.contract() {
+/// The contract a runtime runs (K-2, R-4): a name-based UUID over what decides what an
+/// execution does — the provider's own account (`Provider::contract`: its API, model and
+/// system text) and each tool's name, recovery, description and parameters, in name order —
+/// and the revision builds before it derived from the tools' names and recovery alone. The
+/// same contract gives the same revision on every start.
+pub fn contract_of(provider: &dyn Provider, tools: &ToolRegistry) -> Contract {
+    let revision = |text: &str| {
+        RevisionId::from_uuid(uuid::Uuid::new_v5(
+            &uuid::Uuid::NAMESPACE_OID,
+            text.as_bytes(),
+        ))
+    };
+    let mut legacy = String::from("openprogram-contract-v1");
+    let mut current = format!("openprogram-contract-v2\nprovider:{}", provider.contract());
+    for (spec, recovery) in tools.contract() {
         let recovery = match recovery {
             Recovery::Idempotent => "idempotent",
             Recovery::External => "external",
         };
-        contract.push_str(&format!("\n{name}:{recovery}"));
+        legacy.push_str(&format!("\n{}:{recovery}", spec.name));
+        current.push_str(&format!(
+            "\ntool:{}:{recovery}:{}:{}",
+            spec.name, spec.description, spec.parameters
+        ));
     }
-    RevisionId::from_uuid(uuid::Uuid::new_v5(
-        &uuid::Uuid::NAMESPACE_OID,
-        contract.as_bytes(),
-    ))
+    Contract {
+        revision: revision(&current),
+        legacy: revision(&legacy),
+    }
 }
 
 /// A managed process's actor reaches its runtime through the shared state.

@@ -68,7 +68,7 @@ where
     Fut: Future<Output = Result<serde_json::Value, String>> + Send + 'static,
 {
     let identity = format!("builtin:{name}:{revision}");
-    DurableFunction::new(name, revision, &identity, move |context, input| {
+    DurableFunction::with_identity(name, revision, &identity, move |context, input| {
         let run = serde_json::from_value(input)
             .map(|input| body(context, input))
             .map_err(|error| error.to_string());

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use openprogram_storage::RestartWindow;
-use openprogram_storage::{ExecutionHead, ExecutionState, OwnerId, RestartIntent, RevisionId};
+use openprogram_storage::{ExecutionHead, ExecutionState, OwnerId, RestartIntent};
 
-use crate::machine::RESTART_PAUSE_REASON;
+use crate::machine::{Contract, RESTART_PAUSE_REASON};
 
 /// Wall-clock time in milliseconds since the Unix epoch. Restart deadlines are wall-clock
 /// facts that outlive the process; leases never use this (they use `Instant`, R21).
@@ -64,7 +64,7 @@ impl Clock for ManualClock {
 /// Why an execution stays where it is until someone acts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hold {
-    /// Its revision (the runtime contract: tools and their recovery) differs from this
+    /// Its revision (the runtime contract: provider, model, system text, tools) differs from this
     /// runtime's. It is paused for an explicit Continue.
     IncompatibleRevision,
     /// Its head's checkpoint is not the one its log leads to. Paused for an explicit Continue.
@@ -101,11 +101,11 @@ pub enum Plan {
 }
 
 /// classifies one execution found at startup. `owner` is this incarnation: an attempt
-/// of any other owner is abandoned by definition. `revision` is this runtime's contract.
+/// of any other owner is abandoned by definition. `contract` is this runtime's (K-2).
 pub fn classify(
     head: &ExecutionHead,
     owner: OwnerId,
-    revision: RevisionId,
+    contract: Contract,
     window: RestartWindow,
     now_ms: u64,
 ) -> Plan {
@@ -128,7 +128,7 @@ pub fn classify(
     match head.state {
         // Resolving the effect continues the execution: only where a restart may continue it.
         ExecutionState::ReconciliationRequired
-            if head.revision_id == revision
+            if contract.runs(head.revision_id)
                 && window != RestartWindow::Disabled
                 && !expired_intent =>
         {
@@ -151,7 +151,7 @@ pub fn classify(
     if head.state == ExecutionState::Cancelling {
         return Plan::Resume { intent };
     }
-    if head.revision_id != revision {
+    if !contract.runs(head.revision_id) {
         return Plan::Hold(Hold::IncompatibleRevision);
     }
     // A disabled window stops even an unlimited intent: the operator said no automatic
@@ -168,7 +168,7 @@ mod tests {
     //! the classification table, one row per case.
 
     use openprogram_storage::{
-        AttemptId, AttemptLease, ExecutionId, ExecutionKind, RunId, SessionId,
+        AttemptId, AttemptLease, ExecutionId, ExecutionKind, RevisionId, RunId, SessionId,
     };
 
     use super::*;
@@ -211,7 +211,8 @@ mod tests {
         let half_hour = RestartWindow::Within(Duration::from_millis(HOUR_MS / 2));
         let resumes = |plan: Plan| matches!(plan, Plan::Resume { .. });
         let expires = |plan: Plan| matches!(plan, Plan::Expire { .. });
-        let classify_in = |head: &ExecutionHead, window| classify(head, me, revision, window, NOW);
+        let classify_in =
+            |head: &ExecutionHead, window| classify(head, me, Contract::of(revision), window, NOW);
 
         let running = head(ExecutionState::Running, dead, revision);
         assert!(
@@ -281,7 +282,13 @@ mod tests {
         let revision = RevisionId::new();
         let running = head(ExecutionState::Running, dead, revision);
         let window = RestartWindow::Within(Duration::from_millis(2 * HOUR_MS));
-        match classify(&running, OwnerId::new(), revision, window, NOW) {
+        match classify(
+            &running,
+            OwnerId::new(),
+            Contract::of(revision),
+            window,
+            NOW,
+        ) {
             Plan::Resume { intent } => {
                 assert_eq!(
                     intent.deadline_ms,
@@ -293,7 +300,7 @@ mod tests {
         match classify(
             &running,
             OwnerId::new(),
-            revision,
+            Contract::of(revision),
             RestartWindow::Unlimited,
             NOW,
         ) {

@@ -216,8 +216,13 @@ impl Service {
                 "`when_busy` is for a turn a person starts, with one turn per session (not `serve --parallel-turns`), not a Job or a paused start".into(),
             ));
         }
-        let mut admission =
-            Admission::new(execution_id, session_id, self.env.revision, request, kind)?;
+        let mut admission = Admission::new(
+            execution_id,
+            session_id,
+            self.env.contract.revision,
+            request,
+            kind,
+        )?;
         let now_ms = self.env.clock.now_ms();
         if let Some((resources, job)) = &job {
             admission = admission.into_job(resources.clone(), job, now_ms);
@@ -455,7 +460,7 @@ impl Service {
             Some(snapshot) => snapshot,
             None => {
                 let (head, machine) = self.env.latest_state(execution_id, false)?;
-                Snapshot::of(&head, &machine, self.env.revision)
+                Snapshot::of(&head, &machine, self.env.contract)
             }
         };
         let session = crate::snapshot::session_of(store, session_id);

@@ -73,7 +73,7 @@ impl Service {
             let admission = Admission::new(
                 execution_id,
                 session_id,
-                self.env().revision,
+                self.env().contract.revision,
                 request.clone(),
                 kind,
             )?

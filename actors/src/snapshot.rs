@@ -1,13 +1,11 @@
 //! What a reader sees of one execution (the snapshot of the HTTP contract, SPEC §6).
 
-use openprogram_storage::{
-    EventStore, ExecutionHead, ExecutionKind, MessageId, ReceiptStatus, RevisionId,
-};
+use openprogram_storage::{EventStore, ExecutionHead, ExecutionKind, MessageId, ReceiptStatus};
 use serde::Serialize;
 
 use crate::machine::projection::KEPT;
 use crate::machine::{
-    CommandContext, Machine, ManagedProcess, Present, Receipt, TurnState, WaitState,
+    CommandContext, Contract, Machine, ManagedProcess, Present, Receipt, TurnState, WaitState,
 };
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -264,10 +262,10 @@ pub fn receipt_status(status: ReceiptStatus) -> &'static str {
 /// An execution at `version`, idle and holding its session, as a command is decided
 /// against it when what counts is its history alone (a Fork or Retry, the controls offered
 /// now). No session record: the session's grants are added by `with_session`.
-pub(crate) fn idle_context(version: u64, revision: RevisionId, now_ms: u64) -> CommandContext {
+pub(crate) fn idle_context(version: u64, contract: Contract, now_ms: u64) -> CommandContext {
     CommandContext {
         version,
-        revision,
+        contract,
         busy: false,
         now_ms,
         session: None,
@@ -275,22 +273,22 @@ pub(crate) fn idle_context(version: u64, revision: RevisionId, now_ms: u64) -> C
     }
 }
 
-/// K-3: the controls `machine` accepts now at `version` in a runtime of `revision`.
+/// K-3: the controls `machine` accepts now at `version` in a runtime of `contract`.
 pub(crate) fn capabilities(
     machine: &Machine,
     version: u64,
-    revision: RevisionId,
+    contract: Contract,
 ) -> Vec<&'static str> {
     // Capabilities alone are read here: they do not depend on the time.
-    let context = idle_context(version, revision, 0);
+    let context = idle_context(version, contract, 0);
     let kinds = machine.capabilities(&context).into_iter();
     kinds.map(|kind| kind.as_str()).collect()
 }
 
 impl Snapshot {
     /// The snapshot of `head` and its machine, offering the controls accepted now (K-3) by
-    /// a runtime of `revision`.
-    pub fn of(head: &ExecutionHead, machine: &Machine, revision: RevisionId) -> Self {
+    /// a runtime of `contract`.
+    pub fn of(head: &ExecutionHead, machine: &Machine, contract: Contract) -> Self {
         let (receipts_total, ended_waits_total, _) = machine.totals();
         let receipts: Vec<_> = machine.receipts.iter().collect();
         let waits = machine.waits();
@@ -315,7 +313,7 @@ impl Snapshot {
             pause_reason: head.pause_reason.clone(),
             version: head.version,
             attempt: head.fencing_epoch,
-            capabilities: capabilities(machine, head.version, revision),
+            capabilities: capabilities(machine, head.version, contract),
             text: machine.text.clone(),
             usage: turn.usage,
             session_turn: turn.session_turn.clone(),

@@ -367,7 +367,7 @@ fn plans(
             let plan = if waits_in_queue {
                 Plan::Stay
             } else {
-                classify(&head, env.owner, env.revision, window, now_ms)
+                classify(&head, env.owner, env.contract, window, now_ms)
             };
             plans.push((head, plan));
         }

@@ -270,6 +270,9 @@ pub enum Event {
         /// budget.
         left_out: u32,
     },
+    /// K-2: a person continued the execution under the runtime's contract `revision_id`,
+    /// another than the one it ran under (schema 17): it runs under this one from here.
+    ContractAdopted { revision_id: RevisionId },
 }
 
 impl Event {
@@ -313,6 +316,7 @@ impl Event {
             Event::SessionTurn { .. } => "session_turn",
             Event::SessionTurnStarted { .. } => "session_turn_started",
             Event::ContextPinned { .. } => "context_pinned",
+            Event::ContractAdopted { .. } => "contract_adopted",
         }
     }
 }

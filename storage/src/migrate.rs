@@ -40,7 +40,7 @@
 //! - 16: log format 4 (`codec.rs`: a frame carries the attempt only when it changes, and no
 //!   longer the head's last seq and last activity, which its events give). A mark.
 //! - 17: an execution's own restart window (K-7): policy records (`0x18`) and the control
-//!   `SetExecutionPolicy`. A mark.
+//!   `SetExecutionPolicy`; the event `ContractAdopted` (K-2). A mark.
 
 use crate::codec;
 use crate::error::{Error, Result};

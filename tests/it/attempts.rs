@@ -33,6 +33,11 @@ impl Provider for FreezeFirstCall {
         }
         Scripted.decide(request).boxed()
     }
+
+    /// The built-in script's decisions: the same contract as `Scripted` (K-2).
+    fn contract(&self) -> String {
+        openprogram::agent::Provider::contract(&openprogram::agent::Scripted)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

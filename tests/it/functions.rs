@@ -269,7 +269,7 @@ async fn f4_a_restart_mid_function_continues_it_and_repeats_no_step() {
 
 /// An embedder's function: an Idempotent step that counts its runs, and an External one.
 pub(crate) fn counting(runs: Arc<AtomicU32>, identity: &str) -> DurableFunction {
-    DurableFunction::new("counting", 1, identity, move |context, input| {
+    DurableFunction::with_identity("counting", 1, identity, move |context, input| {
         let runs = Arc::clone(&runs);
         async move {
             let times: u32 = serde_json::from_value(input).map_err(|error| error.to_string())?;
@@ -598,7 +598,7 @@ async fn k2_fork_from_a_completed_step_reuses_the_prefix_and_retry_runs_afresh()
 async fn f5_a_step_cancelled_while_it_runs_is_unknown_not_not_started() {
     let running = Arc::new(tokio::sync::Notify::new());
     let told = Arc::clone(&running);
-    let stuck = DurableFunction::new("stuck", 1, "stuck:v1", move |context, _input| {
+    let stuck = DurableFunction::with_identity("stuck", 1, "stuck:v1", move |context, _input| {
         let told = Arc::clone(&told);
         async move {
             let step = |_| async move {
@@ -638,21 +638,22 @@ async fn f5_a_step_cancelled_while_it_runs_is_unknown_not_not_started() {
 async fn f5_a_step_dropped_before_it_started_is_not_started_and_the_function_completes() {
     let ran = Arc::new(AtomicU32::new(0));
     let marks = Arc::clone(&ran);
-    let dropping = DurableFunction::new("dropping", 1, "dropping:v1", move |context, _input| {
-        let marks = Arc::clone(&marks);
-        async move {
-            let mut step = Box::pin(context.step("s", Recovery::External, |_| async move {
-                marks.fetch_add(1, Ordering::SeqCst);
-                Ok(true)
-            }));
-            let asked: std::task::Poll<Result<bool, StepError>> = futures::poll!(step.as_mut());
-            assert!(asked.is_pending(), "the step's boundary is asked");
-            let after = context.step("t", Recovery::Idempotent, |_| async { Ok(1) });
-            let _: u32 = after.await.map_err(|error: StepError| error.to_string())?;
-            drop(step);
-            Ok(json!("done"))
-        }
-    });
+    let dropping =
+        DurableFunction::with_identity("dropping", 1, "dropping:v1", move |context, _input| {
+            let marks = Arc::clone(&marks);
+            async move {
+                let mut step = Box::pin(context.step("s", Recovery::External, |_| async move {
+                    marks.fetch_add(1, Ordering::SeqCst);
+                    Ok(true)
+                }));
+                let asked: std::task::Poll<Result<bool, StepError>> = futures::poll!(step.as_mut());
+                assert!(asked.is_pending(), "the step's boundary is asked");
+                let after = context.step("t", Recovery::Idempotent, |_| async { Ok(1) });
+                let _: u32 = after.await.map_err(|error: StepError| error.to_string())?;
+                drop(step);
+                Ok(json!("done"))
+            }
+        });
     let (harness, execution) = started_function(dropping, json!(null)).await;
     harness.wait_for_state(execution, "completed").await;
     let receipts: Vec<(String, ReceiptStatus)> = harness

@@ -175,7 +175,7 @@ fn f4_kill9_twice_inside_a_nested_workflow_every_line_exactly_once() {
 
 /// An embedder's function with one External step and no reconcile protocol.
 fn charging() -> DurableFunction {
-    DurableFunction::new("charge", 1, "charge:v1", |context, _input| async move {
+    DurableFunction::with_identity("charge", 1, "charge:v1", |context, _input| async move {
         let charged: String = context
             .step("charge", Recovery::External, |_| async {
                 tokio::time::sleep(std::time::Duration::from_millis(300)).await;

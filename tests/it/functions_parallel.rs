@@ -80,7 +80,7 @@ type Branch = Box<
 #[tokio::test]
 async fn w3_a_branch_asks_while_another_step_runs_and_the_answer_still_counts() {
     let function =
-        DurableFunction::new("ask_beside", 1, "ask_beside:v1", |context, _| async move {
+        DurableFunction::with_identity("ask_beside", 1, "ask_beside:v1", |context, _| async move {
             let branches: Vec<(String, Branch)> = vec![
                 (
                     "asks".to_owned(),

@@ -39,9 +39,12 @@ fn f7_other_code_under_a_registered_name_and_revision_is_refused_before_anything
     // A built-in's name and revision cannot be taken by other code either.
     let builtin = Runtime::builder()
         .data_dir(dir.path())
-        .function(DurableFunction::new("steps", 1, "mine", |_, _| async {
-            Ok(json!(null))
-        }))
+        .function(DurableFunction::with_identity(
+            "steps",
+            1,
+            "mine",
+            |_, _| async { Ok(json!(null)) },
+        ))
         .open()
         .expect_err("other code as steps revision 1");
     assert_eq!(builtin.code(), "invalid_request");
@@ -469,7 +472,7 @@ async fn k7_continue_with_a_policy_resolves_a_version_conflict_in_one_command() 
 /// `shape` revision 1: a step `price` returning `{"cents": 500}`, then an approval, then its
 /// result as the price.
 fn shape_v1() -> DurableFunction {
-    DurableFunction::new("shape", 1, "shape:v1", |context, _| async move {
+    DurableFunction::with_identity("shape", 1, "shape:v1", |context, _| async move {
         let price: serde_json::Value = context
             .step("price", Recovery::Idempotent, |_| async {
                 Ok(json!({"cents": 500}))
@@ -487,7 +490,7 @@ fn shape_v1() -> DurableFunction {
 /// `shape` revision 2: reads `price` as `{"amount": …}`, with `price` ↔ `price` and a
 /// declared conversion from revision 1's shape (or one that refuses, `convertible`).
 fn shape_v2(convertible: bool) -> DurableFunction {
-    DurableFunction::new("shape", 2, "shape:v2", |context, _| async move {
+    DurableFunction::with_identity("shape", 2, "shape:v2", |context, _| async move {
         let price: serde_json::Value = context
             .step("price", Recovery::Idempotent, |_| async {
                 Ok(json!({"amount": 5}))

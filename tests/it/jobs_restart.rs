@@ -232,6 +232,11 @@ impl openprogram::agent::Provider for FreezeOnce {
         }
         openprogram::agent::Scripted.decide(request).boxed()
     }
+
+    /// The built-in script's decisions: the same contract as `Scripted` (K-2).
+    fn contract(&self) -> String {
+        openprogram::agent::Provider::contract(&openprogram::agent::Scripted)
+    }
 }
 
 /// J-2, A-1: a Job whose attempt stalls past its lease is taken over in process: the claim

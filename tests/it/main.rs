@@ -37,6 +37,7 @@ mod jobs;
 mod jobs_crash;
 mod jobs_property;
 mod jobs_restart;
+mod k2_contract;
 mod k3_property;
 mod k3_states;
 mod k3_world;

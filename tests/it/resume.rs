@@ -176,9 +176,11 @@ async fn r5_an_admission_never_activated_continues_from_its_input() {
         let store = Store::open(restarts.dir.path()).expect("store");
         let mut head =
             ExecutionHead::new(execution, session, RunId::new(), ExecutionKind::AgentTurn);
-        head.revision_id = openprogram::actors::env::contract_revision(
+        head.revision_id = openprogram::actors::env::contract_of(
+            &openprogram::agent::Scripted,
             &openprogram::agent::ToolRegistry::builtin(),
-        );
+        )
+        .revision;
         let admitted = Event::Admitted {
             kind: head.kind,
             session_id: session,

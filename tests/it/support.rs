@@ -312,6 +312,11 @@ impl openprogram::agent::Provider for FreezeAfter {
         }
         openprogram::agent::Scripted.decide(request)
     }
+
+    /// The built-in script's decisions: the same contract as `Scripted` (K-2).
+    fn contract(&self) -> String {
+        openprogram::agent::Provider::contract(&openprogram::agent::Scripted)
+    }
 }
 
 /// One data dir opened by runtime after runtime, as restarts do, with a wall clock the test

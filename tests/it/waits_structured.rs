@@ -245,7 +245,7 @@ async fn w6_a_functions_form_is_answered_through_the_same_commands() {
     use openprogram::storage::WaitStatus;
     use openprogram::{DurableFunction, FunctionStart, Runtime, WaitSpec};
 
-    let form = DurableFunction::new("form", 1, "form:v1", |context, _input| async move {
+    let form = DurableFunction::with_identity("form", 1, "form:v1", |context, _input| async move {
         let spec = WaitSpec::form(
             "Release details",
             &json!({"items": [

@@ -2,7 +2,9 @@
 //! `#[durable_helper]` hash the tokens of the function they mark (so formatting and comments
 //! do not count, code does) together with the identities of the helpers it declares. A
 //! declared helper that is not marked has no identity to take: the program does not compile
-//! — its code is refused before any step runs. A revision registered again with other code
+//! — its code is refused before any step runs. Nor does a body that calls a function of its
+//! own crate it does not declare (`calls.rs`): a change to that function would change what
+//! the body does and not its identity. A revision registered again with other code
 //! is refused at registration (`FunctionRegistry::register`), and an execution started on a
 //! revision whose code has changed since pauses `revision_missing` instead of running it.
 //!
@@ -21,6 +23,8 @@ use quote::{format_ident, quote, ToTokens};
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
 use syn::{parse_macro_input, Ident, ItemFn, LitInt, LitStr, Path, Token};
+
+mod calls;
 
 /// What the attribute says: `name = "…"`, `revision = N`, `helpers(a, path::b)`.
 #[derive(Default)]
@@ -149,6 +153,9 @@ pub fn durable_helper(attributes: TokenStream, item: TokenStream) -> TokenStream
         .to_compile_error()
         .into();
     }
+    if let Err(error) = calls::all_declared(&function, &attributes.helpers) {
+        return error.to_compile_error().into();
+    }
     let visibility = &function.vis;
     let identity = format_ident!("__openprogram_identity_{}", function.sig.ident);
     let body = identity_body(&code_hash(&function), &attributes.helpers);
@@ -195,6 +202,9 @@ pub fn durable_function(attributes: TokenStream, item: TokenStream) -> TokenStre
         .to_compile_error()
         .into();
     }
+    if let Err(error) = calls::all_declared(&function, &attributes.helpers) {
+        return error.to_compile_error().into();
+    }
     let visibility = &function.vis;
     let body_name = &function.sig.ident;
     let constructor = format_ident!("{}_durable", function.sig.ident);
@@ -205,7 +215,7 @@ pub fn durable_function(attributes: TokenStream, item: TokenStream) -> TokenStre
         /// This revision of the durable function, identified by its code and its helpers'.
         #visibility fn #constructor() -> ::openprogram::DurableFunction {
             let identity = { #body };
-            ::openprogram::DurableFunction::new(#name, #revision, &identity, #body_name)
+            ::openprogram::DurableFunction::with_identity(#name, #revision, &identity, #body_name)
         }
     }
     .into()

@@ -500,6 +500,6 @@ impl Handler<GetSnapshot> for ExecutionActor {
 
     fn handle(&mut self, _: GetSnapshot, _ctx: &mut Context<Self>) -> Self::Result {
         self.handled += 1;
-        MessageResult(Snapshot::of(&self.head, &self.machine, self.env.revision))
+        MessageResult(Snapshot::of(&self.head, &self.machine, self.env.contract))
     }
 }

@@ -43,7 +43,7 @@ impl ExecutionActor {
         };
         CommandContext {
             version: self.head.version,
-            revision: self.env.revision,
+            contract: self.env.contract,
             busy: self.in_flight.is_some(),
             now_ms: self.env.clock.now_ms(),
             session,

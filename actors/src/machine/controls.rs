@@ -64,7 +64,7 @@ impl Machine {
     /// with no recorded revision (a machine built in a test) is taken as current.
     fn revision_loadable(&self, at: &CommandContext) -> bool {
         let revision = self.present.turn.revision_id;
-        revision.is_none_or(|revision| revision == at.revision)
+        revision.is_none_or(|revision| at.contract.runs(revision))
     }
 
     /// The one decision on a command: the version it was sent against, whether its kind is
@@ -262,6 +262,16 @@ impl Machine {
             control: control.clone(),
         };
         let mut events = vec![applied];
+        // K-2: continued by a person under another contract than it ran under: the person
+        // approved this one, and it runs under it from here.
+        let adopted = (self.present.turn.revision_id)
+            .filter(|revision| !at.contract.runs(*revision))
+            .map(|_| Event::ContractAdopted {
+                revision_id: at.contract.revision,
+            });
+        if matches!(control, Control::Continue | Control::Step) {
+            events.extend(adopted);
+        }
         match control {
             Control::Pause if !busy || self.status() == Status::Queued => {
                 events.push(state_changed(Status::Paused, "pause"));

@@ -245,6 +245,7 @@ impl Present {
             Event::SessionTurnStarted { .. } => self.apply_session_turn_started(),
             Event::ProcessChanged { .. } | Event::ProcessOutput { .. } => self.fold_process(event),
             Event::Forked { state, .. } => self.apply_forked(state),
+            Event::ContractAdopted { revision_id } => self.turn.revision_id = Some(*revision_id),
             Event::StepStarted { .. }
             | Event::StepFinished { .. }
             | Event::RevisionAdopted { .. }

@@ -226,6 +226,7 @@ impl Machine {
 fn head_follows(head: &mut ExecutionHead, event: &Event) {
     match event {
         Event::RestartIntentRecorded { intent } => head.restart_intent = Some(intent.clone()),
+        Event::ContractAdopted { revision_id } => head.revision_id = *revision_id,
         // A new effect (not one still in doubt), or a person continuing it, ends the
         // interruption the intent was about.
         Event::ToolFinished { status, .. } | Event::StepFinished { status, .. }

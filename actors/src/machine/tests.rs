@@ -62,7 +62,9 @@ pub(crate) fn running(max_iterations: u32) -> Machine {
 pub(crate) fn at(machine: &Machine, busy: bool) -> CommandContext {
     CommandContext {
         version: 0,
-        revision: machine.present.turn.revision_id.unwrap_or_default(),
+        contract: crate::machine::Contract::of(
+            machine.present.turn.revision_id.unwrap_or_default(),
+        ),
         busy,
         now_ms: 0,
         session: None,

@@ -330,8 +330,8 @@ impl Rejection {
 pub struct CommandContext {
     /// The execution's version now (K-4).
     pub version: u64,
-    /// The revision this runtime runs: Fork and Retry need the execution's own (K-2).
-    pub revision: RevisionId,
+    /// The contract this runtime runs: Fork and Retry need the execution's own (K-2).
+    pub contract: Contract,
     /// An effect is in flight: a Pause waits for it, a Cancel aborts it.
     pub busy: bool,
     /// The wall clock now: a Job's budget is charged by it (J-1), a wait's deadline passes
@@ -343,6 +343,31 @@ pub struct CommandContext {
     /// C-2: it holds its session (or is no foreground turn): a Continue runs it; else the
     /// Continue queues it for its session.
     pub holds_session: bool,
+}
+
+/// K-2: the contract a runtime runs: the revision of its provider, model, system text and
+/// tools (their names, how each recovers, their descriptions and parameters), and the
+/// revision a build before it derived from the tools alone. An execution recorded under
+/// either runs here as it was admitted; any other ran another contract.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Contract {
+    pub revision: RevisionId,
+    pub legacy: RevisionId,
+}
+
+impl Contract {
+    /// A contract with no earlier derivation (a test's).
+    pub fn of(revision: RevisionId) -> Self {
+        Self {
+            revision,
+            legacy: revision,
+        }
+    }
+
+    /// Whether an execution recorded under `revision` runs the contract it was admitted with.
+    pub fn runs(&self, revision: RevisionId) -> bool {
+        revision == self.revision || revision == self.legacy
+    }
 }
 
 /// A command the machine accepted, and what it leads to.

@@ -86,6 +86,26 @@ impl Provider for HttpProvider {
         let inner = self.inner.clone();
         async move { inner.decide(&request).await }.boxed()
     }
+
+    /// K-2: the API, the model, the system text and the tools offered (as the model sees
+    /// them). Not the endpoint, key, limits or timeouts: they change how it is reached, not
+    /// what it decides.
+    fn contract(&self) -> String {
+        let config = &self.inner.config;
+        let mut contract = format!("{}:{}", config.api.name(), config.model);
+        contract.push_str(&format!(
+            "\nsystem:{}",
+            config.system.as_deref().unwrap_or("")
+        ));
+        for tool in &config.tools {
+            let (name, description) = (&tool.name, &tool.description);
+            contract.push_str(&format!(
+                "\noffered:{name}:{description}:{}",
+                tool.parameters
+            ));
+        }
+        contract
+    }
 }
 
 impl Inner {

@@ -146,7 +146,8 @@ const MIGRATIONS: &[&str] = &[
     );
     ",
     // An execution's own restart window (K-7): policy records (kind 8 of op_records) and
-    // the control `SetExecutionPolicy`, which an older build cannot decode. A mark.
+    // the control `SetExecutionPolicy`; the event `ContractAdopted` (K-2). An older build
+    // cannot decode them. A mark.
     MARK,
 ];
 
