@@ -220,7 +220,7 @@ fn check_token(options: &ServeOptions) -> Result<()> {
             "a token must have at least {TOKEN_CHARS_MIN} characters"
         ))),
         None if !http::is_loopback(&options.listen) => Err(Error::InvalidRequest(format!(
-            "refusing to listen on {} without a token: pass --token or set OPENPROGRAM_TOKEN (X-2)",
+            "refusing to listen on {} without a token: pass --token or set OPENPROGRAM_TOKEN",
             options.listen
         ))),
         _ => Ok(()),

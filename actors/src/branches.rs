@@ -81,12 +81,8 @@ impl Service {
         let child_id = transition.execution_id;
         match store.submit(transition).await? {
             Outcome::Committed(_) => {
-                // K-3: a Job's child follows its scheduler: it waits in the resource queue.
-                if let Some(queued) = queued {
-                    let queued = crate::machine::job::queued_job(&queued);
-                    let enqueue = [crate::machine::Action::Enqueue];
-                    self.env().tell_queue(child_id, &queued, &enqueue);
-                }
+                self.schedule_child(session_id, child_id, parent.kind, queued)
+                    .await?;
                 Ok(CommandReply::of(&record))
             }
             Outcome::DuplicateCommand { stored } => Ok(CommandReply::of(&stored)),
@@ -96,6 +92,34 @@ impl Service {
             }
             other => Err(Error::Internal(format!("creating a child: {other:?}"))),
         }
+    }
+
+    /// K-2, K-3: a Job's or a function's child follows its scheduler: a Job's waits in the
+    /// resource queue; a function's (written paused) is continued at once, under a command id
+    /// derived from it, so it runs, or waits in its session's line if it is a person's
+    /// foreground turn (F-6). Should the runtime stop in between, it stays paused, for a
+    /// Continue. An agent's child stays paused for a person.
+    async fn schedule_child(
+        &self,
+        session_id: SessionId,
+        child_id: ExecutionId,
+        kind: openprogram_storage::ExecutionKind,
+        queued: Option<Event>,
+    ) -> Result<()> {
+        if let Some(queued) = queued {
+            let queued = crate::machine::job::queued_job(&queued);
+            let enqueue = [crate::machine::Action::Enqueue];
+            self.env().tell_queue(child_id, &queued, &enqueue);
+        } else if kind == openprogram_storage::ExecutionKind::Function {
+            let id = crate::machine::derived_command_id(child_id.as_uuid(), b"scheduled", 0);
+            let body = crate::command::CommandBody::Continue {
+                policy: None,
+                budget: None,
+            };
+            let command = Command::new(body).with_id(id);
+            self.control(session_id, child_id, command).await?;
+        }
+        Ok(())
     }
 
     /// The parent's machine decides a Fork or Retry (K-3, K-4) on the parent as it stands:

@@ -128,7 +128,7 @@ pub fn classify(
     match head.state {
         // Resolving the effect continues the execution: only where a restart may continue it.
         ExecutionState::ReconciliationRequired
-            if contract.runs(head.revision_id)
+            if contract.runs(head.kind, head.revision_id)
                 && window != RestartWindow::Disabled
                 && !expired_intent =>
         {
@@ -151,7 +151,7 @@ pub fn classify(
     if head.state == ExecutionState::Cancelling {
         return Plan::Resume { intent };
     }
-    if !contract.runs(head.revision_id) {
+    if !contract.runs(head.kind, head.revision_id) {
         return Plan::Hold(Hold::IncompatibleRevision);
     }
     // A disabled window stops even an unlimited intent: the operator said no automatic

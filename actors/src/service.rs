@@ -374,7 +374,7 @@ impl Service {
     }
 
     /// A control command, through the execution's mailbox (K-1, K-6).
-    async fn control(
+    pub(crate) async fn control(
         &self,
         session_id: SessionId,
         execution_id: ExecutionId,

@@ -319,11 +319,7 @@ fn plans(
     nodes: &openprogram_storage::Nodes,
 ) -> Result<Vec<(ExecutionHead, Plan)>> {
     let now_ms = env.clock.now_ms();
-    let mut plans = Vec::new();
-    // K-7: the executions with a restart window of their own, in one read.
-    let own_windows: std::collections::HashMap<_, _> = (env.store.policies()?.into_iter())
-        .map(|policy| (policy.execution_id, policy.restart_window))
-        .collect();
+    let mut candidates = Vec::new();
     for state in ExecutionState::ALL
         .into_iter()
         .filter(|state| !state.is_terminal())
@@ -361,16 +357,33 @@ fn plans(
                         false
                     }
                 };
-            // C-2: a turn waiting in its session's line ran nothing either.
-            let own = own_windows.get(&execution_id).copied();
-            let window = env.restart_window_of(&head, own);
-            let plan = if waits_in_queue {
-                Plan::Stay
-            } else {
-                classify(&head, env.owner, env.contract, window, now_ms)
-            };
-            plans.push((head, plan));
+            candidates.push((head, waits_in_queue));
         }
+    }
+    let mut plans = Vec::with_capacity(candidates.len());
+    // K-7: the executions with a restart window of their own, in one read, when there is
+    // anything to classify. One whose record is damaged is left alone, not guessed (S-4).
+    let policies = match candidates.is_empty() {
+        true => openprogram_storage::Policies::default(),
+        false => env.store.policies()?,
+    };
+    for (execution_id, error) in &policies.damaged {
+        tracing::error!(%execution_id, %error, "restart recovery leaves alone an execution whose restart window cannot be read");
+    }
+    for (head, waits_in_queue) in candidates {
+        let damaged = (policies.damaged.iter()).any(|(id, _)| *id == head.execution_id);
+        // C-2: a turn waiting in its session's line ran nothing either.
+        let own = policies.windows.get(&head.execution_id).copied();
+        let window = env.restart_window_of(&head, own);
+        // J-1, K-2: a Job waiting for its lease stays in its place, unless it ran under
+        // another contract: then it is held for a person like any execution.
+        let plan = if damaged || (waits_in_queue && env.contract.runs(head.kind, head.revision_id))
+        {
+            Plan::Stay
+        } else {
+            classify(&head, env.owner, env.contract, window, now_ms)
+        };
+        plans.push((head, plan));
     }
     // N-2: a node that registered after the first read (a restart under the same id) wrote
     // its claims after registering: read again, every owner in a head read above is listed

@@ -115,7 +115,7 @@ pub trait EventReader: Send + Sync + 'static {
     /// records are few (one per started process), so this reads them all.
     fn processes(&self) -> Result<Vec<ProcessRecord>>;
     /// K-7: every execution's own restart window, in one read (recovery's).
-    fn policies(&self) -> Result<Vec<crate::policy::PolicyRecord>>;
+    fn policies(&self) -> Result<crate::policy::Policies>;
     fn blob(&self, hash: BlobHash) -> Result<Option<Vec<u8>>>;
     /// Executions currently in a non-terminal `state`, from the by-state index (S-6).
     /// Terminal states are not indexed: asking for one returns an empty list.

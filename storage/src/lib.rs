@@ -67,7 +67,7 @@ pub use ids::*;
 pub use open::SalvageReport;
 #[cfg(feature = "postgres")]
 pub use pg::PgStore;
-pub use policy::{PolicyRecord, RestartWindow};
+pub use policy::{Policies, PolicyRecord, RestartWindow};
 pub use records::*;
 pub use store::{Incarnation, Limits, MetricsSnapshot, Store};
 pub use transition::{Committed, Outcome, SessionWrite, Transition, Upsert};

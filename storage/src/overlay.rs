@@ -167,8 +167,7 @@ impl Overlay {
             .collect()
     }
 
-    /// Every process record held here, the newest version of each.
-    /// The records held here that `pick` takes, by key.
+    /// The records held here that `pick` takes, by key, the newest version of each.
     pub fn records<T>(&self, pick: fn(&RecordValue) -> Option<T>) -> HashMap<RecordKey, T> {
         // Collected frozen first, so the active version of a record wins.
         [&self.frozen, &self.active]

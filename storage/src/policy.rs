@@ -140,3 +140,33 @@ pub struct PolicyRecord {
     pub execution_id: ExecutionId,
     pub restart_window: RestartWindow,
 }
+
+/// K-7: every execution's own restart window as recovery reads them, and the executions whose
+/// record does not decode: recovery leaves those alone rather than guess their window.
+#[derive(Debug, Default)]
+pub struct Policies {
+    pub windows: std::collections::HashMap<ExecutionId, RestartWindow>,
+    pub damaged: Vec<(ExecutionId, String)>,
+}
+
+impl Policies {
+    /// From records read by key; `execution_of` reads the execution id from a key.
+    pub(crate) fn of(
+        found: impl IntoIterator<Item = ([u8; 17], Result<RestartWindow, String>)>,
+        execution_of: impl Fn(&[u8]) -> Option<ExecutionId>,
+    ) -> Self {
+        let mut policies = Policies::default();
+        for (key, window) in found {
+            let Some(execution_id) = execution_of(&key) else {
+                continue; // no key of a policy record: nothing here to apply
+            };
+            match window {
+                Ok(window) => {
+                    policies.windows.insert(execution_id, window);
+                }
+                Err(error) => policies.damaged.push((execution_id, error)),
+            }
+        }
+        policies
+    }
+}

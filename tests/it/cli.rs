@@ -201,7 +201,7 @@ fn i4_load_function_steps_reports_every_function_step() {
 }
 
 /// What users read says what a flag does, not which requirement it serves: no `--help`
-/// names a requirement id (such as S-8 or K-4).
+/// names a requirement id (such as S-8 or K-4) or a fault scenario's (R02).
 #[test]
 fn i4_help_names_no_requirement_id() {
     let commands = [
@@ -213,21 +213,52 @@ fn i4_help_names_no_requirement_id() {
         let output = openprogram(&args);
         assert!(output.status.success(), "{args:?}");
         let text = String::from_utf8_lossy(&output.stdout);
-        let ids: Vec<&str> = text
-            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
-            .filter(|word| {
-                word.split_once('-').is_some_and(|(letters, digits)| {
-                    (1..=2).contains(&letters.len())
-                        && letters.chars().all(|c| c.is_ascii_uppercase())
-                        && !digits.is_empty()
-                        && digits.chars().all(|c| c.is_ascii_digit())
-                })
-            })
-            .collect();
+        let ids = crate::support::requirement_ids(&text);
         assert!(
             ids.is_empty(),
             "`openprogram {}` names {ids:?}",
             args.join(" ")
         );
     }
+}
+
+/// I-4: what an error says names no requirement id either: every string in the code that
+/// builds the errors people read (the HTTP API's, `serve`'s, the CLI's, the refusals').
+#[test]
+fn i4_errors_name_no_requirement_id() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut files = vec![
+        format!("{root}/src/serve.rs"),
+        format!("{root}/src/main.rs"),
+        format!("{root}/actors/src/error.rs"),
+        format!("{root}/actors/src/machine/refusal.rs"),
+        format!("{root}/actors/src/command.rs"),
+        format!("{root}/actors/src/command_fields.rs"),
+        format!("{root}/storage/src/error.rs"),
+    ];
+    for entry in std::fs::read_dir(format!("{root}/src/http")).expect("src/http") {
+        let path = entry.expect("an entry").path();
+        if path.extension().is_some_and(|ext| ext == "rs") {
+            files.push(path.display().to_string());
+        }
+    }
+    let (mut found, mut literals) = (Vec::new(), 0);
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("a source file");
+        for (number, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("//") {
+                continue;
+            }
+            // The string literals of the line: every other piece between quotes.
+            for literal in line.split('"').skip(1).step_by(2) {
+                literals += 1;
+                let ids = crate::support::requirement_ids(literal);
+                if !ids.is_empty() {
+                    found.push(format!("{file}:{}: {ids:?} in \"{literal}\"", number + 1));
+                }
+            }
+        }
+    }
+    assert!(literals > 500, "the sources were read: {literals} strings");
+    assert!(found.is_empty(), "{}", found.join("\n"));
 }

@@ -570,22 +570,15 @@ async fn k2_fork_from_a_completed_step_reuses_the_prefix_and_retry_runs_afresh()
     let forked = harness.send(parent, body).await;
     assert_eq!(forked.status, "applied", "{forked:?}");
     let child = forked.execution_id.expect("the child");
-    let paused = harness.snapshot(child).await;
-    assert_eq!(
-        (paused.state, paused.pause_reason.as_deref()),
-        ("paused", Some("fork"))
-    );
-    assert_eq!(paused.function.as_ref().map(|f| f.next_position), Some(2));
-    let resumed = harness.command(child, "continue", None).await;
-    assert_eq!(resumed.status, "applied", "{resumed:?}");
-    harness.wait_for_state(child, "completed").await;
+    // K-2: a function's child follows its scheduler: it runs with no person's Continue.
+    let done = harness.wait_for_state(child, "completed").await;
+    assert_eq!(done.function.as_ref().map(|f| f.next_position), Some(4));
     let appended: Vec<String> = lines(&path).into_iter().map(|(step, _)| step).collect();
     // The parent's four, then the child's s3 and s4: s1 and s2 reused, not run again.
     assert_eq!(appended, vec!["s1", "s2", "s3", "s4", "s3", "s4"]);
     let retried = harness.command(parent, "retry", None).await;
     assert_eq!(retried.status, "applied", "{retried:?}");
     let fresh = retried.execution_id.expect("the retry");
-    harness.command(fresh, "continue", None).await;
     harness.wait_for_state(fresh, "completed").await;
     assert_eq!(lines(&path).len(), 10, "the retry ran all four afresh");
 }

@@ -277,6 +277,11 @@ fn i3_debug_actors_log_executions_and_metrics() {
     ] {
         assert!(metrics.contains(name), "{name} missing in\n{metrics}");
     }
+    // What an operator reads says what a figure is, not which requirement it serves.
+    for help in metrics.lines().filter(|line| line.starts_with("# HELP")) {
+        let ids = crate::support::requirement_ids(help);
+        assert!(ids.is_empty(), "{help} names {ids:?}");
+    }
     let (_, reply) = server.command(
         &session,
         execution,
@@ -355,4 +360,47 @@ fn i3_the_global_log_streams_from_its_end_or_a_cursor() {
     assert_eq!(status, 401, "an admin read");
     let (status, _) = server.call("GET", "/debug/log/stream?from=end", Some(ADMIN), None);
     assert_eq!(status, 400, "an unknown field");
+}
+
+/// I-2: the HTTP reference (`openapi.json`) and the router agree: every route the router
+/// serves, with its method, is documented, and every documented one is served. Read from
+/// the router's source, where each route is one `.route("PATH", web::METHOD()…)`.
+#[test]
+fn i2_every_route_the_router_serves_is_in_the_http_reference_and_back() {
+    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/http/mod.rs"))
+        .expect("the router's source");
+    let mut served = std::collections::BTreeSet::new();
+    for call in source.split(".route(").skip(1) {
+        let mut quoted = call.split('"');
+        let (Some(_), Some(path)) = (quoted.next(), quoted.next()) else {
+            continue;
+        };
+        let method = call
+            .split("web::")
+            .nth(1)
+            .and_then(|rest| rest.split("()").next())
+            .expect("a method");
+        served.insert((path.to_owned(), method.to_owned()));
+    }
+    assert!(served.len() > 20, "the routes were read: {served:?}");
+    let reference: serde_json::Value =
+        serde_json::from_str(openprogram::http::OPENAPI_JSON).expect("the reference is JSON");
+    let mut documented = std::collections::BTreeSet::new();
+    for (path, item) in reference["paths"].as_object().expect("paths") {
+        for method in item.as_object().expect("a path item").keys() {
+            if method != "parameters" {
+                documented.insert((path.clone(), method.clone()));
+            }
+        }
+    }
+    let missing: Vec<_> = served.difference(&documented).collect();
+    assert!(
+        missing.is_empty(),
+        "served but not in the reference: {missing:?}"
+    );
+    let stale: Vec<_> = documented.difference(&served).collect();
+    assert!(
+        stale.is_empty(),
+        "in the reference but not served: {stale:?}"
+    );
 }

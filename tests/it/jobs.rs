@@ -431,7 +431,7 @@ async fn j1_a_passed_queue_deadline_ends_the_job_expired_never_run() {
     )
     .await;
     let expired = harness.wait_for_state(late, "expired").await;
-    assert_eq!(expired.capabilities, vec!["cancel", "set_policy"]);
+    assert_eq!(expired.capabilities, vec!["cancel"]);
     assert!(leases_of(&harness.events(late)).is_empty(), "never leased");
     assert_eq!(
         harness.command(late, "cancel", None).await.status,

@@ -10,7 +10,7 @@ use futures::future::BoxFuture;
 use openprogram::actors::env::contract_of;
 use openprogram::actors::machine::Decision;
 use openprogram::agent::{ModelRequest, Provider, Scripted, ToolRegistry};
-use openprogram::storage::Event;
+use openprogram::storage::{Event, ExecutionKind};
 use openprogram::RestartWindow;
 use serde_json::json;
 
@@ -151,8 +151,12 @@ fn k2_the_contract_covers_the_provider_and_each_tools_spec_and_keeps_the_tools_o
         "the same names and recovery"
     );
     // An execution recorded by a build that derived it from the tools alone runs here.
-    assert!(base.runs(base.legacy) && base.runs(base.revision));
-    assert!(!base.runs(other_model.revision));
+    let agent = ExecutionKind::AgentTurn;
+    assert!(base.runs(agent, base.legacy) && base.runs(agent, base.revision));
+    assert!(!base.runs(agent, other_model.revision));
+    assert!(!base.runs(ExecutionKind::Job, other_model.revision));
+    // A durable function runs no model and no tool: its code's identity judges it (F-7).
+    assert!(base.runs(ExecutionKind::Function, other_model.revision));
 }
 
 /// `echo` told to the model in other words.

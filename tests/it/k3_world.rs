@@ -416,13 +416,17 @@ impl World {
     ) {
         let case = format!("{case}: {kind}");
         if matches!(kind, CommandKind::Fork | CommandKind::Retry) {
-            // A new child in the same run, paused (a Job's follows the queue instead, K-3);
-            // the original is untouched.
+            // A new child in the same run: an agent's paused; a Job's or a function's follows
+            // its scheduler (K-2, K-3). The original is untouched.
             let child = reply.execution_id.expect("a child");
             let child = self.snapshot(child).await;
-            if before.job.is_some() {
-                assert_ne!(child.state, "paused", "{case}");
-                assert!(child.job.is_some(), "{case}");
+            if before.job.is_some() || before.function.is_some() {
+                assert_ne!(
+                    (child.state, child.pause_reason.as_deref()),
+                    ("paused", Some(kind.as_str())),
+                    "{case}"
+                );
+                assert_eq!(child.job.is_some(), before.job.is_some(), "{case}");
             } else {
                 assert_eq!(child.state, "paused", "{case}");
                 assert_eq!(child.pause_reason.as_deref(), Some(kind.as_str()), "{case}");

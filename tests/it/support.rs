@@ -589,3 +589,33 @@ pub fn command_of(mut body: Value) -> Command {
     }
     Command::from_json(&body).expect("a command body")
 }
+
+/// The requirement ids (`S-8`, `K-4`) and fault scenario ids (`R02`) `text` names: what
+/// users read (help, errors, metrics) names none.
+pub fn requirement_ids(text: &str) -> Vec<String> {
+    let is_id = |word: &str| {
+        let requirement = word.split_once('-').is_some_and(|(letters, digits)| {
+            (1..=2).contains(&letters.len())
+                && letters.chars().all(|c| c.is_ascii_uppercase())
+                && !digits.is_empty()
+                && digits.chars().all(|c| c.is_ascii_digit())
+        });
+        let scenario = word.len() == 3
+            && word.starts_with('R')
+            && word[1..].chars().all(|c| c.is_ascii_digit());
+        requirement || scenario
+    };
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter(|word| is_id(word))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn requirement_ids_are_found_where_they_are() {
+    assert_eq!(
+        requirement_ids("kill loop (R02), purge (S-8); K-12."),
+        ["R02", "S-8", "K-12"]
+    );
+    assert!(requirement_ids("UTF-8, R2-D2, x-1, 2h, R123").is_empty());
+}

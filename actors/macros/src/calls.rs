@@ -44,6 +44,9 @@ pub(crate) fn all_declared(function: &ItemFn, helpers: &[Path]) -> syn::Result<(
 /// where it is, in the order written.
 pub(crate) fn undeclared(function: &ItemFn, helpers: &[Path]) -> Vec<(String, proc_macro2::Span)> {
     let mut calls = Calls::default();
+    // Itself (a recursive helper) and the prelude's one function.
+    calls.own.insert(function.sig.ident.to_string());
+    calls.own.insert("drop".into());
     for input in &function.sig.inputs {
         if let syn::FnArg::Typed(typed) = input {
             calls.bind(&typed.pat);
@@ -98,6 +101,14 @@ impl Calls {
     }
 }
 
+/// Rust's keywords: one before a parenthesis (`if (x)`, `fn(u64)`, `let (a, b)`) is no call.
+const KEYWORDS: [&str; 38] = [
+    "as", "async", "await", "box", "break", "const", "continue", "crate", "dyn", "else", "enum",
+    "extern", "false", "fn", "for", "if", "impl", "in", "let", "loop", "match", "mod", "move",
+    "mut", "pub", "ref", "return", "self", "static", "struct", "super", "trait", "true", "type",
+    "unsafe", "use", "where", "while",
+];
+
 /// The path written right before `trees[end]` (`a::b::c`), with its first token's span;
 /// `None` if there is none, or it follows a `.` (a method) or is a keyword (`if (x)`).
 fn path_before(
@@ -116,12 +127,12 @@ fn path_before(
     {
         start -= 3;
     }
-    if start > 0 && punct(start - 1, '.') {
+    // After a `.`: a method. After `>::` (`Vec::<u8>::new`, `<T as Tr>::f`): a path through
+    // a type, taken as another crate's like any path.
+    let qualified = start >= 2 && punct(start - 1, ':') && punct(start - 2, ':');
+    if (start > 0 && punct(start - 1, '.')) || qualified {
         return None;
     }
-    const KEYWORDS: [&str; 8] = [
-        "if", "while", "match", "return", "in", "for", "break", "move",
-    ];
     if KEYWORDS.contains(&last.to_string().as_str()) {
         return None;
     }
@@ -237,6 +248,18 @@ mod tests {
             format!("{}", fee(x))
         }"#;
         assert_eq!(undeclared_in(body, &["fee"]), vec!["amount", "rate"]);
+    }
+
+    #[test]
+    fn f7_recursion_keywords_typed_paths_and_drop_are_no_undeclared_calls() {
+        let body = r#"fn walk(n: u64) -> u64 {
+            drop(n);
+            let f: fn(u64) -> u64 = walk;
+            select!(x => { let (a, b) = (1, 2); if (a > b) { json!(Vec::<u8>::new()) } });
+            format!("{}", <u64 as From<u8>>::from(1));
+            if n == 0 { 0 } else { walk(n - 1) }
+        }"#;
+        assert_eq!(undeclared_in(body, &[]), Vec::<String>::new());
     }
 
     #[test]

@@ -21,12 +21,17 @@ impl Machine {
         if self.present.function.is_some() {
             kinds.retain(|kind| !for_agents_only(*kind));
         }
-        // K-7: its restart window (and a function's version policy), while it can still run
-        // again.
-        if !self.status().is_terminal() && !run.cancel_requested {
+        let live = |wait: &WaitState| wait.live.is_some() && wait.status.is_pending();
+        // K-7: its restart window (and a function's version policy), while it runs or a
+        // control can make it run again.
+        let runs_again = kinds.iter().any(|kind| {
+            use CommandKind::*;
+            matches!(kind, Pause | Continue | Step | Answer | Decline | Reconcile)
+        });
+        let asks = waits.active.iter().any(live);
+        if (runs_again || asks) && !self.status().is_terminal() && !run.cancel_requested {
             kinds.push(CommandKind::SetPolicy);
         }
-        let live = |wait: &WaitState| wait.live.is_some() && wait.status.is_pending();
         if waits.active.iter().any(live) && !run.cancel_requested {
             for kind in [CommandKind::Answer, CommandKind::Decline] {
                 if !kinds.contains(&kind) {
@@ -64,7 +69,7 @@ impl Machine {
     /// with no recorded revision (a machine built in a test) is taken as current.
     fn revision_loadable(&self, at: &CommandContext) -> bool {
         let revision = self.present.turn.revision_id;
-        revision.is_none_or(|revision| at.contract.runs(revision))
+        revision.is_none_or(|revision| at.contract.runs(self.present.kind(), revision))
     }
 
     /// The one decision on a command: the version it was sent against, whether its kind is
@@ -241,9 +246,20 @@ impl Machine {
         at: &CommandContext,
     ) -> Result<Vec<Event>, Refusal> {
         let (busy, kind) = (at.busy, control.kind());
+        // K-2: a person who makes it run again (a Continue, a Step, an answer, a reconcile)
+        // under another contract than it ran under approves this one: it runs under it from
+        // here, and a later restart does not hold it again.
+        let execution_kind = self.present.kind();
+        let adopted = (self.present.turn.revision_id)
+            .filter(|revision| !at.contract.runs(execution_kind, *revision))
+            .map(|_| Event::ContractAdopted {
+                revision_id: at.contract.revision,
+            });
         match control {
             Control::Answer { .. } | Control::Decline { .. } => {
-                return self.decide_wait_control(command_id, control, at.now_ms)
+                let mut events = self.decide_wait_control(command_id, control, at.now_ms)?;
+                events.extend(adopted);
+                return Ok(events);
             }
             Control::StopProcess { process_id } => {
                 return self.decide_stop_process(command_id, process_id)
@@ -262,14 +278,10 @@ impl Machine {
             control: control.clone(),
         };
         let mut events = vec![applied];
-        // K-2: continued by a person under another contract than it ran under: the person
-        // approved this one, and it runs under it from here.
-        let adopted = (self.present.turn.revision_id)
-            .filter(|revision| !at.contract.runs(*revision))
-            .map(|_| Event::ContractAdopted {
-                revision_id: at.contract.revision,
-            });
-        if matches!(control, Control::Continue | Control::Step) {
+        if matches!(
+            control,
+            Control::Continue | Control::Step | Control::Reconcile { .. }
+        ) {
             events.extend(adopted);
         }
         match control {

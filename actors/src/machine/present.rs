@@ -285,6 +285,15 @@ impl Present {
         self.function.as_ref().map_or(0, |run| run.active_revision)
     }
 
+    /// What kind of execution this is, as the contract rule reads it (K-2): a durable
+    /// function's, or one that runs a model (an agent turn, a Job).
+    pub fn kind(&self) -> openprogram_storage::ExecutionKind {
+        match self.function {
+            Some(_) => openprogram_storage::ExecutionKind::Function,
+            None => openprogram_storage::ExecutionKind::AgentTurn,
+        }
+    }
+
     pub fn status(&self) -> Status {
         self.run.status.unwrap_or(Status::Queued)
     }

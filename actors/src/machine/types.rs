@@ -3,7 +3,8 @@
 //! agent turn (apart from the rules, which import the machine), and `NextAction`.
 
 use openprogram_storage::{
-    AttemptId, CommandId, Control, EffectId, Event, OwnerId, ReceiptStatus, RevisionId, WaitStatus,
+    AttemptId, CommandId, Control, EffectId, Event, ExecutionKind, OwnerId, ReceiptStatus,
+    RevisionId, WaitStatus,
 };
 use serde::{Deserialize, Serialize};
 
@@ -364,9 +365,11 @@ impl Contract {
         }
     }
 
-    /// Whether an execution recorded under `revision` runs the contract it was admitted with.
-    pub fn runs(&self, revision: RevisionId) -> bool {
-        revision == self.revision || revision == self.legacy
+    /// Whether an execution of `kind` recorded under `revision` runs the contract it was
+    /// admitted with. A durable function's runs no model and no tool: its code is judged by
+    /// its own identity (F-3, F-7), never by this.
+    pub fn runs(&self, kind: ExecutionKind, revision: RevisionId) -> bool {
+        kind == ExecutionKind::Function || revision == self.revision || revision == self.legacy
     }
 }
 

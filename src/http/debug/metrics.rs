@@ -120,7 +120,7 @@ fn runtime_metrics(out: &mut Prometheus, runtime: &Runtime) {
         "model_tokens_total",
         "counter",
         "Tokens the model calls of this node's executions used, as their providers reported \
-         them (E-6).",
+         them.",
         &labelled(
             "kind",
             [
@@ -134,7 +134,7 @@ fn runtime_metrics(out: &mut Prometheus, runtime: &Runtime) {
     out.metric(
         "commands_rejected_total",
         "counter",
-        "Commands rejected, by their stable code (K-1): nothing of the execution changed.",
+        "Commands rejected, by their stable code: nothing of the execution changed.",
         &labelled(
             "code",
             rejections
@@ -144,7 +144,7 @@ fn runtime_metrics(out: &mut Prometheus, runtime: &Runtime) {
     );
     out.counter(
         "reconciliations_total",
-        "Unknown effects resolved (R-8): by an operator's reconcile or a tool's protocol.",
+        "Unknown effects resolved: by an operator's reconcile or a tool's protocol.",
         telemetry.reconciliations() as f64,
     );
     let (parked, replayed) = inspect.state_loads();
@@ -204,17 +204,17 @@ fn retention_metrics(out: &mut Prometheus, runtime: &Runtime) {
     let relaxed = std::sync::atomic::Ordering::Relaxed;
     out.counter(
         "executions_purged_total",
-        "S-8: executions purged by retention since the runtime opened.",
+        "Executions purged by retention since the runtime opened.",
         retention.executions_purged.load(relaxed) as f64,
     );
     out.counter(
         "log_records_swept_total",
-        "S-8: log records removed by the log's sweep (every frame of a purged execution).",
+        "Log records removed by the log's sweep (every frame of a purged execution).",
         retention.log_records_deleted.load(relaxed) as f64,
     );
     out.gauge(
         "store_bytes",
-        "S-8: the bytes the store's files take on disk.",
+        "The bytes the store's files take on disk.",
         runtime.store().disk_bytes() as f64,
     );
     out.counter(
@@ -249,7 +249,7 @@ fn store_metrics(out: &mut Prometheus, counters: &MetricsSnapshot) {
     );
     out.counter(
         "fenced_writes_total",
-        "Writes refused because a newer attempt holds the execution (a stale owner, A-1).",
+        "Writes refused because a newer attempt holds the execution (a stale owner).",
         counters.fenced as f64,
     );
     out.counter(
@@ -306,7 +306,7 @@ fn index_metrics(out: &mut Prometheus, store: &dyn EventReader, live: usize) -> 
     );
     out.gauge(
         "quarantined_executions",
-        "Executions refused for corrupted records (S-4).",
+        "Executions refused for corrupted records.",
         store.quarantined().len() as f64,
     );
     Ok(())

@@ -44,7 +44,12 @@ impl PgStore {
     }
 
     /// Every record of `kind`, by id, each checked against its key (`key_of` its id).
-    fn records_of<T>(&self, kind: i16, key_of: fn(Uuid) -> [u8; 17]) -> Result<Vec<T>>
+    /// A record that does not decode is returned as its error, by its key.
+    fn records_of<T>(
+        &self,
+        kind: i16,
+        key_of: fn(Uuid) -> [u8; 17],
+    ) -> Result<Vec<([u8; 17], Result<T>)>>
     where
         T: serde::de::DeserializeOwned + Send + 'static,
     {
@@ -55,9 +60,11 @@ impl PgStore {
                     &[&kind],
                 )
                 .map_err(database)?;
-            rows.iter()
-                .map(|row| codec::decode(&key_of(row.get(0)), row.get(1)))
-                .collect()
+            let decoded = rows.iter().map(|row| {
+                let key = key_of(row.get(0));
+                (key, codec::decode(&key, row.get(1)))
+            });
+            Ok(decoded.collect())
         })
     }
 
@@ -404,11 +411,20 @@ impl EventReader for PgStore {
     }
 
     fn processes(&self) -> Result<Vec<ProcessRecord>> {
-        self.records_of(kind::PROCESS, |id| keys::process(ProcessId::from_uuid(id)))
+        let found = self.records_of(kind::PROCESS, |id| keys::process(ProcessId::from_uuid(id)))?;
+        found.into_iter().map(|(_, process)| process).collect()
     }
 
-    fn policies(&self) -> Result<Vec<crate::policy::PolicyRecord>> {
-        self.records_of(kind::POLICY, |id| keys::policy(ExecutionId::from_uuid(id)))
+    fn policies(&self) -> Result<crate::policy::Policies> {
+        let key_of = |id| keys::policy(ExecutionId::from_uuid(id));
+        let found = self.records_of::<crate::policy::PolicyRecord>(kind::POLICY, key_of)?;
+        let windows = found.into_iter().map(|(key, policy)| {
+            let window = policy.map(|policy| policy.restart_window);
+            (key, window.map_err(|error| error.to_string()))
+        });
+        Ok(crate::policy::Policies::of(windows, |key| {
+            keys::execution_at(key, 1)
+        }))
     }
 
     fn blob(&self, hash: BlobHash) -> Result<Option<Vec<u8>>> {

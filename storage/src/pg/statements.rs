@@ -43,7 +43,7 @@ pub(super) mod kind {
     pub const SESSION: i16 = 6;
     /// Schema 7.
     pub const CONVERSATION: i16 = 7;
-    /// Schema 8.
+    /// Schema 11.
     pub const POLICY: i16 = 8;
 }
 

@@ -57,10 +57,19 @@ impl Store {
     }
 
     /// Every record under the key `prefix` that `pick` takes, the overlay's version first.
-    fn records_of<T>(&self, prefix: u8, pick: fn(&RecordValue) -> Option<T>) -> Result<Vec<T>> {
+    /// A record that does not decode is returned as its error, by its key.
+    fn records_of<T>(
+        &self,
+        prefix: u8,
+        pick: fn(&RecordValue) -> Option<T>,
+    ) -> Result<Vec<([u8; 17], Result<T>)>> {
         self.read_consistent(
             |overlay| overlay.records(pick),
-            |mut found| {
+            |overlay| {
+                let mut found: std::collections::BTreeMap<[u8; 17], Result<T>> = overlay
+                    .into_iter()
+                    .map(|(key, record)| (key, Ok(record)))
+                    .collect();
                 for item in self.shared().db().scan_prefix([prefix]) {
                     let (key, bytes) = item?;
                     let Ok(key) = <[u8; 17]>::try_from(key.as_ref()) else {
@@ -69,10 +78,11 @@ impl Store {
                     if found.contains_key(&key) {
                         continue; // newer in the overlay
                     }
-                    let record: RecordValue = codec::decode(&key, &bytes)?;
-                    found.insert(key, pick(&record).ok_or_else(|| Error::corrupted(&key))?);
+                    let record = codec::decode::<RecordValue>(&key, &bytes)
+                        .and_then(|record| pick(&record).ok_or_else(|| Error::corrupted(&key)));
+                    found.insert(key, record);
                 }
-                Ok(found.into_values().collect())
+                Ok(found.into_iter().collect())
             },
         )
     }
@@ -402,17 +412,23 @@ impl EventReader for Store {
     }
 
     fn processes(&self) -> Result<Vec<ProcessRecord>> {
-        self.records_of(keys::PROCESS, |record| match record {
+        let found = self.records_of(keys::PROCESS, |record| match record {
             RecordValue::Process(process) => Some(process.clone()),
             _ => None,
-        })
+        })?;
+        found.into_iter().map(|(_, process)| process).collect()
     }
 
-    fn policies(&self) -> Result<Vec<crate::policy::PolicyRecord>> {
-        self.records_of(keys::POLICY, |record| match record {
-            RecordValue::Policy(policy) => Some(policy.clone()),
+    fn policies(&self) -> Result<crate::policy::Policies> {
+        let found = self.records_of(keys::POLICY, |record| match record {
+            RecordValue::Policy(policy) => Some(policy.restart_window),
             _ => None,
-        })
+        })?;
+        let found = (found.into_iter())
+            .map(|(key, window)| (key, window.map_err(|error| error.to_string())));
+        Ok(crate::policy::Policies::of(found, |key| {
+            keys::execution_at(key, 1)
+        }))
     }
 
     fn blob(&self, hash: BlobHash) -> Result<Option<Vec<u8>>> {
