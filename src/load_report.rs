@@ -21,13 +21,16 @@ pub struct LoadOptions {
     /// postgres://….
     #[arg(long, conflicts_with_all = ["data", "url"])]
     pub store: Option<String>,
+    /// Agent turns (or function executions) to run, each in a session of its own.
     #[arg(long, default_value_t = 1000)]
     pub executions: usize,
     /// Tool steps per execution.
     #[arg(long, default_value_t = 50)]
     pub steps: usize,
+    /// How many executions run at once.
     #[arg(long, default_value_t = 1000)]
     pub concurrency: usize,
+    /// Bytes of text each step's tool call carries and returns.
     #[arg(long, default_value_t = 200)]
     pub payload_bytes: usize,
     /// Also measure the raw store for this many seconds: sled (batches of 256 + flush +

@@ -41,9 +41,9 @@ enum Command {
     /// Start a throwaway PostgreSQL and N nodes on loopback sharing it, until
     /// SIGINT/SIGTERM; prints the nodes (one JSON line on stdout).
     Cluster(openprogram::cluster::ClusterArgs),
-    /// Run the long fault harnesses (R02 kill -9 loop, R22 model-based test, R24 10,000
-    /// executions under a crash loop) and print one JSON summary; exit 1 if an invariant
-    /// broke.
+    /// Run the long fault harnesses (the server killed with SIGKILL in a loop, a model-based
+    /// test of random controls, 10,000 executions under a crash loop) and print one JSON
+    /// summary; exit 1 if an invariant broke.
     Soak(SoakArgs),
     /// Copy a closed store into a new directory, leaving out the space purged data took
     /// (sled reuses freed space but never shrinks its file). The old directory is
@@ -72,15 +72,15 @@ enum Command {
 // `soak`'s flags.
 #[derive(Debug, clap::Args)]
 struct SoakArgs {
-    /// R02: kills of the server.
+    /// Kills of the server (SIGKILL at random moments), each followed by a restart.
     #[arg(long, default_value_t = 1000)]
     kills: usize,
-    /// R22: random cases of 30 actions each.
+    /// Random cases of the model-based test, 30 actions each.
     #[arg(long, default_value_t = 2000)]
     cases: u64,
-    /// R24: executions under the crash loop (20 kills).
-    #[arg(long, default_value_t = 10_000)]
-    r24_executions: usize,
+    /// Executions run through the crash loop (20 kills); 0 skips it.
+    #[arg(long, alias = "r24-executions", default_value_t = 10_000)]
+    crash_loop_executions: usize,
     /// Replays a run (default: random, printed in the summary).
     #[arg(long)]
     seed: Option<u64>,
@@ -91,7 +91,9 @@ struct SoakArgs {
 struct CallArgs {
     #[command(flatten)]
     target: TargetArgs,
+    /// The session to start it in.
     session: String,
+    /// A registered durable function's name.
     function: String,
     /// The function's input, as JSON.
     #[arg(long, default_value = "null")]
@@ -99,6 +101,7 @@ struct CallArgs {
     /// `keep_original` (the server's default) or `use_latest`.
     #[arg(long)]
     policy: Option<String>,
+    /// Print the server's reply as JSON.
     #[arg(long)]
     json: bool,
 }
@@ -107,9 +110,12 @@ struct CallArgs {
 struct CtlArgs {
     #[command(flatten)]
     target: TargetArgs,
+    /// The control to send.
     kind: CtlKind,
+    /// The execution's session.
     #[arg(required_unless_present = "wheres")]
     session: Option<String>,
+    /// The execution to control.
     #[arg(required_unless_present = "wheres")]
     execution: Option<String>,
     /// Select executions instead: state=S, kind=K, session=SID, since=DURATION, id=ID.
@@ -123,6 +129,7 @@ struct CtlArgs {
     where_limit: Option<usize>,
     #[command(flatten)]
     control: client::Control,
+    /// Print the server's reply as JSON.
     #[arg(long)]
     json: bool,
 }
@@ -131,6 +138,7 @@ struct CtlArgs {
 struct InspectArgs {
     #[command(flatten)]
     target: TargetArgs,
+    /// What to read.
     what: InspectWhat,
     /// execution, events: SESSION EXECUTION; executions: [SESSION]; activity: SESSION;
     /// actors: [ID]; resources: the resource queue; tail: the global log, followed.
@@ -140,12 +148,14 @@ struct InspectArgs {
     after: Option<u64>,
     #[command(flatten)]
     selection: client_select::Selection,
+    /// Print what the server answered as JSON.
     #[arg(long)]
     json: bool,
 }
 
 #[derive(Debug, clap::Args)]
 struct TargetArgs {
+    /// The server to talk to, as `serve` printed it.
     #[arg(long, default_value = "http://127.0.0.1:7878")]
     url: String,
     /// The token (else OPENPROGRAM_TOKEN).
@@ -370,7 +380,7 @@ fn soak(args: SoakArgs) -> Result<ExitCode, ExitCode> {
     let binary = std::env::current_exe()
         .map_err(|error| fail(&format!("cannot find this binary: {error}")))?;
     let seed = args.seed.unwrap_or_else(rand::random);
-    let (kills, cases, r24) = (args.kills, args.cases, args.r24_executions);
+    let (kills, cases, r24) = (args.kills, args.cases, args.crash_loop_executions);
     let options = soak::SoakOptions::new(binary, seed, kills, cases, r24);
     let runtime = tokio_runtime()?;
     let bar = indicatif::ProgressBar::new(0);
@@ -473,5 +483,31 @@ fn compact(data: &std::path::Path, into: &std::path::Path, json: bool) -> ExitCo
             ExitCode::SUCCESS
         }
         Err(error) => fail(&format!("{} ({})", error, error.code())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every argument of every command says what it does in `--help` (defaults are shown
+    /// by clap beside it).
+    #[test]
+    fn i4_every_argument_says_what_it_does() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for argument in command.get_arguments() {
+                let id = argument.get_id().as_str();
+                let said = argument.get_help().or(argument.get_long_help());
+                if said.is_none() && !matches!(id, "help" | "version") {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in command.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "openprogram", &mut missing);
+        assert!(missing.is_empty(), "no help: {missing:#?}");
     }
 }

@@ -35,6 +35,8 @@ pub struct ServeOptions {
     /// -1 (no limit), 0 (no automatic restart) or a duration such as 90s, 15m, 2h.
     #[arg(long, default_value = "-1", allow_hyphen_values = true)]
     pub restart_window: RestartWindow,
+    /// The address the HTTP API, the page and /metrics listen on (port 0: any free
+    /// port; the URL is printed). Another address than loopback needs --token.
     #[arg(long, default_value = LISTEN_DEFAULT)]
     pub listen: String,
     /// The admin token (else OPENPROGRAM_TOKEN, else DIR/admin.token, generated once).

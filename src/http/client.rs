@@ -111,6 +111,7 @@ pub struct Control {
     /// A UUID; the same id again returns the stored outcome. Default: a new one.
     #[arg(long)]
     pub command_id: Option<String>,
+    /// The execution's version you acted on: refused (version_conflict) if it moved on.
     #[arg(long)]
     pub expected_version: Option<u64>,
     /// answer: the answer text.

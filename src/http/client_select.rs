@@ -14,18 +14,21 @@ use super::client::{cells, ctl, plain, table, Control, Failure, Target};
 /// its `--help`).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct Selection {
-    /// executions, across sessions: in this state, of this kind (agent, job, function),
-    /// admitted within DURATION, found by any id, at most N (needs attention first).
+    /// executions, across sessions: only those in this state (waiting, paused, ...).
     #[arg(long)]
     pub state: Option<String>,
+    /// executions: only this kind: agent, job or function.
     #[arg(long)]
     pub kind: Option<String>,
     #[arg(skip)]
     pub session: Option<String>,
+    /// executions: only those admitted within this long (90s, 15m, 2h, 1d).
     #[arg(long)]
     pub since: Option<String>,
+    /// executions: the one with this id (an execution's, a run's, a turn's or a message's).
     #[arg(long)]
     pub id: Option<String>,
+    /// executions: at most this many, those needing attention first (default 100).
     #[arg(long)]
     pub limit: Option<usize>,
 }
