@@ -15,9 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use futures::FutureExt;
-use openprogram::agent::{Recovery, Tool, ToolCall, ToolResult};
+use openprogram::agent::{BoxFuture, FutureExt, Recovery, Tool, ToolCall, ToolResult};
 use openprogram::providers::{Api, ApiKey, HttpProvider, ProviderConfig};
 use openprogram::storage::SessionId;
 use openprogram::{Runtime, StartRequest};

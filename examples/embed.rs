@@ -6,9 +6,7 @@
 
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
-use futures::FutureExt;
-use openprogram::agent::{Recovery, Tool, ToolCall};
+use openprogram::agent::{BoxFuture, FutureExt, Recovery, Tool, ToolCall};
 use openprogram::storage::SessionId;
 use openprogram::{Runtime, StartRequest};
 use serde_json::json;

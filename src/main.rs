@@ -67,6 +67,53 @@ enum Command {
     Call(CallArgs),
     /// Read sessions, executions, events and actors over HTTP.
     Inspect(InspectArgs),
+    /// Start an agent turn with a message over HTTP, in a new session unless --session
+    /// names one; --follow waits until it stops running and prints its reply.
+    Send(SendArgs),
+    /// Approve what an execution waits for your approval of, over HTTP.
+    Approve(DecisionArgs),
+    /// Deny what an execution waits for your approval of: it does not run.
+    Deny(DecisionArgs),
+}
+
+// `send`'s arguments.
+#[derive(Debug, clap::Args)]
+struct SendArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// The message.
+    message: String,
+    /// The session to send it to (its token as --token); default: a new session (made
+    /// with the admin token).
+    #[arg(long)]
+    session: Option<String>,
+    /// For the built-in scripted model: its decisions, as a JSON array.
+    #[arg(long)]
+    script: Option<String>,
+    /// Wait until the turn stops running (ends, or waits for someone) and print its reply.
+    #[arg(long)]
+    follow: bool,
+    /// Print the server's replies as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+// `approve`'s and `deny`'s arguments.
+#[derive(Debug, clap::Args)]
+struct DecisionArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// The execution's session.
+    session: String,
+    /// The execution waiting for an approval.
+    execution: String,
+    /// approve: what it grants: operation (this one call), tool (this tool for the rest of
+    /// the execution) or session (this tool for every execution of the session).
+    #[arg(long, default_value = "operation")]
+    scope: String,
+    /// Print the server's reply as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 // `soak`'s flags.
@@ -246,6 +293,20 @@ fn main() -> ExitCode {
             )
         }))),
         Command::Inspect(args) => Ok(inspect_command(args)),
+        Command::Send(args) => Ok(finish(target_of(args.target).and_then(|target| {
+            let (session, script) = (args.session.as_deref(), args.script.as_deref());
+            let verbs = (args.follow, args.json);
+            openprogram::http::client_verbs::send(
+                &target,
+                session,
+                &args.message,
+                script,
+                verbs.0,
+                verbs.1,
+            )
+        }))),
+        Command::Approve(args) => Ok(decision(args, true)),
+        Command::Deny(args) => Ok(decision(args, false)),
     };
     exit.unwrap_or_else(|code| code)
 }
@@ -340,6 +401,17 @@ fn inspect_command(args: InspectArgs) -> ExitCode {
     };
     let after = after.unwrap_or(0);
     finish(target_of(target).and_then(|target| client::inspect(&target, &what, &ids, after, json)))
+}
+
+/// `approve` (`approve`: true) or `deny`.
+fn decision(args: DecisionArgs, approve: bool) -> ExitCode {
+    finish(target_of(args.target).and_then(|target| {
+        let scope = approve.then_some(args.scope.as_str());
+        let (session, execution) = (&args.session, &args.execution);
+        openprogram::http::client_verbs::decide(
+            &target, session, execution, approve, scope, args.json,
+        )
+    }))
 }
 
 fn target_of(args: TargetArgs) -> Result<Target, Failure> {

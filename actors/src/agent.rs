@@ -10,8 +10,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use futures::FutureExt;
+/// What a tool's `call` and a provider's `decide` return, and `.boxed()` to make one: here,
+/// so that a tool author needs no other crate.
+pub use futures::future::BoxFuture;
+pub use futures::FutureExt;
 use openprogram_storage::{AttemptId, EffectId, ExecutionId, OwnerId};
 
 use crate::append_file::{append, look_up};

@@ -33,7 +33,7 @@ pub enum CommandKind {
     Decline,
     Reconcile,
     StopProcess,
-    /// K-7: not built yet (`unsupported_kind`).
+    /// F-3, K-7: a function's version policy and an execution's own restart window.
     SetPolicy,
     /// W-7: a grant approves nothing from now on.
     Revoke,
@@ -210,6 +210,15 @@ pub enum CommandBody {
 }
 
 impl CommandBody {
+    /// Continue with nothing more (no version policy, no new budget): built as `Pause`,
+    /// `Step` and `Cancel` are.
+    pub fn continue_() -> Self {
+        CommandBody::Continue {
+            policy: None,
+            budget: None,
+        }
+    }
+
     pub fn kind(&self) -> CommandKind {
         match self {
             CommandBody::Pause => CommandKind::Pause,

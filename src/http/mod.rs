@@ -18,6 +18,7 @@ pub mod api;
 pub mod auth;
 pub mod client;
 pub mod client_select;
+pub mod client_verbs;
 pub mod debug;
 pub mod demo;
 pub mod error;

@@ -698,3 +698,92 @@ fn i4_call_starts_a_function_and_ctl_set_policy_sets_its_policy() {
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     assert!(serve.stop().success());
 }
+
+/// I-4: `send` starts a turn with a message (a new session when none is named) and follows
+/// it until it stops running; `approve` and `deny` answer the approval it waits for, naming
+/// that wait. A denied operation never runs.
+#[test]
+fn i4_send_then_approve_or_deny_against_serve() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let serve = Serve::start(dir.path(), &["--token", "cli-admin"]);
+    let url = serve.url.as_str();
+    let script =
+        json!([{"ask": "may I?"}, {"tool": "echo", "args": {"text": "ran"}}, {"reply": "done"}])
+            .to_string();
+    let send = || {
+        let args = [
+            "send",
+            "--url",
+            url,
+            "--token",
+            "cli-admin",
+            "hello",
+            "--script",
+            &script,
+            "--follow",
+            "--json",
+        ];
+        let output = openprogram(&args);
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let reply: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+        assert_eq!(reply["snapshot"]["state"], "waiting", "{reply}");
+        let session = reply["session_id"]
+            .as_str()
+            .expect("a new session")
+            .to_owned();
+        let execution = reply["started"]["execution_id"]
+            .as_str()
+            .expect("an execution");
+        (session, execution.to_owned())
+    };
+    for (verb, ran) in [("approve", true), ("deny", false)] {
+        let (session, execution) = send();
+        let output = openprogram(&[
+            verb,
+            "--url",
+            url,
+            "--token",
+            "cli-admin",
+            &session,
+            &execution,
+        ]);
+        assert!(
+            output.status.success(),
+            "{verb}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let said = String::from_utf8_lossy(&output.stdout).to_string();
+        assert!(
+            said.starts_with(if ran { "approved " } else { "denied " }),
+            "{said}"
+        );
+        let path = format!("/v1/sessions/{session}/executions/{execution}");
+        let mut done = Value::Null;
+        wait_until("the turn ends", || {
+            done = call_raw(url, "GET", &path, Some("cli-admin"), None).1;
+            done["state"] == "completed"
+        });
+        assert_eq!(done["text"], "done");
+        let echoed = done["receipts"]
+            .as_array()
+            .expect("receipts")
+            .iter()
+            .any(|r| r["tool"] == "echo");
+        assert_eq!(echoed, ran, "{verb}: {done}");
+        // Nothing waits any more: a second decision is refused, with a reason.
+        let again = openprogram(&[
+            verb,
+            "--url",
+            url,
+            "--token",
+            "cli-admin",
+            &session,
+            &execution,
+        ]);
+        assert_eq!(again.status.code(), Some(1), "{again:?}");
+    }
+}

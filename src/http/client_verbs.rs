@@ -1,0 +1,125 @@
+//! The CLI's verbs for people (I-4): `send` starts a turn with a message (in a new session
+//! when none is named) and can follow it to its end; `approve` and `deny` answer the
+//! approval an execution waits for, naming that wait (never "whatever is pending", W-3).
+
+use serde_json::{json, Value};
+
+use super::client::{Failure, Target};
+
+/// How long `send --follow` waits for the turn to stop running.
+const FOLLOW_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// `openprogram send [--session SID] MESSAGE`: admits a turn; with `follow`, polls it until
+/// it no longer runs and prints its state and reply.
+pub fn send(
+    target: &Target,
+    session: Option<&str>,
+    message: &str,
+    script: Option<&str>,
+    follow: bool,
+    as_json: bool,
+) -> Result<String, Failure> {
+    let mut body = json!({"message": message});
+    if let Some(script) = script {
+        let script: Value = serde_json::from_str(script)
+            .map_err(|error| Failure::Usage(format!("--script is not JSON: {error}")))?;
+        body["script"] = script;
+    }
+    let (session, session_target) = match session {
+        Some(session) => (session.to_owned(), target.clone()),
+        None => {
+            // A new session, made with the admin token; its own token then admits the turn.
+            let created = target.call("POST", "/v1/sessions", None)?;
+            let field = |name: &str| created[name].as_str().map(str::to_owned);
+            let (Some(id), Some(token)) = (field("session_id"), field("token")) else {
+                return Err(Failure::Failed(format!("no session in {created}")));
+            };
+            let url = target.url.clone();
+            (id, Target { url, token })
+        }
+    };
+    let path = format!("/v1/sessions/{session}/executions");
+    let started = session_target.call("POST", &path, Some(&body))?;
+    let execution = started["execution_id"].as_str().unwrap_or_default().to_owned();
+    let ended = match follow {
+        true => Some(followed(&session_target, &session, &execution)?),
+        false => None,
+    };
+    if as_json {
+        let reply = json!({"session_id": session, "started": started, "snapshot": ended});
+        return Ok(format!("{reply}\n"));
+    }
+    let mut text = format!("session {session}\nexecution {execution}\n");
+    if let Some(snapshot) = ended {
+        let state = snapshot["state"].as_str().unwrap_or("unknown");
+        let reply = snapshot["text"].as_str().unwrap_or_default();
+        text.push_str(&format!("{state}: {reply}\n"));
+    }
+    Ok(text)
+}
+
+/// The snapshot once the execution no longer runs (it ended, or waits for someone).
+fn followed(target: &Target, session: &str, execution: &str) -> Result<Value, Failure> {
+    let path = format!("/v1/sessions/{session}/executions/{execution}");
+    let deadline = std::time::Instant::now() + FOLLOW_TIMEOUT;
+    loop {
+        let snapshot = target.call("GET", &path, None)?;
+        let state = snapshot["state"].as_str().unwrap_or_default();
+        if !matches!(state, "queued" | "running" | "cancelling") {
+            return Ok(snapshot);
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(Failure::Failed(format!(
+                "{execution} still {state} after {} s",
+                FOLLOW_TIMEOUT.as_secs()
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// `openprogram approve|deny SESSION EXECUTION`: answers (or declines) the approval the
+/// execution waits for, by its wait id read from the snapshot first. `scope`: what an
+/// approval grants (`operation`, `tool`, `session`).
+pub fn decide(
+    target: &Target,
+    session: &str,
+    execution: &str,
+    approve: bool,
+    scope: Option<&str>,
+    as_json: bool,
+) -> Result<String, Failure> {
+    let path = format!("/v1/sessions/{session}/executions/{execution}");
+    let snapshot = target.call("GET", &path, None)?;
+    let pending = snapshot["waits"].as_array().and_then(|waits| {
+        waits
+            .iter()
+            .find(|wait| wait["status"] == "open" && wait["kind"] == "approval")
+    });
+    let Some(wait_id) = pending.and_then(|wait| wait["wait_id"].as_str()) else {
+        return Err(Failure::Failed(format!(
+            "{execution} waits for no approval (it is {})",
+            snapshot["state"].as_str().unwrap_or("unknown")
+        )));
+    };
+    let command_id = uuid::Uuid::new_v4().to_string();
+    let mut body = json!({"command_id": command_id, "wait_id": wait_id});
+    if approve {
+        body["kind"] = json!("answer");
+        body["answer"] = json!("approved");
+        body["scope"] = json!(scope.unwrap_or("operation"));
+    } else {
+        body["kind"] = json!("decline");
+    }
+    let reply = target.call("POST", &format!("{path}/commands"), Some(&body))?;
+    if as_json {
+        return Ok(format!("{reply}\n"));
+    }
+    let status = reply["status"].as_str().unwrap_or("unknown");
+    if status != "applied" {
+        let reason = reply["reason"].as_str().unwrap_or_default();
+        return Err(Failure::Failed(format!("{status}: {reason}")));
+    }
+    let verb = if approve { "approved" } else { "denied" };
+    Ok(format!("{verb} {wait_id}\n"))
+}
