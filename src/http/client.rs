@@ -364,27 +364,19 @@ fn resources(resources: &[Value]) -> String {
 /// A snapshot in a few readable lines.
 fn describe(snapshot: &Value) -> String {
     let mut text = String::new();
-    for field in [
-        "execution_id",
-        "session_id",
-        "state",
-        "pause_reason",
-        "version",
-        "attempt",
-    ] {
+    for field in ["execution_id", "session_id"] {
         text.push_str(&format!("{field:<14} {}\n", plain(&snapshot[field])));
     }
-    let capabilities: Vec<String> = snapshot["capabilities"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(plain)
+    let state = super::client_words::state_in_words(snapshot);
+    text.push_str(&format!("{:<14} {state}\n", "state"));
+    for field in ["version", "attempt"] {
+        text.push_str(&format!("{field:<14} {}\n", plain(&snapshot[field])));
+    }
+    // As `ctl` takes them.
+    let controls: Vec<String> = (snapshot["capabilities"].as_array().into_iter().flatten())
+        .map(|kind| super::client_words::control_word(&plain(kind)))
         .collect();
-    text.push_str(&format!(
-        "{:<14} {}\n",
-        "capabilities",
-        capabilities.join(", ")
-    ));
+    text.push_str(&format!("{:<14} {}\n", "controls", controls.join(", ")));
     text.push_str(&format!("{:<14} {}\n", "text", plain(&snapshot["text"])));
     for (key, columns) in [
         ("receipts", &["effect_id", "tool", "status"][..]),

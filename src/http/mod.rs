@@ -19,6 +19,7 @@ pub mod auth;
 pub mod client;
 pub mod client_select;
 pub mod client_verbs;
+pub mod client_words;
 pub mod debug;
 pub mod demo;
 pub mod error;

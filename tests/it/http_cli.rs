@@ -742,6 +742,26 @@ fn i4_send_then_approve_or_deny_against_serve() {
     };
     for (verb, ran) in [("approve", true), ("deny", false)] {
         let (session, execution) = send();
+        // `inspect` says what it waits for, in words, and the controls as `ctl` spells them.
+        let args = [
+            "inspect",
+            "--url",
+            url,
+            "--token",
+            "cli-admin",
+            "execution",
+            &session,
+            &execution,
+        ];
+        let shown = String::from_utf8_lossy(&openprogram(&args).stdout).to_string();
+        assert!(
+            shown.contains("waiting — for a person: approval \"may I?\""),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("controls") && shown.contains("set-policy"),
+            "{shown}"
+        );
         let output = openprogram(&[
             verb,
             "--url",
