@@ -103,10 +103,10 @@ struct SendArgs {
 struct DecisionArgs {
     #[command(flatten)]
     target: TargetArgs,
-    /// The execution's session.
-    session: String,
-    /// The execution waiting for an approval.
-    execution: String,
+    /// The execution waiting for an approval: EXECUTION (any session's, with the admin
+    /// token), or SESSION EXECUTION.
+    #[arg(required = true, num_args = 1..=2)]
+    ids: Vec<String>,
     /// approve: what it grants: operation (this one call), tool (this tool for the rest of
     /// the execution) or session (this tool for every execution of the session).
     #[arg(long, default_value = "operation")]
@@ -159,11 +159,11 @@ struct CtlArgs {
     target: TargetArgs,
     /// The control to send.
     kind: CtlKind,
-    /// The execution's session.
+    /// The execution's session, or the execution alone (any session's, with the admin
+    /// token: the server finds its session).
     #[arg(required_unless_present = "wheres")]
     session: Option<String>,
-    /// The execution to control.
-    #[arg(required_unless_present = "wheres")]
+    /// The execution to control (after its SESSION).
     execution: Option<String>,
     /// Select executions instead: state=S, kind=K, session=SID, since=DURATION, id=ID.
     #[arg(long = "where", conflicts_with_all = ["session", "execution"])]
@@ -354,15 +354,19 @@ fn serve_command(mut options: ServeOptions) -> Result<ExitCode, ExitCode> {
 }
 
 fn ctl_command(args: CtlArgs) -> ExitCode {
-    let control = client::Control {
+    let mut control = client::Control {
         kind: args.kind.0.as_str().into(),
-        session: args.session.unwrap_or_default(),
-        execution: args.execution.unwrap_or_default(),
         ..args.control
     };
     let (wheres, json) = (args.wheres, args.json);
+    let ids: Vec<String> = [args.session, args.execution]
+        .into_iter()
+        .flatten()
+        .collect();
     finish(target_of(args.target).and_then(|target| {
         if wheres.is_empty() {
+            let resolved = openprogram::http::client_verbs::session_and_execution(&target, &ids)?;
+            (control.session, control.execution) = resolved;
             return client::ctl(&target, &control, json);
         }
         let mut selection = client_select::Selection::from_wheres(&wheres)?;
@@ -400,17 +404,26 @@ fn inspect_command(args: InspectArgs) -> ExitCode {
             .unwrap_or_default(),
     };
     let after = after.unwrap_or(0);
-    finish(target_of(target).and_then(|target| client::inspect(&target, &what, &ids, after, json)))
+    finish(target_of(target).and_then(|target| {
+        // An execution named alone: the server finds its session.
+        let ids = match (what.as_str(), ids.as_slice()) {
+            ("execution" | "events", [execution]) => {
+                let session = openprogram::http::client_verbs::session_of(&target, execution)?;
+                vec![session, execution.clone()]
+            }
+            _ => ids,
+        };
+        client::inspect(&target, &what, &ids, after, json)
+    }))
 }
 
 /// `approve` (`approve`: true) or `deny`.
 fn decision(args: DecisionArgs, approve: bool) -> ExitCode {
+    use openprogram::http::client_verbs::{decide, session_and_execution};
     finish(target_of(args.target).and_then(|target| {
         let scope = approve.then_some(args.scope.as_str());
-        let (session, execution) = (&args.session, &args.execution);
-        openprogram::http::client_verbs::decide(
-            &target, session, execution, approve, scope, args.json,
-        )
+        let (session, execution) = session_and_execution(&target, &args.ids)?;
+        decide(&target, &session, &execution, approve, scope, args.json)
     }))
 }
 

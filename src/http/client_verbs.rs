@@ -1,6 +1,7 @@
 //! The CLI's verbs for people (I-4): `send` starts a turn with a message (in a new session
 //! when none is named) and can follow it to its end; `approve` and `deny` answer the
-//! approval an execution waits for, naming that wait (never "whatever is pending", W-3).
+//! approval an execution waits for, naming that wait (never "whatever is pending", W-3);
+//! and an execution named by its id alone, its session found by the server (`session_of`).
 
 use serde_json::{json, Value};
 
@@ -122,4 +123,32 @@ pub fn decide(
     }
     let verb = if approve { "approved" } else { "denied" };
     Ok(format!("{verb} {wait_id}\n"))
+}
+
+/// The session of `execution`, found by the server across sessions (an admin's read).
+pub fn session_of(target: &Target, execution: &str) -> Result<String, Failure> {
+    let path = format!("/debug/overview?id={execution}&limit=5");
+    let body = target.call("GET", &path, None)?;
+    let rows = body["executions"].as_array().cloned().unwrap_or_default();
+    rows.iter()
+        .find(|row| row["execution_id"] == execution)
+        .and_then(|row| row["session_id"].as_str().map(str::to_owned))
+        .ok_or_else(|| {
+            Failure::Failed(format!(
+                "no execution {execution} (naming it alone needs the admin token; else give SESSION EXECUTION)"
+            ))
+        })
+}
+
+/// SESSION and EXECUTION as the command line gave them: both, or the execution alone (its
+/// session then found by the server).
+pub fn session_and_execution(
+    target: &Target,
+    ids: &[String],
+) -> Result<(String, String), Failure> {
+    match ids {
+        [session, execution] => Ok((session.clone(), execution.clone())),
+        [execution] => Ok((session_of(target, execution)?, execution.clone())),
+        _ => Err(Failure::Usage("name the execution: EXECUTION, or SESSION EXECUTION".into())),
+    }
 }

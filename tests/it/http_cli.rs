@@ -302,7 +302,11 @@ fn i4_ctl_and_inspect_against_serve() {
         Some(1),
         "a session token is not admin"
     );
-    assert_eq!(inspect(&["execution", &sid], &token).status.code(), Some(2));
+    assert_eq!(inspect(&["execution"], &token).status.code(), Some(2));
+    // One id is the execution's: finding its session is an admin's read.
+    let alone = inspect(&["execution", &eid], &token);
+    assert_eq!(alone.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&alone.stderr).contains("unauthorized"));
     assert_eq!(ctl(&["stop-process", &sid, &eid]).status.code(), Some(2));
     assert_eq!(ctl(&["explode", &sid, &eid]).status.code(), Some(2));
     assert_eq!(
@@ -794,6 +798,32 @@ fn i4_send_then_approve_or_deny_against_serve() {
             .iter()
             .any(|r| r["tool"] == "echo");
         assert_eq!(echoed, ran, "{verb}: {done}");
+        let args = [
+            "inspect",
+            "--url",
+            url,
+            "--token",
+            "cli-admin",
+            "execution",
+            &execution,
+        ];
+        let shown = String::from_utf8_lossy(&openprogram(&args).stdout).to_string();
+        assert!(
+            shown.contains(&session) && shown.contains("completed"),
+            "{shown}"
+        );
+        // `ctl` too: found, and refused for what it is (ended), not for a missing session.
+        let args = [
+            "ctl",
+            "--url",
+            url,
+            "--token",
+            "cli-admin",
+            "pause",
+            &execution,
+        ];
+        let refused = String::from_utf8_lossy(&openprogram(&args).stderr).to_string();
+        assert!(refused.contains("not_available"), "{refused}");
         // Nothing waits any more: a second decision is refused, with a reason.
         let again = openprogram(&[
             verb,
