@@ -93,6 +93,9 @@ struct SendArgs {
     /// Wait until the turn stops running (ends, or waits for someone) and print its reply.
     #[arg(long)]
     follow: bool,
+    /// Print only the execution's id (for scripts: `EID=$(openprogram send … --quiet)`).
+    #[arg(long, conflicts_with = "json")]
+    quiet: bool,
     /// Print the server's replies as JSON.
     #[arg(long)]
     json: bool,
@@ -203,7 +206,7 @@ struct InspectArgs {
 #[derive(Debug, clap::Args)]
 struct TargetArgs {
     /// The server to talk to, as `serve` printed it.
-    #[arg(long, default_value = "http://127.0.0.1:7878")]
+    #[arg(long, env = "OPENPROGRAM_URL", default_value = "http://127.0.0.1:7878")]
     url: String,
     /// The token (else OPENPROGRAM_TOKEN).
     #[arg(long)]
@@ -294,16 +297,20 @@ fn main() -> ExitCode {
         }))),
         Command::Inspect(args) => Ok(inspect_command(args)),
         Command::Send(args) => Ok(finish(target_of(args.target).and_then(|target| {
-            let (session, script) = (args.session.as_deref(), args.script.as_deref());
-            let verbs = (args.follow, args.json);
-            openprogram::http::client_verbs::send(
-                &target,
-                session,
-                &args.message,
-                script,
-                verbs.0,
-                verbs.1,
-            )
+            use openprogram::http::client_verbs::{send, Sending, Shown};
+            let shown = match (args.json, args.quiet) {
+                (true, _) => Shown::Json,
+                (_, true) => Shown::Id,
+                _ => Shown::Text,
+            };
+            let sending = Sending {
+                session: args.session.as_deref(),
+                message: &args.message,
+                script: args.script.as_deref(),
+                follow: args.follow,
+                shown,
+            };
+            send(&target, sending)
         }))),
         Command::Approve(args) => Ok(decision(args, true)),
         Command::Deny(args) => Ok(decision(args, false)),

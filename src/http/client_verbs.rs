@@ -10,16 +10,40 @@ use super::client::{Failure, Target};
 /// How long `send --follow` waits for the turn to stop running.
 const FOLLOW_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
+/// What `send` sends and how it answers.
+#[derive(Debug, Clone, Copy)]
+pub struct Sending<'a> {
+    /// The session; `None`: a new one.
+    pub session: Option<&'a str>,
+    pub message: &'a str,
+    /// The scripted model's decisions, as JSON text.
+    pub script: Option<&'a str>,
+    /// Wait until the turn no longer runs.
+    pub follow: bool,
+    pub shown: Shown,
+}
+
+/// How a verb prints what it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shown {
+    /// For people.
+    Text,
+    /// The server's replies as JSON.
+    Json,
+    /// The execution's id alone, for a script.
+    Id,
+}
+
 /// `openprogram send [--session SID] MESSAGE`: admits a turn; with `follow`, polls it until
 /// it no longer runs and prints its state and reply.
-pub fn send(
-    target: &Target,
-    session: Option<&str>,
-    message: &str,
-    script: Option<&str>,
-    follow: bool,
-    as_json: bool,
-) -> Result<String, Failure> {
+pub fn send(target: &Target, sending: Sending) -> Result<String, Failure> {
+    let Sending {
+        session,
+        message,
+        script,
+        follow,
+        shown,
+    } = sending;
     let mut body = json!({"message": message});
     if let Some(script) = script {
         let script: Value = serde_json::from_str(script)
@@ -46,9 +70,13 @@ pub fn send(
         true => Some(followed(&session_target, &session, &execution)?),
         false => None,
     };
-    if as_json {
-        let reply = json!({"session_id": session, "started": started, "snapshot": ended});
-        return Ok(format!("{reply}\n"));
+    match shown {
+        Shown::Json => {
+            let reply = json!({"session_id": session, "started": started, "snapshot": ended});
+            return Ok(format!("{reply}\n"));
+        }
+        Shown::Id => return Ok(format!("{execution}\n")),
+        Shown::Text => {}
     }
     let mut text = format!("session {session}\nexecution {execution}\n");
     if let Some(snapshot) = ended {

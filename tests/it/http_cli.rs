@@ -837,3 +837,52 @@ fn i4_send_then_approve_or_deny_against_serve() {
         assert_eq!(again.status.code(), Some(1), "{again:?}");
     }
 }
+
+/// I-4: README's tour runs as written: the `sh` block after "In another terminal", against
+/// `serve` on a free port, from a directory holding its `openprogram-data`, with
+/// `openprogram` on the PATH.
+#[test]
+fn i4_the_readme_tour_runs_as_written() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README");
+    let after = readme
+        .split_once("In another terminal")
+        .expect("the tour's terminal")
+        .1;
+    let block = after
+        .split_once("```sh\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("its sh block")
+        .0;
+    assert!(block.contains("openprogram send"), "{block}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let serve = Serve::start(&dir.path().join("openprogram-data"), &[]);
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).expect("bin");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_openprogram"), bin.join("openprogram"))
+        .expect("link");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let output = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", block])
+        .current_dir(dir.path())
+        .env("PATH", path)
+        .env("OPENPROGRAM_URL", &serve.url)
+        .env_remove("OPENPROGRAM_TOKEN")
+        .output()
+        .expect("bash");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(output.status.success(), "{block}\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("waiting — for a person: approval \"ok?\""),
+        "{stdout}"
+    );
+    assert!(stdout.contains("approved "), "{stdout}");
+    assert!(stdout.contains("retry applied"), "{stdout}");
+}
