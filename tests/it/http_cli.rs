@@ -886,3 +886,35 @@ fn i4_the_readme_tour_runs_as_written() {
     assert!(stdout.contains("approved "), "{stdout}");
     assert!(stdout.contains("retry applied"), "{stdout}");
 }
+
+/// I-1: README's embedding snippet is the compiled example's own lines (`examples/embed.rs`
+/// between its "README: begin" and "README: end" marks), so it compiles as shown.
+#[test]
+fn i1_the_readme_embedding_snippet_is_the_compiled_examples() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).expect("README");
+    let example = std::fs::read_to_string(format!("{root}/examples/embed.rs")).expect("example");
+    let region = example
+        .split_once("// README: begin")
+        .and_then(|(_, rest)| rest.split_once('\n'))
+        .and_then(|(_, rest)| rest.split_once("// README: end"))
+        .expect("the example's marks")
+        .0;
+    let from_example: Vec<&str> = region
+        .trim_end()
+        .lines()
+        .map(|line| line.strip_prefix("    ").unwrap_or(line))
+        .collect();
+    let shown = readme
+        .split_once("From [examples/embed.rs]")
+        .and_then(|(_, rest)| rest.split_once("```rust\n"))
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("README's snippet")
+        .0;
+    let shown: Vec<&str> = shown.trim_end().lines().collect();
+    assert!(shown.len() > 10, "{shown:?}");
+    assert_eq!(
+        shown, from_example,
+        "README's snippet and examples/embed.rs differ"
+    );
+}
