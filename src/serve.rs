@@ -159,10 +159,14 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     for addr in &addrs {
         println!("http://{addr}");
     }
+    let window = match options.restart_window {
+        RestartWindow::Unlimited => "interrupted work continues at the next start, however late".to_owned(),
+        RestartWindow::Disabled => "interrupted work waits for a person's continue".to_owned(),
+        within => format!("interrupted work continues at a start within {within}, else waits for a person"),
+    };
     say(format!(
-        "openprogram: runtime on {} (restart window {}); admin token: {}; SIGTERM or SIGINT stops it in order",
+        "openprogram: runtime on {} ({window}); admin token: {}; SIGTERM or SIGINT stops it in order",
         store_name(&options),
-        options.restart_window,
         if token_source == "given" { "as given".to_string() } else { format!("in {token_source}") }
     ));
     tokio::pin!(stop);
