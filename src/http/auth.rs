@@ -20,6 +20,8 @@ use super::error::ApiError;
 pub struct Tokens {
     admin_hash: blake3::Hash,
     session_key: [u8; 32],
+    /// The page's sign-in links and cookies (`signin.rs`).
+    sign_in: std::sync::Arc<super::signin::SignIn>,
 }
 
 impl std::fmt::Debug for Tokens {
@@ -36,7 +38,13 @@ impl Tokens {
         Self {
             admin_hash: blake3::hash(admin_token.as_bytes()),
             session_key,
+            sign_in: std::sync::Arc::new(super::signin::SignIn::new(&session_key)),
         }
+    }
+
+    /// The page's sign-in: one-time links, and the cookie that counts as the admin token.
+    pub fn sign_in(&self) -> &super::signin::SignIn {
+        &self.sign_in
     }
 
     /// The token of one session.
@@ -65,6 +73,7 @@ impl Tokens {
     ) -> Result<(), ApiError> {
         match bearer(request) {
             Some(token) if self.allows_session(token, session_id) => Ok(()),
+            None if self.sign_in.admits(request) => Ok(()),
             _ => Err(ApiError::unauthorized()),
         }
     }
@@ -72,6 +81,7 @@ impl Tokens {
     pub fn authorize_admin(&self, request: &HttpRequest) -> Result<(), ApiError> {
         match bearer(request) {
             Some(token) if self.is_admin(token) => Ok(()),
+            None if self.sign_in.admits(request) => Ok(()),
             _ => Err(ApiError::unauthorized()),
         }
     }

@@ -26,6 +26,7 @@ pub mod error;
 pub mod forward;
 pub mod messages;
 pub mod resources;
+pub mod signin;
 pub mod stream;
 
 use std::net::SocketAddr;
@@ -137,6 +138,7 @@ pub fn routes(api: Api) -> impl FnOnce(&mut web::ServiceConfig) {
             .route("/metrics", web::get().to(debug::metrics))
             .route("/health", web::get().to(debug::health))
             .route("/openapi.json", web::get().to(openapi))
+            .route("/login", web::get().to(signin::login))
             .route("/", web::get().to(page))
             .default_service(web::to(error::no_route));
     }
@@ -192,14 +194,15 @@ async fn token_first(
 ) -> Result<actix_web::dev::ServiceResponse<actix_web::body::BoxBody>, actix_web::Error> {
     use actix_web::ResponseError as _;
     let path = request.path().to_owned();
-    let public = matches!(path.as_str(), "/" | "/health" | "/openapi.json");
+    let public = matches!(path.as_str(), "/" | "/health" | "/openapi.json" | "/login");
     let allowed = match request.app_data::<web::Data<Api>>() {
         _ if public => true,
         None => true,
         Some(api) => {
             let token = auth::bearer(request.request());
             match (token, path.strip_prefix("/v1/sessions/")) {
-                (None, _) => false,
+                // The page signed in (a cookie, never beside a token): as the admin token.
+                (None, _) => api.tokens.sign_in().admits(request.request()),
                 // A session's routes: its token or the admin's. A segment that is not a
                 // session id as written (malformed, percent-encoded, `..`) reaches only the
                 // admin (whose handler then answers 404).

@@ -404,3 +404,58 @@ fn i2_every_route_the_router_serves_is_in_the_http_reference_and_back() {
         "in the reference but not served: {stale:?}"
     );
 }
+
+/// the page signs in without the admin token in a URL: the one-time link `serve`
+/// prints sets a cookie that answers as the admin token (never beside a token), once.
+#[test]
+fn x2_a_sign_in_link_works_once_and_its_cookie_answers_as_the_admin_token() {
+    let mut tokens = None;
+    let server = TestServer::with(|api| tokens = Some(api.tokens.clone()));
+    let code = tokens.expect("the server's tokens").sign_in().code();
+    let agent = ureq::AgentBuilder::new().redirects(0).build();
+    let login = format!("{}/login?code={code}", server.url);
+    let signed = agent.get(&login).call().expect("signed in");
+    assert_eq!(signed.status(), 303);
+    assert_eq!(signed.header("Location"), Some("/"));
+    let set = signed.header("Set-Cookie").expect("a cookie").to_owned();
+    assert!(
+        set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+        "{set}"
+    );
+    let cookie = set.split(';').next().expect("name=value").to_owned();
+    assert!(!cookie.contains(ADMIN), "the admin token is not the cookie");
+    let actors = |cookie: &str| {
+        agent
+            .get(&format!("{}/debug/actors", server.url))
+            .set("Cookie", cookie)
+            .call()
+            .map(|response| response.status())
+            .unwrap_or_else(|error| match error {
+                ureq::Error::Status(status, _) => status,
+                other => panic!("{other}"),
+            })
+    };
+    assert_eq!(
+        actors(&cookie),
+        200,
+        "the cookie answers as the admin token"
+    );
+    assert_eq!(
+        actors("openprogram_admin=1.00"),
+        401,
+        "only a signed cookie"
+    );
+    let session = server.session();
+    let own = format!("{}/v1/sessions/{}/activity", server.url, session.0);
+    let read = agent
+        .get(&own)
+        .set("Cookie", &cookie)
+        .call()
+        .expect("any session's");
+    assert_eq!(read.status(), 200);
+    let again = agent.get(&login).call();
+    assert!(
+        matches!(again, Err(ureq::Error::Status(401, _))),
+        "a link works once"
+    );
+}
