@@ -159,13 +159,6 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     for addr in &addrs {
         println!("http://{addr}");
     }
-    if let Some(addr) = addrs.first() {
-        // A one-time link: the admin token itself never goes into a URL or a log line.
-        let code = tokens.sign_in().code();
-        say(format!(
-            "openprogram: open the page signed in (once, within ten minutes): http://{addr}/login?code={code}"
-        ));
-    }
     let window = match options.restart_window {
         RestartWindow::Unlimited => "interrupted work continues at the next start, however late".to_owned(),
         RestartWindow::Disabled => "interrupted work waits for a person's continue".to_owned(),
@@ -176,6 +169,13 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         store_name(&options),
         if token_source == "given" { "as given".to_string() } else { format!("in {token_source}") }
     ));
+    if let Some(addr) = addrs.first() {
+        // A one-time link: the admin token itself never goes into a URL or a log line.
+        let code = tokens.sign_in().code();
+        say(format!(
+            "openprogram: open the page signed in (once, within ten minutes): http://{addr}/login?code={code}"
+        ));
+    }
     tokio::pin!(stop);
     let report = tokio::select! {
         report = runtime.recovery() => report,

@@ -138,7 +138,7 @@ pub fn routes(api: Api) -> impl FnOnce(&mut web::ServiceConfig) {
             .route("/metrics", web::get().to(debug::metrics))
             .route("/health", web::get().to(debug::health))
             .route("/openapi.json", web::get().to(openapi))
-            .route("/login", web::get().to(signin::login))
+            .route("/login", web::get().to(login))
             .route("/", web::get().to(page))
             .default_service(web::to(error::no_route));
     }
@@ -151,6 +151,11 @@ async fn openapi() -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/json")
         .body(OPENAPI_JSON)
+}
+
+/// `GET /login?code=…` (`signin.rs`): the page signed in by a one-time link.
+async fn login(api: web::Data<Api>, query: web::Query<signin::LoginQuery>) -> HttpResponse {
+    signin::login(api.tokens.sign_in(), &query)
 }
 
 /// The page for people (`page.html` beside this file): no data in it, it reads the API with

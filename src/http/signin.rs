@@ -10,11 +10,9 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use actix_web::http::header;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{HttpRequest, HttpResponse};
 use rand::RngCore as _;
 use serde::Deserialize;
-
-use super::Api;
 
 /// How long a printed link can be used (once).
 const CODE_TTL: Duration = Duration::from_secs(10 * 60);
@@ -102,8 +100,7 @@ pub struct LoginQuery {
 }
 
 /// `GET /login?code=…`: a fresh, unused code signs the page in (a cookie) and opens it.
-pub async fn login(api: web::Data<Api>, query: web::Query<LoginQuery>) -> HttpResponse {
-    let sign_in = api.tokens.sign_in();
+pub fn login(sign_in: &SignIn, query: &LoginQuery) -> HttpResponse {
     if !sign_in.redeem(&query.code) {
         return HttpResponse::Unauthorized().json(serde_json::json!({
             "code": "sign_in_link_used",
