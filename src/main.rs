@@ -114,6 +114,9 @@ struct DecisionArgs {
     /// the execution) or session (this tool for every execution of the session).
     #[arg(long, default_value = "operation")]
     scope: String,
+    /// Then wait until it stops running again and print its state and reply.
+    #[arg(long)]
+    follow: bool,
     /// Print the server's reply as JSON.
     #[arg(long)]
     json: bool,
@@ -426,11 +429,15 @@ fn inspect_command(args: InspectArgs) -> ExitCode {
 
 /// `approve` (`approve`: true) or `deny`.
 fn decision(args: DecisionArgs, approve: bool) -> ExitCode {
-    use openprogram::http::client_verbs::{decide, session_and_execution};
+    use openprogram::http::client_verbs::{decide, followed_to_the_end, session_and_execution};
     finish(target_of(args.target).and_then(|target| {
         let scope = approve.then_some(args.scope.as_str());
         let (session, execution) = session_and_execution(&target, &args.ids)?;
-        decide(&target, &session, &execution, approve, scope, args.json)
+        let mut said = decide(&target, &session, &execution, approve, scope, args.json)?;
+        if args.follow {
+            said.push_str(&followed_to_the_end(&target, &session, &execution)?);
+        }
+        Ok(said)
     }))
 }
 

@@ -170,11 +170,7 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         if token_source == "given" { "as given".to_string() } else { format!("in {token_source}") }
     ));
     if let Some(addr) = addrs.first() {
-        // A one-time link: the admin token itself never goes into a URL or a log line.
-        let code = tokens.sign_in().code();
-        say(format!(
-            "openprogram: open the page signed in (once, within ten minutes): http://{addr}/login?code={code}"
-        ));
+        sign_in_link(&tokens, *addr, &options.data);
     }
     tokio::pin!(stop);
     let report = tokio::select! {
@@ -280,6 +276,29 @@ fn runtime(options: &ServeOptions) -> Result<RuntimeBuilder> {
         .restart_window(options.restart_window)
         .accept_loss(options.accept_loss)
         .lease_ttl(options.lease_ttl.unwrap_or(crate::LEASE_TTL_DEFAULT)))
+}
+
+/// The page's one-time sign-in link (the admin token itself never goes into a URL or a log):
+/// on the terminal that started `serve`, else (logs may be kept and read by others) in
+/// `DIR/sign-in.url`, readable by its owner only.
+fn sign_in_link(tokens: &Tokens, addr: std::net::SocketAddr, data: &std::path::Path) {
+    use std::io::IsTerminal as _;
+    let host = match addr.ip().is_unspecified() {
+        true => std::net::SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port()),
+        false => addr,
+    };
+    let link = format!("http://{host}/login?code={}", tokens.sign_in().code());
+    if std::io::stderr().is_terminal() {
+        return say(format!("openprogram: open the page signed in (once, within ten minutes): {link}"));
+    }
+    let path = data.join("sign-in.url");
+    match http::auth::write_secret(&path, &link) {
+        Ok(()) => say(format!(
+            "openprogram: the page's sign-in link (once, within ten minutes) is in {}",
+            path.display()
+        )),
+        Err(error) => tracing::warn!(%error, "the page's sign-in link could not be written"),
+    }
 }
 
 /// The node's tokens, and where its admin token came from. Its directory holds them even

@@ -38,7 +38,10 @@ impl Tokens {
         Self {
             admin_hash: blake3::hash(admin_token.as_bytes()),
             session_key,
-            sign_in: std::sync::Arc::new(super::signin::SignIn::new(&session_key)),
+            sign_in: std::sync::Arc::new(super::signin::SignIn::new(
+                &session_key,
+                &blake3::hash(admin_token.as_bytes()),
+            )),
         }
     }
 

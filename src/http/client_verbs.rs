@@ -70,6 +70,10 @@ pub fn send(target: &Target, sending: Sending) -> Result<String, Failure> {
         true => Some(followed(&session_target, &session, &execution)?),
         false => None,
     };
+    // A turn that failed or was cancelled is a failure (its exit code says so).
+    if let Some(snapshot) = &ended {
+        said(snapshot)?;
+    }
     match shown {
         Shown::Json => {
             let reply = json!({"session_id": session, "started": started, "snapshot": ended});
@@ -80,9 +84,7 @@ pub fn send(target: &Target, sending: Sending) -> Result<String, Failure> {
     }
     let mut text = format!("session {session}\nexecution {execution}\n");
     if let Some(snapshot) = ended {
-        let state = snapshot["state"].as_str().unwrap_or("unknown");
-        let reply = snapshot["text"].as_str().unwrap_or_default();
-        text.push_str(&format!("{state}: {reply}\n"));
+        text.push_str(&said(&snapshot)?);
     }
     Ok(text)
 }
@@ -120,16 +122,24 @@ pub fn decide(
 ) -> Result<String, Failure> {
     let path = format!("/v1/sessions/{session}/executions/{execution}");
     let snapshot = target.call("GET", &path, None)?;
-    let pending = snapshot["waits"].as_array().and_then(|waits| {
-        waits
-            .iter()
-            .find(|wait| wait["status"] == "open" && wait["kind"] == "approval")
-    });
-    let Some(wait_id) = pending.and_then(|wait| wait["wait_id"].as_str()) else {
-        return Err(Failure::Failed(format!(
-            "{execution} waits for no approval (it is {})",
-            snapshot["state"].as_str().unwrap_or("unknown")
-        )));
+    let approvals: Vec<&Value> = (snapshot["waits"].as_array().into_iter().flatten())
+        .filter(|wait| wait["status"] == "open")
+        .filter(|wait| wait["kind"] == "approval" || wait["kind"] == "permission")
+        .collect();
+    let wait_id = match approvals.as_slice() {
+        [one] => one["wait_id"].as_str().unwrap_or_default(),
+        [] => {
+            return Err(Failure::Failed(format!(
+                "{execution} waits for no approval (it is {})",
+                snapshot["state"].as_str().unwrap_or("unknown")
+            )))
+        }
+        _ => {
+            return Err(Failure::Failed(format!(
+                "{execution} waits for {} approvals: answer one by its id (ctl answer --wait ID)",
+                approvals.len()
+            )))
+        }
     };
     let command_id = uuid::Uuid::new_v4().to_string();
     let mut body = json!({"command_id": command_id, "wait_id": wait_id});
@@ -145,7 +155,7 @@ pub fn decide(
         return Ok(format!("{reply}\n"));
     }
     let status = reply["status"].as_str().unwrap_or("unknown");
-    if status != "applied" {
+    if status == "rejected" {
         let reason = reply["reason"].as_str().unwrap_or_default();
         return Err(Failure::Failed(format!("{status}: {reason}")));
     }
@@ -153,13 +163,38 @@ pub fn decide(
     Ok(format!("{verb} {wait_id}\n"))
 }
 
+/// `--follow` after a verb: the execution's state once it no longer runs, as `send` says it;
+/// a failure if it ended failed or cancelled.
+pub fn followed_to_the_end(target: &Target, session: &str, execution: &str) -> Result<String, Failure> {
+    let snapshot = followed(target, session, execution)?;
+    said(&snapshot)
+}
+
+/// The state and reply of a snapshot that no longer runs; a failure if it failed or was
+/// cancelled (a script can tell by the exit code).
+fn said(snapshot: &Value) -> Result<String, Failure> {
+    let state = snapshot["state"].as_str().unwrap_or("unknown");
+    let reply = snapshot["text"].as_str().unwrap_or_default();
+    match state {
+        "failed" | "cancelled" => Err(Failure::Failed(format!("{state}: {reply}"))),
+        _ => Ok(format!("{state}: {reply}\n")),
+    }
+}
+
 /// The session of `execution`, found by the server across sessions (an admin's read).
 pub fn session_of(target: &Target, execution: &str) -> Result<String, Failure> {
-    let path = format!("/debug/overview?id={execution}&limit=5");
+    use openprogram_storage::ExecutionId;
+    let wanted: ExecutionId = execution
+        .parse()
+        .map_err(|_| Failure::Usage(format!("`{execution}` is not an execution id")))?;
+    let path = format!("/debug/overview?id={wanted}&limit=5");
     let body = target.call("GET", &path, None)?;
     let rows = body["executions"].as_array().cloned().unwrap_or_default();
     rows.iter()
-        .find(|row| row["execution_id"] == execution)
+        .find(|row| {
+            let id = row["execution_id"].as_str().and_then(|id| id.parse().ok());
+            id == Some(wanted)
+        })
         .and_then(|row| row["session_id"].as_str().map(str::to_owned))
         .ok_or_else(|| {
             Failure::Failed(format!(

@@ -42,12 +42,20 @@ pub async fn forward(
         .and_then(|value| value.to_str().ok())
         .unwrap_or_default()
         .to_owned();
+    // A page signed in by its cookie (`signin.rs`) speaks with it on every node.
+    let cookie = request
+        .headers()
+        .get("cookie")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
     let body = body.to_string();
     let from_node = from_node.to_owned();
     let target = url.clone();
     let answered = web::block(move || {
         let sent = ureq::post(&target)
             .set("Authorization", &authorization)
+            .set("Cookie", &cookie)
             .set("Content-Type", "application/json")
             .set(FORWARDED_HEADER, &from_node)
             .timeout(FORWARD_TIMEOUT)

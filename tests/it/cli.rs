@@ -205,7 +205,8 @@ fn i4_load_function_steps_reports_every_function_step() {
 #[test]
 fn i4_help_names_no_requirement_id() {
     let commands = [
-        "load", "serve", "cluster", "soak", "compact", "ctl", "call", "inspect",
+        "load", "serve", "cluster", "soak", "compact", "ctl", "call", "inspect", "send", "approve",
+        "deny",
     ];
     for args in
         std::iter::once(vec!["--help"]).chain(commands.map(|command| vec![command, "--help"]))

@@ -883,7 +883,10 @@ fn i4_the_readme_tour_runs_as_written() {
         stdout.contains("waiting — for a person: approval \"ok?\""),
         "{stdout}"
     );
-    assert!(stdout.contains("approved "), "{stdout}");
+    assert!(
+        stdout.contains("approved ") && stdout.contains("completed: done"),
+        "{stdout}"
+    );
     assert!(stdout.contains("retry applied"), "{stdout}");
 }
 

@@ -453,6 +453,21 @@ fn x2_a_sign_in_link_works_once_and_its_cookie_answers_as_the_admin_token() {
         .call()
         .expect("any session's");
     assert_eq!(read.status(), 200);
+    // A change on the cookie alone: the page's JSON request, never a cross-site form's.
+    let sessions = format!("{}/v1/sessions", server.url);
+    let post = |kind: &str| {
+        let sent = agent
+            .post(&sessions)
+            .set("Cookie", &cookie)
+            .set("Content-Type", kind);
+        match sent.send_string("{}") {
+            Ok(response) => response.status(),
+            Err(ureq::Error::Status(status, _)) => status,
+            Err(other) => panic!("{other}"),
+        }
+    };
+    assert_eq!(post("application/json"), 201);
+    assert_eq!(post("text/plain"), 401, "a form's body is no sign-in");
     let again = agent.get(&login).call();
     assert!(
         matches!(again, Err(ureq::Error::Status(401, _))),
