@@ -36,19 +36,12 @@ pub async fn forward(
     body: &Value,
 ) -> Result<HttpResponse, ApiError> {
     let url = format!("{}{}", node_url.trim_end_matches('/'), request.uri());
-    let authorization = request
-        .headers()
-        .get("authorization")
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let header = |name: &str| {
+        let value = request.headers().get(name).and_then(|value| value.to_str().ok());
+        value.unwrap_or_default().to_owned()
+    };
     // A page signed in by its cookie (`signin.rs`) speaks with it on every node.
-    let cookie = request
-        .headers()
-        .get("cookie")
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let (authorization, cookie) = (header("authorization"), header("cookie"));
     let body = body.to_string();
     let from_node = from_node.to_owned();
     let target = url.clone();

@@ -3,7 +3,7 @@
 //! operator reconciliation; an agent's call of a function, its cancel and its forks.
 
 use openprogram::agent::Recovery;
-use openprogram::storage::Event;
+use openprogram::storage::{Event, ExecutionId};
 use openprogram::{DurableFunction, FunctionStart};
 use serde_json::json;
 
@@ -254,23 +254,25 @@ async fn r8_an_operator_reconciles_a_functions_step_with_its_result() {
     runtime.halt();
 }
 
+/// An agent turn whose script calls the `steps` function (`count` steps, appending to a log
+/// in a temporary directory), then replies `called`: its harness, the directory, the log.
+async fn agent_calling_steps(
+    count: u32,
+) -> (Harness, tempfile::TempDir, std::path::PathBuf, ExecutionId) {
+    let harness = steps_harness();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("called.log");
+    let call = json!({"call": "steps", "input": {"count": count, "path": path}});
+    let agent = harness.start(vec![call, reply("called")], None).await;
+    (harness, dir, path, agent)
+}
+
 /// F-6: an agent's scripted `{"call": …}` runs the function as a child execution (kind
 /// `function`, the agent as its parent, its own revision and checkpoints) and its result
 /// becomes that tool call's receipt before the agent's next decision.
 #[tokio::test]
 async fn f6_an_agent_calls_a_function_and_gets_its_result_at_the_call() {
-    let harness = steps_harness();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("called.log");
-    let agent = harness
-        .start(
-            vec![
-                json!({"call": "steps", "input": {"count": 3, "path": path}}),
-                reply("called"),
-            ],
-            None,
-        )
-        .await;
+    let (harness, _dir, path, agent) = agent_calling_steps(3).await;
     let done = harness.wait_for_state(agent, "completed").await;
     assert_eq!(done.text, "called");
     assert_each_step_once(&path, 3);
@@ -321,18 +323,7 @@ async fn f6_an_agent_calls_a_function_and_gets_its_result_at_the_call() {
 /// Retry (a child would run it again for nobody), and refuses them naming its caller.
 #[tokio::test]
 async fn k3_a_function_an_agent_called_offers_no_fork_or_retry() {
-    let harness = steps_harness();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("called.log");
-    let agent = harness
-        .start(
-            vec![
-                json!({"call": "steps", "input": {"count": 2, "path": path}}),
-                reply("called"),
-            ],
-            None,
-        )
-        .await;
+    let (harness, _dir, path, agent) = agent_calling_steps(2).await;
     let done = harness.wait_for_state(agent, "completed").await;
     assert!(done.capabilities.contains(&"retry"), "{done:?}");
     let executions = harness
