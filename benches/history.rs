@@ -167,17 +167,18 @@ fn main() {
                 .expect("last page");
             last_pages.push(at.elapsed());
         }
+        let version = threads
+            .block_on(runtime.snapshot(session, execution))
+            .expect("snapshot")
+            .version;
         let at = Instant::now();
+        let answer = Command::new(CommandBody::Answer {
+            wait: WaitRef::Pending,
+            answer: "yes".into(),
+            scope: openprogram::storage::AnswerScope::Operation,
+        });
         let answered = threads
-            .block_on(runtime.command(
-                session,
-                execution,
-                Command::new(CommandBody::Answer {
-                    wait: WaitRef::Pending,
-                    answer: "yes".into(),
-                    scope: openprogram::storage::AnswerScope::Operation,
-                }),
-            ))
+            .block_on(runtime.command(session, execution, answer.expecting(version)))
             .expect("answer");
         let answer_ms = at.elapsed().as_secs_f64() * 1e3;
         assert_eq!(answered.status, "applied", "{answered:?}");

@@ -243,9 +243,7 @@ impl CommandBody {
         let wait = || match reader.parsed::<WaitId>("wait_id")? {
             Some(wait_id) => Ok(WaitRef::Id(wait_id)),
             // Without either, an answer meant for one wait could land on a newer one (W-3).
-            None if expected_version.is_none() => Err(Error::InvalidRequest(format!(
-                "{kind} needs `wait_id`, or `expected_version` to pin the execution's pending wait"
-            ))),
+            None if expected_version.is_none() => Err(unpinned(kind)),
             None => Ok(WaitRef::Pending),
         };
         Ok(match kind {
@@ -482,6 +480,25 @@ impl Command {
         body
     }
 
+    /// W-3, for a command built in code as for one read from JSON: an answer or decline of
+    /// "the pending wait" pins it to the version its sender saw; without it, it could land on
+    /// a newer wait.
+    pub fn check(&self) -> Result<()> {
+        let pending = matches!(
+            &self.body,
+            CommandBody::Answer {
+                wait: WaitRef::Pending,
+                ..
+            } | CommandBody::Decline {
+                wait: WaitRef::Pending
+            }
+        );
+        match pending && self.expected_version.is_none() {
+            true => Err(unpinned(self.kind())),
+            false => Ok(()),
+        }
+    }
+
     /// Reads a command body (SPEC §6). A field the kind does not take is `unknown_field`; a
     /// kind the contract names but this build does not run is `unsupported_kind`; any other
     /// kind is `unknown_kind`; a missing or malformed argument is `invalid_request`.
@@ -520,6 +537,13 @@ impl Command {
             body,
         })
     }
+}
+
+/// W-3: an answer or decline that names no wait and pins none.
+fn unpinned(kind: CommandKind) -> Error {
+    Error::InvalidRequest(format!(
+        "{kind} needs `wait_id`, or `expected_version` to pin the execution's pending wait"
+    ))
 }
 
 #[cfg(test)]

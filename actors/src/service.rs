@@ -358,6 +358,7 @@ impl Service {
         execution_id: ExecutionId,
         command: Command,
     ) -> Result<CommandReply> {
+        command.check()?;
         let started = std::time::Instant::now();
         let reply = match command.kind() {
             CommandKind::Fork | CommandKind::Retry => {

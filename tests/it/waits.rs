@@ -80,6 +80,16 @@ async fn w2_decline_never_runs_the_guarded_operation() {
         matches!(refused, Err(openprogram::Error::InvalidRequest(_))),
         "{refused:?}"
     );
+    // The same for a command built in code: refused, and nothing changes.
+    let typed = openprogram::Command::new(openprogram::CommandBody::Decline {
+        wait: openprogram::WaitRef::Pending,
+    });
+    let refused = runtime.command(session, execution, typed).await;
+    assert!(
+        matches!(refused, Err(openprogram::Error::InvalidRequest(_))),
+        "{refused:?}"
+    );
+    assert_eq!(harness.snapshot(execution).await.version, waiting.version);
     let pinned = command_of(json!({"kind": "decline", "expected_version": waiting.version}));
     let declined = send(runtime, session, execution, pinned).await;
     assert_eq!(declined.status, "applied", "{declined:?}");
