@@ -267,6 +267,19 @@ async fn agent_calling_steps(
     (harness, dir, path, agent)
 }
 
+/// The child execution an agent's call of a function started, as its session lists it.
+async fn called_child(harness: &Harness) -> openprogram::Snapshot {
+    let executions = harness
+        .runtime
+        .executions(harness.session)
+        .await
+        .expect("executions");
+    let child = executions
+        .into_iter()
+        .find(|snapshot| snapshot.kind == "function");
+    child.expect("the child")
+}
+
 /// F-6: an agent's scripted `{"call": …}` runs the function as a child execution (kind
 /// `function`, the agent as its parent, its own revision and checkpoints) and its result
 /// becomes that tool call's receipt before the agent's next decision.
@@ -292,15 +305,7 @@ async fn f6_an_agent_calls_a_function_and_gets_its_result_at_the_call() {
         })
         .expect("the call's result");
     assert_eq!(output, r#"{"done":3}"#);
-    let executions = harness
-        .runtime
-        .executions(harness.session)
-        .await
-        .expect("executions");
-    let child = executions
-        .iter()
-        .find(|snapshot| snapshot.kind == "function")
-        .expect("the child");
+    let child = called_child(&harness).await;
     assert_eq!(child.parent_execution_id, Some(agent));
     assert_eq!(child.state, "completed");
     assert_eq!(child.function.as_ref().map(|f| f.next_position), Some(3));
@@ -326,15 +331,7 @@ async fn k3_a_function_an_agent_called_offers_no_fork_or_retry() {
     let (harness, _dir, path, agent) = agent_calling_steps(2).await;
     let done = harness.wait_for_state(agent, "completed").await;
     assert!(done.capabilities.contains(&"retry"), "{done:?}");
-    let executions = harness
-        .runtime
-        .executions(harness.session)
-        .await
-        .expect("executions");
-    let child = executions
-        .iter()
-        .find(|snapshot| snapshot.kind == "function")
-        .expect("the child");
+    let child = called_child(&harness).await;
     assert_eq!(child.state, "completed");
     assert!(
         !child.capabilities.contains(&"retry") && !child.capabilities.contains(&"fork"),

@@ -711,23 +711,20 @@ fn i4_send_then_approve_or_deny_against_serve() {
     let dir = tempfile::tempdir().expect("tempdir");
     let serve = Serve::start(dir.path(), &["--token", "cli-admin"]);
     let url = serve.url.as_str();
+    // `openprogram COMMAND --url URL --token cli-admin REST…`
+    let cli = |command: &str, rest: &[&str]| {
+        let mut args = vec![command, "--url", url, "--token", "cli-admin"];
+        args.extend_from_slice(rest);
+        openprogram(&args)
+    };
     let script =
         json!([{"ask": "may I?"}, {"tool": "echo", "args": {"text": "ran"}}, {"reply": "done"}])
             .to_string();
     let send = || {
-        let args = [
+        let output = cli(
             "send",
-            "--url",
-            url,
-            "--token",
-            "cli-admin",
-            "hello",
-            "--script",
-            &script,
-            "--follow",
-            "--json",
-        ];
-        let output = openprogram(&args);
+            &["hello", "--script", &script, "--follow", "--json"],
+        );
         assert!(
             output.status.success(),
             "{}",
@@ -747,17 +744,8 @@ fn i4_send_then_approve_or_deny_against_serve() {
     for (verb, ran) in [("approve", true), ("deny", false)] {
         let (session, execution) = send();
         // `inspect` says what it waits for, in words, and the controls as `ctl` spells them.
-        let args = [
-            "inspect",
-            "--url",
-            url,
-            "--token",
-            "cli-admin",
-            "execution",
-            &session,
-            &execution,
-        ];
-        let shown = String::from_utf8_lossy(&openprogram(&args).stdout).to_string();
+        let shown = cli("inspect", &["execution", &session, &execution]).stdout;
+        let shown = String::from_utf8_lossy(&shown).to_string();
         assert!(
             shown.contains("waiting — for a person: approval \"may I?\""),
             "{shown}"
@@ -766,15 +754,7 @@ fn i4_send_then_approve_or_deny_against_serve() {
             shown.contains("controls") && shown.contains("set-policy"),
             "{shown}"
         );
-        let output = openprogram(&[
-            verb,
-            "--url",
-            url,
-            "--token",
-            "cli-admin",
-            &session,
-            &execution,
-        ]);
+        let output = cli(verb, &[&session, &execution]);
         assert!(
             output.status.success(),
             "{verb}: {}",
@@ -798,42 +778,18 @@ fn i4_send_then_approve_or_deny_against_serve() {
             .iter()
             .any(|r| r["tool"] == "echo");
         assert_eq!(echoed, ran, "{verb}: {done}");
-        let args = [
-            "inspect",
-            "--url",
-            url,
-            "--token",
-            "cli-admin",
-            "execution",
-            &execution,
-        ];
-        let shown = String::from_utf8_lossy(&openprogram(&args).stdout).to_string();
+        let shown =
+            String::from_utf8_lossy(&cli("inspect", &["execution", &execution]).stdout).to_string();
         assert!(
             shown.contains(&session) && shown.contains("completed"),
             "{shown}"
         );
         // `ctl` too: found, and refused for what it is (ended), not for a missing session.
-        let args = [
-            "ctl",
-            "--url",
-            url,
-            "--token",
-            "cli-admin",
-            "pause",
-            &execution,
-        ];
-        let refused = String::from_utf8_lossy(&openprogram(&args).stderr).to_string();
+        let refused =
+            String::from_utf8_lossy(&cli("ctl", &["pause", &execution]).stderr).to_string();
         assert!(refused.contains("not_available"), "{refused}");
         // Nothing waits any more: a second decision is refused, with a reason.
-        let again = openprogram(&[
-            verb,
-            "--url",
-            url,
-            "--token",
-            "cli-admin",
-            &session,
-            &execution,
-        ]);
+        let again = cli(verb, &[&session, &execution]);
         assert_eq!(again.status.code(), Some(1), "{again:?}");
     }
 }

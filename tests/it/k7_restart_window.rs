@@ -79,6 +79,10 @@ async fn k7_set_policy_changes_an_agents_window_version_fenced_and_recovery_foll
     let restarts = Restarts::new();
     let runtime = restarts.open_freezing(1, RestartWindow::Unlimited);
     let (session, execution) = frozen_with(&restarts, &runtime, None).await;
+    let own_window = || async {
+        let snapshot = runtime.snapshot(session, execution).await;
+        snapshot.expect("snapshot").restart_window
+    };
     let before = runtime
         .snapshot(session, execution)
         .await
@@ -97,14 +101,7 @@ async fn k7_set_policy_changes_an_agents_window_version_fenced_and_recovery_foll
                 .is_ok_and(|reply| reply.status == "rejected"),
         "{refused:?}"
     );
-    assert_eq!(
-        runtime
-            .snapshot(session, execution)
-            .await
-            .expect("snapshot")
-            .restart_window,
-        None
-    );
+    assert_eq!(own_window().await, None);
     // A version policy is a function's: refused whole, nothing changes.
     let both =
         command_of(json!({"kind": "set_policy", "policy": "use_latest", "restart_window": "-1"}));
@@ -113,14 +110,7 @@ async fn k7_set_policy_changes_an_agents_window_version_fenced_and_recovery_foll
         .await
         .expect("answered");
     assert_eq!(reply.status, "rejected", "{reply:?}");
-    assert_eq!(
-        runtime
-            .snapshot(session, execution)
-            .await
-            .expect("snapshot")
-            .restart_window,
-        None
-    );
+    assert_eq!(own_window().await, None);
     let set = command_of(json!({
         "kind": "set_policy", "restart_window": -1, "expected_version": before.version,
     }));
