@@ -74,6 +74,8 @@ impl RuntimeBuilder {
     /// and `accept_loss`, which the caller's open decided). The caller keeps its own handle; the
     /// runtime's actors write through theirs, and `Runtime::store` reads. Any `EventStore` serves:
     /// the embedded `Store` (sled) or, with the feature `postgres`, a `storage::pg::PgStore`.
+    /// `Runtime::shutdown` leaves such a store open: closing it (`EventStore::close`) is the
+    /// caller's.
     pub fn store<S: EventStore + Clone>(mut self, store: S) -> Self {
         self.store = Some((Arc::new(store.clone()), Arc::new(store)));
         self
@@ -235,6 +237,7 @@ impl RuntimeBuilder {
         let conversation_hooks = self.conversation_hooks()?;
         let functions = self.function_registry()?;
         // Inspection gets the store's reads only; the actors, the one writer.
+        let owns_store = self.store.is_none();
         let ((store, reader), salvage) = self.open_store()?;
         let system = ActorSystem::start("openprogram")?;
         let env = self.env(store, functions, conversation_hooks)?;
@@ -317,6 +320,7 @@ impl RuntimeBuilder {
                 shutdown_timeout: self.shutdown_timeout.unwrap_or(SHUTDOWN_TIMEOUT_DEFAULT),
                 salvage,
                 retention_stats,
+                owns_store,
             }),
         })
     }

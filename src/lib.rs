@@ -179,6 +179,9 @@ struct Inner {
     salvage: Option<openprogram_storage::SalvageReport>,
     retention_stats: Arc<RetentionStats>,
     node: Option<NodeIdentity>,
+    /// The runtime opened its store (from `data_dir` or `store_url`), so `shutdown` closes
+    /// it; a store the caller passed to `RuntimeBuilder::store` is the caller's to close.
+    owns_store: bool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -312,8 +315,10 @@ impl Runtime {
     /// Orderly shutdown: stops new work and recovery, asks every running execution for
     /// a pause owned by restart recovery (recording its restart intent, R-3) at its next safe
     /// point, waits up to the shutdown timeout, then stops the actors. The next start resumes
-    /// the paused executions within the restart window. The store closes when the last
-    /// handle is dropped, after writing everything queued.
+    /// the paused executions within the restart window. Then the store the runtime opened
+    /// is closed: everything queued is written, its files and connections are let go, and
+    /// the data directory can be opened again, or removed, once this returns. Reads through
+    /// this runtime afterwards answer `closed`.
     pub async fn shutdown(&self) -> ShutdownReport {
         let timeout = self.inner.shutdown_timeout;
         // Stop new work now; the supervisor may still be busy with startup recovery, which
@@ -322,6 +327,11 @@ impl Runtime {
         let asked = self.inner.supervisor.send(Shutdown { timeout });
         let report = asked.await.unwrap_or_default();
         self.halt();
+        if self.inner.owns_store {
+            if let Err(error) = self.inner.service.env().store.close().await {
+                tracing::error!(%error, "closing the store at shutdown");
+            }
+        }
         report
     }
 

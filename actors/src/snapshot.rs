@@ -51,14 +51,30 @@ pub struct Snapshot {
     /// W-7: the grants its approvals gave (a tool, for this execution or the session).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub grants: Vec<GrantView>,
-    /// C-2: as its session's foreground turn, how it was admitted (`immediate`, `queue`,
-    /// `interrupt`) and whether it waits for its session (`queued`).
+    /// C-2: as its session's foreground turn, how it was admitted and, while it waits for
+    /// its session, behind which turn.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub session_turn: Option<crate::machine::session::SessionTurn>,
+    pub session_turn: Option<SessionTurnView>,
     /// E-8: what its model requests carry of its conversation, once it has earlier turns or
     /// made a request.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub context: Option<ContextView>,
+}
+
+/// C-2: an execution as its session's foreground turn.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionTurnView {
+    /// How it was admitted: `queue`, `interrupt`, `immediate` (the session was free) or
+    /// `paused` (admitted paused: it holds nothing until continued).
+    pub strategy: String,
+    /// It waits for its session: it runs nothing until it takes it.
+    pub queued: bool,
+    /// While it waits: the turn that holds the session now (from the session's record).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub behind: Option<openprogram_storage::ExecutionId>,
+    /// While it waits: its place in the session's line (1: next).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub place: Option<usize>,
 }
 
 /// E-8: the context of an agent turn's model requests as it stands.
@@ -316,7 +332,12 @@ impl Snapshot {
             capabilities: capabilities(machine, head.version, contract),
             text: machine.text.clone(),
             usage: turn.usage,
-            session_turn: turn.session_turn.clone(),
+            session_turn: turn.session_turn.as_ref().map(|turn| SessionTurnView {
+                strategy: turn.strategy.clone(),
+                queued: turn.queued,
+                behind: None,
+                place: None,
+            }),
             context: ContextView::of(turn),
             // Its own tool grants; the session's are added by `with_session`.
             grants: own_grants
@@ -350,7 +371,9 @@ impl Snapshot {
         }
     }
 
-    /// W-7: the session's grants, and `revoke` among the controls while one stands.
+    /// What its session's record holds for it: the session's grants, and `revoke` among the
+    /// controls while one stands (W-7); while it waits for the session, the turn it waits
+    /// behind and its place in line (C-2).
     pub fn with_session(mut self, session: Option<&openprogram_storage::SessionRecord>) -> Self {
         let Some(session) = session else {
             return self;
@@ -366,6 +389,15 @@ impl Snapshot {
         let standing = session.grants.iter().any(|grant| !grant.revoked);
         if standing && !self.capabilities.contains(&"revoke") {
             self.capabilities.push("revoke");
+        }
+        let me = self.execution_id;
+        if let Some(turn) = self.session_turn.as_mut().filter(|turn| turn.queued) {
+            turn.behind = session.foreground.filter(|holder| *holder != me);
+            turn.place = session
+                .waiting
+                .iter()
+                .position(|id| *id == me)
+                .map(|at| at + 1);
         }
         self
     }

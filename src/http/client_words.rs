@@ -1,5 +1,5 @@
 //! What an execution's state means, in words, for `inspect` (I-4): the state and its reason
-//! as a person reads them (`paused — by a person`, `queued — behind an earlier turn of its
+//! as a person reads them (`paused — by a person`, `queued — behind turn X of its
 //! session`), and the controls as `ctl` spells them.
 
 use serde_json::Value;
@@ -9,9 +9,7 @@ pub fn state_in_words(snapshot: &Value) -> String {
     let state = snapshot["state"].as_str().unwrap_or("unknown");
     let reason = snapshot["pause_reason"].as_str().unwrap_or_default();
     let why = match state {
-        "queued" if snapshot["session_turn"]["queued"] == true => {
-            "behind an earlier turn of its session: it runs once that one ends".to_owned()
-        }
+        "queued" if snapshot["session_turn"]["queued"] == true => behind(&snapshot["session_turn"]),
         "queued" if !snapshot["job"].is_null() => match snapshot["job"]["queue_position"].as_u64() {
             Some(position) => format!("a Job waiting for its resources, {position} in line"),
             None => "a Job waiting for its resources".to_owned(),
@@ -39,6 +37,21 @@ pub fn state_in_words(snapshot: &Value) -> String {
     match why.is_empty() {
         true => state.to_owned(),
         false => format!("{state} — {why}"),
+    }
+}
+
+/// What a turn waiting for its session waits behind.
+fn behind(turn: &Value) -> String {
+    let place = match turn["place"].as_u64() {
+        Some(1) => " (next in line)".to_owned(),
+        Some(place) => format!(" ({place} in line)"),
+        None => String::new(),
+    };
+    match turn["behind"].as_str() {
+        Some(holder) => format!(
+            "behind turn {holder} of its session{place}: it runs once the turns ahead of it end"
+        ),
+        None => format!("behind an earlier turn of its session{place}: it runs once that one ends"),
     }
 }
 
@@ -90,6 +103,13 @@ mod tests {
     fn i4_states_are_said_in_words_with_what_moves_them_on() {
         let queued = json!({"state": "queued", "session_turn": {"queued": true}});
         assert!(state_in_words(&queued).starts_with("queued — behind an earlier turn"));
+        let named = json!({"state": "queued",
+            "session_turn": {"queued": true, "behind": "e-1", "place": 2}});
+        assert!(
+            state_in_words(&named).starts_with("queued — behind turn e-1 of its session (2 in line)"),
+            "{}",
+            state_in_words(&named)
+        );
         let paused = json!({"state": "paused", "pause_reason": "pause"});
         assert_eq!(state_in_words(&paused), "paused — by a person's pause: ctl continue resumes it");
         let conflict = json!({"state": "paused", "pause_reason": "version_conflict",

@@ -4,6 +4,7 @@
 //! type, so another backend stands beside these without touching `actors/`.
 
 use futures::future::BoxFuture;
+use futures::FutureExt;
 use serde::{Deserialize, Serialize};
 
 use crate::conversation::{ConversationOutcome, ConversationRecord, ConversationWrite};
@@ -19,9 +20,33 @@ use crate::records::{
 use crate::shared::MetricsSnapshot;
 use crate::transition::{Outcome, Transition};
 
+/// Runs `work`, which blocks, on a thread of its own: a future that waits for it without
+/// blocking its executor.
+pub(crate) fn off_thread(
+    work: impl FnOnce() -> Result<()> + Send + 'static,
+) -> BoxFuture<'static, Result<()>> {
+    let (done, finished) = futures::channel::oneshot::channel();
+    let started = std::thread::Builder::new()
+        .name("openprogram-close".into())
+        .spawn(move || drop(done.send(work())));
+    async move {
+        started.map_err(|error| Error::Io {
+            path: Default::default(),
+            message: format!("starting a thread: {error}"),
+        })?;
+        finished.await.map_err(|_| Error::Closed)?
+    }
+    .boxed()
+}
+
 /// Reads and writes of the event log, independent of the engine underneath. Only the
 /// actors write: everything else gets an `EventReader`.
 pub trait EventStore: EventReader {
+    /// Closes the store: what is queued is committed and answered; later writes and reads
+    /// answer `Closed`; its files and connections are let go (the sled store's directory
+    /// can be opened again, or removed, once this returns). Closing twice is closing once.
+    fn close(&self) -> BoxFuture<'static, Result<()>>;
+
     /// Queues a transition for the next group commit: at once when the queue has room,
     /// else when the future is first polled, waiting while the queue is full. The future
     /// resolves once the group is fsynced (or rejected). Transitions that must commit in a

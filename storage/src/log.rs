@@ -68,6 +68,9 @@ pub(crate) enum Request {
     /// Time passed: lets an idle store finish (or start) a materialization, so the overlay
     /// drains without waiting for the next commit. Sent by the ticker thread.
     Tick,
+    /// The store closes (`Store::close`): the queue takes nothing more, and the committer
+    /// stops once it has answered what is in it.
+    Close,
     /// S-8: one step of an execution's purge (`purge.rs`).
     Purge {
         execution_id: ExecutionId,
@@ -97,7 +100,7 @@ impl Request {
             Request::Purge { reply, .. } => drop(reply.send(Err(failed()))),
             Request::Sweep { reply, .. } => drop(reply.send(Err(failed()))),
             Request::Conversation { reply, .. } => drop(reply.send(Err(failed()))),
-            Request::Tick => {}
+            Request::Tick | Request::Close => {}
         }
     }
 }
@@ -152,15 +155,16 @@ pub(crate) fn spawn(
     let (ready, is_ready) = std::sync::mpsc::channel();
     // What the open replayed is synced: sled holds every frame before the next.
     let flushing = flusher::Flushing::new(data_file, acknowledged, journal.next_seq() - 1);
-    let liveness = Liveness::read(&shared.db())?;
+    let liveness = Liveness::read(&shared.db()?)?;
     journal.check_present(&liveness)?;
-    flusher::spawn(Arc::clone(shared), Arc::clone(&flushing)).map_err(io_error)?;
+    let flusher = flusher::spawn(Arc::clone(shared), Arc::clone(&flushing)).map_err(io_error)?;
     let committer = Committer {
         generations: generations::Generations::new(),
         shared: committer_shared,
         journal,
         liveness,
         flushing,
+        flusher: Some(flusher),
         journal_bytes: 0,
         last_materialization: Instant::now(),
         frame_bytes: Vec::new(),
@@ -216,7 +220,7 @@ fn run(
     };
     let failed = materialized.is_err();
     if ready.send(materialized).is_err() || failed {
-        committer.flushing.stop();
+        committer.stop_flusher();
         return;
     }
     while let Some(first) = queue.blocking_recv() {
@@ -232,10 +236,17 @@ fn run(
                 Err(_) => break,
             }
         }
+        if requests
+            .iter()
+            .any(|request| matches!(request, Request::Close))
+        {
+            // Senders now fail at once; what is queued is still taken.
+            queue.close();
+        }
         committer.commit_group(requests);
         add_elapsed_micros(&committer.shared.metrics.group_micros_total, started);
     }
-    committer.flushing.stop();
+    committer.stop_flusher();
     committer.generations.abandon();
     if committer.shared.refusals.failure().is_none() {
         // Every group durable in sled, and only then the direct write of the
@@ -260,6 +271,8 @@ struct Committer {
     generations: generations::Generations,
     /// sled made durable in the background, and what it holds.
     flushing: Arc<flusher::Flushing>,
+    /// The flusher's thread, until it is stopped.
+    flusher: Option<std::thread::JoinHandle<()>>,
     /// Journal bytes written since the flusher was last asked to flush.
     journal_bytes: u64,
     last_materialization: Instant,
@@ -317,6 +330,17 @@ struct GroupFrame {
 }
 
 impl Committer {
+    /// Stops the flusher and waits for its thread: nothing of the store runs after the
+    /// committer.
+    fn stop_flusher(&mut self) {
+        self.flushing.stop();
+        if let Some(flusher) = self.flusher.take() {
+            if flusher.join().is_err() {
+                tracing::error!("the flusher thread panicked");
+            }
+        }
+    }
+
     /// One group: decided, written with a slice of the materialization, made durable, then
     /// answered; if the write fails, every request is refused `FailStop` and the store stops.
     fn commit_group(&mut self, requests: Vec<Request>) {
@@ -400,7 +424,7 @@ impl Committer {
                 Request::Conversation { write, reply } => {
                     Answer::Conversation(reply, self.write_conversation(&mut group, write))
                 }
-                Request::Tick => continue,
+                Request::Tick | Request::Close => continue,
             };
             group.answers.push(answer);
         }
@@ -450,8 +474,11 @@ impl Committer {
             guard
         });
         let applied = match atomic || ops.len() > SMALL_GROUP_WRITES {
-            true => shared.db().apply_batch(batch_of(&ops)).map_err(Error::from),
-            false => apply_each(&shared.db(), &ops),
+            true => shared
+                .db()?
+                .apply_batch(batch_of(&ops))
+                .map_err(Error::from),
+            false => apply_each(&shared.db()?, &ops),
         };
         let mut written = HashMap::new();
         if let Some(guard) = slice_guard {

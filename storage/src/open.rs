@@ -25,7 +25,7 @@ use crate::keys;
 use crate::migrate;
 use crate::overlay::{index_state, Overlay};
 use crate::shared::{now_ms, Limits, Shared};
-use crate::sled_db::{open_sled, LOCK_RETRY_MS, LOCK_WAIT_MS};
+use crate::sled_db::open_sled;
 use crate::writes::batch_of;
 
 /// An opened store, for its committer to take over: its shared state with the log tail
@@ -84,8 +84,8 @@ pub(crate) fn open(path: &Path, limits: Limits, salvaging: bool) -> Result<Opene
     ));
     replay(&shared, salvaging)?;
     let report = salvage(&shared, acknowledged, mark_unreadable, salvaging)?;
-    let incarnation = record_incarnation(&shared.db())?;
-    shared.db().flush()?;
+    let incarnation = record_incarnation(&shared.db()?)?;
+    shared.db()?.flush()?;
     sync()?;
     // Written after the sync above, and never raised here: what this open found may
     // hold a tail that was written and never acknowledged (a crash before its fsync);
@@ -159,7 +159,7 @@ pub struct Incarnation {
 }
 
 /// Takes the store's lock (`DIR/lock`): one opener at a time, whichever generation of sled
-/// it holds (`generation.rs`). Held until the store is dropped.
+/// it holds (`generation.rs`). Held until the store is closed.
 pub(crate) fn lock_store(path: &Path) -> Result<File> {
     let lock_path = path.join("lock");
     let file = File::options()
@@ -168,28 +168,15 @@ pub(crate) fn lock_store(path: &Path) -> Result<File> {
         .truncate(false)
         .open(&lock_path)
         .map_err(|error| Error::io(&lock_path, error))?;
-    let mut waited_ms = 0;
-    loop {
-        match file.try_lock() {
-            Ok(()) => return Ok(file),
-            Err(std::fs::TryLockError::WouldBlock) if waited_ms < LOCK_WAIT_MS => {
-                std::thread::sleep(std::time::Duration::from_millis(LOCK_RETRY_MS));
-                waited_ms += LOCK_RETRY_MS;
-            }
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(Error::Locked {
-                    path: path.to_path_buf(),
-                })
-            }
-            Err(std::fs::TryLockError::Error(error)) => return Err(Error::io(&lock_path, error)),
-        }
-    }
+    // The store's directory is what a second opener is told is locked.
+    crate::sled_db::take_lock(&file, path)?;
+    Ok(file)
 }
 
 /// Rebuilds the overlay from the log records after the materialization mark. The tail is
 /// bounded by `Limits::overlay_len_max` and the materialization interval of the last run.
 fn replay(shared: &Shared, salvaging: bool) -> Result<()> {
-    let db = &shared.db();
+    let db = &shared.db()?;
     let materialized_through = shared.materialized_through()?;
     let mut durable = materialized_through;
     let mut overlay = Overlay::new(shared.limits.head_frame_refs_max);
@@ -265,7 +252,7 @@ fn replay_frame(
     // S-8: a purged execution's frames are never replayed: a purge waits until nothing of
     // its execution is in memory, not for the materialization mark to pass its frames.
     if shared.refusals.check_quarantine(execution_id).is_err()
-        || shared.db().contains_key(keys::purged(execution_id))?
+        || shared.db()?.contains_key(keys::purged(execution_id))?
     {
         return Ok(false);
     }
@@ -380,7 +367,7 @@ fn salvage(
         "the store lost acknowledged history; salvaging what remains"
     );
     let mut lost_executions = Vec::new();
-    for item in shared.db().scan_prefix([keys::BY_SESSION]) {
+    for item in shared.db()?.scan_prefix([keys::BY_SESSION]) {
         let (key, _) = item?;
         let Some(execution_id) = keys::execution_at(&key, 17) else {
             continue;

@@ -36,7 +36,7 @@ mod statements;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use futures::future::BoxFuture;
@@ -47,7 +47,7 @@ use crate::error::{Error, Result};
 use crate::event_store::{EventStore, NodeRecord, PurgeStep, SweepStep};
 use crate::ids::{ExecutionId, OwnerId};
 use crate::open::{Incarnation, SalvageReport};
-use crate::shared::{Limits, Metrics, MetricsSnapshot, Refusals};
+use crate::shared::{lock, Limits, Metrics, MetricsSnapshot, Refusals};
 use crate::transition::{Outcome, Transition};
 
 /// Reader threads (each with its own connection).
@@ -66,30 +66,42 @@ pub struct PgStore {
 #[derive(Debug)]
 struct Inner {
     shared: Arc<Shared>,
-    /// One queue per committer; an execution's requests go to `senders[shard(id)]`.
-    senders: Vec<mpsc::Sender<commit::Request>>,
-    committers: Vec<JoinHandle<()>>,
+    /// One queue per committer; an execution's requests go to `senders[shard(id)]`. Empty
+    /// once the store is closed.
+    senders: Mutex<Vec<mpsc::Sender<commit::Request>>>,
+    /// The committers' threads, until the store is closed.
+    committers: Mutex<Vec<JoinHandle<()>>>,
     readers: readers::Readers,
     /// The node lease's own connection (N-2): a renewal never queues behind reads (a
     /// takeover's scan, a recovery, a client's long page), whose wait would let it lapse.
     lease: readers::Readers,
     incarnation: Incarnation,
     /// S-7: the node's mark, written as its groups commit (when opened with a directory).
-    mark: Option<mark::Writer>,
+    mark: Mutex<Option<mark::Writer>>,
 }
 
-impl Drop for Inner {
-    fn drop(&mut self) {
-        self.senders.clear();
-        for committer in self.committers.drain(..) {
+impl Inner {
+    /// Closes the queues, waits for the committers to answer what was queued (a request
+    /// holds its queue only while it is being queued), writes the mark a last time and
+    /// stops the readers. Blocks; every caller returns once it is done.
+    fn close(&self) {
+        let mut committers = lock(&self.committers);
+        lock(&self.senders).clear();
+        for committer in committers.drain(..) {
             if committer.join().is_err() {
                 tracing::error!("a PostgreSQL committer thread panicked");
             }
         }
         // After the committers: the mark's last write covers their last groups.
-        self.mark.take();
+        lock(&self.mark).take();
         self.readers.close();
         self.lease.close();
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 
@@ -203,12 +215,12 @@ impl PgStore {
         tracing::info!(owner = %incarnation.owner_id, number = incarnation.number, "PostgreSQL store opened");
         let inner = Inner {
             shared,
-            senders,
-            committers,
+            senders: Mutex::new(senders),
+            committers: Mutex::new(committers),
             readers,
             lease,
             incarnation,
-            mark,
+            mark: Mutex::new(mark),
         };
         Ok((
             Self {
@@ -232,22 +244,31 @@ impl PgStore {
         }
         let (reply, answer) = oneshot::channel();
         let request = make(reply);
-        let senders = &self.inner.senders;
-        let shard =
-            request.execution_id().as_uuid().as_u64_pair().1 as usize % senders.len().max(1);
-        let Some(sender) = senders.get(shard).cloned() else {
+        let sender = {
+            let senders = lock(&self.inner.senders);
+            let shard =
+                request.execution_id().as_uuid().as_u64_pair().1 as usize % senders.len().max(1);
+            senders.get(shard).cloned()
+        };
+        let Some(sender) = sender else {
             return futures::future::ready(Err(Error::Closed)).boxed();
         };
         async move {
-            sender.send(request).await.map_err(|_| Error::Closed)?;
+            // The queue is held only while the request is being queued: a closing store
+            // waits for no request that is not in its queue.
+            let queued = sender.send(request).await;
+            drop(sender);
+            queued.map_err(|_| Error::Closed)?;
             answer.await.map_err(|_| Error::Closed)?
         }
         .boxed()
     }
 
     fn metrics_snapshot(&self) -> MetricsSnapshot {
-        let senders = self.inner.senders.iter();
-        let queued = senders.map(|sender| (sender.max_capacity() - sender.capacity()) as u64);
+        let senders = lock(&self.inner.senders);
+        let queued = senders
+            .iter()
+            .map(|sender| (sender.max_capacity() - sender.capacity()) as u64);
         // Of the committers, each busy part of the time: their mean.
         let metrics = &self.shared().metrics;
         metrics.snapshot(COMMITTERS as u64, queued.sum())
@@ -255,6 +276,14 @@ impl PgStore {
 }
 
 impl EventStore for PgStore {
+    fn close(&self) -> BoxFuture<'static, Result<()>> {
+        let inner = Arc::clone(&self.inner);
+        crate::event_store::off_thread(move || {
+            inner.close();
+            Ok(())
+        })
+    }
+
     fn write_conversation(
         &self,
         write: crate::conversation::ConversationWrite,

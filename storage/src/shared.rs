@@ -326,10 +326,11 @@ impl Refusals {
 /// State shared by the committer thread and readers.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    /// sled, and which generation of it (`generation.rs`): read through `db()`.
-    sled: RwLock<(sled::Db, u64)>,
-    /// The store's lock (`open.rs`), held while the store is open.
-    _lock: std::fs::File,
+    /// sled, and which generation of it (`generation.rs`): read through `db()`; `None`
+    /// once the store is closed.
+    sled: RwLock<(Option<sled::Db>, u64)>,
+    /// The store's lock (`open.rs`), held until the store is closed.
+    lock: Mutex<Option<std::fs::File>>,
     pub path: PathBuf,
     pub limits: Limits,
     pub(crate) overlay: RwLock<Overlay>,
@@ -367,8 +368,8 @@ impl Shared {
         history: Arc<Segments>,
     ) -> Self {
         Self {
-            sled: RwLock::new((db, generation)),
-            _lock: lock,
+            sled: RwLock::new((Some(db), generation)),
+            lock: Mutex::new(Some(lock)),
             path,
             history,
             overlay: RwLock::new(Overlay::new(limits.head_frame_refs_max)),
@@ -384,18 +385,37 @@ impl Shared {
         }
     }
 
-    /// The store's sled (a handle: it stays readable after a switch of generation).
-    pub fn db(&self) -> sled::Db {
-        self.sled
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .0
-            .clone()
+    /// The store's sled (a handle: it stays readable after a switch of generation), or
+    /// `Closed` once the store is closed.
+    pub fn db(&self) -> Result<sled::Db> {
+        let sled = self.sled.read().unwrap_or_else(PoisonError::into_inner);
+        sled.0.clone().ok_or(Error::Closed)
     }
 
     /// The value at `key` in the store's sled now.
     pub fn get(&self, key: &[u8]) -> Result<Option<sled::IVec>> {
-        Ok(self.db().get(key)?)
+        Ok(self.db()?.get(key)?)
+    }
+
+    /// Closes the store once its committer has stopped: drops sled, waits until sled's own
+    /// threads have let its files go (they may hold them a few milliseconds after the last
+    /// handle), then releases the store's lock. Reads after it answer `Closed`; another
+    /// opener, in this process or another, can open the directory at once.
+    pub fn close(&self) -> Result<()> {
+        let Some(lock) = lock(&self.lock).take() else {
+            return Ok(());
+        };
+        let dir = self.generation_of_sled().1;
+        let db = self
+            .sled
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+            .take();
+        drop(db);
+        let released = crate::sled_db::wait_until_released(&dir.join("db"));
+        drop(lock);
+        released
     }
 
     /// The generation of sled in use, and its directory.
@@ -408,7 +428,7 @@ impl Shared {
     /// groups, with `seqlock` bumped so that a reader across it reads again.
     pub fn switch_sled(&self, db: sled::Db, number: u64) {
         self.seqlock.fetch_add(2, Ordering::AcqRel);
-        *self.sled.write().unwrap_or_else(PoisonError::into_inner) = (db, number);
+        *self.sled.write().unwrap_or_else(PoisonError::into_inner) = (Some(db), number);
     }
 
     pub fn overlay_read(&self) -> RwLockReadGuard<'_, Overlay> {
@@ -461,7 +481,7 @@ impl Shared {
     /// Where the log's materialization reached: every frame up to it is in its own keys.
     pub fn materialized_through(&self) -> Result<u64> {
         let key = keys::meta(keys::META_MATERIALIZED_THROUGH);
-        match self.db().get(&key)? {
+        match self.db()?.get(&key)? {
             Some(bytes) => codec::decode(&key, &bytes),
             None => Ok(0),
         }
@@ -471,7 +491,7 @@ impl Shared {
     /// group not yet durable are refused by `EventReader::blob`).
     pub fn blob_on_disk(&self, hash: BlobHash) -> Result<Option<Vec<u8>>> {
         let key = keys::blob(hash);
-        match self.db().get(key)? {
+        match self.db()?.get(key)? {
             Some(bytes) if BlobHash::of(&bytes) == hash => Ok(Some(bytes.to_vec())),
             Some(_) => Err(Error::corrupted(&key)),
             None => Ok(None),
@@ -498,7 +518,7 @@ impl Shared {
         execution_id: ExecutionId,
     ) -> Result<Option<(ExecutionHead, HeadIndex)>> {
         let key = keys::head(execution_id);
-        let result = match self.db().get(key)? {
+        let result = match self.db()?.get(key)? {
             Some(bytes) => head_record::decode(&key, &bytes).map(Some),
             None => Ok(None),
         };
@@ -509,7 +529,7 @@ impl Shared {
     where
         RecordValue: TryInto<T>,
     {
-        match self.db().get(key)? {
+        match self.db()?.get(key)? {
             Some(bytes) => typed(key, codec::decode(key, &bytes)?).map(Some),
             None => Ok(None),
         }

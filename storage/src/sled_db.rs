@@ -54,6 +54,40 @@ pub(crate) fn open_sled(path: &Path, cache_bytes: u64) -> Result<sled::Db> {
     }
 }
 
+/// Waits until nothing holds sled's lock on its data file `db` (sled's threads let it go a
+/// few milliseconds after its last handle drops); then it is left free. A file that is not
+/// there holds no lock.
+pub(crate) fn wait_until_released(db: &Path) -> Result<()> {
+    let file = match std::fs::File::open(db) {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(Error::io(db, error)),
+    };
+    take_lock(&file, db)?;
+    file.unlock().map_err(|error| Error::io(db, error))
+}
+
+/// Takes an exclusive lock on `file` (the lock file or sled's data file at `path`), waiting
+/// up to `LOCK_WAIT_MS` for a holder to let it go; `Locked` after that.
+pub(crate) fn take_lock(file: &std::fs::File, path: &Path) -> Result<()> {
+    let mut waited_ms = 0;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::WouldBlock) if waited_ms < LOCK_WAIT_MS => {
+                std::thread::sleep(std::time::Duration::from_millis(LOCK_RETRY_MS));
+                waited_ms += LOCK_RETRY_MS;
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::Locked {
+                    path: path.to_path_buf(),
+                })
+            }
+            Err(std::fs::TryLockError::Error(error)) => return Err(Error::io(path, error)),
+        }
+    }
+}
+
 /// Removes sled's `snap.*.generating` files in `path`; returns how many.
 fn remove_unfinished_sled_snapshots(path: &Path) -> Result<usize> {
     let io_error = |error| Error::io(path, error);

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use futures::future::BoxFuture;
@@ -34,8 +34,8 @@ pub use crate::open::Incarnation;
 pub use crate::shared::{Limits, MetricsSnapshot};
 pub use crate::sled_db::SEGMENT_BYTES;
 
-/// A handle on an open store. Cheap to clone; the store closes when the last handle drops,
-/// after the committer has written everything queued.
+/// A handle on an open store. Cheap to clone; the store closes at `close`, or when the last
+/// handle drops, after the committer has written everything queued.
 #[derive(Debug, Clone)]
 pub struct Store {
     inner: Arc<Inner>,
@@ -45,18 +45,31 @@ pub struct Store {
 struct Inner {
     shared: Arc<Shared>,
     sender: Option<mpsc::Sender<Request>>,
-    committer: Option<JoinHandle<()>>,
+    /// The committer's thread, until the store is closed.
+    committer: Mutex<Option<JoinHandle<()>>>,
     incarnation: Incarnation,
+}
+
+impl Inner {
+    /// Waits for the committer (its queue closed) to answer what was queued and stop, then
+    /// closes sled and releases the store's lock. Blocks; every caller returns once it is done.
+    fn close(&self) -> Result<()> {
+        let mut committer = lock(&self.committer);
+        if let Some(committer) = committer.take() {
+            if committer.join().is_err() {
+                tracing::error!("the committer thread panicked");
+            }
+        }
+        self.shared.close()
+    }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         // Closing the queue ends the committer's loop after it has answered everything queued.
         self.sender.take();
-        if let Some(committer) = self.committer.take() {
-            if committer.join().is_err() {
-                tracing::error!("the committer thread panicked");
-            }
+        if let Err(error) = self.close() {
+            tracing::error!(%error, "closing the store");
         }
     }
 }
@@ -107,7 +120,7 @@ impl Store {
         let inner = Inner {
             shared,
             sender: Some(sender),
-            committer: Some(committer),
+            committer: Mutex::new(Some(committer)),
             incarnation,
         };
         Ok((
@@ -122,6 +135,21 @@ impl Store {
         &self.inner.shared
     }
 
+    /// Closes the store: what is queued is committed and answered, later requests and reads
+    /// answer `Closed`, sled is flushed and let go, and the directory's lock is released, so
+    /// the directory can be opened again (or removed) once this returns.
+    pub fn close(&self) -> BoxFuture<'static, Result<()>> {
+        let inner = Arc::clone(&self.inner);
+        async move {
+            if let Some(sender) = &inner.sender {
+                // Refused only if the committer already stopped: nothing left to close there.
+                let _ = sender.send(Request::Close).await;
+            }
+            crate::event_store::off_thread(move || inner.close()).await
+        }
+        .boxed()
+    }
+
     /// The position of the newest durable event.
     pub fn durable_position(&self) -> u64 {
         self.shared().durable_position.load(Ordering::Acquire)
@@ -132,7 +160,7 @@ impl Store {
         let start = keys::incarnation(0);
         let end = keys::incarnation(u64::MAX);
         self.shared()
-            .db()
+            .db()?
             .range(start..=end)
             .map(|item| {
                 let (key, value) = item?;
@@ -155,7 +183,10 @@ impl Store {
         let (reply, answer) = oneshot::channel();
         let request = make(reply);
         async move {
-            sender.send(request).await.map_err(|_| Error::Closed)?;
+            // The queue is held only while the request is being queued.
+            let queued = sender.send(request).await;
+            drop(sender);
+            queued.map_err(|_| Error::Closed)?;
             answer.await.map_err(|_| Error::Closed)?
         }
         .boxed()
@@ -163,6 +194,10 @@ impl Store {
 }
 
 impl EventStore for Store {
+    fn close(&self) -> BoxFuture<'static, Result<()>> {
+        Store::close(self)
+    }
+
     fn write_conversation(
         &self,
         write: crate::conversation::ConversationWrite,
@@ -219,7 +254,10 @@ impl EventStore for Store {
             Err(mpsc::error::TrySendError::Full(request)) => {
                 let sender = sender.clone();
                 async move {
-                    sender.send(request).await.map_err(|_| Error::Closed)?;
+                    // The queue is held only while the request is being queued.
+                    let queued = sender.send(request).await;
+                    drop(sender);
+                    queued.map_err(|_| Error::Closed)?;
                     answer.await.map_err(|_| Error::Closed)?
                 }
                 .boxed()

@@ -1,6 +1,7 @@
 //! The agent loop through the library (E-3, E-4, E-5, I-1, X-1, passivation).
 
 use openprogram::storage::{Event, ExecutionId};
+use openprogram::Runtime;
 
 use crate::support::*;
 
@@ -196,6 +197,59 @@ async fn i1_two_runtimes_live_in_one_process() {
             .code(),
         "not_found"
     );
+}
+
+/// I-1: `shutdown` closes the store the runtime opened. Once it returns, nothing holds the
+/// directory's lock or sled's file (taken here at once, no wait), reads through the old
+/// handle answer `closed`, a new runtime opens the directory and finds the finished turn,
+/// and after its own shutdown the directory can be removed.
+#[tokio::test]
+async fn i1_shutdown_closes_the_store_so_its_directory_opens_again_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    let open = || {
+        Runtime::builder()
+            .data_dir(&path)
+            .open()
+            .expect("open runtime")
+    };
+    let harness = Harness::with_runtime(open(), tempfile::tempdir().expect("tempdir"));
+    let execution = harness.start(vec![echo("a"), reply("kept")], None).await;
+    harness.wait_for_state(execution, "completed").await;
+    harness.runtime.shutdown().await;
+
+    let free = |file: &std::path::Path| {
+        let file = std::fs::File::open(file).expect("open the file");
+        file.try_lock().is_ok()
+    };
+    assert!(free(&path.join("lock")), "the store's lock is still held");
+    let sled_files = walk(&path).into_iter().filter(|file| file.ends_with("db"));
+    for sled_file in sled_files {
+        assert!(free(&sled_file), "{} is still locked", sled_file.display());
+    }
+    let read = harness.runtime.store().head(execution);
+    assert_eq!(read.expect_err("closed").code(), "closed");
+
+    let again = open();
+    let snapshot = again.snapshot(harness.session, execution).await;
+    assert_eq!(snapshot.expect("the turn, reopened").text, "kept");
+    again.shutdown().await;
+    std::fs::remove_dir_all(&path).expect("remove the data directory");
+}
+
+/// Every file under `dir`, recursively.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)
+        .expect("read the directory")
+        .flatten()
+    {
+        match entry.file_type().expect("file type").is_dir() {
+            true => files.extend(walk(&entry.path())),
+            false => files.push(entry.path()),
+        }
+    }
+    files
 }
 
 #[test]

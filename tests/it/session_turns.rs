@@ -94,7 +94,22 @@ async fn c2_a_message_while_a_turn_runs_waits_in_line_and_runs_after_it() {
         .await
         .expect("snapshot");
     assert_eq!(queued.state, "queued", "{queued:?}");
-    assert!(queued.session_turn.as_ref().is_some_and(|turn| turn.queued));
+    let turn = queued.session_turn.expect("a session turn");
+    assert!(turn.queued);
+    // Said with the turn it waits behind and its place in line.
+    assert_eq!(
+        (turn.behind, turn.place),
+        (Some(first.execution_id), Some(1))
+    );
+    let last = runtime.snapshot(session, third.execution_id).await;
+    let turn = last
+        .expect("snapshot")
+        .session_turn
+        .expect("a session turn");
+    assert_eq!(
+        (turn.behind, turn.place),
+        (Some(first.execution_id), Some(2))
+    );
     for (execution, text) in [
         (third.execution_id, "three"),
         (second.execution_id, "two"),

@@ -104,7 +104,7 @@ impl Committer {
             let key = keys::blob(hash);
             // Stored once; a stored copy that differs (damaged), or one a purge of this
             // group removes, is written again.
-            let stored = self.shared.db().get(key)?;
+            let stored = self.shared.db()?.get(key)?;
             if stored.as_deref() != Some(bytes) || group.blobs_removed.contains(&hash) {
                 lock(&self.shared.in_flight_blobs).insert(hash);
                 group.batch.insert(&key[..], bytes);
@@ -175,7 +175,7 @@ impl Committer {
         }
         // S-8: a purged execution takes no transition, and its id is never created again.
         if group.purged.contains(&execution_id)
-            || self.shared.db().contains_key(keys::purged(execution_id))?
+            || self.shared.db()?.contains_key(keys::purged(execution_id))?
         {
             return Err(Error::Purged(execution_id));
         }

@@ -19,7 +19,7 @@ impl Committer {
             Some(record) => Some(record.clone()),
             // The batch is applied at the group's end: disk holds the durable value.
             None => {
-                let bytes = self.shared.db().get(key)?;
+                let bytes = self.shared.db()?.get(key)?;
                 let record: Option<ConversationRecord> = bytes
                     .as_ref()
                     .map(|bytes| codec::decode(&key, bytes))

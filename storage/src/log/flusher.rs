@@ -107,7 +107,7 @@ impl Flushing {
         let (seq, position) = *lock(&self.applied);
         // Written before the flush, so sled holds it only with every group before it.
         let key = crate::keys::meta(crate::keys::META_JOURNAL_SEQ);
-        let db = shared.db();
+        let db = shared.db()?;
         db.insert(key, crate::codec::encode(&seq))?;
         let started = Instant::now();
         db.flush()?;
@@ -128,7 +128,10 @@ impl Flushing {
 }
 
 /// The flusher's loop, until `stop`; a failed sync stops the store.
-pub(super) fn spawn(shared: Arc<Shared>, flushing: Arc<Flushing>) -> std::io::Result<()> {
+pub(super) fn spawn(
+    shared: Arc<Shared>,
+    flushing: Arc<Flushing>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("openprogram-flusher".into())
         .spawn(move || loop {
@@ -155,8 +158,7 @@ pub(super) fn spawn(shared: Arc<Shared>, flushing: Arc<Flushing>) -> std::io::Re
                 shared.refusals.fail(reason);
                 return;
             }
-        })?;
-    Ok(())
+        })
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -87,7 +87,12 @@ impl Committer {
         {
             tracing::info!(bytes, base, "copying sled into a new generation");
             let cache_bytes = self.shared.limits.cache_bytes;
-            match generation::start(&self.shared.path, self.shared.db(), number + 1, cache_bytes) {
+            match generation::start(
+                &self.shared.path,
+                self.shared.db()?,
+                number + 1,
+                cache_bytes,
+            ) {
                 Ok(copying) => generations.copying = Some(copying),
                 Err(error) => tracing::warn!(%error, "sled's copy did not start"),
             }

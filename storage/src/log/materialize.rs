@@ -57,7 +57,7 @@ impl Committer {
         let shared = Arc::clone(&self.shared);
         let _slice_guard = shared.slice_lock_write();
         shared.seqlock.fetch_add(1, Ordering::AcqRel);
-        self.shared.db().apply_batch(batch_of(&batch.into_ops()))?;
+        self.shared.db()?.apply_batch(batch_of(&batch.into_ops()))?;
         self.flushing.sync(&self.shared)?;
         *self.shared.overlay_write() = Overlay::new(self.shared.limits.head_frame_refs_max);
         self.shared.seqlock.fetch_add(1, Ordering::AcqRel);

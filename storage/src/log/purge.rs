@@ -39,7 +39,7 @@ impl Committer {
         ended_key: Option<u64>,
         ended_before: Option<u64>,
     ) -> Result<PurgeStep> {
-        let db = &self.shared.db();
+        let db = &self.shared.db()?;
         // Settled: nothing of it in this group or in memory — neither its head nor a record
         // it owns, which a materialization may write in a later slice than its head (it
         // would land after the purge). Its frames may still come after the materialization
@@ -144,7 +144,7 @@ impl Committer {
         };
         let hash = BlobHash(hash);
         group.batch.remove(&keys::blob_user(hash, execution_id)[..]);
-        let db = self.shared.db();
+        let db = self.shared.db()?;
         let pinned = db.contains_key(keys::pinned_blob(hash))?;
         let mut used = pinned || group.blobs_used.contains(&hash);
         for user in db.scan_prefix(keys::blob_users_prefix(hash)).keys() {
@@ -170,7 +170,7 @@ impl Committer {
         from_position: u64,
         max_records: usize,
     ) -> Result<SweepStep> {
-        let db = &self.shared.db();
+        let db = &self.shared.db()?;
         let mark = self.shared.materialized_through()?;
         let mut step = SweepStep::default();
         let mut purged: HashMap<ExecutionId, bool> = HashMap::new();
@@ -298,7 +298,7 @@ impl Committer {
         let bytes = shared.history.read(location)?;
         let bytes = bytes.ok_or_else(|| Error::corrupted(key))?;
         let (last, _) = codec::frame_owners(key, &bytes)?;
-        let purged = |owner| Ok(!shared.db().contains_key(keys::purged(owner))?);
+        let purged = |owner| Ok(!shared.db()?.contains_key(keys::purged(owner))?);
         let (kept, count) = codec::retain_frames(key, &bytes, purged)?;
         Ok((kept, count, last))
     }

@@ -70,7 +70,7 @@ impl Store {
                     .into_iter()
                     .map(|(key, record)| (key, Ok(record)))
                     .collect();
-                for item in self.shared().db().scan_prefix([prefix]) {
+                for item in self.shared().db()?.scan_prefix([prefix]) {
                     let (key, bytes) = item?;
                     let Ok(key) = <[u8; 17]>::try_from(key.as_ref()) else {
                         return Err(Error::corrupted(&key));
@@ -103,7 +103,7 @@ impl Store {
             // Everything after `after_seq` is in the head record: no chunk to look for.
             return Ok(index.tail.iter().filter(in_tail).copied().collect());
         }
-        let db = &self.shared().db();
+        let db = &self.shared().db()?;
         let first = keys::events(execution_id, 0);
         let last = keys::events(execution_id, u64::MAX);
         // The index chunk covering `after_seq + 1` starts at or before it (from the start,
@@ -146,7 +146,7 @@ impl Store {
         after_seq: u64,
         limit: usize,
     ) -> Result<Vec<EventEnvelope>> {
-        let db = &self.shared().db();
+        let db = &self.shared().db()?;
         refs.sort_by_key(|frame_ref| frame_ref.first_seq);
         let mut events: Vec<EventEnvelope> = Vec::new();
         let mut records_read = BTreeSet::new();
@@ -221,7 +221,7 @@ impl EventReader for Store {
         if after_position >= durable || limit == 0 {
             return Ok(Vec::new());
         }
-        let db = &shared.db();
+        let db = &shared.db()?;
         let start = db
             .range(keys::log(0)..=keys::log(after_position + 1))
             .next_back();
@@ -312,7 +312,7 @@ impl EventReader for Store {
         // Disk first, then the group in flight (its entry made before its batch is applied,
         // dropped after the fsync): while it rewrites the record, its durable value is read.
         let key = keys::conversation(session_id);
-        let on_disk = self.shared().db().get(key)?;
+        let on_disk = self.shared().db()?.get(key)?;
         let overwritten = lock(&self.shared().in_flight_overwrites).get(&key).cloned();
         let bytes = overwritten.unwrap_or(on_disk);
         bytes.map(|bytes| codec::decode(&key, &bytes)).transpose()
@@ -325,7 +325,7 @@ impl EventReader for Store {
 
     fn purged(&self, execution_id: ExecutionId) -> Result<Option<PurgedRecord>> {
         let key = keys::purged(execution_id);
-        let bytes = self.shared().db().get(key)?;
+        let bytes = self.shared().db()?.get(key)?;
         bytes.map(|bytes| codec::decode(&key, &bytes)).transpose()
     }
 
@@ -335,7 +335,7 @@ impl EventReader for Store {
         after: Option<(u64, ExecutionId)>,
         limit: usize,
     ) -> Result<Vec<(u64, ExecutionId)>> {
-        let db = &self.shared().db();
+        let db = &self.shared().db()?;
         let nil = ExecutionId::from_uuid(uuid::Uuid::nil());
         let end = keys::ended(before_ms, nil);
         let (at, execution_id) = after.unwrap_or((0, nil));
@@ -356,7 +356,7 @@ impl EventReader for Store {
 
     fn purges_unfinished(&self) -> Result<Vec<ExecutionId>> {
         let mut unfinished = Vec::new();
-        for item in self.shared().db().scan_prefix([keys::PURGED]) {
+        for item in self.shared().db()?.scan_prefix([keys::PURGED]) {
             let (key, value) = item?;
             let record: PurgedRecord = codec::decode(&key, &value)?;
             if !record.finished {
@@ -377,7 +377,7 @@ impl EventReader for Store {
                 let mut found: BTreeSet<ExecutionId> = held.into_iter().collect();
                 for item in self
                     .shared()
-                    .db()
+                    .db()?
                     .scan_prefix(keys::by_session_prefix(session_id))
                 {
                     let (key, _) = item?;
@@ -399,7 +399,7 @@ impl EventReader for Store {
                 for (session_id, execution_id) in held {
                     found.entry(session_id).or_default().insert(execution_id);
                 }
-                for item in self.shared().db().scan_prefix([keys::BY_SESSION]) {
+                for item in self.shared().db()?.scan_prefix([keys::BY_SESSION]) {
                     let (key, _) = item?;
                     let corrupted = || Error::corrupted(&key);
                     let session_id = keys::session_at(&key, 1).ok_or_else(corrupted)?;
@@ -447,7 +447,11 @@ impl EventReader for Store {
             |overlay| overlay.state_changes(state),
             |(added, removed)| {
                 let mut found = BTreeSet::new();
-                for item in self.shared().db().scan_prefix(keys::by_state_prefix(state)) {
+                for item in self
+                    .shared()
+                    .db()?
+                    .scan_prefix(keys::by_state_prefix(state))
+                {
                     let (key, _) = item?;
                     let execution_id =
                         keys::execution_at(&key, 2).ok_or_else(|| Error::corrupted(&key))?;

@@ -33,6 +33,7 @@ suite!(
     s8_a_purge_removes_an_ended_execution_and_refuses_the_rest,
     s1_a_reopen_keeps_everything_and_starts_a_new_incarnation,
     n2_node_leases_register_renew_lapse_and_are_superseded_by_a_later_incarnation,
+    r07_close_answers_what_was_queued_refuses_the_rest_and_lets_the_store_open_again,
 );
 
 fn accepted(command_id: CommandId, execution_id: ExecutionId, payload: u8) -> CommandRecord {
@@ -645,4 +646,46 @@ async fn n2_node_leases_register_renew_lapse_and_are_superseded_by_a_later_incar
     assert_eq!(nodes.nodes[0].url, "http://127.0.0.1:2");
     assert!(nodes.live_owner(second.incarnation().owner_id).is_some());
     assert!(nodes.live_owner(first.incarnation().owner_id).is_none());
+}
+
+/// R07 after a close: writes racing the close are each answered, committed (and found
+/// after a reopen) or `closed` (and written nowhere); a write or read after it answers
+/// `closed`; a second close is a no-op; the store opens again at once.
+async fn r07_close_answers_what_was_queued_refuses_the_rest_and_lets_the_store_open_again(
+    backend: &dyn Backend,
+) {
+    let store: Arc<dyn EventStore> = Arc::from(backend.open());
+    let execution_id = create(&*store).await;
+    let racing: Vec<_> = (0..20)
+        .map(|_| {
+            let (store, id) = (Arc::clone(&store), ExecutionId::new());
+            let create = Transition::create(head(id), vec![decided("racing")]);
+            (id, tokio::spawn(async move { store.submit(create).await }))
+        })
+        .collect();
+    store.close().await.expect("close");
+    let mut answered = Vec::new();
+    for (id, task) in racing {
+        match task.await.expect("the task") {
+            Ok(outcome) => answered.push((id, Some(committed(outcome).version))),
+            Err(error) => {
+                assert_eq!(error.code(), "closed");
+                answered.push((id, None));
+            }
+        }
+    }
+    let late = store.submit(Transition::new(execution_id, vec![decided("late")]).expect_version(1));
+    assert_eq!(late.await.expect_err("closed").code(), "closed");
+    assert_eq!(
+        store.head(execution_id).expect_err("closed").code(),
+        "closed"
+    );
+    store.close().await.expect("a second close");
+
+    let reopened = backend.open();
+    let version = |id| reopened.head(id).expect("read").map(|head| head.version);
+    assert_eq!(version(execution_id), Some(1));
+    for (id, answer) in answered {
+        assert_eq!(version(id), answer, "what was answered is what is stored");
+    }
 }
