@@ -175,8 +175,8 @@ pub async fn run(options: LoadOptions) -> Result<LoadReport> {
     // Before the baseline, whose own sled cache would count otherwise.
     let peak_rss_mib = peak_rss_mib();
     runtime.shutdown().await;
-    // The store closes with its last handle, the driver's or the runtime's; only then may a
-    // temporary directory go (sled 0.34 waits for good on a last flush to deleted files).
+    // The store is closed: its temporary directory may go (sled 0.34 waits for good on a
+    // last flush to deleted files).
     let (failed, executions_us, queue_waits_us) = drive.finish();
     drop(runtime);
     let (store_bytes_compacted, drain_samples, drain_bytes_compacted) =

@@ -499,3 +499,38 @@ fn e8_a_second_message_sent_from_the_page_sees_the_first_turn() {
     let status = serve.stop();
     assert!(status.success(), "serve after SIGTERM: {status:?}");
 }
+
+/// X-2 in the page: the one-time link `serve` wrote (no terminal here: `DATA/sign-in.url`)
+/// signs the browser in: the admin panels show every session's executions with no token
+/// typed, after a reload too, and with a session token typed for one session; the link is
+/// refused the second time.
+#[test]
+#[ignore = "needs Chromium, Node.js and `npm ci --prefix tests/browser` (beyond the Rust \
+            toolchain): `.ci/run` installs them and runs it; or install them and run \
+            `cargo test --workspace -- --include-ignored browser`"]
+fn x2_the_sign_in_link_signs_the_page_in_once_and_it_stays_signed_in() {
+    let chromium = prerequisites();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let (serve, sid, token) = serve_with_session(&data, &[]);
+    let script = json!([{"reply": "hello"}]);
+    let execution = serve.start_execution(&sid, &token, "say hello", script);
+    serve.wait_for_state(&sid, &token, &execution, "completed");
+    let written = data.join("sign-in.url");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !written.exists() {
+        assert!(Instant::now() < deadline, "serve wrote no sign-in link");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let link = std::fs::read_to_string(&written).expect("the sign-in link");
+    let args = [link.trim(), token.as_str(), execution.as_str()];
+    let (status, output) = in_browser("signin.mjs", &chromium, dir.path(), &args);
+    println!("{}", output.trim());
+    assert!(
+        status.success(),
+        "the browser test failed ({status}): {}",
+        output.trim()
+    );
+    let status = serve.stop();
+    assert!(status.success(), "serve after SIGTERM: {status:?}");
+}
