@@ -263,3 +263,65 @@ fn i4_errors_name_no_requirement_id() {
     assert!(literals > 500, "the sources were read: {literals} strings");
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
+
+/// I-4: no log line names a requirement id: the string literals of every `trace!` …
+/// `error!` call in the runtime's production sources (src, actors, storage).
+#[test]
+fn i4_log_lines_name_no_requirement_id() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in ["src", "actors/src", "storage/src"] {
+        rust_files(&root.join(dir), &mut files);
+    }
+    let (mut found, mut calls) = (Vec::new(), 0);
+    for file in files.iter().filter(|file| !file.ends_with("_tests.rs")) {
+        let text = std::fs::read_to_string(file).expect("a source file");
+        for call in log_calls(&text) {
+            calls += 1;
+            for literal in call.split('"').skip(1).step_by(2) {
+                let ids = crate::support::requirement_ids(literal);
+                if !ids.is_empty() {
+                    found.push(format!("{}: {ids:?} in \"{literal}\"", file.display()));
+                }
+            }
+        }
+    }
+    assert!(calls > 100, "the sources were read: {calls} log calls");
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// The `.rs` files under `dir`, recursively.
+fn rust_files(dir: &std::path::Path, into: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir)
+        .expect("a source directory")
+        .flatten()
+    {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_files(&path, into);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            into.push(path);
+        }
+    }
+}
+
+/// The arguments of each logging macro call in `text` (to its closing parenthesis).
+fn log_calls(text: &str) -> Vec<&str> {
+    let mut calls = Vec::new();
+    for level in ["trace!(", "debug!(", "info!(", "warn!(", "error!("] {
+        for (at, _) in text.match_indices(level) {
+            let args = &text[at + level.len()..];
+            let mut depth = 1;
+            let end = args.char_indices().find_map(|(i, c)| {
+                depth += match c {
+                    '(' => 1,
+                    ')' => -1,
+                    _ => 0,
+                };
+                (depth == 0).then_some(i)
+            });
+            calls.push(&args[..end.unwrap_or(args.len())]);
+        }
+    }
+    calls
+}
