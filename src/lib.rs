@@ -317,19 +317,21 @@ impl Runtime {
     /// point, waits up to the shutdown timeout, then stops the actors. The next start resumes
     /// the paused executions within the restart window. Then the store the runtime opened
     /// is closed: everything queued is written, its files and connections are let go, and
-    /// the data directory can be opened again, or removed, once this returns. Reads through
-    /// this runtime afterwards answer `closed`.
+    /// the data directory can be opened again, or removed, once this returns
+    /// (`ShutdownReport::store_close_error` says otherwise). Reads through this runtime
+    /// afterwards answer `closed`.
     pub async fn shutdown(&self) -> ShutdownReport {
         let timeout = self.inner.shutdown_timeout;
         // Stop new work now; the supervisor may still be busy with startup recovery, which
         // sees the flag and claims nothing more.
         begin_shutdown(self.inner.service.env());
         let asked = self.inner.supervisor.send(Shutdown { timeout });
-        let report = asked.await.unwrap_or_default();
+        let mut report = asked.await.unwrap_or_default();
         self.halt();
         if self.inner.owns_store {
             if let Err(error) = self.inner.service.env().store.close().await {
                 tracing::error!(%error, "closing the store at shutdown");
+                report.store_close_error = Some(error.to_string());
             }
         }
         report

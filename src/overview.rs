@@ -26,8 +26,17 @@ pub struct OverviewFilter {
     pub since_ms: Option<u64>,
     /// Any id: of an execution, a session, an effect, a wait, a command or a process.
     pub id: Option<String>,
+    /// Words its request holds (any case): of an agent turn's message, or a function's name
+    /// and input. Ended executions are searched among the newest `TEXT_SCAN_MAX`.
+    pub text: Option<String>,
     pub limit: usize,
 }
+
+/// How many ended executions a search by words reads at most, newest first.
+pub const TEXT_SCAN_MAX: usize = 5_000;
+
+/// How much of a request a row shows.
+const REQUEST_CHARS: usize = 120;
 
 /// The most rows one read returns.
 pub const OVERVIEW_LIMIT_MAX: usize = 1000;
@@ -46,6 +55,9 @@ pub struct OverviewRow {
     pub last_activity_ms: u64,
     /// Waiting for a person: an approval or question, a pause, an effect to reconcile (B-3).
     pub needs_attention: bool,
+    /// What it was asked, its first words: an agent turn's message, a function's name and
+    /// input; empty for a fork or retry (its request is its parent's).
+    pub request: String,
 }
 
 pub fn kind_name(kind: ExecutionKind) -> &'static str {
@@ -100,10 +112,18 @@ fn rank(row: &OverviewRow, state: ExecutionState) -> (u8, std::cmp::Reverse<u64>
 pub fn overview(store: &dyn EventReader, filter: &OverviewFilter) -> Result<Vec<OverviewRow>> {
     let limit = filter.limit.clamp(1, OVERVIEW_LIMIT_MAX);
     let mut rows: Vec<((u8, std::cmp::Reverse<u64>), OverviewRow)> = Vec::new();
+    let words = filter.text.as_deref().map(str::to_lowercase);
     let push = |head: &ExecutionHead, rows: &mut Vec<_>| -> Result<()> {
-        if let Some(row) = row_if(head, kind_of(store, head)?, filter) {
-            rows.push((rank(&row, head.state), row));
+        let Some(mut row) = row_if(head, kind_of(store, head)?, filter) else {
+            return Ok(());
+        };
+        if let Some(words) = &words {
+            row.request = request_of(store, head.execution_id)?;
+            if !row.request.to_lowercase().contains(words.as_str()) {
+                return Ok(());
+            }
         }
+        rows.push((rank(&row, head.state), row));
         Ok(())
     };
     let unfinished: Vec<ExecutionState> = ExecutionState::ALL
@@ -123,8 +143,12 @@ pub fn overview(store: &dyn EventReader, filter: &OverviewFilter) -> Result<Vec<
     let wants_ended = filter.state.is_none_or(ExecutionState::is_terminal);
     if wants_ended || !indexed {
         let mut ended = 0;
-        // Newest first: ids are time-ordered.
-        for execution_id in candidates(store, filter)?.into_iter().rev() {
+        // Newest first: ids are time-ordered. A search by words reads each one's request.
+        let scan = match words {
+            Some(_) => TEXT_SCAN_MAX,
+            None => usize::MAX,
+        };
+        for execution_id in candidates(store, filter)?.into_iter().rev().take(scan) {
             let Some(head) = store.head(execution_id)? else {
                 continue; // purged since it was indexed
             };
@@ -143,7 +167,30 @@ pub fn overview(store: &dyn EventReader, filter: &OverviewFilter) -> Result<Vec<
         }
     }
     rows.sort_by_key(|(rank, _)| *rank);
-    Ok(rows.into_iter().take(limit).map(|(_, row)| row).collect())
+    let mut rows: Vec<OverviewRow> = rows.into_iter().take(limit).map(|(_, row)| row).collect();
+    if filter.text.is_none() {
+        for row in &mut rows {
+            row.request = request_of(store, row.execution_id)?;
+        }
+    }
+    Ok(rows)
+}
+
+/// What an execution was asked, from its admission (its first event), cut to
+/// `REQUEST_CHARS`: an agent turn's message, or a function's name and input.
+fn request_of(store: &dyn EventReader, execution_id: ExecutionId) -> Result<String> {
+    let first = store.events_after(execution_id, 0, 1)?;
+    let Some(openprogram_storage::Event::Admitted { input, .. }) = first.first().map(|e| &e.event)
+    else {
+        return Ok(String::new());
+    };
+    let input: serde_json::Value = serde_json::from_str(input).unwrap_or_default();
+    let request = match (&input["message"], &input["function"]) {
+        (serde_json::Value::String(message), _) => message.clone(),
+        (_, serde_json::Value::String(function)) => format!("{function} {}", input["input"]),
+        _ => String::new(),
+    };
+    Ok(request.chars().take(REQUEST_CHARS).collect())
 }
 
 /// When an execution was admitted: its id's time (UUID v7), ms since the epoch.
@@ -188,6 +235,7 @@ fn row_if(
         admitted_ms,
         last_activity_ms: head.last_activity_ms,
         needs_attention: needs_attention(head.state),
+        request: String::new(),
     })
 }
 

@@ -333,6 +333,9 @@ impl Serving<'_> {
             stopped.left_running,
             stopped.elapsed.as_millis()
         ));
+        if let Some(error) = stopped.store_close_error {
+            say(format!("openprogram: the store did not close cleanly: {error}"));
+        }
         Ok(())
     }
 }

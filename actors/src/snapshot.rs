@@ -391,7 +391,12 @@ impl Snapshot {
             self.capabilities.push("revoke");
         }
         let me = self.execution_id;
-        if let Some(turn) = self.session_turn.as_mut().filter(|turn| turn.queued) {
+        let queued = self.state == "queued";
+        if let Some(turn) = self
+            .session_turn
+            .as_mut()
+            .filter(|turn| turn.queued && queued)
+        {
             turn.behind = session.foreground.filter(|holder| *holder != me);
             turn.place = session
                 .waiting

@@ -55,6 +55,8 @@ pub struct ShutdownReport {
     /// so the next start treats them as abandoned.
     pub left_running: usize,
     pub elapsed: Duration,
+    /// The store the runtime opened could not be closed cleanly (why); it was let go anyway.
+    pub store_close_error: Option<String>,
 }
 
 /// The supervisor actor. One per runtime.
@@ -524,5 +526,6 @@ pub async fn shutdown(env: Arc<Executions>, timeout: Duration) -> ShutdownReport
         live,
         left_running: left,
         elapsed: started.elapsed(),
+        store_close_error: None,
     }
 }

@@ -49,7 +49,7 @@ fn behind(turn: &Value) -> String {
     };
     match turn["behind"].as_str() {
         Some(holder) => format!(
-            "behind turn {holder} of its session{place}: it runs once the turns ahead of it end"
+            "behind turn {holder} of its session{place}: it runs once the session is free"
         ),
         None => format!("behind an earlier turn of its session{place}: it runs once that one ends"),
     }

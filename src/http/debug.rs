@@ -182,6 +182,8 @@ pub struct OverviewQuery {
     since: Option<String>,
     /// Any id: of an execution, session, effect, wait, command or process.
     id: Option<String>,
+    /// Words of its request (an agent turn's message, a function's name and input).
+    text: Option<String>,
     limit: Option<usize>,
 }
 
@@ -220,6 +222,7 @@ pub async fn overview(
         session,
         since_ms,
         id: query.id.clone(),
+        text: query.text.clone().filter(|text| !text.trim().is_empty()),
         limit: query.limit.unwrap_or(100),
     };
     let rows = api.runtime.overview(&filter)?;

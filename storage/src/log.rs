@@ -468,17 +468,15 @@ impl Committer {
         // While a slice is applied to sled, readers cannot combine the overlay with disk: the
         // seqlock is odd and the slice lock is held until the overlay has dropped the
         // slice.
+        let db = shared.db()?;
         let slice_guard = (!slice.is_empty()).then(|| {
             let guard = shared.slice_lock_write();
             shared.seqlock.fetch_add(1, Ordering::AcqRel);
             guard
         });
         let applied = match atomic || ops.len() > SMALL_GROUP_WRITES {
-            true => shared
-                .db()?
-                .apply_batch(batch_of(&ops))
-                .map_err(Error::from),
-            false => apply_each(&shared.db()?, &ops),
+            true => db.apply_batch(batch_of(&ops)).map_err(Error::from),
+            false => apply_each(&db, &ops),
         };
         let mut written = HashMap::new();
         if let Some(guard) = slice_guard {

@@ -68,7 +68,7 @@ struct Inner {
     shared: Arc<Shared>,
     /// One queue per committer; an execution's requests go to `senders[shard(id)]`. Empty
     /// once the store is closed.
-    senders: Mutex<Vec<mpsc::Sender<commit::Request>>>,
+    senders: Mutex<Vec<mpsc::Sender<commit::Queued>>>,
     /// The committers' threads, until the store is closed.
     committers: Mutex<Vec<JoinHandle<()>>>,
     readers: readers::Readers,
@@ -81,12 +81,15 @@ struct Inner {
 }
 
 impl Inner {
-    /// Closes the queues, waits for the committers to answer what was queued (a request
-    /// holds its queue only while it is being queued), writes the mark a last time and
-    /// stops the readers. Blocks; every caller returns once it is done.
+    /// Closes the queues (each committer answers what is in its queue, then stops), waits
+    /// for the committers, writes the mark a last time and stops the readers. Blocks; every
+    /// caller returns once it is done.
     fn close(&self) {
         let mut committers = lock(&self.committers);
-        lock(&self.senders).clear();
+        for sender in std::mem::take(&mut *lock(&self.senders)) {
+            // Refused only if that committer stopped already.
+            let _ = futures::executor::block_on(sender.send(commit::Queued::Close));
+        }
         for committer in committers.drain(..) {
             if committer.join().is_err() {
                 tracing::error!("a PostgreSQL committer thread panicked");
@@ -254,11 +257,10 @@ impl PgStore {
             return futures::future::ready(Err(Error::Closed)).boxed();
         };
         async move {
-            // The queue is held only while the request is being queued: a closing store
-            // waits for no request that is not in its queue.
-            let queued = sender.send(request).await;
-            drop(sender);
-            queued.map_err(|_| Error::Closed)?;
+            sender
+                .send(commit::Queued::Request(request))
+                .await
+                .map_err(|_| Error::Closed)?;
             answer.await.map_err(|_| Error::Closed)?
         }
         .boxed()

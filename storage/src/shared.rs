@@ -392,6 +392,12 @@ impl Shared {
         sled.0.clone().ok_or(Error::Closed)
     }
 
+    /// `Closed` once the store is closed: what a read that may not reach sled checks first.
+    pub fn check_open(&self) -> Result<()> {
+        let sled = self.sled.read().unwrap_or_else(PoisonError::into_inner);
+        sled.0.as_ref().map(|_| ()).ok_or(Error::Closed)
+    }
+
     /// The value at `key` in the store's sled now.
     pub fn get(&self, key: &[u8]) -> Result<Option<sled::IVec>> {
         Ok(self.db()?.get(key)?)

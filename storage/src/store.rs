@@ -51,11 +51,16 @@ struct Inner {
 }
 
 impl Inner {
-    /// Waits for the committer (its queue closed) to answer what was queued and stop, then
-    /// closes sled and releases the store's lock. Blocks; every caller returns once it is done.
+    /// Closes the committer's queue (it answers what is in it, then stops), waits for it,
+    /// then closes sled and releases the store's lock. Blocks; every caller returns once it
+    /// is done.
     fn close(&self) -> Result<()> {
         let mut committer = lock(&self.committer);
         if let Some(committer) = committer.take() {
+            if let Some(sender) = &self.sender {
+                // Refused only if the committer stopped already.
+                let _ = futures::executor::block_on(sender.send(Request::Close));
+            }
             if committer.join().is_err() {
                 tracing::error!("the committer thread panicked");
             }
@@ -66,8 +71,6 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Closing the queue ends the committer's loop after it has answered everything queued.
-        self.sender.take();
         if let Err(error) = self.close() {
             tracing::error!(%error, "closing the store");
         }
@@ -140,14 +143,7 @@ impl Store {
     /// the directory can be opened again (or removed) once this returns.
     pub fn close(&self) -> BoxFuture<'static, Result<()>> {
         let inner = Arc::clone(&self.inner);
-        async move {
-            if let Some(sender) = &inner.sender {
-                // Refused only if the committer already stopped: nothing left to close there.
-                let _ = sender.send(Request::Close).await;
-            }
-            crate::event_store::off_thread(move || inner.close()).await
-        }
-        .boxed()
+        crate::event_store::off_thread(move || inner.close())
     }
 
     /// The position of the newest durable event.
@@ -183,10 +179,7 @@ impl Store {
         let (reply, answer) = oneshot::channel();
         let request = make(reply);
         async move {
-            // The queue is held only while the request is being queued.
-            let queued = sender.send(request).await;
-            drop(sender);
-            queued.map_err(|_| Error::Closed)?;
+            sender.send(request).await.map_err(|_| Error::Closed)?;
             answer.await.map_err(|_| Error::Closed)?
         }
         .boxed()
@@ -254,10 +247,7 @@ impl EventStore for Store {
             Err(mpsc::error::TrySendError::Full(request)) => {
                 let sender = sender.clone();
                 async move {
-                    // The queue is held only while the request is being queued.
-                    let queued = sender.send(request).await;
-                    drop(sender);
-                    queued.map_err(|_| Error::Closed)?;
+                    sender.send(request).await.map_err(|_| Error::Closed)?;
                     answer.await.map_err(|_| Error::Closed)?
                 }
                 .boxed()

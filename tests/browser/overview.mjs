@@ -48,6 +48,37 @@ try {
   }, done);
   await page.getByLabel('State', { exact: true }).selectOption('');
 
+  step = 'scanning the rows: the words asked, a state chip, a relative time, a short id';
+  const first = await page.locator(`#overview tr[data-eid="${waiting}"]`).evaluate((row) => ({
+    asked: row.querySelector('button.ov-open')?.textContent ?? '', chip: row.querySelector('.chip')?.textContent ?? '',
+    time: row.querySelector('time')?.textContent ?? '', exact: row.querySelector('time')?.title ?? '',
+    short: row.querySelector('code')?.textContent ?? '', copy: row.querySelector('button.copy')?.dataset.copy ?? '',
+  }));
+  if (first.asked !== 'deploy the site') throw new Error(`the row does not say what was asked: ${first.asked}`);
+  if (first.chip !== 'waiting') throw new Error(`the row's chip: ${first.chip}`);
+  if (!/ago|just now/.test(first.time) || !first.exact) throw new Error(`the row's time: ${first.time} (${first.exact})`);
+  if (first.copy !== waiting || first.short.length >= waiting.length) throw new Error(`the row's id: ${first.short}, copies ${first.copy}`);
+  if (!(await page.locator('#ov-counts [data-count="waiting"]').textContent()).endsWith(' 1')) throw new Error('no count of waiting executions');
+
+  step = 'finding an execution by the words of its message';
+  await page.getByLabel('Words of its message', { exact: true }).fill('DEPLOY the');
+  await page.waitForFunction((id) => {
+    const all = [...document.querySelectorAll('#overview tr[data-eid]')];
+    return all.length === 1 && all[0].dataset.eid === id;
+  }, waiting);
+  if (!page.url().includes('text=DEPLOY')) throw new Error(`the filter is not in the address: ${page.url()}`);
+
+  step = 'reloading a shared view';
+  await page.reload();
+  await recordErrors(page);
+  await page.getByLabel('Token', { exact: true }).fill(admin);
+  await page.getByRole('button', { name: 'Use token' }).click();
+  await page.waitForFunction((id) => {
+    const all = [...document.querySelectorAll('#overview tr[data-eid]')];
+    return all.length === 1 && all[0].dataset.eid === id && document.getElementById('ov-text').value === 'DEPLOY the';
+  }, waiting);
+  await page.getByLabel('Words of its message', { exact: true }).fill('');
+
   step = 'searching by id';
   await page.getByLabel('Any id', { exact: true }).fill(waiting);
   await page.waitForFunction((id) => {

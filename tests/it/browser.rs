@@ -534,3 +534,48 @@ fn x2_the_sign_in_link_signs_the_page_in_once_and_it_stays_signed_in() {
     let status = serve.stop();
     assert!(status.success(), "serve after SIGTERM: {status:?}");
 }
+
+/// The page's step timeline: an execution ran a tool and asked a person; its server was
+/// stopped and started again; the answer (after the restart) let it run a second tool and
+/// reply. The page draws two lanes (two attempts), the calls in the order they ran coloured by
+/// outcome, the wait as a gap naming a person between the two tool calls; clicking a bar opens
+/// its event (`timeline.mjs`). With `OP_SCREENSHOTS=DIR` the script saves timeline.png.
+#[test]
+#[ignore = "needs Chromium, Node.js and `npm ci --prefix tests/browser` (beyond the Rust \
+            toolchain): `.ci/run` installs them and runs it; or install them and run \
+            `cargo test --workspace -- --include-ignored browser`"]
+fn i3_an_executions_timeline_draws_each_attempt_and_where_its_time_went() {
+    let chromium = prerequisites();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let (serve, sid, token) = serve_with_session(&data, &[]);
+    let (sid, token) = (sid.as_str(), token.as_str());
+    let script = json!([{"tool": "echo", "args": {"text": "before"}}, {"ask": "go on?"},
+        {"tool": "echo", "args": {"text": "after"}}, {"reply": "done"}]);
+    let execution = serve.start_execution(sid, token, "run, ask, run", script);
+    let waiting = serve.wait_for_state(sid, token, &execution, "waiting");
+    let wait_id = waiting["waits"][0]["wait_id"]
+        .as_str()
+        .expect("a wait")
+        .to_owned();
+    let status = serve.stop();
+    assert!(status.success(), "serve after SIGTERM: {status:?}");
+
+    let serve = Serve::start(&data, &["--token", ADMIN]);
+    let answer = json!({"command_id": uuid::Uuid::new_v4(), "kind": "answer",
+        "wait_id": wait_id, "answer": "yes"});
+    let commands = format!("/v1/sessions/{sid}/executions/{execution}/commands");
+    let (status, reply) = serve.call("POST", &commands, token, Some(answer));
+    assert!(status < 300, "{reply}");
+    serve.wait_for_state(sid, token, &execution, "completed");
+    let args = [serve.url.as_str(), sid, token, execution.as_str()];
+    let (status, output) = in_browser("timeline.mjs", &chromium, dir.path(), &args);
+    println!("{}", output.trim());
+    assert!(
+        status.success(),
+        "the browser test failed ({status}): {}",
+        output.trim()
+    );
+    let status = serve.stop();
+    assert!(status.success(), "serve after SIGTERM: {status:?}");
+}

@@ -28,7 +28,7 @@ fn json_of(output: &Output) -> Value {
 
 /// A turn that stops at an approval (`waiting`) until answered or declined.
 fn asking() -> Value {
-    json!({"message": "m", "script": [{"ask": "go?"}, {"tool": "echo", "args": {"text": "x"}}, {"reply": "done"}]})
+    json!({"message": "Please deploy the site", "script": [{"ask": "go?"}, {"tool": "echo", "args": {"text": "x"}}, {"reply": "done"}]})
 }
 
 fn done() -> Value {
@@ -95,6 +95,23 @@ fn i4_inspect_executions_across_sessions_needs_attention_first() {
         ],
     ));
     assert_eq!(ids(&recent), vec![waiting.clone()]);
+    // Each row says what it was asked; the words of it find it, in any case.
+    assert_eq!(all[0]["request"], "Please deploy the site", "{all}");
+    assert_eq!(all[1]["request"], "m", "{all}");
+    let (status, by_words) = server.call(
+        "GET",
+        "/debug/overview?text=DEPLOY%20the",
+        Some(ADMIN),
+        None,
+    );
+    assert_eq!(status, 200, "{by_words}");
+    assert_eq!(
+        ids(&by_words["executions"]),
+        vec![waiting.clone()],
+        "{by_words}"
+    );
+    let (_, none) = server.call("GET", "/debug/overview?text=undeploy", Some(ADMIN), None);
+    assert_eq!(ids(&none["executions"]), Vec::<String>::new(), "{none}");
     let table = openprogram(&server, &["inspect", "executions", "--state", "waiting"]);
     let table = String::from_utf8_lossy(&table.stdout).into_owned();
     assert!(

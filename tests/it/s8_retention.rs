@@ -302,8 +302,9 @@ fn s8_a_purge_killed_at_random_never_leaves_an_execution_half_read() {
             })
             .await;
             runtime.shutdown().await;
-            let events = runtime
-                .store()
+            // The runtime closed its store: read what it left from the directory.
+            let events = Store::open(&data)
+                .expect("reopen")
                 .events_after(live, 0, usize::MAX)
                 .expect("events");
             (session, ended, live, events)

@@ -137,6 +137,9 @@ pub(super) fn spawn(
         .spawn(move || loop {
             {
                 let stop = lock(&flushing.stop);
+                if *stop {
+                    return; // asked while it synced: no wait for a wake already sent
+                }
                 let (stop, _) = flushing
                     .wake
                     .wait_timeout(stop, FLUSH_INTERVAL)

@@ -55,9 +55,10 @@ impl Committer {
             .overlay_read()
             .write_all(&mut batch, through, &on_disk)?;
         let shared = Arc::clone(&self.shared);
+        let db = shared.db()?;
         let _slice_guard = shared.slice_lock_write();
         shared.seqlock.fetch_add(1, Ordering::AcqRel);
-        self.shared.db()?.apply_batch(batch_of(&batch.into_ops()))?;
+        db.apply_batch(batch_of(&batch.into_ops()))?;
         self.flushing.sync(&self.shared)?;
         *self.shared.overlay_write() = Overlay::new(self.shared.limits.head_frame_refs_max);
         self.shared.seqlock.fetch_add(1, Ordering::AcqRel);

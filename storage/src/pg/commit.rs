@@ -105,8 +105,26 @@ impl Request {
     }
 }
 
-/// The committer's loop: a group per turn, until every handle is gone.
-pub(super) fn run(shared: Arc<Shared>, client: Option<Client>, mut queue: mpsc::Receiver<Request>) {
+/// What a committer's queue carries: a request, or the store's close, after which the queue
+/// takes nothing more and the committer stops once it has answered what is in it.
+pub(super) enum Queued {
+    Request(Request),
+    Close,
+}
+
+/// A request taken from `queue`, or `None` for the close (the queue is closed then).
+fn taken(queue: &mut mpsc::Receiver<Queued>, item: Queued) -> Option<Request> {
+    match item {
+        Queued::Request(request) => Some(request),
+        Queued::Close => {
+            queue.close();
+            None
+        }
+    }
+}
+
+/// The committer's loop: a group per turn, until the store closes or every handle is gone.
+pub(super) fn run(shared: Arc<Shared>, client: Option<Client>, mut queue: mpsc::Receiver<Queued>) {
     let mut connection = client.and_then(|client| match Statements::prepare(client) {
         Ok(prepared) => Some(prepared),
         Err(error) => {
@@ -116,11 +134,25 @@ pub(super) fn run(shared: Arc<Shared>, client: Option<Client>, mut queue: mpsc::
     });
     // A request that would have taken its group past `GROUP_EVENTS_MAX`: the next one's first.
     let mut carried = None;
-    while let Some(first) = carried.take().or_else(|| queue.blocking_recv()) {
+    loop {
+        let first = match carried.take() {
+            Some(request) => request,
+            None => match queue.blocking_recv() {
+                Some(item) => match taken(&mut queue, item) {
+                    Some(request) => request,
+                    None => continue,
+                },
+                None => break,
+            },
+        };
         let mut events = first.events_len();
         let mut requests = vec![first];
         while requests.len() < shared.limits.batch_len_max.max(1) {
-            let Ok(request) = queue.try_recv() else {
+            let Some(request) = queue
+                .try_recv()
+                .ok()
+                .and_then(|item| taken(&mut queue, item))
+            else {
                 break;
             };
             events += request.events_len();

@@ -18,6 +18,8 @@ impl Store {
         from_disk: impl Fn(A) -> Result<T>,
     ) -> Result<T> {
         let shared = self.shared();
+        // What the overlay holds is not served after a close either.
+        shared.check_open()?;
         for _ in 0..READ_ATTEMPTS_MAX {
             let before = shared.seqlock.load(Ordering::Acquire);
             if before % 2 == 1 {
@@ -217,6 +219,7 @@ impl EventReader for Store {
 
     fn log_after(&self, after_position: u64, limit: usize) -> Result<Vec<EventEnvelope>> {
         let shared = self.shared();
+        shared.check_open()?;
         let durable = self.durable_position();
         if after_position >= durable || limit == 0 {
             return Ok(Vec::new());
@@ -486,6 +489,7 @@ impl EventReader for Store {
     }
 
     fn log_end(&self) -> Result<u64> {
+        self.shared().check_open()?;
         Ok(self.durable_position())
     }
 
