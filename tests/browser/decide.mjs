@@ -9,7 +9,7 @@
 //
 // Run by tests/it/browser.rs against a real `openprogram serve`. Exit 0 on success; on
 // failure exit 1 with one line saying which step failed. Every wait is bounded by
-// Playwright's timeouts: no fixed sleeps.
+// Playwright's timeouts: no fixed sleeps. With SCREENSHOTS=DIR, saves decision.png there.
 import { launch, failed, recordErrors } from './page.mjs';
 
 const [url, session, token, execution] = process.argv.slice(2);
@@ -48,6 +48,7 @@ try {
   const replicas = await card(wait).getByRole('spinbutton').inputValue();
   if (kept !== 'after lunch' || replicas !== '3') throw new Error(`the draft read "${kept}", "${replicas}" after a reload`);
   await recordErrors(page);
+  if (process.env.SCREENSHOTS) await card(wait).screenshot({ path: `${process.env.SCREENSHOTS}/decision.png` });
 
   step = 'submitting without the required environment';
   await card(wait).getByRole('button', { name: 'Submit' }).click();

@@ -53,8 +53,9 @@ try {
     if (!bars.some((bar) => bar.kind === want)) throw new Error(`no ${want} bar: ${kinds}`);
   }
   const sorted = [...bars].sort((a, b) => a.start - b.start || Number(a.seq) - Number(b.seq));
-  if (sorted.some((bar, i) => bar.seq !== bars[i].seq)) throw new Error(`the bars are not in the order they ran: ${kinds}`);
-  if (bars.some((bar, i) => i > 0 && bar.x + 0.01 < bars[i - 1].x)) throw new Error('a later bar is drawn left of an earlier one');
+  if (sorted.some((bar, i) => i > 0 && bar.x + 0.01 < sorted[i - 1].x)) throw new Error(`a later bar is drawn left of an earlier one: ${kinds}`);
+  const seqs = sorted.filter((bar) => bar.kind !== 'wait').map((bar) => Number(bar.seq));
+  if (seqs.some((seq, i) => i > 0 && seq <= seqs[i - 1])) throw new Error(`the calls are not in the order they ran: ${seqs}`);
   if (bars.some((bar) => bar.end < bar.start)) throw new Error('a bar ends before it starts');
   const tools = bars.filter((bar) => bar.kind === 'tool');
   if (tools.length !== 2 || new Set(tools.map((bar) => bar.lane)).size !== 2) {
@@ -69,6 +70,8 @@ try {
   if (colour('confirmed') === colour('answered')) throw new Error('a confirmed call and an answered wait share a colour');
   if (new Set(bars.filter((bar) => bar.outcome === 'confirmed').map((bar) => bar.fill)).size > 2) throw new Error('confirmed bars of one kind differ in colour');
 
+  if (shots) await chart.screenshot({ path: `${shots}/timeline.png` });
+
   step = 'hovering and clicking a bar';
   const echo = chart.locator('.bar[data-kind="tool"]').first();
   await echo.hover();
@@ -81,7 +84,6 @@ try {
     const details = row?.querySelector('details');
     return row?.classList.contains('picked') && (!details || details.open);
   }, seq);
-  if (shots) await page.screenshot({ path: `${shots}/timeline.png` });
 
   step = 'reading it on a phone';
   await page.setViewportSize({ width: 390, height: 844 });
