@@ -140,6 +140,7 @@ pub fn routes(api: Api) -> impl FnOnce(&mut web::ServiceConfig) {
             .route("/openapi.json", web::get().to(openapi))
             .route("/login", web::get().to(login))
             .route("/", web::get().to(page))
+            .route("/page/{file}", web::get().to(page_asset))
             .default_service(web::to(error::no_route));
     }
 }
@@ -158,18 +159,51 @@ async fn login(api: web::Data<Api>, query: web::Query<signin::LoginQuery>) -> Ht
     signin::login(api.tokens.sign_in(), &query)
 }
 
-/// The page for people (`page.html` beside this file): no data in it, it reads the API with
-/// the token its user enters.
+/// The page for people (`page/` beside this file), in the binary: its markup, styles and
+/// scripts by name, with their content types. No data in them: the scripts read the API with
+/// the token the user enters or the sign-in cookie.
+const PAGE_FILES: &[(&str, &str, &str)] = &[
+    ("index.html", "text/html; charset=utf-8", include_str!("page/index.html")),
+    ("page.css", "text/css; charset=utf-8", include_str!("page/page.css")),
+    ("core.js", JS, include_str!("page/core.js")),
+    ("session.js", JS, include_str!("page/session.js")),
+    ("decisions.js", JS, include_str!("page/decisions.js")),
+    ("lanes.js", JS, include_str!("page/lanes.js")),
+    ("execution.js", JS, include_str!("page/execution.js")),
+    ("overview.js", JS, include_str!("page/overview.js")),
+    ("start.js", JS, include_str!("page/start.js")),
+];
+const JS: &str = "text/javascript; charset=utf-8";
+
+/// `GET /`: the page.
 async fn page() -> HttpResponse {
+    page_file("index.html")
+}
+
+/// `GET /page/{file}`: one of the page's files; any other name is not found.
+async fn page_asset(file: web::Path<String>) -> HttpResponse {
+    page_file(&file)
+}
+
+fn page_file(name: &str) -> HttpResponse {
+    let Some((_, content_type, body)) = PAGE_FILES.iter().find(|(file, ..)| *file == name) else {
+        return HttpResponse::NotFound().json(serde_json::json!({
+            "code": "not_found",
+            "message": format!("the page has no file {name}"),
+        }));
+    };
     HttpResponse::Ok()
-        .content_type("text/html; charset=utf-8")
-        // Never framed by another site (clickjacking of Stop/Cancel); no third-party code.
+        .content_type(*content_type)
+        // Only the page's own files run or style it (nothing inline, no third-party code),
+        // and it is never framed by another site (clickjacking of Stop/Cancel).
         .insert_header((
             "Content-Security-Policy",
-            "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; frame-ancestors 'none'",
+            "default-src 'self'; frame-ancestors 'none'",
         ))
         .insert_header(("X-Frame-Options", "DENY"))
-        .body(include_str!("page.html"))
+        // A new build's page is read at the next load.
+        .insert_header(("Cache-Control", "no-cache"))
+        .body(*body)
 }
 
 /// Binds `listen` and starts the server (two workers, signals left to `serve`). Returns
@@ -199,7 +233,8 @@ async fn token_first(
 ) -> Result<actix_web::dev::ServiceResponse<actix_web::body::BoxBody>, actix_web::Error> {
     use actix_web::ResponseError as _;
     let path = request.path().to_owned();
-    let public = matches!(path.as_str(), "/" | "/health" | "/openapi.json" | "/login");
+    let public = matches!(path.as_str(), "/" | "/health" | "/openapi.json" | "/login")
+        || path.starts_with("/page/");
     let allowed = match request.app_data::<web::Data<Api>>() {
         _ if public => true,
         None => true,

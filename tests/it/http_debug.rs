@@ -319,7 +319,32 @@ fn i3_health_openapi_and_page_need_no_token() {
     }
     let (status, page) = server.call("GET", "/", None, None);
     assert_eq!(status, 200);
-    assert!(page.as_str().expect("html").contains("events/stream"));
+    // The page's files are its own, by name, no token needed; nothing runs inline (its
+    // content security policy allows only them).
+    let page = page.as_str().expect("html").to_owned();
+    let scripts: Vec<&str> = page.split("<script src=\"").skip(1).collect();
+    assert!(scripts.len() > 3, "{page}");
+    assert_eq!(
+        page.matches("<script").count(),
+        scripts.len(),
+        "an inline script"
+    );
+    let mut code = String::new();
+    for script in scripts {
+        let path = script.split('"').next().expect("a path");
+        let (status, body) = server.call("GET", path, None, None);
+        assert_eq!(status, 200, "{path}");
+        code.push_str(body.as_str().expect("script"));
+    }
+    assert!(code.contains("events/stream"));
+    let (status, _) = server.call("GET", "/page/page.css", None, None);
+    assert_eq!(status, 200);
+    let (status, body) = server.call("GET", "/page/secrets.js", None, None);
+    assert_eq!(
+        (status, &body["code"]),
+        (404, &json!("not_found")),
+        "{body}"
+    );
 }
 
 /// Issue 36: `GET /debug/log/stream` follows the global log from its end (what the page's
