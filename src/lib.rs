@@ -427,6 +427,11 @@ impl Runtime {
         self.inner.service.resources().await
     }
 
+    /// F-1: the durable functions this runtime can start, each with its registered revisions.
+    pub fn functions(&self) -> Vec<(String, Vec<u32>)> {
+        self.inner.service.env().functions.catalog()
+    }
+
     /// Whether the supervisor actor is still running.
     pub fn supervisor_running(&self) -> bool {
         self.inner.supervisor.connected()

@@ -256,6 +256,18 @@ impl FunctionRegistry {
         self.functions.get(&(name.to_owned(), revision))
     }
 
+    /// Every registered function's name with its revisions, oldest first.
+    pub fn catalog(&self) -> Vec<(String, Vec<u32>)> {
+        let mut catalog: Vec<(String, Vec<u32>)> = Vec::new();
+        for (name, revision) in self.functions.keys() {
+            match catalog.last_mut() {
+                Some((last, revisions)) if last == name => revisions.push(*revision),
+                _ => catalog.push((name.clone(), vec![*revision])),
+            }
+        }
+        catalog
+    }
+
     /// The newest registered revision of `name`.
     pub fn latest(&self, name: &str) -> Option<&DurableFunction> {
         self.functions

@@ -36,7 +36,7 @@ pub struct FunctionStart {
     pub input: serde_json::Value,
     /// F-3: its version policy; the runtime's default if none.
     pub policy: Option<openprogram_storage::VersionPolicy>,
-    /// A registered revision to run instead of the newest (library only).
+    /// A registered revision to run instead of the newest.
     pub revision: Option<u32>,
     /// Admit it paused: it waits for Continue or Step.
     #[serde(default)]

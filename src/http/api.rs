@@ -39,6 +39,8 @@ pub struct FunctionBody {
     #[serde(default)]
     pub input: Value,
     pub policy: Option<String>,
+    /// A registered revision to run instead of the newest.
+    pub revision: Option<u32>,
     #[serde(default)]
     pub start_paused: bool,
     /// J-1: admit it as a background Job.
@@ -52,11 +54,12 @@ pub struct FunctionBody {
 }
 
 impl FunctionBody {
-    const FIELDS: [&'static str; 7] = [
+    const FIELDS: [&'static str; 8] = [
         "kind",
         "function",
         "input",
         "policy",
+        "revision",
         "start_paused",
         "job",
         "restart_window",
@@ -203,7 +206,7 @@ pub async fn start_execution(
                 function: body.function,
                 input: body.input,
                 policy: body.policy.as_deref().and_then(VersionPolicy::parse),
-                revision: None,
+                revision: body.revision,
                 start_paused: body.start_paused,
                 job: body.job,
                 restart_window: body.restart_window,

@@ -127,6 +127,7 @@ pub fn routes(api: Api) -> impl FnOnce(&mut web::ServiceConfig) {
                 web::get().to(api::command_status),
             )
             .route("/v1/resources", web::get().to(resources::resources))
+            .route("/v1/functions", web::get().to(resources::functions))
             .route("/debug/actors", web::get().to(debug::actors))
             .route("/debug/actors/{id}", web::get().to(debug::actor))
             .route("/debug/log", web::get().to(debug::log))
@@ -171,6 +172,7 @@ const PAGE_FILES: &[(&str, &str, &str)] = &[
     ("lanes.js", JS, include_str!("page/lanes.js")),
     ("execution.js", JS, include_str!("page/execution.js")),
     ("overview.js", JS, include_str!("page/overview.js")),
+    ("composer.js", JS, include_str!("page/composer.js")),
     ("start.js", JS, include_str!("page/start.js")),
 ];
 const JS: &str = "text/javascript; charset=utf-8";

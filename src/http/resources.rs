@@ -1,5 +1,7 @@
-//! J-1: `GET /v1/resources` (admin): the resource queue as SPEC §6 shows it — each resource
-//! with its capacity, units in use, Jobs waiting (in the order they are served) and leases.
+//! What a start can ask for (admin): `GET /v1/resources`, the resource queue as SPEC §6 shows
+//! it — each resource with its capacity, units in use, Jobs waiting (in the order they are
+//! served) and leases (J-1); `GET /v1/functions`, the durable functions with their revisions
+//! (F-1).
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Value};
@@ -42,4 +44,15 @@ pub async fn resources(
     api.tokens.authorize_admin(&request)?;
     let report = api.runtime.resources().await?;
     Ok(HttpResponse::Ok().json(resources_json(&report)))
+}
+
+/// `GET /v1/functions` (admin): `[{"name", "revisions": [1, 2]}]`, by name.
+pub async fn functions(
+    api: web::Data<Api>,
+    request: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    api.tokens.authorize_admin(&request)?;
+    let functions = api.runtime.functions().into_iter();
+    let functions = functions.map(|(name, revisions)| json!({"name": name, "revisions": revisions}));
+    Ok(HttpResponse::Ok().json(functions.collect::<Vec<_>>()))
 }

@@ -1,9 +1,12 @@
-// C-1, W-6 in a real browser: a person opens a session whose turn asks a structured
-// question; the transcript shows the turn's tool call and the open question; the question is
-// a card under Decisions. A draft survives a reload; an answer missing a required item is
-// refused by the server with the item named beside it; a question that arrives while the
-// person types elsewhere never takes the focus; Skip declines a whole request; the right
-// answer completes the turn, and the transcript reads it answered.
+// C-1, W-6 and the product document's decision panels in a real browser: a person opens a
+// session whose turn asks a form of four questions; the transcript shows the turn's tool call
+// and the open question; the form is a panel under Decisions with a header, one question at a
+// time, Back and Next, and Submit on the last. Drafts survive navigation, a collapse and a
+// reload (which returns to the same question); an answer missing a required item is refused by
+// the server and the panel shows that question with the item named; a question that arrives
+// while the person types elsewhere never takes the focus; Skip declines a whole request; the
+// submitted answer is shown before the stream confirms it; the turn completes and the
+// transcript reads it answered.
 //
 //   node tests/browser/decide.mjs URL SESSION_ID SESSION_TOKEN EXECUTION_ID
 //
@@ -37,17 +40,44 @@ try {
   const waitBlock = page.locator('#transcript [data-block="wait"][data-wait-state="open"]').first();
   const wait = await waitBlock.getAttribute('data-wait-block');
 
-  step = 'drafting an answer and reloading';
+  step = 'reading the panel: its header and the first of four questions';
   const form = card(wait);
   await form.waitFor();
+  const header = await form.locator('header').textContent();
+  if (!header.includes('Deploy where?') || !header.includes('asked by')) throw new Error(`the header reads "${header}"`);
+  const counter = () => form.locator('[data-counter]').textContent();
+  if ((await counter()) !== 'question 1 of 4') throw new Error(`the counter reads "${await counter()}"`);
+  const visible = () => form.locator('fieldset[data-field]:visible').getAttribute('data-field');
+  if ((await visible()) !== 'env' || await form.getByRole('button', { name: 'Submit' }).isVisible()) throw new Error('the form does not start at its first question alone');
+
+  step = 'drafting with Next and Back, collapsing, and reloading';
+  await form.getByRole('button', { name: 'Next' }).click();
+  await form.getByRole('button', { name: 'Next' }).click();
+  if ((await visible()) !== 'replicas') throw new Error(`Next led to ${await visible()}`);
   await form.getByRole('spinbutton').fill('3');
+  await form.getByRole('button', { name: 'Next' }).click();
   await form.locator('[data-item="note"]').fill('after lunch');
+  await form.getByRole('button', { name: 'Back' }).click();
+  if ((await form.getByRole('spinbutton').inputValue()) !== '3') throw new Error('Back lost the draft');
+  await form.getByRole('button', { name: 'Next' }).click();
+  await form.getByRole('button', { name: 'Collapse' }).click();
+  if (await form.locator('.decision-body').isVisible()) throw new Error('the panel did not collapse');
+  await card(wait).getByRole('button', { name: 'Expand' }).click();
   await page.reload();
   await card(wait).waitFor();
+  if ((await card(wait).locator('[data-counter]').textContent()) !== 'question 4 of 4') throw new Error('a reload did not return to the same question');
   const kept = await card(wait).locator('[data-item="note"]').inputValue();
+  await card(wait).getByRole('button', { name: 'Back' }).click();
   const replicas = await card(wait).getByRole('spinbutton').inputValue();
   if (kept !== 'after lunch' || replicas !== '3') throw new Error(`the draft read "${kept}", "${replicas}" after a reload`);
+  await card(wait).getByRole('button', { name: 'Next' }).click();
   await recordErrors(page);
+  await page.evaluate(() => {
+    window.seen.submitted = [];
+    new MutationObserver(() => {
+      for (const shown of document.querySelectorAll('[data-submitted]')) window.seen.submitted.push(shown.textContent.replace(/\s+/g, ' '));
+    }).observe(document.getElementById('decisions'), { subtree: true, childList: true, characterData: true });
+  });
   if (process.env.SCREENSHOTS) await card(wait).screenshot({ path: `${process.env.SCREENSHOTS}/decision.png` });
 
   step = 'submitting without the required environment';
@@ -56,6 +86,7 @@ try {
   await page.waitForFunction((w) => document.querySelector(`form[data-decision="${w}"] [data-error="env"]`)?.textContent, wait);
   const said = await envError.textContent();
   if (!said.includes('required')) throw new Error(`the env field says "${said}"`);
+  if ((await card(wait).locator('fieldset[data-field]:visible').getAttribute('data-field')) !== 'env') throw new Error('the refused question is not the one shown');
 
   step = 'a second question arriving while the person types in the composer';
   const message = page.getByLabel('Message', { exact: true });
@@ -78,9 +109,15 @@ try {
 
   step = 'answering the first question';
   await card(wait).getByLabel('prod').check();
+  await card(wait).getByRole('button', { name: 'Next' }).click();
   await card(wait).getByLabel('test').check();
+  await card(wait).getByRole('button', { name: 'Next' }).click();
+  await card(wait).getByRole('button', { name: 'Next' }).click();
   await card(wait).getByRole('button', { name: 'Submit' }).click();
   await card(wait).waitFor({ state: 'detached' });
+  const shown = await page.evaluate(() => window.seen.submitted);
+  const answer = 'Environment: prod · Checks: test · Replicas: 3 · Note: after lunch';
+  if (!shown.some((text) => text.includes(answer))) throw new Error(`the submitted answer was never shown: ${shown.slice(-3).join(' | ')}`);
   await page.locator(`#transcript [data-wait-block="${wait}"][data-wait-state="answered"]`).waitFor();
   await page.locator(`#transcript article[data-role="assistant"]`, { hasText: 'deployed' }).waitFor();
 

@@ -39,7 +39,8 @@ try {
 
   step = 'starting a Job from the page';
   await page.getByLabel('Script', { exact: true }).fill('[{"reply":"queued and done"}]');
-  await page.getByLabel(/As a Job/).fill('{"model": 1}');
+  await page.getByLabel(/As a Job/).check();
+  await page.getByLabel('Units of model', { exact: true }).fill('1');
   await page.getByRole('button', { name: 'Start in this session' }).click();
 
   step = 'seeing it wait at place 1 in line';

@@ -72,18 +72,22 @@ try {
 
   if (shots) await chart.screenshot({ path: `${shots}/timeline.png` });
 
-  step = 'hovering and clicking a bar';
-  const echo = chart.locator('.bar[data-kind="tool"]').first();
-  await echo.hover();
-  const seq = await echo.getAttribute('data-seq');
-  await echo.click();
-  const row = page.locator(`#timeline tr[data-seq="${seq}"]`);
-  await row.waitFor();
-  await page.waitForFunction((s) => {
+  step = "opening a bar's event from the keyboard, and another's with a click";
+  const picked = (seq) => page.waitForFunction((s) => {
     const row = document.querySelector(`#timeline tr[data-seq="${s}"]`);
     const details = row?.querySelector('details');
     return row?.classList.contains('picked') && (!details || details.open);
   }, seq);
+  const echo = chart.locator('.bar[data-kind="tool"]').first();
+  const seq = await echo.getAttribute('data-seq');
+  await echo.focus();
+  await page.keyboard.press('Enter');
+  await picked(seq);
+  const model = chart.locator('.bar[data-kind="model"]').last();
+  const other = await model.getAttribute('data-seq');
+  // At the bar's own place on the screen: whatever lies over it would take the click.
+  await model.click({ force: true });
+  await picked(other);
 
   step = 'reading it on a phone';
   await page.setViewportSize({ width: 390, height: 844 });

@@ -579,3 +579,39 @@ fn i3_an_executions_timeline_draws_each_attempt_and_where_its_time_went() {
     let status = serve.stop();
     assert!(status.success(), "serve after SIGTERM: {status:?}");
 }
+
+/// The page's composer: a draft kept through a reload, a durable function started from its
+/// form (a revision other than the newest; input that is not JSON refused before sending), a
+/// Job holding a unit picked from the queue, and a message sent with `when_busy=steer` while a
+/// turn runs (`compose.mjs`). The server then holds one function run, one Job, and a steered,
+/// cancelled turn.
+#[test]
+#[ignore = "needs Chromium, Node.js and `npm ci --prefix tests/browser` (beyond the Rust \
+            toolchain): `.ci/run` installs them and runs it; or install them and run \
+            `cargo test --workspace -- --include-ignored browser`"]
+fn c2_f1_j1_the_composer_starts_functions_jobs_and_steers_a_running_turn() {
+    let chromium = prerequisites();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (serve, sid, _) = serve_with_session(&dir.path().join("data"), &["--resource", "model=1"]);
+    let file = dir.path().join("steps.log");
+    let file = file.to_str().expect("a path");
+    let args = [serve.url.as_str(), sid.as_str(), ADMIN, file];
+    let (status, output) = in_browser("compose.mjs", &chromium, dir.path(), &args);
+    println!("{}", output.trim());
+    assert!(
+        status.success(),
+        "the browser test failed ({status}): {}",
+        output.trim()
+    );
+    let (status, all) = serve.call("GET", &format!("/v1/sessions/{sid}/executions"), ADMIN, None);
+    assert_eq!(status, 200, "{all}");
+    let all = all.as_array().expect("list");
+    let kinds: Vec<_> = all.iter().map(|s| (s["kind"].as_str(), s["state"].as_str())).collect();
+    assert_eq!(all.len(), 3, "a function, a Job, a steered turn; no steer admitted: {kinds:?}");
+    let function = all.iter().find(|s| s["kind"] == "function").expect("the function");
+    assert_eq!(function["function"]["revision"], 1, "{function}");
+    assert!(std::fs::read_to_string(file).expect("its step wrote").starts_with("s1\t"));
+    assert!(all.iter().any(|s| !s["job"].is_null() && s["state"] == "completed"), "{kinds:?}");
+    let status = serve.stop();
+    assert!(status.success(), "serve after SIGTERM: {status:?}");
+}

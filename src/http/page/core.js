@@ -17,6 +17,9 @@ let signedIn = false;                        // the sign-in cookie answers as th
 const $ = (id) => document.getElementById(id);
 const esc = (text) => String(text ?? '').replace(/[&<>"]/g, (c) => ({'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;'}[c]));
 const later = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+// An id as a person tells it from its neighbours: its prefix and last characters (the first
+// ones are its time, shared by ids made together).
+const short = (id) => String(id).replace(/^([a-z]+_)[0-9a-f]{24}([0-9a-f]{8})$/, '$1…$2');
 // A version 4 UUID, also where crypto.randomUUID is missing (a page not served from loopback).
 const uuid = () => crypto.randomUUID?.() ?? [...crypto.getRandomValues(new Uint8Array(16))]
   .map((b, i) => (i === 6 ? (b & 15) | 64 : i === 8 ? (b & 63) | 128 : b).toString(16).padStart(2, '0')).join('')

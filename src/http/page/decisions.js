@@ -1,10 +1,17 @@
-// Decisions: a card per request waiting for a person, with drafts kept per request.
-// W-6: pending requests as cards above the composer, one per wait: a structured question or
-// form as its fields, an approval or permission as Approve/Decline. A draft is kept per wait
-// (sessionStorage: a reload keeps it); Skip declines the whole request. A new request never
-// takes the focus, and a card is drawn again only when the set of pending requests changes.
+// Decisions: a panel per request waiting for a person, above the composer (W-6, the product
+// document's decision panels). A panel has a header (what is asked, by which execution, until
+// when) and a collapse; a form of several questions shows one at a time with Back, Next and,
+// on the last, Submit; an approval or a single question shows its field at once. Skip (or
+// Decline) declines the whole request. Drafts are kept per request and question, and where
+// the person was in the form and whether it was folded, through navigation, collapse and
+// reload (sessionStorage); none of that sends a command. Submitting shows the answer as sent
+// at once, with its delivery; an answer whose delivery is not confirmed keeps its command id,
+// and sending it again cannot make a second answer (K-4). A new request never takes the focus,
+// and the panels are drawn again only when the set of requests or a delivery changes.
 let decisionsKey = '';
+const seenWaits = new Set();
 const draftOf = (id) => store.get('draft.' + id, {});
+const PER_WAIT = ['draft.', 'step.', 'fold.', 'sent.'];
 function pending() {
   return transcript.flatMap((m) => (m.blocks || []).filter((b) => b.type === 'wait' && b.status === 'open' && !b.inherited)
     .map((b) => ({...b, execution_id: m.execution_id})));
@@ -14,10 +21,10 @@ function field(w, item) {
   let input;
   if (item.type === 'choice') {
     const type = item.multiple ? 'checkbox' : 'radio', picked = (o) => item.multiple ? (d || []).includes(o) : d === o;
-    input = item.options.map((o) => `<label><input type="${type}" name="${group}" value="${esc(o)}" data-item="${name}"${picked(o) ? ' checked' : ''}> ${esc(o)}</label>`).join('') +
-      (item.other ? `<label>Other <input type="text" data-item="${name}" data-other value="${esc(item.options.includes(d) ? '' : (typeof d === 'string' ? d : ''))}"></label>` : '');
+    input = item.options.map((o) => `<label class="option"><input type="${type}" name="${group}" value="${esc(o)}" data-item="${name}"${picked(o) ? ' checked' : ''}> ${esc(o)}</label>`).join('') +
+      (item.other ? `<label class="option">Other <input type="text" data-item="${name}" data-other value="${esc(item.options.includes(d) ? '' : (typeof d === 'string' ? d : ''))}"></label>` : '');
   } else if (item.type === 'boolean') {
-    input = `<label><input type="checkbox" data-item="${name}"${d ? ' checked' : ''}> yes</label>`;
+    input = `<label class="option"><input type="checkbox" data-item="${name}"${d ? ' checked' : ''}> yes</label>`;
   } else if (item.type === 'number' || item.type === 'integer') {
     input = `<input type="number" data-item="${name}" aria-label="${esc(item.label || item.id)}" step="${item.type === 'integer' ? 1 : 'any'}"${item.min != null ? ` min="${item.min}"` : ''}${item.max != null ? ` max="${item.max}"` : ''} value="${d ?? ''}">`;
   } else {
@@ -26,16 +33,37 @@ function field(w, item) {
   return `<fieldset data-field="${name}"><legend>${esc(item.label || item.id)}${item.required === false ? ' <span class="muted">(optional)</span>' : ''}</legend>${input}<span class="field-error" role="alert" data-error="${name}"></span></fieldset>`;
 }
 function card(w) {
-  const id = esc(w.wait_id), items = w.request?.items || [];
-  const sending = submitted[w.wait_id] ? '<span class="muted" data-delivery>sending…</span>' : '';
-  const until = w.deadline_ms ? ` <span class="muted">· until ${new Date(w.deadline_ms).toLocaleTimeString()}</span>` : '';
+  const id = esc(w.wait_id), items = w.request?.items || [], sent = submitted[w.wait_id];
+  const folded = store.get('fold.' + w.wait_id, false), form = items.length > 1;
+  const until = w.deadline_ms ? ` · until ${esc(new Date(w.deadline_ms).toLocaleTimeString())}` : '';
   const perm = w.request?.permission ? ` <span class="muted">(${esc(w.request.permission)}${w.request.resource ? ' on ' + esc(w.request.resource) : ''})</span>` : '';
-  const body = items.length ? items.map((item) => field(w, item)).join('')
+  const fields = items.length ? items.map((item) => field(w, item)).join('')
     : `<label>Note <input type="text" data-item="note" value="${esc(draftOf(w.wait_id).note ?? '')}"></label>`;
   const submit = items.length ? 'Submit' : w.kind === 'question' ? 'Answer' : 'Approve';
+  const buttons = (form ? '<button type="button" data-back>Back</button> <button type="button" data-next>Next</button> ' : '') +
+    `<button type="submit">${submit}</button> <button type="button" data-skip="${id}">${items.length ? 'Skip' : 'Decline'}</button>`;
+  const delivery = sent ? `<p data-submitted>${sent.kind === 'decline' ? 'Declined' : 'Your answer'}: ${esc(sent.text)}
+    · <span data-delivery="${esc(sent.state)}">${esc(DELIVERY[sent.state])}</span>
+    ${sent.state === 'unconfirmed' ? '<button type="button" data-again>Send again</button>' : ''}</p>` : '';
   return `<form class="decision" data-decision="${id}" data-eid="${esc(w.execution_id)}" aria-label="${esc(w.prompt)}">
-    <strong>${esc(w.prompt)}</strong>${perm}${until}${body}
-    <button type="submit">${submit}</button> <button type="button" data-skip="${id}">${items.length ? 'Skip' : 'Decline'}</button> ${sending}</form>`;
+    <header><strong>${esc(w.prompt)}</strong>${perm}
+      <button type="button" data-fold aria-expanded="${!folded}">${folded ? 'Expand' : 'Collapse'}</button><br>
+      <span class="muted">asked by <button type="button" class="exec" data-eid="${esc(w.execution_id)}">${esc(short(w.execution_id))}</button>${until}
+      ${form ? `· <span data-counter></span>` : ''}</span></header>
+    ${delivery}<div class="decision-body"${folded || sent ? ' hidden' : ''}>${fields}<div class="decision-buttons">${buttons}</div></div></form>`;
+}
+const DELIVERY = {sending: 'sending…', sent: 'sent: the execution takes it next', unconfirmed: 'not confirmed yet'};
+// Shows question `index` of a form of several (the others keep their drafts, hidden).
+function showStep(form, w, index) {
+  const items = w.request?.items || [];
+  if (items.length < 2) return;
+  const at = Math.max(0, Math.min(index, items.length - 1));
+  store.set('step.' + w.wait_id, at);
+  form.querySelectorAll('fieldset[data-field]').forEach((set, i) => set.hidden = i !== at);
+  form.querySelector('[data-counter]').textContent = `question ${at + 1} of ${items.length}`;
+  form.querySelector('[data-back]').disabled = at === 0;
+  form.querySelector('[data-next]').hidden = at === items.length - 1;
+  form.querySelector('button[type="submit"]').hidden = at !== items.length - 1;
 }
 // The answer a card's inputs give now, as its request's items want it.
 function collect(form, w) {
@@ -54,42 +82,77 @@ function collect(form, w) {
   if (!items.length) { const note = form.querySelector('[data-item="note"]')?.value.trim(); return note || undefined; }
   return answer;
 }
+// What was sent, as a person reads it.
+function answered(w, answer) {
+  const items = w.request?.items || [];
+  if (!items.length) return answer ?? (w.kind === 'question' ? '(no answer)' : 'approved');
+  return items.filter((item) => answer[item.id] !== undefined)
+    .map((item) => `${item.label || item.id}: ${[].concat(answer[item.id]).join(', ')}`).join(' · ') || '(nothing)';
+}
+// Sends an answer or a decline, keeping its command id until its delivery is confirmed.
+async function deliver(w, kind, answer) {
+  const sent = submitted[w.wait_id] ?? {command_id: uuid(), kind, answer, text: kind === 'decline' ? 'the whole request' : answered(w, answer)};
+  sent.state = 'sending';
+  submitted[w.wait_id] = sent; store.set('sent.' + w.wait_id, sent); renderDecisions(true);
+  if (snapshot && current === w.execution_id) render();
+  const fields = {command_id: sent.command_id, wait_id: w.wait_id, ...(sent.answer === undefined ? {} : {answer: sent.answer})};
+  const outcome = await command(sent.kind, fields, w.execution_id);
+  if (outcome === 'refused') { delete submitted[w.wait_id]; sessionStorage.removeItem('op.sent.' + w.wait_id); }
+  else { sent.state = outcome === 'unconfirmed' ? 'unconfirmed' : 'sent'; store.set('sent.' + w.wait_id, sent); }
+  renderDecisions(true);
+  if (snapshot && current === w.execution_id) render();
+  soon('transcript', loadTranscript, 100);
+}
 function renderDecisions(force) {
-  const waits = pending(), key = waits.map((w) => w.wait_id + (submitted[w.wait_id] ? '+' : '')).join(',');
+  const waits = pending(), key = waits.map((w) => `${w.wait_id}=${submitted[w.wait_id]?.state ?? ''}`).join(',');
   if (key === decisionsKey && !force) return;
-  // A request no longer pending keeps no draft.
-  for (const id of decisionsKey.split(',').map((k) => k.replace(/\+$/, '')).filter(Boolean)) {
-    if (!waits.some((w) => w.wait_id === id)) sessionStorage.removeItem('op.draft.' + id);
+  // A request no longer pending keeps nothing.
+  for (const id of decisionsKey.split(',').map((k) => k.split('=')[0]).filter(Boolean)) {
+    if (!waits.some((w) => w.wait_id === id)) PER_WAIT.forEach((prefix) => sessionStorage.removeItem('op.' + prefix + id));
+  }
+  // What a reload kept of a delivery in flight, read when a request is first seen: sending it
+  // again sends the same command id.
+  for (const w of waits.filter((w) => !seenWaits.has(w.wait_id))) {
+    seenWaits.add(w.wait_id);
+    const kept = store.get('sent.' + w.wait_id, null);
+    if (kept && !submitted[w.wait_id]) submitted[w.wait_id] = {...kept, state: 'unconfirmed'};
   }
   const box = $('decisions'), focused = document.activeElement, keep = box.contains(focused)
     ? [focused.closest('form')?.dataset.decision, focused.dataset.item, focused.value] : null;
   const errors = [...box.querySelectorAll('[data-error]')].map((e) => [e.closest('form').dataset.decision, e.dataset.error, e.textContent]);
   decisionsKey = key;
   box.innerHTML = waits.map(card).join('') || '<p class="muted">none pending</p>';
-  for (const [wait, name, text] of errors) {
+  box.querySelectorAll('form.decision').forEach((form) => wire(form, waits.find((one) => one.wait_id === form.dataset.decision)));
+  for (const [wait, name, text] of errors.filter(([, , text]) => text)) {
     const at = box.querySelector(`[data-decision="${wait}"] [data-error="${name}"]`);
-    if (at) at.textContent = text;
+    if (!at) continue;
+    at.textContent = text;
+    // The question the server refused is the one shown.
+    const w = waits.find((one) => one.wait_id === wait), form = at.closest('form');
+    showStep(form, w, (w.request?.items || []).findIndex((item) => item.id === name));
   }
   if (keep) {
     const back = [...box.querySelectorAll(`[data-decision="${keep[0]}"] [data-item="${keep[1]}"]`)].find((i) => i.value === keep[2]) ||
       box.querySelector(`[data-decision="${keep[0]}"] [data-item="${keep[1]}"]`);
     back?.focus();
   }
-  box.querySelectorAll('form.decision').forEach((form) => {
-    const w = waits.find((one) => one.wait_id === form.dataset.decision);
-    const save = () => store.set('draft.' + w.wait_id, (w.request?.items || []).length ? collect(form, w) : {note: collect(form, w) ?? ''});
-    form.oninput = save; form.onchange = save;
-    form.onsubmit = (event) => {
-      event.preventDefault();
-      form.querySelectorAll('[data-error]').forEach((e) => e.textContent = '');
-      const answer = collect(form, w);
-      submitted[w.wait_id] = true; renderDecisions(true);
-      command('answer', answer === undefined ? {wait_id: w.wait_id} : {wait_id: w.wait_id, answer}, w.execution_id)
-        .then(() => soon('transcript', loadTranscript, 100));
-    };
-    form.querySelector('[data-skip]').onclick = () => {
-      submitted[w.wait_id] = true; renderDecisions(true);
-      command('decline', {wait_id: w.wait_id}, w.execution_id).then(() => soon('transcript', loadTranscript, 100));
-    };
-  });
+}
+// A panel's controls: drafts saved as typed, navigation, collapse, submit, skip, send again.
+function wire(form, w) {
+  const items = w.request?.items || [];
+  const save = () => store.set('draft.' + w.wait_id, items.length ? collect(form, w) : {note: collect(form, w) ?? ''});
+  form.oninput = save; form.onchange = save;
+  showStep(form, w, store.get('step.' + w.wait_id, 0));
+  const step = () => store.get('step.' + w.wait_id, 0);
+  form.querySelector('[data-back]')?.addEventListener('click', () => showStep(form, w, step() - 1));
+  form.querySelector('[data-next]')?.addEventListener('click', () => showStep(form, w, step() + 1));
+  form.querySelector('[data-fold]').onclick = () => { store.set('fold.' + w.wait_id, !store.get('fold.' + w.wait_id, false)); renderDecisions(true); };
+  form.querySelector('button.exec').onclick = () => openExecution(w.execution_id);
+  form.onsubmit = (event) => {
+    event.preventDefault();
+    form.querySelectorAll('[data-error]').forEach((e) => e.textContent = '');
+    deliver(w, 'answer', collect(form, w));
+  };
+  form.querySelector('[data-skip]').onclick = () => deliver(w, 'decline');
+  form.querySelector('[data-again]')?.addEventListener('click', () => deliver(w));
 }

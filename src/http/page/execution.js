@@ -2,7 +2,7 @@
 // One execution: its timeline, receipts, waits, processes and the controls it offers now.
 function openExecution(eid) {
   executionStream?.abort();
-  current = eid; events = []; snapshot = null; submitted = {};
+  current = eid; events = []; snapshot = null;
   $('error').textContent = ''; say('');
   $('execution').innerHTML = '<p class="muted">Loading…</p>';
   if (activity) renderActivity();
@@ -25,18 +25,23 @@ async function refresh() {
     if (confirmed(e)) fail(at, 'Execution: ' + e.message); else soon('snapshot', refresh, 1000);
   }
 }
-// A command keeps its command_id across retries, so a lost answer never makes a duplicate (K-4).
+// A command keeps its command_id across retries (the caller's, if it gives one), so a lost
+// answer never makes a duplicate (K-4). Returns the reply's status, `refused`, or
+// `unconfirmed` when no answer came.
 async function command(kind, fields, eid = current) {
   const at = sid, body = {command_id: uuid(), kind, ...fields};
   $('error').textContent = '';
+  let outcome = 'unconfirmed';
   for (let attempt = 1; ; attempt++) {
     try {
       const reply = await api('POST', `/v1/sessions/${at}/executions/${eid}/commands`, sessions[at], body);
       if (reply.execution_id && at === sid) { loadActivity(); openExecution(reply.execution_id); }
       if (at === sid) say(`${kind}: ${reply.status}` + (reply.execution_id ? `, opened ${reply.execution_id}` : ''));
+      outcome = reply.status;
       break;
     } catch (e) {
       if (confirmed(e)) {
+        outcome = 'refused';
         delete submitted[fields.wait_id];
         // W-6: an answer that does not fit names its field: shown by that field.
         const field = e.data?.code === 'invalid_answer' && document.querySelector(`[data-decision="${CSS.escape(fields.wait_id)}"] [data-error="${CSS.escape(String(e.data.field))}"]`);
@@ -48,6 +53,7 @@ async function command(kind, fields, eid = current) {
     }
   }
   soon('snapshot', refresh, 100);
+  return outcome;
 }
 // One event of the timeline: its seq, type, the time since the event before it, and its
 // payload (folded when long); a new attempt starts a separated row, receipts show their status.
@@ -126,14 +132,13 @@ function render() {
     else if (kind === 'reconcile') command('reconcile', {outcome: b.dataset.outcome});
     else command(kind, {});
   });
+  // The same delivery as a decision panel's: one answer per wait, whichever sends it.
+  const waitOf = (id) => ({...s.waits.find((w) => w.wait_id === id), execution_id: s.execution_id});
   view.querySelectorAll('[data-answer]').forEach((b) => b.onclick = () => {
     const id = b.dataset.answer, answer = typedValue('answer-' + id);
-    submitted[id] = true; render();
-    command('answer', answer ? {wait_id: id, answer} : {wait_id: id});
+    deliver(waitOf(id), 'answer', answer || undefined);
   });
-  view.querySelectorAll('[data-decline]').forEach((b) => b.onclick = () => {
-    submitted[b.dataset.decline] = true; render(); command('decline', {wait_id: b.dataset.decline});
-  });
+  view.querySelectorAll('[data-decline]').forEach((b) => b.onclick = () => deliver(waitOf(b.dataset.decline), 'decline'));
   view.querySelectorAll('[data-stop]').forEach((b) => b.onclick = () => command('stop_process', {process_id: b.dataset.stop}));
   view.querySelectorAll('#lanes .bar').forEach((bar) => {
     bar.onclick = () => pick(bar.dataset.seq);

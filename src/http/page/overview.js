@@ -40,10 +40,9 @@ function when(ms) {
   const exact = new Date(ms);
   return `<time datetime="${exact.toISOString()}" title="${esc(exact.toLocaleString())}">${ago}</time>`;
 }
-// An id's prefix and first characters, and a button that copies all of it.
+// An id short (`short`), and a button that copies all of it.
 function shortId(id) {
-  const short = id.replace(/^([a-z]+_[0-9a-f]{8})[0-9a-f]+$/, '$1…');
-  return `<code title="${esc(id)}">${esc(short)}</code> <button class="copy" data-copy="${esc(id)}" aria-label="Copy the id ${esc(id)}">copy</button>`;
+  return `<code title="${esc(id)}">${esc(short(id))}</code> <button type="button" class="copy" data-copy="${esc(id)}" aria-label="Copy the id ${esc(id)}">copy</button>`;
 }
 async function copyId(button) {
   try { await navigator.clipboard.writeText(button.dataset.copy); button.textContent = 'copied'; }

@@ -39,6 +39,7 @@ function renderActivity() {
     `<section id="${id}" aria-labelledby="${id}-title"><h3 id="${id}-title">${title} <span id="${id}-count" class="count">${activity[key].length}</span></h3>` +
     (activity[key].map(branch).join('') || '<p class="muted">none</p>') + '</section>').join('');
   document.querySelectorAll('button.exec').forEach((b) => b.onclick = () => openExecution(b.dataset.eid));
+  composerShape();
 }
 function branch(row) {
   const executions = row.details.map((d) => `<li><button class="exec${d.execution_id === current ? ' on' : ''}" data-eid="${esc(d.execution_id)}"
