@@ -12,6 +12,7 @@ use openprogram_actors::agent::{Provider, QuestionHandler, Scripted, Tool, ToolR
 use openprogram_actors::conversation_hooks::ConversationHooks;
 use openprogram_actors::directory::{Directory, Executions};
 use openprogram_actors::env::{Env, NodeIdentity};
+use openprogram_actors::figures::{FigureSamples, Figures};
 use openprogram_actors::function::FunctionRegistry;
 use openprogram_actors::inspect::Inspector;
 use openprogram_actors::mailbox::Mailbox;
@@ -278,6 +279,10 @@ impl RuntimeBuilder {
             Arc::clone(&retention_stats),
         );
         Retention::start_in_arbiter(arbiter, move |_| retention);
+        // The page's charts: recent figures, sampled until the actors stop.
+        let figures = FigureSamples::default();
+        let sampler = Figures::new(Arc::clone(env.env()), figures.clone());
+        Figures::start_in_arbiter(arbiter, move |_| sampler);
         let supervisor_env = Arc::clone(&env);
         let supervisor = Mailbox::start_in(arbiter, move |mailbox| {
             Supervisor::new(supervisor_env, mailbox)
@@ -320,6 +325,7 @@ impl RuntimeBuilder {
                 shutdown_timeout: self.shutdown_timeout.unwrap_or(SHUTDOWN_TIMEOUT_DEFAULT),
                 salvage,
                 retention_stats,
+                figures,
                 owns_store,
             }),
         })

@@ -178,6 +178,8 @@ struct Inner {
     /// What an open with `accept_loss` found.
     salvage: Option<openprogram_storage::SalvageReport>,
     retention_stats: Arc<RetentionStats>,
+    /// The recent figures the page draws (`openprogram_actors::figures`).
+    figures: openprogram_actors::figures::FigureSamples,
     node: Option<NodeIdentity>,
     /// The runtime opened its store (from `data_dir` or `store_url`), so `shutdown` closes
     /// it; a store the caller passed to `RuntimeBuilder::store` is the caller's to close.
@@ -425,6 +427,12 @@ impl Runtime {
     /// the Jobs waiting in order; and what it admitted so far.
     pub async fn resources(&self) -> Result<QueueReport> {
         self.inner.service.resources().await
+    }
+
+    /// The figures of the last ten minutes, a sample every ten seconds, oldest first: steps
+    /// committed on this node, executions by unfinished state, Jobs waiting for resources.
+    pub fn figures(&self) -> Vec<openprogram_actors::figures::FigureSample> {
+        self.inner.figures.all()
     }
 
     /// F-1: the durable functions this runtime can start, each with its registered revisions.

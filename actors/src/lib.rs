@@ -33,6 +33,7 @@ pub mod directory;
 pub mod env;
 pub mod error;
 pub mod execution;
+pub mod figures;
 pub mod function;
 mod function_boundary;
 pub mod function_builtin;

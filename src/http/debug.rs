@@ -229,6 +229,13 @@ pub async fn overview(
     Ok(HttpResponse::Ok().json(json!({ "executions": rows })))
 }
 
+/// `GET /debug/figures` (admin): the recent figures the page draws as charts.
+pub async fn figures(api: web::Data<Api>, request: HttpRequest) -> Result<HttpResponse, ApiError> {
+    api.tokens.authorize_admin(&request)?;
+    let every_ms = openprogram_actors::figures::EVERY.as_millis() as u64;
+    Ok(HttpResponse::Ok().json(json!({"every_ms": every_ms, "samples": api.runtime.figures()})))
+}
+
 /// A filter's value as `parse` reads it; one it does not know is `invalid_request`.
 fn known<T>(
     field: &str,

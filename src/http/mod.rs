@@ -135,6 +135,7 @@ pub fn routes(api: Api) -> impl FnOnce(&mut web::ServiceConfig) {
             .route("/debug/nodes", web::get().to(debug::nodes))
             .route("/debug/executions", web::get().to(debug::executions))
             .route("/debug/overview", web::get().to(debug::overview))
+            .route("/debug/figures", web::get().to(debug::figures))
             .route("/debug/demo", web::get().to(debug::demo))
             .route("/metrics", web::get().to(debug::metrics))
             .route("/health", web::get().to(debug::health))

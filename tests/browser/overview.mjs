@@ -60,6 +60,10 @@ try {
   if (first.copy !== waiting || first.short.length >= waiting.length) throw new Error(`the row's id: ${first.short}, copies ${first.copy}`);
   if (!(await page.locator('#ov-counts [data-count="waiting"]').textContent()).endsWith(' 1')) throw new Error('no count of waiting executions');
 
+  step = 'reading the figures: the waiting execution among the executions not ended';
+  await page.locator('#figures figure[data-figure="states"][data-waiting="1"]').waitFor();
+  for (const name of ['steps', 'jobs']) await page.locator(`#figures figure[data-figure="${name}"] svg[role="img"]`).waitFor();
+
   step = 'finding an execution by the words of its message';
   await page.getByLabel('Words of its message', { exact: true }).fill('DEPLOY the');
   await page.waitForFunction((id) => {

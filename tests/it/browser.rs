@@ -603,15 +603,36 @@ fn c2_f1_j1_the_composer_starts_functions_jobs_and_steers_a_running_turn() {
         "the browser test failed ({status}): {}",
         output.trim()
     );
-    let (status, all) = serve.call("GET", &format!("/v1/sessions/{sid}/executions"), ADMIN, None);
+    let (status, all) = serve.call(
+        "GET",
+        &format!("/v1/sessions/{sid}/executions"),
+        ADMIN,
+        None,
+    );
     assert_eq!(status, 200, "{all}");
     let all = all.as_array().expect("list");
-    let kinds: Vec<_> = all.iter().map(|s| (s["kind"].as_str(), s["state"].as_str())).collect();
-    assert_eq!(all.len(), 3, "a function, a Job, a steered turn; no steer admitted: {kinds:?}");
-    let function = all.iter().find(|s| s["kind"] == "function").expect("the function");
+    let kinds: Vec<_> = all
+        .iter()
+        .map(|s| (s["kind"].as_str(), s["state"].as_str()))
+        .collect();
+    assert_eq!(
+        all.len(),
+        3,
+        "a function, a Job, a steered turn; no steer admitted: {kinds:?}"
+    );
+    let function = all
+        .iter()
+        .find(|s| s["kind"] == "function")
+        .expect("the function");
     assert_eq!(function["function"]["revision"], 1, "{function}");
-    assert!(std::fs::read_to_string(file).expect("its step wrote").starts_with("s1\t"));
-    assert!(all.iter().any(|s| !s["job"].is_null() && s["state"] == "completed"), "{kinds:?}");
+    assert!(std::fs::read_to_string(file)
+        .expect("its step wrote")
+        .starts_with("s1\t"));
+    assert!(
+        all.iter()
+            .any(|s| !s["job"].is_null() && s["state"] == "completed"),
+        "{kinds:?}"
+    );
     let status = serve.stop();
     assert!(status.success(), "serve after SIGTERM: {status:?}");
 }

@@ -499,3 +499,34 @@ fn x2_a_sign_in_link_works_once_and_its_cookie_answers_as_the_admin_token() {
         "a link works once"
     );
 }
+
+/// Issue 55: the recent figures the page charts: a sample at start and every ten seconds, each
+/// with the steps so far, the executions in each unfinished state and the Jobs waiting; an
+/// admin read.
+#[test]
+fn i3_recent_figures_are_sampled_for_the_page() {
+    let server = TestServer::new();
+    // The first sample is taken as the runtime starts; its Jobs come from the queue's answer.
+    let deadline = std::time::Instant::now() + crate::support::DEADLINE;
+    let figures = loop {
+        let (status, figures) = server.call("GET", "/debug/figures", Some(ADMIN), None);
+        assert_eq!(status, 200, "{figures}");
+        if !figures["samples"][0].is_null() {
+            break figures;
+        }
+        assert!(std::time::Instant::now() < deadline, "no sample: {figures}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(figures["every_ms"], 10_000);
+    let first = &figures["samples"][0];
+    assert_eq!(first["steps"], 0, "{figures}");
+    assert_eq!(first["by_state"]["running"], 0, "{figures}");
+    assert_eq!(first["jobs_waiting"], 0, "{figures}");
+    assert!(
+        first["at_ms"].as_u64().is_some_and(|at| at > 0),
+        "{figures}"
+    );
+    let session = server.session();
+    let (status, _) = server.call("GET", "/debug/figures", Some(&session.1), None);
+    assert_eq!(status, 401, "an admin read");
+}

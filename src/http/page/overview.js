@@ -100,3 +100,34 @@ async function loadQueue() {
   } catch (e) { $('queue').textContent = e.status === 401 ? 'the admin token shows it' : 'queue: ' + e.message; }
 }
 setInterval(loadQueue, 2000);
+
+// Live figures (admin): small charts of the server's samples of the last ten minutes —
+// steps per second on this node, executions not ended by state, Jobs waiting for resources.
+async function loadFigures() {
+  const admin = adminToken();
+  if (!admin && !signedIn) return;
+  try {
+    const {samples} = await api('GET', '/debug/figures', admin);
+    const at = (s) => s.at_ms;
+    const rates = samples.slice(1).map((s, i) => ({at: at(s), value: Math.max(0, (s.steps - samples[i].steps) * 1000 / Math.max(1, at(s) - at(samples[i])))}));
+    const states = ['running', 'waiting', 'queued', 'paused'].map((state) => [state, samples.map((s) => ({at: at(s), value: s.by_state[state] ?? 0}))]);
+    $('figures').innerHTML = chart('steps', 'steps per second', [['steps', rates]]) +
+      chart('states', 'executions not ended', states) +
+      chart('jobs', 'Jobs waiting for resources', [['jobs', samples.map((s) => ({at: at(s), value: s.jobs_waiting}))]]);
+  } catch (e) { $('figures').textContent = e.status === 401 ? 'the admin token shows them' : 'figures: ' + e.message; }
+}
+const figure = (value) => value == null ? '—' : value >= 100 ? Math.round(value).toLocaleString() : String(Math.round(value * 10) / 10);
+// One chart: a line per series over the samples' times, the newest values said in words.
+function chart(name, title, series) {
+  const all = series.flatMap(([, points]) => points), W = 200, H = 40;
+  const t0 = Math.min(...all.map((p) => p.at)), t1 = Math.max(...all.map((p) => p.at)), max = Math.max(1, ...all.map((p) => p.value));
+  const x = (t) => t1 > t0 ? (t - t0) / (t1 - t0) * W : W, y = (v) => H - 1 - v / max * (H - 2);
+  const now = series.map(([label, points]) => [label, points.at(-1)?.value]);
+  const said = now.map(([label, value]) => series.length > 1 ? `${label} ${figure(value)}` : figure(value)).join(', ');
+  const lines = series.map(([label, points]) => points.length > 1
+    ? `<polyline class="line s-${esc(label)}" points="${points.map((p) => `${x(p.at).toFixed(1)},${y(p.value).toFixed(1)}`).join(' ')}"/>`
+    : points.map((p) => `<circle class="line s-${esc(label)}" cx="${x(p.at).toFixed(1)}" cy="${y(p.value).toFixed(1)}" r="2"/>`).join('')).join('');
+  return `<figure class="chart" data-figure="${name}"${now.map(([label, value]) => ` data-${esc(label)}="${value ?? ''}"`).join('')}>
+    <figcaption>${esc(title)}: <b>${esc(said)}</b> <span class="muted">(peak ${figure(max)})</span></figcaption>
+    <svg viewBox="0 0 ${W} ${H}" preserveAspectRatio="none" role="img" aria-label="${esc(title)} over the last minutes: now ${esc(said)}, peak ${figure(max)}">${lines}</svg></figure>`;
+}

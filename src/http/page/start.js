@@ -1,5 +1,5 @@
 // The navigation's controls (token, sessions) and the page's start.
-$('save').onclick = () => { store.set('token', $('token').value.trim()); discover(); followLog(); loadCatalog(); };
+$('save').onclick = () => { store.set('token', $('token').value.trim()); discover(); followLog(); loadCatalog(); loadFigures(); };
 $('openSession').onclick = () => {
   const id = $('session-id').value.trim(), token = $('token').value.trim();
   if (!id) return say('enter a session id');
@@ -18,9 +18,11 @@ renderSessions();
 discover();
 loadQueue();
 loadCatalog();
+loadFigures();
+setInterval(loadFigures, 10_000);
 // Signed in by the link `serve` printed? Then no token is needed (the cookie answers).
 (async () => {
   try { await api('GET', '/debug/overview?limit=1', ''); signedIn = true; } catch (e) { /* not signed in */ }
-  if (signedIn) { say('signed in'); discover(); followLog(); loadQueue(); loadOverview(); loadCatalog(); }
+  if (signedIn) { say('signed in'); discover(); followLog(); loadQueue(); loadOverview(); loadCatalog(); loadFigures(); }
   if (store.get('session', '') in sessions) openSession(store.get('session', ''));
 })();
