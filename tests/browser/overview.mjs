@@ -64,6 +64,9 @@ try {
   await page.locator('#figures figure[data-figure="states"][data-waiting="1"]').waitFor();
   for (const name of ['steps', 'jobs']) await page.locator(`#figures figure[data-figure="${name}"] svg[role="img"]`).waitFor();
 
+  step = 'reading the sessions by what they were asked';
+  await page.locator('#sessions button.session', { hasText: 'deploy the site' }).waitFor();
+
   step = 'finding an execution by the words of its message';
   await page.getByLabel('Words of its message', { exact: true }).fill('DEPLOY the');
   await page.waitForFunction((id) => {

@@ -82,6 +82,8 @@ $('composer').onsubmit = async (event) => {
   try {
     const started = await api('POST', `/v1/sessions/${at}/executions`, sessions[at], body);
     if (at !== sid) return;
+    delete sessionWords[at];
+    renderSessions();
     loadActivity();
     openExecution(started.execution_id);
     if (started.steered) say(`steered the running turn ${started.execution_id}`);

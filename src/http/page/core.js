@@ -106,11 +106,31 @@ async function discover() {
   } catch (e) { /* a session token: nothing to discover */ }
   renderSessions();
 }
+// Each session by what it was asked and when (the execution the overview puts first, read
+// once with the admin token), its id short; the whole id on hover.
+const sessionWords = {};
 function renderSessions() {
   const ids = Object.keys(sessions);
-  $('sessions').innerHTML = ids.map((id) =>
-    `<div><button class="session${id === sid ? ' on' : ''}" data-sid="${esc(id)}" ${id === sid ? 'aria-current="true"' : ''}>${esc(id)}</button></div>`).join('') || 'none yet';
+  $('sessions').innerHTML = ids.map((id) => {
+    const words = sessionWords[id];
+    const said = words?.request ? esc(words.request.slice(0, 60)) : '<span class="muted">(no message yet)</span>';
+    return `<div><button class="session${id === sid ? ' on' : ''}" data-sid="${esc(id)}" title="${esc(id)}" ${id === sid ? 'aria-current="true"' : ''}>${said}<br>
+      <span class="muted">${esc(short(id))}${words?.at ? ' · ' + when(words.at) : ''}</span></button></div>`;
+  }).join('') || 'none yet';
   document.querySelectorAll('button.session').forEach((b) => b.onclick = () => openSession(b.dataset.sid));
+  describeSessions(ids.filter((id) => !(id in sessionWords)).slice(0, 30));
+}
+async function describeSessions(ids) {
+  const admin = adminToken();
+  if (!ids.length || (!admin && !signedIn)) return;
+  for (const id of ids) {
+    sessionWords[id] = null;
+    try {
+      const newest = (await api('GET', `/debug/overview?session=${id}&limit=1`, admin)).executions[0];
+      sessionWords[id] = newest ? {request: newest.request, at: newest.admitted_ms} : {};
+    } catch (e) { delete sessionWords[id]; return; }
+  }
+  renderSessions();
 }
 
 // At most one pending run of `task` by `name`, `ms` from the first ask.

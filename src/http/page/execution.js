@@ -4,7 +4,7 @@ function openExecution(eid) {
   executionStream?.abort();
   current = eid; events = []; snapshot = null;
   $('error').textContent = ''; say('');
-  $('execution').innerHTML = '<p class="muted">Loading…</p>';
+  $('execution').innerHTML = '<p class="muted">Loading…</p>'; shownExecution = '';
   if (activity) renderActivity();
   const at = sid, controller = executionStream = new AbortController();
   let last = 0;
@@ -79,6 +79,7 @@ function timelineRow(e, i) {
   return `<tr class="${e.type === 'attempt_started' ? 'attempt' : ''}" data-type="${esc(e.type)}" data-seq="${e.seq}">
     <td><span class="muted">${e.seq}</span> ${esc(e.type)}${status}<br><span class="muted duration">${since}</span></td><td>${shown}</td></tr>`;
 }
+let shownExecution = '';  // the execution view's markup as last drawn
 const TITLES = {pause: 'Pause', continue: 'Continue', step: 'Step', cancel: 'Cancel', retry: 'Retry', reconcile: 'Reconcile'};
 function render() {
   const s = snapshot, can = (c) => s.capabilities.includes(c);
@@ -113,13 +114,17 @@ function render() {
     · steps ${budget(j.budget_used.steps, j.budget.steps, '')} · held ${budget(j.budget_used.wall_ms, j.budget.wall_ms, ' ms')}</h3>`;
   const processes = s.processes.map((p) => `<h3>Process ${esc(p.process_id)} · ${esc(p.state)}${p.exit_code != null ? ' (exit ' + p.exit_code + ')' : ''} · ${p.output_bytes} bytes
     ${p.state === 'running' && can('stop_process') ? `<button data-stop="${esc(p.process_id)}">Stop</button>` : ''}</h3><pre>${esc(p.output_tail) || '<span class="muted">no output</span>'}</pre>`).join('');
-  view.innerHTML = `<h2 id="execution-title" data-state="${esc(s.state)}">${esc(s.execution_id)} · <span id="execution-state">${esc(s.state)}</span>${s.pause_reason ? ' (' + esc(s.pause_reason) + ')' : ''} · version ${s.version}</h2>
+  const html = `<h2 id="execution-title" data-state="${esc(s.state)}">${esc(s.execution_id)} · <span id="execution-state">${esc(s.state)}</span>${s.pause_reason ? ' (' + esc(s.pause_reason) + ')' : ''} · version ${s.version}</h2>
     <div>${controls || '<span class="muted">no controls now</span>'}</div>
     <pre>${esc(s.text) || '<span class="muted">no reply text yet</span>'}</pre>
     ${job}${fn}${waits ? `<h3>Waits</h3><table>${waits}</table>` : ''}${processes}
     <h3>Receipts</h3><table id="receipts">${s.receipts.map((r) => `<tr><td>${esc(r.tool)}</td><td class="st-${esc(r.status)}">${esc(r.status)}</td><td class="muted">${linkIds(esc(r.effect_id))}</td></tr>`).join('') || '<tr><td class="muted">none</td></tr>'}</table>
     <h3>Timeline</h3>${lanesSvg(events, (id) => s.receipts.find((r) => r.effect_id === id)?.tool)}
     <table id="timeline">${events.map(timelineRow).join('')}</table>`;
+  // Nothing changed: the view stays as it is (what is open, picked or focused in it too).
+  if (html === shownExecution) return;
+  shownExecution = html;
+  view.innerHTML = html;
   for (const [key, value, focused] of typed) {
     const input = view.querySelector(`input[data-keep="${key}"]`);
     if (input) { input.value = value; if (focused) input.focus(); }

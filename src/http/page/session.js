@@ -6,7 +6,7 @@ function openSession(id) {
   $('transcript').innerHTML = '<p class="muted">Loading…</p>'; renderDecisions();
   store.set('session', id); $('session-id').value = id; $('error').textContent = ''; say('');
   $('activity').innerHTML = '<p class="muted">Loading…</p>';
-  $('execution').innerHTML = '<p class="muted">Choose an execution.</p>';
+  $('execution').innerHTML = '<p class="muted">Choose an execution.</p>'; shownExecution = '';
   renderSessions();
   const controller = sessionStream = new AbortController(), cursor = 'cursor.' + id;
   // Each (re)connection reads the stored Activity first, then resumes from the saved position.
