@@ -27,12 +27,13 @@ pub struct OverviewFilter {
     /// Any id: of an execution, a session, an effect, a wait, a command or a process.
     pub id: Option<String>,
     /// Words its request holds (any case): of an agent turn's message, or a function's name
-    /// and input. Ended executions are searched among the newest `TEXT_SCAN_MAX`.
+    /// and input. `TEXT_SCAN_MAX` requests are read at most: the unfinished executions', then
+    /// the ended ones', newest first.
     pub text: Option<String>,
     pub limit: usize,
 }
 
-/// How many ended executions a search by words reads at most, newest first.
+/// How many requests a search by words reads at most.
 pub const TEXT_SCAN_MAX: usize = 5_000;
 
 /// How much of a request a row shows.
@@ -55,8 +56,8 @@ pub struct OverviewRow {
     pub last_activity_ms: u64,
     /// Waiting for a person: an approval or question, a pause, an effect to reconcile (B-3).
     pub needs_attention: bool,
-    /// What it was asked, its first words: an agent turn's message, a function's name and
-    /// input; empty for a fork or retry (its request is its parent's).
+    /// What it was asked, its first `REQUEST_CHARS` characters: an agent turn's message, a
+    /// function's name and input; empty when its first event holds neither.
     pub request: String,
 }
 
@@ -112,16 +113,25 @@ fn rank(row: &OverviewRow, state: ExecutionState) -> (u8, std::cmp::Reverse<u64>
 pub fn overview(store: &dyn EventReader, filter: &OverviewFilter) -> Result<Vec<OverviewRow>> {
     let limit = filter.limit.clamp(1, OVERVIEW_LIMIT_MAX);
     let mut rows: Vec<((u8, std::cmp::Reverse<u64>), OverviewRow)> = Vec::new();
-    let words = filter.text.as_deref().map(str::to_lowercase);
+    let words = filter
+        .text
+        .as_deref()
+        .map(|text| text.trim().to_lowercase());
+    // A search by words reads each candidate's request: `TEXT_SCAN_MAX` of them at most.
+    let searched = std::cell::Cell::new(0);
     let push = |head: &ExecutionHead, rows: &mut Vec<_>| -> Result<()> {
         let Some(mut row) = row_if(head, kind_of(store, head)?, filter) else {
             return Ok(());
         };
         if let Some(words) = &words {
-            row.request = request_of(store, head.execution_id)?;
-            if !row.request.to_lowercase().contains(words.as_str()) {
+            if searched.replace(searched.get() + 1) >= TEXT_SCAN_MAX {
                 return Ok(());
             }
+            let request = request_of(store, head.execution_id)?;
+            if !request.to_lowercase().contains(words.as_str()) {
+                return Ok(());
+            }
+            row.request = cut(request);
         }
         rows.push((rank(&row, head.state), row));
         Ok(())
@@ -143,12 +153,11 @@ pub fn overview(store: &dyn EventReader, filter: &OverviewFilter) -> Result<Vec<
     let wants_ended = filter.state.is_none_or(ExecutionState::is_terminal);
     if wants_ended || !indexed {
         let mut ended = 0;
-        // Newest first: ids are time-ordered. A search by words reads each one's request.
-        let scan = match words {
-            Some(_) => TEXT_SCAN_MAX,
-            None => usize::MAX,
-        };
-        for execution_id in candidates(store, filter)?.into_iter().rev().take(scan) {
+        // Newest first: ids are time-ordered.
+        for execution_id in candidates(store, filter)?.into_iter().rev() {
+            if words.is_some() && searched.get() >= TEXT_SCAN_MAX {
+                break;
+            }
             let Some(head) = store.head(execution_id)? else {
                 continue; // purged since it was indexed
             };
@@ -170,14 +179,22 @@ pub fn overview(store: &dyn EventReader, filter: &OverviewFilter) -> Result<Vec<
     let mut rows: Vec<OverviewRow> = rows.into_iter().take(limit).map(|(_, row)| row).collect();
     if filter.text.is_none() {
         for row in &mut rows {
-            row.request = request_of(store, row.execution_id)?;
+            row.request = cut(request_of(store, row.execution_id)?);
         }
     }
     Ok(rows)
 }
 
-/// What an execution was asked, from its admission (its first event), cut to
-/// `REQUEST_CHARS`: an agent turn's message, or a function's name and input.
+/// A request as a row shows it: its first `REQUEST_CHARS`.
+fn cut(request: String) -> String {
+    match request.char_indices().nth(REQUEST_CHARS) {
+        Some((end, _)) => request[..end].to_owned(),
+        None => request,
+    }
+}
+
+/// What an execution was asked, from its admission (its first event): an agent turn's
+/// message, or a function's name and input; empty when its first event holds neither.
 fn request_of(store: &dyn EventReader, execution_id: ExecutionId) -> Result<String> {
     let first = store.events_after(execution_id, 0, 1)?;
     let Some(openprogram_storage::Event::Admitted { input, .. }) = first.first().map(|e| &e.event)
@@ -190,7 +207,7 @@ fn request_of(store: &dyn EventReader, execution_id: ExecutionId) -> Result<Stri
         (_, serde_json::Value::String(function)) => format!("{function} {}", input["input"]),
         _ => String::new(),
     };
-    Ok(request.chars().take(REQUEST_CHARS).collect())
+    Ok(request)
 }
 
 /// When an execution was admitted: its id's time (UUID v7), ms since the epoch.

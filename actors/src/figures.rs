@@ -71,43 +71,55 @@ impl Figures {
         Self { env, samples }
     }
 
+    /// Takes a sample: the steps now, the index's counts on a blocking thread (a scan on sled,
+    /// a query on PostgreSQL: not on the arbiter other actors share), the queue's depth.
     fn sample(&mut self, ctx: &mut Context<Self>) {
-        let mut by_state = BTreeMap::new();
-        for state in ExecutionState::ALL.into_iter().filter(|s| !s.is_terminal()) {
-            match self.env.store.executions_in_state(state) {
-                Ok(ids) => by_state.insert(state.as_str(), ids.len()),
-                Err(error) => {
-                    tracing::debug!(%error, "figures: the state index could not be read");
-                    by_state.clear();
-                    break;
-                }
-            };
-        }
-        let sample = FigureSample {
-            at_ms: self.env.clock.now_ms(),
-            steps: self.env.steps.load(Ordering::Relaxed),
-            by_state,
-            jobs_waiting: 0,
-        };
-        let Some(queue) = self.env.queue() else {
-            return self.samples.push(sample);
-        };
-        let asked = queue.send(crate::resource_queue::Report);
-        let samples = self.samples.clone();
-        ctx.spawn(
-            async move {
-                let waiting = asked.await.ok().map(|report| {
-                    let resources = report.resources.iter();
-                    resources.map(|resource| resource.queued).sum()
-                });
-                samples.push(FigureSample {
-                    jobs_waiting: waiting.unwrap_or_default(),
-                    ..sample
-                });
-            }
-            .into_actor(self),
+        let (at_ms, steps) = (
+            self.env.clock.now_ms(),
+            self.env.steps.load(Ordering::Relaxed),
         );
+        let store = Arc::clone(&self.env.store);
+        let counted = tokio::task::spawn_blocking(move || counts(store.as_ref()));
+        let asked = self
+            .env
+            .queue()
+            .map(|queue| queue.send(crate::resource_queue::Report));
+        let samples = self.samples.clone();
+        let sampled = async move {
+            let jobs_waiting = match asked {
+                Some(asked) => asked.await.map_or(0, |report| {
+                    report
+                        .resources
+                        .iter()
+                        .map(|resource| resource.queued)
+                        .sum()
+                }),
+                None => 0,
+            };
+            samples.push(FigureSample {
+                at_ms,
+                steps,
+                by_state: counted.await.unwrap_or_default(),
+                jobs_waiting,
+            });
+        };
+        ctx.spawn(sampled.into_actor(self));
     }
+}
+
+/// Executions in each unfinished state; empty when the index could not be read.
+fn counts(store: &dyn openprogram_storage::EventStore) -> BTreeMap<&'static str, usize> {
+    let mut by_state = BTreeMap::new();
+    for state in ExecutionState::ALL.into_iter().filter(|s| !s.is_terminal()) {
+        match store.count_in_state(state) {
+            Ok(count) => by_state.insert(state.as_str(), count),
+            Err(error) => {
+                tracing::debug!(%error, "figures: the state index could not be read");
+                return BTreeMap::new();
+            }
+        };
+    }
+    by_state
 }
 
 impl Actor for Figures {
@@ -116,5 +128,27 @@ impl Actor for Figures {
     fn started(&mut self, ctx: &mut Context<Self>) {
         self.sample(ctx);
         ctx.run_interval(EVERY, |figures, ctx| figures.sample(ctx));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn i3_the_figures_keep_the_last_ten_minutes_oldest_first() {
+        let samples = FigureSamples::default();
+        for at_ms in 0..(KEPT as u64 + 5) {
+            samples.push(FigureSample {
+                at_ms,
+                steps: at_ms * 10,
+                by_state: BTreeMap::new(),
+                jobs_waiting: 0,
+            });
+        }
+        let kept = samples.all();
+        assert_eq!(kept.len(), KEPT);
+        assert_eq!(kept[0].at_ms, 5, "the oldest dropped first");
+        assert_eq!(kept[KEPT - 1].at_ms, KEPT as u64 + 4);
     }
 }

@@ -222,10 +222,16 @@ pub async fn overview(
         session,
         since_ms,
         id: query.id.clone(),
-        text: query.text.clone().filter(|text| !text.trim().is_empty()),
+        text: (query.text.as_deref().map(str::trim))
+            .filter(|text| !text.is_empty())
+            .map(str::to_owned),
         limit: query.limit.unwrap_or(100),
     };
-    let rows = api.runtime.overview(&filter)?;
+    // Store reads, a search's up to thousands: off the server's two workers.
+    let runtime = api.runtime.clone();
+    let rows = web::block(move || runtime.overview(&filter))
+        .await
+        .map_err(|error| crate::Error::Unavailable(error.to_string()))??;
     Ok(HttpResponse::Ok().json(json!({ "executions": rows })))
 }
 

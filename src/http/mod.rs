@@ -204,6 +204,7 @@ fn page_file(name: &str) -> HttpResponse {
             "default-src 'self'; frame-ancestors 'none'",
         ))
         .insert_header(("X-Frame-Options", "DENY"))
+        .insert_header(("X-Content-Type-Options", "nosniff"))
         // A new build's page is read at the next load.
         .insert_header(("Cache-Control", "no-cache"))
         .body(*body)

@@ -145,6 +145,10 @@ pub trait EventReader: Send + Sync + 'static {
     /// Executions currently in a non-terminal `state`, from the by-state index (S-6).
     /// Terminal states are not indexed: asking for one returns an empty list.
     fn executions_in_state(&self, state: ExecutionState) -> Result<Vec<ExecutionId>>;
+    /// How many executions `executions_in_state` would list.
+    fn count_in_state(&self, state: ExecutionState) -> Result<usize> {
+        Ok(self.executions_in_state(state)?.len())
+    }
     /// Executions refused for corrupted records, with the reason (S-4).
     fn quarantined(&self) -> Vec<(ExecutionId, String)>;
     /// The incarnation this handle opened the store as.

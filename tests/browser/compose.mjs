@@ -92,6 +92,11 @@ try {
   await page.locator('[data-control="cancel"]').click();
   await page.locator('#execution-title[data-state="cancelled"]').waitFor();
 
+  step = 'reading it on a phone';
+  await page.setViewportSize({ width: 390, height: 844 });
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  if (overflow > 1) throw new Error(`the page is ${overflow} px wider than a phone`);
+
   step = 'checking that no error was shown';
   await checkNoErrors(page, scriptErrors);
   console.log(`started function ${fn}, Job ${job}, steered ${running}`);

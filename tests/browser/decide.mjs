@@ -121,6 +121,11 @@ try {
   await page.locator(`#transcript [data-wait-block="${wait}"][data-wait-state="answered"]`).waitFor();
   await page.locator(`#transcript article[data-role="assistant"]`, { hasText: 'deployed' }).waitFor();
 
+  step = 'reading it on a phone';
+  await page.setViewportSize({ width: 390, height: 844 });
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  if (overflow > 1) throw new Error(`the page is ${overflow} px wider than a phone`);
+
   step = 'checking what the page showed on the way';
   const seen = await page.evaluate(() => window.seen);
   if (seen.errors.length) throw new Error(`the page showed an error: ${seen.errors[0]}`);

@@ -32,8 +32,13 @@ fn asking() -> Value {
 }
 
 fn done() -> Value {
-    json!({"message": "m", "script": [{"tool": "echo", "args": {"text": "x"}}, {"reply": "done"}]})
+    json!({"message": DONE, "script": [{"tool": "echo", "args": {"text": "x"}}, {"reply": "done"}]})
 }
+
+/// A message longer than a row shows: a word past its first 120 characters still finds it.
+const DONE: &str =
+    "Summarise the week's incident reports for the on-call rotation, group them by service, \
+     and end with the one that mentions a zebra";
 
 fn ids(rows: &Value) -> Vec<String> {
     rows.as_array()
@@ -97,7 +102,21 @@ fn i4_inspect_executions_across_sessions_needs_attention_first() {
     assert_eq!(ids(&recent), vec![waiting.clone()]);
     // Each row says what it was asked; the words of it find it, in any case.
     assert_eq!(all[0]["request"], "Please deploy the site", "{all}");
-    assert_eq!(all[1]["request"], "m", "{all}");
+    let shown: String = DONE.chars().take(120).collect();
+    assert_eq!(
+        all[1]["request"],
+        shown.as_str(),
+        "a row shows the first 120 characters"
+    );
+    let (_, zebra) = server.call("GET", "/debug/overview?text=zebra", Some(ADMIN), None);
+    let mut found = ids(&zebra["executions"]);
+    found.sort();
+    let mut expected = finished.clone();
+    expected.sort();
+    assert_eq!(
+        found, expected,
+        "found by a word past what a row shows: {zebra}"
+    );
     let (status, by_words) = server.call(
         "GET",
         "/debug/overview?text=DEPLOY%20the",

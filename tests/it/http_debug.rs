@@ -345,6 +345,23 @@ fn i3_health_openapi_and_page_need_no_token() {
         (404, &json!("not_found")),
         "{body}"
     );
+    // Only the page's own files run or style it, never framed, never sniffed.
+    for path in ["/", "/page/core.js"] {
+        let response = ureq::get(&format!("{}{path}", server.url))
+            .call()
+            .expect(path);
+        let csp = response.header("Content-Security-Policy");
+        assert_eq!(
+            csp,
+            Some("default-src 'self'; frame-ancestors 'none'"),
+            "{path}"
+        );
+        assert_eq!(
+            response.header("X-Content-Type-Options"),
+            Some("nosniff"),
+            "{path}"
+        );
+    }
 }
 
 /// Issue 36: `GET /debug/log/stream` follows the global log from its end (what the page's

@@ -287,7 +287,7 @@ fn index_metrics(out: &mut Prometheus, store: &dyn EventReader, live: usize) -> 
         .into_iter()
         .filter(|state| !state.is_terminal())
     {
-        let count = store.executions_in_state(state)?.len();
+        let count = store.count_in_state(state)?;
         by_state.push((state.as_str(), count as f64));
         unfinished += count;
     }

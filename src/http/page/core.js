@@ -118,17 +118,18 @@ function renderSessions() {
       <span class="muted">${esc(short(id))}${words?.at ? ' · ' + when(words.at) : ''}</span></button></div>`;
   }).join('') || 'none yet';
   document.querySelectorAll('button.session').forEach((b) => b.onclick = () => openSession(b.dataset.sid));
-  describeSessions(ids.filter((id) => !(id in sessionWords)).slice(0, 30));
+  describeSessions(ids.slice(0, 30).filter((id) => !(id in sessionWords)));
 }
+// The first thirty sessions' words, each read once (opening a session reads it again).
 async function describeSessions(ids) {
   const admin = adminToken();
   if (!ids.length || (!admin && !signedIn)) return;
+  for (const id of ids) sessionWords[id] = null;
   for (const id of ids) {
-    sessionWords[id] = null;
     try {
       const newest = (await api('GET', `/debug/overview?session=${id}&limit=1`, admin)).executions[0];
       sessionWords[id] = newest ? {request: newest.request, at: newest.admitted_ms} : {};
-    } catch (e) { delete sessionWords[id]; return; }
+    } catch (e) { ids.forEach((left) => { if (sessionWords[left] === null) delete sessionWords[left]; }); return; }
   }
   renderSessions();
 }

@@ -16,13 +16,15 @@ function pending() {
   return transcript.flatMap((m) => (m.blocks || []).filter((b) => b.type === 'wait' && b.status === 'open' && !b.inherited)
     .map((b) => ({...b, execution_id: m.execution_id})));
 }
+// The "Other" text of a draft: the value (or, for several choices, the one) not among the options.
+const otherOf = (item, d) => [].concat(d ?? []).find((v) => typeof v === 'string' && !item.options.includes(v)) ?? '';
 function field(w, item) {
   const d = draftOf(w.wait_id)[item.id], name = esc(item.id), group = `${esc(w.wait_id)}-${name}`;
   let input;
   if (item.type === 'choice') {
     const type = item.multiple ? 'checkbox' : 'radio', picked = (o) => item.multiple ? (d || []).includes(o) : d === o;
     input = item.options.map((o) => `<label class="option"><input type="${type}" name="${group}" value="${esc(o)}" data-item="${name}"${picked(o) ? ' checked' : ''}> ${esc(o)}</label>`).join('') +
-      (item.other ? `<label class="option">Other <input type="text" data-item="${name}" data-other value="${esc(item.options.includes(d) ? '' : (typeof d === 'string' ? d : ''))}"></label>` : '');
+      (item.other ? `<label class="option">Other <input type="text" data-item="${name}" data-other value="${esc(otherOf(item, d))}"></label>` : '');
   } else if (item.type === 'boolean') {
     input = `<label class="option"><input type="checkbox" data-item="${name}"${d ? ' checked' : ''}> yes</label>`;
   } else if (item.type === 'number' || item.type === 'integer') {
@@ -52,6 +54,7 @@ function card(w) {
       ${form ? `· <span data-counter></span>` : ''}</span></header>
     ${delivery}<div class="decision-body"${folded || sent ? ' hidden' : ''}>${fields}<div class="decision-buttons">${buttons}</div></div></form>`;
 }
+const CONTROLS = ['[data-fold]', '[data-back]', '[data-next]', 'button[type="submit"]', '[data-skip]', '[data-again]'];
 const DELIVERY = {sending: 'sending…', sent: 'sent: the execution takes it next', unconfirmed: 'not confirmed yet'};
 // Shows question `index` of a form of several (the others keep their drafts, hidden).
 function showStep(form, w, index) {
@@ -71,8 +74,9 @@ function collect(form, w) {
   for (const item of items) {
     const inputs = [...form.querySelectorAll(`[data-item="${CSS.escape(item.id)}"]`)];
     let value;
-    if (item.type === 'choice' && item.multiple) value = inputs.filter((i) => i.checked).map((i) => i.value);
-    else if (item.type === 'choice') value = inputs.find((i) => i.checked)?.value ?? (inputs.find((i) => i.dataset.other !== undefined)?.value.trim() || undefined);
+    const other = inputs.find((i) => i.dataset.other !== undefined)?.value.trim();
+    if (item.type === 'choice' && item.multiple) value = inputs.filter((i) => i.checked).map((i) => i.value).concat(other ? [other] : []);
+    else if (item.type === 'choice') value = inputs.find((i) => i.checked)?.value ?? (other || undefined);
     else if (item.type === 'boolean') value = inputs[0]?.checked ?? false;
     else if (item.type === 'number' || item.type === 'integer') value = inputs[0]?.value === '' ? undefined : Number(inputs[0]?.value);
     else value = inputs[0]?.value || undefined;
@@ -90,8 +94,11 @@ function answered(w, answer) {
     .map((item) => `${item.label || item.id}: ${[].concat(answer[item.id]).join(', ')}`).join(' · ') || '(nothing)';
 }
 // Sends an answer or a decline, keeping its command id until its delivery is confirmed.
+// `deliver(w)` sends the kept submission again (its command id too).
 async function deliver(w, kind, answer) {
-  const sent = submitted[w.wait_id] ?? {command_id: uuid(), kind, answer, text: kind === 'decline' ? 'the whole request' : answered(w, answer)};
+  const sent = kind === undefined ? submitted[w.wait_id]
+    : {command_id: uuid(), kind, answer, text: kind === 'decline' ? 'the whole request' : answered(w, answer)};
+  if (!sent) return;
   sent.state = 'sending';
   submitted[w.wait_id] = sent; store.set('sent.' + w.wait_id, sent); renderDecisions(true);
   if (snapshot && current === w.execution_id) render();
@@ -104,36 +111,44 @@ async function deliver(w, kind, answer) {
   soon('transcript', loadTranscript, 100);
 }
 function renderDecisions(force) {
-  const waits = pending(), key = waits.map((w) => `${w.wait_id}=${submitted[w.wait_id]?.state ?? ''}`).join(',');
+  const waits = pending(), key = `${sid}|` + waits.map((w) => `${w.wait_id}=${submitted[w.wait_id]?.state ?? ''}`).join(',');
   if (key === decisionsKey && !force) return;
-  // A request no longer pending keeps nothing.
-  for (const id of decisionsKey.split(',').map((k) => k.split('=')[0]).filter(Boolean)) {
-    if (!waits.some((w) => w.wait_id === id)) PER_WAIT.forEach((prefix) => sessionStorage.removeItem('op.' + prefix + id));
+  // A request of this session no longer pending keeps nothing (another session's, or one
+  // whose transcript is still loading, keeps all).
+  const [shown, before] = decisionsKey.split('|');
+  if (shown === sid && transcriptOf === sid) {
+    for (const id of (before ?? '').split(',').map((k) => k.split('=')[0]).filter(Boolean)) {
+      if (!waits.some((w) => w.wait_id === id)) PER_WAIT.forEach((prefix) => sessionStorage.removeItem('op.' + prefix + id));
+    }
   }
   // What a reload kept of a delivery in flight, read when a request is first seen: sending it
   // again sends the same command id.
   for (const w of waits.filter((w) => !seenWaits.has(w.wait_id))) {
     seenWaits.add(w.wait_id);
     const kept = store.get('sent.' + w.wait_id, null);
-    if (kept && !submitted[w.wait_id]) submitted[w.wait_id] = {...kept, state: 'unconfirmed'};
+    if (kept && !submitted[w.wait_id]) submitted[w.wait_id] = {...kept, state: kept.state === 'sent' ? 'sent' : 'unconfirmed'};
   }
   const box = $('decisions'), focused = document.activeElement, keep = box.contains(focused)
-    ? [focused.closest('form')?.dataset.decision, focused.dataset.item, focused.value] : null;
+    ? [focused.closest('form')?.dataset.decision, focused.dataset.item, focused.value, CONTROLS.find((c) => focused.matches(c))] : null;
   const errors = [...box.querySelectorAll('[data-error]')].map((e) => [e.closest('form').dataset.decision, e.dataset.error, e.textContent]);
   decisionsKey = key;
   box.innerHTML = waits.map(card).join('') || '<p class="muted">none pending</p>';
   box.querySelectorAll('form.decision').forEach((form) => wire(form, waits.find((one) => one.wait_id === form.dataset.decision)));
   for (const [wait, name, text] of errors.filter(([, , text]) => text)) {
-    const at = box.querySelector(`[data-decision="${wait}"] [data-error="${name}"]`);
+    const at = box.querySelector(`[data-decision="${CSS.escape(wait)}"] [data-error="${CSS.escape(name)}"]`);
     if (!at) continue;
     at.textContent = text;
     // The question the server refused is the one shown.
     const w = waits.find((one) => one.wait_id === wait), form = at.closest('form');
     showStep(form, w, (w.request?.items || []).findIndex((item) => item.id === name));
   }
+  // What had the focus has it again: a field (its option by value) or a panel's control.
   if (keep) {
-    const back = [...box.querySelectorAll(`[data-decision="${keep[0]}"] [data-item="${keep[1]}"]`)].find((i) => i.value === keep[2]) ||
-      box.querySelector(`[data-decision="${keep[0]}"] [data-item="${keep[1]}"]`);
+    const inCard = `[data-decision="${CSS.escape(keep[0] ?? '')}"]`;
+    const back = keep[1] !== undefined
+      ? [...box.querySelectorAll(`${inCard} [data-item="${CSS.escape(keep[1])}"]`)].find((i) => i.value === keep[2]) ||
+        box.querySelector(`${inCard} [data-item="${CSS.escape(keep[1])}"]`)
+      : box.querySelector(`${inCard} ${keep[3]}`);
     back?.focus();
   }
 }
@@ -144,12 +159,19 @@ function wire(form, w) {
   form.oninput = save; form.onchange = save;
   showStep(form, w, store.get('step.' + w.wait_id, 0));
   const step = () => store.get('step.' + w.wait_id, 0);
-  form.querySelector('[data-back]')?.addEventListener('click', () => showStep(form, w, step() - 1));
-  form.querySelector('[data-next]')?.addEventListener('click', () => showStep(form, w, step() + 1));
+  // Back and Next take the focus to the question they show.
+  const go = (by) => {
+    showStep(form, w, step() + by);
+    form.querySelector('fieldset[data-field]:not([hidden]) input')?.focus();
+  };
+  form.querySelector('[data-back]')?.addEventListener('click', () => go(-1));
+  form.querySelector('[data-next]')?.addEventListener('click', () => go(1));
   form.querySelector('[data-fold]').onclick = () => { store.set('fold.' + w.wait_id, !store.get('fold.' + w.wait_id, false)); renderDecisions(true); };
   form.querySelector('button.exec').onclick = () => openExecution(w.execution_id);
   form.onsubmit = (event) => {
     event.preventDefault();
+    // Enter before the last question moves on: nothing is sent unseen.
+    if (items.length > 1 && step() < items.length - 1) return go(1);
     form.querySelectorAll('[data-error]').forEach((e) => e.textContent = '');
     deliver(w, 'answer', collect(form, w));
   };

@@ -14,7 +14,11 @@ function spans(all, toolOf) {
     out.push({...span, end: e.at_ms, outcome});
   };
   for (const e of all) {
-    if (e.type === 'attempt_started') lane = e.epoch;
+    if (e.type === 'attempt_started') {
+      // A call its attempt left open ended with it: interrupted (a wait goes on).
+      for (const [key, span] of open) if (span.kind !== 'wait') { open.delete(key); out.push({...span, end: e.at_ms, outcome: 'interrupted'}); }
+      lane = e.epoch;
+    }
     else if (e.type === 'model_requested') start(e.effect_id, e, 'model', 'model call');
     else if (e.type === 'model_decided') end(e.effect_id, e, 'confirmed', 'model', 'model call');
     else if (e.type === 'model_failed') end(e.effect_id, e, 'failed', 'model', 'model call');

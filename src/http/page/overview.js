@@ -3,17 +3,23 @@
 // Every session's executions (issue 36, admin token): filtered, found by any id, needs
 // attention first; read again whenever the global log moves (its event stream) and whenever a
 // filter changes. Opening one opens its session with the admin token.
+// One read at a time: asked again while one is in flight, it reads once more after it, and
+// only the newest filters' answer is drawn.
+let overviewReading = false, overviewAgain = false;
 async function loadOverview() {
   const admin = adminToken();
   if (!admin && !signedIn) return;
+  if (overviewReading) { overviewAgain = true; return; }
+  overviewReading = true;
   const query = filtersToUrl();
   query.set('limit', '50');
   try {
     const found = await api('GET', '/debug/overview?' + query, admin);
+    if (String(filtersToUrl(false)) !== String(withoutLimit(query))) return;
     $('overview').innerHTML = found.executions.map(overviewRow).join('') || '<tr><td class="muted">none match</td></tr>';
     const counts = {};
     for (const row of found.executions) counts[row.state] = (counts[row.state] || 0) + 1;
-    $('ov-counts').innerHTML = Object.entries(counts).map(([state, n]) => `<span class="chip st-${esc(state)}" data-count="${esc(state)}">${esc(state.replace(/_/g, ' '))} ${n}</span>`).join(' ');
+    $('ov-counts').innerHTML = (found.executions.length ? 'shown: ' : '') + Object.entries(counts).map(([state, n]) => `<span class="chip st-${esc(state)}" data-count="${esc(state)}">${esc(state.replace(/_/g, ' '))} ${n}</span>`).join(' ');
     document.querySelectorAll('button.ov-open').forEach((b) => b.onclick = () => {
       if (!sessions[b.dataset.sid]) remember(b.dataset.sid, admin);
       openSession(b.dataset.sid); openExecution(b.dataset.eid);
@@ -22,12 +28,16 @@ async function loadOverview() {
   } catch (e) {
     const text = e.status === 401 ? 'the admin token shows them' : 'overview: ' + e.message;
     $('overview').innerHTML = `<tr><td class="muted">${esc(text)}</td></tr>`;
+  } finally {
+    overviewReading = false;
+    if (overviewAgain) { overviewAgain = false; loadOverview(); }
   }
 }
+const withoutLimit = (query) => { const copy = new URLSearchParams(query); copy.delete('limit'); return copy; };
 // One row a person can scan: what it was asked, its state as a coloured chip, when, and its
 // id short, with the whole id one click away (copied).
 function overviewRow(row) {
-  const asked = row.request ? esc(row.request) : `<span class="muted">(${row.kind === 'function' ? 'no input' : 'a fork or retry: no message of its own'})</span>`;
+  const asked = row.request ? esc(row.request) : '<span class="muted">(no message)</span>';
   return `<tr class="${row.needs_attention ? 'attention' : ''}" data-eid="${esc(row.execution_id)}" data-state="${esc(row.state)}">
     <td><button class="ov-open" data-eid="${esc(row.execution_id)}" data-sid="${esc(row.session_id)}" aria-label="Open ${esc(row.request || row.execution_id)}">${asked}</button><br>
     <span class="chip st-${esc(row.state)}">${esc(row.state.replace(/_/g, ' '))}</span>${row.needs_attention ? ' <b>needs attention</b>' : ''}
@@ -50,10 +60,11 @@ async function copyId(button) {
 }
 // The overview's filters live in the page's address, so a view can be shared.
 const FILTERS = [['state', 'ov-state'], ['kind', 'ov-kind'], ['since', 'ov-since'], ['id', 'ov-id'], ['text', 'ov-text']];
-function filtersToUrl() {
+// The filters as a query; written into the page's address unless `address` is false.
+function filtersToUrl(address = true) {
   const query = new URLSearchParams();
   for (const [key, id] of FILTERS) if ($(id).value.trim()) query.set(key, $(id).value.trim());
-  history.replaceState(null, '', query.size ? '?' + query : location.pathname);
+  if (address) history.replaceState(null, '', query.size ? '?' + query : location.pathname);
   return query;
 }
 for (const [key, id] of FILTERS) {
@@ -110,7 +121,11 @@ async function loadFigures() {
     const {samples} = await api('GET', '/debug/figures', admin);
     const at = (s) => s.at_ms;
     const rates = samples.slice(1).map((s, i) => ({at: at(s), value: Math.max(0, (s.steps - samples[i].steps) * 1000 / Math.max(1, at(s) - at(samples[i])))}));
-    const states = ['running', 'waiting', 'queued', 'paused'].map((state) => [state, samples.map((s) => ({at: at(s), value: s.by_state[state] ?? 0}))]);
+    // Each state that had executions in the window; a sample whose index was unreadable
+    // (no counts) is left out rather than drawn as zeros.
+    const counted = samples.filter((s) => Object.keys(s.by_state).length);
+    const names = [...new Set(counted.flatMap((s) => Object.keys(s.by_state).filter((k) => s.by_state[k] > 0)))];
+    const states = (names.length ? names : ['running']).map((state) => [state, counted.map((s) => ({at: at(s), value: s.by_state[state] ?? 0}))]);
     $('figures').innerHTML = chart('steps', 'steps per second', [['steps', rates]]) +
       chart('states', 'executions not ended', states) +
       chart('jobs', 'Jobs waiting for resources', [['jobs', samples.map((s) => ({at: at(s), value: s.jobs_waiting}))]]);
@@ -123,7 +138,7 @@ function chart(name, title, series) {
   const t0 = Math.min(...all.map((p) => p.at)), t1 = Math.max(...all.map((p) => p.at)), max = Math.max(1, ...all.map((p) => p.value));
   const x = (t) => t1 > t0 ? (t - t0) / (t1 - t0) * W : W, y = (v) => H - 1 - v / max * (H - 2);
   const now = series.map(([label, points]) => [label, points.at(-1)?.value]);
-  const said = now.map(([label, value]) => series.length > 1 ? `${label} ${figure(value)}` : figure(value)).join(', ');
+  const said = now.map(([label, value]) => series.length > 1 ? `${label.replace(/_/g, ' ')} ${figure(value)}` : figure(value)).join(', ');
   const lines = series.map(([label, points]) => points.length > 1
     ? `<polyline class="line s-${esc(label)}" points="${points.map((p) => `${x(p.at).toFixed(1)},${y(p.value).toFixed(1)}`).join(' ')}"/>`
     : points.map((p) => `<circle class="line s-${esc(label)}" cx="${x(p.at).toFixed(1)}" cy="${y(p.value).toFixed(1)}" r="2"/>`).join('')).join('');

@@ -2,7 +2,8 @@
 // Activity (B-2..B-5): the session's branches in three sections, live over the session stream.
 function openSession(id) {
   sessionStream?.abort(); executionStream?.abort();
-  sid = id; activity = null; current = null; snapshot = null; openBranches.clear(); transcript = [];
+  delete sessionWords[id];
+  sid = id; activity = null; current = null; snapshot = null; openBranches.clear(); transcript = []; transcriptOf = null;
   $('transcript').innerHTML = '<p class="muted">Loading…</p>'; renderDecisions();
   store.set('session', id); $('session-id').value = id; $('error').textContent = ''; say('');
   $('activity').innerHTML = '<p class="muted">Loading…</p>';
@@ -53,6 +54,7 @@ function branch(row) {
 // session's stream moves: each message with its reasoning, text, tool calls and receipts,
 // steps, steering where it arrived, and the waits it opened with their outcome.
 let transcript = [];
+let transcriptOf = null;  // the session `transcript` was read for (none while it loads)
 const changedExecutions = new Set();  // executions the session stream said moved
 // One execution's assistant message read whole: a long turn's blocks come in parts
 // (`more_after_seq`), and a request opened late in it must still reach Decisions.
@@ -93,7 +95,7 @@ async function loadTranscript(changedOnly) {
         if (messages[i].more_after_seq != null) messages[i] = await assistantOf(at, messages[i].execution_id, messages[i]);
       }
     }
-    if (at === sid) { transcript = messages; renderTranscript(); renderDecisions(); }
+    if (at === sid) { transcript = messages; transcriptOf = at; renderTranscript(); renderDecisions(); }
   } catch (e) {
     if (at !== sid) return;
     if (confirmed(e)) fail(at, 'Transcript: ' + e.message); else soon('transcript', loadTranscript, 1000);

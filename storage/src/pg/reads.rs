@@ -444,6 +444,22 @@ impl EventReader for PgStore {
         })
     }
 
+    fn count_in_state(&self, state: ExecutionState) -> Result<usize> {
+        if state.is_terminal() {
+            return Ok(0);
+        }
+        let code = i16::from(state.code());
+        self.read(move |client| {
+            let row = client
+                .query_one(
+                    "SELECT count(*) FROM op_heads WHERE ended_at_ms IS NULL AND state = $1",
+                    &[&code],
+                )
+                .map_err(database)?;
+            Ok(usize::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+        })
+    }
+
     fn executions_in_state(&self, state: ExecutionState) -> Result<Vec<ExecutionId>> {
         if state.is_terminal() {
             return Ok(Vec::new());
