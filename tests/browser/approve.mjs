@@ -9,7 +9,7 @@
 // Run by tests/it/browser.rs against a real `openprogram serve`. Exit 0 on success; on
 // failure exit 1 with one line saying which step failed. Every wait is bounded by
 // Playwright's timeouts: no fixed sleeps.
-import { launch, failed } from './page.mjs';
+import { launch, failed, openSession } from './page.mjs';
 
 const [url, session, token] = [
   process.argv[2] ?? process.env.OP_URL,
@@ -43,9 +43,7 @@ try {
   });
 
   step = 'entering the session token and id';
-  await page.getByLabel('Token', { exact: true }).fill(token);
-  await page.getByLabel('Session id', { exact: true }).fill(session);
-  await page.getByRole('button', { name: 'Open session' }).click();
+  await openSession(page, token, session);
 
   step = 'reading the History count';
   const history = page.locator('#history-count');

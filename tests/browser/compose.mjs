@@ -8,7 +8,7 @@
 //
 // Run by tests/it/browser.rs against a real `openprogram serve --resource model=1`. Exit 0 on
 // success; on failure exit 1 with one line saying which step failed. Every wait is bounded.
-import { launch, failed, recordErrors, checkNoErrors } from './page.mjs';
+import { launch, failed, recordErrors, checkNoErrors, fitsAPhone } from './page.mjs';
 
 const [url, session, admin, file] = process.argv.slice(2);
 if (!url || !session || !admin || !file) {
@@ -93,9 +93,7 @@ try {
   await page.locator('#execution-title[data-state="cancelled"]').waitFor();
 
   step = 'reading it on a phone';
-  await page.setViewportSize({ width: 390, height: 844 });
-  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
-  if (overflow > 1) throw new Error(`the page is ${overflow} px wider than a phone`);
+  await fitsAPhone(page);
 
   step = 'checking that no error was shown';
   await checkNoErrors(page, scriptErrors);

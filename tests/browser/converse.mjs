@@ -8,7 +8,7 @@
 // Run by tests/it/browser.rs against a real `openprogram serve`. Exit 0 on success; on
 // failure exit 1 with one line saying which step failed. Every wait is bounded by
 // Playwright's timeouts: no fixed sleeps.
-import { launch, failed, recordErrors, checkNoErrors } from './page.mjs';
+import { launch, failed, recordErrors, checkNoErrors, openSession } from './page.mjs';
 
 const [url, session, token] = process.argv.slice(2);
 if (!url || !session || !token) {
@@ -25,9 +25,7 @@ try {
   step = 'opening the session';
   await page.goto(url);
   await recordErrors(page);
-  await page.getByLabel('Token', { exact: true }).fill(token);
-  await page.getByLabel('Session id', { exact: true }).fill(session);
-  await page.getByRole('button', { name: 'Open session' }).click();
+  await openSession(page, token, session);
   await page.locator('#transcript', { hasText: 'no messages yet' }).waitFor();
 
   step = 'sending the first message';

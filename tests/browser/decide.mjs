@@ -13,7 +13,7 @@
 // Run by tests/it/browser.rs against a real `openprogram serve`. Exit 0 on success; on
 // failure exit 1 with one line saying which step failed. Every wait is bounded by
 // Playwright's timeouts: no fixed sleeps. With SCREENSHOTS=DIR, saves decision.png there.
-import { launch, failed, recordErrors } from './page.mjs';
+import { launch, failed, recordErrors, openSession, fitsAPhone } from './page.mjs';
 
 const [url, session, token, execution] = process.argv.slice(2);
 if (!url || !session || !token || !execution) {
@@ -29,9 +29,7 @@ try {
 
   step = 'opening the session';
   await page.goto(url);
-  await page.getByLabel('Token', { exact: true }).fill(token);
-  await page.getByLabel('Session id', { exact: true }).fill(session);
-  await page.getByRole('button', { name: 'Open session' }).click();
+  await openSession(page, token, session);
 
   step = 'reading the transcript';
   await page.locator(`#transcript article[data-role="assistant"] [data-block="tool_call"]`).first().waitFor();
@@ -122,9 +120,7 @@ try {
   await page.locator(`#transcript article[data-role="assistant"]`, { hasText: 'deployed' }).waitFor();
 
   step = 'reading it on a phone';
-  await page.setViewportSize({ width: 390, height: 844 });
-  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
-  if (overflow > 1) throw new Error(`the page is ${overflow} px wider than a phone`);
+  await fitsAPhone(page);
 
   step = 'checking what the page showed on the way';
   const seen = await page.evaluate(() => window.seen);

@@ -9,7 +9,7 @@
 //
 // Run by tests/it/browser.rs against a real `openprogram serve`. Exit 0 on success; on
 // failure exit 1 with one line saying which step failed. Every wait is bounded.
-import { launch, failed, recordErrors, checkNoErrors } from './page.mjs';
+import { launch, failed, recordErrors, checkNoErrors, fitsAPhone } from './page.mjs';
 
 const [url, admin, waiting, done] = process.argv.slice(2);
 if (!url || !admin || !waiting || !done) {
@@ -130,9 +130,7 @@ try {
   if (shots) await page.screenshot({ path: `${shots}/execution.png`, fullPage: true });
 
   step = 'reading it on a phone';
-  await page.setViewportSize({ width: 390, height: 844 });
-  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
-  if (overflow > 1) throw new Error(`the page is ${overflow} px wider than a phone`);
+  await fitsAPhone(page);
 
   step = 'checking that no error was shown';
   await checkNoErrors(page, scriptErrors);

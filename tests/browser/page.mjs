@@ -1,6 +1,7 @@
-// What the page's browser scripts share (approve.mjs, resolve.mjs, jobs.mjs): a headless
-// Chromium on the page, a record of every error text the page shows, opening an execution
-// from the session's Activity, and the one line a script ends with when it fails.
+// What the page's browser scripts share: a headless Chromium on the page, a record of every
+// error text the page shows, opening a session with its token, opening an execution from the
+// session's Activity, the check that the page fits a phone, and the one line a script ends
+// with when it fails.
 import { chromium } from 'playwright-core';
 
 // A liveness bound, not a timing goal: CI runs these beside the whole suite on 2 cores,
@@ -56,4 +57,18 @@ export async function failed(script, step, error, page) {
   console.error(`${script}: failed while ${step}: ${String(error?.message ?? error).split('\n')[0]}` +
     (shown ? ` (the page says: ${shown})` : ''));
   process.exitCode = 1;
+}
+
+// Enters `token` and `session` and opens that session.
+export async function openSession(page, token, session) {
+  await page.getByLabel('Token', { exact: true }).fill(token);
+  await page.getByLabel('Session id', { exact: true }).fill(session);
+  await page.getByRole('button', { name: 'Open session' }).click();
+}
+
+// Throws unless the page fits a phone's width (390 px) without scrolling sideways.
+export async function fitsAPhone(page) {
+  await page.setViewportSize({ width: 390, height: 844 });
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  if (overflow > 1) throw new Error(`the page is ${overflow} px wider than a phone`);
 }

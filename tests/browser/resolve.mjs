@@ -9,7 +9,7 @@
 // Run by tests/it/browser.rs against a real `openprogram serve`. Exit 0 on success; on
 // failure exit 1 with one line saying which step failed. Every wait is bounded by
 // Playwright's timeouts: no fixed sleeps.
-import { launch, recordErrors, openFromActivity, checkNoErrors, failed } from './page.mjs';
+import { launch, recordErrors, openFromActivity, checkNoErrors, failed, openSession } from './page.mjs';
 
 const [url, session, token, execution] = process.argv.slice(2);
 if (!url || !session || !token || !execution) {
@@ -28,9 +28,7 @@ try {
   await recordErrors(page);
 
   step = 'entering the session token and id';
-  await page.getByLabel('Token', { exact: true }).fill(token);
-  await page.getByLabel('Session id', { exact: true }).fill(session);
-  await page.getByRole('button', { name: 'Open session' }).click();
+  await openSession(page, token, session);
 
   step = `opening execution ${execution} from the activity`;
   await openFromActivity(page, execution);

@@ -9,7 +9,7 @@
 // Run by tests/it/browser.rs against a real `openprogram serve`. Exit 0 on success; on
 // failure exit 1 with one line saying which step failed. Every wait is bounded. With
 // SCREENSHOTS=DIR, saves timeline.png there.
-import { launch, failed, recordErrors, checkNoErrors, openFromActivity } from './page.mjs';
+import { launch, failed, recordErrors, checkNoErrors, openFromActivity, openSession, fitsAPhone } from './page.mjs';
 
 const [url, session, token, execution] = process.argv.slice(2);
 if (!url || !session || !token || !execution) {
@@ -27,9 +27,7 @@ try {
   step = 'opening the session';
   await page.goto(url);
   await recordErrors(page);
-  await page.getByLabel('Token', { exact: true }).fill(token);
-  await page.getByLabel('Session id', { exact: true }).fill(session);
-  await page.getByRole('button', { name: 'Open session' }).click();
+  await openSession(page, token, session);
   await openFromActivity(page, execution);
   await page.locator('#execution-title[data-state="completed"]').waitFor();
 
@@ -90,9 +88,7 @@ try {
   await picked(other);
 
   step = 'reading it on a phone';
-  await page.setViewportSize({ width: 390, height: 844 });
-  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
-  if (overflow > 1) throw new Error(`the page is ${overflow} px wider than a phone`);
+  await fitsAPhone(page);
 
   step = 'checking that no error was shown';
   await checkNoErrors(page, scriptErrors);

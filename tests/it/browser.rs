@@ -102,13 +102,23 @@ fn prerequisites() -> PathBuf {
     chromium
 }
 
-/// Runs `approve.mjs` to its end (bounded); its exit status, stdout and stderr.
-fn approve_in_browser(
-    chromium: &Path,
-    out: &Path,
-    args: [&str; 3],
-) -> (std::process::ExitStatus, String) {
-    in_browser("approve.mjs", chromium, out, &args)
+/// Runs the browser script `script` to its end (bounded) and fails the test unless it
+/// succeeded; prints and returns its output.
+fn passes_in_browser(script: &str, chromium: &Path, out: &Path, args: &[&str]) -> String {
+    let (status, output) = in_browser(script, chromium, out, args);
+    println!("{}", output.trim());
+    assert!(
+        status.success(),
+        "the browser test failed ({status}): {}",
+        output.trim()
+    );
+    output
+}
+
+/// Stops `serve` with SIGTERM; it must exit cleanly.
+fn stopped(serve: Serve) {
+    let status = serve.stop();
+    assert!(status.success(), "serve after SIGTERM: {status:?}");
 }
 
 /// Runs the browser script `script` to its end (bounded); its exit status and output.
@@ -166,12 +176,11 @@ fn b6_a_person_approves_a_waiting_execution_in_the_page_and_history_counts_it() 
     let waiting = serve.start_execution(sid, token, "deploy the site", script);
     serve.wait_for_state(sid, token, &waiting, "waiting");
 
-    let (status, output) = approve_in_browser(&chromium, dir.path(), [&serve.url, sid, token]);
-    println!("{}", output.trim());
-    assert!(
-        status.success(),
-        "the browser test failed ({status}): {}",
-        output.trim()
+    let output = passes_in_browser(
+        "approve.mjs",
+        &chromium,
+        dir.path(),
+        &[&serve.url, sid, token],
     );
     assert!(
         output.contains(&waiting),
@@ -195,8 +204,7 @@ fn b6_a_person_approves_a_waiting_execution_in_the_page_and_history_counts_it() 
         "{activity}"
     );
 
-    let status = serve.stop();
-    assert!(status.success(), "serve after SIGTERM: {status:?}");
+    stopped(serve);
 }
 
 /// F-3, K-7 in the page: a function paused on a version conflict (started on `steps`
@@ -254,17 +262,11 @@ fn f3_a_person_resolves_a_version_conflict_in_the_page() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    let (status, output) = in_browser(
+    passes_in_browser(
         "resolve.mjs",
         &chromium,
         dir.path(),
         &[&serve.url, &sid, &token, &execution],
-    );
-    println!("{}", output.trim());
-    assert!(
-        status.success(),
-        "the browser test failed ({status}): {}",
-        output.trim()
     );
 
     // The server agrees: revision 1 finished, every step once.
@@ -306,24 +308,17 @@ fn j1_an_operator_sees_the_queue_and_a_job_wait_its_turn_in_the_page() {
     assert_eq!(status, 201, "{started}");
     let running = started["execution_id"].as_str().expect("id").to_owned();
     serve.wait_for_state(&sid, ADMIN, &running, "running");
-    let (status, output) = in_browser(
+    passes_in_browser(
         "jobs.mjs",
         &chromium,
         dir.path(),
         &[&serve.url, &sid, ADMIN, &running],
     );
-    println!("{}", output.trim());
-    assert!(
-        status.success(),
-        "the browser test failed ({status}): {}",
-        output.trim()
-    );
     let (status, resources) = serve.call("GET", "/v1/resources", ADMIN, None);
     assert_eq!(status, 200, "{resources}");
     assert_eq!(resources[0]["in_use"], 0, "{resources}");
     assert_eq!(resources[0]["queued"], 0, "{resources}");
-    let status = serve.stop();
-    assert!(status.success(), "serve after SIGTERM: {status:?}");
+    stopped(serve);
 }
 
 /// `serve --token ADMIN EXTRA…` on `data`, and a new session on it: its id and token.
@@ -374,17 +369,10 @@ fn i3_an_operator_finds_and_resolves_an_execution_from_the_overview() {
     let waiting = serve.start_execution(other_sid, other_token, "deploy the site", script);
     serve.wait_for_state(other_sid, other_token, &waiting, "waiting");
     let args = [serve.url.as_str(), ADMIN, waiting.as_str(), done.as_str()];
-    let (status, output) = in_browser("overview.mjs", &chromium, dir.path(), &args);
-    println!("{}", output.trim());
-    assert!(
-        status.success(),
-        "the browser test failed ({status}): {}",
-        output.trim()
-    );
+    passes_in_browser("overview.mjs", &chromium, dir.path(), &args);
     let snapshot = serve.wait_for_state(other_sid, other_token, &waiting, "completed");
     assert_eq!(snapshot["waits"][0]["status"], "declined", "{snapshot}");
-    let status = serve.stop();
-    assert!(status.success(), "serve after SIGTERM: {status:?}");
+    stopped(serve);
 }
 
 /// C-1, W-6 in the page: the transcript shows a turn's tool call and its open structured
@@ -414,13 +402,7 @@ fn w6_a_person_answers_a_structured_question_in_the_page() {
     let execution = serve.start_execution(sid, token, "deploy", script);
     serve.wait_for_state(sid, token, &execution, "waiting");
     let args = [serve.url.as_str(), sid, token, execution.as_str()];
-    let (status, output) = in_browser("decide.mjs", &chromium, dir.path(), &args);
-    println!("{}", output.trim());
-    assert!(
-        status.success(),
-        "the browser test failed ({status}): {}",
-        output.trim()
-    );
+    passes_in_browser("decide.mjs", &chromium, dir.path(), &args);
     let done = serve.wait_for_state(sid, token, &execution, "completed");
     let answer: Value =
         serde_json::from_str(done["waits"][0]["answer"].as_str().expect("answer")).expect("json");
@@ -443,8 +425,7 @@ fn w6_a_person_answers_a_structured_question_in_the_page() {
         .find(|snapshot| snapshot["execution_id"] != json!(execution))
         .expect("the second execution");
     assert_eq!(second["waits"][0]["status"], "declined", "{second}");
-    let status = serve.stop();
-    assert!(status.success(), "serve after SIGTERM: {status:?}");
+    stopped(serve);
 }
 
 /// E-8 in the page: the composer continues the conversation by default, so "continue" sent
@@ -459,13 +440,7 @@ fn e8_a_second_message_sent_from_the_page_sees_the_first_turn() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (serve, sid, token) = serve_with_session(&dir.path().join("data"), &[]);
     let args = [serve.url.as_str(), sid.as_str(), token.as_str()];
-    let (status, output) = in_browser("converse.mjs", &chromium, dir.path(), &args);
-    println!("{}", output.trim());
-    assert!(
-        status.success(),
-        "the browser test failed ({status}): {}",
-        output.trim()
-    );
+    passes_in_browser("converse.mjs", &chromium, dir.path(), &args);
     let (status, all) = serve.call(
         "GET",
         &format!("/v1/sessions/{sid}/executions"),
@@ -496,8 +471,7 @@ fn e8_a_second_message_sent_from_the_page_sees_the_first_turn() {
         events.1[0]["parent_message_id"], first["reply_message_id"],
         "the second message answers the first's reply"
     );
-    let status = serve.stop();
-    assert!(status.success(), "serve after SIGTERM: {status:?}");
+    stopped(serve);
 }
 
 /// X-2 in the page: the one-time link `serve` wrote (no terminal here: `DATA/sign-in.url`)
@@ -524,15 +498,8 @@ fn x2_the_sign_in_link_signs_the_page_in_once_and_it_stays_signed_in() {
     }
     let link = std::fs::read_to_string(&written).expect("the sign-in link");
     let args = [link.trim(), token.as_str(), execution.as_str()];
-    let (status, output) = in_browser("signin.mjs", &chromium, dir.path(), &args);
-    println!("{}", output.trim());
-    assert!(
-        status.success(),
-        "the browser test failed ({status}): {}",
-        output.trim()
-    );
-    let status = serve.stop();
-    assert!(status.success(), "serve after SIGTERM: {status:?}");
+    passes_in_browser("signin.mjs", &chromium, dir.path(), &args);
+    stopped(serve);
 }
 
 /// The page's step timeline: an execution ran a tool and asked a person; its server was
@@ -558,8 +525,7 @@ fn i3_an_executions_timeline_draws_each_attempt_and_where_its_time_went() {
         .as_str()
         .expect("a wait")
         .to_owned();
-    let status = serve.stop();
-    assert!(status.success(), "serve after SIGTERM: {status:?}");
+    stopped(serve);
 
     let serve = Serve::start(&data, &["--token", ADMIN]);
     let answer = json!({"command_id": uuid::Uuid::new_v4(), "kind": "answer",
@@ -569,15 +535,8 @@ fn i3_an_executions_timeline_draws_each_attempt_and_where_its_time_went() {
     assert!(status < 300, "{reply}");
     serve.wait_for_state(sid, token, &execution, "completed");
     let args = [serve.url.as_str(), sid, token, execution.as_str()];
-    let (status, output) = in_browser("timeline.mjs", &chromium, dir.path(), &args);
-    println!("{}", output.trim());
-    assert!(
-        status.success(),
-        "the browser test failed ({status}): {}",
-        output.trim()
-    );
-    let status = serve.stop();
-    assert!(status.success(), "serve after SIGTERM: {status:?}");
+    passes_in_browser("timeline.mjs", &chromium, dir.path(), &args);
+    stopped(serve);
 }
 
 /// The page's composer: a draft kept through a reload, a durable function started from its
@@ -596,13 +555,7 @@ fn c2_f1_j1_the_composer_starts_functions_jobs_and_steers_a_running_turn() {
     let file = dir.path().join("steps.log");
     let file = file.to_str().expect("a path");
     let args = [serve.url.as_str(), sid.as_str(), ADMIN, file];
-    let (status, output) = in_browser("compose.mjs", &chromium, dir.path(), &args);
-    println!("{}", output.trim());
-    assert!(
-        status.success(),
-        "the browser test failed ({status}): {}",
-        output.trim()
-    );
+    passes_in_browser("compose.mjs", &chromium, dir.path(), &args);
     let (status, all) = serve.call(
         "GET",
         &format!("/v1/sessions/{sid}/executions"),
@@ -633,6 +586,5 @@ fn c2_f1_j1_the_composer_starts_functions_jobs_and_steers_a_running_turn() {
             .any(|s| !s["job"].is_null() && s["state"] == "completed"),
         "{kinds:?}"
     );
-    let status = serve.stop();
-    assert!(status.success(), "serve after SIGTERM: {status:?}");
+    stopped(serve);
 }
