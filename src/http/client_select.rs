@@ -1,5 +1,5 @@
 //! Issue 36's CLI over many executions: `inspect executions --state S --kind K --since D
-//! --limit N` (any session, needs attention first), `inspect tail` (the global log as it
+//! --text WORDS --limit N` (any session, needs attention first, each with what it was asked), `inspect tail` (the global log as it
 //! grows) and `ctl KIND --where state=paused … [--dry-run]` (one command to every execution
 //! selected, each fenced by the version it was listed at).
 
@@ -28,6 +28,10 @@ pub struct Selection {
     /// executions: the one with this id (an execution's, a run's, a turn's or a message's).
     #[arg(long)]
     pub id: Option<String>,
+    /// executions: only those whose message (or function and input) holds these words, in
+    /// any case.
+    #[arg(long)]
+    pub text: Option<String>,
     /// executions: at most this many, those needing attention first (default 100).
     #[arg(long)]
     pub limit: Option<usize>,
@@ -47,9 +51,10 @@ impl Selection {
                 "session" => &mut selection.session,
                 "since" => &mut selection.since,
                 "id" => &mut selection.id,
+                "text" => &mut selection.text,
                 other => {
                     return Err(Failure::Usage(format!(
-                        "--where `{other}`: select by state, kind, session, since or id"
+                        "--where `{other}`: select by state, kind, session, since, id or text"
                     )))
                 }
             };
@@ -59,13 +64,14 @@ impl Selection {
     }
 
     /// The keys that select, with their values.
-    fn keys(&self) -> [(&str, &Option<String>); 5] {
+    fn keys(&self) -> [(&str, &Option<String>); 6] {
         [
             ("state", &self.state),
             ("kind", &self.kind),
             ("session", &self.session),
             ("since", &self.since),
             ("id", &self.id),
+            ("text", &self.text),
         ]
     }
 
@@ -121,13 +127,23 @@ pub fn list(target: &Target, selection: &Selection, as_json: bool) -> Result<Str
                 Some(true) => "needs attention".into(),
                 _ => String::new(),
             });
+            line.push(asked(row));
             line
         })
         .collect();
     Ok(table(
-        &["EXECUTION", "SESSION", "KIND", "STATE", "ATTENTION"],
+        &["EXECUTION", "SESSION", "KIND", "STATE", "ATTENTION", "ASKED"],
         lines,
     ))
+}
+
+/// What a row's execution was asked, its first 40 characters on one line.
+fn asked(row: &Value) -> String {
+    let request = row["request"].as_str().unwrap_or_default().replace('\n', " ");
+    match request.char_indices().nth(40) {
+        Some((end, _)) => format!("{}…", &request[..end]),
+        None => request,
+    }
 }
 
 /// `ctl KIND --where …`: the command to every execution selected (up to `--limit`, default and
@@ -143,7 +159,7 @@ pub fn ctl_where(
 ) -> Result<String, Failure> {
     if selection.is_empty() {
         return Err(Failure::Usage(
-            "--where needs at least one of state, kind, session, since, id".into(),
+            "--where needs at least one of state, kind, session, since, id, text".into(),
         ));
     }
     if control.command_id.is_some() || control.expected_version.is_some() {

@@ -48,6 +48,15 @@ try {
   const visible = () => form.locator('fieldset[data-field]:visible').getAttribute('data-field');
   if ((await visible()) !== 'env' || await form.getByRole('button', { name: 'Submit' }).isVisible()) throw new Error('the form does not start at its first question alone');
 
+  step = 'the transcript beside the panels on a wide screen, above them on a narrow one';
+  const box = (id) => page.locator(id).boundingBox();
+  await page.setViewportSize({ width: 1600, height: 900 });
+  let [talk, side] = [await box('#transcript'), await box('#decisions')];
+  if (!(talk.x + talk.width <= side.x && side.y < talk.y + talk.height)) throw new Error(`not side by side: ${JSON.stringify([talk, side])}`);
+  await page.setViewportSize({ width: 1280, height: 900 });
+  [talk, side] = [await box('#transcript'), await box('#decisions')];
+  if (!(side.y >= talk.y + talk.height)) throw new Error(`not stacked: ${JSON.stringify([talk, side])}`);
+
   step = 'drafting with Next and Back, collapsing, and reloading';
   await form.getByRole('button', { name: 'Next' }).click();
   await form.getByRole('button', { name: 'Next' }).click();

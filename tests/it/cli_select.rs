@@ -117,6 +117,15 @@ fn i4_inspect_executions_across_sessions_needs_attention_first() {
         found, expected,
         "found by a word past what a row shows: {zebra}"
     );
+    let by_cli = json_of(&openprogram(
+        &server,
+        &["inspect", "executions", "--text", "DEPLOY the", "--json"],
+    ));
+    assert_eq!(
+        ids(&by_cli),
+        vec![waiting.clone()],
+        "the CLI finds by words too"
+    );
     let (status, by_words) = server.call(
         "GET",
         "/debug/overview?text=DEPLOY%20the",
@@ -136,6 +145,10 @@ fn i4_inspect_executions_across_sessions_needs_attention_first() {
     assert!(
         table.contains(&waiting) && table.contains("needs attention"),
         "{table}"
+    );
+    assert!(
+        table.contains("Please deploy the site"),
+        "what it was asked: {table}"
     );
     // Bad input: a clear error, exit 2 for the CLI's own flags, 400 from the API.
     let bad = openprogram(&server, &["inspect", "executions", "--since", "soon"]);
