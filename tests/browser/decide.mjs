@@ -4,20 +4,22 @@
 // time, Back and Next, and Submit on the last. Drafts survive navigation, a collapse and a
 // reload (which returns to the same question); an answer missing a required item is refused by
 // the server and the panel shows that question with the item named; a question that arrives
-// while the person types elsewhere never takes the focus; Skip declines a whole request; the
-// submitted answer is shown before the stream confirms it; the turn completes and the
-// transcript reads it answered.
+// while the person types elsewhere never takes the focus; Skip declines a whole request; a
+// visit to another session keeps the draft; an answer whose delivery is not confirmed (the
+// network drops it) says so and is sent again under the same command id; the submitted
+// answer is shown before the stream confirms it; the turn completes and the transcript reads
+// it answered.
 //
-//   node tests/browser/decide.mjs URL SESSION_ID SESSION_TOKEN EXECUTION_ID
+//   node tests/browser/decide.mjs URL SESSION_ID SESSION_TOKEN EXECUTION_ID OTHER_SESSION_ID OTHER_TOKEN
 //
 // Run by tests/it/browser.rs against a real `openprogram serve`. Exit 0 on success; on
 // failure exit 1 with one line saying which step failed. Every wait is bounded by
 // Playwright's timeouts: no fixed sleeps. With SCREENSHOTS=DIR, saves decision.png there.
 import { launch, failed, recordErrors, openSession, fitsAPhone } from './page.mjs';
 
-const [url, session, token, execution] = process.argv.slice(2);
-if (!url || !session || !token || !execution) {
-  console.error('usage: node decide.mjs URL SESSION_ID SESSION_TOKEN EXECUTION_ID');
+const [url, session, token, execution, otherSession, otherToken] = process.argv.slice(2);
+if (!url || !session || !token || !execution || !otherSession || !otherToken) {
+  console.error('usage: node decide.mjs URL SESSION_ID SESSION_TOKEN EXECUTION_ID OTHER_SESSION_ID OTHER_TOKEN');
   process.exit(2);
 }
 
@@ -114,14 +116,30 @@ try {
   await page.locator(`form.decision[data-eid="${second}"]`).getByRole('button', { name: 'Skip' }).click();
   await page.locator(`form.decision[data-eid="${second}"]`).waitFor({ state: 'detached' });
 
-  step = 'answering the first question';
+  step = 'opening another session and coming back: the draft is kept';
+  await openSession(page, otherToken, otherSession);
+  await page.locator('#decisions', { hasText: 'none pending' }).waitFor();
+  await openSession(page, token, session);
+  await card(wait).waitFor();
+  if ((await card(wait).locator('[data-item="note"]').inputValue()) !== 'after lunch') throw new Error('switching sessions lost the draft');
+
+  step = 'answering while no answer comes back: sent again under the same command id';
+  const sent = [];
+  page.on('request', (request) => {
+    if (request.method() === 'POST' && request.url().endsWith(`/executions/${execution}/commands`)) sent.push(JSON.parse(request.postData()).command_id);
+  });
+  await page.route(`**/executions/${execution}/commands`, (route) => route.abort('connectionreset'));
   await card(wait).getByLabel('prod').check();
   await card(wait).getByRole('button', { name: 'Next' }).click();
   await card(wait).getByLabel('test').check();
   await card(wait).getByRole('button', { name: 'Next' }).click();
   await card(wait).getByRole('button', { name: 'Next' }).click();
   await card(wait).getByRole('button', { name: 'Submit' }).click();
+  await card(wait).locator('[data-delivery="unconfirmed"]').waitFor();
+  await page.unroute(`**/executions/${execution}/commands`);
+  await card(wait).getByRole('button', { name: 'Send again' }).click();
   await card(wait).waitFor({ state: 'detached' });
+  if (sent.length < 2 || new Set(sent).size !== 1) throw new Error(`the answer went out under ${new Set(sent).size} command ids in ${sent.length} tries`);
   const shown = await page.evaluate(() => window.seen.submitted);
   const answer = 'Environment: prod · Checks: test · Replicas: 3 · Note: after lunch';
   if (!shown.some((text) => text.includes(answer))) throw new Error(`the submitted answer was never shown: ${shown.slice(-3).join(' | ')}`);

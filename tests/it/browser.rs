@@ -401,7 +401,20 @@ fn w6_a_person_answers_a_structured_question_in_the_page() {
     ]);
     let execution = serve.start_execution(sid, token, "deploy", script);
     serve.wait_for_state(sid, token, &execution, "waiting");
-    let args = [serve.url.as_str(), sid, token, execution.as_str()];
+    let (status, other) = serve.call("POST", "/v1/sessions", ADMIN, None);
+    assert_eq!(status, 201, "{other}");
+    let (other_sid, other_token) = (
+        other["session_id"].as_str().expect("id"),
+        other["token"].as_str().expect("token"),
+    );
+    let args = [
+        serve.url.as_str(),
+        sid,
+        token,
+        execution.as_str(),
+        other_sid,
+        other_token,
+    ];
     passes_in_browser("decide.mjs", &chromium, dir.path(), &args);
     let done = serve.wait_for_state(sid, token, &execution, "completed");
     let answer: Value =
