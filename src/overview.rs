@@ -57,7 +57,7 @@ pub struct OverviewRow {
     /// Waiting for a person: an approval or question, a pause, an effect to reconcile (B-3).
     pub needs_attention: bool,
     /// What it was asked, its first `REQUEST_CHARS` characters: an agent turn's message, a
-    /// function's name and input; empty when its first event holds neither.
+    /// function's name and input; empty when its first event is no admission.
     pub request: String,
 }
 
@@ -194,20 +194,15 @@ fn cut(request: String) -> String {
 }
 
 /// What an execution was asked, from its admission (its first event): an agent turn's
-/// message, or a function's name and input; empty when its first event holds neither.
+/// message, or a function's name and input; empty when its first event is no admission.
 fn request_of(store: &dyn EventReader, execution_id: ExecutionId) -> Result<String> {
     let first = store.events_after(execution_id, 0, 1)?;
-    let Some(openprogram_storage::Event::Admitted { input, .. }) = first.first().map(|e| &e.event)
-    else {
-        return Ok(String::new());
-    };
-    let input: serde_json::Value = serde_json::from_str(input).unwrap_or_default();
-    let request = match (&input["message"], &input["function"]) {
-        (serde_json::Value::String(message), _) => message.clone(),
-        (_, serde_json::Value::String(function)) => format!("{function} {}", input["input"]),
+    Ok(match first.first().map(|envelope| &envelope.event) {
+        Some(openprogram_storage::Event::Admitted { kind, input, .. }) => {
+            openprogram_actors::transcript::request_text(*kind, input)
+        }
         _ => String::new(),
-    };
-    Ok(request)
+    })
 }
 
 /// When an execution was admitted: its id's time (UUID v7), ms since the epoch.

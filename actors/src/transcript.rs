@@ -184,8 +184,9 @@ pub fn user_message(head: &ExecutionHead, admitted: &EventEnvelope) -> Option<Me
     })
 }
 
-/// What a person asked: an agent turn's message, or a function's name and input.
-fn request_text(kind: ExecutionKind, input: &str) -> String {
+/// What a person asked, from an admission's input: an agent turn's message, or a function's
+/// name and input (the transcript's user message, the overview's `request`).
+pub fn request_text(kind: ExecutionKind, input: &str) -> String {
     let parsed: Value = serde_json::from_str(input).unwrap_or(Value::Null);
     match kind {
         ExecutionKind::Function => {
